@@ -1,0 +1,31 @@
+"""Errors the user can act on.
+
+A :class:`StudioError` carries one line that says what is wrong and what to do. The CLI
+prints it on stderr and exits 2; the GUI shows it in a message. Anything else escaping
+a stage is a bug and is reported with its traceback.
+"""
+
+from __future__ import annotations
+
+
+class StudioError(Exception):
+    """Bad input or an unusable environment: one line, no traceback, exit code 2."""
+
+    exit_code = 2
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = " ".join(str(message).split())
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class GateFailed(StudioError):
+    """An accuracy gate of the project failed (exit code 1 in batch mode)."""
+
+    exit_code = 1
+
+
+class Cancelled(Exception):
+    """Raised inside background work when its progress object reports cancellation."""

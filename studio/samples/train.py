@@ -1,0 +1,326 @@
+"""Train the shipped sample models: ``tiny-coder`` and its draft ``tiny-coder-draft``.
+
+Reproducible (fixed seeds, fixed module lists, CPU only, two threads) and offline: the
+corpus is the Python source of the installed standard library (PSF licence).
+
+    python -m studio.samples.train --out resources
+
+writes ``resources/models/tiny-coder``, ``resources/models/tiny-coder-draft`` (Hugging
+Face checkpoint folders with model cards) and ``resources/data/{heldout,calibration}.py.txt``.
+The figures in the model cards are measured by this script at the end of training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sysconfig
+import time
+from pathlib import Path
+
+# Modules never seen in training: evaluation text and calibration text.
+HELDOUT_MODULES = [
+    "textwrap", "shlex", "heapq", "bisect", "csv",
+    "fractions", "statistics", "graphlib", "queue", "sched",
+]
+CALIBRATION_MODULES = ["colorsys", "fnmatch", "glob", "numbers", "string", "cmd"]
+# Excluded from training: obfuscated text (this), generated tables, and the two sets above.
+EXCLUDED_MODULES = {"this", "__phello__", "_aix_support", "antigravity"}
+
+VOCAB_SIZE = 2048
+SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>"]
+SEQ_LEN = 256
+
+TARGET_CONFIG = dict(
+    hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+)
+DRAFT_CONFIG = dict(
+    hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+)
+PROMPTS = ["def __init__(self", "import os\n\ndef read_file(path):\n", "for i in range("]
+
+
+def stdlib_dir() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def training_modules() -> list[str]:
+    held = set(HELDOUT_MODULES) | set(CALIBRATION_MODULES) | EXCLUDED_MODULES
+    return sorted(p.stem for p in stdlib_dir().glob("*.py") if p.stem not in held)
+
+
+def read_modules(names: list[str]) -> str:
+    parts = []
+    for name in names:
+        text = (stdlib_dir() / f"{name}.py").read_text(encoding="utf-8", errors="replace")
+        parts.append(f"# module: {name}\n{text}")
+    return "\n<|endoftext|>\n".join(parts)
+
+
+def train_tokenizer(text: str, out: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator([text[i:i + 100_000] for i in range(0, len(text), 100_000)], trainer)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    return tok
+
+
+def hf_tokenizer(path: Path):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(path / "tokenizer.json"),
+        eos_token="<|endoftext|>", pad_token="<|pad|>", bos_token=None,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def encode(tok, text: str) -> list[int]:
+    # The raw tokenizer: documents are joined by the literal special token.
+    return tok.encode(text).ids
+
+
+def build_model(cfg: dict, vocab: int, seed: int):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab, tie_word_embeddings=True, rope_theta=10000.0, rms_norm_eps=1e-6,
+        bos_token_id=None, eos_token_id=0, pad_token_id=1, attn_implementation="sdpa",
+        use_sliding_window=False, **cfg,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def batches(ids, steps: int, batch: int, seed: int):
+    import torch
+
+    data = torch.tensor(ids, dtype=torch.long)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        starts = torch.randint(0, len(data) - SEQ_LEN - 1, (batch,), generator=gen)
+        yield torch.stack([data[s:s + SEQ_LEN + 1] for s in starts.tolist()])
+
+
+def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    frac = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def train(model, ids, steps, batch, lr, seed, teacher=None, log_every=50, label="model"):
+    import torch
+    import torch.nn.functional as F
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    model.train()
+    losses = []
+    t0 = time.time()
+    for step, chunk in enumerate(batches(ids, steps, batch, seed)):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr, warmup=max(1, steps // 20))
+        x, y = chunk[:, :-1], chunk[:, 1:]
+        logits = model(input_ids=x).logits
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss = ce
+        if teacher is not None:
+            with torch.no_grad():
+                t_logits = teacher(input_ids=x).logits
+            kl = F.kl_div(
+                F.log_softmax(logits, -1).reshape(-1, logits.shape[-1]),
+                F.log_softmax(t_logits, -1).reshape(-1, logits.shape[-1]),
+                log_target=True, reduction="batchmean",
+            )
+            loss = 0.3 * ce + 0.7 * kl
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(ce.item())
+        if step % log_every == 0 or step == steps - 1:
+            print(f"[{label}] step {step}/{steps} ce {ce.item():.3f} "
+                  f"({time.time() - t0:.0f}s)", flush=True)
+    model.eval()
+    return sum(losses[-20:]) / min(20, len(losses))
+
+
+def perplexity(model, ids, window: int = SEQ_LEN) -> float:
+    import torch
+    import torch.nn.functional as F
+
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for s in range(0, len(ids) - 1, window):
+            chunk = torch.tensor(ids[s:s + window + 1])[None]
+            if chunk.shape[1] < 2:
+                break
+            logits = model(input_ids=chunk[:, :-1]).logits
+            nll += F.cross_entropy(logits[0], chunk[0, 1:], reduction="sum").item()
+            count += chunk.shape[1] - 1
+    return math.exp(nll / count)
+
+
+def unigram_perplexity(train_ids, eval_ids, vocab: int) -> float:
+    counts = [1] * vocab  # add-one smoothing
+    for t in train_ids:
+        counts[t] += 1
+    total = sum(counts)
+    nll = -sum(math.log(counts[t] / total) for t in eval_ids)
+    return math.exp(nll / len(eval_ids))
+
+
+def agreement(draft, target, ids, window: int = SEQ_LEN) -> float:
+    import torch
+
+    same, count = 0, 0
+    with torch.no_grad():
+        for s in range(0, len(ids) - 1, window):
+            chunk = torch.tensor(ids[s:s + window])[None]
+            a = draft(input_ids=chunk).logits.argmax(-1)
+            b = target(input_ids=chunk).logits.argmax(-1)
+            same += int((a == b).sum())
+            count += a.numel()
+    return same / count
+
+
+def completions(model, tokenizer, max_new_tokens: int = 40) -> dict[str, str]:
+    import torch
+
+    out = {}
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            gen = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=1)
+        out[prompt] = tokenizer.decode(gen[0, ids.shape[1]:])
+    return out
+
+
+MODEL_CARD = """---
+license: psf-2.0
+library_name: transformers
+pipeline_tag: text-generation
+---
+# {name}
+
+{summary}
+
+| | |
+|---|---|
+| architecture | `Qwen2ForCausalLM`, {layers} layers, hidden {hidden}, {heads} query heads / {kv} KV heads, tied embeddings |
+| parameters | {params:,} |
+| tokenizer | byte-level BPE, vocabulary {vocab} (`tokenizer.json`) |
+| training data | Python standard library source of CPython {pyver}: {n_train} modules (`training_modules.json`) |
+| held-out data | {heldout} (`resources/data/heldout.py.txt`) |
+| steps | {steps} × batch {batch} × {seq} tokens |
+| final training loss | {loss:.3f} (mean of the last 20 steps) |
+| held-out perplexity | {ppl:.2f} (token level, windows of {seq}; unigram baseline {uni:.1f}) |
+{extra}
+Data licence: the Python standard library is distributed under the PSF License Agreement.
+Trained on the CPU by `python -m studio.samples.train` (fixed seeds); every figure above was
+measured by that script at the end of training.
+"""
+
+
+def main(argv=None) -> int:
+    import platform
+
+    import torch
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("resources"))
+    p.add_argument("--steps", type=int, default=700)
+    p.add_argument("--draft-steps", type=int, default=500)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seed", type=int, default=1234)
+    a = p.parse_args(argv)
+
+    torch.set_num_threads(2)
+    random.seed(a.seed)
+    t_start = time.time()
+    models_dir, data_dir = a.out / "models", a.out / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    train_names = training_modules()
+    train_text = read_modules(train_names)
+    heldout_text = read_modules(HELDOUT_MODULES)
+    calib_text = read_modules(CALIBRATION_MODULES)
+    (data_dir / "heldout.py.txt").write_text(heldout_text, encoding="utf-8")
+    (data_dir / "calibration.py.txt").write_text(calib_text, encoding="utf-8")
+    print(f"corpus: {len(train_names)} modules, {len(train_text):,} chars", flush=True)
+
+    tok_dir = models_dir / "tiny-coder"
+    tok = train_tokenizer(train_text, tok_dir)
+    train_ids = encode(tok, train_text)
+    heldout_ids = encode(tok, heldout_text)
+    print(f"tokens: train {len(train_ids):,}, held-out {len(heldout_ids):,}", flush=True)
+    uni = unigram_perplexity(train_ids, heldout_ids, VOCAB_SIZE)
+
+    target = build_model(TARGET_CONFIG, VOCAB_SIZE, a.seed)
+    t_loss = train(target, train_ids, a.steps, a.batch, 3e-3, a.seed, label="tiny-coder")
+    t_ppl = perplexity(target, heldout_ids)
+    print(f"tiny-coder held-out ppl {t_ppl:.2f} (unigram {uni:.1f})", flush=True)
+
+    draft = build_model(DRAFT_CONFIG, VOCAB_SIZE, a.seed + 1)
+    d_loss = train(draft, train_ids, a.draft_steps, a.batch, 4e-3, a.seed + 1,
+                   teacher=target, label="tiny-coder-draft")
+    d_ppl = perplexity(draft, heldout_ids)
+    agree = agreement(draft, target, heldout_ids)
+    print(f"draft held-out ppl {d_ppl:.2f}, greedy agreement {agree:.3f}", flush=True)
+
+    hf_tok = hf_tokenizer(tok_dir)
+    samples = completions(target, hf_tok)
+    pyver = platform.python_version()
+    stats = {}
+    for name, model, loss, ppl, steps, cfg in (
+        ("tiny-coder", target, t_loss, t_ppl, a.steps, TARGET_CONFIG),
+        ("tiny-coder-draft", draft, d_loss, d_ppl, a.draft_steps, DRAFT_CONFIG),
+    ):
+        out = models_dir / name
+        model.generation_config.pad_token_id = 1
+        model.generation_config.eos_token_id = 0
+        model.generation_config.do_sample = False
+        model.save_pretrained(out, safe_serialization=True)
+        hf_tok.save_pretrained(out)
+        params = sum(p.numel() for p in model.parameters())
+        if name == "tiny-coder":
+            summary = "A tiny Python code model, the studio's sample language model."
+            extra = "\nGreedy completions (40 new tokens):\n\n" + "\n".join(
+                f"- `{pr!r}` → `{c!r}`" for pr, c in samples.items()) + "\n"
+        else:
+            summary = ("Draft model for speculative decoding with `tiny-coder` (same tokenizer), "
+                       "distilled from it (0.3 × cross-entropy + 0.7 × KL to its logits).")
+            extra = f"| greedy next-token agreement with tiny-coder (held-out) | {agree:.1%} |\n"
+        (out / "README.md").write_text(MODEL_CARD.format(
+            name=name, summary=summary, layers=cfg["num_hidden_layers"],
+            hidden=cfg["hidden_size"], heads=cfg["num_attention_heads"],
+            kv=cfg["num_key_value_heads"], params=params, vocab=VOCAB_SIZE, pyver=pyver,
+            n_train=len(train_names), heldout=", ".join(HELDOUT_MODULES), steps=steps,
+            batch=a.batch, seq=SEQ_LEN, loss=loss, ppl=ppl, uni=uni, extra=extra,
+        ), encoding="utf-8")
+        (out / "training_modules.json").write_text(json.dumps(train_names, indent=1) + "\n")
+        stats[name] = dict(parameters=params, final_loss=round(loss, 4),
+                           heldout_perplexity=round(ppl, 3), steps=steps)
+    stats.update(unigram_perplexity=round(uni, 2), draft_agreement=round(agree, 4),
+                 completions=samples, python=pyver, torch=torch.__version__,
+                 heldout_tokens=len(heldout_ids), seconds=round(time.time() - t_start))
+    (models_dir / "training_stats.json").write_text(json.dumps(stats, indent=1) + "\n")
+    print(json.dumps(stats, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
