@@ -27,5 +27,11 @@ class GateFailed(StudioError):
     exit_code = 1
 
 
+class StageCrashed(StudioError):
+    """A stage failed with an unexpected error (a bug): exit code 3, traceback in the log."""
+
+    exit_code = 3
+
+
 class Cancelled(Exception):
     """Raised inside background work when its progress object reports cancellation."""

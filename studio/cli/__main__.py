@@ -1,0 +1,5 @@
+import sys
+
+from studio.cli.main import main
+
+sys.exit(main())

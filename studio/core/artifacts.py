@@ -1,0 +1,122 @@
+"""Content-addressed artifact store.
+
+Every stage output is a folder of files under ``<project>.studio/artifacts/``. Its *key* is
+the hash of what produced it (stage, config, the digests of its input artifacts, tool
+versions): if that key is already stored, the stage is not run again. Its *digest* is the
+hash of its content (every file's sha256) and is what downstream keys are built from, so
+a change anywhere upstream propagates down the chain.
+
+Writes are atomic: a stage writes into ``tmp/<random>/`` and the folder is renamed into
+place only after ``artifact.json`` is written. A crash leaves only a ``tmp/`` folder that
+the next open removes; a stored artifact is never half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from studio.core.fsutil import atomic_write_json, sha256_file, sha256_json
+
+META = "artifact.json"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    key: str
+    path: Path
+    meta: dict[str, Any]
+
+    @property
+    def digest(self) -> str:
+        return str(self.meta["digest"])
+
+    @property
+    def stage(self) -> str:
+        return str(self.meta["stage"])
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+
+def artifact_key(stage: str, config: dict[str, Any], inputs: dict[str, str],
+                 versions: dict[str, str]) -> str:
+    return sha256_json({"stage": stage, "config": config, "inputs": inputs, "versions": versions})
+
+
+class ArtifactStore:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.objects = self.root / "objects"
+        self.tmp = self.root / "tmp"
+
+    def open(self) -> ArtifactStore:
+        self.objects.mkdir(parents=True, exist_ok=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def clean_tmp(self) -> int:
+        """Remove leftovers of interrupted stages (call only when no stage is running)."""
+        n = 0
+        if self.tmp.exists():
+            for p in self.tmp.iterdir():
+                shutil.rmtree(p, ignore_errors=True)
+                n += 1
+        return n
+
+    def _dir(self, key: str) -> Path:
+        return self.objects / key[:2] / key
+
+    def get(self, key: str) -> Artifact | None:
+        d = self._dir(key)
+        meta_file = d / META
+        if not meta_file.exists():
+            return None
+        try:
+            meta = json.loads(meta_file.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        return Artifact(key, d, meta)
+
+    def verify(self, art: Artifact) -> bool:
+        """True when every file still has the content recorded at write time."""
+        for name, digest in art.meta.get("files", {}).items():
+            f = art.path / name
+            if not f.exists() or sha256_file(f) != digest:
+                return False
+        return True
+
+    def new_workdir(self) -> Path:
+        d = self.tmp / uuid.uuid4().hex
+        d.mkdir(parents=True)
+        return d
+
+    def commit(self, key: str, workdir: Path, meta: dict[str, Any]) -> Artifact:
+        """Hash the files in ``workdir``, write the metadata, move the folder into place."""
+        files = {
+            str(p.relative_to(workdir)): sha256_file(p)
+            for p in sorted(workdir.rglob("*")) if p.is_file() and p.name != META
+        }
+        full = dict(meta)
+        full.update(key=key, files=files, digest=sha256_json(files), created=time.time())
+        atomic_write_json(workdir / META, full)
+        dest = self._dir(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.exists():  # a stale or corrupt copy: replace it
+            shutil.rmtree(dest)
+        workdir.rename(dest)
+        return Artifact(key, dest, full)
+
+    def all(self) -> list[Artifact]:
+        out = []
+        if self.objects.exists():
+            for meta_file in self.objects.glob(f"*/*/{META}"):
+                art = self.get(meta_file.parent.name)
+                if art is not None:
+                    out.append(art)
+        return sorted(out, key=lambda a: a.meta.get("created", 0))

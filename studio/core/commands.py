@@ -1,0 +1,121 @@
+"""Every change to a project is a command on a stack: undo/redo live in the core.
+
+A command applies itself to a :class:`~studio.core.project.Project` and returns the set of
+``(section, key)`` it changed so that views refresh only those. The GUI mirrors
+``can_undo`` / ``can_redo`` into its actions and never mutates the project directly; batch
+edits go through the same stack.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from studio.core.errors import StudioError
+from studio.core.project import Project, from_dict
+
+Change = frozenset[tuple[str, str]]
+
+
+@dataclass
+class SetValue:
+    """Set ``project.<section>[key] = value`` (``section == ""`` for top-level fields)."""
+
+    section: str
+    key: str
+    value: Any
+    _old: Any = field(default=None, init=False, repr=False)
+
+    @property
+    def text(self) -> str:
+        where = f"{self.section}.{self.key}" if self.section else self.key
+        return f"Set {where} to {self.value!r}"
+
+    def _get(self, p: Project) -> Any:
+        return getattr(p, self.key) if not self.section else getattr(p, self.section)[self.key]
+
+    def _set(self, p: Project, value: Any) -> None:
+        if not self.section:
+            setattr(p, self.key, copy.deepcopy(value))
+        else:
+            getattr(p, self.section)[self.key] = copy.deepcopy(value)
+
+    def apply(self, p: Project) -> Change:
+        self._old = copy.deepcopy(self._get(p))
+        trial = p.copy()
+        self._set(trial, self.value)
+        from_dict(trial.to_dict())  # validates; raises StudioError and changes nothing
+        self._set(p, self.value)
+        return frozenset({(self.section, self.key)})
+
+    def revert(self, p: Project) -> Change:
+        self._set(p, self._old)
+        return frozenset({(self.section, self.key)})
+
+
+class CommandStack:
+    def __init__(self, project: Project):
+        self.project = project
+        self._done: list[SetValue] = []
+        self._undone: list[SetValue] = []
+        self._clean_index = 0
+        self.listeners: list[Callable[[Change], None]] = []
+
+    def _notify(self, change: Change) -> None:
+        for cb in list(self.listeners):
+            cb(change)
+
+    def push(self, cmd: SetValue) -> Change:
+        try:
+            change = cmd.apply(self.project)
+        except StudioError:
+            raise
+        self._done.append(cmd)
+        if self._clean_index > len(self._done) - 1 and self._undone:
+            self._clean_index = -1  # the clean state can no longer be reached by redo
+        self._undone.clear()
+        self._notify(change)
+        return change
+
+    def undo(self) -> Change:
+        if not self._done:
+            return frozenset()
+        cmd = self._done.pop()
+        change = cmd.revert(self.project)
+        self._undone.append(cmd)
+        self._notify(change)
+        return change
+
+    def redo(self) -> Change:
+        if not self._undone:
+            return frozenset()
+        cmd = self._undone.pop()
+        change = cmd.apply(self.project)
+        self._done.append(cmd)
+        self._notify(change)
+        return change
+
+    @property
+    def can_undo(self) -> bool:
+        return bool(self._done)
+
+    @property
+    def can_redo(self) -> bool:
+        return bool(self._undone)
+
+    @property
+    def undo_text(self) -> str:
+        return self._done[-1].text if self._done else ""
+
+    @property
+    def redo_text(self) -> str:
+        return self._undone[-1].text if self._undone else ""
+
+    @property
+    def dirty(self) -> bool:
+        return len(self._done) != self._clean_index
+
+    def mark_clean(self) -> None:
+        self._clean_index = len(self._done)

@@ -1,0 +1,230 @@
+"""The run history: runs, jobs, their logs and metrics in one SQLite file (WAL).
+
+A *run* is one pipeline execution, a DAG of *jobs* (one stage on one target). Jobs move
+queued → running → succeeded | failed | cancelled; a job that was running or queued when
+its process died shows as *interrupted* the next time the history is opened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from studio.core.metrics import Metric
+
+STATES = ("queued", "running", "succeeded", "failed", "cancelled", "interrupted", "skipped")
+FINAL = {"succeeded", "failed", "cancelled", "interrupted", "skipped"}
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    created REAL NOT NULL, finished REAL,
+    state TEXT NOT NULL, owner_pid INTEGER,
+    config TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    stage TEXT NOT NULL, target TEXT NOT NULL DEFAULT '',
+    state TEXT NOT NULL, progress REAL NOT NULL DEFAULT 0, message TEXT NOT NULL DEFAULT '',
+    depends_on TEXT NOT NULL DEFAULT '[]',
+    created REAL NOT NULL, started REAL, finished REAL,
+    artifact_key TEXT, cached INTEGER NOT NULL DEFAULT 0,
+    result TEXT, error TEXT, pid INTEGER
+);
+CREATE TABLE IF NOT EXISTS logs (
+    job_id INTEGER NOT NULL REFERENCES jobs(id), ts REAL NOT NULL, line TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS metrics (
+    job_id INTEGER NOT NULL REFERENCES jobs(id),
+    name TEXT NOT NULL, value REAL NOT NULL, unit TEXT NOT NULL,
+    source TEXT NOT NULL, device TEXT NOT NULL, target TEXT NOT NULL DEFAULT '',
+    detail TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS jobs_run ON jobs(run_id);
+CREATE INDEX IF NOT EXISTS logs_job ON logs(job_id);
+CREATE INDEX IF NOT EXISTS metrics_job ON metrics(job_id);
+"""
+
+
+@dataclass
+class Job:
+    id: int
+    run_id: int
+    stage: str
+    target: str
+    state: str
+    progress: float
+    message: str
+    depends_on: list[int] = field(default_factory=list)
+    created: float = 0.0
+    started: float | None = None
+    finished: float | None = None
+    artifact_key: str | None = None
+    cached: bool = False
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    pid: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.stage}[{self.target}]" if self.target else self.stage
+
+    @property
+    def elapsed(self) -> float | None:
+        if self.started is None:
+            return None
+        return (self.finished or time.time()) - self.started
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class JobStore:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None,
+                                   check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    # ---- recovery ----------------------------------------------------------------
+    def mark_interrupted(self) -> int:
+        """Jobs left queued/running by a process that no longer exists become interrupted."""
+        n = 0
+        with self._tx() as db:
+            for run in db.execute("SELECT id, owner_pid FROM runs WHERE state='running'").fetchall():
+                if run["owner_pid"] == os.getpid() or _pid_alive(run["owner_pid"]):
+                    continue
+                now = time.time()
+                cur = db.execute(
+                    "UPDATE jobs SET state='interrupted', finished=?, message='interrupted: the "
+                    "process running it ended' WHERE run_id=? AND state IN ('queued','running')",
+                    (now, run["id"]),
+                )
+                n += cur.rowcount
+                db.execute("UPDATE runs SET state='interrupted', finished=? WHERE id=?",
+                           (now, run["id"]))
+        return n
+
+    # ---- runs & jobs ----------------------------------------------------------------
+    def create_run(self, config: dict[str, Any]) -> int:
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO runs(created, state, owner_pid, config) VALUES (?,?,?,?)",
+                (time.time(), "running", os.getpid(), json.dumps(config)),
+            )
+            return int(cur.lastrowid or 0)
+
+    def finish_run(self, run_id: int, state: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE runs SET state=?, finished=? WHERE id=?", (state, time.time(), run_id))
+
+    def runs(self, limit: int = 50) -> list[dict[str, Any]]:
+        rows = self._db.execute("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        return [dict(r) for r in rows]
+
+    def add_job(self, run_id: int, stage: str, target: str = "", depends_on=()) -> int:
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO jobs(run_id, stage, target, state, depends_on, created) "
+                "VALUES (?,?,?,?,?,?)",
+                (run_id, stage, target, "queued", json.dumps(list(depends_on)), time.time()),
+            )
+            return int(cur.lastrowid or 0)
+
+    def update_job(self, job_id: int, **fields: Any) -> None:
+        allowed = {"state", "progress", "message", "started", "finished", "artifact_key",
+                   "cached", "result", "error", "pid"}
+        bad = set(fields) - allowed
+        if bad:
+            raise ValueError(f"unknown job fields {bad}")
+        if "result" in fields and fields["result"] is not None:
+            fields["result"] = json.dumps(fields["result"], default=str)
+        if "state" in fields:
+            assert fields["state"] in STATES, fields["state"]
+        cols = ", ".join(f"{k}=?" for k in fields)
+        with self._tx() as db:
+            db.execute(f"UPDATE jobs SET {cols} WHERE id=?", (*fields.values(), job_id))
+
+    def _job(self, row: sqlite3.Row) -> Job:
+        d = dict(row)
+        d["depends_on"] = json.loads(d["depends_on"] or "[]")
+        d["result"] = json.loads(d["result"]) if d["result"] else None
+        d["cached"] = bool(d["cached"])
+        return Job(**d)
+
+    def job(self, job_id: int) -> Job:
+        row = self._db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if row is None:
+            raise KeyError(job_id)
+        return self._job(row)
+
+    def jobs(self, run_id: int | None = None, limit: int = 500) -> list[Job]:
+        if run_id is None:
+            rows = self._db.execute("SELECT * FROM jobs ORDER BY id DESC LIMIT ?", (limit,))
+        else:
+            rows = self._db.execute("SELECT * FROM jobs WHERE run_id=? ORDER BY id", (run_id,))
+        return [self._job(r) for r in rows.fetchall()]
+
+    # ---- logs & metrics ---------------------------------------------------------------
+    def append_log(self, job_id: int, line: str) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO logs(job_id, ts, line) VALUES (?,?,?)", (job_id, time.time(), line))
+
+    def log(self, job_id: int) -> list[str]:
+        rows = self._db.execute("SELECT line FROM logs WHERE job_id=? ORDER BY rowid", (job_id,))
+        return [r["line"] for r in rows.fetchall()]
+
+    def add_metrics(self, job_id: int, metrics: list[Metric]) -> None:
+        with self._tx() as db:
+            db.executemany(
+                "INSERT INTO metrics(job_id, name, value, unit, source, device, target, detail) "
+                "VALUES (?,?,?,?,?,?,?,?)",
+                [(job_id, m.name, float(m.value), m.unit, m.source, m.device, m.target, m.detail)
+                 for m in metrics],
+            )
+
+    def metrics(self, job_id: int | None = None, run_id: int | None = None) -> list[Metric]:
+        if job_id is not None:
+            rows = self._db.execute("SELECT * FROM metrics WHERE job_id=?", (job_id,))
+        elif run_id is not None:
+            rows = self._db.execute(
+                "SELECT m.* FROM metrics m JOIN jobs j ON j.id=m.job_id WHERE j.run_id=?", (run_id,))
+        else:
+            rows = self._db.execute("SELECT * FROM metrics")
+        return [Metric(name=r["name"], value=r["value"], unit=r["unit"], source=r["source"],
+                       device=r["device"], target=r["target"], detail=r["detail"])
+                for r in rows.fetchall()]

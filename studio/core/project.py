@@ -1,0 +1,303 @@
+"""The ``.qstudio`` project file: TOML, human-diffable, versioned, validated, saved atomically.
+
+A project file sits next to its project folder ``<stem>.studio/`` (artifacts, run history,
+reports). Paths inside the file are relative to the file's folder; ``sample:NAME`` names a
+model or text shipped with the studio.
+"""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_write_text
+
+SCHEMA_VERSION = 1
+SCHEMES = ("W8A16", "W8A8", "FP16")
+GRANULARITIES = ("per_tensor", "per_channel")
+PRECISIONS = ("INT8", "INT16", "FP16", "FP32")
+STAGES = ("export", "quantize", "compile", "validate", "run", "profile", "report")
+DEVICES = ("cpu", "htp-sim")
+
+# Each section: key -> (type, default). ``None`` default means required.
+_SECTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
+    "model": {"source": (str, None), "draft": (str, "")},
+    "export": {"prompt_length": (int, 32), "context_length": (int, 128)},
+    "quantization": {
+        "scheme": (str, "W8A16"),
+        "weight_granularity": (str, "per_channel"),
+        "calibration_text": (str, "sample:calibration"),
+        "calibration_samples": (int, 8),
+        "overrides": (dict, {}),
+    },
+    "validation": {
+        "heldout_text": (str, "sample:heldout"),
+        "heldout_tokens": (int, 256),
+        "greedy_tokens": (int, 16),
+    },
+    "gates": {
+        "min_logits_cosine": ((int, float), 0.99),
+        "max_perplexity_increase": ((int, float), 0.05),
+        "min_top1_agreement": ((int, float), 0.0),
+    },
+    "run": {
+        "prompt": (str, "def __init__(self"),
+        "max_new_tokens": (int, 16),
+        "devices": (list, ["cpu", "htp-sim"]),
+    },
+    "pipeline": {"stages": (list, list(STAGES))},
+}
+_TOP = {"schema_version", "name", "targets", *_SECTIONS}
+
+
+@dataclass
+class Project:
+    """The validated content of a project file, plus where it lives."""
+
+    name: str
+    model: dict[str, Any]
+    export: dict[str, Any]
+    quantization: dict[str, Any]
+    validation: dict[str, Any]
+    gates: dict[str, Any]
+    run: dict[str, Any]
+    pipeline: dict[str, Any]
+    targets: list[str] = field(default_factory=list)
+    path: Path | None = None
+
+    # ---- locations -------------------------------------------------------------
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent if self.path else Path.cwd()
+
+    @property
+    def folder(self) -> Path:
+        """The project folder beside the file: artifacts, run history, reports."""
+        assert self.path is not None, "project has not been saved yet"
+        return self.path.with_suffix(".studio")
+
+    def resolve(self, ref: str) -> str | Path:
+        """A path relative to the project file, or a ``sample:`` reference unchanged."""
+        if ref.startswith("sample:"):
+            return ref
+        p = Path(ref).expanduser()
+        return p if p.is_absolute() else (self.base_dir / p)
+
+    def input_path(self, ref: str) -> Path:
+        """An existing file or folder for a model/text reference, or a StudioError."""
+        r = self.resolve(ref)
+        if isinstance(r, str):  # sample:NAME
+            from studio import samples
+
+            name = r.split(":", 1)[1]
+            if name in ("heldout", "calibration"):
+                path = samples.data_path(name)
+            else:
+                path = samples.sample_path(name)
+        else:
+            path = r
+        if not path.exists():
+            raise StudioError(f"{ref!r} not found (looked at {path}): fix the path in the project file")
+        return path
+
+    # ---- (de)serialisation ----------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "name": self.name}
+        for section in _SECTIONS:
+            d[section] = copy.deepcopy(getattr(self, section))
+        d["targets"] = list(self.targets)
+        return d
+
+    def copy(self) -> Project:
+        p = from_dict(self.to_dict())
+        p.path = self.path
+        return p
+
+
+def _fmt_allowed(keys) -> str:
+    return ", ".join(sorted(keys))
+
+
+def _check_type(where: str, key: str, value: Any, typ) -> None:
+    names = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
+    if isinstance(value, bool) and typ in (int, (int, float)):
+        raise StudioError(f"{where}.{key} must be a {names}, not {value!r}")
+    if not isinstance(value, typ):
+        raise StudioError(f"{where}.{key} must be a {names}, not {type(value).__name__} {value!r}")
+
+
+def _validate(p: Project) -> None:
+    if not p.name.strip():
+        raise StudioError("name must not be empty")
+    if not p.model["source"]:
+        raise StudioError("model.source is required: a checkpoint folder or sample:tiny-coder")
+    e = p.export
+    if e["prompt_length"] < 1:
+        raise StudioError("export.prompt_length must be at least 1")
+    if e["context_length"] <= e["prompt_length"]:
+        raise StudioError(
+            f"export.context_length ({e['context_length']}) must be larger than "
+            f"export.prompt_length ({e['prompt_length']})"
+        )
+    if e["context_length"] > 4096:
+        raise StudioError("export.context_length must be at most 4096")
+    q = p.quantization
+    if q["scheme"] not in SCHEMES:
+        raise StudioError(f"quantization.scheme {q['scheme']!r} is not one of {', '.join(SCHEMES)}")
+    if q["weight_granularity"] not in GRANULARITIES:
+        raise StudioError(
+            f"quantization.weight_granularity {q['weight_granularity']!r} is not one of "
+            f"{', '.join(GRANULARITIES)}"
+        )
+    if q["calibration_samples"] < 1:
+        raise StudioError("quantization.calibration_samples must be at least 1")
+    for pattern, prec in q["overrides"].items():
+        if prec not in PRECISIONS:
+            raise StudioError(
+                f"quantization.overrides[{pattern!r}] = {prec!r} is not one of {', '.join(PRECISIONS)}"
+            )
+    for key, val in p.gates.items():
+        if not 0.0 <= float(val) <= 1.0 and key != "max_perplexity_increase":
+            raise StudioError(f"gates.{key} must be between 0 and 1, not {val}")
+    if p.validation["heldout_tokens"] < 16:
+        raise StudioError("validation.heldout_tokens must be at least 16")
+    if p.run["max_new_tokens"] < 1:
+        raise StudioError("run.max_new_tokens must be at least 1")
+    for dev in p.run["devices"]:
+        if dev not in DEVICES:
+            raise StudioError(f"run.devices: unknown device {dev!r}; known: {', '.join(DEVICES)}")
+    for st in p.pipeline["stages"]:
+        if st not in STAGES:
+            raise StudioError(f"pipeline.stages: unknown stage {st!r}; known: {', '.join(STAGES)}")
+    from studio.core.catalog import get_chip
+
+    if not p.targets:
+        raise StudioError("targets is empty: name at least one chip, e.g. targets = [\"htp-v73\"]")
+    for t in p.targets:
+        get_chip(t)  # raises a StudioError naming the known targets
+
+
+def from_dict(data: dict[str, Any], where: str = "project") -> Project:
+    unknown = set(data) - _TOP
+    if unknown:
+        raise StudioError(
+            f"{where}: unknown key {sorted(unknown)[0]!r} (allowed: {_fmt_allowed(_TOP)})"
+        )
+    sections: dict[str, dict[str, Any]] = {}
+    for section, spec in _SECTIONS.items():
+        raw = data.get(section, {})
+        if not isinstance(raw, dict):
+            raise StudioError(f"[{section}] must be a table")
+        bad = set(raw) - set(spec)
+        if bad:
+            raise StudioError(
+                f"unknown key {sorted(bad)[0]!r} in [{section}] (allowed: {_fmt_allowed(spec)})"
+            )
+        out: dict[str, Any] = {}
+        for key, (typ, default) in spec.items():
+            if key in raw:
+                _check_type(section, key, raw[key], typ)
+                out[key] = copy.deepcopy(raw[key])
+            elif default is None:
+                raise StudioError(f"[{section}] needs the key {key!r}")
+            else:
+                out[key] = copy.deepcopy(default)
+        sections[section] = out
+    name = data.get("name", "")
+    if not isinstance(name, str):
+        raise StudioError("name must be a string")
+    targets = data.get("targets", ["htp-v73"])
+    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+        raise StudioError("targets must be a list of chip names, e.g. [\"htp-v73\"]")
+    p = Project(name=name or "untitled", targets=list(targets), **sections)
+    _validate(p)
+    return p
+
+
+# ---- migrations -------------------------------------------------------------------
+def _migrate_0_to_1(d: dict[str, Any]) -> dict[str, Any]:
+    """Schema 0 (pre-release) spelled export lengths ``prompt_len`` / ``context_len``."""
+    export = d.get("export", {})
+    for old, new in (("prompt_len", "prompt_length"), ("context_len", "context_length")):
+        if old in export:
+            export[new] = export.pop(old)
+    d["schema_version"] = 1
+    return d
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _migrate_0_to_1}
+
+
+def migrate(data: dict[str, Any]) -> dict[str, Any]:
+    version = data.get("schema_version")
+    if version is None:
+        raise StudioError("schema_version is missing: add schema_version = 1 at the top")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise StudioError(f"schema_version must be an integer, not {version!r}")
+    if version > SCHEMA_VERSION:
+        raise StudioError(
+            f"schema_version {version} was written by a newer QStudio (this one reads up to "
+            f"{SCHEMA_VERSION}): upgrade QStudio"
+        )
+    while version < SCHEMA_VERSION:
+        if version not in MIGRATIONS:
+            raise StudioError(f"schema_version {version} is not supported (oldest: {min(MIGRATIONS)})")
+        data = MIGRATIONS[version](copy.deepcopy(data))
+        version = data["schema_version"]
+    return data
+
+
+# ---- files ------------------------------------------------------------------------
+def load(path: Path) -> Project:
+    path = Path(path)
+    if not path.exists():
+        raise StudioError(f"project file {path} does not exist")
+    if path.is_dir():
+        raise StudioError(f"{path} is a folder, not a .qstudio project file")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise StudioError(f"{path} is not a text file: is it really a .qstudio project?") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise StudioError(f"{path.name} is not valid TOML ({exc}): fix the file") from None
+    try:
+        p = from_dict(migrate(data), where=path.name)
+    except StudioError as exc:
+        raise StudioError(f"{path.name}: {exc.message}") from None
+    p.path = path.resolve()
+    return p
+
+
+def dumps(project: Project) -> str:
+    import tomli_w
+
+    return tomli_w.dumps(project.to_dict())
+
+
+def save(project: Project, path: Path | None = None) -> Path:
+    target = Path(path) if path else project.path
+    if target is None:
+        raise StudioError("the project has no file yet: choose where to save it")
+    from studio.core.fsutil import check_writable_dir
+
+    check_writable_dir(target.parent)
+    atomic_write_text(target, dumps(project))
+    project.path = target.resolve()
+    return project.path
+
+
+def new_project(name: str, source: str, targets: list[str] | None = None, **sections) -> Project:
+    data: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "name": name,
+        "model": {"source": source},
+        "targets": targets or ["htp-v73"],
+    }
+    for k, v in sections.items():
+        data[k] = v
+    return from_dict(data)

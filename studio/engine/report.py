@@ -1,0 +1,218 @@
+"""Reports: JSON for CI and a self-contained HTML page (tables and inline SVG plots)."""
+
+from __future__ import annotations
+
+import html
+import time
+from pathlib import Path
+from typing import Any
+
+from studio.core.fsutil import atomic_write_json, atomic_write_text
+from studio.core.gates import evaluate_gates
+from studio.core.project import Project
+
+SOURCE_COLORS = {"measured": "#1b7f3b", "simulated": "#8a5a00", "estimated": "#2f5da8",
+                 "imported": "#6b3fa0"}
+SERIES = ["#2f5da8", "#c0392b", "#1b7f3b", "#8a5a00", "#6b3fa0", "#117a8b"]
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def badge(source: str) -> str:
+    color = SOURCE_COLORS.get(source, "#555")
+    return f'<span class="badge" style="background:{color}">{_e(source)}</span>'
+
+
+def _fmt(v: Any, digits: int = 4) -> str:
+    if isinstance(v, float):
+        return f"{v:.{digits}g}"
+    return _e(v)
+
+
+def svg_lines(series: dict[str, list[float]], ylabel: str, width: int = 640,
+              height: int = 240) -> str:
+    """A small line chart; one polyline per series, shared axes."""
+    pts = [v for s in series.values() for v in s]
+    if not pts:
+        return "<p>No data.</p>"
+    left, right, top, bottom = 56, 12, 10, 30
+    ymax = max(pts) * 1.1 or 1.0
+    n = max(len(s) for s in series.values())
+    sx = (width - left - right) / max(1, n - 1)
+    sy = (height - top - bottom) / ymax
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'role="img" aria-label="{_e(ylabel)}">',
+             f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" '
+             f'y2="{height - bottom}" stroke="#888"/>',
+             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#888"/>']
+    for i in range(5):
+        y = ymax * i / 4
+        py = height - bottom - y * sy
+        parts.append(f'<text x="{left - 4}" y="{py + 4:.1f}" font-size="10" text-anchor="end">'
+                     f"{y:.3g}</text>")
+    parts.append(f'<text x="{left}" y="{height - 8}" font-size="10">step 1</text>')
+    parts.append(f'<text x="{width - right}" y="{height - 8}" font-size="10" '
+                 f'text-anchor="end">step {n}</text>')
+    parts.append(f'<text x="4" y="{top + 8}" font-size="10">{_e(ylabel)}</text>')
+    for k, (name, vals) in enumerate(series.items()):
+        color = SERIES[k % len(SERIES)]
+        poly = " ".join(f"{left + i * sx:.1f},{height - bottom - v * sy:.1f}"
+                        for i, v in enumerate(vals))
+        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{poly}"/>')
+        parts.append(f'<text x="{width - right - 4}" y="{top + 12 + 12 * k}" font-size="10" '
+                     f'text-anchor="end" fill="{color}">{_e(name)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def svg_bars(values: dict[str, float], unit: str, width: int = 640) -> str:
+    """Horizontal bars, largest first."""
+    if not values:
+        return "<p>No data.</p>"
+    items = sorted(values.items(), key=lambda kv: -kv[1])
+    row, label_w = 18, 160
+    height = row * len(items) + 20
+    vmax = max(v for _, v in items) or 1.0
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">']
+    for i, (name, v) in enumerate(items):
+        w = (width - label_w - 80) * v / vmax
+        y = 4 + i * row
+        parts.append(f'<text x="{label_w - 6}" y="{y + 12}" font-size="11" '
+                     f'text-anchor="end">{_e(name)}</text>')
+        parts.append(f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{row - 4}" '
+                     f'fill="{SERIES[0]}"/>')
+        parts.append(f'<text x="{label_w + w + 4:.1f}" y="{y + 12}" font-size="10">'
+                     f"{v:.4g} {_e(unit)}</text>")
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
+max-width:980px;color:#222;line-height:1.4}
+h1{margin-bottom:0}h2{border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:1.8em}
+table{border-collapse:collapse;margin:0.6em 0;font-size:14px}
+td,th{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f4f4f4}.badge{color:#fff;border-radius:3px;padding:1px 6px;font-size:11px}
+.pass{color:#1b7f3b;font-weight:600}.fail{color:#c0392b;font-weight:600}
+.muted{color:#666;font-size:13px}pre{background:#f6f6f6;padding:6px;white-space:pre-wrap}
+"""
+
+
+def build_report(project: Project, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    gates = []
+    for label, r in results.items():
+        if label.startswith("validate["):
+            for g in evaluate_gates(project.gates, r):
+                g["target"] = r.get("target", "")
+                gates.append(g)
+    metrics = [dict(m, stage=label) for label, r in results.items() for m in r.get("metrics", [])]
+    return {
+        "project": project.name, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "model": project.model, "export": project.export, "quantization": project.quantization,
+        "targets": project.targets, "gates": gates,
+        "gates_passed": all(g["passed"] for g in gates), "metrics": metrics,
+        "stages": {label: {k: v for k, v in r.items() if k not in ("metrics",)}
+                   for label, r in results.items()},
+    }
+
+
+def render_html(data: dict[str, Any]) -> str:
+    st = data["stages"]
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>QStudio report: "
+           f"{_e(data['project'])}</title><style>{CSS}</style></head><body>",
+           f"<h1>{_e(data['project'])}</h1>",
+           f"<p class='muted'>QStudio report, {_e(data['created'])}. Model "
+           f"<code>{_e(data['model']['source'])}</code>; recipe "
+           f"{_e(data['quantization']['scheme'])} {_e(data['quantization']['weight_granularity'])}"
+           f"; prompt {data['export']['prompt_length']}, context "
+           f"{data['export']['context_length']}; targets {_e(', '.join(data['targets']))}.</p>",
+           "<p class='muted'>Every figure carries its source: "
+           + " ".join(badge(s) for s in SOURCE_COLORS)
+           + ". Simulator timings follow the host CPU and are not device latency.</p>"]
+    out.append("<h2>Accuracy gates</h2>")
+    if data["gates"]:
+        out.append("<table><tr><th>gate</th><th>target</th><th>value</th><th>threshold</th>"
+                   "<th>result</th></tr>")
+        for g in data["gates"]:
+            cls, word = ("pass", "pass") if g["passed"] else ("fail", "FAIL")
+            out.append(f"<tr><td>{_e(g['gate'])}</td><td>{_e(g['target'])}</td>"
+                       f"<td>{_fmt(g['value'])}</td><td>{_fmt(g['threshold'])}</td>"
+                       f"<td class='{cls}'>{word}</td></tr>")
+        out.append("</table>")
+    else:
+        out.append("<p>No validation ran in this pipeline.</p>")
+    vals = {k: v for k, v in st.items() if k.startswith("validate[")}
+    if vals:
+        out.append("<h2>Validation: FP32 (CPU) vs quantized</h2><table><tr><th>target</th>"
+                   "<th>runtime</th><th>logits cosine (mean / min)</th><th>max |error|</th>"
+                   "<th>top-1 agreement</th><th>perplexity</th><th>source</th></tr>")
+        for label, v in vals.items():
+            tgt = v.get("target", label)
+            out.append(f"<tr><td>{_e(tgt)}</td><td>FP32, host CPU</td><td>1</td><td>0</td>"
+                       f"<td>1</td><td>{_fmt(v['perplexity_fp32'])}</td>"
+                       f"<td>{badge('measured')}</td></tr>")
+            for key, name, src in (("host_qdq", "quantized QDQ, host CPU", "measured"),
+                                   ("htp", "quantized, HTP simulator", "simulated")):
+                r = v[key]
+                out.append(
+                    f"<tr><td>{_e(tgt)}</td><td>{name}</td><td>{_fmt(r['logits_cosine_mean'])} / "
+                    f"{_fmt(r['logits_cosine_min'])}</td><td>{_fmt(r['logits_max_abs_error'])}</td>"
+                    f"<td>{r['top1_agreement']:.1%}</td><td>{_fmt(r['perplexity'])}</td>"
+                    f"<td>{badge(src)}</td></tr>")
+        out.append("</table><p class='muted'>Teacher-forced on held-out text "
+                   f"({next(iter(vals.values()))['tokens']} tokens).</p>")
+        for v in vals.values():
+            out.append(f"<p><b>Greedy, {_e(v.get('target'))}</b> — agreement "
+                       f"{v['greedy_agreement']:.0%}<br>FP32: <code>{_e(v['greedy_fp32'])}</code>"
+                       f"<br>HTP: <code>{_e(v['greedy_htp'])}</code></p>")
+    runs = {k: v for k, v in st.items() if k.startswith("run[")}
+    if runs:
+        out.append("<h2>Generation</h2><table><tr><th>device</th><th>prefill</th>"
+                   "<th>decode per token (median)</th><th>tok/s</th><th>source</th>"
+                   "<th>output</th></tr>")
+        series = {}
+        for r in runs.values():
+            steps = r.get("step_s", [])
+            med = sorted(steps)[len(steps) // 2] if steps else 0.0
+            dev = r.get("device", "") + (f" / {r['target']}" if r.get("target") else "")
+            series[dev] = [s * 1e3 for s in steps]
+            out.append(f"<tr><td>{_e(dev)}</td><td>{r['prefill_s'] * 1e3:.1f} ms</td>"
+                       f"<td>{med * 1e3:.2f} ms</td><td>{(1 / med if med else 0):.1f}</td>"
+                       f"<td>{badge(r['source'])}</td><td><pre>{_e(r['prompt'])}"
+                       f"<b>{_e(r['text'])}</b></pre></td></tr>")
+        out.append("</table><h3>Decode latency per step</h3>")
+        out.append(svg_lines(series, "ms per token"))
+        out.append("<p class='muted'>Simulator timings follow the host CPU; they are not "
+                   "Snapdragon latency.</p>")
+    profs = {k: v for k, v in st.items() if k.startswith("profile[")}
+    for label, p in profs.items():
+        out.append(f"<h2>Profile {_e(label[8:-1])} {badge(p.get('source', 'simulated'))}</h2>")
+        out.append("<p class='muted'>One decode step, QNN detailed profiling on the HTP "
+                   "simulator: totals by op type.</p>")
+        out.append(svg_bars(p.get("by_op_type", {}), p.get("unit", "")))
+    out.append("<h2>Stages</h2><table><tr><th>stage</th><th>summary</th></tr>")
+    for label, r in st.items():
+        out.append(f"<tr><td>{_e(label)}</td><td>{_e(r.get('summary', ''))}</td></tr>")
+    out.append("</table>")
+    out.append("<h2>All metrics</h2><table><tr><th>stage</th><th>metric</th><th>value</th>"
+               "<th>unit</th><th>source</th><th>device</th><th>note</th></tr>")
+    for m in data["metrics"]:
+        dev = m["device"] + (f" / {m['target']}" if m.get("target") else "")
+        out.append(f"<tr><td>{_e(m['stage'])}</td><td>{_e(m['name'])}</td>"
+                   f"<td>{_fmt(m['value'])}</td><td>{_e(m['unit'])}</td>"
+                   f"<td>{badge(m['source'])}</td><td>{_e(dev)}</td>"
+                   f"<td class='muted'>{_e(m.get('detail', ''))}</td></tr>")
+    out.append("</table></body></html>")
+    return "\n".join(out)
+
+
+def write_report(project: Project, results: dict[str, dict[str, Any]],
+                 out_dir: Path) -> tuple[Path, Path]:
+    data = build_report(project, results)
+    html_path, json_path = out_dir / "report.html", out_dir / "report.json"
+    atomic_write_json(json_path, data)
+    atomic_write_text(html_path, render_html(data))
+    return html_path, json_path

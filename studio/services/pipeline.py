@@ -1,0 +1,415 @@
+"""The pipeline: a DAG of stage jobs, cached by artifact key, each run in a worker subprocess.
+
+``plan`` is pure: it turns a project (and an optional choice of stages / targets) into the
+list of jobs that ``studio --batch`` and the GUI's "Run pipeline" both queue. ``Pipeline``
+executes a plan, records everything in the run history and streams events to listeners.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from studio.core.artifacts import Artifact, ArtifactStore, artifact_key
+from studio.core.errors import StageCrashed, StudioError
+from studio.core.fsutil import atomic_write_bytes, sha256_file
+from studio.core.gates import evaluate_gates
+from studio.core.jobs import Job, JobStore
+from studio.core.metrics import Metric
+from studio.core.project import STAGES, Project
+
+ORDER = {s: i for i, s in enumerate(STAGES)}
+MAX_LOG_LINES = 4000
+
+
+@dataclass
+class PlannedJob:
+    stage: str
+    target: str = ""  # chip key; for run jobs "cpu" or "htp-sim/<chip>"
+    deps: list[int] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.stage}[{self.target}]" if self.target else self.stage
+
+
+def plan(project: Project, stages: list[str] | None = None,
+         targets: list[str] | None = None) -> list[PlannedJob]:
+    """The jobs for the requested stages, plus every stage they need upstream."""
+    wanted = list(stages or project.pipeline["stages"])
+    for s in wanted:
+        if s not in STAGES:
+            raise StudioError(f"unknown stage {s!r}; known stages: {', '.join(STAGES)}")
+    chips = list(targets or project.targets)
+    for t in chips:
+        if t not in project.targets:
+            raise StudioError(
+                f"target {t!r} is not one of the project's targets ({', '.join(project.targets)})"
+            )
+    needs = {"export": set(), "quantize": {"export"}, "compile": {"quantize"},
+             "validate": {"export", "quantize", "compile"}, "run": {"export", "compile"},
+             "profile": {"compile"}, "report": set()}
+    closure = set(wanted)
+    changed = True
+    while changed:
+        changed = False
+        for s in list(closure):
+            for dep in needs[s]:
+                if dep not in closure:
+                    closure.add(dep)
+                    changed = True
+    jobs: list[PlannedJob] = []
+    index: dict[tuple[str, str], int] = {}
+
+    def add(stage: str, target: str, deps: list[tuple[str, str]]) -> None:
+        index[(stage, target)] = len(jobs)
+        jobs.append(PlannedJob(stage, target, [index[d] for d in deps if d in index]))
+
+    if "export" in closure:
+        add("export", "", [])
+    if "quantize" in closure:
+        add("quantize", "", [("export", "")])
+    for chip in chips:
+        if "compile" in closure:
+            add("compile", chip, [("quantize", "")])
+        if "validate" in closure:
+            add("validate", chip, [("export", ""), ("quantize", ""), ("compile", chip)])
+    if "run" in closure:
+        devices = project.run["devices"]
+        if "cpu" in devices:
+            add("run", "cpu", [("export", "")])
+        if "htp-sim" in devices:
+            for chip in chips:
+                add("run", f"htp-sim/{chip}", [("export", ""), ("compile", chip)])
+    if "profile" in closure:
+        for chip in chips:
+            add("profile", chip, [("compile", chip)])
+    if "report" in closure:
+        deps = [(j.stage, j.target) for j in jobs]
+        add("report", "", deps)
+    return jobs
+
+
+# ---- stage configuration (what goes into an artifact key) ----------------------------
+def _hash_ref(project: Project, ref: str) -> dict[str, Any]:
+    """The identity of an input file or folder: its resolved path and content hash."""
+    path = project.input_path(ref)
+    if path.is_dir():
+        files = {str(p.relative_to(path)): sha256_file(p)
+                 for p in sorted(path.rglob("*")) if p.is_file()}
+        return {"ref": ref, "files": files}
+    return {"ref": ref, "sha256": sha256_file(path)}
+
+
+def stage_config(project: Project, job: PlannedJob) -> dict[str, Any]:
+    p = project
+    if job.stage == "export":
+        return {"model": _hash_ref(p, p.model["source"]), "export": p.export}
+    if job.stage == "quantize":
+        q = dict(p.quantization)
+        q["calibration_text"] = _hash_ref(p, q["calibration_text"])
+        return {"quantization": q}
+    if job.stage == "compile":
+        from studio.core.catalog import get_chip
+
+        return {"chip": get_chip(job.target).__dict__, "scheme": p.quantization["scheme"]}
+    if job.stage == "validate":
+        v = dict(p.validation)
+        v["heldout_text"] = _hash_ref(p, v["heldout_text"])
+        return {"validation": v, "target": job.target}
+    if job.stage == "run":
+        return {"run": {k: p.run[k] for k in ("prompt", "max_new_tokens")}, "target": job.target}
+    if job.stage == "profile":
+        return {"target": job.target}
+    if job.stage == "report":
+        return {"gates": p.gates, "name": p.name, "time": time.time()}
+    raise StudioError(f"unknown stage {job.stage!r}")
+
+
+def preflight(project: Project, jobs: list[PlannedJob]) -> None:
+    """Check the inputs of a plan before anything runs: fail in a second, not in minutes."""
+    stages = {j.stage for j in jobs}
+    if "export" in stages:
+        src = project.input_path(project.model["source"])
+        if src.is_file() and src.suffix == ".onnx":
+            from studio.engine.onnx_import import open_onnx
+
+            open_onnx(src)  # a corrupt file gets a clear error
+            raise StudioError(
+                f"{src.name} is an ONNX model: the LLM pipeline starts from a Hugging Face "
+                "checkpoint folder (export makes its prefill and decode graphs)"
+            )
+        from studio.engine import hf_import
+
+        hf_import.open_checkpoint(src)
+    texts = []
+    if "quantize" in stages:
+        texts.append((project.quantization["calibration_text"], "calibration text"))
+    if "validate" in stages:
+        texts.append((project.validation["heldout_text"], "held-out text"))
+    for ref, what in texts:
+        path = project.input_path(ref)
+        if path.is_dir() or path.stat().st_size == 0 or not path.read_bytes().strip():
+            raise StudioError(f"the {what} {path} is empty: give a text file with some content")
+    from studio.core.fsutil import check_writable_dir
+
+    check_writable_dir(project.folder)
+
+
+def tool_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("qstudio", "torch", "transformers", "onnx", "onnxruntime", "onnxruntime-qnn"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "missing"
+    return out
+
+
+# ---- execution --------------------------------------------------------------------------
+@dataclass
+class RunSummary:
+    run_id: int
+    state: str
+    jobs: list[Job]
+    gates: list[dict[str, Any]]
+    report: Path | None
+    seconds: float
+    error: str | None = None
+    exit_code: int = 0
+
+    @property
+    def gates_passed(self) -> bool:
+        return all(g["passed"] for g in self.gates)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id, "state": self.state, "seconds": round(self.seconds, 2),
+            "error": self.error, "report": str(self.report) if self.report else None,
+            "gates": self.gates, "gates_passed": self.gates_passed,
+            "jobs": [{"id": j.id, "stage": j.stage, "target": j.target, "state": j.state,
+                      "cached": j.cached, "seconds": round(j.elapsed or 0.0, 2),
+                      "message": j.message, "summary": (j.result or {}).get("summary", "")}
+                     for j in self.jobs],
+        }
+
+
+Listener = Callable[[dict[str, Any]], None]
+
+
+class Pipeline:
+    """Runs plans for one project; one job at a time (the HTP simulator is CPU-bound)."""
+
+    def __init__(self, project: Project, jobs: JobStore, store: ArtifactStore):
+        self.project = project
+        self.jobs = jobs
+        self.store = store
+        self.listeners: list[Listener] = []
+        self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._cancelled: set[int] = set()
+        self._cancel_all = False
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        for cb in list(self.listeners):
+            cb(event)
+
+    def _update(self, job_id: int, **fields: Any) -> None:
+        self.jobs.update_job(job_id, **fields)
+        self._emit({"kind": "job", "job": self.jobs.job(job_id)})
+
+    # -- control --
+    def cancel(self, job_id: int | None = None) -> None:
+        """Cancel one job (or, with no id, the whole run): a running worker is terminated."""
+        if job_id is None:
+            self._cancel_all = True
+            ids = list(self._procs)
+        else:
+            self._cancelled.add(job_id)
+            ids = [job_id] if job_id in self._procs else []
+        for jid in ids:
+            proc = self._procs.get(jid)
+            if proc and proc.returncode is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+    # -- running --
+    async def run(self, stages: list[str] | None = None,
+                  targets: list[str] | None = None) -> RunSummary:
+        t0 = time.time()
+        planned = plan(self.project, stages, targets)
+        preflight(self.project, planned)
+        run_id = self.jobs.create_run({"stages": stages, "targets": targets})
+        ids = [self.jobs.add_job(run_id, j.stage, j.target) for j in planned]
+        for jid, pj in zip(ids, planned, strict=True):
+            if pj.deps:
+                self.jobs._db.execute("UPDATE jobs SET depends_on=? WHERE id=?",
+                                      (json.dumps([ids[d] for d in pj.deps]), jid))
+            self._emit({"kind": "job", "job": self.jobs.job(jid)})
+        self._emit({"kind": "run", "run_id": run_id, "state": "running"})
+        artifacts: dict[int, Artifact] = {}
+        gates: list[dict[str, Any]] = []
+        report: Path | None = None
+        error: str | None = None
+        exit_code = 0
+        for jid, pj in zip(ids, planned, strict=True):
+            failed_dep = next((ids[d] for d in pj.deps if ids[d] not in artifacts), None)
+            if self._cancel_all or jid in self._cancelled:
+                self._update(jid, state="cancelled", finished=time.time(), message="cancelled")
+                continue
+            if failed_dep is not None:
+                dep = self.jobs.job(failed_dep)
+                self._update(jid, state="cancelled", finished=time.time(),
+                             message=f"not run: {dep.label} did not succeed")
+                continue
+            try:
+                art = await self._run_job(jid, pj, {ids[d]: artifacts[ids[d]] for d in pj.deps})
+            except StudioError as exc:
+                error = error or exc.message
+                exit_code = max(exit_code, exc.exit_code)
+                self._update(jid, state="failed", finished=time.time(), error=exc.message,
+                             message=exc.message)
+                continue
+            if art is None:
+                continue
+            artifacts[jid] = art
+            result = json.loads((art.path / "result.json").read_text())
+            if pj.stage == "validate":
+                rows = evaluate_gates(self.project.gates, result)
+                for r in rows:
+                    r["target"] = pj.target
+                gates.extend(rows)
+            if pj.stage == "report":
+                report = self._publish_report(art)
+        states = [self.jobs.job(i).state for i in ids]
+        if all(s == "succeeded" for s in states):
+            state = "succeeded"
+        elif any(s == "failed" for s in states):
+            state = "failed"
+        else:
+            state = "cancelled"
+        self.jobs.finish_run(run_id, state)
+        self._emit({"kind": "run", "run_id": run_id, "state": state})
+        return RunSummary(run_id, state, [self.jobs.job(i) for i in ids], gates, report,
+                          time.time() - t0, error, exit_code)
+
+    def _publish_report(self, art: Artifact) -> Path:
+        reports = self.project.folder / "reports"
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        out = reports / f"report-{stamp}.html"
+        for name, dest in (("report.html", out), ("report.json", out.with_suffix(".json")),
+                           ("report.html", reports / "latest.html"),
+                           ("report.json", reports / "latest.json")):
+            atomic_write_bytes(dest, (art.path / name).read_bytes())
+        return out
+
+    async def _run_job(self, jid: int, pj: PlannedJob,
+                       inputs: dict[int, Artifact]) -> Artifact | None:
+        config = stage_config(self.project, pj)
+        input_digests = {self.jobs.job(i).label: a.digest for i, a in inputs.items()}
+        versions = tool_versions()
+        key = artifact_key(pj.stage, config, input_digests, versions)
+        now = time.time()
+        cached = self.store.get(key)
+        if cached is not None and self.store.verify(cached):
+            result = json.loads((cached.path / "result.json").read_text())
+            self.jobs.add_metrics(jid, [Metric.from_dict(m) for m in result.get("metrics", [])])
+            self._update(jid, state="succeeded", started=now, finished=now, progress=1.0,
+                         cached=1, artifact_key=key, result=result,
+                         message="cached: inputs and settings unchanged")
+            return cached
+        workdir = self.store.new_workdir()
+        spec = {
+            "stage": pj.stage, "target": pj.target, "job_id": jid,
+            "project": self.project.to_dict(),
+            "project_path": str(self.project.path) if self.project.path else None,
+            "inputs": {self.jobs.job(i).label: str(a.path) for i, a in inputs.items()},
+            "workdir": str(workdir), "config": config,
+        }
+        self._update(jid, state="running", started=now, progress=0.0, message="starting")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "studio.worker",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=1 << 24,
+        )
+        self._procs[jid] = proc
+        self.jobs.update_job(jid, pid=proc.pid)
+        assert proc.stdin and proc.stdout and proc.stderr
+        proc.stdin.write(json.dumps(spec).encode())
+        await proc.stdin.drain()
+        proc.stdin.close()
+        outcome: dict[str, Any] = {}
+        log_count = 0
+
+        async def read_stdout() -> None:
+            assert proc.stdout
+            async for raw in proc.stdout:
+                try:
+                    msg = json.loads(raw)
+                except json.JSONDecodeError:
+                    continue
+                kind = msg.get("type")
+                if kind == "progress":
+                    self._update(jid, progress=msg["fraction"], message=msg.get("message", ""))
+                elif kind == "log":
+                    self.jobs.append_log(jid, msg["line"])
+                    self._emit({"kind": "log", "job_id": jid, "line": msg["line"]})
+                elif kind in ("result", "error"):
+                    outcome.update(msg)
+
+        async def read_stderr() -> None:
+            nonlocal log_count
+            assert proc.stderr
+            async for raw in proc.stderr:
+                line = raw.decode("utf-8", "replace").rstrip()
+                if not line or log_count >= MAX_LOG_LINES:
+                    continue
+                log_count += 1
+                self.jobs.append_log(jid, line)
+                self._emit({"kind": "log", "job_id": jid, "line": line})
+
+        try:
+            await asyncio.gather(read_stdout(), read_stderr())
+            rc = await proc.wait()
+        except asyncio.CancelledError:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            raise
+        finally:
+            self._procs.pop(jid, None)
+        if jid in self._cancelled or self._cancel_all:
+            shutil.rmtree(workdir, ignore_errors=True)
+            self._update(jid, state="cancelled", finished=time.time(), message="cancelled")
+            return None
+        if outcome.get("type") == "result" and rc == 0:
+            result = outcome["result"]
+            self.jobs.add_metrics(jid, [Metric.from_dict(m) for m in result.get("metrics", [])])
+            art = self.store.commit(key, workdir, {
+                "stage": pj.stage, "target": pj.target, "config": config,
+                "inputs": input_digests, "versions": versions,
+                "tool": result.get("tool", {}),
+            })
+            self._update(jid, state="succeeded", finished=time.time(), progress=1.0,
+                         artifact_key=key, result=result, message=result.get("summary", "done"))
+            return art
+        shutil.rmtree(workdir, ignore_errors=True)
+        if outcome.get("type") == "error" and outcome.get("kind") == "user":
+            raise StudioError(f"{pj.label}: {outcome['message']}")
+        detail = outcome.get("message") or f"worker exited with code {rc}"
+        if outcome.get("traceback"):
+            self.jobs.append_log(jid, outcome["traceback"])
+        raise StageCrashed(f"{pj.label} crashed: {detail} (the job log has the traceback)")

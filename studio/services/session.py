@@ -1,0 +1,73 @@
+"""The Studio session: one open project with its command stack, run history and pipeline.
+
+There are no singletons: the CLI, the GUI and the tests each build their own session.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from studio.core import project as projectfile
+from studio.core.artifacts import ArtifactStore
+from studio.core.commands import CommandStack, SetValue
+from studio.core.errors import StudioError
+from studio.core.fsutil import check_writable_dir
+from studio.core.jobs import JobStore
+from studio.core.project import Project
+from studio.services.pipeline import Pipeline, RunSummary
+
+
+class Studio:
+    def __init__(self, project: Project):
+        if project.path is None:
+            raise StudioError("save the project to a file before opening it in a session")
+        self.project = project
+        self.commands = CommandStack(project)
+        folder = project.folder
+        check_writable_dir(folder)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            self.store = ArtifactStore(folder / "artifacts").open()
+            self.jobs = JobStore(folder / "runs.sqlite")
+        except OSError as exc:
+            raise StudioError(f"cannot use the project folder {folder}: {exc.strerror}") from None
+        interrupted = self.jobs.mark_interrupted()
+        if interrupted or not any(r["state"] == "running" for r in self.jobs.runs()):
+            self.store.clean_tmp()
+        self.interrupted_jobs = interrupted
+        self.pipeline = Pipeline(project, self.jobs, self.store)
+
+    # ---- opening and saving ---------------------------------------------------------
+    @classmethod
+    def open(cls, path: Path) -> Studio:
+        return cls(projectfile.load(Path(path)))
+
+    @classmethod
+    def create(cls, path: Path, source: str, targets: list[str] | None = None,
+               name: str | None = None, **sections: Any) -> Studio:
+        path = Path(path)
+        if path.suffix != ".qstudio":
+            path = path.with_suffix(".qstudio")
+        if path.exists():
+            raise StudioError(f"{path} already exists: choose another name or open it")
+        p = projectfile.new_project(name or path.stem, source, targets, **sections)
+        projectfile.save(p, path)
+        return cls(p)
+
+    def save(self) -> Path:
+        path = projectfile.save(self.project)
+        self.commands.mark_clean()
+        return path
+
+    def close(self) -> None:
+        self.jobs.close()
+
+    # ---- edits --------------------------------------------------------------------------
+    def set(self, section: str, key: str, value: Any):
+        return self.commands.push(SetValue(section, key, value))
+
+    # ---- pipeline -----------------------------------------------------------------------
+    async def run_pipeline(self, stages: list[str] | None = None,
+                           targets: list[str] | None = None) -> RunSummary:
+        return await self.pipeline.run(stages, targets)

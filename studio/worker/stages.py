@@ -1,0 +1,374 @@
+"""The pipeline's stages: each a plain function ``stage(ctx, progress) -> result``.
+
+The worker subprocess calls :func:`run_stage` with the job spec from the service layer;
+benchmarks and tests may call the same functions directly. A stage writes its files into
+``ctx.out`` (a fresh folder that becomes the content-addressed artifact) and returns a
+JSON-able result whose ``metrics`` each carry their source.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from studio.core.catalog import Chip, get_chip
+from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_write_json
+from studio.core.metrics import Metric
+from studio.core.progress import Progress, SubProgress
+from studio.core.project import Project, from_dict
+
+GRAPHS = ("prefill", "decode")
+
+
+@dataclass
+class StageContext:
+    project: Project
+    target: str
+    inputs: dict[str, Path]  # upstream job label -> artifact folder
+    out: Path
+
+    def input(self, stage: str, target: str = "") -> Path:
+        label = f"{stage}[{target}]" if target else stage
+        if label not in self.inputs:
+            raise StudioError(f"stage input {label} is missing: run the pipeline from the start")
+        return self.inputs[label]
+
+    @property
+    def chip(self) -> Chip:
+        return get_chip(self.target.split("/", 1)[-1])
+
+
+def _read_text(project: Project, ref: str, what: str) -> str:
+    path = project.input_path(ref)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise StudioError(f"the {what} {path} is not UTF-8 text") from None
+    if not text.strip():
+        raise StudioError(f"the {what} {path} is empty: give a text file with some content")
+    return text
+
+
+def _metric(name: str, value: float, unit: str, source: str, device: str, target: str = "",
+            detail: str = "") -> dict[str, Any]:
+    return Metric(name, float(value), unit, source, device, target, detail).to_dict()
+
+
+def _tokenizer(export_dir: Path):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(export_dir / "tokenizer"))
+
+
+def _spec(export_dir: Path) -> dict[str, Any]:
+    return json.loads((export_dir / "graph.json").read_text())
+
+
+# ---- 1. export ----------------------------------------------------------------------------
+def export(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    from studio.engine import hf_import
+    from studio.engine.llm_export import export_llm
+
+    ckpt = ctx.project.input_path(ctx.project.model["source"])
+    info = hf_import.open_checkpoint(ckpt)
+    progress.update(0.02, f"exporting {info.architecture} ({info.num_layers} layers)")
+    e = ctx.project.export
+    t0 = time.perf_counter()
+    spec = export_llm(ckpt, ctx.out, e["prompt_length"], e["context_length"],
+                      progress=SubProgress(progress, 0.02, 0.95))
+    seconds = time.perf_counter() - t0
+    tok_dir = ctx.out / "tokenizer"
+    tok_dir.mkdir()
+    for f in ckpt.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            shutil.copy2(f, tok_dir / f.name)
+    atomic_write_json(ctx.out / "modelinfo.json", info.to_dict())
+    sizes = {g: (ctx.out / f"{g}.onnx").stat().st_size for g in GRAPHS}
+    return {
+        "summary": f"prefill [1,{e['prompt_length']}] + decode with KV cache {e['context_length']}"
+                   f" ({info.parameters:,} parameters)",
+        "spec": spec, "sizes": sizes,
+        "metrics": [_metric("export_seconds", seconds, "s", "measured", "host-cpu")],
+    }
+
+
+# ---- 2. quantize --------------------------------------------------------------------------
+def quantize(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    from studio.engine.quantize import quantize_llm
+
+    q = ctx.project.quantization
+    text = _read_text(ctx.project, q["calibration_text"], "calibration text")
+    export_dir = ctx.input("export")
+    recipe = {"scheme": q["scheme"], "weight_granularity": q["weight_granularity"],
+              "samples": q["calibration_samples"], "overrides": q["overrides"]}
+    t0 = time.perf_counter()
+    info = quantize_llm(export_dir, ctx.out, recipe, text, export_dir / "tokenizer", progress)
+    return {
+        "summary": f"{q['scheme']} {q['weight_granularity']}, "
+                   f"{q['calibration_samples']} calibration windows",
+        "quant": info,
+        "metrics": [_metric("quantize_seconds", time.perf_counter() - t0, "s", "measured",
+                            "host-cpu")],
+    }
+
+
+# ---- 3. compile ---------------------------------------------------------------------------
+def compile_(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    from studio.engine import qnn
+
+    qdir = ctx.input("quantize")
+    fp16 = ctx.project.quantization["scheme"] == "FP16"
+    chip = ctx.chip
+    placement, compiled = {}, {}
+    for i, g in enumerate(GRAPHS):
+        progress.check()
+        progress.update(i / 2, f"checking placement of {g} on {chip.name}")
+        rep = qnn.placement_report(qdir / f"{g}.onnx", chip, fp16=fp16)
+        placement[g] = rep
+        if not rep["all_on_npu"]:
+            names = ", ".join(f"{n['name']} ({n['op_type']})" for n in rep["cpu_nodes"][:5])
+            raise StudioError(
+                f"{len(rep['cpu_nodes'])} node(s) of the {g} graph cannot run on the NPU of "
+                f"{chip.name}: {names}; change their precision or the recipe"
+            )
+        progress.update(i / 2 + 0.25, f"compiling {g} context binary for {chip.name}")
+        compiled[g] = qnn.compile_context(qdir / f"{g}.onnx", ctx.out / f"{g}_ctx.onnx", chip,
+                                          fp16=fp16, embed=True)
+    shutil.copy2(qdir / "graph.json", ctx.out / "graph.json")
+    atomic_write_json(ctx.out / "placement.json", placement)
+    sdk = compiled["decode"].get("sdk_version", "")
+    secs = sum(c.get("seconds", 0.0) for c in compiled.values())
+    return {
+        "summary": f"context binaries for {chip.name} (QNN SDK {sdk}); all nodes on the NPU",
+        "placement": {g: {k: v for k, v in r.items() if k != "cpu_nodes"} for g, r in placement.items()},
+        "sdk_version": sdk, "tool": {"qnn_sdk": sdk},
+        "metrics": [_metric("compile_seconds", secs, "s", "measured", "host-cpu", chip.key)],
+    }
+
+
+# ---- sessions -------------------------------------------------------------------------------
+def _cpu_generator(graph_dir: Path, spec: dict[str, Any]):
+    from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
+
+    return StaticKVGenerator(make_cpu_session(graph_dir / "prefill.onnx"),
+                             make_cpu_session(graph_dir / "decode.onnx"), spec)
+
+
+def _htp_generator(compile_dir: Path, chip: Chip, spec: dict[str, Any], fp16: bool):
+    from studio.engine import qnn
+    from studio.engine.llm_runtime import StaticKVGenerator
+
+    return StaticKVGenerator(
+        qnn.make_session(compile_dir / "prefill_ctx.onnx", chip, strict=True, fp16=fp16),
+        qnn.make_session(compile_dir / "decode_ctx.onnx", chip, strict=True, fp16=fp16),
+        spec,
+    )
+
+
+# ---- 4. validate ----------------------------------------------------------------------------
+def _logit_stats(ref, other):
+    import numpy as np
+
+    a = ref.astype(np.float64)
+    b = other.astype(np.float64)
+    cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1) + 1e-12)
+    return cos, float(np.abs(a - b).max()), (a.argmax(-1) == b.argmax(-1))
+
+
+def _nll(logits, ids):
+    import numpy as np
+
+    x = logits[:-1].astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    logp = x - np.log(np.exp(x).sum(-1, keepdims=True))
+    return float(-logp[np.arange(len(ids) - 1), ids[1:]].sum()), len(ids) - 1
+
+
+def validate(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    import math
+
+    import numpy as np
+
+    export_dir, qdir = ctx.input("export"), ctx.input("quantize")
+    cdir = ctx.input("compile", ctx.target)
+    spec = _spec(export_dir)
+    v = ctx.project.validation
+    chip = ctx.chip
+    text = _read_text(ctx.project, v["heldout_text"], "held-out text")
+    tok = _tokenizer(export_dir)
+    ids = tok(text).input_ids[: v["heldout_tokens"]]
+    if len(ids) < 16:
+        raise StudioError("the held-out text gives fewer than 16 tokens: use a longer text")
+    window = spec["context_length"]
+    windows = [ids[i:i + window] for i in range(0, len(ids), window)]
+    windows = [w for w in windows if len(w) >= 2]
+    fp16 = ctx.project.quantization["scheme"] == "FP16"
+    runners = {
+        "fp32": _cpu_generator(export_dir, spec),
+        "host_qdq": _cpu_generator(qdir, spec),
+        "htp": _htp_generator(cdir, chip, spec, fp16),
+    }
+    logits: dict[str, list] = {k: [] for k in runners}
+    total = len(windows) * len(runners)
+    done = 0
+    for name, gen in runners.items():
+        for w in windows:
+            progress.check()
+            sub = SubProgress(progress, done / (total + 1), (done + 1) / (total + 1))
+            sub.update(0, f"teacher-forced logits: {name}, {len(w)} tokens")
+            logits[name].append(gen.teacher_forced_logits(w, progress=sub))
+            done += 1
+    res: dict[str, Any] = {"tokens": len(ids), "windows": len(windows), "target": chip.key}
+    ppl = {}
+    for name in runners:
+        nll = cnt = 0.0
+        for w, lg in zip(windows, logits[name], strict=True):
+            a, b = _nll(lg, w)
+            nll, cnt = nll + a, cnt + b
+        ppl[name] = math.exp(nll / cnt)
+    for name in ("host_qdq", "htp"):
+        cos, maxerr, same = [], 0.0, []
+        for r, o in zip(logits["fp32"], logits[name], strict=True):
+            c, m, s = _logit_stats(r, o)
+            cos.append(c)
+            same.append(s)
+            maxerr = max(maxerr, m)
+        cos_all, same_all = np.concatenate(cos), np.concatenate(same)
+        res[name] = {"logits_cosine_mean": float(cos_all.mean()),
+                     "logits_cosine_min": float(cos_all.min()), "logits_max_abs_error": maxerr,
+                     "top1_agreement": float(same_all.mean()), "perplexity": ppl[name]}
+    progress.update(total / (total + 1), "greedy agreement")
+    prompt = tok(ctx.project.run["prompt"]).input_ids[: spec["prompt_length"]]
+    n = v["greedy_tokens"]
+    g_ref = runners["fp32"].greedy(prompt, n)["tokens"]
+    g_htp = runners["htp"].greedy(prompt, n)["tokens"]
+    agree = sum(a == b for a, b in zip(g_ref, g_htp, strict=False)) / max(1, len(g_ref))
+    h = res["htp"]
+    res.update(
+        logits_cosine_mean=h["logits_cosine_mean"], top1_agreement=h["top1_agreement"],
+        perplexity_fp32=ppl["fp32"], perplexity_quantized=ppl["htp"],
+        perplexity_host_qdq=ppl["host_qdq"], greedy_agreement=agree,
+        greedy_fp32=tok.decode(g_ref), greedy_htp=tok.decode(g_htp),
+    )
+    src = dict(source="simulated", device="htp-sim", target=chip.key)
+    res["metrics"] = [
+        _metric("logits_cosine_mean", h["logits_cosine_mean"], "", **src),
+        _metric("logits_max_abs_error", h["logits_max_abs_error"], "", **src),
+        _metric("top1_agreement", h["top1_agreement"], "fraction", **src),
+        _metric("perplexity_quantized", ppl["htp"], "", **src),
+        _metric("greedy_agreement", agree, "fraction", **src),
+        _metric("perplexity_fp32", ppl["fp32"], "", "measured", "host-cpu"),
+        _metric("perplexity_host_qdq", ppl["host_qdq"], "", "measured", "host-cpu"),
+    ]
+    res["summary"] = (f"cosine {h['logits_cosine_mean']:.4f}, top-1 {h['top1_agreement']:.1%}, "
+                      f"ppl {ppl['fp32']:.2f} → {ppl['htp']:.2f} on {chip.name} (simulator)")
+    return res
+
+
+# ---- 5. run ----------------------------------------------------------------------------------
+def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    export_dir = ctx.input("export")
+    spec = _spec(export_dir)
+    tok = _tokenizer(export_dir)
+    r = ctx.project.run
+    if ctx.target == "cpu":
+        gen = _cpu_generator(export_dir, spec)
+        source, device, target, what = "measured", "host-cpu", "", "FP32 on the host CPU"
+    else:
+        chip = ctx.chip
+        fp16 = ctx.project.quantization["scheme"] == "FP16"
+        gen = _htp_generator(ctx.input("compile", chip.key), chip, spec, fp16)
+        source, device, target = "simulated", "htp-sim", chip.key
+        what = f"{ctx.project.quantization['scheme']} on the HTP simulator ({chip.name})"
+    prompt_ids = tok(r["prompt"]).input_ids
+    if len(prompt_ids) > spec["prompt_length"]:
+        raise StudioError(
+            f"the prompt has {len(prompt_ids)} tokens but the model was exported for "
+            f"{spec['prompt_length']}: shorten run.prompt or raise export.prompt_length"
+        )
+    n = r["max_new_tokens"]
+
+    def on_step(i: int, token: int) -> None:
+        progress.check()
+        progress.update((i + 1) / n, f"token {i + 1}/{n}")
+
+    out = gen.greedy(prompt_ids, n, eos_id=spec.get("eos_token_id"), on_step=on_step)
+    steps = out["step_s"]
+    median = statistics.median(steps) if steps else float("nan")
+    note = "" if source == "measured" else "simulator time: follows the host CPU, not device latency"
+    metrics = [
+        _metric("prefill_ms", out["prefill_s"] * 1e3, "ms", source, device, target, note),
+        _metric("decode_ms_per_token", median * 1e3, "ms", source, device, target, note),
+        _metric("decode_tokens_per_s", 1.0 / median if steps else 0.0, "tok/s", source, device,
+                target, note),
+    ]
+    text = tok.decode(out["tokens"])
+    return {
+        "summary": f"{len(out['tokens'])} tokens, {1.0 / median:.1f} tok/s ({source}, {what})",
+        "device": device, "target": target, "source": source, "prompt": r["prompt"],
+        "tokens": out["tokens"], "text": text, "prefill_s": out["prefill_s"],
+        "step_s": steps, "metrics": metrics,
+    }
+
+
+# ---- 6. profile ------------------------------------------------------------------------------
+def profile(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    from studio.engine import qnn, qnn_profile
+
+    cdir = ctx.input("compile", ctx.target)
+    chip = ctx.chip
+    spec = json.loads((cdir / "graph.json").read_text())
+    fp16 = ctx.project.quantization["scheme"] == "FP16"
+    progress.update(0.1, f"profiling one decode step on {chip.name} (simulator)")
+    csv_path = ctx.out / "qnn_profile.csv"
+    qnn.profile_decode_step(cdir / "decode_ctx.onnx", chip, spec, csv_path, fp16=fp16)
+    progress.update(0.8, "parsing the profile")
+    prof = qnn_profile.parse_profile_csv(csv_path)
+    atomic_write_json(ctx.out / "profile.json", prof.to_dict())
+    by_type = prof.totals_by_op_type()
+    top = sorted(by_type.items(), key=lambda kv: -kv[1])[:8]
+    return {
+        "summary": f"{len(prof.ops)} ops profiled on the simulator ({chip.name})",
+        "by_op_type": dict(top), "unit": prof.unit, "source": "simulated",
+        "metrics": [_metric("profiled_ops", len(prof.ops), "ops", "simulated", "htp-sim",
+                            chip.key)],
+    }
+
+
+# ---- 7. report -------------------------------------------------------------------------------
+def report(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    from studio.engine.report import write_report
+
+    results = {}
+    for label, path in ctx.inputs.items():
+        results[label] = json.loads((path / "result.json").read_text())
+    html, data = write_report(ctx.project, results, ctx.out)
+    return {"summary": f"report with {len(results)} stage results", "files": [html.name, data.name],
+            "metrics": []}
+
+
+STAGE_FUNCTIONS: dict[str, Callable[[StageContext, Progress], dict[str, Any]]] = {
+    "export": export, "quantize": quantize, "compile": compile_, "validate": validate,
+    "run": run, "profile": profile, "report": report,
+}
+
+
+def run_stage(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Entry point of the worker: build the context from the job spec and run the stage."""
+    project = from_dict(spec["project"])
+    if spec.get("project_path"):
+        project.path = Path(spec["project_path"])
+    ctx = StageContext(project, spec.get("target", ""),
+                       {k: Path(v) for k, v in spec.get("inputs", {}).items()},
+                       Path(spec["workdir"]))
+    fn = STAGE_FUNCTIONS[spec["stage"]]
+    result = fn(ctx, progress)
+    atomic_write_json(ctx.out / "result.json", result)
+    return result

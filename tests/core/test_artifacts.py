@@ -1,0 +1,31 @@
+from studio.core.artifacts import ArtifactStore, artifact_key
+
+
+def test_commit_get_verify_and_keys(tmp_path):
+    store = ArtifactStore(tmp_path / "a").open()
+    key = artifact_key("export", {"p": 1}, {}, {"torch": "x"})
+    assert key != artifact_key("export", {"p": 2}, {}, {"torch": "x"})
+    assert key != artifact_key("export", {"p": 1}, {}, {"torch": "y"})
+    assert store.get(key) is None
+    wd = store.new_workdir()
+    (wd / "model.onnx").write_bytes(b"abc")
+    (wd / "sub").mkdir()
+    (wd / "sub" / "t.json").write_text("{}")
+    art = store.commit(key, wd, {"stage": "export"})
+    assert not wd.exists()
+    again = store.get(key)
+    assert again is not None and again.digest == art.digest
+    assert set(again.meta["files"]) == {"model.onnx", "sub/t.json"}
+    assert store.verify(again)
+    (again.path / "model.onnx").write_bytes(b"tampered")
+    assert not store.verify(again)
+    assert [a.key for a in store.all()] == [key]
+
+
+def test_interrupted_workdirs_are_cleaned(tmp_path):
+    store = ArtifactStore(tmp_path / "a").open()
+    wd = store.new_workdir()
+    (wd / "half.onnx").write_bytes(b"half")
+    assert store.clean_tmp() == 1
+    assert not any(store.tmp.iterdir())
+    assert store.all() == []
