@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -102,30 +103,42 @@ class JobStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None,
                                    check_same_thread=False)
+        self._lock = threading.RLock()  # one connection, shared by the UI and a runner thread
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
 
     def close(self) -> None:
-        self._db.close()
+        with self._lock:
+            self._db.close()
+
+    def set_depends_on(self, job_id: int, deps: list[int]) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE jobs SET depends_on=? WHERE id=?", (json.dumps(deps), job_id))
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def _query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
 
     # ---- recovery ----------------------------------------------------------------
     def mark_interrupted(self) -> int:
         """Jobs left queued/running by a process that no longer exists become interrupted."""
         n = 0
         with self._tx() as db:
-            for run in db.execute("SELECT id, owner_pid FROM runs WHERE state='running'").fetchall():
+            runs = db.execute("SELECT id, owner_pid FROM runs WHERE state='running'").fetchall()
+            for run in runs:
                 if run["owner_pid"] == os.getpid() or _pid_alive(run["owner_pid"]):
                     continue
                 now = time.time()
@@ -153,7 +166,7 @@ class JobStore:
             db.execute("UPDATE runs SET state=?, finished=? WHERE id=?", (state, time.time(), run_id))
 
     def runs(self, limit: int = 50) -> list[dict[str, Any]]:
-        rows = self._db.execute("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        rows = self._query("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,))
         return [dict(r) for r in rows]
 
     def add_job(self, run_id: int, stage: str, target: str = "", depends_on=()) -> int:
@@ -187,17 +200,17 @@ class JobStore:
         return Job(**d)
 
     def job(self, job_id: int) -> Job:
-        row = self._db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
-        if row is None:
+        rows = self._query("SELECT * FROM jobs WHERE id=?", (job_id,))
+        if not rows:
             raise KeyError(job_id)
-        return self._job(row)
+        return self._job(rows[0])
 
     def jobs(self, run_id: int | None = None, limit: int = 500) -> list[Job]:
         if run_id is None:
-            rows = self._db.execute("SELECT * FROM jobs ORDER BY id DESC LIMIT ?", (limit,))
+            rows = self._query("SELECT * FROM jobs ORDER BY id DESC LIMIT ?", (limit,))
         else:
-            rows = self._db.execute("SELECT * FROM jobs WHERE run_id=? ORDER BY id", (run_id,))
-        return [self._job(r) for r in rows.fetchall()]
+            rows = self._query("SELECT * FROM jobs WHERE run_id=? ORDER BY id", (run_id,))
+        return [self._job(r) for r in rows]
 
     # ---- logs & metrics ---------------------------------------------------------------
     def append_log(self, job_id: int, line: str) -> None:
@@ -205,8 +218,8 @@ class JobStore:
             db.execute("INSERT INTO logs(job_id, ts, line) VALUES (?,?,?)", (job_id, time.time(), line))
 
     def log(self, job_id: int) -> list[str]:
-        rows = self._db.execute("SELECT line FROM logs WHERE job_id=? ORDER BY rowid", (job_id,))
-        return [r["line"] for r in rows.fetchall()]
+        rows = self._query("SELECT line FROM logs WHERE job_id=? ORDER BY rowid", (job_id,))
+        return [r["line"] for r in rows]
 
     def add_metrics(self, job_id: int, metrics: list[Metric]) -> None:
         with self._tx() as db:
@@ -219,12 +232,12 @@ class JobStore:
 
     def metrics(self, job_id: int | None = None, run_id: int | None = None) -> list[Metric]:
         if job_id is not None:
-            rows = self._db.execute("SELECT * FROM metrics WHERE job_id=?", (job_id,))
+            rows = self._query("SELECT * FROM metrics WHERE job_id=?", (job_id,))
         elif run_id is not None:
-            rows = self._db.execute(
+            rows = self._query(
                 "SELECT m.* FROM metrics m JOIN jobs j ON j.id=m.job_id WHERE j.run_id=?", (run_id,))
         else:
-            rows = self._db.execute("SELECT * FROM metrics")
+            rows = self._query("SELECT * FROM metrics")
         return [Metric(name=r["name"], value=r["value"], unit=r["unit"], source=r["source"],
                        device=r["device"], target=r["target"], detail=r["detail"])
-                for r in rows.fetchall()]
+                for r in rows]

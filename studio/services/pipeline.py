@@ -255,8 +255,7 @@ class Pipeline:
         ids = [self.jobs.add_job(run_id, j.stage, j.target) for j in planned]
         for jid, pj in zip(ids, planned, strict=True):
             if pj.deps:
-                self.jobs._db.execute("UPDATE jobs SET depends_on=? WHERE id=?",
-                                      (json.dumps([ids[d] for d in pj.deps]), jid))
+                self.jobs.set_depends_on(jid, [ids[d] for d in pj.deps])
             self._emit({"kind": "job", "job": self.jobs.job(jid)})
         self._emit({"kind": "run", "run_id": run_id, "state": "running"})
         artifacts: dict[int, Artifact] = {}
