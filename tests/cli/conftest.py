@@ -1,0 +1,67 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SMALL = """schema_version = 1
+name = "small"
+targets = ["{target}"]
+
+[model]
+source = "sample:tiny-coder"
+
+[export]
+prompt_length = 16
+context_length = 64
+
+[quantization]
+scheme = "W8A16"
+weight_granularity = "per_channel"
+calibration_samples = 2
+
+[validation]
+heldout_tokens = 96
+greedy_tokens = 8
+
+[gates]
+min_logits_cosine = 0.99
+max_perplexity_increase = 0.05
+
+[run]
+prompt = "def __init__(self"
+max_new_tokens = 8
+"""
+
+
+def default_target() -> str:
+    from studio.core.catalog import load_catalog
+
+    cat = load_catalog()
+    return "htp-v73" if "htp-v73" in cat else next(iter(cat))
+
+
+def studio(*args, cwd=None, timeout=900):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "studio.cli", *map(str, args)], cwd=cwd or ROOT,
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="session")
+def small_project(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("small")
+    f = d / "small.qstudio"
+    f.write_text(SMALL.format(target=default_target()))
+    return f
+
+
+@pytest.fixture(scope="session")
+def batch_run(small_project):
+    """One cold end-to-end batch run of the small project, shared by the CLI tests."""
+    r = studio("--batch", small_project, "--json")
+    assert r.returncode in (0, 1), r.stderr[-3000:]
+    return r, json.loads(r.stdout)

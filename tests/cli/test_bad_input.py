@@ -1,0 +1,137 @@
+"""Bad input: exit code 2, one line on stderr, no traceback, nothing half-written."""
+
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import SMALL, default_target, studio
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    f = tmp_path / "p.qstudio"
+    f.write_text(text)
+    return f
+
+
+def assert_clean_failure(r, needle: str, tmp_path: Path, before: dict[str, bytes]):
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines and lines[-1].startswith("error: "), r.stderr
+    assert "Traceback" not in r.stderr
+    assert needle in lines[-1], lines[-1]
+    # nothing the user had changed; no artifact was stored
+    for name, data in before.items():
+        assert (tmp_path / name).read_bytes() == data
+    for store in tmp_path.glob("*.studio/artifacts/objects"):
+        assert not any(store.rglob("artifact.json"))
+
+
+def snapshot(tmp_path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+
+
+def small(**subs) -> str:
+    text = SMALL.format(target=default_target())
+    for old, new in subs.items():
+        text = text.replace(old, new)
+    return text
+
+
+CASES = {
+    "malformed TOML": ("schema_version = 1\nname = [\n", "not valid TOML"),
+    "unknown key": (small(**{'name = "small"': 'name = "small"\ncolour = "red"'}), "unknown key 'colour'"),
+    "newer schema": (small(**{"schema_version = 1": "schema_version = 7"}), "newer QStudio"),
+    "wrong type": (small(**{"prompt_length = 16": 'prompt_length = "16"'}), "must be a int"),
+    "context shorter than prompt": (small(**{"context_length = 64": "context_length = 8"}),
+                                    "must be larger than"),
+    "unknown target": (small(**{'targets = ["': 'targets = ["htp-v99", "'}), "unknown target 'htp-v99'"),
+    "missing model folder": (small(**{'"sample:tiny-coder"': '"./no-such-model"'}), "not found"),
+    "unknown sample": (small(**{'"sample:tiny-coder"': '"sample:gpt-17"'}), "gpt-17"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_project_file(tmp_path, case):
+    text, needle = CASES[case]
+    f = write(tmp_path, text)
+    before = snapshot(tmp_path)
+    r = studio("--batch", f)
+    assert_clean_failure(r, needle, tmp_path, before)
+
+
+def test_folder_that_is_not_a_checkpoint(tmp_path):
+    (tmp_path / "empty-model").mkdir()
+    f = write(tmp_path, small(**{'"sample:tiny-coder"': '"empty-model"'}))
+    before = snapshot(tmp_path)
+    assert_clean_failure(studio("--batch", f), "config.json", tmp_path, before)
+
+
+def test_unsupported_architecture(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64,
+                               n_positions=64)).save_pretrained(tmp_path / "gpt2")
+    f = write(tmp_path, small(**{'"sample:tiny-coder"': '"gpt2"'}))
+    before = snapshot(tmp_path)
+    assert_clean_failure(studio("--batch", f), "GPT2", tmp_path, before)
+
+
+def test_corrupt_onnx_source(tmp_path):
+    (tmp_path / "model.onnx").write_bytes(b"\x08\x07garbage that is not a protobuf" * 10)
+    f = write(tmp_path, small(**{'"sample:tiny-coder"': '"model.onnx"'}))
+    before = snapshot(tmp_path)
+    assert_clean_failure(studio("--batch", f), "not a valid ONNX model", tmp_path, before)
+
+
+def test_empty_calibration_file(tmp_path):
+    (tmp_path / "calib.txt").write_text("  \n")
+    f = write(tmp_path, small(**{"calibration_samples = 2": 'calibration_samples = 2\ncalibration_text = "calib.txt"'}))
+    before = snapshot(tmp_path)
+    assert_clean_failure(studio("--batch", f), "is empty", tmp_path, before)
+
+
+def test_unwritable_project_folder(tmp_path):
+    f = write(tmp_path, small())
+    (tmp_path / "p.studio").write_text("a file where the project folder should be")
+    before = snapshot(tmp_path)
+    assert_clean_failure(studio("--batch", f), "cannot", tmp_path, before)
+
+
+def test_unknown_stage(tmp_path):
+    f = write(tmp_path, small())
+    before = snapshot(tmp_path)
+    assert_clean_failure(studio("--batch", f, "--stages", "export,deploy"), "unknown stage 'deploy'",
+                         tmp_path, before)
+
+
+def test_target_not_in_project(tmp_path):
+    f = write(tmp_path, small())
+    before = snapshot(tmp_path)
+    assert_clean_failure(studio("--batch", f, "--target", "nope"), "not one of the project's targets",
+                         tmp_path, before)
+
+
+def test_missing_project_file(tmp_path):
+    assert_clean_failure(studio("--batch", tmp_path / "nope.qstudio"), "does not exist", tmp_path, {})
+
+
+def test_new_refuses_to_overwrite(tmp_path):
+    f = write(tmp_path, "keep me")
+    before = snapshot(tmp_path)
+    assert_clean_failure(studio("new", f, "--sample", "tiny-coder"), "already exists", tmp_path, before)
+
+
+def test_new_with_unknown_sample(tmp_path):
+    assert_clean_failure(studio("new", tmp_path / "x.qstudio", "--sample", "nope"), "nope", tmp_path, {})
+    assert not (tmp_path / "x.qstudio").exists()
+
+
+def test_new_then_info(tmp_path):
+    r = studio("new", tmp_path / "x.qstudio", "--sample", "tiny-coder")
+    assert r.returncode == 0, r.stderr
+    r = studio("info", tmp_path / "x.qstudio")
+    assert r.returncode == 0 and "tiny-coder" in r.stdout
+
+
+def test_no_command_given(tmp_path):
+    assert_clean_failure(studio("--json"), "nothing to do", tmp_path, {})

@@ -1,0 +1,102 @@
+"""End to end: `studio --batch` on the real sample model and the real QNN HTP simulator."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.cli.conftest import ROOT, studio
+
+pytestmark = pytest.mark.slow
+
+
+def test_batch_runs_every_stage_and_writes_the_report(batch_run, small_project):
+    r, summary = batch_run
+    stages = [j["stage"] for j in summary["jobs"]]
+    assert stages[:2] == ["export", "quantize"] and stages[-1] == "report"
+    assert {j["state"] for j in summary["jobs"]} == {"succeeded"}
+    report = small_project.with_suffix(".studio") / "reports" / "latest.html"
+    html = report.read_text()
+    assert "<svg" in html and "simulated" in html and "measured" in html
+    data = json.loads(report.with_suffix(".json").read_text())
+    sources = {m["source"] for m in data["metrics"]}
+    assert sources <= {"measured", "simulated"} and "simulated" in sources
+    # every run metric from the simulator is labelled simulated, host CPU measured
+    for m in data["metrics"]:
+        if m["device"] == "htp-sim":
+            assert m["source"] == "simulated"
+        if m["device"] == "host-cpu":
+            assert m["source"] == "measured"
+
+
+def test_w8a16_on_the_simulator_meets_the_accuracy_bar(batch_run, small_project):
+    _, summary = batch_run
+    gates = {g["gate"]: g for g in summary["gates"]}
+    assert gates["min_logits_cosine"]["value"] >= 0.99
+    assert gates["max_perplexity_increase"]["value"] <= 0.05
+    assert summary["gates_passed"]
+    data = json.loads((small_project.with_suffix(".studio") / "reports/latest.json").read_text())
+    comp = next(v for k, v in data["stages"].items() if k.startswith("compile["))
+    assert all(p["all_on_npu"] for p in comp["placement"].values())
+    assert comp["sdk_version"]
+
+
+def test_second_run_is_all_cached(batch_run, small_project):
+    t0 = time.perf_counter()
+    r = studio("--batch", small_project, "--json")
+    took = time.perf_counter() - t0
+    assert r.returncode == 0, r.stderr
+    jobs = json.loads(r.stdout)["jobs"]
+    assert all(j["cached"] for j in jobs if j["stage"] != "report")
+    assert took < 0.25 * batch_run[1]["seconds"] + 10
+
+
+def test_info_describes_the_project(batch_run, small_project):
+    r = studio("info", small_project, "--json")
+    assert r.returncode == 0
+    data = json.loads(r.stdout)
+    assert data["name"] == "small" and data["recent_runs"]
+
+
+def test_kill_9_mid_stage_then_rerun_completes(batch_run, small_project, tmp_path):
+    # change only the run stage's settings so that the rerun work is short
+    text = small_project.read_text().replace("max_new_tokens = 8", "max_new_tokens = 12")
+    proj = small_project.with_name("small.qstudio")
+    proj.write_text(text)
+    before = proj.read_bytes()
+    db = proj.with_suffix(".studio") / "runs.sqlite"
+    proc = subprocess.Popen([sys.executable, "-m", "studio.cli", "--batch", str(proj), "--quiet"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    killed = False
+    while time.time() < deadline and proc.poll() is None:
+        con = sqlite3.connect(db)
+        row = con.execute("SELECT id FROM jobs WHERE state='running' AND stage='run' "
+                          "ORDER BY id DESC LIMIT 1").fetchone()
+        con.close()
+        if row:
+            time.sleep(0.5)
+            os.kill(proc.pid, signal.SIGKILL)
+            killed = True
+            break
+        time.sleep(0.2)
+    proc.wait(30)
+    assert killed, "the run stage never started"
+    assert proj.read_bytes() == before
+    r = studio("--batch", proj, "--json")
+    assert r.returncode == 0, r.stderr
+    assert "interrupted" in r.stderr
+    con = sqlite3.connect(db)
+    states = [s for (s,) in con.execute("SELECT state FROM jobs")]
+    assert "interrupted" in states
+    # nothing half-written: every stored artifact verifies, no temp folders left
+    from studio.core.artifacts import ArtifactStore
+
+    store = ArtifactStore(proj.with_suffix(".studio") / "artifacts")
+    assert all(store.verify(a) for a in store.all())
+    assert not any(store.tmp.iterdir())
