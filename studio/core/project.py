@@ -177,7 +177,7 @@ def _validate(p: Project) -> None:
     from studio.core.catalog import get_chip
 
     if not p.targets:
-        raise StudioError("targets is empty: name at least one chip, e.g. targets = [\"htp-v73\"]")
+        raise StudioError("targets is empty: name at least one chip (see studio targets)")
     for t in p.targets:
         get_chip(t)  # raises a StudioError naming the known targets
 
@@ -211,9 +211,14 @@ def from_dict(data: dict[str, Any], where: str = "project") -> Project:
     name = data.get("name", "")
     if not isinstance(name, str):
         raise StudioError("name must be a string")
-    targets = data.get("targets", ["htp-v73"])
+    if "targets" in data:
+        targets = data["targets"]
+    else:
+        from studio.core.catalog import default_chip_key
+
+        targets = [default_chip_key()]
     if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
-        raise StudioError("targets must be a list of chip names, e.g. [\"htp-v73\"]")
+        raise StudioError("targets must be a list of chip names (see studio targets)")
     p = Project(name=name or "untitled", targets=list(targets), **sections)
     _validate(p)
     return p
@@ -296,8 +301,9 @@ def new_project(name: str, source: str, targets: list[str] | None = None, **sect
         "schema_version": SCHEMA_VERSION,
         "name": name,
         "model": {"source": source},
-        "targets": targets or ["htp-v73"],
     }
+    if targets:
+        data["targets"] = targets
     for k, v in sections.items():
         data[k] = v
     return from_dict(data)

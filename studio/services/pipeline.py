@@ -57,7 +57,7 @@ def plan(project: Project, stages: list[str] | None = None,
             )
     needs = {"export": set(), "quantize": {"export"}, "compile": {"quantize"},
              "validate": {"export", "quantize", "compile"}, "run": {"export", "compile"},
-             "profile": {"compile"}, "report": set()}
+             "profile": {"quantize", "compile"}, "report": set()}
     closure = set(wanted)
     changed = True
     while changed:
@@ -92,7 +92,7 @@ def plan(project: Project, stages: list[str] | None = None,
                 add("run", f"htp-sim/{chip}", [("export", ""), ("compile", chip)])
     if "profile" in closure:
         for chip in chips:
-            add("profile", chip, [("compile", chip)])
+            add("profile", chip, [("quantize", ""), ("compile", chip)])
     if "report" in closure:
         deps = [(j.stage, j.target) for j in jobs]
         add("report", "", deps)

@@ -21,6 +21,7 @@ from studio.core.catalog import Chip, get_chip
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.metrics import Metric
+from studio.core.profile import layer_label
 from studio.core.progress import Progress, SubProgress
 from studio.core.project import Project, from_dict
 
@@ -322,23 +323,27 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 def profile(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     from studio.engine import qnn, qnn_profile
 
-    cdir = ctx.input("compile", ctx.target)
+    cdir, qdir = ctx.input("compile", ctx.target), ctx.input("quantize")
     chip = ctx.chip
     spec = json.loads((cdir / "graph.json").read_text())
     fp16 = ctx.project.quantization["scheme"] == "FP16"
-    progress.update(0.1, f"profiling one decode step on {chip.name} (simulator)")
-    csv_path = ctx.out / "qnn_profile.csv"
-    qnn.profile_decode_step(cdir / "decode_ctx.onnx", chip, spec, csv_path, fp16=fp16)
+    progress.update(0.1, f"profiling decode steps on {chip.name}")
+    run_info = qnn.profile_decode_step(cdir / "decode_ctx.onnx", chip, spec,
+                                       ctx.out / "qnn_profile.csv", fp16=fp16, runs=3)
     progress.update(0.8, "parsing the profile")
-    prof = qnn_profile.parse_profile_csv(csv_path)
+    prof = qnn_profile.parse_profile_run(run_info, onnx_path=qdir / "decode.onnx", chip=chip)
     atomic_write_json(ctx.out / "profile.json", prof.to_dict())
     by_type = prof.totals_by_op_type()
-    top = sorted(by_type.items(), key=lambda kv: -kv[1])[:8]
+    by_layer = {layer_label(k): v for k, v in prof.totals_by_layer().items()}
+    top = sorted(by_type.items(), key=lambda kv: -kv[1])[:10]
+    note = ("simulator cycles follow the host CPU: relative cost of ops, not device latency"
+            if prof.source == "simulated" else "")
     return {
-        "summary": f"{len(prof.ops)} ops profiled on the simulator ({chip.name})",
-        "by_op_type": dict(top), "unit": prof.unit, "source": "simulated",
-        "metrics": [_metric("profiled_ops", len(prof.ops), "ops", "simulated", "htp-sim",
-                            chip.key)],
+        "summary": f"{len(prof.ops)} HTP ops in one decode step ({prof.source}, {chip.name})",
+        "by_op_type": dict(top), "by_layer": by_layer, "unit": prof.unit,
+        "source": prof.source, "ops": len(prof.ops),
+        "metrics": [_metric("decode_step_total", prof.total, prof.unit, prof.source, "htp-sim",
+                            chip.key, note)],
     }
 
 

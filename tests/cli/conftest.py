@@ -39,10 +39,9 @@ max_new_tokens = 8
 
 
 def default_target() -> str:
-    from studio.core.catalog import load_catalog
+    from studio.core.catalog import default_chip_key
 
-    cat = load_catalog()
-    return "htp-v73" if "htp-v73" in cat else next(iter(cat))
+    return default_chip_key()
 
 
 def studio(*args, cwd=None, timeout=900):

@@ -39,4 +39,4 @@ def test_unknown_stage_or_target_is_refused():
     with pytest.raises(StudioError, match="unknown stage 'deploy'"):
         plan(p, ["deploy"])
     with pytest.raises(StudioError, match="not one of the project's targets"):
-        plan(p, ["compile"], ["htp-v99"])
+        plan(p, ["compile"], ["snapdragon-888"])

@@ -1,0 +1,159 @@
+"""The catalog of target chips (Snapdragon SoCs with a Hexagon HTP).
+
+Pure Python: reads ``resources/catalog/chips.toml`` with :mod:`tomllib`. A :class:`Chip`
+carries what the QNN HTP backend needs (``htp_arch``, ``soc_model``, ``vtcm_mb``) and what
+the user must know about the target (FP16 support, whether the simulator's numerics can
+be trusted for it, notes, and where the numbers come from).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from studio.core.errors import StudioError
+
+DEFAULT_CATALOG_PATH = Path(__file__).resolve().parents[2] / "resources" / "catalog" / "chips.toml"
+
+NUMERICS = ("verified", "unverified", "wrong-on-simulator")
+HTP_ARCHS = (68, 69, 73, 75, 79, 81)
+
+
+@dataclass(frozen=True)
+class Chip:
+    key: str
+    name: str
+    htp_arch: int
+    soc_model: int
+    vtcm_mb: int
+    notes: str = ""
+    soc: str = ""
+    fp16: bool = True
+    numerics: str = "unverified"
+    source: str = ""
+
+    @property
+    def numerics_trusted(self) -> bool:
+        """False where the HTP simulator is known to compute wrong results for this arch."""
+        return self.numerics != "wrong-on-simulator"
+
+    @property
+    def label(self) -> str:
+        """Short text for lists: 'Snapdragon 8 Gen 3 (SM8650, HTP v75)'."""
+        inner = ", ".join(x for x in (self.soc, f"HTP v{self.htp_arch}") if x)
+        return f"{self.name} ({inner})"
+
+    def warnings(self) -> list[str]:
+        """Lines to show beside any result computed for this target."""
+        out = []
+        if self.numerics == "wrong-on-simulator":
+            out.append(
+                f"{self.name}: the QNN HTP simulator's numerics for v{self.htp_arch} were observed "
+                "wrong; validate accuracy on a real device"
+            )
+        elif self.numerics == "unverified":
+            out.append(
+                f"{self.name}: simulator numerics for v{self.htp_arch} not yet verified against FP32"
+            )
+        return out
+
+
+_REQUIRED = {"name": str, "htp_arch": int, "soc_model": int, "vtcm_mb": int}
+_OPTIONAL = {"notes": str, "soc": str, "fp16": bool, "numerics": str, "source": str}
+
+
+def _parse_chip(key: str, table: object, where: str) -> Chip:
+    if not isinstance(table, dict):
+        raise StudioError(f"chip catalog {where}: [chips.{key}] must be a table; fix the file")
+    if key != key.strip().lower() or not key or any(c.isspace() for c in key):
+        raise StudioError(
+            f"chip catalog {where}: key '{key}' must be a lowercase id without spaces; rename it"
+        )
+    values: dict[str, object] = {}
+    for field, typ in {**_REQUIRED, **_OPTIONAL}.items():
+        if field not in table:
+            if field in _REQUIRED:
+                raise StudioError(
+                    f"chip catalog {where}: [chips.{key}] lacks '{field}'; add it to the file"
+                )
+            continue
+        value = table[field]
+        # bool is an int in Python: keep the two apart.
+        if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+            raise StudioError(
+                f"chip catalog {where}: [chips.{key}].{field} must be {typ.__name__}, "
+                f"not {value!r}; fix the file"
+            )
+        values[field] = value
+    unknown = sorted(set(table) - set(_REQUIRED) - set(_OPTIONAL))
+    if unknown:
+        raise StudioError(
+            f"chip catalog {where}: [chips.{key}] has unknown field(s) {', '.join(unknown)}; "
+            "remove them or fix their spelling"
+        )
+    if values["htp_arch"] not in HTP_ARCHS:
+        raise StudioError(
+            f"chip catalog {where}: [chips.{key}].htp_arch {values['htp_arch']} is not one of "
+            f"{', '.join(map(str, HTP_ARCHS))}; fix the file"
+        )
+    if values["soc_model"] <= 0 or values["vtcm_mb"] <= 0:  # type: ignore[operator]
+        raise StudioError(
+            f"chip catalog {where}: [chips.{key}] soc_model and vtcm_mb must be positive; fix the file"
+        )
+    if values.get("numerics", "unverified") not in NUMERICS:
+        raise StudioError(
+            f"chip catalog {where}: [chips.{key}].numerics must be one of {', '.join(NUMERICS)}; "
+            "fix the file"
+        )
+    return Chip(key=key, **values)  # type: ignore[arg-type]
+
+
+def _read(path: str | Path | None) -> tuple[dict, str]:
+    p = Path(path) if path is not None else DEFAULT_CATALOG_PATH
+    try:
+        with open(p, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise StudioError(
+            f"chip catalog {p} not found; reinstall QStudio or pass a catalog path"
+        ) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise StudioError(f"chip catalog {p} is not valid TOML ({e}); fix the file") from None
+    return data, str(p)
+
+
+def _load(path: str | Path | None) -> tuple[dict[str, Chip], str]:
+    data, where = _read(path)
+    chips = data.get("chips")
+    if not isinstance(chips, dict) or not chips:
+        raise StudioError(f"chip catalog {where} has no [chips.<key>] tables; fix the file")
+    catalog = {key: _parse_chip(key, table, where) for key, table in chips.items()}
+    default = data.get("default", next(iter(catalog)))
+    if default not in catalog:
+        raise StudioError(
+            f"chip catalog {where}: default '{default}' is not one of its chips; fix the file"
+        )
+    return catalog, default
+
+
+def load_catalog(path: str | Path | None = None) -> dict[str, Chip]:
+    """All chips of the catalog, by key, in file order."""
+    return _load(path)[0]
+
+
+def default_chip_key(path: str | Path | None = None) -> str:
+    """The catalog's default target (its ``default`` key, else its first chip)."""
+    return _load(path)[1]
+
+
+def get_chip(key: str, path: str | Path | None = None) -> Chip:
+    """The chip with this key, or with this part number (``SM8650``), case-insensitive."""
+    catalog = load_catalog(path)
+    wanted = str(key).strip().lower()
+    if wanted in catalog:
+        return catalog[wanted]
+    for chip in catalog.values():
+        if chip.soc and chip.soc.lower() == wanted:
+            return chip
+    raise StudioError(f"unknown target '{key}'; known targets: {', '.join(catalog)}")

@@ -1,0 +1,366 @@
+"""Headless helpers the desktop app calls: project creation, read-only views of a session.
+
+Nothing here imports Qt. Every function is a plain call that the GUI, a test or a script can
+make with a :class:`~studio.services.session.Studio` (or a path); heavy libraries (onnx) are
+imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from studio.core import project as projectfile
+from studio.core.commands import SetValue
+from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_write_text
+from studio.core.jobs import Job, JobStore
+from studio.core.metrics import Metric
+from studio.core.project import STAGES, Project
+
+SOURCE_KINDS = ("sample", "checkpoint", "onnx")
+
+
+# ---- new projects ----------------------------------------------------------------------
+@dataclass
+class NewProjectSpec:
+    """Everything the new-project wizard asks; ``create_project`` turns it into a project."""
+
+    path: Path  # the .qstudio file to write
+    source_kind: str  # "sample" | "checkpoint" | "onnx"
+    source: str  # a sample name, or the path of a checkpoint folder / an .onnx file
+    targets: list[str] = field(default_factory=list)
+    name: str = ""
+    scheme: str = "W8A16"
+    weight_granularity: str = "per_channel"
+    calibration_samples: int = 8
+    prompt_length: int = 32
+    context_length: int = 128
+    stages: list[str] = field(default_factory=lambda: list(STAGES))
+
+
+def source_ref(kind: str, source: str) -> str:
+    """Check a model source and return how the project file names it (one-line errors)."""
+    source = source.strip()
+    if kind not in SOURCE_KINDS:
+        raise StudioError(f"unknown model source kind {kind!r}; use one of {', '.join(SOURCE_KINDS)}")
+    if not source:
+        raise StudioError("choose a model: a sample, a checkpoint folder or an .onnx file")
+    if kind == "sample":
+        from studio import samples
+
+        s = samples.sample(source)
+        if s.kind != "causal-lm":
+            raise StudioError(
+                f"the sample {source!r} is a {s.kind}; the LLM pipeline needs a causal LM sample "
+                "such as tiny-coder"
+            )
+        samples.sample_path(source)  # missing files: a clear error
+        return f"sample:{source}"
+    path = Path(source).expanduser().resolve()
+    if kind == "checkpoint":
+        from studio.engine import hf_import
+
+        hf_import.open_checkpoint(path)
+        return str(path)
+    from studio.engine.onnx_import import open_onnx
+
+    if path.suffix.lower() != ".onnx":
+        raise StudioError(f"{path.name} is not an .onnx file")
+    open_onnx(path)
+    return str(path)
+
+
+def create_project(spec: NewProjectSpec):
+    """Validate a wizard's answers and write the project: returns an open ``Studio``."""
+    from studio.services.session import Studio
+
+    path = Path(spec.path).expanduser()
+    if path.suffix != ".qstudio":
+        path = path.with_suffix(".qstudio")
+    if path.exists():
+        raise StudioError(f"{path} already exists: choose another name or open it")
+    ref = source_ref(spec.source_kind, spec.source)
+    sections: dict[str, Any] = {
+        "export": {"prompt_length": int(spec.prompt_length),
+                   "context_length": int(spec.context_length)},
+        "quantization": {"scheme": spec.scheme, "weight_granularity": spec.weight_granularity,
+                         "calibration_samples": int(spec.calibration_samples)},
+        "pipeline": {"stages": [s for s in STAGES if s in spec.stages]},
+    }
+    if not sections["pipeline"]["stages"]:
+        raise StudioError("choose at least one pipeline stage")
+    targets = list(spec.targets)
+    if not targets:
+        from studio.core.catalog import default_chip_key
+
+        targets = [default_chip_key()]
+    # Validate everything before a file is written (from_dict raises a one-line error).
+    projectfile.new_project(spec.name.strip() or path.stem, ref, targets, **sections)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Studio.create(path, ref, targets, name=spec.name.strip() or path.stem, **sections)
+
+
+# ---- project files on disk --------------------------------------------------------------
+@dataclass(frozen=True)
+class FileSignature:
+    mtime_ns: int
+    size: int
+    sha256: str
+
+
+def file_signature(path: Path) -> FileSignature | None:
+    """What the file on disk is now (None when it is gone)."""
+    try:
+        st = os.stat(path)
+        data = Path(path).read_bytes()
+    except OSError:
+        return None
+    return FileSignature(st.st_mtime_ns, st.st_size, hashlib.sha256(data).hexdigest())
+
+
+def changed_on_disk(before: FileSignature | None, path: Path) -> bool:
+    now = file_signature(path)
+    if before is None or now is None:
+        return before != now
+    return now.sha256 != before.sha256
+
+
+def autosave_path(project: Project) -> Path:
+    """Where unsaved edits are kept between autosaves (inside the project folder)."""
+    return project.folder / "autosave.qstudio"
+
+
+def write_autosave(project: Project) -> Path:
+    path = autosave_path(project)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, projectfile.dumps(project))
+    return path
+
+
+def discard_autosave(project: Project) -> None:
+    try:
+        autosave_path(project).unlink()
+    except FileNotFoundError:
+        pass
+
+
+def project_edits(current: Project, wanted: Project) -> list[SetValue]:
+    """The SetValue commands that turn ``current`` into ``wanted`` (for undoable restores)."""
+    a, b = current.to_dict(), wanted.to_dict()
+    cmds: list[SetValue] = []
+    for key in ("name", "targets"):
+        if a.get(key) != b.get(key):
+            cmds.append(SetValue("", key, b[key]))
+    for section, values in b.items():
+        if not isinstance(values, dict):
+            continue
+        for key, value in values.items():
+            if a.get(section, {}).get(key) != value:
+                cmds.append(SetValue(section, key, value))
+    return cmds
+
+
+def read_autosave(project: Project) -> tuple[Project, list[SetValue], float] | None:
+    """Unsaved edits of an earlier session: (autosaved project, the edits, when) or None."""
+    path = autosave_path(project)
+    if not path.exists():
+        return None
+    try:
+        saved = projectfile.load(path)
+    except StudioError:
+        return None
+    edits = project_edits(project, saved)
+    if not edits:
+        return None
+    return saved, edits, path.stat().st_mtime
+
+
+# ---- the model ---------------------------------------------------------------------------
+@dataclass
+class OnnxNode:
+    name: str
+    op_type: str
+    module: str  # "model.layers.0.self_attn.q_proj" for "/model/layers.0/self_attn/q_proj/MatMul"
+    outputs: list[tuple[str, list[int | str]]]
+    params: int
+
+
+@dataclass
+class OnnxGraph:
+    path: Path
+    nodes: list[OnnxNode]
+    inputs: list[tuple[str, list[int | str]]]
+    outputs: list[tuple[str, list[int | str]]]
+    parameters: int
+    opset: int
+
+
+def module_of_node(name: str) -> str:
+    """The module path of an exported node name (drops the op's own name)."""
+    parts = [p for p in name.split("/") if p]
+    return ".".join(parts[:-1])
+
+
+def _shape(t: Any) -> list[int | str]:
+    dims = t.type.tensor_type.shape.dim
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
+
+
+def read_onnx_graph(path: Path) -> OnnxGraph:
+    """Nodes of an ONNX file with output shapes (shape inference) and parameter counts."""
+    import math
+
+    import onnx
+
+    path = Path(path)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # DecodeError etc.
+        raise StudioError(f"{path.name} is not a readable ONNX model ({exc})") from None
+    try:
+        model = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - shapes are a nicety; the nodes still show
+        pass
+    g = model.graph
+    sizes = {t.name: math.prod(t.dims) if t.dims else 1 for t in g.initializer}
+    shapes = {v.name: _shape(v) for v in (*g.value_info, *g.input, *g.output)}
+    nodes = []
+    for i, n in enumerate(g.node):
+        name = n.name or f"{n.op_type}_{i}"
+        nodes.append(OnnxNode(
+            name=name, op_type=n.op_type, module=module_of_node(name),
+            outputs=[(o, shapes.get(o, [])) for o in n.output],
+            params=sum(sizes.get(x, 0) for x in n.input),
+        ))
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    return OnnxGraph(
+        path=path, nodes=nodes,
+        inputs=[(v.name, _shape(v)) for v in g.input if v.name not in sizes],
+        outputs=[(v.name, _shape(v)) for v in g.output],
+        parameters=int(sum(sizes.values())), opset=int(opset),
+    )
+
+
+def model_source_kind(project: Project) -> str:
+    src = project.model["source"]
+    if src.startswith("sample:"):
+        return "sample"
+    return "onnx" if src.lower().endswith(".onnx") else "checkpoint"
+
+
+def describe_model(project: Project):
+    """A ``ModelInfo`` for checkpoints and samples, an ``OnnxGraph`` for ONNX files."""
+    path = project.input_path(project.model["source"])
+    if path.is_file() and path.suffix.lower() == ".onnx":
+        return read_onnx_graph(path)
+    from studio.engine import hf_import
+
+    return hf_import.open_checkpoint(path)
+
+
+# ---- results of the run history ------------------------------------------------------------
+def latest_jobs(jobs: JobStore, stage: str, state: str = "succeeded") -> list[Job]:
+    """The newest job of ``stage`` in ``state`` per target, newest first."""
+    seen: dict[str, Job] = {}
+    for job in jobs.jobs(limit=2000):  # newest first
+        if job.stage == stage and job.state == state and job.target not in seen:
+            seen[job.target] = job
+    return list(seen.values())
+
+
+def latest_job(jobs: JobStore, stage: str, target: str | None = None) -> Job | None:
+    for job in latest_jobs(jobs, stage):
+        if target is None or job.target == target:
+            return job
+    return None
+
+
+def latest_metrics(jobs: JobStore) -> list[tuple[Job, Metric]]:
+    """Metrics of the newest succeeded job of each (stage, target), in pipeline order."""
+    out: list[tuple[Job, Metric]] = []
+    for stage in STAGES:
+        for job in sorted(latest_jobs(jobs, stage), key=lambda j: j.target):
+            out.extend((job, m) for m in jobs.metrics(job_id=job.id))
+    return out
+
+
+def artifact_dir(studio, job: Job | None) -> Path | None:
+    """The artifact folder a succeeded job produced, when it is still stored."""
+    if job is None or not job.artifact_key:
+        return None
+    art = studio.store.get(job.artifact_key)
+    return art.path if art is not None else None
+
+
+def export_graphs(studio) -> dict[str, Path]:
+    """The ONNX graphs of the newest export (``{"prefill": path, "decode": path}``)."""
+    folder = artifact_dir(studio, latest_job(studio.jobs, "export"))
+    if folder is None:
+        return {}
+    return {g: folder / f"{g}.onnx" for g in ("prefill", "decode") if (folder / f"{g}.onnx").exists()}
+
+
+def profile_totals(studio, job: Job) -> tuple[dict[str, float], str, str]:
+    """(op-type totals, unit, source) of a profile job: the full profile when stored."""
+    folder = artifact_dir(studio, job)
+    if folder is not None and (folder / "profile.json").exists():
+        import json
+
+        from studio.core.profile import Profile
+
+        prof = Profile.from_dict(json.loads((folder / "profile.json").read_text()))
+        return prof.totals_by_op_type(), prof.unit, prof.source
+    res = job.result or {}
+    return dict(res.get("by_op_type", {})), str(res.get("unit", "")), str(res.get("source", "simulated"))
+
+
+def report_files(project: Project) -> list[Path]:
+    """HTML reports of the project, newest first (``latest.html`` first when present)."""
+    folder = project.folder / "reports"
+    if not folder.is_dir():
+        return []
+    files = sorted(folder.glob("*.html"), key=lambda p: (p.name != "latest.html", -p.stat().st_mtime))
+    return files
+
+
+# ---- devices ---------------------------------------------------------------------------------
+def package_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def device_state() -> dict[str, Any]:
+    """What can run jobs on this machine: the host CPU and the QNN HTP simulator."""
+    qnn = package_version("onnxruntime-qnn")
+    ort = package_version("onnxruntime")
+    return {
+        "host": {"name": platform.node() or "this machine", "cpus": os.cpu_count() or 1,
+                 "machine": platform.machine(), "system": platform.system(),
+                 "python": platform.python_version(), "onnxruntime": ort},
+        "htp_sim": {"available": qnn is not None, "version": qnn},
+    }
+
+
+def netron_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("netron") is not None
+
+
+def open_in_netron(path: Path) -> str:
+    """Serve ``path`` with Netron in the browser; returns the address."""
+    import netron
+
+    address = netron.start(str(path), browse=True)
+    if isinstance(address, tuple):
+        return f"http://{address[0]}:{address[1]}"
+    return str(address)
