@@ -47,7 +47,9 @@ def source_ref(kind: str, source: str) -> str:
     """Check a model source and return how the project file names it (one-line errors)."""
     source = source.strip()
     if kind not in SOURCE_KINDS:
-        raise StudioError(f"unknown model source kind {kind!r}; use one of {', '.join(SOURCE_KINDS)}")
+        raise StudioError(
+            f"unknown model source kind {kind!r}; use one of {', '.join(SOURCE_KINDS)}"
+        )
     if not source:
         raise StudioError("choose a model: a sample, a checkpoint folder or an .onnx file")
     if kind == "sample":
@@ -84,12 +86,18 @@ def create_project(spec: NewProjectSpec):
         path = path.with_suffix(".qstudio")
     if path.exists():
         raise StudioError(f"{path} already exists: choose another name or open it")
-    ref = source_ref(spec.source_kind, spec.source)
+    if spec.source_kind not in SOURCE_KINDS:
+        raise StudioError(f"unknown model source kind {spec.source_kind!r}")
     sections: dict[str, Any] = {
-        "export": {"prompt_length": int(spec.prompt_length),
-                   "context_length": int(spec.context_length)},
-        "quantization": {"scheme": spec.scheme, "weight_granularity": spec.weight_granularity,
-                         "calibration_samples": int(spec.calibration_samples)},
+        "export": {
+            "prompt_length": int(spec.prompt_length),
+            "context_length": int(spec.context_length),
+        },
+        "quantization": {
+            "scheme": spec.scheme,
+            "weight_granularity": spec.weight_granularity,
+            "calibration_samples": int(spec.calibration_samples),
+        },
         "pipeline": {"stages": [s for s in STAGES if s in spec.stages]},
     }
     if not sections["pipeline"]["stages"]:
@@ -99,8 +107,14 @@ def create_project(spec: NewProjectSpec):
         from studio.core.catalog import default_chip_key
 
         targets = [default_chip_key()]
-    # Validate everything before a file is written (from_dict raises a one-line error).
-    projectfile.new_project(spec.name.strip() or path.stem, ref, targets, **sections)
+    # The settings first (cheap, one-line errors), then the model itself.
+    draft_ref = (
+        f"sample:{spec.source.strip()}"
+        if spec.source_kind == "sample"
+        else str(Path(spec.source.strip() or ".").expanduser())
+    )
+    projectfile.new_project(spec.name.strip() or path.stem, draft_ref, targets, **sections)
+    ref = source_ref(spec.source_kind, spec.source)
     path.parent.mkdir(parents=True, exist_ok=True)
     return Studio.create(path, ref, targets, name=spec.name.strip() or path.stem, **sections)
 
@@ -135,18 +149,29 @@ def autosave_path(project: Project) -> Path:
     return project.folder / "autosave.qstudio"
 
 
-def write_autosave(project: Project) -> Path:
+def _autosave_base_path(project: Project) -> Path:
+    return project.folder / "autosave.base.json"
+
+
+def write_autosave(project: Project, base: dict[str, Any] | None = None) -> Path:
+    """Keep the project as edited, and the version the edits were made on (``base``), so that
+    restoring replays only the user's own edits on whatever the file holds later."""
+    import json
+
     path = autosave_path(project)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if base is not None:
+        atomic_write_text(_autosave_base_path(project), json.dumps(base, default=str))
     atomic_write_text(path, projectfile.dumps(project))
     return path
 
 
 def discard_autosave(project: Project) -> None:
-    try:
-        autosave_path(project).unlink()
-    except FileNotFoundError:
-        pass
+    for p in (autosave_path(project), _autosave_base_path(project)):
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
 
 
 def project_edits(current: Project, wanted: Project) -> list[SetValue]:
@@ -166,7 +191,13 @@ def project_edits(current: Project, wanted: Project) -> list[SetValue]:
 
 
 def read_autosave(project: Project) -> tuple[Project, list[SetValue], float] | None:
-    """Unsaved edits of an earlier session: (autosaved project, the edits, when) or None."""
+    """Unsaved edits of an earlier session: (autosaved project, the edits, when) or None.
+
+    The edits are those the user made on the base version, minus what ``project`` already
+    has; a change made to the file by someone else since then is not undone.
+    """
+    import json
+
     path = autosave_path(project)
     if not path.exists():
         return None
@@ -174,7 +205,20 @@ def read_autosave(project: Project) -> tuple[Project, list[SetValue], float] | N
         saved = projectfile.load(path)
     except StudioError:
         return None
-    edits = project_edits(project, saved)
+    base = None
+    try:
+        base = projectfile.from_dict(json.loads(_autosave_base_path(project).read_text()))
+    except (OSError, ValueError, StudioError):
+        base = None
+    if base is not None:
+        current = project.to_dict()
+        edits = [
+            e
+            for e in project_edits(base, saved)
+            if (current.get(e.key) if not e.section else current[e.section].get(e.key)) != e.value
+        ]
+    else:
+        edits = project_edits(project, saved)
     if not edits:
         return None
     return saved, edits, path.stat().st_mtime
@@ -232,17 +276,23 @@ def read_onnx_graph(path: Path) -> OnnxGraph:
     nodes = []
     for i, n in enumerate(g.node):
         name = n.name or f"{n.op_type}_{i}"
-        nodes.append(OnnxNode(
-            name=name, op_type=n.op_type, module=module_of_node(name),
-            outputs=[(o, shapes.get(o, [])) for o in n.output],
-            params=sum(sizes.get(x, 0) for x in n.input),
-        ))
+        nodes.append(
+            OnnxNode(
+                name=name,
+                op_type=n.op_type,
+                module=module_of_node(name),
+                outputs=[(o, shapes.get(o, [])) for o in n.output],
+                params=sum(sizes.get(x, 0) for x in n.input),
+            )
+        )
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     return OnnxGraph(
-        path=path, nodes=nodes,
+        path=path,
+        nodes=nodes,
         inputs=[(v.name, _shape(v)) for v in g.input if v.name not in sizes],
         outputs=[(v.name, _shape(v)) for v in g.output],
-        parameters=int(sum(sizes.values())), opset=int(opset),
+        parameters=int(sum(sizes.values())),
+        opset=int(opset),
     )
 
 
@@ -302,7 +352,9 @@ def export_graphs(studio) -> dict[str, Path]:
     folder = artifact_dir(studio, latest_job(studio.jobs, "export"))
     if folder is None:
         return {}
-    return {g: folder / f"{g}.onnx" for g in ("prefill", "decode") if (folder / f"{g}.onnx").exists()}
+    return {
+        g: folder / f"{g}.onnx" for g in ("prefill", "decode") if (folder / f"{g}.onnx").exists()
+    }
 
 
 def profile_totals(studio, job: Job) -> tuple[dict[str, float], str, str]:
@@ -316,7 +368,11 @@ def profile_totals(studio, job: Job) -> tuple[dict[str, float], str, str]:
         prof = Profile.from_dict(json.loads((folder / "profile.json").read_text()))
         return prof.totals_by_op_type(), prof.unit, prof.source
     res = job.result or {}
-    return dict(res.get("by_op_type", {})), str(res.get("unit", "")), str(res.get("source", "simulated"))
+    return (
+        dict(res.get("by_op_type", {})),
+        str(res.get("unit", "")),
+        str(res.get("source", "simulated")),
+    )
 
 
 def report_files(project: Project) -> list[Path]:
@@ -324,7 +380,9 @@ def report_files(project: Project) -> list[Path]:
     folder = project.folder / "reports"
     if not folder.is_dir():
         return []
-    files = sorted(folder.glob("*.html"), key=lambda p: (p.name != "latest.html", -p.stat().st_mtime))
+    files = sorted(
+        folder.glob("*.html"), key=lambda p: (p.name != "latest.html", -p.stat().st_mtime)
+    )
     return files
 
 
@@ -343,9 +401,14 @@ def device_state() -> dict[str, Any]:
     qnn = package_version("onnxruntime-qnn")
     ort = package_version("onnxruntime")
     return {
-        "host": {"name": platform.node() or "this machine", "cpus": os.cpu_count() or 1,
-                 "machine": platform.machine(), "system": platform.system(),
-                 "python": platform.python_version(), "onnxruntime": ort},
+        "host": {
+            "name": platform.node() or "this machine",
+            "cpus": os.cpu_count() or 1,
+            "machine": platform.machine(),
+            "system": platform.system(),
+            "python": platform.python_version(),
+            "onnxruntime": ort,
+        },
         "htp_sim": {"available": qnn is not None, "version": qnn},
     }
 

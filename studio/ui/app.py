@@ -1,0 +1,68 @@
+"""Entry point of the desktop app: ``studio`` with no arguments calls ``main([])``.
+
+One QApplication, one qasync event loop (asyncio on top of Qt's loop, so the service layer's
+coroutines and the pipeline's worker subprocesses run without blocking the UI), one settings
+object and one window. Heavy libraries are not imported here: pages load what they need
+when first shown.
+
+``QSTUDIO_EXIT_AFTER_SHOW=1`` prints ``shown <seconds>`` once the window is on screen and
+quits (the start-up benchmark uses it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+_T0 = time.perf_counter()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+    import qasync
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from studio.ui.main_window import MainWindow
+    from studio.ui.settings import AppSettings
+    from studio.ui.theme import apply_theme
+
+    QApplication.setApplicationName("QStudio")
+    QApplication.setOrganizationName("QStudio")
+    QApplication.setApplicationDisplayName("QStudio")
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    settings = AppSettings()
+    apply_theme(app, settings.theme)
+    exit_after_show = os.environ.get("QSTUDIO_EXIT_AFTER_SHOW") == "1"
+
+    with asyncio.Runner(loop_factory=qasync.QEventLoop) as runner:
+        runner.get_loop()  # the qasync loop exists before any widget schedules work
+        window = MainWindow(settings)
+        window.show()
+        if argv:
+            path = Path(argv[0])
+            QTimer.singleShot(0, lambda: window.open_project(path))
+
+        async def until_quit() -> int:
+            done = asyncio.get_running_loop().create_future()
+            app.aboutToQuit.connect(lambda: done.done() or done.set_result(0))
+            if exit_after_show:
+
+                def shown() -> None:
+                    print(f"shown {time.perf_counter() - _T0:.3f}", flush=True)
+                    app.quit()
+
+                QTimer.singleShot(0, shown)
+            return await done
+
+        return runner.run(until_quit())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,498 @@
+"""The bridge between one ``Studio`` session and the widgets.
+
+The controller owns the open session (no singleton: the window makes one and hands it to
+every page). It turns the core's callbacks into Qt signals, runs the pipeline, keeps the
+project file safe (dirty state, autosave to a recovery file, changes made on disk by someone
+else) and runs slow reads (the model description, ONNX graphs) in a thread.
+
+Running the pipeline: each job runs in a worker subprocess. qasync's event loop does run
+asyncio subprocesses on Linux (checked: ``create_subprocess_exec`` with piped output works on
+``qasync.QEventLoop``), but ``Pipeline.run`` also does blocking work between its awaits —
+it hashes the checkpoint folder for the artifact key, verifies cached artifacts and hashes
+new ones file by file. On the UI loop that froze the window 80–160 ms per run with the
+13 MB sample model, and would freeze it for seconds with a real checkpoint. So by default
+the service coroutine runs on its own asyncio loop in a runner thread (``asyncio.run`` in a
+Python thread, as ``studio --batch`` runs it); its listener events come to the widgets
+through a queued Qt signal, and the UI awaits the result on the qasync loop.
+``pipeline_on_ui_loop=True`` awaits it on the qasync loop directly, for when the service
+moves that work off its loop (``asyncio.to_thread``).
+
+Widgets never change the project themselves: every edit is ``controller.set(...)``, a
+``SetValue`` on the session's command stack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from studio.core import project as projectfile
+from studio.core.commands import Change, SetValue
+from studio.core.errors import StudioError
+from studio.core.jobs import FINAL, Job
+from studio.services import ui_support
+from studio.ui.settings import AppSettings
+
+
+class SaveConflict(StudioError):
+    """The project file changed on disk since it was opened or saved."""
+
+
+class _Bridge(QObject):
+    """Carries pipeline events to the main thread (direct there, queued from elsewhere)."""
+
+    event = Signal(object)
+
+
+class ProjectController(QObject):
+    opened = Signal()  # a session is open (self.studio)
+    closing = Signal()  # the session is about to close
+    closed = Signal()
+    changed = Signal(object)  # frozenset of (section, key) the last command touched
+    dirty_changed = Signal(bool)
+    undo_changed = Signal()
+    job_event = Signal(object)  # studio.core.jobs.Job (new or updated)
+    job_failed = Signal(object)  # a Job that just failed
+    log_line = Signal(int, str)  # job id, line
+    run_state = Signal(int, str)  # run id, state
+    running_changed = Signal(bool)
+    run_finished = Signal(object)  # RunSummary
+    message = Signal(str, str)  # level ("info" | "error"), text
+    disk_changed = Signal()  # the project file was changed by someone else
+    autosave_found = Signal(object, float)  # list[SetValue], when (epoch seconds)
+    model_ready = Signal(object)  # ModelInfo | OnnxGraph | StudioError
+
+    def __init__(
+        self,
+        settings: AppSettings,
+        parent: QObject | None = None,
+        pipeline_on_ui_loop: bool = False,
+    ):
+        super().__init__(parent)
+        self.settings = settings
+        self.studio = None
+        #: await the pipeline coroutine on the UI's qasync loop instead of a runner thread
+        #: (qasync runs asyncio subprocesses fine; see the module docstring for why not)
+        self.pipeline_on_ui_loop = pipeline_on_ui_loop
+        self._pipeline = None
+        self._runner_loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._active: dict[int, Job] = {}  # queued / running jobs of the current run
+        self._notified_failures: set[int] = set()
+        self._disk_sig: ui_support.FileSignature | None = None
+        self._base: dict[str, Any] | None = None
+        self._disk_reported: ui_support.FileSignature | None = None
+        self._model: Any = None
+        self._model_task: asyncio.Future | None = None
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="qstudio-io")
+        self._bridge = _Bridge(self)
+        self._bridge.event.connect(self._dispatch)
+        self._autosave = QTimer(self)
+        self._autosave.timeout.connect(self.autosave_now)
+        self._disk_timer = QTimer(self)
+        self._disk_timer.setInterval(2000)
+        self._disk_timer.timeout.connect(self.check_disk)
+
+    # ---- state ----------------------------------------------------------------------------
+    @property
+    def project(self):
+        return self.studio.project if self.studio else None
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self.studio and self.studio.commands.dirty)
+
+    @property
+    def active_jobs(self) -> list[Job]:
+        return sorted(self._active.values(), key=lambda j: j.id)
+
+    # ---- opening and closing -----------------------------------------------------------
+    def open(self, path: Path) -> None:
+        """Open a project file; a StudioError (broken file, ...) leaves everything as it was."""
+        from studio.services.session import Studio
+
+        path = Path(path)
+        studio = Studio.open(path)
+        self._attach(studio)
+
+    def create(self, spec: ui_support.NewProjectSpec) -> None:
+        """The wizard's accept: validate, write the project file, open it."""
+        studio = ui_support.create_project(spec)
+        self._attach(studio)
+
+    def _attach(self, studio) -> None:
+        if self.studio is not None:
+            self.close()
+        self.studio = studio
+        self._active.clear()
+        self._model = None
+        self._model_task = None
+        studio.commands.listeners.append(self._on_command)
+        path = studio.project.path
+        self._base = studio.project.to_dict()  # what unsaved edits are made on
+        self._disk_sig = ui_support.file_signature(path)
+        self._disk_reported = None
+        self.settings.add_recent(path)
+        self.settings.last_folder = path.parent
+        secs = self.settings.autosave_seconds
+        if secs:
+            self._autosave.start(secs * 1000)
+        self._disk_timer.start()
+        self.opened.emit()
+        self.dirty_changed.emit(False)
+        self.undo_changed.emit()
+        if studio.interrupted_jobs:
+            self.message.emit(
+                "info",
+                f"{studio.interrupted_jobs} job(s) of an earlier run were interrupted when its "
+                "process ended; run the pipeline again to finish them (finished stages are cached)",
+            )
+        found = ui_support.read_autosave(studio.project)
+        if found is not None:
+            _, edits, when = found
+            self.autosave_found.emit(edits, when)
+
+    def close(self, unsaved: str = "keep") -> None:
+        """Close the session (the window asks about unsaved edits before calling this).
+
+        ``unsaved``: ``"keep"`` writes unsaved edits to the autosave file (offered back at the
+        next open), ``"discard"`` drops them.
+        """
+        if self.studio is None:
+            return
+        self.closing.emit()
+        if self.running:
+            self.cancel_run()
+            self.wait_for_run(30.0)  # the run records its cancelled jobs before the store closes
+        self._autosave.stop()
+        self._disk_timer.stop()
+        studio = self.studio
+        if studio.commands.dirty and unsaved == "keep":
+            self.autosave_now()
+        else:
+            ui_support.discard_autosave(studio.project)
+        self.studio = None
+        self._active.clear()
+        self._model = None
+        studio.close()
+        self.closed.emit()
+        self.dirty_changed.emit(False)
+        self.undo_changed.emit()
+
+    def wait_for_run(self, timeout_s: float) -> bool:
+        """Keep the event loop (and so the pipeline) going until the run ends; True if it did."""
+        from PySide6.QtCore import QCoreApplication, QEventLoop
+
+        deadline = time.monotonic() + timeout_s
+        while self.running and time.monotonic() < deadline:
+            QCoreApplication.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
+            time.sleep(0.005)
+        return not self.running
+
+    def set_autosave(self, seconds: int) -> None:
+        self.settings.autosave_seconds = seconds
+        if seconds and self.studio is not None:
+            self._autosave.start(seconds * 1000)
+        else:
+            self._autosave.stop()
+
+    def shutdown(self) -> None:
+        self.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ---- saving -------------------------------------------------------------------------------
+    def save(self, force: bool = False) -> Path:
+        """Save the project file; a SaveConflict when someone else changed it on disk."""
+        studio = self._need()
+        path = studio.project.path
+        if not force and ui_support.changed_on_disk(self._disk_sig, path):
+            raise SaveConflict(
+                f"{path.name} was changed outside QStudio since it was opened; reload it, or "
+                "save your version over it (the other version is kept in the project folder)"
+            )
+        if force and path.exists() and ui_support.changed_on_disk(self._disk_sig, path):
+            self.keep_disk_copy()
+        out = studio.save()
+        self._base = studio.project.to_dict()
+        self._disk_sig = ui_support.file_signature(path)
+        self._disk_reported = None
+        ui_support.discard_autosave(studio.project)
+        self.dirty_changed.emit(False)
+        return out
+
+    def keep_disk_copy(self) -> Path | None:
+        """Copy the file on disk into ``<project>.studio/conflicts/`` before overwriting it."""
+        studio = self._need()
+        path = studio.project.path
+        if not path.exists():
+            return None
+        dest = (
+            studio.project.folder
+            / "conflicts"
+            / f"{path.stem}-{time.strftime('%Y%m%d-%H%M%S')}.qstudio"
+        )
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, dest)
+        return dest
+
+    def save_copy(self, dest: Path) -> Path:
+        """Write the project as it is now to another file (the session stays on its own)."""
+        studio = self._need()
+        from studio.core.fsutil import atomic_write_text
+
+        dest = Path(dest)
+        if dest.suffix != ".qstudio":
+            dest = dest.with_suffix(".qstudio")
+        atomic_write_text(dest, projectfile.dumps(studio.project))
+        return dest
+
+    def autosave_now(self) -> Path | None:
+        if self.studio is None or not self.studio.commands.dirty:
+            return None
+        try:
+            return ui_support.write_autosave(self.studio.project, self._base)
+        except OSError as exc:
+            self.message.emit("error", f"autosave failed: {exc}")
+            return None
+
+    def check_disk(self) -> bool:
+        """True (and ``disk_changed`` once per change) when the file changed on disk."""
+        if self.studio is None:
+            return False
+        path = self.studio.project.path
+        now = ui_support.file_signature(path)
+        if now is None and self._disk_sig is None:
+            return False
+        if now is not None and self._disk_sig is not None and now.sha256 == self._disk_sig.sha256:
+            return False
+        if now == self._disk_reported:
+            return True
+        self._disk_reported = now
+        self.disk_changed.emit()
+        return True
+
+    def reload(self) -> None:
+        """Re-read the project file; unsaved edits go to the autosave file and are offered back."""
+        studio = self._need()
+        if self.running:
+            raise StudioError("a pipeline run is going: wait for it or cancel it before reloading")
+        path = studio.project.path
+        projectfile.load(path)  # a broken file raises here and the open session is kept
+        self.close("keep")  # unsaved edits go to the autosave file, offered back after reload
+        self.open(path)
+
+    def keep_mine(self) -> None:
+        """Ignore the change on disk until the next save (which keeps a copy of it)."""
+        self._disk_reported = ui_support.file_signature(self._need().project.path)
+
+    # ---- edits ---------------------------------------------------------------------------------
+    def set(self, section: str, key: str, value: Any) -> Change:
+        """One undoable edit; a StudioError (invalid value) changes nothing."""
+        return self._need().set(section, key, value)
+
+    def apply_edits(self, edits: list[SetValue]) -> list[str]:
+        """Push several edits (an autosave restore); returns the ones that were refused."""
+        refused = []
+        for cmd in edits:
+            try:
+                self._need().commands.push(SetValue(cmd.section, cmd.key, cmd.value))
+            except StudioError as exc:
+                refused.append(f"{cmd.text}: {exc.message}")
+        return refused
+
+    def undo(self) -> Change:
+        return self._need().commands.undo()
+
+    def redo(self) -> Change:
+        return self._need().commands.redo()
+
+    def _on_command(self, change: Change) -> None:
+        if ("model", "source") in change:
+            self._model = None
+            self._model_task = None
+            self.load_model()
+        self.changed.emit(change)
+        self.dirty_changed.emit(self.dirty)
+        self.undo_changed.emit()
+
+    # ---- the pipeline -------------------------------------------------------------------------
+    def plan(self, stages: list[str] | None = None, targets: list[str] | None = None):
+        from studio.services.pipeline import plan
+
+        return plan(self._need().project, stages, targets)
+
+    def run(
+        self, stages: list[str] | None = None, targets: list[str] | None = None
+    ) -> asyncio.Task:
+        """Queue the plan for ``stages`` (all the project's stages when None) and run it.
+
+        The run works on a snapshot of the project taken now (like ``studio --batch``, which
+        reads the file once); edits made while it runs apply to the next run.
+        """
+        from studio.services.pipeline import Pipeline
+
+        studio = self._need()
+        if self.running:
+            raise StudioError("a pipeline run is going: wait for it or cancel it first")
+        self.plan(stages, targets)  # unknown stage / target: a clear error now
+        pipeline = Pipeline(studio.project.copy(), studio.jobs, studio.store)
+        pipeline.listeners.append(self._bridge.event.emit)
+        self._pipeline = pipeline
+        if self.pipeline_on_ui_loop:
+            coro = pipeline.run(stages, targets)
+        else:
+            coro = self._in_runner_thread(pipeline, stages, targets)
+        self._task = asyncio.ensure_future(self._run(coro))
+        self.running_changed.emit(True)
+        return self._task
+
+    async def _in_runner_thread(self, pipeline, stages, targets):
+        """Run the service coroutine on its own asyncio loop in a thread and await its result
+        here. Its events reach the widgets through a queued signal (``_Bridge``)."""
+        ui_loop = asyncio.get_running_loop()
+        done: asyncio.Future = ui_loop.create_future()
+
+        def settle(result, error) -> None:
+            if done.done():
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(result)
+
+        def work() -> None:
+            try:
+                with asyncio.Runner() as runner:
+                    self._runner_loop = runner.get_loop()
+                    result = runner.run(pipeline.run(stages, targets))
+            except BaseException as exc:  # noqa: BLE001 - handed to the UI loop
+                ui_loop.call_soon_threadsafe(settle, None, exc)
+            else:
+                ui_loop.call_soon_threadsafe(settle, result, None)
+            finally:
+                self._runner_loop = None
+
+        thread = threading.Thread(target=work, name="qstudio-pipeline", daemon=True)
+        thread.start()
+        try:
+            return await done
+        except asyncio.CancelledError:
+            self.cancel_run()  # the UI gave up waiting: stop the workers too
+            raise
+
+    async def _run(self, coro):
+        try:
+            summary = await coro
+        except StudioError as exc:
+            self.message.emit("error", exc.message)
+            return None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug: show it, keep the app alive
+            self.message.emit("error", f"the pipeline stopped with an unexpected error: {exc!r}")
+            traceback.print_exception(exc)
+            return None
+        finally:
+            self._active.clear()
+            self._task = None
+            self.running_changed.emit(False)
+        self.run_finished.emit(summary)
+        return summary
+
+    def retry(self, job: Job) -> asyncio.Task:
+        """Run a finished job's stage again (its upstream stages come from the cache)."""
+        project = self._need().project
+        target = job.target.split("/", 1)[-1] if job.target else ""
+        targets = [target] if target in project.targets else None
+        return self.run([job.stage], targets)
+
+    def cancel(self, job_id: int) -> None:
+        """Cancel one job of the current run (a running worker is terminated)."""
+        pipeline = self._pipeline
+        if pipeline is None or not self.running:
+            return
+        loop = self._runner_loop
+        if loop is not None and not self.pipeline_on_ui_loop:
+            try:
+                loop.call_soon_threadsafe(pipeline.cancel, job_id)
+                return
+            except RuntimeError:  # the runner's loop just closed
+                pass
+        pipeline.cancel(job_id)
+
+    def cancel_run(self) -> None:
+        """Cancel every queued and running job of the current run."""
+        for jid in list(self._active):
+            self.cancel(jid)
+
+    def _dispatch(self, event: dict[str, Any]) -> None:
+        kind = event.get("kind")
+        if kind == "job":
+            job: Job = event["job"]
+            if job.state in FINAL:
+                self._active.pop(job.id, None)
+            else:
+                self._active[job.id] = job
+            self.job_event.emit(job)
+            if job.state == "failed" and job.id not in self._notified_failures:
+                self._notified_failures.add(job.id)
+                self.job_failed.emit(job)
+        elif kind == "log":
+            self.log_line.emit(int(event["job_id"]), str(event["line"]))
+        elif kind == "run":
+            self.run_state.emit(int(event["run_id"]), str(event["state"]))
+
+    # ---- slow reads, off the UI thread --------------------------------------------------------
+    def in_thread(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+        loop = asyncio.get_event_loop()
+        return loop.run_in_executor(self._pool, fn, *args)
+
+    @property
+    def model(self):
+        """The model description once loaded (ModelInfo, OnnxGraph or a StudioError)."""
+        return self._model
+
+    def load_model(self) -> asyncio.Future | None:
+        """Describe the project's model in a thread; ``model_ready`` fires when done."""
+        if self.studio is None:
+            return None
+        if self._model is not None:
+            self.model_ready.emit(self._model)
+            return None
+        if self._model_task is not None and not self._model_task.done():
+            return self._model_task
+        project = self.studio.project.copy()
+        studio = self.studio
+
+        async def load():
+            try:
+                info = await self.in_thread(ui_support.describe_model, project)
+            except StudioError as exc:
+                info = exc
+            except Exception as exc:  # noqa: BLE001 - shown as a message on the page
+                info = StudioError(f"cannot read the model: {exc}")
+            if self.studio is studio:
+                self._model = info
+                self.model_ready.emit(info)
+            return info
+
+        self._model_task = asyncio.ensure_future(load())
+        return self._model_task
+
+    def _need(self):
+        if self.studio is None:
+            raise StudioError("no project is open: create one (File ▸ New) or open one")
+        return self.studio

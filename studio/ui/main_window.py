@@ -1,0 +1,744 @@
+"""The studio window: navigation, pages, menus and shortcuts, status bar, notifications.
+
+The window owns no project logic: it forwards every request to the ``ProjectController``
+and shows what the controller reports. Pages are built the first time they are shown, so
+start-up imports only what the first page needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from pathlib import Path
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence
+from PySide6.QtWidgets import (
+    QApplication,
+    QFileDialog,
+    QHBoxLayout,
+    QListWidget,
+    QListWidgetItem,
+    QMainWindow,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from studio.core.errors import StudioError
+from studio.core.project import STAGES
+from studio.ui.controller import ProjectController, SaveConflict
+from studio.ui.settings import AppSettings
+from studio.ui.theme import apply_theme
+from studio.ui.widgets import NotificationArea, label
+
+#: navigation title -> (module, class); built on first show
+PAGES: dict[str, tuple[str, str]] = {
+    "Overview": ("studio.ui.pages.overview", "OverviewPage"),
+    "Model": ("studio.ui.pages.model", "ModelPage"),
+    "Precision": ("studio.ui.pages.precision", "PrecisionPage"),
+    "Jobs": ("studio.ui.pages.jobs", "JobsPage"),
+    "Devices": ("studio.ui.pages.devices", "DevicesPage"),
+    "Profiler": ("studio.ui.pages.profiler", "ProfilerPage"),
+    "Validation": ("studio.ui.pages.validation", "ValidationPage"),
+    "LLM": ("studio.ui.pages.llm", "LLMPage"),
+    "Reports": ("studio.ui.pages.reports", "ReportsPage"),
+}
+PAGE_TIPS = {
+    "Overview": "Model card, targets, recipe, latest results",
+    "Model": "Blocks → modules → ONNX nodes",
+    "Precision": "Quantization recipe and per-layer overrides",
+    "Jobs": "Run the pipeline; live jobs and logs",
+    "Devices": "Host CPU, HTP simulator, target chips",
+    "Profiler": "Op-type time of a decode step",
+    "Validation": "FP32 vs quantized vs HTP accuracy",
+    "LLM": "Generation speed and output",
+    "Reports": "HTML and JSON reports",
+}
+
+
+class Welcome(QWidget):
+    """Shown on the Overview page while no project is open: new, open, recent."""
+
+    def __init__(self, window: MainWindow):
+        super().__init__()
+        self.window_ = window
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(40, 30, 40, 30)
+        lay.addWidget(label("Welcome to QStudio", "title"))
+        lay.addWidget(
+            label(
+                "Take a language model from a PyTorch / Hugging Face checkpoint to a Snapdragon "
+                "NPU: export, quantize, compile, validate, run and profile — every figure labelled "
+                "with where it comes from.",
+                "subtitle",
+                wrap=True,
+            )
+        )
+        lay.addSpacing(14)
+        row = QHBoxLayout()
+        new = QPushButton("New project…")
+        new.setDefault(True)
+        new.setToolTip("From the sample model, a checkpoint folder or an ONNX file (Ctrl+N)")
+        new.clicked.connect(window.new_project)
+        row.addWidget(new)
+        open_ = QPushButton("Open…")
+        open_.setToolTip("Open a .qstudio project file (Ctrl+O)")
+        open_.clicked.connect(window.open_dialog)
+        row.addWidget(open_)
+        row.addStretch(1)
+        lay.addLayout(row)
+        lay.addSpacing(18)
+        lay.addWidget(label("<b>Recent projects</b>"))
+        self.recent = QListWidget()
+        self.recent.itemActivated.connect(self._activated)
+        self.recent.itemClicked.connect(self._activated)
+        self.recent.setMaximumWidth(900)
+        lay.addWidget(self.recent, 1)
+        self.none = label(
+            "No recent projects yet: create one from the sample model to look "
+            "around (it exports and quantizes in about a minute).",
+            "muted",
+            wrap=True,
+        )
+        lay.addWidget(self.none)
+        self.filler = QWidget()
+        lay.addWidget(self.filler, 1)
+
+    def refresh(self) -> None:
+        self.recent.clear()
+        items = self.window_.settings.recent_projects()
+        for p in items:
+            item = QListWidgetItem(f"{p.stem}    —    {p}")
+            item.setData(Qt.ItemDataRole.UserRole, str(p))
+            if not p.exists():
+                item.setText(f"{p.stem}    —    {p}   (missing)")
+                item.setForeground(Qt.GlobalColor.gray)
+                item.setToolTip("The file is not there any more; click to remove it from the list")
+            self.recent.addItem(item)
+        self.none.setVisible(not items)
+        self.recent.setVisible(bool(items))
+        self.filler.setVisible(not items)
+
+    def _activated(self, item: QListWidgetItem) -> None:
+        path = Path(item.data(Qt.ItemDataRole.UserRole))
+        if not path.exists():
+            self.window_.settings.remove_recent(path)
+            self.window_.notify(f"{path} does not exist any more; removed from recent projects")
+            self.refresh()
+            return
+        self.window_.open_project(path)
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, settings: AppSettings, controller: ProjectController | None = None):
+        super().__init__()
+        self.settings = settings
+        self.ctl = controller or ProjectController(settings, self)
+        self.pages: dict[str, QWidget] = {}
+        self.setWindowTitle("QStudio")
+        self.resize(1280, 820)
+        self.setMinimumSize(900, 600)
+
+        # -- layout: navigation | notifications over pages --
+        central = QWidget()
+        cl = QHBoxLayout(central)
+        cl.setContentsMargins(0, 0, 0, 0)
+        cl.setSpacing(0)
+        self.nav = QListWidget()
+        self.nav.setObjectName("nav")
+        for i, title in enumerate(PAGES):
+            item = QListWidgetItem(title)
+            item.setToolTip(f"{PAGE_TIPS[title]} (Ctrl+{i + 1})")
+            self.nav.addItem(item)
+        self.nav.setFixedWidth(170)
+        self.nav.currentRowChanged.connect(self._nav_changed)
+        cl.addWidget(self.nav)
+        right = QWidget()
+        rl = QVBoxLayout(right)
+        rl.setContentsMargins(0, 0, 0, 0)
+        rl.setSpacing(0)
+        self.notifications = NotificationArea()
+        rl.addWidget(self.notifications)
+        self.stack = QStackedWidget()
+        rl.addWidget(self.stack, 1)
+        cl.addWidget(right, 1)
+        self.setCentralWidget(central)
+        self.welcome = Welcome(self)
+        self.stack.addWidget(self.welcome)
+
+        self._build_actions()
+        self._build_menus()
+        self._build_status()
+
+        c = self.ctl
+        c.opened.connect(self._opened)
+        c.closed.connect(self._closed)
+        c.dirty_changed.connect(self._update_title)
+        c.undo_changed.connect(self._update_undo)
+        c.running_changed.connect(self._running_changed)
+        c.job_event.connect(self._job_event)
+        c.job_failed.connect(self._job_failed)
+        c.message.connect(self._message)
+        c.disk_changed.connect(self._disk_changed)
+        c.autosave_found.connect(self._autosave_found)
+        c.run_finished.connect(self._run_finished)
+
+        geo, state, page = settings.window_state()
+        if geo is not None:
+            self.restoreGeometry(geo)
+        if state is not None:
+            self.restoreState(state)
+        self._start_page = page if page in PAGES else "Overview"
+        self._update_title()
+        self._update_undo()
+        self._update_project_actions()
+        self.welcome.refresh()
+        self.show_page("Overview")
+        QTimer.singleShot(0, self._update_devices)
+
+    # ---- actions and menus ---------------------------------------------------------------------
+    def _act(self, text: str, slot, shortcut=None, tip: str = "") -> QAction:
+        a = QAction(text, self)
+        if shortcut is not None:
+            a.setShortcut(QKeySequence(shortcut))
+        if tip:
+            a.setStatusTip(tip)
+            a.setToolTip(tip)
+        a.triggered.connect(lambda _checked=False: slot())
+        self.addAction(a)
+        return a
+
+    def _build_actions(self) -> None:
+        K = QKeySequence.StandardKey
+        self.new_act = self._act(
+            "&New Project…",
+            self.new_project,
+            K.New,
+            "Create a project from a sample, a checkpoint or an ONNX file",
+        )
+        self.open_act = self._act("&Open…", self.open_dialog, K.Open, "Open a .qstudio project")
+        self.save_act = self._act("&Save", self.save, K.Save, "Save the project file")
+        self.save_copy_act = self._act(
+            "Save a &Copy As…",
+            self.save_copy,
+            "Ctrl+Shift+S",
+            "Write the project as it is now to another file",
+        )
+        self.reload_act = self._act(
+            "&Reload from Disk",
+            self.reload,
+            None,
+            "Re-read the project file (unsaved edits are offered back)",
+        )
+        self.close_act = self._act(
+            "&Close Project",
+            self.close_project,
+            K.Close,
+            "Close the project (asks about unsaved edits)",
+        )
+        self.quit_act = self._act("&Quit", self.close, K.Quit, "Quit QStudio")
+        self.undo_act = self._act("&Undo", self.undo, K.Undo)
+        self.redo_act = self._act("&Redo", self.redo, K.Redo)
+        self.run_act = self._act(
+            "Run &Pipeline",
+            lambda: self.run_stages(None),
+            "F5",
+            "Run every stage of the project (as studio --batch)",
+        )
+        self.cancel_act = self._act(
+            "&Cancel Run", self.ctl.cancel_run, "Shift+F5", "Cancel every queued and running job"
+        )
+        self.stage_acts = {
+            s: self._act(
+                s, lambda s=s: self.run_stages([s]), None, f"Run {s} and the stages it needs"
+            )
+            for s in STAGES
+        }
+        self.page_acts = [
+            self._act(title, lambda t=title: self.show_page(t), f"Ctrl+{i + 1}")
+            for i, title in enumerate(PAGES)
+        ]
+        self.autosave_act = QAction("&Autosave Unsaved Edits", self, checkable=True)
+        self.autosave_act.setChecked(self.settings.autosave_seconds > 0)
+        self.autosave_act.setStatusTip(
+            "Every 30 s, keep unsaved edits in the project folder "
+            "(offered back if QStudio stops before you save)"
+        )
+        self.autosave_act.toggled.connect(self._toggle_autosave)
+        self.theme_group = QActionGroup(self)
+        self.theme_acts = {}
+        for name in ("system", "light", "dark"):
+            a = QAction(name.capitalize(), self, checkable=True)
+            a.setChecked(self.settings.theme == name)
+            a.triggered.connect(lambda _c=False, n=name: self.set_theme(n))
+            self.theme_group.addAction(a)
+            self.theme_acts[name] = a
+        self.shortcuts_act = self._act("&Keyboard Shortcuts", self.show_shortcuts, None)
+        self.about_act = self._act("&About QStudio", self.show_about, None)
+
+    def _build_menus(self) -> None:
+        mb = self.menuBar()
+        f = mb.addMenu("&File")
+        f.addAction(self.new_act)
+        f.addAction(self.open_act)
+        self.recent_menu = f.addMenu("Open &Recent")
+        self.recent_menu.aboutToShow.connect(self._fill_recent)
+        f.addSeparator()
+        f.addAction(self.save_act)
+        f.addAction(self.save_copy_act)
+        f.addAction(self.reload_act)
+        f.addAction(self.autosave_act)
+        f.addSeparator()
+        f.addAction(self.close_act)
+        f.addAction(self.quit_act)
+        e = mb.addMenu("&Edit")
+        e.addAction(self.undo_act)
+        e.addAction(self.redo_act)
+        v = mb.addMenu("&View")
+        for a in self.page_acts:
+            v.addAction(a)
+        v.addSeparator()
+        t = v.addMenu("&Theme")
+        for a in self.theme_acts.values():
+            t.addAction(a)
+        r = mb.addMenu("&Run")
+        r.addAction(self.run_act)
+        sm = r.addMenu("Run &Stage")
+        for a in self.stage_acts.values():
+            sm.addAction(a)
+        r.addAction(self.cancel_act)
+        h = mb.addMenu("&Help")
+        h.addAction(self.shortcuts_act)
+        h.addAction(self.about_act)
+
+    def _build_status(self) -> None:
+        sb = self.statusBar()
+        self.jobs_label = label("No jobs running")
+        self.jobs_bar = QProgressBar()
+        self.jobs_bar.setMaximumWidth(120)
+        self.jobs_bar.setMaximumHeight(14)
+        self.jobs_bar.setTextVisible(False)
+        self.jobs_bar.hide()
+        self.device_label = label("Devices: …")
+        sb.addPermanentWidget(self.jobs_label)
+        sb.addPermanentWidget(self.jobs_bar)
+        sb.addPermanentWidget(label(" | ", "muted"))
+        sb.addPermanentWidget(self.device_label)
+
+    # ---- pages ----------------------------------------------------------------------------------
+    def page(self, title: str) -> QWidget:
+        """The page with this title, built on first use."""
+        if title not in self.pages:
+            module, cls = PAGES[title]
+            page_cls = getattr(importlib.import_module(module), cls)
+            page = page_cls(self.ctl)
+            page.navigate.connect(self._navigate)
+            page.start()
+            self.pages[title] = page
+            self.stack.addWidget(page)
+        return self.pages[title]
+
+    def show_page(self, title: str) -> QWidget:
+        row = list(PAGES).index(title)
+        if self.nav.currentRow() != row:
+            self.nav.setCurrentRow(row)  # -> _nav_changed
+        else:
+            self._nav_changed(row)
+        return self.pages.get(title) or self.welcome
+
+    def current_page(self) -> str:
+        return list(PAGES)[max(0, self.nav.currentRow())]
+
+    def _nav_changed(self, row: int) -> None:
+        if row < 0:
+            return
+        title = list(PAGES)[row]
+        if title == "Overview" and self.ctl.studio is None:
+            self.welcome.refresh()
+            self.stack.setCurrentWidget(self.welcome)
+            return
+        self.stack.setCurrentWidget(self.page(title))
+
+    def _navigate(self, target: str) -> None:
+        if target == "action:new":
+            self.new_project()
+        elif target == "action:open":
+            self.open_dialog()
+        elif target in PAGES:
+            self.show_page(target)
+
+    # ---- projects -----------------------------------------------------------------------------
+    def new_project(self):
+        if not self.maybe_close():
+            return None
+        from studio.ui.wizard import NewProjectWizard
+
+        wiz = NewProjectWizard(self.ctl, self.settings.last_folder, self)
+        wiz.open()
+        self._wizard = wiz
+        return wiz
+
+    def open_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self,
+            "Open project",
+            str(self.settings.last_folder),
+            "QStudio projects (*.qstudio);;All files (*)",
+        )
+        if path:
+            self.open_project(Path(path))
+
+    def open_project(self, path: Path) -> bool:
+        """Open a project file; a broken file gives a clear message and nothing changes."""
+        path = Path(path)
+        if self.ctl.studio is not None and Path(self.ctl.project.path) == path.resolve():
+            self.show_page("Overview")
+            return True
+        if not self.maybe_close():
+            return False
+        try:
+            self.ctl.open(path)
+        except StudioError as exc:
+            self.notify(
+                f"Could not open {path.name}: {exc.message}. The file was not changed.", "error"
+            )
+            self.welcome.refresh()
+            return False
+        return True
+
+    def maybe_close(self) -> bool:
+        """Close the open project after asking about unsaved edits; False when the user cancels."""
+        if self.ctl.studio is None:
+            return True
+        if self.ctl.running and not self.confirm_cancel_run():
+            return False
+        unsaved = "keep"
+        if self.ctl.dirty:
+            choice = self.confirm_unsaved()
+            if choice == "cancel":
+                return False
+            if choice == "save" and not self.save():
+                return False
+            unsaved = "discard" if choice == "discard" else "keep"
+        self.ctl.close(unsaved)
+        return True
+
+    def close_project(self) -> bool:
+        return self.maybe_close()
+
+    # dialogs (tests replace these two methods)
+    def confirm_unsaved(self) -> str:
+        box = QMessageBox(
+            QMessageBox.Icon.Warning,
+            "Unsaved changes",
+            f"{self.ctl.project.name} has unsaved changes.",
+            QMessageBox.StandardButton.Save
+            | QMessageBox.StandardButton.Discard
+            | QMessageBox.StandardButton.Cancel,
+            self,
+        )
+        box.setInformativeText("Save them before closing?")
+        box.setDefaultButton(QMessageBox.StandardButton.Save)
+        answer = box.exec()
+        return {
+            QMessageBox.StandardButton.Save: "save",
+            QMessageBox.StandardButton.Discard: "discard",
+        }.get(QMessageBox.StandardButton(answer), "cancel")
+
+    def confirm_cancel_run(self) -> bool:
+        answer = QMessageBox.question(
+            self,
+            "A run is going",
+            "The pipeline is running. Cancel its jobs and close?",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+        )
+        return answer == QMessageBox.StandardButton.Yes
+
+    def save(self) -> bool:
+        if self.ctl.studio is None:
+            return False
+        try:
+            path = self.ctl.save()
+        except SaveConflict as exc:
+            n = self.notify(exc.message, "error")
+            n.add_action("Reload from disk", self.reload)
+            n.add_action("Save mine over it", lambda: self._force_save())
+            return False
+        except StudioError as exc:
+            self.notify(f"Could not save: {exc.message}", "error")
+            return False
+        self.statusBar().showMessage(f"Saved {path}", 4000)
+        return True
+
+    def _force_save(self) -> None:
+        try:
+            self.ctl.save(force=True)
+        except StudioError as exc:
+            self.notify(f"Could not save: {exc.message}", "error")
+            return
+        self.statusBar().showMessage(
+            "Saved; the version that was on disk is kept in the project folder (conflicts/)", 6000
+        )
+
+    def save_copy(self) -> None:
+        if self.ctl.studio is None:
+            return
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Save a copy", str(self.settings.last_folder), "QStudio projects (*.qstudio)"
+        )
+        if path:
+            out = self.ctl.save_copy(Path(path))
+            self.statusBar().showMessage(f"Wrote a copy to {out}", 5000)
+
+    def reload(self) -> None:
+        try:
+            self.ctl.reload()
+        except StudioError as exc:
+            self.notify(f"Could not reload: {exc.message}. The open version is kept.", "error")
+
+    def undo(self) -> None:
+        if self.ctl.studio is not None:
+            self.ctl.undo()
+
+    def redo(self) -> None:
+        if self.ctl.studio is not None:
+            self.ctl.redo()
+
+    def run_stages(self, stages):
+        if self.ctl.studio is None:
+            self.notify("Open or create a project first", "error")
+            return None
+        try:
+            task = self.ctl.run(stages)
+        except StudioError as exc:
+            self.notify(exc.message, "error")
+            return None
+        self.show_page("Jobs")
+        return task
+
+    # ---- controller events -------------------------------------------------------------------------
+    def _opened(self) -> None:
+        self.notifications.clear()
+        self._update_title()
+        self._update_project_actions()
+        self.show_page(self._start_page if self._start_page else "Overview")
+        self._start_page = ""
+
+    def _closed(self) -> None:
+        self.notifications.clear()
+        self._update_title()
+        self._update_project_actions()
+        self._update_jobs_status()
+        self.welcome.refresh()
+        if self.current_page() == "Overview":
+            self.stack.setCurrentWidget(self.welcome)
+
+    def _update_title(self, *_args) -> None:
+        p = self.ctl.project
+        if p is None:
+            self.setWindowTitle("QStudio")
+            self.setWindowModified(False)
+            return
+        self.setWindowTitle(f"{p.name} [*]— {p.path.name} — QStudio")
+        self.setWindowModified(self.ctl.dirty)
+
+    def _update_undo(self) -> None:
+        s = self.ctl.studio
+        self.undo_act.setEnabled(bool(s and s.commands.can_undo))
+        self.redo_act.setEnabled(bool(s and s.commands.can_redo))
+        self.undo_act.setText(
+            f"&Undo {s.commands.undo_text}" if s and s.commands.can_undo else "&Undo"
+        )
+        self.redo_act.setText(
+            f"&Redo {s.commands.redo_text}" if s and s.commands.can_redo else "&Redo"
+        )
+
+    def _update_project_actions(self) -> None:
+        has = self.ctl.studio is not None
+        running = self.ctl.running
+        for a in (self.save_act, self.save_copy_act, self.reload_act, self.close_act):
+            a.setEnabled(has)
+        self.run_act.setEnabled(has and not running)
+        for a in self.stage_acts.values():
+            a.setEnabled(has and not running)
+        self.cancel_act.setEnabled(running)
+
+    def _running_changed(self, running: bool) -> None:
+        self._update_project_actions()
+        self._update_jobs_status()
+
+    def _job_event(self, job) -> None:
+        self._update_jobs_status()
+
+    def _update_jobs_status(self) -> None:
+        jobs = self.ctl.active_jobs
+        running = [j for j in jobs if j.state == "running"]
+        queued = [j for j in jobs if j.state == "queued"]
+        if not self.ctl.running or not jobs:
+            self.jobs_label.setText("No jobs running")
+            self.jobs_bar.hide()
+            return
+        if running:
+            j = running[0]
+            self.jobs_label.setText(
+                f"Running {j.label} {j.progress:.0%}"
+                + (f" · {len(queued)} queued" if queued else "")
+            )
+            self.jobs_bar.setValue(int(j.progress * 100))
+        else:
+            self.jobs_label.setText(f"{len(queued)} jobs queued")
+            self.jobs_bar.setValue(0)
+        self.jobs_bar.show()
+
+    def _job_failed(self, job) -> None:
+        msg = job.error or job.message or "failed"
+        if msg.startswith(f"{job.label}: "):
+            msg = msg[len(job.label) + 2 :]
+        n = self.notify(f"✖ {job.label} failed: {msg}", "error")
+        n.add_action("Show log", lambda jid=job.id: self.show_job_log(jid))
+
+    def show_job_log(self, job_id: int) -> None:
+        page = self.show_page("Jobs")
+        if self.ctl.studio is not None and page.select_job(job_id):
+            page.show_log(self.ctl.studio.jobs.job(job_id))
+
+    def _run_finished(self, summary) -> None:
+        took = f"{summary.seconds:.1f} s"
+        if summary.state == "succeeded":
+            gates = "" if summary.gates_passed else " — an accuracy gate FAILED (see Validation)"
+            self.statusBar().showMessage(f"Run {summary.run_id} succeeded in {took}{gates}", 10000)
+            if not summary.gates_passed:
+                n = self.notify(f"Run {summary.run_id}: an accuracy gate failed", "error")
+                n.add_action("Show validation", lambda: self.show_page("Validation"))
+        elif summary.state == "cancelled":
+            self.statusBar().showMessage(f"Run {summary.run_id} cancelled after {took}", 10000)
+
+    def _message(self, level: str, text: str) -> None:
+        if level == "error":
+            self.notify(text, "error")
+        else:
+            self.notify(text, "info", timeout_ms=15000)
+            self.statusBar().showMessage(text, 8000)
+
+    def notify(self, text: str, level: str = "info", timeout_ms: int = 0):
+        return self.notifications.notify(text, level, timeout_ms)
+
+    def _disk_changed(self) -> None:
+        p = self.ctl.project
+        n = self.notify(f"{p.path.name} was changed outside QStudio.", "error")
+        n.add_action("Reload from disk", self.reload)
+        n.add_action("Keep my version", self.ctl.keep_mine)
+
+    def _autosave_found(self, edits, when: float) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(when))
+        what = ", ".join(f"{c.section + '.' if c.section else ''}{c.key}" for c in edits[:4])
+        more = f" and {len(edits) - 4} more" if len(edits) > 4 else ""
+        n = self.notify(f"Unsaved edits from {stamp} were found ({what}{more}).", "info")
+
+        def restore() -> None:
+            refused = self.ctl.apply_edits(edits)
+            if refused:
+                self.notify("Some edits could not be restored: " + "; ".join(refused), "error")
+
+        n.add_action("Restore them", restore)
+        n.add_action("Discard", self._discard_autosave)
+
+    def _discard_autosave(self) -> None:
+        from studio.services import ui_support
+
+        if self.ctl.project is not None:
+            ui_support.discard_autosave(self.ctl.project)
+
+    def _update_devices(self) -> None:
+        from studio.services import ui_support
+
+        st = ui_support.device_state()
+        sim = st["htp_sim"]
+        sim_text = (
+            f"HTP simulator ready (onnxruntime-qnn {sim['version']})"
+            if sim["available"]
+            else "HTP simulator not installed"
+        )
+        self.device_label.setText(f"Host CPU ready ({st['host']['cpus']} cores) · {sim_text}")
+        self.device_label.setToolTip(
+            "Remote devices are not connected (they come in a later release); see the Devices page"
+        )
+
+    # ---- preferences ------------------------------------------------------------------------------
+    def set_theme(self, name: str) -> None:
+        self.settings.theme = name
+        apply_theme(QApplication.instance(), name)
+        self.theme_acts[name].setChecked(True)
+        for page in self.pages.values():
+            fn = getattr(page, "_apply_theme", None)
+            if fn:
+                fn()
+
+    def _toggle_autosave(self, on: bool) -> None:
+        self.ctl.set_autosave(30 if on else 0)
+
+    def _fill_recent(self) -> None:
+        m = self.recent_menu
+        m.clear()
+        items = self.settings.recent_projects()
+        for p in items:
+            a = m.addAction(f"{p.name} — {p.parent}")
+            a.setEnabled(p.exists())
+            a.triggered.connect(lambda _c=False, p=p: self.open_project(p))
+        if not items:
+            a = m.addAction("No recent projects")
+            a.setEnabled(False)
+        else:
+            m.addSeparator()
+            m.addAction(
+                "Clear list", lambda: (self.settings.clear_recent(), self.welcome.refresh())
+            )
+
+    def show_shortcuts(self) -> None:
+        rows = [
+            (
+                a.text().replace("&", ""),
+                a.shortcut().toString(QKeySequence.SequenceFormat.NativeText),
+            )
+            for a in (
+                self.new_act,
+                self.open_act,
+                self.save_act,
+                self.save_copy_act,
+                self.close_act,
+                self.quit_act,
+                self.undo_act,
+                self.redo_act,
+                self.run_act,
+                self.cancel_act,
+                *self.page_acts,
+            )
+        ]
+        text = (
+            "<table>"
+            + "".join(f"<tr><td>{n}</td><td>&nbsp;&nbsp;<b>{k}</b></td></tr>" for n, k in rows if k)
+            + "</table>"
+        )
+        QMessageBox.information(self, "Keyboard shortcuts", text)
+
+    def show_about(self) -> None:
+        QMessageBox.about(
+            self,
+            "About QStudio",
+            "<b>QStudio</b><br>A deployment studio for language models on "
+            "Snapdragon NPUs. The same service layer runs headless: "
+            "<code>studio --batch project.qstudio</code>.",
+        )
+
+    # ---- closing --------------------------------------------------------------------------------------
+    def closeEvent(self, event: QCloseEvent) -> None:
+        if not self.maybe_close():
+            event.ignore()
+            return
+        self.settings.save_window_state(self.saveGeometry(), self.saveState(), self.current_page())
+        self.ctl.shutdown()
+        event.accept()

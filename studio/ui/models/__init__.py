@@ -1,0 +1,1 @@
+"""Qt item models (tables and trees) over the session's data."""

@@ -1,0 +1,445 @@
+"""Jobs: the run history as a live table, run / cancel / retry, and the selected job's log."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QItemSelectionModel, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QFont, QFontDatabase
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLineEdit,
+    QMenu,
+    QPlainTextEdit,
+    QPushButton,
+    QSplitter,
+    QTableView,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from studio.core.errors import StudioError
+from studio.core.jobs import Job
+from studio.core.project import STAGES
+from studio.ui.models.jobs import (
+    C_ELAPSED,
+    C_ID,
+    C_PROGRESS,
+    C_RESULT,
+    C_RUN,
+    C_STAGE,
+    C_STATE,
+    C_TARGET,
+    STATE_GROUPS,
+    JobFilter,
+    JobRole,
+    JobsModel,
+)
+from studio.ui.pages.base import Page
+from studio.ui.widgets import EmptyState, ProgressDelegate, label
+
+STAGE_HELP = {
+    "export": "PyTorch → ONNX prefill and decode graphs (FP32, fixed shapes)",
+    "quantize": "calibrate and quantize the graphs with the project's recipe",
+    "compile": "QNN context binaries per target chip",
+    "validate": "FP32 vs quantized vs HTP simulator accuracy per target",
+    "run": "generate tokens on the host CPU and the HTP simulator",
+    "profile": "op-level profile of one decode step on the HTP simulator",
+    "report": "an HTML + JSON report of the run",
+}
+
+
+def _clean(line: str) -> str:
+    """A terminal progress line rewritten with carriage returns: keep what it ended as."""
+    if "\r" in line:
+        parts = [p for p in line.split("\r") if p.strip()]
+        return parts[-1] if parts else ""
+    return line
+
+
+class JobsPage(Page):
+    title = "Jobs"
+    subtitle = (
+        "Every stage of every run, live. Jobs run in worker processes: the window stays responsive."
+    )
+    error = Signal(str)
+
+    def __init__(self, ctl, parent=None):
+        super().__init__(ctl, parent)
+        lay = QVBoxLayout(self.body)
+        lay.setContentsMargins(0, 6, 0, 0)
+
+        # -- toolbar --
+        bar = QHBoxLayout()
+        self.run_button = QPushButton("▶  Run pipeline")
+        self.run_button.setDefault(True)
+        self.run_button.clicked.connect(lambda: self.run_stages(None))
+        bar.addWidget(self.run_button)
+        self.stage_button = QToolButton()
+        self.stage_button.setText("Run stage")
+        self.stage_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        self.stage_button.setToolTip(
+            "Run one stage (and the stages it needs, cached when unchanged)"
+        )
+        self.stage_menu = QMenu(self.stage_button)
+        self.stage_actions: dict[str, QAction] = {}
+        for s in STAGES:
+            act = self.stage_menu.addAction(f"{s} — {STAGE_HELP[s]}")
+            act.triggered.connect(lambda _=False, s=s: self.run_stages([s]))
+            self.stage_actions[s] = act
+        self.stage_button.setMenu(self.stage_menu)
+        bar.addWidget(self.stage_button)
+        bar.addSpacing(12)
+        self.cancel_button = QPushButton("Cancel job")
+        self.cancel_button.clicked.connect(self.cancel_selected)
+        bar.addWidget(self.cancel_button)
+        self.cancel_run_button = QPushButton("Cancel run")
+        self.cancel_run_button.clicked.connect(self.ctl.cancel_run)
+        self.cancel_run_button.setToolTip("Cancel every queued and running job of this run")
+        bar.addWidget(self.cancel_run_button)
+        self.retry_button = QPushButton("Retry")
+        self.retry_button.clicked.connect(self.retry_selected)
+        bar.addWidget(self.retry_button)
+        bar.addStretch(1)
+        self.state_filter = QComboBox()
+        self.state_filter.addItems(list(STATE_GROUPS))
+        self.state_filter.currentTextChanged.connect(self._filters_changed)
+        self.state_filter.setToolTip("Show jobs in these states")
+        bar.addWidget(self.state_filter)
+        self.stage_filter = QComboBox()
+        self.stage_filter.addItems(["All stages", *STAGES])
+        self.stage_filter.currentTextChanged.connect(self._filters_changed)
+        bar.addWidget(self.stage_filter)
+        self.latest_only = QCheckBox("Latest run only")
+        self.latest_only.toggled.connect(self._filters_changed)
+        bar.addWidget(self.latest_only)
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Filter (stage, target, message)")
+        self.search.setClearButtonEnabled(True)
+        self.search.textChanged.connect(self._filters_changed)
+        self.search.setMaximumWidth(220)
+        bar.addWidget(self.search)
+        lay.addLayout(bar)
+        self.plan_label = label("", "muted", wrap=True)
+        lay.addWidget(self.plan_label)
+
+        # -- table + log --
+        self.model = JobsModel(self)
+        self.proxy = JobFilter(self)
+        self.proxy.setSourceModel(self.model)
+        self.table = QTableView()
+        self.table.setModel(self.proxy)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setItemDelegateForColumn(C_PROGRESS, ProgressDelegate(self.table))
+        self.table.verticalHeader().hide()
+        self.table.setAlternatingRowColors(True)
+        self.table.setWordWrap(False)
+        hh = self.table.horizontalHeader()
+        for col, mode in (
+            (C_RUN, QHeaderView.ResizeMode.ResizeToContents),
+            (C_ID, QHeaderView.ResizeMode.ResizeToContents),
+            (C_STAGE, QHeaderView.ResizeMode.ResizeToContents),
+            (C_TARGET, QHeaderView.ResizeMode.Interactive),
+            (C_STATE, QHeaderView.ResizeMode.ResizeToContents),
+            (C_PROGRESS, QHeaderView.ResizeMode.Fixed),
+            (C_ELAPSED, QHeaderView.ResizeMode.ResizeToContents),
+            (C_RESULT, QHeaderView.ResizeMode.Stretch),
+        ):
+            hh.setSectionResizeMode(col, mode)
+        hh.resizeSection(C_PROGRESS, 130)
+        hh.resizeSection(C_TARGET, 190)
+        self.table.selectionModel().selectionChanged.connect(self._selection_changed)
+
+        self.empty = EmptyState(
+            "No jobs yet",
+            "“Run pipeline” queues exactly the jobs that <code>studio --batch</code> runs for "
+            "this project: export → quantize → compile → validate → run → profile → report, "
+            "for each target. “Run stage” runs one stage and what it needs. Stages whose "
+            "inputs and settings did not change come back from the cache at once.",
+        )
+        self.empty.add_action("▶  Run pipeline", lambda: self.run_stages(None))
+        self.empty.add_action(
+            "Run export + quantize",
+            lambda: self.run_stages(["quantize"]),
+            "The first two stages: the FP32 ONNX graphs, then the quantized ones",
+        )
+        self.table_stack = QWidget()
+        ts = QVBoxLayout(self.table_stack)
+        ts.setContentsMargins(0, 0, 0, 0)
+        ts.addWidget(self.table)
+        ts.addWidget(self.empty)
+
+        log_box = QWidget()
+        ll = QVBoxLayout(log_box)
+        ll.setContentsMargins(0, 0, 0, 0)
+        self.log_title = label("Log", "muted")
+        ll.addWidget(self.log_title)
+        self.log = QPlainTextEdit()
+        self.log.setReadOnly(True)
+        self.log.setMaximumBlockCount(20000)
+        self.log.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        font = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+        font.setStyleHint(QFont.StyleHint.Monospace)
+        self.log.setFont(font)
+        self.log.setPlaceholderText(
+            "Select a job to see its log; a running job's log streams here."
+        )
+        ll.addWidget(self.log)
+
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(self.table_stack)
+        split.addWidget(log_box)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 2)
+        lay.addWidget(split, 1)
+
+        self._log_job: int | None = None
+        self._follow = True  # select each job as it starts, until the user picks one
+        self._selecting = False
+        self._pending: list[str] = []
+        self._flush = QTimer(self)
+        self._flush.setInterval(100)
+        self._flush.timeout.connect(self._flush_log)
+        self._ticker = QTimer(self)
+        self._ticker.setInterval(1000)
+        self._ticker.timeout.connect(self.model.tick)
+
+        ctl.job_event.connect(self._on_job)
+        ctl.log_line.connect(self._on_log)
+        ctl.running_changed.connect(self._update_buttons)
+        ctl.running_changed.connect(self._run_started)
+        self._update_buttons()
+
+    # ---- session ------------------------------------------------------------------------------
+    def on_open(self) -> None:
+        self.model.reset(self.ctl.studio.jobs.jobs(limit=500))
+        self._log_job = None
+        self.log.clear()
+        self._update_plan()
+        self._update_empty()
+        self._update_buttons()
+
+    def on_show(self) -> None:
+        if self.ctl.running:
+            return
+        jobs = self.ctl.studio.jobs.jobs(limit=500)
+        if [(j.id, j.state) for j in jobs] != [
+            (j.id, j.state) for j in sorted(self.model.jobs(), key=lambda j: -j.id)
+        ]:
+            self.model.reset(jobs)  # another process (studio --batch) ran jobs
+            self._update_empty()
+
+    def on_close(self) -> None:
+        self.model.clear()
+        self.log.clear()
+        self._log_job = None
+        self._ticker.stop()
+        self._flush.stop()
+
+    def on_change(self, change) -> None:
+        if any(sec in ("", "pipeline", "run") for sec, _ in change):
+            self._update_plan()
+
+    def _update_plan(self) -> None:
+        try:
+            jobs = self.ctl.plan()
+        except StudioError as exc:
+            self.plan_label.setText(f"Pipeline: {exc.message}")
+            return
+        labels = [j.label for j in jobs]
+        self.plan_label.setText(
+            f"Run pipeline queues {len(jobs)} jobs (as studio --batch): " + " → ".join(labels)
+        )
+        self.run_button.setToolTip(
+            "Queue the project's whole pipeline, exactly the jobs of studio --batch:\n"
+            + "\n".join(labels)
+        )
+
+    def _update_empty(self) -> None:
+        has = self.model.rowCount() > 0
+        self.table.setVisible(has)
+        self.empty.setVisible(not has)
+
+    # ---- actions --------------------------------------------------------------------------------
+    def run_stages(self, stages: list[str] | None):
+        try:
+            task = self.ctl.run(stages)
+        except StudioError as exc:
+            self.ctl.message.emit("error", exc.message)
+            return None
+        return task
+
+    def selected_job(self) -> Job | None:
+        rows = self.table.selectionModel().selectedRows()
+        if not rows:
+            return None
+        job = rows[0].data(JobRole)
+        if job is None:
+            return None
+        row = self.model.row_of(job.id)
+        return self.model.job_at(row) if row is not None else job
+
+    def select_job(self, job_id: int) -> bool:
+        row = self.model.row_of(job_id)
+        if row is None:
+            return False
+        idx = self.proxy.mapFromSource(self.model.index(row, 0))
+        if not idx.isValid():  # filtered out: show everything
+            self.state_filter.setCurrentIndex(0)
+            self.stage_filter.setCurrentIndex(0)
+            self.latest_only.setChecked(False)
+            self.search.clear()
+            idx = self.proxy.mapFromSource(self.model.index(row, 0))
+        self._selecting = True
+        try:
+            self.table.selectionModel().select(
+                idx,
+                QItemSelectionModel.SelectionFlag.ClearAndSelect
+                | QItemSelectionModel.SelectionFlag.Rows,
+            )
+        finally:
+            self._selecting = False
+        self.table.scrollTo(idx)
+        return True
+
+    def cancel_selected(self) -> None:
+        job = self.selected_job()
+        if job is not None:
+            self.ctl.cancel(job.id)
+
+    def retry_selected(self):
+        job = self.selected_job()
+        if job is None:
+            return None
+        try:
+            return self.ctl.retry(job)
+        except StudioError as exc:
+            self.ctl.message.emit("error", exc.message)
+            return None
+
+    def _run_started(self, running: bool) -> None:
+        if running:
+            self._follow = True
+
+    def _update_buttons(self, *_args) -> None:
+        has_project = self.ctl.studio is not None
+        running = self.ctl.running
+        job = self.selected_job() if has_project else None
+        active = bool(job and job.state in ("queued", "running") and running)
+        self.run_button.setEnabled(has_project and not running)
+        self.run_button.setText("Running…" if running else "▶  Run pipeline")
+        self.stage_button.setEnabled(has_project and not running)
+        if running:
+            self.stage_button.setToolTip("A run is going: wait for it or cancel it first")
+        else:
+            self.stage_button.setToolTip(
+                "Run one stage (and the stages it needs, cached when unchanged)"
+            )
+        self.cancel_button.setEnabled(active)
+        self.cancel_button.setToolTip(
+            f"Cancel {job.label} (a running worker is terminated)"
+            if active
+            else "Select a queued or running job to cancel it"
+        )
+        self.cancel_run_button.setEnabled(running)
+        can_retry = bool(
+            job and job.state in ("failed", "cancelled", "interrupted") and not running
+        )
+        self.retry_button.setEnabled(can_retry)
+        if can_retry:
+            self.retry_button.setToolTip(f"Run {job.stage} again (its inputs come from the cache)")
+        elif running:
+            self.retry_button.setToolTip("A run is going: wait for it or cancel it first")
+        else:
+            self.retry_button.setToolTip(
+                "Select a failed, cancelled or interrupted job to retry it"
+            )
+        if running:
+            self._ticker.start()
+        else:
+            self._ticker.stop()
+
+    def _filters_changed(self, *_args) -> None:
+        group = STATE_GROUPS.get(self.state_filter.currentText())
+        stage = self.stage_filter.currentText()
+        self.proxy.set_filter(
+            states=group,
+            stage=None if stage == "All stages" else stage,
+            latest_only=self.latest_only.isChecked(),
+            text=self.search.text(),
+        )
+
+    # ---- events -----------------------------------------------------------------------------------
+    def _on_job(self, job: Job) -> None:
+        if self.ctl.studio is None:
+            return
+        self.model.upsert(job)
+        if not self.table.isVisible() and self.model.rowCount():
+            self._update_empty()
+        sel = self.selected_job()
+        if job.state == "running" and self._follow and (sel is None or sel.id != job.id):
+            self.select_job(job.id)
+        elif sel is not None and sel.id == job.id:
+            self._update_buttons()
+        if job.id == self._log_job:
+            self._update_log_title(job)
+            if job.state == "failed" and job.error:
+                self._pending.append(f"✖ {job.error}")
+                if not self._flush.isActive():
+                    self._flush.start()
+
+    def _on_log(self, job_id: int, line: str) -> None:
+        if job_id == self._log_job:
+            self._pending.append(_clean(line))
+            if not self._flush.isActive():
+                self._flush.start()
+
+    def _flush_log(self) -> None:
+        if self._pending:
+            self.log.appendPlainText("\n".join(self._pending))
+            self._pending.clear()
+        else:
+            self._flush.stop()
+
+    def _selection_changed(self, *_args) -> None:
+        if not self._selecting:
+            self._follow = False  # the user chose a job: stop following new ones
+        job = self.selected_job()
+        self._update_buttons()
+        if job is None or job.id == self._log_job:
+            return
+        self.show_log(job)
+
+    def show_log(self, job: Job) -> None:
+        """Load a job's log from the run history; new lines then stream in."""
+        self._log_job = job.id
+        self._pending.clear()
+        lines = [_clean(x) for x in self.ctl.studio.jobs.log(job.id)]
+        text = "\n".join(lines)
+        if job.state == "failed" and job.error and job.error not in text:
+            text = f"{text}\n✖ {job.error}" if text else f"✖ {job.error}"
+        self.log.setPlainText(text)
+        self.log.setPlaceholderText(
+            "Waiting for the first log line…"
+            if job.state in ("queued", "running")
+            else "This job wrote no log lines."
+        )
+        self.log.moveCursor(self.log.textCursor().MoveOperation.End)
+        self._update_log_title(job)
+
+    def _update_log_title(self, job: Job) -> None:
+        self.log_title.setText(f"Log of #{job.id} {job.label} — {job.state}")
+
+
+def main() -> int:
+    from studio.ui.standalone import run_page
+
+    return run_page(JobsPage)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

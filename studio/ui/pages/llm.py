@@ -1,0 +1,165 @@
+"""LLM: generation on each device of the latest run jobs — tok/s with their source, the text,
+per-token step times; and what LLM tuning will add."""
+
+from __future__ import annotations
+
+from PySide6.QtWidgets import (
+    QFrame,
+    QGridLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QPlainTextEdit,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from studio.core.errors import StudioError
+from studio.services import ui_support
+from studio.ui.pages.base import Page
+from studio.ui.pages.overview import _clear, metric_title
+from studio.ui.widgets import EmptyState, MetricCard, fmt_value, label
+
+COLORS = ["#2f6fd6", "#8a5a00", "#1b8a3f", "#6b3fa0", "#c62828"]
+
+
+class LLMPage(Page):
+    title = "LLM"
+    subtitle = "Generation speed and output per device (prefill, decode tok/s, text)."
+
+    def __init__(self, ctl, parent=None):
+        super().__init__(ctl, parent)
+        import pyqtgraph as pg
+
+        self.pg = pg
+        lay = QVBoxLayout(self.body)
+        lay.setContentsMargins(0, 6, 0, 0)
+        self.empty = EmptyState(
+            "No generation yet",
+            "Run the run stage to generate from the project's prompt on the host CPU (FP32, "
+            "measured) and on the HTP simulator per target (quantized, simulated): prefill time, "
+            "decode tokens per second and the generated text appear here, each figure with its "
+            "source.",
+        )
+        self.empty.add_action(
+            "Run generation",
+            self._run,
+            "Runs the run stage and what it needs (export, quantize, compile)",
+        )
+        lay.addWidget(self.empty)
+        self.content = QWidget()
+        cl = QVBoxLayout(self.content)
+        cl.setContentsMargins(0, 0, 0, 0)
+        self.prompt_label = label("", "muted", wrap=True, selectable=True)
+        cl.addWidget(self.prompt_label)
+        self.cards = QGridLayout()
+        cl.addLayout(self.cards)
+        split = QSplitter()
+        self.texts = QWidget()
+        self.text_layout = QVBoxLayout(self.texts)
+        self.text_layout.setContentsMargins(0, 0, 0, 0)
+        split.addWidget(self.texts)
+        plot_box = QGroupBox("Decode step time per token (simulator times follow the host CPU)")
+        pl = QVBoxLayout(plot_box)
+        self.plot = pg.PlotWidget()
+        self.plot.setMenuEnabled(False)
+        self.plot.showGrid(x=False, y=True, alpha=0.3)
+        self.plot.setLabel("left", "ms per token (log scale)")
+        self.plot.setLogMode(x=False, y=True)
+        self.plot.setLabel("bottom", "token")
+        self.legend = label("", "muted", wrap=True)
+        pl.addWidget(self.legend)
+        pl.addWidget(self.plot)
+        split.addWidget(plot_box)
+        cl.addWidget(split, 1)
+        lay.addWidget(self.content, 1)
+
+        coming = QFrame()
+        coming.setProperty("role", "banner")
+        fl = QHBoxLayout(coming)
+        fl.addWidget(
+            label(
+                "<b>Coming to this page:</b> time to first token vs prompt length, KV cache INT8 and "
+                "sliding window, speculative decoding with a CPU draft model (acceptance rate, "
+                "speedup, output identical to greedy), layer pruning, and the optimization waterfall "
+                "measured step by step.",
+                wrap=True,
+            )
+        )
+        lay.addWidget(coming)
+        pal = self.palette()
+        self.plot.setBackground(pal.base().color())
+        ctl.job_event.connect(self._on_job)
+
+    def on_show(self) -> None:
+        self.refresh()
+
+    def on_open(self) -> None:
+        self.refresh()
+
+    def _on_job(self, job) -> None:
+        if job.stage == "run" and job.state == "succeeded":
+            self.later(self.refresh)
+
+    def _run(self) -> None:
+        try:
+            self.ctl.run(["run"])
+        except StudioError as exc:
+            self.ctl.message.emit("error", exc.message)
+
+    def refresh(self) -> None:
+        jobs = sorted(
+            ui_support.latest_jobs(self.ctl.studio.jobs, "run"),
+            key=lambda j: (j.target != "cpu", j.target),
+        )
+        self.empty.setVisible(not jobs)
+        self.content.setVisible(bool(jobs))
+        if not jobs:
+            return
+        self.prompt_label.setText(
+            f"Prompt: {self.ctl.project.run['prompt']!r} · "
+            f"{self.ctl.project.run['max_new_tokens']} new tokens"
+        )
+        _clear(self.cards)
+        _clear(self.text_layout)
+        self.plot.clear()
+        legend = []
+        for r, job in enumerate(jobs):
+            res = job.result or {}
+            self.cards.addWidget(
+                label(f"<b>{job.target}</b><br><span style='color:gray'>job #{job.id}</span>"), r, 0
+            )
+            for c, m in enumerate(self.ctl.studio.jobs.metrics(job_id=job.id)):
+                where = m.device + (f" · {m.target}" if m.target else "")
+                self.cards.addWidget(
+                    MetricCard(
+                        metric_title(m.name), fmt_value(m.value, m.unit), m.source, where, m.detail
+                    ),
+                    r,
+                    c + 1,
+                )
+            box = QGroupBox(f"{job.target} ({res.get('source', '')})")
+            bl = QVBoxLayout(box)
+            text = QPlainTextEdit(res.get("text", ""))
+            text.setReadOnly(True)
+            bl.addWidget(text)
+            self.text_layout.addWidget(box)
+            steps = [s * 1e3 for s in res.get("step_s", [])]
+            if steps:
+                color = COLORS[r % len(COLORS)]
+                pen = self.pg.mkPen(color, width=2)
+                self.plot.plot(list(range(1, len(steps) + 1)), steps, pen=pen)
+                legend.append(
+                    f"<span style='color:{color}'>━━</span> {job.target} ({res.get('source', '')})"
+                )
+        self.legend.setText("&nbsp;&nbsp;&nbsp;".join(legend))
+
+
+def main() -> int:
+    from studio.ui.standalone import run_page
+
+    return run_page(LLMPage)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,279 @@
+"""Model: blocks → modules → ONNX nodes (once exported), with shapes and parameter counts."""
+
+from __future__ import annotations
+
+import asyncio
+
+from PySide6.QtCore import QSortFilterProxyModel, Qt
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLineEdit,
+    QPushButton,
+    QTreeView,
+    QVBoxLayout,
+)
+
+from studio.core.errors import StudioError
+from studio.core.modelinfo import ModelInfo
+from studio.services import ui_support
+from studio.ui.models.model_tree import ModelTreeModel, NodeRole, build_tree
+from studio.ui.pages.base import Page
+from studio.ui.widgets import label
+
+NETRON_HINT = (
+    "Netron is not installed. Install it to open the exported graphs in Netron "
+    "from here: pip install netron"
+)
+
+
+class ModelPage(Page):
+    title = "Model"
+    subtitle = (
+        "Every layer, grouped by transformer block, with the ONNX nodes of the latest export."
+    )
+
+    def __init__(self, ctl, parent=None):
+        super().__init__(ctl, parent)
+        lay = QVBoxLayout(self.body)
+        lay.setContentsMargins(0, 6, 0, 0)
+        bar = QHBoxLayout()
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Find a layer or node (e.g. q_proj, MatMul)")
+        self.search.setClearButtonEnabled(True)
+        self.search.textChanged.connect(self._filter)
+        bar.addWidget(self.search, 1)
+        self.graph_label = label("ONNX graph:", "muted")
+        bar.addWidget(self.graph_label)
+        self.graph_combo = QComboBox()
+        self.graph_combo.setToolTip("Which exported graph's nodes to show under each module")
+        self.graph_combo.currentTextChanged.connect(self._graph_chosen)
+        bar.addWidget(self.graph_combo)
+        self.netron_button = QPushButton("Open in Netron")
+        self.netron_button.clicked.connect(self.open_netron)
+        bar.addWidget(self.netron_button)
+        self.netron_hint = label("Open in Netron: pip install netron", "muted")
+        self.netron_hint.setToolTip(NETRON_HINT)
+        bar.addWidget(self.netron_hint)
+        self.expand_button = QPushButton("Expand blocks")
+        self.expand_button.clicked.connect(self._expand_blocks)
+        bar.addWidget(self.expand_button)
+        lay.addLayout(bar)
+
+        info = QHBoxLayout()
+        self.status = label("", "muted", wrap=True)
+        info.addWidget(self.status, 1)
+        self.export_button = QPushButton("Run export")
+        self.export_button.setToolTip(
+            "Export the FP32 prefill/decode ONNX graphs (the export stage)"
+        )
+        self.export_button.clicked.connect(self._run_export)
+        info.addWidget(self.export_button)
+        lay.addLayout(info)
+
+        self.model = ModelTreeModel(self)
+        self.proxy = QSortFilterProxyModel(self)
+        self.proxy.setSourceModel(self.model)
+        self.proxy.setRecursiveFilteringEnabled(True)
+        self.proxy.setFilterCaseSensitivity(Qt.CaseSensitivity.CaseInsensitive)
+        self.proxy.setFilterKeyColumn(-1)
+        self.tree = QTreeView()
+        self.tree.setModel(self.proxy)
+        self.tree.setUniformRowHeights(True)
+        self.tree.setAlternatingRowColors(True)
+        self.tree.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        hh = self.tree.header()
+        hh.setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
+        hh.resizeSection(0, 330)
+        hh.resizeSection(1, 150)
+        hh.resizeSection(2, 260)
+        hh.setStretchLastSection(True)
+        self.tree.selectionModel().currentChanged.connect(self._current_changed)
+        lay.addWidget(self.tree, 1)
+        self.details = label("", "muted", wrap=True, selectable=True)
+        lay.addWidget(self.details)
+
+        self._graphs: dict[str, object] = {}
+        self._graph_paths: dict[str, object] | None = None  # None: not looked yet
+        self._loading: asyncio.Future | None = None
+        self._netron = ui_support.netron_available()
+        self.netron_button.setVisible(self._netron)
+        self.netron_hint.setVisible(not self._netron)
+        ctl.model_ready.connect(self._model_ready)
+        ctl.job_event.connect(self._on_job)
+
+    # ---- session ------------------------------------------------------------------------------
+    def on_open(self) -> None:
+        self._graphs.clear()
+        self._graph_paths = None
+        self.model.set_root(build_tree())
+        self.status.setText("Reading the model…")
+        self._refresh_graphs()
+        if self.ctl.model is not None:
+            self._model_ready(self.ctl.model)
+        else:
+            self.ctl.load_model()
+
+    def on_close(self) -> None:
+        self.model.set_root(build_tree())
+        self._graphs.clear()
+
+    def _on_job(self, job) -> None:
+        if job.stage == "export" and job.state == "succeeded":
+            self.later(self._refresh_graphs, 200)
+
+    def _refresh_graphs(self) -> None:
+        paths = ui_support.export_graphs(self.ctl.studio)
+        if paths == self._graph_paths:
+            return
+        self._graph_paths = paths
+        self._graphs.clear()
+        current = self.graph_combo.currentText()
+        self.graph_combo.blockSignals(True)
+        self.graph_combo.clear()
+        self.graph_combo.addItems(list(paths))
+        if current in paths:
+            self.graph_combo.setCurrentText(current)
+        self.graph_combo.blockSignals(False)
+        have = bool(paths)
+        onnx_project = isinstance(self.ctl.model, ui_support.OnnxGraph)
+        self.graph_combo.setVisible(have)
+        self.graph_label.setVisible(have)
+        self.export_button.setVisible(not have and not onnx_project)
+        self.netron_button.setEnabled(have or onnx_project)
+        self.netron_button.setToolTip(
+            "Open the selected graph in Netron (in the browser)"
+            if have or onnx_project
+            else "Run the export stage first: Netron opens the exported ONNX graphs"
+        )
+        if have:
+            self._graph_chosen(self.graph_combo.currentText())
+        elif isinstance(self.ctl.model, ModelInfo):
+            self._rebuild()
+
+    # ---- building the tree ----------------------------------------------------------------------
+    def _model_ready(self, info) -> None:
+        if self.ctl.studio is None:
+            return
+        if isinstance(info, StudioError):
+            self.status.setText(f"Cannot read the model: {info.message}")
+            self.export_button.hide()
+            return
+        if isinstance(info, ui_support.OnnxGraph):
+            self.export_button.hide()
+            self.graph_combo.hide()
+            self.graph_label.hide()
+            self.netron_button.setEnabled(True)
+            self.netron_button.setToolTip(f"Open {info.path.name} in Netron (in the browser)")
+        self._rebuild()
+
+    def _graph_chosen(self, name: str) -> None:
+        if not name or self.ctl.studio is None:
+            return
+        if name in self._graphs:
+            self._rebuild()
+            return
+        path = (self._graph_paths or {}).get(name)
+        if path is None:
+            return
+        self.status.setText(f"Reading {name}.onnx…")
+
+        async def load():
+            try:
+                graph = await self.ctl.in_thread(ui_support.read_onnx_graph, path)
+            except StudioError as exc:
+                self.status.setText(exc.message)
+                return
+            self._graphs[name] = graph
+            if self.graph_combo.currentText() == name:
+                self._rebuild()
+
+        self._loading = asyncio.ensure_future(load())
+
+    def _rebuild(self) -> None:
+        info = self.ctl.model
+        if info is None or isinstance(info, StudioError):
+            return
+        if isinstance(info, ui_support.OnnxGraph):
+            root = build_tree(None, info)
+            self.status.setText(
+                f"{len(info.nodes):,} nodes of {info.path.name}, grouped by block and module."
+            )
+        else:
+            name = self.graph_combo.currentText()
+            graph = self._graphs.get(name) if self._graph_paths else None
+            root = build_tree(info, graph)
+            n_mod = len(info.layers)
+            if graph is not None:
+                self.status.setText(
+                    f"{info.num_layers} blocks, {n_mod} weight modules, and the {len(graph.nodes):,} "
+                    f"nodes of the exported {name} graph (shapes from ONNX shape inference)."
+                )
+            elif self._graph_paths:
+                self.status.setText(
+                    f"{info.num_layers} blocks, {n_mod} weight modules; reading the exported graph…"
+                )
+            else:
+                self.status.setText(
+                    f"{info.num_layers} blocks, {n_mod} weight modules. Run the export stage to "
+                    "see each module's ONNX nodes (with their shapes) here."
+                )
+        self.model.set_root(root)
+        self._expand_blocks(first_only=True)
+        self._filter(self.search.text())
+
+    def _expand_blocks(self, first_only: bool = False) -> None:
+        for r in range(self.proxy.rowCount()):
+            idx = self.proxy.index(r, 0)
+            name = idx.data()
+            if not first_only or name in ("Block 0", "Embedding"):
+                self.tree.expand(idx)
+
+    def _filter(self, text: str) -> None:
+        self.proxy.setFilterFixedString(text.strip())
+        if text.strip():
+            self.tree.expandAll()
+
+    def _current_changed(self, current, _previous) -> None:
+        node = current.data(NodeRole) if current.isValid() else None
+        if node is None:
+            node = self.proxy.mapToSource(current).data(NodeRole) if current.isValid() else None
+        if node is None:
+            self.details.setText("")
+            return
+        text = node.tip or node.full_name or node.name
+        self.details.setText(text.replace("\n", "   ·   "))
+
+    # ---- actions --------------------------------------------------------------------------------
+    def _run_export(self) -> None:
+        try:
+            self.ctl.run(["export"])
+        except StudioError as exc:
+            self.ctl.message.emit("error", exc.message)
+
+    def open_netron(self) -> None:
+        info = self.ctl.model
+        if isinstance(info, ui_support.OnnxGraph):
+            path = info.path
+        else:
+            path = (self._graph_paths or {}).get(self.graph_combo.currentText())
+        if path is None:
+            return
+        try:
+            where = ui_support.open_in_netron(path)
+        except Exception as exc:  # noqa: BLE001 - netron's own errors, shown to the user
+            self.ctl.message.emit("error", f"Netron could not open {path}: {exc}")
+            return
+        self.ctl.message.emit("info", f"Netron serves {path.name} at {where}")
+
+
+def main() -> int:
+    from studio.ui.standalone import run_page
+
+    return run_page(ModelPage)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,164 @@
+"""Reports: the HTML reports of the project folder; open them in the browser."""
+
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHBoxLayout,
+    QHeaderView,
+    QPushButton,
+    QTableView,
+    QVBoxLayout,
+    QWidget,
+)
+
+from studio.core.errors import StudioError
+from studio.services import ui_support
+from studio.ui.models.rows import PayloadRole, Row, RowsModel
+from studio.ui.pages.base import Page
+from studio.ui.widgets import EmptyState, human_bytes, label
+
+
+class ReportsPage(Page):
+    title = "Reports"
+    subtitle = (
+        "Self-contained HTML reports (plots inside) written by the report stage, with JSON for CI."
+    )
+
+    def __init__(self, ctl, parent=None):
+        super().__init__(ctl, parent)
+        lay = QVBoxLayout(self.body)
+        lay.setContentsMargins(0, 6, 0, 0)
+        self.empty = EmptyState(
+            "No reports yet",
+            "Run the pipeline: its last stage, report, writes a self-contained HTML report "
+            "(every figure with its source) and a JSON file for CI into the project's reports "
+            "folder, and they are listed here. <code>studio --batch</code> writes the same "
+            "reports.",
+        )
+        self.empty.add_action(
+            "Run pipeline", self._run_pipeline, "Run every stage of the project, then the report"
+        )
+        self.empty.add_action(
+            "Run report only",
+            lambda: self._run(["report"]),
+            "A report of whatever the project has now",
+        )
+        lay.addWidget(self.empty)
+        self.content = QWidget()
+        cl = QVBoxLayout(self.content)
+        cl.setContentsMargins(0, 0, 0, 0)
+        bar = QHBoxLayout()
+        self.open_button = QPushButton("Open report")
+        self.open_button.clicked.connect(self.open_selected)
+        bar.addWidget(self.open_button)
+        self.json_button = QPushButton("Open JSON")
+        self.json_button.clicked.connect(lambda: self.open_selected(json=True))
+        bar.addWidget(self.json_button)
+        self.folder_button = QPushButton("Open folder")
+        self.folder_button.clicked.connect(self.open_folder)
+        bar.addWidget(self.folder_button)
+        bar.addStretch(1)
+        self.folder_label = label("", "muted", selectable=True)
+        bar.addWidget(self.folder_label)
+        cl.addLayout(bar)
+        self.model = RowsModel(["Report", "Written", "Size"], self)
+        self.view = QTableView()
+        self.view.setModel(self.model)
+        self.view.verticalHeader().hide()
+        self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.view.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.view.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.view.doubleClicked.connect(lambda _i: self.open_selected())
+        self.view.selectionModel().selectionChanged.connect(self._update_buttons)
+        cl.addWidget(self.view, 1)
+        cl.addWidget(label("Double-click a report to open it in your browser.", "muted"))
+        lay.addWidget(self.content, 1)
+        ctl.job_event.connect(self._on_job)
+        self.opened_urls: list[str] = []  # what was handed to the desktop (for tests)
+
+    def on_show(self) -> None:
+        self.refresh()
+
+    def on_open(self) -> None:
+        self.refresh()
+
+    def _on_job(self, job) -> None:
+        if job.stage == "report" and job.state == "succeeded":
+            self.later(self.refresh, 400)
+
+    def _run_pipeline(self) -> None:
+        self._run(None)
+
+    def _run(self, stages) -> None:
+        try:
+            self.ctl.run(stages)
+        except StudioError as exc:
+            self.ctl.message.emit("error", exc.message)
+
+    def refresh(self) -> None:
+        files = ui_support.report_files(self.ctl.project)
+        self.empty.setVisible(not files)
+        self.content.setVisible(bool(files))
+        self.folder_label.setText(str(self.ctl.project.folder / "reports"))
+        rows = []
+        for f in files:
+            st = f.stat()
+            name = f.name + ("  (latest)" if f.name == "latest.html" else "")
+            rows.append(
+                Row(
+                    [
+                        name,
+                        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(st.st_mtime)),
+                        human_bytes(st.st_size),
+                    ],
+                    payload=f,
+                    tip=str(f),
+                    align_right=(2,),
+                )
+            )
+        self.model.set_rows(rows)
+        if files and not self.view.selectionModel().hasSelection():
+            self.view.selectRow(0)
+        self._update_buttons()
+
+    def selected(self):
+        rows = self.view.selectionModel().selectedRows()
+        return rows[0].data(PayloadRole) if rows else None
+
+    def _update_buttons(self, *_args) -> None:
+        f = self.selected()
+        self.open_button.setEnabled(f is not None)
+        self.json_button.setEnabled(f is not None and f.with_suffix(".json").exists())
+        self.json_button.setToolTip("The report's data as JSON (what CI reads)")
+
+    def _open(self, path) -> bool:
+        url = QUrl.fromLocalFile(str(path))
+        self.opened_urls.append(url.toString())
+        ok = QDesktopServices.openUrl(url)
+        if not ok:
+            self.ctl.message.emit("error", f"no application could open {path}")
+        return ok
+
+    def open_selected(self, json: bool = False) -> bool:
+        f = self.selected()
+        if f is None:
+            return False
+        return self._open(f.with_suffix(".json") if json else f)
+
+    def open_folder(self) -> bool:
+        return self._open(self.ctl.project.folder / "reports")
+
+
+def main() -> int:
+    from studio.ui.standalone import run_page
+
+    return run_page(ReportsPage)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""Open one page alone, on a real project: ``python -m studio.ui.pages.jobs [FILE.qstudio]``.
+
+Without a file, a fresh sample project (tiny-coder, small shapes) is created in a temp
+folder. Options: ``--run STAGES`` runs those stages first (e.g. ``--run export,quantize``),
+``--theme light|dark``, ``--screenshot PNG`` saves the page and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+
+def sample_project(folder: Path, name: str = "sample"):
+    """Write a small sample project (the spec the tests use) and return its path."""
+    from studio.services.ui_support import NewProjectSpec, create_project
+
+    spec = NewProjectSpec(
+        path=Path(folder) / f"{name}.qstudio",
+        source_kind="sample",
+        source="tiny-coder",
+        prompt_length=16,
+        context_length=64,
+        calibration_samples=2,
+        name=name,
+    )
+    studio = create_project(spec)
+    path = studio.project.path
+    studio.close()
+    return path
+
+
+def run_page(page_cls, argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=f"python -m {page_cls.__module__}")
+    ap.add_argument("project", nargs="?", help="a .qstudio file (default: a new sample project)")
+    ap.add_argument("--run", default="", help="comma-separated stages to run first")
+    ap.add_argument("--theme", default="light", choices=("light", "dark", "system"))
+    ap.add_argument("--screenshot", default="", help="save the page as PNG and exit")
+    ap.add_argument("--size", default="1200x780")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+
+    import qasync
+    from PySide6.QtWidgets import QApplication
+
+    from studio.ui.controller import ProjectController
+    from studio.ui.settings import AppSettings
+    from studio.ui.theme import apply_theme
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    apply_theme(app, args.theme)
+    tmp = tempfile.mkdtemp(prefix="qstudio-page-")
+    settings = AppSettings(Path(tmp) / "config")
+    ctl = ProjectController(settings)
+    w, h = (int(x) for x in args.size.split("x"))
+
+    async def main() -> int:
+        path = Path(args.project) if args.project else sample_project(Path(tmp))
+        ctl.open(path)
+        page = page_cls(ctl)
+        page.setWindowTitle(f"QStudio — {page.title} ({path.name})")
+        page.resize(w, h)
+        page.start()
+        page.show()
+        if args.run:
+            task = ctl.run([s.strip() for s in args.run.split(",") if s.strip()])
+            await task
+            await asyncio.sleep(0.5)
+        if args.screenshot:
+            await asyncio.sleep(0.6)
+            page.grab().save(args.screenshot)
+            print(f"saved {args.screenshot}")
+            ctl.shutdown()
+            return 0
+        done = asyncio.get_running_loop().create_future()
+        app.aboutToQuit.connect(lambda: done.done() or done.set_result(0))
+        await done
+        ctl.shutdown()
+        return 0
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    with asyncio.Runner(loop_factory=qasync.QEventLoop) as runner:
+        return runner.run(main())

@@ -1,0 +1,119 @@
+"""Light and dark themes (Fusion + a palette + a small style sheet) and shared colours."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QGuiApplication, QPalette
+from PySide6.QtWidgets import QApplication
+
+#: one colour per source of a number (the same as the HTML report's badges)
+SOURCE_COLORS = {
+    "measured": "#1b7f3b",
+    "simulated": "#8a5a00",
+    "estimated": "#2f5da8",
+    "imported": "#6b3fa0",
+    "formula": "#5b6570",
+    "checkpoint": "#5b6570",
+}
+SOURCE_TIPS = {
+    "measured": "Measured on the named device.",
+    "simulated": (
+        "QNN HTP simulator on this x86 machine: real HTP numerics, but its timings follow the "
+        "host CPU and are not device latency."
+    ),
+    "estimated": "The studio's performance model for the named SoC.",
+    "imported": "Read from a file you brought.",
+    "formula": "Computed from the model's shape by formula (no run involved).",
+    "checkpoint": "Counted from the checkpoint's config and weight headers.",
+}
+STATE_COLORS = {
+    "queued": "#7a7f87",
+    "running": "#2f6fd6",
+    "succeeded": "#1b8a3f",
+    "failed": "#c62828",
+    "cancelled": "#9a6700",
+    "interrupted": "#9a6700",
+    "skipped": "#7a7f87",
+}
+
+
+def effective_theme(name: str) -> str:
+    if name in ("light", "dark"):
+        return name
+    hints = QGuiApplication.styleHints()
+    try:
+        if hints.colorScheme() == Qt.ColorScheme.Dark:
+            return "dark"
+    except AttributeError:  # pragma: no cover - older Qt
+        pass
+    return "light"
+
+
+def _palette(dark: bool) -> QPalette:
+    p = QPalette()
+    if dark:
+        base, window, text = QColor("#1f2226"), QColor("#2a2e33"), QColor("#e6e8eb")
+        alt, button, mid = QColor("#262a2f"), QColor("#33383e"), QColor("#4a5058")
+        highlight, link = QColor("#3d7bd9"), QColor("#7fb2ff")
+        disabled = QColor("#7c838c")
+    else:
+        base, window, text = QColor("#ffffff"), QColor("#f3f4f6"), QColor("#1d2025")
+        alt, button, mid = QColor("#f7f8fa"), QColor("#e9ebef"), QColor("#c3c8cf")
+        highlight, link = QColor("#2f6fd6"), QColor("#1f5bbf")
+        disabled = QColor("#8a9099")
+    roles = QPalette.ColorRole
+    p.setColor(roles.Window, window)
+    p.setColor(roles.WindowText, text)
+    p.setColor(roles.Base, base)
+    p.setColor(roles.AlternateBase, alt)
+    p.setColor(roles.ToolTipBase, window)
+    p.setColor(roles.ToolTipText, text)
+    p.setColor(roles.PlaceholderText, disabled)
+    p.setColor(roles.Text, text)
+    p.setColor(roles.Button, button)
+    p.setColor(roles.ButtonText, text)
+    p.setColor(roles.BrightText, QColor("#ff5555"))
+    p.setColor(roles.Mid, mid)
+    p.setColor(roles.Highlight, highlight)
+    p.setColor(roles.HighlightedText, QColor("#ffffff"))
+    p.setColor(roles.Link, link)
+    for role in (roles.Text, roles.WindowText, roles.ButtonText):
+        p.setColor(QPalette.ColorGroup.Disabled, role, disabled)
+    return p
+
+
+def _style_sheet(dark: bool) -> str:
+    nav_bg = "#24282d" if dark else "#e8eaee"
+    nav_sel = "#3d7bd9" if dark else "#2f6fd6"
+    muted = "#9aa1ab" if dark else "#5f6670"
+    card = "#262a2f" if dark else "#ffffff"
+    border = "#3a3f46" if dark else "#d5d9df"
+    banner = "#3a2f1a" if dark else "#fff4dc"
+    banner_err = "#3d2224" if dark else "#fde8e8"
+    return f"""
+QListWidget#nav {{ background: {nav_bg}; border: none; padding-top: 6px; font-size: 10.5pt; }}
+QListWidget#nav::item {{ padding: 7px 14px; border-radius: 4px; margin: 1px 6px; }}
+QListWidget#nav::item:selected {{ background: {nav_sel}; color: white; }}
+QLabel[role="title"] {{ font-size: 15pt; font-weight: 600; }}
+QLabel[role="subtitle"] {{ color: {muted}; }}
+QLabel[role="muted"] {{ color: {muted}; }}
+QLabel[role="empty-title"] {{ font-size: 13pt; font-weight: 600; }}
+QLabel[role="empty-text"] {{ color: {muted}; font-size: 10.5pt; }}
+QLabel[role="metric-value"] {{ font-size: 14pt; font-weight: 600; }}
+QLabel[role="error"] {{ color: #d64545; }}
+QFrame[role="card"] {{ background: {card}; border: 1px solid {border}; border-radius: 6px; }}
+QFrame[role="banner"] {{ background: {banner}; border: 1px solid {border}; border-radius: 4px; }}
+QFrame[role="banner-error"] {{ background: {banner_err}; border: 1px solid #d64545;
+                               border-radius: 4px; }}
+QGroupBox {{ font-weight: 600; }}
+"""
+
+
+def apply_theme(app: QApplication, name: str) -> str:
+    """Apply ``light``, ``dark`` or ``system``; returns the theme in effect."""
+    which = effective_theme(name)
+    app.setStyle("Fusion")
+    app.setPalette(_palette(which == "dark"))
+    app.setStyleSheet(_style_sheet(which == "dark"))
+    app.setProperty("qstudio_theme", which)
+    return which

@@ -1,0 +1,309 @@
+"""Small shared widgets: source badges, metric cards, empty states, notifications."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PySide6.QtCore import QRect, QSize, Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QApplication,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSizePolicy,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionProgressBar,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from studio.ui.theme import SOURCE_COLORS, SOURCE_TIPS
+
+
+def label(
+    text: str = "", role: str | None = None, wrap: bool = False, selectable: bool = False
+) -> QLabel:
+    w = QLabel(text)
+    if role:
+        w.setProperty("role", role)
+    w.setWordWrap(wrap)
+    if selectable:
+        w.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    return w
+
+
+class SourceBadge(QLabel):
+    """A coloured pill naming where a number comes from (measured, simulated, ...)."""
+
+    def __init__(self, source: str, detail: str = "", parent: QWidget | None = None):
+        super().__init__(parent)
+        self.set_source(source, detail)
+
+    def set_source(self, source: str, detail: str = "") -> None:
+        self.source = source
+        color = SOURCE_COLORS.get(source, "#5b6570")
+        self.setText(source)
+        self.setStyleSheet(
+            f"QLabel {{ background: {color}; color: white; border-radius: 8px; "
+            "padding: 1px 7px; font-size: 8.5pt; font-weight: 600; }"
+        )
+        tip = SOURCE_TIPS.get(source, "")
+        self.setToolTip(f"{tip}\n{detail}".strip())
+        self.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Fixed)
+
+
+def badge_html(source: str) -> str:
+    color = SOURCE_COLORS.get(source, "#5b6570")
+    return (
+        f'<span style="background:{color}; color:white; font-weight:600;">'
+        f"&nbsp;{source}&nbsp;</span>"
+    )
+
+
+class MetricCard(QFrame):
+    """One figure: its value and unit, what it is, where it comes from."""
+
+    def __init__(
+        self,
+        title: str,
+        value: str,
+        source: str,
+        where: str = "",
+        note: str = "",
+        parent: QWidget | None = None,
+    ):
+        super().__init__(parent)
+        self.setProperty("role", "card")
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(10, 8, 10, 8)
+        lay.setSpacing(2)
+        top = QHBoxLayout()
+        top.addWidget(label(title, "muted"))
+        top.addStretch(1)
+        self.badge = SourceBadge(source, note)
+        top.addWidget(self.badge)
+        lay.addLayout(top)
+        self.value = label(value, "metric-value")
+        lay.addWidget(self.value)
+        if where:
+            lay.addWidget(label(where, "muted"))
+        if note:
+            self.setToolTip(note)
+        self.setMinimumWidth(190)
+
+
+class EmptyState(QWidget):
+    """What will appear here, and how to get it: a title, a text and real actions."""
+
+    def __init__(self, title: str, text: str, parent: QWidget | None = None):
+        super().__init__(parent)
+        lay = QVBoxLayout(self)
+        lay.addStretch(1)
+        self.title = label(title, "empty-title")
+        self.title.setAlignment(Qt.AlignmentFlag.AlignHCenter)
+        self.text = label(text, "empty-text", wrap=True)
+        self.text.setAlignment(Qt.AlignmentFlag.AlignHCenter)
+        self.text.setMaximumWidth(620)
+        self.text.setTextFormat(Qt.TextFormat.RichText)
+        lay.addWidget(self.title)
+        lay.addSpacing(6)
+        row = QHBoxLayout()
+        row.addStretch(1)
+        row.addWidget(self.text)
+        row.addStretch(1)
+        lay.addLayout(row)
+        self.buttons = QHBoxLayout()
+        self.buttons.addStretch(1)
+        self.buttons.addStretch(1)
+        lay.addSpacing(10)
+        lay.addLayout(self.buttons)
+        lay.addStretch(2)
+
+    def set_text(self, title: str, text: str) -> None:
+        self.title.setText(title)
+        self.text.setText(text)
+
+    def add_action(self, text: str, slot: Callable[[], object], tip: str = "") -> QPushButton:
+        b = QPushButton(text)
+        b.setToolTip(tip)
+        b.clicked.connect(lambda: slot())
+        self.buttons.insertWidget(self.buttons.count() - 1, b)
+        return b
+
+
+class ProgressDelegate(QStyledItemDelegate):
+    """Paints a float in [0, 1] (UserRole) as a progress bar."""
+
+    def paint(self, painter, option, index):
+        value = index.data(Qt.ItemDataRole.UserRole)
+        if value is None:
+            super().paint(painter, option, index)
+            return
+        bar = QStyleOptionProgressBar()
+        r = option.rect
+        bar.rect = QRect(r.x() + 3, r.y() + 4, r.width() - 6, r.height() - 8)
+        bar.minimum, bar.maximum = 0, 100
+        bar.progress = int(round(float(value) * 100))
+        bar.text = index.data(Qt.ItemDataRole.DisplayRole) or ""
+        bar.textVisible = True
+        bar.textAlignment = Qt.AlignmentFlag.AlignCenter
+        bar.state = option.state | QStyle.StateFlag.State_Enabled
+        bar.palette = option.palette
+        style = option.widget.style() if option.widget else QApplication.style()
+        style.drawControl(QStyle.ControlElement.CE_ProgressBar, bar, painter, option.widget)
+
+    def sizeHint(self, option, index):
+        return QSize(110, 24)
+
+
+class Notification(QFrame):
+    """One non-modal message with optional actions and a close button."""
+
+    closed = Signal()
+
+    def __init__(self, text: str, level: str = "info", parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setProperty("role", "banner-error" if level == "error" else "banner")
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(10, 4, 4, 4)
+        self.text = label(text, wrap=True)
+        self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        lay.addWidget(self.text, 1)
+        self._actions = lay
+        close = QToolButton()
+        close.setText("✕")
+        close.setAutoRaise(True)
+        close.setToolTip("Dismiss")
+        close.clicked.connect(self.dismiss)
+        lay.addWidget(close)
+
+    def add_action(self, text: str, slot: Callable[[], object], close: bool = True) -> QPushButton:
+        b = QPushButton(text)
+
+        def run() -> None:
+            slot()
+            if close:
+                self.dismiss()
+
+        b.clicked.connect(run)
+        self._actions.insertWidget(self._actions.count() - 1, b)
+        return b
+
+    def dismiss(self) -> None:
+        self.hide()
+        self.closed.emit()
+        self.deleteLater()
+
+
+class NotificationArea(QWidget):
+    """A column of notifications above the pages (newest on top, at most ``limit``)."""
+
+    def __init__(self, limit: int = 4, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.limit = limit
+        self.lay = QVBoxLayout(self)
+        self.lay.setContentsMargins(8, 4, 8, 0)
+        self.lay.setSpacing(4)
+        self.items: list[Notification] = []
+        self.hide()
+
+    def notify(self, text: str, level: str = "info", timeout_ms: int = 0) -> Notification:
+        n = Notification(text, level)
+        n.closed.connect(lambda: self._forget(n))
+        self.items.insert(0, n)
+        self.lay.insertWidget(0, n)
+        while len(self.items) > self.limit:
+            self.items[-1].dismiss()
+        self.show()
+        if timeout_ms:
+            QTimer.singleShot(timeout_ms, lambda: n in self.items and n.dismiss())
+        return n
+
+    def _forget(self, n: Notification) -> None:
+        if n in self.items:
+            self.items.remove(n)
+        if not self.items:
+            self.hide()
+
+    def clear(self) -> None:
+        for n in list(self.items):
+            n.dismiss()
+
+    def texts(self) -> list[str]:
+        return [n.text.text() for n in self.items]
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def human_count(n: int) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} B"
+    if n >= 1e6:
+        return f"{n / 1e6:.2f} M"
+    if n >= 1e3:
+        return f"{n / 1e3:.1f} K"
+    return str(n)
+
+
+def fmt_value(value: float, unit: str = "") -> str:
+    if unit == "fraction":
+        return f"{value:.1%}"
+    if unit in ("ms", "s"):
+        return f"{value:.3g} {unit}"
+    if abs(value) >= 1000:
+        text = f"{value:,.0f}"
+    else:
+        text = f"{value:.4g}"
+    return f"{text} {unit}".strip()
+
+
+def fmt_seconds(s: float | None) -> str:
+    if s is None:
+        return ""
+    if s < 60:
+        return f"{s:.1f} s"
+    m, sec = divmod(int(s), 60)
+    if m < 60:
+        return f"{m}:{sec:02d} min"
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{sec:02d} h"
+
+
+class BadgeDelegate(QStyledItemDelegate):
+    """Paints a cell whose text is a source name (measured, simulated...) as a coloured pill."""
+
+    def paint(self, painter, option, index):
+        from PySide6.QtGui import QColor, QPainter
+
+        text = index.data(Qt.ItemDataRole.DisplayRole) or ""
+        if text not in SOURCE_COLORS:
+            super().paint(painter, option, index)
+            return
+        if option.state & QStyle.StateFlag.State_Selected:
+            painter.fillRect(option.rect, option.palette.highlight())
+        painter.save()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        fm = option.fontMetrics
+        w = fm.horizontalAdvance(text) + 14
+        h = fm.height() + 2
+        r = option.rect
+        rect = QRect(r.x() + 4, r.y() + (r.height() - h) // 2, w, h)
+        painter.setPen(Qt.PenStyle.NoPen)
+        painter.setBrush(QColor(SOURCE_COLORS[text]))
+        painter.drawRoundedRect(rect, h / 2, h / 2)
+        painter.setPen(QColor("white"))
+        painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, text)
+        painter.restore()
+
+    def sizeHint(self, option, index):
+        s = super().sizeHint(option, index)
+        return QSize(s.width() + 16, s.height())

@@ -1,0 +1,329 @@
+"""The new-project wizard: model source → target chips → recipe → name and folder.
+
+The wizard only collects answers: ``spec()`` returns a ``NewProjectSpec`` and ``accept()``
+hands it to ``ProjectController.create`` (``ui_support.create_project``), the same call a
+test or a script makes.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QButtonGroup,
+    QCheckBox,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGridLayout,
+    QHBoxLayout,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QPushButton,
+    QRadioButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWizard,
+    QWizardPage,
+)
+
+from studio.core.errors import StudioError
+from studio.core.project import GRANULARITIES, SCHEMES, STAGES
+from studio.services.ui_support import NewProjectSpec
+from studio.ui.widgets import label
+
+
+def _slug(text: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9._-]+", "-", text.strip()).strip("-.")
+    return s or "project"
+
+
+class SourcePage(QWizardPage):
+    def __init__(self, wizard: NewProjectWizard):
+        super().__init__()
+        self.setTitle("Model")
+        self.setSubTitle(
+            "Start from a shipped sample, a Hugging Face checkpoint folder on this "
+            "machine, or an ONNX file. Nothing is downloaded."
+        )
+        lay = QGridLayout(self)
+        self.group = QButtonGroup(self)
+        self.sample_radio = QRadioButton("Sample model")
+        self.ckpt_radio = QRadioButton("Hugging Face checkpoint folder")
+        self.onnx_radio = QRadioButton("ONNX file")
+        for i, r in enumerate((self.sample_radio, self.ckpt_radio, self.onnx_radio)):
+            self.group.addButton(r, i)
+        self.sample = QComboBox()
+        from studio import samples
+
+        for s in samples.SAMPLES.values():
+            if s.kind == "causal-lm" and not s.draft_for:
+                self.sample.addItem(f"{s.name} — {s.description}", s.name)
+        self.ckpt = QLineEdit()
+        self.ckpt.setPlaceholderText(
+            "folder with config.json and *.safetensors (Qwen2/Qwen2.5, Llama, Mistral)"
+        )
+        ckpt_browse = QPushButton("Browse…")
+        ckpt_browse.clicked.connect(self._browse_ckpt)
+        self.onnx = QLineEdit()
+        self.onnx.setPlaceholderText(
+            "model.onnx (inspect its graph; the LLM pipeline needs a checkpoint)"
+        )
+        onnx_browse = QPushButton("Browse…")
+        onnx_browse.clicked.connect(self._browse_onnx)
+        lay.addWidget(self.sample_radio, 0, 0)
+        lay.addWidget(self.sample, 0, 1, 1, 2)
+        lay.addWidget(self.ckpt_radio, 1, 0)
+        lay.addWidget(self.ckpt, 1, 1)
+        lay.addWidget(ckpt_browse, 1, 2)
+        lay.addWidget(self.onnx_radio, 2, 0)
+        lay.addWidget(self.onnx, 2, 1)
+        lay.addWidget(onnx_browse, 2, 2)
+        self.error = label("", "error", wrap=True)
+        lay.addWidget(self.error, 3, 0, 1, 3)
+        lay.setRowStretch(4, 1)
+        lay.setColumnStretch(1, 1)
+        self.sample_radio.setChecked(True)
+        self.ckpt.textChanged.connect(lambda: self.ckpt_radio.setChecked(True))
+        self.onnx.textChanged.connect(lambda: self.onnx_radio.setChecked(True))
+        self.group.idToggled.connect(lambda *_: self.completeChanged.emit())
+        self.ckpt.textChanged.connect(lambda: self.completeChanged.emit())
+        self.onnx.textChanged.connect(lambda: self.completeChanged.emit())
+
+    def kind(self) -> str:
+        return ("sample", "checkpoint", "onnx")[max(0, self.group.checkedId())]
+
+    def source(self) -> str:
+        k = self.kind()
+        if k == "sample":
+            return str(self.sample.currentData() or "")
+        return (self.ckpt if k == "checkpoint" else self.onnx).text().strip()
+
+    def isComplete(self) -> bool:
+        return bool(self.source())
+
+    def validatePage(self) -> bool:
+        """Cheap checks here; the full check (headers, ONNX checker) runs on Finish."""
+        k, src = self.kind(), self.source()
+        msg = ""
+        if k == "sample":
+            from studio import samples
+
+            try:
+                samples.sample_path(src)
+            except StudioError as exc:
+                msg = exc.message
+        elif k == "checkpoint":
+            p = Path(src).expanduser()
+            if not p.is_dir():
+                msg = f"{p} is not a folder"
+            elif not (p / "config.json").is_file():
+                msg = f"{p} has no config.json: choose a Hugging Face checkpoint folder"
+        else:
+            p = Path(src).expanduser()
+            if not p.is_file() or p.suffix.lower() != ".onnx":
+                msg = f"{p} is not an .onnx file"
+        self.error.setText(msg)
+        return not msg
+
+    def _browse_ckpt(self) -> None:
+        d = QFileDialog.getExistingDirectory(self, "Hugging Face checkpoint folder")
+        if d:
+            self.ckpt.setText(d)
+
+    def _browse_onnx(self) -> None:
+        f, _ = QFileDialog.getOpenFileName(self, "ONNX model", "", "ONNX models (*.onnx)")
+        if f:
+            self.onnx.setText(f)
+
+
+class TargetsPage(QWizardPage):
+    def __init__(self, wizard: NewProjectWizard):
+        super().__init__()
+        self.setTitle("Target chips")
+        self.setSubTitle(
+            "The Snapdragon chips to compile, validate, run and profile for "
+            "(QNN HTP simulator per chip generation). You can change them later."
+        )
+        from studio.core.catalog import default_chip_key, load_catalog
+
+        lay = QVBoxLayout(self)
+        self.list = QListWidget()
+        default = default_chip_key()
+        for key, chip in load_catalog().items():
+            item = QListWidgetItem(f"{chip.label}   [{key}]")
+            item.setData(Qt.ItemDataRole.UserRole, key)
+            item.setCheckState(Qt.CheckState.Checked if key == default else Qt.CheckState.Unchecked)
+            item.setToolTip("\n".join([chip.notes, *chip.warnings()]).strip())
+            self.list.addItem(item)
+        self.list.itemChanged.connect(lambda *_: self.completeChanged.emit())
+        lay.addWidget(self.list)
+        lay.addWidget(
+            label(
+                "Hover a chip for its notes (e.g. chips whose simulator numerics are "
+                "known to be wrong).",
+                "muted",
+                wrap=True,
+            )
+        )
+
+    def targets(self) -> list[str]:
+        out = []
+        for i in range(self.list.count()):
+            item = self.list.item(i)
+            if item.checkState() == Qt.CheckState.Checked:
+                out.append(item.data(Qt.ItemDataRole.UserRole))
+        return out
+
+    def set_targets(self, keys: list[str]) -> None:
+        for i in range(self.list.count()):
+            item = self.list.item(i)
+            on = item.data(Qt.ItemDataRole.UserRole) in keys
+            item.setCheckState(Qt.CheckState.Checked if on else Qt.CheckState.Unchecked)
+
+    def isComplete(self) -> bool:
+        return bool(self.targets())
+
+
+class RecipePage(QWizardPage):
+    def __init__(self, wizard: NewProjectWizard):
+        super().__init__()
+        self.setTitle("Recipe")
+        self.setSubTitle(
+            "How to export and quantize. Every setting can be changed (and undone) "
+            "later on the Precision page."
+        )
+        form = QFormLayout(self)
+        self.scheme = QComboBox()
+        self.scheme.addItems(list(SCHEMES))
+        form.addRow("Quantization scheme", self.scheme)
+        self.granularity = QComboBox()
+        for g in GRANULARITIES:
+            self.granularity.addItem(g.replace("_", "-"), g)
+        self.granularity.setCurrentIndex(self.granularity.findData("per_channel"))
+        form.addRow("Weight granularity", self.granularity)
+        self.samples = QSpinBox()
+        self.samples.setRange(1, 4096)
+        self.samples.setValue(8)
+        form.addRow("Calibration samples", self.samples)
+        self.prompt = QSpinBox()
+        self.prompt.setRange(1, 4095)
+        self.prompt.setValue(32)
+        form.addRow("Prompt length (P)", self.prompt)
+        self.context = QSpinBox()
+        self.context.setRange(2, 4096)
+        self.context.setValue(128)
+        form.addRow("Context length (C)", self.context)
+        stages = QHBoxLayout()
+        self.stage_checks = {}
+        for s in STAGES:
+            cb = QCheckBox(s)
+            cb.setChecked(True)
+            stages.addWidget(cb)
+            self.stage_checks[s] = cb
+        stages.addStretch(1)
+        form.addRow("Pipeline stages", stages)
+
+
+class LocationPage(QWizardPage):
+    def __init__(self, wizard: NewProjectWizard):
+        super().__init__()
+        self._wizard = wizard
+        self.setTitle("Name and folder")
+        self.setSubTitle(
+            "The project is one .qstudio file (TOML) with a folder beside it for "
+            "artifacts, run history and reports."
+        )
+        form = QFormLayout(self)
+        self.name = QLineEdit()
+        self.name.setPlaceholderText("e.g. tiny-coder on 8 Gen 3")
+        form.addRow("Project name", self.name)
+        row = QHBoxLayout()
+        self.folder = QLineEdit(str(wizard.default_folder))
+        row.addWidget(self.folder, 1)
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse)
+        row.addWidget(browse)
+        form.addRow("Folder", row)
+        self.result = label("", "muted", wrap=True)
+        form.addRow("", self.result)
+        self.error = label("", "error", wrap=True)
+        form.addRow("", self.error)
+        self.name.textChanged.connect(self._update)
+        self.folder.textChanged.connect(self._update)
+
+    def initializePage(self) -> None:
+        if not self.name.text():
+            src = self._wizard.source_page.source()
+            self.name.setText(Path(src).stem if src else "project")
+        self._update()
+
+    def path(self) -> Path:
+        return (
+            Path(self.folder.text().strip() or ".").expanduser()
+            / f"{_slug(self.name.text())}.qstudio"
+        )
+
+    def _update(self) -> None:
+        p = self.path()
+        exists = p.exists()
+        self.result.setText(
+            f"Creates {p}" + ("  — already exists, choose another name" if exists else "")
+        )
+        self.completeChanged.emit()
+
+    def isComplete(self) -> bool:
+        return bool(self.name.text().strip()) and not self.path().exists()
+
+    def _browse(self) -> None:
+        d = QFileDialog.getExistingDirectory(self, "Project folder", self.folder.text())
+        if d:
+            self.folder.setText(d)
+
+
+class NewProjectWizard(QWizard):
+    def __init__(self, ctl, default_folder: Path, parent=None):
+        super().__init__(parent)
+        self.ctl = ctl
+        self.default_folder = Path(default_folder)
+        self.setWindowTitle("New project")
+        self.setWizardStyle(QWizard.WizardStyle.ModernStyle)
+        self.setOption(QWizard.WizardOption.NoBackButtonOnStartPage, True)
+        self.source_page = SourcePage(self)
+        self.targets_page = TargetsPage(self)
+        self.recipe_page = RecipePage(self)
+        self.location_page = LocationPage(self)
+        for p in (self.source_page, self.targets_page, self.recipe_page, self.location_page):
+            self.addPage(p)
+        self.resize(720, 520)
+        self.created = None
+
+    def spec(self) -> NewProjectSpec:
+        r = self.recipe_page
+        return NewProjectSpec(
+            path=self.location_page.path(),
+            source_kind=self.source_page.kind(),
+            source=self.source_page.source(),
+            targets=self.targets_page.targets(),
+            name=self.location_page.name.text().strip(),
+            scheme=r.scheme.currentText(),
+            weight_granularity=r.granularity.currentData(),
+            calibration_samples=r.samples.value(),
+            prompt_length=r.prompt.value(),
+            context_length=r.context.value(),
+            stages=[s for s, cb in r.stage_checks.items() if cb.isChecked()],
+        )
+
+    def accept(self) -> None:
+        """Create the project through the controller; on a bad answer say why and stay open."""
+        self.location_page.error.setText("")
+        try:
+            self.ctl.create(self.spec())
+        except StudioError as exc:
+            self.location_page.error.setText(exc.message)
+            return
+        self.created = self.ctl.project.path
+        super().accept()
