@@ -1,6 +1,6 @@
 """The ``studio`` command.
 
-    studio                       open the desktop app
+    studio                       open the desktop app (see studio/__main__.py)
     studio --batch FILE [...]    run a project's pipeline headless (CI)
     studio new FILE --sample tiny-coder | --checkpoint DIR [--target T ...]
     studio info FILE
@@ -177,10 +177,6 @@ def _targets() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv:
-        from studio.ui.app import main as gui_main  # only the GUI imports Qt
-
-        return gui_main([])
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:

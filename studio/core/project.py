@@ -20,7 +20,7 @@ from studio.core.fsutil import atomic_write_text
 SCHEMA_VERSION = 1
 SCHEMES = ("W8A16", "W8A8", "FP16")
 GRANULARITIES = ("per_tensor", "per_channel")
-PRECISIONS = ("INT8", "INT16", "FP16", "FP32")
+PRECISIONS = ("INT4", "INT8", "INT16", "FP16", "FP32")
 STAGES = ("export", "quantize", "compile", "validate", "run", "profile", "report")
 DEVICES = ("cpu", "htp-sim")
 

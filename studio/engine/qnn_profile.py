@@ -27,7 +27,8 @@ REQUIRED_COLUMNS = ("Message", "Time", "Unit of Measurement", "Event Level", "Ev
 SOURCE_OPS_COLUMN = "ONNX Source Ops"
 
 # "x_QuantizeLinear:OpId_16 (cycles)", "Input OpId_2 (cycles)"
-_NODE_ID = re.compile(r"^(?P<name>.*?)(?::| )OpId_(?P<id>\d+)(?: \((?P<unit>[A-Za-z]+)\))?\s*$")
+# "<qnn op>:OpId_N (cycles)"; ops the backend made itself carry no name: "OpId_N (cycles)"
+_NODE_ID = re.compile(r"^(?:(?P<name>.*?)[: ])?OpId_(?P<id>\d+)(?: \((?P<unit>[A-Za-z]+)\))?\s*$")
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 _GRAPH_IO = ("Input", "Output")
 _UNITS = {"cycles": "cycles", "us": "us", "ms": "ms", "ns": "ns", "count": "count"}
@@ -82,7 +83,7 @@ def parse_profile_csv(
             if ident not in op_meta:
                 src = (row.get(SOURCE_OPS_COLUMN) or "").strip() if has_source_ops else ""
                 op_meta[ident] = {
-                    "name": m.group("name").strip(),
+                    "name": (m.group("name") or "").strip() or f"OpId_{m.group('id')}",
                     "op_id": int(m.group("id")),
                     "unit": unit,
                     "source_ops": tuple(s for s in src.split(";") if s) if src else (),

@@ -249,8 +249,10 @@ class Pipeline:
     async def run(self, stages: list[str] | None = None,
                   targets: list[str] | None = None) -> RunSummary:
         t0 = time.time()
+        self._cancel_all = False
         planned = plan(self.project, stages, targets)
-        preflight(self.project, planned)
+        # hashing checkpoints and reading files can take seconds: keep it off the event loop
+        await asyncio.to_thread(preflight, self.project, planned)
         run_id = self.jobs.create_run({"stages": stages, "targets": targets})
         ids = [self.jobs.add_job(run_id, j.stage, j.target) for j in planned]
         for jid, pj in zip(ids, planned, strict=True):
@@ -316,13 +318,13 @@ class Pipeline:
 
     async def _run_job(self, jid: int, pj: PlannedJob,
                        inputs: dict[int, Artifact]) -> Artifact | None:
-        config = stage_config(self.project, pj)
+        config = await asyncio.to_thread(stage_config, self.project, pj)
         input_digests = {self.jobs.job(i).label: a.digest for i, a in inputs.items()}
-        versions = tool_versions()
+        versions = await asyncio.to_thread(tool_versions)
         key = artifact_key(pj.stage, config, input_digests, versions)
         now = time.time()
         cached = self.store.get(key)
-        if cached is not None and self.store.verify(cached):
+        if cached is not None and await asyncio.to_thread(self.store.verify, cached):
             result = json.loads((cached.path / "result.json").read_text())
             self.jobs.add_metrics(jid, [Metric.from_dict(m) for m in result.get("metrics", [])])
             self._update(jid, state="succeeded", started=now, finished=now, progress=1.0,
@@ -397,7 +399,7 @@ class Pipeline:
         if outcome.get("type") == "result" and rc == 0:
             result = outcome["result"]
             self.jobs.add_metrics(jid, [Metric.from_dict(m) for m in result.get("metrics", [])])
-            art = self.store.commit(key, workdir, {
+            art = await asyncio.to_thread(self.store.commit, key, workdir, {
                 "stage": pj.stage, "target": pj.target, "config": config,
                 "inputs": input_digests, "versions": versions,
                 "tool": result.get("tool", {}),

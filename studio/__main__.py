@@ -1,0 +1,24 @@
+"""The ``studio`` entry point: no arguments opens the desktop app, anything else is the CLI.
+
+It sits above both front ends so that ``studio.cli`` and ``studio.ui`` never import each
+other.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        from studio.ui.app import main as gui_main
+
+        return gui_main([])
+    from studio.cli.main import main as cli_main
+
+    return cli_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
