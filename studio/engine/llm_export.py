@@ -1,0 +1,655 @@
+"""FP32 ONNX export of a Hugging Face causal LM with a static KV cache.
+
+Two static-shape graphs are written, both built from the checkpoint's own modules
+(embedding, decoder layers, final norm, LM head) so the numerics are those of
+``transformers``:
+
+``prefill.onnx``
+    ``input_ids`` int64 [1,P], ``position_ids`` int64 [1,P], ``attention_mask`` float32
+    additive [1,1,P,P] -> ``logits`` [1,P,V], ``present_key_{i}`` / ``present_value_{i}``
+    [1,KV,P,D].
+``decode.onnx``
+    ``input_ids`` [1,1], ``position_ids`` [1,1], ``attention_mask`` [1,1,1,C+1] (C cache
+    slots, then the new token), ``past_key_{i}`` / ``past_value_{i}`` [1,KV,C,D] ->
+    ``logits`` [1,1,V], ``present_key_{i}`` / ``present_value_{i}`` [1,KV,1,D]: only the
+    new row; the host writes it into slot ``pos`` of its cache.
+
+RoPE is applied from ``position_ids`` through a cos/sin table of C rows (``rope_cos`` /
+``rope_sin`` initializers, computed by the checkpoint's rotary module) gathered per
+position: no Sin/Cos on quantized angles, which 8-bit activations would ruin. GQA heads
+are repeated inside the graph (the HF eager attention). The additive mask uses a finite
+``mask_value`` (-100 by default, recorded in graph.json): exact in FP32 and kind to
+quantization, where a -1e9 mask would swamp the attention scores' range.
+
+MatMul weights get their HF parameter names (``model.layers.0.mlp.up_proj.weight``, stored
+transposed [in, out]) so quantization overrides can name them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+from studio.core.progress import NullProgress, Progress, SubProgress
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")
+OPSET = 17
+DEFAULT_MASK_VALUE = -100.0
+SPEC_FORMAT = "qstudio.llm-static-kv/1"
+REFERENCE_TEXT = (
+    "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
+)
+_PROTOBUF_LIMIT = 1_900_000_000
+FILE_MODE = 0o644
+
+
+# ---------------------------------------------------------------------------- spec helpers
+
+
+def io_names(num_layers: int, graph: str) -> tuple[list[str], list[str]]:
+    """Input and output names of the ``prefill`` or ``decode`` graph."""
+    ins = ["input_ids", "position_ids", "attention_mask"]
+    if graph == "decode":
+        for i in range(num_layers):
+            ins += [f"past_key_{i}", f"past_value_{i}"]
+    outs = ["logits"]
+    for i in range(num_layers):
+        outs += [f"present_key_{i}", f"present_value_{i}"]
+    return ins, outs
+
+
+def load_spec(graphs_dir: Path) -> dict:
+    """Read ``graph.json`` of an exported (or quantized) graphs folder."""
+    path = Path(graphs_dir) / "graph.json"
+    if not path.is_file():
+        raise StudioError(f"{graphs_dir} has no graph.json: export the model first (export_llm)")
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise StudioError(f"cannot read {path}: {exc}; re-run the export") from None
+    if spec.get("format") != SPEC_FORMAT:
+        raise StudioError(f"{path} is not a QStudio LLM graph spec; re-run the export")
+    return spec
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, FILE_MODE)  # mkstemp makes 0600
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_onnx_atomic(model, path: Path) -> list[Path]:
+    """Save an ONNX model next to ``path`` via a temp name, then move it into place.
+
+    Models over the 2 GB protobuf limit get one external data file ``<name>.data``.
+    Returns the files written.
+    """
+    import onnx
+
+    path = Path(path)
+    tmp_dir = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.stem}."))
+    try:
+        tmp = tmp_dir / path.name
+        big = model.ByteSize() > _PROTOBUF_LIMIT if _no_external(model) else True
+        if big:
+            onnx.save_model(
+                model,
+                str(tmp),
+                save_as_external_data=True,
+                all_tensors_to_one_file=True,
+                location=path.name + ".data",
+                size_threshold=1024,
+            )
+        else:
+            onnx.save_model(model, str(tmp))
+        written = []
+        for f in sorted(tmp_dir.iterdir()):
+            os.replace(f, path.parent / f.name)
+            written.append(path.parent / f.name)
+        return written
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _no_external(model) -> bool:
+    from onnx.external_data_helper import uses_external_data
+
+    return not any(uses_external_data(t) for t in model.graph.initializer)
+
+
+# ---------------------------------------------------------------------------- checkpoint
+
+
+def _check_checkpoint(checkpoint_dir: Path) -> dict:
+    checkpoint_dir = Path(checkpoint_dir)
+    if not checkpoint_dir.exists():
+        raise StudioError(
+            f"checkpoint folder {checkpoint_dir} does not exist; pick a Hugging Face model folder"
+        )
+    if not checkpoint_dir.is_dir() or not (checkpoint_dir / "config.json").is_file():
+        raise StudioError(
+            f"{checkpoint_dir} is not a Hugging Face checkpoint (no config.json); "
+            "pick the folder written by save_pretrained"
+        )
+    try:
+        config = json.loads((checkpoint_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise StudioError(f"cannot read {checkpoint_dir / 'config.json'}: {exc}") from None
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise StudioError(
+            f"model type {model_type!r} is not supported by the static-KV exporter; "
+            f"use a {', '.join(SUPPORTED_MODEL_TYPES)} checkpoint"
+        )
+    if not any(checkpoint_dir.glob("*.safetensors")) and not any(checkpoint_dir.glob("*.bin")):
+        raise StudioError(
+            f"{checkpoint_dir} has no weights (*.safetensors or *.bin); download the full checkpoint"
+        )
+    return config
+
+
+def load_causal_lm(checkpoint_dir: Path):
+    """Load a checkpoint as float32 with the eager attention (what the graphs reproduce)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _check_checkpoint(checkpoint_dir)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(checkpoint_dir), dtype=torch.float32, attn_implementation="eager"
+        )
+    except (OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StudioError(f"cannot load {checkpoint_dir} with transformers: {first}") from None
+    model.eval()
+    return model
+
+
+def _token_ids(value) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
+def _special_ids(model) -> tuple[list[int], int | None]:
+    gen = getattr(model, "generation_config", None)
+    eos = _token_ids(getattr(gen, "eos_token_id", None)) or _token_ids(model.config.eos_token_id)
+    pad = getattr(gen, "pad_token_id", None)
+    if pad is None:
+        pad = model.config.pad_token_id
+    if isinstance(pad, list):
+        pad = pad[0] if pad else None
+    return eos, pad
+
+
+def _tokenizer_dir(checkpoint_dir: Path) -> Path | None:
+    if (Path(checkpoint_dir) / "tokenizer.json").is_file():
+        return Path(checkpoint_dir)
+    return None
+
+
+def _reference_ids(checkpoint_dir: Path, length: int, vocab: int) -> list[int]:
+    ids: list[int] = []
+    tok_dir = _tokenizer_dir(checkpoint_dir)
+    if tok_dir is not None:
+        try:
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+            ids = [
+                i for i in tok.encode(REFERENCE_TEXT * 8, add_special_tokens=False).ids if i < vocab
+            ]
+        except Exception:  # noqa: BLE001 - a tokenizer we cannot read: fall back to fixed ids
+            ids = []
+    if len(ids) < length:
+        ids = ids + [(7 * k + 3) % vocab for k in range(length - len(ids))]
+    return ids[:length]
+
+
+# ---------------------------------------------------------------------------- the wrapper
+
+
+def _build_wrapper(causal_lm, context_len: int):
+    """A static-shape module over the HF modules; its forward matches io_names()."""
+    import inspect
+
+    import torch
+
+    class _StepCache:
+        """The part of the HF Cache protocol the attention uses: update()."""
+
+        def __init__(self, past):
+            self.past = past
+            self.new: dict[int, tuple] = {}
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            self.new[layer_idx] = (key_states, value_states)
+            if self.past is None:
+                return key_states, value_states
+            pk, pv = self.past[layer_idx]
+            return torch.cat([pk, key_states], dim=2), torch.cat([pv, value_states], dim=2)
+
+        def get_seq_length(self, layer_idx: int = 0) -> int:
+            return 0 if self.past is None else int(self.past[layer_idx][0].shape[2])
+
+    base = causal_lm.model
+    params = inspect.signature(base.layers[0].forward).parameters
+    cache_kw = next(
+        (k for k in ("cache", "past_key_values", "past_key_value") if k in params), None
+    )
+    if cache_kw is None:
+        raise StudioError(
+            "this transformers version's decoder layer takes no cache argument; use transformers 5.x"
+        )
+
+    class StaticKVWrapper(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = base
+            self.lm_head = causal_lm.lm_head
+            with torch.no_grad():
+                pos = torch.arange(context_len, dtype=torch.long)[None]
+                probe = torch.zeros(1, context_len, 1, dtype=torch.float32)
+                cos, sin = base.rotary_emb(probe, pos)
+            # persistent: exported as initializers named rope_cos / rope_sin
+            self.register_buffer("rope_cos", cos[0].to(torch.float32).clone())
+            self.register_buffer("rope_sin", sin[0].to(torch.float32).clone())
+            self.num_layers = len(base.layers)
+
+        def forward(self, input_ids, position_ids, attention_mask, *past_flat):
+            h = self.model.embed_tokens(input_ids)
+            cos = torch.nn.functional.embedding(position_ids, self.rope_cos)
+            sin = torch.nn.functional.embedding(position_ids, self.rope_sin)
+            past = None
+            if past_flat:
+                past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(self.num_layers)]
+            cache = _StepCache(past)
+            for layer in self.model.layers:
+                out = layer(
+                    h,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    position_embeddings=(cos, sin),
+                    use_cache=True,
+                    **{cache_kw: cache},
+                )
+                h = out[0] if isinstance(out, tuple) else out
+            h = self.model.norm(h)
+            logits = self.lm_head(h)
+            outs = [logits]
+            for i in range(self.num_layers):
+                outs += list(cache.new[i])
+            return tuple(outs)
+
+    wrapper = StaticKVWrapper()
+    wrapper.eval()
+    return wrapper
+
+
+def _example_inputs(spec: dict, graph: str):
+    import torch
+
+    L, KV, D = spec["num_layers"], spec["num_kv_heads"], spec["head_dim"]
+    P, C = spec["prompt_len"], spec["context_len"]
+    if graph == "prefill":
+        S, K = P, P
+    else:
+        S, K = 1, C + 1
+    ids = torch.zeros(1, S, dtype=torch.long)
+    pos = torch.arange(S, dtype=torch.long)[None]
+    mask = torch.zeros(1, 1, S, K, dtype=torch.float32)
+    args = [ids, pos, mask]
+    if graph == "decode":
+        args += [torch.zeros(1, KV, C, D, dtype=torch.float32) for _ in range(2 * L)]
+    return tuple(args)
+
+
+def _tidy_graph(model, module_names: set[str]) -> None:
+    """Make the traced graph name things the way the checkpoint does.
+
+    - Node and tensor names get the module path of the HF model: the tracer drops the
+      wrapper's ``model`` prefix (``/layers.0/mlp/up_proj/MatMul`` becomes
+      ``/model/layers.0/mlp/up_proj/MatMul``), so patterns like ``model.layers.0.*``
+      work on ONNX names as on HF names.
+    - Initializers the tracer shared by value (``Identity`` of another initializer,
+      e.g. all-ones norm weights) become initializers of their own again, so every
+      weight is an initializer under its own parameter name.
+    - float32 -> float32 Casts (RMSNorm, softmax) are dropped.
+    - MatMul weight initializers (``onnx::MatMul_123``) take the parameter name of their
+      Linear module (``model.layers.0.mlp.up_proj.weight``, stored transposed [in, out]).
+    """
+    import onnx
+
+    graph = model.graph
+
+    # 1. module-path prefixes
+    prefixes: dict[str, str] = {}
+    for node in graph.node:
+        parts = [p for p in node.name.split("/") if p]
+        if len(parts) >= 2 and parts[0] not in module_names and f"model.{parts[0]}" in module_names:
+            prefixes["/" + parts[0] + "/"] = "/model/" + parts[0] + "/"
+
+    def fix(name: str) -> str:
+        for old, new in prefixes.items():
+            if name.startswith(old):
+                return new + name[len(old) :]
+        return name
+
+    if prefixes:
+        for node in graph.node:
+            node.name = fix(node.name)
+            for k, name in enumerate(node.input):
+                node.input[k] = fix(name)
+            for k, name in enumerate(node.output):
+                node.output[k] = fix(name)
+        for vi in graph.value_info:
+            vi.name = fix(vi.name)
+
+    for node in graph.node:
+        if node.op_type == "Gather" and node.input[0] in ("rope_cos", "rope_sin"):
+            node.name = f"/rope/Gather_{node.input[0][5:]}"
+
+    # 2. Identity(initializer) -> a copy of the initializer
+    inits = {t.name: t for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    keep = []
+    for node in graph.node:
+        if (
+            node.op_type == "Identity"
+            and node.input[0] in inits
+            and node.output[0] not in outputs
+            and node.output[0] not in inits
+        ):
+            copy = onnx.TensorProto()
+            copy.CopyFrom(inits[node.input[0]])
+            copy.name = node.output[0]
+            graph.initializer.append(copy)
+            inits[copy.name] = copy
+        else:
+            keep.append(node)
+    if len(keep) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(keep)
+
+    # 3. no-op Casts (float32 -> float32 around RMSNorm and softmax) go
+    typed = onnx.shape_inference.infer_shapes(model)
+    elem = {
+        v.name: v.type.tensor_type.elem_type for v in (*typed.graph.value_info, *typed.graph.input)
+    }
+    bypass: dict[str, str] = {}
+    keep = []
+    for node in graph.node:
+        to = next((a.i for a in node.attribute if a.name == "to"), None)
+        src = bypass.get(node.input[0], node.input[0]) if node.input else ""
+        if (
+            node.op_type == "Cast"
+            and to is not None
+            and elem.get(src) == to
+            and node.output[0] not in outputs
+        ):
+            bypass[node.output[0]] = src
+        else:
+            keep.append(node)
+    if bypass:
+        for node in keep:
+            for k, name in enumerate(node.input):
+                if name in bypass:
+                    node.input[k] = bypass[name]
+        del graph.node[:]
+        graph.node.extend(keep)
+
+    # 4. MatMul weights under their HF names
+    taken = set(inits)
+    renames: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+            continue
+        w = node.input[1]
+        if w not in inits or not w.startswith("onnx::") or w in renames:
+            continue
+        parts = [p for p in node.name.split("/") if p]
+        module = ".".join(parts[:-1])
+        if module not in module_names:
+            continue
+        new = module + ".weight"
+        if new in taken:
+            continue
+        renames[w] = new
+        taken.add(new)
+    for t in graph.initializer:
+        if t.name in renames:
+            t.name = renames[t.name]
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name in renames:
+                node.input[k] = renames[name]
+
+
+def _export_graph(wrapper, spec: dict, graph: str, path: Path, progress: Progress) -> None:
+    import onnx
+    import torch
+
+    ins, outs = io_names(spec["num_layers"], graph)
+    args = _example_inputs(spec, graph)
+    tmp_dir = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{graph}-export."))
+    try:
+        raw = tmp_dir / f"{graph}.onnx"
+        with torch.no_grad(), warnings.catch_warnings():
+            # dynamo=False is deliberate (it matches generate() exactly): hide the notice.
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+            torch.onnx.export(
+                wrapper,
+                args,
+                str(raw),
+                input_names=ins,
+                output_names=outs,
+                opset_version=OPSET,
+                dynamo=False,
+                do_constant_folding=True,
+            )
+        progress.check()
+        model = onnx.load(str(raw))
+        _tidy_graph(model, {name for name, _ in wrapper.named_modules() if name})
+        model.producer_name = "qstudio"
+        got_in = [i.name for i in model.graph.input]
+        got_out = [o.name for o in model.graph.output]
+        if got_in != ins or got_out != outs:
+            raise StudioError(
+                f"the exported {graph} graph has unexpected edges ({got_in[:4]}...); "
+                "this checkpoint's modules are not supported by the static-KV exporter"
+            )
+        final_dir = tmp_dir / "final"
+        final_dir.mkdir()
+        written = save_onnx_atomic(model, final_dir / path.name)
+        onnx.checker.check_model(str(written[0]))
+        for f in written:
+            os.replace(f, path.parent / f.name)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _graph_io(path: Path) -> dict:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+
+    def rows(values):
+        out = []
+        for v in values:
+            t = v.type.tensor_type
+            out.append(
+                {
+                    "name": v.name,
+                    "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name,
+                    "shape": [d.dim_value for d in t.shape.dim],
+                }
+            )
+        return out
+
+    return {
+        "file": path.name,
+        "inputs": rows(model.graph.input),
+        "outputs": rows(model.graph.output),
+    }
+
+
+# ---------------------------------------------------------------------------- entry point
+
+
+def export_llm(
+    checkpoint_dir: Path,
+    out_dir: Path,
+    prompt_len: int,
+    context_len: int,
+    progress: Progress = NullProgress(),
+    mask_value: float = DEFAULT_MASK_VALUE,
+) -> dict:
+    """Export ``prefill.onnx`` / ``decode.onnx`` (FP32, opset 17), graph.json, reference.npz.
+
+    Returns the spec written to graph.json.
+    """
+    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    P, C = int(prompt_len), int(context_len)
+    if P < 1:
+        raise StudioError(f"prompt length P must be at least 1 (got {P})")
+    if C <= P:
+        raise StudioError(
+            f"context length C must be larger than prompt length P (got C={C}, P={P}); raise C or lower P"
+        )
+    if not mask_value < 0:
+        raise StudioError(f"mask_value must be negative (got {mask_value})")
+    cfg = _check_checkpoint(checkpoint_dir)
+    progress.update(0.0, "loading checkpoint")
+    progress.check()
+
+    import numpy as np
+    import torch
+
+    model = load_causal_lm(checkpoint_dir)
+    config = model.config
+    base = getattr(model, "model", None)
+    for attr in ("embed_tokens", "layers", "norm", "rotary_emb"):
+        if base is None or not hasattr(base, attr):
+            raise StudioError(
+                f"model type {cfg.get('model_type')!r} lacks model.{attr}; use a Qwen2/Llama/Mistral-family checkpoint"
+            )
+    layer_types = list(getattr(config, "layer_types", None) or [])
+    window = getattr(config, "sliding_window", None)
+    if "sliding_attention" in layer_types and window is not None and window < C:
+        raise StudioError(
+            f"this checkpoint uses sliding-window attention ({window} tokens); choose a context length C <= {window}"
+        )
+    max_pos = getattr(config, "max_position_embeddings", None)
+    if max_pos is not None and C > max_pos:
+        raise StudioError(
+            f"context length C={C} exceeds the model's max_position_embeddings={max_pos}; lower C"
+        )
+
+    attn = base.layers[0].self_attn
+    num_heads = int(config.num_attention_heads)
+    num_kv = int(getattr(config, "num_key_value_heads", None) or num_heads)
+    head_dim = int(getattr(attn, "head_dim", None) or config.hidden_size // num_heads)
+    eos_ids, pad_id = _special_ids(model)
+    tok_dir = _tokenizer_dir(checkpoint_dir)
+    spec: dict[str, Any] = {
+        "format": SPEC_FORMAT,
+        "model_type": config.model_type,
+        "architecture": type(model).__name__,
+        "checkpoint": str(checkpoint_dir.resolve()),
+        "tokenizer_dir": str(tok_dir.resolve()) if tok_dir else None,
+        "num_layers": len(base.layers),
+        "num_heads": num_heads,
+        "num_kv_heads": num_kv,
+        "head_dim": head_dim,
+        "hidden_size": int(config.hidden_size),
+        "vocab_size": int(config.vocab_size),
+        "prompt_len": P,
+        "context_len": C,
+        "prompt_length": P,  # the same two numbers under the project's names
+        "context_length": C,
+        "eos_token_id": eos_ids[0] if eos_ids else None,
+        "eos_token_ids": eos_ids,
+        "pad_token_id": pad_id,
+        "mask_value": float(mask_value),
+        "dtype": "float32",
+        "opset": OPSET,
+        "kv_layout": "[1, num_kv_heads, context_len, head_dim]; decode writes its new row into slot pos",
+        "weights_layout": "MatMul weights are stored transposed ([in, out]) under their HF names",
+    }
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    wrapper = _build_wrapper(model, C)
+    steps = (("prefill", 0.05, 0.4), ("decode", 0.4, 0.75))
+    for graph, a, b in steps:
+        progress.check()
+        progress.update(a, f"exporting {graph}.onnx")
+        _export_graph(wrapper, spec, graph, out_dir / f"{graph}.onnx", SubProgress(progress, a, b))
+        progress.log(f"wrote {out_dir / f'{graph}.onnx'}")
+    spec["graphs"] = {g: _graph_io(out_dir / f"{g}.onnx") for g in ("prefill", "decode")}
+
+    # Reference: HF logits for a fixed prompt that crosses from prefill into decode.
+    progress.check()
+    progress.update(0.75, "checking the graphs against PyTorch")
+    n_ref = min(P + 8, C)
+    ref_ids = _reference_ids(checkpoint_dir, n_ref, spec["vocab_size"])
+    with torch.no_grad():
+        ref_logits = (
+            model(input_ids=torch.tensor([ref_ids]), use_cache=False).logits[0].float().numpy()
+        )
+
+    from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
+
+    gen = StaticKVGenerator(
+        make_cpu_session(out_dir / "prefill.onnx"), make_cpu_session(out_dir / "decode.onnx"), spec
+    )
+    onnx_logits = gen.teacher_forced_logits(ref_ids, progress=SubProgress(progress, 0.75, 0.95))
+    diff = float(np.max(np.abs(onnx_logits - ref_logits)))
+    scale = float(np.max(np.abs(ref_logits))) or 1.0
+    agree = float(np.mean(onnx_logits.argmax(-1) == ref_logits.argmax(-1)))
+    spec["export_check"] = {
+        "tokens": len(ref_ids),
+        "max_abs_diff": diff,
+        "max_abs_logit": scale,
+        "top1_agreement": agree,
+    }
+    progress.log(
+        f"ONNX vs PyTorch over {len(ref_ids)} tokens: max |diff| {diff:.3g}, top-1 agreement {agree:.3f}"
+    )
+    if diff > 1e-3 * max(scale, 1.0):
+        raise StudioError(
+            f"the exported graphs do not match PyTorch (max logit diff {diff:.3g}); "
+            "this checkpoint is not supported by the static-KV exporter"
+        )
+
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".reference.", suffix=".npz")
+    os.close(fd)
+    try:
+        os.chmod(tmp, FILE_MODE)
+        np.savez(
+            tmp, input_ids=np.asarray(ref_ids, dtype=np.int64), logits=ref_logits.astype(np.float32)
+        )
+        os.replace(tmp, out_dir / "reference.npz")
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    spec["reference"] = {"file": "reference.npz", "tokens": len(ref_ids)}
+    write_json_atomic(out_dir / "graph.json", spec)
+    progress.update(1.0, "export done")
+    return spec

@@ -1,0 +1,276 @@
+"""Greedy generation and teacher forcing over the static-KV prefill/decode graphs.
+
+Works with any session object that has ONNX Runtime's ``run(output_names, feeds)`` and
+``get_inputs()`` (CPU sessions here, QNN HTP sessions elsewhere). The host keeps one numpy
+KV cache [1,KV,C,D] per layer and tensor; prefill fills slots ``0..n-1`` and every decode
+step writes its new row into slot ``pos``. Feeds are cast to each graph input's own dtype,
+so float16 or uint8 (INT8-KV) edges work too; the cache takes the dtype of the decode
+graph's ``past_*`` inputs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+from studio.core.progress import Progress
+
+_ORT_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(bfloat16)": "float32",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(int16)": "int16",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(uint16)": "uint16",
+    "tensor(bool)": "bool",
+}
+
+
+def make_cpu_session(path: Path, threads: int = 2):
+    """An ONNX Runtime CPU session with ``threads`` intra-op threads."""
+    import onnxruntime as ort
+
+    path = Path(path)
+    if not path.is_file():
+        raise StudioError(f"model file {path} does not exist; export or quantize the model first")
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def _input_dtypes(session) -> dict[str, Any]:
+    import numpy as np
+
+    out = {}
+    for i in session.get_inputs():
+        out[i.name] = np.dtype(_ORT_TYPES.get(getattr(i, "type", "tensor(float)"), "float32"))
+    return out
+
+
+class StaticKVGenerator:
+    """Runs prefill once, then one decode step per token, with a host-side KV cache."""
+
+    def __init__(self, prefill_session, decode_session, spec: dict):
+        try:
+            self.num_layers = int(spec["num_layers"])
+            self.num_kv_heads = int(spec["num_kv_heads"])
+            self.head_dim = int(spec["head_dim"])
+            self.vocab_size = int(spec["vocab_size"])
+            self.prompt_len = int(spec["prompt_len"])
+            self.context_len = int(spec["context_len"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StudioError(f"graph spec is incomplete ({exc}); re-export the model") from None
+        self.mask_value = float(spec.get("mask_value", -100.0))
+        self.pad_id = int(spec.get("pad_token_id") or 0)
+        self.prefill_session = prefill_session
+        self.decode_session = decode_session
+        self._pre_types = _input_dtypes(prefill_session)
+        self._dec_types = _input_dtypes(decode_session)
+        L = self.num_layers
+        self._kv_names = [(f"past_key_{i}", f"past_value_{i}") for i in range(L)]
+        self._present = [n for i in range(L) for n in (f"present_key_{i}", f"present_value_{i}")]
+        self._outputs = ["logits", *self._present]
+        for name in ("input_ids", "position_ids", "attention_mask"):
+            for graph, types in (("prefill", self._pre_types), ("decode", self._dec_types)):
+                if name not in types:
+                    raise StudioError(
+                        f"the {graph} graph has no input {name!r}; it is not a static-KV graph"
+                    )
+        for pair in self._kv_names:
+            for name in pair:
+                if name not in self._dec_types:
+                    raise StudioError(
+                        f"the decode graph has no input {name!r}; graph and graph.json do not match"
+                    )
+        self.cache_dtype = [(self._dec_types[k], self._dec_types[v]) for k, v in self._kv_names]
+        self.cache: list[list[Any]] = []
+        self.reset()
+
+    # ------------------------------------------------------------------ low level
+
+    def reset(self) -> None:
+        import numpy as np
+
+        shape = (1, self.num_kv_heads, self.context_len, self.head_dim)
+        self.cache = [[np.zeros(shape, kd), np.zeros(shape, vd)] for kd, vd in self.cache_dtype]
+
+    def _cast(self, types: dict, name: str, value):
+        dt = types[name]
+        return value if value.dtype == dt else value.astype(dt)
+
+    def prefill_feed(self, ids: list[int]) -> dict:
+        """Feeds for the prefill graph: ``ids`` right-padded to P and masked."""
+        import numpy as np
+
+        n, P = len(ids), self.prompt_len
+        if n == 0:
+            raise StudioError("the prompt is empty; give at least one token")
+        if n > P:
+            raise StudioError(
+                f"the prompt has {n} tokens but the prefill graph takes at most P={P}; "
+                "shorten the prompt or re-export with a larger prompt length"
+            )
+        input_ids = np.full((1, P), self.pad_id, dtype=np.int64)
+        input_ids[0, :n] = ids
+        pos = np.arange(P, dtype=np.int64)[None]
+        mask = np.triu(np.full((P, P), self.mask_value, dtype=np.float32), k=1)
+        mask[:, n:] = self.mask_value
+        mask[np.arange(n, P), np.arange(n, P)] = 0.0  # padding rows see themselves: no empty rows
+        t = self._pre_types
+        return {
+            "input_ids": self._cast(t, "input_ids", input_ids),
+            "position_ids": self._cast(t, "position_ids", pos),
+            "attention_mask": self._cast(t, "attention_mask", mask[None, None]),
+        }
+
+    def decode_feed(self, token: int, pos: int, copy: bool = False) -> dict:
+        """Feeds for one decode step of ``token`` at position ``pos`` over the current cache."""
+        import numpy as np
+
+        C = self.context_len
+        if not 0 <= pos < C:
+            raise StudioError(f"position {pos} is outside the KV cache of {C} slots")
+        mask = np.full((1, 1, 1, C + 1), self.mask_value, dtype=np.float32)
+        mask[..., :pos] = 0.0
+        mask[..., C] = 0.0
+        t = self._dec_types
+        feeds = {
+            "input_ids": self._cast(t, "input_ids", np.array([[token]], dtype=np.int64)),
+            "position_ids": self._cast(t, "position_ids", np.array([[pos]], dtype=np.int64)),
+            "attention_mask": self._cast(t, "attention_mask", mask),
+        }
+        for (kn, vn), (k, v) in zip(self._kv_names, self.cache, strict=True):
+            feeds[kn] = k.copy() if copy else k
+            feeds[vn] = v.copy() if copy else v
+        return feeds
+
+    def prefill(self, ids: list[int]):
+        """Run prefill on ``ids`` (<= P tokens), fill cache slots 0..n-1; logits [n, V] float32."""
+        import numpy as np
+
+        feeds = self.prefill_feed(ids)
+        n = len(ids)
+        outs = self.prefill_session.run(self._outputs, feeds)
+        self.reset()
+        for i in range(self.num_layers):
+            for j in range(2):
+                row = outs[1 + 2 * i + j]
+                self.cache[i][j][:, :, :n, :] = row[:, :, :n, :]
+        return np.asarray(outs[0][0, :n], dtype=np.float32)
+
+    def step(self, token: int, pos: int):
+        """One decode step; writes the new KV row into slot ``pos``; logits [V] float32."""
+        import numpy as np
+
+        outs = self.decode_session.run(self._outputs, self.decode_feed(token, pos))
+        for i in range(self.num_layers):
+            for j in range(2):
+                self.cache[i][j][:, :, pos : pos + 1, :] = outs[1 + 2 * i + j]
+        return np.asarray(outs[0][0, -1], dtype=np.float32)
+
+    # ------------------------------------------------------------------ high level
+
+    def greedy(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        eos_id: int | Iterable[int] | None = None,
+        on_step: Callable[[int, int], None] | None = None,
+        progress: Progress | None = None,
+    ) -> dict:
+        """Greedy decoding. Returns ``{"tokens", "prefill_s", "step_s", "stopped"}``.
+
+        ``on_step(index, token)`` is called for every new token (index 0 comes from
+        prefill; the seconds are in ``prefill_s`` / ``step_s``). Generation stops after ``max_new_tokens``, at an EOS token (kept in
+        ``tokens``, as ``transformers`` does) or when the C cache slots are full.
+        """
+        prompt_ids = [int(t) for t in prompt_ids]
+        self.prefill_feed(prompt_ids)  # validates the length
+        if max_new_tokens < 0:
+            raise StudioError(f"max_new_tokens must be >= 0 (got {max_new_tokens})")
+        eos = (
+            set() if eos_id is None else ({int(eos_id)} if isinstance(eos_id, int) else set(eos_id))
+        )
+        tokens: list[int] = []
+        step_s: list[float] = []
+        if max_new_tokens == 0:
+            return {
+                "tokens": tokens,
+                "prefill_s": 0.0,
+                "step_s": step_s,
+                "stopped": "max_new_tokens",
+            }
+        if progress is not None:
+            progress.check()
+        t0 = time.perf_counter()
+        logits = self.prefill(prompt_ids)
+        prefill_s = time.perf_counter() - t0
+        tok = int(logits[-1].argmax())
+        tokens.append(tok)
+        if on_step is not None:
+            on_step(0, tok)
+        pos = len(prompt_ids)
+        stopped = "max_new_tokens"
+        while len(tokens) < max_new_tokens:
+            if tok in eos:
+                stopped = "eos"
+                break
+            if pos >= self.context_len:
+                stopped = "context_full"
+                break
+            if progress is not None:
+                progress.check()
+                progress.update(
+                    len(tokens) / max_new_tokens, f"token {len(tokens)}/{max_new_tokens}"
+                )
+            t0 = time.perf_counter()
+            logits = self.step(tok, pos)
+            dt = time.perf_counter() - t0
+            step_s.append(dt)
+            pos += 1
+            tok = int(logits.argmax())
+            tokens.append(tok)
+            if on_step is not None:
+                on_step(len(tokens) - 1, tok)
+        else:
+            if tok in eos:
+                stopped = "eos"
+        if progress is not None:
+            progress.update(1.0, f"{len(tokens)} tokens")
+        return {"tokens": tokens, "prefill_s": prefill_s, "step_s": step_s, "stopped": stopped}
+
+    def teacher_forced_logits(self, ids: list[int], progress: Progress | None = None):
+        """Logits [len(ids), V] (float32): prefill on the first min(P, n) ids, then decode
+        steps feeding the true tokens. Row i predicts token i + 1."""
+        import numpy as np
+
+        ids = [int(t) for t in ids]
+        n = len(ids)
+        if n == 0:
+            raise StudioError("no tokens to score; give at least one token")
+        if n > self.context_len:
+            raise StudioError(
+                f"{n} tokens do not fit the KV cache of C={self.context_len}; score windows of at most C tokens"
+            )
+        k = min(self.prompt_len, n)
+        if progress is not None:
+            progress.check()
+        out = np.empty((n, self.vocab_size), dtype=np.float32)
+        out[:k] = self.prefill(ids[:k])[:, : self.vocab_size]
+        for pos in range(k, n):
+            if progress is not None:
+                progress.check()
+                progress.update((pos - k) / max(1, n - k), f"token {pos}/{n}")
+            out[pos] = self.step(ids[pos], pos)[: self.vocab_size]
+        if progress is not None:
+            progress.update(1.0, f"{n} tokens scored")
+        return out

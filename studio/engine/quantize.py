@@ -1,0 +1,644 @@
+"""QDQ quantization of the static-KV graphs for the QNN HTP backend.
+
+Uses ``onnxruntime.quantization.execution_providers.qnn``: ``qnn_preprocess_model``, then
+``get_qnn_qdq_config`` with a calibration reader fed by :mod:`studio.engine.calibration`,
+then ``quantize``. The prefill and decode graphs are calibrated separately (their own
+feeds), with the same weights and so the same weight scales.
+
+Recipe::
+
+    {"scheme": "W8A16" | "W8A8" | "FP16",
+     "weight_granularity": "per_tensor" | "per_channel",
+     "samples": 4,                      # calibration windows
+     "overrides": {pattern: precision}}
+
+Schemes: W8A16 = QUInt8 weights, QUInt16 activations; W8A8 = QUInt8 / QUInt8; FP16 copies
+the float graphs (the HTP runs them with ``enable_htp_fp16_precision=1``).
+
+``per_channel`` goes through explicit ``init_overrides`` on every MatMul weight
+(``QInt8``, axis 1, symmetric): the QNN config's ``per_channel=True`` leaves MatMul weights
+per tensor.
+
+Overrides: a pattern (``fnmatch``, case-sensitive) is matched against ONNX node names, HF
+module paths of nodes (``model.layers.3.mlp.down_proj``; a pattern also covers everything
+below the module it names, so ``model.layers.3`` is the whole layer, and may leave out
+leading parts: ``layers.3``, ``mlp``) and initializer names.
+
+- A pattern that names nodes sets the precision of what they compute: ``INT8`` / ``INT16``
+  the activations they output, ``INT4`` their MatMul weights (per channel, symmetric),
+  ``FP16`` (or ``FP32``) leaves them unquantized (float on the HTP, which then needs
+  ``enable_htp_fp16_precision=1``).
+- A pattern that names only weights (``*.down_proj.weight``) sets the weights' precision:
+  ``INT8``, ``INT16``, ``INT4``.
+
+The HTP MatMul takes (u8,u8), (u8,u16) and (u16,u8): 16-bit weights under 16-bit
+activations are rejected before any calibration is run.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+from studio.core.progress import NullProgress, Progress, SubProgress
+
+SCHEMES = ("W8A16", "W8A8", "FP16")
+GRANULARITIES = ("per_tensor", "per_channel")
+PRECISIONS = {
+    "INT8": "INT8",
+    "A8": "INT8",
+    "8": "INT8",
+    "INT16": "INT16",
+    "A16": "INT16",
+    "16": "INT16",
+    "INT4": "INT4",
+    "W4": "INT4",
+    "4": "INT4",
+    "FP16": "FLOAT",
+    "FP32": "FLOAT",
+    "FLOAT": "FLOAT",
+}
+DEFAULT_SAMPLES = 4
+MAX_SAMPLES = 4096
+GRAPHS = ("prefill", "decode")
+_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "uint4": 4, "int4": 4}
+
+
+# ---------------------------------------------------------------------------- the recipe
+
+
+def normalize_recipe(recipe: dict) -> dict:
+    """Check a recipe and fill in defaults; StudioError on anything unusable."""
+    if not isinstance(recipe, dict):
+        raise StudioError("the quantization recipe must be a table with at least a scheme")
+    unknown = set(recipe) - {
+        "scheme",
+        "weight_granularity",
+        "samples",
+        "overrides",
+        "decode_per_window",
+    }
+    if unknown:
+        raise StudioError(
+            f"unknown quantization setting(s) {', '.join(sorted(unknown))}; "
+            "use scheme, weight_granularity, samples, overrides"
+        )
+    scheme = str(recipe.get("scheme", "W8A16")).upper()
+    if scheme not in SCHEMES:
+        raise StudioError(
+            f"unknown quantization scheme {recipe.get('scheme')!r}; use one of {', '.join(SCHEMES)}"
+        )
+    gran = str(recipe.get("weight_granularity", "per_tensor")).lower().replace("-", "_")
+    if gran not in GRANULARITIES:
+        raise StudioError(
+            f"unknown weight granularity {recipe.get('weight_granularity')!r}; use per_tensor or per_channel"
+        )
+    samples = recipe.get("samples", DEFAULT_SAMPLES)
+    if isinstance(samples, bool) or not isinstance(samples, int) or not 1 <= samples <= MAX_SAMPLES:
+        raise StudioError(
+            f"calibration samples must be a whole number from 1 to {MAX_SAMPLES} (got {samples!r})"
+        )
+    per_window = recipe.get("decode_per_window", 4)
+    if isinstance(per_window, bool) or not isinstance(per_window, int) or not 1 <= per_window <= 64:
+        raise StudioError(
+            f"decode_per_window must be a whole number from 1 to 64 (got {per_window!r})"
+        )
+    overrides = recipe.get("overrides") or {}
+    if not isinstance(overrides, dict):
+        raise StudioError("quantization overrides must be a table of pattern = precision")
+    norm: dict[str, str] = {}
+    for pattern, value in overrides.items():
+        if not isinstance(pattern, str) or not pattern.strip():
+            raise StudioError(
+                "an override pattern is empty; name nodes, layers or weights (globs allowed)"
+            )
+        key = str(value).upper().replace("-", "").replace("_", "")
+        if key not in PRECISIONS:
+            raise StudioError(
+                f"override {pattern!r} = {value!r}: unknown precision; use INT8, INT16, INT4 or FP16"
+            )
+        norm[pattern] = PRECISIONS[key]
+    return {
+        "scheme": scheme,
+        "weight_granularity": gran,
+        "samples": samples,
+        "overrides": norm,
+        "decode_per_window": per_window,
+    }
+
+
+# ---------------------------------------------------------------------------- graph helpers
+
+
+def module_path(node_name: str) -> str:
+    """``/model/layers.0/mlp/up_proj/MatMul`` -> ``model.layers.0.mlp.up_proj``."""
+    parts = [p for p in node_name.split("/") if p]
+    return ".".join(parts[:-1])
+
+
+def _covers(pattern: str, name: str) -> bool:
+    """``pattern`` names ``name`` or a module above it."""
+    return bool(name) and (
+        fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, pattern + ".*")
+    )
+
+
+def _covers_dotted(pattern: str, name: str) -> bool:
+    """As :func:`_covers`; a dotted name may also drop leading parts (``layers.3``, ``mlp``)."""
+    return _covers(pattern, name) or _covers("*." + pattern, name)
+
+
+def _float_tensors(model) -> set[str]:
+    import onnx
+
+    typed = onnx.shape_inference.infer_shapes(model)
+    out = set()
+    for v in (*typed.graph.value_info, *typed.graph.output, *typed.graph.input):
+        if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+            out.add(v.name)
+    return out
+
+
+def _matmul_weights(model) -> dict[str, str]:
+    """MatMul weight initializer -> the MatMul node's name (weights as input 1)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    out = {}
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in inits:
+            if len(inits[node.input[1]].dims) == 2:
+                out[node.input[1]] = node.name
+    return out
+
+
+def resolve_overrides(model, recipe: dict) -> dict:
+    """Map the recipe to the ORT quantizer's tensor overrides for one graph.
+
+    Returns ``{"init_overrides", "nodes_to_exclude", "patterns", "per_channel_weights"}``
+    where ``patterns`` says what each pattern covered in this graph.
+    """
+    from onnxruntime.quantization import QuantType
+
+    scheme = recipe["scheme"]
+    act16 = scheme == "W8A16"
+    act_default = "INT16" if act16 else "INT8"
+    inits = {t.name for t in model.graph.initializer}
+    weights = _matmul_weights(model)
+    floats = _float_tensors(model)
+
+    weight_prec: dict[str, str] = {}
+    act_prec: dict[str, str] = {}
+    exclude: set[str] = set()
+    report: dict[str, dict] = {}
+    for pattern, prec in recipe["overrides"].items():
+        nodes = [
+            n
+            for n in model.graph.node
+            if n.op_type != "Constant"
+            and (_covers(pattern, n.name) or _covers_dotted(pattern, module_path(n.name)))
+        ]
+        named_inits = sorted(i for i in inits if _covers_dotted(pattern, i))
+        entry: dict[str, Any] = {"precision": prec, "nodes": len(nodes), "tensors": []}
+        if nodes:
+            for n in nodes:
+                if prec == "FLOAT":
+                    exclude.add(n.name)
+                    entry["tensors"].extend(o for o in n.output if o in floats)
+                elif prec == "INT4":
+                    if n.op_type == "MatMul" and n.input[1] in weights:
+                        weight_prec[n.input[1]] = "INT4"
+                        entry["tensors"].append(n.input[1])
+                else:
+                    for o in n.output:
+                        if o in floats and o not in inits:
+                            act_prec[o] = prec
+                            entry["tensors"].append(o)
+        elif named_inits:
+            for w in named_inits:
+                weight_prec[w] = prec
+                entry["tensors"].append(w)
+        report[pattern] = entry
+
+    # HTP MatMul: no 16-bit weight under a 16-bit activation.
+    for w, prec in weight_prec.items():
+        if prec != "INT16" or w not in weights:
+            continue
+        node = next(n for n in model.graph.node if n.name == weights[w])
+        a = node.input[0]
+        a_prec = act_prec.get(a, act_default)
+        if a_prec == "INT16":
+            raise StudioError(
+                f"override makes weight {w} 16-bit under 16-bit activations, which the HTP MatMul "
+                "does not run; keep MatMul weights INT8 (or make the activations INT8)"
+            )
+
+    qtype = {
+        "INT8": QuantType.QUInt8,
+        "INT16": QuantType.QUInt16,
+    }
+    init_overrides: dict[str, list[dict]] = {}
+    default_act = QuantType.QUInt16 if act16 else QuantType.QUInt8
+    for name, prec in act_prec.items():
+        if qtype[prec] != default_act:
+            init_overrides[name] = [{"quant_type": qtype[prec]}]
+    per_channel = 0
+    for w in weights:
+        prec = weight_prec.get(w)
+        if prec == "FLOAT" or weights[w] in exclude:
+            continue
+        if prec == "INT4":
+            init_overrides[w] = [{"quant_type": QuantType.QInt4, "axis": 1, "symmetric": True}]
+            per_channel += 1
+        elif prec == "INT16":
+            init_overrides[w] = [{"quant_type": QuantType.QUInt16}]
+        elif recipe["weight_granularity"] == "per_channel":
+            init_overrides[w] = [{"quant_type": QuantType.QInt8, "axis": 1, "symmetric": True}]
+            per_channel += 1
+    for name, prec in weight_prec.items():
+        if name not in weights and prec in ("INT8", "INT16"):
+            init_overrides[name] = [{"quant_type": qtype[prec]}]
+    for name in [n for n in weight_prec if weight_prec[n] == "FLOAT"]:
+        for node in model.graph.node:
+            if name in node.input:
+                exclude.add(node.name)
+    return {
+        "init_overrides": init_overrides,
+        "nodes_to_exclude": sorted(exclude),
+        "patterns": report,
+        "per_channel_weights": per_channel,
+    }
+
+
+def matmul_precisions(model) -> dict[str, int]:
+    """Count MatMuls by (input 0 bits, input 1 bits) of a QDQ model, e.g. ``"16x8": 14``.
+
+    ``w`` marks a constant (weight) input 1. ``f`` means a float input.
+    """
+    import onnx
+
+    inits = {t.name: t for t in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+
+    def info(name: str) -> tuple[str, bool]:
+        node = producer.get(name)
+        if node is None or node.op_type != "DequantizeLinear":
+            return "f", False
+        src = node.input[0]
+        const = src in inits or (src in producer and producer[src].op_type == "Constant")
+        zp = node.input[2] if len(node.input) > 2 else ""
+        if zp in inits:
+            dt = onnx.helper.tensor_dtype_to_np_dtype(inits[zp].data_type).name
+        elif src in inits:
+            dt = onnx.helper.tensor_dtype_to_np_dtype(inits[src].data_type).name
+        else:
+            dt = "uint8"
+        return str(_BITS.get(dt, "?")), const
+
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type != "MatMul":
+            continue
+        a, _ = info(node.input[0])
+        b, const = info(node.input[1])
+        key = f"{a}x{b}{'w' if const else ''}"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def check_overrides(graphs_dir: Path, recipe: dict) -> dict[str, dict]:
+    """Resolve the recipe's overrides on the FP32 graphs; StudioError for a pattern that
+    matches nothing or an override the HTP cannot run. Returns the resolution per graph."""
+    import onnx
+
+    recipe = normalize_recipe(recipe)
+    res = {
+        g: resolve_overrides(
+            onnx.load(str(Path(graphs_dir) / f"{g}.onnx"), load_external_data=False), recipe
+        )
+        for g in GRAPHS
+    }
+    for pattern in recipe["overrides"]:
+        if all(not res[g]["patterns"][pattern]["tensors"] for g in GRAPHS):
+            raise StudioError(
+                f"override pattern {pattern!r} matches no node, layer or weight; "
+                "use names like model.layers.0, *.mlp.* or model.layers.0.mlp.down_proj.weight"
+            )
+    return res
+
+
+# ---------------------------------------------------------------------------- running it
+
+
+class _LogToProgress(logging.Handler):
+    """Forwards the quantizer's log warnings into the job log."""
+
+    def __init__(self, progress: Progress):
+        super().__init__(level=logging.WARNING)
+        self.progress = progress
+        self.seen: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage().strip().splitlines()[0] if record.getMessage().strip() else ""
+        if "pre-processing" in msg:  # advice for dynamic-shape vision models, not for us
+            return
+        if msg and msg not in self.seen:
+            self.seen.add(msg)
+            self.progress.log(f"quantizer: {msg}")
+
+
+def _reader(feeds: list[dict], progress: Progress):
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class _Reader(CalibrationDataReader):
+        def __init__(self):
+            self.i = 0
+
+        def get_next(self):
+            progress.check()
+            if self.i >= len(feeds):
+                return None
+            progress.update(self.i / len(feeds), f"calibrating: sample {self.i + 1}/{len(feeds)}")
+            self.i += 1
+            return feeds[self.i - 1]
+
+        def rewind(self):
+            self.i = 0
+
+    return _Reader()
+
+
+def _quantize_graph(
+    src: Path, dst: Path, recipe: dict, feeds: list[dict], progress: Progress
+) -> dict[str, Any]:
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize
+    from onnxruntime.quantization.execution_providers.qnn import (
+        get_qnn_qdq_config,
+        qnn_preprocess_model,
+    )
+
+    act = QuantType.QUInt16 if recipe["scheme"] == "W8A16" else QuantType.QUInt8
+    work = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.stem}-quant."))
+    handler = _LogToProgress(progress)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        pre = work / "preprocessed.onnx"
+        model_path = pre if qnn_preprocess_model(str(src), str(pre)) else src
+        model = onnx.load(str(model_path))
+        resolved = resolve_overrides(model, recipe)
+        progress.check()
+        config = get_qnn_qdq_config(
+            model,
+            _reader(feeds, progress),
+            activation_type=act,
+            weight_type=QuantType.QUInt8,
+            per_channel=False,
+            init_overrides=resolved["init_overrides"] or None,
+            nodes_to_exclude=resolved["nodes_to_exclude"] or None,
+        )
+        # Not CalibMaxIntermediateOutputs: in ORT 1.32 MinMaxCalibrater drops the collected
+        # batches when it reaches that count without computing their ranges. MinMax keeps
+        # only ReduceMin/ReduceMax outputs per feed, so memory stays small anyway.
+        out = work / dst.name
+        t0 = time.perf_counter()
+        try:
+            quantize(str(model_path), str(out), config)
+        except ValueError as exc:
+            raise StudioError(
+                f"quantization of {src.name} failed: {str(exc).splitlines()[0]}"
+            ) from None
+        seconds = time.perf_counter() - t0
+        progress.check()
+        onnx.checker.check_model(str(out))  # by path: works past the 2 GB protobuf limit
+        qmodel = onnx.load(str(out))
+        mm = matmul_precisions(qmodel)
+        bad = [k for k in mm if k.startswith("16x16w")]
+        if bad:
+            raise StudioError(
+                f"{mm[bad[0]]} MatMul(s) of {src.name} ended up with 16-bit weights under 16-bit "
+                "activations, which the HTP does not run; keep those weights INT8"
+            )
+        from studio.engine.llm_export import save_onnx_atomic
+
+        save_onnx_atomic(qmodel, dst)
+        overrides = config.extra_options.get("TensorQuantOverrides", {})
+        return {
+            "file": dst.name,
+            "opset": next(o.version for o in qmodel.opset_import if o.domain in ("", "ai.onnx")),
+            "seconds": seconds,
+            "calibration_feeds": len(feeds),
+            "matmul_precisions": mm,
+            "per_channel_weights": resolved["per_channel_weights"],
+            "nodes_excluded": resolved["nodes_to_exclude"],
+            "patterns": resolved["patterns"],
+            "tensors_overridden": {name: _jsonable(v) for name, v in sorted(overrides.items())},
+            "qdq_nodes": sum(
+                n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in qmodel.graph.node
+            ),
+        }
+    finally:
+        root.removeHandler(handler)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _jsonable(value):
+    import numpy as np
+
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return getattr(value, "name", str(value))
+
+
+def _copy_atomic(src: Path, dst: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        shutil.copyfile(src, tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dst)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _logit_cosine(ref, other) -> float:
+    import numpy as np
+
+    a = np.asarray(ref, dtype=np.float64).reshape(-1, ref.shape[-1])
+    b = np.asarray(other, dtype=np.float64).reshape(-1, other.shape[-1])
+    cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1) + 1e-12)
+    return float(cos.mean())
+
+
+def _self_check(graphs_dir: Path, out_dir: Path, pre_feed: dict, dec_feed: dict | None) -> dict:
+    """Cosine of the quantized logits vs FP32 on one calibration feed of each graph (CPU)."""
+    from studio.engine.llm_runtime import make_cpu_session
+
+    res = {}
+    for graph, feed in (("prefill", pre_feed), ("decode", dec_feed)):
+        if feed is None:
+            continue
+        ref = make_cpu_session(graphs_dir / f"{graph}.onnx").run(["logits"], feed)[0]
+        got = make_cpu_session(out_dir / f"{graph}.onnx").run(["logits"], feed)[0]
+        if graph == "prefill":
+            n = int(
+                (feed["attention_mask"][0, 0, -1] == 0).sum()
+            )  # the last real row sees n tokens
+            ref, got = ref[:, :n], got[:, :n]
+        res[f"{graph}_logits_cosine"] = _logit_cosine(ref, got)
+    return res
+
+
+def quantize_llm(
+    graphs_dir: Path,
+    out_dir: Path,
+    recipe: dict,
+    calibration_text: str,
+    tokenizer_dir: Path,
+    progress: Progress = NullProgress(),
+) -> dict:
+    """Quantize the FP32 graphs of ``graphs_dir`` into ``out_dir``; returns quant.json's content."""
+    from studio.engine.calibration import build_calibration_feeds, calibration_windows
+    from studio.engine.llm_export import load_spec, write_json_atomic
+
+    graphs_dir, out_dir = Path(graphs_dir), Path(out_dir)
+    recipe = normalize_recipe(recipe)
+    spec = load_spec(graphs_dir)
+    for g in GRAPHS:
+        if not (graphs_dir / f"{g}.onnx").is_file():
+            raise StudioError(f"{graphs_dir} has no {g}.onnx; re-run the export")
+    if spec.get("dtype", "float32") != "float32" or "quantization" in spec:
+        raise StudioError(
+            f"{graphs_dir} holds already-quantized graphs; quantize the FP32 export instead"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.resolve() == graphs_dir.resolve():
+        raise StudioError(
+            "the quantized graphs need their own folder; choose an output folder other than the export"
+        )
+    t_start = time.perf_counter()
+    info: dict[str, Any] = {
+        "scheme": recipe["scheme"],
+        "weight_granularity": recipe["weight_granularity"],
+        "samples": recipe["samples"],
+        "overrides": dict(recipe["overrides"]),
+        "source": str(graphs_dir.resolve()),
+    }
+
+    # Everything is written into a staging folder and moved into place at the end, so a
+    # cancelled or failed run leaves no half-quantized graphs.
+    stage = Path(tempfile.mkdtemp(dir=out_dir, prefix=".quantize."))
+    try:
+        if recipe["scheme"] == "FP16":
+            progress.update(0.1, "FP16: copying the float graphs")
+            for f in sorted(graphs_dir.iterdir()):
+                if f.name.startswith(("prefill.onnx", "decode.onnx")) and f.is_file():
+                    progress.check()
+                    _copy_atomic(f, stage / f.name)
+            if recipe["overrides"]:
+                progress.log("FP16 scheme: overrides are ignored (every op runs in FP16)")
+            info.update(
+                activation_type="float16 (on the HTP)",
+                weight_type="float16 (on the HTP)",
+                note="float graphs; run them on the HTP with enable_htp_fp16_precision=1",
+                overrides_ignored=bool(recipe["overrides"]),
+                graphs={g: {"file": f"{g}.onnx"} for g in GRAPHS},
+            )
+        else:
+            check_overrides(graphs_dir, recipe)  # before the slow part
+            progress.update(0.0, "tokenizing the calibration text")
+            P, C = int(spec["prompt_len"]), int(spec["context_len"])
+            windows = calibration_windows(
+                calibration_text,
+                tokenizer_dir,
+                length=C,
+                count=recipe["samples"],
+                min_length=min(C, P + 1),
+            )
+            progress.check()
+            pre_feeds, dec_feeds = build_calibration_feeds(
+                graphs_dir,
+                spec,
+                windows,
+                SubProgress(progress, 0.02, 0.2),
+                decode_per_window=recipe["decode_per_window"],
+            )
+            progress.log(
+                f"calibration: {len(windows)} windows of {len(windows[0])} tokens -> "
+                f"{len(pre_feeds)} prefill and {len(dec_feeds)} decode feeds"
+            )
+            if not dec_feeds:
+                raise StudioError(
+                    "the calibration text gave no decode samples; give a longer calibration text"
+                )
+            info.update(
+                activation_type="QUInt16" if recipe["scheme"] == "W8A16" else "QUInt8",
+                weight_type=(
+                    "QInt8 per channel (symmetric)"
+                    if recipe["weight_granularity"] == "per_channel"
+                    else "QUInt8"
+                ),
+                calibration={
+                    "method": "MinMax",
+                    "windows": len(windows),
+                    "window_tokens": len(windows[0]),
+                    "prefill_feeds": len(pre_feeds),
+                    "decode_feeds": len(dec_feeds),
+                    "decode_positions": sorted(
+                        int(f["position_ids"].reshape(-1)[0]) for f in dec_feeds
+                    ),
+                },
+                graphs={},
+            )
+            for graph, feeds, a, b in (
+                ("prefill", pre_feeds, 0.2, 0.55),
+                ("decode", dec_feeds, 0.55, 0.9),
+            ):
+                progress.check()
+                progress.update(a, f"quantizing {graph}.onnx ({recipe['scheme']})")
+                info["graphs"][graph] = _quantize_graph(
+                    graphs_dir / f"{graph}.onnx",
+                    stage / f"{graph}.onnx",
+                    recipe,
+                    feeds,
+                    SubProgress(progress, a, b),
+                )
+                progress.log(
+                    f"quantized {graph}.onnx: MatMuls {info['graphs'][graph]['matmul_precisions']}"
+                )
+            progress.update(0.92, "checking the quantized graphs against FP32 (CPU)")
+            info["check"] = _self_check(graphs_dir, stage, pre_feeds[0], dec_feeds[-1])
+            progress.log(
+                "quantized vs FP32 logits cosine on a calibration sample: "
+                + ", ".join(f"{k} {v:.4f}" for k, v in info["check"].items())
+            )
+
+        for f in sorted(stage.iterdir()):
+            os.replace(f, out_dir / f.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    info["seconds"] = time.perf_counter() - t_start
+    qspec = dict(spec)
+    qspec["quantization"] = {
+        k: info[k] for k in ("scheme", "weight_granularity", "activation_type", "weight_type")
+    }
+    write_json_atomic(out_dir / "graph.json", qspec)
+    write_json_atomic(out_dir / "quant.json", info)
+    progress.update(1.0, f"{recipe['scheme']} graphs written")
+    return json.loads(json.dumps(info))

@@ -1,0 +1,324 @@
+"""Calibration data and QDQ quantization of the tiny exported graphs (real ORT, no mocks)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from studio.core.errors import Cancelled, StudioError
+from studio.core.progress import RecordingProgress
+
+SAMPLES = 4
+
+
+def _cos(a, b) -> float:
+    return float(((a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)).mean())
+
+
+def _text_ids(folder: Path, text: str, n: int) -> list[int]:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text).ids[:n]
+
+
+def _generator(folder: Path, spec: dict):
+    from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
+
+    return StaticKVGenerator(
+        make_cpu_session(folder / "prefill.onnx"), make_cpu_session(folder / "decode.onnx"), spec
+    )
+
+
+def _qparams(model) -> dict[str, tuple[str, int | None, tuple]]:
+    """Tensor name -> (zero-point dtype, axis, scale shape) for every QuantizeLinear/DequantizeLinear."""
+    import onnx
+
+    inits = {t.name: t for t in model.graph.initializer}
+    out = {}
+    for n in model.graph.node:
+        if n.op_type not in ("QuantizeLinear", "DequantizeLinear") or len(n.input) < 3:
+            continue
+        zp, scale = inits.get(n.input[2]), inits.get(n.input[1])
+        if zp is None:
+            continue
+        axis = next((a.i for a in n.attribute if a.name == "axis"), None)
+        if n.op_type == "QuantizeLinear":  # graph outputs: <name>_QuantizeLinear_Input
+            name = n.input[0].removesuffix("_QuantizeLinear_Input")
+        elif n.input[0] in inits:  # a weight: <name>_quantized
+            name = n.input[0].removesuffix("_quantized")
+        else:
+            continue
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(zp.data_type).name
+        out[name] = (dtype, axis if len(scale.dims) else None, tuple(scale.dims))
+    return out
+
+
+@pytest.fixture(scope="session")
+def w8a16(tmp_path_factory, qwen_graphs, tiny_qwen_dir, corpus):
+    from studio.engine.quantize import quantize_llm
+
+    out = tmp_path_factory.mktemp("w8a16")
+    recipe = {"scheme": "W8A16", "weight_granularity": "per_tensor", "samples": SAMPLES}
+    prog = RecordingProgress()
+    info = quantize_llm(qwen_graphs[0], out, recipe, corpus, tiny_qwen_dir, prog)
+    return out, info, prog
+
+
+def test_calibration_windows(tiny_qwen_dir, corpus):
+    from studio.engine.calibration import calibration_windows, load_tokenizer
+
+    ids = load_tokenizer(tiny_qwen_dir).encode(corpus, add_special_tokens=False).ids
+    wins = calibration_windows(corpus, tiny_qwen_dir, 50, 5)
+    assert len(wins) == 5 and all(len(w) == 50 for w in wins)
+    assert wins[0] == ids[:50] and wins[-1] == ids[-50:]  # evenly spaced, first to last
+    span = len(ids) - 50
+    assert wins == [ids[round(i * span / 4) : round(i * span / 4) + 50] for i in range(5)]
+    assert calibration_windows(corpus, tiny_qwen_dir, 50, 1) == [ids[:50]]
+
+    short = "def f(x):\n    return x\n"
+    n = len(load_tokenizer(tiny_qwen_dir).encode(short).ids)
+    with pytest.raises(StudioError, match="longer calibration text"):
+        calibration_windows(short, tiny_qwen_dir, 64, 2)
+    assert [len(w) for w in calibration_windows(short, tiny_qwen_dir, 64, 2, min_length=2)] == [
+        n,
+        n,
+    ]
+    with pytest.raises(StudioError, match="empty"):
+        calibration_windows("  \n", tiny_qwen_dir, 8, 2)
+    with pytest.raises(StudioError, match="tokenizer.json"):
+        calibration_windows(corpus, tiny_qwen_dir / "nope", 8, 2)
+
+
+def test_calibration_feeds_carry_real_kv_caches(qwen_graphs, qwen_generator, tiny_qwen_dir, corpus):
+    from studio.engine.calibration import build_calibration_feeds, calibration_windows
+    from studio.engine.llm_runtime import make_cpu_session
+
+    graphs, spec = qwen_graphs
+    P, C = spec["prompt_len"], spec["context_len"]
+    wins = calibration_windows(corpus, tiny_qwen_dir, C, 4)
+    pre, dec = build_calibration_feeds(graphs, spec, wins, RecordingProgress(), decode_per_window=3)
+    assert len(pre) == 4 and len(dec) == 12
+    # Full and shorter (padded) prompts.
+    real = [int((f["attention_mask"][0, 0, -1] == 0).sum()) for f in pre]
+    assert real[0] == P and min(real) < P
+    positions = sorted(int(f["position_ids"][0, 0]) for f in dec)
+    assert positions[0] < P and positions[-1] > C // 2  # spread over the context
+    # A decode feed is the state of real decoding: running it gives the teacher-forced logits.
+    sess = make_cpu_session(graphs / "decode.onnx")
+    for f in (dec[0], dec[-1]):
+        pos = int(f["position_ids"][0, 0])
+        window = next(w for w in wins if w[pos] == int(f["input_ids"][0, 0]))
+        want = qwen_generator.teacher_forced_logits(window[: pos + 1])[pos]
+        got = sess.run(["logits"], f)[0][0, -1]
+        np.testing.assert_allclose(got, want, atol=1e-4)
+        assert not f["past_key_0"][:, :, pos:].any() and f["past_key_0"][:, :, :pos].any()
+        assert (f["attention_mask"][0, 0, 0, :pos] == 0).all() and f["attention_mask"][
+            0, 0, 0, -1
+        ] == 0
+
+
+def test_w8a16_writes_qdq_graphs_close_to_fp32(
+    w8a16, qwen_graphs, qwen_generator, tiny_qwen_dir, corpus
+):
+    import onnx
+
+    out, info, prog = w8a16
+    graphs, spec = qwen_graphs
+    assert sorted(p.name for p in out.iterdir()) == [
+        "decode.onnx",
+        "graph.json",
+        "prefill.onnx",
+        "quant.json",
+    ]
+    assert json.loads((out / "quant.json").read_text()) == info
+    qspec = json.loads((out / "graph.json").read_text())
+    assert qspec["quantization"]["scheme"] == "W8A16" and qspec["num_layers"] == spec["num_layers"]
+    assert (
+        info["calibration"]["windows"] == SAMPLES
+        and info["calibration"]["decode_feeds"] == 4 * SAMPLES
+    )
+    for g in ("prefill", "decode"):
+        # activations x activations 16x16 (attention), activations x weights 16x8
+        assert set(info["graphs"][g]["matmul_precisions"]) == {"16x16", "16x8w"}
+        model = onnx.load(str(out / f"{g}.onnx"))
+        q = _qparams(model)
+        assert q["model.layers.0.mlp.up_proj.weight"] == ("uint8", None, ())
+        assert q["attention_mask"][0] == "uint16" and q["logits"][0] == "uint16"
+        assert {i.name: i.type.tensor_type.elem_type for i in model.graph.input}[
+            "attention_mask"
+        ] == 1  # float edges
+    assert (
+        any("quantized decode.onnx" in line for line in prog.lines) and prog.updates[-1][0] == 1.0
+    )
+    assert info["check"]["decode_logits_cosine"] > 0.99
+
+    # A random model with large weights is rough on 8-bit weights; a trained one does far better.
+    gen = _generator(out, qspec)
+    ids = _text_ids(tiny_qwen_dir, corpus[5000:], 40)
+    ref, got = qwen_generator.teacher_forced_logits(ids), gen.teacher_forced_logits(ids)
+    assert _cos(ref, got) > 0.97
+    assert (ref.argmax(-1) == got.argmax(-1)).mean() >= 0.6
+    assert len(gen.greedy(ids[:10], 8)["tokens"]) == 8
+
+
+def test_w8a8_per_channel_with_a_16_bit_layer(
+    tmp_path, qwen_graphs, tiny_qwen_dir, corpus, qwen_generator
+):
+    import onnx
+
+    from studio.engine.quantize import quantize_llm
+
+    graphs, spec = qwen_graphs
+    recipe = {
+        "scheme": "W8A8",
+        "weight_granularity": "per_channel",
+        "samples": 2,
+        "overrides": {"model.layers.1": "INT16"},
+    }
+    info = quantize_llm(graphs, tmp_path, recipe, corpus, tiny_qwen_dir)
+    dec = info["graphs"]["decode"]
+    assert dec["per_channel_weights"] == 15  # 7 per layer + lm_head
+    assert dec["matmul_precisions"] == {"16x16": 2, "16x8w": 7, "8x8": 2, "8x8w": 8}
+    covered = dec["patterns"]["model.layers.1"]
+    assert (
+        covered["precision"] == "INT16"
+        and "/model/layers.1/mlp/down_proj/MatMul_output_0" in covered["tensors"]
+    )
+    assert not any("layers.0" in t for t in covered["tensors"])
+    q = _qparams(onnx.load(str(tmp_path / "decode.onnx")))
+    assert q["model.layers.0.mlp.up_proj.weight"] == ("int8", 1, (128,))  # per output channel
+    assert q["lm_head.weight"] == ("int8", 1, (256,))
+    assert q["/model/layers.1/mlp/down_proj/MatMul_output_0"][0] == "uint16"
+    assert q["/model/layers.0/mlp/down_proj/MatMul_output_0"][0] == "uint8"
+    # 8-bit activations on a random large-weight model are rough: only a sanity bound here.
+    ids = _text_ids(tiny_qwen_dir, corpus[5000:], 40)
+    assert (
+        _cos(
+            qwen_generator.teacher_forced_logits(ids),
+            _generator(tmp_path, spec).teacher_forced_logits(ids),
+        )
+        > 0.7
+    )
+
+
+def test_override_patterns_resolve_to_tensors(qwen_graphs):
+    from studio.engine.quantize import check_overrides
+
+    recipe = {
+        "scheme": "W8A8",
+        "overrides": {
+            "layers.1": "INT16",  # a layer, leading "model." left out
+            "layers.0.*.down_proj.weight": "INT16",  # weights only: W16 under A8 runs on the HTP
+            "mlp.gate_proj": "INT4",
+            "/lm_head/MatMul": "FP16",  # an ONNX node name
+        },
+    }
+    res = check_overrides(qwen_graphs[0], recipe)["decode"]
+    pats, inits = res["patterns"], res["init_overrides"]
+    assert pats["layers.1"]["nodes"] > 50
+    assert all("/model/layers.1/" in t or t.endswith("_1") for t in pats["layers.1"]["tensors"])
+    assert {"present_key_1", "present_value_1"} <= set(pats["layers.1"]["tensors"])
+    assert pats["layers.0.*.down_proj.weight"]["tensors"] == ["model.layers.0.mlp.down_proj.weight"]
+    assert inits["model.layers.0.mlp.down_proj.weight"][0]["quant_type"].name == "QUInt16"
+    assert inits["model.layers.1.mlp.gate_proj.weight"][0]["quant_type"].name == "QInt4"
+    assert inits["model.layers.1.mlp.gate_proj.weight"][0]["axis"] == 1
+    assert res["nodes_to_exclude"] == ["/lm_head/MatMul"]
+    # The same weight under the 16-bit layer 1 is refused: the HTP MatMul has no 16x16-bit weights.
+    recipe["overrides"]["*.down_proj.weight"] = "INT16"
+    with pytest.raises(StudioError, match="16-bit under 16-bit activations"):
+        check_overrides(qwen_graphs[0], recipe)
+    assert inits["/model/layers.1/mlp/down_proj/MatMul_output_0"][0]["quant_type"].name == "QUInt16"
+
+
+def test_fp16_copies_the_float_graphs(tmp_path, qwen_graphs, tiny_qwen_dir):
+    from studio.engine.quantize import quantize_llm
+
+    graphs, _ = qwen_graphs
+    info = quantize_llm(graphs, tmp_path, {"scheme": "FP16"}, "", tiny_qwen_dir)
+    assert info["scheme"] == "FP16" and "enable_htp_fp16_precision" in info["note"]
+    for g in ("prefill.onnx", "decode.onnx"):
+        assert (tmp_path / g).read_bytes() == (graphs / g).read_bytes()
+    assert json.loads((tmp_path / "graph.json").read_text())["quantization"]["scheme"] == "FP16"
+
+
+@pytest.mark.parametrize(
+    ("recipe", "match"),
+    [
+        ({"scheme": "W4A4"}, "unknown quantization scheme"),
+        ({"scheme": "W8A8", "weight_granularity": "per_block"}, "weight granularity"),
+        ({"scheme": "W8A8", "samples": 0}, "samples"),
+        ({"scheme": "W8A8", "bits": 3}, "unknown quantization setting"),
+        ({"scheme": "W8A8", "overrides": {"model.layers.0": "INT3"}}, "unknown precision"),
+        ({"scheme": "W8A8", "overrides": {"decoder.block.*": "INT16"}}, "matches no node"),
+        (
+            {"scheme": "W8A16", "overrides": {"model.layers.0.mlp.down_proj.weight": "INT16"}},
+            "16-bit under 16-bit activations",
+        ),
+    ],
+)
+def test_bad_recipes_fail_fast(tmp_path, qwen_graphs, tiny_qwen_dir, corpus, recipe, match):
+    from studio.engine.quantize import quantize_llm
+
+    with pytest.raises(StudioError, match=match):
+        quantize_llm(qwen_graphs[0], tmp_path / "q", recipe, corpus, tiny_qwen_dir)
+    assert not (tmp_path / "q" / "quant.json").exists()
+
+
+def test_bad_inputs(tmp_path, qwen_graphs, w8a16, tiny_qwen_dir, corpus):
+    from studio.engine.quantize import quantize_llm
+
+    recipe = {"scheme": "W8A16", "samples": 1}
+    with pytest.raises(StudioError, match="no graph.json"):
+        quantize_llm(tmp_path, tmp_path / "q", recipe, corpus, tiny_qwen_dir)
+    with pytest.raises(StudioError, match="already-quantized"):
+        quantize_llm(w8a16[0], tmp_path / "q", recipe, corpus, tiny_qwen_dir)
+    with pytest.raises(StudioError, match="empty"):
+        quantize_llm(qwen_graphs[0], tmp_path / "q", recipe, " ", tiny_qwen_dir)
+    with pytest.raises(StudioError, match="longer calibration text"):
+        quantize_llm(qwen_graphs[0], tmp_path / "q", recipe, "x = 1\n", tiny_qwen_dir)
+
+
+def test_cancel_during_calibration(tmp_path, qwen_graphs, tiny_qwen_dir, corpus):
+    from studio.engine.quantize import quantize_llm
+
+    with pytest.raises(Cancelled):
+        quantize_llm(
+            qwen_graphs[0],
+            tmp_path,
+            {"scheme": "W8A8", "samples": 2},
+            corpus,
+            tiny_qwen_dir,
+            RecordingProgress(cancel_after=12),
+        )
+    assert not (tmp_path / "quant.json").exists() and not [
+        p for p in tmp_path.iterdir() if p.name.startswith(".")
+    ]
+
+
+def test_sample_model_w8a16_close_to_fp32(
+    tmp_path, tiny_coder_graphs, sample_model_dir, sample_data_dir
+):
+    """W8A16 (per channel, the project default) of the trained sample model on held-out text."""
+    from studio.engine.calibration import load_tokenizer
+    from studio.engine.quantize import quantize_llm
+
+    graphs, spec = tiny_coder_graphs
+    calib = (sample_data_dir / "calibration.py.txt").read_text(encoding="utf-8")
+    recipe = {"scheme": "W8A16", "weight_granularity": "per_channel", "samples": 4}
+    quantize_llm(graphs, tmp_path, recipe, calib, sample_model_dir)
+    ids = (
+        load_tokenizer(sample_model_dir)
+        .encode((sample_data_dir / "heldout.py.txt").read_text())
+        .ids
+    )
+    fp32, qdq = _generator(graphs, spec), _generator(tmp_path, spec)
+    cos, top1 = [], []
+    for start in range(0, 4 * 1000, 1000):
+        w = ids[start : start + 128]
+        a, b = fp32.teacher_forced_logits(w), qdq.teacher_forced_logits(w)
+        cos.append(_cos(a, b))
+        top1.append((a.argmax(-1) == b.argmax(-1)).mean())
+    assert np.mean(cos) > 0.999 and np.mean(top1) > 0.9
