@@ -165,9 +165,12 @@ def render_html(data: dict[str, Any]) -> str:
         out.append("</table><p class='muted'>Teacher-forced on held-out text "
                    f"({next(iter(vals.values()))['tokens']} tokens).</p>")
         for v in vals.values():
-            out.append(f"<p><b>Greedy, {_e(v.get('target'))}</b> — agreement "
-                       f"{v['greedy_agreement']:.0%}<br>FP32: <code>{_e(v['greedy_fp32'])}</code>"
-                       f"<br>HTP: <code>{_e(v['greedy_htp'])}</code></p>")
+            out.append(f"<p><b>Greedy, {_e(v.get('target'))}</b> {badge('simulated')} — "
+                       f"{v['greedy_agreement']:.0%} of tokens identical position by position, "
+                       f"{v.get('greedy_prefix_agreement', 0):.0%} before the first divergence "
+                       f"({v.get('greedy_prompts', 1)} prompts)<br>Project prompt, FP32: "
+                       f"<code>{_e(v['greedy_fp32'])}</code><br>HTP: "
+                       f"<code>{_e(v['greedy_htp'])}</code></p>")
     runs = {k: v for k, v in st.items() if k.startswith("run[")}
     if runs:
         out.append("<h2>Generation</h2><table><tr><th>device</th><th>prefill</th>"

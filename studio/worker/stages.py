@@ -192,6 +192,34 @@ def _nll(logits, ids):
     return float(-logp[np.arange(len(ids) - 1), ids[1:]].sum()), len(ids) - 1
 
 
+def _greedy_agreement(ref, other, tok, prompt: str, heldout: list[int], prompt_len: int,
+                      n: int, progress: Progress, extra_prompts: int = 3) -> dict[str, Any]:
+    """Greedy generation from the project's prompt and a few held-out prompts on both
+    runtimes: the fraction of identical tokens position by position, and before the first
+    divergence (one near-tie flip early on shifts everything after it)."""
+    prompts = [tok(prompt).input_ids[:prompt_len]]
+    plen = min(16, prompt_len)
+    step = max(1, (len(heldout) - plen) // max(1, extra_prompts))
+    prompts += [heldout[i:i + plen] for i in range(0, len(heldout) - plen, step)][:extra_prompts]
+    same = prefix = total = 0
+    texts: dict[str, str] = {}
+    for k, pr in enumerate(prompts):
+        progress.check()
+        a = ref.greedy(pr, n)["tokens"]
+        b = other.greedy(pr, n)["tokens"]
+        if k == 0:
+            texts = {"fp32": tok.decode(a), "htp": tok.decode(b)}
+        same += sum(x == y for x, y in zip(a, b, strict=False))
+        run = 0
+        for x, y in zip(a, b, strict=False):
+            if x != y:
+                break
+            run += 1
+        prefix += run
+        total += max(len(a), 1)
+    return {"agreement": same / total, "prefix": prefix / total, "prompts": len(prompts), **texts}
+
+
 def validate(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     import math
 
@@ -246,17 +274,15 @@ def validate(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                      "logits_cosine_min": float(cos_all.min()), "logits_max_abs_error": maxerr,
                      "top1_agreement": float(same_all.mean()), "perplexity": ppl[name]}
     progress.update(total / (total + 1), "greedy agreement")
-    prompt = tok(ctx.project.run["prompt"]).input_ids[: spec["prompt_length"]]
-    n = v["greedy_tokens"]
-    g_ref = runners["fp32"].greedy(prompt, n)["tokens"]
-    g_htp = runners["htp"].greedy(prompt, n)["tokens"]
-    agree = sum(a == b for a, b in zip(g_ref, g_htp, strict=False)) / max(1, len(g_ref))
+    g = _greedy_agreement(runners["fp32"], runners["htp"], tok, ctx.project.run["prompt"], ids,
+                          spec["prompt_length"], v["greedy_tokens"], progress)
     h = res["htp"]
     res.update(
         logits_cosine_mean=h["logits_cosine_mean"], top1_agreement=h["top1_agreement"],
         perplexity_fp32=ppl["fp32"], perplexity_quantized=ppl["htp"],
-        perplexity_host_qdq=ppl["host_qdq"], greedy_agreement=agree,
-        greedy_fp32=tok.decode(g_ref), greedy_htp=tok.decode(g_htp),
+        perplexity_host_qdq=ppl["host_qdq"], greedy_agreement=g["agreement"],
+        greedy_prefix_agreement=g["prefix"], greedy_prompts=g["prompts"],
+        greedy_fp32=g["fp32"], greedy_htp=g["htp"],
     )
     src = dict(source="simulated", device="htp-sim", target=chip.key)
     res["metrics"] = [
@@ -264,7 +290,10 @@ def validate(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         _metric("logits_max_abs_error", h["logits_max_abs_error"], "", **src),
         _metric("top1_agreement", h["top1_agreement"], "fraction", **src),
         _metric("perplexity_quantized", ppl["htp"], "", **src),
-        _metric("greedy_agreement", agree, "fraction", **src),
+        _metric("greedy_agreement", g["agreement"], "fraction", **src,
+                detail=f"{g['prompts']} prompts x {v['greedy_tokens']} tokens, position by position"),
+        _metric("greedy_prefix_agreement", g["prefix"], "fraction", **src,
+                detail="tokens identical before the first divergence"),
         _metric("perplexity_fp32", ppl["fp32"], "", "measured", "host-cpu"),
         _metric("perplexity_host_qdq", ppl["host_qdq"], "", "measured", "host-cpu"),
     ]
@@ -342,7 +371,7 @@ def profile(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         "summary": f"{len(prof.ops)} HTP ops in one decode step ({prof.source}, {chip.name})",
         "by_op_type": dict(top), "by_layer": by_layer, "unit": prof.unit,
         "source": prof.source, "ops": len(prof.ops),
-        "metrics": [_metric("decode_step_total", prof.total, prof.unit, prof.source, "htp-sim",
+        "metrics": [_metric("decode_step_total", prof.total(), prof.unit, prof.source, "htp-sim",
                             chip.key, note)],
     }
 
