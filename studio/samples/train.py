@@ -37,10 +37,11 @@ TARGET_CONFIG = dict(
     hidden_size=256, intermediate_size=688, num_hidden_layers=4,
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
 )
-DRAFT_CONFIG = dict(
-    hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-)
+# The draft is a "layer-skip" sibling: the target's embedding (tied LM head), its first block
+# and final norm, then distilled on the target's logits. A separately trained 2-layer
+# hidden-128 draft reached only ~42 % greedy agreement; this one starts from the target's
+# own representation and gets well past 55 % with the same budget.
+DRAFT_LAYERS = 1
 PROMPTS = ["def __init__(self", "import os\n\ndef read_file(path):\n", "for i in range("]
 
 
@@ -105,6 +106,22 @@ def build_model(cfg: dict, vocab: int, seed: int):
     return Qwen2ForCausalLM(config)
 
 
+def draft_from_target(target):
+    """A 1-block model initialised from the target's embedding, block 0 and final norm."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = target.config.to_dict()
+    for k in ("architectures", "transformers_version", "_name_or_path", "layer_types"):
+        cfg.pop(k, None)
+    cfg["num_hidden_layers"] = DRAFT_LAYERS
+    draft = Qwen2ForCausalLM(Qwen2Config(**cfg))
+    keep = tuple(f"model.layers.{i}." for i in range(DRAFT_LAYERS))
+    state = {k: v for k, v in target.state_dict().items()
+             if not k.startswith("model.layers.") or k.startswith(keep)}
+    draft.load_state_dict(state, strict=True)
+    return draft
+
+
 def batches(ids, steps: int, batch: int, seed: int):
     import torch
 
@@ -145,7 +162,7 @@ def train(model, ids, steps, batch, lr, seed, teacher=None, log_every=50, label=
                 F.log_softmax(t_logits, -1).reshape(-1, logits.shape[-1]),
                 log_target=True, reduction="batchmean",
             )
-            loss = 0.3 * ce + 0.7 * kl
+            loss = 0.1 * ce + 0.9 * kl
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -244,7 +261,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("resources"))
     p.add_argument("--steps", type=int, default=700)
-    p.add_argument("--draft-steps", type=int, default=500)
+    p.add_argument("--draft-steps", type=int, default=400)
+    p.add_argument("--reuse-target", action="store_true",
+                   help="load the tiny-coder already in --out instead of training it again")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seed", type=int, default=1234)
     a = p.parse_args(argv)
@@ -269,13 +288,22 @@ def main(argv=None) -> int:
     print(f"tokens: train {len(train_ids):,}, held-out {len(heldout_ids):,}", flush=True)
     uni = unigram_perplexity(train_ids, heldout_ids, VOCAB_SIZE)
 
-    target = build_model(TARGET_CONFIG, VOCAB_SIZE, a.seed)
-    t_loss = train(target, train_ids, a.steps, a.batch, 3e-3, a.seed, label="tiny-coder")
+    if a.reuse_target:
+        from transformers import Qwen2ForCausalLM
+
+        target = Qwen2ForCausalLM.from_pretrained(models_dir / "tiny-coder").eval()
+        prev = json.loads((models_dir / "training_stats.json").read_text())["tiny-coder"]
+        t_loss = prev["final_loss"]
+    else:
+        target = build_model(TARGET_CONFIG, VOCAB_SIZE, a.seed)
+        t_loss = train(target, train_ids, a.steps, a.batch, 3e-3, a.seed, label="tiny-coder")
     t_ppl = perplexity(target, heldout_ids)
     print(f"tiny-coder held-out ppl {t_ppl:.2f} (unigram {uni:.1f})", flush=True)
 
-    draft = build_model(DRAFT_CONFIG, VOCAB_SIZE, a.seed + 1)
-    d_loss = train(draft, train_ids, a.draft_steps, a.batch, 4e-3, a.seed + 1,
+    for prm in target.parameters():
+        prm.requires_grad_(False)
+    draft = draft_from_target(target)
+    d_loss = train(draft, train_ids, a.draft_steps, a.batch, 2e-3, a.seed + 1,
                    teacher=target, label="tiny-coder-draft")
     d_ppl = perplexity(draft, heldout_ids)
     agree = agreement(draft, target, heldout_ids)
@@ -287,7 +315,8 @@ def main(argv=None) -> int:
     stats = {}
     for name, model, loss, ppl, steps, cfg in (
         ("tiny-coder", target, t_loss, t_ppl, a.steps, TARGET_CONFIG),
-        ("tiny-coder-draft", draft, d_loss, d_ppl, a.draft_steps, DRAFT_CONFIG),
+        ("tiny-coder-draft", draft, d_loss, d_ppl, a.draft_steps,
+         dict(TARGET_CONFIG, num_hidden_layers=DRAFT_LAYERS)),
     ):
         out = models_dir / name
         model.generation_config.pad_token_id = 1
@@ -301,8 +330,9 @@ def main(argv=None) -> int:
             extra = "\nGreedy completions (40 new tokens):\n\n" + "\n".join(
                 f"- `{pr!r}` → `{c!r}`" for pr, c in samples.items()) + "\n"
         else:
-            summary = ("Draft model for speculative decoding with `tiny-coder` (same tokenizer), "
-                       "distilled from it (0.3 × cross-entropy + 0.7 × KL to its logits).")
+            summary = ("Draft model for speculative decoding with `tiny-coder` (same tokenizer): "
+                       "initialised from tiny-coder's embedding, first block and final norm, "
+                       "then distilled on its logits (0.1 × cross-entropy + 0.9 × KL).")
             extra = f"| greedy next-token agreement with tiny-coder (held-out) | {agree:.1%} |\n"
         (out / "README.md").write_text(MODEL_CARD.format(
             name=name, summary=summary, layers=cfg["num_hidden_layers"],
