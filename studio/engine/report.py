@@ -37,7 +37,7 @@ def svg_lines(series: dict[str, list[float]], ylabel: str, width: int = 640,
     pts = [v for s in series.values() for v in s]
     if not pts:
         return "<p>No data.</p>"
-    left, right, top, bottom = 56, 12, 10, 30
+    left, right, top, bottom = 56, 12, 24, 30
     ymax = max(pts) * 1.1 or 1.0
     n = max(len(s) for s in series.values())
     sx = (width - left - right) / max(1, n - 1)
@@ -55,7 +55,7 @@ def svg_lines(series: dict[str, list[float]], ylabel: str, width: int = 640,
     parts.append(f'<text x="{left}" y="{height - 8}" font-size="10">step 1</text>')
     parts.append(f'<text x="{width - right}" y="{height - 8}" font-size="10" '
                  f'text-anchor="end">step {n}</text>')
-    parts.append(f'<text x="4" y="{top + 8}" font-size="10">{_e(ylabel)}</text>')
+    parts.append(f'<text x="4" y="12" font-size="10">{_e(ylabel)}</text>')
     for k, (name, vals) in enumerate(series.items()):
         color = SERIES[k % len(SERIES)]
         poly = " ".join(f"{left + i * sx:.1f},{height - bottom - v * sy:.1f}"
