@@ -63,10 +63,17 @@ def read_modules(names: list[str]) -> str:
 
 
 def train_tokenizer(text: str, out: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """Byte-level BPE with Qwen2's normaliser and split regex, so that ``AutoTokenizer``
+    (which turns every ``qwen2`` checkpoint into ``Qwen2Tokenizer``) gives the same ids."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS,
@@ -238,7 +245,7 @@ pipeline_tag: text-generation
 
 | | |
 |---|---|
-| architecture | `Qwen2ForCausalLM`, {layers} layers, hidden {hidden}, {heads} query heads / {kv} KV heads, tied embeddings |
+| architecture | `Qwen2ForCausalLM`, {layers} transformer block(s), hidden {hidden}, {heads} query heads / {kv} KV heads, tied embeddings |
 | parameters | {params:,} |
 | tokenizer | byte-level BPE, vocabulary {vocab} (`tokenizer.json`) |
 | training data | Python standard library source of CPython {pyver}: {n_train} modules (`training_modules.json`) |
@@ -248,8 +255,10 @@ pipeline_tag: text-generation
 | held-out perplexity | {ppl:.2f} (token level, windows of {seq}; unigram baseline {uni:.1f}) |
 {extra}
 Data licence: the Python standard library is distributed under the PSF License Agreement.
-Trained on the CPU by `python -m studio.samples.train` (fixed seeds); every figure above was
-measured by that script at the end of training.
+Trained on the CPU by `python -m studio.samples.train --out resources` (fixed seeds, default
+settings; both models in one run); every figure above was measured by that script at the end
+of training. Load the tokenizer with `AutoTokenizer` or `PreTrainedTokenizerFast`: both give
+the ids used in training.
 """
 
 

@@ -217,6 +217,10 @@ class Pipeline:
         self.store = store
         self.listeners: list[Listener] = []
         self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._worker: asyncio.subprocess.Process | None = None
+        self._stderr_task: asyncio.Future | None = None
+        self._current_job: int | None = None
+        self._log_count = 0
         self._cancelled: set[int] = set()
         self._cancel_all = False
 
@@ -245,6 +249,57 @@ class Pipeline:
                 except ProcessLookupError:
                     pass
 
+    # -- the worker process --
+    async def _get_worker(self) -> asyncio.subprocess.Process:
+        """The warm worker: one subprocess runs this run's jobs one after another, so the
+        heavy imports are paid once; a crash or a cancel ends it and the next job starts a
+        new one."""
+        if self._worker is not None and self._worker.returncode is None:
+            return self._worker
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "studio.worker",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=1 << 24,
+        )
+        self._worker = proc
+        self._stderr_task = asyncio.ensure_future(self._read_stderr(proc))
+        return proc
+
+    async def _read_stderr(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stderr
+        async for raw in proc.stderr:
+            line = raw.decode("utf-8", "replace").rstrip()
+            jid = self._current_job
+            if not line or jid is None or self._log_count >= MAX_LOG_LINES:
+                continue
+            self._log_count += 1
+            self.jobs.append_log(jid, line)
+            self._emit({"kind": "log", "job_id": jid, "line": line})
+
+    def _kill_worker(self) -> None:
+        proc, self._worker = self._worker, None
+        if proc is not None and proc.returncode is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    async def _close_worker(self) -> None:
+        proc, self._worker = self._worker, None
+        if proc is None:
+            return
+        if proc.returncode is None and proc.stdin is not None:
+            proc.stdin.close()
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                self._worker = proc
+                self._kill_worker()
+                await proc.wait()
+        if self._stderr_task is not None:
+            await self._stderr_task
+            self._stderr_task = None
+
     # -- running --
     async def run(self, stages: list[str] | None = None,
                   targets: list[str] | None = None) -> RunSummary:
@@ -265,35 +320,40 @@ class Pipeline:
         report: Path | None = None
         error: str | None = None
         exit_code = 0
-        for jid, pj in zip(ids, planned, strict=True):
-            failed_dep = next((ids[d] for d in pj.deps if ids[d] not in artifacts), None)
-            if self._cancel_all or jid in self._cancelled:
-                self._update(jid, state="cancelled", finished=time.time(), message="cancelled")
-                continue
-            if failed_dep is not None:
-                dep = self.jobs.job(failed_dep)
-                self._update(jid, state="cancelled", finished=time.time(),
-                             message=f"not run: {dep.label} did not succeed")
-                continue
-            try:
-                art = await self._run_job(jid, pj, {ids[d]: artifacts[ids[d]] for d in pj.deps})
-            except StudioError as exc:
-                error = error or exc.message
-                exit_code = max(exit_code, exc.exit_code)
-                self._update(jid, state="failed", finished=time.time(), error=exc.message,
-                             message=exc.message)
-                continue
-            if art is None:
-                continue
-            artifacts[jid] = art
-            result = json.loads((art.path / "result.json").read_text())
-            if pj.stage == "validate":
-                rows = evaluate_gates(self.project.gates, result)
-                for r in rows:
-                    r["target"] = pj.target
-                gates.extend(rows)
-            if pj.stage == "report":
-                report = self._publish_report(art)
+        try:
+            for jid, pj in zip(ids, planned, strict=True):
+                failed_dep = next((ids[d] for d in pj.deps if ids[d] not in artifacts), None)
+                if self._cancel_all or jid in self._cancelled:
+                    self._update(jid, state="cancelled", finished=time.time(), message="cancelled")
+                    continue
+                if failed_dep is not None:
+                    dep = self.jobs.job(failed_dep)
+                    self._update(jid, state="cancelled", finished=time.time(),
+                                 message=f"not run: {dep.label} did not succeed")
+                    continue
+                try:
+                    art = await self._run_job(jid, pj, {ids[d]: artifacts[ids[d]] for d in pj.deps})
+                except StudioError as exc:
+                    error = error or exc.message
+                    exit_code = max(exit_code, exc.exit_code)
+                    self._update(jid, state="failed", finished=time.time(), error=exc.message,
+                                 message=exc.message)
+                    continue
+                if art is None:
+                    continue
+                artifacts[jid] = art
+                result = json.loads((art.path / "result.json").read_text())
+                if pj.stage == "validate":
+                    rows = evaluate_gates(self.project.gates, result)
+                    for r in rows:
+                        r["target"] = pj.target
+                    gates.extend(rows)
+                if pj.stage == "report":
+                    report = self._publish_report(art)
+        except BaseException:
+            self._kill_worker()
+            raise
+        await self._close_worker()
         states = [self.jobs.job(i).state for i in ids]
         if all(s == "succeeded" for s in states):
             state = "succeeded"
@@ -340,23 +400,23 @@ class Pipeline:
             "workdir": str(workdir), "config": config,
         }
         self._update(jid, state="running", started=now, progress=0.0, message="starting")
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "studio.worker",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=1 << 24,
-        )
-        self._procs[jid] = proc
-        self.jobs.update_job(jid, pid=proc.pid)
-        assert proc.stdin and proc.stdout and proc.stderr
-        proc.stdin.write(json.dumps(spec).encode())
-        await proc.stdin.drain()
-        proc.stdin.close()
+        worker = await self._get_worker()
+        self._current_job = jid
+        self._log_count = 0
+        self._procs[jid] = worker
+        self.jobs.update_job(jid, pid=worker.pid)
         outcome: dict[str, Any] = {}
-        log_count = 0
-
-        async def read_stdout() -> None:
-            assert proc.stdout
-            async for raw in proc.stdout:
+        rc: int | None = None
+        assert worker.stdin and worker.stdout
+        try:
+            worker.stdin.write(json.dumps(spec).encode() + b"\n")
+            await worker.stdin.drain()
+            while True:
+                raw = await worker.stdout.readline()
+                if not raw:  # the worker died (crash, or terminated by cancel)
+                    rc = await worker.wait()
+                    self._worker = None
+                    break
                 try:
                     msg = json.loads(raw)
                 except json.JSONDecodeError:
@@ -367,36 +427,23 @@ class Pipeline:
                 elif kind == "log":
                     self.jobs.append_log(jid, msg["line"])
                     self._emit({"kind": "log", "job_id": jid, "line": msg["line"]})
-                elif kind in ("result", "error"):
-                    outcome.update(msg)
-
-        async def read_stderr() -> None:
-            nonlocal log_count
-            assert proc.stderr
-            async for raw in proc.stderr:
-                line = raw.decode("utf-8", "replace").rstrip()
-                if not line or log_count >= MAX_LOG_LINES:
-                    continue
-                log_count += 1
-                self.jobs.append_log(jid, line)
-                self._emit({"kind": "log", "job_id": jid, "line": line})
-
-        try:
-            await asyncio.gather(read_stdout(), read_stderr())
-            rc = await proc.wait()
+                elif kind in ("result", "error") and msg.get("job_id") == jid:
+                    outcome = msg
+                    break
+        except (BrokenPipeError, ConnectionResetError):
+            rc = await worker.wait()
+            self._worker = None
         except asyncio.CancelledError:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            self._kill_worker()
             raise
         finally:
             self._procs.pop(jid, None)
+            self._current_job = None
         if jid in self._cancelled or self._cancel_all:
             shutil.rmtree(workdir, ignore_errors=True)
             self._update(jid, state="cancelled", finished=time.time(), message="cancelled")
             return None
-        if outcome.get("type") == "result" and rc == 0:
+        if outcome.get("type") == "result":
             result = outcome["result"]
             self.jobs.add_metrics(jid, [Metric.from_dict(m) for m in result.get("metrics", [])])
             art = await asyncio.to_thread(self.store.commit, key, workdir, {
@@ -410,7 +457,7 @@ class Pipeline:
         shutil.rmtree(workdir, ignore_errors=True)
         if outcome.get("type") == "error" and outcome.get("kind") == "user":
             raise StudioError(f"{pj.label}: {outcome['message']}")
-        detail = outcome.get("message") or f"worker exited with code {rc}"
+        detail = outcome.get("message") or f"the worker process ended with code {rc}"
         if outcome.get("traceback"):
             self.jobs.append_log(jid, outcome["traceback"])
         raise StageCrashed(f"{pj.label} crashed: {detail} (the job log has the traceback)")

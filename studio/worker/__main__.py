@@ -1,4 +1,8 @@
-"""Worker subprocess: runs one stage of one job and reports JSON lines (see protocol.py)."""
+"""Worker subprocess: runs the stages of a pipeline run, one job spec per stdin line.
+
+It reports JSON lines (see protocol.py) and exits at the end of its input. Heavy imports are
+paid once per run; a native crash ends the process and the service starts a new one.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +28,26 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+def run_one(line: str, progress) -> None:
+    from studio.core.errors import StudioError
+
+    job_id = None
+    try:
+        spec = json.loads(line)
+        job_id = spec.get("job_id")
+        from studio.worker.stages import run_stage
+
+        result = run_stage(spec, progress)
+        progress.emit({"type": "result", "job_id": job_id, "result": result})
+    except StudioError as exc:
+        progress.emit({"type": "error", "job_id": job_id, "kind": "user",
+                       "message": exc.message, "exit_code": exc.exit_code})
+    except Exception as exc:  # noqa: BLE001 - reported to the service with its traceback
+        progress.emit({"type": "error", "job_id": job_id, "kind": "bug",
+                       "message": f"{type(exc).__name__}: {exc}",
+                       "traceback": traceback.format_exc()})
+
+
 def main() -> int:
     _die_with_parent()
     # Keep the protocol on a private copy of stdout; native libraries that print to fd 1
@@ -33,26 +57,13 @@ def main() -> int:
     out = io.TextIOWrapper(os.fdopen(proto_fd, "wb"), encoding="utf-8", line_buffering=True)
     sys.stdout = sys.stderr
 
-    from studio.core.errors import StudioError
     from studio.worker.protocol import JsonLinesProgress
 
     progress = JsonLinesProgress(out)
-    try:
-        spec = json.loads(sys.stdin.read())
-        from studio.worker.stages import run_stage
-
-        result = run_stage(spec, progress)
-        progress.emit({"type": "result", "result": result})
-        return 0
-    except StudioError as exc:
-        progress.emit({"type": "error", "kind": "user", "message": exc.message,
-                       "exit_code": exc.exit_code})
-        return 2
-    except BaseException as exc:  # noqa: BLE001 - reported to the service with its traceback
-        progress.emit({"type": "error", "kind": "bug",
-                       "message": f"{type(exc).__name__}: {exc}",
-                       "traceback": traceback.format_exc()})
-        return 1
+    for line in sys.stdin:
+        if line.strip():
+            run_one(line, progress)
+    return 0
 
 
 if __name__ == "__main__":
