@@ -254,3 +254,13 @@ def test_profile_totals_from_rows():
     assert list(p.totals_by_layer().items()) == [(0, 5.0), (1, 10.0), (None, 20.0)]
     assert p.counts_by_op_type() == {"MatMul": 2, "Add": 1}
     assert [op.qnn_name for op in p.top(2)] == ["c", "a"]
+
+
+def test_ops_the_backend_made_itself_have_no_name(tmp_path):
+    # seen on the 4-layer sample's decode step: "OpId_2087 (cycles)" with no "<op>:" prefix
+    f = tmp_path / "p.csv"
+    f.write_text(HEADER + "\n0,NODE,12,CYCLES,BACKEND,SUB-EVENT,OpId_2087 (cycles)\n"
+                 "0,NODE,30,CYCLES,BACKEND,SUB-EVENT,/lm_head/MatMul:OpId_7 (cycles)\n")
+    prof = parse_profile_csv(f)
+    assert sorted(op.qnn_name for op in prof.ops) == ["/lm_head/MatMul", "OpId_2087"]
+    assert prof.total() == 42.0
