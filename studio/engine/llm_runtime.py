@@ -17,20 +17,9 @@ from typing import Any
 
 from studio.core.errors import StudioError
 from studio.core.progress import Progress
+from studio.engine.ort_types import ORT_TO_NUMPY
 
-_ORT_TYPES = {
-    "tensor(float)": "float32",
-    "tensor(float16)": "float16",
-    "tensor(double)": "float64",
-    "tensor(bfloat16)": "float32",
-    "tensor(int64)": "int64",
-    "tensor(int32)": "int32",
-    "tensor(int16)": "int16",
-    "tensor(int8)": "int8",
-    "tensor(uint8)": "uint8",
-    "tensor(uint16)": "uint16",
-    "tensor(bool)": "bool",
-}
+_ORT_TYPES = ORT_TO_NUMPY
 
 
 def make_cpu_session(path: Path, threads: int = 2):

@@ -36,6 +36,7 @@ from typing import Any
 
 from studio.core.catalog import Chip, get_chip
 from studio.core.errors import StudioError
+from studio.engine.ort_types import ORT_TO_NUMPY
 
 EP_NAME = "QNNExecutionProvider"
 PROFILING_LEVELS = ("basic", "detailed", "optrace")
@@ -618,18 +619,7 @@ def compile_context(
 # ---------------------------------------------------------------------------------------
 # profiling
 # ---------------------------------------------------------------------------------------
-_ORT_DTYPES = {
-    "tensor(float)": "float32",
-    "tensor(float16)": "float16",
-    "tensor(double)": "float64",
-    "tensor(int64)": "int64",
-    "tensor(int32)": "int32",
-    "tensor(int16)": "int16",
-    "tensor(int8)": "int8",
-    "tensor(uint8)": "uint8",
-    "tensor(uint16)": "uint16",
-    "tensor(bool)": "bool",
-}
+_ORT_DTYPES = ORT_TO_NUMPY
 
 
 def synthetic_feeds(session, fill: Mapping[str, float] | None = None) -> dict[str, Any]:
