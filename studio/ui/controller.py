@@ -210,8 +210,14 @@ class ProjectController(QObject):
             self._autosave.stop()
 
     def shutdown(self) -> None:
+        """Close the session and wait for every thread that touched Qt: a thread still alive
+        when the QApplication goes away aborts the process ("QThread: Destroyed while thread
+        is still running")."""
         self.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for t in getattr(self, "_threads", []):
+            t.join(30)
+        self._threads = []
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     # ---- saving -------------------------------------------------------------------------------
     def save(self, force: bool = False) -> Path:
@@ -386,6 +392,7 @@ class ProjectController(QObject):
                 self._runner_loop = None
 
         thread = threading.Thread(target=work, name="qstudio-pipeline", daemon=True)
+        self._threads = [t for t in getattr(self, "_threads", []) if t.is_alive()] + [thread]
         thread.start()
         try:
             return await done

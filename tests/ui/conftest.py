@@ -26,6 +26,11 @@ def qloop(qapp):
     loop = qasync.QEventLoop(qapp, already_running=True)
     asyncio.events._set_running_loop(None)
     yield loop
+    # The loop's default executor runs on QThreads (asyncio.to_thread inside the service
+    # layer uses it); one still alive when the QApplication goes away aborts the process.
+    executor = getattr(loop, "_QEventLoop__default_executor", None)
+    if executor is not None:
+        executor.shutdown()
 
 
 @pytest.fixture

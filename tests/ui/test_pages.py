@@ -237,6 +237,46 @@ def test_pages_show_results_from_the_run_history(window, project_path, qtbot, mo
     assert opened == [str(reports / "report-1.html"), str(reports / "report-1.json")]
 
 
+def test_stage_pages_run_their_stage_and_refresh_on_its_jobs(
+    window, project_path, qtbot, monkeypatch
+):
+    """The pages of one stage (StagePage): the empty state's first action runs the page's stage
+    (Reports: the whole pipeline) and a StudioError becomes an error notification; a succeeded
+    job of the stage refreshes the page."""
+    from PySide6.QtWidgets import QPushButton
+
+    from studio.core.errors import StudioError
+
+    assert window.open_project(project_path)
+    asked = []
+
+    def refuse(stages):
+        asked.append(stages)
+        raise StudioError(f"cannot run {stages}: fix the project first")
+
+    monkeypatch.setattr(window.ctl, "run", refuse)
+    pages = {"Profiler": ["profile"], "Validation": ["validate"], "LLM": ["run"], "Reports": None}
+    for title in pages:
+        page = window.show_page(title)
+        page.empty.findChildren(QPushButton)[0].click()
+    assert asked == list(pages.values())
+    texts = window.notifications.texts()
+    assert any("cannot run ['profile']: fix the project first" in t for t in texts)
+
+    prof = window.show_page("Profiler")
+    assert prof.empty.isVisibleTo(prof)
+    jid = _add_job(
+        window.ctl.studio.jobs,
+        "profile",
+        "snapdragon-8-gen-3",
+        {"summary": "1 op type", "by_op_type": {"MatMul": 9.0}, "unit": "cycles"},
+    )
+    window.ctl.job_event.emit(window.ctl.studio.jobs.job(jid))
+    qtbot.waitUntil(lambda: prof.content.isVisibleTo(prof), timeout=5_000)
+    assert prof.target.count() == 1 and prof.target.currentText() == "snapdragon-8-gen-3"
+    assert prof.job_label.text().startswith(f"job #{jid}")
+
+
 def test_an_onnx_project_shows_its_graph_and_says_why_it_cannot_run(
     window, tmp_path, qtbot, make_spec
 ):

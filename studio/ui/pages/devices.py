@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
-    QFrame,
     QGroupBox,
     QHBoxLayout,
     QHeaderView,
@@ -15,7 +14,7 @@ from PySide6.QtWidgets import (
 from studio.core.errors import StudioError
 from studio.services import ui_support
 from studio.ui.models.rows import Row, RowsModel
-from studio.ui.pages.base import Page
+from studio.ui.pages.base import Page, banner
 from studio.ui.widgets import label
 
 NUMERICS_TEXT = {
@@ -110,20 +109,15 @@ class DevicesPage(Page):
         )
         lay.addWidget(chips, 1)
 
-        remote = QFrame()
-        remote.setProperty("role", "banner")
-        rl = QVBoxLayout(remote)
-        rl.addWidget(
-            label(
+        lay.addWidget(
+            banner(
                 "<b>Remote devices</b> will be listed here with their health and capabilities: a "
                 "Snapdragon laptop or dev kit running the QStudio agent, and Android phones over adb "
                 "with your QAIRT SDK. Figures measured on them will carry the “measured” badge and "
                 "the device's name. Until then, jobs run on this machine: FP32 and host timings on "
-                "the CPU, HTP numerics on the simulator.",
-                wrap=True,
+                "the CPU, HTP numerics on the simulator."
             )
         )
-        lay.addWidget(remote)
         self.refresh()
 
     def _on_closed(self) -> None:  # devices stay visible without a project

@@ -265,14 +265,6 @@ class JobsPage(Page):
         self.empty.setVisible(not has)
 
     # ---- actions --------------------------------------------------------------------------------
-    def run_stages(self, stages: list[str] | None):
-        try:
-            task = self.ctl.run(stages)
-        except StudioError as exc:
-            self.ctl.message.emit("error", exc.message)
-            return None
-        return task
-
     def selected_job(self) -> Job | None:
         rows = self.table.selectionModel().selectedRows()
         if not rows:

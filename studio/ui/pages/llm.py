@@ -4,52 +4,46 @@ per-token step times; and what LLM tuning will add."""
 from __future__ import annotations
 
 from PySide6.QtWidgets import (
-    QFrame,
     QGridLayout,
     QGroupBox,
-    QHBoxLayout,
     QPlainTextEdit,
     QSplitter,
     QVBoxLayout,
     QWidget,
 )
 
-from studio.core.errors import StudioError
-from studio.services import ui_support
-from studio.ui.pages.base import Page
+from studio.ui.pages.base import StagePage, banner
 from studio.ui.pages.overview import _clear, metric_title
-from studio.ui.widgets import EmptyState, MetricCard, fmt_value, label
+from studio.ui.widgets import MetricCard, fmt_value, label
 
 COLORS = ["#2f6fd6", "#8a5a00", "#1b8a3f", "#6b3fa0", "#c62828"]
 
 
-class LLMPage(Page):
+class LLMPage(StagePage):
     title = "LLM"
     subtitle = "Generation speed and output per device (prefill, decode tok/s, text)."
 
-    def __init__(self, ctl, parent=None):
-        super().__init__(ctl, parent)
-        import pyqtgraph as pg
+    stage = "run"
 
-        self.pg = pg
-        lay = QVBoxLayout(self.body)
-        lay.setContentsMargins(0, 6, 0, 0)
-        self.empty = EmptyState(
+    def __init__(self, ctl, parent=None):
+        super().__init__(
+            ctl,
             "No generation yet",
             "Run the run stage to generate from the project's prompt on the host CPU (FP32, "
             "measured) and on the HTP simulator per target (quantized, simulated): prefill time, "
             "decode tokens per second and the generated text appear here, each figure with its "
             "source.",
+            parent,
         )
+        import pyqtgraph as pg
+
+        self.pg = pg
         self.empty.add_action(
             "Run generation",
-            self._run,
+            self.run_stage,
             "Runs the run stage and what it needs (export, quantize, compile)",
         )
-        lay.addWidget(self.empty)
-        self.content = QWidget()
-        cl = QVBoxLayout(self.content)
-        cl.setContentsMargins(0, 0, 0, 0)
+        cl = self.content_layout
         self.prompt_label = label("", "muted", wrap=True, selectable=True)
         cl.addWidget(self.prompt_label)
         self.cards = QGridLayout()
@@ -72,50 +66,22 @@ class LLMPage(Page):
         pl.addWidget(self.plot)
         split.addWidget(plot_box)
         cl.addWidget(split, 1)
-        lay.addWidget(self.content, 1)
 
-        coming = QFrame()
-        coming.setProperty("role", "banner")
-        fl = QHBoxLayout(coming)
-        fl.addWidget(
-            label(
+        self.body_layout.addWidget(
+            banner(
                 "<b>Coming to this page:</b> time to first token vs prompt length, KV cache INT8 and "
                 "sliding window, speculative decoding with a CPU draft model (acceptance rate, "
                 "speedup, output identical to greedy), layer pruning, and the optimization waterfall "
-                "measured step by step.",
-                wrap=True,
+                "measured step by step."
             )
         )
-        lay.addWidget(coming)
         pal = self.palette()
         self.plot.setBackground(pal.base().color())
-        ctl.job_event.connect(self._on_job)
 
-    def on_show(self) -> None:
-        self.refresh()
+    def sort_key(self, job):
+        return (job.target != "cpu", job.target)  # the host first
 
-    def on_open(self) -> None:
-        self.refresh()
-
-    def _on_job(self, job) -> None:
-        if job.stage == "run" and job.state == "succeeded":
-            self.later(self.refresh)
-
-    def _run(self) -> None:
-        try:
-            self.ctl.run(["run"])
-        except StudioError as exc:
-            self.ctl.message.emit("error", exc.message)
-
-    def refresh(self) -> None:
-        jobs = sorted(
-            ui_support.latest_jobs(self.ctl.studio.jobs, "run"),
-            key=lambda j: (j.target != "cpu", j.target),
-        )
-        self.empty.setVisible(not jobs)
-        self.content.setVisible(bool(jobs))
-        if not jobs:
-            return
+    def show_jobs(self, jobs) -> None:
         self.prompt_label.setText(
             f"Prompt: {self.ctl.project.run['prompt']!r} · "
             f"{self.ctl.project.run['max_new_tokens']} new tokens"

@@ -69,7 +69,7 @@ class ModelPage(Page):
         self.export_button.setToolTip(
             "Export the FP32 prefill/decode ONNX graphs (the export stage)"
         )
-        self.export_button.clicked.connect(self._run_export)
+        self.export_button.clicked.connect(lambda: self.run_stages(["export"]))
         info.addWidget(self.export_button)
         lay.addLayout(info)
 
@@ -247,12 +247,6 @@ class ModelPage(Page):
         self.details.setText(text.replace("\n", "   ·   "))
 
     # ---- actions --------------------------------------------------------------------------------
-    def _run_export(self) -> None:
-        try:
-            self.ctl.run(["export"])
-        except StudioError as exc:
-            self.ctl.message.emit("error", exc.message)
-
     def open_netron(self) -> None:
         info = self.ctl.model
         if isinstance(info, ui_support.OnnxGraph):

@@ -17,7 +17,6 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
-    QFrame,
     QGroupBox,
     QHBoxLayout,
     QHeaderView,
@@ -34,7 +33,7 @@ from studio.core.errors import StudioError
 from studio.core.modelinfo import ModelInfo
 from studio.core.project import GRANULARITIES, PRECISIONS, SCHEMES, STAGES
 from studio.ui.models.rows import PayloadRole, Row, RowsModel
-from studio.ui.pages.base import Page
+from studio.ui.pages.base import Page, banner
 from studio.ui.widgets import label
 
 SCHEME_HELP = {
@@ -237,20 +236,15 @@ class PrecisionPage(Page):
         lh.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         lyl.addWidget(self.layer_view, 1)
         rl.addWidget(layers, 1)
-        coming = QFrame()
-        coming.setProperty("role", "banner")
-        cl = QVBoxLayout(coming)
-        cl.addWidget(
-            label(
+        rl.addWidget(
+            banner(
                 "<b>Sensitivity heat map and “auto” precision</b> will appear here with the "
                 "layer-precision editor: a real per-layer analysis colours every layer by how much "
                 "it hurts accuracy when quantized, and “auto” finds the fewest high-precision layers "
                 "that meet your accuracy target. Until then: add overrides above, then run "
-                "quantize → validate (Jobs page) and compare on the Validation page.",
-                wrap=True,
+                "quantize → validate (Jobs page) and compare on the Validation page."
             )
         )
-        rl.addWidget(coming)
         split.addWidget(right)
         split.setStretchFactor(0, 2)
         split.setStretchFactor(1, 3)

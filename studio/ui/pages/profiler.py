@@ -2,64 +2,43 @@
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import (
-    QComboBox,
-    QHBoxLayout,
-    QHeaderView,
-    QSplitter,
-    QTableView,
-    QVBoxLayout,
-    QWidget,
-)
+from PySide6.QtWidgets import QHeaderView, QSplitter, QTableView
 
-from studio.core.errors import StudioError
 from studio.core.profile import SOURCE_NOTES
 from studio.services import ui_support
 from studio.ui.models.rows import Row, RowsModel
-from studio.ui.pages.base import Page
-from studio.ui.widgets import EmptyState, SourceBadge, label
+from studio.ui.pages.base import TargetStagePage
+from studio.ui.widgets import label
 
 TOP_N = 16
 
 
-class ProfilerPage(Page):
+class ProfilerPage(TargetStagePage):
     title = "Profiler"
     subtitle = "Where one decode step spends its time, by op type."
 
-    def __init__(self, ctl, parent=None):
-        super().__init__(ctl, parent)
-        import pyqtgraph as pg  # only when the page is first shown
+    stage = "profile"
 
-        self.pg = pg
-        lay = QVBoxLayout(self.body)
-        lay.setContentsMargins(0, 6, 0, 0)
-        self.empty = EmptyState(
+    def __init__(self, ctl, parent=None):
+        super().__init__(
+            ctl,
             "No profile yet",
             "Run the profile stage to profile one decode step of the compiled model on the QNN "
             "HTP simulator: the time per op type appears here as bars, with a table. Simulator "
             "cycles follow the host CPU, so they show where the time goes, not device latency. "
             "HTP per-core timelines, DDR traffic, the roofline and run-vs-run diffs come in "
             "later releases.",
+            parent,
         )
+        import pyqtgraph as pg  # only when the page is first shown
+
+        self.pg = pg
         self.empty.add_action(
             "Run profile",
-            self._run_profile,
+            self.run_stage,
             "Runs profile and what it needs (export, quantize, compile)",
         )
-        lay.addWidget(self.empty)
-        self.content = QWidget()
-        cl = QVBoxLayout(self.content)
-        cl.setContentsMargins(0, 0, 0, 0)
-        head = QHBoxLayout()
-        head.addWidget(label("Target:"))
-        self.target = QComboBox()
-        self.target.currentIndexChanged.connect(self._show)
-        head.addWidget(self.target)
-        self.job_label = label("", "muted")
-        head.addWidget(self.job_label, 1)
-        self.badge = SourceBadge("simulated")
-        head.addWidget(self.badge)
-        cl.addLayout(head)
+        cl = self.content_layout
         self.note = label("", "muted", wrap=True)
         cl.addWidget(self.note)
         split = QSplitter()
@@ -80,10 +59,7 @@ class ProfilerPage(Page):
         split.setStretchFactor(0, 3)
         split.setStretchFactor(1, 2)
         cl.addWidget(split, 1)
-        lay.addWidget(self.content, 1)
         self._bars = None
-        self._jobs: list = []
-        ctl.job_event.connect(self._on_job)
         self._apply_theme()
 
     def _apply_theme(self) -> None:
@@ -95,45 +71,7 @@ class ProfilerPage(Page):
             ax.setTextPen(fg)
             ax.setPen(fg)
 
-    def on_show(self) -> None:
-        self.refresh()
-
-    def on_open(self) -> None:
-        self.refresh()
-
-    def _on_job(self, job) -> None:
-        if job.stage == "profile" and job.state == "succeeded":
-            self.later(self.refresh)
-
-    def _run_profile(self) -> None:
-        try:
-            self.ctl.run(["profile"])
-        except StudioError as exc:
-            self.ctl.message.emit("error", exc.message)
-
-    def refresh(self) -> None:
-        self._jobs = sorted(
-            ui_support.latest_jobs(self.ctl.studio.jobs, "profile"), key=lambda j: j.target
-        )
-        has = bool(self._jobs)
-        self.empty.setVisible(not has)
-        self.content.setVisible(has)
-        if not has:
-            return
-        current = self.target.currentData()
-        self.target.blockSignals(True)
-        self.target.clear()
-        for j in self._jobs:
-            self.target.addItem(j.target, j.id)
-        self.target.setCurrentIndex(max(0, self.target.findData(current)))
-        self.target.blockSignals(False)
-        self._show()
-
-    def _show(self, *_args) -> None:
-        if self.ctl.studio is None or not self._jobs:
-            return
-        jid = self.target.currentData()
-        job = next((j for j in self._jobs if j.id == jid), self._jobs[0])
+    def show_job(self, job) -> None:
         totals, unit, source = ui_support.profile_totals(self.ctl.studio, job)
         self.badge.set_source(source or "simulated", SOURCE_NOTES.get(source, ""))
         self.job_label.setText(f"job #{job.id} · {(job.result or {}).get('summary', job.message)}")

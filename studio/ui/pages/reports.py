@@ -12,46 +12,42 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QPushButton,
     QTableView,
-    QVBoxLayout,
-    QWidget,
 )
 
-from studio.core.errors import StudioError
 from studio.services import ui_support
 from studio.ui.models.rows import PayloadRole, Row, RowsModel
-from studio.ui.pages.base import Page
-from studio.ui.widgets import EmptyState, human_bytes, label
+from studio.ui.pages.base import StagePage
+from studio.ui.widgets import human_bytes, label
 
 
-class ReportsPage(Page):
+class ReportsPage(StagePage):
     title = "Reports"
     subtitle = (
         "Self-contained HTML reports (plots inside) written by the report stage, with JSON for CI."
     )
 
+    stage = "report"
+    refresh_ms = 400
+
     def __init__(self, ctl, parent=None):
-        super().__init__(ctl, parent)
-        lay = QVBoxLayout(self.body)
-        lay.setContentsMargins(0, 6, 0, 0)
-        self.empty = EmptyState(
+        super().__init__(
+            ctl,
             "No reports yet",
             "Run the pipeline: its last stage, report, writes a self-contained HTML report "
             "(every figure with its source) and a JSON file for CI into the project's reports "
             "folder, and they are listed here. <code>studio --batch</code> writes the same "
             "reports.",
+            parent,
         )
         self.empty.add_action(
-            "Run pipeline", self._run_pipeline, "Run every stage of the project, then the report"
+            "Run pipeline",
+            lambda: self.run_stages(None),
+            "Run every stage of the project, then the report",
         )
         self.empty.add_action(
-            "Run report only",
-            lambda: self._run(["report"]),
-            "A report of whatever the project has now",
+            "Run report only", self.run_stage, "A report of whatever the project has now"
         )
-        lay.addWidget(self.empty)
-        self.content = QWidget()
-        cl = QVBoxLayout(self.content)
-        cl.setContentsMargins(0, 0, 0, 0)
+        cl = self.content_layout
         bar = QHBoxLayout()
         self.open_button = QPushButton("Open report")
         self.open_button.clicked.connect(self.open_selected)
@@ -77,33 +73,12 @@ class ReportsPage(Page):
         self.view.selectionModel().selectionChanged.connect(self._update_buttons)
         cl.addWidget(self.view, 1)
         cl.addWidget(label("Double-click a report to open it in your browser.", "muted"))
-        lay.addWidget(self.content, 1)
-        ctl.job_event.connect(self._on_job)
         self.opened_urls: list[str] = []  # what was handed to the desktop (for tests)
 
-    def on_show(self) -> None:
-        self.refresh()
-
-    def on_open(self) -> None:
-        self.refresh()
-
-    def _on_job(self, job) -> None:
-        if job.stage == "report" and job.state == "succeeded":
-            self.later(self.refresh, 400)
-
-    def _run_pipeline(self) -> None:
-        self._run(None)
-
-    def _run(self, stages) -> None:
-        try:
-            self.ctl.run(stages)
-        except StudioError as exc:
-            self.ctl.message.emit("error", exc.message)
-
     def refresh(self) -> None:
+        """Lists the report files (not jobs): ``studio --batch`` writes them too."""
         files = ui_support.report_files(self.ctl.project)
-        self.empty.setVisible(not files)
-        self.content.setVisible(bool(files))
+        self.set_has_content(bool(files))
         self.folder_label.setText(str(self.ctl.project.folder / "reports"))
         rows = []
         for f in files:

@@ -4,23 +4,20 @@ FP32 vs HTP greedy text."""
 from __future__ import annotations
 
 from PySide6.QtWidgets import (
-    QComboBox,
     QGroupBox,
     QHBoxLayout,
     QHeaderView,
     QPlainTextEdit,
     QTableView,
     QVBoxLayout,
-    QWidget,
 )
 
 from studio.core.errors import StudioError
 from studio.core.gates import evaluate_gates
-from studio.services import ui_support
 from studio.ui.models.rows import Row, RowsModel
-from studio.ui.pages.base import Page
+from studio.ui.pages.base import TargetStagePage
 from studio.ui.pages.overview import metric_title
-from studio.ui.widgets import BadgeDelegate, EmptyState, SourceBadge, fmt_value, label
+from studio.ui.widgets import BadgeDelegate, fmt_value, label
 
 GATE_TITLES = {
     "min_logits_cosine": "logits cosine ≥",
@@ -29,44 +26,32 @@ GATE_TITLES = {
 }
 
 
-class ValidationPage(Page):
+class ValidationPage(TargetStagePage):
     title = "Validation"
     subtitle = (
         "FP32 on the CPU vs the quantized model on the host vs the HTP simulator: logits, "
         "top-1, perplexity, greedy text."
     )
 
+    stage = "validate"
+
     def __init__(self, ctl, parent=None):
-        super().__init__(ctl, parent)
-        lay = QVBoxLayout(self.body)
-        lay.setContentsMargins(0, 6, 0, 0)
-        self.empty = EmptyState(
+        super().__init__(
+            ctl,
             "No validation yet",
             "Run the validate stage to compare, per target chip, the FP32 model (CPU) with the "
             "quantized model on the host and on the HTP simulator: logits cosine, max error, "
             "top-1 agreement, perplexity on held-out text and greedy-token agreement, checked "
             "against the project's gates. Layer-wise diffs that name the first diverging op, "
             "and runs on real devices, come in later releases.",
+            parent,
         )
         self.empty.add_action(
             "Run validate",
-            self._run_validate,
+            self.run_stage,
             "Runs validate and what it needs (export, quantize, compile)",
         )
-        lay.addWidget(self.empty)
-        self.content = QWidget()
-        cl = QVBoxLayout(self.content)
-        cl.setContentsMargins(0, 0, 0, 0)
-        head = QHBoxLayout()
-        head.addWidget(label("Target:"))
-        self.target = QComboBox()
-        self.target.currentIndexChanged.connect(self._show_job)
-        head.addWidget(self.target)
-        self.job_label = label("", "muted")
-        head.addWidget(self.job_label, 1)
-        self.badge = SourceBadge("simulated")
-        head.addWidget(self.badge)
-        cl.addLayout(head)
+        cl = self.content_layout
         self.summary = label("", wrap=True, selectable=True)
         cl.addWidget(self.summary)
         self.warning = label("", "error", wrap=True)
@@ -114,54 +99,12 @@ class ValidationPage(Page):
             box.addWidget(w)
             tl.addLayout(box)
         cl.addWidget(tbox, 1)
-        lay.addWidget(self.content, 1)
-        self._jobs: list = []
-        ctl.job_event.connect(self._on_job)
-
-    def on_show(self) -> None:
-        self.refresh()
-
-    def on_open(self) -> None:
-        self.refresh()
 
     def on_change(self, change) -> None:
         if any(s == "gates" for s, _ in change):
-            self._show_job()
+            self.show_current()
 
-    def _on_job(self, job) -> None:
-        if job.stage == "validate" and job.state == "succeeded":
-            self.later(self.refresh)
-
-    def _run_validate(self) -> None:
-        try:
-            self.ctl.run(["validate"])
-        except StudioError as exc:
-            self.ctl.message.emit("error", exc.message)
-
-    def refresh(self) -> None:
-        self._jobs = sorted(
-            ui_support.latest_jobs(self.ctl.studio.jobs, "validate"), key=lambda j: j.target
-        )
-        has = bool(self._jobs)
-        self.empty.setVisible(not has)
-        self.content.setVisible(has)
-        if not has:
-            return
-        current = self.target.currentData()
-        self.target.blockSignals(True)
-        self.target.clear()
-        for j in self._jobs:
-            self.target.addItem(j.target, j.id)
-        i = self.target.findData(current)
-        self.target.setCurrentIndex(max(0, i))
-        self.target.blockSignals(False)
-        self._show_job()
-
-    def _show_job(self, *_args) -> None:
-        if self.ctl.studio is None or not self._jobs:
-            return
-        jid = self.target.currentData()
-        job = next((j for j in self._jobs if j.id == jid), self._jobs[0])
+    def show_job(self, job) -> None:
         res = job.result or {}
         self.job_label.setText(f"job #{job.id}" + (" (cached)" if job.cached else ""))
         self.summary.setText(res.get("summary", job.message))
