@@ -82,8 +82,8 @@ def main() -> int:
                 times[how].append(fn(f, stages))
     md, mb = statistics.median(times["direct"]), statistics.median(times["batch"])
     print(f"stages: {', '.join(stages)}; repeats: {a.repeat}")
-    print(f"direct stage calls : median {md:7.2f} s  {['%.2f' % t for t in times['direct']]}")
-    print(f"studio --batch     : median {mb:7.2f} s  {['%.2f' % t for t in times['batch']]}")
+    print(f"direct stage calls : median {md:7.2f} s  {[f'{t:.2f}' for t in times['direct']]}")
+    print(f"studio --batch     : median {mb:7.2f} s  {[f'{t:.2f}' for t in times['batch']]}")
     print(f"overhead ratio (batch / direct): {mb / md:.3f}")
     return 0
 

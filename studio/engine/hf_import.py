@@ -1,0 +1,344 @@
+"""Import of local Hugging Face checkpoint folders into a :class:`ModelInfo`.
+
+Supported: decoder-only causal LMs of the Qwen2 / Qwen2.5 (``model_type`` ``qwen2``),
+Llama and Mistral families. The importer reads ``config.json`` and the *headers* of the
+safetensors files (tensor names, dtypes, shapes): parameter counts are exact and no
+weight is loaded. Checkpoints that only have ``pytorch_model.bin`` fall back to torch
+(memory-mapped, weights only).
+
+Like every format importer: ``match(path)`` says whether this importer claims a path,
+``open_checkpoint(path)`` returns the model description or raises a one-line
+:class:`StudioError`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+from studio.core.modelinfo import LayerInfo, ModelInfo
+
+#: architecture (``config.json`` ``architectures[0]``) -> family (``model_type``)
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "Qwen2ForCausalLM": "qwen2",
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+}
+FAMILY_NAMES = "Qwen2, Qwen2.5, Llama, Mistral"
+
+_EXPECTED = (
+    "a Hugging Face checkpoint folder with config.json and weights "
+    "(model.safetensors, sharded model-*.safetensors with model.safetensors.index.json, "
+    "or pytorch_model.bin)"
+)
+
+_SAFETENSORS_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+
+# Order of the modules inside one transformer block, as data flows through it.
+_BLOCK_ORDER = {
+    "input_layernorm": 0,
+    "q_proj": 1,
+    "k_proj": 2,
+    "v_proj": 3,
+    "o_proj": 4,
+    "post_attention_layernorm": 5,
+    "gate_proj": 6,
+    "up_proj": 7,
+    "down_proj": 8,
+}
+_BLOCK_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def match(path: str | Path) -> bool:
+    """True when ``path`` is a folder that holds a ``config.json`` (this importer's input)."""
+    p = Path(path)
+    return p.is_dir() and (p / "config.json").is_file()
+
+
+def open_checkpoint(path: str | Path) -> ModelInfo:
+    """Describe the checkpoint folder at ``path`` without loading its weights."""
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        raise StudioError(f"no such folder: {folder}; expected {_EXPECTED}")
+    if not folder.is_dir():
+        raise StudioError(f"{folder} is a file; expected {_EXPECTED}")
+    if not (folder / "config.json").is_file():
+        raise StudioError(
+            f"{folder} is not a Hugging Face checkpoint (no config.json); expected {_EXPECTED}"
+        )
+    config = _read_config(folder)
+    architecture, family = _architecture(config, folder)
+    if config.get("quantization_config"):
+        method = config["quantization_config"].get("quant_method", "?")
+        raise StudioError(
+            f"{folder} holds a pre-quantized checkpoint ({method}); import the floating-point "
+            "checkpoint and let the studio quantize it"
+        )
+    tensors = _tensor_shapes(folder)
+    return _describe(folder, config, architecture, family, tensors)
+
+
+# -- config --------------------------------------------------------------------------------
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise StudioError(
+            f"config.json in {folder} is not valid JSON (line {exc.lineno}: {exc.msg})"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StudioError(f"cannot read config.json in {folder}: {exc}") from None
+    if not isinstance(config, dict):
+        raise StudioError(f"config.json in {folder} is not a JSON object")
+    return config
+
+
+def _architecture(config: dict[str, Any], folder: Path) -> tuple[str, str]:
+    model_type = str(config.get("model_type", "?"))
+    archs = config.get("architectures") or []
+    if archs:
+        architecture = str(archs[0])
+    else:  # older configs: infer from the model type
+        by_family = {fam: arch for arch, fam in SUPPORTED_ARCHITECTURES.items()}
+        architecture = by_family.get(model_type, f"? (model_type {model_type})")
+    family = SUPPORTED_ARCHITECTURES.get(architecture)
+    if family is None or family != model_type:
+        supported = ", ".join(SUPPORTED_ARCHITECTURES)
+        raise StudioError(
+            f"unsupported architecture {architecture} (model_type {model_type}) in {folder}; "
+            f"supported: {supported} (the {FAMILY_NAMES} families)"
+        )
+    return architecture, family
+
+
+def _need_int(config: dict[str, Any], key: str, folder: Path) -> int:
+    value = config.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise StudioError(f"config.json in {folder} lacks an integer {key!r}")
+    return value
+
+
+# -- weights -------------------------------------------------------------------------------
+
+Tensors = dict[str, tuple[tuple[int, ...], str]]  # name -> (shape, dtype name)
+
+
+def _tensor_shapes(folder: Path) -> Tensors:
+    files = _safetensors_files(folder)
+    if files:
+        tensors: Tensors = {}
+        for f in files:
+            tensors.update(_safetensors_header(f))
+        return tensors
+    bins = _torch_files(folder)
+    if bins:
+        return _torch_shapes(bins)
+    raise StudioError(f"{folder} has a config.json but no model weights; expected {_EXPECTED}")
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (ValueError, KeyError, TypeError):
+            raise StudioError(f"{index} is not a valid safetensors index") from None
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise StudioError(f"{folder} lacks weight shards named in its index: {missing}")
+        return files
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    return sorted(folder.glob("model-*.safetensors")) or sorted(
+        f for f in folder.glob("*.safetensors") if not f.name.startswith("adapter_")
+    )
+
+
+def _safetensors_header(path: Path) -> Tensors:
+    """Names, shapes and dtypes from a safetensors header (8-byte length + JSON)."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(8)
+            if len(head) != 8:
+                raise ValueError("file too short")
+            (length,) = struct.unpack("<Q", head)
+            if length > 100_000_000:
+                raise ValueError("implausible header length")
+            header = json.loads(fh.read(length))
+    except (OSError, ValueError) as exc:
+        raise StudioError(f"{path} is not a readable safetensors file ({exc})") from None
+    out: Tensors = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        shape = tuple(int(x) for x in meta["shape"])
+        out[name] = (shape, _SAFETENSORS_DTYPES.get(meta["dtype"], meta["dtype"].lower()))
+    return out
+
+
+def _torch_files(folder: Path) -> list[Path]:
+    index = folder / "pytorch_model.bin.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (ValueError, KeyError, TypeError):
+            raise StudioError(f"{index} is not a valid weights index") from None
+        return [folder / name for name in sorted(set(weight_map.values()))]
+    single = folder / "pytorch_model.bin"
+    return [single] if single.is_file() else []
+
+
+def _torch_shapes(files: list[Path]) -> Tensors:
+    import torch
+
+    out: Tensors = {}
+    for f in files:
+        try:
+            state = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as exc:  # corrupt or not a torch file
+            raise StudioError(f"cannot read torch weights {f}: {exc}") from None
+        for name, t in state.items():
+            out[name] = (tuple(t.shape), str(t.dtype).removeprefix("torch."))
+    return out
+
+
+# -- description ---------------------------------------------------------------------------
+
+
+def _kind(module: str) -> str:
+    leaf = module.rsplit(".", 1)[-1]
+    if "embed_tokens" in module:
+        return "embedding"
+    if leaf == "lm_head":
+        return "lm_head"
+    if "norm" in leaf:
+        return "norm"
+    if ".self_attn." in f".{module}." or ".attn." in f".{module}.":
+        return "attention"
+    if ".mlp." in f".{module}.":
+        return "mlp"
+    return "other"
+
+
+def _block(module: str) -> int | None:
+    m = _BLOCK_RE.search(module + ".")
+    return int(m.group(1)) if m else None
+
+
+def _order(layer: LayerInfo) -> tuple:
+    if layer.kind == "embedding":
+        return (0, 0, 0, layer.name)
+    if layer.block is not None:
+        leaf = layer.name.rsplit(".", 1)[-1]
+        return (1, layer.block, _BLOCK_ORDER.get(leaf, 99), layer.name)
+    if layer.kind == "norm":
+        return (2, 0, 0, layer.name)
+    if layer.kind == "lm_head":
+        return (3, 0, 0, layer.name)
+    return (4, 0, 0, layer.name)
+
+
+def _describe(
+    folder: Path, config: dict[str, Any], architecture: str, family: str, tensors: Tensors
+) -> ModelInfo:
+    hidden = _need_int(config, "hidden_size", folder)
+    heads = _need_int(config, "num_attention_heads", folder)
+    num_layers = _need_int(config, "num_hidden_layers", folder)
+    vocab = _need_int(config, "vocab_size", folder)
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or hidden // heads
+
+    # Group tensors by module: "model.layers.0.self_attn.q_proj.weight" -> (module, "weight").
+    modules: dict[str, dict[str, tuple[int, ...]]] = {}
+    for name, (shape, _dtype) in tensors.items():
+        module, _, leaf = name.rpartition(".")
+        modules.setdefault(module or name, {})[leaf] = shape
+
+    embed = next((m for m in modules if _kind(m) == "embedding"), None)
+    if embed is None:
+        raise StudioError(f"{folder}: the weights have no token embedding (embed_tokens)")
+    has_head = "lm_head" in modules
+    # A checkpoint saved with tied embeddings stores the embedding only; one that stores
+    # both but says they are tied is loaded tied by transformers (the head is ignored).
+    tie_flag = config.get("tie_word_embeddings")
+    if not has_head and tie_flag is False:
+        raise StudioError(
+            f"{folder}: config.json says the head is not tied to the embedding, "
+            "but the weights have no lm_head.weight"
+        )
+    tied = (not has_head) or bool(tie_flag)
+
+    layers: list[LayerInfo] = []
+    for module, shapes in modules.items():
+        kind = _kind(module)
+        if kind == "lm_head" and tied:
+            continue
+        params = 0
+        for shape in shapes.values():
+            n = 1
+            for d in shape:
+                n *= d
+            params += n
+        layers.append(LayerInfo(module, _block(module), kind, params, dict(shapes)))
+    if tied:
+        layers.append(LayerInfo("lm_head", None, "lm_head", 0, dict(modules[embed]), tied_to=embed))
+    layers.sort(key=_order)
+
+    blocks = {lay.block for lay in layers if lay.block is not None}
+    if len(blocks) != num_layers:
+        raise StudioError(
+            f"{folder}: config.json says {num_layers} layers but the weights hold "
+            f"{len(blocks)} transformer blocks"
+        )
+
+    if family == "qwen2":
+        window = config.get("sliding_window") if config.get("use_sliding_window") else None
+    else:
+        window = config.get("sliding_window")
+    rope = config.get("rope_theta")
+    if rope is None and isinstance(config.get("rope_parameters"), dict):
+        rope = config["rope_parameters"].get("rope_theta")
+    dtypes = Counter(dtype for _shape, dtype in tensors.values())
+    dtype = dtypes.most_common(1)[0][0] if dtypes else config.get("dtype")
+
+    return ModelInfo(
+        source=str(folder.resolve()),
+        format="hf",
+        architecture=architecture,
+        family=family,
+        num_layers=num_layers,
+        hidden_size=hidden,
+        intermediate_size=int(config.get("intermediate_size") or 0),
+        num_heads=heads,
+        num_kv_heads=int(kv_heads),
+        head_dim=int(head_dim),
+        vocab_size=vocab,
+        tied_embeddings=tied,
+        max_positions=int(config.get("max_position_embeddings") or 0),
+        parameters=sum(lay.params for lay in layers),
+        layers=layers,
+        dtype=dtype,
+        sliding_window=int(window) if window else None,
+        rope_theta=float(rope) if rope is not None else None,
+    )

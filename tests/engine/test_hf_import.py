@@ -1,0 +1,249 @@
+"""HF checkpoint import on tiny random checkpoints of each supported family (real files)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from studio.core.errors import StudioError
+from studio.core.modelinfo import ModelInfo
+from studio.engine import hf_import
+
+SMALL = dict(
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+
+
+def _build(kind: str):
+    import torch
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
+
+    torch.manual_seed(0)
+    if kind == "qwen2":  # Qwen2: biases on q/k/v, untied head
+        return Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=False, **SMALL))
+    if kind == "qwen2.5":  # Qwen2.5-style: tied head, rope 1e6, sliding window declared but off
+        return Qwen2ForCausalLM(
+            Qwen2Config(
+                tie_word_embeddings=True,
+                rope_theta=1_000_000.0,
+                use_sliding_window=False,
+                sliding_window=128,
+                max_window_layers=2,
+                **SMALL,
+            )
+        )
+    if kind == "llama":  # Llama: explicit head_dim (16, not hidden/heads = 8), MQA
+        cfg = dict(SMALL, num_key_value_heads=1)
+        return LlamaForCausalLM(LlamaConfig(head_dim=16, tie_word_embeddings=False, **cfg))
+    if kind == "mistral":  # Mistral: sliding window attention
+        return MistralForCausalLM(MistralConfig(sliding_window=64, **SMALL))
+    raise AssertionError(kind)
+
+
+FAMILIES = ["qwen2", "qwen2.5", "llama", "mistral"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, tuple[Path, object]]:
+    root = tmp_path_factory.mktemp("hf")
+    out = {}
+    for kind in FAMILIES:
+        model = _build(kind)
+        model.save_pretrained(root / kind)
+        out[kind] = (root / kind, model)
+    return out
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_parameter_count_equals_torch(checkpoints, kind):
+    folder, model = checkpoints[kind]
+    assert hf_import.match(folder)
+    info = hf_import.open_checkpoint(folder)
+    assert isinstance(info, ModelInfo)
+    assert info.format == "hf"
+    assert info.parameters == sum(p.numel() for p in model.parameters())
+    assert sum(lay.params for lay in info.layers) == info.parameters
+    # Every layer's count is that of the torch module of the same name.
+    for lay in info.layers:
+        if lay.tied_to is None:
+            module = model.get_submodule(lay.name)
+            assert lay.params == sum(p.numel() for p in module.parameters()), lay.name
+            for leaf, shape in lay.shapes.items():
+                assert tuple(getattr(module, leaf).shape) == shape
+    assert info.weight_bytes("FP32") == 4 * info.parameters
+    assert info.weight_bytes("FP16") == 2 * info.parameters
+    assert info.weight_bytes("INT8") == info.parameters
+    assert info.weight_bytes("INT4") == (info.parameters + 1) // 2
+    assert info.dtype == "float32"
+    assert ModelInfo.from_dict(json.loads(json.dumps(info.to_dict()))) == info
+
+
+def test_qwen2_description(checkpoints):
+    info = hf_import.open_checkpoint(checkpoints["qwen2"][0])
+    assert (info.architecture, info.family) == ("Qwen2ForCausalLM", "qwen2")
+    assert (info.num_layers, info.hidden_size, info.intermediate_size) == (2, 32, 48)
+    assert (info.num_heads, info.num_kv_heads, info.head_dim) == (4, 2, 8)
+    assert (info.vocab_size, info.max_positions) == (96, 256)
+    assert info.tied_embeddings is False
+    assert info.sliding_window is None
+    # 96*32 embedding + 2 blocks + final norm 32 + untied head 96*32; each block:
+    # norms 2*32, q 32*32+32, k 16*32+16, v 16*32+16, o 32*32, mlp 3*32*48
+    block = 2 * 32 + (1024 + 32) + (512 + 16) + (512 + 16) + 1024 + 3 * 32 * 48
+    assert info.parameters == 96 * 32 + 2 * block + 32 + 96 * 32 == 21_792
+    # Layers in data-flow order, grouped by block.
+    names = [lay.name for lay in info.layers]
+    assert names[:4] == [
+        "model.embed_tokens",
+        "model.layers.0.input_layernorm",
+        "model.layers.0.self_attn.q_proj",
+        "model.layers.0.self_attn.k_proj",
+    ]
+    assert names[-2:] == ["model.norm", "lm_head"]
+    k = info.layer("model.layers.1.self_attn.k_proj")
+    assert (k.block, k.kind) == (1, "attention")
+    assert k.shapes == {"weight": (16, 32), "bias": (16,)}  # GQA: 2 KV heads x 8
+    kinds = info.params_by_kind()
+    assert set(kinds) == {"embedding", "attention", "mlp", "norm", "lm_head"}
+    assert kinds["mlp"] == 2 * 3 * 32 * 48
+    # KV cache by the formula: 2 x 2 layers x 2 KV heads x 8 x context x bytes.
+    assert info.kv_cache_bytes(100) == 12_800
+    assert info.kv_cache_bytes(100, bytes_per_elem=1) == 6_400
+    assert info.kv_cache_bytes(100, window=32) == 4_096
+
+
+def test_qwen25_style_tied_embeddings(checkpoints):
+    folder, model = checkpoints["qwen2.5"]
+    info = hf_import.open_checkpoint(folder)
+    assert info.tied_embeddings is True
+    assert info.rope_theta == 1_000_000.0
+    assert info.sliding_window is None  # declared, but use_sliding_window is false
+    head = info.layer("lm_head")
+    assert (head.params, head.tied_to, head.kind) == (0, "model.embed_tokens", "lm_head")
+    assert head.shapes == {"weight": (96, 32)}
+    # The shared matrix is counted once: one head fewer than the untied Qwen2.
+    untied = hf_import.open_checkpoint(checkpoints["qwen2"][0])
+    assert untied.parameters - info.parameters == 96 * 32
+    assert info.weight_bytes("FP16") == 2 * sum(p.numel() for p in model.parameters())
+
+
+def test_llama_head_dim_and_mqa(checkpoints):
+    info = hf_import.open_checkpoint(checkpoints["llama"][0])
+    assert (info.architecture, info.family) == ("LlamaForCausalLM", "llama")
+    assert (info.num_heads, info.num_kv_heads, info.head_dim) == (4, 1, 16)
+    assert info.gqa_group == 4
+    assert info.layer("model.layers.0.self_attn.q_proj").shapes == {"weight": (64, 32)}
+    assert info.layer("model.layers.0.self_attn.v_proj").shapes == {"weight": (16, 32)}
+    # 2 x 2 layers x 1 KV head x 16 x 1000 tokens x 2 bytes
+    assert info.kv_cache_bytes(1000) == 128_000
+    assert info.tied_embeddings is False
+
+
+def test_mistral_sliding_window(checkpoints):
+    info = hf_import.open_checkpoint(checkpoints["mistral"][0])
+    assert (info.architecture, info.family) == ("MistralForCausalLM", "mistral")
+    assert info.sliding_window == 64
+    assert info.kv_cache_bytes(1000, window=info.sliding_window) == 2 * 2 * 2 * 8 * 64 * 2
+
+
+def test_sharded_checkpoint(tmp_path, checkpoints):
+    _, model = checkpoints["qwen2"]
+    model.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
+    info = hf_import.open_checkpoint(tmp_path)
+    assert info.parameters == sum(p.numel() for p in model.parameters())
+
+
+def test_torch_bin_checkpoint(tmp_path, checkpoints):
+    import torch
+
+    folder, model = checkpoints["qwen2.5"]
+    (tmp_path / "config.json").write_bytes((folder / "config.json").read_bytes())
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")  # holds the tied copy too
+    info = hf_import.open_checkpoint(tmp_path)
+    assert info.tied_embeddings
+    assert info.parameters == sum(p.numel() for p in model.parameters())
+
+
+def test_unsupported_architecture_names_the_supported_ones(tmp_path):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(
+        GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=32)
+    ).save_pretrained(tmp_path)
+    assert hf_import.match(tmp_path)  # looks like a checkpoint ...
+    with pytest.raises(StudioError) as err:  # ... of a family the studio does not support
+        hf_import.open_checkpoint(tmp_path)
+    msg = str(err.value)
+    assert "unsupported architecture GPT2LMHeadModel (model_type gpt2)" in msg
+    for name in ("Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2.5"):
+        assert name in msg
+    assert "\n" not in msg
+
+
+def test_folder_that_is_not_a_checkpoint(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    assert not hf_import.match(tmp_path)
+    with pytest.raises(
+        StudioError,
+        match="not a Hugging Face checkpoint .no config.json.; "
+        "expected a Hugging Face checkpoint folder",
+    ):
+        hf_import.open_checkpoint(tmp_path)
+
+
+def test_config_without_weights(tmp_path, checkpoints):
+    (tmp_path / "config.json").write_bytes((checkpoints["llama"][0] / "config.json").read_bytes())
+    with pytest.raises(StudioError, match="has a config.json but no model weights; expected"):
+        hf_import.open_checkpoint(tmp_path)
+
+
+def test_missing_path_file_and_broken_config(tmp_path):
+    with pytest.raises(StudioError, match="no such folder"):
+        hf_import.open_checkpoint(tmp_path / "nope")
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(b"x")
+    assert not hf_import.match(f)
+    with pytest.raises(StudioError, match="is a file"):
+        hf_import.open_checkpoint(f)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    with pytest.raises(StudioError, match="not valid JSON"):
+        hf_import.open_checkpoint(bad)
+
+
+def test_corrupt_safetensors(tmp_path, checkpoints):
+    (tmp_path / "config.json").write_bytes((checkpoints["qwen2"][0] / "config.json").read_bytes())
+    (tmp_path / "model.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{oops")
+    with pytest.raises(StudioError, match="not a readable safetensors file"):
+        hf_import.open_checkpoint(tmp_path)
+
+
+def test_engine_module_imports_no_heavy_library():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, studio.engine.hf_import\n"
+        "heavy = {'torch', 'transformers', 'safetensors'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
