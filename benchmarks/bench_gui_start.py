@@ -1,6 +1,6 @@
 """Cold start of the desktop app: process start → main window shown.
 
-Runs ``python -m studio.cli`` (what the ``studio`` command runs with no arguments) in fresh
+Runs ``python -m studio`` (what the ``studio`` command runs with no arguments) in fresh
 subprocesses with ``QSTUDIO_EXIT_AFTER_SHOW=1`` (the app prints ``shown`` once its window is
 on screen, then quits) and takes the median of 5; the same for the same window opening a
 sample project. Prints both with the ratio to ``python -c "import PySide6.QtWidgets"``
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     py = sys.executable
     baseline_cmd = [py, "-c", "import PySide6.QtWidgets"]
-    app_cmd = [py, "-m", "studio.cli"]
+    app_cmd = [py, "-m", "studio"]
     project = _sample_project(tmp)
     _time_until_shown(app_cmd, env)  # compile .pyc files once; not counted
     base, app, with_project = [], [], []
