@@ -68,7 +68,10 @@ class ReportsPage(StagePage):
         self.view.verticalHeader().hide()
         self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.view.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.view.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header = self.view.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for col in (1, 2):
+            header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
         self.view.doubleClicked.connect(lambda _i: self.open_selected())
         self.view.selectionModel().selectionChanged.connect(self._update_buttons)
         cl.addWidget(self.view, 1)
