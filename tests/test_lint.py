@@ -16,6 +16,11 @@ def test_ruff_clean():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_mypy_clean_on_core_and_services():
+    r = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_import_contracts_hold():
     exe = shutil.which("lint-imports")
     assert exe, "import-linter is part of the test extra"

@@ -219,7 +219,12 @@ def from_dict(data: dict[str, Any], where: str = "project") -> Project:
         targets = [default_chip_key()]
     if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
         raise StudioError("targets must be a list of chip names (see studio targets)")
-    p = Project(name=name or "untitled", targets=list(targets), **sections)
+    p = Project(
+        name=name or "untitled", targets=list(targets), model=sections["model"],
+        export=sections["export"], quantization=sections["quantization"],
+        validation=sections["validation"], gates=sections["gates"], run=sections["run"],
+        pipeline=sections["pipeline"],
+    )
     _validate(p)
     return p
 
