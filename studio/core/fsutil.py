@@ -64,3 +64,43 @@ def check_writable_dir(path: Path) -> None:
         p = p.parent
     if not p.is_dir() or not os.access(p, os.W_OK | os.X_OK):
         raise StudioError(f"cannot write to {p}: choose a folder you can write to")
+
+
+class RunLock:
+    """An exclusive, non-blocking lock on a project folder for the length of a pipeline run.
+
+    Two runs writing the same artifacts at once would race; the second gets a clear error.
+    The lock dies with its process (flock), so a killed run never leaves it behind.
+    """
+
+    def __init__(self, folder: Path):
+        self.path = Path(folder) / "run.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        import fcntl
+
+        from studio.core.errors import StudioError
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StudioError(
+                f"another pipeline run (process {holder}) is using {self.path.parent.name}: "
+                "wait for it to finish or cancel it"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            import fcntl
+
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None

@@ -21,7 +21,7 @@ from typing import Any
 
 from studio.core.artifacts import Artifact, ArtifactStore, artifact_key
 from studio.core.errors import StageCrashed, StudioError
-from studio.core.fsutil import atomic_write_bytes, sha256_file
+from studio.core.fsutil import RunLock, atomic_write_bytes, sha256_file
 from studio.core.gates import evaluate_gates
 from studio.core.jobs import Job, JobStore
 from studio.core.metrics import Metric
@@ -165,10 +165,23 @@ def preflight(project: Project, jobs: list[PlannedJob]) -> None:
     check_writable_dir(project.folder)
 
 
+def _code_digest() -> str:
+    """The studio's own stage code is an input too: editing it re-runs the stages."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for folder in ("engine", "worker"):
+        for f in sorted((root / folder).glob("*.py")):
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def tool_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
-    out = {}
+    out = {"qstudio-code": _code_digest()}
     for pkg in ("qstudio", "torch", "transformers", "onnx", "onnxruntime", "onnxruntime-qnn"):
         try:
             out[pkg] = version(pkg)
@@ -308,6 +321,15 @@ class Pipeline:
         planned = plan(self.project, stages, targets)
         # hashing checkpoints and reading files can take seconds: keep it off the event loop
         await asyncio.to_thread(preflight, self.project, planned)
+        lock = RunLock(self.project.folder)
+        lock.acquire()
+        try:
+            return await self._run_locked(planned, stages, targets, t0)
+        finally:
+            lock.release()
+
+    async def _run_locked(self, planned: list[PlannedJob], stages: list[str] | None,
+                          targets: list[str] | None, t0: float) -> RunSummary:
         run_id = self.jobs.create_run({"stages": stages, "targets": targets})
         ids = [self.jobs.add_job(run_id, j.stage, j.target) for j in planned]
         for jid, pj in zip(ids, planned, strict=True):

@@ -135,3 +135,25 @@ def test_new_then_info(tmp_path):
 
 def test_no_command_given(tmp_path):
     assert_clean_failure(studio("--json"), "nothing to do", tmp_path, {})
+
+
+def test_a_second_run_on_the_same_project_is_refused(tmp_path):
+    import subprocess
+    import sys
+
+    f = write(tmp_path, small())
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time\n"
+         "from studio.core.fsutil import RunLock\n"
+         f"RunLock({str(tmp_path / 'p.studio')!r}).acquire()\n"
+         "print('locked', flush=True)\n"
+         "time.sleep(60)\n"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = snapshot(tmp_path)
+        assert_clean_failure(studio("--batch", f), "another pipeline run", tmp_path, before)
+    finally:
+        holder.kill()
+        holder.wait()
