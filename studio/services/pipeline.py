@@ -373,7 +373,15 @@ class Pipeline:
                 if pj.stage == "report":
                     report = self._publish_report(art)
         except BaseException:
+            # Ctrl-C, or the caller cancelled the coroutine: stop the worker and record the
+            # unfinished jobs as cancelled (not left "running" for the next open to find).
             self._kill_worker()
+            now = time.time()
+            for jid in ids:
+                if self.jobs.job(jid).state in ("queued", "running"):
+                    self.jobs.update_job(jid, state="cancelled", finished=now,
+                                         message="cancelled: the run was interrupted")
+            self.jobs.finish_run(run_id, "cancelled")
             raise
         await self._close_worker()
         states = [self.jobs.job(i).state for i in ids]

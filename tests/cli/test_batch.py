@@ -100,3 +100,36 @@ def test_kill_9_mid_stage_then_rerun_completes(batch_run, small_project, tmp_pat
     store = ArtifactStore(proj.with_suffix(".studio") / "artifacts")
     assert all(store.verify(a) for a in store.all())
     assert not any(store.tmp.iterdir())
+
+
+def test_ctrl_c_cancels_the_run_and_stops_its_worker(batch_run, small_project):
+    text = small_project.read_text()
+    for n in (8, 12):
+        text = text.replace(f"max_new_tokens = {n}", "max_new_tokens = 14")
+    small_project.write_text(text)
+    db = small_project.with_suffix(".studio") / "runs.sqlite"
+    proc = subprocess.Popen([sys.executable, "-m", "studio.cli", "--batch", str(small_project),
+                             "--quiet"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    run_id = None
+    while time.time() < deadline and proc.poll() is None:
+        con = sqlite3.connect(db)
+        row = con.execute("SELECT run_id, pid FROM jobs WHERE state='running' AND stage='run' "
+                          "ORDER BY id DESC LIMIT 1").fetchone()
+        con.close()
+        if row:
+            run_id, worker_pid = row
+            proc.send_signal(signal.SIGINT)
+            break
+        time.sleep(0.2)
+    _, err = proc.communicate(timeout=60)
+    assert run_id is not None, "the run stage never started"
+    assert proc.returncode == 130, err
+    con = sqlite3.connect(db)
+    states = {s for (s,) in con.execute("SELECT state FROM jobs WHERE run_id=?", (run_id,))}
+    assert "running" not in states and "queued" not in states and "cancelled" in states
+    assert con.execute("SELECT state FROM runs WHERE id=?", (run_id,)).fetchone()[0] == "cancelled"
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker_pid, 0)
