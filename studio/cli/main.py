@@ -151,6 +151,12 @@ def _info(args) -> int:
         runs = store.runs(5)
         store.close()
     data["recent_runs"] = [{"id": r["id"], "state": r["state"]} for r in runs]
+    metrics = []
+    if runs:
+        store = JobStore(db)
+        metrics = [m.to_dict() for m in store.metrics(run_id=runs[0]["id"])]
+        store.close()
+    data["latest_metrics"] = metrics
     if args.info_json:
         print(json.dumps(data, indent=1))
         return 0
@@ -164,6 +170,11 @@ def _info(args) -> int:
     print(f"  stages    {', '.join(p.pipeline['stages'])}")
     for r in data["recent_runs"]:
         print(f"  run {r['id']}: {r['state']}")
+    if metrics:
+        print(f"  latest run's figures (run {runs[0]['id']}):")
+        for m in metrics:
+            where = m["device"] + (f" / {m['target']}" if m["target"] else "")
+            print(f"    {m['name']:<26} {m['value']:>12.4g} {m['unit']:<9} {m['source']:<10} {where}")
     return 0
 
 

@@ -201,6 +201,7 @@ class RunSummary:
     seconds: float
     error: str | None = None
     exit_code: int = 0
+    metrics: list[Metric] = field(default_factory=list)
 
     @property
     def gates_passed(self) -> bool:
@@ -215,6 +216,7 @@ class RunSummary:
                       "cached": j.cached, "seconds": round(j.elapsed or 0.0, 2),
                       "message": j.message, "summary": (j.result or {}).get("summary", "")}
                      for j in self.jobs],
+            "metrics": [m.to_dict() for m in self.metrics],
         }
 
 
@@ -394,7 +396,7 @@ class Pipeline:
         self.jobs.finish_run(run_id, state)
         self._emit({"kind": "run", "run_id": run_id, "state": state})
         return RunSummary(run_id, state, [self.jobs.job(i) for i in ids], gates, report,
-                          time.time() - t0, error, exit_code)
+                          time.time() - t0, error, exit_code, self.jobs.metrics(run_id=run_id))
 
     def _publish_report(self, art: Artifact) -> Path:
         reports = self.project.folder / "reports"

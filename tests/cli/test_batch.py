@@ -20,6 +20,9 @@ def test_batch_runs_every_stage_and_writes_the_report(batch_run, small_project):
     stages = [j["stage"] for j in summary["jobs"]]
     assert stages[:2] == ["export", "quantize"] and stages[-1] == "report"
     assert {j["state"] for j in summary["jobs"]} == {"succeeded"}
+    names = {(m["name"], m["source"]) for m in summary["metrics"]}
+    assert ("decode_tokens_per_s", "simulated") in names
+    assert ("decode_tokens_per_s", "measured") in names
     report = small_project.with_suffix(".studio") / "reports" / "latest.html"
     html = report.read_text()
     assert "<svg" in html and "simulated" in html and "measured" in html
@@ -61,6 +64,7 @@ def test_info_describes_the_project(batch_run, small_project):
     assert r.returncode == 0
     data = json.loads(r.stdout)
     assert data["name"] == "small" and data["recent_runs"]
+    assert {m["source"] for m in data["latest_metrics"]} <= {"measured", "simulated"}
 
 
 def test_kill_9_mid_stage_then_rerun_completes(batch_run, small_project, tmp_path):
