@@ -137,3 +137,22 @@ def test_ctrl_c_cancels_the_run_and_stops_its_worker(batch_run, small_project):
     time.sleep(0.5)
     with pytest.raises(ProcessLookupError):
         os.kill(worker_pid, 0)
+
+
+def test_a_failing_gate_exits_1_and_says_which(batch_run, small_project, tmp_path):
+    # validation results are cached; only the gate changes, so this is quick
+    strict = small_project.read_text().replace("min_logits_cosine = 0.99",
+                                                "min_logits_cosine = 0.999999")
+    before = small_project.read_text()
+    small_project.write_text(strict)
+    try:
+        r = studio("--batch", small_project, "--json")
+    finally:
+        small_project.write_text(before)
+    assert r.returncode == 1, r.stderr
+    summary = json.loads(r.stdout)
+    failed = [g for g in summary["gates"] if not g["passed"]]
+    assert [g["gate"] for g in failed] == ["min_logits_cosine"]
+    assert "FAIL" in r.stderr
+    report = json.loads((small_project.with_suffix(".studio") / "reports/latest.json").read_text())
+    assert report["gates_passed"] is False
