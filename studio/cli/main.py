@@ -126,11 +126,11 @@ def _new(args) -> int:
     sections: dict[str, Any] = {}
     if args.scheme:
         sections["quantization"] = {"scheme": args.scheme}
-    studio = Studio.create(Path(args.file), source, args.new_targets, **sections)
     if not args.sample:
         from studio.engine import hf_import
 
         hf_import.open_checkpoint(Path(args.checkpoint))  # not a checkpoint: a clear error
+    studio = Studio.create(Path(args.file), source, args.new_targets, **sections)
     print(f"created {studio.project.path}")
     studio.close()
     return 0

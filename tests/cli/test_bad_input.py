@@ -157,3 +157,27 @@ def test_a_second_run_on_the_same_project_is_refused(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_new_from_a_checkpoint_folder(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                 num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=1)).save_pretrained(tmp_path / "llama")
+    r = studio("new", tmp_path / "l.qstudio", "--checkpoint", tmp_path / "llama",
+               "--target", "snapdragon-8-elite", "--scheme", "W8A8")
+    assert r.returncode == 0, r.stderr
+    r = studio("info", tmp_path / "l.qstudio", "--json")
+    import json
+
+    data = json.loads(r.stdout)
+    assert data["targets"] == ["snapdragon-8-elite"]
+    assert data["quantization"]["scheme"] == "W8A8"
+
+
+def test_new_from_a_folder_that_is_not_a_checkpoint_writes_nothing(tmp_path):
+    (tmp_path / "empty").mkdir()
+    r = studio("new", tmp_path / "x.qstudio", "--checkpoint", tmp_path / "empty")
+    assert_clean_failure(r, "config.json", tmp_path, {})
+    assert not (tmp_path / "x.qstudio").exists()
