@@ -24,6 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if (sys.platform.startswith("linux") and not os.environ.get("QT_QPA_PLATFORM")
+            and not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY")):
+        # Qt would abort with a list of plugins; say what to do instead
+        print("error: no display to open the QStudio window on (DISPLAY is not set): run it "
+              "in a desktop session, or use studio --batch FILE for headless runs",
+              file=sys.stderr)
+        return 2
 
     import qasync
     from PySide6.QtCore import QTimer

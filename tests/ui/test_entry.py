@@ -21,3 +21,12 @@ def test_studio_with_arguments_is_the_cli():
     r = subprocess.run([sys.executable, "-m", "studio", "targets"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "snapdragon-8-gen-3" in r.stdout
+
+
+def test_studio_without_a_display_says_what_to_do():
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    r = subprocess.run([sys.executable, "-m", "studio"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith("error: no display")
