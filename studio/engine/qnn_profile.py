@@ -236,6 +236,8 @@ def _read_trace(trace_path: str | os.PathLike) -> tuple[dict[str, dict], dict]:
 
 def _guess_type(name: str) -> str:
     """'/model/layers.0/mlp/MatMul_1' -> 'MatMul', 'x_QuantizeLinear' -> 'QuantizeLinear'."""
+    if re.fullmatch(r"OpId_\d+", name):
+        return "unnamed backend op"  # ops the HTP backend inserted itself
     last = name.rstrip("/").rsplit("/", 1)[-1]
     last = re.sub(r"_\d+$", "", last)
     if "_" in last:

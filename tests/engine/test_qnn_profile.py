@@ -264,3 +264,4 @@ def test_ops_the_backend_made_itself_have_no_name(tmp_path):
     prof = parse_profile_csv(f)
     assert sorted(op.qnn_name for op in prof.ops) == ["/lm_head/MatMul", "OpId_2087"]
     assert prof.total() == 42.0
+    assert prof.totals_by_op_type() == {"MatMul": 30.0, "unnamed backend op": 12.0}
