@@ -113,7 +113,9 @@ def quantize(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     info = quantize_llm(export_dir, ctx.out, recipe, text, export_dir / "tokenizer", progress)
     return {
         "summary": f"{q['scheme']} {q['weight_granularity']}, "
-                   f"{q['calibration_samples']} calibration windows",
+                   f"{q['calibration_samples']} calibration windows"
+                   + (f", overrides {', '.join(f'{k}={v}' for k, v in q['overrides'].items())}"
+                      if q["overrides"] else ""),
         "quant": info,
         "metrics": [_metric("quantize_seconds", time.perf_counter() - t0, "s", "measured",
                             "host-cpu")],
