@@ -27,6 +27,7 @@ transposed [in, out]) so quantization overrides can name them.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 from studio.core.progress import NullProgress, Progress, SubProgress
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")
@@ -46,7 +48,6 @@ REFERENCE_TEXT = (
     "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
 )
 _PROTOBUF_LIMIT = 1_900_000_000
-FILE_MODE = 0o644
 
 
 # ---------------------------------------------------------------------------- spec helpers
@@ -76,20 +77,6 @@ def load_spec(graphs_dir: Path) -> dict:
     if spec.get("format") != SPEC_FORMAT:
         raise StudioError(f"{path} is not a QStudio LLM graph spec; re-run the export")
     return spec
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, FILE_MODE)  # mkstemp makes 0600
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_onnx_atomic(model, path: Path) -> list[Path]:
@@ -638,18 +625,11 @@ def export_llm(
             "this checkpoint is not supported by the static-KV exporter"
         )
 
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".reference.", suffix=".npz")
-    os.close(fd)
-    try:
-        os.chmod(tmp, FILE_MODE)
-        np.savez(
-            tmp, input_ids=np.asarray(ref_ids, dtype=np.int64), logits=ref_logits.astype(np.float32)
-        )
-        os.replace(tmp, out_dir / "reference.npz")
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    buf = io.BytesIO()
+    np.savez(buf, input_ids=np.asarray(ref_ids, dtype=np.int64),
+             logits=ref_logits.astype(np.float32))
+    atomic_write_bytes(out_dir / "reference.npz", buf.getvalue())
     spec["reference"] = {"file": "reference.npz", "tokens": len(ref_ids)}
-    write_json_atomic(out_dir / "graph.json", spec)
+    atomic_write_json(out_dir / "graph.json", spec)
     progress.update(1.0, "export done")
     return spec

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 from studio.core.progress import NullProgress, Progress, SubProgress
 
 SCHEMES = ("W8A16", "W8A8", "FP16")
@@ -465,18 +466,6 @@ def _jsonable(value):
     return getattr(value, "name", str(value))
 
 
-def _copy_atomic(src: Path, dst: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        shutil.copyfile(src, tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _logit_cosine(ref, other) -> float:
     import numpy as np
 
@@ -515,7 +504,7 @@ def quantize_llm(
 ) -> dict:
     """Quantize the FP32 graphs of ``graphs_dir`` into ``out_dir``; returns quant.json's content."""
     from studio.engine.calibration import build_calibration_feeds, calibration_windows
-    from studio.engine.llm_export import load_spec, write_json_atomic
+    from studio.engine.llm_export import load_spec
 
     graphs_dir, out_dir = Path(graphs_dir), Path(out_dir)
     recipe = normalize_recipe(recipe)
@@ -550,7 +539,7 @@ def quantize_llm(
             for f in sorted(graphs_dir.iterdir()):
                 if f.name.startswith(("prefill.onnx", "decode.onnx")) and f.is_file():
                     progress.check()
-                    _copy_atomic(f, stage / f.name)
+                    atomic_write_bytes(stage / f.name, f.read_bytes())
             if recipe["overrides"]:
                 progress.log("FP16 scheme: overrides are ignored (every op runs in FP16)")
             info.update(
@@ -638,7 +627,7 @@ def quantize_llm(
     qspec["quantization"] = {
         k: info[k] for k in ("scheme", "weight_granularity", "activation_type", "weight_type")
     }
-    write_json_atomic(out_dir / "graph.json", qspec)
-    write_json_atomic(out_dir / "quant.json", info)
+    atomic_write_json(out_dir / "graph.json", qspec)
+    atomic_write_json(out_dir / "quant.json", info)
     progress.update(1.0, f"{recipe['scheme']} graphs written")
     return json.loads(json.dumps(info))

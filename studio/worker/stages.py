@@ -68,8 +68,10 @@ def _tokenizer(export_dir: Path):
     return PreTrainedTokenizerFast.from_pretrained(str(export_dir / "tokenizer"))
 
 
-def _spec(export_dir: Path) -> dict[str, Any]:
-    return json.loads((export_dir / "graph.json").read_text())
+def _spec(graphs_dir: Path) -> dict[str, Any]:
+    from studio.engine.llm_export import load_spec
+
+    return load_spec(graphs_dir)
 
 
 # ---- 1. export ----------------------------------------------------------------------------
@@ -356,7 +358,7 @@ def profile(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 
     cdir, qdir = ctx.input("compile", ctx.target), ctx.input("quantize")
     chip = ctx.chip
-    spec = json.loads((cdir / "graph.json").read_text())
+    spec = _spec(cdir)
     fp16 = ctx.project.quantization["scheme"] == "FP16"
     progress.update(0.1, f"profiling decode steps on {chip.name}")
     run_info = qnn.profile_decode_step(cdir / "decode_ctx.onnx", chip, spec,

@@ -11,60 +11,18 @@ from studio.core.errors import StudioError
 from studio.core.profile import Profile, ProfileOp, layer_label, layer_of
 from studio.engine import qnn
 from studio.engine.qnn_profile import parse_profile_csv
+from tests.engine.tiny_onnx import WIDTH, float_model, quantize_w8a16
 
 pytest.importorskip("onnxruntime_qnn")
 
 TARGET = "snapdragon-8-gen-3"
-WIDTH = 16
 HEADER = "Msg Timestamp,Message,Time,Unit of Measurement,Timing Source,Event Level,Event Identifier"
 
 
 def _tiny_w8a16(d: Path) -> tuple[Path, Path]:
     """A MatMul+Add (layer 0) + Relu (layer 1) model and its W8A16 QDQ version."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize
-    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
-
-    rng = np.random.default_rng(0)
-    nodes = [
-        helper.make_node("MatMul", ["x", "W"], ["mm"], name="/model/layers.0/mlp/MatMul"),
-        helper.make_node("Add", ["mm", "B"], ["ad"], name="/model/layers.0/mlp/Add"),
-        helper.make_node("Relu", ["ad"], ["y"], name="/model/layers.1/act/Relu"),
-    ]
-    inits = [
-        numpy_helper.from_array(
-            (rng.standard_normal((WIDTH, WIDTH)) * 0.3).astype(np.float32), "W"
-        ),
-        numpy_helper.from_array((rng.standard_normal((WIDTH,)) * 0.1).astype(np.float32), "B"),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "tiny",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, WIDTH])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, WIDTH])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    f32 = d / "tiny_f32.onnx"
-    onnx.save(model, str(f32))
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter(
-                [{"x": rng.standard_normal((1, WIDTH)).astype(np.float32)} for _ in range(8)]
-            )
-
-        def get_next(self):
-            return next(self.it, None)
-
-    q = d / "tiny_w8a16.onnx"
-    cfg = get_qnn_qdq_config(
-        str(f32), Reader(), activation_type=QuantType.QUInt16, weight_type=QuantType.QUInt8
-    )
-    quantize(str(f32), str(q), cfg)
-    return f32, q
+    f32 = float_model(d / "tiny_f32.onnx")
+    return f32, quantize_w8a16(f32, d / "tiny_w8a16.onnx")
 
 
 @pytest.fixture(scope="module")
