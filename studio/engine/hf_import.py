@@ -156,18 +156,23 @@ def _tensor_shapes(folder: Path) -> Tensors:
     raise StudioError(f"{folder} has a config.json but no model weights; expected {_EXPECTED}")
 
 
+def _indexed_files(index: Path) -> list[Path]:
+    """The shard files a ``*.index.json`` names; every one must exist."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (ValueError, KeyError, TypeError):
+        raise StudioError(f"{index} is not a valid weights index") from None
+    files = [index.parent / name for name in sorted(set(weight_map.values()))]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise StudioError(f"{index.parent} lacks weight shards named in its index: {missing}")
+    return files
+
+
 def _safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (ValueError, KeyError, TypeError):
-            raise StudioError(f"{index} is not a valid safetensors index") from None
-        files = [folder / name for name in sorted(set(weight_map.values()))]
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise StudioError(f"{folder} lacks weight shards named in its index: {missing}")
-        return files
+        return _indexed_files(index)
     if (folder / "model.safetensors").is_file():
         return [folder / "model.safetensors"]
     return sorted(folder.glob("model-*.safetensors")) or sorted(
@@ -200,11 +205,7 @@ def _safetensors_header(path: Path) -> Tensors:
 def _torch_files(folder: Path) -> list[Path]:
     index = folder / "pytorch_model.bin.index.json"
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (ValueError, KeyError, TypeError):
-            raise StudioError(f"{index} is not a valid weights index") from None
-        return [folder / name for name in sorted(set(weight_map.values()))]
+        return _indexed_files(index)
     single = folder / "pytorch_model.bin"
     return [single] if single.is_file() else []
 
