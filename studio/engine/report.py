@@ -151,8 +151,8 @@ def render_html(data: dict[str, Any]) -> str:
                    "<th>top-1 agreement</th><th>perplexity</th><th>source</th></tr>")
         for label, v in vals.items():
             tgt = v.get("target", label)
-            out.append(f"<tr><td>{_e(tgt)}</td><td>FP32, host CPU</td><td>1</td><td>0</td>"
-                       f"<td>1</td><td>{_fmt(v['perplexity_fp32'])}</td>"
+            out.append(f"<tr><td>{_e(tgt)}</td><td>FP32, host CPU (reference)</td>"
+                       f"<td>—</td><td>—</td><td>—</td><td>{_fmt(v['perplexity_fp32'])}</td>"
                        f"<td>{badge('measured')}</td></tr>")
             for key, name, src in (("host_qdq", "quantized QDQ, host CPU", "measured"),
                                    ("htp", "quantized, HTP simulator", "simulated")):
