@@ -63,13 +63,6 @@ class Studio:
     def close(self) -> None:
         self.jobs.close()
 
-    # ---- model -------------------------------------------------------------------------
-    def model_info(self):
-        """The model's description (layers, heads, parameters, bytes) from its checkpoint."""
-        from studio.engine import hf_import
-
-        return hf_import.open_checkpoint(self.project.input_path(self.project.model["source"]))
-
     # ---- edits --------------------------------------------------------------------------
     def set(self, section: str, key: str, value: Any):
         return self.commands.push(SetValue(section, key, value))

@@ -22,6 +22,13 @@ from studio.core.jobs import Job, JobStore
 from studio.core.metrics import Metric
 from studio.core.project import STAGES, Project
 
+# The ONNX graph description the model views show; re-exported for the UI, which talks
+# only to services.
+from studio.engine.onnx_import import OnnxGraph as OnnxGraph
+from studio.engine.onnx_import import OnnxNode as OnnxNode
+from studio.engine.onnx_import import module_of_node as module_of_node
+from studio.engine.onnx_import import read_onnx_graph
+
 SOURCE_KINDS = ("sample", "checkpoint", "onnx")
 
 
@@ -225,77 +232,6 @@ def read_autosave(project: Project) -> tuple[Project, list[SetValue], float] | N
 
 
 # ---- the model ---------------------------------------------------------------------------
-@dataclass
-class OnnxNode:
-    name: str
-    op_type: str
-    module: str  # "model.layers.0.self_attn.q_proj" for "/model/layers.0/self_attn/q_proj/MatMul"
-    outputs: list[tuple[str, list[int | str]]]
-    params: int
-
-
-@dataclass
-class OnnxGraph:
-    path: Path
-    nodes: list[OnnxNode]
-    inputs: list[tuple[str, list[int | str]]]
-    outputs: list[tuple[str, list[int | str]]]
-    parameters: int
-    opset: int
-
-
-def module_of_node(name: str) -> str:
-    """The module path of an exported node name (drops the op's own name)."""
-    parts = [p for p in name.split("/") if p]
-    return ".".join(parts[:-1])
-
-
-def _shape(t: Any) -> list[int | str]:
-    dims = t.type.tensor_type.shape.dim
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
-
-
-def read_onnx_graph(path: Path) -> OnnxGraph:
-    """Nodes of an ONNX file with output shapes (shape inference) and parameter counts."""
-    import math
-
-    import onnx
-
-    path = Path(path)
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # DecodeError etc.
-        raise StudioError(f"{path.name} is not a readable ONNX model ({exc})") from None
-    try:
-        model = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - shapes are a nicety; the nodes still show
-        pass
-    g = model.graph
-    sizes = {t.name: math.prod(t.dims) if t.dims else 1 for t in g.initializer}
-    shapes = {v.name: _shape(v) for v in (*g.value_info, *g.input, *g.output)}
-    nodes = []
-    for i, n in enumerate(g.node):
-        name = n.name or f"{n.op_type}_{i}"
-        nodes.append(
-            OnnxNode(
-                name=name,
-                op_type=n.op_type,
-                module=module_of_node(name),
-                outputs=[(o, shapes.get(o, [])) for o in n.output],
-                params=sum(sizes.get(x, 0) for x in n.input),
-            )
-        )
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    return OnnxGraph(
-        path=path,
-        nodes=nodes,
-        inputs=[(v.name, _shape(v)) for v in g.input if v.name not in sizes],
-        outputs=[(v.name, _shape(v)) for v in g.output],
-        parameters=int(sum(sizes.values())),
-        opset=int(opset),
-    )
-
-
 def model_source_kind(project: Project) -> str:
     src = project.model["source"]
     if src.startswith("sample:"):
