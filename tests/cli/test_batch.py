@@ -67,6 +67,21 @@ def test_info_describes_the_project(batch_run, small_project):
     assert {m["source"] for m in data["latest_metrics"]} <= {"measured", "simulated"}
 
 
+def _wait_for_running_job(proc, db, stage: str, timeout: float = 300):
+    """(run_id, worker pid) of the first running ``stage`` job of ``proc``'s run, or None
+    when the process ended (or the time ran out) before one started."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        con = sqlite3.connect(db)
+        row = con.execute("SELECT run_id, pid FROM jobs WHERE state='running' AND stage=? "
+                          "ORDER BY id DESC LIMIT 1", (stage,)).fetchone()
+        con.close()
+        if row:
+            return row
+        time.sleep(0.2)
+    return None
+
+
 def test_kill_9_mid_stage_then_rerun_completes(batch_run, small_project, tmp_path):
     # change only the run stage's settings so that the rerun work is short
     text = small_project.read_text().replace("max_new_tokens = 8", "max_new_tokens = 12")
@@ -76,21 +91,12 @@ def test_kill_9_mid_stage_then_rerun_completes(batch_run, small_project, tmp_pat
     db = proj.with_suffix(".studio") / "runs.sqlite"
     proc = subprocess.Popen([sys.executable, "-m", "studio.cli", "--batch", str(proj), "--quiet"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    killed = False
-    while time.time() < deadline and proc.poll() is None:
-        con = sqlite3.connect(db)
-        row = con.execute("SELECT id FROM jobs WHERE state='running' AND stage='run' "
-                          "ORDER BY id DESC LIMIT 1").fetchone()
-        con.close()
-        if row:
-            time.sleep(0.5)
-            os.kill(proc.pid, signal.SIGKILL)
-            killed = True
-            break
-        time.sleep(0.2)
+    running = _wait_for_running_job(proc, db, "run")
+    if running:
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGKILL)
     proc.wait(30)
-    assert killed, "the run stage never started"
+    assert running, "the run stage never started"
     assert proj.read_bytes() == before
     r = studio("--batch", proj, "--json")
     assert r.returncode == 0, r.stderr
@@ -115,20 +121,12 @@ def test_ctrl_c_cancels_the_run_and_stops_its_worker(batch_run, small_project):
     proc = subprocess.Popen([sys.executable, "-m", "studio.cli", "--batch", str(small_project),
                              "--quiet"], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    run_id = None
-    while time.time() < deadline and proc.poll() is None:
-        con = sqlite3.connect(db)
-        row = con.execute("SELECT run_id, pid FROM jobs WHERE state='running' AND stage='run' "
-                          "ORDER BY id DESC LIMIT 1").fetchone()
-        con.close()
-        if row:
-            run_id, worker_pid = row
-            proc.send_signal(signal.SIGINT)
-            break
-        time.sleep(0.2)
+    running = _wait_for_running_job(proc, db, "run")
+    if running:
+        proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert run_id is not None, "the run stage never started"
+    assert running, "the run stage never started"
+    run_id, worker_pid = running
     assert proc.returncode == 130, err
     con = sqlite3.connect(db)
     states = {s for (s,) in con.execute("SELECT state FROM jobs WHERE run_id=?", (run_id,))}
