@@ -483,14 +483,9 @@ def placement_report(
 
 
 def _model_nodes(path: Path) -> list[tuple[str, str]]:
-    import onnx
+    from studio.engine.onnx_import import open_onnx
 
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as e:
-        raise StudioError(
-            f"{path} is not an ONNX model ({_first_line(str(e))}); export it first"
-        ) from None
+    model = open_onnx(path, check=False)
     return [(n.name or f"{n.op_type}_{i}", n.op_type) for i, n in enumerate(model.graph.node)]
 
 

@@ -180,17 +180,9 @@ def _unit(text: str, path: Path, line: int) -> str:
 
 def _onnx_nodes(onnx_path: str | os.PathLike) -> dict[str, str]:
     """{node name: op type} of an ONNX model (weights not loaded)."""
-    import onnx
+    from studio.engine.onnx_import import open_onnx
 
-    p = Path(onnx_path)
-    if not p.is_file():
-        raise StudioError(f"model file {p} not found; check the path")
-    try:
-        model = onnx.load(str(p), load_external_data=False)
-    except Exception as e:
-        raise StudioError(
-            f"{p} is not an ONNX model ({str(e).splitlines()[0]}); pass the ONNX file"
-        ) from None
+    model = open_onnx(Path(onnx_path), check=False)
     out = {n.name: n.op_type for n in model.graph.node if n.name}
     for fn in model.functions:
         for n in fn.node:

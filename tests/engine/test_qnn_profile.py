@@ -182,7 +182,7 @@ def test_unreadable_inputs(tmp_path, real):
     bad_trace.write_text("{not json")
     with pytest.raises(StudioError, match="not JSON"):
         parse_profile_csv(real["detailed"]["csv"], op_trace_json=bad_trace)
-    with pytest.raises(StudioError, match="not an ONNX model"):
+    with pytest.raises(StudioError, match="not a valid ONNX model"):
         parse_profile_csv(real["detailed"]["csv"], onnx_path=real["detailed"]["csv"])
 
 
