@@ -10,6 +10,8 @@ from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
+    QListWidget,
+    QListWidgetItem,
     QPushButton,
     QSizePolicy,
     QStyle,
@@ -307,3 +309,32 @@ class BadgeDelegate(QStyledItemDelegate):
     def sizeHint(self, option, index):
         s = super().sizeHint(option, index)
         return QSize(s.width() + 16, s.height())
+
+
+class ChipList(QListWidget):
+    """The chip catalog as a checklist (tooltips carry each chip's notes and numerics
+    warnings); ``checked()`` / ``set_checked()`` speak catalog keys."""
+
+    def __init__(self, checked: list[str], parent: QWidget | None = None):
+        super().__init__(parent)
+        from studio.core.catalog import load_catalog
+
+        for key, chip in load_catalog().items():
+            item = QListWidgetItem(f"{chip.label}   [{key}]")
+            item.setData(Qt.ItemDataRole.UserRole, key)
+            item.setToolTip("\n".join([chip.notes, *chip.warnings()]).strip())
+            self.addItem(item)
+        self.set_checked(checked)
+
+    def checked(self) -> list[str]:
+        return [
+            self.item(i).data(Qt.ItemDataRole.UserRole)
+            for i in range(self.count())
+            if self.item(i).checkState() == Qt.CheckState.Checked
+        ]
+
+    def set_checked(self, keys: list[str]) -> None:
+        for i in range(self.count()):
+            item = self.item(i)
+            on = item.data(Qt.ItemDataRole.UserRole) in keys
+            item.setCheckState(Qt.CheckState.Checked if on else Qt.CheckState.Unchecked)

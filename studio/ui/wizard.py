@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
@@ -20,8 +19,6 @@ from PySide6.QtWidgets import (
     QGridLayout,
     QHBoxLayout,
     QLineEdit,
-    QListWidget,
-    QListWidgetItem,
     QPushButton,
     QRadioButton,
     QSpinBox,
@@ -33,7 +30,7 @@ from PySide6.QtWidgets import (
 from studio.core.errors import StudioError
 from studio.core.project import GRANULARITIES, SCHEMES, STAGES
 from studio.services.ui_support import NewProjectSpec
-from studio.ui.widgets import label
+from studio.ui.widgets import ChipList, label
 
 
 def _slug(text: str) -> str:
@@ -148,17 +145,10 @@ class TargetsPage(QWizardPage):
             "The Snapdragon chips to compile, validate, run and profile for "
             "(QNN HTP simulator per chip generation). You can change them later."
         )
-        from studio.core.catalog import default_chip_key, load_catalog
+        from studio.core.catalog import default_chip_key
 
         lay = QVBoxLayout(self)
-        self.list = QListWidget()
-        default = default_chip_key()
-        for key, chip in load_catalog().items():
-            item = QListWidgetItem(f"{chip.label}   [{key}]")
-            item.setData(Qt.ItemDataRole.UserRole, key)
-            item.setCheckState(Qt.CheckState.Checked if key == default else Qt.CheckState.Unchecked)
-            item.setToolTip("\n".join([chip.notes, *chip.warnings()]).strip())
-            self.list.addItem(item)
+        self.list = ChipList([default_chip_key()])
         self.list.itemChanged.connect(lambda *_: self.completeChanged.emit())
         lay.addWidget(self.list)
         lay.addWidget(
@@ -171,18 +161,10 @@ class TargetsPage(QWizardPage):
         )
 
     def targets(self) -> list[str]:
-        out = []
-        for i in range(self.list.count()):
-            item = self.list.item(i)
-            if item.checkState() == Qt.CheckState.Checked:
-                out.append(item.data(Qt.ItemDataRole.UserRole))
-        return out
+        return self.list.checked()
 
     def set_targets(self, keys: list[str]) -> None:
-        for i in range(self.list.count()):
-            item = self.list.item(i)
-            on = item.data(Qt.ItemDataRole.UserRole) in keys
-            item.setCheckState(Qt.CheckState.Checked if on else Qt.CheckState.Unchecked)
+        self.list.set_checked(keys)
 
     def isComplete(self) -> bool:
         return bool(self.targets())

@@ -12,8 +12,6 @@ from PySide6.QtWidgets import (
     QGridLayout,
     QGroupBox,
     QHBoxLayout,
-    QListWidget,
-    QListWidgetItem,
     QPushButton,
     QScrollArea,
     QVBoxLayout,
@@ -25,7 +23,15 @@ from studio.core.modelinfo import ModelInfo
 from studio.core.project import STAGES
 from studio.services import ui_support
 from studio.ui.pages.base import Page
-from studio.ui.widgets import MetricCard, SourceBadge, fmt_value, human_bytes, human_count, label
+from studio.ui.widgets import (
+    ChipList,
+    MetricCard,
+    SourceBadge,
+    fmt_value,
+    human_bytes,
+    human_count,
+    label,
+)
 
 METRIC_TITLES = {
     "export_seconds": "export time",
@@ -64,19 +70,10 @@ class TargetsDialog(QDialog):
 
     def __init__(self, current: list[str], parent=None):
         super().__init__(parent)
-        from studio.core.catalog import load_catalog
-
         self.setWindowTitle("Target chips")
         lay = QVBoxLayout(self)
         lay.addWidget(label("Compile, validate, run and profile for these chips:", wrap=True))
-        self.list = QListWidget()
-        for key, chip in load_catalog().items():
-            item = QListWidgetItem(f"{chip.label}   [{key}]")
-            item.setData(Qt.ItemDataRole.UserRole, key)
-            item.setCheckState(Qt.CheckState.Checked if key in current else Qt.CheckState.Unchecked)
-            warn = chip.warnings()
-            item.setToolTip("\n".join([chip.notes, *warn]).strip())
-            self.list.addItem(item)
+        self.list = ChipList(current)
         lay.addWidget(self.list)
         box = QDialogButtonBox(
             QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
@@ -87,12 +84,7 @@ class TargetsDialog(QDialog):
         self.resize(520, 420)
 
     def chosen(self) -> list[str]:
-        out = []
-        for i in range(self.list.count()):
-            item = self.list.item(i)
-            if item.checkState() == Qt.CheckState.Checked:
-                out.append(item.data(Qt.ItemDataRole.UserRole))
-        return out
+        return self.list.checked()
 
 
 class OverviewPage(Page):
