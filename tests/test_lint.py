@@ -46,7 +46,7 @@ def test_cli_and_services_import_without_qt():
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
-def test_help_is_fast_and_light():
+def test_help_lists_the_batch_mode():
     r = subprocess.run([sys.executable, "-m", "studio.cli", "--help"], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 0
