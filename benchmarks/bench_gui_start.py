@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.runs):
         base.append(_time_to_exit(baseline_cmd, env))
         app.append(_time_until_shown(app_cmd, env))
-        with_project.append(_time_until_shown(app_cmd[:2] + ["studio.ui.app", str(project)], env))
+        with_project.append(_time_until_shown([*app_cmd, str(project)], env))
     b, a, p = (statistics.median(x) for x in (base, app, with_project))
     print(f"platform {args.platform}, {args.runs} runs each, medians:")
     print(f"  python -c 'import PySide6.QtWidgets'        {b:6.3f} s")

@@ -1,4 +1,5 @@
-"""The ``studio`` entry point: no arguments opens the desktop app, anything else is the CLI.
+"""The ``studio`` entry point: no arguments opens the desktop app, ``studio FILE.qstudio``
+opens that project in it, anything else is the CLI.
 
 It sits above both front ends so that ``studio.cli`` and ``studio.ui`` never import each
 other.
@@ -11,10 +12,10 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv:
+    if not argv or (len(argv) == 1 and argv[0].endswith(".qstudio")):
         from studio.ui.app import main as gui_main
 
-        return gui_main([])
+        return gui_main(argv)
     from studio.cli.main import main as cli_main
 
     return cli_main(argv)

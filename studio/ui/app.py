@@ -5,8 +5,8 @@ coroutines and the pipeline's worker subprocesses run without blocking the UI), 
 object and one window. Heavy libraries are not imported here: pages load what they need
 when first shown.
 
-``QSTUDIO_EXIT_AFTER_SHOW=1`` prints ``shown <seconds>`` once the window is on screen and
-quits (the start-up benchmark uses it).
+``QSTUDIO_EXIT_AFTER_SHOW=1`` prints ``shown <seconds> <window title>`` once the window is
+on screen and quits (the start-up benchmark uses it).
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
             if exit_after_show:
 
                 def shown() -> None:
-                    print(f"shown {time.perf_counter() - _T0:.3f}", flush=True)
+                    print(f"shown {time.perf_counter() - _T0:.3f} {window.windowTitle()}",
+                          flush=True)
                     app.quit()
 
                 QTimer.singleShot(0, shown)

@@ -543,7 +543,7 @@ class MainWindow(QMainWindow):
             self.setWindowTitle("QStudio")
             self.setWindowModified(False)
             return
-        self.setWindowTitle(f"{p.name} [*]— {p.path.name} — QStudio")
+        self.setWindowTitle(f"{p.name}[*] — {p.path.name} — QStudio")
         self.setWindowModified(self.ctl.dirty)
 
     def _update_undo(self) -> None:
