@@ -17,10 +17,15 @@ from typing import Any
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_text
 
+from studio.core.recipe import (
+    DEFAULT_CALIBRATION_SAMPLES,
+    DEFAULT_GATES,
+    DEFAULT_GRANULARITY,
+    DEFAULT_SCHEME,
+    check_recipe,
+)
+
 SCHEMA_VERSION = 1
-SCHEMES = ("W8A16", "W8A8", "FP16")
-GRANULARITIES = ("per_tensor", "per_channel")
-PRECISIONS = ("INT4", "INT8", "INT16", "FP16", "FP32")
 STAGES = ("export", "quantize", "compile", "validate", "run", "profile", "report")
 DEVICES = ("cpu", "htp-sim")
 
@@ -29,10 +34,10 @@ _SECTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "model": {"source": (str, None), "draft": (str, "")},
     "export": {"prompt_length": (int, 32), "context_length": (int, 128)},
     "quantization": {
-        "scheme": (str, "W8A16"),
-        "weight_granularity": (str, "per_channel"),
+        "scheme": (str, DEFAULT_SCHEME),
+        "weight_granularity": (str, DEFAULT_GRANULARITY),
         "calibration_text": (str, "sample:calibration"),
-        "calibration_samples": (int, 8),
+        "calibration_samples": (int, DEFAULT_CALIBRATION_SAMPLES),
         "overrides": (dict, {}),
     },
     "validation": {
@@ -40,11 +45,7 @@ _SECTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "heldout_tokens": (int, 256),
         "greedy_tokens": (int, 16),
     },
-    "gates": {
-        "min_logits_cosine": ((int, float), 0.99),
-        "max_perplexity_increase": ((int, float), 0.05),
-        "min_top1_agreement": ((int, float), 0.0),
-    },
+    "gates": {key: ((int, float), value) for key, value in DEFAULT_GATES.items()},
     "run": {
         "prompt": (str, "def __init__(self"),
         "max_new_tokens": (int, 16),
@@ -146,21 +147,7 @@ def _validate(p: Project) -> None:
         )
     if e["context_length"] > 4096:
         raise StudioError("export.context_length must be at most 4096")
-    q = p.quantization
-    if q["scheme"] not in SCHEMES:
-        raise StudioError(f"quantization.scheme {q['scheme']!r} is not one of {', '.join(SCHEMES)}")
-    if q["weight_granularity"] not in GRANULARITIES:
-        raise StudioError(
-            f"quantization.weight_granularity {q['weight_granularity']!r} is not one of "
-            f"{', '.join(GRANULARITIES)}"
-        )
-    if q["calibration_samples"] < 1:
-        raise StudioError("quantization.calibration_samples must be at least 1")
-    for pattern, prec in q["overrides"].items():
-        if prec not in PRECISIONS:
-            raise StudioError(
-                f"quantization.overrides[{pattern!r}] = {prec!r} is not one of {', '.join(PRECISIONS)}"
-            )
+    check_recipe(p.quantization)
     for key, val in p.gates.items():
         if not 0.0 <= float(val) <= 1.0 and key != "max_perplexity_increase":
             raise StudioError(f"gates.{key} must be between 0 and 1, not {val}")

@@ -28,7 +28,8 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.errors import StudioError
-from studio.core.project import GRANULARITIES, SCHEMES, STAGES
+from studio.core.project import STAGES
+from studio.core.recipe import GRANULARITIES, SCHEMES
 from studio.services.ui_support import NewProjectSpec
 from studio.ui.widgets import ChipList, label
 

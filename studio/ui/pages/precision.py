@@ -31,7 +31,8 @@ from PySide6.QtWidgets import (
 
 from studio.core.errors import StudioError
 from studio.core.modelinfo import ModelInfo
-from studio.core.project import GRANULARITIES, PRECISIONS, SCHEMES, STAGES
+from studio.core.project import STAGES
+from studio.core.recipe import GRANULARITIES, PRECISIONS, SCHEMES
 from studio.ui.models.rows import PayloadRole, Row, RowsModel
 from studio.ui.pages.base import Page, banner
 from studio.ui.widgets import label

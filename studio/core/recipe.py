@@ -1,0 +1,168 @@
+"""The quantization recipe: one vocabulary, one set of defaults, one override rule.
+
+Every reader calls this module: the project file's validation, the quantize stage, the
+Precision page, ``studio info`` and the report. Nothing else defines a scheme, a precision,
+a default or the rule that decides which layers a pattern covers.
+
+Layers are named by their module path, as Hugging Face names them
+(``model.layers.3.mlp.down_proj``); an ONNX node ``/model/layers.3/mlp/down_proj/MatMul``
+belongs to that layer (:func:`module_of_node`).
+
+**The override rule.** A pattern is a case-sensitive glob (``fnmatch``). It *covers* a layer
+when it matches the layer's module path, or a module above it (``model.layers.3`` covers
+every layer of block 3), and it may leave out leading parts of the path (``layers.3``,
+``mlp.down_proj``, ``*.down_proj``). A pattern ending in ``.weight`` is *weight-only*: it
+sets the precision of the weights of the layers it covers and leaves their activations
+alone. Otherwise a pattern sets what the layer computes: ``INT8`` / ``INT16`` its output
+activations, ``INT4`` its weights, ``FP16`` / ``FP32`` leaves the layer unquantized.
+When several patterns cover a layer, the one written last in the project file wins.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import asdict, dataclass
+from typing import Any
+
+SCHEMES: tuple[str, ...] = ("W8A16", "W8A8", "FP16")
+GRANULARITIES: tuple[str, ...] = ("per_tensor", "per_channel")
+PRECISIONS: tuple[str, ...] = ("INT4", "INT8", "INT16", "FP16", "FP32")
+FLOAT_PRECISIONS: tuple[str, ...] = ("FP16", "FP32")
+
+SCHEME_HELP = {
+    "W8A16": "8-bit weights, 16-bit activations: the usual start for LLMs on the HTP",
+    "W8A8": "8-bit weights and activations: smallest and fastest, most accuracy loss",
+    "FP16": "16-bit float weights and activations (on chips with FP16 support)",
+}
+# scheme -> (weight precision, activation precision)
+SCHEME_PRECISIONS: dict[str, tuple[str, str]] = {
+    "W8A16": ("INT8", "INT16"),
+    "W8A8": ("INT8", "INT8"),
+    "FP16": ("FP16", "FP16"),
+}
+
+DEFAULT_SCHEME = "W8A16"
+DEFAULT_GRANULARITY = "per_channel"
+DEFAULT_CALIBRATION_SAMPLES = 8
+
+# The accuracy gates every new project starts with (validate fails the batch below them).
+DEFAULT_GATES: dict[str, float] = {
+    "min_logits_cosine": 0.99,
+    "max_perplexity_increase": 0.05,
+    "min_top1_agreement": 0.9,
+}
+GATE_HELP = {
+    "min_logits_cosine": "mean cosine of the logits against FP32 (0 to 1)",
+    "max_perplexity_increase": "largest allowed relative perplexity increase (0.05 = +5 %)",
+    "min_top1_agreement": "teacher-forced top-1 token agreement with FP32 (0 to 1)",
+}
+
+
+def module_of_node(node_name: str) -> str:
+    """``/model/layers.0/mlp/up_proj/MatMul`` -> ``model.layers.0.mlp.up_proj``."""
+    parts = [p for p in node_name.split("/") if p]
+    return ".".join(parts[:-1])
+
+
+def is_weight_only(pattern: str) -> bool:
+    return pattern.endswith(".weight")
+
+
+def covers(pattern: str, layer: str) -> bool:
+    """Whether ``pattern`` covers the layer (or weight) ``layer``: see the module docstring."""
+    if not pattern or not layer:
+        return False
+    if is_weight_only(pattern):
+        layer = layer if layer.endswith(".weight") else layer + ".weight"
+        return fnmatch.fnmatchcase(layer, pattern) or fnmatch.fnmatchcase(layer, "*." + pattern)
+    return any(
+        fnmatch.fnmatchcase(layer, p)
+        for p in (pattern, pattern + ".*", "*." + pattern, "*." + pattern + ".*")
+    )
+
+
+@dataclass(frozen=True)
+class LayerPrecision:
+    """What one layer ends up with, and why."""
+
+    layer: str
+    weight: str  # INT4 / INT8 / INT16 / FP16 / FP32, or "" for a layer without weights
+    activation: str
+    weight_rule: str  # "scheme W8A16 (per_channel)" or "override 'pattern'"
+    activation_rule: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def effective_precision(layer: str, scheme: str, granularity: str,
+                        overrides: dict[str, str], has_weight: bool = True) -> LayerPrecision:
+    """The weight and activation precision of one layer under a recipe, with the rule that
+    set each. Later overrides win over earlier ones; a weight-only pattern sets weights."""
+    w, a = SCHEME_PRECISIONS[scheme]
+    base = f"scheme {scheme}" + (f" ({granularity})" if scheme != "FP16" else "")
+    w_rule = a_rule = base
+    if scheme != "FP16":
+        for pattern, prec in overrides.items():
+            if not covers(pattern, layer):
+                continue
+            rule = f"override {pattern!r}"
+            if is_weight_only(pattern):
+                w, w_rule = prec, rule
+            elif prec in FLOAT_PRECISIONS:
+                w, a, w_rule, a_rule = prec, prec, rule, rule
+            elif prec == "INT4":
+                w, w_rule = prec, rule
+            else:
+                a, a_rule = prec, rule
+    if not has_weight:
+        w, w_rule = "", ""
+    return LayerPrecision(layer, w, a, w_rule, a_rule)
+
+
+def effective_precisions(layers: list[str], quantization: dict[str, Any],
+                         weighted: set[str] | None = None) -> list[LayerPrecision]:
+    """:func:`effective_precision` for every layer, from a project's ``[quantization]``."""
+    return [
+        effective_precision(
+            name, quantization["scheme"], quantization["weight_granularity"],
+            quantization.get("overrides") or {},
+            has_weight=weighted is None or name in weighted,
+        )
+        for name in layers
+    ]
+
+
+def unmatched_patterns(layers: list[str], overrides: dict[str, str]) -> list[str]:
+    """Override patterns that cover none of ``layers``."""
+    return [p for p in overrides if not any(covers(p, name) for name in layers)]
+
+
+def check_recipe(quantization: dict[str, Any]) -> None:
+    """One-line errors for a ``[quantization]`` table (the project file calls this)."""
+    from studio.core.errors import StudioError
+
+    q = quantization
+    if q["scheme"] not in SCHEMES:
+        raise StudioError(f"quantization.scheme {q['scheme']!r} is not one of {', '.join(SCHEMES)}")
+    if q["weight_granularity"] not in GRANULARITIES:
+        raise StudioError(
+            f"quantization.weight_granularity {q['weight_granularity']!r} is not one of "
+            f"{', '.join(GRANULARITIES)}"
+        )
+    if q["calibration_samples"] < 1:
+        raise StudioError("quantization.calibration_samples must be at least 1")
+    for pattern, prec in q["overrides"].items():
+        if not str(pattern).strip():
+            raise StudioError(
+                "quantization.overrides has an empty pattern: name layers (globs allowed)"
+            )
+        if prec not in PRECISIONS:
+            raise StudioError(
+                f"quantization.overrides[{pattern!r}] = {prec!r} is not one of {', '.join(PRECISIONS)}"
+            )
+        if is_weight_only(pattern) and prec not in ("INT4", "INT8", "INT16"):
+            raise StudioError(
+                f"quantization.overrides[{pattern!r}] = {prec!r}: a weight-only pattern takes "
+                "INT4, INT8 or INT16"
+            )
