@@ -120,7 +120,7 @@ def _new(args) -> int:
 
     source = f"sample:{args.sample}" if args.sample else str(Path(args.checkpoint).resolve())
     if args.sample:
-        from studio import samples
+        from studio.core import samples
 
         samples.sample_path(args.sample)  # unknown sample: a clear error
     sections: dict[str, Any] = {}

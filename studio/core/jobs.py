@@ -165,6 +165,18 @@ class JobStore:
         with self._tx() as db:
             db.execute("UPDATE runs SET state=?, finished=? WHERE id=?", (state, time.time(), run_id))
 
+    def run(self, run_id: int) -> dict[str, Any] | None:
+        """One run with its recorded config (what it asked for, the settings it ran with)."""
+        rows = self._query("SELECT * FROM runs WHERE id=?", (run_id,))
+        if not rows:
+            return None
+        d = dict(rows[0])
+        try:
+            d["config"] = json.loads(d["config"] or "{}")
+        except ValueError:
+            d["config"] = {}
+        return d
+
     def runs(self, limit: int = 50) -> list[dict[str, Any]]:
         rows = self._query("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,))
         return [dict(r) for r in rows]

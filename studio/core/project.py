@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from studio.core.devices import PROJECT_KINDS, check_kinds
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_text
-
 from studio.core.recipe import (
     DEFAULT_CALIBRATION_SAMPLES,
     DEFAULT_GATES,
@@ -24,10 +24,9 @@ from studio.core.recipe import (
     DEFAULT_SCHEME,
     check_recipe,
 )
+from studio.core.stagegraph import STAGE_NAMES as STAGES
 
 SCHEMA_VERSION = 1
-STAGES = ("export", "quantize", "compile", "validate", "run", "profile", "report")
-DEVICES = ("cpu", "htp-sim")
 
 # Each section: key -> (type, default). ``None`` default means required.
 _SECTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
@@ -49,7 +48,7 @@ _SECTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     "run": {
         "prompt": (str, "def __init__(self"),
         "max_new_tokens": (int, 16),
-        "devices": (list, ["cpu", "htp-sim"]),
+        "devices": (list, list(PROJECT_KINDS)),
     },
     "pipeline": {"stages": (list, list(STAGES))},
 }
@@ -93,7 +92,7 @@ class Project:
         """An existing file or folder for a model/text reference, or a StudioError."""
         r = self.resolve(ref)
         if isinstance(r, str):  # sample:NAME
-            from studio import samples
+            from studio.core import samples
 
             name = r.split(":", 1)[1]
             if name in ("heldout", "calibration"):
@@ -111,6 +110,8 @@ class Project:
         d: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "name": self.name}
         for section in _SECTIONS:
             d[section] = copy.deepcopy(getattr(self, section))
+        if not d["model"].get("draft"):
+            d["model"].pop("draft", None)  # no draft model: leave the key out of the file
         d["targets"] = list(self.targets)
         return d
 
@@ -155,9 +156,10 @@ def _validate(p: Project) -> None:
         raise StudioError("validation.heldout_tokens must be at least 16")
     if p.run["max_new_tokens"] < 1:
         raise StudioError("run.max_new_tokens must be at least 1")
-    for dev in p.run["devices"]:
-        if dev not in DEVICES:
-            raise StudioError(f"run.devices: unknown device {dev!r}; known: {', '.join(DEVICES)}")
+    check_kinds(p.run["devices"])
+    if not p.pipeline["stages"]:
+        raise StudioError("pipeline.stages is empty: name the stages to run, e.g. "
+                          + ", ".join(f'"{s}"' for s in STAGES))
     for st in p.pipeline["stages"]:
         if st not in STAGES:
             raise StudioError(f"pipeline.stages: unknown stage {st!r}; known: {', '.join(STAGES)}")

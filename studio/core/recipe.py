@@ -166,3 +166,11 @@ def check_recipe(quantization: dict[str, Any]) -> None:
                 f"quantization.overrides[{pattern!r}] = {prec!r}: a weight-only pattern takes "
                 "INT4, INT8 or INT16"
             )
+
+
+def covers_node(pattern: str, node_name: str) -> bool:
+    """Whether ``pattern`` covers an ONNX node: by the node's own name
+    (``/lm_head/MatMul``) or by the layer (module) it belongs to."""
+    if is_weight_only(pattern):
+        return False
+    return fnmatch.fnmatchcase(node_name, pattern) or covers(pattern, module_of_node(node_name))

@@ -95,7 +95,7 @@ def build_calibration_feeds(
     graphs_dir = Path(graphs_dir)
     if not windows:
         raise StudioError("no calibration windows; give a calibration text and at least one sample")
-    P, C, V = int(spec["prompt_len"]), int(spec["context_len"]), int(spec["vocab_size"])
+    P, C, V = int(spec["prompt_length"]), int(spec["context_length"]), int(spec["vocab_size"])
     for w in windows:
         if not w:
             raise StudioError("a calibration window is empty; give a longer calibration text")

@@ -178,7 +178,7 @@ class Encoder:
 def load_encoder(path: str | Path | None = None) -> Encoder:
     """Load a sentence encoder folder offline (default: the ``minilm`` sample)."""
     if path is None:
-        from studio.samples import sample_path
+        from studio.core.samples import sample_path
 
         path = sample_path("minilm")
     path = Path(path)

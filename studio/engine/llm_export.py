@@ -76,7 +76,9 @@ def load_spec(graphs_dir: Path) -> dict:
         raise StudioError(f"cannot read {path}: {exc}; re-run the export") from None
     if spec.get("format") != SPEC_FORMAT:
         raise StudioError(f"{path} is not a QStudio LLM graph spec; re-run the export")
-    return spec
+    from studio.core.graphspec import migrate
+
+    return migrate(spec)
 
 
 def save_onnx_atomic(model, path: Path) -> list[Path]:
@@ -293,7 +295,7 @@ def _example_inputs(spec: dict, graph: str):
     import torch
 
     L, KV, D = spec["num_layers"], spec["num_kv_heads"], spec["head_dim"]
-    P, C = spec["prompt_len"], spec["context_len"]
+    P, C = spec["prompt_length"], spec["context_length"]
     if graph == "prefill":
         S, K = P, P
     else:
@@ -554,22 +556,17 @@ def export_llm(
     num_kv = int(getattr(config, "num_key_value_heads", None) or num_heads)
     head_dim = int(getattr(attn, "head_dim", None) or config.hidden_size // num_heads)
     eos_ids, pad_id = _special_ids(model)
-    tok_dir = _tokenizer_dir(checkpoint_dir)
     spec: dict[str, Any] = {
         "format": SPEC_FORMAT,
         "model_type": config.model_type,
         "architecture": type(model).__name__,
-        "checkpoint": str(checkpoint_dir.resolve()),
-        "tokenizer_dir": str(tok_dir.resolve()) if tok_dir else None,
         "num_layers": len(base.layers),
         "num_heads": num_heads,
         "num_kv_heads": num_kv,
         "head_dim": head_dim,
         "hidden_size": int(config.hidden_size),
         "vocab_size": int(config.vocab_size),
-        "prompt_len": P,
-        "context_len": C,
-        "prompt_length": P,  # the same two numbers under the project's names
+        "prompt_length": P,
         "context_length": C,
         "eos_token_id": eos_ids[0] if eos_ids else None,
         "eos_token_ids": eos_ids,
@@ -577,7 +574,7 @@ def export_llm(
         "mask_value": float(mask_value),
         "dtype": "float32",
         "opset": OPSET,
-        "kv_layout": "[1, num_kv_heads, context_len, head_dim]; decode writes its new row into slot pos",
+        "kv_layout": "[1, num_kv_heads, context_length, head_dim]; decode writes its new row into slot pos",
         "weights_layout": "MatMul weights are stored transposed ([in, out]) under their HF names",
     }
 

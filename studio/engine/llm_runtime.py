@@ -54,8 +54,8 @@ class StaticKVGenerator:
             self.num_kv_heads = int(spec["num_kv_heads"])
             self.head_dim = int(spec["head_dim"])
             self.vocab_size = int(spec["vocab_size"])
-            self.prompt_len = int(spec["prompt_len"])
-            self.context_len = int(spec["context_len"])
+            self.prompt_len = int(spec["prompt_length"])
+            self.context_len = int(spec["context_length"])
         except (KeyError, TypeError, ValueError) as exc:
             raise StudioError(f"graph spec is incomplete ({exc}); re-export the model") from None
         self.mask_value = float(spec.get("mask_value", -100.0))

@@ -652,9 +652,9 @@ def profile_decode_step(
     """Profile one step of a (compiled) decode graph with synthetic inputs.
 
     Inputs are zeros of the graph's static shapes, except ``position_ids`` (set to the
-    spec's ``prompt_len``, a realistic first decode position). See :func:`profile_run`.
+    spec's ``prompt_length``, a realistic first decode position). See :func:`profile_run`.
     """
-    pos = int((spec or {}).get("prompt_len", 0))
+    pos = int((spec or {}).get("prompt_length", 0))
     return profile_run(
         ctx_onnx,
         chip,

@@ -37,22 +37,30 @@ activations are rejected before any calibration is run.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import logging
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 from studio.core.progress import NullProgress, Progress, SubProgress
+from studio.core.recipe import (
+    DEFAULT_GRANULARITY,
+    DEFAULT_SCHEME,
+    GRANULARITIES,
+    SCHEME_PRECISIONS,
+    SCHEMES,
+    covers,
+    covers_node,
+    is_weight_only,
+    module_of_node,
+)
 
-SCHEMES = ("W8A16", "W8A8", "FP16")
-GRANULARITIES = ("per_tensor", "per_channel")
+# Aliases the engine accepts for the recipe module's precisions (FP16/FP32 = left float).
 PRECISIONS = {
     "INT8": "INT8",
     "A8": "INT8",
@@ -86,18 +94,19 @@ def normalize_recipe(recipe: dict) -> dict:
         "samples",
         "overrides",
         "decode_per_window",
+        "given",
     }
     if unknown:
         raise StudioError(
             f"unknown quantization setting(s) {', '.join(sorted(unknown))}; "
             "use scheme, weight_granularity, samples, overrides"
         )
-    scheme = str(recipe.get("scheme", "W8A16")).upper()
+    scheme = str(recipe.get("scheme", DEFAULT_SCHEME)).upper()
     if scheme not in SCHEMES:
         raise StudioError(
             f"unknown quantization scheme {recipe.get('scheme')!r}; use one of {', '.join(SCHEMES)}"
         )
-    gran = str(recipe.get("weight_granularity", "per_tensor")).lower().replace("-", "_")
+    gran = str(recipe.get("weight_granularity", DEFAULT_GRANULARITY)).lower().replace("-", "_")
     if gran not in GRANULARITIES:
         raise StudioError(
             f"unknown weight granularity {recipe.get('weight_granularity')!r}; use per_tensor or per_channel"
@@ -116,6 +125,7 @@ def normalize_recipe(recipe: dict) -> dict:
     if not isinstance(overrides, dict):
         raise StudioError("quantization overrides must be a table of pattern = precision")
     norm: dict[str, str] = {}
+    given: dict[str, str] = {}
     for pattern, value in overrides.items():
         if not isinstance(pattern, str) or not pattern.strip():
             raise StudioError(
@@ -127,7 +137,11 @@ def normalize_recipe(recipe: dict) -> dict:
                 f"override {pattern!r} = {value!r}: unknown precision; use INT8, INT16, INT4 or FP16"
             )
         norm[pattern] = PRECISIONS[key]
+        given[pattern] = (recipe.get("given") or {}).get(pattern) or (
+            key if key in ("FP16", "FP32") else PRECISIONS[key]
+        )
     return {
+        "given": given,
         "scheme": scheme,
         "weight_granularity": gran,
         "samples": samples,
@@ -137,24 +151,6 @@ def normalize_recipe(recipe: dict) -> dict:
 
 
 # ---------------------------------------------------------------------------- graph helpers
-
-
-def module_path(node_name: str) -> str:
-    """``/model/layers.0/mlp/up_proj/MatMul`` -> ``model.layers.0.mlp.up_proj``."""
-    parts = [p for p in node_name.split("/") if p]
-    return ".".join(parts[:-1])
-
-
-def _covers(pattern: str, name: str) -> bool:
-    """``pattern`` names ``name`` or a module above it."""
-    return bool(name) and (
-        fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, pattern + ".*")
-    )
-
-
-def _covers_dotted(pattern: str, name: str) -> bool:
-    """As :func:`_covers`; a dotted name may also drop leading parts (``layers.3``, ``mlp``)."""
-    return _covers(pattern, name) or _covers("*." + pattern, name)
 
 
 def _float_tensors(model) -> set[str]:
@@ -196,34 +192,37 @@ def resolve_overrides(model, recipe: dict) -> dict:
 
     weight_prec: dict[str, str] = {}
     act_prec: dict[str, str] = {}
-    exclude: set[str] = set()
+    weight_rule: dict[str, str] = {}  # tensor / node -> the pattern that set it
+    act_rule: dict[str, str] = {}
+    exclude: dict[str, str] = {}  # node -> pattern
     report: dict[str, dict] = {}
     for pattern, prec in recipe["overrides"].items():
-        nodes = [
-            n
-            for n in model.graph.node
-            if n.op_type != "Constant"
-            and (_covers(pattern, n.name) or _covers_dotted(pattern, module_path(n.name)))
+        nodes = [] if is_weight_only(pattern) else [
+            n for n in model.graph.node
+            if n.op_type != "Constant" and covers_node(pattern, n.name)
         ]
-        named_inits = sorted(i for i in inits if _covers_dotted(pattern, i))
+        named_inits = sorted(i for i in inits if covers(pattern, i))
         entry: dict[str, Any] = {"precision": prec, "nodes": len(nodes), "tensors": []}
         if nodes:
             for n in nodes:
                 if prec == "FLOAT":
-                    exclude.add(n.name)
+                    exclude[n.name] = pattern
                     entry["tensors"].extend(o for o in n.output if o in floats)
                 elif prec == "INT4":
                     if n.op_type == "MatMul" and n.input[1] in weights:
                         weight_prec[n.input[1]] = "INT4"
+                        weight_rule[n.input[1]] = pattern
                         entry["tensors"].append(n.input[1])
                 else:
                     for o in n.output:
                         if o in floats and o not in inits:
                             act_prec[o] = prec
+                            act_rule[o] = pattern
                             entry["tensors"].append(o)
         elif named_inits:
             for w in named_inits:
                 weight_prec[w] = prec
+                weight_rule[w] = pattern
                 entry["tensors"].append(w)
         report[pattern] = entry
 
@@ -268,13 +267,46 @@ def resolve_overrides(model, recipe: dict) -> dict:
     for name in [n for n in weight_prec if weight_prec[n] == "FLOAT"]:
         for node in model.graph.node:
             if name in node.input:
-                exclude.add(node.name)
+                exclude.setdefault(node.name, weight_rule[name])
     return {
         "init_overrides": init_overrides,
         "nodes_to_exclude": sorted(exclude),
         "patterns": report,
         "per_channel_weights": per_channel,
+        "layers": _applied_layers(model, recipe, weights, weight_prec, weight_rule, act_prec,
+                                  act_rule, exclude),
     }
+
+
+def _applied_layers(model, recipe, weights, weight_prec, weight_rule, act_prec, act_rule,
+                    exclude) -> list[dict[str, str]]:
+    """What each weighted layer (a MatMul with a weight) got, and which rule set it: the
+    quantizer's own record, which the recipe module's ``effective_precisions`` must match."""
+    scheme, gran = recipe["scheme"], recipe["weight_granularity"]
+    given = recipe.get("given") or {}
+    w_default, a_default = SCHEME_PRECISIONS[scheme]
+    base = f"scheme {scheme} ({gran})"
+    nodes = {n.name: n for n in model.graph.node}
+    out = []
+    for w, node_name in weights.items():
+        node = nodes[node_name]
+        layer = module_of_node(node_name)
+        if node_name in exclude:
+            pattern = exclude[node_name]
+            prec = given.get(pattern, "FP16")
+            rule = f"override {pattern!r}"
+            out.append({"layer": layer, "weight": prec, "activation": prec,
+                        "weight_rule": rule, "activation_rule": rule})
+            continue
+        o = node.output[0]
+        out.append({
+            "layer": layer,
+            "weight": weight_prec.get(w, w_default),
+            "activation": act_prec.get(o, a_default),
+            "weight_rule": f"override {weight_rule[w]!r}" if w in weight_rule else base,
+            "activation_rule": f"override {act_rule[o]!r}" if o in act_rule else base,
+        })
+    return sorted(out, key=lambda r: r["layer"])
 
 
 def matmul_precisions(model) -> dict[str, int]:
@@ -409,14 +441,12 @@ def _quantize_graph(
         # batches when it reaches that count without computing their ranges. MinMax keeps
         # only ReduceMin/ReduceMax outputs per feed, so memory stays small anyway.
         out = work / dst.name
-        t0 = time.perf_counter()
         try:
             quantize(str(model_path), str(out), config)
         except ValueError as exc:
             raise StudioError(
                 f"quantization of {src.name} failed: {str(exc).splitlines()[0]}"
             ) from None
-        seconds = time.perf_counter() - t0
         progress.check()
         onnx.checker.check_model(str(out))  # by path: works past the 2 GB protobuf limit
         qmodel = onnx.load(str(out))
@@ -434,12 +464,12 @@ def _quantize_graph(
         return {
             "file": dst.name,
             "opset": next(o.version for o in qmodel.opset_import if o.domain in ("", "ai.onnx")),
-            "seconds": seconds,
             "calibration_feeds": len(feeds),
             "matmul_precisions": mm,
             "per_channel_weights": resolved["per_channel_weights"],
             "nodes_excluded": resolved["nodes_to_exclude"],
             "patterns": resolved["patterns"],
+            "layers": resolved["layers"],
             "tensors_overridden": {name: _jsonable(v) for name, v in sorted(overrides.items())},
             "qdq_nodes": sum(
                 n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in qmodel.graph.node
@@ -521,13 +551,11 @@ def quantize_llm(
         raise StudioError(
             "the quantized graphs need their own folder; choose an output folder other than the export"
         )
-    t_start = time.perf_counter()
     info: dict[str, Any] = {
         "scheme": recipe["scheme"],
         "weight_granularity": recipe["weight_granularity"],
         "samples": recipe["samples"],
-        "overrides": dict(recipe["overrides"]),
-        "source": str(graphs_dir.resolve()),
+        "overrides": dict(recipe["given"]),
     }
 
     # Everything is written into a staging folder and moved into place at the end, so a
@@ -552,7 +580,7 @@ def quantize_llm(
         else:
             check_overrides(graphs_dir, recipe)  # before the slow part
             progress.update(0.0, "tokenizing the calibration text")
-            P, C = int(spec["prompt_len"]), int(spec["context_len"])
+            P, C = int(spec["prompt_length"]), int(spec["context_length"])
             windows = calibration_windows(
                 calibration_text,
                 tokenizer_dir,
@@ -622,7 +650,11 @@ def quantize_llm(
             os.replace(f, out_dir / f.name)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    info["seconds"] = time.perf_counter() - t_start
+    if "decode" in info.get("graphs", {}) and "layers" in info["graphs"]["decode"]:
+        # what each weighted layer got, as applied (the decode graph has every layer)
+        info["layers"] = info["graphs"]["decode"]["layers"]
+        for g in info["graphs"].values():
+            g.pop("layers", None)
     qspec = dict(spec)
     qspec["quantization"] = {
         k: info[k] for k in ("scheme", "weight_granularity", "activation_type", "weight_type")

@@ -213,8 +213,9 @@ def render_html(data: dict[str, Any]) -> str:
 
 
 def write_report(project: Project, results: dict[str, dict[str, Any]],
-                 out_dir: Path) -> tuple[Path, Path]:
+                 out_dir: Path, comparison: dict[str, Any] | None = None) -> tuple[Path, Path]:
     data = build_report(project, results)
+    data["comparison"] = comparison
     html_path, json_path = out_dir / "report.html", out_dir / "report.json"
     atomic_write_json(json_path, data)
     atomic_write_text(html_path, render_html(data))

@@ -19,147 +19,64 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from studio.core.artifacts import Artifact, ArtifactStore, artifact_key
+from studio.core.artifacts import Artifact, ArtifactStore
 from studio.core.errors import StageCrashed, StudioError
-from studio.core.fsutil import RunLock, atomic_write_bytes, sha256_file
+from studio.core.fsutil import RunLock, atomic_write_bytes
 from studio.core.gates import evaluate_gates
 from studio.core.jobs import Job, JobStore
 from studio.core.metrics import Metric
-from studio.core.project import STAGES, Project
+from studio.core.project import Project
+from studio.core.stagegraph import (
+    REFS,
+    STAGES,
+    PlannedJob,
+    StageConfig,
+    job_key,
+    plan,
+    project_value,
+    stage_config,
+)
 
-ORDER = {s: i for i, s in enumerate(STAGES)}
 MAX_LOG_LINES = 4000
 
-
-@dataclass
-class PlannedJob:
-    stage: str
-    target: str = ""  # chip key; for run jobs "cpu" or "htp-sim/<chip>"
-    deps: list[int] = field(default_factory=list)
-
-    @property
-    def label(self) -> str:
-        return f"{self.stage}[{self.target}]" if self.target else self.stage
+__all__ = ["PlannedJob", "Pipeline", "RunSummary", "plan", "preflight", "tool_versions"]
 
 
-def plan(project: Project, stages: list[str] | None = None,
-         targets: list[str] | None = None) -> list[PlannedJob]:
-    """The jobs for the requested stages, plus every stage they need upstream."""
-    wanted = list(stages or project.pipeline["stages"])
-    for s in wanted:
-        if s not in STAGES:
-            raise StudioError(f"unknown stage {s!r}; known stages: {', '.join(STAGES)}")
-    chips = list(targets or project.targets)
-    for t in chips:
-        if t not in project.targets:
-            raise StudioError(
-                f"target {t!r} is not one of the project's targets ({', '.join(project.targets)})"
-            )
-    needs = {"export": set(), "quantize": {"export"}, "compile": {"quantize"},
-             "validate": {"export", "quantize", "compile"}, "run": {"export", "compile"},
-             "profile": {"quantize", "compile"}, "report": set()}
-    closure = set(wanted)
-    changed = True
-    while changed:
-        changed = False
-        for s in list(closure):
-            for dep in needs[s]:
-                if dep not in closure:
-                    closure.add(dep)
-                    changed = True
-    jobs: list[PlannedJob] = []
-    index: dict[tuple[str, str], int] = {}
+# ---- preflight: the declared file references, checked by kind ------------------------------
+def _check_checkpoint(path: Path) -> None:
+    if path.is_file() and path.suffix == ".onnx":
+        from studio.engine.onnx_import import open_onnx
 
-    def add(stage: str, target: str, deps: list[tuple[str, str]]) -> None:
-        index[(stage, target)] = len(jobs)
-        jobs.append(PlannedJob(stage, target, [index[d] for d in deps if d in index]))
+        open_onnx(path)  # a corrupt file gets a clear error
+        raise StudioError(
+            f"{path.name} is an ONNX model: the LLM pipeline starts from a Hugging Face "
+            "checkpoint folder (export makes its prefill and decode graphs)"
+        )
+    from studio.engine import hf_import
 
-    if "export" in closure:
-        add("export", "", [])
-    if "quantize" in closure:
-        add("quantize", "", [("export", "")])
-    for chip in chips:
-        if "compile" in closure:
-            add("compile", chip, [("quantize", "")])
-        if "validate" in closure:
-            add("validate", chip, [("export", ""), ("quantize", ""), ("compile", chip)])
-    if "run" in closure:
-        devices = project.run["devices"]
-        if "cpu" in devices:
-            add("run", "cpu", [("export", "")])
-        if "htp-sim" in devices:
-            for chip in chips:
-                add("run", f"htp-sim/{chip}", [("export", ""), ("compile", chip)])
-    if "profile" in closure:
-        for chip in chips:
-            add("profile", chip, [("quantize", ""), ("compile", chip)])
-    if "report" in closure:
-        deps = [(j.stage, j.target) for j in jobs]
-        add("report", "", deps)
-    return jobs
+    hf_import.open_checkpoint(path)
 
 
-# ---- stage configuration (what goes into an artifact key) ----------------------------
-def _hash_ref(project: Project, ref: str) -> dict[str, Any]:
-    """The identity of an input file or folder: its resolved path and content hash."""
-    path = project.input_path(ref)
-    if path.is_dir():
-        files = {str(p.relative_to(path)): sha256_file(p)
-                 for p in sorted(path.rglob("*")) if p.is_file()}
-        return {"ref": ref, "files": files}
-    return {"ref": ref, "sha256": sha256_file(path)}
-
-
-def stage_config(project: Project, job: PlannedJob) -> dict[str, Any]:
-    p = project
-    if job.stage == "export":
-        return {"model": _hash_ref(p, p.model["source"]), "export": p.export}
-    if job.stage == "quantize":
-        q = dict(p.quantization)
-        q["calibration_text"] = _hash_ref(p, q["calibration_text"])
-        return {"quantization": q}
-    if job.stage == "compile":
-        from studio.core.catalog import get_chip
-
-        return {"chip": get_chip(job.target).__dict__, "scheme": p.quantization["scheme"]}
-    if job.stage == "validate":
-        v = dict(p.validation)
-        v["heldout_text"] = _hash_ref(p, v["heldout_text"])
-        return {"validation": v, "target": job.target}
-    if job.stage == "run":
-        return {"run": {k: p.run[k] for k in ("prompt", "max_new_tokens")}, "target": job.target}
-    if job.stage == "profile":
-        return {"target": job.target}
-    if job.stage == "report":
-        return {"gates": p.gates, "name": p.name, "time": time.time()}
-    raise StudioError(f"unknown stage {job.stage!r}")
+def _check_text(path: Path, what: str) -> None:
+    if path.is_dir() or path.stat().st_size == 0 or not path.read_bytes().strip():
+        raise StudioError(f"the {what} {path} is empty: give a text file with some content")
 
 
 def preflight(project: Project, jobs: list[PlannedJob]) -> None:
-    """Check the inputs of a plan before anything runs: fail in a second, not in minutes."""
-    stages = {j.stage for j in jobs}
-    if "export" in stages:
-        src = project.input_path(project.model["source"])
-        if src.is_file() and src.suffix == ".onnx":
-            from studio.engine.onnx_import import open_onnx
-
-            open_onnx(src)  # a corrupt file gets a clear error
-            raise StudioError(
-                f"{src.name} is an ONNX model: the LLM pipeline starts from a Hugging Face "
-                "checkpoint folder (export makes its prefill and decode graphs)"
-            )
-        from studio.engine import hf_import
-
-        hf_import.open_checkpoint(src)
-    texts = []
-    if "quantize" in stages:
-        texts.append((project.quantization["calibration_text"], "calibration text"))
-    if "validate" in stages:
-        texts.append((project.validation["heldout_text"], "held-out text"))
-    for ref, what in texts:
-        path = project.input_path(ref)
-        if path.is_dir() or path.stat().st_size == 0 or not path.read_bytes().strip():
-            raise StudioError(f"the {what} {path} is empty: give a text file with some content")
+    """Check the input files the planned stages declare before anything runs: fail in a
+    second, not in minutes."""
+    checked: set[str] = set()
+    for job in jobs:
+        for key in STAGES[job.stage].settings:
+            kind = REFS.get(key)
+            if kind is None or key in checked:
+                continue
+            checked.add(key)
+            path = project.input_path(project_value(project, key))
+            if kind == "checkpoint":
+                _check_checkpoint(path)
+            else:
+                _check_text(path, key.split(".", 1)[1].replace("_", " "))
     from studio.core.fsutil import check_writable_dir
 
     check_writable_dir(project.folder)
@@ -238,6 +155,7 @@ class Pipeline:
         self._log_count = 0
         self._cancelled: set[int] = set()
         self._cancel_all = False
+        self._run_id: int | None = None
 
     def _emit(self, event: dict[str, Any]) -> None:
         for cb in list(self.listeners):
@@ -271,10 +189,15 @@ class Pipeline:
         new one."""
         if self._worker is not None and self._worker.returncode is None:
             return self._worker
+        # The stages' temporary files (quantizer scratch, compiler dumps) go under the
+        # project's own tmp folder, which the next open cleans after a killed run.
+        scratch = self.store.tmp / "scratch"
+        scratch.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, TMPDIR=str(scratch))
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "studio.worker",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=1 << 24,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=1 << 24, env=env,
         )
         self._worker = proc
         self._stderr_task = asyncio.ensure_future(self._read_stderr(proc))
@@ -317,22 +240,30 @@ class Pipeline:
 
     # -- running --
     async def run(self, stages: list[str] | None = None,
-                  targets: list[str] | None = None) -> RunSummary:
+                  targets: list[str] | None = None,
+                  retry: tuple[str, str] | None = None) -> RunSummary:
+        """Run a plan: the requested stages (default: the project's), or with ``retry``
+        a finished job again together with every job downstream of it."""
         t0 = time.time()
         self._cancel_all = False
-        planned = plan(self.project, stages, targets)
+        planned = plan(self.project, stages, targets, retry=retry)
         # hashing checkpoints and reading files can take seconds: keep it off the event loop
         await asyncio.to_thread(preflight, self.project, planned)
         lock = RunLock(self.project.folder)
         lock.acquire()
         try:
-            return await self._run_locked(planned, stages, targets, t0)
+            return await self._run_locked(planned, stages, targets, t0, retry)
         finally:
             lock.release()
 
     async def _run_locked(self, planned: list[PlannedJob], stages: list[str] | None,
-                          targets: list[str] | None, t0: float) -> RunSummary:
-        run_id = self.jobs.create_run({"stages": stages, "targets": targets})
+                          targets: list[str] | None, t0: float,
+                          retry: tuple[str, str] | None = None) -> RunSummary:
+        # The run records the settings it ran with: comparisons and staleness read them.
+        run_id = self.jobs.create_run({"stages": stages, "targets": targets,
+                                       "retry": list(retry) if retry else None,
+                                       "settings": self.project.to_dict()})
+        self._run_id = run_id
         ids = [self.jobs.add_job(run_id, j.stage, j.target) for j in planned]
         for jid, pj in zip(ids, planned, strict=True):
             if pj.deps:
@@ -410,12 +341,12 @@ class Pipeline:
 
     async def _run_job(self, jid: int, pj: PlannedJob,
                        inputs: dict[int, Artifact]) -> Artifact | None:
-        config = await asyncio.to_thread(stage_config, self.project, pj)
-        input_digests = {self.jobs.job(i).label: a.digest for i, a in inputs.items()}
+        config: StageConfig = await asyncio.to_thread(stage_config, self.project, pj)
+        input_keys = {self.jobs.job(i).label: a.key for i, a in inputs.items()}
         versions = await asyncio.to_thread(tool_versions)
-        key = artifact_key(pj.stage, config, input_digests, versions)
+        key = job_key(config, input_keys, versions)
         now = time.time()
-        cached = self.store.get(key)
+        cached = self.store.get(key) if pj.decl.cache else None
         if cached is not None and await asyncio.to_thread(self.store.verify, cached):
             result = json.loads((cached.path / "result.json").read_text())
             self.jobs.add_metrics(jid, [Metric.from_dict(m) for m in result.get("metrics", [])])
@@ -425,11 +356,10 @@ class Pipeline:
             return cached
         workdir = self.store.new_workdir()
         spec = {
-            "stage": pj.stage, "target": pj.target, "job_id": jid,
-            "project": self.project.to_dict(),
-            "project_path": str(self.project.path) if self.project.path else None,
+            "job_id": jid, "config": config.to_dict(),
             "inputs": {self.jobs.job(i).label: str(a.path) for i, a in inputs.items()},
-            "workdir": str(workdir), "config": config,
+            "workdir": str(workdir),
+            "history": {"db": str(self.jobs.path), "run_id": self._run_id},
         }
         self._update(jid, state="running", started=now, progress=0.0, message="starting")
         worker = await self._get_worker()
@@ -477,10 +407,14 @@ class Pipeline:
             return None
         if outcome.get("type") == "result":
             result = outcome["result"]
-            self.jobs.add_metrics(jid, [Metric.from_dict(m) for m in result.get("metrics", [])])
+            # Run facts (how long the stage took, ...) go to the run history only: they are
+            # not part of the artifact, whose content must not depend on the clock.
+            facts = [Metric.from_dict(m) for m in outcome.get("facts", [])]
+            self.jobs.add_metrics(
+                jid, [Metric.from_dict(m) for m in result.get("metrics", [])] + facts)
             art = await asyncio.to_thread(self.store.commit, key, workdir, {
-                "stage": pj.stage, "target": pj.target, "config": config,
-                "inputs": input_digests, "versions": versions,
+                "stage": pj.stage, "target": pj.target, "config": dict(config.hashed),
+                "inputs": input_keys, "versions": versions,
                 "tool": result.get("tool", {}),
             })
             self._update(jid, state="succeeded", finished=time.time(), progress=1.0,
@@ -489,7 +423,16 @@ class Pipeline:
         shutil.rmtree(workdir, ignore_errors=True)
         if outcome.get("type") == "error" and outcome.get("kind") == "user":
             raise StudioError(f"{pj.label}: {outcome['message']}")
-        detail = outcome.get("message") or f"the worker process ended with code {rc}"
+        if outcome.get("message"):
+            detail = outcome["message"]
+        elif rc is not None and rc < 0:
+            try:
+                detail = f"the worker process was killed by {signal.Signals(-rc).name}"
+            except ValueError:
+                detail = f"the worker process was killed by signal {-rc}"
+        else:
+            detail = f"the worker process ended with code {rc}"
         if outcome.get("traceback"):
             self.jobs.append_log(jid, outcome["traceback"])
-        raise StageCrashed(f"{pj.label} crashed: {detail} (the job log has the traceback)")
+            raise StageCrashed(f"{pj.label} crashed: {detail} (the job log has the traceback)")
+        raise StageCrashed(f"{pj.label} crashed: {detail}")

@@ -60,7 +60,7 @@ def source_ref(kind: str, source: str) -> str:
     if not source:
         raise StudioError("choose a model: a sample, a checkpoint folder or an .onnx file")
     if kind == "sample":
-        from studio import samples
+        from studio.core import samples
 
         s = samples.sample(source)
         if s.kind != "causal-lm":

@@ -55,7 +55,7 @@ class SourcePage(QWizardPage):
         for i, r in enumerate((self.sample_radio, self.ckpt_radio, self.onnx_radio)):
             self.group.addButton(r, i)
         self.sample = QComboBox()
-        from studio import samples
+        from studio.core import samples
 
         for s in samples.SAMPLES.values():
             if s.kind == "causal-lm" and not s.draft_for:
@@ -108,7 +108,7 @@ class SourcePage(QWizardPage):
         k, src = self.kind(), self.source()
         msg = ""
         if k == "sample":
-            from studio import samples
+            from studio.core import samples
 
             try:
                 samples.sample_path(src)

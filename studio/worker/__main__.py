@@ -37,8 +37,9 @@ def run_one(line: str, progress) -> None:
         job_id = spec.get("job_id")
         from studio.worker.stages import run_stage
 
-        result = run_stage(spec, progress)
-        progress.emit({"type": "result", "job_id": job_id, "result": result})
+        out = run_stage(spec, progress)
+        progress.emit({"type": "result", "job_id": job_id, "result": out["result"],
+                       "facts": out["facts"]})
     except StudioError as exc:
         progress.emit({"type": "error", "job_id": job_id, "kind": "user",
                        "message": exc.message, "exit_code": exc.exit_code})

@@ -13,27 +13,42 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from studio.core.catalog import Chip, get_chip
+from studio.core.devices import Device, htp_simulator
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.metrics import Metric
 from studio.core.profile import layer_label
 from studio.core.progress import Progress, SubProgress
-from studio.core.project import Project, from_dict
+from studio.core.stagegraph import StageConfig
 
 GRAPHS = ("prefill", "decode")
 
 
 @dataclass
 class StageContext:
-    project: Project
-    target: str
+    """What a stage sees: its frozen config (only the settings its key hashes), its input
+    artifacts, the folder it writes, and (for stages that read it) the run history."""
+
+    config: StageConfig
     inputs: dict[str, Path]  # upstream job label -> artifact folder
     out: Path
+    history: dict[str, Any] = field(default_factory=dict)
+    facts: list[dict[str, Any]] = field(default_factory=list)  # run facts, not artifact content
+
+    def get(self, key: str) -> Any:
+        return self.config.get(key)
+
+    def path(self, key: str) -> Path:
+        return self.config.path(key)
+
+    @property
+    def target(self) -> str:
+        return self.config.item
 
     def input(self, stage: str, target: str = "") -> Path:
         label = f"{stage}[{target}]" if target else stage
@@ -43,15 +58,31 @@ class StageContext:
 
     @property
     def chip(self) -> Chip:
-        return get_chip(self.target.split("/", 1)[-1])
+        return get_chip(self.config.chip)
+
+    @property
+    def device(self) -> Device:
+        """The device this job runs on: its own for device stages, the chip's simulator for
+        per-target stages."""
+        return self.config.device or htp_simulator(self.config.chip)
+
+    @property
+    def fp16(self) -> bool:
+        return self.get("quantization.scheme") == "FP16"
+
+    def fact(self, name: str, value: float, unit: str, detail: str = "") -> None:
+        """A run fact (e.g. how long the stage took): kept in the run history only."""
+        self.facts.append(_metric(name, value, unit, "measured", "host-cpu", self.config.chip,
+                                  detail))
 
 
-def _read_text(project: Project, ref: str, what: str) -> str:
-    path = project.input_path(ref)
+def _read_text(path: Path, what: str) -> str:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise StudioError(f"the {what} {path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise StudioError(f"cannot read the {what} {path}: {exc.strerror}") from None
     if not text.strip():
         raise StudioError(f"the {what} {path} is empty: give a text file with some content")
     return text
@@ -60,6 +91,12 @@ def _read_text(project: Project, ref: str, what: str) -> str:
 def _metric(name: str, value: float, unit: str, source: str, device: str, target: str = "",
             detail: str = "") -> dict[str, Any]:
     return Metric(name, float(value), unit, source, device, target, detail).to_dict()
+
+
+def _device_metric(dev: Device, name: str, value: float, unit: str, detail: str = "",
+                   ) -> dict[str, Any]:
+    """A figure produced on ``dev``: its source label comes from the device."""
+    return _metric(name, value, unit, dev.source, dev.kind, dev.chip, detail)
 
 
 def _tokenizer(export_dir: Path):
@@ -79,14 +116,13 @@ def export(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     from studio.engine import hf_import
     from studio.engine.llm_export import export_llm
 
-    ckpt = ctx.project.input_path(ctx.project.model["source"])
+    ckpt = ctx.path("model.source")
     info = hf_import.open_checkpoint(ckpt)
     progress.update(0.02, f"exporting {info.architecture} ({info.num_layers} layers)")
-    e = ctx.project.export
+    P, C = ctx.get("export.prompt_length"), ctx.get("export.context_length")
     t0 = time.perf_counter()
-    spec = export_llm(ckpt, ctx.out, e["prompt_length"], e["context_length"],
-                      progress=SubProgress(progress, 0.02, 0.95))
-    seconds = time.perf_counter() - t0
+    spec = export_llm(ckpt, ctx.out, P, C, progress=SubProgress(progress, 0.02, 0.95))
+    ctx.fact("export_seconds", time.perf_counter() - t0, "s")
     tok_dir = ctx.out / "tokenizer"
     tok_dir.mkdir()
     for f in ckpt.iterdir():
@@ -95,10 +131,8 @@ def export(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     atomic_write_json(ctx.out / "modelinfo.json", info.to_dict())
     sizes = {g: (ctx.out / f"{g}.onnx").stat().st_size for g in GRAPHS}
     return {
-        "summary": f"prefill [1,{e['prompt_length']}] + decode with KV cache {e['context_length']}"
-                   f" ({info.parameters:,} parameters)",
-        "spec": spec, "sizes": sizes,
-        "metrics": [_metric("export_seconds", seconds, "s", "measured", "host-cpu")],
+        "summary": f"prefill [1,{P}] + decode with KV cache {C} ({info.parameters:,} parameters)",
+        "spec": spec, "sizes": sizes, "metrics": [],
     }
 
 
@@ -106,21 +140,22 @@ def export(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 def quantize(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     from studio.engine.quantize import quantize_llm
 
-    q = ctx.project.quantization
-    text = _read_text(ctx.project, q["calibration_text"], "calibration text")
+    scheme = ctx.get("quantization.scheme")
+    gran = ctx.get("quantization.weight_granularity")
+    samples = ctx.get("quantization.calibration_samples")
+    overrides = ctx.get("quantization.overrides")
+    text = _read_text(ctx.path("quantization.calibration_text"), "calibration text")
     export_dir = ctx.input("export")
-    recipe = {"scheme": q["scheme"], "weight_granularity": q["weight_granularity"],
-              "samples": q["calibration_samples"], "overrides": q["overrides"]}
+    recipe = {"scheme": scheme, "weight_granularity": gran, "samples": samples,
+              "overrides": overrides}
     t0 = time.perf_counter()
     info = quantize_llm(export_dir, ctx.out, recipe, text, export_dir / "tokenizer", progress)
+    ctx.fact("quantize_seconds", time.perf_counter() - t0, "s")
     return {
-        "summary": f"{q['scheme']} {q['weight_granularity']}, "
-                   f"{q['calibration_samples']} calibration windows"
-                   + (f", overrides {', '.join(f'{k}={v}' for k, v in q['overrides'].items())}"
-                      if q["overrides"] else ""),
-        "quant": info,
-        "metrics": [_metric("quantize_seconds", time.perf_counter() - t0, "s", "measured",
-                            "host-cpu")],
+        "summary": f"{scheme} {gran}, {samples} calibration windows"
+                   + (f", overrides {', '.join(f'{k}={v}' for k, v in overrides.items())}"
+                      if overrides else ""),
+        "quant": info, "layers": info.get("layers", []), "metrics": [],
     }
 
 
@@ -129,7 +164,7 @@ def compile_(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     from studio.engine import qnn
 
     qdir = ctx.input("quantize")
-    fp16 = ctx.project.quantization["scheme"] == "FP16"
+    fp16 = ctx.fp16
     chip = ctx.chip
     placement, compiled = {}, {}
     for i, g in enumerate(GRAPHS):
@@ -149,12 +184,11 @@ def compile_(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     shutil.copy2(qdir / "graph.json", ctx.out / "graph.json")
     atomic_write_json(ctx.out / "placement.json", placement)
     sdk = compiled["decode"].get("sdk_version", "")
-    secs = sum(c.get("seconds", 0.0) for c in compiled.values())
+    ctx.fact("compile_seconds", sum(c.get("seconds", 0.0) for c in compiled.values()), "s")
     return {
         "summary": f"context binaries for {chip.name} (QNN SDK {sdk}); all nodes on the NPU",
         "placement": {g: {k: v for k, v in r.items() if k != "cpu_nodes"} for g, r in placement.items()},
-        "sdk_version": sdk, "tool": {"qnn_sdk": sdk},
-        "metrics": [_metric("compile_seconds", secs, "s", "measured", "host-cpu", chip.key)],
+        "sdk_version": sdk, "tool": {"qnn_sdk": sdk}, "metrics": [],
     }
 
 
@@ -230,19 +264,20 @@ def validate(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     import numpy as np
 
     export_dir, qdir = ctx.input("export"), ctx.input("quantize")
-    cdir = ctx.input("compile", ctx.target)
+    cdir = ctx.input("compile", ctx.config.chip)
     spec = _spec(export_dir)
-    v = ctx.project.validation
     chip = ctx.chip
-    text = _read_text(ctx.project, v["heldout_text"], "held-out text")
+    dev = ctx.device
+    greedy_tokens = ctx.get("validation.greedy_tokens")
+    text = _read_text(ctx.path("validation.heldout_text"), "held-out text")
     tok = _tokenizer(export_dir)
-    ids = tok(text).input_ids[: v["heldout_tokens"]]
+    ids = tok(text).input_ids[: ctx.get("validation.heldout_tokens")]
     if len(ids) < 16:
         raise StudioError("the held-out text gives fewer than 16 tokens: use a longer text")
     window = spec["context_length"]
     windows = [ids[i:i + window] for i in range(0, len(ids), window)]
     windows = [w for w in windows if len(w) >= 2]
-    fp16 = ctx.project.quantization["scheme"] == "FP16"
+    fp16 = ctx.fp16
     runners = {
         "fp32": _cpu_generator(export_dir, spec),
         "host_qdq": _cpu_generator(qdir, spec),
@@ -278,8 +313,8 @@ def validate(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                      "logits_cosine_min": float(cos_all.min()), "logits_max_abs_error": maxerr,
                      "top1_agreement": float(same_all.mean()), "perplexity": ppl[name]}
     progress.update(total / (total + 1), "greedy agreement")
-    g = _greedy_agreement(runners["fp32"], runners["htp"], tok, ctx.project.run["prompt"], ids,
-                          spec["prompt_length"], v["greedy_tokens"], progress)
+    g = _greedy_agreement(runners["fp32"], runners["htp"], tok, ctx.get("run.prompt"), ids,
+                          spec["prompt_length"], greedy_tokens, progress)
     h = res["htp"]
     res.update(
         logits_cosine_mean=h["logits_cosine_mean"], top1_agreement=h["top1_agreement"],
@@ -288,21 +323,24 @@ def validate(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         greedy_prefix_agreement=g["prefix"], greedy_prompts=g["prompts"],
         greedy_fp32=g["fp32"], greedy_htp=g["htp"],
     )
-    src = dict(source="simulated", device="htp-sim", target=chip.key)
     res["metrics"] = [
-        _metric("logits_cosine_mean", h["logits_cosine_mean"], "", **src),
-        _metric("logits_max_abs_error", h["logits_max_abs_error"], "", **src),
-        _metric("top1_agreement", h["top1_agreement"], "fraction", **src),
-        _metric("perplexity_quantized", ppl["htp"], "", **src),
-        _metric("greedy_agreement", g["agreement"], "fraction", **src,
-                detail=f"{g['prompts']} prompts x {v['greedy_tokens']} tokens, position by position"),
-        _metric("greedy_prefix_agreement", g["prefix"], "fraction", **src,
-                detail="tokens identical before the first divergence"),
+        _device_metric(dev, "logits_cosine_mean", h["logits_cosine_mean"], ""),
+        _device_metric(dev, "logits_max_abs_error", h["logits_max_abs_error"], ""),
+        _device_metric(dev, "top1_agreement", h["top1_agreement"], "fraction"),
+        _device_metric(dev, "perplexity_quantized", ppl["htp"], ""),
+        _device_metric(dev, "greedy_agreement", g["agreement"], "fraction",
+                       f"{g['prompts']} prompts x {greedy_tokens} tokens, position by position"),
+        _device_metric(dev, "greedy_prefix_agreement", g["prefix"], "fraction",
+                       "tokens identical before the first divergence"),
         _metric("perplexity_fp32", ppl["fp32"], "", "measured", "host-cpu"),
         _metric("perplexity_host_qdq", ppl["host_qdq"], "", "measured", "host-cpu"),
+        _metric("logits_cosine_host_qdq", res["host_qdq"]["logits_cosine_mean"], "", "measured",
+                "host-cpu"),
+        _metric("top1_agreement_host_qdq", res["host_qdq"]["top1_agreement"], "fraction",
+                "measured", "host-cpu"),
     ]
     res["summary"] = (f"cosine {h['logits_cosine_mean']:.4f}, top-1 {h['top1_agreement']:.1%}, "
-                      f"ppl {ppl['fp32']:.2f} → {ppl['htp']:.2f} on {chip.name} (simulator)")
+                      f"ppl {ppl['fp32']:.2f} → {ppl['htp']:.2f} on {dev.name} ({dev.source})")
     return res
 
 
@@ -311,23 +349,22 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     export_dir = ctx.input("export")
     spec = _spec(export_dir)
     tok = _tokenizer(export_dir)
-    r = ctx.project.run
-    if ctx.target == "cpu":
+    dev = ctx.device
+    prompt, n = ctx.get("run.prompt"), ctx.get("run.max_new_tokens")
+    scheme = ctx.get("quantization.scheme")
+    if dev.kind == "host-cpu":
         gen = _cpu_generator(export_dir, spec)
-        source, device, target, what = "measured", "host-cpu", "", "FP32 on the host CPU"
+        what = "FP32 on the host CPU"
     else:
         chip = ctx.chip
-        fp16 = ctx.project.quantization["scheme"] == "FP16"
-        gen = _htp_generator(ctx.input("compile", chip.key), chip, spec, fp16)
-        source, device, target = "simulated", "htp-sim", chip.key
-        what = f"{ctx.project.quantization['scheme']} on the HTP simulator ({chip.name})"
-    prompt_ids = tok(r["prompt"]).input_ids
+        gen = _htp_generator(ctx.input("compile", chip.key), chip, spec, ctx.fp16)
+        what = f"{scheme} on the {dev.name}"
+    prompt_ids = tok(prompt).input_ids
     if len(prompt_ids) > spec["prompt_length"]:
         raise StudioError(
             f"the prompt has {len(prompt_ids)} tokens but the model was exported for "
             f"{spec['prompt_length']}: shorten run.prompt or raise export.prompt_length"
         )
-    n = r["max_new_tokens"]
 
     def on_step(i: int, token: int) -> None:
         progress.check()
@@ -336,18 +373,17 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     out = gen.greedy(prompt_ids, n, eos_id=spec.get("eos_token_id"), on_step=on_step)
     steps = out["step_s"]
     median = statistics.median(steps) if steps else float("nan")
-    note = "" if source == "measured" else "simulator time: follows the host CPU, not device latency"
+    note = dev.timing_note
     metrics = [
-        _metric("prefill_ms", out["prefill_s"] * 1e3, "ms", source, device, target, note),
-        _metric("decode_ms_per_token", median * 1e3, "ms", source, device, target, note),
-        _metric("decode_tokens_per_s", 1.0 / median if steps else 0.0, "tok/s", source, device,
-                target, note),
+        _device_metric(dev, "prefill_ms", out["prefill_s"] * 1e3, "ms", note),
+        _device_metric(dev, "decode_ms_per_token", median * 1e3, "ms", note),
+        _device_metric(dev, "decode_tokens_per_s", 1.0 / median if steps else 0.0, "tok/s", note),
     ]
     text = tok.decode(out["tokens"])
     return {
-        "summary": f"{len(out['tokens'])} tokens, {1.0 / median:.1f} tok/s ({source}, {what})",
-        "device": device, "target": target, "source": source, "prompt": r["prompt"],
-        "tokens": out["tokens"], "text": text, "prefill_s": out["prefill_s"],
+        "summary": f"{len(out['tokens'])} tokens, {1.0 / median:.1f} tok/s ({dev.source}, {what})",
+        "device": dev.kind, "device_id": dev.id, "target": dev.chip, "source": dev.source,
+        "prompt": prompt, "tokens": out["tokens"], "text": text, "prefill_s": out["prefill_s"],
         "step_s": steps, "metrics": metrics,
     }
 
@@ -356,10 +392,11 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 def profile(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     from studio.engine import qnn, qnn_profile
 
-    cdir, qdir = ctx.input("compile", ctx.target), ctx.input("quantize")
+    cdir, qdir = ctx.input("compile", ctx.config.chip), ctx.input("quantize")
     chip = ctx.chip
+    dev = ctx.device
     spec = _spec(cdir)
-    fp16 = ctx.project.quantization["scheme"] == "FP16"
+    fp16 = ctx.fp16
     progress.update(0.1, f"profiling decode steps on {chip.name}")
     run_info = qnn.profile_decode_step(cdir / "decode_ctx.onnx", chip, spec,
                                        ctx.out / "qnn_profile.csv", fp16=fp16, runs=3)
@@ -375,19 +412,29 @@ def profile(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         "summary": f"{len(prof.ops)} HTP ops in one decode step ({prof.source}, {chip.name})",
         "by_op_type": dict(top), "by_layer": by_layer, "unit": prof.unit,
         "source": prof.source, "ops": len(prof.ops),
-        "metrics": [_metric("decode_step_total", prof.total(), prof.unit, prof.source, "htp-sim",
+        "metrics": [_metric("decode_step_total", prof.total(), prof.unit, prof.source, dev.kind,
                             chip.key, note)],
     }
 
 
 # ---- 7. report -------------------------------------------------------------------------------
 def report(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    """The run's report. It is not cached: it reads the run history (the settings this run
+    ran with, and the previous run to compare with)."""
+    from studio.core.project import from_dict
     from studio.engine.report import write_report
 
     results = {}
     for label, path in ctx.inputs.items():
         results[label] = json.loads((path / "result.json").read_text())
-    html, data = write_report(ctx.project, results, ctx.out)
+    settings = ctx.history.get("settings")
+    if not settings:
+        raise StudioError("the report needs the run history's record of this run")
+    project = from_dict(settings)
+    project.name = ctx.get("name")
+    project.gates = {k.split(".", 1)[1]: ctx.get(k) for k in ctx.config.settings
+                     if k.startswith("gates.")}
+    html, data = write_report(project, results, ctx.out, ctx.history.get("comparison"))
     return {"summary": f"report with {len(results)} stage results", "files": [html.name, data.name],
             "metrics": []}
 
@@ -398,15 +445,39 @@ STAGE_FUNCTIONS: dict[str, Callable[[StageContext, Progress], dict[str, Any]]] =
 }
 
 
+def _history(spec: dict[str, Any]) -> dict[str, Any]:
+    """The run history facts a stage may read: this run's settings and the comparison with
+    the previous run (read-only)."""
+    h = spec.get("history") or {}
+    if not h.get("db") or not Path(h["db"]).exists() or h.get("run_id") is None:
+        return {}
+    from studio.core.jobs import JobStore
+
+    store = JobStore(Path(h["db"]))
+    try:
+        run = store.run(int(h["run_id"]))
+        out: dict[str, Any] = {"settings": (run or {}).get("config", {}).get("settings")}
+        try:
+            from studio.core.compare import compare_with_previous
+
+            out["comparison"] = compare_with_previous(store, int(h["run_id"]))
+        except ImportError:
+            pass
+        return out
+    finally:
+        store.close()
+
+
 def run_stage(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """Entry point of the worker: build the context from the job spec and run the stage."""
-    project = from_dict(spec["project"])
-    if spec.get("project_path"):
-        project.path = Path(spec["project_path"])
-    ctx = StageContext(project, spec.get("target", ""),
-                       {k: Path(v) for k, v in spec.get("inputs", {}).items()},
-                       Path(spec["workdir"]))
-    fn = STAGE_FUNCTIONS[spec["stage"]]
+    """Entry point of the worker: build the context from the job spec and run the stage.
+
+    Returns ``{"result": ..., "facts": [...]}``: the result is written into the artifact;
+    the facts (timings of this run) go to the run history only."""
+    config = StageConfig.from_dict(spec["config"])
+    ctx = StageContext(config, {k: Path(v) for k, v in spec.get("inputs", {}).items()},
+                       Path(spec["workdir"]),
+                       _history(spec) if config.stage == "report" else {})
+    fn = STAGE_FUNCTIONS[config.stage]
     result = fn(ctx, progress)
     atomic_write_json(ctx.out / "result.json", result)
-    return result
+    return {"result": result, "facts": ctx.facts}

@@ -51,7 +51,7 @@ def test_export_writes_graphs_spec_and_reference(qwen_graphs):
     assert json.loads((out / "graph.json").read_text()) == spec
     assert spec["num_layers"] == 2 and spec["num_kv_heads"] == 2 and spec["head_dim"] == 16
     assert (
-        spec["vocab_size"] == 256 and spec["prompt_len"] == TINY_P and spec["context_len"] == TINY_C
+        spec["vocab_size"] == 256 and spec["prompt_length"] == TINY_P and spec["context_length"] == TINY_C
     )
     assert spec["eos_token_id"] == 0 and spec["pad_token_id"] == 1 and spec["model_type"] == "qwen2"
     assert spec["export_check"]["max_abs_diff"] < 1e-4

