@@ -97,6 +97,23 @@ class RunLock:
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
 
+    def held(self) -> bool:
+        """Whether some process holds the lock now (a pipeline run is going)."""
+        import fcntl
+
+        if self._fd is not None:
+            return True
+        if not self.path.exists():
+            return False
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing drops a shared lock we may have taken
+        return False
+
     def release(self) -> None:
         if self._fd is not None:
             import fcntl
