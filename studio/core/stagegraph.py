@@ -23,9 +23,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from studio.core.artifacts import artifact_key
 from studio.core.devices import Device, device, project_devices
 from studio.core.errors import StudioError
-from studio.core.fsutil import sha256_file, sha256_json
+from studio.core.fsutil import sha256_file
 from studio.core.recipe import DEFAULT_GATES
 
 if TYPE_CHECKING:
@@ -185,6 +186,8 @@ def plan(project: Project, stages: list[str] | None = None, targets: list[str] |
                 f"target {t!r} is not one of the project's targets ({', '.join(project.targets)})"
             )
     universe = _universe(project, chips)
+    if retry is not None and STAGES[retry[0]].fan_out == "device" and retry[1]:
+        retry = (retry[0], device(retry[1]).id)  # "htp-sim/CHIP" of older histories
     if retry is not None:
         roots = {i for i, j in enumerate(universe) if (j.stage, j.target) == retry}
         if not roots and not STAGES[retry[0]].needs_all:
@@ -220,13 +223,14 @@ def plan(project: Project, stages: list[str] | None = None, targets: list[str] |
 
 # ---- what a job reads, and its key --------------------------------------------------------------
 def _ref_identity(project: Project, ref: str) -> dict[str, Any]:
-    """A file reference's identity: the reference and its content, never the path."""
+    """A file reference's identity: its content only (two copies of a checkpoint, wherever
+    they are and however the project names them, give one key)."""
     path = project.input_path(ref)
     if path.is_dir():
         files = {str(p.relative_to(path)): sha256_file(p)
                  for p in sorted(path.rglob("*")) if p.is_file()}
-        return {"ref": ref, "files": files}
-    return {"ref": ref, "sha256": sha256_file(path)}
+        return {"files": files}
+    return {"sha256": sha256_file(path)}
 
 
 def _item_identity(decl: StageDecl, item: str) -> dict[str, Any]:
@@ -308,8 +312,8 @@ def stage_config(project: Project, job: PlannedJob) -> StageConfig:
 def job_key(config: StageConfig, input_keys: Mapping[str, str],
             versions: Mapping[str, str]) -> str:
     """The artifact key: stage, hashed settings, item, the keys of the inputs, versions."""
-    return sha256_json({"stage": config.stage, "config": dict(config.hashed),
-                        "inputs": dict(sorted(input_keys.items())), "versions": dict(versions)})
+    return artifact_key(config.stage, dict(config.hashed), dict(sorted(input_keys.items())),
+                        dict(versions))
 
 
 def plan_keys(project: Project, jobs: list[PlannedJob], versions: Mapping[str, str],

@@ -335,13 +335,15 @@ class ProjectController(QObject):
         self.undo_changed.emit()
 
     # ---- the pipeline -------------------------------------------------------------------------
-    def plan(self, stages: list[str] | None = None, targets: list[str] | None = None):
+    def plan(self, stages: list[str] | None = None, targets: list[str] | None = None,
+             retry: tuple[str, str] | None = None):
         from studio.services.pipeline import plan
 
-        return plan(self._need().project, stages, targets)
+        return plan(self._need().project, stages, targets, retry=retry)
 
     def run(
-        self, stages: list[str] | None = None, targets: list[str] | None = None
+        self, stages: list[str] | None = None, targets: list[str] | None = None,
+        retry: tuple[str, str] | None = None,
     ) -> asyncio.Task:
         """Queue the plan for ``stages`` (all the project's stages when None) and run it.
 
@@ -353,19 +355,19 @@ class ProjectController(QObject):
         studio = self._need()
         if self.running:
             raise StudioError("a pipeline run is going: wait for it or cancel it first")
-        self.plan(stages, targets)  # unknown stage / target: a clear error now
+        self.plan(stages, targets, retry)  # unknown stage / target: a clear error now
         pipeline = Pipeline(studio.project.copy(), studio.jobs, studio.store)
         pipeline.listeners.append(self._bridge.event.emit)
         self._pipeline = pipeline
         if self.pipeline_on_ui_loop:
-            coro = pipeline.run(stages, targets)
+            coro = pipeline.run(stages, targets, retry)
         else:
-            coro = self._in_runner_thread(pipeline, stages, targets)
+            coro = self._in_runner_thread(pipeline, stages, targets, retry)
         self._task = asyncio.ensure_future(self._run(coro))
         self.running_changed.emit(True)
         return self._task
 
-    async def _in_runner_thread(self, pipeline, stages, targets):
+    async def _in_runner_thread(self, pipeline, stages, targets, retry=None):
         """Run the service coroutine on its own asyncio loop in a thread and await its result
         here. Its events reach the widgets through a queued signal (``_Bridge``)."""
         ui_loop = asyncio.get_running_loop()
@@ -383,7 +385,7 @@ class ProjectController(QObject):
             try:
                 with asyncio.Runner() as runner:
                     self._runner_loop = runner.get_loop()
-                    result = runner.run(pipeline.run(stages, targets))
+                    result = runner.run(pipeline.run(stages, targets, retry))
             except BaseException as exc:  # noqa: BLE001 - handed to the UI loop
                 ui_loop.call_soon_threadsafe(settle, None, exc)
             else:
@@ -420,11 +422,9 @@ class ProjectController(QObject):
         return summary
 
     def retry(self, job: Job) -> asyncio.Task:
-        """Run a finished job's stage again (its upstream stages come from the cache)."""
-        project = self._need().project
-        target = job.target.split("/", 1)[-1] if job.target else ""
-        targets = [target] if target in project.targets else None
-        return self.run([job.stage], targets)
+        """Run a finished job again, and every job downstream of it (its upstream stages
+        come from the cache)."""
+        return self.run(retry=(job.stage, job.target))
 
     def cancel(self, job_id: int) -> None:
         """Cancel one job of the current run (a running worker is terminated)."""

@@ -1,0 +1,154 @@
+"""The declared stage graph: keys cover exactly the declared settings, are reproducible, and a
+stage cannot read what its key does not cover."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from studio.core import project as pf
+from studio.core.errors import StudioError
+from studio.core.samples import data_path, sample_path
+from studio.core.stagegraph import (
+    DECLARATIONS,
+    PLAN_KEYS,
+    STAGES,
+    UNREAD_KEYS,
+    declared_by,
+    plan,
+    plan_keys,
+    stage_config,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples/tiny-coder/tiny-coder.qstudio"
+VERSIONS = {"qstudio-code": "fixed", "onnxruntime": "1"}
+
+
+def _all_keys(project: pf.Project) -> list[str]:
+    """Every key of the project file: top-level keys and section.key."""
+    keys = ["schema_version", "name", "targets"]
+    for section, values in pf._SECTIONS.items():
+        keys += [f"{section}.{k}" for k in values]
+    assert set(project.to_dict()) <= {"schema_version", "name", "targets", *pf._SECTIONS}
+    return keys
+
+
+def _changed(tmp: Path, key: str):
+    """A valid different value for ``key``."""
+    if key == "model.source":
+        copy = tmp / "model-copy"
+        shutil.copytree(sample_path("tiny-coder"), copy)
+        with open(copy / "config.json", "a") as f:
+            f.write("\n")  # same model, different bytes
+        return str(copy)
+    if key in ("quantization.calibration_text", "validation.heldout_text"):
+        f = tmp / f"{key}.txt"
+        f.write_text(data_path("calibration").read_text() + "\n# more\n")
+        return str(f)
+    return {
+        "name": "renamed",
+        "targets": ["snapdragon-8-gen-3", "snapdragon-8-elite"],
+        "model.draft": "sample:tiny-coder-draft",
+        "export.prompt_length": 31,
+        "export.context_length": 96,
+        "quantization.scheme": "W8A8",
+        "quantization.weight_granularity": "per_tensor",
+        "quantization.calibration_samples": 3,
+        "quantization.overrides": {"lm_head": "INT16"},
+        "validation.heldout_tokens": 128,
+        "validation.greedy_tokens": 8,
+        "gates.min_logits_cosine": 0.95,
+        "gates.max_perplexity_increase": 0.1,
+        "gates.min_top1_agreement": 0.8,
+        "run.prompt": "import os",
+        "run.max_new_tokens": 9,
+        "run.devices": ["cpu"],
+        "pipeline.stages": ["export", "quantize"],
+    }[key]
+
+
+def _set(p: pf.Project, key: str, value) -> pf.Project:
+    d = p.to_dict()
+    section, _, leaf = key.partition(".")
+    if leaf:
+        d[section][leaf] = value
+    else:
+        d[section] = value
+    out = pf.from_dict(d)
+    out.path = p.path
+    return out
+
+
+def _downstream(stages: set[str]) -> set[str]:
+    """The declared stages that read one of ``stages``' outputs, transitively."""
+    out = set(stages)
+    changed = True
+    while changed:
+        changed = False
+        for d in DECLARATIONS:
+            hit = d.needs_all and out or any(n.stage in out for n in d.needs)
+            if hit and d.name not in out:
+                out.add(d.name)
+                changed = True
+    return out
+
+
+def _keys(p: pf.Project) -> dict[str, str]:
+    jobs = plan(p, list(STAGES))
+    return {j.label: k for j, k in zip(jobs, plan_keys(p, jobs, VERSIONS), strict=True)}
+
+
+def test_every_project_key_is_declared_somewhere():
+    p = pf.load(EXAMPLE)
+    for key in _all_keys(p):
+        assert declared_by(key) or key in PLAN_KEYS or key in UNREAD_KEYS, key
+    for d in DECLARATIONS:  # and every declared setting exists
+        for key in d.settings:
+            assert key in _all_keys(p), (d.name, key)
+
+
+@pytest.mark.parametrize("key", _all_keys(pf.load(EXAMPLE)))
+def test_a_key_changes_exactly_the_stages_that_declare_it(tmp_path, key):
+    base = pf.load(EXAMPLE)
+    before = _keys(base)
+    if key == "schema_version":
+        assert key in UNREAD_KEYS  # one version exists: nothing to change
+        return
+    after = _keys(_set(base, key, _changed(tmp_path, key)))
+    common = set(before) & set(after)
+    changed = {label.split("[")[0] for label in common if before[label] != after[label]}
+    if key in PLAN_KEYS or key in UNREAD_KEYS:
+        # only the report, which takes every job of the plan as input, may see other inputs
+        allowed = {d.name for d in DECLARATIONS if d.needs_all} if key in PLAN_KEYS else set()
+        assert changed <= allowed, f"{key} shapes the plan; it changed the keys of {changed}"
+        return
+    expected = _downstream(set(declared_by(key)))
+    assert changed == expected, f"{key}: keys changed for {changed}, declared {expected}"
+
+
+def test_two_copies_of_a_project_give_identical_keys(tmp_path):
+    keys = []
+    for name in ("a", "b"):
+        folder = tmp_path / name / "deeper" if name == "b" else tmp_path / name
+        folder.mkdir(parents=True)
+        f = folder / "proj.qstudio"
+        shutil.copy(EXAMPLE, f)
+        keys.append(_keys(pf.load(f)))
+    assert keys[0] == keys[1]
+    assert len(set(keys[0].values())) == len(keys[0])  # and no two jobs share a key
+
+
+def test_a_stage_cannot_read_a_setting_it_does_not_declare():
+    p = pf.load(EXAMPLE)
+    jobs = plan(p, ["validate"])
+    cfg = stage_config(p, jobs[-1])
+    assert cfg.get("run.prompt") == p.run["prompt"]  # validate declares the prompt
+    with pytest.raises(StudioError, match="does not declare"):
+        cfg.get("run.max_new_tokens")
+    assert set(cfg.settings) == set(STAGES["validate"].settings)
+    # file references are hashed by content, never by path
+    assert "files" not in cfg.hashed["validation.heldout_text"]
+    assert set(cfg.hashed["validation.heldout_text"]) == {"sha256"}
+    assert str(cfg.path("validation.heldout_text")).endswith(".txt")
