@@ -116,17 +116,6 @@ def read_data(name: str) -> str:
     return data_path(name).read_text(encoding="utf-8")
 
 
-def load_tokenizer(name: str):
-    """The sample's tokenizer exactly as its ``tokenizer.json`` defines it.
-
-    (``AutoTokenizer`` may rebuild a model family's own pre-tokenizer around the
-    vocabulary; this loader never does.)
-    """
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast.from_pretrained(str(sample_path(name)), local_files_only=True)
-
-
 def _package_model_dir(package: str) -> Path:
     # Locate the package without importing it: its model files sit in <package>/model.
     spec = importlib.util.find_spec(package)

@@ -66,7 +66,9 @@ def models():
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return samples.load_tokenizer("tiny-coder")
+    from studio.samples import load_tokenizer
+
+    return load_tokenizer("tiny-coder")
 
 
 @pytest.fixture(scope="module")
