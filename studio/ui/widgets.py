@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.units import format_bytes
 from studio.ui.theme import SOURCE_COLORS, SOURCE_TIPS
 
 
@@ -239,11 +240,8 @@ class NotificationArea(QWidget):
 
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
+    """A byte size in binary units (``studio.core.units.format_bytes``)."""
+    return format_bytes(int(n))
 
 
 def human_count(n: int) -> str:
