@@ -153,7 +153,11 @@ class ProgressDelegate(QStyledItemDelegate):
         bar.text = index.data(Qt.ItemDataRole.DisplayRole) or ""
         bar.textVisible = True
         bar.textAlignment = Qt.AlignmentFlag.AlignCenter
-        bar.state = option.state | QStyle.StateFlag.State_Enabled
+        # Qt 6 dropped the bar's orientation field: without State_Horizontal the style
+        # draws a vertical bar that fills bottom to top.
+        bar.state = (
+            option.state | QStyle.StateFlag.State_Enabled | QStyle.StateFlag.State_Horizontal
+        )
         bar.palette = option.palette
         style = option.widget.style() if option.widget else QApplication.style()
         style.drawControl(QStyle.ControlElement.CE_ProgressBar, bar, painter, option.widget)
@@ -317,6 +321,7 @@ class ChipList(QListWidget):
         super().__init__(parent)
         from studio.core.catalog import load_catalog
 
+        self.setSpacing(1)  # the check boxes of neighbouring chips do not touch
         for key, chip in load_catalog().items():
             item = QListWidgetItem(f"{chip.label}   [{key}]")
             item.setData(Qt.ItemDataRole.UserRole, key)
