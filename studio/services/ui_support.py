@@ -48,6 +48,7 @@ class NewProjectSpec:
     prompt_length: int = 32
     context_length: int = 128
     stages: list[str] = field(default_factory=lambda: list(STAGES))
+    gates: dict[str, float] = field(default_factory=dict)
 
 
 def source_ref(kind: str, source: str) -> str:
@@ -107,6 +108,8 @@ def create_project(spec: NewProjectSpec):
         },
         "pipeline": {"stages": [s for s in STAGES if s in spec.stages]},
     }
+    if spec.gates:
+        sections["gates"] = dict(spec.gates)
     if not sections["pipeline"]["stages"]:
         raise StudioError("choose at least one pipeline stage")
     targets = list(spec.targets)

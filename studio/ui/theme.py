@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QGuiApplication, QPalette
-from PySide6.QtWidgets import QApplication
+from PySide6.QtCore import QRectF, Qt
+from PySide6.QtGui import QColor, QGuiApplication, QPainter, QPalette, QPen
+from PySide6.QtWidgets import QApplication, QProxyStyle, QStyle
 
 #: one colour per source of a number (the same as the HTML report's badges)
 SOURCE_COLORS = {
@@ -82,6 +82,48 @@ def _palette(dark: bool) -> QPalette:
     return p
 
 
+def mix(a: QColor, b: QColor, t: float) -> QColor:
+    """The colour ``t`` of the way from ``a`` to ``b``."""
+    return QColor(
+        round(a.red() + (b.red() - a.red()) * t),
+        round(a.green() + (b.green() - a.green()) * t),
+        round(a.blue() + (b.blue() - a.blue()) * t),
+    )
+
+
+def indicator_border(palette: QPalette, enabled: bool = True) -> QColor:
+    """The frame of a check box: between the field and the text, visible on both themes."""
+    roles = QPalette.ColorRole
+    group = QPalette.ColorGroup.Active if enabled else QPalette.ColorGroup.Disabled
+    return mix(palette.color(group, roles.Base), palette.color(group, roles.Text), 0.45)
+
+
+class StudioStyle(QProxyStyle):
+    """Fusion, with check boxes (those of list items too) and radio buttons framed in
+    :func:`indicator_border`: Fusion frames them in the window colour made darker, which
+    vanishes on a dark base, so unchecked ones could not be seen in the dark theme."""
+
+    def __init__(self) -> None:
+        super().__init__("Fusion")
+
+    def drawPrimitive(self, element, option, painter, widget=None) -> None:
+        super().drawPrimitive(element, option, painter, widget)
+        pe = QStyle.PrimitiveElement
+        if element not in (pe.PE_IndicatorCheckBox, pe.PE_IndicatorRadioButton):
+            return
+        enabled = bool(option.state & QStyle.StateFlag.State_Enabled)
+        painter.save()
+        painter.setBrush(Qt.BrushStyle.NoBrush)
+        painter.setPen(QPen(indicator_border(option.palette, enabled), 1))
+        if element == pe.PE_IndicatorCheckBox:
+            painter.setRenderHint(QPainter.RenderHint.Antialiasing, False)
+            painter.drawRect(option.rect.adjusted(0, 0, -1, -1))
+        else:
+            painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
+            painter.drawEllipse(QRectF(option.rect).adjusted(0.5, 0.5, -0.5, -0.5))
+        painter.restore()
+
+
 def _style_sheet(dark: bool) -> str:
     nav_bg = "#24282d" if dark else "#e8eaee"
     nav_sel = "#3d7bd9" if dark else "#2f6fd6"
@@ -91,7 +133,8 @@ def _style_sheet(dark: bool) -> str:
     banner = "#3a2f1a" if dark else "#fff4dc"
     banner_err = "#3d2224" if dark else "#fde8e8"
     return f"""
-QListWidget#nav {{ background: {nav_bg}; border: none; padding-top: 6px; font-size: 10.5pt; }}
+QListWidget#nav {{ background: {nav_bg}; border: none; padding-top: 6px; font-size: 10.5pt;
+                  outline: 0; }}
 QListWidget#nav::item {{ padding: 7px 14px; border-radius: 4px; margin: 1px 6px; }}
 QListWidget#nav::item:selected {{ background: {nav_sel}; color: white; }}
 QLabel[role="title"] {{ font-size: 15pt; font-weight: 600; }}
@@ -112,7 +155,7 @@ QGroupBox {{ font-weight: 600; }}
 def apply_theme(app: QApplication, name: str) -> str:
     """Apply ``light``, ``dark`` or ``system``; returns the theme in effect."""
     which = effective_theme(name)
-    app.setStyle("Fusion")
+    app.setStyle(StudioStyle())
     app.setPalette(_palette(which == "dark"))
     app.setStyleSheet(_style_sheet(which == "dark"))
     app.setProperty("qstudio_theme", which)

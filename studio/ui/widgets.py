@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.units import format_bytes
 from studio.ui.theme import SOURCE_COLORS, SOURCE_TIPS
 
 
@@ -152,7 +153,11 @@ class ProgressDelegate(QStyledItemDelegate):
         bar.text = index.data(Qt.ItemDataRole.DisplayRole) or ""
         bar.textVisible = True
         bar.textAlignment = Qt.AlignmentFlag.AlignCenter
-        bar.state = option.state | QStyle.StateFlag.State_Enabled
+        # Qt 6 dropped the bar's orientation field: without State_Horizontal the style
+        # draws a vertical bar that fills bottom to top.
+        bar.state = (
+            option.state | QStyle.StateFlag.State_Enabled | QStyle.StateFlag.State_Horizontal
+        )
         bar.palette = option.palette
         style = option.widget.style() if option.widget else QApplication.style()
         style.drawControl(QStyle.ControlElement.CE_ProgressBar, bar, painter, option.widget)
@@ -239,11 +244,8 @@ class NotificationArea(QWidget):
 
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
+    """A byte size in binary units (``studio.core.units.format_bytes``)."""
+    return format_bytes(int(n))
 
 
 def human_count(n: int) -> str:
@@ -319,6 +321,7 @@ class ChipList(QListWidget):
         super().__init__(parent)
         from studio.core.catalog import load_catalog
 
+        self.setSpacing(1)  # the check boxes of neighbouring chips do not touch
         for key, chip in load_catalog().items():
             item = QListWidgetItem(f"{chip.label}   [{key}]")
             item.setData(Qt.ItemDataRole.UserRole, key)

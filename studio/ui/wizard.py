@@ -14,9 +14,11 @@ from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
     QComboBox,
+    QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
     QGridLayout,
+    QGroupBox,
     QHBoxLayout,
     QLineEdit,
     QPushButton,
@@ -29,7 +31,7 @@ from PySide6.QtWidgets import (
 
 from studio.core.errors import StudioError
 from studio.core.project import STAGES
-from studio.core.recipe import GRANULARITIES, SCHEMES
+from studio.core.recipe import DEFAULT_GATES, GATE_HELP, GRANULARITIES, SCHEMES
 from studio.services.ui_support import NewProjectSpec
 from studio.ui.widgets import ChipList, label
 
@@ -171,6 +173,20 @@ class TargetsPage(QWizardPage):
         return bool(self.targets())
 
 
+GATE_LABELS = {
+    "min_logits_cosine": "Logits cosine vs FP32 ≥",
+    "max_perplexity_increase": "Perplexity increase ≤",
+    "min_top1_agreement": "Top-1 agreement ≥",
+}
+# key -> (minimum, maximum, step, decimals); the project file takes 0..1 except the
+# perplexity increase, a ratio (0.05 = +5 %)
+GATE_RANGES = {
+    "min_logits_cosine": (0.0, 1.0, 0.001, 4),
+    "max_perplexity_increase": (0.0, 10.0, 0.01, 3),
+    "min_top1_agreement": (0.0, 1.0, 0.01, 3),
+}
+
+
 class RecipePage(QWizardPage):
     def __init__(self, wizard: NewProjectWizard):
         super().__init__()
@@ -209,6 +225,31 @@ class RecipePage(QWizardPage):
             self.stage_checks[s] = cb
         stages.addStretch(1)
         form.addRow("Pipeline stages", stages)
+
+        box = QGroupBox("Accuracy gates")
+        box.setToolTip(
+            "Validation checks the quantized model against FP32 with these thresholds; "
+            "a run that misses one fails its gate (studio --batch exits with code 1)."
+        )
+        gates = QFormLayout(box)
+        self.gates: dict[str, QDoubleSpinBox] = {}
+        for key, default in DEFAULT_GATES.items():
+            spin = QDoubleSpinBox()
+            lo, hi, step, decimals = GATE_RANGES.get(key, (0.0, 1.0, 0.01, 3))
+            spin.setRange(lo, hi)
+            spin.setDecimals(decimals)
+            spin.setSingleStep(step)
+            spin.setValue(default)
+            spin.setToolTip(f"{GATE_HELP.get(key, key)} (default {default:g})")
+            spin.setObjectName(key)
+            text = label(GATE_LABELS.get(key, key))
+            text.setToolTip(spin.toolTip())
+            gates.addRow(text, spin)
+            self.gates[key] = spin
+        form.addRow(box)
+
+    def gate_values(self) -> dict[str, float]:
+        return {key: spin.value() for key, spin in self.gates.items()}
 
 
 class LocationPage(QWizardPage):
@@ -298,6 +339,7 @@ class NewProjectWizard(QWizard):
             prompt_length=r.prompt.value(),
             context_length=r.context.value(),
             stages=[s for s, cb in r.stage_checks.items() if cb.isChecked()],
+            gates=r.gate_values(),
         )
 
     def accept(self) -> None:

@@ -10,6 +10,8 @@ from PySide6.QtCore import QElapsedTimer, Qt, QTimer
 from PySide6.QtWidgets import QPushButton
 
 from studio.services.pipeline import plan
+from studio.ui.models.jobs import C_STAGE
+from studio.ui.pages.jobs import _clean
 
 
 def _wait_run(qtbot, ctl, timeout=300_000):
@@ -42,6 +44,11 @@ def test_run_export_and_quantize_from_the_jobs_page(window, project_path, qtbot)
     page.model.dataChanged.connect(record)
     status: set[str] = set()
     window.ctl.job_event.connect(lambda _j: status.add(window.jobs_label.text()))
+    # the job whose log the pane shows, each time a job starts running
+    shown_log: list[tuple[str, str]] = []
+    window.ctl.job_event.connect(
+        lambda j: j.state == "running" and shown_log.append((j.stage, page.log_title.text()))
+    )
 
     page.stage_actions["quantize"].trigger()  # Run stage ▸ quantize (export comes with it)
     assert window.ctl.running and not page.run_button.isEnabled()
@@ -67,8 +74,16 @@ def test_run_export_and_quantize_from_the_jobs_page(window, project_path, qtbot)
     assert any(t.startswith("Running quantize") for t in status)
     assert window.jobs_label.text() == "No jobs running"
     assert "W8A16" in page.model.index(1, 7).data()
-    # the log of the job that ran last streamed into the log view
+    # the log pane followed each job as it started, and ends on the stored log of the last
+    export_id, quantize_id = (page.model.job_at(r).id for r in range(2))
+    assert (
+        "export",
+        f"Log of #{export_id} export — running · following the running job",
+    ) in shown_log
+    assert any(t.startswith(f"Log of #{quantize_id} quantize") for st, t in shown_log)
+    assert page.follow_button.isChecked()
     assert page.log.toPlainText().strip()
+    qtbot.waitUntil(lambda: page.log.toPlainText() == _stored(window, quantize_id), timeout=5_000)
     # the plan behind the button is plan(project), the jobs of studio --batch
     labels = [j.label for j in plan(window.ctl.project)]
     assert page.plan_label.text().endswith(" → ".join(labels))
@@ -214,3 +229,77 @@ def test_the_pipeline_can_also_run_on_the_ui_loop(
     summary = _wait_run(qtbot, win.ctl, timeout=60_000)
     assert summary.state == "cancelled"
     assert page.model.index(0, 4).data() == "cancelled"
+
+
+# ---- the log pane ------------------------------------------------------------------------------
+def _click_row(page, qtbot, job_id: int) -> None:
+    """A mouse click on the job's row, as the user does it."""
+    idx = page.proxy.mapFromSource(page.model.index(page.model.row_of(job_id), C_STAGE))
+    assert idx.isValid()
+    qtbot.mouseClick(
+        page.table.viewport(), Qt.MouseButton.LeftButton, pos=page.table.visualRect(idx).center()
+    )
+
+
+def _stored(window, job_id: int) -> str:
+    return "\n".join(_clean(x) for x in window.ctl.studio.jobs.log(job_id))
+
+
+@pytest.mark.slow
+def test_log_follows_the_running_job_until_the_user_pins_another(
+    window, exported_template, copy_project, tmp_path, qtbot
+):
+    path = copy_project(exported_template, tmp_path / "copy")  # export cached, quantize runs
+    assert window.open_project(path)
+    page = window.show_page("Jobs")
+    assert page.follow_button.isVisible() and page.follow_button.isChecked()
+    lines: dict[int, int] = {}
+    window.ctl.log_line.connect(lambda jid, _line: lines.__setitem__(jid, lines.get(jid, 0) + 1))
+
+    assert page.run_stages(["quantize"]) is not None
+    qtbot.waitUntil(
+        lambda: any(j.stage == "quantize" and j.state == "running" for j in window.ctl.active_jobs),
+        timeout=120_000,
+    )
+    quantize = next(j for j in window.ctl.active_jobs if j.stage == "quantize")
+    export = next(j for j in page.model.jobs() if j.stage == "export")
+    assert export.cached and export.state == "succeeded"
+    # following: the running job's row is selected and its log is the one shown
+    assert page.selected_job().id == quantize.id
+    assert page.log_title.text().startswith(f"Log of #{quantize.id} quantize — running")
+
+    # the user clicks the (finished, cached) export row: the log is pinned to it
+    _click_row(page, qtbot, export.id)
+    assert not page.follow_button.isChecked()
+    assert page.log_title.text().startswith(f"Log of #{export.id} export — succeeded")
+    assert "pinned" in page.log_title.text()
+    assert page.log.toPlainText() == ""
+    assert "no log lines were recorded for this job" in page.log.placeholderText().lower()
+    # quantize keeps logging; the pinned pane does not follow it
+    seen = lines.get(quantize.id, 0)
+    qtbot.waitUntil(lambda: lines.get(quantize.id, 0) > seen, timeout=120_000)
+    assert page.selected_job().id == export.id and page.log.toPlainText() == ""
+
+    # "Follow running job" goes back to the running job: what it logged so far, then live
+    page.follow_button.click()
+    assert page.follow_button.isChecked()
+    assert page.selected_job().id == quantize.id
+    summary = _wait_run(qtbot, window.ctl)
+    assert summary.state == "succeeded", summary.to_dict()
+    qtbot.waitUntil(lambda: page.log.toPlainText() == _stored(window, quantize.id), timeout=5_000)
+    assert page.log.toPlainText().strip()  # every line once, in order, none missing
+    assert page.log_title.text().startswith(f"Log of #{quantize.id} quantize — succeeded")
+    assert "waiting" not in page.log.placeholderText().lower()
+
+    # after the run every finished job shows its stored log, never "waiting"
+    for job in (export, quantize, export):
+        _click_row(page, qtbot, job.id)
+        assert page.log.toPlainText() == _stored(window, job.id)
+        assert "waiting" not in page.log.placeholderText().lower()
+        assert not page.follow_button.isChecked()
+    assert "no log lines were recorded" in page.log.placeholderText().lower()
+
+    # a new run (all cached now) turns following back on
+    assert page.run_stages(["quantize"]) is not None
+    assert page.follow_button.isChecked()
+    assert _wait_run(qtbot, window.ctl).state == "succeeded"

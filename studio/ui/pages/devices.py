@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.errors import StudioError
+from studio.core.units import format_bytes
 from studio.services import ui_support
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.pages.base import Page, banner
@@ -47,7 +48,7 @@ def chip_rows(targets: list[str]) -> list[Row]:
                     chip.soc,
                     f"v{chip.htp_arch}",
                     str(chip.soc_model),
-                    f"{chip.vtcm_mb} MB",
+                    format_bytes(chip.vtcm_mb * 1024**2),
                     "yes" if chip.fp16 else "no",
                     text,
                     chip.notes,

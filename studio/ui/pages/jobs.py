@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.errors import StudioError
-from studio.core.jobs import Job
+from studio.core.jobs import FINAL, Job
 from studio.core.project import STAGES
 from studio.ui.models.jobs import (
     C_ELAPSED,
@@ -153,6 +153,7 @@ class JobsPage(Page):
         hh.resizeSection(C_PROGRESS, 130)
         hh.resizeSection(C_TARGET, 190)
         self.table.selectionModel().selectionChanged.connect(self._selection_changed)
+        self.table.clicked.connect(self._row_clicked)
 
         self.empty = EmptyState(
             "No jobs yet",
@@ -176,8 +177,19 @@ class JobsPage(Page):
         log_box = QWidget()
         ll = QVBoxLayout(log_box)
         ll.setContentsMargins(0, 0, 0, 0)
+        head = QHBoxLayout()
         self.log_title = label("Log", "muted")
-        ll.addWidget(self.log_title)
+        head.addWidget(self.log_title, 1)
+        self.follow_button = QCheckBox("Follow running job")
+        self.follow_button.setChecked(True)
+        self.follow_button.setToolTip(
+            "On: the log shows the job that is running, switching as the run goes on.\n"
+            "Clicking another job's row pins the log to that job and turns this off; "
+            "turn it on again to go back to the running job. A new run turns it on."
+        )
+        self.follow_button.toggled.connect(self._follow_toggled)
+        head.addWidget(self.follow_button)
+        ll.addLayout(head)
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
         self.log.setMaximumBlockCount(20000)
@@ -185,9 +197,7 @@ class JobsPage(Page):
         font = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
         font.setStyleHint(QFont.StyleHint.Monospace)
         self.log.setFont(font)
-        self.log.setPlaceholderText(
-            "Select a job to see its log; a running job's log streams here."
-        )
+        self.log.setPlaceholderText(NO_JOB_TEXT)
         ll.addWidget(self.log)
 
         split = QSplitter(Qt.Orientation.Vertical)
@@ -197,8 +207,9 @@ class JobsPage(Page):
         split.setStretchFactor(1, 2)
         lay.addWidget(split, 1)
 
-        self._log_job: int | None = None
-        self._follow = True  # select each job as it starts, until the user picks one
+        self._log_job: int | None = None  # the job whose log the pane shows
+        self._log_count = 0  # how many of its stored lines the pane shows
+        self._log_events: dict[int, int] = {}  # job id -> log lines received as events
         self._selecting = False
         self._pending: list[str] = []
         self._flush = QTimer(self)
@@ -217,8 +228,8 @@ class JobsPage(Page):
     # ---- session ------------------------------------------------------------------------------
     def on_open(self) -> None:
         self.model.reset(self.ctl.studio.jobs.jobs(limit=500))
-        self._log_job = None
-        self.log.clear()
+        self._clear_log()
+        self.follow_button.setChecked(True)
         self._update_plan()
         self._update_empty()
         self._update_buttons()
@@ -235,8 +246,7 @@ class JobsPage(Page):
 
     def on_close(self) -> None:
         self.model.clear()
-        self.log.clear()
-        self._log_job = None
+        self._clear_log()
         self._ticker.stop()
         self._flush.stop()
 
@@ -276,11 +286,23 @@ class JobsPage(Page):
         return self.model.job_at(row) if row is not None else job
 
     def select_job(self, job_id: int) -> bool:
+        """Select a job's row as a click on it does: its log shows, and a job other than the
+        running one pins the log (following stops). Filters that hide the row are cleared."""
+        if not self._select_row(job_id, reveal=True):
+            return False
+        job = self.selected_job()
+        if job is not None:
+            self._user_chose(job)
+        return True
+
+    def _select_row(self, job_id: int, reveal: bool) -> bool:
+        """Select a row without the side effects of a user's choice. A row the filters hide is
+        shown (``reveal``) or the selection is cleared."""
         row = self.model.row_of(job_id)
         if row is None:
             return False
         idx = self.proxy.mapFromSource(self.model.index(row, 0))
-        if not idx.isValid():  # filtered out: show everything
+        if not idx.isValid() and reveal:  # filtered out: show everything
             self.state_filter.setCurrentIndex(0)
             self.stage_filter.setCurrentIndex(0)
             self.latest_only.setChecked(False)
@@ -288,15 +310,20 @@ class JobsPage(Page):
             idx = self.proxy.mapFromSource(self.model.index(row, 0))
         self._selecting = True
         try:
-            self.table.selectionModel().select(
-                idx,
-                QItemSelectionModel.SelectionFlag.ClearAndSelect
-                | QItemSelectionModel.SelectionFlag.Rows,
-            )
+            if idx.isValid():
+                self.table.selectionModel().select(
+                    idx,
+                    QItemSelectionModel.SelectionFlag.ClearAndSelect
+                    | QItemSelectionModel.SelectionFlag.Rows,
+                )
+            else:
+                self.table.selectionModel().clearSelection()
         finally:
             self._selecting = False
-        self.table.scrollTo(idx)
-        return True
+        if idx.isValid():
+            self.table.scrollTo(idx)
+        self._update_buttons()
+        return idx.isValid()
 
     def cancel_selected(self) -> None:
         job = self.selected_job()
@@ -314,8 +341,14 @@ class JobsPage(Page):
             return None
 
     def _run_started(self, running: bool) -> None:
-        if running:
-            self._follow = True
+        if running and not self.following:
+            # a new run: watch it from its first job on (the pane switches when it starts)
+            self.follow_button.blockSignals(True)
+            self.follow_button.setChecked(True)
+            self.follow_button.blockSignals(False)
+            job = self._shown_job()
+            if job is not None:
+                self._update_log_title(job)
 
     def _update_buttons(self, *_args) -> None:
         has_project = self.ctl.studio is not None
@@ -372,20 +405,22 @@ class JobsPage(Page):
         self.model.upsert(job)
         if not self.table.isVisible() and self.model.rowCount():
             self._update_empty()
-        sel = self.selected_job()
-        if job.state == "running" and self._follow and (sel is None or sel.id != job.id):
-            self.select_job(job.id)
-        elif sel is not None and sel.id == job.id:
-            self._update_buttons()
-        if job.id == self._log_job:
+        if job.state == "running" and self.following and job.id != self._log_job:
+            self._follow(job)
+        elif job.id == self._log_job and job.state in FINAL:
+            self._log_finished(job)
+        elif job.id == self._log_job:
             self._update_log_title(job)
-            if job.state == "failed" and job.error:
-                self._pending.append(f"✖ {job.error}")
-                if not self._flush.isActive():
-                    self._flush.start()
+        sel = self.selected_job()
+        if sel is not None and sel.id == job.id:
+            self._update_buttons()
 
     def _on_log(self, job_id: int, line: str) -> None:
-        if job_id == self._log_job:
+        # The service stores each line before it sends it: a log loaded from the store may
+        # already hold lines whose events are still on their way. Count them to skip those.
+        n = self._log_events[job_id] = self._log_events.get(job_id, 0) + 1
+        if job_id == self._log_job and n > self._log_count:
+            self._log_count = n
             self._pending.append(_clean(line))
             if not self._flush.isActive():
                 self._flush.start()
@@ -397,34 +432,127 @@ class JobsPage(Page):
         else:
             self._flush.stop()
 
+    # ---- which job the log shows -------------------------------------------------------------------
+    @property
+    def following(self) -> bool:
+        """Whether the log follows the running job (else it is pinned to the job shown)."""
+        return self.follow_button.isChecked()
+
+    def running_job(self) -> Job | None:
+        return next((j for j in self.ctl.active_jobs if j.state == "running"), None)
+
+    def _follow(self, job: Job) -> None:
+        """Show the running job: its row is selected (when no filter hides it), its log loads."""
+        self._select_row(job.id, reveal=False)
+        if job.id != self._log_job:
+            self._load_log(job)
+
+    def _follow_toggled(self, on: bool) -> None:
+        if on and self.ctl.studio is not None:
+            job = self.running_job() or self._latest_started()
+            if job is not None:
+                self._follow(job)
+        job = self._shown_job()
+        if job is not None:
+            self._update_log_title(job)
+
+    def _shown_job(self) -> Job | None:
+        row = self.model.row_of(self._log_job) if self._log_job is not None else None
+        return self.model.job_at(row) if row is not None else None
+
+    def _latest_started(self) -> Job | None:
+        started = [j for j in self.model.jobs() if j.started is not None]
+        return max(started, key=lambda j: (j.started, j.id)) if started else None
+
+    def _user_chose(self, job: Job) -> None:
+        """The user picked a job: a job other than the running one pins the log to it."""
+        running = self.running_job()
+        if self.following and (running is None or running.id != job.id):
+            self.follow_button.setChecked(False)
+        if job.id != self._log_job:
+            self._load_log(job)
+        else:
+            self._update_log_title(job)
+
     def _selection_changed(self, *_args) -> None:
-        if not self._selecting:
-            self._follow = False  # the user chose a job: stop following new ones
-        job = self.selected_job()
         self._update_buttons()
-        if job is None or job.id == self._log_job:
+        if self._selecting:
             return
-        self.show_log(job)
+        job = self.selected_job()
+        if job is not None:  # None: the filters hid the row, the user chose nothing
+            self._user_chose(job)
+
+    def _row_clicked(self, index) -> None:
+        job = index.data(JobRole)
+        if job is not None:
+            row = self.model.row_of(job.id)
+            self._user_chose(self.model.job_at(row) if row is not None else job)
 
     def show_log(self, job: Job) -> None:
-        """Load a job's log from the run history; new lines then stream in."""
-        self._log_job = job.id
+        """Show a job's log, as chosen by the user (a job other than the running one pins it)."""
+        self._user_chose(job)
+        if job.id == self._log_job:
+            self._load_log(job)
+
+    def _clear_log(self) -> None:
+        self._flush.stop()
         self._pending.clear()
-        lines = [_clean(x) for x in self.ctl.studio.jobs.log(job.id)]
-        text = "\n".join(lines)
+        self._log_job = None
+        self._log_count = 0
+        self._log_events.clear()
+        self.log.clear()
+        self.log.setPlaceholderText(NO_JOB_TEXT)
+        self.log_title.setText("Log")
+
+    def _load_log(self, job: Job) -> None:
+        """Load a job's log from the run history; a running job's new lines then stream in."""
+        self._flush.stop()
+        self._pending.clear()
+        self._log_job = job.id
+        lines = self.ctl.studio.jobs.log(job.id)
+        self._log_count = len(lines)
+        text = "\n".join(_clean(x) for x in lines)
         if job.state == "failed" and job.error and job.error not in text:
             text = f"{text}\n✖ {job.error}" if text else f"✖ {job.error}"
         self.log.setPlainText(text)
-        self.log.setPlaceholderText(
-            "Waiting for the first log line…"
-            if job.state in ("queued", "running")
-            else "This job wrote no log lines."
-        )
+        self.log.setPlaceholderText(empty_log_text(job))
         self.log.moveCursor(self.log.textCursor().MoveOperation.End)
         self._update_log_title(job)
 
+    def _log_finished(self, job: Job) -> None:
+        """The shown job ended: make sure the pane holds its whole stored log."""
+        self._flush_log()
+        self._flush.stop()
+        if len(self.ctl.studio.jobs.log(job.id)) != self._log_count:
+            self._load_log(job)  # e.g. a crash's traceback, stored without an event
+            return
+        if job.state == "failed" and job.error and job.error not in self.log.toPlainText():
+            self.log.appendPlainText(f"✖ {job.error}")
+        self.log.setPlaceholderText(empty_log_text(job))
+        self._update_log_title(job)
+
     def _update_log_title(self, job: Job) -> None:
-        self.log_title.setText(f"Log of #{job.id} {job.label} — {job.state}")
+        how = "following the running job" if self.following else "pinned"
+        self.log_title.setText(f"Log of #{job.id} {job.label} — {job.state} · {how}")
+
+
+NO_JOB_TEXT = "Select a job to see its log; the running job's log streams here."
+
+
+def empty_log_text(job: Job) -> str:
+    """What the log pane says while a job's log has no line."""
+    if job.state == "queued":
+        return "Queued: its log appears here when it starts."
+    if job.state == "running":
+        return "Running: waiting for its first log line…"
+    if job.cached:
+        return (
+            "No log lines were recorded for this job: its result came from the cache "
+            "(inputs and settings unchanged)."
+        )
+    if job.started is None:
+        return "No log lines were recorded for this job: it never started."
+    return "No log lines were recorded for this job."
 
 
 def main() -> int:

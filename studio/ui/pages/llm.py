@@ -3,6 +3,7 @@ per-token step times; and what LLM tuning will add."""
 
 from __future__ import annotations
 
+from PySide6.QtCore import QEvent
 from PySide6.QtWidgets import (
     QGridLayout,
     QGroupBox,
@@ -75,8 +76,23 @@ class LLMPage(StagePage):
                 "measured step by step."
             )
         )
+        self._apply_theme()
+
+    def changeEvent(self, event) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange and hasattr(self, "plot"):
+            self._apply_theme()
+
+    def _apply_theme(self) -> None:
+        """The plot in the theme's colours (on every palette change: the theme, the system's
+        light/dark switch)."""
         pal = self.palette()
         self.plot.setBackground(pal.base().color())
+        fg = pal.text().color()
+        for axis in ("left", "bottom"):
+            ax = self.plot.getAxis(axis)
+            ax.setPen(fg)
+            ax.setTextPen(fg)
 
     def sort_key(self, job):
         return (job.target != "cpu", job.target)  # the host first

@@ -14,10 +14,11 @@ from PySide6.QtWidgets import (
     QTableView,
 )
 
+from studio.core.units import format_bytes
 from studio.services import ui_support
 from studio.ui.models.rows import PayloadRole, Row, RowsModel
 from studio.ui.pages.base import StagePage
-from studio.ui.widgets import human_bytes, label
+from studio.ui.widgets import label
 
 
 class ReportsPage(StagePage):
@@ -92,7 +93,7 @@ class ReportsPage(StagePage):
                     [
                         name,
                         time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(st.st_mtime)),
-                        human_bytes(st.st_size),
+                        format_bytes(st.st_size),
                     ],
                     payload=f,
                     tip=str(f),
