@@ -41,7 +41,8 @@ def runs(project: Project, jobs: JobStore, limit: int = 50) -> list[RunInfo]:
     out = []
     for r in jobs.runs(limit):
         full = jobs.run(r["id"]) or r
-        cfg = full.get("config") if isinstance(full.get("config"), dict) else {}
+        raw = full.get("config")
+        cfg: dict[str, Any] = raw if isinstance(raw, dict) else {}
         state = r["state"]
         if state == "running" and not going:
             state = "interrupted"
@@ -57,7 +58,7 @@ def run_jobs(jobs: JobStore, run_id: int) -> list[Job]:
 def run_metrics(jobs: JobStore, run_id: int) -> list[tuple[Job, Metric]]:
     """Every figure of one run, with the job that produced it, in pipeline order."""
     by_job = {j.id: j for j in jobs.jobs(run_id=run_id)}
-    out = []
+    out: list[tuple[Job, Metric]] = []
     for jid, job in by_job.items():
         out.extend((job, m) for m in jobs.metrics(job_id=jid))
     return out
@@ -116,15 +117,16 @@ def stale(job: Job, keys: dict[str, str]) -> bool:
     return want is not None and job.artifact_key is not None and job.artifact_key != want
 
 
-def validation_table(jobs: JobStore, run_id: int) -> dict[str, dict[str, dict[str, float]]]:
+def validation_table(jobs: JobStore, run_id: int
+                     ) -> dict[str, dict[str, dict[str, float | None]]]:
     """Per target: FP32, host QDQ and HTP figures of one run's validation, side by side:
     ``{target: {"fp32": {...}, "host_qdq": {...}, "htp": {...}}}``."""
-    out: dict[str, dict[str, dict[str, float]]] = {}
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
     for job in jobs.jobs(run_id=run_id):
         if job.stage != "validate" or job.state != "succeeded" or not job.result:
             continue
         r = job.result
-        cols: dict[str, dict[str, float]] = {
+        cols: dict[str, dict[str, float | None]] = {
             "fp32": {"perplexity": r.get("perplexity_fp32")},
             "host_qdq": dict(r.get("host_qdq", {})),
             "htp": dict(r.get("htp", {})),

@@ -156,6 +156,7 @@ class Pipeline:
         self._cancelled: set[int] = set()
         self._cancel_all = False
         self._run_id: int | None = None
+        self._scratch: Path | None = None  # the worker's temp folder, inside the project
 
     def _emit(self, event: dict[str, Any]) -> None:
         for cb in list(self.listeners):
@@ -191,8 +192,9 @@ class Pipeline:
             return self._worker
         # The stages' temporary files (quantizer scratch, compiler dumps) go under the
         # project's own tmp folder, which the next open cleans after a killed run.
-        scratch = self.store.tmp / "scratch"
+        scratch = self.store.tmp / f"scratch-{os.getpid()}-{id(self):x}"
         scratch.mkdir(parents=True, exist_ok=True)
+        self._scratch = scratch
         env = dict(os.environ, TMPDIR=str(scratch))
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "studio.worker",
@@ -214,6 +216,11 @@ class Pipeline:
             self.jobs.append_log(jid, line)
             self._emit({"kind": "log", "job_id": jid, "line": line})
 
+    def _drop_scratch(self) -> None:
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
+
     def _kill_worker(self) -> None:
         proc, self._worker = self._worker, None
         if proc is not None and proc.returncode is None:
@@ -221,6 +228,7 @@ class Pipeline:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        self._drop_scratch()
 
     async def _close_worker(self) -> None:
         proc, self._worker = self._worker, None
@@ -237,6 +245,7 @@ class Pipeline:
         if self._stderr_task is not None:
             await self._stderr_task
             self._stderr_task = None
+        self._drop_scratch()
 
     # -- running --
     async def run(self, stages: list[str] | None = None,

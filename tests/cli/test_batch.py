@@ -156,3 +156,31 @@ def test_a_failing_gate_exits_1_and_says_which(batch_run, small_project, tmp_pat
     assert "FAIL" in r.stderr
     report = json.loads((small_project.with_suffix(".studio") / "reports/latest.json").read_text())
     assert report["gates_passed"] is False
+
+
+def test_a_killed_quantize_leaves_its_temp_files_in_the_project_and_the_next_open_cleans_them(
+        batch_run, small_project, tmp_path):
+    proj = tmp_path / "tmpclean.qstudio"
+    # a recipe of its own, so that quantize really runs (export comes from nowhere: cold)
+    proj.write_text(small_project.read_text().replace("calibration_samples = 2",
+                                                      "calibration_samples = 3"))
+    db = proj.with_suffix(".studio") / "runs.sqlite"
+    tmp = proj.with_suffix(".studio") / "artifacts" / "tmp"
+    proc = subprocess.Popen([sys.executable, "-m", "studio.cli", "--batch", str(proj), "--quiet",
+                             "--stages", "quantize"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    seen: list[str] = []
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not seen:
+        if db.exists() and _wait_for_running_job(proc, db, "quantize", timeout=5):
+            # the quantizer's own temp folders (ORT's calibration models) live in the project
+            seen = [p.name for p in tmp.glob("scratch-*/*")]
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    assert seen, "quantize never wrote a temporary file under the project's tmp folder"
+    r = studio("info", proj)  # opening the project again ...
+    assert r.returncode == 0, r.stderr
+    r = studio("--batch", proj, "--stages", "export", "--quiet")  # ... and a run cleans up
+    assert r.returncode == 0, r.stderr
+    assert not any(tmp.iterdir())

@@ -117,12 +117,14 @@ def test_cancel_a_running_job_and_retry(window, project_path, qtbot):
         os.kill(export.pid, 0)  # the worker is gone
     row = page.model.row_of(export.id)
     assert page.model.index(row, 4).data() == "cancelled"
-    # retry runs the stage again; cancel that run too
+    # retry runs the stage again and every job downstream of it; cancel that run too
+    retried = [j.label for j in plan(window.ctl.project, retry=("export", ""))]
+    assert retried[:2] == ["export", "quantize"] and "report" in retried
     assert page.select_job(export.id)
     assert page.retry_button.isEnabled()
     page.retry_button.click()
     assert window.ctl.running
-    qtbot.waitUntil(lambda: page.model.rowCount() == 3, timeout=10_000)
+    qtbot.waitUntil(lambda: page.model.rowCount() == 2 + len(retried), timeout=10_000)
     # closing the project mid-run cancels the run and waits for it to record that
     store_path = project_path.with_suffix(".studio") / "runs.sqlite"
     assert window.close_project()
@@ -131,7 +133,7 @@ def test_cancel_a_running_job_and_retry(window, project_path, qtbot):
 
     store = JobStore(store_path)
     try:
-        assert [j.state for j in store.jobs()] == ["cancelled", "cancelled", "cancelled"]
+        assert [j.state for j in store.jobs()] == ["cancelled"] * (2 + len(retried))
         assert [r["state"] for r in store.runs()] == ["cancelled", "cancelled"]
     finally:
         store.close()
