@@ -8,8 +8,7 @@ import sqlite3
 
 from studio.core import project as pf
 from studio.services.history import current_keys
-
-from .conftest import SMALL, default_target, studio
+from tests.cli.conftest import SMALL, default_target, studio
 
 
 def _stored_keys(project_file) -> dict[str, str]:
