@@ -74,10 +74,14 @@ def _wait_for_running_job(proc, db, stage: str, timeout: float = 300, target: st
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
         con = sqlite3.connect(db)
-        row = con.execute("SELECT run_id, pid FROM jobs WHERE state='running' AND stage=? "
-                          "AND target LIKE ? AND progress > 0 ORDER BY id DESC LIMIT 1",
-                          (stage, target)).fetchone()
-        con.close()
+        try:
+            row = con.execute("SELECT run_id, pid FROM jobs WHERE state='running' AND stage=? "
+                              "AND target LIKE ? AND progress > 0 ORDER BY id DESC LIMIT 1",
+                              (stage, target)).fetchone()
+        except sqlite3.OperationalError:  # the run history is being created
+            row = None
+        finally:
+            con.close()
         if row:
             return row
         time.sleep(0.2)
@@ -159,28 +163,51 @@ def test_a_failing_gate_exits_1_and_says_which(batch_run, small_project, tmp_pat
 
 
 def test_a_killed_quantize_leaves_its_temp_files_in_the_project_and_the_next_open_cleans_them(
-        batch_run, small_project, tmp_path):
-    proj = tmp_path / "tmpclean.qstudio"
-    # a recipe of its own, so that quantize really runs (export comes from nowhere: cold)
-    proj.write_text(small_project.read_text().replace("calibration_samples = 2",
-                                                      "calibration_samples = 3"))
-    db = proj.with_suffix(".studio") / "runs.sqlite"
-    tmp = proj.with_suffix(".studio") / "artifacts" / "tmp"
-    proc = subprocess.Popen([sys.executable, "-m", "studio.cli", "--batch", str(proj), "--quiet",
-                             "--stages", "quantize"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    seen: list[str] = []
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None and not seen:
-        if db.exists() and _wait_for_running_job(proc, db, "quantize", timeout=5):
-            # the quantizer's own temp folders (ORT's calibration models) live in the project
-            seen = [p.name for p in tmp.glob("scratch-*/*")]
-        time.sleep(0.1)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(30)
-    assert seen, "quantize never wrote a temporary file under the project's tmp folder"
-    r = studio("info", proj)  # opening the project again ...
-    assert r.returncode == 0, r.stderr
-    r = studio("--batch", proj, "--stages", "export", "--quiet")  # ... and a run cleans up
-    assert r.returncode == 0, r.stderr
-    assert not any(tmp.iterdir())
+        batch_run, small_project):
+    before = small_project.read_text()
+    # a recipe of its own, so that quantize really runs (export comes from the cache)
+    small_project.write_text(before.replace("calibration_samples = 2", "calibration_samples = 3"))
+    db = small_project.with_suffix(".studio") / "runs.sqlite"
+    tmp = small_project.with_suffix(".studio") / "artifacts" / "tmp"
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "studio.cli", "--batch",
+                                 str(small_project), "--quiet", "--stages", "quantize"],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        seen: list[str] = []
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None and not seen:
+            if _wait_for_running_job(proc, db, "quantize", timeout=5):
+                # the quantizer's own temp folders (ORT's calibration models) are in the project
+                seen = [p.name for p in tmp.glob("scratch-*/*")]
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        assert seen, "quantize never wrote a temporary file under the project's tmp folder"
+        r = studio("--batch", small_project, "--stages", "export", "--quiet")  # the next run
+        assert r.returncode == 0, r.stderr
+        assert not any(tmp.iterdir())
+    finally:
+        small_project.write_text(before)
+
+
+def test_a_worker_killed_by_a_signal_is_reported_as_such(batch_run, small_project):
+    before = small_project.read_text()
+    text = before
+    for n in (8, 12, 40):  # a long generation that is not cached
+        text = text.replace(f"max_new_tokens = {n}\n", "max_new_tokens = 39\n")
+    small_project.write_text(text)
+    db = small_project.with_suffix(".studio") / "runs.sqlite"
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "studio.cli", "--batch",
+                                 str(small_project), "--stages", "run", "--quiet"], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        running = _wait_for_running_job(proc, db, "run", target="htp-sim%")
+        if running:
+            os.kill(running[1], signal.SIGKILL)  # the worker, not the batch
+        _, err = proc.communicate(timeout=120)
+    finally:
+        small_project.write_text(before)
+    assert running, "the run stage never started"
+    assert proc.returncode == 3, err
+    assert "killed by SIGKILL" in err
+    assert "traceback" not in err  # there is none: the process was killed
