@@ -154,8 +154,19 @@ def _validate(p: Project) -> None:
             raise StudioError(f"gates.{key} must be between 0 and 1, not {val}")
     if p.validation["heldout_tokens"] < 16:
         raise StudioError("validation.heldout_tokens must be at least 16")
-    if p.run["max_new_tokens"] < 1:
-        raise StudioError("run.max_new_tokens must be at least 1")
+    C = e["context_length"]
+    for key, value in (("run.max_new_tokens", p.run["max_new_tokens"]),
+                       ("validation.greedy_tokens", p.validation["greedy_tokens"])):
+        if value < 1:
+            raise StudioError(f"{key} must be at least 1, not {value}")
+        if value > C - 1:
+            raise StudioError(
+                f"{key} = {value} is more than the exported context allows (at most "
+                f"{C - 1} after a one-token prompt, export.context_length = {C}): lower it "
+                "or raise export.context_length"
+            )
+    if not p.run["prompt"].strip():
+        raise StudioError("run.prompt is empty: give the text generation starts from")
     check_kinds(p.run["devices"])
     if not p.pipeline["stages"]:
         raise StudioError("pipeline.stages is empty: name the stages to run, e.g. "

@@ -222,7 +222,7 @@ def plan(project: Project, stages: list[str] | None = None, targets: list[str] |
 
 
 # ---- what a job reads, and its key --------------------------------------------------------------
-def _ref_identity(project: Project, ref: str) -> dict[str, Any]:
+def ref_identity(project: Project, ref: str) -> dict[str, Any]:
     """A file reference's identity: its content only (two copies of a checkpoint, wherever
     they are and however the project names them, give one key)."""
     path = project.input_path(ref)
@@ -301,7 +301,7 @@ def stage_config(project: Project, job: PlannedJob) -> StageConfig:
     for k, v in settings.items():
         if k in REFS:
             paths[k] = str(project.input_path(v))
-            hashed[k] = _ref_identity(project, v)
+            hashed[k] = ref_identity(project, v)
         else:
             hashed[k] = v
     hashed["@item"] = _item_identity(decl, job.target)

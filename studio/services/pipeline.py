@@ -34,6 +34,7 @@ from studio.core.stagegraph import (
     job_key,
     plan,
     project_value,
+    ref_identity,
     stage_config,
 )
 
@@ -43,7 +44,30 @@ __all__ = ["PlannedJob", "Pipeline", "RunSummary", "plan", "preflight", "tool_ve
 
 
 # ---- preflight: the declared file references, checked by kind ------------------------------
-def _check_checkpoint(path: Path) -> None:
+def _cached_check(project: Project, refs: list[str], what: str,
+                  check: Callable[[], Any]) -> None:
+    """Run a checkpoint check once per content: the verdict is kept in the project folder,
+    keyed by the files' content and the checks' version, so a warm re-run pays nothing."""
+    from studio.core.fsutil import atomic_write_json, sha256_json
+    from studio.engine.checkpoint_check import CHECKS_VERSION
+
+    key = sha256_json({"what": what, "v": CHECKS_VERSION,
+                       "content": [ref_identity(project, r) for r in refs]})
+    cache = project.folder / "checks.json"
+    try:
+        done = json.loads(cache.read_text()) if cache.exists() else {}
+    except (OSError, ValueError):
+        done = {}
+    if key in done:
+        return
+    check()
+    done[key] = {"what": what, "refs": refs, "checked": time.time()}
+    if project.folder.is_dir():
+        atomic_write_json(cache, done)
+
+
+def _check_checkpoint(project: Project, ref: str) -> Path:
+    path = project.input_path(ref)
     if path.is_file() and path.suffix == ".onnx":
         from studio.engine.onnx_import import open_onnx
 
@@ -52,9 +76,12 @@ def _check_checkpoint(path: Path) -> None:
             f"{path.name} is an ONNX model: the LLM pipeline starts from a Hugging Face "
             "checkpoint folder (export makes its prefill and decode graphs)"
         )
-    from studio.engine import hf_import
+    from studio.engine import checkpoint_check, hf_import
 
-    hf_import.open_checkpoint(path)
+    hf_import.open_checkpoint(path)  # cheap: the family, config and headers, every time
+    _cached_check(project, [ref], "checkpoint",
+                  lambda: checkpoint_check.check_checkpoint(path))
+    return path
 
 
 def _check_text(path: Path, what: str) -> None:
@@ -62,21 +89,72 @@ def _check_text(path: Path, what: str) -> None:
         raise StudioError(f"the {what} {path} is empty: give a text file with some content")
 
 
+def _check_lengths(project: Project, model: Path, stages: set[str]) -> None:
+    """The prompt, tokenized as the runtime will, against the exported lengths."""
+    from studio.engine.checkpoint_check import prompt_length
+
+    P, C = project.export["prompt_length"], project.export["context_length"]
+    n = prompt_length(model, project.run["prompt"])
+    if n > P:
+        raise StudioError(
+            f"run.prompt is {n} tokens but the prefill graph takes {P} "
+            f"(export.prompt_length): shorten the prompt or raise export.prompt_length"
+        )
+    for stage, key in (("run", "run.max_new_tokens"), ("validate", "validation.greedy_tokens")):
+        want = project_value(project, key)
+        if stage in stages and n + want > C:
+            raise StudioError(
+                f"{key} = {want} does not fit: the {n}-token prompt leaves {C - n} positions "
+                f"of the {C}-token context (export.context_length); lower {key.split('.')[1]} "
+                "or raise export.context_length"
+            )
+
+
+def _check_overrides(project: Project, model: Path) -> None:
+    from studio.engine import hf_import
+    from studio.services.precision import unmatched
+
+    # patterns that name ONNX nodes ("/lm_head/MatMul") are checked by quantize itself
+    bad = [p for p in unmatched(project, hf_import.open_checkpoint(model)) if not p.startswith("/")]
+    if bad:
+        raise StudioError(
+            f"quantization.overrides: {', '.join(repr(b) for b in bad)} match(es) no layer of the "
+            "model; use names like model.layers.0, *.mlp.down_proj or lm_head (see studio info)"
+        )
+
+
 def preflight(project: Project, jobs: list[PlannedJob]) -> None:
-    """Check the input files the planned stages declare before anything runs: fail in a
-    second, not in minutes."""
+    """Check the input files the planned stages declare, and the settings that depend on
+    them, before anything runs: fail in seconds, not after minutes of stage work."""
+    stages = {j.stage for j in jobs}
     checked: set[str] = set()
+    model: Path | None = None
     for job in jobs:
         for key in STAGES[job.stage].settings:
             kind = REFS.get(key)
             if kind is None or key in checked:
                 continue
             checked.add(key)
-            path = project.input_path(project_value(project, key))
+            ref = project_value(project, key)
             if kind == "checkpoint":
-                _check_checkpoint(path)
+                model = _check_checkpoint(project, ref)
             else:
-                _check_text(path, key.split(".", 1)[1].replace("_", " "))
+                _check_text(project.input_path(ref), key.split(".", 1)[1].replace("_", " "))
+    if project.model.get("draft"):
+        draft_ref = project.model["draft"]
+        target = model or project.input_path(project.model["source"])
+        draft = project.input_path(draft_ref)
+        from studio.engine.checkpoint_check import check_draft
+
+        _cached_check(project, [project.model["source"], draft_ref], "draft",
+                      lambda: check_draft(target, draft))
+    if model is None and (stages & {"run", "validate", "quantize"}):
+        model = project.input_path(project.model["source"])
+    if model is not None and model.is_dir():
+        if stages & {"run", "validate"}:
+            _check_lengths(project, model, stages)
+        if "quantize" in stages and project.quantization["overrides"]:
+            _check_overrides(project, model)
     from studio.core.fsutil import check_writable_dir
 
     check_writable_dir(project.folder)

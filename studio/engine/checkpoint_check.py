@@ -1,0 +1,153 @@
+"""Checkpoint checks that take seconds, run before any stage (``studio new``, preflight).
+
+- the config names a supported family (:func:`hf_import.open_checkpoint`);
+- the weights are complete: every safetensors file holds all the bytes its header promises,
+  and every tensor the config implies is there with the shape the config implies (the model
+  is built on PyTorch's ``meta`` device, so no weight is loaded);
+- the tokenizer is there (``tokenizer.json``), loads, and its vocabulary fits the model's
+  embedding;
+- a draft model's vocabulary equals its target's.
+
+Each failure is a :class:`StudioError` naming the file and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+
+# Bump when the checks change: cached verdicts of older checks are not reused.
+CHECKS_VERSION = 1
+
+
+def _safetensors_end(path: Path) -> tuple[int, int]:
+    """(bytes the header promises, bytes the file has)."""
+    size = path.stat().st_size
+    with path.open("rb") as fh:
+        head = fh.read(8)
+        if len(head) != 8:
+            return 8, size
+        (length,) = struct.unpack("<Q", head)
+        try:
+            header = json.loads(fh.read(length))
+        except ValueError:
+            return 8 + length + 1, size
+    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
+              default=0)
+    return 8 + length + end, size
+
+
+def check_weights_complete(folder: Path) -> None:
+    from studio.engine import hf_import
+
+    for f in hf_import._safetensors_files(folder):
+        need, have = _safetensors_end(f)
+        if have < need:
+            raise StudioError(
+                f"{f} is truncated ({have:,} of {need:,} bytes): copy or download the weights "
+                "again"
+            )
+
+
+def expected_tensors(folder: Path) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+    """Every tensor the config implies and its shape, and the names that may be absent
+    because they are tied to another tensor."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise StudioError(f"config.json in {folder} cannot be read by transformers: {exc}") from None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    tied: set[str] = set()
+    if getattr(config, "tie_word_embeddings", False) or getattr(
+            config.get_text_config() if hasattr(config, "get_text_config") else config,
+            "tie_word_embeddings", False):
+        tied = {k for k in shapes if k.startswith("lm_head.")}
+    return shapes, tied
+
+
+def check_weights_match_config(folder: Path) -> None:
+    from studio.engine import hf_import
+
+    present = {k: v[0] for k, v in hf_import._tensor_shapes(folder).items()}
+    expected, tied = expected_tensors(folder)
+    missing = sorted(k for k in expected if k not in present and k not in tied)
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise StudioError(
+            f"the weights in {folder} lack {', '.join(missing[:3])}{more} that config.json "
+            "implies: the checkpoint is incomplete or config.json belongs to another model"
+        )
+    for name, shape in expected.items():
+        if name in present and tuple(present[name]) != tuple(shape):
+            raise StudioError(
+                f"{name} in {folder} has shape {list(present[name])} but config.json implies "
+                f"{list(shape)}: the weights do not belong to this config.json"
+            )
+
+
+def load_tokenizer(folder: Path):
+    """The checkpoint's fast tokenizer (``tokenizer.json``), or a StudioError."""
+    from tokenizers import Tokenizer
+
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        raise StudioError(
+            f"{folder} has no tokenizer.json: save the model's (fast) tokenizer beside "
+            "config.json (tokenizer.save_pretrained)"
+        )
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exceptions
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise StudioError(f"{path} cannot be loaded ({first}): replace it with the model's "
+                          "own tokenizer.json") from None
+
+
+def check_tokenizer(folder: Path, vocab_size: int) -> Any:
+    tok = load_tokenizer(folder)
+    n = tok.get_vocab_size(with_added_tokens=True)
+    if n > vocab_size:
+        raise StudioError(
+            f"the tokenizer in {folder} has {n:,} tokens but the model's embedding has "
+            f"{vocab_size:,} rows: the tokenizer belongs to another model"
+        )
+    return tok
+
+
+def check_checkpoint(folder: Path) -> dict[str, Any]:
+    """All checks of one checkpoint folder; returns what was checked."""
+    from studio.engine import hf_import
+
+    folder = Path(folder)
+    info = hf_import.open_checkpoint(folder)
+    check_weights_complete(folder)
+    check_weights_match_config(folder)
+    tok = check_tokenizer(folder, info.vocab_size)
+    return {"architecture": info.architecture, "tensors": len(info.layers),
+            "tokenizer_tokens": tok.get_vocab_size(with_added_tokens=True)}
+
+
+def check_draft(target: Path, draft: Path) -> None:
+    """A draft model must speak its target's vocabulary, token for token."""
+    check_checkpoint(draft)
+    a, b = load_tokenizer(target).get_vocab(True), load_tokenizer(draft).get_vocab(True)
+    if a != b:
+        differ = len(set(a.items()) ^ set(b.items()))
+        raise StudioError(
+            f"the draft model {draft} has another vocabulary than the target {target} "
+            f"({differ:,} entries differ): a draft must use the target's tokenizer"
+        )
+
+
+def prompt_length(folder: Path, prompt: str) -> int:
+    """How many tokens the runtime will feed for ``prompt`` (special tokens included)."""
+    return len(load_tokenizer(folder).encode(prompt).ids)
