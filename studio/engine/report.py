@@ -148,7 +148,7 @@ def render_comparison(comp: dict[str, Any] | None) -> str:
         va = "—" if m["a"] is None else _fmt(m["a"]) + unit
         vb = "—" if m["b"] is None else _fmt(m["b"]) + unit
         delta = "—" if m["delta"] is None else f"{m['delta']:+.4g}"
-        rel = "—" if m["relative"] is None else f"{m['relative']:+.1%}"
+        rel = "—" if m["relative"] is None else f"{m['relative']:+.2%}"
         if m["a"] is None or m["b"] is None:
             mark = "<span class='muted'>only in " + (f"run {a}" if m["b"] is None
                                                       else "this run") + "</span>"

@@ -75,11 +75,11 @@ def test_report_shows_the_comparison_with_the_previous_run(two_runs, tmp_path):
     row = next(r for r in section.split("<tr>") if r.startswith("<td>top1_agreement<"))
     assert f"htp-sim / {TARGET}" in row
     assert "0.9688 fraction" in row and "0.9062 fraction" in row
-    assert "-0.0625" in row and "-6.5%" in row
+    assert "-0.0625" in row and "-6.45%" in row
     assert 'class="badge" style="background:#8a5a00">simulated<' in row
     assert "worse" in row
     ppl = next(r for r in section.split("<tr>") if r.startswith("<td>perplexity_host_qdq<"))
-    assert ">measured<" in ppl and "+5.5" in ppl and "+7.9%" in ppl and "worse" in ppl
+    assert ">measured<" in ppl and "+5.5" in ppl and "+7.86%" in ppl and "worse" in ppl
     assert section.count("<tr>") == 1 + 1 + 1 + 3  # two header rows, one setting, 3 metrics
 
 
