@@ -273,12 +273,18 @@ def _compare(args) -> int:
     table = []
     for m in rows:
         where = m["device"] + (f" / {m['target']}" if m["target"] else "")
-        rel = "" if m["relative"] is None else f"({m['relative']:+.1%})"
+        rel = "" if m["relative"] is None else f"({m['relative']:+.2%})"
         mark = {True: "better", False: "worse"}.get(m["better"], "")
         if m["delta"] == 0:
             mark = "same"
+        elif m["a"] is None or m["b"] is None:
+            mark = f"only in run {a if m['b'] is None else b}"
         unit = f" {m['unit']}" if m["unit"] else ""
-        table.append((m["name"], m["source"], where, f"{_num(m['a'])} → {_num(m['b'])}{unit}",
+
+        def value(v: float | None, unit: str = unit) -> str:
+            return "—" if v is None else _num(v) + unit
+
+        table.append((m["name"], m["source"], where, f"{value(m['a'])} → {value(m['b'])}",
                       _num(m["delta"], signed=True), rel, mark))
     widths = [max(len(r[i]) for r in table) for i in range(6)]
     for r in table:
