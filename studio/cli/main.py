@@ -3,7 +3,8 @@
     studio                       open the desktop app (see studio/__main__.py)
     studio --batch FILE [...]    run a project's pipeline headless (CI)
     studio new FILE --sample tiny-coder | --checkpoint DIR [--target T ...]
-    studio info FILE
+    studio info FILE [--json]
+    studio compare FILE [RUN_A [RUN_B]] [--json]
 
 Exit codes: 0 success, 1 an accuracy gate failed, 2 bad input (one line on stderr),
 3 a stage crashed (a bug: its traceback is in the job log).
@@ -16,6 +17,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,14 @@ def _parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="describe a project file")
     i.add_argument("file")
     i.add_argument("--json", dest="info_json", action="store_true")
+    c = sub.add_parser("compare", help="compare two runs: changed settings and metric deltas")
+    c.add_argument("file")
+    c.add_argument("run_a", nargs="?", type=int, metavar="RUN_A",
+                   help="the run to compare against (default: the second newest with results)")
+    c.add_argument("run_b", nargs="?", type=int, metavar="RUN_B",
+                   help="the run to compare (default: the newest with results)")
+    c.add_argument("--json", dest="compare_json", action="store_true",
+                   help="print the comparison as JSON")
     sub.add_parser("targets", help="list the chip catalog")
     return p
 
@@ -117,47 +127,82 @@ def _batch(args) -> int:
 
 def _new(args) -> int:
     from studio.services.session import Studio
+    from studio.services.ui_support import source_ref
 
-    source = f"sample:{args.sample}" if args.sample else str(Path(args.checkpoint).resolve())
+    # an unknown sample or a folder that is not a checkpoint: a clear error, nothing written
     if args.sample:
-        from studio.core import samples
-
-        samples.sample_path(args.sample)  # unknown sample: a clear error
+        source = source_ref("sample", args.sample)
+    else:
+        source = source_ref("checkpoint", args.checkpoint)
     sections: dict[str, Any] = {}
     if args.scheme:
         sections["quantization"] = {"scheme": args.scheme}
-    if not args.sample:
-        from studio.engine import hf_import
-
-        hf_import.open_checkpoint(Path(args.checkpoint))  # not a checkpoint: a clear error
     studio = Studio.create(Path(args.file), source, args.new_targets, **sections)
     print(f"created {studio.project.path}")
     studio.close()
     return 0
 
 
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "—"
+
+
+def _open_history(p):
+    """The project's run history, or None when it has none yet (nothing is created)."""
+    from studio.core.jobs import JobStore
+
+    db = p.folder / "runs.sqlite"
+    return JobStore(db) if db.exists() else None
+
+
+def _layers(p) -> tuple[list[dict[str, Any]] | None, list[str] | None, str | None]:
+    """(layer table, unmatched override patterns, why there is no table)."""
+    from studio.core.modelinfo import ModelInfo
+    from studio.services import precision
+    from studio.services.ui_support import describe_model
+
+    try:
+        info = describe_model(p)
+    except StudioError as exc:
+        return None, None, exc.message
+    if not isinstance(info, ModelInfo):
+        return None, None, ("the model is an ONNX file: per-layer precision needs a checkpoint "
+                            "or a sample model")
+    return precision.layer_precisions(p, info), precision.unmatched(p, info), None
+
+
 def _info(args) -> int:
     from studio.core import project as projectfile
+    from studio.services import history
 
     p = projectfile.load(Path(args.file))
     data = p.to_dict()
     data["file"] = str(p.path)
-    from studio.core.jobs import JobStore
-
-    db = p.folder / "runs.sqlite"
-    runs = []
-    if db.exists():
-        store = JobStore(db)
-        runs = store.runs(5)
-        store.close()
-    data["recent_runs"] = [{"id": r["id"], "state": r["state"]} for r in runs]
-    metrics = []
-    if runs:
-        store = JobStore(db)
-        metrics = [m.to_dict() for m in store.metrics(run_id=runs[0]["id"])]
-        store.close()
+    runs: list[history.RunInfo] = []
+    latest: int | None = None
+    metrics: list[dict[str, Any]] = []
+    store = _open_history(p)
+    if store is not None:
+        try:
+            runs = history.runs(p, store, 5)
+            with_results = history.runs_with_results(store)
+            if with_results:
+                latest = with_results[0]
+                metrics = [dict(m.to_dict(), run=latest, stage=job.stage)
+                           for job, m in history.run_metrics(store, latest)]
+        finally:
+            store.close()
+    data["recent_runs"] = [r.to_dict() for r in runs]
+    data["latest_run"] = latest
     data["latest_metrics"] = metrics
+    layers = unmatched = why = None
+    if args.info_json or p.quantization["overrides"]:
+        layers, unmatched, why = _layers(p)
     if args.info_json:
+        data["layers"] = layers
+        data["unmatched_overrides"] = unmatched
+        if why:
+            data["layers_error"] = why
         print(json.dumps(data, indent=1))
         return 0
     print(f"{p.name}  ({p.path})")
@@ -166,15 +211,85 @@ def _info(args) -> int:
     q = p.quantization
     print(f"  recipe    {q['scheme']} {q['weight_granularity']}, {q['calibration_samples']} "
           f"calibration windows, {len(q['overrides'])} override(s)")
+    for pattern in unmatched or []:
+        print(f"            override {pattern!r} covers no layer of the model")
     print(f"  targets   {', '.join(p.targets)}")
     print(f"  stages    {', '.join(p.pipeline['stages'])}")
-    for r in data["recent_runs"]:
-        print(f"  run {r['id']}: {r['state']}")
+    for r in runs:
+        print(f"  run {r.id}: {r.state}  (started {_when(r.created)})")
     if metrics:
-        print(f"  latest run's figures (run {runs[0]['id']}):")
+        print(f"  latest figures (run {latest}):")
         for m in metrics:
             where = m["device"] + (f" / {m['target']}" if m["target"] else "")
             print(f"    {m['name']:<26} {m['value']:>12.4g} {m['unit']:<9} {m['source']:<10} {where}")
+    return 0
+
+
+def _num(v: float | None, signed: bool = False) -> str:
+    if v is None:
+        return "—"
+    return f"{v:+.4g}" if signed else f"{v:.4g}"
+
+
+def _compare(args) -> int:
+    from studio.core import project as projectfile
+    from studio.services import history
+
+    p = projectfile.load(Path(args.file))
+    store = _open_history(p)
+    if store is None:
+        raise StudioError(f"{p.path.name} has no runs yet: run the pipeline twice "
+                          "(e.g. studio --batch FILE, change the recipe, run again)")
+    try:
+        if args.run_a is not None and args.run_a == args.run_b:
+            raise StudioError(f"run {args.run_a} was given twice: name two different runs")
+        comp = history.compare(store, args.run_a, args.run_b)
+    finally:
+        store.close()
+    a, b = comp["run_a"]["id"], comp["run_b"]["id"]
+    if a == b:
+        raise StudioError(f"run {a} is the newest run with results: name a second run to "
+                          "compare it with (see studio info)")
+    if args.compare_json:
+        print(json.dumps(comp, indent=1))
+        return 0
+    print(f"run {b} vs run {a}")
+    for side in ("run_a", "run_b"):
+        r = comp[side]
+        print(f"  run {r['id']}: {r['state']}, started {_when(r['created'])}")
+    if not comp["settings_recorded"]:
+        print("settings: not recorded for both runs (runs of an older QStudio)")
+    elif comp["settings"]:
+        print("settings changed:")
+        for s in comp["settings"]:
+            print(f"  {s['key']}: {s['a']!r} → {s['b']!r}")
+    else:
+        print("settings: none changed")
+    rows = comp["metrics"]
+    if not rows:
+        print("metrics: neither run recorded any")
+        return 0
+    print(f"metrics (run {a} → run {b}):")
+    table = []
+    for m in rows:
+        where = m["device"] + (f" / {m['target']}" if m["target"] else "")
+        rel = "" if m["relative"] is None else f"({m['relative']:+.2%})"
+        mark = {True: "better", False: "worse"}.get(m["better"], "")
+        if m["delta"] == 0:
+            mark = "same"
+        elif m["a"] is None or m["b"] is None:
+            mark = f"only in run {a if m['b'] is None else b}"
+        unit = f" {m['unit']}" if m["unit"] else ""
+
+        def value(v: float | None, unit: str = unit) -> str:
+            return "—" if v is None else _num(v) + unit
+
+        table.append((m["name"], m["source"], where, f"{value(m['a'])} → {value(m['b'])}",
+                      _num(m["delta"], signed=True), rel, mark))
+    widths = [max(len(r[i]) for r in table) for i in range(6)]
+    for r in table:
+        cells = [r[i].ljust(widths[i]) for i in range(6)] + [r[6]]
+        print(("  " + "  ".join(cells)).rstrip())
     return 0
 
 
@@ -196,11 +311,13 @@ def main(argv: list[str] | None = None) -> int:
             return _new(args)
         if args.command == "info":
             return _info(args)
+        if args.command == "compare":
+            return _compare(args)
         if args.command == "targets":
             return _targets()
         if args.batch:
             return _batch(args)
-        raise StudioError("nothing to do: give --batch FILE, or a command (new, info, targets)")
+        raise StudioError("nothing to do: give --batch FILE, or a command (new, info, compare, targets)")
     except StudioError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return exc.exit_code

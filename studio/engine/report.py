@@ -101,6 +101,69 @@ th{background:#f4f4f4}.badge{color:#fff;border-radius:3px;padding:1px 6px;font-s
 """
 
 
+def _setting(v: Any) -> str:
+    if v is None:
+        return "<span class='muted'>not set</span>"
+    if isinstance(v, dict) and not v:
+        return "<span class='muted'>none</span>"
+    if isinstance(v, dict):
+        return "<br>".join(f"<code>{_e(k)}</code> = {_e(x)}" for k, x in v.items())
+    if isinstance(v, list):
+        return _e(", ".join(map(str, v)))
+    return _e(v)
+
+
+def render_comparison(comp: dict[str, Any] | None) -> str:
+    """The "Compared with run N" section: the settings that changed since the previous run
+    with results, and every metric's delta with its source."""
+    if comp is None:
+        return ("<h2>Compared with the previous run</h2><p>No previous run with results: this "
+                "is the first run of the project, so there is nothing to compare with.</p>")
+    a, b = comp["run_a"]["id"], comp["run_b"]["id"]
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(comp["run_a"]["created"]))
+    out = [f"<h2>Compared with run {a}</h2>",
+           f"<p class='muted'>This run (run {b}) against run {a}, the previous run with "
+           f"results (started {started}).</p>"]
+    if not comp.get("settings_recorded"):
+        out.append("<p>The settings of one of the runs were not recorded: which settings "
+                   "changed is unknown.</p>")
+    elif comp["settings"]:
+        out.append("<h3>Changed settings</h3><table><tr><th>setting</th>"
+                   f"<th>run {a}</th><th>this run</th></tr>")
+        for row in comp["settings"]:
+            out.append(f"<tr><td><code>{_e(row['key'])}</code></td><td>{_setting(row['a'])}</td>"
+                       f"<td>{_setting(row['b'])}</td></tr>")
+        out.append("</table>")
+    else:
+        out.append(f"<p>No setting changed since run {a}.</p>")
+    if not comp["metrics"]:
+        out.append("<p>Neither run recorded a metric.</p>")
+        return "\n".join(out)
+    out.append("<h3>Metric deltas</h3><table><tr><th>metric</th><th>device</th>"
+               f"<th>source</th><th>run {a}</th><th>this run</th><th>delta</th>"
+               "<th>change</th><th></th></tr>")
+    for m in comp["metrics"]:
+        dev = m["device"] + (f" / {m['target']}" if m.get("target") else "")
+        unit = f" {_e(m['unit'])}" if m.get("unit") else ""
+        va = "—" if m["a"] is None else _fmt(m["a"]) + unit
+        vb = "—" if m["b"] is None else _fmt(m["b"]) + unit
+        delta = "—" if m["delta"] is None else f"{m['delta']:+.4g}"
+        rel = "—" if m["relative"] is None else f"{m['relative']:+.2%}"
+        if m["a"] is None or m["b"] is None:
+            mark = "<span class='muted'>only in " + (f"run {a}" if m["b"] is None
+                                                      else "this run") + "</span>"
+        elif m["better"] is True:
+            mark = "<span class='pass'>better</span>"
+        elif m["better"] is False:
+            mark = "<span class='fail'>worse</span>"
+        else:
+            mark = "<span class='muted'>same</span>"
+        out.append(f"<tr><td>{_e(m['name'])}</td><td>{_e(dev)}</td><td>{badge(m['source'])}</td>"
+                   f"<td>{va}</td><td>{vb}</td><td>{delta}</td><td>{rel}</td><td>{mark}</td></tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
 def build_report(project: Project, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     gates = []
     for label, r in results.items():
@@ -144,6 +207,7 @@ def render_html(data: dict[str, Any]) -> str:
         out.append("</table>")
     else:
         out.append("<p>No validation ran in this pipeline.</p>")
+    out.append(render_comparison(data.get("comparison")))
     vals = {k: v for k, v in st.items() if k.startswith("validate[")}
     if vals:
         out.append("<h2>Validation: FP32 (CPU) vs quantized</h2><table><tr><th>target</th>"

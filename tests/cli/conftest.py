@@ -64,3 +64,15 @@ def batch_run(small_project):
     r = studio("--batch", small_project, "--json")
     assert r.returncode in (0, 1), r.stderr[-3000:]
     return r, json.loads(r.stdout)
+
+
+def record_run(store, settings: dict | None, metrics: list, state: str = "succeeded") -> int:
+    """Record one finished run in a real run history the way the pipeline does: the settings
+    it ran with, a validate job and that job's metrics (``studio.core.metrics.Metric``)."""
+    run = store.create_run({"stages": ["validate"], "settings": settings})
+    job = store.add_job(run, "validate", metrics[0].target if metrics else "")
+    store.update_job(job, state=state, progress=1.0)
+    if metrics:
+        store.add_metrics(job, metrics)
+    store.finish_run(run, state)
+    return run

@@ -181,3 +181,54 @@ def test_new_from_a_folder_that_is_not_a_checkpoint_writes_nothing(tmp_path):
     r = studio("new", tmp_path / "x.qstudio", "--checkpoint", tmp_path / "empty")
     assert_clean_failure(r, "config.json", tmp_path, {})
     assert not (tmp_path / "x.qstudio").exists()
+
+
+# ---- studio compare ------------------------------------------------------------------------
+def _history(tmp_path: Path, runs: int) -> Path:
+    """A project file with ``runs`` recorded runs with results in its real run history."""
+    from studio.core import project as projectfile
+    from studio.core.jobs import JobStore
+    from studio.core.metrics import Metric
+    from tests.cli.conftest import record_run
+
+    f = write(tmp_path, small())
+    settings = projectfile.load(f).to_dict()
+    store = JobStore(tmp_path / "p.studio" / "runs.sqlite")
+    for i in range(runs):
+        record_run(store, settings, [Metric("top1_agreement", 0.9 + i / 100, "fraction",
+                                            "simulated", "htp-sim", default_target())])
+    store.close()
+    return f
+
+
+def test_compare_a_missing_project(tmp_path):
+    assert_clean_failure(studio("compare", tmp_path / "nope.qstudio"), "does not exist",
+                         tmp_path, {})
+
+
+def test_compare_a_project_that_never_ran(tmp_path):
+    f = write(tmp_path, small())
+    before = snapshot(tmp_path)
+    assert_clean_failure(studio("compare", f), "has no runs yet", tmp_path, before)
+    assert not (tmp_path / "p.studio").exists()  # reading the history creates nothing
+
+
+@pytest.mark.parametrize("runs", [0, 1])
+def test_compare_needs_two_runs_with_results(tmp_path, runs):
+    f = _history(tmp_path, runs)
+    before = snapshot(tmp_path)
+    assert_clean_failure(studio("compare", f), f"has {runs} run(s) with results", tmp_path,
+                         before)
+
+
+@pytest.mark.parametrize("ids, needle", [
+    (("1", "7"), "run 7 is not in this project's history"),
+    (("9",), "run 9 is not in this project's history"),
+    (("two",), "invalid int value: 'two'"),
+    (("1", "1"), "run 1 was given twice"),
+    (("2",), "run 2 is the newest run with results"),
+])
+def test_compare_bad_run_ids(tmp_path, ids, needle):
+    f = _history(tmp_path, 2)
+    before = snapshot(tmp_path)
+    assert_clean_failure(studio("compare", f, *ids), needle, tmp_path, before)

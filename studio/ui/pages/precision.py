@@ -7,8 +7,6 @@ editor; the page says so where they will appear.
 
 from __future__ import annotations
 
-import fnmatch
-
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -32,35 +30,22 @@ from PySide6.QtWidgets import (
 from studio.core.errors import StudioError
 from studio.core.modelinfo import ModelInfo
 from studio.core.project import STAGES
-from studio.core.recipe import GRANULARITIES, PRECISIONS, SCHEMES
+from studio.core.recipe import GRANULARITIES, PRECISIONS, SCHEME_HELP, SCHEMES, covers
+from studio.services.precision import layer_precisions
 from studio.ui.models.rows import PayloadRole, Row, RowsModel
 from studio.ui.pages.base import Page, banner
 from studio.ui.widgets import label
 
-SCHEME_HELP = {
-    "W8A16": "8-bit weights, 16-bit activations: the usual start for LLMs on the HTP",
-    "W8A8": "8-bit weights and activations: smallest and fastest, most accuracy loss",
-    "FP16": "16-bit float weights and activations (on chips with FP16 support)",
-}
+LAYER_COLUMNS = ["Layer", "Block", "Kind", "Weights", "Activations", "Rule"]
 
 
-def covers(pattern: str, name: str) -> bool:
-    """Whether an override pattern covers a layer (the quantizer's rule: a glob on the module
-    path, which also covers everything below the module it names, or on the weight's name)."""
-    return (
-        fnmatch.fnmatchcase(name, pattern)
-        or fnmatch.fnmatchcase(name, pattern + ".*")
-        or fnmatch.fnmatchcase(name + ".weight", pattern)
-    )
-
-
-def matching_override(name: str, overrides: dict[str, str]) -> tuple[str, str] | None:
-    """The last override pattern that covers a layer name."""
-    hit = None
-    for pattern, prec in overrides.items():
-        if covers(pattern, name):
-            hit = (pattern, prec)
-    return hit
+def rule_text(row: dict) -> str:
+    """One cell for the rule(s) of a layer-precision row: the rule when one rule set both
+    (or the layer has no weights), else which rule set the weights and which the activations."""
+    w, a = row["weight_rule"], row["activation_rule"]
+    if not w or w == a:
+        return a
+    return f"weights: {w}; activations: {a}"
 
 
 class PrecisionPage(Page):
@@ -226,15 +211,27 @@ class PrecisionPage(Page):
 
         layers = QGroupBox("Layers")
         lyl = QVBoxLayout(layers)
-        self.layers = RowsModel(["Layer", "Block", "Kind", "Parameters", "Precision"], self)
+        lyl.addWidget(
+            label(
+                "What each layer gets under the recipe, and the rule that set it (the quantizer "
+                "applies the same rule).",
+                "muted",
+                wrap=True,
+            )
+        )
+        self.layers = RowsModel(LAYER_COLUMNS, self)
         self.layer_view = QTableView()
         self.layer_view.setModel(self.layers)
         self.layer_view.verticalHeader().hide()
         self.layer_view.setAlternatingRowColors(True)
         self.layer_view.setWordWrap(False)
+        # full layer names, never elided: the column fits its longest name and the view
+        # scrolls sideways when the names are wider than the page
+        self.layer_view.setTextElideMode(Qt.TextElideMode.ElideNone)
+        self.layer_view.setHorizontalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
         lh = self.layer_view.horizontalHeader()
         lh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        lh.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        lh.setStretchLastSection(True)
         lyl.addWidget(self.layer_view, 1)
         rl.addWidget(layers, 1)
         rl.addWidget(
@@ -263,7 +260,9 @@ class PrecisionPage(Page):
 
     def on_change(self, change) -> None:
         self._load_all(change)
-        if ("quantization", "overrides") in change or ("quantization", "scheme") in change:
+        if any(
+            ("quantization", k) in change for k in ("overrides", "scheme", "weight_granularity")
+        ):
             self._show_layers()
 
     def _load_all(self, change=None) -> None:
@@ -384,8 +383,8 @@ class PrecisionPage(Page):
                     [pattern, prec, str(n) if names else "?"],
                     payload=pattern,
                     colors={2: "#b26a00"} if names and n == 0 else {},
-                    tip="No weight module matches; the pattern may still name ONNX "
-                    "nodes (quantize fails with a clear message if it names nothing)"
+                    tip="No layer matches; the pattern may still name ONNX nodes (quantize "
+                    "fails with a clear message if it names nothing)"
                     if names and n == 0
                     else "",
                 )
@@ -400,28 +399,34 @@ class PrecisionPage(Page):
         if not isinstance(info, ModelInfo):
             self.layers.set_rows([])
             return
-        q = self.ctl.project.quantization
         rows = []
-        for lay in info.layers:
-            hit = matching_override(lay.name, q["overrides"])
-            if lay.tied_to:
-                text = f"tied to {lay.tied_to}"
-            elif hit:
-                text = f"{hit[1]} (override {hit[0]})"
-            else:
-                text = f"{q['scheme']} (scheme)"
+        for r in layer_precisions(self.ctl.project, info):
+            colors = {}
+            if r["weight_rule"].startswith("override"):
+                colors[3] = "#2f6fd6"
+            if r["activation_rule"].startswith("override"):
+                colors[4] = "#2f6fd6"
+            if colors:
+                colors[5] = "#2f6fd6"
+            tip = (
+                f"weights: {r['weight'] or 'none'} ({r['weight_rule'] or 'no weights'}); "
+                f"activations: {r['activation']} ({r['activation_rule']})"
+            )
+            if r.get("tied_to"):
+                tip += f"; shares its weight with {r['tied_to']}"
             rows.append(
                 Row(
                     [
-                        lay.name,
-                        "" if lay.block is None else str(lay.block),
-                        lay.kind,
-                        f"{lay.params:,}",
-                        text,
+                        r["layer"],
+                        "" if r["block"] is None else str(r["block"]),
+                        r["kind"],
+                        r["weight"] or "—",
+                        r["activation"],
+                        rule_text(r),
                     ],
-                    payload=lay.name,
-                    align_right=(3,),
-                    colors={4: "#2f6fd6"} if hit else {},
+                    payload=r,
+                    tip=tip,
+                    colors=colors,
                 )
             )
         self.layers.set_rows(rows)
