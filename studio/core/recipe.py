@@ -15,7 +15,9 @@ every layer of block 3), and it may leave out leading parts of the path (``layer
 sets the precision of the weights of the layers it covers and leaves their activations
 alone. Otherwise a pattern sets what the layer computes: ``INT8`` / ``INT16`` its output
 activations, ``INT4`` its weights, ``FP16`` / ``FP32`` leaves the layer unquantized.
-When several patterns cover a layer, the one written last in the project file wins.
+When several patterns cover a layer, the one written last in the project file wins: a float
+pattern takes the whole layer out of quantization, and a quantized pattern written after it
+puts the layer back (scheme defaults, then that pattern).
 """
 
 from __future__ import annotations
@@ -107,6 +109,9 @@ def effective_precision(layer: str, scheme: str, granularity: str,
             if not covers(pattern, layer):
                 continue
             rule = f"override {pattern!r}"
+            if w in FLOAT_PRECISIONS and prec not in FLOAT_PRECISIONS:
+                # a quantized pattern after a float one: the layer is quantized again
+                (w, a), w_rule, a_rule = SCHEME_PRECISIONS[scheme], base, base
             if is_weight_only(pattern):
                 w, w_rule = prec, rule
             elif prec in FLOAT_PRECISIONS:

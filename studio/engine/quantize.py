@@ -206,9 +206,18 @@ def resolve_overrides(model, recipe: dict) -> dict:
         if nodes:
             for n in nodes:
                 if prec == "FLOAT":
+                    # float supersedes what earlier patterns set on this node
                     exclude[n.name] = pattern
+                    for t in n.output:
+                        act_prec.pop(t, None)
+                        act_rule.pop(t, None)
+                    if n.op_type == "MatMul" and n.input[1] in weights:
+                        weight_prec.pop(n.input[1], None)
+                        weight_rule.pop(n.input[1], None)
                     entry["tensors"].extend(o for o in n.output if o in floats)
-                elif prec == "INT4":
+                    continue
+                exclude.pop(n.name, None)  # a later quantized pattern re-quantizes the node
+                if prec == "INT4":
                     if n.op_type == "MatMul" and n.input[1] in weights:
                         weight_prec[n.input[1]] = "INT4"
                         weight_rule[n.input[1]] = pattern
@@ -224,6 +233,8 @@ def resolve_overrides(model, recipe: dict) -> dict:
                 weight_prec[w] = prec
                 weight_rule[w] = pattern
                 entry["tensors"].append(w)
+                if prec != "FLOAT" and weights.get(w) in exclude:
+                    exclude.pop(weights[w])  # its MatMul is quantized again
         report[pattern] = entry
 
     # HTP MatMul: no 16-bit weight under a 16-bit activation.

@@ -33,22 +33,15 @@ CASES = [
      {"layers.2": "INT16", "layers.2.mlp.up_proj": "INT8", "*.o_proj": "FP16"},
      {"layers.2": 9, "layers.2.mlp.up_proj": 1, "*.o_proj": 4}),
 ]
-# A float pattern followed by a later pattern on the same layer: the recipe's rule lets the
-# later pattern win, the quantizer keeps the layer float (its node stays excluded).
-DISAGREE = pytest.mark.xfail(
-    strict=True,
-    reason="studio.engine.quantize.resolve_overrides keeps a node a float (FP16/FP32) pattern "
-    "excluded whatever later pattern covers it; studio.core.recipe.effective_precision lets "
-    "the later pattern win",
-)
-KNOWN_DISAGREEMENTS = [
+# A float pattern followed by a later pattern on the same layer: the later pattern wins and
+# quantizes the layer again (scheme defaults, then that pattern) on every side.
+FLOAT_THEN_QUANTIZED = [
     pytest.param("float-then-int16", "W8A8", {"*.o_proj": "FP16", "layers.2": "INT16"},
-                 {"*.o_proj": 4, "layers.2": 9}, marks=DISAGREE, id="float-then-int16"),
+                 {"*.o_proj": 4, "layers.2": 9}, id="float-then-int16"),
     pytest.param("float-then-weight-int4", "W8A16", {"self_attn": "FP16", "q_proj.weight": "INT4"},
-                 {"self_attn": 16, "q_proj.weight": 4}, marks=DISAGREE,
-                 id="float-then-weight-int4"),
+                 {"self_attn": 16, "q_proj.weight": 4}, id="float-then-weight-int4"),
 ]
-ALL = [pytest.param(*c, id=c[0]) for c in CASES] + KNOWN_DISAGREEMENTS
+ALL = [pytest.param(*c, id=c[0]) for c in CASES] + FLOAT_THEN_QUANTIZED
 
 
 def _project(folder: Path, scheme: str, overrides: dict[str, str]) -> projectfile.Project:
