@@ -93,10 +93,15 @@ class _Printer:
 
 
 def _batch(args) -> int:
+    from studio.core import project as projectfile
+    from studio.services.pipeline import plan, preflight
     from studio.services.session import Studio
 
-    studio = Studio.open(Path(args.batch))
     stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
+    # the plan and its inputs first: bad input is refused before the project folder exists
+    project = projectfile.load(Path(args.batch))
+    preflight(project, plan(project, stages, args.target))
+    studio = Studio(project)
     if not args.quiet:
         if studio.interrupted_jobs:
             print(f"note: {studio.interrupted_jobs} job(s) of an earlier run were interrupted; "

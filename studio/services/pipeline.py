@@ -44,6 +44,11 @@ __all__ = ["PlannedJob", "Pipeline", "RunSummary", "plan", "preflight", "tool_ve
 
 
 # ---- preflight: the declared file references, checked by kind ------------------------------
+# Content keys of checkpoints verified by this process (a pure function of content and
+# code version, so remembering it is safe).
+_VERIFIED: set[str] = set()
+
+
 def _cached_check(project: Project, refs: list[str], what: str,
                   check: Callable[[], Any]) -> None:
     """Run a checkpoint check once per content: the verdict is kept in the project folder,
@@ -60,7 +65,9 @@ def _cached_check(project: Project, refs: list[str], what: str,
         done = {}
     if key in done:
         return
-    check()
+    if key not in _VERIFIED:  # checked earlier in this process, before the folder existed
+        check()
+        _VERIFIED.add(key)
     done[key] = {"what": what, "refs": refs, "checked": time.time()}
     if project.folder.is_dir():
         atomic_write_json(cache, done)

@@ -73,9 +73,11 @@ def source_ref(kind: str, source: str) -> str:
         return f"sample:{source}"
     path = Path(source).expanduser().resolve()
     if kind == "checkpoint":
-        from studio.engine import hf_import
+        from studio.engine import checkpoint_check
 
-        hf_import.open_checkpoint(path)
+        # family, complete weights matching config.json, a tokenizer that fits: seconds now
+        # instead of a crash minutes into the export
+        checkpoint_check.check_checkpoint(path)
         return str(path)
     from studio.engine.onnx_import import open_onnx
 

@@ -162,9 +162,15 @@ def test_a_second_run_on_the_same_project_is_refused(tmp_path):
 def test_new_from_a_checkpoint_folder(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+    import shutil
+
+    from studio.core.samples import sample_path
+
+    LlamaForCausalLM(LlamaConfig(vocab_size=2048, hidden_size=32, intermediate_size=64,
                                  num_hidden_layers=1, num_attention_heads=2,
                                  num_key_value_heads=1)).save_pretrained(tmp_path / "llama")
+    # a checkpoint comes with its tokenizer (here the sample's, 2048 tokens)
+    shutil.copy(sample_path("tiny-coder") / "tokenizer.json", tmp_path / "llama")
     r = studio("new", tmp_path / "l.qstudio", "--checkpoint", tmp_path / "llama",
                "--target", "snapdragon-8-elite", "--scheme", "W8A8")
     assert r.returncode == 0, r.stderr
