@@ -218,8 +218,10 @@ def render_html(data: dict[str, Any]) -> str:
             out.append(f"<tr><td>{_e(tgt)}</td><td>FP32, host CPU (reference)</td>"
                        f"<td>—</td><td>—</td><td>—</td><td>{_fmt(v['perplexity_fp32'])}</td>"
                        f"<td>{badge('measured')}</td></tr>")
+            # the HTP row's label and source come from the device that ran it
             for key, name, src in (("host_qdq", "quantized QDQ, host CPU", "measured"),
-                                   ("htp", "quantized, HTP simulator", "simulated")):
+                                   ("htp", f"quantized, {v.get('device', 'HTP simulator')}",
+                                    v.get("source", "simulated"))):
                 r = v[key]
                 out.append(
                     f"<tr><td>{_e(tgt)}</td><td>{name}</td><td>{_fmt(r['logits_cosine_mean'])} / "
@@ -229,7 +231,8 @@ def render_html(data: dict[str, Any]) -> str:
         out.append("</table><p class='muted'>Teacher-forced on held-out text "
                    f"({next(iter(vals.values()))['tokens']} tokens).</p>")
         for v in vals.values():
-            out.append(f"<p><b>Greedy, {_e(v.get('target'))}</b> {badge('simulated')} — "
+            out.append(f"<p><b>Greedy, {_e(v.get('target'))}</b> "
+                       f"{badge(v.get('source', 'simulated'))} — "
                        f"{v['greedy_agreement']:.0%} of tokens identical position by position, "
                        f"{v.get('greedy_prefix_agreement', 0):.0%} before the first divergence "
                        f"({v.get('greedy_prompts', 1)} prompts)<br>Project prompt, FP32: "

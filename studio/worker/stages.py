@@ -293,7 +293,8 @@ def validate(ctx: StageContext, progress: Progress) -> dict[str, Any]:
             sub.update(0, f"teacher-forced logits: {name}, {len(w)} tokens")
             logits[name].append(gen.teacher_forced_logits(w, progress=sub))
             done += 1
-    res: dict[str, Any] = {"tokens": len(ids), "windows": len(windows), "target": chip.key}
+    res: dict[str, Any] = {"tokens": len(ids), "windows": len(windows), "target": chip.key,
+                           "device": dev.name, "device_id": dev.id, "source": dev.source}
     ppl = {}
     for name in runners:
         nll = cnt = 0.0
