@@ -135,3 +135,106 @@ def validation_table(jobs: JobStore, run_id: int
         cols["htp"]["greedy_prefix_agreement"] = r.get("greedy_prefix_agreement")
         out[job.target] = cols
     return out
+
+
+# ---- validation by run, for the Validation page (read-only helpers) ---------------------------
+#: the columns of ``validation_table``: FP32 on the host, the quantized model on the host
+#: (QDQ in ONNX Runtime) and on the HTP (the simulator today)
+VALIDATION_COLUMNS: tuple[str, ...] = ("fp32", "host_qdq", "htp")
+#: the figures of ``validation_table``, in the order a page lists them
+VALIDATION_FIGURES: tuple[str, ...] = (
+    "perplexity", "logits_cosine_mean", "logits_cosine_min", "logits_max_abs_error",
+    "top1_agreement", "greedy_agreement", "greedy_prefix_agreement",
+)
+#: figures of ``validation_table`` where a smaller value is better
+VALIDATION_LOWER_IS_BETTER = frozenset({"perplexity", "logits_max_abs_error"})
+# the metric that says where each column's figures come from
+_COLUMN_METRIC = {"fp32": "perplexity_fp32", "host_qdq": "perplexity_host_qdq",
+                  "htp": "perplexity_quantized"}
+
+
+def run_info(project: Project, jobs: JobStore, run_id: int) -> RunInfo | None:
+    """One run as ``runs`` describes it (None: not in the history)."""
+    r = jobs.run(run_id)
+    if r is None:
+        return None
+    config = r.get("config")
+    cfg: dict[str, Any] = config if isinstance(config, dict) else {}
+    state = r["state"]
+    if state == "running" and not RunLock(project.folder).held():
+        state = "interrupted"
+    return RunInfo(r["id"], state, r["created"], r["finished"], cfg.get("settings"),
+                   cfg.get("stages"))
+
+
+def validation_runs(project: Project, jobs: JobStore, limit: int = 100) -> list[RunInfo]:
+    """Runs with at least one succeeded validate job (cached ones count), newest first."""
+    ids = sorted({j.run_id for j in jobs.jobs(limit=50 * limit)
+                  if j.stage == "validate" and j.state == "succeeded" and j.result},
+                 reverse=True)[:limit]
+    return [info for i in ids if (info := run_info(project, jobs, i)) is not None]
+
+
+def validation_sources(jobs: JobStore, run_id: int) -> dict[str, dict[str, dict[str, str]]]:
+    """Per target, where each column of ``validation_table`` comes from:
+    ``{target: {"fp32": {"source": "measured", "device": "host-cpu"}, ...}}``. FP32 and host
+    QDQ run on the host CPU; HTP on the device the validate job ran on."""
+    out: dict[str, dict[str, dict[str, str]]] = {}
+    for job in jobs.jobs(run_id=run_id):
+        if job.stage != "validate" or job.state != "succeeded" or not job.result:
+            continue
+        ms = jobs.metrics(job_id=job.id)
+        cols = {"fp32": {"source": "measured", "device": "host-cpu"},
+                "host_qdq": {"source": "measured", "device": "host-cpu"},
+                "htp": {"source": "simulated", "device": "htp-sim"}}
+        off_host = next((m for m in ms if m.device != "host-cpu"), None)
+        if off_host is not None:
+            cols["htp"] = {"source": off_host.source, "device": off_host.device}
+        for col, name in _COLUMN_METRIC.items():
+            m = next((m for m in ms if m.name == name), None)
+            if m is not None:
+                cols[col] = {"source": m.source, "device": m.device}
+        out[job.target] = cols
+    return out
+
+
+def validation_compare(jobs: JobStore, run_id: int, against: int | None
+                       ) -> dict[str, Any]:
+    """Run ``run_id``'s validation figures next to run ``against``'s (None: no comparison):
+    per target, one row per figure and column with both values, the delta and whether it
+    improved; plus the settings that differ between the two runs (``compare``).
+
+    ``{"run": id, "against": id | None, "settings_recorded": bool, "settings": [...],
+    "targets": {target: [{"figure", "column", "value", "previous", "delta", "relative",
+    "better"}]}}``"""
+    now = validation_table(jobs, run_id)
+    before = validation_table(jobs, against) if against is not None else {}
+    diff: dict[str, Any] = {"settings_recorded": False, "settings": []}
+    if against is not None:
+        c = compare(jobs, against, run_id)
+        diff = {"settings_recorded": c["settings_recorded"], "settings": c["settings"]}
+    targets: dict[str, list[dict[str, Any]]] = {}
+    for target in sorted(set(now) | set(before)):
+        rows = []
+        for fig in VALIDATION_FIGURES:
+            for col in VALIDATION_COLUMNS:
+                b = now.get(target, {}).get(col, {}).get(fig)
+                a = before.get(target, {}).get(col, {}).get(fig)
+                if a is None and b is None:
+                    continue
+                delta = rel = better = None
+                if a is not None and b is not None:
+                    delta = b - a
+                    rel = delta / abs(a) if a else None
+                    if delta:
+                        better = (delta < 0) == (fig in VALIDATION_LOWER_IS_BETTER)
+                rows.append({"figure": fig, "column": col, "value": b, "previous": a,
+                             "delta": delta, "relative": rel, "better": better})
+        targets[target] = rows
+    return {"run": run_id, "against": against, **diff, "targets": targets}
+
+
+def newest_run_with_results(project: Project, jobs: JobStore) -> RunInfo | None:
+    """The newest run that recorded a figure (the run the Overview's cards come from)."""
+    ids = runs_with_results(jobs)
+    return run_info(project, jobs, ids[0]) if ids else None

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import time
+import asyncio
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
@@ -21,13 +21,14 @@ from PySide6.QtWidgets import (
 from studio.core.errors import StudioError
 from studio.core.modelinfo import ModelInfo
 from studio.core.project import STAGES
-from studio.services import ui_support
+from studio.services import history, ui_support
 from studio.ui.pages.base import Page
+from studio.ui.pages.cards import CardGrid, RunCard
+from studio.ui.pages.figures import fmt_card, when
+from studio.ui.theme import STATE_COLORS
 from studio.ui.widgets import (
     ChipList,
-    MetricCard,
     SourceBadge,
-    fmt_value,
     human_bytes,
     human_count,
     label,
@@ -44,6 +45,9 @@ METRIC_TITLES = {
     "perplexity_fp32": "perplexity (FP32)",
     "perplexity_host_qdq": "perplexity (host QDQ)",
     "greedy_agreement": "greedy token agreement",
+    "greedy_prefix_agreement": "greedy prefix agreement",
+    "logits_cosine_host_qdq": "logits cosine, host QDQ",
+    "top1_agreement_host_qdq": "top-1 agreement, host QDQ",
     "prefill_ms": "prefill",
     "decode_ms_per_token": "decode per token",
     "decode_tokens_per_s": "decode speed",
@@ -89,7 +93,7 @@ class TargetsDialog(QDialog):
 
 class OverviewPage(Page):
     title = "Overview"
-    subtitle = "The model, where it goes, how it is quantized, and what the last runs measured."
+    subtitle = "The model, where it goes, how it is quantized, and what the newest run measured."
 
     def __init__(self, ctl, parent=None):
         super().__init__(ctl, parent)
@@ -145,13 +149,73 @@ class OverviewPage(Page):
         top.addLayout(right, 2)
         lay.addLayout(top)
 
-        self.results_box = QGroupBox("Latest results")
-        self.results_layout = QVBoxLayout(self.results_box)
+        self.results_box = QGroupBox("Results")
+        rl = self.results_layout = QVBoxLayout(self.results_box)
+        self.run_label = label("", wrap=True)
+        self.run_label.setTextFormat(Qt.TextFormat.RichText)
+        rl.addWidget(self.run_label)
+        self.stale_banner = QFrame()
+        self.stale_banner.setProperty("role", "banner")
+        sb = QHBoxLayout(self.stale_banner)
+        sb.setContentsMargins(8, 4, 8, 4)
+        self.stale_text = label("", wrap=True)
+        sb.addWidget(self.stale_text, 1)
+        self.rerun_button = QPushButton("Run again")
+        self.rerun_button.setToolTip("Run the stages this run asked for (unchanged ones are cached)")
+        self.rerun_button.clicked.connect(self.run_again)
+        sb.addWidget(self.rerun_button, 0, Qt.AlignmentFlag.AlignVCenter)
+        self.stale_banner.hide()
+        rl.addWidget(self.stale_banner)
+        self.keys_note = label("", "muted", wrap=True)
+        self.keys_note.hide()
+        rl.addWidget(self.keys_note)
+        self.cards = CardGrid()
+        rl.addWidget(self.cards)
+        self.no_results = QWidget()
+        nl = QVBoxLayout(self.no_results)
+        nl.setContentsMargins(0, 0, 0, 0)
+        nl.addWidget(
+            label(
+                "No results yet. Run the pipeline (Jobs page, or Run ▸ Run Pipeline, F5): export "
+                "and quantize report their times (measured on this machine), validate reports "
+                "accuracy on the HTP simulator (simulated), run reports tokens per second "
+                "(measured on the CPU, simulated on the HTP simulator). Every figure shows its "
+                "source and the run it comes from.",
+                "empty-text",
+                wrap=True,
+            )
+        )
+        go = QPushButton("Go to Jobs")
+        go.clicked.connect(lambda: self.navigate.emit("Jobs"))
+        nl.addWidget(go, 0, Qt.AlignmentFlag.AlignLeft)
+        rl.addWidget(self.no_results)
+        self.legend = label(
+            "measured: timed on the named device · simulated: QNN HTP simulator on this x86 "
+            "machine — real HTP numerics, but its times follow the host CPU and are not device "
+            "latency · estimated: the studio's performance model · imported: from your files. "
+            "Every card comes from the one run named above; earlier runs are compared on the "
+            "Validation page.",
+            "muted",
+            wrap=True,
+        )
+        rl.addWidget(self.legend)
         lay.addWidget(self.results_box)
         lay.addStretch(1)
+        self.scroll = scroll
+        self._run: history.RunInfo | None = None
+        self._card_jobs: list = []
+        self._keys: dict[str, str] | None = None
+        self._keys_error = ""
+        self._keys_gen = 0
+        self._keys_task: asyncio.Future | None = None
+        self._keys_timer = QTimer(self)
+        self._keys_timer.setSingleShot(True)
+        self._keys_timer.setInterval(300)
+        self._keys_timer.timeout.connect(self.check_stale)
 
         ctl.model_ready.connect(self._show_model)
         ctl.job_event.connect(self._on_job)
+        ctl.run_state.connect(self._on_run_state)
 
     # ---- session --------------------------------------------------------------------------
     def on_show(self) -> None:
@@ -176,8 +240,12 @@ class OverviewPage(Page):
 
     def on_close(self) -> None:
         self.title_label.setText(self.title)
+        self._keys_gen += 1
+        self._keys = None
+        self._run = None
 
     def on_change(self, change) -> None:
+        self._keys_timer.start()  # the project changed: are the figures still its own?
         sections = {s for s, _ in change}
         keys = {k for _, k in change}
         if "" in sections and "targets" in keys:
@@ -188,6 +256,10 @@ class OverviewPage(Page):
             self._show_recipe()
         if "export" in sections and isinstance(self.ctl.model, ModelInfo):
             self._show_model(self.ctl.model)
+
+    def _on_run_state(self, _run_id: int, _state: str) -> None:
+        """A run that starts or ends (even one that recorded nothing) changes the run line."""
+        self.later(self._show_results, 300)
 
     def _on_job(self, job) -> None:
         if job.state == "succeeded":
@@ -354,61 +426,134 @@ class OverviewPage(Page):
 
     # ---- results ------------------------------------------------------------------------------
     def _show_results(self) -> None:
-        _clear(self.results_layout)
-        runs = self.ctl.studio.jobs.runs(1)
-        if runs:
-            r = runs[0]
-            color = {"succeeded": "#1b8a3f", "failed": "#c62828"}.get(r["state"], "#9a6700")
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"]))
-            self.results_layout.addWidget(
-                label(
-                    f"Last run: #{r['id']} <span style='color:{color}'><b>{r['state']}</b></span>, "
-                    f"started {when} — details on the Jobs page"
+        """The figures of the newest run with figures, each card naming its run; the stale
+        marks follow when the project's current keys are known (computed in a thread)."""
+        studio = self.ctl.studio
+        info = history.newest_run_with_results(studio.project, studio.jobs)
+        newest = studio.jobs.runs(1)
+        self._run = info
+        has = info is not None
+        self.no_results.setVisible(not has)
+        self.cards.setVisible(has)
+        self.legend.setVisible(has)
+        if info is None:
+            self.results_box.setTitle("Results")
+            self._card_jobs = []
+            self.cards.set_cards([])
+            self.stale_banner.hide()
+            if newest:
+                r = newest[0]
+                self.run_label.setText(
+                    f"Run {r['id']} {self._state(r['state'])}, started {when(r['created'])}, "
+                    "recorded no figures — details on the Jobs page"
                 )
-            )
-        pairs = ui_support.latest_metrics(self.ctl.studio.jobs)
-        if not pairs:
-            self.results_layout.addWidget(
-                label(
-                    "No results yet. Run the pipeline (Jobs page, or Run ▸ Run Pipeline, F5): export "
-                    "and quantize report their times (measured on this machine), validate reports "
-                    "accuracy on the HTP simulator (simulated), run reports tokens per second "
-                    "(measured on the CPU, simulated on the HTP simulator). Every figure shows its "
-                    "source.",
-                    "empty-text",
-                    wrap=True,
-                )
-            )
-            go = QPushButton("Go to Jobs")
-            go.clicked.connect(lambda: self.navigate.emit("Jobs"))
-            self.results_layout.addWidget(go, 0, Qt.AlignmentFlag.AlignLeft)
+            self.run_label.setVisible(bool(newest))
             return
-        grid = QGridLayout()
-        grid.setHorizontalSpacing(8)
-        grid.setVerticalSpacing(8)
-        cols = 4
-        for i, (job, m) in enumerate(pairs):
-            where = job.label + (" (cached)" if job.cached else "") + f" · {m.device}"
-            card = MetricCard(
-                metric_title(m.name), fmt_value(m.value, m.unit), m.source, where, m.detail
-            )
-            card.setToolTip(
-                f"{m.name} from job #{job.id} ({job.label})" + (f"\n{m.detail}" if m.detail else "")
-            )
-            grid.addWidget(card, i // cols, i % cols)
-        for c in range(cols):
-            grid.setColumnStretch(c, 1)
-        self.results_layout.addLayout(grid)
-        self.results_layout.addWidget(
-            label(
-                "measured: timed on the named device · simulated: QNN HTP simulator on this x86 "
-                "machine — real HTP numerics, but its times follow the host CPU and are not device "
-                "latency · estimated: the studio's performance model · imported: from your files. "
-                "Each card shows the newest job of its stage.",
-                "muted",
-                wrap=True,
-            )
+        self.results_box.setTitle(f"Results of run {info.id}")
+        asked = ", ".join(info.stages) if info.stages else "the project's stages"
+        text = (
+            f"Run {info.id} {self._state(info.state)}, started {when(info.created)}, "
+            f"asked for {asked} — every card below comes from this run; details on the Jobs page"
         )
+        if newest and newest[0]["id"] != info.id:
+            r = newest[0]
+            text = (
+                f"Run {r['id']} ({self._state(r['state'])}) has no figures yet; showing run "
+                f"{info.id}.<br>" + text
+            )
+        self.run_label.setText(text)
+        self.run_label.show()
+        cards, jobs = [], []
+        for job, m in history.run_metrics(studio.jobs, info.id):
+            where = f"run {info.id} · {job.stage}"
+            if job.target:
+                where += f" · {job.target}"
+            if m.device not in job.target:
+                where += f" · {m.device}"
+            if job.cached:
+                where += " · cached"
+            card = RunCard(
+                metric_title(m.name), fmt_card(m.name, m.value, m.unit), m.source, where,
+                m.detail,
+            )
+            tip = f"{m.name} from job #{job.id} ({job.label}) of run {info.id}"
+            if job.cached:
+                tip += " (cached: its inputs and settings were those of an earlier run)"
+            card.setToolTip(tip + (f"\n{m.detail}" if m.detail else ""))
+            cards.append(card)
+            jobs.append(job)
+        self._card_jobs = jobs
+        self.cards.set_cards(cards)
+        self._mark_stale()
+        self.check_stale()
+
+    @staticmethod
+    def _state(state: str) -> str:
+        color = STATE_COLORS.get(state, "#9a6700")
+        return f"<span style='color:{color}'><b>{state}</b></span>"
+
+    def check_stale(self) -> asyncio.Future | None:
+        """Compute the keys the project would give each job now, in a thread (it hashes the
+        input files), then mark the cards whose job's key differs. Returns the task."""
+        studio = self.ctl.studio
+        if studio is None:
+            return None
+        self._keys_gen += 1
+        gen = self._keys_gen
+        project = studio.project.copy()
+
+        async def go() -> None:
+            keys, error = None, ""
+            try:
+                keys = await self.ctl.in_thread(history.current_keys, project)
+            except StudioError as exc:
+                error = exc.message
+            except Exception as exc:  # noqa: BLE001 - shown as a note on the page
+                error = str(exc)
+            if gen != self._keys_gen or self.ctl.studio is not studio:
+                return  # a newer check, or another project
+            self._keys, self._keys_error = keys, error
+            self._mark_stale()
+
+        try:
+            self._keys_task = asyncio.ensure_future(go())
+        except RuntimeError:  # no event loop (a bare QApplication): no stale marks
+            self._keys_task = None
+        return self._keys_task
+
+    def _mark_stale(self) -> None:
+        keys = self._keys
+        stale_labels: list[str] = []
+        for job, card in zip(self._card_jobs, self.cards.cards, strict=True):
+            is_stale = keys is not None and history.stale(job, keys)
+            # a non-breaking hyphen: "re-" and "run" never end up on two lines of a card
+            card.set_stale(
+                f"settings changed since run {job.run_id}: re\u2011run" if is_stale else ""
+            )
+            if is_stale and job.stage not in stale_labels:
+                stale_labels.append(job.stage)
+        run = self._run
+        if stale_labels and run is not None:
+            self.stale_text.setText(
+                f"Settings changed since run {run.id}: its {', '.join(stale_labels)} figures "
+                "no longer match the project. Run again to update them (stages whose inputs "
+                "did not change come from the cache)."
+            )
+        self.stale_banner.setVisible(bool(stale_labels) and run is not None)
+        self.keys_note.setText(
+            f"Cannot tell whether these figures match the project now: {self._keys_error}"
+            if self._keys_error
+            else ""
+        )
+        self.keys_note.setVisible(bool(self._keys_error) and run is not None)
+
+    def stale_cards(self) -> list[RunCard]:
+        return [c for c in self.cards.cards if c.stale]
+
+    def run_again(self) -> None:
+        """Run the stages the shown run asked for, with the project as it is now."""
+        run = self._run
+        self.run_stages(run.stages if run is not None else None)
 
 
 def main() -> int:

@@ -1,0 +1,114 @@
+"""Figure cards that name their run, and a grid that reflows them to the width it gets (so a
+page of cards never scrolls sideways)."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtWidgets import QFrame, QGridLayout, QHBoxLayout, QLayout, QVBoxLayout, QWidget
+
+from studio.ui.widgets import SourceBadge, label
+
+STALE_COLOR = "#9a6700"
+
+
+class RunCard(QFrame):
+    """One figure of one run: what it is (never cut), its value and source, the run and job
+    it comes from, and (``set_stale``) a note when the project has changed since."""
+
+    def __init__(
+        self,
+        title: str,
+        value: str,
+        source: str,
+        where: str,
+        note: str = "",
+        parent: QWidget | None = None,
+    ):
+        super().__init__(parent)
+        self.setProperty("role", "card")
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(10, 8, 10, 8)
+        lay.setSpacing(2)
+        self.title = label(title, "muted")  # one line: the card is never narrower than it
+        lay.addWidget(self.title)
+        row = QHBoxLayout()
+        self.value = label(value, "metric-value")
+        row.addWidget(self.value)
+        row.addStretch(1)
+        self.badge = SourceBadge(source, note)
+        row.addWidget(self.badge, 0, Qt.AlignmentFlag.AlignVCenter)
+        lay.addLayout(row)
+        self.where = label(where, "muted", wrap=True)
+        lay.addWidget(self.where)
+        self.stale_label = label("", wrap=True)
+        self.stale_label.setStyleSheet(f"color: {STALE_COLOR};")
+        self.stale_label.hide()
+        lay.addWidget(self.stale_label)
+        lay.addStretch(1)
+        if note:
+            self.setToolTip(note)
+
+    @property
+    def stale(self) -> bool:
+        return not self.stale_label.isHidden()
+
+    def set_stale(self, text: str) -> None:
+        """Mark the card stale with ``text`` ("" clears it)."""
+        self.stale_label.setText(f"⚠ {text}" if text else "")
+        self.stale_label.setVisible(bool(text))
+
+
+class CardGrid(QWidget):
+    """Cards in as many equal columns as fit the width (at least one); its minimum width is
+    one card's, so a scroll area around it never needs to scroll sideways."""
+
+    def __init__(self, min_card_width: int = 190, spacing: int = 8, parent=None):
+        super().__init__(parent)
+        self.min_card_width = min_card_width
+        self.grid = QGridLayout(self)
+        self.grid.setContentsMargins(0, 0, 0, 0)
+        self.grid.setSpacing(spacing)
+        # the layout must not make the widget as wide as the current columns need
+        self.grid.setSizeConstraint(QLayout.SizeConstraint.SetNoConstraint)
+        self.cards: list[QWidget] = []
+        self.columns = 0
+
+    def card_width(self) -> int:
+        """The width every column needs: the widest card's minimum."""
+        return max([self.min_card_width] + [c.minimumSizeHint().width() for c in self.cards])
+
+    def columns_for(self, width: int) -> int:
+        sp = self.grid.spacing()
+        n = (width + sp) // (self.card_width() + sp)
+        return max(1, min(n, len(self.cards) or 1))
+
+    def set_cards(self, cards: list[QWidget]) -> None:
+        for c in self.cards:
+            self.grid.removeWidget(c)
+            c.deleteLater()
+        self.cards = list(cards)
+        self.columns = 0
+        self._relayout(self.width())
+
+    def _relayout(self, width: int) -> None:
+        cols = self.columns_for(width)
+        if cols == self.columns:
+            return
+        for c in self.cards:
+            self.grid.removeWidget(c)
+        for i, c in enumerate(self.cards):
+            self.grid.addWidget(c, i // cols, i % cols)
+        for c in range(max(cols, self.columns, 1) + 1):
+            self.grid.setColumnStretch(c, 1 if c < cols else 0)
+        self.columns = cols
+        self.updateGeometry()
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._relayout(event.size().width())
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(self.card_width() if self.cards else 0, self.grid.minimumSize().height())
+
+    def sizeHint(self) -> QSize:
+        return QSize(self.card_width(), self.grid.sizeHint().height())

@@ -1,0 +1,124 @@
+"""How the run pages write figures: titles, values at a precision that shows a recipe change
+(a logits cosine of 0.99998 is not "1"), deltas, and run labels."""
+
+from __future__ import annotations
+
+import time
+
+from studio.ui.widgets import fmt_value
+
+#: what ``services.history.validation_table``'s figures are called on screen
+FIGURE_TITLES = {
+    "perplexity": "perplexity",
+    "logits_cosine_mean": "logits cosine, mean",
+    "logits_cosine_min": "logits cosine, min",
+    "logits_max_abs_error": "max abs logit error",
+    "top1_agreement": "top-1 agreement",
+    "greedy_agreement": "greedy agreement",
+    "greedy_prefix_agreement": "greedy prefix agreement",
+}
+FIGURE_TIPS = {
+    "perplexity": "Perplexity on the project's held-out text (lower is better).",
+    "logits_cosine_mean": "Mean cosine similarity of each token's logits with FP32's "
+    "(higher is better).",
+    "logits_cosine_min": "The worst token's logits cosine with FP32 (higher is better).",
+    "logits_max_abs_error": "The largest absolute difference of any logit from FP32 "
+    "(lower is better).",
+    "top1_agreement": "Tokens whose most likely next token is FP32's (higher is better).",
+    "greedy_agreement": "Greedy-decoded tokens identical to FP32's, position by position.",
+    "greedy_prefix_agreement": "Greedy tokens identical to FP32's before the first divergence.",
+}
+#: the columns of the validation table
+COLUMN_TITLES = {"fp32": "FP32", "host_qdq": "host QDQ", "htp": "HTP"}
+DEVICE_TITLES = {"host-cpu": "CPU", "htp-sim": "simulator"}
+FRACTIONS = {"top1_agreement", "greedy_agreement", "greedy_prefix_agreement"}
+BETTER_COLOR, WORSE_COLOR, SAME_COLOR = "#1b8a3f", "#c62828", "#7a7f87"
+
+
+def column_title(column: str, device: str) -> str:
+    """``"HTP · simulator"``: the column and where its figures were taken."""
+    where = DEVICE_TITLES.get(device.split(":", 1)[0], device)
+    return f"{COLUMN_TITLES.get(column, column)} · {where}"
+
+
+def _minus(text: str) -> str:
+    return text.replace("-", "−")
+
+
+def fmt_figure(name: str, value: float | None, unit: str = "") -> str:
+    """A figure at the precision its changes need."""
+    if value is None:
+        return "—"
+    if "cosine" in name:
+        return f"{value:.6f}"
+    if name in FRACTIONS or unit == "fraction":
+        return f"{value:.1%}"
+    if "perplexity" in name:
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.2f}"
+    return fmt_value(value, unit)
+
+
+def fmt_delta(name: str, delta: float | None, relative: float | None = None) -> str:
+    """The change from the earlier run: ``+0.224 (+0.18%)``, ``−1.4 pp``, ``unchanged``."""
+    if delta is None:
+        return "—"
+    if delta == 0:
+        return "unchanged"
+    if "cosine" in name:
+        return _minus(f"{delta:+.6f}")
+    if name in FRACTIONS:
+        return _minus(f"{delta * 100:+.1f} pp")
+    text = f"{delta:+.3f}" if abs(delta) >= 1e-3 else f"{delta:+.2e}"
+    if relative is not None:
+        text += f" ({relative:+.2%})"
+    return _minus(text)
+
+
+def delta_color(better: bool | None) -> str:
+    return SAME_COLOR if better is None else (BETTER_COLOR if better else WORSE_COLOR)
+
+
+def when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(epoch))
+
+
+def recipe_text(settings: dict | None) -> str:
+    """``W8A16, per-channel weights`` from a run's recorded settings."""
+    if not settings:
+        return "settings not recorded"
+    q = settings.get("quantization") or {}
+    parts = [str(q.get("scheme", "?"))]
+    if q.get("weight_granularity"):
+        parts.append(f"{str(q['weight_granularity']).replace('_', '-')} weights")
+    if q.get("overrides"):
+        parts.append(f"{len(q['overrides'])} override(s)")
+    return ", ".join(parts)
+
+
+def run_label(info) -> str:
+    """``run 7 — 2026-12-01 14:03 — succeeded — W8A16, per-channel weights``."""
+    return f"run {info.id} — {when(info.created)} — {info.state} — {recipe_text(info.settings)}"
+
+
+def setting_value(value) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {v}" for k, v in value.items()) or "none"
+    if value is None:
+        return "unset"
+    return str(value)
+
+
+def fmt_metric(name: str, value: float, unit: str = "") -> str:
+    """A recorded metric as a card or list shows it: like ``fmt_value``, but a cosine keeps
+    the digits where quantization shows (0.999977, not 1)."""
+    if "cosine" in name:
+        return f"{value:.6f}".rstrip("0").rstrip(".") or "0"
+    return fmt_value(value, unit)
+
+
+def fmt_card(name: str, value: float, unit: str = "") -> str:
+    """A figure on an Overview card: perplexity and cosine at the precision a recipe change
+    moves them, anything else as ``fmt_value``."""
+    if "perplexity" in name or "cosine" in name:
+        return fmt_figure(name, value, unit)
+    return fmt_value(value, unit)
