@@ -160,9 +160,9 @@ def test_a_second_run_on_the_same_project_is_refused(tmp_path):
 
 
 def test_new_from_a_checkpoint_folder(tmp_path):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     from studio.core.samples import sample_path
 
