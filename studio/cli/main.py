@@ -131,8 +131,8 @@ def _batch(args) -> int:
 
 
 def _new(args) -> int:
+    from studio.services.projects import source_ref
     from studio.services.session import Studio
-    from studio.services.ui_support import source_ref
 
     # an unknown sample or a folder that is not a checkpoint: a clear error, nothing written
     if args.sample:
@@ -164,7 +164,7 @@ def _layers(p) -> tuple[list[dict[str, Any]] | None, list[str] | None, str | Non
     """(layer table, unmatched override patterns, why there is no table)."""
     from studio.core.modelinfo import ModelInfo
     from studio.services import precision
-    from studio.services.ui_support import describe_model
+    from studio.services.projects import describe_model
 
     try:
         info = describe_model(p)

@@ -8,6 +8,7 @@ report all call these; nothing here imports Qt.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from studio.core import compare as _compare
@@ -238,3 +239,56 @@ def newest_run_with_results(project: Project, jobs: JobStore) -> RunInfo | None:
     """The newest run that recorded a figure (the run the Overview's cards come from)."""
     ids = runs_with_results(jobs)
     return run_info(project, jobs, ids[0]) if ids else None
+
+
+# ---- the newest results of each stage (across runs) -------------------------------------
+def latest_jobs(jobs: JobStore, stage: str, state: str = "succeeded") -> list[Job]:
+    """The newest job of ``stage`` in ``state`` per target, newest first."""
+    seen: dict[str, Job] = {}
+    for job in jobs.jobs(limit=2000):  # newest first
+        if job.stage == stage and job.state == state and job.target not in seen:
+            seen[job.target] = job
+    return list(seen.values())
+
+
+def latest_job(jobs: JobStore, stage: str, target: str | None = None) -> Job | None:
+    for job in latest_jobs(jobs, stage):
+        if target is None or job.target == target:
+            return job
+    return None
+
+
+def artifact_dir(studio, job: Job | None) -> Path | None:
+    """The artifact folder a succeeded job produced, when it is still stored."""
+    if job is None or not job.artifact_key:
+        return None
+    art = studio.store.get(job.artifact_key)
+    return art.path if art is not None else None
+
+
+def export_graphs(studio) -> dict[str, Path]:
+    """The ONNX graphs of the newest export (``{"prefill": path, "decode": path}``)."""
+    folder = artifact_dir(studio, latest_job(studio.jobs, "export"))
+    if folder is None:
+        return {}
+    return {
+        g: folder / f"{g}.onnx" for g in ("prefill", "decode") if (folder / f"{g}.onnx").exists()
+    }
+
+
+def profile_totals(studio, job: Job) -> tuple[dict[str, float], str, str]:
+    """(op-type totals, unit, source) of a profile job: the full profile when stored."""
+    folder = artifact_dir(studio, job)
+    if folder is not None and (folder / "profile.json").exists():
+        import json
+
+        from studio.core.profile import Profile
+
+        prof = Profile.from_dict(json.loads((folder / "profile.json").read_text()))
+        return prof.totals_by_op_type(), prof.unit, prof.source
+    res = job.result or {}
+    return (
+        dict(res.get("by_op_type", {})),
+        str(res.get("unit", "")),
+        str(res.get("source", "simulated")),
+    )

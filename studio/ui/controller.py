@@ -39,7 +39,7 @@ from studio.core import project as projectfile
 from studio.core.commands import Change, SetValue
 from studio.core.errors import StudioError
 from studio.core.jobs import FINAL, Job
-from studio.services import ui_support
+from studio.services import projects
 from studio.ui.settings import AppSettings
 
 
@@ -88,9 +88,9 @@ class ProjectController(QObject):
         self._task: asyncio.Task | None = None
         self._active: dict[int, Job] = {}  # queued / running jobs of the current run
         self._notified_failures: set[int] = set()
-        self._disk_sig: ui_support.FileSignature | None = None
+        self._disk_sig: projects.FileSignature | None = None
         self._base: dict[str, Any] | None = None
-        self._disk_reported: ui_support.FileSignature | None = None
+        self._disk_reported: projects.FileSignature | None = None
         self._model: Any = None
         self._model_task: asyncio.Future | None = None
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="qstudio-io")
@@ -128,9 +128,9 @@ class ProjectController(QObject):
         studio = Studio.open(path)
         self._attach(studio)
 
-    def create(self, spec: ui_support.NewProjectSpec) -> None:
+    def create(self, spec: projects.NewProjectSpec) -> None:
         """The wizard's accept: validate, write the project file, open it."""
-        studio = ui_support.create_project(spec)
+        studio = projects.create_project(spec)
         self._attach(studio)
 
     def _attach(self, studio) -> None:
@@ -143,7 +143,7 @@ class ProjectController(QObject):
         studio.commands.listeners.append(self._on_command)
         path = studio.project.path
         self._base = studio.project.to_dict()  # what unsaved edits are made on
-        self._disk_sig = ui_support.file_signature(path)
+        self._disk_sig = projects.file_signature(path)
         self._disk_reported = None
         self.settings.add_recent(path)
         self.settings.last_folder = path.parent
@@ -160,7 +160,7 @@ class ProjectController(QObject):
                 f"{studio.interrupted_jobs} job(s) of an earlier run were interrupted when its "
                 "process ended; run the pipeline again to finish them (finished stages are cached)",
             )
-        found = ui_support.read_autosave(studio.project)
+        found = projects.read_autosave(studio.project)
         if found is not None:
             _, edits, when = found
             self.autosave_found.emit(edits, when)
@@ -183,7 +183,7 @@ class ProjectController(QObject):
         if studio.commands.dirty and unsaved == "keep":
             self.autosave_now()
         else:
-            ui_support.discard_autosave(studio.project)
+            projects.discard_autosave(studio.project)
         self.studio = None
         self._active.clear()
         self._model = None
@@ -224,18 +224,18 @@ class ProjectController(QObject):
         """Save the project file; a SaveConflict when someone else changed it on disk."""
         studio = self._need()
         path = studio.project.path
-        if not force and ui_support.changed_on_disk(self._disk_sig, path):
+        if not force and projects.changed_on_disk(self._disk_sig, path):
             raise SaveConflict(
                 f"{path.name} was changed outside QStudio since it was opened; reload it, or "
                 "save your version over it (the other version is kept in the project folder)"
             )
-        if force and path.exists() and ui_support.changed_on_disk(self._disk_sig, path):
+        if force and path.exists() and projects.changed_on_disk(self._disk_sig, path):
             self.keep_disk_copy()
         out = studio.save()
         self._base = studio.project.to_dict()
-        self._disk_sig = ui_support.file_signature(path)
+        self._disk_sig = projects.file_signature(path)
         self._disk_reported = None
-        ui_support.discard_autosave(studio.project)
+        projects.discard_autosave(studio.project)
         self.dirty_changed.emit(False)
         return out
 
@@ -269,7 +269,7 @@ class ProjectController(QObject):
         if self.studio is None or not self.studio.commands.dirty:
             return None
         try:
-            return ui_support.write_autosave(self.studio.project, self._base)
+            return projects.write_autosave(self.studio.project, self._base)
         except OSError as exc:
             self.message.emit("error", f"autosave failed: {exc}")
             return None
@@ -279,7 +279,7 @@ class ProjectController(QObject):
         if self.studio is None:
             return False
         path = self.studio.project.path
-        now = ui_support.file_signature(path)
+        now = projects.file_signature(path)
         if now is None and self._disk_sig is None:
             return False
         if now is not None and self._disk_sig is not None and now.sha256 == self._disk_sig.sha256:
@@ -302,7 +302,7 @@ class ProjectController(QObject):
 
     def keep_mine(self) -> None:
         """Ignore the change on disk until the next save (which keeps a copy of it)."""
-        self._disk_reported = ui_support.file_signature(self._need().project.path)
+        self._disk_reported = projects.file_signature(self._need().project.path)
 
     # ---- edits ---------------------------------------------------------------------------------
     def set(self, section: str, key: str, value: Any) -> Change:
@@ -486,7 +486,7 @@ class ProjectController(QObject):
 
         async def load():
             try:
-                info = await self.in_thread(ui_support.describe_model, project)
+                info = await self.in_thread(projects.describe_model, project)
             except StudioError as exc:
                 info = exc
             except Exception as exc:  # noqa: BLE001 - shown as a message on the page

@@ -648,15 +648,15 @@ class MainWindow(QMainWindow):
         n.add_action("Discard", self._discard_autosave)
 
     def _discard_autosave(self) -> None:
-        from studio.services import ui_support
+        from studio.services import projects
 
         if self.ctl.project is not None:
-            ui_support.discard_autosave(self.ctl.project)
+            projects.discard_autosave(self.ctl.project)
 
     def _update_devices(self) -> None:
-        from studio.services import ui_support
+        from studio.services import devices
 
-        st = ui_support.device_state()
+        st = devices.device_state()
         sim = st["htp_sim"]
         sim_text = (
             f"HTP simulator ready (onnxruntime-qnn {sim['version']})"

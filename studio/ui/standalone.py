@@ -17,7 +17,7 @@ from pathlib import Path
 
 def sample_project(folder: Path, name: str = "sample"):
     """Write a small sample project (the spec the tests use) and return its path."""
-    from studio.services.ui_support import NewProjectSpec, create_project
+    from studio.services.projects import NewProjectSpec, create_project
 
     spec = NewProjectSpec(
         path=Path(folder) / f"{name}.qstudio",

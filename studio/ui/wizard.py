@@ -1,7 +1,7 @@
 """The new-project wizard: model source → target chips → recipe → name and folder.
 
 The wizard only collects answers: ``spec()`` returns a ``NewProjectSpec`` and ``accept()``
-hands it to ``ProjectController.create`` (``ui_support.create_project``), the same call a
+hands it to ``ProjectController.create`` (``projects.create_project``), the same call a
 test or a script makes.
 """
 
@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (
 from studio.core.errors import StudioError
 from studio.core.project import STAGES
 from studio.core.recipe import DEFAULT_GATES, GATE_HELP, GRANULARITIES, SCHEMES
-from studio.services.ui_support import NewProjectSpec
+from studio.services.projects import NewProjectSpec
 from studio.ui.widgets import ChipList, label
 
 

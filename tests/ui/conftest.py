@@ -57,7 +57,7 @@ def settings(tmp_path):
 
 
 def new_spec(folder: Path, name: str = "proj", **kw):
-    from studio.services.ui_support import NewProjectSpec
+    from studio.services.projects import NewProjectSpec
 
     args = dict(
         path=Path(folder) / f"{name}.qstudio",
@@ -85,7 +85,7 @@ def make_spec():
 @pytest.fixture
 def project_path(tmp_path) -> Path:
     """A fresh sample project (tiny-coder, P=16, C=64, 2 calibration windows), closed."""
-    from studio.services.ui_support import create_project
+    from studio.services.projects import create_project
 
     studio = create_project(new_spec(tmp_path / "projects"))
     path = studio.project.path
@@ -96,7 +96,7 @@ def project_path(tmp_path) -> Path:
 @pytest.fixture(scope="session")
 def exported_template(tmp_path_factory) -> Path:
     """A sample project whose export stage already ran (headless, like studio --batch)."""
-    from studio.services.ui_support import create_project
+    from studio.services.projects import create_project
 
     folder = tmp_path_factory.mktemp("exported")
     studio = create_project(new_spec(folder, "exported"))

@@ -35,6 +35,6 @@ def test_services_helpers_do_not_import_qt():
         "        if name.split('.')[0] in ('PySide6', 'shiboken6', 'pyqtgraph', 'qasync'):\n"
         "            raise ImportError('Qt is not allowed here')\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import studio.services.ui_support\n"
+        "import studio.services.projects, studio.services.history, studio.services.devices\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -8,7 +8,7 @@ import pytest
 
 from studio.core.jobs import JobStore
 from studio.core.modelinfo import LayerInfo, ModelInfo
-from studio.services import ui_support
+from studio.services import projects
 
 
 @pytest.fixture
@@ -143,7 +143,7 @@ def test_model_tree(qtmodeltester, tmp_path):
     from studio.ui.models.model_tree import ModelTreeModel, build_tree
 
     info = _model_info()
-    graph = ui_support.read_onnx_graph(_tiny_onnx(tmp_path / "m.onnx"))
+    graph = projects.read_onnx_graph(_tiny_onnx(tmp_path / "m.onnx"))
     assert graph.nodes[0].module == "model.layers.0.self_attn.q_proj"
     assert graph.nodes[0].params == 256
     assert graph.nodes[0].outputs[0][1] == [1, 16]  # shape inference

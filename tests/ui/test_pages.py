@@ -65,11 +65,11 @@ def test_empty_states_of_a_fresh_project(window, project_path, qtbot):
 
 
 def test_netron_control_is_absent_with_a_hint_when_netron_is_missing(window, project_path):
-    from studio.services import ui_support
+    from studio.services import projects
 
     assert window.open_project(project_path)
     page = window.show_page("Model")
-    if ui_support.netron_available():
+    if projects.netron_available():
         assert page.netron_button.isVisibleTo(page)
     else:
         assert not page.netron_button.isVisibleTo(page)
@@ -104,12 +104,12 @@ def test_open_in_netron_when_netron_is_installed(
 ):
     """With netron importable the button shows; it is enabled once there is a graph to show.
     netron's own start() is replaced so no browser opens."""
-    from studio.services import ui_support
+    from studio.services import projects
 
-    monkeypatch.setattr(ui_support, "netron_available", lambda: True)
+    monkeypatch.setattr(projects, "netron_available", lambda: True)
     served = []
     monkeypatch.setattr(
-        ui_support, "open_in_netron", lambda path: served.append(path) or "http://localhost:8080"
+        projects, "open_in_netron", lambda path: served.append(path) or "http://localhost:8080"
     )
     assert window.open_project(project_path)
     page = window.show_page("Model")

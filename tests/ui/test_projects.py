@@ -12,12 +12,12 @@ from PySide6.QtWidgets import QPushButton
 
 from studio.core import project as projectfile
 from studio.core.errors import StudioError
-from studio.services import ui_support
+from studio.services import projects
 
 
 # ---- creating --------------------------------------------------------------------------------
 def test_wizard_creates_a_project(window, qtbot, tmp_path, make_spec):
-    """The wizard's Finish calls ProjectController.create → ui_support.create_project."""
+    """The wizard's Finish calls ProjectController.create → projects.create_project."""
     from studio.ui.wizard import NewProjectWizard
 
     spec = make_spec(tmp_path)
@@ -76,16 +76,16 @@ def test_wizard_reports_bad_answers_and_stays_open(window, tmp_path):
 
 def test_create_project_service_errors(tmp_path, make_spec):
     with pytest.raises(StudioError, match="no config.json"):
-        ui_support.create_project(
+        projects.create_project(
             make_spec(tmp_path, source_kind="checkpoint", source=str(tmp_path))
         )
     (tmp_path / "junk.onnx").write_bytes(b"not a model")
     with pytest.raises(StudioError, match="not a valid ONNX model"):
-        ui_support.create_project(
+        projects.create_project(
             make_spec(tmp_path, source_kind="onnx", source=str(tmp_path / "junk.onnx"))
         )
     with pytest.raises(StudioError, match="unknown sample"):
-        ui_support.create_project(make_spec(tmp_path, source_kind="sample", source="nope"))
+        projects.create_project(make_spec(tmp_path, source_kind="sample", source="nope"))
     assert not list(tmp_path.glob("*.qstudio"))
 
 

@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
 
 from studio.core.errors import StudioError
 from studio.core.jobs import Job
-from studio.services import ui_support
+from studio.services import history
 from studio.ui.controller import ProjectController
 from studio.ui.widgets import EmptyState, SourceBadge, label
 
@@ -184,7 +184,7 @@ class StagePage(Page):
         return job.target
 
     def refresh(self) -> None:
-        jobs = ui_support.latest_jobs(self.ctl.studio.jobs, self.stage)
+        jobs = history.latest_jobs(self.ctl.studio.jobs, self.stage)
         self._jobs = sorted(jobs, key=self.sort_key)
         if self.set_has_content(bool(self._jobs)):
             self.show_jobs(self._jobs)

@@ -13,7 +13,7 @@ from PySide6.QtWidgets import (
 
 from studio.core.errors import StudioError
 from studio.core.units import format_bytes
-from studio.services import ui_support
+from studio.services import devices
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.pages.base import Page, banner
 from studio.ui.widgets import label
@@ -133,7 +133,7 @@ class DevicesPage(Page):
             self.refresh()
 
     def refresh(self) -> None:
-        state = ui_support.device_state()
+        state = devices.device_state()
         h = state["host"]
         self.host_label.setText(
             f"{h['name']} — {h['system']} {h['machine']}, {h['cpus']} CPU cores\n"

@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
 
 from studio.core.errors import StudioError
 from studio.core.modelinfo import ModelInfo
-from studio.services import ui_support
+from studio.services import history, projects
 from studio.ui.models.model_tree import ModelTreeModel, NodeRole, build_tree
 from studio.ui.pages.base import Page
 from studio.ui.widgets import label
@@ -98,7 +98,7 @@ class ModelPage(Page):
         self._graphs: dict[str, object] = {}
         self._graph_paths: dict[str, object] | None = None  # None: not looked yet
         self._loading: asyncio.Future | None = None
-        self._netron = ui_support.netron_available()
+        self._netron = projects.netron_available()
         self.netron_button.setVisible(self._netron)
         self.netron_hint.setVisible(not self._netron)
         ctl.model_ready.connect(self._model_ready)
@@ -125,7 +125,7 @@ class ModelPage(Page):
             self.later(self._refresh_graphs, 200)
 
     def _refresh_graphs(self) -> None:
-        paths = ui_support.export_graphs(self.ctl.studio)
+        paths = history.export_graphs(self.ctl.studio)
         if paths == self._graph_paths:
             return
         self._graph_paths = paths
@@ -138,7 +138,7 @@ class ModelPage(Page):
             self.graph_combo.setCurrentText(current)
         self.graph_combo.blockSignals(False)
         have = bool(paths)
-        onnx_project = isinstance(self.ctl.model, ui_support.OnnxGraph)
+        onnx_project = isinstance(self.ctl.model, projects.OnnxGraph)
         self.graph_combo.setVisible(have)
         self.graph_label.setVisible(have)
         self.export_button.setVisible(not have and not onnx_project)
@@ -161,7 +161,7 @@ class ModelPage(Page):
             self.status.setText(f"Cannot read the model: {info.message}")
             self.export_button.hide()
             return
-        if isinstance(info, ui_support.OnnxGraph):
+        if isinstance(info, projects.OnnxGraph):
             self.export_button.hide()
             self.graph_combo.hide()
             self.graph_label.hide()
@@ -182,7 +182,7 @@ class ModelPage(Page):
 
         async def load():
             try:
-                graph = await self.ctl.in_thread(ui_support.read_onnx_graph, path)
+                graph = await self.ctl.in_thread(projects.read_onnx_graph, path)
             except StudioError as exc:
                 self.status.setText(exc.message)
                 return
@@ -196,7 +196,7 @@ class ModelPage(Page):
         info = self.ctl.model
         if info is None or isinstance(info, StudioError):
             return
-        if isinstance(info, ui_support.OnnxGraph):
+        if isinstance(info, projects.OnnxGraph):
             root = build_tree(None, info)
             self.status.setText(
                 f"{len(info.nodes):,} nodes of {info.path.name}, grouped by block and module."
@@ -249,14 +249,14 @@ class ModelPage(Page):
     # ---- actions --------------------------------------------------------------------------------
     def open_netron(self) -> None:
         info = self.ctl.model
-        if isinstance(info, ui_support.OnnxGraph):
+        if isinstance(info, projects.OnnxGraph):
             path = info.path
         else:
             path = (self._graph_paths or {}).get(self.graph_combo.currentText())
         if path is None:
             return
         try:
-            where = ui_support.open_in_netron(path)
+            where = projects.open_in_netron(path)
         except Exception as exc:  # noqa: BLE001 - netron's own errors, shown to the user
             self.ctl.message.emit("error", f"Netron could not open {path}: {exc}")
             return

@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
 from studio.core.errors import StudioError
 from studio.core.modelinfo import ModelInfo
 from studio.core.project import STAGES
-from studio.services import history, ui_support
+from studio.services import history, projects
 from studio.ui.pages.base import Page
 from studio.ui.pages.cards import CardGrid, RunCard
 from studio.ui.pages.figures import fmt_card, when
@@ -359,7 +359,7 @@ class OverviewPage(Page):
         )
         b.addWidget(formula, 6, 0, 1, 5)
 
-    def _onnx_card(self, graph: ui_support.OnnxGraph) -> None:
+    def _onnx_card(self, graph: projects.OnnxGraph) -> None:
         self.model_status.setText(
             f"ONNX model {graph.path.name} (opset {graph.opset}). The LLM pipeline starts from a "
             "Hugging Face checkpoint; this model can be inspected on the Model page."

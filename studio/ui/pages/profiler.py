@@ -5,7 +5,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import QHeaderView, QSplitter, QTableView
 
 from studio.core.profile import SOURCE_NOTES
-from studio.services import ui_support
+from studio.services import history
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.pages.base import TargetStagePage
 from studio.ui.widgets import label
@@ -72,7 +72,7 @@ class ProfilerPage(TargetStagePage):
             ax.setPen(fg)
 
     def show_job(self, job) -> None:
-        totals, unit, source = ui_support.profile_totals(self.ctl.studio, job)
+        totals, unit, source = history.profile_totals(self.ctl.studio, job)
         self.badge.set_source(source or "simulated", SOURCE_NOTES.get(source, ""))
         self.job_label.setText(f"job #{job.id} · {(job.result or {}).get('summary', job.message)}")
         self.note.setText(SOURCE_NOTES.get(source, ""))

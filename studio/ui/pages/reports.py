@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.units import format_bytes
-from studio.services import ui_support
+from studio.services import projects
 from studio.ui.models.rows import PayloadRole, Row, RowsModel
 from studio.ui.pages.base import StagePage
 from studio.ui.widgets import label
@@ -81,7 +81,7 @@ class ReportsPage(StagePage):
 
     def refresh(self) -> None:
         """Lists the report files (not jobs): ``studio --batch`` writes them too."""
-        files = ui_support.report_files(self.ctl.project)
+        files = projects.report_files(self.ctl.project)
         self.set_has_content(bool(files))
         self.folder_label.setText(str(self.ctl.project.folder / "reports"))
         rows = []

@@ -1,15 +1,14 @@
-"""Headless helpers the desktop app calls: project creation, read-only views of a session.
+"""Projects: new-project creation (the wizard and ``studio new``), the file on disk
+(signatures, autosave, edits), the model a project names, its reports.
 
-Nothing here imports Qt. Every function is a plain call that the GUI, a test or a script can
-make with a :class:`~studio.services.session.Studio` (or a path); heavy libraries (onnx) are
-imported inside the functions that need them.
+Nothing here imports Qt; heavy libraries (onnx) are imported inside the functions that need
+them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,8 +17,6 @@ from studio.core import project as projectfile
 from studio.core.commands import SetValue
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_text
-from studio.core.jobs import Job, JobStore
-from studio.core.metrics import Metric
 from studio.core.project import STAGES, Project
 
 # The ONNX graph description the model views show; re-exported for the UI, which talks
@@ -27,12 +24,10 @@ from studio.core.project import STAGES, Project
 from studio.engine.onnx_import import OnnxGraph as OnnxGraph
 from studio.engine.onnx_import import OnnxNode as OnnxNode
 from studio.engine.onnx_import import module_of_node as module_of_node
-from studio.engine.onnx_import import read_onnx_graph
+from studio.engine.onnx_import import read_onnx_graph as read_onnx_graph
 
 SOURCE_KINDS = ("sample", "checkpoint", "onnx")
 
-
-# ---- new projects ----------------------------------------------------------------------
 @dataclass
 class NewProjectSpec:
     """Everything the new-project wizard asks; ``create_project`` turns it into a project."""
@@ -49,7 +44,6 @@ class NewProjectSpec:
     context_length: int = 128
     stages: list[str] = field(default_factory=lambda: list(STAGES))
     gates: dict[str, float] = field(default_factory=dict)
-
 
 def source_ref(kind: str, source: str) -> str:
     """Check a model source and return how the project file names it (one-line errors)."""
@@ -85,7 +79,6 @@ def source_ref(kind: str, source: str) -> str:
         raise StudioError(f"{path.name} is not an .onnx file")
     open_onnx(path)
     return str(path)
-
 
 def create_project(spec: NewProjectSpec):
     """Validate a wizard's answers and write the project: returns an open ``Studio``."""
@@ -130,14 +123,11 @@ def create_project(spec: NewProjectSpec):
     path.parent.mkdir(parents=True, exist_ok=True)
     return Studio.create(path, ref, targets, name=spec.name.strip() or path.stem, **sections)
 
-
-# ---- project files on disk --------------------------------------------------------------
 @dataclass(frozen=True)
 class FileSignature:
     mtime_ns: int
     size: int
     sha256: str
-
 
 def file_signature(path: Path) -> FileSignature | None:
     """What the file on disk is now (None when it is gone)."""
@@ -148,22 +138,18 @@ def file_signature(path: Path) -> FileSignature | None:
         return None
     return FileSignature(st.st_mtime_ns, st.st_size, hashlib.sha256(data).hexdigest())
 
-
 def changed_on_disk(before: FileSignature | None, path: Path) -> bool:
     now = file_signature(path)
     if before is None or now is None:
         return before != now
     return now.sha256 != before.sha256
 
-
 def autosave_path(project: Project) -> Path:
     """Where unsaved edits are kept between autosaves (inside the project folder)."""
     return project.folder / "autosave.qstudio"
 
-
 def _autosave_base_path(project: Project) -> Path:
     return project.folder / "autosave.base.json"
-
 
 def write_autosave(project: Project, base: dict[str, Any] | None = None) -> Path:
     """Keep the project as edited, and the version the edits were made on (``base``), so that
@@ -177,14 +163,12 @@ def write_autosave(project: Project, base: dict[str, Any] | None = None) -> Path
     atomic_write_text(path, projectfile.dumps(project))
     return path
 
-
 def discard_autosave(project: Project) -> None:
     for p in (autosave_path(project), _autosave_base_path(project)):
         try:
             p.unlink()
         except FileNotFoundError:
             pass
-
 
 def project_edits(current: Project, wanted: Project) -> list[SetValue]:
     """The SetValue commands that turn ``current`` into ``wanted`` (for undoable restores)."""
@@ -200,7 +184,6 @@ def project_edits(current: Project, wanted: Project) -> list[SetValue]:
             if a.get(section, {}).get(key) != value:
                 cmds.append(SetValue(section, key, value))
     return cmds
-
 
 def read_autosave(project: Project) -> tuple[Project, list[SetValue], float] | None:
     """Unsaved edits of an earlier session: (autosaved project, the edits, when) or None.
@@ -235,14 +218,11 @@ def read_autosave(project: Project) -> tuple[Project, list[SetValue], float] | N
         return None
     return saved, edits, path.stat().st_mtime
 
-
-# ---- the model ---------------------------------------------------------------------------
 def model_source_kind(project: Project) -> str:
     src = project.model["source"]
     if src.startswith("sample:"):
         return "sample"
     return "onnx" if src.lower().endswith(".onnx") else "checkpoint"
-
 
 def describe_model(project: Project):
     """A ``ModelInfo`` for checkpoints and samples, an ``OnnxGraph`` for ONNX files."""
@@ -252,69 +232,6 @@ def describe_model(project: Project):
     from studio.engine import hf_import
 
     return hf_import.open_checkpoint(path)
-
-
-# ---- results of the run history ------------------------------------------------------------
-def latest_jobs(jobs: JobStore, stage: str, state: str = "succeeded") -> list[Job]:
-    """The newest job of ``stage`` in ``state`` per target, newest first."""
-    seen: dict[str, Job] = {}
-    for job in jobs.jobs(limit=2000):  # newest first
-        if job.stage == stage and job.state == state and job.target not in seen:
-            seen[job.target] = job
-    return list(seen.values())
-
-
-def latest_job(jobs: JobStore, stage: str, target: str | None = None) -> Job | None:
-    for job in latest_jobs(jobs, stage):
-        if target is None or job.target == target:
-            return job
-    return None
-
-
-def latest_metrics(jobs: JobStore) -> list[tuple[Job, Metric]]:
-    """Metrics of the newest succeeded job of each (stage, target), in pipeline order."""
-    out: list[tuple[Job, Metric]] = []
-    for stage in STAGES:
-        for job in sorted(latest_jobs(jobs, stage), key=lambda j: j.target):
-            out.extend((job, m) for m in jobs.metrics(job_id=job.id))
-    return out
-
-
-def artifact_dir(studio, job: Job | None) -> Path | None:
-    """The artifact folder a succeeded job produced, when it is still stored."""
-    if job is None or not job.artifact_key:
-        return None
-    art = studio.store.get(job.artifact_key)
-    return art.path if art is not None else None
-
-
-def export_graphs(studio) -> dict[str, Path]:
-    """The ONNX graphs of the newest export (``{"prefill": path, "decode": path}``)."""
-    folder = artifact_dir(studio, latest_job(studio.jobs, "export"))
-    if folder is None:
-        return {}
-    return {
-        g: folder / f"{g}.onnx" for g in ("prefill", "decode") if (folder / f"{g}.onnx").exists()
-    }
-
-
-def profile_totals(studio, job: Job) -> tuple[dict[str, float], str, str]:
-    """(op-type totals, unit, source) of a profile job: the full profile when stored."""
-    folder = artifact_dir(studio, job)
-    if folder is not None and (folder / "profile.json").exists():
-        import json
-
-        from studio.core.profile import Profile
-
-        prof = Profile.from_dict(json.loads((folder / "profile.json").read_text()))
-        return prof.totals_by_op_type(), prof.unit, prof.source
-    res = job.result or {}
-    return (
-        dict(res.get("by_op_type", {})),
-        str(res.get("unit", "")),
-        str(res.get("source", "simulated")),
-    )
-
 
 def report_files(project: Project) -> list[Path]:
     """HTML reports of the project, newest first (``latest.html`` first when present)."""
@@ -326,39 +243,10 @@ def report_files(project: Project) -> list[Path]:
     )
     return files
 
-
-# ---- devices ---------------------------------------------------------------------------------
-def package_version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
-def device_state() -> dict[str, Any]:
-    """What can run jobs on this machine: the host CPU and the QNN HTP simulator."""
-    qnn = package_version("onnxruntime-qnn")
-    ort = package_version("onnxruntime")
-    return {
-        "host": {
-            "name": platform.node() or "this machine",
-            "cpus": os.cpu_count() or 1,
-            "machine": platform.machine(),
-            "system": platform.system(),
-            "python": platform.python_version(),
-            "onnxruntime": ort,
-        },
-        "htp_sim": {"available": qnn is not None, "version": qnn},
-    }
-
-
 def netron_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("netron") is not None
-
 
 def open_in_netron(path: Path) -> str:
     """Serve ``path`` with Netron in the browser; returns the address."""
