@@ -35,17 +35,20 @@ calibration_samples = 2
 def direct(project_file: Path, stages: list[str]) -> float:
     from studio.core import project as pf
     from studio.core.progress import NullProgress
-    from studio.worker.stages import STAGE_FUNCTIONS, StageContext
+    from studio.core.stagegraph import plan
+    from studio.worker.stages import run_in_process
 
     p = pf.load(project_file)
     t0 = time.perf_counter()
-    inputs: dict[str, Path] = {}
+    done: dict[str, Path] = {}
     with tempfile.TemporaryDirectory() as d:
-        for stage in stages:
-            out = Path(d) / stage
+        jobs = plan(p, stages)
+        for job in jobs:
+            out = Path(d) / job.label
             out.mkdir()
-            STAGE_FUNCTIONS[stage](StageContext(p, "", dict(inputs), out), NullProgress())
-            inputs[stage] = out
+            inputs = {jobs[i].label: done[jobs[i].label] for i in job.deps}
+            run_in_process(p, job, inputs, out, NullProgress())
+            done[job.label] = out
     return time.perf_counter() - t0
 
 

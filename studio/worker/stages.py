@@ -469,6 +469,18 @@ def _history(spec: dict[str, Any]) -> dict[str, Any]:
         store.close()
 
 
+def run_in_process(project, job, inputs: dict[str, Path], out: Path,
+                   progress: Progress) -> dict[str, Any]:
+    """Run one planned job here, without a worker (benchmarks, experiments): the stage sees
+    the same frozen config the pipeline would hand it."""
+    from studio.core.stagegraph import stage_config
+
+    ctx = StageContext(stage_config(project, job), dict(inputs), Path(out))
+    result = STAGE_FUNCTIONS[job.stage](ctx, progress)
+    atomic_write_json(ctx.out / "result.json", result)
+    return result
+
+
 def run_stage(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """Entry point of the worker: build the context from the job spec and run the stage.
 
