@@ -21,6 +21,7 @@ import numpy as np
 
 from studio.core.errors import StudioError
 from studio.core.progress import NullProgress, Progress
+from studio.core.units import format_bytes
 
 #: Minimum cosine between ONNX Runtime and torch embeddings for an export to pass.
 ONNX_COSINE_MIN = 0.999
@@ -259,7 +260,7 @@ def export_onnx(
     # The legacy exporter's deprecation note and tracer warnings go to the job log.
     for msg in dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught):
         progress.log(msg.splitlines()[0][:300])
-    progress.log(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
+    progress.log(f"wrote {out} ({format_bytes(out.stat().st_size)})")
     return out
 
 

@@ -10,7 +10,7 @@ asyncio subprocesses on Linux (checked: ``create_subprocess_exec`` with piped ou
 ``qasync.QEventLoop``), but ``Pipeline.run`` also does blocking work between its awaits —
 it hashes the checkpoint folder for the artifact key, verifies cached artifacts and hashes
 new ones file by file. On the UI loop that froze the window 80–160 ms per run with the
-13 MB sample model, and would freeze it for seconds with a real checkpoint. So by default
+13 MiB sample model, and would freeze it for seconds with a real checkpoint. So by default
 the service coroutine runs on its own asyncio loop in a runner thread (``asyncio.run`` in a
 Python thread, as ``studio --batch`` runs it); its listener events come to the widgets
 through a queued Qt signal, and the UI awaits the result on the qasync loop.

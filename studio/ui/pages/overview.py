@@ -391,7 +391,7 @@ class OverviewPage(Page):
                 continue
             row = label(
                 f"<b>{chip.name}</b> — {chip.soc or key}, HTP v{chip.htp_arch}, "
-                f"{chip.vtcm_mb} MB VTCM",
+                f"{chip.vtcm_mb} MiB VTCM",
                 wrap=True,
             )
             row.setToolTip(chip.notes)
