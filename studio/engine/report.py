@@ -164,6 +164,28 @@ def render_comparison(comp: dict[str, Any] | None) -> str:
     return "\n".join(out)
 
 
+def render_layers(layers: list[dict[str, Any]]) -> str:
+    """Per-layer precision as the quantize stage applied it (the recipe module's rule):
+    every layer an override changed, and a count of those the scheme set."""
+    if not layers:
+        return ""
+    changed = [r for r in layers
+               if "override" in r["weight_rule"] or "override" in r["activation_rule"]]
+    out = [f"<h2>Per-layer precision</h2><p class='muted'>{len(layers)} weighted layers as "
+           f"quantize applied them: {len(layers) - len(changed)} by the scheme, "
+           f"{len(changed)} by an override.</p>"]
+    if changed:
+        out.append("<table><tr><th>layer</th><th>weights</th><th>activations</th>"
+                   "<th>rule</th></tr>")
+        for r in changed:
+            rule = (r["weight_rule"] if r["weight_rule"] == r["activation_rule"]
+                    else f"weights: {r['weight_rule']}; activations: {r['activation_rule']}")
+            out.append(f"<tr><td><code>{_e(r['layer'])}</code></td><td>{_e(r['weight'])}</td>"
+                       f"<td>{_e(r['activation'])}</td><td>{_e(rule)}</td></tr>")
+        out.append("</table>")
+    return "\n".join(out)
+
+
 def build_report(project: Project, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     gates = []
     for label, r in results.items():
@@ -238,6 +260,7 @@ def render_html(data: dict[str, Any]) -> str:
                        f"({v.get('greedy_prompts', 1)} prompts)<br>Project prompt, FP32: "
                        f"<code>{_e(v['greedy_fp32'])}</code><br>HTP: "
                        f"<code>{_e(v['greedy_htp'])}</code></p>")
+    out.append(render_layers(st.get("quantize", {}).get("layers") or []))
     runs = {k: v for k, v in st.items() if k.startswith("run[")}
     if runs:
         out.append("<h2>Generation</h2><table><tr><th>device</th><th>prefill</th>"

@@ -110,3 +110,20 @@ def test_first_run_says_there_is_nothing_to_compare_with(tmp_path):
     html = html_path.read_text()
     assert "<h2>Compared with the previous run</h2>" in html
     assert "No previous run with results" in html and "Compared with run" not in html
+
+
+def test_the_report_lists_the_layers_an_override_changed(tmp_path):
+    from studio.engine.report import render_layers
+
+    base = "scheme W8A8 (per_channel)"
+    layers = [
+        {"layer": "model.layers.0.mlp.down_proj", "weight": "INT8", "activation": "INT16",
+         "weight_rule": base, "activation_rule": "override '*.down_proj'"},
+        {"layer": "model.layers.0.mlp.up_proj", "weight": "INT8", "activation": "INT8",
+         "weight_rule": base, "activation_rule": base},
+    ]
+    html = render_layers(layers)
+    assert "2 weighted layers" in html and "1 by the scheme, 1 by an override" in html
+    assert "model.layers.0.mlp.down_proj" in html and "up_proj" not in html
+    assert "override &#x27;*.down_proj&#x27;" in html or "override '*.down_proj'" in html
+    assert render_layers([]) == ""
