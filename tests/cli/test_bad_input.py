@@ -47,6 +47,24 @@ CASES = {
     "unknown target": (small(**{'targets = ["': 'targets = ["htp-v99", "'}), "unknown target 'htp-v99'"),
     "missing model folder": (small(**{'"sample:tiny-coder"': '"./no-such-model"'}), "not found"),
     "unknown sample": (small(**{'"sample:tiny-coder"': '"sample:gpt-17"'}), "gpt-17"),
+    # nonsense settings are refused when the file is read, naming the key and the limit
+    "no stages": (small() + '\n[pipeline]\nstages = []\n', "pipeline.stages is empty"),
+    "huge max_new_tokens": (small(**{"max_new_tokens = 8": "max_new_tokens = 1000000000"}),
+                            "run.max_new_tokens = 1000000000 is more than the exported context"),
+    "negative greedy_tokens": (small(**{"greedy_tokens = 8": "greedy_tokens = -5"}),
+                               "validation.greedy_tokens must be at least 1"),
+    "empty prompt": (small(**{'prompt = "def __init__(self"': 'prompt = "  "'}),
+                     "run.prompt is empty"),
+    # caught by preflight, in seconds, before any stage
+    "prompt longer than P": (small(**{'prompt = "def __init__(self"':
+                                      'prompt = "' + "def f(x): return x + 1\\n" * 8 + '"'}),
+                             "shorten the prompt or raise export.prompt_length"),
+    "generation past the context": (small(**{"max_new_tokens = 8": "max_new_tokens = 60"}),
+                                    "run.max_new_tokens = 60 does not fit"),
+    "override that matches nothing": (small(**{'calibration_samples = 2':
+                                               'calibration_samples = 2\n[quantization.overrides]'
+                                               '\n"decoder.block.*" = "INT16"'}),
+                                      "'decoder.block.*' match(es) no layer"),
 }
 
 
@@ -238,3 +256,10 @@ def test_compare_bad_run_ids(tmp_path, ids, needle):
     f = _history(tmp_path, 2)
     before = snapshot(tmp_path)
     assert_clean_failure(studio("compare", f, *ids), needle, tmp_path, before)
+
+
+def test_stages_option_without_a_name(tmp_path):
+    f = write(tmp_path, small())
+    before = snapshot(tmp_path)
+    assert_clean_failure(studio("--batch", f, "--stages", ",,"), "no stages given", tmp_path,
+                         before)
