@@ -18,6 +18,8 @@ from studio.core.devices import PROJECT_KINDS, check_kinds
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_text
 from studio.core.recipe import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_CALIBRATION_METHOD,
     DEFAULT_CALIBRATION_SAMPLES,
     DEFAULT_GATES,
     DEFAULT_GRANULARITY,
@@ -37,6 +39,8 @@ _SECTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "weight_granularity": (str, DEFAULT_GRANULARITY),
         "calibration_text": (str, "sample:calibration"),
         "calibration_samples": (int, DEFAULT_CALIBRATION_SAMPLES),
+        "calibration_method": (str, DEFAULT_CALIBRATION_METHOD),
+        "block_size": (int, DEFAULT_BLOCK_SIZE),
         "overrides": (dict, {}),
     },
     "validation": {

@@ -26,26 +26,39 @@ import fnmatch
 from dataclasses import asdict, dataclass
 from typing import Any
 
-SCHEMES: tuple[str, ...] = ("W8A16", "W8A8", "FP16")
-GRANULARITIES: tuple[str, ...] = ("per_tensor", "per_channel")
+SCHEMES: tuple[str, ...] = ("W8A16", "W8A8", "W4A16", "FP16")
+# per_block: block-wise (LPBQ) INT4 weights, blocks of ``block_size`` along the input axis
+GRANULARITIES: tuple[str, ...] = ("per_tensor", "per_channel", "per_block")
+CALIBRATION_METHODS: tuple[str, ...] = ("MinMax", "Entropy", "Percentile")
+BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
 PRECISIONS: tuple[str, ...] = ("INT4", "INT8", "INT16", "FP16", "FP32")
 FLOAT_PRECISIONS: tuple[str, ...] = ("FP16", "FP32")
 
 SCHEME_HELP = {
     "W8A16": "8-bit weights, 16-bit activations: the usual start for LLMs on the HTP",
     "W8A8": "8-bit weights and activations: smallest and fastest, most accuracy loss",
+    "W4A16": "4-bit weights (per channel, or block-wise LPBQ), 16-bit activations: the "
+             "usual LLM deployment on Snapdragon; validate accuracy",
     "FP16": "16-bit float weights and activations (on chips with FP16 support)",
+}
+GRANULARITY_HELP = {
+    "per_tensor": "one scale per weight tensor (4-bit per tensor loses a lot: avoid with W4A16)",
+    "per_channel": "one scale per output channel",
+    "per_block": "block-wise (LPBQ): one scale per block of input channels; 4-bit weights only",
 }
 # scheme -> (weight precision, activation precision)
 SCHEME_PRECISIONS: dict[str, tuple[str, str]] = {
     "W8A16": ("INT8", "INT16"),
     "W8A8": ("INT8", "INT8"),
+    "W4A16": ("INT4", "INT16"),
     "FP16": ("FP16", "FP16"),
 }
 
 DEFAULT_SCHEME = "W8A16"
 DEFAULT_GRANULARITY = "per_channel"
 DEFAULT_CALIBRATION_SAMPLES = 8
+DEFAULT_CALIBRATION_METHOD = "MinMax"
+DEFAULT_BLOCK_SIZE = 32
 
 # The accuracy gates every new project starts with (validate fails the batch below them).
 DEFAULT_GATES: dict[str, float] = {
@@ -157,6 +170,27 @@ def check_recipe(quantization: dict[str, Any]) -> None:
         )
     if q["calibration_samples"] < 1:
         raise StudioError("quantization.calibration_samples must be at least 1")
+    method = q.get("calibration_method", DEFAULT_CALIBRATION_METHOD)
+    if method not in CALIBRATION_METHODS:
+        raise StudioError(
+            f"quantization.calibration_method {method!r} is not one of "
+            f"{', '.join(CALIBRATION_METHODS)}"
+        )
+    block = q.get("block_size", DEFAULT_BLOCK_SIZE)
+    if block not in BLOCK_SIZES:
+        raise StudioError(
+            f"quantization.block_size {block} is not one of {', '.join(map(str, BLOCK_SIZES))}"
+        )
+    if q["scheme"] == "W4A16" and q["weight_granularity"] == "per_tensor":
+        raise StudioError(
+            "W4A16 with per_tensor weights loses too much accuracy (one 4-bit scale per "
+            "tensor); choose weight_granularity per_channel or per_block"
+        )
+    if q["weight_granularity"] == "per_block" and q["scheme"] != "W4A16":
+        raise StudioError(
+            "quantization.weight_granularity per_block (LPBQ) is for 4-bit weights: use it "
+            "with scheme W4A16, or choose per_channel"
+        )
     for pattern, prec in q["overrides"].items():
         if not str(pattern).strip():
             raise StudioError(

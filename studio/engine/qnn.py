@@ -416,6 +416,7 @@ def placement_report(
     threads: int = 2,
     *,
     offload_io_quantization: bool = False,
+    extra_options: Mapping[str, Any] | None = None,
 ) -> dict:
     """Which nodes would leave the NPU for ``chip``, and why.
 
@@ -436,6 +437,7 @@ def placement_report(
             threads=threads,
             log_level=3,
             extra={
+                **dict(extra_options or {}),
                 "enable_framework_op_trace": "1",
                 "framework_op_trace_dir": trace_dir,
                 "offload_graph_io_quantization": "1" if offload_io_quantization else "0",

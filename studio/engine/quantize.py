@@ -7,13 +7,19 @@ feeds), with the same weights and so the same weight scales.
 
 Recipe::
 
-    {"scheme": "W8A16" | "W8A8" | "FP16",
-     "weight_granularity": "per_tensor" | "per_channel",
+    {"scheme": "W8A16" | "W8A8" | "W4A16" | "FP16",
+     "weight_granularity": "per_tensor" | "per_channel" | "per_block",
+     "calibration_method": "MinMax" | "Entropy" | "Percentile",
+     "block_size": 32,                  # per_block (LPBQ) only
      "samples": 4,                      # calibration windows
      "overrides": {pattern: precision}}
 
-Schemes: W8A16 = QUInt8 weights, QUInt16 activations; W8A8 = QUInt8 / QUInt8; FP16 copies
-the float graphs (the HTP runs them with ``enable_htp_fp16_precision=1``).
+Schemes: W8A16 = QUInt8 weights, QUInt16 activations; W8A8 = QUInt8 / QUInt8; W4A16 = QInt4
+weights (per channel, or block-wise LPBQ: ``axis 0`` overrides with the quantizer's
+``BlockSize`` and an opset-21 blocked DequantizeLinear; compile then needs
+``enable_block_quant_weight_optimization``), QUInt16 activations; FP16 copies the float
+graphs (the HTP runs them with ``enable_htp_fp16_precision=1``). Defaults and the scheme
+vocabulary are :mod:`studio.core.recipe`'s.
 
 ``per_channel`` goes through explicit ``init_overrides`` on every MatMul weight
 (``QInt8``, axis 1, symmetric): the QNN config's ``per_channel=True`` leaves MatMul weights
@@ -49,6 +55,9 @@ from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.core.recipe import (
+    CALIBRATION_METHODS,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_CALIBRATION_METHOD,
     DEFAULT_GRANULARITY,
     DEFAULT_SCHEME,
     GRANULARITIES,
@@ -95,6 +104,8 @@ def normalize_recipe(recipe: dict) -> dict:
         "overrides",
         "decode_per_window",
         "given",
+        "calibration_method",
+        "block_size",
     }
     if unknown:
         raise StudioError(
@@ -140,7 +151,17 @@ def normalize_recipe(recipe: dict) -> dict:
         given[pattern] = (recipe.get("given") or {}).get(pattern) or (
             key if key in ("FP16", "FP32") else PRECISIONS[key]
         )
+    method = str(recipe.get("calibration_method", DEFAULT_CALIBRATION_METHOD))
+    if method not in CALIBRATION_METHODS:
+        raise StudioError(
+            f"unknown calibration method {method!r}; use one of {', '.join(CALIBRATION_METHODS)}"
+        )
+    block = recipe.get("block_size", DEFAULT_BLOCK_SIZE)
+    if gran == "per_block" and scheme != "W4A16":
+        raise StudioError("per_block (LPBQ) weights are 4-bit: use it with scheme W4A16")
     return {
+        "calibration_method": method,
+        "block_size": int(block),
         "given": given,
         "scheme": scheme,
         "weight_granularity": gran,
@@ -184,7 +205,7 @@ def resolve_overrides(model, recipe: dict) -> dict:
     from onnxruntime.quantization import QuantType
 
     scheme = recipe["scheme"]
-    act16 = scheme == "W8A16"
+    act16 = SCHEME_PRECISIONS[scheme][1] == "INT16"
     act_default = "INT16" if act16 else "INT8"
     inits = {t.name for t in model.graph.initializer}
     weights = _matmul_weights(model)
@@ -260,16 +281,21 @@ def resolve_overrides(model, recipe: dict) -> dict:
         if qtype[prec] != default_act:
             init_overrides[name] = [{"quant_type": qtype[prec]}]
     per_channel = 0
+    w_default = SCHEME_PRECISIONS[scheme][0]
+    blocked = recipe["weight_granularity"] == "per_block"
     for w in weights:
-        prec = weight_prec.get(w)
+        prec = weight_prec.get(w) or w_default
         if prec == "FLOAT" or weights[w] in exclude:
             continue
         if prec == "INT4":
-            init_overrides[w] = [{"quant_type": QuantType.QInt4, "axis": 1, "symmetric": True}]
+            # per channel (axis 1 of the [in, out] MatMul weight), or block-wise along the
+            # input axis (LPBQ; the block size is the quantizer's BlockSize option)
+            init_overrides[w] = [{"quant_type": QuantType.QInt4, "axis": 0 if blocked else 1,
+                                  "symmetric": True}]
             per_channel += 1
         elif prec == "INT16":
             init_overrides[w] = [{"quant_type": QuantType.QUInt16}]
-        elif recipe["weight_granularity"] == "per_channel":
+        elif recipe["weight_granularity"] in ("per_channel", "per_block"):
             init_overrides[w] = [{"quant_type": QuantType.QInt8, "axis": 1, "symmetric": True}]
             per_channel += 1
     for name, prec in weight_prec.items():
@@ -422,13 +448,14 @@ def _quantize_graph(
     src: Path, dst: Path, recipe: dict, feeds: list[dict], progress: Progress
 ) -> dict[str, Any]:
     import onnx
-    from onnxruntime.quantization import QuantType, quantize
+    from onnxruntime.quantization import CalibrationMethod, QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import (
         get_qnn_qdq_config,
         qnn_preprocess_model,
     )
 
-    act = QuantType.QUInt16 if recipe["scheme"] == "W8A16" else QuantType.QUInt8
+    act = (QuantType.QUInt16 if SCHEME_PRECISIONS[recipe["scheme"]][1] == "INT16"
+           else QuantType.QUInt8)
     work = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.stem}-quant."))
     handler = _LogToProgress(progress)
     root = logging.getLogger()
@@ -442,12 +469,17 @@ def _quantize_graph(
         config = get_qnn_qdq_config(
             model,
             _reader(feeds, progress),
+            calibrate_method=CalibrationMethod[recipe["calibration_method"]],
             activation_type=act,
             weight_type=QuantType.QUInt8,
             per_channel=False,
             init_overrides=resolved["init_overrides"] or None,
             nodes_to_exclude=resolved["nodes_to_exclude"] or None,
         )
+        if recipe["weight_granularity"] == "per_block":
+            # block-wise weights as an opset-21 DequantizeLinear with block_size (LPBQ)
+            config.extra_options["BlockSize"] = recipe["block_size"]
+            config.extra_options["UseQDQContribOps"] = False
         # Not CalibMaxIntermediateOutputs: in ORT 1.32 MinMaxCalibrater drops the collected
         # batches when it reaches that count without computing their ranges. MinMax keeps
         # only ReduceMin/ReduceMax outputs per feed, so memory stays small anyway.
@@ -616,14 +648,19 @@ def quantize_llm(
                     "the calibration text gave no decode samples; give a longer calibration text"
                 )
             info.update(
-                activation_type="QUInt16" if recipe["scheme"] == "W8A16" else "QUInt8",
-                weight_type=(
-                    "QInt8 per channel (symmetric)"
-                    if recipe["weight_granularity"] == "per_channel"
-                    else "QUInt8"
+                activation_type=(
+                    "QUInt16" if SCHEME_PRECISIONS[recipe["scheme"]][1] == "INT16" else "QUInt8"
                 ),
+                weight_type={
+                    ("INT8", "per_tensor"): "QUInt8",
+                    ("INT8", "per_channel"): "QInt8 per channel (symmetric)",
+                    ("INT4", "per_channel"): "QInt4 per channel (symmetric)",
+                    ("INT4", "per_block"): f"QInt4 block-wise, {recipe['block_size']} per block "
+                                           "(LPBQ, symmetric)",
+                }.get((SCHEME_PRECISIONS[recipe["scheme"]][0], recipe["weight_granularity"]),
+                      recipe["weight_granularity"]),
                 calibration={
-                    "method": "MinMax",
+                    "method": recipe["calibration_method"],
                     "windows": len(windows),
                     "window_tokens": len(windows[0]),
                     "prefill_feeds": len(pre_feeds),

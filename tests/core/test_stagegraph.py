@@ -56,6 +56,8 @@ def _changed(tmp: Path, key: str):
         "quantization.scheme": "W8A8",
         "quantization.weight_granularity": "per_tensor",
         "quantization.calibration_samples": 3,
+        "quantization.calibration_method": "Percentile",
+        "quantization.block_size": 64,
         "quantization.overrides": {"lm_head": "INT16"},
         "validation.heldout_tokens": 128,
         "validation.greedy_tokens": 8,

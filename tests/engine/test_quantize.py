@@ -322,3 +322,44 @@ def test_sample_model_w8a16_close_to_fp32(
         cos.append(_cos(a, b))
         top1.append((a.argmax(-1) == b.argmax(-1)).mean())
     assert np.mean(cos) > 0.999 and np.mean(top1) > 0.9
+
+
+@pytest.mark.parametrize("granularity", ["per_channel", "per_block"])
+def test_w4a16_gives_4_bit_weights_per_channel_or_block_wise(
+    tmp_path, qwen_graphs, qwen_generator, tiny_qwen_dir, corpus, granularity
+):
+    import onnx
+
+    from studio.engine import qnn
+    from studio.engine.quantize import quantize_llm
+
+    graphs, spec = qwen_graphs
+    recipe = {"scheme": "W4A16", "weight_granularity": granularity, "samples": 2,
+              "block_size": 32}
+    info = quantize_llm(graphs, tmp_path, recipe, corpus, tiny_qwen_dir)
+    assert info["graphs"]["decode"]["matmul_precisions"]["16x4w"] > 0
+    assert "16x8w" not in info["graphs"]["decode"]["matmul_precisions"]
+    assert {r["weight"] for r in info["layers"]} == {"INT4"}
+    assert {r["activation"] for r in info["layers"]} == {"INT16"}
+    model = onnx.load(str(tmp_path / "decode.onnx"))
+    inits = {t.name: t for t in model.graph.initializer}
+    dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear"
+              and n.input[0] == "model.layers.0.mlp.up_proj.weight_quantized")
+    attrs = {a.name: a.i for a in dq.attribute}
+    scale = inits[dq.input[1]]
+    if granularity == "per_block":
+        # [in 64, out 128] weight, blocks of 32 along the input axis: a [2, 128] scale
+        assert attrs.get("block_size") == 32 and attrs.get("axis") == 0
+        assert list(scale.dims) == [2, 128]
+    else:
+        assert attrs.get("axis") == 1 and list(scale.dims) == [128]
+    # 4-bit weights of a random model are rough, but not noise
+    gen = _generator(tmp_path, json.loads((tmp_path / "graph.json").read_text()))
+    ids = _text_ids(tiny_qwen_dir, corpus[5000:], 40)
+    assert _cos(qwen_generator.teacher_forced_logits(ids), gen.teacher_forced_logits(ids)) > 0.8
+    # every node stays on the HTP (block-wise weights with the HTP's block-quant option)
+    extra = ({"enable_block_quant_weight_optimization": "1"} if granularity == "per_block"
+             else {})
+    rep = qnn.placement_report(tmp_path / "decode.onnx", "snapdragon-8-gen-3",
+                               extra_options=extra)
+    assert rep["all_on_npu"], rep["cpu_nodes"][:5]

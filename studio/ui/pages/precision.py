@@ -30,7 +30,16 @@ from PySide6.QtWidgets import (
 from studio.core.errors import StudioError
 from studio.core.modelinfo import ModelInfo
 from studio.core.project import STAGES
-from studio.core.recipe import GRANULARITIES, PRECISIONS, SCHEME_HELP, SCHEMES, covers
+from studio.core.recipe import (
+    BLOCK_SIZES,
+    CALIBRATION_METHODS,
+    GRANULARITIES,
+    GRANULARITY_HELP,
+    PRECISIONS,
+    SCHEME_HELP,
+    SCHEMES,
+    covers,
+)
 from studio.services.precision import layer_precisions
 from studio.ui.models.rows import PayloadRole, Row, RowsModel
 from studio.ui.pages.base import Page, banner
@@ -83,7 +92,27 @@ class PrecisionPage(Page):
                 "quantization", "weight_granularity", self.granularity.currentData()
             )
         )
+        for i, g in enumerate(GRANULARITIES):
+            self.granularity.setItemData(i, GRANULARITY_HELP[g], Qt.ItemDataRole.ToolTipRole)
         form.addRow("Weight granularity", self.granularity)
+        self.block_size = QComboBox()
+        for b in BLOCK_SIZES:
+            self.block_size.addItem(str(b), b)
+        self.block_size.setToolTip("Input channels per scale for block-wise (per-block, LPBQ) "
+                                   "4-bit weights")
+        self.block_size.activated.connect(
+            lambda _i: self._set("quantization", "block_size", self.block_size.currentData())
+        )
+        form.addRow("Block size (per-block)", self.block_size)
+        self.method = QComboBox()
+        for m in CALIBRATION_METHODS:
+            self.method.addItem(m, m)
+        self.method.setToolTip("How activation ranges are taken from the calibration data: "
+                               "MinMax (full range), Entropy (KL), Percentile (clips outliers)")
+        self.method.activated.connect(
+            lambda _i: self._set("quantization", "calibration_method", self.method.currentData())
+        )
+        form.addRow("Calibration method", self.method)
         self.samples = QSpinBox()
         self.samples.setRange(1, 4096)
         self.samples.setKeyboardTracking(False)
@@ -283,6 +312,14 @@ class PrecisionPage(Page):
                     self.granularity.findData(q["weight_granularity"])
                 ),
             )
+        if touched("quantization", "block_size"):
+            self._quiet(self.block_size, lambda: self.block_size.setCurrentIndex(
+                self.block_size.findData(q["block_size"])))
+        if touched("quantization", "weight_granularity"):
+            self.block_size.setEnabled(q["weight_granularity"] == "per_block")
+        if touched("quantization", "calibration_method"):
+            self._quiet(self.method, lambda: self.method.setCurrentIndex(
+                self.method.findData(q["calibration_method"])))
         if touched("quantization", "calibration_samples"):
             self._quiet(self.samples, lambda: self.samples.setValue(q["calibration_samples"]))
         if touched("quantization", "calibration_text"):
