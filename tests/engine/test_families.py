@@ -4,6 +4,7 @@ transformers' own generate(), past the sliding window where there is one."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import shutil
@@ -136,7 +137,8 @@ def build_checkpoint(name: str, folder: Path, seed: int = 0) -> Path:
 
     model_type, extra, _, _ = FAMILIES[name]
     torch.manual_seed(seed)
-    config = AutoConfig.for_model(model_type, **{**COMMON, **extra})
+    # a deep copy: config classes edit the rope dicts they are given
+    config = AutoConfig.for_model(model_type, **copy.deepcopy({**COMMON, **extra}))
     model = AutoModelForCausalLM.from_config(config)
     if name in OLD_KEYS:
         model = model.to(getattr(torch, OLD_KEYS[name]))
@@ -338,7 +340,10 @@ def test_longrope_past_its_original_length_is_refused(tmp_path):
 
     torch.manual_seed(0)
     cfg = AutoConfig.for_model(
-        "phi3", **COMMON, rope_parameters=dict(PHI35_ROPE), original_max_position_embeddings=64
+        "phi3",
+        **COMMON,
+        rope_parameters=copy.deepcopy(PHI35_ROPE),
+        original_max_position_embeddings=64,
     )
     AutoModelForCausalLM.from_config(cfg).save_pretrained(str(tmp_path / "ck"))
     with pytest.raises(StudioError, match="choose a context length C <= 64"):
