@@ -1,10 +1,13 @@
 """Import of local Hugging Face checkpoint folders into a :class:`ModelInfo`.
 
-Supported: decoder-only causal LMs of the Qwen2 / Qwen2.5 (``model_type`` ``qwen2``),
-Llama and Mistral families. The importer reads ``config.json`` and the *headers* of the
-safetensors files (tensor names, dtypes, shapes): parameter counts are exact and no
-weight is loaded. Checkpoints that only have ``pytorch_model.bin`` fall back to torch
-(memory-mapped, weights only).
+Supported: decoder-only causal LMs of the Qwen2 / Qwen2.5 (``model_type`` ``qwen2``), Qwen3,
+Llama 2 / 3.x, Mistral, Phi-3 / Phi-3.5 and Gemma 2 families (the static-KV exporter's
+families). The importer reads ``config.json`` and the *headers* of the safetensors files
+(tensor names, dtypes, shapes): parameter counts are exact and no weight is loaded.
+Checkpoints that only have ``pytorch_model.bin`` fall back to torch (memory-mapped, weights
+only). Both generations of config keys are read: ``rope_parameters`` / ``dtype`` /
+``layer_types`` (transformers 5) and ``rope_theta`` / ``rope_scaling`` / ``torch_dtype`` /
+``use_sliding_window`` + ``max_window_layers`` (published checkpoints).
 
 Like every format importer: ``match(path)`` says whether this importer claims a path,
 ``open_checkpoint(path)`` returns the model description or raises a one-line
@@ -26,10 +29,13 @@ from studio.core.modelinfo import LayerInfo, ModelInfo
 #: architecture (``config.json`` ``architectures[0]``) -> family (``model_type``)
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
+    "Phi3ForCausalLM": "phi3",
+    "Gemma2ForCausalLM": "gemma2",
 }
-FAMILY_NAMES = "Qwen2, Qwen2.5, Llama, Mistral"
+FAMILY_NAMES = "Qwen2, Qwen2.5, Qwen3, Llama 2, Llama 3.x, Mistral, Phi-3, Phi-3.5, Gemma 2"
 
 _EXPECTED = (
     "a Hugging Face checkpoint folder with config.json and weights "
@@ -52,19 +58,28 @@ _SAFETENSORS_DTYPES = {
     "BOOL": "bool",
 }
 
-# Order of the modules inside one transformer block, as data flows through it.
-_BLOCK_ORDER = {
-    "input_layernorm": 0,
-    "q_proj": 1,
-    "k_proj": 2,
-    "v_proj": 3,
-    "o_proj": 4,
-    "post_attention_layernorm": 5,
-    "gate_proj": 6,
-    "up_proj": 7,
-    "down_proj": 8,
+# The modules of one transformer block, as data flows through it: leaf name -> (order, kind).
+# Fused projections (Phi-3's qkv_proj / gate_up_proj), Qwen3's q/k norms and Gemma 2's
+# norms around the MLP included.
+_BLOCK_MODULES: dict[str, tuple[int, str]] = {
+    "input_layernorm": (0, "norm"),
+    "qkv_proj": (1, "attention"),
+    "q_proj": (1, "attention"),
+    "k_proj": (2, "attention"),
+    "v_proj": (3, "attention"),
+    "q_norm": (4, "norm"),
+    "k_norm": (5, "norm"),
+    "o_proj": (6, "attention"),
+    "post_attention_layernorm": (7, "norm"),
+    "pre_feedforward_layernorm": (8, "norm"),
+    "gate_up_proj": (9, "mlp"),
+    "gate_proj": (9, "mlp"),
+    "up_proj": (10, "mlp"),
+    "down_proj": (11, "mlp"),
+    "post_feedforward_layernorm": (12, "norm"),
 }
 _BLOCK_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_SLIDING, _FULL = "sliding_attention", "full_attention"
 
 
 def match(path: str | Path) -> bool:
@@ -233,6 +248,8 @@ def _kind(module: str) -> str:
         return "embedding"
     if leaf == "lm_head":
         return "lm_head"
+    if _block(module) is not None and leaf in _BLOCK_MODULES:
+        return _BLOCK_MODULES[leaf][1]
     if "norm" in leaf:
         return "norm"
     if ".self_attn." in f".{module}." or ".attn." in f".{module}.":
@@ -252,7 +269,7 @@ def _order(layer: LayerInfo) -> tuple:
         return (0, 0, 0, layer.name)
     if layer.block is not None:
         leaf = layer.name.rsplit(".", 1)[-1]
-        return (1, layer.block, _BLOCK_ORDER.get(leaf, 99), layer.name)
+        return (1, layer.block, _BLOCK_MODULES.get(leaf, (99, ""))[0], layer.name)
     if layer.kind == "norm":
         return (2, 0, 0, layer.name)
     if layer.kind == "lm_head":
@@ -313,15 +330,11 @@ def _describe(
             f"{len(blocks)} transformer blocks"
         )
 
-    if family == "qwen2":
-        window = config.get("sliding_window") if config.get("use_sliding_window") else None
-    else:
-        window = config.get("sliding_window")
-    rope = config.get("rope_theta")
-    if rope is None and isinstance(config.get("rope_parameters"), dict):
-        rope = config["rope_parameters"].get("rope_theta")
+    types = layer_types(config, family, num_layers)
+    window = config.get("sliding_window") if _SLIDING in types else None
     dtypes = Counter(dtype for _shape, dtype in tensors.values())
-    dtype = dtypes.most_common(1)[0][0] if dtypes else config.get("dtype")
+    dtype = dtypes.most_common(1)[0][0] if dtypes else None
+    dtype = dtype or config.get("dtype") or config.get("torch_dtype")
 
     return ModelInfo(
         source=str(folder.resolve()),
@@ -341,5 +354,37 @@ def _describe(
         layers=layers,
         dtype=dtype,
         sliding_window=int(window) if window else None,
-        rope_theta=float(rope) if rope is not None else None,
+        rope_theta=rope_theta(config),
     )
+
+
+def rope_theta(config: dict[str, Any]) -> float | None:
+    """RoPE base: ``rope_parameters.rope_theta`` (transformers 5) or ``rope_theta``."""
+    params = config.get("rope_parameters")
+    theta = params.get("rope_theta") if isinstance(params, dict) else None
+    if theta is None:
+        theta = config.get("rope_theta")
+    return float(theta) if theta is not None else None
+
+
+def layer_types(config: dict[str, Any], family: str, num_layers: int) -> list[str]:
+    """Attention type of each layer, from either generation of config keys, the way the
+    family's transformers model reads them: Mistral and Phi-3 slide in every layer as soon
+    as ``sliding_window`` is set (they have no ``layer_types``); Qwen2 / Qwen3 slide only
+    with ``use_sliding_window``, from layer ``max_window_layers`` on, unless ``layer_types``
+    says otherwise; Gemma 2 alternates sliding / full unless ``layer_types`` says otherwise;
+    Llama never slides."""
+    window = config.get("sliding_window")
+    if family == "llama" or not window:
+        return [_FULL] * num_layers
+    if family in ("mistral", "phi3"):
+        return [_SLIDING] * num_layers
+    if family in ("qwen2", "qwen3") and not config.get("use_sliding_window"):
+        return [_FULL] * num_layers
+    given = config.get("layer_types")
+    if isinstance(given, list) and len(given) == num_layers:
+        return [str(t) for t in given]
+    if family == "gemma2":
+        return [_SLIDING if i % 2 == 0 else _FULL for i in range(num_layers)]
+    first = int(config.get("max_window_layers") or 0)
+    return [_SLIDING if i >= first else _FULL for i in range(num_layers)]

@@ -14,6 +14,22 @@ Two static-shape graphs are written, both built from the checkpoint's own module
     ``logits`` [1,1,V], ``present_key_{i}`` / ``present_value_{i}`` [1,KV,1,D]: only the
     new row; the host writes it into slot ``pos`` of its cache.
 
+Sliding windows W shorter than C (Mistral, Phi-3, Gemma 2's alternating layers, Qwen with
+``use_sliding_window``) are masks built by the host (``llm_runtime.prefill_mask`` /
+``decode_mask``): when every layer slides, ``attention_mask`` is windowed; when only some
+do, both graphs take one more input, ``sliding_attention_mask`` (same shape as
+``attention_mask``), read by the layers whose type is ``sliding_attention``
+(``llm_runtime.mask_windows``). ``graph.json`` records ``layer_types`` (one per layer) and
+``sliding_window``.
+
+What a family needs beyond the shared wrapper is declared once in :data:`FAMILIES`: which
+layers slide, the final logit soft-capping and the embedding scale (Gemma 2). Attention
+soft-capping, q/k norms, fused qkv / gate-up projections and pre/post norms live in the
+checkpoint's own modules, which the graphs reuse.
+
+After the export the graphs are checked over the whole context against the checkpoint in
+transformers (see :func:`check_export`).
+
 RoPE is applied from ``position_ids`` through a cos/sin table of C rows (``rope_cos`` /
 ``rope_sin`` initializers, computed by the checkpoint's rotary module) gathered per
 position: no Sin/Cos on quantized angles, which 8-bit activations would ruin. GQA heads
@@ -33,14 +49,58 @@ import os
 import shutil
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 from studio.core.progress import NullProgress, Progress, SubProgress
+from studio.engine.llm_runtime import SLIDING_MASK, mask_windows
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mistral")
+
+@dataclass(frozen=True)
+class Family:
+    """What one model family needs beyond the shared static-KV wrapper.
+
+    ``sliding``: which layers use the checkpoint's ``sliding_window`` -- ``"layer_types"``
+    (the config's per-layer list, as the family's transformers model reads it), ``"all"``
+    (every layer as soon as ``sliding_window`` is set: Mistral and Phi-3 have no
+    ``layer_types``) or ``"none"``. ``final_softcap`` / ``attn_softcap``: config keys of the
+    logit soft-capping; the final one is applied by the wrapper (transformers does it in
+    ``ForCausalLM.forward``, which the graphs do not run), the attention one by the
+    checkpoint's own attention (recorded only). ``embed_scale``: the embeddings are
+    multiplied by sqrt(hidden_size) (transformers 5 does it inside the embedding module;
+    the wrapper does it when the module does not).
+    """
+
+    model_type: str
+    label: str
+    sliding: str = "layer_types"
+    final_softcap: str | None = None
+    attn_softcap: str | None = None
+    embed_scale: bool = False
+
+
+FAMILIES: dict[str, Family] = {
+    f.model_type: f
+    for f in (
+        Family("qwen2", "Qwen2 / Qwen2.5"),
+        Family("qwen3", "Qwen3"),
+        Family("llama", "Llama 2 / 3.x", sliding="none"),
+        Family("mistral", "Mistral", sliding="all"),
+        Family("phi3", "Phi-3 / Phi-3.5", sliding="all"),
+        Family(
+            "gemma2",
+            "Gemma 2",
+            final_softcap="final_logit_softcapping",
+            attn_softcap="attn_logit_softcapping",
+            embed_scale=True,
+        ),
+    )
+}
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
+FULL, SLIDING = "full_attention", "sliding_attention"
 OPSET = 17
 DEFAULT_MASK_VALUE = -100.0
 SPEC_FORMAT = "qstudio.llm-static-kv/1"
@@ -53,9 +113,12 @@ _PROTOBUF_LIMIT = 1_900_000_000
 # ---------------------------------------------------------------------------- spec helpers
 
 
-def io_names(num_layers: int, graph: str) -> tuple[list[str], list[str]]:
-    """Input and output names of the ``prefill`` or ``decode`` graph."""
+def io_names(num_layers: int, graph: str, sliding: bool = False) -> tuple[list[str], list[str]]:
+    """Input and output names of the ``prefill`` or ``decode`` graph (``sliding``: the
+    graphs take a ``sliding_attention_mask`` too)."""
     ins = ["input_ids", "position_ids", "attention_mask"]
+    if sliding:
+        ins.append(SLIDING_MASK)
     if graph == "decode":
         for i in range(num_layers):
             ins += [f"past_key_{i}", f"past_value_{i}"]
@@ -139,10 +202,11 @@ def _check_checkpoint(checkpoint_dir: Path) -> dict:
     except (OSError, ValueError) as exc:
         raise StudioError(f"cannot read {checkpoint_dir / 'config.json'}: {exc}") from None
     model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    if model_type not in FAMILIES:
+        labels = ", ".join(f"{f.label} ({f.model_type})" for f in FAMILIES.values())
         raise StudioError(
             f"model type {model_type!r} is not supported by the static-KV exporter; "
-            f"use a {', '.join(SUPPORTED_MODEL_TYPES)} checkpoint"
+            f"use a checkpoint of one of: {labels}"
         )
     if not any(checkpoint_dir.glob("*.safetensors")) and not any(checkpoint_dir.glob("*.bin")):
         raise StudioError(
@@ -201,9 +265,8 @@ def _reference_ids(checkpoint_dir: Path, length: int, vocab: int) -> list[int]:
             from tokenizers import Tokenizer
 
             tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
-            ids = [
-                i for i in tok.encode(REFERENCE_TEXT * 8, add_special_tokens=False).ids if i < vocab
-            ]
+            text = REFERENCE_TEXT * (8 + length // 16)
+            ids = [i for i in tok.encode(text, add_special_tokens=False).ids if i < vocab]
         except Exception:  # noqa: BLE001 - a tokenizer we cannot read: fall back to fixed ids
             ids = []
     if len(ids) < length:
@@ -214,9 +277,74 @@ def _reference_ids(checkpoint_dir: Path, length: int, vocab: int) -> list[int]:
 # ---------------------------------------------------------------------------- the wrapper
 
 
-def _build_wrapper(causal_lm, context_len: int):
-    """A static-shape module over the HF modules; its forward matches io_names()."""
+def layer_types_of(config, family: Family) -> list[str]:
+    """One attention type per layer (``full_attention`` / ``sliding_attention``), read the
+    way the family's transformers model reads it: ``layer_types`` (written by transformers 5,
+    or derived by its config class from ``use_sliding_window`` / ``max_window_layers``),
+    or ``sliding_window`` alone for Mistral and Phi-3. A sliding layer without a window is
+    a full one."""
+    n = int(config.num_hidden_layers)
+    window = getattr(config, "sliding_window", None)
+    if family.sliding == "none" or window is None:
+        return [FULL] * n
+    if family.sliding == "all":
+        return [SLIDING] * n
+    types = list(getattr(config, "layer_types", None) or [FULL] * n)
+    if len(types) != n:
+        raise StudioError(
+            f"config.json lists {len(types)} layer_types for {n} layers; "
+            "fix the checkpoint's config"
+        )
+    unknown = sorted(set(types) - {FULL, SLIDING})
+    if unknown:
+        raise StudioError(
+            f"layer types {unknown} are not supported by the static-KV exporter "
+            f"(only {FULL} and {SLIDING})"
+        )
+    return types
+
+
+def _rope_type(config) -> str:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if isinstance(params, dict):
+        return str(params.get("rope_type") or params.get("type") or "default")
+    return "default"
+
+
+def _check_rope(config, context_len: int) -> str:
+    """Refuse RoPE variants a fixed cos/sin table of C rows cannot reproduce.
+
+    The table is the checkpoint's rotary module run once over positions 0..C-1. RoPE types
+    that change their frequencies with the sequence length seen so far do so only past a
+    limit: ``dynamic`` past ``max_position_embeddings`` (C never exceeds it), ``longrope``
+    past ``original_max_position_embeddings`` (then transformers uses its short factors for
+    the first tokens of a generation and its long ones later, which one table cannot).
+    """
+    rope = _rope_type(config)
+    if rope == "longrope":
+        params = getattr(config, "rope_parameters", None) or {}
+        original = params.get("original_max_position_embeddings") or getattr(
+            config, "original_max_position_embeddings", None
+        )
+        if original is not None and context_len > int(original):
+            raise StudioError(
+                f"longrope switches from its short to its long factors past "
+                f"original_max_position_embeddings={original} tokens, which a fixed table "
+                f"cannot follow; choose a context length C <= {original}"
+            )
+    return rope
+
+
+def _build_wrapper(
+    causal_lm, context_len: int, family: Family, layer_types: list[str], sliding_input: bool
+):
+    """A static-shape module over the HF modules; its forward matches io_names().
+
+    ``layer_types`` says which mask each layer reads: with ``sliding_input`` the layers of
+    type ``sliding_attention`` read the extra ``sliding_attention_mask`` input.
+    """
     import inspect
+    import math
 
     import torch
 
@@ -238,6 +366,7 @@ def _build_wrapper(causal_lm, context_len: int):
             return 0 if self.past is None else int(self.past[layer_idx][0].shape[2])
 
     base = causal_lm.model
+    config = causal_lm.config
     params = inspect.signature(base.layers[0].forward).parameters
     cache_kw = next(
         (k for k in ("cache", "past_key_values", "past_key_value") if k in params), None
@@ -246,6 +375,12 @@ def _build_wrapper(causal_lm, context_len: int):
         raise StudioError(
             "this transformers version's decoder layer takes no cache argument; use transformers 5.x"
         )
+    # Family differences outside the decoder layers (see Family).
+    embed_scale = None
+    if family.embed_scale and not hasattr(base.embed_tokens, "embed_scale"):
+        embed_scale = math.sqrt(int(config.hidden_size))
+    final_cap = getattr(config, family.final_softcap, None) if family.final_softcap else None
+    uses_window = [sliding_input and t == SLIDING for t in layer_types]
 
     class StaticKVWrapper(torch.nn.Module):
         def __init__(self):
@@ -261,18 +396,22 @@ def _build_wrapper(causal_lm, context_len: int):
             self.register_buffer("rope_sin", sin[0].to(torch.float32).clone())
             self.num_layers = len(base.layers)
 
-        def forward(self, input_ids, position_ids, attention_mask, *past_flat):
+        def forward(self, input_ids, position_ids, attention_mask, *rest):
+            window_mask = rest[0] if sliding_input else None
+            past_flat = rest[1:] if sliding_input else rest
             h = self.model.embed_tokens(input_ids)
+            if embed_scale is not None:
+                h = h * torch.tensor(embed_scale, dtype=h.dtype)
             cos = torch.nn.functional.embedding(position_ids, self.rope_cos)
             sin = torch.nn.functional.embedding(position_ids, self.rope_sin)
             past = None
             if past_flat:
                 past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(self.num_layers)]
             cache = _StepCache(past)
-            for layer in self.model.layers:
+            for i, layer in enumerate(self.model.layers):
                 out = layer(
                     h,
-                    attention_mask=attention_mask,
+                    attention_mask=window_mask if uses_window[i] else attention_mask,
                     position_ids=position_ids,
                     position_embeddings=(cos, sin),
                     use_cache=True,
@@ -281,6 +420,8 @@ def _build_wrapper(causal_lm, context_len: int):
                 h = out[0] if isinstance(out, tuple) else out
             h = self.model.norm(h)
             logits = self.lm_head(h)
+            if final_cap is not None:
+                logits = torch.tanh(logits / final_cap) * final_cap
             outs = [logits]
             for i in range(self.num_layers):
                 outs += list(cache.new[i])
@@ -291,7 +432,7 @@ def _build_wrapper(causal_lm, context_len: int):
     return wrapper
 
 
-def _example_inputs(spec: dict, graph: str):
+def _example_inputs(spec: dict, graph: str, sliding: bool):
     import torch
 
     L, KV, D = spec["num_layers"], spec["num_kv_heads"], spec["head_dim"]
@@ -304,6 +445,8 @@ def _example_inputs(spec: dict, graph: str):
     pos = torch.arange(S, dtype=torch.long)[None]
     mask = torch.zeros(1, 1, S, K, dtype=torch.float32)
     args = [ids, pos, mask]
+    if sliding:
+        args.append(torch.zeros(1, 1, S, K, dtype=torch.float32))
     if graph == "decode":
         args += [torch.zeros(1, KV, C, D, dtype=torch.float32) for _ in range(2 * L)]
     return tuple(args)
@@ -434,8 +577,9 @@ def _export_graph(wrapper, spec: dict, graph: str, path: Path, progress: Progres
     import onnx
     import torch
 
-    ins, outs = io_names(spec["num_layers"], graph)
-    args = _example_inputs(spec, graph)
+    sliding = mask_windows(spec)[1] is not None
+    ins, outs = io_names(spec["num_layers"], graph, sliding)
+    args = _example_inputs(spec, graph, sliding)
     tmp_dir = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{graph}-export."))
     try:
         raw = tmp_dir / f"{graph}.onnx"
@@ -512,7 +656,9 @@ def export_llm(
 ) -> dict:
     """Export ``prefill.onnx`` / ``decode.onnx`` (FP32, opset 17), graph.json, reference.npz.
 
-    Returns the spec written to graph.json.
+    The graphs are then checked over the whole context (:func:`check_export`): the figures
+    go into the spec's ``export_check``, and a position where the graphs and transformers
+    disagree raises :class:`StudioError` naming it. Returns the spec written to graph.json.
     """
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     P, C = int(prompt_len), int(context_len)
@@ -529,27 +675,25 @@ def export_llm(
     progress.check()
 
     import numpy as np
-    import torch
 
     model = load_causal_lm(checkpoint_dir)
     config = model.config
+    family = FAMILIES[cfg["model_type"]]
     base = getattr(model, "model", None)
     for attr in ("embed_tokens", "layers", "norm", "rotary_emb"):
         if base is None or not hasattr(base, attr):
             raise StudioError(
-                f"model type {cfg.get('model_type')!r} lacks model.{attr}; use a Qwen2/Llama/Mistral-family checkpoint"
+                f"model type {cfg.get('model_type')!r} lacks model.{attr}; "
+                f"use a {family.label} checkpoint saved by transformers"
             )
-    layer_types = list(getattr(config, "layer_types", None) or [])
-    window = getattr(config, "sliding_window", None)
-    if "sliding_attention" in layer_types and window is not None and window < C:
-        raise StudioError(
-            f"this checkpoint uses sliding-window attention ({window} tokens); choose a context length C <= {window}"
-        )
+    layer_types = layer_types_of(config, family)
+    window = getattr(config, "sliding_window", None) if SLIDING in layer_types else None
     max_pos = getattr(config, "max_position_embeddings", None)
     if max_pos is not None and C > max_pos:
         raise StudioError(
             f"context length C={C} exceeds the model's max_position_embeddings={max_pos}; lower C"
         )
+    rope_type = _check_rope(config, C)
 
     attn = base.layers[0].self_attn
     num_heads = int(config.num_attention_heads)
@@ -559,6 +703,7 @@ def export_llm(
     spec: dict[str, Any] = {
         "format": SPEC_FORMAT,
         "model_type": config.model_type,
+        "family": family.label,
         "architecture": type(model).__name__,
         "num_layers": len(base.layers),
         "num_heads": num_heads,
@@ -568,6 +713,12 @@ def export_llm(
         "vocab_size": int(config.vocab_size),
         "prompt_length": P,
         "context_length": C,
+        "layer_types": layer_types,
+        "sliding_window": int(window) if window is not None else None,
+        "rope_type": rope_type,
+        "attn_logit_softcapping": _opt_float(config, family.attn_softcap),
+        "final_logit_softcapping": _opt_float(config, family.final_softcap),
+        "checkpoint_dtype": cfg.get("dtype") or cfg.get("torch_dtype"),
         "eos_token_id": eos_ids[0] if eos_ids else None,
         "eos_token_ids": eos_ids,
         "pad_token_id": pad_id,
@@ -577,10 +728,11 @@ def export_llm(
         "kv_layout": "[1, num_kv_heads, context_length, head_dim]; decode writes its new row into slot pos",
         "weights_layout": "MatMul weights are stored transposed ([in, out]) under their HF names",
     }
+    sliding_input = mask_windows(spec)[1] is not None
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    wrapper = _build_wrapper(model, C)
-    steps = (("prefill", 0.05, 0.4), ("decode", 0.4, 0.75))
+    wrapper = _build_wrapper(model, C, family, layer_types, sliding_input)
+    steps = (("prefill", 0.05, 0.3), ("decode", 0.3, 0.5))
     for graph, a, b in steps:
         progress.check()
         progress.update(a, f"exporting {graph}.onnx")
@@ -588,45 +740,142 @@ def export_llm(
         progress.log(f"wrote {out_dir / f'{graph}.onnx'}")
     spec["graphs"] = {g: _graph_io(out_dir / f"{g}.onnx") for g in ("prefill", "decode")}
 
-    # Reference: HF logits for a fixed prompt that crosses from prefill into decode.
+    # The whole context, teacher-forced through both graphs, against transformers.
     progress.check()
-    progress.update(0.75, "checking the graphs against PyTorch")
-    n_ref = min(P + 8, C)
-    ref_ids = _reference_ids(checkpoint_dir, n_ref, spec["vocab_size"])
-    with torch.no_grad():
-        ref_logits = (
-            model(input_ids=torch.tensor([ref_ids]), use_cache=False).logits[0].float().numpy()
-        )
-
+    progress.update(0.5, f"checking the graphs against transformers over {C} positions")
     from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
 
     gen = StaticKVGenerator(
         make_cpu_session(out_dir / "prefill.onnx"), make_cpu_session(out_dir / "decode.onnx"), spec
     )
-    onnx_logits = gen.teacher_forced_logits(ref_ids, progress=SubProgress(progress, 0.75, 0.95))
-    diff = float(np.max(np.abs(onnx_logits - ref_logits)))
-    scale = float(np.max(np.abs(ref_logits))) or 1.0
-    agree = float(np.mean(onnx_logits.argmax(-1) == ref_logits.argmax(-1)))
-    spec["export_check"] = {
-        "tokens": len(ref_ids),
-        "max_abs_diff": diff,
-        "max_abs_logit": scale,
-        "top1_agreement": agree,
-    }
-    progress.log(
-        f"ONNX vs PyTorch over {len(ref_ids)} tokens: max |diff| {diff:.3g}, top-1 agreement {agree:.3f}"
+    ids = _reference_ids(checkpoint_dir, C, spec["vocab_size"])
+    n_ref = min(P + 8, C)
+    check, ref_logits = check_export(
+        model, gen, ids, keep=n_ref, progress=SubProgress(progress, 0.5, 0.97)
     )
-    if diff > 1e-3 * max(scale, 1.0):
+    spec["export_check"] = check
+    progress.log(
+        f"ONNX vs transformers over {check['positions']} positions: max |diff| "
+        f"{check['max_abs_logit_diff']:.3g} (tolerance {check['tolerance']:.3g}), "
+        f"top-1 agreement {check['top1_agreement']:.4f}"
+    )
+    if check["first_bad_position"] is not None:
+        bad = check["first_bad_position"]
         raise StudioError(
-            f"the exported graphs do not match PyTorch (max logit diff {diff:.3g}); "
-            "this checkpoint is not supported by the static-KV exporter"
+            f"the exported graphs disagree with transformers from position {bad} of "
+            f"{check['positions']} (prompt P={P}, context C={C}): max |logit diff| "
+            f"{check['max_abs_logit_diff']:.3g} against a tolerance of {check['tolerance']:.3g}, "
+            f"top-1 agreement {check['top1_agreement']:.4f}; this checkpoint is not supported "
+            "by the static-KV exporter"
         )
 
     buf = io.BytesIO()
-    np.savez(buf, input_ids=np.asarray(ref_ids, dtype=np.int64),
-             logits=ref_logits.astype(np.float32))
+    np.savez(
+        buf, input_ids=np.asarray(ids[:n_ref], dtype=np.int64), logits=ref_logits.astype(np.float32)
+    )
     atomic_write_bytes(out_dir / "reference.npz", buf.getvalue())
-    spec["reference"] = {"file": "reference.npz", "tokens": len(ref_ids)}
+    spec["reference"] = {"file": "reference.npz", "tokens": n_ref}
     atomic_write_json(out_dir / "graph.json", spec)
     progress.update(1.0, "export done")
     return spec
+
+
+def _opt_float(config, key: str | None) -> float | None:
+    value = getattr(config, key, None) if key else None
+    return float(value) if value is not None else None
+
+
+#: Relative tolerance of the export check: |ONNX - transformers| per position may reach
+#: EXPORT_CHECK_RTOL x max(1, max |logit| at that position). FP32 ONNX Runtime and eager torch
+#: differ by reordered sums only. Measured over the whole context (P=16, C=128): 5e-6 to
+#: 1.6e-5 on the tiny random families at logit scales of 7-8 (about 2e-6 relative), 1.7e-5
+#: on the trained sample (tiny-coder, 4 layers, scale 16.6, also at C=512). A window one
+#: token off or ignored moves the logits by 1.8-8.4 (tests/engine/test_families.py). 1e-3
+#: sits >400x above that noise and >200x below those errors, with room for the larger
+#: reordering noise of deeper, wider checkpoints.
+EXPORT_CHECK_RTOL = 1e-3
+#: logits of at most this many floats are computed by one transformers forward
+_CHECK_CHUNK_FLOATS = 1 << 26
+
+
+def check_export(
+    model,
+    gen,
+    ids: list[int],
+    keep: int = 0,
+    progress: Progress | None = None,
+    rtol: float = EXPORT_CHECK_RTOL,
+) -> tuple[dict, Any]:
+    """Teacher-force ``ids`` (at most C: the first P through prefill, then one decode step per
+    position) through the graphs of ``gen`` and compare each position's logits with the
+    transformers ``model`` run on the same ids.
+
+    A position is bad when its max |diff| exceeds ``rtol`` x max(1, max |logit|) there, or
+    when its top-1 token differs from transformers' by more than a near-tie (the two tokens'
+    reference logits further apart than that tolerance). Returns the figures
+    (``positions``, ``max_abs_logit_diff``, ``max_abs_logit``, ``tolerance`` (the largest
+    per-position one), ``rtol``, ``top1_agreement`` (strict), ``top1_near_ties``,
+    ``first_bad_position`` or None) and the reference logits of the first ``keep`` positions.
+    """
+    import numpy as np
+    import torch
+
+    ids = [int(t) for t in ids]
+    n, V = len(ids), gen.vocab_size
+    chunk = max(1, min(n, _CHECK_CHUNK_FLOATS // max(V, 1)))
+    x = torch.tensor([ids])
+    P = min(gen.prompt_len, n)
+    max_diff = max_logit = max_tol = 0.0
+    agree = ties = 0
+    first_bad: int | None = None
+    kept = []
+    onnx_rows = None
+    for a in range(0, n, chunk):
+        b = min(n, a + chunk)
+        with torch.no_grad():
+            to_keep = 0 if (a == 0 and b == n) else torch.arange(a, b)
+            ref = model(input_ids=x, use_cache=False, logits_to_keep=to_keep).logits[0]
+        ref = ref.float().numpy()[:, :V]
+        for p in range(a, b):
+            if progress is not None:
+                progress.check()
+                if p % 16 == 0:
+                    progress.update(p / n, f"position {p}/{n}")
+            if p < P:
+                if onnx_rows is None:
+                    onnx_rows = gen.prefill(ids[:P])[:, :V]
+                got = onnx_rows[p]
+            else:
+                got = gen.step(ids[p], p)[:V]
+            want = ref[p - a]
+            scale = float(np.max(np.abs(want)))
+            tol = rtol * max(1.0, scale)
+            diff = float(np.max(np.abs(got - want)))
+            top_want, top_got = int(want.argmax()), int(got.argmax())
+            bad = diff > tol
+            if top_want == top_got:
+                agree += 1
+            elif want[top_want] - want[top_got] <= tol:
+                ties += 1
+            else:
+                bad = True
+            if bad and first_bad is None:
+                first_bad = p
+            max_diff, max_logit = max(max_diff, diff), max(max_logit, scale)
+            max_tol = max(max_tol, tol)
+            if p < keep:
+                kept.append(want)
+    if progress is not None:
+        progress.update(1.0, f"{n} positions checked")
+    check = {
+        "positions": n,
+        "prefill_positions": P,
+        "max_abs_logit_diff": max_diff,
+        "max_abs_logit": max_logit,
+        "rtol": rtol,
+        "tolerance": max_tol,
+        "top1_agreement": agree / n,
+        "top1_near_ties": ties,
+        "first_bad_position": first_bad,
+    }
+    return check, np.asarray(kept, dtype=np.float32).reshape(len(kept), V)

@@ -6,6 +6,14 @@ KV cache [1,KV,C,D] per layer and tensor; prefill fills slots ``0..n-1`` and eve
 step writes its new row into slot ``pos``. Feeds are cast to each graph input's own dtype,
 so float16 or uint8 (INT8-KV) edges work too; the cache takes the dtype of the decode
 graph's ``past_*`` inputs.
+
+Sliding-window attention (Mistral, Phi-3, Gemma 2's alternating layers, Qwen with
+``use_sliding_window``), for a window W shorter than the cache: a sliding layer's mask is
+the causal mask with every key at distance >= W from its query masked, which is what
+transformers' sliding layers see (``kv_idx > q_idx - W``); cache slot ``j`` holds position
+``j``. When every layer slides, ``attention_mask`` itself is windowed; when only some do
+(Gemma 2), the graphs take a second additive mask, ``sliding_attention_mask``, of the same
+shape, read by the sliding layers (see :func:`mask_windows`).
 """
 
 from __future__ import annotations
@@ -21,6 +29,43 @@ from studio.engine.ort_types import ORT_TO_NUMPY
 
 _ORT_TYPES = ORT_TO_NUMPY
 
+#: the graph input that carries the windowed mask of the sliding-attention layers
+SLIDING_MASK = "sliding_attention_mask"
+
+
+def prefill_mask(n: int, prompt_len: int, mask_value: float, window: int | None = None):
+    """Additive prefill mask [P, P] (float32) for a prompt of ``n`` real tokens.
+
+    Causal over the ``n`` tokens; padding columns are masked and each padding row sees only
+    itself (no empty softmax rows). With ``window`` W, a query also loses every key at
+    distance >= W.
+    """
+    import numpy as np
+
+    P = prompt_len
+    mask = np.triu(np.full((P, P), mask_value, dtype=np.float32), k=1)
+    mask[:, n:] = mask_value
+    if window is not None:
+        mask[np.tril(np.ones((P, P), dtype=bool), k=-int(window))] = mask_value
+    mask[np.arange(n, P), np.arange(n, P)] = 0.0  # padding rows see themselves: no empty rows
+    return mask
+
+
+def decode_mask(pos: int, context_len: int, mask_value: float, window: int | None = None):
+    """Additive decode mask [C + 1] (float32) for the token at position ``pos``.
+
+    Cache slots ``0..pos-1`` are visible, then the new token (index C). With ``window`` W,
+    only the slots ``pos-W+1..pos-1`` stay visible: W tokens including the new one.
+    """
+    import numpy as np
+
+    C = context_len
+    mask = np.full((C + 1,), mask_value, dtype=np.float32)
+    first = 0 if window is None else max(0, pos - int(window) + 1)
+    mask[first:pos] = 0.0
+    mask[C] = 0.0
+    return mask
+
 
 def make_cpu_session(path: Path, threads: int = 2):
     """An ONNX Runtime CPU session with ``threads`` intra-op threads."""
@@ -34,6 +79,36 @@ def make_cpu_session(path: Path, threads: int = 2):
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def sliding_window_of(spec: dict) -> int | None:
+    """The window the graphs' sliding layers need a mask for: the spec's ``sliding_window``
+    when some layer in ``layer_types`` is a sliding one and the window is shorter than the
+    cache (a longer window never masks anything there), else None."""
+    window = spec.get("sliding_window")
+    types = spec.get("layer_types") or []
+    if window is None or "sliding_attention" not in types:
+        return None
+    window = int(window)
+    if window < 1:
+        raise StudioError(f"graph.json declares a sliding window of {window}; re-export the model")
+    return window if window < int(spec["context_length"]) else None
+
+
+def mask_windows(spec: dict) -> tuple[int | None, int | None]:
+    """The windows of the graphs' two masks: ``(attention_mask, sliding_attention_mask)``.
+
+    With a window W shorter than the cache and both kinds of layers (Gemma 2), the full
+    layers read ``attention_mask`` and the sliding ones ``sliding_attention_mask``:
+    ``(None, W)``. When every layer slides (Mistral, Phi-3), ``attention_mask`` itself is
+    windowed and there is no second input: ``(W, None)``. Otherwise ``(None, None)``.
+    """
+    window = sliding_window_of(spec)
+    if window is None:
+        return None, None
+    if all(t == "sliding_attention" for t in spec["layer_types"]):
+        return window, None
+    return None, window
 
 
 def _input_dtypes(session) -> dict[str, Any]:
@@ -60,6 +135,8 @@ class StaticKVGenerator:
             raise StudioError(f"graph spec is incomplete ({exc}); re-export the model") from None
         self.mask_value = float(spec.get("mask_value", -100.0))
         self.pad_id = int(spec.get("pad_token_id") or 0)
+        self.window = sliding_window_of(spec)
+        self._full_window, self._sliding_window = mask_windows(spec)
         self.prefill_session = prefill_session
         self.decode_session = decode_session
         self._pre_types = _input_dtypes(prefill_session)
@@ -80,6 +157,19 @@ class StaticKVGenerator:
                     raise StudioError(
                         f"the decode graph has no input {name!r}; graph and graph.json do not match"
                     )
+        for graph, types in (("prefill", self._pre_types), ("decode", self._dec_types)):
+            has = SLIDING_MASK in types
+            if has and self._sliding_window is None:
+                raise StudioError(
+                    f"the {graph} graph takes a {SLIDING_MASK} but graph.json declares no "
+                    "sliding layers with a window shorter than the context; graph and "
+                    "graph.json do not match"
+                )
+            if not has and self._sliding_window is not None:
+                raise StudioError(
+                    f"graph.json declares sliding layers with a window of {self._sliding_window} "
+                    f"tokens but the {graph} graph takes no {SLIDING_MASK}; re-export the model"
+                )
         self.cache_dtype = [(self._dec_types[k], self._dec_types[v]) for k, v in self._kv_names]
         self.cache: list[list[Any]] = []
         self.reset()
@@ -111,15 +201,17 @@ class StaticKVGenerator:
         input_ids = np.full((1, P), self.pad_id, dtype=np.int64)
         input_ids[0, :n] = ids
         pos = np.arange(P, dtype=np.int64)[None]
-        mask = np.triu(np.full((P, P), self.mask_value, dtype=np.float32), k=1)
-        mask[:, n:] = self.mask_value
-        mask[np.arange(n, P), np.arange(n, P)] = 0.0  # padding rows see themselves: no empty rows
+        mask = prefill_mask(n, P, self.mask_value, self._full_window)
         t = self._pre_types
-        return {
+        feeds = {
             "input_ids": self._cast(t, "input_ids", input_ids),
             "position_ids": self._cast(t, "position_ids", pos),
             "attention_mask": self._cast(t, "attention_mask", mask[None, None]),
         }
+        if self._sliding_window is not None:
+            window = prefill_mask(n, P, self.mask_value, self._sliding_window)
+            feeds[SLIDING_MASK] = self._cast(t, SLIDING_MASK, window[None, None])
+        return feeds
 
     def decode_feed(self, token: int, pos: int, copy: bool = False) -> dict:
         """Feeds for one decode step of ``token`` at position ``pos`` over the current cache."""
@@ -128,15 +220,16 @@ class StaticKVGenerator:
         C = self.context_len
         if not 0 <= pos < C:
             raise StudioError(f"position {pos} is outside the KV cache of {C} slots")
-        mask = np.full((1, 1, 1, C + 1), self.mask_value, dtype=np.float32)
-        mask[..., :pos] = 0.0
-        mask[..., C] = 0.0
+        mask = decode_mask(pos, C, self.mask_value, self._full_window)[None, None, None]
         t = self._dec_types
         feeds = {
             "input_ids": self._cast(t, "input_ids", np.array([[token]], dtype=np.int64)),
             "position_ids": self._cast(t, "position_ids", np.array([[pos]], dtype=np.int64)),
             "attention_mask": self._cast(t, "attention_mask", mask),
         }
+        if self._sliding_window is not None:
+            window = decode_mask(pos, C, self.mask_value, self._sliding_window)[None, None, None]
+            feeds[SLIDING_MASK] = self._cast(t, SLIDING_MASK, window)
         for (kn, vn), (k, v) in zip(self._kv_names, self.cache, strict=True):
             feeds[kn] = k.copy() if copy else k
             feeds[vn] = v.copy() if copy else v

@@ -25,12 +25,18 @@ SMALL = dict(
 def _build(kind: str):
     import torch
     from transformers import (
+        Gemma2Config,
+        Gemma2ForCausalLM,
         LlamaConfig,
         LlamaForCausalLM,
         MistralConfig,
         MistralForCausalLM,
+        Phi3Config,
+        Phi3ForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
     )
 
     torch.manual_seed(0)
@@ -52,10 +58,22 @@ def _build(kind: str):
         return LlamaForCausalLM(LlamaConfig(head_dim=16, tie_word_embeddings=False, **cfg))
     if kind == "mistral":  # Mistral: sliding window attention
         return MistralForCausalLM(MistralConfig(sliding_window=64, **SMALL))
+    if kind == "qwen3":  # Qwen3: q/k norms, explicit head_dim
+        return Qwen3ForCausalLM(Qwen3Config(head_dim=8, tie_word_embeddings=True, **SMALL))
+    if kind == "phi3":  # Phi-3: fused qkv_proj and gate_up_proj, sliding window
+        return Phi3ForCausalLM(
+            Phi3Config(
+                sliding_window=48, pad_token_id=0, eos_token_id=1, bos_token_id=None, **SMALL
+            )
+        )
+    if kind == "gemma2":  # Gemma 2: pre/post feed-forward norms, alternating windows
+        return Gemma2ForCausalLM(
+            Gemma2Config(head_dim=8, query_pre_attn_scalar=8, sliding_window=32, **SMALL)
+        )
     raise AssertionError(kind)
 
 
-FAMILIES = ["qwen2", "qwen2.5", "llama", "mistral"]
+FAMILIES = ["qwen2", "qwen2.5", "llama", "mistral", "qwen3", "phi3", "gemma2"]
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +178,81 @@ def test_mistral_sliding_window(checkpoints):
     assert info.kv_cache_bytes(1000, window=info.sliding_window) == 2 * 2 * 2 * 8 * 64 * 2
 
 
+def test_qwen3_q_k_norms(checkpoints):
+    info = hf_import.open_checkpoint(checkpoints["qwen3"][0])
+    assert (info.architecture, info.family, info.head_dim) == ("Qwen3ForCausalLM", "qwen3", 8)
+    block = [lay.name.rsplit(".", 1)[-1] for lay in info.layers if lay.block == 0]
+    assert block == [
+        "input_layernorm", "q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "o_proj",
+        "post_attention_layernorm", "gate_proj", "up_proj", "down_proj",
+    ]  # fmt: skip
+    q_norm = info.layer("model.layers.0.self_attn.q_norm")
+    assert (q_norm.kind, q_norm.params, q_norm.shapes) == ("norm", 8, {"weight": (8,)})
+    assert info.tied_embeddings and info.sliding_window is None
+
+
+def test_phi3_fused_projections(checkpoints):
+    info = hf_import.open_checkpoint(checkpoints["phi3"][0])
+    assert (info.architecture, info.family) == ("Phi3ForCausalLM", "phi3")
+    block = [lay.name.rsplit(".", 1)[-1] for lay in info.layers if lay.block == 1]
+    assert block == [
+        "input_layernorm", "qkv_proj", "o_proj", "post_attention_layernorm", "gate_up_proj",
+        "down_proj",
+    ]  # fmt: skip
+    qkv = info.layer("model.layers.1.self_attn.qkv_proj")
+    assert (qkv.kind, qkv.shapes) == ("attention", {"weight": ((4 + 2 * 2) * 8, 32)})
+    gate_up = info.layer("model.layers.1.mlp.gate_up_proj")
+    assert (gate_up.kind, gate_up.shapes) == ("mlp", {"weight": (2 * 48, 32)})
+    assert info.params_by_kind()["mlp"] == 2 * 3 * 32 * 48
+    assert info.sliding_window == 48  # Phi-3 slides in every layer once a window is set
+
+
+def test_gemma2_norms_and_windows(checkpoints):
+    info = hf_import.open_checkpoint(checkpoints["gemma2"][0])
+    assert (info.architecture, info.family) == ("Gemma2ForCausalLM", "gemma2")
+    block = [lay.name.rsplit(".", 1)[-1] for lay in info.layers if lay.block == 0]
+    assert block == [
+        "input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj", "post_attention_layernorm",
+        "pre_feedforward_layernorm", "gate_proj", "up_proj", "down_proj",
+        "post_feedforward_layernorm",
+    ]  # fmt: skip
+    kinds = {lay.name.rsplit(".", 1)[-1]: lay.kind for lay in info.layers if lay.block == 0}
+    assert kinds["pre_feedforward_layernorm"] == kinds["post_feedforward_layernorm"] == "norm"
+    assert info.tied_embeddings and info.sliding_window == 32
+    cfg = json.loads((checkpoints["gemma2"][0] / "config.json").read_text())
+    types = ["sliding_attention", "full_attention"]
+    assert hf_import.layer_types(cfg, "gemma2", 2) == types
+    cfg.pop("layer_types")  # an older Gemma 2 config: alternating by default
+    assert hf_import.layer_types(cfg, "gemma2", 2) == types
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_checkpoint_with_older_config_keys(tmp_path, checkpoints, dtype):
+    """A published-style checkpoint: bf16 / fp16 weights, rope_theta / rope_scaling /
+    torch_dtype / use_sliding_window instead of rope_parameters / dtype / layer_types."""
+    import torch
+
+    _, model = checkpoints["qwen2.5"]
+    model.to(getattr(torch, dtype)).save_pretrained(tmp_path)
+    model.to(torch.float32)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    rope = cfg.pop("rope_parameters")
+    cfg.pop("dtype", None)
+    cfg.pop("layer_types", None)
+    cfg.update(
+        rope_theta=rope["rope_theta"], rope_scaling=None, torch_dtype=dtype,
+        use_sliding_window=True, sliding_window=64, max_window_layers=1,
+    )  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    info = hf_import.open_checkpoint(tmp_path)
+    assert info.dtype == dtype and info.rope_theta == 1_000_000.0
+    assert info.sliding_window == 64
+    assert hf_import.layer_types(cfg, "qwen2", 2) == ["full_attention", "sliding_attention"]
+    assert info.weight_bytes("FP16") == 2 * sum(p.numel() for p in model.parameters())
+    cfg["use_sliding_window"] = False  # declared but off, as in published Qwen2.5 configs
+    assert hf_import.layer_types(cfg, "qwen2", 2) == ["full_attention"] * 2
+
+
 def test_sharded_checkpoint(tmp_path, checkpoints):
     _, model = checkpoints["qwen2"]
     model.save_pretrained(tmp_path, max_shard_size="20KB")
@@ -193,7 +286,18 @@ def test_unsupported_architecture_names_the_supported_ones(tmp_path):
         hf_import.open_checkpoint(tmp_path)
     msg = str(err.value)
     assert "unsupported architecture GPT2LMHeadModel (model_type gpt2)" in msg
-    for name in ("Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2.5"):
+    for name in (
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "Phi3ForCausalLM",
+        "Gemma2ForCausalLM",
+        "Qwen2.5",
+        "Llama 3.x",
+        "Phi-3.5",
+        "Gemma 2",
+    ):
         assert name in msg
     assert "\n" not in msg
 

@@ -54,7 +54,12 @@ def test_export_writes_graphs_spec_and_reference(qwen_graphs):
         spec["vocab_size"] == 256 and spec["prompt_length"] == TINY_P and spec["context_length"] == TINY_C
     )
     assert spec["eos_token_id"] == 0 and spec["pad_token_id"] == 1 and spec["model_type"] == "qwen2"
-    assert spec["export_check"]["max_abs_diff"] < 1e-4
+    check = spec["export_check"]
+    assert check["positions"] == TINY_C and check["prefill_positions"] == TINY_P
+    assert check["max_abs_logit_diff"] < 1e-4 and check["top1_agreement"] == 1.0
+    assert check["first_bad_position"] is None
+    assert spec["layer_types"] == ["full_attention"] * 2 and spec["sliding_window"] is None
+    assert "prompt_len" not in spec and "context_len" not in spec
 
     pre = onnx.load(str(out / "prefill.onnx"))
     dec = onnx.load(str(out / "decode.onnx"))
@@ -240,7 +245,8 @@ def test_llama_export_matches_generate(tmp_path_factory, tiny_llama_dir, corpus)
 
     out = tmp_path_factory.mktemp("llama-fp32")
     spec = export_llm(tiny_llama_dir, out, 8, 48)
-    assert spec["model_type"] == "llama" and spec["export_check"]["max_abs_diff"] < 1e-4
+    assert spec["model_type"] == "llama" and spec["export_check"]["max_abs_logit_diff"] < 1e-4
+    assert spec["rope_type"] == "llama3" and spec["export_check"]["positions"] == 48
     gen = StaticKVGenerator(
         make_cpu_session(out / "prefill.onnx"), make_cpu_session(out / "decode.onnx"), spec
     )
@@ -257,7 +263,8 @@ def test_sample_model_matches_generate(tiny_coder_graphs, sample_model_dir):
 
     out, spec = tiny_coder_graphs
     assert spec["num_layers"] == 4 and spec["vocab_size"] == 2048
-    assert spec["export_check"]["max_abs_diff"] < 1e-3
+    assert spec["export_check"]["max_abs_logit_diff"] < 1e-3
+    assert spec["export_check"]["positions"] == 128 and spec["export_check"]["top1_agreement"] == 1
     gen = StaticKVGenerator(
         make_cpu_session(out / "prefill.onnx"), make_cpu_session(out / "decode.onnx"), spec
     )
