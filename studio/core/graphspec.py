@@ -4,7 +4,12 @@ per quantity, read and written through this module.
 - ``prompt_length`` (P): the prefill graph's fixed prompt length;
 - ``context_length`` (C): the decode graph's static KV cache length;
 - ``num_layers``, ``num_heads``, ``num_kv_heads``, ``head_dim``, ``hidden_size``,
-  ``vocab_size``, ``eos_token_id(s)``, ``pad_token_id``, ``mask_value``, ``opset``.
+  ``vocab_size``, ``eos_token_id(s)``, ``pad_token_id``, ``mask_value``, ``opset``;
+- ``family``, ``rope_type``, ``checkpoint_dtype``, the soft-cap values, and per layer
+  ``layer_types`` (``full_attention`` / ``sliding_attention``) with ``sliding_window``: where
+  only some layers slide, both graphs take a second mask input ``sliding_attention_mask``;
+- ``export_check``: the graphs against transformers over the whole context (``positions``,
+  ``max_abs_logit_diff``, ``top1_agreement``, ``tolerance``, ``first_bad_position``).
 
 Specs written before this vocabulary (``format`` 1 with ``prompt_len`` / ``context_len``,
 sometimes beside the new names, and absolute paths) are migrated when read.

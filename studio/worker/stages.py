@@ -130,9 +130,27 @@ def export(ctx: StageContext, progress: Progress) -> dict[str, Any]:
             shutil.copy2(f, tok_dir / f.name)
     atomic_write_json(ctx.out / "modelinfo.json", info.to_dict())
     sizes = {g: (ctx.out / f"{g}.onnx").stat().st_size for g in GRAPHS}
+    chk = spec.get("export_check") or {}
+    metrics = []
+    if chk:
+        # the graphs against transformers over the whole exported context (deterministic)
+        detail = (f"ONNX Runtime CPU FP32 vs transformers, teacher-forced over "
+                  f"{chk['positions']} positions ({chk['prefill_positions']} prefill + "
+                  f"{chk['positions'] - chk['prefill_positions']} decode), "
+                  f"tolerance {chk['tolerance']:.3g}")
+        metrics = [
+            _metric("export_max_abs_logit_diff", chk["max_abs_logit_diff"], "", "measured",
+                    "host-cpu", detail=detail),
+            _metric("export_top1_agreement", chk["top1_agreement"], "fraction", "measured",
+                    "host-cpu", detail=detail),
+            _metric("export_positions_checked", chk["positions"], "positions", "measured",
+                    "host-cpu"),
+        ]
     return {
-        "summary": f"prefill [1,{P}] + decode with KV cache {C} ({info.parameters:,} parameters)",
-        "spec": spec, "sizes": sizes, "metrics": [],
+        "summary": f"prefill [1,{P}] + decode with KV cache {C} ({info.parameters:,} parameters)"
+                   + (f"; matches transformers over {chk['positions']} positions "
+                      f"(max |Δlogit| {chk['max_abs_logit_diff']:.2g})" if chk else ""),
+        "spec": spec, "sizes": sizes, "metrics": metrics,
     }
 
 
