@@ -55,6 +55,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="the run to compare (default: the newest with results)")
     c.add_argument("--json", dest="compare_json", action="store_true",
                    help="print the comparison as JSON")
+    o = sub.add_parser("overrides", help="per-tensor precision as QNN / AIMET encodings JSON")
+    osub = o.add_subparsers(dest="overrides_command", parser_class=_Parser, required=True)
+    oe = osub.add_parser("export", help="write the quantized graph's encodings-override JSON")
+    oe.add_argument("file")
+    oe.add_argument("out")
+    oi = osub.add_parser("import", help="add an encodings JSON's precisions to the recipe")
+    oi.add_argument("file")
+    oi.add_argument("encodings")
     sub.add_parser("targets", help="list the chip catalog")
     return p
 
@@ -298,6 +306,29 @@ def _compare(args) -> int:
     return 0
 
 
+def _overrides(args) -> int:
+    from studio.services import precision
+    from studio.services.session import Studio
+
+    studio = Studio.open(Path(args.file))
+    try:
+        if args.overrides_command == "export":
+            n = precision.export_overrides(studio, Path(args.out))
+            print(f"wrote {args.out}: {n['activations']} activation and {n['params']} weight "
+                  "encodings (qnn-onnx-converter --quantization_overrides)")
+            return 0
+        added, unnamed = precision.import_overrides(studio, Path(args.encodings))
+        print(f"added {len(added)} override(s) to {studio.project.path.name}")
+        for pattern, prec in added.items():
+            print(f"  {pattern} = {prec}")
+        if unnamed:
+            print(f"  {len(unnamed)} tensor(s) no rule can name (kept at the scheme's "
+                  f"precision): {', '.join(unnamed[:5])}", file=sys.stderr)
+        return 0
+    finally:
+        studio.close()
+
+
 def _targets() -> int:
     from studio.core.catalog import load_catalog
 
@@ -318,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
             return _info(args)
         if args.command == "compare":
             return _compare(args)
+        if args.command == "overrides":
+            return _overrides(args)
         if args.command == "targets":
             return _targets()
         if args.batch:

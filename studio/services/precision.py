@@ -32,3 +32,45 @@ def unmatched(project: Project, info: ModelInfo) -> list[str]:
     """Override patterns that cover no layer of the model."""
     return unmatched_patterns([lay.name for lay in info.layers],
                               project.quantization["overrides"])
+
+
+def _current_artifact(studio, stage: str):
+    """The stored artifact of ``stage`` for the project as it is now, or a StudioError."""
+    from studio.core.errors import StudioError
+    from studio.services.history import current_keys
+
+    key = current_keys(studio.project).get(stage)
+    art = studio.store.get(key) if key else None
+    if art is None:
+        raise StudioError(
+            f"no {stage} result for the current settings: run studio --batch "
+            f"{studio.project.path} --stages {stage} first"
+        )
+    return art
+
+
+def export_overrides(studio, out) -> dict[str, int]:
+    """Write the per-tensor encodings of the current quantized decode graph as a QNN / AIMET
+    encodings-override JSON (``qnn-onnx-converter --quantization_overrides``)."""
+    from pathlib import Path
+
+    from studio.engine.encodings import write_encodings
+
+    art = _current_artifact(studio, "quantize")
+    return write_encodings(art.path / "decode.onnx", Path(out))
+
+
+def import_overrides(studio, path) -> tuple[dict[str, str], list[str]]:
+    """Turn an encodings JSON into recipe overrides (added after the existing ones, as one
+    undoable edit) and save the project. Returns (the overrides added, tensors that no rule
+    can name)."""
+    from studio.engine.encodings import encodings_to_overrides
+
+    art = _current_artifact(studio, "export")
+    q = studio.project.quantization
+    added, unnamed = encodings_to_overrides(path, art.path / "decode.onnx", q["scheme"])
+    merged = {k: v for k, v in q["overrides"].items() if k not in added}
+    merged.update(added)
+    studio.set("quantization", "overrides", merged)
+    studio.save()
+    return added, unnamed

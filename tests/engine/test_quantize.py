@@ -363,3 +363,57 @@ def test_w4a16_gives_4_bit_weights_per_channel_or_block_wise(
     rep = qnn.placement_report(tmp_path / "decode.onnx", "snapdragon-8-gen-3",
                                extra_options=extra)
     assert rep["all_on_npu"], rep["cpu_nodes"][:5]
+
+
+def test_encodings_round_trip_through_the_recipe(tmp_path, qwen_graphs, tiny_qwen_dir, corpus):
+    from studio.engine.encodings import encodings_to_overrides, export_encodings, read_encodings
+    from studio.engine.quantize import quantize_llm
+
+    graphs, _ = qwen_graphs
+    recipe = {"scheme": "W8A8", "weight_granularity": "per_channel", "samples": 2,
+              "overrides": {"*.down_proj": "INT16", "model.layers.1.mlp.up_proj.weight": "INT16",
+                            "model.layers.0.self_attn.q_proj.weight": "INT4"}}
+    quantize_llm(graphs, tmp_path / "a", recipe, corpus, tiny_qwen_dir)
+    enc = export_encodings(tmp_path / "a" / "decode.onnx")
+    # the QNN / AIMET legacy format: fields and types per entry
+    assert enc["version"] == "0.6.1"
+    for section in ("activation_encodings", "param_encodings"):
+        assert enc[section]
+        for name, entries in enc[section].items():
+            assert isinstance(entries, list) and entries, name
+            for e in entries:
+                assert {"bitwidth", "dtype", "is_symmetric", "scale", "offset", "min",
+                        "max"} <= set(e)
+                assert e["dtype"] == "int" and e["is_symmetric"] in ("True", "False")
+                assert e["min"] <= 0 <= e["max"] and e["scale"] > 0
+    p = enc["param_encodings"]
+    assert p["model.layers.1.mlp.up_proj.weight"][0]["bitwidth"] == 16
+    assert p["model.layers.0.self_attn.q_proj.weight"][0]["bitwidth"] == 4
+    assert p["model.layers.0.mlp.gate_proj.weight"][0]["bitwidth"] == 8
+    sym8 = p["model.layers.0.mlp.gate_proj.weight"][0]
+    assert sym8["is_symmetric"] == "True" and sym8["offset"] == -128  # AIMET's convention
+    assert enc["activation_encodings"]["/model/layers.0/mlp/down_proj/MatMul_output_0"][0][
+        "bitwidth"] == 16
+    # written out and read back: the same bitwidths; as recipe overrides on a plain W8A8
+    # recipe, a second quantization reproduces every tensor's precision
+    out = tmp_path / "enc.json"
+    out.write_text(json.dumps(enc))
+    acts, params = read_encodings(out)
+    overrides, unnamed = encodings_to_overrides(out, graphs / "decode.onnx", "W8A8")
+    assert unnamed == []
+    again = dict(recipe, overrides=overrides)
+    quantize_llm(graphs, tmp_path / "b", again, corpus, tiny_qwen_dir)
+    acts_b, params_b = read_encodings_from_model(tmp_path / "b" / "decode.onnx", tmp_path)
+    assert params_b == params  # every weight
+    # every layer output a rule names (the MatMuls); where precisions meet, the quantizer's
+    # own converts may sit on either side of the boundary, which no recipe rule expresses
+    matmul_outs = {k for k in acts if k.endswith("MatMul_output_0")}
+    assert len(matmul_outs) > 10
+    assert {k: acts_b[k] for k in matmul_outs} == {k: acts[k] for k in matmul_outs}
+
+
+def read_encodings_from_model(model, tmp_path):
+    from studio.engine.encodings import read_encodings, write_encodings
+
+    write_encodings(model, tmp_path / "b.json")
+    return read_encodings(tmp_path / "b.json")

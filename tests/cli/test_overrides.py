@@ -1,0 +1,51 @@
+"""`studio overrides export / import`: per-tensor precision as QNN / AIMET encodings JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.cli.conftest import studio
+
+
+@pytest.mark.slow
+def test_encodings_export_then_import_into_another_recipe(batch_run, small_project, tmp_path):
+    enc = tmp_path / "w8a16.json"
+    r = studio("overrides", "export", small_project, enc)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(enc.read_text())
+    assert data["version"] == "0.6.1" and data["param_encodings"] and data["activation_encodings"]
+    # a W8A8 copy of the project takes the W8A16 file's precisions as overrides
+    copy = tmp_path / "copy.qstudio"
+    copy.write_text(small_project.read_text().replace('scheme = "W8A16"', 'scheme = "W8A8"'))
+    r = studio("overrides", "import", copy, enc)
+    assert r.returncode == 2 and "no export result" in r.stderr  # nothing to map onto yet
+    assert studio("--batch", copy, "--stages", "export", "--quiet").returncode == 0
+    r = studio("overrides", "import", copy, enc)
+    assert r.returncode == 0, r.stderr
+    assert "override(s)" in r.stdout and "= INT16" in r.stdout
+    # 16-bit biases and RoPE tables of a W8A16 file have no rule on a W8A8 recipe: reported
+    assert "no rule can name" in r.stderr and "bias" in r.stderr
+    r = studio("--batch", copy, "--stages", "quantize", "--quiet")
+    assert r.returncode == 0, r.stderr
+    back = tmp_path / "back.json"
+    assert studio("overrides", "export", copy, back).returncode == 0
+    again = json.loads(back.read_text())
+
+    def bits(d, section, keep=lambda k: True):
+        return {k: v[0]["bitwidth"] for k, v in d[section].items() if keep(k)}
+
+    w = lambda k: k.endswith(".weight")  # noqa: E731
+    assert bits(again, "param_encodings", w) == bits(data, "param_encodings", w)
+    mm = lambda k: k.endswith("MatMul_output_0")  # noqa: E731
+    assert bits(again, "activation_encodings", mm) == bits(data, "activation_encodings", mm)
+    assert set(bits(data, "activation_encodings", mm).values()) == {16}
+
+
+def test_a_file_that_is_not_an_encodings_file_is_refused(batch_run, small_project, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"hello": 1}')
+    r = studio("overrides", "import", small_project, bad)
+    assert r.returncode == 2
+    assert "is not an encodings file" in r.stderr.strip().splitlines()[-1]
