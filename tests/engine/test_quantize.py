@@ -248,7 +248,9 @@ def test_fp16_copies_the_float_graphs(tmp_path, qwen_graphs, tiny_qwen_dir):
     ("recipe", "match"),
     [
         ({"scheme": "W4A4"}, "unknown quantization scheme"),
-        ({"scheme": "W8A8", "weight_granularity": "per_block"}, "weight granularity"),
+        ({"scheme": "W8A8", "weight_granularity": "per_row"}, "weight granularity"),
+        ({"scheme": "W8A8", "weight_granularity": "per_block"}, "4-bit"),
+        ({"scheme": "W8A8", "calibration_method": "Median"}, "calibration method"),
         ({"scheme": "W8A8", "samples": 0}, "samples"),
         ({"scheme": "W8A8", "bits": 3}, "unknown quantization setting"),
         ({"scheme": "W8A8", "overrides": {"model.layers.0": "INT3"}}, "unknown precision"),
