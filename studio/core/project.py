@@ -24,6 +24,7 @@ from studio.core.recipe import (
     DEFAULT_SCHEME,
     check_recipe,
 )
+from studio.core.stagegraph import DEFAULT_STAGES
 from studio.core.stagegraph import STAGE_NAMES as STAGES
 
 SCHEMA_VERSION = 1
@@ -50,7 +51,7 @@ _SECTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "max_new_tokens": (int, 16),
         "devices": (list, list(PROJECT_KINDS)),
     },
-    "pipeline": {"stages": (list, list(STAGES))},
+    "pipeline": {"stages": (list, list(DEFAULT_STAGES))},
 }
 _TOP = {"schema_version", "name", "targets", *_SECTIONS}
 

@@ -51,6 +51,7 @@ class StageDecl:
     device_kinds: tuple[str, ...] = ()  # for fan_out "device": the kinds it runs on
     needs_all: bool = False  # depends on every other job of the plan (the report)
     cache: bool = True  # False: always run (its content comes from the run history)
+    optional: bool = False  # not in a new project's pipeline: asked for by name (--stages)
 
 
 _GATES = tuple(f"gates.{k}" for k in DEFAULT_GATES)
@@ -77,6 +78,8 @@ DECLARATIONS: tuple[StageDecl, ...] = (
 )
 STAGES: dict[str, StageDecl] = {d.name: d for d in DECLARATIONS}
 STAGE_NAMES: tuple[str, ...] = tuple(STAGES)
+# What a new project's pipeline runs: every stage but the optional ones.
+DEFAULT_STAGES: tuple[str, ...] = tuple(d.name for d in DECLARATIONS if not d.optional)
 
 # Settings that name an input file: hashed by content, checked by preflight by kind.
 REFS: dict[str, str] = {
