@@ -74,6 +74,15 @@ DECLARATIONS: tuple[StageDecl, ...] = (
               settings=("quantization.scheme", "run.prompt", "run.max_new_tokens")),
     StageDecl("profile", "Profile", (Need("quantize"), Need("compile", per_chip=True)),
               fan_out="device", device_kinds=("htp-sim",), settings=("quantization.scheme",)),
+    StageDecl("sensitivity", "Sensitivity", (Need("export"),), optional=True,
+              settings=("quantization.scheme", "quantization.weight_granularity",
+                        "quantization.calibration_text", "quantization.calibration_samples",
+                        "validation.heldout_text", "sensitivity.heldout_tokens",
+                        "sensitivity.high", "sensitivity.low")),
+    StageDecl("autoprecision", "Auto precision", (Need("export"), Need("sensitivity")),
+              optional=True,
+              settings=("autoprecision.metric", "autoprecision.max_perplexity_change",
+                        "autoprecision.min_logits_cosine")),
     StageDecl("report", "Report", (), needs_all=True, cache=False, settings=("name", *_GATES)),
 )
 STAGES: dict[str, StageDecl] = {d.name: d for d in DECLARATIONS}
