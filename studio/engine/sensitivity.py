@@ -135,10 +135,12 @@ def heldout_windows(ids: list[int], length: int) -> list[list[int]]:
     return wins
 
 
-def host_session(model, threads: int = 2):
+def host_session(model, threads: int = 1):
     """An ONNX Runtime CPU session for a host QDQ model, graph optimizations off: the CPU
     optimizer would fuse DequantizeLinear + MatMul into MatMulNBits and re-quantize the
-    activations. ``model`` is a path or a ModelProto."""
+    activations. ``model`` is a path or a ModelProto. One thread by default: a QDQ graph is
+    a thousand small nodes, and on the sample model one thread ran it twice as fast as two,
+    with the same logits bit for bit."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -222,7 +224,7 @@ class VariantBench:
     def __init__(self, graphs_dir: Path, recipe: dict, heldout_ids: list[int],
                  work_parent: Path, *, calibration_text: str = "",
                  tokenizer_dir: Path | None = None, ranges: Path | None = None,
-                 progress: Progress = NullProgress(), threads: int = 2):
+                 progress: Progress = NullProgress(), threads: int = 1):
         from studio.engine.llm_export import load_spec
         from studio.engine.quantize import normalize_recipe
 
@@ -251,6 +253,7 @@ class VariantBench:
         self.patched = 0  # 4-bit variants: the base with weights quantized earlier
         self.spliced = 0  # variants cut out of a group's quantizer run
         self._plans: dict[str, tuple[dict[str, str], frozenset[str]]] = {}
+        self._configs: dict[str, tuple[dict, Any]] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
     def __enter__(self) -> VariantBench:
@@ -334,11 +337,14 @@ class VariantBench:
         self._base_plan = self._plan(self.recipe)
         self._node_io: dict[str, tuple[str, ...]] = {}
         self._touching: dict[str, set[str]] = {}  # tensor -> nodes that make or read it
+        self._passes_scale: dict[str, list[str]] = {}  # input -> outputs sharing its scale
         for node in self.model.graph.node:
             key = _node_key(node)
             self._node_io[node.name] = (*node.input, *node.output)
             for t in (*node.input, *node.output):
                 self._touching.setdefault(t, set()).add(key)
+            if node.op_type in _SHARED_SCALE_OPS and node.input:
+                self._passes_scale.setdefault(node.input[0], []).extend(node.output)
 
     def _weights_by_layer(self) -> dict[str, tuple[str, int, int]]:
         """layer -> (weight initializer, element count, output features)."""
@@ -366,14 +372,17 @@ class VariantBench:
 
         from studio.engine.quantize import _reader, resolve_overrides
 
-        resolved = resolve_overrides(self.model, recipe)
-        act = QuantType.QUInt16 if recipe["scheme"] == "W8A16" else QuantType.QUInt8
-        return resolved, get_qnn_qdq_config(
-            self.model, _reader(self.feeds, _CheckOnly(self.progress)), activation_type=act,
-            weight_type=QuantType.QUInt8, per_channel=False,
-            init_overrides=resolved["init_overrides"] or None,
-            nodes_to_exclude=resolved["nodes_to_exclude"] or None,
-        )
+        key = _canonical([recipe["weight_granularity"], recipe["overrides"]])
+        if key not in self._configs:
+            resolved = resolve_overrides(self.model, recipe)
+            act = QuantType.QUInt16 if recipe["scheme"] == "W8A16" else QuantType.QUInt8
+            self._configs[key] = resolved, get_qnn_qdq_config(
+                self.model, _reader(self.feeds, _CheckOnly(self.progress)),
+                activation_type=act, weight_type=QuantType.QUInt8, per_channel=False,
+                init_overrides=resolved["init_overrides"] or None,
+                nodes_to_exclude=resolved["nodes_to_exclude"] or None,
+            )
+        return self._configs[key]
 
     def _plan(self, recipe: dict) -> tuple[dict[str, str], frozenset[str]]:
         """What the quantizer will do, in comparable form: tensor -> its resolved override,
@@ -534,6 +543,12 @@ class VariantBench:
             tensors = {t for t in tqo.keys() | base_tqo.keys() if tqo.get(t) != base_tqo.get(t)}
             for name in excl ^ base_excl:
                 tensors.update(self._node_io.get(name, ()))
+            todo = list(tensors)
+            while todo:  # outputs that take their scale from a changed input change too
+                for out in self._passes_scale.get(todo.pop(), ()):
+                    if out not in tensors:
+                        tensors.add(out)
+                        todo.append(out)
             nodes = set(excl ^ base_excl)
             for t in tensors:
                 nodes.update(self._touching.get(t, ()))
@@ -583,10 +598,9 @@ class VariantBench:
                                         self.work / "by-the-quantizer.onnx")))
 
     def _covered_weights(self, recipe: dict) -> set[str]:
-        from studio.engine.quantize import resolve_overrides
-
+        """The weights a recipe makes 4-bit."""
         weights = {w for w, _, _ in self.weight_of.values()}
-        res = resolve_overrides(self.model, recipe)
+        res, _ = self._config(recipe)
         return {name for name, ov in res["init_overrides"].items()
                 if name in weights and getattr(ov[0].get("quant_type"), "name", "") == "QInt4"}
 
@@ -600,14 +614,15 @@ class VariantBench:
             out.append(np.asarray(lg[0, : len(w)], dtype=np.float32))
         return out
 
-    def logits(self, overrides: dict[str, str]) -> list:
-        return self._logits(host_session(self.variant_model(overrides), self.threads))
-
-    def _score(self, model, overrides: dict[str, str]) -> dict[str, Any]:
+    def score(self, model) -> dict[str, float]:
+        """Teacher-forced figures of a quantized prefill graph (a path or a ModelProto) on the
+        held-out windows against FP32."""
         self.progress.check()
         logits = self._logits(host_session(model, self.threads))
-        return {**compare_logits(self.reference, logits, self.windows),
-                **self.footprint(overrides)}
+        return compare_logits(self.reference, logits, self.windows)
+
+    def _score(self, model, overrides: dict[str, str]) -> dict[str, Any]:
+        return {**self.score(model), **self.footprint(overrides)}
 
     def evaluate(self, overrides: dict[str, str]) -> dict[str, Any]:
         """Quantize the variant and score it: perplexity, logits cosine, top-1, KL vs FP32,
@@ -639,6 +654,12 @@ class VariantBench:
 
 # ---------------------------------------------------------------------------- splicing
 
+# ops whose outputs the quantizer gives their first input's scale (ONNX Runtime's QDQ
+# registry: the "direct 8-bit" ops, pooling, resize, pad, split, gather)
+_SHARED_SCALE_OPS = frozenset({
+    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "AveragePool", "Slice", "TopK",
+    "MaxPool", "Resize", "Pad", "Split", "Gather", "GatherElements",
+})
 # what the quantizer appends to a tensor's name for the nodes and tensors it makes for it
 _QDQ_SUFFIXES = ("QuantizeLinear", "DequantizeLinear", "scale", "zero_point", "convert",
                  "quantized")
@@ -683,6 +704,12 @@ def _owner(name: str, owners: dict[str, int]) -> set[int]:
     return out
 
 
+def _changed_names(old, new) -> list[str]:
+    """The names that differ between two lists of a node's inputs (or outputs), both sides."""
+    names = [n for a, b in zip(old, new, strict=False) if a != b for n in (a, b)]
+    return names + list(old[len(new):]) + list(new[len(old):])
+
+
 def _split(base, joint, owners: dict[str, int]) -> dict[int, dict] | None:
     """Cut ``joint`` (one quantizer run of several variants) into each variant's changes to
     ``base``; None when a change belongs to no variant or to more than one."""
@@ -707,11 +734,10 @@ def _split(base, joint, owners: dict[str, int]) -> dict[int, dict] | None:
             names = [*node.input, *node.output]
         elif old == node:
             continue
-        elif (old.op_type, old.domain, list(old.output), list(old.attribute)) == (
-                node.op_type, node.domain, list(node.output), list(node.attribute)):
-            names = [a for a, b in zip(old.input, node.input, strict=False) if a != b]
-            names += [b for a, b in zip(old.input, node.input, strict=False) if a != b]
-            names += list(old.input[len(node.input):]) + list(node.input[len(old.input):])
+        elif (old.op_type, old.domain, list(old.attribute)) == (
+                node.op_type, node.domain, list(node.attribute)):
+            names = _changed_names(old.input, node.input) + _changed_names(old.output,
+                                                                          node.output)
         else:
             return None
         who = claim(names)
