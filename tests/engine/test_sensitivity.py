@@ -238,9 +238,10 @@ def _autoprecision(project, export, sensitivity, out: Path, **settings):
     return result, json.loads((out / "autoprecision.json").read_text()), seconds
 
 
-def test_autoprecision_meets_a_cosine_target_from_w8a8(project, export, sensitivity, tmp_path):
+def test_autoprecision_meets_a_cosine_target_from_w8a8(project, export, sensitivity, bench,
+                                                       sample_data_dir, tmp_path):
     from studio.core.recipe import effective_precisions
-    from studio.engine.quantize import check_overrides
+    from studio.engine.quantize import check_overrides, quantize_llm
 
     _, _, data = sensitivity
     by = {e["name"]: e for e in data["layers"]}
@@ -266,6 +267,11 @@ def test_autoprecision_meets_a_cosine_target_from_w8a8(project, export, sensitiv
     assert res["after"]["weight_bytes"] == res["before"]["weight_bytes"]
     assert res["after"]["activation_bytes_per_token"] > res["before"]["activation_bytes_per_token"]
     assert all((m["source"], m["device"]) == ("measured", "host-cpu") for m in result["metrics"])
+    # copied into the project, the rules give the quantize stage the graph that was measured
+    calib = (sample_data_dir / "calibration.py.txt").read_text(encoding="utf-8")
+    quantize_llm(export, tmp_path / "q", {**q, "samples": 2}, calib, export / "tokenizer")
+    got = bench.score(tmp_path / "q" / "prefill.onnx")
+    assert got == {k: res["after"][k] for k in got}
     FIGURES["autoprecision_cosine"] = {
         "target": round(target, 6), "raised": res["raised"], "overrides": rules,
         "seconds": round(seconds, 1),
