@@ -504,11 +504,7 @@ class VariantBench:
             self._patch(model, {w: int4[w] for w in self._covered_weights(recipe)})
             self.patched += 1
             return model
-        model = self._quantized(recipe)
-        if "INT4" in recipe["overrides"].values():
-            self._patch(model, {w: self._int4_weights()[w]
-                                for w in self._covered_weights(recipe)})
-        return model
+        return self._quantized(recipe)  # 4-bit weights among them are quantized there
 
     def variant_models(self, variants: list[dict[str, str]]):
         """:meth:`variant_model` for many variants, yielded in order. Variants that change
