@@ -24,8 +24,10 @@ from studio.core.recipe import (
     DEFAULT_GATES,
     DEFAULT_GRANULARITY,
     DEFAULT_SCHEME,
+    PRECISIONS,
     check_recipe,
 )
+from studio.core.stagegraph import DEFAULT_STAGES
 from studio.core.stagegraph import STAGE_NAMES as STAGES
 
 SCHEMA_VERSION = 1
@@ -54,7 +56,21 @@ _SECTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "max_new_tokens": (int, 16),
         "devices": (list, list(PROJECT_KINDS)),
     },
-    "pipeline": {"stages": (list, list(STAGES))},
+    "pipeline": {"stages": (list, list(DEFAULT_STAGES))},
+    # per-layer precision sensitivity: held-out tokens scored per variant, the precision a
+    # layer is raised to ("auto": INT16 over W8A8, FP16 over W8A16) and lowered to ("": none)
+    "sensitivity": {
+        "heldout_tokens": (int, 128),
+        "high": (str, "auto"),
+        "low": (str, "INT4"),
+    },
+    # auto mixed precision: the target ("perplexity": within max_perplexity_change of FP32,
+    # either way; "cosine": mean logits cosine vs FP32 at least min_logits_cosine)
+    "autoprecision": {
+        "metric": (str, "perplexity"),
+        "max_perplexity_change": ((int, float), 0.02),
+        "min_logits_cosine": ((int, float), 0.999),
+    },
 }
 _TOP = {"schema_version", "name", "targets", *_SECTIONS}
 
@@ -72,6 +88,8 @@ class Project:
     run: dict[str, Any]
     pipeline: dict[str, Any]
     targets: list[str] = field(default_factory=list)
+    sensitivity: dict[str, Any] = field(default_factory=lambda: _defaults("sensitivity"))
+    autoprecision: dict[str, Any] = field(default_factory=lambda: _defaults("autoprecision"))
     path: Path | None = None
 
     # ---- locations -------------------------------------------------------------
@@ -125,6 +143,33 @@ class Project:
         return p
 
 
+def _defaults(section: str) -> dict[str, Any]:
+    return {k: copy.deepcopy(default) for k, (_, default) in _SECTIONS[section].items()}
+
+
+def _check_sensitivity(p: Project) -> None:
+    s, a = p.sensitivity, p.autoprecision
+    if s["heldout_tokens"] < 16:
+        raise StudioError("sensitivity.heldout_tokens must be at least 16")
+    if s["high"] not in ("auto", *PRECISIONS):
+        raise StudioError(
+            f"sensitivity.high = {s['high']!r} is not one of auto, {', '.join(PRECISIONS)}"
+        )
+    if s["low"] not in ("", *PRECISIONS):
+        raise StudioError(
+            f"sensitivity.low = {s['low']!r} is not one of {', '.join(PRECISIONS)} "
+            "(or \"\" to skip lowering)"
+        )
+    if a["metric"] not in ("perplexity", "cosine"):
+        raise StudioError(
+            f"autoprecision.metric = {a['metric']!r}: use \"perplexity\" or \"cosine\""
+        )
+    if a["max_perplexity_change"] < 0:
+        raise StudioError("autoprecision.max_perplexity_change must be 0 or more (0.02 = 2 %)")
+    if not 0.0 < a["min_logits_cosine"] <= 1.0:
+        raise StudioError("autoprecision.min_logits_cosine must be above 0 and at most 1")
+
+
 def _fmt_allowed(keys) -> str:
     return ", ".join(sorted(keys))
 
@@ -153,6 +198,7 @@ def _validate(p: Project) -> None:
     if e["context_length"] > 4096:
         raise StudioError("export.context_length must be at most 4096")
     check_recipe(p.quantization)
+    _check_sensitivity(p)
     for key, val in p.gates.items():
         if not 0.0 <= float(val) <= 1.0 and key != "max_perplexity_increase":
             raise StudioError(f"gates.{key} must be between 0 and 1, not {val}")
@@ -227,7 +273,8 @@ def from_dict(data: dict[str, Any], where: str = "project") -> Project:
         name=name or "untitled", targets=list(targets), model=sections["model"],
         export=sections["export"], quantization=sections["quantization"],
         validation=sections["validation"], gates=sections["gates"], run=sections["run"],
-        pipeline=sections["pipeline"],
+        pipeline=sections["pipeline"], sensitivity=sections["sensitivity"],
+        autoprecision=sections["autoprecision"],
     )
     _validate(p)
     return p

@@ -51,6 +51,7 @@ class StageDecl:
     device_kinds: tuple[str, ...] = ()  # for fan_out "device": the kinds it runs on
     needs_all: bool = False  # depends on every other job of the plan (the report)
     cache: bool = True  # False: always run (its content comes from the run history)
+    optional: bool = False  # not in a new project's pipeline: asked for by name (--stages)
 
 
 _GATES = tuple(f"gates.{k}" for k in DEFAULT_GATES)
@@ -74,10 +75,21 @@ DECLARATIONS: tuple[StageDecl, ...] = (
               settings=("quantization.scheme", "run.prompt", "run.max_new_tokens")),
     StageDecl("profile", "Profile", (Need("quantize"), Need("compile", per_chip=True)),
               fan_out="device", device_kinds=("htp-sim",), settings=("quantization.scheme",)),
+    StageDecl("sensitivity", "Sensitivity", (Need("export"),), optional=True,
+              settings=("quantization.scheme", "quantization.weight_granularity",
+                        "quantization.calibration_text", "quantization.calibration_samples",
+                        "validation.heldout_text", "sensitivity.heldout_tokens",
+                        "sensitivity.high", "sensitivity.low")),
+    StageDecl("autoprecision", "Auto precision", (Need("export"), Need("sensitivity")),
+              optional=True,
+              settings=("autoprecision.metric", "autoprecision.max_perplexity_change",
+                        "autoprecision.min_logits_cosine")),
     StageDecl("report", "Report", (), needs_all=True, cache=False, settings=("name", *_GATES)),
 )
 STAGES: dict[str, StageDecl] = {d.name: d for d in DECLARATIONS}
 STAGE_NAMES: tuple[str, ...] = tuple(STAGES)
+# What a new project's pipeline runs: every stage but the optional ones.
+DEFAULT_STAGES: tuple[str, ...] = tuple(d.name for d in DECLARATIONS if not d.optional)
 
 # Settings that name an input file: hashed by content, checked by preflight by kind.
 REFS: dict[str, str] = {

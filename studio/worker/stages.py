@@ -467,9 +467,143 @@ def report(ctx: StageContext, progress: Progress) -> dict[str, Any]:
             "metrics": []}
 
 
+# ---- 8. sensitivity ----------------------------------------------------------------------------
+def _host_metric(name: str, value: float, unit: str = "", detail: str = "") -> dict[str, Any]:
+    return _metric(name, value, unit, "measured", "host-cpu", "", detail)
+
+
+def sensitivity(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    """Each weighted layer, then each block, raised (and lowered) alone over the base scheme,
+    scored on the host QDQ prefill graph against FP32."""
+    from studio.engine.sensitivity import VariantBench, analyze, resolve_choices
+
+    scheme = ctx.get("quantization.scheme")
+    high, low = resolve_choices(scheme, ctx.get("sensitivity.high"), ctx.get("sensitivity.low"))
+    export_dir = ctx.input("export")
+    calib = _read_text(ctx.path("quantization.calibration_text"), "calibration text")
+    held = _read_text(ctx.path("validation.heldout_text"), "held-out text")
+    ids = _tokenizer(export_dir)(held).input_ids[: ctx.get("sensitivity.heldout_tokens")]
+    if len(ids) < 16:
+        raise StudioError("the held-out text gives fewer than 16 tokens: use a longer text")
+    recipe = {"scheme": scheme, "weight_granularity": ctx.get("quantization.weight_granularity"),
+              "samples": ctx.get("quantization.calibration_samples")}
+    t0 = time.perf_counter()
+    with VariantBench(export_dir, recipe, ids, ctx.out, calibration_text=calib,
+                      tokenizer_dir=export_dir / "tokenizer",
+                      progress=SubProgress(progress, 0.0, 0.1)) as bench:
+        data = analyze(bench, high, low, SubProgress(progress, 0.1, 1.0))
+        shutil.copy2(bench.ranges, ctx.out / "calibration_ranges.json")
+    seconds = time.perf_counter() - t0
+    v = data["variants"]
+    ctx.fact("sensitivity_seconds", seconds, "s",
+             f"{v['measured']} variants measured, {v['quantizer_runs']} quantizer runs")
+    atomic_write_json(ctx.out / "sensitivity.json", data)
+    by_name = {e["name"]: e for e in data["layers"] + data["blocks"]}
+
+    def rows(names: list[str], direction: str) -> list[dict[str, Any]]:
+        return [{"name": n, **by_name[n][direction]["delta"]} for n in names]
+
+    rk = data["ranking"]
+    where = (f"prefill graph, {data['heldout']['tokens']} held-out tokens in windows of "
+             f"{data['heldout']['window_tokens']}")
+    base, fp32 = data["base"], data["fp32"]
+    top = rk["raise"][0]
+    metrics = [
+        _host_metric("perplexity_fp32", fp32["perplexity"], "", where),
+        _host_metric("perplexity_base", base["perplexity"], "", f"{scheme}, {where}"),
+        _host_metric("logits_cosine_base", base["logits_cosine"], "", f"{scheme}, {where}"),
+        _host_metric("kl_divergence_base", base["kl_divergence"], "nats", f"{scheme}, {where}"),
+        _host_metric("top_raise_kl_change", by_name[top]["raise"]["delta"]["kl_divergence"],
+                     "nats", f"{top} raised to {high}"),
+        _host_metric("top_raise_perplexity_change", by_name[top]["raise"]["delta"]["perplexity"],
+                     "", f"{top} raised to {high}"),
+    ]
+    if low:
+        worst = rk["lower"][0]
+        metrics.append(_host_metric(
+            "top_lower_perplexity_change", by_name[worst]["lower"]["delta"]["perplexity"], "",
+            f"{worst} lowered to {low}"))
+    return {
+        "summary": (f"{len(data['layers'])} layers and {len(data['blocks'])} blocks, one at a "
+                    f"time over {scheme}: raised to {high}" + (f", lowered to {low}" if low else "")
+                    + f"; most to gain from {high}: {', '.join(rk['raise'][:3])}"),
+        "scheme": scheme, "high": high, "low": low, "graph": data["graph"],
+        "heldout_tokens": data["heldout"]["tokens"], "fp32": fp32, "base": base,
+        "ranking": {k: names[:5] for k, names in rk.items()},
+        "top_raise": rows(rk["raise"][:5], "raise"),
+        "top_lower": rows(rk["lower"][:5], "lower") if low else [],
+        "blocks_raise": rows(rk["raise_blocks"], "raise"),
+        "variants": data["variants"], "files": ["sensitivity.json"], "metrics": metrics,
+    }
+
+
+# ---- 9. auto precision ------------------------------------------------------------------------
+def autoprecision(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    """The fewest layers raised (greedy by the sensitivity ranking, each step measured) that
+    meet the project's target; the override rules to copy into ``quantization.overrides``."""
+    from studio.engine.sensitivity import VariantBench, auto_precision
+
+    export_dir, sdir = ctx.input("export"), ctx.input("sensitivity")
+    try:
+        sens = json.loads((sdir / "sensitivity.json").read_text())
+    except (OSError, ValueError):
+        raise StudioError("the sensitivity result is missing or unreadable: re-run sensitivity") from None
+    recipe = {"scheme": sens["scheme"], "weight_granularity": sens["weight_granularity"],
+              "samples": sens["calibration_samples"]}
+    metric = ctx.get("autoprecision.metric")
+    t0 = time.perf_counter()
+    with VariantBench(export_dir, recipe, sens["heldout"]["ids"], ctx.out,
+                      ranges=sdir / "calibration_ranges.json",
+                      progress=SubProgress(progress, 0.0, 0.1)) as bench:
+        gains = {e["name"]: -e["raise"]["delta"]["kl_divergence"] for e in sens["layers"]}
+        res = auto_precision(bench, sens["ranking"]["raise"], sens["high"], metric,
+                             ctx.get("autoprecision.max_perplexity_change"),
+                             ctx.get("autoprecision.min_logits_cosine"), gains,
+                             SubProgress(progress, 0.1, 1.0))
+    ctx.fact("autoprecision_seconds", time.perf_counter() - t0, "s",
+             f"{res['variants']['measured']} variants measured")
+    res["base_matches_sensitivity"] = all(
+        abs(res["before"][k] - sens["base"][k]) <= 1e-9 * max(1.0, abs(sens["base"][k]))
+        for k in ("perplexity", "logits_cosine", "kl_divergence"))
+    atomic_write_json(ctx.out / "autoprecision.json", res)
+    b, a = res["before"], res["after"]
+    target = (f"perplexity within {ctx.get('autoprecision.max_perplexity_change'):.1%} of FP32"
+              if metric == "perplexity"
+              else f"logits cosine >= {ctx.get('autoprecision.min_logits_cosine')}")
+    what = (f"{res['raised']} layer(s) raised to {res['high']}" if res["met"]
+            else f"target not met with the {len(res['tried'])} layers that gained from "
+                 f"{res['high']} raised")
+    detail = f"{res['scheme']} + overrides, prefill graph, {sens['heldout']['tokens']} tokens"
+    return {
+        "summary": (f"{target}: {what}; perplexity {b['perplexity']:.3f} → {a['perplexity']:.3f} "
+                    f"(FP32 {res['fp32']['perplexity']:.3f}), cosine {b['logits_cosine']:.5f} → "
+                    f"{a['logits_cosine']:.5f}, weights {b['weight_bytes']:,} → "
+                    f"{a['weight_bytes']:,} bytes"),
+        "met": res["met"], "raised": res["raised"], "high": res["high"],
+        "overrides": res["overrides"], "target": res["target"], "metric": metric,
+        "before": b, "after": a,
+        "curve": [{k: s[k] for k in ("step", "action", "perplexity", "logits_cosine",
+                                     "kl_divergence", "weight_bytes",
+                                     "activation_bytes_per_token", "meets_target")}
+                  for s in res["steps"]],
+        "base_matches_sensitivity": res["base_matches_sensitivity"],
+        "files": ["autoprecision.json"],
+        "metrics": [
+            _host_metric("layers_raised", res["raised"], "layers", f"to {res['high']}"),
+            _host_metric("perplexity_before", b["perplexity"], "", detail),
+            _host_metric("perplexity_after", a["perplexity"], "", detail),
+            _host_metric("logits_cosine_before", b["logits_cosine"], "", detail),
+            _host_metric("logits_cosine_after", a["logits_cosine"], "", detail),
+            _host_metric("weight_bytes_before", b["weight_bytes"], "B", "weighted layers"),
+            _host_metric("weight_bytes_after", a["weight_bytes"], "B", "weighted layers"),
+        ],
+    }
+
+
 STAGE_FUNCTIONS: dict[str, Callable[[StageContext, Progress], dict[str, Any]]] = {
     "export": export, "quantize": quantize, "compile": compile_, "validate": validate,
     "run": run, "profile": profile, "report": report,
+    "sensitivity": sensitivity, "autoprecision": autoprecision,
 }
 
 

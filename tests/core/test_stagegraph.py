@@ -68,6 +68,12 @@ def _changed(tmp: Path, key: str):
         "run.max_new_tokens": 9,
         "run.devices": ["cpu"],
         "pipeline.stages": ["export", "quantize"],
+        "sensitivity.heldout_tokens": 96,
+        "sensitivity.high": "FP32",
+        "sensitivity.low": "",
+        "autoprecision.metric": "cosine",
+        "autoprecision.max_perplexity_change": 0.05,
+        "autoprecision.min_logits_cosine": 0.995,
     }[key]
 
 

@@ -1,0 +1,936 @@
+"""Per-layer precision sensitivity and automatic mixed precision, measured on the host CPU.
+
+**What a variant is.** A variant is the base recipe (the project's scheme and weight
+granularity, no overrides) plus one override rule in the recipe's vocabulary
+(``{"model.layers.1.mlp.down_proj": "INT16"}``), quantized by the same QNN QDQ tools as the
+quantize stage and scored against FP32.
+
+**What keeps it affordable.**
+
+- Only the *prefill* graph is quantized and scored: teacher-forced scoring runs over windows
+  of ``P`` tokens of the held-out text, each window one prefill call (row ``i`` predicts
+  token ``i + 1``). The decode graph holds the same layers and weights.
+- Calibration runs once: the float graph is preprocessed and brought to opset 21 once (the
+  quantizer does the same for 16-bit types; 4-bit weights need it too), the activation
+  ranges are computed once from the calibration feeds and every later quantize reads them
+  back (ONNX Runtime's calibration cache).
+- Weights are quantized once. A variant that changes activations goes through the real
+  quantizer with per-tensor weights (fast), then gets the base's per-channel weight tensors
+  back; a variant that only changes weights (``INT4``) is the base model with those
+  weights' tensors taken from one real quantize where every layer is ``INT4``. Per-channel
+  weight quantization depends on the weight alone.
+- Variants that change activations in parts of the graph no other one touches share one
+  quantizer run: the QNN config says up front which tensors each variant changes (its
+  resolved tensor overrides) and so which nodes it touches; variants whose tensors and nodes
+  do not meet are quantized together, and each one's part of the result (the
+  quantize-dequantize nodes made for its tensors, their scales, and the nodes that read
+  them) is put on the base graph. A group whose joint plan is not the sum of its members',
+  or whose result has a change that belongs to no member or to two, is quantized variant by
+  variant. On the sample model the 29 layers' INT16 variants take 4 quantizer runs.
+- Every shortcut gives the graph the quantizer gives for the variant alone: the tests
+  compare them node by node and tensor by tensor.
+- Host QDQ models are scored with ONNX Runtime's graph optimizations off: the CPU
+  optimizer fuses DequantizeLinear + MatMul into ``MatMulNBits``, which re-quantizes
+  activations and moves the figures.
+
+Every figure here is ``measured`` on ``host-cpu`` (the host QDQ emulation, not the HTP).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+from studio.core.progress import NullProgress, Progress, SubProgress
+from studio.core.recipe import (
+    FLOAT_PRECISIONS,
+    PRECISIONS,
+    SCHEME_PRECISIONS,
+    effective_precisions,
+)
+
+SOURCE, DEVICE = "measured", "host-cpu"
+#: the precision a layer is raised to when ``high`` is "auto": one step above the scheme
+AUTO_HIGH = {"W8A8": "INT16", "W8A16": "FP16"}
+BITS = {"INT4": 4, "INT8": 8, "INT16": 16, "FP16": 16, "FP32": 32}
+METRICS = ("perplexity", "logits_cosine", "top1_agreement", "kl_divergence")
+_BLOCK = re.compile(r"^(.*?layers\.\d+)\.")
+
+
+# ---------------------------------------------------------------------------- choices
+
+
+def resolve_choices(scheme: str, high: str, low: str) -> tuple[str, str]:
+    """The precisions a layer is raised and lowered to; StudioError when they change nothing."""
+    if scheme not in SCHEME_PRECISIONS or scheme == "FP16":
+        raise StudioError(
+            f"sensitivity analysis needs a quantized scheme (W8A8 or W8A16), not {scheme!r}: "
+            "set quantization.scheme"
+        )
+    high = AUTO_HIGH[scheme] if high == "auto" else high
+    if high not in PRECISIONS:
+        raise StudioError(
+            f"sensitivity.high = {high!r} is not one of auto, {', '.join(PRECISIONS)}"
+        )
+    if low and low not in PRECISIONS:
+        raise StudioError(
+            f"sensitivity.low = {low!r} is not one of {', '.join(PRECISIONS)} (or \"\" for none)"
+        )
+    act = SCHEME_PRECISIONS[scheme][1]
+    for what, prec in (("high", high), ("low", low)):
+        if prec and prec == act:
+            raise StudioError(
+                f"sensitivity.{what} = {prec} is what {scheme} already gives every layer's "
+                f"activations: choose another precision (auto raises {scheme} to "
+                f"{AUTO_HIGH[scheme]})"
+            )
+    if high == "INT4" or (high == "INT8" and act == "INT16"):
+        raise StudioError(
+            f"sensitivity.high = {high} lowers the layer over {scheme}: set it as sensitivity.low"
+        )
+    if low in FLOAT_PRECISIONS or low == "INT16":
+        raise StudioError(
+            f"sensitivity.low = {low} raises the layer: use INT4 (4-bit weights), INT8 over "
+            "W8A16, or \"\" for none"
+        )
+    return high, low
+
+
+def _check_calibration_cache() -> None:
+    """Variants read the activation ranges back from ONNX Runtime's calibration cache."""
+    from onnxruntime.quantization.quantize import quantize_static
+
+    if "calibration_cache_path" not in inspect.signature(quantize_static).parameters:
+        import onnxruntime
+
+        raise StudioError(
+            f"onnxruntime {onnxruntime.__version__} cannot reuse calibration ranges; the "
+            "sensitivity analysis needs onnxruntime 1.32 or later: upgrade it"
+        )
+
+
+def block_of(layer: str) -> str:
+    """``model.layers.3.mlp.down_proj`` -> ``model.layers.3``; "" for a layer outside a block."""
+    m = _BLOCK.match(layer)
+    return m.group(1) if m else ""
+
+
+# ---------------------------------------------------------------------------- scoring
+
+
+def heldout_windows(ids: list[int], length: int) -> list[list[int]]:
+    """Consecutive windows of ``length`` tokens (the last may be shorter, never below 2)."""
+    wins = [ids[i : i + length] for i in range(0, len(ids), length)]
+    wins = [w for w in wins if len(w) >= 2]
+    if not wins:
+        raise StudioError("the held-out slice has fewer than 2 tokens: use a longer text")
+    return wins
+
+
+def host_session(model, threads: int = 1):
+    """An ONNX Runtime CPU session for a host QDQ model, graph optimizations off: the CPU
+    optimizer would fuse DequantizeLinear + MatMul into MatMulNBits and re-quantize the
+    activations. ``model`` is a path or a ModelProto. One thread by default: a QDQ graph is
+    a thousand small nodes, and on the sample model one thread ran it twice as fast as two,
+    with the same logits bit for bit."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    src = str(model) if isinstance(model, (str, Path)) else model.SerializeToString()
+    return ort.InferenceSession(src, sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def compare_logits(ref: list, got: list, windows: list[list[int]]) -> dict[str, float]:
+    """Teacher-forced figures of ``got`` against the FP32 ``ref`` (lists of [n, V] logits)."""
+    import numpy as np
+
+    nll = cnt = 0.0
+    cos, top1, kl = [], [], []
+    for r, g, w in zip(ref, got, windows, strict=True):
+        a, b = r.astype(np.float64), g.astype(np.float64)
+        lb = b - b.max(-1, keepdims=True)
+        lb = lb - np.log(np.exp(lb).sum(-1, keepdims=True))
+        la = a - a.max(-1, keepdims=True)
+        la = la - np.log(np.exp(la).sum(-1, keepdims=True))
+        n = len(w)
+        nll -= float(lb[np.arange(n - 1), w[1:]].sum())
+        cnt += n - 1
+        cos.append((a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
+                                      + 1e-12))
+        top1.append(a.argmax(-1) == b.argmax(-1))
+        kl.append((np.exp(la) * (la - lb)).sum(-1))
+    return {
+        "perplexity": math.exp(nll / cnt),
+        "logits_cosine": float(np.concatenate(cos).mean()),
+        "top1_agreement": float(np.concatenate(top1).mean()),
+        "kl_divergence": float(np.concatenate(kl).mean()),
+    }
+
+
+def perplexity(logits: list, windows: list[list[int]]) -> float:
+    return compare_logits(logits, logits, windows)["perplexity"]
+
+
+# ---------------------------------------------------------------------------- the bench
+
+
+class _CheckOnly:
+    """Passes cancellation through, keeps the calibration reader's fractions to itself."""
+
+    def __init__(self, parent: Progress):
+        self.parent = parent
+
+    def update(self, fraction: float, message: str = "") -> None:
+        pass
+
+    def log(self, message: str) -> None:
+        pass
+
+    def check(self) -> None:
+        self.parent.check()
+
+
+@dataclass
+class _WeightQ:
+    """One weight as the quantizer wrote it: its three tensors and its DequantizeLinear."""
+
+    tensors: dict[str, Any]  # initializer name -> TensorProto
+    dq_attrs: list[Any]
+
+
+class VariantBench:
+    """The base recipe's prefill graph, calibrated and quantized once, and the FP32 logits of
+    the held-out windows; :meth:`evaluate` quantizes and scores one variant,
+    :meth:`evaluate_many` many (sharing quantizer runs where they can).
+
+    Give either the calibration text and its tokenizer (the ranges are computed once, then
+    :attr:`ranges` holds them) or ``ranges`` from an earlier bench on the same export and
+    recipe. Use it as a context manager: it works in a temporary folder under
+    ``work_parent``.
+    """
+
+    def __init__(self, graphs_dir: Path, recipe: dict, heldout_ids: list[int],
+                 work_parent: Path, *, calibration_text: str = "",
+                 tokenizer_dir: Path | None = None, ranges: Path | None = None,
+                 progress: Progress = NullProgress(), threads: int = 1):
+        from studio.engine.llm_export import load_spec
+        from studio.engine.quantize import normalize_recipe
+
+        self.graphs_dir = Path(graphs_dir)
+        self.spec = load_spec(self.graphs_dir)
+        if self.spec.get("dtype", "float32") != "float32" or "quantization" in self.spec:
+            raise StudioError(
+                f"{graphs_dir} holds quantized graphs; analyse the FP32 export instead"
+            )
+        base = normalize_recipe({**recipe, "overrides": {}})
+        if base["scheme"] == "FP16":
+            resolve_choices("FP16", "auto", "")  # raises the one-line error
+        if ranges is None and (not calibration_text or tokenizer_dir is None):
+            raise StudioError("give a calibration text and its tokenizer, or calibration ranges")
+        _check_calibration_cache()
+        self.recipe = base
+        self.calibration_text = calibration_text
+        self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else None
+        self.given_ranges = Path(ranges) if ranges else None
+        self.windows = heldout_windows(list(heldout_ids), int(self.spec["prompt_length"]))
+        self.progress = progress
+        self.threads = threads
+        self.work = Path(tempfile.mkdtemp(dir=work_parent, prefix=".sensitivity."))
+        self.ranges = self.work / "calibration.json"
+        self.quantized = 0  # runs of the quantizer
+        self.patched = 0  # 4-bit variants: the base with weights quantized earlier
+        self.spliced = 0  # variants cut out of a group's quantizer run
+        self._plans: dict[str, tuple[dict[str, str], frozenset[str]]] = {}
+        self._configs: dict[str, tuple[dict, Any]] = {}
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def __enter__(self) -> VariantBench:
+        try:
+            self.prepare()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    # -- preparation ------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Float model, calibration ranges, FP32 reference, base model, 4-bit weights."""
+        import onnx
+        from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
+
+        from studio.engine.calibration import build_calibration_feeds, calibration_windows
+        from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
+        from studio.engine.quantize import resolve_overrides
+
+        p = self.progress
+        P, C = int(self.spec["prompt_length"]), int(self.spec["context_length"])
+        src = self.graphs_dir / "prefill.onnx"
+        if not src.is_file():
+            raise StudioError(f"{self.graphs_dir} has no prefill.onnx; re-run the export")
+        p.update(0.0, "preparing the float prefill graph")
+        pre = self.work / "preprocessed.onnx"
+        model_path = pre if qnn_preprocess_model(str(src), str(pre)) else src
+        model = onnx.load(str(model_path))
+        opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+        if opset < 21:  # what the quantizer does for 16-bit types; 4-bit weights need it too
+            model = onnx.version_converter.convert_version(model, 21)
+        self.float_path = self.work / "float.onnx"
+        onnx.save(model, str(self.float_path))
+        self.model = model
+
+        p.check()
+        self.feeds: list[dict] = []  # only read when the ranges are not known yet
+        if self.given_ranges is not None:
+            if not self.given_ranges.is_file():
+                raise StudioError(
+                    f"calibration ranges {self.given_ranges} are missing: re-run the sensitivity "
+                    "stage"
+                )
+            shutil.copy2(self.given_ranges, self.ranges)
+        else:
+            p.update(0.02, "calibration feeds")
+            assert self.tokenizer_dir is not None
+            wins = calibration_windows(self.calibration_text, self.tokenizer_dir, length=C,
+                                       count=self.recipe["samples"], min_length=min(C, P + 1))
+            self.feeds, _ = build_calibration_feeds(
+                self.graphs_dir, self.spec, wins, SubProgress(p, 0.02, 0.1), decode_per_window=0
+            )
+
+        p.check()
+        p.update(0.1, "FP32 logits of the held-out windows")
+        fp32 = make_cpu_session(src, threads=self.threads)
+        gen = StaticKVGenerator(fp32, make_cpu_session(self.graphs_dir / "decode.onnx",
+                                                       threads=1), self.spec)
+        self._feeds = [gen.prefill_feed(w) for w in self.windows]  # as validate pads them
+        self.reference = self._logits(fp32)
+        self.fp32 = {"perplexity": perplexity(self.reference, self.windows)}
+
+        self.layers = [r["layer"] for r in resolve_overrides(self.model, self.recipe)["layers"]]
+        self.weight_of = self._weights_by_layer()
+        self.blocks = sorted({b for b in map(block_of, self.layers) if b},
+                             key=lambda b: int(b.rsplit(".", 1)[1]))
+
+        p.check()
+        p.update(0.15, f"calibrating and quantizing the base ({self.recipe['scheme']})")
+        self.base_path = self._real(self.recipe, self.work / "base.onnx")
+        self._base = onnx.load(str(self.base_path))
+        self._int8 = self._harvest(self._base)
+        self._int4: dict[str, _WeightQ] | None = None
+        self._base_plan = self._plan(self.recipe)
+        self._node_io: dict[str, tuple[str, ...]] = {}
+        self._touching: dict[str, set[str]] = {}  # tensor -> nodes that make or read it
+        self._passes_scale: dict[str, list[str]] = {}  # input -> outputs sharing its scale
+        for node in self.model.graph.node:
+            key = _node_key(node)
+            self._node_io[node.name] = (*node.input, *node.output)
+            for t in (*node.input, *node.output):
+                self._touching.setdefault(t, set()).add(key)
+            if node.op_type in _SHARED_SCALE_OPS and node.input:
+                self._passes_scale.setdefault(node.input[0], []).extend(node.output)
+
+    def _weights_by_layer(self) -> dict[str, tuple[str, int, int]]:
+        """layer -> (weight initializer, element count, output features)."""
+        from studio.core.recipe import module_of_node
+        from studio.engine.quantize import _matmul_weights
+
+        inits = {t.name: t for t in self.model.graph.initializer}
+        out = {}
+        for w, node in _matmul_weights(self.model).items():
+            dims = list(inits[w].dims)
+            out[module_of_node(node)] = (w, int(dims[0]) * int(dims[1]), int(dims[1]))
+        return out
+
+    # -- quantizing -------------------------------------------------------------------------
+    def _recipe(self, overrides: dict[str, str]) -> dict:
+        from studio.engine.quantize import normalize_recipe
+
+        return normalize_recipe({**self.recipe, "overrides": dict(overrides), "given": {}})
+
+    def _config(self, recipe: dict):
+        """The quantizer's configuration for a recipe: the recipe's tensor overrides as the
+        quantize stage resolves them, completed by the QNN config (converts, shared scales)."""
+        from onnxruntime.quantization import QuantType
+        from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+        from studio.engine.quantize import _reader, resolve_overrides
+
+        key = _canonical([recipe["weight_granularity"], recipe["overrides"]])
+        if key not in self._configs:
+            resolved = resolve_overrides(self.model, recipe)
+            act = QuantType.QUInt16 if recipe["scheme"] == "W8A16" else QuantType.QUInt8
+            self._configs[key] = resolved, get_qnn_qdq_config(
+                self.model, _reader(self.feeds, _CheckOnly(self.progress)),
+                activation_type=act, weight_type=QuantType.QUInt8, per_channel=False,
+                init_overrides=resolved["init_overrides"] or None,
+                nodes_to_exclude=resolved["nodes_to_exclude"] or None,
+            )
+        return self._configs[key]
+
+    def _plan(self, recipe: dict) -> tuple[dict[str, str], frozenset[str]]:
+        """What the quantizer will do, in comparable form: tensor -> its resolved override,
+        and the nodes left float."""
+        key = _canonical(recipe["overrides"])
+        if key not in self._plans:
+            resolved, config = self._config(recipe)
+            tqo = config.extra_options.get("TensorQuantOverrides", {})
+            self._plans[key] = ({t: _canonical(v) for t, v in tqo.items()},
+                                frozenset(resolved["nodes_to_exclude"]))
+        return self._plans[key]
+
+    def _real(self, recipe: dict, out: Path) -> Path:
+        """The real quantizer on the prepared float graph, reading the cached ranges."""
+        from onnxruntime.quantization.quantize import quantize_static
+
+        from studio.engine.quantize import _LogToProgress
+
+        self.progress.check()
+        _, config = self._config(recipe)
+        handler = _LogToProgress(NullProgress())
+        root = logging.getLogger()
+        root.addHandler(handler)
+        level = root.level
+        root.setLevel(logging.ERROR)  # keeps the quantizer's advice off stderr
+        try:
+            quantize_static(
+                str(self.float_path), str(out), config.calibration_data_reader,
+                calibrate_method=config.calibrate_method, quant_format=config.quant_format,
+                activation_type=config.activation_type, weight_type=config.weight_type,
+                op_types_to_quantize=config.op_types_to_quantize,
+                nodes_to_quantize=config.nodes_to_quantize,
+                nodes_to_exclude=config.nodes_to_exclude, per_channel=config.per_channel,
+                reduce_range=config.reduce_range,
+                use_external_data_format=config.use_external_data_format,
+                calibration_providers=config.calibration_providers,
+                extra_options=config.extra_options, calibration_cache_path=str(self.ranges),
+            )
+        except ValueError as exc:
+            raise StudioError(f"quantizing a variant failed: {str(exc).splitlines()[0]}") from None
+        finally:
+            root.removeHandler(handler)
+            root.setLevel(level)
+        self.quantized += 1
+        return out
+
+    @staticmethod
+    def _harvest(model) -> dict[str, _WeightQ]:
+        """Each quantized MatMul weight of a QDQ model: its tensors and DequantizeLinear."""
+        inits = {t.name: t for t in model.graph.initializer}
+        out = {}
+        for node in model.graph.node:
+            if node.op_type != "DequantizeLinear" or node.input[0] not in inits:
+                continue
+            if not node.input[0].endswith("_quantized"):
+                continue
+            name = node.input[0].removesuffix("_quantized")
+            out[name] = _WeightQ({i: inits[i] for i in node.input if i in inits},
+                                 list(node.attribute))
+        return out
+
+    @staticmethod
+    def _patch(model, weights: dict[str, _WeightQ]) -> None:
+        """Replace weights' quantized tensors (and their DequantizeLinear's attributes)."""
+        index = {t.name: i for i, t in enumerate(model.graph.initializer)}
+        for node in model.graph.node:
+            if node.op_type != "DequantizeLinear" or not node.input[0].endswith("_quantized"):
+                continue
+            wq = weights.get(node.input[0].removesuffix("_quantized"))
+            if wq is None:
+                continue
+            for name, tensor in wq.tensors.items():
+                model.graph.initializer[index[name]].CopyFrom(tensor)
+            del node.attribute[:]
+            node.attribute.extend(wq.dq_attrs)
+
+    def _int4_weights(self) -> dict[str, _WeightQ]:
+        if self._int4 is None:
+            import onnx
+
+            recipe = self._recipe({layer: "INT4" for layer in self.layers})
+            path = self._real(recipe, self.work / "all-int4.onnx")
+            self._int4 = self._harvest(onnx.load(str(path)))
+            path.unlink()
+        return self._int4
+
+    def _base_copy(self):
+        import onnx
+
+        model = onnx.ModelProto()
+        model.CopyFrom(self._base)
+        return model
+
+    def _quantized(self, recipe: dict):
+        """The real quantizer for a recipe that changes activations. Weights are quantized per
+        tensor there (fast) and get the base's per-channel tensors back."""
+        import onnx
+
+        fast = {**recipe, "weight_granularity": "per_tensor"}
+        model = onnx.load(str(self._real(fast, self.work / "variant.onnx")))
+        if self.recipe["weight_granularity"] == "per_channel":
+            back = {}
+            for name, wq in self._harvest(model).items():
+                zp = next((t for n, t in wq.tensors.items() if n.endswith("_zero_point")), None)
+                if zp is not None and zp.data_type == onnx.TensorProto.UINT8 and name in self._int8:
+                    back[name] = self._int8[name]
+            self._patch(model, back)
+        return model
+
+    def variant_model(self, overrides: dict[str, str]):
+        """The quantized prefill ModelProto of the base recipe plus ``overrides``."""
+        recipe = self._recipe(overrides)
+        if not recipe["overrides"]:
+            return self._base_copy()
+        if all(p == "INT4" for p in recipe["overrides"].values()):
+            # 4-bit weights change only those weights' tensors: the base graph with them
+            int4 = self._int4_weights()
+            model = self._base_copy()
+            self._patch(model, {w: int4[w] for w in self._covered_weights(recipe)})
+            self.patched += 1
+            return model
+        return self._quantized(recipe)  # 4-bit weights among them are quantized there
+
+    def variant_models(self, variants: list[dict[str, str]]):
+        """:meth:`variant_model` for many variants, yielded in order. Variants that change
+        activations in parts of the graph no other variant of a group touches go through the
+        quantizer together, once per group; each one's part of the result (the quantize-dequantize
+        nodes of the tensors it changes, and the nodes that read them) is put on the base graph.
+        A group whose result cannot be split that way is quantized variant by variant."""
+        recipes = [self._recipe(v) for v in variants]
+        todo = [i for i, r in enumerate(recipes)
+                if r["overrides"] and not all(p == "INT4" for p in r["overrides"].values())]
+        parts: dict[int, Any] = {}
+        for group in self._groups([(i, recipes[i]) for i in todo]):
+            if len(group) > 1:
+                parts.update(self._split_group(group) or {})
+        for i, v in enumerate(variants):
+            if i in parts:
+                model = self._base_copy()
+                _apply(model, parts.pop(i))
+                self.spliced += 1
+                yield model
+            else:
+                yield self.variant_model(v)
+
+    def _groups(self, items: list[tuple[int, dict]]) -> list[list[tuple[int, dict, set, set]]]:
+        """First-fit packing of variants whose changed tensors and the nodes around them do
+        not meet."""
+        base_tqo, base_excl = self._base_plan
+        groups: list[list[tuple[int, dict, set, set]]] = []
+        used: list[tuple[set, set]] = []
+        for i, recipe in items:
+            tqo, excl = self._plan(recipe)
+            tensors = {t for t in tqo.keys() | base_tqo.keys() if tqo.get(t) != base_tqo.get(t)}
+            for name in excl ^ base_excl:
+                tensors.update(self._node_io.get(name, ()))
+            todo = list(tensors)
+            while todo:  # outputs that take their scale from a changed input change too
+                for out in self._passes_scale.get(todo.pop(), ()):
+                    if out not in tensors:
+                        tensors.add(out)
+                        todo.append(out)
+            nodes = set(excl ^ base_excl)
+            for t in tensors:
+                nodes.update(self._touching.get(t, ()))
+            for g, (gt, gn) in zip(groups, used, strict=True):
+                if not (tensors & gt) and not (nodes & gn):
+                    g.append((i, recipe, tensors, nodes))
+                    gt |= tensors
+                    gn |= nodes
+                    break
+            else:
+                groups.append([(i, recipe, tensors, nodes)])
+                used.append((set(tensors), set(nodes)))
+        return groups
+
+    def _split_group(self, group) -> dict[int, Any] | None:
+        """Quantize a group's variants together and split the result by variant; None when
+        the quantizer's plan or result for the group is not the sum of its variants'."""
+        from studio.engine.quantize import normalize_recipe
+
+        overrides: dict[str, str] = {}
+        for _, recipe, _, _ in group:
+            overrides.update(recipe["given"])
+        joint = normalize_recipe({**self.recipe, "overrides": overrides, "given": {}})
+        base_tqo, base_excl = self._base_plan
+        tqo, excl = self._plan(joint)
+        want = dict(base_tqo)
+        want_excl = set(base_excl)
+        for _, recipe, tensors, _ in group:
+            mine, mine_excl = self._plan(recipe)
+            for t in tensors:
+                if t in mine:
+                    want[t] = mine[t]
+                else:
+                    want.pop(t, None)
+            want_excl |= mine_excl - base_excl
+        if tqo != want or excl != want_excl:
+            return None
+        owners = {t: i for i, _, tensors, _ in group for t in tensors}
+        return _split(self._base, self._quantized(joint), owners)
+
+    def quantizer_model(self, overrides: dict[str, str]):
+        """The variant as the quantizer alone gives it, weights included (the slow way that
+        :meth:`variant_model` and :meth:`variant_models` must match)."""
+        import onnx
+
+        return onnx.load(str(self._real(self._recipe(overrides),
+                                        self.work / "by-the-quantizer.onnx")))
+
+    def _covered_weights(self, recipe: dict) -> set[str]:
+        """The weights a recipe makes 4-bit."""
+        weights = {w for w, _, _ in self.weight_of.values()}
+        res, _ = self._config(recipe)
+        return {name for name, ov in res["init_overrides"].items()
+                if name in weights and getattr(ov[0].get("quant_type"), "name", "") == "QInt4"}
+
+    # -- scoring ----------------------------------------------------------------------------
+    def _logits(self, session) -> list:
+        import numpy as np
+
+        out = []
+        for w, feed in zip(self.windows, self._feeds, strict=True):
+            lg = session.run(["logits"], feed)[0]
+            out.append(np.asarray(lg[0, : len(w)], dtype=np.float32))
+        return out
+
+    def score(self, model) -> dict[str, float]:
+        """Teacher-forced figures of a quantized prefill graph (a path or a ModelProto) on the
+        held-out windows against FP32."""
+        self.progress.check()
+        logits = self._logits(host_session(model, self.threads))
+        return compare_logits(self.reference, logits, self.windows)
+
+    def _score(self, model, overrides: dict[str, str]) -> dict[str, Any]:
+        return {**self.score(model), **self.footprint(overrides)}
+
+    def evaluate(self, overrides: dict[str, str]) -> dict[str, Any]:
+        """Quantize the variant and score it: perplexity, logits cosine, top-1, KL vs FP32,
+        and its weight and activation bytes under the recipe's override rule."""
+        return self._score(self.variant_model(overrides), overrides)
+
+    def evaluate_many(self, variants: list[dict[str, str]], progress: Progress = NullProgress()
+                      ) -> list[dict[str, Any]]:
+        """:meth:`evaluate` for many variants (quantized in groups where they do not meet)."""
+        out = []
+        for i, model in enumerate(self.variant_models(variants)):
+            progress.update(i / max(1, len(variants)),
+                            ", ".join(f"{k}={v}" for k, v in variants[i].items()))
+            out.append(self._score(model, variants[i]))
+        return out
+
+    def footprint(self, overrides: dict[str, str]) -> dict[str, int]:
+        """Weight bytes of the weighted layers, and bytes of their outputs per token, as the
+        recipe's override rule (``effective_precisions``) gives each layer."""
+        q = {"scheme": self.recipe["scheme"],
+             "weight_granularity": self.recipe["weight_granularity"], "overrides": overrides}
+        wb = ab = 0
+        for lp in effective_precisions(self.layers, q, set(self.weight_of)):
+            _, numel, out_features = self.weight_of[lp.layer]
+            wb += numel * BITS[lp.weight] // 8
+            ab += out_features * BITS[lp.activation] // 8
+        return {"weight_bytes": wb, "activation_bytes_per_token": ab}
+
+
+# ---------------------------------------------------------------------------- splicing
+
+# ops whose outputs the quantizer gives their first input's scale (ONNX Runtime's QDQ
+# registry: the "direct 8-bit" ops, pooling, resize, pad, split, gather)
+_SHARED_SCALE_OPS = frozenset({
+    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "AveragePool", "Slice", "TopK",
+    "MaxPool", "Resize", "Pad", "Split", "Gather", "GatherElements",
+})
+# what the quantizer appends to a tensor's name for the nodes and tensors it makes for it
+_QDQ_SUFFIXES = ("QuantizeLinear", "DequantizeLinear", "scale", "zero_point", "convert",
+                 "quantized")
+
+
+def _canonical(value) -> str:
+    """A tensor override as comparable text (quant types by name, sets sorted)."""
+    import json
+
+    def plain(v):
+        if isinstance(v, dict):
+            return {str(k): plain(x) for k, x in v.items()}
+        if isinstance(v, (set, frozenset)):
+            return sorted(plain(x) for x in v)
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if hasattr(v, "tolist"):
+            return v.tolist()
+        if isinstance(v, (str, int, float, bool)) or v is None:
+            return v
+        return getattr(v, "name", str(v))
+
+    return json.dumps(plain(value), sort_keys=True)
+
+
+def _node_key(node) -> str:
+    """A node's identity across quantizer runs: its name, or its outputs when it has none."""
+    return node.name or "|".join(node.output)
+
+
+def _owner(name: str, owners: dict[str, int]) -> set[int]:
+    """The variants whose changed tensor ``name`` is, or was made for."""
+    out = set()
+    if name in owners:
+        out.add(owners[name])
+    cut = name.find("_")
+    while cut != -1:
+        head, tail = name[:cut], name[cut + 1:]
+        if head in owners and tail.startswith(_QDQ_SUFFIXES):
+            out.add(owners[head])
+        cut = name.find("_", cut + 1)
+    return out
+
+
+def _changed_names(old, new) -> list[str]:
+    """The names that differ between two lists of a node's inputs (or outputs), both sides."""
+    names = [n for a, b in zip(old, new, strict=False) if a != b for n in (a, b)]
+    return names + list(old[len(new):]) + list(new[len(old):])
+
+
+def _split(base, joint, owners: dict[str, int]) -> dict[int, dict] | None:
+    """Cut ``joint`` (one quantizer run of several variants) into each variant's changes to
+    ``base``; None when a change belongs to no variant or to more than one."""
+    if (list(joint.opset_import) != list(base.opset_import)
+            or list(joint.graph.input) != list(base.graph.input)
+            or list(joint.graph.output) != list(base.graph.output)):
+        return None
+    bn = {_node_key(n): n for n in base.graph.node}
+    jn = {_node_key(n): n for n in joint.graph.node}
+    bi = {t.name: t for t in base.graph.initializer}
+    ji = {t.name: t for t in joint.graph.initializer}
+    parts: dict[int, dict] = {i: {"nodes": {}, "drop_nodes": set(), "inits": {},
+                                  "drop_inits": set()} for i in set(owners.values())}
+
+    def claim(names) -> int | None:
+        found = set().union(*(_owner(n, owners) for n in names)) if names else set()
+        return found.pop() if len(found) == 1 else None
+
+    for key, node in jn.items():
+        old = bn.get(key)
+        if old is None:
+            names = [*node.input, *node.output]
+        elif old == node:
+            continue
+        elif (old.op_type, old.domain, list(old.attribute)) == (
+                node.op_type, node.domain, list(node.attribute)):
+            names = _changed_names(old.input, node.input) + _changed_names(old.output,
+                                                                          node.output)
+        else:
+            return None
+        who = claim(names)
+        if who is None:
+            return None
+        parts[who]["nodes"][key] = node
+    for key in bn.keys() - jn.keys():
+        who = claim([*bn[key].input, *bn[key].output])
+        if who is None:
+            return None
+        parts[who]["drop_nodes"].add(key)
+    for name, t in ji.items():
+        if name in bi and bi[name] == t:
+            continue
+        who = claim([name])
+        if who is None:
+            return None
+        parts[who]["inits"][name] = t
+    for name in bi.keys() - ji.keys():
+        who = claim([name])
+        if who is None:
+            return None
+        parts[who]["drop_inits"].add(name)
+    return parts
+
+
+def _apply(model, part: dict) -> None:
+    """Put one variant's part of a joint quantizer run on (a copy of) the base model."""
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    graph = model.graph
+    keep = [n for n in graph.node if _node_key(n) not in part["drop_nodes"]]
+    replaced = []
+    seen = set()
+    for n in keep:
+        key = _node_key(n)
+        replaced.append(part["nodes"].get(key, n))
+        seen.add(key)
+    replaced += [n for k, n in part["nodes"].items() if k not in seen]
+    del graph.node[:]
+    graph.node.extend(replaced)
+    inits = [t for t in graph.initializer if t.name not in part["drop_inits"]]
+    have = {t.name for t in inits}
+    inits = [part["inits"].get(t.name, t) for t in inits]
+    inits += [t for name, t in part["inits"].items() if name not in have]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+    ONNXModel(model).topological_sort()
+
+
+# ---------------------------------------------------------------------------- analysis
+
+
+def _delta(variant: dict, base: dict) -> dict[str, float]:
+    return {k: variant[k] - base[k] for k in METRICS}
+
+
+def _rank_key(entry: dict, direction: str):
+    """Most sensitive first: for raising, the largest drop of the KL divergence to FP32 (the
+    perplexity gain breaks ties); for lowering, the largest rise."""
+    d = entry[direction]["delta"]
+    if direction == "raise":
+        return (d["kl_divergence"], d["perplexity"])
+    return (-d["kl_divergence"], -d["perplexity"])
+
+
+def analyze(bench: VariantBench, high: str, low: str,
+            progress: Progress = NullProgress()) -> dict[str, Any]:
+    """Raise (and lower) each weighted layer, then each block, alone; everything else stays at
+    the base scheme. Returns what ``sensitivity.json`` holds."""
+    units = [("layer", name) for name in bench.layers] + [("block", b) for b in bench.blocks]
+    directions = [("raise", high)] + ([("lower", low)] if low else [])
+    progress.update(0.0, "scoring the base")
+    base = bench.evaluate({})
+    jobs = [(kind, name, direction, prec) for direction, prec in directions
+            for kind, name in units]
+    scores = bench.evaluate_many([{name: prec} for _, name, _, prec in jobs],
+                                 SubProgress(progress, 0.02, 1.0))
+    entries: dict[str, dict[str, dict]] = {"layer": {}, "block": {}}
+    for kind, name in units:
+        entries[kind][name] = {"name": name, "kind": kind}
+        if kind == "layer":
+            entries[kind][name]["weight_numel"] = bench.weight_of[name][1]
+    for (kind, name, direction, prec), v in zip(jobs, scores, strict=True):
+        entries[kind][name][direction] = {
+            "precision": prec, **{k: v[k] for k in METRICS},
+            "weight_bytes": v["weight_bytes"],
+            "activation_bytes_per_token": v["activation_bytes_per_token"],
+            "delta": _delta(v, base)}
+    entries = {k: list(v.values()) for k, v in entries.items()}  # type: ignore[misc]
+    out: dict[str, Any] = {
+        "graph": "prefill",
+        "source": SOURCE, "device": DEVICE,
+        "scheme": bench.recipe["scheme"], "weight_granularity": bench.recipe["weight_granularity"],
+        "calibration_samples": bench.recipe["samples"],
+        "high": high, "low": low,
+        "heldout": {"tokens": sum(len(w) for w in bench.windows), "windows": len(bench.windows),
+                    "window_tokens": int(bench.spec["prompt_length"]),
+                    "ids": [t for w in bench.windows for t in w]},
+        "fp32": bench.fp32,
+        "base": base,
+        "layers": entries["layer"],
+        "blocks": entries["block"],
+        "ranking": {
+            "raise": [e["name"] for e in sorted(entries["layer"], key=lambda e: _rank_key(e, "raise"))],
+            "raise_blocks": [e["name"] for e in sorted(entries["block"],
+                                                       key=lambda e: _rank_key(e, "raise"))],
+        },
+        "variants": {"measured": len(jobs) + 1, "quantizer_runs": bench.quantized,
+                     "spliced": bench.spliced, "patched": bench.patched},
+    }
+    if low:
+        out["ranking"]["lower"] = [e["name"] for e in sorted(entries["layer"],
+                                                             key=lambda e: _rank_key(e, "lower"))]
+        out["ranking"]["lower_blocks"] = [e["name"] for e in sorted(
+            entries["block"], key=lambda e: _rank_key(e, "lower"))]
+    progress.update(1.0, "sensitivity ranked")
+    return out
+
+
+# ---------------------------------------------------------------------------- auto precision
+
+
+def target_met(scores: dict, fp32: dict, metric: str, max_ppl_change: float,
+               min_cosine: float) -> bool:
+    """``perplexity``: within ``max_ppl_change`` (relative) of FP32's, either way (a quantized
+    model that scores better than FP32 on a slice is off by chance, not better);
+    ``cosine``: mean logits cosine against FP32 at least ``min_cosine``."""
+    if metric == "perplexity":
+        return abs(scores["perplexity"] / fp32["perplexity"] - 1.0) <= max_ppl_change
+    return scores["logits_cosine"] >= min_cosine
+
+
+def auto_precision(bench: VariantBench, ranking: list[str], high: str, metric: str,
+                   max_ppl_change: float, min_cosine: float,
+                   gains: dict[str, float] | None = None,
+                   progress: Progress = NullProgress()) -> dict[str, Any]:
+    """Raise layers to ``high`` in ``ranking`` order, one more per step, measuring each step,
+    until the target holds; then drop every raised layer the target does not need (least
+    sensitive first). ``gains`` (layer -> what raising it alone gained, larger is better)
+    leaves out the layers that gained nothing. Returns the steps (the accuracy-vs-bytes
+    curve) and the override rules."""
+    if metric not in ("perplexity", "cosine"):
+        raise StudioError(f"autoprecision.metric = {metric!r}: use perplexity or cosine")
+    unknown = [name for name in ranking if name not in bench.weight_of]
+    if unknown:
+        raise StudioError(
+            f"the sensitivity ranking names {unknown[0]!r}, which is not a weighted layer of "
+            "this export: re-run the sensitivity stage"
+        )
+
+    def ok(s: dict) -> bool:
+        return target_met(s, bench.fp32, metric, max_ppl_change, min_cosine)
+
+    def row(step: int, raised: list[str], s: dict, action: str) -> dict:
+        return {"step": step, "action": action, "raised": list(raised),
+                **{k: s[k] for k in (*METRICS, "weight_bytes", "activation_bytes_per_token")},
+                "meets_target": ok(s)}
+
+    if gains is not None:  # a layer whose raise alone measured no gain is not tried
+        ranking = [name for name in ranking if gains.get(name, 0.0) > 0.0]
+    steps = [row(0, [], bench.evaluate({}), "base")]
+    raised: list[str] = []
+    n = len(ranking)
+    while not steps[-1]["meets_target"] and len(raised) < n:
+        progress.check()
+        raised.append(ranking[len(raised)])
+        progress.update(len(raised) / (n + 1), f"raising {len(raised)} layer(s): {raised[-1]}")
+        steps.append(row(len(raised), raised, bench.evaluate({r: high for r in raised}),
+                         f"raise {raised[-1]}"))
+    met = steps[-1]["meets_target"]
+    final = dict(steps[-1])
+    pruned: list[dict] = []
+    if met and len(raised) > 1:
+        for layer in reversed(raised[:-1]):  # the last one raised was needed to get there
+            progress.check()
+            progress.update(0.9, f"is {layer} needed?")
+            trial = [r for r in raised if r != layer]
+            s = row(len(trial), trial, bench.evaluate({r: high for r in trial}), f"drop {layer}")
+            pruned.append(s)
+            if s["meets_target"]:
+                raised, final = trial, s
+    rules = {layer: high for layer in ranking if layer in raised}
+    progress.update(1.0, "auto precision done")
+    return {
+        "graph": "prefill", "source": SOURCE, "device": DEVICE,
+        "metric": metric,
+        "target": ({"max_perplexity_change": max_ppl_change,
+                    "perplexity_range": [bench.fp32["perplexity"] * (1 - max_ppl_change),
+                                         bench.fp32["perplexity"] * (1 + max_ppl_change)]}
+                   if metric == "perplexity" else {"min_logits_cosine": min_cosine}),
+        "tried": list(ranking),
+        "high": high, "scheme": bench.recipe["scheme"],
+        "fp32": bench.fp32, "met": met,
+        "raised": len(rules), "overrides": rules,
+        "before": steps[0], "after": final,
+        "steps": steps, "pruning": pruned,
+        "variants": {"measured": len(steps) + len(pruned), "quantizer_runs": bench.quantized,
+                     "spliced": bench.spliced, "patched": bench.patched},
+    }

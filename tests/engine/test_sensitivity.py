@@ -1,0 +1,343 @@
+"""Per-layer precision sensitivity and auto mixed precision on the trained sample model: the
+stages run through ``run_in_process`` on a plan, with the real quantizer and real ONNX Runtime
+(prompt 16, context 64, W8A8 base). Run with ``-s`` to see the figures."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from studio.core import project as pf
+from studio.core.errors import StudioError
+from studio.core.progress import RecordingProgress
+from studio.core.stagegraph import DEFAULT_STAGES, STAGES, plan
+from studio.worker.stages import run_in_process
+
+PROJECT = """schema_version = 1
+name = "sensitivity"
+targets = ["{target}"]
+
+[model]
+source = "sample:tiny-coder"
+
+[export]
+prompt_length = 16
+context_length = 64
+
+[quantization]
+scheme = "W8A8"
+weight_granularity = "per_channel"
+calibration_samples = 2
+
+[sensitivity]
+heldout_tokens = 96
+"""
+K = 3  # layers raised in the top-k / random-k comparison
+FIGURES: dict[str, object] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_figures():
+    yield
+    if FIGURES:
+        print("\nsensitivity figures:\n" + json.dumps(FIGURES, indent=1, default=str))
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, sample_model_dir, sample_data_dir) -> pf.Project:
+    from studio.core.catalog import default_chip_key
+
+    f = tmp_path_factory.mktemp("sensitivity") / "sensitivity.qstudio"
+    f.write_text(PROJECT.format(target=default_chip_key()))
+    return pf.load(f)
+
+
+def _run(project: pf.Project, stage: str, inputs: dict[str, Path], out: Path):
+    jobs = plan(project, [stage])
+    job = jobs[-1]
+    assert job.stage == stage and {jobs[d].label for d in job.deps} == set(inputs)
+    out.mkdir(parents=True)
+    t0 = time.perf_counter()
+    result = run_in_process(project, job, inputs, out, RecordingProgress())
+    return result, time.perf_counter() - t0
+
+
+@pytest.fixture(scope="module")
+def export(project, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("export") / "export"
+    _run(project, "export", {}, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sensitivity(project, export, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sensitivity-1") / "sensitivity"
+    result, seconds = _run(project, "sensitivity", {"export": export}, out)
+    FIGURES["sensitivity_seconds"] = round(seconds, 1)
+    return out, result, json.loads((out / "sensitivity.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def bench(sensitivity, export, tmp_path_factory):
+    """The analysis' base and slice again, from its calibration ranges (no calibration)."""
+    from studio.engine.sensitivity import VariantBench
+
+    sdir, _, data = sensitivity
+    recipe = {"scheme": data["scheme"], "weight_granularity": data["weight_granularity"],
+              "samples": data["calibration_samples"]}
+    with VariantBench(export, recipe, data["heldout"]["ids"], tmp_path_factory.mktemp("bench"),
+                      ranges=sdir / "calibration_ranges.json") as b:
+        yield b
+
+
+def test_optional_stages_are_declared_and_planned(project):
+    for name in ("sensitivity", "autoprecision"):
+        assert STAGES[name].optional and name not in DEFAULT_STAGES
+        assert name not in project.pipeline["stages"]  # a new project does not run them
+    jobs = plan(project, ["autoprecision"])
+    assert [j.label for j in jobs] == ["export", "sensitivity", "autoprecision"]
+    assert jobs[2].deps == [0, 1] and jobs[1].deps == [0]
+
+
+def test_sensitivity_ranks_every_layer_and_block(sensitivity):
+    sdir, result, data = sensitivity
+    assert sorted(p.name for p in sdir.iterdir()) == [
+        "calibration_ranges.json", "result.json", "sensitivity.json"]  # no work folder left
+    assert json.loads((sdir / "result.json").read_text()) == result
+    assert (data["scheme"], data["high"], data["low"]) == ("W8A8", "INT16", "INT4")
+    assert (data["source"], data["device"], data["graph"]) == ("measured", "host-cpu", "prefill")
+    assert data["heldout"]["tokens"] == 96 and data["heldout"]["window_tokens"] == 16
+    layers = [e["name"] for e in data["layers"]]
+    assert len(layers) == 29 and "lm_head" in layers
+    assert len([n for n in layers if n.startswith("model.layers.2.")]) == 7
+    assert [e["name"] for e in data["blocks"]] == [f"model.layers.{i}" for i in range(4)]
+    for e in data["layers"] + data["blocks"]:
+        assert e["raise"]["precision"] == "INT16" and e["lower"]["precision"] == "INT4"
+        for direction in ("raise", "lower"):
+            d = e[direction]["delta"]
+            assert d["perplexity"] == pytest.approx(
+                e[direction]["perplexity"] - data["base"]["perplexity"])
+    rk = data["ranking"]
+    assert sorted(rk["raise"]) == sorted(layers) == sorted(rk["lower"])
+    assert sorted(rk["raise_blocks"]) == sorted(rk["lower_blocks"]) == sorted(
+        e["name"] for e in data["blocks"])
+    by = {e["name"]: e for e in data["layers"]}
+    kl = [by[n]["raise"]["delta"]["kl_divergence"] for n in rk["raise"]]
+    assert kl == sorted(kl)  # most to gain first
+    # INT16 activations leave weight bytes alone; INT4 weights halve the layer's
+    w = data["base"]["weight_bytes"]
+    assert all(by[n]["raise"]["weight_bytes"] == w for n in layers)
+    assert all(w - by[n]["lower"]["weight_bytes"] == by[n]["weight_numel"] // 2 for n in layers)
+    # base within a few percent of FP32; 4-bit lm_head hurts, 8-bit weights are fine
+    assert abs(data["base"]["perplexity"] / data["fp32"]["perplexity"] - 1) < 0.05
+    assert data["base"]["logits_cosine"] > 0.99
+    assert by["lm_head"]["lower"]["delta"]["kl_divergence"] > 0
+    v = data["variants"]
+    assert v["measured"] == 2 * 33 + 1
+    assert v["quantizer_runs"] < 20 and v["spliced"] > 10 and v["patched"] == 33
+    assert result["metrics"] and all(
+        (m["source"], m["device"]) == ("measured", "host-cpu") for m in result["metrics"])
+    assert result["ranking"]["raise"] == rk["raise"][:5]
+    assert "most to gain from INT16" in result["summary"]
+    FIGURES["fp32_perplexity"] = round(data["fp32"]["perplexity"], 3)
+    FIGURES["base"] = {k: round(data["base"][k], 5) for k in
+                       ("perplexity", "logits_cosine", "kl_divergence", "top1_agreement")}
+    FIGURES["top_raise"] = [
+        {"layer": n, **{k: round(by[n]["raise"]["delta"][k], 6)
+                        for k in ("kl_divergence", "perplexity", "logits_cosine")}}
+        for n in rk["raise"][:5]]
+    FIGURES["top_lower"] = [
+        {"layer": n, **{k: round(by[n]["lower"]["delta"][k], 6)
+                        for k in ("kl_divergence", "perplexity")}}
+        for n in rk["lower"][:5]]
+    FIGURES["blocks_raise"] = [
+        {"block": e["name"], **{k: round(e["raise"]["delta"][k], 6)
+                                for k in ("kl_divergence", "perplexity")}}
+        for e in data["blocks"]]
+    FIGURES["variants"] = v
+
+
+def _signature(model):
+    from onnx import numpy_helper
+
+    nodes = sorted((n.name, n.op_type, n.domain, tuple(n.input), tuple(n.output),
+                    tuple(sorted(a.SerializeToString() for a in n.attribute)))
+                   for n in model.graph.node)
+    inits = {t.name: (t.data_type, tuple(t.dims), numpy_helper.to_array(t).tobytes())
+             for t in model.graph.initializer}
+    return nodes, inits, sorted((o.domain, o.version) for o in model.opset_import)
+
+
+def test_fast_variants_are_what_the_quantizer_gives(bench, sensitivity):
+    """Variants cut out of one joint quantizer run, and 4-bit variants patched onto the base,
+    equal what the quantizer gives for each variant alone, node for node and tensor for
+    tensor; and they score as the stage measured them."""
+    _, _, data = sensitivity
+    variants = [{"lm_head": "INT16"}, {"model.layers.1.self_attn.k_proj": "INT16"},
+                {"model.layers.2.mlp.down_proj": "INT4"}]
+    spliced = bench.spliced
+    fast = list(bench.variant_models(variants))
+    assert bench.spliced - spliced == 2  # the two INT16 variants came from one quantizer run
+    for v, model in zip(variants, fast, strict=True):
+        assert _signature(model) == _signature(bench.quantizer_model(v)), v
+    by = {e["name"]: e for e in data["layers"]}
+    for v, s in zip(variants, bench.evaluate_many(variants), strict=True):
+        (name, prec), = v.items()
+        direction = "raise" if prec == "INT16" else "lower"
+        assert s["kl_divergence"] == by[name][direction]["kl_divergence"]
+
+
+def test_raising_the_most_sensitive_layers_beats_raising_random_ones(bench, sensitivity):
+    """With W8A8 as the base: the top-k layers of the ranking raised to INT16 bring the
+    model closer to FP32 than k layers drawn at random (fixed seed)."""
+    _, _, data = sensitivity
+    top = data["ranking"]["raise"][:K]
+    rng = random.Random(0)
+    draws = [rng.sample(bench.layers, K) for _ in range(4)]
+    scores = bench.evaluate_many([{n: "INT16" for n in s} for s in [top, *draws]])
+    top_s, rand = scores[0], scores[1:]
+    base, fp32 = data["base"], data["fp32"]["perplexity"]
+    FIGURES["top_k_vs_random_k"] = {
+        "k": K, "top": top, "random": draws,
+        "kl": {"base": round(base["kl_divergence"], 6), "top": round(top_s["kl_divergence"], 6),
+               "random": [round(s["kl_divergence"], 6) for s in rand]},
+        "perplexity": {"fp32": round(fp32, 3), "base": round(base["perplexity"], 3),
+                       "top": round(top_s["perplexity"], 3),
+                       "random": [round(s["perplexity"], 3) for s in rand]},
+        "cosine": {"base": round(base["logits_cosine"], 6),
+                   "top": round(top_s["logits_cosine"], 6),
+                   "random": [round(s["logits_cosine"], 6) for s in rand]},
+    }
+    assert top_s["kl_divergence"] < base["kl_divergence"]
+    assert top_s["kl_divergence"] < min(s["kl_divergence"] for s in rand)
+    assert top_s["logits_cosine"] > sum(s["logits_cosine"] for s in rand) / len(rand)
+
+
+def test_the_ranking_is_stable_across_two_runs(project, export, sensitivity, tmp_path):
+    _, _, first = sensitivity
+    _, seconds = _run(project, "sensitivity", {"export": export}, tmp_path / "again")
+    second = json.loads((tmp_path / "again" / "sensitivity.json").read_text())
+    FIGURES["sensitivity_seconds_second_run"] = round(seconds, 1)
+    for key in ("raise", "lower", "raise_blocks", "lower_blocks"):
+        assert second["ranking"][key][:5] == first["ranking"][key][:5], key
+    FIGURES["second_run_identical"] = second["layers"] == first["layers"] and (
+        second["blocks"] == first["blocks"])
+
+
+def _autoprecision(project, export, sensitivity, out: Path, **settings):
+    d = project.to_dict()
+    d["autoprecision"].update(settings)
+    p = pf.from_dict(d)
+    p.path = project.path
+    result, seconds = _run(p, "autoprecision", {"export": export, "sensitivity": sensitivity[0]},
+                           out)
+    return result, json.loads((out / "autoprecision.json").read_text()), seconds
+
+
+def test_autoprecision_meets_a_cosine_target_from_w8a8(project, export, sensitivity, bench,
+                                                       sample_data_dir, tmp_path):
+    from studio.core.recipe import effective_precisions
+    from studio.engine.quantize import check_overrides, quantize_llm
+
+    _, _, data = sensitivity
+    by = {e["name"]: e for e in data["layers"]}
+    gain = by[data["ranking"]["raise"][0]]["raise"]["delta"]["logits_cosine"]
+    assert gain > 0
+    target = data["base"]["logits_cosine"] + gain / 2  # the base misses it
+    result, res, seconds = _autoprecision(project, export, sensitivity, tmp_path / "auto",
+                                          metric="cosine", min_logits_cosine=target)
+    assert res["met"] and result["met"] and 1 <= res["raised"] == len(res["overrides"])
+    assert res["after"]["logits_cosine"] >= target > res["before"]["logits_cosine"]
+    assert result["base_matches_sensitivity"]
+    steps = res["steps"]
+    assert [s["step"] for s in steps] == list(range(len(steps)))
+    assert not steps[0]["meets_target"] and steps[-1]["meets_target"]
+    assert all(not s["meets_target"] for s in steps[:-1])  # it stopped at the first that met
+    # the rules are the recipe's vocabulary: copy them into quantization.overrides
+    rules = result["overrides"]
+    assert set(rules.values()) == {"INT16"} and set(rules) <= set(data["ranking"]["raise"])
+    q = {"scheme": "W8A8", "weight_granularity": "per_channel", "overrides": rules}
+    check_overrides(export, {**q, "samples": 2})
+    raised = [lp.layer for lp in effective_precisions(list(by), q) if lp.activation == "INT16"]
+    assert sorted(raised) == sorted(rules)
+    assert res["after"]["weight_bytes"] == res["before"]["weight_bytes"]
+    assert res["after"]["activation_bytes_per_token"] > res["before"]["activation_bytes_per_token"]
+    assert all((m["source"], m["device"]) == ("measured", "host-cpu") for m in result["metrics"])
+    # copied into the project, the rules give the quantize stage the graph that was measured
+    calib = (sample_data_dir / "calibration.py.txt").read_text(encoding="utf-8")
+    quantize_llm(export, tmp_path / "q", {**q, "samples": 2}, calib, export / "tokenizer")
+    got = bench.score(tmp_path / "q" / "prefill.onnx")
+    assert got == {k: res["after"][k] for k in got}
+    FIGURES["autoprecision_cosine"] = {
+        "target": round(target, 6), "raised": res["raised"], "overrides": rules,
+        "seconds": round(seconds, 1),
+        "before": {k: res["before"][k] for k in ("logits_cosine", "perplexity", "weight_bytes",
+                                                  "activation_bytes_per_token")},
+        "after": {k: res["after"][k] for k in ("logits_cosine", "perplexity", "weight_bytes",
+                                                "activation_bytes_per_token")},
+        "curve": [(s["action"], round(s["logits_cosine"], 6), s["weight_bytes"])
+                  for s in steps + res["pruning"]],
+    }
+
+
+def test_autoprecision_raises_nothing_when_the_base_meets_the_target(
+        project, export, sensitivity, tmp_path):
+    _, _, data = sensitivity
+    change = abs(data["base"]["perplexity"] / data["fp32"]["perplexity"] - 1)
+    result, res, _ = _autoprecision(project, export, sensitivity, tmp_path / "auto",
+                                    metric="perplexity", max_perplexity_change=change + 0.01)
+    assert res["met"] and res["raised"] == 0 and res["overrides"] == {}
+    assert len(res["steps"]) == 1 and "0 layer(s)" in result["summary"]
+    lo, hi = res["target"]["perplexity_range"]
+    assert lo <= res["after"]["perplexity"] <= hi
+    FIGURES["autoprecision_perplexity"] = {"max_perplexity_change": round(change + 0.01, 4),
+                                           "raised": res["raised"]}
+
+
+@pytest.mark.parametrize(
+    ("scheme", "high", "low", "match"),
+    [
+        ("FP16", "auto", "INT4", "needs a quantized scheme"),
+        ("W8A16", "INT16", "INT4", "already gives every layer"),
+        ("W8A8", "INT4", "", "set it as sensitivity.low"),
+        ("W8A8", "auto", "INT8", "already gives every layer"),
+        ("W8A8", "auto", "FP16", "raises the layer"),
+        ("W8A8", "INT3", "", "not one of auto"),
+    ],
+)
+def test_choices_that_change_nothing_are_refused(scheme, high, low, match):
+    from studio.engine.sensitivity import resolve_choices
+
+    with pytest.raises(StudioError, match=match):
+        resolve_choices(scheme, high, low)
+
+
+def test_choices_by_scheme():
+    from studio.engine.sensitivity import resolve_choices
+
+    assert resolve_choices("W8A8", "auto", "INT4") == ("INT16", "INT4")
+    assert resolve_choices("W8A16", "auto", "") == ("FP16", "")
+    assert resolve_choices("W8A16", "FP32", "INT8") == ("FP32", "INT8")
+
+
+@pytest.mark.parametrize(
+    ("section", "needle"),
+    [
+        ("[sensitivity]\nheldout_tokens = 4", "sensitivity.heldout_tokens must be at least 16"),
+        ('[sensitivity]\nhigh = "INT3"', "sensitivity.high = 'INT3'"),
+        ('[sensitivity]\nlow = "W4"', "sensitivity.low = 'W4'"),
+        ('[autoprecision]\nmetric = "bleu"', "autoprecision.metric = 'bleu'"),
+        ("[autoprecision]\nmax_perplexity_change = -0.1", "must be 0 or more"),
+        ("[autoprecision]\nmin_logits_cosine = 1.5", "at most 1"),
+    ],
+)
+def test_bad_settings_give_one_line(tmp_path, section, needle):
+    f = tmp_path / "bad.qstudio"
+    f.write_text(f'schema_version = 1\n[model]\nsource = "x"\n{section}\n')
+    with pytest.raises(StudioError) as exc:
+        pf.load(f)
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
