@@ -16,8 +16,8 @@ not fitting; by default the larger sizes are then skipped (``--go-on`` runs them
 
     python benchmarks/bench_scale.py [--sizes l4-h256,l8-h512,l12-h768,qwen2-0.5b]
         [--max-params 600e6] [--prompt 16] [--context 64] [--target snapdragon-8-gen-3]
-        [--stage-timeout 900] [--min-free-gb 1.5] [--separate-binary] [--keep]
-        [--workdir DIR] [--json results.json]
+        [--stage-timeout 900] [--min-free-gb 1.5] [--separate-binary] [--go-on]
+        [--keep] [--workdir DIR [--resume]] [--json results.json]
 
 Run it alone on the machine (``nice -n 10`` if others share it): the timings follow host
 load, which each row records.
@@ -96,6 +96,8 @@ SIZES: dict[str, Size] = {s.name: s for s in (
     Size("l16-h1024", 16, 1024, 16, 2, 2816, 151936),
     Size("qwen2-0.5b", 24, 896, 14, 2, 4864, 151936, rope_theta=1000000.0,
          max_positions=32768, note="Qwen/Qwen2-0.5B's config"),
+    Size("qwen2-1.5b", 28, 1536, 12, 2, 8960, 151936, rope_theta=1000000.0,
+         max_positions=32768, note="Qwen/Qwen2-1.5B's config"),
 )}
 DEFAULT_SIZES = ("l4-h256", "l8-h512", "l12-h768", "qwen2-0.5b")
 TOKENIZER_VOCAB = 2048  # the sample tokenizer's vocabulary: the model's must not be smaller
@@ -322,6 +324,8 @@ def measure(step: Step, argv: list[str], out: Path, log: Path, timeout: float,
     when the host's available memory falls below ``min_free_kib``."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONUNBUFFERED="1")
+    if log.exists():  # an earlier attempt's log (--resume): keep it beside
+        log.rename(log.with_name(f"{log.stem}.{int(log.stat().st_mtime)}.log"))
     step.load_start = os.getloadavg()
     step.log = str(log)
     step.min_avail_kib = _meminfo_kib()
@@ -432,11 +436,17 @@ def main() -> int:
                          "(embed=False) to compare with the compile stage's embedded one")
     ap.add_argument("--go-on", action="store_true",
                     help="after a size fails, still run the larger ones")
-    ap.add_argument("--keep", action="store_true", help="keep the work folder")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the work folder (checkpoints and every stage's output)")
+    ap.add_argument("--resume", action="store_true",
+                    help="with --workdir of a --keep run: reuse the checkpoints and the stage "
+                         "outputs that finished there, and run only what is missing")
     ap.add_argument("--workdir", type=Path, default=None,
                     help="where to build (default: a temp folder)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     a = ap.parse_args()
+    if a.resume and a.workdir is None:
+        ap.error("--resume needs the --workdir of an earlier --keep run")
 
     names = [s.strip() for s in a.sizes.split(",") if s.strip()]
     unknown = [n for n in names if n not in SIZES]
@@ -472,26 +482,32 @@ def main() -> int:
                                   detail="a smaller size did not fit (use --go-on to try)"))
                 continue
             d = work / size.name
-            if d.exists():
+            if d.exists() and not a.resume:
                 shutil.rmtree(d)
-            d.mkdir()
+            d.mkdir(exist_ok=True)
             print(f"\n== {size.name}: {size.layers} layers, hidden {size.hidden}, heads "
                   f"{size.heads}/{size.kv_heads}, intermediate {size.intermediate}, vocab "
                   f"{size.vocab}, {n:,} parameters", flush=True)
             print(_header())
             ckpt = d / "checkpoint"
-            ckpt.mkdir()
-            step = measure(Step(size.name, n, "build checkpoint"),
-                           ["build", "--size", size.name, "--out", str(ckpt)], ckpt,
-                           d / "build.log", a.stage_timeout, min_free)
-            steps.append(step)
-            print_table([step], header=False, phases=True)
-            if step.status != "ok":
-                stop = f"{size.name}: building the checkpoint: {step.status} ({step.detail})"
-                continue
-            if step.result.get("parameters") not in (None, n):
-                print(f"   (the model has {step.result['parameters']:,} parameters, the formula "
-                      f"said {n:,})")
+            if a.resume and (ckpt / "config.json").is_file():
+                steps.append(Step(size.name, n, "build checkpoint", "reused",
+                                  detail=f"kept from an earlier run in {ckpt}"))
+            else:
+                shutil.rmtree(ckpt, ignore_errors=True)
+                ckpt.mkdir()
+                step = measure(Step(size.name, n, "build checkpoint"),
+                               ["build", "--size", size.name, "--out", str(ckpt)], ckpt,
+                               d / "build.log", a.stage_timeout, min_free)
+                steps.append(step)
+                if step.status != "ok":
+                    print_table([step], header=False, phases=True)
+                    stop = f"{size.name}: building the checkpoint: {step.status} ({step.detail})"
+                    continue
+                if step.result.get("parameters") not in (None, n):
+                    print(f"   (the model has {step.result['parameters']:,} parameters, the "
+                          f"formula said {n:,})")
+            print_table(steps[-1:], header=False, phases=True)
             project_file = d / f"{size.name}.qstudio"
             project_file.write_text(PROJECT.format(
                 name=size.name, target=a.target, source=str(ckpt), prompt=a.prompt,
@@ -502,6 +518,13 @@ def main() -> int:
             for i, job in enumerate(jobs):
                 out = d / job.stage
                 inputs = {jobs[k].label: done[jobs[k].label] for k in job.deps}
+                if a.resume and (out / "result.json").is_file():
+                    steps.append(Step(size.name, n, job.label, "reused",
+                                      detail=f"kept from an earlier run in {out}"))
+                    print_table(steps[-1:], header=False)
+                    done[job.label] = str(out)
+                    continue
+                shutil.rmtree(out, ignore_errors=True)  # what a failed attempt left
                 step = measure(Step(size.name, n, job.label),
                                ["stage", "--project", str(project_file), "--index", str(i),
                                 "--out", str(out), "--inputs", json.dumps(inputs)],
@@ -517,10 +540,12 @@ def main() -> int:
                     failed = True
                     break
                 done[job.label] = str(out)
-                if job.stage == "export":  # the checkpoint is not needed any more
+                if a.keep:
+                    continue
+                if job.stage == "export":  # disk: keep only what the next stage reads
                     shutil.rmtree(ckpt, ignore_errors=True)
-                elif job.stage == "quantize" and not a.keep:
-                    shutil.rmtree(d / "export", ignore_errors=True)  # disk: keep what is next
+                elif job.stage == "quantize":
+                    shutil.rmtree(d / "export", ignore_errors=True)
             if a.separate_binary and not failed:
                 out = d / "compile-separate"
                 step = measure(Step(size.name, n, "compile (embed=False)"),
