@@ -462,8 +462,15 @@ def _quantize_graph(
     root.addHandler(handler)
     try:
         pre = work / "preprocessed.onnx"
-        model_path = pre if qnn_preprocess_model(str(src), str(pre)) else src
-        model = onnx.load(str(model_path))
+        # A graph past the 2 GB protobuf limit (its weights in external data) must be written
+        # back the same way; the graph is read without its weights (the overrides and the
+        # config only need its structure, and an in-memory model past 2 GB cannot be
+        # serialized for shape inference or ByteSize).
+        external = _uses_external_data(src)
+        ext = ({"save_as_external_data": True, "all_tensors_to_one_file": True,
+                "external_data_location": pre.name + ".data"} if external else {})
+        model_path = pre if qnn_preprocess_model(str(src), str(pre), **ext) else src
+        model = onnx.load(str(model_path), load_external_data=False)
         resolved = resolve_overrides(model, recipe)
         progress.check()
         config = get_qnn_qdq_config(
@@ -480,6 +487,12 @@ def _quantize_graph(
             # block-wise weights as an opset-21 DequantizeLinear with block_size (LPBQ)
             config.extra_options["BlockSize"] = recipe["block_size"]
             config.extra_options["UseQDQContribOps"] = False
+        if external and config.extra_options.get("UseQDQContribOps"):
+            # 16-bit types need opset 21, and ORT's own upgrade serializes the whole model
+            # (past 2 GB it cannot): upgrade the weight-free graph here; the quantizer then
+            # sees opset 21 and does the rest as for a small graph.
+            model_path = _upgrade_opset(model_path, work, 21)
+        del model
         # Not CalibMaxIntermediateOutputs: in ORT 1.32 MinMaxCalibrater drops the collected
         # batches when it reaches that count without computing their ranges. MinMax keeps
         # only ReduceMin/ReduceMax outputs per feed, so memory stays small anyway.
@@ -521,6 +534,39 @@ def _quantize_graph(
     finally:
         root.removeHandler(handler)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _uses_external_data(path: Path) -> bool:
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    model = onnx.load(str(path), load_external_data=False)
+    return any(uses_external_data(t) for t in model.graph.initializer)
+
+
+def _upgrade_opset(path: Path, work: Path, opset: int) -> Path:
+    """``path`` (weights in external data) converted to ``opset`` without loading its
+    weights: the converted graph is written into ``work`` beside (a copy of) its data
+    files. A copy, not a hard link: onnx refuses external data files with several links."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    model = onnx.load(str(path), load_external_data=False)
+    if next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= opset:
+        return path
+    converted = onnx.version_converter.convert_version(model, opset)
+    locations = {
+        e.value
+        for t in converted.graph.initializer if uses_external_data(t)
+        for e in t.external_data if e.key == "location"
+    }
+    for loc in sorted(locations):
+        src, dst = path.parent / loc, work / loc
+        if not dst.exists():
+            shutil.copyfile(src, dst)
+    out = work / f"opset{opset}.onnx"
+    onnx.save_model(converted, str(out))
+    return out
 
 
 def _jsonable(value):

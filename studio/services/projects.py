@@ -18,6 +18,7 @@ from studio.core.commands import SetValue
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_text
 from studio.core.project import STAGES, Project
+from studio.core.stagegraph import DEFAULT_STAGES
 
 # The ONNX graph description the model views show; re-exported for the UI, which talks
 # only to services.
@@ -42,7 +43,7 @@ class NewProjectSpec:
     calibration_samples: int = 8
     prompt_length: int = 32
     context_length: int = 128
-    stages: list[str] = field(default_factory=lambda: list(STAGES))
+    stages: list[str] = field(default_factory=lambda: list(DEFAULT_STAGES))
     gates: dict[str, float] = field(default_factory=dict)
 
 def source_ref(kind: str, source: str) -> str:

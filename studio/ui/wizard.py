@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 from studio.core.errors import StudioError
 from studio.core.project import STAGES
 from studio.core.recipe import DEFAULT_GATES, GATE_HELP, GRANULARITIES, SCHEMES
+from studio.core.stagegraph import DEFAULT_STAGES
 from studio.services.projects import NewProjectSpec
 from studio.ui.widgets import ChipList, label
 
@@ -220,7 +221,7 @@ class RecipePage(QWizardPage):
         self.stage_checks = {}
         for s in STAGES:
             cb = QCheckBox(s)
-            cb.setChecked(True)
+            cb.setChecked(s in DEFAULT_STAGES)  # optional analyses are run by name
             stages.addWidget(cb)
             self.stage_checks[s] = cb
         stages.addStretch(1)

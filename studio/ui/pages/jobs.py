@@ -49,6 +49,8 @@ STAGE_HELP = {
     "run": "generate tokens on the host CPU and the HTP simulator",
     "profile": "op-level profile of one decode step on the HTP simulator",
     "report": "an HTML + JSON report of the run",
+    "sensitivity": "per-layer accuracy when one layer is raised or lowered (host QDQ)",
+    "autoprecision": "the fewest raised layers that meet the accuracy target",
 }
 
 
@@ -87,7 +89,7 @@ class JobsPage(Page):
         self.stage_menu = QMenu(self.stage_button)
         self.stage_actions: dict[str, QAction] = {}
         for s in STAGES:
-            act = self.stage_menu.addAction(f"{s} — {STAGE_HELP[s]}")
+            act = self.stage_menu.addAction(f"{s} — {STAGE_HELP.get(s, s)}")
             act.triggered.connect(lambda _=False, s=s: self.run_stages([s]))
             self.stage_actions[s] = act
         self.stage_button.setMenu(self.stage_menu)
