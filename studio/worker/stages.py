@@ -27,6 +27,9 @@ from studio.core.progress import Progress, SubProgress
 from studio.core.stagegraph import StageConfig
 
 GRAPHS = ("prefill", "decode")
+# Quantized graphs at least this large get their context binary beside the ONNX model
+# (measured: a Qwen2-0.5B-shaped W8A16 graph is 771 MB and embeds; 2 GB would not).
+EMBED_LIMIT = 1 << 30
 
 
 @dataclass
@@ -202,8 +205,12 @@ def compile_(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                 f"{chip.name}: {names}; change their precision or the recipe"
             )
         progress.update(i / 2 + 0.25, f"compiling {g} context binary for {chip.name}")
+        # a context binary is embedded in its ONNX model unless the model would come near
+        # protobuf's 2 GB limit (real 1-8 B LLMs): then it is written beside it (_qnn.bin)
+        size = sum(f.stat().st_size for f in qdir.glob(f"{g}.onnx*"))
         compiled[g] = qnn.compile_context(qdir / f"{g}.onnx", ctx.out / f"{g}_ctx.onnx", chip,
-                                          fp16=fp16, embed=True, extra_options=extra)
+                                          fp16=fp16, embed=size < EMBED_LIMIT,
+                                          extra_options=extra)
     shutil.copy2(qdir / "graph.json", ctx.out / "graph.json")
     atomic_write_json(ctx.out / "placement.json", placement)
     sdk = compiled["decode"].get("sdk_version", "")
