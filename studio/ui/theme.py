@@ -155,7 +155,10 @@ QGroupBox {{ font-weight: 600; }}
 def apply_theme(app: QApplication, name: str) -> str:
     """Apply ``light``, ``dark`` or ``system``; returns the theme in effect."""
     which = effective_theme(name)
-    app.setStyle(StudioStyle())
+    if not isinstance(app.style(), StudioStyle):
+        # once per application: the style reads its colours from the palette, and replacing
+        # an application style while widgets hold on to it crashed a second theme switch
+        app.setStyle(StudioStyle())
     app.setPalette(_palette(which == "dark"))
     app.setStyleSheet(_style_sheet(which == "dark"))
     app.setProperty("qstudio_theme", which)
