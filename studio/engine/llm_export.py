@@ -144,6 +144,44 @@ def load_spec(graphs_dir: Path) -> dict:
     return migrate(spec)
 
 
+def _weight_bytes(model) -> int:
+    """The bytes of a model's initializers, from their dims and types (no serializing)."""
+    import numpy as np
+    import onnx
+
+    total = 0
+    for t in model.graph.initializer:
+        n = int(np.prod(t.dims)) if len(t.dims) else 1
+        total += n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    return total
+
+
+def _weight_free(model):
+    """A copy of ``model`` whose large initializers carry only name, dims and type: enough
+    for shape inference, and serializable past protobuf's 2 GB limit."""
+    import onnx
+
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    g = light.graph
+    g.name = model.graph.name
+    g.node.extend(model.graph.node)
+    g.input.extend(model.graph.input)
+    g.output.extend(model.graph.output)
+    g.value_info.extend(model.graph.value_info)
+    for t in model.graph.initializer:
+        n = 1
+        for d in t.dims:
+            n *= d
+        if n > 4096:
+            # declared as a typed input instead of carrying its data
+            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            g.initializer.append(t)
+    return light
+
+
 def save_onnx_atomic(model, path: Path) -> list[Path]:
     """Save an ONNX model next to ``path`` via a temp name, then move it into place.
 
@@ -156,7 +194,8 @@ def save_onnx_atomic(model, path: Path) -> list[Path]:
     tmp_dir = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.stem}."))
     try:
         tmp = tmp_dir / path.name
-        big = model.ByteSize() > _PROTOBUF_LIMIT if _no_external(model) else True
+        # decided without serializing: ByteSize() itself fails past 2 GB
+        big = not _no_external(model) or _weight_bytes(model) > _PROTOBUF_LIMIT
         if big:
             onnx.save_model(
                 model,
@@ -520,7 +559,7 @@ def _tidy_graph(model, module_names: set[str]) -> None:
         graph.node.extend(keep)
 
     # 3. no-op Casts (float32 -> float32 around RMSNorm and softmax) go
-    typed = onnx.shape_inference.infer_shapes(model)
+    typed = onnx.shape_inference.infer_shapes(_weight_free(model))
     elem = {
         v.name: v.type.tensor_type.elem_type for v in (*typed.graph.value_info, *typed.graph.input)
     }
