@@ -132,7 +132,8 @@ def export(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
             shutil.copy2(f, tok_dir / f.name)
     atomic_write_json(ctx.out / "modelinfo.json", info.to_dict())
-    sizes = {g: (ctx.out / f"{g}.onnx").stat().st_size for g in GRAPHS}
+    # a graph past 2 GB keeps its weights in <graph>.onnx.data: count both
+    sizes = {g: sum(f.stat().st_size for f in ctx.out.glob(f"{g}.onnx*")) for g in GRAPHS}
     chk = spec.get("export_check") or {}
     metrics = []
     if chk:
