@@ -23,6 +23,7 @@ puts the layer back (scheme defaults, then that pattern).
 from __future__ import annotations
 
 import fnmatch
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -79,6 +80,49 @@ def module_of_node(node_name: str) -> str:
     """``/model/layers.0/mlp/up_proj/MatMul`` -> ``model.layers.0.mlp.up_proj``."""
     parts = [p for p in node_name.split("/") if p]
     return ".".join(parts[:-1])
+
+
+#: Key activations that are not modules of their own, named as pseudo-layers without weights
+#: under the module that computes them (``model.layers.3.self_attn.scores``): patterns reach
+#: them by these names (``*.self_attn.scores`` = INT16) and the layer grid shows them.
+ACTIVATION_POINTS: dict[str, str] = {
+    "self_attn.scores": "attention scores (Q·Kᵀ, the input of the softmax chain)",
+    "self_attn.softmax": "attention probabilities (the softmax output)",
+    "residual": "the residual stream (the block's residual adds)",
+}
+_BLOCK = re.compile(r"(?P<block>.*\.layers\.\d+)(?P<attn>\.self_attn)?")
+
+
+def activation_point(node_name: str) -> str | None:
+    """The pseudo-layer of an ONNX node that computes a key activation, else None:
+    ``/model/layers.0/self_attn/MatMul`` (Q·Kᵀ) -> ``model.layers.0.self_attn.scores``,
+    ``…/self_attn/Softmax`` -> ``….self_attn.softmax``, ``/model/layers.0/Add_1`` ->
+    ``model.layers.0.residual``."""
+    module = module_of_node(node_name)
+    op = node_name.rstrip("/").rsplit("/", 1)[-1]
+    m = _BLOCK.fullmatch(module)
+    if m is None:
+        return None
+    if m.group("attn"):
+        if op == "MatMul":  # the first MatMul of the attention module (not a projection's)
+            return module + ".scores"
+        if re.fullmatch(r"Softmax(_\d+)?", op):
+            return module + ".softmax"
+        return None
+    if re.fullmatch(r"Add(_\d+)?", op):
+        return module + ".residual"
+    return None
+
+
+def activation_points(block_prefix: str) -> list[str]:
+    """The pseudo-layers of one transformer block (``model.layers.3``)."""
+    return [f"{block_prefix}.{p}" for p in ACTIVATION_POINTS]
+
+
+def block_prefix(layer: str) -> str | None:
+    """``model.layers.3.mlp.up_proj`` -> ``model.layers.3``; None outside the blocks."""
+    m = re.match(r"(.*?\.layers\.\d+)(\.|$)", layer)
+    return m.group(1) if m else None
 
 
 def is_weight_only(pattern: str) -> bool:
@@ -214,4 +258,7 @@ def covers_node(pattern: str, node_name: str) -> bool:
     (``/lm_head/MatMul``) or by the layer (module) it belongs to."""
     if is_weight_only(pattern):
         return False
-    return fnmatch.fnmatchcase(node_name, pattern) or covers(pattern, module_of_node(node_name))
+    if fnmatch.fnmatchcase(node_name, pattern) or covers(pattern, module_of_node(node_name)):
+        return True
+    point = activation_point(node_name)
+    return point is not None and covers(pattern, point)

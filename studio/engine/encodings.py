@@ -68,18 +68,49 @@ def export_encodings(qdq_model: str | Path) -> dict[str, Any]:
         block = next((a.i for a in n.attribute if a.name == "block_size"), 0)
         if n.op_type == "DequantizeLinear" and n.input[0] in inits:  # a weight
             name = n.input[0].removesuffix("_quantized")
+            if block:
+                raise StudioError(
+                    f"{name} is quantized block-wise (LPBQ, blocks of {block}): the QNN "
+                    "encodings-override format (0.6.1) has no block-wise encodings; export "
+                    "a per_channel recipe"
+                )
             if zp.size == 1 and scale.size > 1:
                 zp = np.repeat(zp, scale.size)
-            entries = [_entry(s, int(z), dtype) for s, z in zip(scale, zp, strict=True)]
-            if block:
-                for e in entries:
-                    e["block_size"] = int(block)
-            params[name] = entries
+            params[name] = [_entry(s, int(z), dtype) for s, z in zip(scale, zp, strict=True)]
         elif n.op_type == "QuantizeLinear":  # an activation (the float tensor it quantizes)
             name = n.input[0].removesuffix("_QuantizeLinear_Input")
             acts.setdefault(name, [_entry(scale[0], int(zp[0]), dtype)])
-    return {"version": VERSION, "activation_encodings": dict(sorted(acts.items())),
-            "param_encodings": dict(sorted(params.items()))}
+    enc = {"version": VERSION, "activation_encodings": dict(sorted(acts.items())),
+           "param_encodings": dict(sorted(params.items()))}
+    problem = schema_problem(enc)
+    if problem:  # a bug of ours, not the user's: never write a file QNN would refuse
+        raise StudioError(f"the encodings of {qdq_model} do not follow the QNN format: {problem}")
+    return enc
+
+
+SCHEMA_FILE = "qnn-encodings-0.6.1.schema.json"
+
+
+def schema() -> dict[str, Any]:
+    """The JSON Schema of the QNN / AIMET legacy encodings format (``resources/schemas``),
+    written from AIMET's published encoding format specification."""
+    from studio.core.samples import resources_dir
+
+    return json.loads((resources_dir() / "schemas" / SCHEMA_FILE).read_text(encoding="utf-8"))
+
+
+def schema_problem(data: Any) -> str | None:
+    """None when ``data`` follows the legacy (0.4 to 0.6) encodings schema, else the first
+    problem in one line (where, and what)."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema())
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+    if not errors:
+        return None
+    e = errors[0]
+    where = "/".join(str(p) for p in e.absolute_path) or "the top level"
+    return f"at {where}: {e.message}"
 
 
 def write_encodings(qdq_model: str | Path, out: str | Path) -> dict[str, int]:
@@ -102,6 +133,12 @@ def read_encodings(path: str | Path) -> tuple[dict[str, int], dict[str, int]]:
     if not isinstance(data, dict) or not ({"activation_encodings", "param_encodings"} & set(data)):
         raise StudioError(f"{path} is not an encodings file: it needs activation_encodings "
                           "and/or param_encodings")
+    version = str(data.get("version", "0.4.0"))  # the spec: no version means 0.4
+    if version.startswith("0."):
+        problem = schema_problem({"version": version, **data})
+        if problem:
+            raise StudioError(f"{path} does not follow the QNN encodings format {version} "
+                              f"{problem}; fix or re-export it")
 
     def bits(section: str) -> dict[str, int]:
         raw = data.get(section) or {}

@@ -63,6 +63,7 @@ from studio.core.recipe import (
     GRANULARITIES,
     SCHEME_PRECISIONS,
     SCHEMES,
+    activation_point,
     covers,
     covers_node,
     is_weight_only,
@@ -343,6 +344,23 @@ def _applied_layers(model, recipe, weights, weight_prec, weight_rule, act_prec, 
             "weight_rule": f"override {weight_rule[w]!r}" if w in weight_rule else base,
             "activation_rule": f"override {act_rule[o]!r}" if o in act_rule else base,
         })
+    # the key activations (attention scores, softmax, residual stream): what their node's
+    # output got; for a point computed by several nodes (the two residual adds), the last
+    points: dict[str, Any] = {}
+    for n in model.graph.node:
+        point = activation_point(n.name)
+        if point is not None and n.output:
+            points[point] = n
+    for point, node in points.items():
+        if node.name in exclude:
+            pattern = exclude[node.name]
+            prec, rule = given.get(pattern, "FP16"), f"override {exclude[node.name]!r}"
+        else:
+            o = node.output[0]
+            prec = act_prec.get(o, a_default)
+            rule = f"override {act_rule[o]!r}" if o in act_rule else base
+        out.append({"layer": point, "weight": "", "activation": prec,
+                    "weight_rule": "", "activation_rule": rule})
     return sorted(out, key=lambda r: r["layer"])
 
 

@@ -7,30 +7,66 @@ from typing import Any
 
 from studio.core.modelinfo import ModelInfo
 from studio.core.project import Project
-from studio.core.recipe import effective_precisions, unmatched_patterns
+from studio.core.recipe import (
+    ACTIVATION_POINTS,
+    activation_points,
+    block_prefix,
+    effective_precisions,
+    unmatched_patterns,
+)
 
 # Layer kinds whose weights are MatMul weights (quantized as weights); the others (the
 # embedding table, norms) are treated as activations.
 WEIGHTED_KINDS = ("attention", "mlp", "lm_head", "linear")
 
 
+def quantizable(info: ModelInfo) -> list[tuple[str, int | None, str, str | None]]:
+    """(name, block, kind, tied_to) of every layer the recipe can set, in model order: the
+    model's layers, and after each block's layers its key activations
+    (:data:`studio.core.recipe.ACTIVATION_POINTS`, kind ``"activation"``)."""
+    out: list[tuple[str, int | None, str, str | None]] = []
+    pending: tuple[str, int] | None = None  # the block whose points come next
+
+    def flush() -> None:
+        if pending is not None:
+            out.extend((n, pending[1], "activation", None) for n in activation_points(pending[0]))
+
+    for lay in info.layers:
+        prefix = block_prefix(lay.name) if lay.block is not None else None
+        if pending is not None and (prefix is None or prefix != pending[0]):
+            flush()
+            pending = None
+        if prefix is not None and lay.block is not None:
+            pending = (prefix, lay.block)
+        out.append((lay.name, lay.block, lay.kind, lay.tied_to))
+    flush()
+    return out
+
+
 def layer_precisions(project: Project, info: ModelInfo) -> list[dict[str, Any]]:
-    """Every layer of the model with its effective weight and activation precision and the
-    rule that set each (one dict per layer, in model order)."""
-    names = [lay.name for lay in info.layers]
+    """Every layer of the model (and each block's key activations) with its effective weight
+    and activation precision and the rule that set each (one dict per layer, model order)."""
+    layers = quantizable(info)
+    names = [name for name, *_ in layers]
     weighted = {lay.name for lay in info.layers if lay.kind in WEIGHTED_KINDS}
     rows = []
-    for lay, eff in zip(info.layers, effective_precisions(names, project.quantization, weighted),
-                        strict=True):
+    for (_, block, kind, tied_to), eff in zip(
+            layers, effective_precisions(names, project.quantization, weighted), strict=True):
         d = eff.to_dict()
-        d.update(block=lay.block, kind=lay.kind, tied_to=lay.tied_to)
+        d.update(block=block, kind=kind, tied_to=tied_to)
+        if kind == "activation":
+            d["description"] = ACTIVATION_POINTS[_point_key(d["layer"])]
         rows.append(d)
     return rows
 
 
+def _point_key(name: str) -> str:
+    return next(k for k in ACTIVATION_POINTS if name.endswith("." + k))
+
+
 def unmatched(project: Project, info: ModelInfo) -> list[str]:
-    """Override patterns that cover no layer of the model."""
-    return unmatched_patterns([lay.name for lay in info.layers],
+    """Override patterns that cover no layer (nor key activation) of the model."""
+    return unmatched_patterns([name for name, *_ in quantizable(info)],
                               project.quantization["overrides"])
 
 

@@ -380,3 +380,42 @@ def test_broken_family_table_is_caught(exports, tmp_path, monkeypatch):
     monkeypatch.setitem(llm_export.FAMILIES, "gemma2", dataclasses.replace(fam, final_softcap=None))
     with pytest.raises(StudioError, match="from position 0 of 16 "):
         llm_export.export_llm(exports.root / "ckpt" / "gemma2", tmp_path / "o", 4, 16)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_key_activations_are_found_in_every_family(exports, name):
+    """The recipe's pseudo-layers (attention scores, softmax output, residual stream) name
+    real nodes of each family's graph: per block one Q·Kᵀ MatMul whose output reaches the
+    softmax, one softmax, two residual adds that take the block's input stream."""
+    import onnx
+
+    from studio.core.recipe import activation_point
+
+    _, graphs, spec = exports(name)
+    model = onnx.load(str(graphs / "decode.onnx"), load_external_data=False)
+    consumers: dict[str, list] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    by_point: dict[str, list] = {}
+    for n in model.graph.node:
+        point = activation_point(n.name)
+        if point is not None:
+            by_point.setdefault(point, []).append(n)
+    blocks = len(spec["layer_types"])
+    for b in range(blocks):
+        scores = by_point[f"model.layers.{b}.self_attn.scores"]
+        softmax = by_point[f"model.layers.{b}.self_attn.softmax"]
+        residual = by_point[f"model.layers.{b}.residual"]
+        assert [n.op_type for n in scores] == ["MatMul"], name
+        assert [n.op_type for n in softmax] == ["Softmax"], name
+        assert [n.op_type for n in residual] == ["Add", "Add"], name
+        # Q·Kᵀ reaches the softmax through the scaling / capping / mask ops only
+        frontier, seen = [scores[0]], set()
+        for _ in range(8):
+            frontier = [c for n in frontier for o in n.output for c in consumers.get(o, [])
+                        if c.name not in seen]
+            seen.update(c.name for c in frontier)
+            if softmax[0].name in seen:
+                break
+        assert softmax[0].name in seen, f"{name} block {b}: scores do not reach the softmax"

@@ -341,8 +341,11 @@ def test_w4a16_gives_4_bit_weights_per_channel_or_block_wise(
     info = quantize_llm(graphs, tmp_path, recipe, corpus, tiny_qwen_dir)
     assert info["graphs"]["decode"]["matmul_precisions"]["16x4w"] > 0
     assert "16x8w" not in info["graphs"]["decode"]["matmul_precisions"]
-    assert {r["weight"] for r in info["layers"]} == {"INT4"}
+    assert {r["weight"] for r in info["layers"] if r["weight"]} == {"INT4"}
     assert {r["activation"] for r in info["layers"]} == {"INT16"}
+    points = [r for r in info["layers"] if not r["weight"]]  # scores, softmax, residual
+    assert points and {r["layer"].rsplit(".", 1)[-1] for r in points} == {
+        "scores", "softmax", "residual"}
     model = onnx.load(str(tmp_path / "decode.onnx"))
     inits = {t.name: t for t in model.graph.initializer}
     dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear"
@@ -377,8 +380,11 @@ def test_encodings_round_trip_through_the_recipe(tmp_path, qwen_graphs, tiny_qwe
                             "model.layers.0.self_attn.q_proj.weight": "INT4"}}
     quantize_llm(graphs, tmp_path / "a", recipe, corpus, tiny_qwen_dir)
     enc = export_encodings(tmp_path / "a" / "decode.onnx")
-    # the QNN / AIMET legacy format: fields and types per entry
+    # the QNN / AIMET legacy format: the published schema, then fields and types per entry
+    from studio.engine.encodings import schema_problem
+
     assert enc["version"] == "0.6.1"
+    assert schema_problem(enc) is None
     for section in ("activation_encodings", "param_encodings"):
         assert enc[section]
         for name, entries in enc[section].items():
@@ -419,3 +425,36 @@ def read_encodings_from_model(model, tmp_path):
 
     write_encodings(model, tmp_path / "b.json")
     return read_encodings(tmp_path / "b.json")
+
+
+def test_the_encodings_schema_refuses_what_the_published_format_does_not_allow(tmp_path):
+    """The schema (written from AIMET's encoding format specification) catches the mistakes
+    that make QNN's converter refuse a file; import names the first one in a line."""
+    from studio.core.errors import StudioError
+    from studio.engine.encodings import read_encodings, schema_problem
+
+    good = {"bitwidth": 8, "dtype": "int", "is_symmetric": "False", "scale": 0.01,
+            "offset": -114, "min": -1.14, "max": 1.41}
+    assert schema_problem({"version": "0.6.1", "activation_encodings": {"x": [good]}}) is None
+    assert schema_problem({"version": "0.6.1", "param_encodings": {
+        "w": [{"dtype": "float", "bitwidth": 16}]}}) is None
+    bad = {
+        "is_symmetric as a bool": dict(good, is_symmetric=False),
+        "bitwidth below 4": dict(good, bitwidth=2),
+        "a fractional offset": dict(good, offset=-114.5),
+        "a zero scale": dict(good, scale=0.0),
+        "no scale": {k: v for k, v in good.items() if k != "scale"},
+        "an unknown field": dict(good, block_size=64),
+    }
+    for why, entry in bad.items():
+        data = {"version": "0.6.1", "activation_encodings": {"x": [entry]}}
+        assert schema_problem(data), why
+        f = tmp_path / "bad.json"
+        f.write_text(json.dumps(data))
+        with pytest.raises(StudioError) as err:
+            read_encodings(f)
+        msg = str(err.value)
+        assert "\n" not in msg and "does not follow the QNN encodings format" in msg, why
+        assert "activation_encodings/x/0" in msg, msg
+    assert schema_problem({"version": "0.6.1", "activation_encodings": {"x": []}})
+    assert schema_problem({"version": "0.6.1", "activation_encodings": {}, "extra": 1})

@@ -23,23 +23,27 @@ TARGET = "snapdragon-8-gen-3"
 
 # (id, scheme, overrides, layers each pattern covers)
 CASES = [
-    ("block", "W8A16", {"layers.3": "INT8"}, {"layers.3": 9}),
+    ("block", "W8A16", {"layers.3": "INT8"}, {"layers.3": 12}),
     ("glob-int16-w8a8", "W8A8", {"*.down_proj": "INT16"}, {"*.down_proj": 4}),
     ("mlp-int4", "W8A16", {"model.layers.0.mlp.*": "INT4"}, {"model.layers.0.mlp.*": 3}),
     ("weight-only-w8a8", "W8A8", {"*.down_proj.weight": "INT16"}, {"*.down_proj.weight": 4}),
     ("one-weight-int4", "W8A16", {"model.layers.1.self_attn.q_proj.weight": "INT4"},
      {"model.layers.1.self_attn.q_proj.weight": 1}),
+    ("scores-int16-w8a8", "W8A8", {"*.self_attn.scores": "INT16", "layers.1.residual": "INT16"},
+     {"*.self_attn.scores": 4, "layers.1.residual": 1}),
+    ("softmax-float", "W8A16", {"model.layers.0.self_attn.softmax": "FP16"},
+     {"model.layers.0.self_attn.softmax": 1}),
     ("overlapping-w8a8", "W8A8",
      {"layers.2": "INT16", "layers.2.mlp.up_proj": "INT8", "*.o_proj": "FP16"},
-     {"layers.2": 9, "layers.2.mlp.up_proj": 1, "*.o_proj": 4}),
+     {"layers.2": 12, "layers.2.mlp.up_proj": 1, "*.o_proj": 4}),
 ]
 # A float pattern followed by a later pattern on the same layer: the later pattern wins and
 # quantizes the layer again (scheme defaults, then that pattern) on every side.
 FLOAT_THEN_QUANTIZED = [
     pytest.param("float-then-int16", "W8A8", {"*.o_proj": "FP16", "layers.2": "INT16"},
-                 {"*.o_proj": 4, "layers.2": 9}, id="float-then-int16"),
+                 {"*.o_proj": 4, "layers.2": 12}, id="float-then-int16"),
     pytest.param("float-then-weight-int4", "W8A16", {"self_attn": "FP16", "q_proj.weight": "INT4"},
-                 {"self_attn": 16, "q_proj.weight": 4}, id="float-then-weight-int4"),
+                 {"self_attn": 24, "q_proj.weight": 4}, id="float-then-weight-int4"),
 ]
 ALL = [pytest.param(*c, id=c[0]) for c in CASES] + FLOAT_THEN_QUANTIZED
 
@@ -151,6 +155,8 @@ def page_layers(page, scheme: str, overrides: dict[str, str]) -> list[dict]:
     for i in range(m.rowCount()):
         cells = [m.data(m.index(i, c)) for c in range(m.columnCount())]
         w_rule, a_rule = _split_rule(cells[5])
+        if cells[3] == "—":  # a layer without weights (a norm, a key activation)
+            cells[3], w_rule = "", ""
         rows.append({"layer": cells[0], "block": cells[1], "kind": cells[2],
                      "weight": cells[3], "activation": cells[4],
                      "weight_rule": w_rule, "activation_rule": a_rule})
@@ -178,13 +184,16 @@ def _disagreements(applied: list[dict], shown: list[dict]) -> list[str]:
 def test_quantizer_cli_and_page_agree(case, scheme, overrides, counts, graphs, page, tmp_path):
     p = _project(tmp_path, scheme, overrides)
     applied = quantizer_layers(graphs, p)
-    # every weighted layer: 4 blocks x 7 projections, and the head
-    assert len(applied) == 29 and applied[-1]["layer"] == "model.layers.3.self_attn.v_proj"
+    # every weighted layer: 4 blocks x 7 projections, and the head; and each block's key
+    # activations (attention scores, softmax output, residual stream)
+    weighted = [r for r in applied if r["weight"]]
+    assert len(weighted) == 29 and weighted[-1]["layer"] == "model.layers.3.self_attn.v_proj"
+    assert len(applied) == 29 + 4 * 3
     assert any(r["weight_rule"].startswith("override") or
                r["activation_rule"].startswith("override") for r in applied)
 
     cli = cli_layers(tmp_path)
-    assert len(cli) == 39
+    assert len(cli) == 39 + 4 * 3
     shown = page_layers(page, scheme, overrides)
     assert [r["layer"] for r in shown] == [r["layer"] for r in cli]
 

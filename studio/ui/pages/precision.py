@@ -406,8 +406,10 @@ class PrecisionPage(Page):
 
     # ---- tables ------------------------------------------------------------------------------------
     def _layer_names(self) -> list[str]:
+        from studio.services.precision import quantizable
+
         info = self.ctl.model
-        return [lay.name for lay in info.layers] if isinstance(info, ModelInfo) else []
+        return [name for name, *_ in quantizable(info)] if isinstance(info, ModelInfo) else []
 
     def _show_overrides(self) -> None:
         overrides = self.ctl.project.quantization["overrides"]
