@@ -323,7 +323,10 @@ class VariantBench:
         self.reference = self._logits(fp32)
         self.fp32 = {"perplexity": perplexity(self.reference, self.windows)}
 
-        self.layers = [r["layer"] for r in resolve_overrides(self.model, self.recipe)["layers"]]
+        applied = resolve_overrides(self.model, self.recipe)["layers"]
+        self.layers = [r["layer"] for r in applied if r["weight"]]  # the weighted layers
+        # key activations without weights (attention scores, softmax output, residual)
+        self.points = [r["layer"] for r in applied if not r["weight"]]
         self.weight_of = self._weights_by_layer()
         self.blocks = sorted({b for b in map(block_of, self.layers) if b},
                              key=lambda b: int(b.rsplit(".", 1)[1]))
@@ -802,17 +805,20 @@ def _rank_key(entry: dict, direction: str):
 
 def analyze(bench: VariantBench, high: str, low: str,
             progress: Progress = NullProgress()) -> dict[str, Any]:
-    """Raise (and lower) each weighted layer, then each block, alone; everything else stays at
-    the base scheme. Returns what ``sensitivity.json`` holds."""
-    units = [("layer", name) for name in bench.layers] + [("block", b) for b in bench.blocks]
+    """Raise (and lower) each weighted layer, each key activation (attention scores, softmax
+    output, residual stream) and each block, alone; everything else stays at the base scheme.
+    A key activation has no weights: it is lowered only when ``low`` is an activation
+    precision (INT8). Returns what ``sensitivity.json`` holds."""
+    units = ([("layer", name) for name in bench.layers] + [("block", b) for b in bench.blocks]
+             + [("point", name) for name in bench.points])
     directions = [("raise", high)] + ([("lower", low)] if low else [])
     progress.update(0.0, "scoring the base")
     base = bench.evaluate({})
     jobs = [(kind, name, direction, prec) for direction, prec in directions
-            for kind, name in units]
+            for kind, name in units if not (kind == "point" and prec == "INT4")]
     scores = bench.evaluate_many([{name: prec} for _, name, _, prec in jobs],
                                  SubProgress(progress, 0.02, 1.0))
-    entries: dict[str, dict[str, dict]] = {"layer": {}, "block": {}}
+    entries: dict[str, dict[str, dict]] = {"layer": {}, "block": {}, "point": {}}
     for kind, name in units:
         entries[kind][name] = {"name": name, "kind": kind}
         if kind == "layer":
@@ -837,9 +843,12 @@ def analyze(bench: VariantBench, high: str, low: str,
         "base": base,
         "layers": entries["layer"],
         "blocks": entries["block"],
+        "points": entries["point"],
         "ranking": {
             "raise": [e["name"] for e in sorted(entries["layer"], key=lambda e: _rank_key(e, "raise"))],
             "raise_blocks": [e["name"] for e in sorted(entries["block"],
+                                                       key=lambda e: _rank_key(e, "raise"))],
+            "raise_points": [e["name"] for e in sorted(entries["point"],
                                                        key=lambda e: _rank_key(e, "raise"))],
         },
         "variants": {"measured": len(jobs) + 1, "quantizer_runs": bench.quantized,
@@ -850,6 +859,10 @@ def analyze(bench: VariantBench, high: str, low: str,
                                                              key=lambda e: _rank_key(e, "lower"))]
         out["ranking"]["lower_blocks"] = [e["name"] for e in sorted(
             entries["block"], key=lambda e: _rank_key(e, "lower"))]
+        lowered = [e for e in entries["point"] if "lower" in e]
+        if lowered:
+            out["ranking"]["lower_points"] = [e["name"] for e in sorted(
+                lowered, key=lambda e: _rank_key(e, "lower"))]
     progress.update(1.0, "sensitivity ranked")
     return out
 

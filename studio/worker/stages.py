@@ -481,8 +481,8 @@ def _host_metric(name: str, value: float, unit: str = "", detail: str = "") -> d
 
 
 def sensitivity(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    """Each weighted layer, then each block, raised (and lowered) alone over the base scheme,
-    scored on the host QDQ prefill graph against FP32."""
+    """Each weighted layer, each key activation, then each block, raised (and lowered) alone
+    over the base scheme, scored on the host QDQ prefill graph against FP32."""
     from studio.engine.sensitivity import VariantBench, analyze, resolve_choices
 
     scheme = ctx.get("quantization.scheme")
@@ -506,7 +506,7 @@ def sensitivity(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     ctx.fact("sensitivity_seconds", seconds, "s",
              f"{v['measured']} variants measured, {v['quantizer_runs']} quantizer runs")
     atomic_write_json(ctx.out / "sensitivity.json", data)
-    by_name = {e["name"]: e for e in data["layers"] + data["blocks"]}
+    by_name = {e["name"]: e for e in data["layers"] + data["blocks"] + data["points"]}
 
     def rows(names: list[str], direction: str) -> list[dict[str, Any]]:
         return [{"name": n, **by_name[n][direction]["delta"]} for n in names]
@@ -526,21 +526,30 @@ def sensitivity(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         _host_metric("top_raise_perplexity_change", by_name[top]["raise"]["delta"]["perplexity"],
                      "", f"{top} raised to {high}"),
     ]
+    if rk["raise_points"]:
+        top_point = rk["raise_points"][0]
+        metrics.append(_host_metric(
+            "top_point_raise_kl_change", by_name[top_point]["raise"]["delta"]["kl_divergence"],
+            "nats", f"{top_point} raised to {high}"))
     if low:
         worst = rk["lower"][0]
         metrics.append(_host_metric(
             "top_lower_perplexity_change", by_name[worst]["lower"]["delta"]["perplexity"], "",
             f"{worst} lowered to {low}"))
     return {
-        "summary": (f"{len(data['layers'])} layers and {len(data['blocks'])} blocks, one at a "
-                    f"time over {scheme}: raised to {high}" + (f", lowered to {low}" if low else "")
-                    + f"; most to gain from {high}: {', '.join(rk['raise'][:3])}"),
+        "summary": (f"{len(data['layers'])} layers, {len(data['points'])} key activations and "
+                    f"{len(data['blocks'])} blocks, one at a time over {scheme}: raised to {high}"
+                    + (f", lowered to {low}" if low else "")
+                    + f"; most to gain from {high}: {', '.join(rk['raise'][:3])}"
+                    + (f"; of the key activations: {rk['raise_points'][0]}"
+                       if rk["raise_points"] else "")),
         "scheme": scheme, "high": high, "low": low, "graph": data["graph"],
         "heldout_tokens": data["heldout"]["tokens"], "fp32": fp32, "base": base,
         "ranking": {k: names[:5] for k, names in rk.items()},
         "top_raise": rows(rk["raise"][:5], "raise"),
         "top_lower": rows(rk["lower"][:5], "lower") if low else [],
         "blocks_raise": rows(rk["raise_blocks"], "raise"),
+        "points_raise": rows(rk["raise_points"][:5], "raise"),
         "variants": data["variants"], "files": ["sensitivity.json"], "metrics": metrics,
     }
 

@@ -121,7 +121,14 @@ def test_sensitivity_ranks_every_layer_and_block(sensitivity):
             d = e[direction]["delta"]
             assert d["perplexity"] == pytest.approx(
                 e[direction]["perplexity"] - data["base"]["perplexity"])
+    # each block's key activations: raised only (INT4 is for weights)
+    points = [e["name"] for e in data["points"]]
+    assert len(points) == 4 * 3 and "model.layers.0.self_attn.scores" in points
+    for e in data["points"]:
+        assert e["raise"]["precision"] == "INT16" and "lower" not in e
+        assert e["raise"]["weight_bytes"] == data["base"]["weight_bytes"]
     rk = data["ranking"]
+    assert sorted(rk["raise_points"]) == sorted(points) and "lower_points" not in rk
     assert sorted(rk["raise"]) == sorted(layers) == sorted(rk["lower"])
     assert sorted(rk["raise_blocks"]) == sorted(rk["lower_blocks"]) == sorted(
         e["name"] for e in data["blocks"])
@@ -137,8 +144,8 @@ def test_sensitivity_ranks_every_layer_and_block(sensitivity):
     assert data["base"]["logits_cosine"] > 0.99
     assert by["lm_head"]["lower"]["delta"]["kl_divergence"] > 0
     v = data["variants"]
-    assert v["measured"] == 2 * 33 + 1
-    assert v["quantizer_runs"] < 20 and v["spliced"] > 10 and v["patched"] == 33
+    assert v["measured"] == 2 * 33 + 12 + 1
+    assert v["quantizer_runs"] < 24 and v["spliced"] > 10 and v["patched"] == 33
     assert result["metrics"] and all(
         (m["source"], m["device"]) == ("measured", "host-cpu") for m in result["metrics"])
     assert result["ranking"]["raise"] == rk["raise"][:5]
@@ -159,6 +166,10 @@ def test_sensitivity_ranks_every_layer_and_block(sensitivity):
                                 for k in ("kl_divergence", "perplexity")}}
         for e in data["blocks"]]
     FIGURES["variants"] = v
+    FIGURES["points_raise"] = [
+        {"point": n, **{k: round(pb[n]["raise"]["delta"][k], 6)
+                        for k in ("kl_divergence", "perplexity")}}
+        for pb in [{e["name"]: e for e in data["points"]}] for n in rk["raise_points"][:5]]
 
 
 def _signature(model):
@@ -178,13 +189,14 @@ def test_fast_variants_are_what_the_quantizer_gives(bench, sensitivity):
     tensor; and they score as the stage measured them."""
     _, _, data = sensitivity
     variants = [{"lm_head": "INT16"}, {"model.layers.1.self_attn.k_proj": "INT16"},
+                {"model.layers.2.self_attn.scores": "INT16"},
                 {"model.layers.2.mlp.down_proj": "INT4"}]
     spliced = bench.spliced
     fast = list(bench.variant_models(variants))
-    assert bench.spliced - spliced == 2  # the two INT16 variants came from one quantizer run
+    assert bench.spliced - spliced == 3  # the INT16 variants came from one quantizer run
     for v, model in zip(variants, fast, strict=True):
         assert _signature(model) == _signature(bench.quantizer_model(v)), v
-    by = {e["name"]: e for e in data["layers"]}
+    by = {e["name"]: e for e in data["layers"] + data["points"]}
     for v, s in zip(variants, bench.evaluate_many(variants), strict=True):
         (name, prec), = v.items()
         direction = "raise" if prec == "INT16" else "lower"
