@@ -63,6 +63,10 @@ _SECTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "heldout_tokens": (int, 128),
         "high": (str, "auto"),
         "low": (str, "INT4"),
+        # a chip whose HTP simulator scores the top ``confirm_top`` entries of the raise
+        # ranking again ("": host figures only)
+        "confirm_on_htp": (str, ""),
+        "confirm_top": (int, 3),
     },
     # auto mixed precision: the target ("perplexity": within max_perplexity_change of FP32,
     # either way; "cosine": mean logits cosine vs FP32 at least min_logits_cosine)
@@ -160,6 +164,20 @@ def _check_sensitivity(p: Project) -> None:
             f"sensitivity.low = {s['low']!r} is not one of {', '.join(PRECISIONS)} "
             "(or \"\" to skip lowering)"
         )
+    if not 1 <= s["confirm_top"] <= 64:
+        raise StudioError(
+            "sensitivity.confirm_top must be between 1 and 64 (entries of the ranking scored "
+            "again on the HTP simulator)"
+        )
+    if s["confirm_on_htp"]:
+        from studio.core.catalog import load_catalog
+
+        chips = list(load_catalog())
+        if s["confirm_on_htp"] not in chips:
+            raise StudioError(
+                f"sensitivity.confirm_on_htp = {s['confirm_on_htp']!r} is not a known chip "
+                f"({', '.join(chips)}; \"\" for host figures only)"
+            )
     if a["metric"] not in ("perplexity", "cosine"):
         raise StudioError(
             f"autoprecision.metric = {a['metric']!r}: use \"perplexity\" or \"cosine\""

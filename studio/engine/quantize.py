@@ -218,11 +218,14 @@ def resolve_overrides(model, recipe: dict) -> dict:
     act_rule: dict[str, str] = {}
     exclude: dict[str, str] = {}  # node -> pattern
     report: dict[str, dict] = {}
+    chains = _score_chains(model)
     for pattern, prec in recipe["overrides"].items():
         nodes = [] if is_weight_only(pattern) else [
             n for n in model.graph.node
             if n.op_type != "Constant" and covers_node(pattern, n.name)
         ]
+        named = {n.name for n in nodes}
+        nodes += [c for n in list(nodes) for c in chains.get(n.name, []) if c.name not in named]
         named_inits = sorted(i for i in inits if covers(pattern, i))
         entry: dict[str, Any] = {"precision": prec, "nodes": len(nodes), "tensors": []}
         if nodes:
@@ -314,6 +317,38 @@ def resolve_overrides(model, recipe: dict) -> dict:
         "layers": _applied_layers(model, recipe, weights, weight_prec, weight_rule, act_prec,
                                   act_rule, exclude),
     }
+
+
+def _score_chains(model) -> dict[str, list]:
+    """The attention-score point is the whole path from Q·Kᵀ to the softmax: for each scores
+    MatMul (:func:`activation_point`), the nodes between it and its Softmax (scaling, the
+    mask, soft-capping), so that a precision set on the scores reaches the tensor the
+    softmax reads."""
+    consumers: dict[str, list] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    chains: dict[str, list] = {}
+    for n in model.graph.node:
+        point = activation_point(n.name)
+        if point is None or not point.endswith(".scores"):
+            continue
+        module = module_of_node(n.name)
+        chain, frontier, seen = [], [n], {n.name}
+        for _ in range(8):
+            nxt = []
+            for f in frontier:
+                for c in (c for o in f.output for c in consumers.get(o, [])):
+                    if c.name in seen or module_of_node(c.name) != module:
+                        continue
+                    seen.add(c.name)
+                    if c.op_type == "Softmax":
+                        continue
+                    nxt.append(c)
+            chain += nxt
+            frontier = nxt
+        chains[n.name] = [c for c in chain if c.op_type != "Constant"]
+    return chains
 
 
 def _applied_layers(model, recipe, weights, weight_prec, weight_rule, act_prec, act_rule,

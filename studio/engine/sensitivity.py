@@ -638,6 +638,23 @@ class VariantBench:
             out.append(self._score(model, variants[i]))
         return out
 
+    def score_on_htp(self, overrides: dict[str, str], chip) -> dict[str, float]:
+        """The variant's figures on the QNN HTP *simulator* of ``chip`` (every node on the
+        HTP, as the compile stage requires): the same windows, the same FP32 reference."""
+        import onnx
+
+        from studio.engine import qnn
+
+        self.progress.check()
+        path = self.work / "htp-variant.onnx"
+        onnx.save(self.variant_model(overrides), str(path))
+        session = qnn.make_session(path, chip, strict=True, threads=self.threads)
+        try:
+            return compare_logits(self.reference, self._logits(session), self.windows)
+        finally:
+            del session
+            path.unlink(missing_ok=True)
+
     def footprint(self, overrides: dict[str, str]) -> dict[str, int]:
         """Weight bytes of the weighted layers, and bytes of their outputs per token, as the
         recipe's override rule (``effective_precisions``) gives each layer."""
@@ -867,6 +884,30 @@ def analyze(bench: VariantBench, high: str, low: str,
     return out
 
 
+def confirm_on_htp(bench: VariantBench, data: dict[str, Any], chip, top: int,
+                   progress: Progress = NullProgress()) -> dict[str, Any]:
+    """Score the base and the ``top`` entries of the raise ranking (layers and key
+    activations together, by their host KL gain) on the HTP simulator of ``chip``: does
+    what the host QDQ model says a raise buys hold on the HTP's own kernels? Figures are
+    ``simulated`` (the simulator's numerics, not a device)."""
+    units = {e["name"]: e for e in data["layers"] + data.get("points", [])}
+    names = sorted(units, key=lambda n: units[n]["raise"]["delta"]["kl_divergence"])[:top]
+    high = data["high"]
+    progress.update(0.0, f"the base on the HTP simulator ({chip.name})")
+    base = bench.score_on_htp({}, chip)
+    rows = []
+    for i, name in enumerate(names):
+        progress.update((i + 1) / (len(names) + 1), f"{name} = {high} on the HTP simulator")
+        got = bench.score_on_htp({name: high}, chip)
+        host = units[name]["raise"]
+        rows.append({"name": name, "precision": high, **got, "delta": _delta(got, base),
+                     "host_delta": host["delta"]})
+    agree = [r["delta"]["kl_divergence"] < 0 for r in rows]
+    return {"source": "simulated", "device": f"htp-sim:{chip.name}", "chip": chip.name,
+            "base": base, "entries": rows,
+            "host_gain_confirmed": sum(agree), "tried": len(rows)}
+
+
 # ---------------------------------------------------------------------------- auto precision
 
 
@@ -891,11 +932,12 @@ def auto_precision(bench: VariantBench, ranking: list[str], high: str, metric: s
     curve) and the override rules."""
     if metric not in ("perplexity", "cosine"):
         raise StudioError(f"autoprecision.metric = {metric!r}: use perplexity or cosine")
-    unknown = [name for name in ranking if name not in bench.weight_of]
+    unknown = [name for name in ranking if name not in bench.weight_of
+               and name not in bench.points]
     if unknown:
         raise StudioError(
-            f"the sensitivity ranking names {unknown[0]!r}, which is not a weighted layer of "
-            "this export: re-run the sensitivity stage"
+            f"the sensitivity ranking names {unknown[0]!r}, which is not a layer or key "
+            "activation of this export: re-run the sensitivity stage"
         )
 
     def ok(s: dict) -> bool:

@@ -483,7 +483,7 @@ def _host_metric(name: str, value: float, unit: str = "", detail: str = "") -> d
 def sensitivity(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     """Each weighted layer, each key activation, then each block, raised (and lowered) alone
     over the base scheme, scored on the host QDQ prefill graph against FP32."""
-    from studio.engine.sensitivity import VariantBench, analyze, resolve_choices
+    from studio.engine.sensitivity import VariantBench, analyze, confirm_on_htp, resolve_choices
 
     scheme = ctx.get("quantization.scheme")
     high, low = resolve_choices(scheme, ctx.get("sensitivity.high"), ctx.get("sensitivity.low"))
@@ -499,7 +499,12 @@ def sensitivity(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     with VariantBench(export_dir, recipe, ids, ctx.out, calibration_text=calib,
                       tokenizer_dir=export_dir / "tokenizer",
                       progress=SubProgress(progress, 0.0, 0.1)) as bench:
-        data = analyze(bench, high, low, SubProgress(progress, 0.1, 1.0))
+        confirm = ctx.get("sensitivity.confirm_on_htp")
+        data = analyze(bench, high, low, SubProgress(progress, 0.1, 0.85 if confirm else 1.0))
+        if confirm:
+            data["htp"] = confirm_on_htp(bench, data, get_chip(confirm),
+                                         ctx.get("sensitivity.confirm_top"),
+                                         SubProgress(progress, 0.85, 1.0))
         shutil.copy2(bench.ranges, ctx.out / "calibration_ranges.json")
     seconds = time.perf_counter() - t0
     v = data["variants"]
@@ -526,6 +531,15 @@ def sensitivity(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         _host_metric("top_raise_perplexity_change", by_name[top]["raise"]["delta"]["perplexity"],
                      "", f"{top} raised to {high}"),
     ]
+    htp = data.get("htp")
+    if htp:
+        sim = f"htp-sim:{htp['chip']}"
+        metrics.append(_metric("kl_divergence_base_htp", htp["base"]["kl_divergence"], "nats",
+                               "simulated", sim, htp["chip"], f"{scheme}, {where}"))
+        for e in htp["entries"][:1]:
+            metrics.append(_metric("top_raise_kl_change_htp", e["delta"]["kl_divergence"],
+                                   "nats", "simulated", sim, htp["chip"],
+                                   f"{e['name']} raised to {high}"))
     if rk["raise_points"]:
         top_point = rk["raise_points"][0]
         metrics.append(_host_metric(
@@ -542,7 +556,9 @@ def sensitivity(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                     + (f", lowered to {low}" if low else "")
                     + f"; most to gain from {high}: {', '.join(rk['raise'][:3])}"
                     + (f"; of the key activations: {rk['raise_points'][0]}"
-                       if rk["raise_points"] else "")),
+                       if rk["raise_points"] else "")
+                    + (f"; on the HTP simulator ({htp['chip']}) {htp['host_gain_confirmed']} of "
+                       f"the top {htp['tried']} gain too" if htp else "")),
         "scheme": scheme, "high": high, "low": low, "graph": data["graph"],
         "heldout_tokens": data["heldout"]["tokens"], "fp32": fp32, "base": base,
         "ranking": {k: names[:5] for k, names in rk.items()},
@@ -550,14 +566,19 @@ def sensitivity(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         "top_lower": rows(rk["lower"][:5], "lower") if low else [],
         "blocks_raise": rows(rk["raise_blocks"], "raise"),
         "points_raise": rows(rk["raise_points"][:5], "raise"),
+        "htp": ({"chip": htp["chip"], "base": htp["base"],
+                 "confirmed": f"{htp['host_gain_confirmed']} of {htp['tried']}",
+                 "entries": [{"name": e["name"], "host": e["host_delta"], "htp": e["delta"]}
+                             for e in htp["entries"]]} if htp else None),
         "variants": data["variants"], "files": ["sensitivity.json"], "metrics": metrics,
     }
 
 
 # ---- 9. auto precision ------------------------------------------------------------------------
 def autoprecision(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    """The fewest layers raised (greedy by the sensitivity ranking, each step measured) that
-    meet the project's target; the override rules to copy into ``quantization.overrides``."""
+    """The fewest layers or key activations raised (greedy by the sensitivity ranking, each
+    step measured) that meet the project's target; the override rules to copy into
+    ``quantization.overrides``."""
     from studio.engine.sensitivity import VariantBench, auto_precision
 
     export_dir, sdir = ctx.input("export"), ctx.input("sensitivity")
@@ -572,8 +593,14 @@ def autoprecision(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     with VariantBench(export_dir, recipe, sens["heldout"]["ids"], ctx.out,
                       ranges=sdir / "calibration_ranges.json",
                       progress=SubProgress(progress, 0.0, 0.1)) as bench:
-        gains = {e["name"]: -e["raise"]["delta"]["kl_divergence"] for e in sens["layers"]}
-        res = auto_precision(bench, sens["ranking"]["raise"], sens["high"], metric,
+        # weighted layers and key activations in one ranking, by what raising each alone
+        # gained (a sensitivity result from before key activations were ranked has none)
+        units = sens["layers"] + sens.get("points", [])
+        gains = {e["name"]: -e["raise"]["delta"]["kl_divergence"] for e in units}
+        order = {name: i for i, name in enumerate(
+            sens["ranking"]["raise"] + sens["ranking"].get("raise_points", []))}
+        ranking = sorted(gains, key=lambda n: (-gains[n], order[n]))
+        res = auto_precision(bench, ranking, sens["high"], metric,
                              ctx.get("autoprecision.max_perplexity_change"),
                              ctx.get("autoprecision.min_logits_cosine"), gains,
                              SubProgress(progress, 0.1, 1.0))

@@ -256,7 +256,7 @@ def test_autoprecision_meets_a_cosine_target_from_w8a8(project, export, sensitiv
     from studio.engine.quantize import check_overrides, quantize_llm
 
     _, _, data = sensitivity
-    by = {e["name"]: e for e in data["layers"]}
+    by = {e["name"]: e for e in data["layers"] + data["points"]}
     gain = by[data["ranking"]["raise"][0]]["raise"]["delta"]["logits_cosine"]
     assert gain > 0
     target = data["base"]["logits_cosine"] + gain / 2  # the base misses it
@@ -271,7 +271,7 @@ def test_autoprecision_meets_a_cosine_target_from_w8a8(project, export, sensitiv
     assert all(not s["meets_target"] for s in steps[:-1])  # it stopped at the first that met
     # the rules are the recipe's vocabulary: copy them into quantization.overrides
     rules = result["overrides"]
-    assert set(rules.values()) == {"INT16"} and set(rules) <= set(data["ranking"]["raise"])
+    assert set(rules.values()) == {"INT16"} and set(rules) <= set(by)
     q = {"scheme": "W8A8", "weight_granularity": "per_channel", "overrides": rules}
     check_overrides(export, {**q, "samples": 2})
     raised = [lp.layer for lp in effective_precisions(list(by), q) if lp.activation == "INT16"]
@@ -345,6 +345,8 @@ def test_choices_by_scheme():
         ('[autoprecision]\nmetric = "bleu"', "autoprecision.metric = 'bleu'"),
         ("[autoprecision]\nmax_perplexity_change = -0.1", "must be 0 or more"),
         ("[autoprecision]\nmin_logits_cosine = 1.5", "at most 1"),
+        ('[sensitivity]\nconfirm_on_htp = "snapdragon-99"', "is not a known chip"),
+        ("[sensitivity]\nconfirm_top = 0", "sensitivity.confirm_top must be between 1 and 64"),
     ],
 )
 def test_bad_settings_give_one_line(tmp_path, section, needle):
@@ -353,3 +355,28 @@ def test_bad_settings_give_one_line(tmp_path, section, needle):
     with pytest.raises(StudioError) as exc:
         pf.load(f)
     assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_the_top_entries_are_confirmed_on_the_htp_simulator(bench, sensitivity):
+    """sensitivity.confirm_on_htp: the base and the top entries of the raise ranking scored
+    again on the HTP simulator's own kernels, labelled simulated."""
+    from studio.core.catalog import get_chip
+    from studio.engine.sensitivity import confirm_on_htp
+
+    _, _, data = sensitivity
+    res = confirm_on_htp(bench, data, get_chip("snapdragon-8-gen-3"), 2)
+    assert (res["source"], res["device"]) == ("simulated", "htp-sim:snapdragon-8-gen-3")
+    units = {e["name"]: e for e in data["layers"] + data["points"]}
+    best = sorted(units, key=lambda n: units[n]["raise"]["delta"]["kl_divergence"])[:2]
+    assert [e["name"] for e in res["entries"]] == best
+    assert res["tried"] == 2 and 0 <= res["host_gain_confirmed"] <= 2
+    for e in [res["base"], *res["entries"]]:
+        assert 0.9 < e["logits_cosine"] <= 1.0 and e["perplexity"] > 1
+    FIGURES["htp_confirmation"] = {
+        "base_kl_host": round(data["base"]["kl_divergence"], 6),
+        "base_kl_htp": round(res["base"]["kl_divergence"], 6),
+        "entries": [{"name": e["name"],
+                     "host_kl_change": round(e["host_delta"]["kl_divergence"], 6),
+                     "htp_kl_change": round(e["delta"]["kl_divergence"], 6)}
+                    for e in res["entries"]],
+        "confirmed": f"{res['host_gain_confirmed']} of {res['tried']}"}
