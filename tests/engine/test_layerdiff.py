@@ -258,3 +258,11 @@ def test_the_stage_without_a_quantize_result_is_one_line(project_file, artifacts
     with pytest.raises(StudioError, match="quantize is missing") as err:
         layerdiff(ctx, RecordingProgress())
     assert "\n" not in err.value.message
+
+
+def test_the_report_draws_the_curves(got):
+    from studio.engine.report import render_layerdiff
+
+    html = render_layerdiff(got["result"])
+    assert html.startswith("<h2>Layer diff") and html.count("<polyline") == 3
+    assert "simulated" in html and "measured" in html and "model.embed_tokens" in html
