@@ -17,6 +17,7 @@ from typing import Any
 from studio.core.devices import PROJECT_KINDS, check_kinds
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_text
+from studio.core.layerdiff import check_settings as check_layerdiff
 from studio.core.recipe import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_CALIBRATION_METHOD,
@@ -75,6 +76,13 @@ _SECTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "max_perplexity_change": ((int, float), 0.02),
         "min_logits_cosine": ((int, float), 0.999),
     },
+    # the layer-wise diff (FP32 vs host QDQ vs HTP, tensor by tensor, on the prefill graph):
+    # how many held-out windows of P tokens, and which tensors ("blocks": the residual
+    # stream between blocks; "modules": and every module's output; "all": every tensor)
+    "layerdiff": {
+        "windows": (int, 2),
+        "tensors": (str, "modules"),
+    },
 }
 _TOP = {"schema_version", "name", "targets", *_SECTIONS}
 
@@ -94,6 +102,7 @@ class Project:
     targets: list[str] = field(default_factory=list)
     sensitivity: dict[str, Any] = field(default_factory=lambda: _defaults("sensitivity"))
     autoprecision: dict[str, Any] = field(default_factory=lambda: _defaults("autoprecision"))
+    layerdiff: dict[str, Any] = field(default_factory=lambda: _defaults("layerdiff"))
     path: Path | None = None
 
     # ---- locations -------------------------------------------------------------
@@ -217,6 +226,7 @@ def _validate(p: Project) -> None:
         raise StudioError("export.context_length must be at most 4096")
     check_recipe(p.quantization)
     _check_sensitivity(p)
+    check_layerdiff(p.layerdiff["windows"], p.layerdiff["tensors"])
     for key, val in p.gates.items():
         if not 0.0 <= float(val) <= 1.0 and key != "max_perplexity_increase":
             raise StudioError(f"gates.{key} must be between 0 and 1, not {val}")
@@ -292,7 +302,7 @@ def from_dict(data: dict[str, Any], where: str = "project") -> Project:
         export=sections["export"], quantization=sections["quantization"],
         validation=sections["validation"], gates=sections["gates"], run=sections["run"],
         pipeline=sections["pipeline"], sensitivity=sections["sensitivity"],
-        autoprecision=sections["autoprecision"],
+        autoprecision=sections["autoprecision"], layerdiff=sections["layerdiff"],
     )
     _validate(p)
     return p

@@ -85,6 +85,11 @@ DECLARATIONS: tuple[StageDecl, ...] = (
               optional=True,
               settings=("autoprecision.metric", "autoprecision.max_perplexity_change",
                         "autoprecision.min_logits_cosine")),
+    StageDecl("layerdiff", "Layer diff", (Need("export"), Need("quantize"),
+                                          Need("compile", per_chip=True)),
+              fan_out="target", optional=True,
+              settings=("quantization.scheme", "quantization.weight_granularity",
+                        "validation.heldout_text", "layerdiff.windows", "layerdiff.tensors")),
     StageDecl("report", "Report", (), needs_all=True, cache=False, settings=("name", *_GATES)),
 )
 STAGES: dict[str, StageDecl] = {d.name: d for d in DECLARATIONS}

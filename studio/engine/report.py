@@ -32,8 +32,9 @@ def _fmt(v: Any, digits: int = 4) -> str:
 
 
 def svg_lines(series: dict[str, list[float]], ylabel: str, width: int = 640,
-              height: int = 240) -> str:
-    """A small line chart; one polyline per series, shared axes."""
+              height: int = 240, xlabels: tuple[str, str] | None = None) -> str:
+    """A small line chart; one polyline per series, shared axes (``xlabels``: what the first
+    and last points are; steps by default)."""
     pts = [v for s in series.values() for v in s]
     if not pts:
         return "<p>No data.</p>"
@@ -52,9 +53,10 @@ def svg_lines(series: dict[str, list[float]], ylabel: str, width: int = 640,
         py = height - bottom - y * sy
         parts.append(f'<text x="{left - 4}" y="{py + 4:.1f}" font-size="10" text-anchor="end">'
                      f"{y:.3g}</text>")
-    parts.append(f'<text x="{left}" y="{height - 8}" font-size="10">step 1</text>')
+    first, last = xlabels or ("step 1", f"step {n}")
+    parts.append(f'<text x="{left}" y="{height - 8}" font-size="10">{_e(first)}</text>')
     parts.append(f'<text x="{width - right}" y="{height - 8}" font-size="10" '
-                 f'text-anchor="end">step {n}</text>')
+                 f'text-anchor="end">{_e(last)}</text>')
     parts.append(f'<text x="4" y="12" font-size="10">{_e(ylabel)}</text>')
     for k, (name, vals) in enumerate(series.items()):
         color = SERIES[k % len(SERIES)]
@@ -204,6 +206,25 @@ def build_report(project: Project, results: dict[str, dict[str, Any]]) -> dict[s
     }
 
 
+def render_layerdiff(d: dict[str, Any]) -> str:
+    """The layer diff: relative error along depth for each pair, and where they part."""
+    c = d.get("curves") or {}
+    titles = d.get("pair_titles", {})
+    if not c.get("names"):
+        return ""
+    out = [f"<h2>Layer diff {_e(d.get('target', ''))} {badge('measured')} "
+           f"{badge(d.get('source', 'simulated'))}</h2>",
+           f"<p class='muted'>{_e(d.get('graph', 'prefill'))} graph, {d.get('windows')} held-out "
+           f"window(s) of {d.get('window_tokens')} tokens, {d.get('probes')} tensors. Host QDQ "
+           "is measured on the host CPU; HTP figures come from the "
+           f"{_e(d.get('device', 'HTP simulator'))}.</p>",
+           svg_lines({titles.get(p, p): c[p]["rel_error"] for p in d.get("pairs", []) if p in c},
+                     "relative error ||a - b|| / ||b|| between blocks",
+                     xlabels=(c["names"][0], c["names"][-1])),
+           f"<p>{_e(d.get('summary', ''))}</p>"]
+    return "".join(out)
+
+
 def render_html(data: dict[str, Any]) -> str:
     st = data["stages"]
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>QStudio report: "
@@ -286,6 +307,9 @@ def render_html(data: dict[str, Any]) -> str:
         out.append("<p class='muted'>One decode step, QNN detailed profiling on the HTP "
                    "simulator: totals by op type.</p>")
         out.append(svg_bars(p.get("by_op_type", {}), p.get("unit", "")))
+    for label, d in st.items():
+        if label.startswith("layerdiff["):
+            out.append(render_layerdiff(d))
     out.append("<h2>Stages</h2><table><tr><th>stage</th><th>summary</th></tr>")
     for label, r in st.items():
         out.append(f"<tr><td>{_e(label)}</td><td>{_e(r.get('summary', ''))}</td></tr>")

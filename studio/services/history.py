@@ -100,13 +100,13 @@ def runs_with_results(jobs: JobStore) -> list[int]:
     return _compare.runs_with_results(jobs)
 
 
-def current_keys(project: Project) -> dict[str, str]:
-    """The artifact key every job of the project's full plan would have now (job label ->
-    key), computed without running anything. Hashes the input files: call it off the UI
-    thread."""
+def current_keys(project: Project, stages: list[str] | None = None) -> dict[str, str]:
+    """The artifact key every job of the project's full plan (or of the plan for ``stages``,
+    e.g. an optional stage) would have now (job label -> key), computed without running
+    anything. Hashes the input files: call it off the UI thread."""
     from studio.services.pipeline import tool_versions
 
-    jobs = plan(project, None)
+    jobs = plan(project, stages)
     keys = plan_keys(project, jobs, tool_versions())
     return {j.label: k for j, k in zip(jobs, keys, strict=True)}
 

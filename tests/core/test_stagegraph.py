@@ -74,6 +74,8 @@ def _changed(tmp: Path, key: str):
         "autoprecision.metric": "cosine",
         "autoprecision.max_perplexity_change": 0.05,
         "autoprecision.min_logits_cosine": 0.995,
+        "layerdiff.windows": 3,
+        "layerdiff.tensors": "blocks",
     }[key]
 
 

@@ -51,6 +51,7 @@ STAGE_HELP = {
     "report": "an HTML + JSON report of the run",
     "sensitivity": "per-layer accuracy when one layer is raised or lowered (host QDQ)",
     "autoprecision": "the fewest raised layers that meet the accuracy target",
+    "layerdiff": "FP32 vs host QDQ vs HTP simulator, tensor by tensor (where they part)",
 }
 
 

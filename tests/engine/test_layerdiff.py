@@ -1,0 +1,268 @@
+"""The layer diff on the trained sample model: one real batch run (export, quantize, compile,
+layerdiff: real quantizer, real ONNX Runtime, the real QNN HTP simulator), then the services,
+the CLI and the engine read what it stored. Run with ``-s`` to see the figures."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from studio.core import project as pf
+from studio.core.errors import StudioError
+from studio.core.stagegraph import DEFAULT_STAGES, STAGES, plan
+from tests.cli.conftest import default_target, studio
+
+PROJECT = """schema_version = 1
+name = "layerdiff"
+targets = ["{target}"]
+
+[model]
+source = "sample:tiny-coder"
+
+[export]
+prompt_length = 16
+context_length = 64
+
+[quantization]
+scheme = "W8A16"
+weight_granularity = "per_channel"
+calibration_samples = 2
+
+[layerdiff]
+windows = 2
+tensors = "modules"
+"""
+FIGURES: dict[str, object] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_figures():
+    yield
+    if FIGURES:
+        print("\nlayer diff figures:\n" + json.dumps(FIGURES, indent=1, default=str))
+
+
+@pytest.fixture(scope="module")
+def project_file(tmp_path_factory, sample_model_dir, sample_data_dir) -> Path:
+    f = tmp_path_factory.mktemp("layerdiff") / "layerdiff.qstudio"
+    f.write_text(PROJECT.format(target=default_target()))
+    return f
+
+
+@pytest.fixture(scope="module")
+def batch(project_file):
+    """The one run: ``studio --batch FILE --stages layerdiff``."""
+    t0 = time.perf_counter()
+    r = studio("--batch", project_file, "--stages", "layerdiff", "--json")
+    FIGURES["batch_seconds"] = round(time.perf_counter() - t0, 1)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def got(batch, project_file):
+    from studio.services.layerdiff import layerdiff_result
+
+    return layerdiff_result(pf.load(project_file))
+
+
+@pytest.fixture(scope="module")
+def artifacts(batch, project_file) -> dict[str, Path]:
+    """The stored artifact folder of every job of the layerdiff plan (job label -> folder)."""
+    from studio.core.artifacts import ArtifactStore
+    from studio.services.history import current_keys
+
+    p = pf.load(project_file)
+    store = ArtifactStore(p.folder / "artifacts")
+    out = {}
+    for label, key in current_keys(p, ["layerdiff"]).items():
+        art = store.get(key)
+        assert art is not None, label
+        out[label.split("[")[0]] = art.path
+    return out
+
+
+def _finite(x) -> bool:
+    return isinstance(x, float) and math.isfinite(x)
+
+
+def test_declared_like_the_other_optional_stages(project_file):
+    p = pf.load(project_file)
+    d = STAGES["layerdiff"]
+    assert d.optional and "layerdiff" not in DEFAULT_STAGES and d.fan_out == "target"
+    assert {"layerdiff.windows", "layerdiff.tensors", "validation.heldout_text"} <= set(d.settings)
+    t = p.targets[0]
+    jobs = plan(p, ["layerdiff"])
+    assert [j.label for j in jobs] == ["export", "quantize", f"compile[{t}]", f"layerdiff[{t}]"]
+    assert jobs[3].deps == [0, 1, 2]
+    assert (p.layerdiff["windows"], p.layerdiff["tensors"]) == (2, "modules")
+    for bad, match in (({"windows": 0}, "windows"), ({"tensors": "every"}, "tensors")):
+        d2 = p.to_dict()
+        d2["layerdiff"] = {**d2["layerdiff"], **bad}
+        with pytest.raises(StudioError, match=match):
+            pf.from_dict(d2)
+
+
+def test_a_row_for_every_boundary_and_module_output_with_finite_figures(got):
+    rows, r = got["rows"], got["result"]
+    names = [x["name"] for x in rows]
+    boundaries = [x["name"] for x in rows if x["kind"] == "boundary"]
+    assert boundaries == ["model.embed_tokens", *(f"model.layers.{i}" for i in range(4)),
+                          "model.norm", "lm_head"]
+    for i in range(4):
+        b = f"model.layers.{i}"
+        for m in ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                  "self_attn.scores", "self_attn.softmax", "self_attn.context",
+                  "self_attn.o_proj", "residual", "post_attention_layernorm", "mlp.gate_proj",
+                  "mlp.act_fn", "mlp.up_proj", "mlp.product", "mlp.down_proj"):
+            assert f"{b}.{m}" in names, f"{b}.{m}"
+    assert len(rows) == r["probes"] == 7 + 4 * 15 and not got["missing_in_qdq"]
+    assert r["pairs"] == ["qdq_vs_fp32", "htp_vs_fp32", "htp_vs_qdq"]
+    for x in rows:
+        for pair in r["pairs"]:
+            f = x[pair]
+            assert _finite(f["rel_error"]) and _finite(f["cosine"]), (x["name"], pair)
+            assert -1.0 <= f["cosine"] <= 1.0 + 1e-9
+    # the curves along depth are the boundaries' figures, one per pair
+    c = r["curves"]
+    assert c["names"] == boundaries
+    for pair in r["pairs"]:
+        assert len(c[pair]["rel_error"]) == len(boundaries)
+    # a probe's inputs are probes upstream of it
+    assert rows[names.index("model.layers.0.self_attn.scores")]["inputs"] == [
+        "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj"]
+    assert rows[names.index("model.layers.1")]["inputs"] == [
+        "model.layers.1.residual", "model.layers.1.mlp.down_proj"]
+    FIGURES["curves"] = {p: [round(v, 5) for v in c[p]["rel_error"]] for p in r["pairs"]}
+
+
+def test_extra_outputs_do_not_change_the_logits_on_any_runtime(got):
+    ex = got["extra_outputs"]
+    assert set(ex) == {"fp32", "qdq", "qdq_default", "htp"}
+    for k, v in ex.items():
+        assert v["logits_identical"] and v["logits_max_abs_change"] == 0.0, k
+    m = {x["name"]: x for x in got["result"]["metrics"]}
+    assert m["layerdiff_extra_outputs_logits_change_htp"]["value"] == 0.0
+
+
+def test_figures_carry_their_sources_and_the_log_names_where_they_part(got, project_file):
+    from studio.core.jobs import JobStore
+
+    r = got["result"]
+    m = {x["name"]: x for x in r["metrics"]}
+    for name, x in m.items():
+        if name.endswith(("_htp", "_htp_vs_host_qdq")):
+            assert (x["source"], x["device"]) == ("simulated", "htp-sim"), name
+        else:
+            assert (x["source"], x["device"]) == ("measured", "host-cpu"), name
+        assert x["target"] == got["target"]
+    assert r["source"] == "simulated" and r["device_id"].startswith("htp-sim:")
+    lg = r["logits"]
+    assert {"fp32", "qdq", "qdq_default", "htp"} <= set(lg)
+    assert lg["fp32"]["kl_divergence"] == 0.0 and lg["fp32"]["top1_agreement"] == 1.0
+    assert r["first_jump"]["qdq_vs_fp32"] is not None
+    # measured on the sample (W8A16): host QDQ rounds every step of the decomposed RMSNorm
+    # to 16 bits, the HTP computes the norm in one piece; that is where they part
+    assert r["parting"]["module"].endswith("norm") and r["parting"]["worse"] == "host QDQ"
+    store = JobStore(pf.load(project_file).folder / "runs.sqlite")
+    try:
+        job = next(j for j in store.jobs() if j.stage == "layerdiff")
+        log = "\n".join(store.log(job.id))
+    finally:
+        store.close()
+    assert "layer diff: " in log and "part" in log
+    FIGURES.update(summary=r["summary"], parting=r["parting"], logits={
+        k: {f: round(v[f], 6) for f in ("kl_divergence", "top1_agreement", "logits_cosine")}
+        for k, v in lg.items()})
+
+
+def test_the_cli_prints_it_and_bad_input_is_one_line(batch, project_file, tmp_path):
+    r = studio("layerdiff", project_file)
+    assert r.returncode == 0, r.stderr
+    assert "host QDQ and the HTP part at" in r.stdout and "model.layers.3" in r.stdout
+    assert "simulated" in r.stdout and "measured" in r.stdout
+    j = studio("layerdiff", project_file, "--json", "--all")
+    assert j.returncode == 0 and len(json.loads(j.stdout)["rows"]) == 67
+    # a project with no layer diff for its current settings
+    other = tmp_path / "other.qstudio"
+    shutil.copy(project_file, other)
+    r = studio("layerdiff", other)
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no layer diff for the current settings" in lines[0]
+    assert "--stages layerdiff" in lines[0]
+    r = studio("layerdiff", project_file, "--target", "nonsense")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_fp32_against_itself_is_exact(artifacts, tmp_path):
+    """Sanity: the FP32 graph with every probe exposed gives the base logits bit for bit, and
+    its tensors against themselves give cosine 1, relative error 0."""
+    import numpy as np
+    import onnx
+
+    from studio.engine.layerdiff import _Acc, find_probes, graph_with_outputs
+    from studio.engine.llm_export import load_spec
+    from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
+    from studio.engine.sensitivity import host_session
+
+    e = artifacts["export"]
+    probes = find_probes(onnx.load(str(e / "prefill.onnx")), "modules")
+    names = [p.tensor for p in probes]
+    fx = graph_with_outputs(e / "prefill.onnx", names, tmp_path / "fx.onnx")
+    gen = StaticKVGenerator(make_cpu_session(e / "prefill.onnx"),
+                            make_cpu_session(e / "decode.onnx"), load_spec(e))
+    feed = gen.prefill_feed(list(range(3, 19)))
+    a = host_session(fx).run(names, feed)
+    b = host_session(fx).run(names, feed)
+    base = host_session(e / "prefill.onnx").run(["logits"], feed)[0]
+    assert np.array_equal(a[names.index("logits")], base)
+    for x, y in zip(a, b, strict=True):
+        acc = _Acc()
+        acc.add(x, y, None)
+        f = acc.figures(steps=False)
+        assert f["cosine"] == pytest.approx(1.0, abs=1e-12) and f["rel_error"] == 0.0
+
+
+def test_a_corrupt_or_foreign_quantized_graph_is_one_line(artifacts, tmp_path):
+    from studio.engine.layerdiff import layer_diff
+
+    e, q = artifacts["export"], artifacts["quantize"]
+    bad = tmp_path / "quantize"
+    shutil.copytree(q, bad)
+    windows = [list(range(3, 19))]
+    (bad / "prefill.onnx").write_bytes(b"not an onnx model")
+    with pytest.raises(StudioError, match="not a readable ONNX model") as err:
+        layer_diff(e, bad, windows)
+    assert "\n" not in err.value.message
+    (bad / "prefill.onnx").unlink()
+    with pytest.raises(StudioError, match="missing: re-run quantize"):
+        layer_diff(e, bad, windows)
+    with pytest.raises(StudioError, match="exactly P=16"):
+        layer_diff(e, q, [list(range(3, 10))])
+
+
+def test_the_stage_without_a_quantize_result_is_one_line(project_file, artifacts, tmp_path):
+    from studio.core.progress import RecordingProgress
+    from studio.core.stagegraph import stage_config
+    from studio.worker.stages import StageContext, layerdiff
+
+    p = pf.load(project_file)
+    job = plan(p, ["layerdiff"])[-1]
+    ctx = StageContext(stage_config(p, job), {"export": artifacts["export"]}, tmp_path)
+    with pytest.raises(StudioError, match="quantize is missing") as err:
+        layerdiff(ctx, RecordingProgress())
+    assert "\n" not in err.value.message
+
+
+def test_the_report_draws_the_curves(got):
+    from studio.engine.report import render_layerdiff
+
+    html = render_layerdiff(got["result"])
+    assert html.startswith("<h2>Layer diff") and html.count("<polyline") == 3
+    assert "simulated" in html and "measured" in html and "model.embed_tokens" in html
