@@ -9,3 +9,25 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+def small_sample_project(folder: Path, name: str, **sections) -> Path:
+    """A project file for the shipped tiny-coder at the small test shapes (prompt 16, context
+    64, 2 calibration samples, W8A16 per channel, the catalog's default chip), made with the
+    studio's own ``new_project``; ``sections`` replace or extend those tables
+    (``quantization={"scheme": "W8A8"}`` keeps the other quantization defaults)."""
+    from studio.core import project as pf
+    from studio.core.catalog import default_chip_key
+
+    tables: dict = {
+        "export": {"prompt_length": 16, "context_length": 64},
+        "quantization": {"scheme": "W8A16", "weight_granularity": "per_channel",
+                         "calibration_samples": 2},
+    }
+    for key, value in sections.items():
+        tables[key] = {**tables.get(key, {}), **value}
+    p = pf.new_project(name, "sample:tiny-coder", [default_chip_key()], **tables)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.qstudio"
+    pf.save(p, path)
+    return path

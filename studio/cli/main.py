@@ -72,6 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     oi = osub.add_parser("import", help="add an encodings JSON's precisions to the recipe")
     oi.add_argument("file")
     oi.add_argument("encodings")
+    oa = osub.add_parser("adopt", help="copy the auto-precision stage's rules into the recipe")
+    oa.add_argument("file")
     sub.add_parser("targets", help="list the chip catalog")
     return p
 
@@ -375,6 +377,14 @@ def _overrides(args) -> int:
             n = precision.export_overrides(studio, Path(args.out))
             print(f"wrote {args.out}: {n['activations']} activation and {n['params']} weight "
                   "encodings (qnn-onnx-converter --quantization_overrides)")
+            return 0
+        if args.overrides_command == "adopt":
+            rules = precision.adopt_autoprecision(studio)
+            print(f"{studio.project.path.name}: {len(rules)} auto-precision rule(s) in "
+                  "quantization.overrides" + ("" if rules else " (the base already met the "
+                                              "target)"))
+            for pattern, prec in rules.items():
+                print(f"  {pattern} = {prec}")
             return 0
         added, unnamed = precision.import_overrides(studio, Path(args.encodings))
         print(f"added {len(added)} override(s) to {studio.project.path.name}")

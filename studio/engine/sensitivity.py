@@ -893,17 +893,20 @@ def confirm_on_htp(bench: VariantBench, data: dict[str, Any], chip, top: int,
     units = {e["name"]: e for e in data["layers"] + data.get("points", [])}
     names = sorted(units, key=lambda n: units[n]["raise"]["delta"]["kl_divergence"])[:top]
     high = data["high"]
-    progress.update(0.0, f"the base on the HTP simulator ({chip.name})")
+    from studio.core.devices import htp_simulator
+
+    sim = htp_simulator(chip.key)
+    progress.update(0.0, f"the base on the {sim.name}")
     base = bench.score_on_htp({}, chip)
     rows = []
     for i, name in enumerate(names):
-        progress.update((i + 1) / (len(names) + 1), f"{name} = {high} on the HTP simulator")
+        progress.update((i + 1) / (len(names) + 1), f"{name} = {high} on the {sim.name}")
         got = bench.score_on_htp({name: high}, chip)
         host = units[name]["raise"]
         rows.append({"name": name, "precision": high, **got, "delta": _delta(got, base),
                      "host_delta": host["delta"]})
     agree = [r["delta"]["kl_divergence"] < 0 for r in rows]
-    return {"source": "simulated", "device": f"htp-sim:{chip.name}", "chip": chip.name,
+    return {"source": sim.source, "device": sim.id, "chip": chip.key,
             "base": base, "entries": rows,
             "host_gain_confirmed": sum(agree), "tried": len(rows)}
 

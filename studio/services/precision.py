@@ -75,7 +75,7 @@ def _current_artifact(studio, stage: str):
     from studio.core.errors import StudioError
     from studio.services.history import current_keys
 
-    key = current_keys(studio.project).get(stage)
+    key = current_keys(studio.project, [stage]).get(stage)
     art = studio.store.get(key) if key else None
     if art is None:
         raise StudioError(
@@ -110,3 +110,33 @@ def import_overrides(studio, path) -> tuple[dict[str, str], list[str]]:
     studio.set("quantization", "overrides", merged)
     studio.save()
     return added, unnamed
+
+
+def adopt_autoprecision(studio) -> dict[str, str]:
+    """Copy the current auto-precision result's rules into ``quantization.overrides`` (after
+    the existing ones, as one undoable edit) and save the project; returns the rules. The
+    rules are ordinary recipe patterns: edit or remove them like any other."""
+    import json
+
+    from studio.core.errors import StudioError
+
+    art = _current_artifact(studio, "autoprecision")
+    try:
+        res = json.loads((art.path / "result.json").read_text())
+    except (OSError, ValueError):
+        raise StudioError(f"the stored auto-precision result {art.path} is unreadable: run "
+                          f"studio --batch {studio.project.path} --stages autoprecision "
+                          "again") from None
+    if not res.get("met"):
+        raise StudioError(
+            "the auto-precision target was not met, so there are no rules to adopt: loosen "
+            "[autoprecision]'s target or choose another sensitivity.high, then run it again"
+        )
+    rules = dict(res.get("overrides") or {})
+    q = studio.project.quantization
+    merged = {k: v for k, v in q["overrides"].items() if k not in rules}
+    merged.update(rules)
+    if merged != q["overrides"]:
+        studio.set("quantization", "overrides", merged)
+        studio.save()
+    return rules

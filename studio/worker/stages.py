@@ -538,13 +538,13 @@ def sensitivity(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     ]
     htp = data.get("htp")
     if htp:
-        sim = f"htp-sim:{htp['chip']}"
-        metrics.append(_metric("kl_divergence_base_htp", htp["base"]["kl_divergence"], "nats",
-                               "simulated", sim, htp["chip"], f"{scheme}, {where}"))
+        sim = htp_simulator(htp["chip"])
+        metrics.append(_device_metric(sim, "kl_divergence_base_htp", htp["base"]["kl_divergence"],
+                                      "nats", f"{scheme}, {where}"))
         for e in htp["entries"][:1]:
-            metrics.append(_metric("top_raise_kl_change_htp", e["delta"]["kl_divergence"],
-                                   "nats", "simulated", sim, htp["chip"],
-                                   f"{e['name']} raised to {high}"))
+            metrics.append(_device_metric(sim, "top_raise_kl_change_htp",
+                                          e["delta"]["kl_divergence"], "nats",
+                                          f"{e['name']} raised to {high}"))
     if rk["raise_points"]:
         top_point = rk["raise_points"][0]
         metrics.append(_host_metric(

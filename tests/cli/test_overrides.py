@@ -49,3 +49,36 @@ def test_a_file_that_is_not_an_encodings_file_is_refused(batch_run, small_projec
     r = studio("overrides", "import", small_project, bad)
     assert r.returncode == 2
     assert "is not an encodings file" in r.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_auto_precision_rules_are_adopted_into_the_recipe(small_project, tmp_path):
+    """sensitivity → autoprecision (target: the W8A8 base's cosine, a hair higher) →
+    `studio overrides adopt`: the rules land in quantization.overrides, where studio info
+    shows them as what sets those layers."""
+    f = tmp_path / "auto.qstudio"
+    f.write_text(small_project.read_text().replace('scheme = "W8A16"', 'scheme = "W8A8"'))
+    r = studio("overrides", "adopt", f)
+    assert r.returncode == 2 and "no autoprecision result" in r.stderr
+    r = studio("--batch", f, "--stages", "sensitivity", "--quiet")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(studio("info", f, "--json").stdout)
+    base = next(m["value"] for m in info["latest_metrics"] if m["name"] == "logits_cosine_base")
+    f.write_text(f.read_text() + f'\n[autoprecision]\nmetric = "cosine"\n'
+                 f"min_logits_cosine = {base + 1e-6!r}\n")
+    r = studio("--batch", f, "--stages", "autoprecision", "--quiet")
+    assert r.returncode == 0, r.stderr
+    r = studio("overrides", "adopt", f)
+    assert r.returncode == 0, r.stderr
+    rules = {line.split(" = ")[0].strip(): line.split(" = ")[1].strip()
+             for line in r.stdout.splitlines()[1:]}
+    assert rules and set(rules.values()) == {"INT16"}, r.stdout
+    info = json.loads(studio("info", f, "--json").stdout)
+    assert info["quantization"]["overrides"] == rules
+    by = {row["layer"]: row for row in info["layers"]}
+    for pattern in rules:
+        assert by[pattern]["activation"] == "INT16"
+        assert by[pattern]["activation_rule"] == f"override {pattern!r}"
+    # adopting again changes nothing
+    before = f.read_text()
+    assert studio("overrides", "adopt", f).returncode == 0 and f.read_text() == before

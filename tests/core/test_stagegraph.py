@@ -71,6 +71,8 @@ def _changed(tmp: Path, key: str):
         "sensitivity.heldout_tokens": 96,
         "sensitivity.high": "FP32",
         "sensitivity.low": "",
+        "sensitivity.confirm_on_htp": "snapdragon-8-gen-3",
+        "sensitivity.confirm_top": 5,
         "autoprecision.metric": "cosine",
         "autoprecision.max_perplexity_change": 0.05,
         "autoprecision.min_logits_cosine": 0.995,

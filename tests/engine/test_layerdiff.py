@@ -15,28 +15,9 @@ import pytest
 from studio.core import project as pf
 from studio.core.errors import StudioError
 from studio.core.stagegraph import DEFAULT_STAGES, STAGES, plan
-from tests.cli.conftest import default_target, studio
+from tests.cli.conftest import studio
+from tests.conftest import small_sample_project
 
-PROJECT = """schema_version = 1
-name = "layerdiff"
-targets = ["{target}"]
-
-[model]
-source = "sample:tiny-coder"
-
-[export]
-prompt_length = 16
-context_length = 64
-
-[quantization]
-scheme = "W8A16"
-weight_granularity = "per_channel"
-calibration_samples = 2
-
-[layerdiff]
-windows = 2
-tensors = "modules"
-"""
 FIGURES: dict[str, object] = {}
 
 
@@ -49,9 +30,8 @@ def _print_figures():
 
 @pytest.fixture(scope="module")
 def project_file(tmp_path_factory, sample_model_dir, sample_data_dir) -> Path:
-    f = tmp_path_factory.mktemp("layerdiff") / "layerdiff.qstudio"
-    f.write_text(PROJECT.format(target=default_target()))
-    return f
+    return small_sample_project(tmp_path_factory.mktemp("layerdiff"), "layerdiff",
+                                layerdiff={"windows": 2, "tensors": "modules"})
 
 
 @pytest.fixture(scope="module")

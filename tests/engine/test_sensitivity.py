@@ -16,26 +16,8 @@ from studio.core.errors import StudioError
 from studio.core.progress import RecordingProgress
 from studio.core.stagegraph import DEFAULT_STAGES, STAGES, plan
 from studio.worker.stages import run_in_process
+from tests.conftest import small_sample_project
 
-PROJECT = """schema_version = 1
-name = "sensitivity"
-targets = ["{target}"]
-
-[model]
-source = "sample:tiny-coder"
-
-[export]
-prompt_length = 16
-context_length = 64
-
-[quantization]
-scheme = "W8A8"
-weight_granularity = "per_channel"
-calibration_samples = 2
-
-[sensitivity]
-heldout_tokens = 96
-"""
 K = 3  # layers raised in the top-k / random-k comparison
 FIGURES: dict[str, object] = {}
 
@@ -49,10 +31,9 @@ def _print_figures():
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, sample_model_dir, sample_data_dir) -> pf.Project:
-    from studio.core.catalog import default_chip_key
-
-    f = tmp_path_factory.mktemp("sensitivity") / "sensitivity.qstudio"
-    f.write_text(PROJECT.format(target=default_chip_key()))
+    f = small_sample_project(tmp_path_factory.mktemp("sensitivity"), "sensitivity",
+                             quantization={"scheme": "W8A8"},
+                             sensitivity={"heldout_tokens": 96})
     return pf.load(f)
 
 
@@ -148,6 +129,7 @@ def test_sensitivity_ranks_every_layer_and_block(sensitivity):
     assert v["quantizer_runs"] < 24 and v["spliced"] > 10 and v["patched"] == 33
     assert result["metrics"] and all(
         (m["source"], m["device"]) == ("measured", "host-cpu") for m in result["metrics"])
+    assert "htp" not in data and result["htp"] is None  # host figures only by default
     assert result["ranking"]["raise"] == rk["raise"][:5]
     assert "most to gain from INT16" in result["summary"]
     FIGURES["fp32_perplexity"] = round(data["fp32"]["perplexity"], 3)
@@ -231,13 +213,25 @@ def test_raising_the_most_sensitive_layers_beats_raising_random_ones(bench, sens
 
 def test_the_ranking_is_stable_across_two_runs(project, export, sensitivity, tmp_path):
     _, _, first = sensitivity
-    _, seconds = _run(project, "sensitivity", {"export": export}, tmp_path / "again")
+    # the second run also confirms its top entry on the HTP simulator (a setting that
+    # changes what is stored, not the host ranking)
+    d = project.to_dict()
+    d["sensitivity"].update(confirm_on_htp="snapdragon-8-gen-3", confirm_top=1)
+    p = pf.from_dict(d)
+    p.path = project.path
+    result, seconds = _run(p, "sensitivity", {"export": export}, tmp_path / "again")
     second = json.loads((tmp_path / "again" / "sensitivity.json").read_text())
+    assert second["htp"]["tried"] == 1 and result["htp"]["chip"] == "snapdragon-8-gen-3"
+    assert "on the HTP simulator (snapdragon-8-gen-3)" in result["summary"]
+    sim = [m for m in result["metrics"] if m["name"].endswith("_htp")]
+    assert len(sim) == 2 and all((m["source"], m["device"]) == ("simulated", "htp-sim")
+                                 for m in sim)
+    assert all(m["source"] == "measured" for m in result["metrics"] if m not in sim)
     FIGURES["sensitivity_seconds_second_run"] = round(seconds, 1)
     for key in ("raise", "lower", "raise_blocks", "lower_blocks"):
         assert second["ranking"][key][:5] == first["ranking"][key][:5], key
     FIGURES["second_run_identical"] = second["layers"] == first["layers"] and (
-        second["blocks"] == first["blocks"])
+        second["blocks"] == first["blocks"]) and second["points"] == first["points"]
 
 
 def _autoprecision(project, export, sensitivity, out: Path, **settings):
