@@ -26,10 +26,15 @@ class SetValue:
     section: str
     key: str
     value: Any
+    #: what the edit does in the user's words ("Set 7 layers' activations to INT16"); the
+    #: Undo / Redo actions show it (default: the section, key and value)
+    label: str = ""
     _old: Any = field(default=None, init=False, repr=False)
 
     @property
     def text(self) -> str:
+        if self.label:
+            return self.label
         where = f"{self.section}.{self.key}" if self.section else self.key
         return f"Set {where} to {self.value!r}"
 

@@ -262,3 +262,77 @@ def covers_node(pattern: str, node_name: str) -> bool:
         return True
     point = activation_point(node_name)
     return point is not None and covers(pattern, point)
+
+
+# ---- what the target HTP can run ----------------------------------------------------------------
+#: What an edit of one layer sets: its weights, the activations it computes, or both (the
+#: whole layer; FP16 / FP32 keep a layer in float, which is always the whole layer).
+PARTS: tuple[str, ...] = ("weights", "activations", "layer")
+PART_TITLES = {"weights": "weights", "activations": "activations", "layer": "whole layer"}
+
+
+def _float_chips(chips) -> list:
+    return [c for c in chips if not getattr(c, "fp16", True)]
+
+
+def refusal(part: str, precision: str, *, has_weight: bool = True, chips=(),
+            scheme: str | None = None, layer: str = "") -> str | None:
+    """Why the HTP of the project's targets cannot run ``precision`` for ``part`` of a layer
+    (one readable sentence), or None when it can. ``chips`` are the targets' catalog entries
+    (:class:`studio.core.catalog.Chip`); ``has_weight`` whether the layer stores weights.
+
+    The rules: INT4 is for weights only (HTP activations are 8- or 16-bit, or float); weights
+    alone cannot be float (a float layer is float throughout); a layer without weights has no
+    weight precision; FP16 / FP32 need a target whose HTP runs float (the catalog's ``fp16``);
+    the FP16 scheme keeps every layer in float and ignores per-layer overrides."""
+    what = f"{layer}: " if layer else ""
+    if part not in PARTS:
+        return f"{what}unknown part {part!r}: choose one of {', '.join(PARTS)}"
+    if precision not in PRECISIONS:
+        return f"{what}{precision!r} is not one of {', '.join(PRECISIONS)}"
+    if scheme == "FP16":
+        return ("the FP16 scheme keeps every layer in float and ignores per-layer overrides: "
+                "choose a quantized scheme (W8A16, W8A8, W4A16) first")
+    if precision == "INT4" and part != "weights":
+        return (f"{what}INT4 is for weights only on the HTP: activations are INT8 or INT16 "
+                "(or FP16 on chips with float support); set INT4 on the weights")
+    if part == "weights" and precision in FLOAT_PRECISIONS:
+        return (f"{what}weights alone cannot be float: {precision} keeps the whole layer in "
+                "float (choose 'whole layer'), or give the weights INT4, INT8 or INT16")
+    if part == "weights" and not has_weight:
+        return (f"{what}this layer has no weights (an activation, a norm or the embedding "
+                "lookup): set its activations instead")
+    if precision in FLOAT_PRECISIONS:
+        no_float = _float_chips(chips)
+        if no_float:
+            names = ", ".join(f"{c.name} ({c.key})" for c in no_float)
+            return (f"{what}{precision} needs float support on the HTP, and the target {names} "
+                    "has none (its catalog entry says fp16 = false): keep the layer quantized "
+                    "(INT16 is the most precise), or drop that target")
+    return None
+
+
+def override_part(pattern: str, precision: str) -> str:
+    """What an override rule sets (see the module docstring): ``weights`` for a weight-only
+    pattern or INT4, ``layer`` for FP16 / FP32, else ``activations``."""
+    if is_weight_only(pattern) or precision == "INT4":
+        return "weights"
+    return "layer" if precision in FLOAT_PRECISIONS else "activations"
+
+
+def override_refusal(pattern: str, precision: str, weighted: dict[str, bool], chips=(),
+                     ) -> str | None:
+    """Why an override rule cannot run on the targets, or None. ``weighted`` maps every layer
+    the recipe can set (and key activation) to whether it stores weights; a rule that covers
+    none of them is not refused here (:func:`unmatched_patterns` names it)."""
+    if not str(pattern).strip():
+        return "the pattern is empty: name layers (globs allowed), e.g. *.down_proj"
+    part = override_part(pattern, precision)
+    covered = [name for name in weighted if covers(pattern, name)]
+    has_weight = not covered or any(weighted[name] for name in covered)
+    why = refusal(part, precision, has_weight=has_weight, chips=chips)
+    if why and part == "weights" and not has_weight:
+        return (f"{pattern!r} = {precision} sets weights, and the {len(covered)} layer(s) it "
+                f"covers have none ({covered[0]}{', …' if len(covered) > 1 else ''}): give them "
+                "INT8 / INT16 activations instead")
+    return f"{pattern!r} = {precision}: {why}" if why else None

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from studio.core.modelinfo import ModelInfo
@@ -140,3 +141,146 @@ def adopt_autoprecision(studio) -> dict[str, str]:
         studio.set("quantization", "overrides", merged)
         studio.save()
     return rules
+
+# ---- the layer grid ----------------------------------------------------------------------------
+#: the stages "apply" runs after an edit of the recipe: what it changes, up to its accuracy
+APPLY_STAGES: tuple[str, ...] = ("quantize", "compile", "validate")
+MODEL_ROW = "model"
+
+
+def target_chips(project: Project) -> list:
+    """The catalog entries of the project's targets (what :func:`recipe.refusal` checks)."""
+    from studio.core.catalog import get_chip
+
+    return [get_chip(t) for t in project.targets]
+
+
+def weighted_layers(info: ModelInfo) -> set[str]:
+    """The layers whose weights the recipe quantizes (MatMul weights)."""
+    return {lay.name for lay in info.layers if lay.kind in WEIGHTED_KINDS}
+
+
+@dataclass
+class GridLayout:
+    """Where each layer sits in the block × module-kind grid.
+
+    ``rows``: ``"model"`` (the layers outside the blocks: embedding, final norm, head) when
+    there are any, then ``"block 0"``…; ``columns``: a key per module kind — the path inside
+    the block (``self_attn.q_proj``, ``residual``) for block layers, the layer's name for the
+    others — with a short ``titles`` entry each (the last part of the path, unless two kinds
+    share it); ``cells``: layer -> (row, column)."""
+
+    rows: list[str]
+    row_blocks: list[int | None]
+    columns: list[str]
+    titles: list[str]
+    cells: dict[str, tuple[int, int]]
+
+    def layer_at(self, row: int, column: int) -> str | None:
+        return self._at.get((row, column))
+
+    def __post_init__(self) -> None:
+        self._at = {rc: name for name, rc in self.cells.items()}
+
+
+def grid_layout(rows: list[dict[str, Any]]) -> GridLayout:
+    """The grid of :func:`layer_precisions` rows. Columns come from the rows (any family's
+    module names, and pseudo-layers such as ``self_attn.scores``, appear by themselves), in
+    model order (the layers outside the blocks first), with a block's key activations after
+    the module that computes them."""
+    where: dict[str, tuple[int | None, str]] = {}
+    order: list[str] = []
+    for r in rows:
+        name, block = r["layer"], r["block"]
+        prefix = block_prefix(name) if block is not None else None
+        column = name[len(prefix) + 1:] if prefix and name.startswith(prefix + ".") else name
+        if prefix is None:
+            block = None
+        where[name] = (block, column)
+        if column not in order:
+            order.append(column)
+    kinds = {r["layer"]: r["kind"] for r in rows}
+    points = [c for c in order
+              if all(kinds[n] == "activation" for n, (_, col) in where.items() if col == c)]
+    columns = [c for c in order if c not in points]
+    for p in points:  # after the last real module of its parent (self_attn.*), else at the end
+        parent = p.rsplit(".", 1)[0] + "." if "." in p else None
+        at = max((i for i, c in enumerate(columns) if parent and c.startswith(parent)),
+                 default=None)
+        if at is None:
+            block_cols = [i for i, c in enumerate(columns)
+                          if any(b is not None and col == c for b, col in where.values())]
+            at = max(block_cols, default=len(columns) - 1)
+        columns.insert(at + 1, p)
+    # the layers outside the blocks first: visible beside the blocks without scrolling
+    outside = {c for b, c in where.values() if b is None}
+    columns = [c for c in columns if c in outside] + [c for c in columns if c not in outside]
+    lasts = [c.rsplit(".", 1)[-1] for c in columns]
+    titles = [last if lasts.count(last) == 1 else c for c, last in zip(columns, lasts, strict=True)]
+    blocks = sorted({b for b, _ in where.values() if b is not None})
+    row_names = ([MODEL_ROW] if any(b is None for b, _ in where.values()) else []) + [
+        f"block {b}" for b in blocks]
+    row_blocks: list[int | None] = ([None] if row_names and row_names[0] == MODEL_ROW else []) + list(blocks)
+    col_index = {c: i for i, c in enumerate(columns)}
+    row_index = {b: i for i, b in enumerate(row_blocks)}
+    cells = {name: (row_index[b], col_index[c]) for name, (b, c) in where.items()}
+    return GridLayout(row_names, row_blocks, columns, titles, cells)
+
+
+def scheme_diff(project: Project, info: ModelInfo) -> dict[str, Any]:
+    """The layers whose precision differs from the plain scheme (no overrides), with counts
+    and the change of the weighted layers' weight bytes (parameters × bytes per parameter;
+    ``source`` ``"formula"``: computed from the model's shape, nothing run).
+
+    ``{"scheme", "layers": [{layer, weight, activation, base_weight, base_activation,
+    weight_rule, activation_rule, weight_bytes_change}], "counts": {"layers", "weights",
+    "activations"}, "weight_bytes": {"base", "recipe", "change", "source"}}``"""
+    from studio.core.modelinfo import bytes_per_param
+    from studio.core.recipe import SCHEME_PRECISIONS
+
+    q = project.quantization
+    w0, a0 = SCHEME_PRECISIONS[q["scheme"]]
+    params = {lay.name: lay.params for lay in info.layers}
+    out, n_w, n_a = [], 0, 0
+    base_bytes = recipe_bytes = 0.0
+    for r in layer_precisions(project, info):
+        name = r["layer"]
+        has_w = bool(r["weight"])
+        bw = w0 if has_w else ""
+        change = 0.0
+        if has_w:
+            base_bytes += params.get(name, 0) * bytes_per_param(w0)
+            recipe_bytes += params.get(name, 0) * bytes_per_param(r["weight"])
+            change = params.get(name, 0) * (bytes_per_param(r["weight"]) - bytes_per_param(w0))
+        dw, da = r["weight"] != bw, r["activation"] != a0
+        if dw or da:
+            n_w += dw
+            n_a += da
+            out.append({"layer": name, "weight": r["weight"], "activation": r["activation"],
+                        "base_weight": bw, "base_activation": a0,
+                        "weight_rule": r["weight_rule"], "activation_rule": r["activation_rule"],
+                        "weight_bytes_change": round(change)})
+    return {
+        "scheme": q["scheme"], "layers": out,
+        "counts": {"layers": len(out), "weights": n_w, "activations": n_a},
+        "weight_bytes": {"base": round(base_bytes), "recipe": round(recipe_bytes),
+                         "change": round(recipe_bytes - base_bytes), "source": "formula"},
+    }
+
+
+def override_refusals(project: Project, info: ModelInfo | None,
+                      overrides: dict[str, str] | None = None) -> list[str]:
+    """Why the targets' HTP cannot run rules of ``overrides`` (default: the project's), one
+    sentence per refused rule (:func:`studio.core.recipe.override_refusal`). The Precision
+    page refuses such edits; ``studio --batch`` could check the same before quantizing."""
+    from studio.core.recipe import override_refusal
+
+    rules = project.quantization["overrides"] if overrides is None else overrides
+    if info is None:
+        weighted: dict[str, bool] = {}
+    else:
+        w = weighted_layers(info)
+        weighted = {name: name in w for name, *_ in quantizable(info)}
+    chips = target_chips(project)
+    return [why for pattern, prec in rules.items()
+            if (why := override_refusal(pattern, prec, weighted, chips))]

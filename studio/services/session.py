@@ -64,8 +64,8 @@ class Studio:
         self.jobs.close()
 
     # ---- edits --------------------------------------------------------------------------
-    def set(self, section: str, key: str, value: Any):
-        return self.commands.push(SetValue(section, key, value))
+    def set(self, section: str, key: str, value: Any, label: str = ""):
+        return self.commands.push(SetValue(section, key, value, label))
 
     # ---- pipeline -----------------------------------------------------------------------
     async def run_pipeline(self, stages: list[str] | None = None,

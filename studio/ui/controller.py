@@ -305,9 +305,10 @@ class ProjectController(QObject):
         self._disk_reported = projects.file_signature(self._need().project.path)
 
     # ---- edits ---------------------------------------------------------------------------------
-    def set(self, section: str, key: str, value: Any) -> Change:
-        """One undoable edit; a StudioError (invalid value) changes nothing."""
-        return self._need().set(section, key, value)
+    def set(self, section: str, key: str, value: Any, label: str = "") -> Change:
+        """One undoable edit (``label``: what it does, for the Undo action); a StudioError
+        (invalid value) changes nothing."""
+        return self._need().set(section, key, value, label)
 
     def apply_edits(self, edits: list[SetValue]) -> list[str]:
         """Push several edits (an autosave restore); returns the ones that were refused."""

@@ -1,0 +1,107 @@
+"""The sensitivity result of a project, as the Precision page's heat map reads it.
+
+The ``sensitivity`` stage (:mod:`studio.engine.sensitivity`) writes ``sensitivity.json``:
+every weighted layer raised (and lowered) alone over the base scheme, scored against FP32 on
+the host CPU. Its key covers the scheme, the weight granularity, the calibration and the
+held-out text, not the overrides: editing per-layer precision keeps the result current.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from studio.core.errors import StudioError
+from studio.services import history
+
+STAGE = "sensitivity"
+#: the figures a layer can be coloured by: (key of the ``delta``, title, unit, sign) where
+#: ``sign`` turns the change into a gain (positive: raising the layer helps)
+HEAT_METRICS: dict[str, tuple[str, str, str, float]] = {
+    "kl_divergence": ("kl_divergence", "KL drop", "nats", -1.0),
+    "perplexity": ("perplexity", "perplexity drop", "", -1.0),
+    "logits_cosine": ("logits_cosine", "logits cosine gain", "", 1.0),
+}
+#: what each figure is, in a sentence
+HEAT_HELP = {
+    "kl_divergence": "how much the KL divergence of the logits to FP32 drops when the layer "
+                     "alone is raised (nats; larger: more sensitive)",
+    "perplexity": "how much the held-out perplexity drops when the layer alone is raised",
+    "logits_cosine": "how much the logits cosine to FP32 rises when the layer alone is raised",
+}
+#: the settings the result depends on, for saying why an older result is stale
+_KEYS = (("scheme", "quantization", "scheme"),
+         ("weight_granularity", "quantization", "weight_granularity"),
+         ("calibration_samples", "quantization", "calibration_samples"))
+
+
+def how_to_run(project_path) -> str:
+    """Where the user gets a sensitivity result (the empty state says it)."""
+    return (f"Run ▸ Run Stage ▸ sensitivity (or on the command line: studio --batch "
+            f"{project_path} --stages sensitivity)")
+
+
+def sensitivity_result(project, jobs, store) -> dict[str, Any] | None:
+    """The project's sensitivity result: ``{"data": sensitivity.json, "job": id, "run": id,
+    "current": bool, "stale_because": str}``; the one for the current settings when stored,
+    else the newest one in the run history (``current`` False, with why), else None.
+    ``jobs`` / ``store``: the session's run history and artifact store. Hashes the input
+    files: call it off the UI thread (with a copy of the project)."""
+    try:
+        key = history.current_key(project, STAGE)
+    except StudioError:
+        key = None
+    job = None
+    for j in jobs.jobs(limit=2000):  # newest first
+        if j.stage == STAGE and j.state == "succeeded" and j.artifact_key:
+            if key is not None and j.artifact_key == key:
+                job = j
+                break
+            if job is None:
+                job = j
+    if job is None:
+        return None
+    art = store.get(job.artifact_key)
+    if art is None or not (art.path / "sensitivity.json").is_file():
+        return None
+    folder = art.path
+    try:
+        data = json.loads((folder / "sensitivity.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    current = key is not None and job.artifact_key == key
+    why = ""
+    if not current:
+        diffs = [f"{name} {data.get(name)!r} → {project_value!r}"
+                 for name, section, k in _KEYS
+                 if (project_value := getattr(project, section)[k]) != data.get(name)]
+        why = ("computed for other settings: " + ", ".join(diffs)) if diffs else (
+            "computed for other inputs (calibration or held-out text, or the studio's code)")
+    return {"data": data, "job": job.id, "run": job.run_id, "current": current,
+            "stale_because": why}
+
+
+def heat(data: dict[str, Any], metric: str = "kl_divergence") -> dict[str, float]:
+    """Layer -> how much raising it alone improves ``metric`` over the base scheme (the
+    heat map's value; larger: more sensitive)."""
+    key, _, _, sign = HEAT_METRICS[metric]
+    out = {}
+    for e in data.get("layers", []):
+        delta = (e.get("raise") or {}).get("delta") or {}
+        if key in delta:
+            out[e["name"]] = sign * float(delta[key])
+    return out
+
+
+def ranked(data: dict[str, Any], metric: str = "kl_divergence", top: int = 15
+           ) -> list[tuple[str, float]]:
+    """The ``top`` layers by :func:`heat`, most sensitive first."""
+    values = heat(data, metric)
+    order = data.get("ranking", {}).get("raise") if metric == "kl_divergence" else None
+    names = [n for n in (order or sorted(values, key=lambda n: -values[n])) if n in values]
+    return [(n, values[n]) for n in names[:top]]
+
+
+def layer_figures(data: dict[str, Any], layer: str) -> dict[str, Any] | None:
+    """One layer's entry (``raise`` / ``lower`` with precision, figures and deltas)."""
+    return next((e for e in data.get("layers", []) if e.get("name") == layer), None)
