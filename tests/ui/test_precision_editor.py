@@ -1,0 +1,280 @@
+"""The layer-precision editor on the Precision page, in a real window on real projects built
+from the shipped tiny-coder sample: bulk edits through the grid with undo and redo, glob rules
+reflected in the grid, refusals of what the target HTP cannot run, the sensitivity heat map
+after the real sensitivity stage, and the Apply button's run.
+
+Every check of a precision goes through the recipe's own rule
+(``core.recipe.effective_precisions``) on the project the session holds."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtTest import QTest
+
+from studio.core.recipe import effective_precisions
+from studio.services import history
+from studio.services.precision import quantizable, weighted_layers
+
+DOWN = [f"model.layers.{b}.mlp.down_proj" for b in range(4)]
+
+
+def _open(window, path, qtbot):
+    assert window.open_project(path)
+    page = window.show_page("Precision")
+    qtbot.waitUntil(lambda: page.grid.model.rowCount() > 0, timeout=30_000)
+    return page
+
+
+def _state(window) -> dict[str, tuple[str, str]]:
+    info, project = window.ctl.model, window.ctl.project
+    names = [n for n, *_ in quantizable(info)]
+    return {lp.layer: (lp.weight, lp.activation)
+            for lp in effective_precisions(names, project.quantization, weighted_layers(info))}
+
+
+def _cell(page, layer: str) -> str:
+    return page.grid.model.index_of(layer).data()
+
+
+def _click_cell(page, layer: str, modifier=Qt.KeyboardModifier.NoModifier) -> None:
+    view = page.grid.view
+    rect = view.visualRect(page.grid.model.index_of(layer))
+    QTest.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, modifier, rect.center())
+
+
+def _click_header(page, title: str) -> None:
+    header = page.grid.view.horizontalHeader()
+    col = page.grid.model.layout.titles.index(title)
+    x = header.sectionViewportPosition(col) + header.sectionSize(col) // 2
+    QTest.mouseClick(header.viewport(), Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier,
+                     QPoint(x, header.height() // 2))
+
+
+def _set(page, part: str, precision: str) -> None:
+    page.part_combo.setCurrentIndex(page.part_combo.findData(part))
+    page.prec_combo.setCurrentText(precision)
+    page.set_button.click()
+
+
+def test_bulk_edit_of_cells_with_undo_and_redo(window, project_path, qtbot):
+    page = _open(window, project_path, qtbot)
+    p = window.ctl.project
+    scheme = _state(window)
+    assert scheme["model.layers.0.mlp.down_proj"] == ("INT8", "INT16")
+    assert _cell(page, "model.layers.0.mlp.down_proj") == "W8 A16"
+    assert _cell(page, "model.layers.0.residual") == "A16"  # a key activation: no weights
+    assert not page.undo_button.isEnabled()
+
+    # a header click selects the whole column: one compact rule for four cells
+    _click_header(page, "down_proj")
+    assert page.grid.selected_layers() == DOWN
+    assert "4 layers selected" in page.details.text()
+    _set(page, "activations", "INT8")
+    assert p.quantization["overrides"] == {"*.down_proj": "INT8"}
+    s = _state(window)
+    assert all(s[n] == ("INT8", "INT8") for n in DOWN)
+    assert {n for n in s if s[n] != scheme[n]} == set(DOWN)
+    assert all(_cell(page, n) == "W8 A8" for n in DOWN)
+    assert page.grid.model.row_of(DOWN[0])["activation_rule"] == "override '*.down_proj'"
+
+    # Ctrl-click three cells of different columns and blocks: the whole layers to FP16
+    picked = ["model.layers.1.self_attn.v_proj", "model.layers.2.self_attn.v_proj", "lm_head"]
+    _click_cell(page, picked[0])
+    for name in picked[1:]:
+        _click_cell(page, name, Qt.KeyboardModifier.ControlModifier)
+    assert sorted(page.grid.selected_layers()) == sorted(picked)
+    _set(page, "layer", "FP16")
+    after_both = {"*.down_proj": "INT8", "model.layers.1.self_attn.v_proj": "FP16",
+                  "model.layers.2.self_attn.v_proj": "FP16", "lm_head": "FP16"}
+    assert p.quantization["overrides"] == after_both
+    s = _state(window)
+    assert all(s[n] == ("FP16", "FP16") for n in picked)
+    assert _cell(page, "lm_head") == "FP16"
+    assert "Keep 3 layers in FP16" in page.status.text()
+    assert "Keep 3 layers in FP16" in window.undo_act.text()
+    assert page.diff_view.model.rowCount() == 7
+    assert "7 layer(s) differ from plain W8A16" in page.diff_line.text()
+
+    # undo twice: back to the plain scheme; the selection stays
+    page.undo_button.click()
+    assert p.quantization["overrides"] == {"*.down_proj": "INT8"}
+    assert all(_state(window)[n] == scheme[n] for n in picked)
+    assert _cell(page, "lm_head") == "W8 A16"
+    assert sorted(page.grid.selected_layers()) == sorted(picked)
+    window.undo_act.trigger()  # the Edit menu's Undo is the same stack
+    assert p.quantization["overrides"] == {}
+    assert _state(window) == scheme
+    assert not page.undo_button.isEnabled() and page.redo_button.isEnabled()
+    assert page.diff_view.model.rowCount() == 0
+
+    # redo twice
+    page.redo_button.click()
+    assert p.quantization["overrides"] == {"*.down_proj": "INT8"}
+    assert all(_state(window)[n] == ("INT8", "INT8") for n in DOWN)
+    page.redo_button.click()
+    assert p.quantization["overrides"] == after_both
+    assert _state(window)["lm_head"] == ("FP16", "FP16")
+    assert not page.redo_button.isEnabled()
+
+    # back to the scheme for one of the down_proj cells: a rule for it after the glob
+    page.grid.select_layers([DOWN[2]])
+    page.reset_button.click()
+    assert list(p.quantization["overrides"].items())[-1] == (DOWN[2], "INT16")
+    assert _state(window)[DOWN[2]] == scheme[DOWN[2]]
+
+
+def test_a_glob_rule_edit_shows_in_the_grid(window, project_path, qtbot):
+    page = _open(window, project_path, qtbot)
+    p = window.ctl.project
+    o_proj = [f"model.layers.{b}.self_attn.o_proj" for b in range(4)]
+    page.pattern.setText("*.o_proj.weight")
+    page.prec.setCurrentText("INT4")
+    page.add_button.click()
+    assert p.quantization["overrides"] == {"*.o_proj.weight": "INT4"}
+    assert all(_cell(page, n) == "W4 A16" for n in o_proj)
+    assert page.overrides.index(0, 2).data() == "4"  # layers it covers
+    # select the rule: its layers are selected in the grid; edit it in place
+    page.over_view.selectRow(0)
+    assert page.grid.selected_layers() == o_proj
+    assert page.pattern.text() == "*.o_proj.weight"
+    page.prec.setCurrentText("INT16")
+    page.update_button.click()
+    assert p.quantization["overrides"] == {"*.o_proj.weight": "INT16"}
+    assert all(_cell(page, n) == "W16 A16" for n in o_proj)
+    assert all(_state(window)[n] == ("INT16", "INT16") for n in o_proj)
+    # a second rule, moved above the first: order matters, the grid follows
+    page.pattern.setText("model.layers.0")
+    page.prec.setCurrentText("FP16")
+    page.add_button.click()
+    assert _cell(page, o_proj[0]) == "FP16"
+    page._select_rule("model.layers.0")
+    page.up_button.click()
+    assert list(p.quantization["overrides"]) == ["model.layers.0", "*.o_proj.weight"]
+    assert _cell(page, o_proj[0]) == "W16 A16"  # the later weight rule puts it back
+    assert _cell(page, "model.layers.0.mlp.up_proj") == "FP16"
+    page._select_rule("*.o_proj.weight")
+    page.remove_button.click()
+    assert p.quantization["overrides"] == {"model.layers.0": "FP16"}
+    assert _cell(page, o_proj[1]) == "W8 A16"
+    window.undo_act.trigger()
+    assert _cell(page, o_proj[1]) == "W16 A16"
+
+
+def test_refused_choices_leave_the_project_unchanged_and_say_why(window, project_path, qtbot):
+    page = _open(window, project_path, qtbot)
+    ctl = window.ctl
+    p = ctl.project
+    _click_cell(page, "model.layers.0.self_attn.q_proj")
+    _set(page, "activations", "INT8")
+    before = dict(p.quantization["overrides"])
+    assert before == {"model.layers.0.self_attn.q_proj": "INT8"}
+    undo_text = window.undo_act.text()
+
+    # INT4 activations: the HTP's activations are 8 or 16 bits
+    _set(page, "activations", "INT4")
+    assert p.quantization["overrides"] == before
+    assert page.status.isVisible() and "INT4 is for weights only" in page.status.text()
+    assert "Nothing was changed" in page.status.text()
+    assert window.undo_act.text() == undo_text  # no command was pushed
+    # weights on a layer without weights
+    _click_cell(page, "model.layers.0.self_attn.softmax")
+    _set(page, "weights", "INT8")
+    assert p.quantization["overrides"] == before and "has no weights" in page.status.text()
+
+    # FP16 on a target whose HTP has no float: the context menu marks it, the edit is refused
+    ctl.set("", "targets", ["qcm6490"])
+    _click_cell(page, "model.layers.2.mlp.up_proj")
+    choices = {(part, prec): why for part, prec, _t, why in page.grid.menu_choices()}
+    assert "fp16 = false" in choices[("layer", "FP16")] and not choices[("layer", "INT16")]
+    menu = page.grid.build_menu()
+    texts = [a.text() for a in menu.actions()]
+    assert "Whole layer → FP16   ✕ refused" in texts and "Whole layer → INT16" in texts
+    fp16 = next(a for a in menu.actions() if a.text().startswith("Whole layer → FP16"))
+    fp16.trigger()  # clicking a refused choice says why
+    assert p.quantization["overrides"] == before
+    assert "QCM6490 (qcm6490)" in page.status.text() and "fp16 = false" in page.status.text()
+    # the rule table refuses the same
+    page.pattern.setText("*.up_proj")
+    page.prec.setCurrentText("FP16")
+    assert not page.add_override()
+    assert p.quantization["overrides"] == before and "qcm6490" in page.status.text()
+    page.pattern.setText("*.residual.weight")
+    page.prec.setCurrentText("INT8")
+    assert not page.add_override()
+    assert "sets weights" in page.status.text()
+    assert p.quantization["overrides"] == before
+    assert p.targets == ["qcm6490"] and window.ctl.dirty
+
+
+def test_heat_map_after_the_real_sensitivity_stage(
+        window, exported_template, copy_project, tmp_path, qtbot):
+    page = _open(window, copy_project(exported_template, tmp_path / "s"), qtbot)
+    ctl = window.ctl
+    qtbot.waitUntil(lambda: page.sensitivity_loaded, timeout=30_000)
+    assert page.sensitivity is None
+    # the empty state says how to get it, and its button queues the stage
+    assert page.heat.stack.currentWidget() is page.heat.empty
+    text = page.heat.empty.text.text()
+    assert "Run ▸ Run Stage ▸ sensitivity" in text and "--stages sensitivity" in text
+    assert page.heat.run_button.isEnabled()
+    ctl.set("sensitivity", "heldout_tokens", 16)  # small: the stage takes well under a minute
+    page.heat.run_button.click()
+    assert ctl.running and not page.apply_button.isEnabled()
+    qtbot.waitUntil(lambda: not ctl.running, timeout=400_000)
+    qtbot.waitUntil(lambda: page.sensitivity is not None, timeout=60_000)
+    result = page.sensitivity
+    assert result["current"] and result["data"]["source"] == "measured"
+
+    # the ranked chart: most sensitive first, figures measured on the host CPU
+    assert page.heat.stack.currentWidget() is page.heat.chart
+    assert page.heat.badge.text() == "measured"
+    shown = page.heat.shown
+    assert len(shown) > 5 and shown[0][0] == result["data"]["ranking"]["raise"][0]
+    assert [v for _, v in shown] == sorted((v for _, v in shown), reverse=True)
+    # the toggle colours the grid by sensitivity, with a legend
+    assert not page.grid.model.heat_on
+    page.heat_check.click()
+    m = page.grid.model
+    assert m.heat_on and page.grid.legend.heat_on and page.grid.legend.heat_max > 0
+    top = m.index_of(shown[0][0])
+    assert top.data(Qt.ItemDataRole.UserRole + 3) == 1.0  # the hottest cell
+    assert m.index_of("model.layers.0.residual").data(Qt.ItemDataRole.UserRole + 3) is None
+    assert "not analysed" in m.index_of("model.layers.0.residual").data(
+        Qt.ItemDataRole.ToolTipRole)
+    # clicking a bar selects its cell; the side panel shows its figures
+    QTest.mouseClick(page.heat.plot.viewport(), Qt.MouseButton.LeftButton,
+                     Qt.KeyboardModifier.NoModifier, page.heat.bar_center(1))
+    qtbot.waitUntil(lambda: page.grid.selected_layers() == [shown[1][0]], timeout=5_000)
+    assert "Sensitivity" in page.details.text() and "raised alone to" in page.details.text()
+    # an override edit keeps the result current (the stage does not read the overrides)
+    assert page.edit_selection("activations", "INT8")
+    task = page.load_sensitivity()
+    qtbot.waitUntil(task.done, timeout=30_000)
+    assert page.sensitivity["current"] and page.sensitivity["job"] == result["job"]
+    page.heat_check.click()
+    assert not m.heat_on
+
+
+def test_apply_queues_quantize_compile_validate(
+        window, exported_template, copy_project, tmp_path, qtbot):
+    page = _open(window, copy_project(exported_template, tmp_path / "a"), qtbot)
+    ctl = window.ctl
+    page.grid.select_column("down_proj")
+    assert page.edit_selection("activations", "INT8")
+    before_runs = {r.id for r in history.runs(ctl.project, ctl.studio.jobs)}
+    page.apply_button.click()
+    assert ctl.running and not page.apply_button.isEnabled()
+    assert "quantize → compile → validate queued" in page.status.text()
+    qtbot.waitUntil(lambda: len(ctl.active_jobs) >= 3, timeout=30_000)
+    labels = {j.label for j in ctl.active_jobs}
+    ctl.cancel_run()  # compiling on the simulator is slow: the plan is what is checked
+    qtbot.waitUntil(lambda: not ctl.running, timeout=60_000)
+    run = next(r for r in history.runs(ctl.project, ctl.studio.jobs) if r.id not in before_runs)
+    assert run.stages == ["quantize", "compile", "validate"]
+    assert run.settings["quantization"]["overrides"] == {"*.down_proj": "INT8"}
+    stages = {j.stage for j in history.run_jobs(ctl.studio.jobs, run.id)}
+    assert stages == {"export", "quantize", "compile", "validate"}  # export: from the cache
+    assert {"compile[snapdragon-8-gen-3]", "validate[snapdragon-8-gen-3]"} <= labels
+    assert page.apply_button.isEnabled()
+    # a cancelled run has no validation figures: the page says so
+    assert "without validation figures" in page.status.text()
