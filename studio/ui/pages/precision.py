@@ -24,16 +24,11 @@ from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
     QComboBox,
-    QDoubleSpinBox,
-    QFileDialog,
-    QFormLayout,
     QGroupBox,
     QHBoxLayout,
     QHeaderView,
-    QLineEdit,
     QPushButton,
     QScrollArea,
-    QSpinBox,
     QSplitter,
     QTableView,
     QTabWidget,
@@ -44,34 +39,27 @@ from PySide6.QtWidgets import (
 
 from studio.core.errors import StudioError
 from studio.core.modelinfo import ModelInfo
-from studio.core.project import STAGES
 from studio.core.recipe import (
-    BLOCK_SIZES,
-    CALIBRATION_METHODS,
-    GRANULARITIES,
-    GRANULARITY_HELP,
     PART_TITLES,
     PARTS,
     PRECISIONS,
-    SCHEME_HELP,
-    SCHEMES,
-    covers,
 )
 from studio.services import history
 from studio.services import sensitivity as sens
 from studio.services.precision import (
     APPLY_STAGES,
     layer_precisions,
-    override_refusals,
     scheme_diff,
     target_chips,
 )
 from studio.services.precision_edit import SCHEME_PART, plan_edit
-from studio.ui.models.rows import PayloadRole, Row, RowsModel
+from studio.ui.models.rows import Row, RowsModel
 from studio.ui.pages.base import Page
 from studio.ui.pages.heatmap import HeatPanel
 from studio.ui.pages.layergrid import LayerGrid
-from studio.ui.pages.precisionviews import BeforeAfterView, DiffView, diff_summary, selection_html
+from studio.ui.pages.precision_recipe import RecipeFormMixin
+from studio.ui.pages.precision_rules import RulesMixin
+from studio.ui.pages.precision_views import BeforeAfterView, DiffView, diff_summary, selection_html
 from studio.ui.widgets import SourceBadge, label
 
 LAYER_COLUMNS = ["Layer", "Block", "Kind", "Weights", "Activations", "Rule"]
@@ -93,7 +81,7 @@ def rule_text(row: dict) -> str:
     return f"weights: {w}; activations: {a}"
 
 
-class PrecisionPage(Page):
+class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
     title = "Precision"
     subtitle = ("The quantization recipe and each layer's precision: select cells in the grid "
                 "and set them; every edit is undoable.")
@@ -259,65 +247,6 @@ class PrecisionPage(Page):
         sl.addWidget(self._build_rules(), 2)
         return side
 
-    def _build_rules(self) -> QGroupBox:
-        over = QGroupBox("Override rules (the last matching rule wins)")
-        ol = QVBoxLayout(over)
-        self.overrides = RowsModel(["Pattern", "Precision", "Layers"], self)
-        self.over_view = QTableView()
-        self.over_view.setModel(self.overrides)
-        self.over_view.verticalHeader().hide()
-        self.over_view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.over_view.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.over_view.setWordWrap(False)
-        hh = self.over_view.horizontalHeader()
-        hh.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        hh.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
-        hh.setSectionResizeMode(2, QHeaderView.ResizeMode.ResizeToContents)
-        self.over_view.setToolTip(
-            "Glob patterns on module paths: *.down_proj, model.layers.0 (a whole block); INT8 / "
-            "INT16 set activations, INT4 weights, FP16 / FP32 keep the layer in float; a pattern "
-            "ending in .weight sets the weights. Select a rule to edit it and see its layers.")
-        ol.addWidget(self.over_view, 1)
-        add = QHBoxLayout()
-        self.pattern = QLineEdit()
-        self.pattern.setPlaceholderText("pattern, e.g. *.down_proj")
-        self.pattern.returnPressed.connect(self.add_override)
-        add.addWidget(self.pattern, 1)
-        self.prec = QComboBox()
-        self.prec.addItems(list(PRECISIONS))
-        self.prec.setCurrentText("INT16")
-        add.addWidget(self.prec)
-        ol.addLayout(add)
-        buttons = QHBoxLayout()
-        self.add_button = QPushButton("Add")
-        self.add_button.setToolTip("Add the rule after the others (or replace the rule with the "
-                                   "same pattern)")
-        self.add_button.clicked.connect(self.add_override)
-        buttons.addWidget(self.add_button)
-        self.update_button = QPushButton("Update")
-        self.update_button.setToolTip("Replace the selected rule, in its place, by the pattern "
-                                      "and precision above")
-        self.update_button.clicked.connect(self.update_override)
-        buttons.addWidget(self.update_button)
-        self.remove_button = QPushButton("Remove")
-        self.remove_button.clicked.connect(self.remove_override)
-        buttons.addWidget(self.remove_button)
-        self.up_button = QToolButton()
-        self.up_button.setText("▲")
-        self.up_button.setToolTip("Move the rule up (earlier: later rules win over it)")
-        self.up_button.clicked.connect(lambda: self.move_override(-1))
-        buttons.addWidget(self.up_button)
-        self.down_button = QToolButton()
-        self.down_button.setText("▼")
-        self.down_button.setToolTip("Move the rule down (later: it wins over earlier rules)")
-        self.down_button.clicked.connect(lambda: self.move_override(1))
-        buttons.addWidget(self.down_button)
-        buttons.addStretch(1)
-        ol.addLayout(buttons)
-        self.over_view.selectionModel().selectionChanged.connect(self._rule_selected)
-        self._rule_buttons()
-        return over
-
     def _build_layer_table(self) -> QWidget:
         layers = QWidget()
         lyl = QVBoxLayout(layers)
@@ -345,128 +274,6 @@ class PrecisionPage(Page):
         lh.setStretchLastSection(True)
         lyl.addWidget(self.layer_view, 1)
         return layers
-
-    def _build_recipe(self) -> QWidget:
-        left = QWidget()
-        ll = QVBoxLayout(left)
-        ll.setContentsMargins(6, 6, 6, 6)
-        recipe = QGroupBox("Recipe")
-        form = QFormLayout(recipe)
-        self.scheme = QComboBox()
-        for s in SCHEMES:
-            self.scheme.addItem(s, s)
-            self.scheme.setItemData(
-                self.scheme.count() - 1, SCHEME_HELP[s], Qt.ItemDataRole.ToolTipRole
-            )
-        self.scheme.activated.connect(
-            lambda _i: self._set("quantization", "scheme", self.scheme.currentData())
-        )
-        form.addRow("Scheme", self.scheme)
-        self.granularity = QComboBox()
-        for g in GRANULARITIES:
-            self.granularity.addItem(g.replace("_", "-"), g)
-        self.granularity.activated.connect(
-            lambda _i: self._set(
-                "quantization", "weight_granularity", self.granularity.currentData()
-            )
-        )
-        for i, g in enumerate(GRANULARITIES):
-            self.granularity.setItemData(i, GRANULARITY_HELP[g], Qt.ItemDataRole.ToolTipRole)
-        form.addRow("Weight granularity", self.granularity)
-        self.block_size = QComboBox()
-        for b in BLOCK_SIZES:
-            self.block_size.addItem(str(b), b)
-        self.block_size.setToolTip("Input channels per scale for block-wise (per-block, LPBQ) "
-                                   "4-bit weights")
-        self.block_size.activated.connect(
-            lambda _i: self._set("quantization", "block_size", self.block_size.currentData())
-        )
-        form.addRow("Block size (per-block)", self.block_size)
-        self.method = QComboBox()
-        for m in CALIBRATION_METHODS:
-            self.method.addItem(m, m)
-        self.method.setToolTip("How activation ranges are taken from the calibration data: "
-                               "MinMax (full range), Entropy (KL), Percentile (clips outliers)")
-        self.method.activated.connect(
-            lambda _i: self._set("quantization", "calibration_method", self.method.currentData())
-        )
-        form.addRow("Calibration method", self.method)
-        self.samples = QSpinBox()
-        self.samples.setRange(1, 4096)
-        self.samples.setKeyboardTracking(False)
-        self.samples.setToolTip("Calibration windows of the calibration text fed to the FP32 model")
-        self.samples.editingFinished.connect(
-            lambda: self._set("quantization", "calibration_samples", self.samples.value())
-        )
-        form.addRow("Calibration samples", self.samples)
-        calib = QHBoxLayout()
-        self.calib_text = QLineEdit()
-        self.calib_text.setReadOnly(True)
-        calib.addWidget(self.calib_text, 1)
-        choose = QPushButton("Choose…")
-        choose.setToolTip("Use a text file of your own as calibration data")
-        choose.clicked.connect(self._choose_calibration)
-        calib.addWidget(choose)
-        sample = QPushButton("Sample")
-        sample.setToolTip("Use the shipped calibration text (Python source)")
-        sample.clicked.connect(
-            lambda: self._set("quantization", "calibration_text", "sample:calibration")
-        )
-        calib.addWidget(sample)
-        form.addRow("Calibration text", calib)
-        self.prompt_len = QSpinBox()
-        self.prompt_len.setRange(1, 4095)
-        self.prompt_len.setKeyboardTracking(False)
-        self.prompt_len.setToolTip("P: the prefill graph's fixed prompt length")
-        self.prompt_len.editingFinished.connect(
-            lambda: self._set("export", "prompt_length", self.prompt_len.value())
-        )
-        form.addRow("Prompt length (P)", self.prompt_len)
-        self.context_len = QSpinBox()
-        self.context_len.setRange(2, 4096)
-        self.context_len.setKeyboardTracking(False)
-        self.context_len.setToolTip("C: the static KV cache length of the decode graph")
-        self.context_len.editingFinished.connect(
-            lambda: self._set("export", "context_length", self.context_len.value())
-        )
-        form.addRow("Context length (C)", self.context_len)
-        ll.addWidget(recipe)
-
-        gates = QGroupBox("Accuracy gates (a failing gate fails studio --batch)")
-        gf = QFormLayout(gates)
-        self.gate_spins: dict[str, QDoubleSpinBox] = {}
-        for key, text, lo, hi in (
-            ("min_logits_cosine", "Min logits cosine", 0.0, 1.0),
-            ("max_perplexity_increase", "Max perplexity increase", 0.0, 100.0),
-            ("min_top1_agreement", "Min top-1 agreement", 0.0, 1.0),
-        ):
-            spin = QDoubleSpinBox()
-            spin.setRange(lo, hi)
-            spin.setDecimals(4)
-            spin.setSingleStep(0.01)
-            spin.setKeyboardTracking(False)
-            spin.editingFinished.connect(
-                lambda k=key, s=spin: self._set("gates", k, round(s.value(), 6))
-            )
-            gf.addRow(text, spin)
-            self.gate_spins[key] = spin
-        ll.addWidget(gates)
-
-        stages = QGroupBox("Pipeline stages (Run pipeline and studio --batch)")
-        sl = QHBoxLayout(stages)
-        self.stage_checks: dict[str, QCheckBox] = {}
-        for s in STAGES:
-            cb = QCheckBox(s)
-            cb.clicked.connect(self._stages_clicked)
-            sl.addWidget(cb)
-            self.stage_checks[s] = cb
-        sl.addStretch(1)
-        ll.addWidget(stages)
-        self.error = label("", "error", wrap=True)
-        self.error.hide()
-        ll.addWidget(self.error)
-        ll.addStretch(1)
-        return left
 
     # ---- session ------------------------------------------------------------------------------
     def on_open(self) -> None:
@@ -496,57 +303,6 @@ class PrecisionPage(Page):
             self._show_layers()
         if change & _SENS_KEYS:
             self.load_sensitivity()
-
-    def _load_all(self, change=None) -> None:
-        p = self.ctl.project
-
-        def touched(section: str, key: str) -> bool:
-            return change is None or (section, key) in change
-
-        q, e = p.quantization, p.export
-        if touched("quantization", "scheme"):
-            self._quiet(
-                self.scheme, lambda: self.scheme.setCurrentIndex(self.scheme.findData(q["scheme"]))
-            )
-        if touched("quantization", "weight_granularity"):
-            self._quiet(
-                self.granularity,
-                lambda: self.granularity.setCurrentIndex(
-                    self.granularity.findData(q["weight_granularity"])
-                ),
-            )
-        if touched("quantization", "block_size"):
-            self._quiet(self.block_size, lambda: self.block_size.setCurrentIndex(
-                self.block_size.findData(q["block_size"])))
-        if touched("quantization", "weight_granularity"):
-            self.block_size.setEnabled(q["weight_granularity"] == "per_block")
-        if touched("quantization", "calibration_method"):
-            self._quiet(self.method, lambda: self.method.setCurrentIndex(
-                self.method.findData(q["calibration_method"])))
-        if touched("quantization", "calibration_samples"):
-            self._quiet(self.samples, lambda: self.samples.setValue(q["calibration_samples"]))
-        if touched("quantization", "calibration_text"):
-            self.calib_text.setText(q["calibration_text"])
-        if touched("export", "prompt_length"):
-            self._quiet(self.prompt_len, lambda: self.prompt_len.setValue(e["prompt_length"]))
-        if touched("export", "context_length"):
-            self._quiet(self.context_len, lambda: self.context_len.setValue(e["context_length"]))
-        for key, spin in self.gate_spins.items():
-            if touched("gates", key):
-                self._quiet(spin, lambda s=spin, k=key: s.setValue(float(p.gates[k])))
-        if touched("pipeline", "stages"):
-            for s, cb in self.stage_checks.items():
-                self._quiet(cb, lambda c=cb, s=s: c.setChecked(s in p.pipeline["stages"]))
-        if touched("quantization", "overrides"):
-            self._show_overrides()
-
-    @staticmethod
-    def _quiet(widget, fn) -> None:
-        widget.blockSignals(True)
-        try:
-            fn()
-        finally:
-            widget.blockSignals(False)
 
     # ---- undo / redo (the core command stack; the Edit menu mirrors the same) -------------------
     def undo(self) -> None:
@@ -610,25 +366,6 @@ class PrecisionPage(Page):
         self.error.hide()
         return True
 
-    def _stages_clicked(self) -> None:
-        stages = [s for s in STAGES if self.stage_checks[s].isChecked()]
-        if not stages:
-            self.error.setText("keep at least one stage in the pipeline")
-            self.error.show()
-            self._load_all({("pipeline", "stages")})
-            return
-        self._set("pipeline", "stages", stages)
-
-    def _choose_calibration(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(
-            self,
-            "Calibration text",
-            str(self.ctl.project.base_dir),
-            "Text files (*.txt *.py *.md);;All files (*)",
-        )
-        if path:
-            self._set("quantization", "calibration_text", path)
-
     def _chips(self) -> list:
         try:
             return target_chips(self.ctl.project) if self.ctl.project else []
@@ -674,145 +411,7 @@ class PrecisionPage(Page):
         return True
 
     # ---- override rules -----------------------------------------------------------------------------
-    def _selected_rule(self) -> str | None:
-        rows = self.over_view.selectionModel().selectedRows()
-        return rows[0].data(PayloadRole) if rows else None
-
-    def _rule_buttons(self) -> None:
-        rule = self._selected_rule()
-        keys = list(self.ctl.project.quantization["overrides"]) if self.ctl.project else []
-        for b in (self.update_button, self.remove_button):
-            b.setEnabled(rule is not None)
-        self.up_button.setEnabled(rule is not None and keys.index(rule) > 0)
-        self.down_button.setEnabled(rule is not None and keys.index(rule) < len(keys) - 1)
-        self.remove_button.setToolTip("Remove the selected rule" if rule else
-                                      "Select a rule to remove it")
-
-    def _rule_selected(self, *_args) -> None:
-        rule = self._selected_rule()
-        self._rule_buttons()
-        if rule is None:
-            return
-        self.pattern.setText(rule)
-        self.prec.setCurrentText(self.ctl.project.quantization["overrides"][rule])
-        covered = [n for n in self.grid.model.layers() if covers(rule, n)]
-        if covered:
-            self.grid.select_layers(covered)
-
-    def _check_rules(self, overrides: dict[str, str], changed: list[str]) -> bool:
-        why = [w for w in override_refusals(self.ctl.project, self._info(),
-                                            {k: overrides[k] for k in changed})]
-        if why:
-            self.show_status(f"Refused: {why[0]}. Nothing was changed.", error=True)
-            self.error.setText(why[0])
-            return False
-        return True
-
-    def add_override(self) -> bool:
-        pattern = self.pattern.text().strip()
-        if not pattern:
-            self.error.setText("type a layer-name pattern first, e.g. *.down_proj")
-            self.error.show()
-            self.show_status("type a layer-name pattern first, e.g. *.down_proj", error=True)
-            return False
-        prec = self.prec.currentText()
-        overrides = dict(self.ctl.project.quantization["overrides"])
-        overrides.pop(pattern, None)  # added again: it goes last, and so wins
-        overrides[pattern] = prec
-        if not self._check_rules(overrides, [pattern]):
-            return False
-        if self._set("quantization", "overrides", overrides, f"Add rule {pattern} = {prec}"):
-            self.pattern.clear()
-            self.show_status(f"Rule {pattern} = {prec} added (last: it wins over the others).")
-            return True
-        return False
-
-    def update_override(self) -> bool:
-        old = self._selected_rule()
-        pattern = self.pattern.text().strip()
-        if old is None or not pattern:
-            self.show_status("select a rule and type its new pattern first", error=True)
-            return False
-        prec = self.prec.currentText()
-        overrides = {}
-        for k, v in self.ctl.project.quantization["overrides"].items():
-            if k == old:
-                overrides[pattern] = prec
-            elif k != pattern:
-                overrides[k] = v
-        if not self._check_rules(overrides, [pattern]):
-            return False
-        if self._set("quantization", "overrides", overrides,
-                     f"Change rule {old} to {pattern} = {prec}"):
-            self.show_status(f"Rule {old} is now {pattern} = {prec}.")
-            self._select_rule(pattern)
-            return True
-        return False
-
-    def remove_override(self) -> None:
-        pattern = self._selected_rule()
-        if pattern is None:
-            return
-        overrides = dict(self.ctl.project.quantization["overrides"])
-        overrides.pop(pattern, None)
-        if self._set("quantization", "overrides", overrides, f"Remove rule {pattern}"):
-            self.show_status(f"Rule {pattern} removed.")
-
-    def move_override(self, step: int) -> None:
-        pattern = self._selected_rule()
-        if pattern is None:
-            return
-        keys = list(self.ctl.project.quantization["overrides"])
-        i = keys.index(pattern)
-        j = i + step
-        if not 0 <= j < len(keys):
-            return
-        keys[i], keys[j] = keys[j], keys[i]
-        values = self.ctl.project.quantization["overrides"]
-        if self._set("quantization", "overrides", {k: values[k] for k in keys},
-                     f"Move rule {pattern} {'up' if step < 0 else 'down'}"):
-            self._select_rule(pattern)
-
-    def _select_rule(self, pattern: str) -> None:
-        for r in range(self.overrides.rowCount()):
-            if self.overrides.index(r, 0).data(PayloadRole) == pattern:
-                self.over_view.selectRow(r)
-                return
-
     # ---- tables and grid ------------------------------------------------------------------------------
-    def _layer_names(self) -> list[str]:
-        from studio.services.precision import quantizable
-
-        info = self._info()
-        return [name for name, *_ in quantizable(info)] if info is not None else []
-
-    def _show_overrides(self) -> None:
-        overrides = self.ctl.project.quantization["overrides"]
-        keep = self._selected_rule()
-        names = self._layer_names()
-        rows = []
-        for pattern, prec in overrides.items():
-            n = sum(1 for name in names if covers(pattern, name))
-            rows.append(
-                Row(
-                    [pattern, prec, str(n) if names else "?"],
-                    payload=pattern,
-                    colors={2: "#b26a00"} if names and n == 0 else {},
-                    tip="No layer matches; the pattern may still name ONNX nodes (quantize "
-                    "fails with a clear message if it names nothing)"
-                    if names and n == 0
-                    else f"{pattern} = {prec}: covers {n} layer(s)",
-                )
-            )
-        self.over_view.selectionModel().blockSignals(True)
-        self.overrides.set_rows(rows)
-        self.over_view.selectionModel().blockSignals(False)
-        if keep in overrides:
-            self._select_rule(keep)
-        else:
-            self.over_view.clearSelection()
-        self._rule_buttons()
-
     def _show_layers(self) -> None:
         if self.ctl.studio is None:
             return

@@ -1,0 +1,228 @@
+"""The Precision page's recipe tab: scheme, weight granularity, calibration, the exported
+shapes, the accuracy gates and the pipeline's stages — each control one undoable edit
+(``PrecisionPage._set``)."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from studio.core.project import STAGES
+from studio.core.recipe import (
+    BLOCK_SIZES,
+    CALIBRATION_METHODS,
+    GRANULARITIES,
+    GRANULARITY_HELP,
+    SCHEME_HELP,
+    SCHEMES,
+)
+from studio.ui.widgets import label
+
+
+class RecipeFormMixin:
+    """Builds the recipe form and shows the project's values in it (for ``PrecisionPage``)."""
+
+    def _build_recipe(self) -> QWidget:
+        left = QWidget()
+        ll = QVBoxLayout(left)
+        ll.setContentsMargins(6, 6, 6, 6)
+        recipe = QGroupBox("Recipe")
+        form = QFormLayout(recipe)
+        self.scheme = QComboBox()
+        for s in SCHEMES:
+            self.scheme.addItem(s, s)
+            self.scheme.setItemData(
+                self.scheme.count() - 1, SCHEME_HELP[s], Qt.ItemDataRole.ToolTipRole
+            )
+        self.scheme.activated.connect(
+            lambda _i: self._set("quantization", "scheme", self.scheme.currentData())
+        )
+        form.addRow("Scheme", self.scheme)
+        self.granularity = QComboBox()
+        for g in GRANULARITIES:
+            self.granularity.addItem(g.replace("_", "-"), g)
+        self.granularity.activated.connect(
+            lambda _i: self._set(
+                "quantization", "weight_granularity", self.granularity.currentData()
+            )
+        )
+        for i, g in enumerate(GRANULARITIES):
+            self.granularity.setItemData(i, GRANULARITY_HELP[g], Qt.ItemDataRole.ToolTipRole)
+        form.addRow("Weight granularity", self.granularity)
+        self.block_size = QComboBox()
+        for b in BLOCK_SIZES:
+            self.block_size.addItem(str(b), b)
+        self.block_size.setToolTip("Input channels per scale for block-wise (per-block, LPBQ) "
+                                   "4-bit weights")
+        self.block_size.activated.connect(
+            lambda _i: self._set("quantization", "block_size", self.block_size.currentData())
+        )
+        form.addRow("Block size (per-block)", self.block_size)
+        self.method = QComboBox()
+        for m in CALIBRATION_METHODS:
+            self.method.addItem(m, m)
+        self.method.setToolTip("How activation ranges are taken from the calibration data: "
+                               "MinMax (full range), Entropy (KL), Percentile (clips outliers)")
+        self.method.activated.connect(
+            lambda _i: self._set("quantization", "calibration_method", self.method.currentData())
+        )
+        form.addRow("Calibration method", self.method)
+        self.samples = QSpinBox()
+        self.samples.setRange(1, 4096)
+        self.samples.setKeyboardTracking(False)
+        self.samples.setToolTip("Calibration windows of the calibration text fed to the FP32 model")
+        self.samples.editingFinished.connect(
+            lambda: self._set("quantization", "calibration_samples", self.samples.value())
+        )
+        form.addRow("Calibration samples", self.samples)
+        calib = QHBoxLayout()
+        self.calib_text = QLineEdit()
+        self.calib_text.setReadOnly(True)
+        calib.addWidget(self.calib_text, 1)
+        choose = QPushButton("Choose…")
+        choose.setToolTip("Use a text file of your own as calibration data")
+        choose.clicked.connect(self._choose_calibration)
+        calib.addWidget(choose)
+        sample = QPushButton("Sample")
+        sample.setToolTip("Use the shipped calibration text (Python source)")
+        sample.clicked.connect(
+            lambda: self._set("quantization", "calibration_text", "sample:calibration")
+        )
+        calib.addWidget(sample)
+        form.addRow("Calibration text", calib)
+        self.prompt_len = QSpinBox()
+        self.prompt_len.setRange(1, 4095)
+        self.prompt_len.setKeyboardTracking(False)
+        self.prompt_len.setToolTip("P: the prefill graph's fixed prompt length")
+        self.prompt_len.editingFinished.connect(
+            lambda: self._set("export", "prompt_length", self.prompt_len.value())
+        )
+        form.addRow("Prompt length (P)", self.prompt_len)
+        self.context_len = QSpinBox()
+        self.context_len.setRange(2, 4096)
+        self.context_len.setKeyboardTracking(False)
+        self.context_len.setToolTip("C: the static KV cache length of the decode graph")
+        self.context_len.editingFinished.connect(
+            lambda: self._set("export", "context_length", self.context_len.value())
+        )
+        form.addRow("Context length (C)", self.context_len)
+        ll.addWidget(recipe)
+
+        gates = QGroupBox("Accuracy gates (a failing gate fails studio --batch)")
+        gf = QFormLayout(gates)
+        self.gate_spins: dict[str, QDoubleSpinBox] = {}
+        for key, text, lo, hi in (
+            ("min_logits_cosine", "Min logits cosine", 0.0, 1.0),
+            ("max_perplexity_increase", "Max perplexity increase", 0.0, 100.0),
+            ("min_top1_agreement", "Min top-1 agreement", 0.0, 1.0),
+        ):
+            spin = QDoubleSpinBox()
+            spin.setRange(lo, hi)
+            spin.setDecimals(4)
+            spin.setSingleStep(0.01)
+            spin.setKeyboardTracking(False)
+            spin.editingFinished.connect(
+                lambda k=key, s=spin: self._set("gates", k, round(s.value(), 6))
+            )
+            gf.addRow(text, spin)
+            self.gate_spins[key] = spin
+        ll.addWidget(gates)
+
+        stages = QGroupBox("Pipeline stages (Run pipeline and studio --batch)")
+        sl = QHBoxLayout(stages)
+        self.stage_checks: dict[str, QCheckBox] = {}
+        for s in STAGES:
+            cb = QCheckBox(s)
+            cb.clicked.connect(self._stages_clicked)
+            sl.addWidget(cb)
+            self.stage_checks[s] = cb
+        sl.addStretch(1)
+        ll.addWidget(stages)
+        self.error = label("", "error", wrap=True)
+        self.error.hide()
+        ll.addWidget(self.error)
+        ll.addStretch(1)
+        return left
+
+    def _load_all(self, change=None) -> None:
+        p = self.ctl.project
+
+        def touched(section: str, key: str) -> bool:
+            return change is None or (section, key) in change
+
+        q, e = p.quantization, p.export
+        if touched("quantization", "scheme"):
+            self._quiet(
+                self.scheme, lambda: self.scheme.setCurrentIndex(self.scheme.findData(q["scheme"]))
+            )
+        if touched("quantization", "weight_granularity"):
+            self._quiet(
+                self.granularity,
+                lambda: self.granularity.setCurrentIndex(
+                    self.granularity.findData(q["weight_granularity"])
+                ),
+            )
+        if touched("quantization", "block_size"):
+            self._quiet(self.block_size, lambda: self.block_size.setCurrentIndex(
+                self.block_size.findData(q["block_size"])))
+        if touched("quantization", "weight_granularity"):
+            self.block_size.setEnabled(q["weight_granularity"] == "per_block")
+        if touched("quantization", "calibration_method"):
+            self._quiet(self.method, lambda: self.method.setCurrentIndex(
+                self.method.findData(q["calibration_method"])))
+        if touched("quantization", "calibration_samples"):
+            self._quiet(self.samples, lambda: self.samples.setValue(q["calibration_samples"]))
+        if touched("quantization", "calibration_text"):
+            self.calib_text.setText(q["calibration_text"])
+        if touched("export", "prompt_length"):
+            self._quiet(self.prompt_len, lambda: self.prompt_len.setValue(e["prompt_length"]))
+        if touched("export", "context_length"):
+            self._quiet(self.context_len, lambda: self.context_len.setValue(e["context_length"]))
+        for key, spin in self.gate_spins.items():
+            if touched("gates", key):
+                self._quiet(spin, lambda s=spin, k=key: s.setValue(float(p.gates[k])))
+        if touched("pipeline", "stages"):
+            for s, cb in self.stage_checks.items():
+                self._quiet(cb, lambda c=cb, s=s: c.setChecked(s in p.pipeline["stages"]))
+        if touched("quantization", "overrides"):
+            self._show_overrides()
+
+    @staticmethod
+    def _quiet(widget, fn) -> None:
+        widget.blockSignals(True)
+        try:
+            fn()
+        finally:
+            widget.blockSignals(False)
+
+    def _stages_clicked(self) -> None:
+        stages = [s for s in STAGES if self.stage_checks[s].isChecked()]
+        if not stages:
+            self.error.setText("keep at least one stage in the pipeline")
+            self.error.show()
+            self._load_all({("pipeline", "stages")})
+            return
+        self._set("pipeline", "stages", stages)
+
+    def _choose_calibration(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self,
+            "Calibration text",
+            str(self.ctl.project.base_dir),
+            "Text files (*.txt *.py *.md);;All files (*)",
+        )
+        if path:
+            self._set("quantization", "calibration_text", path)
