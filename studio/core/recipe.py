@@ -312,6 +312,19 @@ def refusal(part: str, precision: str, *, has_weight: bool = True, chips=(),
     return None
 
 
+def scheme_refusal(scheme: str, chips=()) -> str | None:
+    """Why the targets cannot run ``scheme`` (the FP16 scheme needs float on the HTP)."""
+    if scheme != "FP16":
+        return None
+    no_float = _float_chips(chips)
+    if not no_float:
+        return None
+    names = ", ".join(f"{c.name} ({c.key})" for c in no_float)
+    return (f"the FP16 scheme needs float support on the HTP, and the target {names} has none "
+            "(its catalog entry says fp16 = false): choose a quantized scheme (W8A16 is the "
+            "usual start), or drop that target")
+
+
 def override_part(pattern: str, precision: str) -> str:
     """What an override rule sets (see the module docstring): ``weights`` for a weight-only
     pattern or INT4, ``layer`` for FP16 / FP32, else ``activations``."""

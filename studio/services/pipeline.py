@@ -162,9 +162,29 @@ def preflight(project: Project, jobs: list[PlannedJob]) -> None:
             _check_lengths(project, model, stages)
         if "quantize" in stages and project.quantization["overrides"]:
             _check_overrides(project, model)
+    _check_targets_run_the_recipe(project, jobs)
     from studio.core.fsutil import check_writable_dir
 
     check_writable_dir(project.folder)
+
+
+def _check_targets_run_the_recipe(project: Project, jobs: list[PlannedJob]) -> None:
+    """The recipe's float parts (the FP16 scheme, FP16 / FP32 override rules) need a target
+    whose HTP runs float: refused before any stage runs, with the Precision page's reason."""
+    from studio.core.catalog import get_chip
+    from studio.core.recipe import scheme_refusal
+    from studio.services.precision import override_refusals
+
+    keys = sorted({j.chip for j in jobs if j.chip})
+    if not keys:
+        return
+    chips = [get_chip(k) for k in keys]
+    why = scheme_refusal(project.quantization["scheme"], chips)
+    if why is None and project.quantization["scheme"] != "FP16":
+        found = override_refusals(project, None, chips=chips)
+        why = found[0] if found else None
+    if why:
+        raise StudioError(why)
 
 
 def _code_digest() -> str:

@@ -269,10 +269,12 @@ def scheme_diff(project: Project, info: ModelInfo) -> dict[str, Any]:
 
 
 def override_refusals(project: Project, info: ModelInfo | None,
-                      overrides: dict[str, str] | None = None) -> list[str]:
-    """Why the targets' HTP cannot run rules of ``overrides`` (default: the project's), one
-    sentence per refused rule (:func:`studio.core.recipe.override_refusal`). The Precision
-    page refuses such edits; ``studio --batch`` could check the same before quantizing."""
+                      overrides: dict[str, str] | None = None, chips: list | None = None
+                      ) -> list[str]:
+    """Why the targets' HTP (``chips``; default: the project's targets) cannot run rules of
+    ``overrides`` (default: the project's), one sentence per refused rule
+    (:func:`studio.core.recipe.override_refusal`). The Precision page refuses such edits;
+    preflight refuses such a recipe before a run (without ``info``: the float checks only)."""
     from studio.core.recipe import override_refusal
 
     rules = project.quantization["overrides"] if overrides is None else overrides
@@ -281,6 +283,6 @@ def override_refusals(project: Project, info: ModelInfo | None,
     else:
         w = weighted_layers(info)
         weighted = {name: name in w for name, *_ in quantizable(info)}
-    chips = target_chips(project)
+    chips = target_chips(project) if chips is None else chips
     return [why for pattern, prec in rules.items()
             if (why := override_refusal(pattern, prec, weighted, chips))]

@@ -153,3 +153,21 @@ def test_changes_against_the_scheme_count_layers_and_weight_bytes(project, info)
     assert d["weight_bytes"]["change"] == -4 * per_layer // 2  # INT8 -> INT4: half a byte each
     assert d["weight_bytes"]["source"] == "formula"
     assert {r["layer"] for r in d["layers"]} >= {"lm_head", "model.layers.3.mlp.down_proj"}
+
+
+def test_preflight_refuses_float_parts_on_a_target_without_float(tmp_path):
+    """``studio --batch`` refuses, before any stage runs, what the page refuses."""
+    from studio.core.stagegraph import plan
+    from studio.services.pipeline import preflight
+
+    p = pf.new_project("t", "sample:tiny-coder", ["snapdragon-8-gen-3", "qcm6490"],
+                       quantization={"overrides": {"lm_head": "FP16"}})
+    pf.save(p, tmp_path / "t.qstudio")
+    with pytest.raises(StudioError, match=r"'lm_head' = FP16: .*qcm6490.*fp16 = false"):
+        preflight(p, plan(p, ["compile"]))
+    preflight(p, plan(p, ["compile"], ["snapdragon-8-gen-3"]))  # that target runs float
+    preflight(p, plan(p, ["quantize"]))  # no target involved
+    p.quantization["overrides"] = {}
+    p.quantization["scheme"] = "FP16"
+    with pytest.raises(StudioError, match="the FP16 scheme needs float support"):
+        preflight(p, plan(p, ["validate"]))

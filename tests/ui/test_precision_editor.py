@@ -8,6 +8,7 @@ Every check of a precision goes through the recipe's own rule
 
 from __future__ import annotations
 
+import pytest
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtTest import QTest
 
@@ -278,3 +279,33 @@ def test_apply_queues_quantize_compile_validate(
     assert page.apply_button.isEnabled()
     # a cancelled run has no validation figures: the page says so
     assert "without validation figures" in page.status.text()
+
+
+@pytest.mark.slow
+def test_apply_shows_before_and_after_with_sources(
+        window, exported_template, copy_project, tmp_path, qtbot):
+    """Two real applies (the plain scheme, then an edit): the second one's validation figures
+    next to the first's, each with its source (about a minute on the simulator)."""
+    page = _open(window, copy_project(exported_template, tmp_path / "b"), qtbot)
+    ctl = window.ctl
+    ctl.set("validation", "heldout_tokens", 16)
+    ctl.set("validation", "greedy_tokens", 2)
+    first = page.apply_recipe()
+    qtbot.waitUntil(first.done, timeout=600_000)
+    assert first.result().state == "succeeded"
+    page.grid.select_column("down_proj")
+    assert page.edit_selection("activations", "INT8")
+    page.apply_button.click()
+    qtbot.waitUntil(lambda: not ctl.running, timeout=600_000)
+    qtbot.waitUntil(lambda: page.before_after.shown is not None, timeout=10_000)
+    before, after = page.before_after.shown
+    assert before == first.result().run_id and after > before
+    assert page.tabs.tabText(page.tabs.currentIndex()) == "Before / after"
+    assert "Applied: run" in page.status.text()
+    text = page.before_after.runs.text()
+    assert f"run {before}" in text and f"run {after}" in text and "*.down_proj: INT8" in text
+    m = page.before_after.model
+    rows = [[m.index(r, c).data() for c in range(m.columnCount())] for r in range(m.rowCount())]
+    assert {r[3] for r in rows} == {"measured", "simulated"}
+    htp = next(r for r in rows if r[1] == "perplexity" and r[2].startswith("HTP"))
+    assert htp[3] == "simulated" and htp[4] != "—" and htp[5] != "—"

@@ -302,6 +302,8 @@ class LayerGrid(QWidget):
                     continue  # never offered: a float layer is the whole layer
                 if part == "activations" and prec in FLOAT_PRECISIONS:
                     continue  # the same as the whole layer
+                if part == "layer" and prec == "INT4":
+                    continue  # refused for the same reason as INT4 activations
                 why = refusal(part, prec, has_weight=has_weight, chips=chips, scheme=scheme)
                 text = f"{PART_TITLES[part].capitalize()} → {prec}"
                 out.append((part, prec, text, why or ""))

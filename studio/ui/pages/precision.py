@@ -523,7 +523,10 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
         _, title, unit, _ = sens.HEAT_METRICS[metric]
         self.heat.show_result(result, metric)
         if self.heat_check.isChecked():
-            self.grid.set_heat(sens.heat(result["data"], metric), unit or title.split(",")[0])
+            data = result["data"]
+            self.grid.set_heat(sens.heat(data, metric),
+                               f"{unit or title} ({data.get('source', 'measured')} on "
+                               f"{data.get('device', 'host-cpu')})")
         else:
             self.grid.set_heat(None)
 

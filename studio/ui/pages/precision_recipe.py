@@ -47,9 +47,7 @@ class RecipeFormMixin:
             self.scheme.setItemData(
                 self.scheme.count() - 1, SCHEME_HELP[s], Qt.ItemDataRole.ToolTipRole
             )
-        self.scheme.activated.connect(
-            lambda _i: self._set("quantization", "scheme", self.scheme.currentData())
-        )
+        self.scheme.activated.connect(lambda _i: self._set_scheme(self.scheme.currentData()))
         form.addRow("Scheme", self.scheme)
         self.granularity = QComboBox()
         for g in GRANULARITIES:
@@ -199,6 +197,19 @@ class RecipeFormMixin:
                 self._quiet(cb, lambda c=cb, s=s: c.setChecked(s in p.pipeline["stages"]))
         if touched("quantization", "overrides"):
             self._show_overrides()
+
+    def _set_scheme(self, scheme: str) -> bool:
+        """The scheme, unless the targets cannot run it (FP16 on a chip without float)."""
+        from studio.core.recipe import scheme_refusal
+
+        why = scheme_refusal(scheme, self._chips())
+        if why:
+            self.error.setText(why)
+            self.error.show()
+            self.show_status(f"Refused: {why}. Nothing was changed.", error=True)
+            self._load_all({("quantization", "scheme")})
+            return False
+        return self._set("quantization", "scheme", scheme)
 
     @staticmethod
     def _quiet(widget, fn) -> None:

@@ -199,9 +199,20 @@ class RulesMixin:
         overrides = self.ctl.project.quantization["overrides"]
         keep = self._selected_rule()
         names = self._layer_names()
+        info = self._info()
+        refused = {}
+        for pattern, prec in overrides.items():
+            why = override_refusals(self.ctl.project, info, {pattern: prec})
+            if why:
+                refused[pattern] = why[0]
         rows = []
         for pattern, prec in overrides.items():
             n = sum(1 for name in names if covers(pattern, name))
+            if pattern in refused:  # e.g. the targets changed since the rule was written
+                rows.append(Row([pattern, prec + " ✕", str(n) if names else "?"],
+                                payload=pattern, colors={0: "#c62828", 1: "#c62828"},
+                                tip=f"The targets cannot run this rule: {refused[pattern]}"))
+                continue
             rows.append(
                 Row(
                     [pattern, prec, str(n) if names else "?"],

@@ -254,7 +254,7 @@ class BeforeAfterView(QWidget):
         self.view.setAlternatingRowColors(True)
         self.view.setItemDelegateForColumn(3, BadgeDelegate(self.view))
         self.view.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.view.horizontalHeader().setStretchLastSection(True)
+        self.view.horizontalHeader().setStretchLastSection(False)
         pl.addWidget(self.view, 1)
         self.note = label("Before: the newest run with validation figures before the edit. "
                           "Change: after minus before (green better, red worse). HTP figures "
