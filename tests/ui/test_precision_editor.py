@@ -252,6 +252,12 @@ def test_heat_map_after_the_real_sensitivity_stage(
     task = page.load_sensitivity()
     qtbot.waitUntil(task.done, timeout=30_000)
     assert page.sensitivity["current"] and page.sensitivity["job"] == result["job"]
+    # another scheme: the result is shown as stale, with why and how to refresh it
+    ctl.set("quantization", "scheme", "W8A8")
+    qtbot.waitUntil(lambda: page.sensitivity is not None and not page.sensitivity["current"],
+                    timeout=30_000)
+    assert page.heat.stale.isVisibleTo(page)
+    assert "scheme 'W8A16' → 'W8A8'" in page.heat.stale.text()
     page.heat_check.click()
     assert not m.heat_on
 
