@@ -111,18 +111,6 @@ def current_keys(project: Project, stages: list[str] | None = None) -> dict[str,
     return {j.label: k for j, k in zip(jobs, keys, strict=True)}
 
 
-def current_key(project: Project, stage: str) -> str:
-    """The artifact key the job of ``stage`` (a stage without fan-out, optional ones too)
-    would have now. Hashes the input files: call it off the UI thread."""
-    from studio.services.pipeline import tool_versions
-
-    jobs = plan(project, [stage])
-    own = [i for i, j in enumerate(jobs) if j.stage == stage]
-    if len(own) != 1:
-        raise StudioError(f"{stage} has one job per target or device: ask current_keys instead")
-    return plan_keys(project, jobs[: own[0] + 1], tool_versions())[own[0]]
-
-
 def stale(job: Job, keys: dict[str, str]) -> bool:
     """Whether a finished job's result no longer matches the project as it is now (its
     settings, inputs or the studio's stage code changed since)."""

@@ -1,8 +1,9 @@
 """The sensitivity result of a project, as the Precision page's heat map reads it.
 
 The ``sensitivity`` stage (:mod:`studio.engine.sensitivity`) writes ``sensitivity.json``:
-every weighted layer raised (and lowered) alone over the base scheme, scored against FP32 on
-the host CPU. Its key covers the scheme, the weight granularity, the calibration and the
+every weighted layer and key activation raised (and lowered) alone over the base scheme,
+scored against FP32 on the host CPU (and, with ``sensitivity.confirm_on_htp``, the top ones
+again on a chip's HTP simulator). Its key covers the scheme, the weight granularity, the calibration and the
 held-out text, not the overrides: editing per-layer precision keeps the result current.
 """
 
@@ -48,7 +49,7 @@ def sensitivity_result(project, jobs, store) -> dict[str, Any] | None:
     ``jobs`` / ``store``: the session's run history and artifact store. Hashes the input
     files: call it off the UI thread (with a copy of the project)."""
     try:
-        key = history.current_key(project, STAGE)
+        key = history.current_keys(project, [STAGE]).get(STAGE)
     except StudioError:
         key = None
     job = None
@@ -81,12 +82,18 @@ def sensitivity_result(project, jobs, store) -> dict[str, Any] | None:
             "stale_because": why}
 
 
+def entries(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The analysed layers and key activations (attention scores, softmax output, residual
+    stream), each raised (and lowered) alone."""
+    return list(data.get("layers", [])) + list(data.get("points", []))
+
+
 def heat(data: dict[str, Any], metric: str = "kl_divergence") -> dict[str, float]:
-    """Layer -> how much raising it alone improves ``metric`` over the base scheme (the
-    heat map's value; larger: more sensitive)."""
+    """Layer (or key activation) -> how much raising it alone improves ``metric`` over the
+    base scheme (the heat map's value; larger: more sensitive)."""
     key, _, _, sign = HEAT_METRICS[metric]
     out = {}
-    for e in data.get("layers", []):
+    for e in entries(data):
         delta = (e.get("raise") or {}).get("delta") or {}
         if key in delta:
             out[e["name"]] = sign * float(delta[key])
@@ -97,11 +104,21 @@ def ranked(data: dict[str, Any], metric: str = "kl_divergence", top: int = 15
            ) -> list[tuple[str, float]]:
     """The ``top`` layers by :func:`heat`, most sensitive first."""
     values = heat(data, metric)
-    order = data.get("ranking", {}).get("raise") if metric == "kl_divergence" else None
-    names = [n for n in (order or sorted(values, key=lambda n: -values[n])) if n in values]
+    names = sorted(values, key=lambda n: -values[n])
     return [(n, values[n]) for n in names[:top]]
 
 
 def layer_figures(data: dict[str, Any], layer: str) -> dict[str, Any] | None:
     """One layer's entry (``raise`` / ``lower`` with precision, figures and deltas)."""
-    return next((e for e in data.get("layers", []) if e.get("name") == layer), None)
+    return next((e for e in entries(data) if e.get("name") == layer), None)
+
+
+def htp_figures(data: dict[str, Any], layer: str) -> dict[str, Any] | None:
+    """The HTP simulator's figures for raising ``layer`` (``sensitivity.confirm_on_htp``),
+    with the chip and device, when the stage scored it there."""
+    htp = data.get("htp") or {}
+    entry = next((e for e in htp.get("entries", []) if e.get("name") == layer), None)
+    if entry is None:
+        return None
+    return {**entry, "source": htp.get("source", "simulated"), "device": htp.get("device", ""),
+            "chip": htp.get("chip", "")}

@@ -194,7 +194,8 @@ class LayerGridModel(QAbstractTableModel):
             text = ""
             if self._heat is not None:
                 text = self._heat_text if heat is not None else (
-                    "sensitivity: not analysed (the analysis varies the layers with weights)")
+                    "sensitivity: not analysed (the analysis varies the layers with weights and "
+                    "the key activations)")
             return cell_tip(row, heat, text)
         if role == Qt.ItemDataRole.TextAlignmentRole:
             return int(Qt.AlignmentFlag.AlignCenter)

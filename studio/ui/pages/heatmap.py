@@ -108,7 +108,8 @@ class HeatPanel(QWidget):
             f"<b>Most sensitive layers</b> — {title}{f' ({unit})' if unit else ''} when the "
             f"layer alone is raised to {data.get('high', '?')} over {data.get('scheme', '?')}; "
             f"{data.get('graph', 'prefill')} graph, {held.get('tokens', '?')} held-out tokens "
-            f"(job #{result['job']}). Click a bar to select the layer.")
+            f"(job #{result['job']}). Click a bar to select the layer."
+            + self._htp_note(data))
         self.badge.set_source(data.get("source", "measured"),
                               f"{data.get('device', 'host-cpu')}: the host QDQ model, not the HTP")
         self.stale.setVisible(not result["current"])
@@ -131,6 +132,14 @@ class HeatPanel(QWidget):
             self.plot.setYRange(-0.6, len(self.shown) - 0.4, padding=0)
             self.plot.setXRange(lo, vmax * 1.05, padding=0)
         self.stack.setCurrentWidget(self.chart)
+
+    @staticmethod
+    def _htp_note(data: dict) -> str:
+        htp = data.get("htp")
+        if not htp or not htp.get("tried"):
+            return ""
+        return (f" On the HTP simulator ({htp.get('chip', '?')}, simulated), "
+                f"{htp.get('host_gain_confirmed', 0)} of the top {htp['tried']} gains hold.")
 
     # ---- clicks -----------------------------------------------------------------------------------
     def bar_at(self, scene_pos: QPointF) -> str | None:

@@ -151,7 +151,7 @@ class PrecisionLegend(QWidget):
             p.drawRect(x, y, 14, 14)
             x += 18
             p.setPen(text_pen)
-            na = "not analysed (no weights)"
+            na = "not analysed"
             p.drawText(x, 0, fm.horizontalAdvance(na), h, Qt.AlignmentFlag.AlignVCenter, na)
             return
         for prec in PRECISIONS:
@@ -174,7 +174,7 @@ class PrecisionLegend(QWidget):
         fm = self.fontMetrics()
         if self.heat_on:
             parts = ["sensitivity:", "0", f"{self.heat_max:.3g} {self.heat_text}".strip(),
-                     "not analysed (no weights)"]
+                     "not analysed"]
             return sum(fm.horizontalAdvance(t) for t in parts) + 140 + 60
         parts = list(PRECISIONS) + ["set by a rule   ·   W weights, A activations"]
         return sum(fm.horizontalAdvance(t) for t in parts) + len(PRECISIONS) * 30 + 24

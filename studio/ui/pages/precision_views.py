@@ -61,6 +61,12 @@ def _sens_lines(entry: dict[str, Any], data: dict[str, Any]) -> list[str]:
             f"{delta.get('kl_divergence', 0):+.3g} nats, perplexity "
             f"{delta.get('perplexity', 0):+.3g}, logits cosine {delta.get('logits_cosine', 0):+.2e}"
         )
+    htp = sens.htp_figures(data, entry["name"])
+    if htp is not None:
+        d = htp.get("delta", {})
+        out.append(f"on the HTP simulator ({_esc(htp['chip'])}), raised to "
+                   f"<b>{_esc(htp.get('precision', '?'))}</b>: KL to FP32 "
+                   f"{d.get('kl_divergence', 0):+.3g} nats {badge_html(htp['source'])}")
     held = data.get("heldout", {})
     out.append(f"{badge_html(data.get('source', 'measured'))} on {_esc(data.get('device', ''))}: "
                f"changes against {_esc(data.get('scheme', '?'))} with no overrides, "
@@ -101,7 +107,7 @@ def selection_html(rows: list[dict[str, Any]], info: ModelInfo | None,
                 lines += _sens_lines(entry, data)
             else:
                 lines.append("<br><i>Sensitivity: not analysed (the analysis varies the layers "
-                             "with weights)</i>")
+                             "with weights and the key activations)</i>")
         return "<br>".join(lines)
     combos: dict[str, int] = {}
     for r in rows:
