@@ -275,6 +275,13 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
         lyl.addWidget(self.layer_view, 1)
         return layers
 
+    def select_layer(self, name: str) -> bool:
+        """Show ``name`` (a layer or key activation, e.g. from the layer diff) selected in the
+        grid, with its details in the side panel; False when the grid has no such cell."""
+        self.tabs.setCurrentIndex(0)
+        self.grid.select_layers([name])
+        return name in self.grid.selected_layers()
+
     # ---- session ------------------------------------------------------------------------------
     def on_open(self) -> None:
         self.error.hide()
@@ -493,6 +500,10 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
                     sens.sensitivity_result, project, studio.jobs, studio.store)
             except StudioError:
                 result = None
+            except Exception:
+                if self.ctl.studio is not studio:
+                    return  # the project was closed while it was read (its database too)
+                raise
             if gen != self._sens_gen or self.ctl.studio is not studio:
                 return
             self.sensitivity, self.sensitivity_loaded = result, True
