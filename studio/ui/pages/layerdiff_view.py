@@ -357,7 +357,8 @@ class LayerDiffView(QWidget):
         head.addWidget(self.target)
         self.status = label("", "muted")
         head.addWidget(self.status, 1)
-        head.addWidget(label("Show:"))
+        self.show_label = label("Show:")
+        head.addWidget(self.show_label)
         self.mode_group = QButtonGroup(self)
         self.mode_buttons: dict[str, QRadioButton] = {}
         for mode, text, tip in (
@@ -381,11 +382,13 @@ class LayerDiffView(QWidget):
             b.toggled.connect(self._mode_toggled)
             head.addWidget(b)
         self.mode_buttons["modules"].setChecked(True)
+        self._show_modes(False)
         lay.addLayout(head)
 
         self.stack = QStackedWidget()
         lay.addWidget(self.stack, 1)
         self.empty = EmptyState("No layer diff yet", "")
+        self.empty.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.run_button = self.empty.add_action(
             "Run the layer diff",
             self.run_layerdiff,
@@ -421,7 +424,7 @@ class LayerDiffView(QWidget):
         self.plot.showGrid(x=False, y=True, alpha=0.25)
         self.plot.setLabel("left", "relative error ‖a − b‖ / ‖b‖")
         self.plot.getAxis("left").enableAutoSIPrefix(False)
-        self.plot.setMinimumHeight(200)
+        self.plot.setMinimumHeight(160)
         self.plot.getPlotItem().hideButtons()
         self.plot.scene().sigMouseMoved.connect(self._hover)
         self.plot.scene().sigMouseClicked.connect(self._plot_clicked)
@@ -571,19 +574,21 @@ class LayerDiffView(QWidget):
         self.command = cmd
         self.empty.set_text(
             "No layer diff for the current settings",
-            f"Run the layer diff: <code>{html.escape(cmd)}</code><br><br>It runs the prefill "
+            f"Run the layer diff:<br><code>{html.escape(cmd)}</code><br><br>It runs the prefill "
             "graph on held-out windows as FP32, host QDQ and on "
             f"{html.escape(target)}'s HTP simulator with every block boundary and module "
             "output exposed, and shows here where the errors jump and where host QDQ and the "
             "HTP part. A diff of other settings is not shown as if it were current.",
         )
         self._running_changed(self.ctl.running)
+        self._show_modes(False)
         self.stack.setCurrentWidget(self.empty)
 
     def _show_error(self, message: str) -> None:
         self.state = "error"
         self._got = None
         self.error.set_text("The layer diff cannot be shown", html.escape(message))
+        self._show_modes(False)
         self.stack.setCurrentWidget(self.error)
 
     def _running_changed(self, running: bool) -> None:
@@ -615,7 +620,6 @@ class LayerDiffView(QWidget):
         rows = got["rows"]
         kinds = {r["kind"] for r in rows}
         self.mode_buttons["modules"].setEnabled("module" in kinds)
-        self.mode_buttons["all"].setVisible("op" in kinds)
         if (
             not self.mode_buttons[self.mode].isEnabled()
             or not self.mode_buttons[self.mode].isVisible()
@@ -628,8 +632,15 @@ class LayerDiffView(QWidget):
                 f"{got['result'].get('tensors', 'blocks')}): set it to modules and run again"
             )
         self.finding.setText(finding(got["result"]))
+        self._show_modes(True, "op" in kinds)
         self.stack.setCurrentWidget(self.content)
         self._draw()
+
+    def _show_modes(self, show: bool, every_tensor: bool = False) -> None:
+        """The Show: buttons, only over a diff (Every tensor only when it compared them)."""
+        self.show_label.setVisible(show)
+        for mode, b in self.mode_buttons.items():
+            b.setVisible(show and (mode != "all" or every_tensor))
 
     def _mode_toggled(self, on: bool) -> None:
         if on and self._got is not None:
@@ -676,11 +687,10 @@ class LayerDiffView(QWidget):
         pad = 0.06 * len(shown) if ticks and " · " in ticks[-1][1] else 0.0
         left = 0.5 + (0.03 * len(shown) if ticks and ticks[0][0] == 0 else 0.0)  # "embed"
         self.plot.setXRange(-left, len(shown) - 0.5 + pad, padding=0)
-        self.plot.setLabel(
-            "bottom",
-            "tensors in graph order (ticks: block boundaries)"
-            if self.mode != "blocks"
-            else "block boundaries in graph order",
+        self.plot.setToolTip(
+            "Relative error against the reference along the graph, in graph order; ticks at "
+            "the block boundaries"
+            + ("" if self.mode == "blocks" else ", points between them at the module outputs")
         )
         self._draw_markers(r)
         # the y range leaves a free band under the curves for the markers' labels
@@ -705,7 +715,7 @@ class LayerDiffView(QWidget):
             if fj and fj["name"] in self._x:
                 found.setdefault(fj["name"], []).append(who)
         marks = [
-            (name, "first jump (" + " & ".join(who) + ")", "#4a5058", 0.07)
+            (name, "first jump (" + " & ".join(who) + ")", "#7a808a", 0.07)
             for name, who in found.items()
         ]
         p = r.get("parting")
