@@ -18,12 +18,18 @@ from studio.core.project import Project
 STAGE = "layerdiff"
 
 
+class NoLayerDiff(StudioError):
+    """There is no layer diff for the current settings (not an error of the project: the
+    stage has not run since the settings it reads last changed)."""
+
+
 def layerdiff_result(project: Project, target: str | None = None) -> dict[str, Any]:
     """The layer diff of ``target`` (default: the project's first target) for the current
     settings: ``{"target", "key", "result", "rows", "extra_outputs", ...}`` where ``result``
     is the stage's result (curves, first jumps, where host QDQ and the HTP part, the worst
     tensors, final-logits figures, metrics with their sources) and ``rows`` one entry per
-    tensor with its figures per pair. StudioError (one line) when there is none."""
+    tensor with its figures per pair. NoLayerDiff (a StudioError, one line, saying how to make
+    one) when there is none; StudioError when it cannot be read."""
     from studio.services.history import current_keys
 
     if project.path is None:
@@ -35,7 +41,7 @@ def layerdiff_result(project: Project, target: str | None = None) -> dict[str, A
     key = current_keys(project, [STAGE]).get(f"{STAGE}[{target}]")
     art = ArtifactStore(project.folder / "artifacts").get(key) if key else None
     if art is None:
-        raise StudioError(
+        raise NoLayerDiff(
             f"no layer diff for the current settings of {target}: run studio --batch "
             f"{project.path} --stages {STAGE}" + (f" --target {target}"
                                                   if len(project.targets) > 1 else "")

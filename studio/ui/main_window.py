@@ -337,6 +337,9 @@ class MainWindow(QMainWindow):
             page_cls = getattr(importlib.import_module(module), cls)
             page = page_cls(self.ctl)
             page.navigate.connect(self._navigate)
+            activated = getattr(page, "layerActivated", None)  # the layer diff's rows / points
+            if activated is not None:
+                activated.connect(self.show_layer)
             page.start()
             self.pages[title] = page
             self.stack.addWidget(page)
@@ -349,6 +352,15 @@ class MainWindow(QMainWindow):
         else:
             self._nav_changed(row)
         return self.pages.get(title) or self.welcome
+
+    def show_layer(self, name: str) -> QWidget:
+        """Open the Precision page on a layer (a module path or a key-activation pseudo-layer)
+        when the page can select one."""
+        page = self.show_page("Precision")
+        select = getattr(page, "select_layer", None)
+        if callable(select):
+            select(name)
+        return page
 
     def current_page(self) -> str:
         return list(PAGES)[max(0, self.nav.currentRow())]

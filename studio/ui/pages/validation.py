@@ -1,11 +1,12 @@
 """Validation, run by run: pick a run with validation results and see, per target, FP32, host
 QDQ and HTP figures side by side next to an earlier run's, with the changes and the settings
 that differ between the two runs; the gates, the greedy text and every recorded figure of the
-run's validate job."""
+run's validate job. A second tab holds the layer diff of the current settings (FP32 vs host QDQ
+vs the HTP, tensor by tensor: :class:`studio.ui.pages.layerdiff_view.LayerDiffView`)."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -40,6 +41,7 @@ from studio.ui.pages.figures import (
     run_label,
     setting_value,
 )
+from studio.ui.pages.layerdiff_view import LayerDiffView
 from studio.ui.pages.overview import metric_title
 from studio.ui.widgets import BadgeDelegate, label
 
@@ -107,6 +109,8 @@ class ValidationPage(StagePage):
     )
 
     stage = "validate"
+    #: a layer the user double-clicked in the layer diff (the window opens it on Precision)
+    layerActivated = Signal(str)
 
     def __init__(self, ctl, parent=None):
         super().__init__(
@@ -116,14 +120,38 @@ class ValidationPage(StagePage):
             "quantized model on the host and on the HTP simulator: logits cosine, max error, "
             "top-1 agreement, perplexity on held-out text and greedy-token agreement, checked "
             "against the project's gates. Each run's figures are kept: after a recipe change "
-            "this page shows both runs side by side. Layer-wise diffs that name the first "
-            "diverging op, and runs on real devices, come in later releases.",
+            "this page shows both runs side by side. The <b>Layer diff</b> tab compares FP32, "
+            "host QDQ and the HTP tensor by tensor. Runs on real devices come in a later "
+            "release.",
             parent,
         )
         self.empty.add_action(
             "Run validate",
             self.run_stage,
             "Runs validate and what it needs (export, quantize, compile)",
+        )
+        # two sections: the runs' figures (the StagePage's empty state / content) and the
+        # layer diff of the current settings
+        self.sections = QTabWidget()
+        self.sections.setDocumentMode(True)
+        runs = QWidget()
+        rl = QVBoxLayout(runs)
+        rl.setContentsMargins(0, 6, 0, 0)
+        for w in (self.empty, self.content):
+            self.body_layout.removeWidget(w)
+            rl.addWidget(w, 1 if w is self.content else 0)
+        self.sections.addTab(runs, "Run by run")
+        self.layer_diff = LayerDiffView(ctl)
+        self.layer_diff.layerActivated.connect(self.layerActivated)
+        self.sections.addTab(self.layer_diff, "Layer diff")
+        self.sections.setTabToolTip(
+            1, "FP32 vs host QDQ vs the HTP simulator, tensor by tensor: where the error jumps "
+            "and where host QDQ and the HTP part")
+        self.body_layout.addWidget(self.sections, 1)
+        self.empty.add_action(
+            "Show the layer diff",
+            lambda: self.sections.setCurrentWidget(self.layer_diff),
+            "FP32 vs host QDQ vs the HTP, tensor by tensor",
         )
         self._runs: list[history.RunInfo] = []
         self._vjobs: dict[str, Job] = {}
@@ -239,12 +267,21 @@ class ValidationPage(StagePage):
     def on_change(self, change) -> None:
         if any(s == "gates" for s, _ in change):
             self.show_current()
+        self.layer_diff.schedule_reload()  # the settings decide which diff is current
+
+    def on_close(self) -> None:
+        self.layer_diff.clear()
+
+    def _on_job(self, job: Job) -> None:
+        if job.stage in (self.stage, "layerdiff") and job.state == "succeeded":
+            self.later(self.refresh, self.refresh_ms)
 
     # ---- runs -------------------------------------------------------------------------------
     def refresh(self) -> None:
         """Re-read the runs with validation results; keep the picked run unless it was the
         newest (then the new newest is shown)."""
         studio = self.ctl.studio
+        self.layer_diff.reload()
         runs = history.validation_runs(studio.project, studio.jobs)
         self._runs = runs
         if not self.set_has_content(bool(runs)):
