@@ -124,7 +124,7 @@ def test_json_lists_every_layer_with_its_precision_and_rule(project_file):
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     layers = {row["layer"]: row for row in data["layers"]}
-    assert len(layers) == 39  # embedding, 4 blocks of 9, final norm, head
+    assert len(layers) == 39 + 4 * 3  # and each block's key activations  # embedding, 4 blocks of 9, final norm, head
     assert list(layers)[0] == "model.embed_tokens" and list(layers)[-1] == "lm_head"
     down3 = layers["model.layers.3.mlp.down_proj"]
     assert (down3["weight"], down3["activation"]) == ("INT4", "INT16")
