@@ -26,6 +26,17 @@ from studio.core.units import format_bytes
 from studio.ui.theme import SOURCE_COLORS, SOURCE_TIPS
 
 
+def theme_plot(plot, palette) -> None:
+    """A pyqtgraph plot in the palette's colours (background, axes and their text): call it
+    when the plot is built and on every palette change (theme switch, system light/dark)."""
+    plot.setBackground(palette.base().color())
+    fg = palette.text().color()
+    for axis in ("left", "bottom"):
+        ax = plot.getAxis(axis)
+        ax.setPen(fg)
+        ax.setTextPen(fg)
+
+
 def label(
     text: str = "", role: str | None = None, wrap: bool = False, selectable: bool = False
 ) -> QLabel:

@@ -9,14 +9,14 @@ held-out tokens named beside the chart.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QPointF, Qt, Signal
+from PySide6.QtCore import QEvent, QPointF, Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QStackedWidget, QVBoxLayout, QWidget
 
 from studio.core.recipe import block_prefix
 from studio.services import sensitivity as sens
 from studio.ui.models.layergrid import HEAT_HIGH, HEAT_LOW
 from studio.ui.theme import mix
-from studio.ui.widgets import EmptyState, SourceBadge, label
+from studio.ui.widgets import EmptyState, SourceBadge, label, theme_plot
 
 TOP_N = 12
 
@@ -75,14 +75,13 @@ class HeatPanel(QWidget):
         self.shown: list[tuple[str, float]] = []
         self._theme()
 
+    def changeEvent(self, event) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange and hasattr(self, "plot"):
+            self._theme()  # a theme switch reaches this chart too
+
     def _theme(self) -> None:
-        pal = self.palette()
-        self.plot.setBackground(pal.base().color())
-        fg = pal.text().color()
-        for axis in ("left", "bottom"):
-            ax = self.plot.getAxis(axis)
-            ax.setTextPen(fg)
-            ax.setPen(fg)
+        theme_plot(self.plot, self.palette())
 
     # ---- states -------------------------------------------------------------------------------
     def show_empty(self, project_path, can_run: bool, why: str = "") -> None:

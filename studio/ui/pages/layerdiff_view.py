@@ -46,7 +46,7 @@ from studio.core.errors import StudioError
 from studio.core.layerdiff import JUMP_FLOOR, PAIR_TITLES, PART_FACTOR
 from studio.core.recipe import activation_point
 from studio.ui.models.rows import PayloadRole, Row, RowsModel
-from studio.ui.widgets import EmptyState, badge_html, label
+from studio.ui.widgets import EmptyState, badge_html, label, theme_plot
 
 STAGE = "layerdiff"
 #: one colour and line style per pair
@@ -482,13 +482,7 @@ class LayerDiffView(QWidget):
             self._apply_theme()
 
     def _apply_theme(self) -> None:
-        pal = self.palette()
-        self.plot.setBackground(pal.base().color())
-        fg = pal.text().color()
-        for axis in ("left", "bottom"):
-            ax = self.plot.getAxis(axis)
-            ax.setPen(fg)
-            ax.setTextPen(fg)
+        theme_plot(self.plot, self.palette())
 
     # ---- loading ----------------------------------------------------------------------------
     @property

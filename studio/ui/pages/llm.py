@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (
 
 from studio.ui.pages.base import StagePage, banner
 from studio.ui.pages.overview import _clear, metric_title
-from studio.ui.widgets import MetricCard, fmt_value, label
+from studio.ui.widgets import MetricCard, fmt_value, label, theme_plot
 
 COLORS = ["#2f6fd6", "#8a5a00", "#1b8a3f", "#6b3fa0", "#c62828"]
 
@@ -86,13 +86,7 @@ class LLMPage(StagePage):
     def _apply_theme(self) -> None:
         """The plot in the theme's colours (on every palette change: the theme, the system's
         light/dark switch)."""
-        pal = self.palette()
-        self.plot.setBackground(pal.base().color())
-        fg = pal.text().color()
-        for axis in ("left", "bottom"):
-            ax = self.plot.getAxis(axis)
-            ax.setPen(fg)
-            ax.setTextPen(fg)
+        theme_plot(self.plot, self.palette())
 
     def sort_key(self, job):
         return (job.target != "cpu", job.target)  # the host first

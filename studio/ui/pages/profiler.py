@@ -8,7 +8,7 @@ from studio.core.profile import SOURCE_NOTES
 from studio.services import history
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.pages.base import TargetStagePage
-from studio.ui.widgets import label
+from studio.ui.widgets import label, theme_plot
 
 TOP_N = 16
 
@@ -63,13 +63,7 @@ class ProfilerPage(TargetStagePage):
         self._apply_theme()
 
     def _apply_theme(self) -> None:
-        pal = self.palette()
-        self.plot.setBackground(pal.base().color())
-        fg = pal.text().color()
-        for axis in ("left", "bottom"):
-            ax = self.plot.getAxis(axis)
-            ax.setTextPen(fg)
-            ax.setPen(fg)
+        theme_plot(self.plot, self.palette())
 
     def show_job(self, job) -> None:
         totals, unit, source = history.profile_totals(self.ctl.studio, job)
