@@ -14,7 +14,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from statistics import median
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from studio.core.events import EventTable
 
 SOURCES = ("measured", "simulated", "estimated", "imported")
 
@@ -22,7 +27,8 @@ SOURCE_NOTES = {
     "measured": "measured on the named device",
     "simulated": (
         "QNN HTP simulator on x86: real HTP kernels, but cycles and times follow the host CPU "
-        "(±15 % run to run, the same for every chip); not device latency"
+        "(the same for every chip, and they swing with host load: read the spread and load "
+        "shown with them); shares of the total are steadier; not device latency"
     ),
     "estimated": "the studio's performance model for the named SoC",
     "imported": "read from a file the user brought",
@@ -92,6 +98,10 @@ class Profile:
     )  # e.g. {"htp_arch": 75, "soc_model": 57, "chip": key}
     origin: str = ""  # the file it was read from
     note: str = ""
+    device: str = ""  # the device id it was profiled on ("" for imported files)
+    stats: dict = field(default_factory=dict)  # repeat statistics, see repeat_stats()
+    # the events, columnar; stored beside the JSON (events.npz), not in it
+    table: EventTable | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -132,7 +142,11 @@ class Profile:
 
     # ---- (de)serialization --------------------------------------------------------------
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "table"}
+        d["ops"] = [asdict(op) for op in self.ops]
+        d["events"] = [asdict(ev) for ev in self.events]
+        d["stats"] = dict(self.stats)
+        d["target"] = dict(self.target)
         for op in d["ops"]:
             op["onnx_nodes"] = list(op["onnx_nodes"])
             op["samples"] = list(op["samples"])
@@ -156,8 +170,49 @@ class Profile:
             ProfileEvent(**{**e, "samples": tuple(e.get("samples", ()))})
             for e in d.get("events", [])
         ]
-        rest = {k: v for k, v in d.items() if k not in ("ops", "events")}
+        known = {f.name for f in fields(cls)} - {"ops", "events", "table"}
+        rest = {k: v for k, v in d.items() if k in known}
         return cls(ops=ops, events=events, **rest)
+
+
+# A figure is called unreliable when the runs spread more than this around their median ...
+SPREAD_LIMIT = 0.15
+# ... or when other processes kept more than this share of the host's CPUs busy.
+LOAD_LIMIT = 0.25
+
+
+def repeat_stats(totals: list[float], other_load: list[float], unit: str = "") -> dict:
+    """Statistics of one figure profiled several times on the simulator.
+
+    ``totals`` holds the figure of each run; ``other_load`` the share of the host's CPU time
+    (0..1) other processes used during each run. Returns median, min, max, the spread
+    ((max - min) / median), the median load, ``reliable`` and the warnings to show.
+    """
+    if not totals:
+        return {"runs": 0, "reliable": False, "warnings": ["no profiled runs"]}
+    med = float(median(totals))
+    spread = (max(totals) - min(totals)) / med if med > 0 else 0.0
+    load = float(median(other_load)) if other_load else None
+    warnings = []
+    if len(totals) < 3:
+        warnings.append(f"only {len(totals)} run(s): profile at least 3 to see the spread")
+    if spread > SPREAD_LIMIT:
+        warnings.append(
+            f"runs spread {spread:.0%} around the median (limit {SPREAD_LIMIT:.0%}): the host "
+            "was busy or noisy; compare shares, not totals, or profile again on a quiet host"
+        )
+    if load is not None and load > LOAD_LIMIT:
+        warnings.append(
+            f"other processes used {load:.0%} of the host CPUs while profiling (limit "
+            f"{LOAD_LIMIT:.0%}): simulated cycles grow with host load; profile again when "
+            "the host is idle"
+        )
+    return {
+        "runs": len(totals), "unit": unit, "median": med, "min": float(min(totals)),
+        "max": float(max(totals)), "spread": spread, "totals": [float(t) for t in totals],
+        "other_load": [float(x) for x in other_load], "median_other_load": load,
+        "reliable": not warnings, "warnings": warnings,
+    }
 
 
 def _sorted_totals(pairs: Iterable[tuple[str, float]]) -> dict[str, float]:
