@@ -70,19 +70,13 @@ class EventTable:
     time_unit: str = "us"  # unit of start / dur ("us", "cycles")
 
     def __post_init__(self) -> None:
-        n = None
-        for name in COLUMNS:
-            if name in TEXT_COLUMNS:
-                arr = self.codes.setdefault(name, np.zeros(0, np.int32))
-                self.vocab.setdefault(name, [])
-            else:
-                dtype = _dtype(name)
-                fill = np.zeros(0, dtype)
-                arr = self.num.setdefault(name, fill)
-            if n is None:
-                n = len(arr)
-        n = n or 0
-        for name in COLUMNS:  # columns given empty take the length of the others
+        for name in TEXT_COLUMNS:
+            self.codes.setdefault(name, np.zeros(0, np.int32))
+            self.vocab.setdefault(name, [])
+        for name in INT_COLUMNS + FLOAT_COLUMNS + BOOL_COLUMNS:
+            self.num.setdefault(name, np.zeros(0, _dtype(name)))
+        n = max(len(v) for v in (*self.codes.values(), *self.num.values()))
+        for name in COLUMNS:  # columns not given take the length of the others
             store = self.codes if name in TEXT_COLUMNS else self.num
             if len(store[name]) == 0 and n:
                 store[name] = _empty_column(name, n)

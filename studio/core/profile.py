@@ -175,8 +175,9 @@ class Profile:
         return cls(ops=ops, events=events, **rest)
 
 
-# A figure is called unreliable when the runs spread more than this around their median ...
-SPREAD_LIMIT = 0.15
+# A figure is called unreliable when the runs spread more than this around their median
+# (median absolute deviation / median: one odd run does not count, a busy host does) ...
+SPREAD_LIMIT = 0.10
 # ... or when other processes kept more than this share of the host's CPUs busy.
 LOAD_LIMIT = 0.25
 
@@ -186,20 +187,24 @@ def repeat_stats(totals: list[float], other_load: list[float], unit: str = "") -
 
     ``totals`` holds the figure of each run; ``other_load`` the share of the host's CPU time
     (0..1) other processes used during each run. Returns median, min, max, the spread
-    ((max - min) / median), the median load, ``reliable`` and the warnings to show.
+    (median absolute deviation / median), the range ((max - min) / median), the median load,
+    ``reliable`` and the warnings to show.
     """
     if not totals:
         return {"runs": 0, "reliable": False, "warnings": ["no profiled runs"]}
     med = float(median(totals))
-    spread = (max(totals) - min(totals)) / med if med > 0 else 0.0
+    mad = float(median(abs(t - med) for t in totals))
+    spread = mad / med if med > 0 else 0.0
+    rng = (max(totals) - min(totals)) / med if med > 0 else 0.0
     load = float(median(other_load)) if other_load else None
     warnings = []
     if len(totals) < 3:
         warnings.append(f"only {len(totals)} run(s): profile at least 3 to see the spread")
     if spread > SPREAD_LIMIT:
         warnings.append(
-            f"runs spread {spread:.0%} around the median (limit {SPREAD_LIMIT:.0%}): the host "
-            "was busy or noisy; compare shares, not totals, or profile again on a quiet host"
+            f"runs deviate {spread:.0%} from their median (limit {SPREAD_LIMIT:.0%}; range "
+            f"{rng:.0%}): the host was busy or noisy; compare shares, not totals, or profile "
+            "again on a quiet host"
         )
     if load is not None and load > LOAD_LIMIT:
         warnings.append(
@@ -209,7 +214,7 @@ def repeat_stats(totals: list[float], other_load: list[float], unit: str = "") -
         )
     return {
         "runs": len(totals), "unit": unit, "median": med, "min": float(min(totals)),
-        "max": float(max(totals)), "spread": spread, "totals": [float(t) for t in totals],
+        "max": float(max(totals)), "spread": spread, "range": rng, "totals": [float(t) for t in totals],
         "other_load": [float(x) for x in other_load], "median_other_load": load,
         "reliable": not warnings, "warnings": warnings,
     }

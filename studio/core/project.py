@@ -83,6 +83,11 @@ _SECTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "windows": (int, 2),
         "tensors": (str, "modules"),
     },
+    # the profiler: how many times one decode step is profiled (the simulator's figures
+    # follow host load: the median and spread of the repeats are kept)
+    "profile": {
+        "repeats": (int, 5),
+    },
 }
 _TOP = {"schema_version", "name", "targets", *_SECTIONS}
 
@@ -103,6 +108,7 @@ class Project:
     sensitivity: dict[str, Any] = field(default_factory=lambda: _defaults("sensitivity"))
     autoprecision: dict[str, Any] = field(default_factory=lambda: _defaults("autoprecision"))
     layerdiff: dict[str, Any] = field(default_factory=lambda: _defaults("layerdiff"))
+    profile: dict[str, Any] = field(default_factory=lambda: _defaults("profile"))
     path: Path | None = None
 
     # ---- locations -------------------------------------------------------------
@@ -227,6 +233,11 @@ def _validate(p: Project) -> None:
     check_recipe(p.quantization)
     _check_sensitivity(p)
     check_layerdiff(p.layerdiff["windows"], p.layerdiff["tensors"])
+    if not 1 <= p.profile["repeats"] <= 50:
+        raise StudioError(
+            f"profile.repeats = {p.profile['repeats']} must be between 1 and 50 (each repeat "
+            "profiles one decode step on the simulator; 5 gives a median and a spread)"
+        )
     for key, val in p.gates.items():
         if not 0.0 <= float(val) <= 1.0 and key != "max_perplexity_increase":
             raise StudioError(f"gates.{key} must be between 0 and 1, not {val}")
@@ -303,6 +314,7 @@ def from_dict(data: dict[str, Any], where: str = "project") -> Project:
         validation=sections["validation"], gates=sections["gates"], run=sections["run"],
         pipeline=sections["pipeline"], sensitivity=sections["sensitivity"],
         autoprecision=sections["autoprecision"], layerdiff=sections["layerdiff"],
+        profile=sections["profile"],
     )
     _validate(p)
     return p

@@ -327,3 +327,64 @@ def parse_profile_run(
         target=target,
         level=run.get("level"),
     )
+
+
+# ---- repeats and the event table ------------------------------------------------------------
+def merge_repeats(profiles: list[Profile], other_load: list[float]) -> Profile:
+    """One profile from several profiled runs of the same graph (one run each).
+
+    Each op keeps every run's value in ``samples`` and the **median** as its value; the
+    profile's ``stats`` hold the per-run totals, their spread and the host load of each run
+    (:func:`studio.core.profile.repeat_stats`), with the warnings to show.
+    """
+    from dataclasses import replace
+    from statistics import median
+
+    from studio.core.profile import repeat_stats
+
+    if not profiles:
+        raise StudioError("no profiled runs to merge")
+    first = profiles[0]
+    by_id: dict[tuple, list[float]] = {}
+    for p in profiles:
+        for op in p.ops:
+            by_id.setdefault((op.qnn_name, op.op_id), []).extend(op.samples or (op.value,))
+    ops = [
+        replace(op, samples=tuple(by_id[(op.qnn_name, op.op_id)]),
+                value=float(median(by_id[(op.qnn_name, op.op_id)])))
+        for op in first.ops
+    ]
+    events = []
+    for ev in first.events:
+        vals = [e.value for p in profiles for e in p.events if e.name == ev.name]
+        events.append(replace(ev, samples=tuple(vals), value=float(median(vals))))
+    totals = [p.total() for p in profiles]
+    return replace(
+        first, ops=ops, events=events, runs=len(profiles),
+        stats=repeat_stats(totals, other_load, first.unit),
+    )
+
+
+def event_table(profile: Profile, blocks: dict[str, str] | None = None, track: str = "HTP"):
+    """The profile's ops as an :class:`~studio.core.events.EventTable`, one row per op with
+    its median cycles (or time) and its block from :func:`studio.engine.opblocks.node_blocks`.
+    The simulator's CSV has no start times: ``start`` / ``dur`` stay empty for cycle
+    profiles."""
+    from studio.core.events import EventTable
+    from studio.engine.opblocks import op_block
+
+    blocks = blocks or {}
+    cycles = profile.unit == "cycles"
+    rows = []
+    for op in profile.ops:
+        row = {
+            "op": op.qnn_name, "op_type": op.op_type, "onnx_node": op.onnx_node or "",
+            "layer": op.layer if op.layer is not None else -1,
+            "block": op_block(op.op_type, op.onnx_node, blocks), "track": track,
+        }
+        if cycles:
+            row["cycles"] = op.value
+        else:
+            row["dur"] = op.value
+        rows.append(row)
+    return EventTable.from_rows(rows, time_unit=profile.unit if not cycles else "us")

@@ -503,6 +503,8 @@ class Pipeline:
                 elif kind == "log":
                     self.jobs.append_log(jid, msg["line"])
                     self._emit({"kind": "log", "job_id": jid, "line": msg["line"]})
+                elif kind == "partial":
+                    self._emit({"kind": "partial", "job_id": jid, "data": msg.get("data")})
                 elif kind in ("result", "error") and msg.get("job_id") == jid:
                     outcome = msg
                     break

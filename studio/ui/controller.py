@@ -63,6 +63,7 @@ class ProjectController(QObject):
     job_event = Signal(object)  # studio.core.jobs.Job (new or updated)
     job_failed = Signal(object)  # a Job that just failed
     log_line = Signal(int, str)  # job id, line
+    job_partial = Signal(int, object)  # job id, a partial result the stage sent (dict)
     run_state = Signal(int, str)  # run id, state
     running_changed = Signal(bool)
     run_finished = Signal(object)  # RunSummary
@@ -460,6 +461,8 @@ class ProjectController(QObject):
                 self.job_failed.emit(job)
         elif kind == "log":
             self.log_line.emit(int(event["job_id"]), str(event["line"]))
+        elif kind == "partial":
+            self.job_partial.emit(int(event["job_id"]), event.get("data") or {})
         elif kind == "run":
             self.run_state.emit(int(event["run_id"]), str(event["state"]))
 

@@ -5,6 +5,7 @@ The worker writes one JSON object per line on its stdout:
 
 ``{"type": "progress", "fraction": 0.4, "message": "..."}``
 ``{"type": "log", "line": "..."}``
+``{"type": "partial", "data": {...}}``  (a partial result a page may draw while the job runs)
 ``{"type": "result", "result": {...}}``  (last line of a successful job)
 ``{"type": "error", "kind": "user" | "bug", "message": "...", "traceback": "..."}``
 
@@ -39,6 +40,9 @@ class JsonLinesProgress:
 
     def log(self, message: str) -> None:
         self.emit({"type": "log", "line": message})
+
+    def partial(self, data: dict[str, Any]) -> None:
+        self.emit({"type": "partial", "data": data})
 
     def check(self) -> None:
         # Cancellation terminates the worker process (SIGTERM); nothing to poll here.

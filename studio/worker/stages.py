@@ -431,31 +431,67 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 
 # ---- 6. profile ------------------------------------------------------------------------------
 def profile(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    """One decode step profiled ``profile.repeats`` times on the simulator, each run with the
+    host load it ran under; the median per op, the spread, and the seed's op table."""
     from studio.engine import qnn, qnn_profile
+    from studio.engine.hostload import HostLoadMeter
+    from studio.engine.opblocks import node_blocks
 
     cdir, qdir = ctx.input("compile", ctx.config.chip), ctx.input("quantize")
     chip = ctx.chip
     dev = ctx.device
     spec = _spec(cdir)
-    fp16 = ctx.fp16
-    progress.update(0.1, f"profiling decode steps on {chip.name}")
-    run_info = qnn.profile_decode_step(cdir / "decode_ctx.onnx", chip, spec,
-                                       ctx.out / "qnn_profile.csv", fp16=fp16, runs=3)
-    progress.update(0.8, "parsing the profile")
-    prof = qnn_profile.parse_profile_run(run_info, onnx_path=qdir / "decode.onnx", chip=chip)
+    repeats = int(ctx.get("profile.repeats") or 5)
+    blocks = node_blocks(qdir / "decode.onnx")
+    runs, loads = [], []
+    for i in range(repeats):
+        progress.check()
+        progress.update(0.05 + 0.8 * i / repeats,
+                        f"profiling decode step {i + 1}/{repeats} on {chip.name}")
+        csv_path = ctx.out / "repeats" / f"qnn_profile_{i + 1}.csv"
+        with HostLoadMeter() as meter:
+            info = qnn.profile_decode_step(cdir / "decode_ctx.onnx", chip, spec, csv_path,
+                                           fp16=ctx.fp16, runs=1)
+        runs.append(qnn_profile.parse_profile_run(info, onnx_path=qdir / "decode.onnx",
+                                                  chip=chip))
+        loads.append(meter.sample.other_load if meter.sample else 0.0)
+        partial = qnn_profile.merge_repeats(runs, loads)
+        table = qnn_profile.event_table(partial, blocks)
+        _partial(progress, {"by_block": table.group_sum("block", "cycles"),
+                            "unit": partial.unit, "stats": partial.stats,
+                            "repeat": i + 1, "repeats": repeats})
+    progress.update(0.9, "writing the profile")
+    prof = qnn_profile.merge_repeats(runs, loads)
+    prof.device = dev.id
+    table = qnn_profile.event_table(prof, blocks)
+    table.save(ctx.out / "events.npz")
     atomic_write_json(ctx.out / "profile.json", prof.to_dict())
     by_type = prof.totals_by_op_type()
     by_layer = {layer_label(k): v for k, v in prof.totals_by_layer().items()}
+    metric = "cycles" if prof.unit == "cycles" else "dur"
+    by_block = table.group_sum("block", metric)
     top = sorted(by_type.items(), key=lambda kv: -kv[1])[:10]
-    note = ("simulator cycles follow the host CPU: relative cost of ops, not device latency"
+    stats = prof.stats
+    note = ("simulator cycles follow the host CPU: relative cost of ops, not device latency; "
+            f"median of {stats['runs']} runs, ±{stats.get('spread', 0):.0%} (median deviation)"
             if prof.source == "simulated" else "")
+    warn = "" if stats.get("reliable") else " · UNRELIABLE: " + "; ".join(stats["warnings"])
     return {
-        "summary": f"{len(prof.ops)} HTP ops in one decode step ({prof.source}, {chip.name})",
-        "by_op_type": dict(top), "by_layer": by_layer, "unit": prof.unit,
-        "source": prof.source, "ops": len(prof.ops),
-        "metrics": [_metric("decode_step_total", prof.total(), prof.unit, prof.source, dev.kind,
-                            chip.key, note)],
+        "summary": (f"{len(prof.ops)} HTP ops in one decode step, median of {stats['runs']} "
+                    f"runs ({prof.source}, {chip.name}){warn}"),
+        "by_op_type": dict(top), "by_layer": by_layer, "by_block": by_block,
+        "counts_by_block": table.group_count("block"), "unit": prof.unit,
+        "source": prof.source, "ops": len(prof.ops), "stats": stats,
+        "metrics": [_metric("decode_step_total", stats["median"], prof.unit, prof.source,
+                            dev.kind, chip.key, note)],
     }
+
+
+def _partial(progress: Progress, data: dict[str, Any]) -> None:
+    """Hand a partial result to whoever watches the job (the GUI draws it live)."""
+    send = getattr(progress, "partial", None)
+    if send is not None:
+        send(data)
 
 
 # ---- 7. report -------------------------------------------------------------------------------

@@ -77,6 +77,7 @@ def _changed(tmp: Path, key: str):
         "autoprecision.max_perplexity_change": 0.05,
         "autoprecision.min_logits_cosine": 0.995,
         "layerdiff.windows": 3,
+        "profile.repeats": 3,
         "layerdiff.tensors": "blocks",
     }[key]
 
