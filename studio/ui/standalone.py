@@ -40,6 +40,7 @@ def run_page(page_cls, argv: list[str] | None = None) -> int:
     ap.add_argument("--run", default="", help="comma-separated stages to run first")
     ap.add_argument("--theme", default="light", choices=("light", "dark", "system"))
     ap.add_argument("--screenshot", default="", help="save the page as PNG and exit")
+    ap.add_argument("--tab", default="", help="show the page's tab with this title first")
     ap.add_argument("--size", default="1200x780")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
 
@@ -69,6 +70,13 @@ def run_page(page_cls, argv: list[str] | None = None) -> int:
             task = ctl.run([s.strip() for s in args.run.split(",") if s.strip()])
             await task
             await asyncio.sleep(0.5)
+        if args.tab:
+            from PySide6.QtWidgets import QTabWidget
+
+            for tabs in page.findChildren(QTabWidget):
+                titles = [tabs.tabText(i) for i in range(tabs.count())]
+                if args.tab in titles:
+                    tabs.setCurrentIndex(titles.index(args.tab))
         if args.screenshot:
             await asyncio.sleep(0.6)
             page.grab().save(args.screenshot)

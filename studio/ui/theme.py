@@ -146,6 +146,7 @@ QLabel[role="metric-value"] {{ font-size: 14pt; font-weight: 600; }}
 QLabel[role="error"] {{ color: #d64545; }}
 QFrame[role="card"] {{ background: {card}; border: 1px solid {border}; border-radius: 6px; }}
 QFrame[role="banner"] {{ background: {banner}; border: 1px solid {border}; border-radius: 4px; }}
+QFrame[role="banner-ok"] {{ background: {card}; border: 1px solid {border}; border-radius: 4px; }}
 QFrame[role="banner-error"] {{ background: {banner_err}; border: 1px solid #d64545;
                                border-radius: 4px; }}
 QGroupBox {{ font-weight: 600; }}

@@ -206,6 +206,7 @@ class TargetStagePage(StagePage):
         head = QHBoxLayout()
         head.addWidget(label("Target:"))
         self.target = QComboBox()
+        self.target.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.target.currentIndexChanged.connect(self.show_current)
         head.addWidget(self.target)
         self.job_label = label("", "muted")

@@ -1,21 +1,68 @@
-"""Profiler: op-type totals of the latest profile job per target (one BarGraphItem)."""
+"""Profiler: where one decode step spends its time.
+
+The page shows one profile job per target (or a file the user imported):
+
+- a reliability line: median of N runs, the spread, the host load each run ran under — and
+  an amber warning when the spread or the load make the totals unreliable;
+- **Op table**: the seed's table (QKV projection, attention QK / softmax / AV, o_proj,
+  gate/up, down_proj, RMSNorm, RoPE, data movement / Q-DQ ...), or by op type, by layer, or
+  layer x block; bars with the min-max over runs and a table with shares;
+- **Compare**: this profile against another profile job (another run, chip or recipe):
+  a diff table and delta bars.
+
+While a profile job runs, the op table fills in live, run by run.
+"""
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QHeaderView, QSplitter, QTableView
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFrame,
+    QHBoxLayout,
+    QHeaderView,
+    QSplitter,
+    QTableView,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
+from studio.core.errors import StudioError
+from studio.core.events import BLOCKS
 from studio.core.profile import SOURCE_NOTES
-from studio.services import history
+from studio.services import profile_view as pv
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.pages.base import TargetStagePage
-from studio.ui.widgets import label, theme_plot
+from studio.ui.widgets import fmt_value, label, theme_plot
 
 TOP_N = 16
+BAR = {"simulated": "#8a5a00", "estimated": "#6a4fb3", "imported": "#2f6fd6",
+       "measured": "#1f8a4c"}
+
+
+def _num(v: float, unit: str, with_unit: bool = True) -> str:
+    if v != v:  # NaN
+        return "–"
+    if unit == "cycles":
+        return f"{v:,.0f} cycles" if with_unit else f"{v:,.0f}"
+    return fmt_value(v, unit) if with_unit else fmt_value(v, "")
+
+
+def _table_view(model: RowsModel) -> QTableView:
+    view = QTableView()
+    view.setModel(model)
+    view.verticalHeader().hide()
+    view.setWordWrap(False)
+    view.setAlternatingRowColors(True)
+    view.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    view.horizontalHeader().setStretchLastSection(True)
+    return view
 
 
 class ProfilerPage(TargetStagePage):
     title = "Profiler"
-    subtitle = "Where one decode step spends its time, by op type."
+    subtitle = "Where one decode step spends its time: the seed's op table, by layer, compared."
 
     stage = "profile"
 
@@ -24,10 +71,10 @@ class ProfilerPage(TargetStagePage):
             ctl,
             "No profile yet",
             "Run the profile stage to profile one decode step of the compiled model on the QNN "
-            "HTP simulator: the time per op type appears here as bars, with a table. Simulator "
-            "cycles follow the host CPU, so they show where the time goes, not device latency. "
-            "HTP per-core timelines, DDR traffic, the roofline and run-vs-run diffs come in "
-            "later releases.",
+            "HTP simulator, several times: the seed's op table (QKV projection, attention, "
+            "MLP, norms, RoPE, data movement) appears here live, run by run, with the median, "
+            "the spread and the host load of each run. Simulator cycles follow the host CPU: "
+            "they show where the time goes, not device latency.",
             parent,
         )
         import pyqtgraph as pg  # only when the page is first shown
@@ -38,66 +85,323 @@ class ProfilerPage(TargetStagePage):
             self.run_stage,
             "Runs profile and what it needs (export, quantize, compile)",
         )
+        self.data: pv.ProfileData | None = None
+        self.other: pv.ProfileData | None = None
+        self._live_job: int | None = None
         cl = self.content_layout
-        self.note = label("", "muted", wrap=True)
-        cl.addWidget(self.note)
-        split = QSplitter()
-        self.plot = pg.PlotWidget()
-        self.plot.setMenuEnabled(False)
-        self.plot.showGrid(x=True, y=False, alpha=0.3)
-        self.plot.getPlotItem().invertY(True)
-        self.plot.setMouseEnabled(x=True, y=False)
-        split.addWidget(self.plot)
-        self.table = RowsModel(["Op type", "Total", "Share"], self)
-        view = QTableView()
-        view.setModel(self.table)
-        view.verticalHeader().hide()
-        view.setWordWrap(False)
-        view.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        view.horizontalHeader().setStretchLastSection(True)
-        split.addWidget(view)
-        split.setStretchFactor(0, 3)
-        split.setStretchFactor(1, 2)
-        cl.addWidget(split, 1)
-        self._bars = None
+        self.reliability = QFrame()
+        self.reliability.setProperty("role", "banner")
+        rl = QVBoxLayout(self.reliability)
+        rl.setContentsMargins(8, 4, 8, 4)
+        self.reliability_text = label("", wrap=True)
+        rl.addWidget(self.reliability_text)
+        cl.addWidget(self.reliability)
+
+        self.tabs = QTabWidget()
+        cl.addWidget(self.tabs, 1)
+        self._build_op_tab()
+        self._build_compare_tab()
         self._apply_theme()
+        ctl.job_partial.connect(self._on_partial)
+
+    # ---- layout -------------------------------------------------------------------------
+    def _new_plot(self, y_labels: bool = True):
+        plot = self.pg.PlotWidget()
+        plot.setMenuEnabled(False)
+        plot.showGrid(x=True, y=False, alpha=0.3)
+        if y_labels:
+            plot.getPlotItem().invertY(True)
+        plot.setMouseEnabled(x=True, y=False)
+        return plot
+
+    def _build_op_tab(self) -> None:
+        tab = QWidget()
+        lay = QVBoxLayout(tab)
+        row = QHBoxLayout()
+        row.addWidget(label("Group by:"))
+        self.group = QComboBox()
+        for key, text in pv.GROUPS.items():
+            self.group.addItem(text, key)
+        self.group.addItem("Layer × block (shares)", "layer_block")
+        self.group.currentIndexChanged.connect(self._draw_ops)
+        row.addWidget(self.group)
+        self.op_note = label("", "muted")
+        row.addWidget(self.op_note, 1)
+        lay.addLayout(row)
+        split = QSplitter()
+        self.plot = self._new_plot()
+        split.addWidget(self.plot)
+        self.table = RowsModel(["Group", "Median", "Share", "Min – max over runs", "Ops"], self)
+        self.table_view = _table_view(self.table)
+        split.addWidget(self.table_view)
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 1)
+        split.setSizes([520, 640])
+        lay.addWidget(split, 1)
+        self.tabs.addTab(tab, "Op table")
+
+    def _build_compare_tab(self) -> None:
+        tab = QWidget()
+        lay = QVBoxLayout(tab)
+        row = QHBoxLayout()
+        row.addWidget(label("Compare with:"))
+        self.against = QComboBox()
+        self.against.setMinimumWidth(320)
+        self.against.currentIndexChanged.connect(self._compare)
+        row.addWidget(self.against)
+        row.addWidget(label("by"))
+        self.compare_group = QComboBox()
+        for key, text in pv.GROUPS.items():
+            self.compare_group.addItem(text, key)
+        self.compare_group.currentIndexChanged.connect(self._compare)
+        row.addWidget(self.compare_group)
+        self.compare_note = label("", "muted", wrap=True)
+        row.addWidget(self.compare_note, 1)
+        lay.addLayout(row)
+        split = QSplitter()
+        self.delta_plot = self._new_plot()
+        split.addWidget(self.delta_plot)
+        self.diff = RowsModel(["Group", "A (shown)", "B (other)", "Δ", "B / A", "Share A",
+                               "Share B"], self)
+        split.addWidget(_table_view(self.diff))
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 1)
+        split.setSizes([480, 680])
+        lay.addWidget(split, 1)
+        self.tabs.addTab(tab, "Compare")
 
     def _apply_theme(self) -> None:
-        theme_plot(self.plot, self.palette())
+        for p in (self.plot, self.delta_plot):
+            theme_plot(p, self.palette())
 
+    def changeEvent(self, event) -> None:  # theme switches repaint the plots
+        super().changeEvent(event)
+        if hasattr(self, "delta_plot"):
+            self._apply_theme()
+
+    # ---- data ---------------------------------------------------------------------------
     def show_job(self, job) -> None:
-        totals, unit, source = history.profile_totals(self.ctl.studio, job)
-        self.badge.set_source(source or "simulated", SOURCE_NOTES.get(source, ""))
-        self.job_label.setText(f"job #{job.id} · {(job.result or {}).get('summary', job.message)}")
-        self.note.setText(SOURCE_NOTES.get(source, ""))
-        items = sorted(totals.items(), key=lambda kv: -kv[1])
-        total = sum(v for _, v in items) or 1.0
-        shown = items[:TOP_N]
-        if len(items) > TOP_N:
-            shown.append((f"{len(items) - TOP_N} other op types", sum(v for _, v in items[TOP_N:])))
-        self.plot.clear()
-        if shown:
-            ys = list(range(len(shown)))
-            color = "#8a5a00" if source == "simulated" else "#2f6fd6"
-            self._bars = self.pg.BarGraphItem(
-                x0=[0] * len(shown),
-                y=ys,
-                height=0.7,
-                width=[v for _, v in shown],
-                brush=color,
-                pen=None,
-            )
-            self.plot.addItem(self._bars)
-            self.plot.getAxis("left").setTicks([[(i, name) for i, (name, _) in enumerate(shown)]])
-            self.plot.setLabel("bottom", f"{unit} ({source})")
-            self.plot.setYRange(-0.6, len(shown) - 0.4, padding=0)
-            self.plot.setXRange(0, max(v for _, v in shown) * 1.05, padding=0)
-        self.table.set_rows(
-            [
-                Row([name, f"{v:,.0f} {unit}", f"{v / total:.1%}"], align_right=(1, 2))
-                for name, v in items
+        try:
+            data = pv.load(self.ctl.studio, job)
+        except StudioError as exc:
+            self.job_label.setText(f"job #{job.id} · {exc.message}")
+            return
+        self._live_job = None
+        self.set_profile(data)
+        self._fill_against()
+
+    def set_profile(self, data: pv.ProfileData) -> None:
+        """Show ``data`` (a stored job or an imported file)."""
+        self.data = data
+        src = data.source
+        self.badge.set_source(src, SOURCE_NOTES.get(src, ""))
+        job = data.job
+        where = f" · run {job.run_id}" if job is not None else ""
+        self.job_label.setText(f"{data.title.split(' · ')[0]}{where} · "
+                               f"{len(data.profile.ops)} ops, one decode step")
+        self._show_stats(data.stats, len(data.profile.ops), src, data.unit)
+        self._draw_ops()
+        self._compare()
+
+    def _show_stats(self, stats: dict, ops: int, source: str, unit: str, live: str = "") -> None:
+        if not stats:
+            self.reliability_text.setText(
+                f"{live}{ops} ops · {SOURCE_NOTES.get(source, '')}".strip(" ·"))
+            self.reliability.setProperty("role", "banner")
+        else:
+            load = stats.get("median_other_load")
+            parts = [
+                f"{live}median of {stats.get('runs', 0)} runs: "
+                f"<b>{_num(stats.get('median', float('nan')), unit)}</b>",
+                f"±{stats.get('spread', 0):.1%} median deviation "
+                f"(range {stats.get('range', 0):.0%})",
             ]
-        )
+            if load is not None:
+                parts.append(f"other processes used {load:.0%} of the host CPUs")
+            parts.append(f"{ops} ops")
+            text = " · ".join(parts)
+            if stats.get("reliable", True):
+                text += f"<br><span style='color: gray'>{SOURCE_NOTES.get(source, '')}</span>"
+                self.reliability.setProperty("role", "banner-ok")
+            else:
+                text = ("⚠ <b>These totals are unreliable.</b> "
+                        + "; ".join(stats.get("warnings", [])) + "<br>" + text)
+                self.reliability.setProperty("role", "banner")
+            self.reliability_text.setText(text)
+        self.reliability.style().unpolish(self.reliability)
+        self.reliability.style().polish(self.reliability)
+
+    def _rows(self) -> list[pv.GroupRow]:
+        assert self.data is not None
+        return pv.breakdown(self.data, self.group.currentData())
+
+    def _draw_ops(self, *_args) -> None:
+        if self.data is None:
+            return
+        unit = self.data.unit
+        if self.group.currentData() == "layer_block":
+            self._draw_layer_block()
+            return
+        rows = self._rows()
+        self.table.columns = ["Group", f"Median ({unit})", "Share", "Min – max over runs",
+                              "Ops"]
+        extra = [k for k in ("macs", "dram_read") if any(k in r.extra for r in rows)]
+        self.table.columns += {"macs": ["MACs"], "dram_read": ["DRAM read"]}.get(extra[0], []) \
+            if extra else []
+        self.table.set_rows([
+            Row([r.name, _num(r.value, unit, False), f"{r.share:.1%}",
+                 f"{_num(r.low, unit, False)} – {_num(r.high, unit, False)}", str(r.count)]
+                + [f"{r.extra.get(k, 0):,.0f}" for k in extra[:1]],
+                align_right=(1, 2, 3, 4, 5))
+            for r in rows
+        ])
+        self.table.headerDataChanged.emit(Qt.Orientation.Horizontal, 0, len(self.table.columns))
+        self._bars(self.plot, [(r.name, r.value, r.low, r.high) for r in rows], unit,
+                   self.data.source)
+        self.op_note.setText("bars: median over runs; whiskers: min – max")
+
+    def _draw_layer_block(self) -> None:
+        assert self.data is not None
+        layers, blocks, m = pv.layer_block_table(self.data)
+        short = {b: b.replace("attention: ", "attn ").replace("data movement / Q-DQ", "data/QDQ")
+                 .replace("embedding / lm_head", "embed/head") for b in blocks}
+        self.table.columns = ["Layer"] + [short[b] for b in blocks] + ["Total"]
+        self.table.set_rows([
+            Row([name] + [f"{v:.1%}" if v else "" for v in m[i]] + [f"{m[i].sum():.1%}"],
+                align_right=tuple(range(1, len(blocks) + 2)))
+            for i, name in enumerate(layers)
+        ])
+        self.table.headerDataChanged.emit(Qt.Orientation.Horizontal, 0, len(self.table.columns))
+        totals = m.sum(axis=1)
+        self._bars(self.plot, [(n, float(t), float("nan"), float("nan"))
+                               for n, t in zip(layers, totals, strict=True)], "share",
+                   self.data.source)
+        self.op_note.setText("share of the step's total per layer and block (the seed's table)")
+
+    def _bars(self, plot, items: list[tuple[str, float, float, float]], unit: str,
+              source: str) -> None:
+        pg = self.pg
+        plot.clear()
+        items = [it for it in items if it[1] > 0]
+        if len(items) > TOP_N:
+            rest = items[TOP_N:]
+            items = items[:TOP_N] + [(f"{len(rest)} more", sum(r[1] for r in rest),
+                                      float("nan"), float("nan"))]
+        if not items:
+            return
+        ys = list(range(len(items)))
+        plot.addItem(pg.BarGraphItem(x0=[0] * len(items), y=ys, height=0.7,
+                                     width=[v for _, v, _, _ in items],
+                                     brush=BAR.get(source, "#2f6fd6"), pen=None))
+        lows = [(i, lo, hi) for i, (_, _, lo, hi) in enumerate(items) if lo == lo and hi == hi]
+        if lows:
+            for i, lo, hi in lows:
+                plot.plot([lo, hi], [i, i], pen=pg.mkPen(self.palette().text().color(),
+                                                           width=1.5))
+        plot.getAxis("left").setTicks([[(i, name) for i, (name, *_rest) in enumerate(items)]])
+        if unit == "share":
+            plot.setLabel("bottom", f"share of the step ({source})")
+        else:
+            plot.setLabel("bottom", source, units=unit)
+        plot.setYRange(-0.6, len(items) - 0.4, padding=0)
+        top = max(max(v, hi if hi == hi else 0) for _, v, _, hi in items)
+        plot.setXRange(0, top * 1.05, padding=0)
+
+    # ---- live -----------------------------------------------------------------------------
+    def _on_partial(self, job_id: int, data: dict) -> None:
+        if self.ctl.studio is None or "by_block" not in data:
+            return
+        try:
+            job = self.ctl.studio.jobs.job(job_id)
+        except Exception:  # noqa: BLE001 - a job of another session: ignore
+            return
+        if job.stage != self.stage:
+            return
+        self._live_job = job_id
+        self.set_has_content(True)
+        unit = data.get("unit", "cycles")
+        by_block = data["by_block"]
+        order = {b: i for i, b in enumerate(BLOCKS)}
+        items = sorted(by_block.items(), key=lambda kv: order.get(kv[0], 99))
+        total = sum(by_block.values()) or 1.0
+        self.table.columns = ["Group", f"Median so far ({unit})", "Share", "Min – max over runs",
+                              "Ops"]
+        self.table.set_rows([
+            Row([name, _num(v, unit, False), f"{v / total:.1%}", "", ""], align_right=(1, 2))
+            for name, v in items
+        ])
+        self._bars(self.plot, [(n, v, float("nan"), float("nan")) for n, v in items], unit,
+                   "simulated")
+        live = f"<b>live</b>, run {data.get('repeat')}/{data.get('repeats')} of job #{job_id} · "
+        self.job_label.setText(f"job #{job_id} · profiling {job.target} (live)")
+        self._show_stats(data.get("stats") or {}, 0, "simulated", unit, live)
+        self.tabs.setCurrentIndex(0)
+
+    # ---- compare --------------------------------------------------------------------------
+    def _fill_against(self) -> None:
+        current = self.against.currentData()
+        self.against.blockSignals(True)
+        self.against.clear()
+        mine = self.data.job.id if self.data is not None and self.data.job is not None else None
+        for j in pv.comparable_jobs(self.ctl.studio):
+            if j.id == mine:
+                continue
+            self.against.addItem(f"job #{j.id} · run {j.run_id} · {j.target}", j.id)
+        idx = self.against.findData(current)
+        self.against.setCurrentIndex(idx if idx >= 0 else (0 if self.against.count() else -1))
+        self.against.blockSignals(False)
+        self._compare()
+
+    def _compare(self, *_args) -> None:
+        if self.data is None or self.ctl.studio is None:
+            return
+        jid = self.against.currentData()
+        self.delta_plot.clear()
+        if jid is None:
+            self.diff.set_rows([])
+            self.compare_note.setText(
+                "No other profile to compare with yet: change the recipe or the target and "
+                "run the profile stage again.")
+            return
+        try:
+            other = pv.load(self.ctl.studio, self.ctl.studio.jobs.job(jid))
+        except StudioError as exc:
+            self.compare_note.setText(exc.message)
+            return
+        self.other = other
+        by = self.compare_group.currentData()
+        rows = pv.compare(self.data, other, by)
+        unit = self.data.unit
+        self.diff.columns = ["Group", f"A ({unit})", f"B ({other.unit})", "Δ", "B / A",
+                             "Share A", "Share B"]
+        self.diff.set_rows([
+            Row([r.name, _num(r.a, unit, False), _num(r.b, unit, False), f"{r.delta:+,.0f}",
+                 f"{r.ratio:.2f}×" if r.ratio is not None else "new",
+                 f"{r.share_a:.1%}", f"{r.share_b:.1%}"],
+                colors={3: "#d64545" if r.delta > 0 else "#1f8a4c"},
+                align_right=(1, 2, 3, 4, 5, 6))
+            for r in rows
+        ])
+        note = (f"A: {self.data.title} ({self.data.source}) · B: {other.title} "
+                f"({other.source}). Bars: change in share of the step (percentage points): "
+                "shares stay comparable when the host load differs between the two profiles.")
+        if self.data.unit != other.unit:
+            note += f" Units differ ({self.data.unit} vs {other.unit}): compare the shares."
+        self.compare_note.setText(note)
+        pg = self.pg
+        shown = rows[:TOP_N]
+        deltas = [100 * (r.share_b - r.share_a) for r in shown]
+        ys = list(range(len(shown)))
+        brushes = ["#d64545" if d > 0 else "#1f8a4c" for d in deltas]
+        self.delta_plot.addItem(pg.BarGraphItem(x0=[min(0, d) for d in deltas], y=ys,
+                                                height=0.7, width=[abs(d) for d in deltas],
+                                                brushes=brushes, pen=None))
+        self.delta_plot.getAxis("left").setTicks([[(i, r.name) for i, r in enumerate(shown)]])
+        self.delta_plot.setLabel("bottom", "Δ share, percentage points (B − A)")
+        if shown:
+            self.delta_plot.setYRange(-0.6, len(shown) - 0.4, padding=0)
+            span = max(abs(d) for d in deltas) or 1.0
+            self.delta_plot.setXRange(-span * 1.1, span * 1.1, padding=0)
 
 
 def main() -> int:
