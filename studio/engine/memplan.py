@@ -226,9 +226,9 @@ def analyse(path: Path, dims: dict[str, int] | None = None,
                                       *inferred.graph.output)}
         first = sorted(missing, key=lambda n: activation_names.index(n)
                        if n in activation_names else len(activation_names))[0]
-        shape = f" (shape {_dims_text(vis[first])})" if first in vis else ""
+        shape_text = f" (shape {_dims_text(vis[first])})" if first in vis else ""
         raise StudioError(
-            f"{path.name}: {len(missing)} tensor(s) have no static shape, e.g. {first}{shape}: "
+            f"{path.name}: {len(missing)} tensor(s) have no static shape, e.g. {first}{shape_text}: "
             f"{STATIC_HINT}, or give the dynamic dims their sizes"
         )
 
