@@ -41,6 +41,9 @@ def run_page(page_cls, argv: list[str] | None = None) -> int:
     ap.add_argument("--theme", default="light", choices=("light", "dark", "system"))
     ap.add_argument("--screenshot", default="", help="save the page as PNG and exit")
     ap.add_argument("--tab", default="", help="show the page's tab with this title first")
+    ap.add_argument("--wait", type=float, default=0.6,
+                    help="seconds to wait before the screenshot (pages that load in the "
+                         "background)")
     ap.add_argument("--size", default="1200x780")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
 
@@ -78,7 +81,7 @@ def run_page(page_cls, argv: list[str] | None = None) -> int:
                 if args.tab in titles:
                     tabs.setCurrentIndex(titles.index(args.tab))
         if args.screenshot:
-            await asyncio.sleep(0.6)
+            await asyncio.sleep(args.wait)
             page.grab().save(args.screenshot)
             print(f"saved {args.screenshot}")
             ctl.shutdown()

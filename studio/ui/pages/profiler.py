@@ -101,6 +101,11 @@ class ProfilerPage(TargetStagePage):
         cl.addWidget(self.tabs, 1)
         self._build_op_tab()
         self._build_compare_tab()
+        from studio.ui.pages.profiler_memory import MemoryTab
+
+        self.memory = MemoryTab(ctl, pg)
+        self.tabs.addTab(self.memory, "Memory")
+        self.tabs.currentChanged.connect(self._tab_changed)
         self._apply_theme()
         ctl.job_partial.connect(self._on_partial)
 
@@ -173,6 +178,18 @@ class ProfilerPage(TargetStagePage):
     def _apply_theme(self) -> None:
         for p in (self.plot, self.delta_plot):
             theme_plot(p, self.palette())
+        if hasattr(self, "memory"):
+            self.memory.apply_theme()
+
+    def _tab_changed(self, index: int) -> None:
+        """Tabs that read more than the profile load when first shown."""
+        if self.tabs.widget(index) is self.memory and self.memory.result is None:
+            self.memory.load()
+
+    def on_open(self) -> None:
+        if hasattr(self, "memory"):
+            self.memory.result = None
+        super().on_open()
 
     def changeEvent(self, event) -> None:  # theme switches repaint the plots
         super().changeEvent(event)

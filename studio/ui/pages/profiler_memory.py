@@ -1,0 +1,184 @@
+"""The Profiler's Memory tab: activation memory of the prefill / decode graphs with one
+buffer per tensor (naive) vs buffers reused by tensor lifetime, the live bytes step by step,
+the largest tensors at the peak, and the weight and KV cache bytes beside them."""
+
+from __future__ import annotations
+
+import asyncio
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QGridLayout,
+    QHBoxLayout,
+    QHeaderView,
+    QSplitter,
+    QTableView,
+    QVBoxLayout,
+    QWidget,
+)
+
+from studio.core.errors import StudioError
+from studio.core.units import format_bytes
+from studio.ui.models.rows import Row, RowsModel
+from studio.ui.widgets import MetricCard, label, theme_plot
+
+
+class MemoryTab(QWidget):
+    loaded = Signal()
+
+    def __init__(self, ctl, pg, parent=None):
+        super().__init__(parent)
+        self.ctl, self.pg = ctl, pg
+        self.result: dict | None = None
+        self._gen = 0
+        self._task: asyncio.Future | None = None
+        lay = QVBoxLayout(self)
+        row = QHBoxLayout()
+        row.addWidget(label("Graph:"))
+        self.graph = QComboBox()
+        self.graph.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.graph.currentIndexChanged.connect(self._draw)
+        row.addWidget(self.graph)
+        self.status = label("", "muted", wrap=True)
+        row.addWidget(self.status, 1)
+        lay.addLayout(row)
+        cards = QGridLayout()
+        self.cards = {
+            "naive": MetricCard("Naive: a buffer per tensor", "–", "estimated"),
+            "arena": MetricCard("Reuse by lifetime", "–", "estimated"),
+            "bound": MetricCard("Peak live (bound)", "–", "estimated"),
+            "weights": MetricCard("Weights", "–", "estimated"),
+            "kv": MetricCard("KV cache", "–", "estimated"),
+        }
+        for i, card in enumerate(self.cards.values()):
+            cards.addWidget(card, 0, i)
+        lay.addLayout(cards)
+        split = QSplitter()
+        self.plot = pg.PlotWidget()
+        self.plot.setMenuEnabled(False)
+        self.plot.showGrid(x=False, y=True, alpha=0.3)
+        self.plot.addLegend(offset=(-10, 10))
+        split.addWidget(self.plot)
+        self.peak = RowsModel(["Tensor live at the peak", "Bytes", "Made by"], self)
+        view = QTableView()
+        view.setModel(self.peak)
+        view.verticalHeader().hide()
+        head = view.horizontalHeader()
+        head.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        head.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
+        head.setSectionResizeMode(2, QHeaderView.ResizeMode.ResizeToContents)
+        view.setWordWrap(False)
+        view.setTextElideMode(Qt.TextElideMode.ElideLeft)
+        split.addWidget(view)
+        split.setSizes([640, 460])
+        lay.addWidget(split, 1)
+        self.note = label("", "muted", wrap=True)
+        lay.addWidget(self.note)
+        self.apply_theme()
+
+    def apply_theme(self) -> None:
+        theme_plot(self.plot, self.palette())
+
+    # ---- loading (off the UI thread) ---------------------------------------------------------
+    def load(self) -> None:
+        studio = self.ctl.studio
+        if studio is None:
+            return
+        project = studio.project.copy()
+        self._gen += 1
+        gen = self._gen
+        self.status.setText("Planning the graphs' memory…")
+
+        async def go() -> None:
+            from studio.services.memory import project_memory
+
+            got, error = None, ""
+            try:
+                got = await self.ctl.in_thread(project_memory, project)
+            except StudioError as exc:
+                error = exc.message
+            except Exception as exc:  # noqa: BLE001 - a bug: shown on the page
+                error = f"memory planning failed: {exc!r}"
+            if gen != self._gen or self.ctl.studio is not studio:
+                return
+            if got is None:
+                self.result = None
+                self.status.setText(error)
+            else:
+                self.show_result(got)
+            self.loaded.emit()
+
+        try:
+            self._task = asyncio.ensure_future(go())
+        except RuntimeError:  # no event loop (a bare QApplication)
+            from studio.services.memory import project_memory
+
+            try:
+                self.show_result(project_memory(project))
+            except StudioError as exc:
+                self.status.setText(exc.message)
+
+    def show_result(self, result: dict) -> None:
+        self.result = result
+        current = self.graph.currentData()
+        self.graph.blockSignals(True)
+        self.graph.clear()
+        for stage, graphs in result["stages"].items():
+            for g in graphs:
+                what = "FP32" if stage == "export" else "quantized (QDQ)"
+                self.graph.addItem(f"{g} · {what} ({stage})", (stage, g))
+        idx = self.graph.findData(current)
+        self.graph.setCurrentIndex(max(idx, 0))
+        self.graph.blockSignals(False)
+        missing = result.get("missing") or []
+        self.status.setText(
+            f"no {', '.join(missing)} result for the current settings" if missing else "")
+        self._draw()
+
+    def _draw(self, *_args) -> None:
+        if not self.result or self.graph.currentData() is None:
+            return
+        stage, g = self.graph.currentData()
+        mem = self.result["stages"][stage][g]
+        p = mem["plan"]
+        src = mem.get("source", "estimated")
+        values = {
+            "naive": format_bytes(p["naive_bytes"]),
+            "arena": f"{format_bytes(p['arena_bytes'])} (−{p['reuse_saving']:.0%})",
+            "bound": format_bytes(p["lower_bound_bytes"]),
+            "weights": format_bytes(mem["weight_bytes"]),
+            "kv": (f"{format_bytes(mem['kv_cache_bytes'])} in, "
+                   f"{format_bytes(mem.get('kv_output_bytes', 0))} out"),
+        }
+        for key, text in values.items():
+            self.cards[key].value.setText(text)
+            self.cards[key].badge.set_source(src)
+        pg = self.pg
+        self.plot.clear()
+        live = p["live_bytes"]
+        xs = list(range(len(live)))
+        fg = self.palette().text().color()
+        self.plot.plot(xs, live, pen=pg.mkPen("#2f6fd6", width=1.5), name="live bytes")
+        self.plot.addItem(pg.InfiniteLine(pos=p["arena_bytes"], angle=0,
+                                          pen=pg.mkPen("#1f8a4c", width=1.5, style=Qt.PenStyle.DashLine),
+                                          label="arena with reuse", labelOpts={"color": fg}))
+        self.plot.addItem(pg.InfiniteLine(pos=p["naive_bytes"], angle=0,
+                                          pen=pg.mkPen("#d64545", width=1.5, style=Qt.PenStyle.DashLine),
+                                          label="naive", labelOpts={"color": fg}))
+        if p["peak_step"] >= 0:
+            self.plot.addItem(pg.InfiniteLine(pos=p["peak_step"], angle=90,
+                                              pen=pg.mkPen(fg, width=1, style=Qt.PenStyle.DotLine)))
+        self.plot.setLabel("bottom", "op (graph order)")
+        self.plot.setLabel("left", "activation bytes", units="B")
+        self.peak.set_rows([
+            Row([t["name"], format_bytes(t["nbytes"]), t.get("op_type", "") or "input"],
+                tip=f"{t['name']}: made by {t.get('producer', '') or 'the graph input'}",
+                align_right=(1,))
+            for t in p["peak_tensors"]
+        ])
+        notes = mem.get("notes") or []
+        self.note.setText(
+            f"Peak at step {p['peak_step']} of {p['steps']}: {p['peak_op_type']} "
+            f"{p['peak_node']}. {src}: planned from the graph's static shapes, not measured. "
+            + " ".join(notes if isinstance(notes, list) else [str(notes)]))
