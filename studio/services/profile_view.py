@@ -13,7 +13,7 @@ import numpy as np
 from studio.core.errors import StudioError
 from studio.core.events import BLOCKS, EventTable
 from studio.core.jobs import Job
-from studio.core.profile import Profile, layer_label
+from studio.core.profile import Profile, ProfileOp, layer_label
 from studio.services import history
 
 GROUPS = {"block": "Seed table (block)", "op_type": "Op type", "layer": "Layer"}
@@ -88,10 +88,31 @@ def load(studio, job: Job) -> ProfileData:
     """The stored profile of a profile job (``profile.json`` + ``events.npz``)."""
     folder = history.artifact_dir(studio, job)
     if folder is None or not (folder / "profile.json").exists():
+        return from_result(job)
+    return load_folder(folder, job)
+
+
+def from_result(job: Job) -> ProfileData:
+    """The summary a profile job left in the run history (its totals by block or op type),
+    for when the stored profile is gone."""
+    res = job.result or {}
+    by = "block" if res.get("by_block") else "op_type"
+    totals = res.get("by_block") or res.get("by_op_type") or {}
+    if not totals:
         raise StudioError(
             f"the profile of job #{job.id} is no longer stored; run the profile stage again"
         )
-    return load_folder(folder, job)
+    unit = str(res.get("unit", "cycles"))
+    metric = "cycles" if unit == "cycles" else "dur"
+    ops = [ProfileOp(qnn_name=name, op_type=name if by == "op_type" else "", value=float(v),
+                     unit=unit) for name, v in totals.items()]
+    table = EventTable.from_rows([{"op": name, by: name, metric: float(v)}
+                                  for name, v in totals.items()],
+                                 time_unit=unit if metric == "dur" else "us")
+    prof = Profile(source=str(res.get("source", "simulated")), ops=ops, unit=unit,
+                   stats=dict(res.get("stats") or {}),
+                   note="the stored profile is gone: totals from the run history")
+    return from_profile(prof, table, job, f"job #{job.id} · {job.target}")
 
 
 def load_folder(folder: Path, job: Job | None = None) -> ProfileData:

@@ -210,8 +210,9 @@ def test_pages_show_results_from_the_run_history(window, project_path, qtbot, mo
     prof = window.show_page("Profiler")
     assert prof.content.isVisibleTo(prof)
     assert prof.badge.text() == "simulated"
-    assert "not device latency" in prof.note.text()
-    assert prof._bars is not None and len(prof._bars.opts["width"]) == 3
+    assert "not device latency" in prof.reliability_text.text()
+    prof.group.setCurrentIndex(prof.group.findData("op_type"))
+    assert prof.table.rowCount() == 3
     assert prof.table.index(0, 0).data() == "MatMul" and prof.table.index(0, 2).data() == "90.0%"
 
     llm = window.show_page("LLM")
