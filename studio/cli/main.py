@@ -34,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="studio", description="QStudio: deploy language models to Snapdragon NPUs.")
     p.add_argument("--batch", metavar="FILE", help="run the project's pipeline headless")
     p.add_argument("--stages", help="comma-separated stages to run (their inputs run too)")
+    p.add_argument("--remeasure", action="store_true",
+                   help="time the run and profile stages again instead of reusing a "
+                        "measurement (e.g. one taken while the host was busy)")
     p.add_argument("--target", action="append", help="only this target (repeatable)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -128,7 +131,8 @@ def _batch(args) -> int:
         print(f"QStudio batch: {studio.project.name} ({studio.project.path})", file=sys.stderr)
     studio.pipeline.listeners.append(_Printer(args.quiet))
     try:
-        summary = asyncio.run(studio.run_pipeline(stages, args.target))
+        summary = asyncio.run(studio.run_pipeline(stages, args.target,
+                                                  remeasure=args.remeasure))
     finally:
         studio.close()
     if args.json:

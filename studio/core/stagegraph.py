@@ -52,6 +52,9 @@ class StageDecl:
     needs_all: bool = False  # depends on every other job of the plan (the report)
     cache: bool = True  # False: always run (its content comes from the run history)
     optional: bool = False  # not in a new project's pipeline: asked for by name (--stages)
+    # a measurement (timings on a device): cached like the others, but a run asked to
+    # remeasure times it again, and later runs reuse the newest measurement
+    measures: bool = False
 
 
 _GATES = tuple(f"gates.{k}" for k in DEFAULT_GATES)
@@ -71,10 +74,10 @@ DECLARATIONS: tuple[StageDecl, ...] = (
               settings=("quantization.scheme", "validation.heldout_text",
                         "validation.heldout_tokens", "validation.greedy_tokens", "run.prompt")),
     StageDecl("run", "Run", (Need("export"), Need("compile", per_chip=True)), fan_out="device",
-              device_kinds=("host-cpu", "htp-sim"),
+              device_kinds=("host-cpu", "htp-sim"), measures=True,
               settings=("quantization.scheme", "run.prompt", "run.max_new_tokens")),
     StageDecl("profile", "Profile", (Need("quantize"), Need("compile", per_chip=True)),
-              fan_out="device", device_kinds=("htp-sim",),
+              fan_out="device", device_kinds=("htp-sim",), measures=True,
               settings=("quantization.scheme", "profile.repeats")),
     StageDecl("sensitivity", "Sensitivity", (Need("export"),), optional=True,
               settings=("quantization.scheme", "quantization.weight_granularity",

@@ -21,7 +21,7 @@ from typing import Any
 
 from studio.core.artifacts import Artifact, ArtifactStore
 from studio.core.errors import StageCrashed, StudioError
-from studio.core.fsutil import RunLock, atomic_write_bytes
+from studio.core.fsutil import RunLock, atomic_write_bytes, atomic_write_json, sha256_json
 from studio.core.gates import evaluate_gates
 from studio.core.jobs import Job, JobStore
 from studio.core.metrics import Metric
@@ -355,11 +355,15 @@ class Pipeline:
     # -- running --
     async def run(self, stages: list[str] | None = None,
                   targets: list[str] | None = None,
-                  retry: tuple[str, str] | None = None) -> RunSummary:
+                  retry: tuple[str, str] | None = None,
+                  remeasure: bool = False) -> RunSummary:
         """Run a plan: the requested stages (default: the project's), or with ``retry``
-        a finished job again together with every job downstream of it."""
+        a finished job again together with every job downstream of it. ``remeasure``: the
+        measuring stages (run, profile) time again instead of reusing a cached measurement
+        (e.g. a profile taken while the host was busy); later runs reuse the newest one."""
         t0 = time.time()
         self._cancel_all = False
+        self._remeasure = remeasure
         planned = plan(self.project, stages, targets, retry=retry)
         # hashing checkpoints and reading files can take seconds: keep it off the event loop
         await asyncio.to_thread(preflight, self.project, planned)
@@ -443,6 +447,31 @@ class Pipeline:
         return RunSummary(run_id, state, [self.jobs.job(i) for i in ids], gates, report,
                           time.time() - t0, error, exit_code, self.jobs.metrics(run_id=run_id))
 
+    # ---- measurements ---------------------------------------------------------------------
+    def _measurements_file(self) -> Path:
+        return self.store.root / "measurements.json"
+
+    def _newest_measurement(self, base_key: str) -> str:
+        """The key of the newest measurement for ``base_key`` (itself when never remeasured
+        or when that artifact is gone)."""
+        try:
+            newest = json.loads(self._measurements_file().read_text()).get(base_key)
+        except (OSError, ValueError, AttributeError):
+            return base_key
+        if isinstance(newest, str) and self.store.get(newest) is not None:
+            return newest
+        return base_key
+
+    def _set_newest_measurement(self, base_key: str, key: str) -> None:
+        try:
+            table = json.loads(self._measurements_file().read_text())
+            if not isinstance(table, dict):
+                table = {}
+        except (OSError, ValueError):
+            table = {}
+        table[base_key] = key
+        atomic_write_json(self._measurements_file(), table)
+
     def _publish_report(self, art: Artifact) -> Path:
         reports = self.project.folder / "reports"
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -460,7 +489,16 @@ class Pipeline:
         versions = await asyncio.to_thread(tool_versions)
         key = job_key(config, input_keys, versions)
         now = time.time()
-        cached = self.store.get(key) if pj.decl.cache else None
+        base_key = key
+        if pj.decl.measures:
+            if getattr(self, "_remeasure", False):
+                # a new measurement gets a key of its own, so the earlier one stays in the
+                # history (and can be compared with)
+                key = sha256_json([base_key, "measurement", jid, now])
+            else:
+                key = self._newest_measurement(base_key)
+        cached = (self.store.get(key) if pj.decl.cache
+                  and not (pj.decl.measures and getattr(self, "_remeasure", False)) else None)
         if cached is not None and await asyncio.to_thread(self.store.verify, cached):
             result = json.loads((cached.path / "result.json").read_text())
             self.jobs.add_metrics(jid, [Metric.from_dict(m) for m in result.get("metrics", [])])
@@ -533,6 +571,8 @@ class Pipeline:
                 "inputs": input_keys, "versions": versions,
                 "tool": result.get("tool", {}),
             })
+            if key != base_key:
+                self._set_newest_measurement(base_key, key)
             self._update(jid, state="succeeded", finished=time.time(), progress=1.0,
                          artifact_key=key, result=result, message=result.get("summary", "done"))
             return art

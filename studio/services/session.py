@@ -69,5 +69,6 @@ class Studio:
 
     # ---- pipeline -----------------------------------------------------------------------
     async def run_pipeline(self, stages: list[str] | None = None,
-                           targets: list[str] | None = None) -> RunSummary:
-        return await self.pipeline.run(stages, targets)
+                           targets: list[str] | None = None,
+                           remeasure: bool = False) -> RunSummary:
+        return await self.pipeline.run(stages, targets, remeasure=remeasure)

@@ -345,12 +345,13 @@ class ProjectController(QObject):
 
     def run(
         self, stages: list[str] | None = None, targets: list[str] | None = None,
-        retry: tuple[str, str] | None = None,
+        retry: tuple[str, str] | None = None, remeasure: bool = False,
     ) -> asyncio.Task:
         """Queue the plan for ``stages`` (all the project's stages when None) and run it.
 
         The run works on a snapshot of the project taken now (like ``studio --batch``, which
-        reads the file once); edits made while it runs apply to the next run.
+        reads the file once); edits made while it runs apply to the next run. ``remeasure``:
+        the measuring stages (run, profile) time again rather than reuse a measurement.
         """
         from studio.services.pipeline import Pipeline
 
@@ -362,14 +363,14 @@ class ProjectController(QObject):
         pipeline.listeners.append(self._bridge.event.emit)
         self._pipeline = pipeline
         if self.pipeline_on_ui_loop:
-            coro = pipeline.run(stages, targets, retry)
+            coro = pipeline.run(stages, targets, retry, remeasure)
         else:
-            coro = self._in_runner_thread(pipeline, stages, targets, retry)
+            coro = self._in_runner_thread(pipeline, stages, targets, retry, remeasure)
         self._task = asyncio.ensure_future(self._run(coro))
         self.running_changed.emit(True)
         return self._task
 
-    async def _in_runner_thread(self, pipeline, stages, targets, retry=None):
+    async def _in_runner_thread(self, pipeline, stages, targets, retry=None, remeasure=False):
         """Run the service coroutine on its own asyncio loop in a thread and await its result
         here. Its events reach the widgets through a queued signal (``_Bridge``)."""
         ui_loop = asyncio.get_running_loop()
@@ -387,7 +388,7 @@ class ProjectController(QObject):
             try:
                 with asyncio.Runner() as runner:
                     self._runner_loop = runner.get_loop()
-                    result = runner.run(pipeline.run(stages, targets, retry))
+                    result = runner.run(pipeline.run(stages, targets, retry, remeasure))
             except BaseException as exc:  # noqa: BLE001 - handed to the UI loop
                 ui_loop.call_soon_threadsafe(settle, None, exc)
             else:

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QHeaderView,
+    QPushButton,
     QSplitter,
     QTableView,
     QTabWidget,
@@ -95,8 +96,15 @@ class ProfilerPage(TargetStagePage):
         rl.setContentsMargins(8, 4, 8, 4)
         self.reliability_text = label("", wrap=True)
         rl.addWidget(self.reliability_text)
-        cl.addWidget(self.reliability)
 
+        rl_row = QHBoxLayout()
+        rl_row.addWidget(self.reliability, 1)
+        self.again = QPushButton("Profile again")
+        self.again.setToolTip("Profile the decode step again (the simulator's figures follow "
+                              "host load: re-measure when the host is quiet)")
+        self.again.clicked.connect(self.profile_again)
+        rl_row.addWidget(self.again)
+        cl.addLayout(rl_row)
         self.tabs = QTabWidget()
         cl.addWidget(self.tabs, 1)
         self._build_op_tab()
@@ -323,6 +331,13 @@ class ProfilerPage(TargetStagePage):
         plot.setYRange(-0.6, len(items) - 0.4, padding=0)
         top = max(max(v, hi if hi == hi else 0) for _, v, _, hi in items)
         plot.setXRange(0, top * 1.05, padding=0)
+
+    def profile_again(self) -> None:
+        """A new measurement of the shown target's profile (not the cached one)."""
+        try:
+            self.ctl.run([self.stage], remeasure=True)
+        except StudioError as exc:
+            self.ctl.message.emit("error", exc.message)
 
     # ---- live -----------------------------------------------------------------------------
     def _on_partial(self, job_id: int, data: dict) -> None:
