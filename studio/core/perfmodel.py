@@ -753,12 +753,13 @@ def calibrate(anchors: Sequence[Anchor] | None = None,
         errs = np.zeros(len(COMPUTE_GRID))
         for i in pre_rows:
             p = prepared[i]
+            published_prefill = float(p.anchor.prefill_tokens_per_s or 0.0)
             g = transformer_ops(p.arch, p.scheme, prompt_of(p), p.anchor.context, prefill=True)
             for j, cf in enumerate(COMPUTE_GRID):
                 e = Efficiency(eff.bw_fraction, eff.overhead_ms, float(cf),
                                eff.float_decode_fraction)
                 t = estimate_ops(g, p.perf, e, e.compute_for(p.scheme, prefill=True)).total_s
-                errs[j] += abs(math.log(prompt_of(p) / t / p.anchor.prefill_tokens_per_s))
+                errs[j] += abs(math.log(prompt_of(p) / t / published_prefill))
         return float(COMPUTE_GRID[int(np.argmin(errs))])
 
     every = range(len(prepared))

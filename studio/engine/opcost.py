@@ -21,8 +21,14 @@ import numpy as np
 
 from studio.core.catalog import Chip
 from studio.core.errors import StudioError
-from studio.core.perfmodel import ChipPerf, Efficiency, GraphEstimate, OpGraph, estimate_ops, \
-    load_fit
+from studio.core.perfmodel import (
+    ChipPerf,
+    Efficiency,
+    GraphEstimate,
+    OpGraph,
+    estimate_ops,
+    load_fit,
+)
 from studio.core.profile import layer_of
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
