@@ -32,6 +32,24 @@ class Chip:
     fp16: bool = True
     numerics: str = "unverified"
     source: str = ""
+    # performance-model figures: None where the catalog says "unknown" (or says nothing)
+    ddr_type: str = "unknown"
+    ddr_gbps: float | None = None
+    ddr_source: str = ""
+    htp_cores: int | None = None
+    htp_tops: float | None = None
+    htp_source: str = ""
+
+    def perf_unknown(self) -> list[str]:
+        """The performance-model figures the catalog does not know for this chip."""
+        out = []
+        if self.ddr_gbps is None:
+            out.append("DDR bandwidth (ddr_gbps)")
+        if self.htp_tops is None:
+            out.append("peak HTP TOPS (htp_tops)")
+        if self.htp_cores is None:
+            out.append("HTP core count (htp_cores)")
+        return out
 
     @property
     def numerics_trusted(self) -> bool:
@@ -60,7 +78,12 @@ class Chip:
 
 
 _REQUIRED = {"name": str, "htp_arch": int, "soc_model": int, "vtcm_mb": int}
-_OPTIONAL = {"notes": str, "soc": str, "fp16": bool, "numerics": str, "source": str}
+_OPTIONAL = {"notes": str, "soc": str, "fp16": bool, "numerics": str, "source": str,
+             "ddr_type": str, "ddr_source": str, "htp_source": str}
+#: performance figures: a positive number, or the string "unknown"; a number needs its source
+_PERF = {"ddr_gbps": (float, "ddr_source"), "htp_tops": (float, "htp_source"),
+         "htp_cores": (int, "htp_source")}
+UNKNOWN = "unknown"
 
 
 def _parse_chip(key: str, table: object, where: str) -> Chip:
@@ -86,7 +109,26 @@ def _parse_chip(key: str, table: object, where: str) -> Chip:
                 f"not {value!r}; fix the file"
             )
         values[field] = value
-    unknown = sorted(set(table) - set(_REQUIRED) - set(_OPTIONAL))
+    for field, (typ, source_field) in _PERF.items():
+        if field not in table or table[field] == UNKNOWN:
+            continue
+        value = table[field]
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if typ is int:
+            ok = ok and isinstance(value, int)
+        if not ok or value <= 0:
+            raise StudioError(
+                f"chip catalog {where}: [chips.{key}].{field} must be a positive "
+                f"{'integer' if typ is int else 'number'} or \"unknown\", not {value!r}; "
+                "fix the file"
+            )
+        if not str(table.get(source_field, "")).strip():
+            raise StudioError(
+                f"chip catalog {where}: [chips.{key}].{field} has no {source_field}; say where "
+                "the figure comes from, or write \"unknown\""
+            )
+        values[field] = typ(value)
+    unknown = sorted(set(table) - set(_REQUIRED) - set(_OPTIONAL) - set(_PERF))
     if unknown:
         raise StudioError(
             f"chip catalog {where}: [chips.{key}] has unknown field(s) {', '.join(unknown)}; "

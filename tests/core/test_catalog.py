@@ -123,3 +123,39 @@ def test_core_imports_no_heavy_library():
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_chip_gives_its_performance_figures_a_source_or_says_unknown():
+    text = (ROOT / "resources" / "catalog" / "chips.toml").read_text()
+    import tomllib
+
+    raw = tomllib.loads(text)["chips"]
+    for key, chip in load_catalog().items():
+        for field, source in (("ddr_gbps", "ddr_source"), ("htp_tops", "htp_source"),
+                              ("htp_cores", "htp_source")):
+            assert field in raw[key], (key, field)  # a number or "unknown", never silent
+            if getattr(chip, field) is None:
+                assert raw[key][field] == "unknown"
+            else:
+                assert getattr(chip, source), (key, source)
+    assert get_chip("snapdragon-8-gen-3").ddr_gbps == 76.8
+    assert get_chip("snapdragon-8-elite").ddr_gbps == 84.8
+    assert get_chip("snapdragon-x-elite").ddr_gbps == 135.0
+    assert get_chip("qcs9100").perf_unknown() == [
+        "DDR bandwidth (ddr_gbps)", "peak HTP TOPS (htp_tops)", "HTP core count (htp_cores)"]
+
+
+@pytest.mark.parametrize(("extra", "match"), [
+    ("ddr_gbps = -3.0\nddr_source = \"x\"\n", "positive number"),
+    ("ddr_gbps = \"fast\"\n", "positive number"),
+    ("htp_cores = 1.5\nhtp_source = \"x\"\n", "positive integer"),
+    ("htp_tops = 40.0\n", "has no htp_source"),
+])
+def test_bad_performance_figures(tmp_path, extra, match):
+    f = tmp_path / "chips.toml"
+    f.write_text(CHIP + extra)
+    with pytest.raises(StudioError, match=match):
+        load_catalog(f)
+    f.write_text(CHIP + 'ddr_gbps = 51\nddr_source = "spec"\nhtp_tops = "unknown"\n')
+    chip = get_chip("test-chip", f)
+    assert chip.ddr_gbps == 51.0 and chip.htp_tops is None and chip.htp_cores is None

@@ -1,0 +1,826 @@
+"""The performance model: a roofline estimate of LLM speed on a Snapdragon HTP.
+
+Pure Python + numpy. Every number it produces is labelled ``estimated`` and carries
+:data:`MODEL_VERSION`.
+
+The model
+---------
+* An op costs ``max(compute, memory)``: compute = 2 x MACs / (peak HTP INT8 ops per core x
+  ``compute_fraction``), memory = DRAM bytes / (peak DDR bandwidth x ``bw_fraction``).
+  Peak figures come from the chip catalog (``ddr_gbps``, ``htp_tops``, ``htp_cores``); a
+  chip whose figures are "unknown" cannot be estimated (one clear line says so).
+* The ops of a graph (a DAG) are list-scheduled across the chip's HTP cores
+  (:func:`schedule`); DDR is shared by the cores, so a forward pass takes
+  ``max(makespan, all DRAM bytes / bandwidth) + overhead_ms``.
+* Decode of one token reads every linear weight once (at the scheme's bits per weight),
+  the whole KV cache of ``context`` tokens (static-shape caches, as QNN LLM exports use;
+  capped by a sliding window where the config has one) and the ``lm_head``. The token
+  embedding is a gather of one row and is not counted as traffic.
+* Prefill of N prompt tokens is one pass over the same ops with N x the MACs (causal
+  attention over the prompt); it is compute-bound for any useful N.
+* Three efficiency parameters (``bw_fraction``, ``overhead_ms``, ``compute_fraction``) are
+  fitted to published device numbers (``resources/perf/anchors.toml``) by a deterministic
+  grid search (:func:`calibrate`); the fit ships in ``resources/perf/model.toml``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from studio.core.catalog import Chip, get_chip, load_catalog
+from studio.core.errors import StudioError
+
+MODEL_VERSION = "roofline-1.0"
+SOURCE = "estimated"
+
+RESOURCES = Path(__file__).resolve().parents[2] / "resources"
+CONFIGS_DIR = RESOURCES / "configs"
+ANCHORS_PATH = RESOURCES / "perf" / "anchors.toml"
+FIT_PATH = RESOURCES / "perf" / "model.toml"
+
+
+# --------------------------------------------------------------------------- schemes
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """Bits per stored weight, per activation, and per KV-cache element."""
+
+    name: str
+    weight_bits: int
+    act_bits: int
+    kv_bits: int
+    description: str
+    float_acts: bool = False
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.weight_bits / 8
+
+    @property
+    def act_bytes(self) -> float:
+        return self.act_bits / 8
+
+    @property
+    def kv_bytes(self) -> float:
+        return self.kv_bits / 8
+
+
+SCHEMES: dict[str, Scheme] = {
+    "W4A16": Scheme("W4A16", 4, 16, 16, "4-bit weights, 16-bit integer activations and KV"),
+    "W4": Scheme("W4", 4, 16, 16, "4-bit weights, 16-bit float activations and KV", True),
+    "W8A16": Scheme("W8A16", 8, 16, 16, "8-bit weights, 16-bit integer activations and KV"),
+    "W8A8": Scheme("W8A8", 8, 8, 8, "8-bit weights, 8-bit activations and KV"),
+    "FP16": Scheme("FP16", 16, 16, 16, "16-bit float weights, activations and KV", True),
+}
+
+
+def get_scheme(name: str) -> Scheme:
+    key = str(name).strip().upper()
+    if key not in SCHEMES:
+        raise StudioError(f"unknown scheme {name!r}; known schemes: {', '.join(SCHEMES)}")
+    return SCHEMES[key]
+
+
+# --------------------------------------------------------------------------- architecture
+
+#: ``tie_word_embeddings`` when a config does not say (the transformers class defaults)
+_TIED_DEFAULT = {"gemma": True, "gemma2": True, "gemma3_text": True}
+
+
+@dataclass(frozen=True)
+class Arch:
+    """The sizes of a decoder-only transformer: all the model needs, no weights."""
+
+    name: str
+    model_type: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool
+    attention_bias: bool = False
+    sliding_window: int | None = None
+    sliding_layers: int = 0
+    max_position: int | None = None
+    rope_theta: float | None = None
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def attn_params(self) -> int:
+        h = self.hidden
+        bias = (self.q_dim + 2 * self.kv_dim) if self.attention_bias else 0
+        return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + bias
+
+    @property
+    def mlp_params(self) -> int:
+        return 3 * self.hidden * self.intermediate
+
+    @property
+    def layer_params(self) -> int:
+        """Linear weights of one block (norm weights are negligible and left out)."""
+        return self.attn_params + self.mlp_params
+
+    @property
+    def embed_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def head_params(self) -> int:
+        """The lm_head's weights (shared with the embedding when tied, but read per token)."""
+        return self.vocab * self.hidden
+
+    @property
+    def params(self) -> int:
+        """Stored parameters: a tied embedding / lm_head pair counted once."""
+        head = 0 if self.tied_embeddings else self.head_params
+        return self.layers * self.layer_params + self.embed_params + head
+
+    def kv_context(self, layer: int, context: int) -> int:
+        """KV positions layer ``layer`` attends over at ``context`` (a sliding window caps it)."""
+        if self.sliding_window and layer < self.sliding_layers:
+            return min(context, self.sliding_window)
+        return context
+
+    def kv_bytes_per_token(self, scheme: Scheme) -> float:
+        """KV-cache bytes one token of context adds, all layers (K and V)."""
+        return 2 * self.layers * self.kv_dim * scheme.kv_bytes
+
+    def kv_cache_bytes(self, scheme: Scheme, context: int) -> float:
+        return sum(2 * self.kv_dim * self.kv_context(i, context) * scheme.kv_bytes
+                   for i in range(self.layers))
+
+    def weight_bytes(self, scheme: Scheme) -> float:
+        return self.params * scheme.weight_bytes
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], name: str = "") -> Arch:
+        """From a Hugging Face ``config.json`` dict (llama, qwen2, qwen3, mistral, phi3, gemma2)."""
+        cfg = dict(config)
+        if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), Mapping):
+            cfg = {**cfg, **cfg["text_config"]}
+        where = f"config {name}" if name else "config"
+
+        def need_int(*keys: str) -> int:
+            for k in keys:
+                v = cfg.get(k)
+                if v is not None:
+                    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                        raise StudioError(f"{where}: '{k}' must be a positive integer, not {v!r}")
+                    return v
+            raise StudioError(f"{where} has no '{keys[0]}'; give a Hugging Face config.json of "
+                              "a decoder-only transformer (llama, qwen2, qwen3, mistral, phi3, "
+                              "gemma2)")
+
+        hidden = need_int("hidden_size", "n_embd", "d_model")
+        layers = need_int("num_hidden_layers", "n_layer", "num_layers")
+        heads = need_int("num_attention_heads", "n_head")
+        kv_heads = need_int("num_key_value_heads") if cfg.get("num_key_value_heads") else heads
+        head_dim = need_int("head_dim") if cfg.get("head_dim") else hidden // heads
+        if not cfg.get("head_dim") and hidden % heads:
+            raise StudioError(f"{where}: hidden_size {hidden} is not a multiple of "
+                              f"num_attention_heads {heads}; add 'head_dim'")
+        if heads % kv_heads:
+            raise StudioError(f"{where}: num_attention_heads {heads} is not a multiple of "
+                              f"num_key_value_heads {kv_heads}")
+        intermediate = need_int("intermediate_size", "n_inner", "ffn_dim")
+        vocab = need_int("vocab_size")
+        model_type = str(cfg.get("model_type", "") or "unknown")
+        tied = cfg.get("tie_word_embeddings", _TIED_DEFAULT.get(model_type, False))
+        if not isinstance(tied, bool):
+            raise StudioError(f"{where}: 'tie_word_embeddings' must be true or false")
+        window = cfg.get("sliding_window")
+        sliding_layers = 0
+        if isinstance(window, int) and not isinstance(window, bool) and window > 0:
+            if model_type.startswith("gemma2") or model_type.startswith("gemma3"):
+                sliding_layers = layers // 2  # local / global layers alternate
+            elif model_type in ("qwen2", "qwen3", "qwen2_moe"):
+                if cfg.get("use_sliding_window"):
+                    sliding_layers = int(cfg.get("max_window_layers", layers) or layers)
+            else:  # mistral, phi3: every layer
+                sliding_layers = layers
+        if sliding_layers == 0:
+            window = None
+        rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else {}
+        theta = cfg.get("rope_theta", rope.get("rope_theta") if rope else None)
+        bias = bool(cfg.get("attention_bias", model_type in ("qwen2", "qwen2_moe")))
+        return cls(
+            name=name or str(cfg.get("_name_or_path", "") or model_type),
+            model_type=model_type, layers=layers, hidden=hidden, heads=heads,
+            kv_heads=kv_heads, head_dim=head_dim, intermediate=intermediate, vocab=vocab,
+            tied_embeddings=tied, attention_bias=bias, sliding_window=window,
+            sliding_layers=min(sliding_layers, layers),
+            max_position=cfg.get("max_position_embeddings"),
+            rope_theta=float(theta) if isinstance(theta, int | float) else None,
+        )
+
+
+def load_config(path: str | Path) -> tuple[dict[str, Any], str]:
+    """A HF config dict from a ``config.json``, a checkpoint folder, or a bundled name."""
+    p = Path(path)
+    if not p.exists() and (CONFIGS_DIR / f"{path}.json").is_file():
+        p = CONFIGS_DIR / f"{path}.json"
+    if p.is_dir():
+        p = p / "config.json"
+        if not p.is_file():
+            raise StudioError(f"{p.parent} has no config.json; give a checkpoint folder or a "
+                              "config.json")
+    if not p.is_file():
+        bundled = ", ".join(sorted(f.stem for f in CONFIGS_DIR.glob("*.json")))
+        raise StudioError(f"config {path} not found; give a config.json, a checkpoint folder, "
+                          f"or a bundled name ({bundled})")
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise StudioError(f"{p} is not valid JSON ({e}); give a Hugging Face config.json") from None
+    if not isinstance(cfg, dict):
+        raise StudioError(f"{p} is not a JSON object; give a Hugging Face config.json")
+    name = p.parent.name if p.name == "config.json" else p.stem
+    return cfg, name
+
+
+def load_arch(path: str | Path) -> Arch:
+    cfg, name = load_config(path)
+    return Arch.from_config(cfg, name)
+
+
+# --------------------------------------------------------------------------- chip + fit
+
+
+@dataclass(frozen=True)
+class ChipPerf:
+    """The peak figures of one chip the model needs."""
+
+    key: str
+    name: str
+    ddr_gbps: float
+    htp_tops: float
+    htp_cores: int
+
+    @classmethod
+    def of(cls, chip: Chip) -> ChipPerf:
+        missing = chip.perf_unknown()
+        if missing:
+            raise StudioError(
+                f"cannot estimate for {chip.name}: the chip catalog does not know its "
+                f"{' and '.join(missing)}; add the figure with its source to "
+                "resources/catalog/chips.toml"
+            )
+        assert chip.ddr_gbps and chip.htp_tops and chip.htp_cores
+        return cls(chip.key, chip.name, chip.ddr_gbps, chip.htp_tops, chip.htp_cores)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """What share of the peaks a real run achieves, and a fixed cost per forward pass."""
+
+    bw_fraction: float = 0.6
+    overhead_ms: float = 0.0
+    compute_fraction: float = 0.25
+    float_decode_fraction: float = 0.005
+
+    def __post_init__(self):
+        if not (0 < self.bw_fraction <= 1 and 0 < self.compute_fraction <= 1
+                and 0 < self.float_decode_fraction <= 1 and self.overhead_ms >= 0):
+            raise StudioError(f"efficiency parameters out of range: {self}")
+
+    def compute_for(self, scheme: Scheme, prefill: bool) -> float:
+        """The fraction of peak INT8 ops a pass of ``scheme`` achieves."""
+        if not scheme.float_acts:
+            return self.compute_fraction
+        return self.compute_fraction * FP16_RATE if prefill else self.float_decode_fraction
+
+
+#: HMX FP16 throughput relative to INT8 (an assumption, not fitted: no prefill anchor uses a
+#: float scheme)
+FP16_RATE = 0.5
+
+
+def load_fit(path: str | Path | None = None) -> tuple[Efficiency, dict[str, Any]]:
+    """The shipped calibration: its parameters and its whole table."""
+    p = Path(path) if path is not None else FIT_PATH
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StudioError(f"performance-model fit {p} not found; run studio estimate "
+                          "--calibration --write-fit") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise StudioError(f"performance-model fit {p} is not valid TOML ({e})") from None
+    if data.get("model_version") != MODEL_VERSION:
+        raise StudioError(f"performance-model fit {p} is for model {data.get('model_version')!r}, "
+                          f"not {MODEL_VERSION}; run studio estimate --calibration --write-fit")
+    try:
+        eff = Efficiency(float(data["bw_fraction"]), float(data["overhead_ms"]),
+                         float(data["compute_fraction"]), float(data["float_decode_fraction"]))
+    except (KeyError, TypeError, ValueError):
+        raise StudioError(f"performance-model fit {p} lacks its parameters; run studio "
+                          "estimate --calibration --write-fit") from None
+    return eff, data
+
+
+# --------------------------------------------------------------------------- op graphs
+
+
+@dataclass
+class OpGraph:
+    """Columnar ops of one forward pass: names, types, layer (-1: none), MACs, DRAM bytes,
+    and the dependency edges ``(producer, consumer)`` as row indices."""
+
+    names: list[str]
+    op_types: list[str]
+    layer: np.ndarray
+    macs: np.ndarray
+    dram_bytes: np.ndarray
+    edges: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
+
+    def __post_init__(self):
+        n = len(self.names)
+        self.layer = np.asarray(self.layer, np.int64).reshape(n)
+        self.macs = np.asarray(self.macs, np.float64).reshape(n)
+        self.dram_bytes = np.asarray(self.dram_bytes, np.float64).reshape(n)
+        self.edges = np.asarray(self.edges, np.int64).reshape(-1, 2)
+        if len(self.op_types) != n:
+            raise ValueError("op_types and names differ in length")
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def roofline(macs, dram_bytes, chip: ChipPerf, eff: Efficiency,
+             compute_fraction: float | None = None) -> dict[str, np.ndarray]:
+    """Per-op roofline on one HTP core: times (s), the bound, arithmetic intensity (ops/B).
+
+    ``compute_fraction`` overrides ``eff.compute_fraction`` (see :meth:`Efficiency.compute_for`).
+    """
+    macs = np.asarray(macs, np.float64)
+    b = np.asarray(dram_bytes, np.float64)
+    cf = eff.compute_fraction if compute_fraction is None else compute_fraction
+    ops_per_s = chip.htp_tops * 1e12 * cf / chip.htp_cores
+    bytes_per_s = chip.ddr_gbps * 1e9 * eff.bw_fraction
+    compute = 2 * macs / ops_per_s
+    memory = b / bytes_per_s
+    time = np.maximum(compute, memory)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        intensity = np.where(b > 0, 2 * macs / np.where(b > 0, b, 1), np.inf)
+    bound = np.where(compute >= memory, "compute", "memory")
+    bound = np.where((compute == 0) & (memory == 0), "none", bound)
+    return {"time_s": time, "compute_s": compute, "memory_s": memory, "bound": bound,
+            "intensity": intensity, "ridge": np.float64(ops_per_s / bytes_per_s),
+            "peak_ops_per_s": np.float64(ops_per_s), "bytes_per_s": np.float64(bytes_per_s)}
+
+
+@dataclass
+class Schedule:
+    start: np.ndarray
+    core: np.ndarray
+    finish: np.ndarray
+
+    @property
+    def makespan(self) -> float:
+        return float(self.finish.max()) if len(self.finish) else 0.0
+
+
+def schedule(durations: Sequence[float] | np.ndarray, edges, cores: int) -> Schedule:
+    """List-schedule a DAG of ops onto ``cores`` identical cores.
+
+    Ops are taken in topological order (lowest index first among the ready ones); each goes
+    to the core where it can start earliest (the lowest core index on ties) and starts when
+    that core is free and all its predecessors have finished. Deterministic.
+    """
+    d = np.asarray(durations, np.float64)
+    n = len(d)
+    if cores < 1:
+        raise ValueError("cores must be >= 1")
+    e = np.asarray(edges, np.int64).reshape(-1, 2)
+    preds: list[list[int]] = [[] for _ in range(n)]
+    succs: list[list[int]] = [[] for _ in range(n)]
+    indeg = np.zeros(n, np.int64)
+    for a, b in e.tolist():
+        if a == b:
+            raise ValueError(f"op {a} depends on itself")
+        preds[b].append(a)
+        succs[a].append(b)
+        indeg[b] += 1
+    ready = [i for i in range(n) if indeg[i] == 0]
+    heapq.heapify(ready)
+    start = np.zeros(n)
+    finish = np.zeros(n)
+    core = np.full(n, -1, np.int64)
+    free = [0.0] * cores
+    done = 0
+    while ready:
+        i = heapq.heappop(ready)
+        t_ready = max((finish[p] for p in preds[i]), default=0.0)
+        best = min(range(cores), key=lambda c: (max(free[c], t_ready), c))
+        start[i] = max(free[best], t_ready)
+        finish[i] = start[i] + d[i]
+        free[best] = finish[i]
+        core[i] = best
+        done += 1
+        for s in succs[i]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(ready, s)
+    if done != n:
+        raise ValueError("the op graph has a cycle")
+    return Schedule(start, core, finish)
+
+
+@dataclass
+class GraphEstimate:
+    """Per-op estimate of one forward pass, and its total."""
+
+    graph: OpGraph
+    roof: dict[str, np.ndarray]
+    sched: Schedule
+    bandwidth_floor_s: float
+    overhead_s: float
+
+    @property
+    def total_s(self) -> float:
+        return max(self.sched.makespan, self.bandwidth_floor_s) + self.overhead_s
+
+    @property
+    def bound(self) -> str:
+        """What dominates the pass: 'memory', 'compute' or 'overhead'."""
+        t = self.roof["time_s"]
+        mem = float(t[self.roof["bound"] == "memory"].sum())
+        comp = float(t[self.roof["bound"] == "compute"].sum())
+        if self.overhead_s > max(mem, comp):
+            return "overhead"
+        return "memory" if mem >= comp else "compute"
+
+
+def estimate_ops(graph: OpGraph, chip: ChipPerf, eff: Efficiency,
+                 compute_fraction: float | None = None) -> GraphEstimate:
+    roof = roofline(graph.macs, graph.dram_bytes, chip, eff, compute_fraction)
+    sched = schedule(roof["time_s"], graph.edges, chip.htp_cores)
+    floor = float(graph.dram_bytes.sum()) / float(roof["bytes_per_s"])
+    return GraphEstimate(graph, roof, sched, floor, eff.overhead_ms / 1000)
+
+
+def transformer_ops(arch: Arch, scheme: Scheme, tokens: int, context: int,
+                    prefill: bool = False) -> OpGraph:
+    """The ops of one forward pass over ``tokens`` new tokens with ``context`` KV positions.
+
+    Decode: ``tokens`` = 1, attention over the static cache of ``context`` positions.
+    Prefill: ``prefill=True``, causal attention over the prompt itself (``context`` caps it).
+    Per layer: qkv -> attention -> o_proj -> gate/up -> down, then the lm_head.
+    """
+    h, n = arch.hidden, tokens
+    wb, ab, kb = scheme.weight_bytes, scheme.act_bytes, scheme.kv_bytes
+    names: list[str] = []
+    types: list[str] = []
+    layer: list[int] = []
+    macs: list[float] = []
+    dram: list[float] = []
+    edges: list[tuple[int, int]] = []
+
+    def add(name: str, op: str, li: int, m: float, b: float) -> None:
+        if names:
+            edges.append((len(names) - 1, len(names)))
+        names.append(name)
+        types.append(op)
+        layer.append(li)
+        macs.append(m)
+        dram.append(b)
+
+    def linear(name: str, li: int, k: int, m_out: int) -> None:
+        add(name, "MatMul", li, n * k * m_out, k * m_out * wb + n * (k + m_out) * ab)
+
+    qkv = arch.q_dim + 2 * arch.kv_dim
+    for i in range(arch.layers):
+        p = f"/model/layers.{i}"
+        linear(f"{p}/self_attn/qkv_proj", i, h, qkv)
+        ctx = arch.kv_context(i, context)
+        if prefill:
+            span = min(n, ctx)
+            att_macs = 2 * arch.q_dim * n * (span + 1) / 2  # causal: QK^T and AV
+            kv_read = 0.0
+        else:
+            att_macs = 2 * arch.q_dim * n * ctx
+            kv_read = 2 * arch.kv_dim * ctx * kb
+        kv_write = 2 * arch.kv_dim * n * kb
+        act = n * (qkv + arch.q_dim) * ab
+        add(f"{p}/self_attn/attention", "Attention", i, att_macs, kv_read + kv_write + act)
+        linear(f"{p}/self_attn/o_proj", i, arch.q_dim, h)
+        linear(f"{p}/mlp/gate_up_proj", i, h, 2 * arch.intermediate)
+        linear(f"{p}/mlp/down_proj", i, arch.intermediate, h)
+    linear("/lm_head", -1, h, arch.vocab)
+    return OpGraph(names, types, np.array(layer), np.array(macs), np.array(dram),
+                   np.array(edges, np.int64).reshape(-1, 2))
+
+
+# --------------------------------------------------------------------------- estimate
+
+
+@dataclass
+class Estimate:
+    """Prefill and decode speed of an architecture on a chip, labelled ``estimated``."""
+
+    arch: Arch
+    chip: ChipPerf
+    scheme: Scheme
+    context: int
+    prompt_tokens: int
+    eff: Efficiency
+    decode: GraphEstimate
+    prefill: GraphEstimate
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return 1.0 / self.decode.total_s
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill.total_s
+
+    def layer_traffic(self) -> dict[int, float]:
+        """DRAM bytes per decoded token by layer (-1: outside the layers, the lm_head)."""
+        g = self.decode.graph
+        out: dict[int, float] = {}
+        for li, b in zip(g.layer.tolist(), g.dram_bytes.tolist(), strict=True):
+            out[li] = out.get(li, 0.0) + b
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.decode
+        return {
+            "source": SOURCE,
+            "model_version": MODEL_VERSION,
+            "model": self.arch.name,
+            "chip": self.chip.key,
+            "chip_name": self.chip.name,
+            "scheme": self.scheme.name,
+            "context": self.context,
+            "prompt_tokens": self.prompt_tokens,
+            "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),
+            "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 3),
+            "decode_ms_per_token": round(d.total_s * 1000, 4),
+            "time_to_first_token_ms": round(self.prefill.total_s * 1000, 3),
+            "bound": d.bound,
+            "prefill_bound": self.prefill.bound,
+            "params": self.arch.params,
+            "weight_bytes": int(round(self.arch.weight_bytes(self.scheme))),
+            "kv_bytes_per_token": int(round(self.arch.kv_bytes_per_token(self.scheme))),
+            "kv_cache_bytes": int(round(self.arch.kv_cache_bytes(self.scheme, self.context))),
+            "decode_dram_bytes_per_token": int(round(float(d.graph.dram_bytes.sum()))),
+            "decode_macs_per_token": int(round(float(d.graph.macs.sum()))),
+            "chip_figures": {"ddr_gbps": self.chip.ddr_gbps, "htp_tops": self.chip.htp_tops,
+                             "htp_cores": self.chip.htp_cores},
+            "efficiency": asdict(self.eff),
+        }
+
+
+def estimate(arch: Arch, chip: Chip | ChipPerf | str, scheme: Scheme | str, context: int,
+             prompt_tokens: int | None = None, eff: Efficiency | None = None) -> Estimate:
+    """Decode and prefill estimate for ``arch`` on ``chip`` (uses the shipped fit by default)."""
+    if isinstance(chip, str):
+        chip = get_chip(chip)
+    perf = chip if isinstance(chip, ChipPerf) else ChipPerf.of(chip)
+    sch = scheme if isinstance(scheme, Scheme) else get_scheme(scheme)
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise StudioError(f"context must be a positive number of tokens, not {context!r}")
+    prompt = min(context, 1024) if prompt_tokens is None else prompt_tokens
+    if isinstance(prompt, bool) or not isinstance(prompt, int) or not 1 <= prompt <= context:
+        raise StudioError(f"prompt tokens must be between 1 and the context ({context}), "
+                          f"not {prompt!r}")
+    if eff is None:
+        eff = load_fit()[0]
+    dec = estimate_ops(transformer_ops(arch, sch, 1, context), perf, eff,
+                       eff.compute_for(sch, prefill=False))
+    pre = estimate_ops(transformer_ops(arch, sch, prompt, context, prefill=True), perf, eff,
+                       eff.compute_for(sch, prefill=True))
+    return Estimate(arch, perf, sch, context, prompt, eff, dec, pre)
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+@dataclass(frozen=True)
+class Anchor:
+    model: str
+    config: str
+    scheme: str
+    chip: str
+    context: int
+    decode_tokens_per_s: float
+    source: str
+    prefill_tokens_per_s: float | None = None
+    prompt_tokens: int | None = None
+
+
+def load_anchors(path: str | Path | None = None) -> list[Anchor]:
+    p = Path(path) if path is not None else ANCHORS_PATH
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StudioError(f"anchor table {p} not found") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise StudioError(f"anchor table {p} is not valid TOML ({e}); fix the file") from None
+    rows = data.get("anchor")
+    if not isinstance(rows, list) or not rows:
+        raise StudioError(f"anchor table {p} has no [[anchor]] rows; fix the file")
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            out.append(Anchor(**row))
+        except TypeError as e:
+            raise StudioError(f"anchor table {p}: row {i + 1} is malformed ({e})") from None
+        if not out[-1].source:
+            raise StudioError(f"anchor table {p}: row {i + 1} has no source")
+    return out
+
+
+BW_GRID = np.round(np.arange(0.30, 1.0000001, 0.01), 2)
+OVERHEAD_GRID = np.round(np.arange(0.0, 30.0000001, 0.2), 1)
+FLOAT_GRID = np.round(np.geomspace(0.0005, 0.05, 81), 6)
+COMPUTE_GRID = np.round(np.arange(0.010, 1.0000001, 0.005), 3)
+_START = Efficiency(0.8, 0.0, 0.25, 0.005)
+
+
+def _ape(pred: float, pub: float) -> float:
+    return abs(pred - pub) / pub * 100
+
+
+def _median(xs: Iterable[float]) -> float | None:
+    xs = list(xs)
+    return float(np.median(xs)) if xs else None
+
+
+@dataclass
+class _Prepared:
+    anchor: Anchor
+    arch: Arch
+    perf: ChipPerf
+    scheme: Scheme
+
+    def decode_times(self, cf: float) -> np.ndarray:
+        """Decode seconds per token (no overhead) on the grids: (bw,) or (bw, float fraction).
+
+        The decode graph is a chain, so its schedule is the sum of its ops on any number of
+        cores; this is :func:`estimate_ops` vectorised over the grids.
+        """
+        g = transformer_ops(self.arch, self.scheme, 1, self.anchor.context)
+        assert np.array_equal(g.edges[:, 1] - g.edges[:, 0], np.ones(len(g) - 1))
+        c1 = 2 * g.macs / (self.perf.htp_tops * 1e12 / self.perf.htp_cores)
+        m1 = g.dram_bytes / (self.perf.ddr_gbps * 1e9)
+        mem = m1[:, None] / BW_GRID[None, :]  # (ops, bw)
+        if not self.scheme.float_acts:
+            return np.maximum(c1[:, None] / cf, mem).sum(axis=0)
+        comp = c1[:, None] / FLOAT_GRID[None, :]  # (ops, ff)
+        return np.maximum(comp[:, None, :], mem[:, :, None]).sum(axis=0)
+
+
+def _fit_decode(times: list[np.ndarray], published: np.ndarray, rows: Iterable[int],
+                default_ff: float) -> tuple[float, float, float]:
+    """(bw_fraction, overhead_ms, float_decode_fraction) minimising the mean |log error|."""
+    rows = list(rows)
+    oh = OVERHEAD_GRID[None, :, None] / 1000
+    err = np.zeros((len(BW_GRID), len(OVERHEAD_GRID), len(FLOAT_GRID)))
+    any_float = False
+    for i in rows:
+        t = times[i]
+        if t.ndim == 1:
+            t = t[:, None, None]
+        else:
+            any_float = True
+            t = t[:, None, :]
+        err += np.abs(np.log(published[i] * (t + oh)))
+    if not any_float:  # the float fraction is free: keep the default
+        err = err[:, :, :1]
+    b, o, f = np.unravel_index(int(np.argmin(err)), err.shape)
+    ff = float(FLOAT_GRID[f]) if any_float else default_ff
+    return float(BW_GRID[b]), float(OVERHEAD_GRID[o]), ff
+
+
+def _predict(times: np.ndarray, bw: float, oh: float, ff: float) -> float:
+    b = int(np.argmin(np.abs(BW_GRID - bw)))
+    t = times[b] if times.ndim == 1 else times[b, int(np.argmin(np.abs(FLOAT_GRID - ff)))]
+    return 1.0 / (float(t) + oh / 1000)
+
+
+def calibrate(anchors: Sequence[Anchor] | None = None,
+              catalog_path: str | Path | None = None) -> dict[str, Any]:
+    """Fit the efficiency parameters to the anchors; median and leave-one-out errors.
+
+    A deterministic grid search, minimising the mean |log(estimated / published)|:
+    ``compute_fraction`` on the prefill anchors; then ``bw_fraction``, ``overhead_ms`` and
+    ``float_decode_fraction`` jointly on the decode anchors; then both once more. The
+    leave-one-out figure refits the decode parameters without each anchor and predicts it.
+    """
+    anchors = list(anchors) if anchors is not None else load_anchors()
+    catalog = load_catalog(catalog_path)
+    prepared: list[_Prepared] = []
+    skipped: list[dict[str, Any]] = []
+    for a in anchors:
+        try:
+            chip = catalog.get(a.chip) or get_chip(a.chip, catalog_path)
+            prepared.append(_Prepared(a, load_arch(a.config), ChipPerf.of(chip),
+                                      get_scheme(a.scheme)))
+        except StudioError as e:
+            skipped.append({**asdict(a), "reason": e.message})
+    if len(prepared) < 3:
+        raise StudioError("fewer than 3 anchors can be estimated; cannot calibrate")
+    published = np.array([p.anchor.decode_tokens_per_s for p in prepared])
+    pre_rows = [i for i, p in enumerate(prepared) if p.anchor.prefill_tokens_per_s]
+
+    def prompt_of(p: _Prepared) -> int:
+        return p.anchor.prompt_tokens or min(p.anchor.context, 1024)
+
+    def fit_compute(eff: Efficiency) -> float:
+        if not pre_rows:
+            return eff.compute_fraction
+        errs = np.zeros(len(COMPUTE_GRID))
+        for i in pre_rows:
+            p = prepared[i]
+            published_prefill = float(p.anchor.prefill_tokens_per_s or 0.0)
+            g = transformer_ops(p.arch, p.scheme, prompt_of(p), p.anchor.context, prefill=True)
+            for j, cf in enumerate(COMPUTE_GRID):
+                e = Efficiency(eff.bw_fraction, eff.overhead_ms, float(cf),
+                               eff.float_decode_fraction)
+                t = estimate_ops(g, p.perf, e, e.compute_for(p.scheme, prefill=True)).total_s
+                errs[j] += abs(math.log(prompt_of(p) / t / published_prefill))
+        return float(COMPUTE_GRID[int(np.argmin(errs))])
+
+    every = range(len(prepared))
+    eff = _START
+    for _ in range(2):
+        cf = fit_compute(eff)
+        times = [p.decode_times(cf) for p in prepared]
+        bw, oh, ff = _fit_decode(times, published, every, _START.float_decode_fraction)
+        eff = Efficiency(bw, oh, cf, ff)
+
+    rows = []
+    for i, p in enumerate(prepared):
+        pred = _predict(times[i], eff.bw_fraction, eff.overhead_ms, eff.float_decode_fraction)
+        loo = _predict(times[i], *_fit_decode(times, published, (k for k in every if k != i),
+                                              _START.float_decode_fraction))
+        row: dict[str, Any] = {
+            **asdict(p.anchor),
+            "estimated_decode_tokens_per_s": round(pred, 3),
+            "ape": round(_ape(pred, p.anchor.decode_tokens_per_s), 2),
+            "loo_estimated_decode_tokens_per_s": round(loo, 3),
+            "loo_ape": round(_ape(loo, p.anchor.decode_tokens_per_s), 2),
+        }
+        est = estimate(p.arch, p.perf, p.scheme, p.anchor.context, prompt_of(p), eff)
+        row["bound"] = est.decode.bound
+        if p.anchor.prefill_tokens_per_s:
+            row["estimated_prefill_tokens_per_s"] = round(est.prefill_tokens_per_s, 3)
+            row["prefill_ape"] = round(_ape(est.prefill_tokens_per_s,
+                                            p.anchor.prefill_tokens_per_s), 2)
+        rows.append(row)
+    prefill_apes = [r["prefill_ape"] for r in rows if "prefill_ape" in r]
+    return {
+        "source": SOURCE,
+        "model_version": MODEL_VERSION,
+        "params": asdict(eff),
+        "anchors_used": len(prepared),
+        "decode_mdape": round(_median(r["ape"] for r in rows) or 0.0, 2),
+        "decode_loo_mdape": round(_median(r["loo_ape"] for r in rows) or 0.0, 2),
+        "prefill_mdape": round(m, 2) if (m := _median(prefill_apes)) is not None else None,
+        "prefill_anchors": len(prefill_apes),
+        "rows": rows,
+        "skipped": skipped,
+    }
+
+
+def fit_toml(cal: Mapping[str, Any]) -> str:
+    """The shipped fit file's text for a :func:`calibrate` result."""
+    p = cal["params"]
+    lines = [
+        "# Fitted efficiency parameters of the performance model (studio/core/perfmodel.py).",
+        "# Written by `studio estimate --calibration --write-fit` from resources/perf/anchors.toml;",
+        "# tests/core/test_perfmodel.py recomputes the fit and checks it equals this file.",
+        "",
+        f'model_version = "{cal["model_version"]}"',
+        f"bw_fraction = {p['bw_fraction']!r}",
+        f"overhead_ms = {p['overhead_ms']!r}",
+        f"compute_fraction = {p['compute_fraction']!r}",
+        f"float_decode_fraction = {p['float_decode_fraction']!r}",
+        f"anchors_used = {cal['anchors_used']}",
+        f"decode_mdape = {cal['decode_mdape']!r}",
+        f"decode_loo_mdape = {cal['decode_loo_mdape']!r}",
+    ]
+    if cal.get("prefill_mdape") is not None:
+        lines.append(f"prefill_mdape = {cal['prefill_mdape']!r}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,200 @@
+"""Per-node cost of an ONNX graph for the performance model: MACs, DRAM bytes, dependencies.
+
+Shapes come from ONNX shape inference, so the graph needs static input shapes.
+
+* MACs: MatMul (``prod(out) x K``), Gemm, Conv (``out elements x C_in/group x kernel``) and
+  the attention ops (``Attention``, ``MultiHeadAttention``, ``GroupQueryAttention``:
+  ``2 x B x S_q x S_kv x hidden``); every other op has 0 MACs (memory-bound).
+* DRAM bytes: the weights a node reads, at their *stored* size — an initializer feeding a
+  ``DequantizeLinear`` counts at the initializer's type (int4 = half a byte, int8 = 1,
+  uint16 = 2), a float initializer at its float size — plus its activations in and out,
+  an activation that passed through a Q/DQ pair counted at the quantized type.
+* ``QuantizeLinear`` / ``DequantizeLinear`` are folded into their neighbours by the HTP
+  compiler: they stay in the table (so dependencies hold) with 0 MACs and 0 bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from studio.core.catalog import Chip
+from studio.core.errors import StudioError
+from studio.core.perfmodel import (
+    ChipPerf,
+    Efficiency,
+    GraphEstimate,
+    OpGraph,
+    estimate_ops,
+    load_fit,
+)
+from studio.core.profile import layer_of
+
+_QDQ = ("QuantizeLinear", "DequantizeLinear")
+_ATTENTION = ("Attention", "MultiHeadAttention", "GroupQueryAttention")
+_UNARY = ("Relu", "Sigmoid", "Tanh", "Gelu", "Erf", "Neg", "Sqrt", "Reciprocal", "Exp", "Softmax",
+          "Cast", "Identity", "LayerNormalization", "SimplifiedLayerNormalization", "Clip")
+_BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
+
+
+def _bytes_per_elem(elem_type: int) -> float:
+    from onnx import TensorProto
+
+    bits = {
+        TensorProto.INT4: 4, TensorProto.UINT4: 4, TensorProto.INT8: 8, TensorProto.UINT8: 8,
+        TensorProto.BOOL: 8, TensorProto.INT16: 16, TensorProto.UINT16: 16,
+        TensorProto.FLOAT16: 16, TensorProto.BFLOAT16: 16, TensorProto.FLOAT: 32,
+        TensorProto.INT32: 32, TensorProto.UINT32: 32, TensorProto.INT64: 64,
+        TensorProto.UINT64: 64, TensorProto.DOUBLE: 64,
+    }.get(elem_type, 32)
+    return bits / 8
+
+
+def _shape(vi) -> tuple[int, ...] | None:
+    t = vi.type.tensor_type
+    if not t.HasField("shape"):
+        return None
+    dims = []
+    for d in t.shape.dim:
+        if not d.HasField("dim_value") or d.dim_value <= 0:
+            return None
+        dims.append(int(d.dim_value))
+    return tuple(dims)
+
+
+def op_costs(onnx_path: str | Path) -> OpGraph:
+    """Columnar per-node costs of the graph at ``onnx_path`` (node order = graph order)."""
+    import onnx
+
+    path = Path(onnx_path)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+        model = onnx.shape_inference.infer_shapes(model)
+    except FileNotFoundError:
+        raise StudioError(f"ONNX file {path} not found") from None
+    except Exception as e:  # onnx raises DecodeError / ValidationError / InferenceError
+        raise StudioError(f"{path.name} is not a readable ONNX model ({e})") from None
+    g = model.graph
+    shapes: dict[str, tuple[int, ...] | None] = {}
+    etype: dict[str, int] = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        shapes[vi.name] = _shape(vi)
+        etype[vi.name] = vi.type.tensor_type.elem_type
+    inits = {t.name: t for t in g.initializer}
+    for name, t in inits.items():
+        shapes[name] = tuple(int(d) for d in t.dims)
+        etype[name] = t.data_type
+
+    # where shape inference stopped (it may, on 16-bit Q/DQ), fill the shapes of Q / DQ,
+    # element-wise ops and MatMul from their inputs, in graph (topological) order
+    for node in g.node:
+        if not node.output or shapes.get(node.output[0]) is not None:
+            continue
+        ins = [shapes.get(i) for i in node.input if i]
+        if not ins or ins[0] is None:
+            continue
+        try:
+            if node.op_type in _QDQ or node.op_type in _UNARY:
+                shapes[node.output[0]] = ins[0]
+            elif node.op_type in _BINARY and all(x is not None for x in ins):
+                shapes[node.output[0]] = tuple(np.broadcast_shapes(*ins))
+            elif node.op_type == "MatMul" and len(ins) == 2 and ins[1] is not None \
+                    and len(ins[0]) >= 2 and len(ins[1]) >= 2:
+                batch = np.broadcast_shapes(ins[0][:-2], ins[1][:-2])
+                shapes[node.output[0]] = (*batch, ins[0][-2], ins[1][-1])
+        except ValueError:
+            continue
+    # a Q's output type: its zero point's, else its output_dtype attribute, else uint8
+    for node in g.node:
+        if node.op_type == "QuantizeLinear" and node.output and node.output[0] not in etype:
+            zp = inits.get(node.input[2]) if len(node.input) > 2 else None
+            attr = next((x.i for x in node.attribute if x.name == "output_dtype"), 0)
+            etype[node.output[0]] = zp.data_type if zp is not None else (attr or 2)  # 2: UINT8
+    # the stored element size of each tensor: an activation between a Q and a DQ is held at
+    # the quantized type on both sides (the HTP keeps it quantized)
+    stored: dict[str, float] = {n: _bytes_per_elem(t) for n, t in etype.items()}
+    weight_src: dict[str, str] = {}  # DQ output -> quantized initializer
+    for node in g.node:
+        if node.op_type == "DequantizeLinear" and node.input and node.output:
+            src = node.input[0]
+            stored[node.output[0]] = stored.get(src, 4.0)
+            if src in inits:
+                weight_src[node.output[0]] = src
+        elif node.op_type == "QuantizeLinear" and node.input and node.output:
+            if node.output[0] in etype and node.input[0] not in inits:
+                stored[node.input[0]] = _bytes_per_elem(etype[node.output[0]])
+
+    def elems(name: str) -> int | None:
+        s = shapes.get(name)
+        return int(np.prod(s)) if s is not None else None
+
+    def tensor_bytes(name: str) -> float:
+        n = elems(name)
+        return 0.0 if n is None else n * stored.get(name, 4.0)
+
+    names, types, layers, macs, dram = [], [], [], [], []
+    producer: dict[str, int] = {}
+    edges: list[tuple[int, int]] = []
+    for idx, node in enumerate(g.node):
+        name = node.name or f"{node.op_type}_{idx}"
+        for inp in node.input:
+            if inp in producer:
+                edges.append((producer[inp], idx))
+        for out in node.output:
+            producer[out] = idx
+        layer = layer_of(node.name)
+        if layer is None:
+            layer = next((x for x in (layer_of(o) for o in node.output) if x is not None), None)
+        m, b = 0.0, 0.0
+        if node.op_type not in _QDQ:
+            m = _macs(node, shapes)
+            for inp in node.input:
+                if not inp:
+                    continue
+                if inp in weight_src:
+                    b += tensor_bytes(weight_src[inp])
+                else:
+                    b += tensor_bytes(inp)
+            b += sum(tensor_bytes(o) for o in node.output if o)
+        names.append(name)
+        types.append(node.op_type)
+        layers.append(-1 if layer is None else layer)
+        macs.append(m)
+        dram.append(b)
+    return OpGraph(names, types, np.array(layers, np.int64), np.array(macs),
+                   np.array(dram), np.array(sorted(set(edges)), np.int64).reshape(-1, 2))
+
+
+def _macs(node, shapes) -> float:
+    def s(i: int) -> tuple[int, ...] | None:
+        return shapes.get(node.input[i]) if len(node.input) > i and node.input[i] else None
+
+    out = shapes.get(node.output[0]) if node.output else None
+    op = node.op_type
+    if op == "MatMul" and s(0) and out is not None:
+        return float(np.prod(out)) * s(0)[-1]
+    if op == "Gemm" and s(0) and out is not None:
+        trans_a = next((a.i for a in node.attribute if a.name == "transA"), 0)
+        k = s(0)[0] if trans_a else s(0)[-1]
+        return float(np.prod(out)) * k
+    if op == "Conv" and s(1) and out is not None:
+        w = s(1)  # (C_out, C_in/group, k...)
+        return float(np.prod(out)) * float(np.prod(w[1:]))
+    if op in _ATTENTION and s(0) and out is not None:
+        q = s(0)
+        kv = s(1) if s(1) else q
+        if len(q) == 3 and len(kv) >= 3:  # (B, S, hidden); K (B, S_kv, hidden_kv) or 4-D
+            s_kv = kv[1] if len(kv) == 3 else kv[2]
+            return 2.0 * q[0] * q[1] * s_kv * q[2]
+        if len(q) == 4 and len(kv) == 4:  # (B, heads, S, head_dim)
+            return 2.0 * q[0] * q[1] * q[2] * kv[2] * q[3]
+    return 0.0
+
+
+def estimate_graph(onnx_path: str | Path, chip: Chip,
+                   eff: Efficiency | None = None) -> tuple[GraphEstimate, ChipPerf]:
+    """Per-op estimated times and their schedule across the chip's HTP cores (``estimated``)."""
+    perf = ChipPerf.of(chip)
+    graph = op_costs(onnx_path)
+    return estimate_ops(graph, perf, eff if eff is not None else load_fit()[0]), perf

@@ -1,0 +1,80 @@
+"""The performance model for the CLI and the GUI: estimated tok/s, calibration, per-op costs.
+
+Every result carries ``source: "estimated"`` and the model version
+(:data:`studio.core.perfmodel.MODEL_VERSION`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from studio.core import perfmodel
+from studio.core.catalog import get_chip
+from studio.core.fsutil import atomic_write_text
+
+
+def estimate_config(config: str | Path, chip: str, scheme: str = "W4A16", context: int = 4096,
+                    prompt_tokens: int | None = None) -> dict[str, Any]:
+    """Estimated prefill and decode tok/s of a public architecture (a HF config, no weights)."""
+    arch = perfmodel.load_arch(config)
+    est = perfmodel.estimate(arch, get_chip(chip), scheme, context, prompt_tokens)
+    out = est.to_dict()
+    out["layer_traffic_bytes"] = {("lm_head" if k < 0 else str(k)): int(round(v))
+                                  for k, v in sorted(est.layer_traffic().items())}
+    out["roofline"] = roofline_points(est.decode, est.chip)
+    return out
+
+
+def roofline_points(ge: perfmodel.GraphEstimate, chip: perfmodel.ChipPerf) -> dict[str, Any]:
+    """Every op placed on the chip's roofline: intensity (ops/byte) and attained ops/s."""
+    r, g = ge.roof, ge.graph
+    t = r["time_s"]
+    pts = []
+    for i in range(len(g)):
+        if t[i] <= 0:
+            continue
+        intensity = float(r["intensity"][i])
+        pts.append({
+            "name": g.names[i], "op_type": g.op_types[i],
+            "layer": int(g.layer[i]) if g.layer[i] >= 0 else None,
+            "intensity": intensity if intensity != float("inf") else None,
+            "attained_ops_per_s": 2 * float(g.macs[i]) / float(t[i]),
+            "time_s": float(t[i]), "bound": str(r["bound"][i]),
+            "start_s": float(ge.sched.start[i]), "core": int(ge.sched.core[i]),
+        })
+    return {"source": perfmodel.SOURCE, "model_version": perfmodel.MODEL_VERSION,
+            "chip": chip.key, "peak_ops_per_s": float(r["peak_ops_per_s"]),
+            "bytes_per_s": float(r["bytes_per_s"]), "ridge_ops_per_byte": float(r["ridge"]),
+            "points": pts}
+
+
+def calibration() -> dict[str, Any]:
+    """Each anchor's published vs estimated tok/s, the MdAPE and the leave-one-out MdAPE."""
+    cal = perfmodel.calibrate()
+    _, shipped = perfmodel.load_fit()
+    cal["shipped_params"] = {k: shipped[k] for k in
+                             ("bw_fraction", "overhead_ms", "compute_fraction",
+                              "float_decode_fraction")}
+    return cal
+
+
+def write_fit(path: str | Path | None = None) -> dict[str, Any]:
+    """Refit the model on the anchors and write the fit file (atomically)."""
+    cal = perfmodel.calibrate()
+    atomic_write_text(Path(path) if path is not None else perfmodel.FIT_PATH,
+                      perfmodel.fit_toml(cal))
+    return cal
+
+
+def estimate_onnx(onnx_path: str | Path, chip: str) -> dict[str, Any]:
+    """Per-op estimated times and an HTP-core schedule for an ONNX graph (static shapes)."""
+    from studio.engine.opcost import estimate_graph
+
+    ge, perf = estimate_graph(onnx_path, get_chip(chip))
+    out = roofline_points(ge, perf)
+    out["total_s"] = ge.total_s
+    out["makespan_s"] = ge.sched.makespan
+    out["bandwidth_floor_s"] = ge.bandwidth_floor_s
+    out["bound"] = ge.bound
+    return out

@@ -1,0 +1,74 @@
+"""studio estimate: the performance model from the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from studio.core import perfmodel
+from tests.cli.conftest import ROOT, studio
+
+
+def test_estimate_json_from_a_public_config():
+    r = studio("estimate", "--config", ROOT / "resources/configs/llama-3.2-1b.json",
+               "--chip", "snapdragon-8-elite", "--scheme", "W4A16", "--context", "4096", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["source"] == "estimated" and d["model_version"] == perfmodel.MODEL_VERSION
+    assert d["chip"] == "snapdragon-8-elite" and d["scheme"] == "W4A16" and d["context"] == 4096
+    assert 20 < d["decode_tokens_per_s"] < 200 and d["prefill_tokens_per_s"] > 100
+    assert d["bound"] == "memory" and d["prefill_bound"] == "compute"
+    assert d["weight_bytes"] == perfmodel.load_arch("llama-3.2-1b").params // 2
+    assert d["kv_bytes_per_token"] == 2 * 16 * 8 * 64 * 2
+    assert d["kv_cache_bytes"] == d["kv_bytes_per_token"] * 4096
+    assert set(d["layer_traffic_bytes"]) == {*map(str, range(16)), "lm_head"}
+    pts = d["roofline"]["points"]
+    assert len(pts) == 16 * 5 + 1 and {p["bound"] for p in pts} <= {"memory", "compute"}
+
+
+def test_estimate_table_a_checkpoint_folder_and_a_part_number(tmp_path):
+    (tmp_path / "config.json").write_text(
+        (ROOT / "resources/configs/qwen2.5-1.5b.json").read_text())
+    r = studio("estimate", "--config", tmp_path, "--chip", "SM8650", "--scheme", "w8a16",
+               "--context", "1024", "--prompt-tokens", "128")
+    assert r.returncode == 0, r.stderr
+    assert "estimated (roofline" in r.stdout and "decode" in r.stdout and "tok/s" in r.stdout
+    assert "Snapdragon 8 Gen 3" in r.stdout and "128 prompt tokens" in r.stdout
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--config", "no-such-model", "--chip", "sm8650"], "config no-such-model not found"),
+    (["--config", "llama-3.2-1b", "--chip", "snapdragon-9000"], "unknown target"),
+    (["--config", "llama-3.2-1b", "--chip", "qcs9100"],
+     "cannot estimate for QCS9100: the chip catalog does not know its DDR bandwidth"),
+    (["--config", "llama-3.2-1b", "--chip", "sm8650", "--scheme", "W3A5"], "unknown scheme"),
+    (["--config", "llama-3.2-1b", "--chip", "sm8650", "--context", "-4"], "context"),
+    (["--chip", "sm8650"], "needs --config"),
+    (["--config", "{bad}", "--chip", "sm8650"], "not valid JSON"),
+    (["--config", "{empty}", "--chip", "sm8650"], "no 'hidden_size'"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "empty.json").write_text("{}")
+    args = [a.format(bad=tmp_path / "bad.json", empty=tmp_path / "empty.json") for a in args]
+    r = studio("estimate", *args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
+
+
+def test_calibration_reproduces_the_shipped_figures():
+    r = studio("estimate", "--calibration", "--json")
+    assert r.returncode == 0, r.stderr
+    cal = json.loads(r.stdout)
+    _, shipped = perfmodel.load_fit()
+    assert cal["params"] == cal["shipped_params"]
+    assert cal["decode_mdape"] == shipped["decode_mdape"]
+    assert cal["decode_loo_mdape"] == shipped["decode_loo_mdape"]
+    assert cal["source"] == "estimated" and cal["anchors_used"] == len(cal["rows"])
+    assert any("sa8255p" == s["chip"] and "cannot estimate" in s["reason"]
+               for s in cal["skipped"])
+    t = studio("estimate", "--calibration")
+    assert t.returncode == 0 and "leave-one-out MdAPE" in t.stdout
+    assert f"{shipped['decode_mdape']:.2f} %" in t.stdout

@@ -1,0 +1,220 @@
+"""The performance model: properties, a hand-computed roofline, the scheduler, the fit."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from studio.core import perfmodel as pm
+from studio.core.catalog import get_chip
+from studio.core.errors import StudioError
+
+EFF = pm.Efficiency(bw_fraction=0.8, overhead_ms=2.0, compute_fraction=0.3,
+                    float_decode_fraction=0.01)
+
+
+def chip(bw=80.0, tops=40.0, cores=1) -> pm.ChipPerf:
+    return pm.ChipPerf("test", "Test", bw, tops, cores)
+
+
+def arch(layers=4, hidden=256, heads=4, kv=2, inter=512, vocab=1000, tied=True) -> pm.Arch:
+    return pm.Arch.from_config({
+        "model_type": "llama", "hidden_size": hidden, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": inter,
+        "vocab_size": vocab, "tie_word_embeddings": tied})
+
+
+def tps(a=None, c=None, scheme="W4A16", context=512, eff=EFF) -> float:
+    return pm.estimate(a or arch(), c or chip(), scheme, context, min(64, context),
+                       eff).decode_tokens_per_s
+
+
+sizes = st.builds(arch, layers=st.integers(1, 8), hidden=st.sampled_from([64, 128, 256]),
+                  heads=st.sampled_from([2, 4]), kv=st.sampled_from([1, 2]),
+                  inter=st.integers(64, 1024), vocab=st.integers(100, 5000))
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(sizes, st.floats(5, 200), st.floats(1.01, 4), st.integers(1, 4))
+def test_decode_rises_with_bandwidth(a, bw, factor, cores):
+    assert tps(a, chip(bw * factor, cores=cores)) >= tps(a, chip(bw, cores=cores))
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(sizes, st.integers(1, 512), st.integers(1, 4))
+def test_decode_falls_with_weight_bytes(a, extra, layers):
+    bigger = pm.Arch(**{**a.__dict__, "intermediate": a.intermediate + extra})
+    deeper = pm.Arch(**{**a.__dict__, "layers": a.layers + layers})
+    assert bigger.weight_bytes(pm.SCHEMES["W4A16"]) > a.weight_bytes(pm.SCHEMES["W4A16"])
+    assert tps(bigger) < tps(a) and tps(deeper) < tps(a)
+    # fewer bits per weight: more tokens per second
+    assert tps(a, scheme="W4A16") > tps(a, scheme="W8A16")
+    assert tps(a, scheme="W8A8") > tps(a, scheme="W8A16")
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(sizes, st.integers(1, 4096), st.integers(1, 4096))
+def test_decode_falls_with_context(a, c1, extra):
+    assert tps(a, context=c1 + extra) < tps(a, context=c1)
+
+
+def test_memory_bound_decode_is_bytes_over_bandwidth():
+    """A big model at one token is pure DDR traffic: tok/s = 1 / (bytes / (bw x frac) + oh)."""
+    a = arch(layers=8, hidden=1024, heads=8, kv=2, inter=4096, vocab=32000)
+    est = pm.estimate(a, chip(50.0), "W8A16", 256, 16, EFF)
+    assert est.decode.bound == "memory"
+    b = float(est.decode.graph.dram_bytes.sum())
+    assert math.isclose(est.decode.total_s, b / (50e9 * 0.8) + 0.002, rel_tol=1e-12)
+    # weights: every linear and the lm_head, at 1 byte (W8); the KV cache at 2 bytes
+    w = a.layers * a.layer_params + a.head_params
+    kv = 2 * a.layers * a.kv_dim * 256 * 2
+    assert b > w + kv and b < (w + kv) * 1.01
+
+
+def test_tiny_graph_matches_a_hand_computed_roofline():
+    # op 0: 1000 MACs, 1e6 bytes (memory-bound); op 1: 1e9 MACs, 1000 bytes (compute-bound)
+    g = pm.OpGraph(["a", "b"], ["MatMul", "MatMul"], [0, 0], [1e3, 1e9], [1e6, 1e3],
+                   [(0, 1)])
+    c = chip(bw=10.0, tops=2.0, cores=1)
+    eff = pm.Efficiency(0.5, 1.0, 0.25, 0.01)
+    r = pm.roofline(g.macs, g.dram_bytes, c, eff)
+    # peak: 2e12 x 0.25 = 5e11 ops/s; bandwidth 10e9 x 0.5 = 5e9 B/s
+    assert r["compute_s"] == pytest.approx([2e3 / 5e11, 2e9 / 5e11])
+    assert r["memory_s"] == pytest.approx([1e6 / 5e9, 1e3 / 5e9])
+    assert list(r["bound"]) == ["memory", "compute"]
+    assert r["intensity"] == pytest.approx([2e3 / 1e6, 2e9 / 1e3])
+    assert float(r["ridge"]) == pytest.approx(100.0)
+    ge = pm.estimate_ops(g, c, eff)
+    assert ge.sched.start.tolist() == pytest.approx([0.0, 2e-4])
+    assert ge.total_s == pytest.approx(2e-4 + 4e-3 + 1e-3)
+
+
+@st.composite
+def dags(draw):
+    n = draw(st.integers(1, 25))
+    pairs = [(i, j) for j in range(n) for i in range(j)]
+    edges = draw(st.lists(st.sampled_from(pairs), max_size=40, unique=True)) if pairs else []
+    durations = draw(st.lists(st.floats(0, 10), min_size=n, max_size=n))
+    return durations, edges, draw(st.integers(1, 4))
+
+
+@settings(max_examples=80, deadline=None, database=None)
+@given(dags())
+def test_scheduler_respects_dependencies_and_never_overlaps(dag):
+    d, edges, cores = dag
+    s = pm.schedule(d, edges, cores)
+    d = np.asarray(d)
+    assert np.allclose(s.finish, s.start + d)
+    for a, b in edges:
+        assert s.start[b] >= s.finish[a] - 1e-12
+    assert set(s.core.tolist()) <= set(range(cores))
+    for c in range(cores):
+        idx = np.where(s.core == c)[0]
+        order = idx[np.argsort(s.start[idx], kind="stable")]
+        for x, y in zip(order[:-1], order[1:], strict=True):
+            assert s.start[y] >= s.finish[x] - 1e-12
+    assert s.makespan >= d.sum() / cores - 1e-9
+
+
+def test_scheduler_uses_the_cores_and_rejects_cycles():
+    s = pm.schedule([1.0, 1.0, 1.0], [(0, 2), (1, 2)], 2)
+    assert s.core.tolist() == [0, 1, 0] and s.start.tolist() == [0.0, 0.0, 1.0]
+    assert s.makespan == 2.0
+    with pytest.raises(ValueError, match="cycle"):
+        pm.schedule([1.0, 1.0], [(0, 1), (1, 0)], 1)
+
+
+@pytest.mark.parametrize(("name", "params"), [
+    ("llama-3.2-1b", 1_235_814_400), ("llama-3.2-3b", 3_212_749_824),
+    ("llama-3-8b", 8_030_261_248), ("llama-2-7b", 6_738_415_616),
+    ("qwen2.5-1.5b", 1_543_714_304), ("qwen2.5-7b", 7_615_616_512),
+    ("qwen2-0.5b", 494_032_768),
+])
+def test_bundled_configs_give_the_published_parameter_counts(name, params):
+    a = pm.load_arch(name)
+    # the model leaves out norm weights (< 0.01 %)
+    assert a.params == pytest.approx(params, rel=2e-4)
+
+
+def test_config_keys_of_the_families():
+    qwen3 = pm.Arch.from_config({"model_type": "qwen3", "hidden_size": 1024,
+                                 "num_hidden_layers": 28, "num_attention_heads": 16,
+                                 "num_key_value_heads": 8, "head_dim": 128,
+                                 "intermediate_size": 3072, "vocab_size": 151936,
+                                 "tie_word_embeddings": True,
+                                 "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}})
+    assert qwen3.head_dim == 128 and qwen3.q_dim == 2048 and qwen3.rope_theta == 1e6
+    gemma2 = pm.Arch.from_config({"model_type": "gemma2", "hidden_size": 2304,
+                                  "num_hidden_layers": 26, "num_attention_heads": 8,
+                                  "num_key_value_heads": 4, "head_dim": 256,
+                                  "intermediate_size": 9216, "vocab_size": 256000,
+                                  "sliding_window": 4096})
+    assert gemma2.tied_embeddings and gemma2.sliding_layers == 13
+    assert gemma2.kv_cache_bytes(pm.SCHEMES["FP16"], 8192) < \
+        2 * 26 * 4 * 256 * 8192 * 2
+    mistral = pm.Arch.from_config({"model_type": "mistral", "hidden_size": 4096,
+                                   "num_hidden_layers": 32, "num_attention_heads": 32,
+                                   "num_key_value_heads": 8, "intermediate_size": 14336,
+                                   "vocab_size": 32000, "sliding_window": 4096})
+    assert not mistral.tied_embeddings and mistral.kv_context(0, 8192) == 4096
+    phi3 = pm.Arch.from_config({"text_config": {"model_type": "phi3", "hidden_size": 3072,
+                                                "num_hidden_layers": 32,
+                                                "num_attention_heads": 32,
+                                                "intermediate_size": 8192,
+                                                "vocab_size": 32064}})
+    assert phi3.kv_heads == 32 and phi3.head_dim == 96
+
+
+@pytest.mark.parametrize(("cfg", "match"), [
+    ({"hidden_size": 64}, "no 'num_hidden_layers'"),
+    ({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 3,
+      "intermediate_size": 8, "vocab_size": 9}, "not a multiple"),
+    ({"hidden_size": -1}, "positive integer"),
+])
+def test_bad_configs_are_one_line_errors(cfg, match):
+    with pytest.raises(StudioError, match=match) as e:
+        pm.Arch.from_config(cfg)
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_figures_scheme_and_context_are_refused():
+    with pytest.raises(StudioError, match="cannot estimate for QCS9100.*DDR bandwidth"):
+        pm.estimate(arch(), get_chip("qcs9100"), "W4A16", 512)
+    with pytest.raises(StudioError, match="unknown scheme"):
+        pm.estimate(arch(), chip(), "W3A16", 512, eff=EFF)
+    with pytest.raises(StudioError, match="context"):
+        pm.estimate(arch(), chip(), "W4A16", 0, eff=EFF)
+
+
+def test_the_shipped_fit_is_what_the_calibration_computes():
+    cal = pm.calibrate()
+    eff, shipped = pm.load_fit()
+    assert shipped["model_version"] == pm.MODEL_VERSION
+    assert cal["params"] == {"bw_fraction": eff.bw_fraction, "overhead_ms": eff.overhead_ms,
+                             "compute_fraction": eff.compute_fraction,
+                             "float_decode_fraction": eff.float_decode_fraction}
+    for k in ("decode_mdape", "decode_loo_mdape", "prefill_mdape", "anchors_used"):
+        assert cal[k] == shipped[k], k
+    assert pm.fit_toml(cal) == pm.FIT_PATH.read_text()
+    # the vectorised calibration path equals the estimator for every anchor
+    for r in cal["rows"]:
+        est = pm.estimate(pm.load_arch(r["config"]), r["chip"], r["scheme"], r["context"],
+                          eff=eff)
+        assert est.decode_tokens_per_s == pytest.approx(r["estimated_decode_tokens_per_s"],
+                                                        abs=1e-3)
+    # leave-one-out is never better than the in-sample figure, and both are medians of rows
+    assert cal["decode_loo_mdape"] >= cal["decode_mdape"]
+    assert cal["decode_mdape"] == pytest.approx(float(np.median([r["ape"] for r in cal["rows"]])),
+                                                abs=0.01)
+
+
+def test_anchor_table_has_a_source_and_a_config_for_every_row():
+    data = tomllib.loads(pm.ANCHORS_PATH.read_text())
+    for row in data["anchor"]:
+        assert row["source"] and (pm.CONFIGS_DIR / f"{row['config']}.json").is_file()
+        get_chip(row["chip"])
