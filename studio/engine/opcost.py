@@ -63,6 +63,9 @@ def _shape(vi) -> tuple[int, ...] | None:
     return tuple(dims)
 
 
+_GATHERS = {"Gather", "GatherElements", "GatherND", "Slice"}
+
+
 def op_costs(onnx_path: str | Path) -> OpGraph:
     """Columnar per-node costs of the graph at ``onnx_path`` (node order = graph order)."""
     import onnx
@@ -147,7 +150,11 @@ def op_costs(onnx_path: str | Path) -> OpGraph:
         if layer is None:
             layer = next((x for x in (layer_of(o) for o in node.output) if x is not None), None)
         m, b = 0.0, 0.0
-        if node.op_type not in _QDQ:
+        if node.op_type in _GATHERS and node.input:
+            # a lookup reads the rows it returns (an embedding row per token), not the table
+            out_b = sum(tensor_bytes(o) for o in node.output if o)
+            b = 2 * out_b + sum(tensor_bytes(i) for i in node.input[1:2] if i)
+        elif node.op_type not in _QDQ:
             m = _macs(node, shapes)
             for inp in node.input:
                 if not inp:

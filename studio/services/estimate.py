@@ -42,6 +42,7 @@ def roofline_points(ge: perfmodel.GraphEstimate, chip: perfmodel.ChipPerf) -> di
             "attained_ops_per_s": 2 * float(g.macs[i]) / float(t[i]),
             "time_s": float(t[i]), "bound": str(r["bound"][i]),
             "start_s": float(ge.sched.start[i]), "core": int(ge.sched.core[i]),
+            "macs": float(g.macs[i]), "dram_bytes": float(g.dram_bytes[i]),
         })
     return {"source": perfmodel.SOURCE, "model_version": perfmodel.MODEL_VERSION,
             "chip": chip.key, "peak_ops_per_s": float(r["peak_ops_per_s"]),
@@ -77,4 +78,29 @@ def estimate_onnx(onnx_path: str | Path, chip: str) -> dict[str, Any]:
     out["makespan_s"] = ge.sched.makespan
     out["bandwidth_floor_s"] = ge.bandwidth_floor_s
     out["bound"] = ge.bound
+    return out
+
+
+def by_layer(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ops of :func:`roofline_points` summed per transformer layer (None: outside the
+    layers): MACs, DRAM bytes, estimated time, and the layer's place on the roofline."""
+    acc: dict[Any, dict[str, Any]] = {}
+    for p in points:
+        a = acc.setdefault(p["layer"], {"layer": p["layer"], "macs": 0.0, "dram_bytes": 0.0,
+                                        "time_s": 0.0, "ops": 0})
+        a["macs"] += p["macs"]
+        a["dram_bytes"] += p["dram_bytes"]
+        a["time_s"] += p["time_s"]
+        a["ops"] += 1
+    rows = sorted(acc.values(), key=lambda a: (a["layer"] is None, a["layer"] or 0))
+    for a in rows:
+        a["intensity"] = 2 * a["macs"] / a["dram_bytes"] if a["dram_bytes"] else None
+        a["attained_ops_per_s"] = 2 * a["macs"] / a["time_s"] if a["time_s"] else 0.0
+    return rows
+
+
+def graph_roofline(onnx_path: str | Path, chip: str) -> dict[str, Any]:
+    """:func:`estimate_onnx` plus the per-layer rows (``layers``) for the roofline chart."""
+    out = estimate_onnx(onnx_path, chip)
+    out["layers"] = by_layer(out["points"])
     return out

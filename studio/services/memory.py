@@ -72,6 +72,23 @@ def project_memory(project: Project, stages: tuple[str, ...] = STAGES,
     return out
 
 
+def graphs_memory(graphs: dict[str, dict[str, Path]],
+                  alignment: int = DEFAULT_ALIGNMENT) -> dict[str, Any]:
+    """Plans of given graphs (``{stage: {graph: path}}``, e.g. the graphs a profile job
+    profiled), in the shape of :func:`project_memory`."""
+    out: dict[str, Any] = {"stages": {}, "missing": []}
+    for stage in STAGES:
+        files = graphs.get(stage)
+        if not files:
+            out["missing"].append(stage)
+            continue
+        out["stages"][stage] = {g: memory_plan(f, alignment=alignment) for g, f in files.items()}
+    if not out["stages"]:
+        raise StudioError("the graphs of this profile are no longer stored; run the profile "
+                          "stage again")
+    return out
+
+
 def summary(mem: dict[str, Any]) -> str:
     """One line per graph plan dict: naive vs reuse peak, the peak op, weights, KV cache."""
     p = mem["plan"]

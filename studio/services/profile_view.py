@@ -221,3 +221,21 @@ def comparable_jobs(studio, limit: int = 40) -> list[Job]:
     jobs = [j for j in studio.jobs.jobs() if j.stage == "profile" and j.state == "succeeded"]
     jobs.sort(key=lambda j: -j.id)
     return [j for j in jobs if history.artifact_dir(studio, j) is not None][:limit]
+
+
+def job_graphs(studio, job: Job | None) -> dict[str, dict[str, Path]]:
+    """The ONNX graphs a profile job profiled: ``{"quantize": {"prefill": path, "decode":
+    path}, "export": {...}}`` from its artifact's recorded inputs (empty when gone)."""
+    out: dict[str, dict[str, Path]] = {}
+    if job is None or not job.artifact_key:
+        return out
+    art = studio.store.get(job.artifact_key)
+    key = (art.meta.get("inputs") or {}).get("quantize") if art is not None else None
+    for stage in ("quantize", "export"):
+        up = studio.store.get(key) if key else None
+        if up is None:
+            break
+        files = {g: up.path / f"{g}.onnx" for g in ("prefill", "decode")}
+        out[stage] = {g: f for g, f in files.items() if f.is_file()}
+        key = (up.meta.get("inputs") or {}).get("export")
+    return out

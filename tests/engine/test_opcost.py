@@ -116,3 +116,19 @@ def test_bad_files_and_unknown_figures(tmp_path):
         op_costs(tmp_path / "missing.onnx")
     with pytest.raises(StudioError, match="cannot estimate for QCS9100"):
         estimate_graph(synthetic(tmp_path / "s.onnx"), get_chip("qcs9100"))
+
+
+def test_an_embedding_lookup_reads_the_rows_it_returns_not_the_table(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.zeros((1000, 64), np.float32), "table")
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 1])
+    out = helper.make_tensor_value_info("emb", TensorProto.FLOAT, [1, 1, 64])
+    g = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["emb"], name="/embed")],
+                          "g", [ids], [out], [table])
+    path = tmp_path / "gather.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    costs = op_costs(path)
+    assert costs.dram_bytes[0] == 2 * 64 * 4 + 8  # one row read, one row written, the id
+    assert costs.macs[0] == 0

@@ -113,6 +113,10 @@ class ProfilerPage(TargetStagePage):
 
         self.memory = MemoryTab(ctl, pg)
         self.tabs.addTab(self.memory, "Memory")
+        from studio.ui.pages.profiler_roofline import RooflineTab
+
+        self.roofline = RooflineTab(ctl, pg)
+        self.tabs.addTab(self.roofline, "DDR && roofline")
         self.tabs.currentChanged.connect(self._tab_changed)
         self._apply_theme()
         ctl.job_partial.connect(self._on_partial)
@@ -186,17 +190,24 @@ class ProfilerPage(TargetStagePage):
     def _apply_theme(self) -> None:
         for p in (self.plot, self.delta_plot):
             theme_plot(p, self.palette())
-        if hasattr(self, "memory"):
+        if hasattr(self, "roofline"):
             self.memory.apply_theme()
+            self.roofline.apply_theme()
 
     def _tab_changed(self, index: int) -> None:
         """Tabs that read more than the profile load when first shown."""
         if self.tabs.widget(index) is self.memory and self.memory.result is None:
             self.memory.load()
+        if self.tabs.widget(index) is self.roofline and self.roofline.result is None:
+            chip = (self.data.profile.target or {}).get("chip") if self.data else None
+            if chip:
+                self.roofline.select_chip(chip)
+            self.roofline.load()
 
     def on_open(self) -> None:
-        if hasattr(self, "memory"):
+        if hasattr(self, "roofline"):
             self.memory.result = None
+            self.roofline.result = None
         super().on_open()
 
     def changeEvent(self, event) -> None:  # theme switches repaint the plots
@@ -214,6 +225,11 @@ class ProfilerPage(TargetStagePage):
         self._live_job = None
         self.set_profile(data)
         self._fill_against()
+        graphs = pv.job_graphs(self.ctl.studio, job)
+        for tab in (self.memory, self.roofline):
+            if tab.graphs != graphs:
+                tab.graphs, tab.result = graphs, None
+        self._tab_changed(self.tabs.currentIndex())
 
     def set_profile(self, data: pv.ProfileData) -> None:
         """Show ``data`` (a stored job or an imported file)."""

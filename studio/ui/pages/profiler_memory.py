@@ -31,6 +31,7 @@ class MemoryTab(QWidget):
         super().__init__(parent)
         self.ctl, self.pg = ctl, pg
         self.result: dict | None = None
+        self.graphs: dict = {}  # {stage: {graph: path}} of the shown profile, or {}
         self._gen = 0
         self._task: asyncio.Future | None = None
         lay = QVBoxLayout(self)
@@ -90,12 +91,17 @@ class MemoryTab(QWidget):
         gen = self._gen
         self.status.setText("Planning the graphs' memory…")
 
-        async def go() -> None:
-            from studio.services.memory import project_memory
+        graphs = dict(self.graphs)
 
+        def work() -> dict:
+            from studio.services.memory import graphs_memory, project_memory
+
+            return graphs_memory(graphs) if graphs else project_memory(project)
+
+        async def go() -> None:
             got, error = None, ""
             try:
-                got = await self.ctl.in_thread(project_memory, project)
+                got = await self.ctl.in_thread(work)
             except StudioError as exc:
                 error = exc.message
             except Exception as exc:  # noqa: BLE001 - a bug: shown on the page
@@ -109,15 +115,7 @@ class MemoryTab(QWidget):
                 self.show_result(got)
             self.loaded.emit()
 
-        try:
-            self._task = asyncio.ensure_future(go())
-        except RuntimeError:  # no event loop (a bare QApplication)
-            from studio.services.memory import project_memory
-
-            try:
-                self.show_result(project_memory(project))
-            except StudioError as exc:
-                self.status.setText(exc.message)
+        self._task = asyncio.ensure_future(go())
 
     def show_result(self, result: dict) -> None:
         self.result = result
