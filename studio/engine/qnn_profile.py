@@ -365,9 +365,13 @@ def merge_repeats(profiles: list[Profile], other_load: list[float]) -> Profile:
     )
 
 
-def event_table(profile: Profile, blocks: dict[str, str] | None = None, track: str = "HTP"):
+def event_table(profile: Profile, blocks: dict[str, str] | None = None, track: str = "HTP",
+                costs: dict[str, tuple[float, float]] | None = None):
     """The profile's ops as an :class:`~studio.core.events.EventTable`, one row per op with
     its median cycles (or time) and its block from :func:`studio.engine.opblocks.node_blocks`.
+    ``costs`` (ONNX node -> (MACs, DRAM bytes), analytic, from
+    :func:`studio.engine.opcost.op_costs`) fills ``macs`` and ``dram_read`` from the ONNX
+    nodes each op came from: load-independent figures beside the cycles.
     The simulator's CSV has no start times: ``start`` / ``dur`` stay empty for cycle
     profiles."""
     from studio.core.events import EventTable
@@ -386,5 +390,20 @@ def event_table(profile: Profile, blocks: dict[str, str] | None = None, track: s
             row["cycles"] = op.value
         else:
             row["dur"] = op.value
+        if costs:
+            nodes = op.onnx_nodes or ((op.onnx_node,) if op.onnx_node else ())
+            found = [costs[n] for n in nodes if n in costs]
+            if found:
+                row["macs"] = sum(m for m, _ in found)
+                row["dram_read"] = sum(b for _, b in found)
         rows.append(row)
     return EventTable.from_rows(rows, time_unit=profile.unit if not cycles else "us")
+
+
+def node_costs(onnx_path: str | os.PathLike) -> dict[str, tuple[float, float]]:
+    """ONNX node name -> (MACs, DRAM bytes) of a graph (analytic, see studio.engine.opcost)."""
+    from studio.engine.opcost import op_costs
+
+    g = op_costs(onnx_path)
+    return {n: (float(m), float(b)) for n, m, b in zip(g.names, g.macs, g.dram_bytes,
+                                                       strict=True)}

@@ -443,6 +443,7 @@ def profile(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     spec = _spec(cdir)
     repeats = int(ctx.get("profile.repeats") or 5)
     blocks = node_blocks(qdir / "decode.onnx")
+    costs = qnn_profile.node_costs(qdir / "decode.onnx")
     runs, loads = [], []
     for i in range(repeats):
         progress.check()
@@ -463,7 +464,7 @@ def profile(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     progress.update(0.9, "writing the profile")
     prof = qnn_profile.merge_repeats(runs, loads)
     prof.device = dev.id
-    table = qnn_profile.event_table(prof, blocks)
+    table = qnn_profile.event_table(prof, blocks, costs=costs)
     table.save(ctx.out / "events.npz")
     atomic_write_json(ctx.out / "profile.json", prof.to_dict())
     by_type = prof.totals_by_op_type()

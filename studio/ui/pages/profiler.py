@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 from studio.core.errors import StudioError
 from studio.core.events import BLOCKS
 from studio.core.profile import SOURCE_NOTES
+from studio.core.units import format_bytes
 from studio.services import profile_view as pv
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.pages.base import TargetStagePage
@@ -48,6 +49,15 @@ def _num(v: float, unit: str, with_unit: bool = True) -> str:
     if unit == "cycles":
         return f"{v:,.0f} cycles" if with_unit else f"{v:,.0f}"
     return fmt_value(v, unit) if with_unit else fmt_value(v, "")
+
+
+def _count(v: float, kind: str) -> str:
+    if kind == "dram_read":
+        return format_bytes(int(v)) if v else "–"
+    for factor, prefix in ((1e9, " G"), (1e6, " M"), (1e3, " k")):
+        if v >= factor:
+            return f"{v / factor:.3g}{prefix}"
+    return f"{v:.0f}" if v else "–"
 
 
 def _table_view(model: RowsModel) -> QTableView:
@@ -284,22 +294,24 @@ class ProfilerPage(TargetStagePage):
             self._draw_layer_block()
             return
         rows = self._rows()
-        self.table.columns = ["Group", f"Median ({unit})", "Share", "Min – max over runs",
-                              "Ops"]
+        self.table.columns = ["Group", f"Median ({unit})", "Share", "Min – max", "Ops"]
         extra = [k for k in ("macs", "dram_read") if any(k in r.extra for r in rows)]
-        self.table.columns += {"macs": ["MACs"], "dram_read": ["DRAM read"]}.get(extra[0], []) \
-            if extra else []
+        self.table.columns += [{"macs": "MACs", "dram_read": "Bytes"}[k]
+                               for k in extra]
         self.table.set_rows([
             Row([r.name, _num(r.value, unit, False), f"{r.share:.1%}",
                  f"{_num(r.low, unit, False)} – {_num(r.high, unit, False)}", str(r.count)]
-                + [f"{r.extra.get(k, 0):,.0f}" for k in extra[:1]],
-                align_right=(1, 2, 3, 4, 5))
+                + [_count(r.extra.get(k, 0), k) for k in extra],
+                align_right=(1, 2, 3, 4, 5, 6))
             for r in rows
         ])
         self.table.headerDataChanged.emit(Qt.Orientation.Horizontal, 0, len(self.table.columns))
         self._bars(self.plot, [(r.name, r.value, r.low, r.high) for r in rows], unit,
                    self.data.source)
-        self.op_note.setText("bars: median over runs; whiskers: min – max")
+        self.op_note.setText(
+            "bars: median over the profiled runs; whiskers: min – max"
+            + ("; MACs and bytes moved: analytic, from the graph (they do not depend on the "
+               "host's load)" if extra else ""))
 
     def _draw_layer_block(self) -> None:
         assert self.data is not None
