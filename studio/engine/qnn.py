@@ -773,3 +773,46 @@ def profile_run(
         }
     )
     return results
+
+
+def profile_host_cpu(
+    onnx_path: str | os.PathLike,
+    out_json: str | os.PathLike,
+    position: int = 0,
+    runs: int = 3,
+    threads: int = 2,
+) -> dict:
+    """Run ``onnx_path`` ``runs`` times on the host CPU with ONNX Runtime's profiler and keep
+    its JSON (per-node start / duration, thread, provider): a *measured* host timeline.
+    Inputs as :func:`synthetic_feeds` (``position_ids`` = ``position``).
+    Returns ``{"json", "runs", "wall_s"}``."""
+    import onnxruntime as ort
+
+    out = Path(out_json).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".ort-profile-", dir=out.parent))
+    try:
+        opts = ort.SessionOptions()
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(tmp / "ort")
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        try:
+            sess = ort.InferenceSession(str(onnx_path), sess_options=opts,
+                                        providers=["CPUExecutionProvider"])
+        except Exception as e:  # noqa: BLE001 - ORT raises its own types
+            raise StudioError(
+                f"cannot load {Path(onnx_path).name} on the CPU: {_first_line(str(e))}"
+            ) from None
+        feeds = synthetic_feeds(sess, {"position_ids": position})
+        wall = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            sess.run(None, feeds)
+            wall.append(time.perf_counter() - t0)
+        written = Path(sess.end_profiling())
+        os.replace(written, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"json": str(out), "runs": runs, "wall_s": wall}
