@@ -12,6 +12,7 @@ onnx_node      text     the ONNX node it comes from ("" when unknown)
 layer          int      transformer layer index, -1 outside the layers
 block          text     the seed's table row (:data:`BLOCKS`): "QKV projection" ...
 track          text     where it ran: a host thread, an HTP core, "HTP" when unknown
+kernel         text     the backend kernel the compiler chose ("" when unknown)
 start, dur     float    start and duration in ``time_unit`` (NaN when the data has none)
 cycles         float    accelerator cycles (NaN when none)
 dram_read/write, vtcm_read/write   float   bytes moved (NaN when none)
@@ -35,7 +36,7 @@ import numpy as np
 
 from studio.core.errors import StudioError
 
-TEXT_COLUMNS = ("op", "op_type", "onnx_node", "block", "track")
+TEXT_COLUMNS = ("op", "op_type", "onnx_node", "block", "track", "kernel")
 INT_COLUMNS = ("layer",)
 FLOAT_COLUMNS = (
     "start", "dur", "cycles", "dram_read", "dram_write", "vtcm_read", "vtcm_write", "macs",

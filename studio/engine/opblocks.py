@@ -169,6 +169,9 @@ def op_block(qnn_op_type: str | None, onnx_node: str | None, blocks: dict[str, s
     if onnx_node and onnx_node in blocks:
         return blocks[onnx_node]
     t = qnn_op_type or ""
+    named = _name_block(onnx_node or "", t)
+    if named is not None:
+        return named
     if t in QDQ_TYPES or t in MOVE_TYPES or t in ("Input", "Output"):
         return "data movement / Q-DQ"
     return "other"
