@@ -410,3 +410,31 @@ def _aihub(p: Path, blocks: dict, onnx_path) -> Profile:
                        for k, v in summary.items()
                        if isinstance(v, int | float) and not isinstance(v, bool)]
     return prof
+
+
+def copy_traffic(dst: EventTable, src: EventTable) -> tuple[EventTable, int]:
+    """``dst`` with ``dram_* / vtcm_* / dma / kernel`` taken from the rows of ``src`` that
+    have the same op name (e.g. from an optrace profile of the same graph); returns the new
+    table and how many rows matched."""
+    by_name = {r["op"]: r for r in src.rows() if r["dram_read"] is not None}
+    cols = ("dram_read", "dram_write", "vtcm_read", "vtcm_write")
+    num = {k: v.copy() for k, v in dst.num.items()}
+    for c in cols:
+        num[c] = np.full(len(dst), np.nan)
+    kernels = [""] * len(dst)
+    matched = 0
+    for i, name in enumerate(dst["op"]):
+        r = by_name.get(name)
+        if r is None:
+            continue
+        matched += 1
+        for c in cols:
+            num[c][i] = r[c] if r[c] is not None else np.nan
+        num["dma"][i] = bool(r["dma"])
+        kernels[i] = r["kernel"] or ""
+    index: dict[str, int] = {}
+    codes = dict(dst.codes)
+    codes["kernel"] = np.array([index.setdefault(k, len(index)) for k in kernels], np.int32)
+    vocab = dict(dst.vocab)
+    vocab["kernel"] = list(index)
+    return EventTable(codes=codes, vocab=vocab, num=num, time_unit=dst.time_unit), matched

@@ -239,3 +239,17 @@ def job_graphs(studio, job: Job | None) -> dict[str, dict[str, Path]]:
         out[stage] = {g: f for g, f in files.items() if f.is_file()}
         key = (up.meta.get("inputs") or {}).get("export")
     return out
+
+
+def compiler_bytes_by_layer(data: ProfileData) -> dict:
+    """DRAM bytes (read + written) per layer (None: outside the layers) when the profile
+    carries the compiler's own traffic (an optrace profile), else {}."""
+    if data.stats.get("bytes_source") != "compiler (optrace)":
+        return {}
+    t = data.table
+    moved = t.value("dram_read") + t.value("dram_write")
+    out: dict = {}
+    for layer, b in zip(t.num["layer"], moved, strict=True):
+        key = int(layer) if layer >= 0 else None
+        out[key] = out.get(key, 0.0) + float(b)
+    return out

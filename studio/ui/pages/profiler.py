@@ -239,6 +239,7 @@ class ProfilerPage(TargetStagePage):
         for tab in (self.memory, self.roofline):
             if tab.graphs != graphs:
                 tab.graphs, tab.result = graphs, None
+        self.roofline.compiler_bytes = pv.compiler_bytes_by_layer(data)
         self._tab_changed(self.tabs.currentIndex())
 
     def set_profile(self, data: pv.ProfileData) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 
+import numpy as np
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
@@ -46,6 +47,8 @@ class RooflineTab(QWidget):
         self.ctl, self.pg = ctl, pg
         self.result: dict | None = None
         self.graphs: dict = {}  # {stage: {graph: path}} of the shown profile, or {}
+        # DRAM bytes per layer from the compiler (optrace) for the shown profile, if any
+        self.compiler_bytes: dict = {}
         self._gen = 0
         self._task: asyncio.Future | None = None
         lay = QVBoxLayout(self)
@@ -177,15 +180,27 @@ class RooflineTab(QWidget):
                            symbolBrush=LAYER_COLORS[i % len(LAYER_COLORS)], name=name)
         self.roof.setLabel("bottom", "arithmetic intensity (ops per DRAM byte, log)")
         self.roof.setLabel("left", "attained ops/s (log), estimated")
-        # bytes per token per layer
+        # bytes per token per layer: analytic (the estimate's) and the compiler's own
         self.bytes_plot.clear()
+        if self.bytes_plot.getPlotItem().legend is None:
+            self.bytes_plot.addLegend(offset=(-10, 10))
         rows = res["layers"]
         names = ["out" if r["layer"] is None else f"L{r['layer']}" for r in rows]
+        xs = np.arange(len(rows), dtype=float)
+        comp = self.compiler_bytes if self.graph.currentData() == "decode" else {}
+        width = 0.38 if comp else 0.7
         self.bytes_plot.addItem(pg.BarGraphItem(
-            x=list(range(len(rows))), height=[r["dram_bytes"] / 1e6 for r in rows], width=0.7,
-            brush="#6a4fb3", pen=None))
+            x=xs - (width / 2 if comp else 0), height=[r["dram_bytes"] / 1e6 for r in rows],
+            width=width, brush="#6a4fb3", pen=None, name="analytic (estimated)"))
+        if comp:
+            self.bytes_plot.addItem(pg.BarGraphItem(
+                x=xs + width / 2, width=width, brush="#0f8a8a", pen=None,
+                height=[comp.get(r["layer"], 0.0) / 1e6 for r in rows],
+                name="compiler, optrace (simulated compile)"))
         self.bytes_plot.getAxis("bottom").setTicks([list(enumerate(names))])
-        self.bytes_plot.setLabel("left", "DRAM MB per token (estimated)")
+        self.bytes_plot.setLabel("left", "DRAM MB per decode step")
+        top = max([r["dram_bytes"] for r in rows] + list(comp.values()) + [1.0]) / 1e6
+        self.bytes_plot.setYRange(0, top * 1.35, padding=0)  # room for the legend
         self.table.set_rows([
             Row(["outside layers" if r["layer"] is None else f"layer {r['layer']}",
                  _si(r["macs"], ""), format_bytes(int(r["dram_bytes"])),
