@@ -104,3 +104,21 @@ def graph_roofline(onnx_path: str | Path, chip: str) -> dict[str, Any]:
     out = estimate_onnx(onnx_path, chip)
     out["layers"] = by_layer(out["points"])
     return out
+
+
+def schedule_events(onnx_path: str | Path, chip: str):
+    """The performance model's schedule of a graph across the chip's HTP cores as an event
+    table (``start`` / ``dur`` in µs, one track per core, blocks of the seed's table):
+    what the timeline draws, labelled ``estimated``, where no per-core data exists."""
+    from studio.core.events import EventTable
+    from studio.engine.opblocks import node_blocks
+
+    est = estimate_onnx(onnx_path, chip)
+    blocks = node_blocks(onnx_path)
+    rows = [{"op": p["name"], "op_type": p["op_type"], "onnx_node": p["name"],
+             "layer": p["layer"] if p["layer"] is not None else -1,
+             "block": blocks.get(p["name"], "other"), "track": f"HTP core {p['core']}",
+             "start": p["start_s"] * 1e6, "dur": p["time_s"] * 1e6, "macs": p["macs"],
+             "dram_read": p["dram_bytes"]}
+            for p in est["points"] if p["op_type"] not in ("Constant",)]
+    return EventTable.from_rows(rows, time_unit="us"), est

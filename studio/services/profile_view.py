@@ -253,3 +253,11 @@ def compiler_bytes_by_layer(data: ProfileData) -> dict:
         key = int(layer) if layer >= 0 else None
         out[key] = out.get(key, 0.0) + float(b)
     return out
+
+
+def host_timeline(studio, job: Job | None) -> EventTable | None:
+    """The measured host-CPU timeline the profile stage recorded (host_events.npz)."""
+    folder = history.artifact_dir(studio, job) if job is not None else None
+    if folder is None or not (folder / "host_events.npz").exists():
+        return None
+    return EventTable.load(folder / "host_events.npz")

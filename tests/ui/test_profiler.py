@@ -48,6 +48,18 @@ def test_profile_runs_live_then_breakdown_compare_and_memory(
     assert "median of 2 runs" in page.reliability_text.text()
     assert page.badge.source == "simulated"
 
+    # the timeline: the measured host-CPU step, and the estimated schedule on the HTP cores
+    page.tabs.setCurrentIndex(page.tabs.indexOf(page.timeline))
+    qtbot.waitUntil(lambda: page.timeline.result is not None, timeout=20_000)
+    kinds = [page.timeline.kind.itemData(i) for i in range(page.timeline.kind.count())]
+    assert kinds == ["host", "estimated"]
+    assert page.timeline.view.data is not None and "measured" in page.timeline.status.text()
+    page.timeline.kind.setCurrentIndex(1)
+    qtbot.waitUntil(lambda: page.timeline.result is not None
+                    and page.timeline.result.tracks[0].source == "estimated", timeout=20_000)
+    assert page.timeline.result.tracks[0].label.endswith("(estimated)")
+    page.tabs.setCurrentIndex(0)
+
     page.group.setCurrentIndex(page.group.findData("layer"))
     assert _texts(page.table)[:4] == ["layer 0", "layer 1", "layer 2", "layer 3"]
     page.group.setCurrentIndex(page.group.findData("layer_block"))
@@ -73,4 +85,19 @@ def test_profile_runs_live_then_breakdown_compare_and_memory(
     assert page.memory.graph.count() == 4  # prefill / decode, FP32 and quantized
     assert "−" in page.memory.cards["arena"].value.text()
     assert page.memory.peak.rowCount() > 0
+    page.tabs.setCurrentIndex(page.tabs.indexOf(page.roofline))
+    qtbot.waitUntil(lambda: page.roofline.result is not None, timeout=30_000)
+    assert page.roofline.table.rowCount() == 5  # four layers and what is outside them
+    assert page.roofline.compiler_bytes  # the compiler's own traffic (optrace)
+
+    # export, then import the file back: an imported profile with its own timeline
+    trace = tmp_path / "trace.json"
+    page.export_file(str(trace), "chrome")
+    assert trace.exists()
+    wait_task(qtbot, page.import_file(str(trace)))
+    assert page.data.source == "imported" and page.badge.source == "imported"
+    assert page.data.job is None and page.table.rowCount() == 5  # still by layer
+    page.import_file(str(tmp_path / "missing.json"))
+    qtbot.waitUntil(lambda: any("not found" in t for t in win.notifications.texts()),
+                    timeout=10_000)
     page.grab().save(str(tmp_path / "profiler.png"))

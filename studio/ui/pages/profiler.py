@@ -15,6 +15,8 @@ While a profile job runs, the op table fills in live, run by run.
 
 from __future__ import annotations
 
+import asyncio
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QComboBox,
@@ -114,10 +116,27 @@ class ProfilerPage(TargetStagePage):
                               "host load: re-measure when the host is quiet)")
         self.again.clicked.connect(self.profile_again)
         rl_row.addWidget(self.again)
+        files = QVBoxLayout()
+        self.import_button = QPushButton("Import…")
+        self.import_button.setToolTip("Open a profile another tool wrote: a QNN profiling "
+                                      "CSV, an optrace schematic, ONNX Runtime profiling JSON, "
+                                      "a device's chrome trace, an AI Hub profile JSON")
+        self.import_button.clicked.connect(self.import_dialog)
+        self.export_button = QPushButton("Export…")
+        self.export_button.setToolTip("Save the shown profile as chrome-trace JSON (Perfetto, "
+                                      "chrome://tracing) or CSV")
+        self.export_button.clicked.connect(self.export_dialog)
+        files.addWidget(self.import_button)
+        files.addWidget(self.export_button)
+        rl_row.addLayout(files)
         cl.addLayout(rl_row)
         self.tabs = QTabWidget()
         cl.addWidget(self.tabs, 1)
         self._build_op_tab()
+        from studio.ui.pages.profiler_timeline import TimelineTab
+
+        self.timeline = TimelineTab(ctl)
+        self.tabs.addTab(self.timeline, "Timeline")
         self._build_compare_tab()
         from studio.ui.pages.profiler_memory import MemoryTab
 
@@ -203,9 +222,12 @@ class ProfilerPage(TargetStagePage):
         if hasattr(self, "roofline"):
             self.memory.apply_theme()
             self.roofline.apply_theme()
+            self.timeline.apply_theme()
 
     def _tab_changed(self, index: int) -> None:
         """Tabs that read more than the profile load when first shown."""
+        if self.tabs.widget(index) is self.timeline and self.timeline.result is None:
+            self.timeline.load()
         if self.tabs.widget(index) is self.memory and self.memory.result is None:
             self.memory.load()
         if self.tabs.widget(index) is self.roofline and self.roofline.result is None:
@@ -240,6 +262,9 @@ class ProfilerPage(TargetStagePage):
             if tab.graphs != graphs:
                 tab.graphs, tab.result = graphs, None
         self.roofline.compiler_bytes = pv.compiler_bytes_by_layer(data)
+        decode = (graphs.get("quantize") or {}).get("decode")
+        self.timeline.set_sources(pv.host_timeline(self.ctl.studio, job), decode,
+                                  (data.profile.target or {}).get("chip", ""))
         self._tab_changed(self.tabs.currentIndex())
 
     def set_profile(self, data: pv.ProfileData) -> None:
@@ -360,6 +385,66 @@ class ProfilerPage(TargetStagePage):
         plot.setYRange(-0.6, len(items) - 0.4, padding=0)
         top = max(max(v, hi if hi == hi else 0) for _, v, _, hi in items)
         plot.setXRange(0, top * 1.05, padding=0)
+
+    # ---- files --------------------------------------------------------------------------
+    def import_dialog(self) -> None:
+        from PySide6.QtWidgets import QFileDialog
+
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Import a profile", "",
+            "Profiles (*.csv *.json *.bin);;All files (*)")
+        if path:
+            self.import_file(path)
+
+    def import_file(self, path: str) -> asyncio.Future:
+        """Read ``path`` off the UI thread and show it (an error becomes a message)."""
+        from studio.services import profiles
+
+        async def go() -> None:
+            try:
+                data = await self.ctl.in_thread(profiles.import_profile_file, path)
+            except StudioError as exc:
+                self.ctl.message.emit("error", exc.message)
+                return
+            self.show_imported(data)
+
+        self._import_task = asyncio.ensure_future(go())
+        return self._import_task
+
+    def show_imported(self, data: pv.ProfileData) -> None:
+        self.set_has_content(True)
+        self._live_job = None
+        self.set_profile(data)
+        self._fill_against()
+        timed = data.table if data.table.has("start") else None
+        self.timeline.set_sources(None, None, "", imported=timed)
+        for tab in (self.memory, self.roofline):
+            tab.graphs, tab.result = {}, None
+        self.roofline.compiler_bytes = {}
+        self._tab_changed(self.tabs.currentIndex())
+
+    def export_dialog(self) -> None:
+        from PySide6.QtWidgets import QFileDialog
+
+        if self.data is None:
+            return
+        path, chosen = QFileDialog.getSaveFileName(
+            self, "Export the profile", "profile.json",
+            "Chrome trace / Perfetto (*.json);;CSV (*.csv)")
+        if path:
+            self.export_file(path, "csv" if path.endswith(".csv") or "CSV" in chosen
+                             else "chrome")
+
+    def export_file(self, path: str, fmt: str) -> None:
+        from studio.services import profiles
+
+        try:
+            out = profiles.export(self.data, fmt, path)
+        except StudioError as exc:
+            self.ctl.message.emit("error", exc.message)
+            return
+        self.ctl.message.emit("info", f"Saved {out.name} ({fmt}, {len(self.data.table):,} "
+                                      f"events, {self.data.source})")
 
     def profile_again(self) -> None:
         """A new measurement of the shown target's profile (not the cached one)."""
