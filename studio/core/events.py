@@ -181,7 +181,7 @@ class EventTable:
         meta = {"vocab": self.vocab, "time_unit": self.time_unit, "version": 1}
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         buf = io.BytesIO()
-        np.savez_compressed(buf, **arrays)
+        np.savez_compressed(buf, **arrays)  # type: ignore[arg-type]
         return buf.getvalue()
 
     def save(self, path: str | os.PathLike) -> None:

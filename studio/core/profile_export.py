@@ -54,7 +54,7 @@ def to_chrome_trace(profile: Profile) -> dict:
                        "args": {"name": name or "events"}})
     cols = {c: t[c] for c in COLUMNS if c not in ("start", "dur")}
     for i in range(len(t)):
-        args = {"source": profile.source}
+        args: dict[str, object] = {"source": profile.source}
         for c in ("op_type", "onnx_node", "block", "kernel"):
             if cols[c][i]:
                 args[c] = str(cols[c][i])

@@ -16,6 +16,7 @@ Shapes come from ONNX shape inference, so the graph needs static input shapes.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -41,14 +42,14 @@ _BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
 def _bytes_per_elem(elem_type: int) -> float:
     from onnx import TensorProto
 
-    bits = {
+    table: dict[int, int] = {
         TensorProto.INT4: 4, TensorProto.UINT4: 4, TensorProto.INT8: 8, TensorProto.UINT8: 8,
         TensorProto.BOOL: 8, TensorProto.INT16: 16, TensorProto.UINT16: 16,
         TensorProto.FLOAT16: 16, TensorProto.BFLOAT16: 16, TensorProto.FLOAT: 32,
         TensorProto.INT32: 32, TensorProto.UINT32: 32, TensorProto.INT64: 64,
         TensorProto.UINT64: 64, TensorProto.DOUBLE: 64,
-    }.get(elem_type, 32)
-    return bits / 8
+    }
+    return table.get(int(elem_type), 32) / 8
 
 
 def _shape(vi) -> tuple[int, ...] | None:
@@ -101,7 +102,7 @@ def op_costs(onnx_path: str | Path) -> OpGraph:
             if node.op_type in _QDQ or node.op_type in _UNARY:
                 shapes[node.output[0]] = ins[0]
             elif node.op_type in _BINARY and all(x is not None for x in ins):
-                shapes[node.output[0]] = tuple(np.broadcast_shapes(*ins))
+                shapes[node.output[0]] = tuple(np.broadcast_shapes(*ins))  # type: ignore[arg-type]
             elif node.op_type == "MatMul" and len(ins) == 2 and ins[1] is not None \
                     and len(ins[0]) >= 2 and len(ins[1]) >= 2:
                 batch = np.broadcast_shapes(ins[0][:-2], ins[1][:-2])
@@ -174,7 +175,7 @@ def op_costs(onnx_path: str | Path) -> OpGraph:
 
 
 def _macs(node, shapes) -> float:
-    def s(i: int) -> tuple[int, ...] | None:
+    def s(i: int) -> Any:
         return shapes.get(node.input[i]) if len(node.input) > i and node.input[i] else None
 
     out = shapes.get(node.output[0]) if node.output else None

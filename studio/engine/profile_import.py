@@ -193,9 +193,9 @@ def read_schematic(path: str | os.PathLike) -> dict:
             section = ""
             continue
         if section == "kernels":
-            m = _KERNEL_ID.match(line)
-            if m:
-                kernels_idx[int(m.group(1), 16)] = int(m.group(2))
+            km = _KERNEL_ID.match(line)
+            if km:
+                kernels_idx[int(km.group(1), 16)] = int(km.group(2))
             elif line.startswith("}"):
                 section = ""
         elif section == "keys":
@@ -203,13 +203,13 @@ def read_schematic(path: str | os.PathLike) -> dict:
             if s.startswith('"') and s.endswith('"'):
                 keys.append(s.strip('"'))
         elif section == "after":
-            m = _OPERATION.match(line)
-            if m:
-                current = int(m.group(1), 16)
+            om = _OPERATION.match(line)
+            if om:
+                current = int(om.group(1), 16)
                 continue
-            m = _OPNAME.search(line)
-            if m and current is not None:
-                operations[current] = m.group(1)
+            nm = _OPNAME.search(line)
+            if nm and current is not None:
+                operations[current] = nm.group(1)
                 current = None
     kernels = {op: _kernel_name(keys[i]) for op, i in kernels_idx.items() if i < len(keys)}
     if not bw and not kernels:

@@ -404,6 +404,6 @@ def node_costs(onnx_path: str | os.PathLike) -> dict[str, tuple[float, float]]:
     """ONNX node name -> (MACs, DRAM bytes) of a graph (analytic, see studio.engine.opcost)."""
     from studio.engine.opcost import op_costs
 
-    g = op_costs(onnx_path)
+    g = op_costs(Path(onnx_path))
     return {n: (float(m), float(b)) for n, m, b in zip(g.names, g.macs, g.dram_bytes,
                                                        strict=True)}
