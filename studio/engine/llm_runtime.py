@@ -269,42 +269,80 @@ class StaticKVGenerator:
         on_step: Callable[[int, int], None] | None = None,
         progress: Progress | None = None,
     ) -> dict:
-        """Greedy decoding. Returns ``{"tokens", "prefill_s", "step_s", "stopped"}``.
+        """Greedy decoding (see :meth:`generate`)."""
+        return self.generate(prompt_ids, max_new_tokens, eos_id=eos_id, on_step=on_step,
+                             progress=progress)
 
-        ``on_step(index, token)`` is called for every new token (index 0 comes from
-        prefill; the seconds are in ``prefill_s`` / ``step_s``). Generation stops after ``max_new_tokens``, at an EOS token (kept in
-        ``tokens``, as ``transformers`` does) or when the C cache slots are full.
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        sampler: Any = None,
+        eos_id: int | Iterable[int] | None = None,
+        stop: Callable[[list[int]], bool] | None = None,
+        on_step: Callable[[int, int], None] | None = None,
+        progress: Progress | None = None,
+    ) -> dict:
+        """Generate up to ``max_new_tokens`` tokens after ``prompt_ids``.
+
+        A prompt longer than the prefill graph's P tokens is prefilled in chunks: the first
+        P tokens through the prefill graph, the rest fed through decode steps (their logits
+        ignored) — it must leave room in the C cache slots. ``sampler``
+        (:class:`studio.core.sampling.Sampler`; None: greedy) picks each token. Generation
+        stops after ``max_new_tokens``, at an EOS token (kept in ``tokens``, as
+        ``transformers`` does), when ``stop(tokens)`` says so (stop sequences), or when the
+        cache is full. ``on_step(index, token)`` is called for every new token.
+
+        Returns ``{"tokens", "ttft_s", "prefill_s", "prompt_chunks", "step_s", "stopped"}``:
+        ``ttft_s`` is the time from the call to the first token, ``step_s`` one entry per
+        later token.
         """
         prompt_ids = [int(t) for t in prompt_ids]
-        self.prefill_feed(prompt_ids)  # validates the length
+        n = len(prompt_ids)
+        if n == 0:
+            raise StudioError("the prompt is empty; give at least one token")
+        if n >= self.context_len:
+            raise StudioError(
+                f"the prompt has {n} tokens but the KV cache holds {self.context_len}: shorten "
+                "the prompt or re-export with a longer context"
+            )
         if max_new_tokens < 0:
             raise StudioError(f"max_new_tokens must be >= 0 (got {max_new_tokens})")
+        pick = sampler.pick if sampler is not None else (lambda x: int(x.argmax()))
         eos = (
             set() if eos_id is None else ({int(eos_id)} if isinstance(eos_id, int) else set(eos_id))
         )
         tokens: list[int] = []
         step_s: list[float] = []
+        out = {"tokens": tokens, "ttft_s": 0.0, "prefill_s": 0.0, "prompt_chunks": 0,
+               "step_s": step_s, "stopped": "max_new_tokens"}
         if max_new_tokens == 0:
-            return {
-                "tokens": tokens,
-                "prefill_s": 0.0,
-                "step_s": step_s,
-                "stopped": "max_new_tokens",
-            }
+            return out
         if progress is not None:
             progress.check()
         t0 = time.perf_counter()
-        logits = self.prefill(prompt_ids)
-        prefill_s = time.perf_counter() - t0
-        tok = int(logits[-1].argmax())
+        k = min(n, self.prompt_len)
+        logits = self.prefill(prompt_ids[:k])[-1]
+        for pos in range(k, n):  # the rest of a long prompt, one cache row at a time
+            if progress is not None:
+                progress.check()
+            logits = self.step(prompt_ids[pos], pos)
+        tok = pick(logits)
+        out["ttft_s"] = out["prefill_s"] = time.perf_counter() - t0
+        out["prompt_chunks"] = 1 + (n - k)
         tokens.append(tok)
         if on_step is not None:
             on_step(0, tok)
-        pos = len(prompt_ids)
+        pos = n
         stopped = "max_new_tokens"
-        while len(tokens) < max_new_tokens:
+        while True:
             if tok in eos:
                 stopped = "eos"
+                break
+            if stop is not None and stop(tokens):
+                stopped = "stop"
+                break
+            if len(tokens) >= max_new_tokens:
                 break
             if pos >= self.context_len:
                 stopped = "context_full"
@@ -316,19 +354,16 @@ class StaticKVGenerator:
                 )
             t0 = time.perf_counter()
             logits = self.step(tok, pos)
-            dt = time.perf_counter() - t0
-            step_s.append(dt)
+            tok = pick(logits)
+            step_s.append(time.perf_counter() - t0)
             pos += 1
-            tok = int(logits.argmax())
             tokens.append(tok)
             if on_step is not None:
                 on_step(len(tokens) - 1, tok)
-        else:
-            if tok in eos:
-                stopped = "eos"
+        out["stopped"] = stopped
         if progress is not None:
             progress.update(1.0, f"{len(tokens)} tokens")
-        return {"tokens": tokens, "prefill_s": prefill_s, "step_s": step_s, "stopped": stopped}
+        return out
 
     def teacher_forced_logits(self, ids: list[int], progress: Progress | None = None):
         """Logits [len(ids), V] (float32): prefill on the first min(P, n) ids, then decode

@@ -102,10 +102,11 @@ def _check_lengths(project: Project, model: Path, stages: set[str]) -> None:
 
     P, C = project.export["prompt_length"], project.export["context_length"]
     n = prompt_length(model, project.run["prompt"])
-    if n > P:
+    if n >= C:  # longer than P is fine: the rest is prefilled in chunks
         raise StudioError(
-            f"run.prompt is {n} tokens but the prefill graph takes {P} "
-            f"(export.prompt_length): shorten the prompt or raise export.prompt_length"
+            f"run.prompt is {n} tokens but the KV cache holds {C} (export.context_length; "
+            f"the prefill graph takes {P} at once, the rest in chunks): shorten the prompt or "
+            "raise export.context_length"
         )
     for stage, key in (("run", "run.max_new_tokens"), ("validate", "validation.greedy_tokens")):
         want = project_value(project, key)

@@ -401,11 +401,6 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         gen = _htp_generator(ctx.input("compile", chip.key), chip, spec, ctx.fp16)
         what = f"{scheme} on the {dev.name}"
     prompt_ids = tok(prompt).input_ids
-    if len(prompt_ids) > spec["prompt_length"]:
-        raise StudioError(
-            f"the prompt has {len(prompt_ids)} tokens but the model was exported for "
-            f"{spec['prompt_length']}: shorten run.prompt or raise export.prompt_length"
-        )
 
     def on_step(i: int, token: int) -> None:
         progress.check()

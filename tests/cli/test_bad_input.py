@@ -56,9 +56,10 @@ CASES = {
     "empty prompt": (small(**{'prompt = "def __init__(self"': 'prompt = "  "'}),
                      "run.prompt is empty"),
     # caught by preflight, in seconds, before any stage
-    "prompt longer than P": (small(**{'prompt = "def __init__(self"':
-                                      'prompt = "' + "def f(x): return x + 1\\n" * 8 + '"'}),
-                             "shorten the prompt or raise export.prompt_length"),
+    "prompt longer than the context": (small(**{'prompt = "def __init__(self"':
+                                                'prompt = "' + "def f(x): return x + 1\\n" * 24
+                                                + '"'}),
+                                       "shorten the prompt or raise export.context_length"),
     "generation past the context": (small(**{"max_new_tokens = 8": "max_new_tokens = 60"}),
                                     "run.max_new_tokens = 60 does not fit"),
     "override that matches nothing": (small(**{'calibration_samples = 2':
