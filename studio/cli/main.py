@@ -8,6 +8,8 @@
     studio layerdiff FILE [--target T] [--all] [--json]
     studio estimate --config CONFIG --chip CHIP [--scheme S] [--context N] [--json]
     studio estimate --calibration [--json] [--write-fit]
+    studio generate FILE --prompt TEXT [--device D] [--max-new-tokens N] [--temperature T
+                    --top-k K --top-p P --seed S] [--stop S ...] [--json]
     studio profile show FILE [--run N] [--target T] [--by block|op_type|layer|layer-block] [--json]
     studio profile export FILE [--run N] [--target T] --format chrome|csv OUT
     studio profile import PROFILE_FILE [--onnx MODEL] [--json]
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import os
 import sys
@@ -83,6 +86,18 @@ def _parser() -> argparse.ArgumentParser:
     oa = osub.add_parser("adopt", help="copy the auto-precision stage's rules into the recipe")
     oa.add_argument("file")
     sub.add_parser("targets", help="list the chip catalog")
+    gn = sub.add_parser("generate", help="generate text with the deployed model on a device")
+    gn.add_argument("file")
+    gn.add_argument("--prompt", required=True)
+    gn.add_argument("--device", help="cpu (FP32 export, default), htp-sim or htp-sim:<chip> "
+                                     "(the compiled model on the HTP simulator)")
+    gn.add_argument("--max-new-tokens", type=int, dest="max_new_tokens")
+    gn.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    gn.add_argument("--top-k", type=int, default=0, dest="top_k")
+    gn.add_argument("--top-p", type=float, default=1.0, dest="top_p")
+    gn.add_argument("--seed", type=int)
+    gn.add_argument("--stop", action="append", help="a stop string (repeatable)")
+    gn.add_argument("--json", dest="generate_json", action="store_true")
     pr = sub.add_parser("profile", help="show, export or import profiles")
     prs = pr.add_subparsers(dest="profile_command", parser_class=_Parser, required=True)
     ps = prs.add_parser("show", help="a run's op table: by block (the seed's table), op type, "
@@ -504,6 +519,51 @@ def _estimate(args) -> int:
     return 0
 
 
+def _native_output_to_stderr() -> None:
+    """Keep stdout for our own output: the QNN backend prints log lines on file descriptor 1,
+    which would corrupt ``--json`` and the streamed text. Fd 1 becomes a copy of fd 2 and
+    ``sys.stdout`` writes to a private duplicate of the original stdout."""
+    sys.stdout.flush()
+    try:
+        private = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no usable descriptors (a windowed app): nothing to protect
+        return
+    sys.stdout = io.TextIOWrapper(os.fdopen(private, "wb"), encoding="utf-8",
+                                  line_buffering=True)
+
+
+def _generate(args) -> int:
+    from studio.core import project as projectfile
+    from studio.core.sampling import SamplingConfig
+    from studio.services.generate import generate
+
+    p = projectfile.load(Path(args.file))
+    cfg = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
+    _native_output_to_stderr()
+    started = [False]
+
+    def show(text: str) -> None:  # the prompt, then the new text as it streams
+        if not started[0]:
+            started[0] = True
+            print(args.prompt, end="", flush=True)
+        print(text, end="", flush=True)
+
+    stream = None if args.generate_json else show
+    out = generate(p, args.prompt, args.device, args.max_new_tokens, cfg, args.stop,
+                   on_text=stream)
+    if args.generate_json:
+        print(json.dumps(out, indent=1))
+        return 0
+    tps = out["decode_tokens_per_s"]
+    print(f"\n--\n{len(out['tokens'])} tokens ({out['stopped']}) · time to first token "
+          f"{out['time_to_first_token_ms']:.1f} ms · "
+          + (f"decode {tps:.1f} tok/s" if tps else "no decode steps")
+          + f" · {out['source']} on {out['device_name']}"
+          + (f" ({out['timing_note']})" if out["timing_note"] else ""), file=sys.stderr)
+    return 0
+
+
 def _profile(args) -> int:
     from studio.services import profile_view as pv
     from studio.services import profiles
@@ -570,6 +630,8 @@ def main(argv: list[str] | None = None) -> int:
             return _estimate(args)
         if args.command == "profile":
             return _profile(args)
+        if args.command == "generate":
+            return _generate(args)
         if args.batch:
             return _batch(args)
         raise StudioError("nothing to do: give --batch FILE, or a command (new, info, compare, targets)")
