@@ -142,7 +142,8 @@ def find_probes(model, mode: str = "modules") -> list[Probe]:
     for m in modules:
         idx = by_module[m]
         kids = children(m)
-        if _block(m) and _block(m)[0] == m and not kids:
+        blk = _block(m)
+        if blk and blk[0] == m and not kids:
             continue
         if not kids:  # a leaf module: its output
             last = idx[-1]

@@ -718,7 +718,7 @@ def export_llm(
     model = load_causal_lm(checkpoint_dir)
     config = model.config
     family = FAMILIES[cfg["model_type"]]
-    base = getattr(model, "model", None)
+    base: Any = getattr(model, "model", None)
     for attr in ("embed_tokens", "layers", "norm", "rotary_emb"):
         if base is None or not hasattr(base, attr):
             raise StudioError(

@@ -846,7 +846,7 @@ def analyze(bench: VariantBench, high: str, low: str,
             "weight_bytes": v["weight_bytes"],
             "activation_bytes_per_token": v["activation_bytes_per_token"],
             "delta": _delta(v, base)}
-    entries = {k: list(v.values()) for k, v in entries.items()}  # type: ignore[misc]
+    listed: dict[str, list[dict]] = {k: list(v.values()) for k, v in entries.items()}
     out: dict[str, Any] = {
         "graph": "prefill",
         "source": SOURCE, "device": DEVICE,
@@ -858,25 +858,25 @@ def analyze(bench: VariantBench, high: str, low: str,
                     "ids": [t for w in bench.windows for t in w]},
         "fp32": bench.fp32,
         "base": base,
-        "layers": entries["layer"],
-        "blocks": entries["block"],
-        "points": entries["point"],
+        "layers": listed["layer"],
+        "blocks": listed["block"],
+        "points": listed["point"],
         "ranking": {
-            "raise": [e["name"] for e in sorted(entries["layer"], key=lambda e: _rank_key(e, "raise"))],
-            "raise_blocks": [e["name"] for e in sorted(entries["block"],
+            "raise": [e["name"] for e in sorted(listed["layer"], key=lambda e: _rank_key(e, "raise"))],
+            "raise_blocks": [e["name"] for e in sorted(listed["block"],
                                                        key=lambda e: _rank_key(e, "raise"))],
-            "raise_points": [e["name"] for e in sorted(entries["point"],
+            "raise_points": [e["name"] for e in sorted(listed["point"],
                                                        key=lambda e: _rank_key(e, "raise"))],
         },
         "variants": {"measured": len(jobs) + 1, "quantizer_runs": bench.quantized,
                      "spliced": bench.spliced, "patched": bench.patched},
     }
     if low:
-        out["ranking"]["lower"] = [e["name"] for e in sorted(entries["layer"],
+        out["ranking"]["lower"] = [e["name"] for e in sorted(listed["layer"],
                                                              key=lambda e: _rank_key(e, "lower"))]
         out["ranking"]["lower_blocks"] = [e["name"] for e in sorted(
-            entries["block"], key=lambda e: _rank_key(e, "lower"))]
-        lowered = [e for e in entries["point"] if "lower" in e]
+            listed["block"], key=lambda e: _rank_key(e, "lower"))]
+        lowered = [e for e in listed["point"] if "lower" in e]
         if lowered:
             out["ranking"]["lower_points"] = [e["name"] for e in sorted(
                 lowered, key=lambda e: _rank_key(e, "lower"))]

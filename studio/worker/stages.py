@@ -541,6 +541,7 @@ def _host_timeline(ctx: StageContext, graph: Path, spec) -> dict[str, Any]:
     blocks = node_blocks(graph)
     from studio.core.events import EventTable
 
+    assert prof.table is not None  # an ONNX Runtime profile always has its events
     rows = prof.table.rows()
     for r in rows:
         r["block"] = blocks.get(r["onnx_node"], r["block"])
