@@ -9,7 +9,8 @@
     studio estimate --config CONFIG --chip CHIP [--scheme S] [--context N] [--json]
     studio estimate --calibration [--json] [--write-fit]
     studio generate FILE --prompt TEXT [--device D] [--max-new-tokens N] [--temperature T
-                    --top-k K --top-p P --seed S] [--stop S ...] [--json]
+                    --top-k K --top-p P --seed S] [--stop S ...]
+                    [--speculative [--draft REF | --prompt-lookup] [--k K] [--fixed-k]] [--json]
     studio profile show FILE [--run N] [--target T] [--by block|op_type|layer|layer-block] [--json]
     studio profile export FILE [--run N] [--target T] --format chrome|csv OUT
     studio profile import PROFILE_FILE [--onnx MODEL] [--json]
@@ -97,6 +98,15 @@ def _parser() -> argparse.ArgumentParser:
     gn.add_argument("--top-p", type=float, default=1.0, dest="top_p")
     gn.add_argument("--seed", type=int)
     gn.add_argument("--stop", action="append", help="a stop string (repeatable)")
+    gn.add_argument("--speculative", action="store_true",
+                    help="speculative decoding: drafted tokens checked in one target pass")
+    gn.add_argument("--draft", help="the draft model (a checkpoint folder or sample:NAME; "
+                                    "default: the project's model.draft)")
+    gn.add_argument("--prompt-lookup", action="store_true", dest="prompt_lookup",
+                    help="draft by n-gram lookup in the text so far (no draft model)")
+    gn.add_argument("--k", type=int, default=4, help="drafted tokens per target pass (max)")
+    gn.add_argument("--fixed-k", action="store_true", dest="fixed_k",
+                    help="keep k fixed instead of adapting it to the acceptance")
     gn.add_argument("--json", dest="generate_json", action="store_true")
     pr = sub.add_parser("profile", help="show, export or import profiles")
     prs = pr.add_subparsers(dest="profile_command", parser_class=_Parser, required=True)
@@ -550,8 +560,17 @@ def _generate(args) -> int:
         print(text, end="", flush=True)
 
     stream = None if args.generate_json else show
+    spec_mode = None
+    if args.speculative or args.prompt_lookup or args.draft:
+        spec_mode = "lookup" if args.prompt_lookup else "draft"
+        if args.prompt_lookup and args.draft:
+            raise StudioError("give either --draft REF or --prompt-lookup, not both")
+    draft = args.draft
+    if draft and not draft.startswith("sample:"):
+        draft = str(Path(draft).expanduser().resolve())
     out = generate(p, args.prompt, args.device, args.max_new_tokens, cfg, args.stop,
-                   on_text=stream)
+                   on_text=stream, speculative=spec_mode, draft_ref=draft, k=args.k,
+                   adaptive=not args.fixed_k)
     if args.generate_json:
         print(json.dumps(out, indent=1))
         return 0
@@ -561,6 +580,14 @@ def _generate(args) -> int:
           + (f"decode {tps:.1f} tok/s" if tps else "no decode steps")
           + f" · {out['source']} on {out['device_name']}"
           + (f" ({out['timing_note']})" if out["timing_note"] else ""), file=sys.stderr)
+    if "speculative" in out:
+        sp = out["speculative"]
+        split = sp["time_split_s"]
+        print(f"speculative ({sp['proposer']}, k ≤ {sp['k']}): acceptance "
+              f"{sp['acceptance_rate']:.0%}, {sp['tokens_per_target_pass']:.2f} tokens per "
+              f"target pass ({sp['target_passes']} passes); time: draft "
+              f"{split['draft'] * 1e3:.0f} ms, verify {split['verify'] * 1e3:.0f} ms, host "
+              f"{split['host'] * 1e3:.0f} ms", file=sys.stderr)
     return 0
 
 

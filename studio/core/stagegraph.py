@@ -94,6 +94,8 @@ DECLARATIONS: tuple[StageDecl, ...] = (
               fan_out="target", optional=True,
               settings=("quantization.scheme", "quantization.weight_granularity",
                         "validation.heldout_text", "layerdiff.windows", "layerdiff.tensors")),
+    StageDecl("draft", "Draft model", (), optional=True,
+              settings=("model.draft", "export.prompt_length", "export.context_length")),
     StageDecl("report", "Report", (), needs_all=True, cache=False, settings=("name", *_GATES)),
 )
 STAGES: dict[str, StageDecl] = {d.name: d for d in DECLARATIONS}
@@ -104,6 +106,7 @@ DEFAULT_STAGES: tuple[str, ...] = tuple(d.name for d in DECLARATIONS if not d.op
 # Settings that name an input file: hashed by content, checked by preflight by kind.
 REFS: dict[str, str] = {
     "model.source": "checkpoint",
+    "model.draft": "checkpoint",
     "quantization.calibration_text": "text",
     "validation.heldout_text": "text",
 }
@@ -115,7 +118,6 @@ PLAN_KEYS: dict[str, str] = {
 }
 # Keys of the project file that no stage reads yet, with why.
 UNREAD_KEYS: dict[str, str] = {
-    "model.draft": "the draft model for speculative decoding; no stage uses it yet",
     "schema_version": "the file format's version",
 }
 

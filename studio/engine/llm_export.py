@@ -104,6 +104,8 @@ FULL, SLIDING = "full_attention", "sliding_attention"
 OPSET = 17
 DEFAULT_MASK_VALUE = -100.0
 SPEC_FORMAT = "qstudio.llm-static-kv/1"
+#: new tokens per pass of the verify graph: the last token plus up to 4 drafted ones
+DEFAULT_VERIFY_LENGTH = 5
 REFERENCE_TEXT = (
     "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
 )
@@ -114,12 +116,13 @@ _PROTOBUF_LIMIT = 1_900_000_000
 
 
 def io_names(num_layers: int, graph: str, sliding: bool = False) -> tuple[list[str], list[str]]:
-    """Input and output names of the ``prefill`` or ``decode`` graph (``sliding``: the
-    graphs take a ``sliding_attention_mask`` too)."""
+    """Input and output names of the ``prefill``, ``decode`` or ``verify`` graph
+    (``sliding``: the graphs take a ``sliding_attention_mask`` too). ``verify`` is the
+    decode graph for N new tokens at once (an AR-N graph over the static cache)."""
     ins = ["input_ids", "position_ids", "attention_mask"]
     if sliding:
         ins.append(SLIDING_MASK)
-    if graph == "decode":
+    if graph in ("decode", "verify"):
         for i in range(num_layers):
             ins += [f"past_key_{i}", f"past_value_{i}"]
     outs = ["logits"]
@@ -478,6 +481,9 @@ def _example_inputs(spec: dict, graph: str, sliding: bool):
     P, C = spec["prompt_length"], spec["context_length"]
     if graph == "prefill":
         S, K = P, P
+    elif graph == "verify":
+        S = int(spec["verify_length"])
+        K = C + S
     else:
         S, K = 1, C + 1
     ids = torch.zeros(1, S, dtype=torch.long)
@@ -486,7 +492,7 @@ def _example_inputs(spec: dict, graph: str, sliding: bool):
     args = [ids, pos, mask]
     if sliding:
         args.append(torch.zeros(1, 1, S, K, dtype=torch.float32))
-    if graph == "decode":
+    if graph in ("decode", "verify"):
         args += [torch.zeros(1, KV, C, D, dtype=torch.float32) for _ in range(2 * L)]
     return tuple(args)
 
@@ -692,8 +698,12 @@ def export_llm(
     context_len: int,
     progress: Progress = NullProgress(),
     mask_value: float = DEFAULT_MASK_VALUE,
+    verify_len: int = DEFAULT_VERIFY_LENGTH,
 ) -> dict:
-    """Export ``prefill.onnx`` / ``decode.onnx`` (FP32, opset 17), graph.json, reference.npz.
+    """Export ``prefill.onnx`` / ``decode.onnx`` (FP32, opset 17), graph.json, reference.npz,
+    and ``verify.onnx`` when ``verify_len`` > 1: the decode graph for ``verify_len`` new
+    tokens at once over the same cache (speculative decoding's verify pass; chunked prefill
+    of long prompts).
 
     The graphs are then checked over the whole context (:func:`check_export`): the figures
     go into the spec's ``export_check``, and a position where the graphs and transformers
@@ -709,6 +719,9 @@ def export_llm(
         )
     if not mask_value < 0:
         raise StudioError(f"mask_value must be negative (got {mask_value})")
+    N = int(verify_len)
+    if N > 1 and N >= C:
+        raise StudioError(f"the verify graph's {N} tokens must be fewer than the context C={C}")
     cfg = _check_checkpoint(checkpoint_dir)
     progress.update(0.0, "loading checkpoint")
     progress.check()
@@ -762,6 +775,7 @@ def export_llm(
         "eos_token_ids": eos_ids,
         "pad_token_id": pad_id,
         "mask_value": float(mask_value),
+        "verify_length": N if N > 1 else None,
         "dtype": "float32",
         "opset": OPSET,
         "kv_layout": "[1, num_kv_heads, context_length, head_dim]; decode writes its new row into slot pos",
@@ -771,13 +785,15 @@ def export_llm(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     wrapper = _build_wrapper(model, C, family, layer_types, sliding_input)
-    steps = (("prefill", 0.05, 0.3), ("decode", 0.3, 0.5))
+    steps = [("prefill", 0.05, 0.25), ("decode", 0.25, 0.4)]
+    if N > 1:
+        steps.append(("verify", 0.4, 0.5))
     for graph, a, b in steps:
         progress.check()
         progress.update(a, f"exporting {graph}.onnx")
         _export_graph(wrapper, spec, graph, out_dir / f"{graph}.onnx", SubProgress(progress, a, b))
         progress.log(f"wrote {out_dir / f'{graph}.onnx'}")
-    spec["graphs"] = {g: _graph_io(out_dir / f"{g}.onnx") for g in ("prefill", "decode")}
+    spec["graphs"] = {g: _graph_io(out_dir / f"{g}.onnx") for g, _, _ in steps}
 
     # The whole context, teacher-forced through both graphs, against transformers.
     progress.check()

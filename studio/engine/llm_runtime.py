@@ -123,7 +123,7 @@ def _input_dtypes(session) -> dict[str, Any]:
 class StaticKVGenerator:
     """Runs prefill once, then one decode step per token, with a host-side KV cache."""
 
-    def __init__(self, prefill_session, decode_session, spec: dict):
+    def __init__(self, prefill_session, decode_session, spec: dict, verify_session=None):
         try:
             self.num_layers = int(spec["num_layers"])
             self.num_kv_heads = int(spec["num_kv_heads"])
@@ -139,6 +139,16 @@ class StaticKVGenerator:
         self._full_window, self._sliding_window = mask_windows(spec)
         self.prefill_session = prefill_session
         self.decode_session = decode_session
+        self.verify_session = verify_session
+        self.verify_len = 0
+        if verify_session is not None:
+            self._ver_types = _input_dtypes(verify_session)
+            shape = next((i.shape for i in verify_session.get_inputs()
+                          if i.name == "input_ids"), None)
+            if not shape or not isinstance(shape[-1], int) or shape[-1] < 2:
+                raise StudioError("the verify graph has no static input_ids [1, N] with N > 1; "
+                                  "re-export the model")
+            self.verify_len = int(shape[-1])
         self._pre_types = _input_dtypes(prefill_session)
         self._dec_types = _input_dtypes(decode_session)
         L = self.num_layers
@@ -235,6 +245,83 @@ class StaticKVGenerator:
             feeds[vn] = v.copy() if copy else v
         return feeds
 
+    def verify_feed(self, tokens: list[int], pos: int) -> dict:
+        """Feeds for the verify graph: ``tokens`` (at most N) at positions ``pos``.., over
+        the cache slots ``0..pos-1``; padding rows see only themselves."""
+        import numpy as np
+
+        N, C, n = self.verify_len, self.context_len, len(tokens)
+        if not 0 < n <= N:
+            raise StudioError(f"the verify graph takes 1..{N} tokens, not {n}")
+        if pos + n > C:
+            raise StudioError(f"positions {pos}..{pos + n - 1} run past the KV cache of {C} slots")
+        ids = np.full((1, N), self.pad_id, dtype=np.int64)
+        ids[0, :n] = tokens
+        positions = np.minimum(np.arange(pos, pos + N, dtype=np.int64), C - 1)[None]
+
+        def mask(window: int | None):
+            m = np.full((N, C + N), self.mask_value, dtype=np.float32)
+            for j in range(N):
+                if j < n:
+                    first = 0 if window is None else max(0, pos + j - int(window) + 1)
+                    m[j, first:pos] = 0.0
+                    lo = 0 if window is None else max(0, j - int(window) + 1)
+                    m[j, C + lo:C + j + 1] = 0.0
+                else:
+                    m[j, C + j] = 0.0
+            return m[None, None]
+
+        t = self._ver_types
+        feeds = {
+            "input_ids": self._cast(t, "input_ids", ids),
+            "position_ids": self._cast(t, "position_ids", positions),
+            "attention_mask": self._cast(t, "attention_mask", mask(self._full_window)),
+        }
+        if self._sliding_window is not None:
+            feeds[SLIDING_MASK] = self._cast(t, SLIDING_MASK, mask(self._sliding_window))
+        for (kn, vn), (k, v) in zip(self._kv_names, self.cache, strict=True):
+            feeds[kn] = k
+            feeds[vn] = v
+        return feeds
+
+    def verify(self, tokens: list[int], pos: int):
+        """One pass of the verify graph over ``tokens`` at positions ``pos``..; writes their KV
+        rows into slots ``pos..pos+n-1`` and returns their logits [n, V] (float32). Rows of
+        tokens later rejected stay in the cache but are never visible: every mask hides the
+        slots at and after the next write position, so rolling back is not advancing."""
+        import numpy as np
+
+        if self.verify_session is None:
+            raise StudioError("this model has no verify graph: re-export it (export stage)")
+        n = len(tokens)
+        outs = self.verify_session.run(self._outputs, self.verify_feed(tokens, pos))
+        for i in range(self.num_layers):
+            for j in range(2):
+                self.cache[i][j][:, :, pos:pos + n, :] = outs[1 + 2 * i + j][:, :, :n, :]
+        return np.asarray(outs[0][0, :n], dtype=np.float32)
+
+    def prefill_prompt(self, ids: list[int], progress: Progress | None = None):
+        """Prefill a prompt of any length below C: the first P tokens through the prefill
+        graph, the rest in chunks of the verify graph (N at a time) or, without one, by
+        decode steps. Returns (logits of the last prompt token [V], number of passes)."""
+        n = len(ids)
+        k = min(n, self.prompt_len)
+        logits = self.prefill(ids[:k])[-1]
+        passes = 1
+        pos = k
+        while pos < n:
+            if progress is not None:
+                progress.check()
+            if self.verify_len:
+                chunk = ids[pos:pos + self.verify_len]
+                logits = self.verify(chunk, pos)[-1]
+                pos += len(chunk)
+            else:
+                logits = self.step(ids[pos], pos)
+                pos += 1
+            passes += 1
+        return logits, passes
+
     def prefill(self, ids: list[int]):
         """Run prefill on ``ids`` (<= P tokens), fill cache slots 0..n-1; logits [n, V] float32."""
         import numpy as np
@@ -285,9 +372,8 @@ class StaticKVGenerator:
     ) -> dict:
         """Generate up to ``max_new_tokens`` tokens after ``prompt_ids``.
 
-        A prompt longer than the prefill graph's P tokens is prefilled in chunks: the first
-        P tokens through the prefill graph, the rest fed through decode steps (their logits
-        ignored) — it must leave room in the C cache slots. ``sampler``
+        A prompt longer than the prefill graph's P tokens is prefilled in chunks
+        (:meth:`prefill_prompt`) — it must leave room in the C cache slots. ``sampler``
         (:class:`studio.core.sampling.Sampler`; None: greedy) picks each token. Generation
         stops after ``max_new_tokens``, at an EOS token (kept in ``tokens``, as
         ``transformers`` does), when ``stop(tokens)`` says so (stop sequences), or when the
@@ -321,15 +407,9 @@ class StaticKVGenerator:
         if progress is not None:
             progress.check()
         t0 = time.perf_counter()
-        k = min(n, self.prompt_len)
-        logits = self.prefill(prompt_ids[:k])[-1]
-        for pos in range(k, n):  # the rest of a long prompt, one cache row at a time
-            if progress is not None:
-                progress.check()
-            logits = self.step(prompt_ids[pos], pos)
+        logits, out["prompt_chunks"] = self.prefill_prompt(prompt_ids, progress)
         tok = pick(logits)
         out["ttft_s"] = out["prefill_s"] = time.perf_counter() - t0
-        out["prompt_chunks"] = 1 + (n - k)
         tokens.append(tok)
         if on_step is not None:
             on_step(0, tok)

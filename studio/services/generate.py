@@ -63,17 +63,69 @@ def load_generator(project: Project, dev: Device):
     return _htp_generator(cdir, chip, spec, fp16), spec, tok
 
 
+def load_draft(project: Project, draft_ref: str | None = None):
+    """The draft model's CPU generator: the ``draft`` stage's export of ``draft_ref`` (default
+    the project's ``model.draft``), run first when the store does not hold it yet."""
+    from studio.engine.llm_export import load_spec
+    from studio.services.history import current_keys
+    from studio.worker.stages import _cpu_generator
+
+    if draft_ref:
+        project = project.copy()
+        project.model["draft"] = draft_ref
+    if not project.model.get("draft"):
+        raise StudioError("the project has no draft model: set model.draft (for example "
+                          "\"sample:tiny-coder-draft\"), give --draft REF or use --prompt-lookup")
+    key = current_keys(project, ["draft"]).get("draft")
+    store = ArtifactStore(project.folder / "artifacts")
+    art = store.get(key) if key else None
+    if art is None:
+        import asyncio
+
+        from studio.services.session import Studio
+
+        s = Studio(project)
+        try:
+            summary = asyncio.run(s.run_pipeline(["draft"]))
+        finally:
+            s.close()
+        art = store.get(key) if key else None
+        if art is None:
+            raise StudioError(f"the draft model could not be exported ({summary.state}): see "
+                              f"studio --batch {project.path} --stages draft")
+    return _cpu_generator(art.path, load_spec(art.path))
+
+
 def generate(project: Project, prompt: str, device_name: str | None = None,
              max_new_tokens: int | None = None, sampling: SamplingConfig | None = None,
              stop: list[str] | None = None,
-             on_text: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Generate after ``prompt`` on a device; the figures carry the device's source label."""
+             on_text: Callable[[str], None] | None = None,
+             speculative: str | None = None, draft_ref: str | None = None,
+             k: int = 4, adaptive: bool = True) -> dict[str, Any]:
+    """Generate after ``prompt`` on a device; the figures carry the device's source label.
+
+    ``speculative``: None (plain decoding), ``"draft"`` (the draft model on the host CPU
+    drafts, ``draft_ref`` or the project's ``model.draft``) or ``"lookup"`` (prompt
+    lookup); up to ``k`` drafted tokens per target pass, adapted when ``adaptive``."""
     if not prompt.strip():
         raise StudioError("the prompt is empty: give some text")
+    if speculative not in (None, "draft", "lookup"):
+        raise StudioError(f"speculative must be draft or lookup, not {speculative!r}")
     dev = resolve_device(project, device_name)
     sampling = sampling or SamplingConfig()
     t_load = time.perf_counter()
     gen, spec, tok = load_generator(project, dev)
+    proposer = None
+    if speculative:
+        from studio.engine.speculative import DraftModelProposer, PromptLookupProposer
+
+        if not gen.verify_len:
+            raise StudioError(
+                "speculative decoding needs a verify graph, which only the host CPU's export "
+                "has so far: use --device cpu" if dev.kind != "host-cpu" else
+                "this export has no verify graph: re-run the export stage")
+        proposer = (PromptLookupProposer() if speculative == "lookup"
+                    else DraftModelProposer(load_draft(project, draft_ref), sampling))
     load_s = time.perf_counter() - t_load
     n = max_new_tokens if max_new_tokens is not None else int(project.run["max_new_tokens"])
     ids = tok(prompt).input_ids
@@ -95,15 +147,25 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
     def stop_fn(tokens: list[int]) -> bool:
         return any(s in tok.decode(tokens) for s in stops)
 
-    out = gen.generate(ids, n, sampler=Sampler(sampling), eos_id=spec.get("eos_token_id"),
-                       stop=stop_fn if stops else None, on_step=step_cb)
+    if proposer is not None:
+        from studio.engine.speculative import speculative_generate
+
+        out = speculative_generate(gen, proposer, ids, n, sampler=Sampler(sampling), k=k,
+                                   adaptive=adaptive, eos_id=spec.get("eos_token_id"),
+                                   stop=stop_fn if stops else None, on_step=step_cb)
+    else:
+        out = gen.generate(ids, n, sampler=Sampler(sampling), eos_id=spec.get("eos_token_id"),
+                           stop=stop_fn if stops else None, on_step=step_cb)
     text = tok.decode(out["tokens"])
     if out["stopped"] == "stop":
         cut = min(text.find(s) for s in stops if s in text)
         text = text[:cut]
     steps = out["step_s"]
     med = statistics.median(steps) if steps else None
-    return {
+    decoded = len(out["tokens"]) - 1
+    if "wall_s" in out:  # speculative: tokens come in groups; the rate over the whole decode
+        med = out["wall_s"] / decoded if decoded > 0 else None
+    result = {
         "prompt": prompt, "prompt_tokens": len(ids), "prompt_chunks": out["prompt_chunks"],
         "tokens": out["tokens"], "text": text, "stopped": out["stopped"],
         "time_to_first_token_ms": out["ttft_s"] * 1e3,
@@ -112,3 +174,6 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
         "source": dev.source, "device": dev.id, "device_name": dev.name,
         "timing_note": dev.timing_note, "load_s": load_s, "sampling": sampling.to_dict(),
     }
+    if "speculative" in out:
+        result["speculative"] = out["speculative"]
+    return result

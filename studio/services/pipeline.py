@@ -135,6 +135,9 @@ def preflight(project: Project, jobs: list[PlannedJob]) -> None:
     """Check the input files the planned stages declare, and the settings that depend on
     them, before anything runs: fail in seconds, not after minutes of stage work."""
     stages = {j.stage for j in jobs}
+    if "draft" in stages and not project.model.get("draft"):
+        raise StudioError("the project has no draft model: set model.draft (for example "
+                          "\"sample:tiny-coder-draft\") to export one")
     checked: set[str] = set()
     model: Path | None = None
     for job in jobs:
@@ -145,7 +148,9 @@ def preflight(project: Project, jobs: list[PlannedJob]) -> None:
             checked.add(key)
             ref = project_value(project, key)
             if kind == "checkpoint":
-                model = _check_checkpoint(project, ref)
+                checked_model = _check_checkpoint(project, ref)
+                if key == "model.source":
+                    model = checked_model
             else:
                 _check_text(project.input_path(ref), key.split(".", 1)[1].replace("_", " "))
     if project.model.get("draft"):

@@ -158,6 +158,21 @@ def export(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     }
 
 
+def draft(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    """The draft model of speculative decoding, exported for the host CPU (FP32 prefill and
+    decode graphs with the target's prompt and context lengths; checked like the target)."""
+    from studio.engine import hf_import
+    from studio.engine.llm_export import export_llm
+
+    ckpt = ctx.path("model.draft")
+    info = hf_import.open_checkpoint(ckpt)
+    P, C = ctx.get("export.prompt_length"), ctx.get("export.context_length")
+    export_llm(ckpt, ctx.out, P, C, progress=SubProgress(progress, 0.0, 0.98), verify_len=0)
+    return {"summary": f"draft {info.architecture} ({info.num_layers} layers, "
+                       f"{info.parameters:,} parameters) for the host CPU",
+            "parameters": info.parameters}
+
+
 # ---- 2. quantize --------------------------------------------------------------------------
 def quantize(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     from studio.engine.quantize import quantize_llm
@@ -236,8 +251,10 @@ def compile_(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 def _cpu_generator(graph_dir: Path, spec: dict[str, Any]):
     from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
 
+    verify = graph_dir / "verify.onnx"
     return StaticKVGenerator(make_cpu_session(graph_dir / "prefill.onnx"),
-                             make_cpu_session(graph_dir / "decode.onnx"), spec)
+                             make_cpu_session(graph_dir / "decode.onnx"), spec,
+                             make_cpu_session(verify) if verify.is_file() else None)
 
 
 def _htp_generator(compile_dir: Path, chip: Chip, spec: dict[str, Any], fp16: bool):
@@ -832,7 +849,7 @@ def layerdiff(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 
 STAGE_FUNCTIONS: dict[str, Callable[[StageContext, Progress], dict[str, Any]]] = {
     "export": export, "quantize": quantize, "compile": compile_, "validate": validate,
-    "run": run, "profile": profile, "report": report,
+    "run": run, "profile": profile, "report": report, "draft": draft,
     "sensitivity": sensitivity, "autoprecision": autoprecision, "layerdiff": layerdiff,
 }
 

@@ -63,3 +63,25 @@ def test_bad_generate_input_exits_2(batch_run, small_project, tmp_path):
     fresh.write_text(small_project.read_text())
     r = studio("generate", fresh, "--prompt", "def f(")
     assert r.returncode == 2 and "--stages export" in r.stderr
+
+
+def test_speculative_generation_matches_greedy_and_reports_acceptance(batch_run, small_project):
+    args = ["--prompt", "def __init__(self", "--max-new-tokens", "24"]
+    plain = _gen(small_project, *args)
+    look = _gen(small_project, *args, "--prompt-lookup")
+    draft = _gen(small_project, *args, "--speculative", "--draft", "sample:tiny-coder-draft",
+                 "--k", "3")
+    for out in (look, draft):
+        assert out["tokens"] == plain["tokens"]  # greedy: identical text
+        sp = out["speculative"]
+        assert sp["target_passes"] <= 23 and sp["tokens_per_target_pass"] >= 1
+        assert set(sp["time_split_s"]) == {"draft", "verify", "host"}
+        assert out["source"] == "measured"
+    assert look["speculative"]["proposer"] == "prompt-lookup"
+    assert draft["speculative"]["proposer"] == "draft-model" and draft["speculative"]["k"] == 3
+    assert draft["speculative"]["tokens_per_target_pass"] > 1.5  # the draft mostly agrees
+
+    r = studio("generate", small_project, *args, "--speculative")
+    assert r.returncode == 2 and "no draft model" in r.stderr
+    r = studio("generate", small_project, *args, "--prompt-lookup", "--device", "htp-sim")
+    assert r.returncode == 2 and "--device cpu" in r.stderr

@@ -37,9 +37,10 @@ def _all_keys(project: pf.Project) -> list[str]:
 
 def _changed(tmp: Path, key: str):
     """A valid different value for ``key``."""
-    if key == "model.source":
+    if key in ("model.source", "model.draft"):
         copy = tmp / "model-copy"
-        shutil.copytree(sample_path("tiny-coder"), copy)
+        shutil.copytree(sample_path("tiny-coder" if key == "model.source" else "tiny-coder-draft"),
+                        copy)
         with open(copy / "config.json", "a") as f:
             f.write("\n")  # same model, different bytes
         return str(copy)
@@ -50,7 +51,6 @@ def _changed(tmp: Path, key: str):
     return {
         "name": "renamed",
         "targets": ["snapdragon-8-gen-3", "snapdragon-8-elite"],
-        "model.draft": "sample:tiny-coder-draft",
         "export.prompt_length": 31,
         "export.context_length": 96,
         "quantization.scheme": "W8A8",

@@ -161,3 +161,16 @@ def tiny_coder_graphs(tmp_path_factory, sample_model_dir) -> tuple[Path, dict]:
 
     out = tmp_path_factory.mktemp("tiny-coder-fp32")
     return out, export_llm(sample_model_dir, out, 32, 128)
+
+
+@pytest.fixture(scope="session")
+def tiny_coder_draft_graphs(tmp_path_factory) -> tuple[Path, dict]:
+    """The shipped draft model (tiny-coder-draft) exported like tiny_coder_graphs, without
+    a verify graph (a draft proposes one token at a time)."""
+    from studio.engine.llm_export import export_llm
+
+    draft = SAMPLE_MODEL.parent / "tiny-coder-draft"
+    if not (draft / "model.safetensors").is_file():
+        pytest.skip("the draft model resources/models/tiny-coder-draft is not built")
+    out = tmp_path_factory.mktemp("tiny-coder-draft-fp32")
+    return out, export_llm(draft, out, 32, 128, verify_len=0)
