@@ -10,7 +10,8 @@
     studio estimate --calibration [--json] [--write-fit]
     studio generate FILE --prompt TEXT [--device D] [--max-new-tokens N] [--temperature T
                     --top-k K --top-p P --seed S] [--stop S ...]
-                    [--speculative [--draft REF | --prompt-lookup] [--k K] [--fixed-k]] [--json]
+                    [--speculative [--draft REF | --prompt-lookup] [--k K] [--fixed-k]]
+                    [--kv float|int8] [--window W] [--json]
     studio profile show FILE [--run N] [--target T] [--by block|op_type|layer|layer-block] [--json]
     studio profile export FILE [--run N] [--target T] --format chrome|csv OUT
     studio profile import PROFILE_FILE [--onnx MODEL] [--json]
@@ -107,6 +108,12 @@ def _parser() -> argparse.ArgumentParser:
     gn.add_argument("--k", type=int, default=4, help="drafted tokens per target pass (max)")
     gn.add_argument("--fixed-k", action="store_true", dest="fixed_k",
                     help="keep k fixed instead of adapting it to the acceptance")
+    gn.add_argument("--kv", choices=("float", "int8"),
+                    help="the KV cache: float or int8 (uint8 cache I/O); default: the "
+                         "project's quantization.kv_cache")
+    gn.add_argument("--window", type=int,
+                    help="attend to the last W tokens (W <= the context): a ring buffer that "
+                         "lets generation run past the context")
     gn.add_argument("--json", dest="generate_json", action="store_true")
     pr = sub.add_parser("profile", help="show, export or import profiles")
     prs = pr.add_subparsers(dest="profile_command", parser_class=_Parser, required=True)
@@ -570,7 +577,7 @@ def _generate(args) -> int:
         draft = str(Path(draft).expanduser().resolve())
     out = generate(p, args.prompt, args.device, args.max_new_tokens, cfg, args.stop,
                    on_text=stream, speculative=spec_mode, draft_ref=draft, k=args.k,
-                   adaptive=not args.fixed_k)
+                   adaptive=not args.fixed_k, kv=args.kv, window=args.window)
     if args.generate_json:
         print(json.dumps(out, indent=1))
         return 0
@@ -580,6 +587,11 @@ def _generate(args) -> int:
           + (f"decode {tps:.1f} tok/s" if tps else "no decode steps")
           + f" · {out['source']} on {out['device_name']}"
           + (f" ({out['timing_note']})" if out["timing_note"] else ""), file=sys.stderr)
+    kvc = out["kv_cache"]
+    print(f"KV cache: {kvc['dtype']}, {kvc['bytes_measured'] / 1024:.0f} KiB held "
+          f"({kvc['bytes_by_formula'] / 1024:.0f} KiB by formula)"
+          + (f", window {kvc['window']} tokens (ring buffer)" if kvc["window"] else ""),
+          file=sys.stderr)
     if "speculative" in out:
         sp = out["speculative"]
         split = sp["time_split_s"]

@@ -44,6 +44,7 @@ _SECTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "calibration_samples": (int, DEFAULT_CALIBRATION_SAMPLES),
         "calibration_method": (str, DEFAULT_CALIBRATION_METHOD),
         "block_size": (int, DEFAULT_BLOCK_SIZE),
+        "kv_cache": (str, "float"),
         "overrides": (dict, {}),
     },
     "validation": {

@@ -31,6 +31,9 @@ SCHEMES: tuple[str, ...] = ("W8A16", "W8A8", "W4A16", "FP16")
 # per_block: block-wise (LPBQ) INT4 weights, blocks of ``block_size`` along the input axis
 GRANULARITIES: tuple[str, ...] = ("per_tensor", "per_channel", "per_block")
 CALIBRATION_METHODS: tuple[str, ...] = ("MinMax", "Entropy", "Percentile")
+# the KV cache as graph I/O: "float" (quantized at the graph edge every step on the HTP) or
+# "int8" (uint8 I/O with per-head scales: a quarter of FP32, half of a 16-bit cache)
+KV_CACHE_KINDS: tuple[str, ...] = ("float", "int8")
 BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
 PRECISIONS: tuple[str, ...] = ("INT4", "INT8", "INT16", "FP16", "FP32")
 FLOAT_PRECISIONS: tuple[str, ...] = ("FP16", "FP32")
@@ -227,6 +230,12 @@ def check_recipe(quantization: dict[str, Any]) -> None:
         raise StudioError(
             f"quantization.block_size {block} is not one of {', '.join(map(str, BLOCK_SIZES))}"
         )
+    kv = q.get("kv_cache", "float")
+    if kv not in KV_CACHE_KINDS:
+        raise StudioError(f"quantization.kv_cache {kv!r} is not one of {', '.join(KV_CACHE_KINDS)}")
+    if kv == "int8" and q["scheme"] == "FP16":
+        raise StudioError("quantization.kv_cache int8 needs an integer scheme (W8A16, W8A8, "
+                          "W4A16): FP16 graphs keep a float cache")
     if q["scheme"] == "W4A16" and q["weight_granularity"] == "per_tensor":
         raise StudioError(
             "W4A16 with per_tensor weights loses too much accuracy (one 4-bit scale per "

@@ -66,7 +66,7 @@ DECLARATIONS: tuple[StageDecl, ...] = (
               settings=("quantization.scheme", "quantization.weight_granularity",
                         "quantization.calibration_text", "quantization.calibration_samples",
                         "quantization.calibration_method", "quantization.block_size",
-                        "quantization.overrides")),
+                        "quantization.kv_cache", "quantization.overrides")),
     StageDecl("compile", "Compile", (Need("quantize"),), fan_out="target",
               settings=("quantization.scheme", "quantization.weight_granularity")),
     StageDecl("validate", "Validate", (Need("export"), Need("quantize"),

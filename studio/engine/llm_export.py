@@ -30,7 +30,8 @@ checkpoint's own modules, which the graphs reuse.
 After the export the graphs are checked over the whole context against the checkpoint in
 transformers (see :func:`check_export`).
 
-RoPE is applied from ``position_ids`` through a cos/sin table of C rows (``rope_cos`` /
+RoPE is applied from ``position_ids`` through a cos/sin table of ``rope_positions`` rows
+(up to 4 x C, see :func:`rope_positions`: a ring-buffer cache runs past C) (``rope_cos`` /
 ``rope_sin`` initializers, computed by the checkpoint's rotary module) gathered per
 position: no Sin/Cos on quantized angles, which 8-bit activations would ruin. GQA heads
 are repeated inside the graph (the HF eager attention). The additive mask uses a finite
@@ -377,8 +378,29 @@ def _check_rope(config, context_len: int) -> str:
     return rope
 
 
+#: How far past the C cache slots the RoPE table reaches: generation with a sliding window
+#: (a ring buffer over the C slots) can place tokens at positions up to this many contexts.
+ROPE_CONTEXTS = 4
+
+
+def rope_positions(config, context_len: int) -> int:
+    """Rows of the RoPE table: ``ROPE_CONTEXTS`` x C, never past ``max_position_embeddings``
+    (nor a longrope's ``original_max_position_embeddings``, where its factors switch)."""
+    rows = ROPE_CONTEXTS * int(context_len)
+    limits = [getattr(config, "max_position_embeddings", None)]
+    if _rope_type(config) == "longrope":
+        params = getattr(config, "rope_parameters", None) or {}
+        limits.append(params.get("original_max_position_embeddings")
+                      or getattr(config, "original_max_position_embeddings", None))
+    for lim in limits:
+        if lim:
+            rows = min(rows, int(lim))
+    return max(rows, int(context_len))
+
+
 def _build_wrapper(
-    causal_lm, context_len: int, family: Family, layer_types: list[str], sliding_input: bool
+    causal_lm, context_len: int, family: Family, layer_types: list[str], sliding_input: bool,
+    rope_rows: int | None = None,
 ):
     """A static-shape module over the HF modules; its forward matches io_names().
 
@@ -430,8 +452,9 @@ def _build_wrapper(
             self.model = base
             self.lm_head = causal_lm.lm_head
             with torch.no_grad():
-                pos = torch.arange(context_len, dtype=torch.long)[None]
-                probe = torch.zeros(1, context_len, 1, dtype=torch.float32)
+                rows = int(rope_rows or context_len)
+                pos = torch.arange(rows, dtype=torch.long)[None]
+                probe = torch.zeros(1, rows, 1, dtype=torch.float32)
                 cos, sin = base.rotary_emb(probe, pos)
             # persistent: exported as initializers named rope_cos / rope_sin
             self.register_buffer("rope_cos", cos[0].to(torch.float32).clone())
@@ -746,6 +769,7 @@ def export_llm(
             f"context length C={C} exceeds the model's max_position_embeddings={max_pos}; lower C"
         )
     rope_type = _check_rope(config, C)
+    rope_rows = rope_positions(config, C)
 
     attn = base.layers[0].self_attn
     num_heads = int(config.num_attention_heads)
@@ -765,6 +789,7 @@ def export_llm(
         "vocab_size": int(config.vocab_size),
         "prompt_length": P,
         "context_length": C,
+        "rope_positions": rope_rows,
         "layer_types": layer_types,
         "sliding_window": int(window) if window is not None else None,
         "rope_type": rope_type,
@@ -784,7 +809,7 @@ def export_llm(
     sliding_input = mask_windows(spec)[1] is not None
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    wrapper = _build_wrapper(model, C, family, layer_types, sliding_input)
+    wrapper = _build_wrapper(model, C, family, layer_types, sliding_input, rope_rows)
     steps = [("prefill", 0.05, 0.25), ("decode", 0.25, 0.4)]
     if N > 1:
         steps.append(("verify", 0.4, 0.5))

@@ -134,6 +134,9 @@ class StaticKVGenerator:
         except (KeyError, TypeError, ValueError) as exc:
             raise StudioError(f"graph spec is incomplete ({exc}); re-export the model") from None
         self.mask_value = float(spec.get("mask_value", -100.0))
+        # the RoPE table's rows: the positions the graphs can place a token at
+        self.rope_positions = int(spec.get("rope_positions") or self.context_len)
+        self.ring_window: int | None = None  # see set_window
         self.pad_id = int(spec.get("pad_token_id") or 0)
         self.window = sliding_window_of(spec)
         self._full_window, self._sliding_window = mask_windows(spec)
@@ -191,6 +194,39 @@ class StaticKVGenerator:
 
         shape = (1, self.num_kv_heads, self.context_len, self.head_dim)
         self.cache = [[np.zeros(shape, kd), np.zeros(shape, vd)] for kd, vd in self.cache_dtype]
+        self.slot_pos = np.full(self.context_len, -1, dtype=np.int64)  # position in each slot
+
+    def set_window(self, window: int | None) -> None:
+        """Attend to the last ``window`` tokens only (<= C) and keep the cache as a ring
+        buffer: position p lives in slot p mod C, so generation runs past the C slots, up to
+        the RoPE table's ``rope_positions``. Keys keep their own absolute rotation; masks
+        come from which position each slot holds. None: the plain static cache."""
+        if window is not None:
+            window = int(window)
+            if not 1 <= window <= self.context_len:
+                raise StudioError(f"the window must be 1..{self.context_len} tokens (the KV "
+                                  f"cache's slots), not {window}")
+        self.ring_window = window
+
+    def _ring(self, window: int | None) -> int | None:
+        """A layer's window narrowed to the ring's."""
+        if self.ring_window is None:
+            return window
+        return self.ring_window if window is None else min(window, self.ring_window)
+
+    def _ring_mask(self, pos: int, window: int | None):
+        """Decode mask [C + 1] from the slots' positions: slot s is visible when it holds a
+        position q with pos - window < q < pos (window: the smaller of the ring's and the
+        layer's own)."""
+        import numpy as np
+
+        w = self._ring(window) or self.context_len
+        q = self.slot_pos
+        visible = (q >= 0) & (q < pos) & (q > pos - int(w))
+        mask = np.full((self.context_len + 1,), self.mask_value, dtype=np.float32)
+        mask[:-1][visible] = 0.0
+        mask[-1] = 0.0
+        return mask
 
     def _cast(self, types: dict, name: str, value):
         dt = types[name]
@@ -211,7 +247,7 @@ class StaticKVGenerator:
         input_ids = np.full((1, P), self.pad_id, dtype=np.int64)
         input_ids[0, :n] = ids
         pos = np.arange(P, dtype=np.int64)[None]
-        mask = prefill_mask(n, P, self.mask_value, self._full_window)
+        mask = prefill_mask(n, P, self.mask_value, self._ring(self._full_window))
         t = self._pre_types
         feeds = {
             "input_ids": self._cast(t, "input_ids", input_ids),
@@ -219,7 +255,7 @@ class StaticKVGenerator:
             "attention_mask": self._cast(t, "attention_mask", mask[None, None]),
         }
         if self._sliding_window is not None:
-            window = prefill_mask(n, P, self.mask_value, self._sliding_window)
+            window = prefill_mask(n, P, self.mask_value, self._ring(self._sliding_window))
             feeds[SLIDING_MASK] = self._cast(t, SLIDING_MASK, window[None, None])
         return feeds
 
@@ -228,9 +264,20 @@ class StaticKVGenerator:
         import numpy as np
 
         C = self.context_len
-        if not 0 <= pos < C:
-            raise StudioError(f"position {pos} is outside the KV cache of {C} slots")
-        mask = decode_mask(pos, C, self.mask_value, self._full_window)[None, None, None]
+        if self.ring_window is not None:
+            if not 0 <= pos < self.rope_positions:
+                raise StudioError(f"position {pos} is past the {self.rope_positions} positions "
+                                  "of the RoPE table; re-export with a longer context")
+
+            def masked(window):
+                return self._ring_mask(pos, window)
+        else:
+            if not 0 <= pos < C:
+                raise StudioError(f"position {pos} is outside the KV cache of {C} slots")
+
+            def masked(window):
+                return decode_mask(pos, C, self.mask_value, window)
+        mask = masked(self._full_window)[None, None, None]
         t = self._dec_types
         feeds = {
             "input_ids": self._cast(t, "input_ids", np.array([[token]], dtype=np.int64)),
@@ -238,7 +285,7 @@ class StaticKVGenerator:
             "attention_mask": self._cast(t, "attention_mask", mask),
         }
         if self._sliding_window is not None:
-            window = decode_mask(pos, C, self.mask_value, self._sliding_window)[None, None, None]
+            window = masked(self._sliding_window)[None, None, None]
             feeds[SLIDING_MASK] = self._cast(t, SLIDING_MASK, window)
         for (kn, vn), (k, v) in zip(self._kv_names, self.cache, strict=True):
             feeds[kn] = k.copy() if copy else k
@@ -294,10 +341,14 @@ class StaticKVGenerator:
         if self.verify_session is None:
             raise StudioError("this model has no verify graph: re-export it (export stage)")
         n = len(tokens)
+        if self.ring_window is not None and self.ring_window < self.context_len:
+            raise StudioError("the verify graph sees the whole cache: not with a window "
+                              "shorter than the context")
         outs = self.verify_session.run(self._outputs, self.verify_feed(tokens, pos))
         for i in range(self.num_layers):
             for j in range(2):
                 self.cache[i][j][:, :, pos:pos + n, :] = outs[1 + 2 * i + j][:, :, :n, :]
+        self.slot_pos[pos:pos + n] = range(pos, pos + n)
         return np.asarray(outs[0][0, :n], dtype=np.float32)
 
     def prefill_prompt(self, ids: list[int], progress: Progress | None = None):
@@ -312,7 +363,8 @@ class StaticKVGenerator:
         while pos < n:
             if progress is not None:
                 progress.check()
-            if self.verify_len:
+            if self.verify_len and (self.ring_window is None
+                                    or self.ring_window >= self.context_len):
                 chunk = ids[pos:pos + self.verify_len]
                 logits = self.verify(chunk, pos)[-1]
                 pos += len(chunk)
@@ -334,6 +386,7 @@ class StaticKVGenerator:
             for j in range(2):
                 row = outs[1 + 2 * i + j]
                 self.cache[i][j][:, :, :n, :] = row[:, :, :n, :]
+        self.slot_pos[:n] = range(n)
         return np.asarray(outs[0][0, :n], dtype=np.float32)
 
     def step(self, token: int, pos: int):
@@ -341,9 +394,11 @@ class StaticKVGenerator:
         import numpy as np
 
         outs = self.decode_session.run(self._outputs, self.decode_feed(token, pos))
+        slot = pos % self.context_len
         for i in range(self.num_layers):
             for j in range(2):
-                self.cache[i][j][:, :, pos : pos + 1, :] = outs[1 + 2 * i + j]
+                self.cache[i][j][:, :, slot : slot + 1, :] = outs[1 + 2 * i + j]
+        self.slot_pos[slot] = pos
         return np.asarray(outs[0][0, -1], dtype=np.float32)
 
     # ------------------------------------------------------------------ high level
@@ -424,7 +479,7 @@ class StaticKVGenerator:
                 break
             if len(tokens) >= max_new_tokens:
                 break
-            if pos >= self.context_len:
+            if pos >= (self.context_len if self.ring_window is None else self.rope_positions):
                 stopped = "context_full"
                 break
             if progress is not None:

@@ -43,21 +43,86 @@ def resolve_device(project: Project, name: str | None) -> Device:
     return device(name)
 
 
-def load_generator(project: Project, dev: Device):
-    """(generator, spec, tokenizer) for ``dev``."""
+def _run_stages(project: Project, stages: list[str], what: str) -> None:
+    """Run ``stages`` of ``project`` (a copy with changed settings) through the pipeline: the
+    store serves what it holds."""
+    import asyncio
+
+    from studio.services.session import Studio
+
+    s = Studio(project)
+    try:
+        summary = asyncio.run(s.run_pipeline(stages))
+    finally:
+        s.close()
+    if summary.state != "succeeded":
+        raise StudioError(f"{what} could not be built ({summary.state}): see studio --batch "
+                          f"{project.path} --stages {','.join(stages)}")
+
+
+def int8_kv_export(project: Project, export_dir: Path) -> Path:
+    """The FP32 export with an INT8 KV cache (per-head scales from the project's calibration
+    text), made once per export beside the artifacts (written in a temp folder, then moved)."""
+    import shutil
+    import tempfile
+
+    from studio.engine.kvquant import KV_SCALES_FILE, calibrate_kv_scales, write_int8_kv_graphs
+    from studio.worker.stages import _cpu_generator, _spec, _tokenizer
+
+    out = project.folder / "kv8" / export_dir.name
+    if (out / KV_SCALES_FILE).is_file():
+        return out
+    spec = _spec(export_dir)
+    text = project.input_path(project.quantization["calibration_text"]).read_text(
+        encoding="utf-8", errors="replace")
+    ids = _tokenizer(export_dir)(text).input_ids
+    scales = calibrate_kv_scales(_cpu_generator(export_dir, spec), ids)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".kv8-", dir=out.parent))
+    try:
+        for f in export_dir.iterdir():
+            if f.suffix != ".onnx":
+                (shutil.copytree if f.is_dir() else shutil.copy2)(f, tmp / f.name)
+        write_int8_kv_graphs(export_dir, tmp, scales)  # kv_scales.json last: the marker
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def load_generator(project: Project, dev: Device, kv: str | None = None):
+    """(generator, spec, tokenizer) for ``dev``; ``kv`` "float" / "int8" (None: the
+    project's ``quantization.kv_cache``). On the HTP an INT8 KV cache is part of the
+    quantized graphs: a project whose recipe says float gets its quantize and compile
+    stages run for a copy that says int8 (cached like any run)."""
     from studio.worker.stages import _cpu_generator, _htp_generator, _spec, _tokenizer
 
+    kv = kv or project.quantization.get("kv_cache", "float")
+    if kv not in ("float", "int8"):
+        raise StudioError(f"--kv takes float or int8, not {kv!r}")
     export_dir = _artifact(project, "export", "export")
     spec = _spec(export_dir)
     tok = _tokenizer(export_dir)
     if dev.kind == "host-cpu":
-        return _cpu_generator(export_dir, spec), spec, tok
+        graphs = int8_kv_export(project, export_dir) if kv == "int8" else export_dir
+        return _cpu_generator(graphs, spec), spec, tok
     from studio.core.catalog import get_chip
 
     chip = get_chip(dev.chip)
     if chip.key not in project.targets:
         raise StudioError(f"{chip.key} is not a target of this project: add it to targets "
                           "and run the compile stage")
+    if kv != project.quantization.get("kv_cache", "float"):
+        project = project.copy()
+        project.quantization["kv_cache"] = kv
+        from studio.services.history import current_keys
+
+        key = current_keys(project, ["compile"]).get(f"compile[{chip.key}]")
+        if key is None or ArtifactStore(project.folder / "artifacts").get(key) is None:
+            _run_stages(project, ["compile"], f"the {kv} KV cache graphs")
     cdir = _artifact(project, f"compile[{chip.key}]", "compile")
     fp16 = project.quantization["scheme"] == "FP16"
     return _htp_generator(cdir, chip, spec, fp16), spec, tok
@@ -80,18 +145,10 @@ def load_draft(project: Project, draft_ref: str | None = None):
     store = ArtifactStore(project.folder / "artifacts")
     art = store.get(key) if key else None
     if art is None:
-        import asyncio
-
-        from studio.services.session import Studio
-
-        s = Studio(project)
-        try:
-            summary = asyncio.run(s.run_pipeline(["draft"]))
-        finally:
-            s.close()
+        _run_stages(project, ["draft"], "the draft model")
         art = store.get(key) if key else None
         if art is None:
-            raise StudioError(f"the draft model could not be exported ({summary.state}): see "
+            raise StudioError(f"the draft model could not be exported: see "
                               f"studio --batch {project.path} --stages draft")
     return _cpu_generator(art.path, load_spec(art.path))
 
@@ -101,12 +158,15 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
              stop: list[str] | None = None,
              on_text: Callable[[str], None] | None = None,
              speculative: str | None = None, draft_ref: str | None = None,
-             k: int = 4, adaptive: bool = True) -> dict[str, Any]:
+             k: int = 4, adaptive: bool = True, kv: str | None = None,
+             window: int | None = None) -> dict[str, Any]:
     """Generate after ``prompt`` on a device; the figures carry the device's source label.
 
     ``speculative``: None (plain decoding), ``"draft"`` (the draft model on the host CPU
     drafts, ``draft_ref`` or the project's ``model.draft``) or ``"lookup"`` (prompt
-    lookup); up to ``k`` drafted tokens per target pass, adapted when ``adaptive``."""
+    lookup); up to ``k`` drafted tokens per target pass, adapted when ``adaptive``. ``kv``:
+    the KV cache's kind (float / int8; None: the project's). ``window``: attend to the last
+    W tokens through a ring buffer, which lets generation run past the context."""
     if not prompt.strip():
         raise StudioError("the prompt is empty: give some text")
     if speculative not in (None, "draft", "lookup"):
@@ -114,7 +174,12 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
     dev = resolve_device(project, device_name)
     sampling = sampling or SamplingConfig()
     t_load = time.perf_counter()
-    gen, spec, tok = load_generator(project, dev)
+    gen, spec, tok = load_generator(project, dev, kv)
+    if window is not None:
+        gen.set_window(window)
+        if speculative and window < gen.context_len:
+            raise StudioError("speculative decoding verifies over the whole cache: use a "
+                              f"window of {gen.context_len} (the context) or none")
     proposer = None
     if speculative:
         from studio.engine.speculative import DraftModelProposer, PromptLookupProposer
@@ -173,6 +238,15 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
         "decode_tokens_per_s": 1.0 / med if med else None,
         "source": dev.source, "device": dev.id, "device_name": dev.name,
         "timing_note": dev.timing_note, "load_s": load_s, "sampling": sampling.to_dict(),
+    }
+    from studio.engine.kvquant import kv_bytes
+
+    bits = int(gen.cache[0][0].dtype.itemsize * 8)
+    result["kv_cache"] = {
+        "dtype": str(gen.cache[0][0].dtype), "bits": bits,
+        "bytes_by_formula": kv_bytes(spec, bits),
+        "bytes_measured": int(sum(a.nbytes for pair in gen.cache for a in pair)),
+        "window": gen.ring_window,
     }
     if "speculative" in out:
         result["speculative"] = out["speculative"]

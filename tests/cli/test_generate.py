@@ -85,3 +85,26 @@ def test_speculative_generation_matches_greedy_and_reports_acceptance(batch_run,
     assert r.returncode == 2 and "no draft model" in r.stderr
     r = studio("generate", small_project, *args, "--prompt-lookup", "--device", "htp-sim")
     assert r.returncode == 2 and "--device cpu" in r.stderr
+
+
+def test_int8_kv_and_window_on_cpu_and_the_simulator(batch_run, small_project):
+    args = ["--prompt", "def __init__(self", "--max-new-tokens", "8"]
+    plain = _gen(small_project, *args)
+    kv8 = _gen(small_project, *args, "--kv", "int8")
+    assert plain["kv_cache"]["dtype"] == "float32" and kv8["kv_cache"]["dtype"] == "uint8"
+    for out in (plain, kv8):
+        assert out["kv_cache"]["bytes_measured"] == out["kv_cache"]["bytes_by_formula"]
+    assert kv8["kv_cache"]["bytes_measured"] * 4 == plain["kv_cache"]["bytes_measured"]
+    assert kv8["tokens"][:4] == plain["tokens"][:4]
+    # a window lets generation run past the context (C = 64 for the small project)
+    far = _gen(small_project, "--prompt", "class A:", "--max-new-tokens", "90",
+               "--window", "48")
+    assert far["kv_cache"]["window"] == 48
+    if far["stopped"] != "eos":
+        assert len(far["tokens"]) == 90
+    r = studio("generate", small_project, "--prompt", "x", "--window", "65")
+    assert r.returncode == 2 and "window must be 1..64" in r.stderr
+    # the simulator: the quantize and compile stages run for an INT8 KV copy of the recipe
+    sim = _gen(small_project, *args, "--device", "htp-sim", "--kv", "int8")
+    assert sim["kv_cache"]["dtype"] == "uint8" and sim["source"] == "simulated"
+    assert sim["tokens"][:2] == plain["tokens"][:2]

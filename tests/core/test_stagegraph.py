@@ -58,6 +58,7 @@ def _changed(tmp: Path, key: str):
         "quantization.calibration_samples": 3,
         "quantization.calibration_method": "Percentile",
         "quantization.block_size": 64,
+        "quantization.kv_cache": "int8",
         "quantization.overrides": {"lm_head": "INT16"},
         "validation.heldout_tokens": 128,
         "validation.greedy_tokens": 8,
