@@ -12,6 +12,8 @@
                     --top-k K --top-p P --seed S] [--stop S ...]
                     [--speculative [--draft REF | --prompt-lookup] [--k K] [--fixed-k]]
                     [--kv float|int8] [--window W] [--json]
+    studio prune FILE [--drop N] [--out DIR] [--json]
+    studio waterfall FILE [--chip CHIP] [--json]
     studio profile show FILE [--run N] [--target T] [--by block|op_type|layer|layer-block] [--json]
     studio profile export FILE [--run N] [--target T] --format chrome|csv OUT
     studio profile import PROFILE_FILE [--onnx MODEL] [--json]
@@ -115,6 +117,17 @@ def _parser() -> argparse.ArgumentParser:
                     help="attend to the last W tokens (W <= the context): a ring buffer that "
                          "lets generation run past the context")
     gn.add_argument("--json", dest="generate_json", action="store_true")
+    pn = sub.add_parser("prune", help="rank blocks by ablation and write a pruned checkpoint")
+    pn.add_argument("file")
+    pn.add_argument("--drop", type=int, help="blocks to drop (default: pruning.drop_blocks)")
+    pn.add_argument("--out", help="folder for the pruned checkpoint; a project file for it is "
+                                  "written beside it (OUT.qstudio)")
+    pn.add_argument("--json", dest="prune_json", action="store_true")
+    wf = sub.add_parser("waterfall", help="the optimization waterfall: each step measured on "
+                                          "the host CPU and estimated for a chip")
+    wf.add_argument("file")
+    wf.add_argument("--chip", help="the chip to estimate for (default: the first target)")
+    wf.add_argument("--json", dest="waterfall_json", action="store_true")
     pr = sub.add_parser("profile", help="show, export or import profiles")
     prs = pr.add_subparsers(dest="profile_command", parser_class=_Parser, required=True)
     ps = prs.add_parser("show", help="a run's op table: by block (the seed's table), op type, "
@@ -600,6 +613,52 @@ def _generate(args) -> int:
               f"target pass ({sp['target_passes']} passes); time: draft "
               f"{split['draft'] * 1e3:.0f} ms, verify {split['verify'] * 1e3:.0f} ms, host "
               f"{split['host'] * 1e3:.0f} ms", file=sys.stderr)
+        est = sp.get("estimated")
+        if est:
+            print(f"estimated on {est['chip']} ({est['scheme']}): {est['speedup']:.2f}x "
+                  f"({est['plain_tokens_per_s']:.0f} -> {est['speculative_tokens_per_s']:.0f} "
+                  "tok/s, performance model)", file=sys.stderr)
+    return 0
+
+
+def _waterfall(args) -> int:
+    from studio.core import project as projectfile
+    from studio.services import waterfall as wfs
+
+    _native_output_to_stderr()
+    data = wfs.waterfall(projectfile.load(Path(args.file)), args.chip)
+    if args.waterfall_json:
+        print(json.dumps(data, indent=1))
+        return 0
+    for line in wfs.table_lines(data):
+        print(line)
+    print(f"window {data['window']} of {data['context']} tokens · speculative: prompt lookup, "
+          f"k <= {data['k']}, {data['tokens_per_pass']:.2f} tokens per target pass · pruned "
+          f"without block(s) {data['dropped_blocks']}")
+    print(data["estimate_note"])
+    return 0
+
+
+def _prune(args) -> int:
+    from studio.core import project as projectfile
+    from studio.services.pruning import prune
+
+    p = projectfile.load(Path(args.file))
+    out = prune(p, args.drop, Path(args.out).expanduser().resolve() if args.out else None)
+    if args.prune_json:
+        print(json.dumps(out, indent=1))
+        return 0
+    t = out["ablation"]
+    print(f"perplexity over {t['tokens']} held-out tokens: {t['baseline_ppl']:.2f} "
+          "(measured, host CPU, FP32)")
+    print(f"{'dropped block':>14} {'perplexity':>11} {'change':>8}")
+    for r in t["blocks"]:
+        print(f"{r['block']:>14} {r['ppl']:>11.2f} {r['delta']:>+8.1%}")
+    print(f"pruned (without {t['dropped']}): ppl {t['pruned_ppl']:.2f} "
+          f"({t['pruned_delta']:+.1%})")
+    if out.get("checkpoint"):
+        print(f"wrote {out['checkpoint']} and {out['project']} (model.source = the pruned "
+              f"checkpoint): studio --batch {out['project']}")
     return 0
 
 
@@ -671,6 +730,10 @@ def main(argv: list[str] | None = None) -> int:
             return _profile(args)
         if args.command == "generate":
             return _generate(args)
+        if args.command == "prune":
+            return _prune(args)
+        if args.command == "waterfall":
+            return _waterfall(args)
         if args.batch:
             return _batch(args)
         raise StudioError("nothing to do: give --batch FILE, or a command (new, info, compare, targets)")

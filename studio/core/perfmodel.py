@@ -824,3 +824,77 @@ def fit_toml(cal: Mapping[str, Any]) -> str:
     if cal.get("prefill_mdape") is not None:
         lines.append(f"prefill_mdape = {cal['prefill_mdape']!r}")
     return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- LLM tuning
+
+
+def with_kv_bits(scheme: Scheme, bits: int) -> Scheme:
+    """``scheme`` with a KV cache of ``bits`` per element (INT8 KV: 8)."""
+    from dataclasses import replace
+
+    return replace(scheme, name=f"{scheme.name}+KV{bits}", kv_bits=int(bits))
+
+
+def pass_seconds(arch: Arch, chip: Chip | ChipPerf | str, scheme: Scheme, context: int,
+                 tokens: int = 1, eff: Efficiency | None = None) -> float:
+    """Estimated seconds of one target pass over ``tokens`` new tokens with ``context`` KV
+    positions (1: a decode step; k + 1: a speculative verify pass)."""
+    if isinstance(chip, str):
+        chip = get_chip(chip)
+    perf = chip if isinstance(chip, ChipPerf) else ChipPerf.of(chip)
+    if eff is None:
+        eff = load_fit()[0]
+    g = transformer_ops(arch, scheme, int(tokens), int(context))
+    return estimate_ops(g, perf, eff, eff.compute_for(scheme, prefill=False)).total_s
+
+
+def speculative_estimate(arch: Arch, chip: Chip | ChipPerf | str, scheme: Scheme,
+                         context: int, tokens_per_pass: float, k: int,
+                         draft: Arch | None = None, eff: Efficiency | None = None
+                         ) -> dict[str, Any]:
+    """Estimated decode speed with speculative decoding on ``chip``: ``tokens_per_pass``
+    (measured acceptance) tokens per verify pass of k + 1 tokens, plus, with a ``draft``
+    model on the same NPU, its k decode steps per pass (prompt lookup drafts for free).
+    Labelled ``estimated``."""
+    plain = pass_seconds(arch, chip, scheme, context, 1, eff)
+    verify = pass_seconds(arch, chip, scheme, context, k + 1, eff)
+    drafting = k * pass_seconds(draft, chip, scheme, context, 1, eff) if draft else 0.0
+    per_token = (verify + drafting) / max(tokens_per_pass, 1e-9)
+    return {
+        "source": "estimated", "plain_tokens_per_s": 1.0 / plain,
+        "speculative_tokens_per_s": 1.0 / per_token, "speedup": plain / per_token,
+        "verify_pass_ms": verify * 1e3, "decode_step_ms": plain * 1e3,
+        "draft_ms_per_pass": drafting * 1e3, "tokens_per_target_pass": tokens_per_pass, "k": k,
+    }
+
+
+def waterfall_estimate(arch: Arch, chip: Chip | ChipPerf | str, context: int, window: int,
+                       scheme: str, tokens_per_pass: float | None, k: int,
+                       dropped_blocks: int = 0, pruned_tokens_per_pass: float | None = None,
+                       eff: Efficiency | None = None) -> list[dict[str, Any]]:
+    """Estimated decode tok/s on ``chip`` for the waterfall's steps, each on top of the last:
+    FP16 (the HTP's float) -> W8A16 -> ``scheme`` (4-bit) -> INT8 KV -> a W-slot cache ->
+    speculative (``tokens_per_pass`` at k) -> ``dropped_blocks`` fewer blocks."""
+    from dataclasses import replace
+
+    low = get_scheme(scheme)
+    kv8 = with_kv_bits(low, 8)
+    steps: list[tuple[str, float]] = [
+        ("fp32", 1.0 / pass_seconds(arch, chip, get_scheme("FP16"), context, 1, eff)),
+        ("w8a16", 1.0 / pass_seconds(arch, chip, get_scheme("W8A16"), context, 1, eff)),
+        ("w4a16", 1.0 / pass_seconds(arch, chip, low, context, 1, eff)),
+        ("int8_kv", 1.0 / pass_seconds(arch, chip, kv8, context, 1, eff)),
+        ("window", 1.0 / pass_seconds(arch, chip, kv8, window, 1, eff)),
+    ]
+    if tokens_per_pass:
+        steps.append(("speculative", speculative_estimate(
+            arch, chip, kv8, window, tokens_per_pass, k, eff=eff)["speculative_tokens_per_s"]))
+    if dropped_blocks:
+        pruned = replace(arch, layers=arch.layers - int(dropped_blocks))
+        tau = pruned_tokens_per_pass or tokens_per_pass
+        rate = (speculative_estimate(pruned, chip, kv8, window, tau, k, eff=eff)
+                ["speculative_tokens_per_s"] if tau
+                else 1.0 / pass_seconds(pruned, chip, kv8, window, 1, eff))
+        steps.append(("pruned", rate))
+    return [{"step": s, "tokens_per_s": r, "source": "estimated"} for s, r in steps]

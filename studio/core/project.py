@@ -59,6 +59,11 @@ _SECTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "devices": (list, list(PROJECT_KINDS)),
     },
     "pipeline": {"stages": (list, list(DEFAULT_STAGES))},
+    # pruning by ablation: the blocks whose removal costs the least perplexity are dropped
+    "pruning": {"drop_blocks": (int, 1)},
+    # the optimization waterfall: the attention window (0: half the context), the speculative
+    # k, and the tokens generated per timing
+    "waterfall": {"window": (int, 0), "k": (int, 4), "new_tokens": (int, 48)},
     # per-layer precision sensitivity: held-out tokens scored per variant, the precision a
     # layer is raised to ("auto": INT16 over W8A8, FP16 over W8A16) and lowered to ("": none)
     "sensitivity": {
@@ -110,6 +115,8 @@ class Project:
     autoprecision: dict[str, Any] = field(default_factory=lambda: _defaults("autoprecision"))
     layerdiff: dict[str, Any] = field(default_factory=lambda: _defaults("layerdiff"))
     profile: dict[str, Any] = field(default_factory=lambda: _defaults("profile"))
+    pruning: dict[str, Any] = field(default_factory=lambda: _defaults("pruning"))
+    waterfall: dict[str, Any] = field(default_factory=lambda: _defaults("waterfall"))
     path: Path | None = None
 
     # ---- locations -------------------------------------------------------------
@@ -233,6 +240,13 @@ def _validate(p: Project) -> None:
         raise StudioError("export.context_length must be at most 4096")
     check_recipe(p.quantization)
     _check_sensitivity(p)
+    w = p.waterfall
+    if w["window"] < 0 or w["k"] < 1 or w["k"] > 16 or w["new_tokens"] < 2:
+        raise StudioError("waterfall: window must be >= 0 (0: half the context), k 1..16 and "
+                          "new_tokens at least 2")
+    if p.pruning["drop_blocks"] < 1:
+        raise StudioError("pruning.drop_blocks must be at least 1 (the blocks the pruned "
+                          "checkpoint leaves out)")
     check_layerdiff(p.layerdiff["windows"], p.layerdiff["tensors"])
     if not 1 <= p.profile["repeats"] <= 50:
         raise StudioError(
@@ -315,7 +329,8 @@ def from_dict(data: dict[str, Any], where: str = "project") -> Project:
         validation=sections["validation"], gates=sections["gates"], run=sections["run"],
         pipeline=sections["pipeline"], sensitivity=sections["sensitivity"],
         autoprecision=sections["autoprecision"], layerdiff=sections["layerdiff"],
-        profile=sections["profile"],
+        profile=sections["profile"], pruning=sections["pruning"],
+        waterfall=sections["waterfall"],
     )
     _validate(p)
     return p

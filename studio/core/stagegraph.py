@@ -96,6 +96,15 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                         "validation.heldout_text", "layerdiff.windows", "layerdiff.tensors")),
     StageDecl("draft", "Draft model", (), optional=True,
               settings=("model.draft", "export.prompt_length", "export.context_length")),
+    StageDecl("ablation", "Pruning ablation", (), optional=True,
+              settings=("model.source", "validation.heldout_text", "validation.heldout_tokens",
+                        "export.context_length", "pruning.drop_blocks")),
+    StageDecl("waterfall", "Optimization waterfall", (Need("export"), Need("ablation")),
+              optional=True,
+              settings=("quantization.scheme", "quantization.weight_granularity",
+                        "quantization.calibration_text", "quantization.calibration_samples",
+                        "validation.heldout_text", "validation.heldout_tokens", "model.source",
+                        "waterfall.window", "waterfall.k", "waterfall.new_tokens")),
     StageDecl("report", "Report", (), needs_all=True, cache=False, settings=("name", *_GATES)),
 )
 STAGES: dict[str, StageDecl] = {d.name: d for d in DECLARATIONS}

@@ -18,7 +18,9 @@ from studio.core.errors import StudioError
 from studio.core.progress import NullProgress, Progress
 
 
-def _nll(model, ids: list[int], window: int) -> tuple[float, int]:
+def heldout_nll(model, ids: list[int], window: int) -> tuple[float, int]:
+    """Summed negative log-likelihood of ``ids`` in windows of ``window`` tokens, and the
+    number of predicted tokens."""
     import torch
 
     total, count = 0.0, 0
@@ -56,7 +58,7 @@ def ablate_blocks(checkpoint_dir: Path, ids: list[int], window: int = 128,
     if n < 2:
         raise StudioError(f"the model has {n} block; there is nothing to prune")
     progress.update(0.0, "perplexity of the whole model")
-    nll, count = _nll(model, ids, window)
+    nll, count = heldout_nll(model, ids, window)
     base = math.exp(nll / count)
     rows = []
     for i in range(n):
@@ -66,7 +68,7 @@ def ablate_blocks(checkpoint_dir: Path, ids: list[int], window: int = 128,
         model.model.layers = kept
         saved = _set_layers(model.config, n - 1, i)
         try:
-            a, c = _nll(model, ids, window)
+            a, c = heldout_nll(model, ids, window)
         finally:
             model.model.layers = layers
             _restore(model.config, saved)

@@ -82,13 +82,16 @@ def build_calibration_feeds(
     windows: list[list[int]],
     progress: Progress = NullProgress(),
     decode_per_window: int = 2,
+    verify_feeds: list[dict] | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """Feeds for the prefill and decode graphs of ``graphs_dir`` (FP32, run on the CPU).
 
     Window j gives one prefill feed (its first P tokens for even j, about half as many,
     padded, for odd j) and ``decode_per_window`` decode feeds: the FP32 graphs prefill the
     window's head, then decode its true tokens, and the cache is captured at positions
-    spread over the rest of the window.
+    spread over the rest of the window. With ``verify_feeds`` (a list to fill) and a
+    ``verify.onnx`` beside the graphs, each decode feed has a verify feed twin: the window's
+    next N true tokens at the same position over the same cache.
     """
     from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
 
@@ -104,10 +107,12 @@ def build_calibration_feeds(
                 f"the tokenizer gives ids up to {max(w)} but the model's vocabulary has {V}; "
                 "use the model's own tokenizer"
             )
+    with_verify = verify_feeds is not None and (graphs_dir / "verify.onnx").is_file()
     gen = StaticKVGenerator(
         make_cpu_session(graphs_dir / "prefill.onnx"),
         make_cpu_session(graphs_dir / "decode.onnx"),
         spec,
+        make_cpu_session(graphs_dir / "verify.onnx") if with_verify else None,
     )
     prefill_feeds: list[dict] = []
     decode_feeds: list[dict] = []
@@ -127,6 +132,10 @@ def build_calibration_feeds(
         for pos in range(k, targets[-1] + 1):
             if pos in want:
                 decode_feeds.append(gen.decode_feed(w[pos], pos, copy=True))
+                if with_verify and verify_feeds is not None:
+                    n = min(gen.verify_len, C - pos, len(w) - pos)
+                    feed = gen.verify_feed(w[pos:pos + n], pos)
+                    verify_feeds.append({k: v.copy() for k, v in feed.items()})
             if pos < targets[-1]:
                 gen.step(w[pos], pos)
             if (pos - k) % 32 == 31:

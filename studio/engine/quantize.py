@@ -497,8 +497,38 @@ def _reader(feeds: list[dict], progress: Progress):
     return _Reader()
 
 
+def activation_encodings(qdq_path: Path) -> dict[str, list[dict[str, Any]]]:
+    """The activation scales of a QDQ graph as ``TensorQuantOverrides`` (tensor -> [{scale,
+    zero_point, quant_type}]): every non-initializer tensor a QuantizeLinear reads."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+    from onnxruntime.quantization import QuantType
+
+    model = onnx.load(str(qdq_path), load_external_data=False)
+    inits = {i.name: i for i in model.graph.initializer}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for n in model.graph.node:
+        if n.op_type != "QuantizeLinear" or n.input[0] in inits or len(n.input) < 3:
+            continue
+        if n.input[1] not in inits or n.input[2] not in inits:
+            continue
+        scale = numpy_helper.to_array(inits[n.input[1]])
+        zp = numpy_helper.to_array(inits[n.input[2]])
+        if scale.size != 1:
+            continue
+        qt = {np.dtype("uint16"): QuantType.QUInt16, np.dtype("uint8"): QuantType.QUInt8,
+              np.dtype("int16"): QuantType.QInt16, np.dtype("int8"): QuantType.QInt8}.get(zp.dtype)
+        if qt is None:
+            continue
+        out[n.input[0]] = [{"scale": scale.reshape(()).astype(np.float32),
+                            "zero_point": zp.reshape(()), "quant_type": qt}]
+    return out
+
+
 def _quantize_graph(
-    src: Path, dst: Path, recipe: dict, feeds: list[dict], progress: Progress
+    src: Path, dst: Path, recipe: dict, feeds: list[dict], progress: Progress,
+    shared: dict[str, list[dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantType, quantize
@@ -536,6 +566,13 @@ def _quantize_graph(
             init_overrides=resolved["init_overrides"] or None,
             nodes_to_exclude=resolved["nodes_to_exclude"] or None,
         )
+        if shared:
+            # activations another graph already quantized keep that graph's scales (the
+            # verify graph reuses the decode graph's, so both compute the same logits)
+            tqo = config.extra_options.setdefault("TensorQuantOverrides", {})
+            for name, enc in shared.items():
+                if name not in tqo:
+                    tqo[name] = enc
         if recipe["weight_granularity"] == "per_block":
             # block-wise weights as an opset-21 DequantizeLinear with block_size (LPBQ)
             config.extra_options["BlockSize"] = recipe["block_size"]
@@ -673,8 +710,11 @@ def quantize_llm(
     calibration_text: str,
     tokenizer_dir: Path,
     progress: Progress = NullProgress(),
+    with_verify: bool = False,
 ) -> dict:
-    """Quantize the FP32 graphs of ``graphs_dir`` into ``out_dir``; returns quant.json's content."""
+    """Quantize the FP32 graphs of ``graphs_dir`` into ``out_dir``; returns quant.json's
+    content. ``with_verify``: the verify graph (speculative decoding) too, calibrated on the
+    true next tokens of the calibration windows."""
     from studio.engine.calibration import build_calibration_feeds, calibration_windows
     from studio.engine.llm_export import load_spec
 
@@ -707,7 +747,8 @@ def quantize_llm(
         if recipe["scheme"] == "FP16":
             progress.update(0.1, "FP16: copying the float graphs")
             for f in sorted(graphs_dir.iterdir()):
-                if f.name.startswith(("prefill.onnx", "decode.onnx")) and f.is_file():
+                wanted = ("prefill.onnx", "decode.onnx", *(("verify.onnx",) if with_verify else ()))
+                if f.name.startswith(wanted) and f.is_file():
                     progress.check()
                     atomic_write_bytes(stage / f.name, f.read_bytes())
             if recipe["overrides"]:
@@ -731,12 +772,14 @@ def quantize_llm(
                 min_length=min(C, P + 1),
             )
             progress.check()
+            ver_feeds: list[dict] | None = [] if with_verify else None
             pre_feeds, dec_feeds = build_calibration_feeds(
                 graphs_dir,
                 spec,
                 windows,
                 SubProgress(progress, 0.02, 0.2),
                 decode_per_window=recipe["decode_per_window"],
+                verify_feeds=ver_feeds,
             )
             progress.log(
                 f"calibration: {len(windows)} windows of {len(windows[0])} tokens -> "
@@ -770,10 +813,11 @@ def quantize_llm(
                 },
                 graphs={},
             )
-            for graph, feeds, a, b in (
-                ("prefill", pre_feeds, 0.2, 0.55),
-                ("decode", dec_feeds, 0.55, 0.9),
-            ):
+            steps = [("prefill", pre_feeds, 0.2, 0.55), ("decode", dec_feeds, 0.55, 0.9)]
+            if ver_feeds:
+                steps = [("prefill", pre_feeds, 0.2, 0.45), ("decode", dec_feeds, 0.45, 0.7),
+                         ("verify", ver_feeds, 0.7, 0.9)]
+            for graph, feeds, a, b in steps:
                 progress.check()
                 progress.update(a, f"quantizing {graph}.onnx ({recipe['scheme']})")
                 info["graphs"][graph] = _quantize_graph(
@@ -782,6 +826,8 @@ def quantize_llm(
                     recipe,
                     feeds,
                     SubProgress(progress, a, b),
+                    shared=activation_encodings(stage / "decode.onnx")
+                    if graph == "verify" else None,
                 )
                 progress.log(
                     f"quantized {graph}.onnx: MatMuls {info['graphs'][graph]['matmul_precisions']}"

@@ -16,6 +16,7 @@ from typing import Any
 from studio.core.artifacts import ArtifactStore
 from studio.core.devices import Device, device
 from studio.core.errors import StudioError
+from studio.core.progress import Progress
 from studio.core.project import Project
 from studio.core.sampling import Sampler, SamplingConfig
 
@@ -159,14 +160,17 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
              on_text: Callable[[str], None] | None = None,
              speculative: str | None = None, draft_ref: str | None = None,
              k: int = 4, adaptive: bool = True, kv: str | None = None,
-             window: int | None = None) -> dict[str, Any]:
+             window: int | None = None, progress: Progress | None = None,
+             on_pass: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Generate after ``prompt`` on a device; the figures carry the device's source label.
 
     ``speculative``: None (plain decoding), ``"draft"`` (the draft model on the host CPU
     drafts, ``draft_ref`` or the project's ``model.draft``) or ``"lookup"`` (prompt
     lookup); up to ``k`` drafted tokens per target pass, adapted when ``adaptive``. ``kv``:
     the KV cache's kind (float / int8; None: the project's). ``window``: attend to the last
-    W tokens through a ring buffer, which lets generation run past the context."""
+    W tokens through a ring buffer, which lets generation run past the context.
+    ``progress``: cancellation between tokens (its check raises Cancelled). ``on_pass(drafted,
+    accepted)``: each speculative target pass, as it happens."""
     if not prompt.strip():
         raise StudioError("the prompt is empty: give some text")
     if speculative not in (None, "draft", "lookup"):
@@ -217,10 +221,11 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
 
         out = speculative_generate(gen, proposer, ids, n, sampler=Sampler(sampling), k=k,
                                    adaptive=adaptive, eos_id=spec.get("eos_token_id"),
-                                   stop=stop_fn if stops else None, on_step=step_cb)
+                                   stop=stop_fn if stops else None, on_step=step_cb,
+                                   on_pass=on_pass, progress=progress)
     else:
         out = gen.generate(ids, n, sampler=Sampler(sampling), eos_id=spec.get("eos_token_id"),
-                           stop=stop_fn if stops else None, on_step=step_cb)
+                           stop=stop_fn if stops else None, on_step=step_cb, progress=progress)
     text = tok.decode(out["tokens"])
     if out["stopped"] == "stop":
         cut = min(text.find(s) for s in stops if s in text)
@@ -250,4 +255,39 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
     }
     if "speculative" in out:
         result["speculative"] = out["speculative"]
+        result["speculative"]["estimated"] = _speculative_estimate(
+            project, spec, out["speculative"], speculative, draft_ref)
     return result
+
+
+def _speculative_estimate(project: Project, spec: dict[str, Any], stats: dict[str, Any],
+                          mode: str | None, draft_ref: str | None) -> dict[str, Any] | None:
+    """What the measured tokens per pass would give on the project's first target chip,
+    where a decode step's time is the performance model's (``estimated``)."""
+    import json
+
+    from studio.core import perfmodel as pm
+
+    try:
+        cfg = json.loads((project.input_path(project.model["source"]) / "config.json")
+                         .read_text())
+        arch = pm.Arch.from_config(cfg)
+        draft = None
+        if mode == "draft":
+            ref = draft_ref or project.model.get("draft")
+            draft = pm.Arch.from_config(json.loads(
+                (project.input_path(ref) / "config.json").read_text())) if ref else None
+        scheme = project.quantization["scheme"]
+        sch = pm.get_scheme(scheme)
+        if project.quantization.get("kv_cache") == "int8":
+            sch = pm.with_kv_bits(sch, 8)
+        chip = project.targets[0]
+        est = pm.speculative_estimate(arch, chip, sch, int(spec["context_length"]),
+                                      stats["tokens_per_target_pass"], int(stats["k"]),
+                                      draft=draft)
+    except (StudioError, OSError, ValueError, KeyError):
+        return None
+    est.update({"chip": chip, "scheme": sch.name,
+                "note": "decode and verify passes timed by the performance model; the drafts' "
+                        "acceptance is the one measured here"})
+    return est

@@ -1,5 +1,5 @@
-"""LLM: generation on each device of the latest run jobs — tok/s with their source, the text,
-per-token step times; and what LLM tuning will add."""
+"""LLM: generation on each device of the latest run jobs (tok/s with their source, the text,
+per-token step times), the playground, the optimization waterfall and the block ablation."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QPlainTextEdit,
     QSplitter,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
-from studio.ui.pages.base import StagePage, banner
+from studio.ui.pages.base import StagePage
+from studio.ui.pages.llm_playground import PlaygroundPanel
+from studio.ui.pages.llm_tuning import PruningPanel, WaterfallPanel
 from studio.ui.pages.overview import _clear, metric_title
 from studio.ui.widgets import MetricCard, fmt_value, label, theme_plot
 
@@ -22,7 +25,8 @@ COLORS = ["#2f6fd6", "#8a5a00", "#1b8a3f", "#6b3fa0", "#c62828"]
 
 class LLMPage(StagePage):
     title = "LLM"
-    subtitle = "Generation speed and output per device (prefill, decode tok/s, text)."
+    subtitle = ("Generation per device, a playground, the optimization waterfall and block "
+                "ablation.")
 
     stage = "run"
 
@@ -68,15 +72,48 @@ class LLMPage(StagePage):
         split.addWidget(plot_box)
         cl.addWidget(split, 1)
 
-        self.body_layout.addWidget(
-            banner(
-                "<b>Coming to this page:</b> time to first token vs prompt length, KV cache INT8 and "
-                "sliding window, speculative decoding with a CPU draft model (acceptance rate, "
-                "speedup, output identical to greedy), layer pruning, and the optimization waterfall "
-                "measured step by step."
-            )
-        )
+        # tabs: the run stage's results (empty state or content), then the tuning tools, which
+        # do not wait for a run job
+        runs = QWidget()
+        rl = QVBoxLayout(runs)
+        rl.setContentsMargins(0, 0, 0, 0)
+        for w in (self.empty, self.content):
+            self.body_layout.removeWidget(w)
+            rl.addWidget(w, 1 if w is self.content else 0)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(runs, "Runs")
+        self.playground = PlaygroundPanel(self)
+        self.tabs.addTab(self.playground, "Playground")
+        self.waterfall = WaterfallPanel(self)
+        self.tabs.addTab(self.waterfall, "Waterfall")
+        self.pruning = PruningPanel(self)
+        self.tabs.addTab(self.pruning, "Pruning")
+        self.body_layout.addWidget(self.tabs, 1)
+        ctl.job_event.connect(self._on_tuning_job)
         self._apply_theme()
+
+    def on_open(self) -> None:
+        super().on_open()
+        for panel in (self.playground, self.waterfall, self.pruning):
+            panel.on_open()
+
+    def on_change(self, change) -> None:
+        keys = {f"{s}.{k}" for s, k in change} if change else set()
+        if any(k.startswith(("pruning.", "waterfall.", "model.", "validation.",
+                             "quantization.", "export.")) for k in keys):
+            self.later(self._refresh_tuning, 300)
+        if "targets" in {s for s, _ in change or ()} or "export.context_length" in keys:
+            self.playground.on_open()
+
+    def _refresh_tuning(self) -> None:
+        self.waterfall.refresh()
+        self.pruning.refresh()
+
+    def _on_tuning_job(self, job) -> None:
+        if job.state == "succeeded" and job.stage == "waterfall":
+            self.waterfall.refresh()
+        if job.state == "succeeded" and job.stage == "ablation":
+            self.pruning.refresh()
 
     def changeEvent(self, event) -> None:
         super().changeEvent(event)

@@ -1,0 +1,81 @@
+"""Pruning by ablation for ``studio prune`` and the GUI: the ablation stage's ranked table
+and its pruned checkpoint, copied out as a new model source with a project file for it."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from studio.core import project as projectfile
+from studio.core.artifacts import ArtifactStore
+from studio.core.errors import StudioError
+from studio.core.project import Project
+
+
+def ablation_result(project: Project, drop: int | None = None,
+                    run: bool = True) -> tuple[dict[str, Any], Path] | None:
+    """(the ablation table, the pruned checkpoint folder in the store) for ``project`` with
+    ``drop`` blocks dropped (default its ``pruning.drop_blocks``); runs the ablation stage
+    when the store does not hold it (``run``), else None."""
+    from studio.services.generate import _run_stages
+    from studio.services.history import current_keys
+
+    if project.path is None:
+        raise StudioError("save the project to a file first: its results live in its folder")
+    if drop is not None:
+        project = project.copy()
+        project.pruning["drop_blocks"] = int(drop)
+    store = ArtifactStore(project.folder / "artifacts")
+    key = current_keys(project, ["ablation"]).get("ablation")
+    art = store.get(key) if key else None
+    if art is None and not run:
+        return None
+    if art is None:
+        _run_stages(project, ["ablation"], "the ablation")
+        art = store.get(key) if key else None
+    if art is None:
+        raise StudioError(f"the ablation did not run: see studio --batch {project.path} "
+                          "--stages ablation")
+    import json
+
+    return json.loads((art.path / "ablation.json").read_text()), art.path / "pruned"
+
+
+def prune(project: Project, drop: int | None = None, out: Path | None = None) -> dict[str, Any]:
+    """The ablation table; with ``out``, the pruned checkpoint copied to ``out`` and a
+    project file ``out.qstudio`` that uses it as its model source (same recipe)."""
+    got = ablation_result(project, drop)
+    assert got is not None
+    table, pruned = got
+    result: dict[str, Any] = {"ablation": table, "source": "measured", "device": "host-cpu"}
+    if out is None:
+        return result
+    if out.exists() and any(out.iterdir()):
+        raise StudioError(f"{out} exists and is not empty: choose a new folder for the "
+                          "pruned checkpoint")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        shutil.copytree(pruned, tmp, dirs_exist_ok=True)
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    proj = project.copy()
+    proj.name = f"{project.name}-pruned"
+    proj.model["source"] = str(out)
+    proj.model["draft"] = project.model.get("draft", "")
+    for section in ("quantization", "validation"):  # text references relative to the old file
+        for key, value in getattr(proj, section).items():
+            if isinstance(value, str) and key.endswith("_text") and not value.startswith("sample:"):
+                getattr(proj, section)[key] = str(project.input_path(value))
+    if proj.model["draft"] and not proj.model["draft"].startswith("sample:"):
+        proj.model["draft"] = str(project.input_path(proj.model["draft"]))
+    pfile = out.with_suffix(".qstudio")
+    projectfile.save(proj, pfile)
+    result.update({"checkpoint": str(out), "project": str(pfile)})
+    return result

@@ -1,0 +1,77 @@
+"""The optimization waterfall for ``studio waterfall`` the GUI and the report: the steps the
+waterfall stage measured on the host CPU, beside the same steps estimated for a chip by the
+performance model (each figure with its source)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from studio.core import perfmodel as pm
+from studio.core.artifacts import ArtifactStore
+from studio.core.errors import StudioError
+from studio.core.project import Project
+from studio.engine.waterfall import LABELS
+
+
+def stored(project: Project, run: bool = True) -> dict[str, Any] | None:
+    """The waterfall stage's result for the current settings (run when missing and ``run``)."""
+    from studio.services.generate import _run_stages
+    from studio.services.history import current_keys
+
+    if project.path is None:
+        raise StudioError("save the project to a file first: its results live in its folder")
+    key = current_keys(project, ["waterfall"]).get("waterfall")
+    store = ArtifactStore(project.folder / "artifacts")
+    art = store.get(key) if key else None
+    if art is None and run:
+        _run_stages(project, ["waterfall"], "the waterfall")
+        art = store.get(key) if key else None
+    if art is None:
+        return None
+    return json.loads((Path(art.path) / "waterfall.json").read_text())
+
+
+def with_estimate(data: dict[str, Any], chip: str) -> dict[str, Any]:
+    """``data`` (the stage's waterfall.json) with each step's estimate for ``chip``."""
+    from studio.core.catalog import get_chip
+
+    c = get_chip(chip)
+    arch = pm.Arch.from_config(data["config"])
+    est = pm.waterfall_estimate(arch, c.key, int(data["context"]), int(data["window"]),
+                                data.get("scheme", "W4A16"), data.get("tokens_per_pass"),
+                                int(data["k"]), len(data.get("dropped_blocks") or []),
+                                data.get("pruned_tokens_per_pass"))
+    by_step = {e["step"]: e["tokens_per_s"] for e in est}
+    steps = []
+    for row in data["steps"]:
+        r = dict(row)
+        r["estimated_tokens_per_s"] = by_step.get(row["step"])
+        steps.append(r)
+    out = dict(data)
+    out.update({"steps": steps, "chip": c.key, "chip_name": c.name,
+                "estimate_note": "estimated by the performance model for the chip; the first "
+                                 "step is FP16 there (the HTP runs no FP32)"})
+    return out
+
+
+def waterfall(project: Project, chip: str | None = None, run: bool = True) -> dict[str, Any]:
+    data = stored(project, run)
+    if data is None:
+        raise StudioError(f"no waterfall for the current settings: run studio --batch "
+                          f"{project.path} --stages waterfall")
+    return with_estimate(data, chip or project.targets[0])
+
+
+def table_lines(data: dict[str, Any]) -> list[str]:
+    """The waterfall as text rows (the CLI and the report)."""
+    lines = [f"{'step':<16} {'host CPU tok/s':>14} {data['chip_name'] + ' tok/s':>26} "
+             f"{'perplexity':>11} {'change':>8}",
+             f"{'':<16} {'(measured)':>14} {'(estimated)':>26}"]
+    for r in data["steps"]:
+        est = r.get("estimated_tokens_per_s")
+        lines.append(f"{LABELS.get(r['step'], r['step']):<16} {r['tokens_per_s']:>14.1f} "
+                     f"{(f'{est:.1f}' if est else '-'):>26} {r['ppl']:>11.2f} "
+                     f"{r['ppl_change']:>+8.1%}")
+    return lines

@@ -1,0 +1,278 @@
+"""The LLM playground: a prompt, streaming output, live tok/s and time to first token, with
+device, KV cache, window and speculative decoding chosen per run. Generation runs in a thread
+(the UI only receives queued signals) and Stop cancels it between tokens."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from studio.core.errors import Cancelled, StudioError
+from studio.ui.widgets import SourceBadge, label
+
+
+class _Bridge(QObject):
+    """Signals from the generation thread (queued to the UI thread)."""
+
+    text = Signal(str)
+    passed = Signal(int, int)
+    finished = Signal(object)
+    failed = Signal(str)
+
+
+class _Cancel:
+    """A progress whose check raises Cancelled once Stop was pressed."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def update(self, fraction: float, message: str = "") -> None:
+        pass
+
+    def log(self, message: str) -> None:
+        pass
+
+    def check(self) -> None:
+        if self.event.is_set():
+            raise Cancelled()
+
+
+class PlaygroundPanel(QWidget):
+    """Interactive generation on the project's deployed model."""
+
+    def __init__(self, page, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.page = page
+        self.ctl = page.ctl
+        self.bridge = _Bridge()
+        self.bridge.text.connect(self._on_text)
+        self.bridge.passed.connect(self._on_pass)
+        self.bridge.finished.connect(self._on_finished)
+        self.bridge.failed.connect(self._on_failed)
+        self._cancel: _Cancel | None = None
+        self._thread: threading.Thread | None = None
+        self._t0 = 0.0
+        self._first: float | None = None
+        self._chunks = 0
+        self._passes: list[tuple[int, int]] = []
+
+        outer = QHBoxLayout(self)
+        left = QVBoxLayout()
+        outer.addLayout(left, 3)
+        self.prompt = QPlainTextEdit()
+        self.prompt.setPlaceholderText("A prompt, e.g. def fibonacci(n):")
+        self.prompt.setMaximumHeight(110)
+        left.addWidget(label("Prompt", "muted"))
+        left.addWidget(self.prompt)
+        buttons = QHBoxLayout()
+        self.go = QPushButton("Generate")
+        self.go.setDefault(True)
+        self.go.clicked.connect(self.start)
+        self.stop = QPushButton("Stop")
+        self.stop.setEnabled(False)
+        self.stop.clicked.connect(self.cancel)
+        self.export_btn = QPushButton("Run export")
+        self.export_btn.setToolTip("The playground runs the export (host CPU) or the compiled "
+                                   "graphs (HTP simulator): run the stages it needs")
+        self.export_btn.clicked.connect(lambda: self.page.run_stages(["export"]))
+        self.export_btn.setVisible(False)
+        buttons.addWidget(self.go)
+        buttons.addWidget(self.stop)
+        buttons.addWidget(self.export_btn)
+        buttons.addStretch(1)
+        self.badge = SourceBadge("measured")
+        self.badge.setVisible(False)
+        buttons.addWidget(self.badge)
+        left.addLayout(buttons)
+        self.stats = label("", "muted", wrap=True, selectable=True)
+        left.addWidget(self.stats)
+        self.accept = label("", "muted", wrap=True)
+        left.addWidget(self.accept)
+        self.output = QPlainTextEdit()
+        self.output.setReadOnly(True)
+        self.output.setPlaceholderText("The prompt and the generated text stream here.")
+        left.addWidget(self.output, 1)
+
+        box = QGroupBox("Run settings")
+        form = QFormLayout(box)
+        self.device = QComboBox()
+        self.device.setToolTip("host CPU: the FP32 export (measured); HTP simulator: the "
+                               "compiled graphs (simulated, not device timings)")
+        form.addRow("Device", self.device)
+        self.kv = QComboBox()
+        self.kv.addItems(["project's", "float", "int8"])
+        self.kv.setToolTip("the KV cache: int8 holds it as uint8 graph I/O (a quarter of FP32)")
+        form.addRow("KV cache", self.kv)
+        self.window = QSpinBox()
+        self.window.setRange(0, 1 << 16)
+        self.window.setSpecialValueText("off")
+        self.window.setToolTip("attend to the last W tokens through a ring buffer: generation "
+                               "runs past the context")
+        form.addRow("Window", self.window)
+        self.spec = QComboBox()
+        self.spec.addItems(["off", "prompt lookup", "draft model"])
+        form.addRow("Speculative", self.spec)
+        self.k = QSpinBox()
+        self.k.setRange(1, 8)
+        self.k.setValue(4)
+        form.addRow("Drafted k", self.k)
+        self.temperature = QDoubleSpinBox()
+        self.temperature.setRange(0.0, 2.0)
+        self.temperature.setSingleStep(0.1)
+        self.temperature.setSpecialValueText("greedy")
+        form.addRow("Temperature", self.temperature)
+        self.seed = QSpinBox()
+        self.seed.setRange(0, 1 << 30)
+        form.addRow("Seed", self.seed)
+        self.max_new = QSpinBox()
+        self.max_new.setRange(1, 4096)
+        self.max_new.setValue(64)
+        form.addRow("New tokens", self.max_new)
+        box.setMinimumWidth(340)
+        outer.addWidget(box, 1)
+
+    # ---- project ----------------------------------------------------------------------------
+    def on_open(self) -> None:
+        p = self.ctl.project
+        current = self.device.currentData()
+        self.device.clear()
+        self.device.addItem("host CPU (FP32, measured)", "cpu")
+        for t in p.targets:
+            self.device.addItem(f"HTP simulator · {t} (simulated)", f"htp-sim:{t}")
+        i = self.device.findData(current)
+        self.device.setCurrentIndex(max(0, i))
+        C = int(p.export["context_length"])
+        self.window.setRange(0, C)
+        if not self.prompt.toPlainText():
+            self.prompt.setPlainText(p.run["prompt"])
+
+    # ---- generation -------------------------------------------------------------------------
+    def settings(self) -> dict[str, Any]:
+        spec = {"off": None, "prompt lookup": "lookup", "draft model": "draft"}[
+            self.spec.currentText()]
+        kv = self.kv.currentText()
+        return {"device_name": self.device.currentData() or "cpu",
+                "kv": None if kv == "project's" else kv,
+                "window": self.window.value() or None, "speculative": spec,
+                "k": self.k.value(), "max_new_tokens": self.max_new.value(),
+                "temperature": self.temperature.value(), "seed": self.seed.value()}
+
+    def start(self) -> None:
+        if self._thread is not None or self.ctl.project is None:
+            return
+        from studio.core.sampling import SamplingConfig
+        from studio.services.generate import generate
+
+        prompt = self.prompt.toPlainText()
+        s = self.settings()
+        project = self.ctl.project.copy()
+        sampling = SamplingConfig(s["temperature"], 0, 1.0, s["seed"])
+        self._cancel = cancel = _Cancel()
+        self._t0, self._first, self._chunks, self._passes = time.perf_counter(), None, 0, []
+        self.output.setPlainText(prompt)
+        self.stats.setText("loading the model…")
+        self.accept.setText("")
+        self.export_btn.setVisible(False)
+        self.go.setEnabled(False)
+        self.stop.setEnabled(True)
+        bridge = self.bridge
+
+        def work() -> None:
+            try:
+                out = generate(project, prompt, s["device_name"], s["max_new_tokens"], sampling,
+                               on_text=bridge.text.emit, speculative=s["speculative"],
+                               k=s["k"], kv=s["kv"], window=s["window"], progress=cancel,
+                               on_pass=bridge.passed.emit)
+                bridge.finished.emit(out)
+            except Cancelled:
+                bridge.failed.emit("stopped")
+            except StudioError as exc:
+                bridge.failed.emit(exc.message)
+            except Exception as exc:  # noqa: BLE001 - shown, not swallowed: a bug to report
+                bridge.failed.emit(f"generation failed: {type(exc).__name__}: {exc}")
+
+        self._thread = threading.Thread(target=work, name="playground", daemon=True)
+        self._thread.start()
+
+    def cancel(self) -> None:
+        if self._cancel is not None:
+            self._cancel.event.set()
+            self.stats.setText("stopping after the current token…")
+
+    def is_running(self) -> bool:
+        return self._thread is not None
+
+    def _done(self) -> None:
+        self._thread = None
+        self._cancel = None
+        self.go.setEnabled(True)
+        self.stop.setEnabled(False)
+
+    def _on_text(self, text: str) -> None:
+        now = time.perf_counter()
+        if self._first is None:
+            self._first = now
+        self._chunks += 1
+        cursor = self.output.textCursor()
+        cursor.movePosition(cursor.MoveOperation.End)
+        cursor.insertText(text)
+        self.output.setTextCursor(cursor)
+        ttft = (self._first - self._t0) * 1e3
+        rate = (self._chunks - 1) / (now - self._first) if now > self._first else 0.0
+        self.stats.setText(f"live: {self._chunks} tokens · first token after {ttft:.0f} ms "
+                           f"(with loading) · {rate:.1f} tok/s")
+
+    def _on_pass(self, drafted: int, kept: int) -> None:
+        self._passes.append((drafted, kept))
+        d = sum(p[0] for p in self._passes)
+        a = sum(p[1] for p in self._passes)
+        last = "".join("●" if i < kept else "○" for i in range(drafted))
+        self.accept.setText(f"pass {len(self._passes)}: {last} {kept}/{drafted} drafted tokens "
+                            f"accepted · overall {a}/{d} ({a / d:.0%})" if d else
+                            f"pass {len(self._passes)}: nothing drafted")
+
+    def _on_finished(self, out: dict) -> None:
+        self._done()
+        self.last = out
+        self.badge.set_source(out["source"], out.get("timing_note") or "")
+        self.badge.setVisible(True)
+        tps = out.get("decode_tokens_per_s")
+        kvc = out["kv_cache"]
+        parts = [f"{len(out['tokens'])} tokens ({out['stopped']})",
+                 f"time to first token {out['time_to_first_token_ms']:.1f} ms",
+                 f"decode {tps:.1f} tok/s" if tps else "no decode steps",
+                 f"{out['source']} on {out['device_name']}",
+                 f"prompt {out['prompt_tokens']} tokens in {out['prompt_chunks']} pass(es)",
+                 f"KV {kvc['dtype']} {kvc['bytes_measured'] / 1024:.0f} KiB"
+                 + (f", window {kvc['window']}" if kvc["window"] else "")]
+        self.stats.setText(" · ".join(parts))
+        sp = out.get("speculative")
+        if sp:
+            text = (f"{sp['proposer']}: acceptance {sp['acceptance_rate']:.0%}, "
+                    f"{sp['tokens_per_target_pass']:.2f} tokens per target pass "
+                    f"({sp['target_passes']} passes)")
+            est = sp.get("estimated")
+            if est:
+                text += (f" · estimated on {est['chip']}: {est['speedup']:.2f}× "
+                         "(performance model)")
+            self.accept.setText(text)
+
+    def _on_failed(self, message: str) -> None:
+        self._done()
+        self.stats.setText(f"<span style='color:#c62828'>{message}</span>")
+        self.export_btn.setVisible("--stages" in message)
