@@ -10,7 +10,9 @@ is against a baseline measured in the same run; medians of REPEATS runs after a 
 Every figure is labelled with its source, "measured" (host CPU): no HTP simulator here.
 
     python benchmarks/bench_generate.py [--quick] [--repeats R] [--new-tokens N]
-        [--threads 2] [--plot benchmarks/out/ttft.png] [--json OUT]
+        [--threads 2] [--plot benchmarks/out/ttft.png] [--json OUT] [--htp]
+
+``--htp`` adds TTFT vs prompt length on the HTP simulator (simulated).
 """
 
 from __future__ import annotations
@@ -108,6 +110,42 @@ def section_ttft(gen, prompt: list[int], R: int, res: dict) -> None:
     res["ttft"] = {"source": SRC, "rows": rows}
 
 
+def section_htp(prompt: list[int], res: dict) -> None:
+    """TTFT vs prompt length on the HTP simulator: a project of the sample with the same P and
+    C, its export / quantize (W8A16) / compile run by the pipeline, then one token generated
+    after each prompt length through the compiled context (past P: decode steps)."""
+    import asyncio
+
+    from studio.core.catalog import default_chip_key
+    from studio.services.generate import load_generator, resolve_device
+    from studio.services.projects import NewProjectSpec, create_project
+
+    print(f"\n5. time to first token vs prompt length on the HTP simulator (W8A16, "
+          f"{default_chip_key()}); simulated: the simulator's speed follows the host CPU")
+    with tempfile.TemporaryDirectory() as d:
+        studio = create_project(NewProjectSpec(
+            path=Path(d) / "ttft.qstudio", source_kind="sample", source="tiny-coder",
+            prompt_length=P, context_length=C, calibration_samples=2, name="ttft"))
+        t0 = time.perf_counter()
+        try:
+            summary = asyncio.run(studio.run_pipeline(["compile"]))
+        finally:
+            studio.close()
+        if summary.state != "succeeded":
+            print(f"  the pipeline did not finish ({summary.state}): skipped")
+            return
+        print(f"  export + quantize + compile: {time.perf_counter() - t0:.0f} s")
+        project = studio.project
+        gen, _spec, _tok = load_generator(project, resolve_device(project, "htp-sim"))
+        rows = {}
+        for L in LENGTHS:
+            out = gen.generate(prompt[:L], 1)
+            rows[L] = {"ttft_ms": out["ttft_s"] * 1e3, "passes": out["prompt_chunks"]}
+            print(f"  {L:6d} tokens {rows[L]['passes']:4d} passes {rows[L]['ttft_ms']:10.0f} ms"
+                  "  simulated")
+        res["ttft_htp"] = {"source": "simulated", "chip": default_chip_key(), "rows": rows}
+
+
 def plot_ttft(res: dict, path: Path) -> None:
     try:
         import matplotlib
@@ -115,7 +153,7 @@ def plot_ttft(res: dict, path: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return print(f"  plot: skipped (matplotlib is not installed); nothing written to {path}")
+        return _plot_ttft_qt(res, path)
     rows = res["ttft"]["rows"]
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 4), layout="tight")
@@ -235,6 +273,39 @@ def section_transformers(gen, ckpt: Path, prompt: list[int], N: int, R: int, res
                            "decode_ratio": ratio, "same_tokens": same}
 
 
+def _plot_ttft_qt(res: dict, path: Path) -> None:
+    """The TTFT plot with pyqtgraph (offscreen) when matplotlib is not installed: one panel
+    per device, as their scales differ by orders of magnitude."""
+    import os
+
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    import pyqtgraph as pg
+    from PySide6.QtWidgets import QApplication
+
+    _app = QApplication.instance() or QApplication([])
+    win = pg.GraphicsLayoutWidget()
+    win.setBackground("w")
+    win.resize(900, 360)
+    for key, title, color in (("ttft", "host CPU (measured)", "#1b7f3b"),
+                              ("ttft_htp", "HTP simulator (simulated)", "#8a5a00")):
+        if key not in res:
+            continue
+        rows = res[key]["rows"]
+        plot = win.addPlot(title=f"time to first token, {title}")
+        plot.plot(list(rows), [r["ttft_ms"] for r in rows.values()], pen=pg.mkPen(color, width=2),
+                  symbol="o", symbolBrush=color)
+        plot.addLine(x=P, pen=pg.mkPen("#888", style=pg.QtCore.Qt.PenStyle.DashLine))
+        plot.setLabel("bottom", f"prompt tokens (P={P}: longer prompts are chunked)")
+        plot.setLabel("left", "ms")
+    win.show()
+    for _ in range(5):  # lay the plots out before grabbing them
+        _app.processEvents()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    win.grab().save(str(path))
+    win.close()
+    print(f"  plot: {path}")
+
+
 def main() -> int:
     global THREADS
     ap = argparse.ArgumentParser()
@@ -244,6 +315,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=THREADS, help="ORT and torch threads")
     ap.add_argument("--plot", type=Path, default=ROOT / "benchmarks" / "out" / "ttft.png")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--htp", action="store_true",
+                    help="also TTFT on the HTP simulator (runs export, quantize and compile)")
     a = ap.parse_args()
     R, N, THREADS = a.repeats or (3 if a.quick else 7), min(a.new_tokens, C - P), a.threads
     from transformers import PreTrainedTokenizerFast
@@ -256,7 +329,8 @@ def main() -> int:
     prompt = tok(text[text.index("\ndef ") + 1:])["input_ids"][:max(LENGTHS)]  # code, not header
     res: dict[str, Any] = {"P": P, "C": C, "threads": THREADS, "repeats": R}
     print(f"tiny-coder, P={P}, C={C}, {THREADS} threads, medians of {R} repeats; source: "
-          f"{SRC} = host CPU (no HTP simulator figures in this run)")
+          f"{SRC} = host CPU" + (" (the HTP simulator's figures: simulated)" if a.htp else
+                                 " (no HTP simulator figures in this run)"))
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
         child = mp.get_context("spawn").Process(target=export_both, args=(d,))
@@ -269,6 +343,8 @@ def main() -> int:
               f"{peak_rss_mb(resource.RUSAGE_CHILDREN):.0f} MB")
         gen, draft = cpu_generator(Path(d) / "target"), cpu_generator(Path(d) / "draft")
         section_ttft(gen, prompt, R, res)
+        if a.htp:
+            section_htp(prompt, res)
         plot_ttft(res, a.plot)
         section_fill(gen, prompt, R, res)
         section_speculative(gen, draft, prompt, N, R, res)

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json, atomic_write_text
 from studio.core.gates import evaluate_gates
 from studio.core.project import Project
@@ -225,6 +226,91 @@ def render_layerdiff(d: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def svg_grouped_bars(labels: list[str], series: dict[str, tuple[list[float], str]],
+                     unit: str, width: int = 900, height: int = 260) -> str:
+    """Vertical bars, one group per label, one bar per series (name -> (values, colour))."""
+    if not labels or not series:
+        return "<p>No data.</p>"
+    vmax = max((v for vals, _ in series.values() for v in vals), default=1.0) or 1.0
+    left, bottom, top = 50, 46, 34
+    plot_h = height - bottom - top
+    gw = (width - left - 10) / len(labels)
+    bw = gw * 0.8 / len(series)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">',
+             f'<text x="4" y="14" font-size="11">{_e(unit)}</text>']
+    for j, (name, (_, color)) in enumerate(series.items()):
+        lx = left + 90 + 200 * j
+        parts.append(f'<rect x="{lx}" y="4" width="10" height="10" fill="{color}"/>'
+                     f'<text x="{lx + 14}" y="13" font-size="11">{_e(name)}</text>')
+    for i, lab in enumerate(labels):
+        x0 = left + i * gw + gw * 0.1
+        for j, (vals, color) in enumerate(series.values()):
+            v = vals[i]
+            h = plot_h * v / vmax
+            x = x0 + j * bw
+            y = top + plot_h - h
+            parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bw - 2:.1f}" height="{h:.1f}" '
+                         f'fill="{color}"/><text x="{x + bw / 2:.1f}" y="{y - 3:.1f}" '
+                         f'font-size="10" text-anchor="middle">{v:.0f}</text>')
+        for k, line in enumerate(lab.split("\n")):
+            parts.append(f'<text x="{left + i * gw + gw / 2:.1f}" '
+                         f'y="{top + plot_h + 14 + 13 * k}" font-size="11" '
+                         f'text-anchor="middle">{_e(line)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def render_waterfall(d: dict[str, Any], targets: list[str]) -> str:
+    """The optimization waterfall: measured on the host CPU, estimated for the first target."""
+    from studio.engine.waterfall import with_estimate
+
+    chip = targets[0] if targets else "snapdragon-8-gen-3"
+    try:
+        d = with_estimate(d, chip)
+    except StudioError as exc:
+        return f"<h2>Optimization waterfall</h2><p>{_e(exc.message)}</p>"
+    steps = d["steps"]
+    labels = [f"{r['label']}\nppl {r['ppl']:.1f}" for r in steps]
+    out = [f"<h2>Optimization waterfall {badge('measured')} {badge('estimated')}</h2>",
+           f"<p class='muted'>Each step on top of the last: decode tok/s on the host CPU "
+           f"(measured, the step's own graphs in ONNX Runtime; quantized steps run as QDQ in "
+           f"float there) and on {_e(d['chip_name'])} (estimated by the performance model), "
+           f"with the held-out perplexity measured on the host. Window {d['window']} of "
+           f"{d['context']} tokens; speculative: prompt lookup, k ≤ {d['k']}, "
+           f"{d['tokens_per_pass']:.2f} tokens per target pass; pruned without block(s) "
+           f"{_e(d['dropped_blocks'])}.</p>",
+           svg_grouped_bars(labels, {
+               "host CPU (measured)": ([r["tokens_per_s"] for r in steps], SOURCE_COLORS["measured"]),
+               f"{d['chip_name']} (estimated)": ([r.get("estimated_tokens_per_s") or 0.0
+                                                  for r in steps], SOURCE_COLORS["estimated"]),
+           }, "decode tok/s"),
+           "<table><tr><th>step</th><th>host CPU tok/s</th><th>chip tok/s</th>"
+           "<th>perplexity</th><th>change</th><th>note</th></tr>"]
+    for r in steps:
+        e = r.get("estimated_tokens_per_s")
+        out.append(f"<tr><td>{_e(r['label'])}</td><td>{r['tokens_per_s']:.1f} "
+                   f"{badge('measured')}</td><td>{(f'{e:.1f}' if e else '–')} "
+                   f"{badge('estimated')}</td><td>{r['ppl']:.2f}</td>"
+                   f"<td>{r['ppl_change']:+.1%}</td><td class='muted'>{_e(r.get('note', ''))}"
+                   "</td></tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def render_ablation(t: dict[str, Any]) -> str:
+    out = [f"<h2>Block ablation {badge('measured')}</h2>",
+           f"<p class='muted'>Held-out perplexity ({t['tokens']} tokens, host CPU, FP32) with "
+           f"each block dropped; all {t['num_blocks']} blocks: {t['baseline_ppl']:.2f}. The "
+           f"pruned checkpoint leaves out {_e(t['dropped'])}: {t['pruned_ppl']:.2f} "
+           f"({t['pruned_delta']:+.1%}).</p>",
+           "<table><tr><th>rank</th><th>dropped block</th><th>perplexity</th><th>change</th></tr>"]
+    for i, r in enumerate(t["blocks"]):
+        out.append(f"<tr><td>{i + 1}</td><td>{r['block']}</td><td>{r['ppl']:.2f}</td>"
+                   f"<td>{r['delta']:+.1%}</td></tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
 def render_html(data: dict[str, Any]) -> str:
     st = data["stages"]
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>QStudio report: "
@@ -310,6 +396,10 @@ def render_html(data: dict[str, Any]) -> str:
     for label, d in st.items():
         if label.startswith("layerdiff["):
             out.append(render_layerdiff(d))
+    if "waterfall" in st and st["waterfall"].get("waterfall"):
+        out.append(render_waterfall(st["waterfall"]["waterfall"], data.get("targets") or []))
+    if "ablation" in st and st["ablation"].get("ablation"):
+        out.append(render_ablation(st["ablation"]["ablation"]))
     out.append("<h2>Stages</h2><table><tr><th>stage</th><th>summary</th></tr>")
     for label, r in st.items():
         out.append(f"<tr><td>{_e(label)}</td><td>{_e(r.get('summary', ''))}</td></tr>")

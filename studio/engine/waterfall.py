@@ -96,3 +96,27 @@ def same_prefix(a: Sequence[int], b: Sequence[int]) -> int:
             break
         n += 1
     return n
+
+
+def with_estimate(data: dict[str, Any], chip: str) -> dict[str, Any]:
+    """``data`` (the stage's waterfall.json) with each step's estimate for ``chip``."""
+    from studio.core import perfmodel as pm
+    from studio.core.catalog import get_chip
+
+    c = get_chip(chip)
+    arch = pm.Arch.from_config(data["config"])
+    est = pm.waterfall_estimate(arch, c.key, int(data["context"]), int(data["window"]),
+                                data.get("scheme", "W4A16"), data.get("tokens_per_pass"),
+                                int(data["k"]), len(data.get("dropped_blocks") or []),
+                                data.get("pruned_tokens_per_pass"))
+    by_step = {e["step"]: e["tokens_per_s"] for e in est}
+    steps = []
+    for row in data["steps"]:
+        r = dict(row)
+        r["estimated_tokens_per_s"] = by_step.get(row["step"])
+        steps.append(r)
+    out = dict(data)
+    out.update({"steps": steps, "chip": c.key, "chip_name": c.name,
+                "estimate_note": "estimated by the performance model for the chip; the first "
+                                 "step is FP16 there (the HTP runs no FP32)"})
+    return out

@@ -57,6 +57,8 @@ def _run_stages(project: Project, stages: list[str], what: str) -> None:
     finally:
         s.close()
     if summary.state != "succeeded":
+        if summary.error:  # the failing job's own one-line error says what to do
+            raise StudioError(summary.error)
         raise StudioError(f"{what} could not be built ({summary.state}): see studio --batch "
                           f"{project.path} --stages {','.join(stages)}")
 

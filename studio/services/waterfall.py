@@ -8,11 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from studio.core import perfmodel as pm
 from studio.core.artifacts import ArtifactStore
 from studio.core.errors import StudioError
 from studio.core.project import Project
-from studio.engine.waterfall import LABELS
+from studio.engine.waterfall import LABELS, with_estimate
 
 
 def stored(project: Project, run: bool = True) -> dict[str, Any] | None:
@@ -31,29 +30,6 @@ def stored(project: Project, run: bool = True) -> dict[str, Any] | None:
     if art is None:
         return None
     return json.loads((Path(art.path) / "waterfall.json").read_text())
-
-
-def with_estimate(data: dict[str, Any], chip: str) -> dict[str, Any]:
-    """``data`` (the stage's waterfall.json) with each step's estimate for ``chip``."""
-    from studio.core.catalog import get_chip
-
-    c = get_chip(chip)
-    arch = pm.Arch.from_config(data["config"])
-    est = pm.waterfall_estimate(arch, c.key, int(data["context"]), int(data["window"]),
-                                data.get("scheme", "W4A16"), data.get("tokens_per_pass"),
-                                int(data["k"]), len(data.get("dropped_blocks") or []),
-                                data.get("pruned_tokens_per_pass"))
-    by_step = {e["step"]: e["tokens_per_s"] for e in est}
-    steps = []
-    for row in data["steps"]:
-        r = dict(row)
-        r["estimated_tokens_per_s"] = by_step.get(row["step"])
-        steps.append(r)
-    out = dict(data)
-    out.update({"steps": steps, "chip": c.key, "chip_name": c.name,
-                "estimate_note": "estimated by the performance model for the chip; the first "
-                                 "step is FP16 there (the HTP runs no FP32)"})
-    return out
 
 
 def waterfall(project: Project, chip: str | None = None, run: bool = True) -> dict[str, Any]:

@@ -18,7 +18,8 @@ def test_show_the_seed_table_and_export_it(batch_run, small_project, tmp_path):
         d["by_block"])
     assert sum(v["share"] for v in d["by_block"].values()) == pytest.approx(1.0)
     text = studio("profile", "show", small_project, "--by", "layer-block").stdout
-    assert text.splitlines()[2].startswith("layer") and "layer 3" in text
+    rows = [ln for ln in text.splitlines() if not ln.startswith("warning:")]  # a busy host warns
+    assert rows[2].startswith("layer") and "layer 3" in text
 
     out = tmp_path / "trace.json"
     r = studio("profile", "export", small_project, "--format", "chrome", out)

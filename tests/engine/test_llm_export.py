@@ -47,6 +47,7 @@ def test_export_writes_graphs_spec_and_reference(qwen_graphs):
         "graph.json",
         "prefill.onnx",
         "reference.npz",
+        "verify.onnx",
     ]  # no temp files left
     assert json.loads((out / "graph.json").read_text()) == spec
     assert spec["num_layers"] == 2 and spec["num_kv_heads"] == 2 and spec["head_dim"] == 16
