@@ -14,6 +14,8 @@
                     [--kv float|int8] [--window W] [--json]
     studio prune FILE [--drop N] [--out DIR] [--json]
     studio waterfall FILE [--chip CHIP] [--json]
+    studio agent serve [--host 127.0.0.1] [--port P] [--token-file F] [--tls-cert C --tls-key K]
+    studio devices list [--json] | add NAME --url URL (--token T | --token-file F) | remove NAME
     studio profile show FILE [--run N] [--target T] [--by block|op_type|layer|layer-block] [--json]
     studio profile export FILE [--run N] [--target T] --format chrome|csv OUT
     studio profile import PROFILE_FILE [--onnx MODEL] [--json]
@@ -123,6 +125,31 @@ def _parser() -> argparse.ArgumentParser:
     pn.add_argument("--out", help="folder for the pruned checkpoint; a project file for it is "
                                   "written beside it (OUT.qstudio)")
     pn.add_argument("--json", dest="prune_json", action="store_true")
+    ag = sub.add_parser("agent", help="the device agent that runs jobs on a target machine")
+    ags = ag.add_subparsers(dest="agent_command", parser_class=_Parser, required=True)
+    sv = ags.add_parser("serve", help="serve jobs over HTTP (bearer token; 127.0.0.1 unless "
+                                      "told otherwise)")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8765, help="0: any free port")
+    sv.add_argument("--token-file", dest="token_file",
+                    help="read the token from this file (default: a new pairing token, printed)")
+    sv.add_argument("--tls-cert", dest="tls_cert")
+    sv.add_argument("--tls-key", dest="tls_key")
+    sv.add_argument("--store", help="where uploaded files live (default: the user's data folder)")
+    sv.add_argument("--max-upload-mb", dest="max_upload_mb", type=float, default=2048.0)
+    sv.add_argument("--max-jobs", dest="max_jobs", type=int, default=1)
+    dv = sub.add_parser("devices", help="the device registry: list, add or remove agents")
+    dvs = dv.add_subparsers(dest="devices_command", parser_class=_Parser, required=True)
+    dl = dvs.add_parser("list", help="every device with its health and capabilities")
+    dl.add_argument("--json", dest="devices_json", action="store_true")
+    da = dvs.add_parser("add", help="register an agent (URL and its pairing token)")
+    da.add_argument("name")
+    da.add_argument("--url", required=True)
+    tok = da.add_mutually_exclusive_group(required=True)
+    tok.add_argument("--token")
+    tok.add_argument("--token-file", dest="token_file")
+    dr = dvs.add_parser("remove", help="forget an agent")
+    dr.add_argument("name")
     wf = sub.add_parser("waterfall", help="the optimization waterfall: each step measured on "
                                           "the host CPU and estimated for a chip")
     wf.add_argument("file")
@@ -600,11 +627,12 @@ def _generate(args) -> int:
           + (f"decode {tps:.1f} tok/s" if tps else "no decode steps")
           + f" · {out['source']} on {out['device_name']}"
           + (f" ({out['timing_note']})" if out["timing_note"] else ""), file=sys.stderr)
-    kvc = out["kv_cache"]
-    print(f"KV cache: {kvc['dtype']}, {kvc['bytes_measured'] / 1024:.0f} KiB held "
-          f"({kvc['bytes_by_formula'] / 1024:.0f} KiB by formula)"
-          + (f", window {kvc['window']} tokens (ring buffer)" if kvc["window"] else ""),
-          file=sys.stderr)
+    kvc = out.get("kv_cache")
+    if kvc:
+        print(f"KV cache: {kvc['dtype']}, {kvc['bytes_measured'] / 1024:.0f} KiB held "
+              f"({kvc['bytes_by_formula'] / 1024:.0f} KiB by formula)"
+              + (f", window {kvc['window']} tokens (ring buffer)" if kvc["window"] else ""),
+              file=sys.stderr)
     if "speculative" in out:
         sp = out["speculative"]
         split = sp["time_split_s"]
@@ -619,6 +647,119 @@ def _generate(args) -> int:
                   f"({est['plain_tokens_per_s']:.0f} -> {est['speculative_tokens_per_s']:.0f} "
                   "tok/s, performance model)", file=sys.stderr)
     return 0
+
+
+def _agent(args) -> int:
+    import asyncio
+    import signal
+    import ssl
+
+    from studio.services.agent import server
+
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as exc:
+            raise StudioError(f"cannot read the token file {args.token_file}: "
+                              f"{exc.strerror}") from None
+        if not token:
+            raise StudioError(f"the token file {args.token_file} is empty")
+    else:
+        token = server.new_token()
+    ctx = None
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            raise StudioError("TLS needs both --tls-cert and --tls-key")
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            ctx.load_cert_chain(args.tls_cert, args.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise StudioError(f"cannot load the TLS certificate / key: {exc}") from None
+    if args.store:
+        store = Path(args.store)
+    else:
+        import platformdirs
+
+        store = platformdirs.user_data_path("qstudio", appauthor=False) / "agent"
+    if args.host not in ("127.0.0.1", "localhost", "::1") and ctx is None:
+        print("warning: serving beyond this machine without TLS: the token crosses the "
+              "network in clear", file=sys.stderr)
+
+    def ready(url: str) -> None:
+        print(f"QStudio agent listening on {url}", flush=True)
+        if not args.token_file:
+            print(f"pairing token: {token}", flush=True)
+        print(f"store: {store}", flush=True)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(server.serve(
+            store, args.host, args.port, token, ctx, int(args.max_upload_mb * (1 << 20)),
+            args.max_jobs, ready))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    try:
+        asyncio.run(main())
+    except OSError as exc:
+        raise StudioError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}): choose "
+                          "another --port") from None
+    print("agent stopped", file=sys.stderr)
+    return 0
+
+
+def _devices(args) -> int:
+    from studio.services.registry import Registry
+
+    reg = Registry()
+    if args.devices_command == "add":
+        token = args.token
+        if args.token_file:
+            try:
+                token = Path(args.token_file).read_text()
+            except OSError as exc:
+                raise StudioError(f"cannot read {args.token_file}: {exc.strerror}") from None
+        a = reg.add(args.name, args.url, token or "")
+        health = _check_agent(reg, a.name)
+        print(f"added {a.id} ({a.url}): {health}")
+        return 0
+    if args.devices_command == "remove":
+        reg.remove(args.name)
+        print(f"removed agent:{args.name}")
+        return 0
+    from studio.services.devices import device_state
+
+    rows = [{"id": "cpu", "kind": "host-cpu", "source": "measured", "status": "ok"}]
+    if device_state()["htp_sim"]["available"]:
+        rows.append({"id": "htp-sim:CHIP", "kind": "htp-sim", "source": "simulated",
+                     "status": "ok (one per catalog chip: studio targets)"})
+    for a in reg.agents():
+        rows.append({"id": a.id, "kind": "agent", "url": a.url,
+                     "status": _check_agent(reg, a.name)})
+    if args.devices_json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        print(f"{r['id']:<28} {r['kind']:<9} {r.get('url', ''):<28} {r['status']}")
+    return 0
+
+
+def _check_agent(reg, name: str) -> str:
+    try:
+        c = reg.client(name)
+        h = c.health()
+        info = c.info()
+    except StudioError as exc:
+        return f"unreachable: {exc.message}"
+    backends = ", ".join(f"{b['id']} ({b['source']})" for b in info.get("backends", [])[:3])
+    more = len(info.get("backends", [])) - 3
+    return (f"ok, {h['rtt_ms']:.1f} ms; {info['machine'].get('name')} "
+            f"({info['machine'].get('machine')}); backends {backends}"
+            + (f" and {more} more" if more > 0 else ""))
 
 
 def _waterfall(args) -> int:
@@ -734,6 +875,10 @@ def main(argv: list[str] | None = None) -> int:
             return _prune(args)
         if args.command == "waterfall":
             return _waterfall(args)
+        if args.command == "agent":
+            return _agent(args)
+        if args.command == "devices":
+            return _devices(args)
         if args.batch:
             return _batch(args)
         raise StudioError("nothing to do: give --batch FILE, or a command (new, info, compare, targets)")

@@ -177,6 +177,12 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
         raise StudioError("the prompt is empty: give some text")
     if speculative not in (None, "draft", "lookup"):
         raise StudioError(f"speculative must be draft or lookup, not {speculative!r}")
+    if device_name and device_name.startswith("agent:"):
+        if speculative or kv or window:
+            raise StudioError("a remote agent runs plain decoding so far: leave out "
+                              "--speculative, --kv and --window for agent devices")
+        return generate_remote(project, prompt, device_name, max_new_tokens, sampling, stop,
+                               on_text, progress)
     dev = resolve_device(project, device_name)
     sampling = sampling or SamplingConfig()
     t_load = time.perf_counter()
@@ -260,6 +266,106 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
         result["speculative"]["estimated"] = _speculative_estimate(
             project, spec, out["speculative"], speculative, draft_ref)
     return result
+
+
+def generate_remote(project: Project, prompt: str, device_name: str,
+                    max_new_tokens: int | None = None, sampling: SamplingConfig | None = None,
+                    stop: list[str] | None = None,
+                    on_text: Callable[[str], None] | None = None,
+                    progress: Progress | None = None, registry=None) -> dict[str, Any]:
+    """Generate on a registered agent: its host CPU runs the FP32 export, an HTP backend the
+    target's compiled context; the files go up by content hash (once), the tokens stream back,
+    and the figures carry the source label the agent gives its backend."""
+    import json
+
+    from studio.core.catalog import get_chip
+    from studio.services.registry import Registry, parse_device_id
+    from studio.worker.stages import _spec, _tokenizer
+
+    name, backend = parse_device_id(device_name)
+    reg = registry or Registry()
+    client = reg.client(name)
+    t_load = time.perf_counter()
+    info = client.info()
+    backends = {b["id"]: b for b in info.get("backends", [])}
+    if backend not in backends:
+        raise StudioError(f"agent {name!r} has no backend {backend!r}; it has "
+                          f"{', '.join(backends) or 'none'}")
+    b = backends[backend]
+    export_dir = _artifact(project, "export", "export")
+    spec = _spec(export_dir)
+    tok = _tokenizer(export_dir)
+    sdk = None
+    if backend == "cpu":
+        names = [n for n in ("prefill.onnx", "decode.onnx", "graph.json")
+                 if (export_dir / n).is_file()]
+        model = client.upload_folder(export_dir, names)
+    else:
+        chip = get_chip(b["chip"])
+        if chip.key not in project.targets:
+            raise StudioError(f"{chip.key} is not a target of this project: add it to targets "
+                              "and run the compile stage")
+        cdir = _artifact(project, f"compile[{chip.key}]", "compile")
+        sdk = json.loads((cdir / "result.json").read_text()).get("sdk_version")
+        names = [p.name for p in sorted(cdir.iterdir())
+                 if p.is_file() and (p.name.endswith((".onnx", ".bin")) or p.name == "graph.json")]
+        model = client.upload_folder(cdir, names)
+    load_s = time.perf_counter() - t_load
+    sampling = sampling or SamplingConfig()
+    n = max_new_tokens if max_new_tokens is not None else int(project.run["max_new_tokens"])
+    ids = tok(prompt).input_ids
+    stops = [x for x in (stop or []) if x]
+    got: list[int] = []
+    shown = [""]
+    stopped = [False]
+
+    def on_token(_i: int, token: int) -> None:
+        got.append(token)
+        text = tok.decode(got)
+        if on_text is not None:
+            on_text(text[len(shown[0]):])
+        shown[0] = text
+        if stops and any(x in text for x in stops):
+            stopped[0] = True
+
+    def should_stop() -> bool:
+        if progress is not None:
+            progress.check()
+        return stopped[0]
+
+    eos = spec.get("eos_token_ids") or ([spec["eos_token_id"]]
+                                        if spec.get("eos_token_id") is not None else [])
+    try:
+        out = client.generate(model, backend, ids, n, sampling.to_dict(), eos, sdk,
+                              on_token=on_token, should_stop=should_stop)
+        state = out["stopped"]
+    except StudioError as exc:
+        if not (stopped[0] and "cancelled" in exc.message):
+            raise
+        out = {"tokens": got, "ttft_s": 0.0, "step_s": [], "prompt_chunks": 0,
+               "source": b["source"]}
+        state = "stop"
+    text = tok.decode(out["tokens"])
+    if state == "stop" and stops:
+        cuts = [text.find(x) for x in stops if x in text]
+        text = text[:min(cuts)] if cuts else text
+    steps = out.get("step_s") or []
+    med = statistics.median(steps) if steps else None
+    source = str(out.get("source") or b["source"])
+    return {
+        "prompt": prompt, "prompt_tokens": len(ids), "prompt_chunks": out.get("prompt_chunks"),
+        "tokens": out["tokens"], "text": text, "stopped": state,
+        "time_to_first_token_ms": float(out.get("ttft_s") or 0.0) * 1e3,
+        "decode_ms_per_token": med * 1e3 if med else None,
+        "decode_tokens_per_s": 1.0 / med if med else None,
+        "source": source, "device": f"agent:{name}@{backend}",
+        "device_name": f"{backend} on agent {name} ({info['machine'].get('name')})",
+        "timing_note": ("timed on the agent's machine" + (
+            "; simulator time: follows the agent's CPU, not device latency"
+            if source == "simulated" else "")),
+        "load_s": load_s, "sampling": sampling.to_dict(),
+        "kv_cache": None,
+    }
 
 
 def _speculative_estimate(project: Project, spec: dict[str, Any], stats: dict[str, Any],

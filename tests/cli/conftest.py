@@ -44,8 +44,8 @@ def default_target() -> str:
     return default_chip_key()
 
 
-def studio(*args, cwd=None, timeout=900):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def studio(*args, cwd=None, timeout=900, env=None):
+    env = dict(env or os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run([sys.executable, "-m", "studio.cli", *map(str, args)], cwd=cwd or ROOT,
                           capture_output=True, text=True, timeout=timeout, env=env)
 

@@ -1,13 +1,28 @@
-"""Devices: what can run jobs here (host CPU, the QNN HTP simulator per chip) and what will come."""
+"""Devices: what can run jobs (host CPU, the QNN HTP simulator per chip, remote agents from the
+user's device registry with their health), adding and removing agents, and running the
+project's model on one."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+import asyncio
+from typing import Any
+
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFormLayout,
     QGroupBox,
     QHBoxLayout,
     QHeaderView,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
     QTableView,
+    QTableWidget,
+    QTableWidgetItem,
     QVBoxLayout,
 )
 
@@ -15,7 +30,7 @@ from studio.core.errors import StudioError
 from studio.core.units import format_bytes
 from studio.services import devices
 from studio.ui.models.rows import Row, RowsModel
-from studio.ui.pages.base import Page, banner
+from studio.ui.pages.base import Page
 from studio.ui.widgets import label
 
 NUMERICS_TEXT = {
@@ -63,7 +78,8 @@ def chip_rows(targets: list[str]) -> list[Row]:
 
 class DevicesPage(Page):
     title = "Devices"
-    subtitle = "Where jobs run: this machine's CPU and the QNN HTP simulator for each target chip."
+    subtitle = ("Where jobs run: this machine's CPU, the QNN HTP simulator for each target chip, "
+                "and remote agents.")
 
     def __init__(self, ctl, parent=None):
         super().__init__(ctl, parent)
@@ -108,18 +124,170 @@ class DevicesPage(Page):
                 wrap=True,
             )
         )
-        lay.addWidget(chips, 1)
-
-        lay.addWidget(
-            banner(
-                "<b>Remote devices</b> will be listed here with their health and capabilities: a "
-                "Snapdragon laptop or dev kit running the QStudio agent, and Android phones over adb "
-                "with your QAIRT SDK. Figures measured on them will carry the “measured” badge and "
-                "the device's name. Until then, jobs run on this machine: FP32 and host timings on "
-                "the CPU, HTP numerics on the simulator."
-            )
-        )
+        lay.addWidget(chips, 2)
+        lay.addWidget(self._agents_box(), 1)
+        self.health: dict[str, str] = {}
+        self.timer = QTimer(self)
+        self.timer.timeout.connect(self.check_agents)
+        self.timer.start(30_000)
         self.refresh()
+
+    # ---- remote agents ------------------------------------------------------------------------
+    def _agents_box(self) -> QGroupBox:
+        box = QGroupBox("Remote agents (studio agent serve on a target machine)")
+        v = QVBoxLayout(box)
+        self.agents = QTableWidget(0, 4)
+        self.agents.setHorizontalHeaderLabels(["", "Agent", "URL", "Status"])
+        self.agents.verticalHeader().hide()
+        self.agents.setMaximumHeight(150)
+        self.agents.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
+        hh = self.agents.horizontalHeader()
+        hh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        hh.setStretchLastSection(True)
+        v.addWidget(self.agents)
+        row = QHBoxLayout()
+        self.add_btn = QPushButton("Add agent…")
+        self.add_btn.clicked.connect(self.add_agent)
+        self.remove_btn = QPushButton("Remove")
+        self.remove_btn.clicked.connect(self.remove_agent)
+        self.check_btn = QPushButton("Check now")
+        self.check_btn.clicked.connect(self.check_agents)
+        row.addWidget(self.add_btn)
+        row.addWidget(self.remove_btn)
+        row.addWidget(self.check_btn)
+        row.addSpacing(20)
+        row.addWidget(label("Run on", "muted"))
+        self.run_device = QComboBox()
+        self.run_device.setMinimumWidth(260)
+        row.addWidget(self.run_device)
+        self.run_tokens = QSpinBox()
+        self.run_tokens.setRange(1, 512)
+        self.run_tokens.setValue(16)
+        row.addWidget(self.run_tokens)
+        self.run_btn = QPushButton("Run on device")
+        self.run_btn.setToolTip("Generates from the project's prompt on the chosen agent: its "
+                                "CPU runs the FP32 export, an HTP backend the compiled context")
+        self.run_btn.clicked.connect(self.run_on_device)
+        row.addWidget(self.run_btn)
+        row.addStretch(1)
+        v.addLayout(row)
+        self.run_result = QPlainTextEdit()
+        self.run_result.setReadOnly(True)
+        self.run_result.setMaximumHeight(110)
+        self.run_result.setPlaceholderText("Add an agent, then run the project's model on it: "
+                                           "the text, the speed and its source appear here.")
+        v.addWidget(self.run_result)
+        v.addWidget(label("Phones over adb are not supported yet. Figures from an agent carry "
+                          "the source its backend reports: measured on real hardware, simulated "
+                          "on an x86 agent's HTP simulator.", "muted", wrap=True))
+        return box
+
+    def registry(self):
+        from studio.services.registry import Registry
+
+        return Registry()
+
+    def refresh_agents(self) -> None:
+        try:
+            agents = self.registry().agents()
+        except StudioError as exc:
+            self.run_result.setPlainText(exc.message)
+            agents = []
+        self.agents.setRowCount(len(agents))
+        current = self.run_device.currentData()
+        self.run_device.clear()
+        for i, a in enumerate(agents):
+            status = self.health.get(a.name, "not checked yet")
+            ok = status.startswith("ok")
+            light = QTableWidgetItem("●")
+            light.setForeground(Qt.GlobalColor.darkGreen if ok else (
+                Qt.GlobalColor.gray if status == "not checked yet" else Qt.GlobalColor.red))
+            light.setToolTip("reachable" if ok else status)
+            for j, item in enumerate([light, QTableWidgetItem(a.name), QTableWidgetItem(a.url),
+                                      QTableWidgetItem(status)]):
+                item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEditable)
+                self.agents.setItem(i, j, item)
+            self.run_device.addItem(f"{a.name} · host CPU", f"agent:{a.name}")
+            if self.ctl.project:
+                for t in self.ctl.project.targets:
+                    self.run_device.addItem(f"{a.name} · HTP simulator {t}",
+                                            f"agent:{a.name}@htp-sim:{t}")
+        i = self.run_device.findData(current)
+        self.run_device.setCurrentIndex(max(0, i))
+        self.run_btn.setEnabled(self.run_device.count() > 0)
+
+    def check_agents(self) -> None:
+        reg = self.registry()
+
+        async def go() -> None:
+            try:
+                agents = reg.agents()
+            except StudioError:
+                return
+            for a in agents:
+                self.health[a.name] = await self.ctl.in_thread(_agent_status, reg, a.name)
+            self.refresh_agents()
+
+        asyncio.ensure_future(go())
+
+    def add_agent(self, name: str | None = None, url: str | None = None,
+                  token: str | None = None) -> None:
+        if name is None:
+            dlg = AddAgentDialog(self)
+            if dlg.exec() != QDialog.DialogCode.Accepted:
+                return
+            name, url, token = dlg.values()
+        try:
+            self.registry().add(name, url or "", token or "")
+        except StudioError as exc:
+            self.ctl.message.emit("error", exc.message)
+            return
+        self.refresh_agents()
+        self.check_agents()
+
+    def remove_agent(self) -> None:
+        row = self.agents.currentRow()
+        if row < 0:
+            return
+        name = self.agents.item(row, 1).text()
+        try:
+            self.registry().remove(name)
+        except StudioError as exc:
+            self.ctl.message.emit("error", exc.message)
+        self.health.pop(name, None)
+        self.refresh_agents()
+
+    def run_on_device(self) -> None:
+        from studio.services.generate import generate_remote
+
+        dev = self.run_device.currentData()
+        if not dev or self.ctl.project is None:
+            self.run_result.setPlainText("Open a project and add an agent first.")
+            return
+        project = self.ctl.project.copy()
+        n = self.run_tokens.value()
+        self.run_btn.setEnabled(False)
+        self.run_result.setPlainText(f"running on {dev}…")
+        self.last_result: dict[str, Any] | None = None
+
+        async def go() -> None:
+            try:
+                out = await self.ctl.in_thread(generate_remote, project, project.run["prompt"],
+                                               dev, n)
+            except StudioError as exc:
+                self.run_result.setPlainText(f"failed: {exc.message}")
+            else:
+                self.last_result = out
+                tps = out.get("decode_tokens_per_s")
+                self.run_result.setPlainText(
+                    f"{out['prompt']}{out['text']}\n— {len(out['tokens'])} tokens · "
+                    f"time to first token {out['time_to_first_token_ms']:.1f} ms · "
+                    + (f"decode {tps:.1f} tok/s · " if tps else "")
+                    + f"{out['source']} on {out['device_name']} ({out['timing_note']})")
+            finally:
+                self.run_btn.setEnabled(True)
+
+        asyncio.ensure_future(go())
 
     def _on_closed(self) -> None:  # devices stay visible without a project
         self.stack.setCurrentWidget(self.body)
@@ -159,6 +327,49 @@ class DevicesPage(Page):
             self.chips.set_rows(chip_rows(targets))
         except StudioError as exc:
             self.sim_label.setText(exc.message)
+        self.refresh_agents()
+
+
+def _agent_status(reg, name: str) -> str:
+    """One line: reachable with its round trip and machine, or why not (off the UI thread)."""
+    try:
+        c = reg.client(name)
+        h = c.health()
+        info = c.info()
+    except StudioError as exc:
+        if getattr(exc, "status", None) == 401:
+            return f"auth failed: {exc.message}"
+        return f"unreachable: {exc.message}"
+    m = info.get("machine", {})
+    kinds = sorted({b["kind"] for b in info.get("backends", [])})
+    return (f"ok · {h['rtt_ms']:.1f} ms · {m.get('name')} ({m.get('system')} {m.get('machine')}, "
+            f"{m.get('cpus')} CPUs) · onnxruntime-qnn {m.get('onnxruntime_qnn') or 'none'} · "
+            f"backends: {', '.join(kinds)}")
+
+
+class AddAgentDialog(QDialog):
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle("Add a remote agent")
+        form = QFormLayout(self)
+        self.name = QLineEdit()
+        self.name.setPlaceholderText("lab-kit")
+        self.url = QLineEdit()
+        self.url.setPlaceholderText("http://192.168.1.20:8765")
+        self.token = QLineEdit()
+        self.token.setEchoMode(QLineEdit.EchoMode.Password)
+        self.token.setPlaceholderText("the pairing token the agent printed")
+        form.addRow("Name", self.name)
+        form.addRow("URL", self.url)
+        form.addRow("Token", self.token)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
+                                   | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        form.addRow(buttons)
+
+    def values(self) -> tuple[str, str, str]:
+        return self.name.text().strip(), self.url.text().strip(), self.token.text().strip()
 
 
 def main() -> int:

@@ -257,9 +257,10 @@ class PlaygroundPanel(QWidget):
                  f"time to first token {out['time_to_first_token_ms']:.1f} ms",
                  f"decode {tps:.1f} tok/s" if tps else "no decode steps",
                  f"{out['source']} on {out['device_name']}",
-                 f"prompt {out['prompt_tokens']} tokens in {out['prompt_chunks']} pass(es)",
-                 f"KV {kvc['dtype']} {kvc['bytes_measured'] / 1024:.0f} KiB"
-                 + (f", window {kvc['window']}" if kvc["window"] else "")]
+                 f"prompt {out['prompt_tokens']} tokens in {out['prompt_chunks']} pass(es)"]
+        if kvc:
+            parts.append(f"KV {kvc['dtype']} {kvc['bytes_measured'] / 1024:.0f} KiB"
+                         + (f", window {kvc['window']}" if kvc["window"] else ""))
         self.stats.setText(" · ".join(parts))
         sp = out.get("speculative")
         if sp:

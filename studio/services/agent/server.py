@@ -1,0 +1,364 @@
+"""The device agent: an aiohttp server that runs on a target machine and runs the studio's
+jobs there (``studio agent serve``).
+
+Protocol (JSON over HTTP; every route but ``/health`` needs ``Authorization: Bearer TOKEN``,
+compared in constant time):
+
+``GET /health``
+    ``{"status": "ok", "protocol": N}`` — no details before authentication.
+``GET /info``
+    versions (onnxruntime, onnxruntime-qnn, QNN SDK build), the machine, and the backends it
+    runs with the source label of their figures (``measured`` on real hardware, ``simulated``
+    on the HTP simulator).
+``HEAD|PUT /artifacts/<sha256>``
+    a file by content hash: PUT stores the body when its SHA-256 matches (else 400), refuses a
+    body over the size limit (413); names that are not 64 hex digits are refused (400).
+``POST /models``  ``{"files": {"relative/path": sha256}}``
+    a folder of uploaded files (relative paths only: no ``..``, no absolute or drive paths, no
+    backslashes, no encoded forms) -> ``{"model": id}`` (the manifest's hash).
+``POST /jobs``  ``{"kind": "generate", "model", "backend", "prompt_ids", "max_new_tokens",
+"sampling", "eos_ids", "sdk_build"}`` -> ``{"job": id}``; at most ``max_jobs`` at once (429).
+``GET /jobs/<id>/events``
+    server-sent events: ``token`` (``{"index", "token"}``), then ``done`` (the result) or
+    ``error`` (``{"message"}``).
+``DELETE /jobs/<id>``
+    cancels between tokens.
+
+An HTP job whose context binaries were built with another QNN SDK than the agent's is refused
+with both versions named.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import os
+import platform
+import re
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from aiohttp import web
+
+from studio.core.errors import Cancelled, StudioError
+
+PROTOCOL = 1
+DEFAULT_MAX_UPLOAD = 2 << 30  # 2 GiB per file
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def safe_relpath(name: str) -> PurePosixPath:
+    """``name`` as a relative POSIX path inside a folder, or StudioError: no absolute or drive
+    paths, no ``..`` or empty parts, no backslashes, no percent-encoded or control characters."""
+    if not isinstance(name, str) or not name or len(name) > 255:
+        raise StudioError(f"bad file name {name!r}")
+    if "\\" in name or "%" in name or any(ord(c) < 32 for c in name) or ":" in name:
+        raise StudioError(f"bad file name {name!r}: no backslashes, encoded or drive forms")
+    p = PurePosixPath(name)
+    if p.is_absolute() or any(part in ("", ".", "..") for part in name.split("/")):
+        raise StudioError(f"bad file name {name!r}: a relative path inside the model folder")
+    return p
+
+
+@dataclass
+class Job:
+    id: str
+    kind: str
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    done: bool = False
+    created: float = field(default_factory=time.time)
+
+
+class _Cancel:
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def update(self, fraction: float, message: str = "") -> None:
+        pass
+
+    def log(self, message: str) -> None:
+        pass
+
+    def check(self) -> None:
+        if self.event.is_set():
+            raise Cancelled()
+
+
+def machine_info() -> dict[str, Any]:
+    from studio.services.devices import package_version
+
+    return {"name": platform.node() or "agent", "system": platform.system(),
+            "machine": platform.machine(), "cpus": os.cpu_count() or 1,
+            "python": platform.python_version(),
+            "onnxruntime": package_version("onnxruntime"),
+            "onnxruntime_qnn": package_version("onnxruntime-qnn")}
+
+
+def backends() -> list[dict[str, Any]]:
+    """What this agent runs: the host CPU (measured) and the HTP — the simulator on an x86
+    host (simulated), the real NPU on an Arm64 Snapdragon (measured)."""
+    from studio.core.catalog import load_catalog
+
+    out: list[dict[str, Any]] = [{"id": "cpu", "kind": "host-cpu", "source": "measured"}]
+    try:
+        from studio.engine import qnn
+
+        sdk = qnn.versions().get("qnn_sdk_build")
+    except (StudioError, ImportError, OSError):
+        return out
+    real = platform.machine().lower() in ("arm64", "aarch64")
+    for key in load_catalog():
+        out.append({"id": f"htp-sim:{key}" if not real else f"htp:{key}", "chip": key,
+                    "kind": "htp" if real else "htp-sim",
+                    "source": "measured" if real else "simulated", "qnn_sdk_build": sdk})
+    return out
+
+
+class Agent:
+    def __init__(self, store: Path, token: str, max_upload: int = DEFAULT_MAX_UPLOAD,
+                 max_jobs: int = 1) -> None:
+        self.store = Path(store)
+        (self.store / "blobs").mkdir(parents=True, exist_ok=True)
+        (self.store / "models").mkdir(parents=True, exist_ok=True)
+        (self.store / "tmp").mkdir(parents=True, exist_ok=True)
+        self.token = token.encode()
+        self.max_upload = int(max_upload)
+        self.slots = asyncio.Semaphore(max_jobs)
+        self.max_jobs = max_jobs
+        self.jobs: dict[str, Job] = {}
+        self.running = 0
+        self._backends: list[dict[str, Any]] | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    # ---- HTTP ---------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth], client_max_size=self.max_upload + 1)
+        app.add_routes([
+            web.get("/health", self.health), web.get("/info", self.info),
+            web.head("/artifacts/{name}", self.has_artifact),
+            web.put("/artifacts/{name}", self.put_artifact),
+            web.post("/models", self.make_model), web.post("/jobs", self.start_job),
+            web.get("/jobs/{id}/events", self.events), web.delete("/jobs/{id}", self.cancel_job),
+        ])
+        app.on_shutdown.append(self._shutdown)
+        return app
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
+        if request.path != "/health":
+            got = request.headers.get("Authorization", "")
+            given = got[7:].encode() if got.startswith("Bearer ") else b""
+            if not hmac.compare_digest(given, self.token):
+                return web.json_response({"error": "a valid bearer token is required"},
+                                         status=401)
+        try:
+            return await handler(request)
+        except StudioError as exc:
+            return web.json_response({"error": exc.message}, status=400)
+
+    async def health(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "protocol": PROTOCOL})
+
+    async def info(self, _request: web.Request) -> web.Response:
+        if self._backends is None:
+            self._backends = await asyncio.to_thread(backends)
+        return web.json_response({"protocol": PROTOCOL, "machine": machine_info(),
+                                  "backends": self._backends, "max_jobs": self.max_jobs,
+                                  "running": self.running, "max_upload": self.max_upload})
+
+    def _blob(self, name: str) -> Path:
+        if not HEX64.match(name or ""):
+            raise StudioError(f"artifact names are SHA-256 hex digests, not {name!r}")
+        return self.store / "blobs" / name
+
+    async def has_artifact(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self._blob(request.match_info["name"]).is_file()
+                            else 404)
+
+    async def put_artifact(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        dest = self._blob(name)
+        if request.content_length is not None and request.content_length > self.max_upload:
+            return web.json_response({"error": f"the file is over the agent's limit of "
+                                               f"{self.max_upload} bytes"}, status=413)
+        fd, tmp = tempfile.mkstemp(dir=self.store / "tmp")
+        h, size = hashlib.sha256(), 0
+        try:
+            with os.fdopen(fd, "wb") as f:
+                async for chunk in request.content.iter_chunked(1 << 20):
+                    size += len(chunk)
+                    if size > self.max_upload:
+                        return web.json_response({"error": "the file is over the agent's "
+                                                 f"limit of {self.max_upload} bytes"},
+                                                 status=413)
+                    h.update(chunk)
+                    f.write(chunk)
+            if h.hexdigest() != name:
+                return web.json_response({"error": f"content hash {h.hexdigest()} does not "
+                                                   f"match the name {name}"}, status=400)
+            os.replace(tmp, dest)
+            return web.json_response({"stored": name, "bytes": size}, status=201)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    async def make_model(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        files = body.get("files") if isinstance(body, dict) else None
+        if not isinstance(files, dict) or not files:
+            raise StudioError("POST /models takes {\"files\": {relative path: sha256}}")
+        checked = {str(safe_relpath(k)): self._blob(v) for k, v in files.items()}
+        missing = [k for k, b in checked.items() if not b.is_file()]
+        if missing:
+            raise StudioError(f"upload these files first: {', '.join(sorted(missing))}")
+        mid = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:32]
+        folder = self.store / "models" / mid
+        if not folder.is_dir():
+            tmp = Path(tempfile.mkdtemp(dir=self.store / "tmp"))
+            for rel, blob in checked.items():
+                target = (tmp / rel).resolve()
+                if not str(target).startswith(str(tmp.resolve()) + os.sep):
+                    raise StudioError(f"bad file name {rel!r}")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(blob, target)
+                except OSError:
+                    shutil.copy2(blob, target)
+            os.replace(tmp, folder)
+        return web.json_response({"model": mid})
+
+    async def start_job(self, request: web.Request) -> web.Response:
+        spec = await request.json()
+        if not isinstance(spec, dict) or spec.get("kind") != "generate":
+            raise StudioError("jobs: kind must be generate")
+        if self.running >= self.max_jobs:
+            return web.json_response({"error": f"the agent runs {self.max_jobs} job(s) at a "
+                                               "time; try again when one ends"}, status=429)
+        folder = self.store / "models" / str(spec.get("model", ""))
+        if not re.match(r"^[0-9a-f]{32}$", str(spec.get("model", ""))) or not folder.is_dir():
+            raise StudioError("unknown model: upload it with POST /models first")
+        backend = str(spec.get("backend", "cpu"))
+        known = {b["id"]: b for b in await asyncio.to_thread(backends)}
+        if backend not in known:
+            raise StudioError(f"this agent has no backend {backend!r}; it has "
+                              f"{', '.join(known)}")
+        want = spec.get("sdk_build")
+        have = known[backend].get("qnn_sdk_build")
+        if backend != "cpu" and want and have and want != have:
+            return web.json_response({"error": f"the context binaries were built with QNN SDK "
+                                               f"{want} but this agent runs {have}: compile "
+                                               "with the agent's SDK"}, status=409)
+        job = Job(uuid.uuid4().hex, "generate")
+        self.jobs[job.id] = job
+        self.running += 1
+        task = asyncio.ensure_future(self._run_generate(job, folder, known[backend], spec))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return web.json_response({"job": job.id}, status=202)
+
+    async def _run_generate(self, job: Job, folder: Path, backend: dict, spec: dict) -> None:
+        loop = asyncio.get_running_loop()
+
+        def emit(kind: str, data: Any) -> None:
+            loop.call_soon_threadsafe(job.queue.put_nowait, (kind, data))
+
+        def work() -> dict[str, Any]:
+            from studio.core.sampling import Sampler, SamplingConfig
+            from studio.engine.llm_export import load_spec
+            from studio.worker.stages import _cpu_generator, _htp_generator
+
+            gspec = load_spec(folder)
+            if backend["id"] == "cpu":
+                gen = _cpu_generator(folder, gspec)
+            else:
+                from studio.core.catalog import get_chip
+
+                gen = _htp_generator(folder, get_chip(backend["chip"]), gspec,
+                                     bool(spec.get("fp16")))
+            s = spec.get("sampling") or {}
+            sampler = Sampler(SamplingConfig(float(s.get("temperature", 0.0)),
+                                             int(s.get("top_k", 0)), float(s.get("top_p", 1.0)),
+                                             s.get("seed")))
+            out = gen.generate([int(t) for t in spec.get("prompt_ids") or []],
+                               int(spec.get("max_new_tokens", 16)), sampler=sampler,
+                               eos_id=spec.get("eos_ids") or None,
+                               on_step=lambda i, t: emit("token", {"index": i, "token": t}),
+                               progress=_Cancel(job.cancel))
+            out["source"] = backend["source"]
+            out["backend"] = backend["id"]
+            return out
+
+        try:
+            async with self.slots:
+                result = await asyncio.to_thread(work)
+            job.queue.put_nowait(("done", result))
+        except Cancelled:
+            job.queue.put_nowait(("error", {"message": "cancelled", "cancelled": True}))
+        except StudioError as exc:
+            job.queue.put_nowait(("error", {"message": exc.message}))
+        except Exception as exc:  # noqa: BLE001 - reported to the client, not lost
+            job.queue.put_nowait(("error", {"message": f"{type(exc).__name__}: {exc}"}))
+        finally:
+            job.done = True
+            self.running -= 1
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        job = self.jobs.get(request.match_info["id"])
+        if job is None:
+            return web.json_response({"error": "no such job"}, status=404)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        while True:
+            kind, data = await job.queue.get()
+            await resp.write(f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode())
+            if kind in ("done", "error"):
+                break
+        self.jobs.pop(job.id, None)
+        return resp
+
+    async def cancel_job(self, request: web.Request) -> web.Response:
+        job = self.jobs.get(request.match_info["id"])
+        if job is None:
+            return web.json_response({"error": "no such job"}, status=404)
+        job.cancel.set()
+        return web.json_response({"cancelling": job.id})
+
+    async def _shutdown(self, _app: web.Application) -> None:
+        for job in self.jobs.values():
+            job.cancel.set()
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(24)
+
+
+async def serve(store: Path, host: str, port: int, token: str, ssl_context=None,
+                max_upload: int = DEFAULT_MAX_UPLOAD, max_jobs: int = 1,
+                ready=None) -> None:
+    """Serve until cancelled (SIGINT / SIGTERM in ``studio agent serve``); ``ready(url)`` is
+    called once listening."""
+    agent = Agent(store, token, max_upload, max_jobs)
+    runner = web.AppRunner(agent.app(), handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    await site.start()
+    server = getattr(site, "_server", None)
+    bound = server.sockets[0].getsockname()[1] if server and server.sockets else port
+    scheme = "https" if ssl_context else "http"
+    if ready is not None:
+        ready(f"{scheme}://{host}:{bound}")
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
