@@ -104,6 +104,14 @@ def test_auth_uploads_and_traversal_are_checked(agent, tmp_path):
     status, body = agent.request("POST", "/jobs", json.dumps({"kind": "generate", "model": "0" * 32,
                                                             "backend": "cpu"}).encode())
     assert status == 400 and "unknown model" in body["error"]
+    # context binaries built with another QNN SDK: refused with both versions named
+    sim = next(b for b in info["backends"] if b["kind"] == "htp-sim")
+    model = agent.request("POST", "/models", json.dumps({"files": {"a.txt": good}}).encode())[1]
+    status, body = agent.request("POST", "/jobs", json.dumps({
+        "kind": "generate", "model": model["model"], "backend": sim["id"],
+        "sdk_build": "v2.0.0.000000000000"}).encode())
+    assert status == 409 and "v2.0.0.000000000000" in body["error"]
+    assert sim["qnn_sdk_build"] in body["error"]
 
 
 def test_an_upload_over_the_limit_is_refused(tmp_path):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
@@ -65,11 +65,16 @@ def chip_rows(targets: list[str]) -> list[Row]:
                     str(chip.soc_model),
                     format_bytes(chip.vtcm_mb * 1024**2),
                     "yes" if chip.fp16 else "no",
+                    chip.ddr_type,
+                    f"{chip.ddr_gbps:g}" if chip.ddr_gbps is not None else "unknown",
+                    str(chip.htp_cores) if chip.htp_cores is not None else "unknown",
+                    f"{chip.htp_tops:g}" if chip.htp_tops is not None else "unknown",
                     text,
                     chip.notes,
                 ],
-                tip=f"{chip.label}\n{tip}\nsource: {chip.source}".strip(),
-                colors={7: color, 0: "#2f6fd6"},
+                tip=(f"{chip.label}\n{tip}\nsource: {chip.source}\nDDR: {chip.ddr_source}\n"
+                     f"HTP cores / TOPS: {chip.htp_source}").strip(),
+                colors={11: color, 0: "#2f6fd6"},
                 payload=key,
             )
         )
@@ -104,7 +109,8 @@ class DevicesPage(Page):
         chips = QGroupBox("Target chips (catalog)")
         cl = QVBoxLayout(chips)
         self.chips = RowsModel(
-            ["", "Chip", "SoC", "HTP", "SoC model", "VTCM", "FP16", "Simulator numerics", "Notes"],
+            ["", "Chip", "SoC", "HTP", "SoC model", "VTCM", "FP16", "DDR", "GB/s", "HTP cores",
+             "TOPS", "Simulator numerics", "Notes"],
             self,
         )
         self.chip_view = QTableView()
@@ -114,7 +120,7 @@ class DevicesPage(Page):
         self.chip_view.setWordWrap(False)
         hh = self.chip_view.horizontalHeader()
         hh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        hh.setSectionResizeMode(8, QHeaderView.ResizeMode.Stretch)
+        hh.setSectionResizeMode(12, QHeaderView.ResizeMode.Stretch)
         cl.addWidget(self.chip_view)
         cl.addWidget(
             label(
@@ -267,13 +273,17 @@ class DevicesPage(Page):
         project = self.ctl.project.copy()
         n = self.run_tokens.value()
         self.run_btn.setEnabled(False)
-        self.run_result.setPlainText(f"running on {dev}…")
+        self.run_result.setPlainText(f"uploading to and loading on {dev}…\n"
+                                     f"{project.run['prompt']}")
         self.last_result: dict[str, Any] | None = None
+        stream = _Stream(self)
+        stream.text.connect(self._append)
+        self._stream = stream  # kept alive while the job runs
 
         async def go() -> None:
             try:
                 out = await self.ctl.in_thread(generate_remote, project, project.run["prompt"],
-                                               dev, n)
+                                               dev, n, None, None, stream.text.emit)
             except StudioError as exc:
                 self.run_result.setPlainText(f"failed: {exc.message}")
             else:
@@ -288,6 +298,12 @@ class DevicesPage(Page):
                 self.run_btn.setEnabled(True)
 
         asyncio.ensure_future(go())
+
+    def _append(self, text: str) -> None:
+        cursor = self.run_result.textCursor()
+        cursor.movePosition(cursor.MoveOperation.End)
+        cursor.insertText(text)
+        self.run_result.setTextCursor(cursor)
 
     def _on_closed(self) -> None:  # devices stay visible without a project
         self.stack.setCurrentWidget(self.body)
@@ -345,6 +361,12 @@ def _agent_status(reg, name: str) -> str:
     return (f"ok · {h['rtt_ms']:.1f} ms · {m.get('name')} ({m.get('system')} {m.get('machine')}, "
             f"{m.get('cpus')} CPUs) · onnxruntime-qnn {m.get('onnxruntime_qnn') or 'none'} · "
             f"backends: {', '.join(kinds)}")
+
+
+class _Stream(QObject):
+    """Text from the generation thread, queued to the UI thread."""
+
+    text = Signal(str)
 
 
 class AddAgentDialog(QDialog):
