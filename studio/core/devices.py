@@ -12,37 +12,52 @@ turns each kind into devices (one simulator per target chip) with :func:`project
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from studio.core.errors import StudioError
 
-# kind -> (source label of its figures, the kind as the project file names it)
-KINDS: dict[str, str] = {"host-cpu": "measured", "htp-sim": "simulated"}
+# kind -> the source label of its figures (an agent's depends on its backend, see Device)
+KINDS: dict[str, str] = {"host-cpu": "measured", "htp-sim": "simulated", "agent": "measured"}
+AGENT_ID = re.compile(r"^agent:([A-Za-z0-9][A-Za-z0-9._-]{0,63})(?:@(cpu|htp-sim:[a-z0-9-]+|"
+                      r"htp:[a-z0-9-]+))?$")
 # The names ``run.devices`` accepts, and the kind each stands for.
 PROJECT_KINDS: dict[str, str] = {"cpu": "host-cpu", "htp-sim": "htp-sim"}
 
 
 @dataclass(frozen=True)
 class Device:
-    kind: str  # host-cpu | htp-sim
-    id: str  # "cpu", "htp-sim:snapdragon-8-gen-3"
+    kind: str  # host-cpu | htp-sim | agent
+    id: str  # "cpu", "htp-sim:snapdragon-8-gen-3", "agent:lab@htp-sim:snapdragon-8-gen-3"
     chip: str = ""  # catalog key for HTP devices
     name: str = ""
 
     @property
+    def backend(self) -> str:
+        """An agent's backend (``cpu``, ``htp-sim:CHIP``, ``htp:CHIP``); "" otherwise."""
+        return self.id.partition("@")[2] if self.kind == "agent" else ""
+
+    @property
     def source(self) -> str:
-        """The label of every figure this device produces (timings and numerics)."""
+        """The label of every figure this device produces (timings and numerics): an agent's
+        HTP simulator backend is ``simulated``, its CPU and a real NPU ``measured``."""
+        if self.kind == "agent" and self.backend.startswith("htp-sim:"):
+            return "simulated"
         return KINDS[self.kind]
 
     @property
     def on_npu(self) -> bool:
-        return self.kind != "host-cpu"
+        return self.kind == "htp-sim" or (self.kind == "agent" and self.backend != "cpu")
 
     @property
     def timing_note(self) -> str:
         if self.kind == "htp-sim":
             return "simulator time: follows the host CPU, not device latency"
+        if self.kind == "agent":
+            return "timed on the agent's machine" + (
+                "; simulator time: follows its CPU, not device latency"
+                if self.source == "simulated" else "")
         return ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -59,23 +74,48 @@ def htp_simulator(chip_key: str) -> Device:
     return Device("htp-sim", f"htp-sim:{chip.key}", chip.key, f"HTP simulator ({chip.name})")
 
 
+def agent_device(device_id: str) -> Device:
+    """``agent:NAME[@BACKEND]`` (BACKEND ``cpu`` by default, ``htp-sim:CHIP`` or
+    ``htp:CHIP``) as a Device."""
+    m = AGENT_ID.match(device_id or "")
+    if not m:
+        raise StudioError(f"device {device_id!r}: an agent device is agent:NAME, "
+                          "agent:NAME@htp-sim:CHIP or agent:NAME@htp:CHIP")
+    name, backend = m.group(1), m.group(2) or "cpu"
+    chip = ""
+    if backend != "cpu":
+        from studio.core.catalog import get_chip
+
+        chip = get_chip(backend.partition(":")[2]).key
+        backend = f"{backend.partition(':')[0]}:{chip}"
+    where = "host CPU" if backend == "cpu" else (
+        f"HTP simulator {chip}" if backend.startswith("htp-sim") else f"HTP {chip}")
+    return Device("agent", f"agent:{name}@{backend}", chip, f"{where} on agent {name}")
+
+
 def device(device_id: str) -> Device:
-    """The device a job's id names (``cpu``, ``htp-sim:CHIP``; ``htp-sim/CHIP`` from older
-    run histories)."""
+    """The device a job's id names (``cpu``, ``htp-sim:CHIP``, ``agent:NAME[@BACKEND]``;
+    ``htp-sim/CHIP`` from older run histories)."""
     if device_id in ("cpu", "host-cpu"):
         return HOST_CPU
+    if device_id.startswith("agent:"):
+        return agent_device(device_id)
     for sep in (":", "/"):
         kind, _, chip = device_id.partition(sep)
         if kind == "htp-sim" and chip:
             return htp_simulator(chip)
-    raise StudioError(f"unknown device {device_id!r}: use cpu or htp-sim:<chip>")
+    raise StudioError(f"unknown device {device_id!r}: use cpu, htp-sim:<chip> or "
+                      "agent:<name>[@backend]")
 
 
 def check_kinds(kinds: list[str]) -> None:
     for k in kinds:
-        if k not in PROJECT_KINDS:
+        if isinstance(k, str) and k.startswith("agent:"):
+            agent_device(k)
+        elif k not in PROJECT_KINDS:
             raise StudioError(
-                f"run.devices: unknown device {k!r}; known: {', '.join(PROJECT_KINDS)}"
+                f"run.devices: unknown device {k!r}; known: {', '.join(PROJECT_KINDS)} and "
+                "agent:NAME[@BACKEND] for a registered agent"
             )
 
 
@@ -84,7 +124,12 @@ def project_devices(kinds: list[str], chips: list[str]) -> list[Device]:
     check_kinds(kinds)
     out: list[Device] = []
     for k in kinds:
-        if PROJECT_KINDS[k] == "host-cpu":
+        if k.startswith("agent:"):
+            dev = agent_device(k)
+            if dev.chip and dev.chip not in chips:
+                continue  # an HTP backend runs a target's compiled context only
+            out.append(dev)
+        elif PROJECT_KINDS[k] == "host-cpu":
             out.append(HOST_CPU)
         else:
             out.extend(htp_simulator(c) for c in chips)

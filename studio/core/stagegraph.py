@@ -74,7 +74,7 @@ DECLARATIONS: tuple[StageDecl, ...] = (
               settings=("quantization.scheme", "validation.heldout_text",
                         "validation.heldout_tokens", "validation.greedy_tokens", "run.prompt")),
     StageDecl("run", "Run", (Need("export"), Need("compile", per_chip=True)), fan_out="device",
-              device_kinds=("host-cpu", "htp-sim"), measures=True,
+              device_kinds=("host-cpu", "htp-sim", "agent"), measures=True,
               settings=("quantization.scheme", "run.prompt", "run.max_new_tokens")),
     StageDecl("profile", "Profile", (Need("quantize"), Need("compile", per_chip=True)),
               fan_out="device", device_kinds=("htp-sim",), measures=True,

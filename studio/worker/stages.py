@@ -598,6 +598,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     dev = ctx.device
     prompt, n = ctx.get("run.prompt"), ctx.get("run.max_new_tokens")
     scheme = ctx.get("quantization.scheme")
+    if dev.kind == "agent":
+        return _run_on_agent(ctx, progress, export_dir, spec, tok, prompt, n, scheme)
     if dev.kind == "host-cpu":
         gen = _cpu_generator(export_dir, spec)
         what = "FP32 on the host CPU"
@@ -626,6 +628,59 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         "device": dev.kind, "device_id": dev.id, "target": dev.chip, "source": dev.source,
         "prompt": prompt, "tokens": out["tokens"], "text": text, "prefill_s": out["prefill_s"],
         "step_s": steps, "metrics": metrics,
+    }
+
+
+def _run_on_agent(ctx: StageContext, progress: Progress, export_dir: Path, spec: dict[str, Any],
+                  tok, prompt: str, n: int, scheme: str) -> dict[str, Any]:
+    """The run stage on a registered agent: the export (its CPU) or the target's compiled
+    context (its HTP) goes up by content hash, the tokens stream back."""
+    from studio.engine.device_registry import Registry, parse_device_id
+
+    dev = ctx.device
+    name, backend = parse_device_id(dev.id)
+    client = Registry().client(name)
+    sdk = None
+    if backend == "cpu":
+        folder, files = export_dir, ["prefill.onnx", "decode.onnx", "graph.json"]
+        what = "FP32 on the agent's CPU"
+    else:
+        folder = ctx.input("compile", ctx.chip.key)
+        sdk = json.loads((folder / "result.json").read_text()).get("sdk_version")
+        files = [p.name for p in sorted(folder.iterdir()) if p.is_file()
+                 and (p.name.endswith((".onnx", ".bin")) or p.name == "graph.json")]
+        what = f"{scheme} on the agent's {backend}"
+    progress.update(0.02, f"uploading to agent {name} (files it holds already are skipped)")
+    model = client.upload_folder(folder, [f for f in files if (folder / f).is_file()])
+    prompt_ids = tok(prompt).input_ids
+
+    def on_token(i: int, _token: int) -> None:
+        progress.update((i + 1) / n, f"token {i + 1}/{n} on agent {name}")
+
+    eos = [spec["eos_token_id"]] if spec.get("eos_token_id") is not None else []
+
+    def cancelled() -> bool:  # a cancelled job stops here; the agent's job ends with it
+        progress.check()
+        return False
+
+    out = client.generate(model, backend, prompt_ids, n, {}, eos, sdk, on_token=on_token,
+                          should_stop=cancelled)
+    if out.get("source") and out["source"] != dev.source:
+        raise StudioError(f"agent {name} labels its {backend} figures {out['source']!r}, not "
+                          f"{dev.source!r}: name the backend as the agent lists it")
+    steps = out["step_s"]
+    median = statistics.median(steps) if steps else float("nan")
+    note = dev.timing_note
+    metrics = [
+        _device_metric(dev, "prefill_ms", out["prefill_s"] * 1e3, "ms", note),
+        _device_metric(dev, "decode_ms_per_token", median * 1e3, "ms", note),
+        _device_metric(dev, "decode_tokens_per_s", 1.0 / median if steps else 0.0, "tok/s", note),
+    ]
+    return {
+        "summary": f"{len(out['tokens'])} tokens, {1.0 / median:.1f} tok/s ({dev.source}, {what})",
+        "device": dev.kind, "device_id": dev.id, "target": dev.chip, "source": dev.source,
+        "prompt": prompt, "tokens": out["tokens"], "text": tok.decode(out["tokens"]),
+        "prefill_s": out["prefill_s"], "step_s": steps, "metrics": metrics,
     }
 
 

@@ -191,3 +191,31 @@ def test_an_agent_killed_mid_run_fails_the_job_clearly_and_comes_back(batch_run,
         assert len(out["tokens"]) == 4
     finally:
         b.stop()
+
+
+def test_the_run_stage_runs_on_agent_devices(batch_run, small_project, agent, tmp_path):
+    import shutil
+
+    env = dict(os.environ, QSTUDIO_CONFIG_DIR=str(tmp_path / "cfg"))
+    assert studio("devices", "add", "lab", "--url", agent.url, "--token", agent.token,
+                  env=env).returncode == 0
+    chip = default_target()
+    proj = tmp_path / "remote.qstudio"
+    text = small_project.read_text().replace(
+        "[run]\n", f'[run]\ndevices = ["cpu", "agent:lab", "agent:lab@htp-sim:{chip}"]\n', 1)
+    proj.write_text(text)
+    shutil.copytree(small_project.with_suffix(".studio"), proj.with_suffix(".studio"))
+    r = studio("--batch", proj, "--stages", "run", "--json", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    jobs = {(j["stage"], j["target"]): j for j in json.loads(r.stdout)["jobs"]}
+    cpu = jobs[("run", "agent:lab@cpu")]
+    sim = jobs[("run", f"agent:lab@htp-sim:{chip}")]
+    assert cpu["state"] == sim["state"] == "succeeded"
+    assert "(measured, FP32 on the agent's CPU)" in cpu["summary"]
+    assert "(simulated," in sim["summary"]
+    assert jobs[("export", "")]["cached"]  # the agent runs what the store already holds
+    bad = tmp_path / "bad.qstudio"
+    bad.write_text(small_project.read_text().replace(
+        "[run]\n", '[run]\ndevices = ["agent:../x"]\n', 1))
+    r = studio("--batch", bad, "--stages", "run", env=env)
+    assert r.returncode == 2 and "agent device is agent:NAME" in r.stderr

@@ -1,4 +1,4 @@
-"""The studio's side of the device agent protocol (see :mod:`studio.services.agent.server`):
+"""The studio's side of the device agent protocol (see ``studio.services.agent.server``):
 health, capabilities, upload by content hash, and generation with streamed tokens."""
 
 from __future__ import annotations
@@ -103,6 +103,12 @@ class AgentClient:
         manifest = {p.relative_to(folder).as_posix(): self.upload(p) for p in files}
         return self._json("POST", "/models", {"files": manifest})["model"]
 
+    def _cancel_quietly(self, job: str) -> None:
+        try:
+            self._json("DELETE", f"/jobs/{job}")
+        except StudioError:
+            pass
+
     def generate(self, model: str, backend: str, prompt_ids: list[int], max_new_tokens: int,
                  sampling: dict[str, Any] | None = None, eos_ids: list[int] | None = None,
                  sdk_build: str | None = None, on_token: Callable[[int, int], None] | None = None,
@@ -125,7 +131,12 @@ class AgentClient:
                         data = json.loads(line[6:])
                         if event == "token" and on_token is not None:
                             on_token(int(data["index"]), int(data["token"]))
-                            if should_stop is not None and should_stop() and not cancelled:
+                            try:
+                                stop = should_stop is not None and should_stop()
+                            except BaseException:  # the caller cancelled: end the agent's job
+                                self._cancel_quietly(job)
+                                raise
+                            if stop and not cancelled:
                                 cancelled = True
                                 self._json("DELETE", f"/jobs/{job}")
                         elif event == "done":
