@@ -5,6 +5,11 @@ from pathlib import Path
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# the device registry of the tests, never the user's (tests that add agents set their own)
+if "QSTUDIO_CONFIG_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["QSTUDIO_CONFIG_DIR"] = tempfile.mkdtemp(prefix="qstudio-test-config-")
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

@@ -55,6 +55,8 @@ class StageDecl:
     # a measurement (timings on a device): cached like the others, but a run asked to
     # remeasure times it again, and later runs reuse the newest measurement
     measures: bool = False
+    # for fan_out "device": only devices that run on an NPU (an agent's HTP, not its CPU)
+    npu_only: bool = False
 
 
 _GATES = tuple(f"gates.{k}" for k in DEFAULT_GATES)
@@ -77,8 +79,8 @@ DECLARATIONS: tuple[StageDecl, ...] = (
               device_kinds=("host-cpu", "htp-sim", "agent"), measures=True,
               settings=("quantization.scheme", "run.prompt", "run.max_new_tokens")),
     StageDecl("profile", "Profile", (Need("quantize"), Need("compile", per_chip=True)),
-              fan_out="device", device_kinds=("htp-sim",), measures=True,
-              settings=("quantization.scheme", "profile.repeats")),
+              fan_out="device", device_kinds=("htp-sim", "agent"), measures=True,
+              npu_only=True, settings=("quantization.scheme", "profile.repeats")),
     StageDecl("sensitivity", "Sensitivity", (Need("export"),), optional=True,
               settings=("quantization.scheme", "quantization.weight_granularity",
                         "quantization.calibration_text", "quantization.calibration_samples",
@@ -187,7 +189,8 @@ def _universe(project: Project, chips: list[str]) -> list[PlannedJob]:
         if d.fan_out == "target":
             items = list(chips)
         elif d.fan_out == "device":
-            items = [dev.id for dev in devices if dev.kind in d.device_kinds]
+            items = [dev.id for dev in devices if dev.kind in d.device_kinds
+                     and (dev.on_npu or not d.npu_only)]
         else:
             items = [""]
         for item in items:

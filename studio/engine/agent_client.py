@@ -109,19 +109,22 @@ class AgentClient:
         except StudioError:
             pass
 
-    def generate(self, model: str, backend: str, prompt_ids: list[int], max_new_tokens: int,
-                 sampling: dict[str, Any] | None = None, eos_ids: list[int] | None = None,
-                 sdk_build: str | None = None, on_token: Callable[[int, int], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
-        """Run a generation job and stream its tokens; ``should_stop()`` cancels it."""
-        job = self._json("POST", "/jobs", {
-            "kind": "generate", "model": model, "backend": backend,
-            "prompt_ids": [int(t) for t in prompt_ids], "max_new_tokens": int(max_new_tokens),
-            "sampling": sampling or {}, "eos_ids": eos_ids or [], "sdk_build": sdk_build,
-        })["job"]
+    def profile(self, model: str, backend: str, repeats: int, sdk_build: str | None = None,
+                fp16: bool = False, on_progress: Callable[[int, int], None] | None = None
+                ) -> dict[str, Any]:
+        """Profile ``repeats`` decode steps of an uploaded compiled context on the agent's HTP
+        backend; returns each repeat's profiling CSV and op trace (text) with its host load."""
+        job = self._json("POST", "/jobs", {"kind": "profile", "model": model, "backend": backend,
+                                           "repeats": int(repeats), "sdk_build": sdk_build,
+                                           "fp16": bool(fp16)})["job"]
+        return self._stream(job, on_progress=on_progress)
+
+    def _stream(self, job: str, on_token: Callable[[int, int], None] | None = None,
+                on_progress: Callable[[int, int], None] | None = None,
+                should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
         cancelled = False
         try:
-            with self._request("GET", f"/jobs/{job}/events", timeout=600.0) as r:
+            with self._request("GET", f"/jobs/{job}/events", timeout=900.0) as r:
                 event = None
                 for raw in r:
                     line = raw.decode().rstrip("\n")
@@ -129,7 +132,9 @@ class AgentClient:
                         event = line[7:]
                     elif line.startswith("data: "):
                         data = json.loads(line[6:])
-                        if event == "token" and on_token is not None:
+                        if event == "progress" and on_progress is not None:
+                            on_progress(int(data["repeat"]), int(data["repeats"]))
+                        elif event == "token" and on_token is not None:
                             on_token(int(data["index"]), int(data["token"]))
                             try:
                                 stop = should_stop is not None and should_stop()
@@ -150,3 +155,15 @@ class AgentClient:
                              "lost: check the agent and run again") from None
         raise AgentError(f"the agent at {self.url} closed the job's stream before its result "
                          "(the agent stopped?): run again")
+
+    def generate(self, model: str, backend: str, prompt_ids: list[int], max_new_tokens: int,
+                 sampling: dict[str, Any] | None = None, eos_ids: list[int] | None = None,
+                 sdk_build: str | None = None, on_token: Callable[[int, int], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """Run a generation job and stream its tokens; ``should_stop()`` cancels it."""
+        job = self._json("POST", "/jobs", {
+            "kind": "generate", "model": model, "backend": backend,
+            "prompt_ids": [int(t) for t in prompt_ids], "max_new_tokens": int(max_new_tokens),
+            "sampling": sampling or {}, "eos_ids": eos_ids or [], "sdk_build": sdk_build,
+        })["job"]
+        return self._stream(job, on_token=on_token, should_stop=should_stop)

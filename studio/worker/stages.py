@@ -684,6 +684,46 @@ def _run_on_agent(ctx: StageContext, progress: Progress, export_dir: Path, spec:
     }
 
 
+def _profile_on_agent(ctx: StageContext, progress: Progress, cdir: Path,
+                      repeats: int) -> list[tuple[dict[str, Any], float]]:
+    """The profile stage's repeats run on a registered agent's HTP backend: the compiled
+    context goes up by content hash; each repeat's CSV and op trace come back and are written
+    here, with the load of the agent's host."""
+    from studio.engine.device_registry import Registry, parse_device_id
+
+    name, backend = parse_device_id(ctx.device.id)
+    client = Registry().client(name)
+    files = [p.name for p in sorted(cdir.iterdir()) if p.is_file()
+             and (p.name.endswith((".onnx", ".bin")) or p.name == "graph.json")]
+    progress.update(0.02, f"uploading to agent {name} (files it holds already are skipped)")
+    model = client.upload_folder(cdir, files)
+    sdk = json.loads((cdir / "result.json").read_text()).get("sdk_version")
+
+    def on_progress(i: int, n: int) -> None:
+        progress.update(0.05 + 0.8 * i / n, f"profiled decode step {i}/{n} on agent {name}")
+
+    got = client.profile(model, backend, repeats, sdk, ctx.fp16, on_progress=on_progress)
+    if got.get("source") != ctx.device.source:
+        raise StudioError(f"agent {name} labels its {backend} figures {got.get('source')!r}, "
+                          f"not {ctx.device.source!r}: name the backend as the agent lists it")
+    out = []
+    folder = ctx.out / "repeats"
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, r in enumerate(got["repeats"]):
+        csv_path = folder / f"qnn_profile_{i + 1}.csv"
+        csv_path.write_text(r["csv"])
+        trace = None
+        if r.get("op_trace"):
+            trace = folder / f"qnn_profile_{i + 1}_op_trace.json"
+            trace.write_text(r["op_trace"])
+        out.append(({"csv": str(csv_path), "op_trace": str(trace) if trace else None,
+                     "level": r.get("level"), "source": r.get("source", ctx.device.source)},
+                    float(r.get("other_load") or 0.0)))
+    if len(out) != repeats:
+        raise StudioError(f"agent {name} returned {len(out)} profiled runs, not {repeats}")
+    return out
+
+
 # ---- 6. profile ------------------------------------------------------------------------------
 def profile(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     """One decode step profiled ``profile.repeats`` times on the simulator, each run with the
@@ -700,17 +740,22 @@ def profile(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     blocks = node_blocks(qdir / "decode.onnx")
     costs = qnn_profile.node_costs(qdir / "decode.onnx")
     runs, loads = [], []
+    remote = _profile_on_agent(ctx, progress, cdir, repeats) if dev.kind == "agent" else None
     for i in range(repeats):
         progress.check()
-        progress.update(0.05 + 0.8 * i / repeats,
-                        f"profiling decode step {i + 1}/{repeats} on {chip.name}")
-        csv_path = ctx.out / "repeats" / f"qnn_profile_{i + 1}.csv"
-        with HostLoadMeter() as meter:
-            info = qnn.profile_decode_step(cdir / "decode_ctx.onnx", chip, spec, csv_path,
-                                           fp16=ctx.fp16, runs=1)
+        if remote is not None:
+            info, load = remote[i]
+        else:
+            progress.update(0.05 + 0.8 * i / repeats,
+                            f"profiling decode step {i + 1}/{repeats} on {chip.name}")
+            csv_path = ctx.out / "repeats" / f"qnn_profile_{i + 1}.csv"
+            with HostLoadMeter() as meter:
+                info = qnn.profile_decode_step(cdir / "decode_ctx.onnx", chip, spec, csv_path,
+                                               fp16=ctx.fp16, runs=1)
+            load = meter.sample.other_load if meter.sample else 0.0
         runs.append(qnn_profile.parse_profile_run(info, onnx_path=qdir / "decode.onnx",
                                                   chip=chip))
-        loads.append(meter.sample.other_load if meter.sample else 0.0)
+        loads.append(load)
         partial = qnn_profile.merge_repeats(runs, loads)
         table = qnn_profile.event_table(partial, blocks)
         _partial(progress, {"by_block": table.group_sum("block", "cycles"),

@@ -193,7 +193,7 @@ def test_an_agent_killed_mid_run_fails_the_job_clearly_and_comes_back(batch_run,
         b.stop()
 
 
-def test_the_run_stage_runs_on_agent_devices(batch_run, small_project, agent, tmp_path):
+def test_run_and_profile_stages_on_agent_devices(batch_run, small_project, agent, tmp_path):
     import shutil
 
     env = dict(os.environ, QSTUDIO_CONFIG_DIR=str(tmp_path / "cfg"))
@@ -205,9 +205,12 @@ def test_the_run_stage_runs_on_agent_devices(batch_run, small_project, agent, tm
         "[run]\n", f'[run]\ndevices = ["cpu", "agent:lab", "agent:lab@htp-sim:{chip}"]\n', 1)
     proj.write_text(text)
     shutil.copytree(small_project.with_suffix(".studio"), proj.with_suffix(".studio"))
-    r = studio("--batch", proj, "--stages", "run", "--json", env=env)
+    r = studio("--batch", proj, "--stages", "run,profile", "--json", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     jobs = {(j["stage"], j["target"]): j for j in json.loads(r.stdout)["jobs"]}
+    prof = jobs[("profile", f"agent:lab@htp-sim:{chip}")]  # the agent's HTP is profiled
+    assert prof["state"] == "succeeded" and "(simulated," in prof["summary"]
+    assert ("profile", "agent:lab@cpu") not in jobs  # its CPU is not an NPU
     cpu = jobs[("run", "agent:lab@cpu")]
     sim = jobs[("run", f"agent:lab@htp-sim:{chip}")]
     assert cpu["state"] == sim["state"] == "succeeded"

@@ -239,8 +239,8 @@ class Agent:
 
     async def start_job(self, request: web.Request) -> web.Response:
         spec = await request.json()
-        if not isinstance(spec, dict) or spec.get("kind") != "generate":
-            raise StudioError("jobs: kind must be generate")
+        if not isinstance(spec, dict) or spec.get("kind") not in ("generate", "profile"):
+            raise StudioError("jobs: kind must be generate or profile")
         if self.running >= self.max_jobs:
             return web.json_response({"error": f"the agent runs {self.max_jobs} job(s) at a "
                                                "time; try again when one ends"}, status=429)
@@ -258,10 +258,13 @@ class Agent:
             return web.json_response({"error": f"the context binaries were built with QNN SDK "
                                                f"{want} but this agent runs {have}: compile "
                                                "with the agent's SDK"}, status=409)
-        job = Job(uuid.uuid4().hex, "generate")
+        if spec["kind"] == "profile" and backend == "cpu":
+            raise StudioError("profiling runs on an HTP backend of the agent, not its CPU")
+        job = Job(uuid.uuid4().hex, spec["kind"])
         self.jobs[job.id] = job
         self.running += 1
-        task = asyncio.ensure_future(self._run_generate(job, folder, known[backend], spec))
+        run = self._run_generate if job.kind == "generate" else self._run_profile
+        task = asyncio.ensure_future(run(job, folder, known[backend], spec))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return web.json_response({"job": job.id}, status=202)
@@ -297,6 +300,55 @@ class Agent:
             out["source"] = backend["source"]
             out["backend"] = backend["id"]
             return out
+
+        try:
+            async with self.slots:
+                result = await asyncio.to_thread(work)
+            job.queue.put_nowait(("done", result))
+        except Cancelled:
+            job.queue.put_nowait(("error", {"message": "cancelled", "cancelled": True}))
+        except StudioError as exc:
+            job.queue.put_nowait(("error", {"message": exc.message}))
+        except Exception as exc:  # noqa: BLE001 - reported to the client, not lost
+            job.queue.put_nowait(("error", {"message": f"{type(exc).__name__}: {exc}"}))
+        finally:
+            job.done = True
+            self.running -= 1
+
+    async def _run_profile(self, job: Job, folder: Path, backend: dict, spec: dict) -> None:
+        """``repeats`` profiled decode steps of the uploaded context, each with the host load
+        it ran under; each repeat's CSV and op trace come back as text."""
+        loop = asyncio.get_running_loop()
+
+        def work() -> dict[str, Any]:
+            from studio.core.catalog import get_chip
+            from studio.engine import qnn
+            from studio.engine.hostload import HostLoadMeter
+            from studio.engine.llm_export import load_spec
+
+            gspec = load_spec(folder)
+            chip = get_chip(backend["chip"])
+            repeats = max(1, min(int(spec.get("repeats") or 5), 50))
+            out: list[dict[str, Any]] = []
+            with tempfile.TemporaryDirectory(dir=self.store / "tmp") as d:
+                for i in range(repeats):
+                    if job.cancel.is_set():
+                        raise Cancelled()
+                    with HostLoadMeter() as meter:
+                        info = qnn.profile_decode_step(folder / "decode_ctx.onnx", chip, gspec,
+                                                       Path(d) / f"profile_{i + 1}.csv",
+                                                       fp16=bool(spec.get("fp16")), runs=1)
+                    trace = info.get("op_trace")
+                    out.append({
+                        "csv": Path(info["csv"]).read_text(),
+                        "op_trace": Path(trace).read_text() if trace else None,
+                        "level": info.get("level"), "source": backend["source"],
+                        "other_load": meter.sample.other_load if meter.sample else 0.0,
+                    })
+                    loop.call_soon_threadsafe(job.queue.put_nowait,
+                                              ("progress", {"repeat": i + 1,
+                                                            "repeats": repeats}))
+            return {"repeats": out, "source": backend["source"], "backend": backend["id"]}
 
         try:
             async with self.slots:

@@ -154,6 +154,17 @@ class PlaygroundPanel(QWidget):
         self.device.addItem("host CPU (FP32, measured)", "cpu")
         for t in p.targets:
             self.device.addItem(f"HTP simulator · {t} (simulated)", f"htp-sim:{t}")
+        try:
+            from studio.services.registry import Registry
+
+            agents = Registry().agents()
+        except StudioError:
+            agents = []
+        for a in agents:  # registered agents: plain decoding there (see Devices)
+            self.device.addItem(f"agent {a.name} · host CPU", f"agent:{a.name}")
+            for t in p.targets:
+                self.device.addItem(f"agent {a.name} · HTP simulator {t}",
+                                    f"agent:{a.name}@htp-sim:{t}")
         i = self.device.findData(current)
         self.device.setCurrentIndex(max(0, i))
         C = int(p.export["context_length"])
