@@ -25,6 +25,7 @@ def test_add_an_agent_run_on_it_and_a_wrong_token(make_window, copy_project, exp
         qtbot.waitUntil(lambda: page.agents.rowCount() == 1
                         and page.agents.item(0, 3).text().startswith("ok"), timeout=30_000)
         assert "host-cpu" in page.agents.item(0, 3).text()
+        assert "QNN SDK" in page.details["lab"] and "CPUs" in page.agents.item(0, 1).toolTip()
         assert page.run_device.currentData() == "agent:lab"
         page.run_tokens.setValue(6)
         page.run_btn.click()

@@ -97,8 +97,13 @@ class _Cancel:
 def machine_info() -> dict[str, Any]:
     from studio.services.devices import package_version
 
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not on every OS
+        memory = None
     return {"name": platform.node() or "agent", "system": platform.system(),
-            "machine": platform.machine(), "cpus": os.cpu_count() or 1,
+            "release": platform.release(), "machine": platform.machine(),
+            "cpus": os.cpu_count() or 1, "memory_bytes": memory,
             "python": platform.python_version(),
             "onnxruntime": package_version("onnxruntime"),
             "onnxruntime_qnn": package_version("onnxruntime-qnn")}

@@ -5,6 +5,7 @@ project's model on one."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
@@ -133,6 +134,7 @@ class DevicesPage(Page):
         lay.addWidget(chips, 2)
         lay.addWidget(self._agents_box(), 1)
         self.health: dict[str, str] = {}
+        self.details: dict[str, str] = {}
         self.timer = QTimer(self)
         self.timer.timeout.connect(self.check_agents)
         self.timer.start(30_000)
@@ -204,6 +206,7 @@ class DevicesPage(Page):
         self.run_device.clear()
         for i, a in enumerate(agents):
             status = self.health.get(a.name, "not checked yet")
+            details = self.details.get(a.name, "")
             ok = status.startswith("ok")
             light = QTableWidgetItem("●")
             light.setForeground(Qt.GlobalColor.darkGreen if ok else (
@@ -212,6 +215,8 @@ class DevicesPage(Page):
             for j, item in enumerate([light, QTableWidgetItem(a.name), QTableWidgetItem(a.url),
                                       QTableWidgetItem(status)]):
                 item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEditable)
+                if details:
+                    item.setToolTip(details)
                 self.agents.setItem(i, j, item)
             self.run_device.addItem(f"{a.name} · host CPU", f"agent:{a.name}")
             if self.ctl.project:
@@ -231,7 +236,8 @@ class DevicesPage(Page):
             except StudioError:
                 return
             for a in agents:
-                self.health[a.name] = await self.ctl.in_thread(_agent_status, reg, a.name)
+                self.health[a.name], self.details[a.name] = await self.ctl.in_thread(
+                    _agent_status, reg, a.name)
             self.refresh_agents()
 
         asyncio.ensure_future(go())
@@ -346,21 +352,41 @@ class DevicesPage(Page):
         self.refresh_agents()
 
 
-def _agent_status(reg, name: str) -> str:
-    """One line: reachable with its round trip and machine, or why not (off the UI thread)."""
+def agent_details(info: dict[str, Any]) -> str:
+    """An agent's capabilities as text (the Devices page's tooltip and details)."""
+    m = info.get("machine", {})
+    mem = m.get("memory_bytes")
+    lines = [f"{m.get('name')}: {m.get('system')} {m.get('release', '')} {m.get('machine')}, "
+             f"{m.get('cpus')} CPUs" + (f", {format_bytes(mem)} memory" if mem else ""),
+             f"Python {m.get('python')}, onnxruntime {m.get('onnxruntime') or 'none'}, "
+             f"onnxruntime-qnn {m.get('onnxruntime_qnn') or 'none'}",
+             f"jobs: {info.get('running', 0)} running of {info.get('max_jobs', 1)}; uploads up to "
+             f"{format_bytes(info.get('max_upload') or 0)}"]
+    sdk = {b.get("qnn_sdk_build") for b in info.get("backends", []) if b.get("qnn_sdk_build")}
+    if sdk:
+        lines.append(f"QNN SDK {', '.join(sorted(sdk))}")
+    lines.append("backends: " + ", ".join(f"{b['id']} ({b['source']})"
+                                          for b in info.get("backends", [])))
+    return "\n".join(lines)
+
+
+def _agent_status(reg, name: str) -> tuple[str, str]:
+    """One line — reachable with its round trip and machine, or why not — and the agent's
+    capabilities as text ("" when it did not answer). Off the UI thread."""
     try:
         c = reg.client(name)
         h = c.health()
         info = c.info()
     except StudioError as exc:
         if getattr(exc, "status", None) == 401:
-            return f"auth failed: {exc.message}"
-        return f"unreachable: {exc.message}"
+            return f"auth failed: {exc.message}", ""
+        return f"unreachable: {exc.message}", ""
     m = info.get("machine", {})
     kinds = sorted({b["kind"] for b in info.get("backends", [])})
     return (f"ok · {h['rtt_ms']:.1f} ms · {m.get('name')} ({m.get('system')} {m.get('machine')}, "
             f"{m.get('cpus')} CPUs) · onnxruntime-qnn {m.get('onnxruntime_qnn') or 'none'} · "
-            f"backends: {', '.join(kinds)}")
+            f"backends: {', '.join(kinds)} · last seen {time.strftime('%H:%M:%S')}",
+            agent_details(info))
 
 
 class _Stream(QObject):
