@@ -740,6 +740,9 @@ def _devices(args) -> int:
     for a in reg.agents():
         rows.append({"id": a.id, "kind": "agent", "url": a.url,
                      "status": _check_agent(reg, a.name)})
+    from studio.services.devices import adb_devices
+
+    rows += adb_devices()
     if args.devices_json:
         print(json.dumps(rows, indent=1))
         return 0

@@ -31,3 +31,21 @@ def device_state() -> dict[str, Any]:
         },
         "htp_sim": {"available": qnn is not None, "version": qnn},
     }
+
+
+def adb_devices() -> list[dict[str, Any]]:
+    """Phones adb sees (``adb devices -l``), each marked unverified on hardware; one row saying
+    adb is missing when it is."""
+    from studio.core.errors import StudioError
+    from studio.engine.adb import UNVERIFIED, Adb
+
+    runner = Adb()
+    if not runner.available:
+        return [{"id": "adb", "kind": "adb", "source": "",
+                 "status": "adb not installed (Android platform-tools): phones are not listed"}]
+    try:
+        devs = runner.devices()
+    except StudioError as exc:
+        return [{"id": "adb", "kind": "adb", "source": "", "status": exc.message}]
+    return [{"id": f"adb:{d.serial}", "kind": "adb", "source": "measured",
+             "status": f"{d.state} {d.model}".strip() + f" ({UNVERIFIED})"} for d in devs]

@@ -185,9 +185,11 @@ class DevicesPage(Page):
         self.run_result.setPlaceholderText("Add an agent, then run the project's model on it: "
                                            "the text, the speed and its source appear here.")
         v.addWidget(self.run_result)
-        v.addWidget(label("Phones over adb are not supported yet. Figures from an agent carry "
-                          "the source its backend reports: measured on real hardware, simulated "
-                          "on an x86 agent's HTP simulator.", "muted", wrap=True))
+        self.adb_label = label("", "muted", wrap=True)
+        v.addWidget(self.adb_label)
+        v.addWidget(label("Figures from an agent carry the source its backend reports: measured "
+                          "on real hardware, simulated on an x86 agent's HTP simulator.", "muted",
+                          wrap=True))
         return box
 
     def registry(self):
@@ -240,7 +242,10 @@ class DevicesPage(Page):
                     _agent_status, reg, a.name)
             self.refresh_agents()
 
-        asyncio.ensure_future(go())
+        try:
+            self._check_task = asyncio.ensure_future(go())
+        except RuntimeError:  # no event loop (a bare QApplication, or shutting down)
+            self._check_task = None
 
     def add_agent(self, name: str | None = None, url: str | None = None,
                   token: str | None = None) -> None:
@@ -350,6 +355,17 @@ class DevicesPage(Page):
         except StudioError as exc:
             self.sim_label.setText(exc.message)
         self.refresh_agents()
+        self.adb_label.setText("Phones over adb: looking…")
+
+        async def phones() -> None:  # adb may take seconds to answer: off the UI thread
+            found = await self.ctl.in_thread(devices.adb_devices)
+            self.adb_label.setText("Phones over adb: " + "; ".join(
+                f"{d['id']} {d['status']}" if d["id"] != "adb" else d["status"] for d in found))
+
+        try:
+            self._phones_task = asyncio.ensure_future(phones())
+        except RuntimeError:  # no event loop (a bare QApplication): phones stay unlisted
+            self.adb_label.setText("Phones over adb: not looked for")
 
 
 def agent_details(info: dict[str, Any]) -> str:
