@@ -148,6 +148,8 @@ def _parser() -> argparse.ArgumentParser:
     tok = da.add_mutually_exclusive_group(required=True)
     tok.add_argument("--token")
     tok.add_argument("--token-file", dest="token_file")
+    da.add_argument("--cafile", default="", help="the certificate an https agent is trusted by "
+                                                "(its self-signed certificate or its CA)")
     dr = dvs.add_parser("remove", help="forget an agent")
     dr.add_argument("name")
     wf = sub.add_parser("waterfall", help="the optimization waterfall: each step measured on "
@@ -723,7 +725,7 @@ def _devices(args) -> int:
                 token = Path(args.token_file).read_text()
             except OSError as exc:
                 raise StudioError(f"cannot read {args.token_file}: {exc.strerror}") from None
-        a = reg.add(args.name, args.url, token or "")
+        a = reg.add(args.name, args.url, token or "", args.cafile)
         health = _check_agent(reg, a.name)
         print(f"added {a.id} ({a.url}): {health}")
         return 0

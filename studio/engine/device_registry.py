@@ -36,6 +36,7 @@ def config_dir() -> Path:
 class AgentDevice:
     name: str
     url: str
+    cafile: str = ""  # the certificate (or CA) an https agent is trusted by; "": the system's
 
     @property
     def id(self) -> str:
@@ -64,7 +65,8 @@ class Registry:
         return data
 
     def agents(self) -> list[AgentDevice]:
-        return [AgentDevice(n, a["url"]) for n, a in sorted(self._read()["agents"].items())]
+        return [AgentDevice(n, a["url"], a.get("cafile", ""))
+                for n, a in sorted(self._read()["agents"].items())]
 
     def get(self, name: str) -> AgentDevice:
         for a in self.agents():
@@ -83,7 +85,7 @@ class Registry:
             raise StudioError(f"the token of device {name!r} is missing ({f}): add the device "
                               "again with its token") from None
 
-    def add(self, name: str, url: str, token: str) -> AgentDevice:
+    def add(self, name: str, url: str, token: str, cafile: str = "") -> AgentDevice:
         if not NAME.match(name or ""):
             raise StudioError(f"device names are letters, digits, '.', '_' and '-' (not "
                               f"{name!r})")
@@ -91,14 +93,17 @@ class Registry:
             raise StudioError(f"the agent URL must look like http://HOST:PORT, not {url!r}")
         if not token.strip():
             raise StudioError("the pairing token is empty: copy it from the agent's output")
+        if cafile and not Path(cafile).is_file():
+            raise StudioError(f"the certificate file {cafile} does not exist")
         data = self._read()
-        data["agents"][name] = {"url": url.rstrip("/")}
+        data["agents"][name] = {"url": url.rstrip("/"),
+                                **({"cafile": str(Path(cafile).resolve())} if cafile else {})}
         tok = self._token_file(name)
         tok.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         atomic_write_text(tok, token.strip())
         os.chmod(tok, 0o600)
         atomic_write_json(self.file, data)
-        return AgentDevice(name, url.rstrip("/"))
+        return AgentDevice(name, url.rstrip("/"), str(Path(cafile).resolve()) if cafile else "")
 
     def remove(self, name: str) -> None:
         data = self._read()
@@ -112,7 +117,7 @@ class Registry:
         from studio.engine.agent_client import AgentClient
 
         a = self.get(name)
-        return AgentClient(a.url, self.token(name))
+        return AgentClient(a.url, self.token(name), cafile=a.cafile or None)
 
 
 def parse_device_id(device_id: str) -> tuple[str, str]:

@@ -222,3 +222,38 @@ def test_run_and_profile_stages_on_agent_devices(batch_run, small_project, agent
         "[run]\n", '[run]\ndevices = ["agent:../x"]\n', 1))
     r = studio("--batch", bad, "--stages", "run", env=env)
     assert r.returncode == 2 and "agent device is agent:NAME" in r.stderr
+
+
+def test_tls_serves_https_with_the_given_certificate(tmp_path):
+    """--tls-cert / --tls-key: the agent speaks HTTPS; a client trusting that certificate
+    gets through, one that does not is refused by TLS, not by the agent."""
+    import shutil as _shutil
+
+    from studio.engine.agent_client import AgentClient
+
+    if _shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    token = tmp_path / "token"
+    token.write_text("tls-token")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "studio.cli", "agent", "serve", "--port", "0", "--token-file",
+         str(token), "--store", str(tmp_path / "store"), "--tls-cert", str(cert), "--tls-key",
+         str(key)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().split("listening on ")[1].strip()
+        assert url.startswith("https://127.0.0.1:")
+        info = AgentClient(url, "tls-token", cafile=str(cert)).info()
+        assert info["backends"][0]["id"] == "cpu"
+        with pytest.raises(StudioError, match="unreachable"):
+            AgentClient(url, "tls-token").health()  # an untrusted certificate
+        env = dict(os.environ, QSTUDIO_CONFIG_DIR=str(tmp_path / "cfg"))
+        r = studio("devices", "add", "secure", "--url", url, "--token", "tls-token",
+                   "--cafile", cert, env=env)
+        assert r.returncode == 0 and "ok," in r.stdout, r.stdout + r.stderr
+    finally:
+        proc.terminate()
+        proc.wait(20)
