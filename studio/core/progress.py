@@ -70,3 +70,23 @@ class SubProgress:
 
     def check(self) -> None:
         self.parent.check()
+
+
+class EventProgress:
+    """A progress that reports nothing and raises Cancelled once ``event`` is set (Stop in
+    a front end, a cancel request to the agent): cancellation from another thread."""
+
+    def __init__(self, event=None) -> None:
+        import threading
+
+        self.event = event if event is not None else threading.Event()
+
+    def update(self, fraction: float, message: str = "") -> None:
+        pass
+
+    def log(self, message: str) -> None:
+        pass
+
+    def check(self) -> None:
+        if self.event.is_set():
+            raise Cancelled()

@@ -614,6 +614,12 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         progress.update((i + 1) / n, f"token {i + 1}/{n}")
 
     out = gen.greedy(prompt_ids, n, eos_id=spec.get("eos_token_id"), on_step=on_step)
+    return _run_result(dev, out, tok, prompt, what)
+
+
+def _run_result(dev: Device, out: dict[str, Any], tok, prompt: str, what: str) -> dict[str, Any]:
+    """The run stage's result from a generation on ``dev`` (here or on an agent): the
+    figures labelled from the device."""
     steps = out["step_s"]
     median = statistics.median(steps) if steps else float("nan")
     note = dev.timing_note
@@ -622,12 +628,11 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         _device_metric(dev, "decode_ms_per_token", median * 1e3, "ms", note),
         _device_metric(dev, "decode_tokens_per_s", 1.0 / median if steps else 0.0, "tok/s", note),
     ]
-    text = tok.decode(out["tokens"])
     return {
         "summary": f"{len(out['tokens'])} tokens, {1.0 / median:.1f} tok/s ({dev.source}, {what})",
         "device": dev.kind, "device_id": dev.id, "target": dev.chip, "source": dev.source,
-        "prompt": prompt, "tokens": out["tokens"], "text": text, "prefill_s": out["prefill_s"],
-        "step_s": steps, "metrics": metrics,
+        "prompt": prompt, "tokens": out["tokens"], "text": tok.decode(out["tokens"]),
+        "prefill_s": out["prefill_s"], "step_s": steps, "metrics": metrics,
     }
 
 
@@ -668,20 +673,7 @@ def _run_on_agent(ctx: StageContext, progress: Progress, export_dir: Path, spec:
     if out.get("source") and out["source"] != dev.source:
         raise StudioError(f"agent {name} labels its {backend} figures {out['source']!r}, not "
                           f"{dev.source!r}: name the backend as the agent lists it")
-    steps = out["step_s"]
-    median = statistics.median(steps) if steps else float("nan")
-    note = dev.timing_note
-    metrics = [
-        _device_metric(dev, "prefill_ms", out["prefill_s"] * 1e3, "ms", note),
-        _device_metric(dev, "decode_ms_per_token", median * 1e3, "ms", note),
-        _device_metric(dev, "decode_tokens_per_s", 1.0 / median if steps else 0.0, "tok/s", note),
-    ]
-    return {
-        "summary": f"{len(out['tokens'])} tokens, {1.0 / median:.1f} tok/s ({dev.source}, {what})",
-        "device": dev.kind, "device_id": dev.id, "target": dev.chip, "source": dev.source,
-        "prompt": prompt, "tokens": out["tokens"], "text": tok.decode(out["tokens"]),
-        "prefill_s": out["prefill_s"], "step_s": steps, "metrics": metrics,
-    }
+    return _run_result(dev, out, tok, prompt, what)
 
 
 def _profile_on_agent(ctx: StageContext, progress: Progress, cdir: Path,

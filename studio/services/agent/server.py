@@ -50,6 +50,7 @@ from typing import Any
 from aiohttp import web
 
 from studio.core.errors import Cancelled, StudioError
+from studio.core.progress import EventProgress
 
 PROTOCOL = 1
 DEFAULT_MAX_UPLOAD = 2 << 30  # 2 GiB per file
@@ -77,21 +78,6 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     done: bool = False
     created: float = field(default_factory=time.time)
-
-
-class _Cancel:
-    def __init__(self, event: threading.Event) -> None:
-        self.event = event
-
-    def update(self, fraction: float, message: str = "") -> None:
-        pass
-
-    def log(self, message: str) -> None:
-        pass
-
-    def check(self) -> None:
-        if self.event.is_set():
-            raise Cancelled()
 
 
 def machine_info() -> dict[str, Any]:
@@ -301,11 +287,16 @@ class Agent:
                                int(spec.get("max_new_tokens", 16)), sampler=sampler,
                                eos_id=spec.get("eos_ids") or None,
                                on_step=lambda i, t: emit("token", {"index": i, "token": t}),
-                               progress=_Cancel(job.cancel))
+                               progress=EventProgress(job.cancel))
             out["source"] = backend["source"]
             out["backend"] = backend["id"]
             return out
 
+        await self._finish(job, work)
+
+    async def _finish(self, job: Job, work) -> None:
+        """Run ``work`` in a thread within the job limit; its result or its one-line error
+        ends the job's event stream."""
         try:
             async with self.slots:
                 result = await asyncio.to_thread(work)
@@ -355,19 +346,7 @@ class Agent:
                                                             "repeats": repeats}))
             return {"repeats": out, "source": backend["source"], "backend": backend["id"]}
 
-        try:
-            async with self.slots:
-                result = await asyncio.to_thread(work)
-            job.queue.put_nowait(("done", result))
-        except Cancelled:
-            job.queue.put_nowait(("error", {"message": "cancelled", "cancelled": True}))
-        except StudioError as exc:
-            job.queue.put_nowait(("error", {"message": exc.message}))
-        except Exception as exc:  # noqa: BLE001 - reported to the client, not lost
-            job.queue.put_nowait(("error", {"message": f"{type(exc).__name__}: {exc}"}))
-        finally:
-            job.done = True
-            self.running -= 1
+        await self._finish(job, work)
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         job = self.jobs.get(request.match_info["id"])

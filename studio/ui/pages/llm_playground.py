@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.errors import Cancelled, StudioError
+from studio.core.progress import EventProgress
 from studio.ui.widgets import SourceBadge, label
 
 
@@ -33,23 +34,6 @@ class _Bridge(QObject):
     passed = Signal(int, int)
     finished = Signal(object)
     failed = Signal(str)
-
-
-class _Cancel:
-    """A progress whose check raises Cancelled once Stop was pressed."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-
-    def update(self, fraction: float, message: str = "") -> None:
-        pass
-
-    def log(self, message: str) -> None:
-        pass
-
-    def check(self) -> None:
-        if self.event.is_set():
-            raise Cancelled()
 
 
 class PlaygroundPanel(QWidget):
@@ -64,7 +48,7 @@ class PlaygroundPanel(QWidget):
         self.bridge.passed.connect(self._on_pass)
         self.bridge.finished.connect(self._on_finished)
         self.bridge.failed.connect(self._on_failed)
-        self._cancel: _Cancel | None = None
+        self._cancel: EventProgress | None = None
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
         self._first: float | None = None
@@ -193,7 +177,9 @@ class PlaygroundPanel(QWidget):
         s = self.settings()
         project = self.ctl.project.copy()
         sampling = SamplingConfig(s["temperature"], 0, 1.0, s["seed"])
-        self._cancel = cancel = _Cancel()
+        self._cancel = cancel = EventProgress()
+        # the live figures' source, as the device will label its result
+        self._live_source = "simulated" if "htp-sim" in s["device_name"] else "measured"
         self._t0, self._first, self._chunks, self._passes = time.perf_counter(), None, 0, []
         self.output.setPlainText(prompt)
         self.stats.setText("loading the model…")
@@ -246,7 +232,7 @@ class PlaygroundPanel(QWidget):
         ttft = (self._first - self._t0) * 1e3
         rate = (self._chunks - 1) / (now - self._first) if now > self._first else 0.0
         self.stats.setText(f"live: {self._chunks} tokens · first token after {ttft:.0f} ms "
-                           f"(with loading) · {rate:.1f} tok/s")
+                           f"(with loading) · {rate:.1f} tok/s ({self._live_source})")
 
     def _on_pass(self, drafted: int, kept: int) -> None:
         self._passes.append((drafted, kept))
