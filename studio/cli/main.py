@@ -16,6 +16,7 @@
     studio waterfall FILE [--chip CHIP] [--json]
     studio agent serve [--host 127.0.0.1] [--port P] [--token-file F] [--tls-cert C --tls-key K]
     studio devices list [--json] | add NAME --url URL (--token T | --token-file F) | remove NAME
+                   | sdk [PATH | --clear]
     studio profile show FILE [--run N] [--target T] [--by block|op_type|layer|layer-block] [--json]
     studio profile export FILE [--run N] [--target T] --format chrome|csv OUT
     studio profile import PROFILE_FILE [--onnx MODEL] [--json]
@@ -152,6 +153,10 @@ def _parser() -> argparse.ArgumentParser:
                                                 "(its self-signed certificate or its CA)")
     dr = dvs.add_parser("remove", help="forget an agent")
     dr.add_argument("name")
+    dk = dvs.add_parser("sdk", help="show or set the QAIRT SDK folder phones over adb run "
+                                    "qnn-net-run from")
+    dk.add_argument("path", nargs="?", help="the folder the QAIRT SDK unpacked into")
+    dk.add_argument("--clear", action="store_true", help="forget the folder")
     wf = sub.add_parser("waterfall", help="the optimization waterfall: each step measured on "
                                           "the host CPU and estimated for a chip")
     wf.add_argument("file")
@@ -623,9 +628,9 @@ def _generate(args) -> int:
     if args.generate_json:
         print(json.dumps(out, indent=1))
         return 0
-    tps = out["decode_tokens_per_s"]
+    tps, ttft = out["decode_tokens_per_s"], out["time_to_first_token_ms"]
     print(f"\n--\n{len(out['tokens'])} tokens ({out['stopped']}) · time to first token "
-          f"{out['time_to_first_token_ms']:.1f} ms · "
+          + (f"{ttft:.1f} ms · " if ttft is not None else "not timed · ")
           + (f"decode {tps:.1f} tok/s" if tps else "no decode steps")
           + f" · {out['source']} on {out['device_name']}"
           + (f" ({out['timing_note']})" if out["timing_note"] else ""), file=sys.stderr)
@@ -733,6 +738,13 @@ def _devices(args) -> int:
         reg.remove(args.name)
         print(f"removed agent:{args.name}")
         return 0
+    if args.devices_command == "sdk":
+        if args.clear or args.path:
+            reg.set_sdk_root(None if args.clear else args.path)
+        root, where = reg.sdk_root()
+        print(f"QAIRT SDK: {root} (from {where})" if root else
+              "QAIRT SDK: not set (studio devices sdk PATH, or QNN_SDK_ROOT)")
+        return 0
     from studio.services.devices import device_state
 
     rows = [{"id": "cpu", "kind": "host-cpu", "source": "measured", "status": "ok"}]
@@ -745,6 +757,10 @@ def _devices(args) -> int:
     from studio.services.devices import adb_devices
 
     rows += adb_devices()
+    root, _where = reg.sdk_root()
+    for r in rows:
+        if r["kind"] == "adb" and r["id"] != "adb" and not root:
+            r["status"] += "; no QAIRT SDK set: studio devices sdk PATH"
     if args.devices_json:
         print(json.dumps(rows, indent=1))
         return 0

@@ -11,9 +11,13 @@ run on a phone. The UI says so next to every adb device.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
+import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,19 +122,31 @@ def run_commands(serial: str, workdir: str, context_name: str, input_list: str,
                  adb: str = "adb") -> list[list[str]]:
     """The adb command lines of one run: make the folder, push the SDK files, the context
     binary and the inputs, run ``qnn-net-run`` on the HTP, pull ``output``."""
-    if not re.match(r"^[A-Za-z0-9._:-]+$", serial):
-        raise StudioError(f"bad adb serial {serial!r}")
+    check_serial(serial)
     remote = f"{REMOTE_ROOT}/{workdir}"
     cmds = [[adb, "-s", serial, "shell", "mkdir", "-p", remote]]
     for name, path in local.items():
         cmds.append([adb, "-s", serial, "push", str(path), f"{remote}/{name}"])
-    run = (f"cd {remote} && chmod 755 qnn-net-run && LD_LIBRARY_PATH={remote} "
-           f"ADSP_LIBRARY_PATH={remote} ./qnn-net-run --backend libQnnHtp.so "
-           f"--retrieve_context {context_name} --input_list {input_list} --output_dir output"
-           + (f" --profiling_level {profiling}" if profiling else ""))
-    cmds.append([adb, "-s", serial, "shell", run])
+    cmds.append([adb, "-s", serial, "shell",
+                 net_run_command(remote, context_name, input_list, profiling=profiling)])
     cmds.append([adb, "-s", serial, "pull", f"{remote}/output"])
     return cmds
+
+
+def check_serial(serial: str) -> str:
+    if not re.match(r"^[A-Za-z0-9._:-]+$", serial or ""):
+        raise StudioError(f"bad adb serial {serial!r}")
+    return serial
+
+
+def net_run_command(remote: str, context_name: str, input_list: str, output_dir: str = "output",
+                    profiling: str = "basic") -> str:
+    """The shell line that runs ``qnn-net-run`` on the HTP in ``remote`` (the SDK files and
+    the context binary pushed there)."""
+    return (f"cd {remote} && chmod 755 qnn-net-run && rm -rf {output_dir} && "
+            f"LD_LIBRARY_PATH={remote} ADSP_LIBRARY_PATH={remote} ./qnn-net-run "
+            f"--backend libQnnHtp.so --retrieve_context {context_name} --input_list {input_list} "
+            f"--output_dir {output_dir}" + (f" --profiling_level {profiling}" if profiling else ""))
 
 
 def read_outputs(output_dir: Path, outputs: dict[str, tuple[str, list[int]]],
@@ -187,3 +203,207 @@ class Adb:
 
     def props(self, serial: str) -> dict[str, str]:
         return parse_getprop(self.run([self.binary, "-s", serial, "shell", "getprop"]))
+
+    def push(self, serial: str, local: Path, remote: str) -> None:
+        self.run([self.binary, "-s", serial, "push", str(local), remote])
+
+    def pull(self, serial: str, remote: str, local: Path) -> None:
+        self.run([self.binary, "-s", serial, "pull", remote, str(local)])
+
+    def shell(self, serial: str, command: str) -> str:
+        return self.run([self.binary, "-s", serial, "shell", command])
+
+
+def profile_viewer(sdk_root: Path) -> Path | None:
+    """The SDK's host ``qnn-profile-viewer`` (it turns qnn-net-run's profiling log into the
+    CSV the profiler reads); None when the SDK has no x86 Linux tools."""
+    p = Path(sdk_root) / "bin" / "x86_64-linux-clang" / "qnn-profile-viewer"
+    return p if p.is_file() else None
+
+
+def log_to_csv(sdk_root: Path, log: Path, csv_path: Path, timeout: float = 120.0) -> Path:
+    """qnn-net-run's binary profiling log as a QNN profiling CSV, by the SDK's viewer."""
+    viewer = profile_viewer(sdk_root)
+    if viewer is None:
+        raise StudioError(f"the QAIRT SDK at {sdk_root} has no bin/x86_64-linux-clang/"
+                          "qnn-profile-viewer: use the SDK's Linux x86_64 package to read "
+                          "profiles from a phone")
+    r = subprocess.run([str(viewer), "--input_log", str(log), "--output", str(csv_path)],
+                       capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0 or not csv_path.is_file():
+        last = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise StudioError(f"qnn-profile-viewer could not read {log.name}: {last[0]}")
+    return csv_path
+
+
+def execute_us(csv_path: Path) -> float | None:
+    """The graph's execute time (µs) of the last run in a QNN profiling CSV, if it has one."""
+    from studio.engine.qnn_profile import parse_profile_csv
+
+    prof = parse_profile_csv(csv_path, source="measured")
+    scale = {"us": 1.0, "ms": 1e3, "ns": 1e-3}
+    for ev in prof.events:
+        if ev.kind == "EXECUTE" and ev.unit in scale and ev.samples:
+            return float(ev.samples[-1]) * scale[ev.unit]
+    return None
+
+
+@dataclass(frozen=True)
+class IOSpec:
+    """A graph input / output as ONNX Runtime's ``NodeArg`` shows it (what the runtime reads)."""
+    name: str
+    type: str
+    shape: list[int]
+
+
+_ONNX_TYPES = {1: "tensor(float)", 2: "tensor(uint8)", 3: "tensor(int8)", 4: "tensor(uint16)",
+               5: "tensor(int16)", 6: "tensor(int32)", 7: "tensor(int64)", 9: "tensor(bool)",
+               10: "tensor(float16)"}
+
+
+def graph_io(ctx_onnx: Path) -> tuple[list[IOSpec], list[IOSpec]]:
+    """The inputs and outputs of a compiled context model, with static shapes."""
+    import onnx
+
+    g = onnx.load(str(ctx_onnx), load_external_data=False).graph
+
+    def spec(v) -> IOSpec:
+        t = v.type.tensor_type
+        shape = [d.dim_value for d in t.shape.dim]
+        if any(d <= 0 for d in shape):
+            raise StudioError(f"{ctx_onnx.name}: {v.name} has no static shape; a context "
+                              "binary runs static shapes only")
+        return IOSpec(v.name, _ONNX_TYPES.get(t.elem_type, "tensor(float)"), shape)
+
+    return [spec(v) for v in g.input], [spec(v) for v in g.output]
+
+
+class AdbPhone:
+    """A phone over adb with the user's QAIRT SDK: the SDK files go up once, each compiled
+    context once (named by its hash), and :meth:`session` runs one of them like an ONNX
+    Runtime session (UNVERIFIED ON HARDWARE, see the module docstring)."""
+
+    def __init__(self, serial: str, sdk_root: Path | None, chip, runner: Adb | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
+        self.serial = check_serial(serial)
+        if sdk_root is None:
+            raise StudioError("no QAIRT SDK folder is set: studio devices sdk PATH (or "
+                              "QNN_SDK_ROOT) names the SDK whose qnn-net-run runs on the phone")
+        self.sdk_root = Path(sdk_root)
+        self.chip = chip
+        self.adb = runner or Adb()
+        self.log = log or (lambda _m: None)
+        self.remote = f"{REMOTE_ROOT}/work"
+        self._ready = False
+
+    def check(self) -> None:
+        """The phone is attached and authorised, and its SoC is the chip the context was
+        compiled for."""
+        found = {d.serial: d for d in self.adb.devices()}
+        dev = found.get(self.serial)
+        if dev is None:
+            raise StudioError(f"adb sees no phone {self.serial} (it sees "
+                              f"{', '.join(found) or 'none'}): plug it in and enable USB "
+                              "debugging")
+        if not dev.ready:
+            raise StudioError(f"phone {self.serial} is {dev.state}: accept the debugging "
+                              "prompt on the phone (unauthorized) or reconnect it (offline)")
+        got = chip_of(self.adb.props(self.serial))
+        if got.key != self.chip.key:
+            raise StudioError(f"phone {self.serial} is a {got.name} ({got.soc_model}), not a "
+                              f"{self.chip.name}: use adb:{self.serial}@{got.key} and compile "
+                              "for that target")
+
+    def prepare(self) -> None:
+        if self._ready:
+            return
+        self.check()
+        files = sdk_files(self.sdk_root, int(self.chip.htp_arch))
+        self.adb.shell(self.serial, f"mkdir -p {self.remote}/in")
+        self.log(f"pushing qnn-net-run and the HTP libraries to {self.serial}")
+        for name, path in files.items():
+            self.adb.push(self.serial, path, f"{self.remote}/{name}")
+        self._ready = True
+
+    def session(self, ctx_onnx: Path, profiling: str = "basic") -> AdbSession:
+        self.prepare()
+        blob = context_binary(Path(ctx_onnx))
+        name = f"ctx-{hashlib.sha256(blob).hexdigest()[:16]}.bin"
+        have = self.adb.shell(self.serial, f"ls {self.remote}/{name} 2>/dev/null; true")
+        if name not in have:
+            self.log(f"pushing {Path(ctx_onnx).name}'s context binary ({len(blob) >> 10} KiB)")
+            with tempfile.TemporaryDirectory(prefix="qstudio-adb-") as tmp:
+                local = Path(tmp) / name
+                local.write_bytes(blob)
+                self.adb.push(self.serial, local, f"{self.remote}/{name}")
+        inputs, outputs = graph_io(Path(ctx_onnx))
+        odd = [f"{v.name} ({v.type})" for v in inputs + outputs
+               if v.type not in ("tensor(float)", "tensor(int64)", "tensor(int32)")]
+        if odd:
+            raise StudioError(f"{Path(ctx_onnx).name} has quantized inputs / outputs "
+                              f"({', '.join(odd[:3])}): the adb path runs graphs with float "
+                              "I/O so far; use a float KV cache for phone runs")
+        return AdbSession(self, name, inputs, outputs, profiling)
+
+
+class AdbSession:
+    """One compiled context on a phone, run input by input through ``qnn-net-run``: inputs
+    go up as float32 ``.raw`` files (the tool's default; it converts them to the graph's
+    types), outputs come back as float32. Each :meth:`run` records the device's execute time
+    from qnn-net-run's profiling log (``last_execute_us``; None when the SDK has no viewer)
+    and the whole adb round trip (``last_round_trip_s``)."""
+
+    def __init__(self, phone: AdbPhone, context_name: str, inputs: list[IOSpec],
+                 outputs: list[IOSpec], profiling: str) -> None:
+        self.phone = phone
+        self.context_name = context_name
+        self._inputs, self._outputs = inputs, outputs
+        self.profiling = profiling
+        self.last_execute_us: float | None = None
+        self.execute_log: list[float | None] = []  # each run's device execute time (µs)
+        self.last_round_trip_s = 0.0
+        self.last_profile_csv: Path | None = None
+        self.profile_dir: Path | None = None  # keep each run's profiling CSV here when set
+
+    def get_inputs(self) -> list[IOSpec]:
+        return list(self._inputs)
+
+    def get_outputs(self) -> list[IOSpec]:
+        return list(self._outputs)
+
+    def run(self, output_names: list[str] | None, feeds: dict[str, Any]) -> list[Any]:
+        import numpy as np
+
+        phone, adb, serial = self.phone, self.phone.adb, self.phone.serial
+        missing = [i.name for i in self._inputs if i.name not in feeds]
+        if missing:
+            raise StudioError(f"inputs missing for {self.context_name}: {', '.join(missing)}")
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="qstudio-adb-") as tmp:
+            folder = Path(tmp)
+            line = []
+            for i, spec in enumerate(self._inputs):
+                f = folder / f"in{i}.raw"
+                np.ascontiguousarray(feeds[spec.name], dtype=np.float32).tofile(f)
+                adb.push(serial, f, f"{phone.remote}/in/{f.name}")
+                line.append(f"{spec.name}:=in/{f.name}")
+            (folder / "input_list.txt").write_text(" ".join(line) + "\n")
+            adb.push(serial, folder / "input_list.txt", f"{phone.remote}/in/input_list.txt")
+            adb.shell(serial, net_run_command(phone.remote, self.context_name,
+                                              "in/input_list.txt", profiling=self.profiling))
+            adb.pull(serial, f"{phone.remote}/output", folder)
+            shapes = {o.name: ("float32", o.shape) for o in self._outputs}
+            got = read_outputs(folder / "output", shapes)
+            self.last_round_trip_s = time.perf_counter() - t0
+            self.last_execute_us = None
+            log = folder / "output" / "qnn-profiling-data_0.log"
+            if self.profiling and log.is_file() and profile_viewer(phone.sdk_root):
+                dest = Path(self.profile_dir or folder)
+                dest.mkdir(parents=True, exist_ok=True)
+                n = len(list(dest.glob("qnn_profile_*.csv"))) + 1
+                csv_path = log_to_csv(phone.sdk_root, log, dest / f"qnn_profile_{n}.csv")
+                self.last_profile_csv = csv_path if self.profile_dir else None
+                self.last_execute_us = execute_us(csv_path)
+            self.execute_log.append(self.last_execute_us)
+        names = output_names or [o.name for o in self._outputs]
+        return [got[n] for n in names]

@@ -50,6 +50,45 @@ class Registry:
     def __init__(self, folder: Path | None = None) -> None:
         self.folder = Path(folder) if folder else config_dir()
         self.file = self.folder / "devices.json"
+        self.settings_file = self.folder / "settings.json"
+
+    # ---- settings: the QAIRT SDK folder adb runs take qnn-net-run and the libraries from
+    def settings(self) -> dict[str, Any]:
+        if not self.settings_file.is_file():
+            return {}
+        try:
+            data = json.loads(self.settings_file.read_text())
+        except (ValueError, OSError) as exc:
+            raise StudioError(f"the settings file {self.settings_file} is unreadable ({exc}): "
+                              "fix or delete it") from None
+        return data if isinstance(data, dict) else {}
+
+    def sdk_root(self) -> tuple[Path | None, str]:
+        """(the QAIRT SDK folder, where it was set): the setting, else ``QNN_SDK_ROOT`` /
+        ``QAIRT_SDK_ROOT`` from the environment (the SDK's own variables)."""
+        set_to = self.settings().get("qairt_sdk")
+        if set_to:
+            return Path(set_to), "settings"
+        for var in ("QNN_SDK_ROOT", "QAIRT_SDK_ROOT"):
+            if os.environ.get(var):
+                return Path(os.environ[var]), var
+        return None, ""
+
+    def set_sdk_root(self, folder: str | None) -> Path | None:
+        """Set (or with None / "" clear) the QAIRT SDK folder."""
+        data = self.settings()
+        if not folder:
+            data.pop("qairt_sdk", None)
+            atomic_write_json(self.settings_file, data)
+            return None
+        root = Path(folder).expanduser().resolve()
+        if not (root / "lib").is_dir() or not (root / "bin").is_dir():
+            raise StudioError(f"{root} is not a QAIRT SDK folder (it has no bin/ and lib/): give "
+                              "the folder the SDK unpacked into, e.g. .../qairt/2.37.0.250724")
+        data["qairt_sdk"] = str(root)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.settings_file, data)
+        return root
 
     def _read(self) -> dict[str, Any]:
         if not self.file.is_file():

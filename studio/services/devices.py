@@ -47,5 +47,6 @@ def adb_devices() -> list[dict[str, Any]]:
         devs = runner.devices()
     except StudioError as exc:
         return [{"id": "adb", "kind": "adb", "source": "", "status": exc.message}]
-    return [{"id": f"adb:{d.serial}", "kind": "adb", "source": "measured",
+    return [{"id": f"adb:{d.serial}", "kind": "adb", "source": "measured", "serial": d.serial,
+             "ready": d.ready, "model": d.model,
              "status": f"{d.state} {d.model}".strip() + f" ({UNVERIFIED})"} for d in devs]

@@ -36,12 +36,13 @@ def _artifact(project: Project, label: str, stage_hint: str) -> Path:
 
 
 def resolve_device(project: Project, name: str | None) -> Device:
-    """``cpu`` / ``host-cpu``, ``htp-sim`` (the first target) or ``htp-sim:CHIP``."""
+    """``cpu`` / ``host-cpu``, ``htp-sim`` (the first target), ``htp-sim:CHIP`` or
+    ``adb:SERIAL[@CHIP]`` (the chip: the project's only target when not named)."""
     if not name or name in ("cpu", "host-cpu"):
         return device("cpu")
     if name == "htp-sim":
         return device(f"htp-sim:{project.targets[0]}")
-    return device(name)
+    return device(name, list(project.targets))
 
 
 def _run_stages(project: Project, stages: list[str], what: str) -> None:
@@ -118,6 +119,16 @@ def load_generator(project: Project, dev: Device, kv: str | None = None):
     if chip.key not in project.targets:
         raise StudioError(f"{chip.key} is not a target of this project: add it to targets "
                           "and run the compile stage")
+    if dev.kind == "adb":
+        if kv != project.quantization.get("kv_cache", "float"):
+            raise StudioError("a phone runs the project's own compiled graphs: leave out --kv "
+                              "for adb devices")
+        from studio.worker.stages import adb_generator, adb_phone
+
+        adb_phone(dev)  # no SDK set: say so before looking for the compiled graphs
+        gen, _pre, _dec = adb_generator(_artifact(project, f"compile[{chip.key}]", "compile"),
+                                        dev, spec)
+        return gen, spec, tok
     if kv != project.quantization.get("kv_cache", "float"):
         project = project.copy()
         project.quantization["kv_cache"] = kv
@@ -184,6 +195,9 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
         return generate_remote(project, prompt, device_name, max_new_tokens, sampling, stop,
                                on_text, progress)
     dev = resolve_device(project, device_name)
+    if dev.kind == "adb" and (speculative or window):
+        raise StudioError("a phone over adb runs plain decoding: leave out --speculative and "
+                          "--window for adb devices")
     sampling = sampling or SamplingConfig()
     t_load = time.perf_counter()
     gen, spec, tok = load_generator(project, dev, kv)
@@ -234,6 +248,18 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
     else:
         out = gen.generate(ids, n, sampler=Sampler(sampling), eos_id=spec.get("eos_token_id"),
                            stop=stop_fn if stops else None, on_step=step_cb, progress=progress)
+    timing_note = dev.timing_note
+    if dev.kind == "adb":
+        from studio.worker.stages import adb_timings
+
+        timed = adb_timings(out, gen.prefill_session, gen.decode_session)
+        if timed is None:  # round trips are not the graph's latency: no figures then
+            out = {**out, "ttft_s": None, "step_s": []}
+            timing_note = ("no device times: the SDK has no qnn-profile-viewer to read "
+                           "qnn-net-run's profiling logs (adb round trips are not latency)")
+        else:
+            out = {**timed, "ttft_s": timed["prefill_s"]}
+            timing_note += "; time to first token is the prefill's execute time"
     text = tok.decode(out["tokens"])
     if out["stopped"] == "stop":
         cut = min(text.find(s) for s in stops if s in text)
@@ -246,11 +272,11 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
     result = {
         "prompt": prompt, "prompt_tokens": len(ids), "prompt_chunks": out["prompt_chunks"],
         "tokens": out["tokens"], "text": text, "stopped": out["stopped"],
-        "time_to_first_token_ms": out["ttft_s"] * 1e3,
+        "time_to_first_token_ms": out["ttft_s"] * 1e3 if out["ttft_s"] is not None else None,
         "decode_ms_per_token": med * 1e3 if med else None,
         "decode_tokens_per_s": 1.0 / med if med else None,
         "source": dev.source, "device": dev.id, "device_name": dev.name,
-        "timing_note": dev.timing_note, "load_s": load_s, "sampling": sampling.to_dict(),
+        "timing_note": timing_note, "load_s": load_s, "sampling": sampling.to_dict(),
     }
     from studio.engine.kvquant import kv_bytes
 

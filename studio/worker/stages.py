@@ -600,6 +600,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     scheme = ctx.get("quantization.scheme")
     if dev.kind == "agent":
         return _run_on_agent(ctx, progress, export_dir, spec, tok, prompt, n, scheme)
+    if dev.kind == "adb":
+        return _run_on_adb(ctx, progress, spec, tok, prompt, n, scheme)
     if dev.kind == "host-cpu":
         gen = _cpu_generator(export_dir, spec)
         what = "FP32 on the host CPU"
@@ -617,16 +619,19 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     return _run_result(dev, out, tok, prompt, what)
 
 
-def _run_result(dev: Device, out: dict[str, Any], tok, prompt: str, what: str) -> dict[str, Any]:
-    """The run stage's result from a generation on ``dev`` (here or on an agent): the
-    figures labelled from the device."""
+def _run_result(dev: Device, out: dict[str, Any], tok, prompt: str, what: str,
+                prefix: str = "", note: str | None = None) -> dict[str, Any]:
+    """The run stage's result from a generation on ``dev`` (here, on an agent or a phone):
+    the figures labelled from the device. ``prefix`` names timings that are not the graph's
+    latency (``round_trip_`` for adb round trips)."""
     steps = out["step_s"]
     median = statistics.median(steps) if steps else float("nan")
-    note = dev.timing_note
+    note = dev.timing_note if note is None else note
     metrics = [
-        _device_metric(dev, "prefill_ms", out["prefill_s"] * 1e3, "ms", note),
-        _device_metric(dev, "decode_ms_per_token", median * 1e3, "ms", note),
-        _device_metric(dev, "decode_tokens_per_s", 1.0 / median if steps else 0.0, "tok/s", note),
+        _device_metric(dev, f"{prefix}prefill_ms", out["prefill_s"] * 1e3, "ms", note),
+        _device_metric(dev, f"{prefix}decode_ms_per_token", median * 1e3, "ms", note),
+        _device_metric(dev, f"{prefix}decode_tokens_per_s", 1.0 / median if steps else 0.0,
+                       "tok/s", note),
     ]
     return {
         "summary": f"{len(out['tokens'])} tokens, {1.0 / median:.1f} tok/s ({dev.source}, {what})",
@@ -674,6 +679,88 @@ def _run_on_agent(ctx: StageContext, progress: Progress, export_dir: Path, spec:
         raise StudioError(f"agent {name} labels its {backend} figures {out['source']!r}, not "
                           f"{dev.source!r}: name the backend as the agent lists it")
     return _run_result(dev, out, tok, prompt, what)
+
+
+def adb_phone(dev: Device, log=None):
+    """The phone an ``adb:SERIAL@CHIP`` device names, with the QAIRT SDK from the settings."""
+    from studio.core.catalog import get_chip
+    from studio.engine.adb import AdbPhone
+    from studio.engine.device_registry import Registry
+
+    sdk, _where = Registry().sdk_root()
+    return AdbPhone(dev.serial, sdk, get_chip(dev.chip), log=log)
+
+
+def adb_generator(cdir: Path, dev: Device, spec: dict[str, Any], log=None):
+    """A generator whose prefill and decode graphs run on a phone through qnn-net-run (one
+    call per pass: the context is loaded each time), with its sessions."""
+    from studio.engine.llm_runtime import StaticKVGenerator
+
+    phone = adb_phone(dev, log)
+    pre = phone.session(cdir / "prefill_ctx.onnx")
+    dec = phone.session(cdir / "decode_ctx.onnx")
+    return StaticKVGenerator(pre, dec, spec), pre, dec
+
+
+def adb_timings(out: dict[str, Any], pre, dec) -> dict[str, Any] | None:
+    """The generation's prefill and per-token times as the phone's own execute times (from
+    qnn-net-run's profiling logs); None when a pass has none (no profile viewer)."""
+    steps = len(out["step_s"])
+    log_pre, log_dec = list(pre.execute_log), list(dec.execute_log)
+    if not log_pre or any(v is None for v in log_pre + log_dec) or len(log_dec) < steps:
+        return None
+    extra = log_dec[:len(log_dec) - steps]  # prompt tokens past P go through decode steps
+    return {**out, "prefill_s": (sum(log_pre) + sum(extra)) / 1e6,  # type: ignore[arg-type]
+            "step_s": [v / 1e6 for v in log_dec[len(log_dec) - steps:]]}  # type: ignore[operator]
+
+
+def _run_on_adb(ctx: StageContext, progress: Progress, spec: dict[str, Any], tok, prompt: str,
+                n: int, scheme: str) -> dict[str, Any]:
+    """The run stage on a phone over adb: the target's compiled context runs through
+    qnn-net-run, one call per pass (UNVERIFIED ON HARDWARE: no phone here)."""
+    dev = ctx.device
+    gen, pre, dec = adb_generator(ctx.input("compile", ctx.chip.key), dev, spec,
+                                  log=progress.log)
+
+    def on_step(i: int, token: int) -> None:
+        progress.check()
+        progress.update((i + 1) / n, f"token {i + 1}/{n} on phone {dev.serial}")
+
+    out = gen.greedy(tok(prompt).input_ids, n, eos_id=spec.get("eos_token_id"), on_step=on_step)
+    what = f"{scheme} on {dev.name}"
+    timed = adb_timings(out, pre, dec)
+    if timed is None:
+        return _run_result(dev, out, tok, prompt, what, prefix="round_trip_",
+                           note="adb round trips (push, context load, run, pull), not the "
+                           "graph's latency: the SDK has no qnn-profile-viewer to read the "
+                           "phone's own times")
+    return _run_result(dev, timed, tok, prompt, what)
+
+
+def _profile_on_adb(ctx: StageContext, progress: Progress, cdir: Path,
+                    repeats: int) -> list[tuple[dict[str, Any], float]]:
+    """The profile stage's repeats on a phone: qnn-net-run at the detailed level, its
+    profiling log turned into the QNN CSV by the SDK's viewer (the phone's load is not
+    measured: 0)."""
+    from studio.engine import qnn
+
+    dev = ctx.device
+    phone = adb_phone(dev, progress.log)
+    sess = phone.session(cdir / "decode_ctx.onnx", profiling="detailed")
+    sess.profile_dir = ctx.out / "repeats"
+    feeds = qnn.synthetic_feeds(sess, {"position_ids": int(_spec(cdir)["prompt_length"])})
+    out = []
+    for i in range(repeats):
+        progress.check()
+        progress.update(0.05 + 0.8 * i / repeats,
+                        f"profiling decode step {i + 1}/{repeats} on phone {dev.serial}")
+        sess.run(None, feeds)
+        if sess.last_profile_csv is None:
+            raise StudioError("qnn-net-run wrote no profiling log on the phone, or the SDK has "
+                              "no qnn-profile-viewer to read it")
+        out.append(({"csv": str(sess.last_profile_csv), "op_trace": None, "level": "detailed",
+                     "source": dev.source}, 0.0))
+    return out
 
 
 def _profile_on_agent(ctx: StageContext, progress: Progress, cdir: Path,
@@ -732,7 +819,8 @@ def profile(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     blocks = node_blocks(qdir / "decode.onnx")
     costs = qnn_profile.node_costs(qdir / "decode.onnx")
     runs, loads = [], []
-    remote = _profile_on_agent(ctx, progress, cdir, repeats) if dev.kind == "agent" else None
+    remote = (_profile_on_agent(ctx, progress, cdir, repeats) if dev.kind == "agent" else
+              _profile_on_adb(ctx, progress, cdir, repeats) if dev.kind == "adb" else None)
     for i in range(repeats):
         progress.check()
         if remote is not None:

@@ -34,6 +34,11 @@ def test_add_an_agent_run_on_it_and_a_wrong_token(make_window, copy_project, exp
         out = page.last_result
         assert len(out["tokens"]) == 6 and out["source"] == "measured"
         assert "measured on cpu on agent lab" in page.run_result.toPlainText()
+        assert page.run_progress.text() == "6/6 tokens" and not page.stop_btn.isEnabled()
+        page.run_btn.click()  # Stop before the first token: the run ends as stopped
+        page.stop_btn.click()
+        qtbot.waitUntil(lambda: page.run_btn.isEnabled(), timeout=120_000)
+        assert page.run_progress.text() == "stopped" and page.last_result is None
 
         page.add_agent("wrong", agent.url, "not-the-token")
         qtbot.waitUntil(lambda: page.health.get("wrong", "").startswith("auth failed"),
@@ -45,3 +50,45 @@ def test_add_an_agent_run_on_it_and_a_wrong_token(make_window, copy_project, exp
         win.grab().save(str(tmp_path / "devices.png"))
     finally:
         agent.stop()
+
+
+def test_the_add_dialog_takes_a_certificate_and_a_phone_needs_the_sdk(
+        make_window, copy_project, exported_template, tmp_path, qtbot, monkeypatch):
+    """The Add agent dialog's certificate field; a phone adb lists (a stand-in adb: no phone
+    here) appears in Run on, and running on it without a QAIRT SDK says what to do; choosing
+    the SDK folder is kept in the settings."""
+    from studio.core.catalog import default_chip_key, get_chip
+    from studio.ui.pages.devices import AddAgentDialog
+    from tests.engine import fake_phone
+
+    monkeypatch.setenv("QSTUDIO_CONFIG_DIR", str(tmp_path / "cfg"))
+    monkeypatch.delenv("QNN_SDK_ROOT", raising=False)
+    chip = get_chip(default_chip_key())
+    env = fake_phone.install(tmp_path / "phone", [], chip.key, chip.htp_arch)
+    for k in ("PATH", "FAKE_PHONE_ROOT", "FAKE_PHONE_SERIAL", "FAKE_PHONE_SOC"):
+        monkeypatch.setenv(k, env[k])
+    dlg = AddAgentDialog()
+    dlg.name.setText("kit")
+    dlg.url.setText("https://10.0.0.5:8765")
+    dlg.token.setText("t0k")
+    dlg.cafile.setText("/etc/ssl/agent.pem")
+    assert dlg.values() == ("kit", "https://10.0.0.5:8765", "t0k", "/etc/ssl/agent.pem")
+    dlg.deleteLater()
+
+    win = make_window()
+    assert win.open_project(copy_project(exported_template, tmp_path / "p"))
+    page = win.show_page("Devices")
+    assert "not set" in page.sdk_label.text()
+    phone = f"adb:R5CW1234ABC@{chip.key}"
+    qtbot.waitUntil(lambda: page.run_device.findData(phone) >= 0, timeout=30_000)
+    assert "unverified on hardware" in page.adb_label.text()
+    page.run_device.setCurrentIndex(page.run_device.findData(phone))
+    page.run_btn.click()
+    qtbot.waitUntil(lambda: page.run_btn.isEnabled() and not page.stop_btn.isEnabled(),
+                    timeout=60_000)
+    assert "no QAIRT SDK folder is set" in page.run_result.toPlainText()
+    assert page.run_progress.text() == "failed"
+    page.choose_sdk(str(tmp_path / "phone" / "sdk"))
+    assert page.sdk_label.text().endswith("sdk (from settings)")
+    page.choose_sdk(str(tmp_path))  # not an SDK: refused, the setting stays
+    assert page.sdk_label.text().endswith("sdk (from settings)")

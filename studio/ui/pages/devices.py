@@ -1,6 +1,6 @@
 """Devices: what can run jobs (host CPU, the QNN HTP simulator per chip, remote agents from the
-user's device registry with their health), adding and removing agents, and running the
-project's model on one."""
+user's device registry with their health, phones over adb), adding and removing agents, the
+QAIRT SDK phones run from, and running the project's model on one with live progress."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
     QDialogButtonBox,
+    QFileDialog,
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
     QHeaderView,
     QLineEdit,
     QPlainTextEdit,
+    QProgressBar,
     QPushButton,
     QSpinBox,
     QTableView,
@@ -85,7 +87,7 @@ def chip_rows(targets: list[str]) -> list[Row]:
 class DevicesPage(Page):
     title = "Devices"
     subtitle = ("Where jobs run: this machine's CPU, the QNN HTP simulator for each target chip, "
-                "and remote agents.")
+                "remote agents and phones over adb.")
 
     def __init__(self, ctl, parent=None):
         super().__init__(ctl, parent)
@@ -135,6 +137,9 @@ class DevicesPage(Page):
         lay.addWidget(self._agents_box(), 1)
         self.health: dict[str, str] = {}
         self.details: dict[str, str] = {}
+        self.phones: list[dict[str, Any]] = []
+        self.last_result: dict[str, Any] | None = None
+        self._cancel: Any = None
         self.timer = QTimer(self)
         self.timer.timeout.connect(self.check_agents)
         self.timer.start(30_000)
@@ -142,7 +147,8 @@ class DevicesPage(Page):
 
     # ---- remote agents ------------------------------------------------------------------------
     def _agents_box(self) -> QGroupBox:
-        box = QGroupBox("Remote agents (studio agent serve on a target machine)")
+        box = QGroupBox("Remote agents (studio agent serve on a target machine) and phones "
+                        "over adb")
         v = QVBoxLayout(box)
         self.agents = QTableWidget(0, 4)
         self.agents.setHorizontalHeaderLabels(["", "Agent", "URL", "Status"])
@@ -166,24 +172,46 @@ class DevicesPage(Page):
         row.addSpacing(20)
         row.addWidget(label("Run on", "muted"))
         self.run_device = QComboBox()
-        self.run_device.setMinimumWidth(260)
+        self.run_device.setMinimumWidth(320)
         row.addWidget(self.run_device)
         self.run_tokens = QSpinBox()
         self.run_tokens.setRange(1, 512)
         self.run_tokens.setValue(16)
         row.addWidget(self.run_tokens)
         self.run_btn = QPushButton("Run on device")
-        self.run_btn.setToolTip("Generates from the project's prompt on the chosen agent: its "
-                                "CPU runs the FP32 export, an HTP backend the compiled context")
+        self.run_btn.setToolTip("Generates from the project's prompt on the chosen device: an "
+                                "agent's CPU runs the FP32 export, an HTP backend or a phone the "
+                                "compiled context")
         self.run_btn.clicked.connect(self.run_on_device)
         row.addWidget(self.run_btn)
+        self.stop_btn = QPushButton("Stop")
+        self.stop_btn.setEnabled(False)
+        self.stop_btn.clicked.connect(self.stop_run)
+        row.addWidget(self.stop_btn)
+        self.run_progress = QProgressBar()
+        self.run_progress.setRange(0, 1)
+        self.run_progress.setValue(0)
+        self.run_progress.setFormat("idle")
+        self.run_progress.setMinimumWidth(160)
+        row.addWidget(self.run_progress)
         row.addStretch(1)
         v.addLayout(row)
+        sdk_row = QHBoxLayout()
+        sdk_row.addWidget(label("QAIRT SDK for phones", "muted"))
+        self.sdk_label = label("", wrap=True, selectable=True)
+        sdk_row.addWidget(self.sdk_label, 1)
+        self.sdk_btn = QPushButton("Choose…")
+        self.sdk_btn.setToolTip("The folder a QAIRT SDK unpacked into: qnn-net-run and the HTP "
+                                "libraries go from it to the phone")
+        self.sdk_btn.clicked.connect(self.choose_sdk)
+        sdk_row.addWidget(self.sdk_btn)
+        v.addLayout(sdk_row)
         self.run_result = QPlainTextEdit()
         self.run_result.setReadOnly(True)
         self.run_result.setMaximumHeight(110)
-        self.run_result.setPlaceholderText("Add an agent, then run the project's model on it: "
-                                           "the text, the speed and its source appear here.")
+        self.run_result.setPlaceholderText("Add an agent or attach a phone, then run the "
+                                           "project's model on it: the text, the speed and "
+                                           "its source appear here.")
         v.addWidget(self.run_result)
         self.adb_label = label("", "muted", wrap=True)
         v.addWidget(self.adb_label)
@@ -225,9 +253,14 @@ class DevicesPage(Page):
                 for t in self.ctl.project.targets:
                     self.run_device.addItem(f"{a.name} · HTP simulator {t}",
                                             f"agent:{a.name}@htp-sim:{t}")
+        for ph in self.phones:  # a phone runs a target's compiled context (unverified here)
+            if ph.get("ready") and self.ctl.project:
+                for t in self.ctl.project.targets:
+                    self.run_device.addItem(f"phone {ph['serial']} · {t} (unverified)",
+                                            f"adb:{ph['serial']}@{t}")
         i = self.run_device.findData(current)
         self.run_device.setCurrentIndex(max(0, i))
-        self.run_btn.setEnabled(self.run_device.count() > 0)
+        self.run_btn.setEnabled(self.run_device.count() > 0 and not self.stop_btn.isEnabled())
 
     def check_agents(self) -> None:
         reg = self.registry()
@@ -248,14 +281,14 @@ class DevicesPage(Page):
             self._check_task = None
 
     def add_agent(self, name: str | None = None, url: str | None = None,
-                  token: str | None = None) -> None:
+                  token: str | None = None, cafile: str = "") -> None:
         if name is None:
             dlg = AddAgentDialog(self)
             if dlg.exec() != QDialog.DialogCode.Accepted:
                 return
-            name, url, token = dlg.values()
+            name, url, token, cafile = dlg.values()
         try:
-            self.registry().add(name, url or "", token or "")
+            self.registry().add(name, url or "", token or "", cafile)
         except StudioError as exc:
             self.ctl.message.emit("error", exc.message)
             return
@@ -274,8 +307,32 @@ class DevicesPage(Page):
         self.health.pop(name, None)
         self.refresh_agents()
 
+    def choose_sdk(self, folder: str | None = None) -> None:
+        if folder is None:
+            folder = QFileDialog.getExistingDirectory(self, "The QAIRT SDK folder")
+            if not folder:
+                return
+        try:
+            self.registry().set_sdk_root(folder)
+        except StudioError as exc:
+            self.ctl.message.emit("error", exc.message)
+        self.show_sdk()
+
+    def show_sdk(self) -> None:
+        try:
+            root, where = self.registry().sdk_root()
+        except StudioError as exc:
+            self.sdk_label.setText(exc.message)
+            return
+        self.sdk_label.setText(f"{root} (from {where})" if root else
+                               "not set: choose the folder a QAIRT SDK unpacked into (or set "
+                               "QNN_SDK_ROOT) to run on phones")
+
     def run_on_device(self) -> None:
-        from studio.services.generate import generate_remote
+        import threading
+
+        from studio.core.progress import EventProgress
+        from studio.services.generate import generate
 
         dev = self.run_device.currentData()
         if not dev or self.ctl.project is None:
@@ -284,33 +341,64 @@ class DevicesPage(Page):
         project = self.ctl.project.copy()
         n = self.run_tokens.value()
         self.run_btn.setEnabled(False)
-        self.run_result.setPlainText(f"uploading to and loading on {dev}…\n"
-                                     f"{project.run['prompt']}")
-        self.last_result: dict[str, Any] | None = None
+        self.stop_btn.setEnabled(True)
+        self.run_progress.setRange(0, 0)  # busy until the first token
+        self.run_progress.setFormat("loading…")
+        where = "uploading to and loading on" if dev.startswith("agent:") else "loading on"
+        self.run_result.setPlainText(f"{where} {dev}…\n{project.run['prompt']}")
+        self.last_result = None
         stream = _Stream(self)
         stream.text.connect(self._append)
         self._stream = stream  # kept alive while the job runs
+        self._tokens = 0
+        self._cancel = threading.Event()
+        progress = EventProgress(self._cancel)
+        self.run_progress.setMaximum(0)
+        self._run_n = n
 
         async def go() -> None:
+            from studio.core.errors import Cancelled
+
             try:
-                out = await self.ctl.in_thread(generate_remote, project, project.run["prompt"],
-                                               dev, n, None, None, stream.text.emit)
+                out = await self.ctl.in_thread(lambda: generate(
+                    project, project.run["prompt"], dev, n, on_text=stream.text.emit,
+                    progress=progress))
+            except Cancelled:
+                self.run_result.appendPlainText("\n— stopped")
+                self.run_progress.setFormat("stopped")
             except StudioError as exc:
                 self.run_result.setPlainText(f"failed: {exc.message}")
+                self.run_progress.setRange(0, 1)
+                self.run_progress.setValue(0)
+                self.run_progress.setFormat("failed")
             else:
                 self.last_result = out
-                tps = out.get("decode_tokens_per_s")
+                tps, ttft = out.get("decode_tokens_per_s"), out.get("time_to_first_token_ms")
+                self.run_progress.setRange(0, n)
+                self.run_progress.setValue(len(out["tokens"]))
+                self.run_progress.setFormat(f"{len(out['tokens'])}/{n} tokens")
                 self.run_result.setPlainText(
                     f"{out['prompt']}{out['text']}\n— {len(out['tokens'])} tokens · "
-                    f"time to first token {out['time_to_first_token_ms']:.1f} ms · "
+                    + (f"time to first token {ttft:.1f} ms · " if ttft is not None else "")
                     + (f"decode {tps:.1f} tok/s · " if tps else "")
                     + f"{out['source']} on {out['device_name']} ({out['timing_note']})")
             finally:
                 self.run_btn.setEnabled(True)
+                self.stop_btn.setEnabled(False)
 
         asyncio.ensure_future(go())
 
+    def stop_run(self) -> None:
+        if self._cancel is not None:
+            self._cancel.set()
+            self.stop_btn.setEnabled(False)
+            self.run_progress.setFormat("stopping…")
+
     def _append(self, text: str) -> None:
+        self._tokens += 1  # one piece of text per generated token
+        self.run_progress.setRange(0, self._run_n)
+        self.run_progress.setValue(min(self._tokens, self._run_n))
+        self.run_progress.setFormat(f"{self._tokens}/{self._run_n} tokens")
         cursor = self.run_result.textCursor()
         cursor.movePosition(cursor.MoveOperation.End)
         cursor.insertText(text)
@@ -355,12 +443,15 @@ class DevicesPage(Page):
         except StudioError as exc:
             self.sim_label.setText(exc.message)
         self.refresh_agents()
+        self.show_sdk()
         self.adb_label.setText("Phones over adb: looking…")
 
         async def phones() -> None:  # adb may take seconds to answer: off the UI thread
             found = await self.ctl.in_thread(devices.adb_devices)
+            self.phones = [d for d in found if d["id"] != "adb"]
             self.adb_label.setText("Phones over adb: " + "; ".join(
                 f"{d['id']} {d['status']}" if d["id"] != "adb" else d["status"] for d in found))
+            self.refresh_agents()
 
         try:
             self._phones_task = asyncio.ensure_future(phones())
@@ -423,17 +514,32 @@ class AddAgentDialog(QDialog):
         self.token = QLineEdit()
         self.token.setEchoMode(QLineEdit.EchoMode.Password)
         self.token.setPlaceholderText("the pairing token the agent printed")
+        self.cafile = QLineEdit()
+        self.cafile.setPlaceholderText("https only: the agent's certificate or its CA (optional)")
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse)
+        cert = QHBoxLayout()
+        cert.addWidget(self.cafile, 1)
+        cert.addWidget(browse)
         form.addRow("Name", self.name)
         form.addRow("URL", self.url)
         form.addRow("Token", self.token)
+        form.addRow("Certificate", cert)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok
                                    | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         form.addRow(buttons)
 
-    def values(self) -> tuple[str, str, str]:
-        return self.name.text().strip(), self.url.text().strip(), self.token.text().strip()
+    def _browse(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "The agent's certificate", "",
+                                              "Certificates (*.pem *.crt *.cer);;All files (*)")
+        if path:
+            self.cafile.setText(path)
+
+    def values(self) -> tuple[str, str, str, str]:
+        return (self.name.text().strip(), self.url.text().strip(), self.token.text().strip(),
+                self.cafile.text().strip())
 
 
 def main() -> int:
