@@ -36,3 +36,25 @@ def small_sample_project(folder: Path, name: str, **sections) -> Path:
     path = folder / f"{name}.qstudio"
     pf.save(p, path)
     return path
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def layerdiff_run(tmp_path_factory) -> tuple[Path, dict, float]:
+    """One small sample project after ``studio --batch FILE --stages layerdiff`` (2 windows,
+    module outputs), shared by the engine and window tests, which only read it (or copy it):
+    (project file, the batch's JSON, seconds)."""
+    import json
+    import subprocess
+    import time
+
+    path = small_sample_project(tmp_path_factory.mktemp("layerdiff"), "layerdiff",
+                                layerdiff={"windows": 2, "tensors": "modules"})
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "studio.cli", "--batch", str(path), "--stages",
+                        "layerdiff", "--json"], capture_output=True, text=True, timeout=1800,
+                       cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return path, json.loads(r.stdout), time.perf_counter() - t0

@@ -66,6 +66,15 @@ def batch_run(small_project):
     return r, json.loads(r.stdout)
 
 
+def share_store(src: Path, dest: Path) -> None:
+    """Start project ``dest`` from a copy of project ``src``'s artifact store (not its run
+    history): stages whose keys match come from the cache."""
+    import shutil
+
+    shutil.copytree(src.with_suffix(".studio") / "artifacts",
+                    dest.with_suffix(".studio") / "artifacts", dirs_exist_ok=True)
+
+
 def record_run(store, settings: dict | None, metrics: list, state: str = "succeeded") -> int:
     """Record one finished run in a real run history the way the pipeline does: the settings
     it ran with, a validate job and that job's metrics (``studio.core.metrics.Metric``)."""

@@ -16,8 +16,11 @@ PROMPT = "import os\n\ndef read_file(path):"
 NEW = 96
 
 
+# Two families through the CLI (mixed sliding / full layers; a bfloat16 checkpoint): every
+# family's numerics against transformers are checked at the engine level
+# (tests/engine/test_families.py), the CLI path is the same for all.
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["mistral", "phi3", "gemma2", "llama3.2-bf16"])
+@pytest.mark.parametrize("name", ["gemma2", "llama3.2-bf16"])
 def test_a_family_goes_from_studio_new_to_a_cpu_run_that_matches_transformers(tmp_path, name):
     # seed 1: a random model whose greedy text does not reach EOS within NEW tokens
     ckpt = build_checkpoint(name, tmp_path / "ckpt", seed=1)

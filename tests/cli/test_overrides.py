@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.cli.conftest import studio
+from tests.cli.conftest import share_store, studio
 
 
 @pytest.mark.slow
@@ -21,6 +21,7 @@ def test_encodings_export_then_import_into_another_recipe(batch_run, small_proje
     copy.write_text(small_project.read_text().replace('scheme = "W8A16"', 'scheme = "W8A8"'))
     r = studio("overrides", "import", copy, enc)
     assert r.returncode == 2 and "no export result" in r.stderr  # nothing to map onto yet
+    share_store(small_project, copy)  # the export is the small project's: from the cache
     assert studio("--batch", copy, "--stages", "export", "--quiet").returncode == 0
     r = studio("overrides", "import", copy, enc)
     assert r.returncode == 0, r.stderr
@@ -52,12 +53,13 @@ def test_a_file_that_is_not_an_encodings_file_is_refused(batch_run, small_projec
 
 
 @pytest.mark.slow
-def test_auto_precision_rules_are_adopted_into_the_recipe(small_project, tmp_path):
+def test_auto_precision_rules_are_adopted_into_the_recipe(batch_run, small_project, tmp_path):
     """sensitivity → autoprecision (target: the W8A8 base's cosine, a hair higher) →
     `studio overrides adopt`: the rules land in quantization.overrides, where studio info
     shows them as what sets those layers."""
     f = tmp_path / "auto.qstudio"
     f.write_text(small_project.read_text().replace('scheme = "W8A16"', 'scheme = "W8A8"'))
+    share_store(small_project, f)  # its export comes from the cache
     r = studio("overrides", "adopt", f)
     assert r.returncode == 2 and "no autoprecision result" in r.stderr
     r = studio("--batch", f, "--stages", "sensitivity", "--quiet")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,6 @@ from studio.core import project as pf
 from studio.core.errors import StudioError
 from studio.core.stagegraph import DEFAULT_STAGES, STAGES, plan
 from tests.cli.conftest import studio
-from tests.conftest import small_sample_project
 
 FIGURES: dict[str, object] = {}
 
@@ -29,19 +27,16 @@ def _print_figures():
 
 
 @pytest.fixture(scope="module")
-def project_file(tmp_path_factory, sample_model_dir, sample_data_dir) -> Path:
-    return small_sample_project(tmp_path_factory.mktemp("layerdiff"), "layerdiff",
-                                layerdiff={"windows": 2, "tensors": "modules"})
+def project_file(layerdiff_run) -> Path:
+    return layerdiff_run[0]
 
 
 @pytest.fixture(scope="module")
-def batch(project_file):
-    """The one run: ``studio --batch FILE --stages layerdiff``."""
-    t0 = time.perf_counter()
-    r = studio("--batch", project_file, "--stages", "layerdiff", "--json")
-    FIGURES["batch_seconds"] = round(time.perf_counter() - t0, 1)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout)
+def batch(layerdiff_run):
+    """The one run: ``studio --batch FILE --stages layerdiff`` (shared with the window's
+    tests)."""
+    FIGURES["batch_seconds"] = round(layerdiff_run[2], 1)
+    return layerdiff_run[1]
 
 
 @pytest.fixture(scope="module")

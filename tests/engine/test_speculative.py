@@ -99,7 +99,7 @@ def test_rejection_sampling_keeps_the_target_distribution(target, draft, prompts
     runs = 800
     rejected = 0
     for _ in range(runs):
-        out = speculative_generate(target, proposer, prompt, 3, sampler=sampler, k=1,
+        out = speculative_generate(target, proposer, prompt, 2, sampler=sampler, k=1,
                                    adaptive=False)
         pair = (out["tokens"][0], out["tokens"][1])
         counts[pair] = counts.get(pair, 0) + 1

@@ -10,33 +10,25 @@ from __future__ import annotations
 import json
 import math
 import re
-import time
 from pathlib import Path
 
 import pytest
 
 from studio.core import project as pf
 from tests.cli.conftest import studio as studio_cli
-from tests.conftest import small_sample_project
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def diffed(tmp_path_factory) -> dict:
+def diffed(layerdiff_run) -> dict:
     """A small sample project after ``studio --batch FILE --stages layerdiff`` (2 windows,
-    module outputs), and what ``studio layerdiff FILE --json`` says about it."""
-    folder = tmp_path_factory.mktemp("ldview")
-    path = small_sample_project(
-        folder, "ldview", layerdiff={"windows": 2, "tensors": "modules"}
-    )
-    t0 = time.perf_counter()
-    r = studio_cli("--batch", path, "--stages", "layerdiff")
-    assert r.returncode == 0, r.stderr[-3000:]
+    module outputs; shared with the engine's tests), and what ``studio layerdiff FILE
+    --json`` says about it."""
+    path, _batch, seconds = layerdiff_run
     shown = studio_cli("layerdiff", path, "--json")
     assert shown.returncode == 0, shown.stderr[-2000:]
-    return {"path": path, "got": json.loads(shown.stdout),
-            "seconds": time.perf_counter() - t0}
+    return {"path": path, "got": json.loads(shown.stdout), "seconds": seconds}
 
 
 def _open(make_window, copy_project, src: Path, dest: Path):
