@@ -124,14 +124,15 @@ def check_tokenizer(folder: Path, vocab_size: int) -> Any:
 
 
 def check_checkpoint(folder: Path) -> dict[str, Any]:
-    """All checks of one checkpoint folder; returns what was checked."""
+    """All checks of one checkpoint folder, the cheap ones first (the weights against the
+    config builds the model's skeleton: seconds); returns what was checked."""
     from studio.engine import hf_import
 
     folder = Path(folder)
     info = hf_import.open_checkpoint(folder)
     check_weights_complete(folder)
-    check_weights_match_config(folder)
     tok = check_tokenizer(folder, info.vocab_size)
+    check_weights_match_config(folder)
     return {"architecture": info.architecture, "tensors": len(info.layers),
             "tokenizer_tokens": tok.get_vocab_size(with_added_tokens=True)}
 

@@ -65,6 +65,7 @@ def test_playground_ablation_and_waterfall(make_window, copy_project, exported_t
     # the waterfall: measured on the host CPU, estimated for the chip
     page.tabs.setCurrentWidget(page.waterfall)
     assert page.waterfall.table.rowCount() == 0
+    win.ctl.set("waterfall", "new_tokens", 16)  # each step's generation: short in a test
     summary = wait_task(qtbot, win.ctl.run(["waterfall"]), timeout=900_000)
     assert summary.state == "succeeded", summary.to_dict()
     qtbot.waitUntil(lambda: page.waterfall.table.rowCount() == 7, timeout=30_000)
