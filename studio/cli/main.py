@@ -13,6 +13,7 @@
                     [--speculative [--draft REF | --prompt-lookup] [--k K] [--fixed-k]]
                     [--kv float|int8] [--window W] [--json]
     studio prune FILE [--drop N] [--out DIR] [--json]
+    studio bundle FILE [--target CHIP] [--out DIR] [--json]
     studio waterfall FILE [--chip CHIP] [--json]
     studio agent serve [--host 127.0.0.1] [--port P] [--token-file F] [--tls-cert C --tls-key K]
     studio devices list [--json] | add NAME --url URL (--token T | --token-file F) | remove NAME
@@ -126,6 +127,13 @@ def _parser() -> argparse.ArgumentParser:
     pn.add_argument("--out", help="folder for the pruned checkpoint; a project file for it is "
                                   "written beside it (OUT.qstudio)")
     pn.add_argument("--json", dest="prune_json", action="store_true")
+    bd = sub.add_parser("bundle", help="a Genie bundle for a target chip, checked by running "
+                                       "Genie on the HTP simulator")
+    bd.add_argument("file")
+    bd.add_argument("--target", help="the chip (default: the first target)")
+    bd.add_argument("--out", help="where the bundle folder goes (default: the project folder's "
+                                  "bundles/CHIP)")
+    bd.add_argument("--json", dest="bundle_json", action="store_true")
     ag = sub.add_parser("agent", help="the device agent that runs jobs on a target machine")
     ags = ag.add_subparsers(dest="agent_command", parser_class=_Parser, required=True)
     sv = ags.add_parser("serve", help="serve jobs over HTTP (bearer token; 127.0.0.1 unless "
@@ -801,6 +809,25 @@ def _waterfall(args) -> int:
     return 0
 
 
+def _bundle(args) -> int:
+    from studio.core import project as projectfile
+    from studio.services.bundle import build_bundle
+
+    _native_output_to_stderr()
+    out = build_bundle(projectfile.load(Path(args.file)), args.target,
+                       Path(args.out).expanduser().resolve() if args.out else None)
+    if args.bundle_json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"{out['summary']}\nwrote {out['folder']}")
+    for name, f in out["files"].items():
+        print(f"  {name:<28} {f['bytes']:>12,} bytes  sha256 {f['sha256'][:16]}…")
+    for c in out["checks"]:
+        print(f"  {'same' if c['identical'] else 'DIFFERENT'}: {c['prompt']!r} + "
+              f"{c['studio_tokens']} tokens (Genie {c['genie_wall_s']:.1f} s, simulated)")
+    return 0
+
+
 def _prune(args) -> int:
     from studio.core import project as projectfile
     from studio.services.pruning import prune
@@ -894,6 +921,8 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(args)
         if args.command == "prune":
             return _prune(args)
+        if args.command == "bundle":
+            return _bundle(args)
         if args.command == "waterfall":
             return _waterfall(args)
         if args.command == "agent":

@@ -121,3 +121,29 @@ class RunLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def atomic_copytree(src: Path, dest: Path) -> Path:
+    """Copy folder ``src`` to ``dest`` so that ``dest`` appears whole or not at all: copied
+    beside it under a temporary name, then renamed; an older ``dest`` is replaced only once
+    the new copy is complete."""
+    import shutil
+
+    src, dest = Path(src), Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    old = None
+    try:
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+        if dest.exists():
+            old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+            os.replace(dest, old)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not dest.exists():
+            os.replace(old, dest)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return dest

@@ -64,6 +64,9 @@ _SECTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     # the optimization waterfall: the attention window (0: half the context), the speculative
     # k, and the tokens generated per timing
     "waterfall": {"window": (int, 0), "k": (int, 4), "new_tokens": (int, 48)},
+    # the Genie bundle's check: Genie's greedy text against the studio's on ``prompts``
+    # held-out prompts, up to ``new_tokens`` each (fewer when the context is shorter)
+    "bundle": {"new_tokens": (int, 96), "prompts": (int, 3)},
     # per-layer precision sensitivity: held-out tokens scored per variant, the precision a
     # layer is raised to ("auto": INT16 over W8A8, FP16 over W8A16) and lowered to ("": none)
     "sensitivity": {
@@ -117,6 +120,7 @@ class Project:
     profile: dict[str, Any] = field(default_factory=lambda: _defaults("profile"))
     pruning: dict[str, Any] = field(default_factory=lambda: _defaults("pruning"))
     waterfall: dict[str, Any] = field(default_factory=lambda: _defaults("waterfall"))
+    bundle: dict[str, Any] = field(default_factory=lambda: _defaults("bundle"))
     path: Path | None = None
 
     # ---- locations -------------------------------------------------------------
@@ -244,6 +248,8 @@ def _validate(p: Project) -> None:
     if w["window"] < 0 or w["k"] < 1 or w["k"] > 16 or w["new_tokens"] < 2:
         raise StudioError("waterfall: window must be >= 0 (0: half the context), k 1..16 and "
                           "new_tokens at least 2")
+    if p.bundle["new_tokens"] < 1 or not 1 <= p.bundle["prompts"] <= 8:
+        raise StudioError("bundle: new_tokens must be at least 1 and prompts 1..8")
     if p.pruning["drop_blocks"] < 1:
         raise StudioError("pruning.drop_blocks must be at least 1 (the blocks the pruned "
                           "checkpoint leaves out)")
@@ -330,7 +336,7 @@ def from_dict(data: dict[str, Any], where: str = "project") -> Project:
         pipeline=sections["pipeline"], sensitivity=sections["sensitivity"],
         autoprecision=sections["autoprecision"], layerdiff=sections["layerdiff"],
         profile=sections["profile"], pruning=sections["pruning"],
-        waterfall=sections["waterfall"],
+        waterfall=sections["waterfall"], bundle=sections["bundle"],
     )
     _validate(p)
     return p

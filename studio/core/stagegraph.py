@@ -107,6 +107,11 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                         "quantization.calibration_text", "quantization.calibration_samples",
                         "validation.heldout_text", "validation.heldout_tokens", "model.source",
                         "waterfall.window", "waterfall.k", "waterfall.new_tokens")),
+    StageDecl("bundle", "Genie bundle", (Need("export"), Need("quantize"),
+                                         Need("compile", per_chip=True)),
+              fan_out="target", optional=True,
+              settings=("quantization.scheme", "quantization.weight_granularity",
+                        "validation.heldout_text", "bundle.new_tokens", "bundle.prompts")),
     StageDecl("report", "Report", (), needs_all=True, cache=False, settings=("name", *_GATES)),
 )
 STAGES: dict[str, StageDecl] = {d.name: d for d in DECLARATIONS}

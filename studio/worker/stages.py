@@ -1215,11 +1215,155 @@ def layerdiff(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     }
 
 
+# ---- bundle ----------------------------------------------------------------------------------
+def bundle_prompts(text: str, tok, n: int, length: int = 12) -> list[str]:
+    """``n`` held-out prompts: lines with at least ``length`` tokens spread evenly over the
+    text (no two starting alike), each cut to ``length`` tokens."""
+    lines = []
+    for line in text.splitlines():
+        ids = tok(line).input_ids
+        if len(ids) >= length and line.strip():
+            lines.append(tok.decode(ids[:length]))
+    spread = [int(i * len(lines) / n) for i in range(n)]
+    order = spread + [i for i in range(len(lines)) if i not in spread]
+    out: list[str] = []
+    for i in order:
+        if all(lines[i][:8] != o[:8] for o in out):
+            out.append(lines[i])
+        if len(out) == n:
+            break
+    if len(out) < n:
+        raise StudioError(f"the held-out text has {len(out)} lines of {length}+ tokens, the "
+                          f"bundle check wants {n}: use a longer text or fewer bundle.prompts")
+    return out
+
+
+def bundle(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    """A Genie bundle for the target chip: the quantized decode graph rewritten to Genie's
+    conventions and compiled, ``genie_config.json``, ``tokenizer.json``, a manifest and a
+    README; then Genie itself (the wheel's libGenie.so, on the HTP simulator) loads the bundle
+    and its greedy text is compared with the studio's runtime on held-out prompts."""
+    import hashlib
+    import platform
+
+    from studio.engine import genie, qnn
+
+    export_dir, qdir = ctx.input("export"), ctx.input("quantize")
+    cdir = ctx.input("compile", ctx.config.chip)
+    chip = ctx.chip
+    spec = _spec(export_dir)
+    if ctx.fp16:
+        raise StudioError("a Genie bundle is made from a quantized graph: use a W8A16, W8A8 or "
+                          "W4A16 scheme, not FP16")
+    if spec.get("sliding_window") and spec["sliding_window"] < spec["context_length"]:
+        raise StudioError("this model has sliding-window layers: Genie bundles of them are not "
+                          "supported yet")
+    out = ctx.out / "bundle"
+    work = ctx.out / "work"
+    progress.update(0.05, "rewriting the decode graph to Genie's conventions")
+    io = genie.genie_decode_graph(qdir / "decode.onnx", work / "decode_genie.onnx", spec)
+    progress.update(0.15, f"compiling the Genie graph for {chip.name}")
+    comp = qnn.compile_context(work / "decode_genie.onnx", work / "ctx" / "decode_genie_ctx.onnx",
+                               chip, embed=False)
+    out.mkdir(parents=True, exist_ok=True)
+    cl = io["context_size"]
+    ctx_name = f"decode_ar1_cl{cl}.bin"
+    shutil.move(comp["bin_files"][0], out / ctx_name)
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copy(export_dir / "tokenizer" / "tokenizer.json", out / "tokenizer.json")
+    cfg = genie.genie_config(spec, [ctx_name])
+    atomic_write_json(out / "genie_config.json", cfg)
+
+    progress.update(0.3, "loading the bundle in Genie (HTP simulator)")
+    tok = _tokenizer(export_dir)
+    text = _read_text(ctx.path("validation.heldout_text"), "held-out text")
+    prompts = bundle_prompts(text, tok, int(ctx.get("bundle.prompts")))
+    want = int(ctx.get("bundle.new_tokens"))
+    ref_gen = _htp_generator(cdir, chip, spec, False)
+    checks = []
+    with genie.GenieDialog(out) as dialog:
+        for i, prompt in enumerate(prompts):
+            progress.check()
+            ids = tok(prompt).input_ids
+            n = max(1, min(want, cl - 1 - len(ids)))
+            progress.update(0.3 + 0.65 * i / len(prompts),
+                            f"prompt {i + 1}/{len(prompts)}: {n} tokens from Genie and the studio")
+            g = dialog.query(prompt, n)
+            ref_gen.reset()
+            r = ref_gen.greedy(ids, n, eos_id=spec.get("eos_token_id"))
+            ref_text = tok.decode(r["tokens"])
+            same = g["text"] == ref_text
+            prefix = next((k for k, (a, b) in enumerate(zip(g["text"], ref_text, strict=False))
+                           if a != b), min(len(g["text"]), len(ref_text)))
+            checks.append({"prompt": prompt, "prompt_tokens": len(ids), "new_tokens": n,
+                           "studio_tokens": len(r["tokens"]), "identical": same,
+                           "first_difference_at_char": None if same else prefix,
+                           "genie_text": g["text"], "studio_text": ref_text,
+                           "genie_wall_s": g["wall_s"], "genie_first_text_s": g["first_text_s"]})
+        load_s = dialog.load_s
+    identical = sum(c["identical"] for c in checks)
+    tokens = sum(c["studio_tokens"] for c in checks)
+    rate = tokens / sum(c["genie_wall_s"] for c in checks)
+
+    def sha(f: Path) -> str:
+        return hashlib.sha256(f.read_bytes()).hexdigest()
+
+    files = {f.name: {"bytes": f.stat().st_size, "sha256": sha(f)}
+             for f in sorted(out.iterdir()) if f.is_file()}
+    from importlib.metadata import version
+
+    manifest = {
+        "format": "genie-bundle", "version": 1, "model": spec.get("model_type"),
+        "chip": {"key": chip.key, "name": chip.name, "htp_arch": chip.htp_arch,
+                 "soc_model": chip.soc_model},
+        "qnn_sdk": comp["sdk_version"], "onnxruntime_qnn": version("onnxruntime-qnn"),
+        "built_on": platform.platform(),
+        "recipe": {k: ctx.get(f"quantization.{k}") for k in ("scheme", "weight_granularity")},
+        "graphs": [{"file": ctx_name, "kind": "decode", "ar": 1, "context_size": cl,
+                    "inputs": io["inputs"], "outputs": io["outputs"]}],
+        "files": files,
+        "verification": {"runtime": "Genie (libGenie.so) on the QNN HTP simulator",
+                         "source": "simulated", "prompts": len(checks),
+                         "identical": identical, "tokens": tokens},
+    }
+    atomic_write_json(out / "manifest.json", manifest)
+    (out / "README.md").write_text(
+        f"# Genie bundle: {spec.get('model_type')} for {chip.name}\n\n"
+        f"Built by QStudio with QNN SDK {comp['sdk_version']}. On the device, with the QAIRT "
+        "SDK's `genie-t2t-run` and its HTP libraries beside these files:\n\n"
+        "```\ngenie-t2t-run -c genie_config.json -p \"def fibonacci(n):\"\n```\n\n"
+        f"`{ctx_name}` is the AR-1 decode graph with a context of {cl} positions (prompts are "
+        "processed one token per pass). `manifest.json` lists every file with its SHA-256 and "
+        "the check against the studio's runtime on the HTP simulator.\n")
+    note = "Genie's wall time on the HTP simulator: follows the host CPU, not device latency"
+    metrics = [
+        _metric("genie_identical_prompts", identical / len(checks), "fraction", "simulated",
+                "htp-sim", chip.key, f"{identical} of {len(checks)} prompts, {tokens} tokens"),
+        _metric("genie_tokens_per_s", rate, "tok/s", "simulated", "htp-sim", chip.key, note),
+        _metric("genie_load_s", load_s, "s", "simulated", "htp-sim", chip.key, note),
+    ]
+    if identical < len(checks):
+        bad = next(c for c in checks if not c["identical"])
+        differ = len(checks) - identical
+        raise StudioError(f"Genie's greedy text differs from the studio's on {differ} of "
+                          f"{len(checks)} prompts (first at character "
+                          f"{bad['first_difference_at_char']} of {bad['prompt']!r})")
+    return {
+        "summary": (f"Genie bundle for {chip.name}: {len(files) + 2} files, Genie's greedy text "
+                    f"equals the studio's on {identical}/{len(checks)} prompts ({tokens} tokens, "
+                    f"simulated)"),
+        "target": chip.key, "source": "simulated", "bundle": "bundle", "files": files,
+        "checks": checks, "context_size": cl, "qnn_sdk": comp["sdk_version"],
+        "metrics": metrics,
+    }
+
+
 STAGE_FUNCTIONS: dict[str, Callable[[StageContext, Progress], dict[str, Any]]] = {
     "export": export, "quantize": quantize, "compile": compile_, "validate": validate,
     "run": run, "profile": profile, "report": report, "draft": draft, "ablation": ablation,
     "waterfall": waterfall,
     "sensitivity": sensitivity, "autoprecision": autoprecision, "layerdiff": layerdiff,
+    "bundle": bundle,
 }
 
 

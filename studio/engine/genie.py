@@ -1,0 +1,301 @@
+"""Genie bundles: the studio's quantized decode graph in the form Qualcomm's Genie runtime
+loads, the bundle folder a device takes (``genie_config.json``, the context binaries,
+``tokenizer.json``, a manifest), and Genie itself (``libGenie.so`` from the installed
+``onnxruntime-qnn`` wheel) run on this host's HTP simulator to check a bundle.
+
+Genie's graph conventions (verified here on the simulator): KV inputs ``past_key_{i}_in``
+(keys transposed, ``[1, kv_heads, head_dim, CL - AR]``) and ``past_value_{i}_in`` (``[1,
+kv_heads, CL - AR, head_dim]``), outputs ``past_{key,value}_{i}_out`` holding only the AR new
+rows, int32 ``input_ids`` / ``position_ids``, a uint16 ``attention_mask`` (Genie writes 0 where
+a slot is hidden and the quantized "visible" value elsewhere), RoPE inside the graph
+(``positional-encoding: absolute``). The studio's decode graph is AR-1 with C cache slots and
+a mask over C + 1 positions, so its Genie context size is CL = C + 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+
+_LOCK = threading.Lock()  # Genie writes its errors to the process' stderr: one dialog at a time
+
+
+# ---- the graph ------------------------------------------------------------------------------
+def genie_decode_graph(src: Path, dst: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite the quantized (QDQ) decode graph ``src`` into Genie's I/O conventions at
+    ``dst``. The arithmetic inside is untouched: ids become int32 (Gather takes them), the mask
+    input is the graph's own uint16 quantized mask (its QuantizeLinear dropped: raw 0 is the
+    mask value, raw 65535 is 0 — what Genie writes), keys go in transposed through a quantized
+    Transpose, and the new key row comes out as ``[1, kv, head_dim, 1]``. Returns the I/O."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(str(src))
+    g = model.graph
+    kvh, hd, C = int(spec["num_kv_heads"]), int(spec["head_dim"]), int(spec["context_length"])
+    nodes = list(g.node)
+
+    def rename_uses(old: str, new: str, skip=None) -> None:
+        for n in nodes:
+            if n is skip:
+                continue
+            for k, x in enumerate(n.input):
+                if x == old:
+                    n.input[k] = new
+
+    def quantize_of(name: str):
+        q = [n for n in nodes if n.op_type == "QuantizeLinear" and n.input[0] == name]
+        if len(q) != 1:
+            raise StudioError(f"{src.name}: input {name} is not quantized once (found {len(q)} "
+                              "QuantizeLinear): a Genie graph is made from the quantized graph")
+        return q[0]
+
+    inputs, outputs = [], []
+    for inp in g.input:
+        name = inp.name
+        if name in ("input_ids", "position_ids"):
+            inputs.append(helper.make_tensor_value_info(name, TensorProto.INT32, [1, 1]))
+        elif name == "attention_mask":
+            q = quantize_of(name)
+            zp = numpy_helper.to_array(next(i for i in g.initializer if i.name == q.input[2]))
+            if zp.dtype != np.uint16 or int(zp) != 65535:
+                raise StudioError(f"{src.name}: the attention mask is not quantized as uint16 "
+                                  "with 0 at 65535: Genie's mask cannot feed it")
+            nodes.remove(q)
+            rename_uses(q.output[0], name)
+            inputs.append(helper.make_tensor_value_info(name, TensorProto.UINT16,
+                                                        [1, 1, 1, C + 1]))
+        elif name.startswith("past_key_"):
+            new = f"{name}_in"
+            q = quantize_of(name)
+            dq = next(n for n in nodes if n.op_type == "DequantizeLinear"
+                      and n.input[0] == q.output[0])
+            q.input[0] = new
+            t, tq, tdq = f"{new}_T", f"{new}_TQ", f"{new}_TDQ"
+            rename_uses(dq.output[0], tdq, skip=dq)
+            at = nodes.index(dq) + 1
+            nodes[at:at] = [
+                helper.make_node("Transpose", [dq.output[0]], [t], perm=[0, 1, 3, 2],
+                                 name=f"{new}_transpose"),
+                helper.make_node("QuantizeLinear", [t, q.input[1], q.input[2]], [tq],
+                                 name=f"{new}_transpose_Q"),
+                helper.make_node("DequantizeLinear", [tq, q.input[1], q.input[2]], [tdq],
+                                 name=f"{new}_transpose_DQ"),
+            ]
+            inputs.append(helper.make_tensor_value_info(new, TensorProto.FLOAT, [1, kvh, hd, C]))
+        elif name.startswith("past_value_"):
+            new = f"{name}_in"
+            rename_uses(name, new)
+            inputs.append(helper.make_tensor_value_info(new, TensorProto.FLOAT, [1, kvh, C, hd]))
+        else:
+            raise StudioError(f"{src.name}: input {name} has no Genie counterpart (a sliding "
+                              "window mask or an extra input): this model cannot be bundled yet")
+    producers = {o: n for n in nodes for o in n.output}
+    for out in g.output:
+        name = out.name
+        if name.startswith("present_key_"):
+            new = name.replace("present_", "past_") + "_out"
+            dq = producers[name]
+            pre = f"{new}_pre"
+            dq.output[0] = pre
+            rename_uses(name, pre)
+            shape = numpy_helper.from_array(np.array([1, kvh, hd, 1], np.int64), f"{new}_shape")
+            g.initializer.append(shape)
+            nodes += [
+                helper.make_node("Reshape", [pre, shape.name], [f"{new}_R"], name=f"{new}_rows"),
+                helper.make_node("QuantizeLinear", [f"{new}_R", dq.input[1], dq.input[2]],
+                                 [f"{new}_RQ"], name=f"{new}_rows_Q"),
+                helper.make_node("DequantizeLinear", [f"{new}_RQ", dq.input[1], dq.input[2]],
+                                 [new], name=f"{new}_rows_DQ"),
+            ]
+            outputs.append(helper.make_tensor_value_info(new, TensorProto.FLOAT, [1, kvh, hd, 1]))
+        elif name.startswith("present_value_"):
+            new = name.replace("present_", "past_") + "_out"
+            producers[name].output[0] = new
+            rename_uses(name, new)
+            outputs.append(helper.make_tensor_value_info(new, TensorProto.FLOAT, [1, kvh, 1, hd]))
+        else:
+            outputs.append(out)
+    del g.node[:]
+    g.node.extend(nodes)
+    del g.input[:]
+    g.input.extend(inputs)
+    del g.output[:]
+    g.output.extend(outputs)
+    del g.value_info[:]
+    onnx.checker.check_model(model)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(dst))
+    return {"inputs": [i.name for i in inputs], "outputs": [o.name for o in outputs],
+            "context_size": C + 1, "ar": 1}
+
+
+# ---- the config -----------------------------------------------------------------------------
+def genie_config(spec: dict[str, Any], ctx_bins: list[str], chip=None,
+                 tokenizer: str = "tokenizer.json") -> dict[str, Any]:
+    """A ``basic`` dialog with greedy sampling over the bundle's context binaries (paths
+    relative to the bundle folder, as on the device)."""
+    eos = spec.get("eos_token_id")
+    backend: dict[str, Any] = {"version": 1, "use-mmap": False, "spill-fill-bufsize": 0,
+                               "mmap-budget": 0, "poll": False, "cpu-mask": "0xe0",
+                               "kv-dim": int(spec["head_dim"]), "allow-async-init": False}
+    return {"dialog": {
+        "version": 1, "type": "basic",
+        "context": {"version": 1, "size": int(spec["context_length"]) + 1,
+                    "n-vocab": int(spec["vocab_size"]), "bos-token": -1,
+                    "eos-token": int(eos) if eos is not None else -1},
+        "sampler": {"version": 1, "seed": 42, "temp": 1.0, "top-k": 1, "top-p": 1.0,
+                    "greedy": True},
+        "tokenizer": {"version": 1, "path": tokenizer},
+        "engine": {"version": 1, "n-threads": 1,
+                   "backend": {"version": 1, "type": "QnnHtp", "QnnHtp": backend},
+                   "model": {"version": 1, "type": "binary",
+                             "binary": {"version": 1, "ctx-bins": list(ctx_bins)},
+                             "positional-encoding": {"type": "absolute"}}},
+    }}
+
+
+def local_config(bundle: Path) -> dict[str, Any]:
+    """The bundle's own ``genie_config.json`` with its file paths made absolute (Genie
+    resolves relative paths from the current folder)."""
+    path = Path(bundle) / "genie_config.json"
+    try:
+        cfg = json.loads(path.read_text())
+        dialog = cfg["dialog"]
+        tok = dialog["tokenizer"]
+        binary = dialog["engine"]["model"]["binary"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise StudioError(f"{path} is not a Genie dialog config ({exc}): build the bundle "
+                          "again") from None
+    tok["path"] = str((Path(bundle) / tok["path"]).resolve())
+    if not Path(tok["path"]).is_file():
+        raise StudioError(f"the bundle has no {Path(tok['path']).name} (genie_config.json names "
+                          "it): copy the model's tokenizer.json into the bundle")
+    # Genie loads a broken tokenizer without a word and fails later: check it here
+    from studio.engine.checkpoint_check import check_tokenizer
+
+    check_tokenizer(Path(tok["path"]).parent, int(dialog["context"]["n-vocab"]))
+    bins = []
+    for b in binary["ctx-bins"]:
+        p = (Path(bundle) / b).resolve()
+        if not p.is_file():
+            raise StudioError(f"the bundle has no context binary {b} (genie_config.json lists "
+                              "it): build the bundle again")
+        bins.append(str(p))
+    binary["ctx-bins"] = bins
+    return cfg
+
+
+# ---- the runtime ----------------------------------------------------------------------------
+def library_path() -> Path:
+    try:
+        import onnxruntime_qnn
+    except ImportError:
+        raise StudioError("onnxruntime-qnn is not installed: Genie comes with it") from None
+    p = Path(onnxruntime_qnn.__file__).parent / "libGenie.so"
+    if not p.is_file():
+        raise StudioError(f"this onnxruntime-qnn has no libGenie.so ({p.parent})")
+    return p
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """The process' fd 2 into ``path`` (Genie prints its reasons there)."""
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "wb") as f:
+        os.dup2(f.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _genie_message(log: Path) -> str:
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()
+             and "LIBNATIVE" not in ln and "affinity" not in ln and "[INFO]" not in ln]
+    return " ".join(lines)[:400] or "no message"
+
+
+class GenieDialog:
+    """A Genie dialog created from a bundle's config, on this host's HTP simulator."""
+
+    def __init__(self, bundle: Path) -> None:
+        self.bundle = Path(bundle)
+        cfg = local_config(self.bundle)
+        self.lib = ctypes.CDLL(str(library_path()))
+        self._cfg, self._dlg = ctypes.c_void_p(), ctypes.c_void_p()
+        with tempfile.TemporaryDirectory(prefix="qstudio-genie-") as tmp:
+            log = Path(tmp) / "stderr.txt"
+            t0 = time.perf_counter()
+            with _LOCK, _stderr_to(log):
+                st = self.lib.GenieDialogConfig_createFromJson(json.dumps(cfg).encode(),
+                                                              ctypes.byref(self._cfg))
+                if st == 0:
+                    st2 = self.lib.GenieDialog_create(self._cfg, ctypes.byref(self._dlg))
+            if st != 0:
+                raise StudioError(f"Genie refused the bundle's genie_config.json (status {st}): "
+                                  f"{_genie_message(log)}")
+            if st2 != 0:
+                self.lib.GenieDialogConfig_free(self._cfg)
+                raise StudioError(f"Genie could not create the dialog (status {st2}): "
+                                  f"{_genie_message(log)}")
+            self.load_s = time.perf_counter() - t0
+
+    def query(self, prompt: str, max_new_tokens: int,
+              on_text: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """Greedy text after ``prompt`` (Genie tokenizes it itself); timings are wall clock on
+        the simulator."""
+        self.lib.GenieDialog_reset(self._dlg)
+        self.lib.GenieDialog_setMaxNumTokens(self._dlg, ctypes.c_uint32(int(max_new_tokens)))
+        pieces: list[str] = []
+        stamps: list[float] = []
+        callback_t = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p)
+
+        def cb(text, _code, _user) -> None:
+            if text:
+                piece = text.decode("utf-8", "replace")
+                pieces.append(piece)
+                stamps.append(time.perf_counter())
+                if on_text is not None:
+                    on_text(piece)
+
+        keep = callback_t(cb)
+        with tempfile.TemporaryDirectory(prefix="qstudio-genie-") as tmp:
+            log = Path(tmp) / "stderr.txt"
+            t0 = time.perf_counter()
+            with _LOCK, _stderr_to(log):
+                st = self.lib.GenieDialog_query(self._dlg, prompt.encode(), 0, keep, None)
+            wall = time.perf_counter() - t0
+            if st != 0:
+                raise StudioError(f"Genie's query failed (status {st}): {_genie_message(log)}")
+        return {"text": "".join(pieces), "wall_s": wall,
+                "first_text_s": (stamps[0] - t0) if stamps else None, "pieces": len(pieces)}
+
+    def close(self) -> None:
+        if self._dlg:
+            self.lib.GenieDialog_free(self._dlg)
+            self._dlg = ctypes.c_void_p()
+        if self._cfg:
+            self.lib.GenieDialogConfig_free(self._cfg)
+            self._cfg = ctypes.c_void_p()
+
+    def __enter__(self) -> GenieDialog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
