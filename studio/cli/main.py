@@ -11,7 +11,7 @@
     studio generate FILE --prompt TEXT [--device D] [--max-new-tokens N] [--temperature T
                     --top-k K --top-p P --seed S] [--stop S ...]
                     [--speculative [--draft REF | --prompt-lookup] [--k K] [--fixed-k]]
-                    [--kv float|int8] [--window W] [--json]
+                    [--kv float|int8] [--window W] [--runtime studio|genie] [--json]
     studio prune FILE [--drop N] [--out DIR] [--json]
     studio bundle FILE [--target CHIP] [--out DIR] [--json]
     studio waterfall FILE [--chip CHIP] [--json]
@@ -120,6 +120,9 @@ def _parser() -> argparse.ArgumentParser:
     gn.add_argument("--window", type=int,
                     help="attend to the last W tokens (W <= the context): a ring buffer that "
                          "lets generation run past the context")
+    gn.add_argument("--runtime", choices=("studio", "genie"), default="studio",
+                    help="the studio's own runtime (default) or Qualcomm's Genie from the "
+                         "project's Genie bundle (greedy, on the HTP simulator)")
     gn.add_argument("--json", dest="generate_json", action="store_true")
     pn = sub.add_parser("prune", help="rank blocks by ablation and write a pruned checkpoint")
     pn.add_argument("file")
@@ -605,6 +608,32 @@ def _native_output_to_stderr() -> None:
                                   line_buffering=True)
 
 
+def _generate_genie(args, p, stream) -> int:
+    from studio.services.bundle import genie_generate
+
+    rest = [f for f, v in (("--speculative", args.speculative or args.prompt_lookup or args.draft),
+                           ("--kv", args.kv), ("--window", args.window),
+                           ("--temperature", args.temperature), ("--stop", args.stop)) if v]
+    if rest:
+        raise StudioError(f"Genie runs the bundle's greedy dialog: leave out {', '.join(rest)}")
+    target = None
+    if args.device and args.device not in ("htp-sim", "cpu"):
+        if not args.device.startswith("htp-sim:"):
+            raise StudioError("Genie runs here on the HTP simulator: use --device htp-sim[:CHIP]")
+        target = args.device.partition(":")[2]
+    out = genie_generate(p, args.prompt, target, args.max_new_tokens, on_text=stream)
+    if args.generate_json:
+        print(json.dumps(out, indent=1))
+        return 0
+    tps, ttft = out["decode_tokens_per_s"], out["time_to_first_token_ms"]
+    print(f"\n--\n{out['tokens_out']} tokens · time to first token "
+          + (f"{ttft:.1f} ms · " if ttft is not None else "not timed · ")
+          + (f"decode {tps:.1f} tok/s" if tps else "no decode steps")
+          + f" · {out['source']} on {out['device_name']} ({out['timing_note']})",
+          file=sys.stderr)
+    return 0
+
+
 def _generate(args) -> int:
     from studio.core import project as projectfile
     from studio.core.sampling import SamplingConfig
@@ -622,6 +651,8 @@ def _generate(args) -> int:
         print(text, end="", flush=True)
 
     stream = None if args.generate_json else show
+    if args.runtime == "genie":
+        return _generate_genie(args, p, stream)
     spec_mode = None
     if args.speculative or args.prompt_lookup or args.draft:
         spec_mode = "lookup" if args.prompt_lookup else "draft"

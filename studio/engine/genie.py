@@ -14,20 +14,15 @@ a mask over C + 1 positions, so its Genie context size is CL = C + 1.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import json
-import os
-import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
-
-_LOCK = threading.Lock()  # Genie writes its errors to the process' stderr: one dialog at a time
+from studio.engine.qnn import _capture_native_stderr
 
 
 # ---- the graph ------------------------------------------------------------------------------
@@ -209,24 +204,9 @@ def library_path() -> Path:
     return p
 
 
-@contextlib.contextmanager
-def _stderr_to(path: Path) -> Iterator[None]:
-    """The process' fd 2 into ``path`` (Genie prints its reasons there)."""
-    import sys
-
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(path, "wb") as f:
-        os.dup2(f.fileno(), 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def _genie_message(log: Path) -> str:
-    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()
+def _genie_message(text: str) -> str:
+    """What Genie printed, without its start-up chatter, on one line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()
              and "LIBNATIVE" not in ln and "affinity" not in ln and "[INFO]" not in ln]
     return " ".join(lines)[:400] or "no message"
 
@@ -239,22 +219,22 @@ class GenieDialog:
         cfg = local_config(self.bundle)
         self.lib = ctypes.CDLL(str(library_path()))
         self._cfg, self._dlg = ctypes.c_void_p(), ctypes.c_void_p()
-        with tempfile.TemporaryDirectory(prefix="qstudio-genie-") as tmp:
-            log = Path(tmp) / "stderr.txt"
-            t0 = time.perf_counter()
-            with _LOCK, _stderr_to(log):
-                st = self.lib.GenieDialogConfig_createFromJson(json.dumps(cfg).encode(),
-                                                              ctypes.byref(self._cfg))
-                if st == 0:
-                    st2 = self.lib.GenieDialog_create(self._cfg, ctypes.byref(self._dlg))
-            if st != 0:
-                raise StudioError(f"Genie refused the bundle's genie_config.json (status {st}): "
-                                  f"{_genie_message(log)}")
-            if st2 != 0:
-                self.lib.GenieDialogConfig_free(self._cfg)
-                raise StudioError(f"Genie could not create the dialog (status {st2}): "
-                                  f"{_genie_message(log)}")
-            self.load_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        st2 = -1
+        with _capture_native_stderr() as cap:  # Genie prints its reasons on fd 2
+            st = self.lib.GenieDialogConfig_createFromJson(json.dumps(cfg).encode(),
+                                                          ctypes.byref(self._cfg))
+            if st == 0:
+                st2 = self.lib.GenieDialog_create(self._cfg, ctypes.byref(self._dlg))
+        if st != 0:
+            raise StudioError(f"Genie refused the bundle's genie_config.json (status {st}): "
+                              f"{_genie_message(cap.text)}")
+        if st2 != 0:
+            self.lib.GenieDialogConfig_free(self._cfg)
+            self._cfg = ctypes.c_void_p()
+            raise StudioError(f"Genie could not create the dialog (status {st2}): "
+                              f"{_genie_message(cap.text)}")
+        self.load_s = time.perf_counter() - t0
 
     def query(self, prompt: str, max_new_tokens: int,
               on_text: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -275,14 +255,12 @@ class GenieDialog:
                     on_text(piece)
 
         keep = callback_t(cb)
-        with tempfile.TemporaryDirectory(prefix="qstudio-genie-") as tmp:
-            log = Path(tmp) / "stderr.txt"
-            t0 = time.perf_counter()
-            with _LOCK, _stderr_to(log):
-                st = self.lib.GenieDialog_query(self._dlg, prompt.encode(), 0, keep, None)
-            wall = time.perf_counter() - t0
-            if st != 0:
-                raise StudioError(f"Genie's query failed (status {st}): {_genie_message(log)}")
+        t0 = time.perf_counter()
+        with _capture_native_stderr() as cap:
+            st = self.lib.GenieDialog_query(self._dlg, prompt.encode(), 0, keep, None)
+        wall = time.perf_counter() - t0
+        if st != 0:
+            raise StudioError(f"Genie's query failed (status {st}): {_genie_message(cap.text)}")
         return {"text": "".join(pieces), "wall_s": wall,
                 "first_text_s": (stamps[0] - t0) if stamps else None, "pieces": len(pieces)}
 

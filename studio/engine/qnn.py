@@ -409,6 +409,36 @@ def make_session(
     return sess
 
 
+def export_dlc(onnx_path: str | os.PathLike, chip: Chip | str, out_file: str | os.PathLike,
+               fp16: bool = False) -> dict[str, Any]:
+    """Write the QNN graph of ``onnx_path`` for ``chip`` as a DLC file (the QNN EP's
+    ``dump_qnn_ir_dlc`` at session creation). A DLC is for Qualcomm's on-device tools: this
+    host cannot run it back. Returns ``{"file", "bytes", "entries"}`` (the DLC is a ZIP)."""
+    import zipfile
+
+    out = Path(out_file).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".dlc-", dir=out.parent))
+    try:
+        sess = make_session(onnx_path, chip, strict=False, fp16=fp16,
+                            extra_options={"dump_qnn_ir_dlc": "1",
+                                           "dump_qnn_ir_dlc_dir": str(tmp)})
+        del sess
+        found = sorted(tmp.glob("*.dlc"))
+        if len(found) != 1:
+            raise StudioError(f"the QNN EP wrote {len(found)} DLC files for {Path(onnx_path).name}"
+                              ", not one: the graph was split between the HTP and the CPU")
+        os.replace(found[0], out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with zipfile.ZipFile(out) as z:
+            entries = sorted(z.namelist())
+    except zipfile.BadZipFile:
+        entries = []
+    return {"file": out.name, "bytes": out.stat().st_size, "entries": entries}
+
+
 def placement_report(
     onnx_path: str | os.PathLike,
     chip: Chip | str,

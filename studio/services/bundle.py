@@ -5,6 +5,7 @@ simulator) and copy it where the user wants it."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,9 @@ from studio.core.fsutil import atomic_copytree
 from studio.core.project import Project
 
 
-def build_bundle(project: Project, target: str | None = None,
-                 out: Path | None = None) -> dict[str, Any]:
-    """Run the bundle stage for ``target`` (default: the first target; the store serves what
-    it holds) and copy the bundle to ``out`` (default: the project folder's
-    ``bundles/<chip>``). Returns the stage's result with ``folder``."""
+def stored_bundle(project: Project, target: str | None = None) -> tuple[Path, dict[str, Any]]:
+    """(the bundle folder in the store, the stage's result) for ``target`` (default: the first
+    target), running the bundle stage when the store does not hold it yet."""
     from studio.core.catalog import get_chip
     from studio.services.generate import _run_stages
     from studio.services.history import current_keys
@@ -30,13 +29,53 @@ def build_bundle(project: Project, target: str | None = None,
         raise StudioError(f"{chip} is not a target of this project: add it to targets first")
     p = project.copy()
     p.targets = [chip]
-    _run_stages(p, ["bundle"], "the Genie bundle")
+    store = ArtifactStore(p.folder / "artifacts")
     key = current_keys(p, ["bundle"]).get(f"bundle[{chip}]")
-    art = ArtifactStore(p.folder / "artifacts").get(key) if key else None
+    art = store.get(key) if key else None
+    if art is None:
+        _run_stages(p, ["bundle"], "the Genie bundle")
+        art = store.get(key) if key else None
     if art is None:
         raise StudioError(f"the bundle stage left no result: see studio --batch {p.path} "
                           "--stages bundle")
-    result = json.loads((art.path / "result.json").read_text())
-    dest = Path(out) if out else p.folder / "bundles" / chip
-    atomic_copytree(art.path / "bundle", dest)
+    return art.path / "bundle", json.loads((art.path / "result.json").read_text())
+
+
+def build_bundle(project: Project, target: str | None = None,
+                 out: Path | None = None) -> dict[str, Any]:
+    """The bundle for ``target`` (built and checked by the bundle stage, or from the store)
+    copied to ``out`` (default: the project folder's ``bundles/<chip>``), whole or not at all.
+    Returns the stage's result with ``folder``."""
+    folder, result = stored_bundle(project, target)
+    dest = Path(out) if out else project.folder / "bundles" / result["target"]
+    atomic_copytree(folder, dest)
     return {**result, "folder": str(dest)}
+
+
+def genie_generate(project: Project, prompt: str, target: str | None = None,
+                   max_new_tokens: int | None = None,
+                   on_text: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Greedy generation by Genie from the project's bundle on the HTP simulator: the text,
+    and Genie's wall-clock figures labelled ``simulated``."""
+    from studio.engine.genie import GenieDialog
+
+    if not prompt.strip():
+        raise StudioError("the prompt is empty: give some text")
+    folder, result = stored_bundle(project, target)
+    n = max_new_tokens if max_new_tokens is not None else int(project.run["max_new_tokens"])
+    with GenieDialog(folder) as dialog:
+        out = dialog.query(prompt, n, on_text=on_text)
+        load_s = dialog.load_s
+    pieces, wall, first = out["pieces"], out["wall_s"], out["first_text_s"]
+    rate = (pieces - 1) / (wall - first) if first is not None and pieces > 1 else None
+    chip = result["target"]
+    return {
+        "prompt": prompt, "text": out["text"], "tokens_out": pieces, "runtime": "genie",
+        "time_to_first_token_ms": first * 1e3 if first is not None else None,
+        "decode_tokens_per_s": rate, "decode_ms_per_token": 1e3 / rate if rate else None,
+        "source": "simulated", "device": f"htp-sim:{chip}",
+        "device_name": f"Genie on the HTP simulator ({chip})",
+        "timing_note": "Genie's wall time on the simulator: follows the host CPU, not device "
+                       "latency; the prompt goes through the AR-1 graph one token per pass",
+        "load_s": load_s, "bundle": str(folder),
+    }

@@ -45,6 +45,7 @@ PAGES: dict[str, tuple[str, str]] = {
     "Profiler": ("studio.ui.pages.profiler", "ProfilerPage"),
     "Validation": ("studio.ui.pages.validation", "ValidationPage"),
     "LLM": ("studio.ui.pages.llm", "LLMPage"),
+    "Deploy": ("studio.ui.pages.deploy", "DeployPage"),
     "Reports": ("studio.ui.pages.reports", "ReportsPage"),
 }
 PAGE_TIPS = {
@@ -56,6 +57,7 @@ PAGE_TIPS = {
     "Profiler": "Op-type time of a decode step",
     "Validation": "FP32 vs quantized vs HTP accuracy",
     "LLM": "Generation speed and output",
+    "Deploy": "Genie bundles, DLC files, context binaries",
     "Reports": "HTML and JSON reports",
 }
 

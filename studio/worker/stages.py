@@ -1326,6 +1326,13 @@ def bundle(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                          "source": "simulated", "prompts": len(checks),
                          "identical": identical, "tokens": tokens},
     }
+    progress.update(0.96, "writing the DLC files of the quantized graphs")
+    dlc = {}
+    for graph in ("prefill", "decode"):
+        dlc[graph] = qnn.export_dlc(qdir / f"{graph}.onnx", chip,
+                                    ctx.out / "dlc" / f"{graph}.dlc")
+    manifest["dlc"] = {**{g: {k: d[k] for k in ("file", "bytes")} for g, d in dlc.items()},
+                       "note": "for Qualcomm's on-device tools; not runnable on this host"}
     atomic_write_json(out / "manifest.json", manifest)
     (out / "README.md").write_text(
         f"# Genie bundle: {spec.get('model_type')} for {chip.name}\n\n"
@@ -1354,6 +1361,8 @@ def bundle(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                     f"simulated)"),
         "target": chip.key, "source": "simulated", "bundle": "bundle", "files": files,
         "checks": checks, "context_size": cl, "qnn_sdk": comp["sdk_version"],
+        "dlc": {g: {"file": f"dlc/{d['file']}", "bytes": d["bytes"], "entries": d["entries"]}
+                for g, d in dlc.items()},
         "metrics": metrics,
     }
 

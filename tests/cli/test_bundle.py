@@ -49,6 +49,11 @@ def test_genie_gives_the_studios_greedy_text_from_the_bundle(built):
     cfg = json.loads((out / "genie_config.json").read_text())["dialog"]
     assert cfg["engine"]["model"]["binary"]["ctx-bins"] == ["decode_ar1_cl65.bin"]
     assert cfg["context"]["size"] == 65 and cfg["tokenizer"]["path"] == "tokenizer.json"
+    for graph in ("prefill", "decode"):  # DLC files for the on-device tools
+        d = res["dlc"][graph]
+        assert d["file"] == f"dlc/{graph}.dlc" and d["bytes"] > 100_000 and d["entries"]
+        assert manifest["dlc"][graph]["bytes"] == d["bytes"]
+    assert "not runnable on this host" in manifest["dlc"]["note"]
     metrics = {m["name"]: m for m in res["metrics"]}
     assert metrics["genie_tokens_per_s"]["source"] == "simulated"
     assert metrics["genie_identical_prompts"]["value"] == 1.0
@@ -85,3 +90,17 @@ def test_bad_targets_are_one_line(built):
     assert r.returncode == 2 and "not a target of this project" in r.stderr
     r = studio("bundle", proj, "--target", "nonsense")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_generate_with_the_genie_runtime(built):
+    proj, _out, res = built
+    first = res["checks"][0]
+    r = studio("generate", proj, "--prompt", first["prompt"], "--max-new-tokens", "8",
+               "--runtime", "genie", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout)
+    assert got["runtime"] == "genie" and got["source"] == "simulated"
+    assert got["tokens_out"] == 8 and first["studio_text"].startswith(got["text"])
+    assert got["time_to_first_token_ms"] > 0 and "not device latency" in got["timing_note"]
+    r = studio("generate", proj, "--prompt", "x", "--runtime", "genie", "--temperature", "0.7")
+    assert r.returncode == 2 and "leave out --temperature" in r.stderr

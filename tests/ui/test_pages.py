@@ -44,6 +44,7 @@ def test_empty_states_of_a_fresh_project(window, project_path, qtbot):
         "Validation": "No validation yet",
         "LLM": "No generation yet",
         "Reports": "No reports yet",
+        "Deploy": "No bundle yet",
     }
     for title, text in expect.items():
         page = window.show_page(title)

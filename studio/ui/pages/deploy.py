@@ -1,0 +1,226 @@
+"""Deploy: what a user takes to a Snapdragon device — the Genie bundle for a target chip (its
+files with sizes and hashes, checked by running Qualcomm's Genie on the HTP simulator against
+the studio's runtime), the DLC files of the quantized graphs and the compiled context
+binaries; build it, see the check, open or export the folder."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+)
+
+from studio.core.errors import StudioError
+from studio.core.jobs import Job
+from studio.core.units import format_bytes
+from studio.ui.pages.base import TargetStagePage
+from studio.ui.widgets import label
+
+FORMATS = ("Genie bundle", "DLC files", "Context binaries")
+
+
+def _table(headers: list[str]) -> QTableWidget:
+    t = QTableWidget(0, len(headers))
+    t.setHorizontalHeaderLabels(headers)
+    t.verticalHeader().hide()
+    t.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+    t.setAlternatingRowColors(True)
+    hh = t.horizontalHeader()
+    hh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    hh.setStretchLastSection(True)
+    return t
+
+
+def _fill(table: QTableWidget, rows: list[list[str]], tips: list[str] | None = None) -> None:
+    table.setRowCount(len(rows))
+    for i, row in enumerate(rows):
+        for j, text in enumerate(row):
+            item = QTableWidgetItem(text)
+            if tips:
+                item.setToolTip(tips[i])
+            table.setItem(i, j, item)
+
+
+class DeployPage(TargetStagePage):
+    title = "Deploy"
+    subtitle = ("What goes to the device: a Genie bundle per target chip, checked by Qualcomm's "
+                "Genie runtime; DLC files; the compiled context binaries.")
+
+    stage = "bundle"
+
+    def __init__(self, ctl, parent=None):
+        super().__init__(
+            ctl,
+            "No bundle yet",
+            "Build makes a Genie bundle for each target chip: the quantized decode graph in "
+            "Genie's form, compiled to a context binary, with genie_config.json, tokenizer.json, "
+            "a manifest and a README — then loads it in Qualcomm's Genie runtime (from the "
+            "installed onnxruntime-qnn, on the HTP simulator) and checks that its greedy text "
+            "equals the studio's on held-out prompts. DLC files of the graphs come with it.",
+            parent,
+        )
+        self.empty.add_action("Build bundle", self.run_stage,
+                              "Runs the bundle stage and what it needs (export, quantize, "
+                              "compile)")
+        self.job: Job | None = None
+        self.folder: Path | None = None
+        cl = self.content_layout
+        row = QHBoxLayout()
+        row.addWidget(label("Format:"))
+        self.format = QComboBox()
+        self.format.addItems(FORMATS)
+        self.format.currentIndexChanged.connect(self.show_current)
+        row.addWidget(self.format)
+        self.summary = label("", wrap=True)
+        row.addWidget(self.summary, 1)
+        self.build_btn = QPushButton("Build again")
+        self.build_btn.setToolTip("Run the bundle stage (from the cache when nothing changed)")
+        self.build_btn.clicked.connect(self.run_stage)
+        self.open_btn = QPushButton("Open folder")
+        self.open_btn.clicked.connect(self.open_folder)
+        self.export_btn = QPushButton("Export…")
+        self.export_btn.setToolTip("Copy the shown files to a folder of your choice")
+        self.export_btn.clicked.connect(self.export_dialog)
+        for b in (self.build_btn, self.open_btn, self.export_btn):
+            row.addWidget(b)
+        cl.addLayout(row)
+        box = QVBoxLayout()
+        box.addWidget(label("Files", "section"))
+        self.files = _table(["File", "Size", "SHA-256 / contents"])
+        box.addWidget(self.files, 1)
+        box.addWidget(label("Checked by Genie on the HTP simulator", "section"))
+        self.checks = _table(["Prompt", "Genie vs studio", "New tokens", "Genie time",
+                              "Genie's text"])
+        box.addWidget(self.checks, 1)
+        self.note = label("", "muted", wrap=True)
+        box.addWidget(self.note)
+        cl.addLayout(box, 1)
+
+    # ---- drawing ----------------------------------------------------------------------------
+    def show_job(self, job: Job) -> None:
+        self.job = job
+        res: dict[str, Any] = job.result or {}
+        self.job_label.setText(f"run {job.run_id} · job {job.id}"
+                               + (" (from the cache)" if job.cached else ""))
+        self.badge.set_source(res.get("source", "simulated"))
+        self.summary.setText(res.get("summary", ""))
+        self.folder = self._artifact_folder(job)
+        fmt = self.format.currentText()
+        if fmt == "Genie bundle":
+            files = res.get("files", {})
+            _fill(self.files, [[n, format_bytes(f["bytes"]), f["sha256"]]
+                               for n, f in files.items()]
+                  + [["manifest.json", "", "every file's size and hash, versions, the check"],
+                     ["README.md", "", "the on-device command line"]])
+            self.note.setText("On the device: genie-t2t-run -c genie_config.json -p \"…\" with the "
+                              "QAIRT SDK's libraries. Genie's times here are the simulator's: "
+                              "they follow this host's CPU, not device latency.")
+        elif fmt == "DLC files":
+            _fill(self.files, [[d["file"], format_bytes(d["bytes"]),
+                                f"{len(d['entries'])} entries: " + ", ".join(d["entries"][:4])]
+                               for d in res.get("dlc", {}).values()])
+            self.note.setText("DLC files are for Qualcomm's on-device tools (qnn-net-run, "
+                              "Genie with a DLC config): this host cannot run them back.")
+        else:
+            _fill(self.files, self._context_rows(job))
+            self.note.setText("The compiled QNN context binaries the studio's own runtime, the "
+                              "agent and qnn-net-run on a phone use.")
+        rows = []
+        for c in res.get("checks", []):
+            rows.append([c["prompt"], "identical" if c["identical"] else
+                         f"differs at character {c['first_difference_at_char']}",
+                         str(c["studio_tokens"]), f"{c['genie_wall_s']:.1f} s (simulated)",
+                         c["genie_text"].replace("\n", "⏎")])
+        _fill(self.checks, rows, [c["studio_text"] for c in res.get("checks", [])])
+        for b in (self.open_btn, self.export_btn):
+            b.setEnabled(self.folder is not None)
+
+    def _artifact_folder(self, job: Job) -> Path | None:
+        from studio.core.artifacts import ArtifactStore
+
+        if not job.artifact_key or self.ctl.project is None:
+            return None
+        art = ArtifactStore(self.ctl.project.folder / "artifacts").get(job.artifact_key)
+        return art.path if art is not None else None
+
+    def _compile_folder(self, job: Job) -> Path | None:
+        """The compiled context of the job's target (the latest compile job's artifact)."""
+        from studio.services import history
+
+        comp = [j for j in history.latest_jobs(self.ctl.studio.jobs, "compile")
+                if j.target == job.target]
+        return self._artifact_folder(comp[0]) if comp else None
+
+    def _context_rows(self, job: Job) -> list[list[str]]:
+        folder = self._compile_folder(job)
+        if folder is None:
+            return []
+        return [[f.name, format_bytes(f.stat().st_size), "QNN context (EPContext model)"
+                 if f.suffix == ".onnx" else "QNN context binary"]
+                for f in sorted(folder.iterdir()) if f.suffix in (".onnx", ".bin")]
+
+    def shown_folder(self) -> Path | None:
+        """The folder of what the format picker shows."""
+        if self.folder is None or self.job is None:
+            return None
+        fmt = self.format.currentText()
+        if fmt == "Genie bundle":
+            return self.folder / "bundle"
+        if fmt == "DLC files":
+            return self.folder / "dlc"
+        return self._compile_folder(self.job)
+
+    # ---- actions ----------------------------------------------------------------------------
+    def open_folder(self) -> None:
+        folder = self.shown_folder()
+        if folder is not None:
+            QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder)))
+
+    def export_dialog(self) -> None:
+        dest = QFileDialog.getExistingDirectory(self, "Export to")
+        if dest:
+            self.export_to(Path(dest))
+
+    def export_to(self, dest: Path):
+        """Copy the shown files into ``dest/<format>-<chip>`` (whole or not at all), off the UI
+        thread; returns the task."""
+        from studio.core.fsutil import atomic_copytree
+
+        src = self.shown_folder()
+        if src is None or self.job is None:
+            return None
+        name = {"Genie bundle": "genie-bundle", "DLC files": "dlc",
+                "Context binaries": "context-binaries"}[self.format.currentText()]
+        target = Path(dest) / f"{name}-{self.job.target}"
+
+        async def go() -> None:
+            try:
+                await self.ctl.in_thread(atomic_copytree, src, target)
+            except (OSError, StudioError) as exc:
+                self.ctl.message.emit("error", f"export failed: {exc}")
+            else:
+                self.ctl.message.emit("info", f"exported to {target}")
+
+        return asyncio.ensure_future(go())
+
+
+def main() -> int:
+    from studio.ui.standalone import run_page
+
+    return run_page(DeployPage)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
