@@ -13,7 +13,7 @@
                     [--speculative [--draft REF | --prompt-lookup] [--k K] [--fixed-k]]
                     [--kv float|int8] [--window W] [--runtime studio|genie] [--json]
     studio prune FILE [--drop N] [--out DIR] [--json]
-    studio bundle FILE [--target CHIP] [--out DIR] [--json]
+    studio bundle FILE [--target CHIP] [--out DIR] [--parts N] [--json]
     studio waterfall FILE [--chip CHIP] [--json]
     studio agent serve [--host 127.0.0.1] [--port P] [--token-file F] [--tls-cert C --tls-key K]
     studio devices list [--json] | add NAME --url URL (--token T | --token-file F) | remove NAME
@@ -136,6 +136,8 @@ def _parser() -> argparse.ArgumentParser:
     bd.add_argument("--target", help="the chip (default: the first target)")
     bd.add_argument("--out", help="where the bundle folder goes (default: the project folder's "
                                   "bundles/CHIP)")
+    bd.add_argument("--parts", type=int, help="context binaries of consecutive blocks (default: "
+                                              "bundle.parts; 0 there: by bundle.max_context_mb)")
     bd.add_argument("--json", dest="bundle_json", action="store_true")
     ag = sub.add_parser("agent", help="the device agent that runs jobs on a target machine")
     ags = ag.add_subparsers(dest="agent_command", parser_class=_Parser, required=True)
@@ -846,7 +848,7 @@ def _bundle(args) -> int:
 
     _native_output_to_stderr()
     out = build_bundle(projectfile.load(Path(args.file)), args.target,
-                       Path(args.out).expanduser().resolve() if args.out else None)
+                       Path(args.out).expanduser().resolve() if args.out else None, args.parts)
     if args.bundle_json:
         print(json.dumps(out, indent=1))
         return 0

@@ -65,8 +65,11 @@ _SECTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     # k, and the tokens generated per timing
     "waterfall": {"window": (int, 0), "k": (int, 4), "new_tokens": (int, 48)},
     # the Genie bundle's check: Genie's greedy text against the studio's on ``prompts``
-    # held-out prompts, up to ``new_tokens`` each (fewer when the context is shorter)
-    "bundle": {"new_tokens": (int, 96), "prompts": (int, 3)},
+    # held-out prompts, up to ``new_tokens`` each (fewer when the context is shorter); the
+    # decode graph goes into ``parts`` context binaries of consecutive blocks (0: as many as
+    # keep each within ``max_context_mb``)
+    "bundle": {"new_tokens": (int, 96), "prompts": (int, 3), "parts": (int, 0),
+               "max_context_mb": (int, 1536)},
     # per-layer precision sensitivity: held-out tokens scored per variant, the precision a
     # layer is raised to ("auto": INT16 over W8A8, FP16 over W8A16) and lowered to ("": none)
     "sensitivity": {
@@ -248,8 +251,11 @@ def _validate(p: Project) -> None:
     if w["window"] < 0 or w["k"] < 1 or w["k"] > 16 or w["new_tokens"] < 2:
         raise StudioError("waterfall: window must be >= 0 (0: half the context), k 1..16 and "
                           "new_tokens at least 2")
-    if p.bundle["new_tokens"] < 1 or not 1 <= p.bundle["prompts"] <= 8:
-        raise StudioError("bundle: new_tokens must be at least 1 and prompts 1..8")
+    b = p.bundle
+    if b["new_tokens"] < 1 or not 1 <= b["prompts"] <= 8 or b["parts"] < 0 or (
+            b["max_context_mb"] < 16):
+        raise StudioError("bundle: new_tokens must be at least 1, prompts 1..8, parts >= 0 "
+                          "(0: by max_context_mb) and max_context_mb at least 16")
     if p.pruning["drop_blocks"] < 1:
         raise StudioError("pruning.drop_blocks must be at least 1 (the blocks the pruned "
                           "checkpoint leaves out)")

@@ -111,7 +111,8 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                                          Need("compile", per_chip=True)),
               fan_out="target", optional=True,
               settings=("quantization.scheme", "quantization.weight_granularity",
-                        "validation.heldout_text", "bundle.new_tokens", "bundle.prompts")),
+                        "validation.heldout_text", "bundle.new_tokens", "bundle.prompts",
+                        "bundle.parts", "bundle.max_context_mb")),
     StageDecl("report", "Report", (), needs_all=True, cache=False, settings=("name", *_GATES)),
 )
 STAGES: dict[str, StageDecl] = {d.name: d for d in DECLARATIONS}

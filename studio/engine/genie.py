@@ -136,6 +136,14 @@ def genie_decode_graph(src: Path, dst: Path, spec: dict[str, Any]) -> dict[str, 
             "context_size": C + 1, "ar": 1}
 
 
+def graph_io(path: Path) -> dict[str, list[str]]:
+    """A graph's input and output names."""
+    import onnx
+
+    g = onnx.load(str(path), load_external_data=False).graph
+    return {"inputs": [i.name for i in g.input], "outputs": [o.name for o in g.output]}
+
+
 # ---- the config -----------------------------------------------------------------------------
 def genie_config(spec: dict[str, Any], ctx_bins: list[str], chip=None,
                  tokenizer: str = "tokenizer.json") -> dict[str, Any]:
@@ -277,3 +285,66 @@ class GenieDialog:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# ---- splitting ------------------------------------------------------------------------------
+def split_decode_graph(src: Path, folder: Path, spec: dict[str, Any], parts: int) -> list[Path]:
+    """Split the Genie decode graph ``src`` into ``parts`` graphs of consecutive transformer
+    blocks (the first also embeds, the last also norms and projects to logits), for context
+    binaries that each stay within a budget. A part hands the next the residual stream after
+    its last block as the *quantized* uint16 tensor ``hidden_states_after_{k}`` (the same
+    QuantizeLinear / DequantizeLinear parameters on both sides, so Genie copies raw values);
+    every part takes the ids, positions and mask it needs and the KV cache of its blocks."""
+    import onnx
+    from onnx import shape_inference
+    from onnx.utils import Extractor
+
+    L = int(spec["num_layers"])
+    if not 2 <= parts <= L:
+        raise StudioError(f"a {L}-block model splits into 2..{L} parts, not {parts}")
+    model = onnx.load(str(src))
+    g = model.graph
+    bounds = [round(L * (i + 1) / parts) - 1 for i in range(parts - 1)]  # last block of a part
+    handoff = {}
+    for last in bounds:
+        add = [n for n in g.node if n.op_type == "Add" and n.name.startswith(
+            f"/model/layers.{last}/") and n.name.count("/") == 3]  # the block's own residuals
+        if not add:
+            raise StudioError(f"{src.name}: block {last} has no residual Add to split after")
+        res = add[-1].output[0]
+        q = [n for n in g.node if n.op_type == "QuantizeLinear" and n.input[0] == res]
+        if len(q) != 1:
+            raise StudioError(f"{src.name}: the residual stream after block {last} is not "
+                              "quantized once: cannot hand it to the next part")
+        name = f"hidden_states_after_{last}"
+        for n in g.node:
+            for k, x in enumerate(n.input):
+                if x == q[0].output[0]:
+                    n.input[k] = name
+        q[0].output[0] = name
+        handoff[last] = name
+    model = shape_inference.infer_shapes(model)
+    known = {v.name for v in model.graph.value_info}
+    for name in handoff.values():  # shape inference may stop short of the hand-off tensors
+        if name not in known:
+            model.graph.value_info.append(onnx.helper.make_tensor_value_info(
+                name, onnx.TensorProto.UINT16, [1, 1, int(spec["hidden_size"])]))
+    ex = Extractor(model)
+    graph_inputs = [i.name for i in model.graph.input]
+    folder.mkdir(parents=True, exist_ok=True)
+    out, first = [], 0
+    for p in range(parts):
+        last = bounds[p] if p < len(bounds) else L - 1
+        blocks = range(first, last + 1)
+        kv_in = [n for n in graph_inputs if any(n in (f"past_key_{b}_in", f"past_value_{b}_in")
+                                                 for b in blocks)]
+        ins = (["input_ids"] if p == 0 else [handoff[bounds[p - 1]]]) + [
+            "position_ids", "attention_mask", *kv_in]
+        kv_out = [f"past_{kind}_{b}_out" for b in blocks for kind in ("key", "value")]
+        outs = ([handoff[last]] if p < parts - 1 else ["logits"]) + kv_out
+        part = ex.extract_model(ins, outs)
+        path = folder / f"decode_part{p + 1}_of_{parts}.onnx"
+        onnx.save(part, str(path))
+        out.append(path)
+        first = last + 1
+    return out

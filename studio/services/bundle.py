@@ -15,9 +15,11 @@ from studio.core.fsutil import atomic_copytree
 from studio.core.project import Project
 
 
-def stored_bundle(project: Project, target: str | None = None) -> tuple[Path, dict[str, Any]]:
+def stored_bundle(project: Project, target: str | None = None,
+                  parts: int | None = None) -> tuple[Path, dict[str, Any]]:
     """(the bundle folder in the store, the stage's result) for ``target`` (default: the first
-    target), running the bundle stage when the store does not hold it yet."""
+    target), running the bundle stage when the store does not hold it yet. ``parts``: the
+    number of context binaries (None: the project's ``bundle.parts``)."""
     from studio.core.catalog import get_chip
     from studio.services.generate import _run_stages
     from studio.services.history import current_keys
@@ -29,6 +31,10 @@ def stored_bundle(project: Project, target: str | None = None) -> tuple[Path, di
         raise StudioError(f"{chip} is not a target of this project: add it to targets first")
     p = project.copy()
     p.targets = [chip]
+    if parts is not None:
+        if parts < 1:
+            raise StudioError(f"--parts must be at least 1, not {parts}")
+        p.bundle["parts"] = parts
     store = ArtifactStore(p.folder / "artifacts")
     key = current_keys(p, ["bundle"]).get(f"bundle[{chip}]")
     art = store.get(key) if key else None
@@ -42,11 +48,11 @@ def stored_bundle(project: Project, target: str | None = None) -> tuple[Path, di
 
 
 def build_bundle(project: Project, target: str | None = None,
-                 out: Path | None = None) -> dict[str, Any]:
+                 out: Path | None = None, parts: int | None = None) -> dict[str, Any]:
     """The bundle for ``target`` (built and checked by the bundle stage, or from the store)
     copied to ``out`` (default: the project folder's ``bundles/<chip>``), whole or not at all.
     Returns the stage's result with ``folder``."""
-    folder, result = stored_bundle(project, target)
+    folder, result = stored_bundle(project, target, parts)
     dest = Path(out) if out else project.folder / "bundles" / result["target"]
     atomic_copytree(folder, dest)
     return {**result, "folder": str(dest)}

@@ -1238,6 +1238,25 @@ def bundle_prompts(text: str, tok, n: int, length: int = 12) -> list[str]:
     return out
 
 
+def ar1_greedy(gen, ids: list[int], n: int, eos: int | None) -> list[int]:
+    """Greedy tokens with the prompt fed through the decode graph one token per pass, as an
+    AR-1 Genie bundle does (no prefill graph); stops after an EOS token, like Genie."""
+    gen.reset()
+    logits = None
+    for pos, t in enumerate(ids):
+        logits = gen.step(int(t), pos)
+    out: list[int] = []
+    pos = len(ids)
+    while logits is not None and len(out) < n:
+        tok = int(logits.argmax())
+        out.append(tok)
+        if tok == eos or pos >= gen.context_len:
+            break
+        logits = gen.step(tok, pos)
+        pos += 1
+    return out
+
+
 def bundle(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     """A Genie bundle for the target chip: the quantized decode graph rewritten to Genie's
     conventions and compiled, ``genie_config.json``, ``tokenizer.json``, a manifest and a
@@ -1262,16 +1281,30 @@ def bundle(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     work = ctx.out / "work"
     progress.update(0.05, "rewriting the decode graph to Genie's conventions")
     io = genie.genie_decode_graph(qdir / "decode.onnx", work / "decode_genie.onnx", spec)
-    progress.update(0.15, f"compiling the Genie graph for {chip.name}")
-    comp = qnn.compile_context(work / "decode_genie.onnx", work / "ctx" / "decode_genie_ctx.onnx",
-                               chip, embed=False)
+    weights = sum(f.stat().st_size for f in qdir.glob("decode.onnx*"))
+    parts = int(ctx.get("bundle.parts")) or max(
+        1, -(-weights // (int(ctx.get("bundle.max_context_mb")) << 20)))
+    graphs = [work / "decode_genie.onnx"]
+    if parts > 1:
+        progress.update(0.1, f"splitting the decode graph into {parts} parts of consecutive "
+                             "blocks")
+        graphs = genie.split_decode_graph(graphs[0], work / "parts", spec, parts)
     out.mkdir(parents=True, exist_ok=True)
     cl = io["context_size"]
-    ctx_name = f"decode_ar1_cl{cl}.bin"
-    shutil.move(comp["bin_files"][0], out / ctx_name)
+    ctx_names, parts_io = [], []
+    for i, graph in enumerate(graphs):
+        progress.update(0.15 + 0.1 * i / len(graphs),
+                        f"compiling Genie graph {i + 1}/{len(graphs)} for {chip.name}")
+        comp = qnn.compile_context(graph, work / "ctx" / f"{graph.stem}_ctx.onnx", chip,
+                                   embed=False)
+        name = (f"decode_ar1_cl{cl}.bin" if len(graphs) == 1 else
+                f"decode_ar1_cl{cl}_part{i + 1}_of_{len(graphs)}.bin")
+        shutil.move(comp["bin_files"][0], out / name)
+        ctx_names.append(name)
+        parts_io.append(genie.graph_io(graph))
     shutil.rmtree(work, ignore_errors=True)
     shutil.copy(export_dir / "tokenizer" / "tokenizer.json", out / "tokenizer.json")
-    cfg = genie.genie_config(spec, [ctx_name])
+    cfg = genie.genie_config(spec, ctx_names)
     atomic_write_json(out / "genie_config.json", cfg)
 
     progress.update(0.3, "loading the bundle in Genie (HTP simulator)")
@@ -1289,19 +1322,25 @@ def bundle(ctx: StageContext, progress: Progress) -> dict[str, Any]:
             progress.update(0.3 + 0.65 * i / len(prompts),
                             f"prompt {i + 1}/{len(prompts)}: {n} tokens from Genie and the studio")
             g = dialog.query(prompt, n)
-            ref_gen.reset()
-            r = ref_gen.greedy(ids, n, eos_id=spec.get("eos_token_id"))
-            ref_text = tok.decode(r["tokens"])
+            # the studio's runtime the way the bundle runs: the prompt through the decode graph
+            ref = ar1_greedy(ref_gen, ids, n, spec.get("eos_token_id"))
+            ref_text = tok.decode(ref)
             same = g["text"] == ref_text
             prefix = next((k for k, (a, b) in enumerate(zip(g["text"], ref_text, strict=False))
                            if a != b), min(len(g["text"]), len(ref_text)))
+            # and the studio's own path (the prompt through the prefill graph), for reference:
+            # two graphs with their own quantization can part at a near tie
+            ref_gen.reset()
+            pre = tok.decode(ref_gen.greedy(ids, n, eos_id=spec.get("eos_token_id"))["tokens"])
             checks.append({"prompt": prompt, "prompt_tokens": len(ids), "new_tokens": n,
-                           "studio_tokens": len(r["tokens"]), "identical": same,
+                           "studio_tokens": len(ref), "identical": same,
                            "first_difference_at_char": None if same else prefix,
                            "genie_text": g["text"], "studio_text": ref_text,
+                           "same_as_prefill_path": pre == g["text"],
                            "genie_wall_s": g["wall_s"], "genie_first_text_s": g["first_text_s"]})
         load_s = dialog.load_s
     identical = sum(c["identical"] for c in checks)
+    via_prefill = sum(c["same_as_prefill_path"] for c in checks)
     tokens = sum(c["studio_tokens"] for c in checks)
     rate = tokens / sum(c["genie_wall_s"] for c in checks)
 
@@ -1319,18 +1358,20 @@ def bundle(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         "qnn_sdk": comp["sdk_version"], "onnxruntime_qnn": version("onnxruntime-qnn"),
         "built_on": platform.platform(),
         "recipe": {k: ctx.get(f"quantization.{k}") for k in ("scheme", "weight_granularity")},
-        "graphs": [{"file": ctx_name, "kind": "decode", "ar": 1, "context_size": cl,
-                    "inputs": io["inputs"], "outputs": io["outputs"]}],
+        "graphs": [{"file": n, "kind": "decode", "ar": 1, "context_size": cl,
+                    "part": i + 1, "parts": len(ctx_names), **parts_io[i]}
+                   for i, n in enumerate(ctx_names)],
+        "weights_bytes": weights,
         "files": files,
         "verification": {"runtime": "Genie (libGenie.so) on the QNN HTP simulator",
                          "source": "simulated", "prompts": len(checks),
-                         "identical": identical, "tokens": tokens},
+                         "identical": identical, "tokens": tokens,
+                         "same_as_prefill_path": via_prefill},
     }
     progress.update(0.96, "writing the DLC files of the quantized graphs")
     dlc = {}
-    for graph in ("prefill", "decode"):
-        dlc[graph] = qnn.export_dlc(qdir / f"{graph}.onnx", chip,
-                                    ctx.out / "dlc" / f"{graph}.dlc")
+    for kind in ("prefill", "decode"):
+        dlc[kind] = qnn.export_dlc(qdir / f"{kind}.onnx", chip, ctx.out / "dlc" / f"{kind}.dlc")
     manifest["dlc"] = {**{g: {k: d[k] for k in ("file", "bytes")} for g, d in dlc.items()},
                        "note": "for Qualcomm's on-device tools; not runnable on this host"}
     atomic_write_json(out / "manifest.json", manifest)
@@ -1339,13 +1380,19 @@ def bundle(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         f"Built by QStudio with QNN SDK {comp['sdk_version']}. On the device, with the QAIRT "
         "SDK's `genie-t2t-run` and its HTP libraries beside these files:\n\n"
         "```\ngenie-t2t-run -c genie_config.json -p \"def fibonacci(n):\"\n```\n\n"
-        f"`{ctx_name}` is the AR-1 decode graph with a context of {cl} positions (prompts are "
-        "processed one token per pass). `manifest.json` lists every file with its SHA-256 and "
-        "the check against the studio's runtime on the HTP simulator.\n")
+        f"{', '.join(f'`{n}`' for n in ctx_names)}: the AR-1 decode graph"
+        + (f" in {len(ctx_names)} parts of consecutive blocks" if len(ctx_names) > 1 else "")
+        + f", with a context of {cl} positions (prompts are processed one token per pass). "
+        "`manifest.json` lists every file with its SHA-256 and the check against the studio's "
+        "runtime on the HTP simulator.\n")
     note = "Genie's wall time on the HTP simulator: follows the host CPU, not device latency"
     metrics = [
         _metric("genie_identical_prompts", identical / len(checks), "fraction", "simulated",
-                "htp-sim", chip.key, f"{identical} of {len(checks)} prompts, {tokens} tokens"),
+                "htp-sim", chip.key, f"{identical} of {len(checks)} prompts, {tokens} tokens, "
+                "against the studio's runtime feeding the prompt through the decode graph"),
+        _metric("genie_same_as_prefill_path", via_prefill / len(checks), "fraction",
+                "simulated", "htp-sim", chip.key, "against the studio's runtime with its prefill "
+                "graph (another graph: may part at a near tie)"),
         _metric("genie_tokens_per_s", rate, "tok/s", "simulated", "htp-sim", chip.key, note),
         _metric("genie_load_s", load_s, "s", "simulated", "htp-sim", chip.key, note),
     ]
@@ -1356,11 +1403,14 @@ def bundle(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                           f"{len(checks)} prompts (first at character "
                           f"{bad['first_difference_at_char']} of {bad['prompt']!r})")
     return {
-        "summary": (f"Genie bundle for {chip.name}: {len(files) + 2} files, Genie's greedy text "
+        "summary": (f"Genie bundle for {chip.name}: {len(files) + 2} files"
+                    + (f" ({len(ctx_names)} context binaries)" if len(ctx_names) > 1 else "")
+                    + ", Genie's greedy text "
                     f"equals the studio's on {identical}/{len(checks)} prompts ({tokens} tokens, "
-                    f"simulated)"),
+                    f"simulated; with the studio's prefill graph {via_prefill}/{len(checks)})"),
         "target": chip.key, "source": "simulated", "bundle": "bundle", "files": files,
         "checks": checks, "context_size": cl, "qnn_sdk": comp["sdk_version"],
+        "ctx_bins": ctx_names,
         "dlc": {g: {"file": f"dlc/{d['file']}", "bytes": d["bytes"], "entries": d["entries"]}
                 for g, d in dlc.items()},
         "metrics": metrics,

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 def built(batch_run, small_project, tmp_path_factory):
     folder = tmp_path_factory.mktemp("bundle")
     proj = folder / "b.qstudio"
-    proj.write_text(small_project.read_text() + "\n[bundle]\nprompts = 2\nnew_tokens = 24\n")
+    proj.write_text(small_project.read_text() + "\n[bundle]\nprompts = 2\nnew_tokens = 16\n")
     share_store(small_project, proj)  # export, quantize and compile come from the cache
     out = folder / "out"
     r = studio("bundle", proj, "--out", out, "--json")
@@ -35,7 +35,7 @@ def test_genie_gives_the_studios_greedy_text_from_the_bundle(built):
     assert len(res["checks"]) == 2
     for c in res["checks"]:
         assert c["identical"], c
-        assert c["genie_text"] == c["studio_text"] and c["studio_tokens"] == 24
+        assert c["genie_text"] == c["studio_text"] and c["studio_tokens"] == 16
     assert res["context_size"] == 65  # the decode graph's 64 cache slots + the new token
     names = {p.name for p in out.iterdir()}
     assert names == {"decode_ar1_cl65.bin", "genie_config.json", "tokenizer.json",
@@ -104,3 +104,20 @@ def test_generate_with_the_genie_runtime(built):
     assert got["time_to_first_token_ms"] > 0 and "not device latency" in got["timing_note"]
     r = studio("generate", proj, "--prompt", "x", "--runtime", "genie", "--temperature", "0.7")
     assert r.returncode == 2 and "leave out --temperature" in r.stderr
+
+
+def test_a_bundle_split_in_two_gives_the_same_text(built):
+    """--parts 2: two context binaries of consecutive blocks, the residual stream handed over
+    as the quantized tensor; Genie chains them and gives the unsplit bundle's text."""
+    proj, out, res = built
+    r = studio("bundle", proj, "--parts", "2", "--out", out.parent / "split", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    split = json.loads(r.stdout)
+    assert split["ctx_bins"] == ["decode_ar1_cl65_part1_of_2.bin",
+                                 "decode_ar1_cl65_part2_of_2.bin"]
+    assert [c["genie_text"] for c in split["checks"]] == [c["genie_text"] for c in res["checks"]]
+    assert all(c["identical"] for c in split["checks"])
+    manifest = json.loads((out.parent / "split" / "manifest.json").read_text())
+    first, second = manifest["graphs"]
+    assert first["outputs"][0] == second["inputs"][0] == "hidden_states_after_1"
+    assert "input_ids" in first["inputs"] and "logits" in second["outputs"]

@@ -84,6 +84,10 @@ def _changed(tmp: Path, key: str):
         "layerdiff.windows": 3,
         "profile.repeats": 3,
         "layerdiff.tensors": "blocks",
+        "bundle.new_tokens": 32,
+        "bundle.prompts": 2,
+        "bundle.parts": 2,
+        "bundle.max_context_mb": 512,
     }[key]
 
 

@@ -101,8 +101,8 @@ class DeployPage(TargetStagePage):
         self.files = _table(["File", "Size", "SHA-256 / contents"])
         box.addWidget(self.files, 1)
         box.addWidget(label("Checked by Genie on the HTP simulator", "section"))
-        self.checks = _table(["Prompt", "Genie vs studio", "New tokens", "Genie time",
-                              "Genie's text"])
+        self.checks = _table(["Prompt", "Genie vs studio (AR-1)", "vs studio's prefill path",
+                              "New tokens", "Genie time", "Genie's text"])
         box.addWidget(self.checks, 1)
         self.note = label("", "muted", wrap=True)
         box.addWidget(self.note)
@@ -141,6 +141,7 @@ class DeployPage(TargetStagePage):
         for c in res.get("checks", []):
             rows.append([c["prompt"], "identical" if c["identical"] else
                          f"differs at character {c['first_difference_at_char']}",
+                         "same" if c.get("same_as_prefill_path") else "parts (another graph)",
                          str(c["studio_tokens"]), f"{c['genie_wall_s']:.1f} s (simulated)",
                          c["genie_text"].replace("\n", "⏎")])
         _fill(self.checks, rows, [c["studio_text"] for c in res.get("checks", [])])
