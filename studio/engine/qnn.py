@@ -578,6 +578,7 @@ def compile_context(
     strict: bool = True,
     prepare_only: bool = True,
     extra_options: Mapping[str, Any] | None = None,
+    session_config: Mapping[str, str] | None = None,
 ) -> dict:
     """Compile ``onnx_path`` into a QNN context model ``out_path`` (``…_ctx.onnx``).
 
@@ -604,6 +605,7 @@ def compile_context(
             "ep.context_enable": "1",
             "ep.context_file_path": str(staged),
             "ep.context_embed_mode": "1" if embed else "0",
+            **dict(session_config or {}),
         }
         t0 = time.perf_counter()
         sess = make_session(

@@ -1238,6 +1238,31 @@ def bundle_prompts(text: str, tok, n: int, length: int = 12) -> list[str]:
     return out
 
 
+def _compile_in_order(graph: Path, folder: Path, chip, after: str, tries: int = 16):
+    """Compile ``graph`` so that its QNN graph name sorts after ``after``: Genie takes the
+    graphs of a split bundle in the order of their names, and the QNN EP names a graph from
+    a hash of the model file's name — so a part is compiled under another file name until it
+    sorts after the part before it (the first part until its hash starts with 1, which leaves
+    the others room). Returns (the compile result, the graph name)."""
+    import onnx
+
+    from studio.engine import qnn
+
+    prefix = "QNNExecutionProvider_QNNExecutionProvider_"
+    for salt in range(tries):
+        src = folder / f"{graph.stem}_{salt}.onnx"
+        src.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(graph, src)
+        comp = qnn.compile_context(src, folder / "ctx" / f"{src.stem}_ctx.onnx", chip,
+                                   embed=False)
+        name = onnx.load(comp["ctx_path"], load_external_data=False).graph.node[0].name
+        first_ok = bool(after) or not name.startswith(prefix) or name[len(prefix):][:1] == "1"
+        if name > after and first_ok:
+            return comp, name
+    raise StudioError(f"could not give the Genie graph {graph.name} a name that sorts after "
+                      f"the previous part's in {tries} tries: build with fewer parts")
+
+
 def ar1_greedy(gen, ids: list[int], n: int, eos: int | None) -> list[int]:
     """Greedy tokens with the prompt fed through the decode graph one token per pass, as an
     AR-1 Genie bundle does (no prefill graph); stops after an EOS token, like Genie."""
@@ -1292,16 +1317,16 @@ def bundle(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     cl = io["context_size"]
     ctx_names, parts_io = [], []
+    previous = ""
     for i, graph in enumerate(graphs):
         progress.update(0.15 + 0.1 * i / len(graphs),
                         f"compiling Genie graph {i + 1}/{len(graphs)} for {chip.name}")
-        comp = qnn.compile_context(graph, work / "ctx" / f"{graph.stem}_ctx.onnx", chip,
-                                   embed=False)
+        comp, previous = _compile_in_order(graph, work / "ctx" / str(i), chip, previous)
         name = (f"decode_ar1_cl{cl}.bin" if len(graphs) == 1 else
                 f"decode_ar1_cl{cl}_part{i + 1}_of_{len(graphs)}.bin")
         shutil.move(comp["bin_files"][0], out / name)
         ctx_names.append(name)
-        parts_io.append(genie.graph_io(graph))
+        parts_io.append({**genie.graph_io(graph), "qnn_graph": previous})
     shutil.rmtree(work, ignore_errors=True)
     shutil.copy(export_dir / "tokenizer" / "tokenizer.json", out / "tokenizer.json")
     cfg = genie.genie_config(spec, ctx_names)

@@ -121,3 +121,4 @@ def test_a_bundle_split_in_two_gives_the_same_text(built):
     first, second = manifest["graphs"]
     assert first["outputs"][0] == second["inputs"][0] == "hidden_states_after_1"
     assert "input_ids" in first["inputs"] and "logits" in second["outputs"]
+    assert first["qnn_graph"] < second["qnn_graph"]  # Genie takes the parts in name order
