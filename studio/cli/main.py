@@ -627,13 +627,18 @@ def _generate_genie(args, p, stream) -> int:
     if args.generate_json:
         print(json.dumps(out, indent=1))
         return 0
+    _print_speed(f"{out['tokens_out']} tokens", out)
+    return 0
+
+
+def _print_speed(what: str, out: dict) -> None:
+    """A generation's closing line: tokens, time to first token, decode rate, their source."""
     tps, ttft = out["decode_tokens_per_s"], out["time_to_first_token_ms"]
-    print(f"\n--\n{out['tokens_out']} tokens · time to first token "
+    print(f"\n--\n{what} · time to first token "
           + (f"{ttft:.1f} ms · " if ttft is not None else "not timed · ")
           + (f"decode {tps:.1f} tok/s" if tps else "no decode steps")
-          + f" · {out['source']} on {out['device_name']} ({out['timing_note']})",
-          file=sys.stderr)
-    return 0
+          + f" · {out['source']} on {out['device_name']}"
+          + (f" ({out['timing_note']})" if out["timing_note"] else ""), file=sys.stderr)
 
 
 def _generate(args) -> int:
@@ -669,12 +674,7 @@ def _generate(args) -> int:
     if args.generate_json:
         print(json.dumps(out, indent=1))
         return 0
-    tps, ttft = out["decode_tokens_per_s"], out["time_to_first_token_ms"]
-    print(f"\n--\n{len(out['tokens'])} tokens ({out['stopped']}) · time to first token "
-          + (f"{ttft:.1f} ms · " if ttft is not None else "not timed · ")
-          + (f"decode {tps:.1f} tok/s" if tps else "no decode steps")
-          + f" · {out['source']} on {out['device_name']}"
-          + (f" ({out['timing_note']})" if out["timing_note"] else ""), file=sys.stderr)
+    _print_speed(f"{len(out['tokens'])} tokens ({out['stopped']})", out)
     kvc = out.get("kv_cache")
     if kvc:
         print(f"KV cache: {kvc['dtype']}, {kvc['bytes_measured'] / 1024:.0f} KiB held "

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from studio.core.artifacts import ArtifactStore
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_copytree
 from studio.core.project import Project
@@ -21,8 +20,7 @@ def stored_bundle(project: Project, target: str | None = None,
     target), running the bundle stage when the store does not hold it yet. ``parts``: the
     number of context binaries (None: the project's ``bundle.parts``)."""
     from studio.core.catalog import get_chip
-    from studio.services.generate import _run_stages
-    from studio.services.history import current_keys
+    from studio.services.generate import stored_artifact
 
     if project.path is None:
         raise StudioError("save the project to a file first: its results live in its folder")
@@ -35,16 +33,9 @@ def stored_bundle(project: Project, target: str | None = None,
         if parts < 1:
             raise StudioError(f"--parts must be at least 1, not {parts}")
         p.bundle["parts"] = parts
-    store = ArtifactStore(p.folder / "artifacts")
-    key = current_keys(p, ["bundle"]).get(f"bundle[{chip}]")
-    art = store.get(key) if key else None
-    if art is None:
-        _run_stages(p, ["bundle"], "the Genie bundle")
-        art = store.get(key) if key else None
-    if art is None:
-        raise StudioError(f"the bundle stage left no result: see studio --batch {p.path} "
-                          "--stages bundle")
-    return art.path / "bundle", json.loads((art.path / "result.json").read_text())
+    folder = stored_artifact(p, f"bundle[{chip}]", "the Genie bundle")
+    assert folder is not None
+    return folder / "bundle", json.loads((folder / "result.json").read_text())
 
 
 def build_bundle(project: Project, target: str | None = None,

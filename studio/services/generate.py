@@ -64,6 +64,27 @@ def _run_stages(project: Project, stages: list[str], what: str) -> None:
                           f"{project.path} --stages {','.join(stages)}")
 
 
+def stored_artifact(project: Project, label: str, what: str, run: bool = True) -> Path | None:
+    """The stored artifact folder of job ``label`` (``stage`` or ``stage[target]``) for the
+    project's current settings, running that stage first when the store lacks it (``run``;
+    otherwise None)."""
+    from studio.services.history import current_keys
+
+    stage = label.split("[")[0]
+    store = ArtifactStore(project.folder / "artifacts")
+    key = current_keys(project, [stage]).get(label)
+    art = store.get(key) if key else None
+    if art is None and not run:
+        return None
+    if art is None:
+        _run_stages(project, [stage], what)
+        art = store.get(key) if key else None
+    if art is None:
+        raise StudioError(f"{what} could not be built: see studio --batch {project.path} "
+                          f"--stages {stage}")
+    return art.path
+
+
 def int8_kv_export(project: Project, export_dir: Path) -> Path:
     """The FP32 export with an INT8 KV cache (per-head scales from the project's calibration
     text), made once per export beside the artifacts (written in a temp folder, then moved)."""
@@ -146,7 +167,6 @@ def load_draft(project: Project, draft_ref: str | None = None):
     """The draft model's CPU generator: the ``draft`` stage's export of ``draft_ref`` (default
     the project's ``model.draft``), run first when the store does not hold it yet."""
     from studio.engine.llm_export import load_spec
-    from studio.services.history import current_keys
     from studio.worker.stages import _cpu_generator
 
     if draft_ref:
@@ -155,16 +175,9 @@ def load_draft(project: Project, draft_ref: str | None = None):
     if not project.model.get("draft"):
         raise StudioError("the project has no draft model: set model.draft (for example "
                           "\"sample:tiny-coder-draft\"), give --draft REF or use --prompt-lookup")
-    key = current_keys(project, ["draft"]).get("draft")
-    store = ArtifactStore(project.folder / "artifacts")
-    art = store.get(key) if key else None
-    if art is None:
-        _run_stages(project, ["draft"], "the draft model")
-        art = store.get(key) if key else None
-        if art is None:
-            raise StudioError(f"the draft model could not be exported: see "
-                              f"studio --batch {project.path} --stages draft")
-    return _cpu_generator(art.path, load_spec(art.path))
+    folder = stored_artifact(project, "draft", "the draft model")
+    assert folder is not None
+    return _cpu_generator(folder, load_spec(folder))
 
 
 def generate(project: Project, prompt: str, device_name: str | None = None,

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from studio.core import project as projectfile
-from studio.core.artifacts import ArtifactStore
 from studio.core.errors import StudioError
 from studio.core.project import Project
 
@@ -19,28 +18,19 @@ def ablation_result(project: Project, drop: int | None = None,
     """(the ablation table, the pruned checkpoint folder in the store) for ``project`` with
     ``drop`` blocks dropped (default its ``pruning.drop_blocks``); runs the ablation stage
     when the store does not hold it (``run``), else None."""
-    from studio.services.generate import _run_stages
-    from studio.services.history import current_keys
+    from studio.services.generate import stored_artifact
 
     if project.path is None:
         raise StudioError("save the project to a file first: its results live in its folder")
     if drop is not None:
         project = project.copy()
         project.pruning["drop_blocks"] = int(drop)
-    store = ArtifactStore(project.folder / "artifacts")
-    key = current_keys(project, ["ablation"]).get("ablation")
-    art = store.get(key) if key else None
-    if art is None and not run:
+    folder = stored_artifact(project, "ablation", "the ablation", run=run)
+    if folder is None:
         return None
-    if art is None:
-        _run_stages(project, ["ablation"], "the ablation")
-        art = store.get(key) if key else None
-    if art is None:
-        raise StudioError(f"the ablation did not run: see studio --batch {project.path} "
-                          "--stages ablation")
     import json
 
-    return json.loads((art.path / "ablation.json").read_text()), art.path / "pruned"
+    return json.loads((folder / "ablation.json").read_text()), folder / "pruned"
 
 
 def prune(project: Project, drop: int | None = None, out: Path | None = None) -> dict[str, Any]:
