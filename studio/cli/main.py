@@ -13,7 +13,7 @@
                     [--speculative [--draft REF | --prompt-lookup] [--k K] [--fixed-k]]
                     [--kv float|int8] [--window W] [--runtime studio|genie] [--json]
     studio prune FILE [--drop N] [--out DIR] [--json]
-    studio bundle FILE [--target CHIP] [--out DIR] [--parts N] [--json]
+    studio bundle FILE [--target CHIP] [--out DIR] [--parts N] [--prefill-length N] [--json]
     studio waterfall FILE [--chip CHIP] [--json]
     studio agent serve [--host 127.0.0.1] [--port P] [--token-file F] [--tls-cert C --tls-key K]
     studio devices list [--json] | add NAME --url URL (--token T | --token-file F) | remove NAME
@@ -138,6 +138,9 @@ def _parser() -> argparse.ArgumentParser:
                                   "bundles/CHIP)")
     bd.add_argument("--parts", type=int, help="context binaries of consecutive blocks (default: "
                                               "bundle.parts; 0 there: by bundle.max_context_mb)")
+    bd.add_argument("--prefill-length", type=int, help="tokens per pass of the AR-N prefill "
+                                                       "graph (default: bundle.prefill_length; "
+                                                       "1: no prefill graph)")
     bd.add_argument("--json", dest="bundle_json", action="store_true")
     ag = sub.add_parser("agent", help="the device agent that runs jobs on a target machine")
     ags = ag.add_subparsers(dest="agent_command", parser_class=_Parser, required=True)
@@ -848,7 +851,8 @@ def _bundle(args) -> int:
 
     _native_output_to_stderr()
     out = build_bundle(projectfile.load(Path(args.file)), args.target,
-                       Path(args.out).expanduser().resolve() if args.out else None, args.parts)
+                       Path(args.out).expanduser().resolve() if args.out else None, args.parts,
+                       args.prefill_length)
     if args.bundle_json:
         print(json.dumps(out, indent=1))
         return 0

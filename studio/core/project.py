@@ -67,9 +67,11 @@ _SECTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
     # the Genie bundle's check: Genie's greedy text against the studio's on ``prompts``
     # held-out prompts, up to ``new_tokens`` each (fewer when the context is shorter); the
     # decode graph goes into ``parts`` context binaries of consecutive blocks (0: as many as
-    # keep each within ``max_context_mb``)
+    # keep each within ``max_context_mb``); prompts go through an AR-N prefill graph of
+    # ``prefill_length`` tokens per pass (0: the export's prompt length; 1: none, one token
+    # per pass through the decode graph)
     "bundle": {"new_tokens": (int, 96), "prompts": (int, 3), "parts": (int, 0),
-               "max_context_mb": (int, 1536)},
+               "max_context_mb": (int, 1536), "prefill_length": (int, 0)},
     # per-layer precision sensitivity: held-out tokens scored per variant, the precision a
     # layer is raised to ("auto": INT16 over W8A8, FP16 over W8A16) and lowered to ("": none)
     "sensitivity": {
@@ -253,9 +255,10 @@ def _validate(p: Project) -> None:
                           "new_tokens at least 2")
     b = p.bundle
     if b["new_tokens"] < 1 or not 1 <= b["prompts"] <= 8 or b["parts"] < 0 or (
-            b["max_context_mb"] < 16):
+            b["max_context_mb"] < 16) or b["prefill_length"] < 0:
         raise StudioError("bundle: new_tokens must be at least 1, prompts 1..8, parts >= 0 "
-                          "(0: by max_context_mb) and max_context_mb at least 16")
+                          "(0: by max_context_mb), max_context_mb at least 16 and "
+                          "prefill_length >= 0 (0: the prompt length, 1: no prefill graph)")
     if p.pruning["drop_blocks"] < 1:
         raise StudioError("pruning.drop_blocks must be at least 1 (the blocks the pruned "
                           "checkpoint leaves out)")

@@ -110,9 +110,12 @@ DECLARATIONS: tuple[StageDecl, ...] = (
     StageDecl("bundle", "Genie bundle", (Need("export"), Need("quantize"),
                                          Need("compile", per_chip=True)),
               fan_out="target", optional=True,
-              settings=("quantization.scheme", "quantization.weight_granularity",
+              settings=("model.source", "quantization.scheme",
+                        "quantization.weight_granularity", "quantization.calibration_text",
+                        "quantization.calibration_samples", "quantization.calibration_method",
+                        "quantization.overrides", "quantization.block_size",
                         "validation.heldout_text", "bundle.new_tokens", "bundle.prompts",
-                        "bundle.parts", "bundle.max_context_mb")),
+                        "bundle.parts", "bundle.max_context_mb", "bundle.prefill_length")),
     StageDecl("report", "Report", (), needs_all=True, cache=False, settings=("name", *_GATES)),
 )
 STAGES: dict[str, StageDecl] = {d.name: d for d in DECLARATIONS}

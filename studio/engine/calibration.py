@@ -144,3 +144,45 @@ def build_calibration_feeds(
         1.0, f"{len(prefill_feeds)} prefill and {len(decode_feeds)} decode calibration feeds"
     )
     return prefill_feeds, decode_feeds
+
+
+def ar_calibration_feeds(
+    graphs_dir: Path,
+    spec: dict,
+    windows: list[list[int]],
+    new_tokens: int,
+    cache_slots: int,
+) -> list[dict]:
+    """Feeds for an AR-N graph (``new_tokens`` per pass over ``cache_slots`` cache slots; FP32,
+    CPU): the FP32 graphs of ``graphs_dir`` prefill each window's head, and the feed is the
+    window's next N true tokens over that cache (slots past ``cache_slots`` dropped)."""
+    import numpy as np
+
+    from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
+
+    graphs_dir = Path(graphs_dir)
+    N, slots = int(new_tokens), int(cache_slots)
+    P, mask_value = int(spec["prompt_length"]), float(spec["mask_value"])
+    gen = StaticKVGenerator(make_cpu_session(graphs_dir / "prefill.onnx"),
+                            make_cpu_session(graphs_dir / "decode.onnx"), spec)
+    feeds = []
+    for j, w in enumerate(windows):
+        k = min(P, slots, len(w) - N, max(1, P // 2 + j))  # cached tokens before the pass
+        if k < 1:
+            continue
+        gen.prefill(w[:k])
+        m = np.full((N, slots + N), mask_value, dtype=np.float32)
+        m[:, :k] = 0.0
+        for r in range(N):
+            m[r, slots:slots + r + 1] = 0.0
+        feed = {"input_ids": np.asarray([w[k:k + N]], dtype=np.int64),
+                "position_ids": np.arange(k, k + N, dtype=np.int64)[None],
+                "attention_mask": m[None, None]}
+        for i, (kc, vc) in enumerate(gen.cache):
+            feed[f"past_key_{i}"] = np.ascontiguousarray(kc[:, :, :slots, :], dtype=np.float32)
+            feed[f"past_value_{i}"] = np.ascontiguousarray(vc[:, :, :slots, :], dtype=np.float32)
+        feeds.append(feed)
+    if not feeds:
+        raise StudioError(f"the calibration windows are shorter than the AR-{N} graph's "
+                          f"{N} tokens: give a longer calibration text")
+    return feeds

@@ -21,24 +21,31 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from studio.core.errors import StudioError
+from studio.core.errors import Cancelled, StudioError
 from studio.engine.qnn import _capture_native_stderr
 
 
 # ---- the graph ------------------------------------------------------------------------------
-def genie_decode_graph(src: Path, dst: Path, spec: dict[str, Any]) -> dict[str, Any]:
-    """Rewrite the quantized (QDQ) decode graph ``src`` into Genie's I/O conventions at
-    ``dst``. The arithmetic inside is untouched: ids become int32 (Gather takes them), the mask
-    input is the graph's own uint16 quantized mask (its QuantizeLinear dropped: raw 0 is the
-    mask value, raw 65535 is 0 — what Genie writes), keys go in transposed through a quantized
-    Transpose, and the new key row comes out as ``[1, kv, head_dim, 1]``. Returns the I/O."""
+def genie_graph(src: Path, dst: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite a quantized (QDQ) graph over the static KV cache — the AR-1 decode graph or an
+    AR-N graph (N new tokens over CL - N slots) — into Genie's I/O conventions at ``dst``. The
+    arithmetic inside is untouched: ids become int32 (Gather takes them), the mask input is
+    the graph's own uint16 quantized mask (its QuantizeLinear dropped: raw 0 is the mask
+    value, raw 65535 is 0 — what Genie writes), keys go in transposed through a quantized
+    Transpose, and the new key rows come out as ``[1, kv, head_dim, N]``. Returns the I/O,
+    the context size CL and N."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     model = onnx.load(str(src))
     g = model.graph
-    kvh, hd, C = int(spec["num_kv_heads"]), int(spec["head_dim"]), int(spec["context_length"])
+    kvh, hd = int(spec["num_kv_heads"]), int(spec["head_dim"])
+    dims = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in g.input}
+    if "input_ids" not in dims or "past_key_0" not in dims:
+        raise StudioError(f"{src.name} is not a graph over the KV cache (no input_ids / "
+                          "past_key_0): a Genie graph is made from the decode or an AR-N graph")
+    S, C = int(dims["input_ids"][1]), int(dims["past_key_0"][2])  # new tokens, cache slots
     nodes = list(g.node)
 
     def rename_uses(old: str, new: str, skip=None) -> None:
@@ -60,7 +67,7 @@ def genie_decode_graph(src: Path, dst: Path, spec: dict[str, Any]) -> dict[str, 
     for inp in g.input:
         name = inp.name
         if name in ("input_ids", "position_ids"):
-            inputs.append(helper.make_tensor_value_info(name, TensorProto.INT32, [1, 1]))
+            inputs.append(helper.make_tensor_value_info(name, TensorProto.INT32, [1, S]))
         elif name == "attention_mask":
             q = quantize_of(name)
             zp = numpy_helper.to_array(next(i for i in g.initializer if i.name == q.input[2]))
@@ -70,7 +77,7 @@ def genie_decode_graph(src: Path, dst: Path, spec: dict[str, Any]) -> dict[str, 
             nodes.remove(q)
             rename_uses(q.output[0], name)
             inputs.append(helper.make_tensor_value_info(name, TensorProto.UINT16,
-                                                        [1, 1, 1, C + 1]))
+                                                        [1, 1, S, C + S]))
         elif name.startswith("past_key_"):
             new = f"{name}_in"
             q = quantize_of(name)
@@ -105,21 +112,28 @@ def genie_decode_graph(src: Path, dst: Path, spec: dict[str, Any]) -> dict[str, 
             pre = f"{new}_pre"
             dq.output[0] = pre
             rename_uses(name, pre)
-            shape = numpy_helper.from_array(np.array([1, kvh, hd, 1], np.int64), f"{new}_shape")
-            g.initializer.append(shape)
+            if S == 1:  # [1, kv, 1, hd] -> [1, kv, hd, 1] is a reshape
+                shape = numpy_helper.from_array(np.array([1, kvh, hd, 1], np.int64),
+                                                f"{new}_shape")
+                g.initializer.append(shape)
+                rows = helper.make_node("Reshape", [pre, shape.name], [f"{new}_R"],
+                                        name=f"{new}_rows")
+            else:
+                rows = helper.make_node("Transpose", [pre], [f"{new}_R"], perm=[0, 1, 3, 2],
+                                        name=f"{new}_rows")
             nodes += [
-                helper.make_node("Reshape", [pre, shape.name], [f"{new}_R"], name=f"{new}_rows"),
+                rows,
                 helper.make_node("QuantizeLinear", [f"{new}_R", dq.input[1], dq.input[2]],
                                  [f"{new}_RQ"], name=f"{new}_rows_Q"),
                 helper.make_node("DequantizeLinear", [f"{new}_RQ", dq.input[1], dq.input[2]],
                                  [new], name=f"{new}_rows_DQ"),
             ]
-            outputs.append(helper.make_tensor_value_info(new, TensorProto.FLOAT, [1, kvh, hd, 1]))
+            outputs.append(helper.make_tensor_value_info(new, TensorProto.FLOAT, [1, kvh, hd, S]))
         elif name.startswith("present_value_"):
             new = name.replace("present_", "past_") + "_out"
             producers[name].output[0] = new
             rename_uses(name, new)
-            outputs.append(helper.make_tensor_value_info(new, TensorProto.FLOAT, [1, kvh, 1, hd]))
+            outputs.append(helper.make_tensor_value_info(new, TensorProto.FLOAT, [1, kvh, S, hd]))
         else:
             outputs.append(out)
     del g.node[:]
@@ -133,7 +147,7 @@ def genie_decode_graph(src: Path, dst: Path, spec: dict[str, Any]) -> dict[str, 
     dst.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(dst))
     return {"inputs": [i.name for i in inputs], "outputs": [o.name for o in outputs],
-            "context_size": C + 1, "ar": 1}
+            "context_size": C + S, "ar": S}
 
 
 def graph_io(path: Path) -> dict[str, list[str]]:
@@ -219,6 +233,10 @@ def _genie_message(text: str) -> str:
     return " ".join(lines)[:400] or "no message"
 
 
+#: GenieDialog_signal's action that ends the running query (GENIE_DIALOG_ACTION_ABORT)
+_ABORT = 1
+
+
 class GenieDialog:
     """A Genie dialog created from a bundle's config, on this host's HTP simulator."""
 
@@ -245,13 +263,16 @@ class GenieDialog:
         self.load_s = time.perf_counter() - t0
 
     def query(self, prompt: str, max_new_tokens: int,
-              on_text: Callable[[str], None] | None = None) -> dict[str, Any]:
+              on_text: Callable[[str], None] | None = None,
+              stop: Callable[[], bool] | None = None) -> dict[str, Any]:
         """Greedy text after ``prompt`` (Genie tokenizes it itself); timings are wall clock on
-        the simulator."""
+        the simulator. ``stop()`` is asked after each piece of text: when it says so, Genie is
+        told to abort and :class:`Cancelled` is raised once the query has returned."""
         self.lib.GenieDialog_reset(self._dlg)
         self.lib.GenieDialog_setMaxNumTokens(self._dlg, ctypes.c_uint32(int(max_new_tokens)))
         pieces: list[str] = []
         stamps: list[float] = []
+        aborted: list[bool] = []
         callback_t = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p)
 
         def cb(text, _code, _user) -> None:
@@ -261,12 +282,17 @@ class GenieDialog:
                 stamps.append(time.perf_counter())
                 if on_text is not None:
                     on_text(piece)
+            if stop is not None and not aborted and stop():
+                aborted.append(True)
+                self.lib.GenieDialog_signal(self._dlg, ctypes.c_int(_ABORT))
 
         keep = callback_t(cb)
         t0 = time.perf_counter()
         with _capture_native_stderr() as cap:
             st = self.lib.GenieDialog_query(self._dlg, prompt.encode(), 0, keep, None)
         wall = time.perf_counter() - t0
+        if aborted:
+            raise Cancelled("Genie's query was stopped")
         if st != 0:
             raise StudioError(f"Genie's query failed (status {st}): {_genie_message(cap.text)}")
         return {"text": "".join(pieces), "wall_s": wall,
@@ -287,9 +313,99 @@ class GenieDialog:
         self.close()
 
 
+# ---- the studio's runtime over the bundle's graphs -------------------------------------------
+class BundleRunner:
+    """The studio's own runtime over a bundle's Genie-form graphs (the compiled contexts Genie
+    loads), with its own KV cache: a prompt goes through the AR-N graph in chunks of N
+    (the last chunk padded; padding rows see only themselves), or one token per pass where
+    there is none or the cache is too full for it, then greedy AR-1 steps. This is what the
+    bundle computes when run as intended — the reference Genie's output is checked against.
+
+    ``graphs`` maps AR (tokens per pass) to the sessions of that graph's parts, in order;
+    parts hand each other their outputs by name."""
+
+    def __init__(self, graphs: dict[int, list[Any]], spec: dict[str, Any], context_size: int):
+        import numpy as np
+
+        if 1 not in graphs:
+            raise StudioError("a bundle needs its AR-1 decode graph")
+        self.graphs, self.cl = graphs, int(context_size)
+        self.layers, self.eos = int(spec["num_layers"]), spec.get("eos_token_id")
+        self.pad = int(spec.get("pad_token_id") or 0)
+        kvh, hd = int(spec["num_kv_heads"]), int(spec["head_dim"])
+        self.keys = np.zeros((self.layers, 1, kvh, hd, self.cl - 1), np.float32)
+        self.values = np.zeros((self.layers, 1, kvh, self.cl - 1, hd), np.float32)
+        self.passes = {ar: 0 for ar in graphs}
+
+    def reset(self) -> None:
+        self.keys[:] = 0.0
+        self.values[:] = 0.0
+
+    def _pass(self, tokens: list[int], pos: int, ar: int):
+        """``tokens`` (at most ``ar``) at positions ``pos``..; returns the last real row's
+        logits and stores the new KV rows in slots ``pos``.."""
+        import numpy as np
+
+        n, slots = len(tokens), self.cl - ar
+        visible = 65535  # the uint16 mask: raw 65535 is "attend", raw 0 the mask value
+        ids = np.full((1, ar), self.pad, np.int32)
+        ids[0, :n] = tokens
+        positions = np.minimum(np.arange(pos, pos + ar), self.cl - 1).astype(np.int32)[None]
+        mask = np.zeros((1, 1, ar, self.cl), np.uint16)
+        for r in range(ar):
+            if r < n:
+                mask[0, 0, r, :pos] = visible
+                mask[0, 0, r, slots:slots + r + 1] = visible
+            else:
+                mask[0, 0, r, slots + r] = visible
+        values: dict[str, Any] = {"input_ids": ids, "position_ids": positions,
+                                  "attention_mask": mask}
+        for i in range(self.layers):
+            values[f"past_key_{i}_in"] = self.keys[i][..., :slots]
+            values[f"past_value_{i}_in"] = self.values[i][:, :, :slots]
+        for sess in self.graphs[ar]:
+            names = [o.name for o in sess.get_outputs()]
+            feeds = {i.name: values[i.name] for i in sess.get_inputs()}
+            values.update(zip(names, sess.run(names, feeds), strict=True))
+        for i in range(self.layers):
+            self.keys[i][..., pos:pos + n] = values[f"past_key_{i}_out"][..., :n]
+            self.values[i][:, :, pos:pos + n] = values[f"past_value_{i}_out"][:, :, :n]
+        self.passes[ar] += 1
+        return np.asarray(values["logits"]).reshape(ar, -1)[n - 1]
+
+    def greedy(self, ids: list[int], max_new_tokens: int) -> list[int]:
+        """Greedy tokens after ``ids``; stops after an EOS token or at the context's end, like
+        Genie. ``runner_up`` then holds each new token's second best and its logit gap."""
+        import numpy as np
+
+        self.reset()
+        ar = max(self.graphs)
+        pos, logits = 0, None
+        while pos < len(ids):
+            if ar > 1 and pos + ar <= self.cl - 1 and pos <= self.cl - ar:
+                chunk = ids[pos:pos + ar]
+                logits = self._pass(chunk, pos, ar)
+                pos += len(chunk)
+            else:
+                logits = self._pass([ids[pos]], pos, 1)
+                pos += 1
+        out: list[int] = []
+        self.runner_up: list[tuple[int, float]] = []  # per new token: 2nd best, its gap
+        while logits is not None and len(out) < max_new_tokens:
+            tok = int(logits.argmax())
+            second = np.argsort(logits)[-2]
+            self.runner_up.append((int(second), float(logits[tok] - logits[second])))
+            out.append(tok)
+            if tok == self.eos or pos >= self.cl - 1 or len(out) == max_new_tokens:
+                break
+            logits = self._pass([tok], pos, 1)
+            pos += 1
+        return out
+
+
 # ---- splitting ------------------------------------------------------------------------------
-def split_decode_graph(src: Path, folder: Path, spec: dict[str, Any], parts: int) -> list[Path]:
-    """Split the Genie decode graph ``src`` into ``parts`` graphs of consecutive transformer
+def split_graph(src: Path, folder: Path, spec: dict[str, Any], parts: int) -> list[Path]:
+    """Split the Genie graph ``src`` (AR-1 decode or AR-N) into ``parts`` graphs of consecutive transformer
     blocks (the first also embeds, the last also norms and projects to logits), for context
     binaries that each stay within a budget. A part hands the next the residual stream after
     its last block as the *quantized* uint16 tensor ``hidden_states_after_{k}`` (the same
@@ -304,6 +420,8 @@ def split_decode_graph(src: Path, folder: Path, spec: dict[str, Any], parts: int
         raise StudioError(f"a {L}-block model splits into 2..{L} parts, not {parts}")
     model = onnx.load(str(src))
     g = model.graph
+    ar = next(d.dim_value for i in g.input if i.name == "input_ids"
+              for d in i.type.tensor_type.shape.dim[1:2])
     bounds = [round(L * (i + 1) / parts) - 1 for i in range(parts - 1)]  # last block of a part
     handoff = {}
     for last in bounds:
@@ -328,7 +446,7 @@ def split_decode_graph(src: Path, folder: Path, spec: dict[str, Any], parts: int
     for name in handoff.values():  # shape inference may stop short of the hand-off tensors
         if name not in known:
             model.graph.value_info.append(onnx.helper.make_tensor_value_info(
-                name, onnx.TensorProto.UINT16, [1, 1, int(spec["hidden_size"])]))
+                name, onnx.TensorProto.UINT16, [1, ar, int(spec["hidden_size"])]))
     ex = Extractor(model)
     graph_inputs = [i.name for i in model.graph.input]
     folder.mkdir(parents=True, exist_ok=True)
@@ -343,7 +461,7 @@ def split_decode_graph(src: Path, folder: Path, spec: dict[str, Any], parts: int
         kv_out = [f"past_{kind}_{b}_out" for b in blocks for kind in ("key", "value")]
         outs = ([handoff[last]] if p < parts - 1 else ["logits"]) + kv_out
         part = ex.extract_model(ins, outs)
-        path = folder / f"decode_part{p + 1}_of_{parts}.onnx"
+        path = folder / f"{src.stem}_part{p + 1}_of_{parts}.onnx"
         onnx.save(part, str(path))
         out.append(path)
         first = last + 1

@@ -506,7 +506,7 @@ def _example_inputs(spec: dict, graph: str, sliding: bool):
         S, K = P, P
     elif graph == "verify":
         S = int(spec["verify_length"])
-        K = C + S
+        K = int(spec.get("verify_cache_slots") or C) + S
     else:
         S, K = 1, C + 1
     ids = torch.zeros(1, S, dtype=torch.long)
@@ -516,7 +516,7 @@ def _example_inputs(spec: dict, graph: str, sliding: bool):
     if sliding:
         args.append(torch.zeros(1, 1, S, K, dtype=torch.float32))
     if graph in ("decode", "verify"):
-        args += [torch.zeros(1, KV, C, D, dtype=torch.float32) for _ in range(2 * L)]
+        args += [torch.zeros(1, KV, K - S, D, dtype=torch.float32) for _ in range(2 * L)]
     return tuple(args)
 
 
@@ -858,6 +858,28 @@ def export_llm(
     atomic_write_json(out_dir / "graph.json", spec)
     progress.update(1.0, "export done")
     return spec
+
+
+def export_ar_graph(checkpoint_dir: Path, spec: dict, new_tokens: int, cache_slots: int,
+                    path: Path, progress: Progress = NullProgress()) -> dict:
+    """An AR-N graph at ``path``: ``new_tokens`` tokens per pass over ``cache_slots`` cache
+    slots (the verify graph's form with a cache of its own length). Genie's prefill graph is
+    one: N new tokens over CL - N slots, CL being the decode graph's C + 1. Its tensors carry
+    the decode graph's names, so it can be quantized with the decode graph's scales."""
+    N, slots, C = int(new_tokens), int(cache_slots), int(spec["context_length"])
+    if not 1 < N <= C or not 0 < slots <= C:
+        raise StudioError(f"an AR-{N} graph over {slots} cache slots does not fit the context "
+                          f"of {C}: choose 1 < N <= {C}")
+    cfg = _check_checkpoint(Path(checkpoint_dir))
+    model = load_causal_lm(Path(checkpoint_dir))
+    family = FAMILIES[cfg["model_type"]]
+    wrapper = _build_wrapper(model, C, family, layer_types_of(model.config, family),
+                             mask_windows(spec)[1] is not None,
+                             rope_positions(model.config, C))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    _export_graph(wrapper, dict(spec, verify_length=N, verify_cache_slots=slots), "verify",
+                  Path(path), progress)
+    return _graph_io(Path(path))
 
 
 def _opt_float(config, key: str | None) -> float | None:

@@ -497,6 +497,10 @@ def _reader(feeds: list[dict], progress: Progress):
     return _Reader()
 
 
+#: what ORT's quantizer appends to the name of a graph output's float tensor
+_OUTPUT_SUFFIX = "_QuantizeLinear_Input"
+
+
 def activation_encodings(qdq_path: Path) -> dict[str, list[dict[str, Any]]]:
     """The activation scales of a QDQ graph as ``TensorQuantOverrides`` (tensor -> [{scale,
     zero_point, quant_type}]): every non-initializer tensor a QuantizeLinear reads."""
@@ -521,8 +525,11 @@ def activation_encodings(qdq_path: Path) -> dict[str, list[dict[str, Any]]]:
               np.dtype("int16"): QuantType.QInt16, np.dtype("int8"): QuantType.QInt8}.get(zp.dtype)
         if qt is None:
             continue
-        out[n.input[0]] = [{"scale": scale.reshape(()).astype(np.float32),
-                            "zero_point": zp.reshape(()), "quant_type": qt}]
+        enc = [{"scale": scale.reshape(()).astype(np.float32), "zero_point": zp.reshape(()),
+                "quant_type": qt}]
+        out[n.input[0]] = enc
+        if n.input[0].endswith(_OUTPUT_SUFFIX):  # a graph output, renamed by the quantizer
+            out[n.input[0][:-len(_OUTPUT_SUFFIX)]] = enc
     return out
 
 
@@ -624,6 +631,20 @@ def _quantize_graph(
     finally:
         root.removeHandler(handler)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def quantize_like(src: Path, dst: Path, like: Path, recipe: dict, feeds: list[dict],
+                  progress: Progress = NullProgress()) -> dict[str, Any]:
+    """Quantize the FP32 graph ``src`` into ``dst`` with the recipe, its activations taking the
+    scales of the quantized graph ``like`` wherever the tensor names match (an AR-N graph
+    next to the decode graph: both then compute the same rows alike); ``feeds`` calibrate
+    whatever ``like`` lacks. Returns what was quantized and how many tensors were shared."""
+    shared = activation_encodings(Path(like))
+    info = _quantize_graph(Path(src), Path(dst), normalize_recipe(recipe), feeds, progress,
+                           shared=shared)
+    info.pop("layers", None)
+    info["shared_activations"] = sum(1 for t in info["tensors_overridden"] if t in shared)
+    return info
 
 
 def _uses_external_data(path: Path) -> bool:

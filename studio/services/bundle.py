@@ -9,16 +9,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from studio.core.errors import StudioError
+from studio.core.errors import Cancelled, StudioError
 from studio.core.fsutil import atomic_copytree
+from studio.core.progress import Progress
 from studio.core.project import Project
 
 
-def stored_bundle(project: Project, target: str | None = None,
-                  parts: int | None = None) -> tuple[Path, dict[str, Any]]:
+def stored_bundle(project: Project, target: str | None = None, parts: int | None = None,
+                  prefill_length: int | None = None) -> tuple[Path, dict[str, Any]]:
     """(the bundle folder in the store, the stage's result) for ``target`` (default: the first
     target), running the bundle stage when the store does not hold it yet. ``parts``: the
-    number of context binaries (None: the project's ``bundle.parts``)."""
+    number of context binaries, ``prefill_length``: the AR-N prefill graph's N (None: the
+    project's ``bundle`` settings)."""
     from studio.core.catalog import get_chip
     from studio.services.generate import stored_artifact
 
@@ -33,17 +35,22 @@ def stored_bundle(project: Project, target: str | None = None,
         if parts < 1:
             raise StudioError(f"--parts must be at least 1, not {parts}")
         p.bundle["parts"] = parts
+    if prefill_length is not None:
+        if prefill_length < 1:
+            raise StudioError(f"--prefill-length must be at least 1 (1: no prefill graph), "
+                              f"not {prefill_length}")
+        p.bundle["prefill_length"] = prefill_length
     folder = stored_artifact(p, f"bundle[{chip}]", "the Genie bundle")
     assert folder is not None
     return folder / "bundle", json.loads((folder / "result.json").read_text())
 
 
-def build_bundle(project: Project, target: str | None = None,
-                 out: Path | None = None, parts: int | None = None) -> dict[str, Any]:
+def build_bundle(project: Project, target: str | None = None, out: Path | None = None,
+                 parts: int | None = None, prefill_length: int | None = None) -> dict[str, Any]:
     """The bundle for ``target`` (built and checked by the bundle stage, or from the store)
     copied to ``out`` (default: the project folder's ``bundles/<chip>``), whole or not at all.
     Returns the stage's result with ``folder``."""
-    folder, result = stored_bundle(project, target, parts)
+    folder, result = stored_bundle(project, target, parts, prefill_length)
     dest = Path(out) if out else project.folder / "bundles" / result["target"]
     atomic_copytree(folder, dest)
     return {**result, "folder": str(dest)}
@@ -51,17 +58,40 @@ def build_bundle(project: Project, target: str | None = None,
 
 def genie_generate(project: Project, prompt: str, target: str | None = None,
                    max_new_tokens: int | None = None,
-                   on_text: Callable[[str], None] | None = None) -> dict[str, Any]:
+                   on_text: Callable[[str], None] | None = None, build: bool = True,
+                   progress: Progress | None = None) -> dict[str, Any]:
     """Greedy generation by Genie from the project's bundle on the HTP simulator: the text,
-    and Genie's wall-clock figures labelled ``simulated``."""
+    and Genie's wall-clock figures labelled ``simulated``. Without ``build``, a bundle the
+    store does not hold is an error (the playground does not start a build); ``progress``:
+    cancellation between pieces of text (Genie is told to abort)."""
     from studio.engine.genie import GenieDialog
 
     if not prompt.strip():
         raise StudioError("the prompt is empty: give some text")
+    if not build:
+        from studio.core.catalog import get_chip
+        from studio.services.generate import stored_artifact
+
+        chip = get_chip(target or project.targets[0]).key
+        p = project.copy()
+        p.targets = [chip] if chip in p.targets else p.targets
+        if project.path is None or stored_artifact(p, f"bundle[{chip}]", "the Genie bundle",
+                                                   run=False) is None:
+            raise StudioError(f"there is no Genie bundle for {chip} with the project's current "
+                              "settings: build it on the Deploy page (or studio bundle FILE; "
+                              "--stages bundle in a batch run)")
     folder, result = stored_bundle(project, target)
     n = max_new_tokens if max_new_tokens is not None else int(project.run["max_new_tokens"])
+    stop = None
+    if progress is not None:
+        def stop() -> bool:
+            try:
+                progress.check()
+            except Cancelled:
+                return True
+            return False
     with GenieDialog(folder) as dialog:
-        out = dialog.query(prompt, n, on_text=on_text)
+        out = dialog.query(prompt, n, on_text=on_text, stop=stop)
         load_s = dialog.load_s
     pieces, wall, first = out["pieces"], out["wall_s"], out["first_text_s"]
     rate = (pieces - 1) / (wall - first) if first is not None and pieces > 1 else None
@@ -73,6 +103,8 @@ def genie_generate(project: Project, prompt: str, target: str | None = None,
         "source": "simulated", "device": f"htp-sim:{chip}",
         "device_name": f"Genie on the HTP simulator ({chip})",
         "timing_note": "Genie's wall time on the simulator: follows the host CPU, not device "
-                       "latency; the prompt goes through the AR-1 graph one token per pass",
+                       "latency; the prompt goes through "
+                       + (f"the AR-{result['prefill_ar']} prefill graph"
+                          if result.get("prefill_ar") else "the AR-1 graph one token per pass"),
         "load_s": load_s, "bundle": str(folder),
     }

@@ -88,6 +88,7 @@ def _changed(tmp: Path, key: str):
         "bundle.prompts": 2,
         "bundle.parts": 2,
         "bundle.max_context_mb": 512,
+        "bundle.prefill_length": 8,
     }[key]
 
 

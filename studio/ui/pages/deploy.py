@@ -64,8 +64,9 @@ class DeployPage(TargetStagePage):
         super().__init__(
             ctl,
             "No bundle yet",
-            "Build makes a Genie bundle for each target chip: the quantized decode graph in "
-            "Genie's form, compiled to a context binary, with genie_config.json, tokenizer.json, "
+            "Build makes a Genie bundle for each target chip: the quantized AR-N prefill and "
+            "AR-1 decode graphs in Genie's form, compiled to context binaries, with "
+            "genie_config.json, tokenizer.json, "
             "a manifest and a README — then loads it in Qualcomm's Genie runtime (from the "
             "installed onnxruntime-qnn, on the HTP simulator) and checks that its greedy text "
             "equals the studio's on held-out prompts. DLC files of the graphs come with it.",
@@ -101,8 +102,9 @@ class DeployPage(TargetStagePage):
         self.files = _table(["File", "Size", "SHA-256 / contents"])
         box.addWidget(self.files, 1)
         box.addWidget(label("Checked by Genie on the HTP simulator", "section"))
-        self.checks = _table(["Prompt", "Genie vs studio (AR-1)", "vs studio's prefill path",
-                              "New tokens", "Genie time", "Genie's text"])
+        self.checks = _table(["Prompt", "Prompt tokens", "Genie vs studio (same graphs)",
+                              "vs studio's own path", "New tokens", "Genie time",
+                              "Genie's text"])
         box.addWidget(self.checks, 1)
         self.note = label("", "muted", wrap=True)
         box.addWidget(self.note)
@@ -124,9 +126,15 @@ class DeployPage(TargetStagePage):
                                for n, f in files.items()]
                   + [["manifest.json", "", "every file's size and hash, versions, the check"],
                      ["README.md", "", "the on-device command line"]])
-            self.note.setText("On the device: genie-t2t-run -c genie_config.json -p \"…\" with the "
-                              "QAIRT SDK's libraries. Genie's times here are the simulator's: "
-                              "they follow this host's CPU, not device latency.")
+            ar = res.get("prefill_ar")
+            self.note.setText(
+                (f"Prompts go through the AR-{ar} prefill graph ({ar} tokens per pass), new "
+                 "tokens through the AR-1 decode graph, over a context of "
+                 f"{res.get('context_size')} positions. " if ar else
+                 "Prompts and new tokens go through the AR-1 decode graph, one token per pass. ")
+                + "On the device: genie-t2t-run -c genie_config.json -p \"…\" with the QAIRT "
+                "SDK's libraries. Genie's times here are the simulator's: they follow this "
+                "host's CPU, not device latency.")
         elif fmt == "DLC files":
             _fill(self.files, [[d["file"], format_bytes(d["bytes"]),
                                 f"{len(d['entries'])} entries: " + ", ".join(d["entries"][:4])]
@@ -139,9 +147,16 @@ class DeployPage(TargetStagePage):
                               "agent and qnn-net-run on a phone use.")
         rows = []
         for c in res.get("checks", []):
-            rows.append([c["prompt"], "identical" if c["identical"] else
-                         f"differs at character {c['first_difference_at_char']}",
-                         "same" if c.get("same_as_prefill_path") else "parts (another graph)",
+            passes = c.get("prompt_passes")
+            rows.append([c["prompt"].replace("\n", "⏎"),
+                         f"{c['prompt_tokens']}" + (f" ({passes} pass{'es' if passes != 1 else ''})"
+                                                    if passes else ""),
+                         "identical" if c["identical"] else
+                         (f"near tie at new token {c['parted']['token']} (best two logits "
+                          f"{c['parted']['gap']:.3g} apart)"
+                          if (c.get("parted") or {}).get("near_tie") else
+                          f"differs at character {c['first_difference_at_char']}"),
+                         "same" if c.get("same_as_prefill_path") else "parts (other graphs)",
                          str(c["studio_tokens"]), f"{c['genie_wall_s']:.1f} s (simulated)",
                          c["genie_text"].replace("\n", "⏎")])
         _fill(self.checks, rows, [c["studio_text"] for c in res.get("checks", [])])

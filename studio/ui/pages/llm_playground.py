@@ -73,7 +73,8 @@ class PlaygroundPanel(QWidget):
         self.export_btn = QPushButton("Run export")
         self.export_btn.setToolTip("The playground runs the export (host CPU) or the compiled "
                                    "graphs (HTP simulator): run the stages it needs")
-        self.export_btn.clicked.connect(lambda: self.page.run_stages(["export"]))
+        self._missing_stage = "export"
+        self.export_btn.clicked.connect(lambda: self.page.run_stages([self._missing_stage]))
         self.export_btn.setVisible(False)
         buttons.addWidget(self.go)
         buttons.addWidget(self.stop)
@@ -94,6 +95,13 @@ class PlaygroundPanel(QWidget):
 
         box = QGroupBox("Run settings")
         form = QFormLayout(box)
+        self.runtime = QComboBox()
+        self.runtime.addItem("studio", "studio")
+        self.runtime.addItem("Genie (the Deploy page's bundle)", "genie")
+        self.runtime.setToolTip("the studio's own runtime, or Qualcomm's Genie running the "
+                                "project's Genie bundle on the HTP simulator (greedy)")
+        self.runtime.currentIndexChanged.connect(self._runtime_changed)
+        form.addRow("Runtime", self.runtime)
         self.device = QComboBox()
         self.device.setToolTip("host CPU: the FP32 export (measured); HTP simulator: the "
                                "compiled graphs (simulated, not device timings)")
@@ -129,6 +137,20 @@ class PlaygroundPanel(QWidget):
         form.addRow("New tokens", self.max_new)
         box.setMinimumWidth(340)
         outer.addWidget(box, 1)
+        self._studio_only = (self.kv, self.window, self.spec, self.k, self.temperature,
+                             self.seed)
+
+    def _runtime_changed(self) -> None:
+        """Genie runs the bundle's greedy dialog on the HTP simulator: the settings only the
+        studio's runtime has are off while it is chosen."""
+        genie = self.runtime.currentData() == "genie"
+        for w in self._studio_only:
+            w.setEnabled(not genie)
+        if genie and not str(self.device.currentData() or "").startswith("htp-sim:"):
+            i = next((k for k in range(self.device.count())
+                      if str(self.device.itemData(k)).startswith("htp-sim:")), -1)
+            if i >= 0:
+                self.device.setCurrentIndex(i)
 
     # ---- project ----------------------------------------------------------------------------
     def on_open(self) -> None:
@@ -161,7 +183,8 @@ class PlaygroundPanel(QWidget):
         spec = {"off": None, "prompt lookup": "lookup", "draft model": "draft"}[
             self.spec.currentText()]
         kv = self.kv.currentText()
-        return {"device_name": self.device.currentData() or "cpu",
+        return {"runtime": self.runtime.currentData() or "studio",
+                "device_name": self.device.currentData() or "cpu",
                 "kv": None if kv == "project's" else kv,
                 "window": self.window.value() or None, "speculative": spec,
                 "k": self.k.value(), "max_new_tokens": self.max_new.value(),
@@ -179,7 +202,8 @@ class PlaygroundPanel(QWidget):
         sampling = SamplingConfig(s["temperature"], 0, 1.0, s["seed"])
         self._cancel = cancel = EventProgress()
         # the live figures' source, as the device will label its result
-        self._live_source = "simulated" if "htp-sim" in s["device_name"] else "measured"
+        self._live_source = ("simulated" if "htp-sim" in s["device_name"]
+                             or s["runtime"] == "genie" else "measured")
         self._t0, self._first, self._chunks, self._passes = time.perf_counter(), None, 0, []
         self.output.setPlainText(prompt)
         self.stats.setText("loading the model…")
@@ -191,6 +215,17 @@ class PlaygroundPanel(QWidget):
 
         def work() -> None:
             try:
+                if s["runtime"] == "genie":
+                    from studio.services.bundle import genie_generate
+
+                    dev = s["device_name"]
+                    if not dev.startswith("htp-sim:"):
+                        raise StudioError("Genie runs the bundle on the HTP simulator here: "
+                                          "choose an HTP simulator device")
+                    bridge.finished.emit(genie_generate(
+                        project, prompt, dev.partition(":")[2], s["max_new_tokens"],
+                        on_text=bridge.text.emit, build=False, progress=cancel))
+                    return
                 out = generate(project, prompt, s["device_name"], s["max_new_tokens"], sampling,
                                on_text=bridge.text.emit, speculative=s["speculative"],
                                k=s["k"], kv=s["kv"], window=s["window"], progress=cancel,
@@ -248,6 +283,16 @@ class PlaygroundPanel(QWidget):
         self.last = out
         self.badge.set_source(out["source"], out.get("timing_note") or "")
         self.badge.setVisible(True)
+        if out.get("runtime") == "genie":
+            tps, ttft = out.get("decode_tokens_per_s"), out.get("time_to_first_token_ms")
+            self.stats.setText(" · ".join([
+                f"Genie: {out['tokens_out']} tokens",
+                f"time to first token {ttft:.0f} ms" if ttft is not None else "no text",
+                f"decode {tps:.1f} tok/s" if tps else "no decode steps",
+                f"{out['source']} on {out['device_name']}",
+                f"bundle loaded in {out['load_s']:.2f} s"]))
+            self.accept.setText(out.get("timing_note", ""))
+            return
         tps = out.get("decode_tokens_per_s")
         kvc = out["kv_cache"]
         parts = [f"{len(out['tokens'])} tokens ({out['stopped']})",
@@ -273,4 +318,9 @@ class PlaygroundPanel(QWidget):
     def _on_failed(self, message: str) -> None:
         self._done()
         self.stats.setText(f"<span style='color:#c62828'>{message}</span>")
-        self.export_btn.setVisible("--stages" in message)
+        import re
+
+        m = re.search(r"--stages (\w+)", message)
+        self._missing_stage = m.group(1) if m else "export"
+        self.export_btn.setText(f"Run {self._missing_stage}")
+        self.export_btn.setVisible(m is not None)
