@@ -9,7 +9,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QUrl
+from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
     QComboBox,
@@ -105,6 +105,11 @@ class DeployPage(TargetStagePage):
         self.checks = _table(["Prompt", "Prompt tokens", "Genie vs studio (same graphs)",
                               "vs studio's own path", "New tokens", "Genie time",
                               "Genie's text"])
+        # the prompt column stays narrow (the full prompt is in the tooltip), Genie's text
+        # takes the rest
+        self.checks.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
+        self.checks.setColumnWidth(0, 240)
+        self.checks.setTextElideMode(Qt.TextElideMode.ElideRight)
         box.addWidget(self.checks, 1)
         self.note = label("", "muted", wrap=True)
         box.addWidget(self.note)
@@ -159,7 +164,8 @@ class DeployPage(TargetStagePage):
                          "same" if c.get("same_as_prefill_path") else "parts (other graphs)",
                          str(c["studio_tokens"]), f"{c['genie_wall_s']:.1f} s (simulated)",
                          c["genie_text"].replace("\n", "⏎")])
-        _fill(self.checks, rows, [c["studio_text"] for c in res.get("checks", [])])
+        _fill(self.checks, rows, [f"{c['prompt']}\n\nthe studio's runtime: {c['studio_text']}"
+                                  for c in res.get("checks", [])])
         for b in (self.open_btn, self.export_btn):
             b.setEnabled(self.folder is not None)
 
