@@ -1,0 +1,307 @@
+"""Known equivalent rewrites for ops the HTP refuses, and the partition a CPU fallback makes.
+
+The QNN EP here refuses some ops outright (``Erf``, ``Celu``; see the HTP notes). The seed's
+advice for an unsupported operator: replace it with an equivalent subgraph, or let that part
+run on the CPU — and check accuracy and speed after each move. This module holds both:
+
+* a catalogue of rewrites by graph surgery on the float graph (before quantization), each
+  exact in float arithmetic — :func:`apply_rewrites` applies them, :func:`check_rewrite`
+  compares the rewritten graph with the original on sample inputs (ONNX Runtime, CPU);
+* :func:`partition` — which nodes the HTP leaves to the CPU, how many NPU↔CPU transitions
+  that makes and how many bytes cross them per inference.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+
+MS_DOMAIN = "com.microsoft"
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    name: str
+    refused: str  # the op the HTP refuses
+    description: str
+    apply: Callable[[Any], list[str]]  # rewrites the model in place; returns the nodes replaced
+
+
+def _consumers(graph) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for n in graph.node:
+        for x in n.input:
+            out.setdefault(x, []).append(n)
+    return out
+
+
+def _scalar(graph, name: str) -> float | None:
+    """The value of a one-element initializer or Constant ``name``, else None."""
+    from onnx import numpy_helper
+
+    for t in graph.initializer:
+        if t.name == name:
+            a = numpy_helper.to_array(t)
+            return float(a.reshape(-1)[0]) if a.size == 1 else None
+    for n in graph.node:
+        if n.op_type == "Constant" and n.output[0] == name:
+            for a in n.attribute:
+                if a.name == "value":
+                    v = numpy_helper.to_array(a.t)
+                    return float(v.reshape(-1)[0]) if v.size == 1 else None
+    return None
+
+
+def _other(node, name: str) -> str:
+    return node.input[1] if node.input[0] == name else node.input[0]
+
+
+def _close(value: float | None, want: float, rtol: float = 1e-4) -> bool:
+    return value is not None and abs(value - want) <= rtol * abs(want)
+
+
+def _gelu_tail(g, cons, producer, x: str, t: str) -> list | None:
+    """The Muls after ``1 + erf(...)`` (tensor ``t``) that make ``x * 0.5 * (...)``: by x then
+    by 0.5, by 0.5 then by x, or by a ``Mul(x, 0.5)`` made beside; None if they are not."""
+
+    def only(tensor):
+        nxt = cons.get(tensor, [])
+        return nxt[0] if len(nxt) == 1 and nxt[0].op_type == "Mul" else None
+
+    first = only(t)
+    if first is None:
+        return None
+    o = _other(first, t)
+    if o == x or _close(_scalar(g, o), 0.5):
+        second = only(first.output[0])
+        if second is None:
+            return None
+        o2 = _other(second, first.output[0])
+        if (o == x and _close(_scalar(g, o2), 0.5)) or (o != x and o2 == x):
+            return [first, second]
+        return None
+    half = producer.get(o)
+    if (half is not None and half.op_type == "Mul" and x in half.input
+            and _close(_scalar(g, _other(half, x)), 0.5)
+            and len(cons.get(half.output[0], [])) == 1):
+        return [half, first]
+    return None
+
+
+def _erf_gelu(model) -> list[str]:
+    """Exact GELU exported as ``x * 0.5 * (1 + erf(x / sqrt 2))`` (BERT's, at opset < 20) in
+    any of its usual orders → one ``com.microsoft`` ``Gelu`` (the same function; the HTP
+    runs it)."""
+    from onnx import helper
+
+    g = model.graph
+    cons = _consumers(g)
+    producer = {o: n for n in g.node for o in n.output}
+    done: list[str] = []
+    drop: set[int] = set()
+    for erf in [n for n in g.node if n.op_type == "Erf"]:
+        scaled = producer.get(erf.input[0])
+        if scaled is None or scaled.op_type not in ("Div", "Mul"):
+            continue
+        x, k_name = scaled.input[0], scaled.input[1]
+        if scaled.op_type == "Mul" and _scalar(g, x) is not None:  # Mul(1/sqrt 2, x)
+            x, k_name = k_name, x
+        k = _scalar(g, k_name)
+        if not (_close(k, math.sqrt(2.0)) if scaled.op_type == "Div"
+                else _close(k, 1 / math.sqrt(2.0))):
+            continue
+        add = cons.get(erf.output[0], [])
+        if len(add) != 1 or add[0].op_type != "Add" or not _close(
+                _scalar(g, _other(add[0], erf.output[0])), 1.0):
+            continue
+        chain = _gelu_tail(g, cons, producer, x, add[0].output[0])
+        if chain is None:
+            continue
+        if len(cons.get(scaled.output[0], [])) != 1:
+            continue
+        out = chain[-1].output[0]
+        group = [scaled, erf, add[0], *chain]
+        drop.update(id(n) for n in group)
+        name = erf.name.rsplit("/", 1)[0] + "/Gelu" if "/" in erf.name else f"{erf.name}_gelu"
+        g.node.insert(list(g.node).index(chain[-1]) + 1,
+                      helper.make_node("Gelu", [x], [out], name=name, domain=MS_DOMAIN))
+        done.append(erf.name)
+    if done:
+        keep = [n for n in g.node if id(n) not in drop]
+        del g.node[:]
+        g.node.extend(keep)
+        if not any(o.domain == MS_DOMAIN for o in model.opset_import):
+            model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    return done
+
+
+def _celu(model) -> list[str]:
+    """``Celu(x, alpha)`` → ``alpha * Elu(x / alpha)`` (the same function; the HTP runs Elu)."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    g = model.graph
+    done = []
+    for i, n in enumerate(list(g.node)):
+        if n.op_type != "Celu":
+            continue
+        alpha = next((a.f for a in n.attribute if a.name == "alpha"), 1.0)
+        x, y = n.input[0], n.output[0]
+        base = n.name or f"celu_{i}"
+        if alpha == 1.0:
+            new = [helper.make_node("Elu", [x], [y], alpha=1.0, name=f"{base}/Elu")]
+        else:
+            inv, a = f"{base}/inv_alpha", f"{base}/alpha"
+            g.initializer.extend([numpy_helper.from_array(np.array(1 / alpha, np.float32), inv),
+                                  numpy_helper.from_array(np.array(alpha, np.float32), a)])
+            new = [helper.make_node("Mul", [x, inv], [f"{base}/scaled"], name=f"{base}/Mul"),
+                   helper.make_node("Elu", [f"{base}/scaled"], [f"{base}/elu"], alpha=1.0,
+                                    name=f"{base}/Elu"),
+                   helper.make_node("Mul", [f"{base}/elu", a], [y], name=f"{base}/Mul_1")]
+        at = list(g.node).index(n)
+        g.node.remove(n)
+        for k, m in enumerate(new):
+            g.node.insert(at + k, m)
+        done.append(n.name or base)
+    return done
+
+
+CATALOGUE: tuple[Rewrite, ...] = (
+    Rewrite("erf-gelu", "Erf", "exact GELU built from Erf (x·½·(1 + erf(x/√2))) → one Gelu op",
+            _erf_gelu),
+    Rewrite("celu", "Celu", "Celu(x, α) → α·Elu(x/α)", _celu),
+)
+
+
+def apply_rewrites(src: Path, dst: Path, names: list[str] | None = None) -> list[dict[str, Any]]:
+    """Apply the catalogue's rewrites (or those named) to the float graph ``src``, writing
+    ``dst``; returns what each did: ``[{"rewrite", "refused", "description", "nodes"}]``
+    (only the rewrites that found something)."""
+    import onnx
+
+    from studio.core.fsutil import atomic_write_bytes
+    from studio.engine.onnx_import import open_onnx
+
+    known = {r.name: r for r in CATALOGUE}
+    unknown = [n for n in names or [] if n not in known]
+    if unknown:
+        raise StudioError(f"unknown rewrite(s) {', '.join(unknown)}; the catalogue has "
+                          f"{', '.join(known)}")
+    open_onnx(Path(src))  # a clear line for a file that is not a valid model
+    model = onnx.load(str(src))
+    applied = []
+    for r in CATALOGUE:
+        if names is not None and r.name not in names:
+            continue
+        nodes = r.apply(model)
+        if nodes:
+            applied.append({"rewrite": r.name, "refused": r.refused,
+                            "description": r.description, "nodes": nodes})
+    outputs = {o.name for o in model.graph.output}
+    used = {x for n in model.graph.node for x in n.input} | outputs
+    nodes = [n for n in model.graph.node if n.op_type != "Constant" or n.output[0] in used]
+    if len(nodes) != len(model.graph.node):  # the replaced ops' Constant nodes
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    keep = [t for t in model.graph.initializer if t.name in used]
+    if len(keep) != len(model.graph.initializer):  # the replaced ops' constants
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(keep)
+    onnx.checker.check_model(model)
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(Path(dst), model.SerializeToString())
+    return applied
+
+
+def check_rewrite(original: Path, rewritten: Path, feeds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rewritten graph against the original on ``feeds`` (FP32, ONNX Runtime on the CPU):
+    per output the worst cosine and max |error| over the feeds."""
+    import numpy as np
+    import onnxruntime as ort
+
+    if not feeds:
+        raise StudioError("the rewrite check needs at least one sample input")
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    a = ort.InferenceSession(str(original), so, providers=["CPUExecutionProvider"])
+    b = ort.InferenceSession(str(rewritten), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in a.get_outputs()]
+    out: dict[str, dict[str, float]] = {}
+    for feed in feeds:
+        for name, x, y in zip(names, a.run(names, feed), b.run(names, feed), strict=True):
+            x64, y64 = np.asarray(x, np.float64).ravel(), np.asarray(y, np.float64).ravel()
+            cos = float(x64 @ y64 / (np.linalg.norm(x64) * np.linalg.norm(y64) + 1e-30))
+            err = float(np.abs(x64 - y64).max()) if x64.size else 0.0
+            o = out.setdefault(name, {"cosine": 1.0, "max_abs_error": 0.0})
+            o["cosine"] = min(o["cosine"], cos)
+            o["max_abs_error"] = max(o["max_abs_error"], err)
+    return {"outputs": out, "samples": len(feeds),
+            "worst_cosine": min(o["cosine"] for o in out.values()),
+            "max_abs_error": max(o["max_abs_error"] for o in out.values())}
+
+
+def partition(onnx_path: Path, chip, fp16: bool = False) -> dict[str, Any]:
+    """Where a graph runs when the CPU may take what the HTP refuses: the placement report
+    (each refused node with the EP's reason) plus the NPU↔CPU transitions — tensors made on
+    one side and read on the other — and the bytes they carry per inference."""
+    import numpy as np
+    import onnx
+
+    from studio.engine import qnn
+
+    report = qnn.placement_report(onnx_path, chip, fp16=fp16)
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    try:
+        typed = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - sizes then unknown, the counts still hold
+        typed = model
+    sizes: dict[str, int | None] = {}
+    for v in (*typed.graph.value_info, *typed.graph.input, *typed.graph.output):
+        t = v.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+        if t.elem_type and all(d is not None for d in dims):
+            item = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)).itemsize
+            sizes[v.name] = int(np.prod(dims, dtype=np.int64)) * item if dims else item
+        else:
+            sizes[v.name] = None
+    # Q/DQ outputs keep their input's shape (shape inference may leave them out); a
+    # QuantizeLinear's output has its zero point's type
+    inits_by_name = {t.name: t for t in model.graph.initializer}
+    shapes: dict[str, list[int]] = {}
+    for v in (*typed.graph.value_info, *typed.graph.input, *typed.graph.output):
+        dims = [d.dim_value for d in v.type.tensor_type.shape.dim]
+        if all(d > 0 for d in dims):
+            shapes[v.name] = dims
+    for n in model.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear") and sizes.get(n.output[0]) is None:
+            dims = shapes.get(n.input[0])
+            if dims is None:
+                continue
+            shapes[n.output[0]] = dims
+            item = 4
+            if n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in inits_by_name:
+                item = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(
+                    inits_by_name[n.input[2]].data_type)).itemsize
+            sizes[n.output[0]] = int(np.prod(dims, dtype=np.int64)) * item
+    cpu = {n["name"] for n in report["cpu_nodes"]}
+    inits = {t.name for t in model.graph.initializer}
+    side = {}  # tensor -> "cpu" | "npu" (where it is made)
+    for n in model.graph.node:
+        for o in n.output:
+            side[o] = "cpu" if n.name in cpu else "npu"
+    crossings: dict[str, dict[str, Any]] = {}
+    for n in model.graph.node:
+        here = "cpu" if n.name in cpu else "npu"
+        for x in n.input:
+            if x and x not in inits and x in side and side[x] != here:
+                crossings.setdefault(x, {"tensor": x, "from": side[x], "to": here,
+                                         "bytes": sizes.get(x)})
+    known = [c["bytes"] for c in crossings.values() if c["bytes"] is not None]
+    return {**report, "transitions": len(crossings),
+            "crossings": sorted(crossings.values(), key=lambda c: c["tensor"]),
+            "bytes_crossing": sum(known) if len(known) == len(crossings) else None}
