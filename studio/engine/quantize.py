@@ -633,6 +633,21 @@ def _quantize_graph(
         shutil.rmtree(work, ignore_errors=True)
 
 
+def quantize_graph(src: Path, dst: Path, recipe: dict, feeds: list[dict],
+                   progress: Progress = NullProgress()) -> dict[str, Any]:
+    """Quantize any FP32 ONNX graph with static shapes (a CNN, an encoder, ...) into the QDQ
+    graph ``dst`` for the HTP: the recipe's scheme, granularity and overrides, calibrated on
+    ``feeds`` (at least one). Returns what was quantized."""
+    if not feeds:
+        raise StudioError("quantization needs calibration samples: give at least one")
+    recipe = normalize_recipe(recipe)
+    if recipe["scheme"] == "FP16":
+        raise StudioError("FP16 is not a quantization: run the float graph with fp16 instead")
+    info = _quantize_graph(Path(src), Path(dst), recipe, feeds, progress)
+    info.pop("layers", None)
+    return info
+
+
 def quantize_like(src: Path, dst: Path, like: Path, recipe: dict, feeds: list[dict],
                   progress: Progress = NullProgress()) -> dict[str, Any]:
     """Quantize the FP32 graph ``src`` into ``dst`` with the recipe, its activations taking the

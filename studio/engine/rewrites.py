@@ -219,10 +219,12 @@ def apply_rewrites(src: Path, dst: Path, names: list[str] | None = None) -> list
 
 
 def check_rewrite(original: Path, rewritten: Path, feeds: list[dict[str, Any]]) -> dict[str, Any]:
-    """The rewritten graph against the original on ``feeds`` (FP32, ONNX Runtime on the CPU):
-    per output the worst cosine and max |error| over the feeds."""
-    import numpy as np
+    """The rewritten graph against the original on ``feeds`` (FP32, ONNX Runtime on the CPU,
+    graph optimizations off so neither is refused into the other): per output the worst
+    cosine and max |error| over the feeds."""
     import onnxruntime as ort
+
+    from studio.engine.graphdata import compare_outputs
 
     if not feeds:
         raise StudioError("the rewrite check needs at least one sample input")
@@ -230,19 +232,7 @@ def check_rewrite(original: Path, rewritten: Path, feeds: list[dict[str, Any]]) 
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     a = ort.InferenceSession(str(original), so, providers=["CPUExecutionProvider"])
     b = ort.InferenceSession(str(rewritten), so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in a.get_outputs()]
-    out: dict[str, dict[str, float]] = {}
-    for feed in feeds:
-        for name, x, y in zip(names, a.run(names, feed), b.run(names, feed), strict=True):
-            x64, y64 = np.asarray(x, np.float64).ravel(), np.asarray(y, np.float64).ravel()
-            cos = float(x64 @ y64 / (np.linalg.norm(x64) * np.linalg.norm(y64) + 1e-30))
-            err = float(np.abs(x64 - y64).max()) if x64.size else 0.0
-            o = out.setdefault(name, {"cosine": 1.0, "max_abs_error": 0.0})
-            o["cosine"] = min(o["cosine"], cos)
-            o["max_abs_error"] = max(o["max_abs_error"], err)
-    return {"outputs": out, "samples": len(feeds),
-            "worst_cosine": min(o["cosine"] for o in out.values()),
-            "max_abs_error": max(o["max_abs_error"] for o in out.values())}
+    return compare_outputs(a, b, feeds)
 
 
 def partition(onnx_path: Path, chip, fp16: bool = False) -> dict[str, Any]:
