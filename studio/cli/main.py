@@ -13,6 +13,8 @@
                     [--speculative [--draft REF | --prompt-lookup] [--k K] [--fixed-k]]
                     [--kv float|int8] [--window W] [--runtime studio|genie] [--json]
     studio prune FILE [--drop N] [--out DIR] [--json]
+    studio graph MODEL.onnx --calibration DATA.npz [--shape NAME=D,..] [--target CHIP]
+                 [--placement strict|partition|rewrite] [--scheme W8A16|W8A8] [--out DIR] [--json]
     studio bundle FILE [--target CHIP] [--out DIR] [--parts N] [--prefill-length N] [--json]
     studio waterfall FILE [--chip CHIP] [--json]
     studio agent serve [--host 127.0.0.1] [--port P] [--token-file F] [--tls-cert C --tls-key K]
@@ -142,6 +144,23 @@ def _parser() -> argparse.ArgumentParser:
                                                        "graph (default: bundle.prefill_length; "
                                                        "1: no prefill graph)")
     bd.add_argument("--json", dest="bundle_json", action="store_true")
+    gr = sub.add_parser("graph", help="any ONNX network onto a target's NPU: placement, "
+                                      "quantization, validation per output, latency")
+    gr.add_argument("model", help="an .onnx file")
+    gr.add_argument("--calibration", required=True,
+                    help=".npz with one array per input ([N, ...] samples), or .npy")
+    gr.add_argument("--validation", help="held-out samples in the same form (default: the "
+                                         "last calibration samples)")
+    gr.add_argument("--shape", action="append", default=[], metavar="NAME=D,D,...",
+                    help="a fixed shape for a dynamic input (repeatable)")
+    gr.add_argument("--target", default="snapdragon-8-gen-3", help="the chip")
+    gr.add_argument("--placement", choices=("strict", "partition", "rewrite"), default="strict",
+                    help="ops the HTP refuses: fail (strict), leave them to the CPU "
+                         "(partition) or replace them by known equivalents (rewrite)")
+    gr.add_argument("--scheme", choices=("W8A16", "W8A8"), default="W8A16")
+    gr.add_argument("--out", help="folder for the files (default: MODEL.studio-graph/ beside "
+                                  "the model)")
+    gr.add_argument("--json", dest="graph_json", action="store_true")
     ag = sub.add_parser("agent", help="the device agent that runs jobs on a target machine")
     ags = ag.add_subparsers(dest="agent_command", parser_class=_Parser, required=True)
     sv = ags.add_parser("serve", help="serve jobs over HTTP (bearer token; 127.0.0.1 unless "
@@ -865,6 +884,49 @@ def _bundle(args) -> int:
     return 0
 
 
+def _graph(args) -> int:
+    from studio.services.graphs import deploy_graph
+
+    shapes = {}
+    for spec in args.shape:
+        name, _, dims = spec.partition("=")
+        try:
+            shapes[name] = [int(d) for d in dims.split(",")]
+        except ValueError:
+            raise StudioError(f"--shape {spec!r}: write NAME=D,D,... with whole numbers, e.g. "
+                              "image=1,3,224,224") from None
+    model = Path(args.model).expanduser().resolve()
+    out = Path(args.out).expanduser().resolve() if args.out else model.with_suffix(
+        ".studio-graph")
+    _native_output_to_stderr()
+    res = deploy_graph(model, out, Path(args.calibration).expanduser(), args.target, shapes,
+                       args.placement, args.scheme,
+                       validation=Path(args.validation).expanduser() if args.validation else None)
+    if args.graph_json:
+        print(json.dumps(res, indent=1))
+        return 0
+    n = res["on_npu"]
+    print(f"{model.name} on {res['target']} ({res['placement']}): {n['qnn_nodes']} of "
+          f"{n['total_nodes']} nodes on the NPU in {n['qnn_subgraphs']} subgraph(s)"
+          + (f", {n['transitions']} NPU<->CPU transitions carrying {n['bytes_crossing']} bytes"
+             if n["transitions"] else ""))
+    for node in res["cpu_nodes"]:
+        print(f"  on the CPU: {node['name']} ({node['op_type']}): {node['reason']}")
+    for r in res["rewrites"]:
+        print(f"  rewrote {len(r['nodes'])} x {r['refused']}: {r['description']}")
+    if res["rewrite_check"]:
+        print(f"  rewrite check: max |error| {res['rewrite_check']['max_abs_error']:.3g} vs "
+              "the original graph (FP32)")
+    for name, o in res["validation"]["outputs"].items():
+        print(f"{name}: cosine {o['cosine']:.5f}, max |error| {o['max_abs_error']:.4g} vs FP32 "
+              f"({res['validation']['on']})")
+    lat = res["latency_ms"]
+    print(f"latency per inference: {lat['htp']['value']:.2f} ms ({lat['htp']['source']}: "
+          f"{lat['htp']['note']}); FP32 on the host CPU {lat['cpu_fp32']['value']:.2f} ms "
+          f"(measured)\nwrote {out}")
+    return 0
+
+
 def _prune(args) -> int:
     from studio.core import project as projectfile
     from studio.services.pruning import prune
@@ -960,6 +1022,8 @@ def main(argv: list[str] | None = None) -> int:
             return _prune(args)
         if args.command == "bundle":
             return _bundle(args)
+        if args.command == "graph":
+            return _graph(args)
         if args.command == "waterfall":
             return _waterfall(args)
         if args.command == "agent":

@@ -235,6 +235,13 @@ def check_rewrite(original: Path, rewritten: Path, feeds: list[dict[str, Any]]) 
     return compare_outputs(a, b, feeds)
 
 
+#: ops whose output has the shape and type of their (first) input
+_ELEMENTWISE = frozenset({"Abs", "Celu", "Elu", "Erf", "Exp", "Gelu", "HardSigmoid",
+                          "HardSwish", "Identity", "LeakyRelu", "Log", "Neg", "Reciprocal",
+                          "Relu", "Round", "Selu", "Sigmoid", "Sign", "Softplus", "Softsign",
+                          "Sqrt", "Tanh"})
+
+
 def partition(onnx_path: Path, chip, fp16: bool = False) -> dict[str, Any]:
     """Where a graph runs when the CPU may take what the HTP refuses: the placement report
     (each refused node with the EP's reason) plus the NPU↔CPU transitions — tensors made on
@@ -250,34 +257,33 @@ def partition(onnx_path: Path, chip, fp16: bool = False) -> dict[str, Any]:
         typed = onnx.shape_inference.infer_shapes(model)
     except Exception:  # noqa: BLE001 - sizes then unknown, the counts still hold
         typed = model
-    sizes: dict[str, int | None] = {}
+    inits_by_name = {t.name: t for t in model.graph.initializer}
+
+    def itemsize(elem_type: int) -> int:
+        return int(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).itemsize)
+
+    # tensor -> (dims, item size) where shape inference knows them
+    known: dict[str, tuple[list[int], int]] = {}
     for v in (*typed.graph.value_info, *typed.graph.input, *typed.graph.output):
         t = v.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
-        if t.elem_type and all(d is not None for d in dims):
-            item = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)).itemsize
-            sizes[v.name] = int(np.prod(dims, dtype=np.int64)) * item if dims else item
-        else:
-            sizes[v.name] = None
+        dims = [int(d.dim_value) for d in t.shape.dim]
+        if t.elem_type and all(d > 0 for d in dims):
+            known[v.name] = (dims, itemsize(t.elem_type))
     # Q/DQ outputs keep their input's shape (shape inference may leave them out); a
-    # QuantizeLinear's output has its zero point's type
-    inits_by_name = {t.name: t for t in model.graph.initializer}
-    shapes: dict[str, list[int]] = {}
-    for v in (*typed.graph.value_info, *typed.graph.input, *typed.graph.output):
-        dims = [d.dim_value for d in v.type.tensor_type.shape.dim]
-        if all(d > 0 for d in dims):
-            shapes[v.name] = dims
-    for n in model.graph.node:
-        if n.op_type in ("QuantizeLinear", "DequantizeLinear") and sizes.get(n.output[0]) is None:
-            dims = shapes.get(n.input[0])
-            if dims is None:
+    # QuantizeLinear's output has its zero point's type, a DequantizeLinear's is float32
+    for n in model.graph.node:  # (and element-wise ops keep their input's shape and type)
+        if n.output and n.output[0] not in known and n.input and n.input[0] in known:
+            dims, item = known[n.input[0]]
+            if n.op_type == "QuantizeLinear":
+                item = (itemsize(inits_by_name[n.input[2]].data_type)
+                        if len(n.input) > 2 and n.input[2] in inits_by_name else 1)
+            elif n.op_type == "DequantizeLinear":
+                item = 4
+            elif n.op_type not in _ELEMENTWISE:
                 continue
-            shapes[n.output[0]] = dims
-            item = 4
-            if n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in inits_by_name:
-                item = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(
-                    inits_by_name[n.input[2]].data_type)).itemsize
-            sizes[n.output[0]] = int(np.prod(dims, dtype=np.int64)) * item
+            known[n.output[0]] = (dims, item)
+    sizes = {name: int(np.prod(dims, dtype=np.int64)) * item
+             for name, (dims, item) in known.items()}
     cpu = {n["name"] for n in report["cpu_nodes"]}
     inits = {t.name for t in model.graph.initializer}
     side = {}  # tensor -> "cpu" | "npu" (where it is made)
@@ -291,7 +297,7 @@ def partition(onnx_path: Path, chip, fp16: bool = False) -> dict[str, Any]:
             if x and x not in inits and x in side and side[x] != here:
                 crossings.setdefault(x, {"tensor": x, "from": side[x], "to": here,
                                          "bytes": sizes.get(x)})
-    known = [c["bytes"] for c in crossings.values() if c["bytes"] is not None]
+    counted = [c["bytes"] for c in crossings.values() if c["bytes"] is not None]
     return {**report, "transitions": len(crossings),
             "crossings": sorted(crossings.values(), key=lambda c: c["tensor"]),
-            "bytes_crossing": sum(known) if len(known) == len(crossings) else None}
+            "bytes_crossing": sum(counted) if len(counted) == len(crossings) else None}

@@ -9,37 +9,15 @@ import pytest
 
 from studio.core.errors import StudioError
 from studio.engine import graphdata, qnn
+from tests.engine import small_graphs
 
 CHIP = "snapdragon-8-gen-3"
 
 
 @pytest.fixture(scope="module")
 def cnn(tmp_path_factory):
-    """Conv-BN-ReLU-pool-Linear with two outputs (logits and the pooled features), exported
-    with a dynamic batch dimension."""
-    import torch
-
-    torch.manual_seed(0)
-
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
-            self.bn = torch.nn.BatchNorm2d(8)
-            self.fc = torch.nn.Linear(8, 5)
-
-        def forward(self, image):
-            h = torch.relu(self.bn(self.conv(image)))
-            pooled = h.mean(dim=(2, 3))
-            return self.fc(pooled), pooled
-
-    net = Net().eval()
     folder = tmp_path_factory.mktemp("cnn")
-    path = folder / "cnn.onnx"
-    torch.onnx.export(net, (torch.randn(1, 3, 16, 16),), str(path), input_names=["image"],
-                      output_names=["logits", "features"], opset_version=17, dynamo=False,
-                      dynamic_axes={"image": {0: "batch"}})
-    return folder, path
+    return folder, small_graphs.cnn(folder / "cnn.onnx")
 
 
 def test_a_cnn_from_npz_calibration_to_the_htp(cnn):

@@ -5,55 +5,14 @@ same function the HTP runs (exact in FP32, checked against the original graph)."
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
 from studio.core.errors import StudioError
 from studio.engine import qnn, rewrites
+from tests.engine.small_graphs import FEEDS, mlp
 
 CHIP = "snapdragon-8-gen-3"
-
-
-def _mlp(path, act: str):
-    """x [1, 16] -> MatMul [16, 32] -> an activation; ``act``: an Erf-GELU form or Celu."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.RandomState(0)
-    inits = [numpy_helper.from_array((rng.randn(16, 32) * 0.3).astype(np.float32), "W")]
-
-    def const(name, v):
-        inits.append(numpy_helper.from_array(np.array(v, np.float32), name))
-        return name
-
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="fc")]
-    if act == "gelu-div":  # torch's exact GELU at opset 17: x * 0.5 * (1 + erf(x / sqrt 2))
-        nodes += [helper.make_node("Div", ["h", const("s", math.sqrt(2))], ["d"], name="act/Div"),
-                  helper.make_node("Erf", ["d"], ["e"], name="act/Erf"),
-                  helper.make_node("Add", ["e", const("one", 1.0)], ["a"], name="act/Add"),
-                  helper.make_node("Mul", ["h", "a"], ["m"], name="act/Mul"),
-                  helper.make_node("Mul", ["m", const("half", 0.5)], ["y"], name="act/Mul_1")]
-    elif act == "gelu-mul":  # erf(x * 1/sqrt 2), the halving first
-        nodes += [helper.make_node("Mul", ["h", const("s", 1 / math.sqrt(2))], ["d"],
-                                   name="act/Mul"),
-                  helper.make_node("Erf", ["d"], ["e"], name="act/Erf"),
-                  helper.make_node("Add", [const("one", 1.0), "e"], ["a"], name="act/Add"),
-                  helper.make_node("Mul", ["h", const("half", 0.5)], ["hh"], name="act/Mul_1"),
-                  helper.make_node("Mul", ["hh", "a"], ["y"], name="act/Mul_2")]
-    elif act == "celu":
-        nodes += [helper.make_node("Celu", ["h"], ["y"], alpha=0.7, name="act/Celu")]
-    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                       [1, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])], inits)
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 10
-    onnx.save(model, str(path))
-    return path
-
-
-FEEDS = [{"x": np.random.RandomState(i).randn(1, 16).astype(np.float32)} for i in range(6)]
 
 
 def _quantize(src, dst):
@@ -91,7 +50,7 @@ def _cos(a, b):
 def test_erf_gelu_becomes_one_gelu_op_with_the_same_numbers(form, tmp_path):
     import onnx
 
-    src = _mlp(tmp_path / "m.onnx", form)
+    src = mlp(tmp_path / "m.onnx", form)
     done = rewrites.apply_rewrites(src, tmp_path / "rw.onnx")
     assert [(d["rewrite"], d["refused"], d["nodes"]) for d in done] == [
         ("erf-gelu", "Erf", ["act/Erf"])]
@@ -106,7 +65,7 @@ def test_strict_partition_and_rewrite_on_the_htp(tmp_path):
     """The quantized Erf-GELU MLP: strict names the node and the EP's reason; partition runs
     it with the Erf on the CPU (two transitions, 64 bytes each way); the rewritten graph is
     NPU-resident and computes what the original does."""
-    src = _mlp(tmp_path / "m.onnx", "gelu-div")
+    src = mlp(tmp_path / "m.onnx", "gelu-div")
     q = _quantize(src, tmp_path / "m_q.onnx")
     with pytest.raises(StudioError) as err:
         qnn.make_session(q, CHIP, strict=True)
@@ -132,7 +91,7 @@ def test_strict_partition_and_rewrite_on_the_htp(tmp_path):
 
 
 def test_celu_becomes_elu_and_runs_on_the_htp(tmp_path):
-    src = _mlp(tmp_path / "m.onnx", "celu")
+    src = mlp(tmp_path / "m.onnx", "celu")
     done = rewrites.apply_rewrites(src, tmp_path / "rw.onnx")
     assert [d["rewrite"] for d in done] == ["celu"]
     assert rewrites.check_rewrite(src, tmp_path / "rw.onnx", FEEDS)["max_abs_error"] < 1e-6
@@ -155,7 +114,7 @@ def test_the_minilm_encoders_gelus_rewrite_exactly(tmp_path):
 
 
 def test_bad_input_is_one_line(tmp_path):
-    src = _mlp(tmp_path / "m.onnx", "celu")
+    src = mlp(tmp_path / "m.onnx", "celu")
     with pytest.raises(StudioError, match="unknown rewrite.*the catalogue has erf-gelu, celu"):
         rewrites.apply_rewrites(src, tmp_path / "rw.onnx", ["tanh-gelu"])
     bad = tmp_path / "bad.onnx"
