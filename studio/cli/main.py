@@ -913,7 +913,7 @@ def _graph(args) -> int:
     for node in res["cpu_nodes"]:
         print(f"  on the CPU: {node['name']} ({node['op_type']}): {node['reason']}")
     for r in res["rewrites"]:
-        print(f"  rewrote {len(r['nodes'])} x {r['refused']}: {r['description']}")
+        print(f"  rewrite {r['rewrite']} at {len(r['nodes'])} place(s): {r['description']}")
     if res["rewrite_check"]:
         print(f"  rewrite check: max |error| {res['rewrite_check']['max_abs_error']:.3g} vs "
               "the original graph (FP32)")

@@ -171,23 +171,69 @@ def _celu(model) -> list[str]:
     return done
 
 
+#: what a mask constant becomes: exp(-100) is 0 in float32 next to any attention score,
+#: and the quantized mask keeps a usable step (the LLM export masks with the same value)
+MASK_VALUE = -100.0
+
+
+def _huge_mask(model) -> list[str]:
+    """Float constants at the float's lowest (``torch.finfo.min``, ≤ -1e30: the value an
+    exported attention mask fills hidden slots with) → :data:`MASK_VALUE`. The same softmax
+    in float arithmetic; quantized, a range reaching -3.4e38 leaves the mask and the scores
+    added to it no resolution at all (MiniLM W8A16: embedding cosine 0.03 vs FP32)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    done = []
+    for t in model.graph.initializer:
+        if t.data_type in (1, 10, 11) and 0 < _numel(t) <= 16:
+            a = numpy_helper.to_array(t)
+            if (a <= -1e30).all():
+                t.CopyFrom(numpy_helper.from_array(np.full_like(a, MASK_VALUE), t.name))
+                done.append(t.name)
+    for n in model.graph.node:
+        if n.op_type != "Constant":
+            continue
+        for at in n.attribute:
+            if at.name == "value" and at.t.data_type in (1, 10, 11) and 0 < _numel(at.t) <= 16:
+                a = numpy_helper.to_array(at.t)
+                if (a <= -1e30).all():
+                    at.t.CopyFrom(numpy_helper.from_array(np.full_like(a, MASK_VALUE),
+                                                          at.t.name))
+                    done.append(n.output[0])
+    return done
+
+
+def _numel(t) -> int:
+    n = 1
+    for d in t.dims:
+        n *= int(d)
+    return n
+
+
 CATALOGUE: tuple[Rewrite, ...] = (
     Rewrite("erf-gelu", "Erf", "exact GELU built from Erf (x·½·(1 + erf(x/√2))) → one Gelu op",
             _erf_gelu),
     Rewrite("celu", "Celu", "Celu(x, α) → α·Elu(x/α)", _celu),
 )
+#: rewrites that make a graph quantizable rather than placeable: applied before every
+#: quantization of a graph (the same function in float arithmetic, checked like the others)
+PREPARE: tuple[Rewrite, ...] = (
+    Rewrite("mask-min", "", f"attention-mask constants at the float's lowest → {MASK_VALUE:g} "
+            "(the same softmax; quantizable)", _huge_mask),
+)
 
 
 def apply_rewrites(src: Path, dst: Path, names: list[str] | None = None) -> list[dict[str, Any]]:
-    """Apply the catalogue's rewrites (or those named) to the float graph ``src``, writing
-    ``dst``; returns what each did: ``[{"rewrite", "refused", "description", "nodes"}]``
-    (only the rewrites that found something)."""
+    """Apply the catalogue's rewrites (or those named, from the catalogue or
+    :data:`PREPARE`) to the float graph ``src``, writing ``dst``; returns what each did:
+    ``[{"rewrite", "refused", "description", "nodes"}]`` (only those that found something)."""
     import onnx
 
     from studio.core.fsutil import atomic_write_bytes
     from studio.engine.onnx_import import open_onnx
 
-    known = {r.name: r for r in CATALOGUE}
+    known = {r.name: r for r in (*PREPARE, *CATALOGUE)}
     unknown = [n for n in names or [] if n not in known]
     if unknown:
         raise StudioError(f"unknown rewrite(s) {', '.join(unknown)}; the catalogue has "
@@ -195,8 +241,8 @@ def apply_rewrites(src: Path, dst: Path, names: list[str] | None = None) -> list
     open_onnx(Path(src))  # a clear line for a file that is not a valid model
     model = onnx.load(str(src))
     applied = []
-    for r in CATALOGUE:
-        if names is not None and r.name not in names:
+    for r in (*PREPARE, *CATALOGUE):
+        if (r.name not in names) if names is not None else r in PREPARE:
             continue
         nodes = r.apply(model)
         if nodes:

@@ -53,14 +53,18 @@ def deploy_graph(onnx_path: Path, out_dir: Path, calibration: Path, target: str,
     feeds = graphdata.load_samples(Path(calibration), inputs)
     held = (graphdata.load_samples(Path(validation), inputs, "validation data") if validation
             else feeds[-min(len(feeds), 4):])
-    graph = out / "static.onnx"
-    applied: list[dict[str, Any]] = []
+    progress.update(0.1, "rewriting what quantization cannot take"
+                    + (" and the ops the HTP refuses" if placement == "rewrite" else ""))
+    names = [r.name for r in rewrites.PREPARE] + (
+        [r.name for r in rewrites.CATALOGUE] if placement == "rewrite" else [])
+    graph = out / "rewritten.onnx"
+    applied = rewrites.apply_rewrites(out / "static.onnx", graph, names)
     rewrite_check = None
-    if placement == "rewrite":
-        progress.update(0.1, "rewriting the ops the HTP refuses")
-        applied = rewrites.apply_rewrites(graph, out / "rewritten.onnx")
-        graph = out / "rewritten.onnx"
+    if applied:
         rewrite_check = rewrites.check_rewrite(out / "static.onnx", graph, held)
+    else:
+        graph.unlink()
+        graph = out / "static.onnx"
     progress.check()
     progress.update(0.2, f"quantizing ({scheme}) on {len(feeds)} calibration samples")
     quant = quantize_graph(graph, out / "quantized.onnx",

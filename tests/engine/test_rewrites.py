@@ -111,11 +111,16 @@ def test_the_minilm_encoders_gelus_rewrite_exactly(tmp_path):
     feeds = [enc.tokenize([t], seq_len=16) for t in ("def read_file(path):", "a quick fox")]
     check = rewrites.check_rewrite(src, tmp_path / "rw.onnx", feeds)
     assert check["worst_cosine"] > 0.999999 and check["max_abs_error"] < 1e-5
+    # its attention mask fills hidden slots with float32's lowest: quantized, that range
+    # leaves no resolution; -100 is the same softmax
+    done = rewrites.apply_rewrites(src, tmp_path / "mask.onnx", ["mask-min"])
+    assert [(d["rewrite"], len(d["nodes"])) for d in done] == [("mask-min", 1)]
+    assert rewrites.check_rewrite(src, tmp_path / "mask.onnx", feeds)["max_abs_error"] == 0.0
 
 
 def test_bad_input_is_one_line(tmp_path):
     src = mlp(tmp_path / "m.onnx", "celu")
-    with pytest.raises(StudioError, match="unknown rewrite.*the catalogue has erf-gelu, celu"):
+    with pytest.raises(StudioError, match="unknown rewrite.*the catalogue has mask-min, erf-gelu, celu"):
         rewrites.apply_rewrites(src, tmp_path / "rw.onnx", ["tanh-gelu"])
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not a model")
