@@ -59,6 +59,7 @@ SAMPLES: dict[str, Sample] = {
 DATA_FILES: dict[str, str] = {
     "heldout": "heldout.py.txt",
     "calibration": "calibration.py.txt",
+    "similarity": "similarity.json",  # the encoder's retrieval check
 }
 
 

@@ -313,6 +313,46 @@ def check_onnx(
     return OnnxCheck(cos, low, threshold, low >= threshold)
 
 
+def load_similarity_set() -> dict[str, Any]:
+    """The shipped retrieval set: ``documents`` and ``queries`` (``text``, ``relevant``:
+    the index of its document)."""
+    from studio.core.samples import read_data
+
+    data = json.loads(read_data("similarity"))
+    return {"documents": list(data["documents"]), "queries": list(data["queries"])}
+
+
+def ranking_check(ref_docs: np.ndarray, ref_queries: np.ndarray, got_docs: np.ndarray,
+                  got_queries: np.ndarray, relevant: list[int]) -> dict[str, Any]:
+    """How a deployed encoder's rankings agree with the reference's: each query ranks the
+    documents by cosine similarity; per query the top-1 agreement, Kendall's tau between the
+    two rankings and whether each puts the relevant document first."""
+
+    def scores(d: np.ndarray, q: np.ndarray) -> np.ndarray:
+        d = d / np.linalg.norm(d, axis=1, keepdims=True)
+        q = q / np.linalg.norm(q, axis=1, keepdims=True)
+        return q @ d.T
+
+    ref, got = scores(ref_docs, ref_queries), scores(got_docs, got_queries)
+    rows = []
+    for i, rel in enumerate(relevant):
+        a, b = ref[i], got[i]
+        n = len(a)
+        agree = sum(np.sign(a[j] - a[k]) == np.sign(b[j] - b[k])
+                    for j in range(n) for k in range(j + 1, n))
+        pairs = n * (n - 1) // 2
+        rows.append({"top1_same": int(a.argmax()) == int(b.argmax()),
+                     "kendall_tau": (2 * agree - pairs) / pairs,
+                     "relevant_first_reference": int(a.argmax()) == rel,
+                     "relevant_first_deployed": int(b.argmax()) == rel})
+    return {"queries": len(rows),
+            "top1_agreement": sum(r["top1_same"] for r in rows) / len(rows),
+            "mean_kendall_tau": float(np.mean([r["kendall_tau"] for r in rows])),
+            "recall_at_1_reference": sum(r["relevant_first_reference"] for r in rows) / len(rows),
+            "recall_at_1_deployed": sum(r["relevant_first_deployed"] for r in rows) / len(rows),
+            "per_query": rows}
+
+
 def run(inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """Background work: export the encoder to ONNX and check it against torch.
 
