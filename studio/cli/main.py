@@ -14,7 +14,8 @@
                     [--kv float|int8] [--window W] [--runtime studio|genie] [--json]
     studio prune FILE [--drop N] [--out DIR] [--json]
     studio graph MODEL.onnx --calibration DATA.npz [--shape NAME=D,..] [--target CHIP]
-                 [--placement strict|partition|rewrite] [--scheme W8A16|W8A8] [--out DIR] [--json]
+                 [--placement strict|partition|rewrite] [--scheme W8A16|W8A8]
+                 [--weights per_channel|per_tensor] [--out DIR] [--json]
     studio bundle FILE [--target CHIP] [--out DIR] [--parts N] [--prefill-length N] [--json]
     studio waterfall FILE [--chip CHIP] [--json]
     studio agent serve [--host 127.0.0.1] [--port P] [--token-file F] [--tls-cert C --tls-key K]
@@ -158,6 +159,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="ops the HTP refuses: fail (strict), leave them to the CPU "
                          "(partition) or replace them by known equivalents (rewrite)")
     gr.add_argument("--scheme", choices=("W8A16", "W8A8"), default="W8A16")
+    gr.add_argument("--weights", choices=("per_channel", "per_tensor"), default="per_channel",
+                    help="weight quantization granularity")
     gr.add_argument("--out", help="folder for the files (default: MODEL.studio-graph/ beside "
                                   "the model)")
     gr.add_argument("--json", dest="graph_json", action="store_true")
@@ -900,7 +903,7 @@ def _graph(args) -> int:
         ".studio-graph")
     _native_output_to_stderr()
     res = deploy_graph(model, out, Path(args.calibration).expanduser(), args.target, shapes,
-                       args.placement, args.scheme,
+                       args.placement, args.scheme, args.weights,
                        validation=Path(args.validation).expanduser() if args.validation else None)
     if args.graph_json:
         print(json.dumps(res, indent=1))

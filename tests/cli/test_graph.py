@@ -52,11 +52,12 @@ def test_partition_runs_with_the_cpu_part(celu_mlp):
 def test_rewrite_puts_everything_on_the_npu(celu_mlp):
     folder, model = celu_mlp
     r = studio("graph", model, "--calibration", folder / "calib.npz", "--placement", "rewrite",
-               "--out", folder / "r")
+               "--weights", "per_tensor", "--out", folder / "r")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "on the NPU in 1 subgraph(s)" in r.stdout and "rewrite celu at 1 place(s)" in r.stdout
     res = json.loads((folder / "r" / "result.json").read_text())
     assert res["on_npu"]["all_on_npu"] and res["on_npu"]["transitions"] == 0
+    assert res["quantization"]["weight_granularity"] == "per_tensor"
     assert res["rewrite_check"]["max_abs_error"] < 1e-6
     assert res["validation"]["worst_cosine"] > 0.99
     assert (folder / "r" / "rewritten.onnx").is_file()
