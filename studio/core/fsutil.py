@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,18 +125,20 @@ class RunLock:
             self._fd = None
 
 
-def atomic_copytree(src: Path, dest: Path) -> Path:
-    """Copy folder ``src`` to ``dest`` so that ``dest`` appears whole or not at all: copied
-    beside it under a temporary name, then renamed; an older ``dest`` is replaced only once
-    the new copy is complete."""
+@contextlib.contextmanager
+def atomic_folder(dest: Path) -> Iterator[Path]:
+    """Write a folder that appears whole or not at all: the body fills the temporary folder
+    it is given (beside ``dest``); when it returns, that folder takes ``dest``'s place — an
+    older ``dest`` is replaced only then, and put back if the swap fails. If the body
+    raises, ``dest`` is left as it was."""
     import shutil
 
-    src, dest = Path(src), Path(dest)
+    dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     old = None
     try:
-        shutil.copytree(src, tmp, dirs_exist_ok=True)
+        yield tmp
         if dest.exists():
             old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
             os.replace(dest, old)
@@ -146,4 +150,13 @@ def atomic_copytree(src: Path, dest: Path) -> Path:
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    return dest
+
+
+def atomic_copytree(src: Path, dest: Path) -> Path:
+    """Copy folder ``src`` to ``dest`` so that ``dest`` appears whole or not at all (see
+    :func:`atomic_folder`)."""
+    import shutil
+
+    with atomic_folder(Path(dest)) as tmp:
+        shutil.copytree(Path(src), tmp, dirs_exist_ok=True)
+    return Path(dest)

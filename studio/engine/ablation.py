@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_folder
 from studio.core.progress import NullProgress, Progress
 
 
@@ -119,17 +119,9 @@ def write_pruned_checkpoint(checkpoint_dir: Path, drop: list[int], out_dir: Path
     if getattr(cfg, "layer_types", None) is not None:
         cfg.layer_types = [cfg.layer_types[j] for j in keep]
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    try:
+    with atomic_folder(out_dir) as tmp:
         model.save_pretrained(str(tmp))
         for f in Path(checkpoint_dir).iterdir():
             if f.is_file() and ("token" in f.name or f.name in ("vocab.json", "merges.txt")):
                 shutil.copy2(f, tmp / f.name)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out_dir

@@ -89,8 +89,8 @@ def int8_kv_export(project: Project, export_dir: Path) -> Path:
     """The FP32 export with an INT8 KV cache (per-head scales from the project's calibration
     text), made once per export beside the artifacts (written in a temp folder, then moved)."""
     import shutil
-    import tempfile
 
+    from studio.core.fsutil import atomic_folder
     from studio.engine.kvquant import KV_SCALES_FILE, calibrate_kv_scales, write_int8_kv_graphs
     from studio.worker.stages import _cpu_generator, _spec, _tokenizer
 
@@ -102,19 +102,11 @@ def int8_kv_export(project: Project, export_dir: Path) -> Path:
         encoding="utf-8", errors="replace")
     ids = _tokenizer(export_dir)(text).input_ids
     scales = calibrate_kv_scales(_cpu_generator(export_dir, spec), ids)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".kv8-", dir=out.parent))
-    try:
+    with atomic_folder(out) as tmp:
         for f in export_dir.iterdir():
             if f.suffix != ".onnx":
                 (shutil.copytree if f.is_dir() else shutil.copy2)(f, tmp / f.name)
         write_int8_kv_graphs(export_dir, tmp, scales)  # kv_scales.json last: the marker
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -3,13 +3,12 @@ and its pruned checkpoint, copied out as a new model source with a project file 
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from studio.core import project as projectfile
 from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_copytree
 from studio.core.project import Project
 
 
@@ -45,16 +44,7 @@ def prune(project: Project, drop: int | None = None, out: Path | None = None) ->
     if out.exists() and any(out.iterdir()):
         raise StudioError(f"{out} exists and is not empty: choose a new folder for the "
                           "pruned checkpoint")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        shutil.copytree(pruned, tmp, dirs_exist_ok=True)
-        if out.exists():
-            out.rmdir()
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    atomic_copytree(pruned, out)
     proj = project.copy()
     proj.name = f"{project.name}-pruned"
     proj.model["source"] = str(out)
