@@ -101,7 +101,7 @@ def genie_generate(project: Project, prompt: str, target: str | None = None,
         "time_to_first_token_ms": first * 1e3 if first is not None else None,
         "decode_tokens_per_s": rate, "decode_ms_per_token": 1e3 / rate if rate else None,
         "source": "simulated", "device": f"htp-sim:{chip}",
-        "device_name": f"Genie on the HTP simulator ({chip})",
+        "device_name": f"Genie · HTP simulator ({chip})",
         "timing_note": "Genie's wall time on the simulator: follows the host CPU, not device "
                        "latency; the prompt goes through "
                        + (f"the AR-{result['prefill_ar']} prefill graph"
