@@ -336,6 +336,7 @@ class BundleRunner:
         self.keys = np.zeros((self.layers, 1, kvh, hd, self.cl - 1), np.float32)
         self.values = np.zeros((self.layers, 1, kvh, self.cl - 1, hd), np.float32)
         self.passes = {ar: 0 for ar in graphs}
+        self.prompt_passes = 0
 
     def reset(self) -> None:
         self.keys[:] = 0.0
@@ -381,7 +382,9 @@ class BundleRunner:
         self.reset()
         ar = max(self.graphs)
         pos, logits = 0, None
+        self.prompt_passes = 0
         while pos < len(ids):
+            self.prompt_passes += 1
             if ar > 1 and pos + ar <= self.cl - 1 and pos <= self.cl - ar:
                 chunk = ids[pos:pos + ar]
                 logits = self._pass(chunk, pos, ar)

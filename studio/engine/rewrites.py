@@ -272,8 +272,6 @@ def check_rewrite(original: Path, rewritten: Path, feeds: list[dict[str, Any]]) 
 
     from studio.engine.graphdata import compare_outputs
 
-    if not feeds:
-        raise StudioError("the rewrite check needs at least one sample input")
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     a = ort.InferenceSession(str(original), so, providers=["CPUExecutionProvider"])

@@ -16,7 +16,8 @@ from studio.core.project import Project
 
 
 def stored_bundle(project: Project, target: str | None = None, parts: int | None = None,
-                  prefill_length: int | None = None) -> tuple[Path, dict[str, Any]]:
+                  prefill_length: int | None = None,
+                  build: bool = True) -> tuple[Path, dict[str, Any]]:
     """(the bundle folder in the store, the stage's result) for ``target`` (default: the first
     target), running the bundle stage when the store does not hold it yet. ``parts``: the
     number of context binaries, ``prefill_length``: the AR-N prefill graph's N (None: the
@@ -40,8 +41,11 @@ def stored_bundle(project: Project, target: str | None = None, parts: int | None
             raise StudioError(f"--prefill-length must be at least 1 (1: no prefill graph), "
                               f"not {prefill_length}")
         p.bundle["prefill_length"] = prefill_length
-    folder = stored_artifact(p, f"bundle[{chip}]", "the Genie bundle")
-    assert folder is not None
+    folder = stored_artifact(p, f"bundle[{chip}]", "the Genie bundle", run=build)
+    if folder is None:
+        raise StudioError(f"there is no Genie bundle for {chip} with the project's current "
+                          "settings: build it on the Deploy page (or studio bundle FILE; "
+                          "--stages bundle in a batch run)")
     return folder / "bundle", json.loads((folder / "result.json").read_text())
 
 
@@ -68,19 +72,7 @@ def genie_generate(project: Project, prompt: str, target: str | None = None,
 
     if not prompt.strip():
         raise StudioError("the prompt is empty: give some text")
-    if not build:
-        from studio.core.catalog import get_chip
-        from studio.services.generate import stored_artifact
-
-        chip = get_chip(target or project.targets[0]).key
-        p = project.copy()
-        p.targets = [chip] if chip in p.targets else p.targets
-        if project.path is None or stored_artifact(p, f"bundle[{chip}]", "the Genie bundle",
-                                                   run=False) is None:
-            raise StudioError(f"there is no Genie bundle for {chip} with the project's current "
-                              "settings: build it on the Deploy page (or studio bundle FILE; "
-                              "--stages bundle in a batch run)")
-    folder, result = stored_bundle(project, target)
+    folder, result = stored_bundle(project, target, build=build)
     n = max_new_tokens if max_new_tokens is not None else int(project.run["max_new_tokens"])
     stop = None
     if progress is not None:

@@ -357,19 +357,24 @@ def waterfall(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 
 
 # ---- 2. quantize --------------------------------------------------------------------------
+def _recipe(ctx: StageContext) -> dict[str, Any]:
+    """The quantization recipe of the project's settings (what the quantize stage applies)."""
+    return {"scheme": ctx.get("quantization.scheme"),
+            "weight_granularity": ctx.get("quantization.weight_granularity"),
+            "samples": ctx.get("quantization.calibration_samples"),
+            "overrides": ctx.get("quantization.overrides"),
+            "calibration_method": ctx.get("quantization.calibration_method"),
+            "block_size": ctx.get("quantization.block_size")}
+
+
 def quantize(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     from studio.engine.quantize import quantize_llm
 
-    scheme = ctx.get("quantization.scheme")
-    gran = ctx.get("quantization.weight_granularity")
-    samples = ctx.get("quantization.calibration_samples")
-    overrides = ctx.get("quantization.overrides")
-    method = ctx.get("quantization.calibration_method")
+    recipe = _recipe(ctx)
+    scheme, gran, samples = recipe["scheme"], recipe["weight_granularity"], recipe["samples"]
+    overrides, method = recipe["overrides"], recipe["calibration_method"]
     text = _read_text(ctx.path("quantization.calibration_text"), "calibration text")
     export_dir = ctx.input("export")
-    recipe = {"scheme": scheme, "weight_granularity": gran, "samples": samples,
-              "overrides": overrides, "calibration_method": method,
-              "block_size": ctx.get("quantization.block_size")}
     t0 = time.perf_counter()
     info = quantize_llm(export_dir, ctx.out, recipe, text, export_dir / "tokenizer", progress)
     kv = ctx.get("quantization.kv_cache") or "float"
@@ -1315,14 +1320,8 @@ def _genie_prefill_graph(ctx: StageContext, spec: dict[str, Any], N: int, cl: in
                                   count=int(ctx.get("quantization.calibration_samples")),
                                   min_length=N + 2)
     feeds = ar_calibration_feeds(export_dir, spec, windows, N, cl - N)
-    recipe = {"scheme": ctx.get("quantization.scheme"),
-              "weight_granularity": ctx.get("quantization.weight_granularity"),
-              "samples": ctx.get("quantization.calibration_samples"),
-              "overrides": ctx.get("quantization.overrides"),
-              "calibration_method": ctx.get("quantization.calibration_method"),
-              "block_size": ctx.get("quantization.block_size")}
     quantize_like(work / f"prefill_ar{N}.onnx", work / f"prefill_ar{N}_q.onnx",
-                  qdir / "decode.onnx", recipe, feeds)
+                  qdir / "decode.onnx", _recipe(ctx), feeds)
     out = work / f"prefill_ar{N}_genie.onnx"
     genie.genie_graph(work / f"prefill_ar{N}_q.onnx", out, spec)
     return out
@@ -1414,7 +1413,7 @@ def bundle(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         progress.update(0.25 + 0.25 * i / len(prompts),
                         f"prompt {i + 1}/{len(prompts)}: {n} tokens from the studio's runtime "
                         "over the bundle's graphs")
-        refs.append((ids, n, runner.greedy(ids, n)))
+        refs.append((ids, n, runner.greedy(ids, n), runner.prompt_passes))
         ups.append(list(runner.runner_up))
     passes = dict(runner.passes)
     del runner, sessions
@@ -1429,7 +1428,8 @@ def bundle(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     ref_gen = _htp_generator(cdir, chip, spec, False)
     checks = []
     with genie.GenieDialog(out) as dialog:
-        for i, (prompt, (ids, n, ref)) in enumerate(zip(prompts, refs, strict=True)):
+        for i, (prompt, (ids, n, ref, prompt_passes)) in enumerate(zip(prompts, refs,
+                                                                         strict=True)):
             progress.check()
             progress.update(0.5 + 0.45 * i / len(prompts),
                             f"prompt {i + 1}/{len(prompts)}: {n} tokens from Genie")
@@ -1448,8 +1448,7 @@ def bundle(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                              f"over the same graphs {ref_text!r} ({parted})")
             checks.append({"prompt": prompt, "prompt_tokens": len(ids), "new_tokens": n,
                            "studio_tokens": len(ref), "identical": same,
-                           "prompt_passes": (-(-len(ids) // N) if N > 1 and len(ids) <= cl - N
-                                             else len(ids)),
+                           "prompt_passes": prompt_passes,
                            "first_difference_at_char": None if same else prefix,
                            "parted": parted,
                            "genie_text": g["text"], "studio_text": ref_text,
