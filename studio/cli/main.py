@@ -65,8 +65,20 @@ def _parser() -> argparse.ArgumentParser:
     g = n.add_mutually_exclusive_group(required=True)
     g.add_argument("--sample", help="a built-in sample model, e.g. tiny-coder")
     g.add_argument("--checkpoint", help="a local Hugging Face checkpoint folder")
+    g.add_argument("--onnx", dest="new_onnx", metavar="MODEL.onnx",
+                   help="any ONNX network (model.kind onnx-graph)")
     n.add_argument("--target", dest="new_targets", action="append", help="target chip (repeatable)")
     n.add_argument("--scheme", default=None, help="W8A16 (default), W8A8 or FP16")
+    n.add_argument("--calibration", dest="new_calibration", metavar="DATA.npz",
+                   help="ONNX graphs: calibration samples, one array per input")
+    n.add_argument("--validation", dest="new_validation", metavar="DATA.npz",
+                   help="ONNX graphs: held-out validation samples")
+    n.add_argument("--shape", dest="new_shapes", action="append", default=[],
+                   metavar="NAME=D,D,...", help="ONNX graphs: a fixed shape for a dynamic input")
+    n.add_argument("--placement", dest="new_placement", choices=("strict", "partition", "rewrite"),
+                   help="encoders and ONNX graphs: the way past ops the HTP refuses")
+    n.add_argument("--seq-len", dest="new_seq_len", type=int,
+                   help="encoders: the exported sequence length (default 128)")
     i = sub.add_parser("info", help="describe a project file")
     i.add_argument("file")
     i.add_argument("--json", dest="info_json", action="store_true")
@@ -312,17 +324,40 @@ def _batch(args) -> int:
 
 
 def _new(args) -> int:
+    from studio.core import project as projectfile
     from studio.services.projects import source_ref
     from studio.services.session import Studio
 
     # an unknown sample or a folder that is not a checkpoint: a clear error, nothing written
     if args.sample:
         source = source_ref("sample", args.sample)
+    elif args.new_onnx:
+        source = source_ref("onnx", args.new_onnx)
     else:
         source = source_ref("checkpoint", args.checkpoint)
     sections: dict[str, Any] = {}
+    quant: dict[str, Any] = {}
     if args.scheme:
-        sections["quantization"] = {"scheme": args.scheme}
+        quant["scheme"] = args.scheme
+    if args.new_placement:
+        quant["placement"] = args.new_placement
+    if quant:
+        sections["quantization"] = quant
+    graph: dict[str, Any] = {}
+    if args.new_shapes:
+        graph["shapes"] = _shapes(args.new_shapes)
+    for key, value in (("calibration", args.new_calibration),
+                       ("validation", args.new_validation)):
+        if value:
+            graph[key] = str(Path(value).expanduser().resolve())
+    if args.new_seq_len:
+        graph["seq_len"] = args.new_seq_len
+    if graph:
+        if projectfile.infer_kind(source) == "causal-lm":
+            raise StudioError("--calibration, --validation, --shape and --seq-len are for "
+                              "encoders and ONNX graphs; a causal LM calibrates on text "
+                              "(quantization.calibration_text)")
+        sections["graph"] = graph
     studio = Studio.create(Path(args.file), source, args.new_targets, **sections)
     print(f"created {studio.project.path}")
     studio.close()
@@ -392,11 +427,23 @@ def _info(args) -> int:
         print(json.dumps(data, indent=1))
         return 0
     print(f"{p.name}  ({p.path})")
-    print(f"  model     {p.model['source']}" + (f"  draft {p.model['draft']}" if p.model["draft"] else ""))
-    print(f"  export    prompt {p.export['prompt_length']}, context {p.export['context_length']}")
+    print(f"  model     {p.model['source']}  ({p.model['kind']})"
+          + (f"  draft {p.model['draft']}" if p.model["draft"] else ""))
     q = p.quantization
-    print(f"  recipe    {q['scheme']} {q['weight_granularity']}, {q['calibration_samples']} "
-          f"calibration windows, {len(q['overrides'])} override(s)")
+    if p.model["kind"] == "causal-lm":
+        print(f"  export    prompt {p.export['prompt_length']}, context "
+              f"{p.export['context_length']}")
+        print(f"  recipe    {q['scheme']} {q['weight_granularity']}, {q['calibration_samples']} "
+              f"calibration windows, {len(q['overrides'])} override(s)")
+    else:
+        g = p.graph
+        shapes = ", ".join(f"{k}={v}" for k, v in g["shapes"].items())
+        print("  graph     " + (f"sequence length {g['seq_len']}" if p.model["kind"] == "encoder"
+                                else f"shapes {shapes or 'as the file declares them'}"))
+        calib = g["calibration"] or q["calibration_text"]
+        print(f"  recipe    {q['scheme']} {q['weight_granularity']}, up to "
+              f"{q['calibration_samples']} calibration samples from {calib}; placement "
+              f"{q['placement']}")
     for pattern in unmatched or []:
         print(f"            override {pattern!r} covers no layer of the model")
     print(f"  targets   {', '.join(p.targets)}")
@@ -887,17 +934,22 @@ def _bundle(args) -> int:
     return 0
 
 
-def _graph(args) -> int:
-    from studio.services.graphs import deploy_graph
-
+def _shapes(specs: list[str]) -> dict[str, list[int]]:
     shapes = {}
-    for spec in args.shape:
+    for spec in specs:
         name, _, dims = spec.partition("=")
         try:
             shapes[name] = [int(d) for d in dims.split(",")]
         except ValueError:
             raise StudioError(f"--shape {spec!r}: write NAME=D,D,... with whole numbers, e.g. "
                               "image=1,3,224,224") from None
+    return shapes
+
+
+def _graph(args) -> int:
+    from studio.services.graphs import deploy_graph
+
+    shapes = _shapes(args.shape)
     model = Path(args.model).expanduser().resolve()
     out = Path(args.out).expanduser().resolve() if args.out else model.with_suffix(
         ".studio-graph")

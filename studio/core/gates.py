@@ -21,4 +21,10 @@ def evaluate_gates(gates: dict[str, float], validation: dict[str, Any]) -> list[
     if top1 is not None and "min_top1_agreement" in gates:
         rows.append(dict(gate="min_top1_agreement", threshold=gates["min_top1_agreement"],
                          value=top1, passed=top1 >= gates["min_top1_agreement"]))
+    for gate, key in (("min_output_cosine", "output_cosine_min"),
+                      ("min_ranking_top1", "ranking_top1")):
+        value = validation.get(key)
+        if value is not None and gate in gates:
+            rows.append(dict(gate=gate, threshold=gates[gate], value=value,
+                             passed=value >= gates[gate]))
     return rows

@@ -36,6 +36,14 @@ CALIBRATION_METHODS: tuple[str, ...] = ("MinMax", "Entropy", "Percentile")
 KV_CACHE_KINDS: tuple[str, ...] = ("float", "int8")
 BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
 PRECISIONS: tuple[str, ...] = ("INT4", "INT8", "INT16", "FP16", "FP32")
+# the way past nodes the HTP refuses (ONNX graphs and encoders): fail naming them, let the
+# CPU take them, or apply the catalogue of equivalent rewrites first
+PLACEMENTS: tuple[str, ...] = ("strict", "partition", "rewrite")
+PLACEMENT_HELP = {
+    "strict": "every node on the NPU, or the run fails listing the refused nodes and why",
+    "partition": "the CPU takes the refused nodes; NPU↔CPU transitions and their bytes shown",
+    "rewrite": "known equivalent rewrites (e.g. Erf-GELU → Gelu), each checked numerically",
+}
 FLOAT_PRECISIONS: tuple[str, ...] = ("FP16", "FP32")
 
 SCHEME_HELP = {
@@ -71,11 +79,17 @@ DEFAULT_GATES: dict[str, float] = {
     "min_logits_cosine": 0.99,
     "max_perplexity_increase": 0.05,
     "min_top1_agreement": 0.9,
+    # graphs other than causal LMs: the worst output cosine against FP32 over the validation
+    # samples, and for encoders the retrieval queries whose top document stays the same
+    "min_output_cosine": 0.95,
+    "min_ranking_top1": 0.75,
 }
 GATE_HELP = {
     "min_logits_cosine": "mean cosine of the logits against FP32 (0 to 1)",
     "max_perplexity_increase": "largest allowed relative perplexity increase (0.05 = +5 %)",
     "min_top1_agreement": "teacher-forced top-1 token agreement with FP32 (0 to 1)",
+    "min_output_cosine": "graphs: the worst output cosine against FP32 on the validation samples",
+    "min_ranking_top1": "encoders: retrieval queries whose top document matches FP32 (0 to 1)",
 }
 
 
@@ -230,6 +244,9 @@ def check_recipe(quantization: dict[str, Any]) -> None:
         raise StudioError(
             f"quantization.block_size {block} is not one of {', '.join(map(str, BLOCK_SIZES))}"
         )
+    place = q.get("placement", "strict")
+    if place not in PLACEMENTS:
+        raise StudioError(f"quantization.placement {place!r} is not one of {', '.join(PLACEMENTS)}")
     kv = q.get("kv_cache", "float")
     if kv not in KV_CACHE_KINDS:
         raise StudioError(f"quantization.kv_cache {kv!r} is not one of {', '.join(KV_CACHE_KINDS)}")

@@ -60,6 +60,7 @@ DATA_FILES: dict[str, str] = {
     "heldout": "heldout.py.txt",
     "calibration": "calibration.py.txt",
     "similarity": "similarity.json",  # the encoder's retrieval check
+    "sentences": "sentences.txt",  # the encoder's calibration text (one sentence a line)
 }
 
 
@@ -98,7 +99,7 @@ def sample_path(name: str) -> Path:
 
 
 def data_path(name: str) -> Path:
-    """Path of a shipped text: ``heldout`` or ``calibration``."""
+    """Path of a shipped data file (:data:`DATA_FILES`)."""
     try:
         filename = DATA_FILES[name]
     except KeyError:

@@ -57,6 +57,22 @@ class StageDecl:
     measures: bool = False
     # for fan_out "device": only devices that run on an NPU (an agent's HTP, not its CPU)
     npu_only: bool = False
+    # the model kinds (model.kind) whose pipeline the stage belongs to
+    kinds: tuple[str, ...] = ("causal-lm",)
+
+
+# What a project deploys: a causal LM from a checkpoint, a sentence encoder from its PyTorch
+# weights, or any ONNX graph. Each kind has its own declared stages (the report is shared).
+MODEL_KINDS: tuple[str, ...] = ("causal-lm", "encoder", "onnx-graph")
+GRAPH_KINDS: tuple[str, ...] = ("encoder", "onnx-graph")
+MODEL_KIND_HELP = {
+    "causal-lm": "a language model from a Hugging Face checkpoint: export, quantize, compile, "
+                 "validate (perplexity, logits), generate",
+    "encoder": "a sentence encoder from its PyTorch weights: embeddings checked against FP32 "
+               "and on a small retrieval set",
+    "onnx-graph": "any ONNX network with static (or fixed) input shapes and .npz calibration "
+                  "samples",
+}
 
 
 _GATES = tuple(f"gates.{k}" for k in DEFAULT_GATES)
@@ -116,12 +132,44 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                         "quantization.overrides", "quantization.block_size",
                         "validation.heldout_text", "bundle.new_tokens", "bundle.prompts",
                         "bundle.parts", "bundle.max_context_mb", "bundle.prefill_length")),
-    StageDecl("report", "Report", (), needs_all=True, cache=False, settings=("name", *_GATES)),
+    # encoders and ONNX graphs: the graph with static shapes (an encoder exported from its
+    # PyTorch weights), its rewrites and quantization, the placement on each chip, the check
+    # against FP32 per output, the latency per inference on each device
+    StageDecl("import", "Import", (), kinds=GRAPH_KINDS,
+              settings=("model.kind", "model.source", "graph.shapes", "graph.seq_len")),
+    StageDecl("graph-quantize", "Quantize", (Need("import"),), kinds=GRAPH_KINDS,
+              settings=("model.kind", "quantization.scheme", "quantization.weight_granularity",
+                        "quantization.calibration_text", "quantization.calibration_samples",
+                        "quantization.placement", "graph.calibration", "graph.validation")),
+    StageDecl("graph-compile", "Compile", (Need("graph-quantize"),), fan_out="target",
+              kinds=GRAPH_KINDS, settings=("quantization.scheme", "quantization.placement")),
+    StageDecl("graph-validate", "Validate", (Need("import"), Need("graph-quantize"),
+                                             Need("graph-compile", per_chip=True)),
+              fan_out="target", kinds=GRAPH_KINDS,
+              settings=("model.kind", "quantization.scheme", "quantization.placement")),
+    StageDecl("graph-run", "Run", (Need("import"), Need("graph-quantize"),
+                                   Need("graph-compile", per_chip=True)),
+              fan_out="device", device_kinds=("host-cpu", "htp-sim"), measures=True,
+              kinds=GRAPH_KINDS,
+              settings=("quantization.scheme", "quantization.placement", "graph.repeats")),
+    StageDecl("report", "Report", (), needs_all=True, cache=False, settings=("name", *_GATES),
+              kinds=MODEL_KINDS),
 )
 STAGES: dict[str, StageDecl] = {d.name: d for d in DECLARATIONS}
 STAGE_NAMES: tuple[str, ...] = tuple(STAGES)
-# What a new project's pipeline runs: every stage but the optional ones.
-DEFAULT_STAGES: tuple[str, ...] = tuple(d.name for d in DECLARATIONS if not d.optional)
+
+
+def kind_stages(kind: str) -> tuple[str, ...]:
+    """Every stage of a ``kind`` project (model.kind), in declaration order."""
+    return tuple(d.name for d in DECLARATIONS if kind in d.kinds)
+
+
+def default_stages(kind: str) -> tuple[str, ...]:
+    """What a new ``kind`` project's pipeline runs: its stages but the optional ones."""
+    return tuple(d.name for d in DECLARATIONS if kind in d.kinds and not d.optional)
+
+
+DEFAULT_STAGES: tuple[str, ...] = default_stages("causal-lm")
 
 # Settings that name an input file: hashed by content, checked by preflight by kind.
 REFS: dict[str, str] = {
@@ -129,6 +177,8 @@ REFS: dict[str, str] = {
     "model.draft": "checkpoint",
     "quantization.calibration_text": "text",
     "validation.heldout_text": "text",
+    "graph.calibration": "samples",
+    "graph.validation": "samples",
 }
 # Keys that shape the plan (which jobs exist) rather than what a job computes.
 PLAN_KEYS: dict[str, str] = {
@@ -147,12 +197,17 @@ def declared_by(key: str) -> list[str]:
     return [d.name for d in DECLARATIONS if key in d.settings]
 
 
-def check_stage_names(stages: list[str]) -> None:
+def check_stage_names(stages: list[str], kind: str = "") -> None:
+    names = kind_stages(kind) if kind else STAGE_NAMES
     if not stages:
-        raise StudioError("no stages given: name at least one of " + ", ".join(STAGE_NAMES))
+        raise StudioError("no stages given: name at least one of " + ", ".join(names))
     for s in stages:
         if s not in STAGES:
-            raise StudioError(f"unknown stage {s!r}; known stages: {', '.join(STAGE_NAMES)}")
+            raise StudioError(f"unknown stage {s!r}; known stages: {', '.join(names)}")
+        if s not in names:
+            raise StudioError(f"the {s} stage is for {' and '.join(STAGES[s].kinds)} projects, "
+                              f"and this project's model.kind is {kind}: its stages are "
+                              f"{', '.join(names)}")
 
 
 def project_value(project: Project, key: str) -> Any:
@@ -192,8 +247,9 @@ def _universe(project: Project, chips: list[str]) -> list[PlannedJob]:
     devices = project_devices(project.run["devices"], chips)
     jobs: list[PlannedJob] = []
     index: dict[tuple[str, str], int] = {}
+    kind = project.model["kind"]
     for d in DECLARATIONS:
-        if d.needs_all:
+        if d.needs_all or kind not in d.kinds:
             continue
         if d.fan_out == "target":
             items = list(chips)
@@ -224,7 +280,7 @@ def plan(project: Project, stages: list[str] | None = None, targets: list[str] |
     it, and what they need upstream (which the cache serves).
     """
     wanted = list(project.pipeline["stages"] if stages is None else stages)
-    check_stage_names(wanted)
+    check_stage_names(wanted, project.model["kind"])
     chips = list(targets or project.targets)
     for t in chips:
         if t not in project.targets:
@@ -345,7 +401,7 @@ def stage_config(project: Project, job: PlannedJob) -> StageConfig:
     paths: dict[str, str] = {}
     hashed: dict[str, Any] = {}
     for k, v in settings.items():
-        if k in REFS:
+        if k in REFS and v:  # an empty reference (an optional file) names nothing
             paths[k] = str(project.input_path(v))
             hashed[k] = ref_identity(project, v)
         else:

@@ -192,7 +192,7 @@ def render_layers(layers: list[dict[str, Any]]) -> str:
 def build_report(project: Project, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     gates = []
     for label, r in results.items():
-        if label.startswith("validate["):
+        if label.startswith(("validate[", "graph-validate[")):
             for g in evaluate_gates(project.gates, r):
                 g["target"] = r.get("target", "")
                 gates.append(g)
@@ -311,16 +311,106 @@ def render_ablation(t: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def render_graph(st: dict[str, Any]) -> str:
+    """The sections of an encoder's or an ONNX graph's run: import, rewrites, placement per
+    chip, validation per output (and the encoder's retrieval check), latency per device."""
+    out = []
+    imp = st.get("import")
+    if imp:
+        out.append(f"<h2>Graph</h2><p>{_e(imp.get('summary', ''))}</p>")
+        ops = imp.get("op_types") or {}
+        if ops:
+            out.append("<p class='muted'>Ops: " + ", ".join(
+                f"{_e(k)} ×{v}" for k, v in sorted(ops.items(), key=lambda x: -x[1])) + "</p>")
+    q = st.get("graph-quantize")
+    if q:
+        out.append("<h2>Rewrites and quantization</h2>")
+        if q.get("rewrites"):
+            out.append("<table><tr><th>rewrite</th><th>what</th><th>nodes</th>"
+                       "<th>for the HTP</th></tr>")
+            for r in q["rewrites"]:
+                out.append(f"<tr><td>{_e(r['rewrite'])}</td><td>{_e(r['description'])}</td>"
+                           f"<td>{len(r['nodes'])}</td><td>{_e(r.get('refused') or '—')}</td></tr>")
+            out.append("</table>")
+            c = q.get("rewrite_check") or {}
+            if c:
+                out.append(f"<p>Rewritten vs original (FP32, host CPU, {c['samples']} samples): "
+                           f"worst cosine {_fmt(c['worst_cosine'], 6)}, max |error| "
+                           f"{_fmt(c['max_abs_error'], 6)} {badge('measured')}</p>")
+        else:
+            out.append("<p>No rewrite applied.</p>")
+        out.append(f"<p>{_e(q.get('summary', ''))}. Validation on "
+                   f"{_e(q.get('validation_from', ''))}.</p>")
+    for label, c in st.items():
+        if not label.startswith("graph-compile["):
+            continue
+        p = c.get("placement") or {}
+        out.append(f"<h2>Placement on {_e(label[14:-1])}</h2><p>{_e(c.get('summary', ''))}: "
+                   f"{p.get('qnn_nodes', '?')} of {p.get('total_nodes', '?')} nodes on the NPU in "
+                   f"{p.get('qnn_subgraphs', '?')} subgraph(s); {p.get('transitions', 0)} "
+                   f"NPU↔CPU transitions carrying {p.get('bytes_crossing') or 0} bytes per "
+                   "inference.</p>")
+        if p.get("cpu_nodes"):
+            out.append("<table><tr><th>node on the CPU</th><th>op</th><th>the EP's reason</th>"
+                       "</tr>")
+            for n in p["cpu_nodes"]:
+                out.append(f"<tr><td><code>{_e(n['name'])}</code></td><td>{_e(n['op_type'])}"
+                           f"</td><td>{_e(n.get('reason', ''))}</td></tr>")
+            out.append("</table>")
+    vals = {k: v for k, v in st.items() if k.startswith("graph-validate[")}
+    if vals:
+        out.append("<h2>Validation: FP32 (CPU) vs deployed, per output</h2><table><tr>"
+                   "<th>target</th><th>output</th><th>worst cosine</th><th>max |error|</th>"
+                   "<th>source</th></tr>")
+        for v in vals.values():
+            for name, o in v.get("outputs", {}).items():
+                out.append(f"<tr><td>{_e(v.get('target'))}</td><td>{_e(name)}</td>"
+                           f"<td>{_fmt(o['cosine'])}</td><td>{_fmt(o['max_abs_error'])}</td>"
+                           f"<td>{badge(v.get('source', 'simulated'))}</td></tr>")
+        out.append("</table>")
+        for v in vals.values():
+            out.append(f"<p class='muted'>{_e(v.get('target'))}: {v.get('samples')} samples "
+                       f"({_e(v.get('on', ''))}); the quantized graph on the host CPU: worst "
+                       f"cosine {_fmt(v['host_qdq']['output_cosine_min'])} "
+                       f"{badge('measured')}</p>")
+            r = v.get("ranking")
+            if r:
+                out.append(f"<p><b>Retrieval check, {_e(v.get('target'))}</b> "
+                           f"{badge(v.get('source', 'simulated'))} — {r['queries']} queries over "
+                           f"the shipped set: top-1 the same as FP32 for "
+                           f"{r['top1_agreement']:.0%}, Kendall's tau {r['mean_kendall_tau']:.3f}, "
+                           f"recall@1 {r['recall_at_1_deployed']:.0%} (FP32 "
+                           f"{r['recall_at_1_reference']:.0%}); embedding cosine "
+                           f"{_fmt(r['embedding_cosine_mean'])} (min "
+                           f"{_fmt(r['embedding_cosine_min'])}).</p>")
+    runs = {k: v for k, v in st.items() if k.startswith("graph-run[")}
+    if runs:
+        out.append("<h2>Latency per inference</h2><table><tr><th>device</th><th>median</th>"
+                   "<th>min – max</th><th>per second</th><th>source</th></tr>")
+        for r in runs.values():
+            t = r["latency"]
+            dev = r.get("device", "") + (f" / {r['target']}" if r.get("target") else "")
+            out.append(f"<tr><td>{_e(dev)}</td><td>{t['median_ms']:.2f} ms</td>"
+                       f"<td>{t['min_ms']:.2f} – {t['max_ms']:.2f} ms</td>"
+                       f"<td>{t['per_s']:.1f}</td><td>{badge(r['source'])}</td></tr>")
+        out.append("</table><p class='muted'>Simulator timings follow the host CPU; they are "
+                   "not Snapdragon latency.</p>")
+    return "\n".join(out)
+
+
 def render_html(data: dict[str, Any]) -> str:
     st = data["stages"]
+    kind = data["model"].get("kind", "causal-lm")
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>QStudio report: "
            f"{_e(data['project'])}</title><style>{CSS}</style></head><body>",
            f"<h1>{_e(data['project'])}</h1>",
            f"<p class='muted'>QStudio report, {_e(data['created'])}. Model "
-           f"<code>{_e(data['model']['source'])}</code>; recipe "
+           f"<code>{_e(data['model']['source'])}</code> ({_e(kind)}); recipe "
            f"{_e(data['quantization']['scheme'])} {_e(data['quantization']['weight_granularity'])}"
-           f"; prompt {data['export']['prompt_length']}, context "
-           f"{data['export']['context_length']}; targets {_e(', '.join(data['targets']))}.</p>",
+           + (f"; prompt {data['export']['prompt_length']}, context "
+              f"{data['export']['context_length']}" if kind == "causal-lm" else
+              f"; placement {_e(data['quantization'].get('placement', 'strict'))}")
+           + f"; targets {_e(', '.join(data['targets']))}.</p>",
            "<p class='muted'>Every figure carries its source: "
            + " ".join(badge(s) for s in SOURCE_COLORS)
            + ". Simulator timings follow the host CPU and are not device latency.</p>"]
@@ -367,6 +457,7 @@ def render_html(data: dict[str, Any]) -> str:
                        f"({v.get('greedy_prompts', 1)} prompts)<br>Project prompt, FP32: "
                        f"<code>{_e(v['greedy_fp32'])}</code><br>HTP: "
                        f"<code>{_e(v['greedy_htp'])}</code></p>")
+    out.append(render_graph(st))
     out.append(render_layers(st.get("quantize", {}).get("layers") or []))
     runs = {k: v for k, v in st.items() if k.startswith("run[")}
     if runs:

@@ -91,6 +91,23 @@ def _check_checkpoint(project: Project, ref: str) -> Path:
     return path
 
 
+def _check_graph_source(project: Project, ref: str) -> None:
+    """An encoder's folder or an ONNX file, checked in seconds before any stage runs."""
+    path = project.input_path(ref)
+    if project.model["kind"] == "onnx-graph":
+        from studio.engine.onnx_import import open_onnx
+
+        open_onnx(path)  # a corrupt file gets a clear error
+    elif not (path / "config.json").is_file():
+        raise StudioError(f"{path} is not a sentence-encoder folder: expected config.json, "
+                          "tokenizer files and model weights (or use sample:minilm)")
+
+
+def _check_samples(path: Path, key: str) -> None:
+    if not path.is_file() or path.suffix.lower() not in (".npz", ".npy"):
+        raise StudioError(f"{key}: {path} is not a .npz or .npy file of sample inputs")
+
+
 def _check_text(path: Path, what: str) -> None:
     if path.is_dir() or path.stat().st_size == 0 or not path.read_bytes().strip():
         raise StudioError(f"the {what} {path} is empty: give a text file with some content")
@@ -147,7 +164,12 @@ def preflight(project: Project, jobs: list[PlannedJob]) -> None:
                 continue
             checked.add(key)
             ref = project_value(project, key)
-            if kind == "checkpoint":
+            if key == "model.source" and project.model["kind"] != "causal-lm":
+                _check_graph_source(project, ref)
+            elif kind == "samples":
+                if ref:
+                    _check_samples(project.input_path(ref), key)
+            elif kind == "checkpoint":
                 checked_model = _check_checkpoint(project, ref)
                 if key == "model.source":
                     model = checked_model
@@ -161,6 +183,11 @@ def preflight(project: Project, jobs: list[PlannedJob]) -> None:
 
         _cached_check(project, [project.model["source"], draft_ref], "draft",
                       lambda: check_draft(target, draft))
+    if ("graph-quantize" in stages and project.model["kind"] == "onnx-graph"
+            and not project.graph["calibration"]):
+        raise StudioError("graph.calibration is empty: an ONNX graph is calibrated on sample "
+                          "inputs; give a .npz file with one array per graph input (studio new "
+                          "--onnx MODEL --calibration DATA.npz)")
     if model is None and (stages & {"run", "validate", "quantize"}):
         model = project.input_path(project.model["source"])
     if model is not None and model.is_dir():
@@ -422,7 +449,7 @@ class Pipeline:
                     continue
                 artifacts[jid] = art
                 result = json.loads((art.path / "result.json").read_text())
-                if pj.stage == "validate":
+                if pj.stage in ("validate", "graph-validate"):
                     rows = evaluate_gates(self.project.gates, result)
                     for r in rows:
                         r["target"] = pj.target

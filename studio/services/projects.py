@@ -58,12 +58,7 @@ def source_ref(kind: str, source: str) -> str:
     if kind == "sample":
         from studio.core import samples
 
-        s = samples.sample(source)
-        if s.kind != "causal-lm":
-            raise StudioError(
-                f"the sample {source!r} is a {s.kind}; the LLM pipeline needs a causal LM sample "
-                "such as tiny-coder"
-            )
+        samples.sample(source)  # an unknown sample: the known ones named
         samples.sample_path(source)  # missing files: a clear error
         return f"sample:{source}"
     path = Path(source).expanduser().resolve()

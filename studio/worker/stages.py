@@ -13,7 +13,6 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,85 +20,16 @@ from studio.core.catalog import Chip, get_chip
 from studio.core.devices import Device, htp_simulator
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
-from studio.core.metrics import Metric
 from studio.core.profile import layer_label
 from studio.core.progress import Progress, SubProgress
 from studio.core.stagegraph import StageConfig
+from studio.worker import graph_stages
+from studio.worker.context import StageContext, _device_metric, _metric, _read_text
 
 GRAPHS = ("prefill", "decode")
 # Quantized graphs at least this large get their context binary beside the ONNX model
 # (measured: a Qwen2-0.5B-shaped W8A16 graph is 771 MB and embeds; 2 GB would not).
 EMBED_LIMIT = 1 << 30
-
-
-@dataclass
-class StageContext:
-    """What a stage sees: its frozen config (only the settings its key hashes), its input
-    artifacts, the folder it writes, and (for stages that read it) the run history."""
-
-    config: StageConfig
-    inputs: dict[str, Path]  # upstream job label -> artifact folder
-    out: Path
-    history: dict[str, Any] = field(default_factory=dict)
-    facts: list[dict[str, Any]] = field(default_factory=list)  # run facts, not artifact content
-
-    def get(self, key: str) -> Any:
-        return self.config.get(key)
-
-    def path(self, key: str) -> Path:
-        return self.config.path(key)
-
-    @property
-    def target(self) -> str:
-        return self.config.item
-
-    def input(self, stage: str, target: str = "") -> Path:
-        label = f"{stage}[{target}]" if target else stage
-        if label not in self.inputs:
-            raise StudioError(f"stage input {label} is missing: run the pipeline from the start")
-        return self.inputs[label]
-
-    @property
-    def chip(self) -> Chip:
-        return get_chip(self.config.chip)
-
-    @property
-    def device(self) -> Device:
-        """The device this job runs on: its own for device stages, the chip's simulator for
-        per-target stages."""
-        return self.config.device or htp_simulator(self.config.chip)
-
-    @property
-    def fp16(self) -> bool:
-        return self.get("quantization.scheme") == "FP16"
-
-    def fact(self, name: str, value: float, unit: str, detail: str = "") -> None:
-        """A run fact (e.g. how long the stage took): kept in the run history only."""
-        self.facts.append(_metric(name, value, unit, "measured", "host-cpu", self.config.chip,
-                                  detail))
-
-
-def _read_text(path: Path, what: str) -> str:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise StudioError(f"the {what} {path} is not UTF-8 text") from None
-    except OSError as exc:
-        raise StudioError(f"cannot read the {what} {path}: {exc.strerror}") from None
-    if not text.strip():
-        raise StudioError(f"the {what} {path} is empty: give a text file with some content")
-    return text
-
-
-def _metric(name: str, value: float, unit: str, source: str, device: str, target: str = "",
-            detail: str = "") -> dict[str, Any]:
-    return Metric(name, float(value), unit, source, device, target, detail).to_dict()
-
-
-def _device_metric(dev: Device, name: str, value: float, unit: str, detail: str = "",
-                   ) -> dict[str, Any]:
-    """A figure produced on ``dev``: its source label comes from the device."""
-    return _metric(name, value, unit, dev.source, dev.kind, dev.chip, detail)
 
 
 def _tokenizer(export_dir: Path):
@@ -1549,7 +1479,7 @@ STAGE_FUNCTIONS: dict[str, Callable[[StageContext, Progress], dict[str, Any]]] =
     "run": run, "profile": profile, "report": report, "draft": draft, "ablation": ablation,
     "waterfall": waterfall,
     "sensitivity": sensitivity, "autoprecision": autoprecision, "layerdiff": layerdiff,
-    "bundle": bundle,
+    "bundle": bundle, **graph_stages.STAGE_FUNCTIONS,
 }
 
 

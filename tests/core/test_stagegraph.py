@@ -17,6 +17,7 @@ from studio.core.stagegraph import (
     STAGES,
     UNREAD_KEYS,
     declared_by,
+    kind_stages,
     plan,
     plan_keys,
     stage_config,
@@ -35,8 +36,35 @@ def _all_keys(project: pf.Project) -> list[str]:
     return keys
 
 
-def _changed(tmp: Path, key: str):
-    """A valid different value for ``key``."""
+@pytest.fixture(scope="module")
+def graph_example(tmp_path_factory) -> Path:
+    """An onnx-graph project: a small MLP (with a Celu) and its calibration samples."""
+    import numpy as np
+
+    from tests.engine.small_graphs import FEEDS, mlp
+
+    folder = tmp_path_factory.mktemp("graph-example")
+    mlp(folder / "mlp.onnx", "celu")
+    np.savez(folder / "calib.npz", x=np.concatenate([f["x"][None] for f in FEEDS]))
+    p = pf.new_project("mlp", "mlp.onnx", None, graph={"calibration": "calib.npz"})
+    p.path = folder / "mlp.qstudio"
+    pf.save(p)
+    return p.path
+
+
+def _changed(tmp: Path, key: str, kind: str = "causal-lm"):
+    """A valid different value for ``key`` (in a project of model kind ``kind``)."""
+    if key in ("graph.calibration", "graph.validation") or (
+            kind != "causal-lm" and key == "model.source"):
+        import numpy as np
+
+        from tests.engine.small_graphs import FEEDS, mlp
+
+        if key == "model.source":
+            return str(mlp(tmp / "other.onnx", "gelu-div"))
+        f = tmp / f"{key}.npz"
+        np.savez(f, x=np.concatenate([f["x"][None] for f in FEEDS[:3]]))
+        return str(f)
     if key in ("model.source", "model.draft"):
         copy = tmp / "model-copy"
         shutil.copytree(sample_path("tiny-coder" if key == "model.source" else "tiny-coder-draft"),
@@ -72,7 +100,14 @@ def _changed(tmp: Path, key: str):
         "run.prompt": "import os",
         "run.max_new_tokens": 9,
         "run.devices": ["cpu"],
-        "pipeline.stages": ["export", "quantize"],
+        "pipeline.stages": (["export", "quantize"] if kind == "causal-lm"
+                            else ["import", "graph-quantize"]),
+        "quantization.placement": "rewrite",
+        "graph.shapes": {"x": [1, 16]},
+        "graph.seq_len": 64,
+        "graph.repeats": 3,
+        "gates.min_output_cosine": 0.9,
+        "gates.min_ranking_top1": 0.5,
         "sensitivity.heldout_tokens": 96,
         "sensitivity.high": "FP32",
         "sensitivity.low": "",
@@ -119,7 +154,7 @@ def _downstream(stages: set[str]) -> set[str]:
 
 
 def _keys(p: pf.Project) -> dict[str, str]:
-    jobs = plan(p, list(STAGES))
+    jobs = plan(p, list(kind_stages(p.model["kind"])))
     return {j.label: k for j, k in zip(jobs, plan_keys(p, jobs, VERSIONS), strict=True)}
 
 
@@ -132,14 +167,24 @@ def test_every_project_key_is_declared_somewhere():
             assert key in _all_keys(p), (d.name, key)
 
 
-@pytest.mark.parametrize("key", _all_keys(pf.load(EXAMPLE)))
-def test_a_key_changes_exactly_the_stages_that_declare_it(tmp_path, key):
-    base = pf.load(EXAMPLE)
+def _check_key_changes(base: pf.Project, tmp_path: Path, key: str) -> None:
+    kind = base.model["kind"]
     before = _keys(base)
     if key == "schema_version":
         assert key in UNREAD_KEYS  # one version exists: nothing to change
         return
-    after = _keys(_set(base, key, _changed(tmp_path, key)))
+    if key == "model.kind":  # the kind chooses the pipeline: other stages, other jobs
+        # an ONNX file is a graph; a pipeline of one kind's stages is not another kind's
+        with pytest.raises(StudioError, match="model.kind"):
+            _set(base, key, "encoder")
+        d = base.to_dict()
+        d["model"]["kind"] = "encoder" if kind == "causal-lm" else "causal-lm"
+        d["model"]["source"] = "sample:minilm" if kind == "causal-lm" else "sample:tiny-coder"
+        del d["pipeline"]["stages"]
+        other = _keys(pf.from_dict(d))
+        assert not (set(other) & set(before)) - {"report"}
+        return
+    after = _keys(_set(base, key, _changed(tmp_path, key, kind)))
     common = set(before) & set(after)
     changed = {label.split("[")[0] for label in common if before[label] != after[label]}
     if key in PLAN_KEYS or key in UNREAD_KEYS:
@@ -147,8 +192,20 @@ def test_a_key_changes_exactly_the_stages_that_declare_it(tmp_path, key):
         allowed = {d.name for d in DECLARATIONS if d.needs_all} if key in PLAN_KEYS else set()
         assert changed <= allowed, f"{key} shapes the plan; it changed the keys of {changed}"
         return
-    expected = _downstream(set(declared_by(key)))
+    # a setting only another kind's stages read changes nothing here
+    mine = set(kind_stages(kind))
+    expected = _downstream(set(declared_by(key)) & mine) & mine
     assert changed == expected, f"{key}: keys changed for {changed}, declared {expected}"
+
+
+@pytest.mark.parametrize("key", _all_keys(pf.load(EXAMPLE)))
+def test_a_key_changes_exactly_the_stages_that_declare_it(tmp_path, key):
+    _check_key_changes(pf.load(EXAMPLE), tmp_path, key)
+
+
+@pytest.mark.parametrize("key", _all_keys(pf.load(EXAMPLE)))
+def test_in_a_graph_project_too(tmp_path, graph_example, key):
+    _check_key_changes(pf.load(graph_example), tmp_path, key)
 
 
 def test_two_copies_of_a_project_give_identical_keys(tmp_path):

@@ -1,0 +1,84 @@
+"""What a stage sees (:class:`StageContext`) and the helpers every stage module shares:
+metrics labelled by their source, a text input read with one-line errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from studio.core.catalog import Chip, get_chip
+from studio.core.devices import Device, htp_simulator
+from studio.core.errors import StudioError
+from studio.core.metrics import Metric
+from studio.core.stagegraph import StageConfig
+
+
+@dataclass
+class StageContext:
+    """What a stage sees: its frozen config (only the settings its key hashes), its input
+    artifacts, the folder it writes, and (for stages that read it) the run history."""
+
+    config: StageConfig
+    inputs: dict[str, Path]  # upstream job label -> artifact folder
+    out: Path
+    history: dict[str, Any] = field(default_factory=dict)
+    facts: list[dict[str, Any]] = field(default_factory=list)  # run facts, not artifact content
+
+    def get(self, key: str) -> Any:
+        return self.config.get(key)
+
+    def path(self, key: str) -> Path:
+        return self.config.path(key)
+
+    @property
+    def target(self) -> str:
+        return self.config.item
+
+    def input(self, stage: str, target: str = "") -> Path:
+        label = f"{stage}[{target}]" if target else stage
+        if label not in self.inputs:
+            raise StudioError(f"stage input {label} is missing: run the pipeline from the start")
+        return self.inputs[label]
+
+    @property
+    def chip(self) -> Chip:
+        return get_chip(self.config.chip)
+
+    @property
+    def device(self) -> Device:
+        """The device this job runs on: its own for device stages, the chip's simulator for
+        per-target stages."""
+        return self.config.device or htp_simulator(self.config.chip)
+
+    @property
+    def fp16(self) -> bool:
+        return self.get("quantization.scheme") == "FP16"
+
+    def fact(self, name: str, value: float, unit: str, detail: str = "") -> None:
+        """A run fact (e.g. how long the stage took): kept in the run history only."""
+        self.facts.append(_metric(name, value, unit, "measured", "host-cpu", self.config.chip,
+                                  detail))
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise StudioError(f"the {what} {path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise StudioError(f"cannot read the {what} {path}: {exc.strerror}") from None
+    if not text.strip():
+        raise StudioError(f"the {what} {path} is empty: give a text file with some content")
+    return text
+
+
+def _metric(name: str, value: float, unit: str, source: str, device: str, target: str = "",
+            detail: str = "") -> dict[str, Any]:
+    return Metric(name, float(value), unit, source, device, target, detail).to_dict()
+
+
+def _device_metric(dev: Device, name: str, value: float, unit: str, detail: str = "",
+                   ) -> dict[str, Any]:
+    """A figure produced on ``dev``: its source label comes from the device."""
+    return _metric(name, value, unit, dev.source, dev.kind, dev.chip, detail)
