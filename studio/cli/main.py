@@ -349,7 +349,10 @@ def _new(args) -> int:
     for key, value in (("calibration", args.new_calibration),
                        ("validation", args.new_validation)):
         if value:
-            graph[key] = str(Path(value).expanduser().resolve())
+            path = Path(value).expanduser().resolve()
+            if not path.is_file() or path.suffix.lower() not in (".npz", ".npy"):
+                raise StudioError(f"--{key} {value}: no such .npz / .npy file of sample inputs")
+            graph[key] = str(path)
     if args.new_seq_len:
         graph["seq_len"] = args.new_seq_len
     if graph:

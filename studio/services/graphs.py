@@ -77,3 +77,69 @@ def deploy_graph(onnx_path: Path, out_dir: Path, calibration: Path, target: str,
     atomic_write_json(out / "result.json", result)
     progress.update(1.0, "done")
     return result
+
+
+def placement_view(project, chip: str) -> dict[str, Any] | None:
+    """What the Placement page shows for ``chip`` under the project's current settings: the
+    compile stage's stored placement report, or — when the chip's compile has not run or
+    refused — the report of the stored quantized graph placed now (seconds; the QNN EP's
+    reasons for each refused node), with the refusal the compile stage gives. Also the
+    rewrites quantization applied and their check. None when the graph is not quantized
+    under these settings yet."""
+    import json
+
+    from studio.core.catalog import get_chip
+    from studio.engine import graphpipe
+    from studio.services.generate import stored_artifact
+
+    if project.model["kind"] == "causal-lm":
+        return None
+    quant = stored_artifact(project, "graph-quantize", "the quantized graph", run=False)
+    if quant is None:
+        return None
+    q = json.loads((quant / "result.json").read_text())
+    comp = stored_artifact(project, f"graph-compile[{chip}]", "the compiled graph", run=False)
+    placement = project.quantization["placement"]
+    refusal = ""
+    if comp is not None:
+        report = json.loads((comp / "placement.json").read_text())
+        state = "compiled"
+    else:
+        c = get_chip(chip)
+        report = graphpipe.place(quant / "quantized.onnx", c, placement)
+        state = "placed"
+        try:
+            graphpipe.check_placement(report, c)
+        except StudioError as exc:
+            refusal, state = exc.message, "refused"
+    files = {"graph": quant / "graph.onnx", "quantized": quant / "quantized.onnx"}
+    if comp is not None:
+        files |= {"placement": comp / "placement.json", "context": comp / "graph_ctx.onnx"}
+    from studio.engine.rewrites import CATALOGUE
+
+    return {"state": state, "placement": placement, "report": report, "refusal": refusal,
+            "catalogue": {r.refused: f"{r.name}: {r.description}" for r in CATALOGUE},
+            "rewrites": q.get("rewrites", []), "rewrite_check": q.get("rewrite_check"),
+            "files": {k: str(v) for k, v in files.items() if v.is_file()}}
+
+
+def save_placement_files(view: dict[str, Any], dest: Path) -> list[Path]:
+    """Copy what a user takes away — the float graph after the rewrites, the quantized graph
+    (the partition is its placement), the placement report, the compiled context — into
+    ``dest``; the placement report is written even when the compile refused."""
+    import shutil
+
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    names = {"graph": "rewritten.onnx", "quantized": "quantized.onnx",
+             "context": "graph_ctx.onnx"}
+    for key, name in names.items():
+        if key in view["files"]:
+            tmp = dest / f".{name}.tmp"
+            shutil.copyfile(view["files"][key], tmp)
+            tmp.replace(dest / name)
+            out.append(dest / name)
+    atomic_write_json(dest / "placement.json", view["report"])
+    out.append(dest / "placement.json")
+    return out

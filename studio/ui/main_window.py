@@ -46,6 +46,7 @@ PAGES: dict[str, tuple[str, str]] = {
     "Validation": ("studio.ui.pages.validation", "ValidationPage"),
     "LLM": ("studio.ui.pages.llm", "LLMPage"),
     "Deploy": ("studio.ui.pages.deploy", "DeployPage"),
+    "Placement": ("studio.ui.pages.placement", "PlacementPage"),
     "Reports": ("studio.ui.pages.reports", "ReportsPage"),
 }
 PAGE_TIPS = {
@@ -58,6 +59,7 @@ PAGE_TIPS = {
     "Validation": "FP32 vs quantized vs HTP accuracy",
     "LLM": "Generation speed and output",
     "Deploy": "Genie bundles, DLC files, context binaries",
+    "Placement": "Encoders and ONNX graphs: NPU / CPU nodes, refusals, the way forward",
     "Reports": "HTML and JSON reports",
 }
 
@@ -154,7 +156,7 @@ class MainWindow(QMainWindow):
         self.nav.setObjectName("nav")
         for i, title in enumerate(PAGES):
             item = QListWidgetItem(title)
-            item.setToolTip(f"{PAGE_TIPS[title]} (Ctrl+{i + 1})")
+            item.setToolTip(PAGE_TIPS[title] + (f" (Ctrl+{i + 1})" if i < 9 else ""))
             self.nav.addItem(item)
         self.nav.setFixedWidth(170)
         self.nav.currentRowChanged.connect(self._nav_changed)
@@ -261,7 +263,7 @@ class MainWindow(QMainWindow):
             for s in STAGES
         }
         self.page_acts = [
-            self._act(title, lambda t=title: self.show_page(t), f"Ctrl+{i + 1}")
+            self._act(title, lambda t=title: self.show_page(t), f"Ctrl+{i + 1}" if i < 9 else None)
             for i, title in enumerate(PAGES)
         ]
         self.autosave_act = QAction("&Autosave Unsaved Edits", self, checkable=True)

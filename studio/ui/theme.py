@@ -140,6 +140,7 @@ QListWidget#nav::item:selected {{ background: {nav_sel}; color: white; }}
 QLabel[role="title"] {{ font-size: 15pt; font-weight: 600; }}
 QLabel[role="subtitle"] {{ color: {muted}; }}
 QLabel[role="muted"] {{ color: {muted}; }}
+QLabel[role="heading"] {{ font-weight: 600; margin-top: 4px; }}
 QLabel[role="empty-title"] {{ font-size: 13pt; font-weight: 600; }}
 QLabel[role="empty-text"] {{ color: {muted}; font-size: 10.5pt; }}
 QLabel[role="metric-value"] {{ font-size: 14pt; font-weight: 600; }}

@@ -116,34 +116,5 @@ def test_the_ranking_check_on_the_shipped_set(encoder):
     assert noisy["mean_kendall_tau"] < 0.9 and noisy["queries"] == len(rel)
 
 
-def test_minilm_w8a16_on_the_htp_keeps_the_rankings(encoder, exported, tmp_path):
-    """MiniLM through `studio graph`'s service (W8A16, strict, the HTP simulator): its
-    attention mask made quantizable, every node on the NPU, and the shipped retrieval set
-    ranked as FP32 ranks it."""
-    from studio.engine import qnn
-    from studio.services.graphs import deploy_graph
-
-    out, _result, _progress = exported
-    s = enc.load_similarity_set()
-    queries = [q["text"] for q in s["queries"]]
-
-    def pack(texts):
-        rows = [encoder.tokenize([t], seq_len=32) for t in texts]
-        return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
-
-    np.savez(tmp_path / "calib.npz", **pack([GUITAR, GUITAR_2, STOCKS, PASTA, *enc.CHECK_TEXTS,
-                                             *s["documents"][:4]]))
-    np.savez(tmp_path / "val.npz", **pack(queries[:3]))
-    res = deploy_graph(out, tmp_path / "g", tmp_path / "calib.npz", "snapdragon-8-gen-3",
-                       validation=tmp_path / "val.npz", repeats=1)
-    assert res["on_npu"]["all_on_npu"] and [r["rewrite"] for r in res["rewrites"]] == ["mask-min"]
-    assert res["rewrite_check"]["max_abs_error"] == 0.0
-    htp = qnn.make_session(tmp_path / "g" / "quantized.onnx", "snapdragon-8-gen-3")
-    ref_d = encoder.embed(s["documents"], max_length=32)
-    ref_q = encoder.embed(queries, max_length=32)
-    got_d = enc.onnx_embed(None, encoder, s["documents"], session=htp)
-    got_q = enc.onnx_embed(None, encoder, queries, session=htp)
-    rank = enc.ranking_check(ref_d, ref_q, got_d, got_q, [q["relevant"] for q in s["queries"]])
-    assert rank["top1_agreement"] == 1.0 and rank["recall_at_1_deployed"] == 1.0, rank
-    assert float(np.mean(enc.embedding_cosine(np.vstack([ref_d, ref_q]),
-                                              np.vstack([got_d, got_q])))) > 0.97
+# MiniLM W8A16 on the HTP simulator with the retrieval check: the encoder project's pipeline
+# (tests/cli/test_graph_projects.py) takes it from the PyTorch weights to the ranking.

@@ -1,0 +1,296 @@
+"""Placement: where each node of an encoder's or an ONNX graph's quantized graph runs on a
+target chip — the nodes the HTP refuses with the QNN EP's reason for each, the chosen way
+forward (strict, partition, rewrite: a recipe setting, undoable), the NPU↔CPU transitions a
+partition makes and the bytes they carry, the rewrites applied and their numeric check; and
+the files to take away."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+)
+
+from studio.core.errors import StudioError
+from studio.core.recipe import PLACEMENT_HELP, PLACEMENTS
+from studio.core.units import format_bytes
+from studio.services import graphs
+from studio.ui.pages.base import Page
+from studio.ui.widgets import EmptyState, label
+
+GRAPH_STAGES = ("graph-quantize", "graph-compile")
+
+
+def _table(headers: list[str], stretch: int) -> QTableWidget:
+    t = QTableWidget(0, len(headers))
+    t.setHorizontalHeaderLabels(headers)
+    t.verticalHeader().hide()
+    t.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+    t.setAlternatingRowColors(True)
+    t.setWordWrap(True)
+    hh = t.horizontalHeader()
+    hh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    hh.setSectionResizeMode(stretch, QHeaderView.ResizeMode.Stretch)
+    return t
+
+
+def _fill(table: QTableWidget, rows: list[list[str]]) -> None:
+    table.setRowCount(len(rows))
+    for i, row in enumerate(rows):
+        for j, text in enumerate(row):
+            item = QTableWidgetItem(text)
+            item.setToolTip(text)
+            table.setItem(i, j, item)
+    table.resizeRowsToContents()
+
+
+class PlacementPage(Page):
+    title = "Placement"
+    subtitle = ("Where each node of the graph runs on the target's NPU, why the HTP refuses "
+                "the ones it refuses, and the way forward: strict, partition or rewrite.")
+
+    def __init__(self, ctl, parent=None):
+        super().__init__(ctl, parent)
+        self._task: asyncio.Future | None = None
+        self.view: dict[str, Any] | None = None
+        lay = QVBoxLayout(self.body)
+        lay.setContentsMargins(0, 6, 0, 0)
+        self.llm_note = EmptyState(
+            "Placement is for encoder and ONNX graph projects",
+            "A causal LM's prefill and decode graphs are placed strictly: every node on the "
+            "NPU, or the compile stage fails naming the nodes (change their precision on the "
+            "Precision page).")
+        lay.addWidget(self.llm_note)
+        self.main = QVBoxLayout()
+        lay.addLayout(self.main, 1)
+
+        bar = QHBoxLayout()
+        bar.addWidget(label("Way forward:"))
+        self.way = QComboBox()
+        for p in PLACEMENTS:
+            self.way.addItem(p, p)
+            self.way.setItemData(self.way.count() - 1, PLACEMENT_HELP[p],
+                                 Qt.ItemDataRole.ToolTipRole)
+        self.way.setToolTip("quantization.placement: a recipe setting (Undo takes it back)")
+        self.way.activated.connect(self._way_chosen)
+        bar.addWidget(self.way)
+        self.way_help = label("", "muted", wrap=True)
+        bar.addWidget(self.way_help, 1)
+        bar.addWidget(label("Target:"))
+        self.target = QComboBox()
+        self.target.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.target.currentIndexChanged.connect(lambda *_: self.refresh())
+        bar.addWidget(self.target)
+        self.run_button = QPushButton("Run pipeline")
+        self.run_button.setToolTip("Import, quantize, compile, validate and run the graph with "
+                                   "this way forward")
+        self.run_button.clicked.connect(lambda: self.run_stages(None))
+        bar.addWidget(self.run_button)
+        self.save_button = QPushButton("Save files…")
+        self.save_button.setToolTip("Copy the rewritten graph, the quantized graph, the "
+                                    "placement report and the compiled context to a folder")
+        self.save_button.clicked.connect(self.save_files)
+        bar.addWidget(self.save_button)
+        self.main.addLayout(bar)
+
+        self.summary = label("", "heading", wrap=True)
+        self.main.addWidget(self.summary)
+        self.detail = label("", "muted", wrap=True)
+        self.main.addWidget(self.detail)
+        self.refused_title = label("Nodes the HTP refuses", "heading")
+        self.main.addWidget(self.refused_title)
+        self.refused = _table(["node", "op", "the QNN EP's reason", "runs on",
+                               "rewrite in the catalogue"], 2)
+        self.main.addWidget(self.refused, 2)
+        self.crossings_title = label("NPU↔CPU transitions", "heading")
+        self.main.addWidget(self.crossings_title)
+        self.crossings = _table(["tensor", "from", "to", "bytes per inference"], 0)
+        self.main.addWidget(self.crossings, 1)
+        self.rewrites_title = label("Rewrites applied", "heading")
+        self.main.addWidget(self.rewrites_title)
+        self.rewrites = _table(["rewrite", "what it does", "places", "refused op it replaces"], 1)
+        self.main.addWidget(self.rewrites, 1)
+        self.check = label("", "muted", wrap=True)
+        self.main.addWidget(self.check)
+        ctl.job_event.connect(self._on_job)
+
+    # ---- session ------------------------------------------------------------------------------
+    def _graph_project(self) -> bool:
+        return self.ctl.project.model["kind"] != "causal-lm"
+
+    def _set_main_visible(self, on: bool) -> None:
+        for i in range(self.main.count()):
+            item = self.main.itemAt(i)
+            w = item.widget()
+            if w is not None:
+                w.setVisible(on)
+            elif item.layout() is not None:
+                lay = item.layout()
+                for j in range(lay.count()):
+                    if lay.itemAt(j).widget() is not None:
+                        lay.itemAt(j).widget().setVisible(on)
+
+    def on_open(self) -> None:
+        graph = self._graph_project()
+        self.llm_note.setVisible(not graph)
+        self._set_main_visible(graph)
+        if not graph:
+            return
+        self.target.blockSignals(True)
+        self.target.clear()
+        for t in self.ctl.project.targets:
+            self.target.addItem(t, t)
+        self.target.blockSignals(False)
+        self._show_way()
+        self.refresh()
+
+    def on_show(self) -> None:
+        if self._graph_project():
+            self.refresh()
+
+    def on_change(self, change) -> None:
+        if self._graph_project():
+            self._show_way()
+            self.later(self.refresh, 200)
+
+    def _on_job(self, job) -> None:
+        if job.stage in GRAPH_STAGES and job.state in ("succeeded", "failed"):
+            self.later(self.refresh, 200)
+
+    def _show_way(self) -> None:
+        way = self.ctl.project.quantization["placement"]
+        self.way.setCurrentIndex(self.way.findData(way))
+        self.way_help.setText(PLACEMENT_HELP[way])
+
+    def _way_chosen(self, _index: int) -> None:
+        way = self.way.currentData()
+        if way == self.ctl.project.quantization["placement"]:
+            return
+        try:
+            self.ctl.set("quantization", "placement", way, f"Placement: {way}")
+        except StudioError as exc:
+            self.ctl.message.emit("error", exc.message)
+
+    # ---- the view -----------------------------------------------------------------------------
+    def refresh(self) -> None:
+        if self.ctl.studio is None or not self._graph_project():
+            return
+        chip = self.target.currentData()
+        if not chip:
+            return
+        self.summary.setText(f"Placing the quantized graph on {chip}…")
+        project = self.ctl.project.copy()
+
+        async def load():
+            try:
+                view = await self.ctl.in_thread(graphs.placement_view, project, chip)
+            except StudioError as exc:
+                self.view = None
+                self.summary.setText(exc.message)
+                return
+            if self.target.currentData() == chip:
+                self.show_view(view, chip)
+
+        self._task = asyncio.ensure_future(load())
+
+    def show_view(self, view: dict[str, Any] | None, chip: str) -> None:
+        self.view = view
+        self.save_button.setEnabled(view is not None)
+        for w in (self.refused_title, self.refused, self.crossings_title, self.crossings,
+                  self.rewrites_title, self.rewrites, self.check):
+            w.setVisible(view is not None)
+        if view is None:
+            self.summary.setText("The graph is not quantized with these settings yet")
+            self.detail.setText("Run the pipeline: the placement of the quantized graph on each "
+                                "target shows here, with the reason for every node the HTP "
+                                "refuses.")
+            for t in (self.refused, self.crossings, self.rewrites):
+                t.setRowCount(0)
+            self.check.setText("")
+            return
+        r = view["report"]
+        way = view["placement"]
+        refused = [n for n in r["cpu_nodes"]
+                   if n["op_type"] not in ("QuantizeLinear", "DequantizeLinear")]
+        on = f"{r['qnn_nodes']} of {r['total_nodes']} nodes on the NPU"
+        if r["all_on_npu"]:
+            self.summary.setText(f"{chip}: every node on the NPU ({r['total_nodes']} nodes, "
+                                 f"{r['qnn_subgraphs']} subgraph)")
+        elif view["state"] == "refused":
+            self.summary.setText(f"{chip}: {len(refused)} node(s) refused — the {way} "
+                                 "placement stops here")
+        else:
+            self.summary.setText(f"{chip}: {on}; the CPU takes {len(r['cpu_nodes'])} node(s)")
+        bytes_ = r.get("bytes_crossing")
+        moves = (f"{r.get('transitions', 0)} NPU↔CPU transition(s)"
+                 + (f" carrying {format_bytes(bytes_)} per inference" if bytes_ else ""))
+        if view["state"] == "refused":
+            covered = [n for n in refused if n["op_type"] in view["catalogue"]]
+            text = ("The compile stage stops here. Choose rewrite above"
+                    + (f" (the catalogue covers {len(covered)} of the {len(refused)})"
+                       if covered else " (no rewrite in the catalogue covers these ops)")
+                    + f" or partition: the CPU would take them, with {moves}.")
+        else:
+            text = ({"compiled": "From the compile stage of the latest run",
+                     "placed": "Placed just now: the compile stage has not run with these "
+                               "settings"}[view["state"]]
+                    + f". {moves}; way forward: {way} — {PLACEMENT_HELP[way]}.")
+        self.detail.setText(text)
+        runs_on = "CPU (partition)" if way == "partition" else "nowhere: refused"
+        _fill(self.refused, [[n["name"], n["op_type"], n["reason"], runs_on,
+                              view["catalogue"].get(n["op_type"], "none: partition")]
+                             for n in refused])
+        self.refused_title.setText(f"Nodes the HTP refuses ({len(refused)})")
+        _fill(self.crossings, [[c["tensor"], c["from"].upper(), c["to"].upper(),
+                                format_bytes(c["bytes"]) if c["bytes"] is not None else "?"]
+                               for c in r.get("crossings", [])])
+        self.crossings_title.setText(
+            ("NPU↔CPU transitions a partition would make" if view["state"] == "refused"
+             else "NPU↔CPU transitions") + f" ({r.get('transitions', 0)})")
+        _fill(self.rewrites, [[w["rewrite"], w["description"], str(len(w["nodes"])),
+                               w.get("refused") or "— (for quantization)"]
+                              for w in view["rewrites"]])
+        self.rewrites_title.setText(f"Rewrites applied ({len(view['rewrites'])})")
+        c = view.get("rewrite_check")
+        self.check.setText(
+            f"The rewritten graph against the original (FP32, host CPU, {c['samples']} samples): "
+            f"worst cosine {c['worst_cosine']:.6f}, max |error| {c['max_abs_error']:.3g} "
+            "· measured" if c else "No rewrite applied: the graph is quantized as imported.")
+
+    def save_files(self) -> None:
+        if self.view is None:
+            return
+        d = QFileDialog.getExistingDirectory(self, "Save the graph files to")
+        if d:
+            self.save_to(Path(d))
+
+    def save_to(self, folder: Path) -> list[Path]:
+        assert self.view is not None
+        try:
+            files = graphs.save_placement_files(self.view, folder)
+        except OSError as exc:
+            self.ctl.message.emit("error", f"cannot write to {folder}: {exc.strerror}")
+            return []
+        self.ctl.message.emit("info", f"saved {', '.join(f.name for f in files)} to {folder}")
+        return files
+
+
+def main() -> int:
+    from studio.ui.standalone import run_page
+
+    return run_page(PlacementPage)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
