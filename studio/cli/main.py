@@ -361,6 +361,12 @@ def _new(args) -> int:
                               "encoders and ONNX graphs; a causal LM calibrates on text "
                               "(quantization.calibration_text)")
         sections["graph"] = graph
+    if args.new_onnx and graph.get("calibration"):
+        from studio.services.graphs import check_graph_samples
+
+        # the shapes and the sample files against the graph: now, not minutes into a run
+        check_graph_samples(Path(source), graph.get("shapes", {}), Path(graph["calibration"]),
+                            Path(graph["validation"]) if graph.get("validation") else None)
     studio = Studio.create(Path(args.file), source, args.new_targets, **sections)
     print(f"created {studio.project.path}")
     studio.close()

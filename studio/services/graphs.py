@@ -143,3 +143,30 @@ def save_placement_files(view: dict[str, Any], dest: Path) -> list[Path]:
     atomic_write_json(dest / "placement.json", view["report"])
     out.append(dest / "placement.json")
     return out
+
+
+def graph_inputs(onnx_path: Path) -> list[dict[str, Any]]:
+    """An ONNX file's inputs (name, dtype, shape with symbolic dimensions as names) — what
+    the new-project wizard asks fixed shapes for."""
+    from studio.engine import graphpipe
+    from studio.engine.onnx_import import open_onnx
+
+    open_onnx(Path(onnx_path))  # a corrupt file: one line
+    return graphpipe.inputs_to_json(graphpipe.inputs_of(Path(onnx_path)))
+
+
+def check_graph_samples(onnx_path: Path, shapes: dict[str, list[int]],
+                        calibration: Path, validation: Path | None = None) -> int:
+    """The shapes fix every dynamic input and the sample files fit the graph (names, dtypes,
+    shapes): a one-line :class:`StudioError` otherwise. Returns the calibration samples.
+    Seconds for small graphs: the graph is made static in a temporary folder."""
+    import tempfile
+
+    from studio.engine.graphdata import load_samples, make_static
+
+    with tempfile.TemporaryDirectory(prefix="qstudio-check-") as tmp:
+        inputs = make_static(Path(onnx_path), Path(tmp) / "static.onnx", shapes)
+    n = len(load_samples(Path(calibration), inputs))
+    if validation is not None:
+        load_samples(Path(validation), inputs, "validation data")
+    return n

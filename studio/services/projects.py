@@ -45,6 +45,21 @@ class NewProjectSpec:
     context_length: int = 128
     stages: list[str] = field(default_factory=lambda: list(DEFAULT_STAGES))
     gates: dict[str, float] = field(default_factory=dict)
+    # encoders and ONNX graphs ([graph] and quantization.placement)
+    placement: str = "strict"
+    calibration: str = ""  # .npz / .npy of sample inputs (ONNX graphs)
+    validation: str = ""
+    shapes: dict[str, list[int]] = field(default_factory=dict)
+    seq_len: int = 128
+
+    @property
+    def model_kind(self) -> str:
+        """The project kind the source makes (model.kind)."""
+        if self.source_kind == "onnx":
+            return "onnx-graph"
+        if self.source_kind == "sample":
+            return projectfile.infer_kind(f"sample:{self.source.strip()}")
+        return "causal-lm"
 
 def source_ref(kind: str, source: str) -> str:
     """Check a model source and return how the project file names it (one-line errors)."""
@@ -87,6 +102,7 @@ def create_project(spec: NewProjectSpec):
         raise StudioError(f"{path} already exists: choose another name or open it")
     if spec.source_kind not in SOURCE_KINDS:
         raise StudioError(f"unknown model source kind {spec.source_kind!r}")
+    kind = spec.model_kind
     sections: dict[str, Any] = {
         "export": {
             "prompt_length": int(spec.prompt_length),
@@ -99,6 +115,24 @@ def create_project(spec: NewProjectSpec):
         },
         "pipeline": {"stages": [s for s in STAGES if s in spec.stages]},
     }
+    if kind != "causal-lm":
+        sections["quantization"]["placement"] = spec.placement
+        graph: dict[str, Any] = {"seq_len": int(spec.seq_len), "shapes": dict(spec.shapes)}
+        for key in ("calibration", "validation"):
+            value = getattr(spec, key).strip()
+            if value:
+                graph[key] = str(Path(value).expanduser().resolve())
+        if kind == "onnx-graph":
+            source_ref(spec.source_kind, spec.source)  # a corrupt file first
+            if not graph.get("calibration"):
+                raise StudioError("an ONNX graph is calibrated on sample inputs: choose a .npz "
+                                  "file with one array per input")
+            from studio.services.graphs import check_graph_samples
+
+            check_graph_samples(Path(spec.source).expanduser(), graph["shapes"],
+                                Path(graph["calibration"]),
+                                Path(graph["validation"]) if graph.get("validation") else None)
+        sections["graph"] = graph
     if spec.gates:
         sections["gates"] = dict(spec.gates)
     if not sections["pipeline"]["stages"]:

@@ -25,14 +25,22 @@ from PySide6.QtWidgets import (
     QRadioButton,
     QSpinBox,
     QVBoxLayout,
+    QWidget,
     QWizard,
     QWizardPage,
 )
 
 from studio.core.errors import StudioError
-from studio.core.project import STAGES
-from studio.core.recipe import DEFAULT_GATES, GATE_HELP, GRANULARITIES, SCHEMES
-from studio.core.stagegraph import DEFAULT_STAGES
+from studio.core.project import ENCODER_CALIBRATION_SAMPLES
+from studio.core.recipe import (
+    DEFAULT_GATES,
+    GATE_HELP,
+    GRANULARITIES,
+    PLACEMENT_HELP,
+    PLACEMENTS,
+    SCHEMES,
+)
+from studio.core.stagegraph import MODEL_KIND_HELP, STAGE_NAMES, default_stages, kind_stages
 from studio.services.projects import NewProjectSpec
 from studio.ui.widgets import ChipList, label
 
@@ -61,7 +69,7 @@ class SourcePage(QWizardPage):
         from studio.core import samples
 
         for s in samples.SAMPLES.values():
-            if s.kind == "causal-lm" and not s.draft_for:
+            if not s.draft_for:
                 self.sample.addItem(f"{s.name} — {s.description}", s.name)
         self.ckpt = QLineEdit()
         self.ckpt.setPlaceholderText(
@@ -71,7 +79,7 @@ class SourcePage(QWizardPage):
         ckpt_browse.clicked.connect(self._browse_ckpt)
         self.onnx = QLineEdit()
         self.onnx.setPlaceholderText(
-            "model.onnx (inspect its graph; the LLM pipeline needs a checkpoint)"
+            "model.onnx (any network: calibrated on .npz samples, placed on the NPU)"
         )
         onnx_browse = QPushButton("Browse…")
         onnx_browse.clicked.connect(self._browse_onnx)
@@ -83,9 +91,11 @@ class SourcePage(QWizardPage):
         lay.addWidget(self.onnx_radio, 2, 0)
         lay.addWidget(self.onnx, 2, 1)
         lay.addWidget(onnx_browse, 2, 2)
+        self.kind_label = label("", "muted", wrap=True)
+        lay.addWidget(self.kind_label, 3, 0, 1, 3)
         self.error = label("", "error", wrap=True)
-        lay.addWidget(self.error, 3, 0, 1, 3)
-        lay.setRowStretch(4, 1)
+        lay.addWidget(self.error, 4, 0, 1, 3)
+        lay.setRowStretch(5, 1)
         lay.setColumnStretch(1, 1)
         self.sample_radio.setChecked(True)
         self.ckpt.textChanged.connect(lambda: self.ckpt_radio.setChecked(True))
@@ -93,6 +103,21 @@ class SourcePage(QWizardPage):
         self.group.idToggled.connect(lambda *_: self.completeChanged.emit())
         self.ckpt.textChanged.connect(lambda: self.completeChanged.emit())
         self.onnx.textChanged.connect(lambda: self.completeChanged.emit())
+        self.sample.currentIndexChanged.connect(lambda *_: self.completeChanged.emit())
+        self.completeChanged.connect(self._show_kind)
+        self._show_kind()
+
+    def model_kind(self) -> str:
+        """The project kind this source makes (model.kind)."""
+        return NewProjectSpec(Path("."), self.kind(), self.source()).model_kind
+
+    def _show_kind(self) -> None:
+        k = self.model_kind()
+        self.kind_label.setText(f"Project kind: {k} — {MODEL_KIND_HELP[k]}.")
+
+    def nextId(self) -> int:
+        """Encoders and ONNX graphs have a page of their own: inputs, samples, placement."""
+        return 1 if self.model_kind() != "causal-lm" else 2
 
     def kind(self) -> str:
         return ("sample", "checkpoint", "onnx")[max(0, self.group.checkedId())]
@@ -141,6 +166,153 @@ class SourcePage(QWizardPage):
             self.onnx.setText(f)
 
 
+class GraphPage(QWizardPage):
+    """Encoders and ONNX graphs: fixed shapes for dynamic inputs, the calibration and
+    validation samples, the encoder's sequence length, the way past refused ops."""
+
+    def __init__(self, wizard: NewProjectWizard):
+        super().__init__()
+        self._wizard = wizard
+        self.setTitle("Graph")
+        form = QFormLayout(self)
+        self.form = form
+        self.inputs_box = QGroupBox("Inputs")
+        self.inputs_form = QFormLayout(self.inputs_box)
+        form.addRow(self.inputs_box)
+        self.shape_edits: dict[str, QLineEdit] = {}
+        self.file_rows: list[QWidget] = []
+        self.seq_len = QSpinBox()
+        self.seq_len.setRange(2, 512)
+        self.seq_len.setValue(128)
+        self.seq_len.setToolTip("graph.seq_len: the encoder is exported at [1, seq_len]")
+        form.addRow("Sequence length", self.seq_len)
+        self.calibration = self._file_row("Calibration samples", "graph.calibration: a .npz "
+                                          "with one array per input ([N, ...] stacks samples)")
+        self.validation = self._file_row("Validation samples (optional)", "graph.validation: "
+                                         "held-out samples; without them the last calibration "
+                                         "samples stand in")
+        box = QGroupBox("Nodes the HTP refuses (quantization.placement)")
+        lay = QVBoxLayout(box)
+        self.placement = QButtonGroup(self)
+        for i, p in enumerate(PLACEMENTS):
+            r = QRadioButton(f"{p} — {PLACEMENT_HELP[p]}")
+            r.setObjectName(p)
+            self.placement.addButton(r, i)
+            lay.addWidget(r)
+        self.placement.button(0).setChecked(True)
+        form.addRow(box)
+        self.error = label("", "error", wrap=True)
+        form.addRow(self.error)
+
+    def _file_row(self, text: str, tip: str) -> QLineEdit:
+        row = QWidget()
+        lay = QHBoxLayout(row)
+        lay.setContentsMargins(0, 0, 0, 0)
+        edit = QLineEdit()
+        edit.setPlaceholderText("samples.npz")
+        edit.setToolTip(tip)
+        lay.addWidget(edit, 1)
+        browse = QPushButton("Browse…")
+
+        def pick() -> None:
+            f, _ = QFileDialog.getOpenFileName(self, text, "", "NumPy data (*.npz *.npy)")
+            if f:
+                edit.setText(f)
+
+        browse.clicked.connect(pick)
+        lay.addWidget(browse)
+        self.form.addRow(text, row)
+        self.file_rows.append(row)
+        edit.textChanged.connect(lambda: self.completeChanged.emit())
+        return edit
+
+    def _onnx(self) -> bool:
+        return self._wizard.source_page.model_kind() == "onnx-graph"
+
+    def initializePage(self) -> None:
+        onnx = self._onnx()
+        self.setSubTitle(
+            "The network's inputs and the samples it is calibrated and checked on; the way "
+            "forward when the HTP refuses an op." if onnx else
+            "The encoder is exported from its PyTorch weights at a fixed sequence length and "
+            "calibrated on the shipped English sentences (quantization.calibration_text).")
+        self.form.setRowVisible(self.seq_len, not onnx)
+        self.form.setRowVisible(self.inputs_box, onnx)
+        for row in self.file_rows:
+            self.form.setRowVisible(row, onnx)
+        while self.inputs_form.rowCount():
+            self.inputs_form.removeRow(0)
+        self.shape_edits.clear()
+        self.error.setText("")
+        if not onnx:
+            return
+        from studio.services.graphs import graph_inputs
+
+        try:
+            inputs = graph_inputs(Path(self._wizard.source_page.source()).expanduser())
+        except StudioError as exc:
+            self.error.setText(exc.message)
+            return
+        for i in inputs:
+            dims = ", ".join(str(d) for d in i["shape"])
+            edit = QLineEdit()
+            dynamic = not all(isinstance(d, int) and d > 0 for d in i["shape"])
+            edit.setPlaceholderText("fixed shape, e.g. " + ", ".join(
+                str(d) if isinstance(d, int) and d > 0 else "1" for d in i["shape"]))
+            if not dynamic:
+                edit.setText(dims)
+                edit.setEnabled(False)
+            edit.setToolTip(f"{i['name']}: {i['dtype']} [{dims}]"
+                            + (" — the HTP compiles static shapes: fix the dynamic dimensions"
+                               if dynamic else ""))
+            self.shape_edits[i["name"]] = edit
+            self.inputs_form.addRow(f"{i['name']} ({i['dtype']}, [{dims}])", edit)
+            edit.textChanged.connect(lambda: self.completeChanged.emit())
+
+    def shapes(self) -> dict[str, list[int]]:
+        """The shapes the user fixed (dynamic inputs only); a StudioError for bad text."""
+        out = {}
+        for name, edit in self.shape_edits.items():
+            if not edit.isEnabled():
+                continue
+            try:
+                out[name] = [int(d) for d in re.split(r"[,\s]+", edit.text().strip()) if d]
+            except ValueError:
+                raise StudioError(f"the shape of {name!r} must be whole numbers, e.g. "
+                                  "1, 3, 224, 224") from None
+        return out
+
+    def placement_value(self) -> str:
+        return PLACEMENTS[max(0, self.placement.checkedId())]
+
+    def isComplete(self) -> bool:
+        if not self._onnx():
+            return True
+        return bool(self.calibration.text().strip()) and all(
+            e.text().strip() for e in self.shape_edits.values())
+
+    def validatePage(self) -> bool:
+        """The shapes and the sample files against the graph (seconds for small graphs)."""
+        if not self._onnx():
+            return True
+        from studio.services.graphs import check_graph_samples
+
+        try:
+            val = self.validation.text().strip()
+            n = check_graph_samples(Path(self._wizard.source_page.source()).expanduser(),
+                                    self.shapes(), Path(self.calibration.text().strip()),
+                                    Path(val) if val else None)
+        except StudioError as exc:
+            self.error.setText(exc.message)
+            return False
+        self.error.setText("")
+        self._wizard.recipe_page.samples.setValue(min(max(n, 1), 4096))
+        return True
+
+    def nextId(self) -> int:
+        return 2
+
+
 class TargetsPage(QWizardPage):
     def __init__(self, wizard: NewProjectWizard):
         super().__init__()
@@ -178,6 +350,8 @@ GATE_LABELS = {
     "min_logits_cosine": "Logits cosine vs FP32 ≥",
     "max_perplexity_increase": "Perplexity increase ≤",
     "min_top1_agreement": "Top-1 agreement ≥",
+    "min_output_cosine": "Worst output cosine vs FP32 ≥",
+    "min_ranking_top1": "Retrieval top-1 agreement ≥",
 }
 # key -> (minimum, maximum, step, decimals); the project file takes 0..1 except the
 # perplexity increase, a ratio (0.05 = +5 %)
@@ -188,9 +362,18 @@ GATE_RANGES = {
 }
 
 
+# the gates each kind's validation measures
+KIND_GATES = {
+    "causal-lm": ("min_logits_cosine", "max_perplexity_increase", "min_top1_agreement"),
+    "encoder": ("min_output_cosine", "min_ranking_top1"),
+    "onnx-graph": ("min_output_cosine",),
+}
+
+
 class RecipePage(QWizardPage):
     def __init__(self, wizard: NewProjectWizard):
         super().__init__()
+        self._wizard = wizard
         self.setTitle("Recipe")
         self.setSubTitle(
             "How to export and quantize. Every setting can be changed (and undone) "
@@ -209,6 +392,7 @@ class RecipePage(QWizardPage):
         self.samples.setRange(1, 4096)
         self.samples.setValue(8)
         form.addRow("Calibration samples", self.samples)
+        self.form = form
         self.prompt = QSpinBox()
         self.prompt.setRange(1, 4095)
         self.prompt.setValue(32)
@@ -219,9 +403,9 @@ class RecipePage(QWizardPage):
         form.addRow("Context length (C)", self.context)
         stages = QHBoxLayout()
         self.stage_checks = {}
-        for s in STAGES:
+        for s in STAGE_NAMES:
             cb = QCheckBox(s)
-            cb.setChecked(s in DEFAULT_STAGES)  # optional analyses are run by name
+            cb.setChecked(s in default_stages("causal-lm"))  # optional analyses run by name
             stages.addWidget(cb)
             self.stage_checks[s] = cb
         stages.addStretch(1)
@@ -233,6 +417,8 @@ class RecipePage(QWizardPage):
             "a run that misses one fails its gate (studio --batch exits with code 1)."
         )
         gates = QFormLayout(box)
+        self.gates_form = gates
+        self._kind = ""
         self.gates: dict[str, QDoubleSpinBox] = {}
         for key, default in DEFAULT_GATES.items():
             spin = QDoubleSpinBox()
@@ -248,6 +434,25 @@ class RecipePage(QWizardPage):
             gates.addRow(text, spin)
             self.gates[key] = spin
         form.addRow(box)
+
+    def initializePage(self) -> None:
+        """The rows of the project's kind: a causal LM's lengths and gates, or a graph's."""
+        kind = self._wizard.source_page.model_kind()
+        llm = kind == "causal-lm"
+        self.form.setRowVisible(self.prompt, llm)
+        self.form.setRowVisible(self.context, llm)
+        mine, default = kind_stages(kind), default_stages(kind)
+        for s, cb in self.stage_checks.items():
+            cb.setVisible(s in mine)
+            cb.setChecked(s in default)
+        for key, spin in self.gates.items():
+            shown = key in KIND_GATES[kind]
+            self.gates_form.setRowVisible(spin, shown)
+        if kind == "encoder" and self._kind != kind:
+            self.samples.setValue(ENCODER_CALIBRATION_SAMPLES)
+        elif llm and self._kind not in ("", kind):
+            self.samples.setValue(8)
+        self._kind = kind
 
     def gate_values(self) -> dict[str, float]:
         return {key: spin.value() for key, spin in self.gates.items()}
@@ -318,16 +523,18 @@ class NewProjectWizard(QWizard):
         self.setWizardStyle(QWizard.WizardStyle.ModernStyle)
         self.setOption(QWizard.WizardOption.NoBackButtonOnStartPage, True)
         self.source_page = SourcePage(self)
+        self.graph_page = GraphPage(self)
         self.targets_page = TargetsPage(self)
         self.recipe_page = RecipePage(self)
         self.location_page = LocationPage(self)
-        for p in (self.source_page, self.targets_page, self.recipe_page, self.location_page):
-            self.addPage(p)
+        for i, p in enumerate((self.source_page, self.graph_page, self.targets_page,
+                               self.recipe_page, self.location_page)):
+            self.setPage(i, p)
         self.resize(720, 520)
         self.created = None
 
     def spec(self) -> NewProjectSpec:
-        r = self.recipe_page
+        r, g = self.recipe_page, self.graph_page
         return NewProjectSpec(
             path=self.location_page.path(),
             source_kind=self.source_page.kind(),
@@ -339,8 +546,14 @@ class NewProjectWizard(QWizard):
             calibration_samples=r.samples.value(),
             prompt_length=r.prompt.value(),
             context_length=r.context.value(),
-            stages=[s for s, cb in r.stage_checks.items() if cb.isChecked()],
+            stages=[s for s, cb in r.stage_checks.items()
+                    if cb.isChecked() and s in kind_stages(self.source_page.model_kind())],
             gates=r.gate_values(),
+            placement=g.placement_value(),
+            calibration=g.calibration.text().strip(),
+            validation=g.validation.text().strip(),
+            shapes=g.shapes(),
+            seq_len=g.seq_len.value(),
         )
 
     def accept(self) -> None:

@@ -69,5 +69,5 @@ def test_wizard_writes_the_gates_the_user_chose(window, tmp_path):
         "max_perplexity_increase": 0.12,
         "min_top1_agreement": 0.75,
     }
-    assert window.ctl.project.gates == chosen
-    assert _gates_on_disk(window.ctl.project.path) == chosen
+    assert window.ctl.project.gates == {**DEFAULT_GATES, **chosen}
+    assert _gates_on_disk(window.ctl.project.path) == {**DEFAULT_GATES, **chosen}
