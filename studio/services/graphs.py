@@ -117,7 +117,13 @@ def placement_view(project, chip: str) -> dict[str, Any] | None:
         files |= {"placement": comp / "placement.json", "context": comp / "graph_ctx.onnx"}
     from studio.engine.rewrites import CATALOGUE
 
-    return {"state": state, "placement": placement, "report": report, "refusal": refusal,
+    measured: dict[str, Any] = {}  # what this placement costs: accuracy and time
+    for key, label in (("validate", f"graph-validate[{chip}]"),
+                       ("htp", f"graph-run[htp-sim:{chip}]"), ("cpu", "graph-run[cpu]")):
+        art = stored_artifact(project, label, label, run=False) if comp is not None else None
+        if art is not None:
+            measured[key] = json.loads((art / "result.json").read_text())
+    return {"measured": measured,"state": state, "placement": placement, "report": report, "refusal": refusal,
             "catalogue": {r.refused: f"{r.name}: {r.description}" for r in CATALOGUE},
             "rewrites": q.get("rewrites", []), "rewrite_check": q.get("rewrite_check"),
             "files": {k: str(v) for k, v in files.items() if v.is_file()}}

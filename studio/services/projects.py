@@ -259,6 +259,14 @@ def describe_model(project: Project):
     path = project.input_path(project.model["source"])
     if path.is_file() and path.suffix.lower() == ".onnx":
         return read_onnx_graph(path)
+    if project.model["kind"] == "encoder":  # its graph, once the import stage exported it
+        from studio.services.generate import stored_artifact
+
+        art = stored_artifact(project, "import", "the exported encoder", run=False)
+        if art is None:
+            raise StudioError("the encoder's graph shows here once the import stage has "
+                              "exported it from its PyTorch weights: run the pipeline")
+        return read_onnx_graph(art / "static.onnx")
     from studio.engine import hf_import
 
     return hf_import.open_checkpoint(path)

@@ -404,12 +404,22 @@ class OverviewPage(Page):
         p = self.ctl.project
         q, e = p.quantization, p.export
         n_over = len(q["overrides"])
+        kind = p.model["kind"]
+        if kind == "causal-lm":
+            shape = (f"{q['calibration_samples']} calibration windows"
+                     f"{f', {n_over} per-layer override(s)' if n_over else ''}<br>"
+                     f"prompt length {e['prompt_length']}, context length "
+                     f"{e['context_length']}<br>")
+        else:
+            g = p.graph
+            shape = (f"up to {q['calibration_samples']} calibration samples, placement "
+                     f"<b>{q['placement']}</b><br>{kind}: "
+                     + (f"sequence length {g['seq_len']}" if kind == "encoder" else
+                        ", ".join(f"{k} {v}" for k, v in g["shapes"].items())
+                        or "the shapes the file declares") + "<br>")
         self.recipe_label.setText(
             f"<b>{q['scheme']}</b>, {q['weight_granularity'].replace('_', '-')} weights, "
-            f"{q['calibration_samples']} calibration windows"
-            f"{f', {n_over} per-layer override(s)' if n_over else ''}<br>"
-            f"prompt length {e['prompt_length']}, context length {e['context_length']}<br>"
-            f"stages: {', '.join(s for s in STAGES if s in p.pipeline['stages'])}"
+            + shape + f"stages: {', '.join(s for s in STAGES if s in p.pipeline['stages'])}"
         )
 
     def change_targets(self) -> None:

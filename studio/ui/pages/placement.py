@@ -245,7 +245,22 @@ class PlacementPage(Page):
             text = ({"compiled": "From the compile stage of the latest run",
                      "placed": "Placed just now: the compile stage has not run with these "
                                "settings"}[view["state"]]
-                    + f". {moves}; way forward: {way} — {PLACEMENT_HELP[way]}.")
+                    + f". {moves}.")
+        m = view.get("measured") or {}
+        costs = []
+        if "validate" in m:
+            v = m["validate"]
+            costs.append(f"worst output cosine vs FP32 {v['output_cosine_min']:.4f} "
+                         f"({v['source']})")
+        if "htp" in m:
+            t = m["htp"]["latency"]
+            costs.append(f"{t['median_ms']:.2f} ms per inference on the HTP simulator "
+                         "(simulated: follows the host CPU, not device latency)")
+        if "cpu" in m:
+            costs.append(f"FP32 on the host CPU {m['cpu']['latency']['median_ms']:.2f} ms "
+                         "(measured)")
+        if costs:
+            text += " With this placement: " + "; ".join(costs) + "."
         self.detail.setText(text)
         runs_on = "CPU (partition)" if way == "partition" else "nowhere: refused"
         _fill(self.refused, [[n["name"], n["op_type"], n["reason"], runs_on,
