@@ -17,8 +17,8 @@ from studio.core import project as projectfile
 from studio.core.commands import SetValue
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_text
-from studio.core.project import STAGES, Project
-from studio.core.stagegraph import DEFAULT_STAGES
+from studio.core.project import Project
+from studio.core.stagegraph import DEFAULT_STAGES, default_stages, kind_stages
 
 # The ONNX graph description the model views show; re-exported for the UI, which talks
 # only to services.
@@ -91,6 +91,13 @@ def source_ref(kind: str, source: str) -> str:
     open_onnx(path)
     return str(path)
 
+def _kind_stages(kind: str, asked: list[str]) -> list[str]:
+    """The stages asked for that a ``kind`` project has; a choice made for another kind
+    (nothing of this kind's own but the report) gives the kind's defaults."""
+    mine = [s for s in kind_stages(kind) if s in asked]
+    return mine if not asked or set(mine) - {"report"} else list(default_stages(kind))
+
+
 def create_project(spec: NewProjectSpec):
     """Validate a wizard's answers and write the project: returns an open ``Studio``."""
     from studio.services.session import Studio
@@ -113,7 +120,7 @@ def create_project(spec: NewProjectSpec):
             "weight_granularity": spec.weight_granularity,
             "calibration_samples": int(spec.calibration_samples),
         },
-        "pipeline": {"stages": [s for s in STAGES if s in spec.stages]},
+        "pipeline": {"stages": _kind_stages(kind, spec.stages)},
     }
     if kind != "causal-lm":
         sections["quantization"]["placement"] = spec.placement
@@ -124,14 +131,13 @@ def create_project(spec: NewProjectSpec):
                 graph[key] = str(Path(value).expanduser().resolve())
         if kind == "onnx-graph":
             source_ref(spec.source_kind, spec.source)  # a corrupt file first
-            if not graph.get("calibration"):
-                raise StudioError("an ONNX graph is calibrated on sample inputs: choose a .npz "
-                                  "file with one array per input")
             from studio.services.graphs import check_graph_samples
 
-            check_graph_samples(Path(spec.source).expanduser(), graph["shapes"],
-                                Path(graph["calibration"]),
-                                Path(graph["validation"]) if graph.get("validation") else None)
+            # without samples the graph can be inspected; a run asks for them
+            if graph.get("calibration"):
+                check_graph_samples(
+                    Path(spec.source).expanduser(), graph["shapes"], Path(graph["calibration"]),
+                    Path(graph["validation"]) if graph.get("validation") else None)
         sections["graph"] = graph
     if spec.gates:
         sections["gates"] = dict(spec.gates)

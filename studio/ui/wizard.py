@@ -188,6 +188,10 @@ class GraphPage(QWizardPage):
         form.addRow("Sequence length", self.seq_len)
         self.calibration = self._file_row("Calibration samples", "graph.calibration: a .npz "
                                           "with one array per input ([N, ...] stacks samples)")
+        self.calibration_note = label(
+            "Without calibration samples the graph opens for inspection; a run asks for them "
+            "(graph.calibration in the project file).", "muted", wrap=True)
+        self.form.addRow(self.calibration_note)
         self.validation = self._file_row("Validation samples (optional)", "graph.validation: "
                                          "held-out samples; without them the last calibration "
                                          "samples stand in")
@@ -240,6 +244,7 @@ class GraphPage(QWizardPage):
         self.form.setRowVisible(self.inputs_box, onnx)
         for row in self.file_rows:
             self.form.setRowVisible(row, onnx)
+        self.form.setRowVisible(self.calibration_note, onnx)
         while self.inputs_form.rowCount():
             self.inputs_form.removeRow(0)
         self.shape_edits.clear()
@@ -288,8 +293,7 @@ class GraphPage(QWizardPage):
     def isComplete(self) -> bool:
         if not self._onnx():
             return True
-        return bool(self.calibration.text().strip()) and all(
-            e.text().strip() for e in self.shape_edits.values())
+        return all(e.text().strip() for e in self.shape_edits.values())
 
     def validatePage(self) -> bool:
         """The shapes and the sample files against the graph (seconds for small graphs)."""
@@ -297,6 +301,9 @@ class GraphPage(QWizardPage):
             return True
         from studio.services.graphs import check_graph_samples
 
+        if not self.calibration.text().strip():  # inspect now, calibrate later
+            self.error.setText("")
+            return True
         try:
             val = self.validation.text().strip()
             n = check_graph_samples(Path(self._wizard.source_page.source()).expanduser(),

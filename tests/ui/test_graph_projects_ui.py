@@ -48,7 +48,7 @@ def test_the_wizard_makes_an_onnx_graph_project(window, tmp_path):
     page = _to_graph_page(wiz, onnx=model)
     assert "onnx-graph" in wiz.source_page.kind_label.text()
     assert list(page.shape_edits) == ["image"] and page.shape_edits["image"].isEnabled()
-    assert not page.isComplete()  # the dynamic batch needs a fixed shape and samples
+    assert not page.isComplete()  # the dynamic batch needs a fixed shape
     page.shape_edits["image"].setText("1, 3, 16, 16")
     page.calibration.setText(str(tmp_path / "f64.npz"))
     assert page.isComplete() and not page.validatePage()
