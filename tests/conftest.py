@@ -58,3 +58,26 @@ def layerdiff_run(tmp_path_factory) -> tuple[Path, dict, float]:
                        cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     assert r.returncode == 0, r.stderr[-3000:]
     return path, json.loads(r.stdout), time.perf_counter() - t0
+
+
+@pytest.fixture(scope="session")
+def sensitivity_run(tmp_path_factory) -> tuple[Path, dict, float]:
+    """One small sample project at W8A8 (96 held-out tokens for the sensitivity stage) after
+    ``studio --batch FILE --stages sensitivity`` (its export, then the real sensitivity
+    stage), shared by the engine, CLI and window tests: they read its stored artifacts or
+    start from a copy of its artifact store (``tests.cli.conftest.share_store``) with the
+    same settings, so the stage comes from the cache instead of running once per test file.
+    (project file, the batch's JSON, seconds)."""
+    import json
+    import subprocess
+    import time
+
+    path = small_sample_project(tmp_path_factory.mktemp("sensitivity"), "sensitivity",
+                                quantization={"scheme": "W8A8"},
+                                sensitivity={"heldout_tokens": 96})
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "studio.cli", "--batch", str(path), "--stages",
+                        "sensitivity", "--json"], capture_output=True, text=True, timeout=1800,
+                       cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return path, json.loads(r.stdout), time.perf_counter() - t0

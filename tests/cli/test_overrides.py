@@ -53,17 +53,23 @@ def test_a_file_that_is_not_an_encodings_file_is_refused(batch_run, small_projec
 
 
 @pytest.mark.slow
-def test_auto_precision_rules_are_adopted_into_the_recipe(batch_run, small_project, tmp_path):
+def test_auto_precision_rules_are_adopted_into_the_recipe(sensitivity_run, small_project,
+                                                           tmp_path):
     """sensitivity → autoprecision (target: the W8A8 base's cosine, a hair higher) →
     `studio overrides adopt`: the rules land in quantization.overrides, where studio info
-    shows them as what sets those layers."""
+    shows them as what sets those layers. The sensitivity settings are the session's shared
+    sensitivity project's (tests/conftest.py: sensitivity_run), so its export and sensitivity
+    come from the cache; the autoprecision stage runs."""
     f = tmp_path / "auto.qstudio"
-    f.write_text(small_project.read_text().replace('scheme = "W8A16"', 'scheme = "W8A8"'))
-    share_store(small_project, f)  # its export comes from the cache
+    f.write_text(small_project.read_text().replace('scheme = "W8A16"', 'scheme = "W8A8"')
+                 + "\n[sensitivity]\nheldout_tokens = 96\n")
+    share_store(sensitivity_run[0], f)
     r = studio("overrides", "adopt", f)
     assert r.returncode == 2 and "no autoprecision result" in r.stderr
-    r = studio("--batch", f, "--stages", "sensitivity", "--quiet")
+    r = studio("--batch", f, "--stages", "sensitivity", "--json")
     assert r.returncode == 0, r.stderr
+    jobs = {j["stage"]: j for j in json.loads(r.stdout)["jobs"]}
+    assert jobs["export"]["cached"] and jobs["sensitivity"]["cached"], jobs
     info = json.loads(studio("info", f, "--json").stdout)
     base = next(m["value"] for m in info["latest_metrics"] if m["name"] == "logits_cosine_base")
     f.write_text(f.read_text() + f'\n[autoprecision]\nmetric = "cosine"\n'

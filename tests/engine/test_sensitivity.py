@@ -1,6 +1,9 @@
-"""Per-layer precision sensitivity and auto mixed precision on the trained sample model: the
-stages run through ``run_in_process`` on a plan, with the real quantizer and real ONNX Runtime
-(prompt 16, context 64, W8A8 base). Run with ``-s`` to see the figures."""
+"""Per-layer precision sensitivity and auto mixed precision on the trained sample model, with
+the real quantizer and real ONNX Runtime (prompt 16, context 64, W8A8 base). The first
+sensitivity run is the session's ``studio --batch FILE --stages sensitivity``
+(``sensitivity_run`` in tests/conftest.py, shared with the CLI and window tests); the second
+(the stability check) and the auto-precision stages run here through ``run_in_process`` on a
+plan. Run with ``-s`` to see the figures."""
 
 from __future__ import annotations
 
@@ -13,10 +16,10 @@ import pytest
 
 from studio.core import project as pf
 from studio.core.errors import StudioError
+from studio.core.metrics import Metric
 from studio.core.progress import RecordingProgress
 from studio.core.stagegraph import DEFAULT_STAGES, STAGES, plan
 from studio.worker.stages import run_in_process
-from tests.conftest import small_sample_project
 
 K = 3  # layers raised in the top-k / random-k comparison
 FIGURES: dict[str, object] = {}
@@ -30,11 +33,9 @@ def _print_figures():
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, sample_model_dir, sample_data_dir) -> pf.Project:
-    f = small_sample_project(tmp_path_factory.mktemp("sensitivity"), "sensitivity",
-                             quantization={"scheme": "W8A8"},
-                             sensitivity={"heldout_tokens": 96})
-    return pf.load(f)
+def project(sample_model_dir, sample_data_dir, sensitivity_run) -> pf.Project:
+    """The session's W8A8 sample project (96 held-out tokens for the sensitivity stage)."""
+    return pf.load(sensitivity_run[0])
 
 
 def _run(project: pf.Project, stage: str, inputs: dict[str, Path], out: Path):
@@ -47,18 +48,30 @@ def _run(project: pf.Project, stage: str, inputs: dict[str, Path], out: Path):
     return result, time.perf_counter() - t0
 
 
-@pytest.fixture(scope="module")
-def export(project, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("export") / "export"
-    _run(project, "export", {}, out)
-    return out
+def _stored(project: pf.Project, stage: str) -> Path:
+    """The folder of the stored artifact of ``stage`` for the project's current settings."""
+    from studio.core.artifacts import ArtifactStore
+    from studio.services.history import current_keys
+
+    art = ArtifactStore(project.folder / "artifacts").get(current_keys(project, [stage])[stage])
+    assert art is not None, stage
+    return art.path
 
 
 @pytest.fixture(scope="module")
-def sensitivity(project, export, tmp_path_factory):
-    out = tmp_path_factory.mktemp("sensitivity-1") / "sensitivity"
-    result, seconds = _run(project, "sensitivity", {"export": export}, out)
-    FIGURES["sensitivity_seconds"] = round(seconds, 1)
+def export(project) -> Path:
+    """The FP32 export the session's batch stored (only read here)."""
+    return _stored(project, "export")
+
+
+@pytest.fixture(scope="module")
+def sensitivity(project, sensitivity_run):
+    """The session's real sensitivity run, as stored (only read here): (folder, result,
+    sensitivity.json)."""
+    job = next(j for j in sensitivity_run[1]["jobs"] if j["stage"] == "sensitivity")
+    FIGURES["sensitivity_seconds"] = job["seconds"]
+    out = _stored(project, "sensitivity")
+    result = json.loads((out / "result.json").read_text())
     return out, result, json.loads((out / "sensitivity.json").read_text())
 
 
@@ -84,11 +97,16 @@ def test_optional_stages_are_declared_and_planned(project):
     assert jobs[2].deps == [0, 1] and jobs[1].deps == [0]
 
 
-def test_sensitivity_ranks_every_layer_and_block(sensitivity):
+def test_sensitivity_ranks_every_layer_and_block(sensitivity, sensitivity_run):
     sdir, result, data = sensitivity
-    assert sorted(p.name for p in sdir.iterdir()) == [
-        "calibration_ranges.json", "result.json", "sensitivity.json"]  # no work folder left
-    assert json.loads((sdir / "result.json").read_text()) == result
+    assert sorted(p.name for p in sdir.iterdir()) == [  # no work folder left
+        "artifact.json", "calibration_ranges.json", "result.json", "sensitivity.json"]
+    # the stored result is what the run reported (it ran: nothing was stored before)
+    batch = sensitivity_run[1]
+    job = next(j for j in batch["jobs"] if j["stage"] == "sensitivity")
+    assert batch["state"] == "succeeded" and job["state"] == "succeeded" and not job["cached"]
+    assert job["summary"] == result["summary"]
+    assert all(Metric.from_dict(m).to_dict() in batch["metrics"] for m in result["metrics"])
     assert (data["scheme"], data["high"], data["low"]) == ("W8A8", "INT16", "INT4")
     assert (data["source"], data["device"], data["graph"]) == ("measured", "host-cpu", "prefill")
     assert data["heldout"]["tokens"] == 96 and data["heldout"]["window_tokens"] == 16
@@ -212,6 +230,8 @@ def test_raising_the_most_sensitive_layers_beats_raising_random_ones(bench, sens
 
 
 def test_the_ranking_is_stable_across_two_runs(project, export, sensitivity, tmp_path):
+    """A second real run of the stage (here, in process) ranks as the session's batch run
+    did on the same export and settings."""
     _, _, first = sensitivity
     # the second run also confirms its top entry on the HTP simulator (a setting that
     # changes what is stored, not the host ranking)

@@ -1,7 +1,8 @@
 """The layer-precision editor on the Precision page, in a real window on real projects built
 from the shipped tiny-coder sample: bulk edits through the grid with undo and redo, glob rules
 reflected in the grid, refusals of what the target HTP cannot run, the sensitivity heat map
-after the real sensitivity stage, and the Apply button's run.
+after the sensitivity stage (the session's real result, from the cache), and the Apply
+button's run.
 
 Every check of a precision goes through the recipe's own rule
 (``core.recipe.effective_precisions``) on the project the session holds."""
@@ -15,6 +16,7 @@ from PySide6.QtTest import QTest
 from studio.core.recipe import effective_precisions
 from studio.services import history
 from studio.services.precision import quantizable, weighted_layers
+from tests.cli.conftest import share_store
 
 DOWN = [f"model.layers.{b}.mlp.down_proj" for b in range(4)]
 
@@ -208,8 +210,15 @@ def test_refused_choices_leave_the_project_unchanged_and_say_why(window, project
 
 
 def test_heat_map_after_the_real_sensitivity_stage(
-        window, exported_template, copy_project, tmp_path, qtbot):
-    page = _open(window, copy_project(exported_template, tmp_path / "s"), qtbot)
+        window, exported_template, copy_project, sensitivity_run, tmp_path, qtbot):
+    """The page before and after the sensitivity stage its empty state's button queues. The
+    project takes the settings of the session's shared sensitivity project (W8A8, 96 held-out
+    tokens; tests/conftest.py: sensitivity_run) and starts from a copy of its artifact store,
+    so the queued run takes the real stage's stored result from the cache: what is checked
+    here is the display; the stage itself is checked in tests/engine/test_sensitivity.py."""
+    path = copy_project(exported_template, tmp_path / "s")
+    share_store(sensitivity_run[0], path)  # artifacts only: no sensitivity run in the history
+    page = _open(window, path, qtbot)
     ctl = window.ctl
     qtbot.waitUntil(lambda: page.sensitivity_loaded, timeout=30_000)
     assert page.sensitivity is None
@@ -218,7 +227,8 @@ def test_heat_map_after_the_real_sensitivity_stage(
     text = page.heat.empty.text.text()
     assert "Run ▸ Run Stage ▸ sensitivity" in text and "--stages sensitivity" in text
     assert page.heat.run_button.isEnabled()
-    ctl.set("sensitivity", "heldout_tokens", 16)  # small: the stage takes well under a minute
+    ctl.set("quantization", "scheme", "W8A8")  # the shared project's settings
+    ctl.set("sensitivity", "heldout_tokens", 96)
     page.heat.run_button.click()
     assert ctl.running and not page.apply_button.isEnabled()
     qtbot.waitUntil(lambda: not ctl.running, timeout=400_000)
@@ -251,16 +261,16 @@ def test_heat_map_after_the_real_sensitivity_stage(
     qtbot.waitUntil(lambda: page.grid.selected_layers() == [shown[1][0]], timeout=5_000)
     assert "Sensitivity" in page.details.text() and "raised alone to" in page.details.text()
     # an override edit keeps the result current (the stage does not read the overrides)
-    assert page.edit_selection("activations", "INT8")
+    assert page.edit_selection("activations", "INT16")
     task = page.load_sensitivity()
     qtbot.waitUntil(task.done, timeout=30_000)
     assert page.sensitivity["current"] and page.sensitivity["job"] == result["job"]
     # another scheme: the result is shown as stale, with why and how to refresh it
-    ctl.set("quantization", "scheme", "W8A8")
+    ctl.set("quantization", "scheme", "W8A16")
     qtbot.waitUntil(lambda: page.sensitivity is not None and not page.sensitivity["current"],
                     timeout=30_000)
     assert page.heat.stale.isVisibleTo(page)
-    assert "scheme 'W8A16' → 'W8A8'" in page.heat.stale.text()
+    assert "scheme 'W8A8' → 'W8A16'" in page.heat.stale.text()
     page.heat_check.click()
     assert not m.heat_on
 
