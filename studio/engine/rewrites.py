@@ -171,6 +171,104 @@ def _celu(model) -> list[str]:
     return done
 
 
+def _replace_each(model, op_type: str, build) -> list[str]:
+    """Replace every ``op_type`` node by the nodes ``build(node, base, const)`` returns
+    (``const(suffix, value)`` names a new float32 scalar initializer), in place."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    g = model.graph
+    done = []
+    for i, n in enumerate(list(g.node)):
+        if n.op_type != op_type or n.domain not in ("", "ai.onnx"):
+            continue
+        base = n.name or f"{op_type.lower()}_{i}"
+
+        def const(suffix: str, value, base=base) -> str:
+            name = f"{base}/{suffix}"
+            g.initializer.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+            return name
+
+        new = build(n, base, const)
+        at = list(g.node).index(n)
+        g.node.remove(n)
+        for k, m in enumerate(new):
+            g.node.insert(at + k, m)
+        done.append(n.name or base)
+    return done
+
+
+def _softsign(model) -> list[str]:
+    """``Softsign(x)`` → ``x / (1 + |x|)``."""
+    from onnx import helper
+
+    def build(n, b, const):
+        x, y = n.input[0], n.output[0]
+        return [helper.make_node("Abs", [x], [f"{b}/abs"], name=f"{b}/Abs"),
+                helper.make_node("Add", [f"{b}/abs", const("one", 1.0)], [f"{b}/den"],
+                                 name=f"{b}/Add"),
+                helper.make_node("Div", [x, f"{b}/den"], [y], name=f"{b}/Div")]
+
+    return _replace_each(model, "Softsign", build)
+
+
+def _hyperbolic(op_type: str):
+    """``Cosh(x)`` → ``(exp(x) + exp(-x)) / 2``; ``Sinh(x)`` → ``(exp(x) - exp(-x)) / 2``."""
+    from onnx import helper
+
+    def build(n, b, const):
+        x, y = n.input[0], n.output[0]
+        return [helper.make_node("Exp", [x], [f"{b}/ep"], name=f"{b}/Exp"),
+                helper.make_node("Neg", [x], [f"{b}/neg"], name=f"{b}/Neg"),
+                helper.make_node("Exp", [f"{b}/neg"], [f"{b}/en"], name=f"{b}/Exp_1"),
+                helper.make_node("Add" if op_type == "Cosh" else "Sub", [f"{b}/ep", f"{b}/en"],
+                                 [f"{b}/sum"], name=f"{b}/Combine"),
+                helper.make_node("Mul", [f"{b}/sum", const("half", 0.5)], [y], name=f"{b}/Mul")]
+
+    return lambda model: _replace_each(model, op_type, build)
+
+
+def _opset(model) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _reduce_via_sum(op_type: str, first: str):
+    """``ReduceSumSquare`` → ``ReduceSum(x·x)``, ``ReduceL1`` → ``ReduceSum(|x|)``: the same
+    axes and keepdims (ReduceSum takes its axes as an input from opset 13)."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    def apply(model) -> list[str]:
+        opset = _opset(model)
+
+        def build(n, b, const):
+            x, y = n.input[0], n.output[0]
+            attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+            pre = (helper.make_node("Mul", [x, x], [f"{b}/sq"], name=f"{b}/Mul")
+                   if first == "square" else
+                   helper.make_node("Abs", [x], [f"{b}/sq"], name=f"{b}/Abs"))
+            inputs = [f"{b}/sq"]
+            keep = {k: v for k, v in attrs.items() if k in ("keepdims", "noop_with_empty_axes")}
+            if opset >= 13:
+                if len(n.input) > 1 and n.input[1]:
+                    inputs.append(n.input[1])  # opset 18: axes as an input already
+                elif "axes" in attrs:
+                    axes = f"{b}/axes"
+                    model.graph.initializer.append(numpy_helper.from_array(
+                        np.asarray(attrs["axes"], np.int64), axes))
+                    inputs.append(axes)
+                if opset < 18:
+                    keep.pop("noop_with_empty_axes", None)
+            elif "axes" in attrs:
+                keep["axes"] = attrs["axes"]
+            return [pre, helper.make_node("ReduceSum", inputs, [y], name=f"{b}/ReduceSum",
+                                          **keep)]
+
+        return _replace_each(model, op_type, build)
+
+    return apply
+
+
 #: what a mask constant becomes: exp(-100) is 0 in float32 next to any attention score,
 #: and the quantized mask keeps a usable step (the LLM export masks with the same value)
 MASK_VALUE = -100.0
@@ -215,6 +313,13 @@ CATALOGUE: tuple[Rewrite, ...] = (
     Rewrite("erf-gelu", "Erf", "exact GELU built from Erf (x·½·(1 + erf(x/√2))) → one Gelu op",
             _erf_gelu),
     Rewrite("celu", "Celu", "Celu(x, α) → α·Elu(x/α)", _celu),
+    Rewrite("softsign", "Softsign", "Softsign(x) → x / (1 + |x|)", _softsign),
+    Rewrite("cosh", "Cosh", "Cosh(x) → (exp(x) + exp(−x)) / 2", _hyperbolic("Cosh")),
+    Rewrite("sinh", "Sinh", "Sinh(x) → (exp(x) − exp(−x)) / 2", _hyperbolic("Sinh")),
+    Rewrite("reduce-sum-square", "ReduceSumSquare", "ReduceSumSquare(x) → ReduceSum(x·x)",
+            _reduce_via_sum("ReduceSumSquare", "square")),
+    Rewrite("reduce-l1", "ReduceL1", "ReduceL1(x) → ReduceSum(|x|)",
+            _reduce_via_sum("ReduceL1", "abs")),
 )
 #: rewrites that make a graph quantizable rather than placeable: applied before every
 #: quantization of a graph (the same function in float arithmetic, checked like the others)

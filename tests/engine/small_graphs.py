@@ -10,7 +10,9 @@ import numpy as np
 
 
 def mlp(path, act: str):
-    """x [1, 16] -> MatMul [16, 32] -> an activation; ``act``: an Erf-GELU form or Celu."""
+    """x [1, 16] -> MatMul [16, 32] -> an activation; ``act``: an Erf-GELU form, Celu, or an
+    op the HTP refuses (Softsign, Cosh, Sinh; ReduceSumSquare and ReduceL1 over the last
+    axis, giving [1, 1])."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -37,10 +39,17 @@ def mlp(path, act: str):
                   helper.make_node("Mul", ["hh", "a"], ["y"], name="act/Mul_2")]
     elif act == "celu":
         nodes += [helper.make_node("Celu", ["h"], ["y"], alpha=0.7, name="act/Celu")]
+    elif act in ("Softsign", "Cosh", "Sinh"):  # element-wise ops the HTP refuses
+        nodes += [helper.make_node(act, ["h"], ["y"], name=f"act/{act}")]
+    elif act in ("ReduceSumSquare", "ReduceL1"):  # over the last axis, kept: [1, 1]
+        inits.append(numpy_helper.from_array(np.array([1], np.int64), "axes"))
+        nodes += [helper.make_node(act, ["h", "axes"], ["y"], keepdims=1, name=f"act/{act}")]
+    out = [1, 1] if act.startswith("Reduce") else [1, 32]
     g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
                                                                        [1, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])], inits)
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)], inits)
+    opset = 18 if act.startswith("Reduce") else 17  # axes as an input from opset 18
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 10
     onnx.save(model, str(path))
     return path

@@ -100,6 +100,24 @@ def test_celu_becomes_elu_and_runs_on_the_htp(tmp_path):
     assert rewrites.partition(rq, CHIP)["all_on_npu"]
 
 
+@pytest.mark.parametrize("op,rewrite", [("Softsign", "softsign"), ("Cosh", "cosh"),
+                                        ("Sinh", "sinh"), ("ReduceSumSquare", "reduce-sum-square"),
+                                        ("ReduceL1", "reduce-l1")])
+def test_more_refused_ops_rewrite_onto_the_htp(op, rewrite, tmp_path):
+    """Ops the QNN EP refuses here (measured: 'Operators of type `OP` are not supported by
+    QNN EP'), each rewritten into ops it takes, numerically the same function in FP32."""
+    src = mlp(tmp_path / "m.onnx", op)
+    refused = rewrites.partition(_quantize(src, tmp_path / "q.onnx"), CHIP)
+    assert [n["op_type"] for n in refused["cpu_nodes"]
+            if n["op_type"] not in ("QuantizeLinear", "DequantizeLinear")] == [op]
+    done = rewrites.apply_rewrites(src, tmp_path / "rw.onnx")
+    assert [d["rewrite"] for d in done] == [rewrite] and done[0]["refused"] == op
+    check = rewrites.check_rewrite(src, tmp_path / "rw.onnx", FEEDS)
+    assert check["worst_cosine"] > 0.999999 and check["max_abs_error"] < 1e-4, check
+    rq = _quantize(tmp_path / "rw.onnx", tmp_path / "rw_q.onnx")
+    assert rewrites.partition(rq, CHIP)["all_on_npu"]
+
+
 def test_the_minilm_encoders_gelus_rewrite_exactly(tmp_path):
     """BERT's exact GELU, as torch exports it at opset 17, in each of MiniLM's 6 layers."""
     from studio.engine import encoder
@@ -128,3 +146,24 @@ def test_bad_input_is_one_line(tmp_path):
         rewrites.apply_rewrites(bad, tmp_path / "rw.onnx")
     with pytest.raises(StudioError, match="at least one sample input"):
         rewrites.check_rewrite(src, src, [])
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+def test_the_reduce_rewrites_keep_axes_given_as_attributes(opset, tmp_path):
+    """Before opset 18 the reductions take their axes as an attribute (ReduceSum takes them
+    as an input from 13 on): the rewrite carries them over either way."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = np.random.RandomState(1).randn(2, 3, 4).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("ReduceSumSquare", ["x"], ["y"], axes=[1, 2], keepdims=0, name="r")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "r.onnx")
+    assert rewrites.apply_rewrites(tmp_path / "r.onnx", tmp_path / "rw.onnx")[0]["rewrite"] == (
+        "reduce-sum-square")
+    got = _cpu(tmp_path / "rw.onnx", {"x": x})
+    np.testing.assert_allclose(got, (x * x).sum(axis=(1, 2)), rtol=1e-5)
