@@ -152,6 +152,11 @@ DECLARATIONS: tuple[StageDecl, ...] = (
               fan_out="device", device_kinds=("host-cpu", "htp-sim"), measures=True,
               kinds=GRAPH_KINDS,
               settings=("quantization.scheme", "quantization.placement", "graph.repeats")),
+    StageDecl("graph-profile", "Profile", (Need("import"), Need("graph-quantize"),
+                                           Need("graph-compile", per_chip=True)),
+              fan_out="device", device_kinds=("htp-sim",), measures=True, npu_only=True,
+              kinds=GRAPH_KINDS,
+              settings=("quantization.scheme", "quantization.placement", "profile.repeats")),
     StageDecl("report", "Report", (), needs_all=True, cache=False, settings=("name", *_GATES),
               kinds=MODEL_KINDS),
 )

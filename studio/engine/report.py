@@ -478,10 +478,12 @@ def render_html(data: dict[str, Any]) -> str:
         out.append(svg_lines(series, "ms per token"))
         out.append("<p class='muted'>Simulator timings follow the host CPU; they are not "
                    "Snapdragon latency.</p>")
-    profs = {k: v for k, v in st.items() if k.startswith("profile[")}
+    profs = {k: v for k, v in st.items() if k.startswith(("profile[", "graph-profile["))}
     for label, p in profs.items():
-        out.append(f"<h2>Profile {_e(label[8:-1])} {badge(p.get('source', 'simulated'))}</h2>")
-        out.append("<p class='muted'>One decode step, QNN detailed profiling on the HTP "
+        out.append(f"<h2>Profile {_e(label.split('[', 1)[1][:-1])} "
+                   f"{badge(p.get('source', 'simulated'))}</h2>")
+        what = "One inference" if label.startswith("graph-") else "One decode step"
+        out.append(f"<p class='muted'>{what}, QNN detailed profiling on the HTP "
                    "simulator: totals by op type.</p>")
         out.append(svg_bars(p.get("by_op_type", {}), p.get("unit", "")))
     for label, d in st.items():

@@ -225,7 +225,54 @@ def graph_run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     }
 
 
+def graph_profile(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    """One inference of the compiled graph profiled ``profile.repeats`` times with QNN's
+    detailed profiling, on a validation sample: the median per op, by op type and by layer,
+    with the spread and the host load of each repeat (simulated figures: relative cost)."""
+    from studio.engine import qnn, qnn_profile
+    from studio.engine.hostload import HostLoadMeter
+
+    imp, qdir = ctx.input("import"), ctx.input("graph-quantize")
+    cdir = ctx.input("graph-compile", ctx.config.chip)
+    chip, dev = ctx.chip, ctx.device
+    feed = _held(qdir, _inputs(imp))[0]
+    repeats = int(ctx.get("profile.repeats") or 5)
+    strict = ctx.get("quantization.placement") != "partition"
+    runs, loads = [], []
+    for i in range(repeats):
+        progress.check()
+        progress.update(0.05 + 0.9 * i / repeats,
+                        f"profiling inference {i + 1}/{repeats} on {chip.name}")
+        with HostLoadMeter() as meter:
+            info = qnn.profile_run(cdir / "graph_ctx.onnx", chip, feed,
+                                   ctx.out / "repeats" / f"qnn_profile_{i + 1}.csv",
+                                   strict=strict, op_trace=True)
+        runs.append(qnn_profile.parse_profile_run(info, onnx_path=qdir / "quantized.onnx",
+                                                  chip=chip))
+        loads.append(meter.sample.other_load if meter.sample else 0.0)
+    prof = qnn_profile.merge_repeats(runs, loads)
+    prof.device = dev.id
+    atomic_write_json(ctx.out / "profile.json", prof.to_dict())
+    stats = prof.stats
+    by_type = prof.totals_by_op_type()
+    by_layer = {("outside layers" if k is None else f"layer {k}"): v
+                for k, v in prof.totals_by_layer().items()}
+    note = (f"simulator {prof.unit} follow the host CPU: the relative cost of ops, not device "
+            f"latency; median of {stats['runs']} runs, ±{stats.get('spread', 0):.0%}"
+            if prof.source == "simulated" else "")
+    warn = "" if stats.get("reliable") else " · UNRELIABLE: " + "; ".join(stats["warnings"])
+    top = sorted(by_type.items(), key=lambda kv: -kv[1])[:10]
+    return {
+        "summary": (f"{len(prof.ops)} HTP ops in one inference, median of {stats['runs']} runs "
+                    f"({prof.source}, {chip.name}){warn}"),
+        "by_op_type": dict(top), "by_layer": by_layer, "unit": prof.unit,
+        "source": prof.source, "ops": len(prof.ops), "stats": stats, "target": chip.key,
+        "metrics": [_metric("inference_total", stats["median"], prof.unit, prof.source,
+                            dev.kind, chip.key, note)],
+    }
+
+
 STAGE_FUNCTIONS: dict[str, Callable[[StageContext, Progress], dict[str, Any]]] = {
     "import": import_, "graph-quantize": graph_quantize, "graph-compile": graph_compile,
-    "graph-validate": graph_validate, "graph-run": graph_run,
+    "graph-validate": graph_validate, "graph-run": graph_run, "graph-profile": graph_profile,
 }

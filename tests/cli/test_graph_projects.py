@@ -153,8 +153,11 @@ def test_minilm_goes_through_the_pipeline_and_keeps_its_rankings(minilm_project)
         "min_output_cosine", "min_ranking_top1"}
     assert {m["source"] for m in rep["metrics"] if m["name"] == "latency_ms"} == {
         "measured", "simulated"}
+    prof = next(v for k, v in st.items() if k.startswith("graph-profile["))
+    assert prof["source"] == "simulated" and prof["ops"] > 100 and "MatMul" in str(
+        prof["by_op_type"]) or "Conv" in str(prof["by_op_type"])
     html = (minilm_project.with_suffix(".studio") / "reports" / "latest.html").read_text()
-    assert "Retrieval check" in html
+    assert "Retrieval check" in html and "One inference" in html
     # a second run is all cache hits
     r = studio("--batch", minilm_project)
     assert r.returncode == 0 and r.stderr.count("(cached)") >= 4, r.stderr[-2000:]
