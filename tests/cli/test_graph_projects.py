@@ -154,8 +154,7 @@ def test_minilm_goes_through_the_pipeline_and_keeps_its_rankings(minilm_project)
     assert {m["source"] for m in rep["metrics"] if m["name"] == "latency_ms"} == {
         "measured", "simulated"}
     prof = next(v for k, v in st.items() if k.startswith("graph-profile["))
-    assert prof["source"] == "simulated" and prof["ops"] > 100 and "MatMul" in str(
-        prof["by_op_type"]) or "Conv" in str(prof["by_op_type"])
+    assert prof["source"] == "simulated" and prof["ops"] > 50 and len(prof["by_op_type"]) > 3
     html = (minilm_project.with_suffix(".studio") / "reports" / "latest.html").read_text()
     assert "Retrieval check" in html and "One inference" in html
     # a second run is all cache hits
