@@ -92,8 +92,9 @@ def test_the_placement_page_before_and_after_a_run(window, qtbot, tmp_path):
     projectfile.save(p)
     assert window.open_project(p.path)
     page = window.show_page("Placement")
-    qtbot.waitUntil(lambda: "not quantized" in page.summary.text(), timeout=30_000)
-    assert not page.save_button.isEnabled() and not page.refused.isVisible()
+    qtbot.waitUntil(lambda: page.not_yet.isVisible(), timeout=30_000)
+    assert "not quantized" in page.not_yet.title.text()
+    assert not page.save_button.isEnabled() and not page.details.isVisible()
     # strict: the pipeline stops at the compile stage; the page names the node and reason
     task = page.run_stages(None)
     wait_task(qtbot, task)
@@ -118,6 +119,8 @@ def test_the_placement_page_before_and_after_a_run(window, qtbot, tmp_path):
     assert page.refused.rowCount() == 0 and page.rewrites.rowCount() == 1
     assert page.rewrites.item(0, 0).text() == "celu"
     assert "worst cosine" in page.check.text()
+    assert page.accuracy.rowCount() == 1 and page.accuracy.item(0, 0).text() == "y"
+    assert page.accuracy.item(0, 3).text() == "simulated"
     files = page.save_to(tmp_path / "out")
     assert {f.name for f in files} == {"rewritten.onnx", "quantized.onnx", "graph_ctx.onnx",
                                        "placement.json"}

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
+    QWidget,
 )
 
 from studio.core.errors import StudioError
@@ -72,8 +73,10 @@ class PlacementPage(Page):
             "NPU, or the compile stage fails naming the nodes (change their precision on the "
             "Precision page).")
         lay.addWidget(self.llm_note)
-        self.main = QVBoxLayout()
-        lay.addLayout(self.main, 1)
+        self.graph_view = QWidget()
+        gl = QVBoxLayout(self.graph_view)
+        gl.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(self.graph_view, 1)
 
         bar = QHBoxLayout()
         bar.addWidget(label("Way forward:"))
@@ -102,7 +105,21 @@ class PlacementPage(Page):
                                     "placement report and the compiled context to a folder")
         self.save_button.clicked.connect(self.save_files)
         bar.addWidget(self.save_button)
-        self.main.addLayout(bar)
+        gl.addLayout(bar)
+        self.not_yet = EmptyState(
+            "The graph is not quantized with these settings yet",
+            "Run the pipeline: the placement of the quantized graph on each target shows here, "
+            "with the QNN EP's reason for every node the HTP refuses, the rewrites applied and "
+            "what the placement costs in accuracy and time.")
+        self.not_yet.add_action("Run pipeline", lambda: self.run_stages(None))
+        gl.addWidget(self.not_yet, 1)
+        self.details = QWidget()
+        self.main = QVBoxLayout(self.details)
+        self.main.setContentsMargins(0, 0, 0, 0)
+        gl.addWidget(self.details, 1)
+        self.not_yet.hide()  # until the first view is read
+        self.details.hide()
+        self.save_button.setEnabled(False)
 
         self.summary = label("", "heading", wrap=True)
         self.main.addWidget(self.summary)
@@ -123,28 +140,23 @@ class PlacementPage(Page):
         self.main.addWidget(self.rewrites, 1)
         self.check = label("", "muted", wrap=True)
         self.main.addWidget(self.check)
+        self.accuracy_title = label("Accuracy against FP32 (the validate stage)", "heading")
+        self.main.addWidget(self.accuracy_title)
+        self.accuracy = _table(["output", "worst cosine (HTP)", "max |error| (HTP)", "source"],
+                               0)
+        self.main.addWidget(self.accuracy, 1)
+        self.ranking = label("", "", wrap=True)
+        self.main.addWidget(self.ranking)
         ctl.job_event.connect(self._on_job)
 
     # ---- session ------------------------------------------------------------------------------
     def _graph_project(self) -> bool:
         return self.ctl.project.model["kind"] != "causal-lm"
 
-    def _set_main_visible(self, on: bool) -> None:
-        for i in range(self.main.count()):
-            item = self.main.itemAt(i)
-            w = item.widget()
-            if w is not None:
-                w.setVisible(on)
-            elif item.layout() is not None:
-                lay = item.layout()
-                for j in range(lay.count()):
-                    if lay.itemAt(j).widget() is not None:
-                        lay.itemAt(j).widget().setVisible(on)
-
     def on_open(self) -> None:
         graph = self._graph_project()
         self.llm_note.setVisible(not graph)
-        self._set_main_visible(graph)
+        self.graph_view.setVisible(graph)
         if not graph:
             return
         self.target.blockSignals(True)
@@ -210,14 +222,27 @@ class PlacementPage(Page):
         for w in (self.refused_title, self.refused, self.crossings_title, self.crossings,
                   self.rewrites_title, self.rewrites, self.check):
             w.setVisible(view is not None)
+        v = ((view or {}).get("measured") or {}).get("validate")
+        for w in (self.accuracy_title, self.accuracy, self.ranking):
+            w.setVisible(v is not None)
+        if v is not None:
+            _fill(self.accuracy, [[name, f"{o['cosine']:.5f}", f"{o['max_abs_error']:.4g}",
+                                   v["source"]] for name, o in v["outputs"].items()])
+            self.accuracy_title.setText(
+                f"Accuracy against FP32 ({v['samples']} samples: {v.get('on', '')}; the "
+                f"quantized graph on the host CPU: worst cosine "
+                f"{v['host_qdq']['output_cosine_min']:.5f})")
+            r = v.get("ranking")
+            self.ranking.setText(
+                f"Retrieval check ({r['queries']} queries over the shipped set, "
+                f"{v['source']}): top-1 as FP32 for {r['top1_agreement']:.0%}, Kendall's tau "
+                f"{r['mean_kendall_tau']:.3f}, recall@1 {r['recall_at_1_deployed']:.0%} (FP32 "
+                f"{r['recall_at_1_reference']:.0%}), embedding cosine "
+                f"{r['embedding_cosine_mean']:.4f}" if r else "")
+            self.ranking.setVisible(bool(r))
+        self.not_yet.setVisible(view is None)
+        self.details.setVisible(view is not None)
         if view is None:
-            self.summary.setText("The graph is not quantized with these settings yet")
-            self.detail.setText("Run the pipeline: the placement of the quantized graph on each "
-                                "target shows here, with the reason for every node the HTP "
-                                "refuses.")
-            for t in (self.refused, self.crossings, self.rewrites):
-                t.setRowCount(0)
-            self.check.setText("")
             return
         r = view["report"]
         way = view["placement"]
@@ -277,6 +302,8 @@ class PlacementPage(Page):
                                w.get("refused") or "— (for quantization)"]
                               for w in view["rewrites"]])
         self.rewrites_title.setText(f"Rewrites applied ({len(view['rewrites'])})")
+        for table in (self.refused, self.crossings, self.rewrites):  # "(0)" says it all
+            table.setVisible(table.rowCount() > 0)
         c = view.get("rewrite_check")
         self.check.setText(
             f"The rewritten graph against the original (FP32, host CPU, {c['samples']} samples): "

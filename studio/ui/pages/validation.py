@@ -148,6 +148,8 @@ class ValidationPage(StagePage):
             1, "FP32 vs host QDQ vs the HTP simulator, tensor by tensor: where the error jumps "
             "and where host QDQ and the HTP part")
         self.body_layout.addWidget(self.sections, 1)
+        self.empty.add_action("Open Placement", lambda: self.navigate.emit("Placement"),
+                              "Encoders and ONNX graphs: placement and accuracy per target")
         self.empty.add_action(
             "Show the layer diff",
             lambda: self.sections.setCurrentWidget(self.layer_diff),
@@ -277,10 +279,28 @@ class ValidationPage(StagePage):
             self.later(self.refresh, self.refresh_ms)
 
     # ---- runs -------------------------------------------------------------------------------
+    def _graph_project(self) -> bool:
+        return self.ctl.project.model["kind"] != "causal-lm"
+
+    def run_stage(self) -> None:
+        """Run the project's validation: ``validate``, or ``graph-validate`` for encoders and
+        ONNX graphs."""
+        self.run_stages(["graph-validate" if self._graph_project() else "validate"])
+
     def refresh(self) -> None:
         """Re-read the runs with validation results; keep the picked run unless it was the
         newest (then the new newest is shown)."""
         studio = self.ctl.studio
+        if self._graph_project():
+            self.set_has_content(False)
+            self.empty.set_text(
+                "Validation of a graph",
+                f"This is a {studio.project.model['kind']} project: its validate stage compares "
+                "each output of the deployed graph with the FP32 graph on the CPU (worst cosine, "
+                "max |error|, on the held-out samples) and an encoder's rankings on the shipped "
+                "retrieval set. The figures show on the <b>Placement</b> page beside the "
+                "placement they were measured under, on the Overview and in the report.")
+            return
         self.layer_diff.reload()
         runs = history.validation_runs(studio.project, studio.jobs)
         self._runs = runs
