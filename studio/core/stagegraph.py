@@ -140,6 +140,7 @@ DECLARATIONS: tuple[StageDecl, ...] = (
     StageDecl("graph-quantize", "Quantize", (Need("import"),), kinds=GRAPH_KINDS,
               settings=("model.kind", "quantization.scheme", "quantization.weight_granularity",
                         "quantization.calibration_text", "quantization.calibration_samples",
+                        "quantization.calibration_method", "quantization.overrides",
                         "quantization.placement", "graph.calibration", "graph.validation")),
     StageDecl("graph-compile", "Compile", (Need("graph-quantize"),), fan_out="target",
               kinds=GRAPH_KINDS, settings=("quantization.scheme", "quantization.placement")),

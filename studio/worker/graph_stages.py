@@ -81,8 +81,10 @@ def graph_quantize(ctx: StageContext, progress: Progress) -> dict[str, Any]:
             ctx.get("quantization.calibration_samples"))
     arrays: dict[str, Any] = {i.name: np.stack([f[i.name] for f in held]) for i in inputs}
     np.savez(str(ctx.out / "validation.npz"), **arrays)
+    method = ctx.get("quantization.calibration_method")
     q = graphpipe.rewrite_and_quantize(imp / "static.onnx", ctx.out, placement, feeds, held,
-                                       scheme, gran, SubProgress(progress, 0.05, 0.98))
+                                       scheme, gran, SubProgress(progress, 0.05, 0.98),
+                                       method, ctx.get("quantization.overrides"))
     check = q["rewrite_check"]
     metrics = []
     if check:
@@ -92,7 +94,8 @@ def graph_quantize(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         metrics.append(_metric("rewrite_max_abs_error", check["max_abs_error"], "", "measured",
                                "host-cpu"))
     names = ", ".join(r["rewrite"] for r in q["rewrites"]) or "none"
-    return {"summary": f"{scheme} {gran}, {len(feeds)} calibration samples; rewrites: {names}",
+    return {"summary": f"{scheme} {gran}, {len(feeds)} calibration samples ({method}); "
+                       f"rewrites: {names}",
             **q, "placement": placement, "validation_from": held_from,
             "validation_samples": len(held), "calibration_samples": len(feeds),
             "metrics": metrics}
