@@ -142,33 +142,21 @@ def _erf_gelu(model) -> list[str]:
 
 def _celu(model) -> list[str]:
     """``Celu(x, alpha)`` → ``alpha * Elu(x / alpha)`` (the same function; the HTP runs Elu)."""
-    import numpy as np
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
-    g = model.graph
-    done = []
-    for i, n in enumerate(list(g.node)):
-        if n.op_type != "Celu":
-            continue
+    def build(n, b, const):
         alpha = next((a.f for a in n.attribute if a.name == "alpha"), 1.0)
         x, y = n.input[0], n.output[0]
-        base = n.name or f"celu_{i}"
         if alpha == 1.0:
-            new = [helper.make_node("Elu", [x], [y], alpha=1.0, name=f"{base}/Elu")]
-        else:
-            inv, a = f"{base}/inv_alpha", f"{base}/alpha"
-            g.initializer.extend([numpy_helper.from_array(np.array(1 / alpha, np.float32), inv),
-                                  numpy_helper.from_array(np.array(alpha, np.float32), a)])
-            new = [helper.make_node("Mul", [x, inv], [f"{base}/scaled"], name=f"{base}/Mul"),
-                   helper.make_node("Elu", [f"{base}/scaled"], [f"{base}/elu"], alpha=1.0,
-                                    name=f"{base}/Elu"),
-                   helper.make_node("Mul", [f"{base}/elu", a], [y], name=f"{base}/Mul_1")]
-        at = list(g.node).index(n)
-        g.node.remove(n)
-        for k, m in enumerate(new):
-            g.node.insert(at + k, m)
-        done.append(n.name or base)
-    return done
+            return [helper.make_node("Elu", [x], [y], alpha=1.0, name=f"{b}/Elu")]
+        return [helper.make_node("Mul", [x, const("inv_alpha", 1 / alpha)], [f"{b}/scaled"],
+                                 name=f"{b}/Mul"),
+                helper.make_node("Elu", [f"{b}/scaled"], [f"{b}/elu"], alpha=1.0,
+                                 name=f"{b}/Elu"),
+                helper.make_node("Mul", [f"{b}/elu", const("alpha", alpha)], [y],
+                                 name=f"{b}/Mul_1")]
+
+    return _replace_each(model, "Celu", build)
 
 
 def _replace_each(model, op_type: str, build) -> list[str]:

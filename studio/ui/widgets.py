@@ -9,6 +9,7 @@ from PySide6.QtWidgets import (
     QApplication,
     QFrame,
     QHBoxLayout,
+    QHeaderView,
     QLabel,
     QListWidget,
     QListWidgetItem,
@@ -17,6 +18,8 @@ from PySide6.QtWidgets import (
     QStyle,
     QStyledItemDelegate,
     QStyleOptionProgressBar,
+    QTableWidget,
+    QTableWidgetItem,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -352,3 +355,34 @@ class ChipList(QListWidget):
             item = self.item(i)
             on = item.data(Qt.ItemDataRole.UserRole) in keys
             item.setCheckState(Qt.CheckState.Checked if on else Qt.CheckState.Unchecked)
+
+
+def read_only_table(headers: list[str], stretch: int | None = None) -> QTableWidget:
+    """A read-only table with these column headers, sized to its contents; column
+    ``stretch`` (default the last) takes the remaining width."""
+    t = QTableWidget(0, len(headers))
+    t.setHorizontalHeaderLabels(headers)
+    t.verticalHeader().hide()
+    t.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+    t.setAlternatingRowColors(True)
+    hh = t.horizontalHeader()
+    hh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    if stretch is None:
+        hh.setStretchLastSection(True)
+    else:
+        hh.setSectionResizeMode(stretch, QHeaderView.ResizeMode.Stretch)
+    return t
+
+
+def fill_table(table: QTableWidget, rows: list[list[str]], tips: list[str] | None = None,
+               fit_rows: bool = False) -> None:
+    """Put ``rows`` of text in ``table``; each row's tool tip is ``tips[i]`` (default: each
+    cell's own text); ``fit_rows``: rows as tall as their wrapped text."""
+    table.setRowCount(len(rows))
+    for i, row in enumerate(rows):
+        for j, text in enumerate(row):
+            item = QTableWidgetItem(text)
+            item.setToolTip(tips[i] if tips else text)
+            table.setItem(i, j, item)
+    if fit_rows:
+        table.resizeRowsToContents()

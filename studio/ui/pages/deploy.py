@@ -17,8 +17,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QPushButton,
-    QTableWidget,
-    QTableWidgetItem,
     QVBoxLayout,
 )
 
@@ -26,31 +24,10 @@ from studio.core.errors import StudioError
 from studio.core.jobs import Job
 from studio.core.units import format_bytes
 from studio.ui.pages.base import TargetStagePage
-from studio.ui.widgets import label
+from studio.ui.widgets import fill_table, label, read_only_table
 
 FORMATS = ("Genie bundle", "DLC files", "Context binaries")
 
-
-def _table(headers: list[str]) -> QTableWidget:
-    t = QTableWidget(0, len(headers))
-    t.setHorizontalHeaderLabels(headers)
-    t.verticalHeader().hide()
-    t.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-    t.setAlternatingRowColors(True)
-    hh = t.horizontalHeader()
-    hh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-    hh.setStretchLastSection(True)
-    return t
-
-
-def _fill(table: QTableWidget, rows: list[list[str]], tips: list[str] | None = None) -> None:
-    table.setRowCount(len(rows))
-    for i, row in enumerate(rows):
-        for j, text in enumerate(row):
-            item = QTableWidgetItem(text)
-            if tips:
-                item.setToolTip(tips[i])
-            table.setItem(i, j, item)
 
 
 class DeployPage(TargetStagePage):
@@ -99,10 +76,10 @@ class DeployPage(TargetStagePage):
         cl.addLayout(row)
         box = QVBoxLayout()
         box.addWidget(label("Files", "section"))
-        self.files = _table(["File", "Size", "SHA-256 / contents"])
+        self.files = read_only_table(["File", "Size", "SHA-256 / contents"])
         box.addWidget(self.files, 1)
         box.addWidget(label("Checked by Genie on the HTP simulator", "section"))
-        self.checks = _table(["Prompt", "Prompt tokens", "Genie vs studio (same graphs)",
+        self.checks = read_only_table(["Prompt", "Prompt tokens", "Genie vs studio (same graphs)",
                               "vs studio's own path", "New tokens", "Genie time",
                               "Genie's text"])
         # the prompt column stays narrow (the full prompt is in the tooltip), Genie's text
@@ -127,7 +104,7 @@ class DeployPage(TargetStagePage):
         fmt = self.format.currentText()
         if fmt == "Genie bundle":
             files = res.get("files", {})
-            _fill(self.files, [[n, format_bytes(f["bytes"]), f["sha256"]]
+            fill_table(self.files, [[n, format_bytes(f["bytes"]), f["sha256"]]
                                for n, f in files.items()]
                   + [["manifest.json", "", "every file's size and hash, versions, the check"],
                      ["README.md", "", "the on-device command line"]])
@@ -141,13 +118,13 @@ class DeployPage(TargetStagePage):
                 "SDK's libraries. Genie's times here are the simulator's: they follow this "
                 "host's CPU, not device latency.")
         elif fmt == "DLC files":
-            _fill(self.files, [[d["file"], format_bytes(d["bytes"]),
+            fill_table(self.files, [[d["file"], format_bytes(d["bytes"]),
                                 f"{len(d['entries'])} entries: " + ", ".join(d["entries"][:4])]
                                for d in res.get("dlc", {}).values()])
             self.note.setText("DLC files are for Qualcomm's on-device tools (qnn-net-run, "
                               "Genie with a DLC config): this host cannot run them back.")
         else:
-            _fill(self.files, self._context_rows(job))
+            fill_table(self.files, self._context_rows(job))
             self.note.setText("The compiled QNN context binaries the studio's own runtime, the "
                               "agent and qnn-net-run on a phone use.")
         rows = []
@@ -164,7 +141,7 @@ class DeployPage(TargetStagePage):
                          "same" if c.get("same_as_prefill_path") else "parts (other graphs)",
                          str(c["studio_tokens"]), f"{c['genie_wall_s']:.1f} s (simulated)",
                          c["genie_text"].replace("\n", "⏎")])
-        _fill(self.checks, rows, [f"{c['prompt']}\n\nthe studio's runtime: {c['studio_text']}"
+        fill_table(self.checks, rows, [f"{c['prompt']}\n\nthe studio's runtime: {c['studio_text']}"
                                   for c in res.get("checks", [])])
         for b in (self.open_btn, self.export_btn):
             b.setEnabled(self.folder is not None)

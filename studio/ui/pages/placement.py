@@ -15,10 +15,7 @@ from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
     QHBoxLayout,
-    QHeaderView,
     QPushButton,
-    QTableWidget,
-    QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
@@ -28,32 +25,10 @@ from studio.core.recipe import PLACEMENT_HELP, PLACEMENTS
 from studio.core.units import format_bytes
 from studio.services import graphs
 from studio.ui.pages.base import Page
-from studio.ui.widgets import EmptyState, label
+from studio.ui.widgets import EmptyState, fill_table, label, read_only_table
 
 GRAPH_STAGES = ("graph-quantize", "graph-compile")
 
-
-def _table(headers: list[str], stretch: int) -> QTableWidget:
-    t = QTableWidget(0, len(headers))
-    t.setHorizontalHeaderLabels(headers)
-    t.verticalHeader().hide()
-    t.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-    t.setAlternatingRowColors(True)
-    t.setWordWrap(True)
-    hh = t.horizontalHeader()
-    hh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-    hh.setSectionResizeMode(stretch, QHeaderView.ResizeMode.Stretch)
-    return t
-
-
-def _fill(table: QTableWidget, rows: list[list[str]]) -> None:
-    table.setRowCount(len(rows))
-    for i, row in enumerate(rows):
-        for j, text in enumerate(row):
-            item = QTableWidgetItem(text)
-            item.setToolTip(text)
-            table.setItem(i, j, item)
-    table.resizeRowsToContents()
 
 
 class PlacementPage(Page):
@@ -127,23 +102,24 @@ class PlacementPage(Page):
         self.main.addWidget(self.detail)
         self.refused_title = label("Nodes the HTP refuses", "heading")
         self.main.addWidget(self.refused_title)
-        self.refused = _table(["node", "op", "the QNN EP's reason", "runs on",
+        self.refused = read_only_table(["node", "op", "the QNN EP's reason", "runs on",
                                "rewrite in the catalogue"], 2)
         self.main.addWidget(self.refused, 2)
         self.crossings_title = label("NPU↔CPU transitions", "heading")
         self.main.addWidget(self.crossings_title)
-        self.crossings = _table(["tensor", "from", "to", "bytes per inference"], 0)
+        self.crossings = read_only_table(["tensor", "from", "to", "bytes per inference"], 0)
         self.main.addWidget(self.crossings, 1)
         self.rewrites_title = label("Rewrites applied", "heading")
         self.main.addWidget(self.rewrites_title)
-        self.rewrites = _table(["rewrite", "what it does", "places", "refused op it replaces"], 1)
+        self.rewrites = read_only_table(
+            ["rewrite", "what it does", "places", "refused op it replaces"], 1)
         self.main.addWidget(self.rewrites, 1)
         self.check = label("", "muted", wrap=True)
         self.main.addWidget(self.check)
         self.accuracy_title = label("Accuracy against FP32 (the validate stage)", "heading")
         self.main.addWidget(self.accuracy_title)
-        self.accuracy = _table(["output", "worst cosine (HTP)", "max |error| (HTP)", "source"],
-                               0)
+        self.accuracy = read_only_table(
+            ["output", "worst cosine (HTP)", "max |error| (HTP)", "source"], 0)
         self.main.addWidget(self.accuracy, 1)
         self.ranking = label("", "", wrap=True)
         self.main.addWidget(self.ranking)
@@ -226,7 +202,7 @@ class PlacementPage(Page):
         for w in (self.accuracy_title, self.accuracy, self.ranking):
             w.setVisible(v is not None)
         if v is not None:
-            _fill(self.accuracy, [[name, f"{o['cosine']:.5f}", f"{o['max_abs_error']:.4g}",
+            fill_table(self.accuracy, [[name, f"{o['cosine']:.5f}", f"{o['max_abs_error']:.4g}",
                                    v["source"]] for name, o in v["outputs"].items()])
             self.accuracy_title.setText(
                 f"Accuracy against FP32 ({v['samples']} samples: {v.get('on', '')}; the "
@@ -288,17 +264,17 @@ class PlacementPage(Page):
             text += " With this placement: " + "; ".join(costs) + "."
         self.detail.setText(text)
         runs_on = "CPU (partition)" if way == "partition" else "nowhere: refused"
-        _fill(self.refused, [[n["name"], n["op_type"], n["reason"], runs_on,
+        fill_table(self.refused, [[n["name"], n["op_type"], n["reason"], runs_on,
                               view["catalogue"].get(n["op_type"], "none: partition")]
-                             for n in refused])
+                             for n in refused], fit_rows=True)
         self.refused_title.setText(f"Nodes the HTP refuses ({len(refused)})")
-        _fill(self.crossings, [[c["tensor"], c["from"].upper(), c["to"].upper(),
+        fill_table(self.crossings, [[c["tensor"], c["from"].upper(), c["to"].upper(),
                                 format_bytes(c["bytes"]) if c["bytes"] is not None else "?"]
                                for c in r.get("crossings", [])])
         self.crossings_title.setText(
             ("NPU↔CPU transitions a partition would make" if view["state"] == "refused"
              else "NPU↔CPU transitions") + f" ({r.get('transitions', 0)})")
-        _fill(self.rewrites, [[w["rewrite"], w["description"], str(len(w["nodes"])),
+        fill_table(self.rewrites, [[w["rewrite"], w["description"], str(len(w["nodes"])),
                                w.get("refused") or "— (for quantization)"]
                               for w in view["rewrites"]])
         self.rewrites_title.setText(f"Rewrites applied ({len(view['rewrites'])})")
