@@ -361,8 +361,9 @@ class OverviewPage(Page):
 
     def _onnx_card(self, graph: projects.OnnxGraph) -> None:
         self.model_status.setText(
-            f"ONNX model {graph.path.name} (opset {graph.opset}). The LLM pipeline starts from a "
-            "Hugging Face checkpoint; this model can be inspected on the Model page."
+            f"ONNX model {graph.path.name} (opset {graph.opset}): quantized on its calibration "
+            "samples and placed on each target's NPU (the Placement page); its nodes are on "
+            "the Model page."
         )
         ops: dict[str, int] = {}
         for n in graph.nodes:
