@@ -311,6 +311,13 @@ def render_ablation(t: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _html_table(headers: list[str], rows: list[list[str]]) -> str:
+    """A table of already-escaped cells."""
+    head = "".join(f"<th>{h}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
 def render_graph(st: dict[str, Any]) -> str:
     """The sections of an encoder's or an ONNX graph's run: import, rewrites, placement per
     chip, validation per output (and the encoder's retrieval check), latency per device."""
@@ -326,12 +333,9 @@ def render_graph(st: dict[str, Any]) -> str:
     if q:
         out.append("<h2>Rewrites and quantization</h2>")
         if q.get("rewrites"):
-            out.append("<table><tr><th>rewrite</th><th>what</th><th>nodes</th>"
-                       "<th>for the HTP</th></tr>")
-            for r in q["rewrites"]:
-                out.append(f"<tr><td>{_e(r['rewrite'])}</td><td>{_e(r['description'])}</td>"
-                           f"<td>{len(r['nodes'])}</td><td>{_e(r.get('refused') or '—')}</td></tr>")
-            out.append("</table>")
+            out.append(_html_table(["rewrite", "what", "nodes", "for the HTP"], [
+                [_e(r["rewrite"]), _e(r["description"]), str(len(r["nodes"])),
+                 _e(r.get("refused") or "—")] for r in q["rewrites"]]))
             c = q.get("rewrite_check") or {}
             if c:
                 out.append(f"<p>Rewritten vs original (FP32, host CPU, {c['samples']} samples): "
@@ -351,23 +355,16 @@ def render_graph(st: dict[str, Any]) -> str:
                    f"NPU↔CPU transitions carrying {p.get('bytes_crossing') or 0} bytes per "
                    "inference.</p>")
         if p.get("cpu_nodes"):
-            out.append("<table><tr><th>node on the CPU</th><th>op</th><th>the EP's reason</th>"
-                       "</tr>")
-            for n in p["cpu_nodes"]:
-                out.append(f"<tr><td><code>{_e(n['name'])}</code></td><td>{_e(n['op_type'])}"
-                           f"</td><td>{_e(n.get('reason', ''))}</td></tr>")
-            out.append("</table>")
+            out.append(_html_table(["node on the CPU", "op", "the EP's reason"], [
+                [f"<code>{_e(n['name'])}</code>", _e(n["op_type"]), _e(n.get("reason", ""))]
+                for n in p["cpu_nodes"]]))
     vals = {k: v for k, v in st.items() if k.startswith("graph-validate[")}
     if vals:
-        out.append("<h2>Validation: FP32 (CPU) vs deployed, per output</h2><table><tr>"
-                   "<th>target</th><th>output</th><th>worst cosine</th><th>max |error|</th>"
-                   "<th>source</th></tr>")
-        for v in vals.values():
-            for name, o in v.get("outputs", {}).items():
-                out.append(f"<tr><td>{_e(v.get('target'))}</td><td>{_e(name)}</td>"
-                           f"<td>{_fmt(o['cosine'])}</td><td>{_fmt(o['max_abs_error'])}</td>"
-                           f"<td>{badge(v.get('source', 'simulated'))}</td></tr>")
-        out.append("</table>")
+        out.append("<h2>Validation: FP32 (CPU) vs deployed, per output</h2>")
+        out.append(_html_table(["target", "output", "worst cosine", "max |error|", "source"], [
+            [_e(v.get("target")), _e(name), _fmt(o["cosine"]), _fmt(o["max_abs_error"]),
+             badge(v.get("source", "simulated"))]
+            for v in vals.values() for name, o in v.get("outputs", {}).items()]))
         for v in vals.values():
             out.append(f"<p class='muted'>{_e(v.get('target'))}: {v.get('samples')} samples "
                        f"({_e(v.get('on', ''))}); the quantized graph on the host CPU: worst "
@@ -385,16 +382,14 @@ def render_graph(st: dict[str, Any]) -> str:
                            f"{_fmt(r['embedding_cosine_min'])}).</p>")
     runs = {k: v for k, v in st.items() if k.startswith("graph-run[")}
     if runs:
-        out.append("<h2>Latency per inference</h2><table><tr><th>device</th><th>median</th>"
-                   "<th>min – max</th><th>per second</th><th>source</th></tr>")
-        for r in runs.values():
-            t = r["latency"]
-            dev = r.get("device", "") + (f" / {r['target']}" if r.get("target") else "")
-            out.append(f"<tr><td>{_e(dev)}</td><td>{t['median_ms']:.2f} ms</td>"
-                       f"<td>{t['min_ms']:.2f} – {t['max_ms']:.2f} ms</td>"
-                       f"<td>{t['per_s']:.1f}</td><td>{badge(r['source'])}</td></tr>")
-        out.append("</table><p class='muted'>Simulator timings follow the host CPU; they are "
-                   "not Snapdragon latency.</p>")
+        out.append("<h2>Latency per inference</h2>")
+        out.append(_html_table(["device", "median", "min – max", "per second", "source"], [
+            [_e(r.get("device", "") + (f" / {r['target']}" if r.get("target") else "")),
+             f"{r['latency']['median_ms']:.2f} ms",
+             f"{r['latency']['min_ms']:.2f} – {r['latency']['max_ms']:.2f} ms",
+             f"{r['latency']['per_s']:.1f}", badge(r["source"])] for r in runs.values()]))
+        out.append("<p class='muted'>Simulator timings follow the host CPU; they are not "
+                   "Snapdragon latency.</p>")
     return "\n".join(out)
 
 

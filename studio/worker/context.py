@@ -78,6 +78,11 @@ def _metric(name: str, value: float, unit: str, source: str, device: str, target
     return Metric(name, float(value), unit, source, device, target, detail).to_dict()
 
 
+def _host_metric(name: str, value: float, unit: str = "", detail: str = "") -> dict[str, Any]:
+    """A figure measured on this host's CPU."""
+    return _metric(name, value, unit, "measured", "host-cpu", "", detail)
+
+
 def _device_metric(dev: Device, name: str, value: float, unit: str, detail: str = "",
                    ) -> dict[str, Any]:
     """A figure produced on ``dev``: its source label comes from the device."""

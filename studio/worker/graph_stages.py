@@ -14,7 +14,13 @@ from typing import Any
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress, SubProgress
-from studio.worker.context import StageContext, _device_metric, _metric, _read_text
+from studio.worker.context import (
+    StageContext,
+    _device_metric,
+    _host_metric,
+    _metric,
+    _read_text,
+)
 
 
 def _inputs(import_dir: Path):
@@ -47,9 +53,8 @@ def import_(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     check = info["export_check"]
     metrics = []
     if check:
-        metrics.append(_metric("export_cosine_min", check["min_cosine"], "", "measured",
-                               "host-cpu", "", "ONNX Runtime FP32 vs torch, "
-                               f"{len(check['cosines'])} texts"))
+        metrics.append(_host_metric("export_cosine_min", check["min_cosine"], "",
+                                    f"ONNX Runtime FP32 vs torch, {len(check['cosines'])} texts"))
     how = (f"exported from PyTorch at [1, {info['seq_len']}]" if kind == "encoder"
            else f"imported {source.name}")
     return {"summary": f"{how}: {len(model.graph.node)} nodes, inputs {shapes}",
@@ -88,11 +93,9 @@ def graph_quantize(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     check = q["rewrite_check"]
     metrics = []
     if check:
-        metrics.append(_metric("rewrite_cosine_min", check["worst_cosine"], "", "measured",
-                               "host-cpu", "", "rewritten vs original graph, FP32, "
-                               f"{check['samples']} samples"))
-        metrics.append(_metric("rewrite_max_abs_error", check["max_abs_error"], "", "measured",
-                               "host-cpu"))
+        metrics += [_host_metric("rewrite_cosine_min", check["worst_cosine"], "",
+                                 f"rewritten vs original graph, FP32, {check['samples']} samples"),
+                    _host_metric("rewrite_max_abs_error", check["max_abs_error"])]
     names = ", ".join(r["rewrite"] for r in q["rewrites"]) or "none"
     return {"summary": f"{scheme} {gran}, {len(feeds)} calibration samples ({method}); "
                        f"rewrites: {names}",
@@ -163,8 +166,8 @@ def graph_validate(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         _device_metric(dev, "output_cosine_min", check["worst_cosine"], "",
                        f"worst output cosine vs FP32 over {check['samples']} samples"),
         _device_metric(dev, "output_max_abs_error", check["max_abs_error"], ""),
-        _metric("output_cosine_min_host_qdq", host_check["worst_cosine"], "", "measured",
-                "host-cpu", "", "the quantized graph on the host CPU (ONNX Runtime QDQ)"),
+        _host_metric("output_cosine_min_host_qdq", host_check["worst_cosine"], "",
+                     "the quantized graph on the host CPU (ONNX Runtime QDQ)"),
     ]
     summary = f"worst output cosine {check['worst_cosine']:.4f} on {dev.name} ({dev.source})"
     if ctx.get("model.kind") == "encoder":

@@ -24,7 +24,13 @@ from studio.core.profile import layer_label
 from studio.core.progress import Progress, SubProgress
 from studio.core.stagegraph import StageConfig
 from studio.worker import graph_stages
-from studio.worker.context import StageContext, _device_metric, _metric, _read_text
+from studio.worker.context import (
+    StageContext,
+    _device_metric,
+    _host_metric,
+    _metric,
+    _read_text,
+)
 
 GRAPHS = ("prefill", "decode")
 # Quantized graphs at least this large get their context binary beside the ONNX model
@@ -900,10 +906,6 @@ def report(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 
 
 # ---- 8. sensitivity ----------------------------------------------------------------------------
-def _host_metric(name: str, value: float, unit: str = "", detail: str = "") -> dict[str, Any]:
-    return _metric(name, value, unit, "measured", "host-cpu", "", detail)
-
-
 def sensitivity(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     """Each weighted layer, each key activation, then each block, raised (and lowered) alone
     over the base scheme, scored on the host QDQ prefill graph against FP32."""
