@@ -24,6 +24,9 @@
     studio profile show FILE [--run N] [--target T] [--by block|op_type|layer|layer-block] [--json]
     studio profile export FILE [--run N] [--target T] --format chrome|csv OUT
     studio profile import PROFILE_FILE [--onnx MODEL] [--json]
+    studio sweep FILE [--name N | --axis KEY=V1,V2 ...] [--executor local|ray] [--workers K]
+                 [--ray-address ADDR] [--transfer auto|copy] [--stages S,..] [--best RULE]
+                 [--show] [--apply best|pN] [--json]
 
 Exit codes: 0 success, 1 an accuracy gate failed, 2 bad input (one line on stderr),
 3 a stage crashed (a bug: its traceback is in the job log).
@@ -233,6 +236,28 @@ def _parser() -> argparse.ArgumentParser:
     pi.add_argument("profile_file")
     pi.add_argument("--onnx", help="the ONNX model it profiles (places ops in the seed's table)")
     pi.add_argument("--json", dest="profile_json", action="store_true")
+    sw = sub.add_parser("sweep", help="run a recipe sweep: every point through the stage "
+                                      "graph, the Pareto front and the best point")
+    sw.add_argument("file")
+    sw.add_argument("--name", help="which [[sweeps]] of the project (or a name for --axis)")
+    sw.add_argument("--axis", action="append", metavar="KEY=V1,V2",
+                    help="a grid axis instead of a declared sweep (repeatable), e.g. "
+                         "quantization.scheme=W8A16,W8A8; tables as a JSON list")
+    sw.add_argument("--executor", default="local", help="local (process pool, default) or ray")
+    sw.add_argument("--workers", type=int, help="jobs at once (default: what the cores and "
+                                               "memory allow; on Ray, the cluster's CPUs)")
+    sw.add_argument("--ray-address", help="a running Ray cluster (HOST:PORT); default: start "
+                                          "a local one")
+    sw.add_argument("--transfer", default="auto", help="Ray: auto (shared store where the "
+                                                       "node sees it) or copy (through Ray)")
+    sw.add_argument("--stages", dest="sweep_stages",
+                    help="comma-separated stages each point runs (default: up to validate)")
+    sw.add_argument("--best", help="smallest | most-accurate | fastest (among points that "
+                                   "pass every gate)")
+    sw.add_argument("--show", action="store_true", help="print the recorded sweep, run nothing")
+    sw.add_argument("--apply", metavar="POINT", help="write a point's settings into the project "
+                                                   "file: best, or a label like p3")
+    sw.add_argument("--json", dest="sweep_json", action="store_true", help="print JSON")
     e = sub.add_parser("estimate", help="estimated prefill / decode tok/s of an architecture on "
                                         "a chip (performance model, no weights needed)")
     e.add_argument("--config", help="a HF config.json, a checkpoint folder, or a bundled name "
@@ -1078,6 +1103,10 @@ def main(argv: list[str] | None = None) -> int:
             return _targets()
         if args.command == "estimate":
             return _estimate(args)
+        if args.command == "sweep":
+            from studio.cli.sweep import sweep_command
+
+            return sweep_command(args)
         if args.command == "profile":
             return _profile(args)
         if args.command == "generate":

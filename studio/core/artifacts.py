@@ -112,6 +112,11 @@ class ArtifactStore:
         workdir.rename(dest)
         return Artifact(key, dest, full)
 
+    def key_lock(self, key: str) -> KeyLock:
+        """The lock one writer holds while it computes ``key`` (two runs or sweeps never
+        compute the same artifact at once: the second waits and finds it stored)."""
+        return KeyLock(self.root / "locks" / f"{key}.lock")
+
     def all(self) -> list[Artifact]:
         out = []
         if self.objects.exists():
@@ -120,3 +125,32 @@ class ArtifactStore:
                 if art is not None:
                     out.append(art)
         return sorted(out, key=lambda a: a.meta.get("created", 0))
+
+
+class KeyLock:
+    """An exclusive, non-blocking flock on one artifact key; it dies with its process."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    def try_acquire(self) -> bool:
+        import fcntl
+        import os
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        import os
+
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)  # the file stays: unlinking it would let two writers lock two files

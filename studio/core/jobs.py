@@ -49,6 +49,17 @@ CREATE TABLE IF NOT EXISTS metrics (
     source TEXT NOT NULL, device TEXT NOT NULL, target TEXT NOT NULL DEFAULT '',
     detail TEXT NOT NULL DEFAULT ''
 );
+CREATE TABLE IF NOT EXISTS sweeps (
+    name TEXT PRIMARY KEY, spec TEXT NOT NULL, state TEXT NOT NULL,
+    created REAL NOT NULL, updated REAL NOT NULL, executor TEXT NOT NULL DEFAULT '',
+    owner_pid INTEGER
+);
+CREATE TABLE IF NOT EXISTS sweep_points (
+    sweep TEXT NOT NULL, point_id TEXT NOT NULL, idx INTEGER NOT NULL,
+    settings TEXT NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '',
+    run_id INTEGER, keys TEXT NOT NULL DEFAULT '', figures TEXT NOT NULL DEFAULT '{}',
+    updated REAL NOT NULL, PRIMARY KEY (sweep, point_id)
+);
 CREATE INDEX IF NOT EXISTS jobs_run ON jobs(run_id);
 CREATE INDEX IF NOT EXISTS logs_job ON logs(job_id);
 CREATE INDEX IF NOT EXISTS metrics_job ON metrics(job_id);
@@ -223,6 +234,62 @@ class JobStore:
         else:
             rows = self._query("SELECT * FROM jobs WHERE run_id=? ORDER BY id", (run_id,))
         return [self._job(r) for r in rows]
+
+    # ---- sweeps ------------------------------------------------------------------------
+    def start_sweep(self, name: str, spec: dict[str, Any], executor: str) -> None:
+        """Record a sweep (again): its spec, ``running``, this process as its owner."""
+        now = time.time()
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO sweeps(name, spec, state, created, updated, executor, owner_pid) "
+                "VALUES (?,?,?,?,?,?,?) ON CONFLICT(name) DO UPDATE SET spec=excluded.spec, "
+                "state=excluded.state, updated=excluded.updated, executor=excluded.executor, "
+                "owner_pid=excluded.owner_pid",
+                (name, json.dumps(spec), "running", now, now, executor, os.getpid()))
+
+    def finish_sweep(self, name: str, state: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE sweeps SET state=?, updated=? WHERE name=?",
+                       (state, time.time(), name))
+
+    def sweep(self, name: str) -> dict[str, Any] | None:
+        rows = self._query("SELECT * FROM sweeps WHERE name=?", (name,))
+        if not rows:
+            return None
+        d = dict(rows[0])
+        d["spec"] = json.loads(d["spec"] or "{}")
+        if d["state"] == "running" and d["owner_pid"] != os.getpid() and not _pid_alive(
+                d["owner_pid"]):
+            d["state"] = "interrupted"
+        return d
+
+    def sweeps(self) -> list[dict[str, Any]]:
+        names = [r["name"] for r in self._query("SELECT name FROM sweeps ORDER BY updated DESC")]
+        return [s for n in names if (s := self.sweep(n)) is not None]
+
+    def set_point(self, sweep: str, point_id: str, idx: int, settings: dict[str, Any],
+                  state: str, reason: str = "", run_id: int | None = None, keys: str = "",
+                  figures: dict[str, Any] | None = None) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO sweep_points(sweep, point_id, idx, settings, state, reason, run_id, "
+                "keys, figures, updated) VALUES (?,?,?,?,?,?,?,?,?,?) "
+                "ON CONFLICT(sweep, point_id) DO UPDATE SET idx=excluded.idx, "
+                "settings=excluded.settings, state=excluded.state, reason=excluded.reason, "
+                "run_id=excluded.run_id, keys=excluded.keys, figures=excluded.figures, "
+                "updated=excluded.updated",
+                (sweep, point_id, idx, json.dumps(settings, default=str), state, reason, run_id,
+                 keys, json.dumps(figures or {}, default=str), time.time()))
+
+    def points(self, sweep: str) -> list[dict[str, Any]]:
+        rows = self._query("SELECT * FROM sweep_points WHERE sweep=? ORDER BY idx", (sweep,))
+        out = []
+        for r in rows:
+            d = dict(r)
+            d["settings"] = json.loads(d["settings"] or "{}")
+            d["figures"] = json.loads(d["figures"] or "{}")
+            out.append(d)
+        return out
 
     # ---- logs & metrics ---------------------------------------------------------------
     def append_log(self, job_id: int, line: str) -> None:

@@ -117,7 +117,7 @@ _SECTIONS: dict[str, dict[str, tuple[type | tuple[type, ...], Any]]] = {
         "repeats": (int, 5),
     },
 }
-_TOP = {"schema_version", "name", "targets", *_SECTIONS}
+_TOP = {"schema_version", "name", "targets", "sweeps", *_SECTIONS}
 
 
 @dataclass
@@ -141,6 +141,8 @@ class Project:
     waterfall: dict[str, Any] = field(default_factory=lambda: _defaults("waterfall"))
     bundle: dict[str, Any] = field(default_factory=lambda: _defaults("bundle"))
     graph: dict[str, Any] = field(default_factory=lambda: _defaults("graph"))
+    # recipe sweeps ([[sweeps]] tables, validated by studio.core.sweep.parse_spec)
+    sweeps: list[dict[str, Any]] = field(default_factory=list)
     path: Path | None = None
 
     # ---- locations -------------------------------------------------------------
@@ -186,6 +188,8 @@ class Project:
         if not d["model"].get("draft"):
             d["model"].pop("draft", None)  # no draft model: leave the key out of the file
         d["targets"] = list(self.targets)
+        if self.sweeps:
+            d["sweeps"] = copy.deepcopy(self.sweeps)
         return d
 
     def copy(self) -> Project:
@@ -392,7 +396,24 @@ def from_dict(data: dict[str, Any], where: str = "project") -> Project:
         waterfall=sections["waterfall"], bundle=sections["bundle"], graph=sections["graph"],
     )
     _validate(p)
+    p.sweeps = _sweeps(data.get("sweeps", []), p)
     return p
+
+
+def _sweeps(raw: Any, p: Project) -> list[dict[str, Any]]:
+    from studio.core.sweep import parse_spec
+
+    if not isinstance(raw, list):
+        raise StudioError("sweeps must be a list of tables: write [[sweeps]]")
+    names: set[str] = set()
+    out = []
+    for i, table in enumerate(raw):
+        spec = parse_spec(table, p, where=f"sweeps[{i}]")
+        if spec.name in names:
+            raise StudioError(f"two sweeps are named {spec.name!r}: give each its own name")
+        names.add(spec.name)
+        out.append(copy.deepcopy(table))
+    return out
 
 
 # measured on MiniLM W8A16 (seq 32, the HTP simulator): 8 sentences give a worst embedding

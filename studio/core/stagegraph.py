@@ -335,10 +335,24 @@ def ref_identity(project: Project, ref: str) -> dict[str, Any]:
     they are and however the project names them, give one key)."""
     path = project.input_path(ref)
     if path.is_dir():
-        files = {str(p.relative_to(path)): sha256_file(p)
+        files = {str(p.relative_to(path)): _file_digest(p)
                  for p in sorted(path.rglob("*")) if p.is_file()}
         return {"files": files}
-    return {"sha256": sha256_file(path)}
+    return {"sha256": _file_digest(path)}
+
+
+# input files hashed by this process, by (path, inode, size, mtime): a sweep plans the same
+# checkpoint for every point, and a file rewritten in place gets a new mtime
+_DIGESTS: dict[tuple[str, int, int, int], str] = {}
+
+
+def _file_digest(path: Path) -> str:
+    st = path.stat()
+    sig = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+    digest = _DIGESTS.get(sig)
+    if digest is None:
+        digest = _DIGESTS[sig] = sha256_file(path)
+    return digest
 
 
 def _item_identity(decl: StageDecl, item: str) -> dict[str, Any]:

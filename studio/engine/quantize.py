@@ -533,6 +533,19 @@ def activation_encodings(qdq_path: Path) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def private_input(src: Path, work: Path) -> Path:
+    """``src`` seen from a folder of this job's own: the quantizer writes scratch files
+    beside the model it reads (``<model>-inferred.onnx``), and ``src`` lies in an input
+    artifact that other jobs may be reading at the same moment. Symlinks to the model and
+    the files beside it (its external data) keep it in place."""
+    folder = work / "input"
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in src.parent.iterdir():
+        if f.is_file() and not (folder / f.name).exists():
+            (folder / f.name).symlink_to(f.resolve())
+    return folder / src.name
+
+
 def _quantize_graph(
     src: Path, dst: Path, recipe: dict, feeds: list[dict], progress: Progress,
     shared: dict[str, list[dict[str, Any]]] | None = None,
@@ -559,7 +572,8 @@ def _quantize_graph(
         external = _uses_external_data(src)
         ext = ({"save_as_external_data": True, "all_tensors_to_one_file": True,
                 "external_data_location": pre.name + ".data"} if external else {})
-        model_path = pre if qnn_preprocess_model(str(src), str(pre), **ext) else src
+        model_path = (pre if qnn_preprocess_model(str(src), str(pre), **ext)
+                      else private_input(src, work))
         model = onnx.load(str(model_path), load_external_data=False)
         resolved = resolve_overrides(model, recipe)
         progress.check()

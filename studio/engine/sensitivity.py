@@ -278,7 +278,7 @@ class VariantBench:
 
         from studio.engine.calibration import build_calibration_feeds, calibration_windows
         from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
-        from studio.engine.quantize import resolve_overrides
+        from studio.engine.quantize import private_input, resolve_overrides
 
         p = self.progress
         P, C = int(self.spec["prompt_length"]), int(self.spec["context_length"])
@@ -287,7 +287,8 @@ class VariantBench:
             raise StudioError(f"{self.graphs_dir} has no prefill.onnx; re-run the export")
         p.update(0.0, "preparing the float prefill graph")
         pre = self.work / "preprocessed.onnx"
-        model_path = pre if qnn_preprocess_model(str(src), str(pre)) else src
+        model_path = (pre if qnn_preprocess_model(str(src), str(pre))
+                      else private_input(src, self.work))
         model = onnx.load(str(model_path))
         opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
         if opset < 21:  # what the quantizer does for 16-bit types; 4-bit weights need it too

@@ -1,0 +1,137 @@
+"""``studio sweep``: run (or show) a recipe sweep and print its points, front and best."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+
+
+def _progress(quiet: bool):
+    seen: dict[str, str] = {}
+
+    def on_event(ev: dict[str, Any]) -> None:
+        if quiet:
+            return
+        if ev["kind"] == "point":
+            p = ev["point"]
+            if seen.get(p.point.id) == p.state:
+                return
+            seen[p.point.id] = p.state
+            if p.state in ("succeeded", "failed", "invalid", "cancelled"):
+                why = f"  {p.reason}" if p.reason else ""
+                kept = " (recorded earlier)" if p.kept else ""
+                print(f"  point {p.point.label:<4} {p.state:<10}{kept} {p.point.describe()}{why}",
+                      file=sys.stderr)
+        elif ev["kind"] == "job":
+            j = ev["job"]
+            if j.state in ("succeeded", "failed") and not j.cached:
+                took = (j.finished or 0) - (j.started or 0)
+                mark = "ok" if j.state == "succeeded" else "FAILED"
+                print(f"  {mark:>6} {j.label:<28} {took:6.1f}s  for {len(j.points)} point(s)",
+                      file=sys.stderr)
+        sys.stderr.flush()
+
+    return on_event
+
+
+def _table(rec: dict[str, Any]) -> None:
+    from studio.services.sweep_report import fmt_bytes, point_rows
+
+    print(f"sweep {rec['name']}: {rec['state']}")
+    print(f"{'pt':<4} {'state':<10} {'accuracy':>10} {'ppl Δ':>8} {'weights':>11} "
+          f"{'tok/s est':>9}  settings")
+    for r in point_rows(rec):
+        acc = f"{r['accuracy']:.6f}" if r["accuracy"] is not None else "—"
+        ppl = (f"{r['perplexity_increase']:+.2%}" if r["perplexity_increase"] is not None
+               else "—")
+        tps = f"{r['tokens_per_s']:.1f}" if r["tokens_per_s"] is not None else "—"
+        mark = "*" if r["best"] else ("+" if r["front"] else " ")
+        print(f"{r['label']:<3}{mark} {r['state']:<10} {acc:>10} {ppl:>8} "
+              f"{fmt_bytes(r['weight_bytes']):>11} {tps:>9}  {r['settings']}")
+        if r["reason"]:
+            print(f"{'':16}{r['reason']}")
+    print(f"accuracy: {rec['accuracy_title']} (simulated, HTP); weights: estimated from the "
+          "recipe; tok/s: performance model (estimated)")
+    print("+ on the Pareto front (accuracy vs weight bytes); * best by rule "
+          f"{rec['best_rule']}")
+
+
+def _apply(path: Path, rec: dict[str, Any], which: str) -> str:
+    from studio.core import project as projectfile
+    from studio.services.sweeps import apply_point_edits
+
+    pts = rec["points"]
+    if which == "best":
+        if rec["best"] is None:
+            raise StudioError(f"no point of {rec['name']} passes every gate: apply one by "
+                              "label (e.g. --apply p1)")
+        chosen = pts[rec["best"]]
+    else:
+        chosen = next((p for p in pts if p["label"] == which), None)
+        if chosen is None:
+            raise StudioError(f"no point {which!r} in {rec['name']}: use best or one of "
+                              + ", ".join(p["label"] for p in pts))
+    project = projectfile.load(path)
+    edits = apply_point_edits(project, chosen["settings"])
+    for e in edits:
+        e.apply(project)
+    projectfile.save(project)
+    return chosen["label"]
+
+
+def sweep_command(args) -> int:
+    from studio.core import project as projectfile
+    from studio.services.session import Studio
+    from studio.services.sweep_report import write_sweep_report
+    from studio.services.sweeps import SweepRunner, find_spec, recorded
+
+    path = Path(args.file)
+    project = projectfile.load(path)
+    stages = ([s.strip() for s in args.sweep_stages.split(",") if s.strip()]
+              if args.sweep_stages else None)
+    spec = find_spec(project, args.name, args.axis, args.best, stages)
+    studio = Studio(project)
+    try:
+        if not args.show:
+            runner = SweepRunner(project, studio.jobs, studio.store, spec, args.executor,
+                                 args.workers, args.ray_address, args.transfer)
+            runner.listeners.append(_progress(args.quiet))
+            if not args.quiet:
+                print(f"QStudio sweep {spec.name}: {len(spec.expand())} points "
+                      f"({project.path})", file=sys.stderr)
+            summary = asyncio.run(runner.run())
+            if not args.quiet:
+                d = summary.to_dict()
+                print(f"{summary.state} in {summary.seconds:.1f}s on {summary.executor}; "
+                      f"{d['jobs']['computed']} job(s) computed "
+                      f"({', '.join(f'{k} {v}' for k, v in d['jobs']['by_stage'].items())}), "
+                      f"{d['jobs']['cached']} from the store", file=sys.stderr)
+        rec = recorded(project, studio.jobs, spec.name)
+        if rec is None:
+            raise StudioError(f"the sweep {spec.name!r} has not run yet: run it without --show")
+        report = write_sweep_report(project, rec)
+        applied = _apply(path, rec, args.apply) if args.apply else None
+    finally:
+        studio.close()
+    if args.sweep_json:
+        out = dict(rec)
+        if not args.show:
+            out["run"] = summary.to_dict()
+        out["report"] = str(report)
+        if applied:
+            out["applied"] = applied
+        print(json.dumps(out, indent=1, default=str))
+    else:
+        _table(rec)
+        print(f"report: {report}")
+        if applied:
+            print(f"applied {applied} to {path}")
+    bad = [p for p in rec["points"] if p["state"] in ("failed", "invalid")]
+    if rec["state"] == "cancelled":
+        return 2
+    return 1 if bad and len(bad) == len(rec["points"]) else 0
