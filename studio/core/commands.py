@@ -60,11 +60,42 @@ class SetValue:
         return frozenset({(self.section, self.key)})
 
 
+@dataclass
+class SetValues:
+    """Several :class:`SetValue` edits as one step of the undo stack (e.g. a sweep point's
+    settings applied to the project): all apply or none, one Undo reverts them all."""
+
+    edits: list[SetValue]
+    label: str = ""
+
+    @property
+    def text(self) -> str:
+        return self.label or "; ".join(e.text for e in self.edits)
+
+    def apply(self, p: Project) -> Change:
+        trial = p.copy()
+        for e in self.edits:
+            SetValue(e.section, e.key, e.value)._set(trial, e.value)
+        from_dict(trial.to_dict())  # the edits together must make a valid project
+        change: set[tuple[str, str]] = set()
+        for e in self.edits:
+            e._old = copy.deepcopy(e._get(p))
+            e._set(p, e.value)
+            change.add((e.section, e.key))
+        return frozenset(change)
+
+    def revert(self, p: Project) -> Change:
+        change: set[tuple[str, str]] = set()
+        for e in reversed(self.edits):
+            change |= e.revert(p)
+        return frozenset(change)
+
+
 class CommandStack:
     def __init__(self, project: Project):
         self.project = project
-        self._done: list[SetValue] = []
-        self._undone: list[SetValue] = []
+        self._done: list[SetValue | SetValues] = []
+        self._undone: list[SetValue | SetValues] = []
         self._clean_index = 0
         self.listeners: list[Callable[[Change], None]] = []
 
@@ -72,7 +103,7 @@ class CommandStack:
         for cb in list(self.listeners):
             cb(change)
 
-    def push(self, cmd: SetValue) -> Change:
+    def push(self, cmd: SetValue | SetValues) -> Change:
         try:
             change = cmd.apply(self.project)
         except StudioError:

@@ -668,10 +668,15 @@ def recorded(project: Project, jobs: JobStore, name: str) -> dict[str, Any] | No
 
 def apply_point_edits(project: Project, settings: dict[str, Any]) -> list:
     """The SetValue commands that give the project a point's settings (one undoable step
-    in the GUI: the caller pushes them as a macro)."""
+    in the GUI: ``ProjectController.apply_as_one``)."""
     from studio.services.projects import project_edits
 
     return project_edits(project, apply_point(project, settings))
+
+
+def apply_point_label(point: dict[str, Any]) -> str:
+    """The Undo action's words for applying a recorded point."""
+    return f"Apply sweep point {point['label']} ({Point(point['index'], point['settings']).describe()})"
 
 
 def sweep_names(project: Project, jobs: JobStore) -> list[str]:

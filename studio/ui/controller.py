@@ -321,6 +321,12 @@ class ProjectController(QObject):
                 refused.append(f"{cmd.text}: {exc.message}")
         return refused
 
+    def apply_as_one(self, edits: list[SetValue], label: str) -> Change:
+        """Several edits as one undoable step (a StudioError changes nothing)."""
+        from studio.core.commands import SetValues
+
+        return self._need().commands.push(SetValues(list(edits), label))
+
     def undo(self) -> Change:
         return self._need().commands.undo()
 
