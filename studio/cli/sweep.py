@@ -43,8 +43,8 @@ def _table(rec: dict[str, Any]) -> None:
     from studio.services.sweep_report import fmt_bytes, point_rows
 
     print(f"sweep {rec['name']}: {rec['state']}")
-    print(f"{'pt':<4} {'state':<10} {'accuracy':>10} {'ppl Δ':>8} {'weights':>11} "
-          f"{'tok/s est':>9}  settings")
+    print(f"{'pt':<4} {'state':<10} {'accuracy':>10} {'ppl Δ':>8} {'size':>11} "
+          f"{'weights':>11} {'tok/s est':>9}  settings")
     for r in point_rows(rec):
         acc = f"{r['accuracy']:.6f}" if r["accuracy"] is not None else "—"
         ppl = (f"{r['perplexity_increase']:+.2%}" if r["perplexity_increase"] is not None
@@ -52,12 +52,14 @@ def _table(rec: dict[str, Any]) -> None:
         tps = f"{r['tokens_per_s']:.1f}" if r["tokens_per_s"] is not None else "—"
         mark = "*" if r["best"] else ("+" if r["front"] else " ")
         print(f"{r['label']:<3}{mark} {r['state']:<10} {acc:>10} {ppl:>8} "
-              f"{fmt_bytes(r['weight_bytes']):>11} {tps:>9}  {r['settings']}")
+              f"{fmt_bytes(r['size_bytes']):>11} {fmt_bytes(r['weight_bytes']):>11} {tps:>9}  "
+              f"{r['settings']}")
         if r["reason"]:
             print(f"{'':16}{r['reason']}")
-    print(f"accuracy: {rec['accuracy_title']} (simulated, HTP); weights: estimated from the "
-          "recipe; tok/s: performance model (estimated)")
-    print("+ on the Pareto front (accuracy vs weight bytes); * best by rule "
+    print(f"accuracy: {rec['accuracy_title']} (simulated, HTP); size: compiled context "
+          "binaries (measured file sizes); weights: estimated from the recipe; tok/s: "
+          "performance model (estimated)")
+    print("+ on the Pareto front (accuracy vs size); * best by rule "
           f"{rec['best_rule']}")
 
 

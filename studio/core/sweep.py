@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 #: How the best point is chosen, among the points that ran and passed every gate.
 BEST_RULES: dict[str, str] = {
-    "smallest": "the fewest weight bytes; ties go to the more accurate point",
+    "smallest": "the fewest deployed bytes; ties go to the more accurate point",
     "most-accurate": "the highest accuracy; ties go to the smaller point",
     "fastest": "the highest estimated decode tok/s; ties go to the more accurate point",
 }
@@ -253,7 +253,7 @@ class PointResult:
     point: Point
     state: str
     accuracy: float | None = None  # higher is better
-    weight_bytes: float | None = None  # lower is better
+    size_bytes: float | None = None  # lower is better (what the target stores and loads)
     tokens_per_s: float | None = None  # higher is better
     gates_passed: bool | None = None
     reason: str = ""
@@ -266,16 +266,17 @@ def _dominates(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
 
 
 def pareto_front(results: Sequence[PointResult], speed: bool = False) -> list[int]:
-    """Indices of the points no other point beats on accuracy *and* size (and, with
+    """Indices of the points no other point beats on accuracy *and* size (deployed bytes;
+    and, with
     ``speed``, estimated tok/s): better or equal on every objective, better on one."""
     def objectives(r: PointResult) -> tuple[float, ...] | None:
         # a point that ran is placed even when a gate failed (the front shows what the
         # recipe space offers); the best point must pass every gate
-        if r.accuracy is None or r.weight_bytes is None:
+        if r.accuracy is None or r.size_bytes is None:
             return None
         if speed and r.tokens_per_s is None:
             return None
-        obj = (r.accuracy, -r.weight_bytes)
+        obj = (r.accuracy, -r.size_bytes)
         return (*obj, r.tokens_per_s) if speed and r.tokens_per_s is not None else obj
 
     objs = [objectives(r) for r in results]
@@ -296,12 +297,12 @@ def best_point(results: Sequence[PointResult], rule: str) -> int | None:
     ok = [i for i, r in enumerate(results) if r.state == "succeeded" and r.gates_passed
           and r.accuracy is not None]
     if rule == "smallest":
-        ok = [i for i in ok if results[i].weight_bytes is not None]
-        return min(ok, key=lambda i: (results[i].weight_bytes, -(results[i].accuracy or 0)),
+        ok = [i for i in ok if results[i].size_bytes is not None]
+        return min(ok, key=lambda i: (results[i].size_bytes, -(results[i].accuracy or 0)),
                    default=None)
     if rule == "fastest":
         ok = [i for i in ok if results[i].tokens_per_s is not None]
         return max(ok, key=lambda i: (results[i].tokens_per_s, results[i].accuracy or 0),
                    default=None)
-    return max(ok, key=lambda i: (results[i].accuracy or 0, -(results[i].weight_bytes or 0)),
+    return max(ok, key=lambda i: (results[i].accuracy or 0, -(results[i].size_bytes or 0)),
                default=None)

@@ -10,6 +10,7 @@ from typing import Any
 from studio.core.fsutil import atomic_write_json, atomic_write_text
 from studio.core.project import Project
 from studio.core.sweep import format_value
+from studio.services.sweeps import size_figure
 
 
 def fmt_bytes(v: float | None) -> str:
@@ -45,6 +46,9 @@ def point_rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
             "perplexity_increase": fig(p, "perplexity_increase"),
             "weight_bytes": fig(p, "weight_bytes"),
             "weight_source": (p.get("weight_bytes") or {}).get("source", ""),
+            "size_bytes": (size_figure(p) or {}).get("value"),
+            "size_source": (size_figure(p) or {}).get("source", ""),
+            "size_title": (size_figure(p) or {}).get("title", ""),
             "context_bytes": fig(p, "context_bytes"),
             "tokens_per_s": tps, "tokens_chip": chip,
             "front": i in front, "best": i == rec["best"],
@@ -53,13 +57,13 @@ def point_rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def scatter_svg(rec: dict[str, Any], width: int = 640, height: int = 360) -> str:
-    """Accuracy (y) against weight bytes (x), the Pareto front joined, the best ringed."""
+    """Accuracy (y) against deployed size (x), the Pareto front joined, the best ringed."""
     rows = [r for r in point_rows(rec) if r["accuracy"] is not None
-            and r["weight_bytes"] is not None]
+            and r["size_bytes"] is not None]
     if not rows:
         return "<p>No point has both an accuracy and a size yet.</p>"
     pad_l, pad_r, pad_t, pad_b = 70, 20, 20, 45
-    xs = [r["weight_bytes"] / 2**20 for r in rows]
+    xs = [r["size_bytes"] / 2**20 for r in rows]
     ys = [r["accuracy"] for r in rows]
     x0, x1 = min(xs), max(xs)
     y0, y1 = min(ys), max(ys)
@@ -91,18 +95,22 @@ def scatter_svg(rec: dict[str, Any], width: int = 640, height: int = 360) -> str
                    f'{yv:.5f}</text>')
     title = html.escape(rec.get("accuracy_title", "accuracy"))
     out.append(f'<text x="{(width + pad_l) / 2:.0f}" y="{height - 8}" text-anchor="middle">'
-               'weight MiB (estimated from the recipe) →</text>')
+               f'{html.escape(rows[0]["size_title"])} MiB ({rows[0]["size_source"]}) →</text>')
     out.append(f'<text x="14" y="{(height - pad_b) / 2:.0f}" text-anchor="middle" '
                f'transform="rotate(-90 14 {(height - pad_b) / 2:.0f})">{title} '
                '(simulated) →</text>')
-    front = sorted((r for r in rows if r["front"]), key=lambda r: r["weight_bytes"])
+    front = sorted((r for r in rows if r["front"]), key=lambda r: r["size_bytes"])
     if len(front) > 1:
-        pts = " ".join(f"{px(r['weight_bytes'] / 2**20):.1f},{py(r['accuracy']):.1f}"
+        pts = " ".join(f"{px(r['size_bytes'] / 2**20):.1f},{py(r['accuracy']):.1f}"
                        for r in front)
         out.append(f'<polyline points="{pts}" fill="none" stroke="#d9480f" '
                    'stroke-dasharray="4 3"/>')
+    labels: dict[tuple[int, int], list[str]] = {}  # points drawn on top of each other
     for r in rows:
-        x, y = px(r["weight_bytes"] / 2**20), py(r["accuracy"])
+        x, y = px(r["size_bytes"] / 2**20), py(r["accuracy"])
+        labels.setdefault((round(x / 8), round(y / 8)), []).append(r["label"])
+    for r in rows:
+        x, y = px(r["size_bytes"] / 2**20), py(r["accuracy"])
         color = "#d9480f" if r["front"] else "#868e96"
         fill = color if r["state"] == "succeeded" else "white"
         out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="5" fill="{fill}" stroke="{color}" '
@@ -110,7 +118,10 @@ def scatter_svg(rec: dict[str, Any], width: int = 640, height: int = 360) -> str
         if r["best"]:
             out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="10" fill="none" '
                        'stroke="#2b8a3e" stroke-width="2"/>')
-        out.append(f'<text x="{x + 8:.1f}" y="{y - 7:.1f}">{html.escape(r["label"])}</text>')
+        group = labels.pop((round(x / 8), round(y / 8)), None)
+        if group:
+            out.append(f'<text x="{x + 8:.1f}" y="{y - 7:.1f}">'
+                       f'{html.escape(", ".join(group))}</text>')
     out.append("</svg>")
     return "\n".join(out)
 
@@ -149,8 +160,9 @@ text-align:left}}th{{background:#f1f3f5}}small{{color:#666}}</style></head><body
 <h2>Accuracy against size</h2>
 <p>Filled: every gate passed; hollow: a gate failed. Joined: the Pareto front (no other point
 is both more accurate and smaller). Accuracy is measured on the HTP simulator (real HTP
-numerics); weight bytes are computed from the recipe; decode tok/s come from the
-performance model, not a device.</p>
+numerics); size is the compiled context binaries' bytes on the first target (measured file
+sizes); weight bytes are computed from the recipe; decode tok/s come from the performance
+model, not a device.</p>
 {scatter_svg(rec)}
 <h2>Points</h2>
 <table><tr><th>point</th><th>settings</th><th>state</th><th>{html.escape(rec['accuracy_title'])}

@@ -1,0 +1,200 @@
+"""``studio sweep``: the seed's 8-point grid on the sample, on the local pool (killed half-way
+and resumed) and on a local Ray cluster the test starts, with identical metrics; the
+Pareto front and the best point applied to the project; bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import SMALL, default_target, studio
+
+GRID = """
+[[sweeps]]
+name = "seed-grid"
+[sweeps.axes]
+"quantization.weight_granularity" = ["per_tensor", "per_channel"]
+"quantization.scheme" = ["W8A16", "W8A8"]
+"quantization.overrides" = [{}, {"lm_head" = "INT16", "*.self_attn.scores" = "INT16"}]
+"""
+
+
+def _project(folder: Path) -> Path:
+    text = SMALL.format(target=default_target()).replace(
+        "heldout_tokens = 96", "heldout_tokens = 32").replace("greedy_tokens = 8",
+                                                               "greedy_tokens = 2")
+    f = folder / "grid.qstudio"
+    f.write_text(text + GRID)
+    return f
+
+
+def _points(f: Path) -> list[dict]:
+    from studio.core.jobs import JobStore
+
+    db = f.with_suffix(".studio") / "runs.sqlite"
+    if not db.exists():
+        return []
+    store = JobStore(db)
+    try:
+        return store.points("seed-grid")
+    finally:
+        store.close()
+
+
+def _export_artifacts(f: Path) -> int:
+    objects = f.with_suffix(".studio") / "artifacts" / "objects"
+    return sum(1 for m in objects.glob("*/*/artifact.json")
+               if json.loads(m.read_text())["stage"] == "export")
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """The grid on 2 local workers, killed (SIGKILL to the whole process group) once 3
+    points finished, then run again to the end."""
+    f = _project(tmp_path_factory.mktemp("sweep"))
+    proc = subprocess.Popen([sys.executable, "-m", "studio.cli", "sweep", str(f), "--workers",
+                             "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True, text=True)
+    deadline = time.time() + 900
+    before: dict[str, int] = {}
+    while time.time() < deadline and proc.poll() is None:
+        done = [p for p in _points(f) if p["state"] in ("succeeded", "failed")]
+        if len(done) >= 3:
+            before = {p["point_id"]: p["run_id"] for p in done}
+            break
+        time.sleep(1)
+    assert proc.poll() is None, proc.stderr.read()[-3000:] if proc.stderr else ""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert 3 <= len(before) < 8
+    r = studio("sweep", f, "--workers", "2", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return f, before, json.loads(r.stdout), r.stderr
+
+
+def test_a_killed_sweep_resumes_without_recomputing_finished_points(resumed):
+    f, before, out, err = resumed
+    points = {p["id"]: p for p in out["run"]["points"]}
+    assert len(points) == 8
+    for pid, run_id in before.items():  # recorded before the kill: kept as they were
+        assert points[pid]["kept"] and points[pid]["run_id"] == run_id
+    assert all(p["state"] in ("succeeded", "failed") for p in points.values())
+    computed = out["run"]["jobs"]["by_stage"]
+    assert "export" not in computed  # the store served it
+    assert computed.get("quantize", 0) <= 8 - len(before)
+    assert "recorded earlier" in err
+    assert _export_artifacts(f) == 1
+
+
+def test_seed_grid_points_fronts_and_best(resumed):
+    f, _, out, _ = resumed
+    assert out["state"] == "finished with failures"  # W8A8 misses the top-1 gate here
+    rows = out["points"]
+    for p in rows:
+        assert p["accuracy"]["source"] == "simulated" and 0.99 < p["accuracy"]["value"] <= 1
+        assert p["weight_bytes"]["source"] == "estimated" and p["weight_bytes"]["value"] > 0
+        assert p["tokens_per_s"][default_target()]["source"] == "estimated"
+        assert p["context_bytes"]["source"] == "measured"
+        assert p["run_id"]
+        if p["state"] == "failed":
+            assert p["reason"].startswith("gate ")
+            assert p["settings"]["quantization.scheme"] == "W8A8"
+        # each point is a run of the history with its own settings
+        assert p["gates"]
+    assert out["pareto_front"]
+    best = rows[out["best"]]
+    assert best["state"] == "succeeded" and best["gates_passed"]
+    # every point is a run: compare two of them like any runs
+    a, b = rows[0]["run_id"], rows[-1]["run_id"]
+    r = studio("compare", f, a, b, "--json")
+    assert r.returncode == 0, r.stderr
+    changed = {c["key"] for c in json.loads(r.stdout)["settings"]}
+    assert {"quantization.scheme", "quantization.weight_granularity"} <= changed
+    report = Path(out["report"])
+    html = report.read_text()
+    assert "<svg" in html and "Pareto" in html and report.with_suffix(".json").is_file()
+
+
+def test_the_best_point_applied_to_the_project(resumed, tmp_path):
+    f, _, out, _ = resumed
+    g = tmp_path / "grid.qstudio"  # a copy: the other tests keep the original
+    shutil.copy(f, g)
+    shutil.copytree(f.with_suffix(".studio"), g.with_suffix(".studio"))
+    r = studio("sweep", g, "--show", "--apply", "best", "--json")
+    assert r.returncode == 0, r.stderr
+    shown = json.loads(r.stdout)
+    best = shown["points"][shown["best"]]
+    assert shown["applied"] == best["label"]
+    from studio.core import project as projectfile
+
+    p = projectfile.load(g)
+    assert p.quantization["scheme"] == best["settings"]["quantization.scheme"]
+    assert p.quantization["weight_granularity"] == best["settings"][
+        "quantization.weight_granularity"]
+    assert p.quantization["overrides"] == best["settings"]["quantization.overrides"]
+    assert [s["name"] for s in p.sweeps] == ["seed-grid"]  # the sweep stays declared
+    r = studio("sweep", g, "--show", "--apply", "p9")
+    assert r.returncode == 2 and "no point 'p9'" in r.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_grid_on_a_local_ray_cluster_gives_identical_metrics(resumed, tmp_path):
+    pytest.importorskip("ray")
+    f, _, local, _ = resumed
+    g = _project(tmp_path)  # a fresh store: every job runs again, as Ray tasks
+    port = _free_port()
+    ray_bin = Path(sys.executable).with_name("ray")
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    start = subprocess.run([str(ray_bin), "start", "--head", f"--port={port}",
+                            "--num-cpus=2", "--include-dashboard=false",
+                            "--node-ip-address=127.0.0.1", "--disable-usage-stats"],
+                           capture_output=True, text=True, timeout=180, env=env)
+    assert start.returncode == 0, start.stderr[-2000:]
+    try:
+        r = studio("sweep", g, "--executor", "ray", "--ray-address", f"127.0.0.1:{port}",
+                   "--json", env=env)
+    finally:
+        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["run"]["executor"].startswith("Ray (127.0.0.1:")
+    assert out["run"]["jobs"]["by_stage"]["export"] == 1 and _export_artifacts(g) == 1
+    assert out["run"]["jobs"]["by_stage"]["quantize"] == 8
+
+    def figures(rows):
+        return {p["id"]: (p["state"], p["accuracy"]["value"],
+                          sorted((m["name"], m["device"], m["value"]) for m in p["metrics"]))
+                for p in rows}
+
+    assert figures(out["points"]) == figures(local["points"])
+
+
+def test_bad_sweep_input_gets_one_line(tmp_path):
+    f = _project(tmp_path)
+    for args, words in (
+        (["--axis", "quantization.nope=1,2"], "is not a project setting"),
+        (["--name", "other"], "no sweep named 'other'"),
+        (["--executor", "dask"], "is not one of local, ray"),
+        (["--axis", "quantization.scheme"], "KEY=VALUE1,VALUE2"),
+        (["--show"], "has not run yet"),
+    ):
+        r = studio("sweep", f, *args)
+        assert r.returncode == 2, (args, r.stderr)
+        lines = [x for x in r.stderr.splitlines() if x.startswith("error")]
+        assert len(lines) == 1 and words in lines[0], (args, r.stderr)
+    assert not (f.with_suffix(".studio") / "artifacts" / "objects").exists() or not any(
+        (f.with_suffix(".studio") / "artifacts" / "objects").iterdir())
