@@ -26,7 +26,7 @@
     studio profile import PROFILE_FILE [--onnx MODEL] [--json]
     studio sweep FILE [--name N | --axis KEY=V1,V2 ...] [--executor local|ray] [--workers K]
                  [--ray-address ADDR] [--transfer auto|copy] [--stages S,..] [--best RULE]
-                 [--show] [--apply best|pN] [--json]
+                 [--search TRIALS [--minutes M]] [--show] [--apply best|pN] [--json]
 
 Exit codes: 0 success, 1 an accuracy gate failed, 2 bad input (one line on stderr),
 3 a stage crashed (a bug: its traceback is in the job log).
@@ -254,6 +254,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="comma-separated stages each point runs (default: up to validate)")
     sw.add_argument("--best", help="smallest | most-accurate | fastest (among points that "
                                    "pass every gate)")
+    sw.add_argument("--search", type=int, metavar="TRIALS",
+                    help="instead of the whole grid, a multi-objective search (optuna NSGA-II: "
+                         "accuracy up, size down) over its axes, at most TRIALS points")
+    sw.add_argument("--minutes", type=float, help="with --search: stop asking for trials "
+                                                  "after this many minutes")
     sw.add_argument("--show", action="store_true", help="print the recorded sweep, run nothing")
     sw.add_argument("--apply", metavar="POINT", help="write a point's settings into the project "
                                                    "file: best, or a label like p3")

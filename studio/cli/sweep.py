@@ -104,16 +104,29 @@ def sweep_command(args) -> int:
                                  args.workers, args.ray_address, args.transfer)
             runner.listeners.append(_progress(args.quiet))
             if not args.quiet:
-                print(f"QStudio sweep {spec.name}: {len(spec.expand())} points "
-                      f"({project.path})", file=sys.stderr)
-            summary = asyncio.run(runner.run())
+                what = (f"search of {args.search} trial(s) over {len(spec.expand())} grid points"
+                        if args.search else f"{len(spec.expand())} points")
+                print(f"QStudio sweep {spec.name}: {what} ({project.path})", file=sys.stderr)
+            if args.search:
+                from studio.services.sweeps import search
+
+                summary = asyncio.run(search(
+                    project, studio.jobs, studio.store, spec, args.search, args.minutes,
+                    args.executor, args.workers, args.ray_address, args.transfer,
+                    runner.listeners))
+                spec_name = summary.name
+            else:
+                summary = asyncio.run(runner.run())
+                spec_name = spec.name
             if not args.quiet:
                 d = summary.to_dict()
                 print(f"{summary.state} in {summary.seconds:.1f}s on {summary.executor}; "
                       f"{d['jobs']['computed']} job(s) computed "
                       f"({', '.join(f'{k} {v}' for k, v in d['jobs']['by_stage'].items())}), "
                       f"{d['jobs']['cached']} from the store", file=sys.stderr)
-        rec = recorded(project, studio.jobs, spec.name)
+        else:
+            spec_name = spec.name + ("-search" if args.search else "")
+        rec = recorded(project, studio.jobs, spec_name)
         if rec is None:
             raise StudioError(f"the sweep {spec.name!r} has not run yet: run it without --show")
         report = write_sweep_report(project, rec)

@@ -195,6 +195,7 @@ PLAN_KEYS: dict[str, str] = {
 # Keys of the project file that no stage reads yet, with why.
 UNREAD_KEYS: dict[str, str] = {
     "schema_version": "the file format's version",
+    "sweeps": "recipe sweeps: variants of the project, each planned like a run of its own",
 }
 
 

@@ -73,8 +73,13 @@ class _Collect:
         return None
 
 
+# the node's own temporary folder, read once: a task points TMPDIR at its scratch folder
+# while it runs (the stages' temporary files), and puts it back after
+_NODE_TMP = tempfile.gettempdir()
+
+
 def _node_cache() -> Path:
-    return Path(tempfile.gettempdir()) / "qstudio-ray-inputs"
+    return Path(_NODE_TMP) / "qstudio-ray-inputs"
 
 
 def run_task(spec: dict[str, Any], store_root: str, store_id: str, transfer: str,
@@ -88,7 +93,8 @@ def run_task(spec: dict[str, Any], store_root: str, store_id: str, transfer: str
     except OSError:
         shared = False
     spec = dict(spec)
-    scratch = Path(tempfile.mkdtemp(prefix="qstudio-task-"))
+    scratch = Path(tempfile.mkdtemp(prefix="qstudio-task-", dir=_NODE_TMP))
+    old_tmp = os.environ.get("TMPDIR")
     try:
         if not shared:
             import ray
@@ -128,6 +134,11 @@ def run_task(spec: dict[str, Any], store_root: str, store_id: str, transfer: str
     finally:
         import shutil
 
+        if old_tmp is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = old_tmp
+        tempfile.tempdir = None
         shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -206,7 +217,12 @@ class RayExecutor:
             raise
         except self.ray.exceptions.TaskCancelledError:
             return {"type": "died", "returncode": None, "message": "cancelled"}
-        except self.ray.exceptions.RayError as exc:
+        except self.ray.exceptions.RayTaskError as exc:  # the task itself raised
+            cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+            return {"type": "error", "kind": "bug", "job_id": spec["job_id"],
+                    "message": f"{type(cause).__name__}: {cause}",
+                    "traceback": str(exc)}
+        except self.ray.exceptions.RayError as exc:  # its worker or node died
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             return {"type": "died", "returncode": None,
                     "message": f"the Ray task was lost after {self.max_retries} retries "

@@ -702,3 +702,62 @@ def sweep_names(project: Project, jobs: JobStore) -> list[str]:
     names = [t["name"] for t in project.sweeps]
     return names + [s["name"] for s in jobs.sweeps() if s["name"] not in names]
 
+
+
+# ---- search beyond grids ------------------------------------------------------------------------
+async def search(project: Project, jobs: JobStore, store: ArtifactStore, spec: SweepSpec,
+                 trials: int, minutes: float | None = None, executor: str = "local",
+                 workers: int | None = None, ray_address: str | None = None,
+                 transfer: str = "auto", listeners: list[Listener] | None = None,
+                 seed: int = 0) -> SweepSummary:
+    """A multi-objective search (optuna, NSGA-II) over the axes of ``spec``: accuracy up,
+    size down. Trials are asked in batches of the executor's slots and run as points of the
+    sweep ``<name>-search`` through the same runner (a point the search proposes twice, or
+    one an earlier search ran, is served by the history and the store). Stops after
+    ``trials`` points or ``minutes``, whichever comes first."""
+    try:
+        import optuna
+    except ImportError:
+        raise StudioError("--search needs the optuna package: pip install 'qstudio[search]'"
+                          ) from None
+    if not spec.axes:
+        raise StudioError(f"sweep {spec.name!r} lists points: a search needs axes to choose "
+                          "from")
+    if trials < 1:
+        raise StudioError("--search needs at least 1 trial")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(directions=["maximize", "minimize"],
+                                sampler=optuna.samplers.NSGAIISampler(seed=seed))
+    t0 = time.time()
+    asked: list[dict[str, Any]] = []
+    summary: SweepSummary | None = None
+    batch_size = workers or 2
+    while len(asked) < trials and (minutes is None or time.time() - t0 < minutes * 60):
+        batch = []
+        for _ in range(min(batch_size, trials - len(asked))):
+            trial = study.ask()
+            settings = {key: vals[trial.suggest_categorical(key, list(range(len(vals))))]
+                        for key, vals in spec.axes}
+            batch.append((trial, settings))
+            asked.append(settings)
+        unique: list[dict[str, Any]] = []
+        for s in asked:
+            if s not in unique:
+                unique.append(s)
+        sub = SweepSpec(f"{spec.name}-search", points=tuple(unique), stages=spec.stages,
+                        best=spec.best, description=f"optuna NSGA-II search over {spec.name}")
+        runner = SweepRunner(project, jobs, store, sub, executor, workers, ray_address,
+                             transfer)
+        runner.listeners.extend(listeners or [])
+        summary = await runner.run()
+        batch_size = max(1, summary.workers or batch_size)
+        by_id = {p.point.id: point_result(p) for p in summary.points}
+        for trial, settings in batch:
+            r = by_id[Point(0, settings).id]
+            if r.accuracy is None or r.size_bytes is None:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            else:
+                study.tell(trial, [r.accuracy, r.size_bytes])
+    assert summary is not None
+    summary.seconds = time.time() - t0
+    return summary

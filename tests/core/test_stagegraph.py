@@ -29,10 +29,11 @@ VERSIONS = {"qstudio-code": "fixed", "onnxruntime": "1"}
 
 def _all_keys(project: pf.Project) -> list[str]:
     """Every key of the project file: top-level keys and section.key."""
-    keys = ["schema_version", "name", "targets"]
+    keys = ["schema_version", "name", "targets", "sweeps"]
     for section, values in pf._SECTIONS.items():
         keys += [f"{section}.{k}" for k in values]
-    assert set(project.to_dict()) <= {"schema_version", "name", "targets", *pf._SECTIONS}
+    assert set(project.to_dict()) <= {"schema_version", "name", "targets", "sweeps",
+                                      *pf._SECTIONS}
     return keys
 
 
@@ -77,6 +78,7 @@ def _changed(tmp: Path, key: str, kind: str = "causal-lm"):
         f.write_text(data_path("calibration").read_text() + "\n# more\n")
         return str(f)
     return {
+        "sweeps": [{"name": "other", "axes": {"quantization.scheme": ["W8A8"]}}],
         "name": "renamed",
         "targets": ["snapdragon-8-gen-3", "snapdragon-8-elite"],
         "export.prompt_length": 31,
