@@ -47,6 +47,7 @@ PAGES: dict[str, tuple[str, str]] = {
     "LLM": ("studio.ui.pages.llm", "LLMPage"),
     "Deploy": ("studio.ui.pages.deploy", "DeployPage"),
     "Placement": ("studio.ui.pages.placement", "PlacementPage"),
+    "Sweeps": ("studio.ui.pages.sweeps", "SweepsPage"),
     "Reports": ("studio.ui.pages.reports", "ReportsPage"),
 }
 PAGE_TIPS = {
@@ -60,6 +61,7 @@ PAGE_TIPS = {
     "LLM": "Generation speed and output",
     "Deploy": "Genie bundles, DLC files, context binaries",
     "Placement": "Encoders and ONNX graphs: NPU / CPU nodes, refusals, the way forward",
+    "Sweeps": "Recipe sweeps: every point, the Pareto front, apply the best",
     "Reports": "HTML and JSON reports",
 }
 
