@@ -85,6 +85,9 @@ class ProjectController(QObject):
         #: (qasync runs asyncio subprocesses fine; see the module docstring for why not)
         self.pipeline_on_ui_loop = pipeline_on_ui_loop
         self._pipeline = None
+        #: the name of the sweep the Sweeps page is running (None: none); the pipeline
+        #: does not start while a sweep runs
+        self.sweeping: str | None = None
         self._runner_loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
         self._active: dict[int, Job] = {}  # queued / running jobs of the current run
@@ -364,6 +367,9 @@ class ProjectController(QObject):
         studio = self._need()
         if self.running:
             raise StudioError("a pipeline run is going: wait for it or cancel it first")
+        if self.sweeping:
+            raise StudioError(f"the sweep {self.sweeping!r} is running: wait for it or cancel "
+                              "it on the Sweeps page first")
         self.plan(stages, targets, retry)  # unknown stage / target: a clear error now
         pipeline = Pipeline(studio.project.copy(), studio.jobs, studio.store)
         pipeline.listeners.append(self._bridge.event.emit)

@@ -47,6 +47,7 @@ PAGES: dict[str, tuple[str, str]] = {
     "LLM": ("studio.ui.pages.llm", "LLMPage"),
     "Deploy": ("studio.ui.pages.deploy", "DeployPage"),
     "Placement": ("studio.ui.pages.placement", "PlacementPage"),
+    "Sweeps": ("studio.ui.pages.sweeps", "SweepsPage"),
     "Reports": ("studio.ui.pages.reports", "ReportsPage"),
 }
 PAGE_TIPS = {
@@ -60,6 +61,7 @@ PAGE_TIPS = {
     "LLM": "Generation speed and output",
     "Deploy": "Genie bundles, DLC files, context binaries",
     "Placement": "Encoders and ONNX graphs: NPU / CPU nodes, refusals, the way forward",
+    "Sweeps": "Recipe sweeps: every point, the Pareto front, apply the best",
     "Reports": "HTML and JSON reports",
 }
 
@@ -344,6 +346,9 @@ class MainWindow(QMainWindow):
             activated = getattr(page, "layerActivated", None)  # the layer diff's rows / points
             if activated is not None:
                 activated.connect(self.show_layer)
+            run = getattr(page, "runActivated", None)  # a sweep point's run
+            if run is not None:
+                run.connect(self.show_run)
             page.start()
             self.pages[title] = page
             self.stack.addWidget(page)
@@ -364,6 +369,27 @@ class MainWindow(QMainWindow):
         select = getattr(page, "select_layer", None)
         if callable(select):
             select(name)
+        return page
+
+    def show_run(self, run_id: int) -> QWidget:
+        """Show a run of the history: on the Validation page when it has validation results,
+        else its first failed (or first) job on the Jobs page."""
+        studio = self.ctl.studio
+        if studio is None:
+            return self.welcome
+        page = self.show_page("Validation")
+        try:
+            page.pick_run(run_id)
+            return page
+        except StudioError:
+            pass
+        jobs = studio.jobs.jobs(run_id=run_id)
+        job = next((j for j in jobs if j.state == "failed"), jobs[0] if jobs else None)
+        page = self.show_page("Jobs")
+        if job is not None:
+            self.show_job_log(job.id)
+            self.notify(f"Run {run_id} has no validation results: its jobs are on the Jobs "
+                        "page.", "info", timeout_ms=10000)
         return page
 
     def current_page(self) -> str:
@@ -430,7 +456,7 @@ class MainWindow(QMainWindow):
         """Close the open project after asking about unsaved edits; False when the user cancels."""
         if self.ctl.studio is None:
             return True
-        if self.ctl.running and not self.confirm_cancel_run():
+        if (self.ctl.running or self.ctl.sweeping) and not self.confirm_cancel_run():
             return False
         unsaved = "keep"
         if self.ctl.dirty:
@@ -469,6 +495,8 @@ class MainWindow(QMainWindow):
         answer = QMessageBox.question(
             self,
             "A run is going",
+            f"The sweep {self.ctl.sweeping!r} is running. Cancel it and close? (Finished "
+            "points stay recorded.)" if self.ctl.sweeping else
             "The pipeline is running. Cancel its jobs and close?",
             QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
         )

@@ -1,0 +1,975 @@
+"""Sweeps: a project's recipe sweeps — run one (every point through the pipeline on the local
+process pool), watch its points live, compare them (accuracy against weight bytes, the Pareto
+front, the best point by the sweep's rule, every figure with its source), open a point's run
+and apply a point's settings to the project as one undoable step.
+
+The sweep runs like the controller runs the pipeline: ``SweepRunner.run`` on its own asyncio
+loop in a worker thread (it hashes inputs and verifies artifacts between its awaits), its
+events copied in that thread and carried to the widgets by a queued Qt signal; ``cancel``
+is called on the runner's loop. The UI thread never waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import os
+import threading
+import time
+import traceback
+from typing import Any
+
+from PySide6.QtCore import QCoreApplication, QEvent, QEventLoop, QObject, Qt, QTimer, Signal
+from PySide6.QtGui import QBrush, QColor, QFont
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QPushButton,
+    QSpinBox,
+    QSplitter,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from studio.core.errors import StudioError
+from studio.core.sweep import BEST_RULES, Point, best_point, pareto_front
+from studio.services.sweep_report import fmt_bytes, point_rows
+from studio.ui.pages.base import Page
+from studio.ui.widgets import EmptyState, SourceBadge, label, read_only_table, theme_plot
+
+FRONT_COLOR = "#d9480f"  # the Pareto front (as in the sweep's HTML report)
+OTHER_COLOR = "#868e96"
+BEST_COLOR = "#2b8a3e"
+STATE_COLORS = {"succeeded": "#1b7f3b", "failed": "#c62828", "invalid": "#c62828",
+                "cancelled": "#5b6570", "running": "#2f5da8"}
+SOURCES_TEXT = (
+    "Where the figures come from: accuracy is measured on the HTP simulator — real HTP "
+    "numerics, not a device; weights are computed from the recipe (parameters × bytes per "
+    "parameter); decode tok/s come from the performance model for the chip, not a device.")
+EXAMPLE = """[[sweeps]]
+name = "schemes"
+best = "smallest"        # smallest | most-accurate | fastest
+[sweeps.axes]
+"quantization.scheme" = ["W8A16", "W8A8"]"""
+COLUMNS = ["point", "settings", "state", "accuracy", "perplexity change", "weights",
+           "decode tok/s", "front / best", "run", "reason"]
+COL = {name: i for i, name in enumerate(COLUMNS)}
+
+
+class SweepThread(QObject):
+    """One sweep on its own asyncio loop in a worker thread. ``event`` carries copies of the
+    runner's events (dicts, made in the worker thread) and, last, ``{"kind": "done",
+    "summary": dict}`` or ``{"kind": "done", "error": exception}``; it is queued to the
+    thread the object lives in (the UI's)."""
+
+    event = Signal(object)
+
+    def __init__(self, runner, parent: QObject | None = None):
+        super().__init__(parent)
+        self.runner = runner
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._cancel_asked = False
+        self.thread = threading.Thread(target=self._work, name="qstudio-sweep", daemon=True)
+        runner.listeners.append(self._copy)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    @property
+    def cancel_asked(self) -> bool:
+        return self._cancel_asked
+
+    def _copy(self, ev: dict[str, Any]) -> None:
+        """In the runner's thread: the objects go on changing there, so the UI gets copies."""
+        kind = ev.get("kind")
+        if kind == "point":
+            out: dict[str, Any] = {"kind": "point", "point": ev["point"].to_dict()}
+        elif kind == "job":
+            j = ev["job"]
+            out = {"kind": "job", "job": {**j.to_dict(), "label": j.label,
+                                          "progress": j.progress}}
+        else:
+            out = {"kind": "sweep", "state": ev.get("state"), "points": ev.get("points"),
+                   "jobs": len(self.runner.unique)}
+        self.event.emit(out)
+
+    def _work(self) -> None:
+        try:
+            with asyncio.Runner() as r:
+                self._loop = r.get_loop()
+                if self._cancel_asked:  # Cancel came before the loop existed
+                    self.runner.cancel()
+                summary = r.run(self.runner.run())
+        except BaseException as exc:  # noqa: BLE001 - handed to the UI thread
+            self._loop = None
+            self.event.emit({"kind": "done", "error": exc})
+        else:
+            self._loop = None
+            self.event.emit({"kind": "done", "summary": summary.to_dict()})
+
+    def cancel(self) -> None:
+        """Stop the sweep: ``runner.cancel`` runs on the runner's loop."""
+        self._cancel_asked = True
+        loop = self._loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self.runner.cancel)
+            except RuntimeError:  # the loop just closed: the sweep is over
+                pass
+
+    def wait(self, timeout_s: float) -> bool:
+        """Keep the UI's events going until the thread ends; True if it did."""
+        deadline = time.monotonic() + timeout_s
+        while self.thread.is_alive() and time.monotonic() < deadline:
+            QCoreApplication.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
+            self.thread.join(0.02)
+        QCoreApplication.processEvents()  # the last queued events (done)
+        return not self.thread.is_alive()
+
+
+def _point_of(p: dict[str, Any]):
+    """A PointRun rebuilt from a point's dict (what ``point_result`` reads)."""
+    from studio.services.sweeps import PointRun
+
+    return PointRun(Point(p["index"], p["settings"]), state=p["state"], reason=p["reason"],
+                    run_id=p.get("run_id"), figures=p)
+
+
+class SweepsPage(Page):
+    title = "Sweeps"
+    subtitle = ("Variants of the recipe run side by side: every point's accuracy, size and "
+                "speed with their sources, the Pareto front, the best point — and apply it.")
+    #: open a run of the history (the window shows it on the Validation page)
+    runActivated = Signal(int)
+
+    def __init__(self, ctl, parent=None):
+        super().__init__(ctl, parent)
+        import pyqtgraph as pg
+
+        self.pg = pg
+        self.rec: dict[str, Any] | None = None  # what the table and the plot show
+        self.rows: list[dict[str, Any]] = []
+        self.sweep: SweepThread | None = None
+        self._sweep_name = ""
+        self._live: dict[int, dict[str, Any]] = {}  # point index -> its latest dict
+        self._jobs: dict[str, dict[str, Any]] = {}  # artifact key -> the job's latest dict
+        self._jobs_total = 0
+        self._started = 0.0
+        self._spec = None
+        self._selected: str | None = None  # the selected point's label
+        self._selecting = False
+        self._redraw = QTimer(self)
+        self._redraw.setSingleShot(True)
+        self._redraw.setInterval(200)
+        self._points_changed = False
+        self._redraw.timeout.connect(self._show_live)
+
+        lay = QVBoxLayout(self.body)
+        lay.setContentsMargins(0, 6, 0, 0)
+        self.empty = EmptyState("No sweeps in this project", "")
+        self.empty.add_action("Copy the example", self._copy_example,
+                              "Copy the [[sweeps]] table above, to paste into the project file")
+        lay.addWidget(self.empty)
+        self.content = QWidget()
+        cl = QVBoxLayout(self.content)
+        cl.setContentsMargins(0, 0, 0, 0)
+        lay.addWidget(self.content, 1)
+
+        bar = QHBoxLayout()
+        bar.addWidget(label("Sweep:"))
+        self.combo = QComboBox()
+        self.combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.combo.currentIndexChanged.connect(lambda *_: self.refresh())
+        bar.addWidget(self.combo)
+        bar.addSpacing(12)
+        bar.addWidget(label("Workers:"))
+        self.workers = QSpinBox()
+        self.workers.setToolTip("Stage jobs run at once on this machine's process pool")
+        bar.addWidget(self.workers)
+        self.run_button = QPushButton("Run sweep")
+        self.run_button.setToolTip("Run every point through the pipeline (points that share "
+                                   "a stage share its job; finished jobs come from the store)")
+        self.run_button.clicked.connect(self.run_sweep)
+        bar.addWidget(self.run_button)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setToolTip("Stop the sweep: running jobs are stopped, finished "
+                                      "points stay recorded")
+        self.cancel_button.clicked.connect(self.cancel_sweep)
+        bar.addWidget(self.cancel_button)
+        self.status = label("", "muted")
+        bar.addWidget(self.status, 1)
+        cl.addLayout(bar)
+        self.spec_line = label("", "muted", wrap=True)
+        cl.addWidget(self.spec_line)
+        self.note = label("", "muted", wrap=True)
+        self.note.hide()
+        cl.addWidget(self.note)
+        self.best_line = label("", wrap=True, selectable=True)
+        self.best_line.setTextFormat(Qt.TextFormat.RichText)
+        cl.addWidget(self.best_line)
+
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.setChildrenCollapsible(False)
+        pbox = QWidget()
+        pl = QVBoxLayout(pbox)
+        pl.setContentsMargins(0, 4, 0, 0)
+        pl.setSpacing(2)
+        self.legend = label("", wrap=True)
+        self.legend.setTextFormat(Qt.TextFormat.RichText)
+        self.legend.setText(
+            f'<span style="color:{FRONT_COLOR}">●</span> every gate passed &nbsp; '
+            f'<span style="color:{FRONT_COLOR}">○</span> a gate failed &nbsp; '
+            f'<span style="color:{FRONT_COLOR}">orange, joined</span>: the Pareto front '
+            f'&nbsp; <span style="color:{OTHER_COLOR}">grey</span>: off the front &nbsp; '
+            f'<span style="color:{BEST_COLOR}">◎</span> the best point &nbsp; · &nbsp;click a '
+            "point to select it")
+        self.legend.setToolTip("The Pareto front: the points no other point beats on both "
+                               "accuracy and size. The best point follows the sweep's rule, "
+                               "among the points that pass every gate.")
+        pl.addWidget(self.legend)
+        self.plot = pg.PlotWidget()
+        self.plot.setMenuEnabled(False)
+        self.plot.showGrid(x=True, y=True, alpha=0.25)
+        self.plot.getPlotItem().hideButtons()
+        self.plot.setMinimumHeight(200)
+        for axis in ("left", "bottom"):
+            self.plot.getAxis(axis).enableAutoSIPrefix(False)
+        self.scatter = pg.ScatterPlotItem(hoverable=True, tip=self._tip)
+        self.scatter.sigClicked.connect(self._plot_clicked)
+        self.plot_note = pg.TextItem("", anchor=(0.5, 0.5))
+        pl.addWidget(self.plot, 1)
+        split.addWidget(pbox)
+
+        tbox = QWidget()
+        tl = QVBoxLayout(tbox)
+        tl.setContentsMargins(0, 4, 0, 0)
+        self.table = read_only_table(COLUMNS)
+        hh = self.table.horizontalHeader()
+        hh.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)  # sized in _fill_table
+        hh.setStretchLastSection(True)  # the reason takes the rest, wrapped
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setWordWrap(True)  # a long reason wraps in its row
+        self.table.itemSelectionChanged.connect(self._row_selected)
+        self.table.itemDoubleClicked.connect(lambda *_: self.open_run())
+        tl.addWidget(self.table, 1)
+        actions = QHBoxLayout()
+        self.selection = label("", "muted", wrap=True)
+        actions.addWidget(self.selection, 1)
+        self.open_button = QPushButton("Open run")
+        self.open_button.setToolTip("Show the selected point's run (its validation against "
+                                    "FP32) on the Validation page")
+        self.open_button.clicked.connect(self.open_run)
+        actions.addWidget(self.open_button)
+        self.apply_button = QPushButton("Apply to project")
+        self.apply_button.clicked.connect(self.apply_selected)
+        actions.addWidget(self.apply_button)
+        self.report_button = QPushButton("Write report")
+        self.report_button.setToolTip("Write the sweep's HTML and JSON report into the "
+                                      "project's reports/ folder")
+        self.report_button.clicked.connect(self.write_report)
+        actions.addWidget(self.report_button)
+        tl.addLayout(actions)
+        split.addWidget(tbox)
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 1)
+        split.setSizes([10_000, 8_000])
+        cl.addWidget(split, 1)
+
+        sources = QHBoxLayout()
+        sources.addWidget(SourceBadge("simulated", "accuracy: the HTP simulator"))
+        sources.addWidget(SourceBadge("estimated", "weights from the recipe; tok/s from the "
+                                                   "performance model"))
+        self.sources = label(SOURCES_TEXT, "muted", wrap=True)
+        sources.addWidget(self.sources, 1)
+        cl.addLayout(sources)
+
+        self._apply_theme()
+        self.content.hide()
+        ctl.running_changed.connect(self._pipeline_running)
+        ctl.closing.connect(self._closing)
+        self._update_buttons()
+
+    # ---- theme ------------------------------------------------------------------------------
+    def changeEvent(self, event) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange and hasattr(self, "plot"):
+            self._apply_theme()
+
+    def _apply_theme(self) -> None:
+        theme_plot(self.plot, self.palette())
+        if self.rec is not None:  # the labels and the selection ring take the new colours
+            self._draw_plot()
+            self._select(self._selected)
+
+    # ---- state ------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self.sweep is not None
+
+    def current_name(self) -> str | None:
+        return self.combo.currentData()
+
+    def _declared(self, name: str | None) -> bool:
+        p = self.ctl.project
+        return p is not None and any(t["name"] == name for t in p.sweeps)
+
+    def on_open(self) -> None:
+        from studio.services.workers import local_workers
+
+        n, why = local_workers(None)
+        self.workers.setRange(1, max(n, os.cpu_count() or 1))
+        self.workers.setValue(n)
+        self.workers.setToolTip(f"Stage jobs run at once on this machine's process pool "
+                                f"(default {why})")
+        self._selected = None
+        self.fill_combo()
+
+    def on_show(self) -> None:
+        if not self.running:
+            self.fill_combo()
+
+    def on_close(self) -> None:
+        self.rec, self.rows = None, []
+        self.table.setRowCount(0)
+
+    def on_change(self, change) -> None:
+        self._show_selection()  # "the project's settings now" follows the edits
+
+    def _pipeline_running(self, running: bool) -> None:
+        if running or self.running:
+            self._update_buttons()
+        else:
+            self.refresh()  # the status line loses its "the pipeline is running"
+
+    def _closing(self) -> None:
+        """The session closes: a running sweep is cancelled and waited for (it records its
+        cancelled points in the history, which closes next)."""
+        if self.sweep is not None:
+            self.sweep.cancel()
+            self.sweep.wait(60.0)
+
+    # ---- the sweeps -------------------------------------------------------------------------
+    def fill_combo(self) -> None:
+        """The project's sweeps: declared ones first, then recorded ones."""
+        from studio.services.sweeps import sweep_names
+
+        studio = self.ctl.studio
+        if studio is None:
+            return
+        names = sweep_names(studio.project, studio.jobs)
+        current = self.current_name()
+        self.combo.blockSignals(True)
+        self.combo.clear()
+        for n in names:
+            self.combo.addItem(n, n)
+            self.combo.setItemData(
+                self.combo.count() - 1,
+                "declared in the project file" if self._declared(n)
+                else "recorded; the project file no longer declares it",
+                Qt.ItemDataRole.ToolTipRole)
+        self.combo.setCurrentIndex(max(0, self.combo.findData(current)))
+        self.combo.blockSignals(False)
+        if not names:
+            self._show_empty()
+            return
+        self.empty.hide()
+        self.content.show()
+        self.refresh()
+
+    def _show_empty(self) -> None:
+        path = self.ctl.project.path
+        self.empty.set_text(
+            "No sweeps in this project",
+            "A sweep runs variants of the recipe through the pipeline and compares them: "
+            "accuracy against size, the Pareto front, the best point to apply. Declare one "
+            f"in <b>{html.escape(path.name)}</b> — a <code>[[sweeps]]</code> table whose axes "
+            "name project settings:"
+            f'<pre style="text-align:left">{html.escape(EXAMPLE)}</pre>'
+            "QStudio notices the change and offers to reload the file. Or run one from a "
+            "terminal; it shows here once recorded:"
+            f"<pre>studio sweep {html.escape(path.name)} --axis "
+            "quantization.scheme=W8A16,W8A8</pre>")
+        self.content.hide()
+        self.empty.show()
+        self.rec, self.rows = None, []
+        self._update_buttons()
+
+    def _copy_example(self) -> None:
+        from PySide6.QtWidgets import QApplication
+
+        QApplication.clipboard().setText(EXAMPLE + "\n")
+        self.ctl.message.emit("info", "Copied a [[sweeps]] table: paste it at the end of the "
+                                      "project file")
+
+    def refresh(self) -> None:
+        """Show the picked sweep as the history records it (or its points, not run yet)."""
+        from studio.services.sweeps import find_spec, recorded
+
+        studio = self.ctl.studio
+        name = self.current_name()
+        if studio is None or name is None or self.running:
+            return
+        self._spec = None
+        self.note.hide()
+        if self._declared(name):
+            try:
+                self._spec = find_spec(studio.project, name)
+            except StudioError as exc:
+                self._set_note(exc.message)
+        else:
+            self._set_note(f"The project file no longer declares {name!r}: its record is "
+                           "shown; declare it again to run it.")
+        try:
+            rec = recorded(studio.project, studio.jobs, name)
+        except StudioError as exc:
+            rec = None
+            self._set_note(exc.message)
+        if rec is None and self._spec is not None:
+            rec = self._not_run(self._spec)
+        self._describe_spec()
+        if rec is not None:
+            if rec["state"] == "not run":
+                self.status.setText("Not run yet")
+            else:
+                when = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec["updated"]))
+                self.status.setText(f"{rec['state']} · {when} · {rec['executor']} executor")
+            self.show_rec(rec)
+        self._update_buttons()
+
+    def _set_note(self, text: str) -> None:
+        self.note.setText(text)
+        self.note.setVisible(bool(text))
+
+    def _not_run(self, spec) -> dict[str, Any]:
+        from studio.services.sweeps import ACCURACY
+
+        kind = self.ctl.project.model["kind"]
+        return {"name": spec.name, "state": "not run", "executor": "", "updated": 0,
+                "points": [{"label": p.label, "index": p.index, "settings": dict(p.settings),
+                            "state": "not run", "reason": "", "run_id": None}
+                           for p in spec.expand()],
+                "pareto_front": [], "best": None, "best_rule": spec.best,
+                "accuracy_title": ACCURACY[kind][1]}
+
+    def _describe_spec(self) -> None:
+        from studio.core.sweep import format_value
+        from studio.services.sweeps import sweep_stages
+
+        spec = self._spec
+        if spec is None:
+            self.spec_line.setText("")
+            return
+        n = len(spec.expand())
+        if spec.points:
+            what = f"{n} listed point(s)"
+        else:
+            what = (f"{n} point(s): a grid of " + " × ".join(
+                f"{k} ({', '.join(format_value(v) for v in vals)})" for k, vals in spec.axes))
+        stages = " → ".join(sweep_stages(spec, self.ctl.project.model["kind"]))
+        desc = f" — {spec.description}" if spec.description else ""
+        self.spec_line.setText(f"{what} · stages {stages} · best: {spec.best} "
+                               f"({BEST_RULES[spec.best]}){desc}")
+
+    # ---- running ----------------------------------------------------------------------------
+    def run_sweep(self) -> bool:
+        """Start the picked sweep on the local process pool; False (and why) when it cannot."""
+        from studio.services.sweeps import SweepRunner, find_spec
+
+        studio = self.ctl.studio
+        name = self.current_name()
+        if studio is None or name is None or self.running:
+            return False
+        if self.ctl.running:
+            self.ctl.message.emit("error", "The pipeline is running: start the sweep when it "
+                                           "ends (or cancel the run).")
+            return False
+        try:
+            spec = find_spec(studio.project, name)
+            runner = SweepRunner(studio.project.copy(), studio.jobs, studio.store, spec,
+                                 "local", self.workers.value())
+        except StudioError as exc:
+            self.ctl.message.emit("error", exc.message)
+            return False
+        self._spec = spec
+        self._sweep_name = name
+        self._live = {}
+        self._jobs = {}
+        self._jobs_total = 0
+        self._started = time.monotonic()
+        self.sweep = SweepThread(runner, self)
+        self.sweep.event.connect(self._on_event)
+        self.ctl.sweeping = name
+        self.status.setText("Planning the points (hashing the inputs)…")
+        self._update_buttons()
+        self.sweep.start()
+        return True
+
+    def cancel_sweep(self) -> None:
+        if self.sweep is not None:
+            self.sweep.cancel()
+            self.status.setText("Cancelling: stopping the running jobs…")
+            self.cancel_button.setEnabled(False)
+
+    def _on_event(self, ev: dict[str, Any]) -> None:
+        kind = ev["kind"]
+        if kind == "point":
+            p = ev["point"]
+            self._live[p["index"]] = p
+            self._points_changed = True
+            self._redraw.start()
+        elif kind == "job":
+            j = ev["job"]
+            self._jobs[j["key"]] = j
+            self._redraw.start()
+        elif kind == "sweep":
+            if ev.get("state") == "running":
+                self._jobs_total = int(ev.get("jobs") or 0)
+            self._redraw.start()
+        elif kind == "done":
+            self._finished(ev)
+
+    def _live_rec(self) -> dict[str, Any]:
+        from studio.services.sweeps import ACCURACY, point_result
+
+        pts = [self._live[i] for i in sorted(self._live)]
+        results = [point_result(_point_of(p)) for p in pts]
+        rule = self._spec.best if self._spec is not None else "smallest"
+        return {"name": self._sweep_name, "state": "running", "executor": "local",
+                "updated": time.time(), "points": pts, "pareto_front": pareto_front(results),
+                "best": best_point(results, rule), "best_rule": rule,
+                "accuracy_title": ACCURACY[self.ctl.project.model["kind"]][1]}
+
+    def _show_live(self) -> None:
+        if self.sweep is None or self.ctl.studio is None:
+            return
+        jobs = list(self._jobs.values())
+        done = [j for j in jobs if j["state"] in ("succeeded", "failed", "cancelled")]
+        cached = sum(1 for j in done if j["cached"])
+        running = [j for j in jobs if j["state"] == "running"]
+        took = time.monotonic() - self._started
+        text = f"Running · {took:.0f} s"
+        if self._jobs_total:
+            text += f" · {len(done)} of {self._jobs_total} jobs done"
+            if cached:
+                text += f" ({cached} from the store)"
+        if running:
+            labels = {p["id"]: p["label"] for p in self._live.values()}
+            text += " · now " + ", ".join(
+                f"{j['label']} for {', '.join(labels.get(i, '?') for i in j['points'])} "
+                f"{j['progress']:.0%}" for j in running)
+        if self.sweep.cancel_asked:
+            text = "Cancelling · " + text
+        self.status.setText(text)
+        if self._points_changed and self._live:
+            self._points_changed = False
+            self.show_rec(self._live_rec())
+        elif self.rec is not None:
+            self._fill_table()  # the running jobs' progress in the state column
+            self._select(self._selected)
+
+    def _finished(self, ev: dict[str, Any]) -> None:
+        self._redraw.stop()
+        self.sweep = None
+        self.ctl.sweeping = None
+        err = ev.get("error")
+        if isinstance(err, StudioError):
+            self.ctl.message.emit("error", f"The sweep {self._sweep_name!r} stopped: "
+                                           f"{err.message}")
+        elif err is not None:
+            self.ctl.message.emit("error", f"The sweep {self._sweep_name!r} stopped with an "
+                                           f"unexpected error: {err!r}")
+            traceback.print_exception(err)
+        if self.ctl.studio is None:
+            return
+        self.refresh()
+        s = ev.get("summary")
+        if s is not None:
+            best = f"; best {s['best']}" if s.get("best") else ""
+            self.ctl.message.emit("info", f"Sweep {s['sweep']}: {s['state']} in "
+                                          f"{s['seconds']:.0f} s{best}")
+
+    # ---- drawing ----------------------------------------------------------------------------
+    def show_rec(self, rec: dict[str, Any]) -> None:
+        """Draw a sweep (recorded, or live while it runs): the table, the plot, the best."""
+        self.rec = rec
+        self.rows = point_rows(rec)
+        for r, p in zip(self.rows, rec["points"], strict=True):
+            r["point"] = p
+        if self._selected is None or not any(r["label"] == self._selected for r in self.rows):
+            best = next((r for r in self.rows if r["best"]), None)
+            self._selected = best["label"] if best else None
+        self._fill_table()
+        self._draw_plot()
+        self._show_best()
+        self._select(self._selected)
+
+    def _sources_of(self, key: str, default: str) -> str:
+        found = sorted({r[key] for r in self.rows if r.get(key)})
+        return " / ".join(found) or default
+
+    def _acc_source(self) -> str:
+        return self._sources_of("accuracy_source", "simulated")
+
+    def _weight_source(self) -> str:
+        default = "estimated" if self.ctl.project is None or \
+            self.ctl.project.model["kind"] == "causal-lm" else "measured"
+        return self._sources_of("weight_source", default)
+
+    def _fill_table(self) -> None:
+        rec = self.rec
+        assert rec is not None
+        chips = sorted({r["tokens_chip"] for r in self.rows if r["tokens_chip"]})
+        chip = ", ".join(chips) or (self.ctl.project.targets[0] if self.ctl.project else "")
+        wsrc = self._weight_source()
+        heads = {
+            "accuracy": (f"{rec['accuracy_title']}\n({self._acc_source()})",
+                         f"{self._acc_source()}: measured on the HTP simulator — real HTP "
+                         "numerics, not a device"),
+            "perplexity change": ("perplexity change\n(simulated)",
+                                  "the quantized model's perplexity on the HTP simulator "
+                                  "against FP32's, on the held-out text"),
+            "weights": (f"weights\n({wsrc})",
+                        "estimated: parameters × bytes per parameter of the recipe"
+                        if wsrc == "estimated" else
+                        f"{wsrc}: the compiled context binaries' file sizes"),
+            "decode tok/s": (f"decode tok/s (estimated)\n{chip}",
+                             f"estimated by the performance model for {chip}, not a device"),
+        }
+        for c, name in enumerate(COLUMNS):
+            text, tip = heads.get(name, (name, ""))
+            item = QTableWidgetItem(text)
+            item.setToolTip(tip)
+            self.table.setHorizontalHeaderItem(c, item)
+        running_jobs: dict[str, list[dict[str, Any]]] = {}
+        if self.running:
+            for j in self._jobs.values():
+                if j["state"] == "running":
+                    for pid in j["points"]:
+                        running_jobs.setdefault(pid, []).append(j)
+        bold = QFont()
+        bold.setBold(True)
+        self.table.setRowCount(len(self.rows))
+        for i, r in enumerate(self.rows):
+            p = r["point"]
+            state = r["state"]
+            if p.get("kept"):
+                state += " (recorded earlier)"
+            now = running_jobs.get(p.get("id", ""), [])
+            if now:
+                state += " · " + ", ".join(f"{j['stage']} {j['progress']:.0%}" for j in now)
+            acc = f"{r['accuracy']:.6f}" if r["accuracy"] is not None else "—"
+            ppl = (f"{r['perplexity_increase']:+.2%}" if r["perplexity_increase"] is not None
+                   else "—")
+            tps = f"{r['tokens_per_s']:.1f}" if r["tokens_per_s"] is not None else "—"
+            marks = []
+            if r["best"]:
+                marks.append("★ best")
+            if r["front"]:
+                marks.append("front")
+            cells = [r["label"], r["settings"], state, acc, ppl, fmt_bytes(r["weight_bytes"]),
+                     tps, " · ".join(marks), str(r["run_id"] or ""), r["reason"]]
+            tips = self._tips(r)
+            for j, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                item.setToolTip(tips.get(COLUMNS[j], text))
+                if j == COL["state"] and r["state"] in STATE_COLORS:
+                    item.setForeground(QBrush(QColor(STATE_COLORS[r["state"]])))
+                if r["best"]:
+                    item.setFont(bold)
+                if j in (COL["accuracy"], COL["perplexity change"], COL["weights"],
+                         COL["decode tok/s"], COL["run"]):
+                    item.setTextAlignment(Qt.AlignmentFlag.AlignRight
+                                          | Qt.AlignmentFlag.AlignVCenter)
+                self.table.setItem(i, j, item)
+        for c in range(len(COLUMNS) - 1):
+            self.table.resizeColumnToContents(c)
+        if self.table.columnWidth(COL["settings"]) > 320:  # many axes: wrap the settings
+            self.table.setColumnWidth(COL["settings"], 320)
+        self.table.resizeRowsToContents()
+
+    def _tips(self, r: dict[str, Any]) -> dict[str, str]:
+        p = r["point"]
+        gates = p.get("gates") or []
+        gate_text = "\n".join(
+            f"{'✓' if g['passed'] else '✗'} {g['gate']} [{g.get('target', '')}]: "
+            f"{g['value']:.4f} against {g['threshold']}" for g in gates)
+        acc = p.get("accuracy") or {}
+        w = p.get("weight_bytes") or {}
+        speed = next(iter((p.get("tokens_per_s") or {}).values()), {})
+        tips = {"state": gate_text or r["state"],
+                "reason": r["reason"] or gate_text or "",
+                "accuracy": (f"{acc.get('source', '')} on {acc.get('target', '')}"
+                             if acc else "not measured"),
+                "weights": w.get("detail", "") if w else "",
+                "decode tok/s": speed.get("detail", "") if speed else "",
+                "run": "Open run shows it on the Validation page" if r["run_id"] else ""}
+        if r.get("context_bytes"):
+            tips["weights"] += (f"\ncompiled context binaries: {fmt_bytes(r['context_bytes'])} "
+                                "(measured, file sizes)")
+        return tips
+
+    def _plotted(self) -> list[int]:
+        return [i for i, r in enumerate(self.rows)
+                if r["accuracy"] is not None and r["weight_bytes"] is not None]
+
+    def _draw_plot(self) -> None:
+        pg = self.pg
+        rec = self.rec
+        assert rec is not None
+        plot = self.plot
+        plot.clear()
+        self.scatter.clear()
+        self._labels: list[Any] = []
+        self.plot.setLabel("left", f"{rec['accuracy_title']} ({self._acc_source()}) →")
+        wsrc = self._weight_source()
+        self.plot.setLabel("bottom", "weights, MiB (" + (
+            "estimated from the recipe" if wsrc == "estimated" else
+            f"{wsrc}: compiled context binaries") + ") →")
+        idx = self._plotted()
+        if not idx:
+            plot.addItem(self.plot_note)
+            self.plot_note.setText("No point has both an accuracy and a size yet"
+                                   + (": they appear as points finish" if self.running else ""))
+            self.plot_note.setColor(self.palette().text().color())
+            plot.setXRange(0, 1, padding=0)
+            plot.setYRange(0, 1, padding=0)
+            self.plot_note.setPos(0.5, 0.5)
+            return
+        xs = {i: self.rows[i]["weight_bytes"] / 2**20 for i in idx}
+        ys = {i: self.rows[i]["accuracy"] for i in idx}
+        front = sorted((i for i in idx if self.rows[i]["front"]), key=lambda i: xs[i])
+        if len(front) > 1:
+            plot.addItem(pg.PlotDataItem(
+                [xs[i] for i in front], [ys[i] for i in front],
+                pen=pg.mkPen(FRONT_COLOR, width=1.5, style=Qt.PenStyle.DashLine)))
+        spots = []
+        for i in idx:
+            r = self.rows[i]
+            color = FRONT_COLOR if r["front"] else OTHER_COLOR
+            passed = r["state"] == "succeeded" and bool(r["point"].get("gates_passed"))
+            spots.append({"pos": (xs[i], ys[i]), "data": i, "size": 12, "symbol": "o",
+                          "pen": pg.mkPen(color, width=2),
+                          "brush": pg.mkBrush(color) if passed else pg.mkBrush(0, 0, 0, 0)})
+        self.scatter.setData(spots)
+        plot.addItem(self.scatter)
+        best = [i for i in idx if self.rows[i]["best"]]
+        if best:
+            plot.addItem(pg.ScatterPlotItem(
+                [xs[best[0]]], [ys[best[0]]], size=26, symbol="o",
+                pen=pg.mkPen(BEST_COLOR, width=2.5), brush=pg.mkBrush(0, 0, 0, 0)))
+        self.selection_ring = pg.ScatterPlotItem(
+            size=34, symbol="s", pen=pg.mkPen(self.palette().highlight().color(), width=2,
+                                              style=Qt.PenStyle.DotLine),
+            brush=pg.mkBrush(0, 0, 0, 0))
+        plot.addItem(self.selection_ring)
+        fg = self.palette().text().color()
+        for i in idx:
+            t = pg.TextItem(self.rows[i]["label"], color=fg, anchor=(-0.9, 1.0))
+            t.setPos(xs[i], ys[i])
+            plot.addItem(t)
+            self._labels.append(t)
+        x0, x1 = min(xs.values()), max(xs.values())
+        y0, y1 = min(ys.values()), max(ys.values())
+        if x1 - x0 < 1e-9:
+            x0, x1 = x0 * 0.9, x1 * 1.1 + 1e-6
+        if y1 - y0 < 1e-12:
+            y0, y1 = y0 - 1e-4, y1 + 1e-4
+        xm, ym = (x1 - x0) * 0.12, (y1 - y0) * 0.18
+        plot.setXRange(x0 - xm, x1 + xm, padding=0)
+        plot.setYRange(y0 - ym, y1 + ym, padding=0)
+
+    def _tip(self, x: float, y: float, data: Any) -> str:
+        if not isinstance(data, int) or data >= len(self.rows):
+            return ""
+        r = self.rows[data]
+        return (f"{r['label']}: {r['settings']}\n{r['state']}"
+                + (f" — {r['reason']}" if r["reason"] else "")
+                + f"\naccuracy {r['accuracy']:.6f} ({r['accuracy_source']})"
+                + f"\nweights {fmt_bytes(r['weight_bytes'])} ({r['weight_source']})")
+
+    def _show_best(self) -> None:
+        rec = self.rec
+        assert rec is not None
+        rule = rec["best_rule"]
+        best = next((r for r in self.rows if r["best"]), None)
+        why = html.escape(BEST_RULES.get(rule, ""))
+        if best is not None:
+            figs = []
+            if best["accuracy"] is not None:
+                figs.append(f"{html.escape(rec['accuracy_title'])} {best['accuracy']:.6f}")
+            if best["weight_bytes"] is not None:
+                figs.append(f"weights {fmt_bytes(best['weight_bytes'])}")
+            if best["tokens_per_s"] is not None:
+                figs.append(f"{best['tokens_per_s']:.1f} tok/s (estimated)")
+            self.best_line.setText(
+                f"<b>Best by the rule {html.escape(rule)}</b> ({why}): "
+                f"<b>{html.escape(best['label'])}</b> — {html.escape(best['settings'])}"
+                + (f" · {' · '.join(figs)}" if figs else ""))
+        elif rec["state"] == "not run":
+            self.best_line.setText(f"Not run yet: run the sweep to compare its points. The "
+                                   f"best point will follow the rule <b>{html.escape(rule)}"
+                                   f"</b> ({why}), among the points that pass every gate.")
+        elif self.running:
+            self.best_line.setText(f"Best by the rule <b>{html.escape(rule)}</b> ({why}): "
+                                   "none yet — it is chosen among finished points that pass "
+                                   "every gate.")
+        else:
+            self.best_line.setText(f"<b>No point passes every gate</b> (rule "
+                                   f"{html.escape(rule)}): see each point's reason below; "
+                                   "loosen a gate or sweep other settings.")
+
+    # ---- selection --------------------------------------------------------------------------
+    def selected_point(self) -> dict[str, Any] | None:
+        r = next((r for r in self.rows if r["label"] == self._selected), None)
+        return r["point"] if r is not None else None
+
+    def select_point(self, label_: str | None) -> None:
+        """Select a point (by label, e.g. "p2") in the table and the plot."""
+        self._selected = label_
+        self._select(label_)
+
+    def _select(self, label_: str | None) -> None:
+        row = next((i for i, r in enumerate(self.rows) if r["label"] == label_), None)
+        self._selecting = True
+        try:
+            if row is None:
+                self.table.clearSelection()
+            else:
+                self.table.selectRow(row)
+        finally:
+            self._selecting = False
+        ring = getattr(self, "selection_ring", None)
+        if ring is not None and ring.scene() is not None:
+            if row is not None and row in self._plotted():
+                r = self.rows[row]
+                ring.setData([r["weight_bytes"] / 2**20], [r["accuracy"]])
+            else:
+                ring.setData([], [])
+        self._show_selection()
+
+    def _row_selected(self) -> None:
+        if self._selecting:
+            return
+        rows = self.table.selectionModel().selectedRows()
+        if rows and rows[0].row() < len(self.rows):
+            self.select_point(self.rows[rows[0].row()]["label"])
+        else:
+            self._selected = None
+            self._show_selection()
+
+    def _plot_clicked(self, _item, points, _ev=None) -> None:
+        if len(points):
+            i = points[0].data()
+            if isinstance(i, int) and i < len(self.rows):
+                self.select_point(self.rows[i]["label"])
+
+    def _is_current(self, p: dict[str, Any]) -> bool:
+        """Whether the project's settings now are the point's."""
+        from studio.core.sweep import apply_point
+
+        project = self.ctl.project
+        if project is None:
+            return False
+        try:
+            return apply_point(project, p["settings"]).to_dict() == project.to_dict()
+        except StudioError:
+            return False
+
+    def _show_selection(self) -> None:
+        p = self.selected_point()
+        if p is None:
+            self.selection.setText("Select a point (a row or a dot in the plot) to open its "
+                                   "run or apply its settings.")
+        else:
+            desc = Point(p["index"], p["settings"]).describe()
+            now = " — the project's settings now" if self._is_current(p) else ""
+            run = f" · run {p['run_id']}" if p.get("run_id") else ""
+            self.selection.setText(f"Selected {p['label']}: {desc}{run}{now}")
+        self._update_buttons()
+
+    # ---- actions ----------------------------------------------------------------------------
+    def open_run(self) -> None:
+        p = self.selected_point()
+        if p is not None and p.get("run_id"):
+            self.runActivated.emit(int(p["run_id"]))
+
+    def apply_selected(self) -> bool:
+        """Give the project the selected point's settings: one undoable step."""
+        from studio.services.sweeps import apply_point_edits, apply_point_label
+
+        p = self.selected_point()
+        project = self.ctl.project
+        if p is None or project is None:
+            return False
+        try:
+            edits = apply_point_edits(project, p["settings"])
+            if not edits:
+                self.ctl.message.emit("info", f"The project already has {p['label']}'s "
+                                              "settings.")
+                return False
+            self.ctl.apply_as_one(edits, apply_point_label(p))
+        except StudioError as exc:
+            self.ctl.message.emit("error", f"Cannot apply {p['label']}: {exc.message}")
+            return False
+        self.ctl.message.emit("info", f"Applied {p['label']} to the project "
+                                      f"({Point(p['index'], p['settings']).describe()}); "
+                                      "Edit ▸ Undo takes it back.")
+        return True
+
+    def write_report(self) -> None:
+        from studio.services.sweep_report import write_sweep_report
+
+        if self.rec is None or self.ctl.project is None:
+            return
+        try:
+            out = write_sweep_report(self.ctl.project, self.rec)
+        except OSError as exc:
+            self.ctl.message.emit("error", f"Cannot write the sweep report: {exc}")
+            return
+        self.ctl.message.emit("info", f"Wrote {out}")
+
+    def _update_buttons(self) -> None:
+        has = self.ctl.studio is not None and self.current_name() is not None
+        running = self.running
+        pipeline = self.ctl.running
+        declared = has and self._declared(self.current_name())
+        self.run_button.setEnabled(has and declared and not running and not pipeline
+                                   and self._spec is not None)
+        self.run_button.setToolTip(
+            "The pipeline is running: start the sweep when it ends" if pipeline else
+            "Run every point through the pipeline (points that share a stage share its job; "
+            "finished jobs come from the store)")
+        if pipeline and not running:
+            self.status.setText("The pipeline is running: a sweep can start when it ends.")
+        if not running:
+            self.cancel_button.setEnabled(False)
+        else:
+            self.cancel_button.setEnabled(self.sweep is not None and not self.sweep.cancel_asked)
+        self.combo.setEnabled(not running)
+        self.workers.setEnabled(not running)
+        p = self.selected_point()
+        self.open_button.setEnabled(p is not None and bool(p.get("run_id")))
+        ok = p is not None and p["state"] != "invalid"
+        self.apply_button.setEnabled(ok)
+        self.apply_button.setText(f"Apply {p['label']} to project" if p is not None
+                                  else "Apply to project")
+        self.apply_button.setToolTip(
+            "" if p is None else
+            f"{p['label']} is invalid: {p['reason']}" if p["state"] == "invalid" else
+            "Give the project this point's settings — one step: Edit ▸ Undo reverts all of it")
+        self.report_button.setEnabled(self.rec is not None and not running
+                                      and self.rec.get("state") != "not run")
+
+
+def main() -> int:
+    from studio.ui.standalone import run_page
+
+    return run_page(SweepsPage)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
