@@ -47,14 +47,16 @@ STATE_COLORS = {"succeeded": "#1b7f3b", "failed": "#c62828", "invalid": "#c62828
                 "cancelled": "#5b6570", "running": "#2f5da8"}
 SOURCES_TEXT = (
     "Where the figures come from: accuracy is measured on the HTP simulator — real HTP "
-    "numerics, not a device; weights are computed from the recipe (parameters × bytes per "
-    "parameter); decode tok/s come from the performance model for the chip, not a device.")
+    "numerics, not a device; size is the compiled context binaries' file sizes (measured) "
+    "and is what the front and the rule 'smallest' compare; weights are computed from the "
+    "recipe (parameters × bytes per parameter); decode tok/s come from the performance model "
+    "for the chip, not a device.")
 EXAMPLE = """[[sweeps]]
 name = "schemes"
 best = "smallest"        # smallest | most-accurate | fastest
 [sweeps.axes]
 "quantization.scheme" = ["W8A16", "W8A8"]"""
-COLUMNS = ["point", "settings", "state", "accuracy", "perplexity change", "weights",
+COLUMNS = ["point", "settings", "state", "accuracy", "perplexity change", "size", "weights",
            "decode tok/s", "front / best", "run", "reason"]
 COL = {name: i for i, name in enumerate(COLUMNS)}
 
@@ -276,11 +278,13 @@ class SweepsPage(Page):
         split.addWidget(tbox)
         split.setStretchFactor(0, 1)
         split.setStretchFactor(1, 1)
-        split.setSizes([10_000, 8_000])
+        split.setSizes([9_000, 9_000])
         cl.addWidget(split, 1)
 
         sources = QHBoxLayout()
         sources.addWidget(SourceBadge("simulated", "accuracy: the HTP simulator"))
+        sources.addWidget(SourceBadge("measured", "size: the compiled context binaries' "
+                                                  "file sizes"))
         sources.addWidget(SourceBadge("estimated", "weights from the recipe; tok/s from the "
                                                    "performance model"))
         self.sources = label(SOURCES_TEXT, "muted", wrap=True)
@@ -619,6 +623,13 @@ class SweepsPage(Page):
             self.ctl.project.model["kind"] == "causal-lm" else "measured"
         return self._sources_of("weight_source", default)
 
+    def _size_title(self) -> str:
+        """What the size axis is (the compiled context binaries, measured, where compiled)."""
+        r = next((r for r in self.rows if r.get("size_bytes") is not None), None)
+        if r is None:
+            return "context binaries, MiB (measured)"
+        return f"{r['size_title']}, MiB ({r['size_source']})"
+
     def _fill_table(self) -> None:
         rec = self.rec
         assert rec is not None
@@ -632,6 +643,9 @@ class SweepsPage(Page):
             "perplexity change": ("perplexity change\n(simulated)",
                                   "the quantized model's perplexity on the HTP simulator "
                                   "against FP32's, on the held-out text"),
+            "size": ("size\n(measured)",
+                     "the compiled context binaries on the first target: file sizes, what the "
+                     "device loads; the Pareto front and the rule 'smallest' use it"),
             "weights": (f"weights\n({wsrc})",
                         "estimated: parameters × bytes per parameter of the recipe"
                         if wsrc == "estimated" else
@@ -670,8 +684,9 @@ class SweepsPage(Page):
                 marks.append("★ best")
             if r["front"]:
                 marks.append("front")
-            cells = [r["label"], r["settings"], state, acc, ppl, fmt_bytes(r["weight_bytes"]),
-                     tps, " · ".join(marks), str(r["run_id"] or ""), r["reason"]]
+            cells = [r["label"], r["settings"], state, acc, ppl, fmt_bytes(r["size_bytes"]),
+                     fmt_bytes(r["weight_bytes"]), tps, " · ".join(marks),
+                     str(r["run_id"] or ""), r["reason"]]
             tips = self._tips(r)
             for j, text in enumerate(cells):
                 item = QTableWidgetItem(text)
@@ -680,7 +695,7 @@ class SweepsPage(Page):
                     item.setForeground(QBrush(QColor(STATE_COLORS[r["state"]])))
                 if r["best"]:
                     item.setFont(bold)
-                if j in (COL["accuracy"], COL["perplexity change"], COL["weights"],
+                if j in (COL["accuracy"], COL["perplexity change"], COL["size"], COL["weights"],
                          COL["decode tok/s"], COL["run"]):
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight
                                           | Qt.AlignmentFlag.AlignVCenter)
@@ -708,13 +723,13 @@ class SweepsPage(Page):
                 "decode tok/s": speed.get("detail", "") if speed else "",
                 "run": "Open run shows it on the Validation page" if r["run_id"] else ""}
         if r.get("context_bytes"):
-            tips["weights"] += (f"\ncompiled context binaries: {fmt_bytes(r['context_bytes'])} "
-                                "(measured, file sizes)")
+            tips["size"] = (f"compiled context binaries: {fmt_bytes(r['context_bytes'])} "
+                            "(measured, file sizes)")
         return tips
 
     def _plotted(self) -> list[int]:
         return [i for i, r in enumerate(self.rows)
-                if r["accuracy"] is not None and r["weight_bytes"] is not None]
+                if r["accuracy"] is not None and r["size_bytes"] is not None]
 
     def _draw_plot(self) -> None:
         pg = self.pg
@@ -725,10 +740,7 @@ class SweepsPage(Page):
         self.scatter.clear()
         self._labels: list[Any] = []
         self.plot.setLabel("left", f"{rec['accuracy_title']} ({self._acc_source()}) →")
-        wsrc = self._weight_source()
-        self.plot.setLabel("bottom", "weights, MiB (" + (
-            "estimated from the recipe" if wsrc == "estimated" else
-            f"{wsrc}: compiled context binaries") + ") →")
+        self.plot.setLabel("bottom", self._size_title() + " →")
         idx = self._plotted()
         if not idx:
             plot.addItem(self.plot_note)
@@ -739,7 +751,7 @@ class SweepsPage(Page):
             plot.setYRange(0, 1, padding=0)
             self.plot_note.setPos(0.5, 0.5)
             return
-        xs = {i: self.rows[i]["weight_bytes"] / 2**20 for i in idx}
+        xs = {i: self.rows[i]["size_bytes"] / 2**20 for i in idx}
         ys = {i: self.rows[i]["accuracy"] for i in idx}
         front = sorted((i for i in idx if self.rows[i]["front"]), key=lambda i: xs[i])
         if len(front) > 1:
@@ -789,6 +801,8 @@ class SweepsPage(Page):
         return (f"{r['label']}: {r['settings']}\n{r['state']}"
                 + (f" — {r['reason']}" if r["reason"] else "")
                 + f"\naccuracy {r['accuracy']:.6f} ({r['accuracy_source']})"
+                + f"\n{r['size_title'] or 'size'} {fmt_bytes(r['size_bytes'])} "
+                  f"({r['size_source']})"
                 + f"\nweights {fmt_bytes(r['weight_bytes'])} ({r['weight_source']})")
 
     def _show_best(self) -> None:
@@ -801,8 +815,8 @@ class SweepsPage(Page):
             figs = []
             if best["accuracy"] is not None:
                 figs.append(f"{html.escape(rec['accuracy_title'])} {best['accuracy']:.6f}")
-            if best["weight_bytes"] is not None:
-                figs.append(f"weights {fmt_bytes(best['weight_bytes'])}")
+            if best["size_bytes"] is not None:
+                figs.append(f"{best['size_title']} {fmt_bytes(best['size_bytes'])}")
             if best["tokens_per_s"] is not None:
                 figs.append(f"{best['tokens_per_s']:.1f} tok/s (estimated)")
             self.best_line.setText(
@@ -846,7 +860,7 @@ class SweepsPage(Page):
         if ring is not None and ring.scene() is not None:
             if row is not None and row in self._plotted():
                 r = self.rows[row]
-                ring.setData([r["weight_bytes"] / 2**20], [r["accuracy"]])
+                ring.setData([r["size_bytes"] / 2**20], [r["accuracy"]])
             else:
                 ring.setData([], [])
         self._show_selection()
