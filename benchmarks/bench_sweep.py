@@ -45,8 +45,8 @@ def _port() -> int:
 
 def run(executor: str, workers: int, folder: Path) -> dict:
     f = _project(folder)
-    cmd = [sys.executable, "-m", "studio.cli", "sweep", str(f), "--workers", str(workers),
-           "--json", "--quiet"]
+    cmd = [sys.executable, "-m", "studio.cli", "--quiet", "sweep", str(f), "--workers",
+           str(workers), "--json"]
     ray_bin = Path(sys.executable).with_name("ray")
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     if executor == "ray":

@@ -210,9 +210,9 @@ def project_edits(current: Project, wanted: Project) -> list[SetValue]:
     """The SetValue commands that turn ``current`` into ``wanted`` (for undoable restores)."""
     a, b = current.to_dict(), wanted.to_dict()
     cmds: list[SetValue] = []
-    for key in ("name", "targets"):
+    for key in ("name", "targets", "sweeps"):
         if a.get(key) != b.get(key):
-            cmds.append(SetValue("", key, b[key]))
+            cmds.append(SetValue("", key, b.get(key, [])))
     for section, values in b.items():
         if not isinstance(values, dict):
             continue

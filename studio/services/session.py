@@ -33,7 +33,10 @@ class Studio:
         except OSError as exc:
             raise StudioError(f"cannot use the project folder {folder}: {exc.strerror}") from None
         interrupted = self.jobs.mark_interrupted()
-        if interrupted or not any(r["state"] == "running" for r in self.jobs.runs()):
+        # another process's run or sweep writes into tmp/ now: leave it alone
+        busy = any(r["state"] == "running" for r in self.jobs.runs()) or any(
+            sw["state"] == "running" for sw in self.jobs.sweeps())
+        if interrupted or not busy:
             self.store.clean_tmp()
         self.interrupted_jobs = interrupted
         self.pipeline = Pipeline(project, self.jobs, self.store)

@@ -249,3 +249,34 @@ def test_a_search_over_the_grid_axes_reuses_what_the_grid_ran(resumed):
     for p in out["points"]:  # every proposal is a grid point, served from the store
         assert p["id"] in grid and p["accuracy"] == grid[p["id"]]["accuracy"]
     assert out["run"]["jobs"]["computed"] == 0
+
+
+TWO = """
+[[sweeps]]
+name = "a"
+stages = ["export"]
+points = [{"quantization.scheme" = "W8A16"}]
+
+[[sweeps]]
+name = "b"
+stages = ["export"]
+points = [{"quantization.scheme" = "W8A8"}]
+"""
+
+
+def test_two_sweeps_at_once_compute_a_shared_artifact_once(tmp_path):
+    """Two processes sweep at once; both need the same export: one computes it under the
+    store's lock for its key, the other waits and takes it from the store."""
+    f = _project(tmp_path)
+    f.write_text(f.read_text().split("[[sweeps]]")[0] + TWO)
+    procs = [subprocess.Popen([sys.executable, "-m", "studio.cli", "sweep", str(f), "--name",
+                               name, "--json"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for name in ("a", "b")]
+    outs = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=600)
+        assert p.returncode == 0, stderr[-3000:]
+        outs.append(json.loads(stdout)["run"]["jobs"])
+    assert sorted(o["computed"] for o in outs) == [0, 1]
+    assert sorted(o["cached"] for o in outs) == [0, 1]
+    assert _export_artifacts(f) == 1
