@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from studio.core.fsutil import atomic_write_json, sha256_file, sha256_json
+from studio.core.fsutil import atomic_write_json, sha256_file, sha256_json, try_flock
 
 META = "artifact.json"
 
@@ -135,18 +135,8 @@ class KeyLock:
         self._fd: int | None = None
 
     def try_acquire(self) -> bool:
-        import fcntl
-        import os
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        self._fd = fd
-        return True
+        self._fd = try_flock(self.path)
+        return self._fd is not None
 
     def release(self) -> None:
         import os

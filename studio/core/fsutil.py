@@ -68,6 +68,22 @@ def check_writable_dir(path: Path) -> None:
         raise StudioError(f"cannot write to {p}: choose a folder you can write to")
 
 
+def try_flock(path: Path) -> int | None:
+    """An exclusive flock on ``path`` (created if missing) without waiting: its open file
+    descriptor (closing it releases the lock, and so does the process's death), or None
+    when another process holds it."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 class RunLock:
     """An exclusive, non-blocking lock on a project folder for the length of a pipeline run.
 
@@ -80,17 +96,14 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        import fcntl
-
         from studio.core.errors import StudioError
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-            os.close(fd)
+        fd = try_flock(self.path)
+        if fd is None:
+            try:
+                holder = self.path.read_text(errors="replace").strip()[:32] or "?"
+            except OSError:
+                holder = "?"
             raise StudioError(
                 f"another pipeline run (process {holder}) is using {self.path.parent.name}: "
                 "wait for it to finish or cancel it"

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import signal
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +34,7 @@ from studio.core.stagegraph import (
     ref_identity,
     stage_config,
 )
+from studio.services.workers import WorkerProcess, died_message
 
 MAX_LOG_LINES = 4000
 
@@ -286,15 +284,13 @@ class Pipeline:
         self.jobs = jobs
         self.store = store
         self.listeners: list[Listener] = []
-        self._procs: dict[int, asyncio.subprocess.Process] = {}
-        self._worker: asyncio.subprocess.Process | None = None
-        self._stderr_task: asyncio.Future | None = None
+        self._procs: dict[int, WorkerProcess] = {}
+        self._worker: WorkerProcess | None = None
         self._current_job: int | None = None
         self._log_count = 0
         self._cancelled: set[int] = set()
         self._cancel_all = False
         self._run_id: int | None = None
-        self._scratch: Path | None = None  # the worker's temp folder, inside the project
 
     def _emit(self, event: dict[str, Any]) -> None:
         for cb in list(self.listeners):
@@ -314,76 +310,37 @@ class Pipeline:
             self._cancelled.add(job_id)
             ids = [job_id] if job_id in self._procs else []
         for jid in ids:
-            proc = self._procs.get(jid)
-            if proc and proc.returncode is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+            worker = self._procs.get(jid)
+            if worker is not None:
+                worker.terminate()
 
     # -- the worker process --
-    async def _get_worker(self) -> asyncio.subprocess.Process:
+    def _get_worker(self) -> WorkerProcess:
         """The warm worker: one subprocess runs this run's jobs one after another, so the
         heavy imports are paid once; a crash or a cancel ends it and the next job starts a
-        new one."""
-        if self._worker is not None and self._worker.returncode is None:
-            return self._worker
-        # The stages' temporary files (quantizer scratch, compiler dumps) go under the
-        # project's own tmp folder, which the next open cleans after a killed run.
-        scratch = self.store.tmp / f"scratch-{os.getpid()}-{id(self):x}"
-        scratch.mkdir(parents=True, exist_ok=True)
-        self._scratch = scratch
-        env = dict(os.environ, TMPDIR=str(scratch))
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "studio.worker",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=1 << 24, env=env,
-        )
-        self._worker = proc
-        self._stderr_task = asyncio.ensure_future(self._read_stderr(proc))
-        return proc
+        new one. Its temporary files go under the project's own tmp folder, which the next
+        open cleans after a killed run; its stderr is the current job's log."""
+        if self._worker is None:
+            self._worker = WorkerProcess(self.store.tmp)
+            self._worker.on_stderr = self._stderr_line
+        return self._worker
 
-    async def _read_stderr(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stderr
-        async for raw in proc.stderr:
-            line = raw.decode("utf-8", "replace").rstrip()
-            jid = self._current_job
-            if not line or jid is None or self._log_count >= MAX_LOG_LINES:
-                continue
-            self._log_count += 1
-            self.jobs.append_log(jid, line)
-            self._emit({"kind": "log", "job_id": jid, "line": line})
-
-    def _drop_scratch(self) -> None:
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
-            self._scratch = None
+    def _stderr_line(self, line: str) -> None:
+        jid = self._current_job
+        if jid is None or self._log_count >= MAX_LOG_LINES:
+            return
+        self._log_count += 1
+        self.jobs.append_log(jid, line)
+        self._emit({"kind": "log", "job_id": jid, "line": line})
 
     def _kill_worker(self) -> None:
-        proc, self._worker = self._worker, None
-        if proc is not None and proc.returncode is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self._drop_scratch()
+        if self._worker is not None:
+            self._worker.kill()
 
     async def _close_worker(self) -> None:
-        proc, self._worker = self._worker, None
-        if proc is None:
-            return
-        if proc.returncode is None and proc.stdin is not None:
-            proc.stdin.close()
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                self._worker = proc
-                self._kill_worker()
-                await proc.wait()
-        if self._stderr_task is not None:
-            await self._stderr_task
-            self._stderr_task = None
-        self._drop_scratch()
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            await worker.close()
 
     # -- running --
     async def run(self, stages: list[str] | None = None,
@@ -539,6 +496,31 @@ class Pipeline:
                          cached=1, artifact_key=key, result=result,
                          message="cached: inputs and settings unchanged")
             return cached
+        # another run or a sweep may compute the same key now: wait for it, then take it
+        lock = self.store.key_lock(key)
+        while not lock.try_acquire():
+            await asyncio.sleep(0.5)
+        try:
+            if cached is None and pj.decl.cache and not (
+                    pj.decl.measures and getattr(self, "_remeasure", False)):
+                done = self.store.get(key)
+                if done is not None and await asyncio.to_thread(self.store.verify, done):
+                    result = json.loads((done.path / "result.json").read_text())
+                    self.jobs.add_metrics(
+                        jid, [Metric.from_dict(m) for m in result.get("metrics", [])])
+                    self._update(jid, state="succeeded", started=now, finished=time.time(),
+                                 progress=1.0, cached=1, artifact_key=key, result=result,
+                                 message="cached: computed meanwhile by another run")
+                    return done
+            return await self._compute(jid, pj, key, base_key, config, input_keys, versions,
+                                       inputs, now)
+        finally:
+            lock.release()
+
+    async def _compute(self, jid: int, pj: PlannedJob, key: str, base_key: str,
+                       config: StageConfig, input_keys: dict[str, str],
+                       versions: dict[str, str], inputs: dict[int, Artifact],
+                       now: float) -> Artifact | None:
         workdir = self.store.new_workdir()
         spec = {
             "job_id": jid, "config": config.to_dict(),
@@ -547,47 +529,30 @@ class Pipeline:
             "history": {"db": str(self.jobs.path), "run_id": self._run_id},
         }
         self._update(jid, state="running", started=now, progress=0.0, message="starting")
-        worker = await self._get_worker()
+        worker = self._get_worker()
+        await worker.start()
         self._current_job = jid
         self._log_count = 0
         self._procs[jid] = worker
-        self.jobs.update_job(jid, pid=worker.pid)
-        outcome: dict[str, Any] = {}
-        rc: int | None = None
-        assert worker.stdin and worker.stdout
+        assert worker.proc is not None
+        self.jobs.update_job(jid, pid=worker.proc.pid)
+
+        def on_message(msg: dict[str, Any]) -> None:
+            kind = msg.get("type")
+            if kind == "progress":
+                self._update(jid, progress=msg["fraction"], message=msg.get("message", ""))
+            elif kind == "log":
+                self.jobs.append_log(jid, msg["line"])
+                self._emit({"kind": "log", "job_id": jid, "line": msg["line"]})
+            elif kind == "partial":
+                self._emit({"kind": "partial", "job_id": jid, "data": msg.get("data")})
+
         try:
-            worker.stdin.write(json.dumps(spec).encode() + b"\n")
-            await worker.stdin.drain()
-            while True:
-                raw = await worker.stdout.readline()
-                if not raw:  # the worker died (crash, or terminated by cancel)
-                    rc = await worker.wait()
-                    self._worker = None
-                    break
-                try:
-                    msg = json.loads(raw)
-                except json.JSONDecodeError:
-                    continue
-                kind = msg.get("type")
-                if kind == "progress":
-                    self._update(jid, progress=msg["fraction"], message=msg.get("message", ""))
-                elif kind == "log":
-                    self.jobs.append_log(jid, msg["line"])
-                    self._emit({"kind": "log", "job_id": jid, "line": msg["line"]})
-                elif kind == "partial":
-                    self._emit({"kind": "partial", "job_id": jid, "data": msg.get("data")})
-                elif kind in ("result", "error") and msg.get("job_id") == jid:
-                    outcome = msg
-                    break
-        except (BrokenPipeError, ConnectionResetError):
-            rc = await worker.wait()
-            self._worker = None
-        except asyncio.CancelledError:
-            self._kill_worker()
-            raise
+            outcome = await worker.run(spec, on_message)
         finally:
             self._procs.pop(jid, None)
             self._current_job = None
+        rc = outcome.get("returncode")
         if jid in self._cancelled or self._cancel_all:
             shutil.rmtree(workdir, ignore_errors=True)
             self._update(jid, state="cancelled", finished=time.time(), message="cancelled")
@@ -612,15 +577,7 @@ class Pipeline:
         shutil.rmtree(workdir, ignore_errors=True)
         if outcome.get("type") == "error" and outcome.get("kind") == "user":
             raise StudioError(f"{pj.label}: {outcome['message']}")
-        if outcome.get("message"):
-            detail = outcome["message"]
-        elif rc is not None and rc < 0:
-            try:
-                detail = f"the worker process was killed by {signal.Signals(-rc).name}"
-            except ValueError:
-                detail = f"the worker process was killed by signal {-rc}"
-        else:
-            detail = f"the worker process ended with code {rc}"
+        detail = outcome.get("message") or died_message(rc)
         if outcome.get("traceback"):
             self.jobs.append_log(jid, outcome["traceback"])
             raise StageCrashed(f"{pj.label} crashed: {detail} (the job log has the traceback)")
