@@ -96,12 +96,14 @@ def compare_runs(store: JobStore, run_a: int, run_b: int) -> dict[str, Any]:
     }
 
 
-def runs_with_results(store: JobStore, limit: int = 200) -> list[int]:
-    """Ids of runs that recorded at least one metric, newest first."""
+def runs_with_results(store: JobStore, limit: int = 200, sweeps: bool = False) -> list[int]:
+    """Ids of runs that recorded at least one metric, newest first; the points of sweeps
+    only with ``sweeps`` (they are variants of the project, not its runs)."""
     rows = store._query(
         "SELECT DISTINCT j.run_id AS id FROM metrics m JOIN jobs j ON j.id = m.job_id "
         "ORDER BY j.run_id DESC LIMIT ?", (limit,))
-    return [int(r["id"]) for r in rows]
+    skip = set() if sweeps else store.sweep_run_ids()
+    return [int(r["id"]) for r in rows if int(r["id"]) not in skip]
 
 
 def previous_run(store: JobStore, run_id: int) -> int | None:

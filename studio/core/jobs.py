@@ -281,6 +281,11 @@ class JobStore:
                 (sweep, point_id, idx, json.dumps(settings, default=str), state, reason, run_id,
                  keys, json.dumps(figures or {}, default=str), time.time()))
 
+    def sweep_run_ids(self) -> set[int]:
+        """The runs that are points of a sweep (their config names the sweep)."""
+        rows = self._query("SELECT id FROM runs WHERE json_extract(config, '$.sweep') IS NOT NULL")
+        return {int(r["id"]) for r in rows}
+
     def points(self, sweep: str) -> list[dict[str, Any]]:
         rows = self._query("SELECT * FROM sweep_points WHERE sweep=? ORDER BY idx", (sweep,))
         out = []

@@ -28,6 +28,8 @@ class RunInfo:
     finished: float | None
     settings: dict[str, Any] | None  # the project settings the run ran with (None: not recorded)
     stages: list[str] | None  # what it asked for (None: the project's stages)
+    # a sweep's point: {"name", "point", "label", "settings"} (None: the project's own run)
+    sweep: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "state": self.state, "created": self.created,
@@ -48,7 +50,7 @@ def runs(project: Project, jobs: JobStore, limit: int = 50) -> list[RunInfo]:
         if state == "running" and not going:
             state = "interrupted"
         out.append(RunInfo(r["id"], state, r["created"], r["finished"], cfg.get("settings"),
-                           cfg.get("stages")))
+                           cfg.get("stages"), cfg.get("sweep")))
     return out
 
 
@@ -165,14 +167,17 @@ def run_info(project: Project, jobs: JobStore, run_id: int) -> RunInfo | None:
     if state == "running" and not RunLock(project.folder).held():
         state = "interrupted"
     return RunInfo(r["id"], state, r["created"], r["finished"], cfg.get("settings"),
-                   cfg.get("stages"))
+                   cfg.get("stages"), cfg.get("sweep"))
 
 
 def validation_runs(project: Project, jobs: JobStore, limit: int = 100) -> list[RunInfo]:
-    """Runs with at least one succeeded validate job (cached ones count), newest first."""
+    """Runs with at least one succeeded validate job (cached ones count), newest first; the
+    project's own runs before the points of sweeps (variants, also listed)."""
     ids = sorted({j.run_id for j in jobs.jobs(limit=50 * limit)
                   if j.stage == "validate" and j.state == "succeeded" and j.result},
                  reverse=True)[:limit]
+    points = jobs.sweep_run_ids()
+    ids = [i for i in ids if i not in points] + [i for i in ids if i in points]
     return [info for i in ids if (info := run_info(project, jobs, i)) is not None]
 
 
@@ -243,9 +248,13 @@ def newest_run_with_results(project: Project, jobs: JobStore) -> RunInfo | None:
 
 # ---- the newest results of each stage (across runs) -------------------------------------
 def latest_jobs(jobs: JobStore, stage: str, state: str = "succeeded") -> list[Job]:
-    """The newest job of ``stage`` in ``state`` per target, newest first."""
+    """The newest job of ``stage`` in ``state`` per target, newest first (of the project's
+    own runs: a sweep's points are variants, shown on the Sweeps page)."""
     seen: dict[str, Job] = {}
+    points = jobs.sweep_run_ids()
     for job in jobs.jobs(limit=2000):  # newest first
+        if job.run_id in points:
+            continue
         if job.stage == stage and job.state == state and job.target not in seen:
             seen[job.target] = job
     return list(seen.values())

@@ -280,3 +280,25 @@ def test_two_sweeps_at_once_compute_a_shared_artifact_once(tmp_path):
     assert sorted(o["computed"] for o in outs) == [0, 1]
     assert sorted(o["cached"] for o in outs) == [0, 1]
     assert _export_artifacts(f) == 1
+
+
+def test_sweep_points_do_not_stand_in_for_the_projects_own_runs(resumed):
+    """Variants do not overwrite the project's results: the pages' newest jobs per stage, the
+    Overview's newest run and compare's default pair leave the points out."""
+    from studio.core import compare
+    from studio.core.jobs import JobStore
+    from studio.services import history
+
+    f, _, out, _ = resumed
+    store = JobStore(f.with_suffix(".studio") / "runs.sqlite")
+    try:
+        points = store.sweep_run_ids()
+        assert {p["run_id"] for p in out["points"]} <= points
+        assert history.latest_jobs(store, "validate") == []
+        assert compare.runs_with_results(store) == []
+        assert set(compare.runs_with_results(store, sweeps=True)) >= {
+            p["run_id"] for p in out["points"]}
+    finally:
+        store.close()
+    r = studio("compare", f)
+    assert r.returncode == 2 and "compare needs two" in r.stderr

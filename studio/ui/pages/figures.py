@@ -96,8 +96,12 @@ def recipe_text(settings: dict | None) -> str:
 
 
 def run_label(info) -> str:
-    """``run 7 — 2026-12-01 14:03 — succeeded — W8A16, per-channel weights``."""
-    return f"run {info.id} — {when(info.created)} — {info.state} — {recipe_text(info.settings)}"
+    """``run 7 — 2026-12-01 14:03 — succeeded — W8A16, per-channel weights`` (a sweep's point
+    says so: ``run 9 — sweep seed-grid p3 — …``)."""
+    sweep = getattr(info, "sweep", None)
+    point = f" — sweep {sweep.get('name')} {sweep.get('label')}" if sweep else ""
+    return (f"run {info.id}{point} — {when(info.created)} — {info.state} — "
+            f"{recipe_text(info.settings)}")
 
 
 def setting_value(value) -> str:
