@@ -243,6 +243,25 @@ def tool_versions() -> dict[str, str]:
     return out
 
 
+# ---- a worker's outcome ---------------------------------------------------------------------
+def artifact_meta(stage: str, target: str, config: StageConfig, input_keys: dict[str, str],
+                  versions: dict[str, str], result: dict[str, Any]) -> dict[str, Any]:
+    """What an artifact records of the job that made it (``ArtifactStore.commit``)."""
+    return {"stage": stage, "target": target, "config": dict(config.hashed),
+            "inputs": input_keys, "versions": versions, "tool": result.get("tool", {})}
+
+
+def job_failure(label: str, outcome: dict[str, Any]) -> StudioError:
+    """The one-line error of a job that did not give a result: the stage's own refusal (a
+    StudioError), or a crash (a stage's bug, or its worker process died)."""
+    if outcome.get("type") == "error" and outcome.get("kind") == "user":
+        return StudioError(f"{label}: {outcome['message']}")
+    detail = outcome.get("message") or died_message(outcome.get("returncode"))
+    if outcome.get("traceback"):
+        return StageCrashed(f"{label} crashed: {detail} (the job log has the traceback)")
+    return StageCrashed(f"{label} crashed: {detail}")
+
+
 # ---- execution --------------------------------------------------------------------------
 @dataclass
 class RunSummary:
@@ -552,7 +571,6 @@ class Pipeline:
         finally:
             self._procs.pop(jid, None)
             self._current_job = None
-        rc = outcome.get("returncode")
         if jid in self._cancelled or self._cancel_all:
             shutil.rmtree(workdir, ignore_errors=True)
             self._update(jid, state="cancelled", finished=time.time(), message="cancelled")
@@ -564,21 +582,15 @@ class Pipeline:
             facts = [Metric.from_dict(m) for m in outcome.get("facts", [])]
             self.jobs.add_metrics(
                 jid, [Metric.from_dict(m) for m in result.get("metrics", [])] + facts)
-            art = await asyncio.to_thread(self.store.commit, key, workdir, {
-                "stage": pj.stage, "target": pj.target, "config": dict(config.hashed),
-                "inputs": input_keys, "versions": versions,
-                "tool": result.get("tool", {}),
-            })
+            art = await asyncio.to_thread(
+                self.store.commit, key, workdir,
+                artifact_meta(pj.stage, pj.target, config, input_keys, versions, result))
             if key != base_key:
                 self._set_newest_measurement(base_key, key)
             self._update(jid, state="succeeded", finished=time.time(), progress=1.0,
                          artifact_key=key, result=result, message=result.get("summary", "done"))
             return art
         shutil.rmtree(workdir, ignore_errors=True)
-        if outcome.get("type") == "error" and outcome.get("kind") == "user":
-            raise StudioError(f"{pj.label}: {outcome['message']}")
-        detail = outcome.get("message") or died_message(rc)
         if outcome.get("traceback"):
             self.jobs.append_log(jid, outcome["traceback"])
-            raise StageCrashed(f"{pj.label} crashed: {detail} (the job log has the traceback)")
-        raise StageCrashed(f"{pj.label} crashed: {detail}")
+        raise job_failure(pj.label, outcome)

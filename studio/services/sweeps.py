@@ -44,8 +44,8 @@ from studio.core.sweep import (
     parse_axis_arg,
     parse_spec,
 )
-from studio.services.pipeline import preflight, tool_versions
-from studio.services.workers import LocalPool, died_message, local_workers
+from studio.services.pipeline import artifact_meta, job_failure, preflight, tool_versions
+from studio.services.workers import LocalPool, local_workers
 
 EXECUTORS = ("local", "ray")
 # what a sweep runs when it names no stages: up to the check against FP32 on each target
@@ -198,11 +198,12 @@ def _count_by_stage(jobs: list[SweepJob]) -> dict[str, int]:
 
 
 # ---- figures of a finished point ---------------------------------------------------------------
-def _metric_value(metrics: list[dict[str, Any]], name: str, chip: str = "") -> float | None:
+def _metric(metrics: list[dict[str, Any]], name: str, chip: str = "") -> dict[str, Any] | None:
+    """The first recorded metric ``name`` (on ``chip`` when given), with its source."""
     for m in metrics:
         if m["name"] == name and (not chip or m.get("target") == chip
                                   or chip in str(m.get("device", ""))):
-            return float(m["value"])
+            return m
     return None
 
 
@@ -219,14 +220,15 @@ def point_figures(variant: Project, results: dict[str, dict[str, Any]],
     acc_name, acc_title = ACCURACY[kind]
     out: dict[str, Any] = {"metrics": metrics, "accuracy_metric": acc_name,
                            "accuracy_title": acc_title}
-    acc = _metric_value(metrics, acc_name, chip)
+    acc = _metric(metrics, acc_name, chip)
     if acc is not None:
-        out["accuracy"] = {"value": acc, "source": "simulated", "target": chip}
-    ppl_q, ppl_f = (_metric_value(metrics, "perplexity_quantized", chip),
-                    _metric_value(metrics, "perplexity_fp32"))
-    if ppl_q is not None and ppl_f:
-        out["perplexity_increase"] = {"value": ppl_q / ppl_f - 1.0, "source": "simulated",
-                                      "target": chip}
+        out["accuracy"] = {"value": float(acc["value"]), "source": acc["source"],
+                           "target": chip}
+    ppl_q, ppl_f = _metric(metrics, "perplexity_quantized", chip), _metric(
+        metrics, "perplexity_fp32")
+    if ppl_q is not None and ppl_f is not None and ppl_f["value"]:
+        out["perplexity_increase"] = {"value": ppl_q["value"] / ppl_f["value"] - 1.0,
+                                      "source": ppl_q["source"], "target": chip}
     if kind == "causal-lm":
         try:
             out["weight_bytes"] = {"value": _recipe_weight_bytes(variant),
@@ -561,11 +563,9 @@ class SweepRunner:
         j.finished = time.time()
         if out.get("type") == "result":
             j.result, j.facts = out["result"], out.get("facts", [])
-            await asyncio.to_thread(self.store.commit, j.key, workdir, {
-                "stage": j.stage, "target": j.target, "config": dict(j.config.hashed),
-                "inputs": j.input_keys, "versions": versions,
-                "tool": j.result.get("tool", {}),
-            })
+            await asyncio.to_thread(
+                self.store.commit, j.key, workdir,
+                artifact_meta(j.stage, j.target, j.config, j.input_keys, versions, j.result))
             j.state, j.progress = "succeeded", 1.0
             j.message = j.result.get("summary", "done")
             return
@@ -573,14 +573,10 @@ class SweepRunner:
         j.state = "cancelled" if self._cancelled else "failed"
         if self._cancelled:
             j.message = "cancelled"
-        elif out.get("type") == "error" and out.get("kind") == "user":
-            j.message = f"{j.label}: {out['message']}"
-        elif out.get("type") == "error":
-            j.message = f"{j.label} crashed: {out['message']}"
+        else:
+            j.message = job_failure(j.label, out).message
             if out.get("traceback"):
                 j.log.append(out["traceback"])
-        else:
-            j.message = f"{j.label} crashed: {out.get('message') or died_message(out.get('returncode'))}"
 
     # -- a point is done: its run in the history -------------------------------------------
     def _finish_point(self, pr: PointRun) -> None:
