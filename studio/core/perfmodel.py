@@ -19,8 +19,8 @@ The model
 * Prefill of N prompt tokens is one pass over the same ops with N x the MACs (causal
   attention over the prompt); it is compute-bound for any useful N.
 * Three efficiency parameters (``bw_fraction``, ``overhead_ms``, ``compute_fraction``) are
-  fitted to published device numbers (``resources/perf/anchors.toml``) by a deterministic
-  grid search (:func:`calibrate`); the fit ships in ``resources/perf/model.toml``.
+  fitted to published device numbers (``studio/resources/perf/anchors.toml``) by a deterministic
+  grid search (:func:`calibrate`); the fit ships in ``studio/resources/perf/model.toml``.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ import numpy as np
 
 from studio.core.catalog import Chip, get_chip, load_catalog
 from studio.core.errors import StudioError
+from studio.core.samples import RESOURCES
 
 MODEL_VERSION = "roofline-1.0"
 SOURCE = "estimated"
 
-RESOURCES = Path(__file__).resolve().parents[2] / "resources"
 CONFIGS_DIR = RESOURCES / "configs"
 ANCHORS_PATH = RESOURCES / "perf" / "anchors.toml"
 FIT_PATH = RESOURCES / "perf" / "model.toml"
@@ -283,7 +283,7 @@ class ChipPerf:
             raise StudioError(
                 f"cannot estimate for {chip.name}: the chip catalog does not know its "
                 f"{' and '.join(missing)}; add the figure with its source to "
-                "resources/catalog/chips.toml"
+                "studio/resources/catalog/chips.toml"
             )
         assert chip.ddr_gbps and chip.htp_tops and chip.htp_cores
         return cls(chip.key, chip.name, chip.ddr_gbps, chip.htp_tops, chip.htp_cores)
@@ -809,7 +809,7 @@ def fit_toml(cal: Mapping[str, Any]) -> str:
     p = cal["params"]
     lines = [
         "# Fitted efficiency parameters of the performance model (studio/core/perfmodel.py).",
-        "# Written by `studio estimate --calibration --write-fit` from resources/perf/anchors.toml;",
+        "# Written by `studio estimate --calibration --write-fit` from studio/resources/perf/anchors.toml;",
         "# tests/core/test_perfmodel.py recomputes the fit and checks it equals this file.",
         "",
         f'model_version = "{cal["model_version"]}"',

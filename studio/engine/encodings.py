@@ -92,7 +92,7 @@ SCHEMA_FILE = "qnn-encodings-0.6.1.schema.json"
 
 
 def schema() -> dict[str, Any]:
-    """The JSON Schema of the QNN / AIMET legacy encodings format (``resources/schemas``),
+    """The JSON Schema of the QNN / AIMET legacy encodings format (``studio/resources/schemas``),
     written from AIMET's published encoding format specification."""
     from studio.core.samples import resources_dir
 
