@@ -17,8 +17,16 @@ def main(argv: list[str] | None = None) -> int:
 
         return gui_main(argv)
     from studio.cli.main import main as cli_main
+    from studio.cli.report import set_pdf_printer
 
+    set_pdf_printer(_print_pdf)  # the command line prints PDFs with Qt, which it may not import
     return cli_main(argv)
+
+
+def _print_pdf(html: str, charts: dict[str, str]) -> bytes:
+    from studio.ui.printing import print_pdf
+
+    return print_pdf(html, charts)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@
     studio sweep FILE [--name N | --axis KEY=V1,V2 ...] [--executor local|ray] [--workers K]
                  [--ray-address ADDR] [--transfer auto|copy] [--stages S,..] [--best RULE]
                  [--search TRIALS [--minutes M]] [--show] [--apply best|pN] [--json]
+    studio report FILE [--run N] [--format html|md|pdf|json] [--out PATH]
 
 Exit codes: 0 success, 1 an accuracy gate failed, 2 bad input (one line on stderr),
 3 a stage crashed (a bug: its traceback is in the job log).
@@ -263,6 +264,9 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--apply", metavar="POINT", help="write a point's settings into the project "
                                                    "file: best, or a label like p3")
     sw.add_argument("--json", dest="sweep_json", action="store_true", help="print JSON")
+    from studio.cli.report import add_parser as add_report_parser
+
+    add_report_parser(sub)
     e = sub.add_parser("estimate", help="estimated prefill / decode tok/s of an architecture on "
                                         "a chip (performance model, no weights needed)")
     e.add_argument("--config", help="a HF config.json, a checkpoint folder, or a bundled name "
@@ -1112,6 +1116,10 @@ def main(argv: list[str] | None = None) -> int:
             from studio.cli.sweep import sweep_command
 
             return sweep_command(args)
+        if args.command == "report":
+            from studio.cli.report import report_command
+
+            return report_command(args)
         if args.command == "profile":
             return _profile(args)
         if args.command == "generate":

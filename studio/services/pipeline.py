@@ -481,6 +481,15 @@ class Pipeline:
         table[base_key] = key
         atomic_write_json(self._measurements_file(), table)
 
+    def _report_sweeps(self) -> list[dict[str, Any]] | None:
+        """The project's recorded sweeps for the report (None: they could not be read)."""
+        from studio.services.reports import sweep_fronts
+
+        try:
+            return sweep_fronts(self.project, self.jobs)
+        except (StudioError, OSError, ValueError, KeyError):
+            return None
+
     def _publish_report(self, art: Artifact) -> Path:
         reports = self.project.folder / "reports"
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -541,12 +550,14 @@ class Pipeline:
                        versions: dict[str, str], inputs: dict[int, Artifact],
                        now: float) -> Artifact | None:
         workdir = self.store.new_workdir()
-        spec = {
+        spec: dict[str, Any] = {
             "job_id": jid, "config": config.to_dict(),
             "inputs": {self.jobs.job(i).label: str(a.path) for i, a in inputs.items()},
             "workdir": str(workdir),
             "history": {"db": str(self.jobs.path), "run_id": self._run_id},
         }
+        if pj.stage == "report":  # the report shows the project's sweeps too
+            spec["history"]["sweeps"] = await asyncio.to_thread(self._report_sweeps)
         self._update(jid, state="running", started=now, progress=0.0, message="starting")
         worker = self._get_worker()
         await worker.start()

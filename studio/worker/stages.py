@@ -900,7 +900,11 @@ def report(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     project.name = ctx.get("name")
     project.gates = {k.split(".", 1)[1]: ctx.get(k) for k in ctx.config.settings
                      if k.startswith("gates.")}
-    html, data = write_report(project, results, ctx.out, ctx.history.get("comparison"))
+    # the full sensitivity ranking lives in its artifact; the project's sweeps (with their
+    # Pareto fronts) come from the service that started the run
+    html, data = write_report(project, results, ctx.out, ctx.history.get("comparison"),
+                              artifacts=dict(ctx.inputs), sweeps=ctx.history.get("sweeps"),
+                              run=ctx.history.get("run"))
     return {"summary": f"report with {len(results)} stage results", "files": [html.name, data.name],
             "metrics": []}
 
@@ -1496,7 +1500,12 @@ def _history(spec: dict[str, Any]) -> dict[str, Any]:
     store = JobStore(Path(h["db"]))
     try:
         run = store.run(int(h["run_id"]))
-        out: dict[str, Any] = {"settings": (run or {}).get("config", {}).get("settings")}
+        out: dict[str, Any] = {"settings": (run or {}).get("config", {}).get("settings"),
+                               "sweeps": h.get("sweeps")}
+        if run is not None:
+            out["run"] = {"id": run["id"], "state": run["state"], "created": run["created"],
+                          "finished": run.get("finished"), "settings_recorded": bool(
+                              (run.get("config") or {}).get("settings"))}
         try:
             from studio.core.compare import compare_with_previous
 

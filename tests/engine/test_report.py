@@ -125,5 +125,6 @@ def test_the_report_lists_the_layers_an_override_changed(tmp_path):
     html = render_layers(layers)
     assert "2 weighted layers" in html and "1 by the scheme, 1 by an override" in html
     assert "model.layers.0.mlp.down_proj" in html and "up_proj" not in html
-    assert "override &#x27;*.down_proj&#x27;" in html or "override '*.down_proj'" in html
+    assert ("override &#39;*.down_proj&#39;" in html or "override &#x27;*.down_proj&#x27;" in html
+            or "override '*.down_proj'" in html)
     assert render_layers([]) == ""

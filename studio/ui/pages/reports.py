@@ -1,24 +1,35 @@
-"""Reports: the HTML reports of the project folder; open them in the browser."""
+"""Reports: the HTML reports of the project folder; open them in the browser. Export the
+report of a run (the newest by default, any run of the history) as HTML, Markdown, PDF or
+JSON: the report is assembled off the UI thread, the PDF printed with Qt."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from pathlib import Path
 
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QComboBox,
+    QFileDialog,
     QHBoxLayout,
     QHeaderView,
     QPushButton,
     QTableView,
 )
 
+from studio.core.errors import StudioError
 from studio.core.units import format_bytes
-from studio.services import projects
+from studio.services import history, projects, reports
 from studio.ui.models.rows import PayloadRole, Row, RowsModel
 from studio.ui.pages.base import StagePage
+from studio.ui.printing import print_pdf
 from studio.ui.widgets import label
+
+#: what the export offers (format -> its name in the menu)
+EXPORT_FORMATS = {"html": "HTML page", "md": "Markdown", "pdf": "PDF", "json": "JSON"}
 
 
 class ReportsPage(StagePage):
@@ -63,6 +74,25 @@ class ReportsPage(StagePage):
         self.folder_label = label("", "muted", selectable=True)
         bar.addWidget(self.folder_label)
         cl.addLayout(bar)
+        export = QHBoxLayout()
+        export.addWidget(label("Export the report of", "muted"))
+        self.run_combo = QComboBox()
+        self.run_combo.setToolTip("Any run of the history with results (newest first)")
+        export.addWidget(self.run_combo)
+        export.addWidget(label("as", "muted"))
+        self.format_combo = QComboBox()
+        for fmt, title in EXPORT_FORMATS.items():
+            self.format_combo.addItem(title, fmt)
+        export.addWidget(self.format_combo)
+        self.export_button = QPushButton("Export…")
+        self.export_button.setToolTip("Write the run's report to a file you choose")
+        self.export_button.clicked.connect(self.choose_and_export)
+        export.addWidget(self.export_button)
+        self.export_status = label("", "muted", selectable=True)
+        export.addWidget(self.export_status, 1)
+        cl.addLayout(export)
+        self._export_task: asyncio.Task | None = None
+        self.exported: list[Path] = []  # what was written (for tests)
         self.model = RowsModel(["Report", "Written", "Size"], self)
         self.view = QTableView()
         self.view.setModel(self.model)
@@ -82,7 +112,9 @@ class ReportsPage(StagePage):
     def refresh(self) -> None:
         """Lists the report files (not jobs): ``studio --batch`` writes them too."""
         files = projects.report_files(self.ctl.project)
-        self.set_has_content(bool(files))
+        runs = history.runs_with_results(self.ctl.studio.jobs)
+        self.set_has_content(bool(files) or bool(runs))
+        self._fill_runs(runs)
         self.folder_label.setText(str(self.ctl.project.folder / "reports"))
         rows = []
         for f in files:
@@ -104,6 +136,67 @@ class ReportsPage(StagePage):
         if files and not self.view.selectionModel().hasSelection():
             self.view.selectRow(0)
         self._update_buttons()
+
+    def _fill_runs(self, runs: list[int]) -> None:
+        have = [self.run_combo.itemData(i) for i in range(self.run_combo.count())]
+        if have == runs:
+            return
+        keep = self.run_combo.currentData()
+        self.run_combo.blockSignals(True)
+        self.run_combo.clear()
+        for i, run in enumerate(runs):
+            info = history.run_info(self.ctl.project, self.ctl.studio.jobs, run)
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(info.created)) if info else ""
+            self.run_combo.addItem(f"run {run}" + (" (newest)" if i == 0 else "")
+                                   + (f", {when}" if when else ""), run)
+        if keep in runs and keep != (have[0] if have else None):
+            self.run_combo.setCurrentIndex(runs.index(keep))
+        self.run_combo.blockSignals(False)
+        self.export_button.setEnabled(bool(runs))
+
+    def choose_and_export(self) -> None:
+        """Ask where to write the chosen run's report, then export it."""
+        run, fmt = self.run_combo.currentData(), self.format_combo.currentData()
+        if run is None:
+            return
+        default = reports.default_out(self.ctl.project, run, fmt)
+        path, _ = QFileDialog.getSaveFileName(
+            self, f"Export the report of run {run}", str(default),
+            f"{EXPORT_FORMATS[fmt]} (*{reports.SUFFIX[fmt]})")
+        if path:
+            self.export_report(fmt, Path(path), run)
+
+    def export_report(self, fmt: str, out: Path, run: int | None = None) -> asyncio.Task:
+        """Write run ``run``'s report (default: the newest run with results) as ``fmt`` into
+        ``out``: the history and artifacts are read in a thread, the PDF printed here."""
+        studio = self.ctl.studio
+        project = studio.project.copy()
+        self.export_button.setEnabled(False)
+        self.export_status.setText(f"Writing the {fmt} report…")
+
+        def build() -> dict:
+            return reports.report_data(project, studio.jobs, studio.store, run)
+
+        async def go() -> None:
+            try:
+                data = await self.ctl.in_thread(build)
+                # Qt's rich text, SVG and PDF writer are reentrant: the PDF prints in the
+                # thread too (the application and its fonts exist already)
+                written = await self.ctl.in_thread(reports.write, data, fmt, out,
+                                                   print_pdf if fmt == "pdf" else None)
+            except StudioError as exc:
+                self.export_status.setText(exc.message)
+                self.ctl.message.emit("error", exc.message)
+            else:
+                self.exported.append(written)
+                self.export_status.setText(f"Wrote {written}")
+                if written.parent == self.ctl.project.folder / "reports":
+                    self.refresh()
+            finally:
+                self.export_button.setEnabled(self.run_combo.count() > 0)
+
+        self._export_task = asyncio.ensure_future(go())
+        return self._export_task
 
     def selected(self):
         rows = self.view.selectionModel().selectedRows()

@@ -1,0 +1,70 @@
+"""``studio report FILE [--run N] [--format html|md|pdf|json] [--out PATH]``: the report of
+any run in the project's history (default: the newest run with results), written from the
+run history's recorded job results.
+
+The PDF is printed with Qt, which the command line may not import: ``studio/__main__.py``
+hands a printer in with :func:`set_pdf_printer` (``python -m studio.cli`` has none and
+says so).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+
+_pdf_printer: Any = None  # (html, charts) -> PDF bytes, see studio.services.reports
+
+
+def set_pdf_printer(printer: Any) -> None:
+    global _pdf_printer
+    _pdf_printer = printer
+
+
+def add_parser(sub) -> None:
+    r = sub.add_parser("report", help="write the report of a run (any run of the history) as "
+                                      "HTML, Markdown, PDF or JSON")
+    r.add_argument("file")
+    r.add_argument("--run", dest="report_run", type=int, metavar="N",
+                   help="which run (default: the newest run with results; see studio info)")
+    r.add_argument("--format", dest="report_format", default="html",
+                   help="html (default), md, pdf or json")
+    r.add_argument("--out", dest="report_out", metavar="PATH",
+                   help="where to write it (default: <project>.studio/reports/run-N.<ext>)")
+
+
+def report_command(args) -> int:
+    from studio.core import project as projectfile
+    from studio.core.artifacts import ArtifactStore
+    from studio.core.jobs import JobStore
+    from studio.services import reports
+
+    fmt = reports.check_format(args.report_format)
+    if fmt == "pdf" and _pdf_printer is None:
+        raise StudioError("--format pdf needs the studio command (python -m studio), which "
+                          "prints with Qt: or choose html, md or json")
+    p = projectfile.load(Path(args.file))
+    db = p.folder / "runs.sqlite"
+    if not db.exists():
+        raise StudioError(f"{p.path.name} has no runs yet: run the pipeline first "
+                          f"(studio --batch {args.file})")
+    if args.report_out:
+        reports.check_writable(Path(args.report_out))
+    jobs = JobStore(db)
+    try:
+        run_id = args.report_run if args.report_run is not None else reports.default_run(jobs)
+        data = reports.report_data(p, jobs, ArtifactStore(p.folder / "artifacts"), run_id)
+    finally:
+        jobs.close()
+    out = Path(args.report_out) if args.report_out else reports.default_out(p, run_id, fmt)
+    reports.write(data, fmt, out, _pdf_printer)
+    print(out)
+    if not getattr(args, "quiet", False):
+        gates = data["gates"]
+        failed = sum(not g["passed"] for g in gates)
+        what = (f"{failed} of {len(gates)} gates failed" if failed else
+                f"{len(gates)} gates passed" if gates else "no gates checked")
+        print(f"report of run {run_id} ({fmt}): {what}", file=sys.stderr)
+    return 0
