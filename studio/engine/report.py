@@ -176,6 +176,8 @@ def build_report(project: Project, results: dict[str, dict[str, Any]],
         if label.startswith(("validate[", "graph-validate[")):
             for g in evaluate_gates(project.gates, r):
                 g["target"] = r.get("target", "")
+                # the figure a gate checks comes from the device that ran the validation
+                g["source"] = r.get("source", "simulated")
                 gates.append(g)
     metrics = [dict(m, stage=label) for label, r in results.items() for m in r.get("metrics", [])]
     st = {label: {k: v for k, v in r.items() if k != "metrics"} for label, r in results.items()}

@@ -74,10 +74,11 @@ def test_the_markdown_has_the_gates_table_and_the_comparison(two_runs, tmp_path)
     md = (tmp_path / "r.md").read_text()
     assert studio("report", f, "--format", "json", "--out", tmp_path / "r.json").returncode == 0
     data = json.loads((tmp_path / "r.json").read_text())
-    assert "| gate | target | value | threshold | result |" in md
+    assert "| gate | target | value | source | threshold | result |" in md
     for g in data["gates"]:
         row = next(line for line in md.splitlines() if line.startswith(f"| {g['gate']} |"))
         assert g["target"] in row and ("pass" if g["passed"] else "FAIL") in row
+        assert f"| {g['source']} |" in row and g["source"] == "simulated"
     assert "## Headline figures" in md and "| simulated |" in md and "| measured |" in md
     assert f"## Compared with run {ids[1]}" in md
     # a simulator timing is never called latency of the device

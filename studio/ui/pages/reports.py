@@ -35,7 +35,8 @@ EXPORT_FORMATS = {"html": "HTML page", "md": "Markdown", "pdf": "PDF", "json": "
 class ReportsPage(StagePage):
     title = "Reports"
     subtitle = (
-        "Self-contained HTML reports (plots inside) written by the report stage, with JSON for CI."
+        "Self-contained HTML reports (plots inside) written by the report stage, with JSON for "
+        "CI; export any run's report as HTML, Markdown, PDF or JSON."
     )
 
     stage = "report"
