@@ -15,6 +15,7 @@ from studio.core.metrics import Metric
 # Metrics where a smaller value is better (for marking a delta as an improvement).
 LOWER_IS_BETTER = {
     "logits_max_abs_error", "perplexity_quantized", "perplexity_fp32", "perplexity_host_qdq",
+    "sensitivity_perplexity_fp32", "perplexity_base",
     "prefill_ms", "decode_ms_per_token", "decode_step_total", "export_seconds",
     "quantize_seconds", "compile_seconds",
 }

@@ -952,7 +952,8 @@ def sensitivity(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     base, fp32 = data["base"], data["fp32"]
     top = rk["raise"][0]
     metrics = [
-        _host_metric("perplexity_fp32", fp32["perplexity"], "", where),
+        # its own name: validate owns perplexity_fp32 (its held-out text, its token count)
+        _host_metric("sensitivity_perplexity_fp32", fp32["perplexity"], "", where),
         _host_metric("perplexity_base", base["perplexity"], "", f"{scheme}, {where}"),
         _host_metric("logits_cosine_base", base["logits_cosine"], "", f"{scheme}, {where}"),
         _host_metric("kl_divergence_base", base["kl_divergence"], "nats", f"{scheme}, {where}"),
