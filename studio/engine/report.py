@@ -63,8 +63,8 @@ TIMINGS = {"decode_tokens_per_s", "prefill_ms", "decode_ms_per_token", "latency_
 
 
 # ---- the data ---------------------------------------------------------------------------------
-#: the stages whose figures the headline takes (other stages reuse a name for a figure of
-#: their own, e.g. the sensitivity stage's FP32 perplexity over its shorter held-out window)
+#: the stages whose figures the headline takes (the validate, run and profile stages' own
+#: figures, not the same quantities measured along the way by another stage)
 HEADLINE_STAGES = ("validate[", "graph-validate[", "run[", "graph-run[", "profile[",
                    "graph-profile[")
 
