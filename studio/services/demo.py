@@ -467,12 +467,15 @@ def bundle_scene(demo: Demo) -> Scene:
                                  "total_bytes": sum(f["bytes"] for f in files),
                                  "summary": str(r.get("summary", "")),
                                  "stored": bdir is not None}
+        names = {"genie_tokens_per_s": ("Genie's decode speed", lambda v: f"{v:.1f} tok/s"),
+                 "genie_identical_prompts": ("Genie's text = the studio's",
+                                             lambda v: f"{v:.0%} of the prompts")}
         for m in (demo.jobs.metrics(job_id=job.id) if demo.jobs else []):
-            if m.name in ("genie_tokens_per_s", "genie_decode_tokens_per_s",
-                          "bundle_tokens_per_s", "genie_agreement", "genie_text_agreement"):
+            if m.name in names:
+                label, fmt = names[m.name]
                 w = device_name(m.device, m.target)
-                scene.figures.append(Figure(m.name.replace("_", " "), f"{m.value:.4g} {m.unit}",
-                                            m.source, w, recorded_label(job, w), m.value))
+                scene.figures.append(Figure(label, fmt(m.value), m.source, w,
+                                            recorded_label(job, w), m.value))
     else:
         scene.note = ("no deployment bundle built yet: build it on the Deploy page or with "
                       f"studio bundle {demo.project.path.name if demo.project.path else 'FILE'}")

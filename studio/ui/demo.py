@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
     QGridLayout,
     QHBoxLayout,
     QLabel,
+    QLayout,
     QPlainTextEdit,
     QSizePolicy,
     QStackedWidget,
@@ -379,7 +380,8 @@ class GenerateView(SceneView):
                                         row, 0, 1, 3)
             row += 1
         groups: dict[str, list[demosvc.Figure]] = {}
-        for fig in scene.figures:
+        live_first = sorted(scene.figures, key=lambda f: f.where != self.device_name)
+        for fig in live_first:
             groups.setdefault(fig.recorded, []).append(fig)
         for rec, figs in groups.items():
             for fig in figs:
@@ -514,12 +516,15 @@ class WaterfallView(SceneView):
         self.grid.setContentsMargins(0, 0, 0, 0)
         self.rows: list[list[QWidget]] = []
         self.shown = 0
+        self.chip_name = ""
+        self.subtitle.setProperty("fs", "h2")
+        self.subtitle.setProperty("tone", "accent")
 
     def fill(self, scene: demosvc.Scene) -> None:
         _clear(self.grid)
         self.rows = []
         chip = scene.extra.get("chip_name", "")
-        self.subtitle.setText(f"decode speed on {chip}, step by step, each on top of the last")
+        self.chip_name = chip
         heads = ["step", f"{chip} (estimated)", "", "", "host CPU (measured)",
                  "perplexity"]
         for c, h in enumerate(heads):
@@ -538,9 +543,8 @@ class WaterfallView(SceneView):
             ml.addWidget(_label(m.text, "body"))
             ml.addWidget(badge(m.source, m.where))
             cells.append(mw)
-            tone = "bad" if r["perplexity"].value and i > 1 and \
-                scene.rows[i - 1]["perplexity"].value > scene.rows[0]["perplexity"].value * 1.05 \
-                else None
+            first = scene.rows[0]["perplexity"].value or 0.0
+            tone = "bad" if ppl.value and first and ppl.value > first * 1.05 else None
             cells.append(_label(ppl.text, "body", tone))
             for c, w in enumerate(cells):
                 self.grid.addWidget(w, i, c)
@@ -556,6 +560,27 @@ class WaterfallView(SceneView):
         for i, cells in enumerate(self.rows):
             for w in cells:
                 w.setVisible(i < self.shown)
+        self.subtitle.setText(self.so_far())
+
+    def so_far(self) -> str:
+        """The headline: decode speed on the chip from the first step to the last shown."""
+        if self.scene is None or not self.shown:
+            return ""
+        rows = self.scene.rows
+        a, b = rows[0]["estimated"], rows[self.shown - 1]["estimated"]
+        if a is None or b is None or not a.value:
+            return f"decode speed on {self.chip_name}, step by step"
+        if self.shown == 1:
+            return (f"decode speed on {self.chip_name}, step by step, each on top of the last: "
+                    f"{rows[0]['label']} {a.text}")
+        last = rows[self.shown - 1]["label"]
+        return (f"on {self.chip_name}: {rows[0]['label']} {a.text} → {last} {b.text}  "
+                f"(×{(b.value or 0) / a.value:.2f}, estimated)")
+
+    def rescale(self, base: float) -> None:
+        super().rescale(base)
+        for i in range(1, len(self.rows) + 1):
+            self.grid.setRowMinimumHeight(i, int(base * 2.6))
 
     def entered(self, forward: bool) -> None:
         if self.rows:
@@ -730,9 +755,10 @@ class BundleView(SceneView):
         self.lay.addSpacing(8)
         b = scene.extra.get("bundle")
         if b:
+            from studio.core.catalog import get_chip
             from studio.core.units import format_bytes
 
-            self.lay.addWidget(_label(f"Genie bundle for {b['target']} — "
+            self.lay.addWidget(_label(f"Genie bundle for {get_chip(b['target']).name} — "
                                       f"{len(b['files'])} files, "
                                       f"{format_bytes(b['total_bytes'])}", "h2"))
             if b.get("summary"):
@@ -781,6 +807,9 @@ class DemoWindow(QWidget):
         self.setWindowTitle(f"QStudio demo — {demo.title}")
         self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
         self.root = QVBoxLayout(self)
+        # the type follows the window: the content never forces the window past the screen
+        # (a minimum size above the screen's would drop full screen)
+        self.root.setSizeConstraint(QLayout.SizeConstraint.SetNoConstraint)
         top = QHBoxLayout()
         self.demo_title = _label(demo.title, "small", "muted")
         top.addWidget(self.demo_title)
