@@ -650,6 +650,7 @@ class ShareView(SceneView):
 
     def fill(self, scene: demosvc.Scene) -> None:
         _clear(self.grid)
+        self.bar_rows: list[int] = []
         if self.kind == "profile":
             self._profile(scene)
         else:
@@ -658,6 +659,7 @@ class ShareView(SceneView):
     def _header(self, scene: demosvc.Scene, row: int) -> int:
         if scene.figures:
             box = QHBoxLayout()
+            box.setSpacing(int((self.window_._base or 16) * 0.8))
             for fig in scene.figures:
                 c = card(fig.name, fig.text, fig, "big")
                 for w in c.findChildren(QLabel):
@@ -688,6 +690,7 @@ class ShareView(SceneView):
             self.grid.addWidget(_label(f"{r['share']:.1%}", "h2"), row, 2)
             self.grid.addWidget(_label(f"{r['count']} op{'s' if r['count'] != 1 else ''}",
                                        "small", "muted"), row, 3)
+            self.bar_rows.append(row)
             row += 1
         blocks = scene.extra.get("blocks") or []
         if blocks:
@@ -708,9 +711,16 @@ class ShareView(SceneView):
             self.grid.addWidget(Bar(r["bytes"] / top, colors[i % len(colors)]), row, 1)
             self.grid.addWidget(_label(r["text"], "h2"), row, 2)
             self.grid.addWidget(badge(r["source"], "graph shapes"), row, 3)
+            self.bar_rows.append(row)
             row += 1
         self.grid.setColumnStretch(1, 1)
         self.grid.setRowStretch(row, 1)
+
+
+    def rescale(self, base: float) -> None:
+        super().rescale(base)
+        for r in getattr(self, "bar_rows", []):
+            self.grid.setRowMinimumHeight(r, int(base * (2.4 if self.kind == "memory" else 2.0)))
 
 
 class BundleView(SceneView):
@@ -815,7 +825,9 @@ class DemoWindow(QWidget):
         top.addWidget(self.demo_title)
         top.addStretch(1)
         self.run_label = _label(
-            f"recorded figures: run {demo.run.id}" if demo.run else "no run recorded yet",
+            "no run recorded yet" if demo.run is None else
+            f"recorded figures: run {demo.run.id}" if demo.spec.run is not None else
+            f"recorded figures: the newest run ({demo.run.id}) · each scene names its run",
             "small", "muted")
         top.addWidget(self.run_label)
         self.root.addLayout(top)
@@ -839,6 +851,7 @@ class DemoWindow(QWidget):
         self.index = -1
         self._base = 0.0
         self._build_thread: threading.Thread | None = None
+        self.resize(1280, 720)
         self.go(max(0, min(start, len(self.views) - 1)))
         self._build()
 
@@ -905,7 +918,7 @@ class DemoWindow(QWidget):
         n = len(self.views)
         self.position.setText(f"scene {self.index + 1} / {n} · {v.title.text() if v else ''}")
         hints = "→ / Space next · ← back · Home first · F full screen · Esc leave"
-        if v is not None and v.hints:
+        if v is not None and v.hints and v.scene is not None and not v.scene.empty:
             hints = f"{v.hints} · {hints}"
         self.keys.setText(hints)
 
@@ -921,10 +934,10 @@ class DemoWindow(QWidget):
         elif k == K.Key_End:
             self.go(len(self.views) - 1, False)
         elif k == K.Key_F:
-            self.showNormal() if self.isFullScreen() else self.showFullScreen()
+            self.leave_full_screen() if self.isFullScreen() else self.full_screen()
         elif k == K.Key_Escape:
             if self.isFullScreen():
-                self.showNormal()
+                self.leave_full_screen()
             else:
                 self.close()
         elif k in (K.Key_R, K.Key_P) and isinstance(self.current_view(), GenerateView):
@@ -937,6 +950,22 @@ class DemoWindow(QWidget):
             gv.start(next_prompt=k == K.Key_P)
         else:
             super().keyPressEvent(event)
+
+    def full_screen(self) -> None:
+        """Full screen on the window's screen (its geometry set too: without a window manager,
+        e.g. on a bare X server, the full-screen state alone leaves the size as it was)."""
+        screen = self.screen() or QApplication.primaryScreen()
+        if screen is not None:
+            self.setGeometry(screen.geometry())
+        self.showFullScreen()
+
+    def leave_full_screen(self) -> None:
+        self.showNormal()
+        screen = self.screen() or QApplication.primaryScreen()
+        if screen is not None:
+            g = screen.availableGeometry()
+            w, h = min(1280, g.width()), min(720, g.height())
+            self.setGeometry(g.x() + (g.width() - w) // 2, g.y() + (g.height() - h) // 2, w, h)
 
     # ---- type that follows the window's size -------------------------------------------------
     def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
@@ -1012,10 +1041,9 @@ def main(argv: list[str] | None = None) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     win = DemoWindow(demo, start)
     if args.windowed:
-        win.resize(1280, 720)
         win.show()
     else:
-        win.showFullScreen()
+        win.full_screen()
     if os.environ.get("QSTUDIO_EXIT_AFTER_SHOW") == "1":
         from PySide6.QtCore import QTimer
 
@@ -1041,9 +1069,8 @@ def open_for_window(win, full_screen: bool = True) -> DemoWindow | None:
         return None
     dw = DemoWindow(demo, parent=win)
     if full_screen:
-        dw.showFullScreen()
+        dw.full_screen()
     else:
-        dw.resize(1280, 720)
         dw.show()
     dw.activateWindow()
     dw.setFocus()
