@@ -130,3 +130,12 @@ def test_studio_demo_refuses_bad_input_in_one_line(batch_run, small_project, tmp
         assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], lines
+
+
+def test_studio_demo_opens_the_stage(batch_run, small_project):
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", QSTUDIO_EXIT_AFTER_SHOW="1")
+    r = subprocess.run([sys.executable, "-m", "studio", "demo", str(small_project), "--scene",
+                        "accuracy", "--windowed"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("shown QStudio demo — small on "), r.stdout
