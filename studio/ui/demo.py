@@ -827,7 +827,7 @@ class DemoWindow(QWidget):
         self.run_label = _label(
             "no run recorded yet" if demo.run is None else
             f"recorded figures: run {demo.run.id}" if demo.spec.run is not None else
-            f"recorded figures: the newest run ({demo.run.id}) · each scene names its run",
+            f"recorded figures: run {demo.run.id}, the newest · each scene names its run",
             "small", "muted")
         top.addWidget(self.run_label)
         self.root.addLayout(top)

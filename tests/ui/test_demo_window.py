@@ -69,6 +69,7 @@ def _demo_window(path: Path, qtbot, size=(1280, 720)):
     win.resize(*size)
     win.show()
     qtbot.waitUntil(win.ready, timeout=120_000)
+    qtbot.wait(100)  # widgets added to a shown layout are shown by a queued call
     return win
 
 
@@ -191,6 +192,7 @@ def test_view_demo_opens_full_screen_and_esc_leaves(make_window, finished, copy_
     assert dw is not None and dw.isVisible() and dw.isFullScreen()
     qtbot.waitUntil(dw.ready, timeout=120_000)
     assert [v.kind for v in dw.views] == ["profile", "bundle"]
+    qtbot.wait(100)  # widgets added to a shown layout are shown by a queued call
     assert dw.views[0].badge_texts()
     qtbot.keyClick(dw, Qt.Key.Key_Escape)
     assert dw.isVisible() and not dw.isFullScreen()
