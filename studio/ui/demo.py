@@ -422,6 +422,11 @@ class GenerateView(SceneView):
         fmt.setForeground(QColor(MUTED))
         self.output.textCursor().insertText(prompt, fmt)
         self.gauge.set_value(None, self.source)
+        for w in (self.gauge, self.live_badge, self.ttft):
+            w.show()
+        self.detail.setProperty("fs", "small")
+        self._tone(self.detail, "muted")
+        self._tone(self.status, "accent")
         self.status.setText(f"● LIVE on {self.device_name} — loading the model…")
         self.ttft.setText("time to first token: –")
         self.detail.setText("")
@@ -444,6 +449,19 @@ class GenerateView(SceneView):
 
         self._thread = threading.Thread(target=work, name="demo-generate", daemon=True)
         self._thread.start()
+
+    def rescale(self, base: float) -> None:
+        super().rescale(base)
+        self.gauge.setMaximumHeight(int(base * 13))
+        self.gauge.setMinimumHeight(int(base * 8))
+
+    def restart(self, next_prompt: bool = False) -> None:
+        """R / P: stop a generation that is still going (between tokens) and start again."""
+        if self._thread is not None:
+            self.cancel(wait=30.0)
+            QApplication.processEvents()  # its 'stopped' arrives and clears the thread
+            self._thread = None
+        self.start(next_prompt=next_prompt)
 
     def cancel(self, wait: float = 0.0) -> None:
         if self._cancel is not None:
@@ -492,10 +510,18 @@ class GenerateView(SceneView):
             self.status.setText("stopped — R runs it again")
             return
         self.status.setText("● the live generation could not run")
-        self.status.setProperty("tone", "bad")
-        self.status.style().unpolish(self.status)
-        self.status.style().polish(self.status)
+        self._tone(self.status, "bad")
+        for w in (self.gauge, self.live_badge, self.ttft):  # nothing was measured
+            w.hide()
+        self.detail.setProperty("fs", "h2")
+        self._tone(self.detail, "muted")
         self.detail.setText(message)
+
+    @staticmethod
+    def _tone(w: QLabel, tone: str) -> None:
+        w.setProperty("tone", tone)
+        w.style().unpolish(w)
+        w.style().polish(w)
 
 
 class _GenBridge(QObject):
@@ -941,13 +967,9 @@ class DemoWindow(QWidget):
             else:
                 self.close()
         elif k in (K.Key_R, K.Key_P) and isinstance(self.current_view(), GenerateView):
-            gv = self.current_view()
-            assert isinstance(gv, GenerateView)
-            if gv.running():
-                gv.cancel(wait=30.0)
-                QApplication.processEvents()
-                gv._thread = None
-            gv.start(next_prompt=k == K.Key_P)
+            view = self.current_view()
+            assert isinstance(view, GenerateView)
+            view.restart(next_prompt=k == K.Key_P)
         else:
             super().keyPressEvent(event)
 
