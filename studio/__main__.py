@@ -1,5 +1,6 @@
 """The ``studio`` entry point: no arguments opens the desktop app, ``studio FILE.qstudio``
-opens that project in it, anything else is the CLI.
+opens that project in it, ``studio demo FILE`` shows a project's demo full screen, anything
+else is the CLI.
 
 It sits above both front ends so that ``studio.cli`` and ``studio.ui`` never import each
 other.
@@ -16,6 +17,10 @@ def main(argv: list[str] | None = None) -> int:
         from studio.ui.app import main as gui_main
 
         return gui_main(argv)
+    if argv[0] == "demo":
+        from studio.ui.demo import main as demo_main
+
+        return demo_main(argv[1:])
     from studio.cli.main import main as cli_main
     from studio.cli.report import set_pdf_printer
 

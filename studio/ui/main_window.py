@@ -283,6 +283,8 @@ class MainWindow(QMainWindow):
             a.triggered.connect(lambda _c=False, n=name: self.set_theme(n))
             self.theme_group.addAction(a)
             self.theme_acts[name] = a
+        self.demo_act = self._act("&Demo", self.show_demo, "F11",
+                                  "Show the project full screen for a stakeholder demo")
         self.shortcuts_act = self._act("&Keyboard Shortcuts", self.show_shortcuts, None)
         self.about_act = self._act("&About QStudio", self.show_about, None)
 
@@ -308,6 +310,7 @@ class MainWindow(QMainWindow):
         for a in self.page_acts:
             v.addAction(a)
         v.addSeparator()
+        v.addAction(self.demo_act)
         t = v.addMenu("&Theme")
         for a in self.theme_acts.values():
             t.addAction(a)
@@ -741,6 +744,13 @@ class MainWindow(QMainWindow):
             m.addAction(
                 "Clear list", lambda: (self.settings.clear_recent(), self.welcome.refresh())
             )
+
+    def show_demo(self):
+        """View → Demo: the open project's demo (its NAME.demo.toml) full screen."""
+        from studio.ui.demo import open_for_window
+
+        self.demo_window = open_for_window(self)
+        return self.demo_window
 
     def show_shortcuts(self) -> None:
         rows = [
