@@ -267,6 +267,11 @@ def _parser() -> argparse.ArgumentParser:
     from studio.cli.report import add_parser as add_report_parser
 
     add_report_parser(sub)
+    # listed here for --help; `studio demo` opens a window, so studio/__main__.py takes it
+    # before the command line sees it
+    dm = sub.add_parser("demo", help="the full-screen stakeholder demo of a project (a window: "
+                                     "studio demo FILE [--scene N|NAME] [--windowed])")
+    dm.add_argument("file")
     e = sub.add_parser("estimate", help="estimated prefill / decode tok/s of an architecture on "
                                         "a chip (performance model, no weights needed)")
     e.add_argument("--config", help="a HF config.json, a checkpoint folder, or a bundled name "
@@ -1116,6 +1121,9 @@ def main(argv: list[str] | None = None) -> int:
             from studio.cli.sweep import sweep_command
 
             return sweep_command(args)
+        if args.command == "demo":
+            raise StudioError("the demo opens a window, which the command line alone cannot: "
+                              f"run `studio demo {args.file}`")
         if args.command == "report":
             from studio.cli.report import report_command
 
