@@ -25,7 +25,7 @@ SECONDS=0
 install_s=$SECONDS
 echo "installed $(basename "$whl") and its dependencies in ${install_s} s; venv $(du -sh "$venv" | cut -f1)"
 "$venv/bin/python" -m pip check
-"$venv/bin/python" -m pip list 2>/dev/null | grep -iE '^(qstudio|torch|onnxruntime|onnxruntime-qnn|PySide6-Essentials|transformers) '
+"$venv/bin/python" -m pip list 2>/dev/null | grep -iE '^(qstudio|torch|onnxruntime|onnxruntime-qnn|PySide6[-_]Essentials|transformers) '
 
 cd "$work"
 # the studio that runs is the installed one, with its resources, not a checkout's
@@ -42,17 +42,19 @@ assert venv in here.parents, f"studio imported from {here}, not from {venv}"
 assert venv in RESOURCES.resolve().parents and (RESOURCES / "catalog" / "chips.toml").is_file()
 print("studio imported from", here.parent)
 PY
-s=$SECONDS; "$venv/bin/studio" --help > /dev/null; echo "studio --help: $(( SECONDS - s )) s"
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+s=$(now); "$venv/bin/studio" --help > /dev/null; echo "studio --help: $(since "$s") s"
 "$venv/bin/studio" targets | head -3
-s=$SECONDS
+s=$(now)
 "$venv/bin/studio" new p.qstudio --sample tiny-coder
 "$venv/bin/studio" --batch p.qstudio
-batch_s=$(( SECONDS - s ))
+batch_s=$(since "$s")
 ls p.studio/reports/*.html > /dev/null
 echo "studio new + --batch (full pipeline on the HTP simulator): ${batch_s} s"
 # the shipped example project refers to the sample by name (sample:tiny-coder)
 cp "$repo/examples/tiny-coder/tiny-coder.qstudio" .
-s=$SECONDS
+s=$(now)
 "$venv/bin/studio" --batch tiny-coder.qstudio --stages export,quantize --quiet
-echo "examples/tiny-coder --batch --stages export,quantize: $(( SECONDS - s )) s"
+echo "examples/tiny-coder --batch --stages export,quantize: $(since "$s") s"
 echo "OK: install ${install_s} s, venv $(du -sh "$venv" | cut -f1), batch ${batch_s} s"
