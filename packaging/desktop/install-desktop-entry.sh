@@ -30,5 +30,5 @@ install -m 644 "$here/qstudio.svg" "$data/icons/hicolor/scalable/apps/qstudio.sv
 sed -e "s|^Exec=qstudio|Exec=$app/qstudio|" -e "s|^TryExec=qstudio|TryExec=$app/qstudio|" \
     "$here/qstudio.desktop" > "$data/applications/qstudio.desktop"
 command -v update-desktop-database >/dev/null && update-desktop-database -q "$data/applications" || true
-command -v gtk-update-icon-cache >/dev/null && gtk-update-icon-cache -q "$data/icons/hicolor" || true
+command -v gtk-update-icon-cache >/dev/null && gtk-update-icon-cache -q "$data/icons/hicolor" 2>/dev/null || true
 echo "installed: $bin/qstudio -> $app/qstudio, $data/applications/qstudio.desktop"
