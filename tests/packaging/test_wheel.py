@@ -92,7 +92,9 @@ def venv(wheel, tmp_path_factory) -> Path:
     environment (the base interpreter's site-packages, and this virtualenv's when the tests
     run in one)."""
     root = tmp_path_factory.mktemp("venv") / "v"
-    r = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(root)],
+    # without pip of its own (no ensurepip needed): this environment's pip installs into it
+    r = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
+                        str(root)],
                        capture_output=True, text=True, timeout=120, env=_env())
     assert r.returncode == 0, r.stderr
     py = root / "bin" / "python"
@@ -102,8 +104,9 @@ def venv(wheel, tmp_path_factory) -> Path:
             [str(py), "-c", "import json, site; print(json.dumps(site.getsitepackages()))"],
             env=_env()))[0]
         (Path(purelib) / "outer-env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    r = subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q",
-                        str(wheel)], capture_output=True, text=True, timeout=300, env=_env())
+    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps",
+                        "--no-index", "-q", str(wheel)],
+                       capture_output=True, text=True, timeout=300, env=_env())
     assert r.returncode == 0, r.stderr[-3000:]
     return root
 
