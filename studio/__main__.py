@@ -13,6 +13,13 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--studio-worker"]:
+        # a frozen desktop build starts its stage workers as itself with this flag
+        # (studio.services.workers.worker_command); a source or wheel install runs
+        # ``python -m studio.worker`` instead
+        from studio.worker.__main__ import main as worker_main
+
+        return worker_main()
     if not argv or (len(argv) == 1 and argv[0].endswith(".qstudio")):
         from studio.ui.app import main as gui_main
 

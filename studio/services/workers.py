@@ -25,6 +25,15 @@ OnMessage = Callable[[dict[str, Any]], None]
 JOB_BASE_MEMORY = 1_500 * 2**20
 
 
+def worker_command() -> list[str]:
+    """The command line of a worker subprocess: ``python -m studio.worker``, or in a frozen
+    desktop build (PyInstaller, where ``sys.executable`` is the app itself) the app with
+    ``--studio-worker``, which ``studio/__main__.py`` hands to the worker's main."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable, "--studio-worker"]
+    return [sys.executable, "-m", "studio.worker"]
+
+
 def job_memory(model_bytes: int = 0) -> int:
     """Bytes one stage job needs: the base plus three copies of the model's weights (the
     FP32 graph, the quantized graph and the context binary being built)."""
@@ -84,7 +93,7 @@ class WorkerProcess:
         self.scratch.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, TMPDIR=str(self.scratch))
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "studio.worker",
+            *worker_command(),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=1 << 24, env=env,
         )

@@ -34,8 +34,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import qasync
     from PySide6.QtCore import QTimer
+    from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
+    from studio.core.samples import RESOURCES
     from studio.ui.main_window import MainWindow
     from studio.ui.settings import AppSettings
     from studio.ui.theme import apply_theme
@@ -44,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     QApplication.setOrganizationName("QStudio")
     QApplication.setApplicationDisplayName("QStudio")
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setWindowIcon(QIcon(str(RESOURCES / "icons" / "qstudio.png")))
     settings = AppSettings()
     apply_theme(app, settings.theme)
     exit_after_show = os.environ.get("QSTUDIO_EXIT_AFTER_SHOW") == "1"
