@@ -16,6 +16,7 @@ import shutil
 import site
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -33,21 +34,41 @@ def _env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    """The wheel, built by pip with this environment's setuptools from a copy of the
-    sources (so the build writes nothing into the checkout)."""
+def dists(tmp_path_factory) -> tuple[Path, Path]:
+    """(sdist, wheel): ``python -m build`` (with this environment's setuptools) makes the sdist
+    from a copy of the checkout's tracked files and then the wheel from that sdist, so the
+    wheel proves the sdist complete; nothing is written into the checkout."""
     src = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "README.md", "MANIFEST.in"):
-        shutil.copy2(ROOT / name, src / name)
-    shutil.copytree(ROOT / "studio", src / "studio",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    out = tmp_path_factory.mktemp("wheel")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                        "--no-index", "-q", "-w", str(out), str(src)],
-                       capture_output=True, text=True, timeout=300, env=_env(), cwd=out)
-    assert r.returncode == 0, r.stderr[-3000:]
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                             check=True).stdout.decode().split("\0")
+    for name in filter(None, tracked):
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
+    out = tmp_path_factory.mktemp("dist")
+    r = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out),
+                        str(src)], capture_output=True, text=True, timeout=600, env=_env(),
+                       cwd=out)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    (sdist,) = out.glob("qstudio-*.tar.gz")
     (whl,) = out.glob("qstudio-*.whl")
-    return whl
+    return sdist, whl
+
+
+@pytest.fixture(scope="module")
+def wheel(dists) -> Path:
+    return dists[1]
+
+
+def test_the_sdist_carries_the_sources_examples_and_tests(dists):
+    with tarfile.open(dists[0]) as t:
+        names = {m.name.split("/", 1)[1] for m in t.getmembers() if m.isfile()}
+    for name in ("pyproject.toml", "README.md", "MANIFEST.in",
+                 "examples/tiny-coder/tiny-coder.qstudio", "studio/resources/catalog/chips.toml",
+                 "studio/resources/models/tiny-coder/model.safetensors",
+                 "packaging/check-wheel.sh", "tests/packaging/test_wheel.py"):
+        assert name in names, name
+    assert not [n for n in names if ".studio/" in n or n.endswith(".pyc")]
 
 
 def test_wheel_carries_the_code_the_resources_and_the_entry_point(wheel):
@@ -155,3 +176,21 @@ def test_worker_command_in_a_frozen_app(monkeypatch):
     assert worker_command() == [sys.executable, "-m", "studio.worker"]
     monkeypatch.setattr(sys, "frozen", True, raising=False)
     assert worker_command() == [sys.executable, "--studio-worker"]
+
+
+@pytest.mark.slow
+def test_the_installed_studio_runs_the_shipped_example(venv, dists, tmp_path):
+    """The sdist's example project, run by the venv's studio (its workers are the venv's
+    python -m studio.worker): export and quantize find the sample model and the calibration
+    text among the installed package's resources."""
+    with tarfile.open(dists[0]) as t:
+        member = next(m for m in t.getmembers()
+                      if m.name.endswith("examples/tiny-coder/tiny-coder.qstudio"))
+        (tmp_path / "tiny-coder.qstudio").write_bytes(t.extractfile(member).read())
+    r = subprocess.run([str(venv / "bin" / "studio"), "--batch", "tiny-coder.qstudio",
+                        "--stages", "export,quantize", "--json"], capture_output=True,
+                       text=True, timeout=900, cwd=tmp_path, env=_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout)
+    assert summary["state"] == "succeeded"
+    assert {j["stage"] for j in summary["jobs"]} == {"export", "quantize"}
