@@ -116,9 +116,23 @@ class JobStore:
                                    check_same_thread=False)
         self._lock = threading.RLock()  # one connection, shared by the UI and a runner thread
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        self._setup()
+
+    def _setup(self) -> None:
+        """WAL mode and the schema. Two processes opening a new history at once (two sweeps,
+        a sweep and the window) can find it locked while the other switches it to WAL, which
+        SQLite answers at once instead of through its busy timeout: try again for a while."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                self._db.executescript(_SCHEMA)
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def close(self) -> None:
         with self._lock:
