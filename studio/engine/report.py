@@ -204,12 +204,15 @@ def _comparison_rows(data: dict[str, Any]) -> list[tuple[str, float | None, floa
     comp = data.get("comparison")
     if not comp:
         return []
+    both = [m for m in comp["metrics"] if m["a"] is not None and m["b"] is not None]
+    # the headline figures both runs have; runs that share none of them (a partial run) get
+    # the figures they do share
+    chosen = [m for m in both if m["name"] in HEADLINE] or both
+    several = len(data.get("targets") or []) > 1
     rows = []
-    for m in comp["metrics"]:
-        if m["name"] in HEADLINE and m["a"] is not None and m["b"] is not None:
-            several = len(data.get("targets") or []) > 1
-            where = m["device"] + (f" / {m['target']}" if several and m.get("target") else "")
-            rows.append((f"{m['name']} ({where})"[:44], m["a"], m["b"]))
+    for m in chosen:
+        where = m["device"] + (f" / {m['target']}" if several and m.get("target") else "")
+        rows.append((f"{m['name']} ({where})"[:44], m["a"], m["b"]))
     return rows[:12]
 
 

@@ -128,3 +128,18 @@ def test_the_report_lists_the_layers_an_override_changed(tmp_path):
     assert ("override &#39;*.down_proj&#39;" in html or "override &#x27;*.down_proj&#x27;" in html
             or "override '*.down_proj'" in html)
     assert render_layers([]) == ""
+
+
+def test_the_comparison_chart_falls_back_to_the_figures_both_runs_share():
+    from studio.engine.report import _comparison_rows
+
+    def m(name, a, b):
+        return {"name": name, "device": "host-cpu", "target": "", "a": a, "b": b}
+
+    comp = {"metrics": [m("kl_divergence_base", 0.1, 0.2), m("export_seconds", None, 3.0)]}
+    # a partial run shares no headline figure: the chart draws what both runs have
+    assert _comparison_rows({"comparison": comp, "targets": ["x"]}) == [
+        ("kl_divergence_base (host-cpu)", 0.1, 0.2)]
+    comp["metrics"].append(m("decode_tokens_per_s", 10.0, 12.0))
+    assert [r[0] for r in _comparison_rows({"comparison": comp, "targets": ["x"]})] == [
+        "decode_tokens_per_s (host-cpu)"]
