@@ -204,16 +204,17 @@ def pick_run(project: Project, jobs: JobStore | None, run: int | None,
 
 # ---- the recorded jobs -------------------------------------------------------------------
 def stage_jobs(demo: Demo, stage: str) -> list[Job]:
-    """The succeeded jobs of ``stage`` in the demo's run; where that run has none, the newest
-    of the project's own runs (their recording line names the run they come from)."""
+    """The succeeded jobs of ``stage`` in the demo's run; for a device or target that run did
+    not cover (a partial run), the newest of the project's own runs (their recording line
+    names the run they come from)."""
     if demo.jobs is None:
         return []
+    mine: list[Job] = []
     if demo.run is not None:
         mine = [j for j in demo.jobs.jobs(run_id=demo.run.id)
                 if j.stage == stage and j.state == "succeeded"]
-        if mine:
-            return mine
-    return history.latest_jobs(demo.jobs, stage)
+    have = {j.target for j in mine}
+    return mine + [j for j in history.latest_jobs(demo.jobs, stage) if j.target not in have]
 
 
 def stage_job(demo: Demo, stage: str, target: str | None = None) -> Job | None:

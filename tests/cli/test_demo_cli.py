@@ -48,7 +48,8 @@ def test_scenes_of_a_finished_run_carry_sources_and_recordings(batch_run, small_
         assert set(speeds) >= {"host CPU"} and any("HTP simulator" in w for w in speeds)
         for where, f in speeds.items():
             m = RECORDED.match(f.recorded)
-            assert m and int(m.group(1)) == d.run.id and m.group(2) == where, f.recorded
+            # the demo's run, or for a device it did not cover, the newest earlier run that did
+            assert m and int(m.group(1)) <= d.run.id and m.group(2) == where, f.recorded
             assert f.source == ("simulated" if "simulator" in where else "measured")
             assert f.value and f.value > 0
 
