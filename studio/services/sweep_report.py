@@ -57,73 +57,21 @@ def point_rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def scatter_svg(rec: dict[str, Any], width: int = 640, height: int = 360) -> str:
-    """Accuracy (y) against deployed size (x), the Pareto front joined, the best ringed."""
+    """Accuracy (y) against deployed size (x), the Pareto front joined, the best ringed (the
+    run report's Pareto chart); each axis names the source of its figures."""
+    from studio.engine.report_charts import svg_pareto
+
     rows = [r for r in point_rows(rec) if r["accuracy"] is not None
             and r["size_bytes"] is not None]
     if not rows:
         return "<p>No point has both an accuracy and a size yet.</p>"
-    pad_l, pad_r, pad_t, pad_b = 70, 20, 20, 45
-    xs = [r["size_bytes"] / 2**20 for r in rows]
-    ys = [r["accuracy"] for r in rows]
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = min(ys), max(ys)
-    if x1 - x0 < 1e-9:
-        x0, x1 = x0 * 0.95, x1 * 1.05 + 1e-6
-    if y1 - y0 < 1e-12:
-        y0, y1 = y0 - 1e-4, y1 + 1e-4
-    xm, ym = (x1 - x0) * 0.08, (y1 - y0) * 0.1
-    x0, x1, y0, y1 = x0 - xm, x1 + xm, y0 - ym, y1 + ym
-
-    def px(x: float) -> float:
-        return pad_l + (x - x0) / (x1 - x0) * (width - pad_l - pad_r)
-
-    def py(y: float) -> float:
-        return height - pad_b - (y - y0) / (y1 - y0) * (height - pad_t - pad_b)
-
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'font-family="sans-serif" font-size="11">',
-           f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<line x1="{pad_l}" y1="{height - pad_b}" x2="{width - pad_r}" '
-           f'y2="{height - pad_b}" stroke="#444"/>',
-           f'<line x1="{pad_l}" y1="{pad_t}" x2="{pad_l}" y2="{height - pad_b}" stroke="#444"/>']
-    for k in range(5):
-        xv = x0 + (x1 - x0) * k / 4
-        yv = y0 + (y1 - y0) * k / 4
-        out.append(f'<text x="{px(xv):.1f}" y="{height - pad_b + 15}" '
-                   f'text-anchor="middle">{xv:.2f}</text>')
-        out.append(f'<text x="{pad_l - 6}" y="{py(yv) + 4:.1f}" text-anchor="end">'
-                   f'{yv:.5f}</text>')
-    title = html.escape(rec.get("accuracy_title", "accuracy"))
-    out.append(f'<text x="{(width + pad_l) / 2:.0f}" y="{height - 8}" text-anchor="middle">'
-               f'{html.escape(rows[0]["size_title"])} MiB ({rows[0]["size_source"]}) →</text>')
-    out.append(f'<text x="14" y="{(height - pad_b) / 2:.0f}" text-anchor="middle" '
-               f'transform="rotate(-90 14 {(height - pad_b) / 2:.0f})">{title} '
-               '(simulated) →</text>')
-    front = sorted((r for r in rows if r["front"]), key=lambda r: r["size_bytes"])
-    if len(front) > 1:
-        pts = " ".join(f"{px(r['size_bytes'] / 2**20):.1f},{py(r['accuracy']):.1f}"
-                       for r in front)
-        out.append(f'<polyline points="{pts}" fill="none" stroke="#d9480f" '
-                   'stroke-dasharray="4 3"/>')
-    labels: dict[tuple[int, int], list[str]] = {}  # points drawn on top of each other
-    for r in rows:
-        x, y = px(r["size_bytes"] / 2**20), py(r["accuracy"])
-        labels.setdefault((round(x / 8), round(y / 8)), []).append(r["label"])
-    for r in rows:
-        x, y = px(r["size_bytes"] / 2**20), py(r["accuracy"])
-        color = "#d9480f" if r["front"] else "#868e96"
-        fill = color if r["state"] == "succeeded" else "white"
-        out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="5" fill="{fill}" stroke="{color}" '
-                   'stroke-width="2"/>')
-        if r["best"]:
-            out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="10" fill="none" '
-                       'stroke="#2b8a3e" stroke-width="2"/>')
-        group = labels.pop((round(x / 8), round(y / 8)), None)
-        if group:
-            out.append(f'<text x="{x + 8:.1f}" y="{y - 7:.1f}">'
-                       f'{html.escape(", ".join(group))}</text>')
-    out.append("</svg>")
-    return "\n".join(out)
+    acc_sources = sorted({r["accuracy_source"] for r in rows if r["accuracy_source"]})
+    points = [{"label": r["label"], "x": r["size_bytes"] / 2**20, "y": r["accuracy"],
+               "front": r["front"], "best": r["best"], "passed": r["state"] == "succeeded"}
+              for r in rows]
+    return svg_pareto(points, f"{rows[0]['size_title']} MiB ({rows[0]['size_source']})",
+                      f"{rec.get('accuracy_title', 'accuracy')} ({', '.join(acc_sources)})",
+                      width, height)
 
 
 def render_html(project: Project, rec: dict[str, Any]) -> str:

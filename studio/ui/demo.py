@@ -212,8 +212,9 @@ class Gauge(QWidget):
 
 
 def card(title: str, value: str, fig: demosvc.Figure | None = None, value_size: str = "big",
-         tone: str | None = None) -> QFrame:
-    """A figure on stage: what it is, the value large, its source badge, its recording."""
+         tone: str | None = None, with_recording: bool = True) -> QFrame:
+    """A figure on stage: what it is, the value large, its source badge, its recording (left
+    out where the scene shows one recording line for all its cards)."""
     f = QFrame()
     f.setProperty("card", True)
     lay = QVBoxLayout(f)
@@ -222,7 +223,7 @@ def card(title: str, value: str, fig: demosvc.Figure | None = None, value_size: 
     lay.addWidget(_label(value, value_size, tone))
     if fig is not None:
         lay.addWidget(badge(fig.source, fig.where))
-        if fig.recorded:
+        if fig.recorded and with_recording:
             lay.addWidget(recorded(fig.recorded))
     lay.addStretch(1)
     return f
@@ -645,12 +646,9 @@ class AccuracyView(SceneView):
             if fig.name == "deployed perplexity" and change is not None:
                 value = f"{fig.text}  ({change:+.1%})"
                 tone = "good" if change <= 0.02 else ("bad" if change > 0.05 else None)
-            c = card(fig.name, value, fig, "hero", tone)
             # the badges on stage: the recording line is once per scene, below
-            for w in c.findChildren(QLabel):
-                if w.property("recorded"):
-                    w.hide()
-            cards.addWidget(c, i // 3, i % 3)
+            cards.addWidget(card(fig.name, value, fig, "hero", tone, with_recording=False),
+                            i // 3, i % 3)
         self.lay.addLayout(cards)
         if scene.rows:
             self.lay.addSpacing(8)
@@ -687,11 +685,7 @@ class ShareView(SceneView):
             box = QHBoxLayout()
             box.setSpacing(int((self.window_._base or 16) * 0.8))
             for fig in scene.figures:
-                c = card(fig.name, fig.text, fig, "big")
-                for w in c.findChildren(QLabel):
-                    if w.property("recorded"):
-                        w.hide()
-                box.addWidget(c)
+                box.addWidget(card(fig.name, fig.text, fig, "big", with_recording=False))
             box.addStretch(1)
             self.grid.addLayout(box, row, 0, 1, 4)
             row += 1
