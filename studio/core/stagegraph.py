@@ -59,6 +59,18 @@ class StageDecl:
     npu_only: bool = False
     # the model kinds (model.kind) whose pipeline the stage belongs to
     kinds: tuple[str, ...] = ("causal-lm",)
+    # what the stage is across model kinds ("quantize" for quantize and graph-quantize, ...):
+    # pages, reports and schedulers ask for a role, never for a stage name
+    role: str = ""
+    # its result holds the accuracy figures the project's gates judge
+    gated: bool = False
+    # it reads the run history (this run's settings, the comparison with the previous run)
+    reads_history: bool = False
+
+    @property
+    def module(self) -> str:
+        """The module of the stage's function (``studio.worker.stages.<module>``)."""
+        return self.name.replace("-", "_")
 
 
 # What a project deploys: a causal LM from a checkpoint, a sentence encoder from its PyTorch
@@ -79,50 +91,55 @@ _GATES = tuple(f"gates.{k}" for k in DEFAULT_GATES)
 
 DECLARATIONS: tuple[StageDecl, ...] = (
     StageDecl("export", "Export", (),
-              settings=("model.source", "export.prompt_length", "export.context_length")),
+              settings=("model.source", "export.prompt_length", "export.context_length"),
+              role="export"),
     StageDecl("quantize", "Quantize", (Need("export"),),
               settings=("quantization.scheme", "quantization.weight_granularity",
                         "quantization.calibration_text", "quantization.calibration_samples",
                         "quantization.calibration_method", "quantization.block_size",
-                        "quantization.kv_cache", "quantization.overrides")),
+                        "quantization.kv_cache", "quantization.overrides"), role="quantize"),
     StageDecl("compile", "Compile", (Need("quantize"),), fan_out="target",
-              settings=("quantization.scheme", "quantization.weight_granularity")),
+              settings=("quantization.scheme", "quantization.weight_granularity"), role="compile"),
     StageDecl("validate", "Validate", (Need("export"), Need("quantize"),
                                        Need("compile", per_chip=True)), fan_out="target",
               settings=("quantization.scheme", "validation.heldout_text",
-                        "validation.heldout_tokens", "validation.greedy_tokens", "run.prompt")),
+                        "validation.heldout_tokens", "validation.greedy_tokens", "run.prompt"),
+              role="validate", gated=True),
     StageDecl("run", "Run", (Need("export"), Need("compile", per_chip=True)), fan_out="device",
               device_kinds=("host-cpu", "htp-sim", "agent", "adb"), measures=True,
-              settings=("quantization.scheme", "run.prompt", "run.max_new_tokens")),
+              settings=("quantization.scheme", "run.prompt", "run.max_new_tokens"), role="run"),
     StageDecl("profile", "Profile", (Need("quantize"), Need("compile", per_chip=True)),
               fan_out="device", device_kinds=("htp-sim", "agent", "adb"), measures=True,
-              npu_only=True, settings=("quantization.scheme", "profile.repeats")),
+              npu_only=True, settings=("quantization.scheme", "profile.repeats"), role="profile"),
     StageDecl("sensitivity", "Sensitivity", (Need("export"),), optional=True,
               settings=("quantization.scheme", "quantization.weight_granularity",
                         "quantization.calibration_text", "quantization.calibration_samples",
                         "validation.heldout_text", "sensitivity.heldout_tokens",
                         "sensitivity.high", "sensitivity.low", "sensitivity.confirm_on_htp",
-                        "sensitivity.confirm_top")),
+                        "sensitivity.confirm_top"), role="sensitivity"),
     StageDecl("autoprecision", "Auto precision", (Need("export"), Need("sensitivity")),
               optional=True,
               settings=("autoprecision.metric", "autoprecision.max_perplexity_change",
-                        "autoprecision.min_logits_cosine")),
+                        "autoprecision.min_logits_cosine"), role="autoprecision"),
     StageDecl("layerdiff", "Layer diff", (Need("export"), Need("quantize"),
                                           Need("compile", per_chip=True)),
               fan_out="target", optional=True,
               settings=("quantization.scheme", "quantization.weight_granularity",
-                        "validation.heldout_text", "layerdiff.windows", "layerdiff.tensors")),
+                        "validation.heldout_text", "layerdiff.windows", "layerdiff.tensors"),
+              role="layerdiff"),
     StageDecl("draft", "Draft model", (), optional=True,
-              settings=("model.draft", "export.prompt_length", "export.context_length")),
+              settings=("model.draft", "export.prompt_length", "export.context_length"),
+              role="draft"),
     StageDecl("ablation", "Pruning ablation", (), optional=True,
               settings=("model.source", "validation.heldout_text", "validation.heldout_tokens",
-                        "export.context_length", "pruning.drop_blocks")),
+                        "export.context_length", "pruning.drop_blocks"), role="ablation"),
     StageDecl("waterfall", "Optimization waterfall", (Need("export"), Need("ablation")),
               optional=True,
               settings=("quantization.scheme", "quantization.weight_granularity",
                         "quantization.calibration_text", "quantization.calibration_samples",
                         "validation.heldout_text", "validation.heldout_tokens", "model.source",
-                        "waterfall.window", "waterfall.k", "waterfall.new_tokens")),
+                        "waterfall.window", "waterfall.k", "waterfall.new_tokens"),
+              role="waterfall"),
     StageDecl("bundle", "Genie bundle", (Need("export"), Need("quantize"),
                                          Need("compile", per_chip=True)),
               fan_out="target", optional=True,
@@ -131,35 +148,42 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                         "quantization.calibration_samples", "quantization.calibration_method",
                         "quantization.overrides", "quantization.block_size",
                         "validation.heldout_text", "bundle.new_tokens", "bundle.prompts",
-                        "bundle.parts", "bundle.max_context_mb", "bundle.prefill_length")),
+                        "bundle.parts", "bundle.max_context_mb", "bundle.prefill_length"),
+              role="bundle"),
     # encoders and ONNX graphs: the graph with static shapes (an encoder exported from its
     # PyTorch weights), its rewrites and quantization, the placement on each chip, the check
     # against FP32 per output, the latency per inference on each device
     StageDecl("import", "Import", (), kinds=GRAPH_KINDS,
-              settings=("model.kind", "model.source", "graph.shapes", "graph.seq_len")),
+              settings=("model.kind", "model.source", "graph.shapes", "graph.seq_len"),
+              role="export"),
     StageDecl("graph-quantize", "Quantize", (Need("import"),), kinds=GRAPH_KINDS,
               settings=("model.kind", "quantization.scheme", "quantization.weight_granularity",
                         "quantization.calibration_text", "quantization.calibration_samples",
                         "quantization.calibration_method", "quantization.overrides",
-                        "quantization.placement", "graph.calibration", "graph.validation")),
+                        "quantization.placement", "graph.calibration", "graph.validation"),
+              role="quantize"),
     StageDecl("graph-compile", "Compile", (Need("graph-quantize"),), fan_out="target",
-              kinds=GRAPH_KINDS, settings=("quantization.scheme", "quantization.placement")),
+              kinds=GRAPH_KINDS, settings=("quantization.scheme", "quantization.placement"),
+              role="compile"),
     StageDecl("graph-validate", "Validate", (Need("import"), Need("graph-quantize"),
                                              Need("graph-compile", per_chip=True)),
               fan_out="target", kinds=GRAPH_KINDS,
-              settings=("model.kind", "quantization.scheme", "quantization.placement")),
+              settings=("model.kind", "quantization.scheme", "quantization.placement"),
+              role="validate", gated=True),
     StageDecl("graph-run", "Run", (Need("import"), Need("graph-quantize"),
                                    Need("graph-compile", per_chip=True)),
               fan_out="device", device_kinds=("host-cpu", "htp-sim"), measures=True,
               kinds=GRAPH_KINDS,
-              settings=("quantization.scheme", "quantization.placement", "graph.repeats")),
+              settings=("quantization.scheme", "quantization.placement", "graph.repeats"),
+              role="run"),
     StageDecl("graph-profile", "Profile", (Need("import"), Need("graph-quantize"),
                                            Need("graph-compile", per_chip=True)),
               fan_out="device", device_kinds=("htp-sim",), measures=True, npu_only=True,
               kinds=GRAPH_KINDS,
-              settings=("quantization.scheme", "quantization.placement", "profile.repeats")),
+              settings=("quantization.scheme", "quantization.placement", "profile.repeats"),
+              role="profile"),
     StageDecl("report", "Report", (), needs_all=True, cache=False, settings=("name", *_GATES),
-              kinds=MODEL_KINDS),
+              kinds=MODEL_KINDS, role="report", reads_history=True),
 )
 STAGES: dict[str, StageDecl] = {d.name: d for d in DECLARATIONS}
 STAGE_NAMES: tuple[str, ...] = tuple(STAGES)
@@ -176,6 +200,17 @@ def default_stages(kind: str) -> tuple[str, ...]:
 
 
 DEFAULT_STAGES: tuple[str, ...] = default_stages("causal-lm")
+
+
+def stage_for_role(role: str, kind: str) -> str:
+    """The stage that plays ``role`` in a ``kind`` project ("" when the kind has none):
+    ``stage_for_role("quantize", "onnx-graph") == "graph-quantize"``."""
+    return next((d.name for d in DECLARATIONS if d.role == role and kind in d.kinds), "")
+
+
+def stages_with_role(role: str) -> tuple[str, ...]:
+    """Every stage that plays ``role``, whatever the model kind."""
+    return tuple(d.name for d in DECLARATIONS if d.role == role)
 
 # Settings that name an input file: hashed by content, checked by preflight by kind.
 REFS: dict[str, str] = {
