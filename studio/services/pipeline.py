@@ -225,8 +225,8 @@ def _code_digest() -> str:
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for folder in ("engine", "worker"):
-        for f in sorted((root / folder).glob("*.py")):
-            h.update(f.name.encode())
+        for f in sorted((root / folder).rglob("*.py")):
+            h.update(f.relative_to(root).as_posix().encode())
             h.update(f.read_bytes())
     return h.hexdigest()[:16]
 
