@@ -38,6 +38,7 @@ import numpy as np
 
 from studio.core.catalog import Chip, get_chip, load_catalog
 from studio.core.errors import StudioError
+from studio.core.families import FAMILIES, SLIDING, UNLISTED, family_of, layer_types
 from studio.core.samples import RESOURCES
 
 MODEL_VERSION = "roofline-1.0"
@@ -92,10 +93,6 @@ def get_scheme(name: str) -> Scheme:
 
 
 # --------------------------------------------------------------------------- architecture
-
-#: ``tie_word_embeddings`` when a config does not say (the transformers class defaults)
-_TIED_DEFAULT = {"gemma": True, "gemma2": True, "gemma3_text": True}
-
 
 @dataclass(frozen=True)
 class Arch:
@@ -174,7 +171,10 @@ class Arch:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], name: str = "") -> Arch:
-        """From a Hugging Face ``config.json`` dict (llama, qwen2, qwen3, mistral, phi3, gemma2)."""
+        """From a Hugging Face ``config.json`` dict. A family of the studio's family table
+        (:data:`studio.core.families.FAMILIES`) gives what the config leaves out (tied
+        embeddings, attention biases) and which layers slide; another decoder is taken as
+        untied, without biases, every layer sliding when the config sets a window."""
         cfg = dict(config)
         if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), Mapping):
             cfg = {**cfg, **cfg["text_config"]}
@@ -188,8 +188,7 @@ class Arch:
                         raise StudioError(f"{where}: '{k}' must be a positive integer, not {v!r}")
                     return v
             raise StudioError(f"{where} has no '{keys[0]}'; give a Hugging Face config.json of "
-                              "a decoder-only transformer (llama, qwen2, qwen3, mistral, phi3, "
-                              "gemma2)")
+                              f"a decoder-only transformer ({', '.join(FAMILIES)})")
 
         hidden = need_int("hidden_size", "n_embd", "d_model")
         layers = need_int("num_hidden_layers", "n_layer", "num_layers")
@@ -205,24 +204,19 @@ class Arch:
         intermediate = need_int("intermediate_size", "n_inner", "ffn_dim")
         vocab = need_int("vocab_size")
         model_type = str(cfg.get("model_type", "") or "unknown")
-        tied = cfg.get("tie_word_embeddings", _TIED_DEFAULT.get(model_type, False))
+        family = family_of(model_type) or UNLISTED
+        tied = cfg.get("tie_word_embeddings", family.tied_embeddings)
         if not isinstance(tied, bool):
             raise StudioError(f"{where}: 'tie_word_embeddings' must be true or false")
         window = cfg.get("sliding_window")
         sliding_layers = 0
         if isinstance(window, int) and not isinstance(window, bool) and window > 0:
-            if model_type.startswith("gemma2") or model_type.startswith("gemma3"):
-                sliding_layers = layers // 2  # local / global layers alternate
-            elif model_type in ("qwen2", "qwen3", "qwen2_moe"):
-                if cfg.get("use_sliding_window"):
-                    sliding_layers = int(cfg.get("max_window_layers", layers) or layers)
-            else:  # mistral, phi3: every layer
-                sliding_layers = layers
+            sliding_layers = layer_types(cfg, family, layers).count(SLIDING)
         if sliding_layers == 0:
             window = None
         rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else {}
         theta = cfg.get("rope_theta", rope.get("rope_theta") if rope else None)
-        bias = bool(cfg.get("attention_bias", model_type in ("qwen2", "qwen2_moe")))
+        bias = bool(cfg.get("attention_bias", family.attention_bias))
         return cls(
             name=name or str(cfg.get("_name_or_path", "") or model_type),
             model_type=model_type, layers=layers, hidden=hidden, heads=heads,

@@ -1,11 +1,11 @@
 """Import of local Hugging Face checkpoint folders into a :class:`ModelInfo`.
 
-Supported: decoder-only causal LMs of the Qwen2 / Qwen2.5 (``model_type`` ``qwen2``), Qwen3,
-Llama 2 / 3.x, Mistral, Phi-3 / Phi-3.5 and Gemma 2 families (the static-KV exporter's
-families). The importer reads ``config.json`` and the *headers* of the safetensors files
-(tensor names, dtypes, shapes): parameter counts are exact and no weight is loaded.
-Checkpoints that only have ``pytorch_model.bin`` fall back to torch (memory-mapped, weights
-only). Both generations of config keys are read: ``rope_parameters`` / ``dtype`` /
+Supported: decoder-only causal LMs of the families of :data:`studio.core.families.FAMILIES`
+(the static-KV exporter's families: their architecture names, required config keys, block
+module names, tied-embedding default and sliding layers come from there). The importer reads
+``config.json`` and the *headers* of the safetensors files (tensor names, dtypes, shapes):
+parameter counts are exact and no weight is loaded. Checkpoints that only have
+``pytorch_model.bin`` fall back to torch (memory-mapped, weights only). Both generations of config keys are read: ``rope_parameters`` / ``dtype`` /
 ``layer_types`` (transformers 5) and ``rope_theta`` / ``rope_scaling`` / ``torch_dtype`` /
 ``use_sliding_window`` + ``max_window_layers`` (published checkpoints).
 
@@ -23,19 +23,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from studio.core import families
 from studio.core.errors import StudioError
+from studio.core.families import SLIDING, Family
 from studio.core.modelinfo import LayerInfo, ModelInfo
-
-#: architecture (``config.json`` ``architectures[0]``) -> family (``model_type``)
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Phi3ForCausalLM": "phi3",
-    "Gemma2ForCausalLM": "gemma2",
-}
-FAMILY_NAMES = "Qwen2, Qwen2.5, Qwen3, Llama 2, Llama 3.x, Mistral, Phi-3, Phi-3.5, Gemma 2"
 
 _EXPECTED = (
     "a Hugging Face checkpoint folder with config.json and weights "
@@ -58,28 +49,7 @@ _SAFETENSORS_DTYPES = {
     "BOOL": "bool",
 }
 
-# The modules of one transformer block, as data flows through it: leaf name -> (order, kind).
-# Fused projections (Phi-3's qkv_proj / gate_up_proj), Qwen3's q/k norms and Gemma 2's
-# norms around the MLP included.
-_BLOCK_MODULES: dict[str, tuple[int, str]] = {
-    "input_layernorm": (0, "norm"),
-    "qkv_proj": (1, "attention"),
-    "q_proj": (1, "attention"),
-    "k_proj": (2, "attention"),
-    "v_proj": (3, "attention"),
-    "q_norm": (4, "norm"),
-    "k_norm": (5, "norm"),
-    "o_proj": (6, "attention"),
-    "post_attention_layernorm": (7, "norm"),
-    "pre_feedforward_layernorm": (8, "norm"),
-    "gate_up_proj": (9, "mlp"),
-    "gate_proj": (9, "mlp"),
-    "up_proj": (10, "mlp"),
-    "down_proj": (11, "mlp"),
-    "post_feedforward_layernorm": (12, "norm"),
-}
 _BLOCK_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-_SLIDING, _FULL = "sliding_attention", "full_attention"
 
 
 def match(path: str | Path) -> bool:
@@ -128,20 +98,20 @@ def _read_config(folder: Path) -> dict[str, Any]:
     return config
 
 
-def _architecture(config: dict[str, Any], folder: Path) -> tuple[str, str]:
+def _architecture(config: dict[str, Any], folder: Path) -> tuple[str, Family]:
     model_type = str(config.get("model_type", "?"))
     archs = config.get("architectures") or []
     if archs:
         architecture = str(archs[0])
     else:  # older configs: infer from the model type
-        by_family = {fam: arch for arch, fam in SUPPORTED_ARCHITECTURES.items()}
-        architecture = by_family.get(model_type, f"? (model_type {model_type})")
-    family = SUPPORTED_ARCHITECTURES.get(architecture)
-    if family is None or family != model_type:
-        supported = ", ".join(SUPPORTED_ARCHITECTURES)
+        by_type = families.family_of(model_type)
+        architecture = by_type.architectures[0] if by_type else f"? (model_type {model_type})"
+    family = families.family_of_architecture(architecture)
+    if family is None or family.model_type != model_type:
+        supported = ", ".join(families.architectures())
         raise StudioError(
             f"unsupported architecture {architecture} (model_type {model_type}) in {folder}; "
-            f"supported: {supported} (the {FAMILY_NAMES} families)"
+            f"supported: {supported} (the {families.labels()} families)"
         )
     return architecture, family
 
@@ -242,14 +212,16 @@ def _torch_shapes(files: list[Path]) -> Tensors:
 # -- description ---------------------------------------------------------------------------
 
 
-def _kind(module: str) -> str:
+def _kind(module: str, family: Family) -> str:
     leaf = module.rsplit(".", 1)[-1]
     if "embed_tokens" in module:
         return "embedding"
     if leaf == "lm_head":
         return "lm_head"
-    if _block(module) is not None and leaf in _BLOCK_MODULES:
-        return _BLOCK_MODULES[leaf][1]
+    if _block(module) is not None:
+        kind = dict(family.block).get(leaf)
+        if kind is not None:
+            return kind
     if "norm" in leaf:
         return "norm"
     if ".self_attn." in f".{module}." or ".attn." in f".{module}.":
@@ -264,12 +236,15 @@ def _block(module: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _order(layer: LayerInfo) -> tuple:
+def _order(layer: LayerInfo, family: Family) -> tuple:
+    """Embedding, then each block's modules in the family's data-flow order, the final
+    norm, the head, anything else."""
     if layer.kind == "embedding":
         return (0, 0, 0, layer.name)
     if layer.block is not None:
         leaf = layer.name.rsplit(".", 1)[-1]
-        return (1, layer.block, _BLOCK_MODULES.get(leaf, (99, ""))[0], layer.name)
+        flow = [name for name, _kind in family.block]
+        return (1, layer.block, flow.index(leaf) if leaf in flow else 99, layer.name)
     if layer.kind == "norm":
         return (2, 0, 0, layer.name)
     if layer.kind == "lm_head":
@@ -278,12 +253,11 @@ def _order(layer: LayerInfo) -> tuple:
 
 
 def _describe(
-    folder: Path, config: dict[str, Any], architecture: str, family: str, tensors: Tensors
+    folder: Path, config: dict[str, Any], architecture: str, family: Family, tensors: Tensors
 ) -> ModelInfo:
-    hidden = _need_int(config, "hidden_size", folder)
-    heads = _need_int(config, "num_attention_heads", folder)
-    num_layers = _need_int(config, "num_hidden_layers", folder)
-    vocab = _need_int(config, "vocab_size", folder)
+    sizes = {key: _need_int(config, key, folder) for key in family.config_keys}
+    hidden, heads = sizes["hidden_size"], sizes["num_attention_heads"]
+    num_layers, vocab = sizes["num_hidden_layers"], sizes["vocab_size"]
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or hidden // heads
 
@@ -293,23 +267,24 @@ def _describe(
         module, _, leaf = name.rpartition(".")
         modules.setdefault(module or name, {})[leaf] = shape
 
-    embed = next((m for m in modules if _kind(m) == "embedding"), None)
+    embed = next((m for m in modules if _kind(m, family) == "embedding"), None)
     if embed is None:
         raise StudioError(f"{folder}: the weights have no token embedding (embed_tokens)")
     has_head = "lm_head" in modules
     # A checkpoint saved with tied embeddings stores the embedding only; one that stores
-    # both but says they are tied is loaded tied by transformers (the head is ignored).
+    # both but says they are tied (or whose family ties them when the config does not say)
+    # is loaded tied by transformers (the head is ignored).
     tie_flag = config.get("tie_word_embeddings")
     if not has_head and tie_flag is False:
         raise StudioError(
             f"{folder}: config.json says the head is not tied to the embedding, "
             "but the weights have no lm_head.weight"
         )
-    tied = (not has_head) or bool(tie_flag)
+    tied = (not has_head) or bool(family.tied_embeddings if tie_flag is None else tie_flag)
 
     layers: list[LayerInfo] = []
     for module, shapes in modules.items():
-        kind = _kind(module)
+        kind = _kind(module, family)
         if kind == "lm_head" and tied:
             continue
         params = 0
@@ -321,7 +296,7 @@ def _describe(
         layers.append(LayerInfo(module, _block(module), kind, params, dict(shapes)))
     if tied:
         layers.append(LayerInfo("lm_head", None, "lm_head", 0, dict(modules[embed]), tied_to=embed))
-    layers.sort(key=_order)
+    layers.sort(key=lambda lay: _order(lay, family))
 
     blocks = {lay.block for lay in layers if lay.block is not None}
     if len(blocks) != num_layers:
@@ -330,8 +305,8 @@ def _describe(
             f"{len(blocks)} transformer blocks"
         )
 
-    types = layer_types(config, family, num_layers)
-    window = config.get("sliding_window") if _SLIDING in types else None
+    types = families.layer_types(config, family, num_layers)
+    window = config.get("sliding_window") if SLIDING in types else None
     dtypes = Counter(dtype for _shape, dtype in tensors.values())
     dtype = dtypes.most_common(1)[0][0] if dtypes else None
     dtype = dtype or config.get("dtype") or config.get("torch_dtype")
@@ -340,7 +315,7 @@ def _describe(
         source=str(folder.resolve()),
         format="hf",
         architecture=architecture,
-        family=family,
+        family=family.model_type,
         num_layers=num_layers,
         hidden_size=hidden,
         intermediate_size=int(config.get("intermediate_size") or 0),
@@ -365,26 +340,3 @@ def rope_theta(config: dict[str, Any]) -> float | None:
     if theta is None:
         theta = config.get("rope_theta")
     return float(theta) if theta is not None else None
-
-
-def layer_types(config: dict[str, Any], family: str, num_layers: int) -> list[str]:
-    """Attention type of each layer, from either generation of config keys, the way the
-    family's transformers model reads them: Mistral and Phi-3 slide in every layer as soon
-    as ``sliding_window`` is set (they have no ``layer_types``); Qwen2 / Qwen3 slide only
-    with ``use_sliding_window``, from layer ``max_window_layers`` on, unless ``layer_types``
-    says otherwise; Gemma 2 alternates sliding / full unless ``layer_types`` says otherwise;
-    Llama never slides."""
-    window = config.get("sliding_window")
-    if family == "llama" or not window:
-        return [_FULL] * num_layers
-    if family in ("mistral", "phi3"):
-        return [_SLIDING] * num_layers
-    if family in ("qwen2", "qwen3") and not config.get("use_sliding_window"):
-        return [_FULL] * num_layers
-    given = config.get("layer_types")
-    if isinstance(given, list) and len(given) == num_layers:
-        return [str(t) for t in given]
-    if family == "gemma2":
-        return [_SLIDING if i % 2 == 0 else _FULL for i in range(num_layers)]
-    first = int(config.get("max_window_layers") or 0)
-    return [_SLIDING if i >= first else _FULL for i in range(num_layers)]

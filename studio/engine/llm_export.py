@@ -22,10 +22,11 @@ do, both graphs take one more input, ``sliding_attention_mask`` (same shape as
 (``llm_runtime.mask_windows``). ``graph.json`` records ``layer_types`` (one per layer) and
 ``sliding_window``.
 
-What a family needs beyond the shared wrapper is declared once in :data:`FAMILIES`: which
-layers slide, the final logit soft-capping and the embedding scale (Gemma 2). Attention
-soft-capping, q/k norms, fused qkv / gate-up projections and pre/post norms live in the
-checkpoint's own modules, which the graphs reuse.
+What a family needs beyond the shared wrapper is declared once, in the family table
+:data:`studio.core.families.FAMILIES`: which layers slide, the final logit soft-capping and
+the embedding scale (Gemma 2), and which wrapper of :data:`WRAPPERS` builds its graphs.
+Attention soft-capping, q/k norms, fused qkv / gate-up projections and pre/post norms live
+in the checkpoint's own modules, which the graphs reuse.
 
 After the export the graphs are checked over the whole context against the checkpoint in
 transformers (see :func:`check_export`).
@@ -50,58 +51,17 @@ import os
 import shutil
 import tempfile
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from studio.core import families
 from studio.core.errors import StudioError
+from studio.core.families import FAMILIES, FULL, SLIDING, Family
 from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.engine.llm_runtime import SLIDING_MASK, mask_windows
 
-
-@dataclass(frozen=True)
-class Family:
-    """What one model family needs beyond the shared static-KV wrapper.
-
-    ``sliding``: which layers use the checkpoint's ``sliding_window`` -- ``"layer_types"``
-    (the config's per-layer list, as the family's transformers model reads it), ``"all"``
-    (every layer as soon as ``sliding_window`` is set: Mistral and Phi-3 have no
-    ``layer_types``) or ``"none"``. ``final_softcap`` / ``attn_softcap``: config keys of the
-    logit soft-capping; the final one is applied by the wrapper (transformers does it in
-    ``ForCausalLM.forward``, which the graphs do not run), the attention one by the
-    checkpoint's own attention (recorded only). ``embed_scale``: the embeddings are
-    multiplied by sqrt(hidden_size) (transformers 5 does it inside the embedding module;
-    the wrapper does it when the module does not).
-    """
-
-    model_type: str
-    label: str
-    sliding: str = "layer_types"
-    final_softcap: str | None = None
-    attn_softcap: str | None = None
-    embed_scale: bool = False
-
-
-FAMILIES: dict[str, Family] = {
-    f.model_type: f
-    for f in (
-        Family("qwen2", "Qwen2 / Qwen2.5"),
-        Family("qwen3", "Qwen3"),
-        Family("llama", "Llama 2 / 3.x", sliding="none"),
-        Family("mistral", "Mistral", sliding="all"),
-        Family("phi3", "Phi-3 / Phi-3.5", sliding="all"),
-        Family(
-            "gemma2",
-            "Gemma 2",
-            final_softcap="final_logit_softcapping",
-            attn_softcap="attn_logit_softcapping",
-            embed_scale=True,
-        ),
-    )
-}
-SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
-FULL, SLIDING = "full_attention", "sliding_attention"
 OPSET = 17
 DEFAULT_MASK_VALUE = -100.0
 SPEC_FORMAT = "qstudio.llm-static-kv/1"
@@ -321,23 +281,21 @@ def _reference_ids(checkpoint_dir: Path, length: int, vocab: int) -> list[int]:
 
 
 def layer_types_of(config, family: Family) -> list[str]:
-    """One attention type per layer (``full_attention`` / ``sliding_attention``), read the
-    way the family's transformers model reads it: ``layer_types`` (written by transformers 5,
-    or derived by its config class from ``use_sliding_window`` / ``max_window_layers``),
-    or ``sliding_window`` alone for Mistral and Phi-3. A sliding layer without a window is
-    a full one."""
+    """One attention type per layer (``full_attention`` / ``sliding_attention``) of a loaded
+    transformers config, by the family table's rule (:func:`studio.core.families.layer_types`;
+    the config class has already derived ``layer_types`` from ``use_sliding_window`` /
+    ``max_window_layers`` where the family has them). A sliding layer without a window is a
+    full one; a ``layer_types`` list that does not fit the layers is refused."""
     n = int(config.num_hidden_layers)
-    window = getattr(config, "sliding_window", None)
-    if family.sliding == "none" or window is None:
-        return [FULL] * n
-    if family.sliding == "all":
-        return [SLIDING] * n
-    types = list(getattr(config, "layer_types", None) or [FULL] * n)
-    if len(types) != n:
+    given = getattr(config, "layer_types", None)
+    if family.reads_layer_types and getattr(config, "sliding_window", None) is not None and (
+        given is not None and len(given) != n
+    ):
         raise StudioError(
-            f"config.json lists {len(types)} layer_types for {n} layers; "
+            f"config.json lists {len(given)} layer_types for {n} layers; "
             "fix the checkpoint's config"
         )
+    types = families.layer_types(config.to_dict(), family, n)
     unknown = sorted(set(types) - {FULL, SLIDING})
     if unknown:
         raise StudioError(
@@ -398,11 +356,13 @@ def rope_positions(config, context_len: int) -> int:
     return max(rows, int(context_len))
 
 
-def _build_wrapper(
+def _decoder_wrapper(
     causal_lm, context_len: int, family: Family, layer_types: list[str], sliding_input: bool,
     rope_rows: int | None = None,
 ):
-    """A static-shape module over the HF modules; its forward matches io_names().
+    """A static-shape module over the HF modules of a Llama-style decoder (``model``'s
+    ``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``, then ``lm_head``); its forward
+    matches io_names().
 
     ``layer_types`` says which mask each layer reads: with ``sliding_input`` the layers of
     type ``sliding_attention`` read the extra ``sliding_attention_mask`` input.
@@ -495,6 +455,26 @@ def _build_wrapper(
     wrapper = StaticKVWrapper()
     wrapper.eval()
     return wrapper
+
+
+#: The static-KV wrappers by the name a family declares (``Family.wrapper``): the torch code
+#: that turns a checkpoint's modules into the prefill / decode / verify graphs. Every family
+#: of the table uses ``decoder``; an architecture whose modules differ gets a wrapper here.
+WRAPPERS: dict[str, Callable[..., Any]] = {"decoder": _decoder_wrapper}
+
+
+def _build_wrapper(
+    causal_lm, context_len: int, family: Family, layer_types: list[str], sliding_input: bool,
+    rope_rows: int | None = None,
+):
+    """The family's wrapper (:data:`WRAPPERS`) over a loaded checkpoint."""
+    build = WRAPPERS.get(family.wrapper)
+    if build is None:
+        raise StudioError(
+            f"the {family.label} family names the export wrapper {family.wrapper!r}, which "
+            f"the static-KV exporter does not have (it has {', '.join(WRAPPERS)})"
+        )
+    return build(causal_lm, context_len, family, layer_types, sliding_input, rope_rows)
 
 
 def _example_inputs(spec: dict, graph: str, sliding: bool):

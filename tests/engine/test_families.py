@@ -87,6 +87,14 @@ FAMILIES: dict[str, tuple[str, dict, list[str], bool]] = {
         [S, F],
         True,
     ),
+    # Ministral: Mistral's modules with a per-layer list of windows (one declaration in
+    # studio/core/families.py)
+    "ministral": (
+        "ministral",
+        dict(head_dim=HEAD, sliding_window=WINDOW, layer_types=[S, F]),
+        [S, F],
+        True,
+    ),
     # Older config keys (rope_theta, rope_scaling, torch_dtype, use_sliding_window), half
     # precision weights: see _write_old_keys.
     "llama3.2-bf16": (
@@ -364,6 +372,7 @@ def test_unsupported_family_names_the_supported_ones(tmp_path):
         "Qwen3",
         "Llama 2 / 3.x",
         "Mistral",
+        "Ministral",
         "Phi-3 / Phi-3.5",
         "Gemma 2",
     ):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from studio.core.errors import StudioError
+from studio.core.families import FAMILIES, layer_types
 from studio.core.modelinfo import ModelInfo
 from studio.engine import hf_import
 
@@ -29,6 +30,8 @@ def _build(kind: str):
         Gemma2ForCausalLM,
         LlamaConfig,
         LlamaForCausalLM,
+        MinistralConfig,
+        MinistralForCausalLM,
         MistralConfig,
         MistralForCausalLM,
         Phi3Config,
@@ -58,6 +61,15 @@ def _build(kind: str):
         return LlamaForCausalLM(LlamaConfig(head_dim=16, tie_word_embeddings=False, **cfg))
     if kind == "mistral":  # Mistral: sliding window attention
         return MistralForCausalLM(MistralConfig(sliding_window=64, **SMALL))
+    if kind == "ministral":  # Ministral: Mistral's modules, a per-layer list of windows
+        return MinistralForCausalLM(
+            MinistralConfig(
+                head_dim=8,  # its config class derives none
+                sliding_window=64,
+                layer_types=["full_attention", "sliding_attention"],
+                **SMALL,
+            )
+        )
     if kind == "qwen3":  # Qwen3: q/k norms, explicit head_dim
         return Qwen3ForCausalLM(Qwen3Config(head_dim=8, tie_word_embeddings=True, **SMALL))
     if kind == "phi3":  # Phi-3: fused qkv_proj and gate_up_proj, sliding window
@@ -73,21 +85,21 @@ def _build(kind: str):
     raise AssertionError(kind)
 
 
-FAMILIES = ["qwen2", "qwen2.5", "llama", "mistral", "qwen3", "phi3", "gemma2"]
+KINDS = ["qwen2", "qwen2.5", "llama", "mistral", "ministral", "qwen3", "phi3", "gemma2"]
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, tuple[Path, object]]:
     root = tmp_path_factory.mktemp("hf")
     out = {}
-    for kind in FAMILIES:
+    for kind in KINDS:
         model = _build(kind)
         model.save_pretrained(root / kind)
         out[kind] = (root / kind, model)
     return out
 
 
-@pytest.mark.parametrize("kind", FAMILIES)
+@pytest.mark.parametrize("kind", KINDS)
 def test_parameter_count_equals_torch(checkpoints, kind):
     folder, model = checkpoints[kind]
     assert hf_import.match(folder)
@@ -178,6 +190,17 @@ def test_mistral_sliding_window(checkpoints):
     assert info.kv_cache_bytes(1000, window=info.sliding_window) == 2 * 2 * 2 * 8 * 64 * 2
 
 
+def test_ministral_windows_per_layer(checkpoints):
+    info = hf_import.open_checkpoint(checkpoints["ministral"][0])
+    assert (info.architecture, info.family) == ("MinistralForCausalLM", "ministral")
+    assert info.sliding_window == 64  # one of its two layers slides
+    cfg = json.loads((checkpoints["ministral"][0] / "config.json").read_text())
+    want = ["full_attention", "sliding_attention"]
+    assert layer_types(cfg, FAMILIES["ministral"], 2) == want
+    cfg.pop("layer_types")  # no list: every layer slides, as in Mistral
+    assert layer_types(cfg, FAMILIES["ministral"], 2) == ["sliding_attention"] * 2
+
+
 def test_qwen3_q_k_norms(checkpoints):
     info = hf_import.open_checkpoint(checkpoints["qwen3"][0])
     assert (info.architecture, info.family, info.head_dim) == ("Qwen3ForCausalLM", "qwen3", 8)
@@ -221,9 +244,9 @@ def test_gemma2_norms_and_windows(checkpoints):
     assert info.tied_embeddings and info.sliding_window == 32
     cfg = json.loads((checkpoints["gemma2"][0] / "config.json").read_text())
     types = ["sliding_attention", "full_attention"]
-    assert hf_import.layer_types(cfg, "gemma2", 2) == types
+    assert layer_types(cfg, FAMILIES["gemma2"], 2) == types
     cfg.pop("layer_types")  # an older Gemma 2 config: alternating by default
-    assert hf_import.layer_types(cfg, "gemma2", 2) == types
+    assert layer_types(cfg, FAMILIES["gemma2"], 2) == types
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -247,10 +270,10 @@ def test_half_precision_checkpoint_with_older_config_keys(tmp_path, checkpoints,
     info = hf_import.open_checkpoint(tmp_path)
     assert info.dtype == dtype and info.rope_theta == 1_000_000.0
     assert info.sliding_window == 64
-    assert hf_import.layer_types(cfg, "qwen2", 2) == ["full_attention", "sliding_attention"]
+    assert layer_types(cfg, FAMILIES["qwen2"], 2) == ["full_attention", "sliding_attention"]
     assert info.weight_bytes("FP16") == 2 * sum(p.numel() for p in model.parameters())
     cfg["use_sliding_window"] = False  # declared but off, as in published Qwen2.5 configs
-    assert hf_import.layer_types(cfg, "qwen2", 2) == ["full_attention"] * 2
+    assert layer_types(cfg, FAMILIES["qwen2"], 2) == ["full_attention"] * 2
 
 
 def test_sharded_checkpoint(tmp_path, checkpoints):
@@ -293,12 +316,14 @@ def test_unsupported_architecture_names_the_supported_ones(tmp_path):
         "MistralForCausalLM",
         "Phi3ForCausalLM",
         "Gemma2ForCausalLM",
-        "Qwen2.5",
-        "Llama 3.x",
-        "Phi-3.5",
+        "Qwen2 / Qwen2.5",
+        "Llama 2 / 3.x",
+        "Phi-3 / Phi-3.5",
         "Gemma 2",
     ):
         assert name in msg
+    for family in FAMILIES.values():  # and every other family of the table
+        assert family.label in msg and all(a in msg for a in family.architectures)
     assert "\n" not in msg
 
 
