@@ -34,12 +34,13 @@ import sys
 from pathlib import Path
 
 import studio
-from studio.core.samples import RESOURCES
+from studio.core.resources import resources_dir
 
 venv = Path(sys.argv[1]).resolve()
 here = Path(studio.__file__).resolve()
 assert venv in here.parents, f"studio imported from {here}, not from {venv}"
-assert venv in RESOURCES.resolve().parents and (RESOURCES / "catalog" / "chips.toml").is_file()
+res = resources_dir()
+assert venv in res.resolve().parents and (res / "catalog" / "chips.toml").is_file(), res
 print("studio imported from", here.parent)
 PY
 now() { date +%s.%N; }

@@ -13,6 +13,6 @@ start=$(date +%s)
 nice -n "${NICE:-10}" "$PY" -m PyInstaller --noconfirm --clean --log-level WARN \
     --distpath dist/desktop --workpath build/desktop packaging/desktop/qstudio.spec
 app=dist/desktop/qstudio
-cp packaging/desktop/qstudio.desktop packaging/desktop/qstudio.svg studio/resources/icons/qstudio.png \
+cp packaging/desktop/qstudio.desktop packaging/desktop/qstudio.svg resources/icons/qstudio.png \
    packaging/desktop/install-desktop-entry.sh "$app/"
 echo "built $app/qstudio in $(( $(date +%s) - start )) s, $(du -sh "$app" | cut -f1)"

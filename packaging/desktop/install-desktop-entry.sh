@@ -22,8 +22,8 @@ fi
 [ -n "$app" ] || { echo "no built app found: run packaging/desktop/build.sh first" >&2; exit 2; }
 mkdir -p "$bin" "$data/applications" "$data/icons/hicolor/256x256/apps" "$data/icons/hicolor/scalable/apps"
 ln -sf "$app/qstudio" "$bin/qstudio"
-png=$here/qstudio.png  # beside it in the built app; in the checkout, the package's icon
-[ -f "$png" ] || png=$here/../../studio/resources/icons/qstudio.png
+png=$here/qstudio.png  # beside it in the built app; in the checkout, the resources' icon
+[ -f "$png" ] || png=$here/../../resources/icons/qstudio.png
 install -m 644 "$png" "$data/icons/hicolor/256x256/apps/qstudio.png"
 install -m 644 "$here/qstudio.svg" "$data/icons/hicolor/scalable/apps/qstudio.svg"
 # an absolute Exec line, so the entry works when ~/.local/bin is not on the session's PATH

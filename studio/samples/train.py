@@ -3,10 +3,10 @@
 Reproducible (fixed seeds, fixed module lists, CPU only, two threads) and offline: the
 corpus is the Python source of the installed standard library (PSF licence).
 
-    python -m studio.samples.train --out studio/resources
+    python -m studio.samples.train --out resources
 
-writes ``studio/resources/models/tiny-coder``, ``studio/resources/models/tiny-coder-draft`` (Hugging
-Face checkpoint folders with model cards) and ``studio/resources/data/{heldout,calibration}.py.txt``.
+writes ``resources/models/tiny-coder``, ``resources/models/tiny-coder-draft`` (Hugging
+Face checkpoint folders with model cards) and ``resources/data/{heldout,calibration}.py.txt``.
 The figures in the model cards are measured by this script at the end of training.
 """
 
@@ -249,13 +249,13 @@ pipeline_tag: text-generation
 | parameters | {params:,} |
 | tokenizer | byte-level BPE, vocabulary {vocab} (`tokenizer.json`) |
 | training data | Python standard library source of CPython {pyver}: {n_train} modules (`training_modules.json`) |
-| held-out data | {heldout} (`studio/resources/data/heldout.py.txt`) |
+| held-out data | {heldout} (`resources/data/heldout.py.txt`) |
 | steps | {steps} × batch {batch} × {seq} tokens |
 | final training loss | {loss:.3f} (mean of the last 20 steps) |
 | held-out perplexity | {ppl:.2f} (token level, windows of {seq}; unigram baseline {uni:.1f}) |
 {extra}
 Data licence: the Python standard library is distributed under the PSF License Agreement.
-Trained on the CPU by `python -m studio.samples.train --out studio/resources` (fixed seeds, default
+Trained on the CPU by `python -m studio.samples.train --out resources` (fixed seeds, default
 settings; both models in one run); every figure above was measured by that script at the end
 of training. Load the tokenizer with `AutoTokenizer` or `PreTrainedTokenizerFast`: both give
 the ids used in training.
@@ -268,7 +268,7 @@ def main(argv=None) -> int:
     import torch
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("studio/resources"))
+    p.add_argument("--out", type=Path, default=Path("resources"))
     p.add_argument("--steps", type=int, default=700)
     p.add_argument("--draft-steps", type=int, default=400)
     p.add_argument("--reuse-target", action="store_true",

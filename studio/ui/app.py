@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
-    from studio.core.samples import RESOURCES
+    from studio.core.resources import resources_dir
     from studio.ui.main_window import MainWindow
     from studio.ui.settings import AppSettings
     from studio.ui.theme import apply_theme
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     QApplication.setOrganizationName("QStudio")
     QApplication.setApplicationDisplayName("QStudio")
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    app.setWindowIcon(QIcon(str(RESOURCES / "icons" / "qstudio.png")))
+    app.setWindowIcon(QIcon(str(resources_dir() / "icons" / "qstudio.png")))
     settings = AppSettings()
     apply_theme(app, settings.theme)
     exit_after_show = os.environ.get("QSTUDIO_EXIT_AFTER_SHOW") == "1"

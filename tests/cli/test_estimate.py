@@ -11,7 +11,7 @@ from tests.cli.conftest import ROOT, studio
 
 
 def test_estimate_json_from_a_public_config():
-    r = studio("estimate", "--config", ROOT / "studio/resources/configs/llama-3.2-1b.json",
+    r = studio("estimate", "--config", ROOT / "resources/configs/llama-3.2-1b.json",
                "--chip", "snapdragon-8-elite", "--scheme", "W4A16", "--context", "4096", "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
@@ -29,7 +29,7 @@ def test_estimate_json_from_a_public_config():
 
 def test_estimate_table_a_checkpoint_folder_and_a_part_number(tmp_path):
     (tmp_path / "config.json").write_text(
-        (ROOT / "studio/resources/configs/qwen2.5-1.5b.json").read_text())
+        (ROOT / "resources/configs/qwen2.5-1.5b.json").read_text())
     r = studio("estimate", "--config", tmp_path, "--chip", "SM8650", "--scheme", "w8a16",
                "--context", "1024", "--prompt-tokens", "128")
     assert r.returncode == 0, r.stderr

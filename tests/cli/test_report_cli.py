@@ -18,7 +18,7 @@ from tests.cli.conftest import ROOT, studio
 
 pytestmark = pytest.mark.slow
 
-SCHEMA = json.loads((ROOT / "studio/resources/schemas/report-1.schema.json").read_text())
+SCHEMA = json.loads((ROOT / "resources/schemas/report-1.schema.json").read_text())
 
 
 def studio_main(*args):

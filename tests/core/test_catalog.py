@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_shipped_catalog_loads_with_stable_keys():
-    assert DEFAULT_CATALOG_PATH == ROOT / "studio" / "resources" / "catalog" / "chips.toml"
+    assert DEFAULT_CATALOG_PATH == ROOT / "resources" / "catalog" / "chips.toml"
     catalog = load_catalog()
     assert len(catalog) >= 8
     for key, chip in catalog.items():
@@ -126,7 +126,7 @@ def test_core_imports_no_heavy_library():
 
 
 def test_every_chip_gives_its_performance_figures_a_source_or_says_unknown():
-    text = (ROOT / "studio" / "resources" / "catalog" / "chips.toml").read_text()
+    text = (ROOT / "resources" / "catalog" / "chips.toml").read_text()
     import tomllib
 
     raw = tomllib.loads(text)["chips"]

@@ -135,22 +135,22 @@ def hf_qwen(tiny_qwen_dir):
     return load_causal_lm(tiny_qwen_dir)
 
 
-SAMPLE_MODEL = Path(__file__).resolve().parents[2] / "studio" / "resources" / "models" / "tiny-coder"
-SAMPLE_DATA = Path(__file__).resolve().parents[2] / "studio" / "resources" / "data"
+SAMPLE_MODEL = Path(__file__).resolve().parents[2] / "resources" / "models" / "tiny-coder"
+SAMPLE_DATA = Path(__file__).resolve().parents[2] / "resources" / "data"
 
 
 @pytest.fixture(scope="session")
 def sample_model_dir() -> Path:
     """The shipped sample model (trained Qwen2, 4 layers, hidden 256, vocab 2048)."""
     if not (SAMPLE_MODEL / "model.safetensors").is_file():
-        pytest.skip("the sample model studio/resources/models/tiny-coder is not built")
+        pytest.skip("the sample model resources/models/tiny-coder is not built")
     return SAMPLE_MODEL
 
 
 @pytest.fixture(scope="session")
 def sample_data_dir() -> Path:
     if not (SAMPLE_DATA / "heldout.py.txt").is_file():
-        pytest.skip("the sample texts in studio/resources/data are not built")
+        pytest.skip("the sample texts in resources/data are not built")
     return SAMPLE_DATA
 
 
@@ -171,6 +171,6 @@ def tiny_coder_draft_graphs(tmp_path_factory) -> tuple[Path, dict]:
 
     draft = SAMPLE_MODEL.parent / "tiny-coder-draft"
     if not (draft / "model.safetensors").is_file():
-        pytest.skip("the draft model studio/resources/models/tiny-coder-draft is not built")
+        pytest.skip("the draft model resources/models/tiny-coder-draft is not built")
     out = tmp_path_factory.mktemp("tiny-coder-draft-fp32")
     return out, export_llm(draft, out, 32, 128, verify_len=0)

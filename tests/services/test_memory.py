@@ -23,7 +23,7 @@ def project(tmp_path_factory) -> pf.Project:
     from tests.engine.conftest import SAMPLE_MODEL
 
     if not (SAMPLE_MODEL / "model.safetensors").is_file():
-        pytest.skip("the sample model studio/resources/models/tiny-coder is not built")
+        pytest.skip("the sample model resources/models/tiny-coder is not built")
     return pf.load(small_sample_project(tmp_path_factory.mktemp("memory"), "memory"))
 
 
