@@ -60,10 +60,13 @@ class Family:
     ``mlp``). ``sliding``: one of :data:`SLIDING_PATTERNS`; ``reads_layer_types``: whether a
     ``layer_types`` list in the config overrides the pattern; ``window_switch``: a config key
     that must be true for the window to apply at all (Qwen's ``use_sliding_window``).
-    ``final_softcap`` / ``attn_softcap``: config keys of the logit soft-capping (the export
-    applies the final one, the checkpoint's attention the other); ``embed_scale``: the
-    embeddings are multiplied by sqrt(hidden_size). ``wrapper``: the name of the export's
-    static-KV wrapper for these modules (:data:`studio.engine.llm_export.WRAPPERS`).
+    ``final_softcap`` / ``attn_softcap``: config keys of the logit soft-capping; the final
+    one is applied by the export's wrapper (transformers does it in ``ForCausalLM.forward``,
+    which the graphs do not run), the attention one by the checkpoint's own attention
+    (recorded only). ``embed_scale``: the embeddings are multiplied by sqrt(hidden_size)
+    (transformers 5 does it inside the embedding module; the wrapper does it when the module
+    does not). ``wrapper``: the name of the export's static-KV wrapper for these modules
+    (:data:`studio.engine.llm_export.WRAPPERS`).
     """
 
     model_type: str
