@@ -11,6 +11,7 @@ import pytest
 from studio.core import project as pf
 from studio.core.errors import StudioError
 from studio.core.samples import data_path, sample_path
+from studio.core.settings import SECTION_KEYS
 from studio.core.stagegraph import (
     DECLARATIONS,
     PLAN_KEYS,
@@ -30,10 +31,10 @@ VERSIONS = {"qstudio-code": "fixed", "onnxruntime": "1"}
 def _all_keys(project: pf.Project) -> list[str]:
     """Every key of the project file: top-level keys and section.key."""
     keys = ["schema_version", "name", "targets", "sweeps"]
-    for section, values in pf._SECTIONS.items():
+    for section, values in SECTION_KEYS.items():
         keys += [f"{section}.{k}" for k in values]
     assert set(project.to_dict()) <= {"schema_version", "name", "targets", "sweeps",
-                                      *pf._SECTIONS}
+                                      *SECTION_KEYS}
     return keys
 
 
