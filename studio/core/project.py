@@ -18,6 +18,7 @@ from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_text
 from studio.core.settings import SECTIONS, Settings, check_value, spec_of
 from studio.core.settings import check as check_settings
+from studio.core.stagegraph import STAGE_NAMES as STAGES  # noqa: F401  (the pages read it here)
 from studio.core.stagegraph import default_stages
 
 SCHEMA_VERSION = 1

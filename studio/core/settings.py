@@ -215,7 +215,7 @@ class Section(dict[str, Any]):
             raise StudioError(f"[{cls.name}] must be a table")
         bad = set(raw) - set(cls._keys)
         if bad:
-            raise StudioError(cls._unknown(sorted(bad, key=str)[0]))
+            raise StudioError(cls.unknown(sorted(bad, key=str)[0]))
         out = cls()
         for name, key in cls._keys.items():
             if name in raw:
@@ -226,7 +226,8 @@ class Section(dict[str, Any]):
         return out
 
     @classmethod
-    def _unknown(cls, key: Any) -> str:
+    def unknown(cls, key: Any) -> str:
+        """The one-line error for a key this section does not declare."""
         return (f"unknown key {key!r} in [{cls.name}] (allowed: "
                 f"{', '.join(sorted(cls._keys))})")
 
@@ -249,7 +250,7 @@ class Section(dict[str, Any]):
     # ---- only declared keys, always all of them
     def __setitem__(self, key: str, value: Any) -> None:
         if key not in self._keys:
-            raise StudioError(self._unknown(key))
+            raise StudioError(self.unknown(key))
         dict.__setitem__(self, key, value)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -276,7 +277,7 @@ class Section(dict[str, Any]):
 
     def setdefault(self, key: str, default: Any = None) -> Any:
         if key not in self._keys:
-            raise StudioError(self._unknown(key))
+            raise StudioError(self.unknown(key))
         return self[key]
 
     _NO_DEFAULT: ClassVar[object] = object()
