@@ -77,6 +77,12 @@ def resolve_choices(scheme: str, high: str, low: str) -> tuple[str, str]:
             f"sensitivity analysis needs a quantized scheme (W8A8 or W8A16), not {scheme!r}: "
             "set quantization.scheme"
         )
+    if high == "auto" and scheme not in AUTO_HIGH:
+        raise StudioError(
+            f"sensitivity.high = auto has no step above {scheme} (auto raises "
+            + ", ".join(f"{s} to {p}" for s, p in AUTO_HIGH.items())
+            + "): name the precision, e.g. sensitivity.high = \"FP16\""
+        )
     high = AUTO_HIGH[scheme] if high == "auto" else high
     if high not in PRECISIONS:
         raise StudioError(
