@@ -160,3 +160,58 @@ def test_the_scheme_vocabulary_answers_what_fp16_comparisons_meant():
     assert [weight_bits(s) for s in SCHEMES] == [8, 8, 4, 16]
     assert is_float_precision("FP32") and not is_float_precision("INT16")
     assert not is_float_scheme("W3A3")
+
+
+# ---- generated files: every mutation of a declared setting is a project or one line -----------
+def _values_for(key: str):
+    """Hypothesis values for one declared setting: valid ones, its limits and past them, and
+    values of every other TOML type (nested lists and tables included)."""
+    from hypothesis import strategies as st
+
+    section, _, leaf = key.partition(".")
+    spec, hint = SECTIONS[section].specs()[leaf]
+    scalars = st.one_of(st.integers(-2**63, 2**63 - 1), st.floats(allow_nan=True,
+                        allow_infinity=True), st.text(max_size=12), st.booleans())
+    anything = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
+                            | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                            max_leaves=6)
+    near = [st.just(v) for v in (spec.min, spec.max, spec.cap, spec.above) if v is not None]
+    near += [st.just(int(v) + d) for v in (spec.min, spec.max, spec.cap) if v is not None
+             for d in (-1, 1)]
+    choices = spec.allowed() if not callable(spec.choices) else None
+    options = [anything, *near]
+    if choices:
+        options.append(st.sampled_from(choices))
+    if hint is str:
+        options.append(st.text(max_size=20))
+    return st.one_of(*options)
+
+
+def test_generated_mutations_load_or_fail_in_one_line():
+    from hypothesis import HealthCheck, given
+    from hypothesis import settings as hsettings
+    from hypothesis import strategies as st
+
+    base = pf.load(EXAMPLE).to_dict()
+    keys = sorted(f"{s}.{k}" for s, ks in SECTION_KEYS.items() for k in ks
+                  if not (s == "model" and k == "source"))  # a missing checkpoint: preflight
+
+    @st.composite
+    def mutated(draw):
+        data = copy.deepcopy(base)
+        for key in draw(st.lists(st.sampled_from(keys), min_size=1, max_size=3, unique=True)):
+            section, _, leaf = key.partition(".")
+            data[section][leaf] = draw(_values_for(key))
+        return data
+
+    @hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(mutated())
+    def check(data):
+        try:
+            p = pf.from_dict(data)
+        except StudioError as exc:
+            assert "\n" not in exc.message and len(exc.message) < 600, exc.message
+        else:
+            assert pf.from_dict(p.to_dict()) == p  # what loads saves and loads back
+
+    check()
