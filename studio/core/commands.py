@@ -15,13 +15,15 @@ from typing import Any
 
 from studio.core.errors import StudioError
 from studio.core.project import Project, from_dict
+from studio.core.settings import SECTIONS, Section
 
 Change = frozenset[tuple[str, str]]
 
 
 @dataclass
 class SetValue:
-    """Set ``project.<section>[key] = value`` (``section == ""`` for top-level fields)."""
+    """Set ``project.<section>.<key> = value`` (``section == ""`` for top-level fields); the
+    edited project is validated as a whole before anything changes."""
 
     section: str
     key: str
@@ -38,14 +40,25 @@ class SetValue:
         where = f"{self.section}.{self.key}" if self.section else self.key
         return f"Set {where} to {self.value!r}"
 
+    def _values(self, p: Project) -> Section:
+        """The section the edit changes; a StudioError for a section or key that no
+        declaration has (studio.core.settings)."""
+        if self.section not in SECTIONS:
+            raise StudioError(f"unknown section [{self.section}] (sections: "
+                              f"{', '.join(SECTIONS)})")
+        values: Section = getattr(p, self.section)
+        if self.key not in values:
+            raise StudioError(values.unknown(self.key))
+        return values
+
     def _get(self, p: Project) -> Any:
-        return getattr(p, self.key) if not self.section else getattr(p, self.section)[self.key]
+        return getattr(p, self.key) if not self.section else self._values(p)[self.key]
 
     def _set(self, p: Project, value: Any) -> None:
         if not self.section:
             setattr(p, self.key, copy.deepcopy(value))
         else:
-            getattr(p, self.section)[self.key] = copy.deepcopy(value)
+            self._values(p)[self.key] = copy.deepcopy(value)
 
     def apply(self, p: Project) -> Change:
         self._old = copy.deepcopy(self._get(p))

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
-def evaluate_gates(gates: dict[str, float], validation: dict[str, Any]) -> list[dict[str, Any]]:
+def evaluate_gates(gates: Mapping[str, float], validation: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per gate: name, threshold, value, passed. ``validation`` is a validate result."""
     rows = []
     cos = validation.get("logits_cosine_mean")

@@ -35,20 +35,8 @@ PAIR_TITLES = {"qdq_vs_fp32": "host QDQ vs FP32", "htp_vs_fp32": "HTP vs FP32",
 JUMP_FACTOR = 2.0
 JUMP_FLOOR = 1e-3
 PART_FACTOR = 2.0
-MAX_WINDOWS = 64
+MAX_WINDOWS = 64  # layerdiff.windows' limit (studio.core.settings declares it)
 TOP = 5
-
-
-def check_settings(windows: int, tensors: str) -> None:
-    """StudioError for settings the stage cannot use."""
-    from studio.core.errors import StudioError
-
-    if not 1 <= windows <= MAX_WINDOWS:
-        raise StudioError(f"layerdiff.windows must be between 1 and {MAX_WINDOWS}, not {windows}")
-    if tensors not in TENSOR_MODES:
-        raise StudioError(
-            f"layerdiff.tensors = {tensors!r}: use one of {', '.join(TENSOR_MODES)}"
-        )
 
 
 def _where(r: dict[str, Any]) -> dict[str, Any]:

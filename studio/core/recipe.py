@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -67,6 +68,44 @@ SCHEME_PRECISIONS: dict[str, tuple[str, str]] = {
     "W4A16": ("INT4", "INT16"),
     "FP16": ("FP16", "FP16"),
 }
+
+#: bits per value of each precision
+PRECISION_BITS: dict[str, int] = {"INT4": 4, "INT8": 8, "INT16": 16, "FP16": 16, "FP32": 32}
+
+
+def is_float_precision(precision: str) -> bool:
+    """FP16 / FP32: a layer kept in float (no quantization)."""
+    return precision in FLOAT_PRECISIONS
+
+
+def weight_precision(scheme: str) -> str:
+    """The precision a scheme gives every layer's weights (``W4A16`` -> ``INT4``)."""
+    return SCHEME_PRECISIONS[scheme][0]
+
+
+def activation_precision(scheme: str) -> str:
+    """The precision a scheme gives every layer's activations (``W8A8`` -> ``INT8``)."""
+    return SCHEME_PRECISIONS[scheme][1]
+
+
+def is_float_scheme(scheme: str) -> bool:
+    """Whether a scheme keeps the model in float (FP16): no quantization, no calibration, no
+    per-layer overrides, a float KV cache, and a target whose HTP runs float."""
+    return scheme in SCHEME_PRECISIONS and is_float_precision(activation_precision(scheme))
+
+
+def weight_bits(scheme: str) -> int:
+    """Bits per weight under a scheme (4 for W4A16: the scheme block-wise LPBQ weights need)."""
+    return PRECISION_BITS[weight_precision(scheme)]
+
+
+def activation_bits(scheme: str) -> int:
+    """Bits per activation under a scheme (16 for W8A16 / W4A16: 16-bit quantized graphs)."""
+    return PRECISION_BITS[activation_precision(scheme)]
+
+
+#: the schemes that quantize (every scheme but the float one)
+QUANTIZED_SCHEMES: tuple[str, ...] = tuple(s for s in SCHEMES if not is_float_scheme(s))
 
 DEFAULT_SCHEME = "W8A16"
 DEFAULT_GRANULARITY = "per_channel"
@@ -178,19 +217,19 @@ def effective_precision(layer: str, scheme: str, granularity: str,
     """The weight and activation precision of one layer under a recipe, with the rule that
     set each. Later overrides win over earlier ones; a weight-only pattern sets weights."""
     w, a = SCHEME_PRECISIONS[scheme]
-    base = f"scheme {scheme}" + (f" ({granularity})" if scheme != "FP16" else "")
+    base = f"scheme {scheme}" + (f" ({granularity})" if not is_float_scheme(scheme) else "")
     w_rule = a_rule = base
-    if scheme != "FP16":
+    if not is_float_scheme(scheme):
         for pattern, prec in overrides.items():
             if not covers(pattern, layer):
                 continue
             rule = f"override {pattern!r}"
-            if w in FLOAT_PRECISIONS and prec not in FLOAT_PRECISIONS:
+            if is_float_precision(w) and not is_float_precision(prec):
                 # a quantized pattern after a float one: the layer is quantized again
                 (w, a), w_rule, a_rule = SCHEME_PRECISIONS[scheme], base, base
             if is_weight_only(pattern):
                 w, w_rule = prec, rule
-            elif prec in FLOAT_PRECISIONS:
+            elif is_float_precision(prec):
                 w, a, w_rule, a_rule = prec, prec, rule, rule
             elif prec == "INT4":
                 w, w_rule = prec, rule
@@ -201,7 +240,7 @@ def effective_precision(layer: str, scheme: str, granularity: str,
     return LayerPrecision(layer, w, a, w_rule, a_rule)
 
 
-def effective_precisions(layers: list[str], quantization: dict[str, Any],
+def effective_precisions(layers: list[str], quantization: Mapping[str, Any],
                          weighted: set[str] | None = None) -> list[LayerPrecision]:
     """:func:`effective_precision` for every layer, from a project's ``[quantization]``."""
     return [
@@ -219,49 +258,27 @@ def unmatched_patterns(layers: list[str], overrides: dict[str, str]) -> list[str
     return [p for p in overrides if not any(covers(p, name) for name in layers)]
 
 
-def check_recipe(quantization: dict[str, Any]) -> None:
-    """One-line errors for a ``[quantization]`` table (the project file calls this)."""
+def check_recipe(quantization: Mapping[str, Any]) -> None:
+    """One-line errors for the combinations a ``[quantization]`` table cannot hold and for
+    its override rules (its vocabulary, each setting's choices, is declared in
+    :mod:`studio.core.settings`, which calls this)."""
     from studio.core.errors import StudioError
 
     q = quantization
-    if q["scheme"] not in SCHEMES:
-        raise StudioError(f"quantization.scheme {q['scheme']!r} is not one of {', '.join(SCHEMES)}")
-    if q["weight_granularity"] not in GRANULARITIES:
+    scheme, granularity = q["scheme"], q["weight_granularity"]
+    if q["kv_cache"] == "int8" and is_float_scheme(scheme):
+        raise StudioError(f"quantization.kv_cache int8 needs an integer scheme "
+                          f"({', '.join(QUANTIZED_SCHEMES)}): {scheme} graphs keep a float cache")
+    if weight_bits(scheme) == 4 and granularity == "per_tensor":
         raise StudioError(
-            f"quantization.weight_granularity {q['weight_granularity']!r} is not one of "
-            f"{', '.join(GRANULARITIES)}"
-        )
-    if q["calibration_samples"] < 1:
-        raise StudioError("quantization.calibration_samples must be at least 1")
-    method = q.get("calibration_method", DEFAULT_CALIBRATION_METHOD)
-    if method not in CALIBRATION_METHODS:
-        raise StudioError(
-            f"quantization.calibration_method {method!r} is not one of "
-            f"{', '.join(CALIBRATION_METHODS)}"
-        )
-    block = q.get("block_size", DEFAULT_BLOCK_SIZE)
-    if block not in BLOCK_SIZES:
-        raise StudioError(
-            f"quantization.block_size {block} is not one of {', '.join(map(str, BLOCK_SIZES))}"
-        )
-    place = q.get("placement", "strict")
-    if place not in PLACEMENTS:
-        raise StudioError(f"quantization.placement {place!r} is not one of {', '.join(PLACEMENTS)}")
-    kv = q.get("kv_cache", "float")
-    if kv not in KV_CACHE_KINDS:
-        raise StudioError(f"quantization.kv_cache {kv!r} is not one of {', '.join(KV_CACHE_KINDS)}")
-    if kv == "int8" and q["scheme"] == "FP16":
-        raise StudioError("quantization.kv_cache int8 needs an integer scheme (W8A16, W8A8, "
-                          "W4A16): FP16 graphs keep a float cache")
-    if q["scheme"] == "W4A16" and q["weight_granularity"] == "per_tensor":
-        raise StudioError(
-            "W4A16 with per_tensor weights loses too much accuracy (one 4-bit scale per "
+            f"{scheme} with per_tensor weights loses too much accuracy (one 4-bit scale per "
             "tensor); choose weight_granularity per_channel or per_block"
         )
-    if q["weight_granularity"] == "per_block" and q["scheme"] != "W4A16":
+    if granularity == "per_block" and weight_bits(scheme) != 4:
+        four = ", ".join(s for s in SCHEMES if weight_bits(s) == 4)
         raise StudioError(
             "quantization.weight_granularity per_block (LPBQ) is for 4-bit weights: use it "
-            "with scheme W4A16, or choose per_channel"
+            f"with scheme {four}, or choose per_channel"
         )
     for pattern, prec in q["overrides"].items():
         if not str(pattern).strip():
@@ -272,10 +289,11 @@ def check_recipe(quantization: dict[str, Any]) -> None:
             raise StudioError(
                 f"quantization.overrides[{pattern!r}] = {prec!r} is not one of {', '.join(PRECISIONS)}"
             )
-        if is_weight_only(pattern) and prec not in ("INT4", "INT8", "INT16"):
+        if is_weight_only(pattern) and is_float_precision(prec):
+            *ints, last = (x for x in PRECISIONS if not is_float_precision(x))
             raise StudioError(
                 f"quantization.overrides[{pattern!r}] = {prec!r}: a weight-only pattern takes "
-                "INT4, INT8 or INT16"
+                f"{', '.join(ints)} or {last}"
             )
 
 
@@ -316,19 +334,19 @@ def refusal(part: str, precision: str, *, has_weight: bool = True, chips=(),
         return f"{what}unknown part {part!r}: choose one of {', '.join(PARTS)}"
     if precision not in PRECISIONS:
         return f"{what}{precision!r} is not one of {', '.join(PRECISIONS)}"
-    if scheme == "FP16":
-        return ("the FP16 scheme keeps every layer in float and ignores per-layer overrides: "
-                "choose a quantized scheme (W8A16, W8A8, W4A16) first")
+    if scheme is not None and is_float_scheme(scheme):
+        return (f"the {scheme} scheme keeps every layer in float and ignores per-layer "
+                f"overrides: choose a quantized scheme ({', '.join(QUANTIZED_SCHEMES)}) first")
     if precision == "INT4" and part != "weights":
         return (f"{what}INT4 is for weights only on the HTP: activations are INT8 or INT16 "
                 "(or FP16 on chips with float support); set INT4 on the weights")
-    if part == "weights" and precision in FLOAT_PRECISIONS:
+    if part == "weights" and is_float_precision(precision):
         return (f"{what}weights alone cannot be float: {precision} keeps the whole layer in "
                 "float (choose 'whole layer'), or give the weights INT4, INT8 or INT16")
     if part == "weights" and not has_weight:
         return (f"{what}this layer has no weights (an activation, a norm or the embedding "
                 "lookup): set its activations instead")
-    if precision in FLOAT_PRECISIONS:
+    if is_float_precision(precision):
         no_float = _float_chips(chips)
         if no_float:
             names = ", ".join(f"{c.name} ({c.key})" for c in no_float)
@@ -340,15 +358,15 @@ def refusal(part: str, precision: str, *, has_weight: bool = True, chips=(),
 
 def scheme_refusal(scheme: str, chips=()) -> str | None:
     """Why the targets cannot run ``scheme`` (the FP16 scheme needs float on the HTP)."""
-    if scheme != "FP16":
+    if not is_float_scheme(scheme):
         return None
     no_float = _float_chips(chips)
     if not no_float:
         return None
     names = ", ".join(f"{c.name} ({c.key})" for c in no_float)
-    return (f"the FP16 scheme needs float support on the HTP, and the target {names} has none "
-            "(its catalog entry says fp16 = false): choose a quantized scheme (W8A16 is the "
-            "usual start), or drop that target")
+    return (f"the {scheme} scheme needs float support on the HTP, and the target {names} has "
+            "none (its catalog entry says fp16 = false): choose a quantized scheme (W8A16 is "
+            "the usual start), or drop that target")
 
 
 def override_part(pattern: str, precision: str) -> str:
@@ -356,7 +374,7 @@ def override_part(pattern: str, precision: str) -> str:
     pattern or INT4, ``layer`` for FP16 / FP32, else ``activations``."""
     if is_weight_only(pattern) or precision == "INT4":
         return "weights"
-    return "layer" if precision in FLOAT_PRECISIONS else "activations"
+    return "layer" if is_float_precision(precision) else "activations"
 
 
 def override_refusal(pattern: str, precision: str, weighted: dict[str, bool], chips=(),

@@ -28,6 +28,7 @@ from studio.core.devices import Device, device, project_devices
 from studio.core.errors import StudioError
 from studio.core.fsutil import sha256_file
 from studio.core.recipe import DEFAULT_GATES
+from studio.core.settings import SECTION_KEYS, setting_keys
 
 if TYPE_CHECKING:
     from studio.core.project import Project
@@ -234,6 +235,34 @@ UNREAD_KEYS: dict[str, str] = {
 }
 
 
+def check_settings_declared(declarations: tuple[StageDecl, ...], *tables: Mapping[str, str]
+                            ) -> None:
+    """Every setting a stage declares (and every key of ``tables``) is one that
+    :mod:`studio.core.settings` declares: a misspelt key fails at import, not when the stage
+    runs. Raises ValueError naming the stage and the key."""
+    known = setting_keys()
+
+    def why(key: str) -> str:
+        section, _, leaf = key.partition(".")
+        if section in SECTION_KEYS:
+            return f"[{section}] has {', '.join(SECTION_KEYS[section])}"
+        return f"sections: {', '.join(SECTION_KEYS)}"
+
+    for d in declarations:
+        for key in d.settings:
+            if key not in known:
+                raise ValueError(f"the {d.name} stage declares the setting {key!r}, which "
+                                 f"studio/core/settings.py does not declare ({why(key)})")
+    for table in tables:
+        for key in table:
+            if key not in known:
+                raise ValueError(f"{key!r} is not a setting studio/core/settings.py declares "
+                                 f"({why(key)})")
+
+
+check_settings_declared(DECLARATIONS, REFS, PLAN_KEYS)
+
+
 def declared_by(key: str) -> list[str]:
     """The stages that read the project key ``key``."""
     return [d.name for d in DECLARATIONS if key in d.settings]
@@ -256,7 +285,7 @@ def project_value(project: Project, key: str) -> Any:
     section, _, leaf = key.partition(".")
     if not leaf:
         return getattr(project, section)
-    return getattr(project, section)[leaf]
+    return getattr(getattr(project, section), leaf)
 
 
 # ---- the plan ------------------------------------------------------------------------------
@@ -286,10 +315,10 @@ class PlannedJob:
 
 def _universe(project: Project, chips: list[str]) -> list[PlannedJob]:
     """Every job the project could run, in declaration order, with dependencies."""
-    devices = project_devices(project.run["devices"], chips)
+    devices = project_devices(project.run.devices, chips)
     jobs: list[PlannedJob] = []
     index: dict[tuple[str, str], int] = {}
-    kind = project.model["kind"]
+    kind = project.model.kind
     for d in DECLARATIONS:
         if d.needs_all or kind not in d.kinds:
             continue
@@ -321,8 +350,8 @@ def plan(project: Project, stages: list[str] | None = None, targets: list[str] |
     With ``retry=(stage, item)``: that job, every job of the project's stages downstream of
     it, and what they need upstream (which the cache serves).
     """
-    wanted = list(project.pipeline["stages"] if stages is None else stages)
-    check_stage_names(wanted, project.model["kind"])
+    wanted = list(project.pipeline.stages if stages is None else stages)
+    check_stage_names(wanted, project.model.kind)
     chips = list(targets or project.targets)
     for t in chips:
         if t not in project.targets:

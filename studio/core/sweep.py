@@ -109,7 +109,7 @@ def format_value(v: Any) -> str:
 # ---- settings of a point ----------------------------------------------------------------------
 def check_axis_key(key: str, project: Project) -> None:
     """A one-line error unless ``key`` names a setting a sweep may vary."""
-    from studio.core.project import _SECTIONS
+    from studio.core.settings import SECTION_KEYS
 
     if key == "targets":
         return
@@ -118,8 +118,8 @@ def check_axis_key(key: str, project: Project) -> None:
         if not leaf[len("overrides."):].strip():
             raise StudioError(f"sweep axis {key!r}: name a layer pattern after overrides.")
         return
-    if section in _NOT_SWEEPABLE or section not in _SECTIONS or leaf not in _SECTIONS[section]:
-        sweepable = sorted(s for s in _SECTIONS if s not in _NOT_SWEEPABLE)
+    if section in _NOT_SWEEPABLE or leaf not in SECTION_KEYS.get(section, ()):
+        sweepable = sorted(s for s in SECTION_KEYS if s not in _NOT_SWEEPABLE)
         raise StudioError(
             f"sweep axis {key!r} is not a project setting: use section.key (sections: "
             f"{', '.join(sweepable)}), targets, or quantization.overrides.PATTERN")
@@ -200,17 +200,17 @@ def parse_spec(raw: Any, project: Project, where: str = "sweeps") -> SweepSpec:
     if not isinstance(stages, list) or not all(isinstance(s, str) for s in stages):
         raise StudioError(f"{where}: stages must be a list of stage names")
     if stages:
-        check_stage_names(stages, project.model["kind"])
+        check_stage_names(stages, project.model.kind)
     best = raw.get("best", "smallest")
-    if best not in BEST_RULES:
+    if not isinstance(best, str) or best not in BEST_RULES:
         raise StudioError(f"{where}: best = {best!r} is not one of {', '.join(BEST_RULES)}")
-    spec = SweepSpec(name.strip(), tuple(axes), tuple(points), tuple(stages), best,
-                     str(raw.get("description", "")))
-    n = len(spec.expand())
+    # counted from the axes' lengths: a large grid is refused before it is expanded
+    n = len(points) if points else math.prod(len(vals) for _, vals in axes)
     if n > MAX_POINTS:
         raise StudioError(f"{where} has {n} points; at most {MAX_POINTS}: split it, or list "
                           "the points you want")
-    return spec
+    return SweepSpec(name.strip(), tuple(axes), tuple(points), tuple(stages), best,
+                     str(raw.get("description", "")))
 
 
 MAX_POINTS = 256

@@ -63,11 +63,16 @@ from studio.core.recipe import (
     GRANULARITIES,
     SCHEME_PRECISIONS,
     SCHEMES,
+    activation_bits,
     activation_point,
     covers,
     covers_node,
+    is_float_precision,
+    is_float_scheme,
     is_weight_only,
     module_of_node,
+    weight_bits,
+    weight_precision,
 )
 
 # Aliases the engine accepts for the recipe module's precisions (FP16/FP32 = left float).
@@ -150,7 +155,7 @@ def normalize_recipe(recipe: dict) -> dict:
             )
         norm[pattern] = PRECISIONS[key]
         given[pattern] = (recipe.get("given") or {}).get(pattern) or (
-            key if key in ("FP16", "FP32") else PRECISIONS[key]
+            key if is_float_precision(key) else PRECISIONS[key]
         )
     method = str(recipe.get("calibration_method", DEFAULT_CALIBRATION_METHOD))
     if method not in CALIBRATION_METHODS:
@@ -158,7 +163,7 @@ def normalize_recipe(recipe: dict) -> dict:
             f"unknown calibration method {method!r}; use one of {', '.join(CALIBRATION_METHODS)}"
         )
     block = recipe.get("block_size", DEFAULT_BLOCK_SIZE)
-    if gran == "per_block" and scheme != "W4A16":
+    if gran == "per_block" and weight_bits(scheme) != 4:
         raise StudioError("per_block (LPBQ) weights are 4-bit: use it with scheme W4A16")
     return {
         "calibration_method": method,
@@ -206,7 +211,7 @@ def resolve_overrides(model, recipe: dict) -> dict:
     from onnxruntime.quantization import QuantType
 
     scheme = recipe["scheme"]
-    act16 = SCHEME_PRECISIONS[scheme][1] == "INT16"
+    act16 = activation_bits(scheme) == 16
     act_default = "INT16" if act16 else "INT8"
     inits = {t.name for t in model.graph.initializer}
     weights = _matmul_weights(model)
@@ -285,7 +290,7 @@ def resolve_overrides(model, recipe: dict) -> dict:
         if qtype[prec] != default_act:
             init_overrides[name] = [{"quant_type": qtype[prec]}]
     per_channel = 0
-    w_default = SCHEME_PRECISIONS[scheme][0]
+    w_default = weight_precision(scheme)
     blocked = recipe["weight_granularity"] == "per_block"
     for w in weights:
         prec = weight_prec.get(w) or w_default
@@ -557,8 +562,7 @@ def _quantize_graph(
         qnn_preprocess_model,
     )
 
-    act = (QuantType.QUInt16 if SCHEME_PRECISIONS[recipe["scheme"]][1] == "INT16"
-           else QuantType.QUInt8)
+    act = QuantType.QUInt16 if activation_bits(recipe["scheme"]) == 16 else QuantType.QUInt8
     work = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.stem}-quant."))
     handler = _LogToProgress(progress)
     root = logging.getLogger()
@@ -655,8 +659,9 @@ def quantize_graph(src: Path, dst: Path, recipe: dict, feeds: list[dict],
     if not feeds:
         raise StudioError("quantization needs calibration samples: give at least one")
     recipe = normalize_recipe(recipe)
-    if recipe["scheme"] == "FP16":
-        raise StudioError("FP16 is not a quantization: run the float graph with fp16 instead")
+    if is_float_scheme(recipe["scheme"]):
+        raise StudioError(f"{recipe['scheme']} is not a quantization: run the float graph with "
+                          "fp16 instead")
     info = _quantize_graph(Path(src), Path(dst), recipe, feeds, progress)
     info.pop("layers", None)
     return info
@@ -794,8 +799,8 @@ def quantize_llm(
     # cancelled or failed run leaves no half-quantized graphs.
     stage = Path(tempfile.mkdtemp(dir=out_dir, prefix=".quantize."))
     try:
-        if recipe["scheme"] == "FP16":
-            progress.update(0.1, "FP16: copying the float graphs")
+        if is_float_scheme(recipe["scheme"]):
+            progress.update(0.1, f"{recipe['scheme']}: copying the float graphs")
             for f in sorted(graphs_dir.iterdir()):
                 wanted = ("prefill.onnx", "decode.onnx", *(("verify.onnx",) if with_verify else ()))
                 if f.name.startswith(wanted) and f.is_file():
@@ -841,7 +846,7 @@ def quantize_llm(
                 )
             info.update(
                 activation_type=(
-                    "QUInt16" if SCHEME_PRECISIONS[recipe["scheme"]][1] == "INT16" else "QUInt8"
+                    "QUInt16" if activation_bits(recipe["scheme"]) == 16 else "QUInt8"
                 ),
                 weight_type={
                     ("INT8", "per_tensor"): "QUInt8",
@@ -849,7 +854,7 @@ def quantize_llm(
                     ("INT4", "per_channel"): "QInt4 per channel (symmetric)",
                     ("INT4", "per_block"): f"QInt4 block-wise, {recipe['block_size']} per block "
                                            "(LPBQ, symmetric)",
-                }.get((SCHEME_PRECISIONS[recipe["scheme"]][0], recipe["weight_granularity"]),
+                }.get((weight_precision(recipe["scheme"]), recipe["weight_granularity"]),
                       recipe["weight_granularity"]),
                 calibration={
                     "method": recipe["calibration_method"],

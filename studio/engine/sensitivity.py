@@ -51,16 +51,18 @@ from typing import Any
 from studio.core.errors import StudioError
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.core.recipe import (
-    FLOAT_PRECISIONS,
+    PRECISION_BITS,
     PRECISIONS,
     SCHEME_PRECISIONS,
+    activation_precision,
     effective_precisions,
+    is_float_precision,
+    is_float_scheme,
 )
 
 SOURCE, DEVICE = "measured", "host-cpu"
 #: the precision a layer is raised to when ``high`` is "auto": one step above the scheme
 AUTO_HIGH = {"W8A8": "INT16", "W8A16": "FP16"}
-BITS = {"INT4": 4, "INT8": 8, "INT16": 16, "FP16": 16, "FP32": 32}
 METRICS = ("perplexity", "logits_cosine", "top1_agreement", "kl_divergence")
 _BLOCK = re.compile(r"^(.*?layers\.\d+)\.")
 
@@ -70,10 +72,16 @@ _BLOCK = re.compile(r"^(.*?layers\.\d+)\.")
 
 def resolve_choices(scheme: str, high: str, low: str) -> tuple[str, str]:
     """The precisions a layer is raised and lowered to; StudioError when they change nothing."""
-    if scheme not in SCHEME_PRECISIONS or scheme == "FP16":
+    if scheme not in SCHEME_PRECISIONS or is_float_scheme(scheme):
         raise StudioError(
             f"sensitivity analysis needs a quantized scheme (W8A8 or W8A16), not {scheme!r}: "
             "set quantization.scheme"
+        )
+    if high == "auto" and scheme not in AUTO_HIGH:
+        raise StudioError(
+            f"sensitivity.high = auto has no step above {scheme} (auto raises "
+            + ", ".join(f"{s} to {p}" for s, p in AUTO_HIGH.items())
+            + "): name the precision, e.g. sensitivity.high = \"FP16\""
         )
     high = AUTO_HIGH[scheme] if high == "auto" else high
     if high not in PRECISIONS:
@@ -84,7 +92,7 @@ def resolve_choices(scheme: str, high: str, low: str) -> tuple[str, str]:
         raise StudioError(
             f"sensitivity.low = {low!r} is not one of {', '.join(PRECISIONS)} (or \"\" for none)"
         )
-    act = SCHEME_PRECISIONS[scheme][1]
+    act = activation_precision(scheme)
     for what, prec in (("high", high), ("low", low)):
         if prec and prec == act:
             raise StudioError(
@@ -96,7 +104,7 @@ def resolve_choices(scheme: str, high: str, low: str) -> tuple[str, str]:
         raise StudioError(
             f"sensitivity.high = {high} lowers the layer over {scheme}: set it as sensitivity.low"
         )
-    if low in FLOAT_PRECISIONS or low == "INT16":
+    if is_float_precision(low) or low == "INT16":
         raise StudioError(
             f"sensitivity.low = {low} raises the layer: use INT4 (4-bit weights), INT8 over "
             "W8A16, or \"\" for none"
@@ -235,8 +243,8 @@ class VariantBench:
                 f"{graphs_dir} holds quantized graphs; analyse the FP32 export instead"
             )
         base = normalize_recipe({**recipe, "overrides": {}})
-        if base["scheme"] == "FP16":
-            resolve_choices("FP16", "auto", "")  # raises the one-line error
+        if is_float_scheme(base["scheme"]):
+            resolve_choices(base["scheme"], "auto", "")  # raises the one-line error
         if ranges is None and (not calibration_text or tokenizer_dir is None):
             raise StudioError("give a calibration text and its tokenizer, or calibration ranges")
         _check_calibration_cache()
@@ -664,8 +672,8 @@ class VariantBench:
         wb = ab = 0
         for lp in effective_precisions(self.layers, q, set(self.weight_of)):
             _, numel, out_features = self.weight_of[lp.layer]
-            wb += numel * BITS[lp.weight] // 8
-            ab += out_features * BITS[lp.activation] // 8
+            wb += numel * PRECISION_BITS[lp.weight] // 8
+            ab += out_features * PRECISION_BITS[lp.activation] // 8
         return {"weight_bytes": wb, "activation_bytes_per_token": ab}
 
 

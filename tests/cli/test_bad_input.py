@@ -66,6 +66,30 @@ CASES = {
                                                'calibration_samples = 2\n[quantization.overrides]'
                                                '\n"decoder.block.*" = "INT16"'}),
                                       "'decoder.block.*' match(es) no layer"),
+    # values of the wrong element type or out of any sensible range: refused by the typed
+    # settings when the file is read, not by a traceback later
+    "a device that is a list": (small(**{"max_new_tokens = 8": 'max_new_tokens = 8\n'
+                                         'devices = [["cpu"]]'}),
+                                "run.devices[0] must be a str, not list ['cpu']"),
+    "a device that is a table": (small(**{"max_new_tokens = 8": 'max_new_tokens = 8\n'
+                                          'devices = [{a = 1}]'}),
+                                 "run.devices[0] must be a str, not dict {'a': 1}"),
+    "an absurd token count": (small(**{"heldout_tokens = 96": "heldout_tokens = "
+                                       "9223372036854775807"}),
+                              "validation.heldout_tokens = 9223372036854775807 is more than"),
+    "a gate that is not a number": (small(**{"max_perplexity_increase = 0.05":
+                                             "max_perplexity_increase = nan"}),
+                                    "gates.max_perplexity_increase must be a finite number"),
+    "a sweep's best that is a list": (small() + '\n[[sweeps]]\nname = "s"\nbest = []\n'
+                                      '[sweeps.axes]\n"quantization.scheme" = ["W8A8"]\n',
+                                      "best = [] is not one of"),
+    # 30**7 points: counted from the axes' lengths, refused before any is made
+    "a sweep grid too large to expand": (
+        small() + '\n[[sweeps]]\nname = "huge"\n[sweeps.axes]\n' + "".join(
+            f'"{key}" = {list(range(16, 46))}\n' for key in (
+                "validation.heldout_tokens", "sensitivity.heldout_tokens", "waterfall.new_tokens",
+                "bundle.new_tokens", "graph.repeats", "graph.seq_len", "pruning.drop_blocks")),
+        "has 21870000000 points; at most 256"),
 }
 
 

@@ -11,6 +11,7 @@ import pytest
 from studio.core import project as pf
 from studio.core.errors import StudioError
 from studio.core.samples import data_path, sample_path
+from studio.core.settings import SECTION_KEYS, SECTIONS
 from studio.core.stagegraph import (
     DECLARATIONS,
     PLAN_KEYS,
@@ -30,10 +31,10 @@ VERSIONS = {"qstudio-code": "fixed", "onnxruntime": "1"}
 def _all_keys(project: pf.Project) -> list[str]:
     """Every key of the project file: top-level keys and section.key."""
     keys = ["schema_version", "name", "targets", "sweeps"]
-    for section, values in pf._SECTIONS.items():
+    for section, values in SECTION_KEYS.items():
         keys += [f"{section}.{k}" for k in values]
     assert set(project.to_dict()) <= {"schema_version", "name", "targets", "sweeps",
-                                      *pf._SECTIONS}
+                                      *SECTION_KEYS}
     return keys
 
 
@@ -77,7 +78,7 @@ def _changed(tmp: Path, key: str, kind: str = "causal-lm"):
         f = tmp / f"{key}.txt"
         f.write_text(data_path("calibration").read_text() + "\n# more\n")
         return str(f)
-    return {
+    table = {
         "sweeps": [{"name": "other", "axes": {"quantization.scheme": ["W8A8"]}}],
         "name": "renamed",
         "targets": ["snapdragon-8-gen-3", "snapdragon-8-elite"],
@@ -126,7 +127,26 @@ def _changed(tmp: Path, key: str, kind: str = "causal-lm"):
         "bundle.parts": 2,
         "bundle.max_context_mb": 512,
         "bundle.prefill_length": 8,
-    }[key]
+    }
+    return table[key] if key in table else _declared_change(key)
+
+
+def _declared_change(key: str):
+    """A valid other value for a setting the table above leaves out, from its declaration
+    (another choice, or the next number in its range): a new setting needs no entry."""
+    section, _, leaf = key.partition(".")
+    cls = SECTIONS[section]
+    spec, hint = cls.specs()[leaf]
+    default = cls.default(leaf)
+    choices = spec.allowed()
+    if choices:
+        return next(c for c in choices if c != default)
+    if hint is float:
+        return default * 0.9 if default else 0.5
+    if hint is int:
+        up = default + 1
+        return up if spec.max is None or up <= spec.max else default - 1
+    raise AssertionError(f"{key}: give _changed a value for it (a {hint})")
 
 
 def _set(p: pf.Project, key: str, value) -> pf.Project:

@@ -333,6 +333,7 @@ def test_autoprecision_raises_nothing_when_the_base_meets_the_target(
         ("W8A8", "auto", "INT8", "already gives every layer"),
         ("W8A8", "auto", "FP16", "raises the layer"),
         ("W8A8", "INT3", "", "not one of auto"),
+        ("W4A16", "auto", "INT4", "auto has no step above W4A16"),
     ],
 )
 def test_choices_that_change_nothing_are_refused(scheme, high, low, match):

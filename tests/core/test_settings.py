@@ -1,0 +1,217 @@
+"""The typed settings: one declaration per section, read by attribute, still a dict of keys."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+import tomllib
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from studio.core import project as pf
+from studio.core.commands import CommandStack, SetValue
+from studio.core.errors import StudioError
+from studio.core.recipe import (
+    DEFAULT_GATES,
+    QUANTIZED_SCHEMES,
+    SCHEMES,
+    activation_bits,
+    is_float_precision,
+    is_float_scheme,
+    weight_bits,
+)
+from studio.core.settings import SECTION_KEYS, SECTIONS, Gates, Quantization, spec_of
+from studio.core.stagegraph import DECLARATIONS, StageDecl, check_settings_declared
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples/tiny-coder/tiny-coder.qstudio"
+
+
+def test_sections_are_read_by_attribute_and_by_key():
+    p = pf.load(EXAMPLE)
+    assert p.quantization.scheme == p.quantization["scheme"] == "W8A16"
+    assert p.export.context_length == p.export["context_length"] == 128
+    assert isinstance(p.quantization, Quantization)
+    assert p.quantization.get("overrides", {}) == {} and p.quantization.get("nope", 3) == 3
+    assert dict(p.gates) == DEFAULT_GATES and p.gates == DEFAULT_GATES  # equal to a plain dict
+    assert list(p.run) == list(p.run.keys()) == ["prompt", "max_new_tokens", "devices"]
+    assert dict(p.run.items())["devices"] == p.run.devices == list(p.run.values())[2]
+    assert "scheme" in p.quantization and "nope" not in p.quantization
+    assert len(p.quantization) == len(SECTION_KEYS["quantization"])
+    assert {**p.export} == {"prompt_length": 32, "context_length": 128}
+
+
+def test_sections_copy_pickle_and_serialise_as_they_are():
+    p = pf.load(EXAMPLE)
+    q = copy.deepcopy(p)
+    assert q == p and q.quantization is not p.quantization
+    q.quantization.overrides["lm_head"] = "INT16"
+    assert p.quantization.overrides == {}  # nothing shared
+    assert pickle.loads(pickle.dumps(p)) == p
+    assert type(copy.deepcopy(p.gates)) is Gates
+    assert json.loads(json.dumps(p.quantization)) == p.quantization
+    assert tomllib.loads(tomli_w.dumps({"q": p.quantization}))["q"] == p.quantization
+    assert tomllib.loads(pf.dumps(p))["quantization"] == p.quantization.to_dict()
+    plain = p.export.copy()
+    assert type(plain) is dict and plain == p.export
+
+
+def test_a_key_or_attribute_no_declaration_has_is_refused():
+    p = pf.load(EXAMPLE)
+    with pytest.raises(StudioError, match=r"unknown key 'shceme' in \[quantization\]"):
+        p.quantization["shceme"] = "W8A8"
+    with pytest.raises(AttributeError, match="no setting 'shceme'"):
+        p.quantization.shceme = "W8A8"  # type: ignore[attr-defined]
+    with pytest.raises(StudioError, match="unknown key"):
+        p.quantization.update(shceme="W8A8")
+    with pytest.raises(KeyError):
+        p.quantization["shceme"]  # noqa: B018
+    assert "shceme" not in p.quantization
+
+
+def test_a_deleted_key_takes_its_default_and_a_section_keeps_every_key():
+    p = pf.load(EXAMPLE)
+    p.quantization.scheme = "W8A8"
+    p.quantization.update(calibration_samples=3)
+    assert p.quantization["calibration_samples"] == 3
+    del p.quantization["scheme"]
+    assert p.quantization.scheme == "W8A16"
+    assert p.quantization.pop("calibration_samples") == 3
+    assert p.quantization.calibration_samples == Quantization.default("calibration_samples")
+    assert len(p.quantization) == len(SECTION_KEYS["quantization"])
+    with pytest.raises(StudioError, match="needs the key 'source'"):
+        del p.model["source"]
+
+
+def test_a_plain_dict_assigned_to_a_section_becomes_that_section():
+    p = pf.load(EXAMPLE)
+    p.gates = {k: 0.5 for k in DEFAULT_GATES}
+    assert isinstance(p.gates, Gates) and p.gates.min_logits_cosine == 0.5
+    with pytest.raises(StudioError, match="unknown key 'bogus' in"):
+        p.gates = {"bogus": 1.0}
+
+
+def test_commands_set_keys_through_the_mapping_and_validate_the_whole_project():
+    p = pf.load(EXAMPLE)
+    stack = CommandStack(p)
+    stack.push(SetValue("quantization", "scheme", "W8A8"))
+    assert p.quantization.scheme == "W8A8"
+    for bad, match in ((SetValue("quantization", "scheme", "W3A3"), "is not one of"),
+                       (SetValue("run", "devices", [["cpu"]]), r"run.devices\[0\] must be a str"),
+                       (SetValue("profile", "repeats", 10**9), "between 1 and 50"),
+                       (SetValue("quantization", "shceme", "W8A8"), "unknown key 'shceme'"),
+                       (SetValue("colour", "x", 1), r"unknown section \[colour\]")):
+        with pytest.raises(StudioError, match=match):
+            stack.push(bad)
+    assert p.quantization.scheme == "W8A8" and p.run.devices == ["cpu", "htp-sim"]
+    stack.undo()
+    assert p.quantization.scheme == "W8A16"
+
+
+def test_every_setting_has_a_doc_and_every_default_is_valid():
+    p = pf.from_dict({"schema_version": 1, "model": {"source": "sample:tiny-coder"}})
+    for name, cls in SECTIONS.items():
+        assert cls.name == name
+        for key, (spec, _) in cls.specs().items():
+            assert spec.doc and "\n" not in spec.doc, f"{name}.{key}"
+        assert set(getattr(p, name)) == set(SECTION_KEYS[name])
+
+
+def test_a_stage_that_declares_a_setting_no_section_has_fails_at_import():
+    check_settings_declared(DECLARATIONS)  # what stagegraph runs when it is imported
+    typo = StageDecl("quantize", "Quantize", settings=("quantization.schem",))
+    with pytest.raises(ValueError, match="the quantize stage declares the setting "
+                                         "'quantization.schem'.*scheme, weight_granularity"):
+        check_settings_declared((typo,))
+    with pytest.raises(ValueError, match="'nosuch.key' is not a setting"):
+        check_settings_declared((), {"nosuch.key": "checkpoint"})
+
+
+def test_the_import_of_stagegraph_runs_the_check(monkeypatch):
+    """The module itself, with one declared key misspelt, does not import."""
+    import sys
+    import types
+
+    import studio.core.stagegraph as sg
+
+    text = Path(sg.__file__).read_text()
+    good = 'settings=("quantization.scheme", "profile.repeats")'
+    assert text.count(good) == 1
+    module = types.ModuleType("stagegraph_with_a_typo")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    with pytest.raises(ValueError, match="the profile stage declares the setting "
+                                         "'profile.repeat'"):
+        exec(compile(text.replace(good, good.replace("repeats", "repeat")), sg.__file__,
+                     "exec"), module.__dict__)
+
+
+def test_the_limits_live_in_the_declaration():
+    assert spec_of("profile.repeats").max == 50
+    assert spec_of("quantization.scheme").allowed() == SCHEMES
+    assert spec_of("model.kind").allowed() == ("causal-lm", "encoder", "onnx-graph")
+
+
+def test_the_scheme_vocabulary_answers_what_fp16_comparisons_meant():
+    assert [s for s in SCHEMES if is_float_scheme(s)] == ["FP16"]
+    assert QUANTIZED_SCHEMES == ("W8A16", "W8A8", "W4A16")
+    assert [activation_bits(s) for s in SCHEMES] == [16, 8, 16, 16]
+    assert [weight_bits(s) for s in SCHEMES] == [8, 8, 4, 16]
+    assert is_float_precision("FP32") and not is_float_precision("INT16")
+    assert not is_float_scheme("W3A3")
+
+
+# ---- generated files: every mutation of a declared setting is a project or one line -----------
+def _values_for(key: str):
+    """Hypothesis values for one declared setting: valid ones, its limits and past them, and
+    values of every other TOML type (nested lists and tables included)."""
+    from hypothesis import strategies as st
+
+    section, _, leaf = key.partition(".")
+    spec, hint = SECTIONS[section].specs()[leaf]
+    scalars = st.one_of(st.integers(-2**63, 2**63 - 1), st.floats(allow_nan=True,
+                        allow_infinity=True), st.text(max_size=12), st.booleans())
+    anything = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
+                            | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                            max_leaves=6)
+    near = [st.just(v) for v in (spec.min, spec.max, spec.cap, spec.above) if v is not None]
+    near += [st.just(int(v) + d) for v in (spec.min, spec.max, spec.cap) if v is not None
+             for d in (-1, 1)]
+    choices = spec.allowed() if not callable(spec.choices) else None
+    options = [anything, *near]
+    if choices:
+        options.append(st.sampled_from(choices))
+    if hint is str:
+        options.append(st.text(max_size=20))
+    return st.one_of(*options)
+
+
+def test_generated_mutations_load_or_fail_in_one_line():
+    from hypothesis import HealthCheck, given
+    from hypothesis import settings as hsettings
+    from hypothesis import strategies as st
+
+    base = pf.load(EXAMPLE).to_dict()
+    keys = sorted(f"{s}.{k}" for s, ks in SECTION_KEYS.items() for k in ks
+                  if not (s == "model" and k == "source"))  # a missing checkpoint: preflight
+
+    @st.composite
+    def mutated(draw):
+        data = copy.deepcopy(base)
+        for key in draw(st.lists(st.sampled_from(keys), min_size=1, max_size=3, unique=True)):
+            section, _, leaf = key.partition(".")
+            data[section][leaf] = draw(_values_for(key))
+        return data
+
+    @hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(mutated())
+    def check(data):
+        try:
+            p = pf.from_dict(data)
+        except StudioError as exc:
+            assert "\n" not in exc.message and len(exc.message) < 600, exc.message
+        else:
+            assert pf.from_dict(p.to_dict()) == p  # what loads saves and loads back
+
+    check()
