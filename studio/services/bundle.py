@@ -13,6 +13,7 @@ from studio.core.errors import Cancelled, StudioError
 from studio.core.fsutil import atomic_copytree
 from studio.core.progress import Progress
 from studio.core.project import Project
+from studio.services.generate import stored_artifact
 
 
 def stored_bundle(project: Project, target: str | None = None, parts: int | None = None,
@@ -23,7 +24,6 @@ def stored_bundle(project: Project, target: str | None = None, parts: int | None
     number of context binaries, ``prefill_length``: the AR-N prefill graph's N (None: the
     project's ``bundle`` settings)."""
     from studio.core.catalog import get_chip
-    from studio.services.generate import stored_artifact
 
     if project.path is None:
         raise StudioError("save the project to a file first: its results live in its folder")

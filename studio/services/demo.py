@@ -26,8 +26,12 @@ from studio.core.errors import StudioError
 from studio.core.jobs import Job, JobStore
 from studio.core.progress import Progress
 from studio.core.project import Project
+from studio.core.stagegraph import STAGES, stage_for_role
 from studio.core.units import format_bytes
 from studio.services import history
+from studio.services import profile_view as pv
+from studio.services.generate import generate
+from studio.services.memory import memory_plan
 
 #: what the live generation on the HTP simulator is, said on stage
 SIMULATOR_NOTE = "HTP simulator on this PC — not phone speed"
@@ -203,12 +207,18 @@ def pick_run(project: Project, jobs: JobStore | None, run: int | None,
 
 
 # ---- the recorded jobs -------------------------------------------------------------------
-def stage_jobs(demo: Demo, stage: str) -> list[Job]:
-    """The succeeded jobs of ``stage`` in the demo's run; for a device or target that run did
-    not cover (a partial run), the newest of the project's own runs (their recording line
-    names the run they come from)."""
+def role_stage(demo: Demo, role: str) -> str:
+    """The stage that plays ``role`` in the demo's project (``core.stagegraph`` roles)."""
+    return stage_for_role(role, demo.project.model["kind"]) or role
+
+
+def stage_jobs(demo: Demo, role: str) -> list[Job]:
+    """The succeeded jobs of the stage playing ``role`` in the demo's run; for a device or
+    target that run did not cover (a partial run), the newest of the project's own runs
+    (their recording line names the run they come from)."""
     if demo.jobs is None:
         return []
+    stage = role_stage(demo, role)
     mine: list[Job] = []
     if demo.run is not None:
         mine = [j for j in demo.jobs.jobs(run_id=demo.run.id)
@@ -217,10 +227,13 @@ def stage_jobs(demo: Demo, stage: str) -> list[Job]:
     return mine + [j for j in history.latest_jobs(demo.jobs, stage) if j.target not in have]
 
 
-def stage_job(demo: Demo, stage: str, target: str | None = None) -> Job | None:
-    js = stage_jobs(demo, stage)
+def stage_job(demo: Demo, role: str, target: str | None = None) -> Job | None:
+    """The first of ``stage_jobs`` on ``target`` (a chip key); a stage that also runs on the
+    host CPU (whose job names no chip) falls back to its first job."""
+    js = stage_jobs(demo, role)
     if target is not None:
-        js = [j for j in js if target in j.target] or ([] if stage != "run" else js)
+        on_host = "host-cpu" in STAGES[role_stage(demo, role)].device_kinds
+        js = [j for j in js if target in j.target] or (js if on_host else [])
     return js[0] if js else None
 
 
@@ -235,9 +248,9 @@ def _folder(demo: Demo, job: Job | None) -> Path | None:
     return art.path if art is not None else None
 
 
-def _run_hint(demo: Demo, stages: str) -> str:
+def _run_hint(demo: Demo, role: str) -> str:
     return f"run studio --batch {demo.project.path.name if demo.project.path else 'FILE'} " \
-           f"--stages {stages}"
+           f"--stages {role_stage(demo, role)}"
 
 
 # ---- the scenes --------------------------------------------------------------------------
@@ -372,8 +385,6 @@ def accuracy_scene(demo: Demo) -> Scene:
 def profile_scene(demo: Demo, top: int = 7) -> Scene:
     """The op breakdown of one decode step: the share of each op type (largest first) and of
     each block of the seed's table."""
-    from studio.services import profile_view as pv
-
     job = stage_job(demo, "profile", demo.target)
     if job is None:
         raise StudioError("no profile recorded yet: " + _run_hint(demo, "profile"))
@@ -404,8 +415,6 @@ def memory_scene(demo: Demo) -> Scene:
     """What the deployed decode graph needs in memory: weights (deployed vs FP32), the KV
     cache, activations with naive allocation and with buffer reuse (from the graph's shapes:
     estimated)."""
-    from studio.services.memory import memory_plan
-
     job = stage_job(demo, "quantize")
     folder = _folder(demo, job)
     if job is None or folder is None or not (folder / "decode.onnx").is_file():
@@ -490,7 +499,5 @@ def live_generate(demo: Demo, prompt: str, on_text: Callable[[str], None] | None
                   progress: Progress | None = None) -> dict[str, Any]:
     """Generate after ``prompt`` on the demo's device (greedy); the result's figures carry
     the device's source label (``generate.generate``)."""
-    from studio.services.generate import generate
-
     return generate(demo.project, prompt, demo.device, demo.spec.max_new_tokens,
                     on_text=on_text, progress=progress)

@@ -13,6 +13,7 @@ from studio.core.fsutil import atomic_write_json
 from studio.core.progress import NullProgress, Progress
 from studio.core.recipe import PLACEMENTS as PLACEMENTS
 from studio.engine.graphdata import compare_outputs
+from studio.services.generate import stored_artifact
 
 
 def deploy_graph(onnx_path: Path, out_dir: Path, calibration: Path, target: str,
@@ -90,7 +91,6 @@ def placement_view(project, chip: str) -> dict[str, Any] | None:
 
     from studio.core.catalog import get_chip
     from studio.engine import graphpipe
-    from studio.services.generate import stored_artifact
 
     if project.model["kind"] == "causal-lm":
         return None

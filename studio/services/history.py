@@ -17,7 +17,8 @@ from studio.core.fsutil import RunLock
 from studio.core.jobs import Job, JobStore
 from studio.core.metrics import Metric
 from studio.core.project import Project
-from studio.core.stagegraph import plan, plan_keys
+from studio.core.stagegraph import STAGES, plan, plan_keys
+from studio.services.versions import tool_versions
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,13 @@ class RunInfo:
         return {"id": self.id, "state": self.state, "created": self.created,
                 "finished": self.finished, "stages": self.stages,
                 "settings_recorded": self.settings is not None}
+
+
+def plays_role(job: Job, role: str) -> bool:
+    """Whether a recorded job's stage plays ``role`` ("validate" for validate and
+    graph-validate, ...; a stage no longer declared plays none)."""
+    decl = STAGES.get(job.stage)
+    return decl is not None and decl.role == role
 
 
 def runs(project: Project, jobs: JobStore, limit: int = 50) -> list[RunInfo]:
@@ -106,8 +114,6 @@ def current_keys(project: Project, stages: list[str] | None = None) -> dict[str,
     """The artifact key every job of the project's full plan (or of the plan for ``stages``,
     e.g. an optional stage) would have now (job label -> key), computed without running
     anything. Hashes the input files: call it off the UI thread."""
-    from studio.services.pipeline import tool_versions
-
     jobs = plan(project, stages)
     keys = plan_keys(project, jobs, tool_versions())
     return {j.label: k for j, k in zip(jobs, keys, strict=True)}
@@ -126,7 +132,7 @@ def validation_table(jobs: JobStore, run_id: int
     ``{target: {"fp32": {...}, "host_qdq": {...}, "htp": {...}}}``."""
     out: dict[str, dict[str, dict[str, float | None]]] = {}
     for job in jobs.jobs(run_id=run_id):
-        if job.stage != "validate" or job.state != "succeeded" or not job.result:
+        if not plays_role(job, "validate") or job.state != "succeeded" or not job.result:
             continue
         r = job.result
         cols: dict[str, dict[str, float | None]] = {
@@ -174,7 +180,7 @@ def validation_runs(project: Project, jobs: JobStore, limit: int = 100) -> list[
     """Runs with at least one succeeded validate job (cached ones count), newest first; the
     project's own runs before the points of sweeps (variants, also listed)."""
     ids = sorted({j.run_id for j in jobs.jobs(limit=50 * limit)
-                  if j.stage == "validate" and j.state == "succeeded" and j.result},
+                  if plays_role(j, "validate") and j.state == "succeeded" and j.result},
                  reverse=True)[:limit]
     points = jobs.sweep_run_ids()
     ids = [i for i in ids if i not in points] + [i for i in ids if i in points]
@@ -187,7 +193,7 @@ def validation_sources(jobs: JobStore, run_id: int) -> dict[str, dict[str, dict[
     QDQ run on the host CPU; HTP on the device the validate job ran on."""
     out: dict[str, dict[str, dict[str, str]]] = {}
     for job in jobs.jobs(run_id=run_id):
-        if job.stage != "validate" or job.state != "succeeded" or not job.result:
+        if not plays_role(job, "validate") or job.state != "succeeded" or not job.result:
             continue
         ms = jobs.metrics(job_id=job.id)
         cols = {"fp32": {"source": "measured", "device": "host-cpu"},

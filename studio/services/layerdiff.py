@@ -14,6 +14,7 @@ from typing import Any
 from studio.core.artifacts import ArtifactStore
 from studio.core.errors import StudioError
 from studio.core.project import Project
+from studio.services.history import current_keys
 
 STAGE = "layerdiff"
 
@@ -30,8 +31,6 @@ def layerdiff_result(project: Project, target: str | None = None) -> dict[str, A
     tensors, final-logits figures, metrics with their sources) and ``rows`` one entry per
     tensor with its figures per pair. NoLayerDiff (a StudioError, one line, saying how to make
     one) when there is none; StudioError when it cannot be read."""
-    from studio.services.history import current_keys
-
     if project.path is None:
         raise StudioError("save the project to a file first: the layer diff lives in its folder")
     target = target or project.targets[0]

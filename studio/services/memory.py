@@ -16,6 +16,7 @@ from studio.core.errors import StudioError
 from studio.core.memplan import DEFAULT_ALIGNMENT, GraphMemory
 from studio.core.project import Project
 from studio.core.units import format_bytes
+from studio.services.history import current_keys
 
 GRAPHS = ("prefill", "decode")
 STAGES = ("export", "quantize")
@@ -38,8 +39,6 @@ def memory_plan(onnx_path: Path | str, dims: dict[str, int] | None = None,
 def stage_graphs(project: Project, stage: str) -> dict[str, Path] | None:
     """The prefill / decode ONNX files of ``stage`` (export or quantize) for the project's
     current settings, or None when that stage has no result for them."""
-    from studio.services.history import current_keys
-
     if stage not in STAGES:
         raise StudioError(f"memory plans are made for the {' and '.join(STAGES)} stages, "
                           f"not {stage!r}")

@@ -2,14 +2,15 @@
 
 ``plan`` is pure: it turns a project (and an optional choice of stages / targets) into the
 list of jobs that ``studio --batch`` and the GUI's "Run pipeline" both queue. ``Pipeline``
-executes a plan, records everything in the run history and streams events to listeners.
+schedules a plan: its jobs one after another in one warm worker, each run by the job runner
+(:mod:`studio.services.jobrunner`: key, store, lock, worker, commit, failure), everything
+recorded in the run history and streamed to listeners.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,249 +18,31 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.artifacts import Artifact, ArtifactStore
-from studio.core.errors import StageCrashed, StudioError
-from studio.core.fsutil import RunLock, atomic_write_bytes, atomic_write_json, sha256_json
-from studio.core.gates import evaluate_gates
+from studio.core.errors import StudioError
+from studio.core.fsutil import RunLock, atomic_write_bytes
 from studio.core.jobs import Job, JobStore
 from studio.core.metrics import Metric
 from studio.core.project import Project
-from studio.core.stagegraph import (
-    REFS,
-    STAGES,
-    PlannedJob,
-    StageConfig,
-    job_key,
-    plan,
-    project_value,
-    ref_identity,
-    stage_config,
+from studio.core.stagegraph import PlannedJob, plan, stage_config
+from studio.services.jobrunner import (
+    JobRunner,
+    StageJob,
+    artifact_meta,
+    job_failure,
+    job_gates,
+    not_run,
 )
-from studio.services.workers import WorkerProcess, died_message
+from studio.services.preflight import preflight
+from studio.services.reports import sweep_fronts
+from studio.services.versions import tool_versions
+from studio.services.workers import WorkerProcess
 
 MAX_LOG_LINES = 4000
 
-__all__ = ["PlannedJob", "Pipeline", "RunSummary", "plan", "preflight", "tool_versions"]
-
-
-# ---- preflight: the declared file references, checked by kind ------------------------------
-# Content keys of checkpoints verified by this process (a pure function of content and
-# code version, so remembering it is safe).
-_VERIFIED: set[str] = set()
-
-
-def _cached_check(project: Project, refs: list[str], what: str,
-                  check: Callable[[], Any]) -> None:
-    """Run a checkpoint check once per content: the verdict is kept in the project folder,
-    keyed by the files' content and the checks' version, so a warm re-run pays nothing."""
-    from studio.core.fsutil import atomic_write_json, sha256_json
-    from studio.engine.checkpoint_check import CHECKS_VERSION
-
-    key = sha256_json({"what": what, "v": CHECKS_VERSION,
-                       "content": [ref_identity(project, r) for r in refs]})
-    cache = project.folder / "checks.json"
-    try:
-        done = json.loads(cache.read_text()) if cache.exists() else {}
-    except (OSError, ValueError):
-        done = {}
-    if key in done:
-        return
-    if key not in _VERIFIED:  # checked earlier in this process, before the folder existed
-        check()
-        _VERIFIED.add(key)
-    done[key] = {"what": what, "refs": refs, "checked": time.time()}
-    if project.folder.is_dir():
-        atomic_write_json(cache, done)
-
-
-def _check_checkpoint(project: Project, ref: str) -> Path:
-    path = project.input_path(ref)
-    if path.is_file() and path.suffix == ".onnx":
-        from studio.engine.onnx_import import open_onnx
-
-        open_onnx(path)  # a corrupt file gets a clear error
-        raise StudioError(
-            f"{path.name} is an ONNX model: the LLM pipeline starts from a Hugging Face "
-            "checkpoint folder (export makes its prefill and decode graphs)"
-        )
-    from studio.engine import checkpoint_check, hf_import
-
-    hf_import.open_checkpoint(path)  # cheap: the family, config and headers, every time
-    _cached_check(project, [ref], "checkpoint",
-                  lambda: checkpoint_check.check_checkpoint(path))
-    return path
-
-
-def _check_graph_source(project: Project, ref: str) -> None:
-    """An encoder's folder or an ONNX file, checked in seconds before any stage runs."""
-    path = project.input_path(ref)
-    if project.model["kind"] == "onnx-graph":
-        from studio.engine.onnx_import import open_onnx
-
-        open_onnx(path)  # a corrupt file gets a clear error
-    elif not (path / "config.json").is_file():
-        raise StudioError(f"{path} is not a sentence-encoder folder: expected config.json, "
-                          "tokenizer files and model weights (or use sample:minilm)")
-
-
-def _check_samples(path: Path, key: str) -> None:
-    if not path.is_file() or path.suffix.lower() not in (".npz", ".npy"):
-        raise StudioError(f"{key}: {path} is not a .npz or .npy file of sample inputs")
-
-
-def _check_text(path: Path, what: str) -> None:
-    if path.is_dir() or path.stat().st_size == 0 or not path.read_bytes().strip():
-        raise StudioError(f"the {what} {path} is empty: give a text file with some content")
-
-
-def _check_lengths(project: Project, model: Path, stages: set[str]) -> None:
-    """The prompt, tokenized as the runtime will, against the exported lengths."""
-    from studio.engine.checkpoint_check import prompt_length
-
-    P, C = project.export["prompt_length"], project.export["context_length"]
-    n = prompt_length(model, project.run["prompt"])
-    if n >= C:  # longer than P is fine: the rest is prefilled in chunks
-        raise StudioError(
-            f"run.prompt is {n} tokens but the KV cache holds {C} (export.context_length; "
-            f"the prefill graph takes {P} at once, the rest in chunks): shorten the prompt or "
-            "raise export.context_length"
-        )
-    for stage, key in (("run", "run.max_new_tokens"), ("validate", "validation.greedy_tokens")):
-        want = project_value(project, key)
-        if stage in stages and n + want > C:
-            raise StudioError(
-                f"{key} = {want} does not fit: the {n}-token prompt leaves {C - n} positions "
-                f"of the {C}-token context (export.context_length); lower {key.split('.')[1]} "
-                "or raise export.context_length"
-            )
-
-
-def _check_overrides(project: Project, model: Path) -> None:
-    from studio.engine import hf_import
-    from studio.services.precision import unmatched
-
-    # patterns that name ONNX nodes ("/lm_head/MatMul") are checked by quantize itself
-    bad = [p for p in unmatched(project, hf_import.open_checkpoint(model)) if not p.startswith("/")]
-    if bad:
-        raise StudioError(
-            f"quantization.overrides: {', '.join(repr(b) for b in bad)} match(es) no layer of the "
-            "model; use names like model.layers.0, *.mlp.down_proj or lm_head (see studio info)"
-        )
-
-
-def preflight(project: Project, jobs: list[PlannedJob]) -> None:
-    """Check the input files the planned stages declare, and the settings that depend on
-    them, before anything runs: fail in seconds, not after minutes of stage work."""
-    stages = {j.stage for j in jobs}
-    if "draft" in stages and not project.model.get("draft"):
-        raise StudioError("the project has no draft model: set model.draft (for example "
-                          "\"sample:tiny-coder-draft\") to export one")
-    checked: set[str] = set()
-    model: Path | None = None
-    for job in jobs:
-        for key in STAGES[job.stage].settings:
-            kind = REFS.get(key)
-            if kind is None or key in checked:
-                continue
-            checked.add(key)
-            ref = project_value(project, key)
-            if key == "model.source" and project.model["kind"] != "causal-lm":
-                _check_graph_source(project, ref)
-            elif kind == "samples":
-                if ref:
-                    _check_samples(project.input_path(ref), key)
-            elif kind == "checkpoint":
-                checked_model = _check_checkpoint(project, ref)
-                if key == "model.source":
-                    model = checked_model
-            else:
-                _check_text(project.input_path(ref), key.split(".", 1)[1].replace("_", " "))
-    if project.model.get("draft"):
-        draft_ref = project.model["draft"]
-        target = model or project.input_path(project.model["source"])
-        draft = project.input_path(draft_ref)
-        from studio.engine.checkpoint_check import check_draft
-
-        _cached_check(project, [project.model["source"], draft_ref], "draft",
-                      lambda: check_draft(target, draft))
-    if ("graph-quantize" in stages and project.model["kind"] == "onnx-graph"
-            and not project.graph["calibration"]):
-        raise StudioError("graph.calibration is empty: an ONNX graph is calibrated on sample "
-                          "inputs; give a .npz file with one array per graph input (studio new "
-                          "--onnx MODEL --calibration DATA.npz)")
-    if model is None and (stages & {"run", "validate", "quantize"}):
-        model = project.input_path(project.model["source"])
-    if model is not None and model.is_dir():
-        if stages & {"run", "validate"}:
-            _check_lengths(project, model, stages)
-        if "quantize" in stages and project.quantization["overrides"]:
-            _check_overrides(project, model)
-    _check_targets_run_the_recipe(project, jobs)
-    from studio.core.fsutil import check_writable_dir
-
-    check_writable_dir(project.folder)
-
-
-def _check_targets_run_the_recipe(project: Project, jobs: list[PlannedJob]) -> None:
-    """The recipe's float parts (the FP16 scheme, FP16 / FP32 override rules) need a target
-    whose HTP runs float: refused before any stage runs, with the Precision page's reason."""
-    from studio.core.catalog import get_chip
-    from studio.core.recipe import scheme_refusal
-    from studio.services.precision import override_refusals
-
-    keys = sorted({j.chip for j in jobs if j.chip})
-    if not keys:
-        return
-    chips = [get_chip(k) for k in keys]
-    why = scheme_refusal(project.quantization["scheme"], chips)
-    if why is None and project.quantization["scheme"] != "FP16":
-        found = override_refusals(project, None, chips=chips)
-        why = found[0] if found else None
-    if why:
-        raise StudioError(why)
-
-
-def _code_digest() -> str:
-    """The studio's own stage code is an input too: editing it re-runs the stages."""
-    import hashlib
-
-    root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for folder in ("engine", "worker"):
-        for f in sorted((root / folder).rglob("*.py")):
-            h.update(f.relative_to(root).as_posix().encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def tool_versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"qstudio-code": _code_digest()}
-    for pkg in ("qstudio", "torch", "transformers", "onnx", "onnxruntime", "onnxruntime-qnn"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = "missing"
-    return out
-
-
-# ---- a worker's outcome ---------------------------------------------------------------------
-def artifact_meta(stage: str, target: str, config: StageConfig, input_keys: dict[str, str],
-                  versions: dict[str, str], result: dict[str, Any]) -> dict[str, Any]:
-    """What an artifact records of the job that made it (``ArtifactStore.commit``)."""
-    return {"stage": stage, "target": target, "config": dict(config.hashed),
-            "inputs": input_keys, "versions": versions, "tool": result.get("tool", {})}
-
-
-def job_failure(label: str, outcome: dict[str, Any]) -> StudioError:
-    """The one-line error of a job that did not give a result: the stage's own refusal (a
-    StudioError), or a crash (a stage's bug, or its worker process died)."""
-    if outcome.get("type") == "error" and outcome.get("kind") == "user":
-        return StudioError(f"{label}: {outcome['message']}")
-    detail = outcome.get("message") or died_message(outcome.get("returncode"))
-    if outcome.get("traceback"):
-        return StageCrashed(f"{label} crashed: {detail} (the job log has the traceback)")
-    return StageCrashed(f"{label} crashed: {detail}")
+# plan, preflight, tool_versions, artifact_meta and job_failure live in their own modules;
+# they stay importable from here
+__all__ = ["PlannedJob", "Pipeline", "RunSummary", "artifact_meta", "job_failure", "plan",
+           "preflight", "tool_versions"]
 
 
 # ---- execution --------------------------------------------------------------------------
@@ -309,7 +92,9 @@ class Pipeline:
         self._log_count = 0
         self._cancelled: set[int] = set()
         self._cancel_all = False
+        self._remeasure = False
         self._run_id: int | None = None
+        self._runner = JobRunner(store, self._execute)
 
     def _emit(self, event: dict[str, Any]) -> None:
         for cb in list(self.listeners):
@@ -409,9 +194,8 @@ class Pipeline:
                     self._update(jid, state="cancelled", finished=time.time(), message="cancelled")
                     continue
                 if failed_dep is not None:
-                    dep = self.jobs.job(failed_dep)
                     self._update(jid, state="cancelled", finished=time.time(),
-                                 message=f"not run: {dep.label} did not succeed")
+                                 message=not_run(self.jobs.job(failed_dep).label))
                     continue
                 try:
                     art = await self._run_job(jid, pj, {ids[d]: artifacts[ids[d]] for d in pj.deps})
@@ -424,13 +208,10 @@ class Pipeline:
                 if art is None:
                     continue
                 artifacts[jid] = art
-                result = json.loads((art.path / "result.json").read_text())
-                if pj.stage in ("validate", "graph-validate"):
-                    rows = evaluate_gates(self.project.gates, result)
-                    for r in rows:
-                        r["target"] = pj.target
-                    gates.extend(rows)
-                if pj.stage == "report":
+                if pj.decl.gated:
+                    result = json.loads((art.path / "result.json").read_text())
+                    gates.extend(job_gates(pj.decl, self.project.gates, pj.target, result))
+                if pj.decl.role == "report":
                     report = self._publish_report(art)
         except BaseException:
             # Ctrl-C, or the caller cancelled the coroutine: stop the worker and record the
@@ -456,35 +237,8 @@ class Pipeline:
         return RunSummary(run_id, state, [self.jobs.job(i) for i in ids], gates, report,
                           time.time() - t0, error, exit_code, self.jobs.metrics(run_id=run_id))
 
-    # ---- measurements ---------------------------------------------------------------------
-    def _measurements_file(self) -> Path:
-        return self.store.root / "measurements.json"
-
-    def _newest_measurement(self, base_key: str) -> str:
-        """The key of the newest measurement for ``base_key`` (itself when never remeasured
-        or when that artifact is gone)."""
-        try:
-            newest = json.loads(self._measurements_file().read_text()).get(base_key)
-        except (OSError, ValueError, AttributeError):
-            return base_key
-        if isinstance(newest, str) and self.store.get(newest) is not None:
-            return newest
-        return base_key
-
-    def _set_newest_measurement(self, base_key: str, key: str) -> None:
-        try:
-            table = json.loads(self._measurements_file().read_text())
-            if not isinstance(table, dict):
-                table = {}
-        except (OSError, ValueError):
-            table = {}
-        table[base_key] = key
-        atomic_write_json(self._measurements_file(), table)
-
     def _report_sweeps(self) -> list[dict[str, Any]] | None:
         """The project's recorded sweeps for the report (None: they could not be read)."""
-        from studio.services.reports import sweep_fronts
-
         try:
             return sweep_fronts(self.project, self.jobs)
         except (StudioError, OSError, ValueError, KeyError):
@@ -500,65 +254,24 @@ class Pipeline:
             atomic_write_bytes(dest, (art.path / name).read_bytes())
         return out
 
+    # ---- one job: planned here, run by the job runner ----------------------------------------
     async def _run_job(self, jid: int, pj: PlannedJob,
                        inputs: dict[int, Artifact]) -> Artifact | None:
-        config: StageConfig = await asyncio.to_thread(stage_config, self.project, pj)
+        config = await asyncio.to_thread(stage_config, self.project, pj)
         input_keys = {self.jobs.job(i).label: a.key for i, a in inputs.items()}
         versions = await asyncio.to_thread(tool_versions)
-        key = job_key(config, input_keys, versions)
-        now = time.time()
-        base_key = key
-        if pj.decl.measures:
-            if getattr(self, "_remeasure", False):
-                # a new measurement gets a key of its own, so the earlier one stays in the
-                # history (and can be compared with)
-                key = sha256_json([base_key, "measurement", jid, now])
-            else:
-                key = self._newest_measurement(base_key)
-        cached = (self.store.get(key) if pj.decl.cache
-                  and not (pj.decl.measures and getattr(self, "_remeasure", False)) else None)
-        if cached is not None and await asyncio.to_thread(self.store.verify, cached):
-            result = json.loads((cached.path / "result.json").read_text())
-            self.jobs.add_metrics(jid, [Metric.from_dict(m) for m in result.get("metrics", [])])
-            self._update(jid, state="succeeded", started=now, finished=now, progress=1.0,
-                         cached=1, artifact_key=key, result=result,
-                         message="cached: inputs and settings unchanged")
-            return cached
-        # another run or a sweep may compute the same key now: wait for it, then take it
-        lock = self.store.key_lock(key)
-        while not lock.try_acquire():
-            await asyncio.sleep(0.5)
-        try:
-            if cached is None and pj.decl.cache and not (
-                    pj.decl.measures and getattr(self, "_remeasure", False)):
-                done = self.store.get(key)
-                if done is not None and await asyncio.to_thread(self.store.verify, done):
-                    result = json.loads((done.path / "result.json").read_text())
-                    self.jobs.add_metrics(
-                        jid, [Metric.from_dict(m) for m in result.get("metrics", [])])
-                    self._update(jid, state="succeeded", started=now, finished=time.time(),
-                                 progress=1.0, cached=1, artifact_key=key, result=result,
-                                 message="cached: computed meanwhile by another run")
-                    return done
-            return await self._compute(jid, pj, key, base_key, config, input_keys, versions,
-                                       inputs, now)
-        finally:
-            lock.release()
+        history: dict[str, Any] = {"db": str(self.jobs.path), "run_id": self._run_id}
+        if pj.decl.reads_history:  # the report shows the project's sweeps too
+            history["sweeps"] = await asyncio.to_thread(self._report_sweeps)
+        job = StageJob(jid, config, input_keys, versions, history)
+        return await self._runner.run(
+            job, _HistorySink(self, jid), remeasure=self._remeasure,
+            cancelled=lambda: jid in self._cancelled or self._cancel_all)
 
-    async def _compute(self, jid: int, pj: PlannedJob, key: str, base_key: str,
-                       config: StageConfig, input_keys: dict[str, str],
-                       versions: dict[str, str], inputs: dict[int, Artifact],
-                       now: float) -> Artifact | None:
-        workdir = self.store.new_workdir()
-        spec: dict[str, Any] = {
-            "job_id": jid, "config": config.to_dict(),
-            "inputs": {self.jobs.job(i).label: str(a.path) for i, a in inputs.items()},
-            "workdir": str(workdir),
-            "history": {"db": str(self.jobs.path), "run_id": self._run_id},
-        }
-        if pj.stage == "report":  # the report shows the project's sweeps too
-            spec["history"]["sweeps"] = await asyncio.to_thread(self._report_sweeps)
-        self._update(jid, state="running", started=now, progress=0.0, message="starting")
+    async def _execute(self, spec: dict[str, Any], on_message: Callable[[dict[str, Any]], None]
+                       ) -> dict[str, Any]:
+        """A job spec in the warm worker; its stderr is the job's log meanwhile."""
+        jid = spec["job_id"]
         worker = self._get_worker()
         await worker.start()
         self._current_job = jid
@@ -566,42 +279,31 @@ class Pipeline:
         self._procs[jid] = worker
         assert worker.proc is not None
         self.jobs.update_job(jid, pid=worker.proc.pid)
-
-        def on_message(msg: dict[str, Any]) -> None:
-            kind = msg.get("type")
-            if kind == "progress":
-                self._update(jid, progress=msg["fraction"], message=msg.get("message", ""))
-            elif kind == "log":
-                self.jobs.append_log(jid, msg["line"])
-                self._emit({"kind": "log", "job_id": jid, "line": msg["line"]})
-            elif kind == "partial":
-                self._emit({"kind": "partial", "job_id": jid, "data": msg.get("data")})
-
         try:
-            outcome = await worker.run(spec, on_message)
+            return await worker.run(spec, on_message)
         finally:
             self._procs.pop(jid, None)
             self._current_job = None
-        if jid in self._cancelled or self._cancel_all:
-            shutil.rmtree(workdir, ignore_errors=True)
-            self._update(jid, state="cancelled", finished=time.time(), message="cancelled")
-            return None
-        if outcome.get("type") == "result":
-            result = outcome["result"]
-            # Run facts (how long the stage took, ...) go to the run history only: they are
-            # not part of the artifact, whose content must not depend on the clock.
-            facts = [Metric.from_dict(m) for m in outcome.get("facts", [])]
-            self.jobs.add_metrics(
-                jid, [Metric.from_dict(m) for m in result.get("metrics", [])] + facts)
-            art = await asyncio.to_thread(
-                self.store.commit, key, workdir,
-                artifact_meta(pj.stage, pj.target, config, input_keys, versions, result))
-            if key != base_key:
-                self._set_newest_measurement(base_key, key)
-            self._update(jid, state="succeeded", finished=time.time(), progress=1.0,
-                         artifact_key=key, result=result, message=result.get("summary", "done"))
-            return art
-        shutil.rmtree(workdir, ignore_errors=True)
-        if outcome.get("traceback"):
-            self.jobs.append_log(jid, outcome["traceback"])
-        raise job_failure(pj.label, outcome)
+
+
+class _HistorySink:
+    """A pipeline job's events: recorded in the run history, then sent to the listeners."""
+
+    def __init__(self, pipeline: Pipeline, job_id: int):
+        self.pipeline, self.job_id = pipeline, job_id
+
+    def update(self, **fields: Any) -> None:
+        self.pipeline._update(self.job_id, **fields)
+
+    def log(self, line: str) -> None:
+        self.pipeline.jobs.append_log(self.job_id, line)
+        self.pipeline._emit({"kind": "log", "job_id": self.job_id, "line": line})
+
+    def partial(self, data: Any) -> None:
+        self.pipeline._emit({"kind": "partial", "job_id": self.job_id, "data": data})
+
+    def metrics(self, metrics: list[Metric], facts: list[Metric]) -> None:
+        self.pipeline.jobs.add_metrics(self.job_id, metrics + facts)
+
+    def traceback(self, text: str) -> None:
+        self.pipeline.jobs.append_log(self.job_id, text)

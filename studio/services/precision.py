@@ -15,6 +15,7 @@ from studio.core.recipe import (
     effective_precisions,
     unmatched_patterns,
 )
+from studio.services.history import current_keys
 
 # Layer kinds whose weights are MatMul weights (quantized as weights); the others (the
 # embedding table, norms) are treated as activations.
@@ -74,7 +75,6 @@ def unmatched(project: Project, info: ModelInfo) -> list[str]:
 def _current_artifact(studio, stage: str):
     """The stored artifact of ``stage`` for the project as it is now, or a StudioError."""
     from studio.core.errors import StudioError
-    from studio.services.history import current_keys
 
     key = current_keys(studio.project, [stage]).get(stage)
     art = studio.store.get(key) if key else None

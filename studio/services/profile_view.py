@@ -218,7 +218,8 @@ def compare(a: ProfileData, b: ProfileData, by: str = "block") -> list[CompareRo
 
 def comparable_jobs(studio, limit: int = 40) -> list[Job]:
     """Succeeded profile jobs of this project, newest first (other runs, chips, recipes)."""
-    jobs = [j for j in studio.jobs.jobs() if j.stage == "profile" and j.state == "succeeded"]
+    jobs = [j for j in studio.jobs.jobs()
+            if history.plays_role(j, "profile") and j.state == "succeeded"]
     jobs.sort(key=lambda j: -j.id)
     return [j for j in jobs if history.artifact_dir(studio, j) is not None][:limit]
 

@@ -11,6 +11,8 @@ from studio.core.fsutil import atomic_write_text
 from studio.core.jobs import Job, JobStore
 from studio.core.profile import Profile
 from studio.core.profile_export import to_chrome_trace, to_csv
+from studio.core.stagegraph import stage_for_role
+from studio.services import history
 from studio.services import profile_view as pv
 
 EXPORT_FORMATS = ("chrome", "csv")
@@ -27,13 +29,14 @@ def import_profile_file(path: str | Path, source: str | None = None,
 
 def run_profile_job(project, run: int | None = None, target: str | None = None) -> Job:
     """The succeeded profile job of ``run`` (default: the newest run that has one)."""
+    stage = stage_for_role("profile", project.model["kind"]) or "profile"
     db = project.folder / "runs.sqlite" if project.path else None
     if db is None or not db.exists():
         raise StudioError(f"{project.name} has no runs yet: run studio --batch "
-                          f"{project.path} --stages profile")
+                          f"{project.path} --stages {stage}")
     store = JobStore(db)
     try:
-        jobs = [j for j in store.jobs(limit=100_000) if j.stage == "profile"
+        jobs = [j for j in store.jobs(limit=100_000) if history.plays_role(j, "profile")
                 and j.state == "succeeded" and (run is None or j.run_id == run)
                 and (target is None or target in j.target)]
     finally:
@@ -41,7 +44,7 @@ def run_profile_job(project, run: int | None = None, target: str | None = None) 
     if not jobs:
         where = f"run {run}" if run is not None else "any run"
         raise StudioError(f"{where} of {project.name} has no profile: run studio --batch "
-                          f"{project.path} --stages profile")
+                          f"{project.path} --stages {stage}")
     return max(jobs, key=lambda j: j.id)
 
 

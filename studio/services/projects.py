@@ -18,7 +18,13 @@ from studio.core.commands import SetValue
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_text
 from studio.core.project import Project
-from studio.core.stagegraph import DEFAULT_STAGES, default_stages, kind_stages
+from studio.core.stagegraph import (
+    DEFAULT_STAGES,
+    MODEL_KINDS,
+    STAGES,
+    default_stages,
+    kind_stages,
+)
 
 # The ONNX graph description the model views show; re-exported for the UI, which talks
 # only to services.
@@ -26,6 +32,10 @@ from studio.engine.onnx_import import OnnxGraph as OnnxGraph
 from studio.engine.onnx_import import OnnxNode as OnnxNode
 from studio.engine.onnx_import import module_of_node as module_of_node
 from studio.engine.onnx_import import read_onnx_graph as read_onnx_graph
+from studio.services.edits import project_edits as project_edits
+from studio.services.generate import stored_artifact
+from studio.services.graphs import check_graph_samples
+from studio.services.session import Studio
 
 SOURCE_KINDS = ("sample", "checkpoint", "onnx")
 
@@ -95,13 +105,12 @@ def _kind_stages(kind: str, asked: list[str]) -> list[str]:
     """The stages asked for that a ``kind`` project has; a choice made for another kind
     (nothing of this kind's own but the report) gives the kind's defaults."""
     mine = [s for s in kind_stages(kind) if s in asked]
-    return mine if not asked or set(mine) - {"report"} else list(default_stages(kind))
+    own = [s for s in mine if not set(MODEL_KINDS) <= set(STAGES[s].kinds)]
+    return mine if not asked or own else list(default_stages(kind))
 
 
 def create_project(spec: NewProjectSpec):
     """Validate a wizard's answers and write the project: returns an open ``Studio``."""
-    from studio.services.session import Studio
-
     path = Path(spec.path).expanduser()
     if path.suffix != ".qstudio":
         path = path.with_suffix(".qstudio")
@@ -131,8 +140,6 @@ def create_project(spec: NewProjectSpec):
                 graph[key] = str(Path(value).expanduser().resolve())
         if kind == "onnx-graph":
             source_ref(spec.source_kind, spec.source)  # a corrupt file first
-            from studio.services.graphs import check_graph_samples
-
             # without samples the graph can be inspected; a run asks for them
             if graph.get("calibration"):
                 check_graph_samples(
@@ -206,21 +213,6 @@ def discard_autosave(project: Project) -> None:
         except FileNotFoundError:
             pass
 
-def project_edits(current: Project, wanted: Project) -> list[SetValue]:
-    """The SetValue commands that turn ``current`` into ``wanted`` (for undoable restores)."""
-    a, b = current.to_dict(), wanted.to_dict()
-    cmds: list[SetValue] = []
-    for key in ("name", "targets", "sweeps"):
-        if a.get(key) != b.get(key):
-            cmds.append(SetValue("", key, b.get(key, [])))
-    for section, values in b.items():
-        if not isinstance(values, dict):
-            continue
-        for key, value in values.items():
-            if a.get(section, {}).get(key) != value:
-                cmds.append(SetValue(section, key, value))
-    return cmds
-
 def read_autosave(project: Project) -> tuple[Project, list[SetValue], float] | None:
     """Unsaved edits of an earlier session: (autosaved project, the edits, when) or None.
 
@@ -266,8 +258,6 @@ def describe_model(project: Project):
     if path.is_file() and path.suffix.lower() == ".onnx":
         return read_onnx_graph(path)
     if project.model["kind"] == "encoder":  # its graph, once the import stage exported it
-        from studio.services.generate import stored_artifact
-
         art = stored_artifact(project, "import", "the exported encoder", run=False)
         if art is None:
             raise StudioError("the encoder's graph shows here once the import stage has "

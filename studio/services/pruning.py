@@ -10,6 +10,7 @@ from studio.core import project as projectfile
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_copytree
 from studio.core.project import Project
+from studio.services.generate import stored_artifact
 
 
 def ablation_result(project: Project, drop: int | None = None,
@@ -17,8 +18,6 @@ def ablation_result(project: Project, drop: int | None = None,
     """(the ablation table, the pruned checkpoint folder in the store) for ``project`` with
     ``drop`` blocks dropped (default its ``pruning.drop_blocks``); runs the ablation stage
     when the store does not hold it (``run``), else None."""
-    from studio.services.generate import stored_artifact
-
     if project.path is None:
         raise StudioError("save the project to a file first: its results live in its folder")
     if drop is not None:

@@ -26,6 +26,7 @@ from studio.core.project import Project
 from studio.core.project import from_dict as project_from_dict
 from studio.engine import report as _report
 from studio.services import history
+from studio.services.sweeps import recorded, size_figure, sweep_names
 
 FORMATS: tuple[str, ...] = _report.FORMATS
 SUFFIX = {"html": ".html", "md": ".md", "pdf": ".pdf", "json": ".json"}
@@ -54,7 +55,7 @@ def run_results(jobs: JobStore, run_id: int) -> dict[str, dict[str, Any]]:
     pipeline order; the report job itself is left out."""
     out: dict[str, dict[str, Any]] = {}
     for job in jobs.jobs(run_id=run_id):
-        if job.state == "succeeded" and job.result and job.stage != "report":
+        if job.state == "succeeded" and job.result and not history.plays_role(job, "report"):
             out[job.label] = job.result
     return out
 
@@ -74,7 +75,6 @@ def sweep_fronts(project: Project, jobs: JobStore) -> list[dict[str, Any]]:
     """The project's recorded sweeps for the report: each point's accuracy and size with
     their sources, the Pareto front and the best point."""
     from studio.core.sweep import format_value
-    from studio.services.sweeps import recorded, size_figure, sweep_names
 
     out = []
     for name in sweep_names(project, jobs):

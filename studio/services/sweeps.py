@@ -19,21 +19,27 @@ sweeps (or a sweep and a run) never write the same artifact twice.
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from studio.core import perfmodel
 from studio.core.artifacts import ArtifactStore
 from studio.core.errors import StudioError
 from studio.core.fsutil import RunLock, sha256_json
-from studio.core.gates import evaluate_gates
 from studio.core.jobs import JobStore
 from studio.core.metrics import Metric
 from studio.core.project import Project
-from studio.core.stagegraph import GRAPH_KINDS, PlannedJob, job_key, plan, stage_config
+from studio.core.stagegraph import (
+    MODEL_KINDS,
+    STAGES,
+    PlannedJob,
+    job_key,
+    plan,
+    stage_config,
+    stage_for_role,
+)
 from studio.core.sweep import (
     Point,
     PointResult,
@@ -44,14 +50,18 @@ from studio.core.sweep import (
     parse_axis_arg,
     parse_spec,
 )
-from studio.services.pipeline import artifact_meta, job_failure, preflight, tool_versions
-from studio.services.workers import LocalPool, local_workers
+from studio.services.edits import project_edits
+from studio.services.jobrunner import JobRunner, StageJob, job_gates, not_run
+from studio.services.precision import scheme_diff
+from studio.services.preflight import preflight
+from studio.services.ray_executor import RayExecutor
+from studio.services.versions import tool_versions
+from studio.services.workers import LocalPool, OnMessage, local_workers
 
 EXECUTORS = ("local", "ray")
 # what a sweep runs when it names no stages: up to the check against FP32 on each target
-SWEEP_STAGES = {"causal-lm": ("export", "quantize", "compile", "validate"),
-                **{k: ("import", "graph-quantize", "graph-compile", "graph-validate")
-                   for k in GRAPH_KINDS}}
+SWEEP_ROLES = ("export", "quantize", "compile", "validate")
+SWEEP_STAGES = {k: tuple(stage_for_role(r, k) for r in SWEEP_ROLES) for k in MODEL_KINDS}
 # the accuracy a point is compared by (higher is better), per model kind
 ACCURACY = {"causal-lm": ("logits_cosine_mean", "logits cosine vs FP32"),
             "encoder": ("output_cosine_min", "worst output cosine vs FP32"),
@@ -90,8 +100,6 @@ def find_spec(project: Project, name: str | None = None, axes: list[str] | None 
 
 
 def sweep_stages(spec: SweepSpec, kind: str) -> list[str]:
-    from studio.core.stagegraph import STAGES
-
     # the report is the run's, not a point's; the sweep writes its own
     return [s for s in (spec.stages or SWEEP_STAGES[kind]) if not STAGES[s].needs_all]
 
@@ -112,7 +120,8 @@ class SweepJob:
     cached: bool = False
     computed_by: str = ""  # the point that first recorded it (others reuse it)
     result: dict[str, Any] | None = None
-    facts: list[dict[str, Any]] = field(default_factory=list)
+    facts: list[Metric] = field(default_factory=list)  # run facts of its computation
+    artifact_key: str = ""  # its artifact's key (for a measurement: the newest one)
     message: str = ""
     started: float | None = None
     finished: float | None = None
@@ -255,15 +264,12 @@ def point_figures(variant: Project, results: dict[str, dict[str, Any]],
 
 def _recipe_weight_bytes(variant: Project) -> float:
     from studio.engine import hf_import
-    from studio.services.precision import scheme_diff
 
     info = hf_import.open_checkpoint(variant.input_path(variant.model["source"]))
     return float(scheme_diff(variant, info)["weight_bytes"]["recipe"])
 
 
 def _estimated_speed(variant: Project) -> dict[str, dict[str, Any]]:
-    from studio.core import perfmodel
-
     out: dict[str, dict[str, Any]] = {}
     try:
         arch = perfmodel.load_arch(variant.input_path(variant.model["source"]))
@@ -327,6 +333,7 @@ class SweepRunner:
         self.unique: dict[str, SweepJob] = {}
         self._cancelled = False
         self._executor: Any = None
+        self._runner = JobRunner(store, self._execute_spec)
         self._next_id = 0
         self.note = ""
 
@@ -457,8 +464,6 @@ class SweepRunner:
 
     def _make_executor(self) -> Any:
         if self.executor_name == "ray":
-            from studio.services.ray_executor import RayExecutor
-
             return RayExecutor(self.store, self.ray_address, self.workers_asked,
                                self.transfer, self._model_bytes())
         n, why = local_workers(self.workers_asked, self._model_bytes())
@@ -483,8 +488,7 @@ class SweepRunner:
                                 ("failed", "cancelled")), None)
                     if bad is not None or self._cancelled:
                         j.state = "cancelled"
-                        j.message = (f"not run: {bad.label} did not succeed" if bad
-                                     else "cancelled")
+                        j.message = not_run(bad.label) if bad else "cancelled"
                         j.finished = time.time()
                         del pending[key]
                         changed = True
@@ -523,60 +527,16 @@ class SweepRunner:
                 self._record(pr)
 
     async def _run_job(self, j: SweepJob, versions: dict[str, str]) -> None:
-        lock = self.store.key_lock(j.key)
-        while not lock.try_acquire():  # another run or sweep computes this key now
-            await asyncio.sleep(0.5)
-        try:
-            art = self.store.get(j.key)
-            if art is not None and await asyncio.to_thread(self.store.verify, art):
-                j.state, j.cached = "succeeded", True
-                j.result = json.loads((art.path / "result.json").read_text())
-                j.started = j.finished = time.time()
-                j.message = "cached: inputs and settings unchanged"
-                return
-            await self._compute(j, versions)
-        finally:
-            lock.release()
-
-    async def _compute(self, j: SweepJob, versions: dict[str, str]) -> None:
-        workdir = self.store.new_workdir()
         self._next_id += 1
-        inputs = {}
-        for label, key in j.input_keys.items():
-            art = self.store.get(key)
-            if art is None:
-                raise StudioError(f"{j.label}: its input {label} is missing from the store")
-            inputs[label] = str(art.path)
-        spec = {"job_id": self._next_id, "config": j.config.to_dict(), "inputs": inputs,
-                "input_keys": dict(j.input_keys), "workdir": str(workdir), "history": {}}
-        j.state, j.started, j.message = "running", time.time(), "starting"
-        self._emit({"kind": "job", "job": j})
+        job = StageJob(self._next_id, j.config, j.input_keys, versions)
+        try:
+            await self._runner.run(job, _SweepSink(self, j), cancelled=lambda: self._cancelled)
+        except StudioError as exc:
+            j.state, j.message, j.finished = "failed", exc.message, time.time()
 
-        def on_message(msg: dict[str, Any]) -> None:
-            if msg.get("type") == "progress":
-                j.progress, j.message = msg["fraction"], msg.get("message", "")
-                self._emit({"kind": "job", "job": j})
-            elif msg.get("type") == "log" and len(j.log) < 2000:
-                j.log.append(msg["line"])
-
-        out = await self._executor.run(spec, on_message)
-        j.finished = time.time()
-        if out.get("type") == "result":
-            j.result, j.facts = out["result"], out.get("facts", [])
-            await asyncio.to_thread(
-                self.store.commit, j.key, workdir,
-                artifact_meta(j.stage, j.target, j.config, j.input_keys, versions, j.result))
-            j.state, j.progress = "succeeded", 1.0
-            j.message = j.result.get("summary", "done")
-            return
-        shutil.rmtree(workdir, ignore_errors=True)
-        j.state = "cancelled" if self._cancelled else "failed"
-        if self._cancelled:
-            j.message = "cancelled"
-        else:
-            j.message = job_failure(j.label, out).message
-            if out.get("traceback"):
-                j.log.append(out["traceback"])
+    async def _execute_spec(self, spec: dict[str, Any], on_message: OnMessage
+                            ) -> dict[str, Any]:
+        return await self._executor.run(spec, on_message)
 
     # -- a point is done: its run in the history -------------------------------------------
     def _finish_point(self, pr: PointRun) -> None:
@@ -602,7 +562,7 @@ class SweepRunner:
             fields: dict[str, Any] = {
                 "state": uj.state, "started": uj.started, "finished": uj.finished,
                 "progress": 1.0 if uj.state == "succeeded" else uj.progress,
-                "artifact_key": key if uj.state == "succeeded" else None,
+                "artifact_key": (uj.artifact_key or key) if uj.state == "succeeded" else None,
                 "cached": 1 if reused else 0, "result": uj.result,
                 "message": (f"shared with {self._label_of(uj.computed_by)} in this sweep"
                             if reused and not uj.cached else uj.message)}
@@ -614,16 +574,12 @@ class SweepRunner:
             if uj.result is not None:
                 metrics = [Metric.from_dict(m) for m in uj.result.get("metrics", [])]
                 if not reused:
-                    metrics += [Metric.from_dict(m) for m in uj.facts]
+                    metrics += uj.facts
                 self.jobs.add_metrics(jid, metrics)
                 results[pj.label] = uj.result
-                if pj.stage in ("validate", "graph-validate"):
-                    rows = evaluate_gates(variant.gates, uj.result)
-                    for r in rows:
-                        r["target"] = pj.target
-                    gates.extend(rows)
-                if pj.stage in ("compile", "graph-compile"):
-                    compile_keys[pj.target] = key
+                gates.extend(job_gates(pj.decl, variant.gates, pj.target, uj.result))
+                if pj.decl.role == "compile":
+                    compile_keys[pj.target] = uj.artifact_key or key
         states = [self.unique[k].state for k in pr.keys]
         run_state = ("succeeded" if all(s == "succeeded" for s in states)
                      else "failed" if "failed" in states else "cancelled")
@@ -649,6 +605,39 @@ class SweepRunner:
 
     def _label_of(self, point_id: str) -> str:
         return next((p.point.label for p in self.points if p.point.id == point_id), point_id)
+
+
+class _SweepSink:
+    """A sweep job's events, kept on its :class:`SweepJob` (each point's run records them
+    when the point finishes); its start and progress go to the listeners, its end when the
+    scheduler has seen it (``SweepRunner._job_done``)."""
+
+    FIELDS = ("state", "started", "finished", "progress", "message", "result", "artifact_key")
+
+    def __init__(self, runner: SweepRunner, job: SweepJob):
+        self.runner, self.job = runner, job
+
+    def update(self, **fields: Any) -> None:
+        for name in self.FIELDS:
+            if name in fields:
+                setattr(self.job, name, fields[name])
+        if "cached" in fields:
+            self.job.cached = bool(fields["cached"])
+        if self.job.state not in ("succeeded", "failed", "cancelled"):
+            self.runner._emit({"kind": "job", "job": self.job})
+
+    def log(self, line: str) -> None:
+        if len(self.job.log) < 2000:
+            self.job.log.append(line)
+
+    def partial(self, data: Any) -> None:
+        return None  # a sweep shows no live output
+
+    def metrics(self, metrics: list[Metric], facts: list[Metric]) -> None:
+        self.job.facts = facts  # the result's own figures are recorded from job.result
+
+    def traceback(self, text: str) -> None:
+        self.job.log.append(text)
 
 
 # ---- reading a recorded sweep -------------------------------------------------------------------
@@ -683,8 +672,6 @@ def recorded(project: Project, jobs: JobStore, name: str) -> dict[str, Any] | No
 def apply_point_edits(project: Project, settings: dict[str, Any]) -> list:
     """The SetValue commands that give the project a point's settings (one undoable step
     in the GUI: ``ProjectController.apply_as_one``)."""
-    from studio.services.projects import project_edits
-
     return project_edits(project, apply_point(project, settings))
 
 

@@ -12,13 +12,12 @@ from studio.core.artifacts import ArtifactStore
 from studio.core.errors import StudioError
 from studio.core.project import Project
 from studio.engine.waterfall import LABELS, with_estimate
+from studio.services.generate import _run_stages
+from studio.services.history import current_keys
 
 
 def stored(project: Project, run: bool = True) -> dict[str, Any] | None:
     """The waterfall stage's result for the current settings (run when missing and ``run``)."""
-    from studio.services.generate import _run_stages
-    from studio.services.history import current_keys
-
     if project.path is None:
         raise StudioError("save the project to a file first: its results live in its folder")
     key = current_keys(project, ["waterfall"]).get("waterfall")

@@ -1,0 +1,193 @@
+"""Preflight: the input files the planned stages declare, and the settings that depend on
+them, checked before anything runs (fail in seconds, not after minutes of stage work).
+
+The declared file references (``core.stagegraph.REFS``) are checked by kind: checkpoints,
+encoder folders and ONNX files, sample inputs, text files; then the prompt against the
+exported lengths, the precision overrides against the model's layers and the recipe against
+the target chips. A checkpoint's full check is remembered per content in the project folder.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from studio.core.catalog import get_chip
+from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_write_json, check_writable_dir, sha256_json
+from studio.core.project import Project
+from studio.core.recipe import scheme_refusal
+from studio.core.stagegraph import REFS, STAGES, PlannedJob, project_value, ref_identity
+from studio.services.precision import override_refusals, unmatched
+
+__all__ = ["preflight"]
+
+# Content keys of checkpoints verified by this process (a pure function of content and
+# code version, so remembering it is safe).
+_VERIFIED: set[str] = set()
+
+
+def _cached_check(project: Project, refs: list[str], what: str,
+                  check: Callable[[], Any]) -> None:
+    """Run a checkpoint check once per content: the verdict is kept in the project folder,
+    keyed by the files' content and the checks' version, so a warm re-run pays nothing."""
+    from studio.engine.checkpoint_check import CHECKS_VERSION
+
+    key = sha256_json({"what": what, "v": CHECKS_VERSION,
+                       "content": [ref_identity(project, r) for r in refs]})
+    cache = project.folder / "checks.json"
+    try:
+        done = json.loads(cache.read_text()) if cache.exists() else {}
+    except (OSError, ValueError):
+        done = {}
+    if key in done:
+        return
+    if key not in _VERIFIED:  # checked earlier in this process, before the folder existed
+        check()
+        _VERIFIED.add(key)
+    done[key] = {"what": what, "refs": refs, "checked": time.time()}
+    if project.folder.is_dir():
+        atomic_write_json(cache, done)
+
+
+def _check_checkpoint(project: Project, ref: str) -> Path:
+    path = project.input_path(ref)
+    if path.is_file() and path.suffix == ".onnx":
+        from studio.engine.onnx_import import open_onnx
+
+        open_onnx(path)  # a corrupt file gets a clear error
+        raise StudioError(
+            f"{path.name} is an ONNX model: the LLM pipeline starts from a Hugging Face "
+            "checkpoint folder (export makes its prefill and decode graphs)"
+        )
+    from studio.engine import checkpoint_check, hf_import
+
+    hf_import.open_checkpoint(path)  # cheap: the family, config and headers, every time
+    _cached_check(project, [ref], "checkpoint",
+                  lambda: checkpoint_check.check_checkpoint(path))
+    return path
+
+
+def _check_graph_source(project: Project, ref: str) -> None:
+    """An encoder's folder or an ONNX file, checked in seconds before any stage runs."""
+    path = project.input_path(ref)
+    if project.model["kind"] == "onnx-graph":
+        from studio.engine.onnx_import import open_onnx
+
+        open_onnx(path)  # a corrupt file gets a clear error
+    elif not (path / "config.json").is_file():
+        raise StudioError(f"{path} is not a sentence-encoder folder: expected config.json, "
+                          "tokenizer files and model weights (or use sample:minilm)")
+
+
+def _check_samples(path: Path, key: str) -> None:
+    if not path.is_file() or path.suffix.lower() not in (".npz", ".npy"):
+        raise StudioError(f"{key}: {path} is not a .npz or .npy file of sample inputs")
+
+
+def _check_text(path: Path, what: str) -> None:
+    if path.is_dir() or path.stat().st_size == 0 or not path.read_bytes().strip():
+        raise StudioError(f"the {what} {path} is empty: give a text file with some content")
+
+
+def _check_lengths(project: Project, model: Path, stages: set[str]) -> None:
+    """The prompt, tokenized as the runtime will, against the exported lengths."""
+    from studio.engine.checkpoint_check import prompt_length
+
+    P, C = project.export["prompt_length"], project.export["context_length"]
+    n = prompt_length(model, project.run["prompt"])
+    if n >= C:  # longer than P is fine: the rest is prefilled in chunks
+        raise StudioError(
+            f"run.prompt is {n} tokens but the KV cache holds {C} (export.context_length; "
+            f"the prefill graph takes {P} at once, the rest in chunks): shorten the prompt or "
+            "raise export.context_length"
+        )
+    for stage, key in (("run", "run.max_new_tokens"), ("validate", "validation.greedy_tokens")):
+        want = project_value(project, key)
+        if stage in stages and n + want > C:
+            raise StudioError(
+                f"{key} = {want} does not fit: the {n}-token prompt leaves {C - n} positions "
+                f"of the {C}-token context (export.context_length); lower {key.split('.')[1]} "
+                "or raise export.context_length"
+            )
+
+
+def _check_overrides(project: Project, model: Path) -> None:
+    from studio.engine import hf_import
+
+    # patterns that name ONNX nodes ("/lm_head/MatMul") are checked by quantize itself
+    bad = [p for p in unmatched(project, hf_import.open_checkpoint(model)) if not p.startswith("/")]
+    if bad:
+        raise StudioError(
+            f"quantization.overrides: {', '.join(repr(b) for b in bad)} match(es) no layer of the "
+            "model; use names like model.layers.0, *.mlp.down_proj or lm_head (see studio info)"
+        )
+
+
+def preflight(project: Project, jobs: list[PlannedJob]) -> None:
+    """Check the input files the planned stages declare, and the settings that depend on
+    them, before anything runs: fail in seconds, not after minutes of stage work."""
+    stages = {j.stage for j in jobs}
+    if "draft" in stages and not project.model.get("draft"):
+        raise StudioError("the project has no draft model: set model.draft (for example "
+                          "\"sample:tiny-coder-draft\") to export one")
+    checked: set[str] = set()
+    model: Path | None = None
+    for job in jobs:
+        for key in STAGES[job.stage].settings:
+            kind = REFS.get(key)
+            if kind is None or key in checked:
+                continue
+            checked.add(key)
+            ref = project_value(project, key)
+            if key == "model.source" and project.model["kind"] != "causal-lm":
+                _check_graph_source(project, ref)
+            elif kind == "samples":
+                if ref:
+                    _check_samples(project.input_path(ref), key)
+            elif kind == "checkpoint":
+                checked_model = _check_checkpoint(project, ref)
+                if key == "model.source":
+                    model = checked_model
+            else:
+                _check_text(project.input_path(ref), key.split(".", 1)[1].replace("_", " "))
+    if project.model.get("draft"):
+        draft_ref = project.model["draft"]
+        target = model or project.input_path(project.model["source"])
+        draft = project.input_path(draft_ref)
+        from studio.engine.checkpoint_check import check_draft
+
+        _cached_check(project, [project.model["source"], draft_ref], "draft",
+                      lambda: check_draft(target, draft))
+    if ("graph-quantize" in stages and project.model["kind"] == "onnx-graph"
+            and not project.graph["calibration"]):
+        raise StudioError("graph.calibration is empty: an ONNX graph is calibrated on sample "
+                          "inputs; give a .npz file with one array per graph input (studio new "
+                          "--onnx MODEL --calibration DATA.npz)")
+    if model is None and (stages & {"run", "validate", "quantize"}):
+        model = project.input_path(project.model["source"])
+    if model is not None and model.is_dir():
+        if stages & {"run", "validate"}:
+            _check_lengths(project, model, stages)
+        if "quantize" in stages and project.quantization["overrides"]:
+            _check_overrides(project, model)
+    _check_targets_run_the_recipe(project, jobs)
+    check_writable_dir(project.folder)
+
+
+def _check_targets_run_the_recipe(project: Project, jobs: list[PlannedJob]) -> None:
+    """The recipe's float parts (the FP16 scheme, FP16 / FP32 override rules) need a target
+    whose HTP runs float: refused before any stage runs, with the Precision page's reason."""
+    keys = sorted({j.chip for j in jobs if j.chip})
+    if not keys:
+        return
+    chips = [get_chip(k) for k in keys]
+    why = scheme_refusal(project.quantization["scheme"], chips)
+    if why is None and project.quantization["scheme"] != "FP16":
+        found = override_refusals(project, None, chips=chips)
+        why = found[0] if found else None
+    if why:
+        raise StudioError(why)
