@@ -10,17 +10,23 @@ from pathlib import Path
 #: the packages whose versions go into every key
 PACKAGES: tuple[str, ...] = ("qstudio", "torch", "transformers", "onnx", "onnxruntime",
                              "onnxruntime-qnn")
+#: the core modules whose facts decide what a stage computes (the family table, the recipe's
+#: rule of which layers get which precision, the names in graph.json)
+CORE_INPUTS: tuple[str, ...] = ("core/families.py", "core/recipe.py", "core/graphspec.py")
 
 
 def code_digest() -> str:
     """The studio's own stage code is an input too: editing it re-runs the stages. Covers
-    every module of the engine and the worker (sorted relative paths and contents)."""
+    every module of the engine and the worker and the core modules of ``CORE_INPUTS``
+    (sorted relative paths and contents)."""
     root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
+    files = [root / c for c in CORE_INPUTS]
     for folder in ("engine", "worker"):
-        for f in sorted((root / folder).rglob("*.py")):
-            h.update(f.relative_to(root).as_posix().encode())
-            h.update(f.read_bytes())
+        files += (root / folder).rglob("*.py")
+    h = hashlib.sha256()
+    for f in sorted(files):
+        h.update(f.relative_to(root).as_posix().encode())
+        h.update(f.read_bytes())
     return h.hexdigest()[:16]
 
 
