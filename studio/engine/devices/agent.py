@@ -160,15 +160,21 @@ class RemoteGenerator:
         sampling = sampler.cfg.to_dict() if sampler is not None else {}
         got: list[int] = []
         stopped = [False]
+        raised: list[BaseException] = []
 
         def on_token(i: int, token: int) -> None:
             got.append(token)
-            if on_step is not None:
-                on_step(i, token)
-            if stop is not None and stop(got):
-                stopped[0] = True
+            try:
+                if on_step is not None:
+                    on_step(i, token)
+                if stop is not None and stop(got):
+                    stopped[0] = True
+            except BaseException as exc:  # noqa: BLE001 - raised again in should_stop
+                raised.append(exc)
 
         def should_stop() -> bool:  # a cancelled job stops here; the agent's job ends with it
+            if raised:
+                raise raised[0]
             if progress is not None:
                 progress.check()
             return stopped[0]
