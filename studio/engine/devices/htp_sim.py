@@ -21,7 +21,7 @@ class Backend(_Base):
         return get_chip(self.device.chip)
 
     def check(self) -> None:
-        if self.device.source == "measured" and platform.machine().lower() not in (
+        if self.device.kind == "htp" and platform.machine().lower() not in (
                 "arm64", "aarch64"):
             raise StudioError(f"{self.device.id} is the NPU of an Arm64 Snapdragon, and this "
                               f"machine is {platform.machine()}: use htp-sim:{self.device.chip}")

@@ -9,7 +9,7 @@ from typing import Any
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress, SubProgress
-from studio.worker.context import StageContext, metric, read_text
+from studio.worker.context import StageContext, host_metric, read_text
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
@@ -54,5 +54,5 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                     f"{best['block']} (+{best['delta']:.1%}); pruned checkpoint without "
                     f"{drop}: ppl {pruned_ppl:.2f} ({table['pruned_delta']:+.1%})"),
         "ablation": table,
-        "metrics": [metric("pruned_perplexity", pruned_ppl, "ppl", "measured", "host-cpu")],
+        "metrics": [host_metric("pruned_perplexity", pruned_ppl, "ppl")],
     }

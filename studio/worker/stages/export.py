@@ -9,7 +9,7 @@ from typing import Any
 
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress, SubProgress
-from studio.worker.context import StageContext, metric
+from studio.worker.context import StageContext, host_metric
 from studio.worker.stages._llm import GRAPHS
 
 
@@ -41,12 +41,9 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                   f"{chk['positions'] - chk['prefill_positions']} decode), "
                   f"tolerance {chk['tolerance']:.3g}")
         metrics = [
-            metric("export_max_abs_logit_diff", chk["max_abs_logit_diff"], "", "measured",
-                    "host-cpu", detail=detail),
-            metric("export_top1_agreement", chk["top1_agreement"], "fraction", "measured",
-                    "host-cpu", detail=detail),
-            metric("export_positions_checked", chk["positions"], "positions", "measured",
-                    "host-cpu"),
+            host_metric("export_max_abs_logit_diff", chk["max_abs_logit_diff"], "", detail),
+            host_metric("export_top1_agreement", chk["top1_agreement"], "fraction", detail),
+            host_metric("export_positions_checked", chk["positions"], "positions"),
         ]
     return {
         "summary": f"prefill [1,{P}] + decode with KV cache {C} ({info.parameters:,} parameters)"

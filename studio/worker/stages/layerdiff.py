@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from studio.core.devices import HOST_CPU
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress
@@ -55,7 +56,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
              f"{data['probes']} tensors")
 
     def host(name: str, value: float, unit: str, detail: str) -> dict[str, Any]:
-        return metric(name, value, unit, "measured", "host-cpu", chip.key, detail)
+        return metric(name, value, unit, HOST_CPU.source, HOST_CPU.kind, chip.key, detail)
 
     def boundary_max(pair: str) -> float:
         return max(s["curves"][pair]["rel_error"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from studio.core.devices import HOST_CPU
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.profile import layer_label
@@ -123,7 +124,7 @@ def _host_timeline(ctx: StageContext, graph: Path, spec) -> dict[str, Any]:
 
     info = qnn.profile_host_cpu(graph, ctx.out / "host" / "ort_profile.json",
                                 position=int((spec or {}).get("prompt_length", 0)), runs=3)
-    prof = import_profile(info["json"], source="measured", fmt="ort-json")
+    prof = import_profile(info["json"], source=HOST_CPU.source, fmt="ort-json")
     blocks = node_blocks(graph)
     from studio.core.events import EventTable
 
@@ -132,5 +133,5 @@ def _host_timeline(ctx: StageContext, graph: Path, spec) -> dict[str, Any]:
     for r in rows:
         r["block"] = blocks.get(r["onnx_node"], r["block"])
     EventTable.from_rows(rows, time_unit="us").save(ctx.out / "host_events.npz")
-    return {"source": "measured", "device": "host-cpu", "runs": info["runs"],
+    return {"source": HOST_CPU.source, "device": HOST_CPU.kind, "runs": info["runs"],
             "events": len(rows), "step_ms_median": 1e3 * median(info["wall_s"])}

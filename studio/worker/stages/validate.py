@@ -9,7 +9,7 @@ from typing import Any
 from studio.core.errors import StudioError
 from studio.core.progress import Progress, SubProgress
 from studio.engine.llm_runtime import cpu_generator, load_graph_spec, load_tokenizer
-from studio.worker.context import StageContext, device_metric, metric, read_text
+from studio.worker.context import StageContext, device_metric, host_metric, read_text
 
 
 def _logit_stats(ref, other):
@@ -132,12 +132,10 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                        f"{g['prompts']} prompts x {greedy_tokens} tokens, position by position"),
         device_metric(dev, "greedy_prefix_agreement", g["prefix"], "fraction",
                        "tokens identical before the first divergence"),
-        metric("perplexity_fp32", ppl["fp32"], "", "measured", "host-cpu"),
-        metric("perplexity_host_qdq", ppl["host_qdq"], "", "measured", "host-cpu"),
-        metric("logits_cosine_host_qdq", res["host_qdq"]["logits_cosine_mean"], "", "measured",
-                "host-cpu"),
-        metric("top1_agreement_host_qdq", res["host_qdq"]["top1_agreement"], "fraction",
-                "measured", "host-cpu"),
+        host_metric("perplexity_fp32", ppl["fp32"]),
+        host_metric("perplexity_host_qdq", ppl["host_qdq"]),
+        host_metric("logits_cosine_host_qdq", res["host_qdq"]["logits_cosine_mean"]),
+        host_metric("top1_agreement_host_qdq", res["host_qdq"]["top1_agreement"], "fraction"),
     ]
     res["summary"] = (f"cosine {h['logits_cosine_mean']:.4f}, top-1 {h['top1_agreement']:.1%}, "
                       f"ppl {ppl['fp32']:.2f} → {ppl['htp']:.2f} on {dev.name} ({dev.source})")

@@ -6,11 +6,12 @@ import json
 import shutil
 from typing import Any
 
+from studio.core.devices import HOST_CPU
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress, SubProgress
 from studio.engine.llm_runtime import cpu_generator, load_graph_spec, load_tokenizer
-from studio.worker.context import StageContext, metric, read_text
+from studio.worker.context import StageContext, host_metric, read_text
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
@@ -50,7 +51,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         if timer["fp32_tokens"] is None:
             timer["fp32_tokens"] = speed["tokens"]
         rows.append({"step": step, "label": wf.LABELS[step], "tokens_per_s": speed["tokens_per_s"],
-                     "source": "measured", "device": "host-cpu", "ppl": ppl,
+                     "source": HOST_CPU.source, "device": HOST_CPU.kind, "ppl": ppl,
                      "ppl_change": ppl / base - 1.0,
                      "same_greedy_tokens_as_fp32": wf.same_prefix(timer["fp32_tokens"] or [],
                                                                   speed["tokens"]),
@@ -131,6 +132,5 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                     f"{last['ppl']:.2f} (measured); speculative {sp['speculative']['tokens_per_target_pass']:.2f} "
                     "tokens per pass"),
         "waterfall": result,
-        "metrics": [metric("waterfall_final_tokens_per_s", last["tokens_per_s"], "tok/s",
-                            "measured", "host-cpu")],
+        "metrics": [host_metric("waterfall_final_tokens_per_s", last["tokens_per_s"], "tok/s")],
     }
