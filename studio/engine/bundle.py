@@ -144,46 +144,36 @@ def genie_prefill_graph(export_dir: Path, qdir: Path, spec: dict[str, Any], N: i
     return out
 
 
-def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_root: Path,
-                 settings: BundleSettings, open_reference: Callable[[], Any], source: str,
-                 progress: Progress) -> dict[str, Any]:
-    """Build the bundle under ``out_root/bundle`` (and the DLC files of the quantized graphs
-    under ``out_root/dlc``) from the export, the quantized graphs ``qdir`` and their ``spec``,
-    and check it: Genie's greedy text against the studio's runtime over the bundle's own
-    graphs, and against ``open_reference()`` (the studio's generator over the target's
-    compiled context). ``source``: the label of the device the check runs on.
+def readme(spec: dict[str, Any], chip, sdk: str, N: int, cl: int, parts: int,
+           ctx_names: list[str]) -> str:
+    """The bundle's README: how to run it on the device, and what its graphs are."""
+    return (
+        f"# Genie bundle: {spec.get('model_type')} for {chip.name}\n\n"
+        f"Built by QStudio with QNN SDK {sdk}. On the device, with the QAIRT "
+        "SDK's `genie-t2t-run` and its HTP libraries beside these files:\n\n"
+        "```\ngenie-t2t-run -c genie_config.json -p \"def fibonacci(n):\"\n```\n\n"
+        + (f"The prompt goes through the AR-{N} prefill graph, {N} tokens per pass, and new "
+           "tokens through the AR-1 decode graph; both " if N > 1 else
+           "Prompts and new tokens go through the AR-1 decode graph one token per pass; it ")
+        + f"{'hold' if N > 1 else 'holds'} a context of {cl} positions"
+        + (f", each in {parts} context binaries of consecutive blocks" if parts > 1 else "")
+        + f": {', '.join(f'`{n}`' for n in ctx_names)}. "
+        "`manifest.json` lists every file with its SHA-256 and the check against the studio's "
+        "runtime on the HTP simulator.\n")
 
-    Returns the stage's result with ``figures``: (name, value, unit, detail, timed) rows for
-    the caller to label from its device (``timed``: a timing, which takes the device's note). Raises when Genie's text differs other than at a near
-    tie."""
+
+def compile_graphs(variants: dict[int, Path], parts: int, spec: dict[str, Any], chip, cl: int,
+                   work: Path, progress: Progress):
+    """Each AR-n graph (split into ``parts`` of consecutive blocks) compiled in the order
+    Genie takes them. Returns (the sessions of each AR-n's parts, (context binary, its name
+    in the bundle) pairs, the names, the manifest's graph rows, the QNN SDK version)."""
     from studio.engine import genie, qnn
-    from studio.engine.llm_runtime import load_tokenizer
 
-    if spec.get("sliding_window") and spec["sliding_window"] < spec["context_length"]:
-        raise StudioError("this model has sliding-window layers: Genie bundles of them are not "
-                          "supported yet")
-    C = int(spec["context_length"])
-    cl = C + 1
-    N = settings.prefill_length or int(spec["prompt_length"])
-    if N >= cl - 1:
-        raise StudioError(f"bundle.prefill_length {N} leaves no room in the context of {cl}: "
-                          f"choose 1 (no prefill graph) to {cl - 2}")
-    out = out_root / "bundle"
-    work = out_root / "work"
-    progress.update(0.02, "rewriting the decode graph to Genie's conventions")
-    genie.genie_graph(qdir / "decode.onnx", work / "decode_genie.onnx", spec)
-    variants = {1: work / "decode_genie.onnx"}
-    if N > 1:
-        variants = {N: genie_prefill_graph(export_dir, qdir, spec, N, cl, work, settings,
-                                           SubProgress(progress, 0.03, 0.12)),
-                    **variants}
-    weights = sum(f.stat().st_size for f in qdir.glob("decode.onnx*"))
-    parts = settings.parts or max(1, -(-weights // (settings.max_context_mb << 20)))
-    out.mkdir(parents=True, exist_ok=True)
     ctx_names: list[str] = []
     graph_rows: list[dict[str, Any]] = []
     sessions: dict[int, list[Any]] = {}
     compiled: list[tuple[Path, str]] = []
+    sdk = ""
     total = len(variants) * parts
     for ar, graph in variants.items():
         kind = "decode" if ar == 1 else "prefill"
@@ -209,6 +199,47 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
             graph_rows.append({"file": name, "kind": kind, "ar": ar, "context_size": cl,
                                "part": i + 1, "parts": parts, **genie.graph_io(part),
                                "qnn_graph": previous})
+    return sessions, compiled, ctx_names, graph_rows, sdk
+
+
+def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_root: Path,
+                 settings: BundleSettings, open_reference: Callable[[], Any], source: str,
+                 progress: Progress) -> dict[str, Any]:
+    """Build the bundle under ``out_root/bundle`` (and the DLC files of the quantized graphs
+    under ``out_root/dlc``) from the export, the quantized graphs ``qdir`` and their ``spec``,
+    and check it: Genie's greedy text against the studio's runtime over the bundle's own
+    graphs, and against ``open_reference()`` (the studio's generator over the target's
+    compiled context). ``source``: the label of the device the check runs on.
+
+    Returns the stage's result with ``figures``: (name, value, unit, detail, timed) rows for
+    the caller to label from its device (``timed``: a timing, which takes the device's
+    note). Raises when Genie's text differs other than at a near tie."""
+    from studio.engine import genie, qnn
+    from studio.engine.llm_runtime import load_tokenizer
+
+    if spec.get("sliding_window") and spec["sliding_window"] < spec["context_length"]:
+        raise StudioError("this model has sliding-window layers: Genie bundles of them are not "
+                          "supported yet")
+    C = int(spec["context_length"])
+    cl = C + 1
+    N = settings.prefill_length or int(spec["prompt_length"])
+    if N >= cl - 1:
+        raise StudioError(f"bundle.prefill_length {N} leaves no room in the context of {cl}: "
+                          f"choose 1 (no prefill graph) to {cl - 2}")
+    out = out_root / "bundle"
+    work = out_root / "work"
+    progress.update(0.02, "rewriting the decode graph to Genie's conventions")
+    genie.genie_graph(qdir / "decode.onnx", work / "decode_genie.onnx", spec)
+    variants = {1: work / "decode_genie.onnx"}
+    if N > 1:
+        variants = {N: genie_prefill_graph(export_dir, qdir, spec, N, cl, work, settings,
+                                           SubProgress(progress, 0.03, 0.12)),
+                    **variants}
+    weights = sum(f.stat().st_size for f in qdir.glob("decode.onnx*"))
+    parts = settings.parts or max(1, -(-weights // (settings.max_context_mb << 20)))
+    out.mkdir(parents=True, exist_ok=True)
+    sessions, compiled, ctx_names, graph_rows, sdk = compile_graphs(variants, parts, spec, chip,
+                                                                    cl, work, progress)
 
     tok = load_tokenizer(export_dir)
     text = settings.heldout_text
@@ -305,19 +336,7 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
     manifest["dlc"] = {**{g: {k: d[k] for k in ("file", "bytes")} for g, d in dlc.items()},
                        "note": "for Qualcomm's on-device tools; not runnable on this host"}
     atomic_write_json(out / "manifest.json", manifest)
-    (out / "README.md").write_text(
-        f"# Genie bundle: {spec.get('model_type')} for {chip.name}\n\n"
-        f"Built by QStudio with QNN SDK {sdk}. On the device, with the QAIRT "
-        "SDK's `genie-t2t-run` and its HTP libraries beside these files:\n\n"
-        "```\ngenie-t2t-run -c genie_config.json -p \"def fibonacci(n):\"\n```\n\n"
-        + (f"The prompt goes through the AR-{N} prefill graph, {N} tokens per pass, and new "
-           "tokens through the AR-1 decode graph; both " if N > 1 else
-           "Prompts and new tokens go through the AR-1 decode graph one token per pass; it ")
-        + f"{'hold' if N > 1 else 'holds'} a context of {cl} positions"
-        + (f", each in {parts} context binaries of consecutive blocks" if parts > 1 else "")
-        + f": {', '.join(f'`{n}`' for n in ctx_names)}. "
-        "`manifest.json` lists every file with its SHA-256 and the check against the studio's "
-        "runtime on the HTP simulator.\n")
+    (out / "README.md").write_text(readme(spec, chip, sdk, N, cl, parts, ctx_names))
     timed = "Genie's wall time"
     figures = [  # (name, value, unit, detail, whether it is a timing of the device)
         ("genie_identical_prompts", identical / len(checks), "fraction",
