@@ -53,17 +53,10 @@ def export_both(out: str) -> None:
 
 
 def cpu_generator(graph_dir: Path):
-    """The product's host-CPU generator (2 threads); with --threads N, the same by hand."""
-    from studio.engine.llm_export import load_spec
-    from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
-    from studio.worker.stages import _cpu_generator
+    """The product's host-CPU generator (2 threads; with --threads N, N)."""
+    from studio.engine import llm_runtime
 
-    spec, verify = load_spec(graph_dir), graph_dir / "verify.onnx"
-    if THREADS == 2:
-        return _cpu_generator(graph_dir, spec)
-    pre, dec = (make_cpu_session(graph_dir / f, THREADS) for f in ("prefill.onnx", "decode.onnx"))
-    return StaticKVGenerator(pre, dec, spec,
-                             make_cpu_session(verify, THREADS) if verify.is_file() else None)
+    return llm_runtime.cpu_generator(graph_dir, llm_runtime.load_graph_spec(graph_dir), THREADS)
 
 
 def peak_rss_mb(who: int = resource.RUSAGE_SELF) -> float:

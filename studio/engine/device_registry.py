@@ -160,9 +160,9 @@ class Registry:
 
 
 def parse_device_id(device_id: str) -> tuple[str, str]:
-    """``agent:NAME[@BACKEND]`` -> (NAME, BACKEND), BACKEND ``cpu`` by default."""
-    rest = device_id[len("agent:"):]
-    name, _, backend = rest.partition("@")
-    if not name:
-        raise StudioError(f"device {device_id!r}: name the agent, e.g. agent:lab-kit@cpu")
-    return name, backend or "cpu"
+    """``agent:NAME[@BACKEND]`` -> (NAME, BACKEND), BACKEND ``cpu`` by default (the id read by
+    :func:`studio.core.devices.device`, the one parser of device ids)."""
+    from studio.core.devices import agent_device
+
+    dev = agent_device(device_id)
+    return dev.agent, dev.backend

@@ -81,6 +81,44 @@ def make_cpu_session(path: Path, threads: int = 2):
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
+def load_tokenizer(export_dir: Path):
+    """The tokenizer an export carries (``<export>/tokenizer``)."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(Path(export_dir) / "tokenizer"))
+
+
+def load_graph_spec(graphs_dir: Path) -> dict[str, Any]:
+    """The ``graph.json`` of a folder of static-KV graphs (an export, a quantized or compiled
+    model)."""
+    from studio.engine.llm_export import load_spec
+
+    return load_spec(Path(graphs_dir))
+
+
+def cpu_generator(graph_dir: Path, spec: dict[str, Any], threads: int = 2) -> StaticKVGenerator:
+    """A generator over the prefill / decode (and verify, when there is one) graphs of
+    ``graph_dir`` on the host CPU (ONNX Runtime)."""
+    graph_dir = Path(graph_dir)
+    verify = graph_dir / "verify.onnx"
+    return StaticKVGenerator(make_cpu_session(graph_dir / "prefill.onnx", threads),
+                             make_cpu_session(graph_dir / "decode.onnx", threads), spec,
+                             make_cpu_session(verify, threads) if verify.is_file() else None)
+
+
+def htp_generator(compile_dir: Path, chip, spec: dict[str, Any], fp16: bool) -> StaticKVGenerator:
+    """A generator over the compiled prefill / decode contexts of ``compile_dir`` on this
+    machine's QNN HTP backend (the simulator on x86) for ``chip``."""
+    from studio.engine import qnn
+
+    compile_dir = Path(compile_dir)
+    return StaticKVGenerator(
+        qnn.make_session(compile_dir / "prefill_ctx.onnx", chip, strict=True, fp16=fp16),
+        qnn.make_session(compile_dir / "decode_ctx.onnx", chip, strict=True, fp16=fp16),
+        spec,
+    )
+
+
 def sliding_window_of(spec: dict) -> int | None:
     """The window the graphs' sliding layers need a mask for: the spec's ``sliding_window``
     when some layer in ``layer_types`` is a sliding one and the window is shorter than the

@@ -1,8 +1,9 @@
 """Generation on a project's deployed model, for ``studio generate`` and the GUI.
 
-The host CPU runs the FP32 export; an HTP simulator device runs the compiled context
-binaries of its chip (``simulated``). Prompts longer than the prefill graph are prefilled
-in chunks; sampling is seeded; stop strings end the text.
+The device's backend (``studio/engine/devices``) runs it: the host CPU the FP32 export, an
+HTP simulator the compiled context binaries of its chip (``simulated``), an agent either on
+its own machine, a phone its chip's compiled context over adb. Prompts longer than the
+prefill graph are prefilled in chunks; sampling is seeded; stop strings end the text.
 """
 
 from __future__ import annotations
@@ -92,16 +93,16 @@ def int8_kv_export(project: Project, export_dir: Path) -> Path:
 
     from studio.core.fsutil import atomic_folder
     from studio.engine.kvquant import KV_SCALES_FILE, calibrate_kv_scales, write_int8_kv_graphs
-    from studio.worker.stages import _cpu_generator, _spec, _tokenizer
+    from studio.engine.llm_runtime import cpu_generator, load_graph_spec, load_tokenizer
 
     out = project.folder / "kv8" / export_dir.name
     if (out / KV_SCALES_FILE).is_file():
         return out
-    spec = _spec(export_dir)
+    spec = load_graph_spec(export_dir)
     text = project.input_path(project.quantization["calibration_text"]).read_text(
         encoding="utf-8", errors="replace")
-    ids = _tokenizer(export_dir)(text).input_ids
-    scales = calibrate_kv_scales(_cpu_generator(export_dir, spec), ids)
+    ids = load_tokenizer(export_dir)(text).input_ids
+    scales = calibrate_kv_scales(cpu_generator(export_dir, spec), ids)
     with atomic_folder(out) as tmp:
         for f in export_dir.iterdir():
             if f.suffix != ".onnx":
@@ -110,56 +111,52 @@ def int8_kv_export(project: Project, export_dir: Path) -> Path:
     return out
 
 
-def load_generator(project: Project, dev: Device, kv: str | None = None):
-    """(generator, spec, tokenizer) for ``dev``; ``kv`` "float" / "int8" (None: the
-    project's ``quantization.kv_cache``). On the HTP an INT8 KV cache is part of the
-    quantized graphs: a project whose recipe says float gets its quantize and compile
-    stages run for a copy that says int8 (cached like any run)."""
-    from studio.worker.stages import _cpu_generator, _htp_generator, _spec, _tokenizer
+def load_generator(project: Project, dev: Device, kv: str | None = None, registry=None,
+                   speculative: bool = False, window: bool = False):
+    """(generator, spec, tokenizer) for ``dev``, from its backend; ``kv`` "float" / "int8"
+    (None: the project's ``quantization.kv_cache``). A device that runs the export (the host
+    CPU) gets an INT8 KV cache from the export's calibrated copy; on a device that runs a
+    target's compiled context (the HTP) an INT8 KV cache is part of the quantized graphs: a
+    project whose recipe says float gets its quantize and compile stages run for a copy that
+    says int8 (cached like any run). ``speculative`` / ``window``: the decoding asked for,
+    which the backend refuses when it cannot run it."""
+    from studio.engine.devices import backend
+    from studio.engine.llm_runtime import load_graph_spec, load_tokenizer
 
-    kv = kv or project.quantization.get("kv_cache", "float")
+    project_kv = project.quantization.get("kv_cache", "float")
+    be = backend(dev, registry)
+    be.check_generation(speculative, window, kv, project_kv)
+    kv = kv or project_kv
     if kv not in ("float", "int8"):
         raise StudioError(f"--kv takes float or int8, not {kv!r}")
+    be.check()  # the device is there and set up: say so before looking for its graphs
     export_dir = _artifact(project, "export", "export")
-    spec = _spec(export_dir)
-    tok = _tokenizer(export_dir)
-    if dev.kind == "host-cpu":
-        graphs = int8_kv_export(project, export_dir) if kv == "int8" else export_dir
-        return _cpu_generator(graphs, spec), spec, tok
-    from studio.core.catalog import get_chip
+    spec = load_graph_spec(export_dir)
+    tok = load_tokenizer(export_dir)
+    compiled = None
+    if not dev.chip:  # the device runs the export
+        export_dir = int8_kv_export(project, export_dir) if kv == "int8" else export_dir
+    else:
+        if dev.chip not in project.targets:
+            raise StudioError(f"{dev.chip} is not a target of this project: add it to targets "
+                              "and run the compile stage")
+        if kv != project_kv:
+            project = project.copy()
+            project.quantization["kv_cache"] = kv
+            from studio.services.history import current_keys
 
-    chip = get_chip(dev.chip)
-    if chip.key not in project.targets:
-        raise StudioError(f"{chip.key} is not a target of this project: add it to targets "
-                          "and run the compile stage")
-    if dev.kind == "adb":
-        if kv != project.quantization.get("kv_cache", "float"):
-            raise StudioError("a phone runs the project's own compiled graphs: leave out --kv "
-                              "for adb devices")
-        from studio.worker.stages import adb_generator, adb_phone
-
-        adb_phone(dev)  # no SDK set: say so before looking for the compiled graphs
-        gen, _pre, _dec = adb_generator(_artifact(project, f"compile[{chip.key}]", "compile"),
-                                        dev, spec)
-        return gen, spec, tok
-    if kv != project.quantization.get("kv_cache", "float"):
-        project = project.copy()
-        project.quantization["kv_cache"] = kv
-        from studio.services.history import current_keys
-
-        key = current_keys(project, ["compile"]).get(f"compile[{chip.key}]")
-        if key is None or ArtifactStore(project.folder / "artifacts").get(key) is None:
-            _run_stages(project, ["compile"], f"the {kv} KV cache graphs")
-    cdir = _artifact(project, f"compile[{chip.key}]", "compile")
+            key = current_keys(project, ["compile"]).get(f"compile[{dev.chip}]")
+            if key is None or ArtifactStore(project.folder / "artifacts").get(key) is None:
+                _run_stages(project, ["compile"], f"the {kv} KV cache graphs")
+        compiled = _artifact(project, f"compile[{dev.chip}]", "compile")
     fp16 = project.quantization["scheme"] == "FP16"
-    return _htp_generator(cdir, chip, spec, fp16), spec, tok
+    return be.open_generator(export_dir, compiled, spec, fp16), spec, tok
 
 
 def load_draft(project: Project, draft_ref: str | None = None):
     """The draft model's CPU generator: the ``draft`` stage's export of ``draft_ref`` (default
     the project's ``model.draft``), run first when the store does not hold it yet."""
-    from studio.engine.llm_export import load_spec
-    from studio.worker.stages import _cpu_generator
+    from studio.engine.llm_runtime import cpu_generator, load_graph_spec
 
     if draft_ref:
         project = project.copy()
@@ -169,7 +166,7 @@ def load_draft(project: Project, draft_ref: str | None = None):
                           "\"sample:tiny-coder-draft\"), give --draft REF or use --prompt-lookup")
     folder = stored_artifact(project, "draft", "the draft model")
     assert folder is not None
-    return _cpu_generator(folder, load_spec(folder))
+    return cpu_generator(folder, load_graph_spec(folder))
 
 
 def generate(project: Project, prompt: str, device_name: str | None = None,
@@ -179,8 +176,10 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
              speculative: str | None = None, draft_ref: str | None = None,
              k: int = 4, adaptive: bool = True, kv: str | None = None,
              window: int | None = None, progress: Progress | None = None,
-             on_pass: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Generate after ``prompt`` on a device; the figures carry the device's source label.
+             on_pass: Callable[[int, int], None] | None = None,
+             registry=None) -> dict[str, Any]:
+    """Generate after ``prompt`` on a device (``cpu``, ``htp-sim[:CHIP]``, ``agent:NAME[@…]``,
+    ``adb:SERIAL[@CHIP]``), run by its backend; the figures carry the device's source label.
 
     ``speculative``: None (plain decoding), ``"draft"`` (the draft model on the host CPU
     drafts, ``draft_ref`` or the project's ``model.draft``) or ``"lookup"`` (prompt
@@ -188,24 +187,16 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
     the KV cache's kind (float / int8; None: the project's). ``window``: attend to the last
     W tokens through a ring buffer, which lets generation run past the context.
     ``progress``: cancellation between tokens (its check raises Cancelled). ``on_pass(drafted,
-    accepted)``: each speculative target pass, as it happens."""
+    accepted)``: each speculative target pass, as it happens. ``registry``: where agents and
+    the QAIRT SDK are found (None: the user's settings)."""
     if not prompt.strip():
         raise StudioError("the prompt is empty: give some text")
     if speculative not in (None, "draft", "lookup"):
         raise StudioError(f"speculative must be draft or lookup, not {speculative!r}")
-    if device_name and device_name.startswith("agent:"):
-        if speculative or kv or window:
-            raise StudioError("a remote agent runs plain decoding so far: leave out "
-                              "--speculative, --kv and --window for agent devices")
-        return generate_remote(project, prompt, device_name, max_new_tokens, sampling, stop,
-                               on_text, progress)
     dev = resolve_device(project, device_name)
-    if dev.kind == "adb" and (speculative or window):
-        raise StudioError("a phone over adb runs plain decoding: leave out --speculative and "
-                          "--window for adb devices")
     sampling = sampling or SamplingConfig()
     t_load = time.perf_counter()
-    gen, spec, tok = load_generator(project, dev, kv)
+    gen, spec, tok = load_generator(project, dev, kv, registry, bool(speculative), bool(window))
     if window is not None:
         gen.set_window(window)
         if speculative and window < gen.context_len:
@@ -218,7 +209,7 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
         if not gen.verify_len:
             raise StudioError(
                 "speculative decoding needs a verify graph, which only the host CPU's export "
-                "has so far: use --device cpu" if dev.kind != "host-cpu" else
+                "has so far: use --device cpu" if dev.chip else
                 "this export has no verify graph: re-run the export stage")
         proposer = (PromptLookupProposer() if speculative == "lookup"
                     else DraftModelProposer(load_draft(project, draft_ref), sampling))
@@ -253,18 +244,9 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
     else:
         out = gen.generate(ids, n, sampler=Sampler(sampling), eos_id=spec.get("eos_token_id"),
                            stop=stop_fn if stops else None, on_step=step_cb, progress=progress)
-    timing_note = dev.timing_note
-    if dev.kind == "adb":
-        from studio.worker.stages import adb_timings
+    from studio.engine.devices import backend
 
-        timed = adb_timings(out, gen.prefill_session, gen.decode_session)
-        if timed is None:  # round trips are not the graph's latency: no figures then
-            out = {**out, "ttft_s": None, "step_s": []}
-            timing_note = ("no device times: the SDK has no qnn-profile-viewer to read "
-                           "qnn-net-run's profiling logs (adb round trips are not latency)")
-        else:
-            out = {**timed, "ttft_s": timed["prefill_s"]}
-            timing_note += "; time to first token is the prefill's execute time"
+    out, timing_note = backend(dev, registry).generation_figures(out, gen)
     text = tok.decode(out["tokens"])
     if out["stopped"] == "stop":
         cut = min(text.find(s) for s in stops if s in text)
@@ -283,15 +265,17 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
         "source": dev.source, "device": dev.id, "device_name": dev.name,
         "timing_note": timing_note, "load_s": load_s, "sampling": sampling.to_dict(),
     }
-    from studio.engine.kvquant import kv_bytes
+    result["kv_cache"] = None  # a remote device keeps its cache there
+    if gen.cache is not None:
+        from studio.engine.kvquant import kv_bytes
 
-    bits = int(gen.cache[0][0].dtype.itemsize * 8)
-    result["kv_cache"] = {
-        "dtype": str(gen.cache[0][0].dtype), "bits": bits,
-        "bytes_by_formula": kv_bytes(spec, bits),
-        "bytes_measured": int(sum(a.nbytes for pair in gen.cache for a in pair)),
-        "window": gen.ring_window,
-    }
+        bits = int(gen.cache[0][0].dtype.itemsize * 8)
+        result["kv_cache"] = {
+            "dtype": str(gen.cache[0][0].dtype), "bits": bits,
+            "bytes_by_formula": kv_bytes(spec, bits),
+            "bytes_measured": int(sum(a.nbytes for pair in gen.cache for a in pair)),
+            "window": gen.ring_window,
+        }
     if "speculative" in out:
         result["speculative"] = out["speculative"]
         result["speculative"]["estimated"] = _speculative_estimate(
@@ -304,99 +288,10 @@ def generate_remote(project: Project, prompt: str, device_name: str,
                     stop: list[str] | None = None,
                     on_text: Callable[[str], None] | None = None,
                     progress: Progress | None = None, registry=None) -> dict[str, Any]:
-    """Generate on a registered agent: its host CPU runs the FP32 export, an HTP backend the
-    target's compiled context; the files go up by content hash (once), the tokens stream back,
-    and the figures carry the source label the agent gives its backend."""
-    import json
-
-    from studio.core.catalog import get_chip
-    from studio.services.registry import Registry, parse_device_id
-    from studio.worker.stages import _spec, _tokenizer
-
-    name, backend = parse_device_id(device_name)
-    reg = registry or Registry()
-    client = reg.client(name)
-    t_load = time.perf_counter()
-    info = client.info()
-    backends = {b["id"]: b for b in info.get("backends", [])}
-    if backend not in backends:
-        raise StudioError(f"agent {name!r} has no backend {backend!r}; it has "
-                          f"{', '.join(backends) or 'none'}")
-    b = backends[backend]
-    export_dir = _artifact(project, "export", "export")
-    spec = _spec(export_dir)
-    tok = _tokenizer(export_dir)
-    sdk = None
-    if backend == "cpu":
-        names = [n for n in ("prefill.onnx", "decode.onnx", "graph.json")
-                 if (export_dir / n).is_file()]
-        model = client.upload_folder(export_dir, names)
-    else:
-        chip = get_chip(b["chip"])
-        if chip.key not in project.targets:
-            raise StudioError(f"{chip.key} is not a target of this project: add it to targets "
-                              "and run the compile stage")
-        cdir = _artifact(project, f"compile[{chip.key}]", "compile")
-        sdk = json.loads((cdir / "result.json").read_text()).get("sdk_version")
-        names = [p.name for p in sorted(cdir.iterdir())
-                 if p.is_file() and (p.name.endswith((".onnx", ".bin")) or p.name == "graph.json")]
-        model = client.upload_folder(cdir, names)
-    load_s = time.perf_counter() - t_load
-    sampling = sampling or SamplingConfig()
-    n = max_new_tokens if max_new_tokens is not None else int(project.run["max_new_tokens"])
-    ids = tok(prompt).input_ids
-    stops = [x for x in (stop or []) if x]
-    got: list[int] = []
-    shown = [""]
-    stopped = [False]
-
-    def on_token(_i: int, token: int) -> None:
-        got.append(token)
-        text = tok.decode(got)
-        if on_text is not None:
-            on_text(text[len(shown[0]):])
-        shown[0] = text
-        if stops and any(x in text for x in stops):
-            stopped[0] = True
-
-    def should_stop() -> bool:
-        if progress is not None:
-            progress.check()
-        return stopped[0]
-
-    eos = spec.get("eos_token_ids") or ([spec["eos_token_id"]]
-                                        if spec.get("eos_token_id") is not None else [])
-    try:
-        out = client.generate(model, backend, ids, n, sampling.to_dict(), eos, sdk,
-                              on_token=on_token, should_stop=should_stop)
-        state = out["stopped"]
-    except StudioError as exc:
-        if not (stopped[0] and "cancelled" in exc.message):
-            raise
-        out = {"tokens": got, "ttft_s": 0.0, "step_s": [], "prompt_chunks": 0,
-               "source": b["source"]}
-        state = "stop"
-    text = tok.decode(out["tokens"])
-    if state == "stop" and stops:
-        cuts = [text.find(x) for x in stops if x in text]
-        text = text[:min(cuts)] if cuts else text
-    steps = out.get("step_s") or []
-    med = statistics.median(steps) if steps else None
-    source = str(out.get("source") or b["source"])
-    return {
-        "prompt": prompt, "prompt_tokens": len(ids), "prompt_chunks": out.get("prompt_chunks"),
-        "tokens": out["tokens"], "text": text, "stopped": state,
-        "time_to_first_token_ms": float(out.get("ttft_s") or 0.0) * 1e3,
-        "decode_ms_per_token": med * 1e3 if med else None,
-        "decode_tokens_per_s": 1.0 / med if med else None,
-        "source": source, "device": f"agent:{name}@{backend}",
-        "device_name": f"{backend} on agent {name} ({info['machine'].get('name')})",
-        "timing_note": ("timed on the agent's machine" + (
-            "; simulator time: follows the agent's CPU, not device latency"
-            if source == "simulated" else "")),
-        "load_s": load_s, "sampling": sampling.to_dict(),
-        "kv_cache": None,
-    }
+    """Generate on a registered agent (``agent:NAME[@BACKEND]``): :func:`generate` with
+    plain decoding, the agent's devices found in ``registry``."""
+    return generate(project, prompt, device_name, max_new_tokens, sampling, stop, on_text,
+                    progress=progress, registry=registry)
 
 
 def _speculative_estimate(project: Project, spec: dict[str, Any], stats: dict[str, Any],

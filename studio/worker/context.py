@@ -1,5 +1,6 @@
-"""What a stage sees (:class:`StageContext`) and the helpers every stage module shares:
-metrics labelled by their source, a text input read with one-line errors."""
+"""What a stage sees (:class:`StageContext`: its settings, inputs, device and the device's
+backend) and the helpers every stage module shares: metrics labelled by their source (from
+the device that produced them), a text input read with one-line errors."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.catalog import Chip, get_chip
-from studio.core.devices import Device, htp_simulator
+from studio.core.devices import Device, DeviceBackend, htp_simulator
 from studio.core.errors import StudioError
 from studio.core.metrics import Metric
 from studio.core.stagegraph import StageConfig
@@ -52,16 +53,28 @@ class StageContext:
         return self.config.device or htp_simulator(self.config.chip)
 
     @property
+    def backend(self) -> DeviceBackend:
+        """What runs work on :attr:`device` (``studio/engine/devices``)."""
+        from studio.engine.devices import backend
+
+        return backend(self.device)
+
+    def device_metric(self, name: str, value: float, unit: str, detail: str = ""
+                      ) -> dict[str, Any]:
+        """A figure this job's device produced, labelled from it."""
+        return device_metric(self.device, name, value, unit, detail)
+
+    @property
     def fp16(self) -> bool:
         return self.get("quantization.scheme") == "FP16"
 
     def fact(self, name: str, value: float, unit: str, detail: str = "") -> None:
         """A run fact (e.g. how long the stage took): kept in the run history only."""
-        self.facts.append(_metric(name, value, unit, "measured", "host-cpu", self.config.chip,
+        self.facts.append(metric(name, value, unit, "measured", "host-cpu", self.config.chip,
                                   detail))
 
 
-def _read_text(path: Path, what: str) -> str:
+def read_text(path: Path, what: str) -> str:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -73,17 +86,17 @@ def _read_text(path: Path, what: str) -> str:
     return text
 
 
-def _metric(name: str, value: float, unit: str, source: str, device: str, target: str = "",
+def metric(name: str, value: float, unit: str, source: str, device: str, target: str = "",
             detail: str = "") -> dict[str, Any]:
     return Metric(name, float(value), unit, source, device, target, detail).to_dict()
 
 
-def _host_metric(name: str, value: float, unit: str = "", detail: str = "") -> dict[str, Any]:
+def host_metric(name: str, value: float, unit: str = "", detail: str = "") -> dict[str, Any]:
     """A figure measured on this host's CPU."""
-    return _metric(name, value, unit, "measured", "host-cpu", "", detail)
+    return metric(name, value, unit, "measured", "host-cpu", "", detail)
 
 
-def _device_metric(dev: Device, name: str, value: float, unit: str, detail: str = "",
+def device_metric(dev: Device, name: str, value: float, unit: str, detail: str = "",
                    ) -> dict[str, Any]:
     """A figure produced on ``dev``: its source label comes from the device."""
-    return _metric(name, value, unit, dev.source, dev.kind, dev.chip, detail)
+    return metric(name, value, unit, dev.source, dev.kind, dev.chip, detail)

@@ -191,7 +191,7 @@ def test_a_parting_at_a_near_tie_is_told_from_a_real_difference():
     from transformers import PreTrainedTokenizerFast
 
     from studio.core.samples import sample_path
-    from studio.worker.stages import GENIE_TIE_GAP, _parting
+    from studio.engine.bundle import GENIE_TIE_GAP, parting
 
     tok = PreTrainedTokenizerFast.from_pretrained(str(sample_path("tiny-coder")))
     ref = tok("def area(radius):\n    return 3.14 * radius").input_ids
@@ -199,9 +199,9 @@ def test_a_parting_at_a_near_tie_is_told_from_a_real_difference():
     genie = tok.decode(ref[:3]) + tok.decode([alt]) + " and more"
     ups = [(0, 1.0)] * len(ref)
     ups[3] = (alt, GENIE_TIE_GAP / 5)  # Genie took the studio's close second
-    assert _parting(genie, ref, ups, tok) == {"token": 3, "gap": GENIE_TIE_GAP / 5,
+    assert parting(genie, ref, ups, tok) == {"token": 3, "gap": GENIE_TIE_GAP / 5,
                                               "near_tie": True}
     ups[3] = (alt, 1.5)  # a clear winner: a real difference
-    assert not _parting(genie, ref, ups, tok)["near_tie"]
+    assert not parting(genie, ref, ups, tok)["near_tie"]
     ups[3] = (ref[0], GENIE_TIE_GAP / 5)  # close, but Genie took neither of the two
-    assert not _parting(genie, ref, ups, tok)["near_tie"]
+    assert not parting(genie, ref, ups, tok)["near_tie"]

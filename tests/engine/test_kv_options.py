@@ -18,7 +18,8 @@ from studio.engine.kvquant import (
     kv_bytes,
     write_int8_kv_graphs,
 )
-from studio.worker.stages import _cpu_generator, _nll
+from studio.engine.llm_runtime import cpu_generator
+from studio.worker.stages.validate import nll
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def int8_graphs(tmp_path_factory, tiny_coder_graphs, tokenizer, sample_data_dir)
     src, spec = tiny_coder_graphs
     out = tmp_path_factory.mktemp("tiny-coder-kv8")
     calib = tokenizer((sample_data_dir / "calibration.py.txt").read_text()).input_ids
-    scales = calibrate_kv_scales(_cpu_generator(src, spec), calib)
+    scales = calibrate_kv_scales(cpu_generator(src, spec), calib)
     write_int8_kv_graphs(src, out, scales)
     for f in src.iterdir():  # graph.json and the rest, as the export wrote them
         if not (out / f.name).exists() and f.is_file():
@@ -47,20 +48,20 @@ def int8_graphs(tmp_path_factory, tiny_coder_graphs, tokenizer, sample_data_dir)
 
 
 def _ppl(gen, ids, window):
-    nll = n = 0.0
+    total = n = 0.0
     for start in range(0, len(ids) - window + 1, window):
         chunk = ids[start:start + window]
-        a, b = _nll(gen.teacher_forced_logits(chunk), chunk)
-        nll, n = nll + a, n + b
-    return float(np.exp(nll / n))
+        a, b = nll(gen.teacher_forced_logits(chunk), chunk)
+        total, n = total + a, n + b
+    return float(np.exp(total / n))
 
 
 def test_int8_kv_halves_a_16_bit_cache_and_keeps_the_model(tiny_coder_graphs, int8_graphs,
                                                           heldout_ids, tokenizer):
     src, spec = tiny_coder_graphs
     out, _, scales = int8_graphs
-    fp = _cpu_generator(src, spec)
-    q = _cpu_generator(out, spec)
+    fp = cpu_generator(src, spec)
+    q = cpu_generator(out, spec)
     assert q.cache[0][0].dtype == np.uint8
     measured = sum(a.nbytes for pair in q.cache for a in pair)
     assert measured == kv_bytes(spec, 8) == kv_bytes(spec, 16) // 2 == kv_bytes(spec, 32) // 4
@@ -109,7 +110,7 @@ def test_sliding_window_ring_buffer_matches_transformers_past_the_context(
     n = int(2.5 * C)
     assert spec["rope_positions"] >= n
     ids = heldout_ids[:n]
-    gen = _cpu_generator(src, spec)
+    gen = cpu_generator(src, spec)
     gen.set_window(W)
     rows = list(gen.prefill(ids[:P]))
     rows += [gen.step(ids[p], p) for p in range(P, n)]
@@ -136,7 +137,7 @@ def test_sliding_window_ring_buffer_matches_transformers_past_the_context(
 def test_window_generation_runs_past_the_cache_and_stops_at_the_rope_table(tiny_coder_graphs,
                                                                           tokenizer):
     src, spec = tiny_coder_graphs
-    gen = _cpu_generator(src, spec)
+    gen = cpu_generator(src, spec)
     prompt = tokenizer("class Stack:\n    def __init__(self):").input_ids
     plain = gen.generate(prompt, 4 * spec["context_length"])
     assert plain["stopped"] in ("context_full", "eos")

@@ -225,13 +225,13 @@ def test_a_corrupt_or_foreign_quantized_graph_is_one_line(artifacts, tmp_path):
 def test_the_stage_without_a_quantize_result_is_one_line(project_file, artifacts, tmp_path):
     from studio.core.progress import RecordingProgress
     from studio.core.stagegraph import stage_config
-    from studio.worker.stages import StageContext, layerdiff
+    from studio.worker.stages import StageContext, stage_function
 
     p = pf.load(project_file)
     job = plan(p, ["layerdiff"])[-1]
     ctx = StageContext(stage_config(p, job), {"export": artifacts["export"]}, tmp_path)
     with pytest.raises(StudioError, match="quantize is missing") as err:
-        layerdiff(ctx, RecordingProgress())
+        stage_function("layerdiff")(ctx, RecordingProgress())
     assert "\n" not in err.value.message
 
 

@@ -57,7 +57,7 @@ def _project(folder: Path, scheme: str, overrides: dict[str, str]) -> projectfil
 
 
 def _recipe(p: projectfile.Project) -> dict:
-    """The quantize stage's recipe for a project (studio/worker/stages.py: quantize)."""
+    """The quantize stage's recipe for a project (studio/worker/stages/_llm.py: recipe)."""
     q = p.quantization
     return {"scheme": q["scheme"], "weight_granularity": q["weight_granularity"],
             "samples": q["calibration_samples"], "overrides": q["overrides"]}

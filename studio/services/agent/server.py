@@ -96,11 +96,13 @@ def machine_info() -> dict[str, Any]:
 
 
 def backends() -> list[dict[str, Any]]:
-    """What this agent runs: the host CPU (measured) and the HTP — the simulator on an x86
-    host (simulated), the real NPU on an Arm64 Snapdragon (measured)."""
+    """What this agent runs, each a device of this machine with the source label of its
+    figures: the host CPU (measured) and the HTP — the simulator on an x86 host (simulated),
+    the real NPU on an Arm64 Snapdragon (measured)."""
     from studio.core.catalog import load_catalog
+    from studio.core.devices import HOST_CPU, device
 
-    out: list[dict[str, Any]] = [{"id": "cpu", "kind": "host-cpu", "source": "measured"}]
+    out: list[dict[str, Any]] = [{"id": "cpu", "kind": HOST_CPU.kind, "source": HOST_CPU.source}]
     try:
         from studio.engine import qnn
 
@@ -109,10 +111,18 @@ def backends() -> list[dict[str, Any]]:
         return out
     real = platform.machine().lower() in ("arm64", "aarch64")
     for key in load_catalog():
-        out.append({"id": f"htp-sim:{key}" if not real else f"htp:{key}", "chip": key,
-                    "kind": "htp" if real else "htp-sim",
-                    "source": "measured" if real else "simulated", "qnn_sdk_build": sdk})
+        dev = device(f"htp:{key}" if real else f"htp-sim:{key}")
+        out.append({"id": dev.id, "chip": dev.chip, "kind": dev.kind, "source": dev.source,
+                    "qnn_sdk_build": sdk})
     return out
+
+
+def _backend(backend: dict[str, Any]):
+    """The backend that runs a job on one of this agent's devices (``backend["id"]``)."""
+    from studio.core.devices import local_device
+    from studio.engine.devices import backend as device_backend
+
+    return device_backend(local_device(backend["id"]))
 
 
 class Agent:
@@ -243,13 +253,16 @@ class Agent:
         if backend not in known:
             raise StudioError(f"this agent has no backend {backend!r}; it has "
                               f"{', '.join(known)}")
+        from studio.core.devices import local_device
+
+        on_npu = local_device(backend).on_npu
         want = spec.get("sdk_build")
         have = known[backend].get("qnn_sdk_build")
-        if backend != "cpu" and want and have and want != have:
+        if on_npu and want and have and want != have:
             return web.json_response({"error": f"the context binaries were built with QNN SDK "
                                                f"{want} but this agent runs {have}: compile "
                                                "with the agent's SDK"}, status=409)
-        if spec["kind"] == "profile" and backend == "cpu":
+        if spec["kind"] == "profile" and not on_npu:
             raise StudioError("profiling runs on an HTP backend of the agent, not its CPU")
         job = Job(uuid.uuid4().hex, spec["kind"])
         self.jobs[job.id] = job
@@ -268,17 +281,11 @@ class Agent:
 
         def work() -> dict[str, Any]:
             from studio.core.sampling import Sampler, SamplingConfig
-            from studio.engine.llm_export import load_spec
-            from studio.worker.stages import _cpu_generator, _htp_generator
+            from studio.engine.llm_runtime import load_graph_spec
 
-            gspec = load_spec(folder)
-            if backend["id"] == "cpu":
-                gen = _cpu_generator(folder, gspec)
-            else:
-                from studio.core.catalog import get_chip
-
-                gen = _htp_generator(folder, get_chip(backend["chip"]), gspec,
-                                     bool(spec.get("fp16")))
+            gspec = load_graph_spec(folder)
+            # the uploaded folder is the export (the CPU) or a compiled context (the HTP)
+            gen = _backend(backend).open_generator(folder, folder, gspec, bool(spec.get("fp16")))
             s = spec.get("sampling") or {}
             sampler = Sampler(SamplingConfig(float(s.get("temperature", 0.0)),
                                              int(s.get("top_k", 0)), float(s.get("top_p", 1.0)),
@@ -317,29 +324,22 @@ class Agent:
         loop = asyncio.get_running_loop()
 
         def work() -> dict[str, Any]:
-            from studio.core.catalog import get_chip
-            from studio.engine import qnn
-            from studio.engine.hostload import HostLoadMeter
-            from studio.engine.llm_export import load_spec
+            from studio.engine.llm_runtime import load_graph_spec
 
-            gspec = load_spec(folder)
-            chip = get_chip(backend["chip"])
+            gspec = load_graph_spec(folder)
             repeats = max(1, min(int(spec.get("repeats") or 5), 50))
             out: list[dict[str, Any]] = []
             with tempfile.TemporaryDirectory(dir=self.store / "tmp") as d:
-                for i in range(repeats):
-                    if job.cancel.is_set():
-                        raise Cancelled()
-                    with HostLoadMeter() as meter:
-                        info = qnn.profile_decode_step(folder / "decode_ctx.onnx", chip, gspec,
-                                                       Path(d) / f"profile_{i + 1}.csv",
-                                                       fp16=bool(spec.get("fp16")), runs=1)
+                steps = _backend(backend).profile_decode_steps(
+                    folder, gspec, Path(d), repeats, bool(spec.get("fp16")),
+                    EventProgress(job.cancel))
+                for i, (info, load) in enumerate(steps):
                     trace = info.get("op_trace")
                     out.append({
                         "csv": Path(info["csv"]).read_text(),
                         "op_trace": Path(trace).read_text() if trace else None,
                         "level": info.get("level"), "source": backend["source"],
-                        "other_load": meter.sample.other_load if meter.sample else 0.0,
+                        "other_load": load,
                     })
                     loop.call_soon_threadsafe(job.queue.put_nowait,
                                               ("progress", {"repeat": i + 1,

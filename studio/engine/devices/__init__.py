@@ -1,0 +1,26 @@
+"""Device backends: one module per device kind, each a class implementing
+:class:`studio.core.devices.DeviceBackend` (open an LLM generator or a graph session, profile,
+upload what it needs, report its runtime's versions, label its figures from its device).
+
+``core/devices`` declares each kind with the module of its backend; :func:`backend` imports
+that module when a device is first used (``torch`` / ``onnxruntime`` stay unloaded until
+then). Stages and services ask the backend; nothing outside the backends branches on a kind.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from studio.core.devices import Device, DeviceBackend, backend_module
+
+
+def backend(device: Device, registry: Any = None) -> DeviceBackend:
+    """The backend that runs work on ``device``. ``registry``: the user's device registry
+    and settings (:class:`studio.engine.device_registry.Registry`; None: the user's own),
+    where agents and the QAIRT SDK of adb runs are found."""
+    module = importlib.import_module(backend_module(device.kind))
+    return module.Backend(device, registry)
+
+
+__all__ = ["backend"]

@@ -1,0 +1,82 @@
+"""What every backend shares: the device's labels, and one-line refusals of what a kind does
+not run (each backend overrides what its device does)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from studio.core.devices import Device
+from studio.core.errors import StudioError
+
+
+class Backend:
+    def __init__(self, device: Device, registry: Any = None) -> None:
+        self.device = device
+        self._registry = registry
+
+    @property
+    def registry(self):
+        """The user's device registry and settings (agents, the QAIRT SDK folder)."""
+        if self._registry is None:
+            from studio.engine.device_registry import Registry
+
+            self._registry = Registry()
+        return self._registry
+
+    @property
+    def source(self) -> str:
+        return self.device.source
+
+    @property
+    def timing_note(self) -> str:
+        return self.device.timing_note
+
+    def check(self) -> None:
+        return None
+
+    def versions(self) -> dict[str, str]:
+        return {}
+
+    def upload(self, folder: Path, names: list[str]) -> str:
+        return str(folder)
+
+    def describe(self, scheme: str) -> str:
+        return f"{scheme} on the {self.device.name}"
+
+    def check_generation(self, speculative: bool, window: bool, kv: str | None,
+                         project_kv: str) -> None:
+        return None
+
+    def open_generator(self, export: Path, compiled: Path | None, spec: dict[str, Any],
+                       fp16: bool, log: Callable[[str], None] | None = None) -> Any:
+        raise StudioError(f"the {self.device.name} runs no language model")
+
+    def run_figures(self, out: dict[str, Any], gen: Any) -> tuple[dict[str, Any], str, str]:
+        return out, "", self.timing_note
+
+    def generation_figures(self, out: dict[str, Any], gen: Any) -> tuple[dict[str, Any], str]:
+        return out, self.timing_note
+
+    def open_session(self, graph: Path, compiled: Path | None, strict: bool) -> Any:
+        raise StudioError(f"graph projects run on the host CPU and the HTP simulator, not on "
+                          f"{self.device.name}")
+
+    def profile_decode_steps(self, compiled: Path, spec: dict[str, Any], folder: Path,
+                             repeats: int, fp16: bool, progress: Any
+                             ) -> Iterator[tuple[dict[str, Any], float]]:
+        raise StudioError(f"the {self.device.name} has no NPU to profile")
+
+    def profile_inferences(self, compiled: Path, feed: dict[str, Any], folder: Path,
+                           repeats: int, strict: bool, progress: Any
+                           ) -> Iterator[tuple[dict[str, Any], float]]:
+        raise StudioError(f"graph models are profiled on the HTP simulator, not on "
+                          f"{self.device.name}")
+
+
+def compiled_files(folder: Path) -> list[str]:
+    """The files of a compiled context folder a remote device needs: the context models,
+    their binaries and ``graph.json``."""
+    return [p.name for p in sorted(Path(folder).iterdir()) if p.is_file()
+            and (p.name.endswith((".onnx", ".bin")) or p.name == "graph.json")]

@@ -1,0 +1,109 @@
+"""A phone over adb (``adb:SERIAL@CHIP``) with the user's QAIRT SDK: the target's compiled
+context runs through ``qnn-net-run``, one call per pass (the context is loaded each time);
+its figures are the phone's own execute times from qnn-net-run's profiling (``measured``).
+UNVERIFIED ON HARDWARE: see :mod:`studio.engine.adb`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+from studio.engine.devices._base import Backend as _Base
+
+ROUND_TRIPS = ("adb round trips (push, context load, run, pull), not the graph's latency: the "
+               "SDK has no qnn-profile-viewer to read the phone's own times")
+
+
+class Backend(_Base):
+    def phone(self, log: Callable[[str], None] | None = None):
+        """The phone, with the QAIRT SDK from the settings (a one-line error when none is
+        set)."""
+        from studio.core.catalog import get_chip
+        from studio.engine.adb import AdbPhone
+
+        sdk, _where = self.registry.sdk_root()
+        return AdbPhone(self.device.serial, sdk, get_chip(self.device.chip), log=log)
+
+    def check(self) -> None:
+        self.phone()
+
+    def versions(self) -> dict[str, str]:
+        sdk, _where = self.registry.sdk_root()
+        return {"qairt_sdk": str(sdk)} if sdk else {}
+
+    def describe(self, scheme: str) -> str:
+        return f"{scheme} on {self.device.name}"
+
+    def check_generation(self, speculative: bool, window: bool, kv: str | None,
+                         project_kv: str) -> None:
+        if speculative or window:
+            raise StudioError("a phone over adb runs plain decoding: leave out --speculative "
+                              "and --window for adb devices")
+        if (kv or project_kv) != project_kv:
+            raise StudioError("a phone runs the project's own compiled graphs: leave out --kv "
+                              "for adb devices")
+
+    def open_generator(self, export: Path, compiled: Path | None, spec: dict[str, Any],
+                       fp16: bool, log: Callable[[str], None] | None = None) -> Any:
+        """A generator whose prefill and decode graphs run on the phone (its sessions are the
+        generator's ``prefill_session`` / ``decode_session``)."""
+        from studio.engine.llm_runtime import StaticKVGenerator
+
+        if compiled is None:
+            raise StudioError(f"{self.device.name} runs a compiled context: run the compile "
+                              "stage")
+        phone = self.phone(log)
+        return StaticKVGenerator(phone.session(Path(compiled) / "prefill_ctx.onnx"),
+                                 phone.session(Path(compiled) / "decode_ctx.onnx"), spec)
+
+    def run_figures(self, out: dict[str, Any], gen: Any) -> tuple[dict[str, Any], str, str]:
+        timed = device_times(out, gen.prefill_session, gen.decode_session)
+        if timed is None:
+            return out, "round_trip_", ROUND_TRIPS
+        return timed, "", self.timing_note
+
+    def generation_figures(self, out: dict[str, Any], gen: Any) -> tuple[dict[str, Any], str]:
+        timed = device_times(out, gen.prefill_session, gen.decode_session)
+        if timed is None:  # round trips are not the graph's latency: no figures then
+            return ({**out, "ttft_s": None, "step_s": []},
+                    "no device times: the SDK has no qnn-profile-viewer to read qnn-net-run's "
+                    "profiling logs (adb round trips are not latency)")
+        return ({**timed, "ttft_s": timed["prefill_s"]},
+                self.timing_note + "; time to first token is the prefill's execute time")
+
+    def profile_decode_steps(self, compiled: Path, spec: dict[str, Any], folder: Path,
+                             repeats: int, fp16: bool, progress: Any
+                             ) -> Iterator[tuple[dict[str, Any], float]]:
+        """qnn-net-run at the detailed level, its profiling log turned into the QNN CSV by the
+        SDK's viewer (the phone's load is not measured: 0)."""
+        from studio.engine import qnn
+
+        phone = self.phone(progress.log)
+        sess = phone.session(Path(compiled) / "decode_ctx.onnx", profiling="detailed")
+        sess.profile_dir = Path(folder)
+        feeds = qnn.synthetic_feeds(sess, {"position_ids": int(spec["prompt_length"])})
+        for i in range(repeats):
+            progress.check()
+            progress.update(0.05 + 0.8 * i / repeats,
+                            f"profiling decode step {i + 1}/{repeats} on phone "
+                            f"{self.device.serial}")
+            sess.run(None, feeds)
+            if sess.last_profile_csv is None:
+                raise StudioError("qnn-net-run wrote no profiling log on the phone, or the SDK "
+                                  "has no qnn-profile-viewer to read it")
+            yield ({"csv": str(sess.last_profile_csv), "op_trace": None, "level": "detailed",
+                    "source": self.source}, 0.0)
+
+
+def device_times(out: dict[str, Any], pre, dec) -> dict[str, Any] | None:
+    """A generation's prefill and per-token times as the phone's own execute times (from
+    qnn-net-run's profiling logs); None when a pass has none (no profile viewer)."""
+    steps = len(out["step_s"])
+    log_pre, log_dec = list(pre.execute_log), list(dec.execute_log)
+    if not log_pre or any(v is None for v in log_pre + log_dec) or len(log_dec) < steps:
+        return None
+    extra = log_dec[:len(log_dec) - steps]  # prompt tokens past P go through decode steps
+    return {**out, "prefill_s": (sum(log_pre) + sum(extra)) / 1e6,  # type: ignore[arg-type]
+            "step_s": [v / 1e6 for v in log_dec[len(log_dec) - steps:]]}  # type: ignore[operator]

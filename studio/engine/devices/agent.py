@@ -1,0 +1,196 @@
+"""A registered agent (``studio agent serve`` on another machine): the files a job needs go
+up by content hash (once), the job runs on one of the agent's backends (its host CPU, its
+HTP simulator or NPU) and its tokens or profiles stream back; the figures carry the source
+of that backend (the agent labels them too, and a label that disagrees is refused)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+from studio.engine.devices._base import Backend as _Base
+from studio.engine.devices._base import compiled_files
+
+
+class Backend(_Base):
+    def __init__(self, device, registry: Any = None) -> None:
+        super().__init__(device, registry)
+        self._client = None
+        self._info: dict[str, Any] | None = None
+
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = self.registry.client(self.device.agent)
+        return self._client
+
+    def info(self) -> dict[str, Any]:
+        """The agent's capabilities (its backends, versions and machine)."""
+        if self._info is None:
+            self._info = self.client.info()
+        return self._info
+
+    def _backend_info(self) -> dict[str, Any]:
+        backends = {b["id"]: b for b in self.info().get("backends", [])}
+        backend = self.device.backend
+        if backend not in backends:
+            raise StudioError(f"agent {self.device.agent!r} has no backend {backend!r}; it has "
+                              f"{', '.join(backends) or 'none'}")
+        return backends[backend]
+
+    def check(self) -> None:
+        self._backend_info()
+
+    def versions(self) -> dict[str, str]:
+        b = self._backend_info()
+        return {k: str(v) for k, v in b.items() if k.endswith(("_build", "_version")) and v}
+
+    def upload(self, folder: Path, names: list[str]) -> str:
+        folder = Path(folder)
+        return self.client.upload_folder(folder, [n for n in names if (folder / n).is_file()])
+
+    def describe(self, scheme: str) -> str:
+        if not self.device.chip:
+            return "FP32 on the agent's CPU"
+        return f"{scheme} on the agent's {self.device.backend}"
+
+    def check_generation(self, speculative: bool, window: bool, kv: str | None,
+                         project_kv: str) -> None:
+        if speculative or kv or window:
+            raise StudioError("a remote agent runs plain decoding so far: leave out "
+                              "--speculative, --kv and --window for agent devices")
+
+    def _model(self, export: Path, compiled: Path | None,
+               log: Callable[[str], None] | None) -> tuple[str, str | None]:
+        """Upload what the backend runs (the export for its CPU, the target's compiled
+        context for its HTP): (the agent's model id, the SDK build it was compiled with)."""
+        if log is not None:
+            log(f"uploading to agent {self.device.agent} (files it holds already are skipped)")
+        if not self.device.chip:
+            return self.upload(export, ["prefill.onnx", "decode.onnx", "graph.json"]), None
+        if compiled is None:
+            raise StudioError(f"the {self.device.name} runs a compiled context: run the "
+                              "compile stage")
+        sdk = json.loads((Path(compiled) / "result.json").read_text()).get("sdk_version")
+        return self.upload(compiled, compiled_files(compiled)), sdk
+
+    def open_generator(self, export: Path, compiled: Path | None, spec: dict[str, Any],
+                       fp16: bool, log: Callable[[str], None] | None = None) -> Any:
+        model, sdk = self._model(export, compiled, log)
+        return RemoteGenerator(self, model, sdk, spec)
+
+    def profile_decode_steps(self, compiled: Path, spec: dict[str, Any], folder: Path,
+                             repeats: int, fp16: bool, progress: Any
+                             ) -> Iterator[tuple[dict[str, Any], float]]:
+        """The repeats run on the agent's HTP backend; each repeat's CSV and op trace come
+        back and are written under ``folder``, with the load of the agent's host."""
+        name, backend, source = self.device.agent, self.device.backend, self.source
+        progress.update(0.02, f"uploading to agent {name} (files it holds already are skipped)")
+        model = self.upload(compiled, compiled_files(compiled))
+        sdk = json.loads((Path(compiled) / "result.json").read_text()).get("sdk_version")
+
+        def on_progress(i: int, n: int) -> None:
+            progress.update(0.05 + 0.8 * i / n, f"profiled decode step {i}/{n} on agent {name}")
+
+        got = self.client.profile(model, backend, repeats, sdk, fp16, on_progress=on_progress)
+        if got.get("source") != source:
+            raise StudioError(f"agent {name} labels its {backend} figures {got.get('source')!r}, "
+                              f"not {source!r}: name the backend as the agent lists it")
+        if len(got["repeats"]) != repeats:
+            raise StudioError(f"agent {name} returned {len(got['repeats'])} profiled runs, not "
+                              f"{repeats}")
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        for i, r in enumerate(got["repeats"]):
+            csv_path = folder / f"qnn_profile_{i + 1}.csv"
+            csv_path.write_text(r["csv"])
+            trace = None
+            if r.get("op_trace"):
+                trace = folder / f"qnn_profile_{i + 1}_op_trace.json"
+                trace.write_text(r["op_trace"])
+            yield ({"csv": str(csv_path), "op_trace": str(trace) if trace else None,
+                    "level": r.get("level"), "source": r.get("source", source)},
+                   float(r.get("other_load") or 0.0))
+
+
+def _eos_list(eos_id: int | Iterable[int] | None) -> list[int]:
+    if eos_id is None:
+        return []
+    return [int(eos_id)] if isinstance(eos_id, int) else [int(t) for t in eos_id]
+
+
+class RemoteGenerator:
+    """Generation on an agent with the interface of the local generators (``greedy`` /
+    ``generate``): the agent runs the model and streams its tokens back; ``stop`` and a
+    cancelled ``progress`` end the agent's job."""
+
+    verify_len = 0  # no verify graph: plain decoding
+    ring_window = None
+    cache = None  # the KV cache lives on the agent
+    prefill_session = decode_session = None
+
+    def __init__(self, backend: Backend, model: str, sdk: str | None, spec: dict[str, Any]):
+        self.backend = backend
+        self.model = model
+        self.sdk = sdk
+        self.spec = spec
+        self.context_len = int(spec["context_length"])
+
+    def set_window(self, window: int | None) -> None:
+        if window is not None:
+            raise StudioError("a remote agent runs plain decoding so far: leave out --window")
+
+    def greedy(self, prompt_ids: list[int], max_new_tokens: int,
+               eos_id: int | Iterable[int] | None = None,
+               on_step: Callable[[int, int], None] | None = None,
+               progress: Any = None) -> dict[str, Any]:
+        return self.generate(prompt_ids, max_new_tokens, eos_id=eos_id, on_step=on_step,
+                             progress=progress)
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, sampler: Any = None,
+                 eos_id: int | Iterable[int] | None = None,
+                 stop: Callable[[list[int]], bool] | None = None,
+                 on_step: Callable[[int, int], None] | None = None,
+                 progress: Any = None) -> dict[str, Any]:
+        be = self.backend
+        name, backend, source = be.device.agent, be.device.backend, be.source
+        sampling = sampler.cfg.to_dict() if sampler is not None else {}
+        got: list[int] = []
+        stopped = [False]
+        raised: list[BaseException] = []
+
+        def on_token(i: int, token: int) -> None:
+            got.append(token)
+            try:
+                if on_step is not None:
+                    on_step(i, token)
+                if stop is not None and stop(got):
+                    stopped[0] = True
+            except BaseException as exc:  # noqa: BLE001 - raised again in should_stop
+                raised.append(exc)
+
+        def should_stop() -> bool:  # a cancelled job stops here; the agent's job ends with it
+            if raised:
+                raise raised[0]
+            if progress is not None:
+                progress.check()
+            return stopped[0]
+
+        try:
+            out = be.client.generate(self.model, backend, [int(t) for t in prompt_ids],
+                                     max_new_tokens, sampling, _eos_list(eos_id), self.sdk,
+                                     on_token=on_token, should_stop=should_stop)
+        except StudioError as exc:
+            if not (stopped[0] and "cancelled" in exc.message):
+                raise
+            out = {"tokens": got, "ttft_s": 0.0, "prefill_s": 0.0, "step_s": [],
+                   "prompt_chunks": 0, "source": source, "stopped": "stop"}
+        if out.get("source") and out["source"] != source:
+            raise StudioError(f"agent {name} labels its {backend} figures {out['source']!r}, not "
+                              f"{source!r}: name the backend as the agent lists it")
+        if stopped[0]:
+            out["stopped"] = "stop"
+        return out

@@ -1,0 +1,33 @@
+"""The host CPU: ONNX Runtime runs the FP32 export (``measured``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from studio.engine.devices._base import Backend as _Base
+
+
+class Backend(_Base):
+    def versions(self) -> dict[str, str]:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return {"onnxruntime": version("onnxruntime")}
+        except PackageNotFoundError:
+            return {}
+
+    def describe(self, scheme: str) -> str:
+        return "FP32 on the host CPU"
+
+    def open_generator(self, export: Path, compiled: Path | None, spec: dict[str, Any],
+                       fp16: bool, log: Callable[[str], None] | None = None) -> Any:
+        from studio.engine.llm_runtime import cpu_generator
+
+        return cpu_generator(export, spec)
+
+    def open_session(self, graph: Path, compiled: Path | None, strict: bool) -> Any:
+        from studio.engine.graphpipe import cpu_session
+
+        return cpu_session(graph)

@@ -1,0 +1,87 @@
+"""The QNN HTP backend of this machine: the HTP simulator for a chip on an x86 host
+(``htp-sim``, ``simulated``), the NPU itself on an Arm64 Snapdragon (``htp``, ``measured``:
+what an agent on a Snapdragon laptop runs). Compiled context binaries run through the QNN
+execution provider of ONNX Runtime."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from studio.core.catalog import get_chip
+from studio.core.errors import StudioError
+from studio.engine.devices._base import Backend as _Base
+
+
+class Backend(_Base):
+    @property
+    def chip(self):
+        return get_chip(self.device.chip)
+
+    def check(self) -> None:
+        if self.device.kind == "htp" and platform.machine().lower() not in (
+                "arm64", "aarch64"):
+            raise StudioError(f"{self.device.id} is the NPU of an Arm64 Snapdragon, and this "
+                              f"machine is {platform.machine()}: use htp-sim:{self.device.chip}")
+
+    def versions(self) -> dict[str, str]:
+        from studio.engine import qnn
+
+        return {k: v for k, v in qnn.versions().items() if v}
+
+    def open_generator(self, export: Path, compiled: Path | None, spec: dict[str, Any],
+                       fp16: bool, log: Callable[[str], None] | None = None) -> Any:
+        from studio.engine.llm_runtime import htp_generator
+
+        self.check()
+        if compiled is None:
+            raise StudioError(f"the {self.device.name} runs a compiled context: run the "
+                              "compile stage")
+        return htp_generator(compiled, self.chip, spec, fp16)
+
+    def open_session(self, graph: Path, compiled: Path | None, strict: bool) -> Any:
+        from studio.engine import qnn
+
+        self.check()
+        if compiled is None:
+            raise StudioError(f"the {self.device.name} runs a compiled context: run the "
+                              "graph-compile stage")
+        return qnn.make_session(compiled, self.chip, strict=strict)
+
+    def profile_decode_steps(self, compiled: Path, spec: dict[str, Any], folder: Path,
+                             repeats: int, fp16: bool, progress: Any
+                             ) -> Iterator[tuple[dict[str, Any], float]]:
+        from studio.engine import qnn
+        from studio.engine.hostload import HostLoadMeter
+
+        self.check()
+        chip = self.chip
+        for i in range(repeats):
+            progress.check()
+            progress.update(0.05 + 0.8 * i / repeats,
+                            f"profiling decode step {i + 1}/{repeats} on {chip.name}")
+            with HostLoadMeter() as meter:
+                info = qnn.profile_decode_step(Path(compiled) / "decode_ctx.onnx", chip, spec,
+                                               Path(folder) / f"qnn_profile_{i + 1}.csv",
+                                               fp16=fp16, runs=1)
+            yield info, meter.sample.other_load if meter.sample else 0.0
+
+    def profile_inferences(self, compiled: Path, feed: dict[str, Any], folder: Path,
+                           repeats: int, strict: bool, progress: Any
+                           ) -> Iterator[tuple[dict[str, Any], float]]:
+        from studio.engine import qnn
+        from studio.engine.hostload import HostLoadMeter
+
+        self.check()
+        chip = self.chip
+        for i in range(repeats):
+            progress.check()
+            progress.update(0.05 + 0.9 * i / repeats,
+                            f"profiling inference {i + 1}/{repeats} on {chip.name}")
+            with HostLoadMeter() as meter:
+                info = qnn.profile_run(compiled, chip, feed,
+                                       Path(folder) / f"qnn_profile_{i + 1}.csv",
+                                       strict=strict, op_trace=True)
+            yield info, meter.sample.other_load if meter.sample else 0.0

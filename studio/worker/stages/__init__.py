@@ -1,0 +1,91 @@
+"""The pipeline's stages: one module per stage, named by its declaration
+(``StageDecl.module`` in :mod:`studio.core.stagegraph`: ``export.py``, ``graph_quantize.py``,
+``compile.py`` …), each a thin adapter over the engine with one function
+``run(ctx, progress) -> result``. Modules whose names start with ``_`` hold what several
+stages share.
+
+The worker subprocess calls :func:`run_stage` with the job spec from the service layer;
+benchmarks and tests call :func:`run_in_process` or a stage's function directly
+(:func:`stage_function`). A stage writes its files into ``ctx.out`` (a fresh folder that
+becomes the content-addressed artifact) and returns a JSON-able result whose ``metrics`` each
+carry their source. A new stage is its declaration plus its module here: nothing else lists
+stage names.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from studio.core.fsutil import atomic_write_json
+from studio.core.progress import Progress
+from studio.core.stagegraph import STAGES, StageConfig, StageDecl
+from studio.worker.context import StageContext
+
+StageFunction = Callable[[StageContext, Progress], dict[str, Any]]
+
+
+def stage_function(stage: StageDecl | str) -> StageFunction:
+    """A stage's function, found from its declaration: ``run`` of
+    ``studio.worker.stages.<decl.module>``."""
+    decl = STAGES[stage] if isinstance(stage, str) else stage
+    return importlib.import_module(f"{__name__}.{decl.module}").run
+
+
+def _history(spec: dict[str, Any]) -> dict[str, Any]:
+    """The run history facts a stage may read: this run's settings and the comparison with
+    the previous run (read-only)."""
+    h = spec.get("history") or {}
+    if not h.get("db") or not Path(h["db"]).exists() or h.get("run_id") is None:
+        return {}
+    from studio.core.jobs import JobStore
+
+    store = JobStore(Path(h["db"]))
+    try:
+        run = store.run(int(h["run_id"]))
+        out: dict[str, Any] = {"settings": (run or {}).get("config", {}).get("settings"),
+                               "sweeps": h.get("sweeps")}
+        if run is not None:
+            out["run"] = {"id": run["id"], "state": run["state"], "created": run["created"],
+                          "finished": run.get("finished"), "settings_recorded": bool(
+                              (run.get("config") or {}).get("settings"))}
+        try:
+            from studio.core.compare import compare_with_previous
+
+            out["comparison"] = compare_with_previous(store, int(h["run_id"]))
+        except ImportError:
+            pass
+        return out
+    finally:
+        store.close()
+
+
+def run_in_process(project, job, inputs: dict[str, Path], out: Path,
+                   progress: Progress) -> dict[str, Any]:
+    """Run one planned job here, without a worker (benchmarks, experiments): the stage sees
+    the same frozen config the pipeline would hand it."""
+    from studio.core.stagegraph import stage_config
+
+    ctx = StageContext(stage_config(project, job), dict(inputs), Path(out))
+    result = stage_function(job.decl)(ctx, progress)
+    atomic_write_json(ctx.out / "result.json", result)
+    return result
+
+
+def run_stage(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Entry point of the worker: build the context from the job spec and run the stage.
+
+    Returns ``{"result": ..., "facts": [...]}``: the result is written into the artifact;
+    the facts (timings of this run) go to the run history only."""
+    config = StageConfig.from_dict(spec["config"])
+    decl = STAGES[config.stage]
+    ctx = StageContext(config, {k: Path(v) for k, v in spec.get("inputs", {}).items()},
+                       Path(spec["workdir"]), _history(spec) if decl.reads_history else {})
+    result = stage_function(decl)(ctx, progress)
+    atomic_write_json(ctx.out / "result.json", result)
+    return {"result": result, "facts": ctx.facts}
+
+
+__all__ = ["StageContext", "StageFunction", "run_in_process", "run_stage", "stage_function"]

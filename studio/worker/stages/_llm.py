@@ -1,0 +1,37 @@
+"""What the language-model stages share: the graph names, the recipe of the project's
+settings and the QNN options it needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from studio.worker.context import StageContext
+
+GRAPHS = ("prefill", "decode")
+# Quantized graphs at least this large get their context binary beside the ONNX model
+# (measured: a Qwen2-0.5B-shaped W8A16 graph is 771 MB and embeds; 2 GB would not).
+EMBED_LIMIT = 1 << 30
+
+
+def recipe(ctx: StageContext) -> dict[str, Any]:
+    """The quantization recipe of the project's settings (what the quantize stage applies)."""
+    return {"scheme": ctx.get("quantization.scheme"),
+            "weight_granularity": ctx.get("quantization.weight_granularity"),
+            "samples": ctx.get("quantization.calibration_samples"),
+            "overrides": ctx.get("quantization.overrides"),
+            "calibration_method": ctx.get("quantization.calibration_method"),
+            "block_size": ctx.get("quantization.block_size")}
+
+
+def htp_options(ctx: StageContext) -> dict[str, str]:
+    """Extra QNN EP options the recipe needs: block-wise (LPBQ) weights need the HTP's
+    block-quant optimization (~5x slower without)."""
+    return ({"enable_block_quant_weight_optimization": "1"}
+            if ctx.get("quantization.weight_granularity") == "per_block" else {})
+
+
+def partial(progress: Any, data: dict[str, Any]) -> None:
+    """Hand a partial result to whoever watches the job (the GUI draws it live)."""
+    send = getattr(progress, "partial", None)
+    if send is not None:
+        send(data)

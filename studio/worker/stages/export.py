@@ -1,0 +1,53 @@
+"""The export stage: the checkpoint's prefill and decode graphs (static KV cache), checked
+against transformers, with its tokenizer and model facts."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from typing import Any
+
+from studio.core.fsutil import atomic_write_json
+from studio.core.progress import Progress, SubProgress
+from studio.worker.context import StageContext, host_metric
+from studio.worker.stages._llm import GRAPHS
+
+
+def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    from studio.engine import hf_import
+    from studio.engine.llm_export import export_llm
+
+    ckpt = ctx.path("model.source")
+    info = hf_import.open_checkpoint(ckpt)
+    progress.update(0.02, f"exporting {info.architecture} ({info.num_layers} layers)")
+    P, C = ctx.get("export.prompt_length"), ctx.get("export.context_length")
+    t0 = time.perf_counter()
+    spec = export_llm(ckpt, ctx.out, P, C, progress=SubProgress(progress, 0.02, 0.95))
+    ctx.fact("export_seconds", time.perf_counter() - t0, "s")
+    tok_dir = ctx.out / "tokenizer"
+    tok_dir.mkdir()
+    for f in ckpt.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            shutil.copy2(f, tok_dir / f.name)
+    atomic_write_json(ctx.out / "modelinfo.json", info.to_dict())
+    # a graph past 2 GB keeps its weights in <graph>.onnx.data: count both
+    sizes = {g: sum(f.stat().st_size for f in ctx.out.glob(f"{g}.onnx*")) for g in GRAPHS}
+    chk = spec.get("export_check") or {}
+    metrics = []
+    if chk:
+        # the graphs against transformers over the whole exported context (deterministic)
+        detail = (f"ONNX Runtime CPU FP32 vs transformers, teacher-forced over "
+                  f"{chk['positions']} positions ({chk['prefill_positions']} prefill + "
+                  f"{chk['positions'] - chk['prefill_positions']} decode), "
+                  f"tolerance {chk['tolerance']:.3g}")
+        metrics = [
+            host_metric("export_max_abs_logit_diff", chk["max_abs_logit_diff"], "", detail),
+            host_metric("export_top1_agreement", chk["top1_agreement"], "fraction", detail),
+            host_metric("export_positions_checked", chk["positions"], "positions"),
+        ]
+    return {
+        "summary": f"prefill [1,{P}] + decode with KV cache {C} ({info.parameters:,} parameters)"
+                   + (f"; matches transformers over {chk['positions']} positions "
+                      f"(max |Δlogit| {chk['max_abs_logit_diff']:.2g})" if chk else ""),
+        "spec": spec, "sizes": sizes, "metrics": metrics,
+    }

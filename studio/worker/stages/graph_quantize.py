@@ -1,0 +1,51 @@
+"""The quantize stage of graph projects: rewrites, then the recipe."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from studio.core.progress import Progress, SubProgress
+from studio.worker.context import StageContext, host_metric, read_text
+from studio.worker.stages._graph import input_specs
+
+
+def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    import numpy as np
+
+    from studio.engine import graphpipe
+
+    imp = ctx.input("import")
+    inputs = input_specs(imp)
+    kind = ctx.get("model.kind")
+    scheme, gran = ctx.get("quantization.scheme"), ctx.get("quantization.weight_granularity")
+    placement = ctx.get("quantization.placement")
+    calibration, validation = ctx.get("graph.calibration"), ctx.get("graph.validation")
+    progress.update(0.02, "reading the calibration samples")
+    if kind == "encoder" and not calibration:
+        text = read_text(ctx.path("quantization.calibration_text"), "calibration text")
+        feeds, held, held_from = graphpipe.sample_feeds(
+            inputs, None, None, ctx.get("quantization.calibration_samples"), imp / "tokenizer",
+            text)
+    else:
+        feeds, held, held_from = graphpipe.sample_feeds(
+            inputs, ctx.path("graph.calibration") if calibration else None,
+            ctx.path("graph.validation") if validation else None,
+            ctx.get("quantization.calibration_samples"))
+    arrays: dict[str, Any] = {i.name: np.stack([f[i.name] for f in held]) for i in inputs}
+    np.savez(str(ctx.out / "validation.npz"), **arrays)
+    method = ctx.get("quantization.calibration_method")
+    q = graphpipe.rewrite_and_quantize(imp / "static.onnx", ctx.out, placement, feeds, held,
+                                       scheme, gran, SubProgress(progress, 0.05, 0.98),
+                                       method, ctx.get("quantization.overrides"))
+    check = q["rewrite_check"]
+    metrics = []
+    if check:
+        metrics += [host_metric("rewrite_cosine_min", check["worst_cosine"], "",
+                                 f"rewritten vs original graph, FP32, {check['samples']} samples"),
+                    host_metric("rewrite_max_abs_error", check["max_abs_error"])]
+    names = ", ".join(r["rewrite"] for r in q["rewrites"]) or "none"
+    return {"summary": f"{scheme} {gran}, {len(feeds)} calibration samples ({method}); "
+                       f"rewrites: {names}",
+            **q, "placement": placement, "validation_from": held_from,
+            "validation_samples": len(held), "calibration_samples": len(feeds),
+            "metrics": metrics}

@@ -1,0 +1,34 @@
+"""The run stage of graph projects: the latency per inference on one device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from studio.core.progress import Progress
+from studio.worker.context import StageContext, device_metric
+from studio.worker.stages._graph import device_session, held_samples, input_specs
+
+
+def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    from studio.engine import graphpipe
+
+    imp, qdir = ctx.input("import"), ctx.input("graph-quantize")
+    dev = ctx.device
+    feed = held_samples(qdir, input_specs(imp))[0]
+    repeats = ctx.get("graph.repeats")
+    session = device_session(ctx)
+    what = ctx.backend.describe(ctx.get("quantization.scheme"))
+    progress.update(0.1, f"timing {repeats} inferences: {what}")
+    t = graphpipe.latency(session, feed, repeats)
+    note = dev.timing_note
+    return {
+        "summary": f"{t['median_ms']:.2f} ms per inference, {t['per_s']:.1f}/s ({dev.source}, "
+                   f"{what})",
+        "device": dev.kind, "device_id": dev.id, "target": dev.chip, "source": dev.source,
+        "latency": t,
+        "metrics": [
+            device_metric(dev, "latency_ms", t["median_ms"], "ms",
+                          f"median of {repeats}; {note}"),
+            device_metric(dev, "inferences_per_s", t["per_s"], "1/s", note),
+        ],
+    }

@@ -1,0 +1,94 @@
+"""Layer diff: FP32 vs host QDQ vs the HTP, tensor by tensor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from studio.core.devices import HOST_CPU
+from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_write_json
+from studio.core.progress import Progress
+from studio.engine.llm_runtime import load_graph_spec, load_tokenizer
+from studio.worker.context import StageContext, device_metric, metric, read_text
+from studio.worker.stages._llm import htp_options
+
+
+def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    """FP32 vs host QDQ vs the HTP, tensor by tensor, on held-out windows of the prefill graph:
+    where the errors jump and where host QDQ and the HTP part."""
+    from studio.core.layerdiff import PAIR_TITLES, summarize
+    from studio.engine.layerdiff import layer_diff
+
+    export_dir, qdir = ctx.input("export"), ctx.input("quantize")
+    cdir = ctx.input("compile", ctx.config.chip)
+    spec = load_graph_spec(export_dir)
+    P = int(spec["prompt_length"])
+    chip, dev = ctx.chip, ctx.device
+    text = read_text(ctx.path("validation.heldout_text"), "held-out text")
+    ids = load_tokenizer(export_dir)(text).input_ids
+    want = ctx.get("layerdiff.windows")
+    windows = [ids[i * P:(i + 1) * P] for i in range(min(want, len(ids) // P))]
+    if not windows:
+        raise StudioError(f"the held-out text gives {len(ids)} tokens, fewer than one prefill "
+                          f"window of P={P}: use a longer text")
+    if len(windows) < want:
+        progress.log(f"warning: the held-out text gives {len(windows)} window(s) of {P} "
+                     f"tokens, not {want}")
+    data = layer_diff(export_dir, qdir, windows, mode=ctx.get("layerdiff.tensors"),
+                      htp={"chip": chip, "fp16": ctx.fp16, "extra_options": htp_options(ctx),
+                           "base": cdir / "prefill_ctx.onnx"},
+                      work_parent=ctx.out, progress=progress)
+    seconds = data.pop("seconds")  # a run fact: kept out of the artifact
+    ctx.fact("layerdiff_seconds", seconds["total"], "s",
+             f"{data['probes']} tensors x {len(windows)} windows; HTP "
+             f"{seconds.get('htp_probed', 0.0):.1f} s with extra outputs, "
+             f"{seconds.get('htp', 0.0):.1f} s without")
+    s = summarize(data)
+    data["summary"] = {k: v for k, v in s.items() if k != "line"}
+    atomic_write_json(ctx.out / "layerdiff.json", data)
+    progress.log(f"layer diff: {s['line']}")
+    changed = [k for k, v in data["extra_outputs"].items() if not v["logits_identical"]]
+    if changed:
+        progress.log("warning: the extra outputs changed the final logits of "
+                     + ", ".join(changed) + ": their figures are not the plain graph's")
+    lg = data["logits"]
+    where = (f"prefill graph, {len(windows)} held-out window(s) of {P} tokens, "
+             f"{data['probes']} tensors")
+
+    def host(name: str, value: float, unit: str, detail: str) -> dict[str, Any]:
+        return metric(name, value, unit, HOST_CPU.source, HOST_CPU.kind, chip.key, detail)
+
+    def boundary_max(pair: str) -> float:
+        return max(s["curves"][pair]["rel_error"])
+
+    metrics = [
+        host("layerdiff_kl_host_qdq", lg["qdq"]["kl_divergence"], "nats",
+                     f"host QDQ, graph optimizations off, {where}"),
+        host("layerdiff_kl_host_qdq_ort_default", lg["qdq_default"]["kl_divergence"],
+                     "nats", f"host QDQ, ONNX Runtime's default optimizations (as validate), "
+                             f"{where}"),
+        host("layerdiff_top1_host_qdq", lg["qdq"]["top1_agreement"], "fraction", where),
+        host("layerdiff_boundary_rel_error_max_host_qdq", boundary_max("qdq_vs_fp32"),
+                     "", "largest ||QDQ - FP32|| / ||FP32|| between blocks"),
+        device_metric(dev, "layerdiff_kl_htp", lg["htp"]["kl_divergence"], "nats", where),
+        device_metric(dev, "layerdiff_top1_htp", lg["htp"]["top1_agreement"], "fraction",
+                       where),
+        device_metric(dev, "layerdiff_boundary_rel_error_max_htp", boundary_max("htp_vs_fp32"),
+                       "", "largest ||HTP - FP32|| / ||FP32|| between blocks"),
+        device_metric(dev, "layerdiff_boundary_rel_error_max_htp_vs_host_qdq",
+                       boundary_max("htp_vs_qdq"), "",
+                       "largest ||HTP - QDQ|| / ||QDQ|| between blocks"),
+        device_metric(dev, "layerdiff_extra_outputs_logits_change_htp",
+                       data["extra_outputs"]["htp"]["logits_max_abs_change"], "",
+                       "max |logits with extra outputs - compiled context's logits|"),
+    ]
+    return {
+        "summary": s["line"], "target": chip.key, "device": dev.name, "device_id": dev.id,
+        "source": dev.source, "graph": "prefill", "tensors": data["tensors"],
+        "windows": len(windows), "window_tokens": P, "probes": data["probes"],
+        "pairs": data["pairs"], "pair_titles": {p: PAIR_TITLES[p] for p in data["pairs"]},
+        "curves": s["curves"], "first_jump": s["first_jump"], "parting": s.get("parting"),
+        "worst": s["worst"], "apart": s.get("apart", []), "logits": lg,
+        "extra_outputs": data["extra_outputs"], "files": ["layerdiff.json"],
+        "metrics": metrics,
+    }

@@ -1,0 +1,137 @@
+"""The profile stage: one decode step profiled on an NPU device, repeated, with the host load
+of each repeat; the compiler's traffic and a host CPU timeline beside it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from studio.core.devices import HOST_CPU
+from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_write_json
+from studio.core.profile import layer_label
+from studio.core.progress import Progress
+from studio.engine.llm_runtime import load_graph_spec
+from studio.worker.context import StageContext, metric
+from studio.worker.stages._llm import partial
+
+
+def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    """One decode step profiled ``profile.repeats`` times on the job's device (its backend runs
+    them), each run with the host load it ran under; the median per op, the spread, and the seed's op table."""
+    from studio.engine import qnn_profile
+    from studio.engine.opblocks import node_blocks
+
+    cdir, qdir = ctx.input("compile", ctx.config.chip), ctx.input("quantize")
+    chip = ctx.chip
+    dev = ctx.device
+    spec = load_graph_spec(cdir)
+    repeats = int(ctx.get("profile.repeats") or 5)
+    blocks = node_blocks(qdir / "decode.onnx")
+    costs = qnn_profile.node_costs(qdir / "decode.onnx")
+    runs, loads = [], []
+    steps = ctx.backend.profile_decode_steps(cdir, spec, ctx.out / "repeats", repeats, ctx.fp16,
+                                             progress)
+    for i, (info, load) in enumerate(steps):
+        runs.append(qnn_profile.parse_profile_run(info, onnx_path=qdir / "decode.onnx",
+                                                  chip=chip))
+        loads.append(load)
+        merged = qnn_profile.merge_repeats(runs, loads)
+        table = qnn_profile.event_table(merged, blocks)
+        partial(progress, {"by_block": table.group_sum("block", "cycles"),
+                           "unit": merged.unit, "stats": merged.stats,
+                           "repeat": i + 1, "repeats": repeats})
+    if len(runs) != repeats:
+        raise StudioError(f"{dev.name} returned {len(runs)} profiled runs, not {repeats}")
+    progress.update(0.86, "reading the compiler's DDR traffic (optrace)")
+    prof = qnn_profile.merge_repeats(runs, loads)
+    prof.device = dev.id
+    table = qnn_profile.event_table(prof, blocks, costs=costs)
+    table, bytes_source = _compiler_traffic(ctx, table, spec, progress)
+    prof.stats["bytes_source"] = bytes_source
+    table.save(ctx.out / "events.npz")
+    progress.update(0.93, "timing the step on the host CPU (ONNX Runtime profiler)")
+    host = _host_timeline(ctx, qdir / "decode.onnx", spec)
+    atomic_write_json(ctx.out / "profile.json", prof.to_dict())
+    by_type = prof.totals_by_op_type()
+    by_layer = {layer_label(k): v for k, v in prof.totals_by_layer().items()}
+    measure = "cycles" if prof.unit == "cycles" else "dur"
+    by_block = table.group_sum("block", measure)
+    top = sorted(by_type.items(), key=lambda kv: -kv[1])[:10]
+    stats = prof.stats
+    note = ("simulator cycles follow the host CPU: relative cost of ops, not device latency; "
+            f"median of {stats['runs']} runs, ±{stats.get('spread', 0):.0%} (median deviation)"
+            if prof.source == "simulated" else "")
+    warn = "" if stats.get("reliable") else " · UNRELIABLE: " + "; ".join(stats["warnings"])
+    return {
+        "summary": (f"{len(prof.ops)} HTP ops in one decode step, median of {stats['runs']} "
+                    f"runs ({prof.source}, {chip.name}){warn}"),
+        "by_op_type": dict(top), "by_layer": by_layer, "by_block": by_block,
+        "counts_by_block": table.group_count("block"), "unit": prof.unit,
+        "bytes_source": bytes_source, "host_timeline": host,
+        "source": prof.source, "ops": len(prof.ops), "stats": stats,
+        "metrics": [metric("decode_step_total", stats["median"], prof.unit, prof.source,
+                            dev.kind, chip.key, note)],
+    }
+
+
+# Quantized graphs at least this large are not recompiled for an optrace profile (minutes
+# and GBs for a 0.5B model): their bytes moved stay analytic.
+OPTRACE_LIMIT = 256 << 20
+
+
+def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
+    """Replace the analytic bytes moved by the compiler's own per-op DRAM / VTCM traffic
+    and DMA flags: one optrace profile of the quantized graph (the context binary keeps no
+    schematic). Returns (table, "compiler (optrace)" | "analytic")."""
+    from studio.engine import qnn, qnn_profile
+    from studio.engine.profile_import import copy_traffic, merge_bandwidth
+
+    qdir = ctx.input("quantize")
+    graph = qdir / "decode.onnx"
+    size = sum(f.stat().st_size for f in qdir.glob("decode.onnx*"))
+    if size >= OPTRACE_LIMIT:
+        progress.log(f"bytes moved stay analytic: {graph.name} is {size >> 20} MiB, too large "
+                     "to recompile for an optrace profile here")
+        return table, "analytic"
+    try:
+        info = qnn.profile_decode_step(graph, ctx.chip, spec, ctx.out / "optrace" / "ops.csv",
+                                       fp16=ctx.fp16, level="optrace")
+        if not info["schematic"]:
+            raise StudioError("the optrace profile wrote no schematic")
+        oprof = qnn_profile.parse_profile_run(info, onnx_path=graph, chip=ctx.chip)
+        traffic = merge_bandwidth(qnn_profile.event_table(oprof), oprof.ops,
+                                  info["schematic"][0])
+    except StudioError as exc:
+        progress.log(f"bytes moved stay analytic: {exc.message}")
+        return table, "analytic"
+    merged, matched = copy_traffic(table, traffic)
+    if matched < len(table) // 2:
+        progress.log(f"bytes moved stay analytic: only {matched} of {len(table)} ops matched "
+                     "the optrace profile")
+        return table, "analytic"
+    return merged, "compiler (optrace)"
+
+
+def _host_timeline(ctx: StageContext, graph: Path, spec) -> dict[str, Any]:
+    """The quantized decode step on the host CPU under ONNX Runtime's profiler: a measured
+    timeline (per node, per thread) saved as host_events.npz."""
+    from statistics import median
+
+    from studio.engine import qnn
+    from studio.engine.opblocks import node_blocks
+    from studio.engine.profile_import import import_profile
+
+    info = qnn.profile_host_cpu(graph, ctx.out / "host" / "ort_profile.json",
+                                position=int((spec or {}).get("prompt_length", 0)), runs=3)
+    prof = import_profile(info["json"], source=HOST_CPU.source, fmt="ort-json")
+    blocks = node_blocks(graph)
+    from studio.core.events import EventTable
+
+    assert prof.table is not None  # an ONNX Runtime profile always has its events
+    rows = prof.table.rows()
+    for r in rows:
+        r["block"] = blocks.get(r["onnx_node"], r["block"])
+    EventTable.from_rows(rows, time_unit="us").save(ctx.out / "host_events.npz")
+    return {"source": HOST_CPU.source, "device": HOST_CPU.kind, "runs": info["runs"],
+            "events": len(rows), "step_ms_median": 1e3 * median(info["wall_s"])}

@@ -1,0 +1,50 @@
+"""The quantize stage: the recipe applied to the exported graphs (and, with an INT8 KV cache,
+the cache's scales)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from studio.core.progress import Progress
+from studio.engine.llm_runtime import cpu_generator, load_graph_spec, load_tokenizer
+from studio.worker.context import StageContext, read_text
+from studio.worker.stages._llm import recipe
+
+
+def _int8_kv(export_dir: Path, out_dir: Path, calibration_text: str) -> dict[str, Any]:
+    """Make the graphs in ``out_dir`` INT8-KV, with scales calibrated on the FP32 export."""
+    from studio.engine.kvquant import calibrate_kv_scales, kv_bytes, write_int8_kv_graphs
+
+    spec = load_graph_spec(export_dir)
+    ids = load_tokenizer(export_dir)(calibration_text).input_ids
+    scales = calibrate_kv_scales(cpu_generator(export_dir, spec), ids)
+    # per layer and tensor: the QNN EP refuses per-axis Q/DQ that stand alone at the edge
+    graphs = write_int8_kv_graphs(out_dir, out_dir, scales, per_head=False)
+    return {"graphs": graphs, "bits": 8, "bytes": kv_bytes(spec, 8), "granularity": "per_tensor",
+            "calibration_tokens": min(len(ids), int(spec["context_length"]))}
+
+
+def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    from studio.engine.quantize import quantize_llm
+
+    rec = recipe(ctx)
+    scheme, gran, samples = rec["scheme"], rec["weight_granularity"], rec["samples"]
+    overrides, method = rec["overrides"], rec["calibration_method"]
+    text = read_text(ctx.path("quantization.calibration_text"), "calibration text")
+    export_dir = ctx.input("export")
+    t0 = time.perf_counter()
+    info = quantize_llm(export_dir, ctx.out, rec, text, export_dir / "tokenizer", progress)
+    kv = ctx.get("quantization.kv_cache") or "float"
+    if kv == "int8":
+        progress.update(0.97, "INT8 KV cache: per-head scales from the FP32 cache, uint8 I/O")
+        info["kv_cache"] = _int8_kv(export_dir, ctx.out, text)
+    ctx.fact("quantize_seconds", time.perf_counter() - t0, "s")
+    return {
+        "summary": f"{scheme} {gran}, {samples} calibration windows ({method})"
+                   + (", INT8 KV cache" if kv == "int8" else "")
+                   + (f", overrides {', '.join(f'{k}={v}' for k, v in overrides.items())}"
+                      if overrides else ""),
+        "quant": info, "layers": info.get("layers", []), "metrics": [],
+    }

@@ -1,0 +1,53 @@
+"""The run stage: greedy generation from the project's prompt on one device (the host CPU,
+the HTP simulator, an agent, a phone), its timings labelled from the device."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from studio.core.devices import Device
+from studio.core.progress import Progress
+from studio.engine.llm_runtime import load_graph_spec, load_tokenizer
+from studio.worker.context import StageContext, device_metric
+
+
+def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    export_dir = ctx.input("export")
+    spec = load_graph_spec(export_dir)
+    tok = load_tokenizer(export_dir)
+    dev, be = ctx.device, ctx.backend
+    prompt, n = ctx.get("run.prompt"), ctx.get("run.max_new_tokens")
+    compiled = ctx.input("compile", dev.chip) if dev.chip else None
+    gen = be.open_generator(export_dir, compiled, spec, ctx.fp16, log=progress.log)
+
+    def on_step(i: int, token: int) -> None:
+        progress.check()
+        progress.update((i + 1) / n, f"token {i + 1}/{n} on {dev.name}")
+
+    out = gen.greedy(tok(prompt).input_ids, n, eos_id=spec.get("eos_token_id"), on_step=on_step)
+    timed, prefix, note = be.run_figures(out, gen)
+    return run_result(dev, timed, tok, prompt, be.describe(ctx.get("quantization.scheme")),
+                      prefix, note)
+
+
+def run_result(dev: Device, out: dict[str, Any], tok, prompt: str, what: str,
+               prefix: str = "", note: str | None = None) -> dict[str, Any]:
+    """The run stage's result from a generation on ``dev``: the figures labelled from the
+    device. ``prefix`` names timings that are not the graph's latency (``round_trip_`` for adb
+    round trips)."""
+    steps = out["step_s"]
+    median = statistics.median(steps) if steps else float("nan")
+    note = dev.timing_note if note is None else note
+    metrics = [
+        device_metric(dev, f"{prefix}prefill_ms", out["prefill_s"] * 1e3, "ms", note),
+        device_metric(dev, f"{prefix}decode_ms_per_token", median * 1e3, "ms", note),
+        device_metric(dev, f"{prefix}decode_tokens_per_s", 1.0 / median if steps else 0.0,
+                      "tok/s", note),
+    ]
+    return {
+        "summary": f"{len(out['tokens'])} tokens, {1.0 / median:.1f} tok/s ({dev.source}, {what})",
+        "device": dev.kind, "device_id": dev.id, "target": dev.chip, "source": dev.source,
+        "prompt": prompt, "tokens": out["tokens"], "text": tok.decode(out["tokens"]),
+        "prefill_s": out["prefill_s"], "step_s": steps, "metrics": metrics,
+    }
