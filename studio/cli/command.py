@@ -7,14 +7,15 @@ Each command is one module of :mod:`studio.cli.commands` that ends with its decl
 and is listed once in :data:`studio.cli.commands.COMMANDS`, the registry the parser is built
 from. A command module imports only what its arguments need at the top; what its work needs
 (the services, numpy, torch behind them) it imports inside ``run``, so that ``studio --help``
-and every other command stay quick to start.
+and every other command stay quick to start (the declarations are named tuples, not
+dataclasses, for the same reason: ``dataclasses`` imports ``inspect``).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from studio.core.errors import StudioError
 
@@ -30,8 +31,7 @@ class Parser(argparse.ArgumentParser):
         raise StudioError(f"{message} (see studio --help)")
 
 
-@dataclass(frozen=True)
-class Context:
+class Context(NamedTuple):
     """What a command gets beside its arguments, from whoever started the command line.
 
     ``pdf_printer`` prints a report's PDF; it needs Qt, which ``studio.cli`` may not import,
@@ -40,8 +40,7 @@ class Context:
     pdf_printer: PdfPrinter | None = None
 
 
-@dataclass(frozen=True)
-class Command:
+class Command(NamedTuple):
     """One sub-command: its name, its one line in ``studio --help``, the function that adds
     its arguments to its own parser and the one that runs it (returning the exit code)."""
 

@@ -25,6 +25,7 @@ def native_output_to_stderr() -> None:
 
 
 def parse_shapes(specs: list[str]) -> dict[str, list[int]]:
+    """``--shape NAME=D,D,...`` options (``studio new``, ``studio graph``) as {input: dims}."""
     shapes = {}
     for spec in specs:
         name, _, dims = spec.partition("=")
@@ -37,6 +38,7 @@ def parse_shapes(specs: list[str]) -> dict[str, list[int]]:
 
 
 def when(t: float | None) -> str:
+    """A run's time as local date and time, or a dash."""
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "—"
 
 
