@@ -29,10 +29,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo_main(argv[1:])
     from studio.cli.main import main as cli_main
-    from studio.cli.report import set_pdf_printer
 
-    set_pdf_printer(_print_pdf)  # the command line prints PDFs with Qt, which it may not import
-    return cli_main(argv)
+    # the command line prints PDFs with Qt, which it may not import: it is handed a printer
+    return cli_main(argv, pdf_printer=_print_pdf)
 
 
 def _print_pdf(html: str, charts: dict[str, str]) -> bytes:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
-CLI = Path(__file__).resolve().parents[2] / "studio" / "cli"
+ROOT = Path(__file__).resolve().parents[2]
+CLI = ROOT / "studio" / "cli"
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -33,3 +36,26 @@ def test_the_check_sees_function_level_imports(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("def g():\n    from studio.engine import hf_import\n    import studio.engine.report\n")
     assert {m for _, m in _imports(f)} >= {"studio.engine", "studio.engine.report"}
+
+
+def test_building_the_parser_imports_no_command_work():
+    """Every command module is imported to build the parser (studio --help), so each one
+    imports its work (the services, numpy, torch behind them) inside its run function."""
+    code = (
+        "import sys\n"
+        "from studio.cli.main import main\n"
+        "try:\n"
+        "    main(['--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "mods = sorted(sys.modules)\n"
+        "print(' '.join(m for m in mods if m.startswith('studio.') and not m.startswith("
+        "'studio.cli')))\n"
+        "print(' '.join(m for m in ('asyncio', 'numpy', 'torch', 'onnx', 'platformdirs') "
+        "if m in sys.modules))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    studio_mods, heavy = r.stdout.splitlines()[-2:]
+    assert studio_mods.split() == ["studio.core", "studio.core.errors"]
+    assert heavy == ""

@@ -3,46 +3,38 @@ any run in the project's history (default: the newest run with results), written
 run history's recorded job results.
 
 The PDF is printed with Qt, which the command line may not import: ``studio/__main__.py``
-hands a printer in with :func:`set_pdf_printer` (``python -m studio.cli`` has none and
-says so).
+hands a printer in (:attr:`studio.cli.command.Context.pdf_printer`); ``python -m studio.cli``
+has none and says so.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
+from studio.cli.command import Command, Context
 from studio.core.errors import StudioError
 
-_pdf_printer: Any = None  # (html, charts) -> PDF bytes, see studio.services.reports
 
-
-def set_pdf_printer(printer: Any) -> None:
-    global _pdf_printer
-    _pdf_printer = printer
-
-
-def add_parser(sub) -> None:
-    r = sub.add_parser("report", help="write the report of a run (any run of the history) as "
-                                      "HTML, Markdown, PDF or JSON")
-    r.add_argument("file")
-    r.add_argument("--run", dest="report_run", type=int, metavar="N",
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file")
+    p.add_argument("--run", dest="report_run", type=int, metavar="N",
                    help="which run (default: the newest run with results; see studio info)")
-    r.add_argument("--format", dest="report_format", default="html",
+    p.add_argument("--format", dest="report_format", default="html",
                    help="html (default), md, pdf or json")
-    r.add_argument("--out", dest="report_out", metavar="PATH",
+    p.add_argument("--out", dest="report_out", metavar="PATH",
                    help="where to write it (default: <project>.studio/reports/run-N.<ext>)")
 
 
-def report_command(args) -> int:
+def run(args: argparse.Namespace, ctx: Context) -> int:
     from studio.core import project as projectfile
     from studio.core.artifacts import ArtifactStore
     from studio.core.jobs import JobStore
     from studio.services import reports
 
     fmt = reports.check_format(args.report_format)
-    if fmt == "pdf" and _pdf_printer is None:
+    if fmt == "pdf" and ctx.pdf_printer is None:
         raise StudioError("--format pdf needs the studio command (python -m studio), which "
                           "prints with Qt: or choose html, md or json")
     p = projectfile.load(Path(args.file))
@@ -59,7 +51,7 @@ def report_command(args) -> int:
     finally:
         jobs.close()
     out = Path(args.report_out) if args.report_out else reports.default_out(p, run_id, fmt)
-    reports.write(data, fmt, out, _pdf_printer)
+    reports.write(data, fmt, out, ctx.pdf_printer)
     print(out)
     if not getattr(args, "quiet", False):
         gates = data["gates"]
@@ -68,3 +60,7 @@ def report_command(args) -> int:
                 f"{len(gates)} gates passed" if gates else "no gates checked")
         print(f"report of run {run_id} ({fmt}): {what}", file=sys.stderr)
     return 0
+
+
+COMMAND = Command("report", "write the report of a run (any run of the history) as HTML, "
+                            "Markdown, PDF or JSON", add_arguments, run)

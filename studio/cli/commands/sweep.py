@@ -1,14 +1,46 @@
-"""``studio sweep``: run (or show) a recipe sweep and print its points, front and best."""
+"""``studio sweep FILE [--name N | --axis KEY=V1,V2 ...] [--executor local|ray] [--workers K]
+[--ray-address ADDR] [--transfer auto|copy] [--stages S,..] [--best RULE] [--search TRIALS
+[--minutes M]] [--show] [--apply best|pN] [--json]``: run (or show) a recipe sweep and print
+its points, front and best."""
 
 from __future__ import annotations
 
-import asyncio
+import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from studio.cli.command import Command, Context
 from studio.core.errors import StudioError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file")
+    p.add_argument("--name", help="which [[sweeps]] of the project (or a name for --axis)")
+    p.add_argument("--axis", action="append", metavar="KEY=V1,V2",
+                   help="a grid axis instead of a declared sweep (repeatable), e.g. "
+                        "quantization.scheme=W8A16,W8A8; tables as a JSON list")
+    p.add_argument("--executor", default="local", help="local (process pool, default) or ray")
+    p.add_argument("--workers", type=int, help="jobs at once (default: what the cores and "
+                                              "memory allow; on Ray, the cluster's CPUs)")
+    p.add_argument("--ray-address", help="a running Ray cluster (HOST:PORT); default: start "
+                                         "a local one")
+    p.add_argument("--transfer", default="auto", help="Ray: auto (shared store where the "
+                                                      "node sees it) or copy (through Ray)")
+    p.add_argument("--stages", dest="sweep_stages",
+                   help="comma-separated stages each point runs (default: up to validate)")
+    p.add_argument("--best", help="smallest | most-accurate | fastest (among points that "
+                                  "pass every gate)")
+    p.add_argument("--search", type=int, metavar="TRIALS",
+                   help="instead of the whole grid, a multi-objective search (optuna NSGA-II: "
+                        "accuracy up, size down) over its axes, at most TRIALS points")
+    p.add_argument("--minutes", type=float, help="with --search: stop asking for trials "
+                                                 "after this many minutes")
+    p.add_argument("--show", action="store_true", help="print the recorded sweep, run nothing")
+    p.add_argument("--apply", metavar="POINT", help="write a point's settings into the project "
+                                                   "file: best, or a label like p3")
+    p.add_argument("--json", dest="sweep_json", action="store_true", help="print JSON")
 
 
 def _progress(quiet: bool):
@@ -86,7 +118,9 @@ def _apply(path: Path, rec: dict[str, Any], which: str) -> str:
     return chosen["label"]
 
 
-def sweep_command(args) -> int:
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    import asyncio
+
     from studio.core import project as projectfile
     from studio.services.session import Studio
     from studio.services.sweep_report import write_sweep_report
@@ -150,3 +184,7 @@ def sweep_command(args) -> int:
     if rec["state"] == "cancelled":
         return 2
     return 1 if bad and len(bad) == len(rec["points"]) else 0
+
+
+COMMAND = Command("sweep", "run a recipe sweep: every point through the stage graph, the Pareto "
+                           "front and the best point", add_arguments, run)

@@ -1,0 +1,25 @@
+"""``studio demo FILE [--scene N|NAME] [--windowed]``: the full-screen demo of a project.
+
+Listed here for ``studio --help``; the demo opens a window, so ``studio/__main__.py`` takes
+``studio demo`` before the command line sees it, and the command line alone only says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from studio.cli.command import Command, Context
+from studio.core.errors import StudioError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file")
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    raise StudioError("the demo opens a window, which the command line alone cannot: "
+                      f"run `studio demo {args.file}`")
+
+
+COMMAND = Command("demo", "the full-screen stakeholder demo of a project (a window: studio "
+                           "demo FILE [--scene N|NAME] [--windowed])", add_arguments, run)

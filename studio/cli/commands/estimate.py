@@ -1,0 +1,86 @@
+"""``studio estimate --config CONFIG --chip CHIP [--scheme S] [--context N] [--json]``,
+``studio estimate --calibration [--json] [--write-fit]``: estimated prefill / decode tok/s of an
+architecture on a chip (performance model, no weights needed), and the model against its
+published anchors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from studio.cli.command import Command, Context
+from studio.core.errors import StudioError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="a HF config.json, a checkpoint folder, or a bundled name "
+                                    "(e.g. llama-3.2-1b)")
+    p.add_argument("--chip", help="a catalog key or part number (see studio targets)")
+    p.add_argument("--scheme", dest="est_scheme", default="W4A16",
+                   help="W4A16 (default), W4, W8A16, W8A8 or FP16")
+    p.add_argument("--context", type=int, default=4096, help="KV-cache context (default 4096)")
+    p.add_argument("--prompt-tokens", type=int, default=None,
+                   help="prompt length for prefill (default: min(context, 1024))")
+    p.add_argument("--calibration", action="store_true",
+                   help="published vs estimated tok/s on the anchors, MdAPE and leave-one-out")
+    p.add_argument("--write-fit", action="store_true",
+                   help="with --calibration: refit and write resources/perf/model.toml")
+    p.add_argument("--json", dest="est_json", action="store_true", help="print JSON")
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    from studio.services import estimate
+
+    if args.calibration:
+        if args.config or args.chip:
+            raise StudioError("--calibration takes no --config or --chip")
+        cal = estimate.write_fit() if args.write_fit else estimate.calibration()
+        if args.est_json:
+            print(json.dumps(cal, indent=2))
+            return 0
+        print(f"performance model {cal['model_version']} (estimated) against published "
+              "decode tok/s")
+        print(f"{'model':<14} {'scheme':<6} {'chip':<26} {'ctx':>5} {'published':>9} "
+              f"{'estimated':>9} {'err %':>7} {'loo %':>7}")
+        for r in cal["rows"]:
+            print(f"{r['model']:<14} {r['scheme']:<6} {r['chip']:<26} {r['context']:>5} "
+                  f"{r['decode_tokens_per_s']:>9.2f} {r['estimated_decode_tokens_per_s']:>9.2f} "
+                  f"{r['ape']:>7.1f} {r['loo_ape']:>7.1f}")
+        for r in cal["skipped"]:
+            print(f"{r['model']:<14} {r['scheme']:<6} {r['chip']:<26} skipped: {r['reason']}")
+        print(f"decode MdAPE {cal['decode_mdape']:.2f} %, leave-one-out MdAPE "
+              f"{cal['decode_loo_mdape']:.2f} % ({cal['anchors_used']} anchors)")
+        if cal["prefill_mdape"] is not None:
+            print(f"prefill MdAPE {cal['prefill_mdape']:.2f} % ({cal['prefill_anchors']} anchor(s);"
+                  " no leave-one-out with one)")
+        p = cal["params"]
+        print("parameters: " + ", ".join(f"{k} {v}" for k, v in p.items())
+              + (" (written)" if args.write_fit else ""))
+        return 0
+    if args.write_fit:
+        raise StudioError("--write-fit goes with --calibration")
+    if not args.config or not args.chip:
+        raise StudioError("estimate needs --config CONFIG and --chip CHIP (or --calibration)")
+    est = estimate.estimate_config(args.config, args.chip, args.est_scheme, args.context,
+                                   args.prompt_tokens)
+    if args.est_json:
+        print(json.dumps(est, indent=2))
+        return 0
+    gb = 1e9
+    print(f"{est['model']} {est['scheme']} on {est['chip_name']}, context {est['context']}: "
+          f"estimated ({est['model_version']}), not measured")
+    print(f"  decode    {est['decode_tokens_per_s']:8.2f} tok/s  "
+          f"({est['decode_ms_per_token']:.2f} ms/token, {est['bound']}-bound)")
+    print(f"  prefill   {est['prefill_tokens_per_s']:8.2f} tok/s  "
+          f"({est['prompt_tokens']} prompt tokens, TTFT {est['time_to_first_token_ms']:.1f} ms, "
+          f"{est['prefill_bound']}-bound)")
+    print(f"  weights   {est['weight_bytes'] / gb:8.3f} GB   KV cache "
+          f"{est['kv_cache_bytes'] / gb:.3f} GB ({est['kv_bytes_per_token']} B/token)")
+    print(f"  DRAM read {est['decode_dram_bytes_per_token'] / gb:8.3f} GB per decoded token "
+          f"(chip {est['chip_figures']['ddr_gbps']} GB/s)")
+    return 0
+
+
+COMMAND = Command("estimate", "estimated prefill / decode tok/s of an architecture on a chip "
+                               "(performance model, no weights needed)", add_arguments, run)

@@ -1,0 +1,139 @@
+"""``studio generate FILE --prompt TEXT [--device D] [--max-new-tokens N] [--temperature T
+--top-k K --top-p P --seed S] [--stop S ...] [--speculative [--draft REF | --prompt-lookup] [--k K]
+[--fixed-k]] [--kv float|int8] [--window W] [--runtime studio|genie] [--json]``: generate text
+with the deployed model on a device, streaming it on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from studio.cli.command import Command, Context
+from studio.cli.common import native_output_to_stderr
+from studio.core.errors import StudioError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--device", help="cpu (FP32 export, default), htp-sim or htp-sim:<chip> "
+                                    "(the compiled model on the HTP simulator)")
+    p.add_argument("--max-new-tokens", type=int, dest="max_new_tokens")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    p.add_argument("--top-k", type=int, default=0, dest="top_k")
+    p.add_argument("--top-p", type=float, default=1.0, dest="top_p")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", help="a stop string (repeatable)")
+    p.add_argument("--speculative", action="store_true",
+                   help="speculative decoding: drafted tokens checked in one target pass")
+    p.add_argument("--draft", help="the draft model (a checkpoint folder or sample:NAME; "
+                                   "default: the project's model.draft)")
+    p.add_argument("--prompt-lookup", action="store_true", dest="prompt_lookup",
+                   help="draft by n-gram lookup in the text so far (no draft model)")
+    p.add_argument("--k", type=int, default=4, help="drafted tokens per target pass (max)")
+    p.add_argument("--fixed-k", action="store_true", dest="fixed_k",
+                   help="keep k fixed instead of adapting it to the acceptance")
+    p.add_argument("--kv", choices=("float", "int8"),
+                   help="the KV cache: float or int8 (uint8 cache I/O); default: the "
+                        "project's quantization.kv_cache")
+    p.add_argument("--window", type=int,
+                   help="attend to the last W tokens (W <= the context): a ring buffer that "
+                        "lets generation run past the context")
+    p.add_argument("--runtime", choices=("studio", "genie"), default="studio",
+                   help="the studio's own runtime (default) or Qualcomm's Genie from the "
+                        "project's Genie bundle (greedy, on the HTP simulator)")
+    p.add_argument("--json", dest="generate_json", action="store_true")
+
+
+def _generate_genie(args, p, stream) -> int:
+    from studio.services.bundle import genie_generate
+
+    rest = [f for f, v in (("--speculative", args.speculative or args.prompt_lookup or args.draft),
+                           ("--kv", args.kv), ("--window", args.window),
+                           ("--temperature", args.temperature), ("--stop", args.stop)) if v]
+    if rest:
+        raise StudioError(f"Genie runs the bundle's greedy dialog: leave out {', '.join(rest)}")
+    target = None
+    if args.device and args.device not in ("htp-sim", "cpu"):
+        if not args.device.startswith("htp-sim:"):
+            raise StudioError("Genie runs here on the HTP simulator: use --device htp-sim[:CHIP]")
+        target = args.device.partition(":")[2]
+    out = genie_generate(p, args.prompt, target, args.max_new_tokens, on_text=stream)
+    if args.generate_json:
+        print(json.dumps(out, indent=1))
+        return 0
+    _print_speed(f"{out['tokens_out']} tokens", out)
+    return 0
+
+
+def _print_speed(what: str, out: dict) -> None:
+    """A generation's closing line: tokens, time to first token, decode rate, their source."""
+    tps, ttft = out["decode_tokens_per_s"], out["time_to_first_token_ms"]
+    print(f"\n--\n{what} · time to first token "
+          + (f"{ttft:.1f} ms · " if ttft is not None else "not timed · ")
+          + (f"decode {tps:.1f} tok/s" if tps else "no decode steps")
+          + f" · {out['source']} on {out['device_name']}"
+          + (f" ({out['timing_note']})" if out["timing_note"] else ""), file=sys.stderr)
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    from studio.core import project as projectfile
+    from studio.core.sampling import SamplingConfig
+    from studio.services.generate import generate
+
+    p = projectfile.load(Path(args.file))
+    cfg = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
+    native_output_to_stderr()
+    started = [False]
+
+    def show(text: str) -> None:  # the prompt, then the new text as it streams
+        if not started[0]:
+            started[0] = True
+            print(args.prompt, end="", flush=True)
+        print(text, end="", flush=True)
+
+    stream = None if args.generate_json else show
+    if args.runtime == "genie":
+        return _generate_genie(args, p, stream)
+    spec_mode = None
+    if args.speculative or args.prompt_lookup or args.draft:
+        spec_mode = "lookup" if args.prompt_lookup else "draft"
+        if args.prompt_lookup and args.draft:
+            raise StudioError("give either --draft REF or --prompt-lookup, not both")
+    draft = args.draft
+    if draft and not draft.startswith("sample:"):
+        draft = str(Path(draft).expanduser().resolve())
+    out = generate(p, args.prompt, args.device, args.max_new_tokens, cfg, args.stop,
+                   on_text=stream, speculative=spec_mode, draft_ref=draft, k=args.k,
+                   adaptive=not args.fixed_k, kv=args.kv, window=args.window)
+    if args.generate_json:
+        print(json.dumps(out, indent=1))
+        return 0
+    _print_speed(f"{len(out['tokens'])} tokens ({out['stopped']})", out)
+    kvc = out.get("kv_cache")
+    if kvc:
+        print(f"KV cache: {kvc['dtype']}, {kvc['bytes_measured'] / 1024:.0f} KiB held "
+              f"({kvc['bytes_by_formula'] / 1024:.0f} KiB by formula)"
+              + (f", window {kvc['window']} tokens (ring buffer)" if kvc["window"] else ""),
+              file=sys.stderr)
+    if "speculative" in out:
+        sp = out["speculative"]
+        split = sp["time_split_s"]
+        print(f"speculative ({sp['proposer']}, k ≤ {sp['k']}): acceptance "
+              f"{sp['acceptance_rate']:.0%}, {sp['tokens_per_target_pass']:.2f} tokens per "
+              f"target pass ({sp['target_passes']} passes); time: draft "
+              f"{split['draft'] * 1e3:.0f} ms, verify {split['verify'] * 1e3:.0f} ms, host "
+              f"{split['host'] * 1e3:.0f} ms", file=sys.stderr)
+        est = sp.get("estimated")
+        if est:
+            print(f"estimated on {est['chip']} ({est['scheme']}): {est['speedup']:.2f}x "
+                  f"({est['plain_tokens_per_s']:.0f} -> {est['speculative_tokens_per_s']:.0f} "
+                  "tok/s, performance model)", file=sys.stderr)
+    return 0
+
+
+COMMAND = Command("generate", "generate text with the deployed model on a device",
+                  add_arguments, run)

@@ -1,0 +1,106 @@
+"""``studio info FILE [--json]``: describe a project file: its settings, its recent runs, the
+newest run's figures and (with ``--json``, or when the recipe has overrides) the precision of
+each layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from studio.cli.command import Command, Context
+from studio.cli.common import open_history, when
+from studio.core.errors import StudioError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file")
+    p.add_argument("--json", dest="info_json", action="store_true")
+
+
+def _layers(p) -> tuple[list[dict[str, Any]] | None, list[str] | None, str | None]:
+    """(layer table, unmatched override patterns, why there is no table)."""
+    from studio.core.modelinfo import ModelInfo
+    from studio.services import precision
+    from studio.services.projects import describe_model
+
+    try:
+        info = describe_model(p)
+    except StudioError as exc:
+        return None, None, exc.message
+    if not isinstance(info, ModelInfo):
+        return None, None, ("the model is an ONNX file: per-layer precision needs a checkpoint "
+                            "or a sample model")
+    return precision.layer_precisions(p, info), precision.unmatched(p, info), None
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    from studio.core import project as projectfile
+    from studio.services import history
+
+    p = projectfile.load(Path(args.file))
+    data = p.to_dict()
+    data["file"] = str(p.path)
+    runs: list[history.RunInfo] = []
+    latest: int | None = None
+    metrics: list[dict[str, Any]] = []
+    store = open_history(p)
+    if store is not None:
+        try:
+            runs = history.runs(p, store, 5)
+            with_results = history.runs_with_results(store)
+            if with_results:
+                latest = with_results[0]
+                metrics = [dict(m.to_dict(), run=latest, stage=job.stage)
+                           for job, m in history.run_metrics(store, latest)]
+        finally:
+            store.close()
+    data["recent_runs"] = [r.to_dict() for r in runs]
+    data["latest_run"] = latest
+    data["latest_metrics"] = metrics
+    layers = unmatched = why = None
+    if args.info_json or p.quantization["overrides"]:
+        layers, unmatched, why = _layers(p)
+    if args.info_json:
+        data["layers"] = layers
+        data["unmatched_overrides"] = unmatched
+        if why:
+            data["layers_error"] = why
+        print(json.dumps(data, indent=1))
+        return 0
+    print(f"{p.name}  ({p.path})")
+    print(f"  model     {p.model['source']}  ({p.model['kind']})"
+          + (f"  draft {p.model['draft']}" if p.model["draft"] else ""))
+    q = p.quantization
+    if p.model["kind"] == "causal-lm":
+        print(f"  export    prompt {p.export['prompt_length']}, context "
+              f"{p.export['context_length']}")
+        print(f"  recipe    {q['scheme']} {q['weight_granularity']}, {q['calibration_samples']} "
+              f"calibration windows, {len(q['overrides'])} override(s)")
+    else:
+        g = p.graph
+        shapes = ", ".join(f"{k}={v}" for k, v in g["shapes"].items())
+        print("  graph     " + (f"sequence length {g['seq_len']}" if p.model["kind"] == "encoder"
+                                else f"shapes {shapes or 'as the file declares them'}"))
+        calib = g["calibration"] or q["calibration_text"]
+        print(f"  recipe    {q['scheme']} {q['weight_granularity']}, up to "
+              f"{q['calibration_samples']} calibration samples from {calib}; placement "
+              f"{q['placement']}")
+    for pattern in unmatched or []:
+        print(f"            override {pattern!r} covers no layer of the model")
+    print(f"  targets   {', '.join(p.targets)}")
+    print(f"  stages    {', '.join(p.pipeline['stages'])}")
+    for r in runs:
+        print(f"  run {r.id}: {r.state}  (started {when(r.created)})")
+    if metrics:
+        print(f"  latest figures (run {latest}):")
+        for m in metrics:
+            where = m["device"] + (f" / {m['target']}" if m["target"] else "")
+            print(f"    {m['name']:<26} {m['value']:>12.4g} {m['unit']:<9} {m['source']:<10} "
+                  f"{where}")
+    return 0
+
+
+COMMAND = Command("info", "describe a project file", add_arguments, run)

@@ -1,0 +1,22 @@
+"""``studio targets``: list the chip catalog."""
+
+from __future__ import annotations
+
+import argparse
+
+from studio.cli.command import Command, Context
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """None: the catalog is listed whole."""
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    from studio.core.catalog import load_catalog
+
+    for key, chip in load_catalog().items():
+        print(f"{key:<24} {chip.name:<32} htp_arch v{chip.htp_arch}  soc_model {chip.soc_model}")
+    return 0
+
+
+COMMAND = Command("targets", "list the chip catalog", add_arguments, run)
