@@ -45,6 +45,7 @@ from PySide6.QtWidgets import (
 from studio.core.errors import StudioError
 from studio.core.layerdiff import JUMP_FLOOR, PAIR_TITLES, PART_FACTOR
 from studio.core.recipe import activation_point
+from studio.ui.loading import LatestLoad
 from studio.ui.models.rows import PayloadRole, Row, RowsModel
 from studio.ui.widgets import EmptyState, badge_html, label, theme_plot
 
@@ -335,8 +336,7 @@ class LayerDiffView(QWidget):
     def __init__(self, ctl, parent: QWidget | None = None):
         super().__init__(parent)
         self.ctl = ctl
-        self._gen = 0
-        self._task: asyncio.Future | None = None
+        self._load = LatestLoad(ctl)
         self._got: dict[str, Any] | None = None
         self._shown: list[int] = []
         self._x: dict[str, float] = {}
@@ -491,7 +491,7 @@ class LayerDiffView(QWidget):
 
     def clear(self) -> None:
         self._reload_timer.stop()
-        self._gen += 1
+        self._load.drop()
         self._got = None
         self.state = "none"
         self.table.set_rows([])
@@ -511,40 +511,26 @@ class LayerDiffView(QWidget):
         project = studio.project.copy()
         self._fill_targets(project.targets)
         target = self.target.currentData() or project.targets[0]
-        self._gen += 1
-        gen = self._gen
         self.status.setText("Reading the layer diff…")
         if self.state == "none":
             self.state = "loading"
+        from studio.services.layerdiff import NoLayerDiff, layerdiff_result
 
-        async def go() -> None:
-            from studio.services.layerdiff import NoLayerDiff, layerdiff_result
-
-            got, missing, error = None, "", ""
-            try:
-                got = await self.ctl.in_thread(layerdiff_result, project, target)
-            except NoLayerDiff as exc:
-                missing = exc.message
-            except StudioError as exc:
-                error = exc.message
-            except Exception as exc:  # noqa: BLE001 - a bug: shown on the page, app stays up
-                error = f"reading the layer diff failed: {exc!r}"
-            if gen != self._gen or self.ctl.studio is not studio:
-                return  # a newer load, or another project
+        def done(got: dict[str, Any]) -> None:
             self.status.setText("")
-            if got is not None:
-                self.show_result(got)
-            elif missing:
-                self._show_empty(project, target)
-            else:
-                self._show_error(error)
+            self.show_result(got)
             self.loaded.emit()
 
-        try:
-            self._task = asyncio.ensure_future(go())
-        except RuntimeError:  # no event loop (a bare QApplication)
-            self._task = None
-        return self._task
+        def failed(exc: Exception) -> None:
+            self.status.setText("")
+            if isinstance(exc, NoLayerDiff):
+                self._show_empty(project, target)
+            else:
+                self._show_error(exc.message if isinstance(exc, StudioError)
+                                 else f"reading the layer diff failed: {exc!r}")
+            self.loaded.emit()
+
+        return self._load.start(layerdiff_result, project, target, done=done, failed=failed)
 
     def _fill_targets(self, targets: list[str]) -> None:
         current = self.target.currentData()

@@ -15,10 +15,11 @@ from PySide6.QtWidgets import (
 )
 
 from studio.ui.pages.base import StagePage
+from studio.ui.pages.cards import FigureCard
+from studio.ui.pages.figures import metric_title
 from studio.ui.pages.llm_playground import PlaygroundPanel
 from studio.ui.pages.llm_tuning import PruningPanel, WaterfallPanel
-from studio.ui.pages.overview import _clear, metric_title
-from studio.ui.widgets import MetricCard, fmt_value, label, theme_plot
+from studio.ui.widgets import clear_layout, fmt_value, label, theme_plot
 
 COLORS = ["#2f6fd6", "#8a5a00", "#1b8a3f", "#6b3fa0", "#c62828"]
 
@@ -133,8 +134,8 @@ class LLMPage(StagePage):
             f"Prompt: {self.ctl.project.run['prompt']!r} · "
             f"{self.ctl.project.run['max_new_tokens']} new tokens"
         )
-        _clear(self.cards)
-        _clear(self.text_layout)
+        clear_layout(self.cards)
+        clear_layout(self.text_layout)
         self.plot.clear()
         legend = []
         for r, job in enumerate(jobs):
@@ -145,7 +146,7 @@ class LLMPage(StagePage):
             for c, m in enumerate(self.ctl.studio.jobs.metrics(job_id=job.id)):
                 where = m.device + (f" · {m.target}" if m.target else "")
                 self.cards.addWidget(
-                    MetricCard(
+                    FigureCard(
                         metric_title(m.name), fmt_value(m.value, m.unit), m.source, where, m.detail
                     ),
                     r,

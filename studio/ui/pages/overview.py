@@ -22,51 +22,19 @@ from studio.core.errors import StudioError
 from studio.core.modelinfo import ModelInfo
 from studio.core.project import STAGES
 from studio.services import history, projects
+from studio.ui.loading import LatestLoad
 from studio.ui.pages.base import Page
-from studio.ui.pages.cards import CardGrid, RunCard
-from studio.ui.pages.figures import fmt_card, when
+from studio.ui.pages.cards import CardGrid, FigureCard
+from studio.ui.pages.figures import fmt_card, metric_title, when
 from studio.ui.theme import STATE_COLORS
 from studio.ui.widgets import (
     ChipList,
     SourceBadge,
+    clear_layout,
     human_bytes,
     human_count,
     label,
 )
-
-METRIC_TITLES = {
-    "export_seconds": "export time",
-    "quantize_seconds": "quantize time",
-    "compile_seconds": "compile time",
-    "logits_cosine_mean": "logits cosine vs FP32",
-    "logits_max_abs_error": "max logit error",
-    "top1_agreement": "top-1 agreement",
-    "perplexity_quantized": "perplexity (quantized)",
-    "perplexity_fp32": "perplexity (FP32)",
-    "perplexity_host_qdq": "perplexity (host QDQ)",
-    "greedy_agreement": "greedy token agreement",
-    "greedy_prefix_agreement": "greedy prefix agreement",
-    "logits_cosine_host_qdq": "logits cosine, host QDQ",
-    "top1_agreement_host_qdq": "top-1 agreement, host QDQ",
-    "prefill_ms": "prefill",
-    "decode_ms_per_token": "decode per token",
-    "decode_tokens_per_s": "decode speed",
-    "profiled_ops": "profiled ops",
-}
-
-
-def metric_title(name: str) -> str:
-    return METRIC_TITLES.get(name, name.replace("_", " "))
-
-
-def _clear(layout) -> None:
-    while layout.count():
-        item = layout.takeAt(0)
-        w = item.widget()
-        if w is not None:
-            w.deleteLater()
-        elif item.layout() is not None:
-            _clear(item.layout())
 
 
 class TargetsDialog(QDialog):
@@ -206,8 +174,7 @@ class OverviewPage(Page):
         self._card_jobs: list = []
         self._keys: dict[str, str] | None = None
         self._keys_error = ""
-        self._keys_gen = 0
-        self._keys_task: asyncio.Future | None = None
+        self._keys_load = LatestLoad(ctl)
         self._keys_timer = QTimer(self)
         self._keys_timer.setSingleShot(True)
         self._keys_timer.setInterval(300)
@@ -228,8 +195,8 @@ class OverviewPage(Page):
         self.file_label.setText(f"{p.path}   ·   model: {p.model['source']}")
         self.model_status.setText("Reading the model…")
         self.model_status.show()
-        _clear(self.model_grid)
-        _clear(self.bytes_grid)
+        clear_layout(self.model_grid)
+        clear_layout(self.bytes_grid)
         self._show_targets()
         self._show_recipe()
         self._show_results()
@@ -240,7 +207,7 @@ class OverviewPage(Page):
 
     def on_close(self) -> None:
         self.title_label.setText(self.title)
-        self._keys_gen += 1
+        self._keys_load.drop()
         self._keys = None
         self._run = None
 
@@ -269,8 +236,8 @@ class OverviewPage(Page):
     def _show_model(self, info) -> None:
         if self.ctl.studio is None:
             return
-        _clear(self.model_grid)
-        _clear(self.bytes_grid)
+        clear_layout(self.model_grid)
+        clear_layout(self.bytes_grid)
         if isinstance(info, StudioError):
             self.model_status.setProperty("role", "error")
             self.model_status.setText(f"Cannot read the model: {info.message}")
@@ -383,7 +350,7 @@ class OverviewPage(Page):
     def _show_targets(self) -> None:
         from studio.core.catalog import get_chip
 
-        _clear(self.targets_layout)
+        clear_layout(self.targets_layout)
         for key in self.ctl.project.targets:
             try:
                 chip = get_chip(key)
@@ -483,7 +450,7 @@ class OverviewPage(Page):
                 where += f" · {m.device}"
             if job.cached:
                 where += " · cached"
-            card = RunCard(
+            card = FigureCard(
                 metric_title(m.name), fmt_card(m.name, m.value, m.unit), m.source, where,
                 m.detail,
             )
@@ -509,28 +476,18 @@ class OverviewPage(Page):
         studio = self.ctl.studio
         if studio is None:
             return None
-        self._keys_gen += 1
-        gen = self._keys_gen
         project = studio.project.copy()
 
-        async def go() -> None:
-            keys, error = None, ""
-            try:
-                keys = await self.ctl.in_thread(history.current_keys, project)
-            except StudioError as exc:
-                error = exc.message
-            except Exception as exc:  # noqa: BLE001 - shown as a note on the page
-                error = str(exc)
-            if gen != self._keys_gen or self.ctl.studio is not studio:
-                return  # a newer check, or another project
-            self._keys, self._keys_error = keys, error
+        def done(keys: dict[str, str]) -> None:
+            self._keys, self._keys_error = keys, ""
             self._mark_stale()
 
-        try:
-            self._keys_task = asyncio.ensure_future(go())
-        except RuntimeError:  # no event loop (a bare QApplication): no stale marks
-            self._keys_task = None
-        return self._keys_task
+        def failed(exc: Exception) -> None:
+            self._keys = None
+            self._keys_error = exc.message if isinstance(exc, StudioError) else str(exc)
+            self._mark_stale()
+
+        return self._keys_load.start(history.current_keys, project, done=done, failed=failed)
 
     def _mark_stale(self) -> None:
         keys = self._keys
@@ -558,7 +515,7 @@ class OverviewPage(Page):
         )
         self.keys_note.setVisible(bool(self._keys_error) and run is not None)
 
-    def stale_cards(self) -> list[RunCard]:
+    def stale_cards(self) -> list[FigureCard]:
         return [c for c in self.cards.cards if c.stale]
 
     def run_again(self) -> None:

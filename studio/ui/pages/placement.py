@@ -6,7 +6,6 @@ the files to take away."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from studio.core.errors import StudioError
 from studio.core.recipe import PLACEMENT_HELP, PLACEMENTS
 from studio.core.units import format_bytes
 from studio.services import graphs
+from studio.ui.loading import LatestLoad
 from studio.ui.pages.base import Page
 from studio.ui.widgets import EmptyState, fill_table, label, read_only_table
 
@@ -38,7 +38,7 @@ class PlacementPage(Page):
 
     def __init__(self, ctl, parent=None):
         super().__init__(ctl, parent)
-        self._task: asyncio.Future | None = None
+        self._load = LatestLoad(ctl)
         self.view: dict[str, Any] | None = None
         lay = QVBoxLayout(self.body)
         lay.setContentsMargins(0, 6, 0, 0)
@@ -180,17 +180,16 @@ class PlacementPage(Page):
         self.summary.setText(f"Placing the quantized graph on {chip}…")
         project = self.ctl.project.copy()
 
-        async def load():
-            try:
-                view = await self.ctl.in_thread(graphs.placement_view, project, chip)
-            except StudioError as exc:
-                self.view = None
-                self.summary.setText(exc.message)
-                return
+        def failed(exc: Exception) -> None:
+            self.view = None
+            self.summary.setText(exc.message if isinstance(exc, StudioError)
+                                 else f"placing the graph failed: {exc!r}")
+
+        def done(view: dict[str, Any] | None) -> None:
             if self.target.currentData() == chip:
                 self.show_view(view, chip)
 
-        self._task = asyncio.ensure_future(load())
+        self._load.start(graphs.placement_view, project, chip, done=done, failed=failed)
 
     def show_view(self, view: dict[str, Any] | None, chip: str) -> None:
         self.view = view

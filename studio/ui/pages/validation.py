@@ -38,11 +38,11 @@ from studio.ui.pages.figures import (
     fmt_delta,
     fmt_figure,
     fmt_metric,
+    metric_title,
     run_label,
     setting_value,
 )
 from studio.ui.pages.layerdiff_view import LayerDiffView
-from studio.ui.pages.overview import metric_title
 from studio.ui.widgets import BadgeDelegate, label
 
 GATE_TITLES = {
