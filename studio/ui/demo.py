@@ -366,7 +366,7 @@ class GenerateView(SceneView):
         self.gauge.scale = nice_ceiling(self.gauge.floor * 1.1) if same else 1.0
         self.subtitle.setText(f"{self.window_.demo.project.name} · {self.device_name} · up to "
                               f"{ex['max_new_tokens']} new tokens, greedy")
-        clear_layout(self.recorded_box)
+        clear_layout(self.recorded_box, hide=True)
         row = 0
         if scene.figures:
             self.recorded_box.addWidget(_label("Recorded earlier — not live", "small", "muted"),
@@ -540,7 +540,7 @@ class WaterfallView(SceneView):
         self.subtitle.setProperty("tone", "accent")
 
     def fill(self, scene: demosvc.Scene) -> None:
-        clear_layout(self.grid)
+        clear_layout(self.grid, hide=True)
         self.rows = []
         chip = scene.extra.get("chip_name", "")
         self.chip_name = chip
@@ -627,7 +627,7 @@ class AccuracyView(SceneView):
         self.lay.setContentsMargins(0, 0, 0, 0)
 
     def fill(self, scene: demosvc.Scene) -> None:
-        clear_layout(self.lay)
+        clear_layout(self.lay, hide=True)
         self.subtitle.setText(scene.note)
         cards = QGridLayout()
         figs = scene.figures
@@ -665,7 +665,7 @@ class ShareView(SceneView):
         self.grid.setContentsMargins(0, 0, 0, 0)
 
     def fill(self, scene: demosvc.Scene) -> None:
-        clear_layout(self.grid)
+        clear_layout(self.grid, hide=True)
         self.bar_rows: list[int] = []
         if self.kind == "profile":
             self._profile(scene)
@@ -745,7 +745,7 @@ class BundleView(SceneView):
         self.lay.setContentsMargins(0, 0, 0, 0)
 
     def fill(self, scene: demosvc.Scene) -> None:
-        clear_layout(self.lay)
+        clear_layout(self.lay, hide=True)
         self.subtitle.setText("where the model goes, and what ships")
         chips = QHBoxLayout()
         for r in scene.rows:

@@ -81,16 +81,19 @@ def badge_html(source: str) -> str:
     )
 
 
-def clear_layout(layout) -> None:
-    """Remove and delete everything in ``layout`` (nested layouts emptied too)."""
+def clear_layout(layout, hide: bool = False) -> None:
+    """Remove everything in ``layout`` (nested layouts emptied too) and delete it once the
+    event loop runs. ``hide``: hide each widget at once too (else it stays drawn until then,
+    so a page that refills the layout never shows a gap)."""
     while layout.count():
         item = layout.takeAt(0)
         w = item.widget()
         if w is not None:
-            w.hide()
+            if hide:
+                w.hide()
             w.deleteLater()
         elif item.layout() is not None:
-            clear_layout(item.layout())
+            clear_layout(item.layout(), hide)
 
 
 class EmptyState(QWidget):

@@ -44,8 +44,9 @@ class FigureCard(QFrame):
         row.addWidget(self.badge, 0, Qt.AlignmentFlag.AlignVCenter)
         lay.addLayout(row)
         self.where = label(where, "muted", wrap=True)
-        self.where.setVisible(bool(where))
         lay.addWidget(self.where)
+        if not where:
+            self.where.hide()
         self.stale_label = label("", wrap=True)
         self.stale_label.setStyleSheet(f"color: {STALE_COLOR};")
         self.stale_label.hide()

@@ -85,9 +85,7 @@ def chip_rows(targets: list[str]) -> list[Row]:
 
 
 class DevicesPage(Page):
-    title = "Devices"
-    subtitle = ("Where jobs run: this machine's CPU, the QNN HTP simulator for each target chip, "
-                "remote agents and phones over adb.")
+    key = "devices"
 
     def __init__(self, ctl, parent=None):
         super().__init__(ctl, parent)

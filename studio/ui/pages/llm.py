@@ -19,17 +19,16 @@ from studio.ui.pages.cards import FigureCard
 from studio.ui.pages.figures import metric_title
 from studio.ui.pages.llm_playground import PlaygroundPanel
 from studio.ui.pages.llm_tuning import PruningPanel, WaterfallPanel
+from studio.ui.stages import role_of
 from studio.ui.widgets import clear_layout, fmt_value, label, theme_plot
 
 COLORS = ["#2f6fd6", "#8a5a00", "#1b8a3f", "#6b3fa0", "#c62828"]
 
 
 class LLMPage(StagePage):
-    title = "LLM"
-    subtitle = ("Generation per device, a playground, the optimization waterfall and block "
-                "ablation.")
+    key = "llm"
 
-    stage = "run"
+    role = "run"
 
     def __init__(self, ctl, parent=None):
         super().__init__(
@@ -90,8 +89,7 @@ class LLMPage(StagePage):
         self.pruning = PruningPanel(self)
         self.tabs.addTab(self.pruning, "Pruning")
         self.body_layout.addWidget(self.tabs, 1)
-        ctl.job_event.connect(self._on_tuning_job)
-        self._apply_theme()
+        self.apply_theme()
 
     def on_open(self) -> None:
         super().on_open()
@@ -110,18 +108,20 @@ class LLMPage(StagePage):
         self.waterfall.refresh()
         self.pruning.refresh()
 
-    def _on_tuning_job(self, job) -> None:
-        if job.state == "succeeded" and job.stage == "waterfall":
+    def on_job_event(self, job) -> None:
+        super().on_job_event(job)  # the run stage's jobs
+        role = role_of(job.stage) if job.state == "succeeded" else ""
+        if role == "waterfall":
             self.waterfall.refresh()
-        if job.state == "succeeded" and job.stage == "ablation":
+        if role == "ablation":
             self.pruning.refresh()
 
     def changeEvent(self, event) -> None:
         super().changeEvent(event)
         if event.type() == QEvent.Type.PaletteChange and hasattr(self, "plot"):
-            self._apply_theme()
+            self.apply_theme()
 
-    def _apply_theme(self) -> None:
+    def apply_theme(self) -> None:
         """The plot in the theme's colours (on every palette change: the theme, the system's
         light/dark switch)."""
         theme_plot(self.plot, self.palette())

@@ -64,7 +64,7 @@ class WaterfallPanel(QWidget):
         self.run_btn = QPushButton("Measure the waterfall")
         self.run_btn.setToolTip("Runs the waterfall stage (and the ablation it needs): every "
                                 "step's graphs are built and measured on the host CPU")
-        self.run_btn.clicked.connect(lambda: self.page.run_stages(["waterfall"]))
+        self.run_btn.clicked.connect(lambda: self.page.run_role("waterfall"))
         head.addWidget(self.run_btn)
         head.addWidget(label("Estimate for", "muted"))
         self.chip = QComboBox()
@@ -195,7 +195,7 @@ class PruningPanel(QWidget):
         self.run_btn = QPushButton("Run the ablation")
         self.run_btn.setToolTip("Drops each block in turn and measures the held-out perplexity "
                                 "(host CPU, FP32)")
-        self.run_btn.clicked.connect(lambda: self.page.run_stages(["ablation"]))
+        self.run_btn.clicked.connect(lambda: self.page.run_role("ablation"))
         head.addWidget(self.run_btn)
         head.addWidget(label("Blocks to drop", "muted"))
         self.drop = QSpinBox()

@@ -60,8 +60,7 @@ class TargetsDialog(QDialog):
 
 
 class OverviewPage(Page):
-    title = "Overview"
-    subtitle = "The model, where it goes, how it is quantized, and what the newest run measured."
+    key = "overview"
 
     def __init__(self, ctl, parent=None):
         super().__init__(ctl, parent)
@@ -110,7 +109,7 @@ class OverviewPage(Page):
         self.recipe_label.setTextFormat(Qt.TextFormat.RichText)
         rl.addWidget(self.recipe_label)
         self.edit_recipe = QPushButton("Edit on the Precision page")
-        self.edit_recipe.clicked.connect(lambda: self.navigate.emit("Precision"))
+        self.edit_recipe.clicked.connect(lambda: self.navigate.emit("precision"))
         rl.addWidget(self.edit_recipe, 0, Qt.AlignmentFlag.AlignLeft)
         right.addWidget(self.recipe_box)
         right.addStretch(1)
@@ -154,7 +153,7 @@ class OverviewPage(Page):
             )
         )
         go = QPushButton("Go to Jobs")
-        go.clicked.connect(lambda: self.navigate.emit("Jobs"))
+        go.clicked.connect(lambda: self.navigate.emit("jobs"))
         nl.addWidget(go, 0, Qt.AlignmentFlag.AlignLeft)
         rl.addWidget(self.no_results)
         self.legend = label(
@@ -181,7 +180,6 @@ class OverviewPage(Page):
         self._keys_timer.timeout.connect(self.check_stale)
 
         ctl.model_ready.connect(self._show_model)
-        ctl.job_event.connect(self._on_job)
         ctl.run_state.connect(self._on_run_state)
 
     # ---- session --------------------------------------------------------------------------
@@ -228,7 +226,7 @@ class OverviewPage(Page):
         """A run that starts or ends (even one that recorded nothing) changes the run line."""
         self.later(self._show_results, 300)
 
-    def _on_job(self, job) -> None:
+    def on_job_event(self, job) -> None:
         if job.state == "succeeded":
             self.later(self._show_results, 300)
 

@@ -25,16 +25,16 @@ from studio.core.units import format_bytes
 from studio.services import graphs
 from studio.ui.loading import LatestLoad
 from studio.ui.pages.base import Page
+from studio.ui.stages import places_nodes, role_of
 from studio.ui.widgets import EmptyState, fill_table, label, read_only_table
 
-GRAPH_STAGES = ("graph-quantize", "graph-compile")
+#: the roles of the stages whose results change the placement shown
+PLACEMENT_ROLES = ("quantize", "compile")
 
 
 
 class PlacementPage(Page):
-    title = "Placement"
-    subtitle = ("Where each node of the graph runs on the target's NPU, why the HTP refuses "
-                "the ones it refuses, and the way forward: strict, partition or rewrite.")
+    key = "placement"
 
     def __init__(self, ctl, parent=None):
         super().__init__(ctl, parent)
@@ -123,11 +123,10 @@ class PlacementPage(Page):
         self.main.addWidget(self.accuracy, 1)
         self.ranking = label("", "", wrap=True)
         self.main.addWidget(self.ranking)
-        ctl.job_event.connect(self._on_job)
 
     # ---- session ------------------------------------------------------------------------------
     def _graph_project(self) -> bool:
-        return self.ctl.project.model["kind"] != "causal-lm"
+        return places_nodes(self.ctl.project)
 
     def on_open(self) -> None:
         graph = self._graph_project()
@@ -152,8 +151,8 @@ class PlacementPage(Page):
             self._show_way()
             self.later(self.refresh, 200)
 
-    def _on_job(self, job) -> None:
-        if job.stage in GRAPH_STAGES and job.state in ("succeeded", "failed"):
+    def on_job_event(self, job) -> None:
+        if role_of(job.stage) in PLACEMENT_ROLES and job.state in ("succeeded", "failed"):
             self.later(self.refresh, 200)
 
     def _show_way(self) -> None:

@@ -60,6 +60,7 @@ from studio.ui.pages.layergrid import LayerGrid
 from studio.ui.pages.precision_recipe import RecipeFormMixin
 from studio.ui.pages.precision_rules import RulesMixin
 from studio.ui.pages.precision_views import BeforeAfterView, DiffView, diff_summary, selection_html
+from studio.ui.stages import role_of
 from studio.ui.widgets import SourceBadge, label
 
 LAYER_COLUMNS = ["Layer", "Block", "Kind", "Weights", "Activations", "Rule"]
@@ -82,9 +83,7 @@ def rule_text(row: dict) -> str:
 
 
 class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
-    title = "Precision"
-    subtitle = ("The quantization recipe and each layer's precision: select cells in the grid "
-                "and set them; every edit is undoable.")
+    key = "precision"
 
     def __init__(self, ctl, parent=None):
         super().__init__(ctl, parent)
@@ -144,7 +143,6 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
         ctl.undo_changed.connect(self._update_undo)
         ctl.running_changed.connect(self._running_changed)
         ctl.run_finished.connect(self._run_finished)
-        ctl.job_event.connect(self._job_event)
         self._update_undo()
 
     # ---- building ------------------------------------------------------------------------------
@@ -281,6 +279,9 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
         self.tabs.setCurrentIndex(0)
         self.grid.select_layers([name])
         return name in self.grid.selected_layers()
+
+    def open_layer(self, name: str) -> bool:
+        return self.select_layer(name)
 
     # ---- session ------------------------------------------------------------------------------
     def on_open(self) -> None:
@@ -543,16 +544,14 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
 
     def run_sensitivity(self):
         """Queue the sensitivity stage (and the export it needs) through the job queue."""
-        task = self.run_stages(["sensitivity"])
+        task = self.run_role("sensitivity")
         if task is not None:
             self.show_status("Sensitivity queued: the heat map fills in when it finishes "
                              "(progress on the Jobs page).")
         return task
 
-    def _job_event(self, job) -> None:
-        if self.ctl.studio is None:
-            return
-        if job.stage == "sensitivity" and job.state == "succeeded":
+    def on_job_event(self, job) -> None:
+        if job.state == "succeeded" and role_of(job.stage) == "sensitivity":
             self.later(self.load_sensitivity, 100)
         if self._apply_task is not None and job.state in ("running", "failed"):
             self.show_status(f"Applying the recipe: {job.label} {job.state}"
@@ -591,7 +590,7 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
             return
         self._apply_task = None
         studio = self.ctl.studio
-        if summary is None or not any(j.stage == "validate" and j.state == "succeeded"
+        if summary is None or not any(role_of(j.stage) == "validate" and j.state == "succeeded"
                                       for j in summary.jobs):
             self.show_status(f"The applied run {summary.run_id if summary else ''} ended "
                              f"{summary.state if summary else 'with an error'} without "

@@ -141,11 +141,7 @@ def _point_of(p: dict[str, Any]):
 
 
 class SweepsPage(Page):
-    title = "Sweeps"
-    subtitle = ("Variants of the recipe run side by side: every point's accuracy, size and "
-                "speed with their sources, the Pareto front, the best point — and apply it.")
-    #: open a run of the history (the window shows it on the Validation page)
-    runActivated = Signal(int)
+    key = "sweeps"
 
     def __init__(self, ctl, parent=None):
         super().__init__(ctl, parent)
@@ -291,7 +287,7 @@ class SweepsPage(Page):
         sources.addWidget(self.sources, 1)
         cl.addLayout(sources)
 
-        self._apply_theme()
+        self.apply_theme()
         self.content.hide()
         ctl.running_changed.connect(self._pipeline_running)
         ctl.closing.connect(self._closing)
@@ -301,9 +297,9 @@ class SweepsPage(Page):
     def changeEvent(self, event) -> None:
         super().changeEvent(event)
         if event.type() == QEvent.Type.PaletteChange and hasattr(self, "plot"):
-            self._apply_theme()
+            self.apply_theme()
 
-    def _apply_theme(self) -> None:
+    def apply_theme(self) -> None:
         theme_plot(self.plot, self.palette())
         if self.rec is not None:  # the labels and the selection ring take the new colours
             self._draw_plot()
