@@ -354,7 +354,7 @@ class MainWindow(QMainWindow):
         when the page can select one."""
         self.show_page("precision")
         page = self.page("precision")
-        page.open_layer(name)
+        page.reveal_layer(name)
         return page
 
     def show_run(self, run_id: int) -> QWidget:
@@ -365,7 +365,7 @@ class MainWindow(QMainWindow):
             return self.welcome
         self.show_page("validation")
         page = self.page("validation")
-        if page.open_run(run_id):
+        if page.reveal_run(run_id):
             return page
         jobs = studio.jobs.jobs(run_id=run_id)
         job = next((j for j in jobs if j.state == "failed"), jobs[0] if jobs else None)
@@ -636,7 +636,7 @@ class MainWindow(QMainWindow):
         if self.ctl.studio is None:
             return
         self.show_page("jobs")
-        self.page("jobs").open_job(job_id)
+        self.page("jobs").reveal_job(job_id)
 
     def _run_finished(self, summary) -> None:
         took = f"{summary.seconds:.1f} s"

@@ -158,15 +158,15 @@ class Page(QWidget):
     def apply_theme(self) -> None:
         """The theme changed: redraw what the palette does not reach (plots)."""
 
-    def open_layer(self, name: str) -> bool:
+    def reveal_layer(self, name: str) -> bool:
         """Show and select the layer ``name``; False where the page has no layers."""
         return False
 
-    def open_run(self, run_id: int) -> bool:
+    def reveal_run(self, run_id: int) -> bool:
         """Show run ``run_id`` of the history; False where the page cannot."""
         return False
 
-    def open_job(self, job_id: int) -> bool:
+    def reveal_job(self, job_id: int) -> bool:
         """Show the job ``job_id`` (its log); False where the page cannot."""
         return False
 

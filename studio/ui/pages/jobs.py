@@ -320,7 +320,7 @@ class JobsPage(Page):
         row = self.model.row_of(job.id)
         return self.model.job_at(row) if row is not None else job
 
-    def open_job(self, job_id: int) -> bool:
+    def reveal_job(self, job_id: int) -> bool:
         """Select the job's row and show its log."""
         if not self.select_job(job_id):
             return False

@@ -348,6 +348,33 @@ class LayerDiffView(QWidget):
 
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
+        lay.addLayout(self._build_head())
+        self.stack = QStackedWidget()
+        lay.addWidget(self.stack, 1)
+        self._build_states()
+        ctl.running_changed.connect(self._running_changed)
+        self._reload_timer = QTimer(self)
+        self._reload_timer.setSingleShot(True)
+        self._reload_timer.timeout.connect(self.reload)
+
+        cl = QVBoxLayout(self.content)
+        cl.setContentsMargins(0, 0, 0, 0)
+        self.finding = label("", wrap=True, selectable=True)
+        self.finding.setTextFormat(Qt.TextFormat.RichText)
+        cl.addWidget(self.finding)
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.setChildrenCollapsible(False)
+        split.addWidget(self._build_plot())
+        split.addWidget(self._build_table())
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 1)
+        split.setSizes([10_000, 8_000])  # the table gets room for several rows
+        cl.addWidget(split, 1)
+        self._apply_theme()
+
+    # ---- building the view --------------------------------------------------------------------
+    def _build_head(self) -> QHBoxLayout:
+        """The target, the status, and which tensors to show."""
         head = QHBoxLayout()
         self.target_label = label("Target:")
         head.addWidget(self.target_label)
@@ -383,10 +410,10 @@ class LayerDiffView(QWidget):
             head.addWidget(b)
         self.mode_buttons["modules"].setChecked(True)
         self._show_modes(False)
-        lay.addLayout(head)
+        return head
 
-        self.stack = QStackedWidget()
-        lay.addWidget(self.stack, 1)
+    def _build_states(self) -> None:
+        """The empty and error states, and the content they stand in for."""
         self.empty = EmptyState("No layer diff yet", "")
         self.empty.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.run_button = self.empty.add_action(
@@ -399,18 +426,9 @@ class LayerDiffView(QWidget):
         self.stack.addWidget(self.error)
         self.content = QWidget()
         self.stack.addWidget(self.content)
-        ctl.running_changed.connect(self._running_changed)
-        self._reload_timer = QTimer(self)
-        self._reload_timer.setSingleShot(True)
-        self._reload_timer.timeout.connect(self.reload)
 
-        cl = QVBoxLayout(self.content)
-        cl.setContentsMargins(0, 0, 0, 0)
-        self.finding = label("", wrap=True, selectable=True)
-        self.finding.setTextFormat(Qt.TextFormat.RichText)
-        cl.addWidget(self.finding)
-        split = QSplitter(Qt.Orientation.Vertical)
-        split.setChildrenCollapsible(False)
+    def _build_plot(self) -> QWidget:
+        """Each tensor's relative error along the model."""
         pbox = QWidget()
         pl = QVBoxLayout(pbox)
         pl.setContentsMargins(0, 4, 0, 0)
@@ -435,8 +453,10 @@ class LayerDiffView(QWidget):
             "muted",
         )
         pl.addWidget(self.hover)
-        split.addWidget(pbox)
+        return pbox
 
+    def _build_table(self) -> QGroupBox:
+        """The worst tensors (or every tensor shown)."""
         tbox = QGroupBox("Worst tensors")
         tl = QVBoxLayout(tbox)
         tl.setContentsMargins(6, 4, 6, 6)
@@ -468,12 +488,7 @@ class LayerDiffView(QWidget):
         h.setStretchLastSection(True)
         self.table_view.activated.connect(self._row_activated)
         tl.addWidget(self.table_view, 1)
-        split.addWidget(tbox)
-        split.setStretchFactor(0, 1)
-        split.setStretchFactor(1, 1)
-        split.setSizes([10_000, 8_000])  # the table gets room for several rows
-        cl.addWidget(split, 1)
-        self._apply_theme()
+        return tbox
 
     # ---- theme ------------------------------------------------------------------------------
     def changeEvent(self, event) -> None:

@@ -79,7 +79,28 @@ class OverviewPage(Page):
         lay.addWidget(self.file_label)
 
         top = QHBoxLayout()
-        # model card
+        top.addWidget(self._build_model_box(), 3)
+        top.addLayout(self._build_side(), 2)
+        lay.addLayout(top)
+        lay.addWidget(self._build_results())
+        lay.addStretch(1)
+        self.scroll = scroll
+        self._run: history.RunInfo | None = None
+        self._card_jobs: list = []
+        self._keys: dict[str, str] | None = None
+        self._keys_error = ""
+        self._keys_load = LatestLoad(ctl)
+        self._keys_timer = QTimer(self)
+        self._keys_timer.setSingleShot(True)
+        self._keys_timer.setInterval(300)
+        self._keys_timer.timeout.connect(self.check_stale)
+
+        ctl.model_ready.connect(self._show_model)
+        ctl.run_state.connect(self._on_run_state)
+
+    # ---- building the page ----------------------------------------------------------------
+    def _build_model_box(self) -> QGroupBox:
+        """The model card: what the checkpoint or graph holds, and its bytes."""
         self.model_box = QGroupBox("Model")
         ml = QVBoxLayout(self.model_box)
         self.model_status = label("Reading the model…", "muted", wrap=True)
@@ -91,8 +112,10 @@ class OverviewPage(Page):
         self.bytes_grid.setHorizontalSpacing(18)
         ml.addLayout(self.bytes_grid)
         ml.addStretch(1)
-        top.addWidget(self.model_box, 3)
+        return self.model_box
 
+    def _build_side(self) -> QVBoxLayout:
+        """The targets and the recipe."""
         right = QVBoxLayout()
         self.targets_box = QGroupBox("Targets")
         tl = QVBoxLayout(self.targets_box)
@@ -113,14 +136,36 @@ class OverviewPage(Page):
         rl.addWidget(self.edit_recipe, 0, Qt.AlignmentFlag.AlignLeft)
         right.addWidget(self.recipe_box)
         right.addStretch(1)
-        top.addLayout(right, 2)
-        lay.addLayout(top)
+        return right
 
+    def _build_results(self) -> QGroupBox:
+        """The newest run's figures, one card each, with their sources."""
         self.results_box = QGroupBox("Results")
         rl = self.results_layout = QVBoxLayout(self.results_box)
         self.run_label = label("", wrap=True)
         self.run_label.setTextFormat(Qt.TextFormat.RichText)
         rl.addWidget(self.run_label)
+        rl.addWidget(self._build_stale_banner())
+        self.keys_note = label("", "muted", wrap=True)
+        self.keys_note.hide()
+        rl.addWidget(self.keys_note)
+        self.cards = CardGrid()
+        rl.addWidget(self.cards)
+        rl.addWidget(self._build_no_results())
+        self.legend = label(
+            "measured: timed on the named device · simulated: QNN HTP simulator on this x86 "
+            "machine — real HTP numerics, but its times follow the host CPU and are not device "
+            "latency · estimated: the studio's performance model · imported: from your files. "
+            "Every card comes from the one run named above; earlier runs are compared on the "
+            "Validation page.",
+            "muted",
+            wrap=True,
+        )
+        rl.addWidget(self.legend)
+        return self.results_box
+
+    def _build_stale_banner(self) -> QFrame:
+        """Shown when the project changed since the run the cards come from."""
         self.stale_banner = QFrame()
         self.stale_banner.setProperty("role", "banner")
         sb = QHBoxLayout(self.stale_banner)
@@ -132,12 +177,10 @@ class OverviewPage(Page):
         self.rerun_button.clicked.connect(self.run_again)
         sb.addWidget(self.rerun_button, 0, Qt.AlignmentFlag.AlignVCenter)
         self.stale_banner.hide()
-        rl.addWidget(self.stale_banner)
-        self.keys_note = label("", "muted", wrap=True)
-        self.keys_note.hide()
-        rl.addWidget(self.keys_note)
-        self.cards = CardGrid()
-        rl.addWidget(self.cards)
+        return self.stale_banner
+
+    def _build_no_results(self) -> QWidget:
+        """Before the first run with figures: what each stage will show."""
         self.no_results = QWidget()
         nl = QVBoxLayout(self.no_results)
         nl.setContentsMargins(0, 0, 0, 0)
@@ -145,8 +188,9 @@ class OverviewPage(Page):
             label(
                 "No results yet. Run the pipeline (Jobs page, or Run ▸ Run Pipeline, F5): export "
                 "and quantize report their times (measured on this machine), validate reports "
-                "accuracy on the HTP simulator (simulated), run reports tokens per second "
-                "(measured on the CPU, simulated on the HTP simulator). Every figure shows its "
+                "accuracy on the HTP simulator (simulated), run reports the speed (tokens per "
+                "second, or time per inference for a graph; measured on the CPU, on remote agents "
+                "and on phones over adb, simulated on the HTP simulator). Every figure shows its "
                 "source and the run it comes from.",
                 "empty-text",
                 wrap=True,
@@ -155,32 +199,7 @@ class OverviewPage(Page):
         go = QPushButton("Go to Jobs")
         go.clicked.connect(lambda: self.navigate.emit("jobs"))
         nl.addWidget(go, 0, Qt.AlignmentFlag.AlignLeft)
-        rl.addWidget(self.no_results)
-        self.legend = label(
-            "measured: timed on the named device · simulated: QNN HTP simulator on this x86 "
-            "machine — real HTP numerics, but its times follow the host CPU and are not device "
-            "latency · estimated: the studio's performance model · imported: from your files. "
-            "Every card comes from the one run named above; earlier runs are compared on the "
-            "Validation page.",
-            "muted",
-            wrap=True,
-        )
-        rl.addWidget(self.legend)
-        lay.addWidget(self.results_box)
-        lay.addStretch(1)
-        self.scroll = scroll
-        self._run: history.RunInfo | None = None
-        self._card_jobs: list = []
-        self._keys: dict[str, str] | None = None
-        self._keys_error = ""
-        self._keys_load = LatestLoad(ctl)
-        self._keys_timer = QTimer(self)
-        self._keys_timer.setSingleShot(True)
-        self._keys_timer.setInterval(300)
-        self._keys_timer.timeout.connect(self.check_stale)
-
-        ctl.model_ready.connect(self._show_model)
-        ctl.run_state.connect(self._on_run_state)
+        return self.no_results
 
     # ---- session --------------------------------------------------------------------------
     def on_show(self) -> None:

@@ -53,6 +53,27 @@ class PlacementPage(Page):
         gl.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.graph_view, 1)
 
+        gl.addLayout(self._build_bar())
+        self.not_yet = EmptyState(
+            "The graph is not quantized with these settings yet",
+            "Run the pipeline: the placement of the quantized graph on each target shows here, "
+            "with the QNN EP's reason for every node the HTP refuses, the rewrites applied and "
+            "what the placement costs in accuracy and time.")
+        self.not_yet.add_action("Run pipeline", lambda: self.run_stages(None))
+        gl.addWidget(self.not_yet, 1)
+        self.details = QWidget()
+        self.main = QVBoxLayout(self.details)
+        self.main.setContentsMargins(0, 0, 0, 0)
+        gl.addWidget(self.details, 1)
+        self.not_yet.hide()  # until the first view is read
+        self.details.hide()
+        self.save_button.setEnabled(False)
+
+        self._build_details()
+
+    # ---- building the page ------------------------------------------------------------------
+    def _build_bar(self) -> QHBoxLayout:
+        """The way forward (a recipe setting), the target, run and save."""
         bar = QHBoxLayout()
         bar.addWidget(label("Way forward:"))
         self.way = QComboBox()
@@ -80,22 +101,10 @@ class PlacementPage(Page):
                                     "placement report and the compiled context to a folder")
         self.save_button.clicked.connect(self.save_files)
         bar.addWidget(self.save_button)
-        gl.addLayout(bar)
-        self.not_yet = EmptyState(
-            "The graph is not quantized with these settings yet",
-            "Run the pipeline: the placement of the quantized graph on each target shows here, "
-            "with the QNN EP's reason for every node the HTP refuses, the rewrites applied and "
-            "what the placement costs in accuracy and time.")
-        self.not_yet.add_action("Run pipeline", lambda: self.run_stages(None))
-        gl.addWidget(self.not_yet, 1)
-        self.details = QWidget()
-        self.main = QVBoxLayout(self.details)
-        self.main.setContentsMargins(0, 0, 0, 0)
-        gl.addWidget(self.details, 1)
-        self.not_yet.hide()  # until the first view is read
-        self.details.hide()
-        self.save_button.setEnabled(False)
+        return bar
 
+    def _build_details(self) -> None:
+        """The placement of the picked target: refusals, crossings, rewrites, accuracy."""
         self.summary = label("", "heading", wrap=True)
         self.main.addWidget(self.summary)
         self.detail = label("", "muted", wrap=True)

@@ -280,7 +280,7 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
         self.grid.select_layers([name])
         return name in self.grid.selected_layers()
 
-    def open_layer(self, name: str) -> bool:
+    def reveal_layer(self, name: str) -> bool:
         return self.select_layer(name)
 
     # ---- session ------------------------------------------------------------------------------

@@ -370,7 +370,7 @@ class ValidationPage(StagePage):
         self.against.setVisible(several)
         self.against_label.setVisible(several)
 
-    def open_run(self, run_id: int) -> bool:
+    def reveal_run(self, run_id: int) -> bool:
         """Show run ``run_id`` when it has validation results."""
         try:
             self.pick_run(run_id)
