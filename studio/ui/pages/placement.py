@@ -209,28 +209,37 @@ class PlacementPage(Page):
         for w in (self.accuracy_title, self.accuracy, self.ranking):
             w.setVisible(v is not None)
         if v is not None:
-            fill_table(self.accuracy, [[name, f"{o['cosine']:.5f}", f"{o['max_abs_error']:.4g}",
-                                   v["source"]] for name, o in v["outputs"].items()])
-            self.accuracy_title.setText(
-                f"Accuracy against FP32 ({v['samples']} samples: {v.get('on', '')}; the "
-                f"quantized graph on the host CPU: worst cosine "
-                f"{v['host_qdq']['output_cosine_min']:.5f})")
-            r = v.get("ranking")
-            self.ranking.setText(
-                f"Retrieval check ({r['queries']} queries over the shipped set, "
-                f"{v['source']}): top-1 as FP32 for {r['top1_agreement']:.0%}, Kendall's tau "
-                f"{r['mean_kendall_tau']:.3f}, recall@1 {r['recall_at_1_deployed']:.0%} (FP32 "
-                f"{r['recall_at_1_reference']:.0%}), embedding cosine "
-                f"{r['embedding_cosine_mean']:.4f}" if r else "")
-            self.ranking.setVisible(bool(r))
+            self._show_accuracy(v)
         self.not_yet.setVisible(view is None)
         self.details.setVisible(view is not None)
         if view is None:
             return
+        refused = [n for n in view["report"]["cpu_nodes"]
+                   if n["op_type"] not in ("QuantizeLinear", "DequantizeLinear")]
+        self._show_summary(view, chip, refused)
+        self._show_tables(view, refused)
+
+    def _show_accuracy(self, v: dict[str, Any]) -> None:
+        """The validate stage's figures under this placement."""
+        fill_table(self.accuracy, [[name, f"{o['cosine']:.5f}", f"{o['max_abs_error']:.4g}",
+                                    v["source"]] for name, o in v["outputs"].items()])
+        self.accuracy_title.setText(
+            f"Accuracy against FP32 ({v['samples']} samples: {v.get('on', '')}; the "
+            f"quantized graph on the host CPU: worst cosine "
+            f"{v['host_qdq']['output_cosine_min']:.5f})")
+        r = v.get("ranking")
+        self.ranking.setText(
+            f"Retrieval check ({r['queries']} queries over the shipped set, "
+            f"{v['source']}): top-1 as FP32 for {r['top1_agreement']:.0%}, Kendall's tau "
+            f"{r['mean_kendall_tau']:.3f}, recall@1 {r['recall_at_1_deployed']:.0%} (FP32 "
+            f"{r['recall_at_1_reference']:.0%}), embedding cosine "
+            f"{r['embedding_cosine_mean']:.4f}" if r else "")
+        self.ranking.setVisible(bool(r))
+
+    def _show_summary(self, view: dict[str, Any], chip: str, refused: list[dict]) -> None:
+        """Where the nodes run, what the placement moves, and what it costs."""
         r = view["report"]
         way = view["placement"]
-        refused = [n for n in r["cpu_nodes"]
-                   if n["op_type"] not in ("QuantizeLinear", "DequantizeLinear")]
         on = f"{r['qnn_nodes']} of {r['total_nodes']} nodes on the NPU"
         if r["all_on_npu"]:
             self.summary.setText(f"{chip}: every node on the NPU ({r['total_nodes']} nodes, "
@@ -270,6 +279,10 @@ class PlacementPage(Page):
         if costs:
             text += " With this placement: " + "; ".join(costs) + "."
         self.detail.setText(text)
+
+    def _show_tables(self, view: dict[str, Any], refused: list[dict]) -> None:
+        """The refused nodes, the NPU↔CPU crossings, the rewrites, the rewrite check."""
+        r, way = view["report"], view["placement"]
         runs_on = "CPU (partition)" if way == "partition" else "nowhere: refused"
         fill_table(self.refused, [[n["name"], n["op_type"], n["reason"], runs_on,
                               view["catalogue"].get(n["op_type"], "none: partition")]
