@@ -755,6 +755,24 @@ class LayerDiffView(QWidget):
                 "Per pair, the tensors that add the most error, and where host QDQ and the HTP "
                 "differ most. Double-click a row: its layer on the Precision page."
             )
+        self._set_columns(r, pairs, titles)
+        order = {x["name"]: i for i, x in enumerate(rows)}
+        self.table.set_rows([self._table_row(x, order, pairs, reasons.get(x["name"], []))
+                             for x in entries])
+        h = self.table_view.horizontalHeader()
+        fm = self.table_view.fontMetrics()
+        width = max(fm.horizontalAdvance(t) for t in ("QDQ/FP32", "0.999999", "100 %")) + 26
+        for c in range(3, 3 + 2 * len(pairs)):  # compact figures: the names keep their room
+            h.setSectionResizeMode(c, QHeaderView.ResizeMode.Interactive)
+            h.resizeSection(c, width)
+        if not self._sorted:
+            # worst first: by the HTP's error against FP32 (else the first pair's)
+            k = pairs.index("htp_vs_fp32") if "htp_vs_fp32" in pairs else 0
+            self.table_view.sortByColumn(3 + 2 * k, Qt.SortOrder.DescendingOrder)
+            self._sorted = True
+
+    def _set_columns(self, r: dict[str, Any], pairs: list[str], titles: dict) -> None:
+        """The table's columns: the tensor, its layer and block, two figures per pair."""
         columns = ["Tensor", "Layer", "Block"]
         tips = [
             "The compared tensor (the studio's name for it)",
@@ -778,50 +796,36 @@ class LayerDiffView(QWidget):
             self.table.columns = columns
             self.table.header_tips = tips
             self.table.endResetModel()
-        order = {x["name"]: i for i, x in enumerate(rows)}
-        out = []
-        for x in entries:
-            layer = layer_of(x)
-            why = reasons.get(x["name"], [])
-            cells = [x["name"], "= tensor" if layer == x["name"] else layer, block_text(x)]
-            sort: list[Any] = [order[x["name"]], layer, x["block"]]
-            for pair in pairs:
-                f = x.get(pair) or {}
-                cells += [
-                    pct(f.get("rel_error")),
-                    "—" if f.get("cosine") is None else f"{f['cosine']:.6f}",
-                ]
-                sort += [f.get("rel_error", -1.0), f.get("cosine", -1.0)]
-            cells.append("; ".join(why))
-            sort.append(len(why))
-            tip = (
-                f"{x['name']}\nlayer: {layer}\nmodule: {x['module']}\nop: {x['op']} "
-                f"(tensor {x['tensor']})"
-            )
-            if why:
-                tip += "\nlisted: " + "; ".join(why)
-            tip += "\nDouble-click: open the layer on the Precision page"
-            out.append(
-                Row(
-                    cells,
-                    colors={1: "#7a7f87"} if layer == x["name"] else {},
-                    tip=tip,
-                    payload={"row": x, "layer": layer, "sort": sort},
-                    align_right=tuple(range(3, 3 + 2 * len(pairs))),
-                )
-            )
-        self.table.set_rows(out)
-        h = self.table_view.horizontalHeader()
-        fm = self.table_view.fontMetrics()
-        width = max(fm.horizontalAdvance(t) for t in ("QDQ/FP32", "0.999999", "100 %")) + 26
-        for c in range(3, 3 + 2 * len(pairs)):  # compact figures: the names keep their room
-            h.setSectionResizeMode(c, QHeaderView.ResizeMode.Interactive)
-            h.resizeSection(c, width)
-        if not self._sorted:
-            # worst first: by the HTP's error against FP32 (else the first pair's)
-            k = pairs.index("htp_vs_fp32") if "htp_vs_fp32" in pairs else 0
-            self.table_view.sortByColumn(3 + 2 * k, Qt.SortOrder.DescendingOrder)
-            self._sorted = True
+
+    def _table_row(self, x: dict[str, Any], order: dict[str, int], pairs: list[str],
+                   why: list[str]) -> Row:
+        """One tensor's row: its figures per pair, the sort keys, why it is listed."""
+        layer = layer_of(x)
+        cells = [x["name"], "= tensor" if layer == x["name"] else layer, block_text(x)]
+        sort: list[Any] = [order[x["name"]], layer, x["block"]]
+        for pair in pairs:
+            f = x.get(pair) or {}
+            cells += [
+                pct(f.get("rel_error")),
+                "—" if f.get("cosine") is None else f"{f['cosine']:.6f}",
+            ]
+            sort += [f.get("rel_error", -1.0), f.get("cosine", -1.0)]
+        cells.append("; ".join(why))
+        sort.append(len(why))
+        tip = (
+            f"{x['name']}\nlayer: {layer}\nmodule: {x['module']}\nop: {x['op']} "
+            f"(tensor {x['tensor']})"
+        )
+        if why:
+            tip += "\nlisted: " + "; ".join(why)
+        tip += "\nDouble-click: open the layer on the Precision page"
+        return Row(
+            cells,
+            colors={1: "#7a7f87"} if layer == x["name"] else {},
+            tip=tip,
+            payload={"row": x, "layer": layer, "sort": sort},
+            align_right=tuple(range(3, 3 + 2 * len(pairs))),
+        )
 
     # ---- reading and activating ---------------------------------------------------------------
     def table_rows(self) -> list[list[str]]:

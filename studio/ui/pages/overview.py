@@ -20,12 +20,12 @@ from PySide6.QtWidgets import (
 
 from studio.core.errors import StudioError
 from studio.core.modelinfo import ModelInfo
-from studio.core.project import STAGES
 from studio.services import history, projects
 from studio.ui.loading import LatestLoad
 from studio.ui.pages.base import Page
 from studio.ui.pages.cards import CardGrid, FigureCard
 from studio.ui.pages.figures import fmt_card, metric_title, when
+from studio.ui.stages import places_nodes, project_stages
 from studio.ui.theme import STATE_COLORS
 from studio.ui.widgets import (
     ChipList,
@@ -390,7 +390,7 @@ class OverviewPage(Page):
         q, e = p.quantization, p.export
         n_over = len(q["overrides"])
         kind = p.model["kind"]
-        if kind == "causal-lm":
+        if not places_nodes(p):
             shape = (f"{q['calibration_samples']} calibration windows"
                      f"{f', {n_over} per-layer override(s)' if n_over else ''}<br>"
                      f"prompt length {e['prompt_length']}, context length "
@@ -404,7 +404,7 @@ class OverviewPage(Page):
                         or "the shapes the file declares") + "<br>")
         self.recipe_label.setText(
             f"<b>{q['scheme']}</b>, {q['weight_granularity'].replace('_', '-')} weights, "
-            + shape + f"stages: {', '.join(s for s in STAGES if s in p.pipeline['stages'])}"
+            + shape + f"stages: {', '.join(s for s in project_stages(p) if s in p.pipeline['stages'])}"
         )
 
     def change_targets(self) -> None:

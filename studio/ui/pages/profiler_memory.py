@@ -21,6 +21,7 @@ from studio.core.units import format_bytes
 from studio.ui.loading import LatestLoad
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.pages.cards import FigureCard
+from studio.ui.stages import role_of
 from studio.ui.widgets import label, theme_plot
 
 
@@ -114,7 +115,7 @@ class MemoryTab(QWidget):
         self.graph.clear()
         for stage, graphs in result["stages"].items():
             for g in graphs:
-                what = "FP32" if stage == "export" else "quantized (QDQ)"
+                what = "FP32" if role_of(stage) == "export" else "quantized (QDQ)"
                 self.graph.addItem(f"{g} · {what} ({stage})", (stage, g))
         idx = self.graph.findData(current)
         self.graph.setCurrentIndex(max(idx, 0))

@@ -504,55 +504,10 @@ class ValidationPage(StagePage):
                 "simulated (the QNN HTP simulator: real HTP numerics on this x86 machine)",
             )
         ]
-        right = (1, 2, 3)
         for fig in history.VALIDATION_FIGURES:
             cells = by_fig.get(fig)
-            if not cells:
-                continue
-            title = FIGURE_TITLES.get(fig, fig)
-            rows.append(
-                Row(
-                    [title]
-                    + [
-                        fmt_figure(fig, cells[c]["value"]) if c in cells else "—"
-                        for c in cols
-                    ],
-                    tip=FIGURE_TIPS.get(fig, fig) + f" Run {run}.",
-                    colors={1: SAME_COLOR} if "fp32" not in cells else {},
-                    payload="value",
-                    align_right=right,
-                )
-            )
-            if against is None:
-                continue
-            rows.append(
-                Row(
-                    [f"    run {against}"]
-                    + [fmt_figure(fig, cells[c]["previous"]) if c in cells else "" for c in cols],
-                    tip=f"{title} in run {against}",
-                    colors={i: SAME_COLOR for i in range(4)},
-                    payload="previous",
-                    align_right=right,
-                )
-            )
-            colors = {0: SAME_COLOR}
-            for i, c in enumerate(cols, 1):
-                if c in cells:
-                    colors[i] = delta_color(cells[c]["better"])
-            rows.append(
-                Row(
-                    ["    change"]
-                    + [
-                        fmt_delta(fig, cells[c]["delta"], cells[c]["relative"]) if c in cells
-                        else ""
-                        for c in cols
-                    ],
-                    tip=f"run {run} minus run {against}: green is better, red is worse",
-                    colors=colors,
-                    payload="delta",
-                    align_right=right,
-                )
-            )
+            if cells:
+                rows += self._figure_rows(fig, cells, cols, run, against)
         self.figures.set_rows(rows)
         self._fit_figures()
         if against is None:
@@ -566,6 +521,57 @@ class ValidationPage(StagePage):
                 "(green better, red worse). FP32 is the reference the cosine, error and "
                 "agreement figures are measured against."
             )
+
+    def _figure_rows(self, fig: str, cells: dict[str, dict], cols: list[str], run,
+                     against) -> list[Row]:
+        """One figure's rows: its value per column, and (compared with a run) that run's
+        value and the change."""
+        right = (1, 2, 3)
+        title = FIGURE_TITLES.get(fig, fig)
+        rows = [
+            Row(
+                [title]
+                + [
+                    fmt_figure(fig, cells[c]["value"]) if c in cells else "—"
+                    for c in cols
+                ],
+                tip=FIGURE_TIPS.get(fig, fig) + f" Run {run}.",
+                colors={1: SAME_COLOR} if "fp32" not in cells else {},
+                payload="value",
+                align_right=right,
+            )
+        ]
+        if against is None:
+            return rows
+        rows.append(
+            Row(
+                [f"    run {against}"]
+                + [fmt_figure(fig, cells[c]["previous"]) if c in cells else "" for c in cols],
+                tip=f"{title} in run {against}",
+                colors={i: SAME_COLOR for i in range(4)},
+                payload="previous",
+                align_right=right,
+            )
+        )
+        colors = {0: SAME_COLOR}
+        for i, c in enumerate(cols, 1):
+            if c in cells:
+                colors[i] = delta_color(cells[c]["better"])
+        rows.append(
+            Row(
+                ["    change"]
+                + [
+                    fmt_delta(fig, cells[c]["delta"], cells[c]["relative"]) if c in cells
+                    else ""
+                    for c in cols
+                ],
+                tip=f"run {run} minus run {against}: green is better, red is worse",
+                colors=colors,
+                payload="delta",
+                align_right=right,
+            )
+        )
+        return rows
 
     def _fit_figures(self) -> None:
         """Columns as wide as their contents, and the table never narrower than them (the
