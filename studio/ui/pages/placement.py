@@ -28,8 +28,9 @@ from studio.ui.pages.base import Page
 from studio.ui.stages import places_nodes, role_of
 from studio.ui.widgets import EmptyState, fill_table, label, read_only_table
 
-#: the roles of the stages whose results change the placement shown
-PLACEMENT_ROLES = ("quantize", "compile")
+#: the roles of the stages whose results the placement view shows: the placement itself
+#: (quantize, compile) and the figures measured under it (validate, run)
+PLACEMENT_ROLES = ("quantize", "compile", "validate", "run")
 
 
 
