@@ -17,6 +17,11 @@ def project_kind(project: Project | None) -> str:
     return project.model["kind"] if project is not None else ""
 
 
+def article(word: str) -> str:
+    """"a" or "an" before ``word`` (by its first letter: "an encoder", "an onnx-graph")."""
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
 def project_stage(project: Project | None, role: str) -> str:
     """The project's stage that plays ``role`` ("" without a project, or when its kind has
     none): ``graph-validate`` for an encoder's "validate"."""

@@ -20,7 +20,7 @@ from studio.core.jobs import Job
 from studio.services import history
 from studio.ui.controller import ProjectController
 from studio.ui.pages.registry import page_spec
-from studio.ui.stages import project_kind, project_stage, role_of
+from studio.ui.stages import article, project_kind, project_stage, role_of
 from studio.ui.widgets import EmptyState, SourceBadge, label
 
 
@@ -132,8 +132,8 @@ class Page(QWidget):
         an error message. Returns the task, or None when nothing started."""
         stage = project_stage(self.ctl.project, role)
         if not stage:
-            self.ctl.message.emit(
-                "error", f"a {project_kind(self.ctl.project)} project has no {role} stage")
+            kind = project_kind(self.ctl.project)
+            self.ctl.message.emit("error", f"{article(kind)} {kind} project has no {role} stage")
             return None
         return self.run_stages([stage])
 

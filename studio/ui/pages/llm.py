@@ -34,10 +34,11 @@ class LLMPage(StagePage):
         super().__init__(
             ctl,
             "No generation yet",
-            "Run the run stage to generate from the project's prompt on the host CPU (FP32, "
-            "measured) and on the HTP simulator per target (quantized, simulated): prefill time, "
-            "decode tokens per second and the generated text appear here, each figure with its "
-            "source.",
+            "Run the run stage to generate from the project's prompt on each of its devices: the "
+            "host CPU (FP32, measured), the HTP simulator per target (quantized, simulated), and "
+            "the remote agents and phones over adb it lists (Devices page; measured): prefill "
+            "time, decode tokens per second and the generated text appear here, each figure "
+            "with its source.",
             parent,
         )
         import pyqtgraph as pg

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
+    QGridLayout,
     QGroupBox,
     QHBoxLayout,
     QLineEdit,
@@ -29,8 +30,11 @@ from studio.core.recipe import (
     SCHEME_HELP,
     SCHEMES,
 )
-from studio.ui.stages import project_stages
+from studio.ui.stages import project_stages, stage_title
 from studio.ui.widgets import label
+
+#: the pipeline stages' check boxes per row
+STAGE_COLUMNS = 7
 
 
 class RecipeFormMixin:
@@ -142,15 +146,27 @@ class RecipeFormMixin:
     def _build_stage_checks(self) -> QGroupBox:
         """Which stages Run pipeline runs (those of the project's kind are shown)."""
         stages = QGroupBox("Pipeline stages (Run pipeline and studio --batch)")
-        sl = QHBoxLayout(stages)
+        self.stage_grid = QGridLayout(stages)
         self.stage_checks: dict[str, QCheckBox] = {}
         for s in STAGES:
             cb = QCheckBox(s)
+            cb.setToolTip(stage_title(s))
             cb.clicked.connect(self._stages_clicked)
-            sl.addWidget(cb)
             self.stage_checks[s] = cb
-        sl.addStretch(1)
+        self._place_stage_checks(STAGES)
         return stages
+
+    def _place_stage_checks(self, shown) -> None:
+        """The check boxes of the stages ``shown``, in rows of STAGE_COLUMNS; the others
+        hidden."""
+        for cb in self.stage_checks.values():
+            self.stage_grid.removeWidget(cb)
+        i = 0
+        for s, cb in self.stage_checks.items():
+            cb.setVisible(s in shown)
+            if s in shown:
+                self.stage_grid.addWidget(cb, i // STAGE_COLUMNS, i % STAGE_COLUMNS)
+                i += 1
 
     def _build_calibration_text(self) -> QHBoxLayout:
         """The calibration text file: yours, or the shipped sample."""
@@ -208,9 +224,8 @@ class RecipeFormMixin:
             if touched("gates", key):
                 self._quiet(spin, lambda s=spin, k=key: s.setValue(float(p.gates[k])))
         if touched("pipeline", "stages"):
-            mine = project_stages(p)
+            self._place_stage_checks(project_stages(p))
             for s, cb in self.stage_checks.items():
-                cb.setVisible(s in mine)
                 self._quiet(cb, lambda c=cb, s=s: c.setChecked(s in p.pipeline["stages"]))
         if touched("quantization", "overrides"):
             self._show_overrides()

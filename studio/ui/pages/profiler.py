@@ -86,7 +86,8 @@ class ProfilerPage(TargetStagePage):
             "HTP simulator, several times: the seed's op table (QKV projection, attention, "
             "MLP, norms, RoPE, data movement) appears here live, run by run, with the median, "
             "the spread and the host load of each run. Simulator cycles follow the host CPU: "
-            "they show where the time goes, not device latency.",
+            "they show where the time goes, not device latency. The project's remote agents "
+            "and phones over adb (Devices page) are profiled on their own NPU.",
             parent,
         )
         import pyqtgraph as pg  # only when the page is first shown

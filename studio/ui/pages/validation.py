@@ -43,7 +43,7 @@ from studio.ui.pages.figures import (
     setting_value,
 )
 from studio.ui.pages.layerdiff_view import LayerDiffView
-from studio.ui.stages import places_nodes, role_of
+from studio.ui.stages import article, places_nodes, project_kind, role_of
 from studio.ui.widgets import BadgeDelegate, label
 
 GATE_TITLES = {
@@ -61,7 +61,7 @@ EMPTY_TEXT = (
     "phones over adb (Devices page) run the run and profile stages."
 )
 GRAPH_EMPTY_TEXT = (
-    "This is a {kind} project: its validate stage ({stage}) compares each output of the "
+    "This is {a} {kind} project: its validate stage ({stage}) compares each output of the "
     "deployed graph with the FP32 graph on the CPU (worst cosine, max |error|, on the held-out "
     "samples) and an encoder's rankings on the shipped retrieval set. Run validate (or the "
     "pipeline): the figures show on the <b>Placement</b> page beside the placement they were "
@@ -318,7 +318,8 @@ class ValidationPage(StagePage):
         if graph:
             self.set_has_content(False)
             self.empty.set_text("Validation of a graph", GRAPH_EMPTY_TEXT.format(
-                kind=studio.project.model["kind"], stage=self.stage))
+                a=article(project_kind(studio.project)), kind=project_kind(studio.project),
+                stage=self.stage))
             return
         self.empty.set_text("No validation yet", EMPTY_TEXT)
         self.layer_diff.reload()
