@@ -53,6 +53,7 @@ from studio.services.precision import (
     target_chips,
 )
 from studio.services.precision_edit import SCHEME_PART, plan_edit
+from studio.ui.loading import LatestLoad
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.pages.base import Page
 from studio.ui.pages.heatmap import HeatPanel
@@ -89,8 +90,7 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
         super().__init__(ctl, parent)
         self.sensitivity: dict | None = None  # services.sensitivity.sensitivity_result
         self.sensitivity_loaded = False
-        self._sens_task: asyncio.Future | None = None
-        self._sens_gen = 0
+        self._sens_load = LatestLoad(ctl)
         self._apply_before: int | None = None
         self._apply_task: asyncio.Task | None = None
         self._shortcuts: list[QShortcut] = []
@@ -491,32 +491,21 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
         studio = self.ctl.studio
         if studio is None:
             return None
-        self._sens_gen += 1
-        gen = self._sens_gen
         project = studio.project.copy()
 
-        async def go() -> None:
-            try:
-                result = await self.ctl.in_thread(
-                    sens.sensitivity_result, project, studio.jobs, studio.store)
-            except StudioError:
-                result = None
-            except Exception:
-                if self.ctl.studio is not studio:
-                    return  # the project was closed while it was read (its database too)
-                raise
-            if gen != self._sens_gen or self.ctl.studio is not studio:
-                return
+        def done(result) -> None:
             self.sensitivity, self.sensitivity_loaded = result, True
             self.heat_metric.setEnabled(result is not None)
             self._show_heat()
             self._selection_changed(self.grid.selected_layers())
 
-        try:
-            self._sens_task = asyncio.ensure_future(go())
-        except RuntimeError:  # no event loop (a bare QApplication)
-            self._sens_task = None
-        return self._sens_task
+        def failed(exc: Exception) -> None:
+            if not isinstance(exc, StudioError):
+                raise exc  # a bug (a closed project's result is dropped before it gets here)
+            done(None)
+
+        return self._sens_load.start(sens.sensitivity_result, project, studio.jobs,
+                                     studio.store, done=done, failed=failed)
 
     def _heat_toggled(self, _on: bool) -> None:
         self._show_heat()
