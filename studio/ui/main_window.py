@@ -42,6 +42,7 @@ from studio.ui.widgets import NotificationArea, label
 if TYPE_CHECKING:
     from studio.ui.pages.base import Page
 
+
 class Welcome(QWidget):
     """Shown on the Overview page while no project is open: new, open, recent."""
 
