@@ -42,6 +42,7 @@ from studio.core.errors import Cancelled, StudioError
 from studio.core.progress import EventProgress
 from studio.services import demo as demosvc
 from studio.ui.theme import SOURCE_COLORS
+from studio.ui.widgets import clear_layout
 
 BG, PANEL, TEXT, MUTED = "#0d1117", "#161b22", "#eef1f5", "#9aa4b2"
 ACCENT, GOOD, BAD, REC = "#3ea6ff", "#3fb950", "#ff6b6b", "#f0b429"
@@ -77,15 +78,6 @@ def recorded(text: str) -> QLabel:
     return w
 
 
-def _clear(layout) -> None:
-    while layout.count():
-        item = layout.takeAt(0)
-        w = item.widget()
-        if w is not None:
-            w.hide()
-            w.deleteLater()
-        elif item.layout() is not None:
-            _clear(item.layout())
 
 
 def _stylesheet(base: float) -> str:
@@ -374,7 +366,7 @@ class GenerateView(SceneView):
         self.gauge.scale = nice_ceiling(self.gauge.floor * 1.1) if same else 1.0
         self.subtitle.setText(f"{self.window_.demo.project.name} · {self.device_name} · up to "
                               f"{ex['max_new_tokens']} new tokens, greedy")
-        _clear(self.recorded_box)
+        clear_layout(self.recorded_box, hide=True)
         row = 0
         if scene.figures:
             self.recorded_box.addWidget(_label("Recorded earlier — not live", "small", "muted"),
@@ -548,7 +540,7 @@ class WaterfallView(SceneView):
         self.subtitle.setProperty("tone", "accent")
 
     def fill(self, scene: demosvc.Scene) -> None:
-        _clear(self.grid)
+        clear_layout(self.grid, hide=True)
         self.rows = []
         chip = scene.extra.get("chip_name", "")
         self.chip_name = chip
@@ -635,7 +627,7 @@ class AccuracyView(SceneView):
         self.lay.setContentsMargins(0, 0, 0, 0)
 
     def fill(self, scene: demosvc.Scene) -> None:
-        _clear(self.lay)
+        clear_layout(self.lay, hide=True)
         self.subtitle.setText(scene.note)
         cards = QGridLayout()
         figs = scene.figures
@@ -673,7 +665,7 @@ class ShareView(SceneView):
         self.grid.setContentsMargins(0, 0, 0, 0)
 
     def fill(self, scene: demosvc.Scene) -> None:
-        _clear(self.grid)
+        clear_layout(self.grid, hide=True)
         self.bar_rows: list[int] = []
         if self.kind == "profile":
             self._profile(scene)
@@ -753,7 +745,7 @@ class BundleView(SceneView):
         self.lay.setContentsMargins(0, 0, 0, 0)
 
     def fill(self, scene: demosvc.Scene) -> None:
-        _clear(self.lay)
+        clear_layout(self.lay, hide=True)
         self.subtitle.setText("where the model goes, and what ships")
         chips = QHBoxLayout()
         for r in scene.rows:

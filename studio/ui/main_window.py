@@ -1,15 +1,18 @@
 """The studio window: navigation, pages, menus and shortcuts, status bar, notifications.
 
 The window owns no project logic: it forwards every request to the ``ProjectController``
-and shows what the controller reports. Pages are built the first time they are shown, so
-start-up imports only what the first page needs.
+and shows what the controller reports. Its navigation, View menu and page shortcuts come
+from the page registry (``studio.ui.pages.registry.PAGES``); a page is built the first time
+it is shown, so start-up imports only what the first page needs, and the window reaches it
+only through the hooks of :class:`studio.ui.pages.base.Page`. The Run Stage menu lists the
+stages of the open project's kind and is rebuilt when a project opens or closes.
 """
 
 from __future__ import annotations
 
-import importlib
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QKeySequence
@@ -29,41 +32,15 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.errors import StudioError
-from studio.core.project import STAGES
 from studio.ui.controller import ProjectController, SaveConflict
+from studio.ui.pages.registry import PAGES, has_page, page_spec
 from studio.ui.settings import AppSettings
+from studio.ui.stages import project_stages, stage_title
 from studio.ui.theme import apply_theme
 from studio.ui.widgets import NotificationArea, label
 
-#: navigation title -> (module, class); built on first show
-PAGES: dict[str, tuple[str, str]] = {
-    "Overview": ("studio.ui.pages.overview", "OverviewPage"),
-    "Model": ("studio.ui.pages.model", "ModelPage"),
-    "Precision": ("studio.ui.pages.precision", "PrecisionPage"),
-    "Jobs": ("studio.ui.pages.jobs", "JobsPage"),
-    "Devices": ("studio.ui.pages.devices", "DevicesPage"),
-    "Profiler": ("studio.ui.pages.profiler", "ProfilerPage"),
-    "Validation": ("studio.ui.pages.validation", "ValidationPage"),
-    "LLM": ("studio.ui.pages.llm", "LLMPage"),
-    "Deploy": ("studio.ui.pages.deploy", "DeployPage"),
-    "Placement": ("studio.ui.pages.placement", "PlacementPage"),
-    "Sweeps": ("studio.ui.pages.sweeps", "SweepsPage"),
-    "Reports": ("studio.ui.pages.reports", "ReportsPage"),
-}
-PAGE_TIPS = {
-    "Overview": "Model card, targets, recipe, latest results",
-    "Model": "Blocks → modules → ONNX nodes",
-    "Precision": "Quantization recipe and per-layer overrides",
-    "Jobs": "Run the pipeline; live jobs and logs",
-    "Devices": "Host CPU, HTP simulator, target chips",
-    "Profiler": "Op-type time of a decode step",
-    "Validation": "FP32 vs quantized vs HTP accuracy",
-    "LLM": "Generation speed and output",
-    "Deploy": "Genie bundles, DLC files, context binaries",
-    "Placement": "Encoders and ONNX graphs: NPU / CPU nodes, refusals, the way forward",
-    "Sweeps": "Recipe sweeps: every point, the Pareto front, apply the best",
-    "Reports": "HTML and JSON reports",
-}
+if TYPE_CHECKING:
+    from studio.ui.pages.base import Page
 
 
 class Welcome(QWidget):
@@ -144,7 +121,7 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.settings = settings
         self.ctl = controller or ProjectController(settings, self)
-        self.pages: dict[str, QWidget] = {}
+        self.pages: dict[str, Page] = {}  # by key, as they are built
         self.setWindowTitle("QStudio")
         self.resize(1280, 820)
         self.setMinimumSize(900, 600)
@@ -156,9 +133,9 @@ class MainWindow(QMainWindow):
         cl.setSpacing(0)
         self.nav = QListWidget()
         self.nav.setObjectName("nav")
-        for i, title in enumerate(PAGES):
-            item = QListWidgetItem(title)
-            item.setToolTip(PAGE_TIPS[title] + (f" (Ctrl+{i + 1})" if i < 9 else ""))
+        for i, spec in enumerate(PAGES):
+            item = QListWidgetItem(spec.title)
+            item.setToolTip(spec.tip + (f" (Ctrl+{i + 1})" if i < 9 else ""))
             self.nav.addItem(item)
         self.nav.setFixedWidth(170)
         self.nav.currentRowChanged.connect(self._nav_changed)
@@ -198,7 +175,7 @@ class MainWindow(QMainWindow):
             self.restoreGeometry(geo)
         if state is not None:
             self.restoreState(state)
-        self._start_page = page if page in PAGES else "Overview"
+        self._start_page = page_spec(page).title if page and has_page(page) else "Overview"
         self._update_title()
         self._update_undo()
         self._update_project_actions()
@@ -258,15 +235,11 @@ class MainWindow(QMainWindow):
         self.cancel_act = self._act(
             "&Cancel Run", self.ctl.cancel_run, "Shift+F5", "Cancel every queued and running job"
         )
-        self.stage_acts = {
-            s: self._act(
-                s, lambda s=s: self.run_stages([s]), None, f"Run {s} and the stages it needs"
-            )
-            for s in STAGES
-        }
+        self.stage_acts: dict[str, QAction] = {}  # the open project's stages (_fill_stages)
         self.page_acts = [
-            self._act(title, lambda t=title: self.show_page(t), f"Ctrl+{i + 1}" if i < 9 else None)
-            for i, title in enumerate(PAGES)
+            self._act(spec.title, lambda k=spec.key: self.show_page(k),
+                      f"Ctrl+{i + 1}" if i < 9 else None)
+            for i, spec in enumerate(PAGES)
         ]
         self.autosave_act = QAction("&Autosave Unsaved Edits", self, checkable=True)
         self.autosave_act.setChecked(self.settings.autosave_seconds > 0)
@@ -316,13 +289,27 @@ class MainWindow(QMainWindow):
             t.addAction(a)
         r = mb.addMenu("&Run")
         r.addAction(self.run_act)
-        sm = r.addMenu("Run &Stage")
-        for a in self.stage_acts.values():
-            sm.addAction(a)
+        self.stage_menu = r.addMenu("Run &Stage")
+        self._fill_stages()
         r.addAction(self.cancel_act)
         h = mb.addMenu("&Help")
         h.addAction(self.shortcuts_act)
         h.addAction(self.about_act)
+
+    def _fill_stages(self) -> None:
+        """The Run Stage menu: each stage of the open project's kind (none without one)."""
+        for a in self.stage_acts.values():
+            self.removeAction(a)
+            a.deleteLater()
+        self.stage_menu.clear()
+        self.stage_acts = {
+            s: self._act(f"{s} — {stage_title(s)}", lambda s=s: self.run_stages([s]), None,
+                         f"Run {s} and the stages it needs")
+            for s in project_stages(self.ctl.project)
+        }
+        for a in self.stage_acts.values():
+            self.stage_menu.addAction(a)
+        self.stage_menu.setEnabled(bool(self.stage_acts))
 
     def _build_status(self) -> None:
         sb = self.statusBar()
@@ -339,39 +326,36 @@ class MainWindow(QMainWindow):
         sb.addPermanentWidget(self.device_label)
 
     # ---- pages ----------------------------------------------------------------------------------
-    def page(self, title: str) -> QWidget:
-        """The page with this title, built on first use."""
-        if title not in self.pages:
-            module, cls = PAGES[title]
-            page_cls = getattr(importlib.import_module(module), cls)
-            page = page_cls(self.ctl)
+    def page(self, name: str) -> Page:
+        """The page with this key (or title), built on first use."""
+        spec = page_spec(name)
+        if spec.key not in self.pages:
+            page = spec.load()(self.ctl)
             page.navigate.connect(self._navigate)
-            activated = getattr(page, "layerActivated", None)  # the layer diff's rows / points
-            if activated is not None:
-                activated.connect(self.show_layer)
-            run = getattr(page, "runActivated", None)  # a sweep point's run
-            if run is not None:
-                run.connect(self.show_run)
+            page.layerActivated.connect(self.show_layer)
+            page.runActivated.connect(self.show_run)
             page.start()
-            self.pages[title] = page
+            self.pages[spec.key] = page
             self.stack.addWidget(page)
-        return self.pages[title]
+        return self.pages[spec.key]
 
-    def show_page(self, title: str) -> QWidget:
-        row = list(PAGES).index(title)
+    def show_page(self, name: str) -> QWidget:
+        """Show the page with this key (or title); returns it (the welcome screen for the
+        Overview while no project is open)."""
+        spec = page_spec(name)
+        row = PAGES.index(spec)
         if self.nav.currentRow() != row:
             self.nav.setCurrentRow(row)  # -> _nav_changed
         else:
             self._nav_changed(row)
-        return self.pages.get(title) or self.welcome
+        return self.pages.get(spec.key) or self.welcome
 
     def show_layer(self, name: str) -> QWidget:
         """Open the Precision page on a layer (a module path or a key-activation pseudo-layer)
         when the page can select one."""
-        page = self.show_page("Precision")
-        select = getattr(page, "select_layer", None)
-        if callable(select):
-            select(name)
+        self.show_page("precision")
+        page = self.page("precision")
+        page.reveal_layer(name)
         return page
 
     def show_run(self, run_id: int) -> QWidget:
@@ -380,15 +364,13 @@ class MainWindow(QMainWindow):
         studio = self.ctl.studio
         if studio is None:
             return self.welcome
-        page = self.show_page("Validation")
-        try:
-            page.pick_run(run_id)
+        self.show_page("validation")
+        page = self.page("validation")
+        if page.reveal_run(run_id):
             return page
-        except StudioError:
-            pass
         jobs = studio.jobs.jobs(run_id=run_id)
         job = next((j for j in jobs if j.state == "failed"), jobs[0] if jobs else None)
-        page = self.show_page("Jobs")
+        page = self.show_page("jobs")
         if job is not None:
             self.show_job_log(job.id)
             self.notify(f"Run {run_id} has no validation results: its jobs are on the Jobs "
@@ -396,24 +378,25 @@ class MainWindow(QMainWindow):
         return page
 
     def current_page(self) -> str:
-        return list(PAGES)[max(0, self.nav.currentRow())]
+        """The title of the page shown."""
+        return PAGES[max(0, self.nav.currentRow())].title
 
     def _nav_changed(self, row: int) -> None:
         if row < 0:
             return
-        title = list(PAGES)[row]
-        if title == "Overview" and self.ctl.studio is None:
+        key = PAGES[row].key
+        if key == "overview" and self.ctl.studio is None:
             self.welcome.refresh()
             self.stack.setCurrentWidget(self.welcome)
             return
-        self.stack.setCurrentWidget(self.page(title))
+        self.stack.setCurrentWidget(self.page(key))
 
     def _navigate(self, target: str) -> None:
         if target == "action:new":
             self.new_project()
         elif target == "action:open":
             self.open_dialog()
-        elif target in PAGES:
+        elif has_page(target):
             self.show_page(target)
 
     # ---- projects -----------------------------------------------------------------------------
@@ -570,6 +553,7 @@ class MainWindow(QMainWindow):
     # ---- controller events -------------------------------------------------------------------------
     def _opened(self) -> None:
         self.notifications.clear()
+        self._fill_stages()
         self._update_title()
         self._update_project_actions()
         self.show_page(self._start_page if self._start_page else "Overview")
@@ -577,6 +561,7 @@ class MainWindow(QMainWindow):
 
     def _closed(self) -> None:
         self.notifications.clear()
+        self._fill_stages()
         self._update_title()
         self._update_project_actions()
         self._update_jobs_status()
@@ -649,9 +634,10 @@ class MainWindow(QMainWindow):
         n.add_action("Show log", lambda jid=job.id: self.show_job_log(jid))
 
     def show_job_log(self, job_id: int) -> None:
-        page = self.show_page("Jobs")
-        if self.ctl.studio is not None and page.select_job(job_id):
-            page.show_log(self.ctl.studio.jobs.job(job_id))
+        if self.ctl.studio is None:
+            return
+        self.show_page("jobs")
+        self.page("jobs").reveal_job(job_id)
 
     def _run_finished(self, summary) -> None:
         took = f"{summary.seconds:.1f} s"
@@ -712,7 +698,7 @@ class MainWindow(QMainWindow):
         )
         self.device_label.setText(f"Host CPU ready ({st['host']['cpus']} cores) · {sim_text}")
         self.device_label.setToolTip(
-            "Remote devices are not connected (they come in a later release); see the Devices page"
+            "Remote agents and phones over adb are added, checked and used on the Devices page"
         )
 
     # ---- preferences ------------------------------------------------------------------------------
@@ -721,9 +707,7 @@ class MainWindow(QMainWindow):
         apply_theme(QApplication.instance(), name)
         self.theme_acts[name].setChecked(True)
         for page in self.pages.values():
-            fn = getattr(page, "_apply_theme", None)
-            if fn:
-                fn()
+            page.apply_theme()
 
     def _toggle_autosave(self, on: bool) -> None:
         self.ctl.set_autosave(30 if on else 0)

@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     import qasync
     from PySide6.QtWidgets import QApplication
 
-    from studio.ui.main_window import PAGES, MainWindow
+    from studio.ui.main_window import MainWindow
+    from studio.ui.pages.registry import PAGES
     from studio.ui.settings import AppSettings
     from studio.ui.standalone import sample_project
     from studio.ui.theme import apply_theme
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                 win.grab().save(str(out / "02-jobs-running.png"))
                 await task
             await pause(1.5)
-        for i, title in enumerate(PAGES):
+        for i, title in enumerate(spec.title for spec in PAGES):
             win.show_page(title)
             await pause(1.2 if title in ("Model", "Overview") else 0.6)
             win.grab().save(str(out / f"{10 + i:02d}-{title.lower()}.png"))

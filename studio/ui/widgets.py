@@ -1,4 +1,5 @@
-"""Small shared widgets: source badges, metric cards, empty states, notifications."""
+"""Small shared widgets: source badges, empty states, notifications, tables, and
+``clear_layout``. The figure card and its grid are in :mod:`studio.ui.pages.cards`."""
 
 from __future__ import annotations
 
@@ -80,36 +81,19 @@ def badge_html(source: str) -> str:
     )
 
 
-class MetricCard(QFrame):
-    """One figure: its value and unit, what it is, where it comes from."""
-
-    def __init__(
-        self,
-        title: str,
-        value: str,
-        source: str,
-        where: str = "",
-        note: str = "",
-        parent: QWidget | None = None,
-    ):
-        super().__init__(parent)
-        self.setProperty("role", "card")
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(10, 8, 10, 8)
-        lay.setSpacing(2)
-        top = QHBoxLayout()
-        top.addWidget(label(title, "muted"))
-        top.addStretch(1)
-        self.badge = SourceBadge(source, note)
-        top.addWidget(self.badge)
-        lay.addLayout(top)
-        self.value = label(value, "metric-value")
-        lay.addWidget(self.value)
-        if where:
-            lay.addWidget(label(where, "muted"))
-        if note:
-            self.setToolTip(note)
-        self.setMinimumWidth(190)
+def clear_layout(layout, hide: bool = False) -> None:
+    """Remove everything in ``layout`` (nested layouts emptied too) and delete it once the
+    event loop runs. ``hide``: hide each widget at once too (else it stays drawn until then,
+    so a page that refills the layout never shows a gap)."""
+    while layout.count():
+        item = layout.takeAt(0)
+        w = item.widget()
+        if w is not None:
+            if hide:
+                w.hide()
+            w.deleteLater()
+        elif item.layout() is not None:
+            clear_layout(item.layout(), hide)
 
 
 class EmptyState(QWidget):

@@ -9,7 +9,7 @@ import pytest
 from PySide6.QtGui import QKeySequence, QPalette
 
 from studio.core.metrics import Metric
-from studio.ui.main_window import PAGES
+from studio.ui.pages.registry import PAGES
 
 
 def _visible_texts(widget) -> str:
@@ -21,7 +21,8 @@ def _visible_texts(widget) -> str:
 def test_every_page_without_a_project(window):
     assert window.stack.currentWidget() is window.welcome
     assert "Welcome to QStudio" in _visible_texts(window.welcome)
-    for title in PAGES:
+    for spec in PAGES:
+        title = spec.title
         page = window.show_page(title)
         if title == "Overview":
             assert page is window.welcome

@@ -9,7 +9,6 @@ from __future__ import annotations
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import (
     QComboBox,
-    QFrame,
     QHBoxLayout,
     QStackedWidget,
     QVBoxLayout,
@@ -20,28 +19,32 @@ from studio.core.errors import StudioError
 from studio.core.jobs import Job
 from studio.services import history
 from studio.ui.controller import ProjectController
+from studio.ui.pages.registry import page_spec
+from studio.ui.stages import article, project_kind, project_stage, role_of
 from studio.ui.widgets import EmptyState, SourceBadge, label
 
 
-def banner(text: str) -> QFrame:
-    """A framed note (rich text) about what a page will show in a later release."""
-    frame = QFrame()
-    frame.setProperty("role", "banner")
-    QVBoxLayout(frame).addWidget(label(text, wrap=True))
-    return frame
-
-
 class Page(QWidget):
-    #: the name in the navigation
-    title = "Page"
-    #: one line under the title
-    subtitle = ""
-    #: ask the window to show another page (by title)
+    """A page of the main window. Its key names its declaration in
+    :data:`studio.ui.pages.registry.PAGES` (title, description); the hooks below are what
+    the window and the controller call, each a no-op unless the page overrides it."""
+
+    #: the page's key in the registry
+    key = ""
+    #: ask the window to show another page (its key), or "action:new" / "action:open"
     navigate = Signal(str)
+    #: ask the window to show a layer (module path or key-activation pseudo-layer) where
+    #: layers are edited (the Precision page)
+    layerActivated = Signal(str)
+    #: ask the window to show a run of the history
+    runActivated = Signal(int)
 
     def __init__(self, ctl: ProjectController, parent: QWidget | None = None):
         super().__init__(parent)
         self.ctl = ctl
+        spec = page_spec(self.key)
+        #: the name in the navigation and over the page; the line under it
+        self.title, self.subtitle = spec.title, spec.description
         outer = QVBoxLayout(self)
         outer.setContentsMargins(16, 12, 16, 12)
         head = QHBoxLayout()
@@ -71,6 +74,7 @@ class Page(QWidget):
         ctl.opened.connect(self._on_opened)
         ctl.closed.connect(self._on_closed)
         ctl.changed.connect(self._on_changed)
+        ctl.job_event.connect(self._on_job_event)
 
     # ---- lifecycle --------------------------------------------------------------------------
     def _on_opened(self) -> None:
@@ -84,6 +88,10 @@ class Page(QWidget):
     def _on_changed(self, change) -> None:
         if self.ctl.studio is not None:
             self.on_change(change)
+
+    def _on_job_event(self, job: Job) -> None:
+        if self.ctl.studio is not None:
+            self.on_job_event(job)
 
     def start(self) -> None:
         """Called once after construction: show the session's current state."""
@@ -119,28 +127,58 @@ class Page(QWidget):
             self.ctl.message.emit("error", exc.message)
             return None
 
-    # ---- for subclasses ---------------------------------------------------------------------
+    def run_role(self, role: str):
+        """Run the project's stage of ``role`` (and what it needs); a kind without one gets
+        an error message. Returns the task, or None when nothing started."""
+        stage = project_stage(self.ctl.project, role)
+        if not stage:
+            kind = project_kind(self.ctl.project)
+            self.ctl.message.emit("error", f"{article(kind)} {kind} project has no {role} stage")
+            return None
+        return self.run_stages([stage])
+
+    # ---- hooks: the controller's events (while a project is open) -----------------------
     def on_show(self) -> None:
         """The page became visible: re-read what another process (studio --batch) may have
         added to the run history."""
 
     def on_open(self) -> None:
-        pass
+        """A project was opened (also when the page is built while one is open)."""
 
     def on_close(self) -> None:
-        pass
+        """The project was closed."""
 
     def on_change(self, change) -> None:
-        pass
+        """A command changed the project: ``change`` holds the (section, key) pairs."""
+
+    def on_job_event(self, job: Job) -> None:
+        """A job of the open project was queued, progressed or ended."""
+
+    # ---- hooks: what the window asks of a page ----------------------------------------------
+    def apply_theme(self) -> None:
+        """The theme changed: redraw what the palette does not reach (plots)."""
+
+    def reveal_layer(self, name: str) -> bool:
+        """Show and select the layer ``name``; False where the page has no layers."""
+        return False
+
+    def reveal_run(self, run_id: int) -> bool:
+        """Show run ``run_id`` of the history; False where the page cannot."""
+        return False
+
+    def reveal_job(self, job_id: int) -> bool:
+        """Show the job ``job_id`` (its log); False where the page cannot."""
+        return False
 
 
 class StagePage(Page):
     """A page about one stage: ``empty`` (an EmptyState) until the run history holds a
-    succeeded job of the stage, then ``content``. Subclasses set ``stage``, fill
+    succeeded job of the stage, then ``content``. Subclasses set ``role``, fill
     ``content_layout`` and draw the jobs in ``show_jobs``."""
 
-    #: the stage whose latest succeeded jobs the page shows
-    stage = ""
+    #: the role (``core.stagegraph``) of the stage whose latest succeeded jobs the page shows:
+    #: the open project's stage of that role (``validate`` or ``graph-validate`` …)
+    role = ""
     #: how long to coalesce job events before refreshing (ms)
     refresh_ms = 150
 
@@ -157,7 +195,12 @@ class StagePage(Page):
         self.content_layout.setContentsMargins(0, 0, 0, 0)
         self.body_layout.addWidget(self.content, 1)
         self._jobs: list[Job] = []
-        ctl.job_event.connect(self._on_job)
+
+    @property
+    def stage(self) -> str:
+        """The open project's stage of the page's role ("" without a project, or when the
+        project's kind has no such stage)."""
+        return project_stage(self.ctl.project, self.role)
 
     def on_show(self) -> None:
         self.refresh()
@@ -165,13 +208,13 @@ class StagePage(Page):
     def on_open(self) -> None:
         self.refresh()
 
-    def _on_job(self, job: Job) -> None:
-        if job.stage == self.stage and job.state == "succeeded":
+    def on_job_event(self, job: Job) -> None:
+        if job.state == "succeeded" and role_of(job.stage) == self.role:
             self.later(self.refresh, self.refresh_ms)
 
     def run_stage(self) -> None:
         """Run the page's stage (and what it needs)."""
-        self.run_stages([self.stage])
+        self.run_role(self.role)
 
     def set_has_content(self, has: bool) -> bool:
         """Show ``content`` if ``has``, else the empty state; returns ``has``."""
@@ -184,7 +227,8 @@ class StagePage(Page):
         return job.target
 
     def refresh(self) -> None:
-        jobs = history.latest_jobs(self.ctl.studio.jobs, self.stage)
+        stage = self.stage
+        jobs = history.latest_jobs(self.ctl.studio.jobs, stage) if stage else []
         self._jobs = sorted(jobs, key=self.sort_key)
         if self.set_has_content(bool(self._jobs)):
             self.show_jobs(self._jobs)

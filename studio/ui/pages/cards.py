@@ -1,4 +1,4 @@
-"""Figure cards that name their run, and a grid that reflows them to the width it gets (so a
+"""The figure card (a value, its source, where it comes from), and a grid that reflows them to the width it gets (so a
 page of cards never scrolls sideways)."""
 
 from __future__ import annotations
@@ -9,23 +9,28 @@ from PySide6.QtWidgets import QFrame, QGridLayout, QHBoxLayout, QLayout, QVBoxLa
 from studio.ui.widgets import SourceBadge, label
 
 STALE_COLOR = "#9a6700"
+#: no card is narrower than this (cards side by side line up)
+MIN_CARD_WIDTH = 190
 
 
-class RunCard(QFrame):
-    """One figure of one run: what it is (never cut), its value and source, the run and job
-    it comes from, and (``set_stale``) a note when the project has changed since."""
+class FigureCard(QFrame):
+    """One figure: what it is (never cut), its value and source, where it comes from (the
+    run and job, or the device; left out when empty), and (``set_stale``) a note when the
+    project has changed since. ``value`` and ``badge`` can be set again (a card that is
+    filled in when its figure is known)."""
 
     def __init__(
         self,
         title: str,
         value: str,
         source: str,
-        where: str,
+        where: str = "",
         note: str = "",
         parent: QWidget | None = None,
     ):
         super().__init__(parent)
         self.setProperty("role", "card")
+        self.setMinimumWidth(MIN_CARD_WIDTH)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(10, 8, 10, 8)
         lay.setSpacing(2)
@@ -40,6 +45,8 @@ class RunCard(QFrame):
         lay.addLayout(row)
         self.where = label(where, "muted", wrap=True)
         lay.addWidget(self.where)
+        if not where:
+            self.where.hide()
         self.stale_label = label("", wrap=True)
         self.stale_label.setStyleSheet(f"color: {STALE_COLOR};")
         self.stale_label.hide()
@@ -62,7 +69,7 @@ class CardGrid(QWidget):
     """Cards in as many equal columns as fit the width (at least one); its minimum width is
     one card's, so a scroll area around it never needs to scroll sideways."""
 
-    def __init__(self, min_card_width: int = 190, spacing: int = 8, parent=None):
+    def __init__(self, min_card_width: int = MIN_CARD_WIDTH, spacing: int = 8, parent=None):
         super().__init__(parent)
         self.min_card_width = min_card_width
         self.grid = QGridLayout(self)

@@ -31,11 +31,9 @@ FORMATS = ("Genie bundle", "DLC files", "Context binaries")
 
 
 class DeployPage(TargetStagePage):
-    title = "Deploy"
-    subtitle = ("What goes to the device: a Genie bundle per target chip, checked by Qualcomm's "
-                "Genie runtime; DLC files; the compiled context binaries.")
+    key = "deploy"
 
-    stage = "bundle"
+    role = "bundle"
 
     def __init__(self, ctl, parent=None):
         super().__init__(

@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 from studio.core.errors import StudioError
 from studio.core.units import format_bytes
 from studio.services import devices
+from studio.ui.loading import LatestLoad
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.pages.base import Page
 from studio.ui.widgets import label
@@ -85,14 +86,13 @@ def chip_rows(targets: list[str]) -> list[Row]:
 
 
 class DevicesPage(Page):
-    title = "Devices"
-    subtitle = ("Where jobs run: this machine's CPU, the QNN HTP simulator for each target chip, "
-                "remote agents and phones over adb.")
+    key = "devices"
 
     def __init__(self, ctl, parent=None):
         super().__init__(ctl, parent)
         # Devices do not depend on a project: show them with or without one.
         self.stack.setCurrentWidget(self.body)
+        self._phones_load = LatestLoad(ctl)
         lay = QVBoxLayout(self.body)
         lay.setContentsMargins(0, 6, 0, 0)
         top = QHBoxLayout()
@@ -446,17 +446,19 @@ class DevicesPage(Page):
         self.show_sdk()
         self.adb_label.setText("Phones over adb: looking…")
 
-        async def phones() -> None:  # adb may take seconds to answer: off the UI thread
-            found = await self.ctl.in_thread(devices.adb_devices)
+        def phones(found: list[dict[str, Any]]) -> None:
             self.phones = [d for d in found if d["id"] != "adb"]
             self.adb_label.setText("Phones over adb: " + "; ".join(
                 f"{d['id']} {d['status']}" if d["id"] != "adb" else d["status"] for d in found))
             self.refresh_agents()
 
-        try:
-            self._phones_task = asyncio.ensure_future(phones())
-        except RuntimeError:  # no event loop (a bare QApplication): phones stay unlisted
-            self.adb_label.setText("Phones over adb: not looked for")
+        def failed(exc: Exception) -> None:
+            why = exc.message if isinstance(exc, StudioError) else repr(exc)
+            self.adb_label.setText(f"Phones over adb: {why}")
+
+        # adb may take seconds to answer: off the UI thread
+        if self._phones_load.start(devices.adb_devices, done=phones, failed=failed) is None:
+            self.adb_label.setText("Phones over adb: not looked for")  # no event loop
 
 
 def agent_details(info: dict[str, Any]) -> str:

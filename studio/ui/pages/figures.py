@@ -7,6 +7,32 @@ import time
 
 from studio.ui.widgets import fmt_value
 
+#: what a recorded metric (``Metric.name``) is called on a card
+METRIC_TITLES = {
+    "export_seconds": "export time",
+    "quantize_seconds": "quantize time",
+    "compile_seconds": "compile time",
+    "logits_cosine_mean": "logits cosine vs FP32",
+    "logits_max_abs_error": "max logit error",
+    "top1_agreement": "top-1 agreement",
+    "perplexity_quantized": "perplexity (quantized)",
+    "perplexity_fp32": "perplexity (FP32)",
+    "perplexity_host_qdq": "perplexity (host QDQ)",
+    "greedy_agreement": "greedy token agreement",
+    "greedy_prefix_agreement": "greedy prefix agreement",
+    "logits_cosine_host_qdq": "logits cosine, host QDQ",
+    "top1_agreement_host_qdq": "top-1 agreement, host QDQ",
+    "prefill_ms": "prefill",
+    "decode_ms_per_token": "decode per token",
+    "decode_tokens_per_s": "decode speed",
+    "profiled_ops": "profiled ops",
+}
+
+
+def metric_title(name: str) -> str:
+    return METRIC_TITLES.get(name, name.replace("_", " "))
+
+
 #: what ``services.history.validation_table``'s figures are called on screen
 FIGURE_TITLES = {
     "perplexity": "perplexity",

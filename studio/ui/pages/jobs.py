@@ -23,7 +23,6 @@ from PySide6.QtWidgets import (
 
 from studio.core.errors import StudioError
 from studio.core.jobs import FINAL, Job
-from studio.core.project import STAGES
 from studio.ui.models.jobs import (
     C_ELAPSED,
     C_ID,
@@ -39,6 +38,7 @@ from studio.ui.models.jobs import (
     JobsModel,
 )
 from studio.ui.pages.base import Page
+from studio.ui.stages import project_stage, project_stages, stage_title
 from studio.ui.widgets import EmptyState, ProgressDelegate, label
 
 STAGE_HELP = {
@@ -55,6 +55,15 @@ STAGE_HELP = {
 }
 
 
+ALL_STAGES = "All stages"
+EMPTY_TEXT = (
+    "“Run pipeline” queues exactly the jobs that <code>studio --batch</code> runs for this "
+    "project: {stages}, for each target (and each device for run and profile). “Run stage” "
+    "runs one stage and what it needs. Stages whose inputs and settings did not change come "
+    "back from the cache at once."
+)
+
+
 def _clean(line: str) -> str:
     """A terminal progress line rewritten with carriage returns: keep what it ended as."""
     if "\r" in line:
@@ -64,18 +73,48 @@ def _clean(line: str) -> str:
 
 
 class JobsPage(Page):
-    title = "Jobs"
-    subtitle = (
-        "Every stage of every run, live. Jobs run in worker processes: the window stays responsive."
-    )
+    key = "jobs"
     error = Signal(str)
 
     def __init__(self, ctl, parent=None):
         super().__init__(ctl, parent)
         lay = QVBoxLayout(self.body)
         lay.setContentsMargins(0, 6, 0, 0)
+        lay.addLayout(self._build_toolbar())
+        self.plan_label = label("", "muted", wrap=True)
+        lay.addWidget(self.plan_label)
+        self.table_stack = QWidget()
+        ts = QVBoxLayout(self.table_stack)
+        ts.setContentsMargins(0, 0, 0, 0)
+        ts.addWidget(self._build_table())
+        ts.addWidget(self._build_empty())
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(self.table_stack)
+        split.addWidget(self._build_log())
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 2)
+        lay.addWidget(split, 1)
 
-        # -- toolbar --
+        self._log_job: int | None = None  # the job whose log the pane shows
+        self._log_count = 0  # how many of its stored lines the pane shows
+        self._log_events: dict[int, int] = {}  # job id -> log lines received as events
+        self._selecting = False
+        self._pending: list[str] = []
+        self._flush = QTimer(self)
+        self._flush.setInterval(100)
+        self._flush.timeout.connect(self._flush_log)
+        self._ticker = QTimer(self)
+        self._ticker.setInterval(1000)
+        self._ticker.timeout.connect(self.model.tick)
+
+        ctl.log_line.connect(self._on_log)
+        ctl.running_changed.connect(self._update_buttons)
+        ctl.running_changed.connect(self._run_started)
+        self._update_buttons()
+
+    # ---- building the page ----------------------------------------------------------------
+    def _build_toolbar(self) -> QHBoxLayout:
+        """Run, run one stage, cancel, retry; the filters of the table."""
         bar = QHBoxLayout()
         self.run_button = QPushButton("▶  Run pipeline")
         self.run_button.setDefault(True)
@@ -88,11 +127,7 @@ class JobsPage(Page):
             "Run one stage (and the stages it needs, cached when unchanged)"
         )
         self.stage_menu = QMenu(self.stage_button)
-        self.stage_actions: dict[str, QAction] = {}
-        for s in STAGES:
-            act = self.stage_menu.addAction(f"{s} — {STAGE_HELP.get(s, s)}")
-            act.triggered.connect(lambda _=False, s=s: self.run_stages([s]))
-            self.stage_actions[s] = act
+        self.stage_actions: dict[str, QAction] = {}  # the project's stages (_fill_stages)
         self.stage_button.setMenu(self.stage_menu)
         bar.addWidget(self.stage_button)
         bar.addSpacing(12)
@@ -113,7 +148,7 @@ class JobsPage(Page):
         self.state_filter.setToolTip("Show jobs in these states")
         bar.addWidget(self.state_filter)
         self.stage_filter = QComboBox()
-        self.stage_filter.addItems(["All stages", *STAGES])
+        self.stage_filter.addItem(ALL_STAGES)
         self.stage_filter.currentTextChanged.connect(self._filters_changed)
         bar.addWidget(self.stage_filter)
         self.latest_only = QCheckBox("Latest run only")
@@ -125,11 +160,10 @@ class JobsPage(Page):
         self.search.textChanged.connect(self._filters_changed)
         self.search.setMaximumWidth(220)
         bar.addWidget(self.search)
-        lay.addLayout(bar)
-        self.plan_label = label("", "muted", wrap=True)
-        lay.addWidget(self.plan_label)
+        return bar
 
-        # -- table + log --
+    def _build_table(self) -> QTableView:
+        """The jobs, live: one row per job, newest first."""
         self.model = JobsModel(self)
         self.proxy = JobFilter(self)
         self.proxy.setSourceModel(self.model)
@@ -157,26 +191,22 @@ class JobsPage(Page):
         hh.resizeSection(C_TARGET, 190)
         self.table.selectionModel().selectionChanged.connect(self._selection_changed)
         self.table.clicked.connect(self._row_clicked)
+        return self.table
 
-        self.empty = EmptyState(
-            "No jobs yet",
-            "“Run pipeline” queues exactly the jobs that <code>studio --batch</code> runs for "
-            "this project: export → quantize → compile → validate → run → profile → report, "
-            "for each target. “Run stage” runs one stage and what it needs. Stages whose "
-            "inputs and settings did not change come back from the cache at once.",
-        )
+    def _build_empty(self) -> EmptyState:
+        """Before the first job: what Run pipeline queues (the text names the open project's
+        stages, ``_fill_stages``)."""
+        self.empty = EmptyState("No jobs yet", "")
         self.empty.add_action("▶  Run pipeline", lambda: self.run_stages(None))
-        self.empty.add_action(
+        self.first_button = self.empty.add_action(
             "Run export + quantize",
-            lambda: self.run_stages(["quantize"]),
+            lambda: self.run_role("quantize"),
             "The first two stages: the FP32 ONNX graphs, then the quantized ones",
         )
-        self.table_stack = QWidget()
-        ts = QVBoxLayout(self.table_stack)
-        ts.setContentsMargins(0, 0, 0, 0)
-        ts.addWidget(self.table)
-        ts.addWidget(self.empty)
+        return self.empty
 
+    def _build_log(self) -> QWidget:
+        """The log of the followed or picked job."""
         log_box = QWidget()
         ll = QVBoxLayout(log_box)
         ll.setContentsMargins(0, 0, 0, 0)
@@ -202,34 +232,34 @@ class JobsPage(Page):
         self.log.setFont(font)
         self.log.setPlaceholderText(NO_JOB_TEXT)
         ll.addWidget(self.log)
+        return log_box
 
-        split = QSplitter(Qt.Orientation.Vertical)
-        split.addWidget(self.table_stack)
-        split.addWidget(log_box)
-        split.setStretchFactor(0, 3)
-        split.setStretchFactor(1, 2)
-        lay.addWidget(split, 1)
-
-        self._log_job: int | None = None  # the job whose log the pane shows
-        self._log_count = 0  # how many of its stored lines the pane shows
-        self._log_events: dict[int, int] = {}  # job id -> log lines received as events
-        self._selecting = False
-        self._pending: list[str] = []
-        self._flush = QTimer(self)
-        self._flush.setInterval(100)
-        self._flush.timeout.connect(self._flush_log)
-        self._ticker = QTimer(self)
-        self._ticker.setInterval(1000)
-        self._ticker.timeout.connect(self.model.tick)
-
-        ctl.job_event.connect(self._on_job)
-        ctl.log_line.connect(self._on_log)
-        ctl.running_changed.connect(self._update_buttons)
-        ctl.running_changed.connect(self._run_started)
-        self._update_buttons()
+    def _fill_stages(self) -> None:
+        """The Run stage menu and the stage filter: the stages of the open project's kind;
+        the empty state names the project's pipeline."""
+        project = self.ctl.project
+        self.stage_menu.clear()
+        self.stage_actions = {}
+        for s in project_stages(project):
+            act = self.stage_menu.addAction(f"{s} — {STAGE_HELP.get(s) or stage_title(s)}")
+            act.triggered.connect(lambda _=False, s=s: self.run_stages([s]))
+            self.stage_actions[s] = act
+        current = self.stage_filter.currentText()
+        self.stage_filter.blockSignals(True)
+        self.stage_filter.clear()
+        self.stage_filter.addItems([ALL_STAGES, *project_stages(project)])
+        self.stage_filter.setCurrentIndex(max(0, self.stage_filter.findText(current)))
+        self.stage_filter.blockSignals(False)
+        if project is None:
+            return
+        first = project_stage(project, "export")
+        self.first_button.setText(f"Run {first} + quantize")
+        self.empty.set_text("No jobs yet", EMPTY_TEXT.format(
+            stages=" → ".join(project.pipeline["stages"])))
 
     # ---- session ------------------------------------------------------------------------------
     def on_open(self) -> None:
+        self._fill_stages()
         self.model.reset(self.ctl.studio.jobs.jobs(limit=500))
         self._clear_log()
         self.follow_button.setChecked(True)
@@ -256,6 +286,8 @@ class JobsPage(Page):
     def on_change(self, change) -> None:
         if any(sec in ("", "pipeline", "run") for sec, _ in change):
             self._update_plan()
+        if any(sec == "pipeline" for sec, _ in change):
+            self._fill_stages()
 
     def _update_plan(self) -> None:
         try:
@@ -287,6 +319,13 @@ class JobsPage(Page):
             return None
         row = self.model.row_of(job.id)
         return self.model.job_at(row) if row is not None else job
+
+    def reveal_job(self, job_id: int) -> bool:
+        """Select the job's row and show its log."""
+        if not self.select_job(job_id):
+            return False
+        self.show_log(self.ctl.studio.jobs.job(job_id))
+        return True
 
     def select_job(self, job_id: int) -> bool:
         """Select a job's row as a click on it does: its log shows, and a job other than the
@@ -396,15 +435,13 @@ class JobsPage(Page):
         stage = self.stage_filter.currentText()
         self.proxy.set_filter(
             states=group,
-            stage=None if stage == "All stages" else stage,
+            stage=None if stage == ALL_STAGES else stage,
             latest_only=self.latest_only.isChecked(),
             text=self.search.text(),
         )
 
     # ---- events -----------------------------------------------------------------------------------
-    def _on_job(self, job: Job) -> None:
-        if self.ctl.studio is None:
-            return
+    def on_job_event(self, job: Job) -> None:
         self.model.upsert(job)
         if not self.table.isVisible() and self.model.rowCount():
             self._update_empty()

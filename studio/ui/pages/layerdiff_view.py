@@ -45,6 +45,7 @@ from PySide6.QtWidgets import (
 from studio.core.errors import StudioError
 from studio.core.layerdiff import JUMP_FLOOR, PAIR_TITLES, PART_FACTOR
 from studio.core.recipe import activation_point
+from studio.ui.loading import LatestLoad
 from studio.ui.models.rows import PayloadRole, Row, RowsModel
 from studio.ui.widgets import EmptyState, badge_html, label, theme_plot
 
@@ -335,8 +336,7 @@ class LayerDiffView(QWidget):
     def __init__(self, ctl, parent: QWidget | None = None):
         super().__init__(parent)
         self.ctl = ctl
-        self._gen = 0
-        self._task: asyncio.Future | None = None
+        self._load = LatestLoad(ctl)
         self._got: dict[str, Any] | None = None
         self._shown: list[int] = []
         self._x: dict[str, float] = {}
@@ -348,6 +348,33 @@ class LayerDiffView(QWidget):
 
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
+        lay.addLayout(self._build_head())
+        self.stack = QStackedWidget()
+        lay.addWidget(self.stack, 1)
+        self._build_states()
+        ctl.running_changed.connect(self._running_changed)
+        self._reload_timer = QTimer(self)
+        self._reload_timer.setSingleShot(True)
+        self._reload_timer.timeout.connect(self.reload)
+
+        cl = QVBoxLayout(self.content)
+        cl.setContentsMargins(0, 0, 0, 0)
+        self.finding = label("", wrap=True, selectable=True)
+        self.finding.setTextFormat(Qt.TextFormat.RichText)
+        cl.addWidget(self.finding)
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.setChildrenCollapsible(False)
+        split.addWidget(self._build_plot())
+        split.addWidget(self._build_table())
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 1)
+        split.setSizes([10_000, 8_000])  # the table gets room for several rows
+        cl.addWidget(split, 1)
+        self._apply_theme()
+
+    # ---- building the view --------------------------------------------------------------------
+    def _build_head(self) -> QHBoxLayout:
+        """The target, the status, and which tensors to show."""
         head = QHBoxLayout()
         self.target_label = label("Target:")
         head.addWidget(self.target_label)
@@ -383,10 +410,10 @@ class LayerDiffView(QWidget):
             head.addWidget(b)
         self.mode_buttons["modules"].setChecked(True)
         self._show_modes(False)
-        lay.addLayout(head)
+        return head
 
-        self.stack = QStackedWidget()
-        lay.addWidget(self.stack, 1)
+    def _build_states(self) -> None:
+        """The empty and error states, and the content they stand in for."""
         self.empty = EmptyState("No layer diff yet", "")
         self.empty.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.run_button = self.empty.add_action(
@@ -399,18 +426,9 @@ class LayerDiffView(QWidget):
         self.stack.addWidget(self.error)
         self.content = QWidget()
         self.stack.addWidget(self.content)
-        ctl.running_changed.connect(self._running_changed)
-        self._reload_timer = QTimer(self)
-        self._reload_timer.setSingleShot(True)
-        self._reload_timer.timeout.connect(self.reload)
 
-        cl = QVBoxLayout(self.content)
-        cl.setContentsMargins(0, 0, 0, 0)
-        self.finding = label("", wrap=True, selectable=True)
-        self.finding.setTextFormat(Qt.TextFormat.RichText)
-        cl.addWidget(self.finding)
-        split = QSplitter(Qt.Orientation.Vertical)
-        split.setChildrenCollapsible(False)
+    def _build_plot(self) -> QWidget:
+        """Each tensor's relative error along the model."""
         pbox = QWidget()
         pl = QVBoxLayout(pbox)
         pl.setContentsMargins(0, 4, 0, 0)
@@ -435,8 +453,10 @@ class LayerDiffView(QWidget):
             "muted",
         )
         pl.addWidget(self.hover)
-        split.addWidget(pbox)
+        return pbox
 
+    def _build_table(self) -> QGroupBox:
+        """The worst tensors (or every tensor shown)."""
         tbox = QGroupBox("Worst tensors")
         tl = QVBoxLayout(tbox)
         tl.setContentsMargins(6, 4, 6, 6)
@@ -468,12 +488,7 @@ class LayerDiffView(QWidget):
         h.setStretchLastSection(True)
         self.table_view.activated.connect(self._row_activated)
         tl.addWidget(self.table_view, 1)
-        split.addWidget(tbox)
-        split.setStretchFactor(0, 1)
-        split.setStretchFactor(1, 1)
-        split.setSizes([10_000, 8_000])  # the table gets room for several rows
-        cl.addWidget(split, 1)
-        self._apply_theme()
+        return tbox
 
     # ---- theme ------------------------------------------------------------------------------
     def changeEvent(self, event) -> None:
@@ -491,7 +506,7 @@ class LayerDiffView(QWidget):
 
     def clear(self) -> None:
         self._reload_timer.stop()
-        self._gen += 1
+        self._load.drop()
         self._got = None
         self.state = "none"
         self.table.set_rows([])
@@ -511,40 +526,26 @@ class LayerDiffView(QWidget):
         project = studio.project.copy()
         self._fill_targets(project.targets)
         target = self.target.currentData() or project.targets[0]
-        self._gen += 1
-        gen = self._gen
         self.status.setText("Reading the layer diff…")
         if self.state == "none":
             self.state = "loading"
+        from studio.services.layerdiff import NoLayerDiff, layerdiff_result
 
-        async def go() -> None:
-            from studio.services.layerdiff import NoLayerDiff, layerdiff_result
-
-            got, missing, error = None, "", ""
-            try:
-                got = await self.ctl.in_thread(layerdiff_result, project, target)
-            except NoLayerDiff as exc:
-                missing = exc.message
-            except StudioError as exc:
-                error = exc.message
-            except Exception as exc:  # noqa: BLE001 - a bug: shown on the page, app stays up
-                error = f"reading the layer diff failed: {exc!r}"
-            if gen != self._gen or self.ctl.studio is not studio:
-                return  # a newer load, or another project
+        def done(got: dict[str, Any]) -> None:
             self.status.setText("")
-            if got is not None:
-                self.show_result(got)
-            elif missing:
-                self._show_empty(project, target)
-            else:
-                self._show_error(error)
+            self.show_result(got)
             self.loaded.emit()
 
-        try:
-            self._task = asyncio.ensure_future(go())
-        except RuntimeError:  # no event loop (a bare QApplication)
-            self._task = None
-        return self._task
+        def failed(exc: Exception) -> None:
+            self.status.setText("")
+            if isinstance(exc, NoLayerDiff):
+                self._show_empty(project, target)
+            else:
+                self._show_error(exc.message if isinstance(exc, StudioError)
+                                 else f"reading the layer diff failed: {exc!r}")
+            self.loaded.emit()
+
+        return self._load.start(layerdiff_result, project, target, done=done, failed=failed)
 
     def _fill_targets(self, targets: list[str]) -> None:
         current = self.target.currentData()
@@ -754,6 +755,24 @@ class LayerDiffView(QWidget):
                 "Per pair, the tensors that add the most error, and where host QDQ and the HTP "
                 "differ most. Double-click a row: its layer on the Precision page."
             )
+        self._set_columns(r, pairs, titles)
+        order = {x["name"]: i for i, x in enumerate(rows)}
+        self.table.set_rows([self._table_row(x, order, pairs, reasons.get(x["name"], []))
+                             for x in entries])
+        h = self.table_view.horizontalHeader()
+        fm = self.table_view.fontMetrics()
+        width = max(fm.horizontalAdvance(t) for t in ("QDQ/FP32", "0.999999", "100 %")) + 26
+        for c in range(3, 3 + 2 * len(pairs)):  # compact figures: the names keep their room
+            h.setSectionResizeMode(c, QHeaderView.ResizeMode.Interactive)
+            h.resizeSection(c, width)
+        if not self._sorted:
+            # worst first: by the HTP's error against FP32 (else the first pair's)
+            k = pairs.index("htp_vs_fp32") if "htp_vs_fp32" in pairs else 0
+            self.table_view.sortByColumn(3 + 2 * k, Qt.SortOrder.DescendingOrder)
+            self._sorted = True
+
+    def _set_columns(self, r: dict[str, Any], pairs: list[str], titles: dict) -> None:
+        """The table's columns: the tensor, its layer and block, two figures per pair."""
         columns = ["Tensor", "Layer", "Block"]
         tips = [
             "The compared tensor (the studio's name for it)",
@@ -777,50 +796,36 @@ class LayerDiffView(QWidget):
             self.table.columns = columns
             self.table.header_tips = tips
             self.table.endResetModel()
-        order = {x["name"]: i for i, x in enumerate(rows)}
-        out = []
-        for x in entries:
-            layer = layer_of(x)
-            why = reasons.get(x["name"], [])
-            cells = [x["name"], "= tensor" if layer == x["name"] else layer, block_text(x)]
-            sort: list[Any] = [order[x["name"]], layer, x["block"]]
-            for pair in pairs:
-                f = x.get(pair) or {}
-                cells += [
-                    pct(f.get("rel_error")),
-                    "—" if f.get("cosine") is None else f"{f['cosine']:.6f}",
-                ]
-                sort += [f.get("rel_error", -1.0), f.get("cosine", -1.0)]
-            cells.append("; ".join(why))
-            sort.append(len(why))
-            tip = (
-                f"{x['name']}\nlayer: {layer}\nmodule: {x['module']}\nop: {x['op']} "
-                f"(tensor {x['tensor']})"
-            )
-            if why:
-                tip += "\nlisted: " + "; ".join(why)
-            tip += "\nDouble-click: open the layer on the Precision page"
-            out.append(
-                Row(
-                    cells,
-                    colors={1: "#7a7f87"} if layer == x["name"] else {},
-                    tip=tip,
-                    payload={"row": x, "layer": layer, "sort": sort},
-                    align_right=tuple(range(3, 3 + 2 * len(pairs))),
-                )
-            )
-        self.table.set_rows(out)
-        h = self.table_view.horizontalHeader()
-        fm = self.table_view.fontMetrics()
-        width = max(fm.horizontalAdvance(t) for t in ("QDQ/FP32", "0.999999", "100 %")) + 26
-        for c in range(3, 3 + 2 * len(pairs)):  # compact figures: the names keep their room
-            h.setSectionResizeMode(c, QHeaderView.ResizeMode.Interactive)
-            h.resizeSection(c, width)
-        if not self._sorted:
-            # worst first: by the HTP's error against FP32 (else the first pair's)
-            k = pairs.index("htp_vs_fp32") if "htp_vs_fp32" in pairs else 0
-            self.table_view.sortByColumn(3 + 2 * k, Qt.SortOrder.DescendingOrder)
-            self._sorted = True
+
+    def _table_row(self, x: dict[str, Any], order: dict[str, int], pairs: list[str],
+                   why: list[str]) -> Row:
+        """One tensor's row: its figures per pair, the sort keys, why it is listed."""
+        layer = layer_of(x)
+        cells = [x["name"], "= tensor" if layer == x["name"] else layer, block_text(x)]
+        sort: list[Any] = [order[x["name"]], layer, x["block"]]
+        for pair in pairs:
+            f = x.get(pair) or {}
+            cells += [
+                pct(f.get("rel_error")),
+                "—" if f.get("cosine") is None else f"{f['cosine']:.6f}",
+            ]
+            sort += [f.get("rel_error", -1.0), f.get("cosine", -1.0)]
+        cells.append("; ".join(why))
+        sort.append(len(why))
+        tip = (
+            f"{x['name']}\nlayer: {layer}\nmodule: {x['module']}\nop: {x['op']} "
+            f"(tensor {x['tensor']})"
+        )
+        if why:
+            tip += "\nlisted: " + "; ".join(why)
+        tip += "\nDouble-click: open the layer on the Precision page"
+        return Row(
+            cells,
+            colors={1: "#7a7f87"} if layer == x["name"] else {},
+            tip=tip,
+            payload={"row": x, "layer": layer, "sort": sort},
+            align_right=tuple(range(3, 3 + 2 * len(pairs))),
+        )
 
     # ---- reading and activating ---------------------------------------------------------------
     def table_rows(self) -> list[list[str]]:

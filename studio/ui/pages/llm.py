@@ -15,29 +15,30 @@ from PySide6.QtWidgets import (
 )
 
 from studio.ui.pages.base import StagePage
+from studio.ui.pages.cards import FigureCard
+from studio.ui.pages.figures import metric_title
 from studio.ui.pages.llm_playground import PlaygroundPanel
 from studio.ui.pages.llm_tuning import PruningPanel, WaterfallPanel
-from studio.ui.pages.overview import _clear, metric_title
-from studio.ui.widgets import MetricCard, fmt_value, label, theme_plot
+from studio.ui.stages import role_of
+from studio.ui.widgets import clear_layout, fmt_value, label, theme_plot
 
 COLORS = ["#2f6fd6", "#8a5a00", "#1b8a3f", "#6b3fa0", "#c62828"]
 
 
 class LLMPage(StagePage):
-    title = "LLM"
-    subtitle = ("Generation per device, a playground, the optimization waterfall and block "
-                "ablation.")
+    key = "llm"
 
-    stage = "run"
+    role = "run"
 
     def __init__(self, ctl, parent=None):
         super().__init__(
             ctl,
             "No generation yet",
-            "Run the run stage to generate from the project's prompt on the host CPU (FP32, "
-            "measured) and on the HTP simulator per target (quantized, simulated): prefill time, "
-            "decode tokens per second and the generated text appear here, each figure with its "
-            "source.",
+            "Run the run stage to generate from the project's prompt on each of its devices: the "
+            "host CPU (FP32, measured), the HTP simulator per target (quantized, simulated), and "
+            "the remote agents and phones over adb it lists (Devices page; measured): prefill "
+            "time, decode tokens per second and the generated text appear here, each figure "
+            "with its source.",
             parent,
         )
         import pyqtgraph as pg
@@ -89,8 +90,7 @@ class LLMPage(StagePage):
         self.pruning = PruningPanel(self)
         self.tabs.addTab(self.pruning, "Pruning")
         self.body_layout.addWidget(self.tabs, 1)
-        ctl.job_event.connect(self._on_tuning_job)
-        self._apply_theme()
+        self.apply_theme()
 
     def on_open(self) -> None:
         super().on_open()
@@ -109,18 +109,20 @@ class LLMPage(StagePage):
         self.waterfall.refresh()
         self.pruning.refresh()
 
-    def _on_tuning_job(self, job) -> None:
-        if job.state == "succeeded" and job.stage == "waterfall":
+    def on_job_event(self, job) -> None:
+        super().on_job_event(job)  # the run stage's jobs
+        role = role_of(job.stage) if job.state == "succeeded" else ""
+        if role == "waterfall":
             self.waterfall.refresh()
-        if job.state == "succeeded" and job.stage == "ablation":
+        if role == "ablation":
             self.pruning.refresh()
 
     def changeEvent(self, event) -> None:
         super().changeEvent(event)
         if event.type() == QEvent.Type.PaletteChange and hasattr(self, "plot"):
-            self._apply_theme()
+            self.apply_theme()
 
-    def _apply_theme(self) -> None:
+    def apply_theme(self) -> None:
         """The plot in the theme's colours (on every palette change: the theme, the system's
         light/dark switch)."""
         theme_plot(self.plot, self.palette())
@@ -133,8 +135,8 @@ class LLMPage(StagePage):
             f"Prompt: {self.ctl.project.run['prompt']!r} · "
             f"{self.ctl.project.run['max_new_tokens']} new tokens"
         )
-        _clear(self.cards)
-        _clear(self.text_layout)
+        clear_layout(self.cards)
+        clear_layout(self.text_layout)
         self.plot.clear()
         legend = []
         for r, job in enumerate(jobs):
@@ -145,7 +147,7 @@ class LLMPage(StagePage):
             for c, m in enumerate(self.ctl.studio.jobs.metrics(job_id=job.id)):
                 where = m.device + (f" · {m.target}" if m.target else "")
                 self.cards.addWidget(
-                    MetricCard(
+                    FigureCard(
                         metric_title(m.name), fmt_value(m.value, m.unit), m.source, where, m.detail
                     ),
                     r,

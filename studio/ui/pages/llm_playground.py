@@ -56,8 +56,16 @@ class PlaygroundPanel(QWidget):
         self._passes: list[tuple[int, int]] = []
 
         outer = QHBoxLayout(self)
+        outer.addLayout(self._build_prompt(), 3)
+        outer.addWidget(self._build_settings(), 1)
+        self._studio_only = (self.kv, self.window, self.spec, self.k, self.temperature,
+                             self.seed)
+
+
+    # ---- building the panel -----------------------------------------------------------------
+    def _build_prompt(self) -> QVBoxLayout:
+        """The prompt, generate / stop, the figures and the streamed text."""
         left = QVBoxLayout()
-        outer.addLayout(left, 3)
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("A prompt, e.g. def fibonacci(n):")
         self.prompt.setMaximumHeight(110)
@@ -93,6 +101,10 @@ class PlaygroundPanel(QWidget):
         self.output.setPlaceholderText("The prompt and the generated text stream here.")
         left.addWidget(self.output, 1)
 
+        return left
+
+    def _build_settings(self) -> QGroupBox:
+        """Runtime, device, KV cache, window, speculative decoding, sampling, length."""
         box = QGroupBox("Run settings")
         form = QFormLayout(box)
         self.runtime = QComboBox()
@@ -136,9 +148,7 @@ class PlaygroundPanel(QWidget):
         self.max_new.setValue(64)
         form.addRow("New tokens", self.max_new)
         box.setMinimumWidth(340)
-        outer.addWidget(box, 1)
-        self._studio_only = (self.kv, self.window, self.spec, self.k, self.temperature,
-                             self.seed)
+        return box
 
     def _runtime_changed(self) -> None:
         """Genie runs the bundle's greedy dialog on the HTP simulator: the settings only the

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.errors import StudioError
+from studio.ui.loading import LatestLoad
 from studio.ui.theme import SOURCE_COLORS
 from studio.ui.widgets import SourceBadge, label, theme_plot
 
@@ -57,6 +58,7 @@ class WaterfallPanel(QWidget):
         self.pg = pg
         self.page = page
         self.ctl = page.ctl
+        self._load = LatestLoad(self.ctl)
         self.data: dict[str, Any] | None = None
         self._raw: dict[str, Any] | None = None
         lay = QVBoxLayout(self)
@@ -64,7 +66,7 @@ class WaterfallPanel(QWidget):
         self.run_btn = QPushButton("Measure the waterfall")
         self.run_btn.setToolTip("Runs the waterfall stage (and the ablation it needs): every "
                                 "step's graphs are built and measured on the host CPU")
-        self.run_btn.clicked.connect(lambda: self.page.run_stages(["waterfall"]))
+        self.run_btn.clicked.connect(lambda: self.page.run_role("waterfall"))
         head.addWidget(self.run_btn)
         head.addWidget(label("Estimate for", "muted"))
         self.chip = QComboBox()
@@ -110,18 +112,16 @@ class WaterfallPanel(QWidget):
 
         project = self.ctl.project.copy()
 
-        async def load() -> None:
-            try:
-                raw = await self.ctl.in_thread(wfs.stored, project, False)
-            except StudioError as exc:
-                self.info.setText(exc.message)
-                return
+        def done(raw) -> None:
             self._raw = raw
             self._redraw()
 
-        import asyncio
+        self._load.start(wfs.stored, project, False, done=done, failed=self._failed)
 
-        asyncio.ensure_future(load())
+    def _failed(self, exc: Exception) -> None:
+        if not isinstance(exc, StudioError):
+            raise exc
+        self.info.setText(exc.message)
 
     def _redraw(self, *_args) -> None:
         from studio.services import waterfall as wfs
@@ -189,13 +189,14 @@ class PruningPanel(QWidget):
         super().__init__(parent)
         self.page = page
         self.ctl = page.ctl
+        self._load = LatestLoad(self.ctl)
         self.table_data: dict[str, Any] | None = None
         lay = QVBoxLayout(self)
         head = QHBoxLayout()
         self.run_btn = QPushButton("Run the ablation")
         self.run_btn.setToolTip("Drops each block in turn and measures the held-out perplexity "
                                 "(host CPU, FP32)")
-        self.run_btn.clicked.connect(lambda: self.page.run_stages(["ablation"]))
+        self.run_btn.clicked.connect(lambda: self.page.run_role("ablation"))
         head.addWidget(self.run_btn)
         head.addWidget(label("Blocks to drop", "muted"))
         self.drop = QSpinBox()
@@ -232,17 +233,14 @@ class PruningPanel(QWidget):
 
         project = self.ctl.project.copy()
 
-        async def load() -> None:
-            try:
-                got = await self.ctl.in_thread(ablation_result, project, None, False)
-            except StudioError as exc:
-                self.info.setText(exc.message)
-                return
-            self.show_table(got[0] if got else None)
+        self._load.start(ablation_result, project, None, False,
+                         done=lambda got: self.show_table(got[0] if got else None),
+                         failed=self._failed)
 
-        import asyncio
-
-        asyncio.ensure_future(load())
+    def _failed(self, exc: Exception) -> None:
+        if not isinstance(exc, StudioError):
+            raise exc
+        self.info.setText(exc.message)
 
     def show_table(self, t: dict[str, Any] | None) -> None:
         self.table_data = t

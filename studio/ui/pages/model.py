@@ -21,6 +21,7 @@ from studio.core.modelinfo import ModelInfo
 from studio.services import history, projects
 from studio.ui.models.model_tree import ModelTreeModel, NodeRole, build_tree
 from studio.ui.pages.base import Page
+from studio.ui.stages import role_of
 from studio.ui.widgets import label
 
 NETRON_HINT = (
@@ -30,10 +31,7 @@ NETRON_HINT = (
 
 
 class ModelPage(Page):
-    title = "Model"
-    subtitle = (
-        "Every layer, grouped by transformer block, with the ONNX nodes of the latest export."
-    )
+    key = "model"
 
     def __init__(self, ctl, parent=None):
         super().__init__(ctl, parent)
@@ -69,7 +67,7 @@ class ModelPage(Page):
         self.export_button.setToolTip(
             "Export the FP32 prefill/decode ONNX graphs (the export stage)"
         )
-        self.export_button.clicked.connect(lambda: self.run_stages(["export"]))
+        self.export_button.clicked.connect(lambda: self.run_role("export"))
         info.addWidget(self.export_button)
         lay.addLayout(info)
 
@@ -102,7 +100,6 @@ class ModelPage(Page):
         self.netron_button.setVisible(self._netron)
         self.netron_hint.setVisible(not self._netron)
         ctl.model_ready.connect(self._model_ready)
-        ctl.job_event.connect(self._on_job)
 
     # ---- session ------------------------------------------------------------------------------
     def on_open(self) -> None:
@@ -120,8 +117,8 @@ class ModelPage(Page):
         self.model.set_root(build_tree())
         self._graphs.clear()
 
-    def _on_job(self, job) -> None:
-        if job.stage == "export" and job.state == "succeeded":
+    def on_job_event(self, job) -> None:
+        if job.state == "succeeded" and role_of(job.stage) == "export":
             self.later(self._refresh_graphs, 200)
 
     def _refresh_graphs(self) -> None:

@@ -20,53 +20,21 @@ from PySide6.QtWidgets import (
 
 from studio.core.errors import StudioError
 from studio.core.modelinfo import ModelInfo
-from studio.core.project import STAGES
 from studio.services import history, projects
+from studio.ui.loading import LatestLoad
 from studio.ui.pages.base import Page
-from studio.ui.pages.cards import CardGrid, RunCard
-from studio.ui.pages.figures import fmt_card, when
+from studio.ui.pages.cards import CardGrid, FigureCard
+from studio.ui.pages.figures import fmt_card, metric_title, when
+from studio.ui.stages import places_nodes, project_stages
 from studio.ui.theme import STATE_COLORS
 from studio.ui.widgets import (
     ChipList,
     SourceBadge,
+    clear_layout,
     human_bytes,
     human_count,
     label,
 )
-
-METRIC_TITLES = {
-    "export_seconds": "export time",
-    "quantize_seconds": "quantize time",
-    "compile_seconds": "compile time",
-    "logits_cosine_mean": "logits cosine vs FP32",
-    "logits_max_abs_error": "max logit error",
-    "top1_agreement": "top-1 agreement",
-    "perplexity_quantized": "perplexity (quantized)",
-    "perplexity_fp32": "perplexity (FP32)",
-    "perplexity_host_qdq": "perplexity (host QDQ)",
-    "greedy_agreement": "greedy token agreement",
-    "greedy_prefix_agreement": "greedy prefix agreement",
-    "logits_cosine_host_qdq": "logits cosine, host QDQ",
-    "top1_agreement_host_qdq": "top-1 agreement, host QDQ",
-    "prefill_ms": "prefill",
-    "decode_ms_per_token": "decode per token",
-    "decode_tokens_per_s": "decode speed",
-    "profiled_ops": "profiled ops",
-}
-
-
-def metric_title(name: str) -> str:
-    return METRIC_TITLES.get(name, name.replace("_", " "))
-
-
-def _clear(layout) -> None:
-    while layout.count():
-        item = layout.takeAt(0)
-        w = item.widget()
-        if w is not None:
-            w.deleteLater()
-        elif item.layout() is not None:
-            _clear(item.layout())
 
 
 class TargetsDialog(QDialog):
@@ -92,8 +60,7 @@ class TargetsDialog(QDialog):
 
 
 class OverviewPage(Page):
-    title = "Overview"
-    subtitle = "The model, where it goes, how it is quantized, and what the newest run measured."
+    key = "overview"
 
     def __init__(self, ctl, parent=None):
         super().__init__(ctl, parent)
@@ -112,7 +79,28 @@ class OverviewPage(Page):
         lay.addWidget(self.file_label)
 
         top = QHBoxLayout()
-        # model card
+        top.addWidget(self._build_model_box(), 3)
+        top.addLayout(self._build_side(), 2)
+        lay.addLayout(top)
+        lay.addWidget(self._build_results())
+        lay.addStretch(1)
+        self.scroll = scroll
+        self._run: history.RunInfo | None = None
+        self._card_jobs: list = []
+        self._keys: dict[str, str] | None = None
+        self._keys_error = ""
+        self._keys_load = LatestLoad(ctl)
+        self._keys_timer = QTimer(self)
+        self._keys_timer.setSingleShot(True)
+        self._keys_timer.setInterval(300)
+        self._keys_timer.timeout.connect(self.check_stale)
+
+        ctl.model_ready.connect(self._show_model)
+        ctl.run_state.connect(self._on_run_state)
+
+    # ---- building the page ----------------------------------------------------------------
+    def _build_model_box(self) -> QGroupBox:
+        """The model card: what the checkpoint or graph holds, and its bytes."""
         self.model_box = QGroupBox("Model")
         ml = QVBoxLayout(self.model_box)
         self.model_status = label("Reading the model…", "muted", wrap=True)
@@ -124,8 +112,10 @@ class OverviewPage(Page):
         self.bytes_grid.setHorizontalSpacing(18)
         ml.addLayout(self.bytes_grid)
         ml.addStretch(1)
-        top.addWidget(self.model_box, 3)
+        return self.model_box
 
+    def _build_side(self) -> QVBoxLayout:
+        """The targets and the recipe."""
         right = QVBoxLayout()
         self.targets_box = QGroupBox("Targets")
         tl = QVBoxLayout(self.targets_box)
@@ -142,18 +132,40 @@ class OverviewPage(Page):
         self.recipe_label.setTextFormat(Qt.TextFormat.RichText)
         rl.addWidget(self.recipe_label)
         self.edit_recipe = QPushButton("Edit on the Precision page")
-        self.edit_recipe.clicked.connect(lambda: self.navigate.emit("Precision"))
+        self.edit_recipe.clicked.connect(lambda: self.navigate.emit("precision"))
         rl.addWidget(self.edit_recipe, 0, Qt.AlignmentFlag.AlignLeft)
         right.addWidget(self.recipe_box)
         right.addStretch(1)
-        top.addLayout(right, 2)
-        lay.addLayout(top)
+        return right
 
+    def _build_results(self) -> QGroupBox:
+        """The newest run's figures, one card each, with their sources."""
         self.results_box = QGroupBox("Results")
         rl = self.results_layout = QVBoxLayout(self.results_box)
         self.run_label = label("", wrap=True)
         self.run_label.setTextFormat(Qt.TextFormat.RichText)
         rl.addWidget(self.run_label)
+        rl.addWidget(self._build_stale_banner())
+        self.keys_note = label("", "muted", wrap=True)
+        self.keys_note.hide()
+        rl.addWidget(self.keys_note)
+        self.cards = CardGrid()
+        rl.addWidget(self.cards)
+        rl.addWidget(self._build_no_results())
+        self.legend = label(
+            "measured: timed on the named device · simulated: QNN HTP simulator on this x86 "
+            "machine — real HTP numerics, but its times follow the host CPU and are not device "
+            "latency · estimated: the studio's performance model · imported: from your files. "
+            "Every card comes from the one run named above; earlier runs are compared on the "
+            "Validation page.",
+            "muted",
+            wrap=True,
+        )
+        rl.addWidget(self.legend)
+        return self.results_box
+
+    def _build_stale_banner(self) -> QFrame:
+        """Shown when the project changed since the run the cards come from."""
         self.stale_banner = QFrame()
         self.stale_banner.setProperty("role", "banner")
         sb = QHBoxLayout(self.stale_banner)
@@ -165,12 +177,10 @@ class OverviewPage(Page):
         self.rerun_button.clicked.connect(self.run_again)
         sb.addWidget(self.rerun_button, 0, Qt.AlignmentFlag.AlignVCenter)
         self.stale_banner.hide()
-        rl.addWidget(self.stale_banner)
-        self.keys_note = label("", "muted", wrap=True)
-        self.keys_note.hide()
-        rl.addWidget(self.keys_note)
-        self.cards = CardGrid()
-        rl.addWidget(self.cards)
+        return self.stale_banner
+
+    def _build_no_results(self) -> QWidget:
+        """Before the first run with figures: what each stage will show."""
         self.no_results = QWidget()
         nl = QVBoxLayout(self.no_results)
         nl.setContentsMargins(0, 0, 0, 0)
@@ -178,44 +188,18 @@ class OverviewPage(Page):
             label(
                 "No results yet. Run the pipeline (Jobs page, or Run ▸ Run Pipeline, F5): export "
                 "and quantize report their times (measured on this machine), validate reports "
-                "accuracy on the HTP simulator (simulated), run reports tokens per second "
-                "(measured on the CPU, simulated on the HTP simulator). Every figure shows its "
+                "accuracy on the HTP simulator (simulated), run reports the speed (tokens per "
+                "second, or time per inference for a graph; measured on the CPU, on remote agents "
+                "and on phones over adb, simulated on the HTP simulator). Every figure shows its "
                 "source and the run it comes from.",
                 "empty-text",
                 wrap=True,
             )
         )
         go = QPushButton("Go to Jobs")
-        go.clicked.connect(lambda: self.navigate.emit("Jobs"))
+        go.clicked.connect(lambda: self.navigate.emit("jobs"))
         nl.addWidget(go, 0, Qt.AlignmentFlag.AlignLeft)
-        rl.addWidget(self.no_results)
-        self.legend = label(
-            "measured: timed on the named device · simulated: QNN HTP simulator on this x86 "
-            "machine — real HTP numerics, but its times follow the host CPU and are not device "
-            "latency · estimated: the studio's performance model · imported: from your files. "
-            "Every card comes from the one run named above; earlier runs are compared on the "
-            "Validation page.",
-            "muted",
-            wrap=True,
-        )
-        rl.addWidget(self.legend)
-        lay.addWidget(self.results_box)
-        lay.addStretch(1)
-        self.scroll = scroll
-        self._run: history.RunInfo | None = None
-        self._card_jobs: list = []
-        self._keys: dict[str, str] | None = None
-        self._keys_error = ""
-        self._keys_gen = 0
-        self._keys_task: asyncio.Future | None = None
-        self._keys_timer = QTimer(self)
-        self._keys_timer.setSingleShot(True)
-        self._keys_timer.setInterval(300)
-        self._keys_timer.timeout.connect(self.check_stale)
-
-        ctl.model_ready.connect(self._show_model)
-        ctl.job_event.connect(self._on_job)
-        ctl.run_state.connect(self._on_run_state)
+        return self.no_results
 
     # ---- session --------------------------------------------------------------------------
     def on_show(self) -> None:
@@ -228,8 +212,8 @@ class OverviewPage(Page):
         self.file_label.setText(f"{p.path}   ·   model: {p.model['source']}")
         self.model_status.setText("Reading the model…")
         self.model_status.show()
-        _clear(self.model_grid)
-        _clear(self.bytes_grid)
+        clear_layout(self.model_grid)
+        clear_layout(self.bytes_grid)
         self._show_targets()
         self._show_recipe()
         self._show_results()
@@ -240,7 +224,7 @@ class OverviewPage(Page):
 
     def on_close(self) -> None:
         self.title_label.setText(self.title)
-        self._keys_gen += 1
+        self._keys_load.drop()
         self._keys = None
         self._run = None
 
@@ -261,7 +245,7 @@ class OverviewPage(Page):
         """A run that starts or ends (even one that recorded nothing) changes the run line."""
         self.later(self._show_results, 300)
 
-    def _on_job(self, job) -> None:
+    def on_job_event(self, job) -> None:
         if job.state == "succeeded":
             self.later(self._show_results, 300)
 
@@ -269,8 +253,8 @@ class OverviewPage(Page):
     def _show_model(self, info) -> None:
         if self.ctl.studio is None:
             return
-        _clear(self.model_grid)
-        _clear(self.bytes_grid)
+        clear_layout(self.model_grid)
+        clear_layout(self.bytes_grid)
         if isinstance(info, StudioError):
             self.model_status.setProperty("role", "error")
             self.model_status.setText(f"Cannot read the model: {info.message}")
@@ -383,7 +367,7 @@ class OverviewPage(Page):
     def _show_targets(self) -> None:
         from studio.core.catalog import get_chip
 
-        _clear(self.targets_layout)
+        clear_layout(self.targets_layout)
         for key in self.ctl.project.targets:
             try:
                 chip = get_chip(key)
@@ -406,7 +390,7 @@ class OverviewPage(Page):
         q, e = p.quantization, p.export
         n_over = len(q["overrides"])
         kind = p.model["kind"]
-        if kind == "causal-lm":
+        if not places_nodes(p):
             shape = (f"{q['calibration_samples']} calibration windows"
                      f"{f', {n_over} per-layer override(s)' if n_over else ''}<br>"
                      f"prompt length {e['prompt_length']}, context length "
@@ -420,7 +404,7 @@ class OverviewPage(Page):
                         or "the shapes the file declares") + "<br>")
         self.recipe_label.setText(
             f"<b>{q['scheme']}</b>, {q['weight_granularity'].replace('_', '-')} weights, "
-            + shape + f"stages: {', '.join(s for s in STAGES if s in p.pipeline['stages'])}"
+            + shape + f"stages: {', '.join(s for s in project_stages(p) if s in p.pipeline['stages'])}"
         )
 
     def change_targets(self) -> None:
@@ -483,7 +467,7 @@ class OverviewPage(Page):
                 where += f" · {m.device}"
             if job.cached:
                 where += " · cached"
-            card = RunCard(
+            card = FigureCard(
                 metric_title(m.name), fmt_card(m.name, m.value, m.unit), m.source, where,
                 m.detail,
             )
@@ -509,28 +493,18 @@ class OverviewPage(Page):
         studio = self.ctl.studio
         if studio is None:
             return None
-        self._keys_gen += 1
-        gen = self._keys_gen
         project = studio.project.copy()
 
-        async def go() -> None:
-            keys, error = None, ""
-            try:
-                keys = await self.ctl.in_thread(history.current_keys, project)
-            except StudioError as exc:
-                error = exc.message
-            except Exception as exc:  # noqa: BLE001 - shown as a note on the page
-                error = str(exc)
-            if gen != self._keys_gen or self.ctl.studio is not studio:
-                return  # a newer check, or another project
-            self._keys, self._keys_error = keys, error
+        def done(keys: dict[str, str]) -> None:
+            self._keys, self._keys_error = keys, ""
             self._mark_stale()
 
-        try:
-            self._keys_task = asyncio.ensure_future(go())
-        except RuntimeError:  # no event loop (a bare QApplication): no stale marks
-            self._keys_task = None
-        return self._keys_task
+        def failed(exc: Exception) -> None:
+            self._keys = None
+            self._keys_error = exc.message if isinstance(exc, StudioError) else str(exc)
+            self._mark_stale()
+
+        return self._keys_load.start(history.current_keys, project, done=done, failed=failed)
 
     def _mark_stale(self) -> None:
         keys = self._keys
@@ -558,7 +532,7 @@ class OverviewPage(Page):
         )
         self.keys_note.setVisible(bool(self._keys_error) and run is not None)
 
-    def stale_cards(self) -> list[RunCard]:
+    def stale_cards(self) -> list[FigureCard]:
         return [c for c in self.cards.cards if c.stale]
 
     def run_again(self) -> None:

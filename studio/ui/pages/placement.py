@@ -6,7 +6,6 @@ the files to take away."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -24,21 +23,23 @@ from studio.core.errors import StudioError
 from studio.core.recipe import PLACEMENT_HELP, PLACEMENTS
 from studio.core.units import format_bytes
 from studio.services import graphs
+from studio.ui.loading import LatestLoad
 from studio.ui.pages.base import Page
+from studio.ui.stages import places_nodes, role_of
 from studio.ui.widgets import EmptyState, fill_table, label, read_only_table
 
-GRAPH_STAGES = ("graph-quantize", "graph-compile")
+#: the roles of the stages whose results the placement view shows: the placement itself
+#: (quantize, compile) and the figures measured under it (validate, run)
+PLACEMENT_ROLES = ("quantize", "compile", "validate", "run")
 
 
 
 class PlacementPage(Page):
-    title = "Placement"
-    subtitle = ("Where each node of the graph runs on the target's NPU, why the HTP refuses "
-                "the ones it refuses, and the way forward: strict, partition or rewrite.")
+    key = "placement"
 
     def __init__(self, ctl, parent=None):
         super().__init__(ctl, parent)
-        self._task: asyncio.Future | None = None
+        self._load = LatestLoad(ctl)
         self.view: dict[str, Any] | None = None
         lay = QVBoxLayout(self.body)
         lay.setContentsMargins(0, 6, 0, 0)
@@ -53,6 +54,27 @@ class PlacementPage(Page):
         gl.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.graph_view, 1)
 
+        gl.addLayout(self._build_bar())
+        self.not_yet = EmptyState(
+            "The graph is not quantized with these settings yet",
+            "Run the pipeline: the placement of the quantized graph on each target shows here, "
+            "with the QNN EP's reason for every node the HTP refuses, the rewrites applied and "
+            "what the placement costs in accuracy and time.")
+        self.not_yet.add_action("Run pipeline", lambda: self.run_stages(None))
+        gl.addWidget(self.not_yet, 1)
+        self.details = QWidget()
+        self.main = QVBoxLayout(self.details)
+        self.main.setContentsMargins(0, 0, 0, 0)
+        gl.addWidget(self.details, 1)
+        self.not_yet.hide()  # until the first view is read
+        self.details.hide()
+        self.save_button.setEnabled(False)
+
+        self._build_details()
+
+    # ---- building the page ------------------------------------------------------------------
+    def _build_bar(self) -> QHBoxLayout:
+        """The way forward (a recipe setting), the target, run and save."""
         bar = QHBoxLayout()
         bar.addWidget(label("Way forward:"))
         self.way = QComboBox()
@@ -80,22 +102,10 @@ class PlacementPage(Page):
                                     "placement report and the compiled context to a folder")
         self.save_button.clicked.connect(self.save_files)
         bar.addWidget(self.save_button)
-        gl.addLayout(bar)
-        self.not_yet = EmptyState(
-            "The graph is not quantized with these settings yet",
-            "Run the pipeline: the placement of the quantized graph on each target shows here, "
-            "with the QNN EP's reason for every node the HTP refuses, the rewrites applied and "
-            "what the placement costs in accuracy and time.")
-        self.not_yet.add_action("Run pipeline", lambda: self.run_stages(None))
-        gl.addWidget(self.not_yet, 1)
-        self.details = QWidget()
-        self.main = QVBoxLayout(self.details)
-        self.main.setContentsMargins(0, 0, 0, 0)
-        gl.addWidget(self.details, 1)
-        self.not_yet.hide()  # until the first view is read
-        self.details.hide()
-        self.save_button.setEnabled(False)
+        return bar
 
+    def _build_details(self) -> None:
+        """The placement of the picked target: refusals, crossings, rewrites, accuracy."""
         self.summary = label("", "heading", wrap=True)
         self.main.addWidget(self.summary)
         self.detail = label("", "muted", wrap=True)
@@ -123,11 +133,10 @@ class PlacementPage(Page):
         self.main.addWidget(self.accuracy, 1)
         self.ranking = label("", "", wrap=True)
         self.main.addWidget(self.ranking)
-        ctl.job_event.connect(self._on_job)
 
     # ---- session ------------------------------------------------------------------------------
     def _graph_project(self) -> bool:
-        return self.ctl.project.model["kind"] != "causal-lm"
+        return places_nodes(self.ctl.project)
 
     def on_open(self) -> None:
         graph = self._graph_project()
@@ -152,8 +161,8 @@ class PlacementPage(Page):
             self._show_way()
             self.later(self.refresh, 200)
 
-    def _on_job(self, job) -> None:
-        if job.stage in GRAPH_STAGES and job.state in ("succeeded", "failed"):
+    def on_job_event(self, job) -> None:
+        if role_of(job.stage) in PLACEMENT_ROLES and job.state in ("succeeded", "failed"):
             self.later(self.refresh, 200)
 
     def _show_way(self) -> None:
@@ -180,17 +189,16 @@ class PlacementPage(Page):
         self.summary.setText(f"Placing the quantized graph on {chip}…")
         project = self.ctl.project.copy()
 
-        async def load():
-            try:
-                view = await self.ctl.in_thread(graphs.placement_view, project, chip)
-            except StudioError as exc:
-                self.view = None
-                self.summary.setText(exc.message)
-                return
+        def failed(exc: Exception) -> None:
+            self.view = None
+            self.summary.setText(exc.message if isinstance(exc, StudioError)
+                                 else f"placing the graph failed: {exc!r}")
+
+        def done(view: dict[str, Any] | None) -> None:
             if self.target.currentData() == chip:
                 self.show_view(view, chip)
 
-        self._task = asyncio.ensure_future(load())
+        self._load.start(graphs.placement_view, project, chip, done=done, failed=failed)
 
     def show_view(self, view: dict[str, Any] | None, chip: str) -> None:
         self.view = view
@@ -202,28 +210,37 @@ class PlacementPage(Page):
         for w in (self.accuracy_title, self.accuracy, self.ranking):
             w.setVisible(v is not None)
         if v is not None:
-            fill_table(self.accuracy, [[name, f"{o['cosine']:.5f}", f"{o['max_abs_error']:.4g}",
-                                   v["source"]] for name, o in v["outputs"].items()])
-            self.accuracy_title.setText(
-                f"Accuracy against FP32 ({v['samples']} samples: {v.get('on', '')}; the "
-                f"quantized graph on the host CPU: worst cosine "
-                f"{v['host_qdq']['output_cosine_min']:.5f})")
-            r = v.get("ranking")
-            self.ranking.setText(
-                f"Retrieval check ({r['queries']} queries over the shipped set, "
-                f"{v['source']}): top-1 as FP32 for {r['top1_agreement']:.0%}, Kendall's tau "
-                f"{r['mean_kendall_tau']:.3f}, recall@1 {r['recall_at_1_deployed']:.0%} (FP32 "
-                f"{r['recall_at_1_reference']:.0%}), embedding cosine "
-                f"{r['embedding_cosine_mean']:.4f}" if r else "")
-            self.ranking.setVisible(bool(r))
+            self._show_accuracy(v)
         self.not_yet.setVisible(view is None)
         self.details.setVisible(view is not None)
         if view is None:
             return
+        refused = [n for n in view["report"]["cpu_nodes"]
+                   if n["op_type"] not in ("QuantizeLinear", "DequantizeLinear")]
+        self._show_summary(view, chip, refused)
+        self._show_tables(view, refused)
+
+    def _show_accuracy(self, v: dict[str, Any]) -> None:
+        """The validate stage's figures under this placement."""
+        fill_table(self.accuracy, [[name, f"{o['cosine']:.5f}", f"{o['max_abs_error']:.4g}",
+                                    v["source"]] for name, o in v["outputs"].items()])
+        self.accuracy_title.setText(
+            f"Accuracy against FP32 ({v['samples']} samples: {v.get('on', '')}; the "
+            f"quantized graph on the host CPU: worst cosine "
+            f"{v['host_qdq']['output_cosine_min']:.5f})")
+        r = v.get("ranking")
+        self.ranking.setText(
+            f"Retrieval check ({r['queries']} queries over the shipped set, "
+            f"{v['source']}): top-1 as FP32 for {r['top1_agreement']:.0%}, Kendall's tau "
+            f"{r['mean_kendall_tau']:.3f}, recall@1 {r['recall_at_1_deployed']:.0%} (FP32 "
+            f"{r['recall_at_1_reference']:.0%}), embedding cosine "
+            f"{r['embedding_cosine_mean']:.4f}" if r else "")
+        self.ranking.setVisible(bool(r))
+
+    def _show_summary(self, view: dict[str, Any], chip: str, refused: list[dict]) -> None:
+        """Where the nodes run, what the placement moves, and what it costs."""
         r = view["report"]
         way = view["placement"]
-        refused = [n for n in r["cpu_nodes"]
-                   if n["op_type"] not in ("QuantizeLinear", "DequantizeLinear")]
         on = f"{r['qnn_nodes']} of {r['total_nodes']} nodes on the NPU"
         if r["all_on_npu"]:
             self.summary.setText(f"{chip}: every node on the NPU ({r['total_nodes']} nodes, "
@@ -263,6 +280,10 @@ class PlacementPage(Page):
         if costs:
             text += " With this placement: " + "; ".join(costs) + "."
         self.detail.setText(text)
+
+    def _show_tables(self, view: dict[str, Any], refused: list[dict]) -> None:
+        """The refused nodes, the NPU↔CPU crossings, the rewrites, the rewrite check."""
+        r, way = view["report"], view["placement"]
         runs_on = "CPU (partition)" if way == "partition" else "nowhere: refused"
         fill_table(self.refused, [[n["name"], n["op_type"], n["reason"], runs_on,
                               view["catalogue"].get(n["op_type"], "none: partition")]

@@ -53,6 +53,7 @@ from studio.services.precision import (
     target_chips,
 )
 from studio.services.precision_edit import SCHEME_PART, plan_edit
+from studio.ui.loading import LatestLoad
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.pages.base import Page
 from studio.ui.pages.heatmap import HeatPanel
@@ -60,6 +61,7 @@ from studio.ui.pages.layergrid import LayerGrid
 from studio.ui.pages.precision_recipe import RecipeFormMixin
 from studio.ui.pages.precision_rules import RulesMixin
 from studio.ui.pages.precision_views import BeforeAfterView, DiffView, diff_summary, selection_html
+from studio.ui.stages import role_of
 from studio.ui.widgets import SourceBadge, label
 
 LAYER_COLUMNS = ["Layer", "Block", "Kind", "Weights", "Activations", "Rule"]
@@ -82,16 +84,13 @@ def rule_text(row: dict) -> str:
 
 
 class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
-    title = "Precision"
-    subtitle = ("The quantization recipe and each layer's precision: select cells in the grid "
-                "and set them; every edit is undoable.")
+    key = "precision"
 
     def __init__(self, ctl, parent=None):
         super().__init__(ctl, parent)
         self.sensitivity: dict | None = None  # services.sensitivity.sensitivity_result
         self.sensitivity_loaded = False
-        self._sens_task: asyncio.Future | None = None
-        self._sens_gen = 0
+        self._sens_load = LatestLoad(ctl)
         self._apply_before: int | None = None
         self._apply_task: asyncio.Task | None = None
         self._shortcuts: list[QShortcut] = []
@@ -144,7 +143,6 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
         ctl.undo_changed.connect(self._update_undo)
         ctl.running_changed.connect(self._running_changed)
         ctl.run_finished.connect(self._run_finished)
-        ctl.job_event.connect(self._job_event)
         self._update_undo()
 
     # ---- building ------------------------------------------------------------------------------
@@ -281,6 +279,9 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
         self.tabs.setCurrentIndex(0)
         self.grid.select_layers([name])
         return name in self.grid.selected_layers()
+
+    def reveal_layer(self, name: str) -> bool:
+        return self.select_layer(name)
 
     # ---- session ------------------------------------------------------------------------------
     def on_open(self) -> None:
@@ -490,32 +491,21 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
         studio = self.ctl.studio
         if studio is None:
             return None
-        self._sens_gen += 1
-        gen = self._sens_gen
         project = studio.project.copy()
 
-        async def go() -> None:
-            try:
-                result = await self.ctl.in_thread(
-                    sens.sensitivity_result, project, studio.jobs, studio.store)
-            except StudioError:
-                result = None
-            except Exception:
-                if self.ctl.studio is not studio:
-                    return  # the project was closed while it was read (its database too)
-                raise
-            if gen != self._sens_gen or self.ctl.studio is not studio:
-                return
+        def done(result) -> None:
             self.sensitivity, self.sensitivity_loaded = result, True
             self.heat_metric.setEnabled(result is not None)
             self._show_heat()
             self._selection_changed(self.grid.selected_layers())
 
-        try:
-            self._sens_task = asyncio.ensure_future(go())
-        except RuntimeError:  # no event loop (a bare QApplication)
-            self._sens_task = None
-        return self._sens_task
+        def failed(exc: Exception) -> None:
+            if not isinstance(exc, StudioError):
+                raise exc  # a bug (a closed project's result is dropped before it gets here)
+            done(None)
+
+        return self._sens_load.start(sens.sensitivity_result, project, studio.jobs,
+                                     studio.store, done=done, failed=failed)
 
     def _heat_toggled(self, _on: bool) -> None:
         self._show_heat()
@@ -543,16 +533,14 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
 
     def run_sensitivity(self):
         """Queue the sensitivity stage (and the export it needs) through the job queue."""
-        task = self.run_stages(["sensitivity"])
+        task = self.run_role("sensitivity")
         if task is not None:
             self.show_status("Sensitivity queued: the heat map fills in when it finishes "
                              "(progress on the Jobs page).")
         return task
 
-    def _job_event(self, job) -> None:
-        if self.ctl.studio is None:
-            return
-        if job.stage == "sensitivity" and job.state == "succeeded":
+    def on_job_event(self, job) -> None:
+        if job.state == "succeeded" and role_of(job.stage) == "sensitivity":
             self.later(self.load_sensitivity, 100)
         if self._apply_task is not None and job.state in ("running", "failed"):
             self.show_status(f"Applying the recipe: {job.label} {job.state}"
@@ -591,7 +579,7 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
             return
         self._apply_task = None
         studio = self.ctl.studio
-        if summary is None or not any(j.stage == "validate" and j.state == "succeeded"
+        if summary is None or not any(role_of(j.stage) == "validate" and j.state == "succeeded"
                                       for j in summary.jobs):
             self.show_status(f"The applied run {summary.run_id if summary else ''} ended "
                              f"{summary.state if summary else 'with an error'} without "

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
+    QGridLayout,
     QGroupBox,
     QHBoxLayout,
     QLineEdit,
@@ -29,7 +30,11 @@ from studio.core.recipe import (
     SCHEME_HELP,
     SCHEMES,
 )
+from studio.ui.stages import project_stages, stage_title
 from studio.ui.widgets import label
+
+#: the pipeline stages' check boxes per row
+STAGE_COLUMNS = 7
 
 
 class RecipeFormMixin:
@@ -39,6 +44,17 @@ class RecipeFormMixin:
         left = QWidget()
         ll = QVBoxLayout(left)
         ll.setContentsMargins(6, 6, 6, 6)
+        ll.addWidget(self._build_recipe_form())
+        ll.addWidget(self._build_gates())
+        ll.addWidget(self._build_stage_checks())
+        self.error = label("", "error", wrap=True)
+        self.error.hide()
+        ll.addWidget(self.error)
+        ll.addStretch(1)
+        return left
+
+    def _build_recipe_form(self) -> QGroupBox:
+        """Scheme, granularity, block size, calibration, the graphs' shapes."""
         recipe = QGroupBox("Recipe")
         form = QFormLayout(recipe)
         self.scheme = QComboBox()
@@ -86,21 +102,7 @@ class RecipeFormMixin:
             lambda: self._set("quantization", "calibration_samples", self.samples.value())
         )
         form.addRow("Calibration samples", self.samples)
-        calib = QHBoxLayout()
-        self.calib_text = QLineEdit()
-        self.calib_text.setReadOnly(True)
-        calib.addWidget(self.calib_text, 1)
-        choose = QPushButton("Choose…")
-        choose.setToolTip("Use a text file of your own as calibration data")
-        choose.clicked.connect(self._choose_calibration)
-        calib.addWidget(choose)
-        sample = QPushButton("Sample")
-        sample.setToolTip("Use the shipped calibration text (Python source)")
-        sample.clicked.connect(
-            lambda: self._set("quantization", "calibration_text", "sample:calibration")
-        )
-        calib.addWidget(sample)
-        form.addRow("Calibration text", calib)
+        form.addRow("Calibration text", self._build_calibration_text())
         self.prompt_len = QSpinBox()
         self.prompt_len.setRange(1, 4095)
         self.prompt_len.setKeyboardTracking(False)
@@ -117,8 +119,10 @@ class RecipeFormMixin:
             lambda: self._set("export", "context_length", self.context_len.value())
         )
         form.addRow("Context length (C)", self.context_len)
-        ll.addWidget(recipe)
+        return recipe
 
+    def _build_gates(self) -> QGroupBox:
+        """The accuracy gates a run is judged by."""
         gates = QGroupBox("Accuracy gates (a failing gate fails studio --batch)")
         gf = QFormLayout(gates)
         self.gate_spins: dict[str, QDoubleSpinBox] = {}
@@ -137,23 +141,50 @@ class RecipeFormMixin:
             )
             gf.addRow(text, spin)
             self.gate_spins[key] = spin
-        ll.addWidget(gates)
+        return gates
 
+    def _build_stage_checks(self) -> QGroupBox:
+        """Which stages Run pipeline runs (those of the project's kind are shown)."""
         stages = QGroupBox("Pipeline stages (Run pipeline and studio --batch)")
-        sl = QHBoxLayout(stages)
+        self.stage_grid = QGridLayout(stages)
         self.stage_checks: dict[str, QCheckBox] = {}
         for s in STAGES:
             cb = QCheckBox(s)
+            cb.setToolTip(stage_title(s))
             cb.clicked.connect(self._stages_clicked)
-            sl.addWidget(cb)
             self.stage_checks[s] = cb
-        sl.addStretch(1)
-        ll.addWidget(stages)
-        self.error = label("", "error", wrap=True)
-        self.error.hide()
-        ll.addWidget(self.error)
-        ll.addStretch(1)
-        return left
+        self._place_stage_checks(STAGES)
+        return stages
+
+    def _place_stage_checks(self, shown) -> None:
+        """The check boxes of the stages ``shown``, in rows of STAGE_COLUMNS; the others
+        hidden."""
+        for cb in self.stage_checks.values():
+            self.stage_grid.removeWidget(cb)
+        i = 0
+        for s, cb in self.stage_checks.items():
+            cb.setVisible(s in shown)
+            if s in shown:
+                self.stage_grid.addWidget(cb, i // STAGE_COLUMNS, i % STAGE_COLUMNS)
+                i += 1
+
+    def _build_calibration_text(self) -> QHBoxLayout:
+        """The calibration text file: yours, or the shipped sample."""
+        calib = QHBoxLayout()
+        self.calib_text = QLineEdit()
+        self.calib_text.setReadOnly(True)
+        calib.addWidget(self.calib_text, 1)
+        choose = QPushButton("Choose…")
+        choose.setToolTip("Use a text file of your own as calibration data")
+        choose.clicked.connect(self._choose_calibration)
+        calib.addWidget(choose)
+        sample = QPushButton("Sample")
+        sample.setToolTip("Use the shipped calibration text (Python source)")
+        sample.clicked.connect(
+            lambda: self._set("quantization", "calibration_text", "sample:calibration")
+        )
+        calib.addWidget(sample)
+        return calib
 
     def _load_all(self, change=None) -> None:
         p = self.ctl.project
@@ -193,6 +224,7 @@ class RecipeFormMixin:
             if touched("gates", key):
                 self._quiet(spin, lambda s=spin, k=key: s.setValue(float(p.gates[k])))
         if touched("pipeline", "stages"):
+            self._place_stage_checks(project_stages(p))
             for s, cb in self.stage_checks.items():
                 self._quiet(cb, lambda c=cb, s=s: c.setChecked(s in p.pipeline["stages"]))
         if touched("quantization", "overrides"):

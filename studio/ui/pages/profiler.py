@@ -74,10 +74,9 @@ def _table_view(model: RowsModel) -> QTableView:
 
 
 class ProfilerPage(TargetStagePage):
-    title = "Profiler"
-    subtitle = "Where one decode step spends its time: the seed's op table, by layer, compared."
+    key = "profiler"
 
-    stage = "profile"
+    role = "profile"
 
     def __init__(self, ctl, parent=None):
         super().__init__(
@@ -87,7 +86,8 @@ class ProfilerPage(TargetStagePage):
             "HTP simulator, several times: the seed's op table (QKV projection, attention, "
             "MLP, norms, RoPE, data movement) appears here live, run by run, with the median, "
             "the spread and the host load of each run. Simulator cycles follow the host CPU: "
-            "they show where the time goes, not device latency.",
+            "they show where the time goes, not device latency. The project's remote agents "
+            "and phones over adb (Devices page) are profiled on their own NPU.",
             parent,
         )
         import pyqtgraph as pg  # only when the page is first shown
@@ -147,7 +147,7 @@ class ProfilerPage(TargetStagePage):
         self.roofline = RooflineTab(ctl, pg)
         self.tabs.addTab(self.roofline, "DDR && roofline")
         self.tabs.currentChanged.connect(self._tab_changed)
-        self._apply_theme()
+        self.apply_theme()
         ctl.job_partial.connect(self._on_partial)
 
     # ---- layout -------------------------------------------------------------------------
@@ -216,7 +216,7 @@ class ProfilerPage(TargetStagePage):
         lay.addWidget(split, 1)
         self.tabs.addTab(tab, "Compare")
 
-    def _apply_theme(self) -> None:
+    def apply_theme(self) -> None:
         for p in (self.plot, self.delta_plot):
             theme_plot(p, self.palette())
         if hasattr(self, "roofline"):
@@ -245,7 +245,7 @@ class ProfilerPage(TargetStagePage):
     def changeEvent(self, event) -> None:  # theme switches repaint the plots
         super().changeEvent(event)
         if hasattr(self, "delta_plot"):
-            self._apply_theme()
+            self.apply_theme()
 
     # ---- data ---------------------------------------------------------------------------
     def show_job(self, job) -> None:

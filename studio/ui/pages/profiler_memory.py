@@ -4,8 +4,6 @@ the largest tensors at the peak, and the weight and KV cache bytes beside them."
 
 from __future__ import annotations
 
-import asyncio
-
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
@@ -20,8 +18,11 @@ from PySide6.QtWidgets import (
 
 from studio.core.errors import StudioError
 from studio.core.units import format_bytes
+from studio.ui.loading import LatestLoad
 from studio.ui.models.rows import Row, RowsModel
-from studio.ui.widgets import MetricCard, label, theme_plot
+from studio.ui.pages.cards import FigureCard
+from studio.ui.stages import role_of
+from studio.ui.widgets import label, theme_plot
 
 
 class MemoryTab(QWidget):
@@ -32,8 +33,7 @@ class MemoryTab(QWidget):
         self.ctl, self.pg = ctl, pg
         self.result: dict | None = None
         self.graphs: dict = {}  # {stage: {graph: path}} of the shown profile, or {}
-        self._gen = 0
-        self._task: asyncio.Future | None = None
+        self._load = LatestLoad(ctl)
         lay = QVBoxLayout(self)
         row = QHBoxLayout()
         row.addWidget(label("Graph:"))
@@ -46,11 +46,11 @@ class MemoryTab(QWidget):
         lay.addLayout(row)
         cards = QGridLayout()
         self.cards = {
-            "naive": MetricCard("Naive: a buffer per tensor", "–", "estimated"),
-            "arena": MetricCard("Reuse by lifetime", "–", "estimated"),
-            "bound": MetricCard("Peak live (bound)", "–", "estimated"),
-            "weights": MetricCard("Weights", "–", "estimated"),
-            "kv": MetricCard("KV cache", "–", "estimated"),
+            "naive": FigureCard("Naive: a buffer per tensor", "–", "estimated"),
+            "arena": FigureCard("Reuse by lifetime", "–", "estimated"),
+            "bound": FigureCard("Peak live (bound)", "–", "estimated"),
+            "weights": FigureCard("Weights", "–", "estimated"),
+            "kv": FigureCard("KV cache", "–", "estimated"),
         }
         for i, card in enumerate(self.cards.values()):
             cards.addWidget(card, 0, i)
@@ -87,8 +87,6 @@ class MemoryTab(QWidget):
         if studio is None:
             return
         project = studio.project.copy()
-        self._gen += 1
-        gen = self._gen
         self.status.setText("Planning the graphs' memory…")
 
         graphs = dict(self.graphs)
@@ -98,24 +96,17 @@ class MemoryTab(QWidget):
 
             return graphs_memory(graphs) if graphs else project_memory(project)
 
-        async def go() -> None:
-            got, error = None, ""
-            try:
-                got = await self.ctl.in_thread(work)
-            except StudioError as exc:
-                error = exc.message
-            except Exception as exc:  # noqa: BLE001 - a bug: shown on the page
-                error = f"memory planning failed: {exc!r}"
-            if gen != self._gen or self.ctl.studio is not studio:
-                return
-            if got is None:
-                self.result = None
-                self.status.setText(error)
-            else:
-                self.show_result(got)
+        def done(got: dict) -> None:
+            self.show_result(got)
             self.loaded.emit()
 
-        self._task = asyncio.ensure_future(go())
+        def failed(exc: Exception) -> None:
+            self.result = None
+            self.status.setText(exc.message if isinstance(exc, StudioError)
+                                else f"memory planning failed: {exc!r}")
+            self.loaded.emit()
+
+        self._load.start(work, done=done, failed=failed)
 
     def show_result(self, result: dict) -> None:
         self.result = result
@@ -124,7 +115,7 @@ class MemoryTab(QWidget):
         self.graph.clear()
         for stage, graphs in result["stages"].items():
             for g in graphs:
-                what = "FP32" if stage == "export" else "quantized (QDQ)"
+                what = "FP32" if role_of(stage) == "export" else "quantized (QDQ)"
                 self.graph.addItem(f"{g} · {what} ({stage})", (stage, g))
         idx = self.graph.findData(current)
         self.graph.setCurrentIndex(max(idx, 0))

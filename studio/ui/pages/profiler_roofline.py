@@ -8,7 +8,6 @@ from the catalog, and the efficiencies fitted on published device numbers.
 
 from __future__ import annotations
 
-import asyncio
 import math
 
 import numpy as np
@@ -26,6 +25,7 @@ from PySide6.QtWidgets import (
 from studio.core.catalog import load_catalog
 from studio.core.errors import StudioError
 from studio.core.units import format_bytes
+from studio.ui.loading import LatestLoad
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.widgets import label, theme_plot
 
@@ -49,8 +49,7 @@ class RooflineTab(QWidget):
         self.graphs: dict = {}  # {stage: {graph: path}} of the shown profile, or {}
         # DRAM bytes per layer from the compiler (optrace) for the shown profile, if any
         self.compiler_bytes: dict = {}
-        self._gen = 0
-        self._task: asyncio.Future | None = None
+        self._load = LatestLoad(ctl)
         lay = QVBoxLayout(self)
         row = QHBoxLayout()
         row.addWidget(label("Chip:"))
@@ -117,8 +116,6 @@ class RooflineTab(QWidget):
         project = studio.project.copy()
         chip, graph = self.chip.currentData(), self.graph.currentData()
         given = dict(self.graphs.get("quantize") or {})
-        self._gen += 1
-        gen = self._gen
         self.status.setText("Estimating…")
 
         def work() -> dict:
@@ -131,27 +128,20 @@ class RooflineTab(QWidget):
                                   "quantize stage (or the profile stage) first")
             return graph_roofline(graphs[graph], chip)
 
-        async def go() -> None:
-            got, error = None, ""
-            try:
-                got = await self.ctl.in_thread(work)
-            except StudioError as exc:
-                error = exc.message
-            except Exception as exc:  # noqa: BLE001 - a bug: shown on the page
-                error = f"the estimate failed: {exc!r}"
-            if gen != self._gen or self.ctl.studio is not studio:
-                return
-            if got is None:
-                self.result = None
-                self.status.setText(error)
-                self.roof.clear()
-                self.bytes_plot.clear()
-                self.table.set_rows([])
-            else:
-                self.show_result(got)
+        def done(got: dict) -> None:
+            self.show_result(got)
             self.loaded.emit()
 
-        self._task = asyncio.ensure_future(go())
+        def failed(exc: Exception) -> None:
+            self.result = None
+            self.status.setText(exc.message if isinstance(exc, StudioError)
+                                else f"the estimate failed: {exc!r}")
+            self.roof.clear()
+            self.bytes_plot.clear()
+            self.table.set_rows([])
+            self.loaded.emit()
+
+        self._load.start(work, done=done, failed=failed)
 
     def show_result(self, res: dict) -> None:
         self.result = res

@@ -11,13 +11,12 @@ Three kinds of timeline, each labelled by where it comes from:
 
 from __future__ import annotations
 
-import asyncio
-
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QVBoxLayout, QWidget
 
 from studio.core.errors import StudioError
 from studio.core.timeline import TimelineData
+from studio.ui.loading import LatestLoad
 from studio.ui.timeline import TimelineView
 from studio.ui.widgets import label
 
@@ -33,8 +32,7 @@ class TimelineTab(QWidget):
         self.graph = None  # the quantized decode graph the profile job profiled
         self.chip = ""
         self.result: TimelineData | None = None
-        self._gen = 0
-        self._task = None
+        self._load = LatestLoad(ctl)
         lay = QVBoxLayout(self)
         row = QHBoxLayout()
         row.addWidget(label("Show:"))
@@ -67,8 +65,7 @@ class TimelineTab(QWidget):
 
     def load(self, *_args) -> None:
         kind = self.kind.currentData()
-        self._gen += 1
-        gen = self._gen
+        self._load.drop()
         if kind is None:
             self.view.set_data(None)
             self.status.setText("This profile has no events with times. The HTP simulator "
@@ -92,27 +89,23 @@ class TimelineTab(QWidget):
         def work():
             from studio.services.estimate import schedule_events
 
-            table, est = schedule_events(graph, chip)
-            return table, est
+            return schedule_events(graph, chip)
 
-        async def go() -> None:
-            try:
-                table, est = await self.ctl.in_thread(work)
-            except StudioError as exc:
-                if gen == self._gen:
-                    self.view.set_data(None)
-                    self.status.setText(exc.message)
-                    self.loaded.emit()
-                return
-            if gen != self._gen:
-                return
+        def done(got) -> None:
+            table, est = got
             data = TimelineData.from_events(table, default_source="estimated")
             self._show(data, f"estimated by the performance model {est['model_version']}: "
                              f"one decode step on {chip}, {est['makespan_s'] * 1e6:.1f} µs of "
                              "op time across the HTP cores (plus a fitted per-pass overhead "
                              "the tracks do not show). The simulator records no timeline.")
 
-        self._task = asyncio.ensure_future(go())
+        def failed(exc: Exception) -> None:
+            self.view.set_data(None)
+            self.status.setText(exc.message if isinstance(exc, StudioError)
+                                else f"scheduling the graph failed: {exc!r}")
+            self.loaded.emit()
+
+        self._load.start(work, done=done, failed=failed)
 
     def _show(self, data: TimelineData, note: str) -> None:
         self.result = data

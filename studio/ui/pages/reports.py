@@ -33,13 +33,9 @@ EXPORT_FORMATS = {"html": "HTML page", "md": "Markdown", "pdf": "PDF", "json": "
 
 
 class ReportsPage(StagePage):
-    title = "Reports"
-    subtitle = (
-        "Self-contained HTML reports (plots inside) written by the report stage, with JSON for "
-        "CI; export any run's report as HTML, Markdown, PDF or JSON."
-    )
+    key = "reports"
 
-    stage = "report"
+    role = "report"
     refresh_ms = 400
 
     def __init__(self, ctl, parent=None):

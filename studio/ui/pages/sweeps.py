@@ -141,11 +141,7 @@ def _point_of(p: dict[str, Any]):
 
 
 class SweepsPage(Page):
-    title = "Sweeps"
-    subtitle = ("Variants of the recipe run side by side: every point's accuracy, size and "
-                "speed with their sources, the Pareto front, the best point — and apply it.")
-    #: open a run of the history (the window shows it on the Validation page)
-    runActivated = Signal(int)
+    key = "sweeps"
 
     def __init__(self, ctl, parent=None):
         super().__init__(ctl, parent)
@@ -179,7 +175,27 @@ class SweepsPage(Page):
         cl = QVBoxLayout(self.content)
         cl.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.content, 1)
+        cl.addLayout(self._build_bar())
+        self._build_lines(cl)
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.setChildrenCollapsible(False)
+        split.addWidget(self._build_plot())
+        split.addWidget(self._build_table())
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 1)
+        split.setSizes([9_000, 9_000])
+        cl.addWidget(split, 1)
+        cl.addLayout(self._build_sources())
 
+        self.apply_theme()
+        self.content.hide()
+        ctl.running_changed.connect(self._pipeline_running)
+        ctl.closing.connect(self._closing)
+        self._update_buttons()
+
+    # ---- building the page ------------------------------------------------------------------
+    def _build_bar(self) -> QHBoxLayout:
+        """The sweep shown, the workers, run and cancel, the status."""
         bar = QHBoxLayout()
         bar.addWidget(label("Sweep:"))
         self.combo = QComboBox()
@@ -203,7 +219,10 @@ class SweepsPage(Page):
         bar.addWidget(self.cancel_button)
         self.status = label("", "muted")
         bar.addWidget(self.status, 1)
-        cl.addLayout(bar)
+        return bar
+
+    def _build_lines(self, cl: QVBoxLayout) -> None:
+        """The sweep's spec, a note, and the best point."""
         self.spec_line = label("", "muted", wrap=True)
         cl.addWidget(self.spec_line)
         self.note = label("", "muted", wrap=True)
@@ -213,8 +232,10 @@ class SweepsPage(Page):
         self.best_line.setTextFormat(Qt.TextFormat.RichText)
         cl.addWidget(self.best_line)
 
-        split = QSplitter(Qt.Orientation.Vertical)
-        split.setChildrenCollapsible(False)
+
+    def _build_plot(self) -> QWidget:
+        """Accuracy against size, the Pareto front and the best point."""
+        pg = self.pg
         pbox = QWidget()
         pl = QVBoxLayout(pbox)
         pl.setContentsMargins(0, 4, 0, 0)
@@ -243,8 +264,10 @@ class SweepsPage(Page):
         self.scatter.sigClicked.connect(self._plot_clicked)
         self.plot_note = pg.TextItem("", anchor=(0.5, 0.5))
         pl.addWidget(self.plot, 1)
-        split.addWidget(pbox)
+        return pbox
 
+    def _build_table(self) -> QWidget:
+        """Every point, and what to do with the selected one."""
         tbox = QWidget()
         tl = QVBoxLayout(tbox)
         tl.setContentsMargins(0, 4, 0, 0)
@@ -275,12 +298,10 @@ class SweepsPage(Page):
         self.report_button.clicked.connect(self.write_report)
         actions.addWidget(self.report_button)
         tl.addLayout(actions)
-        split.addWidget(tbox)
-        split.setStretchFactor(0, 1)
-        split.setStretchFactor(1, 1)
-        split.setSizes([9_000, 9_000])
-        cl.addWidget(split, 1)
+        return tbox
 
+    def _build_sources(self) -> QHBoxLayout:
+        """Where the figures come from."""
         sources = QHBoxLayout()
         sources.addWidget(SourceBadge("simulated", "accuracy: the HTP simulator"))
         sources.addWidget(SourceBadge("measured", "size: the compiled context binaries' "
@@ -289,21 +310,16 @@ class SweepsPage(Page):
                                                    "performance model"))
         self.sources = label(SOURCES_TEXT, "muted", wrap=True)
         sources.addWidget(self.sources, 1)
-        cl.addLayout(sources)
 
-        self._apply_theme()
-        self.content.hide()
-        ctl.running_changed.connect(self._pipeline_running)
-        ctl.closing.connect(self._closing)
-        self._update_buttons()
+        return sources
 
     # ---- theme ------------------------------------------------------------------------------
     def changeEvent(self, event) -> None:
         super().changeEvent(event)
         if event.type() == QEvent.Type.PaletteChange and hasattr(self, "plot"):
-            self._apply_theme()
+            self.apply_theme()
 
-    def _apply_theme(self) -> None:
+    def apply_theme(self) -> None:
         theme_plot(self.plot, self.palette())
         if self.rec is not None:  # the labels and the selection ring take the new colours
             self._draw_plot()

@@ -6,7 +6,7 @@ vs the HTP, tensor by tensor: :class:`studio.ui.pages.layerdiff_view.LayerDiffVi
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -38,11 +38,12 @@ from studio.ui.pages.figures import (
     fmt_delta,
     fmt_figure,
     fmt_metric,
+    metric_title,
     run_label,
     setting_value,
 )
 from studio.ui.pages.layerdiff_view import LayerDiffView
-from studio.ui.pages.overview import metric_title
+from studio.ui.stages import article, places_nodes, project_kind, role_of
 from studio.ui.widgets import BadgeDelegate, label
 
 GATE_TITLES = {
@@ -50,6 +51,22 @@ GATE_TITLES = {
     "max_perplexity_increase": "perplexity increase ≤",
     "min_top1_agreement": "top-1 agreement ≥",
 }
+EMPTY_TEXT = (
+    "Run the validate stage to compare, per target chip, the FP32 model (CPU) with the "
+    "quantized model on the host and on the HTP simulator: logits cosine, max error, top-1 "
+    "agreement, perplexity on held-out text and greedy-token agreement, checked against the "
+    "project's gates. Each run's figures are kept: after a recipe change this page shows both "
+    "runs side by side. The <b>Layer diff</b> tab compares FP32, host QDQ and the HTP tensor "
+    "by tensor. Validation runs on the HTP simulator of each target chip; remote agents and "
+    "phones over adb (Devices page) run the run and profile stages."
+)
+GRAPH_EMPTY_TEXT = (
+    "This is {a} {kind} project: its validate stage ({stage}) compares each output of the "
+    "deployed graph with the FP32 graph on the CPU (worst cosine, max |error|, on the held-out "
+    "samples) and an encoder's rankings on the shipped retrieval set. Run validate (or the "
+    "pipeline): the figures show on the <b>Placement</b> page beside the placement they were "
+    "measured under, on the Overview and in the report."
+)
 ONE_RUN_TEXT = (
     "Only one run has validation results. Run the pipeline again after a change to compare: "
     "change the recipe on the Precision page (scheme, weight granularity, overrides), run "
@@ -102,36 +119,37 @@ def _combo(min_chars: int) -> QComboBox:
 
 
 class ValidationPage(StagePage):
-    title = "Validation"
-    subtitle = (
-        "FP32 on the CPU vs the quantized model on the host vs the HTP simulator, run by run: "
-        "logits, top-1, perplexity, greedy text."
-    )
+    key = "validation"
 
-    stage = "validate"
-    #: a layer the user double-clicked in the layer diff (the window opens it on Precision)
-    layerActivated = Signal(str)
+    role = "validate"
 
     def __init__(self, ctl, parent=None):
-        super().__init__(
-            ctl,
-            "No validation yet",
-            "Run the validate stage to compare, per target chip, the FP32 model (CPU) with the "
-            "quantized model on the host and on the HTP simulator: logits cosine, max error, "
-            "top-1 agreement, perplexity on held-out text and greedy-token agreement, checked "
-            "against the project's gates. Each run's figures are kept: after a recipe change "
-            "this page shows both runs side by side. The <b>Layer diff</b> tab compares FP32, "
-            "host QDQ and the HTP tensor by tensor. Runs on real devices come in a later "
-            "release.",
-            parent,
-        )
-        self.empty.add_action(
-            "Run validate",
-            self.run_stage,
-            "Runs validate and what it needs (export, quantize, compile)",
-        )
-        # two sections: the runs' figures (the StagePage's empty state / content) and the
-        # layer diff of the current settings
+        super().__init__(ctl, "No validation yet", EMPTY_TEXT, parent)
+        self._runs: list[history.RunInfo] = []
+        self._vjobs: dict[str, Job] = {}
+        self._cmp: dict = {}
+        self._sources: dict = {}
+        self._build_sections()
+        self._build_empty_actions()
+        cl = self.content_layout
+        cl.addLayout(self._build_pickers())
+        cl.addLayout(self._build_summary())
+        self.warning = label("", "error", wrap=True)
+        cl.addWidget(self.warning)
+        cl.addWidget(self._build_changes())
+        split = QSplitter(Qt.Orientation.Horizontal)
+        split.setChildrenCollapsible(False)
+        split.addWidget(self._build_figures())
+        split.addWidget(self._build_tabs())
+        split.setStretchFactor(0, 0)
+        split.setStretchFactor(1, 1)
+        self.splitter = split
+        cl.addWidget(split, 1)
+
+    # ---- building the page ------------------------------------------------------------------
+    def _build_sections(self) -> None:
+        """Two sections: the runs' figures (the StagePage's empty state / content) and the
+        layer diff of the current settings."""
         self.sections = QTabWidget()
         self.sections.setDocumentMode(True)
         runs = QWidget()
@@ -141,26 +159,32 @@ class ValidationPage(StagePage):
             self.body_layout.removeWidget(w)
             rl.addWidget(w, 1 if w is self.content else 0)
         self.sections.addTab(runs, "Run by run")
-        self.layer_diff = LayerDiffView(ctl)
+        self.layer_diff = LayerDiffView(self.ctl)
         self.layer_diff.layerActivated.connect(self.layerActivated)
         self.sections.addTab(self.layer_diff, "Layer diff")
         self.sections.setTabToolTip(
             1, "FP32 vs host QDQ vs the HTP simulator, tensor by tensor: where the error jumps "
             "and where host QDQ and the HTP part")
         self.body_layout.addWidget(self.sections, 1)
-        self.empty.add_action("Open Placement", lambda: self.navigate.emit("Placement"),
-                              "Encoders and ONNX graphs: placement and accuracy per target")
+
+    def _build_empty_actions(self) -> None:
         self.empty.add_action(
+            "Run validate",
+            self.run_stage,
+            "Runs the project's validate stage and what it needs (export or import, quantize, "
+            "compile)",
+        )
+        self.placement_button = self.empty.add_action(
+            "Open Placement", lambda: self.navigate.emit("placement"),
+            "Encoders and ONNX graphs: placement and accuracy per target")
+        self.layer_diff_button = self.empty.add_action(
             "Show the layer diff",
             lambda: self.sections.setCurrentWidget(self.layer_diff),
             "FP32 vs host QDQ vs the HTP, tensor by tensor",
         )
-        self._runs: list[history.RunInfo] = []
-        self._vjobs: dict[str, Job] = {}
-        self._cmp: dict = {}
-        self._sources: dict = {}
-        cl = self.content_layout
 
+    def _build_pickers(self) -> QHBoxLayout:
+        """The run and the target shown."""
         head = QHBoxLayout()
         head.addWidget(label("Run:"))
         self.run_combo = _combo(30)
@@ -172,17 +196,18 @@ class ValidationPage(StagePage):
         self.target = _combo(14)
         self.target.currentIndexChanged.connect(self.show_current)
         head.addWidget(self.target)
-        cl.addLayout(head)
+        return head
 
+    def _build_summary(self) -> QHBoxLayout:
         line = QHBoxLayout()
         self.summary = label("", wrap=True, selectable=True)
         line.addWidget(self.summary, 1)
         self.job_label = label("", "muted")
         line.addWidget(self.job_label, 0, Qt.AlignmentFlag.AlignTop)
-        cl.addLayout(line)
-        self.warning = label("", "error", wrap=True)
-        cl.addWidget(self.warning)
+        return line
 
+    def _build_changes(self) -> QGroupBox:
+        """What changed from the run compared with, and the run to compare with."""
         self.changes_box = QGroupBox("What changed")
         chl = QVBoxLayout(self.changes_box)
         chl.setContentsMargins(8, 4, 8, 6)
@@ -201,13 +226,13 @@ class ValidationPage(StagePage):
         said.addWidget(self.changes, 1)
         self.recipe_button = QPushButton("Change the recipe…")
         self.recipe_button.setToolTip("Open the Precision page")
-        self.recipe_button.clicked.connect(lambda: self.navigate.emit("Precision"))
+        self.recipe_button.clicked.connect(lambda: self.navigate.emit("precision"))
         said.addWidget(self.recipe_button, 0, Qt.AlignmentFlag.AlignVCenter)
         chl.addLayout(said)
-        cl.addWidget(self.changes_box)
+        return self.changes_box
 
-        split = QSplitter(Qt.Orientation.Horizontal)
-        split.setChildrenCollapsible(False)
+    def _build_figures(self) -> QGroupBox:
+        """The side-by-side table: FP32, host QDQ and HTP per figure."""
         fbox = QGroupBox("Figures")
         fl = QVBoxLayout(fbox)
         fl.setContentsMargins(6, 6, 6, 6)
@@ -222,9 +247,24 @@ class ValidationPage(StagePage):
         fl.addWidget(self.figure_view)
         self.figure_note = label("", "muted", wrap=True)
         fl.addWidget(self.figure_note)
-        split.addWidget(fbox)
+        return fbox
 
+    def _build_tabs(self) -> QTabWidget:
+        """The gates, the greedy text and every recorded figure."""
         self.tabs = QTabWidget()
+        self.tabs.addTab(self._build_gates(), "Gates")
+        self.tabs.addTab(self._build_greedy(), "Greedy")
+        allfig = QWidget()
+        al = QVBoxLayout(allfig)
+        al.setContentsMargins(6, 6, 6, 6)
+        self.metrics = RowsModel(["Metric", "Value", "Source", "Device", "Target"], self)
+        self.metric_view = _table(self.metrics)
+        self.metric_view.setItemDelegateForColumn(2, BadgeDelegate(self.metric_view))
+        al.addWidget(self.metric_view)
+        self.tabs.addTab(allfig, "All figures")
+        return self.tabs
+
+    def _build_gates(self) -> QWidget:
         gates = QWidget()
         gl = QVBoxLayout(gates)
         gl.setContentsMargins(6, 6, 6, 6)
@@ -237,7 +277,9 @@ class ValidationPage(StagePage):
         )
         gl.addWidget(self.gate_view)
         gl.addWidget(label("Thresholds are edited on the Precision page.", "muted", wrap=True))
-        self.tabs.addTab(gates, "Gates")
+        return gates
+
+    def _build_greedy(self) -> QWidget:
         greedy = QWidget()
         tl = QVBoxLayout(greedy)
         tl.setContentsMargins(6, 6, 6, 6)
@@ -250,20 +292,7 @@ class ValidationPage(StagePage):
         for title, w in (("FP32 (CPU)", self.fp32_text), ("quantized (HTP)", self.htp_text)):
             tl.addWidget(label(title, "muted"))
             tl.addWidget(w, 1)
-        self.tabs.addTab(greedy, "Greedy")
-        allfig = QWidget()
-        al = QVBoxLayout(allfig)
-        al.setContentsMargins(6, 6, 6, 6)
-        self.metrics = RowsModel(["Metric", "Value", "Source", "Device", "Target"], self)
-        self.metric_view = _table(self.metrics)
-        self.metric_view.setItemDelegateForColumn(2, BadgeDelegate(self.metric_view))
-        al.addWidget(self.metric_view)
-        self.tabs.addTab(allfig, "All figures")
-        split.addWidget(self.tabs)
-        split.setStretchFactor(0, 0)
-        split.setStretchFactor(1, 1)
-        self.splitter = split
-        cl.addWidget(split, 1)
+        return greedy
 
     # ---- events -----------------------------------------------------------------------------
     def on_change(self, change) -> None:
@@ -274,33 +303,25 @@ class ValidationPage(StagePage):
     def on_close(self) -> None:
         self.layer_diff.clear()
 
-    def _on_job(self, job: Job) -> None:
-        if job.stage in (self.stage, "layerdiff") and job.state == "succeeded":
+    def on_job_event(self, job: Job) -> None:
+        if job.state == "succeeded" and role_of(job.stage) in (self.role, "layerdiff"):
             self.later(self.refresh, self.refresh_ms)
 
     # ---- runs -------------------------------------------------------------------------------
-    def _graph_project(self) -> bool:
-        return self.ctl.project.model["kind"] != "causal-lm"
-
-    def run_stage(self) -> None:
-        """Run the project's validation: ``validate``, or ``graph-validate`` for encoders and
-        ONNX graphs."""
-        self.run_stages(["graph-validate" if self._graph_project() else "validate"])
-
     def refresh(self) -> None:
         """Re-read the runs with validation results; keep the picked run unless it was the
         newest (then the new newest is shown)."""
         studio = self.ctl.studio
-        if self._graph_project():
+        graph = places_nodes(studio.project)
+        self.placement_button.setVisible(graph)
+        self.layer_diff_button.setVisible(not graph)
+        if graph:
             self.set_has_content(False)
-            self.empty.set_text(
-                "Validation of a graph",
-                f"This is a {studio.project.model['kind']} project: its validate stage compares "
-                "each output of the deployed graph with the FP32 graph on the CPU (worst cosine, "
-                "max |error|, on the held-out samples) and an encoder's rankings on the shipped "
-                "retrieval set. The figures show on the <b>Placement</b> page beside the "
-                "placement they were measured under, on the Overview and in the report.")
+            self.empty.set_text("Validation of a graph", GRAPH_EMPTY_TEXT.format(
+                a=article(project_kind(studio.project)), kind=project_kind(studio.project),
+                stage=self.stage))
             return
+        self.empty.set_text("No validation yet", EMPTY_TEXT)
         self.layer_diff.reload()
         runs = history.validation_runs(studio.project, studio.jobs)
         self._runs = runs
@@ -350,6 +371,14 @@ class ValidationPage(StagePage):
         self.against.setVisible(several)
         self.against_label.setVisible(several)
 
+    def reveal_run(self, run_id: int) -> bool:
+        """Show run ``run_id`` when it has validation results."""
+        try:
+            self.pick_run(run_id)
+        except StudioError:
+            return False
+        return True
+
     def pick_run(self, run_id: int, against: int | None = -1) -> None:
         """Show run ``run_id`` (compared with ``against``; -1: the one before it)."""
         i = self.run_combo.findData(run_id)
@@ -370,7 +399,7 @@ class ValidationPage(StagePage):
         self._vjobs = {
             j.target: j
             for j in studio.jobs.jobs(run_id=run_id)
-            if j.stage == "validate" and j.state == "succeeded" and j.result
+            if j.stage == self.stage and j.state == "succeeded" and j.result
         }
         current = self.target.currentData()
         self.target.blockSignals(True)
@@ -476,55 +505,10 @@ class ValidationPage(StagePage):
                 "simulated (the QNN HTP simulator: real HTP numerics on this x86 machine)",
             )
         ]
-        right = (1, 2, 3)
         for fig in history.VALIDATION_FIGURES:
             cells = by_fig.get(fig)
-            if not cells:
-                continue
-            title = FIGURE_TITLES.get(fig, fig)
-            rows.append(
-                Row(
-                    [title]
-                    + [
-                        fmt_figure(fig, cells[c]["value"]) if c in cells else "—"
-                        for c in cols
-                    ],
-                    tip=FIGURE_TIPS.get(fig, fig) + f" Run {run}.",
-                    colors={1: SAME_COLOR} if "fp32" not in cells else {},
-                    payload="value",
-                    align_right=right,
-                )
-            )
-            if against is None:
-                continue
-            rows.append(
-                Row(
-                    [f"    run {against}"]
-                    + [fmt_figure(fig, cells[c]["previous"]) if c in cells else "" for c in cols],
-                    tip=f"{title} in run {against}",
-                    colors={i: SAME_COLOR for i in range(4)},
-                    payload="previous",
-                    align_right=right,
-                )
-            )
-            colors = {0: SAME_COLOR}
-            for i, c in enumerate(cols, 1):
-                if c in cells:
-                    colors[i] = delta_color(cells[c]["better"])
-            rows.append(
-                Row(
-                    ["    change"]
-                    + [
-                        fmt_delta(fig, cells[c]["delta"], cells[c]["relative"]) if c in cells
-                        else ""
-                        for c in cols
-                    ],
-                    tip=f"run {run} minus run {against}: green is better, red is worse",
-                    colors=colors,
-                    payload="delta",
-                    align_right=right,
-                )
-            )
+            if cells:
+                rows += self._figure_rows(fig, cells, cols, run, against)
         self.figures.set_rows(rows)
         self._fit_figures()
         if against is None:
@@ -538,6 +522,57 @@ class ValidationPage(StagePage):
                 "(green better, red worse). FP32 is the reference the cosine, error and "
                 "agreement figures are measured against."
             )
+
+    def _figure_rows(self, fig: str, cells: dict[str, dict], cols: list[str], run,
+                     against) -> list[Row]:
+        """One figure's rows: its value per column, and (compared with a run) that run's
+        value and the change."""
+        right = (1, 2, 3)
+        title = FIGURE_TITLES.get(fig, fig)
+        rows = [
+            Row(
+                [title]
+                + [
+                    fmt_figure(fig, cells[c]["value"]) if c in cells else "—"
+                    for c in cols
+                ],
+                tip=FIGURE_TIPS.get(fig, fig) + f" Run {run}.",
+                colors={1: SAME_COLOR} if "fp32" not in cells else {},
+                payload="value",
+                align_right=right,
+            )
+        ]
+        if against is None:
+            return rows
+        rows.append(
+            Row(
+                [f"    run {against}"]
+                + [fmt_figure(fig, cells[c]["previous"]) if c in cells else "" for c in cols],
+                tip=f"{title} in run {against}",
+                colors={i: SAME_COLOR for i in range(4)},
+                payload="previous",
+                align_right=right,
+            )
+        )
+        colors = {0: SAME_COLOR}
+        for i, c in enumerate(cols, 1):
+            if c in cells:
+                colors[i] = delta_color(cells[c]["better"])
+        rows.append(
+            Row(
+                ["    change"]
+                + [
+                    fmt_delta(fig, cells[c]["delta"], cells[c]["relative"]) if c in cells
+                    else ""
+                    for c in cols
+                ],
+                tip=f"run {run} minus run {against}: green is better, red is worse",
+                colors=colors,
+                payload="delta",
+                align_right=right,
+            )
+        )
+        return rows
 
     def _fit_figures(self) -> None:
         """Columns as wide as their contents, and the table never narrower than them (the
