@@ -19,6 +19,7 @@ from studio.core.devices import Device, device
 from studio.core.errors import StudioError
 from studio.core.progress import Progress
 from studio.core.project import Project
+from studio.core.recipe import is_float_scheme
 from studio.core.sampling import Sampler, SamplingConfig
 
 
@@ -149,7 +150,7 @@ def load_generator(project: Project, dev: Device, kv: str | None = None, registr
             if key is None or ArtifactStore(project.folder / "artifacts").get(key) is None:
                 _run_stages(project, ["compile"], f"the {kv} KV cache graphs")
         compiled = _artifact(project, f"compile[{dev.chip}]", "compile")
-    fp16 = project.quantization["scheme"] == "FP16"
+    fp16 = is_float_scheme(project.quantization.scheme)
     return be.open_generator(export_dir, compiled, spec, fp16), spec, tok
 
 

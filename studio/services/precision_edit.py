@@ -24,6 +24,7 @@ from studio.core.recipe import (
     block_prefix,
     covers,
     effective_precision,
+    is_float_scheme,
     refusal,
 )
 from studio.services.precision import quantizable, target_chips, weighted_layers
@@ -129,7 +130,7 @@ def plan_edit(project: Project, info: ModelInfo, layers: list[str], part: str,
     scheme = q["scheme"]
     with_w = [n for n in sel if n in weighted]
     if part == SCHEME_PART:
-        if scheme == "FP16":
+        if is_float_scheme(scheme):
             raise StudioError(refusal("layer", "FP16", scheme=scheme) or "")
         return _reset(project, order, sel, weighted)
     why = refusal(part, precision, has_weight=bool(with_w), chips=target_chips(project),

@@ -19,7 +19,7 @@ from studio.core.catalog import get_chip
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json, check_writable_dir, sha256_json
 from studio.core.project import Project
-from studio.core.recipe import scheme_refusal
+from studio.core.recipe import is_float_scheme, scheme_refusal
 from studio.core.stagegraph import REFS, STAGES, PlannedJob, project_value, ref_identity
 from studio.services.precision import override_refusals, unmatched
 
@@ -186,7 +186,7 @@ def _check_targets_run_the_recipe(project: Project, jobs: list[PlannedJob]) -> N
         return
     chips = [get_chip(k) for k in keys]
     why = scheme_refusal(project.quantization["scheme"], chips)
-    if why is None and project.quantization["scheme"] != "FP16":
+    if why is None and not is_float_scheme(project.quantization.scheme):
         found = override_refusals(project, None, chips=chips)
         why = found[0] if found else None
     if why:

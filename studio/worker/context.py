@@ -12,6 +12,7 @@ from studio.core.catalog import Chip, get_chip
 from studio.core.devices import Device, DeviceBackend, htp_simulator
 from studio.core.errors import StudioError
 from studio.core.metrics import Metric
+from studio.core.recipe import is_float_scheme
 from studio.core.stagegraph import StageConfig
 
 
@@ -66,7 +67,7 @@ class StageContext:
 
     @property
     def fp16(self) -> bool:
-        return self.get("quantization.scheme") == "FP16"
+        return is_float_scheme(self.get("quantization.scheme"))
 
     def fact(self, name: str, value: float, unit: str, detail: str = "") -> None:
         """A run fact (e.g. how long the stage took): kept in the run history only."""

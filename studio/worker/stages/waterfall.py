@@ -10,6 +10,7 @@ from studio.core.devices import HOST_CPU
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress, SubProgress
+from studio.core.recipe import weight_bits
 from studio.engine.llm_runtime import cpu_generator, load_graph_spec, load_tokenizer
 from studio.worker.context import StageContext, host_metric, read_text
 
@@ -38,7 +39,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     prompt = held[-(C // 2):] if len(held) > C // 2 else held[: max(1, len(held) // 2)]
     new_tokens = max(2, min(int(ctx.get("waterfall.new_tokens")), C - len(prompt) - 1))
     low_gran = (ctx.get("quantization.weight_granularity")
-                if ctx.get("quantization.scheme") == "W4A16" else "per_channel")
+                if weight_bits(ctx.get("quantization.scheme")) == 4 else "per_channel")
     samples = ctx.get("quantization.calibration_samples")
     rows: list[dict[str, Any]] = []
     timer: dict[str, list[int] | None] = {"fp32_tokens": None}
@@ -62,11 +63,11 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                      f"(host CPU), ppl {ppl:.2f}")
 
     def quantized(src, name: str, scheme: str, gran: str, a: float, b: float):
-        progress.update(a, f"quantizing {name} ({scheme}{', with a verify graph' if scheme == 'W4A16' else ''})")
+        progress.update(a, f"quantizing {name} ({scheme}{', with a verify graph' if weight_bits(scheme) == 4 else ''})")
         out = ctx.out / name
         quantize_llm(src, out, {"scheme": scheme, "weight_granularity": gran,
                                 "samples": samples}, calib, export_dir / "tokenizer",
-                     SubProgress(progress, a, b), with_verify=scheme == "W4A16")
+                     SubProgress(progress, a, b), with_verify=weight_bits(scheme) == 4)
         return out
 
     def kv8(src, fp_gen, name: str):
