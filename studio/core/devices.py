@@ -75,6 +75,11 @@ class Device:
         return self.remote.on_npu if self.remote is not None else self.decl.on_npu
 
     @property
+    def runs_genie(self) -> bool:
+        """Whether Genie runs a bundle on this device here (the HTP simulator)."""
+        return self.decl.runs_genie
+
+    @property
     def serial(self) -> str:
         """An adb phone's serial; "" otherwise."""
         return self.id[len("adb:"):].partition("@")[0] if self.kind == "adb" else ""
@@ -183,6 +188,7 @@ class DeviceKind:
     timing_note: str = ""
     aliases: tuple[str, ...] = ()  # ids that name it whole ("cpu")
     form: str = ""  # how its ids read, for errors
+    runs_genie: bool = False  # Qualcomm's Genie runs a bundle on it here
 
 
 HOST_CPU = Device("host-cpu", "cpu", "", "host CPU")
@@ -256,7 +262,7 @@ DEVICE_KINDS: dict[str, DeviceKind] = {d.kind: d for d in (
                aliases=("cpu", "host-cpu"), form="cpu"),
     DeviceKind("htp-sim", "simulated", "htp_sim", "htp-sim:",
                lambda i, _c: _chip_id(i, htp_simulator), on_npu=True,
-               timing_note=SIMULATOR_TIME, form="htp-sim:<chip>"),
+               timing_note=SIMULATOR_TIME, form="htp-sim:<chip>", runs_genie=True),
     DeviceKind("htp", "measured", "htp_sim", "htp:", lambda i, _c: _chip_id(i, htp_npu),
                on_npu=True, timing_note="timed on this machine's NPU"),
     DeviceKind("agent", "measured", "agent", "agent:", agent_device,

@@ -133,7 +133,7 @@ class Demo:
         dev = self.live_device
         if dev.source == "simulated":
             return SIMULATOR_NOTE
-        if dev.kind == "host-cpu":
+        if dev == devices.HOST_CPU:
             return "the FP32 export on this PC's CPU"
         return dev.timing_note
 

@@ -58,9 +58,12 @@ def _generate_genie(args, p, stream) -> int:
         raise StudioError(f"Genie runs the bundle's greedy dialog: leave out {', '.join(rest)}")
     target = None
     if args.device and args.device not in ("htp-sim", "cpu"):
-        if not args.device.startswith("htp-sim:"):
+        from studio.core.devices import device
+
+        dev = device(args.device)
+        if not dev.runs_genie:
             raise StudioError("Genie runs here on the HTP simulator: use --device htp-sim[:CHIP]")
-        target = args.device.partition(":")[2]
+        target = dev.chip
     out = genie_generate(p, args.prompt, target, args.max_new_tokens, on_text=stream)
     if args.generate_json:
         print(json.dumps(out, indent=1))

@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
+from studio.core.devices import device
 from studio.core.errors import StudioError
 from studio.core.units import format_bytes
 from studio.services import devices
@@ -344,7 +345,8 @@ class DevicesPage(Page):
         self.stop_btn.setEnabled(True)
         self.run_progress.setRange(0, 0)  # busy until the first token
         self.run_progress.setFormat("loading…")
-        where = "uploading to and loading on" if dev.startswith("agent:") else "loading on"
+        where = ("uploading to and loading on" if device(dev).remote is not None
+                 else "loading on")
         self.run_result.setPlainText(f"{where} {dev}…\n{project.run['prompt']}")
         self.last_result = None
         stream = _Stream(self)

@@ -22,10 +22,18 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.devices import device
 from studio.core.errors import Cancelled, StudioError
 from studio.core.progress import EventProgress
 from studio.ui.widgets import SourceBadge, label
 
+
+def _runs_genie(device_id: object) -> bool:
+    """Whether Genie runs a bundle on the device a list entry names (the HTP simulator)."""
+    try:
+        return device(str(device_id or "")).runs_genie
+    except StudioError:
+        return False
 
 class _Bridge(QObject):
     """Signals from the generation thread (queued to the UI thread)."""
@@ -156,9 +164,9 @@ class PlaygroundPanel(QWidget):
         genie = self.runtime.currentData() == "genie"
         for w in self._studio_only:
             w.setEnabled(not genie)
-        if genie and not str(self.device.currentData() or "").startswith("htp-sim:"):
+        if genie and not _runs_genie(self.device.currentData()):
             i = next((k for k in range(self.device.count())
-                      if str(self.device.itemData(k)).startswith("htp-sim:")), -1)
+                      if _runs_genie(self.device.itemData(k))), -1)
             if i >= 0:
                 self.device.setCurrentIndex(i)
 
@@ -229,7 +237,7 @@ class PlaygroundPanel(QWidget):
                     from studio.services.bundle import genie_generate
 
                     dev = s["device_name"]
-                    if not dev.startswith("htp-sim:"):
+                    if not _runs_genie(dev):
                         raise StudioError("Genie runs the bundle on the HTP simulator here: "
                                           "choose an HTP simulator device")
                     bridge.finished.emit(genie_generate(
