@@ -7,7 +7,8 @@ checks of input files, the frozen :class:`StageConfig` the worker hands the stag
 *exactly* what the key hashes), the GUI's stage list and ``--stages``.
 
 A stage cannot read a setting its key does not cover: :meth:`StageConfig.get` refuses an
-undeclared key. Adding a stage is one declaration here plus one function in the worker.
+undeclared key. Adding a stage is one declaration here plus one module in
+``studio/worker/stages/`` (``run(ctx, progress)``, named by :attr:`StageDecl.module`).
 
 Keys are reproducible (Bazel / Nix style): a key hashes the stage, its declared settings
 (file references by content, never by path), the identity of its fan-out item, the *keys*
