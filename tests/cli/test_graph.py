@@ -74,6 +74,7 @@ def test_the_quantizer_fuses_an_erf_gelu_by_itself(tmp_path):
     assert json.loads(r.stdout)["on_npu"]["all_on_npu"]
 
 
+@pytest.mark.slow
 def test_a_cnn_with_a_dynamic_batch_and_bad_inputs(tmp_path):
     model = cnn(tmp_path / "cnn.onnx")
     rng = np.random.RandomState(0)

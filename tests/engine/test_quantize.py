@@ -300,6 +300,7 @@ def test_cancel_during_calibration(tmp_path, qwen_graphs, tiny_qwen_dir, corpus)
     ]
 
 
+@pytest.mark.slow
 def test_sample_model_w8a16_close_to_fp32(
     tmp_path, tiny_coder_graphs, sample_model_dir, sample_data_dir
 ):
