@@ -268,6 +268,7 @@ points = [{"quantization.scheme" = "W8A8"}]
 """
 
 
+@pytest.mark.slow
 def test_two_sweeps_at_once_compute_a_shared_artifact_once(tmp_path):
     """Two processes sweep at once; both need the same export: one computes it under the
     store's lock for its key, the other waits and takes it from the store."""
