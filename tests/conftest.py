@@ -152,31 +152,3 @@ def sensitivity_run(tmp_path_factory, sample_export) -> tuple[Path, dict, float]
     share_store(sample_export, path, stages={"export"})
     summary, seconds = run_batch(path, "--stages", "sensitivity")
     return path, summary, seconds
-
-
-def _count_stage_computations(session) -> None:
-    """TEMPORARY: how many artifacts each stage computed in this session (every artifact
-    folder under the session's temp folder, copies counted once by key and creation time)."""
-    import collections
-    import json
-
-    out = os.environ.get("SUITE_COUNT_FILE")
-    if not out:
-        return
-    base = session.config._tmp_path_factory.getbasetemp()
-    seen: dict[tuple[str, float], str] = {}
-    for meta in base.rglob("objects/*/*/artifact.json"):
-        try:
-            m = json.loads(meta.read_text())
-        except (OSError, ValueError):
-            continue
-        seen[(m.get("key", ""), m.get("created", 0.0))] = m.get("stage", "?")
-    per_stage = collections.Counter(seen.values())
-    keys = collections.Counter(k for k, _ in seen)
-    again = collections.Counter(seen[(k, c)] for (k, c) in seen if keys[k] > 1)
-    Path(out).write_text(json.dumps({"computed": dict(per_stage), "total": sum(per_stage.values()),
-                                     "same_key_again": dict(again)}, indent=1))
-
-
-def pytest_sessionfinish(session, exitstatus):
-    _count_stage_computations(session)
