@@ -64,8 +64,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def run_batch(path: Path, *args: str) -> tuple[dict, float]:
-    """``studio --batch PATH ARGS --json`` in a subprocess (as a user runs it): (its JSON,
-    seconds). Exit code 1 (a gate failed) still gives a result."""
+    """``studio --batch PATH ARGS --json`` in a subprocess (as a user runs it), which must
+    succeed: (its JSON, seconds)."""
     import json
     import subprocess
     import time
@@ -74,7 +74,7 @@ def run_batch(path: Path, *args: str) -> tuple[dict, float]:
     r = subprocess.run([sys.executable, "-m", "studio.cli", "--batch", str(path), *args,
                         "--json"], capture_output=True, text=True, timeout=1800, cwd=ROOT,
                        env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    assert r.returncode in (0, 1), r.stderr[-3000:]
+    assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout), time.perf_counter() - t0
 
 
