@@ -13,6 +13,8 @@ import pytest
 from tests.cli.conftest import studio
 from tests.engine.small_graphs import FEEDS, cnn, mlp
 
+pytestmark = pytest.mark.slow  # each test runs `studio graph` on the HTP simulator
+
 
 @pytest.fixture(scope="module")
 def celu_mlp(tmp_path_factory):
@@ -74,7 +76,6 @@ def test_the_quantizer_fuses_an_erf_gelu_by_itself(tmp_path):
     assert json.loads(r.stdout)["on_npu"]["all_on_npu"]
 
 
-@pytest.mark.slow
 def test_a_cnn_with_a_dynamic_batch_and_bad_inputs(tmp_path):
     model = cnn(tmp_path / "cnn.onnx")
     rng = np.random.RandomState(0)
