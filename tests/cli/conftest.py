@@ -4,8 +4,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 
 SMALL = """schema_version = 1
@@ -50,29 +48,26 @@ def studio(*args, cwd=None, timeout=900, env=None):
                           capture_output=True, text=True, timeout=timeout, env=env)
 
 
-@pytest.fixture(scope="session")
-def small_project(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("small")
-    f = d / "small.qstudio"
-    f.write_text(SMALL.format(target=default_target()))
-    return f
+# The small project itself (``small_project``) and its one end-to-end batch run
+# (``batch_run``) are session fixtures of tests/conftest.py, beside the other shared artifacts.
 
 
-@pytest.fixture(scope="session")
-def batch_run(small_project):
-    """One cold end-to-end batch run of the small project, shared by the CLI tests."""
-    r = studio("--batch", small_project, "--json")
-    assert r.returncode in (0, 1), r.stderr[-3000:]
-    return r, json.loads(r.stdout)
-
-
-def share_store(src: Path, dest: Path) -> None:
+def share_store(src: Path, dest: Path, stages: set[str] | None = None) -> None:
     """Start project ``dest`` from a copy of project ``src``'s artifact store (not its run
-    history): stages whose keys match come from the cache."""
+    history): stages whose keys match come from the cache. ``stages``: copy only the
+    artifacts of these stages (e.g. ``{"export"}``, so that a test about quantize still
+    runs it)."""
     import shutil
 
-    shutil.copytree(src.with_suffix(".studio") / "artifacts",
-                    dest.with_suffix(".studio") / "artifacts", dirs_exist_ok=True)
+    objects = src.with_suffix(".studio") / "artifacts" / "objects"
+    dest_objects = dest.with_suffix(".studio") / "artifacts" / "objects"
+    for meta in objects.glob("*/*/artifact.json"):
+        if stages is not None and json.loads(meta.read_text()).get("stage") not in stages:
+            continue
+        folder = meta.parent
+        target = dest_objects / folder.parent.name / folder.name
+        if not target.exists():
+            shutil.copytree(folder, target)
 
 
 def record_run(store, settings: dict | None, metrics: list, state: str = "succeeded") -> int:

@@ -59,7 +59,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("breaker", "message"), CASES, ids=[c[0].__name__[1:] for c in CASES])
+@pytest.mark.parametrize(("breaker", "message"), [
+    # loading the mismatched weights and running the batch's preflight: the slow tier
+    pytest.param(*c, id=c[0].__name__[1:],
+                 marks=[pytest.mark.slow] if c[0] is _shape_mismatch else [])
+    for c in CASES])
 def test_a_bad_checkpoint_is_refused_at_new_and_at_batch(tmp_path, breaker, message):
     ckpt = _copy(tmp_path)
     breaker(ckpt)
@@ -79,6 +83,7 @@ def test_a_bad_checkpoint_is_refused_at_new_and_at_batch(tmp_path, breaker, mess
     assert not proj.with_suffix(".studio").exists()  # no project folder left behind
 
 
+@pytest.mark.slow
 def test_a_draft_with_another_vocabulary_is_refused(tmp_path):
     draft = _copy(tmp_path, "draft")
     tok = json.loads((draft / "tokenizer.json").read_text())
@@ -95,6 +100,7 @@ def test_a_draft_with_another_vocabulary_is_refused(tmp_path):
     assert not proj.with_suffix(".studio").exists()
 
 
+@pytest.mark.slow
 def test_a_draft_that_does_not_exist_is_refused(tmp_path):
     proj = tmp_path / "d.qstudio"
     proj.write_text(SMALL.format(target=default_target()).replace(

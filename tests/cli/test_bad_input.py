@@ -93,7 +93,13 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+# the preflight cases load the sample model (several seconds each): the slow tier
+PREFLIGHT = ("prompt longer than the context", "generation past the context",
+             "override that matches nothing")
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in PREFLIGHT
+                                  else c for c in CASES])
 def test_bad_project_file(tmp_path, case):
     text, needle = CASES[case]
     f = write(tmp_path, text)

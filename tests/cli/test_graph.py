@@ -13,6 +13,8 @@ import pytest
 from tests.cli.conftest import studio
 from tests.engine.small_graphs import FEEDS, cnn, mlp
 
+pytestmark = pytest.mark.slow  # each test runs `studio graph` on the HTP simulator
+
 
 @pytest.fixture(scope="module")
 def celu_mlp(tmp_path_factory):

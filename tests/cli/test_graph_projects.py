@@ -15,6 +15,8 @@ import pytest
 from tests.cli.conftest import studio
 from tests.engine.small_graphs import FEEDS, cnn, mlp
 
+pytestmark = pytest.mark.slow  # every test runs pipelines on the HTP simulator
+
 
 def _errors(r) -> list[str]:
     """The error lines (a batch's progress goes to stderr too; QNN's own line is left out)."""

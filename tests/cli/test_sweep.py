@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import SMALL, default_target, studio
+from tests.cli.conftest import SMALL, default_target, share_store, studio
 
 GRID = """
 [[sweeps]]
@@ -57,10 +57,14 @@ def _export_artifacts(f: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def resumed(tmp_path_factory):
+def resumed(tmp_path_factory, sample_export, batch_run, small_project):
     """The grid on 2 local workers, killed (SIGKILL to the whole process group) once 3
-    points finished, then run again to the end."""
+    points finished, then run again to the end. The project starts from the session's export
+    and, for its per-channel W8A16 point, the session's quantized graph and compile (the
+    small project's settings, the same keys): every other point is computed here."""
     f = _project(tmp_path_factory.mktemp("sweep"))
+    share_store(sample_export, f, stages={"export"})
+    share_store(small_project, f, stages={"quantize", "compile"})
     proc = subprocess.Popen([sys.executable, "-m", "studio.cli", "sweep", str(f), "--workers",
                              "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True, text=True)
@@ -264,6 +268,7 @@ points = [{"quantization.scheme" = "W8A8"}]
 """
 
 
+@pytest.mark.slow
 def test_two_sweeps_at_once_compute_a_shared_artifact_once(tmp_path):
     """Two processes sweep at once; both need the same export: one computes it under the
     store's lock for its key, the other waits and takes it from the store."""

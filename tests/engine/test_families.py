@@ -215,6 +215,7 @@ def _hf_greedy(ckpt: Path, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_greedy_matches_transformers_over_the_whole_cache(exports, name):
     ckpt, graphs, spec = exports(name)

@@ -56,6 +56,7 @@ def _ppl(gen, ids, window):
     return float(np.exp(total / n))
 
 
+@pytest.mark.slow
 def test_int8_kv_halves_a_16_bit_cache_and_keeps_the_model(tiny_coder_graphs, int8_graphs,
                                                           heldout_ids, tokenizer):
     src, spec = tiny_coder_graphs

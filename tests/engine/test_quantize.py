@@ -300,6 +300,7 @@ def test_cancel_during_calibration(tmp_path, qwen_graphs, tiny_qwen_dir, corpus)
     ]
 
 
+@pytest.mark.slow
 def test_sample_model_w8a16_close_to_fp32(
     tmp_path, tiny_coder_graphs, sample_model_dir, sample_data_dir
 ):
@@ -370,6 +371,7 @@ def test_w4a16_gives_4_bit_weights_per_channel_or_block_wise(
     assert rep["all_on_npu"], rep["cpu_nodes"][:5]
 
 
+@pytest.mark.slow
 def test_encodings_round_trip_through_the_recipe(tmp_path, qwen_graphs, tiny_qwen_dir, corpus):
     from studio.engine.encodings import encodings_to_overrides, export_encodings, read_encodings
     from studio.engine.quantize import quantize_llm

@@ -118,6 +118,7 @@ def test_more_refused_ops_rewrite_onto_the_htp(op, rewrite, tmp_path):
     assert rewrites.partition(rq, CHIP)["all_on_npu"]
 
 
+@pytest.mark.slow
 def test_the_minilm_encoders_gelus_rewrite_exactly(tmp_path):
     """BERT's exact GELU, as torch exports it at opset 17, in each of MiniLM's 6 layers."""
     from studio.engine import encoder

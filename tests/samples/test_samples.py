@@ -153,6 +153,7 @@ def _windows(ids, n):
             yield chunk
 
 
+@pytest.mark.slow
 def test_perplexity_on_heldout_slice(models, heldout_ids, stats):
     import torch
     import torch.nn.functional as F
@@ -171,6 +172,7 @@ def test_perplexity_on_heldout_slice(models, heldout_ids, stats):
     assert ppl * 3 <= stats["unigram_perplexity"]
 
 
+@pytest.mark.slow
 def test_draft_agrees_with_target(models, heldout_ids, stats):
     import torch
 

@@ -35,6 +35,7 @@ def test_no_result_says_what_to_run(project):
         memory.stage_graphs(project, "compile")
 
 
+@pytest.mark.slow
 def test_plans_the_current_export(project):
     store = ArtifactStore(project.folder / "artifacts").open()
     job = plan(project, ["export"])[-1]

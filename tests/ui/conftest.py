@@ -94,12 +94,17 @@ def project_path(tmp_path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def exported_template(tmp_path_factory) -> Path:
-    """A sample project whose export stage already ran (headless, like studio --batch)."""
+def exported_template(tmp_path_factory, sample_export) -> Path:
+    """A sample project whose export stage already ran (headless, like studio --batch). The
+    export is the session's one export (tests/conftest.py: ``sample_export``, the same key):
+    the run takes it from the cache. Its store holds the export only, so a test that runs
+    quantize from a copy of it does run quantize."""
     from studio.services.projects import create_project
+    from tests.cli.conftest import share_store
 
     folder = tmp_path_factory.mktemp("exported")
     studio = create_project(new_spec(folder, "exported"))
+    share_store(sample_export, studio.project.path, stages={"export"})
     out: dict = {}
 
     def go() -> None:
@@ -116,6 +121,19 @@ def exported_template(tmp_path_factory) -> Path:
         raise out["error"]
     assert out["summary"].state == "succeeded", out["summary"].to_dict()
     return studio.project.path
+
+
+@pytest.fixture(scope="session")
+def compiled_template(tmp_path_factory, exported_template, batch_run, small_project) -> Path:
+    """``exported_template`` plus the session's quantized graph, its compile for the chip and
+    its profile (the CLI's batch run computed them with the same settings, so the same keys):
+    for the window tests that start from a quantized, compiled project and are not about
+    running quantize or compile."""
+    from tests.cli.conftest import share_store
+
+    path = _copy_project(exported_template, tmp_path_factory.mktemp("compiled"))
+    share_store(small_project, path, stages={"quantize", "compile", "profile"})
+    return path
 
 
 def _copy_project(src: Path, dest_dir: Path) -> Path:

@@ -29,11 +29,12 @@ def _copy(src: Path, dest_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def finished(exported_template, tmp_path_factory) -> tuple[Path, int]:
-    """(project file, run id) after one run of validate, run, profile and waterfall."""
+def finished(compiled_template, tmp_path_factory) -> tuple[Path, int]:
+    """(project file, run id) after one run of validate, run, profile and waterfall (the
+    quantized graph, its compile and profile from the session's store)."""
     from studio.services.session import Studio
 
-    path = _copy(exported_template, tmp_path_factory.mktemp("demo"))
+    path = _copy(compiled_template, tmp_path_factory.mktemp("demo"))
     studio = Studio.open(path)
     out: dict = {}
     try:

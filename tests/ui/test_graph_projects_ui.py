@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from studio.core import project as projectfile
 from studio.core.stagegraph import default_stages
@@ -83,6 +84,7 @@ def test_the_wizard_makes_an_encoder_project(window, tmp_path):
     assert gates["min_ranking_top1"].isVisibleTo(wiz.recipe_page)
 
 
+@pytest.mark.slow
 def test_the_placement_page_before_and_after_a_run(window, qtbot, tmp_path):
     mlp(tmp_path / "mlp.onnx", "celu")
     np.savez(tmp_path / "calib.npz", x=np.concatenate([f["x"][None] for f in FEEDS]))

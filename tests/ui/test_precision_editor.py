@@ -302,10 +302,10 @@ def test_apply_queues_quantize_compile_validate(
 
 @pytest.mark.slow
 def test_apply_shows_before_and_after_with_sources(
-        window, exported_template, copy_project, tmp_path, qtbot):
+        window, compiled_template, copy_project, tmp_path, qtbot):
     """Two real applies (the plain scheme, then an edit): the second one's validation figures
     next to the first's, each with its source (about a minute on the simulator)."""
-    page = _open(window, copy_project(exported_template, tmp_path / "b"), qtbot)
+    page = _open(window, copy_project(compiled_template, tmp_path / "b"), qtbot)
     ctl = window.ctl
     ctl.set("validation", "heldout_tokens", 16)
     ctl.set("validation", "greedy_tokens", 2)

@@ -16,13 +16,13 @@ def _texts(model, col: int = 0) -> list[str]:
 
 
 def test_profile_runs_live_then_breakdown_compare_and_memory(
-    make_window, copy_project, exported_template, tmp_path, qtbot
+    make_window, copy_project, compiled_template, tmp_path, qtbot
 ):
     from tests.ui.conftest import wait_task
 
     win = make_window()
     win.resize(1280, 820)
-    assert win.open_project(copy_project(exported_template, tmp_path / "p"))
+    assert win.open_project(copy_project(compiled_template, tmp_path / "p"))
     page = win.show_page("Profiler")
     assert page.empty.isVisibleTo(page)
 

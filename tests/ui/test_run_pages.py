@@ -47,7 +47,7 @@ def _run(studio, stages):
 
 
 @pytest.fixture(scope="module")
-def runs_made(exported_template, tmp_path_factory) -> dict:
+def runs_made(compiled_template, tmp_path_factory) -> dict:
     """``{"one": project after the first run, "two": the same project after the second,
     "ids": (first run id, second run id)}``: validate run with per-channel weights, then
     with per-tensor weights (edits through the session's command stack), export cached from
@@ -55,7 +55,7 @@ def runs_made(exported_template, tmp_path_factory) -> dict:
     from studio.services.session import Studio
 
     base = tmp_path_factory.mktemp("runs")
-    path = _copy(exported_template, base / "two")
+    path = _copy(compiled_template, base / "two")
     studio = Studio.open(path)
     try:
         studio.set("validation", "heldout_tokens", 16)

@@ -57,6 +57,7 @@ def test_a_project_without_sweeps_says_how_to_declare_one(window, project_path):
     assert page.combo.count() == 0 and not page.run_button.isEnabled()
 
 
+@pytest.mark.slow
 def test_run_cancel_and_run_a_sweep_then_apply_a_point(window, tmp_path, qtbot):
     path = _sweep_project(tmp_path / "sweep")
     assert window.open_project(path)
