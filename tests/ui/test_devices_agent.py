@@ -33,7 +33,7 @@ def test_add_an_agent_run_on_it_and_a_wrong_token(make_window, copy_project, exp
                         timeout=120_000)
         out = page.last_result
         assert len(out["tokens"]) == 6 and out["source"] == "measured"
-        assert "measured on cpu on agent lab" in page.run_result.toPlainText()
+        assert "measured on host CPU on agent lab" in page.run_result.toPlainText()
         assert page.run_progress.text() == "6/6 tokens" and not page.stop_btn.isEnabled()
         page.run_btn.click()  # Stop before the first token: the run ends as stopped
         page.stop_btn.click()
