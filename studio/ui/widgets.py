@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QPushButton,
     QSizePolicy,
+    QSplitter,
     QStyle,
     QStyledItemDelegate,
     QStyleOptionProgressBar,
@@ -339,6 +340,21 @@ class ChipList(QListWidget):
             item = self.item(i)
             on = item.data(Qt.ItemDataRole.UserRole) in keys
             item.setCheckState(Qt.CheckState.Checked if on else Qt.CheckState.Unchecked)
+
+
+def splitter(orientation: Qt.Orientation, first: QWidget, second: QWidget,
+             stretch: tuple[int, int] = (1, 1), sizes: tuple[int, int] | None = None
+             ) -> QSplitter:
+    """Two panes that never collapse, with their stretch factors (and starting sizes)."""
+    split = QSplitter(orientation)
+    split.setChildrenCollapsible(False)
+    split.addWidget(first)
+    split.addWidget(second)
+    split.setStretchFactor(0, stretch[0])
+    split.setStretchFactor(1, stretch[1])
+    if sizes is not None:
+        split.setSizes(list(sizes))
+    return split
 
 
 def read_only_table(headers: list[str], stretch: int | None = None) -> QTableWidget:

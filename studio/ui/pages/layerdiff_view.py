@@ -35,7 +35,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QRadioButton,
-    QSplitter,
     QStackedWidget,
     QTableView,
     QVBoxLayout,
@@ -47,7 +46,7 @@ from studio.core.layerdiff import JUMP_FLOOR, PAIR_TITLES, PART_FACTOR
 from studio.core.recipe import activation_point
 from studio.ui.loading import LatestLoad
 from studio.ui.models.rows import PayloadRole, Row, RowsModel
-from studio.ui.widgets import EmptyState, badge_html, label, theme_plot
+from studio.ui.widgets import EmptyState, badge_html, label, splitter, theme_plot
 
 STAGE = "layerdiff"
 #: one colour and line style per pair
@@ -362,13 +361,9 @@ class LayerDiffView(QWidget):
         self.finding = label("", wrap=True, selectable=True)
         self.finding.setTextFormat(Qt.TextFormat.RichText)
         cl.addWidget(self.finding)
-        split = QSplitter(Qt.Orientation.Vertical)
-        split.setChildrenCollapsible(False)
-        split.addWidget(self._build_plot())
-        split.addWidget(self._build_table())
-        split.setStretchFactor(0, 1)
-        split.setStretchFactor(1, 1)
-        split.setSizes([10_000, 8_000])  # the table gets room for several rows
+        # the table gets room for several rows
+        split = splitter(Qt.Orientation.Vertical, self._build_plot(), self._build_table(),
+                         sizes=(10_000, 8_000))
         cl.addWidget(split, 1)
         self._apply_theme()
 

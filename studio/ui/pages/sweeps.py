@@ -28,7 +28,6 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QPushButton,
     QSpinBox,
-    QSplitter,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
@@ -38,7 +37,14 @@ from studio.core.errors import StudioError
 from studio.core.sweep import BEST_RULES, Point, best_point, pareto_front
 from studio.services.sweep_report import fmt_bytes, point_rows
 from studio.ui.pages.base import Page
-from studio.ui.widgets import EmptyState, SourceBadge, label, read_only_table, theme_plot
+from studio.ui.widgets import (
+    EmptyState,
+    SourceBadge,
+    label,
+    read_only_table,
+    splitter,
+    theme_plot,
+)
 
 FRONT_COLOR = "#d9480f"  # the Pareto front (as in the sweep's HTML report)
 OTHER_COLOR = "#868e96"
@@ -177,13 +183,8 @@ class SweepsPage(Page):
         lay.addWidget(self.content, 1)
         cl.addLayout(self._build_bar())
         self._build_lines(cl)
-        split = QSplitter(Qt.Orientation.Vertical)
-        split.setChildrenCollapsible(False)
-        split.addWidget(self._build_plot())
-        split.addWidget(self._build_table())
-        split.setStretchFactor(0, 1)
-        split.setStretchFactor(1, 1)
-        split.setSizes([9_000, 9_000])
+        split = splitter(Qt.Orientation.Vertical, self._build_plot(), self._build_table(),
+                         sizes=(9_000, 9_000))
         cl.addWidget(split, 1)
         cl.addLayout(self._build_sources())
 

@@ -16,7 +16,6 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QPlainTextEdit,
     QPushButton,
-    QSplitter,
     QTableView,
     QTabWidget,
     QVBoxLayout,
@@ -44,7 +43,7 @@ from studio.ui.pages.figures import (
 )
 from studio.ui.pages.layerdiff_view import LayerDiffView
 from studio.ui.stages import article, places_nodes, project_kind, role_of
-from studio.ui.widgets import BadgeDelegate, label
+from studio.ui.widgets import BadgeDelegate, label, splitter
 
 GATE_TITLES = {
     "min_logits_cosine": "logits cosine ≥",
@@ -137,12 +136,8 @@ class ValidationPage(StagePage):
         self.warning = label("", "error", wrap=True)
         cl.addWidget(self.warning)
         cl.addWidget(self._build_changes())
-        split = QSplitter(Qt.Orientation.Horizontal)
-        split.setChildrenCollapsible(False)
-        split.addWidget(self._build_figures())
-        split.addWidget(self._build_tabs())
-        split.setStretchFactor(0, 0)
-        split.setStretchFactor(1, 1)
+        split = splitter(Qt.Orientation.Horizontal, self._build_figures(), self._build_tabs(),
+                         stretch=(0, 1))
         self.splitter = split
         cl.addWidget(split, 1)
 
