@@ -60,6 +60,7 @@ class PlaygroundPanel(QWidget):
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
         self._first: float | None = None
+        self.last: dict[str, Any] | None = None  # the newest finished generation
         self._chunks = 0
         self._passes: list[tuple[int, int]] = []
 
