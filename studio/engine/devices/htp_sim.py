@@ -54,34 +54,32 @@ class Backend(_Base):
                              repeats: int, fp16: bool, progress: Any
                              ) -> Iterator[tuple[dict[str, Any], float]]:
         from studio.engine import qnn
-        from studio.engine.hostload import HostLoadMeter
 
-        self.check()
-        chip = self.chip
-        for i in range(repeats):
-            progress.check()
-            progress.update(0.05 + 0.8 * i / repeats,
-                            f"profiling decode step {i + 1}/{repeats} on {chip.name}")
-            with HostLoadMeter() as meter:
-                info = qnn.profile_decode_step(Path(compiled) / "decode_ctx.onnx", chip, spec,
-                                               Path(folder) / f"qnn_profile_{i + 1}.csv",
-                                               fp16=fp16, runs=1)
-            yield info, meter.sample.other_load if meter.sample else 0.0
+        return self._repeat(repeats, progress, 0.8, "decode step", lambda csv: (
+            qnn.profile_decode_step(Path(compiled) / "decode_ctx.onnx", self.chip, spec, csv,
+                                    fp16=fp16, runs=1)), folder)
 
     def profile_inferences(self, compiled: Path, feed: dict[str, Any], folder: Path,
                            repeats: int, strict: bool, progress: Any
                            ) -> Iterator[tuple[dict[str, Any], float]]:
         from studio.engine import qnn
+
+        return self._repeat(repeats, progress, 0.9, "inference", lambda csv: (
+            qnn.profile_run(compiled, self.chip, feed, csv, strict=strict, op_trace=True)),
+            folder)
+
+    def _repeat(self, repeats: int, progress: Any, span: float, what: str,
+                profile_one: Callable[[Path], dict[str, Any]], folder: Path
+                ) -> Iterator[tuple[dict[str, Any], float]]:
+        """Profile ``repeats`` times (each into ``qnn_profile_N.csv``), yielding each profile
+        with the other processes' CPU load while it ran (the simulator's times follow it)."""
         from studio.engine.hostload import HostLoadMeter
 
         self.check()
-        chip = self.chip
         for i in range(repeats):
             progress.check()
-            progress.update(0.05 + 0.9 * i / repeats,
-                            f"profiling inference {i + 1}/{repeats} on {chip.name}")
+            progress.update(0.05 + span * i / repeats,
+                            f"profiling {what} {i + 1}/{repeats} on {self.chip.name}")
             with HostLoadMeter() as meter:
-                info = qnn.profile_run(compiled, chip, feed,
-                                       Path(folder) / f"qnn_profile_{i + 1}.csv",
-                                       strict=strict, op_trace=True)
+                info = profile_one(Path(folder) / f"qnn_profile_{i + 1}.csv")
             yield info, meter.sample.other_load if meter.sample else 0.0
