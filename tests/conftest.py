@@ -38,6 +38,36 @@ def small_sample_project(folder: Path, name: str, **sections) -> Path:
     return path
 
 
+def built_once(tmp_path_factory, name: str, dest: Path, build) -> dict:
+    """Build a shared artifact once per test run, even with the suite split over workers
+    (``pytest -n 2``): ``build(folder)`` fills ``folder`` and returns a JSON-able result.
+    Without workers it builds in ``dest``. With workers, the first to come builds in a
+    folder all workers share (under a file lock: the others wait for it), and every worker
+    copies that folder into its own ``dest``, so each has a private copy of the projects and
+    stores, as if it had built them itself. Returns the result."""
+    import json
+    import shutil
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        dest.mkdir(parents=True, exist_ok=True)
+        return build(dest)
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp().parent / "built-once"
+    root.mkdir(exist_ok=True)
+    shared, done = root / name, root / f"{name}.json"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.is_file():
+            shutil.rmtree(shared, ignore_errors=True)
+            shared.mkdir()
+            result = build(shared)
+            tmp = done.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"result": result}))
+            os.replace(tmp, done)
+    shutil.copytree(shared, dest, dirs_exist_ok=True)
+    return json.loads(done.read_text())["result"]
+
+
 import pytest  # noqa: E402
 
 # ---- the session's shared artifacts -----------------------------------------------------------
@@ -86,12 +116,16 @@ def sample_export(tmp_path_factory) -> Path:
     their fixtures start from a copy of this store's export."""
     from tests.cli.conftest import SMALL, default_target
 
-    f = tmp_path_factory.mktemp("sample-export") / "sample.qstudio"
-    f.write_text(SMALL.format(target=default_target()).replace('name = "small"',
-                                                               'name = "sample"'))
-    summary, _ = run_batch(f, "--stages", "export")
-    assert [j["stage"] for j in summary["jobs"]] == ["export"], summary["jobs"]
-    return f
+    def build(folder: Path) -> None:
+        f = folder / "sample.qstudio"
+        f.write_text(SMALL.format(target=default_target()).replace('name = "small"',
+                                                                   'name = "sample"'))
+        summary, _ = run_batch(f, "--stages", "export")
+        assert [j["stage"] for j in summary["jobs"]] == ["export"], summary["jobs"]
+
+    dest = tmp_path_factory.mktemp("sample-export")
+    built_once(tmp_path_factory, "sample-export", dest, build)
+    return dest / "sample.qstudio"
 
 
 @pytest.fixture(scope="session")
@@ -105,19 +139,31 @@ def small_project(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def batch_run(small_project, sample_export):
+def batch_run(small_project, sample_export, tmp_path_factory):
     """One end-to-end batch run of the small project (every default stage on the real
     quantizer and the real HTP simulator), shared by the CLI tests, and the session's store
     of the quantized graph, its compile for the default chip and its profile: the export
     comes from the session's one export (``sample_export``), every later stage is computed
     here. (the finished process, its JSON)."""
     import json
+    import shutil
+    import subprocess
 
     from tests.cli.conftest import share_store, studio
 
-    share_store(sample_export, small_project, stages={"export"})
-    r = studio("--batch", small_project, "--json")
-    assert r.returncode in (0, 1), r.stderr[-3000:]
+    def build(folder: Path) -> dict:
+        f = folder / small_project.name
+        if f != small_project:
+            shutil.copy2(small_project, f)
+        share_store(sample_export, f, stages={"export"})
+        r = studio("--batch", f, "--json")
+        assert r.returncode in (0, 1), r.stderr[-3000:]
+        return {"args": [str(a) for a in r.args], "returncode": r.returncode,
+                "stdout": r.stdout, "stderr": r.stderr}
+
+    got = built_once(tmp_path_factory, "batch-run", small_project.parent, build)
+    r = subprocess.CompletedProcess(got["args"], got["returncode"], got["stdout"],
+                                    got["stderr"])
     return r, json.loads(r.stdout)
 
 
@@ -129,11 +175,16 @@ def layerdiff_run(tmp_path_factory, batch_run, small_project) -> tuple[Path, dic
     layer diff is computed. (project file, the batch's JSON, seconds)."""
     from tests.cli.conftest import share_store
 
-    path = small_sample_project(tmp_path_factory.mktemp("layerdiff"), "layerdiff",
-                                layerdiff={"windows": 2, "tensors": "modules"})
-    share_store(small_project, path, stages={"export", "quantize", "compile"})
-    summary, seconds = run_batch(path, "--stages", "layerdiff")
-    return path, summary, seconds
+    def build(folder: Path) -> dict:
+        path = small_sample_project(folder, "layerdiff",
+                                    layerdiff={"windows": 2, "tensors": "modules"})
+        share_store(small_project, path, stages={"export", "quantize", "compile"})
+        summary, seconds = run_batch(path, "--stages", "layerdiff")
+        return {"summary": summary, "seconds": seconds}
+
+    dest = tmp_path_factory.mktemp("layerdiff")
+    got = built_once(tmp_path_factory, "layerdiff", dest, build)
+    return dest / "layerdiff.qstudio", got["summary"], got["seconds"]
 
 
 @pytest.fixture(scope="session")
@@ -146,9 +197,13 @@ def sensitivity_run(tmp_path_factory, sample_export) -> tuple[Path, dict, float]
     (project file, the batch's JSON, seconds)."""
     from tests.cli.conftest import share_store
 
-    path = small_sample_project(tmp_path_factory.mktemp("sensitivity"), "sensitivity",
-                                quantization={"scheme": "W8A8"},
-                                sensitivity={"heldout_tokens": 96})
-    share_store(sample_export, path, stages={"export"})
-    summary, seconds = run_batch(path, "--stages", "sensitivity")
-    return path, summary, seconds
+    def build(folder: Path) -> dict:
+        path = small_sample_project(folder, "sensitivity", quantization={"scheme": "W8A8"},
+                                    sensitivity={"heldout_tokens": 96})
+        share_store(sample_export, path, stages={"export"})
+        summary, seconds = run_batch(path, "--stages", "sensitivity")
+        return {"summary": summary, "seconds": seconds}
+
+    dest = tmp_path_factory.mktemp("sensitivity")
+    got = built_once(tmp_path_factory, "sensitivity", dest, build)
+    return dest / "sensitivity.qstudio", got["summary"], got["seconds"]
