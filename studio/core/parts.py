@@ -23,6 +23,12 @@ from studio.core.errors import StudioError
 #: 2 GiB (a compile fails at "estimated allocation of 2347229 KB, limit is 2097152 KB"),
 #: with room for the activations and the graph's own tables
 DEFAULT_MAX_PART_BYTES = 1_500_000_000
+#: the most parts a project may ask for (a part holds at least one block)
+MAX_PARTS = 256
+#: ``export.parts = "auto"`` sizes the parts for weights of this width: the export comes
+#: before the scheme is chosen, so its key cannot hash it; 8-bit parts fit W8 and W4 schemes,
+#: a 16-bit-weight scheme over them is refused before compile (see ``check_fits``)
+AUTO_WEIGHT_BITS = 8
 
 
 @dataclass(frozen=True)

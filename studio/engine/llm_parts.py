@@ -322,24 +322,6 @@ class _Compare:
         }
 
 
-def _masks(spec: dict, n: int, P: int):
-    """The prefill masks and a function of the decode masks for teacher forcing ``n``
-    positions (the first ``P`` by prefill)."""
-    full, sliding = mask_windows(spec)
-    mv, C = float(spec["mask_value"]), int(spec["context_length"])
-    pre = {"attention_mask": prefill_mask(P, P, mv, full)[None, None]}
-    if sliding is not None:
-        pre[SLIDING_MASK] = prefill_mask(P, P, mv, sliding)[None, None]
-
-    def dec(pos: int) -> dict:
-        d = {"attention_mask": decode_mask(pos, C, mv, full)[None, None, None]}
-        if sliding is not None:
-            d[SLIDING_MASK] = decode_mask(pos, C, mv, sliding)[None, None, None]
-        return d
-
-    return pre, dec
-
-
 def _reference_part(wrapper, spec: dict, x):
     """transformers' modules of one part over the whole sequence ``x`` (ids [n] or hidden
     states [n, H]) with the causal (and sliding) masks: the part's output [n, H] (the final
@@ -363,63 +345,121 @@ def _reference_part(wrapper, spec: dict, x):
         wrapper.emit_hidden = False
 
 
+class PartRunner:
+    """One part's prefill and decode graphs over a host KV cache of its own blocks, fed its
+    first input (token ids for the first part, the previous part's residual stream for the
+    others) a pass at a time: what teacher forcing, calibration and the export check run on
+    one part while the others are not in memory."""
+
+    def __init__(self, folder: Path, part: Part, spec: dict, make, decode: bool = True):
+        import numpy as np
+
+        self.part, self.spec = part, spec
+        self.P, self.C = int(spec["prompt_length"]), int(spec["context_length"])
+        KV, D = int(spec["num_kv_heads"]), int(spec["head_dim"])
+        self.full, self.sliding = mask_windows(spec)
+        self.mask_value = float(spec["mask_value"])
+        self.first = "input_ids" if part.embeds else str(part.hidden_in)
+        self.kv = [(f"past_key_{i}", f"past_value_{i}") for i in part.layers]
+        self.present = [m for i in part.layers for m in (f"present_key_{i}", f"present_value_{i}")]
+        self.out_name = "logits" if part.heads else str(part.hidden_out)
+        self.cache = [[np.zeros((1, KV, self.C, D), np.float32) for _ in range(2)]
+                      for _ in self.kv]
+        self.folder, self.make = Path(folder), make
+        self.prefill_session = make(self.folder / "prefill.onnx")
+        self.decode_session = make(self.folder / "decode.onnx") if decode else None
+
+    def _first(self, rows):
+        import numpy as np
+
+        if self.part.embeds:
+            return np.asarray(rows, dtype=np.int64).reshape(1, -1)
+        return np.asarray(rows, dtype=np.float32)[None]
+
+    def prefill_feed(self, rows, n: int) -> dict:
+        """Feeds for the prefill graph: ``rows`` (P ids or [P, H] states; the first ``n``
+        real, the rest padding, which sees only itself)."""
+        import numpy as np
+
+        P = self.P
+        feeds = {self.first: self._first(rows), "position_ids": np.arange(P, dtype=np.int64)[None],
+                 "attention_mask": prefill_mask(n, P, self.mask_value, self.full)[None, None]}
+        if self.sliding is not None:
+            feeds[SLIDING_MASK] = prefill_mask(n, P, self.mask_value, self.sliding)[None, None]
+        return feeds
+
+    def prefill(self, rows, n: int):
+        """Run prefill; fills cache slots 0..n-1; returns the graph's first output [P, ...]
+        (every row, padding included: the next part takes them all)."""
+        outs = self.prefill_session.run([self.out_name, *self.present], self.prefill_feed(rows, n))
+        for c in self.cache:
+            for t in c:
+                t[:] = 0
+        for j in range(len(self.kv)):
+            for t in range(2):
+                self.cache[j][t][:, :, :n] = outs[1 + 2 * j + t][:, :, :n]
+        return outs[0][0]
+
+    def decode_feed(self, row, pos: int, copy: bool = False) -> dict:
+        import numpy as np
+
+        C = self.C
+        feeds = {self.first: self._first([row] if self.part.embeds else row[None]),
+                 "position_ids": np.array([[pos]], dtype=np.int64),
+                 "attention_mask": decode_mask(pos, C, self.mask_value, self.full)[None, None, None]}
+        if self.sliding is not None:
+            feeds[SLIDING_MASK] = decode_mask(pos, C, self.mask_value, self.sliding)[None, None, None]
+        for (kn, vn), (k, v) in zip(self.kv, self.cache, strict=True):
+            feeds[kn], feeds[vn] = (k.copy(), v.copy()) if copy else (k, v)
+        return feeds
+
+    def step(self, row, pos: int):
+        """One decode step at ``pos``; its KV row goes into slot ``pos``; returns the output
+        row ([H] states or [V] logits)."""
+        if self.decode_session is None:
+            raise StudioError("this part runner has no decode graph")
+        outs = self.decode_session.run([self.out_name, *self.present], self.decode_feed(row, pos))
+        for j in range(len(self.kv)):
+            for t in range(2):
+                self.cache[j][t][:, :, pos:pos + 1] = outs[1 + 2 * j + t]
+        return outs[0][0, -1]
+
+    def close(self) -> None:
+        self.prefill_session = self.decode_session = None
+
+
 def _run_part_graphs(folder: Path, part: Part, spec: dict, x, n: int, make, on_logits=None,
                      progress: Progress | None = None):
-    """Teacher-force ``n`` positions through one part's prefill then decode graphs (each
-    session made, used and dropped in turn): the part's outputs [n, H], or for the last part
-    ``on_logits(position, logits)`` for every position."""
+    """Teacher-force ``n`` positions through one part's prefill then decode graphs (the
+    prefill session dropped before the decode one is made): the part's outputs [n, H], or
+    for the last part ``on_logits(position, logits)`` for every position."""
     import numpy as np
 
-    P, C = int(spec["prompt_length"]), int(spec["context_length"])
-    KV, D = int(spec["num_kv_heads"]), int(spec["head_dim"])
-    pre_masks, dec_masks = _masks(spec, n, P)
-    first = "input_ids" if part.embeds else part.hidden_in
-    kv = [(f"past_key_{i}", f"past_value_{i}") for i in part.layers]
-    present = [m for i in part.layers for m in (f"present_key_{i}", f"present_value_{i}")]
-    out_name = "logits" if part.heads else part.hidden_out
-    cache = [[np.zeros((1, KV, C, D), np.float32) for _ in range(2)] for _ in kv]
-    hidden = None if part.heads else np.zeros((n, int(spec["hidden_size"])), np.float32)
-
-    def first_input(a: int, b: int):
-        if part.embeds:
-            return np.asarray(x[a:b], dtype=np.int64)[None]
-        return np.asarray(x[a:b], dtype=np.float32)[None]
-
+    P = int(spec["prompt_length"])
     k = min(P, n)
-    session = make(folder / "prefill.onnx")
-    feeds = {first: first_input(0, k), "position_ids": np.arange(P, dtype=np.int64)[None],
-             **pre_masks}
+    runner = PartRunner(folder, part, spec, make, decode=False)
+    rows = np.asarray(x[:k])
     if k < P:  # pad the prompt to P (the prefill graph's static length)
-        pad = np.zeros((1, P - k, *feeds[first].shape[2:]), feeds[first].dtype)
-        feeds[first] = np.concatenate([feeds[first], pad], axis=1)
-    outs = session.run([out_name, *present], feeds)
-    del session
-    for j in range(len(kv)):
-        for t in range(2):
-            cache[j][t][:, :, :k] = outs[1 + 2 * j + t][:, :, :k]
+        rows = np.concatenate([rows, np.zeros((P - k, *rows.shape[1:]), rows.dtype)])
+    first = runner.prefill(rows, k)
+    hidden = None if part.heads else np.zeros((n, int(spec["hidden_size"])), np.float32)
     if hidden is not None:
-        hidden[:k] = outs[0][0, :k]
+        hidden[:k] = first[:k]
     else:
         for p in range(k):
-            on_logits(p, outs[0][0, p])
-    session = make(folder / "decode.onnx")
+            on_logits(p, first[p])
+    runner.prefill_session = None
+    runner.decode_session = make(Path(folder) / "decode.onnx")
     for p in range(k, n):
         if progress is not None and p % 16 == 0:
             progress.check()
             progress.update(p / n, f"part {part.index + 1}/{part.count}: position {p}/{n}")
-        feeds = {first: first_input(p, p + 1), "position_ids": np.array([[p]], dtype=np.int64),
-                 **dec_masks(p)}
-        for j, (kn, vn) in enumerate(kv):
-            feeds[kn], feeds[vn] = cache[j]
-        outs = session.run([out_name, *present], feeds)
-        for j in range(len(kv)):
-            for t in range(2):
-                cache[j][t][:, :, p:p + 1] = outs[1 + 2 * j + t]
+        out = runner.step(x[p], p)
         if hidden is not None:
-            hidden[p] = outs[0][0, -1]
+            hidden[p] = out
         else:
-            on_logits(p, outs[0][0, -1])
-    del session
+            on_logits(p, out)
+    runner.close()
     return hidden
 
 
