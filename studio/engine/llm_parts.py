@@ -14,9 +14,7 @@ each part over the whole sequence (with the graphs' additive masks), the graphs 
 part's prefill and decode graphs fed the previous part's *graph* outputs; only the logits of
 the last part are compared, so the figures are the chain's end to end.
 
-:class:`ChainSession` runs the graphs of all parts of one kind (prefill, decode or verify)
-behind ONNX Runtime's ``run`` / ``get_inputs`` interface, so every consumer of a graph
-(the generator, validation, profiling) takes N parts as it takes one.
+The parts' graphs run as one through :class:`studio.engine.chain.ChainSession`.
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ import gc
 import io
 import json
 import struct
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +32,7 @@ from studio.core.families import FAMILIES
 from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 from studio.core.parts import Layout, Part, plan_parts
 from studio.core.progress import NullProgress, Progress, SubProgress
+from studio.engine.chain import ChainSession, chain_session, part_dirs  # noqa: F401 (re-exported)
 from studio.engine.llm_export import (
     DEFAULT_MASK_VALUE,
     DEFAULT_VERIFY_LENGTH,
@@ -211,68 +209,6 @@ class StreamedCheckpoint:
             module.to("meta")
         self._open.clear()
         gc.collect()
-
-
-# ---- the chain of parts as one session -----------------------------------------------------
-@dataclass
-class _Arg:
-    name: str
-    type: str
-    shape: list
-
-
-class ChainSession:
-    """The sessions of one graph kind's parts, in order, as one session: ``run`` feeds each
-    part the inputs it names (the previous part's hand-off among them) and returns the
-    outputs asked for, whichever part made them."""
-
-    def __init__(self, sessions: Sequence[Any]):
-        if not sessions:
-            raise StudioError("a chain of parts needs at least one graph")
-        self.sessions = list(sessions)
-        self._ins = [[i.name for i in s.get_inputs()] for s in self.sessions]
-        self._outs = [[o.name for o in s.get_outputs()] for s in self.sessions]
-        made: set[str] = set()
-        inputs: list[Any] = []
-        for s in self.sessions:
-            for i in s.get_inputs():
-                if i.name not in made and i.name not in {x.name for x in inputs}:
-                    inputs.append(i)
-            made.update(o.name for o in s.get_outputs())
-        self._inputs = inputs
-        self._outputs = [o for s in self.sessions for o in s.get_outputs()]
-
-    def get_inputs(self):
-        return list(self._inputs)
-
-    def get_outputs(self):
-        return list(self._outputs)
-
-    def run(self, output_names, feeds, run_options=None):
-        values: dict[str, Any] = dict(feeds)
-        for session, ins, outs in zip(self.sessions, self._ins, self._outs, strict=True):
-            got = session.run(outs, {n: values[n] for n in ins}, run_options) \
-                if run_options is not None else session.run(outs, {n: values[n] for n in ins})
-            values.update(zip(outs, got, strict=True))
-        names = output_names or [o.name for o in self._outputs]
-        return [values[n] for n in names]
-
-
-def part_dirs(spec: dict, graphs_dir: Path) -> list[Path]:
-    """The folder of each part's graphs (the graphs folder itself for a single part)."""
-    parts = spec.get("parts") or []
-    if len(parts) <= 1:
-        return [Path(graphs_dir)]
-    return [Path(graphs_dir) / p["name"] for p in parts]
-
-
-def chain_sessions(spec: dict, graphs_dir: Path, graph: str, make) -> Any:
-    """One session for ``graph`` (prefill / decode / verify): ``make(path)`` of the single
-    graph, or a :class:`ChainSession` over the parts' graphs."""
-    dirs = part_dirs(spec, graphs_dir)
-    if len(dirs) == 1:
-        return make(dirs[0] / f"{graph}.onnx")
-    return ChainSession([make(d / f"{graph}.onnx") for d in dirs])
 
 
 # ---- the streamed export -------------------------------------------------------------------
