@@ -57,12 +57,14 @@ class Size:
     rope_theta: float = 10000.0
     max_positions: int = 4096
     note: str = ""
+    family: str = "qwen2"  # qwen2 (q/k/v biases) or llama (none)
 
     def parameters(self) -> int:
         """Parameter count of the Qwen2 model (q/k/v have biases; tied head counted once)."""
         head_dim = self.hidden // self.heads
-        q = self.hidden * self.hidden + self.hidden
-        kv = 2 * (self.hidden * self.kv_heads * head_dim + self.kv_heads * head_dim)
+        bias = self.family == "qwen2"
+        q = self.hidden * self.hidden + (self.hidden if bias else 0)
+        kv = 2 * (self.hidden * self.kv_heads * head_dim + (self.kv_heads * head_dim if bias else 0))
         o = self.hidden * self.hidden
         mlp = 3 * self.hidden * self.intermediate
         norms = 2 * self.hidden
@@ -98,6 +100,10 @@ SIZES: dict[str, Size] = {s.name: s for s in (
          max_positions=32768, note="Qwen/Qwen2-0.5B's config"),
     Size("qwen2-1.5b", 28, 1536, 12, 2, 8960, 151936, rope_theta=1000000.0,
          max_positions=32768, note="Qwen/Qwen2-1.5B's config"),
+    Size("qwen2.5-3b", 36, 2048, 16, 2, 11008, 151936, rope_theta=1000000.0,
+         max_positions=32768, note="Qwen/Qwen2.5-3B's config (the seeds' model)"),
+    Size("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256, tie=False, rope_theta=500000.0,
+         max_positions=131072, family="llama", note="meta-llama/Llama-3.1-8B's shape"),
 )}
 DEFAULT_SIZES = ("l4-h256", "l8-h512", "l12-h768", "qwen2-0.5b")
 TOKENIZER_VOCAB = 2048  # the sample tokenizer's vocabulary: the model's must not be smaller
@@ -112,6 +118,7 @@ source = "{source}"
 [export]
 prompt_length = {prompt}
 context_length = {context}
+parts = {parts}
 
 [quantization]
 scheme = "W8A16"
@@ -160,18 +167,50 @@ def _emit(payload: dict[str, Any]) -> None:
 
 
 def child_build(size_name: str, out: Path) -> None:
-    """Random-weight checkpoint of one size, with the sample tokenizer."""
+    """Random-weight bfloat16 checkpoint of one size, written a tensor at a time (the model
+    is built on the meta device for its names and shapes; no tensor of the whole model is
+    ever in memory), with the sample tokenizer."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     from studio.core.samples import sample_path
 
     size = SIZES[size_name]
-    torch.manual_seed(0)
-    config = Qwen2Config(**size.config_kwargs())
-    model = Qwen2ForCausalLM(config)
-    params = sum(p.numel() for p in model.parameters())  # tied weights counted once
-    model.save_pretrained(str(out))
+    config = (LlamaConfig if size.family == "llama" else Qwen2Config)(**size.config_kwargs())
+    config.torch_dtype = "bfloat16"
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(config)
+    shapes = {k: tuple(v.shape) for k, v in meta.state_dict().items()}
+    if size.tie:
+        shapes.pop("lm_head.weight", None)
+    params = sum(int(torch.Size(s).numel()) for s in shapes.values())
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        n = 2 * int(torch.Size(shape).numel())
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    header["__metadata__"] = {"format": "pt"}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    gen = torch.Generator().manual_seed(0)
+    std = float(getattr(config, "initializer_range", 0.02))
+    with open(out / "model.safetensors", "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        for name, shape in shapes.items():
+            rows = shape[0]
+            step = max(1, (1 << 24) // max(1, int(torch.Size(shape[1:]).numel())))
+            for a in range(0, rows, step):  # at most 16 M values in memory at once
+                part = (rows if len(shape) == 1 else min(step, rows - a),) + tuple(shape[1:])
+                if name.endswith("norm.weight"):
+                    t = torch.ones(part)
+                elif len(shape) == 1:
+                    t = torch.zeros(part)
+                else:
+                    t = torch.randn(part, generator=gen) * std
+                f.write(t.to(torch.bfloat16).view(torch.int16).numpy().tobytes())
+                if len(shape) == 1:
+                    break
+    config.save_pretrained(str(out))
     tok = sample_path("tiny-coder")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         if (tok / name).is_file():
@@ -195,9 +234,12 @@ def child_stage(project_file: Path, index: int, out: Path, inputs: dict[str, str
         from studio.engine.qnn import read_context_info
 
         keep["contexts"] = {}
-        for g in ("prefill", "decode"):
-            info = read_context_info(out / f"{g}_ctx.onnx")
-            keep["contexts"][g] = {"embed": info["embed"], "bin_files": info["bin_files"]}
+        for ctx_file in sorted(out.rglob("*_ctx.onnx")):  # one per graph (and part)
+            info = read_context_info(ctx_file)
+            keep["contexts"][str(ctx_file.relative_to(out))] = {
+                "embed": info["embed"], "bin_files": info["bin_files"],
+                "bytes": sum(f.stat().st_size for f in ctx_file.parent.glob(
+                    ctx_file.name.replace("_ctx.onnx", "_ctx*")))}
     _emit(keep)
 
 
@@ -227,12 +269,13 @@ def child_main(argv: list[str]) -> int:
     ap.add_argument("--index", type=int)
     ap.add_argument("--inputs", default="{}")
     ap.add_argument("--target")
+    ap.add_argument("--until", default="compile")
     a = ap.parse_args(argv)
     try:
         if a.what == "build":
             child_build(a.size, a.out)
         elif a.what == "stage":
-            child_stage(a.project, a.index, a.out, json.loads(a.inputs))
+            child_stage(a.project, a.index, a.out, json.loads(a.inputs), a.until)
         else:
             child_separate(a.out.parent / "quantize", a.out, a.target)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which goes on
@@ -428,6 +471,10 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=16)
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--target", default="snapdragon-8-gen-3")
+    ap.add_argument("--parts", default="1",
+                    help="export.parts: a number of parts or auto (one part in memory at a time)")
+    ap.add_argument("--until", default="compile", choices=("export", "quantize", "compile"),
+                    help="the last stage to run")
     ap.add_argument("--stage-timeout", type=float, default=900.0, help="seconds per stage")
     ap.add_argument("--min-free-gb", type=float, default=1.5,
                     help="stop a stage when the host's available memory falls below this")
@@ -511,8 +558,8 @@ def main() -> int:
             project_file = d / f"{size.name}.qstudio"
             project_file.write_text(PROJECT.format(
                 name=size.name, target=a.target, source=str(ckpt), prompt=a.prompt,
-                context=a.context))
-            jobs = plan(pf.load(project_file), ["compile"])
+                context=a.context, parts=a.parts if a.parts.isdigit() else f'"{a.parts}"'))
+            jobs = plan(pf.load(project_file), [a.until])
             done: dict[str, str] = {}
             failed = False
             for i, job in enumerate(jobs):
@@ -527,7 +574,8 @@ def main() -> int:
                 shutil.rmtree(out, ignore_errors=True)  # what a failed attempt left
                 step = measure(Step(size.name, n, job.label),
                                ["stage", "--project", str(project_file), "--index", str(i),
-                                "--out", str(out), "--inputs", json.dumps(inputs)],
+                                "--out", str(out), "--inputs", json.dumps(inputs),
+                                "--until", a.until],
                                out, d / f"{job.stage}.log", a.stage_timeout, min_free)
                 if job.stage == "compile" and step.status == "ok":
                     ctx = step.result.get("contexts", {})

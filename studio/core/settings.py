@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
+import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from studio.core.devices import PROJECT_KINDS, check_kinds
 from studio.core.errors import StudioError
 from studio.core.layerdiff import MAX_WINDOWS, TENSOR_MODES
+from studio.core.parts import DEFAULT_MAX_PART_BYTES, MAX_PARTS
 from studio.core.recipe import (
     BLOCK_SIZES,
     CALIBRATION_METHODS,
@@ -115,6 +117,8 @@ def _short(value: Any, limit: int = 80) -> str:
 
 def _type_name(hint: Any) -> str:
     origin = typing.get_origin(hint) or hint
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(hint))
     if hint is float:
         return "int or float"
     return getattr(origin, "__name__", str(origin))
@@ -123,6 +127,15 @@ def _type_name(hint: Any) -> str:
 def check_type(where: str, value: Any, hint: Any) -> None:
     """A one-line error unless ``value`` is of the declared type (elements included)."""
     origin = typing.get_origin(hint) or hint
+    if origin in (typing.Union, types.UnionType):  # e.g. int | str: one of the arms
+        for arm in typing.get_args(hint):
+            try:
+                check_type(where, value, arm)
+                return
+            except StudioError:
+                continue
+        raise StudioError(f"{where} must be a {_type_name(hint)}, not {type(value).__name__} "
+                          f"{_short(value)}")
     want: tuple[type, ...] = (int, float) if hint is float else (origin,)
     if isinstance(value, bool) and bool not in want:
         raise StudioError(f"{where} must be a {_type_name(hint)}, not {value!r}")
@@ -353,8 +366,18 @@ class Export(Section):
                                  min=1, max=MAX_CONTEXT)
     context_length: int = setting(128, "C: the tokens the KV cache holds",
                                   min=2, max=MAX_CONTEXT)
+    parts: int | str = setting(1, "runs of consecutive blocks exported, quantized and "
+                               "compiled one at a time: N, or auto (the fewest whose "
+                               "8-bit weights each fit export.max_part_mb)", min=1,
+                               max=MAX_PARTS)
+    max_part_mb: int = setting(DEFAULT_MAX_PART_BYTES // 1_000_000, "the budget of one "
+                               "part's compiled weights, in MB (one HTP graph must stay under "
+                               "about 2 GB)", min=1, max=2048)
 
     def rules(self) -> None:
+        if isinstance(self.parts, str) and self.parts != "auto":
+            raise StudioError(f"export.parts = {self.parts!r}: give a number of parts or "
+                              "\"auto\"")
         if self.context_length <= self.prompt_length:
             raise StudioError(
                 f"export.context_length ({self.context_length}) must be larger than "

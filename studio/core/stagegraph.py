@@ -68,6 +68,8 @@ class StageDecl:
     gated: bool = False
     # it reads the run history (this run's settings, the comparison with the previous run)
     reads_history: bool = False
+    # it takes a model exported in parts (studio.core.parts): the others refuse one
+    takes_parts: bool = False
 
     @property
     def module(self) -> str:
@@ -93,26 +95,33 @@ _GATES = tuple(f"gates.{k}" for k in DEFAULT_GATES)
 
 DECLARATIONS: tuple[StageDecl, ...] = (
     StageDecl("export", "Export", (),
-              settings=("model.source", "export.prompt_length", "export.context_length"),
-              role="export"),
+              settings=("model.source", "export.prompt_length", "export.context_length",
+                        "export.parts", "export.max_part_mb"),
+              role="export",
+              takes_parts=True),
     StageDecl("quantize", "Quantize", (Need("export"),),
               settings=("quantization.scheme", "quantization.weight_granularity",
                         "quantization.calibration_text", "quantization.calibration_samples",
                         "quantization.calibration_method", "quantization.block_size",
-                        "quantization.kv_cache", "quantization.overrides"), role="quantize"),
+                        "quantization.kv_cache", "quantization.overrides"), role="quantize",
+              takes_parts=True),
     StageDecl("compile", "Compile", (Need("quantize"),), fan_out="target",
-              settings=("quantization.scheme", "quantization.weight_granularity"), role="compile"),
+              settings=("quantization.scheme", "quantization.weight_granularity"), role="compile",
+              takes_parts=True),
     StageDecl("validate", "Validate", (Need("export"), Need("quantize"),
                                        Need("compile", per_chip=True)), fan_out="target",
               settings=("quantization.scheme", "validation.heldout_text",
                         "validation.heldout_tokens", "validation.greedy_tokens", "run.prompt"),
-              role="validate", gated=True),
+              role="validate", gated=True,
+              takes_parts=True),
     StageDecl("run", "Run", (Need("export"), Need("compile", per_chip=True)), fan_out="device",
               device_kinds=("host-cpu", "htp-sim", "agent", "adb"), measures=True,
-              settings=("quantization.scheme", "run.prompt", "run.max_new_tokens"), role="run"),
+              settings=("quantization.scheme", "run.prompt", "run.max_new_tokens"), role="run",
+              takes_parts=True),
     StageDecl("profile", "Profile", (Need("quantize"), Need("compile", per_chip=True)),
               fan_out="device", device_kinds=("htp-sim", "agent", "adb"), measures=True,
-              npu_only=True, settings=("quantization.scheme", "profile.repeats"), role="profile"),
+              npu_only=True, settings=("quantization.scheme", "profile.repeats"), role="profile",
+              takes_parts=True),
     StageDecl("sensitivity", "Sensitivity", (Need("export"),), optional=True,
               settings=("quantization.scheme", "quantization.weight_granularity",
                         "quantization.calibration_text", "quantization.calibration_samples",
@@ -185,6 +194,7 @@ DECLARATIONS: tuple[StageDecl, ...] = (
               settings=("quantization.scheme", "quantization.placement", "profile.repeats"),
               role="profile"),
     StageDecl("report", "Report", (), needs_all=True, cache=False, settings=("name", *_GATES),
+              takes_parts=True,
               kinds=MODEL_KINDS, role="report", reads_history=True),
 )
 STAGES: dict[str, StageDecl] = {d.name: d for d in DECLARATIONS}

@@ -59,6 +59,7 @@ from studio.core import families
 from studio.core.errors import StudioError
 from studio.core.families import FAMILIES, FULL, SLIDING, Family
 from studio.core.fsutil import atomic_write_bytes, atomic_write_json
+from studio.core.parts import Part, whole
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.engine.llm_runtime import SLIDING_MASK, mask_windows
 
@@ -76,18 +77,24 @@ _PROTOBUF_LIMIT = 1_900_000_000
 # ---------------------------------------------------------------------------- spec helpers
 
 
-def io_names(num_layers: int, graph: str, sliding: bool = False) -> tuple[list[str], list[str]]:
+def io_names(num_layers: int, graph: str, sliding: bool = False,
+             part: Part | None = None) -> tuple[list[str], list[str]]:
     """Input and output names of the ``prefill``, ``decode`` or ``verify`` graph
     (``sliding``: the graphs take a ``sliding_attention_mask`` too). ``verify`` is the
-    decode graph for N new tokens at once (an AR-N graph over the static cache)."""
-    ins = ["input_ids", "position_ids", "attention_mask"]
+    decode graph for N new tokens at once (an AR-N graph over the static cache).
+
+    ``part``: the graph of one part (:mod:`studio.core.parts`): a part after the first takes
+    the previous part's residual stream instead of the ids, a part before the last hands
+    its own on instead of the logits, and each carries the KV cache of its own blocks."""
+    part = part or whole(num_layers)
+    ins = ["input_ids" if part.embeds else str(part.hidden_in), "position_ids", "attention_mask"]
     if sliding:
         ins.append(SLIDING_MASK)
     if graph in ("decode", "verify"):
-        for i in range(num_layers):
+        for i in part.layers:
             ins += [f"past_key_{i}", f"past_value_{i}"]
-    outs = ["logits"]
-    for i in range(num_layers):
+    outs = ["logits" if part.heads else str(part.hidden_out)]
+    for i in part.layers:
         outs += [f"present_key_{i}", f"present_value_{i}"]
     return ins, outs
 
@@ -358,7 +365,7 @@ def rope_positions(config, context_len: int) -> int:
 
 def _decoder_wrapper(
     causal_lm, context_len: int, family: Family, layer_types: list[str], sliding_input: bool,
-    rope_rows: int | None = None,
+    rope_rows: int | None = None, part: Part | None = None, rotary=None,
 ):
     """A static-shape module over the HF modules of a Llama-style decoder (``model``'s
     ``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``, then ``lm_head``); its forward
@@ -366,6 +373,12 @@ def _decoder_wrapper(
 
     ``layer_types`` says which mask each layer reads: with ``sliding_input`` the layers of
     type ``sliding_attention`` read the extra ``sliding_attention_mask`` input.
+
+    ``part``: only blocks ``part.start .. part.stop - 1`` (see :mod:`studio.core.parts`), the
+    embedding when the part is the first and the norm and head when it is the last; the
+    other modules of ``causal_lm`` are never touched (a streamed export leaves them on the
+    meta device). ``rotary``: the rotary embedding module to build the RoPE table from
+    (default ``causal_lm.model.rotary_emb``).
     """
     import inspect
     import math
@@ -376,7 +389,7 @@ def _decoder_wrapper(
         """The part of the HF Cache protocol the attention uses: update()."""
 
         def __init__(self, past):
-            self.past = past
+            self.past = past  # {layer index: (key, value)} or None
             self.new: dict[int, tuple] = {}
 
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -387,11 +400,15 @@ def _decoder_wrapper(
             return torch.cat([pk, key_states], dim=2), torch.cat([pv, value_states], dim=2)
 
         def get_seq_length(self, layer_idx: int = 0) -> int:
-            return 0 if self.past is None else int(self.past[layer_idx][0].shape[2])
+            if self.past is None:
+                return 0
+            key = self.past.get(layer_idx) or next(iter(self.past.values()))
+            return int(key[0].shape[2])
 
     base = causal_lm.model
     config = causal_lm.config
-    params = inspect.signature(base.layers[0].forward).parameters
+    part = part or whole(len(base.layers))
+    params = inspect.signature(base.layers[part.start].forward).parameters
     cache_kw = next(
         (k for k in ("cache", "past_key_values", "past_key_value") if k in params), None
     )
@@ -401,40 +418,56 @@ def _decoder_wrapper(
         )
     # Family differences outside the decoder layers (see Family).
     embed_scale = None
-    if family.embed_scale and not hasattr(base.embed_tokens, "embed_scale"):
+    if part.embeds and family.embed_scale and not hasattr(base.embed_tokens, "embed_scale"):
         embed_scale = math.sqrt(int(config.hidden_size))
     final_cap = getattr(config, family.final_softcap, None) if family.final_softcap else None
     uses_window = [sliding_input and t == SLIDING for t in layer_types]
+    layers = list(part.layers)
+
+    class _Holder(torch.nn.Module):
+        """Holds the part's modules under the checkpoint's own names (``model.layers.5``):
+        earlier blocks are parameterless placeholders, so indices stay absolute."""
 
     class StaticKVWrapper(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.model = base
-            self.lm_head = causal_lm.lm_head
+            self.model = _Holder()
+            self.model.layers = torch.nn.ModuleList(
+                [base.layers[i] if i >= part.start else torch.nn.Identity()
+                 for i in range(part.stop)])
+            if part.embeds:
+                self.model.embed_tokens = base.embed_tokens
+            if part.heads:
+                self.model.norm = base.norm
+                self.lm_head = causal_lm.lm_head
             with torch.no_grad():
                 rows = int(rope_rows or context_len)
                 pos = torch.arange(rows, dtype=torch.long)[None]
                 probe = torch.zeros(1, rows, 1, dtype=torch.float32)
-                cos, sin = base.rotary_emb(probe, pos)
+                cos, sin = (rotary or base.rotary_emb)(probe, pos)
             # persistent: exported as initializers named rope_cos / rope_sin
             self.register_buffer("rope_cos", cos[0].to(torch.float32).clone())
             self.register_buffer("rope_sin", sin[0].to(torch.float32).clone())
-            self.num_layers = len(base.layers)
+            self.emit_hidden = False  # the last part returns its norm's output (export check)
 
-        def forward(self, input_ids, position_ids, attention_mask, *rest):
+        def forward(self, first, position_ids, attention_mask, *rest):
             window_mask = rest[0] if sliding_input else None
             past_flat = rest[1:] if sliding_input else rest
-            h = self.model.embed_tokens(input_ids)
-            if embed_scale is not None:
-                h = h * torch.tensor(embed_scale, dtype=h.dtype)
+            if part.embeds:
+                h = self.model.embed_tokens(first)
+                if embed_scale is not None:
+                    h = h * torch.tensor(embed_scale, dtype=h.dtype)
+            else:
+                h = first
             cos = torch.nn.functional.embedding(position_ids, self.rope_cos)
             sin = torch.nn.functional.embedding(position_ids, self.rope_sin)
             past = None
             if past_flat:
-                past = [(past_flat[2 * i], past_flat[2 * i + 1]) for i in range(self.num_layers)]
+                past = {i: (past_flat[2 * j], past_flat[2 * j + 1])
+                        for j, i in enumerate(layers)}
             cache = _StepCache(past)
-            for i, layer in enumerate(self.model.layers):
-                out = layer(
+            for i in layers:
+                out = self.model.layers[i](
                     h,
                     attention_mask=window_mask if uses_window[i] else attention_mask,
                     position_ids=position_ids,
@@ -443,12 +476,14 @@ def _decoder_wrapper(
                     **{cache_kw: cache},
                 )
                 h = out[0] if isinstance(out, tuple) else out
-            h = self.model.norm(h)
-            logits = self.lm_head(h)
-            if final_cap is not None:
-                logits = torch.tanh(logits / final_cap) * final_cap
-            outs = [logits]
-            for i in range(self.num_layers):
+            if part.heads:
+                h = self.model.norm(h)
+            if part.heads and not self.emit_hidden:
+                h = self.lm_head(h)
+                if final_cap is not None:
+                    h = torch.tanh(h / final_cap) * final_cap
+            outs = [h]
+            for i in layers:
                 outs += list(cache.new[i])
             return tuple(outs)
 
@@ -465,7 +500,7 @@ WRAPPERS: dict[str, Callable[..., Any]] = {"decoder": _decoder_wrapper}
 
 def _build_wrapper(
     causal_lm, context_len: int, family: Family, layer_types: list[str], sliding_input: bool,
-    rope_rows: int | None = None,
+    rope_rows: int | None = None, part: Part | None = None, rotary=None,
 ):
     """The family's wrapper (:data:`WRAPPERS`) over a loaded checkpoint."""
     build = WRAPPERS.get(family.wrapper)
@@ -474,14 +509,16 @@ def _build_wrapper(
             f"the {family.label} family names the export wrapper {family.wrapper!r}, which "
             f"the static-KV exporter does not have (it has {', '.join(WRAPPERS)})"
         )
-    return build(causal_lm, context_len, family, layer_types, sliding_input, rope_rows)
+    return build(causal_lm, context_len, family, layer_types, sliding_input, rope_rows, part,
+                 rotary)
 
 
-def _example_inputs(spec: dict, graph: str, sliding: bool):
+def _example_inputs(spec: dict, graph: str, sliding: bool, part: Part | None = None):
     import torch
 
     L, KV, D = spec["num_layers"], spec["num_kv_heads"], spec["head_dim"]
     P, C = spec["prompt_length"], spec["context_length"]
+    part = part or whole(L)
     if graph == "prefill":
         S, K = P, P
     elif graph == "verify":
@@ -489,14 +526,18 @@ def _example_inputs(spec: dict, graph: str, sliding: bool):
         K = int(spec.get("verify_cache_slots") or C) + S
     else:
         S, K = 1, C + 1
-    ids = torch.zeros(1, S, dtype=torch.long)
+    if part.embeds:
+        first = torch.zeros(1, S, dtype=torch.long)
+    else:
+        first = torch.zeros(1, S, int(spec["hidden_size"]), dtype=torch.float32)
     pos = torch.arange(S, dtype=torch.long)[None]
     mask = torch.zeros(1, 1, S, K, dtype=torch.float32)
-    args = [ids, pos, mask]
+    args = [first, pos, mask]
     if sliding:
         args.append(torch.zeros(1, 1, S, K, dtype=torch.float32))
     if graph in ("decode", "verify"):
-        args += [torch.zeros(1, KV, K - S, D, dtype=torch.float32) for _ in range(2 * L)]
+        args += [torch.zeros(1, KV, K - S, D, dtype=torch.float32)
+                 for _ in range(2 * len(part.layers))]
     return tuple(args)
 
 
@@ -621,13 +662,14 @@ def _tidy_graph(model, module_names: set[str]) -> None:
                 node.input[k] = renames[name]
 
 
-def _export_graph(wrapper, spec: dict, graph: str, path: Path, progress: Progress) -> None:
+def _export_graph(wrapper, spec: dict, graph: str, path: Path, progress: Progress,
+                  part: Part | None = None) -> None:
     import onnx
     import torch
 
     sliding = mask_windows(spec)[1] is not None
-    ins, outs = io_names(spec["num_layers"], graph, sliding)
-    args = _example_inputs(spec, graph, sliding)
+    ins, outs = io_names(spec["num_layers"], graph, sliding, part)
+    args = _example_inputs(spec, graph, sliding, part)
     tmp_dir = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{graph}-export."))
     try:
         raw = tmp_dir / f"{graph}.onnx"
@@ -694,6 +736,71 @@ def _graph_io(path: Path) -> dict:
 # ---------------------------------------------------------------------------- entry point
 
 
+def check_model(model, cfg: dict, family: Family, C: int) -> None:
+    """Refuse a checkpoint whose modules or positions the static-KV graphs cannot take."""
+    base: Any = getattr(model, "model", None)
+    for attr in ("embed_tokens", "layers", "norm", "rotary_emb"):
+        if base is None or not hasattr(base, attr):
+            raise StudioError(
+                f"model type {cfg.get('model_type')!r} lacks model.{attr}; "
+                f"use a {family.label} checkpoint saved by transformers"
+            )
+    max_pos = getattr(model.config, "max_position_embeddings", None)
+    if max_pos is not None and C > max_pos:
+        raise StudioError(
+            f"context length C={C} exceeds the model's max_position_embeddings={max_pos}; lower C"
+        )
+    _check_rope(model.config, C)
+
+
+def _model_spec(model, cfg: dict, family: Family, P: int, C: int, mask_value: float,
+                N: int) -> dict[str, Any]:
+    """graph.json's description of the model and its graphs (before the graphs' edges and
+    the export check are added). ``model``: the loaded checkpoint, or its modules on the meta
+    device (only shapes and the config are read)."""
+    config = model.config
+    base = model.model
+    layer_types = layer_types_of(config, family)
+    window = getattr(config, "sliding_window", None) if SLIDING in layer_types else None
+    rope_type = _check_rope(config, C)
+    rope_rows = rope_positions(config, C)
+    attn = base.layers[0].self_attn
+    num_heads = int(config.num_attention_heads)
+    num_kv = int(getattr(config, "num_key_value_heads", None) or num_heads)
+    head_dim = int(getattr(attn, "head_dim", None) or config.hidden_size // num_heads)
+    eos_ids, pad_id = _special_ids(model)
+    return {
+        "format": SPEC_FORMAT,
+        "model_type": config.model_type,
+        "family": family.label,
+        "architecture": type(model).__name__,
+        "num_layers": len(base.layers),
+        "num_heads": num_heads,
+        "num_kv_heads": num_kv,
+        "head_dim": head_dim,
+        "hidden_size": int(config.hidden_size),
+        "vocab_size": int(config.vocab_size),
+        "prompt_length": P,
+        "context_length": C,
+        "rope_positions": rope_rows,
+        "layer_types": layer_types,
+        "sliding_window": int(window) if window is not None else None,
+        "rope_type": rope_type,
+        "attn_logit_softcapping": _opt_float(config, family.attn_softcap),
+        "final_logit_softcapping": _opt_float(config, family.final_softcap),
+        "checkpoint_dtype": cfg.get("dtype") or cfg.get("torch_dtype"),
+        "eos_token_id": eos_ids[0] if eos_ids else None,
+        "eos_token_ids": eos_ids,
+        "pad_token_id": pad_id,
+        "mask_value": float(mask_value),
+        "verify_length": N if N > 1 else None,
+        "dtype": "float32",
+        "opset": OPSET,
+        "kv_layout": "[1, num_kv_heads, context_length, head_dim]; decode writes its new row into slot pos",
+        "weights_layout": "MatMul weights are stored transposed ([in, out]) under their HF names",
+    }
+
+
 def export_llm(
     checkpoint_dir: Path,
     out_dir: Path,
@@ -732,60 +839,11 @@ def export_llm(
     import numpy as np
 
     model = load_causal_lm(checkpoint_dir)
-    config = model.config
     family = FAMILIES[cfg["model_type"]]
-    base: Any = getattr(model, "model", None)
-    for attr in ("embed_tokens", "layers", "norm", "rotary_emb"):
-        if base is None or not hasattr(base, attr):
-            raise StudioError(
-                f"model type {cfg.get('model_type')!r} lacks model.{attr}; "
-                f"use a {family.label} checkpoint saved by transformers"
-            )
-    layer_types = layer_types_of(config, family)
-    window = getattr(config, "sliding_window", None) if SLIDING in layer_types else None
-    max_pos = getattr(config, "max_position_embeddings", None)
-    if max_pos is not None and C > max_pos:
-        raise StudioError(
-            f"context length C={C} exceeds the model's max_position_embeddings={max_pos}; lower C"
-        )
-    rope_type = _check_rope(config, C)
-    rope_rows = rope_positions(config, C)
-
-    attn = base.layers[0].self_attn
-    num_heads = int(config.num_attention_heads)
-    num_kv = int(getattr(config, "num_key_value_heads", None) or num_heads)
-    head_dim = int(getattr(attn, "head_dim", None) or config.hidden_size // num_heads)
-    eos_ids, pad_id = _special_ids(model)
-    spec: dict[str, Any] = {
-        "format": SPEC_FORMAT,
-        "model_type": config.model_type,
-        "family": family.label,
-        "architecture": type(model).__name__,
-        "num_layers": len(base.layers),
-        "num_heads": num_heads,
-        "num_kv_heads": num_kv,
-        "head_dim": head_dim,
-        "hidden_size": int(config.hidden_size),
-        "vocab_size": int(config.vocab_size),
-        "prompt_length": P,
-        "context_length": C,
-        "rope_positions": rope_rows,
-        "layer_types": layer_types,
-        "sliding_window": int(window) if window is not None else None,
-        "rope_type": rope_type,
-        "attn_logit_softcapping": _opt_float(config, family.attn_softcap),
-        "final_logit_softcapping": _opt_float(config, family.final_softcap),
-        "checkpoint_dtype": cfg.get("dtype") or cfg.get("torch_dtype"),
-        "eos_token_id": eos_ids[0] if eos_ids else None,
-        "eos_token_ids": eos_ids,
-        "pad_token_id": pad_id,
-        "mask_value": float(mask_value),
-        "verify_length": N if N > 1 else None,
-        "dtype": "float32",
-        "opset": OPSET,
-        "kv_layout": "[1, num_kv_heads, context_length, head_dim]; decode writes its new row into slot pos",
-        "weights_layout": "MatMul weights are stored transposed ([in, out]) under their HF names",
-    }
+    check_model(model, cfg, family, C)
+    layer_types = layer_types_of(model.config, family)
+    rope_rows = rope_positions(model.config, C)
+    spec = _model_spec(model, cfg, family, P, C, mask_value, N)
     sliding_input = mask_windows(spec)[1] is not None
 
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -98,25 +98,36 @@ def load_graph_spec(graphs_dir: Path) -> dict[str, Any]:
 
 def cpu_generator(graph_dir: Path, spec: dict[str, Any], threads: int = 2) -> StaticKVGenerator:
     """A generator over the prefill / decode (and verify, when there is one) graphs of
-    ``graph_dir`` on the host CPU (ONNX Runtime)."""
+    ``graph_dir`` on the host CPU (ONNX Runtime); a model in parts runs its parts' graphs
+    chained (:mod:`studio.engine.chain`)."""
+    from studio.engine.chain import chain_session, part_dirs
+
     graph_dir = Path(graph_dir)
-    verify = graph_dir / "verify.onnx"
-    return StaticKVGenerator(make_cpu_session(graph_dir / "prefill.onnx", threads),
-                             make_cpu_session(graph_dir / "decode.onnx", threads), spec,
-                             make_cpu_session(verify, threads) if verify.is_file() else None)
+
+    def make(path: Path):
+        return make_cpu_session(path, threads)
+
+    has_verify = all((d / "verify.onnx").is_file() for d in part_dirs(spec, graph_dir))
+    return StaticKVGenerator(chain_session(spec, graph_dir, "prefill", make),
+                             chain_session(spec, graph_dir, "decode", make), spec,
+                             chain_session(spec, graph_dir, "verify", make) if has_verify
+                             else None)
 
 
 def htp_generator(compile_dir: Path, chip, spec: dict[str, Any], fp16: bool) -> StaticKVGenerator:
     """A generator over the compiled prefill / decode contexts of ``compile_dir`` on this
-    machine's QNN HTP backend (the simulator on x86) for ``chip``."""
+    machine's QNN HTP backend (the simulator on x86) for ``chip``; a model in parts runs
+    its parts' context binaries chained."""
     from studio.engine import qnn
+    from studio.engine.chain import chain_session
+
+    def make(path: Path):
+        ctx = path.with_name(path.stem + "_ctx.onnx")
+        return qnn.make_session(ctx, chip, strict=True, fp16=fp16)
 
     compile_dir = Path(compile_dir)
-    return StaticKVGenerator(
-        qnn.make_session(compile_dir / "prefill_ctx.onnx", chip, strict=True, fp16=fp16),
-        qnn.make_session(compile_dir / "decode_ctx.onnx", chip, strict=True, fp16=fp16),
-        spec,
-    )
+    return StaticKVGenerator(chain_session(spec, compile_dir, "prefill", make),
+                             chain_session(spec, compile_dir, "decode", make), spec)
 
 
 def sliding_window_of(spec: dict) -> int | None:

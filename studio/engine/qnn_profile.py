@@ -330,6 +330,23 @@ def parse_profile_run(
 
 
 # ---- repeats and the event table ------------------------------------------------------------
+def join_parts(profiles: list[Profile], names: list[str]) -> Profile:
+    """One run of a model in parts as one profile: each part's ops in order, their QNN
+    names prefixed with the part's (``part2_of_3/...``: each part is its own QNN graph, with
+    its own op ids), events summed by name."""
+    from dataclasses import replace
+
+    if not profiles:
+        raise StudioError("no parts to join")
+    ops = [replace(op, qnn_name=f"{name}/{op.qnn_name}")
+           for p, name in zip(profiles, names, strict=True) for op in p.ops]
+    events = []
+    for ev in profiles[0].events:
+        total = sum(e.value for p in profiles for e in p.events if e.name == ev.name)
+        events.append(replace(ev, value=float(total), samples=()))
+    return replace(profiles[0], ops=ops, events=events)
+
+
 def merge_repeats(profiles: list[Profile], other_load: list[float]) -> Profile:
     """One profile from several profiled runs of the same graph (one run each).
 

@@ -443,17 +443,23 @@ def matmul_precisions(model) -> dict[str, int]:
 def check_overrides(graphs_dir: Path, recipe: dict) -> dict[str, dict]:
     """Resolve the recipe's overrides on the FP32 graphs; StudioError for a pattern that
     matches nothing or an override the HTP cannot run. Returns the resolution per graph."""
+    return check_overrides_in([Path(graphs_dir)], recipe)[0]
+
+
+def check_overrides_in(folders: list[Path], recipe: dict) -> list[dict[str, dict]]:
+    """:func:`check_overrides` over the graphs of several folders (the parts of a model): a
+    pattern must match in one of them. Returns the resolution per folder and graph."""
     import onnx
 
     recipe = normalize_recipe(recipe)
-    res = {
+    res = [{
         g: resolve_overrides(
-            onnx.load(str(Path(graphs_dir) / f"{g}.onnx"), load_external_data=False), recipe
+            onnx.load(str(Path(folder) / f"{g}.onnx"), load_external_data=False), recipe
         )
         for g in GRAPHS
-    }
+    } for folder in folders]
     for pattern in recipe["overrides"]:
-        if all(not res[g]["patterns"][pattern]["tensors"] for g in GRAPHS):
+        if all(not r[g]["patterns"][pattern]["tensors"] for r in res for g in GRAPHS):
             raise StudioError(
                 f"override pattern {pattern!r} matches no node, layer or weight; "
                 "use names like model.layers.0, *.mlp.* or model.layers.0.mlp.down_proj.weight"
@@ -714,6 +720,18 @@ def _upgrade_opset(path: Path, work: Path, opset: int) -> Path:
     return out
 
 
+def weight_type_name(recipe: dict) -> str:
+    """How a (normalized) recipe stores its weights, in words."""
+    return {
+        ("INT8", "per_tensor"): "QUInt8",
+        ("INT8", "per_channel"): "QInt8 per channel (symmetric)",
+        ("INT4", "per_channel"): "QInt4 per channel (symmetric)",
+        ("INT4", "per_block"): f"QInt4 block-wise, {recipe['block_size']} per block "
+                               "(LPBQ, symmetric)",
+    }.get((weight_precision(recipe["scheme"]), recipe["weight_granularity"]),
+          recipe["weight_granularity"])
+
+
 def _jsonable(value):
     import numpy as np
 
@@ -848,14 +866,7 @@ def quantize_llm(
                 activation_type=(
                     "QUInt16" if activation_bits(recipe["scheme"]) == 16 else "QUInt8"
                 ),
-                weight_type={
-                    ("INT8", "per_tensor"): "QUInt8",
-                    ("INT8", "per_channel"): "QInt8 per channel (symmetric)",
-                    ("INT4", "per_channel"): "QInt4 per channel (symmetric)",
-                    ("INT4", "per_block"): f"QInt4 block-wise, {recipe['block_size']} per block "
-                                           "(LPBQ, symmetric)",
-                }.get((weight_precision(recipe["scheme"]), recipe["weight_granularity"]),
-                      recipe["weight_granularity"]),
+                weight_type=weight_type_name(recipe),
                 calibration={
                     "method": recipe["calibration_method"],
                     "windows": len(windows),

@@ -54,6 +54,10 @@ class Backend(_Base):
         if compiled is None:
             raise StudioError(f"{self.device.name} runs a compiled context: run the compile "
                               "stage")
+        if len(spec.get("parts") or []) > 1:
+            raise StudioError(f"{self.device.name} runs one context binary per graph so far, "
+                              "and this model is in parts: run it on htp-sim or an agent, or "
+                              "export it with export.parts = 1")
         phone = self.phone(log)
         return StaticKVGenerator(phone.session(Path(compiled) / "prefill_ctx.onnx"),
                                  phone.session(Path(compiled) / "decode_ctx.onnx"), spec)

@@ -62,6 +62,27 @@ def _history(spec: dict[str, Any]) -> dict[str, Any]:
         store.close()
 
 
+def refuse_parts(decl: StageDecl, inputs: dict[str, Path]) -> None:
+    """A one-line error when a stage not built for a model in parts gets one (its export's
+    graph.json lists more than one part)."""
+    import json
+
+    from studio.core.errors import StudioError
+
+    if decl.takes_parts:
+        return
+    for folder in inputs.values():
+        try:
+            spec = json.loads((Path(folder) / "graph.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        count = len(spec.get("parts") or []) if isinstance(spec, dict) else 0
+        if count > 1:
+            raise StudioError(f"the {decl.title.lower()} stage does not take a model exported "
+                              f"in parts yet (this one has {count}): run it on a project "
+                              "with export.parts = 1")
+
+
 def run_in_process(project, job, inputs: dict[str, Path], out: Path,
                    progress: Progress) -> dict[str, Any]:
     """Run one planned job here, without a worker (benchmarks, experiments): the stage sees
@@ -69,6 +90,7 @@ def run_in_process(project, job, inputs: dict[str, Path], out: Path,
     from studio.core.stagegraph import stage_config
 
     ctx = StageContext(stage_config(project, job), dict(inputs), Path(out))
+    refuse_parts(job.decl, ctx.inputs)
     result = stage_function(job.decl)(ctx, progress)
     atomic_write_json(ctx.out / "result.json", result)
     return result
@@ -83,6 +105,7 @@ def run_stage(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
     decl = STAGES[config.stage]
     ctx = StageContext(config, {k: Path(v) for k, v in spec.get("inputs", {}).items()},
                        Path(spec["workdir"]), _history(spec) if decl.reads_history else {})
+    refuse_parts(decl, ctx.inputs)
     result = stage_function(decl)(ctx, progress)
     atomic_write_json(ctx.out / "result.json", result)
     return {"result": result, "facts": ctx.facts}

@@ -14,33 +14,42 @@ from studio.worker.stages._llm import EMBED_LIMIT, GRAPHS, htp_options
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     from studio.engine import qnn
+    from studio.engine.chain import part_dirs
+    from studio.engine.llm_runtime import load_graph_spec
 
     qdir = ctx.input("quantize")
     fp16 = ctx.fp16
     chip = ctx.chip
     extra = htp_options(ctx)
     placement, compiled = {}, {}
-    for i, g in enumerate(GRAPHS):
+    folders = part_dirs(load_graph_spec(qdir), qdir)
+    steps = [(src, g) for src in folders for g in GRAPHS]
+    for i, (src, g) in enumerate(steps):
+        where = "" if src == qdir else f"{src.name}/"
+        label = g if src == qdir else f"{g} ({src.name.replace('_', ' ')})"
+        dst = ctx.out / where
+        dst.mkdir(parents=True, exist_ok=True)
         progress.check()
-        progress.update(i / 2, f"checking placement of {g} on {chip.name}")
-        rep = qnn.placement_report(qdir / f"{g}.onnx", chip, fp16=fp16, extra_options=extra)
-        placement[g] = rep
+        progress.update(i / len(steps), f"checking placement of {label} on {chip.name}")
+        rep = qnn.placement_report(src / f"{g}.onnx", chip, fp16=fp16, extra_options=extra)
+        placement[where + g] = rep
         if not rep["all_on_npu"]:
             names = ", ".join(f"{n['name']} ({n['op_type']})" for n in rep["cpu_nodes"][:5])
             raise StudioError(
-                f"{len(rep['cpu_nodes'])} node(s) of the {g} graph cannot run on the NPU of "
+                f"{len(rep['cpu_nodes'])} node(s) of the {label} graph cannot run on the NPU of "
                 f"{chip.name}: {names}; change their precision or the recipe"
             )
-        progress.update(i / 2 + 0.25, f"compiling {g} context binary for {chip.name}")
+        progress.update((i + 0.5) / len(steps), f"compiling {label} context binary for "
+                                                 f"{chip.name}")
         # a context binary is embedded in its ONNX model unless the model would come near
         # protobuf's 2 GB limit (real 1-8 B LLMs): then it is written beside it (_qnn.bin)
-        size = sum(f.stat().st_size for f in qdir.glob(f"{g}.onnx*"))
-        compiled[g] = qnn.compile_context(qdir / f"{g}.onnx", ctx.out / f"{g}_ctx.onnx", chip,
-                                          fp16=fp16, embed=size < EMBED_LIMIT,
-                                          extra_options=extra)
+        size = sum(f.stat().st_size for f in src.glob(f"{g}.onnx*"))
+        compiled[where + g] = qnn.compile_context(src / f"{g}.onnx", dst / f"{g}_ctx.onnx",
+                                                  chip, fp16=fp16, embed=size < EMBED_LIMIT,
+                                                  extra_options=extra)
     shutil.copy2(qdir / "graph.json", ctx.out / "graph.json")
     atomic_write_json(ctx.out / "placement.json", placement)
-    sdk = compiled["decode"].get("sdk_version", "")
+    sdk = next(iter(compiled.values())).get("sdk_version", "")
     if extra:
         progress.log("warning: block-wise (LPBQ) 4-bit weights: the x86 HTP simulator was "
                      "measured computing them wrong (logits cosine ~0.62 vs 0.999 on the host "

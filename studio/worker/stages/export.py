@@ -14,15 +14,26 @@ from studio.worker.stages._llm import GRAPHS
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+    from studio.core.parts import AUTO_WEIGHT_BITS, plan_parts
     from studio.engine import hf_import
     from studio.engine.llm_export import export_llm
+    from studio.engine.llm_parts import checkpoint_layout, export_parts
 
     ckpt = ctx.path("model.source")
     info = hf_import.open_checkpoint(ckpt)
-    progress.update(0.02, f"exporting {info.architecture} ({info.num_layers} layers)")
     P, C = ctx.get("export.prompt_length"), ctx.get("export.context_length")
+    budget = int(ctx.get("export.max_part_mb")) * 1_000_000
+    plan = plan_parts(checkpoint_layout(ckpt), ctx.get("export.parts"), AUTO_WEIGHT_BITS,
+                      budget)
     t0 = time.perf_counter()
-    spec = export_llm(ckpt, ctx.out, P, C, progress=SubProgress(progress, 0.02, 0.95))
+    if len(plan) == 1:
+        progress.update(0.02, f"exporting {info.architecture} ({info.num_layers} layers)")
+        spec = export_llm(ckpt, ctx.out, P, C, progress=SubProgress(progress, 0.02, 0.95))
+    else:
+        progress.update(0.02, f"exporting {info.architecture} ({info.num_layers} layers) in "
+                              f"{len(plan)} parts, one in memory at a time")
+        spec = export_parts(ckpt, ctx.out, P, C, parts=len(plan), max_part_bytes=budget,
+                            progress=SubProgress(progress, 0.02, 0.95))
     ctx.fact("export_seconds", time.perf_counter() - t0, "s")
     tok_dir = ctx.out / "tokenizer"
     tok_dir.mkdir()
@@ -31,7 +42,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
             shutil.copy2(f, tok_dir / f.name)
     atomic_write_json(ctx.out / "modelinfo.json", info.to_dict())
     # a graph past 2 GB keeps its weights in <graph>.onnx.data: count both
-    sizes = {g: sum(f.stat().st_size for f in ctx.out.glob(f"{g}.onnx*")) for g in GRAPHS}
+    sizes = {g: sum(f.stat().st_size for f in ctx.out.rglob(f"{g}.onnx*")) for g in GRAPHS}
     chk = spec.get("export_check") or {}
     metrics = []
     if chk:
@@ -46,7 +57,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
             host_metric("export_positions_checked", chk["positions"], "positions"),
         ]
     return {
-        "summary": f"prefill [1,{P}] + decode with KV cache {C} ({info.parameters:,} parameters)"
+        "summary": f"prefill [1,{P}] + decode with KV cache {C} ({info.parameters:,} parameters"
+                   + (f", {len(plan)} parts)" if len(plan) > 1 else ")")
                    + (f"; matches transformers over {chk['positions']} positions "
                       f"(max |Δlogit| {chk['max_abs_logit_diff']:.2g})" if chk else ""),
         "spec": spec, "sizes": sizes, "metrics": metrics,

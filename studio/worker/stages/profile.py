@@ -10,7 +10,8 @@ from studio.core.devices import HOST_CPU
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.profile import layer_label
-from studio.core.progress import Progress
+from studio.core.progress import Progress, SubProgress
+from studio.engine.chain import part_dirs
 from studio.engine.llm_runtime import load_graph_spec
 from studio.worker.context import StageContext, metric
 from studio.worker.stages._llm import partial
@@ -27,15 +28,25 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     dev = ctx.device
     spec = load_graph_spec(cdir)
     repeats = int(ctx.get("profile.repeats") or 5)
-    blocks = node_blocks(qdir / "decode.onnx")
-    costs = qnn_profile.node_costs(qdir / "decode.onnx")
+    qdirs, cdirs = part_dirs(spec, qdir), part_dirs(spec, cdir)
+    blocks: dict[str, str] = {}
+    costs: dict[str, Any] = {}
+    for q in qdirs:
+        blocks.update(node_blocks(q / "decode.onnx"))
+        costs.update(qnn_profile.node_costs(q / "decode.onnx"))
+    # a model in parts: every part's decode step, in turn, each repeat one pass over all parts
+    per_part = [list(ctx.backend.profile_decode_steps(
+        c, spec, ctx.out / "repeats" / (c.name if len(cdirs) > 1 else ""), repeats, ctx.fp16,
+        SubProgress(progress, k / len(cdirs), (k + 1) / len(cdirs))))
+        for k, c in enumerate(cdirs)]
     runs, loads = [], []
-    steps = ctx.backend.profile_decode_steps(cdir, spec, ctx.out / "repeats", repeats, ctx.fp16,
-                                             progress)
-    for i, (info, load) in enumerate(steps):
-        runs.append(qnn_profile.parse_profile_run(info, onnx_path=qdir / "decode.onnx",
-                                                  chip=chip))
-        loads.append(load)
+    for i in range(min(len(steps) for steps in per_part)):
+        parsed = [qnn_profile.parse_profile_run(steps[i][0], onnx_path=q / "decode.onnx",
+                                                chip=chip)
+                  for steps, q in zip(per_part, qdirs, strict=True)]
+        runs.append(qnn_profile.join_parts(parsed, [q.name for q in qdirs])
+                    if len(parsed) > 1 else parsed[0])
+        loads.append(sum(steps[i][1] for steps in per_part) / len(per_part))
         merged = qnn_profile.merge_repeats(runs, loads)
         table = qnn_profile.event_table(merged, blocks)
         partial(progress, {"by_block": table.group_sum("block", "cycles"),
@@ -51,7 +62,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     prof.stats["bytes_source"] = bytes_source
     table.save(ctx.out / "events.npz")
     progress.update(0.93, "timing the step on the host CPU (ONNX Runtime profiler)")
-    host = _host_timeline(ctx, qdir / "decode.onnx", spec)
+    host = _host_timeline(ctx, [q / "decode.onnx" for q in qdirs], spec)
     atomic_write_json(ctx.out / "profile.json", prof.to_dict())
     by_type = prof.totals_by_op_type()
     by_layer = {layer_label(k): v for k, v in prof.totals_by_layer().items()}
@@ -89,6 +100,10 @@ def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
 
     qdir = ctx.input("quantize")
     graph = qdir / "decode.onnx"
+    if len(spec.get("parts") or []) > 1:
+        progress.log("bytes moved stay analytic: the model is in parts (the optrace profile "
+                     "reads one graph)")
+        return table, "analytic"
     size = sum(f.stat().st_size for f in qdir.glob("decode.onnx*"))
     if size >= OPTRACE_LIMIT:
         progress.log(f"bytes moved stay analytic: {graph.name} is {size >> 20} MiB, too large "
@@ -113,25 +128,32 @@ def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
     return merged, "compiler (optrace)"
 
 
-def _host_timeline(ctx: StageContext, graph: Path, spec) -> dict[str, Any]:
+def _host_timeline(ctx: StageContext, graphs: list[Path], spec) -> dict[str, Any]:
     """The quantized decode step on the host CPU under ONNX Runtime's profiler: a measured
-    timeline (per node, per thread) saved as host_events.npz."""
+    timeline (per node, per thread) saved as host_events.npz. A model in parts: each part's
+    decode graph in turn, its step the sum of theirs."""
     from statistics import median
 
+    from studio.core.events import EventTable
     from studio.engine import qnn
     from studio.engine.opblocks import node_blocks
     from studio.engine.profile_import import import_profile
 
-    info = qnn.profile_host_cpu(graph, ctx.out / "host" / "ort_profile.json",
-                                position=int((spec or {}).get("prompt_length", 0)), runs=3)
-    prof = import_profile(info["json"], source=HOST_CPU.source, fmt="ort-json")
-    blocks = node_blocks(graph)
-    from studio.core.events import EventTable
-
-    assert prof.table is not None  # an ONNX Runtime profile always has its events
-    rows = prof.table.rows()
-    for r in rows:
-        r["block"] = blocks.get(r["onnx_node"], r["block"])
+    rows: list[dict[str, Any]] = []
+    step_ms, runs = 0.0, 0
+    for graph in graphs:
+        name = graph.parent.name if len(graphs) > 1 else ""
+        info = qnn.profile_host_cpu(graph, ctx.out / "host" / name / "ort_profile.json",
+                                    position=int((spec or {}).get("prompt_length", 0)), runs=3)
+        prof = import_profile(info["json"], source=HOST_CPU.source, fmt="ort-json")
+        blocks = node_blocks(graph)
+        assert prof.table is not None  # an ONNX Runtime profile always has its events
+        for r in prof.table.rows():
+            r["block"] = blocks.get(r["onnx_node"], r["block"])
+            rows.append(r)
+        step_ms += 1e3 * median(info["wall_s"])
+        runs = info["runs"]
     EventTable.from_rows(rows, time_unit="us").save(ctx.out / "host_events.npz")
-    return {"source": HOST_CPU.source, "device": HOST_CPU.kind, "runs": info["runs"],
-            "events": len(rows), "step_ms_median": 1e3 * median(info["wall_s"])}
+    return {"source": HOST_CPU.source, "device": HOST_CPU.kind, "runs": runs,
+            "events": len(rows), "step_ms_median": step_ms,
+            **({"parts": len(graphs)} if len(graphs) > 1 else {})}

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from studio.core.errors import StudioError
 from studio.core.progress import Progress
 from studio.engine.llm_runtime import cpu_generator, load_graph_spec, load_tokenizer
 from studio.worker.context import StageContext, read_text
@@ -35,8 +36,17 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     text = read_text(ctx.path("quantization.calibration_text"), "calibration text")
     export_dir = ctx.input("export")
     t0 = time.perf_counter()
-    info = quantize_llm(export_dir, ctx.out, rec, text, export_dir / "tokenizer", progress)
     kv = ctx.get("quantization.kv_cache") or "float"
+    if len(load_graph_spec(export_dir).get("parts") or []) > 1:
+        from studio.engine.quantize_parts import quantize_parts
+
+        if kv == "int8":
+            raise StudioError("an INT8 KV cache is not built for a model exported in parts: "
+                              "set quantization.kv_cache = \"float\" or export.parts = 1")
+        info = quantize_parts(export_dir, ctx.out, rec, text, export_dir / "tokenizer",
+                              progress)
+    else:
+        info = quantize_llm(export_dir, ctx.out, rec, text, export_dir / "tokenizer", progress)
     if kv == "int8":
         progress.update(0.97, "INT8 KV cache: per-head scales from the FP32 cache, uint8 I/O")
         info["kv_cache"] = _int8_kv(export_dir, ctx.out, text)

@@ -1,0 +1,526 @@
+"""Streamed export of a decoder in parts, and the graphs of its parts run as one.
+
+A checkpoint is read through its weight files a part at a time (:mod:`studio.core.parts`):
+the model is built on torch's meta device (no memory), the modules of one part are given
+storage and filled from the memory-mapped ``*.safetensors`` (or ``*.bin``) files, widened
+to float32, exported, checked and given back before the next part is read. bf16 / fp16
+weights are widened only for the part in flight, so the peak memory follows the largest
+part, not the model.
+
+The export check stays the whole-context check of :func:`studio.engine.llm_export.check_export`
+(the same tolerance, every position of the context teacher-forced, prefill then one decode
+step per position), but runs part by part: the reference is transformers' own modules of
+each part over the whole sequence (with the graphs' additive masks), the graphs are each
+part's prefill and decode graphs fed the previous part's *graph* outputs; only the logits of
+the last part are compared, so the figures are the chain's end to end.
+
+The parts' graphs run as one through :class:`studio.engine.chain.ChainSession`.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import json
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+from studio.core.families import FAMILIES
+from studio.core.fsutil import atomic_write_bytes, atomic_write_json
+from studio.core.parts import Layout, Part, plan_parts
+from studio.core.progress import NullProgress, Progress, SubProgress
+from studio.engine.chain import ChainSession, chain_session, part_dirs  # noqa: F401 (re-exported)
+from studio.engine.llm_export import (
+    DEFAULT_MASK_VALUE,
+    DEFAULT_VERIFY_LENGTH,
+    EXPORT_CHECK_RTOL,
+    _build_wrapper,
+    _check_checkpoint,
+    _export_graph,
+    _graph_io,
+    _model_spec,
+    _reference_ids,
+    check_model,
+    layer_types_of,
+    rope_positions,
+)
+from studio.engine.llm_runtime import SLIDING_MASK, decode_mask, mask_windows, prefill_mask
+
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2,
+                "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+# ---- the checkpoint's layout, from its files' headers --------------------------------------
+def _safetensors_header(path: Path) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise StudioError(f"{path} is not a safetensors file (it is {len(head)} bytes); "
+                              "download the checkpoint again")
+        (n,) = struct.unpack("<Q", head)
+        if n > 100_000_000:
+            raise StudioError(f"{path} has a corrupt safetensors header; download it again")
+        try:
+            header = json.loads(f.read(n))
+        except ValueError:
+            raise StudioError(f"{path} has a corrupt safetensors header; download it again") from None
+    header.pop("__metadata__", None)
+    return header
+
+
+def tensor_shapes(checkpoint_dir: Path) -> dict[str, tuple[str, tuple[int, ...], Path]]:
+    """Every weight of the checkpoint: name -> (dtype, shape, file), from the safetensors
+    headers (nothing is loaded); ``*.bin`` files are opened memory-mapped."""
+    checkpoint_dir = Path(checkpoint_dir)
+    out: dict[str, tuple[str, tuple[int, ...], Path]] = {}
+    files = sorted(checkpoint_dir.glob("*.safetensors"))
+    for f in files:
+        for name, info in _safetensors_header(f).items():
+            out[name] = (str(info["dtype"]), tuple(int(d) for d in info["shape"]), f)
+    if not files:
+        import torch
+
+        for f in sorted(checkpoint_dir.glob("*.bin")):
+            state = torch.load(f, map_location="cpu", mmap=True, weights_only=True)
+            for name, t in state.items():
+                out[name] = (str(t.dtype).replace("torch.", ""), tuple(t.shape), f)
+    return out
+
+
+def _block_index(name: str) -> int | None:
+    parts = name.split(".")
+    for i, p in enumerate(parts[:-1]):
+        if p == "layers" and parts[i + 1].isdigit():
+            return int(parts[i + 1])
+    return None
+
+
+def checkpoint_layout(checkpoint_dir: Path) -> Layout:
+    """Parameters per block, embedding, final norm and head of a checkpoint, from the
+    headers of its weight files (exact; nothing is loaded)."""
+    cfg = _check_checkpoint(Path(checkpoint_dir))
+    L = int(cfg.get("num_hidden_layers") or 0)
+    blocks = [0] * L
+    embedding = norm = head = 0
+    for name, (_, shape, _) in tensor_shapes(Path(checkpoint_dir)).items():
+        n = 1
+        for d in shape:
+            n *= d
+        b = _block_index(name)
+        if b is not None and b < L:
+            blocks[b] += n
+        elif "embed_tokens" in name:
+            embedding += n
+        elif name.startswith("lm_head"):
+            head += n
+        else:
+            norm += n
+    if not L or not all(blocks) or not embedding:
+        raise StudioError(f"{checkpoint_dir}: the weight files do not hold the {L} blocks and "
+                          "the embedding that config.json names; download the checkpoint again")
+    tied = head == 0
+    return Layout(tuple(blocks), embedding, norm, head, tied)
+
+
+# ---- loading a part at a time --------------------------------------------------------------
+class StreamedCheckpoint:
+    """A checkpoint whose modules live on the meta device until a part asks for them."""
+
+    def __init__(self, checkpoint_dir: Path):
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        self.dir = Path(checkpoint_dir)
+        self.cfg = _check_checkpoint(self.dir)
+        try:
+            self.config = AutoConfig.from_pretrained(str(self.dir))
+            with torch.device("meta"):
+                self.model = AutoModelForCausalLM.from_config(
+                    self.config, attn_implementation="eager", dtype=torch.float32)
+        except (OSError, ValueError, KeyError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StudioError(f"cannot build {self.dir} with transformers: {first}") from None
+        self.model.eval()
+        try:
+            from transformers import GenerationConfig
+
+            self.model.generation_config = GenerationConfig.from_pretrained(str(self.dir))
+        except (OSError, ValueError):
+            pass
+        base = self.model.model
+        rotary = type(base.rotary_emb)
+        try:
+            self.rotary = rotary(config=self.config)
+        except TypeError:
+            self.rotary = rotary(self.config)
+        self.shapes = tensor_shapes(self.dir)
+        self._open: dict[Path, Any] = {}
+
+    def modules(self, part: Part) -> list[tuple[str, Any]]:
+        base = self.model.model
+        mods = [(f"model.layers.{i}", base.layers[i]) for i in part.layers]
+        if part.embeds:
+            mods.insert(0, ("model.embed_tokens", base.embed_tokens))
+        if part.heads:
+            mods += [("model.norm", base.norm), ("lm_head", self.model.lm_head)]
+        return mods
+
+    def _tensor(self, name: str):
+        entry = self.shapes.get(name)
+        if entry is None and name == "lm_head.weight":
+            entry = self.shapes.get("model.embed_tokens.weight")  # a tied head
+            name = "model.embed_tokens.weight"
+        if entry is None:
+            raise StudioError(f"{self.dir} has no weight {name!r}, which the {self.cfg.get('model_type')} "
+                              "modules need; a streamed export reads the checkpoint's own names: "
+                              "export it in one part (export.parts = 1)")
+        file = entry[2]
+        handle = self._open.get(file)
+        if handle is None:
+            if file.suffix == ".safetensors":
+                from safetensors import safe_open
+
+                handle = safe_open(str(file), framework="pt")
+            else:
+                import torch
+
+                handle = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+            self._open[file] = handle
+        return handle.get_tensor(name) if file.suffix == ".safetensors" else handle[name]
+
+    def load(self, part: Part) -> None:
+        """Give the part's modules float32 storage filled from the weight files."""
+        import torch
+
+        with torch.no_grad():
+            for prefix, module in self.modules(part):
+                module.to_empty(device="cpu")
+                for sub in module.modules():  # non-persistent buffers (scales, tables)
+                    if len(list(sub.buffers(recurse=False))):
+                        self.model._init_weights(sub)
+                for name, value in module.state_dict().items():
+                    value.copy_(self._tensor(f"{prefix}.{name}"))
+
+    def release(self, part: Part) -> None:
+        for _, module in self.modules(part):
+            module.to("meta")
+        self._open.clear()
+        gc.collect()
+
+
+# ---- the streamed export -------------------------------------------------------------------
+class _Compare:
+    """The per-position rule of check_export: |diff| <= rtol x max(1, max |logit|), and the
+    top-1 token equal or a near-tie."""
+
+    def __init__(self, rtol: float):
+        self.rtol = rtol
+        self.n = self.agree = self.ties = 0
+        self.max_diff = self.max_logit = self.max_tol = 0.0
+        self.first_bad: int | None = None
+
+    def add(self, p: int, got, want) -> None:
+        import numpy as np
+
+        scale = float(np.max(np.abs(want)))
+        tol = self.rtol * max(1.0, scale)
+        diff = float(np.max(np.abs(got - want)))
+        top_want, top_got = int(want.argmax()), int(got.argmax())
+        bad = diff > tol
+        if top_want == top_got:
+            self.agree += 1
+        elif want[top_want] - want[top_got] <= tol:
+            self.ties += 1
+        else:
+            bad = True
+        if bad and self.first_bad is None:
+            self.first_bad = p
+        self.n += 1
+        self.max_diff, self.max_logit = max(self.max_diff, diff), max(self.max_logit, scale)
+        self.max_tol = max(self.max_tol, tol)
+
+    def figures(self, prefill_positions: int, parts: int) -> dict:
+        return {
+            "positions": self.n,
+            "prefill_positions": prefill_positions,
+            "max_abs_logit_diff": self.max_diff,
+            "max_abs_logit": self.max_logit,
+            "rtol": self.rtol,
+            "tolerance": self.max_tol,
+            "top1_agreement": self.agree / max(self.n, 1),
+            "top1_near_ties": self.ties,
+            "first_bad_position": self.first_bad,
+            "parts": parts,
+            "reference": "transformers modules, one part at a time, with the graphs' masks",
+        }
+
+
+def _reference_part(wrapper, spec: dict, x):
+    """transformers' modules of one part over the whole sequence ``x`` (ids [n] or hidden
+    states [n, H]) with the causal (and sliding) masks: the part's output [n, H] (the final
+    norm's output for the last part, whose head the check applies row by row)."""
+    import numpy as np
+    import torch
+
+    n = int(x.shape[0])
+    full, sliding = mask_windows(spec)
+    mv = float(spec["mask_value"])
+    first = torch.from_numpy(np.asarray(x))[None]
+    pos = torch.arange(n, dtype=torch.long)[None]
+    args = [first, pos, torch.from_numpy(prefill_mask(n, n, mv, full))[None, None]]
+    if sliding is not None:
+        args.append(torch.from_numpy(prefill_mask(n, n, mv, sliding))[None, None])
+    wrapper.emit_hidden = True  # the last part: its final norm's output, not [n, V] logits
+    try:
+        with torch.no_grad():
+            return wrapper(*args)[0][0].float().numpy()
+    finally:
+        wrapper.emit_hidden = False
+
+
+class PartRunner:
+    """One part's prefill and decode graphs over a host KV cache of its own blocks, fed its
+    first input (token ids for the first part, the previous part's residual stream for the
+    others) a pass at a time: what teacher forcing, calibration and the export check run on
+    one part while the others are not in memory."""
+
+    def __init__(self, folder: Path, part: Part, spec: dict, make, decode: bool = True):
+        import numpy as np
+
+        self.part, self.spec = part, spec
+        self.P, self.C = int(spec["prompt_length"]), int(spec["context_length"])
+        KV, D = int(spec["num_kv_heads"]), int(spec["head_dim"])
+        self.full, self.sliding = mask_windows(spec)
+        self.mask_value = float(spec["mask_value"])
+        self.first = "input_ids" if part.embeds else str(part.hidden_in)
+        self.kv = [(f"past_key_{i}", f"past_value_{i}") for i in part.layers]
+        self.present = [m for i in part.layers for m in (f"present_key_{i}", f"present_value_{i}")]
+        self.out_name = "logits" if part.heads else str(part.hidden_out)
+        self.cache = [[np.zeros((1, KV, self.C, D), np.float32) for _ in range(2)]
+                      for _ in self.kv]
+        self.folder, self.make = Path(folder), make
+        self.prefill_session = make(self.folder / "prefill.onnx")
+        self.decode_session = make(self.folder / "decode.onnx") if decode else None
+
+    def _first(self, rows):
+        import numpy as np
+
+        if self.part.embeds:
+            return np.asarray(rows, dtype=np.int64).reshape(1, -1)
+        return np.asarray(rows, dtype=np.float32)[None]
+
+    def prefill_feed(self, rows, n: int) -> dict:
+        """Feeds for the prefill graph: ``rows`` (P ids or [P, H] states; the first ``n``
+        real, the rest padding, which sees only itself)."""
+        import numpy as np
+
+        P = self.P
+        feeds = {self.first: self._first(rows), "position_ids": np.arange(P, dtype=np.int64)[None],
+                 "attention_mask": prefill_mask(n, P, self.mask_value, self.full)[None, None]}
+        if self.sliding is not None:
+            feeds[SLIDING_MASK] = prefill_mask(n, P, self.mask_value, self.sliding)[None, None]
+        return feeds
+
+    def prefill(self, rows, n: int):
+        """Run prefill; fills cache slots 0..n-1; returns the graph's first output [P, ...]
+        (every row, padding included: the next part takes them all)."""
+        outs = self.prefill_session.run([self.out_name, *self.present], self.prefill_feed(rows, n))
+        for c in self.cache:
+            for t in c:
+                t[:] = 0
+        for j in range(len(self.kv)):
+            for t in range(2):
+                self.cache[j][t][:, :, :n] = outs[1 + 2 * j + t][:, :, :n]
+        return outs[0][0]
+
+    def decode_feed(self, row, pos: int, copy: bool = False) -> dict:
+        import numpy as np
+
+        C = self.C
+        feeds = {self.first: self._first([row] if self.part.embeds else row[None]),
+                 "position_ids": np.array([[pos]], dtype=np.int64),
+                 "attention_mask": decode_mask(pos, C, self.mask_value, self.full)[None, None, None]}
+        if self.sliding is not None:
+            feeds[SLIDING_MASK] = decode_mask(pos, C, self.mask_value, self.sliding)[None, None, None]
+        for (kn, vn), (k, v) in zip(self.kv, self.cache, strict=True):
+            feeds[kn], feeds[vn] = (k.copy(), v.copy()) if copy else (k, v)
+        return feeds
+
+    def step(self, row, pos: int):
+        """One decode step at ``pos``; its KV row goes into slot ``pos``; returns the output
+        row ([H] states or [V] logits)."""
+        if self.decode_session is None:
+            raise StudioError("this part runner has no decode graph")
+        outs = self.decode_session.run([self.out_name, *self.present], self.decode_feed(row, pos))
+        for j in range(len(self.kv)):
+            for t in range(2):
+                self.cache[j][t][:, :, pos:pos + 1] = outs[1 + 2 * j + t]
+        return outs[0][0, -1]
+
+    def close(self) -> None:
+        self.prefill_session = self.decode_session = None
+
+
+def _run_part_graphs(folder: Path, part: Part, spec: dict, x, n: int, make, on_logits=None,
+                     progress: Progress | None = None):
+    """Teacher-force ``n`` positions through one part's prefill then decode graphs (the
+    prefill session dropped before the decode one is made): the part's outputs [n, H], or
+    for the last part ``on_logits(position, logits)`` for every position."""
+    import numpy as np
+
+    P = int(spec["prompt_length"])
+    k = min(P, n)
+    runner = PartRunner(folder, part, spec, make, decode=False)
+    rows = np.asarray(x[:k])
+    if k < P:  # pad the prompt to P (the prefill graph's static length)
+        rows = np.concatenate([rows, np.zeros((P - k, *rows.shape[1:]), rows.dtype)])
+    first = runner.prefill(rows, k)
+    hidden = None if part.heads else np.zeros((n, int(spec["hidden_size"])), np.float32)
+    if hidden is not None:
+        hidden[:k] = first[:k]
+    else:
+        for p in range(k):
+            on_logits(p, first[p])
+    runner.prefill_session = None
+    runner.decode_session = make(Path(folder) / "decode.onnx")
+    for p in range(k, n):
+        if progress is not None and p % 16 == 0:
+            progress.check()
+            progress.update(p / n, f"part {part.index + 1}/{part.count}: position {p}/{n}")
+        out = runner.step(x[p], p)
+        if hidden is not None:
+            hidden[p] = out
+        else:
+            on_logits(p, out)
+    runner.close()
+    return hidden
+
+
+def export_parts(
+    checkpoint_dir: Path,
+    out_dir: Path,
+    prompt_len: int,
+    context_len: int,
+    parts: int | str = 2,
+    weight_bits: int = 8,
+    max_part_bytes: int | None = None,
+    progress: Progress = NullProgress(),
+    mask_value: float = DEFAULT_MASK_VALUE,
+    verify_len: int = DEFAULT_VERIFY_LENGTH,
+    check_positions: int | None = None,
+) -> dict:
+    """Export a checkpoint as the prefill / decode (/ verify) graphs of each of its parts,
+    one part in memory at a time, into ``out_dir/<part name>/``, and check the chain over
+    the whole context (or its first ``check_positions``) against transformers' modules.
+    Writes graph.json (with ``parts``) and reference.npz; returns the spec."""
+    import numpy as np
+
+    from studio.core.parts import DEFAULT_MAX_PART_BYTES
+    from studio.engine.llm_runtime import make_cpu_session
+
+    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    P, C, N = int(prompt_len), int(context_len), int(verify_len)
+    if P < 1 or C <= P:
+        raise StudioError(f"the context C={C} must be larger than the prompt P={P} >= 1")
+    if N > 1 and N >= C:
+        raise StudioError(f"the verify graph's {N} tokens must be fewer than the context C={C}")
+    progress.update(0.0, "reading the checkpoint's layout")
+    layout = checkpoint_layout(checkpoint_dir)
+    plan = plan_parts(layout, parts, weight_bits, max_part_bytes or DEFAULT_MAX_PART_BYTES)
+    ck = StreamedCheckpoint(checkpoint_dir)
+    family = FAMILIES[ck.cfg["model_type"]]
+    check_model(ck.model, ck.cfg, family, C)
+    spec = _model_spec(ck.model, ck.cfg, family, P, C, mask_value, N)
+    layer_types = layer_types_of(ck.config, family)
+    rope_rows = rope_positions(ck.config, C)
+    sliding_input = mask_windows(spec)[1] is not None
+    graphs = ["prefill", "decode"] + (["verify"] if N > 1 else [])
+
+    ids = _reference_ids(checkpoint_dir, C, spec["vocab_size"])
+    n = min(len(ids), int(check_positions or C))
+    ids = ids[:n]
+    n_ref = min(P + 8, n)
+    compare = _Compare(EXPORT_CHECK_RTOL)
+    kept: list[Any] = []
+    ref = np.asarray(ids, dtype=np.int64)
+    got = ref
+    rows: list[dict] = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    share = 1.0 / len(plan)
+    for part in plan:
+        sub = SubProgress(progress, part.index * share, (part.index + 1) * share)
+        progress.check()
+        sub.update(0.0, f"part {part.index + 1}/{len(plan)}: reading blocks "
+                        f"{part.start}-{part.stop - 1}")
+        ck.load(part)
+        wrapper = _build_wrapper(ck.model, C, family, layer_types, sliding_input, rope_rows,
+                                 part, rotary=ck.rotary)
+        folder = out_dir / part.name if len(plan) > 1 else out_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        for g_i, graph in enumerate(graphs):
+            progress.check()
+            sub.update(0.05 + 0.4 * g_i / len(graphs), f"part {part.index + 1}/{len(plan)}: "
+                                                       f"exporting {graph}.onnx")
+            _export_graph(wrapper, spec, graph, folder / f"{graph}.onnx", NullProgress(), part)
+        sub.update(0.45, f"part {part.index + 1}/{len(plan)}: transformers' reference")
+        ref_out = _reference_part(wrapper, spec, ref)
+        head = cap = None
+        if part.heads:
+            head = ck.model.lm_head.weight.detach().numpy().copy()
+            cap_key = family.final_softcap
+            cap = getattr(ck.config, cap_key, None) if cap_key else None
+        del wrapper
+        ck.release(part)
+        rows.append({**part.as_dict(),
+                     "graphs": {g: _graph_io(folder / f"{g}.onnx") for g in graphs}})
+        if head is None:
+            got = _run_part_graphs(folder, part, spec, got, n, make_cpu_session,
+                                   progress=SubProgress(sub, 0.5, 1.0))
+            ref = ref_out
+            continue
+
+        def on_logits(p: int, logits, ref_out=ref_out, head=head, cap=cap):
+            want = ref_out[p] @ head.T
+            if cap is not None:
+                want = np.tanh(want / cap) * cap
+            want = want[: spec["vocab_size"]]
+            compare.add(p, np.asarray(logits, dtype=np.float32)[: spec["vocab_size"]], want)
+            if p < n_ref:
+                kept.append(want.astype(np.float32))
+
+        _run_part_graphs(folder, part, spec, got, n, make_cpu_session, on_logits,
+                         SubProgress(sub, 0.5, 1.0))
+    check = compare.figures(min(P, n), len(plan))
+    spec["parts"] = rows
+    spec["graphs"] = rows[0]["graphs"] if len(plan) == 1 else {
+        g: {"file": f"{g}.onnx", "parts": [r["name"] for r in rows]} for g in graphs}
+    spec["export_check"] = check
+    progress.log(f"ONNX vs transformers over {check['positions']} positions in {len(plan)} "
+                 f"parts: max |diff| {check['max_abs_logit_diff']:.3g} (tolerance "
+                 f"{check['tolerance']:.3g}), top-1 agreement {check['top1_agreement']:.4f}")
+    if check["first_bad_position"] is not None:
+        raise StudioError(
+            f"the exported parts disagree with transformers from position "
+            f"{check['first_bad_position']} of {check['positions']}: max |logit diff| "
+            f"{check['max_abs_logit_diff']:.3g} against a tolerance of {check['tolerance']:.3g}; "
+            "this checkpoint is not supported by the static-KV exporter")
+    buf = io.BytesIO()
+    np.savez(buf, input_ids=np.asarray(ids[:n_ref], dtype=np.int64),
+             logits=np.asarray(kept, dtype=np.float32).reshape(len(kept), spec["vocab_size"]))
+    atomic_write_bytes(out_dir / "reference.npz", buf.getvalue())
+    spec["reference"] = {"file": "reference.npz", "tokens": n_ref}
+    atomic_write_json(out_dir / "graph.json", spec)
+    progress.update(1.0, "export done")
+    return spec
+
+
+def iter_parts(spec: dict) -> Iterator[Part]:
+    """The parts of an exported spec (one whole part when it has none)."""
+    L = int(spec["num_layers"])
+    rows = spec.get("parts") or [{"index": 0, "start": 0, "stop": L}]
+    for r in rows:
+        yield Part(int(r["index"]), len(rows), int(r["start"]), int(r["stop"]), L,
+                   int(r.get("parameters") or 0))

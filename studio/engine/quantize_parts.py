@@ -1,0 +1,189 @@
+"""Quantizing a decoder exported in parts, one part in memory at a time.
+
+Calibration goes part by part: the first part's feeds are the calibration windows' tokens
+(the same windows, prefill lengths and decode positions as :func:`build_calibration_feeds`
+picks for one graph), and each later part's are the previous part's FP32 *outputs* on those
+windows, so every tensor of every part is observed on the activations the whole graph sees:
+N parts get the encodings one graph gets. The outputs handed on are kept per part (small:
+windows x positions x hidden), the graphs of a part are quantized as one graph is
+(:func:`studio.engine.quantize._quantize_graph`), then the next part is read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_write_json
+from studio.core.parts import Part
+from studio.core.progress import NullProgress, Progress, SubProgress
+from studio.core.recipe import activation_bits, is_float_scheme
+from studio.engine.calibration import _decode_positions
+from studio.engine.llm_parts import PartRunner, iter_parts, part_dirs
+
+
+def part_calibration(runner: PartRunner, windows: list[list[int]], inputs: list[Any] | None,
+                     decode_per_window: int, progress: Progress = NullProgress(),
+                     hand_on: bool = True) -> tuple[list[dict], list[dict], list[dict]]:
+    """The prefill and decode feeds of one part on the calibration ``windows``, and what it
+    hands the next part (per window: its prefill output [P, H] and its output row at each
+    decoded position). ``inputs``: the previous part's hand-on (None for the first part)."""
+    import numpy as np
+
+    P, C = runner.P, runner.C
+    pad = int(runner.spec.get("pad_token_id") or 0)
+    half = max(1, P // 2)
+    pre_feeds: list[dict] = []
+    dec_feeds: list[dict] = []
+    out: list[dict] = []
+    for j, window in enumerate(windows):
+        progress.check()
+        progress.update(j / len(windows), f"calibration window {j + 1}/{len(windows)}")
+        w = window[:C]
+        k = P if j % 2 == 0 else half + (j // 2) % max(1, P - half)
+        k = max(1, min(k, len(w)))
+        if inputs is None:
+            rows = np.full(P, pad, dtype=np.int64)
+            rows[:k] = w[:k]
+        else:
+            rows = inputs[j]["prefill"]
+        pre_feeds.append(runner.prefill_feed(rows, k))
+        targets = _decode_positions(k, len(w), decode_per_window, shift=j)
+        if not targets and not hand_on:
+            out.append({})
+            continue
+        handed = {"prefill": runner.prefill(rows, k), "rows": {}}
+        want = set(targets)
+        for pos in range(k, (targets[-1] + 1) if targets else k):
+            row = w[pos] if inputs is None else inputs[j]["rows"][pos]
+            if pos in want:
+                dec_feeds.append(runner.decode_feed(row, pos, copy=True))
+            if hand_on or pos < targets[-1]:
+                handed["rows"][pos] = np.asarray(runner.step(row, pos), dtype=np.float32).copy()
+        out.append(handed)
+    return pre_feeds, dec_feeds, out
+
+
+def _output_cosine(ref, got) -> float:
+    import numpy as np
+
+    a, b = np.asarray(ref, np.float64).ravel(), np.asarray(got, np.float64).ravel()
+    den = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(a @ b / den) if den else 1.0
+
+
+def _part_check(src: Path, dst: Path, part: Part, pre_feed: dict, dec_feed: dict) -> dict:
+    """Cosine of the quantized part's output against its FP32 graph's, on one calibration
+    feed of each graph with the FP32 inputs (CPU)."""
+    from studio.engine.llm_runtime import make_cpu_session
+
+    name = "logits" if part.heads else str(part.hidden_out)
+    res = {}
+    for graph, feed in (("prefill", pre_feed), ("decode", dec_feed)):
+        if feed is None:
+            continue
+        ref = make_cpu_session(src / f"{graph}.onnx").run([name], feed)[0]
+        got = make_cpu_session(dst / f"{graph}.onnx").run([name], feed)[0]
+        if graph == "prefill":
+            n = int((feed["attention_mask"][0, 0, -1] == 0).sum())  # the real rows
+            ref, got = ref[:, :n], got[:, :n]
+        res[f"{graph}_output_cosine"] = _output_cosine(ref, got)
+    return res
+
+
+def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_text: str,
+                   tokenizer_dir: Path, progress: Progress = NullProgress()) -> dict:
+    """Quantize the FP32 graphs of every part of ``graphs_dir`` into ``out_dir/<part>/``
+    (graph.json and quant.json at the top); returns quant.json's content."""
+    from studio.engine.calibration import calibration_windows
+    from studio.engine.llm_export import load_spec
+    from studio.engine.llm_runtime import make_cpu_session
+    from studio.engine.quantize import (
+        GRAPHS,
+        _quantize_graph,
+        check_overrides_in,
+        normalize_recipe,
+        weight_type_name,
+    )
+
+    graphs_dir, out_dir = Path(graphs_dir), Path(out_dir)
+    recipe = normalize_recipe(recipe)
+    spec = load_spec(graphs_dir)
+    parts = list(iter_parts(spec))
+    dirs = part_dirs(spec, graphs_dir)
+    if len(parts) < 2:
+        raise StudioError(f"{graphs_dir} holds one graph, not parts: quantize it with quantize_llm")
+    if is_float_scheme(recipe["scheme"]):
+        raise StudioError(f"{recipe['scheme']} keeps the float graphs: a model exported in parts "
+                          "takes an integer scheme (W8A16, W4A16, ...) so far")
+    check_overrides_in(dirs, recipe)  # before the slow part: over all parts at once
+    out_dir.mkdir(parents=True, exist_ok=True)
+    P, C = int(spec["prompt_length"]), int(spec["context_length"])
+    windows = calibration_windows(calibration_text, tokenizer_dir, length=C,
+                                  count=recipe["samples"], min_length=min(C, P + 1))
+    info: dict[str, Any] = {
+        "scheme": recipe["scheme"], "weight_granularity": recipe["weight_granularity"],
+        "samples": recipe["samples"], "overrides": dict(recipe["given"]),
+        "activation_type": "QUInt16" if activation_bits(recipe["scheme"]) == 16 else "QUInt8",
+        "weight_type": weight_type_name(recipe),
+        "calibration": {"method": recipe["calibration_method"], "windows": len(windows),
+                        "window_tokens": len(windows[0]), "by_part": "each part on the "
+                        "previous part's FP32 outputs"},
+        "graphs": {g: {"file": f"{g}.onnx", "parts": [p.name for p in parts]} for g in GRAPHS},
+        "parts": [], "layers": [],
+    }
+    stage = Path(tempfile.mkdtemp(dir=out_dir, prefix=".quantize."))
+    try:
+        handed: list[Any] | None = None
+        share = 1.0 / len(parts)
+        for part, src in zip(parts, dirs, strict=True):
+            sub = SubProgress(progress, part.index * share, (part.index + 1) * share)
+            dst = stage / part.name
+            dst.mkdir()
+            runner = PartRunner(src, part, spec, make_cpu_session)
+            pre, dec, handed_next = part_calibration(
+                runner, windows, handed, recipe["decode_per_window"],
+                SubProgress(sub, 0.0, 0.2), hand_on=not part.heads)
+            runner.close()
+            del runner
+            if not dec:
+                raise StudioError("the calibration text gave no decode samples; give a longer "
+                                  "calibration text")
+            row: dict[str, Any] = {**part.as_dict(), "graphs": {}}
+            for g_i, (graph, feeds) in enumerate((("prefill", pre), ("decode", dec))):
+                progress.check()
+                sub.update(0.2 + 0.35 * g_i, f"part {part.index + 1}/{len(parts)}: quantizing "
+                                             f"{graph}.onnx ({recipe['scheme']})")
+                row["graphs"][graph] = _quantize_graph(
+                    src / f"{graph}.onnx", dst / f"{graph}.onnx", recipe, feeds,
+                    SubProgress(sub, 0.2 + 0.35 * g_i, 0.55 + 0.35 * g_i))
+            sub.update(0.92, f"part {part.index + 1}/{len(parts)}: checking against FP32")
+            row["check"] = _part_check(src, dst, part, pre[0], dec[-1])
+            progress.log(f"part {part.index + 1}/{len(parts)} (blocks {part.start}-"
+                         f"{part.stop - 1}): quantized vs FP32 output cosine "
+                         + ", ".join(f"{k} {v:.4f}" for k, v in row["check"].items()))
+            info["layers"] += row["graphs"]["decode"].pop("layers", [])
+            row["graphs"]["prefill"].pop("layers", None)
+            info["parts"].append(row)
+            handed = handed_next
+        info["calibration"]["prefill_feeds"] = len(pre)
+        info["calibration"]["decode_feeds"] = len(dec)
+        for f in sorted(stage.iterdir()):
+            target = out_dir / f.name
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(f, target)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    qspec = dict(spec)
+    qspec["quantization"] = {k: info[k] for k in ("scheme", "weight_granularity",
+                                                  "activation_type", "weight_type")}
+    atomic_write_json(out_dir / "graph.json", qspec)
+    atomic_write_json(out_dir / "quant.json", info)
+    progress.update(1.0, f"{recipe['scheme']} graphs of {len(parts)} parts written")
+    return json.loads(json.dumps(info))

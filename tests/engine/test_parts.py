@@ -1,0 +1,172 @@
+"""A decoder in parts: the plan, the streamed export (one part in memory at a time), the
+parts' graphs chained as one, and quantization part by part (each part calibrated on the
+previous part's FP32 outputs)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from studio.core.errors import StudioError
+from studio.core.parts import Layout, plan_parts, split
+
+TOKENIZER = ("tokenizer.json", "tokenizer_config.json")
+
+
+# ---- the plan (pure) ----------------------------------------------------------------------------
+def test_a_split_is_contiguous_and_as_even_as_the_embedding_allows():
+    layout = Layout(blocks=(10,) * 8, embedding=25, norm=1, head=0, tied=True)
+    for n in range(1, 9):
+        parts = split(layout, n)
+        assert [p.start for p in parts] == [0, *[p.stop for p in parts[:-1]]]
+        assert parts[-1].stop == 8 and len(parts) == n
+        assert sum(p.parameters for p in parts) == 80 + 25 + 26  # the tied head counted again
+    three = split(layout, 3)
+    # the first part carries the embedding (25 = 2.5 blocks) and the last the head (26)
+    assert [(p.start, p.stop) for p in three] == [(0, 2), (2, 6), (6, 8)]
+    assert three[0].embeds and not three[0].heads and three[-1].heads
+    assert three[1].hidden_in == "hidden_states_after_1"
+    assert three[1].hidden_out == "hidden_states_after_5"
+    assert [p.name for p in three] == ["part1_of_3", "part2_of_3", "part3_of_3"]
+
+
+def test_auto_takes_the_fewest_parts_that_fit_the_budget():
+    layout = Layout(blocks=(100_000_000,) * 36, embedding=311_000_000, norm=2048, head=0,
+                    tied=True)  # about Qwen2.5-3B: 3.6 B block + 0.31 B embedding parameters
+    auto8 = plan_parts(layout, "auto", weight_bits=8, max_part_bytes=1_500_000_000)
+    assert len(auto8) == 3 and all(p.parameters <= 1_500_000_000 for p in auto8)
+    assert len(plan_parts(layout, "auto", 8, 1_500_000_000 * 3)) == 1
+    assert len(plan_parts(layout, "auto", 4, 1_500_000_000)) == 2
+    with pytest.raises(StudioError, match="raise compile.max_part_bytes|export.max_part_mb"):
+        plan_parts(layout, "auto", 8, 100_000_000)
+    with pytest.raises(StudioError, match="splits into 1..36 parts, not 37"):
+        plan_parts(layout, 37)
+
+
+def test_the_setting_takes_a_count_or_auto():
+    from studio.core.settings import Export
+
+    assert Export.from_table({"parts": "auto"})["parts"] == "auto"
+    for bad, says in (("two", 'give a number of parts or "auto"'), (0, "between 1 and"),
+                      (1.5, "must be a int or str")):
+        with pytest.raises(StudioError, match=says):
+            Export.from_table({"parts": bad}).check()
+
+
+# ---- the streamed export and the chain ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def deep_checkpoint(tmp_path_factory) -> Path:
+    """A random Qwen2 of 8 blocks x 256 in bfloat16 (the dtype published checkpoints carry),
+    with the sample's tokenizer."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from studio.core.samples import sample_path
+
+    folder = tmp_path_factory.mktemp("deep")
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=2048, hidden_size=256, intermediate_size=512,
+                         num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, tie_word_embeddings=True,
+                         initializer_range=0.1, eos_token_id=0, pad_token_id=1,
+                         bos_token_id=None)
+    Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(str(folder))
+    for f in TOKENIZER:
+        shutil.copy2(sample_path("tiny-coder") / f, folder / f)
+    return folder
+
+
+def _greedy(folder: Path, n: int = 20) -> list[int]:
+    from studio.engine.llm_export import load_spec
+    from studio.engine.llm_runtime import cpu_generator
+
+    return cpu_generator(folder, load_spec(folder)).greedy([5, 9, 33, 12, 7], n)["tokens"]
+
+
+def test_parts_1_2_3_export_the_same_model(deep_checkpoint, tmp_path):
+    """The streamed export in 2 and 3 parts: each part's graphs hold only its own blocks'
+    weights, the whole-context check gives the one-graph figures, and the chained parts
+    generate the one graph's greedy tokens."""
+    import onnx
+
+    from studio.engine.llm_export import export_llm
+    from studio.engine.llm_parts import checkpoint_layout, export_parts
+
+    layout = checkpoint_layout(deep_checkpoint)
+    assert layout.num_layers == 8 and layout.tied and layout.embedding == 2048 * 256
+    whole = export_llm(deep_checkpoint, tmp_path / "p1", 16, 64)
+    tokens = _greedy(tmp_path / "p1")
+    for n in (2, 3):
+        spec = export_parts(deep_checkpoint, tmp_path / f"p{n}", 16, 64, parts=n)
+        assert [p["name"] for p in spec["parts"]] == [f"part{i + 1}_of_{n}" for i in range(n)]
+        chk, ref = spec["export_check"], whole["export_check"]
+        assert chk["positions"] == ref["positions"] == 64 and chk["first_bad_position"] is None
+        assert chk["top1_agreement"] == ref["top1_agreement"] == 1.0
+        assert abs(chk["max_abs_logit_diff"] - ref["max_abs_logit_diff"]) < 2e-5
+        for row in spec["parts"]:
+            model = onnx.load(str(tmp_path / f"p{n}" / row["name"] / "decode.onnx"),
+                              load_external_data=False)
+            layers = {int(t.name.split(".")[2]) for t in model.graph.initializer
+                      if t.name.startswith("model.layers.")}
+            assert layers == set(range(row["start"], row["stop"]))
+            names = {t.name for t in model.graph.initializer}
+            assert ("model.embed_tokens.weight" in names) == (row["start"] == 0)
+        assert _greedy(tmp_path / f"p{n}") == tokens
+
+
+def test_a_part_count_the_model_cannot_take_is_refused(deep_checkpoint, tmp_path):
+    from studio.engine.llm_parts import export_parts
+
+    with pytest.raises(StudioError, match="splits into 1..8 parts, not 9"):
+        export_parts(deep_checkpoint, tmp_path / "x", 16, 64, parts=9)
+    assert not (tmp_path / "x").exists()
+
+
+# ---- quantization part by part ------------------------------------------------------------------
+def _activation_scales(folder: Path) -> dict[tuple, float]:
+    """Each QuantizeLinear's scale by what it quantizes (the producing node's name, type and
+    inputs: the tracer reuses tensor names across graphs, so a name alone is not enough)."""
+    import onnx
+    from onnx import numpy_helper
+
+    out: dict[tuple, float] = {}
+    for f in sorted(folder.rglob("decode.onnx")):
+        model = onnx.load(str(f))
+        inits = {t.name: t for t in model.graph.initializer}
+        producer = {o: n for n in model.graph.node for o in n.output}
+        for node in model.graph.node:
+            if node.op_type != "QuantizeLinear" or node.input[1] not in inits:
+                continue
+            src = producer.get(node.input[0])
+            if src is not None:
+                key = (src.name, src.op_type, tuple(src.input))
+                out[key] = float(numpy_helper.to_array(inits[node.input[1]]).ravel()[0])
+    return out
+
+
+def test_parts_calibrated_on_the_previous_parts_outputs_get_the_one_graph_encodings(
+        tmp_path, sample_model_dir):
+    """The sample (4 blocks) in 1 and 2 parts, W8A16: every activation both graphs quantize
+    gets the same scale (within float rounding), and both generate the same greedy text."""
+    from studio.core.resources import resources_dir
+    from studio.engine.llm_export import export_llm
+    from studio.engine.llm_parts import export_parts
+    from studio.engine.quantize import quantize_llm
+    from studio.engine.quantize_parts import quantize_parts
+
+    text = (resources_dir() / "data" / "calibration.py.txt").read_text(encoding="utf-8")
+    recipe = {"scheme": "W8A16", "weight_granularity": "per_channel", "samples": 2}
+    export_llm(sample_model_dir, tmp_path / "e1", 16, 64)
+    export_parts(sample_model_dir, tmp_path / "e2", 16, 64, parts=2)
+    quantize_llm(tmp_path / "e1", tmp_path / "q1", recipe, text, sample_model_dir)
+    info = quantize_parts(tmp_path / "e2", tmp_path / "q2", recipe, text, sample_model_dir)
+    assert [p["name"] for p in info["parts"]] == ["part1_of_2", "part2_of_2"]
+    assert all(v > 0.99 for p in info["parts"] for v in p["check"].values())
+    one, two = _activation_scales(tmp_path / "q1"), _activation_scales(tmp_path / "q2")
+    common = set(one) & set(two)
+    assert len(common) > 0.85 * len(one)  # the rest: renamed around the hand-off and RoPE
+    worst = max(abs(one[k] - two[k]) / one[k] for k in common)
+    assert worst < 1e-4, worst
+    assert _greedy(tmp_path / "q2", 16) == _greedy(tmp_path / "q1", 16)
