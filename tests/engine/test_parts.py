@@ -170,3 +170,27 @@ def test_parts_calibrated_on_the_previous_parts_outputs_get_the_one_graph_encodi
     worst = max(abs(one[k] - two[k]) / one[k] for k in common)
     assert worst < 1e-4, worst
     assert _greedy(tmp_path / "q2", 16) == _greedy(tmp_path / "q1", 16)
+
+
+def test_the_reference_in_chunks_is_the_reference_at_once(deep_checkpoint):
+    """The export check's reference (transformers' modules of a part over the whole context)
+    runs a chunk of rows at a time over the rows before: the same outputs as all at once."""
+    import numpy as np
+
+    from studio.core.families import FAMILIES
+    from studio.core.parts import split
+    from studio.engine.llm_export import _build_wrapper, _model_spec, layer_types_of
+    from studio.engine.llm_parts import StreamedCheckpoint, _reference_part, checkpoint_layout
+
+    ck = StreamedCheckpoint(deep_checkpoint)
+    family = FAMILIES[ck.cfg["model_type"]]
+    spec = _model_spec(ck.model, ck.cfg, family, 16, 64, -100.0, 1)
+    part = split(checkpoint_layout(deep_checkpoint), 2)[0]
+    ck.load(part)
+    wrapper = _build_wrapper(ck.model, 64, family, layer_types_of(ck.config, family), False,
+                             None, part, rotary=ck.rotary)
+    ids = np.arange(3, 67, dtype=np.int64)
+    whole = _reference_part(wrapper, spec, ids, chunk=64)
+    chunked = _reference_part(wrapper, spec, ids, chunk=7)
+    assert whole.shape == (64, 256)
+    np.testing.assert_allclose(chunked, whole, rtol=0, atol=1e-5)
