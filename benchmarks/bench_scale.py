@@ -16,6 +16,7 @@ not fitting; by default the larger sizes are then skipped (``--go-on`` runs them
 
     python benchmarks/bench_scale.py [--sizes l4-h256,l8-h512,l12-h768,qwen2-0.5b]
         [--max-params 600e6] [--prompt 16] [--context 64] [--target snapdragon-8-gen-3]
+        [--parts N|auto [--max-part-mb MB]] [--until export|quantize|compile]
         [--stage-timeout 900] [--min-free-gb 1.5] [--separate-binary] [--go-on]
         [--keep] [--workdir DIR [--resume]] [--json results.json]
 
@@ -119,6 +120,7 @@ source = "{source}"
 prompt_length = {prompt}
 context_length = {context}
 parts = {parts}
+max_part_mb = {max_part_mb}
 
 [quantization]
 scheme = "W8A16"
@@ -473,6 +475,8 @@ def main() -> int:
     ap.add_argument("--target", default="snapdragon-8-gen-3")
     ap.add_argument("--parts", default="1",
                     help="export.parts: a number of parts or auto (one part in memory at a time)")
+    ap.add_argument("--max-part-mb", type=int, default=1500,
+                    help="export.max_part_mb: the 8-bit weight budget of a part, for --parts auto")
     ap.add_argument("--until", default="compile", choices=("export", "quantize", "compile"),
                     help="the last stage to run")
     ap.add_argument("--stage-timeout", type=float, default=900.0, help="seconds per stage")
@@ -558,7 +562,8 @@ def main() -> int:
             project_file = d / f"{size.name}.qstudio"
             project_file.write_text(PROJECT.format(
                 name=size.name, target=a.target, source=str(ckpt), prompt=a.prompt,
-                context=a.context, parts=a.parts if a.parts.isdigit() else f'"{a.parts}"'))
+                context=a.context, parts=a.parts if a.parts.isdigit() else f'"{a.parts}"',
+                max_part_mb=a.max_part_mb))
             jobs = plan(pf.load(project_file), [a.until])
             done: dict[str, str] = {}
             failed = False
