@@ -1,4 +1,4 @@
-"""``studio sweep``: the seed's 8-point grid on the sample, on the local pool (killed half-way
+"""``studio sweep``: a 4-point grid of the seed's axes on the sample, on the local pool (killed half-way
 and resumed) and on a local Ray cluster the test starts, with identical metrics; the
 Pareto front and the best point applied to the project; bad input."""
 
@@ -22,7 +22,6 @@ GRID = """
 [[sweeps]]
 name = "seed-grid"
 [sweeps.axes]
-"quantization.weight_granularity" = ["per_tensor", "per_channel"]
 "quantization.scheme" = ["W8A16", "W8A8"]
 "quantization.overrides" = [{}, {"lm_head" = "INT16", "*.self_attn.scores" = "INT16"}]
 """
@@ -58,7 +57,7 @@ def _export_artifacts(f: Path) -> int:
 
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory, sample_export, batch_run, small_project):
-    """The grid on 2 local workers, killed (SIGKILL to the whole process group) once 3
+    """The grid on 2 local workers, killed (SIGKILL to the whole process group) once 2
     points finished, then run again to the end. The project starts from the session's export
     and, for its per-channel W8A16 point, the session's quantized graph and compile (the
     small project's settings, the same keys): every other point is computed here."""
@@ -72,14 +71,14 @@ def resumed(tmp_path_factory, sample_export, batch_run, small_project):
     before: dict[str, int] = {}
     while time.time() < deadline and proc.poll() is None:
         done = [p for p in _points(f) if p["state"] in ("succeeded", "failed")]
-        if len(done) >= 3:
+        if len(done) >= 2:
             before = {p["point_id"]: p["run_id"] for p in done}
             break
         time.sleep(1)
     assert proc.poll() is None, proc.stderr.read()[-3000:] if proc.stderr else ""
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert 3 <= len(before) < 8
+    assert 2 <= len(before) < 4
     r = studio("sweep", f, "--workers", "2", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
     return f, before, json.loads(r.stdout), r.stderr
@@ -88,13 +87,13 @@ def resumed(tmp_path_factory, sample_export, batch_run, small_project):
 def test_a_killed_sweep_resumes_without_recomputing_finished_points(resumed):
     f, before, out, err = resumed
     points = {p["id"]: p for p in out["run"]["points"]}
-    assert len(points) == 8
+    assert len(points) == 4
     for pid, run_id in before.items():  # recorded before the kill: kept as they were
         assert points[pid]["kept"] and points[pid]["run_id"] == run_id
     assert all(p["state"] in ("succeeded", "failed") for p in points.values())
     computed = out["run"]["jobs"]["by_stage"]
     assert "export" not in computed  # the store served it
-    assert computed.get("quantize", 0) <= 8 - len(before)
+    assert computed.get("quantize", 0) <= 4 - len(before)
     assert "recorded earlier" in err
     assert _export_artifacts(f) == 1
 
@@ -122,7 +121,7 @@ def test_seed_grid_points_fronts_and_best(resumed):
     r = studio("compare", f, a, b, "--json")
     assert r.returncode == 0, r.stderr
     changed = {c["key"] for c in json.loads(r.stdout)["settings"]}
-    assert {"quantization.scheme", "quantization.weight_granularity"} <= changed
+    assert {"quantization.scheme", "quantization.overrides"} <= changed
     report = Path(out["report"])
     html = report.read_text()
     assert "<svg" in html and "Pareto" in html and report.with_suffix(".json").is_file()
@@ -142,8 +141,7 @@ def test_the_best_point_applied_to_the_project(resumed, tmp_path):
 
     p = projectfile.load(g)
     assert p.quantization["scheme"] == best["settings"]["quantization.scheme"]
-    assert p.quantization["weight_granularity"] == best["settings"][
-        "quantization.weight_granularity"]
+    assert p.quantization["weight_granularity"] == "per_channel"  # not an axis: unchanged
     assert p.quantization["overrides"] == best["settings"]["quantization.overrides"]
     assert [s["name"] for s in p.sweeps] == ["seed-grid"]  # the sweep stays declared
     r = studio("sweep", g, "--show", "--apply", "p9")
@@ -170,7 +168,7 @@ def test_failing_points_keep_their_reason_and_the_others_finish(resumed, tmp_pat
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     ok, invalid, refused = out["points"]
-    assert ok["state"] == "succeeded" and ok["accuracy"]  # the grid's p5, from the store
+    assert ok["state"] == "succeeded" and ok["accuracy"]  # the grid's first point, from the store
     assert invalid["state"] == "invalid" and "W4A16 with per_tensor" in invalid["reason"]
     assert invalid["run_id"] is None
     assert refused["state"] == "failed" and refused["reason"].startswith("quantize: ")
@@ -214,7 +212,7 @@ def test_the_grid_on_a_local_ray_cluster_gives_identical_metrics(resumed, tmp_pa
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     assert out["run"]["executor"].startswith("Ray (127.0.0.1:")
-    assert out["run"]["jobs"]["by_stage"] == {"validate": 8}
+    assert out["run"]["jobs"]["by_stage"] == {"validate": 4}
 
     def figures(rows):
         return {p["id"]: (p["state"], p["accuracy"]["value"],
@@ -244,11 +242,11 @@ def test_bad_sweep_input_gets_one_line(tmp_path):
 def test_a_search_over_the_grid_axes_reuses_what_the_grid_ran(resumed):
     pytest.importorskip("optuna")
     f, _, local, _ = resumed
-    r = studio("sweep", f, "--search", "4", "--workers", "2", "--json")
+    r = studio("sweep", f, "--search", "3", "--workers", "2", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     assert out["name"] == "seed-grid-search"
-    assert 1 <= len(out["points"]) <= 4
+    assert 1 <= len(out["points"]) <= 3
     grid = {p["id"]: p for p in local["points"]}
     for p in out["points"]:  # every proposal is a grid point, served from the store
         assert p["id"] in grid and p["accuracy"] == grid[p["id"]]["accuracy"]

@@ -11,7 +11,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples/tiny-coder/tiny-coder.
 def test_example_project_loads_and_round_trips(tmp_path):
     p = pf.load(EXAMPLE)
     assert p.name == "tiny-coder"
-    assert p.export == {"prompt_length": 32, "context_length": 128}
+    assert (p.export.prompt_length, p.export.context_length, p.export.parts) == (32, 128, 1)
     out = tmp_path / "copy.qstudio"
     pf.save(p, out)
     q = pf.load(out)
@@ -116,7 +116,7 @@ def test_migration_from_schema_0(tmp_path):
     f.write_text('schema_version = 0\n[model]\nsource = "sample:tiny-coder"\n'
                  "[export]\nprompt_len = 16\ncontext_len = 64\n")
     p = pf.load(f)
-    assert p.export == {"prompt_length": 16, "context_length": 64}
+    assert (p.export.prompt_length, p.export.context_length, p.export.parts) == (16, 64, 1)
     pf.save(p)
     assert "schema_version = 1" in f.read_text()
 

@@ -96,10 +96,10 @@ def test_parts_1_2_3_export_the_same_model(deep_checkpoint, tmp_path):
 
     layout = checkpoint_layout(deep_checkpoint)
     assert layout.num_layers == 8 and layout.tied and layout.embedding == 2048 * 256
-    whole = export_llm(deep_checkpoint, tmp_path / "p1", 16, 64)
+    whole = export_llm(deep_checkpoint, tmp_path / "p1", 16, 64, verify_len=1)
     tokens = _greedy(tmp_path / "p1")
     for n in (2, 3):
-        spec = export_parts(deep_checkpoint, tmp_path / f"p{n}", 16, 64, parts=n)
+        spec = export_parts(deep_checkpoint, tmp_path / f"p{n}", 16, 64, parts=n, verify_len=1)
         assert [p["name"] for p in spec["parts"]] == [f"part{i + 1}_of_{n}" for i in range(n)]
         chk, ref = spec["export_check"], whole["export_check"]
         assert chk["positions"] == ref["positions"] == 64 and chk["first_bad_position"] is None
@@ -158,8 +158,8 @@ def test_parts_calibrated_on_the_previous_parts_outputs_get_the_one_graph_encodi
 
     text = (resources_dir() / "data" / "calibration.py.txt").read_text(encoding="utf-8")
     recipe = {"scheme": "W8A16", "weight_granularity": "per_channel", "samples": 2}
-    export_llm(sample_model_dir, tmp_path / "e1", 16, 64)
-    export_parts(sample_model_dir, tmp_path / "e2", 16, 64, parts=2)
+    export_llm(sample_model_dir, tmp_path / "e1", 16, 64, verify_len=1)
+    export_parts(sample_model_dir, tmp_path / "e2", 16, 64, parts=2, verify_len=1)
     quantize_llm(tmp_path / "e1", tmp_path / "q1", recipe, text, sample_model_dir)
     info = quantize_parts(tmp_path / "e2", tmp_path / "q2", recipe, text, sample_model_dir)
     assert [p["name"] for p in info["parts"]] == ["part1_of_2", "part2_of_2"]
@@ -193,4 +193,4 @@ def test_the_reference_in_chunks_is_the_reference_at_once(deep_checkpoint):
     whole = _reference_part(wrapper, spec, ids, chunk=64)
     chunked = _reference_part(wrapper, spec, ids, chunk=7)
     assert whole.shape == (64, 256)
-    np.testing.assert_allclose(chunked, whole, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(chunked, whole, rtol=1e-5, atol=1e-4)  # reordered sums only

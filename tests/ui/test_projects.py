@@ -48,7 +48,7 @@ def test_wizard_creates_a_project(window, qtbot, tmp_path, make_spec):
     assert p.path == (tmp_path / "made" / "Wizard-made.qstudio").resolve()
     assert p.name == "Wizard made"
     assert p.targets == ["snapdragon-8-gen-3", "snapdragon-x-elite"]
-    assert p.export == {"prompt_length": 16, "context_length": 64}
+    assert (p.export.prompt_length, p.export.context_length, p.export.parts) == (16, 64, 1)
     assert "profile" not in p.pipeline["stages"]
     on_disk = projectfile.load(p.path)
     assert on_disk.quantization["calibration_samples"] == 2
