@@ -193,4 +193,5 @@ def test_the_reference_in_chunks_is_the_reference_at_once(deep_checkpoint):
     whole = _reference_part(wrapper, spec, ids, chunk=64)
     chunked = _reference_part(wrapper, spec, ids, chunk=7)
     assert whole.shape == (64, 256)
-    np.testing.assert_allclose(chunked, whole, rtol=1e-5, atol=1e-4)  # reordered sums only
+    # reordered sums only: within 2e-5 of the largest state
+    np.testing.assert_allclose(chunked, whole, rtol=0, atol=2e-5 * float(np.abs(whole).max()))
