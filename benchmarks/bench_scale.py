@@ -220,14 +220,15 @@ def child_build(size_name: str, out: Path) -> None:
     _emit({"parameters": params, "expected": size.parameters()})
 
 
-def child_stage(project_file: Path, index: int, out: Path, inputs: dict[str, str]) -> None:
-    """Job ``index`` of ``plan(project, ["compile"])`` through ``run_in_process``."""
+def child_stage(project_file: Path, index: int, out: Path, inputs: dict[str, str],
+                until: str = "compile") -> None:
+    """Job ``index`` of ``plan(project, [until])`` through ``run_in_process``."""
     from studio.core import project as pf
     from studio.core.stagegraph import plan
     from studio.worker.stages import run_in_process
 
     p = pf.load(project_file)
-    job = plan(p, ["compile"])[index]
+    job = plan(p, [until])[index]
     out.mkdir(parents=True, exist_ok=True)
     result = run_in_process(p, job, {k: Path(v) for k, v in inputs.items()}, out,
                             _PrintProgress())
