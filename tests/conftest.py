@@ -11,6 +11,12 @@ if "QSTUDIO_CONFIG_DIR" not in os.environ:
 
     os.environ["QSTUDIO_CONFIG_DIR"] = tempfile.mkdtemp(prefix="qstudio-test-config-")
 
+# the suite split over workers (pytest -n 2) on two cores: one thread per ONNX Runtime
+# session and per torch op, as if each worker had a core of its own (studio.engine.threads)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("QSTUDIO_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -87,13 +93,16 @@ SHARED_ARTIFACT_FIXTURES = frozenset({
 #: cores), longest first: they are collected first, so that with the suite split over two
 #: workers file by file (``-n 2 --dist loadfile``) no worker ends the run alone on one.
 LONGEST_FIRST = (
-    "tests/cli/test_sweep.py", "tests/engine/test_sensitivity.py", "tests/cli/test_bundle.py",
-    "tests/cli/test_adb_run.py", "tests/cli/test_overrides.py", "tests/cli/test_keys.py",
-    "tests/cli/test_generate.py", "tests/cli/test_graph_projects.py",
-    "tests/ui/test_llm_tuning.py", "tests/engine/test_speculative.py",
+    "tests/cli/test_sweep.py", "tests/engine/test_sensitivity.py",
+    "tests/cli/test_generate.py", "tests/cli/test_bundle.py", "tests/cli/test_bad_input.py",
+    "tests/cli/test_graph_projects.py", "tests/cli/test_batch.py",
+    "tests/ui/test_llm_tuning.py", "tests/ui/test_pipeline.py",
     "tests/cli/test_families_cli.py", "tests/ui/test_demo_window.py",
-    "tests/ui/test_pipeline.py", "tests/cli/test_tuning.py", "tests/cli/test_compare.py",
-    "tests/ui/test_sweeps_ui.py", "tests/cli/test_parts_cli.py", "tests/engine/test_parts.py",
+    "tests/engine/test_speculative.py", "tests/engine/test_parts.py",
+    "tests/cli/test_overrides.py", "tests/cli/test_parts_cli.py", "tests/ui/test_sweeps_ui.py",
+    "tests/engine/test_families.py", "tests/cli/test_tuning.py", "tests/cli/test_adb_run.py",
+    "tests/cli/test_compare.py", "tests/cli/test_bad_checkpoints.py",
+    "tests/engine/test_quantize.py", "tests/cli/test_keys.py", "tests/packaging/test_wheel.py",
 )
 
 

@@ -26,6 +26,7 @@ from typing import Any
 from studio.core.errors import StudioError
 from studio.core.progress import Progress
 from studio.engine.ort_types import ORT_TO_NUMPY
+from studio.engine.threads import HOST_THREADS
 
 _ORT_TYPES = ORT_TO_NUMPY
 
@@ -67,7 +68,7 @@ def decode_mask(pos: int, context_len: int, mask_value: float, window: int | Non
     return mask
 
 
-def make_cpu_session(path: Path, threads: int = 2):
+def make_cpu_session(path: Path, threads: int = HOST_THREADS):
     """An ONNX Runtime CPU session with ``threads`` intra-op threads."""
     import onnxruntime as ort
 
@@ -96,7 +97,7 @@ def load_graph_spec(graphs_dir: Path) -> dict[str, Any]:
     return load_spec(Path(graphs_dir))
 
 
-def cpu_generator(graph_dir: Path, spec: dict[str, Any], threads: int = 2) -> StaticKVGenerator:
+def cpu_generator(graph_dir: Path, spec: dict[str, Any], threads: int = HOST_THREADS) -> StaticKVGenerator:
     """A generator over the prefill / decode (and verify, when there is one) graphs of
     ``graph_dir`` on the host CPU (ONNX Runtime); a model in parts runs its parts' graphs
     chained (:mod:`studio.engine.chain`)."""

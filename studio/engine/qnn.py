@@ -37,6 +37,7 @@ from typing import Any
 from studio.core.catalog import Chip, get_chip
 from studio.core.errors import StudioError
 from studio.engine.ort_types import ORT_TO_NUMPY
+from studio.engine.threads import HOST_THREADS
 
 EP_NAME = "QNNExecutionProvider"
 PROFILING_LEVELS = ("basic", "detailed", "optrace")
@@ -360,7 +361,7 @@ def make_session(
     fp16: bool = False,
     profiling_level: str | None = None,
     profiling_path: str | os.PathLike | None = None,
-    threads: int = 2,
+    threads: int = HOST_THREADS,
     *,
     extra_options: Mapping[str, Any] | None = None,
     session_config: Mapping[str, str] | None = None,
@@ -443,7 +444,7 @@ def placement_report(
     onnx_path: str | os.PathLike,
     chip: Chip | str,
     fp16: bool = False,
-    threads: int = 2,
+    threads: int = HOST_THREADS,
     *,
     offload_io_quantization: bool = False,
     extra_options: Mapping[str, Any] | None = None,
@@ -710,7 +711,7 @@ def profile_run(
     runs: int = 1,
     *,
     strict: bool = True,
-    threads: int = 2,
+    threads: int = HOST_THREADS,
     op_trace: bool = True,
 ) -> dict:
     """Run ``onnx_path`` ``runs`` times on the HTP with QNN profiling and keep the CSV.
@@ -812,7 +813,7 @@ def profile_host_cpu(
     out_json: str | os.PathLike,
     position: int = 0,
     runs: int = 3,
-    threads: int = 2,
+    threads: int = HOST_THREADS,
 ) -> dict:
     """Run ``onnx_path`` ``runs`` times on the host CPU with ONNX Runtime's profiler and keep
     its JSON (per-node start / duration, thread, provider): a *measured* host timeline.
