@@ -662,34 +662,43 @@ def _tidy_graph(model, module_names: set[str]) -> None:
                 node.input[k] = renames[name]
 
 
-def _export_graph(wrapper, spec: dict, graph: str, path: Path, progress: Progress,
-                  part: Part | None = None) -> None:
-    import onnx
+def _trace_graph(wrapper, spec: dict, graph: str, raw: Path, part: Part | None = None
+                 ) -> tuple[list[str], list[str]]:
+    """Trace ``graph`` of ``wrapper`` into the ONNX file ``raw`` as torch writes it; returns
+    the input and output names it must have (:func:`_finish_graph` checks them)."""
     import torch
 
     sliding = mask_windows(spec)[1] is not None
     ins, outs = io_names(spec["num_layers"], graph, sliding, part)
     args = _example_inputs(spec, graph, sliding, part)
-    tmp_dir = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{graph}-export."))
+    with torch.no_grad(), warnings.catch_warnings():
+        # dynamo=False is deliberate (it matches generate() exactly): hide the notice.
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        torch.onnx.export(
+            wrapper,
+            args,
+            str(raw),
+            input_names=ins,
+            output_names=outs,
+            opset_version=OPSET,
+            dynamo=False,
+            do_constant_folding=True,
+        )
+    return ins, outs
+
+
+def _finish_graph(raw: Path, path: Path, module_names: set[str], ins: list[str],
+                  outs: list[str], graph: str) -> None:
+    """The traced ``raw`` graph tidied (:func:`_tidy_graph`), checked and moved to ``path``
+    (one copy of its weights in memory at a time: the model is dropped before the checker
+    reads the file)."""
+    import onnx
+
+    tmp_dir = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{graph}-final."))
     try:
-        raw = tmp_dir / f"{graph}.onnx"
-        with torch.no_grad(), warnings.catch_warnings():
-            # dynamo=False is deliberate (it matches generate() exactly): hide the notice.
-            warnings.filterwarnings("ignore", category=DeprecationWarning)
-            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-            torch.onnx.export(
-                wrapper,
-                args,
-                str(raw),
-                input_names=ins,
-                output_names=outs,
-                opset_version=OPSET,
-                dynamo=False,
-                do_constant_folding=True,
-            )
-        progress.check()
         model = onnx.load(str(raw))
-        _tidy_graph(model, {name for name, _ in wrapper.named_modules() if name})
+        _tidy_graph(model, module_names)
         model.producer_name = "qstudio"
         got_in = [i.name for i in model.graph.input]
         got_out = [o.name for o in model.graph.output]
@@ -698,12 +707,24 @@ def _export_graph(wrapper, spec: dict, graph: str, path: Path, progress: Progres
                 f"the exported {graph} graph has unexpected edges ({got_in[:4]}...); "
                 "this checkpoint's modules are not supported by the static-KV exporter"
             )
-        final_dir = tmp_dir / "final"
-        final_dir.mkdir()
-        written = save_onnx_atomic(model, final_dir / path.name)
+        written = save_onnx_atomic(model, tmp_dir / path.name)
+        del model
         onnx.checker.check_model(str(written[0]))
         for f in written:
             os.replace(f, path.parent / f.name)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _export_graph(wrapper, spec: dict, graph: str, path: Path, progress: Progress,
+                  part: Part | None = None) -> None:
+    tmp_dir = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{graph}-export."))
+    try:
+        raw = tmp_dir / f"{graph}.onnx"
+        ins, outs = _trace_graph(wrapper, spec, graph, raw, part)
+        progress.check()
+        _finish_graph(raw, path, {name for name, _ in wrapper.named_modules() if name}, ins,
+                      outs, graph)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
 

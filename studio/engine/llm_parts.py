@@ -22,7 +22,9 @@ from __future__ import annotations
 import gc
 import io
 import json
+import shutil
 import struct
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,10 +41,11 @@ from studio.engine.llm_export import (
     EXPORT_CHECK_RTOL,
     _build_wrapper,
     _check_checkpoint,
-    _export_graph,
+    _finish_graph,
     _graph_io,
     _model_spec,
     _reference_ids,
+    _trace_graph,
     check_model,
     layer_types_of,
     rope_positions,
@@ -488,20 +491,36 @@ def export_parts(
                                  part, rotary=ck.rotary)
         folder = out_dir / part.name if len(plan) > 1 else out_dir
         folder.mkdir(parents=True, exist_ok=True)
-        for g_i, graph in enumerate(graphs):
-            progress.check()
-            sub.update(0.05 + 0.4 * g_i / len(graphs), f"part {part.index + 1}/{len(plan)}: "
-                                                       f"exporting {graph}.onnx")
-            _export_graph(wrapper, spec, graph, folder / f"{graph}.onnx", NullProgress(), part)
-        sub.update(0.45, f"part {part.index + 1}/{len(plan)}: transformers' reference")
-        ref_out = _reference_part(wrapper, spec, ref)
-        head = cap = None
-        if part.heads:
-            head = ck.model.lm_head.weight.detach().numpy().copy()
-            cap_key = family.final_softcap
-            cap = getattr(ck.config, cap_key, None) if cap_key else None
-        del wrapper
-        ck.release(part)
+        # traced while the part's torch weights are in memory, finished after they are given
+        # back: one copy of the part's weights at a time
+        raw_dir = Path(tempfile.mkdtemp(dir=folder, prefix=".traced."))
+        try:
+            traced = {}
+            for g_i, graph in enumerate(graphs):
+                progress.check()
+                sub.update(0.05 + 0.3 * g_i / len(graphs), f"part {part.index + 1}/"
+                                                           f"{len(plan)}: tracing {graph}.onnx")
+                traced[graph] = _trace_graph(wrapper, spec, graph, raw_dir / f"{graph}.onnx",
+                                             part)
+            module_names = {name for name, _ in wrapper.named_modules() if name}
+            sub.update(0.35, f"part {part.index + 1}/{len(plan)}: transformers' reference")
+            ref_out = _reference_part(wrapper, spec, ref)
+            head = cap = None
+            if part.heads:
+                head = ck.model.lm_head.weight.detach().numpy().copy()
+                cap_key = family.final_softcap
+                cap = getattr(ck.config, cap_key, None) if cap_key else None
+            del wrapper
+            ck.release(part)
+            for g_i, graph in enumerate(graphs):
+                progress.check()
+                sub.update(0.4 + 0.1 * g_i / len(graphs), f"part {part.index + 1}/"
+                                                          f"{len(plan)}: writing {graph}.onnx")
+                _finish_graph(raw_dir / f"{graph}.onnx", folder / f"{graph}.onnx",
+                              module_names, *traced[graph], graph)
+                (raw_dir / f"{graph}.onnx").unlink()
+        finally:
+            shutil.rmtree(raw_dir, ignore_errors=True)
         rows.append({**part.as_dict(),
                      "graphs": {g: _graph_io(folder / f"{g}.onnx") for g in graphs}})
         if head is None:
