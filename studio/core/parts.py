@@ -170,8 +170,7 @@ def plan_parts(layout: Layout, parts: int | str = "auto", weight_bits: int = 8,
     """The parts of ``layout``: ``parts`` of them, or with ``"auto"`` the fewest whose every
     compiled binary (``weight_bits`` per weight) fits ``max_part_bytes``."""
     if parts != "auto":
-        plan = split(layout, int(parts))
-        return plan
+        return split(layout, int(parts))
     for count in range(1, layout.num_layers + 1):
         plan = split(layout, count)
         if all(compiled_bytes(p.parameters, weight_bits) <= max_part_bytes for p in plan):
@@ -181,4 +180,4 @@ def plan_parts(layout: Layout, parts: int | str = "auto", weight_bits: int = 8,
         f"no split of this {layout.num_layers}-block model keeps every part under "
         f"{max_part_bytes / 1e9:.2f} GB at {weight_bits}-bit weights (one block with the "
         f"embedding or the head is {compiled_bytes(largest, weight_bits) / 1e9:.2f} GB); "
-        "raise compile.max_part_bytes or quantize the weights narrower")
+        "raise export.max_part_mb or quantize the weights narrower")

@@ -76,6 +76,18 @@ def _decode_positions(start: int, end: int, count: int, shift: int) -> list[int]
     return sorted({start + (int(i * step) + shift) % span for i in range(count)})
 
 
+def window_plan(window: list[int], j: int, P: int, C: int, decode_per_window: int
+                ) -> tuple[list[int], int, list[int]]:
+    """What calibration window ``j`` gives: its tokens (at most C), its prefill length (P for
+    even j, about half as many, padded, for odd j, as real prompts are) and the positions
+    whose decode feeds are captured (spread over the rest of the window)."""
+    w = window[:C]
+    half = max(1, P // 2)
+    k = P if j % 2 == 0 else half + (j // 2) % max(1, P - half)
+    k = max(1, min(k, len(w)))
+    return w, k, _decode_positions(k, len(w), decode_per_window, shift=j)
+
+
 def build_calibration_feeds(
     graphs_dir: Path,
     spec: dict,
@@ -116,15 +128,11 @@ def build_calibration_feeds(
     )
     prefill_feeds: list[dict] = []
     decode_feeds: list[dict] = []
-    half = max(1, P // 2)
     for j, window in enumerate(windows):
         progress.check()
         progress.update(j / len(windows), f"calibration window {j + 1}/{len(windows)}")
-        w = window[:C]
-        k = P if j % 2 == 0 else half + (j // 2) % max(1, P - half)
-        k = max(1, min(k, len(w)))
+        w, k, targets = window_plan(window, j, P, C, decode_per_window)
         prefill_feeds.append(gen.prefill_feed(w[:k]))
-        targets = _decode_positions(k, len(w), decode_per_window, shift=j)
         if not targets:
             continue
         gen.prefill(w[:k])

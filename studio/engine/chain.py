@@ -46,8 +46,7 @@ class ChainSession:
     def run(self, output_names, feeds, run_options=None):
         values: dict[str, Any] = dict(feeds)
         for session, ins, outs in zip(self.sessions, self._ins, self._outs, strict=True):
-            got = session.run(outs, {n: values[n] for n in ins}, run_options) \
-                if run_options is not None else session.run(outs, {n: values[n] for n in ins})
+            got = session.run(outs, {n: values[n] for n in ins}, run_options)
             values.update(zip(outs, got, strict=True))
         names = output_names or [o.name for o in self._outputs]
         return [values[n] for n in names]

@@ -757,6 +757,23 @@ def _graph_io(path: Path) -> dict:
 # ---------------------------------------------------------------------------- entry point
 
 
+def check_lengths(prompt_len: int, context_len: int, mask_value: float,
+                  verify_len: int) -> tuple[int, int, int]:
+    """The export's lengths (P, C, N) as ints, or a one-line error for ones no graph takes."""
+    P, C, N = int(prompt_len), int(context_len), int(verify_len)
+    if P < 1:
+        raise StudioError(f"prompt length P must be at least 1 (got {P})")
+    if C <= P:
+        raise StudioError(
+            f"context length C must be larger than prompt length P (got C={C}, P={P}); raise C or lower P"
+        )
+    if not mask_value < 0:
+        raise StudioError(f"mask_value must be negative (got {mask_value})")
+    if N > 1 and N >= C:
+        raise StudioError(f"the verify graph's {N} tokens must be fewer than the context C={C}")
+    return P, C, N
+
+
 def check_model(model, cfg: dict, family: Family, C: int) -> None:
     """Refuse a checkpoint whose modules or positions the static-KV graphs cannot take."""
     base: Any = getattr(model, "model", None)
@@ -841,18 +858,7 @@ def export_llm(
     disagree raises :class:`StudioError` naming it. Returns the spec written to graph.json.
     """
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
-    P, C = int(prompt_len), int(context_len)
-    if P < 1:
-        raise StudioError(f"prompt length P must be at least 1 (got {P})")
-    if C <= P:
-        raise StudioError(
-            f"context length C must be larger than prompt length P (got C={C}, P={P}); raise C or lower P"
-        )
-    if not mask_value < 0:
-        raise StudioError(f"mask_value must be negative (got {mask_value})")
-    N = int(verify_len)
-    if N > 1 and N >= C:
-        raise StudioError(f"the verify graph's {N} tokens must be fewer than the context C={C}")
+    P, C, N = check_lengths(prompt_len, context_len, mask_value, verify_len)
     cfg = _check_checkpoint(checkpoint_dir)
     progress.update(0.0, "loading checkpoint")
     progress.check()
@@ -959,6 +965,51 @@ EXPORT_CHECK_RTOL = 1e-3
 _CHECK_CHUNK_FLOATS = 1 << 26
 
 
+class PositionCheck:
+    """The export check's rule for one position: its max |diff| within rtol x max(1, max
+    |logit|), and its top-1 token the reference's or a near-tie (the two tokens' reference
+    logits at most that tolerance apart); the figures over all positions added."""
+
+    def __init__(self, rtol: float = EXPORT_CHECK_RTOL):
+        self.rtol = rtol
+        self.n = self.agree = self.ties = 0
+        self.max_diff = self.max_logit = self.max_tol = 0.0
+        self.first_bad: int | None = None
+
+    def add(self, p: int, got, want) -> None:
+        import numpy as np
+
+        scale = float(np.max(np.abs(want)))
+        tol = self.rtol * max(1.0, scale)
+        diff = float(np.max(np.abs(got - want)))
+        top_want, top_got = int(want.argmax()), int(got.argmax())
+        bad = diff > tol
+        if top_want == top_got:
+            self.agree += 1
+        elif want[top_want] - want[top_got] <= tol:
+            self.ties += 1
+        else:
+            bad = True
+        if bad and self.first_bad is None:
+            self.first_bad = p
+        self.n += 1
+        self.max_diff, self.max_logit = max(self.max_diff, diff), max(self.max_logit, scale)
+        self.max_tol = max(self.max_tol, tol)
+
+    def figures(self, prefill_positions: int) -> dict:
+        return {
+            "positions": self.n,
+            "prefill_positions": prefill_positions,
+            "max_abs_logit_diff": self.max_diff,
+            "max_abs_logit": self.max_logit,
+            "rtol": self.rtol,
+            "tolerance": self.max_tol,
+            "top1_agreement": self.agree / max(self.n, 1),
+            "top1_near_ties": self.ties,
+            "first_bad_position": self.first_bad,
+        }
+
+
 def check_export(
     model,
     gen,
@@ -986,9 +1037,7 @@ def check_export(
     chunk = max(1, min(n, _CHECK_CHUNK_FLOATS // max(V, 1)))
     x = torch.tensor([ids])
     P = min(gen.prompt_len, n)
-    max_diff = max_logit = max_tol = 0.0
-    agree = ties = 0
-    first_bad: int | None = None
+    compare = PositionCheck(rtol)
     kept = []
     onnx_rows = None
     for a in range(0, n, chunk):
@@ -1009,34 +1058,10 @@ def check_export(
             else:
                 got = gen.step(ids[p], p)[:V]
             want = ref[p - a]
-            scale = float(np.max(np.abs(want)))
-            tol = rtol * max(1.0, scale)
-            diff = float(np.max(np.abs(got - want)))
-            top_want, top_got = int(want.argmax()), int(got.argmax())
-            bad = diff > tol
-            if top_want == top_got:
-                agree += 1
-            elif want[top_want] - want[top_got] <= tol:
-                ties += 1
-            else:
-                bad = True
-            if bad and first_bad is None:
-                first_bad = p
-            max_diff, max_logit = max(max_diff, diff), max(max_logit, scale)
-            max_tol = max(max_tol, tol)
+            compare.add(p, got, want)
             if p < keep:
                 kept.append(want)
     if progress is not None:
         progress.update(1.0, f"{n} positions checked")
-    check = {
-        "positions": n,
-        "prefill_positions": P,
-        "max_abs_logit_diff": max_diff,
-        "max_abs_logit": max_logit,
-        "rtol": rtol,
-        "tolerance": max_tol,
-        "top1_agreement": agree / n,
-        "top1_near_ties": ties,
-        "first_bad_position": first_bad,
-    }
+    check = compare.figures(P)
     return check, np.asarray(kept, dtype=np.float32).reshape(len(kept), V)

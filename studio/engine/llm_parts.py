@@ -39,6 +39,7 @@ from studio.engine.llm_export import (
     DEFAULT_MASK_VALUE,
     DEFAULT_VERIFY_LENGTH,
     EXPORT_CHECK_RTOL,
+    PositionCheck,
     _build_wrapper,
     _check_checkpoint,
     _finish_graph,
@@ -46,6 +47,7 @@ from studio.engine.llm_export import (
     _model_spec,
     _reference_ids,
     _trace_graph,
+    check_lengths,
     check_model,
     layer_types_of,
     rope_positions,
@@ -215,52 +217,6 @@ class StreamedCheckpoint:
 
 
 # ---- the streamed export -------------------------------------------------------------------
-class _Compare:
-    """The per-position rule of check_export: |diff| <= rtol x max(1, max |logit|), and the
-    top-1 token equal or a near-tie."""
-
-    def __init__(self, rtol: float):
-        self.rtol = rtol
-        self.n = self.agree = self.ties = 0
-        self.max_diff = self.max_logit = self.max_tol = 0.0
-        self.first_bad: int | None = None
-
-    def add(self, p: int, got, want) -> None:
-        import numpy as np
-
-        scale = float(np.max(np.abs(want)))
-        tol = self.rtol * max(1.0, scale)
-        diff = float(np.max(np.abs(got - want)))
-        top_want, top_got = int(want.argmax()), int(got.argmax())
-        bad = diff > tol
-        if top_want == top_got:
-            self.agree += 1
-        elif want[top_want] - want[top_got] <= tol:
-            self.ties += 1
-        else:
-            bad = True
-        if bad and self.first_bad is None:
-            self.first_bad = p
-        self.n += 1
-        self.max_diff, self.max_logit = max(self.max_diff, diff), max(self.max_logit, scale)
-        self.max_tol = max(self.max_tol, tol)
-
-    def figures(self, prefill_positions: int, parts: int) -> dict:
-        return {
-            "positions": self.n,
-            "prefill_positions": prefill_positions,
-            "max_abs_logit_diff": self.max_diff,
-            "max_abs_logit": self.max_logit,
-            "rtol": self.rtol,
-            "tolerance": self.max_tol,
-            "top1_agreement": self.agree / max(self.n, 1),
-            "top1_near_ties": self.ties,
-            "first_bad_position": self.first_bad,
-            "parts": parts,
-            "reference": "transformers modules, one part at a time, with the graphs' masks",
-        }
-
-
 #: rows of the sequence the reference runs at once: its attention scores stay at most
 #: heads x chunk x n floats (134 MB for 16 heads at a 4096-token context)
 REFERENCE_CHUNK = 512
@@ -453,11 +409,7 @@ def export_parts(
     from studio.engine.llm_runtime import make_cpu_session
 
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
-    P, C, N = int(prompt_len), int(context_len), int(verify_len)
-    if P < 1 or C <= P:
-        raise StudioError(f"the context C={C} must be larger than the prompt P={P} >= 1")
-    if N > 1 and N >= C:
-        raise StudioError(f"the verify graph's {N} tokens must be fewer than the context C={C}")
+    P, C, N = check_lengths(prompt_len, context_len, mask_value, verify_len)
     progress.update(0.0, "reading the checkpoint's layout")
     layout = checkpoint_layout(checkpoint_dir)
     plan = plan_parts(layout, parts, weight_bits, max_part_bytes or DEFAULT_MAX_PART_BYTES)
@@ -474,7 +426,7 @@ def export_parts(
     n = min(len(ids), int(check_positions or C))
     ids = ids[:n]
     n_ref = min(P + 8, n)
-    compare = _Compare(EXPORT_CHECK_RTOL)
+    compare = PositionCheck(EXPORT_CHECK_RTOL)
     kept: list[Any] = []
     ref = np.asarray(ids, dtype=np.int64)
     got = ref
@@ -540,7 +492,8 @@ def export_parts(
 
         _run_part_graphs(folder, part, spec, got, n, make_cpu_session, on_logits,
                          SubProgress(sub, 0.5, 1.0))
-    check = compare.figures(min(P, n), len(plan))
+    check = {**compare.figures(min(P, n)), "parts": len(plan),
+             "reference": "transformers modules, one part at a time, with the graphs' masks"}
     spec["parts"] = rows
     spec["graphs"] = rows[0]["graphs"] if len(plan) == 1 else {
         g: {"file": f"{g}.onnx", "parts": [r["name"] for r in rows]} for g in graphs}

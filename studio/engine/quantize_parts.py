@@ -23,7 +23,7 @@ from studio.core.fsutil import atomic_write_json
 from studio.core.parts import Part
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.core.recipe import activation_bits, is_float_scheme
-from studio.engine.calibration import _decode_positions
+from studio.engine.calibration import window_plan
 from studio.engine.llm_parts import PartRunner, iter_parts, part_dirs
 
 
@@ -37,23 +37,19 @@ def part_calibration(runner: PartRunner, windows: list[list[int]], inputs: list[
 
     P, C = runner.P, runner.C
     pad = int(runner.spec.get("pad_token_id") or 0)
-    half = max(1, P // 2)
     pre_feeds: list[dict] = []
     dec_feeds: list[dict] = []
     out: list[dict] = []
     for j, window in enumerate(windows):
         progress.check()
         progress.update(j / len(windows), f"calibration window {j + 1}/{len(windows)}")
-        w = window[:C]
-        k = P if j % 2 == 0 else half + (j // 2) % max(1, P - half)
-        k = max(1, min(k, len(w)))
+        w, k, targets = window_plan(window, j, P, C, decode_per_window)
         if inputs is None:
             rows = np.full(P, pad, dtype=np.int64)
             rows[:k] = w[:k]
         else:
             rows = inputs[j]["prefill"]
         pre_feeds.append(runner.prefill_feed(rows, k))
-        targets = _decode_positions(k, len(w), decode_per_window, shift=j)
         if not targets and not hand_on:
             out.append({})
             continue
