@@ -10,12 +10,14 @@ from pathlib import Path
 from tests.cli.conftest import SMALL, default_target, studio
 
 
-def _runs(project: Path) -> dict[str, list[int]]:
-    """The run stage's tokens per device, from the project's artifact store."""
+def _runs(project: Path, max_new_tokens: int = 8) -> dict[str, list[int]]:
+    """The run stage's tokens per device, from the project's artifact store: the runs of
+    ``max_new_tokens`` (the session's small project also holds the runs other tests made
+    with other lengths)."""
     out = {}
     for meta in (project.with_suffix(".studio") / "artifacts" / "objects").glob("*/*/artifact.json"):
         info = json.loads(meta.read_text())
-        if info["stage"] == "run":
+        if info["stage"] == "run" and info["config"].get("run.max_new_tokens") == max_new_tokens:
             out[info["target"]] = json.loads((meta.parent / "result.json").read_text())["tokens"]
     return out
 
