@@ -762,7 +762,9 @@ def _finish_graph(raw: Path, path: Path, module_names: set[str], ins: list[str],
 
     tmp_dir = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{graph}-final."))
     try:
-        model = onnx.load(str(raw))
+        # the weights stay in the traced graph's .data file while the graph is tidied (it
+        # renames and shares initializers, never changes their bytes)
+        model = onnx.load(str(raw), load_external_data=False)
         _tidy_graph(model, module_names)
         model.producer_name = "qstudio"
         got_in = [i.name for i in model.graph.input]
@@ -772,13 +774,65 @@ def _finish_graph(raw: Path, path: Path, module_names: set[str], ins: list[str],
                 f"the exported {graph} graph has unexpected edges ({got_in[:4]}...); "
                 "this checkpoint's modules are not supported by the static-KV exporter"
             )
-        written = save_onnx_atomic(model, tmp_dir / path.name)
+        if _weight_bytes(model) > STREAM_WEIGHTS_ABOVE:
+            written = _save_streamed(model, raw.parent, tmp_dir / path.name)
+        else:
+            onnx.load_external_data_for_model(model, str(raw.parent))
+            written = save_onnx_atomic(model, tmp_dir / path.name)
         del model
         onnx.checker.check_model(str(written[0]))
         for f in written:
             os.replace(f, path.parent / f.name)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+#: A graph with more weight bytes than this keeps them in ``<graph>.onnx.data``, copied from
+#: the traced graph's file a slice at a time (never all in memory); a smaller one embeds them.
+STREAM_WEIGHTS_ABOVE = 256 << 20
+
+_COPY_CHUNK = 64 << 20
+
+
+def _save_streamed(model, src_dir: Path, path: Path) -> list[Path]:
+    """Write ``model``, whose initializers are external data in files of ``src_dir``, as
+    ``path`` plus ``path.name + '.data'``: each initializer's bytes copied from its source
+    file in slices of at most 64 MiB. Returns the files written."""
+    import onnx
+
+    data = path.with_name(path.name + ".data")
+    offset = 0
+    sources: dict[str, Any] = {}
+    try:
+        with open(data, "wb") as out:
+            for t in model.graph.initializer:
+                if t.data_location != onnx.TensorProto.EXTERNAL:
+                    continue
+                ref = {e.key: e.value for e in t.external_data}
+                src = sources.get(ref["location"])
+                if src is None:
+                    src = sources[ref["location"]] = open(src_dir / ref["location"], "rb")
+                src.seek(int(ref.get("offset", 0)))
+                left = int(ref["length"])
+                for e in list(t.external_data):
+                    t.external_data.remove(e)
+                for k, v in (("location", data.name), ("offset", str(offset)),
+                             ("length", str(left))):
+                    entry = t.external_data.add()
+                    entry.key, entry.value = k, v
+                offset += left
+                while left:
+                    chunk = src.read(min(left, _COPY_CHUNK))
+                    if not chunk:
+                        raise StudioError(f"{ref['location']} ends before initializer "
+                                          f"{t.name}: export the model again")
+                    out.write(chunk)
+                    left -= len(chunk)
+    finally:
+        for f in sources.values():
+            f.close()
+    onnx.save(model, str(path))
+    return [path, data]
 
 
 def _export_graph(wrapper, spec: dict, graph: str, path: Path, progress: Progress,

@@ -85,12 +85,14 @@ def _greedy(folder: Path, n: int = 20) -> list[int]:
     return cpu_generator(folder, load_spec(folder)).greedy([5, 9, 33, 12, 7], n)["tokens"]
 
 
-def test_parts_1_2_3_export_the_same_model(deep_checkpoint, tmp_path):
+def test_parts_1_2_3_export_the_same_model(deep_checkpoint, tmp_path, monkeypatch):
     """The streamed export in 2 and 3 parts: each part's graphs hold only its own blocks'
     weights, the whole-context check gives the one-graph figures, and the chained parts
-    generate the one graph's greedy tokens."""
+    generate the one graph's greedy tokens. The 3 parts' graphs keep their weights in
+    ``.data`` files copied a slice at a time (as a real model's large parts do)."""
     import onnx
 
+    from studio.engine import llm_export
     from studio.engine.llm_export import export_llm
     from studio.engine.llm_parts import checkpoint_layout, export_parts
 
@@ -99,7 +101,11 @@ def test_parts_1_2_3_export_the_same_model(deep_checkpoint, tmp_path):
     whole = export_llm(deep_checkpoint, tmp_path / "p1", 16, 64, verify_len=1)
     tokens = _greedy(tmp_path / "p1")
     for n in (2, 3):
+        if n == 3:
+            monkeypatch.setattr(llm_export, "STREAM_WEIGHTS_ABOVE", 0)
         spec = export_parts(deep_checkpoint, tmp_path / f"p{n}", 16, 64, parts=n, verify_len=1)
+        data = sorted(f.name for f in (tmp_path / f"p{n}").rglob("*.onnx.data"))
+        assert len(data) == (6 if n == 3 else 0), data  # prefill + decode per part
         assert [p["name"] for p in spec["parts"]] == [f"part{i + 1}_of_{n}" for i in range(n)]
         chk, ref = spec["export_check"], whole["export_check"]
         assert chk["positions"] == ref["positions"] == 64 and chk["first_bad_position"] is None
@@ -147,10 +153,12 @@ def _activation_scales(folder: Path) -> dict[tuple, float]:
 
 
 def test_parts_calibrated_on_the_previous_parts_outputs_get_the_one_graph_encodings(
-        tmp_path, sample_model_dir):
+        tmp_path, sample_model_dir, monkeypatch):
     """The sample (4 blocks) in 1 and 2 parts, W8A16: every activation both graphs quantize
-    gets the same scale (within float rounding), and both generate the same greedy text."""
+    gets the same scale (within float rounding), and both generate the same greedy text.
+    The parts' graphs keep their weights in ``.data`` files (as large parts do)."""
     from studio.core.resources import resources_dir
+    from studio.engine import llm_export
     from studio.engine.llm_export import export_llm
     from studio.engine.llm_parts import export_parts
     from studio.engine.quantize import quantize_llm
@@ -159,7 +167,9 @@ def test_parts_calibrated_on_the_previous_parts_outputs_get_the_one_graph_encodi
     text = (resources_dir() / "data" / "calibration.py.txt").read_text(encoding="utf-8")
     recipe = {"scheme": "W8A16", "weight_granularity": "per_channel", "samples": 2}
     export_llm(sample_model_dir, tmp_path / "e1", 16, 64, verify_len=1)
+    monkeypatch.setattr(llm_export, "STREAM_WEIGHTS_ABOVE", 0)
     export_parts(sample_model_dir, tmp_path / "e2", 16, 64, parts=2, verify_len=1)
+    assert (tmp_path / "e2" / "part1_of_2" / "decode.onnx.data").is_file()
     quantize_llm(tmp_path / "e1", tmp_path / "q1", recipe, text, sample_model_dir)
     info = quantize_parts(tmp_path / "e2", tmp_path / "q2", recipe, text, sample_model_dir)
     assert [p["name"] for p in info["parts"]] == ["part1_of_2", "part2_of_2"]
