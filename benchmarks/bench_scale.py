@@ -298,6 +298,7 @@ class Step:
     status: str = "ok"  # ok | timeout | memory | error | skipped
     wall_s: float = 0.0
     peak_rss_kib: int = 0
+    predicted_rss_kib: int = 0
     out_bytes: int = 0
     load_start: tuple[float, float, float] = (0.0, 0.0, 0.0)
     load_end: tuple[float, float, float] = (0.0, 0.0, 0.0)
@@ -433,6 +434,21 @@ def measure(step: Step, argv: list[str], out: Path, log: Path, timeout: float,
 
 
 # ---- report ------------------------------------------------------------------------------------
+def _predicted_peak(stage: str, export_dir: Path, parameters: int) -> int | None:
+    """The studio's own prediction of ``stage``'s peak RSS (``studio.core.hostmem``), from
+    the export's part plan (one part: the whole model)."""
+    from studio.core.hostmem import predicted_peak
+
+    try:
+        rows = json.loads((export_dir / "graph.json").read_text()).get("parts") or []
+    except (OSError, ValueError):
+        rows = []
+    # one part: the graph's own weights (a tied head is a second copy there)
+    whole = sum(f.stat().st_size for f in export_dir.glob("decode.onnx*")) // 4
+    sizes = [int(r["parameters"]) for r in rows if r.get("parameters")] or [whole or parameters]
+    return predicted_peak(stage, sizes)
+
+
 def _gib(kib: int) -> str:
     return f"{kib / 2**20:6.2f}"
 
@@ -583,6 +599,12 @@ def main() -> int:
                                 "--out", str(out), "--inputs", json.dumps(inputs),
                                 "--until", a.until],
                                out, d / f"{job.stage}.log", a.stage_timeout, min_free)
+                pred = _predicted_peak(job.stage, d / "export", n)
+                if pred and step.status == "ok" and step.peak_rss_kib:
+                    step.predicted_rss_kib = pred // 1024
+                    step.detail = ((step.detail + "; ") if step.detail else "") + (
+                        f"predicted peak {pred / 2**30:.2f} GiB "
+                        f"({pred / 1024 / step.peak_rss_kib - 1:+.0%} against the measured)")
                 if job.stage == "compile" and step.status == "ok":
                     ctx = step.result.get("contexts", {})
                     emb = {g: c.get("embed") for g, c in ctx.items()}

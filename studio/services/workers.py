@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from studio.core.hostmem import available_memory
+
 OnMessage = Callable[[dict[str, Any]], None]
 
 #: memory one stage job of a small model may take (torch + onnxruntime + the HTP simulator);
@@ -38,17 +40,6 @@ def job_memory(model_bytes: int = 0) -> int:
     """Bytes one stage job needs: the base plus three copies of the model's weights (the
     FP32 graph, the quantized graph and the context binary being built)."""
     return JOB_BASE_MEMORY + 3 * max(0, model_bytes)
-
-
-def available_memory() -> int:
-    """Free memory now (MemAvailable), or the total when /proc says nothing."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def local_workers(asked: int | None, model_bytes: int = 0) -> tuple[int, str]:

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from studio.core.fsutil import atomic_write_json
+from studio.core.hostmem import check_fits
 from studio.core.progress import Progress, SubProgress
 from studio.worker.context import StageContext, host_metric
 from studio.worker.stages._llm import GRAPHS
@@ -25,6 +26,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     budget = int(ctx.get("export.max_part_mb")) * 1_000_000
     plan = plan_parts(checkpoint_layout(ckpt), ctx.get("export.parts"), AUTO_WEIGHT_BITS,
                       budget)
+    check_fits("export", [p.parameters for p in plan])
     t0 = time.perf_counter()
     if len(plan) == 1:
         progress.update(0.02, f"exporting {info.architecture} ({info.num_layers} layers)")

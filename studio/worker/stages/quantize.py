@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.core.hostmem import check_fits
 from studio.core.progress import Progress
 from studio.engine.llm_runtime import cpu_generator, load_graph_spec, load_tokenizer
 from studio.worker.context import StageContext, read_text
@@ -37,7 +38,11 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     export_dir = ctx.input("export")
     t0 = time.perf_counter()
     kv = ctx.get("quantization.kv_cache") or "float"
-    if len(load_graph_spec(export_dir).get("parts") or []) > 1:
+    parts = load_graph_spec(export_dir).get("parts") or []
+    # one part: the graph's own weights (FP32; a tied head is a second copy there)
+    check_fits("quantize", [int(p.get("parameters") or 0) for p in parts] or [
+        sum(f.stat().st_size for f in export_dir.glob("decode.onnx*")) // 4])
+    if len(parts) > 1:
         from studio.engine.quantize_parts import quantize_parts
 
         if kv == "int8":

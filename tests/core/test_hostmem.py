@@ -1,0 +1,50 @@
+"""The host-memory check of stages over a model in parts: the prediction follows the
+largest part, a stage that fits runs, one that does not is refused in one line naming a
+part count that fits."""
+
+from __future__ import annotations
+
+import pytest
+
+from studio.core.errors import StudioError
+from studio.core.hostmem import GIB, STAGE_MEMORY, available_memory, check_fits, predicted_peak
+from studio.core.parts import Layout, plan_parts
+
+# about Qwen2.5-3B: 36 blocks of 77 M, a 311 M embedding tied to the head
+QWEN3B = Layout(blocks=(77_000_000,) * 36, embedding=311_000_000, norm=2048, head=0, tied=True)
+
+
+def test_the_prediction_follows_the_largest_part_not_the_depth():
+    three = [p.parameters for p in plan_parts(QWEN3B, 3)]
+    six = [p.parameters for p in plan_parts(QWEN3B, 6)]
+    for stage in STAGE_MEMORY:
+        assert predicted_peak(stage, six) < predicted_peak(stage, three)
+        # twice the depth at the same part size: the same peak
+        assert predicted_peak(stage, six + six) == predicted_peak(stage, six)
+    assert predicted_peak("compile", six) is None  # not modelled: never refused
+    assert predicted_peak("export", []) is None
+
+
+def test_a_stage_that_fits_runs_and_one_that_does_not_names_a_count_that_fits():
+    plan = [p.parameters for p in plan_parts(QWEN3B, 2)]
+    need = predicted_peak("quantize", plan)
+    check_fits("quantize", plan, available=need + GIB)
+    with pytest.raises(StudioError) as e:
+        check_fits("quantize", plan, available=8 * GIB)
+    msg = str(e.value)
+    assert "\n" not in msg and "the quantize stage would need about" in msg
+    assert "GiB are free" in msg and "export.parts = " in msg
+    count = int(msg.split("export.parts = ")[1].split(",")[0])
+    assert count > 2
+    # the suggested count does fit
+    check_fits("quantize", [p.parameters for p in plan_parts(QWEN3B, count)],
+               available=8 * GIB)
+
+
+def test_no_split_fits_a_machine_without_memory():
+    with pytest.raises(StudioError, match="free memory"):
+        check_fits("export", [p.parameters for p in plan_parts(QWEN3B, 36)], available=GIB)
+
+
+def test_the_free_memory_is_read_from_the_host():
+    assert 0 < available_memory() < 1 << 50
