@@ -267,6 +267,51 @@ def describe_model(project: Project):
 
     return hf_import.open_checkpoint(path)
 
+@dataclass(frozen=True)
+class PartPlan:
+    """How the export stage will split the project's checkpoint (``export.parts``,
+    ``export.max_part_mb``), and what each stage that holds a part's weights is predicted
+    to take of this host's memory (:mod:`studio.core.hostmem`)."""
+
+    parts: list[dict[str, Any]]  # name, blocks (first, last), parameters, bytes_8bit
+    peaks: dict[str, int]  # stage -> predicted peak RSS (bytes)
+    available: int  # free memory now (bytes)
+
+    def text(self) -> str:
+        n = len(self.parts)
+        largest = max(self.parts, key=lambda p: p["parameters"])
+        where = "one part" if n == 1 else f"{n} parts"
+        lines = f"Plan: {where}" + ("" if n == 1 else " of blocks " + ", ".join(
+            f"{p['blocks'][0]}–{p['blocks'][1]}" for p in self.parts))
+        lines += (f"; the largest holds {largest['parameters'] / 1e6:,.1f} M parameters "
+                  f"({largest['bytes_8bit'] / 1e6:,.0f} MB at 8 bits)")
+        peaks = ", ".join(f"{stage} {b / 2**30:.1f} GiB" for stage, b in self.peaks.items())
+        return (f"{lines}. Predicted peak memory (estimated): {peaks}; "
+                f"{self.available / 2**30:.1f} GiB free now.")
+
+
+def part_plan(project: Project) -> PartPlan | None:
+    """The part plan of a causal-LM checkpoint project from its weight files' headers
+    (nothing loaded); None for other projects. Raises the export stage's own refusal when
+    the settings cannot split the model."""
+    if project.model["kind"] != "causal-lm":
+        return None
+    from studio.core.hostmem import STAGE_MEMORY, available_memory, predicted_peak
+    from studio.core.parts import AUTO_WEIGHT_BITS, compiled_bytes, plan_parts
+    from studio.engine.llm_parts import checkpoint_layout
+
+    path = project.input_path(project.model["source"])
+    export = project.export
+    plan = plan_parts(checkpoint_layout(path), export["parts"], AUTO_WEIGHT_BITS,
+                      int(export["max_part_mb"]) * 1_000_000)
+    sizes = [p.parameters for p in plan]
+    peaks = {stage: predicted_peak(stage, sizes) or 0 for stage in STAGE_MEMORY}
+    return PartPlan(
+        parts=[{"name": p.name, "blocks": (p.start, p.stop - 1), "parameters": p.parameters,
+                "bytes_8bit": compiled_bytes(p.parameters, 8)} for p in plan],
+        peaks=peaks, available=available_memory())
+
+
 def report_files(project: Project) -> list[Path]:
     """HTML reports of the project, newest first (``latest.html`` first when present)."""
     folder = project.folder / "reports"

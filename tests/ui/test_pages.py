@@ -62,6 +62,11 @@ def test_empty_states_of_a_fresh_project(window, project_path, qtbot):
     qtbot.waitUntil(lambda: "Run the export stage" in model.status.text(), timeout=20_000)
     assert model.export_button.isVisibleTo(model)
     assert model.model.rowCount() > 2  # embedding, blocks, head
+    # the part plan and the predicted peak memory of the stages that hold a part
+    qtbot.waitUntil(lambda: model.plan.isVisibleTo(model), timeout=20_000)
+    plan = model.plan.text()
+    assert plan.startswith("Plan: one part; the largest holds")
+    assert "Predicted peak memory (estimated): export" in plan and "GiB free now" in plan
     prec = window.show_page("Precision")
     qtbot.waitUntil(lambda: prec.layers.rowCount() > 0, timeout=20_000)
 

@@ -70,6 +70,12 @@ class ModelPage(Page):
         self.export_button.clicked.connect(lambda: self.run_role("export"))
         info.addWidget(self.export_button)
         lay.addLayout(info)
+        self.plan = label("", "muted", wrap=True, selectable=True)
+        self.plan.setToolTip("How the export splits the model into parts (export.parts, "
+                             "export.max_part_mb) and the peak memory each stage over a part "
+                             "is predicted to take on this machine")
+        self.plan.hide()
+        lay.addWidget(self.plan)
 
         self.model = ModelTreeModel(self)
         self.proxy = QSortFilterProxyModel(self)
@@ -96,6 +102,7 @@ class ModelPage(Page):
         self._graphs: dict[str, object] = {}
         self._graph_paths: dict[str, object] | None = None  # None: not looked yet
         self._loading: asyncio.Future | None = None
+        self._plan_loading: asyncio.Future | None = None
         self._netron = projects.netron_available()
         self.netron_button.setVisible(self._netron)
         self.netron_hint.setVisible(not self._netron)
@@ -114,6 +121,7 @@ class ModelPage(Page):
             self.ctl.load_model()
 
     def on_close(self) -> None:
+        self.plan.hide()
         self.model.set_root(build_tree())
         self._graphs.clear()
 
@@ -165,6 +173,27 @@ class ModelPage(Page):
             self.netron_button.setEnabled(True)
             self.netron_button.setToolTip(f"Open {info.path.name} in Netron (in the browser)")
         self._rebuild()
+        self._load_plan()
+
+    def _load_plan(self) -> None:
+        """The part plan and its predicted peak memory, read in a thread (weight headers)."""
+        studio = self.ctl.studio
+        if studio is None:
+            return
+        project = studio.project.copy()
+
+        async def load():
+            try:
+                plan = await self.ctl.in_thread(projects.part_plan, project)
+            except StudioError as exc:
+                text = f"Plan: {exc.message}"
+            else:
+                text = plan.text() if plan is not None else ""
+            if self.ctl.studio is studio:
+                self.plan.setText(text)
+                self.plan.setVisible(bool(text))
+
+        self._plan_loading = asyncio.ensure_future(load())
 
     def _graph_chosen(self, name: str) -> None:
         if not name or self.ctl.studio is None:
