@@ -40,6 +40,7 @@ from studio.core.recipe import (
     DEFAULT_GATES,
     DEFAULT_GRANULARITY,
     DEFAULT_SCHEME,
+    DEFAULT_WEIGHT_ROUNDING,
     GATE_HELP,
     GRANULARITIES,
     KV_CACHE_KINDS,
@@ -47,6 +48,7 @@ from studio.core.recipe import (
     PRECISIONS,
     QUANTIZED_SCHEMES,
     SCHEMES,
+    WEIGHT_ROUNDINGS,
     check_recipe,
     is_float_scheme,
 )
@@ -392,6 +394,10 @@ class Quantization(Section):
     weight_granularity: str = setting(DEFAULT_GRANULARITY, "one weight scale per tensor, per "
                                       "output channel, or per block (LPBQ)",
                                       choices=GRANULARITIES)
+    weight_rounding: str = setting(DEFAULT_WEIGHT_ROUNDING, "how per-channel integer weights "
+                                   "are chosen: nearest (MinMax), seqmse (clipping search) or "
+                                   "adaround (learned rounding), from calibration inputs; float "
+                                   "schemes ignore it", choices=WEIGHT_ROUNDINGS)
     calibration_text: str = setting("sample:calibration", "the text the activation ranges are "
                                     "calibrated on")
     calibration_samples: int = setting(DEFAULT_CALIBRATION_SAMPLES, "calibration windows (or "

@@ -1,0 +1,237 @@
+"""Weight rounding (SeqMSE, AdaRound) on small real graphs: each method's layer output error
+is no worse than round-to-nearest's, the quantizer stores exactly the integers a method
+chose, per-layer overrides win, and the one-graph and part-by-part paths both apply it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from studio.core.errors import Cancelled, StudioError
+from studio.core.progress import RecordingProgress
+
+W4 = {"scheme": "W4A16", "weight_granularity": "per_channel"}
+
+
+def _two_layers(path: Path) -> Path:
+    """x [1, 24, 32] -> MatMul W1 [32, 48] -> Relu -> MatMul W2 [48, 16] -> y, the weights
+    heavy-tailed (a few outliers per channel: where clipping pays)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.RandomState(0)
+    w1 = (rng.standard_t(3, (32, 48)) * 0.2).astype(np.float32)
+    w2 = (rng.standard_t(3, (48, 16)) * 0.2).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W1"], ["h"], name="/fc1/MatMul"),
+         helper.make_node("Relu", ["h"], ["r"], name="/act/Relu"),
+         helper.make_node("MatMul", ["r", "W2"], ["y"], name="/fc2/MatMul")],
+        "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 24, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 16])],
+        [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(path))
+    return path
+
+
+def _feeds(n: int, seed: int) -> list[dict]:
+    mix = np.random.RandomState(7).randn(32, 32).astype(np.float32) * 0.3 + np.eye(32)
+    rng = np.random.RandomState(seed)
+    return [{"x": (rng.randn(1, 24, 32) @ mix).astype(np.float32)} for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory) -> Path:
+    return _two_layers(tmp_path_factory.mktemp("rounding") / "two.onnx")
+
+
+def _targets(graph: Path, recipe: dict):
+    import onnx
+
+    from studio.engine.quantize import normalize_recipe, resolve_overrides
+    from studio.engine.rounding import rounding_targets
+
+    model = onnx.load(str(graph))
+    return rounding_targets(model, resolve_overrides(model, normalize_recipe(recipe))[
+        "init_overrides"])
+
+
+def _weights(graph: Path) -> dict[str, np.ndarray]:
+    import onnx
+    from onnx import numpy_helper
+
+    return {t.name: numpy_helper.to_array(t) for t in onnx.load(str(graph)).graph.initializer}
+
+
+def _gram(x: np.ndarray) -> np.ndarray:
+    x = x.reshape(-1, x.shape[-1]).astype(np.float64)
+    return x.T @ x
+
+
+@pytest.mark.parametrize("method", ["seqmse", "adaround"])
+def test_a_method_beats_nearest_rounding_on_the_layer_output(graph, method):
+    from studio.engine.rounding import channel_errors, nearest, round_layer
+
+    t = _targets(graph, W4)["W1"]
+    w = _weights(graph)["W1"]
+    x = np.concatenate([f["x"] for f in _feeds(4, 1)], axis=1)
+    h = _gram(x)
+    q_n, s_n = nearest(w, t)
+    r = round_layer(h, w, t, method)
+    near, got = channel_errors(h, w, q_n, s_n), channel_errors(h, w, r.ints, r.scales)
+    assert got.sum() < 0.9 * near.sum(), (got.sum(), near.sum())
+    if method == "seqmse":  # chosen per channel, with 1.0 x max among the candidates
+        assert np.all(got <= near * (1 + 1e-9))
+    else:  # AdaRound keeps MinMax's scales and moves weights by one step at most
+        assert np.array_equal(r.scales, s_n)
+        assert np.abs(r.ints - q_n).max() == 1
+    assert r.ints.min() >= -8 and r.ints.max() <= 7  # ORT's int4 range
+    # held-out inputs: the gain is not only on the calibration rows
+    hh = _gram(np.concatenate([f["x"] for f in _feeds(4, 2)], axis=1))
+    assert channel_errors(hh, w, r.ints, r.scales).sum() < channel_errors(hh, w, q_n, s_n).sum()
+
+
+def test_nearest_is_what_the_quantizer_does_by_itself(graph, tmp_path):
+    from studio.engine.quantize import quantize_graph
+    from studio.engine.rounding import nearest, rounded_from_qdq
+
+    quantize_graph(graph, tmp_path / "q.onnx", {**W4, "samples": 2}, _feeds(2, 1))
+    stored = rounded_from_qdq(tmp_path / "q.onnx")
+    targets, weights = _targets(graph, W4), _weights(graph)
+    assert set(stored) == {"W1", "W2"}
+    for w, r in stored.items():
+        q, s = nearest(weights[w], targets[w])
+        assert np.array_equal(r.ints, q)
+        np.testing.assert_allclose(r.scales, s, rtol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["seqmse", "adaround"])
+def test_the_quantizer_stores_exactly_the_chosen_integers(graph, tmp_path, method):
+    from studio.engine.quantize import quantize_graph
+    from studio.engine.rounding import Source, nearest, round_for_recipe, rounded_from_qdq
+
+    recipe = {**W4, "samples": 3, "weight_rounding": method}
+    feeds = _feeds(3, 1)
+    from studio.engine.quantize import normalize_recipe
+
+    chosen, summary, _ = round_for_recipe([Source(graph, feeds, [None] * 3)],
+                                          normalize_recipe(recipe), tmp_path / "w")
+    assert summary["method"] == method and summary["layers"] == 2
+    assert summary["sequential"] and summary["calibration_rows"] == 3 * 24
+    info = quantize_graph(graph, tmp_path / "q.onnx", recipe, feeds)
+    assert info["rounding"]["by_layer"] == summary["by_layer"]  # deterministic
+    assert info["weights_rounded"] == 2
+    stored = rounded_from_qdq(tmp_path / "q.onnx")
+    weights, targets = _weights(graph), _targets(graph, W4)
+    for w in ("W1", "W2"):
+        assert np.array_equal(stored[w].ints, chosen[w].ints), w
+        assert np.array_equal(stored[w].scales, chosen[w].scales), w
+        assert not np.array_equal(stored[w].ints, nearest(weights[w], targets[w])[0])
+    # the per-channel scales are summarised in the quantizer's record, not listed
+    assert "chosen by" in info["tensors_overridden"]["W1"]["scale"]
+
+
+def test_the_second_layer_sees_the_first_layers_rounded_weights(graph, tmp_path):
+    import onnx
+
+    from studio.engine.quantize import normalize_recipe
+    from studio.engine.rounding import Source, round_model, waves
+
+    targets, weights = _targets(graph, W4), _weights(graph)
+    assert waves(onnx.load(str(graph)), targets) == [["W1"], ["W2"]]
+    feeds = _feeds(2, 1)
+    normalize_recipe({**W4, "weight_rounding": "seqmse"})
+    seq, _ = round_model([Source(graph, feeds, [None, None])], targets, weights, "seqmse",
+                         tmp_path / "a", sequential=True)
+    par, _ = round_model([Source(graph, feeds, [None, None])], targets, weights, "seqmse",
+                         tmp_path / "b", sequential=False)
+    assert np.array_equal(seq["W1"].ints, par["W1"].ints)  # the first wave sees FP32 inputs
+    x = np.concatenate([f["x"] for f in feeds], axis=1).reshape(-1, 32)
+    r = np.maximum(x @ seq["W1"].dequantized(), 0)  # what W2 sees after the rounded W1
+    from studio.engine.rounding import channel_errors
+
+    h = _gram(r)
+    assert channel_errors(h, weights["W2"], seq["W2"].ints, seq["W2"].scales).sum() <= \
+        channel_errors(h, weights["W2"], par["W2"].ints, par["W2"].scales).sum() * (1 + 1e-9)
+
+
+def test_a_layer_kept_in_float_or_at_8_bits_by_an_override_is_rounded_as_it_ends_up(
+        graph, tmp_path):
+    from studio.engine.quantize import quantize_graph
+    from studio.engine.rounding import rounded_from_qdq
+
+    recipe = {**W4, "samples": 2, "weight_rounding": "seqmse", "overrides": {"fc2": "FP16"}}
+    info = quantize_graph(graph, tmp_path / "f.onnx", recipe, _feeds(2, 1))
+    assert info["weights_rounded"] == 1 and set(rounded_from_qdq(tmp_path / "f.onnx")) == {"W1"}
+    recipe["overrides"] = {"W2": "INT8"}  # a weight-only pattern: 8-bit per channel
+    quantize_graph(graph, tmp_path / "e.onnx", recipe, _feeds(2, 1))
+    from onnxruntime.quantization import QuantType
+
+    stored = rounded_from_qdq(tmp_path / "e.onnx")
+    assert stored["W2"].quant_type == QuantType.QInt8 and stored["W1"].quant_type == QuantType.QInt4
+    assert stored["W2"].ints.max() > 7  # rounded on the 8-bit grid
+    assert _targets(graph, recipe)["W2"].qmax == 127
+
+
+def test_rounding_can_be_cancelled(graph, tmp_path):
+    from studio.engine.quantize import quantize_graph
+
+    with pytest.raises(Cancelled):
+        quantize_graph(graph, tmp_path / "q.onnx",
+                       {**W4, "samples": 2, "weight_rounding": "adaround"}, _feeds(2, 1),
+                       RecordingProgress(cancel_after=3))
+    assert not (tmp_path / "q.onnx").exists()
+
+
+@pytest.mark.parametrize(("recipe", "match"), [
+    ({**W4, "weight_rounding": "gptq"}, "unknown weight rounding 'gptq'"),
+    ({"scheme": "W8A16", "weight_granularity": "per_tensor", "weight_rounding": "seqmse"},
+     "works on per-channel weights"),
+    ({**W4, "weight_granularity": "per_block", "weight_rounding": "adaround"},
+     "works on per-channel weights"),
+])
+def test_bad_rounding_recipes(recipe, match):
+    from studio.engine.quantize import normalize_recipe
+
+    with pytest.raises(StudioError, match=match):
+        normalize_recipe(recipe)
+
+
+def test_the_setting_is_typed_keyed_and_ignored_by_float_schemes():
+    from studio.core.settings import Quantization
+    from studio.core.stagegraph import STAGES
+
+    assert Quantization.from_table({}).weight_rounding == "nearest"
+    with pytest.raises(StudioError, match="weight_rounding"):
+        Quantization.from_table({"weight_rounding": "stochastic"}).check()
+    with pytest.raises(StudioError, match="works on per-channel weights"):
+        Quantization.from_table({"weight_granularity": "per_tensor",
+                                 "weight_rounding": "seqmse"}).check()
+    Quantization.from_table({"scheme": "FP16", "weight_rounding": "seqmse"}).check()
+    for stage in ("quantize", "graph-quantize", "bundle"):
+        assert "quantization.weight_rounding" in STAGES[stage].settings
+
+
+def test_one_graph_rounds_the_prefill_and_decode_weights_alike(tmp_path, qwen_graphs,
+                                                               tiny_qwen_dir, corpus):
+    from studio.engine.quantize import quantize_llm
+    from studio.engine.rounding import rounded_from_qdq
+
+    src, _ = qwen_graphs
+    info = quantize_llm(src, tmp_path / "q", {**W4, "samples": 2, "weight_rounding": "seqmse"},
+                        corpus, tiny_qwen_dir)
+    assert info["weight_rounding"] == "seqmse"
+    assert info["rounding"]["layers"] == 2 * 7 + 1 and info["run_facts"]["rounding_seconds"] > 0
+    assert info["rounding"]["mean_error_ratio"] < 1.0
+    pre, dec = rounded_from_qdq(tmp_path / "q" / "prefill.onnx"), \
+        rounded_from_qdq(tmp_path / "q" / "decode.onnx")
+    assert set(pre) == set(dec) and len(dec) == 15
+    for w in dec:
+        assert np.array_equal(pre[w].ints, dec[w].ints) and np.array_equal(pre[w].scales,
+                                                                           dec[w].scales)
+    import json
+
+    stored = json.loads((tmp_path / "q" / "quant.json").read_text())
+    assert "run_facts" not in stored and stored["rounding"]["method"] == "seqmse"
