@@ -164,15 +164,14 @@ def seqmse(h, w, t: Target, candidates: int = SEQMSE_CANDIDATES, low: float = SE
 
     absmax = np.abs(w).max(axis=0).astype(np.float64)
     alphas = np.linspace(low, 1.0, candidates)
-    best_err = best_q = best_s = best_a = None
-    for a in alphas[::-1]:  # 1.0 first: a tie keeps the wider range
+    best_s = _scales(absmax, t)  # 1.0 first: a tie keeps the wider range
+    best_q = _quant(w, best_s, t)
+    best_err = channel_errors(h, w, best_q, best_s)
+    best_a = np.ones(w.shape[1])
+    for a in alphas[-2::-1]:
         s = _scales(a * absmax, t)
         q = _quant(w, s, t)
         err = channel_errors(h, w, q, s)
-        if best_err is None:
-            best_err, best_q, best_s = err, q, s
-            best_a = np.full(w.shape[1], a)
-            continue
         better = err < best_err
         best_err = np.where(better, err, best_err)
         best_q = np.where(better[None, :], q, best_q)
