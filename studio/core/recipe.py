@@ -36,6 +36,9 @@ CALIBRATION_METHODS: tuple[str, ...] = ("MinMax", "Entropy", "Percentile")
 # (what the quantizer does by itself), or from calibration data (studio.engine.rounding)
 WEIGHT_ROUNDINGS: tuple[str, ...] = ("nearest", "seqmse", "adaround")
 DEFAULT_WEIGHT_ROUNDING = "nearest"
+# the calibration windows the rounding collects its layer inputs on (more than the activation
+# ranges need: a layer's output error is fitted on them)
+DEFAULT_ROUNDING_SAMPLES = 32
 WEIGHT_ROUNDING_HELP = {
     "nearest": "round to nearest on MinMax scales (the quantizer's own)",
     "seqmse": "per output channel, the clipping range that minimises the layer's output error "

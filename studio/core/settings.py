@@ -39,6 +39,7 @@ from studio.core.recipe import (
     DEFAULT_CALIBRATION_SAMPLES,
     DEFAULT_GATES,
     DEFAULT_GRANULARITY,
+    DEFAULT_ROUNDING_SAMPLES,
     DEFAULT_SCHEME,
     DEFAULT_WEIGHT_ROUNDING,
     GATE_HELP,
@@ -398,6 +399,9 @@ class Quantization(Section):
                                    "are chosen: nearest (MinMax), seqmse (clipping search) or "
                                    "adaround (learned rounding), from calibration inputs; float "
                                    "schemes ignore it", choices=WEIGHT_ROUNDINGS)
+    rounding_samples: int = setting(DEFAULT_ROUNDING_SAMPLES, "calibration windows the weight "
+                                    "rounding fits each layer on (seqmse, adaround)", min=1,
+                                    cap=MAX_TOKENS)
     calibration_text: str = setting("sample:calibration", "the text the activation ranges are "
                                     "calibrated on")
     calibration_samples: int = setting(DEFAULT_CALIBRATION_SAMPLES, "calibration windows (or "

@@ -59,6 +59,7 @@ from studio.core.recipe import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_CALIBRATION_METHOD,
     DEFAULT_GRANULARITY,
+    DEFAULT_ROUNDING_SAMPLES,
     DEFAULT_SCHEME,
     DEFAULT_WEIGHT_ROUNDING,
     GRANULARITIES,
@@ -115,6 +116,7 @@ def normalize_recipe(recipe: dict) -> dict:
         "calibration_method",
         "block_size",
         "weight_rounding",
+        "rounding_samples",
     }
     if unknown:
         raise StudioError(
@@ -176,8 +178,14 @@ def normalize_recipe(recipe: dict) -> dict:
             and gran != "per_channel":
         raise StudioError(f"weight rounding {rounding} works on per-channel weights: set the "
                           f"weight granularity per_channel (it is {gran}), or rounding nearest")
+    r_samples = recipe.get("rounding_samples", DEFAULT_ROUNDING_SAMPLES)
+    if isinstance(r_samples, bool) or not isinstance(r_samples, int) or \
+            not 1 <= r_samples <= MAX_SAMPLES:
+        raise StudioError(f"rounding samples must be a whole number from 1 to {MAX_SAMPLES} "
+                          f"(got {r_samples!r})")
     return {
         "weight_rounding": rounding,
+        "rounding_samples": r_samples,
         "calibration_method": method,
         "block_size": int(block),
         "given": given,
@@ -894,6 +902,8 @@ def quantize_llm(
         "samples": recipe["samples"],
         "overrides": dict(recipe["given"]),
         "weight_rounding": recipe["weight_rounding"],
+        **({"rounding_samples": recipe["rounding_samples"]}
+           if recipe["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING else {}),
     }
     run_facts: dict[str, float] = {}
 
@@ -955,9 +965,16 @@ def quantize_llm(
                 from studio.engine.rounding import Source, prefill_rows, round_for_recipe
 
                 progress.update(0.2, f"rounding the weights ({recipe['weight_rounding']})")
+                # the layers' inputs: prompts of rounding_samples windows (prefill rows) and
+                # the calibration's decode feeds (later positions)
+                r_pre, _ = build_calibration_feeds(
+                    graphs_dir, spec, calibration_windows(
+                        calibration_text, tokenizer_dir, length=C,
+                        count=recipe["rounding_samples"], min_length=min(C, P + 1)),
+                    decode_per_window=0)
                 rounded, info["rounding"], seconds = round_for_recipe(
-                    [Source(graphs_dir / "prefill.onnx", pre_feeds,
-                            [prefill_rows(f) for f in pre_feeds]),
+                    [Source(graphs_dir / "prefill.onnx", r_pre,
+                            [prefill_rows(f) for f in r_pre]),
                      Source(graphs_dir / "decode.onnx", dec_feeds, [None] * len(dec_feeds))],
                     recipe, stage / ".rounding", SubProgress(progress, 0.2, 0.5))
                 shutil.rmtree(stage / ".rounding", ignore_errors=True)

@@ -136,9 +136,17 @@ def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_te
         "parts": [], "layers": [],
     }
     run_facts: dict[str, float] = {}
+    r_windows = calibration_windows(calibration_text, tokenizer_dir, length=C,
+                                    count=recipe["rounding_samples"], min_length=min(C, P + 1)
+                                    ) if recipe["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING \
+        else []
+    if r_windows:
+        info["rounding_samples"] = recipe["rounding_samples"]
     stage = Path(tempfile.mkdtemp(dir=out_dir, prefix=".quantize."))
     try:
         handed: list[Any] | None = None
+        r_handed: list[Any] | None = None
+        r_pre: list[dict] = []
         share = 1.0 / len(parts)
         for part, src in zip(parts, dirs, strict=True):
             sub = SubProgress(progress, part.index * share, (part.index + 1) * share)
@@ -148,6 +156,9 @@ def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_te
             pre, dec, handed_next = part_calibration(
                 runner, windows, handed, recipe["decode_per_window"],
                 SubProgress(sub, 0.0, 0.2), hand_on=not part.heads)
+            if r_windows:  # the rounding's prompts, handed on as the calibration's are
+                r_pre, _, r_handed = part_calibration(runner, r_windows, r_handed, 0,
+                                                      hand_on=not part.heads)
             runner.close()
             del runner
             if not dec:
@@ -161,7 +172,7 @@ def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_te
                 sub.update(0.2, f"part {part.index + 1}/{len(parts)}: rounding the weights "
                                 f"({recipe['weight_rounding']})")
                 rounded, row["rounding"], seconds = round_for_recipe(
-                    [Source(src / "prefill.onnx", pre, [prefill_rows(f) for f in pre]),
+                    [Source(src / "prefill.onnx", r_pre, [prefill_rows(f) for f in r_pre]),
                      Source(src / "decode.onnx", dec, [None] * len(dec))],
                     recipe, stage / ".rounding", SubProgress(sub, 0.2, 0.5))
                 shutil.rmtree(stage / ".rounding", ignore_errors=True)

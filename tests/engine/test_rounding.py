@@ -235,3 +235,37 @@ def test_one_graph_rounds_the_prefill_and_decode_weights_alike(tmp_path, qwen_gr
 
     stored = json.loads((tmp_path / "q" / "quant.json").read_text())
     assert "run_facts" not in stored and stored["rounding"]["method"] == "seqmse"
+
+
+def test_parts_round_each_parts_weights_on_its_own_inputs(tmp_path, tiny_qwen_dir, corpus):
+    from studio.engine.llm_parts import export_parts
+    from studio.engine.quantize_parts import quantize_parts
+    from studio.engine.rounding import nearest, rounded_from_qdq
+
+    export_parts(tiny_qwen_dir, tmp_path / "e", 16, 64, parts=2, verify_len=1)
+    info = quantize_parts(tmp_path / "e", tmp_path / "q", {**W4, "samples": 2,
+                                                          "weight_rounding": "seqmse",
+                                                          "rounding_samples": 4},
+                          corpus, tiny_qwen_dir)
+    assert info["weight_rounding"] == "seqmse" and info["rounding_samples"] == 4
+    assert [p["rounding"]["layers"] for p in info["parts"]] == [7, 8]  # + lm_head
+    import onnx
+    from onnx import numpy_helper
+
+    from studio.engine.quantize import normalize_recipe, resolve_overrides
+    from studio.engine.rounding import rounding_targets
+
+    changed = 0
+    for part in info["parts"]:
+        src = tmp_path / "e" / part["name"] / "decode.onnx"
+        model = onnx.load(str(src))
+        targets = rounding_targets(model, resolve_overrides(model, normalize_recipe(W4))[
+            "init_overrides"])
+        weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+        stored = rounded_from_qdq(tmp_path / "q" / part["name"] / "decode.onnx")
+        assert set(stored) == set(targets)
+        pre = rounded_from_qdq(tmp_path / "q" / part["name"] / "prefill.onnx")
+        for w, r in stored.items():
+            assert np.array_equal(pre[w].ints, r.ints)
+            changed += not np.array_equal(r.ints, nearest(weights[w], targets[w])[0])
+    assert changed > 0

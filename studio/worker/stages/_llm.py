@@ -21,7 +21,8 @@ def recipe(ctx: StageContext) -> dict[str, Any]:
             "overrides": ctx.get("quantization.overrides"),
             "calibration_method": ctx.get("quantization.calibration_method"),
             "block_size": ctx.get("quantization.block_size"),
-            "weight_rounding": ctx.get("quantization.weight_rounding")}
+            "weight_rounding": ctx.get("quantization.weight_rounding"),
+            "rounding_samples": ctx.get("quantization.rounding_samples")}
 
 
 def htp_options(ctx: StageContext) -> dict[str, str]:
