@@ -34,7 +34,7 @@ GRANULARITIES: tuple[str, ...] = ("per_tensor", "per_channel", "per_block")
 CALIBRATION_METHODS: tuple[str, ...] = ("MinMax", "Entropy", "Percentile")
 # how the integer weights of per-channel layers are chosen: round to nearest on MinMax scales
 # (what the quantizer does by itself), or from calibration data (studio.engine.rounding)
-WEIGHT_ROUNDINGS: tuple[str, ...] = ("nearest", "seqmse", "adaround")
+WEIGHT_ROUNDINGS: tuple[str, ...] = ("nearest", "seqmse", "adaround", "gptq", "seqmse_gptq")
 DEFAULT_WEIGHT_ROUNDING = "nearest"
 # the calibration windows the rounding collects its layer inputs on (more than the activation
 # ranges need: a layer's output error is fitted on them)
@@ -45,6 +45,11 @@ WEIGHT_ROUNDING_HELP = {
               "on calibration inputs (AIMET's SeqMSE)",
     "adaround": "each weight rounded up or down as learned to minimise the layer's output "
                 "error on calibration inputs (AdaRound, Nagel et al. 2020)",
+    "gptq": "weights quantized one input row at a time, the rounding error of each pushed onto "
+            "the rows not yet quantized through the inverse input Gram matrix (GPTQ, Frantar "
+            "et al. 2022), on MinMax scales",
+    "seqmse_gptq": "SeqMSE's clipping ranges, then GPTQ's rounding on them (measured best on "
+                   "tiny-coder W4A16)",
 }
 # the KV cache as graph I/O: "float" (quantized at the graph edge every step on the HTP) or
 # "int8" (uint8 I/O with per-head scales: a quarter of FP32, half of a 16-bit cache)

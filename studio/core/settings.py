@@ -396,9 +396,10 @@ class Quantization(Section):
                                       "output channel, or per block (LPBQ)",
                                       choices=GRANULARITIES)
     weight_rounding: str = setting(DEFAULT_WEIGHT_ROUNDING, "how per-channel integer weights "
-                                   "are chosen: nearest (MinMax), seqmse (clipping search) or "
-                                   "adaround (learned rounding), from calibration inputs; float "
-                                   "schemes ignore it", choices=WEIGHT_ROUNDINGS)
+                                   "are chosen: nearest (MinMax), or from calibration inputs: "
+                                   "seqmse (clipping search), adaround (learned rounding), gptq "
+                                   "(error feedback), seqmse_gptq (both); float schemes ignore "
+                                   "it", choices=WEIGHT_ROUNDINGS)
     rounding_samples: int = setting(DEFAULT_ROUNDING_SAMPLES, "calibration windows the weight "
                                     "rounding fits each layer on (seqmse, adaround)", min=1,
                                     cap=MAX_TOKENS)

@@ -8,6 +8,10 @@ Qualcomm's LLM recipes do with AIMET:
   (``a`` on a grid up to 1.0) of each layer's weights; each channel takes the candidate that
   minimises that channel's output error ``||X W_c - X Q_c(W_c)||^2`` on the layer's
   calibration inputs ``X``.
+- **GPTQ** (Frantar et al. 2022): the input rows of the weight are quantized one at a time
+  (largest ``H_ii`` first), each row's rounding error pushed onto the rows not yet quantized
+  through the Cholesky factor of ``H^-1`` (1 % damping), on MinMax's scales (``gptq``) or on
+  SeqMSE's (``seqmse_gptq``).
 - **AdaRound** (Nagel et al. 2020): the scales stay MinMax's; each weight is rounded up or
   down as learned by minimising the layer's output reconstruction error with the rectified
   sigmoid ``h(V)`` and the annealed regulariser ``sum 1 - |2h - 1|^beta`` (Adam, a few
@@ -53,6 +57,8 @@ ADAROUND_REG = 0.1
 ADAROUND_BETA = (20.0, 2.0)
 ADAROUND_WARMUP = 0.2
 _GAMMA, _ZETA = -0.1, 1.1
+# GPTQ: damping of H's diagonal, as a fraction of its mean
+GPTQ_DAMP = 0.01
 SEED = 0
 
 
@@ -228,6 +234,33 @@ def adaround(h, w, scales, t: Target, iterations: int = ADAROUND_ITERATIONS,
     return q.numpy().astype(np.int32)
 
 
+def gptq(h, w, scales, t: Target, damp: float = GPTQ_DAMP, check=None):
+    """GPTQ on the grid of ``scales``: rows of ``w`` [in, out] quantized in order of
+    decreasing ``H_ii``, each row's error ``(w_i - q_i s) / U_ii`` taken off the later rows
+    through the upper Cholesky factor ``U`` of ``H^-1``. Returns the integers."""
+    import numpy as np
+
+    n = h.shape[0]
+    hd = np.array(h, np.float64)
+    hd[np.diag_indices(n)] += damp * float(np.mean(np.diag(hd))) + 1e-12
+    perm = np.argsort(-np.diag(hd), kind="stable")
+    hd = hd[perm][:, perm]
+    u = np.linalg.cholesky(np.linalg.inv(hd)).T
+    rest = np.array(w, np.float64)[perm]
+    s = np.asarray(scales, np.float64)
+    q = np.empty(rest.shape, np.int32)
+    for i in range(n):
+        if check is not None and i % 256 == 0:
+            check()
+        qi = np.clip(np.rint(rest[i] / s), t.qmin, t.qmax)
+        q[i] = qi
+        err = (rest[i] - qi * s) / u[i, i]
+        rest[i + 1:] -= np.outer(u[i, i + 1:], err)
+    out = np.empty_like(q)
+    out[perm] = q
+    return out
+
+
 def round_layer(h, w, t: Target, method: str, check=None) -> Rounded:
     """One layer's weights rounded by ``method``, never worse than nearest rounding on ``H``
     (a method that does not beat it falls back to it)."""
@@ -244,6 +277,14 @@ def round_layer(h, w, t: Target, method: str, check=None) -> Rounded:
         s = s_n
         q = adaround(h, w, s, t, check=check)
         stats["changed_weights"] = int((q != q_n).sum())
+    elif method in ("gptq", "seqmse_gptq"):
+        s = s_n
+        if method == "seqmse_gptq":
+            _, s, a = seqmse(h, w, t)
+            stats["clipped_channels"] = int((a < 1.0).sum())
+            stats["mean_range"] = float(a.mean())
+        q = gptq(h, w, s, t, check=check)
+        stats["changed_weights"] = int((q != _quant(w, s, t)).sum())
     else:
         raise StudioError(f"unknown weight rounding {method!r}")
     e = float(channel_errors(h, w, q, s).sum())

@@ -67,8 +67,8 @@ CASES = {
                                                '\n"decoder.block.*" = "INT16"'}),
                                       "'decoder.block.*' match(es) no layer"),
     "unknown weight rounding": (small(**{"calibration_samples = 2": "calibration_samples = 2\n"
-                                         'weight_rounding = "gptq"'}),
-                                "quantization.weight_rounding = 'gptq' is not one of nearest"),
+                                         'weight_rounding = "awq"'}),
+                                "quantization.weight_rounding = 'awq' is not one of nearest"),
     "weight rounding on per-tensor weights": (
         small(**{'weight_granularity = "per_channel"': 'weight_granularity = "per_tensor"\n'
                  'weight_rounding = "seqmse"'}),

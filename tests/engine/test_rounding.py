@@ -70,7 +70,10 @@ def _gram(x: np.ndarray) -> np.ndarray:
     return x.T @ x
 
 
-@pytest.mark.parametrize("method", ["seqmse", "adaround"])
+METHODS = ["seqmse", "adaround", "gptq", "seqmse_gptq"]
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_a_method_beats_nearest_rounding_on_the_layer_output(graph, method):
     from studio.engine.rounding import channel_errors, nearest, round_layer
 
@@ -84,9 +87,11 @@ def test_a_method_beats_nearest_rounding_on_the_layer_output(graph, method):
     assert got.sum() < 0.9 * near.sum(), (got.sum(), near.sum())
     if method == "seqmse":  # chosen per channel, with 1.0 x max among the candidates
         assert np.all(got <= near * (1 + 1e-9))
-    else:  # AdaRound keeps MinMax's scales and moves weights by one step at most
+    elif method == "adaround":  # MinMax's scales, each weight moved by one step at most
         assert np.array_equal(r.scales, s_n)
         assert np.abs(r.ints - q_n).max() == 1
+    elif method == "gptq":  # MinMax's scales
+        assert np.array_equal(r.scales, s_n)
     assert r.ints.min() >= -8 and r.ints.max() <= 7  # ORT's int4 range
     # held-out inputs: the gain is not only on the calibration rows
     hh = _gram(np.concatenate([f["x"] for f in _feeds(4, 2)], axis=1))
@@ -107,7 +112,7 @@ def test_nearest_is_what_the_quantizer_does_by_itself(graph, tmp_path):
         np.testing.assert_allclose(r.scales, s, rtol=1e-6)
 
 
-@pytest.mark.parametrize("method", ["seqmse", "adaround"])
+@pytest.mark.parametrize("method", METHODS)
 def test_the_quantizer_stores_exactly_the_chosen_integers(graph, tmp_path, method):
     from studio.engine.quantize import quantize_graph
     from studio.engine.rounding import Source, nearest, round_for_recipe, rounded_from_qdq
@@ -186,7 +191,7 @@ def test_rounding_can_be_cancelled(graph, tmp_path):
 
 
 @pytest.mark.parametrize(("recipe", "match"), [
-    ({**W4, "weight_rounding": "gptq"}, "unknown weight rounding 'gptq'"),
+    ({**W4, "weight_rounding": "awq"}, "unknown weight rounding 'awq'"),
     ({"scheme": "W8A16", "weight_granularity": "per_tensor", "weight_rounding": "seqmse"},
      "works on per-channel weights"),
     ({**W4, "weight_granularity": "per_block", "weight_rounding": "adaround"},
