@@ -330,3 +330,20 @@ def test_the_sample_at_w4a16_gets_other_weights_and_a_lower_kl_to_fp32(tmp_path,
     kl_got, top_got = _teacher_forced_kl(tmp_path / "e", tmp_path / "gptq", sample_model_dir)
     assert kl_got < 0.9 * kl_near, (kl_got, kl_near)
     assert top_got > top_near, (top_got, top_near)
+
+
+def test_a_graph_quantized_like_another_takes_its_rounded_weights(graph, tmp_path):
+    """The bundle's AR-N graph: quantized with the decode graph's activation scales and, with
+    a weight rounding, the integer weights the decode graph stores (not a rounding of its
+    own on other feeds)."""
+    from studio.engine.quantize import quantize_graph, quantize_like
+    from studio.engine.rounding import rounded_from_qdq
+
+    recipe = {**W4, "samples": 2, "weight_rounding": "gptq"}
+    quantize_graph(graph, tmp_path / "like.onnx", recipe, _feeds(2, 1))
+    info = quantize_like(graph, tmp_path / "other.onnx", tmp_path / "like.onnx", recipe,
+                         _feeds(2, 5))
+    assert info["weights_rounded"] == 2
+    a, b = rounded_from_qdq(tmp_path / "like.onnx"), rounded_from_qdq(tmp_path / "other.onnx")
+    for w in ("W1", "W2"):
+        assert np.array_equal(a[w].ints, b[w].ints) and np.array_equal(a[w].scales, b[w].scales)
