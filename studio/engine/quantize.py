@@ -12,7 +12,14 @@ Recipe::
      "calibration_method": "MinMax" | "Entropy" | "Percentile",
      "block_size": 32,                  # per_block (LPBQ) only
      "samples": 4,                      # calibration windows
+     "weight_rounding": "nearest" | "seqmse" | "adaround" | "gptq" | "seqmse_gptq",
+     "rounding_samples": 32,            # windows the rounding fits layers on (not nearest)
      "overrides": {pattern: precision}}
+
+``weight_rounding`` other than nearest (per-channel weights only): the integer weights of every
+MatMul the recipe quantizes per channel (4-bit, or 8-bit where an override says so; float and
+16-bit layers are left alone) are chosen by :mod:`studio.engine.rounding` once per model, from
+both graphs' calibration inputs, and stored alike in the prefill, decode and verify graphs.
 
 Schemes: W8A16 = QUInt8 weights, QUInt16 activations; W8A8 = QUInt8 / QUInt8; W4A16 = QInt4
 weights (per channel, or block-wise LPBQ: ``axis 0`` overrides with the quantizer's
