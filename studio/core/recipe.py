@@ -32,6 +32,25 @@ SCHEMES: tuple[str, ...] = ("W8A16", "W8A8", "W4A16", "FP16")
 # per_block: block-wise (LPBQ) INT4 weights, blocks of ``block_size`` along the input axis
 GRANULARITIES: tuple[str, ...] = ("per_tensor", "per_channel", "per_block")
 CALIBRATION_METHODS: tuple[str, ...] = ("MinMax", "Entropy", "Percentile")
+# how the integer weights of per-channel layers are chosen: round to nearest on MinMax scales
+# (what the quantizer does by itself), or from calibration data (studio.engine.rounding)
+WEIGHT_ROUNDINGS: tuple[str, ...] = ("nearest", "seqmse", "adaround", "gptq", "seqmse_gptq")
+DEFAULT_WEIGHT_ROUNDING = "nearest"
+# the calibration windows the rounding collects its layer inputs on (more than the activation
+# ranges need: a layer's output error is fitted on them)
+DEFAULT_ROUNDING_SAMPLES = 32
+WEIGHT_ROUNDING_HELP = {
+    "nearest": "round to nearest on MinMax scales (the quantizer's own)",
+    "seqmse": "per output channel, the clipping range that minimises the layer's output error "
+              "on calibration inputs (AIMET's SeqMSE)",
+    "adaround": "each weight rounded up or down as learned to minimise the layer's output "
+                "error on calibration inputs (AdaRound, Nagel et al. 2020)",
+    "gptq": "weights quantized one input row at a time, the rounding error of each pushed onto "
+            "the rows not yet quantized through the inverse input Gram matrix (GPTQ, Frantar "
+            "et al. 2022), on MinMax scales",
+    "seqmse_gptq": "SeqMSE's clipping ranges, then GPTQ's rounding on them (measured best on "
+                   "tiny-coder W4A16)",
+}
 # the KV cache as graph I/O: "float" (quantized at the graph edge every step on the HTP) or
 # "int8" (uint8 I/O with per-head scales: a quarter of FP32, half of a 16-bit cache)
 KV_CACHE_KINDS: tuple[str, ...] = ("float", "int8")
@@ -273,6 +292,13 @@ def check_recipe(quantization: Mapping[str, Any]) -> None:
         raise StudioError(
             f"{scheme} with per_tensor weights loses too much accuracy (one 4-bit scale per "
             "tensor); choose weight_granularity per_channel or per_block"
+        )
+    rounding = q.get("weight_rounding", DEFAULT_WEIGHT_ROUNDING)
+    if rounding != DEFAULT_WEIGHT_ROUNDING and not is_float_scheme(scheme) \
+            and granularity != "per_channel":
+        raise StudioError(
+            f"quantization.weight_rounding {rounding} works on per-channel weights: set "
+            f"weight_granularity per_channel (it is {granularity}), or weight_rounding nearest"
         )
     if granularity == "per_block" and weight_bits(scheme) != 4:
         four = ", ".join(s for s in SCHEMES if weight_bits(s) == 4)

@@ -39,7 +39,9 @@ from studio.core.recipe import (
     DEFAULT_CALIBRATION_SAMPLES,
     DEFAULT_GATES,
     DEFAULT_GRANULARITY,
+    DEFAULT_ROUNDING_SAMPLES,
     DEFAULT_SCHEME,
+    DEFAULT_WEIGHT_ROUNDING,
     GATE_HELP,
     GRANULARITIES,
     KV_CACHE_KINDS,
@@ -47,6 +49,7 @@ from studio.core.recipe import (
     PRECISIONS,
     QUANTIZED_SCHEMES,
     SCHEMES,
+    WEIGHT_ROUNDINGS,
     check_recipe,
     is_float_scheme,
 )
@@ -392,6 +395,14 @@ class Quantization(Section):
     weight_granularity: str = setting(DEFAULT_GRANULARITY, "one weight scale per tensor, per "
                                       "output channel, or per block (LPBQ)",
                                       choices=GRANULARITIES)
+    weight_rounding: str = setting(DEFAULT_WEIGHT_ROUNDING, "how per-channel integer weights "
+                                   "are chosen: nearest (MinMax), or from calibration inputs: "
+                                   "seqmse (clipping search), adaround (learned rounding), gptq "
+                                   "(error feedback), seqmse_gptq (both); float schemes ignore "
+                                   "it", choices=WEIGHT_ROUNDINGS)
+    rounding_samples: int = setting(DEFAULT_ROUNDING_SAMPLES, "calibration windows the weight "
+                                    "rounding fits each layer on (seqmse, adaround)", min=1,
+                                    cap=MAX_TOKENS)
     calibration_text: str = setting("sample:calibration", "the text the activation ranges are "
                                     "calibrated on")
     calibration_samples: int = setting(DEFAULT_CALIBRATION_SAMPLES, "calibration windows (or "

@@ -105,7 +105,8 @@ def sample_feeds(inputs: list[GraphInput], calibration: Path | None, validation:
 def rewrite_and_quantize(static: Path, out: Path, placement: str, feeds: list[dict[str, Any]],
                          held: list[dict[str, Any]], scheme: str, weight_granularity: str,
                          progress: Progress | None = None, method: str = "MinMax",
-                         overrides: dict[str, str] | None = None) -> dict[str, Any]:
+                         overrides: dict[str, str] | None = None,
+                         weight_rounding: str = "nearest") -> dict[str, Any]:
     """``out/graph.onnx`` (the float graph after the rewrites quantization needs, and with
     placement ``rewrite`` the catalogue's: each checked against the original on ``held``)
     and ``out/quantized.onnx`` calibrated on ``feeds``."""
@@ -128,12 +129,15 @@ def rewrite_and_quantize(static: Path, out: Path, placement: str, feeds: list[di
     quant = quantize_graph(graph, out / "quantized.onnx",
                            {"scheme": scheme, "weight_granularity": weight_granularity,
                             "samples": len(feeds), "calibration_method": method,
-                            "overrides": dict(overrides or {})}, feeds)
+                            "overrides": dict(overrides or {}),
+                            "weight_rounding": weight_rounding}, feeds)
     return {"rewrites": applied, "rewrite_check": check,
             "quantization": {k: quant[k] for k in ("calibration_feeds", "matmul_precisions",
                                                     "qdq_nodes")}
             | {"scheme": scheme, "weight_granularity": weight_granularity,
-               "calibration_method": method, "overrides": dict(overrides or {})}}
+               "calibration_method": method, "overrides": dict(overrides or {}),
+               "weight_rounding": weight_rounding,
+               **({"rounding": quant["rounding"]} if "rounding" in quant else {})}}
 
 
 def _reason(node: dict[str, Any]) -> str:

@@ -12,7 +12,14 @@ Recipe::
      "calibration_method": "MinMax" | "Entropy" | "Percentile",
      "block_size": 32,                  # per_block (LPBQ) only
      "samples": 4,                      # calibration windows
+     "weight_rounding": "nearest" | "seqmse" | "adaround" | "gptq" | "seqmse_gptq",
+     "rounding_samples": 32,            # windows the rounding fits layers on (not nearest)
      "overrides": {pattern: precision}}
+
+``weight_rounding`` other than nearest (per-channel weights only): the integer weights of every
+MatMul the recipe quantizes per channel (4-bit, or 8-bit where an override says so; float and
+16-bit layers are left alone) are chosen by :mod:`studio.engine.rounding` once per model, from
+both graphs' calibration inputs, and stored alike in the prefill, decode and verify graphs.
 
 Schemes: W8A16 = QUInt8 weights, QUInt16 activations; W8A8 = QUInt8 / QUInt8; W4A16 = QInt4
 weights (per channel, or block-wise LPBQ: ``axis 0`` overrides with the quantizer's
@@ -59,10 +66,13 @@ from studio.core.recipe import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_CALIBRATION_METHOD,
     DEFAULT_GRANULARITY,
+    DEFAULT_ROUNDING_SAMPLES,
     DEFAULT_SCHEME,
+    DEFAULT_WEIGHT_ROUNDING,
     GRANULARITIES,
     SCHEME_PRECISIONS,
     SCHEMES,
+    WEIGHT_ROUNDINGS,
     activation_bits,
     activation_point,
     covers,
@@ -112,6 +122,8 @@ def normalize_recipe(recipe: dict) -> dict:
         "given",
         "calibration_method",
         "block_size",
+        "weight_rounding",
+        "rounding_samples",
     }
     if unknown:
         raise StudioError(
@@ -165,7 +177,22 @@ def normalize_recipe(recipe: dict) -> dict:
     block = recipe.get("block_size", DEFAULT_BLOCK_SIZE)
     if gran == "per_block" and weight_bits(scheme) != 4:
         raise StudioError("per_block (LPBQ) weights are 4-bit: use it with scheme W4A16")
+    rounding = str(recipe.get("weight_rounding", DEFAULT_WEIGHT_ROUNDING)).lower()
+    if rounding not in WEIGHT_ROUNDINGS:
+        raise StudioError(f"unknown weight rounding {recipe.get('weight_rounding')!r}; use one "
+                          f"of {', '.join(WEIGHT_ROUNDINGS)}")
+    if rounding != DEFAULT_WEIGHT_ROUNDING and not is_float_scheme(scheme) \
+            and gran != "per_channel":
+        raise StudioError(f"weight rounding {rounding} works on per-channel weights: set the "
+                          f"weight granularity per_channel (it is {gran}), or rounding nearest")
+    r_samples = recipe.get("rounding_samples", DEFAULT_ROUNDING_SAMPLES)
+    if isinstance(r_samples, bool) or not isinstance(r_samples, int) or \
+            not 1 <= r_samples <= MAX_SAMPLES:
+        raise StudioError(f"rounding samples must be a whole number from 1 to {MAX_SAMPLES} "
+                          f"(got {r_samples!r})")
     return {
+        "weight_rounding": rounding,
+        "rounding_samples": r_samples,
         "calibration_method": method,
         "block_size": int(block),
         "given": given,
@@ -560,7 +587,12 @@ def private_input(src: Path, work: Path) -> Path:
 def _quantize_graph(
     src: Path, dst: Path, recipe: dict, feeds: list[dict], progress: Progress,
     shared: dict[str, list[dict[str, Any]]] | None = None,
+    rounded: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """Quantize one graph. ``rounded``: weight -> :class:`studio.engine.rounding.Rounded`,
+    the integer weights and per-channel scales chosen for the weights the recipe quantizes per
+    channel (:func:`studio.engine.rounding.rounding_targets`); the quantizer stores exactly
+    those."""
     import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import (
@@ -587,6 +619,10 @@ def _quantize_graph(
         model = onnx.load(str(model_path), load_external_data=False)
         resolved = resolve_overrides(model, recipe)
         progress.check()
+        applied: set[str] = set()
+        if rounded:
+            model_path, applied = _apply_rounding(model, model_path, work, external,
+                                                  resolved["init_overrides"], rounded)
         config = get_qnn_qdq_config(
             model,
             _reader(feeds, progress),
@@ -647,7 +683,12 @@ def _quantize_graph(
             "nodes_excluded": resolved["nodes_to_exclude"],
             "patterns": resolved["patterns"],
             "layers": resolved["layers"],
-            "tensors_overridden": {name: _jsonable(v) for name, v in sorted(overrides.items())},
+            "tensors_overridden": {
+                name: (_jsonable(v[0]) | {"scale": f"per channel ({len(v)}), chosen by "
+                                                   f"{recipe.get('weight_rounding')}"}
+                       if name in applied else _jsonable(v))
+                for name, v in sorted(overrides.items())},
+            **({"weights_rounded": len(applied)} if rounded else {}),
             "qdq_nodes": sum(
                 n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in qmodel.graph.node
             ),
@@ -655,6 +696,39 @@ def _quantize_graph(
     finally:
         root.removeHandler(handler)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _apply_rounding(model, model_path: Path, work: Path, external: bool,
+                    init_overrides: dict[str, list[dict]], rounded: dict[str, Any]
+                    ) -> tuple[Path, set[str]]:
+    """Put the rounding's choices where the quantizer reproduces them: each rounded weight's
+    FP32 values replaced by its dequantized integers and its per-channel override given the
+    explicit scales (``round(q * s / s) = q``). Only weights this graph quantizes per channel
+    with the same integer type (per-layer overrides win). Returns the graph to quantize and
+    the weights applied."""
+    import onnx
+    from onnx import numpy_helper
+
+    from studio.engine.rounding import rounding_targets
+
+    targets = rounding_targets(model, init_overrides)
+    apply = {w: r for w, r in rounded.items()
+             if w in targets and targets[w].quant_type == r.quant_type}
+    if not apply:
+        return model_path, set()
+    full = onnx.load(str(model_path))
+    for init in full.graph.initializer:
+        if init.name in apply:
+            init.CopyFrom(numpy_helper.from_array(apply[init.name].dequantized(), init.name))
+    for w, r in apply.items():
+        init_overrides[w] = r.overrides()
+    out = work / "rounded.onnx"
+    if external:
+        onnx.save_model(full, str(out), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=out.name + ".data")
+    else:
+        onnx.save_model(full, str(out))
+    return out, set(apply)
 
 
 def quantize_graph(src: Path, dst: Path, recipe: dict, feeds: list[dict],
@@ -668,8 +742,22 @@ def quantize_graph(src: Path, dst: Path, recipe: dict, feeds: list[dict],
     if is_float_scheme(recipe["scheme"]):
         raise StudioError(f"{recipe['scheme']} is not a quantization: run the float graph with "
                           "fp16 instead")
-    info = _quantize_graph(Path(src), Path(dst), recipe, feeds, progress)
+    rounded = None
+    if recipe["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING:
+        from studio.engine.rounding import Source, round_for_recipe
+
+        work = Path(tempfile.mkdtemp(dir=Path(dst).parent, prefix=f".{Path(dst).stem}-round."))
+        try:
+            rounded, summary, _ = round_for_recipe(
+                [Source(Path(src), feeds, [None] * len(feeds))], recipe, work,
+                SubProgress(progress, 0.0, 0.5))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        progress = SubProgress(progress, 0.5, 1.0)
+    info = _quantize_graph(Path(src), Path(dst), recipe, feeds, progress, rounded=rounded)
     info.pop("layers", None)
+    if rounded is not None:
+        info["rounding"] = summary
     return info
 
 
@@ -678,10 +766,19 @@ def quantize_like(src: Path, dst: Path, like: Path, recipe: dict, feeds: list[di
     """Quantize the FP32 graph ``src`` into ``dst`` with the recipe, its activations taking the
     scales of the quantized graph ``like`` wherever the tensor names match (an AR-N graph
     next to the decode graph: both then compute the same rows alike); ``feeds`` calibrate
-    whatever ``like`` lacks. Returns what was quantized and how many tensors were shared."""
+    whatever ``like`` lacks; with a weight rounding other than nearest, the weights take the
+    integers and scales ``like`` stores. Returns what was quantized and how many tensors were
+    shared."""
     shared = activation_encodings(Path(like))
-    info = _quantize_graph(Path(src), Path(dst), normalize_recipe(recipe), feeds, progress,
-                           shared=shared)
+    recipe = normalize_recipe(recipe)
+    rounded = None
+    if recipe["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING:
+        # the same integer weights as ``like`` (chosen there from its calibration inputs)
+        from studio.engine.rounding import rounded_from_qdq
+
+        rounded = rounded_from_qdq(Path(like))
+    info = _quantize_graph(Path(src), Path(dst), recipe, feeds, progress,
+                           shared=shared, rounded=rounded)
     info.pop("layers", None)
     info["shared_activations"] = sum(1 for t in info["tensors_overridden"] if t in shared)
     return info
@@ -811,7 +908,11 @@ def quantize_llm(
         "weight_granularity": recipe["weight_granularity"],
         "samples": recipe["samples"],
         "overrides": dict(recipe["given"]),
+        "weight_rounding": recipe["weight_rounding"],
+        **({"rounding_samples": recipe["rounding_samples"]}
+           if recipe["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING else {}),
     }
+    run_facts: dict[str, float] = {}
 
     # Everything is written into a staging folder and moved into place at the end, so a
     # cancelled or failed run leaves no half-quantized graphs.
@@ -826,6 +927,10 @@ def quantize_llm(
                     atomic_write_bytes(stage / f.name, f.read_bytes())
             if recipe["overrides"]:
                 progress.log("FP16 scheme: overrides are ignored (every op runs in FP16)")
+            if recipe["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING:
+                progress.log(f"{recipe['scheme']} scheme: weight_rounding "
+                             f"{recipe['weight_rounding']} is ignored (float weights)")
+                info["weight_rounding"] = f"ignored ({recipe['scheme']} keeps float weights)"
             info.update(
                 activation_type="float16 (on the HTP)",
                 weight_type="float16 (on the HTP)",
@@ -862,6 +967,26 @@ def quantize_llm(
                 raise StudioError(
                     "the calibration text gave no decode samples; give a longer calibration text"
                 )
+            rounded, a0 = None, 0.2
+            if recipe["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING:
+                from studio.engine.rounding import Source, prefill_rows, round_for_recipe
+
+                progress.update(0.2, f"rounding the weights ({recipe['weight_rounding']})")
+                # the layers' inputs: prompts of rounding_samples windows (prefill rows) and
+                # the calibration's decode feeds (later positions)
+                r_pre, _ = build_calibration_feeds(
+                    graphs_dir, spec, calibration_windows(
+                        calibration_text, tokenizer_dir, length=C,
+                        count=recipe["rounding_samples"], min_length=min(C, P + 1)),
+                    decode_per_window=0)
+                rounded, info["rounding"], seconds = round_for_recipe(
+                    [Source(graphs_dir / "prefill.onnx", r_pre,
+                            [prefill_rows(f) for f in r_pre]),
+                     Source(graphs_dir / "decode.onnx", dec_feeds, [None] * len(dec_feeds))],
+                    recipe, stage / ".rounding", SubProgress(progress, 0.2, 0.5))
+                shutil.rmtree(stage / ".rounding", ignore_errors=True)
+                run_facts["rounding_seconds"] = seconds
+                a0 = 0.5
             info.update(
                 activation_type=(
                     "QUInt16" if activation_bits(recipe["scheme"]) == 16 else "QUInt8"
@@ -879,10 +1004,11 @@ def quantize_llm(
                 },
                 graphs={},
             )
-            steps = [("prefill", pre_feeds, 0.2, 0.55), ("decode", dec_feeds, 0.55, 0.9)]
-            if ver_feeds:
-                steps = [("prefill", pre_feeds, 0.2, 0.45), ("decode", dec_feeds, 0.45, 0.7),
-                         ("verify", ver_feeds, 0.7, 0.9)]
+            n_graphs = 3 if ver_feeds else 2
+            cuts = [a0 + (0.9 - a0) * i / n_graphs for i in range(n_graphs + 1)]
+            steps = [(g, f, cuts[i], cuts[i + 1]) for i, (g, f) in enumerate(
+                (("prefill", pre_feeds), ("decode", dec_feeds),
+                 *((("verify", ver_feeds),) if ver_feeds else ())))]
             for graph, feeds, a, b in steps:
                 progress.check()
                 progress.update(a, f"quantizing {graph}.onnx ({recipe['scheme']})")
@@ -894,6 +1020,7 @@ def quantize_llm(
                     SubProgress(progress, a, b),
                     shared=activation_encodings(stage / "decode.onnx")
                     if graph == "verify" else None,
+                    rounded=rounded,
                 )
                 progress.log(
                     f"quantized {graph}.onnx: MatMuls {info['graphs'][graph]['matmul_precisions']}"
@@ -921,4 +1048,7 @@ def quantize_llm(
     atomic_write_json(out_dir / "graph.json", qspec)
     atomic_write_json(out_dir / "quant.json", info)
     progress.update(1.0, f"{recipe['scheme']} graphs written")
-    return json.loads(json.dumps(info))
+    out = json.loads(json.dumps(info))
+    if run_facts:  # not in quant.json: timings are run facts
+        out["run_facts"] = run_facts
+    return out

@@ -22,9 +22,10 @@ from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.parts import Part
 from studio.core.progress import NullProgress, Progress, SubProgress
-from studio.core.recipe import activation_bits, is_float_scheme
+from studio.core.recipe import DEFAULT_WEIGHT_ROUNDING, activation_bits, is_float_scheme
 from studio.engine.calibration import window_plan
 from studio.engine.llm_parts import PartRunner, iter_parts, part_dirs
+from studio.engine.rounding import Source, prefill_rows, round_for_recipe
 
 
 def part_calibration(runner: PartRunner, windows: list[list[int]], inputs: list[Any] | None,
@@ -125,6 +126,7 @@ def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_te
     info: dict[str, Any] = {
         "scheme": recipe["scheme"], "weight_granularity": recipe["weight_granularity"],
         "samples": recipe["samples"], "overrides": dict(recipe["given"]),
+        "weight_rounding": recipe["weight_rounding"],
         "activation_type": "QUInt16" if activation_bits(recipe["scheme"]) == 16 else "QUInt8",
         "weight_type": weight_type_name(recipe),
         "calibration": {"method": recipe["calibration_method"], "windows": len(windows),
@@ -133,9 +135,18 @@ def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_te
         "graphs": {g: {"file": f"{g}.onnx", "parts": [p.name for p in parts]} for g in GRAPHS},
         "parts": [], "layers": [],
     }
+    run_facts: dict[str, float] = {}
+    r_windows = calibration_windows(calibration_text, tokenizer_dir, length=C,
+                                    count=recipe["rounding_samples"], min_length=min(C, P + 1)
+                                    ) if recipe["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING \
+        else []
+    if r_windows:
+        info["rounding_samples"] = recipe["rounding_samples"]
     stage = Path(tempfile.mkdtemp(dir=out_dir, prefix=".quantize."))
     try:
         handed: list[Any] | None = None
+        r_handed: list[Any] | None = None
+        r_pre: list[dict] = []
         share = 1.0 / len(parts)
         for part, src in zip(parts, dirs, strict=True):
             sub = SubProgress(progress, part.index * share, (part.index + 1) * share)
@@ -145,19 +156,36 @@ def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_te
             pre, dec, handed_next = part_calibration(
                 runner, windows, handed, recipe["decode_per_window"],
                 SubProgress(sub, 0.0, 0.2), hand_on=not part.heads)
+            if r_windows:  # the rounding's prompts, handed on as the calibration's are
+                r_pre, _, r_handed = part_calibration(runner, r_windows, r_handed, 0,
+                                                      hand_on=not part.heads)
             runner.close()
             del runner
             if not dec:
                 raise StudioError("the calibration text gave no decode samples; give a longer "
                                   "calibration text")
             row: dict[str, Any] = {**part.as_dict(), "graphs": {}}
+            rounded, a0 = None, 0.2
+            if recipe["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING:
+                # this part's weights, rounded on this part's calibration inputs (the previous
+                # part's FP32 outputs); sequential within the part
+                sub.update(0.2, f"part {part.index + 1}/{len(parts)}: rounding the weights "
+                                f"({recipe['weight_rounding']})")
+                rounded, row["rounding"], seconds = round_for_recipe(
+                    [Source(src / "prefill.onnx", r_pre, [prefill_rows(f) for f in r_pre]),
+                     Source(src / "decode.onnx", dec, [None] * len(dec))],
+                    recipe, stage / ".rounding", SubProgress(sub, 0.2, 0.5))
+                shutil.rmtree(stage / ".rounding", ignore_errors=True)
+                run_facts["rounding_seconds"] = run_facts.get("rounding_seconds", 0) + seconds
+                a0 = 0.5
+            span = (0.9 - a0) / 2
             for g_i, (graph, feeds) in enumerate((("prefill", pre), ("decode", dec))):
                 progress.check()
-                sub.update(0.2 + 0.35 * g_i, f"part {part.index + 1}/{len(parts)}: quantizing "
-                                             f"{graph}.onnx ({recipe['scheme']})")
+                sub.update(a0 + span * g_i, f"part {part.index + 1}/{len(parts)}: quantizing "
+                                            f"{graph}.onnx ({recipe['scheme']})")
                 row["graphs"][graph] = _quantize_graph(
                     src / f"{graph}.onnx", dst / f"{graph}.onnx", recipe, feeds,
-                    SubProgress(sub, 0.2 + 0.35 * g_i, 0.55 + 0.35 * g_i))
+                    SubProgress(sub, a0 + span * g_i, a0 + span * (g_i + 1)), rounded=rounded)
             sub.update(0.92, f"part {part.index + 1}/{len(parts)}: checking against FP32")
             row["check"] = _part_check(src, dst, part, pre[0], dec[-1])
             progress.log(f"part {part.index + 1}/{len(parts)} (blocks {part.start}-"
@@ -182,4 +210,7 @@ def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_te
     atomic_write_json(out_dir / "graph.json", qspec)
     atomic_write_json(out_dir / "quant.json", info)
     progress.update(1.0, f"{recipe['scheme']} graphs of {len(parts)} parts written")
-    return json.loads(json.dumps(info))
+    out = json.loads(json.dumps(info))
+    if run_facts:  # not in quant.json: timings are run facts
+        out["run_facts"] = run_facts
+    return out

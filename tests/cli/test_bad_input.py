@@ -66,6 +66,13 @@ CASES = {
                                                'calibration_samples = 2\n[quantization.overrides]'
                                                '\n"decoder.block.*" = "INT16"'}),
                                       "'decoder.block.*' match(es) no layer"),
+    "unknown weight rounding": (small(**{"calibration_samples = 2": "calibration_samples = 2\n"
+                                         'weight_rounding = "awq"'}),
+                                "quantization.weight_rounding = 'awq' is not one of nearest"),
+    "weight rounding on per-tensor weights": (
+        small(**{'weight_granularity = "per_channel"': 'weight_granularity = "per_tensor"\n'
+                 'weight_rounding = "seqmse"'}),
+        "weight_rounding seqmse works on per-channel weights"),
     # values of the wrong element type or out of any sensible range: refused by the typed
     # settings when the file is read, not by a traceback later
     "a device that is a list": (small(**{"max_new_tokens = 8": 'max_new_tokens = 8\n'

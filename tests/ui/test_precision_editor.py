@@ -328,3 +328,18 @@ def test_apply_shows_before_and_after_with_sources(
     assert {r[3] for r in rows} == {"measured", "simulated"}
     htp = next(r for r in rows if r[1] == "perplexity" and r[2].startswith("HTP"))
     assert htp[3] == "simulated" and htp[4] != "—" and htp[5] != "—"
+
+
+def test_the_weight_rounding_combo_is_one_undoable_edit(window, project_path, qtbot):
+    page = _open(window, project_path, qtbot)
+    p = window.ctl.project
+    combo = page.rounding
+    assert combo.currentData() == "nearest" and combo.isEnabled()
+    combo.setCurrentIndex(combo.findData("seqmse_gptq"))
+    combo.activated.emit(combo.currentIndex())
+    assert p.quantization["weight_rounding"] == "seqmse_gptq"
+    window.undo_act.trigger()
+    assert p.quantization["weight_rounding"] == "nearest"
+    qtbot.waitUntil(lambda: combo.currentData() == "nearest", timeout=5_000)
+    window.ctl.set("quantization", "scheme", "FP16")
+    qtbot.waitUntil(lambda: not combo.isEnabled(), timeout=5_000)

@@ -20,6 +20,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="info_json", action="store_true")
 
 
+def _rounding(q: dict[str, Any]) -> str:
+    """How the recipe rounds its weights, when it is not the quantizer's own nearest."""
+    from studio.core.recipe import DEFAULT_WEIGHT_ROUNDING, is_float_scheme
+
+    r = q.get("weight_rounding", DEFAULT_WEIGHT_ROUNDING)
+    if r == DEFAULT_WEIGHT_ROUNDING:
+        return ""
+    return f" ({r} rounding{', ignored: float weights' if is_float_scheme(q['scheme']) else ''})"
+
+
 def _layers(p) -> tuple[list[dict[str, Any]] | None, list[str] | None, str | None]:
     """(layer table, unmatched override patterns, why there is no table)."""
     from studio.core.modelinfo import ModelInfo
@@ -77,15 +87,16 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if p.model["kind"] == "causal-lm":
         print(f"  export    prompt {p.export['prompt_length']}, context "
               f"{p.export['context_length']}")
-        print(f"  recipe    {q['scheme']} {q['weight_granularity']}, {q['calibration_samples']} "
-              f"calibration windows, {len(q['overrides'])} override(s)")
+        print(f"  recipe    {q['scheme']} {q['weight_granularity']}{_rounding(q)}, "
+              f"{q['calibration_samples']} calibration windows, {len(q['overrides'])} "
+              "override(s)")
     else:
         g = p.graph
         shapes = ", ".join(f"{k}={v}" for k, v in g["shapes"].items())
         print("  graph     " + (f"sequence length {g['seq_len']}" if p.model["kind"] == "encoder"
                                 else f"shapes {shapes or 'as the file declares them'}"))
         calib = g["calibration"] or q["calibration_text"]
-        print(f"  recipe    {q['scheme']} {q['weight_granularity']}, up to "
+        print(f"  recipe    {q['scheme']} {q['weight_granularity']}{_rounding(q)}, up to "
               f"{q['calibration_samples']} calibration samples from {calib}; placement "
               f"{q['placement']}")
     for pattern in unmatched or []:

@@ -29,6 +29,9 @@ from studio.core.recipe import (
     GRANULARITY_HELP,
     SCHEME_HELP,
     SCHEMES,
+    WEIGHT_ROUNDING_HELP,
+    WEIGHT_ROUNDINGS,
+    is_float_scheme,
 )
 from studio.ui.stages import project_stages, stage_title
 from studio.ui.widgets import label
@@ -85,6 +88,16 @@ class RecipeFormMixin:
             lambda _i: self._set("quantization", "block_size", self.block_size.currentData())
         )
         form.addRow("Block size (per-block)", self.block_size)
+        self.rounding = QComboBox()
+        for i, r in enumerate(WEIGHT_ROUNDINGS):
+            self.rounding.addItem(r.replace("_", " + "), r)
+            self.rounding.setItemData(i, WEIGHT_ROUNDING_HELP[r], Qt.ItemDataRole.ToolTipRole)
+        self.rounding.setToolTip("How per-channel integer weights are chosen: nearest on "
+                                 "MinMax scales, or fitted on calibration inputs per layer")
+        self.rounding.activated.connect(
+            lambda _i: self._set("quantization", "weight_rounding", self.rounding.currentData())
+        )
+        form.addRow("Weight rounding", self.rounding)
         self.method = QComboBox()
         for m in CALIBRATION_METHODS:
             self.method.addItem(m, m)
@@ -209,6 +222,12 @@ class RecipeFormMixin:
                 self.block_size.findData(q["block_size"])))
         if touched("quantization", "weight_granularity"):
             self.block_size.setEnabled(q["weight_granularity"] == "per_block")
+        if touched("quantization", "weight_rounding"):
+            self._quiet(self.rounding, lambda: self.rounding.setCurrentIndex(
+                self.rounding.findData(q["weight_rounding"])))
+        if touched("quantization", "weight_granularity") or touched("quantization", "scheme"):
+            self.rounding.setEnabled(q["weight_granularity"] == "per_channel"
+                                     and not is_float_scheme(q["scheme"]))
         if touched("quantization", "calibration_method"):
             self._quiet(self.method, lambda: self.method.setCurrentIndex(
                 self.method.findData(q["calibration_method"])))

@@ -20,7 +20,9 @@ def recipe(ctx: StageContext) -> dict[str, Any]:
             "samples": ctx.get("quantization.calibration_samples"),
             "overrides": ctx.get("quantization.overrides"),
             "calibration_method": ctx.get("quantization.calibration_method"),
-            "block_size": ctx.get("quantization.block_size")}
+            "block_size": ctx.get("quantization.block_size"),
+            "weight_rounding": ctx.get("quantization.weight_rounding"),
+            "rounding_samples": ctx.get("quantization.rounding_samples")}
 
 
 def htp_options(ctx: StageContext) -> dict[str, str]:

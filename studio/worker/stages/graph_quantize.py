@@ -36,7 +36,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     method = ctx.get("quantization.calibration_method")
     q = graphpipe.rewrite_and_quantize(imp / "static.onnx", ctx.out, placement, feeds, held,
                                        scheme, gran, SubProgress(progress, 0.05, 0.98),
-                                       method, ctx.get("quantization.overrides"))
+                                       method, ctx.get("quantization.overrides"),
+                                       ctx.get("quantization.weight_rounding"))
     check = q["rewrite_check"]
     metrics = []
     if check:

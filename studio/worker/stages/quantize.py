@@ -10,6 +10,7 @@ from typing import Any
 from studio.core.errors import StudioError
 from studio.core.hostmem import check_fits
 from studio.core.progress import Progress
+from studio.core.recipe import DEFAULT_WEIGHT_ROUNDING, WEIGHT_ROUNDINGS
 from studio.engine.llm_runtime import cpu_generator, load_graph_spec, load_tokenizer
 from studio.worker.context import StageContext, read_text
 from studio.worker.stages._llm import recipe
@@ -56,8 +57,16 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         progress.update(0.97, "INT8 KV cache: per-head scales from the FP32 cache, uint8 I/O")
         info["kv_cache"] = _int8_kv(export_dir, ctx.out, text)
     ctx.fact("quantize_seconds", time.perf_counter() - t0, "s")
+    facts = info.pop("run_facts", {})
+    if "rounding_seconds" in facts:
+        ctx.fact("rounding_seconds", facts["rounding_seconds"], "s",
+                 f"weight rounding {rec['weight_rounding']}")
+    rounding = info.get("weight_rounding", "nearest")
     return {
         "summary": f"{scheme} {gran}, {samples} calibration windows ({method})"
+                   + (f", weights rounded by {rounding}"
+                      if rounding in WEIGHT_ROUNDINGS and rounding != DEFAULT_WEIGHT_ROUNDING
+                      else "")
                    + (", INT8 KV cache" if kv == "int8" else "")
                    + (f", overrides {', '.join(f'{k}={v}' for k, v in overrides.items())}"
                       if overrides else ""),
