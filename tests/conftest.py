@@ -99,6 +99,7 @@ LONGEST_FIRST = (
     "tests/ui/test_llm_tuning.py", "tests/ui/test_pipeline.py",
     "tests/cli/test_families_cli.py", "tests/ui/test_demo_window.py",
     "tests/engine/test_speculative.py", "tests/engine/test_parts.py",
+    "tests/engine/test_rounding.py",
     "tests/cli/test_overrides.py", "tests/cli/test_parts_cli.py", "tests/ui/test_sweeps_ui.py",
     "tests/engine/test_families.py", "tests/cli/test_tuning.py", "tests/cli/test_adb_run.py",
     "tests/cli/test_compare.py", "tests/cli/test_bad_checkpoints.py",

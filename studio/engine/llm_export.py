@@ -747,7 +747,7 @@ def _write_initializers(raw: Path, weights: dict[str, Any]) -> None:
                          ("length", str(arr.nbytes))):
                 entry = t.external_data.add()
                 entry.key, entry.value = k, v
-            f.write(memoryview(arr).cast("B") if arr.nbytes else b"")
+            f.write(arr.data if arr.nbytes else b"")
             offset += arr.nbytes
             model.graph.initializer.append(t)
     onnx.save(model, str(raw))

@@ -27,7 +27,7 @@ import struct
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from studio.core.errors import StudioError
 from studio.core.families import FAMILIES
@@ -194,7 +194,8 @@ class StreamedCheckpoint:
 
                 handle = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
             self._open[file] = handle
-        return handle.get_tensor(name) if file.suffix == ".safetensors" else handle[name]
+        return (handle.get_tensor(name) if file.suffix == ".safetensors"
+                else cast(Any, handle)[name])
 
     def load(self, part: Part) -> None:
         """Give the part's modules float32 storage filled from the weight files."""
@@ -316,8 +317,8 @@ class PartRunner:
         (every row, padding included: the next part takes them all)."""
         outs = self.prefill_session.run([self.out_name, *self.present], self.prefill_feed(rows, n))
         for c in self.cache:
-            for t in c:
-                t[:] = 0
+            for buf in c:
+                buf[:] = 0
         for j in range(len(self.kv)):
             for t in range(2):
                 self.cache[j][t][:, :, :n] = outs[1 + 2 * j + t][:, :, :n]
