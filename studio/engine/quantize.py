@@ -978,12 +978,12 @@ def quantize_llm(
                     graphs_dir, spec, calibration_windows(
                         calibration_text, tokenizer_dir, length=C,
                         count=recipe["rounding_samples"], min_length=min(C, P + 1)),
-                    decode_per_window=0)
+                    SubProgress(progress, 0.2, 0.22), decode_per_window=0)
                 rounded, info["rounding"], seconds = round_for_recipe(
                     [Source(graphs_dir / "prefill.onnx", r_pre,
                             [prefill_rows(f) for f in r_pre]),
                      Source(graphs_dir / "decode.onnx", dec_feeds, [None] * len(dec_feeds))],
-                    recipe, stage / ".rounding", SubProgress(progress, 0.2, 0.5))
+                    recipe, stage / ".rounding", SubProgress(progress, 0.22, 0.5))
                 shutil.rmtree(stage / ".rounding", ignore_errors=True)
                 run_facts["rounding_seconds"] = seconds
                 a0 = 0.5

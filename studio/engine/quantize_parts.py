@@ -158,6 +158,7 @@ def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_te
                 SubProgress(sub, 0.0, 0.2), hand_on=not part.heads)
             if r_windows:  # the rounding's prompts, handed on as the calibration's are
                 r_pre, _, r_handed = part_calibration(runner, r_windows, r_handed, 0,
+                                                      SubProgress(sub, 0.2, 0.2),
                                                       hand_on=not part.heads)
             runner.close()
             del runner

@@ -26,7 +26,10 @@ the FP32 graph with those tensors added as outputs. *Sequential* (as AIMET's Seq
 MatMuls are taken in waves by depth (a MatMul's wave is one more than the deepest quantized
 MatMul upstream of it: q/k/v, then o, then gate/up, then down, then the next block), and each
 wave's inputs come from the graph whose earlier waves already carry their rounded weights
-(weights only: the activations stay float while collecting).
+(weights only: the activations stay float while collecting). Each wave runs the graphs over
+the feeds again (4 waves per block + the head: 17 runs of every feed for the 4-block sample);
+a model of many blocks would want each block's inputs cached instead (not done yet). A part
+of a model in parts is rounded on its own inputs (the previous part's FP32 outputs).
 
 **Applying it exactly.** The result is handed to the quantizer as per-channel
 ``TensorQuantOverrides`` with explicit ``scale`` / ``zero_point`` (symmetric, zero point 0)
