@@ -438,14 +438,13 @@ def _predicted_peak(stage: str, export_dir: Path, parameters: int) -> int | None
     """The studio's own prediction of ``stage``'s peak RSS (``studio.core.hostmem``), from
     the export's part plan (one part: the whole model)."""
     from studio.core.hostmem import predicted_peak
+    from studio.engine.llm_parts import exported_part_sizes
 
     try:
-        rows = json.loads((export_dir / "graph.json").read_text()).get("parts") or []
+        spec = json.loads((export_dir / "graph.json").read_text())
     except (OSError, ValueError):
-        rows = []
-    # one part: the graph's own weights (a tied head is a second copy there)
-    whole = sum(f.stat().st_size for f in export_dir.glob("decode.onnx*")) // 4
-    sizes = [int(r["parameters"]) for r in rows if r.get("parameters")] or [whole or parameters]
+        return None
+    sizes = [s for s in exported_part_sizes(export_dir, spec) if s] or [parameters]
     return predicted_peak(stage, sizes)
 
 

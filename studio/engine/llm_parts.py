@@ -103,6 +103,22 @@ def _block_index(name: str) -> int | None:
     return None
 
 
+def exported_part_sizes(export_dir: Path, spec: dict) -> list[int]:
+    """The parameters each part of an export holds (one part: the decode graph's own FP32
+    weights, where a tied head is a second copy)."""
+    rows = [int(p.get("parameters") or 0) for p in spec.get("parts") or []]
+    return rows or [sum(f.stat().st_size for f in Path(export_dir).glob("decode.onnx*")) // 4]
+
+
+def export_plan(checkpoint_dir: Path, parts: int | str, max_part_mb: int) -> list[Part]:
+    """The parts the export stage splits ``checkpoint_dir`` into for the settings
+    ``export.parts`` and ``export.max_part_mb`` (from the weight files' headers)."""
+    from studio.core.parts import AUTO_WEIGHT_BITS
+
+    return plan_parts(checkpoint_layout(checkpoint_dir), parts, AUTO_WEIGHT_BITS,
+                      int(max_part_mb) * 1_000_000)
+
+
 def checkpoint_layout(checkpoint_dir: Path) -> Layout:
     """Parameters per block, embedding, final norm and head of a checkpoint, from the
     headers of its weight files (exact; nothing is loaded)."""

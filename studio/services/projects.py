@@ -297,13 +297,11 @@ def part_plan(project: Project) -> PartPlan | None:
     if project.model["kind"] != "causal-lm":
         return None
     from studio.core.hostmem import STAGE_MEMORY, available_memory, predicted_peak
-    from studio.core.parts import AUTO_WEIGHT_BITS, compiled_bytes, plan_parts
-    from studio.engine.llm_parts import checkpoint_layout
+    from studio.core.parts import compiled_bytes
+    from studio.engine.llm_parts import export_plan
 
-    path = project.input_path(project.model["source"])
-    export = project.export
-    plan = plan_parts(checkpoint_layout(path), export["parts"], AUTO_WEIGHT_BITS,
-                      int(export["max_part_mb"]) * 1_000_000)
+    plan = export_plan(project.input_path(project.model["source"]), project.export["parts"],
+                       project.export["max_part_mb"])
     sizes = [p.parameters for p in plan]
     peaks = {stage: predicted_peak(stage, sizes) or 0 for stage in STAGE_MEMORY}
     return PartPlan(

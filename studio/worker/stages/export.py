@@ -15,17 +15,15 @@ from studio.worker.stages._llm import GRAPHS
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    from studio.core.parts import AUTO_WEIGHT_BITS, plan_parts
     from studio.engine import hf_import
     from studio.engine.llm_export import export_llm
-    from studio.engine.llm_parts import checkpoint_layout, export_parts
+    from studio.engine.llm_parts import export_parts, export_plan
 
     ckpt = ctx.path("model.source")
     info = hf_import.open_checkpoint(ckpt)
     P, C = ctx.get("export.prompt_length"), ctx.get("export.context_length")
     budget = int(ctx.get("export.max_part_mb")) * 1_000_000
-    plan = plan_parts(checkpoint_layout(ckpt), ctx.get("export.parts"), AUTO_WEIGHT_BITS,
-                      budget)
+    plan = export_plan(ckpt, ctx.get("export.parts"), ctx.get("export.max_part_mb"))
     check_fits("export", [p.parameters for p in plan])
     t0 = time.perf_counter()
     if len(plan) == 1:

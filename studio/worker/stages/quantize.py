@@ -39,10 +39,11 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     export_dir = ctx.input("export")
     t0 = time.perf_counter()
     kv = ctx.get("quantization.kv_cache") or "float"
-    parts = load_graph_spec(export_dir).get("parts") or []
-    # one part: the graph's own weights (FP32; a tied head is a second copy there)
-    check_fits("quantize", [int(p.get("parameters") or 0) for p in parts] or [
-        sum(f.stat().st_size for f in export_dir.glob("decode.onnx*")) // 4])
+    from studio.engine.llm_parts import exported_part_sizes
+
+    spec = load_graph_spec(export_dir)
+    parts = spec.get("parts") or []
+    check_fits("quantize", exported_part_sizes(export_dir, spec))
     if len(parts) > 1:
         from studio.engine.quantize_parts import quantize_parts
 
