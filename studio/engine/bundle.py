@@ -21,6 +21,7 @@ from typing import Any
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress, SubProgress
+from studio.engine.weightstore import graph_bytes
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,7 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
         variants = {N: genie_prefill_graph(export_dir, qdir, spec, N, cl, work, settings,
                                            SubProgress(progress, 0.03, 0.12)),
                     **variants}
-    weights = sum(f.stat().st_size for f in qdir.glob("decode.onnx*"))
+    weights = graph_bytes(qdir / "decode.onnx")
     parts = settings.parts or max(1, -(-weights // (settings.max_context_mb << 20)))
     out.mkdir(parents=True, exist_ok=True)
     sessions, compiled, ctx_names, graph_rows, sdk = compile_graphs(variants, parts, spec, chip,

@@ -63,6 +63,7 @@ from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 from studio.core.parts import Part, whole
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.engine.llm_runtime import SLIDING_MASK, mask_windows
+from studio.engine.weightstore import WeightStore, shared_store
 
 OPSET = 17
 DEFAULT_MASK_VALUE = -100.0
@@ -754,13 +755,18 @@ def _write_initializers(raw: Path, weights: dict[str, Any]) -> None:
 
 
 def _finish_graph(raw: Path, path: Path, module_names: set[str], ins: list[str],
-                  outs: list[str], graph: str) -> None:
+                  outs: list[str], graph: str, store: WeightStore | None = None) -> None:
     """The traced ``raw`` graph tidied (:func:`_tidy_graph`), checked and moved to ``path``
     (one copy of its weights in memory at a time: the model is dropped before the checker
-    reads the file)."""
+    reads the file). A graph past :data:`studio.engine.weightstore.SHARE_ABOVE` weight bytes
+    keeps them as external data: in ``store`` (the folder's file the graphs of a part share)
+    or in its own ``<graph>.onnx.data``; a smaller one embeds them."""
     import onnx
 
+    from studio.engine import weightstore
+
     tmp_dir = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{graph}-final."))
+    moved: list[Path] = []
     try:
         # the weights stay in the traced graph's .data file while the graph is tidied (it
         # renames and shares initializers, never changes their bytes)
@@ -774,76 +780,34 @@ def _finish_graph(raw: Path, path: Path, module_names: set[str], ins: list[str],
                 f"the exported {graph} graph has unexpected edges ({got_in[:4]}...); "
                 "this checkpoint's modules are not supported by the static-KV exporter"
             )
-        if _weight_bytes(model) > STREAM_WEIGHTS_ABOVE:
-            written = _save_streamed(model, raw.parent, tmp_dir / path.name)
+        if _weight_bytes(model) > weightstore.SHARE_ABOVE:
+            written = weightstore.save_streamed(model, raw.parent, tmp_dir / path.name, store)
         else:
             onnx.load_external_data_for_model(model, str(raw.parent))
             written = save_onnx_atomic(model, tmp_dir / path.name)
         del model
-        onnx.checker.check_model(str(written[0]))
         for f in written:
             os.replace(f, path.parent / f.name)
+            moved.append(path.parent / f.name)
+        # checked where it lies: a graph in the shared file finds it only beside it
+        onnx.checker.check_model(str(path))
+    except BaseException:
+        for f in moved:
+            f.unlink(missing_ok=True)
+        raise
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
-#: A graph with more weight bytes than this keeps them in ``<graph>.onnx.data``, copied from
-#: the traced graph's file a slice at a time (never all in memory); a smaller one embeds them.
-STREAM_WEIGHTS_ABOVE = 256 << 20
-
-_COPY_CHUNK = 64 << 20
-
-
-def _save_streamed(model, src_dir: Path, path: Path) -> list[Path]:
-    """Write ``model``, whose initializers are external data in files of ``src_dir``, as
-    ``path`` plus ``path.name + '.data'``: each initializer's bytes copied from its source
-    file in slices of at most 64 MiB. Returns the files written."""
-    import onnx
-
-    data = path.with_name(path.name + ".data")
-    offset = 0
-    sources: dict[str, Any] = {}
-    try:
-        with open(data, "wb") as out:
-            for t in model.graph.initializer:
-                if t.data_location != onnx.TensorProto.EXTERNAL:
-                    continue
-                ref = {e.key: e.value for e in t.external_data}
-                src = sources.get(ref["location"])
-                if src is None:
-                    src = sources[ref["location"]] = open(src_dir / ref["location"], "rb")
-                src.seek(int(ref.get("offset", 0)))
-                left = int(ref["length"])
-                for e in list(t.external_data):
-                    t.external_data.remove(e)
-                for k, v in (("location", data.name), ("offset", str(offset)),
-                             ("length", str(left))):
-                    entry = t.external_data.add()
-                    entry.key, entry.value = k, v
-                offset += left
-                while left:
-                    chunk = src.read(min(left, _COPY_CHUNK))
-                    if not chunk:
-                        raise StudioError(f"{ref['location']} ends before initializer "
-                                          f"{t.name}: export the model again")
-                    out.write(chunk)
-                    left -= len(chunk)
-    finally:
-        for f in sources.values():
-            f.close()
-    onnx.save(model, str(path))
-    return [path, data]
-
-
 def _export_graph(wrapper, spec: dict, graph: str, path: Path, progress: Progress,
-                  part: Part | None = None) -> None:
+                  part: Part | None = None, store: WeightStore | None = None) -> None:
     tmp_dir = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{graph}-export."))
     try:
         raw = tmp_dir / f"{graph}.onnx"
         ins, outs = _trace_graph(wrapper, spec, graph, raw, part)
         progress.check()
         _finish_graph(raw, path, {name for name, _ in wrapper.named_modules() if name}, ins,
-                      outs, graph)
+                      outs, graph, store)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
@@ -997,11 +961,13 @@ def export_llm(
     steps = [("prefill", 0.05, 0.25), ("decode", 0.25, 0.4)]
     if N > 1:
         steps.append(("verify", 0.4, 0.5))
-    for graph, a, b in steps:
-        progress.check()
-        progress.update(a, f"exporting {graph}.onnx")
-        _export_graph(wrapper, spec, graph, out_dir / f"{graph}.onnx", SubProgress(progress, a, b))
-        progress.log(f"wrote {out_dir / f'{graph}.onnx'}")
+    with shared_store(out_dir) as store:  # the graphs' weights once, when past SHARE_ABOVE
+        for graph, a, b in steps:
+            progress.check()
+            progress.update(a, f"exporting {graph}.onnx")
+            _export_graph(wrapper, spec, graph, out_dir / f"{graph}.onnx",
+                          SubProgress(progress, a, b), store=store)
+            progress.log(f"wrote {out_dir / f'{graph}.onnx'}")
     spec["graphs"] = {g: _graph_io(out_dir / f"{g}.onnx") for g, _, _ in steps}
 
     # The whole context, teacher-forced through both graphs, against transformers.

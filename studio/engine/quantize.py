@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
-from studio.core.fsutil import atomic_write_bytes, atomic_write_json
+from studio.core.fsutil import atomic_write_json
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.core.recipe import (
     CALIBRATION_METHODS,
@@ -84,6 +84,7 @@ from studio.core.recipe import (
     weight_bits,
     weight_precision,
 )
+from studio.engine.weightstore import WEIGHTS_FILE, WeightStore, shared_store
 
 # Aliases the engine accepts for the recipe module's precisions (FP16/FP32 = left float).
 PRECISIONS = {
@@ -588,11 +589,14 @@ def _quantize_graph(
     src: Path, dst: Path, recipe: dict, feeds: list[dict], progress: Progress,
     shared: dict[str, list[dict[str, Any]]] | None = None,
     rounded: dict[str, Any] | None = None,
+    store: WeightStore | None = None,
 ) -> dict[str, Any]:
     """Quantize one graph. ``rounded``: weight -> :class:`studio.engine.rounding.Rounded`,
     the integer weights and per-channel scales chosen for the weights the recipe quantizes per
     channel (:func:`studio.engine.rounding.rounding_targets`); the quantizer stores exactly
-    those."""
+    those. ``store``: the shared weight file of ``dst``'s folder, where a graph past
+    :data:`studio.engine.weightstore.SHARE_ABOVE` bytes keeps its weights (the prefill and
+    decode graphs of a part then hold one copy)."""
     import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import (
@@ -670,9 +674,13 @@ def _quantize_graph(
                 f"{mm[bad[0]]} MatMul(s) of {src.name} ended up with 16-bit weights under 16-bit "
                 "activations, which the HTP does not run; keep those weights INT8"
             )
-        from studio.engine.llm_export import save_onnx_atomic
+        from studio.engine import weightstore
+        from studio.engine.llm_export import _weight_bytes, save_onnx_atomic
 
-        save_onnx_atomic(qmodel, dst)
+        if store is not None and _weight_bytes(qmodel) > weightstore.SHARE_ABOVE:
+            weightstore.save_shared(qmodel, dst, store)
+        else:
+            save_onnx_atomic(qmodel, dst)
         overrides = config.extra_options.get("TensorQuantOverrides", {})
         return {
             "file": dst.name,
@@ -921,10 +929,11 @@ def quantize_llm(
         if is_float_scheme(recipe["scheme"]):
             progress.update(0.1, f"{recipe['scheme']}: copying the float graphs")
             for f in sorted(graphs_dir.iterdir()):
-                wanted = ("prefill.onnx", "decode.onnx", *(("verify.onnx",) if with_verify else ()))
+                wanted = ("prefill.onnx", "decode.onnx", *(("verify.onnx",) if with_verify else ()),
+                          WEIGHTS_FILE)
                 if f.name.startswith(wanted) and f.is_file():
                     progress.check()
-                    atomic_write_bytes(stage / f.name, f.read_bytes())
+                    shutil.copyfile(f, stage / f.name)  # the stage is private: moved at the end
             if recipe["overrides"]:
                 progress.log("FP16 scheme: overrides are ignored (every op runs in FP16)")
             if recipe["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING:
@@ -1009,22 +1018,23 @@ def quantize_llm(
             steps = [(g, f, cuts[i], cuts[i + 1]) for i, (g, f) in enumerate(
                 (("prefill", pre_feeds), ("decode", dec_feeds),
                  *((("verify", ver_feeds),) if ver_feeds else ())))]
-            for graph, feeds, a, b in steps:
-                progress.check()
-                progress.update(a, f"quantizing {graph}.onnx ({recipe['scheme']})")
-                info["graphs"][graph] = _quantize_graph(
-                    graphs_dir / f"{graph}.onnx",
-                    stage / f"{graph}.onnx",
-                    recipe,
-                    feeds,
-                    SubProgress(progress, a, b),
-                    shared=activation_encodings(stage / "decode.onnx")
-                    if graph == "verify" else None,
-                    rounded=rounded,
-                )
-                progress.log(
-                    f"quantized {graph}.onnx: MatMuls {info['graphs'][graph]['matmul_precisions']}"
-                )
+            with shared_store(stage) as store:
+                for graph, feeds, a, b in steps:
+                    progress.check()
+                    progress.update(a, f"quantizing {graph}.onnx ({recipe['scheme']})")
+                    info["graphs"][graph] = _quantize_graph(
+                        graphs_dir / f"{graph}.onnx",
+                        stage / f"{graph}.onnx",
+                        recipe,
+                        feeds,
+                        SubProgress(progress, a, b),
+                        shared=activation_encodings(stage / "decode.onnx")
+                        if graph == "verify" else None,
+                        rounded=rounded,
+                        store=store,
+                    )
+                    progress.log(f"quantized {graph}.onnx: MatMuls "
+                                 f"{info['graphs'][graph]['matmul_precisions']}")
             progress.update(0.92, "checking the quantized graphs against FP32 (CPU)")
             info["check"] = _self_check(graphs_dir, stage, pre_feeds[0], dec_feeds[-1])
             progress.log(

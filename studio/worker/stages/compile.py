@@ -8,6 +8,7 @@ from typing import Any
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress
+from studio.engine.weightstore import graph_bytes
 from studio.worker.context import StageContext
 from studio.worker.stages._llm import EMBED_LIMIT, GRAPHS, htp_options
 
@@ -43,7 +44,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                                                  f"{chip.name}")
         # a context binary is embedded in its ONNX model unless the model would come near
         # protobuf's 2 GB limit (real 1-8 B LLMs): then it is written beside it (_qnn.bin)
-        size = sum(f.stat().st_size for f in src.glob(f"{g}.onnx*"))
+        size = graph_bytes(src / f"{g}.onnx")
         compiled[where + g] = qnn.compile_context(src / f"{g}.onnx", dst / f"{g}_ctx.onnx",
                                                   chip, fp16=fp16, embed=size < EMBED_LIMIT,
                                                   extra_options=extra)

@@ -13,6 +13,7 @@ from studio.core.profile import layer_label
 from studio.core.progress import Progress, SubProgress
 from studio.engine.chain import part_dirs
 from studio.engine.llm_runtime import load_graph_spec
+from studio.engine.weightstore import graph_bytes
 from studio.worker.context import StageContext, metric
 from studio.worker.stages._llm import partial
 
@@ -104,7 +105,7 @@ def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
         progress.log("bytes moved stay analytic: the model is in parts (the optrace profile "
                      "reads one graph)")
         return table, "analytic"
-    size = sum(f.stat().st_size for f in qdir.glob("decode.onnx*"))
+    size = graph_bytes(graph)
     if size >= OPTRACE_LIMIT:
         progress.log(f"bytes moved stay analytic: {graph.name} is {size >> 20} MiB, too large "
                      "to recompile for an optrace profile here")
