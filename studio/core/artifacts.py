@@ -9,11 +9,18 @@ a change anywhere upstream propagates down the chain.
 Writes are atomic: a stage writes into ``tmp/<random>/`` and the folder is renamed into
 place only after ``artifact.json`` is written. A crash leaves only a ``tmp/`` folder that
 the next open removes; a stored artifact is never half-written.
+
+A stage that works part by part (a model exported or quantized in parts) writes into
+``tmp/resume-<key>/`` instead, kept across a crash or a kill: run again with the same key,
+it finds the parts it finished there and does only the rest (:meth:`ArtifactStore.
+new_workdir`). Such a folder is removed when its key is stored, or by the next open once it
+is older than :data:`RESUME_DAYS` days.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 import uuid
@@ -24,6 +31,10 @@ from typing import Any
 from studio.core.fsutil import atomic_write_json, sha256_file, sha256_json, try_flock
 
 META = "artifact.json"
+#: the work folders of part-by-part stages, kept for a re-run with the same key
+RESUME_PREFIX = "resume-"
+#: a kept work folder older than this is removed when the store opens
+RESUME_DAYS = 7
 
 
 @dataclass(frozen=True)
@@ -61,10 +72,14 @@ class ArtifactStore:
         return self
 
     def clean_tmp(self) -> int:
-        """Remove leftovers of interrupted stages (call only when no stage is running)."""
+        """Remove leftovers of interrupted stages (call only when no stage is running); the
+        work folders of part-by-part stages stay for :data:`RESUME_DAYS` days."""
         n = 0
         if self.tmp.exists():
+            old = time.time() - RESUME_DAYS * 86400
             for p in self.tmp.iterdir():
+                if p.name.startswith(RESUME_PREFIX) and p.stat().st_mtime > old:
+                    continue
                 shutil.rmtree(p, ignore_errors=True)
                 n += 1
         return n
@@ -91,7 +106,14 @@ class ArtifactStore:
                 return False
         return True
 
-    def new_workdir(self) -> Path:
+    def new_workdir(self, resume_key: str | None = None) -> Path:
+        """A fresh work folder; with ``resume_key``, the key's kept folder (what an
+        interrupted run of that key left, or a new one): the caller holds the key's lock."""
+        if resume_key is not None:
+            d = self.tmp / f"{RESUME_PREFIX}{resume_key}"
+            d.mkdir(parents=True, exist_ok=True)
+            os.utime(d)  # in use: not old
+            return d
         d = self.tmp / uuid.uuid4().hex
         d.mkdir(parents=True)
         return d

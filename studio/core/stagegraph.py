@@ -70,6 +70,9 @@ class StageDecl:
     reads_history: bool = False
     # it takes a model exported in parts (studio.core.parts): the others refuse one
     takes_parts: bool = False
+    # it works part by part and keeps the parts it finished across a kill: its work folder
+    # is kept per key (studio.core.artifacts), and a re-run does only the rest
+    resumes: bool = False
 
     @property
     def module(self) -> str:
@@ -98,14 +101,14 @@ DECLARATIONS: tuple[StageDecl, ...] = (
               settings=("model.source", "export.prompt_length", "export.context_length",
                         "export.parts", "export.max_part_mb"),
               role="export",
-              takes_parts=True),
+              takes_parts=True, resumes=True),
     StageDecl("quantize", "Quantize", (Need("export"),),
               settings=("quantization.scheme", "quantization.weight_granularity",
                         "quantization.calibration_text", "quantization.calibration_samples",
                         "quantization.calibration_method", "quantization.block_size",
                         "quantization.weight_rounding", "quantization.rounding_samples",
                         "quantization.kv_cache", "quantization.overrides"), role="quantize",
-              takes_parts=True),
+              takes_parts=True, resumes=True),
     StageDecl("compile", "Compile", (Need("quantize"),), fan_out="target",
               settings=("quantization.scheme", "quantization.weight_granularity"), role="compile",
               takes_parts=True),

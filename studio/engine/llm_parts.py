@@ -34,6 +34,7 @@ from studio.core.families import FAMILIES
 from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 from studio.core.parts import Layout, Part, plan_parts
 from studio.core.progress import NullProgress, Progress, SubProgress
+from studio.engine import partresume
 from studio.engine.chain import ChainSession, chain_session, part_dirs  # noqa: F401 (re-exported)
 from studio.engine.llm_export import (
     DEFAULT_MASK_VALUE,
@@ -53,6 +54,7 @@ from studio.engine.llm_export import (
     rope_positions,
 )
 from studio.engine.llm_runtime import SLIDING_MASK, decode_mask, mask_windows, prefill_mask
+from studio.engine.weightstore import graph_bytes, shared_store
 
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2,
                 "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -107,7 +109,7 @@ def exported_part_sizes(export_dir: Path, spec: dict) -> list[int]:
     """The parameters each part of an export holds (one part: the decode graph's own FP32
     weights, where a tied head is a second copy)."""
     rows = [int(p.get("parameters") or 0) for p in spec.get("parts") or []]
-    return rows or [sum(f.stat().st_size for f in Path(export_dir).glob("decode.onnx*")) // 4]
+    return rows or [graph_bytes(Path(export_dir) / "decode.onnx") // 4]
 
 
 def export_plan(checkpoint_dir: Path, parts: int | str, max_part_mb: int) -> list[Part]:
@@ -415,11 +417,16 @@ def export_parts(
     mask_value: float = DEFAULT_MASK_VALUE,
     verify_len: int = DEFAULT_VERIFY_LENGTH,
     check_positions: int | None = None,
+    resume: bool = False,
 ) -> dict:
     """Export a checkpoint as the prefill / decode (/ verify) graphs of each of its parts,
     one part in memory at a time, into ``out_dir/<part name>/``, and check the chain over
     the whole context (or its first ``check_positions``) against transformers' modules.
-    Writes graph.json (with ``parts``) and reference.npz; returns the spec."""
+    Writes graph.json (with ``parts``) and reference.npz; returns the spec.
+
+    ``resume``: ``out_dir`` is a kept work folder (:mod:`studio.engine.partresume`): the
+    parts an interrupted run finished there are kept and the export goes on from the first
+    part it did not finish."""
     import numpy as np
 
     from studio.core.parts import DEFAULT_MAX_PART_BYTES
@@ -449,8 +456,18 @@ def export_parts(
     got = ref
     rows: list[dict] = []
     out_dir.mkdir(parents=True, exist_ok=True)
+    done = partresume.keep_finished(out_dir, plan) if resume else {}
+    first = 0
+    while first in done and first < len(plan) - 1:
+        first += 1
+    if first:
+        kept_from = partresume.handoff(out_dir / plan[first - 1].name)
+        got, ref = kept_from["got"], kept_from["ref"]
+        rows = [{k: v for k, v in done[i].items()} for i in range(first)]
+        progress.log(f"part{'s 1-' if first > 1 else ' '}{first} of {len(plan)}: kept from an "
+                     "interrupted run of this export")
     share = 1.0 / len(plan)
-    for part in plan:
+    for part in plan[first:]:
         sub = SubProgress(progress, part.index * share, (part.index + 1) * share)
         progress.check()
         sub.update(0.0, f"part {part.index + 1}/{len(plan)}: reading blocks "
@@ -459,6 +476,8 @@ def export_parts(
         wrapper = _build_wrapper(ck.model, C, family, layer_types, sliding_input, rope_rows,
                                  part, rotary=ck.rotary)
         folder = out_dir / part.name if len(plan) > 1 else out_dir
+        if len(plan) > 1 and folder.exists():  # what an interrupted run left of this part
+            shutil.rmtree(folder)
         folder.mkdir(parents=True, exist_ok=True)
         # traced while the part's torch weights are in memory, finished after they are given
         # back: one copy of the part's weights at a time
@@ -481,13 +500,15 @@ def export_parts(
                 cap = getattr(ck.config, cap_key, None) if cap_key else None
             del wrapper
             ck.release(part)
-            for g_i, graph in enumerate(graphs):
-                progress.check()
-                sub.update(0.4 + 0.1 * g_i / len(graphs), f"part {part.index + 1}/"
-                                                          f"{len(plan)}: writing {graph}.onnx")
-                _finish_graph(raw_dir / f"{graph}.onnx", folder / f"{graph}.onnx",
-                              module_names, *traced[graph], graph)
-                (raw_dir / f"{graph}.onnx").unlink()
+            with shared_store(folder) as store:  # the part's graphs share its weights
+                for g_i, graph in enumerate(graphs):
+                    progress.check()
+                    sub.update(0.4 + 0.1 * g_i / len(graphs), f"part {part.index + 1}/"
+                                                              f"{len(plan)}: writing {graph}.onnx")
+                    _finish_graph(raw_dir / f"{graph}.onnx", folder / f"{graph}.onnx",
+                                  module_names, *traced[graph], graph, store)
+                    (raw_dir / f"{graph}.onnx").unlink()
+                    (raw_dir / f"{graph}.onnx.data").unlink(missing_ok=True)
         finally:
             shutil.rmtree(raw_dir, ignore_errors=True)
         rows.append({**part.as_dict(),
@@ -496,6 +517,8 @@ def export_parts(
             got = _run_part_graphs(folder, part, spec, got, n, make_cpu_session,
                                    progress=SubProgress(sub, 0.5, 1.0))
             ref = ref_out
+            if resume:  # finished: a re-run after a kill starts from the next part
+                partresume.mark(folder, rows[-1], {"got": got, "ref": ref})
             continue
 
         def on_logits(p: int, logits, ref_out=ref_out, head=head, cap=cap):
@@ -511,6 +534,7 @@ def export_parts(
                          SubProgress(sub, 0.5, 1.0))
     check = {**compare.figures(min(P, n)), "parts": len(plan),
              "reference": "transformers modules, one part at a time, with the graphs' masks"}
+    partresume.unmark(out_dir)
     spec["parts"] = rows
     spec["graphs"] = rows[0]["graphs"] if len(plan) == 1 else {
         g: {"file": f"{g}.onnx", "parts": [r["name"] for r in rows]} for g in graphs}

@@ -23,9 +23,11 @@ from studio.core.fsutil import atomic_write_json
 from studio.core.parts import Part
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.core.recipe import DEFAULT_WEIGHT_ROUNDING, activation_bits, is_float_scheme
+from studio.engine import partresume
 from studio.engine.calibration import window_plan
 from studio.engine.llm_parts import PartRunner, iter_parts, part_dirs
 from studio.engine.rounding import Source, prefill_rows, round_for_recipe
+from studio.engine.weightstore import shared_store
 
 
 def part_calibration(runner: PartRunner, windows: list[list[int]], inputs: list[Any] | None,
@@ -93,10 +95,23 @@ def _part_check(src: Path, dst: Path, part: Part, pre_feed: dict, dec_feed: dict
     return res
 
 
+def _add_row(info: dict[str, Any], row: dict[str, Any]) -> None:
+    """A quantized part's row into quant.json's content: the layers of its decode graph
+    (which holds every layer of the part) into the model's list."""
+    info["layers"] += row["graphs"]["decode"].pop("layers", [])
+    row["graphs"]["prefill"].pop("layers", None)
+    info["parts"].append(row)
+
+
 def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_text: str,
-                   tokenizer_dir: Path, progress: Progress = NullProgress()) -> dict:
+                   tokenizer_dir: Path, progress: Progress = NullProgress(),
+                   resume: bool = False) -> dict:
     """Quantize the FP32 graphs of every part of ``graphs_dir`` into ``out_dir/<part>/``
-    (graph.json and quant.json at the top); returns quant.json's content."""
+    (graph.json and quant.json at the top); returns quant.json's content.
+
+    ``resume``: ``out_dir`` is a kept work folder (:mod:`studio.engine.partresume`): the
+    parts an interrupted run finished there are kept, with what they hand the next part,
+    and the quantization goes on from the first part it did not finish."""
     from studio.engine.calibration import calibration_windows
     from studio.engine.llm_export import load_spec
     from studio.engine.llm_runtime import make_cpu_session
@@ -142,13 +157,27 @@ def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_te
         else []
     if r_windows:
         info["rounding_samples"] = recipe["rounding_samples"]
+    done = partresume.keep_finished(out_dir, parts) if resume else {}
+    first = 0
+    while first in done:
+        first += 1
+    handed: list[Any] | None = None
+    r_handed: list[Any] | None = None
+    feeds = (0, 0)
+    for i in range(first):  # what an interrupted run finished
+        feeds = tuple(done[i].pop("_feeds"))
+        _add_row(info, done[i])
+    if first:
+        kept = partresume.handoff(out_dir / parts[first - 1].name)
+        handed = partresume.unpack_windows(kept, "c.") if "c.count" in kept else None
+        r_handed = partresume.unpack_windows(kept, "r.") if "r.count" in kept else None
+        progress.log(f"part{'s 1-' if first > 1 else ' '}{first} of {len(parts)}: kept from "
+                     "an interrupted run of this quantization")
     stage = Path(tempfile.mkdtemp(dir=out_dir, prefix=".quantize."))
     try:
-        handed: list[Any] | None = None
-        r_handed: list[Any] | None = None
         r_pre: list[dict] = []
         share = 1.0 / len(parts)
-        for part, src in zip(parts, dirs, strict=True):
+        for part, src in list(zip(parts, dirs, strict=True))[first:]:
             sub = SubProgress(progress, part.index * share, (part.index + 1) * share)
             dst = stage / part.name
             dst.mkdir()
@@ -180,31 +209,39 @@ def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_te
                 run_facts["rounding_seconds"] = run_facts.get("rounding_seconds", 0) + seconds
                 a0 = 0.5
             span = (0.9 - a0) / 2
-            for g_i, (graph, feeds) in enumerate((("prefill", pre), ("decode", dec))):
-                progress.check()
-                sub.update(a0 + span * g_i, f"part {part.index + 1}/{len(parts)}: quantizing "
-                                            f"{graph}.onnx ({recipe['scheme']})")
-                row["graphs"][graph] = _quantize_graph(
-                    src / f"{graph}.onnx", dst / f"{graph}.onnx", recipe, feeds,
-                    SubProgress(sub, a0 + span * g_i, a0 + span * (g_i + 1)), rounded=rounded)
+            with shared_store(dst) as store:  # the part's two graphs: one copy of its weights
+                for g_i, (graph, feeds) in enumerate((("prefill", pre), ("decode", dec))):
+                    progress.check()
+                    sub.update(a0 + span * g_i, f"part {part.index + 1}/{len(parts)}: "
+                                                f"quantizing {graph}.onnx ({recipe['scheme']})")
+                    row["graphs"][graph] = _quantize_graph(
+                        src / f"{graph}.onnx", dst / f"{graph}.onnx", recipe, feeds,
+                        SubProgress(sub, a0 + span * g_i, a0 + span * (g_i + 1)),
+                        rounded=rounded, store=store)
             sub.update(0.92, f"part {part.index + 1}/{len(parts)}: checking against FP32")
             row["check"] = _part_check(src, dst, part, pre[0], dec[-1])
             progress.log(f"part {part.index + 1}/{len(parts)} (blocks {part.start}-"
                          f"{part.stop - 1}): quantized vs FP32 output cosine "
                          + ", ".join(f"{k} {v:.4f}" for k, v in row["check"].items()))
-            info["layers"] += row["graphs"]["decode"].pop("layers", [])
-            row["graphs"]["prefill"].pop("layers", None)
-            info["parts"].append(row)
-            handed = handed_next
-        info["calibration"]["prefill_feeds"] = len(pre)
-        info["calibration"]["decode_feeds"] = len(dec)
-        for f in sorted(stage.iterdir()):
-            target = out_dir / f.name
+            target = out_dir / part.name
             if target.exists():
                 shutil.rmtree(target)
-            os.replace(f, target)
+            os.replace(dst, target)
+            feeds = (len(pre), len(dec))
+            if resume:  # finished: a re-run after a kill starts from the next part
+                kept_arrays: dict[str, Any] = {}
+                if not part.heads:
+                    kept_arrays.update(partresume.pack_windows(handed_next, "c."))
+                    if r_windows:
+                        kept_arrays.update(partresume.pack_windows(r_handed or [], "r."))
+                partresume.mark(target, {**row, "_feeds": list(feeds)}, kept_arrays)
+            _add_row(info, row)
+            handed = handed_next
+        info["calibration"]["prefill_feeds"] = feeds[0]
+        info["calibration"]["decode_feeds"] = feeds[1]
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+    partresume.unmark(out_dir)
     qspec = dict(spec)
     qspec["quantization"] = {k: info[k] for k in ("scheme", "weight_granularity",
                                                   "activation_type", "weight_type")}

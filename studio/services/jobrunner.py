@@ -237,7 +237,10 @@ class JobRunner:
     async def _compute(self, job: StageJob, sink: JobSink, key: str, now: float,
                        cancelled: Callable[[], bool]) -> Artifact | None:
         inputs = self._inputs(job)
-        workdir = self.store.new_workdir()
+        # a part-by-part stage gets its key's kept folder: what a killed run finished there
+        # is kept, and it stays on cancel or failure for the next run of the key
+        kept = job.decl.resumes
+        workdir = self.store.new_workdir(key if kept else None)
         spec: dict[str, Any] = {
             "job_id": job.job_id, "config": job.config.to_dict(), "inputs": inputs,
             "input_keys": dict(job.input_keys), "workdir": str(workdir),
@@ -258,7 +261,8 @@ class JobRunner:
         # next open cleans
         outcome = await self.execute(spec, on_message)
         if cancelled():
-            shutil.rmtree(workdir, ignore_errors=True)
+            if not kept:
+                shutil.rmtree(workdir, ignore_errors=True)
             sink.update(state="cancelled", finished=time.time(), message="cancelled")
             return None
         if outcome.get("type") == "result":
@@ -276,7 +280,8 @@ class JobRunner:
             sink.update(state="succeeded", finished=time.time(), progress=1.0,
                         artifact_key=key, result=result, message=result.get("summary", "done"))
             return art
-        shutil.rmtree(workdir, ignore_errors=True)
+        if not kept:
+            shutil.rmtree(workdir, ignore_errors=True)
         if outcome.get("traceback"):
             sink.traceback(outcome["traceback"])
         raise job_failure(job.label, outcome)

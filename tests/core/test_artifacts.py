@@ -29,3 +29,27 @@ def test_interrupted_workdirs_are_cleaned(tmp_path):
     assert store.clean_tmp() == 1
     assert not any(store.tmp.iterdir())
     assert store.all() == []
+
+
+def test_a_part_by_part_stage_keeps_its_work_folder_until_its_key_is_stored(tmp_path):
+    """The kept work folder of a key survives the store's cleaning (a re-run resumes in it)
+    until it is stored or grows old; other work folders are cleaned."""
+    import os
+    import time
+
+    from studio.core.artifacts import RESUME_DAYS
+
+    store = ArtifactStore(tmp_path / "a").open()
+    key = artifact_key("export", {"p": 1}, {}, {})
+    wd = store.new_workdir(key)
+    (wd / "part1_of_2").mkdir()
+    (wd / "part1_of_2" / "decode.onnx").write_bytes(b"done")
+    store.new_workdir()
+    assert store.clean_tmp() == 1  # the random one
+    assert store.new_workdir(key) == wd and (wd / "part1_of_2" / "decode.onnx").exists()
+    art = store.commit(key, wd, {"stage": "export"})
+    assert not wd.exists() and set(art.meta["files"]) == {"part1_of_2/decode.onnx"}
+    stale = store.new_workdir(artifact_key("export", {"p": 2}, {}, {}))
+    old = time.time() - (RESUME_DAYS + 1) * 86400
+    os.utime(stale, (old, old))
+    assert store.clean_tmp() == 1 and not stale.exists()

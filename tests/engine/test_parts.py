@@ -11,6 +11,7 @@ import pytest
 
 from studio.core.errors import StudioError
 from studio.core.parts import Layout, plan_parts, split
+from studio.core.progress import RecordingProgress
 
 TOKENIZER = ("tokenizer.json", "tokenizer_config.json")
 
@@ -78,6 +79,30 @@ def deep_checkpoint(tmp_path_factory) -> Path:
     return folder
 
 
+class _Killed(Exception):
+    """What the tests' ``_KillAt`` raises: the stage dies there, as under ``kill -9``."""
+
+
+class _KillAt(RecordingProgress):
+    """Progress that ends the work (an exception nobody catches) at the first message
+    starting with ``at``; records the logs."""
+
+    def __init__(self, at: str | None = None):
+        super().__init__()
+        self.at = at
+
+    def update(self, fraction: float, message: str = "") -> None:
+        if self.at and message.startswith(self.at):
+            raise _Killed(message)
+        super().update(fraction, message)
+
+
+def _stats(folder: Path) -> dict[str, tuple[int, int]]:
+    """Each file's inode and modification time: the same after a resume = not written again."""
+    return {str(f.relative_to(folder)): (f.stat().st_ino, f.stat().st_mtime_ns)
+            for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
 def _greedy(folder: Path, n: int = 20) -> list[int]:
     from studio.engine.llm_export import load_spec
     from studio.engine.llm_runtime import cpu_generator
@@ -89,10 +114,11 @@ def test_parts_1_2_3_export_the_same_model(deep_checkpoint, tmp_path, monkeypatc
     """The streamed export in 2 and 3 parts: each part's graphs hold only its own blocks'
     weights, the whole-context check gives the one-graph figures, and the chained parts
     generate the one graph's greedy tokens. The 3 parts' graphs keep their weights in
-    ``.data`` files copied a slice at a time (as a real model's large parts do)."""
+    part's one ``weights.data`` file, copied a slice at a time and shared by its graphs (as a
+    real model's large parts do)."""
     import onnx
 
-    from studio.engine import llm_export
+    from studio.engine import weightstore
     from studio.engine.llm_export import export_llm
     from studio.engine.llm_parts import checkpoint_layout, export_parts
 
@@ -101,11 +127,31 @@ def test_parts_1_2_3_export_the_same_model(deep_checkpoint, tmp_path, monkeypatc
     whole = export_llm(deep_checkpoint, tmp_path / "p1", 16, 64, verify_len=1)
     tokens = _greedy(tmp_path / "p1")
     for n in (2, 3):
+        resume = n == 3
         if n == 3:
-            monkeypatch.setattr(llm_export, "STREAM_WEIGHTS_ABOVE", 0)
-        spec = export_parts(deep_checkpoint, tmp_path / f"p{n}", 16, 64, parts=n, verify_len=1)
-        data = sorted(f.name for f in (tmp_path / f"p{n}").rglob("*.onnx.data"))
-        assert len(data) == (6 if n == 3 else 0), data  # prefill + decode per part
+            monkeypatch.setattr(weightstore, "SHARE_ABOVE", 0)
+            # killed while part 3 is read: parts 1 and 2 are kept and not written again
+            with pytest.raises(_Killed):
+                export_parts(deep_checkpoint, tmp_path / "p3", 16, 64, parts=3, verify_len=1,
+                             resume=True, progress=_KillAt("part 3/3: reading"))
+            kept = {k: v for k, v in _stats(tmp_path / "p3").items()
+                    if k.startswith(("part1_", "part2_")) and ".part-" not in k}
+            assert len(kept) == 6  # prefill, decode and weights of each
+        rec = _KillAt()
+        spec = export_parts(deep_checkpoint, tmp_path / f"p{n}", 16, 64, parts=n, verify_len=1,
+                            resume=resume, progress=rec)
+        if resume:
+            assert any("parts 1-2 of 3: kept from an interrupted run" in m for m in rec.lines)
+            assert not any(m.startswith(("part 1/3", "part 2/3")) for _, m in rec.updates)
+            now = _stats(tmp_path / "p3")
+            assert {k: now[k] for k in kept} == kept
+            assert not [k for k in now if ".part-" in k]  # no marks left in the export
+        data = sorted((tmp_path / f"p{n}").rglob("*.data"))
+        assert [f.name for f in data] == ([weightstore.WEIGHTS_FILE] * 3 if n == 3 else [])
+        for f in data:  # the prefill and decode graphs' weights stored once
+            pre, dec = (weightstore.graph_bytes(f.parent / g) for g in ("prefill.onnx",
+                                                                          "decode.onnx"))
+            assert f.stat().st_size < 0.6 * (pre + dec), (f, pre, dec)
         assert [p["name"] for p in spec["parts"]] == [f"part{i + 1}_of_{n}" for i in range(n)]
         chk, ref = spec["export_check"], whole["export_check"]
         assert chk["positions"] == ref["positions"] == 64 and chk["first_bad_position"] is None
@@ -156,9 +202,10 @@ def test_parts_calibrated_on_the_previous_parts_outputs_get_the_one_graph_encodi
         tmp_path, sample_model_dir, monkeypatch):
     """The sample (4 blocks) in 1 and 2 parts, W8A16: every activation both graphs quantize
     gets the same scale (within float rounding), and both generate the same greedy text.
-    The parts' graphs keep their weights in ``.data`` files (as large parts do)."""
+    The parts' graphs keep their weights in their part's shared ``weights.data`` file (as
+    large parts do), FP32 and quantized."""
     from studio.core.resources import resources_dir
-    from studio.engine import llm_export
+    from studio.engine import weightstore
     from studio.engine.llm_export import export_llm
     from studio.engine.llm_parts import export_parts
     from studio.engine.quantize import quantize_llm
@@ -167,12 +214,30 @@ def test_parts_calibrated_on_the_previous_parts_outputs_get_the_one_graph_encodi
     text = (resources_dir() / "data" / "calibration.py.txt").read_text(encoding="utf-8")
     recipe = {"scheme": "W8A16", "weight_granularity": "per_channel", "samples": 2}
     export_llm(sample_model_dir, tmp_path / "e1", 16, 64, verify_len=1)
-    monkeypatch.setattr(llm_export, "STREAM_WEIGHTS_ABOVE", 0)
+    monkeypatch.setattr(weightstore, "SHARE_ABOVE", 0)
     export_parts(sample_model_dir, tmp_path / "e2", 16, 64, parts=2, verify_len=1)
-    assert (tmp_path / "e2" / "part1_of_2" / "decode.onnx.data").is_file()
+    assert (tmp_path / "e2" / "part1_of_2" / weightstore.WEIGHTS_FILE).is_file()
     quantize_llm(tmp_path / "e1", tmp_path / "q1", recipe, text, sample_model_dir)
-    info = quantize_parts(tmp_path / "e2", tmp_path / "q2", recipe, text, sample_model_dir)
+    # killed while part 2 is quantized, then run again: part 1 is kept (and what it hands
+    # part 2 with it), and the figures below are the resumed run's
+    with pytest.raises(_Killed):
+        quantize_parts(tmp_path / "e2", tmp_path / "q2", recipe, text, sample_model_dir,
+                       progress=_KillAt("part 2/2: quantizing"), resume=True)
+    kept = {k: v for k, v in _stats(tmp_path / "q2").items()
+            if k.startswith("part1_") and ".part-" not in k}
+    rec = _KillAt()
+    info = quantize_parts(tmp_path / "e2", tmp_path / "q2", recipe, text, sample_model_dir,
+                          progress=rec, resume=True)
+    assert any("part 1 of 2: kept from an interrupted run" in m for m in rec.lines)
+    now = _stats(tmp_path / "q2")
+    assert kept and {k: now[k] for k in kept} == kept
+    assert not [k for k in now if ".part-" in k or ".quantize." in k]
     assert [p["name"] for p in info["parts"]] == ["part1_of_2", "part2_of_2"]
+    for part in ("part1_of_2", "part2_of_2"):  # the quantized graphs share their weights too
+        data = tmp_path / "q2" / part / weightstore.WEIGHTS_FILE
+        both = sum(weightstore.graph_bytes(data.parent / g) for g in ("prefill.onnx",
+                                                                      "decode.onnx"))
+        assert data.is_file() and data.stat().st_size < 0.6 * both
     assert all(v > 0.99 for p in info["parts"] for v in p["check"].values())
     one, two = _activation_scales(tmp_path / "q1"), _activation_scales(tmp_path / "q2")
     common = set(one) & set(two)

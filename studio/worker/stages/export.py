@@ -10,12 +10,13 @@ from typing import Any
 from studio.core.fsutil import atomic_write_json
 from studio.core.hostmem import check_fits
 from studio.core.progress import Progress, SubProgress
+from studio.engine.weightstore import graph_bytes
 from studio.worker.context import StageContext, host_metric
 from studio.worker.stages._llm import GRAPHS
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    from studio.engine import hf_import
+    from studio.engine import hf_import, partresume
     from studio.engine.llm_export import export_llm
     from studio.engine.llm_parts import export_parts, export_plan
 
@@ -27,13 +28,14 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     check_fits("export", [p.parameters for p in plan])
     t0 = time.perf_counter()
     if len(plan) == 1:
+        partresume.clear(ctx.out)  # a kept work folder: nothing of a killed run is reused
         progress.update(0.02, f"exporting {info.architecture} ({info.num_layers} layers)")
         spec = export_llm(ckpt, ctx.out, P, C, progress=SubProgress(progress, 0.02, 0.95))
     else:
         progress.update(0.02, f"exporting {info.architecture} ({info.num_layers} layers) in "
                               f"{len(plan)} parts, one in memory at a time")
         spec = export_parts(ckpt, ctx.out, P, C, parts=len(plan), max_part_bytes=budget,
-                            progress=SubProgress(progress, 0.02, 0.95))
+                            progress=SubProgress(progress, 0.02, 0.95), resume=True)
     ctx.fact("export_seconds", time.perf_counter() - t0, "s")
     tok_dir = ctx.out / "tokenizer"
     tok_dir.mkdir()
@@ -41,8 +43,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
             shutil.copy2(f, tok_dir / f.name)
     atomic_write_json(ctx.out / "modelinfo.json", info.to_dict())
-    # a graph past 2 GB keeps its weights in <graph>.onnx.data: count both
-    sizes = {g: sum(f.stat().st_size for f in ctx.out.rglob(f"{g}.onnx*")) for g in GRAPHS}
+    # each graph with the weights it refers to (a part's graphs share one weights.data)
+    sizes = {g: sum(graph_bytes(f) for f in ctx.out.rglob(f"{g}.onnx")) for g in GRAPHS}
     chk = spec.get("export_check") or {}
     metrics = []
     if chk:

@@ -51,8 +51,11 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
             raise StudioError("an INT8 KV cache is not built for a model exported in parts: "
                               "set quantization.kv_cache = \"float\" or export.parts = 1")
         info = quantize_parts(export_dir, ctx.out, rec, text, export_dir / "tokenizer",
-                              progress)
+                              progress, resume=True)
     else:
+        from studio.engine import partresume
+
+        partresume.clear(ctx.out)  # a kept work folder: nothing of a killed run is reused
         info = quantize_llm(export_dir, ctx.out, rec, text, export_dir / "tokenizer", progress)
     if kv == "int8":
         progress.update(0.97, "INT8 KV cache: per-head scales from the FP32 cache, uint8 I/O")
