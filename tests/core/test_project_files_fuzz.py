@@ -17,8 +17,8 @@ from studio.core.errors import StudioError
 from studio.core.settings import SECTION_KEYS
 from tests.core.test_settings import EXAMPLE, _values_for
 
-#: how many files are generated (about 15 s on one busy core)
-EXAMPLES = 400
+#: how many files are generated (about 12 s on one core)
+EXAMPLES = 300
 SLOWEST_S = 1.0
 
 
