@@ -37,9 +37,10 @@ def deploy_graph(onnx_path: Path, out_dir: Path, calibration: Path, target: str,
     from studio.engine.onnx_import import open_onnx
 
     open_onnx(Path(onnx_path))  # a corrupt model: one line, before the folder is made
-    for given in (calibration, validation):
+    for what, given in (("calibration data", calibration), ("validation data", validation)):
         if given is not None and not Path(given).is_file():
-            raise StudioError(f"{given} is not a file: give the samples as .npz or .npy")
+            raise StudioError(f"{what} {given} does not exist: give a .npz with one array per "
+                              "model input")
     out.mkdir(parents=True, exist_ok=True)
     static = graphpipe.static_graph("onnx-graph", Path(onnx_path), out, shapes, 0, progress)
     inputs = graphpipe.inputs_from_json(static["inputs"])
