@@ -56,7 +56,9 @@ def run_batch(args: argparse.Namespace, ctx: Context) -> int:
     from studio.services.pipeline import plan, preflight
     from studio.services.session import Studio
 
-    stages = [s.strip() for s in args.stages.split(",") if s.strip()] if args.stages else None
+    # --stages "" names no stage (refused by the plan), it does not mean all of them
+    stages = ([s.strip() for s in args.stages.split(",") if s.strip()]
+              if args.stages is not None else None)
     # the plan and its inputs first: bad input is refused before the project folder exists
     project = projectfile.load(Path(args.batch))
     preflight(project, plan(project, stages, args.target))

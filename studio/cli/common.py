@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import io
+import math
 import os
 import sys
 import time
+from pathlib import Path
 
 from studio.core.errors import StudioError
 
@@ -35,6 +38,71 @@ def parse_shapes(specs: list[str]) -> dict[str, list[int]]:
             raise StudioError(f"--shape {spec!r}: write NAME=D,D,... with whole numbers, e.g. "
                               "image=1,3,224,224") from None
     return shapes
+
+
+def whole(low: int, high: int | None = None, hint: str = ""):
+    """An argparse ``type``: a whole number from ``low`` to ``high`` (refused at parsing,
+    before any work: one line, exit 2)."""
+
+    def parse(text: str) -> int:
+        value = int(text)  # a ValueError: argparse's "invalid int value: 'x'"
+        if value < low or (high is not None and value > high):
+            span = f"from {low} to {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"{value} is not {span}{hint}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+#: the largest run id (SQLite's integers are 64-bit)
+MAX_RUN_ID = 2**63 - 1
+
+
+def number(low: float | None = None, high: float | None = None, *, above: float | None = None):
+    """An argparse ``type``: a finite number within its bounds (``above``: strictly more)."""
+
+    def parse(text: str) -> float:
+        value = float(text)  # a ValueError: argparse's "invalid float value: 'x'"
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+        if ((low is not None and value < low) or (high is not None and value > high)
+                or (above is not None and value <= above)):
+            parts = ([f"more than {above:g}"] if above is not None else []) + (
+                [f"at least {low:g}"] if low is not None else []) + (
+                [f"at most {high:g}"] if high is not None else [])
+            raise argparse.ArgumentTypeError(f"{value:g} must be {' and '.join(parts)}")
+        return value
+
+    parse.__name__ = "float"
+    return parse
+
+
+def setting_arg(key: str):
+    """An argparse ``type`` for a flag that stands for the setting ``key`` (``section.key``):
+    parsed as the setting's declared type and checked against its declared range, so the
+    flag and the project file accept the same values (studio.core.settings)."""
+
+    def parse(text: str):
+        from studio.core.settings import SECTIONS, check_value, spec_of
+
+        section, _, leaf = key.partition(".")
+        kind = SECTIONS[section].specs()[leaf][1]
+        value = float(text) if kind is float else int(text)
+        try:
+            check_value(key, value, spec_of(key))
+        except StudioError as exc:
+            raise argparse.ArgumentTypeError(exc.message) from None
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def out_path(value: str) -> Path:
+    """An ``--out`` path made absolute without following a link at its end: a link given as
+    ``--out`` is refused (:func:`studio.core.fsutil.check_output`), not written through."""
+    return Path(os.path.abspath(Path(value).expanduser()))
 
 
 def when(t: float | None) -> str:

@@ -13,6 +13,7 @@ stderr), 3 a stage crashed (a bug: its traceback is in the job log).
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -61,6 +62,12 @@ def main(argv: list[str] | None = None, *, pdf_printer: PdfPrinter | None = None
     except StudioError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        print(f"error: a file name is too long ({str(exc.filename)[:60]}…): give a shorter "
+              "one", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -1,4 +1,13 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of one."""
+"""Atomic file writes: a reader sees the old file or the new one, never half of one.
+
+Every write goes through :func:`check_output` first: a path is written only when it is
+missing, a regular file (a file is expected) or a folder (a folder is expected). A symbolic
+link, a device, a FIFO or a socket is refused in one line, never replaced: ``--out /dev/null``
+or a link into someone else's files is left as it is. (The convention for links: refused, not
+written through.) The temporary file or folder is made in the target's own folder, so the
+final rename never crosses a file system. Reading has its bounded counterpart,
+:func:`read_input`: a regular file only, checked for size before it is read.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +28,142 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"), (stat.S_ISREG, "a file"))
+
+
+def kind_of(mode: int) -> str:
+    """What an ``st_mode`` says a path is, in words (``a symbolic link``, ``a FIFO``...)."""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def check_output(path: Path | str, *, folder: bool = False, marker: str | None = None) -> Path:
+    """Refuse, in one line (:class:`StudioError`, exit 2), to write ``path`` unless it is
+    missing or of the kind expected: a regular file (``folder=False``) or a folder
+    (``folder=True``). A symbolic link (even to a regular file), a device, a FIFO or a socket
+    is refused, and so is a parent that is a file. ``marker``, for a folder that a writer
+    replaces whole: an existing, non-empty folder is taken only when it holds that file (the
+    writer's own earlier output); ``""``: only an empty one. Returns ``path``."""
+    from studio.core.errors import StudioError
+
     path = Path(path)
+    want = "folder" if folder else "file"
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return path
+    except NotADirectoryError:
+        raise StudioError(f"cannot write {path}: a folder on its path is a file") from None
+    except OSError as exc:
+        raise StudioError(f"cannot write {path}: {exc.strerror or exc}") from None
+    mode = st.st_mode
+    if stat.S_ISREG(mode) and not folder:
+        return path
+    if stat.S_ISDIR(mode) and folder:
+        if marker is not None:
+            try:
+                entries = [e.name for e in os.scandir(path)]
+            except OSError as exc:
+                raise StudioError(f"cannot write {path}: {exc.strerror or exc}") from None
+            if entries and (not marker or marker not in entries):
+                raise StudioError(f"{path} is a folder that holds other files: give a new "
+                                  "folder (nothing was written)")
+        return path
+    if stat.S_ISDIR(mode):
+        raise StudioError(f"{path} is a folder: give a file name (nothing was written)")
+    raise StudioError(f"{path} is {kind_of(mode)}, not a regular {want}: QStudio writes only "
+                      f"a new path or a {want} it may replace (nothing was written)")
+
+
+def read_input(path: Path | str, limit: int, what: str = "file") -> bytes:
+    """The bytes of ``path``, a regular file (a link to one is fine) of at most ``limit``
+    bytes; anything else is refused in one line before a byte is read (a FIFO, a device such
+    as ``/dev/zero``, a folder, an oversized file). Opened without blocking, so a FIFO never
+    hangs the caller; the kind and size are those of the file opened (``fstat``)."""
+    from studio.core.errors import StudioError
+
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise StudioError(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise StudioError(f"{what} {path} is a folder, not a file") from None
+    except OSError as exc:
+        raise StudioError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StudioError(f"{what} {path} is {kind_of(st.st_mode)}, not a regular file")
+        if st.st_size > limit:
+            raise StudioError(f"{what} {path} is {st.st_size:,} bytes; at most {limit:,} are "
+                              "read: is it the right file?")
+        chunks, left = [], limit + 1
+        while left > 0:
+            block = os.read(fd, min(left, 1 << 20))
+            if not block:
+                break
+            chunks.append(block)
+            left -= len(block)
+        data = b"".join(chunks)
+        if len(data) > limit:  # it grew while we read
+            raise StudioError(f"{what} {path} is more than {limit:,} bytes: is it the right "
+                              "file?")
+        return data
+    except OSError as exc:
+        raise StudioError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+#: how deep tables and lists of an input (a project file, a JSON body) may nest: the
+#: project file needs 4 levels ([[sweeps]] -> axes -> values -> a table of overrides)
+MAX_NESTING = 32
+
+
+def check_nesting(obj: Any, what: str, limit: int = MAX_NESTING) -> None:
+    """A one-line error when ``obj`` (parsed TOML or JSON) nests lists and tables more than
+    ``limit`` deep; iterative, so the check itself never recurses."""
+    from studio.core.errors import StudioError
+
+    stack = [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            raise StudioError(f"{what} nests tables or lists more than {limit} deep")
+        stack.extend((c, depth + 1) for c in children)
+
+
+def parse_json(data: bytes, what: str, limit: int = MAX_NESTING) -> Any:
+    """JSON from bytes: UTF-8 text, well-formed, nested at most ``limit`` deep, or a one-line
+    error (never a RecursionError or a decoding traceback)."""
+    from studio.core.errors import StudioError
+
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise StudioError(f"{what} is not UTF-8 text") from None
+    try:
+        obj = json.loads(text)
+    except RecursionError:
+        raise StudioError(f"{what} nests too deeply") from None
+    except ValueError as exc:
+        raise StudioError(f"{what} is not valid JSON ({exc})") from None
+    check_nesting(obj, what, limit)
+    return obj
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` (see :func:`check_output`) through a temporary file in the
+    same folder and one rename."""
+    path = check_output(Path(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -28,6 +172,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        check_output(path)  # again, just before the rename: nothing has been put there since
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -146,12 +291,13 @@ def atomic_folder(dest: Path) -> Iterator[Path]:
     raises, ``dest`` is left as it was."""
     import shutil
 
-    dest = Path(dest)
+    dest = check_output(Path(dest), folder=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     old = None
     try:
         yield tmp
+        check_output(dest, folder=True)
         if dest.exists():
             old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
             os.replace(dest, old)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
-from studio.core.fsutil import atomic_write_text
+from studio.core.fsutil import atomic_write_text, check_nesting, read_input
 from studio.core.settings import SECTIONS, Settings, check_value, spec_of
 from studio.core.settings import check as check_settings
 from studio.core.stagegraph import STAGE_NAMES as STAGES  # noqa: F401  (the pages read it here)
@@ -221,24 +221,36 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---- files ------------------------------------------------------------------------
+#: the largest project file read (a generous bound: a file with many sweeps is some KB)
+MAX_PROJECT_BYTES = 8 << 20
+
+
 def load(path: Path) -> Project:
     path = Path(path)
-    if not path.exists():
-        raise StudioError(f"project file {path} does not exist")
-    if path.is_dir():
-        raise StudioError(f"{path} is a folder, not a .qstudio project file")
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise StudioError(f"{path} is not a text file: is it really a .qstudio project?") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise StudioError(f"{path.name} is not valid TOML ({exc}): fix the file") from None
+    data = loads(read_input(path, MAX_PROJECT_BYTES, "project file"), path.name)
     try:
         p = from_dict(migrate(data), where=path.name)
     except StudioError as exc:
         raise StudioError(f"{path.name}: {exc.message}") from None
     p.path = path.resolve()
     return p
+
+
+def loads(raw: bytes, name: str) -> dict[str, Any]:
+    """A project file's bytes as TOML: UTF-8 (a byte-order mark is allowed), well-formed,
+    nested at most :data:`studio.core.fsutil.MAX_NESTING` deep; else one line."""
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise StudioError(f"{name} is not a text file: is it really a .qstudio project?") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise StudioError(f"{name} is not valid TOML ({exc}): fix the file") from None
+    except RecursionError:
+        raise StudioError(f"{name} nests tables or lists too deeply: fix the file") from None
+    check_nesting(data, name)
+    return data
 
 
 def dumps(project: Project) -> str:

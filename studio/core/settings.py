@@ -58,6 +58,8 @@ from studio.core.recipe import (
 MAX_CONTEXT = 4096
 #: a sanity cap for counts of held-out / calibration tokens and samples
 MAX_TOKENS = 1_000_000
+#: the largest dimension of a static input shape (graph.shapes)
+MAX_DIM = 1 << 20
 
 
 # ---- declaring a setting ----------------------------------------------------------------------
@@ -455,6 +457,9 @@ class Run(Section):
     def rules(self) -> None:
         if not self.prompt.strip():
             raise StudioError("run.prompt is empty: give the text generation starts from")
+        if not self.devices:
+            raise StudioError("run.devices is empty: name a device to run on, e.g. "
+                              + ", ".join(f'"{k}"' for k in PROJECT_KINDS))
         check_kinds(self.devices)
 
 
@@ -569,9 +574,10 @@ class Graph(Section):
 
     def rules(self) -> None:
         for name, dims in self.shapes.items():
-            if not (dims and all(d > 0 for d in dims)):
-                raise StudioError(f"graph.shapes.{name} must be a list of positive integers, "
-                                  f"e.g. [1, 3, 32, 32], not {_short(dims)}")
+            if not (dims and len(dims) <= 8 and all(0 < d <= MAX_DIM for d in dims)):
+                raise StudioError(f"graph.shapes.{name} must be a list of at most 8 positive "
+                                  f"integers up to {MAX_DIM}, e.g. [1, 3, 32, 32], not "
+                                  f"{_short(dims)}")
 
 
 # ---- all sections -------------------------------------------------------------------------

@@ -76,6 +76,10 @@ class SweepSpec:
     best: str = "smallest"
     description: str = ""
 
+    def size(self) -> int:
+        """The number of points, counted without making them."""
+        return len(self.points) if self.points else math.prod(len(v) for _, v in self.axes)
+
     def expand(self) -> list[Point]:
         """Every point, in order: the explicit list, else the grid of the axes."""
         if self.points:
@@ -156,6 +160,9 @@ def apply_point(project: Project, settings: Mapping[str, Any]) -> Project:
 def _axis_values(key: str, raw: Any) -> tuple[Any, ...]:
     if not isinstance(raw, list) or not raw:
         raise StudioError(f"sweep axis {key!r} needs a non-empty list of values")
+    if len(raw) > MAX_POINTS:  # before the values are compared with each other
+        raise StudioError(f"sweep axis {key!r} has {len(raw)} values; a sweep has at most "
+                          f"{MAX_POINTS} points")
     seen: list[Any] = []
     for v in raw:
         if v in seen:
@@ -189,6 +196,8 @@ def parse_spec(raw: Any, project: Project, where: str = "sweeps") -> SweepSpec:
     for key, vals in axes_raw.items():
         check_axis_key(key, project)
         axes.append((key, _axis_values(key, vals)))
+    if len(points_raw) > MAX_POINTS:
+        raise StudioError(f"{where} lists {len(points_raw)} points; at most {MAX_POINTS}")
     points: list[dict[str, Any]] = []
     for i, p in enumerate(points_raw):
         if not isinstance(p, dict) or not p:

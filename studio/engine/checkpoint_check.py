@@ -13,32 +13,22 @@ Each failure is a :class:`StudioError` naming the file and what to do.
 
 from __future__ import annotations
 
-import json
-import struct
 from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
 
 # Bump when the checks change: cached verdicts of older checks are not reused.
-CHECKS_VERSION = 1
+CHECKS_VERSION = 2
 
 
 def _safetensors_end(path: Path) -> tuple[int, int]:
-    """(bytes the header promises, bytes the file has)."""
-    size = path.stat().st_size
-    with path.open("rb") as fh:
-        head = fh.read(8)
-        if len(head) != 8:
-            return 8, size
-        (length,) = struct.unpack("<Q", head)
-        try:
-            header = json.loads(fh.read(length))
-        except ValueError:
-            return 8 + length + 1, size
-    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"),
-              default=0)
-    return 8 + length + end, size
+    """(bytes the header promises, bytes the file has); the header is checked against itself
+    first (:func:`studio.engine.hf_import.safetensors_layout`)."""
+    from studio.engine.hf_import import safetensors_layout
+
+    _tensors, length, end = safetensors_layout(path)
+    return 8 + length + end, path.stat().st_size
 
 
 def check_weights_complete(folder: Path) -> None:
@@ -50,6 +40,11 @@ def check_weights_complete(folder: Path) -> None:
             raise StudioError(
                 f"{f} is truncated ({have:,} of {need:,} bytes): copy or download the weights "
                 "again"
+            )
+        if have > need:
+            raise StudioError(
+                f"{f} holds {have - need:,} bytes past the data its header describes: the "
+                "header does not match the data (a damaged or edited file)"
             )
 
 
@@ -77,7 +72,8 @@ def expected_tensors(folder: Path) -> tuple[dict[str, tuple[int, ...]], set[str]
 def check_weights_match_config(folder: Path) -> None:
     from studio.engine import hf_import
 
-    present = {k: v[0] for k, v in hf_import._tensor_shapes(folder).items()}
+    held = hf_import._tensor_shapes(folder)
+    present = {k: v[0] for k, v in held.items()}
     expected, tied = expected_tensors(folder)
     missing = sorted(k for k in expected if k not in present and k not in tied)
     if missing:
@@ -86,7 +82,14 @@ def check_weights_match_config(folder: Path) -> None:
             f"the weights in {folder} lack {', '.join(missing[:3])}{more} that config.json "
             "implies: the checkpoint is incomplete or config.json belongs to another model"
         )
+    dtypes = {k: v[1] for k, v in held.items()}
     for name, shape in expected.items():
+        dtype = dtypes.get(name, "")
+        if name in present and not (dtype.startswith("float") or dtype == "bfloat16"):
+            raise StudioError(
+                f"{name} in {folder} is stored as {dtype}, not a floating-point type: the "
+                "weights' header is damaged or they are not this model's weights"
+            )
         if name in present and tuple(present[name]) != tuple(shape):
             raise StudioError(
                 f"{name} in {folder} has shape {list(present[name])} but config.json implies "

@@ -122,14 +122,18 @@ def write_encodings(qdq_model: str | Path, out: str | Path) -> dict[str, int]:
             "params": len(enc["param_encodings"])}
 
 
+#: the largest encodings JSON read (an 8B model's per-tensor encodings are some MB)
+MAX_ENCODINGS_BYTES = 512 << 20
+
+
 def read_encodings(path: str | Path) -> tuple[dict[str, int], dict[str, int]]:
     """(activation bitwidths, weight bitwidths) from an encodings file (0.6.1 / 1.0.0 dicts,
     or 2.0.0 lists); StudioError for anything else."""
+    from studio.core.fsutil import parse_json, read_input
+
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise StudioError(f"cannot read {path} as an encodings JSON file ({exc})") from None
+    data = parse_json(read_input(path, MAX_ENCODINGS_BYTES, "the encodings file"),
+                      f"the encodings file {path}")
     if not isinstance(data, dict) or not ({"activation_encodings", "param_encodings"} & set(data)):
         raise StudioError(f"{path} is not an encodings file: it needs activation_encodings "
                           "and/or param_encodings")

@@ -129,6 +129,10 @@ def load_samples(path: Path, inputs: list[GraphInput], what: str = "calibration 
         if a.dtype.name != i.dtype:
             raise StudioError(f"{what} {path.name}: {i.name!r} is {a.dtype.name}, the model "
                               f"wants {i.dtype}: convert it (astype)")
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            bad = int(a.size - np.isfinite(a).sum())
+            raise StudioError(f"{what} {path.name}: {i.name!r} holds {bad:,} NaN or infinite "
+                              f"value(s) of {a.size:,}: calibrate on real, finite samples")
         shape = tuple(int(d) for d in i.shape)  # static by now
         if a.shape == shape:
             counts.add(1)

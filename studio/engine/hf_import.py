@@ -84,15 +84,25 @@ def open_checkpoint(path: str | Path) -> ModelInfo:
 # -- config --------------------------------------------------------------------------------
 
 
+#: the largest config.json / weights index read
+MAX_CONFIG_BYTES = 64 << 20
+
+
 def _read_config(folder: Path) -> dict[str, Any]:
+    from studio.core.fsutil import check_nesting, read_input
+
+    raw = read_input(folder / "config.json", MAX_CONFIG_BYTES, "config.json")
     try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        config = json.loads(raw.decode("utf-8"))
     except json.JSONDecodeError as exc:
         raise StudioError(
             f"config.json in {folder} is not valid JSON (line {exc.lineno}: {exc.msg})"
         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise StudioError(f"cannot read config.json in {folder}: {exc}") from None
+    except (RecursionError, UnicodeDecodeError) as exc:
+        raise StudioError(f"cannot read config.json in {folder}: "
+                          f"{'nested too deeply' if isinstance(exc, RecursionError) else exc}"
+                          ) from None
+    check_nesting(config, f"config.json in {folder}")
     if not isinstance(config, dict):
         raise StudioError(f"config.json in {folder} is not a JSON object")
     return config
@@ -116,10 +126,22 @@ def _architecture(config: dict[str, Any], folder: Path) -> tuple[str, Family]:
     return architecture, family
 
 
-def _need_int(config: dict[str, Any], key: str, folder: Path) -> int:
+#: the largest size a config.json may give (hidden size, layers, heads, vocabulary...)
+MAX_CONFIG_INT = 1 << 24
+
+
+def _need_int(config: dict[str, Any], key: str, folder: Path, required: bool = True
+              ) -> int | None:
+    """``config[key]``, a whole number from 1 to :data:`MAX_CONFIG_INT`, or one line (None
+    when it is left out and not ``required``)."""
     value = config.get(key)
+    if value is None and not required:
+        return None
     if not isinstance(value, int) or isinstance(value, bool):
         raise StudioError(f"config.json in {folder} lacks an integer {key!r}")
+    if not 1 <= value <= MAX_CONFIG_INT:
+        raise StudioError(f"config.json in {folder}: {key} = {value} must be between 1 and "
+                          f"{MAX_CONFIG_INT}: the config is damaged or not a model's")
     return value
 
 
@@ -143,11 +165,18 @@ def _tensor_shapes(folder: Path) -> Tensors:
 
 def _indexed_files(index: Path) -> list[Path]:
     """The shard files a ``*.index.json`` names; every one must exist."""
+    from studio.core.fsutil import read_input
+
+    raw = read_input(index, MAX_CONFIG_BYTES, "the weights index")
     try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-    except (ValueError, KeyError, TypeError):
+        weight_map = json.loads(raw.decode("utf-8"))["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         raise StudioError(f"{index} is not a valid weights index") from None
-    files = [index.parent / name for name in sorted(set(weight_map.values()))]
+    if not all(isinstance(n, str) and n and "/" not in n and n not in (".", "..")
+               for n in names):
+        raise StudioError(f"{index} names weight shards that are not file names beside it")
+    files = [index.parent / name for name in names]
     missing = [f.name for f in files if not f.is_file()]
     if missing:
         raise StudioError(f"{index.parent} lacks weight shards named in its index: {missing}")
@@ -165,26 +194,75 @@ def _safetensors_files(folder: Path) -> list[Path]:
     )
 
 
-def _safetensors_header(path: Path) -> Tensors:
-    """Names, shapes and dtypes from a safetensors header (8-byte length + JSON)."""
+#: bytes per element of each safetensors dtype
+_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8,
+             "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+MAX_HEADER_BYTES = 100_000_000
+
+
+def safetensors_layout(path: Path) -> tuple[dict[str, Any], int, int]:
+    """(the tensors of a safetensors header: name -> dtype, shape, offsets; the header's
+    length; the end of the data it describes), the header checked against itself: every dtype
+    known, every shape whole numbers, each tensor's offsets spanning exactly its elements'
+    bytes, the tensors tiling the data without gaps or overlaps. Any other header is a
+    one-line error naming the tensor (a dtype of I64 over F32 data, say, spans twice the
+    bytes). Whether the file holds the bytes is :func:`studio.engine.checkpoint_check`'s."""
+    bad = f"{path} is not a readable safetensors file"
     try:
         with path.open("rb") as fh:
             head = fh.read(8)
             if len(head) != 8:
                 raise ValueError("file too short")
             (length,) = struct.unpack("<Q", head)
-            if length > 100_000_000:
+            if length > MAX_HEADER_BYTES:
                 raise ValueError("implausible header length")
             header = json.loads(fh.read(length))
-    except (OSError, ValueError) as exc:
-        raise StudioError(f"{path} is not a readable safetensors file ({exc})") from None
-    out: Tensors = {}
+    except (OSError, ValueError, RecursionError) as exc:
+        raise StudioError(f"{bad} ({exc})") from None
+    if not isinstance(header, dict):
+        raise StudioError(f"{bad} (its header is not a table of tensors)")
+    tensors: dict[str, Any] = {}
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        shape = tuple(int(x) for x in meta["shape"])
-        out[name] = (shape, _SAFETENSORS_DTYPES.get(meta["dtype"], meta["dtype"].lower()))
-    return out
+        where = f"{path}: tensor {name[:80]!r}"
+        if not isinstance(meta, dict):
+            raise StudioError(f"{where} has no dtype, shape and offsets in the header")
+        dtype, shape, offsets = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
+        if dtype not in _ITEMSIZE:
+            raise StudioError(f"{where} has an unknown dtype {str(dtype)[:20]!r}")
+        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+            raise StudioError(f"{where} has a shape that is not a list of whole numbers")
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(type(o) is int for o in offsets) and 0 <= offsets[0] <= offsets[1]):
+            raise StudioError(f"{where} has data offsets that are not [begin, end]")
+        numel = 1
+        for d in shape:
+            numel *= d
+        need = numel * _ITEMSIZE[dtype]
+        if offsets[1] - offsets[0] != need:
+            raise StudioError(
+                f"{where}: {dtype} x {shape} is {need:,} bytes but its offsets span "
+                f"{offsets[1] - offsets[0]:,}: the header does not describe the data (a wrong "
+                "dtype or shape)")
+        tensors[name] = {"dtype": dtype, "shape": tuple(shape), "offsets": tuple(offsets)}
+    pos = 0
+    for name, t in sorted(tensors.items(), key=lambda kv: kv[1]["offsets"]):
+        begin, end_ = t["offsets"]
+        if begin != pos:
+            raise StudioError(f"{path}: tensor {name[:80]!r} starts at byte {begin:,} of the "
+                              f"data, not {pos:,}: the tensors "
+                              f"{'overlap' if begin < pos else 'leave a gap'}")
+        pos = end_
+    return tensors, length, pos
+
+
+def _safetensors_header(path: Path) -> Tensors:
+    """Names, shapes and dtypes from a safetensors header (8-byte length + JSON), checked
+    (:func:`safetensors_layout`)."""
+    tensors, _length, _end = safetensors_layout(path)
+    return {name: (t["shape"], _SAFETENSORS_DTYPES.get(t["dtype"], t["dtype"].lower()))
+            for name, t in tensors.items()}
 
 
 def _torch_files(folder: Path) -> list[Path]:
@@ -258,8 +336,16 @@ def _describe(
     sizes = {key: _need_int(config, key, folder) for key in family.config_keys}
     hidden, heads = sizes["hidden_size"], sizes["num_attention_heads"]
     num_layers, vocab = sizes["num_hidden_layers"], sizes["vocab_size"]
-    kv_heads = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or hidden // heads
+    kv_heads = _need_int(config, "num_key_value_heads", folder, required=False) or heads
+    head_dim = _need_int(config, "head_dim", folder, required=False)
+    if head_dim is None:
+        if hidden % heads:
+            raise StudioError(f"config.json in {folder}: hidden_size {hidden} is not a "
+                              f"multiple of num_attention_heads {heads} (and no head_dim)")
+        head_dim = hidden // heads
+    if heads % kv_heads:
+        raise StudioError(f"config.json in {folder}: num_attention_heads {heads} is not a "
+                          f"multiple of num_key_value_heads {kv_heads}")
 
     # Group tensors by module: "model.layers.0.self_attn.q_proj.weight" -> (module, "weight").
     modules: dict[str, dict[str, tuple[int, ...]]] = {}

@@ -91,9 +91,19 @@ def import_profile(path: str | os.PathLike, *, onnx_path: str | os.PathLike | No
 
 
 # ---- helpers ---------------------------------------------------------------------------------
+#: the largest profile file read
+MAX_PROFILE_BYTES = 1 << 30
+
+
 def _load_json(p: Path):
+    from studio.core.fsutil import read_input
+
+    raw = read_input(p, MAX_PROFILE_BYTES, "the profile file")
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        return json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise StudioError(f"{p.name} nests too deeply to be a profile; pass "
+                          f"{_ACCEPTED}") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise StudioError(f"{p.name} is not readable JSON ({e}); the file is damaged or "
                           f"truncated — pass {_ACCEPTED}") from None

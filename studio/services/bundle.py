@@ -10,10 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import Cancelled, StudioError
-from studio.core.fsutil import atomic_copytree
+from studio.core.fsutil import atomic_copytree, check_output
 from studio.core.progress import Progress
 from studio.core.project import Project
 from studio.services.generate import stored_artifact
+
+#: a file every bundle holds: a folder with it is an earlier bundle, which ``--out`` replaces
+BUNDLE_MARKER = "genie_config.json"
 
 
 def stored_bundle(project: Project, target: str | None = None, parts: int | None = None,
@@ -54,8 +57,11 @@ def build_bundle(project: Project, target: str | None = None, out: Path | None =
     """The bundle for ``target`` (built and checked by the bundle stage, or from the store)
     copied to ``out`` (default: the project folder's ``bundles/<chip>``), whole or not at all.
     Returns the stage's result with ``folder``."""
+    if out is not None:  # before any work: a folder of other files is not replaced
+        check_output(Path(out), folder=True, marker=BUNDLE_MARKER)
     folder, result = stored_bundle(project, target, parts, prefill_length)
     dest = Path(out) if out else project.folder / "bundles" / result["target"]
+    check_output(dest, folder=True, marker=BUNDLE_MARKER)
     atomic_copytree(folder, dest)
     return {**result, "folder": str(dest)}
 

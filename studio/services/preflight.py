@@ -89,8 +89,10 @@ def _check_samples(path: Path, key: str) -> None:
 
 
 def _check_text(path: Path, what: str) -> None:
-    if path.is_dir() or path.stat().st_size == 0 or not path.read_bytes().strip():
-        raise StudioError(f"the {what} {path} is empty: give a text file with some content")
+    """The text the stage will read, read the same way: a regular UTF-8 file, not empty."""
+    from studio.worker.context import read_text
+
+    read_text(path, what)
 
 
 def _check_lengths(project: Project, model: Path, stages: set[str]) -> None:

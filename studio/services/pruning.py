@@ -8,7 +8,7 @@ from typing import Any
 
 from studio.core import project as projectfile
 from studio.core.errors import StudioError
-from studio.core.fsutil import atomic_copytree
+from studio.core.fsutil import atomic_copytree, check_output
 from studio.core.project import Project
 from studio.services.generate import stored_artifact
 
@@ -23,6 +23,7 @@ def ablation_result(project: Project, drop: int | None = None,
     if drop is not None:
         project = project.copy()
         project.pruning["drop_blocks"] = int(drop)
+    check_drop(project)
     folder = stored_artifact(project, "ablation", "the ablation", run=run)
     if folder is None:
         return None
@@ -31,18 +32,46 @@ def ablation_result(project: Project, drop: int | None = None,
     return json.loads((folder / "ablation.json").read_text()), folder / "pruned"
 
 
+def check_drop(project: Project) -> None:
+    """``pruning.drop_blocks`` (or ``--drop``) against the model's blocks, before the
+    ablation runs: at least one block must stay."""
+    from studio.core.settings import check_value, spec_of
+
+    drop = project.pruning["drop_blocks"]
+    check_value("pruning.drop_blocks", drop, spec_of("pruning.drop_blocks"))
+    if project.model["kind"] != "causal-lm":
+        raise StudioError(f"pruning drops the blocks of a causal LM, not of a "
+                          f"{project.model['kind']} model")
+    from studio.engine.hf_import import open_checkpoint
+
+    source = project.input_path(project.model["source"])
+    blocks = open_checkpoint(source).num_layers
+    if drop >= blocks:
+        raise StudioError(f"pruning.drop_blocks = {drop}: the model has {blocks} blocks and at "
+                          f"least one must stay (at most {blocks - 1})")
+
+
+def check_prune_out(out: Path) -> None:
+    """``--out``: a new (or empty) folder, and a path for its project file beside it."""
+    if out.is_dir() and not out.is_symlink() and any(out.iterdir()):
+        raise StudioError(f"{out} exists and is not empty: choose a new folder for the "
+                          "pruned checkpoint")
+    check_output(out, folder=True, marker="")
+    check_output(out.with_suffix(".qstudio"))
+
+
 def prune(project: Project, drop: int | None = None, out: Path | None = None) -> dict[str, Any]:
     """The ablation table; with ``out``, the pruned checkpoint copied to ``out`` and a
     project file ``out.qstudio`` that uses it as its model source (same recipe)."""
+    if out is not None:  # before the ablation runs
+        check_prune_out(out)
     got = ablation_result(project, drop)
     assert got is not None
     table, pruned = got
     result: dict[str, Any] = {"ablation": table, "source": "measured", "device": "host-cpu"}
     if out is None:
         return result
-    if out.exists() and any(out.iterdir()):
-        raise StudioError(f"{out} exists and is not empty: choose a new folder for the "
-                          "pruned checkpoint")
+    check_prune_out(out)
     atomic_copytree(pruned, out)
     proj = project.copy()
     proj.name = f"{project.name}-pruned"

@@ -20,7 +20,7 @@ from typing import Any
 from studio.core.artifacts import ArtifactStore
 from studio.core.compare import compare_with_previous
 from studio.core.errors import StudioError
-from studio.core.fsutil import atomic_write_bytes, atomic_write_text
+from studio.core.fsutil import atomic_write_bytes, atomic_write_text, check_output
 from studio.core.jobs import JobStore
 from studio.core.project import Project
 from studio.core.project import from_dict as project_from_dict
@@ -157,15 +157,15 @@ def default_out(project: Project, run_id: int, fmt: str) -> Path:
 
 
 def check_writable(out: Path) -> None:
-    """Refuse an output path that cannot be written, before any work."""
-    out = Path(out)
-    if out.is_dir():
-        raise StudioError(f"--out {out} is a folder: give a file name")
+    """Refuse an output path that cannot be written, before any work: a folder, a link, a
+    device, a FIFO or a socket (:func:`studio.core.fsutil.check_output`), or one whose folder
+    is not writable."""
+    import os
+
+    out = check_output(Path(out))
     parent = out.parent
     while not parent.exists():
         parent = parent.parent
-    import os
-
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise StudioError(f"--out {out}: {parent} is not a writable folder")
 

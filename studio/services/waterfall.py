@@ -32,6 +32,9 @@ def stored(project: Project, run: bool = True) -> dict[str, Any] | None:
 
 
 def waterfall(project: Project, chip: str | None = None, run: bool = True) -> dict[str, Any]:
+    from studio.core.catalog import get_chip
+
+    chip = get_chip(chip or project.targets[0]).key  # an unknown chip: one line, before work
     data = stored(project, run)
     if data is None:
         raise StudioError(f"no waterfall for the current settings: run studio --batch "

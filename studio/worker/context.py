@@ -75,13 +75,23 @@ class StageContext:
                                   detail))
 
 
+#: the longest calibration or held-out text read (whole, into memory)
+MAX_TEXT_BYTES = 64 << 20
+
+
 def read_text(path: Path, what: str) -> str:
+    """A text input: a regular file (see :func:`studio.core.fsutil.read_input`) of UTF-8
+    text with some content, or one line."""
+    from studio.core.fsutil import read_input
+
+    raw = read_input(path, MAX_TEXT_BYTES, f"the {what}")
+    if b"\0" in raw:
+        raise StudioError(f"the {what} {path} is a binary file, not text: give a UTF-8 text "
+                          "file")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise StudioError(f"the {what} {path} is not UTF-8 text") from None
-    except OSError as exc:
-        raise StudioError(f"cannot read the {what} {path}: {exc.strerror}") from None
     if not text.strip():
         raise StudioError(f"the {what} {path} is empty: give a text file with some content")
     return text

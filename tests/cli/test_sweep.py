@@ -80,8 +80,10 @@ def resumed(tmp_path_factory, sample_export, batch_run, small_project):
     proc.wait()
     assert 2 <= len(before) < 4
     r = studio("sweep", f, "--workers", "2", "--json")
-    assert r.returncode == 0, r.stderr[-3000:]
-    return f, before, json.loads(r.stdout), r.stderr
+    out = json.loads(r.stdout)
+    failed = any(p["state"] == "failed" for p in out["points"])
+    assert r.returncode == (1 if failed else 0), r.stderr[-3000:]  # a failed point: not 0
+    return f, before, out, r.stderr
 
 
 def test_a_killed_sweep_resumes_without_recomputing_finished_points(resumed):
@@ -165,7 +167,7 @@ def test_failing_points_keep_their_reason_and_the_others_finish(resumed, tmp_pat
     g.write_text(f.read_text() + ROBUST)
     shutil.copytree(f.with_suffix(".studio"), g.with_suffix(".studio"))
     r = studio("sweep", g, "--name", "robust", "--json")
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 1, r.stderr[-3000:]  # a point failed: the sweep is not a success
     out = json.loads(r.stdout)
     ok, invalid, refused = out["points"]
     assert ok["state"] == "succeeded" and ok["accuracy"]  # the grid's first point, from the store

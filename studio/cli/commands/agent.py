@@ -5,10 +5,12 @@ K]``: the device agent that runs jobs on a target machine.
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from pathlib import Path
 
 from studio.cli.command import Command, Context, Parser
+from studio.cli.common import number, whole
 from studio.core.errors import StudioError
 
 
@@ -17,14 +19,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sv = ags.add_parser("serve", help="serve jobs over HTTP (bearer token; 127.0.0.1 unless "
                                       "told otherwise)")
     sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8765, help="0: any free port")
+    sv.add_argument("--port", type=whole(0, 65535), default=8765, help="0: any free port")
     sv.add_argument("--token-file", dest="token_file",
                     help="read the token from this file (default: a new pairing token, printed)")
     sv.add_argument("--tls-cert", dest="tls_cert")
     sv.add_argument("--tls-key", dest="tls_key")
     sv.add_argument("--store", help="where uploaded files live (default: the user's data folder)")
-    sv.add_argument("--max-upload-mb", dest="max_upload_mb", type=float, default=2048.0)
-    sv.add_argument("--max-jobs", dest="max_jobs", type=int, default=1)
+    sv.add_argument("--max-upload-mb", dest="max_upload_mb", type=number(high=1 << 20, above=0),
+                    default=2048.0, help="the largest file one upload may hold, in MB")
+    sv.add_argument("--max-jobs", dest="max_jobs", type=whole(1, 64), default=1,
+                    help="jobs run at once (more wait: 429)")
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -54,11 +58,13 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         except (OSError, ssl.SSLError) as exc:
             raise StudioError(f"cannot load the TLS certificate / key: {exc}") from None
     if args.store:
-        store = Path(args.store)
+        store = Path(args.store).expanduser()
     else:
         import platformdirs
 
         store = platformdirs.user_data_path("qstudio", appauthor=False) / "agent"
+    server.check_store(store)
+    server.check_host(args.host)
     if args.host not in ("127.0.0.1", "localhost", "::1") and ctx is None:
         print("warning: serving beyond this machine without TLS: the token crosses the "
               "network in clear", file=sys.stderr)
@@ -84,8 +90,9 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     try:
         asyncio.run(main())
     except OSError as exc:
-        raise StudioError(f"cannot listen on {args.host}:{args.port} ({exc.strerror}): choose "
-                          "another --port") from None
+        raise StudioError(f"cannot listen on {args.host}:{args.port} ({exc.strerror or exc})"
+                          + (": choose another --port" if exc.errno == errno.EADDRINUSE
+                             else "")) from None
     print("agent stopped", file=sys.stderr)
     return 0
 

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from studio.cli.command import Command, Context
-from studio.cli.common import native_output_to_stderr
+from studio.cli.common import native_output_to_stderr, out_path, setting_arg
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,9 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="the chip (default: the first target)")
     p.add_argument("--out", help="where the bundle folder goes (default: the project folder's "
                                  "bundles/CHIP)")
-    p.add_argument("--parts", type=int, help="context binaries of consecutive blocks (default: "
+    p.add_argument("--parts", type=setting_arg("bundle.parts"), help="context binaries of consecutive blocks (default: "
                                              "bundle.parts; 0 there: by bundle.max_context_mb)")
-    p.add_argument("--prefill-length", type=int, help="tokens per pass of the AR-N prefill "
+    p.add_argument("--prefill-length", type=setting_arg("bundle.prefill_length"), help="tokens per pass of the AR-N prefill "
                                                       "graph (default: bundle.prefill_length; "
                                                       "1: no prefill graph)")
     p.add_argument("--json", dest="bundle_json", action="store_true")
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
 
     native_output_to_stderr()
     out = build_bundle(projectfile.load(Path(args.file)), args.target,
-                       Path(args.out).expanduser().resolve() if args.out else None, args.parts,
+                       out_path(args.out) if args.out else None, args.parts,
                        args.prefill_length)
     if args.bundle_json:
         print(json.dumps(out, indent=1))

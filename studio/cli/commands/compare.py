@@ -9,15 +9,15 @@ import json
 from pathlib import Path
 
 from studio.cli.command import Command, Context
-from studio.cli.common import open_history, when
+from studio.cli.common import MAX_RUN_ID, open_history, when, whole
 from studio.core.errors import StudioError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file")
-    p.add_argument("run_a", nargs="?", type=int, metavar="RUN_A",
+    p.add_argument("run_a", nargs="?", type=whole(1, MAX_RUN_ID), metavar="RUN_A",
                    help="the run to compare against (default: the second newest with results)")
-    p.add_argument("run_b", nargs="?", type=int, metavar="RUN_B",
+    p.add_argument("run_b", nargs="?", type=whole(1, MAX_RUN_ID), metavar="RUN_B",
                    help="the run to compare (default: the newest with results)")
     p.add_argument("--json", dest="compare_json", action="store_true",
                    help="print the comparison as JSON")

@@ -10,6 +10,7 @@ import argparse
 import json
 
 from studio.cli.command import Command, Context
+from studio.cli.common import whole
 from studio.core.errors import StudioError
 
 
@@ -19,8 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chip", help="a catalog key or part number (see studio targets)")
     p.add_argument("--scheme", dest="est_scheme", default="W4A16",
                    help="W4A16 (default), W4, W8A16, W8A8 or FP16")
-    p.add_argument("--context", type=int, default=4096, help="KV-cache context (default 4096)")
-    p.add_argument("--prompt-tokens", type=int, default=None,
+    p.add_argument("--context", type=whole(1, 1 << 20), default=4096, help="KV-cache context (default 4096)")
+    p.add_argument("--prompt-tokens", type=whole(1, 1 << 20), default=None,
                    help="prompt length for prefill (default: min(context, 1024))")
     p.add_argument("--calibration", action="store_true",
                    help="published vs estimated tok/s on the anchors, MdAPE and leave-one-out")

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from studio.cli.command import Command, Context
-from studio.cli.common import native_output_to_stderr
+from studio.cli.common import native_output_to_stderr, number, setting_arg, whole
 from studio.core.errors import StudioError
 
 
@@ -21,11 +21,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", required=True)
     p.add_argument("--device", help="cpu (FP32 export, default), htp-sim or htp-sim:<chip> "
                                     "(the compiled model on the HTP simulator)")
-    p.add_argument("--max-new-tokens", type=int, dest="max_new_tokens")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
-    p.add_argument("--top-k", type=int, default=0, dest="top_k")
-    p.add_argument("--top-p", type=float, default=1.0, dest="top_p")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--max-new-tokens", type=setting_arg("run.max_new_tokens"),
+                   dest="max_new_tokens")
+    p.add_argument("--temperature", type=number(0, 100), default=0.0, help="0 (default) is greedy")
+    p.add_argument("--top-k", type=whole(0), default=0, dest="top_k")
+    p.add_argument("--top-p", type=number(high=1, above=0), default=1.0, dest="top_p")
+    p.add_argument("--seed", type=whole(0, 2**32 - 1))
     p.add_argument("--stop", action="append", help="a stop string (repeatable)")
     p.add_argument("--speculative", action="store_true",
                    help="speculative decoding: drafted tokens checked in one target pass")
@@ -33,13 +34,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                    "default: the project's model.draft)")
     p.add_argument("--prompt-lookup", action="store_true", dest="prompt_lookup",
                    help="draft by n-gram lookup in the text so far (no draft model)")
-    p.add_argument("--k", type=int, default=4, help="drafted tokens per target pass (max)")
+    p.add_argument("--k", type=whole(1, 64), default=4, help="drafted tokens per target pass (max)")
     p.add_argument("--fixed-k", action="store_true", dest="fixed_k",
                    help="keep k fixed instead of adapting it to the acceptance")
     p.add_argument("--kv", choices=("float", "int8"),
                    help="the KV cache: float or int8 (uint8 cache I/O); default: the "
                         "project's quantization.kv_cache")
-    p.add_argument("--window", type=int,
+    p.add_argument("--window", type=whole(1),
                    help="attend to the last W tokens (W <= the context): a ring buffer that "
                         "lets generation run past the context")
     p.add_argument("--runtime", choices=("studio", "genie"), default="studio",

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from studio.cli.command import Command, Context
-from studio.cli.common import native_output_to_stderr, parse_shapes
+from studio.cli.common import native_output_to_stderr, out_path, parse_shapes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
 
     shapes = parse_shapes(args.shape)
     model = Path(args.model).expanduser().resolve()
-    out = Path(args.out).expanduser().resolve() if args.out else model.with_suffix(
+    out = out_path(args.out) if args.out else model.with_suffix(
         ".studio-graph")
     native_output_to_stderr()
     res = deploy_graph(model, out, Path(args.calibration).expanduser(), args.target, shapes,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.cli.command import Command, Context
-from studio.cli.common import parse_shapes
+from studio.cli.common import parse_shapes, setting_arg
 from studio.core.errors import StudioError
 
 
@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="NAME=D,D,...", help="ONNX graphs: a fixed shape for a dynamic input")
     p.add_argument("--placement", dest="new_placement", choices=("strict", "partition", "rewrite"),
                    help="encoders and ONNX graphs: the way past ops the HTP refuses")
-    p.add_argument("--seq-len", dest="new_seq_len", type=int,
+    p.add_argument("--seq-len", dest="new_seq_len", type=setting_arg("graph.seq_len"),
                    help="encoders: the exported sequence length (default 128)")
 
 
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             if not path.is_file() or path.suffix.lower() not in (".npz", ".npy"):
                 raise StudioError(f"--{key} {value}: no such .npz / .npy file of sample inputs")
             graph[key] = str(path)
-    if args.new_seq_len:
+    if args.new_seq_len is not None:
         graph["seq_len"] = args.new_seq_len
     if graph:
         if projectfile.infer_kind(source) == "causal-lm":

@@ -27,6 +27,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     from studio.services import precision
     from studio.services.session import Studio
 
+    if args.overrides_command == "export":
+        from studio.core.fsutil import check_output
+
+        check_output(Path(args.out))  # before the project is opened
     studio = Studio.open(Path(args.file))
     try:
         if args.overrides_command == "export":

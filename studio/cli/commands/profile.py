@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from studio.cli.command import Command, Context, Parser
+from studio.cli.common import MAX_RUN_ID, out_path, whole
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,7 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ps = prs.add_parser("show", help="a run's op table: by block (the seed's table), op type, "
                                      "layer, or layer x block")
     ps.add_argument("file")
-    ps.add_argument("--run", type=int, help="the run (default: the newest with a profile)")
+    ps.add_argument("--run", type=whole(1, MAX_RUN_ID), help="the run (default: the newest with a profile)")
     ps.add_argument("--target", dest="profile_target", help="the chip / device id")
     ps.add_argument("--by", default="block", choices=["block", "op_type", "layer",
                                                       "layer-block"])
@@ -26,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     pe = prs.add_parser("export", help="write a run's profile as chrome-trace JSON or CSV")
     pe.add_argument("file")
     pe.add_argument("out")
-    pe.add_argument("--run", type=int, help="the run (default: the newest with a profile)")
+    pe.add_argument("--run", type=whole(1, MAX_RUN_ID), help="the run (default: the newest with a profile)")
     pe.add_argument("--target", dest="profile_target", help="the chip / device id")
     pe.add_argument("--format", dest="profile_format", required=True, choices=["chrome", "csv"])
     pi = prs.add_parser("import", help="read a profile another tool wrote (QNN CSV, optrace "
@@ -40,6 +41,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     from studio.services import profile_view as pv
     from studio.services import profiles
 
+    if args.profile_command == "export":
+        from studio.core.fsutil import check_output
+
+        check_output(out_path(args.out))  # before any work
     if args.profile_command == "import":
         data = profiles.import_profile_file(args.profile_file, onnx_path=args.onnx)
     else:

@@ -9,11 +9,12 @@ import json
 from pathlib import Path
 
 from studio.cli.command import Command, Context
+from studio.cli.common import out_path, setting_arg
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file")
-    p.add_argument("--drop", type=int, help="blocks to drop (default: pruning.drop_blocks)")
+    p.add_argument("--drop", type=setting_arg("pruning.drop_blocks"), help="blocks to drop (default: pruning.drop_blocks)")
     p.add_argument("--out", help="folder for the pruned checkpoint; a project file for it is "
                                  "written beside it (OUT.qstudio)")
     p.add_argument("--json", dest="prune_json", action="store_true")
@@ -24,7 +25,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     from studio.services.pruning import prune
 
     p = projectfile.load(Path(args.file))
-    out = prune(p, args.drop, Path(args.out).expanduser().resolve() if args.out else None)
+    out = prune(p, args.drop, out_path(args.out) if args.out else None)
     if args.prune_json:
         print(json.dumps(out, indent=1))
         return 0

@@ -14,12 +14,13 @@ import sys
 from pathlib import Path
 
 from studio.cli.command import Command, Context
+from studio.cli.common import MAX_RUN_ID, whole
 from studio.core.errors import StudioError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file")
-    p.add_argument("--run", dest="report_run", type=int, metavar="N",
+    p.add_argument("--run", dest="report_run", type=whole(1, MAX_RUN_ID), metavar="N",
                    help="which run (default: the newest run with results; see studio info)")
     p.add_argument("--format", dest="report_format", default="html",
                    help="html (default), md, pdf or json")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.cli.command import Command, Context
+from studio.cli.common import number, whole
 from studio.core.errors import StudioError
 
 
@@ -21,21 +22,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--axis", action="append", metavar="KEY=V1,V2",
                    help="a grid axis instead of a declared sweep (repeatable), e.g. "
                         "quantization.scheme=W8A16,W8A8; tables as a JSON list")
-    p.add_argument("--executor", default="local", help="local (process pool, default) or ray")
-    p.add_argument("--workers", type=int, help="jobs at once (default: what the cores and "
+    p.add_argument("--executor", default="local", choices=("local", "ray"), help="local (process pool, default) or ray")
+    p.add_argument("--workers", type=whole(1, 1024), help="jobs at once (default: what the cores and "
                                               "memory allow; on Ray, the cluster's CPUs)")
     p.add_argument("--ray-address", help="a running Ray cluster (HOST:PORT); default: start "
                                          "a local one")
-    p.add_argument("--transfer", default="auto", help="Ray: auto (shared store where the "
+    p.add_argument("--transfer", default="auto", choices=("auto", "copy"), help="Ray: auto (shared store where the "
                                                       "node sees it) or copy (through Ray)")
     p.add_argument("--stages", dest="sweep_stages",
                    help="comma-separated stages each point runs (default: up to validate)")
     p.add_argument("--best", help="smallest | most-accurate | fastest (among points that "
                                   "pass every gate)")
-    p.add_argument("--search", type=int, metavar="TRIALS",
+    p.add_argument("--search", type=whole(1, 10_000), metavar="TRIALS",
                    help="instead of the whole grid, a multi-objective search (optuna NSGA-II: "
                         "accuracy up, size down) over its axes, at most TRIALS points")
-    p.add_argument("--minutes", type=float, help="with --search: stop asking for trials "
+    p.add_argument("--minutes", type=number(above=0, high=7 * 24 * 60), help="with --search: stop asking for trials "
                                                  "after this many minutes")
     p.add_argument("--show", action="store_true", help="print the recorded sweep, run nothing")
     p.add_argument("--apply", metavar="POINT", help="write a point's settings into the project "
@@ -129,8 +130,16 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     path = Path(args.file)
     project = projectfile.load(path)
     stages = ([s.strip() for s in args.sweep_stages.split(",") if s.strip()]
-              if args.sweep_stages else None)
+              if args.sweep_stages is not None else None)
+    if stages == []:
+        raise StudioError("--stages names no stage: give e.g. export,quantize,compile,validate")
     spec = find_spec(project, args.name, args.axis, args.best, stages)
+    if args.apply:  # a point the sweep cannot have: refused before it runs
+        n = args.search or spec.size()
+        label = args.apply
+        if label != "best" and not (label[:1] == "p" and label[1:].isdigit()
+                                    and 1 <= int(label[1:]) <= n):
+            raise StudioError(f"--apply {label!r}: give best or a point label p1 .. p{n}")
     studio = Studio(project)
     try:
         if not args.show:
@@ -138,8 +147,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                                  args.workers, args.ray_address, args.transfer)
             runner.listeners.append(_progress(args.quiet))
             if not args.quiet:
-                what = (f"search of {args.search} trial(s) over {len(spec.expand())} grid points"
-                        if args.search else f"{len(spec.expand())} points")
+                what = (f"search of {args.search} trial(s) over {spec.size()} grid points"
+                        if args.search else f"{spec.size()} points")
                 print(f"QStudio sweep {spec.name}: {what} ({project.path})", file=sys.stderr)
             if args.search:
                 from studio.services.sweeps import search
@@ -180,10 +189,13 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         print(f"report: {report}")
         if applied:
             print(f"applied {applied} to {path}")
-    bad = [p for p in rec["points"] if p["state"] in ("failed", "invalid")]
+    # a sweep with a failed point (a gate or a stage) is not a success; one whose points the
+    # project refuses, all of them, ran nothing
     if rec["state"] == "cancelled":
         return 2
-    return 1 if bad and len(bad) == len(rec["points"]) else 0
+    failed = [p for p in rec["points"] if p["state"] == "failed"]
+    invalid = [p for p in rec["points"] if p["state"] == "invalid"]
+    return 1 if failed or (invalid and len(invalid) == len(rec["points"])) else 0
 
 
 COMMAND = Command("sweep", "run a recipe sweep: every point through the stage graph, the Pareto "

@@ -15,7 +15,8 @@ compared in constant time):
     body over the size limit (413); names that are not 64 hex digits are refused (400).
 ``POST /models``  ``{"files": {"relative/path": sha256}}``
     a folder of uploaded files (relative paths only: no ``..``, no absolute or drive paths, no
-    backslashes, no encoded forms) -> ``{"model": id}`` (the manifest's hash).
+    backslashes, no encoded forms, no path both a file and a folder) -> ``{"model": id}`` (the
+    manifest's hash).
 ``POST /jobs``  ``{"kind": "generate", "model", "backend", "prompt_ids", "max_new_tokens",
 "sampling", "eos_ids", "sdk_build"}`` -> ``{"job": id}``; at most ``max_jobs`` at once (429).
 ``GET /jobs/<id>/events``
@@ -26,6 +27,13 @@ compared in constant time):
 
 An HTP job whose context binaries were built with another QNN SDK than the agent's is refused
 with both versions named.
+
+Bad requests cost little and never a 500: a JSON body is at most :data:`MAX_JSON_BODY` bytes
+(413; the upload limit is for ``PUT /artifacts`` only), UTF-8, nested at most
+:data:`studio.core.fsutil.MAX_NESTING` deep, of the shape its route takes (else 400); the job
+limit is taken before the request awaits anything, so concurrent ``POST /jobs`` never start
+more than ``max_jobs``; a client that keeps sending wrong tokens is answered 429 for a while;
+what an upload or a model left half-made (``tmp/``) is removed when the agent starts.
 """
 
 from __future__ import annotations
@@ -54,7 +62,66 @@ from studio.core.progress import EventProgress
 
 PROTOCOL = 1
 DEFAULT_MAX_UPLOAD = 2 << 30  # 2 GiB per file
+#: the largest JSON body (a model's manifest of thousands of files is some hundred KB)
+MAX_JSON_BODY = 4 << 20
+#: the most files one model may hold
+MAX_MODEL_FILES = 10_000
+#: wrong tokens from one address within AUTH_WINDOW_S seconds before it is answered 429
+MAX_AUTH_FAILURES = 20
+AUTH_WINDOW_S = 60.0
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class Refused(StudioError):
+    """A request refused with an HTTP status other than 400 (its one-line reason)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def check_store(store: Path) -> None:
+    """``--store``: a folder (or a path where one can be made), checked before anything is
+    written or bound."""
+    store = Path(store)
+    if store.exists() and not store.is_dir():
+        raise StudioError(f"--store {store} is a file, not a folder: give the folder uploaded "
+                          "files live in")
+    parent = store
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise StudioError(f"--store {store}: {parent} is not a folder this user can write to")
+
+
+def check_host(host: str) -> None:
+    """``--host``: a name or address that resolves, before anything is written or bound."""
+    import socket
+
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise StudioError(f"--host {host!r} does not resolve ({why}): give a name or address "
+                          "of this machine, e.g. 127.0.0.1 or 0.0.0.0") from None
+
+
+def listen(host: str, port: int):
+    """A listening socket on ``host:port`` (bound before the agent writes anything)."""
+    import socket
+
+    family, kind, proto, _, addr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def safe_relpath(name: str) -> PurePosixPath:
@@ -128,10 +195,15 @@ def _backend(backend: dict[str, Any]):
 class Agent:
     def __init__(self, store: Path, token: str, max_upload: int = DEFAULT_MAX_UPLOAD,
                  max_jobs: int = 1) -> None:
+        if max_jobs < 1 or max_upload < 1:
+            raise StudioError("an agent needs max_jobs and max_upload of at least 1")
         self.store = Path(store)
         (self.store / "blobs").mkdir(parents=True, exist_ok=True)
         (self.store / "models").mkdir(parents=True, exist_ok=True)
+        # what an upload or a model killed half-way left behind
+        shutil.rmtree(self.store / "tmp", ignore_errors=True)
         (self.store / "tmp").mkdir(parents=True, exist_ok=True)
+        self._auth_failures: dict[str, list[float]] = {}
         self.token = token.encode()
         self.max_upload = int(max_upload)
         self.slots = asyncio.Semaphore(max_jobs)
@@ -143,7 +215,8 @@ class Agent:
 
     # ---- HTTP ---------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._auth], client_max_size=self.max_upload + 1)
+        # client_max_size bounds the JSON bodies read whole; uploads stream (max_upload)
+        app = web.Application(middlewares=[self._auth], client_max_size=MAX_JSON_BODY)
         app.add_routes([
             web.get("/health", self.health), web.get("/info", self.info),
             web.head("/artifacts/{name}", self.has_artifact),
@@ -157,15 +230,40 @@ class Agent:
     @web.middleware
     async def _auth(self, request: web.Request, handler):
         if request.path != "/health":
+            peer = request.remote or "?"
+            now = time.monotonic()
+            failures = [t for t in self._auth_failures.get(peer, ()) if now - t < AUTH_WINDOW_S]
+            if len(failures) >= MAX_AUTH_FAILURES:
+                self._auth_failures[peer] = failures
+                return web.json_response({"error": "too many wrong tokens from this address: "
+                                                   "try again in a minute"}, status=429)
             got = request.headers.get("Authorization", "")
             given = got[7:].encode() if got.startswith("Bearer ") else b""
             if not hmac.compare_digest(given, self.token):
+                self._auth_failures[peer] = [*failures, now]
                 return web.json_response({"error": "a valid bearer token is required"},
                                          status=401)
         try:
             return await handler(request)
+        except Refused as exc:
+            return web.json_response({"error": exc.message}, status=exc.status)
         except StudioError as exc:
             return web.json_response({"error": exc.message}, status=400)
+
+    async def _json(self, request: web.Request, route: str) -> dict[str, Any]:
+        """The request's JSON object: at most MAX_JSON_BODY bytes (413), UTF-8, well-formed,
+        not nested deeply, an object (400 for the rest)."""
+        from studio.core.fsutil import parse_json
+
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise Refused(f"{route}: the body is over the agent's JSON limit of "
+                          f"{MAX_JSON_BODY} bytes", 413) from None
+        body = parse_json(raw, f"{route}: the body")
+        if not isinstance(body, dict):
+            raise StudioError(f"{route}: the body must be a JSON object")
+        return body
 
     async def health(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "protocol": PROTOCOL})
@@ -178,7 +276,7 @@ class Agent:
                                   "running": self.running, "max_upload": self.max_upload})
 
     def _blob(self, name: str) -> Path:
-        if not HEX64.match(name or ""):
+        if not isinstance(name, str) or not HEX64.match(name):
             raise StudioError(f"artifact names are SHA-256 hex digests, not {name!r}")
         return self.store / "blobs" / name
 
@@ -214,37 +312,67 @@ class Agent:
                 os.unlink(tmp)
 
     async def make_model(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        files = body.get("files") if isinstance(body, dict) else None
+        body = await self._json(request, "POST /models")
+        files = body.get("files")
         if not isinstance(files, dict) or not files:
             raise StudioError("POST /models takes {\"files\": {relative path: sha256}}")
+        if len(files) > MAX_MODEL_FILES:
+            raise StudioError(f"POST /models: {len(files)} files; a model holds at most "
+                              f"{MAX_MODEL_FILES}")
         checked = {str(safe_relpath(k)): self._blob(v) for k, v in files.items()}
+        for rel in checked:  # "a" and "a/b": one path cannot be a file and a folder
+            clash = next((str(d) for d in PurePosixPath(rel).parents if str(d) in checked),
+                         None)
+            if clash is not None:
+                raise StudioError(f"bad file name {rel!r}: {clash!r} is a file of the model, "
+                                  "not a folder")
         missing = [k for k, b in checked.items() if not b.is_file()]
         if missing:
-            raise StudioError(f"upload these files first: {', '.join(sorted(missing))}")
+            raise StudioError(f"upload these files first: {', '.join(sorted(missing)[:20])}")
         mid = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:32]
         folder = self.store / "models" / mid
         if not folder.is_dir():
             tmp = Path(tempfile.mkdtemp(dir=self.store / "tmp"))
-            for rel, blob in checked.items():
-                target = (tmp / rel).resolve()
-                if not str(target).startswith(str(tmp.resolve()) + os.sep):
-                    raise StudioError(f"bad file name {rel!r}")
-                target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                for rel, blob in checked.items():
+                    target = (tmp / rel).resolve()
+                    if not str(target).startswith(str(tmp.resolve()) + os.sep):
+                        raise StudioError(f"bad file name {rel!r}")
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    try:
+                        os.link(blob, target)
+                    except OSError:
+                        shutil.copy2(blob, target)
                 try:
-                    os.link(blob, target)
+                    os.replace(tmp, folder)
                 except OSError:
-                    shutil.copy2(blob, target)
-            os.replace(tmp, folder)
+                    if not folder.is_dir():  # else: the same model, made by a request at once
+                        raise
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
         return web.json_response({"model": mid})
 
     async def start_job(self, request: web.Request) -> web.Response:
-        spec = await request.json()
-        if not isinstance(spec, dict) or spec.get("kind") not in ("generate", "profile"):
+        spec = await self._json(request, "POST /jobs")
+        if spec.get("kind") not in ("generate", "profile"):
             raise StudioError("jobs: kind must be generate or profile")
+        # the slot is taken here, before any await: concurrent requests cannot both pass
         if self.running >= self.max_jobs:
             return web.json_response({"error": f"the agent runs {self.max_jobs} job(s) at a "
                                                "time; try again when one ends"}, status=429)
+        self.running += 1
+        started = False
+        try:
+            response = await self._start(spec)
+            started = response.status == 202  # else refused (409): no job holds the slot
+            return response
+        finally:
+            if not started:
+                self.running -= 1
+
+    async def _start(self, spec: dict[str, Any]) -> web.Response:
+        """The rest of ``POST /jobs``, with a slot already taken (given back by the caller
+        unless the job starts: the job gives it back when it ends)."""
         folder = self.store / "models" / str(spec.get("model", ""))
         if not re.match(r"^[0-9a-f]{32}$", str(spec.get("model", ""))) or not folder.is_dir():
             raise StudioError("unknown model: upload it with POST /models first")
@@ -266,7 +394,6 @@ class Agent:
             raise StudioError("profiling runs on an HTP backend of the agent, not its CPU")
         job = Job(uuid.uuid4().hex, spec["kind"])
         self.jobs[job.id] = job
-        self.running += 1
         run = self._run_generate if job.kind == "generate" else self._run_profile
         task = asyncio.ensure_future(run(job, folder, known[backend], spec))
         self._tasks.add(task)
@@ -384,13 +511,17 @@ async def serve(store: Path, host: str, port: int, token: str, ssl_context=None,
                 ready=None) -> None:
     """Serve until cancelled (SIGINT / SIGTERM in ``studio agent serve``); ``ready(url)`` is
     called once listening."""
-    agent = Agent(store, token, max_upload, max_jobs)
+    sock = listen(host, port)  # bound first: a port in use or a bad host writes nothing
+    try:
+        agent = Agent(store, token, max_upload, max_jobs)
+    except BaseException:
+        sock.close()
+        raise
     runner = web.AppRunner(agent.app(), handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    site = web.SockSite(runner, sock, ssl_context=ssl_context)
     await site.start()
-    server = getattr(site, "_server", None)
-    bound = server.sockets[0].getsockname()[1] if server and server.sockets else port
+    bound = sock.getsockname()[1]
     scheme = "https" if ssl_context else "http"
     if ready is not None:
         ready(f"{scheme}://{host}:{bound}")
