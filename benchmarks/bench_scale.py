@@ -592,7 +592,8 @@ def main() -> int:
                     print_table(steps[-1:], header=False)
                     done[job.label] = str(out)
                     continue
-                shutil.rmtree(out, ignore_errors=True)  # what a failed attempt left
+                if not a.resume:  # what a failed attempt left (resumed: its finished parts)
+                    shutil.rmtree(out, ignore_errors=True)
                 step = measure(Step(size.name, n, job.label),
                                ["stage", "--project", str(project_file), "--index", str(i),
                                 "--out", str(out), "--inputs", json.dumps(inputs),
