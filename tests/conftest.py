@@ -234,3 +234,20 @@ def sensitivity_run(tmp_path_factory, sample_export) -> tuple[Path, dict, float]
     dest = tmp_path_factory.mktemp("sensitivity")
     got = built_once(tmp_path_factory, "sensitivity", dest, build)
     return dest / "sensitivity.qstudio", got["summary"], got["seconds"]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``QSTUDIO_TEST_TIMELINE=FILE``: each test's start and end (setup to teardown) on
+    its worker, one JSON line per test in ``FILE.<worker>``, to see how a suite split over
+    workers spends its time (who waits on a shared fixture, which file ends last)."""
+    import json
+    import time
+
+    out = os.environ.get("QSTUDIO_TEST_TIMELINE")
+    start = time.time()
+    yield
+    if out:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(f"{out}.{worker}", "a") as f:
+            f.write(json.dumps({"test": item.nodeid, "start": start, "end": time.time()}) + "\n")

@@ -13,8 +13,8 @@ the next open removes; a stored artifact is never half-written.
 A stage that works part by part (a model exported or quantized in parts) writes into
 ``tmp/resume-<key>/`` instead, kept across a crash or a kill: run again with the same key,
 it finds the parts it finished there and does only the rest (:meth:`ArtifactStore.
-new_workdir`). Such a folder is removed when its key is stored, or by the next open once it
-is older than :data:`RESUME_DAYS` days.
+new_workdir`). Such a folder is removed when its key is stored, and like any other when it holds no
+finished part or is older than :data:`RESUME_DAYS` days.
 """
 
 from __future__ import annotations
@@ -35,6 +35,14 @@ META = "artifact.json"
 RESUME_PREFIX = "resume-"
 #: a kept work folder older than this is removed when the store opens
 RESUME_DAYS = 7
+#: what marks a finished part in a kept work folder (``<part>/`` + this): a kept folder
+#: without one holds nothing a re-run could keep, and is removed like any other
+PART_DONE = ".part-done.json"
+
+
+def holds_finished_parts(workdir: Path) -> bool:
+    """Whether a kept work folder holds a part a re-run would keep."""
+    return any(Path(workdir).glob(f"*/{PART_DONE}"))
 
 
 @dataclass(frozen=True)
@@ -78,7 +86,8 @@ class ArtifactStore:
         if self.tmp.exists():
             old = time.time() - RESUME_DAYS * 86400
             for p in self.tmp.iterdir():
-                if p.name.startswith(RESUME_PREFIX) and p.stat().st_mtime > old:
+                if (p.name.startswith(RESUME_PREFIX) and p.stat().st_mtime > old
+                        and holds_finished_parts(p)):
                     continue
                 shutil.rmtree(p, ignore_errors=True)
                 n += 1
@@ -117,6 +126,14 @@ class ArtifactStore:
         d = self.tmp / uuid.uuid4().hex
         d.mkdir(parents=True)
         return d
+
+    def drop_workdir(self, workdir: Path) -> None:
+        """A job's work folder after a failure or a cancel: removed, unless it is a kept
+        folder holding finished parts (the next run of its key keeps them)."""
+        workdir = Path(workdir)
+        if workdir.name.startswith(RESUME_PREFIX) and holds_finished_parts(workdir):
+            return
+        shutil.rmtree(workdir, ignore_errors=True)
 
     def commit(self, key: str, workdir: Path, meta: dict[str, Any]) -> Artifact:
         """Hash the files in ``workdir``, write the metadata, move the folder into place."""

@@ -145,6 +145,15 @@ def _need_int(config: dict[str, Any], key: str, folder: Path, required: bool = T
     return value
 
 
+def _config_int(config: dict[str, Any], key: str, folder: Path) -> int:
+    """``config[key]``, which must be there: a whole number from 1 to
+    :data:`MAX_CONFIG_INT`, or one line."""
+    value = _need_int(config, key, folder)
+    if value is None:  # never: required
+        raise StudioError(f"config.json in {folder} lacks an integer {key!r}")
+    return value
+
+
 # -- weights -------------------------------------------------------------------------------
 
 Tensors = dict[str, tuple[tuple[int, ...], str]]  # name -> (shape, dtype name)
@@ -333,7 +342,7 @@ def _order(layer: LayerInfo, family: Family) -> tuple:
 def _describe(
     folder: Path, config: dict[str, Any], architecture: str, family: Family, tensors: Tensors
 ) -> ModelInfo:
-    sizes = {key: _need_int(config, key, folder) for key in family.config_keys}
+    sizes = {key: _config_int(config, key, folder) for key in family.config_keys}
     hidden, heads = sizes["hidden_size"], sizes["num_attention_heads"]
     num_layers, vocab = sizes["num_hidden_layers"], sizes["vocab_size"]
     kv_heads = _need_int(config, "num_key_value_heads", folder, required=False) or heads

@@ -17,11 +17,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from studio.core.artifacts import PART_DONE
 from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 from studio.core.parts import Part
 
 #: in a finished part's folder: its row (and the part it is, to match the plan)
-MARK = ".part-done.json"
+MARK = PART_DONE
 #: beside it: what the next part starts from
 HANDOFF = ".part-handoff.npz"
 
@@ -72,7 +73,8 @@ def mark(folder: Path, row: dict[str, Any], handoff: dict[str, Any]) -> None:
     import numpy as np
 
     buf = io.BytesIO()
-    np.savez(buf, **{k: np.asarray(v) for k, v in handoff.items()})
+    arrays: dict[str, Any] = {k: np.asarray(v) for k, v in handoff.items()}
+    np.savez(buf, **arrays)
     atomic_write_bytes(Path(folder) / HANDOFF, buf.getvalue())
     atomic_write_json(Path(folder) / MARK, row)
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -237,10 +236,9 @@ class JobRunner:
     async def _compute(self, job: StageJob, sink: JobSink, key: str, now: float,
                        cancelled: Callable[[], bool]) -> Artifact | None:
         inputs = self._inputs(job)
-        # a part-by-part stage gets its key's kept folder: what a killed run finished there
-        # is kept, and it stays on cancel or failure for the next run of the key
-        kept = job.decl.resumes
-        workdir = self.store.new_workdir(key if kept else None)
+        # a part-by-part stage gets its key's kept folder: the parts a killed run finished
+        # there are kept, and stay on cancel or failure for the next run of the key
+        workdir = self.store.new_workdir(key if job.decl.resumes else None)
         spec: dict[str, Any] = {
             "job_id": job.job_id, "config": job.config.to_dict(), "inputs": inputs,
             "input_keys": dict(job.input_keys), "workdir": str(workdir),
@@ -261,8 +259,7 @@ class JobRunner:
         # next open cleans
         outcome = await self.execute(spec, on_message)
         if cancelled():
-            if not kept:
-                shutil.rmtree(workdir, ignore_errors=True)
+            self.store.drop_workdir(workdir)
             sink.update(state="cancelled", finished=time.time(), message="cancelled")
             return None
         if outcome.get("type") == "result":
@@ -280,8 +277,7 @@ class JobRunner:
             sink.update(state="succeeded", finished=time.time(), progress=1.0,
                         artifact_key=key, result=result, message=result.get("summary", "done"))
             return art
-        if not kept:
-            shutil.rmtree(workdir, ignore_errors=True)
+        self.store.drop_workdir(workdir)
         if outcome.get("traceback"):
             sink.traceback(outcome["traceback"])
         raise job_failure(job.label, outcome)

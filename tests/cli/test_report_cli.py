@@ -160,7 +160,7 @@ def test_bad_input_is_one_line_and_exit_code_2(two_runs, tmp_path):
         "is not in this project's history": ("--run", max(ids) + 100),
         f"run {bare} has no results": ("--run", bare),
         "choose one of html, md, pdf, json": ("--format", "docx"),
-        "is not a writable folder": ("--out", blocker / "r.html"),
+        "a folder on its path is a file": ("--out", blocker / "r.html"),
         "is a folder": ("--out", tmp_path),
     }
     for words, args in cases.items():

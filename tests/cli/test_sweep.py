@@ -147,7 +147,7 @@ def test_the_best_point_applied_to_the_project(resumed, tmp_path):
     assert p.quantization["overrides"] == best["settings"]["quantization.overrides"]
     assert [s["name"] for s in p.sweeps] == ["seed-grid"]  # the sweep stays declared
     r = studio("sweep", g, "--show", "--apply", "p9")
-    assert r.returncode == 2 and "no point 'p9'" in r.stderr
+    assert r.returncode == 2 and "give best or a point label p1 .. p4" in r.stderr
 
 
 ROBUST = """
@@ -232,7 +232,7 @@ def test_bad_sweep_input_gets_one_line(tmp_path):
     for args, words in (
         (["--axis", "quantization.nope=1,2"], "is not a project setting"),
         (["--name", "other"], "no sweep named 'other'"),
-        (["--executor", "dask"], "is not one of local, ray"),
+        (["--executor", "dask"], "invalid choice: 'dask' (choose from 'local', 'ray')"),
         (["--axis", "quantization.scheme"], "KEY=VALUE1,VALUE2"),
         (["--show"], "has not run yet"),
     ):

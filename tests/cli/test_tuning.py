@@ -33,4 +33,4 @@ def test_prune_writes_a_checkpoint_the_pipeline_runs(batch_run, small_project, t
     r = studio("prune", small_project, "--out", out)  # not over a non-empty folder
     assert r.returncode == 2 and "not empty" in r.stderr
     r = studio("prune", small_project, "--drop", "4")
-    assert r.returncode == 2 and "drop 1..3" in r.stderr
+    assert r.returncode == 2 and "at least one must stay (at most 3)" in r.stderr

@@ -64,5 +64,5 @@ def test_the_reports_page_exports_a_run_in_each_format(
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     _wait(qtbot, rep.export_report("md", blocker / "r.md", run))
-    assert "is not a writable folder" in rep.export_status.text()
+    assert "a folder on its path is a file" in rep.export_status.text()
     assert rep.export_button.isEnabled()
