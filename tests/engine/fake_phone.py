@@ -16,6 +16,8 @@ studio's adb code path itself stays unverified on hardware.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -74,23 +76,20 @@ import hashlib, os, sys
 if os.environ.get("LD_LIBRARY_PATH"):  # the phone's libraries are placeholders here
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "ADSP_LIBRARY_PATH")}
     os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], env)
-import argparse, glob, shutil
+import argparse, json, shutil
 from pathlib import Path
 import numpy as np
 from studio.engine import qnn
-from studio.engine.adb import context_binary, graph_io
+from studio.engine.adb import graph_io
 ap = argparse.ArgumentParser()
 for a in ("--backend", "--retrieve_context", "--input_list", "--output_dir", "--profiling_level"):
     ap.add_argument(a)
 a = ap.parse_args()
 want = hashlib.sha256(Path(a.retrieve_context).read_bytes()).hexdigest()
-model = None
-for folder in os.environ["FAKE_QNN_CONTEXTS"].split(os.pathsep):
-    for f in glob.glob(os.path.join(folder, "*_ctx.onnx")):
-        if hashlib.sha256(context_binary(Path(f))).hexdigest() == want:
-            model = Path(f)
-if model is None:
+index = json.loads(Path(os.environ["FAKE_QNN_INDEX"]).read_text())
+if want not in index:
     sys.exit("qnn-net-run: could not load the context binary")
+model = Path(index[want])
 inputs, outputs = graph_io(model)
 types = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)": np.int32}
 line = Path(a.input_list).read_text().split()
@@ -143,12 +142,19 @@ def install(folder: Path, contexts: list[Path], chip: str, htp_arch: int,
     skel.parent.mkdir(parents=True, exist_ok=True)
     skel.write_text("placeholder\n")
     (folder / "phone").mkdir(exist_ok=True)
+    # the compiled models the fake qnn-net-run can stand in for, by their context binary's
+    # hash (hashed once here, not at every call: a step of a generation is one call)
+    from studio.engine.adb import context_binary
+
+    index = {hashlib.sha256(context_binary(f)).hexdigest(): str(f)
+             for c in contexts for f in sorted(Path(c).glob("*_ctx.onnx"))}
+    (folder / "contexts.json").write_text(json.dumps(index))
     root = Path(__file__).resolve().parents[2]
     return {
         "PATH": f"{folder / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
         "FAKE_PHONE_ROOT": str(folder / "phone"), "FAKE_PHONE_SERIAL": serial,
         "FAKE_PHONE_SOC": soc, "FAKE_PHONE_CHIP": chip,
-        "FAKE_QNN_CONTEXTS": os.pathsep.join(str(c) for c in contexts),
+        "FAKE_QNN_INDEX": str(folder / "contexts.json"),
         "QNN_SDK_ROOT": str(sdk),
         "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH"))
                                       if p),
