@@ -431,6 +431,10 @@ class Validation(Section):
                                 "measured on")
     heldout_tokens: int = setting(256, "held-out tokens scored", min=16, cap=MAX_TOKENS)
     greedy_tokens: int = setting(16, "tokens generated greedily to compare with FP32", min=1)
+    device_tokens: int = setting(0, "held-out tokens the device scores (the first ones); 0: "
+                                 "all of them for a model in one part, the first 64 for a "
+                                 "model in parts, whose host figures are scored part by part",
+                                 min=0, cap=MAX_TOKENS)
 
 
 class Gates(Section):

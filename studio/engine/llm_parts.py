@@ -405,6 +405,48 @@ def _run_part_graphs(folder: Path, part: Part, spec: dict, x, n: int, make, on_l
     return hidden
 
 
+class StreamedScorer:
+    """Teacher-forced logits of a model in parts with one part's graphs in memory at a time:
+    each part runs every position of the window (prefill, then decode steps over its own KV
+    cache) and hands its residual stream to the next, whose graphs are loaded after the
+    previous part's are dropped. The figures equal the chained graphs' (the same graphs, the
+    same order of operations per part); the peak memory is one part's, whatever the depth.
+    Progress names the part and the position."""
+
+    def __init__(self, graphs_dir: Path, spec: dict, make):
+        self.graphs_dir, self.spec, self.make = Path(graphs_dir), spec, make
+        self.vocab_size = int(spec["vocab_size"])
+
+    def teacher_forced_logits(self, ids: list[int], progress: Progress | None = None):
+        """Logits [len(ids), V] (float32); row i predicts token i + 1 (as
+        :meth:`studio.engine.llm_runtime.StaticKVGenerator.teacher_forced_logits`)."""
+        import numpy as np
+
+        n = len(ids)
+        if n == 0:
+            raise StudioError("no tokens to score; give at least one token")
+        if n > int(self.spec["context_length"]):
+            raise StudioError(f"{n} tokens do not fit the KV cache of C="
+                              f"{self.spec['context_length']}; score windows of at most C tokens")
+        out = np.empty((n, self.vocab_size), dtype=np.float32)
+
+        def on_logits(p: int, logits) -> None:
+            out[p] = np.asarray(logits, dtype=np.float32)[: self.vocab_size]
+
+        x: Any = np.asarray(ids, dtype=np.int64)
+        parts = list(iter_parts(self.spec))
+        for part, folder in zip(parts, part_dirs(self.spec, self.graphs_dir), strict=True):
+            sub = (SubProgress(progress, part.index / len(parts), (part.index + 1) / len(parts))
+                   if progress is not None else None)
+            if sub is not None:
+                sub.check()
+                sub.update(0.0, f"part {part.index + 1}/{len(parts)}: loading its graphs")
+            x = _run_part_graphs(folder, part, self.spec, x, n, self.make,
+                                 on_logits if part.heads else None, sub)
+            gc.collect()
+        return out
+
+
 def export_parts(
     checkpoint_dir: Path,
     out_dir: Path,

@@ -58,9 +58,40 @@ def _greedy_agreement(ref, other, tok, prompt: str, heldout: list[int], prompt_l
     return {"agreement": same / total, "prefix": prefix / total, "prompts": len(prompts), **texts}
 
 
-def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
+#: what the device scores of a model in parts when validation.device_tokens is 0
+DEVICE_SLICE_IN_PARTS = 64
 
+
+def _windows(ids: list[int], window: int) -> list[list[int]]:
+    """``ids`` in windows of the context length (a last one of one token is dropped)."""
+    out = [ids[i:i + window] for i in range(0, len(ids), window)]
+    return [w for w in out if len(w) >= 2]
+
+
+def _perplexity(windows: list[list[int]], logits: list) -> float:
+    sum_nll = cnt = 0.0
+    for w, lg in zip(windows, logits, strict=True):
+        a, b = nll(lg, w)
+        sum_nll, cnt = sum_nll + a, cnt + b
+    return math.exp(sum_nll / cnt)
+
+
+def _compare(ref: list, other: list) -> dict[str, float]:
     import numpy as np
+
+    cos, maxerr, same = [], 0.0, []
+    for r, o in zip(ref, other, strict=True):
+        c, m, s = _logit_stats(r, o)
+        cos.append(c)
+        same.append(s)
+        maxerr = max(maxerr, m)
+    cos_all, same_all = np.concatenate(cos), np.concatenate(same)
+    return {"logits_cosine_mean": float(cos_all.mean()),
+            "logits_cosine_min": float(cos_all.min()), "logits_max_abs_error": maxerr,
+            "top1_agreement": float(same_all.mean())}
+
+
+def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 
     export_dir, qdir = ctx.input("export"), ctx.input("quantize")
     cdir = ctx.input("compile", ctx.config.chip)
@@ -73,9 +104,10 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     ids = tok(text).input_ids[: ctx.get("validation.heldout_tokens")]
     if len(ids) < 16:
         raise StudioError("the held-out text gives fewer than 16 tokens: use a longer text")
+    if len(spec.get("parts") or []) > 1:
+        return _validate_in_parts(ctx, progress, spec, tok, ids)
     window = spec["context_length"]
-    windows = [ids[i:i + window] for i in range(0, len(ids), window)]
-    windows = [w for w in windows if len(w) >= 2]
+    windows = _windows(ids, window)
     fp16 = ctx.fp16
     runners = {
         "fp32": cpu_generator(export_dir, spec),
@@ -94,24 +126,9 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
             done += 1
     res: dict[str, Any] = {"tokens": len(ids), "windows": len(windows), "target": chip.key,
                            "device": dev.name, "device_id": dev.id, "source": dev.source}
-    ppl = {}
-    for name in runners:
-        sum_nll = cnt = 0.0
-        for w, lg in zip(windows, logits[name], strict=True):
-            a, b = nll(lg, w)
-            sum_nll, cnt = sum_nll + a, cnt + b
-        ppl[name] = math.exp(sum_nll / cnt)
+    ppl = {name: _perplexity(windows, logits[name]) for name in runners}
     for name in ("host_qdq", "htp"):
-        cos, maxerr, same = [], 0.0, []
-        for r, o in zip(logits["fp32"], logits[name], strict=True):
-            c, m, s = _logit_stats(r, o)
-            cos.append(c)
-            same.append(s)
-            maxerr = max(maxerr, m)
-        cos_all, same_all = np.concatenate(cos), np.concatenate(same)
-        res[name] = {"logits_cosine_mean": float(cos_all.mean()),
-                     "logits_cosine_min": float(cos_all.min()), "logits_max_abs_error": maxerr,
-                     "top1_agreement": float(same_all.mean()), "perplexity": ppl[name]}
+        res[name] = {**_compare(logits["fp32"], logits[name]), "perplexity": ppl[name]}
     progress.update(total / (total + 1), "greedy agreement")
     g = _greedy_agreement(runners["fp32"], runners["htp"], tok, ctx.get("run.prompt"), ids,
                           spec["prompt_length"], greedy_tokens, progress)
@@ -139,4 +156,103 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     ]
     res["summary"] = (f"cosine {h['logits_cosine_mean']:.4f}, top-1 {h['top1_agreement']:.1%}, "
                       f"ppl {ppl['fp32']:.2f} → {ppl['htp']:.2f} on {dev.name} ({dev.source})")
+    return res
+
+
+def _validate_in_parts(ctx: StageContext, progress: Progress, spec: dict, tok,
+                       ids: list[int]) -> dict[str, Any]:
+    """Validation of a model in parts that scales with its size: FP32 and the host QDQ graphs
+    score every held-out token part by part (one part's graphs in memory at a time:
+    :class:`studio.engine.llm_parts.StreamedScorer`), the device scores the first
+    ``validation.device_tokens`` of them (the chained compiled parts), and the device is
+    judged against FP32 on those same tokens. The greedy check generates on the device and
+    scores that text with FP32 part by part: the tokens before the first divergence are
+    exactly those of FP32's own greedy text; after it, each token is FP32's choice given the
+    device's text. Every figure says which tokens it is on."""
+    from studio.engine.llm_parts import StreamedScorer
+    from studio.engine.llm_runtime import make_cpu_session
+
+    export_dir, qdir = ctx.input("export"), ctx.input("quantize")
+    cdir = ctx.input("compile", ctx.config.chip)
+    dev = ctx.device
+    window = int(spec["context_length"])
+    n_dev = min(len(ids), int(ctx.get("validation.device_tokens") or DEVICE_SLICE_IN_PARTS))
+    n_dev = max(n_dev, 2)
+    windows, dev_windows = _windows(ids, window), _windows(ids[:n_dev], window)
+    n_parts = len(spec["parts"])
+    scorers = {"fp32": StreamedScorer(export_dir, spec, make_cpu_session),
+               "host_qdq": StreamedScorer(qdir, spec, make_cpu_session)}
+    logits: dict[str, list] = {k: [] for k in scorers}
+    steps = 2 * len(windows) + len(dev_windows) + 2
+    done = 0
+    for name, scorer in scorers.items():
+        for w in windows:
+            sub = SubProgress(progress, done / steps, (done + 1) / steps)
+            sub.update(0, f"{name} part by part: {len(w)} tokens, {n_parts} parts")
+            logits[name].append(scorer.teacher_forced_logits(w, progress=sub))
+            done += 1
+    progress.update(done / steps, f"the device: the first {n_dev} held-out tokens")
+    htp = ctx.backend.open_generator(export_dir, cdir, spec, ctx.fp16)
+    dev_logits = []
+    for w in dev_windows:
+        sub = SubProgress(progress, done / steps, (done + 1) / steps)
+        sub.update(0, f"{dev.name}: {len(w)} tokens through {n_parts} parts")
+        dev_logits.append(htp.teacher_forced_logits(w, progress=sub))
+        done += 1
+    # FP32 on the device's tokens: the first rows of its windows (causal: the same logits)
+    fp32_slice = [lg[:len(w)] for lg, w in zip(logits["fp32"], dev_windows, strict=False)]
+    ppl = {"fp32": _perplexity(windows, logits["fp32"]),
+           "host_qdq": _perplexity(windows, logits["host_qdq"]),
+           "fp32_slice": _perplexity(dev_windows, fp32_slice),
+           "htp": _perplexity(dev_windows, dev_logits)}
+    res: dict[str, Any] = {"tokens": len(ids), "windows": len(windows), "target": ctx.chip.key,
+                           "device": dev.name, "device_id": dev.id, "source": dev.source,
+                           "device_tokens": n_dev, "scored_by_part": n_parts}
+    res["host_qdq"] = {**_compare(logits["fp32"], logits["host_qdq"]),
+                       "perplexity": ppl["host_qdq"]}
+    res["htp"] = {**_compare(fp32_slice, dev_logits), "perplexity": ppl["htp"]}
+    progress.update(done / steps, "greedy agreement: the device's text scored by FP32")
+    prompt = tok(ctx.get("run.prompt")).input_ids[: int(spec["prompt_length"])]
+    n = int(ctx.get("validation.greedy_tokens"))
+    got = htp.greedy(prompt, min(n, window - len(prompt)))["tokens"]
+    seq = (prompt + got)[:window]
+    scored = scorers["fp32"].teacher_forced_logits(
+        seq, progress=SubProgress(progress, (done + 1) / steps, 1.0))
+    fp32_choice = [int(scored[len(prompt) - 1 + i].argmax()) for i in range(len(got))]
+    same = [a == b for a, b in zip(fp32_choice, got, strict=True)]
+    prefix = next((i for i, s in enumerate(same) if not s), len(same))
+    g = {"agreement": sum(same) / max(1, len(same)), "prefix": prefix / max(1, len(same)),
+         "prompts": 1, "fp32": tok.decode(got[:prefix] + fp32_choice[prefix:prefix + 1]),
+         "htp": tok.decode(got)}
+    h = res["htp"]
+    res.update(
+        logits_cosine_mean=h["logits_cosine_mean"], top1_agreement=h["top1_agreement"],
+        perplexity_fp32=ppl["fp32_slice"], perplexity_quantized=ppl["htp"],
+        perplexity_fp32_heldout=ppl["fp32"], perplexity_host_qdq=ppl["host_qdq"],
+        greedy_agreement=g["agreement"], greedy_prefix_agreement=g["prefix"],
+        greedy_prompts=g["prompts"], greedy_fp32=g["fp32"], greedy_htp=g["htp"],
+    )
+    on_dev = f"on the first {n_dev} of {len(ids)} held-out tokens"
+    on_all = f"on all {len(ids)} held-out tokens, scored part by part on the host"
+    res["metrics"] = [
+        device_metric(dev, "logits_cosine_mean", h["logits_cosine_mean"], "", on_dev),
+        device_metric(dev, "logits_max_abs_error", h["logits_max_abs_error"], "", on_dev),
+        device_metric(dev, "top1_agreement", h["top1_agreement"], "fraction", on_dev),
+        device_metric(dev, "perplexity_quantized", ppl["htp"], "", on_dev),
+        device_metric(dev, "greedy_agreement", g["agreement"], "fraction",
+                       f"{len(got)} tokens the device generated, each against FP32's choice "
+                       "given the device's text"),
+        device_metric(dev, "greedy_prefix_agreement", g["prefix"], "fraction",
+                       "tokens identical to FP32's greedy text before the first divergence"),
+        host_metric("perplexity_fp32", ppl["fp32_slice"], "", on_dev + " (the device's)"),
+        host_metric("perplexity_fp32_heldout", ppl["fp32"], "", on_all),
+        host_metric("perplexity_host_qdq", ppl["host_qdq"], "", on_all),
+        host_metric("logits_cosine_host_qdq", res["host_qdq"]["logits_cosine_mean"], "", on_all),
+        host_metric("top1_agreement_host_qdq", res["host_qdq"]["top1_agreement"], "fraction",
+                    on_all),
+    ]
+    res["summary"] = (f"cosine {h['logits_cosine_mean']:.4f}, top-1 {h['top1_agreement']:.1%}, "
+                      f"ppl {ppl['fp32_slice']:.2f} → {ppl['htp']:.2f} on {dev.name} "
+                      f"({dev.source}; the first {n_dev} held-out tokens; host QDQ ppl "
+                      f"{ppl['host_qdq']:.2f} on all {len(ids)}, {n_parts} parts)")
     return res
