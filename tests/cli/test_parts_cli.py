@@ -51,12 +51,14 @@ def test_two_parts_run_and_validate_as_one(tmp_path, batch_run, small_project):
         assert ids == one[device], device
     got, ref = _validation(f), _validation(small_project)
     assert (got["device_tokens"], got["tokens"], got["scored_by_part"]) == (48, 96, 2)
-    # the host's figures on all 96 tokens, part by part: the one graph's
-    for mine, theirs in (("perplexity_fp32_heldout", "perplexity_fp32"),
-                         ("perplexity_host_qdq", "perplexity_host_qdq")):
-        assert abs(got[mine] - ref[theirs]) < 1e-4 * ref[theirs], (mine, got[mine], ref[theirs])
+    # the host's figures on all 96 tokens, part by part: the one graph's (FP32 to float
+    # rounding; the quantized parts to the 1e-3 their scales allow, as the device's figures)
+    assert abs(got["perplexity_fp32_heldout"] - ref["perplexity_fp32"]) < 1e-4 * ref[
+        "perplexity_fp32"]
+    assert abs(got["perplexity_host_qdq"] - ref["perplexity_host_qdq"]) < 1e-3 * ref[
+        "perplexity_host_qdq"]
     for key in ("logits_cosine_mean", "top1_agreement"):
-        assert abs(got["host_qdq"][key] - ref["host_qdq"][key]) < 1e-5, key
+        assert abs(got["host_qdq"][key] - ref["host_qdq"][key]) < 1e-3, key
     # the simulator on the first 48, judged against FP32 on the same 48
     assert got["perplexity_fp32"] != got["perplexity_fp32_heldout"]
     assert got["htp"]["logits_cosine_mean"] > 0.99 and got["top1_agreement"] > 0.9
