@@ -110,6 +110,7 @@ def _greedy(folder: Path, n: int = 20) -> list[int]:
     return cpu_generator(folder, load_spec(folder)).greedy([5, 9, 33, 12, 7], n)["tokens"]
 
 
+@pytest.mark.slow  # three real exports of an 8-block model
 def test_parts_1_2_3_export_the_same_model(deep_checkpoint, tmp_path, monkeypatch):
     """The streamed export in 2 and 3 parts: each part's graphs hold only its own blocks'
     weights, the whole-context check gives the one-graph figures, and the chained parts
@@ -198,6 +199,7 @@ def _activation_scales(folder: Path) -> dict[tuple, float]:
     return out
 
 
+@pytest.mark.slow  # four real exports and quantizations
 def test_parts_calibrated_on_the_previous_parts_outputs_get_the_one_graph_encodings(
         tmp_path, sample_model_dir, monkeypatch):
     """The sample (4 blocks) in 1 and 2 parts, W8A16: every activation both graphs quantize
