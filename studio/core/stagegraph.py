@@ -111,7 +111,7 @@ DECLARATIONS: tuple[StageDecl, ...] = (
               takes_parts=True, resumes=True),
     StageDecl("compile", "Compile", (Need("quantize"),), fan_out="target",
               settings=("quantization.scheme", "quantization.weight_granularity"), role="compile",
-              takes_parts=True),
+              takes_parts=True, resumes=True),
     StageDecl("validate", "Validate", (Need("export"), Need("quantize"),
                                        Need("compile", per_chip=True)), fan_out="target",
               settings=("quantization.scheme", "validation.heldout_text",

@@ -72,3 +72,56 @@ def test_two_parts_run_and_validate_as_one(tmp_path, batch_run, small_project):
     r = studio("--batch", f, "--stages", "layerdiff")
     assert r.returncode == 2
     assert "the layer diff stage does not take a model exported in parts yet" in r.stderr
+
+
+def test_a_killed_compile_of_parts_keeps_the_parts_it_finished(tmp_path, batch_run):
+    """The compile stage over a model in two parts, killed while part 2 is checked, then
+    run again in the same work folder: part 1's context binaries are kept (not compiled
+    again) and the result is a whole compile."""
+    from studio.core import project as pf
+    from studio.core.artifacts import PART_DONE, ArtifactStore
+    from studio.core.progress import RecordingProgress
+    from studio.core.stagegraph import plan
+    from studio.services.history import current_keys
+    from studio.worker.stages import run_in_process
+
+    f = tmp_path / "parts.qstudio"
+    f.write_text(SMALL.format(target=default_target()).replace(
+        "context_length = 64", "context_length = 64\nparts = 2"))
+    r = studio("--batch", f, "--stages", "quantize")
+    assert r.returncode == 0, r.stderr[-3000:]
+    project = pf.load(f)
+    jobs = plan(project, ["compile"])
+    job = jobs[-1]
+    store = ArtifactStore(project.folder / "artifacts")
+    keys = current_keys(project, ["export", "quantize"])
+    inputs = {jobs[d].label: store.get(keys[jobs[d].stage]).path for d in job.deps}
+    out = tmp_path / "kept"
+    out.mkdir()
+
+    class Killed(Exception):
+        pass
+
+    class KillAt(RecordingProgress):
+        def update(self, fraction: float, message: str = "") -> None:
+            if message.startswith("checking placement of prefill (part2 of 2)"):
+                raise Killed(message)
+            super().update(fraction, message)
+
+    try:
+        run_in_process(project, job, inputs, out, KillAt())
+    except Killed:
+        pass
+    else:
+        raise AssertionError("the compile was not interrupted")
+    assert (out / "part1_of_2" / PART_DONE).is_file()
+    kept = {p.name: p.stat().st_mtime_ns for p in (out / "part1_of_2").glob("*_ctx*")}
+    assert kept
+    rec = RecordingProgress()
+    result = run_in_process(project, job, inputs, out, rec)
+    assert any("1 of 2 parts: compiled by an interrupted run, kept" in m for m in rec.lines)
+    assert not any("(part1 of 2)" in m for _, m in rec.updates)
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "part1_of_2").glob("*_ctx*")} == kept
+    assert list(result["placement"]) == [f"part{i}_of_2/{g}" for i in (1, 2)
+                                         for g in ("prefill", "decode")]
+    assert not list(out.rglob(PART_DONE))

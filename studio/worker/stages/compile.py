@@ -14,8 +14,9 @@ from studio.worker.stages._llm import EMBED_LIMIT, GRAPHS, htp_options
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    from studio.engine import qnn
+    from studio.engine import partresume, qnn
     from studio.engine.chain import part_dirs
+    from studio.engine.llm_parts import iter_parts
     from studio.engine.llm_runtime import load_graph_spec
 
     qdir = ctx.input("quantize")
@@ -23,8 +24,19 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     chip = ctx.chip
     extra = htp_options(ctx)
     placement, compiled = {}, {}
-    folders = part_dirs(load_graph_spec(qdir), qdir)
-    steps = [(src, g) for src in folders for g in GRAPHS]
+    spec = load_graph_spec(qdir)
+    folders = part_dirs(spec, qdir)
+    parts = list(iter_parts(spec))
+    # a kept work folder: the parts a killed run compiled are kept (a model in parts)
+    done = partresume.keep_finished(ctx.out, parts) if len(parts) > 1 else {}
+    if len(parts) == 1:
+        partresume.clear(ctx.out)
+    for row in done.values():
+        placement.update(row["placement"])
+        compiled.update(row["compiled"])
+    if done:
+        progress.log(f"{len(done)} of {len(parts)} parts: compiled by an interrupted run, kept")
+    steps = [(src, g) for k, src in enumerate(folders) if k not in done for g in GRAPHS]
     for i, (src, g) in enumerate(steps):
         where = "" if src == qdir else f"{src.name}/"
         label = g if src == qdir else f"{g} ({src.name.replace('_', ' ')})"
@@ -48,6 +60,16 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         compiled[where + g] = qnn.compile_context(src / f"{g}.onnx", dst / f"{g}_ctx.onnx",
                                                   chip, fp16=fp16, embed=size < EMBED_LIMIT,
                                                   extra_options=extra)
+        if where and g == GRAPHS[-1]:  # the part's graphs are compiled: a kill keeps them
+            part = parts[folders.index(src)]
+            mine = [where + x for x in GRAPHS]
+            partresume.mark(dst, {"start": part.start, "stop": part.stop,
+                                  "placement": {k: placement[k] for k in mine},
+                                  "compiled": {k: compiled[k] for k in mine}}, {})
+    partresume.unmark(ctx.out)
+    order = [("" if src == qdir else f"{src.name}/") + g for src in folders for g in GRAPHS]
+    placement = {k: placement[k] for k in order}
+    compiled = {k: compiled[k] for k in order}
     shutil.copy2(qdir / "graph.json", ctx.out / "graph.json")
     atomic_write_json(ctx.out / "placement.json", placement)
     sdk = next(iter(compiled.values())).get("sdk_version", "")
