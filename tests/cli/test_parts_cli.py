@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.cli.conftest import SMALL, default_target, studio
 
 
@@ -31,18 +33,24 @@ def _validation(project: Path) -> dict:
     raise AssertionError(f"no validation in {project}")
 
 
-def test_two_parts_run_and_validate_as_one(tmp_path, batch_run, small_project):
-    """The parts' tokens are the one graph's; their validation scores all 96 held-out tokens
-    part by part on the host (the one graph's host figures) and the first 48 on the HTP
-    simulator, and the simulator's greedy text is the one graph's."""
-    _, whole = batch_run
-    f = tmp_path / "parts.qstudio"
+@pytest.fixture(scope="module")
+def parts_project(tmp_path_factory, batch_run) -> tuple[Path, dict]:
+    """The small project in two parts after ``--stages validate,run`` (the device scores
+    the first 48 held-out tokens): (project file, the batch's JSON)."""
+    f = tmp_path_factory.mktemp("parts") / "parts.qstudio"
     f.write_text(SMALL.format(target=default_target()).replace(
         "context_length = 64", "context_length = 64\nparts = 2").replace(
         "heldout_tokens = 96", "heldout_tokens = 96\ndevice_tokens = 48"))
     r = studio("--batch", f, "--stages", "validate,run", "--json")
     assert r.returncode in (0, 1), r.stderr[-3000:]
-    parts = json.loads(r.stdout)
+    return f, json.loads(r.stdout)
+
+
+def test_two_parts_run_and_validate_as_one(parts_project, small_project):
+    """The parts' tokens are the one graph's; their validation scores all 96 held-out tokens
+    part by part on the host (the one graph's host figures) and the first 48 on the HTP
+    simulator, and the simulator's greedy text is the one graph's."""
+    f, parts = parts_project
     export = next(j for j in parts["jobs"] if j["stage"] == "export")
     assert "2 parts" in export["summary"]
     tokens, one = _runs(f), _runs(small_project)
@@ -74,7 +82,7 @@ def test_two_parts_run_and_validate_as_one(tmp_path, batch_run, small_project):
     assert "the layer diff stage does not take a model exported in parts yet" in r.stderr
 
 
-def test_a_killed_compile_of_parts_keeps_the_parts_it_finished(tmp_path, batch_run):
+def test_a_killed_compile_of_parts_keeps_the_parts_it_finished(tmp_path, parts_project):
     """The compile stage over a model in two parts, killed while part 2 is checked, then
     run again in the same work folder: part 1's context binaries are kept (not compiled
     again) and the result is a whole compile."""
@@ -85,11 +93,7 @@ def test_a_killed_compile_of_parts_keeps_the_parts_it_finished(tmp_path, batch_r
     from studio.services.history import current_keys
     from studio.worker.stages import run_in_process
 
-    f = tmp_path / "parts.qstudio"
-    f.write_text(SMALL.format(target=default_target()).replace(
-        "context_length = 64", "context_length = 64\nparts = 2"))
-    r = studio("--batch", f, "--stages", "quantize")
-    assert r.returncode == 0, r.stderr[-3000:]
+    f, _ = parts_project
     project = pf.load(f)
     jobs = plan(project, ["compile"])
     job = jobs[-1]
