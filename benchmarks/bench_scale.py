@@ -445,7 +445,8 @@ def _predicted_peak(stage: str, export_dir: Path, parameters: int) -> int | None
     except (OSError, ValueError):
         return None
     sizes = [s for s in exported_part_sizes(export_dir, spec) if s] or [parameters]
-    return predicted_peak(stage, sizes)
+    head = int(spec.get("vocab_size") or 0) * int(spec.get("hidden_size") or 0)
+    return predicted_peak(stage, sizes, head)
 
 
 def _gib(kib: int) -> str:

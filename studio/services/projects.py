@@ -298,12 +298,13 @@ def part_plan(project: Project) -> PartPlan | None:
         return None
     from studio.core.hostmem import STAGE_MEMORY, available_memory, predicted_peak
     from studio.core.parts import compiled_bytes
-    from studio.engine.llm_parts import export_plan
+    from studio.engine.llm_parts import checkpoint_layout, export_plan
 
-    plan = export_plan(project.input_path(project.model["source"]), project.export["parts"],
-                       project.export["max_part_mb"])
+    source = project.input_path(project.model["source"])
+    plan = export_plan(source, project.export["parts"], project.export["max_part_mb"])
     sizes = [p.parameters for p in plan]
-    peaks = {stage: predicted_peak(stage, sizes) or 0 for stage in STAGE_MEMORY}
+    head = checkpoint_layout(source).head_in_graph()
+    peaks = {stage: predicted_peak(stage, sizes, head) or 0 for stage in STAGE_MEMORY}
     return PartPlan(
         parts=[{"name": p.name, "blocks": (p.start, p.stop - 1), "parameters": p.parameters,
                 "bytes_8bit": compiled_bytes(p.parameters, 8)} for p in plan],

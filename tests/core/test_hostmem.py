@@ -48,3 +48,22 @@ def test_no_split_fits_a_machine_without_memory():
 
 def test_the_free_memory_is_read_from_the_host():
     assert 0 < available_memory() < 1 << 50
+
+
+def test_the_export_counts_the_head_for_the_part_that_holds_it():
+    """The head part's export check holds the head three more times: the measured 3 B shape
+    (9 parts, the head part 1.45 GiB with a 1.16 GiB head) peaked at 6.45 GiB; the
+    prediction is not below it, and a head in an earlier part would not count."""
+    head = 311_164_928  # 151936 x 2048
+    parts = [388_000_000] * 9
+    need = predicted_peak("export", parts, head)
+    assert 6.45 * GIB <= need <= 6.45 * GIB * 1.25
+    assert need > predicted_peak("export", parts)
+    assert predicted_peak("quantize", parts, head) == predicted_peak("quantize", parts)
+    # the advice leaves room for the head
+    with pytest.raises(StudioError) as e:
+        check_fits("export", [p.parameters for p in plan_parts(QWEN3B, 2)], available=7 * GIB,
+                   head_parameters=QWEN3B.embedding)
+    count = int(str(e.value).split("export.parts = ")[1].split(",")[0])
+    check_fits("export", [p.parameters for p in plan_parts(QWEN3B, count)], available=7 * GIB,
+               head_parameters=QWEN3B.embedding)

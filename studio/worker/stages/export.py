@@ -18,14 +18,15 @@ from studio.worker.stages._llm import GRAPHS
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     from studio.engine import hf_import, partresume
     from studio.engine.llm_export import export_llm
-    from studio.engine.llm_parts import export_parts, export_plan
+    from studio.engine.llm_parts import checkpoint_layout, export_parts, export_plan
 
     ckpt = ctx.path("model.source")
     info = hf_import.open_checkpoint(ckpt)
     P, C = ctx.get("export.prompt_length"), ctx.get("export.context_length")
     budget = int(ctx.get("export.max_part_mb")) * 1_000_000
     plan = export_plan(ckpt, ctx.get("export.parts"), ctx.get("export.max_part_mb"))
-    check_fits("export", [p.parameters for p in plan])
+    check_fits("export", [p.parameters for p in plan],
+               head_parameters=checkpoint_layout(ckpt).head_in_graph())
     t0 = time.perf_counter()
     if len(plan) == 1:
         partresume.clear(ctx.out)  # a kept work folder: nothing of a killed run is reused
