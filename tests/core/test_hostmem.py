@@ -52,14 +52,16 @@ def test_the_free_memory_is_read_from_the_host():
 
 def test_the_export_counts_the_head_for_the_part_that_holds_it():
     """The head part's export check holds the head three more times: the measured 3 B shape
-    (9 parts, the head part 1.45 GiB with a 1.16 GiB head) peaked at 6.45 GiB; the
-    prediction is not below it, and a head in an earlier part would not count."""
+    (9 parts, the head part 1.45 GiB with a 1.16 GiB head) peaked at 6.45 GiB in export and
+    6.05 GiB in quantize; the predictions are not below them."""
     head = 311_164_928  # 151936 x 2048
     parts = [388_000_000] * 9
     need = predicted_peak("export", parts, head)
     assert 6.45 * GIB <= need <= 6.45 * GIB * 1.25
     assert need > predicted_peak("export", parts)
-    assert predicted_peak("quantize", parts, head) == predicted_peak("quantize", parts)
+    # the quantize of the same shape peaked at 6.05 GiB
+    quantize = predicted_peak("quantize", parts, head)
+    assert 6.05 * GIB <= quantize <= 6.05 * GIB * 1.25
     # the advice leaves room for the head
     with pytest.raises(StudioError) as e:
         check_fits("export", [p.parameters for p in plan_parts(QWEN3B, 2)], available=7 * GIB,

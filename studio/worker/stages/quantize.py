@@ -43,7 +43,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 
     spec = load_graph_spec(export_dir)
     parts = spec.get("parts") or []
-    check_fits("quantize", exported_part_sizes(export_dir, spec))
+    check_fits("quantize", exported_part_sizes(export_dir, spec),
+               head_parameters=int(spec["vocab_size"]) * int(spec["hidden_size"]))
     if len(parts) > 1:
         from studio.engine.quantize_parts import quantize_parts
 
