@@ -143,6 +143,13 @@ class DeviceBackend(Protocol):
         :class:`studio.engine.llm_runtime.StaticKVGenerator`) over the device's graphs."""
         ...
 
+    def part_scorer(self, compiled: Path, spec: dict[str, Any], fp16: bool) -> Any:
+        """For a model in parts: teacher-forced logits with one part's compiled graphs loaded
+        at a time (``teacher_forced_logits`` of
+        :class:`studio.engine.llm_parts.StreamedScorer`), or None where the device runs the
+        parts only chained."""
+        ...
+
     def run_figures(self, out: dict[str, Any], gen: Any) -> tuple[dict[str, Any], str, str]:
         """A run stage's generation as the device's figures: (timings, metric name prefix,
         note) — the prefix names timings that are not the graph's latency."""

@@ -115,17 +115,25 @@ def cpu_generator(graph_dir: Path, spec: dict[str, Any], threads: int = HOST_THR
                              else None)
 
 
+def htp_session_maker(chip, fp16: bool) -> Callable[[Path], Any]:
+    """``make(path)``: the HTP session of the compiled context of the graph ``path`` names
+    (``<graph>_ctx.onnx`` beside it)."""
+    from studio.engine import qnn
+
+    def make(path: Path):
+        ctx = Path(path).with_name(Path(path).stem + "_ctx.onnx")
+        return qnn.make_session(ctx, chip, strict=True, fp16=fp16)
+
+    return make
+
+
 def htp_generator(compile_dir: Path, chip, spec: dict[str, Any], fp16: bool) -> StaticKVGenerator:
     """A generator over the compiled prefill / decode contexts of ``compile_dir`` on this
     machine's QNN HTP backend (the simulator on x86) for ``chip``; a model in parts runs
     its parts' context binaries chained."""
-    from studio.engine import qnn
     from studio.engine.chain import chain_session
 
-    def make(path: Path):
-        ctx = path.with_name(path.stem + "_ctx.onnx")
-        return qnn.make_session(ctx, chip, strict=True, fp16=fp16)
-
+    make = htp_session_maker(chip, fp16)
     compile_dir = Path(compile_dir)
     return StaticKVGenerator(chain_session(spec, compile_dir, "prefill", make),
                              chain_session(spec, compile_dir, "decode", make), spec)

@@ -53,6 +53,9 @@ class Backend:
                        fp16: bool, log: Callable[[str], None] | None = None) -> Any:
         raise StudioError(f"the {self.device.name} runs no language model")
 
+    def part_scorer(self, compiled: Path, spec: dict[str, Any], fp16: bool) -> Any:
+        return None
+
     def run_figures(self, out: dict[str, Any], gen: Any) -> tuple[dict[str, Any], str, str]:
         return out, "", self.timing_note
 

@@ -41,6 +41,16 @@ class Backend(_Base):
                               "compile stage")
         return htp_generator(compiled, self.chip, spec, fp16)
 
+    def part_scorer(self, compiled: Path, spec: dict[str, Any], fp16: bool) -> Any:
+        """The parts' context binaries one part at a time: a model whose binaries do not fit
+        the HTP's memory together (the 3 B shape's 18 on the simulator end in "Memory
+        allocation related error" while they load) is still scored."""
+        from studio.engine.llm_parts import StreamedScorer
+        from studio.engine.llm_runtime import htp_session_maker
+
+        self.check()
+        return StreamedScorer(compiled, spec, htp_session_maker(self.chip, fp16))
+
     def open_session(self, graph: Path, compiled: Path | None, strict: bool) -> Any:
         from studio.engine import qnn
 

@@ -192,12 +192,16 @@ def _validate_in_parts(ctx: StageContext, progress: Progress, spec: dict, tok,
             logits[name].append(scorer.teacher_forced_logits(w, progress=sub))
             done += 1
     progress.update(done / steps, f"the device: the first {n_dev} held-out tokens")
-    htp = ctx.backend.open_generator(export_dir, cdir, spec, ctx.fp16)
+    # part by part where the device can (one part's binaries loaded at a time), else chained
+    scorer = ctx.backend.part_scorer(cdir, spec, ctx.fp16)
+    htp: Any = None
+    if scorer is None:
+        htp = scorer = ctx.backend.open_generator(export_dir, cdir, spec, ctx.fp16)
     dev_logits = []
     for w in dev_windows:
         sub = SubProgress(progress, done / steps, (done + 1) / steps)
         sub.update(0, f"{dev.name}: {len(w)} tokens through {n_parts} parts")
-        dev_logits.append(htp.teacher_forced_logits(w, progress=sub))
+        dev_logits.append(scorer.teacher_forced_logits(w, progress=sub))
         done += 1
     # FP32 on the device's tokens: the first rows of its windows (causal: the same logits)
     fp32_slice = [lg[:len(w)] for lg, w in zip(logits["fp32"], dev_windows, strict=False)]
@@ -214,6 +218,17 @@ def _validate_in_parts(ctx: StageContext, progress: Progress, spec: dict, tok,
     progress.update(done / steps, "greedy agreement: the device's text scored by FP32")
     prompt = tok(ctx.get("run.prompt")).input_ids[: int(spec["prompt_length"])]
     n = int(ctx.get("validation.greedy_tokens"))
+    greedy_note = ""
+    if htp is None:  # generation needs every part's binaries loaded at once
+        try:
+            htp = ctx.backend.open_generator(export_dir, cdir, spec, ctx.fp16)
+        except StudioError as exc:
+            greedy_note = (f"no greedy check: the {dev.name} cannot hold the {n_parts} parts' "
+                           f"binaries at once to generate ({str(exc)[:200]})")
+            progress.log(greedy_note)
+    if htp is None:
+        return _finish_in_parts(ctx, dev, ids, n_dev, n_parts, windows, ppl, res, None,
+                                greedy_note)
     got = htp.greedy(prompt, min(n, window - len(prompt)))["tokens"]
     seq = (prompt + got)[:window]
     scored = scorers["fp32"].teacher_forced_logits(
@@ -223,27 +238,40 @@ def _validate_in_parts(ctx: StageContext, progress: Progress, spec: dict, tok,
     prefix = next((i for i, s in enumerate(same) if not s), len(same))
     g = {"agreement": sum(same) / max(1, len(same)), "prefix": prefix / max(1, len(same)),
          "prompts": 1, "fp32": tok.decode(got[:prefix] + fp32_choice[prefix:prefix + 1]),
-         "htp": tok.decode(got)}
+         "htp": tok.decode(got), "tokens": len(got)}
+    return _finish_in_parts(ctx, dev, ids, n_dev, n_parts, windows, ppl, res, g, "")
+
+
+def _finish_in_parts(ctx: StageContext, dev, ids: list[int], n_dev: int, n_parts: int,
+                     windows: list, ppl: dict[str, float], res: dict[str, Any],
+                     g: dict[str, Any] | None, greedy_note: str) -> dict[str, Any]:
+    """The result of :func:`_validate_in_parts`: its figures, each saying which tokens it is
+    on (``g``: the greedy check, None when the device could not generate)."""
     h = res["htp"]
     res.update(
         logits_cosine_mean=h["logits_cosine_mean"], top1_agreement=h["top1_agreement"],
         perplexity_fp32=ppl["fp32_slice"], perplexity_quantized=ppl["htp"],
         perplexity_fp32_heldout=ppl["fp32"], perplexity_host_qdq=ppl["host_qdq"],
-        greedy_agreement=g["agreement"], greedy_prefix_agreement=g["prefix"],
-        greedy_prompts=g["prompts"], greedy_fp32=g["fp32"], greedy_htp=g["htp"],
     )
+    if g is not None:
+        res.update(greedy_agreement=g["agreement"], greedy_prefix_agreement=g["prefix"],
+                   greedy_prompts=g["prompts"], greedy_fp32=g["fp32"], greedy_htp=g["htp"])
+    else:
+        res["greedy_note"] = greedy_note
     on_dev = f"on the first {n_dev} of {len(ids)} held-out tokens"
     on_all = f"on all {len(ids)} held-out tokens, scored part by part on the host"
+    greedy = [] if g is None else [
+        device_metric(dev, "greedy_agreement", g["agreement"], "fraction",
+                       f"{g['tokens']} tokens the device generated, each against FP32's choice "
+                       "given the device's text"),
+        device_metric(dev, "greedy_prefix_agreement", g["prefix"], "fraction",
+                       "tokens identical to FP32's greedy text before the first divergence")]
     res["metrics"] = [
         device_metric(dev, "logits_cosine_mean", h["logits_cosine_mean"], "", on_dev),
         device_metric(dev, "logits_max_abs_error", h["logits_max_abs_error"], "", on_dev),
         device_metric(dev, "top1_agreement", h["top1_agreement"], "fraction", on_dev),
         device_metric(dev, "perplexity_quantized", ppl["htp"], "", on_dev),
-        device_metric(dev, "greedy_agreement", g["agreement"], "fraction",
-                       f"{len(got)} tokens the device generated, each against FP32's choice "
-                       "given the device's text"),
-        device_metric(dev, "greedy_prefix_agreement", g["prefix"], "fraction",
-                       "tokens identical to FP32's greedy text before the first divergence"),
+        *greedy,
         host_metric("perplexity_fp32", ppl["fp32_slice"], "", on_dev + " (the device's)"),
         host_metric("perplexity_fp32_heldout", ppl["fp32"], "", on_all),
         host_metric("perplexity_host_qdq", ppl["host_qdq"], "", on_all),
@@ -254,5 +282,7 @@ def _validate_in_parts(ctx: StageContext, progress: Progress, spec: dict, tok,
     res["summary"] = (f"cosine {h['logits_cosine_mean']:.4f}, top-1 {h['top1_agreement']:.1%}, "
                       f"ppl {ppl['fp32_slice']:.2f} → {ppl['htp']:.2f} on {dev.name} "
                       f"({dev.source}; the first {n_dev} held-out tokens; host QDQ ppl "
-                      f"{ppl['host_qdq']:.2f} on all {len(ids)}, {n_parts} parts)")
+                      f"{ppl['host_qdq']:.2f} on all {len(ids)}, {n_parts} parts)"
+                      + ("; no greedy check: the device cannot hold every part to generate"
+                         if g is None else ""))
     return res
