@@ -326,6 +326,14 @@ def _diagnose(
             f"{path.name} is a compiled context model whose context binary is missing ({msg}); "
             "keep the _qnn.bin file next to it or compile again"
         )
+    if "contextCreateFromBinary" in msg and "MEM_ALLOC" in (msg + log):
+        # a compiled context that does not fit beside what is loaded already (the parts of
+        # a large model chained at once): measured with the 3 B shape's 18 binaries
+        return StudioError(
+            f"the QNN HTP has no memory left to load {path.parent.name}/{path.name} for "
+            f"{chip.name} ({msg}); load fewer context binaries at once (a model in parts is "
+            "scored one part at a time) or split it into smaller parts"
+        )
     if "MEM_ALLOC" in log or "finaliz" in (msg + log).lower():
         return StudioError(
             f"the QNN HTP could not finalize {path.name} for {chip.name} ({msg}); for a float model "

@@ -280,3 +280,20 @@ def test_profile_run_optrace_moves_the_schematic(models, tmp_path, monkeypatch):
         qnn.profile_run(models["w8a16"], TARGET, {"x": _x()}, tmp_path / "o" / "b.csv", level="x")
     with pytest.raises(StudioError, match="check the inputs"):
         qnn.profile_run(models["w8a16"], TARGET, {"wrong": _x()}, tmp_path / "o" / "c.csv")
+
+
+def test_a_context_that_does_not_fit_beside_the_loaded_ones_says_so():
+    """The message the simulator gave when the 3 B shape's 18 context binaries were loaded
+    together: not the float-model advice, but what to do about the memory."""
+    from pathlib import Path
+
+    from studio.core.catalog import get_chip
+    from studio.engine.qnn import _diagnose
+
+    err = RuntimeError("[ONNXRuntimeError] : 10 : INVALID_GRAPH : Failed to load from EpContext "
+                       "model. contextCreateFromBinary failed. Error: QNN_COMMON_ERROR_MEM_ALLOC: "
+                       "Memory allocation related error.")
+    got = str(_diagnose(err, "", None, Path("/c/part8_of_9/prefill_ctx.onnx"),
+                        get_chip("snapdragon-8-gen-3")))
+    assert "no memory left to load part8_of_9/prefill_ctx.onnx" in got
+    assert "one part at a time" in got and "fp16" not in got and "\n" not in got
