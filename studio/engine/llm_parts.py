@@ -112,12 +112,14 @@ def exported_part_sizes(export_dir: Path, spec: dict) -> list[int]:
     return rows or [graph_bytes(Path(export_dir) / "decode.onnx") // 4]
 
 
-def export_plan(checkpoint_dir: Path, parts: int | str, max_part_mb: int) -> list[Part]:
+def export_plan(checkpoint_dir: Path, parts: int | str, max_part_mb: int,
+                layout: Layout | None = None) -> list[Part]:
     """The parts the export stage splits ``checkpoint_dir`` into for the settings
-    ``export.parts`` and ``export.max_part_mb`` (from the weight files' headers)."""
+    ``export.parts`` and ``export.max_part_mb`` (from the weight files' headers, or the
+    ``layout`` already read from them)."""
     from studio.core.parts import AUTO_WEIGHT_BITS
 
-    return plan_parts(checkpoint_layout(checkpoint_dir), parts, AUTO_WEIGHT_BITS,
+    return plan_parts(layout or checkpoint_layout(checkpoint_dir), parts, AUTO_WEIGHT_BITS,
                       int(max_part_mb) * 1_000_000)
 
 

@@ -43,20 +43,21 @@ def keep_finished(out_dir: Path, plan: list[Part]) -> dict[int, dict[str, Any]]:
                 part.start, part.stop) and (entry / HANDOFF).is_file():
             done[part.index] = row
             continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
+        _remove(entry)
     return done
 
 
 def clear(out_dir: Path) -> None:
     """Empty ``out_dir`` (a kept work folder a whole-graph run takes as a fresh one)."""
     for entry in Path(out_dir).iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
+        _remove(entry)
+
+
+def _remove(entry: Path) -> None:
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        entry.unlink(missing_ok=True)
 
 
 def _row(path: Path) -> dict[str, Any] | None:

@@ -301,9 +301,10 @@ def part_plan(project: Project) -> PartPlan | None:
     from studio.engine.llm_parts import checkpoint_layout, export_plan
 
     source = project.input_path(project.model["source"])
-    plan = export_plan(source, project.export["parts"], project.export["max_part_mb"])
+    layout = checkpoint_layout(source)
+    plan = export_plan(source, project.export["parts"], project.export["max_part_mb"], layout)
     sizes = [p.parameters for p in plan]
-    head = checkpoint_layout(source).head_in_graph()
+    head = layout.head_in_graph()
     peaks = {stage: predicted_peak(stage, sizes, head) or 0 for stage in STAGE_MEMORY}
     return PartPlan(
         parts=[{"name": p.name, "blocks": (p.start, p.stop - 1), "parameters": p.parameters,

@@ -24,9 +24,9 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     info = hf_import.open_checkpoint(ckpt)
     P, C = ctx.get("export.prompt_length"), ctx.get("export.context_length")
     budget = int(ctx.get("export.max_part_mb")) * 1_000_000
-    plan = export_plan(ckpt, ctx.get("export.parts"), ctx.get("export.max_part_mb"))
-    check_fits("export", [p.parameters for p in plan],
-               head_parameters=checkpoint_layout(ckpt).head_in_graph())
+    layout = checkpoint_layout(ckpt)
+    plan = export_plan(ckpt, ctx.get("export.parts"), ctx.get("export.max_part_mb"), layout)
+    check_fits("export", [p.parameters for p in plan], head_parameters=layout.head_in_graph())
     t0 = time.perf_counter()
     if len(plan) == 1:
         partresume.clear(ctx.out)  # a kept work folder: nothing of a killed run is reused

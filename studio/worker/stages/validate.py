@@ -227,8 +227,7 @@ def _validate_in_parts(ctx: StageContext, progress: Progress, spec: dict, tok,
                            f"binaries at once to generate ({str(exc)[:200]})")
             progress.log(greedy_note)
     if htp is None:
-        return _finish_in_parts(ctx, dev, ids, n_dev, n_parts, windows, ppl, res, None,
-                                greedy_note)
+        return _finish_in_parts(dev, ids, n_dev, n_parts, ppl, res, None, greedy_note)
     got = htp.greedy(prompt, min(n, window - len(prompt)))["tokens"]
     seq = (prompt + got)[:window]
     scored = scorers["fp32"].teacher_forced_logits(
@@ -239,12 +238,12 @@ def _validate_in_parts(ctx: StageContext, progress: Progress, spec: dict, tok,
     g = {"agreement": sum(same) / max(1, len(same)), "prefix": prefix / max(1, len(same)),
          "prompts": 1, "fp32": tok.decode(got[:prefix] + fp32_choice[prefix:prefix + 1]),
          "htp": tok.decode(got), "tokens": len(got)}
-    return _finish_in_parts(ctx, dev, ids, n_dev, n_parts, windows, ppl, res, g, "")
+    return _finish_in_parts(dev, ids, n_dev, n_parts, ppl, res, g, "")
 
 
-def _finish_in_parts(ctx: StageContext, dev, ids: list[int], n_dev: int, n_parts: int,
-                     windows: list, ppl: dict[str, float], res: dict[str, Any],
-                     g: dict[str, Any] | None, greedy_note: str) -> dict[str, Any]:
+def _finish_in_parts(dev, ids: list[int], n_dev: int, n_parts: int, ppl: dict[str, float],
+                     res: dict[str, Any], g: dict[str, Any] | None, greedy_note: str
+                     ) -> dict[str, Any]:
     """The result of :func:`_validate_in_parts`: its figures, each saying which tokens it is
     on (``g``: the greedy check, None when the device could not generate)."""
     h = res["htp"]
