@@ -20,6 +20,12 @@ not fitting; by default the larger sizes are then skipped (``--go-on`` runs them
         [--stage-timeout 900] [--min-free-gb 1.5] [--separate-binary] [--go-on]
         [--keep] [--workdir DIR [--resume]] [--json results.json]
 
+Without ``--keep`` each stage's input is removed once the next stage has read it (the
+checkpoint after export, the export after quantize): the 8 B shape's 16 GB checkpoint and
+32 GB FP32 export are then never on disk beside its compiled parts. ``--workdir DIR
+--resume`` goes on from an interrupted run either way (finished stages are kept, a stage
+in flight keeps its finished parts).
+
 Run it alone on the machine (``nice -n 10`` if others share it): the timings follow host
 load, which each row records.
 """
@@ -94,6 +100,8 @@ class Size:
 
 SIZES: dict[str, Size] = {s.name: s for s in (
     Size("l4-h256", 4, 256, 4, 2, 688, 2048, note="the tiny-coder sample's shape"),
+    Size("llama-l4-h256", 4, 256, 4, 2, 688, 2048, tie=False, family="llama",
+         note="a tiny Llama (untied head): the 8 B shape's flow in a minute"),
     Size("l8-h512", 8, 512, 8, 2, 1408, 32000),
     Size("l12-h768", 12, 768, 12, 2, 2048, 32000),
     Size("l16-h1024", 16, 1024, 16, 2, 2816, 151936),
@@ -298,6 +306,7 @@ class Step:
     status: str = "ok"  # ok | timeout | memory | error | skipped
     wall_s: float = 0.0
     peak_rss_kib: int = 0
+    peak_anon_kib: int = 0  # sampled every 0.2 s: the anonymous part of the peak
     predicted_rss_kib: int = 0
     out_bytes: int = 0
     load_start: tuple[float, float, float] = (0.0, 0.0, 0.0)
@@ -317,15 +326,17 @@ def _meminfo_kib(key: str = "MemAvailable") -> int:
     return 0
 
 
-def _rss_kib(pid: int) -> int:
-    """Resident memory of a process and its descendants (KiB), 0 if gone."""
+def _rss_kib(pid: int, key: str = "VmRSS") -> int:
+    """Resident memory of a process and its descendants (KiB), 0 if gone; ``key="RssAnon"``:
+    only its anonymous pages (what the OOM killer counts: not the weight files ONNX Runtime
+    maps, which the kernel can drop and read again)."""
     total = 0
     todo = [pid]
     while todo:
         p = todo.pop()
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
+                if line.startswith(key + ":"):
                     total += int(line.split()[1])
             for t in Path(f"/proc/{p}/task").iterdir():
                 kids = (t / "children").read_text().split()
@@ -388,6 +399,7 @@ def measure(step: Step, argv: list[str], out: Path, log: Path, timeout: float,
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid == proc.pid:
             break
+        step.peak_anon_kib = max(step.peak_anon_kib, _rss_kib(proc.pid, "RssAnon"))
         now = time.perf_counter()
         if now - last_poll >= 1.0:
             last_poll = now
@@ -459,7 +471,7 @@ def _mb(n: int) -> str:
 
 def _header() -> str:
     return (f"{'size':<11} {'params':>8} {'stage':<26} {'status':<7} {'wall s':>8} "
-            f"{'peak RSS GiB':>12} {'output MB':>9}  {'load 1m start→end':<18} files")
+            f"{'peak RSS GiB':>12} {'anon GiB':>8} {'output MB':>9}  {'load 1m start→end':<18} files")
 
 
 def print_table(steps: list[Step], header: bool = True, phases: bool = False) -> None:
@@ -471,7 +483,7 @@ def print_table(steps: list[Step], header: bool = True, phases: bool = False) ->
         files = ", ".join(f"{k} {v / 1e6:.1f}" for k, v in big if not k.endswith(".json"))
         load = f"{s.load_start[0]:.2f} → {s.load_end[0]:.2f}"
         print(f"{s.size:<11} {s.params / 1e6:7.1f}M {s.stage:<26} {s.status:<7} "
-              f"{s.wall_s:8.1f} {_gib(s.peak_rss_kib):>12} {_mb(s.out_bytes)}  {load:<18} {files}")
+              f"{s.wall_s:8.1f} {_gib(s.peak_rss_kib):>12} {_gib(s.peak_anon_kib):>8} {_mb(s.out_bytes)}  {load:<18} {files}")
         if s.detail:
             print(f"{'':<21} ↳ {s.detail}")
         if phases and s.phases:
@@ -507,14 +519,14 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true",
                     help="keep the work folder (checkpoints and every stage's output)")
     ap.add_argument("--resume", action="store_true",
-                    help="with --workdir of a --keep run: reuse the checkpoints and the stage "
-                         "outputs that finished there, and run only what is missing")
+                    help="with the --workdir of an earlier run: reuse the checkpoints and the "
+                         "stage outputs that finished there, and run only what is missing")
     ap.add_argument("--workdir", type=Path, default=None,
                     help="where to build (default: a temp folder)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     a = ap.parse_args()
     if a.resume and a.workdir is None:
-        ap.error("--resume needs the --workdir of an earlier --keep run")
+        ap.error("--resume needs the --workdir of an earlier run")
 
     names = [s.strip() for s in a.sizes.split(",") if s.strip()]
     unknown = [n for n in names if n not in SIZES]
@@ -561,6 +573,10 @@ def main() -> int:
             if a.resume and (ckpt / "config.json").is_file():
                 steps.append(Step(size.name, n, "build checkpoint", "reused",
                                   detail=f"kept from an earlier run in {ckpt}"))
+            elif a.resume and (d / "export" / "result.json").is_file():
+                steps.append(Step(size.name, n, "build checkpoint", "reused",
+                                  detail="not needed: the export is done (without --keep, the "
+                                         "checkpoint went once it was)"))
             else:
                 shutil.rmtree(ckpt, ignore_errors=True)
                 ckpt.mkdir()
@@ -584,10 +600,14 @@ def main() -> int:
             jobs = plan(pf.load(project_file), [a.until])
             done: dict[str, str] = {}
             failed = False
+            # without --keep, a stage's input goes once the next stage is done: a resumed run
+            # counts a stage whose output was removed that way as done
+            gone = {"export": "quantize/result.json", "quantize": "compile/result.json"}
             for i, job in enumerate(jobs):
                 out = d / job.stage
                 inputs = {jobs[k].label: done[jobs[k].label] for k in job.deps}
-                if a.resume and (out / "result.json").is_file():
+                if a.resume and ((out / "result.json").is_file()
+                                 or (job.stage in gone and (d / gone[job.stage]).is_file())):
                     steps.append(Step(size.name, n, job.label, "reused",
                                       detail=f"kept from an earlier run in {out}"))
                     print_table(steps[-1:], header=False)
