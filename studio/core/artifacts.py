@@ -14,7 +14,9 @@ A stage that works part by part (a model exported or quantized in parts) writes 
 ``tmp/resume-<key>/`` instead, kept across a crash or a kill: run again with the same key,
 it finds the parts it finished there and does only the rest (:meth:`ArtifactStore.
 new_workdir`). Such a folder is removed when its key is stored, and like any other when it holds no
-finished part or is older than :data:`RESUME_DAYS` days.
+finished part or is older than :data:`RESUME_DAYS` days. Finished parts are also kept by
+their own key in ``parts/`` (:mod:`studio.core.partcache`), so a run with other settings
+takes the parts those settings do not change.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.fsutil import atomic_write_json, sha256_file, sha256_json, try_flock
+from studio.core.partcache import PartCache
 
 META = "artifact.json"
 #: the work folders of part-by-part stages, kept for a re-run with the same key
@@ -73,6 +76,8 @@ class ArtifactStore:
         self.root = Path(root)
         self.objects = self.root / "objects"
         self.tmp = self.root / "tmp"
+        #: finished parts of part-by-part stages by part key (:mod:`studio.core.partcache`)
+        self.parts = self.root / "parts"
 
     def open(self) -> ArtifactStore:
         self.objects.mkdir(parents=True, exist_ok=True)
@@ -91,7 +96,7 @@ class ArtifactStore:
                     continue
                 shutil.rmtree(p, ignore_errors=True)
                 n += 1
-        return n
+        return n + PartCache(self.parts).prune()
 
     def _dir(self, key: str) -> Path:
         return self.objects / key[:2] / key

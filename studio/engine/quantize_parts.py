@@ -20,6 +20,7 @@ from typing import Any
 
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
+from studio.core.partcache import PartCache, files_digest
 from studio.core.parts import Part
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.core.recipe import DEFAULT_WEIGHT_ROUNDING, activation_bits, is_float_scheme
@@ -103,15 +104,66 @@ def _add_row(info: dict[str, Any], row: dict[str, Any]) -> None:
     info["parts"].append(row)
 
 
+def _feeds_digest(*groups: list[dict]) -> str:
+    """The digest of calibration feeds (each a dict of name -> array): their names, types,
+    shapes and bytes."""
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.sha256()
+    for g_i, feeds in enumerate(groups):
+        for f_i, feed in enumerate(feeds):
+            for name in sorted(feed):
+                a = np.ascontiguousarray(feed[name])
+                h.update(f"{g_i}/{f_i}/{name}/{a.dtype.str}/{a.shape}".encode())
+                h.update(memoryview(a).cast("B"))
+    return h.hexdigest()
+
+
+def _resolved(src: Path, recipe: dict) -> dict[str, dict]:
+    """What the recipe's rules give each graph of a part (read without its weights)."""
+    import onnx
+
+    from studio.engine.quantize import resolve_overrides
+
+    return {g: resolve_overrides(onnx.load(str(src / f"{g}.onnx"), load_external_data=False),
+                                 recipe) for g in ("prefill", "decode")}
+
+
+def _finish_part(out_dir: Path, dst: Path, part: Part, row: dict[str, Any],
+                 feeds: tuple[int, int], resume: bool, handed_next: list[Any],
+                 r_handed: list[Any] | None, info: dict[str, Any]) -> None:
+    """Move a quantized part into place, mark it finished (with what it hands the next part)
+    and add its row to the model's."""
+    target = out_dir / part.name
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(dst, target)
+    if resume:  # finished: a re-run after a kill starts from the next part
+        kept_arrays: dict[str, Any] = {}
+        if not part.heads:
+            kept_arrays.update(partresume.pack_windows(handed_next, "c."))
+            if r_handed is not None:
+                kept_arrays.update(partresume.pack_windows(r_handed, "r."))
+        partresume.mark(target, {**row, "_feeds": list(feeds)}, kept_arrays)
+    _add_row(info, row)
+
+
 def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_text: str,
                    tokenizer_dir: Path, progress: Progress = NullProgress(),
-                   resume: bool = False) -> dict:
+                   resume: bool = False, cache: PartCache | None = None,
+                   salt: str = "") -> dict:
     """Quantize the FP32 graphs of every part of ``graphs_dir`` into ``out_dir/<part>/``
     (graph.json and quant.json at the top); returns quant.json's content.
 
     ``resume``: ``out_dir`` is a kept work folder (:mod:`studio.engine.partresume`): the
     parts an interrupted run finished there are kept, with what they hand the next part,
-    and the quantization goes on from the first part it did not finish."""
+    and the quantization goes on from the first part it did not finish.
+
+    ``cache``: finished parts by part key (:mod:`studio.core.partcache`; ``salt`` tells the
+    code and tool versions apart): a part whose graphs, calibration inputs and resolved
+    precisions are those of a part quantized before is taken from there."""
     from studio.engine.calibration import calibration_windows
     from studio.engine.llm_export import load_spec
     from studio.engine.llm_runtime import make_cpu_session
@@ -174,6 +226,7 @@ def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_te
         progress.log(f"part{'s 1-' if first > 1 else ' '}{first} of {len(parts)}: kept from "
                      "an interrupted run of this quantization")
     stage = Path(tempfile.mkdtemp(dir=out_dir, prefix=".quantize."))
+    reused: list[int] = []
     try:
         r_pre: list[dict] = []
         share = 1.0 / len(parts)
@@ -194,6 +247,29 @@ def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_te
             if not dec:
                 raise StudioError("the calibration text gave no decode samples; give a longer "
                                   "calibration text")
+            cache_key = None
+            if cache is not None and cache.root is not None:
+                # what this part's output depends on: its graphs, the inputs it is calibrated
+                # (and rounded) on, and the recipe as it applies to its own layers
+                resolved = _resolved(src, recipe)
+                cache_key = cache.key(
+                    "quantize-part", salt=salt, part=part.as_dict(),
+                    recipe={k: v for k, v in recipe.items() if k not in ("overrides", "given")},
+                    resolved={g: {k: r[k] for k in ("init_overrides", "nodes_to_exclude",
+                                                    "per_channel_weights")}
+                              for g, r in resolved.items()},
+                    graphs=files_digest(src),
+                    feeds=_feeds_digest(pre, dec, r_pre if r_windows else []))
+                kept_row = cache.get(cache_key, dst)
+                if kept_row is not None:
+                    for g, r in resolved.items():  # which rule set what: this recipe's words
+                        kept_row["graphs"][g].update(patterns=r["patterns"], layers=r["layers"])
+                    reused.append(part.index)
+                    _finish_part(out_dir, dst, part, kept_row, feeds=(len(pre), len(dec)),
+                                 resume=resume, handed_next=handed_next,
+                                 r_handed=(r_handed or []) if r_windows else None, info=info)
+                    handed, feeds = handed_next, (len(pre), len(dec))
+                    continue
             row: dict[str, Any] = {**part.as_dict(), "graphs": {}}
             rounded, a0 = None, 0.2
             if recipe["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING:
@@ -223,20 +299,18 @@ def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_te
             progress.log(f"part {part.index + 1}/{len(parts)} (blocks {part.start}-"
                          f"{part.stop - 1}): quantized vs FP32 output cosine "
                          + ", ".join(f"{k} {v:.4f}" for k, v in row["check"].items()))
-            target = out_dir / part.name
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(dst, target)
+            if cache_key is not None:
+                cache.put(cache_key, dst, row)  # type: ignore[union-attr]
             feeds = (len(pre), len(dec))
-            if resume:  # finished: a re-run after a kill starts from the next part
-                kept_arrays: dict[str, Any] = {}
-                if not part.heads:
-                    kept_arrays.update(partresume.pack_windows(handed_next, "c."))
-                    if r_windows:
-                        kept_arrays.update(partresume.pack_windows(r_handed or [], "r."))
-                partresume.mark(target, {**row, "_feeds": list(feeds)}, kept_arrays)
-            _add_row(info, row)
+            _finish_part(out_dir, dst, part, row, feeds=feeds, resume=resume,
+                         handed_next=handed_next, r_handed=(r_handed or []) if r_windows else None,
+                         info=info)
             handed = handed_next
+        if reused:
+            info["parts_reused"] = [k + 1 for k in reused]
+            progress.log(f"{len(reused)} of {len(parts)} parts (" + ", ".join(
+                str(k + 1) for k in reused) + "): their graphs, calibration inputs and "
+                "precisions are those of a part quantized before, taken from then")
         info["calibration"]["prefill_feeds"] = feeds[0]
         info["calibration"]["decode_feeds"] = feeds[1]
     finally:

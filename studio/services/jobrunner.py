@@ -244,6 +244,9 @@ class JobRunner:
             "input_keys": dict(job.input_keys), "workdir": str(workdir),
             "history": dict(job.history),
         }
+        if job.decl.resumes:  # its finished parts are kept by part key for other settings
+            spec["part_cache"] = {"root": str(self.store.parts),
+                                  "salt": sha256_json(dict(job.versions))}
         sink.update(state="running", started=now, progress=0.0, message="starting")
 
         def on_message(msg: dict[str, Any]) -> None:

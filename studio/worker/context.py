@@ -12,6 +12,7 @@ from studio.core.catalog import Chip, get_chip
 from studio.core.devices import Device, DeviceBackend, htp_simulator
 from studio.core.errors import StudioError
 from studio.core.metrics import Metric
+from studio.core.partcache import PartCache
 from studio.core.recipe import is_float_scheme
 from studio.core.stagegraph import StageConfig
 
@@ -26,6 +27,10 @@ class StageContext:
     out: Path
     history: dict[str, Any] = field(default_factory=dict)
     facts: list[dict[str, Any]] = field(default_factory=list)  # run facts, not artifact content
+    # finished parts by part key (a part-by-part stage run by the pipeline), and what the
+    # part keys add to tell the stage's code and tool versions apart
+    parts: PartCache = field(default_factory=lambda: PartCache(None))
+    part_salt: str = ""
 
     def get(self, key: str) -> Any:
         return self.config.get(key)

@@ -129,3 +129,58 @@ def test_a_killed_compile_of_parts_keeps_the_parts_it_finished(tmp_path, parts_p
     assert list(result["placement"]) == [f"part{i}_of_2/{g}" for i in (1, 2)
                                          for g in ("prefill", "decode")]
     assert not list(out.rglob(PART_DONE))
+
+
+def test_a_precision_change_redoes_only_the_part_that_holds_the_layer(parts_project):
+    """One layer of part 1 raised to another precision: quantize and compile run again (new
+    keys), but part 2 — whose graphs, calibration inputs (part 1's FP32 outputs) and
+    precisions did not change — is taken from the earlier run: the same files (hard links),
+    said in the log; part 1 is quantized and compiled again. (Last in this file: it edits
+    the module's project and puts it back.)"""
+    from studio.core import project as pf
+    from studio.core.artifacts import ArtifactStore
+    from studio.services.history import current_keys
+
+    f, _ = parts_project
+    original = f.read_text()
+
+    def artifacts() -> dict[str, Path]:
+        project = pf.load(f)
+        store = ArtifactStore(project.folder / "artifacts")
+        keys = {label.split("[")[0]: key
+                for label, key in current_keys(project, ["compile"]).items()}
+        return {stage: store.get(keys[stage]).path for stage in ("quantize", "compile")
+                if store.get(keys[stage]) is not None}
+
+    def inode(path: Path) -> int:
+        return path.stat().st_ino
+
+    r = studio("--batch", f, "--stages", "compile")
+    assert r.returncode == 0, r.stderr[-3000:]
+    before = artifacts()
+    try:
+        f.write_text(original.replace(
+            "[validation]", '[quantization.overrides]\n"model.layers.0.mlp.down_proj" = '
+            '"INT4"\n\n[validation]'))
+        assert artifacts() == {}  # other settings: new keys for both stages
+        r = studio("--batch", f, "--stages", "compile", "--json")
+        assert r.returncode == 0, r.stderr[-3000:]
+        after = artifacts()
+    finally:
+        f.write_text(original)
+    q0, q1 = before["quantize"], after["quantize"]
+    assert inode(q1 / "part2_of_2" / "decode.onnx") == inode(q0 / "part2_of_2" / "decode.onnx")
+    assert inode(q1 / "part1_of_2" / "decode.onnx") != inode(q0 / "part1_of_2" / "decode.onnx")
+    quant = json.loads((q1 / "quant.json").read_text())
+    down = next(x for x in quant["layers"] if x["layer"] == "model.layers.0.mlp.down_proj")
+    assert "INT4" in json.dumps(down)
+    c0, c1 = before["compile"], after["compile"]
+    bins = sorted(p.name for p in (c0 / "part2_of_2").iterdir())
+    assert bins and all(inode(c1 / "part2_of_2" / b) == inode(c0 / "part2_of_2" / b)
+                        for b in bins)
+    assert all(inode(c1 / "part1_of_2" / b) != inode(c0 / "part1_of_2" / b)
+               for b in sorted(p.name for p in (c0 / "part1_of_2").iterdir()))
+    summary = {j["stage"]: j["summary"] for j in json.loads(r.stdout)["jobs"]}
+    assert summary["quantize"].endswith("; part 2 of 2 as quantized before (same graphs, "
+                                        "calibration inputs and precisions)"), summary
+    assert summary["compile"].endswith("; part 2 of 2 as compiled before from the same graphs")

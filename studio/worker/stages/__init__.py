@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.fsutil import atomic_write_json
+from studio.core.partcache import PartCache
 from studio.core.progress import Progress
 from studio.core.stagegraph import STAGES, StageConfig, StageDecl
 from studio.worker.context import StageContext
@@ -105,6 +106,9 @@ def run_stage(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
     decl = STAGES[config.stage]
     ctx = StageContext(config, {k: Path(v) for k, v in spec.get("inputs", {}).items()},
                        Path(spec["workdir"]), _history(spec) if decl.reads_history else {})
+    if spec.get("part_cache"):
+        ctx.parts = PartCache(Path(spec["part_cache"]["root"]))
+        ctx.part_salt = str(spec["part_cache"]["salt"])
     refuse_parts(decl, ctx.inputs)
     result = stage_function(decl)(ctx, progress)
     atomic_write_json(ctx.out / "result.json", result)

@@ -52,7 +52,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
             raise StudioError("an INT8 KV cache is not built for a model exported in parts: "
                               "set quantization.kv_cache = \"float\" or export.parts = 1")
         info = quantize_parts(export_dir, ctx.out, rec, text, export_dir / "tokenizer",
-                              progress, resume=True)
+                              progress, resume=True, cache=ctx.parts, salt=ctx.part_salt)
     else:
         from studio.engine import partresume
 
@@ -74,6 +74,16 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                       else "")
                    + (", INT8 KV cache" if kv == "int8" else "")
                    + (f", overrides {', '.join(f'{k}={v}' for k, v in overrides.items())}"
-                      if overrides else ""),
+                      if overrides else "")
+                   + _reused(info, len(parts)),
         "quant": info, "layers": info.get("layers", []), "metrics": [],
     }
+
+
+def _reused(info: dict[str, Any], count: int) -> str:
+    """The summary's note on the parts taken from an earlier quantization, if any."""
+    reused = info.get("parts_reused") or []
+    if not reused:
+        return ""
+    return (f"; part{'s' if len(reused) > 1 else ''} {', '.join(map(str, reused))} of {count} "
+            "as quantized before (same graphs, calibration inputs and precisions)")
