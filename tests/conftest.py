@@ -44,6 +44,26 @@ def small_sample_project(folder: Path, name: str, **sections) -> Path:
     return path
 
 
+def copy_store(src: Path, dest: Path, ignore=None) -> None:
+    """Copy a project's ``.studio`` folder (``src``) to ``dest`` with its stored artifacts
+    hard-linked, not copied: artifacts are never written in place (a stage writes a new
+    folder and renames it), so a link is as good as a copy, and the session's shared
+    project holds hundreds of MB by the end of the suite. The run history and the rest are
+    copied."""
+    import shutil
+
+    def link_or_copy(a: str, b: str) -> None:
+        if "objects" in Path(a).parts:
+            try:
+                os.link(a, b)
+                return
+            except OSError:
+                pass
+        shutil.copy2(a, b)
+
+    shutil.copytree(src, dest, copy_function=link_or_copy, ignore=ignore)
+
+
 def built_once(tmp_path_factory, name: str, dest: Path, build) -> dict:
     """Build a shared artifact once per test run, even with the suite split over workers
     (``pytest -n 2``): ``build(folder)`` fills ``folder`` and returns a JSON-able result.

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import pytest
 
 from tests.cli.conftest import default_target, studio
+from tests.conftest import copy_store
 from tests.engine import fake_phone
 
 pytestmark = pytest.mark.slow
@@ -73,7 +73,7 @@ def test_run_and_profile_stages_on_the_phone(phone, small_project, tmp_path):
     # every step on the phone is one qnn-net-run (a process that loads the context binary):
     # two tokens and one profiled step keep the test short
     proj.write_text(text + "\n[profile]\nrepeats = 1\n")
-    shutil.copytree(small_project.with_suffix(".studio"), proj.with_suffix(".studio"))
+    copy_store(small_project.with_suffix(".studio"), proj.with_suffix(".studio"))
     r = studio("--batch", proj, "--stages", "run,profile", "--json", env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     jobs = {(j["stage"], j["target"]): j for j in json.loads(r.stdout)["jobs"]}

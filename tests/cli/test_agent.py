@@ -19,6 +19,7 @@ import pytest
 
 from studio.core.errors import StudioError
 from tests.cli.conftest import default_target, studio
+from tests.conftest import copy_store
 
 pytestmark = pytest.mark.slow
 
@@ -194,7 +195,6 @@ def test_an_agent_killed_mid_run_fails_the_job_clearly_and_comes_back(batch_run,
 
 
 def test_run_and_profile_stages_on_agent_devices(batch_run, small_project, agent, tmp_path):
-    import shutil
 
     env = dict(os.environ, QSTUDIO_CONFIG_DIR=str(tmp_path / "cfg"))
     assert studio("devices", "add", "lab", "--url", agent.url, "--token", agent.token,
@@ -204,7 +204,7 @@ def test_run_and_profile_stages_on_agent_devices(batch_run, small_project, agent
     text = small_project.read_text().replace(
         "[run]\n", f'[run]\ndevices = ["cpu", "agent:lab", "agent:lab@htp-sim:{chip}"]\n', 1)
     proj.write_text(text)
-    shutil.copytree(small_project.with_suffix(".studio"), proj.with_suffix(".studio"))
+    copy_store(small_project.with_suffix(".studio"), proj.with_suffix(".studio"))
     r = studio("--batch", proj, "--stages", "run,profile", "--json", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     jobs = {(j["stage"], j["target"]): j for j in json.loads(r.stdout)["jobs"]}

@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from tests.cli.conftest import studio
+from tests.conftest import copy_store
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +20,7 @@ def test_remeasure_profiles_again_and_later_runs_reuse_the_newest(batch_run, sma
                                                                   tmp_path):
     dest = tmp_path / small_project.name
     shutil.copy2(small_project, dest)
-    shutil.copytree(small_project.with_suffix(".studio"), dest.with_suffix(".studio"))
+    copy_store(small_project.with_suffix(".studio"), dest.with_suffix(".studio"))
 
     plain = studio("--batch", dest, "--stages", "profile", "--json")
     assert plain.returncode == 0, plain.stderr[-2000:]

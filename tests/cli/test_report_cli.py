@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 
 from tests.cli.conftest import ROOT, studio
+from tests.conftest import copy_store
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +40,7 @@ def two_runs(batch_run, small_project, tmp_path_factory):
     d = tmp_path_factory.mktemp("reported")
     f = d / small_project.name
     shutil.copy2(small_project, f)
-    shutil.copytree(small_project.with_suffix(".studio"), f.with_suffix(".studio"),
+    copy_store(small_project.with_suffix(".studio"), f.with_suffix(".studio"),
                     ignore=shutil.ignore_patterns("run.lock", "*.lock"))
     for _ in range(2):
         r = studio("--batch", f, "--quiet")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.conftest import SMALL, default_target, share_store, studio
+from tests.conftest import copy_store
 
 GRID = """
 [[sweeps]]
@@ -133,7 +134,7 @@ def test_the_best_point_applied_to_the_project(resumed, tmp_path):
     f, _, out, _ = resumed
     g = tmp_path / "grid.qstudio"  # a copy: the other tests keep the original
     shutil.copy(f, g)
-    shutil.copytree(f.with_suffix(".studio"), g.with_suffix(".studio"))
+    copy_store(f.with_suffix(".studio"), g.with_suffix(".studio"))
     r = studio("sweep", g, "--show", "--apply", "best", "--json")
     assert r.returncode == 0, r.stderr
     shown = json.loads(r.stdout)
@@ -165,7 +166,7 @@ def test_failing_points_keep_their_reason_and_the_others_finish(resumed, tmp_pat
     f, _, _, _ = resumed
     g = tmp_path / "grid.qstudio"
     g.write_text(f.read_text() + ROBUST)
-    shutil.copytree(f.with_suffix(".studio"), g.with_suffix(".studio"))
+    copy_store(f.with_suffix(".studio"), g.with_suffix(".studio"))
     r = studio("sweep", g, "--name", "robust", "--json")
     assert r.returncode == 1, r.stderr[-3000:]  # a point failed: the sweep is not a success
     out = json.loads(r.stdout)

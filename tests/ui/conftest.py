@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import copy_store
+
 P, C, SAMPLES = 16, 64, 2  # small shapes: the real engine runs in seconds
 
 
@@ -139,7 +141,7 @@ def compiled_template(tmp_path_factory, exported_template, batch_run, small_proj
 def _copy_project(src: Path, dest_dir: Path) -> Path:
     dest_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(src, dest_dir / src.name)
-    shutil.copytree(src.with_suffix(".studio"), dest_dir / src.with_suffix(".studio").name)
+    copy_store(src.with_suffix(".studio"), dest_dir / src.with_suffix(".studio").name)
     return dest_dir / src.name
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 
+from tests.conftest import copy_store
+
 pytestmark = pytest.mark.slow
 RECORDED = re.compile(r"^● recorded: run (\d+), (.+), \d{4}-\d\d-\d\d \d\d:\d\d")
 
@@ -24,7 +26,7 @@ RECORDED = re.compile(r"^● recorded: run (\d+), (.+), \d{4}-\d\d-\d\d \d\d:\d\
 def _copy(src: Path, dest_dir: Path) -> Path:
     dest_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(src, dest_dir / src.name)
-    shutil.copytree(src.with_suffix(".studio"), dest_dir / src.with_suffix(".studio").name)
+    copy_store(src.with_suffix(".studio"), dest_dir / src.with_suffix(".studio").name)
     return dest_dir / src.name
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from studio.services import history
 from studio.ui.pages.figures import fmt_figure
+from tests.conftest import copy_store
 
 CHIP = "snapdragon-8-gen-3"
 
@@ -24,7 +25,7 @@ CHIP = "snapdragon-8-gen-3"
 def _copy(src: Path, dest_dir: Path) -> Path:
     dest_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(src, dest_dir / src.name)
-    shutil.copytree(src.with_suffix(".studio"), dest_dir / src.with_suffix(".studio").name)
+    copy_store(src.with_suffix(".studio"), dest_dir / src.with_suffix(".studio").name)
     return dest_dir / src.name
 
 
