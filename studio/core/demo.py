@@ -177,10 +177,8 @@ def check_device(device_id: str, where: str = "the demo file") -> None:
 
     if device_id == "htp-sim":
         return
-    if device_id.startswith("adb:") and devices.ADB_ID.match(device_id):
-        return  # the phone's chip may come from the project's only target
     try:
-        devices.device(device_id)
+        devices.check_id(device_id)  # an adb phone's chip may be the project's only target
     except StudioError as exc:
         raise StudioError(f"{where}: device: {exc.message}") from None
 

@@ -327,6 +327,16 @@ def device(device_id: str, chips: list[str] | None = None) -> Device:
                       f"{forms[-1]}")
 
 
+def check_id(device_id: str) -> None:
+    """Check a device id's form, where the project may complete it (an adb phone's chip
+    may be the project's only target): StudioError with the form to use."""
+    for kind, check in PROJECT_IDS.items():
+        if device_id.startswith(DEVICE_KINDS[kind].prefix):
+            check(device_id)
+            return
+    device(device_id)
+
+
 def check_kinds(kinds: list[str]) -> None:
     for k in kinds:
         form = next((check for kind, check in PROJECT_IDS.items() if isinstance(k, str)

@@ -73,6 +73,13 @@ class StageDecl:
     # it works part by part and keeps the parts it finished across a kill: its work folder
     # is kept per key (studio.core.artifacts), and a re-run does only the rest
     resumes: bool = False
+    # what the preflight checks before anything runs when the stage is planned
+    # (studio.services.preflight.CHECKS): "draft" (a draft model is set), "overrides" (the
+    # override rules name layers of the model), "graph-calibration" (an ONNX graph's
+    # calibration samples are given), "prompt-fits" (the prompt fits the context)
+    preflight: tuple[str, ...] = ()
+    # with "prompt-fits": the setting whose new tokens must fit after the prompt
+    new_tokens: str = ""
 
     @property
     def module(self) -> str:
@@ -108,7 +115,7 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                         "quantization.calibration_method", "quantization.block_size",
                         "quantization.weight_rounding", "quantization.rounding_samples",
                         "quantization.kv_cache", "quantization.overrides"), role="quantize",
-              takes_parts=True, resumes=True),
+              takes_parts=True, resumes=True, preflight=("overrides",)),
     StageDecl("compile", "Compile", (Need("quantize"),), fan_out="target",
               settings=("quantization.scheme", "quantization.weight_granularity"), role="compile",
               takes_parts=True, resumes=True),
@@ -118,11 +125,11 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                         "validation.heldout_tokens", "validation.greedy_tokens",
                         "validation.device_tokens", "run.prompt"),
               role="validate", gated=True,
-              takes_parts=True),
+              takes_parts=True, preflight=("prompt-fits",), new_tokens="validation.greedy_tokens"),
     StageDecl("run", "Run", (Need("export"), Need("compile", per_chip=True)), fan_out="device",
               device_kinds=("host-cpu", "htp-sim", "agent", "adb"), measures=True,
               settings=("quantization.scheme", "run.prompt", "run.max_new_tokens"), role="run",
-              takes_parts=True),
+              takes_parts=True, preflight=("prompt-fits",), new_tokens="run.max_new_tokens"),
     StageDecl("profile", "Profile", (Need("quantize"), Need("compile", per_chip=True)),
               fan_out="device", device_kinds=("htp-sim", "agent", "adb"), measures=True,
               npu_only=True, settings=("quantization.scheme", "profile.repeats"), role="profile",
@@ -145,7 +152,7 @@ DECLARATIONS: tuple[StageDecl, ...] = (
               role="layerdiff"),
     StageDecl("draft", "Draft model", (), optional=True,
               settings=("model.draft", "export.prompt_length", "export.context_length"),
-              role="draft"),
+              role="draft", preflight=("draft",)),
     StageDecl("ablation", "Pruning ablation", (), optional=True,
               settings=("model.source", "validation.heldout_text", "validation.heldout_tokens",
                         "export.context_length", "pruning.drop_blocks"), role="ablation"),
@@ -179,7 +186,7 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                         "quantization.calibration_method", "quantization.overrides",
                         "quantization.weight_rounding",
                         "quantization.placement", "graph.calibration", "graph.validation"),
-              role="quantize"),
+              role="quantize", preflight=("graph-calibration",)),
     StageDecl("graph-compile", "Compile", (Need("graph-quantize"),), fan_out="target",
               kinds=GRAPH_KINDS, settings=("quantization.scheme", "quantization.placement"),
               role="compile"),

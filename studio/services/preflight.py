@@ -95,7 +95,7 @@ def _check_text(path: Path, what: str) -> None:
     read_text(path, what)
 
 
-def _check_lengths(project: Project, model: Path, stages: set[str]) -> None:
+def _check_lengths(project: Project, model: Path, new_tokens: list[str]) -> None:
     """The prompt, tokenized as the runtime will, against the exported lengths."""
     from studio.engine.checkpoint_check import prompt_length
 
@@ -107,9 +107,9 @@ def _check_lengths(project: Project, model: Path, stages: set[str]) -> None:
             f"the prefill graph takes {P} at once, the rest in chunks): shorten the prompt or "
             "raise export.context_length"
         )
-    for stage, key in (("run", "run.max_new_tokens"), ("validate", "validation.greedy_tokens")):
+    for key in new_tokens:
         want = project_value(project, key)
-        if stage in stages and n + want > C:
+        if n + want > C:
             raise StudioError(
                 f"{key} = {want} does not fit: the {n}-token prompt leaves {C - n} positions "
                 f"of the {C}-token context (export.context_length); lower {key.split('.')[1]} "
@@ -129,11 +129,24 @@ def _check_overrides(project: Project, model: Path) -> None:
         )
 
 
+#: the checks a stage declaration may ask for (``StageDecl.preflight``)
+CHECKS: dict[str, str] = {
+    "draft": "the project names a draft model",
+    "overrides": "every override rule names a layer of the model",
+    "graph-calibration": "an ONNX graph has calibration samples",
+    "prompt-fits": "the prompt and the stage's new tokens fit the context",
+}
+
+
 def preflight(project: Project, jobs: list[PlannedJob]) -> None:
     """Check the input files the planned stages declare, and the settings that depend on
     them, before anything runs: fail in seconds, not after minutes of stage work."""
-    stages = {j.stage for j in jobs}
-    if "draft" in stages and not project.model.get("draft"):
+    decls = [STAGES[j.stage] for j in jobs]
+    checks = {c for d in decls for c in d.preflight}
+    unknown = checks - set(CHECKS)
+    if unknown:  # a declaration names a check this module does not have
+        raise StudioError(f"unknown preflight check(s) {', '.join(sorted(unknown))}")
+    if "draft" in checks and not project.model.get("draft"):
         raise StudioError("the project has no draft model: set model.draft (for example "
                           "\"sample:tiny-coder-draft\") to export one")
     checked: set[str] = set()
@@ -164,17 +177,18 @@ def preflight(project: Project, jobs: list[PlannedJob]) -> None:
 
         _cached_check(project, [project.model["source"], draft_ref], "draft",
                       lambda: check_draft(target, draft))
-    if ("graph-quantize" in stages and project.model["kind"] == "onnx-graph"
+    if ("graph-calibration" in checks and project.model["kind"] == "onnx-graph"
             and not project.graph["calibration"]):
         raise StudioError("graph.calibration is empty: an ONNX graph is calibrated on sample "
                           "inputs; give a .npz file with one array per graph input (studio new "
                           "--onnx MODEL --calibration DATA.npz)")
-    if model is None and (stages & {"run", "validate", "quantize"}):
+    new_tokens = sorted({d.new_tokens for d in decls if "prompt-fits" in d.preflight})
+    if model is None and (new_tokens or "overrides" in checks):
         model = project.input_path(project.model["source"])
     if model is not None and model.is_dir():
-        if stages & {"run", "validate"}:
-            _check_lengths(project, model, stages)
-        if "quantize" in stages and project.quantization["overrides"]:
+        if new_tokens:
+            _check_lengths(project, model, new_tokens)
+        if "overrides" in checks and project.quantization["overrides"]:
             _check_overrides(project, model)
     _check_targets_run_the_recipe(project, jobs)
     check_writable_dir(project.folder)
