@@ -55,6 +55,9 @@ WEIGHT_ROUNDING_HELP = {
 # "int8" (uint8 I/O with per-head scales: a quarter of FP32, half of a 16-bit cache)
 KV_CACHE_KINDS: tuple[str, ...] = ("float", "int8")
 BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
+#: the smallest block the HTP's block-quant optimization computes right (measured on the
+#: simulator, one MatMul): smaller blocks compile without it (right, slower)
+LPBQ_OPTIMIZED_FROM = 32
 PRECISIONS: tuple[str, ...] = ("INT4", "INT8", "INT16", "FP16", "FP32")
 # the way past nodes the HTP refuses (ONNX graphs and encoders): fail naming them, let the
 # CPU take them, or apply the catalogue of equivalent rewrites first
@@ -77,8 +80,9 @@ GRANULARITY_HELP = {
     "per_tensor": "one scale per weight tensor (4-bit per tensor loses a lot: avoid with W4A16)",
     "per_channel": "one scale per output channel",
     "per_block": "block-wise (LPBQ): one scale per block of input channels; 4-bit weights only. "
-                 "Measured here: accurate on the host QDQ model, but the x86 HTP simulator "
-                 "computes it wrong (logits cosine 0.62 on tiny-coder): validate on a device",
+                 "A weight whose inputs are not a whole number of blocks stays per channel "
+                 "(the HTP computes it wrong otherwise); on tiny-coder it beats per channel "
+                 "on the HTP simulator (top-1 86.5 vs 84.4 %)",
 }
 # scheme -> (weight precision, activation precision)
 SCHEME_PRECISIONS: dict[str, tuple[str, str]] = {
