@@ -54,6 +54,14 @@ WEIGHT_ROUNDING_HELP = {
 # the KV cache as graph I/O: "float" (quantized at the graph edge every step on the HTP) or
 # "int8" (uint8 I/O with per-head scales: a quarter of FP32, half of a 16-bit cache)
 KV_CACHE_KINDS: tuple[str, ...] = ("float", "int8")
+#: activations: one static scale per tensor (what the HTP runs), or one per token (dynamic)
+ACTIVATION_GRANULARITIES: tuple[str, ...] = ("per_tensor", "per_token")
+#: why per-token activations are refused (found on the QNN EP here: see the README)
+PER_TOKEN_REFUSAL = (
+    "quantization.activation_granularity per_token cannot run on the HTP: its activation "
+    "scales are fixed when the graph is compiled, and the QNN EP refuses the dynamic "
+    "DynamicQuantizeLinear / MatMulInteger that per-token scales need; 16-bit activations "
+    "(scheme W8A16 or W4A16, per_tensor) come closest")
 BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
 #: the smallest block the HTP's block-quant optimization computes right (measured on the
 #: simulator, one MatMul): smaller blocks compile without it (right, slower)
@@ -289,6 +297,8 @@ def check_recipe(quantization: Mapping[str, Any]) -> None:
 
     q = quantization
     scheme, granularity = q["scheme"], q["weight_granularity"]
+    if q.get("activation_granularity", "per_tensor") == "per_token":
+        raise StudioError(PER_TOKEN_REFUSAL)
     if q["kv_cache"] == "int8" and is_float_scheme(scheme):
         raise StudioError(f"quantization.kv_cache int8 needs an integer scheme "
                           f"({', '.join(QUANTIZED_SCHEMES)}): {scheme} graphs keep a float cache")

@@ -32,6 +32,7 @@ from studio.core.errors import StudioError
 from studio.core.layerdiff import MAX_WINDOWS, TENSOR_MODES
 from studio.core.parts import DEFAULT_MAX_PART_BYTES, MAX_PARTS
 from studio.core.recipe import (
+    ACTIVATION_GRANULARITIES,
     BLOCK_SIZES,
     CALIBRATION_METHODS,
     DEFAULT_BLOCK_SIZE,
@@ -397,6 +398,10 @@ class Quantization(Section):
     weight_granularity: str = setting(DEFAULT_GRANULARITY, "one weight scale per tensor, per "
                                       "output channel, or per block (LPBQ)",
                                       choices=GRANULARITIES)
+    activation_granularity: str = setting("per_tensor", "one activation scale per tensor "
+                                          "(static, what the HTP runs) or per token (dynamic: "
+                                          "refused, the HTP cannot run it)",
+                                          choices=ACTIVATION_GRANULARITIES)
     weight_rounding: str = setting(DEFAULT_WEIGHT_ROUNDING, "how per-channel integer weights "
                                    "are chosen: nearest (MinMax), or from calibration inputs: "
                                    "seqmse (clipping search), adaround (learned rounding), gptq "

@@ -259,6 +259,8 @@ PLAN_KEYS: dict[str, str] = {
 UNREAD_KEYS: dict[str, str] = {
     "schema_version": "the file format's version",
     "sweeps": "recipe sweeps: variants of the project, each planned like a run of its own",
+    "quantization.activation_granularity": "per_tensor, the only value the HTP runs (per_token "
+                                           "is refused when the project is read)",
 }
 
 

@@ -216,3 +216,23 @@ def test_generated_mutations_load_or_fail_in_one_line():
             assert pf.from_dict(p.to_dict()) == p  # what loads saves and loads back
 
     check()
+
+
+def test_per_token_activations_are_refused_with_the_reason_and_what_comes_closest(tmp_path):
+    """The seed's per-token activation axis: the HTP runs static Q/DQ (the QNN EP refuses
+    DynamicQuantizeLinear and MatMulInteger), so the setting is refused in one line; the
+    shipped sample's grid says what it sweeps instead."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "tiny-coder" / "tiny-coder.qstudio"
+    text = example.read_text()
+    f = tmp_path / "t.qstudio"
+    f.write_text(text.replace("[quantization]", '[quantization]\nactivation_granularity = '
+                                                '"per_token"', 1))
+    with pytest.raises(StudioError) as err:
+        pf.load(f)
+    assert "per_token cannot run on the HTP" in err.value.message
+    assert "DynamicQuantizeLinear" in err.value.message and "W8A16" in err.value.message
+    f.write_text(text.replace("[quantization]", '[quantization]\nactivation_granularity = '
+                                                '"per_tensor"', 1))
+    assert pf.load(f).quantization["activation_granularity"] == "per_tensor"
+    grid = next(s for s in tomllib.loads(text)["sweeps"] if s["name"] == "seed-grid")
+    assert "per token cannot run on the HTP" in grid["description"]

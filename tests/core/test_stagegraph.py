@@ -196,6 +196,11 @@ def _check_key_changes(base: pf.Project, tmp_path: Path, key: str) -> None:
     if key == "schema_version":
         assert key in UNREAD_KEYS  # one version exists: nothing to change
         return
+    if key == "quantization.activation_granularity":  # one value runs: the other is refused
+        assert key in UNREAD_KEYS
+        with pytest.raises(StudioError, match="per_token cannot run on the HTP"):
+            _set(base, key, "per_token")
+        return
     if key == "model.kind":  # the kind chooses the pipeline: other stages, other jobs
         # an ONNX file is a graph; a pipeline of one kind's stages is not another kind's
         with pytest.raises(StudioError, match="model.kind"):
