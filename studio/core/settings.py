@@ -547,12 +547,25 @@ class Sensitivity(Section):
 class Autoprecision(Section):
     name: ClassVar[str] = "autoprecision"
     metric: str = setting("perplexity", "the target: perplexity within max_perplexity_change "
-                          "of FP32, or the mean logits cosine at least min_logits_cosine",
-                          choices=("perplexity", "cosine"))
+                          "of FP32, the mean logits cosine at least min_logits_cosine, or the "
+                          "top-1 agreement at least min_top1_agreement",
+                          choices=("perplexity", "cosine", "top1"))
     max_perplexity_change: float = setting(0.02, "the perplexity change allowed, either way",
                                            min=0, hint="(0.02 = 2 %)")
     min_logits_cosine: float = setting(0.999, "the mean logits cosine vs FP32 required",
                                        above=0, max=1)
+    min_top1_agreement: float = setting(0.95, "the teacher-forced top-1 agreement with FP32 "
+                                        "required", above=0, max=1)
+    on_htp: str = setting("", "a chip whose HTP simulator measures each step (\"\": the host "
+                          "QDQ model, faster, but its rounding is not the HTP's)")
+
+    def rules(self) -> None:
+        chips = _chips() if self.on_htp else ("",)
+        if self.on_htp not in chips:
+            raise StudioError(
+                f"autoprecision.on_htp = {self.on_htp!r} is not a known chip "
+                f"({', '.join(c for c in chips if c)}; \"\" for the host QDQ model)"
+            )
 
 
 class Layerdiff(Section):

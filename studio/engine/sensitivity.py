@@ -58,13 +58,17 @@ from studio.core.recipe import (
     effective_precisions,
     is_float_precision,
     is_float_scheme,
+    is_weight_only,
+    weight_precision,
 )
 
 SOURCE, DEVICE = "measured", "host-cpu"
-#: the precision a layer is raised to when ``high`` is "auto": one step above the scheme
-AUTO_HIGH = {"W8A8": "INT16", "W8A16": "FP16"}
+#: the precision a layer is raised to when ``high`` is "auto": one step above the scheme (over
+#: 4-bit weights: the layer's weights to 8 bits, as published W4A16 models keep a few layers)
+AUTO_HIGH = {"W8A8": "INT16", "W8A16": "FP16", "W4A16": "INT8"}
 METRICS = ("perplexity", "logits_cosine", "top1_agreement", "kl_divergence")
 _BLOCK = re.compile(r"^(.*?layers\.\d+)\.")
+_BLOCK_NAME = re.compile(r"^.*layers\.\d+$")
 
 
 # ---------------------------------------------------------------------------- choices
@@ -100,16 +104,34 @@ def resolve_choices(scheme: str, high: str, low: str) -> tuple[str, str]:
                 f"activations: choose another precision (auto raises {scheme} to "
                 f"{AUTO_HIGH[scheme]})"
             )
-    if high == "INT4" or (high == "INT8" and act == "INT16"):
+    if high == "INT4" or (high == "INT8" and act == "INT16"
+                          and weight_precision(scheme) != "INT4"):
         raise StudioError(
             f"sensitivity.high = {high} lowers the layer over {scheme}: set it as sensitivity.low"
         )
+    if low == "INT4" and weight_precision(scheme) == "INT4":
+        low = ""  # the scheme's weights are 4-bit already: nothing to lower them to
     if is_float_precision(low) or low == "INT16":
         raise StudioError(
             f"sensitivity.low = {low} raises the layer: use INT4 (4-bit weights), INT8 over "
             "W8A16, or \"\" for none"
         )
     return high, low
+
+
+def weights_only(scheme: str, precision: str) -> bool:
+    """Whether raising a layer to ``precision`` over ``scheme`` raises its weights alone: 4-bit
+    weights to 8 bits under the scheme's 16-bit activations."""
+    return weight_precision(scheme) == "INT4" and precision == "INT8"
+
+
+def rule_for(name: str, precision: str, scheme: str) -> str:
+    """The override pattern that gives layer (or block) ``name`` ``precision`` over
+    ``scheme``: the name itself, or its weights' pattern when the change is to the weights
+    alone (``model.layers.3.mlp.down_proj.weight``; a block: ``model.layers.3.*.weight``)."""
+    if not weights_only(scheme, precision):
+        return name
+    return f"{name}.*.weight" if _BLOCK_NAME.match(name) else f"{name}.weight"
 
 
 def _check_calibration_cache() -> None:
@@ -346,6 +368,7 @@ class VariantBench:
         self._base = onnx.load(str(self.base_path))
         self._int8 = self._harvest(self._base)
         self._int4: dict[str, _WeightQ] | None = None
+        self._w8: dict[str, _WeightQ] | None = None
         self._base_plan = self._plan(self.recipe)
         self._node_io: dict[str, tuple[str, ...]] = {}
         self._touching: dict[str, set[str]] = {}  # tensor -> nodes that make or read it
@@ -471,6 +494,25 @@ class VariantBench:
             del node.attribute[:]
             node.attribute.extend(wq.dq_attrs)
 
+    def _weights_only(self, recipe: dict) -> bool:
+        """Whether a variant changes weights alone (4-bit weights, or 8-bit ones over a
+        4-bit scheme): the base graph with those weights patched in, no quantizer run."""
+        rules = recipe["overrides"].items()
+        return bool(rules) and (all(p == "INT4" for _, p in rules) or all(
+            weights_only(self.recipe["scheme"], p) and is_weight_only(k) for k, p in rules))
+
+    def _int8_weights(self) -> dict[str, _WeightQ]:
+        """Every weight at 8 bits per channel under the base's activations (over a 4-bit
+        scheme: what raising a layer's weights gives them)."""
+        if self._w8 is None:
+            import onnx
+
+            recipe = self._recipe({f"{layer}.weight": "INT8" for layer in self.layers})
+            path = self._real(recipe, self.work / "all-int8.onnx")
+            self._w8 = self._harvest(onnx.load(str(path)))
+            path.unlink()
+        return self._w8
+
     def _int4_weights(self) -> dict[str, _WeightQ]:
         if self._int4 is None:
             import onnx
@@ -509,11 +551,19 @@ class VariantBench:
         recipe = self._recipe(overrides)
         if not recipe["overrides"]:
             return self._base_copy()
-        if all(p == "INT4" for p in recipe["overrides"].values()):
+        if self._weights_only(recipe) and all(p == "INT4" for p in recipe["overrides"].values()):
             # 4-bit weights change only those weights' tensors: the base graph with them
             int4 = self._int4_weights()
             model = self._base_copy()
             self._patch(model, {w: int4[w] for w in self._covered_weights(recipe)})
+            self.patched += 1
+            return model
+        if self._weights_only(recipe):
+            # 8-bit weights over a 4-bit scheme: the base graph with those weights as the
+            # same recipe at 8-bit weights quantizes them (a weight's scales are its own)
+            int8 = self._int8_weights()
+            model = self._base_copy()
+            self._patch(model, {w: int8[w] for w in self._covered_weights(recipe, "QInt8")})
             self.patched += 1
             return model
         return self._quantized(recipe)  # 4-bit weights among them are quantized there
@@ -525,8 +575,7 @@ class VariantBench:
         nodes of the tensors it changes, and the nodes that read them) is put on the base graph.
         A group whose result cannot be split that way is quantized variant by variant."""
         recipes = [self._recipe(v) for v in variants]
-        todo = [i for i, r in enumerate(recipes)
-                if r["overrides"] and not all(p == "INT4" for p in r["overrides"].values())]
+        todo = [i for i, r in enumerate(recipes) if r["overrides"] and not self._weights_only(r)]
         parts: dict[int, Any] = {}
         for group in self._groups([(i, recipes[i]) for i in todo]):
             if len(group) > 1:
@@ -605,12 +654,12 @@ class VariantBench:
         return onnx.load(str(self._real(self._recipe(overrides),
                                         self.work / "by-the-quantizer.onnx")))
 
-    def _covered_weights(self, recipe: dict) -> set[str]:
-        """The weights a recipe makes 4-bit."""
+    def _covered_weights(self, recipe: dict, quant_type: str = "QInt4") -> set[str]:
+        """The weights a recipe quantizes to ``quant_type`` (4-bit by default)."""
         weights = {w for w, _, _ in self.weight_of.values()}
         res, _ = self._config(recipe)
         return {name for name, ov in res["init_overrides"].items()
-                if name in weights and getattr(ov[0].get("quant_type"), "name", "") == "QInt4"}
+                if name in weights and getattr(ov[0].get("quant_type"), "name", "") == quant_type}
 
     # -- scoring ----------------------------------------------------------------------------
     def _logits(self, session) -> list:
@@ -838,11 +887,17 @@ def analyze(bench: VariantBench, high: str, low: str,
     units = ([("layer", name) for name in bench.layers] + [("block", b) for b in bench.blocks]
              + [("point", name) for name in bench.points])
     directions = [("raise", high)] + ([("lower", low)] if low else [])
+    scheme = bench.recipe["scheme"]
     progress.update(0.0, "scoring the base")
     base = bench.evaluate({})
+    # a key activation has no weights: not lowered to 4-bit weights, not raised to 8-bit ones
     jobs = [(kind, name, direction, prec) for direction, prec in directions
-            for kind, name in units if not (kind == "point" and prec == "INT4")]
-    scores = bench.evaluate_many([{name: prec} for _, name, _, prec in jobs],
+            for kind, name in units
+            if not (kind == "point" and (prec == "INT4" or weights_only(scheme, prec)))]
+    scored = {name for _, name, _, _ in jobs}
+    units = [(kind, name) for kind, name in units if kind != "point" or name in scored]
+    scores = bench.evaluate_many([{rule_for(name, prec, scheme): prec}
+                                  for _, name, _, prec in jobs],
                                  SubProgress(progress, 0.02, 1.0))
     entries: dict[str, dict[str, dict]] = {"layer": {}, "block": {}, "point": {}}
     for kind, name in units:
@@ -910,7 +965,7 @@ def confirm_on_htp(bench: VariantBench, data: dict[str, Any], chip, top: int,
     rows = []
     for i, name in enumerate(names):
         progress.update((i + 1) / (len(names) + 1), f"{name} = {high} on the {sim.name}")
-        got = bench.score_on_htp({name: high}, chip)
+        got = bench.score_on_htp({rule_for(name, high, bench.recipe["scheme"]): high}, chip)
         host = units[name]["raise"]
         rows.append({"name": name, "precision": high, **got, "delta": _delta(got, base),
                      "host_delta": host["delta"]})
@@ -923,27 +978,51 @@ def confirm_on_htp(bench: VariantBench, data: dict[str, Any], chip, top: int,
 # ---------------------------------------------------------------------------- auto precision
 
 
+#: what auto precision can aim at
+TARGET_METRICS = ("perplexity", "cosine", "top1")
+
+
 def target_met(scores: dict, fp32: dict, metric: str, max_ppl_change: float,
-               min_cosine: float) -> bool:
+               min_cosine: float, min_top1: float = 0.95) -> bool:
     """``perplexity``: within ``max_ppl_change`` (relative) of FP32's, either way (a quantized
     model that scores better than FP32 on a slice is off by chance, not better);
-    ``cosine``: mean logits cosine against FP32 at least ``min_cosine``."""
+    ``cosine``: mean logits cosine against FP32 at least ``min_cosine``; ``top1``: the
+    teacher-forced top-1 agreement with FP32 at least ``min_top1``."""
     if metric == "perplexity":
         return abs(scores["perplexity"] / fp32["perplexity"] - 1.0) <= max_ppl_change
+    if metric == "top1":
+        return scores["top1_agreement"] >= min_top1
     return scores["logits_cosine"] >= min_cosine
+
+
+def _measured_where(chip) -> dict[str, str]:
+    """The source and device of auto precision's figures: the host QDQ model, or a chip's
+    HTP simulator."""
+    if chip is None:
+        return {"source": SOURCE, "device": DEVICE}
+    from studio.core.devices import htp_simulator
+
+    sim = htp_simulator(chip.key)
+    return {"source": sim.source, "device": sim.id}
 
 
 def auto_precision(bench: VariantBench, ranking: list[str], high: str, metric: str,
                    max_ppl_change: float, min_cosine: float,
                    gains: dict[str, float] | None = None,
-                   progress: Progress = NullProgress()) -> dict[str, Any]:
+                   progress: Progress = NullProgress(), min_top1: float = 0.95,
+                   chip=None) -> dict[str, Any]:
     """Raise layers to ``high`` in ``ranking`` order, one more per step, measuring each step,
     until the target holds; then drop every raised layer the target does not need (least
     sensitive first). ``gains`` (layer -> what raising it alone gained, larger is better)
-    leaves out the layers that gained nothing. Returns the steps (the accuracy-vs-bytes
-    curve) and the override rules."""
-    if metric not in ("perplexity", "cosine"):
-        raise StudioError(f"autoprecision.metric = {metric!r}: use perplexity or cosine")
+    leaves out the layers that gained nothing. ``chip``: each step is measured on that
+    chip's HTP simulator (figures ``simulated``), not on the host QDQ model — the host's
+    rounding is not the HTP's (on the sample the host's W8A16 top-1 is 93 %, the
+    simulator's 97.7 %), so a target the published numbers are judged by is checked where
+    the graph runs. Returns the steps (the accuracy-vs-bytes curve) and the override
+    rules."""
+    if metric not in TARGET_METRICS:
+        raise StudioError(f"autoprecision.metric = {metric!r}: use "
+                          + ", ".join(TARGET_METRICS))
     unknown = [name for name in ranking if name not in bench.weight_of
                and name not in bench.points]
     if unknown:
@@ -952,8 +1031,18 @@ def auto_precision(bench: VariantBench, ranking: list[str], high: str, metric: s
             "activation of this export: re-run the sensitivity stage"
         )
 
+    scheme = bench.recipe["scheme"]
+
     def ok(s: dict) -> bool:
-        return target_met(s, bench.fp32, metric, max_ppl_change, min_cosine)
+        return target_met(s, bench.fp32, metric, max_ppl_change, min_cosine, min_top1)
+
+    def rules_of(layers: list[str]) -> dict[str, str]:
+        return {rule_for(r, high, scheme): high for r in layers}
+
+    def measure(rules: dict[str, str]) -> dict[str, Any]:
+        if chip is None:
+            return bench.evaluate(rules)
+        return {**bench.score_on_htp(rules, chip), **bench.footprint(rules)}
 
     def row(step: int, raised: list[str], s: dict, action: str) -> dict:
         return {"step": step, "action": action, "raised": list(raised),
@@ -962,14 +1051,14 @@ def auto_precision(bench: VariantBench, ranking: list[str], high: str, metric: s
 
     if gains is not None:  # a layer whose raise alone measured no gain is not tried
         ranking = [name for name in ranking if gains.get(name, 0.0) > 0.0]
-    steps = [row(0, [], bench.evaluate({}), "base")]
+    steps = [row(0, [], measure({}), "base")]
     raised: list[str] = []
     n = len(ranking)
     while not steps[-1]["meets_target"] and len(raised) < n:
         progress.check()
         raised.append(ranking[len(raised)])
         progress.update(len(raised) / (n + 1), f"raising {len(raised)} layer(s): {raised[-1]}")
-        steps.append(row(len(raised), raised, bench.evaluate({r: high for r in raised}),
+        steps.append(row(len(raised), raised, measure(rules_of(raised)),
                          f"raise {raised[-1]}"))
     met = steps[-1]["meets_target"]
     final = dict(steps[-1])
@@ -979,19 +1068,20 @@ def auto_precision(bench: VariantBench, ranking: list[str], high: str, metric: s
             progress.check()
             progress.update(0.9, f"is {layer} needed?")
             trial = [r for r in raised if r != layer]
-            s = row(len(trial), trial, bench.evaluate({r: high for r in trial}), f"drop {layer}")
+            s = row(len(trial), trial, measure(rules_of(trial)), f"drop {layer}")
             pruned.append(s)
             if s["meets_target"]:
                 raised, final = trial, s
-    rules = {layer: high for layer in ranking if layer in raised}
+    rules = rules_of([layer for layer in ranking if layer in raised])
     progress.update(1.0, "auto precision done")
     return {
-        "graph": "prefill", "source": SOURCE, "device": DEVICE,
+        "graph": "prefill", **_measured_where(chip),
         "metric": metric,
         "target": ({"max_perplexity_change": max_ppl_change,
                     "perplexity_range": [bench.fp32["perplexity"] * (1 - max_ppl_change),
                                          bench.fp32["perplexity"] * (1 + max_ppl_change)]}
-                   if metric == "perplexity" else {"min_logits_cosine": min_cosine}),
+                   if metric == "perplexity" else {"min_top1_agreement": min_top1}
+                   if metric == "top1" else {"min_logits_cosine": min_cosine}),
         "tried": list(ranking),
         "high": high, "scheme": bench.recipe["scheme"],
         "fp32": bench.fp32, "met": met,

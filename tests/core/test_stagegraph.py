@@ -115,6 +115,7 @@ def _changed(tmp: Path, key: str, kind: str = "causal-lm"):
         "sensitivity.high": "FP32",
         "sensitivity.low": "",
         "sensitivity.confirm_on_htp": "snapdragon-8-gen-3",
+        "autoprecision.on_htp": "snapdragon-8-gen-3",
         "sensitivity.confirm_top": 5,
         "autoprecision.metric": "cosine",
         "autoprecision.max_perplexity_change": 0.05,

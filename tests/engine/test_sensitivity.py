@@ -341,7 +341,6 @@ def test_autoprecision_raises_nothing_when_the_base_meets_the_target(
         ("W8A8", "auto", "INT8", "already gives every layer"),
         ("W8A8", "auto", "FP16", "raises the layer"),
         ("W8A8", "INT3", "", "not one of auto"),
-        ("W4A16", "auto", "INT4", "auto has no step above W4A16"),
     ],
 )
 def test_choices_that_change_nothing_are_refused(scheme, high, low, match):
@@ -357,6 +356,38 @@ def test_choices_by_scheme():
     assert resolve_choices("W8A8", "auto", "INT4") == ("INT16", "INT4")
     assert resolve_choices("W8A16", "auto", "") == ("FP16", "")
     assert resolve_choices("W8A16", "FP32", "INT8") == ("FP32", "INT8")
+    # over 4-bit weights: a layer's weights to 8 bits; nothing lower than the scheme's INT4
+    assert resolve_choices("W4A16", "auto", "INT4") == ("INT8", "")
+
+
+def test_over_w4a16_a_raise_is_8_bit_weights_patched_as_the_quantizer_gives_them(
+        sensitivity, export, tmp_path):
+    """Raising a layer (or a block) over W4A16 keeps its 16-bit activations and gives its
+    weights 8 bits (a weight-only rule, as published W4A16 models keep a few layers at 8
+    bits); the variant is the base with those weights patched in, node for node and tensor
+    for tensor what the quantizer gives, and it costs bytes and gains accuracy."""
+    from studio.engine.sensitivity import VariantBench, rule_for
+
+    sdir, _, data = sensitivity
+    recipe = {"scheme": "W4A16", "weight_granularity": "per_channel",
+              "samples": data["calibration_samples"]}
+    with VariantBench(export, recipe, data["heldout"]["ids"], tmp_path,
+                      ranges=sdir / "calibration_ranges.json") as b:
+        layer = {rule_for("model.layers.2.mlp.down_proj", "INT8", "W4A16"): "INT8"}
+        block = {rule_for("model.layers.1", "INT8", "W4A16"): "INT8"}
+        assert list(layer) == ["model.layers.2.mlp.down_proj.weight"]
+        assert list(block) == ["model.layers.1.*.weight"]
+        for v in (layer, block):
+            patched = b.patched
+            model = b.variant_model(v)
+            assert b.patched == patched + 1, v
+            assert _signature(model) == _signature(b.quantizer_model(v)), v
+        base, head = b.evaluate({}), b.evaluate({"lm_head.weight": "INT8"})
+        assert head["weight_bytes"] > base["weight_bytes"]
+        assert head["activation_bytes_per_token"] == base["activation_bytes_per_token"]
+        assert head["kl_divergence"] < base["kl_divergence"]
+        FIGURES["w4a16_lm_head_int8"] = {k: (base[k], head[k]) for k in (
+            "top1_agreement", "kl_divergence", "weight_bytes")}
 
 
 @pytest.mark.parametrize(
