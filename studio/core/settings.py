@@ -536,12 +536,16 @@ class Sensitivity(Section):
                                hint="(entries of the ranking scored again on the HTP simulator)")
 
     def rules(self) -> None:
-        chips = _chips() if self.confirm_on_htp else ("",)
-        if self.confirm_on_htp not in chips:
-            raise StudioError(
-                f"sensitivity.confirm_on_htp = {self.confirm_on_htp!r} is not a known chip "
-                f"({', '.join(c for c in chips if c)}; \"\" for host figures only)"
-            )
+        _check_chip_or_none("sensitivity.confirm_on_htp", self.confirm_on_htp,
+                            "host figures only")
+
+
+def _check_chip_or_none(key: str, value: str, empty: str) -> None:
+    """A setting naming a catalog chip, or "" for ``empty``: one line when it names neither."""
+    chips = _chips() if value else ("",)
+    if value not in chips:
+        raise StudioError(f"{key} = {value!r} is not a known chip "
+                          f"({', '.join(c for c in chips if c)}; \"\" for {empty})")
 
 
 class Autoprecision(Section):
@@ -560,12 +564,7 @@ class Autoprecision(Section):
                           "QDQ model, faster, but its rounding is not the HTP's)")
 
     def rules(self) -> None:
-        chips = _chips() if self.on_htp else ("",)
-        if self.on_htp not in chips:
-            raise StudioError(
-                f"autoprecision.on_htp = {self.on_htp!r} is not a known chip "
-                f"({', '.join(c for c in chips if c)}; \"\" for the host QDQ model)"
-            )
+        _check_chip_or_none("autoprecision.on_htp", self.on_htp, "the host QDQ model")
 
 
 class Layerdiff(Section):

@@ -400,6 +400,9 @@ def test_over_w4a16_a_raise_is_8_bit_weights_patched_as_the_quantizer_gives_them
         ("[autoprecision]\nmax_perplexity_change = -0.1", "must be 0 or more"),
         ("[autoprecision]\nmin_logits_cosine = 1.5", "at most 1"),
         ('[sensitivity]\nconfirm_on_htp = "snapdragon-99"', "is not a known chip"),
+        ('[autoprecision]\non_htp = "snapdragon-99"',
+         "autoprecision.on_htp = 'snapdragon-99' is not a known chip"),
+        ("[autoprecision]\nmin_top1_agreement = 1.5", "at most 1"),
         ("[sensitivity]\nconfirm_top = 0", "sensitivity.confirm_top must be between 1 and 64"),
     ],
 )
