@@ -20,6 +20,8 @@ from studio.core.progress import RecordingProgress
 from studio.engine import qnn
 from studio.engine.quantize import quantize_graph
 
+pytestmark = pytest.mark.slow  # each test quantizes and opens the HTP simulator (~10 s)
+
 
 def _cos(a, b) -> float:
     a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
