@@ -54,6 +54,15 @@ class Studio:
             path = path.with_suffix(".qstudio")
         if path.exists():
             raise StudioError(f"{path} already exists: choose another name or open it")
+        if "overrides" not in sections.get("quantization", {}):
+            from studio.core.catalog import default_chip_key, get_chip
+            from studio.core.samples import sample_overrides
+
+            rules = sample_overrides(source, [get_chip(t) for t in
+                                              (targets or [default_chip_key()])])
+            if rules:  # the sample's own rules, written into the file where one sees them
+                sections = {**sections, "quantization": {
+                    **sections.get("quantization", {}), "overrides": rules}}
         p = projectfile.new_project(name or path.stem, source, targets, **sections)
         projectfile.save(p, path)
         return cls(p)

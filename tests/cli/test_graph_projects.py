@@ -151,8 +151,10 @@ def test_minilm_goes_through_the_pipeline_and_keeps_its_rankings(minilm_project)
     val = next(v for k, v in st.items() if k.startswith("graph-validate["))
     rank = val["ranking"]
     assert rank["queries"] == 8 and rank["top1_agreement"] >= 7 / 8
-    assert rank["embedding_cosine_mean"] > 0.97 and rank["mean_kendall_tau"] > 0.8
-    assert val["output_cosine_min"] > 0.95  # held-out sentences, not calibrated on
+    assert rank["embedding_cosine_mean"] > 0.99 and rank["mean_kendall_tau"] > 0.8
+    # held-out sentences, not calibrated on; the sample's feed-forward outputs in FP16 (its
+    # outlier channels): without that rule 0.987
+    assert val["output_cosine_min"] > 0.99
     assert all(g["passed"] for g in rep["gates"]) and {g["gate"] for g in rep["gates"]} == {
         "min_output_cosine", "min_ranking_top1"}
     assert {m["source"] for m in rep["metrics"] if m["name"] == "latency_ms"} == {
