@@ -89,7 +89,8 @@ class HeatPanel(QWidget):
             "No sensitivity result for this project",
             (why + "<br><br>" if why else "")
             + "The heat map colours each layer by how much raising it alone (to FP16 over "
-            "W8A16, INT16 over W8A8) improves accuracy against FP32, measured on the host CPU. "
+            "W8A16, INT16 over W8A8, its weights to INT8 over W4A16) improves accuracy against "
+            "FP32, measured on the host CPU. "
             "To get it: " + sens.how_to_run(project_path).replace("(", "<br>(", 1)
             + ". It takes about a minute on the sample model.",
         )
