@@ -54,14 +54,22 @@ def copy_store(src: Path, dest: Path, ignore=None) -> None:
 
     def link_or_copy(a: str, b: str) -> None:
         if "objects" in Path(a).parts:
-            try:
-                os.link(a, b)
-                return
-            except OSError:
-                pass
-        shutil.copy2(a, b)
+            link_file(a, b)
+        else:
+            shutil.copy2(a, b)
 
     shutil.copytree(src, dest, copy_function=link_or_copy, ignore=ignore)
+
+
+def link_file(a: str, b: str) -> None:
+    """``b`` as a hard link to ``a`` (a copy where the file system has none): for stored
+    artifacts, which are never written in place."""
+    import shutil
+
+    try:
+        os.link(a, b)
+    except OSError:
+        shutil.copy2(a, b)
 
 
 def built_once(tmp_path_factory, name: str, dest: Path, build) -> dict:

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import link_file
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SMALL = """schema_version = 1
@@ -52,15 +54,6 @@ def studio(*args, cwd=None, timeout=900, env=None):
 # (``batch_run``) are session fixtures of tests/conftest.py, beside the other shared artifacts.
 
 
-def _link(a: str, b: str) -> None:
-    import shutil
-
-    try:
-        os.link(a, b)
-    except OSError:
-        shutil.copy2(a, b)
-
-
 def share_store(src: Path, dest: Path, stages: set[str] | None = None) -> None:
     """Start project ``dest`` from a copy of project ``src``'s artifact store (not its run
     history): stages whose keys match come from the cache. ``stages``: copy only the
@@ -76,7 +69,7 @@ def share_store(src: Path, dest: Path, stages: set[str] | None = None) -> None:
         folder = meta.parent
         target = dest_objects / folder.parent.name / folder.name
         if not target.exists():  # linked: stored artifacts are never written in place
-            shutil.copytree(folder, target, copy_function=_link)
+            shutil.copytree(folder, target, copy_function=link_file)
 
 
 def record_run(store, settings: dict | None, metrics: list, state: str = "succeeded") -> int:
