@@ -134,6 +134,17 @@ def rule_for(name: str, precision: str, scheme: str) -> str:
     return f"{name}.*.weight" if _BLOCK_NAME.match(name) else f"{name}.weight"
 
 
+def raise_ranking(sens: dict[str, Any]) -> tuple[list[str], dict[str, float]]:
+    """The weighted layers and key activations of a sensitivity result (``sensitivity.json``)
+    in one ranking, by what raising each alone gained (the KL drop; ties in the stage's own
+    order), and those gains (a result from before key activations were ranked has none)."""
+    units = list(sens["layers"]) + list(sens.get("points", []))
+    gains = {e["name"]: -e["raise"]["delta"]["kl_divergence"] for e in units}
+    order = {name: i for i, name in enumerate(
+        sens["ranking"]["raise"] + sens["ranking"].get("raise_points", []))}
+    return sorted(gains, key=lambda n: (-gains[n], order.get(n, len(order)))), gains
+
+
 def _check_calibration_cache() -> None:
     """Variants read the activation ranges back from ONNX Runtime's calibration cache."""
     from onnxruntime.quantization.quantize import quantize_static

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.engine.sensitivity import raise_ranking, rule_for
 from studio.services import history
 
 STAGE = "sensitivity"
@@ -122,3 +123,38 @@ def htp_figures(data: dict[str, Any], layer: str) -> dict[str, Any] | None:
         return None
     return {**entry, "source": htp.get("source", "simulated"), "device": htp.get("device", ""),
             "chip": htp.get("chip", "")}
+
+
+def ladder(project, jobs, store, rungs: int) -> list[dict[str, Any]]:
+    """The points of a precision ladder: rung k raises the k layers (or key activations) the
+    current sensitivity result ranks first, to its ``high`` precision, over the project's own
+    overrides (over W4A16: their weights to INT8, as published W4A16 models keep a few
+    layers at 8 bits). A sweep then measures every rung with the real stages — both graphs
+    quantized with the recipe's rounding, compiled, validated on the target's HTP simulator
+    over the held-out context — which the sensitivity slice (prefill windows, host QDQ,
+    nearest rounding) only ranks. Layers whose raise alone gained nothing are left out.
+    One line when there is no current result or nothing to raise."""
+    if rungs < 1:
+        raise StudioError(f"a ladder needs at least one rung, not {rungs}")
+    found = sensitivity_result(project, jobs, store)
+    run = f"studio --batch {project.path} --stages sensitivity"
+    if found is None:
+        raise StudioError(f"the project has no sensitivity result to build a ladder from: run "
+                          f"{run} first")
+    if not found["current"]:
+        raise StudioError(f"the stored sensitivity result was {found['stale_because']}: run "
+                          f"{run} again first")
+    data = found["data"]
+    ranking, gains = raise_ranking(data)
+    ranking = [n for n in ranking if gains[n] > 0.0]
+    if not ranking:
+        raise StudioError(f"no layer gained from {data['high']} over {data['scheme']} in the "
+                          "sensitivity result: there is nothing to raise")
+    own = dict(project.quantization["overrides"])
+    points = []
+    for k in range(1, min(rungs, len(ranking)) + 1):
+        rules = {rule_for(n, data["high"], data["scheme"]): data["high"] for n in ranking[:k]}
+        # the rung's rules last: the last matching pattern wins
+        merged = {**{p: v for p, v in own.items() if p not in rules}, **rules}
+        points.append({"quantization.overrides": merged})
+    return points

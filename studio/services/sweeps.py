@@ -72,11 +72,15 @@ Listener = Callable[[dict[str, Any]], None]
 
 
 def find_spec(project: Project, name: str | None = None, axes: list[str] | None = None,
-              best: str | None = None, stages: list[str] | None = None) -> SweepSpec:
+              best: str | None = None, stages: list[str] | None = None,
+              points: list[dict[str, Any]] | None = None) -> SweepSpec:
     """The sweep to run: one of the project's ``[[sweeps]]`` by name (the only one when
-    there is one), or a grid from ``--axis`` arguments (named ``name`` or "cli")."""
-    if axes:
-        table: dict[str, Any] = {"name": name or "cli",
+    there is one), a grid from ``--axis`` arguments (named ``name`` or "cli"), or a list of
+    ``points`` (named ``name`` or "ladder": a precision ladder's rungs)."""
+    if points:
+        table: dict[str, Any] = {"name": name or "ladder", "points": points}
+    elif axes:
+        table = {"name": name or "cli",
                                  "axes": dict(parse_axis_arg(a) for a in axes)}
     else:
         declared = {t["name"]: t for t in project.sweeps}

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from studio.core.errors import StudioError
 from tests.cli.conftest import share_store, studio
 
 
@@ -90,3 +91,70 @@ def test_auto_precision_rules_are_adopted_into_the_recipe(sensitivity_run, small
     # adopting again changes nothing
     before = f.read_text()
     assert studio("overrides", "adopt", f).returncode == 0 and f.read_text() == before
+
+
+def test_a_ladder_is_built_from_the_current_sensitivity_result(sensitivity_run):
+    """The ladder's rungs (read, nothing run): rung k raises the k layers whose raise alone
+    gained most, to the result's high precision, over the project's own overrides; layers
+    that gained nothing are not rungs."""
+    from studio.core import project as pf
+    from studio.engine.sensitivity import raise_ranking, rule_for
+    from studio.services.sensitivity import ladder, sensitivity_result
+    from studio.services.session import Studio
+
+    project = pf.load(sensitivity_run[0])
+    project.quantization["overrides"] = {"model.layers.0.mlp.up_proj": "INT16"}
+    session = Studio(project)
+    try:
+        data = sensitivity_result(project, session.jobs, session.store)["data"]
+        rungs = ladder(project, session.jobs, session.store, 3)
+        with pytest.raises(StudioError, match="at least one rung"):
+            ladder(project, session.jobs, session.store, 0)
+    finally:
+        session.close()
+    ranking, gains = raise_ranking(data)
+    top = [n for n in ranking if gains[n] > 0][:3]
+    assert len(top) == 3 and gains[top[0]] >= gains[top[1]] >= gains[top[2]] > 0
+    want = [rule_for(n, data["high"], data["scheme"]) for n in top]
+    for k, point in enumerate(rungs, start=1):
+        ov = point["quantization.overrides"]
+        assert list(ov)[-k:] == want[:k] and {ov[p] for p in want[:k]} == {data["high"]}
+        # the project's own rule stays, before the rung's (the last matching pattern wins)
+        if "model.layers.0.mlp.up_proj" not in want[:k]:
+            assert list(ov)[0] == "model.layers.0.mlp.up_proj"
+
+
+@pytest.mark.slow
+def test_a_ladder_sweep_measures_each_rung_with_the_real_stages(sensitivity_run, small_project,
+                                                                 tmp_path):
+    """`studio sweep --ladder 1`: refused in one line without a sensitivity result, or with
+    one for other settings; with the current one, its rung goes through quantize, compile
+    and validate on the HTP simulator like any sweep point, and the exit code says whether
+    a rung passed every gate (lower rungs failing is what a ladder measures)."""
+    text = (small_project.read_text().replace('scheme = "W8A16"', 'scheme = "W8A8"')
+            .replace("heldout_tokens = 96", "heldout_tokens = 32")
+            .replace("greedy_tokens = 8", "greedy_tokens = 2")
+            + "\n[sensitivity]\nheldout_tokens = 96\n")
+    f = tmp_path / "ladder.qstudio"
+    f.write_text(text)
+    r = studio("sweep", f, "--ladder", "1")
+    assert r.returncode == 2 and "no sensitivity result" in r.stderr.strip().splitlines()[-1]
+    share_store(sensitivity_run[0], f)
+    r = studio("--batch", f, "--stages", "sensitivity", "--json")
+    assert r.returncode == 0, r.stderr
+    assert {j["stage"]: j["cached"] for j in json.loads(r.stdout)["jobs"]}["sensitivity"]
+    f.write_text(text.replace('scheme = "W8A8"', 'scheme = "W8A16"'))
+    r = studio("sweep", f, "--ladder", "1")
+    assert r.returncode == 2
+    assert "computed for other settings: scheme 'W8A8' → 'W8A16'" in r.stderr
+    f.write_text(text)
+    r = studio("sweep", f, "--ladder", "1", "--stages", "quantize,compile,validate", "--json")
+    out = json.loads(r.stdout)
+    assert out["name"] == "ladder" and len(out["points"]) == 1, r.stderr[-2000:]
+    (point,) = out["points"]
+    assert point["state"] in ("succeeded", "failed"), point
+    assert r.returncode == (0 if out["best"] is not None else 1), r.stderr[-2000:]
+    (rule,) = point["settings"]["quantization.overrides"].items()
+    assert rule[1] == "INT16"  # W8A8's raise: the layer's activations to 16 bits
+    assert point["accuracy"]["source"] == "simulated" and 0 < point["accuracy"]["value"] <= 1
+    assert point["context_bytes"]["source"] == "measured"

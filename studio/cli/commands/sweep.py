@@ -1,4 +1,4 @@
-"""``studio sweep FILE [--name N | --axis KEY=V1,V2 ...] [--executor local|ray] [--workers K]
+"""``studio sweep FILE [--name N | --axis KEY=V1,V2 ... | --ladder N] [--executor local|ray] [--workers K]
 [--ray-address ADDR] [--transfer auto|copy] [--stages S,..] [--best RULE] [--search TRIALS
 [--minutes M]] [--show] [--apply best|pN] [--json]``: run (or show) a recipe sweep and print
 its points, front and best."""
@@ -22,6 +22,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--axis", action="append", metavar="KEY=V1,V2",
                    help="a grid axis instead of a declared sweep (repeatable), e.g. "
                         "quantization.scheme=W8A16,W8A8; tables as a JSON list")
+    p.add_argument("--ladder", type=whole(1, 64), metavar="RUNGS",
+                   help="a precision ladder from the current sensitivity result: rung k raises "
+                        "its k most sensitive layers (over W4A16: their weights to INT8), each "
+                        "rung measured by the real stages; with --best smallest, the fewest "
+                        "raised bytes that pass every gate")
     p.add_argument("--executor", default="local", choices=("local", "ray"), help="local (process pool, default) or ray")
     p.add_argument("--workers", type=whole(1, 1024), help="jobs at once (default: what the cores and "
                                               "memory allow; on Ray, the cluster's CPUs)")
@@ -133,14 +138,27 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
               if args.sweep_stages is not None else None)
     if stages == []:
         raise StudioError("--stages names no stage: give e.g. export,quantize,compile,validate")
-    spec = find_spec(project, args.name, args.axis, args.best, stages)
-    if args.apply:  # a point the sweep cannot have: refused before it runs
-        n = args.search or spec.size()
-        label = args.apply
-        if label != "best" and not (label[:1] == "p" and label[1:].isdigit()
-                                    and 1 <= int(label[1:]) <= n):
-            raise StudioError(f"--apply {label!r}: give best or a point label p1 .. p{n}")
-    studio = Studio(project)
+    if args.ladder and args.axis:
+        raise StudioError("--ladder and --axis both say what to sweep: give one")
+    points, studio = None, None
+    try:
+        if args.ladder:  # its rungs come from the project's stored sensitivity result
+            from studio.services.sensitivity import ladder
+
+            studio = Studio(project)
+            points = ladder(project, studio.jobs, studio.store, args.ladder)
+        spec = find_spec(project, args.name, args.axis, args.best, stages, points)
+        if args.apply:  # a point the sweep cannot have: refused before it runs
+            n = args.search or spec.size()
+            label = args.apply
+            if label != "best" and not (label[:1] == "p" and label[1:].isdigit()
+                                        and 1 <= int(label[1:]) <= n):
+                raise StudioError(f"--apply {label!r}: give best or a point label p1 .. p{n}")
+    except BaseException:
+        if studio is not None:
+            studio.close()
+        raise
+    studio = studio or Studio(project)
     try:
         if not args.show:
             runner = SweepRunner(project, studio.jobs, studio.store, spec, args.executor,
@@ -195,6 +213,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         return 2
     failed = [p for p in rec["points"] if p["state"] == "failed"]
     invalid = [p for p in rec["points"] if p["state"] == "invalid"]
+    if args.ladder:  # the lower rungs failing the gates is what a ladder measures
+        return 0 if rec["best"] is not None else 1
     return 1 if failed or (invalid and len(invalid) == len(rec["points"])) else 0
 
 

@@ -18,7 +18,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     """The fewest layers or key activations raised (greedy by the sensitivity ranking, each
     step measured) that meet the project's target; the override rules to copy into
     ``quantization.overrides``."""
-    from studio.engine.sensitivity import VariantBench, auto_precision
+    from studio.engine.sensitivity import VariantBench, auto_precision, raise_ranking
 
     export_dir, sdir = ctx.input("export"), ctx.input("sensitivity")
     try:
@@ -32,13 +32,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     with VariantBench(export_dir, recipe, sens["heldout"]["ids"], ctx.out,
                       ranges=sdir / "calibration_ranges.json",
                       progress=SubProgress(progress, 0.0, 0.1)) as bench:
-        # weighted layers and key activations in one ranking, by what raising each alone
-        # gained (a sensitivity result from before key activations were ranked has none)
-        units = sens["layers"] + sens.get("points", [])
-        gains = {e["name"]: -e["raise"]["delta"]["kl_divergence"] for e in units}
-        order = {name: i for i, name in enumerate(
-            sens["ranking"]["raise"] + sens["ranking"].get("raise_points", []))}
-        ranking = sorted(gains, key=lambda n: (-gains[n], order[n]))
+        ranking, gains = raise_ranking(sens)
         on_htp = ctx.get("autoprecision.on_htp")
         # measured on the HTP, every layer is tried in the host's order: a layer the host's
         # rounding shows no gain for may still gain on the HTP's
