@@ -3,7 +3,7 @@
 For each model size, builds a random-weight Qwen2 checkpoint from an architecture config
 (sizes only, nothing is downloaded: ``Qwen2Config`` + ``Qwen2ForCausalLM`` with random
 init, ``save_pretrained``, plus the shipped tiny-coder ``tokenizer.json``), writes a
-project file for it (W8A16, 2 calibration samples, short prompt/context, one target) and
+project file for it (W8A16 unless ``--scheme``, 2 calibration samples, short prompt/context, one target) and
 runs ``plan(project, ["compile"])`` job by job through ``run_in_process`` — the stage
 functions with the pipeline's own frozen config — each job in a fresh subprocess. Per
 stage it prints the wall time, the peak RSS of that subprocess (``wait4``'s
@@ -131,8 +131,10 @@ parts = {parts}
 max_part_mb = {max_part_mb}
 
 [quantization]
-scheme = "W8A16"
+scheme = "{scheme}"
 weight_granularity = "per_channel"
+weight_rounding = "{rounding}"
+rounding_samples = {rounding_samples}
 calibration_text = "sample:calibration"
 calibration_samples = 2
 
@@ -508,6 +510,12 @@ def main() -> int:
                     help="export.max_part_mb: the 8-bit weight budget of a part, for --parts auto")
     ap.add_argument("--until", default="compile", choices=("export", "quantize", "compile"),
                     help="the last stage to run")
+    ap.add_argument("--scheme", default="W8A16", help="the recipe's scheme (W8A16, W4A16, ...)")
+    ap.add_argument("--rounding", default="nearest",
+                    help="quantization.weight_rounding (nearest, seqmse, adaround, gptq, "
+                         "seqmse_gptq)")
+    ap.add_argument("--rounding-samples", type=int, default=2,
+                    help="quantization.rounding_samples (windows the rounding fits layers on)")
     ap.add_argument("--stage-timeout", type=float, default=900.0, help="seconds per stage")
     ap.add_argument("--min-free-gb", type=float, default=1.5,
                     help="stop a stage when the host's available memory falls below this")
@@ -542,7 +550,8 @@ def main() -> int:
 
     work = a.workdir or Path(tempfile.mkdtemp(prefix="bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)
-    print(f"work folder: {work}; prompt {a.prompt}, context {a.context}, W8A16, "
+    print(f"work folder: {work}; prompt {a.prompt}, context {a.context}, {a.scheme} "
+          f"({a.rounding} rounding), "
           f"2 calibration samples, target {a.target}; stage limit {a.stage_timeout:.0f} s; "
           f"{os.cpu_count()} CPUs, {_meminfo_kib('MemTotal') / 2**20:.1f} GiB RAM "
           f"({_meminfo_kib() / 2**20:.1f} GiB available), load {os.getloadavg()[0]:.2f}",
@@ -596,7 +605,8 @@ def main() -> int:
             project_file.write_text(PROJECT.format(
                 name=size.name, target=a.target, source=str(ckpt), prompt=a.prompt,
                 context=a.context, parts=a.parts if a.parts.isdigit() else f'"{a.parts}"',
-                max_part_mb=a.max_part_mb))
+                max_part_mb=a.max_part_mb, scheme=a.scheme, rounding=a.rounding,
+                rounding_samples=a.rounding_samples))
             jobs = plan(pf.load(project_file), [a.until])
             done: dict[str, str] = {}
             failed = False

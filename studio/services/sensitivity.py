@@ -126,7 +126,8 @@ def htp_figures(data: dict[str, Any], layer: str) -> dict[str, Any] | None:
 
 
 def ladder(project, jobs, store, rungs: int) -> list[dict[str, Any]]:
-    """The points of a precision ladder: rung k raises the k layers (or key activations) the
+    """The points of a precision ladder: rung 0 is the recipe as it is; rung k raises the k
+    layers (or key activations) the
     current sensitivity result ranks first, to its ``high`` precision, over the project's own
     overrides (over W4A16: their weights to INT8, as published W4A16 models keep a few
     layers at 8 bits). A sweep then measures every rung with the real stages — both graphs
@@ -151,7 +152,7 @@ def ladder(project, jobs, store, rungs: int) -> list[dict[str, Any]]:
         raise StudioError(f"no layer gained from {data['high']} over {data['scheme']} in the "
                           "sensitivity result: there is nothing to raise")
     own = dict(project.quantization["overrides"])
-    points = []
+    points = [{"quantization.overrides": own}]  # rung 0: the recipe as it is, to compare
     for k in range(1, min(rungs, len(ranking)) + 1):
         rules = {rule_for(n, data["high"], data["scheme"]): data["high"] for n in ranking[:k]}
         # the rung's rules last: the last matching pattern wins

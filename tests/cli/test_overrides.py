@@ -116,7 +116,9 @@ def test_a_ladder_is_built_from_the_current_sensitivity_result(sensitivity_run):
     top = [n for n in ranking if gains[n] > 0][:3]
     assert len(top) == 3 and gains[top[0]] >= gains[top[1]] >= gains[top[2]] > 0
     want = [rule_for(n, data["high"], data["scheme"]) for n in top]
-    for k, point in enumerate(rungs, start=1):
+    assert len(rungs) == 4 and rungs[0] == {"quantization.overrides": project.quantization[
+        "overrides"]}  # rung 0: the recipe as it is
+    for k, point in enumerate(rungs[1:], start=1):
         ov = point["quantization.overrides"]
         assert list(ov)[-k:] == want[:k] and {ov[p] for p in want[:k]} == {data["high"]}
         # the project's own rule stays, before the rung's (the last matching pattern wins)
@@ -128,9 +130,10 @@ def test_a_ladder_is_built_from_the_current_sensitivity_result(sensitivity_run):
 def test_a_ladder_sweep_measures_each_rung_with_the_real_stages(sensitivity_run, small_project,
                                                                  tmp_path):
     """`studio sweep --ladder 1`: refused in one line without a sensitivity result, or with
-    one for other settings; with the current one, its rung goes through quantize, compile
-    and validate on the HTP simulator like any sweep point, and the exit code says whether
-    a rung passed every gate (lower rungs failing is what a ladder measures)."""
+    one for other settings; with the current one, rung 0 (the recipe as it is) and rung 1
+    go through quantize, compile and validate on the HTP simulator like any sweep point,
+    and the exit code says whether a rung passed every gate (lower rungs failing is what a
+    ladder measures)."""
     text = (small_project.read_text().replace('scheme = "W8A16"', 'scheme = "W8A8"')
             .replace("heldout_tokens = 96", "heldout_tokens = 32")
             .replace("greedy_tokens = 8", "greedy_tokens = 2")
@@ -150,11 +153,13 @@ def test_a_ladder_sweep_measures_each_rung_with_the_real_stages(sensitivity_run,
     f.write_text(text)
     r = studio("sweep", f, "--ladder", "1", "--stages", "quantize,compile,validate", "--json")
     out = json.loads(r.stdout)
-    assert out["name"] == "ladder" and len(out["points"]) == 1, r.stderr[-2000:]
-    (point,) = out["points"]
-    assert point["state"] in ("succeeded", "failed"), point
+    assert out["name"] == "ladder" and len(out["points"]) == 2, r.stderr[-2000:]
+    base, rung = out["points"]
     assert r.returncode == (0 if out["best"] is not None else 1), r.stderr[-2000:]
-    (rule,) = point["settings"]["quantization.overrides"].items()
+    assert base["settings"]["quantization.overrides"] == {}  # rung 0: the recipe as it is
+    (rule,) = rung["settings"]["quantization.overrides"].items()
     assert rule[1] == "INT16"  # W8A8's raise: the layer's activations to 16 bits
-    assert point["accuracy"]["source"] == "simulated" and 0 < point["accuracy"]["value"] <= 1
-    assert point["context_bytes"]["source"] == "measured"
+    for point in (base, rung):
+        assert point["state"] in ("succeeded", "failed"), point
+        assert point["accuracy"]["source"] == "simulated" and 0 < point["accuracy"]["value"] <= 1
+        assert point["context_bytes"]["source"] == "measured"

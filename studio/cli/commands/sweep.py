@@ -23,10 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a grid axis instead of a declared sweep (repeatable), e.g. "
                         "quantization.scheme=W8A16,W8A8; tables as a JSON list")
     p.add_argument("--ladder", type=whole(1, 64), metavar="RUNGS",
-                   help="a precision ladder from the current sensitivity result: rung k raises "
-                        "its k most sensitive layers (over W4A16: their weights to INT8), each "
-                        "rung measured by the real stages; with --best smallest, the fewest "
-                        "raised bytes that pass every gate")
+                   help="a precision ladder from the current sensitivity result: rung 0 is "
+                        "the recipe as it is, rung k raises its k most sensitive layers (over "
+                        "W4A16: their weights to INT8), each rung measured by the real stages; "
+                        "with --best smallest, the smallest rung that passes every gate")
     p.add_argument("--executor", default="local", choices=("local", "ray"), help="local (process pool, default) or ray")
     p.add_argument("--workers", type=whole(1, 1024), help="jobs at once (default: what the cores and "
                                               "memory allow; on Ray, the cluster's CPUs)")
