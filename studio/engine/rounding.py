@@ -470,15 +470,23 @@ def round_for_recipe(sources: list[Source], recipe: dict, work: Path,
     (a run fact, kept out of the artifact)."""
     import onnx
     from onnx import numpy_helper
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
     from studio.engine.quantize import resolve_overrides
 
     t0 = time.perf_counter()
     method = recipe["weight_rounding"]
-    model = onnx.load(str(sources[0].path))
+    # the graph without its weights (a graph past 2 GB cannot go through shape inference,
+    # which serializes it), then the weights rounded, one at a time
+    src = Path(sources[0].path)
+    model = onnx.load(str(src), load_external_data=False)
     targets = rounding_targets(model, resolve_overrides(model, recipe)["init_overrides"])
-    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer
-               if t.name in targets}
+    weights = {}
+    for t in model.graph.initializer:
+        if t.name in targets:
+            if uses_external_data(t):
+                load_external_data_for_tensor(t, str(src.parent))
+            weights[t.name] = numpy_helper.to_array(t)
     del model
     if not targets:
         progress.log(f"{method}: no weight is quantized per channel; nothing to round")

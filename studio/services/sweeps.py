@@ -71,6 +71,10 @@ FINISHED = ("succeeded", "failed", "invalid")
 Listener = Callable[[dict[str, Any]], None]
 
 
+#: the name a precision ladder (``studio sweep FILE --ladder N``) is recorded under
+LADDER = "ladder"
+
+
 def find_spec(project: Project, name: str | None = None, axes: list[str] | None = None,
               best: str | None = None, stages: list[str] | None = None,
               points: list[dict[str, Any]] | None = None) -> SweepSpec:
@@ -78,7 +82,7 @@ def find_spec(project: Project, name: str | None = None, axes: list[str] | None 
     there is one), a grid from ``--axis`` arguments (named ``name`` or "cli"), or a list of
     ``points`` (named ``name`` or "ladder": a precision ladder's rungs)."""
     if points:
-        table: dict[str, Any] = {"name": name or "ladder", "points": points}
+        table: dict[str, Any] = {"name": name or LADDER, "points": points}
     elif axes:
         table = {"name": name or "cli",
                                  "axes": dict(parse_axis_arg(a) for a in axes)}

@@ -376,7 +376,7 @@ class SweepsPage(Page):
     # ---- the sweeps -------------------------------------------------------------------------
     def fill_combo(self) -> None:
         """The project's sweeps: declared ones first, then recorded ones."""
-        from studio.services.sweeps import sweep_names
+        from studio.services.sweeps import LADDER, sweep_names
 
         studio = self.ctl.studio
         if studio is None:
@@ -390,6 +390,7 @@ class SweepsPage(Page):
             self.combo.setItemData(
                 self.combo.count() - 1,
                 "declared in the project file" if self._declared(n)
+                else "a precision ladder (studio sweep FILE --ladder N)" if n == LADDER
                 else "recorded; the project file no longer declares it",
                 Qt.ItemDataRole.ToolTipRole)
         self.combo.setCurrentIndex(max(0, self.combo.findData(current)))
@@ -428,7 +429,7 @@ class SweepsPage(Page):
 
     def refresh(self) -> None:
         """Show the picked sweep as the history records it (or its points, not run yet)."""
-        from studio.services.sweeps import find_spec, recorded
+        from studio.services.sweeps import LADDER, find_spec, recorded
 
         studio = self.ctl.studio
         name = self.current_name()
@@ -441,6 +442,10 @@ class SweepsPage(Page):
                 self._spec = find_spec(studio.project, name)
             except StudioError as exc:
                 self._set_note(exc.message)
+        elif name == LADDER:
+            self._set_note("A precision ladder (rung k raises the k layers the sensitivity "
+                           "result ranks first), run with studio sweep "
+                           f"{studio.project.path.name} --ladder N: its record is shown.")
         else:
             self._set_note(f"The project file no longer declares {name!r}: its record is "
                            "shown; declare it again to run it.")
