@@ -319,3 +319,16 @@ def atomic_copytree(src: Path, dest: Path) -> Path:
     with atomic_folder(Path(dest)) as tmp:
         shutil.copytree(Path(src), tmp, dirs_exist_ok=True)
     return Path(dest)
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """``dst`` as a hard link to ``src`` (no second copy on disk), or a copy where a link
+    cannot be made (another file system). Only for files nobody rewrites in place: the
+    studio's writers always replace a file."""
+    import shutil
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)

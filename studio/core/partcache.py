@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from studio.core.fsutil import atomic_write_json, sha256_file, sha256_json
+from studio.core.fsutil import atomic_write_json, link_or_copy, sha256_file, sha256_json
 
 #: the row an entry keeps beside its files (what the stage records for the part)
 ROW = ".part-row.json"
@@ -39,13 +39,6 @@ def files_digest(folder: Path, names: list[str] | None = None) -> str:
         if p.is_file() and not p.name.startswith("."))
     return sha256_json({n: sha256_file(folder / n) for n in chosen if (folder / n).is_file()})
 
-
-def _link(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:  # another file system, or no hard links there: a copy
-        shutil.copy2(src, dst)
 
 
 class PartCache:
@@ -80,7 +73,7 @@ class PartCache:
         if dst.exists():
             shutil.rmtree(dst)
         for f in files:
-            _link(f, dst / f.relative_to(entry))
+            link_or_copy(f, dst / f.relative_to(entry))
         row.pop("_sizes", None)
         return dict(row)
 
@@ -96,7 +89,7 @@ class PartCache:
             files = [p for p in sorted(src.rglob("*")) if p.is_file()
                      and not any(x.startswith(".") for x in p.relative_to(src).parts)]
             for f in files:
-                _link(f, tmp / f.relative_to(src))
+                link_or_copy(f, tmp / f.relative_to(src))
             atomic_write_json(tmp / ROW, {**row, "_sizes": {
                 str(f.relative_to(src)): f.stat().st_size for f in files}})
             entry.parent.mkdir(parents=True, exist_ok=True)

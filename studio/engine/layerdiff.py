@@ -60,7 +60,6 @@ to them.
 from __future__ import annotations
 
 import math
-import os
 import re
 import shutil
 import tempfile
@@ -71,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.core.fsutil import link_or_copy
 from studio.core.progress import NullProgress, Progress
 
 _SHAPE_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity",
@@ -292,10 +292,10 @@ def graph_with_outputs(src: Path, names: list[str], dst: Path) -> Path:
             have.add(n)
     locations = {e.value for t in model.graph.initializer if uses_external_data(t)
                  for e in t.external_data if e.key == "location"}
-    for loc in sorted(locations):
-        link = dst.parent / loc
+    for loc in sorted(locations):  # hard links: ONNX Runtime refuses a symlink's target
+        link = dst.parent / loc      # as external data outside the model's folder
         if not link.exists():
-            os.symlink(os.path.abspath(src.parent / loc), link)
+            link_or_copy((src.parent / loc).resolve(), link)
     onnx.save(model, str(dst))
     return dst
 

@@ -575,13 +575,18 @@ def activation_encodings(qdq_path: Path) -> dict[str, list[dict[str, Any]]]:
 def private_input(src: Path, work: Path) -> Path:
     """``src`` seen from a folder of this job's own: the quantizer writes scratch files
     beside the model it reads (``<model>-inferred.onnx``), and ``src`` lies in an input
-    artifact that other jobs may be reading at the same moment. Symlinks to the model and
-    the files beside it (its external data) keep it in place."""
+    artifact that other jobs may be reading at the same moment. Hard links to the model and
+    the files beside it (its external data) keep it in place: not symlinks, whose target
+    ONNX Runtime refuses as external data "escaping the model directory" (every weight
+    rounding of a graph past 256 MB failed so), and a writer here replaces files, never
+    writes into one (onnx's own writer refuses a linked file)."""
+    from studio.core.fsutil import link_or_copy
+
     folder = work / "input"
     folder.mkdir(parents=True, exist_ok=True)
     for f in src.parent.iterdir():
         if f.is_file() and not (folder / f.name).exists():
-            (folder / f.name).symlink_to(f.resolve())
+            link_or_copy(f.resolve(), folder / f.name)
     return folder / src.name
 
 

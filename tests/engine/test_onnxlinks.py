@@ -89,3 +89,21 @@ def test_onnx_runtimes_quantizer_reads_a_linked_part(tmp_path):
     import onnx
 
     assert any(n.op_type == "DequantizeLinear" for n in onnx.load(str(out)).graph.node)
+
+
+def test_a_job_reads_an_artifacts_external_data_from_its_own_folder(tmp_path):
+    """A job sees an input artifact's graph from a folder of its own (scratch files land
+    there, not in the artifact): linked, not symlinked — ONNX Runtime refuses a symlink's
+    target as external data outside the model's folder, which failed every weight rounding
+    of a graph past 256 MB. The rounding's session with an extra output, on such a graph."""
+    from studio.engine.quantize import private_input
+    from studio.engine.rounding import _session
+
+    path, w = _linked_model(tmp_path / "artifact")
+    local = private_input(path, tmp_path / "job")
+    assert not local.is_symlink() and (local.parent / "weights.data").stat().st_nlink == 3
+    sess = _session(path, ["y"], {}, tmp_path / "job2")
+    x = np.ones((1, 64), np.float32)
+    np.testing.assert_allclose(sess.run(["y"], {"x": x})[0], x @ w, rtol=1e-5)
+    assert (path.parent / "weights.data").read_bytes() == (
+        tmp_path / "cached-weights.data").read_bytes()
