@@ -27,6 +27,7 @@ import os
 import sys
 from pathlib import PurePath
 from types import ModuleType
+from typing import Any
 
 TARGET = "onnx.external_data_helper"
 _MARK = "_studio_accepts_linked_data"
@@ -56,7 +57,7 @@ def open_external_data(base_dir: str, location: str, tensor_name: str, read_only
     return os.open(path, os.O_RDONLY)
 
 
-def patch(module: ModuleType) -> None:
+def patch(module: Any) -> None:
     """Give ``onnx.external_data_helper`` the opener above (once; a version of onnx without
     that function is left as it is)."""
     global _original
