@@ -298,6 +298,7 @@ def part_plan(project: Project) -> PartPlan | None:
         return None
     from studio.core.hostmem import STAGE_MEMORY, available_memory, predicted_peak
     from studio.core.parts import compiled_bytes
+    from studio.core.recipe import DEFAULT_WEIGHT_ROUNDING
     from studio.engine.llm_parts import checkpoint_layout, export_plan
 
     source = project.input_path(project.model["source"])
@@ -305,7 +306,8 @@ def part_plan(project: Project) -> PartPlan | None:
     plan = export_plan(source, project.export["parts"], project.export["max_part_mb"], layout)
     sizes = [p.parameters for p in plan]
     head = layout.head_in_graph()
-    peaks = {stage: predicted_peak(stage, sizes, head) or 0 for stage in STAGE_MEMORY}
+    rounding = project.quantization["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING
+    peaks = {stage: predicted_peak(stage, sizes, head, rounding) or 0 for stage in STAGE_MEMORY}
     return PartPlan(
         parts=[{"name": p.name, "blocks": (p.start, p.stop - 1), "parameters": p.parameters,
                 "bytes_8bit": compiled_bytes(p.parameters, 8)} for p in plan],

@@ -69,3 +69,19 @@ def test_the_export_counts_the_head_for_the_part_that_holds_it():
     count = int(str(e.value).split("export.parts = ")[1].split(",")[0])
     check_fits("export", [p.parameters for p in plan_parts(QWEN3B, count)], available=8 * GIB,
                head_parameters=QWEN3B.embedding)
+
+
+def test_a_rounded_quantize_is_predicted_with_its_own_line():
+    """SeqMSE on the 0.5 B shape in one part (630 M parameters with the tied head's copy, a
+    136 M head) peaked at 12.42 GiB where nearest rounding took 7.40: the rounding's line
+    is not below it, the plain line is not used for it, and the check refuses a rounded
+    quantize where a nearest one fits."""
+    parts, head = [630_000_000], 151936 * 896
+    plain = predicted_peak("quantize", parts, head)
+    rounded = predicted_peak("quantize", parts, head, rounding=True)
+    assert 7.40 * GIB <= plain < rounded and 12.42 * GIB <= rounded <= 12.42 * GIB * 1.25
+    assert predicted_peak("export", parts, head, rounding=True) == predicted_peak(
+        "export", parts, head)
+    check_fits("quantize", parts, available=10 * GIB, head_parameters=head)
+    with pytest.raises(StudioError, match="the quantize stage would need about 12"):
+        check_fits("quantize", parts, available=10 * GIB, head_parameters=head, rounding=True)

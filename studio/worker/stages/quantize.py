@@ -44,7 +44,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     spec = load_graph_spec(export_dir)
     parts = spec.get("parts") or []
     check_fits("quantize", exported_part_sizes(export_dir, spec),
-               head_parameters=int(spec["vocab_size"]) * int(spec["hidden_size"]))
+               head_parameters=int(spec["vocab_size"]) * int(spec["hidden_size"]),
+               rounding=ctx.get("quantization.weight_rounding") != DEFAULT_WEIGHT_ROUNDING)
     if len(parts) > 1:
         from studio.engine.quantize_parts import quantize_parts
 
