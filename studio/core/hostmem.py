@@ -100,10 +100,13 @@ def predicted_peak(stage: str, part_parameters: list[int], head_parameters: int 
 
 
 def check_fits(stage: str, part_parameters: list[int], available: int | None = None,
-               head_parameters: int = 0, rounding: bool = False) -> None:
+               head_parameters: int = 0, rounding: bool = False,
+               last_block_parameters: int = 0) -> None:
     """Refuse ``stage`` over parts of ``part_parameters`` when its predicted peak does not
     fit the memory free now (less :data:`HEADROOM`): one line with the need, what is free,
-    and about how many parts would fit."""
+    and about how many parts would fit — or, when the part that holds the output head (the
+    head and ``last_block_parameters``, the last block) cannot fit however the model is
+    split, that only memory helps."""
     need = predicted_peak(stage, part_parameters, head_parameters, rounding)
     model = _line(stage, rounding)
     if need is None or model is None:
@@ -114,8 +117,16 @@ def check_fits(stage: str, part_parameters: list[int], available: int | None = N
     n = len(part_parameters)
     largest = max(part_parameters)
     fits = model.largest_part_within(free - int(model.per_head_byte * 4 * head_parameters))
+    # the part that holds the output head holds the head and at least the last block
+    smallest = head_parameters + last_block_parameters
+    floor = model.peak(4 * smallest, 4 * head_parameters) if head_parameters else 0
     if fits <= 0:
         advice = "free memory (close other programs) or use a machine with more"
+    elif floor > free:
+        advice = (f"free memory (close other programs) or use a machine with more: the part "
+                  f"that holds the output head ({smallest / 1e6:,.0f} M parameters with "
+                  f"the last block) "
+                  f"needs about {floor / GIB:.1f} GiB however the model is split")
     else:
         # parts as even as a contiguous split allows: about total / per-part, and more for
         # the embedding's and head's parts

@@ -85,3 +85,17 @@ def test_a_rounded_quantize_is_predicted_with_its_own_line():
     check_fits("quantize", parts, available=10 * GIB, head_parameters=head)
     with pytest.raises(StudioError, match="the quantize stage would need about 12"):
         check_fits("quantize", parts, available=10 * GIB, head_parameters=head, rounding=True)
+
+
+def test_no_part_count_is_advised_when_the_heads_part_alone_does_not_fit():
+    """The part that holds the output head holds at least the head: when that alone does not
+    fit (the 3 B shape's tied 311 M head needs about 7.1 GiB in export), more parts cannot
+    help, and the refusal says so instead of naming a count."""
+    with pytest.raises(StudioError) as e:
+        check_fits("export", [p.parameters for p in plan_parts(QWEN3B, 2)],
+                   available=7.5 * GIB, head_parameters=QWEN3B.embedding,
+                   last_block_parameters=QWEN3B.blocks[-1])
+    msg = str(e.value)
+    assert "export.parts" not in msg and "however the model is split" in msg
+    assert ("the part that holds the output head (388 M parameters with the last block) "
+            "needs about 7.1 GiB") in msg

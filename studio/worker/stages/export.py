@@ -26,7 +26,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     budget = int(ctx.get("export.max_part_mb")) * 1_000_000
     layout = checkpoint_layout(ckpt)
     plan = export_plan(ckpt, ctx.get("export.parts"), ctx.get("export.max_part_mb"), layout)
-    check_fits("export", [p.parameters for p in plan], head_parameters=layout.head_in_graph())
+    check_fits("export", [p.parameters for p in plan], head_parameters=layout.head_in_graph(),
+               last_block_parameters=layout.blocks[-1] if layout.blocks else 0)
     t0 = time.perf_counter()
     if len(plan) == 1:
         partresume.clear(ctx.out)  # a kept work folder: nothing of a killed run is reused
