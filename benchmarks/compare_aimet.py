@@ -66,37 +66,24 @@ def main() -> int:
     import onnx
     from aimet_onnx import apply_seq_mse
     from aimet_onnx.quantsim import QuantizationSimModel
+    from score_quantized import HeldOut  # this folder's script: the same held-out scoring
 
     from studio.core.progress import NullProgress
     from studio.core.samples import read_data
     from studio.engine.calibration import build_calibration_feeds, calibration_windows
-    from studio.engine.llm_export import load_spec
-    from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
-    from studio.engine.sensitivity import compare_logits, heldout_windows, host_session
-    from studio.samples import load_tokenizer, sample_path
+    from studio.engine.sensitivity import compare_logits, host_session
+    from studio.samples import sample_path
 
-    spec = load_spec(a.export)
+    held = HeldOut(a.export, a.tokens)
+    spec, windows = held.spec, held.windows
     P, C = int(spec["prompt_length"]), int(spec["context_length"])
-    ids = load_tokenizer("tiny-coder")(read_data("heldout")).input_ids[: a.tokens]
-    windows = heldout_windows(list(ids), P)
-    fp32 = make_cpu_session(a.export / "prefill.onnx")
-    gen = StaticKVGenerator(fp32, make_cpu_session(a.export / "decode.onnx"), spec)
-    feeds = [gen.prefill_feed(w) for w in windows]
-
-    def logits(session) -> list:
-        # AIMET's session renames the graph outputs it quantizes (``logits`` + a suffix)
-        name = next(o.name for o in session.get_outputs() if o.name.startswith("logits"))
-        return [np.asarray(session.run([name], f)[0][0, : len(w)], dtype=np.float32)
-                for w, f in zip(windows, feeds, strict=True)]
-
-    ref = logits(fp32)
     rows = []
     for item in a.studio:
         name, _, path = item.partition("=")
         t0 = time.perf_counter()
-        got = logits(host_session(Path(path) / "prefill.onnx"))
+        figures = held.score(host_session(Path(path) / "prefill.onnx"))
         rows.append({"variant": f"studio {name}", "seconds_scoring": time.perf_counter() - t0,
-                     **compare_logits(ref, got, windows)})
+                     **figures})
 
     wins = calibration_windows(read_data("calibration"), sample_path("tiny-coder"), length=C,
                                count=a.samples, min_length=min(C, P + 1))
@@ -112,9 +99,8 @@ def main() -> int:
             apply_seq_mse(sim, calib, num_candidates=a.candidates)
         sim.compute_encodings(calib)
         took = time.perf_counter() - t0
-        got = logits(sim.session)
         rows.append({"variant": f"AIMET {variant}", "seconds": took,
-                     **compare_logits(ref, got, windows)})
+                     **held.score(sim.session)})
         if variant == "seqmse":
             for name, op in sim.qc_quantize_op_dict.items():
                 try:
@@ -134,11 +120,11 @@ def main() -> int:
             compare.append({"studio": name, "weights": len(ratios), "channels": int(r.size),
                             "median_ratio": float(np.median(r)),
                             "within_5_percent": float(np.mean(np.abs(r - 1) <= 0.05))})
-    print(f"{len(ids)} held-out tokens in {len(windows)} prefill windows of {P}; host "
-          f"figures vs FP32; AIMET {aimet_onnx.__version__ if hasattr(aimet_onnx, '__version__') else ''} "
+    print(f"{len(held.ids)} held-out tokens in {len(windows)} prefill windows of {P}; figures "
+          f"measured on the host CPU vs FP32; AIMET {aimet_onnx.__version__ if hasattr(aimet_onnx, '__version__') else ''} "
           f"({a.config}, {a.samples} calibration windows, {a.candidates} SeqMSE candidates)")
     print(f"{'variant':<22} {'perplexity':>11} {'cosine':>9} {'top-1':>7} {'KL':>9} {'s':>7}")
-    print(f"{'FP32':<22} {compare_logits(ref, ref, windows)['perplexity']:11.3f}")
+    print(f"{'FP32':<22} {compare_logits(held.reference, held.reference, windows)['perplexity']:11.3f}")
     for r in rows:
         print(f"{r['variant']:<22} {r['perplexity']:11.3f} {r['logits_cosine']:9.6f} "
               f"{r['top1_agreement']:7.2%} {r['kl_divergence']:9.5f} {r.get('seconds', 0):7.1f}")

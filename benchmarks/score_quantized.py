@@ -25,6 +25,45 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+class HeldOut:
+    """The sample's held-out text (its first ``tokens`` tokens) in prefill windows of an FP32
+    export, their feeds, and the FP32 prefill graph's logits on them (ONNX Runtime, CPU)."""
+
+    def __init__(self, export: Path, tokens: int, threads: int = 2):
+        from studio.core.samples import read_data
+        from studio.engine.llm_export import load_spec
+        from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
+        from studio.engine.sensitivity import heldout_windows
+        from studio.samples import load_tokenizer
+
+        self.spec = load_spec(export)
+        self.ids = load_tokenizer("tiny-coder")(read_data("heldout")).input_ids[:tokens]
+        self.windows = heldout_windows(list(self.ids), int(self.spec["prompt_length"]))
+        fp32 = make_cpu_session(export / "prefill.onnx", threads=threads)
+        gen = StaticKVGenerator(fp32, make_cpu_session(export / "decode.onnx", threads=1),
+                                self.spec)
+        self.feeds = [gen.prefill_feed(w) for w in self.windows]
+        t0 = time.perf_counter()
+        self.reference = self.logits(fp32)
+        self.reference_seconds = time.perf_counter() - t0
+
+    def logits(self, session) -> list:
+        """Each window's logits rows (float32); a session that renamed the graph's outputs
+        (AIMET's appends a suffix) is read by the name that starts with ``logits``."""
+        import numpy as np
+
+        name = next(o.name for o in session.get_outputs() if o.name.startswith("logits"))
+        return [np.asarray(session.run([name], f)[0][0, : len(w)], dtype=np.float32)
+                for w, f in zip(self.windows, self.feeds, strict=True)]
+
+    def score(self, session) -> dict[str, float]:
+        """Teacher-forced figures of ``session`` against FP32 (perplexity, logits cosine,
+        top-1, KL: :func:`studio.engine.sensitivity.compare_logits`)."""
+        from studio.engine.sensitivity import compare_logits
+
+        return compare_logits(self.reference, self.logits(session), self.windows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("export", type=Path)
@@ -34,35 +73,19 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
 
-    from studio.core.samples import read_data
-    from studio.engine.llm_export import load_spec
-    from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
-    from studio.engine.sensitivity import compare_logits, heldout_windows, host_session
-    from studio.samples import load_tokenizer
+    from studio.engine.sensitivity import compare_logits, host_session
 
-    spec = load_spec(a.export)
-    ids = load_tokenizer("tiny-coder")(read_data("heldout")).input_ids[: a.tokens]
-    windows = heldout_windows(list(ids), int(spec["prompt_length"]))
-    fp32 = make_cpu_session(a.export / "prefill.onnx", threads=a.threads)
-    gen = StaticKVGenerator(fp32, make_cpu_session(a.export / "decode.onnx", threads=1), spec)
-    feeds = [gen.prefill_feed(w) for w in windows]
-
-    def logits(session) -> list:
-        return [session.run(["logits"], f)[0][0, : len(w)] for w, f in zip(windows, feeds, strict=True)]
-
-    t0 = time.perf_counter()
-    ref = logits(fp32)
-    rows = [{"graphs": "FP32", "seconds": time.perf_counter() - t0,
-             **compare_logits(ref, ref, windows)}]
-    del fp32, gen
+    held = HeldOut(a.export, a.tokens, a.threads)
+    rows = [{"graphs": "FP32", "seconds": held.reference_seconds,
+             **compare_logits(held.reference, held.reference, held.windows)}]
     for q in a.quantized:
         t0 = time.perf_counter()
-        got = logits(host_session(q / "prefill.onnx", a.threads))
+        figures = held.score(host_session(q / "prefill.onnx", a.threads))
         res = json.loads((q / "result.json").read_text()) if (q / "result.json").is_file() else {}
         rows.append({"graphs": str(q), "seconds": time.perf_counter() - t0,
-                     "summary": res.get("summary", ""), **compare_logits(ref, got, windows)})
-    print(f"{len(ids)} held-out tokens in {len(windows)} windows of {spec['prompt_length']}; "
-          "host QDQ (measured on the host CPU) vs FP32")
+                     "summary": res.get("summary", ""), **figures})
+    print(f"{len(held.ids)} held-out tokens in {len(held.windows)} windows of "
+          f"{held.spec['prompt_length']}; host QDQ (measured on the host CPU) vs FP32")
     print(f"{'graphs':<40} {'perplexity':>11} {'cosine':>9} {'top-1':>7} {'KL':>9}")
     for r in rows:
         print(f"{str(r['graphs'])[-40:]:<40} {r['perplexity']:11.3f} {r['logits_cosine']:9.6f} "

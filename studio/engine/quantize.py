@@ -850,10 +850,13 @@ def _uses_external_data(path: Path) -> bool:
 
 def _upgrade_opset(path: Path, work: Path, opset: int) -> Path:
     """``path`` (weights in external data) converted to ``opset`` without loading its
-    weights: the converted graph is written into ``work`` beside (a copy of) its data
-    files. A copy, not a hard link: onnx refuses external data files with several links."""
+    weights: the converted graph is written into ``work`` beside links to its data files
+    (:mod:`studio.engine.onnxlinks` lets onnx read linked external data; a copy of GBs was
+    what this did before)."""
     import onnx
     from onnx.external_data_helper import uses_external_data
+
+    from studio.core.fsutil import link_or_copy
 
     model = onnx.load(str(path), load_external_data=False)
     if next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= opset:
@@ -867,7 +870,7 @@ def _upgrade_opset(path: Path, work: Path, opset: int) -> Path:
     for loc in sorted(locations):
         src, dst = path.parent / loc, work / loc
         if not dst.exists():
-            shutil.copyfile(src, dst)
+            link_or_copy(src.resolve(), dst)
     out = work / f"opset{opset}.onnx"
     onnx.save_model(converted, str(out))
     return out

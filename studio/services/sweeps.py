@@ -84,8 +84,7 @@ def find_spec(project: Project, name: str | None = None, axes: list[str] | None 
     if points:
         table: dict[str, Any] = {"name": name or LADDER, "points": points}
     elif axes:
-        table = {"name": name or "cli",
-                                 "axes": dict(parse_axis_arg(a) for a in axes)}
+        table = {"name": name or "cli", "axes": dict(parse_axis_arg(a) for a in axes)}
     else:
         declared = {t["name"]: t for t in project.sweeps}
         if not declared:
