@@ -113,6 +113,13 @@ SIZES: dict[str, Size] = {s.name: s for s in (
          max_positions=32768, note="Qwen/Qwen2.5-3B's config (the seeds' model)"),
     Size("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256, tie=False, rope_theta=500000.0,
          max_positions=131072, family="llama", note="meta-llama/Llama-3.1-8B's shape"),
+    # two blocks of the 3 B / 8 B shapes: with --parts 2 their parts are the full model's
+    # largest (the embedding + its first block, its last block + the head), so the peak of
+    # a stage over them is the full model's (a stage holds one part at a time) in minutes
+    Size("qwen2.5-3b-2l", 2, 2048, 16, 2, 11008, 151936, rope_theta=1000000.0,
+         max_positions=32768, note="the 3 B shape's first and last parts"),
+    Size("llama3.1-8b-2l", 2, 4096, 32, 8, 14336, 128256, tie=False, rope_theta=500000.0,
+         max_positions=131072, family="llama", note="the 8 B shape's first and last parts"),
 )}
 DEFAULT_SIZES = ("l4-h256", "l8-h512", "l12-h768", "qwen2-0.5b")
 TOKENIZER_VOCAB = 2048  # the sample tokenizer's vocabulary: the model's must not be smaller
@@ -317,6 +324,8 @@ class Step:
     detail: str = ""
     files: dict[str, int] = field(default_factory=dict)
     phases: list[tuple[str, float]] = field(default_factory=list)  # (progress message, s)
+    # (progress message, peak RSS KiB, peak anonymous KiB) while that message was the last
+    phase_peaks: list[tuple[str, int, int]] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)
     log: str = ""
 
@@ -397,11 +406,23 @@ def measure(step: Step, argv: list[str], out: Path, log: Path, timeout: float,
     stopped = ""
     status, usage = 0, None
     last_poll = 0.0
+    reader = open(log, errors="replace")  # noqa: SIM115 - read as the child writes
+    phase, pending = "(starting)", ""
+    peaks: dict[str, list[int]] = {}
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid == proc.pid:
             break
-        step.peak_anon_kib = max(step.peak_anon_kib, _rss_kib(proc.pid, "RssAnon"))
+        pending += reader.read()
+        *lines_now, pending = pending.split("\n")
+        for ln in lines_now:
+            if ln.startswith("[") and "] " in ln and " log: " not in ln:
+                phase = ln.partition(" s] ")[2].strip().split(" ", 1)[-1]
+        anon = _rss_kib(proc.pid, "RssAnon")
+        rss = _rss_kib(proc.pid)
+        seen = peaks.setdefault(phase, [0, 0])
+        seen[0], seen[1] = max(seen[0], rss), max(seen[1], anon)
+        step.peak_anon_kib = max(step.peak_anon_kib, anon)
         now = time.perf_counter()
         if now - last_poll >= 1.0:
             last_poll = now
@@ -417,8 +438,11 @@ def measure(step: Step, argv: list[str], out: Path, log: Path, timeout: float,
             if stopped:
                 os.killpg(proc.pid, signal.SIGKILL)  # the child's own process group
         time.sleep(0.2)
+    reader.close()
     proc.returncode = os.waitstatus_to_exitcode(status)
     step.wall_s = time.perf_counter() - t0
+    step.phase_peaks = sorted(((m, r, an) for m, (r, an) in peaks.items()),
+                              key=lambda x: -x[1])
     step.load_end = os.getloadavg()
     step.peak_rss_kib = usage.ru_maxrss if usage else 0
     step.files = _files(out)
@@ -492,6 +516,10 @@ def print_table(steps: list[Step], header: bool = True, phases: bool = False) ->
             top = [f"{m} {t:.1f} s" for m, t in s.phases[:4] if t >= 1.0]
             if top:
                 print(f"{'':<21} ↳ longest phases: " + "; ".join(top))
+            high = [f"{m} {r / 2**20:.2f} GiB (anon {an / 2**20:.2f})"
+                    for m, r, an in s.phase_peaks[:4]]
+            if high:
+                print(f"{'':<21} ↳ highest resident set while: " + "; ".join(high))
         sys.stdout.flush()
 
 

@@ -451,8 +451,18 @@ def _decoder_wrapper(
             self.register_buffer("rope_cos", cos[0].to(torch.float32).clone())
             self.register_buffer("rope_sin", sin[0].to(torch.float32).clone())
             self.emit_hidden = False  # the last part returns its norm's output (export check)
+            # (module, graph input name) whose weight the trailing inputs stand for while
+            # tracing (see _traced_weights)
+            self.weight_inputs: list[tuple[Any, str]] = []
 
         def forward(self, first, position_ids, attention_mask, *rest):
+            if self.weight_inputs:
+                n = len(self.weight_inputs)
+                with _weights_from(self.weight_inputs, rest[-n:]):
+                    return self._forward(first, position_ids, attention_mask, *rest[:-n])
+            return self._forward(first, position_ids, attention_mask, *rest)
+
+        def _forward(self, first, position_ids, attention_mask, *rest):
             window_mask = rest[0] if sliding_input else None
             past_flat = rest[1:] if sliding_input else rest
             if part.embeds:
@@ -492,6 +502,46 @@ def _decoder_wrapper(
     wrapper = StaticKVWrapper()
     wrapper.eval()
     return wrapper
+
+
+@contextlib.contextmanager
+def _weights_from(modules: list[tuple[Any, str]], tensors) -> Iterator[None]:
+    """Each module's ``weight`` is the matching tensor (a traced graph input) for the block."""
+    kept = [m._parameters["weight"] for m, _ in modules]
+    try:
+        for (m, _), t in zip(modules, tensors, strict=True):
+            m._parameters["weight"] = t
+        yield
+    finally:
+        for (m, _), w in zip(modules, kept, strict=True):
+            m._parameters["weight"] = w
+
+
+#: the graph input a traced output head's weight comes in by; its Transpose is folded into
+#: the initializer ``lm_head.weight`` (stored [in, out], as the exporter folds it)
+HEAD_INPUT = "lm_head.weight.untransposed"
+
+
+def _traced_weights(wrapper, part: Part) -> list[tuple[Any, str, Any]]:
+    """The embedding table and the output head: the largest weights, traced as graph inputs
+    (then made initializers) rather than as parameters. The exporter's shape inference and
+    constant folding copy a parameter-fed node's weight two and one more times (measured on
+    an 8 B model's 128 k x 4096 head, 2 GiB: 6 GiB more while a graph is traced); a graph
+    input is not copied. (module, input name, tensor) each."""
+    import torch
+
+    out = []
+    base = getattr(wrapper, "model", None)
+    emb = getattr(base, "embed_tokens", None) if part.embeds else None
+    if isinstance(emb, torch.nn.Embedding) and emb.weight.device.type != "meta":
+        out.append((emb, "model.embed_tokens.weight", emb.weight))
+    head = getattr(wrapper, "lm_head", None) if part.heads else None
+    if (isinstance(head, torch.nn.Linear) and head.bias is None
+            and head.weight.device.type != "meta"):
+        # a view: a tied head's tensor is the embedding's, which the tracer would take for
+        # the embedding's input
+        out.append((head, HEAD_INPUT, head.weight.view(head.weight.shape)))
+    return out
 
 
 #: The static-KV wrappers by the name a family declares (``Family.wrapper``): the torch code
@@ -673,7 +723,12 @@ def _trace_graph(wrapper, spec: dict, graph: str, raw: Path, part: Part | None =
     sliding = mask_windows(spec)[1] is not None
     ins, outs = io_names(spec["num_layers"], graph, sliding, part)
     args = _example_inputs(spec, graph, sliding, part)
-    with torch.no_grad(), warnings.catch_warnings(), _initializers_kept() as weights:
+    inputs = _traced_weights(wrapper, part or whole(spec["num_layers"]))
+    wrapper.weight_inputs = [(m, name) for m, name, _ in inputs]
+    args = (*args, *(t for _, _, t in inputs))
+    in_names = [*ins, *(name for _, name, _ in inputs)]
+    with torch.no_grad(), warnings.catch_warnings(), _initializers_kept() as weights, \
+            _no_weight_inputs(wrapper):
         # dynamo=False is deliberate (it matches generate() exactly): hide the notice.
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
@@ -681,15 +736,41 @@ def _trace_graph(wrapper, spec: dict, graph: str, raw: Path, part: Part | None =
             wrapper,
             args,
             str(raw),
-            input_names=ins,
+            input_names=in_names,
             output_names=outs,
             opset_version=OPSET,
             dynamo=False,
             do_constant_folding=True,
             export_params=False,
         )
+    weights = dict(weights)
+    weights.update({name: t for _, name, t in inputs})
     _write_initializers(raw, weights)
+    _forget_traced_constants()
     return ins, outs
+
+
+def _forget_traced_constants() -> None:
+    """Make torch's TorchScript exporter let go of the last graph's weights. It keeps the
+    constants of the graph it last exported in a table of its own until the next export
+    starts, so after a part is traced and given back its weights stayed in memory through
+    the export check and the next part's tracing (measured on the 8 B shape's parts: 2.8
+    GiB held twice). Exporting a one-weight graph replaces that table."""
+    import torch
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        torch.onnx.export(torch.nn.Linear(1, 1), (torch.zeros(1, 1),), io.BytesIO(),
+                          dynamo=False, opset_version=OPSET)
+
+
+@contextlib.contextmanager
+def _no_weight_inputs(wrapper) -> Iterator[None]:
+    """The wrapper back to its own weights when the trace ends, however it ends."""
+    try:
+        yield
+    finally:
+        wrapper.weight_inputs = []
 
 
 @contextlib.contextmanager
@@ -723,7 +804,6 @@ def _write_initializers(raw: Path, weights: dict[str, Any]) -> None:
     """Turn the graph inputs of ``raw`` that are ``weights`` (traced without parameters) into
     initializers kept as external data in ``raw``'s ``.data`` file, written a tensor at a
     time straight from torch's memory."""
-    import numpy as np
     import onnx
     from onnx.helper import np_dtype_to_tensor_dtype
 
@@ -731,6 +811,7 @@ def _write_initializers(raw: Path, weights: dict[str, Any]) -> None:
         raise StudioError("torch's exporter gave no initializer table; the static-KV exporter "
                           "needs torch 2.13")
     model = onnx.load(str(raw), load_external_data=False)
+    weights = _fold_head_transpose(model, weights)
     inputs = [i for i in model.graph.input if i.name not in weights]
     del model.graph.input[:]
     model.graph.input.extend(inputs)
@@ -738,7 +819,7 @@ def _write_initializers(raw: Path, weights: dict[str, Any]) -> None:
     offset = 0
     with open(data, "wb") as f:
         for name, value in weights.items():
-            arr = np.ascontiguousarray(value.detach().cpu().numpy())
+            arr = value.detach().cpu().numpy()
             t = onnx.TensorProto()
             t.name = name
             t.data_type = np_dtype_to_tensor_dtype(arr.dtype)
@@ -748,10 +829,61 @@ def _write_initializers(raw: Path, weights: dict[str, Any]) -> None:
                          ("length", str(arr.nbytes))):
                 entry = t.external_data.add()
                 entry.key, entry.value = k, v
-            f.write(arr.data if arr.nbytes else b"")
+            _write_rows(f, arr)
             offset += arr.nbytes
             model.graph.initializer.append(t)
     onnx.save(model, str(raw))
+
+
+def _fold_head_transpose(model, weights: dict[str, Any]) -> dict[str, Any]:
+    """The output head traced as the input :data:`HEAD_INPUT` reaches its MatMul through a
+    Transpose: fold it into the initializer ``lm_head.weight`` (the transposed view, written
+    a slice at a time), as the exporter folds a parameter's."""
+    if HEAD_INPUT not in weights:
+        return weights
+    weights = dict(weights)
+    w = weights.pop(HEAD_INPUT)
+    graph = model.graph
+    folded = []
+    for node in graph.node:
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+        if node.op_type == "Transpose" and node.input[0] == HEAD_INPUT and perm in (None, [1, 0]):
+            folded.append(node)
+    rename = {n.output[0]: "lm_head.weight" for n in folded}
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name in rename:
+                node.input[k] = rename[name]
+    keep = [n for n in graph.node if n not in folded]
+    del graph.node[:]
+    graph.node.extend(keep)
+    if folded:
+        weights["lm_head.weight"] = w.t()
+    if any(HEAD_INPUT in n.input for n in graph.node):  # used otherwise too: as it is
+        weights[HEAD_INPUT] = w
+    else:
+        inputs = [i for i in graph.input if i.name != HEAD_INPUT]
+        del graph.input[:]
+        graph.input.extend(inputs)
+    return weights
+
+
+#: bytes of a transposed weight made contiguous at a time when it is written
+WRITE_CHUNK = 64 << 20
+
+
+def _write_rows(f, arr) -> None:
+    """Write ``arr`` in C order. A MatMul weight comes out of the exporter as a transposed
+    view of the Linear's weight: it is made contiguous a slice of rows at a time (an 8 B
+    model's 128 k x 4096 head made whole would be 2 GiB more at once)."""
+    import numpy as np
+
+    if arr.flags.c_contiguous or arr.ndim == 0:
+        f.write(arr.data if arr.nbytes else b"")
+        return
+    step = max(1, WRITE_CHUNK // max(1, arr[:1].nbytes))
+    for a in range(0, arr.shape[0], step):
+        f.write(np.ascontiguousarray(arr[a:a + step]).data)
 
 
 def _finish_graph(raw: Path, path: Path, module_names: set[str], ins: list[str],

@@ -298,3 +298,21 @@ def test_sample_model_matches_generate(tiny_coder_graphs, sample_model_dir):
         prompt = tok.encode(text).ids
         want = _hf_greedy(model, prompt, 32, eos=spec["eos_token_id"])
         assert gen.greedy(prompt, 32, eos_id=spec["eos_token_id"])["tokens"] == want
+
+
+def test_a_transposed_weight_is_written_a_slice_at_a_time_with_the_same_bytes(
+        tmp_path, monkeypatch):
+    """The exporter hands MatMul weights as transposed views; they are written in C order
+    a few rows at a time (an 8 B model's head made contiguous at once is 2 GiB more)."""
+    import io
+
+    import numpy as np
+
+    from studio.engine import llm_export
+
+    monkeypatch.setattr(llm_export, "WRITE_CHUNK", 3 * 7 * 4)  # three rows of 7 floats
+    w = np.arange(7 * 10, dtype=np.float32).reshape(7, 10)
+    for arr in (w.T, w, w.T[2:9]):
+        buf = io.BytesIO()
+        llm_export._write_rows(buf, arr)
+        assert buf.getvalue() == np.ascontiguousarray(arr).tobytes()
