@@ -536,6 +536,93 @@ def _reader(feeds: list[dict], progress: Progress):
     return _Reader()
 
 
+def _preprocess_fuses(src: Path) -> bool:
+    """Whether ONNX Runtime's QNN preprocessing would change ``src``: its fusions (GELU from
+    Erf, LpNormalization from ReduceL2, SpaceToDepth from Reshape / Transpose), tried on the
+    graph's structure. The preprocessing itself first optimizes the whole graph in an ONNX
+    Runtime session (weights loaded and prepacked: 7.7 GiB of anonymous memory for an 8 B
+    model's 2.8 GiB head part) and writes nothing when no fusion applies — as for every
+    decoder the studio exports; a fusion the optimization alone would make possible is not
+    seen here (none of the studio's graphs has one)."""
+    import onnx
+    from onnxruntime.quantization.execution_providers.qnn.fusion_lpnorm import (
+        FusionLpNormalization,
+    )
+    from onnxruntime.quantization.execution_providers.qnn.fusion_spacetodepth import (
+        FusionSpaceToDepth,
+    )
+    from onnxruntime.quantization.fusions import FusionGelu
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    model = ONNXModel(onnx.load(str(src), load_external_data=False))
+    return any([fusion(model).apply() for fusion in (FusionGelu, FusionLpNormalization,
+                                                     FusionSpaceToDepth)])
+
+
+def _mapped_ranges(model_path: Path, config, feeds: list[dict], progress: Progress
+                   ) -> Path | None:
+    """The min-max ranges ONNX Runtime's quantizer would calibrate, computed without the
+    copies of the weights its own calibration holds, saved as its calibration cache (a file
+    in ``model_path``'s folder) for ``quantize_static(..., calibration_cache_path=...)``;
+    None for the other calibration methods (the quantizer then calibrates itself).
+
+    The quantizer's calibration loads the graph with its weights, writes the augmented graph
+    with a copy of them and runs it in a session that prepacks every MatMul weight: about
+    three copies beside the one it quantizes (an 8 B model's head part, 2.8 GiB of weights:
+    8.8 GiB of anonymous memory). Here the same calibrater (:class:`MinMaxCalibrater`: the
+    same tensors, the same ReduceMin / ReduceMax, the same reduction) reads the graph's
+    structure only, writes the augmented graph beside the weights file it points into, and
+    runs it without prepacking: the weights stay the file's pages."""
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization import calibrate as cal
+
+    opts = config.extra_options or {}
+    if config.calibrate_method != CalibrationMethod.MinMax or opts.get("CalibStridedMinMax"):
+        return None
+
+    class Mapped(cal.MinMaxCalibrater):
+        def create_inference_session(self):
+            so = ort.SessionOptions()
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            so.add_session_config_entry("session.disable_prepacking", "1")
+            self.infer_session = ort.InferenceSession(
+                self.augmented_model_path, sess_options=so, providers=["CPUExecutionProvider"])
+
+    def structure(path: Path):
+        # shape inference as the quantizer's loader does it, in the same folder, so the
+        # graph's external-data locations stay valid; the weights are not read
+        inferred = Path(path).with_name(Path(path).stem + "-inferred.onnx")
+        onnx.shape_inference.infer_shapes_path(str(path), str(inferred))
+        model = onnx.load(str(inferred), load_external_data=False)
+        inferred.unlink()
+        return model
+
+    model_path = Path(model_path)
+    real = cal.load_model_with_shape_infer
+    cal.load_model_with_shape_infer = structure  # what CalibraterBase loads the graph with
+    try:
+        calibrator = Mapped(
+            model_path, config.op_types_to_quantize,
+            str(model_path.with_name(model_path.stem + "-augmented.onnx")),
+            symmetric=opts.get("CalibTensorRangeSymmetric", False),
+            moving_average=opts.get("CalibMovingAverage", False),
+            averaging_constant=opts.get("CalibMovingAverageConstant", 0.01),
+            max_intermediate_outputs=opts.get("CalibMaxIntermediateOutputs"),
+            use_external_data_format=False)
+    finally:
+        cal.load_model_with_shape_infer = real
+    calibrator.augment_graph()
+    calibrator.create_inference_session()
+    calibrator.collect_data(_reader(feeds, progress))
+    ranges = calibrator.compute_data()
+    del calibrator
+    cache = model_path.with_name(model_path.stem + "-ranges.json")
+    cal.save_tensors_data(ranges, cache)
+    return cache
+
+
 #: what ORT's quantizer appends to the name of a graph output's float tensor
 _OUTPUT_SUFFIX = "_QuantizeLinear_Input"
 
@@ -603,7 +690,7 @@ def _quantize_graph(
     :data:`studio.engine.weightstore.SHARE_ABOVE` bytes keeps its weights (the prefill and
     decode graphs of a part then hold one copy)."""
     import onnx
-    from onnxruntime.quantization import CalibrationMethod, QuantType, quantize
+    from onnxruntime.quantization import CalibrationMethod, QuantType, quantize_static
     from onnxruntime.quantization.execution_providers.qnn import (
         get_qnn_qdq_config,
         qnn_preprocess_model,
@@ -623,8 +710,8 @@ def _quantize_graph(
         external = _uses_external_data(src)
         ext = ({"save_as_external_data": True, "all_tensors_to_one_file": True,
                 "external_data_location": pre.name + ".data"} if external else {})
-        model_path = (pre if qnn_preprocess_model(str(src), str(pre), **ext)
-                      else private_input(src, work))
+        model_path = (pre if _preprocess_fuses(src) and qnn_preprocess_model(
+            str(src), str(pre), **ext) else private_input(src, work))
         model = onnx.load(str(model_path), load_external_data=False)
         resolved = resolve_overrides(model, recipe)
         progress.check()
@@ -669,7 +756,18 @@ def _quantize_graph(
         # only ReduceMin/ReduceMax outputs per feed, so memory stays small anyway.
         out = work / dst.name
         try:
-            quantize(str(model_path), str(out), config)
+            cache = _mapped_ranges(model_path, config, feeds, progress)
+            quantize_static(
+                str(model_path), str(out), config.calibration_data_reader,
+                calibrate_method=config.calibrate_method, quant_format=config.quant_format,
+                activation_type=config.activation_type, weight_type=config.weight_type,
+                op_types_to_quantize=config.op_types_to_quantize,
+                nodes_to_quantize=config.nodes_to_quantize,
+                nodes_to_exclude=config.nodes_to_exclude, per_channel=config.per_channel,
+                reduce_range=config.reduce_range,
+                use_external_data_format=config.use_external_data_format,
+                calibration_providers=config.calibration_providers,
+                extra_options=config.extra_options, calibration_cache_path=cache)
         except ValueError as exc:
             raise StudioError(
                 f"quantization of {src.name} failed: {str(exc).splitlines()[0]}"
