@@ -559,6 +559,16 @@ def _preprocess_fuses(src: Path) -> bool:
                                                      FusionSpaceToDepth)])
 
 
+def _takes_calibration_cache() -> bool:
+    """Whether this ONNX Runtime's ``quantize_static`` reads a calibration cache (1.32 on)."""
+    import inspect
+
+    from onnxruntime.quantization import calibrate, quantize_static
+
+    return ("calibration_cache_path" in inspect.signature(quantize_static).parameters
+            and hasattr(calibrate, "save_tensors_data"))
+
+
 def _mapped_ranges(model_path: Path, config, feeds: list[dict], progress: Progress
                    ) -> Path | None:
     """The min-max ranges ONNX Runtime's quantizer would calibrate, computed without the
@@ -580,6 +590,8 @@ def _mapped_ranges(model_path: Path, config, feeds: list[dict], progress: Progre
 
     opts = config.extra_options or {}
     if config.calibrate_method != CalibrationMethod.MinMax or opts.get("CalibStridedMinMax"):
+        return None
+    if not _takes_calibration_cache():  # an ONNX Runtime before 1.32: it calibrates itself
         return None
 
     class Mapped(cal.MinMaxCalibrater):
@@ -613,11 +625,15 @@ def _mapped_ranges(model_path: Path, config, feeds: list[dict], progress: Progre
             use_external_data_format=False)
     finally:
         cal.load_model_with_shape_infer = real
-    calibrator.augment_graph()
-    calibrator.create_inference_session()
-    calibrator.collect_data(_reader(feeds, progress))
-    ranges = calibrator.compute_data()
-    del calibrator
+    augmented = Path(calibrator.augmented_model_path)
+    try:
+        calibrator.augment_graph()
+        calibrator.create_inference_session()
+        calibrator.collect_data(_reader(feeds, progress))
+        ranges = calibrator.compute_data()
+    finally:
+        del calibrator
+        augmented.unlink(missing_ok=True)
     cache = model_path.with_name(model_path.stem + "-ranges.json")
     cal.save_tensors_data(ranges, cache)
     return cache
@@ -767,7 +783,8 @@ def _quantize_graph(
                 reduce_range=config.reduce_range,
                 use_external_data_format=config.use_external_data_format,
                 calibration_providers=config.calibration_providers,
-                extra_options=config.extra_options, calibration_cache_path=cache)
+                extra_options=config.extra_options,
+                **({"calibration_cache_path": cache} if cache else {}))
         except ValueError as exc:
             raise StudioError(
                 f"quantization of {src.name} failed: {str(exc).splitlines()[0]}"

@@ -41,6 +41,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import os
 import re
 import shutil
 import tempfile
@@ -319,7 +320,12 @@ class VariantBench:
 
         from studio.engine.calibration import build_calibration_feeds, calibration_windows
         from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
-        from studio.engine.quantize import private_input, resolve_overrides
+        from studio.engine.quantize import (
+            _mapped_ranges,
+            _preprocess_fuses,
+            private_input,
+            resolve_overrides,
+        )
 
         p = self.progress
         P, C = int(self.spec["prompt_length"]), int(self.spec["context_length"])
@@ -328,7 +334,7 @@ class VariantBench:
             raise StudioError(f"{self.graphs_dir} has no prefill.onnx; re-run the export")
         p.update(0.0, "preparing the float prefill graph")
         pre = self.work / "preprocessed.onnx"
-        model_path = (pre if qnn_preprocess_model(str(src), str(pre))
+        model_path = (pre if _preprocess_fuses(src) and qnn_preprocess_model(str(src), str(pre))
                       else private_input(src, self.work))
         model = onnx.load(str(model_path))
         opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
@@ -375,6 +381,11 @@ class VariantBench:
 
         p.check()
         p.update(0.15, f"calibrating and quantizing the base ({self.recipe['scheme']})")
+        if not self.ranges.is_file():  # the quantize stage's calibration, to the same bits
+            cache = _mapped_ranges(self.float_path, self._config(self.recipe)[1], self.feeds,
+                                   _CheckOnly(p))
+            if cache is not None:
+                os.replace(cache, self.ranges)
         self.base_path = self._real(self.recipe, self.work / "base.onnx")
         self._base = onnx.load(str(self.base_path))
         self._int8 = self._harvest(self._base)

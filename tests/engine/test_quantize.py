@@ -460,3 +460,58 @@ def test_the_encodings_schema_refuses_what_the_published_format_does_not_allow(t
         assert "activation_encodings/x/0" in msg, msg
     assert schema_problem({"version": "0.6.1", "activation_encodings": {"x": []}})
     assert schema_problem({"version": "0.6.1", "activation_encodings": {}, "extra": 1})
+
+
+def test_the_mapped_calibration_gives_onnx_runtimes_own_ranges(
+        tmp_path, qwen_graphs, tiny_qwen_dir, corpus):
+    """The ranges computed over the graph's structure (no copy of its weights) are those
+    ONNX Runtime's quantizer calibrates itself: the same tensors, the same min / max."""
+    from onnxruntime.quantization import CalibrationMethod, QuantType
+    from onnxruntime.quantization.calibrate import create_calibrator, load_tensors_data
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    import onnx
+
+    from studio.engine.calibration import build_calibration_feeds, calibration_windows
+    from studio.engine.quantize import _mapped_ranges, _reader, _takes_calibration_cache
+
+    if not _takes_calibration_cache():
+        pytest.skip("this ONNX Runtime's quantizer reads no calibration cache")
+    graphs, spec = qwen_graphs
+    wins = calibration_windows(corpus, tiny_qwen_dir, spec["context_length"], 2)
+    pre, _ = build_calibration_feeds(graphs, spec, wins, RecordingProgress(), decode_per_window=1)
+    src = tmp_path / "prefill.onnx"
+    src.write_bytes((graphs / "prefill.onnx").read_bytes())
+    config = get_qnn_qdq_config(onnx.load(str(src)), _reader(pre, RecordingProgress()),
+                                calibrate_method=CalibrationMethod.MinMax,
+                                activation_type=QuantType.QUInt16, weight_type=QuantType.QUInt8)
+    mine = load_tensors_data(_mapped_ranges(src, config, pre, RecordingProgress())).data
+    theirs_cal = create_calibrator(src, config.op_types_to_quantize,
+                                   augmented_model_path=str(tmp_path / "aug.onnx"))
+    theirs_cal.collect_data(_reader(pre, RecordingProgress()))
+    theirs = theirs_cal.compute_data().data
+    assert len(mine) > 100 and set(mine) == set(theirs)
+    for name, t in theirs.items():
+        np.testing.assert_allclose(mine[name].range_value, t.range_value, rtol=1e-5, atol=1e-6)
+
+
+def test_the_qnn_preprocessing_runs_only_when_a_fusion_applies(tmp_path, qwen_graphs):
+    """The preprocessing's whole-graph session is skipped for a decoder (no fusion of it
+    applies) and kept for a graph with an Erf GELU, which it fuses."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from studio.engine.quantize import _preprocess_fuses
+
+    assert not _preprocess_fuses(qwen_graphs[0] / "decode.onnx")
+    c = {k: helper.make_tensor(k, TensorProto.FLOAT, [], [v])
+         for k, v in (("sqrt2", 1.4142135), ("one", 1.0), ("half", 0.5))}
+    nodes = [helper.make_node("Div", ["x", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["x", "a"], ["m"]),
+             helper.make_node("Mul", ["m", "half"], ["y"])]
+    g = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+                          list(c.values()))
+    path = tmp_path / "gelu.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert _preprocess_fuses(path)
