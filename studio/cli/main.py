@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -40,6 +41,18 @@ def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentPar
     return p
 
 
+def _interruptible() -> None:
+    """SIGINT cancels the command even when it was started with SIGINT ignored: a shell
+    without job control starts background jobs (``studio --batch p.qstudio &``) that way, and
+    a CI runner or supervisor that stops the job with ``kill -INT`` would otherwise see it run
+    to the end."""
+    import threading
+
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.SIG_IGN):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: list[str] | None = None, *, pdf_printer: PdfPrinter | None = None,
          commands: Sequence[Command] = COMMANDS) -> int:
     """Run the command line on ``argv`` and return its exit code. ``pdf_printer`` prints
@@ -48,6 +61,7 @@ def main(argv: list[str] | None = None, *, pdf_printer: PdfPrinter | None = None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     ctx = Context(pdf_printer=pdf_printer)
+    _interruptible()
     try:
         args = build_parser(commands).parse_args(argv)
         if args.command:

@@ -466,11 +466,10 @@ def test_the_mapped_calibration_gives_onnx_runtimes_own_ranges(
         tmp_path, qwen_graphs, tiny_qwen_dir, corpus):
     """The ranges computed over the graph's structure (no copy of its weights) are those
     ONNX Runtime's quantizer calibrates itself: the same tensors, the same min / max."""
+    import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantType
     from onnxruntime.quantization.calibrate import create_calibrator, load_tensors_data
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
-
-    import onnx
 
     from studio.engine.calibration import build_calibration_feeds, calibration_windows
     from studio.engine.quantize import _mapped_ranges, _reader, _takes_calibration_cache
