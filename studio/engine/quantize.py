@@ -639,6 +639,27 @@ def _mapped_ranges(model_path: Path, config, feeds: list[dict], progress: Progre
     return cache
 
 
+def static_quantize(model_path: Path, out: Path, config, ranges: Path | None = None) -> None:
+    """ONNX Runtime's ``quantize_static`` with a ``get_qnn_qdq_config`` config, reading the
+    activation ranges from ``ranges`` (its calibration cache: :func:`_mapped_ranges`; when
+    the file does not exist yet it calibrates and writes it) or, without one, calibrating
+    itself."""
+    from onnxruntime.quantization import quantize_static
+
+    quantize_static(
+        str(model_path), str(out), config.calibration_data_reader,
+        calibrate_method=config.calibrate_method, quant_format=config.quant_format,
+        activation_type=config.activation_type, weight_type=config.weight_type,
+        op_types_to_quantize=config.op_types_to_quantize,
+        nodes_to_quantize=config.nodes_to_quantize,
+        nodes_to_exclude=config.nodes_to_exclude, per_channel=config.per_channel,
+        reduce_range=config.reduce_range,
+        use_external_data_format=config.use_external_data_format,
+        calibration_providers=config.calibration_providers,
+        extra_options=config.extra_options,
+        **({"calibration_cache_path": str(ranges)} if ranges else {}))
+
+
 #: what ORT's quantizer appends to the name of a graph output's float tensor
 _OUTPUT_SUFFIX = "_QuantizeLinear_Input"
 
@@ -706,7 +727,7 @@ def _quantize_graph(
     :data:`studio.engine.weightstore.SHARE_ABOVE` bytes keeps its weights (the prefill and
     decode graphs of a part then hold one copy)."""
     import onnx
-    from onnxruntime.quantization import CalibrationMethod, QuantType, quantize_static
+    from onnxruntime.quantization import CalibrationMethod, QuantType
     from onnxruntime.quantization.execution_providers.qnn import (
         get_qnn_qdq_config,
         qnn_preprocess_model,
@@ -772,19 +793,8 @@ def _quantize_graph(
         # only ReduceMin/ReduceMax outputs per feed, so memory stays small anyway.
         out = work / dst.name
         try:
-            cache = _mapped_ranges(model_path, config, feeds, progress)
-            quantize_static(
-                str(model_path), str(out), config.calibration_data_reader,
-                calibrate_method=config.calibrate_method, quant_format=config.quant_format,
-                activation_type=config.activation_type, weight_type=config.weight_type,
-                op_types_to_quantize=config.op_types_to_quantize,
-                nodes_to_quantize=config.nodes_to_quantize,
-                nodes_to_exclude=config.nodes_to_exclude, per_channel=config.per_channel,
-                reduce_range=config.reduce_range,
-                use_external_data_format=config.use_external_data_format,
-                calibration_providers=config.calibration_providers,
-                extra_options=config.extra_options,
-                **({"calibration_cache_path": cache} if cache else {}))
+            static_quantize(model_path, out, config,
+                            _mapped_ranges(model_path, config, feeds, progress))
         except ValueError as exc:
             raise StudioError(
                 f"quantization of {src.name} failed: {str(exc).splitlines()[0]}"

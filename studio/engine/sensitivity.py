@@ -454,9 +454,7 @@ class VariantBench:
 
     def _real(self, recipe: dict, out: Path) -> Path:
         """The real quantizer on the prepared float graph, reading the cached ranges."""
-        from onnxruntime.quantization.quantize import quantize_static
-
-        from studio.engine.quantize import _LogToProgress
+        from studio.engine.quantize import _LogToProgress, static_quantize
 
         self.progress.check()
         _, config = self._config(recipe)
@@ -466,18 +464,7 @@ class VariantBench:
         level = root.level
         root.setLevel(logging.ERROR)  # keeps the quantizer's advice off stderr
         try:
-            quantize_static(
-                str(self.float_path), str(out), config.calibration_data_reader,
-                calibrate_method=config.calibrate_method, quant_format=config.quant_format,
-                activation_type=config.activation_type, weight_type=config.weight_type,
-                op_types_to_quantize=config.op_types_to_quantize,
-                nodes_to_quantize=config.nodes_to_quantize,
-                nodes_to_exclude=config.nodes_to_exclude, per_channel=config.per_channel,
-                reduce_range=config.reduce_range,
-                use_external_data_format=config.use_external_data_format,
-                calibration_providers=config.calibration_providers,
-                extra_options=config.extra_options, calibration_cache_path=str(self.ranges),
-            )
+            static_quantize(self.float_path, out, config, self.ranges)
         except ValueError as exc:
             raise StudioError(f"quantizing a variant failed: {str(exc).splitlines()[0]}") from None
         finally:
