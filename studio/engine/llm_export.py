@@ -451,9 +451,9 @@ def _decoder_wrapper(
             self.register_buffer("rope_cos", cos[0].to(torch.float32).clone())
             self.register_buffer("rope_sin", sin[0].to(torch.float32).clone())
             self.emit_hidden = False  # the last part returns its norm's output (export check)
-            # (module, graph input name) whose weight the trailing inputs stand for while
-            # tracing (see _traced_weights)
-            self.weight_inputs: list[tuple[Any, str]] = []
+            # the modules whose weight the trailing inputs stand for while tracing (see
+            # _traced_weights)
+            self.weight_inputs: list[Any] = []
 
         def forward(self, first, position_ids, attention_mask, *rest):
             if self.weight_inputs:
@@ -505,15 +505,15 @@ def _decoder_wrapper(
 
 
 @contextlib.contextmanager
-def _weights_from(modules: list[tuple[Any, str]], tensors) -> Iterator[None]:
+def _weights_from(modules: list[Any], tensors) -> Iterator[None]:
     """Each module's ``weight`` is the matching tensor (a traced graph input) for the block."""
-    kept = [m._parameters["weight"] for m, _ in modules]
+    kept = [m._parameters["weight"] for m in modules]
     try:
-        for (m, _), t in zip(modules, tensors, strict=True):
+        for m, t in zip(modules, tensors, strict=True):
             m._parameters["weight"] = t
         yield
     finally:
-        for (m, _), w in zip(modules, kept, strict=True):
+        for m, w in zip(modules, kept, strict=True):
             m._parameters["weight"] = w
 
 
@@ -724,7 +724,7 @@ def _trace_graph(wrapper, spec: dict, graph: str, raw: Path, part: Part | None =
     ins, outs = io_names(spec["num_layers"], graph, sliding, part)
     args = _example_inputs(spec, graph, sliding, part)
     inputs = _traced_weights(wrapper, part or whole(spec["num_layers"]))
-    wrapper.weight_inputs = [(m, name) for m, name, _ in inputs]
+    wrapper.weight_inputs = [m for m, _, _ in inputs]
     args = (*args, *(t for _, _, t in inputs))
     in_names = [*ins, *(name for _, name, _ in inputs)]
     with torch.no_grad(), warnings.catch_warnings(), _initializers_kept() as weights, \

@@ -129,10 +129,10 @@ def ladder(project, jobs, store, rungs: int) -> list[dict[str, Any]]:
     """The points of a precision ladder: rung 0 is the recipe as it is; rung k raises the k
     layers (or key activations) the current sensitivity result ranks first, to its ``high``
     precision, over the project's own overrides (over W4A16: their weights to INT8, as
-    published W4A16 models keep a few layers at 8 bits). A sweep then measures every rung with the real stages — both graphs
-    quantized with the recipe's rounding, compiled, validated on the target's HTP simulator
-    over the held-out context — which the sensitivity slice (prefill windows, host QDQ,
-    nearest rounding) only ranks. Layers whose raise alone gained nothing are left out.
+    published W4A16 models keep a few layers at 8 bits). A sweep then measures every rung
+    with the real stages — both graphs quantized with the recipe's rounding, compiled,
+    validated on the target's HTP simulator over the held-out context — which the
+    sensitivity slice (prefill windows, host QDQ, nearest rounding) only ranks. Layers whose raise alone gained nothing are left out.
     One line when there is no current result or nothing to raise."""
     if rungs < 1:
         raise StudioError(f"a ladder needs at least one rung, not {rungs}")
