@@ -7,9 +7,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # the device registry of the tests, never the user's (tests that add agents set their own)
 if "QSTUDIO_CONFIG_DIR" not in os.environ:
+    import atexit
+    import shutil
     import tempfile
 
     os.environ["QSTUDIO_CONFIG_DIR"] = tempfile.mkdtemp(prefix="qstudio-test-config-")
+    atexit.register(shutil.rmtree, os.environ["QSTUDIO_CONFIG_DIR"], True)
 
 # the suite split over workers (pytest -n 2) on two cores: one thread per ONNX Runtime
 # session and per torch op, as if each worker had a core of its own (studio.engine.threads)

@@ -660,6 +660,40 @@ def static_quantize(model_path: Path, out: Path, config, ranges: Path | None = N
         **({"calibration_cache_path": str(ranges)} if ranges else {}))
 
 
+def _quantize_streamed(model_path: Path, out: Path, config, ranges: Path | None,
+                       progress: Progress) -> None:
+    """:func:`static_quantize`, the graph's large weights quantized a slice at a time beside
+    it (:mod:`studio.engine.qdq_weights`: the same graph, without the quantizer's whole-weight
+    copies). Needs the ranges computed already (the stand-ins cannot be calibrated on); a
+    graph the streamed path does not reproduce is quantized the usual way."""
+    from studio.engine import qdq_weights
+
+    opts = config.extra_options or {}
+    if ranges is None:
+        static_quantize(model_path, out, config, ranges)
+        return
+    import onnx
+
+    structure = onnx.load(str(model_path), load_external_data=False)
+    tqo = opts.get("TensorQuantOverrides", {})
+    axes = {t.name: (tqo.get(t.name) or [{}])[0].get("axis")
+            for t in structure.graph.initializer}
+    del structure
+    stood, originals = qdq_weights.stand_in(model_path, axes, opts.get("BlockSize", 0))
+    if not originals:
+        static_quantize(model_path, out, config, ranges)
+        return
+    try:
+        static_quantize(stood, out, config, ranges)
+        progress.log(f"{len(originals)} large weights quantized a slice at a time")
+        qdq_weights.put_weights(out, originals)
+    except qdq_weights.NotStreamable as exc:
+        progress.log(f"{exc}: quantizing the whole graph at once")
+        static_quantize(model_path, out, config, ranges)
+    finally:
+        stood.unlink(missing_ok=True)
+
+
 #: what ORT's quantizer appends to the name of a graph output's float tensor
 _OUTPUT_SUFFIX = "_QuantizeLinear_Input"
 
@@ -793,8 +827,8 @@ def _quantize_graph(
         # only ReduceMin/ReduceMax outputs per feed, so memory stays small anyway.
         out = work / dst.name
         try:
-            static_quantize(model_path, out, config,
-                            _mapped_ranges(model_path, config, feeds, progress))
+            _quantize_streamed(model_path, out, config,
+                               _mapped_ranges(model_path, config, feeds, progress), progress)
         except ValueError as exc:
             raise StudioError(
                 f"quantization of {src.name} failed: {str(exc).splitlines()[0]}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -87,8 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"screenshots in {out}")
         return 0
 
-    with asyncio.Runner(loop_factory=qasync.QEventLoop) as runner:
-        return runner.run(shoot())
+    try:
+        with asyncio.Runner(loop_factory=qasync.QEventLoop) as runner:
+            return runner.run(shoot())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

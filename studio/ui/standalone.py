@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -93,5 +94,8 @@ def run_page(page_cls, argv: list[str] | None = None) -> int:
         return 0
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    with asyncio.Runner(loop_factory=qasync.QEventLoop) as runner:
-        return runner.run(main())
+    try:
+        with asyncio.Runner(loop_factory=qasync.QEventLoop) as runner:
+            return runner.run(main())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the sample project and settings made here

@@ -514,3 +514,53 @@ def test_the_qnn_preprocessing_runs_only_when_a_fusion_applies(tmp_path, qwen_gr
     path = tmp_path / "gelu.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     assert _preprocess_fuses(path)
+
+
+@pytest.mark.parametrize("recipe", [
+    {"scheme": "W8A16", "weight_granularity": "per_tensor"},
+    {"scheme": "W4A16", "weight_granularity": "per_channel"},
+    {"scheme": "W8A8", "weight_granularity": "per_channel",
+     "overrides": {"*layers.0.mlp.down_proj": "INT16", "*.1.mlp.up_proj.weight": "INT4",
+                   "*layers.1.self_attn.o_proj": "FP16"}},
+    {"scheme": "W4A16", "weight_granularity": "per_block", "block_size": 32},
+], ids=["w8a16-tensor", "w4a16-channel", "w8a8-mixed-float", "w4a16-blocks"])
+def test_weights_quantized_a_slice_at_a_time_give_onnx_runtimes_graph(
+        tmp_path, monkeypatch, qwen_graphs, tiny_qwen_dir, corpus, recipe):
+    """The large weights quantized here a slice of rows at a time (the quantizer given
+    stand-ins with their minima and maxima) give ONNX Runtime's own QDQ graph byte for byte:
+    per tensor, per channel, 4-, 8- and 16-bit weights, a layer left in float; block-wise
+    weights stay with the quantizer's own path."""
+    import onnx
+
+    from studio.engine import qdq_weights
+    from studio.engine.calibration import build_calibration_feeds, calibration_windows
+    from studio.engine.quantize import quantize_graph
+
+    graphs, spec = qwen_graphs
+    wins = calibration_windows(corpus, tiny_qwen_dir, spec["context_length"], 2)
+    pre, _ = build_calibration_feeds(graphs, spec, wins, RecordingProgress(), decode_per_window=1)
+    src = tmp_path / "src" / "prefill.onnx"
+    src.parent.mkdir()
+    onnx.save_model(onnx.load(str(graphs / "prefill.onnx")), str(src), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="weights.data", size_threshold=1024)
+    before = (src.parent / "weights.data").read_bytes()
+    monkeypatch.setattr(qdq_weights, "STREAM_ABOVE", 1 << 40)
+    plain = tmp_path / "plain" / "q.onnx"
+    plain.parent.mkdir()
+    quantize_graph(src, plain, recipe, pre)
+    monkeypatch.setattr(qdq_weights, "STREAM_ABOVE", 1)
+    monkeypatch.setattr(qdq_weights, "SLICE_BYTES", 4 << 10)  # several slices per weight
+    prog = RecordingProgress()
+    streamed = tmp_path / "streamed" / "q.onnx"
+    streamed.parent.mkdir()
+    quantize_graph(src, streamed, recipe, pre, prog)
+    logged = " ".join(prog.lines)
+    if recipe["weight_granularity"] == "per_block":
+        assert "a slice at a time" not in logged
+    else:
+        n = int(logged.split(" large weights quantized a slice at a time")[0].split()[-1])
+        assert n >= 8, logged
+    assert "quantizing the whole graph at once" not in logged
+    assert streamed.read_bytes() == plain.read_bytes()
+    assert (src.parent / "weights.data").read_bytes() == before  # the input is untouched
+    assert sorted(p.name for p in streamed.parent.iterdir()) == ["q.onnx"]
