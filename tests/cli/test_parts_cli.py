@@ -131,6 +131,89 @@ def test_a_killed_compile_of_parts_keeps_the_parts_it_finished(tmp_path, parts_p
     assert not list(out.rglob(PART_DONE))
 
 
+def test_parts_compiled_in_processes_of_their_own_run_as_the_stored_compile(
+        tmp_path, monkeypatch, parts_project):
+    """The compile stage with its two parts compiled at once, each in a process of its own
+    (what a host with the cores and the memory does for large parts): the same placement,
+    and the HTP simulator's tokens from its binaries are the stored run's."""
+    from studio.core import project as pf
+    from studio.core.artifacts import ArtifactStore
+    from studio.core.progress import RecordingProgress
+    from studio.core.stagegraph import plan
+    from studio.services.history import current_keys
+    from studio.worker.stages import run_in_process
+
+    f, _ = parts_project
+    project = pf.load(f)
+    store = ArtifactStore(project.folder / "artifacts")
+    keys = current_keys(project, ["export", "quantize", "compile", "run"])
+    jobs = plan(project, ["compile"])
+    job = jobs[-1]
+    inputs = {jobs[d].label: store.get(keys[jobs[d].stage]).path for d in job.deps}
+    out = tmp_path / "compiled"
+    out.mkdir()
+    monkeypatch.setenv("QSTUDIO_PART_PROCESSES", "2")
+    rec = RecordingProgress()
+    result = run_in_process(project, job, inputs, out, rec)
+    assert "2 parts compiled 2 at a time, each in a process of its own" in rec.lines
+    assert any("compiling part1 of 2, part2 of 2 for" in m for _, m in rec.updates)
+    stored = store.get(keys[job.label]).path
+    assert result["placement"] == json.loads(
+        (stored / "result.json").read_text())["placement"]
+    runs = plan(project, ["run"])
+    run = next(j for j in runs if j.stage == "run" and "htp-sim" in j.label)
+    export = store.get(keys["export"]).path
+    given = {runs[d].label: out if runs[d].stage == "compile" else export for d in run.deps}
+    (tmp_path / "run").mkdir()
+    got = run_in_process(project, run, given, tmp_path / "run", RecordingProgress())
+    assert got["tokens"] == _runs(f)[f"htp-sim:{default_target()}"]
+
+
+def test_cancelling_a_compile_in_processes_ends_them(tmp_path, monkeypatch, parts_project):
+    """Cancelled while its parts compile in processes of their own, the stage ends them:
+    no compile process outlives it."""
+    import os
+
+    from studio.core import project as pf
+    from studio.core.artifacts import ArtifactStore
+    from studio.core.errors import Cancelled
+    from studio.core.progress import RecordingProgress
+    from studio.core.stagegraph import plan
+    from studio.services.history import current_keys
+    from studio.worker.stages import run_in_process
+
+    f, _ = parts_project
+    project = pf.load(f)
+    store = ArtifactStore(project.folder / "artifacts")
+    keys = current_keys(project, ["quantize"])
+    jobs = plan(project, ["compile"])
+    inputs = {jobs[d].label: store.get(keys[jobs[d].stage]).path for d in jobs[-1].deps}
+
+    def children() -> list[int]:
+        pids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                cmd = (stat.parent / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(fields[1]) == os.getpid() and b"spawn_main" in cmd:  # not the tracker
+                pids.append(int(stat.parent.name))
+        return pids
+
+    class CancelWhileCompiling(RecordingProgress):
+        def check(self) -> None:
+            if any("at a time)" in m for _, m in self.updates) and children():
+                raise Cancelled()
+
+    before = set(children())
+    monkeypatch.setenv("QSTUDIO_PART_PROCESSES", "2")
+    (tmp_path / "out").mkdir()
+    with pytest.raises(Cancelled):
+        run_in_process(project, jobs[-1], inputs, tmp_path / "out", CancelWhileCompiling())
+    assert set(children()) <= before
+
+
 def test_a_precision_change_redoes_only_the_part_that_holds_the_layer(parts_project):
     """One layer of part 1 raised to another precision: quantize and compile run again (new
     keys), but part 2 — whose graphs, calibration inputs (part 1's FP32 outputs) and

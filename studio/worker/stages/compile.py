@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from studio.core.catalog import Chip
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.partcache import files_digest
@@ -16,7 +17,7 @@ from studio.worker.stages._llm import EMBED_LIMIT, GRAPHS, htp_options
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    from studio.engine import partresume, qnn
+    from studio.engine import partresume
     from studio.engine.chain import part_dirs
     from studio.engine.llm_parts import iter_parts
     from studio.engine.llm_runtime import load_graph_spec
@@ -41,11 +42,11 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     todo = [k for k in range(len(folders)) if k not in done]
     reused: list[int] = []
     n_steps, i = len(todo) * len(GRAPHS), 0
+    fresh: list[tuple[int, str | None]] = []  # parts to compile, with their part-cache key
     for k in todo:
-        src, part = folders[k], parts[k]
+        src = folders[k]
         where = "" if src == qdir else f"{src.name}/"
         dst = ctx.out / where
-        mine = [where + x for x in GRAPHS]
         part_key = None
         if where and ctx.parts.root is not None:  # a part: compiled before from these graphs?
             progress.update(i / n_steps, f"looking for {src.name.replace('_', ' ')} compiled "
@@ -64,35 +65,37 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                 reused.append(k)
                 i += len(GRAPHS)
                 continue
-        for g in GRAPHS:
-            label = g if src == qdir else f"{g} ({src.name.replace('_', ' ')})"
-            dst.mkdir(parents=True, exist_ok=True)
-            progress.check()
-            progress.update(i / n_steps, f"checking placement of {label} on {chip.name}")
-            rep = qnn.placement_report(src / f"{g}.onnx", chip, fp16=fp16, extra_options=extra)
-            placement[where + g] = rep
-            if not rep["all_on_npu"]:
-                names = ", ".join(f"{n['name']} ({n['op_type']})" for n in rep["cpu_nodes"][:5])
-                raise StudioError(
-                    f"{len(rep['cpu_nodes'])} node(s) of the {label} graph cannot run on the NPU "
-                    f"of {chip.name}: {names}; change their precision or the recipe"
-                )
-            progress.update((i + 0.5) / n_steps, f"compiling {label} context binary for "
-                                                 f"{chip.name}")
-            # a context binary is embedded in its ONNX model unless the model would come near
-            # protobuf's 2 GB limit (real 1-8 B LLMs): then it is written beside it (_qnn.bin)
-            size = graph_bytes(src / f"{g}.onnx")
-            compiled[where + g] = qnn.compile_context(src / f"{g}.onnx", dst / f"{g}_ctx.onnx",
-                                                      chip, fp16=fp16, embed=size < EMBED_LIMIT,
-                                                      extra_options=extra)
-            i += 1
+        fresh.append((k, part_key))
+
+    def finished(k: int, part_key: str | None, got: dict[str, dict]) -> None:
+        src, part = folders[k], parts[k]
+        where = "" if src == qdir else f"{src.name}/"
+        placement.update({where + g: r for g, r in got["placement"].items()})
+        compiled.update({where + g: c for g, c in got["compiled"].items()})
         if where:  # the part's graphs are compiled: a kill keeps them, other settings too
+            mine = [where + x for x in GRAPHS]
             row = {"start": part.start, "stop": part.stop,
                    "placement": {x: placement[x] for x in mine},
                    "compiled": {x: compiled[x] for x in mine}}
-            partresume.mark(dst, row, {})
+            partresume.mark(ctx.out / where, row, {})
             if part_key is not None:
-                ctx.parts.put(part_key, dst, row)
+                ctx.parts.put(part_key, ctx.out / where, row)
+
+    jobs = [(k, key, folders[k], ctx.out / ("" if folders[k] == qdir else f"{folders[k].name}/"))
+            for k, key in fresh]
+    workers = part_processes([src for _, _, src, _ in jobs])
+    if workers > 1:
+        progress.log(f"{len(jobs)} parts compiled {workers} at a time, each in a process of "
+                     "its own")
+        for k, key, got in compile_in_processes(jobs, chip, fp16, extra, workers, progress,
+                                                i, n_steps):
+            finished(k, key, got)
+    else:
+        for k, key, src, dst in jobs:
+            step = Steps(progress, i, n_steps)
+            finished(k, key, compile_part(src, dst, chip, fp16, extra, step,
+                                          "" if src == qdir else src.name))
+            i += len(GRAPHS)
     if reused:
         progress.log(f"{len(reused)} of {len(parts)} parts (" + ", ".join(
             str(k + 1) for k in reused) + "): the same graphs were compiled for this target "
@@ -114,3 +117,140 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         "placement": {g: {k: v for k, v in r.items() if k != "cpu_nodes"} for g, r in placement.items()},
         "sdk_version": sdk, "tool": {"qnn_sdk": sdk}, "metrics": [],
     }
+
+
+class Steps:
+    """The progress of one part's graphs inside the stage's: step ``n`` of ``total``."""
+
+    def __init__(self, progress: Progress, start: int, total: int) -> None:
+        self.progress, self.n, self.total = progress, start, total
+
+    def update(self, half: float, message: str) -> None:
+        self.progress.update((self.n + half) / self.total, message)
+
+    def check(self) -> None:
+        self.progress.check()
+
+
+def compile_part(src: Path, dst: Path, chip: Chip, fp16: bool, extra: dict[str, str],
+                 steps: Any = None, part_name: str = "") -> dict[str, dict]:
+    """Check the placement of a part's graphs (or the one graph set) in ``src`` and compile
+    their context binaries into ``dst``: {"placement": {graph: report}, "compiled": {graph:
+    info}}. A node the NPU refuses fails it in one line."""
+    from studio.engine import qnn
+
+    out: dict[str, dict] = {"placement": {}, "compiled": {}}
+    for g in GRAPHS:
+        label = f"{g} ({part_name.replace('_', ' ')})" if part_name else g
+        dst.mkdir(parents=True, exist_ok=True)
+        if steps is not None:
+            steps.check()
+            steps.update(0.0, f"checking placement of {label} on {chip.name}")
+        rep = qnn.placement_report(src / f"{g}.onnx", chip, fp16=fp16, extra_options=extra)
+        out["placement"][g] = rep
+        if not rep["all_on_npu"]:
+            names = ", ".join(f"{n['name']} ({n['op_type']})" for n in rep["cpu_nodes"][:5])
+            raise StudioError(
+                f"{len(rep['cpu_nodes'])} node(s) of the {label} graph cannot run on the NPU "
+                f"of {chip.name}: {names}; change their precision or the recipe"
+            )
+        if steps is not None:
+            steps.update(0.5, f"compiling {label} context binary for {chip.name}")
+        # a context binary is embedded in its ONNX model unless the model would come near
+        # protobuf's 2 GB limit (real 1-8 B LLMs): then it is written beside it (_qnn.bin)
+        size = graph_bytes(src / f"{g}.onnx")
+        out["compiled"][g] = qnn.compile_context(src / f"{g}.onnx", dst / f"{g}_ctx.onnx",
+                                                 chip, fp16=fp16, embed=size < EMBED_LIMIT,
+                                                 extra_options=extra)
+        if steps is not None:
+            steps.n += 1
+    return out
+
+
+#: parts whose graphs hold at least this many bytes are compiled in processes of their own,
+#: two or more at a time: one process compiles one graph at a time (the QNN backend runs
+#: two compiles of one process one after the other, measured on two 8 B parts), and a
+#: process's start (about 3 s) is small beside such a part's compile (20-90 s)
+PARALLEL_ABOVE = 256 << 20
+
+#: one compile process's peak ~ this + PROCESS_PER_BYTE x its largest graph's bytes: the
+#: Llama-3.1-8B shape's parts, W8A16 decode graphs of 0.75 and 1.27 GB, peaked at 3.06 and
+#: 5.2 GiB compiled alone (benchmarks/README.md)
+PROCESS_BASE = 512 << 20
+PROCESS_PER_BYTE = 4.2
+
+
+def part_processes(sources: list[Path]) -> int:
+    """How many parts to compile at once: 1 for fewer than two parts or small ones; else as
+    many as the cores, the parts and the free memory allow (each process's peak predicted
+    from its largest graph). ``QSTUDIO_PART_PROCESSES`` sets the count (tests, a host the
+    prediction does not fit)."""
+    import os
+
+    from studio.core.hostmem import HEADROOM, available_memory
+
+    if len(sources) < 2:
+        return 1
+    forced = os.environ.get("QSTUDIO_PART_PROCESSES", "").strip()
+    if forced:
+        return max(1, min(len(sources), int(forced)))
+    largest = max(graph_bytes(src / f"{g}.onnx") for src in sources for g in GRAPHS)
+    if largest < PARALLEL_ABOVE:
+        return 1
+    per = PROCESS_BASE + PROCESS_PER_BYTE * largest
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    fit = int(max(0, available_memory() - HEADROOM) // per)
+    return max(1, min(len(sources), cores or 1, fit))
+
+
+def _child_init() -> None:
+    """A compile process ends with the stage's process (a killed job leaves none behind)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the stage's process decides on Ctrl-C
+
+
+def _compile_job(src: str, dst: str, chip: Chip, fp16: bool, extra: dict[str, str],
+                 part_name: str) -> dict[str, dict]:
+    return compile_part(Path(src), Path(dst), chip, fp16, extra, None, part_name)
+
+
+def compile_in_processes(jobs: list[tuple[int, Any, Path, Path]], chip: Chip, fp16: bool,
+                         extra: dict[str, str], workers: int, progress: Progress, start: int,
+                         total: int):
+    """Compile the parts of ``jobs`` ((index, key, source folder, destination)) in
+    ``workers`` processes; yields (index, key, result) as each part finishes. Cancelling
+    the stage ends the processes (their partial binaries are the stage's work folder's)."""
+    import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
+                               initializer=_child_init)
+    running = {pool.submit(_compile_job, str(src), str(dst), chip, fp16, extra, src.name):
+               (k, key, src.name) for k, key, src, dst in jobs}
+    done_parts = 0
+    try:
+        pending = set(running)
+        while pending:
+            names = sorted(running[f][2].replace("_", " ") for f in pending)[:workers]
+            progress.update((start + 2 * done_parts) / total,
+                            f"compiling {', '.join(names)} for {chip.name} ({workers} at a "
+                            "time)")
+            finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            for fut in sorted(finished, key=lambda f: running[f][0]):
+                k, key, _ = running[fut]
+                got = fut.result()
+                done_parts += 1
+                yield k, key, got
+            progress.check()
+    except BaseException:
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.kill()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
