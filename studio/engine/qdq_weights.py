@@ -108,7 +108,7 @@ def stand_in(model_path: Path, axes: dict[str, int | None], block_size: int = 0
             continue
         axis = axes[init.name]
         axis = None if axis is None else axis % 2
-        ext = _external(init)
+        ext = _external(init) or {}  # streamable: in external data
         rows, cols = int(init.dims[0]), int(init.dims[1])
         orig = Original(init.name, model_path.parent / ext["location"],
                         int(ext.get("offset", 0)), rows, cols, axis,
