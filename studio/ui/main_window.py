@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core import project as projectfile
 from studio.core.errors import StudioError
 from studio.ui.controller import ProjectController, SaveConflict
 from studio.ui.pages.registry import PAGES, has_page, page_spec
@@ -426,6 +427,18 @@ class MainWindow(QMainWindow):
         if self.ctl.studio is not None and Path(self.ctl.project.path) == path.resolve():
             self.show_page("Overview")
             return True
+        try:
+            # the file is read first: one that is no project (a text file, a corrupt or a
+            # newer .qstudio) leaves the open project open, unasked
+            projectfile.load(path)
+        except StudioError as exc:
+            self.notify(
+                f"Could not open {path.name}: {exc.message}. The file was not changed"
+                + (f"; {self.ctl.project.name} stays open." if self.ctl.studio is not None
+                   else "."), "error")
+            if self.ctl.studio is None:
+                self.welcome.refresh()
+            return False
         if not self.maybe_close():
             return False
         try:

@@ -116,6 +116,27 @@ def test_broken_project_opens_to_a_clear_message(window, tmp_path, content, expe
     assert window.stack.currentWidget() is window.welcome
 
 
+def test_opening_a_broken_file_keeps_the_open_project(window, project_path, tmp_path,
+                                                       monkeypatch):
+    """File -> Open on a file that is no project, with a project open and edited: one
+    message, no question about the edits, and the project stays open with them."""
+    assert window.open_project(project_path)
+    window.ctl.set("quantization", "calibration_samples", 3)
+    asked = []
+    monkeypatch.setattr(window, "confirm_unsaved", lambda: asked.append(1) or "cancel")
+    for name, content in (("notes.txt", b"just some text\n"),
+                          ("broken.qstudio", b"schema_version = 1\nname = [unclosed")):
+        path = tmp_path / name
+        path.write_bytes(content)
+        assert window.open_project(path) is False
+        text = window.notifications.texts()[0]
+        assert text.startswith(f"Could not open {name}:") and "stays open" in text, text
+        assert path.read_bytes() == content
+    assert not asked
+    assert window.ctl.studio is not None and window.ctl.project.path == project_path.resolve()
+    assert window.ctl.dirty and window.ctl.project.quantization["calibration_samples"] == 3
+
+
 def test_open_save_dirty_marker_and_close_prompt(window, project_path, monkeypatch):
     assert window.open_project(project_path)
     ctl = window.ctl
