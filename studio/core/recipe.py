@@ -360,7 +360,8 @@ def _float_chips(chips) -> list:
 
 
 def refusal(part: str, precision: str, *, has_weight: bool = True, chips=(),
-            scheme: str | None = None, layer: str = "") -> str | None:
+            scheme: str | None = None, layer: str = "", act_bits: int | None = None
+            ) -> str | None:
     """Why the HTP of the project's targets cannot run ``precision`` for ``part`` of a layer
     (one readable sentence), or None when it can. ``chips`` are the targets' catalog entries
     (:class:`studio.core.catalog.Chip`); ``has_weight`` whether the layer stores weights.
@@ -368,8 +369,12 @@ def refusal(part: str, precision: str, *, has_weight: bool = True, chips=(),
     The rules: INT4 is for weights only (HTP activations are 8- or 16-bit, or float); weights
     alone cannot be float (a float layer is float throughout); a layer without weights has no
     weight precision; FP16 / FP32 need a target whose HTP runs float (the catalog's ``fp16``);
-    the FP16 scheme keeps every layer in float and ignores per-layer overrides."""
+    the FP16 scheme keeps every layer in float and ignores per-layer overrides; the HTP's
+    MatMul takes no 16-bit weights under 16-bit activations (``act_bits``: the bits of the
+    layers' input activations, the scheme's when not given)."""
     what = f"{layer}: " if layer else ""
+    if act_bits is None and scheme is not None and not is_float_scheme(scheme):
+        act_bits = activation_bits(scheme)
     if part not in PARTS:
         return f"{what}unknown part {part!r}: choose one of {', '.join(PARTS)}"
     if precision not in PRECISIONS:
@@ -386,6 +391,11 @@ def refusal(part: str, precision: str, *, has_weight: bool = True, chips=(),
     if part == "weights" and not has_weight:
         return (f"{what}this layer has no weights (an activation, a norm or the embedding "
                 "lookup): set its activations instead")
+    if (part in ("weights", "layer") and precision == "INT16" and has_weight
+            and act_bits == 16):
+        return (f"{what}the HTP's MatMul does not run 16-bit weights under 16-bit activations "
+                "(the scheme's): give the weights INT8 or INT4"
+                + (", and the activations INT16 alone" if part == "layer" else ""))
     if is_float_precision(precision):
         no_float = _float_chips(chips)
         if no_float:
@@ -418,7 +428,7 @@ def override_part(pattern: str, precision: str) -> str:
 
 
 def override_refusal(pattern: str, precision: str, weighted: dict[str, bool], chips=(),
-                     ) -> str | None:
+                     act_bits: int | None = None) -> str | None:
     """Why an override rule cannot run on the targets, or None. ``weighted`` maps every layer
     the recipe can set (and key activation) to whether it stores weights; a rule that covers
     none of them is not refused here (:func:`unmatched_patterns` names it)."""
@@ -427,7 +437,7 @@ def override_refusal(pattern: str, precision: str, weighted: dict[str, bool], ch
     part = override_part(pattern, precision)
     covered = [name for name in weighted if covers(pattern, name)]
     has_weight = not covered or any(weighted[name] for name in covered)
-    why = refusal(part, precision, has_weight=has_weight, chips=chips)
+    why = refusal(part, precision, has_weight=has_weight, chips=chips, act_bits=act_bits)
     if why and part == "weights" and not has_weight:
         return (f"{pattern!r} = {precision} sets weights, and the {len(covered)} layer(s) it "
                 f"covers have none ({covered[0]}{', …' if len(covered) > 1 else ''}): give them "

@@ -275,9 +275,11 @@ def override_refusals(project: Project, info: ModelInfo | None,
     ``overrides`` (default: the project's), one sentence per refused rule
     (:func:`studio.core.recipe.override_refusal`). The Precision page refuses such edits;
     preflight refuses such a recipe before a run (without ``info``: the float checks only)."""
-    from studio.core.recipe import override_refusal
+    from studio.core.recipe import activation_bits, is_float_scheme, override_refusal
 
     rules = project.quantization["overrides"] if overrides is None else overrides
+    scheme = project.quantization["scheme"]
+    act = None if is_float_scheme(scheme) else activation_bits(scheme)
     if info is None:
         weighted: dict[str, bool] = {}
     else:
@@ -285,4 +287,4 @@ def override_refusals(project: Project, info: ModelInfo | None,
         weighted = {name: name in w for name, *_ in quantizable(info)}
     chips = target_chips(project) if chips is None else chips
     return [why for pattern, prec in rules.items()
-            if (why := override_refusal(pattern, prec, weighted, chips))]
+            if (why := override_refusal(pattern, prec, weighted, chips, act))]

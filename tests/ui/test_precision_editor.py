@@ -129,12 +129,14 @@ def test_bulk_edit_of_cells_with_undo_and_redo(window, project_path, qtbot):
 def test_a_glob_rule_edit_shows_in_the_grid(window, project_path, qtbot):
     page = _open(window, project_path, qtbot)
     p = window.ctl.project
+    # W8A8: 16-bit weights run under its 8-bit activations (not under W8A16's 16-bit ones)
+    window.ctl.set("quantization", "scheme", "W8A8")
     o_proj = [f"model.layers.{b}.self_attn.o_proj" for b in range(4)]
     page.pattern.setText("*.o_proj.weight")
     page.prec.setCurrentText("INT4")
     page.add_button.click()
     assert p.quantization["overrides"] == {"*.o_proj.weight": "INT4"}
-    assert all(_cell(page, n) == "W4 A16" for n in o_proj)
+    assert all(_cell(page, n) == "W4 A8" for n in o_proj)
     assert page.overrides.index(0, 2).data() == "4"  # layers it covers
     # select the rule: its layers are selected in the grid; edit it in place
     page.over_view.selectRow(0)
@@ -143,8 +145,8 @@ def test_a_glob_rule_edit_shows_in_the_grid(window, project_path, qtbot):
     page.prec.setCurrentText("INT16")
     page.update_button.click()
     assert p.quantization["overrides"] == {"*.o_proj.weight": "INT16"}
-    assert all(_cell(page, n) == "W16 A16" for n in o_proj)
-    assert all(_state(window)[n] == ("INT16", "INT16") for n in o_proj)
+    assert all(_cell(page, n) == "W16 A8" for n in o_proj)
+    assert all(_state(window)[n] == ("INT16", "INT8") for n in o_proj)
     # a second rule, moved above the first: order matters, the grid follows
     page.pattern.setText("model.layers.0")
     page.prec.setCurrentText("FP16")
@@ -153,14 +155,14 @@ def test_a_glob_rule_edit_shows_in_the_grid(window, project_path, qtbot):
     page._select_rule("model.layers.0")
     page.up_button.click()
     assert list(p.quantization["overrides"]) == ["model.layers.0", "*.o_proj.weight"]
-    assert _cell(page, o_proj[0]) == "W16 A16"  # the later weight rule puts it back
+    assert _cell(page, o_proj[0]) == "W16 A8"  # the later weight rule puts it back
     assert _cell(page, "model.layers.0.mlp.up_proj") == "FP16"
     page._select_rule("*.o_proj.weight")
     page.remove_button.click()
     assert p.quantization["overrides"] == {"model.layers.0": "FP16"}
-    assert _cell(page, o_proj[1]) == "W8 A16"
+    assert _cell(page, o_proj[1]) == "W8 A8"
     window.undo_act.trigger()
-    assert _cell(page, o_proj[1]) == "W16 A16"
+    assert _cell(page, o_proj[1]) == "W16 A8"
 
 
 def test_refused_choices_leave_the_project_unchanged_and_say_why(window, project_path, qtbot):
@@ -188,10 +190,12 @@ def test_refused_choices_leave_the_project_unchanged_and_say_why(window, project
     ctl.set("", "targets", ["qcm6490"])
     _click_cell(page, "model.layers.2.mlp.up_proj")
     choices = {(part, prec): why for part, prec, _t, why in page.grid.menu_choices()}
-    assert "fp16 = false" in choices[("layer", "FP16")] and not choices[("layer", "INT16")]
+    assert "fp16 = false" in choices[("layer", "FP16")] and not choices[("activations", "INT16")]
+    # 16-bit weights under the scheme's 16-bit activations: the HTP's MatMul has no such kernel
+    assert "16-bit weights under 16-bit activations" in choices[("layer", "INT16")]
     menu = page.grid.build_menu()
     texts = [a.text() for a in menu.actions()]
-    assert "Whole layer → FP16   ✕ refused" in texts and "Whole layer → INT16" in texts
+    assert "Whole layer → FP16   ✕ refused" in texts and "Activations → INT16" in texts
     fp16 = next(a for a in menu.actions() if a.text().startswith("Whole layer → FP16"))
     fp16.trigger()  # clicking a refused choice says why
     assert p.quantization["overrides"] == before
@@ -207,6 +211,31 @@ def test_refused_choices_leave_the_project_unchanged_and_say_why(window, project
     assert "sets weights" in page.status.text()
     assert p.quantization["overrides"] == before
     assert p.targets == ["qcm6490"] and window.ctl.dirty
+
+
+def test_the_set_row_never_offers_a_refused_choice(window, project_path, qtbot):
+    """The Set row's precision list greys out what the HTP refuses for the chosen part of the
+    selection, with the reason as the tooltip, and never keeps a refused choice as its
+    default: lm_head's weights under W8A16 are not offered INT16 (the quantizer would fail
+    on it at Apply), a set of them anyway is refused and changes nothing."""
+    page = _open(window, project_path, qtbot)
+    p = window.ctl.project
+    assert p.quantization["scheme"] == "W8A16"
+    _click_cell(page, "lm_head")
+    page.part_combo.setCurrentIndex(page.part_combo.findData("weights"))
+    items = page.prec_combo.model()
+    state = {page.prec_combo.itemText(i): (items.item(i).isEnabled(), items.item(i).toolTip())
+             for i in range(page.prec_combo.count())}
+    assert not state["INT16"][0] and "16-bit weights under 16-bit activations" in state["INT16"][1]
+    assert state["INT8"][0] and state["INT4"][0] and not state["FP16"][0]
+    assert page.prec_combo.currentText() == "INT8"  # the most precise one allowed
+    page.prec_combo.setCurrentText("INT16")
+    page.set_button.click()
+    assert p.quantization["overrides"] == {} and "16-bit weights" in page.status.text()
+    # activations of the same layer: INT16 is allowed again, and the list says so
+    page.part_combo.setCurrentIndex(page.part_combo.findData("activations"))
+    assert items.item(page.prec_combo.findText("INT16")).isEnabled()
+    assert not items.item(page.prec_combo.findText("INT4")).isEnabled()
 
 
 def test_heat_map_after_the_real_sensitivity_stage(

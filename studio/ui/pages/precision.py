@@ -231,6 +231,7 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
         self.set_button.clicked.connect(
             lambda: self.edit_selection(self.part_combo.currentData(),
                                         self.prec_combo.currentText()))
+        self.part_combo.currentIndexChanged.connect(lambda _: self._refresh_choices())
         row.addWidget(self.set_button)
         sel_l.addLayout(row)
         row = QHBoxLayout()
@@ -477,6 +478,35 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
         self.details.setText(selection_html(rows, self._info(), self.sensitivity))
         for b in (self.set_button, self.reset_button):
             b.setEnabled(bool(rows))
+        self._refresh_choices(rows)
+
+    def _refresh_choices(self, rows: list[dict] | None = None) -> None:
+        """The precision choices the targets' HTP refuses for the chosen part of the
+        selection are greyed out with the reason as their tooltip; a refused current choice
+        moves to the most precise one allowed (the default is never a refused choice)."""
+        from studio.core.recipe import refusal
+
+        if self.ctl.project is None:
+            return
+        if rows is None:
+            rows = [r for n in self.grid.selected_layers()
+                    if (r := self.grid.model.row_of(n)) is not None]
+        part = self.part_combo.currentData()
+        chips, scheme = self.grid.context()
+        has_weight = any(r.get("weight") for r in rows) if rows else True
+        model = self.prec_combo.model()
+        allowed = []
+        for i in range(self.prec_combo.count()):
+            prec = self.prec_combo.itemText(i)
+            why = refusal(part, prec, has_weight=has_weight, chips=chips, scheme=scheme)
+            item = model.item(i)
+            item.setEnabled(why is None)
+            item.setToolTip(f"Refused: {why}" if why else "")
+            if why is None:
+                allowed.append(prec)
+        if allowed and self.prec_combo.currentText() not in allowed:
+            best = next((p for p in ("INT16", "INT8", "FP16", "INT4") if p in allowed), allowed[0])
+            self.prec_combo.setCurrentText(best)
 
     def _diff_clicked(self, index) -> None:
         name = self.diff_view.layer_at(index)
