@@ -20,6 +20,37 @@ from pathlib import Path
 _T0 = time.perf_counter()
 
 
+#: what Qt's xcb platform plugin loads on a Linux desktop (or under Xvfb): the library and the
+#: Debian package that has it (packaging/install-system-deps.sh installs them); Qt itself
+#: aborts with a list of plugins when one is missing
+_XCB_LIBRARIES = (("libxcb-cursor.so.0", "libxcb-cursor0"), ("libxcb-icccm.so.4", "libxcb-icccm4"),
+                  ("libxcb-keysyms.so.1", "libxcb-keysyms1"),
+                  ("libxkbcommon-x11.so.0", "libxkbcommon-x11-0"), ("libEGL.so.1", "libegl1"),
+                  ("libfontconfig.so.1", "libfontconfig1"))
+
+
+def _loadable(soname: str) -> bool:
+    """Whether the dynamic loader finds ``soname`` (as Qt will load it)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(soname)
+    except OSError:
+        return False
+    return True
+
+
+def _missing_window_libraries() -> list[str]:
+    """The packages of the libraries Qt's window needs that this Linux machine lacks
+    (nothing for an offscreen or non-xcb platform, nor off Linux)."""
+    platform = os.environ.get("QT_QPA_PLATFORM", "")
+    if not sys.platform.startswith("linux") or (platform and not platform.startswith("xcb")):
+        return []
+    if not platform and not os.environ.get("DISPLAY"):
+        return []  # Wayland: Qt's wayland plugin, not xcb
+    return [pkg for lib, pkg in _XCB_LIBRARIES if not _loadable(lib)]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -29,6 +60,13 @@ def main(argv: list[str] | None = None) -> int:
         # Qt would abort with a list of plugins; say what to do instead
         print("error: no display to open the QStudio window on (DISPLAY is not set): run it "
               "in a desktop session, or use studio --batch FILE for headless runs",
+              file=sys.stderr)
+        return 2
+    missing = _missing_window_libraries()
+    if missing:
+        print(f"error: the QStudio window needs the system libraries {', '.join(missing)}, "
+              "which this machine lacks: run bash packaging/install-system-deps.sh (or install "
+              "them with your package manager); studio --batch FILE needs none of them",
               file=sys.stderr)
         return 2
 

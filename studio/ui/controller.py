@@ -98,6 +98,7 @@ class ProjectController(QObject):
         self._model: Any = None
         self._model_task: asyncio.Future | None = None
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="qstudio-io")
+        self._shut = False  # after shutdown(): work asked of the pool is dropped
         self._bridge = _Bridge(self)
         self._bridge.event.connect(self._dispatch)
         self._autosave = QTimer(self)
@@ -217,6 +218,7 @@ class ProjectController(QObject):
         """Close the session and wait for every thread that touched Qt: a thread still alive
         when the QApplication goes away aborts the process ("QThread: Destroyed while thread
         is still running")."""
+        self._shut = True
         self.close()
         for t in getattr(self, "_threads", []):
             t.join(30)
@@ -481,7 +483,14 @@ class ProjectController(QObject):
 
     # ---- slow reads, off the UI thread --------------------------------------------------------
     def in_thread(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+        """``fn(*args)`` on the window's thread pool. After :meth:`shutdown` (the window is
+        quitting) the work is dropped: a cancelled future, which ends the page's task that
+        awaited it quietly instead of with "cannot schedule new futures after shutdown"."""
         loop = asyncio.get_event_loop()
+        if self._shut:
+            dropped = loop.create_future()
+            dropped.cancel()
+            return dropped
         return loop.run_in_executor(self._pool, fn, *args)
 
     @property

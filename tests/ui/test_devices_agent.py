@@ -92,3 +92,23 @@ def test_the_add_dialog_takes_a_certificate_and_a_phone_needs_the_sdk(
     assert page.sdk_label.text().endswith("sdk (from settings)")
     page.choose_sdk(str(tmp_path))  # not an SDK: refused, the setting stays
     assert page.sdk_label.text().endswith("sdk (from settings)")
+
+
+def test_an_agent_check_after_quit_ends_quietly(make_window, tmp_path, qtbot, monkeypatch):
+    """Quitting while the Devices page checks its agents (its 30 s timer) left a task that
+    failed with "cannot schedule new futures after shutdown" (a traceback on every Quit):
+    work asked of the window's pool after its shutdown is dropped, the check ends quietly."""
+    import asyncio
+
+    monkeypatch.setenv("QSTUDIO_CONFIG_DIR", str(tmp_path / "cfg"))
+    win = make_window()
+    page = win.show_page("Devices")
+    page.registry().add("gone", "http://127.0.0.1:9", "t0ken", "")
+    win.ctl.shutdown()  # what Quit does
+    dropped = win.ctl.in_thread(lambda: 1)
+    assert isinstance(dropped, asyncio.Future) and dropped.cancelled()
+    page.check_agents()
+    task = page._check_task
+    assert task is not None
+    qtbot.waitUntil(task.done, timeout=10_000)
+    assert task.cancelled() or task.exception() is None

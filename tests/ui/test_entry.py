@@ -41,3 +41,22 @@ def test_studio_without_a_display_says_what_to_do():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].startswith("error: no display")
+
+
+def test_studio_without_the_windows_system_libraries_names_them(monkeypatch, capsys):
+    """On an X11 desktop without libxcb-cursor (a fresh machine after the README's first
+    command), one line names the missing package and the script that installs it; Qt's own
+    abort is not reached."""
+    from studio.ui import app
+
+    real = app._loadable
+    assert real("libxcb-cursor.so.0")  # this machine has it (the suite's system deps)
+    monkeypatch.setattr(app, "_loadable", lambda so: so != "libxcb-cursor.so.0" and real(so))
+    monkeypatch.setenv("DISPLAY", ":99")
+    monkeypatch.delenv("QT_QPA_PLATFORM", raising=False)
+    assert app.main([]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "libxcb-cursor0" in err
+    assert "bash packaging/install-system-deps.sh" in err
+    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")  # offscreen needs no X11 library
+    assert app._missing_window_libraries() == []
