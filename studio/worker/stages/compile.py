@@ -233,14 +233,15 @@ def compile_in_processes(jobs: list[tuple[int, Any, Path, Path]], chip: Chip, fp
                                initializer=_child_init)
     running = {pool.submit(_compile_job, str(src), str(dst), chip, fp16, extra, src.name):
                (k, key, src.name) for k, key, src, dst in jobs}
-    done_parts = 0
+    done_parts, said = 0, ""
     try:
         pending = set(running)
         while pending:
             names = sorted(running[f][2].replace("_", " ") for f in pending)[:workers]
-            progress.update((start + 2 * done_parts) / total,
-                            f"compiling {', '.join(names)} for {chip.name} ({workers} at a "
-                            "time)")
+            message = f"compiling {', '.join(names)} for {chip.name} ({workers} at a time)"
+            if message != said:  # once per change, not every poll
+                progress.update((start + len(GRAPHS) * done_parts) / total, message)
+                said = message
             finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             for fut in sorted(finished, key=lambda f: running[f][0]):
                 k, key, _ = running[fut]
