@@ -78,6 +78,15 @@ def test_profile_runs_live_then_breakdown_compare_and_memory(
     assert "gate/up" in diff and page.diff.columnCount() == 7
     ratios = [page.diff.index(r, 4).data() for r in range(page.diff.rowCount())]
     assert all(r.endswith("×") for r in ratios)
+    # the shown profile (A) is the newer: changes read from B (older) to A, red where A
+    # takes more — an improvement is green whichever side it is on
+    assert page.diff.columns[3] == "Δ A − B" and "from the older profile (B)" in \
+        page.compare_note.text()
+    for r in range(page.diff.rowCount()):
+        a, b = (float(page.diff.index(r, c).data().split()[0].replace(",", ""))
+                for c in (1, 2))
+        change = float(page.diff.index(r, 3).data().replace(",", ""))
+        assert change == pytest.approx(a - b, abs=1.0)
     assert page.delta_plot.getPlotItem().listDataItems() or page.delta_plot.items()
 
     page.tabs.setCurrentIndex(page.tabs.indexOf(page.memory))

@@ -518,25 +518,37 @@ class ProfilerPage(TargetStagePage):
         by = self.compare_group.currentData()
         rows = pv.compare(self.data, other, by)
         unit = self.data.unit
-        self.diff.columns = ["Group", f"A ({unit})", f"B ({other.unit})", "Δ", "B / A",
-                             "Share A", "Share B"]
+        # changes read from the older profile to the newer, whichever is shown: red where the
+        # newer takes more, green where it takes less (an improvement is never red)
+        a_newer = (self.data.job is not None and other.job is not None
+                   and self.data.job.id > other.job.id)
+        sign = -1 if a_newer else 1  # CompareRow.delta is B - A
+        self.diff.columns = ["Group", f"A ({unit})", f"B ({other.unit})",
+                             "Δ A − B" if a_newer else "Δ B − A", "B / A", "Share A", "Share B"]
+
+        def colour(change: float) -> dict[int, str]:
+            return {3: "#d64545" if change > 0 else "#1f8a4c"} if change else {}
+
         self.diff.set_rows([
-            Row([r.name, _num(r.a, unit, False), _num(r.b, unit, False), f"{r.delta:+,.0f}",
+            Row([r.name, _num(r.a, unit, False), _num(r.b, unit, False),
+                 f"{sign * r.delta:+,.0f}",
                  f"{r.ratio:.2f}×" if r.ratio is not None else "new",
                  f"{r.share_a:.1%}", f"{r.share_b:.1%}"],
-                colors={3: "#d64545" if r.delta > 0 else "#1f8a4c"},
-                align_right=(1, 2, 3, 4, 5, 6))
+                colors=colour(sign * r.delta), align_right=(1, 2, 3, 4, 5, 6))
             for r in rows
         ])
+        newer, older = ("A", "B") if a_newer else ("B", "A")
         note = (f"A: {self.data.title} ({self.data.source}) · B: {other.title} "
-                f"({other.source}). Bars: change in share of the step (percentage points): "
-                "shares stay comparable when the host load differs between the two profiles.")
+                f"({other.source}). Δ and bars: from the older profile ({older}) to the newer "
+                f"({newer}), red where the newer takes more; bars are the change in share of "
+                "the step (percentage points): shares stay comparable when the host load "
+                "differs between the two profiles.")
         if self.data.unit != other.unit:
             note += f" Units differ ({self.data.unit} vs {other.unit}): compare the shares."
         self.compare_note.setText(note)
         pg = self.pg
         shown = rows[:TOP_N]
-        deltas = [100 * (r.share_b - r.share_a) for r in shown]
+        deltas = [100 * sign * (r.share_b - r.share_a) for r in shown]
         ys = list(range(len(shown)))
         brushes = ["#d64545" if d > 0 else "#1f8a4c" for d in deltas]
         self.delta_plot.addItem(pg.BarGraphItem(x0=[min(0, d) for d in deltas], y=ys,
