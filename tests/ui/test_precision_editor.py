@@ -260,10 +260,13 @@ def test_heat_map_after_the_real_sensitivity_stage(
     ctl.set("sensitivity", "heldout_tokens", 96)
     page.heat.run_button.click()
     assert ctl.running and not page.apply_button.isEnabled()
+    assert page.status.text().startswith("Sensitivity queued")
     qtbot.waitUntil(lambda: not ctl.running, timeout=400_000)
     qtbot.waitUntil(lambda: page.sensitivity is not None, timeout=60_000)
     result = page.sensitivity
     assert result["current"] and result["data"]["source"] == "measured"
+    # the queued line does not stay once it finished
+    assert page.status.text() == "Sensitivity finished: the heat map shows its result."
 
     # the ranked chart: most sensitive first, figures measured on the host CPU
     assert page.heat.stack.currentWidget() is page.heat.chart

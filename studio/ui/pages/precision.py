@@ -572,6 +572,15 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
     def on_job_event(self, job) -> None:
         if job.state == "succeeded" and role_of(job.stage) == "sensitivity":
             self.later(self.load_sensitivity, 100)
+        if (role_of(job.stage) == "sensitivity" and self.status.text().startswith(
+                "Sensitivity queued") and job.state in ("succeeded", "failed", "cancelled")):
+            # the queued line gives way to how it ended
+            self.show_status({"succeeded": "Sensitivity finished: the heat map shows its "
+                                           "result.",
+                              "failed": f"Sensitivity failed: {job.message} (details on the "
+                                        "Jobs page).",
+                              "cancelled": "Sensitivity cancelled."}[job.state],
+                             error=job.state == "failed")
         if self._apply_task is not None and job.state in ("running", "failed"):
             self.show_status(f"Applying the recipe: {job.label} {job.state}"
                              + (f" — {job.message}" if job.state == "failed" else "")
