@@ -564,8 +564,15 @@ class MainWindow(QMainWindow):
         return task
 
     # ---- controller events -------------------------------------------------------------------------
+    def _update_nav(self) -> None:
+        """List the pages of the open project's model kind (every page without a project)."""
+        kind = self.ctl.project.model["kind"] if self.ctl.studio is not None else ""
+        for row, spec in enumerate(PAGES):
+            self.nav.item(row).setHidden(bool(kind and spec.kinds and kind not in spec.kinds))
+
     def _opened(self) -> None:
         self.notifications.clear()
+        self._update_nav()
         self._fill_stages()
         self._update_title()
         self._update_project_actions()
@@ -574,6 +581,7 @@ class MainWindow(QMainWindow):
 
     def _closed(self) -> None:
         self.notifications.clear()
+        self._update_nav()
         self._fill_stages()
         self._update_title()
         self._update_project_actions()

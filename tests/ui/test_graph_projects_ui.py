@@ -13,6 +13,7 @@ import pytest
 
 from studio.core import project as projectfile
 from studio.core.stagegraph import default_stages
+from studio.ui.pages.registry import PAGES
 from tests.engine.small_graphs import FEEDS, cnn, mlp
 from tests.ui.conftest import wait_task
 
@@ -92,6 +93,8 @@ def test_the_placement_page_before_and_after_a_run(window, qtbot, tmp_path):
     p.path = tmp_path / "mlp.qstudio"
     projectfile.save(p)
     assert window.open_project(p.path)
+    row = [s.key for s in PAGES].index("placement")
+    assert not window.nav.item(row).isHidden()  # an ONNX graph's project lists the page
     page = window.show_page("Placement")
     qtbot.waitUntil(lambda: page.not_yet.isVisible(), timeout=30_000)
     assert "not quantized" in page.not_yet.title.text()

@@ -38,7 +38,14 @@ def test_every_page_without_a_project(window):
 
 
 def test_empty_states_of_a_fresh_project(window, project_path, qtbot):
+    from studio.ui.pages.registry import PAGES
+
+    listed = lambda: [s.title for i, s in enumerate(PAGES)  # noqa: E731
+                      if not window.nav.item(i).isHidden()]
+    assert "Placement" in listed()  # no project: every page
     assert window.open_project(project_path)
+    # a causal LM's project does not list the page of encoders' and graphs' node placement
+    assert "Placement" not in listed() and "Precision" in listed()
     expect = {
         "Jobs": "No jobs yet",
         "Profiler": "No profile yet",

@@ -28,6 +28,9 @@ class PageSpec:
     description: str
     #: ``module:Class`` of the page, imported when the page is first shown
     target: str
+    #: the model kinds whose projects list the page (empty: every kind); another kind's
+    #: project hides it from the navigation
+    kinds: tuple[str, ...] = ()
 
     def load(self) -> type:
         """The page class (imports its module)."""
@@ -75,7 +78,7 @@ PAGES: tuple[PageSpec, ...] = (
              "Encoders and ONNX graphs: NPU / CPU nodes, refusals, the way forward",
              "Where each node of the graph runs on the target's NPU, why the HTP refuses the "
              "ones it refuses, and the way forward: strict, partition or rewrite.",
-             "studio.ui.pages.placement:PlacementPage"),
+             "studio.ui.pages.placement:PlacementPage", kinds=("encoder", "onnx-graph")),
     PageSpec("sweeps", "Sweeps", "Recipe sweeps: every point, the Pareto front, apply the best",
              "Variants of the recipe run side by side: every point's accuracy, size and speed "
              "with their sources, the Pareto front, the best point — and apply it.",
