@@ -280,6 +280,18 @@ def test_stage_pages_run_their_stage_and_refresh_on_its_jobs(
 
     prof = window.show_page("Profiler")
     assert prof.empty.isVisibleTo(prof)
+    # while its stage runs, the empty state says so and its run button waits (not "No
+    # profile yet" beside a live button)
+    import dataclasses
+
+    run = window.ctl.studio.jobs.create_run({})
+    live = window.ctl.studio.jobs.job(window.ctl.studio.jobs.add_job(run, "profile", "x"))
+    button = prof.empty.findChildren(QPushButton)[0]
+    window.ctl._dispatch({"kind": "job", "job": dataclasses.replace(live, state="running")})
+    assert prof.empty.title.text() == "No profile yet: the profile stage is running now"
+    assert not button.isEnabled() and "Jobs page" in button.toolTip()
+    window.ctl._dispatch({"kind": "job", "job": dataclasses.replace(live, state="cancelled")})
+    assert prof.empty.title.text() == "No profile yet" and button.isEnabled()
     jid = _add_job(
         window.ctl.studio.jobs,
         "profile",

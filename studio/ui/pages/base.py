@@ -10,6 +10,7 @@ from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
+    QPushButton,
     QStackedWidget,
     QVBoxLayout,
     QWidget,
@@ -195,6 +196,28 @@ class StagePage(Page):
         self.content_layout.setContentsMargins(0, 0, 0, 0)
         self.body_layout.addWidget(self.content, 1)
         self._jobs: list[Job] = []
+        self._empty_title = empty_title
+        self._run_buttons: list[QPushButton] = []
+        ctl.running_changed.connect(lambda _running: self._show_running())
+
+    def add_run_action(self, text: str, tip: str) -> QPushButton:
+        """The empty state's button that runs the page's stage: while that stage runs it is
+        disabled and the empty state says so (not "No … yet" beside a live button)."""
+        b = self.empty.add_action(text, self.run_stage, tip)
+        b.setProperty("run_tip", tip)
+        self._run_buttons.append(b)
+        return b
+
+    def _show_running(self) -> None:
+        role = self.role
+        busy = bool(role) and any(role_of(j.stage) == role for j in self.ctl.active_jobs)
+        self.empty.title.setText(
+            f"{self._empty_title}: the {self.stage or role} stage is running now" if busy
+            else self._empty_title)
+        for b in self._run_buttons:
+            b.setEnabled(not busy)
+            b.setToolTip("It is running now: its progress is on the Jobs page" if busy
+                         else b.property("run_tip"))
 
     @property
     def stage(self) -> str:
@@ -209,6 +232,8 @@ class StagePage(Page):
         self.refresh()
 
     def on_job_event(self, job: Job) -> None:
+        if role_of(job.stage) == self.role:
+            self._show_running()
         if job.state == "succeeded" and role_of(job.stage) == self.role:
             self.later(self.refresh, self.refresh_ms)
 

@@ -47,9 +47,9 @@ class DeployPage(TargetStagePage):
             "equals the studio's on held-out prompts. DLC files of the graphs come with it.",
             parent,
         )
-        self.empty.add_action("Build bundle", self.run_stage,
-                              "Runs the bundle stage and what it needs (export, quantize, "
-                              "compile)")
+        self.add_run_action(
+            "Build bundle",
+            "Runs the bundle stage and what it needs (export, quantize, compile)")
         self.job: Job | None = None
         self.folder: Path | None = None
         cl = self.content_layout

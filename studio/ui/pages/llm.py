@@ -44,9 +44,8 @@ class LLMPage(StagePage):
         import pyqtgraph as pg
 
         self.pg = pg
-        self.empty.add_action(
+        self.add_run_action(
             "Run generation",
-            self.run_stage,
             "Runs the run stage and what it needs (export, quantize, compile)",
         )
         cl = self.content_layout

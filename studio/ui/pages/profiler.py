@@ -93,9 +93,8 @@ class ProfilerPage(TargetStagePage):
         import pyqtgraph as pg  # only when the page is first shown
 
         self.pg = pg
-        self.empty.add_action(
+        self.add_run_action(
             "Run profile",
-            self.run_stage,
             "Runs profile and what it needs (export, quantize, compile)",
         )
         self.data: pv.ProfileData | None = None

@@ -163,9 +163,8 @@ class ValidationPage(StagePage):
         self.body_layout.addWidget(self.sections, 1)
 
     def _build_empty_actions(self) -> None:
-        self.empty.add_action(
+        self.add_run_action(
             "Run validate",
-            self.run_stage,
             "Runs the project's validate stage and what it needs (export or import, quantize, "
             "compile)",
         )
