@@ -24,6 +24,10 @@ HEAT_METRICS: dict[str, tuple[str, str, str, float]] = {
     "perplexity": ("perplexity", "perplexity drop", "", -1.0),
     "logits_cosine": ("logits_cosine", "logits cosine gain", "", 1.0),
 }
+#: the least change the heat map paints in full colour, per figure: the colour scales to the
+#: largest value or to this, whichever is larger — a model whose layers all move the figure by
+#: 2e-5 nats stays pale instead of deep red (a relative scale reddens the largest of any set)
+HEAT_FLOOR: dict[str, float] = {"kl_divergence": 1e-3, "perplexity": 0.01, "logits_cosine": 1e-4}
 #: what each figure is, in a sentence
 HEAT_HELP = {
     "kl_divergence": "how much the KL divergence of the logits to FP32 drops when the layer "

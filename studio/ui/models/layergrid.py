@@ -103,10 +103,12 @@ class LayerGridModel(QAbstractTableModel):
             idx = self.index_of(name)
             self.dataChanged.emit(idx, idx)
 
-    def set_heat(self, values: dict[str, float] | None, text: str = "") -> None:
-        """Colour the cells by ``values`` (None: by precision); ``text`` names the figure."""
+    def set_heat(self, values: dict[str, float] | None, text: str = "",
+                 floor: float = 0.0) -> None:
+        """Colour the cells by ``values`` (None: by precision); ``text`` names the figure;
+        full colour at the largest value or at ``floor``, whichever is larger."""
         self._heat = dict(values) if values is not None else None
-        self._heat_max = max((v for v in (values or {}).values()), default=0.0)
+        self._heat_max = max([floor, *(values or {}).values()])
         self._heat_text = text
         if self.rowCount() and self.columnCount():
             self.dataChanged.emit(self.index(0, 0),

@@ -284,8 +284,9 @@ class LayerGrid(QWidget):
         self.select_layers([n for n, (_, c) in lay.cells.items() if c == col])
 
     # ---- heat -----------------------------------------------------------------------------------
-    def set_heat(self, values: dict[str, float] | None, text: str = "") -> None:
-        self.model.set_heat(values, text)
+    def set_heat(self, values: dict[str, float] | None, text: str = "",
+                 floor: float = 0.0) -> None:
+        self.model.set_heat(values, text, floor)
         self.legend.set_heat(values is not None, self.model.heat_max, text)
         self.view.viewport().update()
 

@@ -557,7 +557,8 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
             data = result["data"]
             self.grid.set_heat(sens.heat(data, metric),
                                f"{unit or title} ({data.get('source', 'measured')} on "
-                               f"{data.get('device', 'host-cpu')})")
+                               f"{data.get('device', 'host-cpu')})",
+                               sens.HEAT_FLOOR.get(metric, 0.0))
         else:
             self.grid.set_heat(None)
 
