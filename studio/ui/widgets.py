@@ -42,6 +42,35 @@ def theme_plot(plot, palette) -> None:
         ax.setTextPen(fg)
 
 
+def plot_message(plot, text: str) -> None:
+    """An empty chart says why it is empty instead of drawing bare 0-1 axes: clears ``plot``,
+    hides its axes and writes ``text`` in the middle (:func:`plot_axes` brings them back)."""
+    import pyqtgraph as pg
+
+    plot.clear()
+    item = plot.getPlotItem()
+    hidden = set(filter(None, (plot.property("message_hid") or "").split(",")))  # shown before
+    hidden |= {a for a in ("left", "bottom") if item.getAxis(a).isVisible()}
+    for a in hidden:
+        item.hideAxis(a)
+    plot.setProperty("message_hid", ",".join(sorted(hidden)))
+    msg = pg.TextItem(text, anchor=(0.5, 0.5), color=plot.palette().text().color())
+    plot.addItem(msg)
+    msg.setPos(0.5, 0.5)
+    plot.setXRange(0, 1, padding=0)
+    plot.setYRange(0, 1, padding=0)
+    plot.setProperty("message", text)
+
+
+def plot_axes(plot) -> None:
+    """Undo :func:`plot_message` before drawing data: the axes it hid are shown again."""
+    hid = plot.property("message_hid") or ""
+    for a in filter(None, hid.split(",")):
+        plot.getPlotItem().showAxis(a)
+    plot.setProperty("message_hid", "")
+    plot.setProperty("message", "")
+
+
 def label(
     text: str = "", role: str | None = None, wrap: bool = False, selectable: bool = False
 ) -> QLabel:

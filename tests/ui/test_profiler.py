@@ -65,6 +65,9 @@ def test_profile_runs_live_then_breakdown_compare_and_memory(
     page.group.setCurrentIndex(page.group.findData("layer_block"))
     assert page.table.columns[0] == "Layer" and "RoPE" in page.table.columns
 
+    # one profile: the compare chart says there is nothing to compare with (no bare axes)
+    assert page.delta_plot.property("message") == "No other profile to compare with yet"
+    assert not page.delta_plot.getPlotItem().getAxis("left").isVisible()
     # a second run with another setting: a second profile to compare with
     first_job = page.data.job.id
     win.ctl.set("profile", "repeats", 3)
@@ -88,6 +91,8 @@ def test_profile_runs_live_then_breakdown_compare_and_memory(
         change = float(page.diff.index(r, 3).data().replace(",", ""))
         assert change == pytest.approx(a - b, abs=1.0)
     assert page.delta_plot.getPlotItem().listDataItems() or page.delta_plot.items()
+    assert not page.delta_plot.property("message")
+    assert page.delta_plot.getPlotItem().getAxis("left").isVisible()
 
     page.tabs.setCurrentIndex(page.tabs.indexOf(page.memory))
     qtbot.waitUntil(lambda: page.memory.result is not None, timeout=60_000)

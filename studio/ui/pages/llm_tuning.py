@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 from studio.core.errors import StudioError
 from studio.ui.loading import LatestLoad
 from studio.ui.theme import SOURCE_COLORS
-from studio.ui.widgets import SourceBadge, label, theme_plot
+from studio.ui.widgets import SourceBadge, label, plot_axes, plot_message, theme_plot
 
 # the bars in the colours of their source badges
 MEASURED, ESTIMATED = SOURCE_COLORS["measured"], SOURCE_COLORS["estimated"]
@@ -132,7 +132,9 @@ class WaterfallPanel(QWidget):
             self.info.setText("No waterfall for the current settings: measure it (the stage "
                               "quantizes the model twice and exports the pruned one: a few "
                               "minutes on the sample).")
+            plot_message(self.plot, "No waterfall for the current settings yet")
             return
+        plot_axes(self.plot)
         try:
             data = wfs.with_estimate(self._raw, self.chip.currentText())
         except StudioError as exc:

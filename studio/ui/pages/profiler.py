@@ -38,7 +38,7 @@ from studio.core.units import format_bytes
 from studio.services import profile_view as pv
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.pages.base import TargetStagePage
-from studio.ui.widgets import fmt_value, label, theme_plot
+from studio.ui.widgets import fmt_value, label, plot_axes, plot_message, theme_plot
 
 TOP_N = 16
 BAR = {"simulated": "#8a5a00", "estimated": "#6a4fb3", "imported": "#2f6fd6",
@@ -507,7 +507,9 @@ class ProfilerPage(TargetStagePage):
             self.compare_note.setText(
                 "No other profile to compare with yet: change the recipe or the target and "
                 "run the profile stage again.")
+            plot_message(self.delta_plot, "No other profile to compare with yet")
             return
+        plot_axes(self.delta_plot)
         try:
             other = pv.load(self.ctl.studio, self.ctl.studio.jobs.job(jid))
         except StudioError as exc:
