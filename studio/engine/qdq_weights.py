@@ -85,13 +85,14 @@ def streamable(init, axis: int | None, block_size: int = 0) -> bool:
     return 4 * init.dims[0] * init.dims[1] >= STREAM_ABOVE
 
 
-def stand_in(model_path: Path, axes: dict[str, int | None], block_size: int = 0
+def stand_in(model_path: Path, overrides: dict[str, list[dict]], block_size: int = 0
              ) -> tuple[Path, dict[str, Original]]:
     """Write beside ``model_path`` the graph the quantizer is given: the shapes inferred on the
-    real graph, and every :func:`streamable` weight of ``axes`` (weight name -> the per-channel
-    axis the quantizer will use, None for per tensor) replaced by its stand-in (row 0 the
+    real graph, and every :func:`streamable` weight replaced by its stand-in (row 0 the
     minimum, row 1 the maximum of each column; for axis 0 the columns hold each row's).
-    Returns the graph and the weights replaced (empty: nothing to do, quantize the usual way)."""
+    ``overrides``: the quantizer's ``TensorQuantOverrides``, whose first entry's ``axis`` is a
+    weight's per-channel axis (none: per tensor). Returns the graph and the weights replaced
+    (empty: nothing to do, quantize the usual way)."""
     import onnx
     from onnx import numpy_helper
 
@@ -104,9 +105,9 @@ def stand_in(model_path: Path, axes: dict[str, int | None], block_size: int = 0
         inferred.unlink(missing_ok=True)
     originals: dict[str, Original] = {}
     for init in model.graph.initializer:
-        if init.name not in axes or not streamable(init, axes[init.name], block_size):
+        axis = (overrides.get(init.name) or [{}])[0].get("axis")
+        if not streamable(init, axis, block_size):
             continue
-        axis = axes[init.name]
         axis = None if axis is None else axis % 2
         ext = _external(init) or {}  # streamable: in external data
         rows, cols = int(init.dims[0]), int(init.dims[1])

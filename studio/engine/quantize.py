@@ -672,14 +672,8 @@ def _quantize_streamed(model_path: Path, out: Path, config, ranges: Path | None,
     if ranges is None:
         static_quantize(model_path, out, config, ranges)
         return
-    import onnx
-
-    structure = onnx.load(str(model_path), load_external_data=False)
-    tqo = opts.get("TensorQuantOverrides", {})
-    axes = {t.name: (tqo.get(t.name) or [{}])[0].get("axis")
-            for t in structure.graph.initializer}
-    del structure
-    stood, originals = qdq_weights.stand_in(model_path, axes, opts.get("BlockSize", 0))
+    stood, originals = qdq_weights.stand_in(model_path, opts.get("TensorQuantOverrides", {}),
+                                            opts.get("BlockSize", 0))
     if not originals:
         static_quantize(model_path, out, config, ranges)
         return

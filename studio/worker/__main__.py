@@ -12,20 +12,7 @@ import os
 import sys
 import traceback
 
-
-def _die_with_parent() -> None:
-    """A worker must not outlive the process that started it (kill -9 of a batch run)."""
-    parent = os.getppid()
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
+from studio.worker.lifetime import die_with_parent
 
 
 def run_one(line: str, progress) -> None:
@@ -50,7 +37,7 @@ def run_one(line: str, progress) -> None:
 
 
 def main() -> int:
-    _die_with_parent()
+    die_with_parent()
     # Keep the protocol on a private copy of stdout; native libraries that print to fd 1
     # (the QNN backend does) end up on stderr instead of corrupting the protocol.
     proto_fd = os.dup(1)

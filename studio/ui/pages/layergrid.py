@@ -291,11 +291,16 @@ class LayerGrid(QWidget):
         self.view.viewport().update()
 
     # ---- context menu -----------------------------------------------------------------------------
+    def refusal_of(self, part: str, precision: str) -> str | None:
+        """Why the targets' HTP refuses ``precision`` for ``part`` of the selected layers (the
+        context menu's and the Precision page's Set row's one rule), or None."""
+        rows = [self.model.row_of(n) for n in self.selected_layers()]
+        chips, scheme = self.context()
+        return refusal(part, precision, has_weight=any(r and r["weight"] for r in rows),
+                       chips=chips, scheme=scheme)
+
     def menu_choices(self) -> list[tuple[str, str, str, str]]:
         """(part, precision, text, refusal or "") of the context menu, for the selection."""
-        rows = [self.model.row_of(n) for n in self.selected_layers()]
-        has_weight = any(r and r["weight"] for r in rows)
-        chips, scheme = self.context()
         out = []
         for part in PARTS:
             for prec in PRECISIONS:
@@ -305,7 +310,7 @@ class LayerGrid(QWidget):
                     continue  # the same as the whole layer
                 if part == "layer" and prec == "INT4":
                     continue  # refused for the same reason as INT4 activations
-                why = refusal(part, prec, has_weight=has_weight, chips=chips, scheme=scheme)
+                why = self.refusal_of(part, prec)
                 text = f"{PART_TITLES[part].capitalize()} → {prec}"
                 out.append((part, prec, text, why or ""))
         return out

@@ -478,27 +478,21 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
         self.details.setText(selection_html(rows, self._info(), self.sensitivity))
         for b in (self.set_button, self.reset_button):
             b.setEnabled(bool(rows))
-        self._refresh_choices(rows)
+        self._refresh_choices()
 
-    def _refresh_choices(self, rows: list[dict] | None = None) -> None:
+    def _refresh_choices(self) -> None:
         """The precision choices the targets' HTP refuses for the chosen part of the
-        selection are greyed out with the reason as their tooltip; a refused current choice
-        moves to the most precise one allowed (the default is never a refused choice)."""
-        from studio.core.recipe import refusal
-
-        if self.ctl.project is None:
+        selection (the grid's rule, as its context menu) are greyed out with the reason as
+        their tooltip; a refused current choice moves to the most precise one allowed (the
+        default is never a refused choice)."""
+        if self.ctl.project is None or not self.grid.selected_layers():
             return
-        if rows is None:
-            rows = [r for n in self.grid.selected_layers()
-                    if (r := self.grid.model.row_of(n)) is not None]
         part = self.part_combo.currentData()
-        chips, scheme = self.grid.context()
-        has_weight = any(r.get("weight") for r in rows) if rows else True
         model = self.prec_combo.model()
         allowed = []
         for i in range(self.prec_combo.count()):
             prec = self.prec_combo.itemText(i)
-            why = refusal(part, prec, has_weight=has_weight, chips=chips, scheme=scheme)
+            why = self.grid.refusal_of(part, prec)
             item = model.item(i)
             item.setEnabled(why is None)
             item.setToolTip(f"Refused: {why}" if why else "")

@@ -298,7 +298,8 @@ class ValidationPage(StagePage):
         self.layer_diff.clear()
 
     def on_job_event(self, job: Job) -> None:
-        if job.state == "succeeded" and role_of(job.stage) in (self.role, "layerdiff"):
+        super().on_job_event(job)  # its own stage's jobs (and their running state)
+        if job.state == "succeeded" and role_of(job.stage) == "layerdiff":
             self.later(self.refresh, self.refresh_ms)
 
     # ---- runs -------------------------------------------------------------------------------

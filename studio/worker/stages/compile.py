@@ -43,12 +43,14 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     reused: list[int] = []
     n_steps, i = len(todo) * len(GRAPHS), 0
     fresh: list[tuple[int, str | None]] = []  # parts to compile, with their part-cache key
+
+    def where(k: int) -> str:  # a part's folder in the stage's output ("" for one graph)
+        return "" if folders[k] == qdir else f"{folders[k].name}/"
+
     for k in todo:
-        src = folders[k]
-        where = "" if src == qdir else f"{src.name}/"
-        dst = ctx.out / where
+        src, dst = folders[k], ctx.out / where(k)
         part_key = None
-        if where and ctx.parts.root is not None:  # a part: compiled before from these graphs?
+        if where(k) and ctx.parts.root is not None:  # a part compiled before from these graphs?
             progress.update(i / n_steps, f"looking for {src.name.replace('_', ' ')} compiled "
                                          "before")
             part_key = ctx.parts.key("compile-part", salt=ctx.part_salt, chip=chip.key,
@@ -68,21 +70,19 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         fresh.append((k, part_key))
 
     def finished(k: int, part_key: str | None, got: dict[str, dict]) -> None:
-        src, part = folders[k], parts[k]
-        where = "" if src == qdir else f"{src.name}/"
-        placement.update({where + g: r for g, r in got["placement"].items()})
-        compiled.update({where + g: c for g, c in got["compiled"].items()})
-        if where:  # the part's graphs are compiled: a kill keeps them, other settings too
-            mine = [where + x for x in GRAPHS]
-            row = {"start": part.start, "stop": part.stop,
+        at = where(k)
+        placement.update({at + g: r for g, r in got["placement"].items()})
+        compiled.update({at + g: c for g, c in got["compiled"].items()})
+        if at:  # the part's graphs are compiled: a kill keeps them, other settings too
+            mine = [at + x for x in GRAPHS]
+            row = {"start": parts[k].start, "stop": parts[k].stop,
                    "placement": {x: placement[x] for x in mine},
                    "compiled": {x: compiled[x] for x in mine}}
-            partresume.mark(ctx.out / where, row, {})
+            partresume.mark(ctx.out / at, row, {})
             if part_key is not None:
-                ctx.parts.put(part_key, ctx.out / where, row)
+                ctx.parts.put(part_key, ctx.out / at, row)
 
-    jobs = [(k, key, folders[k], ctx.out / ("" if folders[k] == qdir else f"{folders[k].name}/"))
-            for k, key in fresh]
+    jobs = [(k, key, folders[k], ctx.out / where(k)) for k, key in fresh]
     workers = part_processes([src for _, _, src, _ in jobs])
     if workers > 1:
         progress.log(f"{len(jobs)} parts compiled {workers} at a time, each in a process of "
@@ -101,7 +101,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
             str(k + 1) for k in reused) + "): the same graphs were compiled for this target "
             "before, taken from then")
     partresume.unmark(ctx.out)
-    order = [("" if src == qdir else f"{src.name}/") + g for src in folders for g in GRAPHS]
+    order = [where(k) + g for k in range(len(folders)) for g in GRAPHS]
     placement = {k: placement[k] for k in order}
     compiled = {k: compiled[k] for k in order}
     shutil.copy2(qdir / "graph.json", ctx.out / "graph.json")
@@ -204,15 +204,14 @@ def part_processes(sources: list[Path]) -> int:
 
 
 def _child_init() -> None:
-    """A compile process ends with the stage's process (a killed job leaves none behind)."""
-    import ctypes
+    """A compile process ends with the stage's process (a killed job leaves none behind)
+    and leaves Ctrl-C to it."""
     import signal
 
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the stage's process decides on Ctrl-C
+    from studio.worker.lifetime import die_with_parent
+
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _compile_job(src: str, dst: str, chip: Chip, fp16: bool, extra: dict[str, str],
