@@ -207,6 +207,8 @@ def test_the_grid_on_a_local_ray_cluster_gives_identical_metrics(resumed, tmp_pa
         shutil.rmtree(meta.parent)
     port = _free_port()
     ray_bin = Path(sys.executable).with_name("ray")
+    if not ray_bin.exists():  # a venv over the system's packages: ray's script is the system's
+        ray_bin = Path(shutil.which("ray") or ray_bin)
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     start = subprocess.run([str(ray_bin), "start", "--head", f"--port={port}",
                             "--num-cpus=2", "--include-dashboard=false",
