@@ -19,6 +19,7 @@ shape, read by the sliding layers (see :func:`mask_windows`).
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,14 @@ def decode_mask(pos: int, context_len: int, mask_value: float, window: int | Non
 
 
 def make_cpu_session(path: Path, threads: int = HOST_THREADS):
-    """An ONNX Runtime CPU session with ``threads`` intra-op threads."""
+    """An ONNX Runtime CPU session with ``threads`` intra-op threads.
+
+    A float graph whose weights are external data is handed them as views of one read-only
+    mapping of its weights file, shared by every session of this process over that file
+    (:func:`shared_weights`): a part's prefill and decode sessions then hold its weights
+    once, where each session mapping the file itself counted them once per session.
+    """
+    import onnx
     import onnxruntime as ort
 
     path = Path(path)
@@ -79,15 +87,60 @@ def make_cpu_session(path: Path, threads: int = HOST_THREADS):
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
-    if external_weights(path) and not quantized(path):
-        # ONNX Runtime maps the 4 KiB-aligned external data, so a float graph's weights stay
-        # the file's (reclaimable) pages; prepacking would copy every MatMul weight into the
-        # process (1.7 x the weights at load): a model in parts then holds no anonymous copy
-        # of them. Not for a quantized graph: its integer weights are a quarter of the bytes,
-        # and without prepacking each run dequantizes them again (the 3 B shape's quantized
-        # part: 9 s a prefill against 0.8 s; its float part: 1.2 s against 0.65 s)
-        opts.add_session_config_entry("session.disable_prepacking", "1")
-    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    held: list[Any] = []
+    if external_weights(path):
+        graph = onnx.load(str(path), load_external_data=False)
+        if not any(n.op_type == "DequantizeLinear" for n in graph.graph.node):
+            # ONNX Runtime maps the 4 KiB-aligned external data, so a float graph's weights
+            # stay the file's (reclaimable) pages; prepacking would copy every MatMul weight
+            # into the process (1.7 x the weights at load): a model in parts then holds no
+            # anonymous copy of them. Not for a quantized graph: its integer weights are a
+            # quarter of the bytes, and without prepacking each run dequantizes them again
+            # (the 3 B shape's quantized part: 9 s a prefill against 0.8 s; its float part:
+            # 1.2 s against 0.65 s)
+            opts.add_session_config_entry("session.disable_prepacking", "1")
+            for name, array in shared_weights(path, graph):
+                value = ort.OrtValue.ortvalue_from_numpy(array)
+                opts.add_initializer(name, value)
+                held.append(value)
+    sess = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    # ONNX Runtime reads the values handed to it for as long as the session lives
+    sess._studio_shared_weights = held
+    return sess
+
+
+#: open read-only mappings of weights files, by (file, size, mtime): alive while a session
+#: (through its arrays' views) holds one
+_MAPPINGS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def shared_weights(path: Path, graph: Any) -> list[tuple[str, Any]]:
+    """(name, array) for each external-data initializer of ``graph`` (the structure of the
+    graph at ``path``): views of the process's one read-only mapping of each data file."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    out = []
+    for init in graph.graph.initializer:
+        if init.data_location != TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in init.external_data}
+        file = (Path(path).parent / info["location"]).resolve()
+        stat = file.stat()
+        key = (str(file), stat.st_size, stat.st_mtime_ns)
+        mapping = _MAPPINGS.get(key)
+        if mapping is None:
+            mapping = np.memmap(file, dtype=np.uint8, mode="r")
+            _MAPPINGS[key] = mapping
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type))
+        offset = int(info.get("offset", 0))
+        count = int(np.prod(init.dims, dtype=np.int64)) if len(init.dims) else 1
+        length = int(info.get("length", count * dtype.itemsize))
+        if length != count * dtype.itemsize or offset % dtype.alignment:
+            raise StudioError(f"{path.name}: weight {init.name} has {length} bytes at offset "
+                              f"{offset} in {file.name}, not its shape's; export the model again")
+        out.append((init.name, mapping[offset:offset + length].view(dtype).reshape(tuple(init.dims))))
+    return out
 
 
 def quantized(path: Path) -> bool:

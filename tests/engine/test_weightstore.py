@@ -91,3 +91,37 @@ def test_a_store_must_lie_beside_the_graph(tmp_path):
         weightstore.save_shared(_matmul_graph(np.ones((2, 2), np.float32),
                                               np.ones(2, np.float32), "g"),
                                 tmp_path / "g.onnx", store)
+
+
+def test_cpu_sessions_over_one_weights_file_share_one_mapping_of_it(tmp_path):
+    """The host's float sessions (a part's prefill and decode) read a shared file's weights
+    through one read-only mapping, and compute what ONNX Runtime computes loading it."""
+    import onnxruntime as ort
+
+    from studio.engine import llm_runtime
+    from studio.engine.llm_runtime import make_cpu_session
+
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((300, 40)).astype(np.float32)  # past the 1 KiB kept inline
+    b = rng.standard_normal(40).astype(np.float32)
+    x = rng.standard_normal((1, 300)).astype(np.float32)
+    with shared_store(tmp_path) as store:
+        weightstore.save_shared(_matmul_graph(w, b, "one"), tmp_path / "one.onnx", store)
+        weightstore.save_shared(_matmul_graph(w, b + 1, "two"), tmp_path / "two.onnx", store)
+    one, two = (make_cpu_session(tmp_path / f"{g}.onnx", threads=1) for g in ("one", "two"))
+    (a,), (c,) = one._studio_shared_weights, two._studio_shared_weights
+    assert a.shape() == c.shape() == [300, 40]
+    va, vc = a.numpy(), c.numpy()
+    assert va.ctypes.data == vc.ctypes.data  # one copy in memory: the file's mapping
+    (mapping,) = llm_runtime._MAPPINGS.values()
+    assert str(mapping.filename) == str((tmp_path / WEIGHTS_FILE).resolve())
+    assert 0 <= va.ctypes.data - mapping.ctypes.data < mapping.size
+    for sess, name, bias in ((one, "one", b), (two, "two", b + 1)):
+        opts = ort.SessionOptions()  # ONNX Runtime mapping the file itself, as many threads
+        opts.intra_op_num_threads = 1
+        opts.add_session_config_entry("session.disable_prepacking", "1")
+        plain = ort.InferenceSession(str(tmp_path / f"{name}.onnx"), sess_options=opts,
+                                     providers=["CPUExecutionProvider"])
+        got = sess.run(None, {"x": x})[0]
+        np.testing.assert_array_equal(got, plain.run(None, {"x": x})[0])
+        np.testing.assert_allclose(got, x @ w + bias, atol=1e-4)
