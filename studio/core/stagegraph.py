@@ -177,7 +177,7 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                         "quantization.weight_rounding", "quantization.rounding_samples",
                         "validation.heldout_text", "bundle.new_tokens", "bundle.prompts",
                         "bundle.parts", "bundle.max_context_mb", "bundle.prefill_length"),
-              role="bundle"),
+              role="bundle", takes_parts=True),
     # encoders and ONNX graphs: the graph with static shapes (an encoder exported from its
     # PyTorch weights), its rewrites and quantization, the placement on each chip, the check
     # against FP32 per output, the latency per inference on each device

@@ -5,6 +5,12 @@ manifest (every file with its SHA-256, the recipe, the check) and a README; then
 (the wheel's libGenie.so, on the HTP simulator) loads the bundle and its greedy text is
 compared with the studio's runtime over the same graphs on held-out prompts.
 
+A model exported in parts (``export.parts``) gets a context binary per part and graph: each
+part's quantized decode graph and an AR-N prefill graph exported for each part from the
+checkpoint (a part in memory at a time), the residual stream passing between them as
+uint16 integers (:func:`studio.engine.genie.genie_graph`), listed in Genie's ``ctx-bins``
+in order. A model exported whole can still be split at bundle time (``bundle.parts``).
+
 The bundle stage (``studio/worker/stages/bundle.py``) hands in its settings and labels the
 figures from its device."""
 
@@ -145,6 +151,59 @@ def genie_prefill_graph(export_dir: Path, qdir: Path, spec: dict[str, Any], N: i
     return out
 
 
+def genie_parts(graphs: list[Path], spec: dict[str, Any], work: Path, stem: str) -> list[Path]:
+    """Each part's quantized graph (decode or AR-N, in order) in Genie's conventions, the
+    residual stream passing from part to part as the handing part's uint16 integers."""
+    from studio.engine import genie
+
+    out, handoff = [], {}
+    for i, src in enumerate(graphs):
+        dst = work / f"{stem}_part{i + 1}_of_{len(graphs)}.onnx"
+        handoff = genie.genie_graph(src, dst, spec, handoff)["handoff_out"]
+        out.append(dst)
+    return out
+
+
+def genie_prefill_parts(export_dir: Path, qdir: Path, spec: dict[str, Any], N: int, cl: int,
+                        work: Path, settings: BundleSettings, progress: Progress) -> list[Path]:
+    """The AR-N prefill graph of a model exported in parts, one graph per part: each part's
+    exported from the checkpoint a part at a time (:func:`studio.engine.llm_parts.export_part_ar_graphs`),
+    calibrated on what the previous parts' float AR-N graphs hand it, and quantized with the
+    recipe and its own decode graph's activation scales."""
+    import numpy as np
+
+    from studio.engine.calibration import ar_calibration_feeds, calibration_windows
+    from studio.engine.llm_parts import export_part_ar_graphs, iter_parts
+    from studio.engine.llm_runtime import make_cpu_session
+    from studio.engine.quantize import quantize_like
+
+    parts = list(iter_parts(spec))
+    floats = export_part_ar_graphs(settings.checkpoint, spec, N, cl - N, work / "ar",
+                                   SubProgress(progress, 0.0, 0.5))
+    progress.update(0.5, f"calibration feeds for the AR-{N} graphs")
+    windows = calibration_windows(settings.calibration_text, export_dir / "tokenizer",
+                                  length=int(spec["context_length"]),
+                                  count=int(settings.recipe["samples"]), min_length=N + 2)
+    feeds = ar_calibration_feeds(export_dir, spec, windows, N, cl - N)
+    out = []
+    for part, src in zip(parts, floats, strict=True):
+        progress.check()
+        progress.update(0.55 + 0.45 * part.index / len(parts),
+                        f"part {part.index + 1}/{len(parts)}: quantizing its AR-{N} graph with "
+                        "its decode graph's scales")
+        sess = make_cpu_session(src)
+        names = [i.name for i in sess.get_inputs()]
+        mine = [{k: f[k] for k in names} for f in feeds]
+        if part.hidden_out:
+            for f, m in zip(feeds, mine, strict=True):  # what the next part takes
+                f[part.hidden_out] = np.asarray(sess.run([part.hidden_out], m)[0])
+        del sess
+        dst = src.with_name("ar_q.onnx")
+        quantize_like(src, dst, qdir / part.name / "decode.onnx", settings.recipe, mine)
+        out.append(dst)
+    return genie_parts(out, spec, work, f"prefill_ar{N}_genie")
+
+
 def readme(spec: dict[str, Any], chip, sdk: str, N: int, cl: int, parts: int,
            ctx_names: list[str]) -> str:
     """The bundle's README: how to run it on the device, and what its graphs are."""
@@ -163,11 +222,12 @@ def readme(spec: dict[str, Any], chip, sdk: str, N: int, cl: int, parts: int,
         "runtime on the HTP simulator.\n")
 
 
-def compile_graphs(variants: dict[int, Path], parts: int, spec: dict[str, Any], chip, cl: int,
-                   work: Path, progress: Progress):
-    """Each AR-n graph (split into ``parts`` of consecutive blocks) compiled in the order
-    Genie takes them. Returns (the sessions of each AR-n's parts, (context binary, its name
-    in the bundle) pairs, the names, the manifest's graph rows, the QNN SDK version)."""
+def compile_graphs(variants: dict[int, Path | list[Path]], parts: int, spec: dict[str, Any],
+                   chip, cl: int, work: Path, progress: Progress):
+    """Each AR-n graph (split into ``parts`` of consecutive blocks, unless given as its parts'
+    graphs already) compiled in the order Genie takes them. Returns (the sessions of each
+    AR-n's parts, (context binary, its name in the bundle) pairs, the names, the manifest's
+    graph rows, the QNN SDK version)."""
     from studio.engine import genie, qnn
 
     ctx_names: list[str] = []
@@ -178,8 +238,8 @@ def compile_graphs(variants: dict[int, Path], parts: int, spec: dict[str, Any], 
     total = len(variants) * parts
     for ar, graph in variants.items():
         kind = "decode" if ar == 1 else "prefill"
-        graphs = [graph]
-        if parts > 1:
+        graphs = graph if isinstance(graph, list) else [graph]
+        if parts > 1 and len(graphs) == 1:
             progress.update(0.12, f"splitting the AR-{ar} graph into {parts} parts of "
                                   "consecutive blocks")
             graphs = genie.split_graph(graph, work / f"parts{ar}", spec, parts)
@@ -229,15 +289,33 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
                           f"choose 1 (no prefill graph) to {cl - 2}")
     out = out_root / "bundle"
     work = out_root / "work"
-    progress.update(0.02, "rewriting the decode graph to Genie's conventions")
-    genie.genie_graph(qdir / "decode.onnx", work / "decode_genie.onnx", spec)
-    variants = {1: work / "decode_genie.onnx"}
-    if N > 1:
-        variants = {N: genie_prefill_graph(export_dir, qdir, spec, N, cl, work, settings,
-                                           SubProgress(progress, 0.03, 0.12)),
-                    **variants}
-    weights = graph_bytes(qdir / "decode.onnx")
-    parts = settings.parts or max(1, -(-weights // (settings.max_context_mb << 20)))
+    exported = [p["name"] for p in spec.get("parts") or []]
+    variants: dict[int, Path | list[Path]]
+    if len(exported) > 1:  # exported in parts: a context binary per part and graph
+        if settings.parts not in (0, len(exported)):
+            raise StudioError(f"bundle.parts is {settings.parts}, but this model was exported "
+                              f"in {len(exported)} parts: its bundle has a context binary per "
+                              "part; set bundle.parts = 0")
+        progress.update(0.02, f"rewriting the {len(exported)} parts' decode graphs to "
+                              "Genie's conventions")
+        variants = {1: genie_parts([qdir / p / "decode.onnx" for p in exported], spec, work,
+                                   "decode_genie")}
+        if N > 1:
+            variants = {N: genie_prefill_parts(export_dir, qdir, spec, N, cl, work, settings,
+                                               SubProgress(progress, 0.03, 0.12)),
+                        **variants}
+        weights = sum(graph_bytes(qdir / p / "decode.onnx") for p in exported)
+        parts = len(exported)
+    else:
+        progress.update(0.02, "rewriting the decode graph to Genie's conventions")
+        genie.genie_graph(qdir / "decode.onnx", work / "decode_genie.onnx", spec)
+        variants = {1: work / "decode_genie.onnx"}
+        if N > 1:
+            variants = {N: genie_prefill_graph(export_dir, qdir, spec, N, cl, work, settings,
+                                               SubProgress(progress, 0.03, 0.12)),
+                        **variants}
+        weights = graph_bytes(qdir / "decode.onnx")
+        parts = settings.parts or max(1, -(-weights // (settings.max_context_mb << 20)))
     out.mkdir(parents=True, exist_ok=True)
     sessions, compiled, ctx_names, graph_rows, sdk = compile_graphs(variants, parts, spec, chip,
                                                                     cl, work, progress)
@@ -332,8 +410,11 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
     }
     progress.update(0.96, "writing the DLC files of the quantized graphs")
     dlc = {}
-    for kind in ("prefill", "decode"):
-        dlc[kind] = qnn.export_dlc(qdir / f"{kind}.onnx", chip, out_root / "dlc" / f"{kind}.dlc")
+    for folder in exported if len(exported) > 1 else [""]:
+        for kind in ("prefill", "decode"):
+            key = f"{folder}/{kind}" if folder else kind
+            dlc[key] = qnn.export_dlc(qdir / folder / f"{kind}.onnx", chip,
+                                      out_root / "dlc" / f"{key}.dlc")
     manifest["dlc"] = {**{g: {k: d[k] for k in ("file", "bytes")} for g, d in dlc.items()},
                        "note": "for Qualcomm's on-device tools; not runnable on this host"}
     atomic_write_json(out / "manifest.json", manifest)

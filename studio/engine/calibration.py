@@ -166,13 +166,12 @@ def ar_calibration_feeds(
     window's next N true tokens over that cache (slots past ``cache_slots`` dropped)."""
     import numpy as np
 
-    from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
+    from studio.engine.llm_runtime import cpu_generator
 
     graphs_dir = Path(graphs_dir)
     N, slots = int(new_tokens), int(cache_slots)
     P, mask_value = int(spec["prompt_length"]), float(spec["mask_value"])
-    gen = StaticKVGenerator(make_cpu_session(graphs_dir / "prefill.onnx"),
-                            make_cpu_session(graphs_dir / "decode.onnx"), spec)
+    gen = cpu_generator(graphs_dir, spec)  # a model in parts: its parts' graphs chained
     feeds = []
     for j, w in enumerate(windows):
         k = min(P, slots, len(w) - N, max(1, P // 2 + j))  # cached tokens before the pass

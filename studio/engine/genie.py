@@ -22,18 +22,31 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import Cancelled, StudioError
+from studio.core.parts import hidden_name
 from studio.engine.qnn import _capture_native_stderr
 
-
 # ---- the graph ------------------------------------------------------------------------------
-def genie_graph(src: Path, dst: Path, spec: dict[str, Any]) -> dict[str, Any]:
+#: the residual stream one part of a model hands the next (``hidden_states_after_{block}``)
+HANDOFF = hidden_name(0).removesuffix("0")
+
+
+def genie_graph(src: Path, dst: Path, spec: dict[str, Any],
+                handoff_in: dict[str, tuple[Any, Any]] | None = None) -> dict[str, Any]:
     """Rewrite a quantized (QDQ) graph over the static KV cache — the AR-1 decode graph or an
     AR-N graph (N new tokens over CL - N slots) — into Genie's I/O conventions at ``dst``. The
     arithmetic inside is untouched: ids become int32 (Gather takes them), the mask input is
     the graph's own uint16 quantized mask (its QuantizeLinear dropped: raw 0 is the mask
     value, raw 65535 is 0 — what Genie writes), keys go in transposed through a quantized
     Transpose, and the new key rows come out as ``[1, kv, head_dim, N]``. Returns the I/O,
-    the context size CL and N."""
+    the context size CL and N.
+
+    A part of a model exported in parts (:mod:`studio.core.parts`) takes the residual stream
+    ``hidden_states_after_{k}`` instead of the ids or hands it on instead of the logits: it
+    passes as its *quantized* uint16 values (the QuantizeLinear on the taking side, the
+    DequantizeLinear on the handing side dropped), so Genie copies raw values from part to
+    part. ``handoff_in`` gives such an input the (scale, zero point) of the part that hands
+    it (both sides then read the same integers alike); the result's ``handoff_out`` gives
+    this part's, for the next."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -42,10 +55,15 @@ def genie_graph(src: Path, dst: Path, spec: dict[str, Any]) -> dict[str, Any]:
     g = model.graph
     kvh, hd = int(spec["num_kv_heads"]), int(spec["head_dim"])
     dims = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in g.input}
-    if "input_ids" not in dims or "past_key_0" not in dims:
-        raise StudioError(f"{src.name} is not a graph over the KV cache (no input_ids / "
-                          "past_key_0): a Genie graph is made from the decode or an AR-N graph")
-    S, C = int(dims["input_ids"][1]), int(dims["past_key_0"][2])  # new tokens, cache slots
+    keys = [n for n in dims if n.startswith("past_key_")]
+    if "position_ids" not in dims or not keys:
+        raise StudioError(f"{src.name} is not a graph over the KV cache (no position_ids / "
+                          "past_key_*): a Genie graph is made from the decode or an AR-N graph")
+    S, C = int(dims["position_ids"][1]), int(dims[keys[0]][2])  # new tokens, cache slots
+    hidden = int(spec["hidden_size"])
+    handoff_in = dict(handoff_in or {})
+    handoff_out: dict[str, tuple[Any, Any]] = {}
+    inits = {i.name: i for i in g.initializer}
     nodes = list(g.node)
 
     def rename_uses(old: str, new: str, skip=None) -> None:
@@ -78,6 +96,20 @@ def genie_graph(src: Path, dst: Path, spec: dict[str, Any]) -> dict[str, Any]:
             rename_uses(q.output[0], name)
             inputs.append(helper.make_tensor_value_info(name, TensorProto.UINT16,
                                                         [1, 1, S, C + S]))
+        elif name.startswith(HANDOFF):
+            q = quantize_of(name)
+            if name in handoff_in:  # the handing part's encodings, exactly
+                for k, value in zip(q.input[1:3], handoff_in.pop(name), strict=True):
+                    inits[k].CopyFrom(numpy_helper.from_array(np.asarray(value).reshape(
+                        numpy_helper.to_array(inits[k]).shape).astype(
+                        numpy_helper.to_array(inits[k]).dtype), k))
+            if numpy_helper.to_array(inits[q.input[2]]).dtype != np.uint16:
+                raise StudioError(f"{src.name}: {name} is not quantized as uint16: parts "
+                                  "cannot hand it on raw (quantize with 16-bit activations)")
+            nodes.remove(q)
+            rename_uses(q.output[0], name)
+            inputs.append(helper.make_tensor_value_info(name, TensorProto.UINT16,
+                                                        [1, S, hidden]))
         elif name.startswith("past_key_"):
             new = f"{name}_in"
             q = quantize_of(name)
@@ -134,6 +166,26 @@ def genie_graph(src: Path, dst: Path, spec: dict[str, Any]) -> dict[str, Any]:
             producers[name].output[0] = new
             rename_uses(name, new)
             outputs.append(helper.make_tensor_value_info(new, TensorProto.FLOAT, [1, kvh, S, hd]))
+        elif name.startswith(HANDOFF):
+            dq = producers.get(name)
+            if dq is None or dq.op_type != "DequantizeLinear":
+                raise StudioError(f"{src.name}: {name} does not come out of a "
+                                  "DequantizeLinear: a part hands on a quantized graph's "
+                                  "residual stream")
+            raw = dq.input[0]
+            if numpy_helper.to_array(inits[dq.input[2]]).dtype != np.uint16:
+                raise StudioError(f"{src.name}: {name} is not quantized as uint16: parts "
+                                  "cannot hand it on raw (quantize with 16-bit activations)")
+            handoff_out[name] = (numpy_helper.to_array(inits[dq.input[1]]),
+                                 numpy_helper.to_array(inits[dq.input[2]]))
+            nodes.remove(dq)
+            rename_uses(name, raw)  # a use inside the part reads its own quantized copy
+            producers[raw].output[0] = name
+            rename_uses(raw, name)
+            if any(name in n.input for n in nodes if n.op_type != "DequantizeLinear"):
+                raise StudioError(f"{src.name}: {name} is read unquantized inside the part")
+            outputs.append(helper.make_tensor_value_info(name, TensorProto.UINT16,
+                                                         [1, S, hidden]))
         else:
             outputs.append(out)
     del g.node[:]
@@ -146,8 +198,10 @@ def genie_graph(src: Path, dst: Path, spec: dict[str, Any]) -> dict[str, Any]:
     onnx.checker.check_model(model)
     dst.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(dst))
+    if handoff_in:
+        raise StudioError(f"{src.name} takes no {', '.join(handoff_in)}: not the next part")
     return {"inputs": [i.name for i in inputs], "outputs": [o.name for o in outputs],
-            "context_size": C + S, "ar": S}
+            "context_size": C + S, "ar": S, "handoff_out": handoff_out}
 
 
 def graph_io(path: Path) -> dict[str, list[str]]:

@@ -605,6 +605,45 @@ def export_parts(
     return spec
 
 
+def export_part_ar_graphs(checkpoint_dir: Path, spec: dict, new_tokens: int, cache_slots: int,
+                          out_dir: Path, progress: Progress = NullProgress()) -> list[Path]:
+    """The AR-N graph of each part of the model ``spec`` describes (exported in parts):
+    ``new_tokens`` per pass over ``cache_slots`` cache slots, the verify graph's form
+    (:func:`studio.engine.llm_export.export_ar_graph` for a whole model), read a part at a
+    time from the checkpoint as :func:`export_parts` reads it; ``out_dir/<part>/ar.onnx``.
+    Each takes and hands on what the part's decode graph does, under the same tensor names."""
+    from studio.engine.llm_export import _export_graph
+
+    N, slots, C = int(new_tokens), int(cache_slots), int(spec["context_length"])
+    if not 1 < N <= C or not 0 < slots <= C:
+        raise StudioError(f"an AR-{N} graph over {slots} cache slots does not fit the context "
+                          f"of {C}: choose 1 < N <= {C}")
+    ck = StreamedCheckpoint(Path(checkpoint_dir))
+    family = FAMILIES[ck.cfg["model_type"]]
+    layer_types = layer_types_of(ck.config, family)
+    rope_rows = rope_positions(ck.config, C)
+    sliding_input = mask_windows(spec)[1] is not None
+    ar_spec = dict(spec, verify_length=N, verify_cache_slots=slots)
+    parts = list(iter_parts(spec))
+    out = []
+    for part in parts:
+        progress.check()
+        progress.update(part.index / len(parts), f"part {part.index + 1}/{len(parts)}: "
+                                                 f"exporting its AR-{N} graph")
+        ck.load(part)
+        try:
+            wrapper = _build_wrapper(ck.model, C, family, layer_types, sliding_input, rope_rows,
+                                     part, rotary=ck.rotary)
+            folder = Path(out_dir) / part.name
+            folder.mkdir(parents=True, exist_ok=True)
+            _export_graph(wrapper, ar_spec, "verify", folder / "ar.onnx", progress, part)
+            del wrapper
+        finally:
+            ck.release(part)
+        out.append(folder / "ar.onnx")
+    return out
+
+
 def _reference_logits(head, hidden, vocab: int, cap: float | None, folder: Path):
     """transformers' logits at every position, ``hidden @ head.T`` (softcapped, cut to the
     vocabulary), a few positions at a time into a memory-mapped file in ``folder``: the head

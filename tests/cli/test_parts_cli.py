@@ -214,6 +214,73 @@ def test_cancelling_a_compile_in_processes_ends_them(tmp_path, monkeypatch, part
     assert set(children()) <= before
 
 
+def test_a_model_in_parts_bundles_one_context_binary_per_part_and_genie_runs_it(
+        parts_project, tmp_path):
+    """`studio bundle` on the model exported in two parts: each part's decode graph and its
+    own AR-16 prefill graph (exported from the checkpoint a part at a time) in Genie's form,
+    the residual stream handed from part to part as uint16 integers with the handing part's
+    encodings; Genie (libGenie.so on the HTP simulator) loads the four context binaries in
+    order and gives the studio's greedy text over the same graphs and over the project's own
+    compiled parts."""
+    import onnx
+    from onnx import numpy_helper
+
+    from tests.cli.conftest import share_store
+
+    f, _ = parts_project
+    proj = tmp_path / "pb.qstudio"
+    proj.write_text(f.read_text() + "\n[bundle]\nprompts = 2\nnew_tokens = 16\n")
+    share_store(f, proj)  # export, quantize and compile from the cache
+    out = tmp_path / "out"
+    r = studio("bundle", proj, "--out", out, "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    bins = [f"{g}_cl65_part{i}_of_2.bin" for g in ("prefill_ar16", "decode_ar1") for i in (1, 2)]
+    assert res["ctx_bins"] == bins and "(4 context binaries)" in res["summary"]
+    cfg = json.loads((out / "genie_config.json").read_text())["dialog"]
+    assert cfg["engine"]["model"]["binary"]["ctx-bins"] == bins
+    assert len(res["checks"]) == 2
+    for c in res["checks"]:
+        assert c["identical"] and c["same_as_prefill_path"], c
+        assert c["studio_tokens"] == 16
+    assert [c["prompt_passes"] for c in res["checks"]] == [1, 2]  # the AR-16 graph's chunks
+    manifest = json.loads((out / "manifest.json").read_text())
+    rows = {(g["kind"], g["part"]): g for g in manifest["graphs"]}
+    assert set(rows) == {(k, p) for k in ("prefill", "decode") for p in (1, 2)}
+    for kind in ("prefill", "decode"):  # part 1 takes the ids, part 2 what part 1 hands it
+        assert "input_ids" in rows[kind, 1]["inputs"]
+        assert "hidden_states_after_1" in rows[kind, 1]["outputs"]
+        assert "hidden_states_after_1" in rows[kind, 2]["inputs"] and "logits" in rows[
+            kind, 2]["outputs"]
+    assert sorted(res["dlc"]) == [f"part{i}_of_2/{g}" for i in (1, 2)
+                                  for g in ("decode", "prefill")]
+
+    # the hand-off itself, in the Genie graphs: uint16 out of part 1, into part 2 unconverted
+    # and read with part 1's scale and zero point
+    from studio.engine.bundle import genie_parts
+    from studio.engine.llm_runtime import load_graph_spec
+
+    project_store = proj.with_suffix(".studio") / "artifacts" / "objects"
+    qdir = next(m.parent for m in project_store.glob("*/*/artifact.json")
+                if json.loads(m.read_text())["stage"] == "quantize")
+    spec = load_graph_spec(qdir)
+    one, two = genie_parts([qdir / p / "decode.onnx" for p in ("part1_of_2", "part2_of_2")],
+                           spec, tmp_path / "g", "decode")
+    m1, m2 = onnx.load(str(one)), onnx.load(str(two))
+    out1 = next(o for o in m1.graph.output if o.name == "hidden_states_after_1")
+    in2 = next(i for i in m2.graph.input if i.name == "hidden_states_after_1")
+    assert out1.type.tensor_type.elem_type == in2.type.tensor_type.elem_type == (
+        onnx.TensorProto.UINT16)
+    assert not [n for n in m2.graph.node if n.op_type == "QuantizeLinear"
+                and n.input[0] == "hidden_states_after_1"]
+    dq = next(n for n in m2.graph.node if n.op_type == "DequantizeLinear"
+              and n.input[0] == "hidden_states_after_1")
+    q = next(n for n in m1.graph.node if n.output[0] == "hidden_states_after_1")
+    i1 = {i.name: numpy_helper.to_array(i) for i in m1.graph.initializer}
+    i2 = {i.name: numpy_helper.to_array(i) for i in m2.graph.initializer}
+    assert i2[dq.input[1]] == i1[q.input[1]] and i2[dq.input[2]] == i1[q.input[2]]
+
+
 def test_a_precision_change_redoes_only_the_part_that_holds_the_layer(parts_project):
     """One layer of part 1 raised to another precision: quantize and compile run again (new
     keys), but part 2 — whose graphs, calibration inputs (part 1's FP32 outputs) and
