@@ -16,7 +16,7 @@ not fitting; by default the larger sizes are then skipped (``--go-on`` runs them
 
     python benchmarks/bench_scale.py [--sizes l4-h256,l8-h512,l12-h768,qwen2-0.5b]
         [--max-params 600e6] [--prompt 16] [--context 64] [--target snapdragon-8-gen-3]
-        [--parts N|auto [--max-part-mb MB]] [--until export|quantize|compile]
+        [--parts N|auto [--max-part-mb MB]] [--until export|quantize|compile|validate|bundle]
         [--stage-timeout 900] [--min-free-gb 1.5] [--separate-binary] [--go-on]
         [--keep] [--workdir DIR [--resume]] [--json results.json]
 
@@ -144,6 +144,14 @@ weight_rounding = "{rounding}"
 rounding_samples = {rounding_samples}
 calibration_text = "sample:calibration"
 calibration_samples = 2
+
+[validation]
+heldout_tokens = {heldout}
+device_tokens = {device_tokens}
+
+[bundle]
+prompts = 2
+new_tokens = 16
 
 [pipeline]
 stages = ["export", "quantize", "compile"]
@@ -536,8 +544,14 @@ def main() -> int:
                     help="export.parts: a number of parts or auto (one part in memory at a time)")
     ap.add_argument("--max-part-mb", type=int, default=1500,
                     help="export.max_part_mb: the 8-bit weight budget of a part, for --parts auto")
-    ap.add_argument("--until", default="compile", choices=("export", "quantize", "compile"),
-                    help="the last stage to run")
+    ap.add_argument("--until", default="compile",
+                    choices=("export", "quantize", "compile", "validate", "bundle"),
+                    help="the last stage to run (validate and bundle: after compile; the "
+                         "bundle reads the checkpoint again, so it needs --keep)")
+    ap.add_argument("--heldout", type=int, default=128,
+                    help="validation.heldout_tokens: held-out tokens scored on the host")
+    ap.add_argument("--device-tokens", type=int, default=16,
+                    help="validation.device_tokens: the first of them scored on the simulator")
     ap.add_argument("--scheme", default="W8A16", help="the recipe's scheme (W8A16, W4A16, ...)")
     ap.add_argument("--rounding", default="nearest",
                     help="quantization.weight_rounding (nearest, seqmse, adaround, gptq, "
@@ -634,7 +648,8 @@ def main() -> int:
                 name=size.name, target=a.target, source=str(ckpt), prompt=a.prompt,
                 context=a.context, parts=a.parts if a.parts.isdigit() else f'"{a.parts}"',
                 max_part_mb=a.max_part_mb, scheme=a.scheme, rounding=a.rounding,
-                rounding_samples=a.rounding_samples))
+                rounding_samples=a.rounding_samples, heldout=a.heldout,
+                device_tokens=a.device_tokens))
             jobs = plan(pf.load(project_file), [a.until])
             done: dict[str, str] = {}
             failed = False
