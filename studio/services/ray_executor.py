@@ -11,6 +11,10 @@ memory :func:`studio.services.workers.job_memory` gives). Artifacts move by cont
   sends its output back as an archive, which the coordinator commits into the project's
   store. ``transfer="copy"`` forces this even where the store is visible.
 
+A stage's own parts (the compile of a model exported in parts) go to Ray as tasks of their
+own (:func:`studio.worker.stages.compile.compile_on_ray`): on any node with the shared
+store, on the stage's node with a copy.
+
 A node lost while a task runs (its worker process or machine dies) is retried by Ray up
 to ``max_retries`` times; a stage's own error is not retried (it would fail again).
 Cancelling sends a forced cancel to the running tasks.
@@ -117,6 +121,11 @@ def run_task(spec: dict[str, Any], store_root: str, store_id: str, transfer: str
             Path(spec["workdir"]).mkdir()
         os.environ["TMPDIR"] = str(scratch)
         tempfile.tempdir = None
+        # a stage's parts (the compile's) go to Ray as tasks of their own: anywhere when this
+        # task works in the shared store, else on this node, which alone holds its inputs
+        from studio.worker.stages.compile import RAY_PARTS_ENV
+
+        os.environ[RAY_PARTS_ENV] = "any" if shared else "node"
         from studio.worker.stages import run_stage
 
         progress = _Collect()
@@ -134,6 +143,7 @@ def run_task(spec: dict[str, Any], store_root: str, store_id: str, transfer: str
     finally:
         import shutil
 
+        os.environ.pop("QSTUDIO_RAY_PARTS", None)
         if old_tmp is None:
             os.environ.pop("TMPDIR", None)
         else:

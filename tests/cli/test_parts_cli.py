@@ -214,6 +214,58 @@ def test_cancelling_a_compile_in_processes_ends_them(tmp_path, monkeypatch, part
     assert set(children()) <= before
 
 
+def test_a_compile_stage_on_ray_compiles_its_parts_as_ray_tasks(tmp_path, parts_project):
+    """The compile stage run as the Ray executor runs it (a Ray task over the project's
+    store): its two parts go to Ray as tasks of their own, each asking for a CPU and its
+    predicted memory; the same placement as the stored compile, and the HTP simulator's
+    tokens from its binaries are the stored run's."""
+    ray = pytest.importorskip("ray")
+    from studio.core import project as pf
+    from studio.core.artifacts import ArtifactStore
+    from studio.core.progress import RecordingProgress
+    from studio.core.stagegraph import plan, stage_config
+    from studio.services.history import current_keys
+    from studio.services.ray_executor import _STORE_ID, run_task
+    from studio.worker.stages import run_in_process
+
+    f, _ = parts_project
+    project = pf.load(f)
+    store = ArtifactStore(project.folder / "artifacts")
+    keys = current_keys(project, ["compile", "run"])
+    jobs = plan(project, ["compile"])
+    job = jobs[-1]
+    inputs = {jobs[d].label: str(store.get(keys[jobs[d].stage]).path) for d in job.deps}
+    id_file = store.root / _STORE_ID
+    if not id_file.exists():
+        id_file.write_text("parts-test")
+    out = tmp_path / "on-ray"
+    out.mkdir()
+    spec = {"job_id": 1, "config": stage_config(project, job).to_dict(), "inputs": inputs,
+            "input_keys": {jobs[d].label: keys[jobs[d].stage] for d in job.deps},
+            "workdir": str(out)}
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             configure_logging=False, object_store_memory=128 * 2**20)
+    try:
+        got = ray.get(ray.remote(run_task).options(num_cpus=1).remote(
+            spec, str(store.root), id_file.read_text().strip(), "auto", {}), timeout=600)
+    finally:
+        ray.shutdown()
+    assert got["type"] == "result", got
+    assert ("2 parts compiled as Ray tasks (on any node that sees the project's store)"
+            in got["log"])
+    stored = store.get(keys[job.label]).path
+    assert got["result"]["placement"] == json.loads(
+        (stored / "result.json").read_text())["placement"]
+    runs = plan(project, ["run"])
+    run = next(j for j in runs if j.stage == "run" and "htp-sim" in j.label)
+    export = store.get(keys["export"]).path
+    given = {runs[d].label: out if runs[d].stage == "compile" else export
+             for d in run.deps}
+    (tmp_path / "run").mkdir()
+    tokens = run_in_process(project, run, given, tmp_path / "run", RecordingProgress())
+    assert tokens["tokens"] == _runs(f)[f"htp-sim:{default_target()}"]
+
+
 def test_a_model_in_parts_bundles_one_context_binary_per_part_and_genie_runs_it(
         parts_project, tmp_path):
     """`studio bundle` on the model exported in two parts: each part's decode graph and its

@@ -83,8 +83,16 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                 ctx.parts.put(part_key, ctx.out / at, row)
 
     jobs = [(k, key, folders[k], ctx.out / where(k)) for k, key in fresh]
-    workers = part_processes([src for _, _, src, _ in jobs])
-    if workers > 1:
+    on_ray = ray_parts() if len(jobs) > 1 else None
+    workers = part_processes([src for _, _, src, _ in jobs]) if on_ray is None else 0
+    if on_ray is not None:
+        progress.log(f"{len(jobs)} parts compiled as Ray tasks ("
+                     + ("on this stage's node: its inputs are a copy here" if on_ray == "node"
+                        else "on any node that sees the project's store") + ")")
+        for k, key, got in compile_on_ray(jobs, chip, fp16, extra, on_ray == "node", progress,
+                                          i, n_steps):
+            finished(k, key, got)
+    elif workers > 1:
         progress.log(f"{len(jobs)} parts compiled {workers} at a time, each in a process of "
                      "its own")
         for k, key, got in compile_in_processes(jobs, chip, fp16, extra, workers, progress,
@@ -254,3 +262,88 @@ def compile_in_processes(jobs: list[tuple[int, Any, Path, Path]], chip: Chip, fp
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
+
+
+#: set by a Ray task running a stage (:func:`studio.services.ray_executor.run_task`): "any"
+#: when the task reads and writes the project's store itself (a shared file system: a part
+#: may compile on any node), "node" when its inputs are a copy on its own node
+RAY_PARTS_ENV = "QSTUDIO_RAY_PARTS"
+
+
+def ray_parts() -> str | None:
+    """"any" / "node" when this stage runs inside a Ray task (its parts then go to Ray as
+    tasks of their own), else None."""
+    import os
+    import sys
+
+    where = os.environ.get(RAY_PARTS_ENV, "")
+    if where not in ("any", "node") or "ray" not in sys.modules:
+        return None
+    import ray
+
+    return where if ray.is_initialized() else None
+
+
+def part_memory(src: Path) -> int:
+    """A part's compile's predicted peak, bytes (its largest graph's line above)."""
+    largest = max(graph_bytes(src / f"{g}.onnx") for g in GRAPHS)
+    return int(PROCESS_BASE + PROCESS_PER_BYTE * largest)
+
+
+def compile_on_ray(jobs: list[tuple[int, Any, Path, Path]], chip: Chip, fp16: bool,
+                   extra: dict[str, str], node_only: bool, progress: Progress, start: int,
+                   total: int):
+    """Compile the parts of ``jobs`` as Ray tasks, each asking for one CPU and its predicted
+    memory, so Ray places them where both are free (``node_only``: on this task's node, which
+    alone sees the parts' folders); yields (index, key, result) as each finishes. A part no
+    node can give its memory to is refused in one line; cancelling cancels the tasks."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    here = ray.get_runtime_context().get_node_id()
+    if node_only:
+        nodes = [n for n in nodes if n.get("NodeID") == here] or nodes
+    offer = max((n.get("Resources", {}).get("memory", 0) for n in nodes), default=0)
+    options: dict[str, Any] = {"num_cpus": 1, "max_retries": 2}
+    if node_only:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(here, soft=False)
+    task = ray.remote(_compile_job)
+    running = {}
+    for k, key, src, dst in jobs:
+        need = part_memory(src)
+        if offer and need > offer:
+            raise StudioError(f"{src.name.replace('_', ' ')} needs about {need / 2**30:.1f} GiB "
+                              f"to compile and the largest Ray node offers "
+                              f"{offer / 2**30:.1f} GiB: export in more parts "
+                              "(export.max_part_mb) or add a node with more memory")
+        ref = task.options(memory=need, **options).remote(str(src), str(dst), chip, fp16,
+                                                          extra, src.name)
+        running[ref] = (k, key, src.name)
+    done_parts, said = 0, ""
+    try:
+        pending = list(running)
+        while pending:
+            names = sorted(running[r][2].replace("_", " ") for r in pending)
+            message = f"compiling {', '.join(names)} for {chip.name} (Ray tasks)"
+            if message != said:
+                progress.update((start + len(GRAPHS) * done_parts) / total, message)
+                said = message
+            finished, pending = ray.wait(pending, num_returns=1, timeout=0.5)
+            for ref in sorted(finished, key=lambda r: running[r][0]):
+                k, key, _ = running[ref]
+                try:
+                    got = ray.get(ref)
+                except ray.exceptions.RayTaskError as exc:
+                    cause = exc.as_instanceof_cause()
+                    if isinstance(cause, StudioError):
+                        raise StudioError(cause.message) from None
+                    raise
+                done_parts += 1
+                yield k, key, got
+            progress.check()
+    except BaseException:
+        for ref in running:
+            ray.cancel(ref, force=True)
+        raise
