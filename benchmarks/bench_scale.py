@@ -151,7 +151,7 @@ device_tokens = {device_tokens}
 
 [bundle]
 prompts = 2
-new_tokens = 16
+new_tokens = {bundle_tokens}
 
 [pipeline]
 stages = ["export", "quantize", "compile"]
@@ -550,6 +550,8 @@ def main() -> int:
                          "bundle reads the checkpoint again, so it needs --keep)")
     ap.add_argument("--heldout", type=int, default=128,
                     help="validation.heldout_tokens: held-out tokens scored on the host")
+    ap.add_argument("--bundle-tokens", type=int, default=16,
+                    help="bundle.new_tokens: greedy tokens per prompt of the bundle's check")
     ap.add_argument("--device-tokens", type=int, default=16,
                     help="validation.device_tokens: the first of them scored on the simulator")
     ap.add_argument("--scheme", default="W8A16", help="the recipe's scheme (W8A16, W4A16, ...)")
@@ -649,7 +651,7 @@ def main() -> int:
                 context=a.context, parts=a.parts if a.parts.isdigit() else f'"{a.parts}"',
                 max_part_mb=a.max_part_mb, scheme=a.scheme, rounding=a.rounding,
                 rounding_samples=a.rounding_samples, heldout=a.heldout,
-                device_tokens=a.device_tokens))
+                device_tokens=a.device_tokens, bundle_tokens=a.bundle_tokens))
             jobs = plan(pf.load(project_file), [a.until])
             done: dict[str, str] = {}
             failed = False

@@ -252,6 +252,43 @@ def newest_run_with_results(project: Project, jobs: JobStore) -> RunInfo | None:
     return run_info(project, jobs, ids[0]) if ids else None
 
 
+def current_results(jobs: JobStore, keys: dict[str, str] | None = None
+                    ) -> list[tuple[Job, list[Metric]]]:
+    """The project's current state as figures: for each job label (stage and target) that
+    recorded any, the newest job's figures — with ``keys`` (:func:`current_keys`), the newest
+    job whose artifact key is the current one when there is such a job (its figures match the
+    project as it is now), else the newest (stale: :func:`stale` says so) — none when the
+    current result exists but recorded no figures (taken from the cache). A one-stage run (a
+    bundle, a precision re-run) then leaves the other stages' figures in place. Of the
+    project's own runs (a sweep's points are variants); in pipeline order, then by target."""
+    points = jobs.sweep_run_ids()
+    newest: dict[str, tuple[Job, list[Metric]]] = {}
+    current: dict[str, tuple[Job, list[Metric]]] = {}
+    matched: set[str] = set()  # labels with a job of the current key (with figures or not)
+    for job in jobs.jobs(limit=5000):  # newest first
+        if job.run_id in points or job.state != "succeeded":
+            continue
+        if job.label in current or (keys is None and job.label in newest):
+            continue
+        is_current = (keys is not None and job.artifact_key is not None
+                      and keys.get(job.label) == job.artifact_key)
+        matched.update([job.label] if is_current else [])
+        figures = jobs.metrics(job_id=job.id)
+        if not figures:
+            continue
+        newest.setdefault(job.label, (job, figures))
+        if is_current:
+            current[job.label] = (job, figures)
+    # a label whose current result came from the cache with no figures of its own (its
+    # times were another project's) shows none rather than another setting's as stale: a
+    # run again would take it from the cache and still give none
+    chosen = {label: current.get(label, row) for label, row in newest.items()
+              if label in current or label not in matched}
+    order = {name: i for i, name in enumerate(STAGES)}
+    return sorted(chosen.values(), key=lambda row: (order.get(row[0].stage, len(order)),
+                                                     row[0].target or "", row[0].label))
+
+
 # ---- the newest results of each stage (across runs) -------------------------------------
 def latest_jobs(jobs: JobStore, stage: str, state: str = "succeeded") -> list[Job]:
     """The newest job of ``stage`` in ``state`` per target, newest first (of the project's

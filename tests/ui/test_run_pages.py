@@ -247,16 +247,18 @@ def test_overview_names_its_run_and_fits_1024x700(
     qtbot.waitUntil(lambda: over._keys is not None, timeout=20_000)
     qtbot.waitUntil(lambda: over.model_grid.count() > 0, timeout=20_000)  # the model card
     _settle(qtbot)
-    assert over.results_box.title() == f"Results of run {b}"
-    assert f"Run {b}" in over.run_label.text()
+    # the project's current figures: the newest of each stage for its settings, each card
+    # naming its run — run b's (per tensor), never run a's per-channel ones
+    assert over.results_box.title().startswith("Results of run")
+    assert f"Newest run: Run {b}" in over.run_label.text()
     studio = win.ctl.studio
-    want = [(j.id, m.name) for j, m in history.run_metrics(studio.jobs, b)]
+    rows = history.current_results(studio.jobs, over._keys)
+    want = [(j.id, m.name) for j, figures in rows for m in figures]
     assert want and len(over.cards.cards) == len(want)
-    assert all(t.startswith(f"run {b} · ") for t in _cards_text(over))
-    # run-scoped: the newest run took its export from the cache (no time of its own), so the
-    # export time of the template's run is not shown next to it
-    assert all(j.run_id == b for j in over._card_jobs)
-    assert not any(c.title.text() == "export time" for c in over.cards.cards)
+    for job, text in zip(over._card_jobs, _cards_text(over), strict=True):
+        assert text.startswith(f"run {job.run_id} · {job.stage}")
+    runs_shown = {j.stage: j.run_id for j in over._card_jobs}
+    assert runs_shown["validate"] == b and a not in runs_shown.values()
     assert not over.stale_cards() and not over.stale_banner.isVisibleTo(over)
 
     # nothing scrolls sideways and no card title is cut
@@ -279,10 +281,11 @@ def test_overview_names_its_run_and_fits_1024x700(
 def test_an_edit_marks_cards_stale_and_a_new_run_clears_it(
     runs_made, make_window, copy_project, tmp_path, qtbot
 ):
-    """Edit the recipe through the controller: the cards of the stages the edit changes are
-    marked stale (undo clears it: it is the key, not any edit); run validate again through
-    the controller (the per-channel artifacts are cached from the first run): the new run
-    shows on both pages, compared with the second."""
+    """The Overview follows the settings: back to per-channel weights, it shows run a's
+    figures (made with them), none stale and none of run b's; back to per-tensor, run b's. An edit nothing was
+    run with (the greedy check's length) marks the validate cards stale (undo clears it: it
+    is the key, not any edit); Run again from the banner runs the stale stage only, and the
+    new run's figures replace them while the others stay."""
     a, b = runs_made["ids"]
     win = _open(make_window, copy_project, runs_made["two"], tmp_path / "p")
     ctl = win.ctl
@@ -290,19 +293,32 @@ def test_an_edit_marks_cards_stale_and_a_new_run_clears_it(
     qtbot.waitUntil(lambda: over._keys is not None, timeout=20_000)
     assert not over.stale_cards()
 
+    def run_of(stage: str) -> set[int]:
+        return {j.run_id for j in over._card_jobs if j.stage == stage}
+
     ctl.set("quantization", "weight_granularity", "per_channel")
+    qtbot.waitUntil(lambda: run_of("validate") == {a}, timeout=20_000)
+    # run a took its per-channel graphs from the cache (no quantize time of its own): no
+    # quantize card, rather than run b's per-tensor time marked stale (the export, the same
+    # for both, is the newest run's)
+    assert not [j for j in over._card_jobs if j.run_id == b and j.stage != "export"]
+    assert not over.stale_cards()
+    ctl.undo()
+    qtbot.waitUntil(lambda: run_of("validate") == {b}, timeout=20_000)
+    assert not over.stale_cards()
+
+    ctl.set("validation", "greedy_tokens", 3)
     qtbot.waitUntil(lambda: bool(over.stale_cards()), timeout=20_000)
     stale = over.stale_cards()
     stale_stages = {j.stage for j, c in zip(over._card_jobs, over.cards.cards, strict=True)
                     if c.stale}
-    assert stale_stages == {"quantize", "compile", "validate"}
+    assert stale_stages == {"validate"}
     for card in stale:
         text = card.stale_label.text().replace("\u2011", "-")  # a non-breaking hyphen
         assert text == f"⚠ settings changed since run {b}: re-run"
     assert all(c.stale_label.isVisibleTo(over) for c in stale)
     assert over.stale_banner.isVisibleTo(over)
-    assert f"Settings changed since run {b}" in over.stale_text.text()
-    assert "its quantize, compile, validate figures" in over.stale_text.text()
+    assert f"Settings changed since run {b}: its validate figures" in over.stale_text.text()
 
     ctl.undo()
     qtbot.waitUntil(lambda: not over.stale_cards(), timeout=20_000)
@@ -310,7 +326,9 @@ def test_an_edit_marks_cards_stale_and_a_new_run_clears_it(
     ctl.redo()
     qtbot.waitUntil(lambda: bool(over.stale_cards()), timeout=20_000)
 
-    # run again from the banner: the stages the run asked for, the project as it is now
+    # run again from the banner: the stale stage, the project as it is now
+    made = ("quantize", "compile")  # (the export, taken from the cache, is every run's)
+    before = {(j.stage, j.run_id) for j in over._card_jobs if j.stage in made}
     over.rerun_button.click()
     task = ctl._task
     assert task is not None
@@ -319,20 +337,23 @@ def test_an_edit_marks_cards_stale_and_a_new_run_clears_it(
     assert summary.state == "succeeded"
     c = summary.run_id
     assert c > b
-    qtbot.waitUntil(lambda: over.results_box.title() == f"Results of run {c}", timeout=20_000)
+    qtbot.waitUntil(lambda: run_of("validate") == {c}, timeout=20_000)
     qtbot.waitUntil(lambda: over._keys is not None and not over.stale_cards(), timeout=20_000)
     assert not over.stale_banner.isVisibleTo(over)
-    assert all(t.startswith(f"run {c} · ") for t in _cards_text(over))
-    assert any("cached" in t for t in _cards_text(over))
+    assert {(j.stage, j.run_id) for j in over._card_jobs if j.stage in made} == before
+    assert before and all(r == b for _, r in before)
+    assert all(t.startswith(f"run {c} · validate") for j, t in zip(
+        over._card_jobs, _cards_text(over), strict=True) if j.stage == "validate")
+    studio = ctl.studio
+    assert history.run_info(studio.project, studio.jobs, c).stages == ["validate"]
 
     page = win.show_page("Validation")
     qtbot.waitUntil(lambda: page.run_combo.count() == 3, timeout=20_000)
     assert _runs_of(win) == [c, b, a]
     assert page.run_combo.currentData() == c and page.against.currentData() == b
-    assert "per_tensor → per_channel" in page.changes.text()
-    studio = ctl.studio
-    t1 = history.validation_table(studio.jobs, a)[CHIP]
+    assert "2 → 3" in page.changes.text() and "greedy" in page.changes.text()
+    t2 = history.validation_table(studio.jobs, b)[CHIP]
     t3 = history.validation_table(studio.jobs, c)[CHIP]
-    assert t3 == t1  # the first run's recipe again: its cached result
-    assert _table(page)["perplexity"][2] == fmt_figure("perplexity", t1["htp"]["perplexity"])
-    assert "(cached)" in page.job_label.text()
+    for column in ("fp32", "host_qdq", "htp"):  # the same graphs and held-out tokens
+        assert t3[column]["perplexity"] == t2[column]["perplexity"], column
+    assert _table(page)["perplexity"][2] == fmt_figure("perplexity", t2["htp"]["perplexity"])

@@ -139,7 +139,8 @@ class OverviewPage(Page):
         return right
 
     def _build_results(self) -> QGroupBox:
-        """The newest run's figures, one card each, with their sources."""
+        """The project's current figures (the newest of each stage), one card each, with
+        their sources and runs."""
         self.results_box = QGroupBox("Results")
         rl = self.results_layout = QVBoxLayout(self.results_box)
         self.run_label = label("", wrap=True)
@@ -156,8 +157,8 @@ class OverviewPage(Page):
             "measured: timed on the named device · simulated: QNN HTP simulator on this x86 "
             "machine — real HTP numerics, but its times follow the host CPU and are not device "
             "latency · estimated: the studio's performance model · imported: from your files. "
-            "Every card comes from the one run named above; earlier runs are compared on the "
-            "Validation page.",
+            "Each card names the run it comes from: the newest figure of its stage for the "
+            "current settings; runs are compared on the Validation page.",
             "muted",
             wrap=True,
         )
@@ -173,7 +174,8 @@ class OverviewPage(Page):
         self.stale_text = label("", wrap=True)
         sb.addWidget(self.stale_text, 1)
         self.rerun_button = QPushButton("Run again")
-        self.rerun_button.setToolTip("Run the stages this run asked for (unchanged ones are cached)")
+        self.rerun_button.setToolTip("Run the stages whose figures no longer match the project "
+                                     "(unchanged ones are cached)")
         self.rerun_button.clicked.connect(self.run_again)
         sb.addWidget(self.rerun_button, 0, Qt.AlignmentFlag.AlignVCenter)
         self.stale_banner.hide()
@@ -421,66 +423,77 @@ class OverviewPage(Page):
 
     # ---- results ------------------------------------------------------------------------------
     def _show_results(self) -> None:
-        """The figures of the newest run with figures, each card naming its run; the stale
-        marks follow when the project's current keys are known (computed in a thread)."""
+        """The project's current figures, then whether they still match it (the keys are
+        computed in a thread; the cards are assembled again with them)."""
+        self._assemble()
+        self.check_stale()
+
+    def _assemble(self) -> None:
+        """The newest figures of each stage (and target) for the current settings, each card
+        naming its run (:func:`studio.services.history.current_results`): a one-stage run
+        leaves the other stages' figures in place."""
         studio = self.ctl.studio
-        info = history.newest_run_with_results(studio.project, studio.jobs)
+        rows = history.current_results(studio.jobs, self._keys)
         newest = studio.jobs.runs(1)
-        self._run = info
-        has = info is not None
+        run = runs_of = None
+        if rows:
+            runs_of = sorted({job.run_id for job, _ in rows}, reverse=True)
+            run = history.run_info(studio.project, studio.jobs, runs_of[0])
+        self._run = run
+        has = bool(rows)
         self.no_results.setVisible(not has)
         self.cards.setVisible(has)
         self.legend.setVisible(has)
-        if info is None:
+        latest = ""
+        if newest:
+            r = newest[0]
+            info = history.run_info(studio.project, studio.jobs, r["id"])
+            asked = ", ".join(info.stages) if info and info.stages else "the project's stages"
+            latest = (f"Newest run: Run {r['id']} {self._state(r['state'])}, started "
+                      f"{when(r['created'])}, asked for {asked}"
+                      + ("" if runs_of and r["id"] in runs_of else
+                         " — it recorded no figures; details on the Jobs page"))
+        if not has:
             self.results_box.setTitle("Results")
             self._card_jobs = []
             self.cards.set_cards([])
             self.stale_banner.hide()
-            if newest:
-                r = newest[0]
-                self.run_label.setText(
-                    f"Run {r['id']} {self._state(r['state'])}, started {when(r['created'])}, "
-                    "recorded no figures — details on the Jobs page"
-                )
+            self.run_label.setText(latest)
             self.run_label.setVisible(bool(newest))
             return
-        self.results_box.setTitle(f"Results of run {info.id}")
-        asked = ", ".join(info.stages) if info.stages else "the project's stages"
-        text = (
-            f"Run {info.id} {self._state(info.state)}, started {when(info.created)}, "
-            f"asked for {asked} — every card below comes from this run; details on the Jobs page"
-        )
-        if newest and newest[0]["id"] != info.id:
-            r = newest[0]
-            text = (
-                f"Run {r['id']} ({self._state(r['state'])}) has no figures yet; showing run "
-                f"{info.id}.<br>" + text
-            )
-        self.run_label.setText(text)
+        assert runs_of is not None
+        if len(runs_of) == 1:
+            self.results_box.setTitle(f"Results of run {runs_of[0]}")
+        else:
+            self.results_box.setTitle("Results of runs " + ", ".join(map(str, runs_of))
+                                      + ": the newest of each stage")
+        self.run_label.setText(
+            "Each card is its stage's newest figure for the project as it is now, and names "
+            "the run it comes from.<br>" + latest)
         self.run_label.show()
         cards, jobs = [], []
-        for job, m in history.run_metrics(studio.jobs, info.id):
-            where = f"run {info.id} · {job.stage}"
-            if job.target:
-                where += f" · {job.target}"
-            if m.device not in job.target:
-                where += f" · {m.device}"
-            if job.cached:
-                where += " · cached"
-            card = FigureCard(
-                metric_title(m.name), fmt_card(m.name, m.value, m.unit), m.source, where,
-                m.detail,
-            )
-            tip = f"{m.name} from job #{job.id} ({job.label}) of run {info.id}"
-            if job.cached:
-                tip += " (cached: its inputs and settings were those of an earlier run)"
-            card.setToolTip(tip + (f"\n{m.detail}" if m.detail else ""))
-            cards.append(card)
-            jobs.append(job)
+        for job, figures in rows:
+            for m in figures:
+                where = f"run {job.run_id} · {job.stage}"
+                if job.target:
+                    where += f" · {job.target}"
+                if m.device not in job.target:
+                    where += f" · {m.device}"
+                if job.cached:
+                    where += " · cached"
+                card = FigureCard(
+                    metric_title(m.name), fmt_card(m.name, m.value, m.unit), m.source, where,
+                    m.detail,
+                )
+                tip = f"{m.name} from job #{job.id} ({job.label}) of run {job.run_id}"
+                if job.cached:
+                    tip += " (cached: its inputs and settings were those of an earlier run)"
+                card.setToolTip(tip + (f"\n{m.detail}" if m.detail else ""))
+                cards.append(card)
+                jobs.append(job)
         self._card_jobs = jobs
         self.cards.set_cards(cards)
         self._mark_stale()
-        self.check_stale()
 
     @staticmethod
     def _state(state: str) -> str:
@@ -497,7 +510,7 @@ class OverviewPage(Page):
 
         def done(keys: dict[str, str]) -> None:
             self._keys, self._keys_error = keys, ""
-            self._mark_stale()
+            self._assemble()  # the figures that match these keys, where there are such
 
         def failed(exc: Exception) -> None:
             self._keys = None
@@ -519,8 +532,12 @@ class OverviewPage(Page):
                 stale_labels.append(job.stage)
         run = self._run
         if stale_labels and run is not None:
+            ids = sorted({j.run_id for j, c in zip(self._card_jobs, self.cards.cards,
+                                                   strict=True) if c.stale}, reverse=True)
+            since = f"run {ids[0]}: its" if len(ids) == 1 else (
+                "runs " + ", ".join(map(str, ids)) + ": their")
             self.stale_text.setText(
-                f"Settings changed since run {run.id}: its {', '.join(stale_labels)} figures "
+                f"Settings changed since {since} {', '.join(stale_labels)} figures "
                 "no longer match the project. Run again to update them (stages whose inputs "
                 "did not change come from the cache)."
             )
@@ -536,9 +553,13 @@ class OverviewPage(Page):
         return [c for c in self.cards.cards if c.stale]
 
     def run_again(self) -> None:
-        """Run the stages the shown run asked for, with the project as it is now."""
+        """Run the stages whose figures no longer match the project (or, with none, those
+        the newest shown run asked for), with the project as it is now."""
+        stale = [j.stage for j, c in zip(self._card_jobs, self.cards.cards, strict=True)
+                 if c.stale]
         run = self._run
-        self.run_stages(run.stages if run is not None else None)
+        stages = list(dict.fromkeys(stale)) or (run.stages if run is not None else None)
+        self.run_stages(stages)
 
 
 def main() -> int:
