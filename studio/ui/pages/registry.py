@@ -40,7 +40,8 @@ class PageSpec:
 
 PAGES: tuple[PageSpec, ...] = (
     PageSpec("overview", "Overview", "Model card, targets, recipe, latest results",
-             "The model, where it goes, how it is quantized, and what the newest run measured.",
+             "The model, where it goes, how it is quantized, and its newest figures, each from the "
+             "run named on its card.",
              "studio.ui.pages.overview:OverviewPage"),
     PageSpec("model", "Model", "Blocks → modules → ONNX nodes",
              "Every layer, grouped by transformer block, with the ONNX nodes of the latest "
