@@ -24,6 +24,7 @@ from studio.core.jobs import Job, JobStore
 from studio.core.metrics import Metric
 from studio.core.project import Project
 from studio.core.stagegraph import PlannedJob, plan, stage_config
+from studio.services import joblog
 from studio.services.jobrunner import (
     JobRunner,
     StageJob,
@@ -291,8 +292,21 @@ class _HistorySink:
 
     def __init__(self, pipeline: Pipeline, job_id: int):
         self.pipeline, self.job_id = pipeline, job_id
+        self._started: float | None = None
+        self._said = ""
+        self._progress_lines = 0
 
     def update(self, **fields: Any) -> None:
+        if fields.get("state") == "running" and fields.get("started"):
+            self._started = float(fields["started"])
+        message = fields.get("message") or ""
+        if (self._started is not None and message and message != self._said
+                and "state" not in fields and self._progress_lines < joblog.MAX_PROGRESS_LINES):
+            # each progress message once in the log, timed from the job's start
+            self._said = message
+            self._progress_lines += 1
+            self.log(joblog.progress_line(time.time() - self._started,
+                                          fields.get("progress"), message))
         self.pipeline._update(self.job_id, **fields)
 
     def log(self, line: str) -> None:

@@ -78,3 +78,37 @@ def test_what_the_pane_says_without_log_lines(window, project_path):
     assert not page.follow_button.isChecked()  # the user chose jobs that are not running
     page.follow_button.click()  # nothing runs: back to the job that ran last
     assert page.follow_button.isChecked() and page.selected_job().id == ran
+
+
+def test_a_starting_run_says_it_is_planning_and_noise_hides_behind_raw(window, project_path):
+    """Before a run's jobs exist (its keys are being computed) the empty page says so, not
+    "No jobs yet"; a job whose only lines are library chatter says that, and Raw shows
+    them (the lines as a real run stored them)."""
+    assert window.open_project(project_path)
+    page = window.show_page("Jobs")
+    assert page.empty.title.text() == "No jobs yet"
+    window.ctl.running_changed.emit(True)
+    assert page.empty.title.text() == "Planning the run…"
+    window.ctl.running_changed.emit(False)
+    assert page.empty.title.text() == "No jobs yet"
+
+    ctl, store = window.ctl, window.ctl.studio.jobs
+    run = store.create_run({})
+    jid = store.add_job(run, "quantize")
+    now = time.time()
+    store.update_job(jid, state="succeeded", started=now - 2, finished=now, progress=1.0)
+    notice = ("quantizer: The original model opset version is 17, which does not support "
+              "16-bit integer quantization natively. Please update the model to opset >= 21.")
+    colour = ("\x1b[1;31m2026-12-05 06:24:16.9 [E:onnxruntime:, qnn_execution_provider.cc:3672 "
+              "CreateHtpPowerConfigId] Failed to create HTP power config id.\x1b[m")
+    _log(store, ctl, jid, notice, deliver=False)
+    _log(store, ctl, jid, colour, deliver=False)
+    _send(ctl, kind="job", job=store.job(jid))
+    assert page.select_job(jid)
+    assert page.log.toPlainText() == ""
+    assert page.log.placeholderText().startswith("2 lines of library output")
+    page.raw_button.click()
+    assert page.log.toPlainText().splitlines() == [
+        notice, "2026-12-05 06:24:16.9 [E:onnxruntime:, qnn_execution_provider.cc:3672 "
+        "CreateHtpPowerConfigId] Failed to create HTP power config id."]
+    assert page.log.horizontalScrollBar().value() == 0  # never left scrolled sideways

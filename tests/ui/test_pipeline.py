@@ -84,6 +84,23 @@ def test_run_export_and_quantize_from_the_jobs_page(window, project_path, qtbot)
     assert page.follow_button.isChecked()
     assert page.log.toPlainText().strip()
     qtbot.waitUntil(lambda: page.log.toPlainText() == _stored(window, quantize_id), timeout=5_000)
+    # the log holds the stage's progress as it went, timed from the job's start, and not
+    # the libraries' chatter (the quantizer's opset notice), which the raw view shows
+    from studio.services import joblog
+
+    stored = window.ctl.studio.jobs.log(quantize_id)
+    timed = [x for x in stored if joblog.is_progress(x)]
+    assert len(timed) >= 3 and any("calibrat" in x for x in timed), stored
+    seconds = [float(x[1:x.index(" s]")]) for x in timed]
+    assert seconds == sorted(seconds)
+    noise = [x for x in stored if joblog.is_noise(x)]
+    assert any("opset version" in x for x in noise), stored
+    assert not any("opset version" in x for x in page.log.toPlainText().splitlines())
+    page.raw_button.click()
+    assert page.log.toPlainText() == _stored(window, quantize_id, raw=True)
+    assert any("opset version" in x for x in page.log.toPlainText().splitlines())
+    page.raw_button.click()
+    assert page.log.toPlainText() == _stored(window, quantize_id)
     # the plan behind the button is plan(project), the jobs of studio --batch
     labels = [j.label for j in plan(window.ctl.project)]
     assert page.plan_label.text().endswith(" → ".join(labels))
@@ -243,8 +260,11 @@ def _click_row(page, qtbot, job_id: int) -> None:
     )
 
 
-def _stored(window, job_id: int) -> str:
-    return "\n".join(_clean(x) for x in window.ctl.studio.jobs.log(job_id))
+def _stored(window, job_id: int, raw: bool = False) -> str:
+    from studio.services import joblog
+
+    lines = window.ctl.studio.jobs.log(job_id)
+    return "\n".join(_clean(x) for x in (lines if raw else joblog.readable(lines)))
 
 
 @pytest.mark.slow

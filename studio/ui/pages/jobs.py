@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 
 from studio.core.errors import StudioError
 from studio.core.jobs import FINAL, Job
+from studio.services import joblog
 from studio.ui.models.jobs import (
     C_ELAPSED,
     C_ID,
@@ -65,7 +66,9 @@ EMPTY_TEXT = (
 
 
 def _clean(line: str) -> str:
-    """A terminal progress line rewritten with carriage returns: keep what it ended as."""
+    """A terminal progress line rewritten with carriage returns: keep what it ended as
+    (and no terminal colour codes)."""
+    line = joblog.plain(line)
     if "\r" in line:
         parts = [p for p in line.split("\r") if p.strip()]
         return parts[-1] if parts else ""
@@ -222,6 +225,14 @@ class JobsPage(Page):
         )
         self.follow_button.toggled.connect(self._follow_toggled)
         head.addWidget(self.follow_button)
+        self.raw_button = QCheckBox("Raw")
+        self.raw_button.setToolTip(
+            "Off: the job's own lines and its progress, timed from its start.\n"
+            "On: every line it wrote, with the libraries' warnings and start-up notices "
+            "(ONNX Runtime, QNN, torch)."
+        )
+        self.raw_button.toggled.connect(self._raw_toggled)
+        head.addWidget(self.raw_button)
         ll.addLayout(head)
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
@@ -383,6 +394,14 @@ class JobsPage(Page):
             return None
 
     def _run_started(self, running: bool) -> None:
+        if running and self.model.rowCount() == 0:
+            self.empty.set_text(
+                "Planning the run…",
+                "Working out each job's key (the project's inputs are hashed): the jobs "
+                "appear here in a moment, those whose inputs and settings did not change "
+                "straight from the cache.")
+        elif not running and self.ctl.project is not None:
+            self._fill_stages()
         if running and not self.following:
             # a new run: watch it from its first job on (the pane switches when it starts)
             self.follow_button.blockSignals(True)
@@ -461,6 +480,8 @@ class JobsPage(Page):
         n = self._log_events[job_id] = self._log_events.get(job_id, 0) + 1
         if job_id == self._log_job and n > self._log_count:
             self._log_count = n
+            if not self.raw_button.isChecked() and joblog.is_noise(line):
+                return
             self._pending.append(_clean(line))
             if not self._flush.isActive():
                 self._flush.start()
@@ -551,13 +572,27 @@ class JobsPage(Page):
         self._log_job = job.id
         lines = self.ctl.studio.jobs.log(job.id)
         self._log_count = len(lines)
-        text = "\n".join(_clean(x) for x in lines)
+        shown = lines if self.raw_button.isChecked() else joblog.readable(lines)
+        text = "\n".join(_clean(x) for x in shown)
         if job.state == "failed" and job.error and job.error not in text:
             text = f"{text}\n✖ {job.error}" if text else f"✖ {job.error}"
         self.log.setPlainText(text)
-        self.log.setPlaceholderText(empty_log_text(job))
-        self.log.moveCursor(self.log.textCursor().MoveOperation.End)
+        self.log.setPlaceholderText(empty_log_text(job, hidden=len(lines) - len(shown)))
+        self._to_last_line()
         self._update_log_title(job)
+
+    def _to_last_line(self) -> None:
+        """The end of the log in view, from the start of its last line (a long last line
+        never leaves the pane scrolled sideways)."""
+        ops = self.log.textCursor().MoveOperation
+        self.log.moveCursor(ops.End)
+        self.log.moveCursor(ops.StartOfLine)
+        self.log.horizontalScrollBar().setValue(0)
+
+    def _raw_toggled(self, _on: bool) -> None:
+        job = self._shown_job()
+        if job is not None:
+            self._load_log(job)
 
     def _log_finished(self, job: Job) -> None:
         """The shown job ended: make sure the pane holds its whole stored log."""
@@ -569,6 +604,7 @@ class JobsPage(Page):
         if job.state == "failed" and job.error and job.error not in self.log.toPlainText():
             self.log.appendPlainText(f"✖ {job.error}")
         self.log.setPlaceholderText(empty_log_text(job))
+        self._to_last_line()
         self._update_log_title(job)
 
     def _update_log_title(self, job: Job) -> None:
@@ -579,8 +615,12 @@ class JobsPage(Page):
 NO_JOB_TEXT = "Select a job to see its log; the running job's log streams here."
 
 
-def empty_log_text(job: Job) -> str:
-    """What the log pane says while a job's log has no line."""
+def empty_log_text(job: Job, hidden: int = 0) -> str:
+    """What the log pane says while a job's log has no line (``hidden``: lines of library
+    noise the readable view leaves out)."""
+    if hidden:
+        return (f"{hidden} line{'s' if hidden != 1 else ''} of library output (warnings, "
+                "start-up notices) and nothing else: tick Raw to read them.")
     if job.state == "queued":
         return "Queued: its log appears here when it starts."
     if job.state == "running":
