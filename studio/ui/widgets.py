@@ -415,3 +415,36 @@ def fill_table(table: QTableWidget, rows: list[list[str]], tips: list[str] | Non
             table.setItem(i, j, item)
     if fit_rows:
         table.resizeRowsToContents()
+
+
+def clipped_texts(root: QWidget) -> list[str]:
+    """The labels and buttons under ``root`` (shown ones) whose text does not fit their width:
+    a label that does not wrap, narrower than its text; a button narrower than its text,
+    its icon and padding; a check box or radio button narrower than its size hint. Each as
+    ``"ClassName 'text' width < needed"``, for the screenshot tests."""
+    from PySide6.QtWidgets import QAbstractButton, QCheckBox, QRadioButton
+
+    out = []
+    for w in root.findChildren(QWidget):
+        if not w.isVisibleTo(root) or w.width() <= 0:
+            continue
+        if isinstance(w, QLabel):
+            pix = w.pixmap()
+            if w.wordWrap() or not w.text().strip() or (pix is not None and not pix.isNull()):
+                continue
+            need = w.sizeHint().width()
+        elif isinstance(w, (QCheckBox, QRadioButton)):
+            if not w.text().strip():
+                continue
+            need = w.sizeHint().width()
+        elif isinstance(w, QAbstractButton):
+            if not w.text().strip():
+                continue
+            need = w.fontMetrics().horizontalAdvance(w.text().replace("&", "")) + 8
+            if not w.icon().isNull():
+                need += w.iconSize().width() + 4
+        else:
+            continue
+        if w.width() + 1 < need:
+            out.append(f"{type(w).__name__} {w.text()[:60]!r} {w.width()} < {need}")
+    return out

@@ -66,6 +66,11 @@ class SourcePage(QWizardPage):
         for i, r in enumerate((self.sample_radio, self.ckpt_radio, self.onnx_radio)):
             self.group.addButton(r, i)
         self.sample = QComboBox()
+        # the items' long descriptions stay in the list, not in the page's width (it asked
+        # for 811 px of a 720 px wizard)
+        self.sample.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.sample.setMinimumContentsLength(24)
         from studio.core import samples
 
         for s in samples.SAMPLES.values():
@@ -408,15 +413,17 @@ class RecipePage(QWizardPage):
         self.context.setRange(2, 4096)
         self.context.setValue(128)
         form.addRow("Context length (C)", self.context)
-        stages = QHBoxLayout()
+        # the stages in rows of a few (one row of every stage asked for 1,800 px and pushed
+        # the wizard off the screen); initializePage lays out those of the project's kind
+        self.stages_grid = QGridLayout()
+        self.stages_grid.setHorizontalSpacing(12)
         self.stage_checks = {}
         for s in STAGE_NAMES:
             cb = QCheckBox(s)
             cb.setChecked(s in default_stages("causal-lm"))  # optional analyses run by name
-            stages.addWidget(cb)
             self.stage_checks[s] = cb
-        stages.addStretch(1)
-        form.addRow("Pipeline stages", stages)
+        self._lay_out_stages(list(STAGE_NAMES))
+        form.addRow("Pipeline stages", self.stages_grid)
 
         box = QGroupBox("Accuracy gates")
         box.setToolTip(
@@ -452,6 +459,7 @@ class RecipePage(QWizardPage):
         for s, cb in self.stage_checks.items():
             cb.setVisible(s in mine)
             cb.setChecked(s in default)
+        self._lay_out_stages([s for s in self.stage_checks if s in mine])
         for key, spin in self.gates.items():
             shown = key in KIND_GATES[kind]
             self.gates_form.setRowVisible(spin, shown)
@@ -460,6 +468,17 @@ class RecipePage(QWizardPage):
         elif llm and self._kind not in ("", kind):
             self.samples.setValue(8)
         self._kind = kind
+
+    #: stage check boxes per row
+    STAGE_COLUMNS = 4
+
+    def _lay_out_stages(self, shown: list[str]) -> None:
+        """The shown stages' boxes in rows of :data:`STAGE_COLUMNS`, in pipeline order."""
+        grid = self.stages_grid
+        for cb in self.stage_checks.values():
+            grid.removeWidget(cb)
+        for i, s in enumerate(shown):
+            grid.addWidget(self.stage_checks[s], i // self.STAGE_COLUMNS, i % self.STAGE_COLUMNS)
 
     def gate_values(self) -> dict[str, float]:
         return {key: spin.value() for key, spin in self.gates.items()}

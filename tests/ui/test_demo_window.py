@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 
+from studio.ui.widgets import clipped_texts
 from tests.conftest import copy_store
 
 pytestmark = pytest.mark.slow
@@ -144,6 +145,8 @@ def test_keys_step_through_scenes_with_badges_and_live_generation(finished, copy
         assert all(b.split(" · ")[0] in ("measured", "simulated", "estimated", "catalog")
                    for b in badges), badges
         assert f"scene {win.index + 1} / 6" in win.position.text()
+        qtbot.wait(50)  # the footer's new text laid out
+        assert clipped_texts(win) == [], kind  # no card or label cut short
         qtbot.keyClick(win, Qt.Key.Key_Right)
     assert win.current_view().kind == "bundle"  # the last scene stays
     acc = win.views[2]
