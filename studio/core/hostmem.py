@@ -59,12 +59,14 @@ class StageMemory:
 #: weights are quantized a slice at a time beside the quantizer (studio.engine.qdq_weights):
 #: the same four, 2.42, 3.75, 3.33 and 5.99 GiB (before the slices: 2.66, 4.33, 5.25 and
 #: 8.98; before the calibration's change: 3.32, not run, 6.05 and 10.71). What remains is
-#: the calibration's two float sessions, each mapping the part's weights file (the same
-#: pages, counted once per mapping), and under 1 GiB of anonymous memory: 1.0 GiB + 2.0 x
-#: the part, errors +6 %, +1 %, +17 %, +9 %; the head needs no term of its own any more.
+#: the calibration's two float sessions, which now read the part's weights through one
+#: shared mapping of its file (``llm_runtime.make_cpu_session``; each used to map it
+#: itself, the same pages counted once per mapping): the same four, 1.63, 2.43, 2.06 and
+#: 3.36 GiB, 1.47 GiB + 0.70 x the part, errors +24 %, +1 %, +21 %, +1 % (before the shared
+#: mapping: 1.0 GiB + 2.0 x). The head needs no term of its own any more.
 STAGE_MEMORY: dict[str, StageMemory] = {
     "export": StageMemory(base=int(1.2 * GIB), per_weight_byte=1.55, per_head_byte=0.0),
-    "quantize": StageMemory(base=int(1.0 * GIB), per_weight_byte=2.0, per_head_byte=0.0),
+    "quantize": StageMemory(base=int(1.47 * GIB), per_weight_byte=0.70, per_head_byte=0.0),
 }
 
 #: The quantize stage when the recipe rounds its weights (``weight_rounding`` other than
