@@ -68,8 +68,9 @@ def test_scenes_of_a_finished_run_carry_sources_and_recordings(batch_run, small_
         assert "not the phone's time" in prof.note
 
         mem = scenes["memory"]
-        assert [r["name"] for r in mem.rows][:3] == ["weights, FP32", "weights, W8A16",
-                                                    "KV cache"]
+        assert [r["name"] for r in mem.rows][:3] == ["graph weights, FP32",
+                                                    "graph weights, W8A16",
+                                                    "KV cache, graph I/O"]
         assert all(r["source"] == "estimated" and r["bytes"] > 0 for r in mem.rows)
         assert mem.rows[1]["bytes"] < mem.rows[0]["bytes"]  # 8-bit weights below FP32
 

@@ -64,7 +64,7 @@ def test_empty_states_of_a_fresh_project(window, project_path, qtbot):
     assert "No results yet" in _visible_texts(over)
     qtbot.waitUntil(lambda: "Parameters" in _visible_texts(over), timeout=20_000)
     text = _visible_texts(over)
-    assert "KV cache" in text and "Weight bytes" in text and "formula" in text
+    assert "KV cache on the device" in text and "Checkpoint weights" in text and "formula" in text
     model = window.show_page("Model")
     qtbot.waitUntil(lambda: "Run the export stage" in model.status.text(), timeout=20_000)
     assert model.export_button.isVisibleTo(model)

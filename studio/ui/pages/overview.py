@@ -312,7 +312,12 @@ class OverviewPage(Page):
         g.setColumnStretch(1, 1)
         b = self.bytes_grid
         head = QHBoxLayout()
-        head.addWidget(label("<b>Weight bytes</b> by precision"))
+        title = label("<b>Checkpoint weights</b> by precision")
+        title.setToolTip(
+            "Every parameter once × bytes per parameter: a formula over the checkpoint. The "
+            "exported graphs store more (a tied embedding kept as the embedding and the head, "
+            "quantization scales): their bytes are 'Graph weights' on the Profiler's Memory tab.")
+        head.addWidget(title)
         head.addWidget(SourceBadge("formula", "parameters × bytes per parameter"))
         head.addStretch(1)
         b.addLayout(head, 0, 0, 1, 5)
@@ -326,7 +331,12 @@ class OverviewPage(Page):
         int8 = info.kv_cache_bytes(ctx, 1)
         mha = 2 * info.num_layers * info.num_heads * info.head_dim * ctx * 2
         kv = QHBoxLayout()
-        kv.addWidget(label(f"<b>KV cache</b> at the project's context length {ctx}"))
+        kv_title = label(f"<b>KV cache on the device</b> at the project's context length {ctx}")
+        kv_title.setToolTip(
+            "One sequence's cache at FP16 or INT8, as the device keeps it. The exported graphs "
+            "take and return their cache in float32: that is 'KV cache, graph I/O' on the "
+            "Profiler's Memory tab.")
+        kv.addWidget(kv_title)
         kv.addWidget(SourceBadge("formula", "2 × layers × KV heads × head dim × context × bytes"))
         kv.addStretch(1)
         b.addLayout(kv, 3, 0, 1, 5)

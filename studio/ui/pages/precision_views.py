@@ -140,7 +140,7 @@ def selection_html(rows: list[dict[str, Any]], info: ModelInfo | None,
 
 
 # ---- changes against the plain scheme -----------------------------------------------------------
-DIFF_COLUMNS = ["Layer", "Weights", "Activations", "Set by", "Weight bytes"]
+DIFF_COLUMNS = ["Layer", "Weights", "Activations", "Set by", "MatMul weight bytes"]
 
 
 def diff_summary(diff: dict[str, Any]) -> str:
@@ -149,7 +149,7 @@ def diff_summary(diff: dict[str, Any]) -> str:
     if not c["layers"]:
         return f"Every layer has the plain {diff['scheme']} precisions (no override changes one)."
     return (f"{c['layers']} layer(s) differ from plain {diff['scheme']} ({c['weights']} in their "
-            f"weights, {c['activations']} in their activations); weight bytes "
+            f"weights, {c['activations']} in their activations); MatMul weight bytes "
             f"{human_bytes(wb['recipe'])} vs {human_bytes(wb['base'])} "
             f"({_signed_bytes(wb['change'])})")
 
@@ -167,7 +167,8 @@ def diff_rows(diff: dict[str, Any]) -> list[Row]:
         rows.append(Row([d["layer"], w, a, rule, _signed_bytes(change) if change else "—"],
                         payload=d["layer"], align_right=(4,),
                         colors={4: "#1b8a3f" if change < 0 else "#c62828"} if change else {},
-                        tip="Weight bytes: parameters × bytes per parameter (formula)"))
+                        tip="MatMul weight bytes: the layer's parameters × bytes per "
+                            "parameter (formula)"))
     return rows
 
 
@@ -195,9 +196,11 @@ class DiffView(QWidget):
         self.view.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.view.horizontalHeader().setSectionResizeMode(3, QHeaderView.ResizeMode.Stretch)
         lay.addWidget(self.view, 1)
-        lay.addWidget(label("Weight bytes count the MatMul weights the recipe sets (the embedding "
-                            "table and the norms are not quantized as weights). Double-click a "
-                            "row to select the layer in the grid.", "muted", wrap=True))
+        lay.addWidget(label("MatMul weight bytes count the MatMul weights the recipe sets (the "
+                            "embedding table and the norms are not quantized as weights: the "
+                            "Overview's checkpoint weights count every parameter, the Memory "
+                            "tab's graph weights what a graph stores). Double-click a row to "
+                            "select the layer in the grid.", "muted", wrap=True))
 
     def show_diff(self, diff: dict[str, Any]) -> None:
         self.summary.setText(diff_summary(diff))

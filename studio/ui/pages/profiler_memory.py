@@ -49,9 +49,18 @@ class MemoryTab(QWidget):
             "naive": FigureCard("Naive: a buffer per tensor", "–", "estimated"),
             "arena": FigureCard("Reuse by lifetime", "–", "estimated"),
             "bound": FigureCard("Peak live (bound)", "–", "estimated"),
-            "weights": FigureCard("Weights", "–", "estimated"),
-            "kv": FigureCard("KV cache", "–", "estimated"),
+            "weights": FigureCard("Graph weights (stored)", "–", "estimated"),
+            "kv": FigureCard("KV cache, graph I/O", "–", "estimated"),
         }
+        self.cards["weights"].setToolTip(
+            "The bytes of this graph's initializers as stored: its weights at their precision "
+            "with their scales, and the tensors kept in float (a tied embedding is stored as "
+            "the embedding and the head). Not 'Checkpoint weights' on the Overview: that "
+            "counts each parameter once.")
+        self.cards["kv"].setToolTip(
+            "The graph's cache inputs (past_*) and outputs (present_*) at their dtypes: "
+            "float32 in the exported graphs. Not 'KV cache on the device' on the Overview "
+            "(FP16 or INT8, one sequence at the context length).")
         for i, card in enumerate(self.cards.values()):
             cards.addWidget(card, 0, i)
         lay.addLayout(cards)
