@@ -1,4 +1,5 @@
-"""Reports: the HTML reports of the project folder; open them in the browser. Export the
+"""Reports: the HTML reports of the project folder, read in the window (charts included) or
+opened in the browser; the JSON beside each shown as text. Export the
 report of a run (the newest by default, any run of the history) as HTML, Markdown, PDF or
 JSON: the report is assembled off the UI thread, the PDF printed with Qt."""
 
@@ -8,7 +9,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QUrl
+from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -17,6 +18,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QPushButton,
+    QSplitter,
     QTableView,
 )
 
@@ -26,6 +28,7 @@ from studio.services import history, projects, reports
 from studio.ui.models.rows import PayloadRole, Row, RowsModel
 from studio.ui.pages.base import StagePage
 from studio.ui.printing import print_pdf
+from studio.ui.report_view import ReportView
 from studio.ui.widgets import label
 
 #: what the export offers (format -> its name in the menu)
@@ -58,11 +61,13 @@ class ReportsPage(StagePage):
         )
         cl = self.content_layout
         bar = QHBoxLayout()
-        self.open_button = QPushButton("Open report")
+        self.open_button = QPushButton("Open in browser")
+        self.open_button.setToolTip("The selected report in your web browser (it is read "
+                                    "below without one)")
         self.open_button.clicked.connect(self.open_selected)
         bar.addWidget(self.open_button)
-        self.json_button = QPushButton("Open JSON")
-        self.json_button.clicked.connect(lambda: self.open_selected(json=True))
+        self.json_button = QPushButton("Show JSON")
+        self.json_button.clicked.connect(self.show_json)
         bar.addWidget(self.json_button)
         self.folder_button = QPushButton("Open folder")
         self.folder_button.clicked.connect(self.open_folder)
@@ -102,8 +107,16 @@ class ReportsPage(StagePage):
             header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
         self.view.doubleClicked.connect(lambda _i: self.open_selected())
         self.view.selectionModel().selectionChanged.connect(self._update_buttons)
-        cl.addWidget(self.view, 1)
-        cl.addWidget(label("Double-click a report to open it in your browser.", "muted"))
+        self.view.selectionModel().selectionChanged.connect(self._show_selected)
+        self.reader = ReportView()
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(self.view)
+        split.addWidget(self.reader)
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 4)
+        cl.addWidget(split, 1)
+        cl.addWidget(label("The selected report is read here, its charts included; "
+                           "double-click one to open it in your browser.", "muted"))
         self.opened_urls: list[str] = []  # what was handed to the desktop (for tests)
 
     def refresh(self) -> None:
@@ -212,6 +225,17 @@ class ReportsPage(StagePage):
         if not ok:
             self.ctl.message.emit("error", f"no application could open {path}")
         return ok
+
+    def _show_selected(self, *_args) -> None:
+        f = self.selected()
+        if f is not None and f.is_file():
+            self.reader.show_file(f)
+
+    def show_json(self) -> None:
+        """The selected report's JSON (what CI reads) in the reader."""
+        f = self.selected()
+        if f is not None and f.with_suffix(".json").is_file():
+            self.reader.show_file(f.with_suffix(".json"))
 
     def open_selected(self, json: bool = False) -> bool:
         f = self.selected()
