@@ -174,6 +174,8 @@ class SweepsPage(Page):
         lay = QVBoxLayout(self.body)
         lay.setContentsMargins(0, 6, 0, 0)
         self.empty = EmptyState("No sweeps in this project", "")
+        self.empty.add_action("New sweep…", self.new_sweep,
+                              "Pick the settings to vary and their values")
         self.empty.add_action("Copy the example", self._copy_example,
                               "Copy the [[sweeps]] table above, to paste into the project file")
         lay.addWidget(self.empty)
@@ -218,6 +220,11 @@ class SweepsPage(Page):
                                       "points stay recorded")
         self.cancel_button.clicked.connect(self.cancel_sweep)
         bar.addWidget(self.cancel_button)
+        self.new_button = QPushButton("New sweep…")
+        self.new_button.setToolTip("A new sweep: pick the recipe's settings to vary and their "
+                                   "values")
+        self.new_button.clicked.connect(self.new_sweep)
+        bar.addWidget(self.new_button)
         self.status = label("", "muted")
         bar.addWidget(self.status, 1)
         return bar
@@ -358,6 +365,8 @@ class SweepsPage(Page):
         self.table.setRowCount(0)
 
     def on_change(self, change) -> None:
+        if ("", "sweeps") in set(change) and not self.running:
+            self.fill_combo()  # a sweep added or removed (the dialog, Undo, a reload)
         self._show_selection()  # "the project's settings now" follows the edits
 
     def _pipeline_running(self, running: bool) -> None:
@@ -419,6 +428,28 @@ class SweepsPage(Page):
         self.empty.show()
         self.rec, self.rows = None, []
         self._update_buttons()
+
+    def new_sweep(self, table: dict[str, Any] | None = None) -> bool:
+        """Add a sweep to the project (one undoable edit) from the New sweep dialog, or the
+        ``table`` given (tests); then show it. False when nothing was added."""
+        from studio.ui.sweep_dialog import NewSweepDialog
+
+        if self.ctl.studio is None:
+            return False
+        if table is None:
+            dialog = NewSweepDialog(self.ctl.project, self)
+            if dialog.exec() != NewSweepDialog.DialogCode.Accepted:
+                return False
+            table = dialog.table()
+        try:
+            self.ctl.set("", "sweeps", [*self.ctl.project.sweeps, table],
+                         label=f"Add sweep {table['name']!r}")
+        except StudioError as exc:
+            self.ctl.message.emit("error", exc.message)
+            return False
+        self.fill_combo()
+        self.combo.setCurrentIndex(max(0, self.combo.findData(table["name"])))
+        return True
 
     def _copy_example(self) -> None:
         from PySide6.QtWidgets import QApplication
