@@ -335,8 +335,8 @@ def compile_on_ray(jobs: list[tuple[int, Any, Path, Path]], chip: Chip, fp16: bo
                 k, key, _ = running[ref]
                 try:
                     got = ray.get(ref)
-                except ray.exceptions.RayTaskError as exc:
-                    cause = exc.as_instanceof_cause()
+                except ray.exceptions.RayTaskError as exc:  # the part's own error, in a line
+                    cause = getattr(exc, "cause", None)
                     if isinstance(cause, StudioError):
                         raise StudioError(cause.message) from None
                     raise
