@@ -14,6 +14,19 @@ from studio.core.catalog import get_chip
 from studio.core.errors import StudioError
 from studio.engine.devices._base import Backend as _Base
 
+#: context-binary bytes the x86 HTP simulator holds at once in one process, measured here on
+#: the Qwen2.5-3B shape in 9 parts (W8A16, context 128): the first 8 parts' binaries (6.69 GB)
+#: loaded, the 9th part's prefill (to 7.08 GB) failed "the QNN HTP has no memory left", after
+#: 43 s and 8.5 GiB of the host's memory (the validation's peak); the same shape's two
+#: largest parts (2.18 GB) generate
+SIM_HOLDS_BYTES = 6_690_000_000
+
+
+def binary_bytes(compiled: Path) -> int:
+    """The bytes of the compiled contexts under ``compiled`` (every part's), as loaded."""
+    return sum(f.stat().st_size for f in Path(compiled).rglob("*")
+               if f.is_file() and (f.name.endswith("_ctx.onnx") or f.suffix == ".bin"))
+
 
 class Backend(_Base):
     @property
@@ -39,6 +52,17 @@ class Backend(_Base):
         if compiled is None:
             raise StudioError(f"the {self.device.name} runs a compiled context: run the "
                               "compile stage")
+        parts = len(spec.get("parts") or [])
+        if self.device.kind == "htp-sim" and parts > 1:
+            # refused before loading what cannot be held: trying costs minutes and GiBs
+            held = binary_bytes(compiled)
+            if held > SIM_HOLDS_BYTES:
+                raise StudioError(
+                    f"the {self.device.name} cannot hold the {parts} parts' context binaries "
+                    f"at once ({held / 1e9:.2f} GB; it holds about "
+                    f"{SIM_HOLDS_BYTES / 1e9:.1f} GB): generating needs every part loaded; "
+                    "generate on the host CPU or a device (an agent), validation scores the "
+                    "model part by part")
         return htp_generator(compiled, self.chip, spec, fp16)
 
     def part_scorer(self, compiled: Path, spec: dict[str, Any], fp16: bool) -> Any:
