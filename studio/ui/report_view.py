@@ -13,6 +13,9 @@ from PySide6.QtGui import QImage, QPainter, QTextDocument
 from PySide6.QtWidgets import QTextBrowser
 
 _SVG = re.compile(r"<svg\b.*?</svg>", re.S)
+#: files larger than this are not laid out here (Qt's text layout of some MB in one
+#: paragraph takes minutes on the UI thread; the studio's reports are tens of KB)
+MAX_READ_BYTES = 4 << 20
 _SCHEME = "qstudio-chart"
 
 
@@ -57,9 +60,18 @@ class ReportView(QTextBrowser):
         self.charts_drawn = 0
 
     def show_file(self, path: Path) -> None:
+        from studio.core.units import format_bytes
+
         self.path = Path(path)
-        text = self.path.read_text(encoding="utf-8", errors="replace")
         self.charts_drawn = 0
+        size = self.path.stat().st_size
+        if size > MAX_READ_BYTES:
+            self._charts = []
+            self.setPlainText(f"{self.path.name} is {format_bytes(size)}: too large to read "
+                              "here (the studio's reports are tens of KB). Open it in your "
+                              "browser.")
+            return
+        text = self.path.read_text(encoding="utf-8", errors="replace")
         if self.path.suffix == ".json":
             self._charts = []
             self.setPlainText(text)

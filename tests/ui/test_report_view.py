@@ -38,3 +38,17 @@ def test_the_batch_reports_are_read_in_the_window_with_their_charts(
     assert reader.charts_drawn <= len(inline_charts(reader.path.read_text())[1])
     page.show_json()
     assert reader.path.suffix == ".json" and reader.toPlainText().lstrip().startswith("{")
+
+
+def test_a_file_too_large_to_lay_out_is_not_read_in_the_window(tmp_path, qtbot):
+    """Qt lays out megabytes of one paragraph for minutes on the UI thread: a file past the
+    reader's limit gets one line that says to open it in the browser."""
+    from studio.ui.report_view import MAX_READ_BYTES, ReportView
+
+    big = tmp_path / "report-1.html"
+    big.write_bytes(b"x" * (MAX_READ_BYTES + 1))
+    view = ReportView()
+    qtbot.addWidget(view)
+    view.show_file(big)
+    assert view.toPlainText().startswith("report-1.html is 4.0 MiB: too large to read here")
+    assert "browser" in view.toPlainText()
