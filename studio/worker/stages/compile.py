@@ -34,9 +34,9 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     done = partresume.keep_finished(ctx.out, parts) if len(parts) > 1 else {}
     if len(parts) == 1:
         partresume.clear(ctx.out)
-    for row in done.values():
-        placement.update(row["placement"])
-        compiled.update(row["compiled"])
+    for kept in done.values():
+        placement.update(kept["placement"])
+        compiled.update(kept["compiled"])
     if done:
         progress.log(f"{len(done)} of {len(parts)} parts: compiled by an interrupted run, kept")
     todo = [k for k in range(len(folders)) if k not in done]
