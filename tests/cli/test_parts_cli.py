@@ -214,7 +214,8 @@ def test_cancelling_a_compile_in_processes_ends_them(tmp_path, monkeypatch, part
     assert set(children()) <= before
 
 
-def test_a_compile_stage_on_ray_compiles_its_parts_as_ray_tasks(tmp_path, parts_project):
+def test_a_compile_stage_on_ray_compiles_its_parts_as_ray_tasks(tmp_path, monkeypatch,
+                                                                 parts_project):
     """The compile stage run as the Ray executor runs it (a Ray task over the project's
     store): its two parts go to Ray as tasks of their own, each asking for a CPU and its
     predicted memory; the same placement as the stored compile, and the HTP simulator's
@@ -243,6 +244,10 @@ def test_a_compile_stage_on_ray_compiles_its_parts_as_ray_tasks(tmp_path, parts_
     spec = {"job_id": 1, "config": stage_config(project, job).to_dict(), "inputs": inputs,
             "input_keys": {jobs[d].label: keys[jobs[d].stage] for d in job.deps},
             "workdir": str(out)}
+    # no token authentication: it would write a token where the Ray sweep test's cluster
+    # (tests/cli/test_sweep.py, maybe running now) reads its own
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              configure_logging=False, object_store_memory=128 * 2**20)
     try:

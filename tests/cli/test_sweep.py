@@ -209,7 +209,9 @@ def test_the_grid_on_a_local_ray_cluster_gives_identical_metrics(resumed, tmp_pa
     ray_bin = Path(sys.executable).with_name("ray")
     if not ray_bin.exists():  # a venv over the system's packages: ray's script is the system's
         ray_bin = Path(shutil.which("ray") or ray_bin)
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    # no token authentication: another test's Ray (tests/cli/test_parts_cli.py) may start on
+    # this machine meanwhile and write its own token where this cluster's client reads one
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
     start = subprocess.run([str(ray_bin), "start", "--head", f"--port={port}",
                             "--num-cpus=2", "--include-dashboard=false",
                             "--node-ip-address=127.0.0.1", "--disable-usage-stats"],
