@@ -126,24 +126,31 @@ def parting(genie_text: str, ref: list[int], runner_up: list[tuple[int, float]],
     return {"token": t, "gap": round(gap, 5), "near_tie": took_second and gap <= GENIE_TIE_GAP}
 
 
+def ar_feeds(export_dir: Path, spec: dict[str, Any], N: int, cl: int,
+             settings: BundleSettings) -> list[dict]:
+    """Calibration feeds for an AR-N graph over CL - N slots (the whole model's, a model in
+    parts chained), from the recipe's calibration windows."""
+    from studio.engine.calibration import ar_calibration_feeds, calibration_windows
+
+    windows = calibration_windows(settings.calibration_text, export_dir / "tokenizer",
+                                  length=int(spec["context_length"]),
+                                  count=int(settings.recipe["samples"]), min_length=N + 2)
+    return ar_calibration_feeds(export_dir, spec, windows, N, cl - N)
+
+
 def genie_prefill_graph(export_dir: Path, qdir: Path, spec: dict[str, Any], N: int, cl: int,
                         work: Path, settings: BundleSettings, progress: Progress) -> Path:
     """The AR-N prefill graph: exported from the checkpoint with N new tokens over CL - N
     cache slots, quantized with the recipe and the decode graph's activation scales, in
     Genie's conventions."""
     from studio.engine import genie
-    from studio.engine.calibration import ar_calibration_feeds, calibration_windows
     from studio.engine.llm_export import export_ar_graph
     from studio.engine.quantize import quantize_like
 
     progress.update(0.0, f"exporting the AR-{N} prefill graph ({cl - N} cache slots)")
     export_ar_graph(settings.checkpoint, spec, N, cl - N, work / f"prefill_ar{N}.onnx")
     progress.update(0.5, f"quantizing the AR-{N} prefill graph with the decode graph's scales")
-    windows = calibration_windows(settings.calibration_text, export_dir / "tokenizer",
-                                  length=int(spec["context_length"]),
-                                  count=int(settings.recipe["samples"]),
-                                  min_length=N + 2)
-    feeds = ar_calibration_feeds(export_dir, spec, windows, N, cl - N)
+    feeds = ar_feeds(export_dir, spec, N, cl, settings)
     quantize_like(work / f"prefill_ar{N}.onnx", work / f"prefill_ar{N}_q.onnx",
                   qdir / "decode.onnx", settings.recipe, feeds)
     out = work / f"prefill_ar{N}_genie.onnx"
@@ -172,7 +179,6 @@ def genie_prefill_parts(export_dir: Path, qdir: Path, spec: dict[str, Any], N: i
     recipe and its own decode graph's activation scales."""
     import numpy as np
 
-    from studio.engine.calibration import ar_calibration_feeds, calibration_windows
     from studio.engine.llm_parts import export_part_ar_graphs, iter_parts
     from studio.engine.llm_runtime import make_cpu_session
     from studio.engine.quantize import quantize_like
@@ -181,10 +187,7 @@ def genie_prefill_parts(export_dir: Path, qdir: Path, spec: dict[str, Any], N: i
     floats = export_part_ar_graphs(settings.checkpoint, spec, N, cl - N, work / "ar",
                                    SubProgress(progress, 0.0, 0.5))
     progress.update(0.5, f"calibration feeds for the AR-{N} graphs")
-    windows = calibration_windows(settings.calibration_text, export_dir / "tokenizer",
-                                  length=int(spec["context_length"]),
-                                  count=int(settings.recipe["samples"]), min_length=N + 2)
-    feeds = ar_calibration_feeds(export_dir, spec, windows, N, cl - N)
+    feeds = ar_feeds(export_dir, spec, N, cl, settings)
     out = []
     for part, src in zip(parts, floats, strict=True):
         progress.check()

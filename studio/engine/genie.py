@@ -491,7 +491,7 @@ def split_graph(src: Path, folder: Path, spec: dict[str, Any], parts: int) -> li
         if len(q) != 1:
             raise StudioError(f"{src.name}: the residual stream after block {last} is not "
                               "quantized once: cannot hand it to the next part")
-        name = f"hidden_states_after_{last}"
+        name = hidden_name(last)
         for n in g.node:
             for k, x in enumerate(n.input):
                 if x == q[0].output[0]:

@@ -90,6 +90,7 @@ def run_task(spec: dict[str, Any], store_root: str, store_id: str, transfer: str
              input_refs: dict[str, Any]) -> dict[str, Any]:
     """The body of one Ray task (runs on a cluster node): the stage, in this process."""
     from studio.core.errors import StudioError as _UserError
+    from studio.worker.stages.compile import RAY_PARTS_ENV
 
     root = Path(store_root)
     try:
@@ -123,8 +124,6 @@ def run_task(spec: dict[str, Any], store_root: str, store_id: str, transfer: str
         tempfile.tempdir = None
         # a stage's parts (the compile's) go to Ray as tasks of their own: anywhere when this
         # task works in the shared store, else on this node, which alone holds its inputs
-        from studio.worker.stages.compile import RAY_PARTS_ENV
-
         os.environ[RAY_PARTS_ENV] = "any" if shared else "node"
         from studio.worker.stages import run_stage
 
@@ -143,7 +142,7 @@ def run_task(spec: dict[str, Any], store_root: str, store_id: str, transfer: str
     finally:
         import shutil
 
-        os.environ.pop("QSTUDIO_RAY_PARTS", None)
+        os.environ.pop(RAY_PARTS_ENV, None)
         if old_tmp is None:
             os.environ.pop("TMPDIR", None)
         else:

@@ -59,8 +59,8 @@ class Backend(_Base):
             if held > SIM_HOLDS_BYTES:
                 raise StudioError(
                     f"the {self.device.name} cannot hold the {parts} parts' context binaries "
-                    f"at once ({held / 1e9:.2f} GB; it holds about "
-                    f"{SIM_HOLDS_BYTES / 1e9:.1f} GB): generating needs every part loaded; "
+                    f"at once ({held / 1e9:.2f} GB; it held {SIM_HOLDS_BYTES / 1e9:.2f} GB, "
+                    "measured on the 3 B shape): generating needs every part loaded; "
                     "generate on the host CPU or a device (an agent), validation scores the "
                     "model part by part")
         return htp_generator(compiled, self.chip, spec, fp16)

@@ -205,7 +205,7 @@ def part_processes(sources: list[Path]) -> int:
     largest = max(graph_bytes(src / f"{g}.onnx") for src in sources for g in GRAPHS)
     if largest < PARALLEL_ABOVE:
         return 1
-    per = PROCESS_BASE + PROCESS_PER_BYTE * largest
+    per = max(part_memory(src) for src in sources)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     fit = int(max(0, available_memory() - HEADROOM) // per)
     return max(1, min(len(sources), cores or 1, fit))
