@@ -1,6 +1,7 @@
 """Errors the user can act on.
 
-A :class:`StudioError` carries one line that says what is wrong and what to do. The CLI
+A :class:`StudioError` carries one line that says what is wrong and what to do; a raw QNN /
+Genie / ONNX Runtime code in it is decoded (:mod:`studio.core.errorcodes`). The CLI
 prints it on stderr and exits 2; the GUI shows it in a message. Anything else escaping
 a stage is a bug and is reported with its traceback.
 """
@@ -14,8 +15,13 @@ class StudioError(Exception):
     exit_code = 2
 
     def __init__(self, message: str):
+        from studio.core.errorcodes import explain
+
+        # a raw backend code in the message (QNN "err 1002", Genie "status -7", ONNX
+        # Runtime's input errors) gets its cause and fix: nobody is left with a bare code
+        message = explain(" ".join(str(message).split()))
         super().__init__(message)
-        self.message = " ".join(str(message).split())
+        self.message = message
 
     def __str__(self) -> str:
         return self.message

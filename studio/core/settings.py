@@ -573,6 +573,10 @@ class Layerdiff(Section):
     tensors: str = setting("modules", "which tensors: blocks (the residual stream between "
                            "blocks), modules (and every module's output), all",
                            choices=TENSOR_MODES)
+    graph: str = setting("prefill", "which graph: prefill, or decode (one step over an FP32 "
+                         "cache)", choices=("prefill", "decode"))
+    fp16_step: bool = setting(False, "also run the FP32 graph on the HTP in FP16, without "
+                              "quantization (a bisection's first step; chips with FP16)")
 
 
 class Profile(Section):

@@ -78,6 +78,8 @@ _SHAPE_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten
                         "Gather", "Expand", "Equal", "Where", "Neg"})
 _SKIP_MODULES = frozenset({"rope"})  # the export's rotary tables (position only)
 _BLOCK = re.compile(r"^(.*?layers\.(\d+))(?:\.|$)")
+#: the graphs a layer diff runs on
+GRAPHS = ("prefill", "decode")
 
 
 @dataclass(frozen=True)
@@ -389,13 +391,18 @@ def _load(path: Path, what: str):
 def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
                mode: str = "modules", htp: Mapping[str, Any] | None = None,
                work_parent: Path | None = None, progress: Progress = NullProgress(),
-               threads: int = 1) -> dict[str, Any]:
-    """Run the diff on ``windows`` (each exactly P tokens) of the prefill graph and return
-    the rows and the final-logits figures (JSON-able; ``seconds`` holds run timings).
+               threads: int = 1, graph: str = "prefill") -> dict[str, Any]:
+    """Run the diff on ``windows`` of the prefill graph (each exactly P tokens) or of the
+    decode graph (each P + 1 tokens: FP32 prefills the first P - 1, every runtime's decode
+    graph then takes token P - 1 over that one cache and predicts token P, so the decode
+    graph's own error is measured) and return the rows and the final-logits figures
+    (JSON-able; ``seconds`` holds run timings).
 
-    ``htp``: ``{"chip": Chip, "fp16": bool, "extra_options": {...}, "base": Path}`` runs the
-    HTP too (``base``: the compile stage's prefill context model, for the unchanged-logits
-    check); None compares FP32 and host QDQ only.
+    ``htp``: ``{"chip": Chip, "fp16": bool, "extra_options": {...}, "base": Path,
+    "fp16_step": bool}`` runs the HTP too (``base``: the compile stage's context model of
+    the graph, for the unchanged-logits check; ``fp16_step``: also the FP32 graph on the HTP
+    in FP16 — the seed's step 1, the backend without quantization); None compares FP32 and
+    host QDQ only.
     """
     import numpy as np
 
@@ -406,12 +413,16 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
 
     if mode not in TENSOR_MODES:
         raise StudioError(f"layerdiff.tensors = {mode!r}: use one of {', '.join(TENSOR_MODES)}")
+    if graph not in GRAPHS:
+        raise StudioError(f"layerdiff.graph = {graph!r}: use one of {', '.join(GRAPHS)}")
     export_dir, quant_dir = Path(export_dir), Path(quant_dir)
     spec = load_spec(export_dir)
     P = int(spec["prompt_length"])
-    if not windows or any(len(w) != P for w in windows):
-        raise StudioError(f"the layer diff scores windows of exactly P={P} tokens")
-    fsrc, qsrc = export_dir / "prefill.onnx", quant_dir / "prefill.onnx"
+    want = P + 1 if graph == "decode" else P
+    if not windows or any(len(w) != want for w in windows):
+        raise StudioError(f"the layer diff of the {graph} graph scores windows of exactly "
+                          f"{want} tokens")
+    fsrc, qsrc = export_dir / f"{graph}.onnx", quant_dir / f"{graph}.onnx"
     t_start = time.perf_counter()
     progress.update(0.0, "choosing the tensors to compare")
     probes = find_probes(_load(fsrc, "the export"), mode)
@@ -430,9 +441,16 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
         (work / "q").mkdir()
         qx = graph_with_outputs(qsrc, qtensors, work / "q" / "prefill.onnx")
         progress.update(0.03, "opening the sessions")
-        gen = StaticKVGenerator(make_cpu_session(fsrc, threads=threads),
+        gen = StaticKVGenerator(make_cpu_session(export_dir / "prefill.onnx", threads=threads),
                                 make_cpu_session(export_dir / "decode.onnx", threads=1), spec)
-        feeds = [gen.prefill_feed(w) for w in windows]  # as validate and sensitivity pad them
+        if graph == "prefill":
+            feeds = [gen.prefill_feed(w) for w in windows]  # as validate and sensitivity pad
+        else:  # one FP32 cache per window, then the step every runtime takes from it
+            feeds = []
+            for w in windows:
+                gen.prefill(w[:P - 1])
+                feeds.append(gen.decode_feed(w[P - 1], P - 1, copy=True))
+        scored = windows if graph == "prefill" else [w[P - 1:] for w in windows]
         del gen
         # runtimes with the extra outputs, and without them (the same logits, measured)
         probed: dict[str, Any] = {"fp32": host_session(fx, threads),
@@ -455,6 +473,16 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
             seconds["htp_prepare"] = time.perf_counter() - t0
             plain["htp"] = qnn.make_session(Path(htp["base"]), chip, strict=True, fp16=fp16,
                                             extra_options=extra)
+            if htp.get("fp16_step"):
+                if not chip.fp16:
+                    raise StudioError(f"the HTP of {chip.name} runs no FP16: the FP32 graph "
+                                      "cannot run there unquantized (step 1 of a bisection)")
+                progress.update(0.07, f"preparing the FP32 graph in FP16 on the HTP of "
+                                      f"{chip.name} (no quantization)")
+                t0 = time.perf_counter()
+                probed["htp_fp16"] = qnn.make_session(fx, chip, strict=True, fp16=True,
+                                                      extra_options=extra)
+                seconds["htp_fp16_prepare"] = time.perf_counter() - t0
         pairs = [(n, a, b) for n, a, b in PAIRS if a in probed and b in probed]
         acc = {(p.name, n): _Acc() for p in probes for n, _, _ in pairs}
         logits: dict[str, list] = {k: [] for k in probed}
@@ -468,7 +496,8 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
                     progress.check()
                     progress.update(0.1 + 0.85 * done / steps, f"window {wi + 1}/{len(feeds)}: "
                                     f"{k}{' with extra outputs' if suffix else ''}")
-                    want = (ftensors if k == "fp32" else qtensors) if suffix else []
+                    want = ((ftensors if k in ("fp32", "htp_fp16") else qtensors)
+                            if suffix else [])
                     t0 = time.perf_counter()
                     vals = sess.run(["logits", *want], feed)
                     seconds[k + suffix] = seconds.get(k + suffix, 0.0) + time.perf_counter() - t0
@@ -495,20 +524,22 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
                 before = max((rel[(i, n)] for i in r["inputs"]), default=0.0)
                 r[n]["gain"] = r[n]["rel_error"] / before if before > 0 else None
         ref = base["fp32"]
-        final = {k: compare_logits(ref, v, windows) for k, v in base.items()}
+        final = {k: compare_logits(ref, v, scored) for k, v in base.items()}
         if "htp" in base:
             final["htp"]["top1_agreement_with_qdq"] = compare_logits(
-                base["qdq"], base["htp"], windows)["top1_agreement"]
+                base["qdq"], base["htp"], scored)["top1_agreement"]
+        if "htp_fp16" in logits:  # probed only: its plain run would be the same graph
+            final["htp_fp16"] = compare_logits(ref, logits["htp_fp16"], scored)
         seconds["total"] = time.perf_counter() - t_start
         return {
-            "graph": "prefill", "tensors": mode, "windows": len(windows), "window_tokens": P,
+            "graph": graph, "tensors": mode, "windows": len(windows), "window_tokens": P,
             "num_layers": int(spec["num_layers"]), "probes": len(probes),
             "missing_in_qdq": missing, "pairs": [n for n, _, _ in pairs],
             "rows": rows, "logits": final,
             # the extra outputs must not change what the graph computes: measured, every run
             "extra_outputs": {k: {"logits_identical": _max_change(logits[k], base[k]) == 0.0,
                                   "logits_max_abs_change": _max_change(logits[k], base[k])}
-                              for k in probed},
+                              for k in probed if k in base},
             "seconds": {k: round(v, 3) for k, v in seconds.items()},
         }
     finally:

@@ -255,6 +255,37 @@ def _input_dtypes(session) -> dict[str, Any]:
     return out
 
 
+def constant_output_error(graph: str, logits, session, feeds: dict) -> StudioError | None:
+    """The seed's "outputs all zero": a pass whose logits are one value everywhere (a real
+    model never gives that) most often ran on inputs that were not bound as the graph
+    expects. The error names the graph's inputs against what was fed; None when the logits
+    vary."""
+    import numpy as np
+
+    a = np.asarray(logits)
+    if a.size < 2 or a.max() != a.min():
+        return None
+    want = {i.name: (list(i.shape), str(i.type)) for i in session.get_inputs()}
+    fed = {k: (list(np.shape(v)), str(getattr(v, "dtype", type(v).__name__)))
+           for k, v in feeds.items()}
+    missing = [n for n in want if n not in fed]
+    extra = [n for n in fed if n not in want]
+    shapes = [f"{n} {fed[n][0]} for {want[n][0]}" for n in want if n in fed
+              and all(isinstance(d, int) for d in want[n][0]) and fed[n][0] != want[n][0]]
+    if missing or extra or shapes:
+        why = "; ".join(x for x in (
+            f"not fed: {', '.join(missing)}" if missing else "",
+            f"fed but not inputs of the graph: {', '.join(extra)}" if extra else "",
+            f"shapes: {', '.join(shapes)}" if shapes else "") if x)
+    else:
+        why = (f"the {len(want)} inputs fed match the graph's names and shapes, so the runtime "
+               "did not bind them or the binary computes nothing: run studio doctor --device "
+               "D, then studio bisect")
+    return StudioError(f"the {graph} graph returned the same logit everywhere ({a.flat[0]:g} "
+                       f"over {a.size} values): its inputs were probably not bound as the "
+                       f"graph expects ({why})")
+
+
 class StaticKVGenerator:
     """Runs prefill once, then one decode step per token, with a host-side KV cache."""
 
@@ -516,6 +547,9 @@ class StaticKVGenerator:
         feeds = self.prefill_feed(ids)
         n = len(ids)
         outs = self.prefill_session.run(self._outputs, feeds)
+        bad = constant_output_error("prefill", outs[0][0, :n], self.prefill_session, feeds)
+        if bad is not None:
+            raise bad
         self.reset()
         for i in range(self.num_layers):
             for j in range(2):
@@ -528,7 +562,11 @@ class StaticKVGenerator:
         """One decode step; writes the new KV row into slot ``pos``; logits [V] float32."""
         import numpy as np
 
-        outs = self.decode_session.run(self._outputs, self.decode_feed(token, pos))
+        feeds = self.decode_feed(token, pos)
+        outs = self.decode_session.run(self._outputs, feeds)
+        bad = constant_output_error("decode", outs[0][0, -1], self.decode_session, feeds)
+        if bad is not None:
+            raise bad
         slot = pos % self.context_len
         for i in range(self.num_layers):
             for j in range(2):

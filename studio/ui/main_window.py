@@ -260,6 +260,9 @@ class MainWindow(QMainWindow):
         self.demo_act = self._act("&Demo", self.show_demo, "F11",
                                   "Show the project full screen for a stakeholder demo")
         self.shortcuts_act = self._act("&Keyboard Shortcuts", self.show_shortcuts, None)
+        self.doctor_act = self._act("&Doctor…", self.show_doctor, None,
+                                    "Check this machine, the project and a device: each "
+                                    "finding with its fix")
         self.about_act = self._act("&About QStudio", self.show_about, None)
 
     def _build_menus(self) -> None:
@@ -294,6 +297,7 @@ class MainWindow(QMainWindow):
         self._fill_stages()
         r.addAction(self.cancel_act)
         h = mb.addMenu("&Help")
+        h.addAction(self.doctor_act)
         h.addAction(self.shortcuts_act)
         h.addAction(self.about_act)
 
@@ -783,6 +787,12 @@ class MainWindow(QMainWindow):
             + "</table>"
         )
         QMessageBox.information(self, "Keyboard shortcuts", text)
+
+    def show_doctor(self) -> None:
+        from studio.ui.doctor_dialog import DoctorDialog
+
+        self.doctor_dialog = DoctorDialog(self.ctl, self)
+        self.doctor_dialog.show()
 
     def show_about(self) -> None:
         QMessageBox.about(

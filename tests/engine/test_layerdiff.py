@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -241,3 +242,98 @@ def test_the_report_draws_the_curves(got):
     html = render_layerdiff(got["result"])
     assert html.startswith("<h2>Layer diff") and html.count("<polyline") == 3
     assert "simulated" in html and "measured" in html and "model.embed_tokens" in html
+
+
+def _clip_activation(qdir: Path, graph: str, module_tensor: str, factor: float) -> None:
+    """The quantized graph given a bad encoding on purpose: the scale of ``module_tensor``'s
+    Q/DQ pair times ``factor`` (< 1 clips the activation to that share of its range)."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    from studio.engine.layerdiff import qdq_tensor_map
+
+    path = qdir / f"{graph}.onnx"
+    model = onnx.load(str(path), load_external_data=False)
+    dq_out = qdq_tensor_map(model, [module_tensor])[module_tensor]["tensor"]
+    dq = next(n for n in model.graph.node if dq_out in n.output)
+    scale = dq.input[1]
+    init = next(i for i in model.graph.initializer if i.name == scale)
+    init.CopyFrom(numpy_helper.from_array(
+        (numpy_helper.to_array(init) * np.float32(factor)).astype(np.float32), scale))
+    onnx.save(model, str(path))
+
+
+@pytest.mark.parametrize("graph", ["prefill", "decode"])
+def test_bisect_names_the_layer_given_a_bad_encoding(artifacts, project_file, tmp_path, graph):
+    """The seed's three steps on a real divergence: the output of model.layers.1's
+    down_proj clipped to 2 % of its range in the quantized graph. Step 1 (FP32 on the HTP in
+    FP16) stays in band; host QDQ and the HTP simulator both leave the band at that layer,
+    and the verdict names it — on the prefill graph and on one decode step."""
+    import shutil
+
+    from studio.core.catalog import get_chip
+    from studio.core.layerdiff import bisect_verdict, summarize
+    from studio.engine.layerdiff import find_probes, layer_diff
+    from studio.engine.llm_runtime import load_tokenizer
+
+    p = pf.load(project_file)
+    qdir = tmp_path / "quantize"
+    shutil.copytree(artifacts["quantize"], qdir)
+    fmodel = __import__("onnx").load(str(artifacts["export"] / f"{graph}.onnx"),
+                                     load_external_data=False)
+    probe = next(x for x in find_probes(fmodel) if x.name == "model.layers.1.mlp.down_proj")
+    _clip_activation(qdir, graph, probe.tensor, 0.02)
+    ids = load_tokenizer(artifacts["export"])(
+        p.input_path(p.validation["heldout_text"]).read_text()).input_ids
+    P = 16
+    W = P + 1 if graph == "decode" else P
+    windows = [ids[i * P:i * P + W] for i in range(2)]
+    chip = get_chip(p.targets[0])
+    data = layer_diff(artifacts["export"], qdir, windows, mode="modules", graph=graph,
+                      htp={"chip": chip, "fp16": False, "base": qdir / f"{graph}.onnx",
+                           "fp16_step": True})
+    assert data["graph"] == graph and "htp_fp16_vs_fp32" in data["pairs"]
+    s = summarize(data)
+    result = {**data, **{k: v for k, v in s.items() if k != "line"},
+              "device": f"HTP simulator ({chip.name})"}
+    got = bisect_verdict(result, data["rows"])
+    step1, _, step3 = got["steps"]
+    assert step1["out_of_band"] is None and "stays within FP16's band" in step1["finding"]
+    assert step3["host_qdq"]["name"] == step3["htp"]["name"] == "model.layers.1.mlp.down_proj"
+    assert got["layer"] == "model.layers.1.mlp.down_proj"
+    assert got["verdict"].startswith("diverges at model.layers.1.mlp.down_proj on host QDQ "
+                                     "and HTP simulator")
+    FIGURES[f"bisect_{graph}"] = {"verdict": got["verdict"], "qdq": step3["host_qdq"][
+        "rel_error"], "htp": step3["htp"]["rel_error"], "fp16_worst": step1["worst_rel_error"]}
+
+
+def test_studio_bisect_runs_the_three_steps_and_leaves_the_file_alone(project_file, tmp_path):
+    """`studio bisect FILE` on the sample (W8A16): the layer diff with the HTP in FP16
+    beside it, the three steps and a verdict; the project file is not changed, a model in
+    parts is refused in one line."""
+    import json as _json
+
+    from tests.cli.conftest import studio
+    from tests.conftest import copy_store
+
+    f = tmp_path / project_file.name
+    f.write_text(project_file.read_text())
+    copy_store(project_file.with_suffix(".studio"), f.with_suffix(".studio"))
+    before = f.read_text()
+    r = studio("bisect", f, "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = _json.loads(r.stdout)
+    assert [s["step"] for s in got["steps"]] == [1, 2, 3] and got["graph"] == "prefill"
+    assert "htp_fp16_vs_fp32" in got["result"]["pairs"]
+    assert got["steps"][0]["out_of_band"] is None  # the HTP in FP16 follows FP32
+    assert got["verdict"] and f.read_text() == before
+    assert "layerdiff[" in r.stderr and "ok " in r.stderr  # progress on stderr
+    r = studio("bisect", f)
+    assert r.returncode == 0 and "verdict: " in r.stdout and "(cached)" in r.stderr
+    parted = tmp_path / "parted.qstudio"
+    parted.write_text(re.sub(r"(?m)^parts = .*$", "parts = 2", before)
+                      if re.search(r"(?m)^parts = ", before)
+                      else before.replace("[export]", "[export]\nparts = 2", 1))
+    r = studio("bisect", parted)
+    assert r.returncode == 2 and "export.parts = 1" in r.stderr

@@ -11,10 +11,12 @@ from __future__ import annotations
 from studio.cli.command import Command
 from studio.cli.commands import (
     agent,
+    bisect,
     bundle,
     compare,
     demo,
     devices,
+    doctor,
     estimate,
     generate,
     graph,
@@ -35,8 +37,10 @@ COMMANDS: tuple[Command, ...] = (
     info.COMMAND,
     compare.COMMAND,
     layerdiff.COMMAND,
+    bisect.COMMAND,
     overrides.COMMAND,
     targets.COMMAND,
+    doctor.COMMAND,
     generate.COMMAND,
     prune.COMMAND,
     bundle.COMMAND,

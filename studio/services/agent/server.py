@@ -440,7 +440,9 @@ class Agent:
         except StudioError as exc:
             job.queue.put_nowait(("error", {"message": exc.message}))
         except Exception as exc:  # noqa: BLE001 - reported to the client, not lost
-            job.queue.put_nowait(("error", {"message": f"{type(exc).__name__}: {exc}"}))
+            from studio.core.errorcodes import explain
+
+            job.queue.put_nowait(("error", {"message": explain(f"{type(exc).__name__}: {exc}")}))
         finally:
             job.done = True
             self.running -= 1

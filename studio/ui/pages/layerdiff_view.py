@@ -54,6 +54,7 @@ PAIR_STYLE = {
     "qdq_vs_fp32": ("#2f6fd6", Qt.PenStyle.SolidLine),
     "htp_vs_fp32": ("#d9480f", Qt.PenStyle.SolidLine),
     "htp_vs_qdq": ("#8e5cc4", Qt.PenStyle.SolidLine),
+    "htp_fp16_vs_fp32": ("#1b8a3f", Qt.PenStyle.DashLine),
 }
 #: what the plot and the table show: boundaries only, and module outputs too
 MODES = {
@@ -63,7 +64,11 @@ MODES = {
 }
 SortRole = Qt.ItemDataRole.UserRole + 2
 #: the table's column titles per pair (the full title is the header's tooltip)
-PAIR_SHORT = {"qdq_vs_fp32": "QDQ/FP32", "htp_vs_fp32": "HTP/FP32", "htp_vs_qdq": "HTP/QDQ"}
+PAIR_SHORT = {"qdq_vs_fp32": "QDQ/FP32", "htp_vs_fp32": "HTP/FP32", "htp_vs_qdq": "HTP/QDQ",
+              "htp_fp16_vs_fp32": "HTP FP16/FP32"}
+#: the two runtimes each pair compares
+PAIR_SIDES = {"qdq_vs_fp32": ("qdq", "fp32"), "htp_vs_fp32": ("htp", "fp32"),
+              "htp_vs_qdq": ("htp", "qdq"), "htp_fp16_vs_fp32": ("htp_fp16", "fp32")}
 
 
 # ---------------------------------------------------------------------------- pure helpers
@@ -152,17 +157,13 @@ def sources(result: dict[str, Any]) -> dict[str, tuple[str, str]]:
             host = (m["source"], m["device"])
             break
     htp = (result.get("source", "simulated"), result.get("device", "HTP simulator"))
-    return {"qdq": host, "fp32": host, "htp": htp}
+    return {"qdq": host, "fp32": host, "htp": htp, "htp_fp16": htp}
 
 
 def pair_source(result: dict[str, Any], pair: str) -> str:
     """'measured · host-cpu', 'simulated · HTP simulator (…)', or both for HTP vs host QDQ."""
     src = sources(result)
-    a, b = {
-        "qdq_vs_fp32": ("qdq", "fp32"),
-        "htp_vs_fp32": ("htp", "fp32"),
-        "htp_vs_qdq": ("htp", "qdq"),
-    }[pair]
+    a, b = PAIR_SIDES[pair]
     text = f"{src[a][0]} · {src[a][1]}"
     if src[b] != src[a] and b != "fp32":
         text += f" vs {src[b][0]} · {src[b][1]}"
@@ -265,11 +266,7 @@ def _with_alpha(color, alpha: int):
 def _legend_entry(r: dict[str, Any], pair: str, title: str, color: str, style) -> str:
     """A swatch, the pair's title, its source badge(s) and device(s)."""
     src = sources(r)
-    a, b = {
-        "qdq_vs_fp32": ("qdq", "fp32"),
-        "htp_vs_fp32": ("htp", "fp32"),
-        "htp_vs_qdq": ("htp", "qdq"),
-    }.get(pair, ("htp", "fp32"))
+    a, b = PAIR_SIDES.get(pair, ("htp", "fp32"))
     line = "┅┅" if style == Qt.PenStyle.DashLine else "━━"
     out = (
         f"<span style='color:{color}; font-weight:600'>{line}</span> {html.escape(title)} "

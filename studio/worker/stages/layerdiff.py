@@ -14,8 +14,9 @@ from studio.worker.stages._llm import htp_options
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    """FP32 vs host QDQ vs the HTP, tensor by tensor, on held-out windows of the prefill graph:
-    where the errors jump and where host QDQ and the HTP part."""
+    """FP32 vs host QDQ vs the HTP, tensor by tensor, on held-out windows of the prefill or
+    the decode graph: where the errors jump and where host QDQ and the HTP part (and, with
+    ``layerdiff.fp16_step``, the FP32 graph on the HTP in FP16: the backend unquantized)."""
     from studio.core.layerdiff import PAIR_TITLES, summarize
     from studio.engine.layerdiff import layer_diff
 
@@ -27,17 +28,24 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     text = read_text(ctx.path("validation.heldout_text"), "held-out text")
     ids = load_tokenizer(export_dir)(text).input_ids
     want = ctx.get("layerdiff.windows")
-    windows = [ids[i * P:(i + 1) * P] for i in range(min(want, len(ids) // P))]
+    graph = ctx.get("layerdiff.graph")
+    if graph == "decode" and ctx.get("quantization.kv_cache") != "float":
+        raise StudioError("the decode graph's layer diff feeds one float KV cache to every "
+                          "runtime: set quantization.kv_cache = \"float\" for it")
+    W = P + 1 if graph == "decode" else P  # a decode window: P - 1 prefilled, a step, a next
+    windows = [ids[i * P:i * P + W] for i in range(min(want, (len(ids) - W) // P + 1))
+               if len(ids) >= W]
     if not windows:
-        raise StudioError(f"the held-out text gives {len(ids)} tokens, fewer than one prefill "
-                          f"window of P={P}: use a longer text")
+        raise StudioError(f"the held-out text gives {len(ids)} tokens, fewer than one "
+                          f"{graph} window of {W}: use a longer text")
     if len(windows) < want:
         progress.log(f"warning: the held-out text gives {len(windows)} window(s) of {P} "
                      f"tokens, not {want}")
     data = layer_diff(export_dir, qdir, windows, mode=ctx.get("layerdiff.tensors"),
                       htp={"chip": chip, "fp16": ctx.fp16, "extra_options": htp_options(ctx),
-                           "base": cdir / "prefill_ctx.onnx"},
-                      work_parent=ctx.out, progress=progress)
+                           "base": cdir / f"{graph}_ctx.onnx",
+                           "fp16_step": ctx.get("layerdiff.fp16_step")},
+                      work_parent=ctx.out, progress=progress, graph=graph)
     seconds = data.pop("seconds")  # a run fact: kept out of the artifact
     ctx.fact("layerdiff_seconds", seconds["total"], "s",
              f"{data['probes']} tensors x {len(windows)} windows; HTP "
@@ -52,7 +60,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         progress.log("warning: the extra outputs changed the final logits of "
                      + ", ".join(changed) + ": their figures are not the plain graph's")
     lg = data["logits"]
-    where = (f"prefill graph, {len(windows)} held-out window(s) of {P} tokens, "
+    where = (f"{graph} graph, {len(windows)} held-out window(s) of {W} tokens, "
              f"{data['probes']} tensors")
 
     def host(name: str, value: float, unit: str, detail: str) -> dict[str, Any]:
@@ -84,7 +92,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     ]
     return {
         "summary": s["line"], "target": chip.key, "device": dev.name, "device_id": dev.id,
-        "source": dev.source, "graph": "prefill", "tensors": data["tensors"],
+        "source": dev.source, "graph": graph, "tensors": data["tensors"],
         "windows": len(windows), "window_tokens": P, "probes": data["probes"],
         "pairs": data["pairs"], "pair_titles": {p: PAIR_TITLES[p] for p in data["pairs"]},
         "curves": s["curves"], "first_jump": s["first_jump"], "parting": s.get("parting"),

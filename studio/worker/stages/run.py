@@ -4,6 +4,7 @@ the HTP simulator, an agent, a phone), its timings labelled from the device."""
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Any
 
 from studio.core.devices import Device
@@ -19,7 +20,9 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     dev, be = ctx.device, ctx.backend
     prompt, n = ctx.get("run.prompt"), ctx.get("run.max_new_tokens")
     compiled = ctx.input("compile", dev.chip) if dev.chip else None
+    t0 = time.perf_counter()
     gen = be.open_generator(export_dir, compiled, spec, ctx.fp16, log=progress.log)
+    load_s = time.perf_counter() - t0  # the seed's "first inference very slow": shown apart
 
     def on_step(i: int, token: int) -> None:
         progress.check()
@@ -28,16 +31,20 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     out = gen.greedy(tok(prompt).input_ids, n, eos_id=spec.get("eos_token_id"), on_step=on_step)
     timed, prefix, note = be.run_figures(out, gen)
     return run_result(dev, timed, tok, prompt, be.describe(ctx.get("quantization.scheme")),
-                      prefix, note)
+                      prefix, note, load_s=load_s)
 
 
 def run_result(dev: Device, out: dict[str, Any], tok, prompt: str, what: str,
-               prefix: str = "", note: str | None = None) -> dict[str, Any]:
+               prefix: str = "", note: str | None = None,
+               load_s: float | None = None) -> dict[str, Any]:
     """The run stage's result from a generation on ``dev``: the figures labelled from the
     device. ``prefix`` names timings that are not the graph's latency (``round_trip_`` for adb
-    round trips)."""
+    round trips). First against warm (the seed's "first inference very slow"): ``load_s``
+    opened the graphs (a context binary's load) before the first token, and the first
+    decode step is shown beside the median of the warm ones."""
     steps = out["step_s"]
     median = statistics.median(steps) if steps else float("nan")
+    warm = statistics.median(steps[1:]) if len(steps) > 1 else median
     note = dev.timing_note if note is None else note
     metrics = [
         device_metric(dev, f"{prefix}prefill_ms", out["prefill_s"] * 1e3, "ms", note),
@@ -45,8 +52,21 @@ def run_result(dev: Device, out: dict[str, Any], tok, prompt: str, what: str,
         device_metric(dev, f"{prefix}decode_tokens_per_s", 1.0 / median if steps else 0.0,
                       "tok/s", note),
     ]
+    first = ""
+    if len(steps) > 1:
+        metrics.append(device_metric(dev, f"{prefix}first_decode_step_ms", steps[0] * 1e3, "ms",
+                                     f"the first decode step; the warm ones' median is "
+                                     f"{warm * 1e3:.3g} ms; {note}"))
+        first = f"; first step {steps[0] * 1e3:.3g} ms vs warm {warm * 1e3:.3g} ms"
+    if load_s is not None:
+        metrics.append(device_metric(dev, f"{prefix}load_ms", load_s * 1e3, "ms",
+                                     f"opening the graphs (context load) before the first "
+                                     f"token; {note}"))
+        first += f"; load {load_s:.2f} s"
     return {
-        "summary": f"{len(out['tokens'])} tokens, {1.0 / median:.1f} tok/s ({dev.source}, {what})",
+        "summary": f"{len(out['tokens'])} tokens, {1.0 / median:.1f} tok/s ({dev.source}, "
+                   f"{what}{first})",
+        "load_s": load_s, "first_step_s": steps[0] if steps else None, "warm_step_s": warm,
         "device": dev.kind, "device_id": dev.id, "target": dev.chip, "source": dev.source,
         "prompt": prompt, "tokens": out["tokens"], "text": tok.decode(out["tokens"]),
         "prefill_s": out["prefill_s"], "step_s": steps, "metrics": metrics,

@@ -1,0 +1,52 @@
+"""``studio bisect FILE [--target T] [--graph prefill|decode] [--json]``: where a quantized
+model leaves FP32, in the seed's three steps — (1) FP32 vs the HTP without quantization
+(FP16), (2) the quantized model's error and the layers it comes from, (3) the first layer
+whose activations leave the tolerance band on host QDQ and on the HTP — and a verdict naming
+the layer. Progress on stderr; the project file is not changed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from studio.cli.command import Command, Context
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file")
+    p.add_argument("--target", dest="bisect_target", help="the target chip (default: the first)")
+    p.add_argument("--graph", dest="bisect_graph", choices=("prefill", "decode"),
+                   default="prefill", help="the graph to bisect (default: prefill)")
+    p.add_argument("--json", dest="bisect_json", action="store_true",
+                   help="print the steps and the verdict as JSON")
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    from studio.cli.batch import _Printer
+    from studio.services.bisect import bisect
+
+    got = bisect(Path(args.file), args.bisect_target, args.bisect_graph,
+                 on_event=_Printer(quiet=False))
+    if args.bisect_json:
+        print(json.dumps(got, indent=1))
+        return 0
+    r = got["result"]
+    print(f"bisection of the {got['graph']} graph on {got['target']} ({r['source']} on "
+          f"{r['device']}; {r['windows']} held-out window(s), {r['probes']} tensors)")
+    for s in got["steps"]:
+        print(f"  {s['step']}. {s['title']}: {s['finding']}")
+        if s.get("note"):
+            print(f"     ({s['note']})")
+    print(f"verdict: {got['verdict']}")
+    if got["layer"]:
+        print(f"  open it: Precision page, layer grid -> {got['layer']} (or studio layerdiff "
+              f"{args.file} --all)")
+    sys.stdout.flush()
+    return 0
+
+
+COMMAND = Command("bisect", "where a quantized model leaves FP32: FP32 vs the unquantized "
+                            "HTP, the layers that add error, the first layer out of band, "
+                            "and a verdict", add_arguments, run)

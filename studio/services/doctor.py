@@ -1,0 +1,565 @@
+"""``studio doctor``: what stands between this machine, a project and a device and a run that
+works — each check PASS / WARN / FAIL with the fix in one line (the seed's troubleshooting
+table, asked before the work instead of after it).
+
+- **machine**: Python, the packages the stages run on, the QNN backend and the SDK build it
+  carries, Genie, the window's system libraries, free memory and disk against what the
+  project's plan needs (the host memory model of :mod:`studio.core.hostmem`, the disk per
+  parameter measured on the Qwen2.5-3B shape);
+- **project**: the file, the model family, each part's compiled bytes and KV cache against
+  one HTP graph's limit, the context against the model's, dynamic shapes, calibration and
+  held-out data present and long enough;
+- **device** (``agent:NAME`` or ``adb:SERIAL``): reachable, its QNN SDK build against the
+  one the project's binaries were compiled with, its chips against the project's targets,
+  library paths on a phone (``ADSP_LIBRARY_PATH``, ``/vendor/lib64`` precedence), free
+  memory against the binaries.
+
+Each check is a function of what it reads, so a test can make each one fail for real.
+Nothing here imports Qt.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+
+PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
+GIB = 1 << 30
+#: one HTP graph's allocation limit: a compile fails past it ("estimated allocation of
+#: 2347229 KB, limit is 2097152 KB", measured here)
+HTP_GRAPH_LIMIT = 2097152 * 1024
+#: disk a causal-LM project's artifacts take per parameter, by stage (measured on the
+#: Qwen2.5-3B shape's two largest parts, W8A16: export 3.0 GB, quantize 1.1 GB, compile
+#: 2.1 GB per target for 444 M parameters; the bundle is the compile's size again)
+DISK_PER_PARAMETER = {"export": 6.8, "quantize": 2.5, "compile": 4.7, "bundle": 4.7}
+#: the packages the stages run on (missing: FAIL) and the pins the README names
+PACKAGES = ("torch", "transformers", "onnx", "onnxruntime", "onnxruntime-qnn")
+PINS = {"torch": "2.13.0"}
+
+
+@dataclass
+class Check:
+    area: str  # machine | project | device
+    name: str
+    status: str  # PASS | WARN | FAIL | SKIP
+    detail: str
+    fix: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        return f"{self.status:4}  {self.name}: {self.detail}" + (
+            f" — fix: {self.fix}" if self.fix and self.status != PASS else "")
+
+
+def _gib(n: float) -> str:
+    from studio.core.units import format_bytes
+
+    return format_bytes(int(n))
+
+
+# ---- this machine -----------------------------------------------------------------------------
+def check_python(version: tuple[int, int] | None = None) -> Check:
+    v = version or sys.version_info[:2]
+    text = f"Python {v[0]}.{v[1]}"
+    if tuple(v) == (3, 11):
+        return Check("machine", "python", PASS, text)
+    return Check("machine", "python", WARN, f"{text}; the studio is built and tested on 3.11",
+                 "install Python 3.11 and the studio into it (README, first command)")
+
+
+def check_packages(version_of: Callable[[str], str | None] | None = None) -> list[Check]:
+    from studio.services.devices import package_version
+
+    get = version_of or package_version
+    out = []
+    for pkg in PACKAGES:
+        v = get(pkg)
+        if v is None:
+            out.append(Check("machine", pkg, FAIL, "not installed",
+                             "pip install -e . in the studio's folder (README, first command)"))
+        elif pkg in PINS and v.split("+")[0] != PINS[pkg]:
+            out.append(Check("machine", pkg, WARN, f"{v}; the studio pins {PINS[pkg]}",
+                             f"pip install {pkg}=={PINS[pkg]}"))
+        else:
+            out.append(Check("machine", pkg, PASS, v))
+    return out
+
+
+def check_qnn() -> Check:
+    """The QNN execution provider loads and offers its HTP device; the SDK build it carries
+    is what every compile records."""
+    try:
+        from studio.engine import qnn
+
+        qnn.register()
+        v = qnn.versions()
+        qnn._ep_devices()
+    except (StudioError, ImportError, OSError) as exc:
+        return Check("machine", "QNN HTP backend", FAIL, str(exc),
+                     "pip install onnxruntime-qnn (README, first command)")
+    return Check("machine", "QNN HTP backend", PASS,
+                 f"onnxruntime-qnn {v['onnxruntime_qnn']}, QNN SDK build {v['qnn_sdk_build']} "
+                 "(an x86 host: the HTP simulator, simulated timings)")
+
+
+def check_genie() -> Check:
+    try:
+        from studio.engine.genie import library_path
+
+        p = library_path()
+    except StudioError as exc:
+        return Check("machine", "Genie", WARN, f"{exc}: bundles are built but not run here",
+                     "install an onnxruntime-qnn that ships libGenie.so")
+    return Check("machine", "Genie", PASS, f"{p.name} in {p.parent.name}")
+
+
+def check_gui_libraries(find: Callable[[str], str | None] | None = None) -> Check:
+    """The window's Qt platform plugin needs libxcb-cursor on Linux (the suite installs it;
+    a machine that ran only the first README command may not have it)."""
+    if platform.system() != "Linux":
+        return Check("machine", "window libraries", SKIP, "not Linux")
+    import ctypes.util
+
+    lookup = find or ctypes.util.find_library
+    missing = [lib for lib in ("xcb-cursor", "EGL", "xkbcommon") if not lookup(lib)]
+    if missing:
+        return Check("machine", "window libraries", WARN,
+                     "missing " + ", ".join(f"lib{m}" for m in missing)
+                     + ": the window (studio FILE) will not start; batch work is unaffected",
+                     "sudo bash packaging/install-system-deps.sh")
+    return Check("machine", "window libraries", PASS, "libxcb-cursor, libEGL, libxkbcommon")
+
+
+def check_memory(need: dict[str, int], available: int | None = None) -> Check:
+    """Free memory now against the largest predicted stage peak of the project's plan."""
+    from studio.core.hostmem import HEADROOM, available_memory
+
+    free = available_memory() if available is None else int(available)
+    if not need:
+        return Check("machine", "memory", PASS, f"{_gib(free)} free (no plan to compare)")
+    stage, peak = max(need.items(), key=lambda kv: kv[1])
+    text = (f"{_gib(free)} free; the plan's largest stage, {stage}, is predicted to peak at "
+            f"{_gib(peak)} (estimated)")
+    if peak > free - HEADROOM:
+        return Check("machine", "memory", FAIL, text,
+                     "export in more parts (export.parts / export.max_part_mb) or free memory")
+    if peak > 0.8 * free:
+        return Check("machine", "memory", WARN, text + ": little to spare",
+                     "close other programs before the run, or export in more parts")
+    return Check("machine", "memory", PASS, text)
+
+
+def check_disk(folder: Path, need: int | None, free: int | None = None) -> Check:
+    where = folder if folder.exists() else next(
+        (p for p in folder.parents if p.exists()), Path("/"))
+    have = shutil.disk_usage(where).free if free is None else int(free)
+    if not need:
+        return Check("machine", "disk", PASS, f"{_gib(have)} free at {where}")
+    text = (f"{_gib(have)} free at {where}; the project's artifacts take about {_gib(need)} "
+            "(estimated)")
+    if need > have:
+        return Check("machine", "disk", FAIL, text,
+                     "free disk space, or move the project to a larger disk")
+    if need > 0.8 * have:
+        return Check("machine", "disk", WARN, text + ": little to spare", "free disk space")
+    return Check("machine", "disk", PASS, text)
+
+
+# ---- the project ------------------------------------------------------------------------------
+def _text_tokens(project, key: str, model: Path) -> tuple[Path, int | None]:
+    from studio.core.stagegraph import project_value
+    from studio.engine.checkpoint_check import prompt_length
+    from studio.worker.context import read_text
+
+    path = project.input_path(project_value(project, key))
+    text = read_text(path, key.split(".", 1)[1].replace("_", " "))
+    return path, prompt_length(model, text)
+
+
+def check_family(project) -> tuple[Check, Any]:
+    kind = project.model["kind"]
+    if kind != "causal-lm":
+        return Check("project", "model", PASS, f"{kind} project"), None
+    from studio.engine import hf_import
+
+    try:
+        info = hf_import.open_checkpoint(project.input_path(project.model["source"]))
+    except StudioError as exc:
+        return Check("project", "model", FAIL, str(exc),
+                     "point model.source at a supported Hugging Face checkpoint (studio new "
+                     "--checkpoint)"), None
+    return Check("project", "model", PASS,
+                 f"{info.family} ({info.architecture}), {info.parameters / 1e6:,.1f} M "
+                 f"parameters, {info.num_layers} blocks"), info
+
+
+def check_parts(project, info, plan) -> list[Check]:
+    """Each part's compiled weights and its blocks' KV cache against one HTP graph's limit,
+    and the context against the model's."""
+    from studio.core.recipe import weight_bits
+
+    out = []
+    C = int(project.export["context_length"])
+    if info.max_positions and C > info.max_positions:
+        out.append(Check("project", "context length", FAIL,
+                         f"export.context_length {C} is past the model's "
+                         f"{info.max_positions} positions",
+                         f"set export.context_length to at most {info.max_positions}"))
+    else:
+        out.append(Check("project", "context length", PASS,
+                         f"{C} of the model's {info.max_positions:,} positions"))
+    scheme = project.quantization["scheme"]
+    bits = weight_bits(scheme)
+    kv_bits = 8 if project.quantization["kv_cache"] == "int8" else 16
+    per_layer_kv = info.kv_cache_bytes(C, kv_bits / 8) / max(1, info.num_layers)
+    worst = None
+    for p in plan.parts:
+        blocks = p["blocks"][1] - p["blocks"][0] + 1
+        total = -(-p["parameters"] * bits // 8) + int(per_layer_kv * blocks)
+        if worst is None or total > worst[1]:
+            worst = (p, total)
+    assert worst is not None
+    p, total = worst
+    n = len(plan.parts)
+    text = (f"{n} part{'s' if n != 1 else ''}; the largest, {p['name']} (blocks "
+            f"{p['blocks'][0]}–{p['blocks'][1]}), holds {_gib(total)} of {scheme} weights and "
+            f"KV cache at context {C}; one HTP graph allocates at most {_gib(HTP_GRAPH_LIMIT)}")
+    if total > HTP_GRAPH_LIMIT:
+        out.append(Check("project", "parts vs the HTP graph limit", FAIL, text,
+                         "export in more parts (export.parts = \"auto\", a smaller "
+                         "export.max_part_mb) or lower export.context_length"))
+    elif total > 0.9 * HTP_GRAPH_LIMIT:
+        out.append(Check("project", "parts vs the HTP graph limit", WARN, text
+                         + ": little room for activations", "export in one more part"))
+    else:
+        out.append(Check("project", "parts vs the HTP graph limit", PASS, text))
+    return out
+
+
+def check_texts(project, model: Path) -> list[Check]:
+    """Calibration and held-out text present, readable, and long enough for what the
+    recipe asks of them."""
+    P = int(project.export["prompt_length"])
+    out = []
+    for key, need, what in (
+            ("quantization.calibration_text",
+             int(project.quantization["calibration_samples"]) * P,
+             f"{project.quantization['calibration_samples']} calibration windows of {P}"),
+            ("validation.heldout_text", P + 1, f"one window of {P} and a next token")):
+        try:
+            path, n = _text_tokens(project, key, model)
+        except StudioError as exc:
+            out.append(Check("project", key, FAIL, str(exc), f"set {key} to a UTF-8 text file"))
+            continue
+        text = f"{path.name}: {n:,} tokens; {what} take {need:,}"
+        if n is None or n < need:
+            out.append(Check("project", key, WARN if n and n >= P else FAIL, text,
+                             "give a longer text, or lower "
+                             + ("quantization.calibration_samples"
+                                if key.startswith("quant") else "export.prompt_length")))
+        else:
+            out.append(Check("project", key, PASS, text))
+    return out
+
+
+def check_graph_inputs(project) -> list[Check]:
+    """An ONNX graph project: fixed shapes for every input, and calibration samples."""
+    from studio.engine.onnx_import import open_onnx
+
+    out = []
+    src = project.input_path(project.model["source"])
+    try:
+        model = open_onnx(src, check=False)
+    except StudioError as exc:
+        return [Check("project", "graph", FAIL, str(exc), "export the model to ONNX again")]
+    given = dict(project.graph["shapes"] or {})
+    inits = {i.name for i in model.graph.initializer}
+    dynamic = [i.name for i in model.graph.input if i.name not in inits and i.name not in given
+               and any(not d.HasField("dim_value") or d.dim_value <= 0
+                       for d in i.type.tensor_type.shape.dim)]
+    if dynamic:
+        out.append(Check("project", "dynamic shapes", FAIL,
+                         f"input(s) {', '.join(dynamic)} have no fixed shape: the HTP compiles "
+                         "one shape", "give each one (studio new --onnx M --shape "
+                         "NAME=1,3,224,224) or export with fixed lengths"))
+    else:
+        out.append(Check("project", "dynamic shapes", PASS, "every input has a fixed shape"))
+    cal = project.graph["calibration"]
+    if not cal:
+        out.append(Check("project", "graph.calibration", FAIL, "no calibration samples",
+                         "give a .npz with one array per input (studio new --calibration)"))
+    elif not project.input_path(cal).is_file():
+        out.append(Check("project", "graph.calibration", FAIL, f"no such file {cal}",
+                         "give a .npz with one array per input"))
+    else:
+        out.append(Check("project", "graph.calibration", PASS, str(cal)))
+    return out
+
+
+def project_checks(project) -> tuple[list[Check], dict[str, int], int | None]:
+    """The project's checks, the predicted stage peaks of its plan and the disk its
+    artifacts take (estimated)."""
+    out: list[Check] = []
+    fam, info = check_family(project)
+    out.append(fam)
+    peaks: dict[str, int] = {}
+    disk = None
+    if project.model["kind"] == "onnx-graph":
+        out += check_graph_inputs(project)
+    if info is not None:
+        from studio.services.projects import part_plan
+
+        try:
+            plan = part_plan(project)
+        except StudioError as exc:
+            out.append(Check("project", "parts", FAIL, str(exc),
+                             "change export.parts / export.max_part_mb"))
+            plan = None
+        if plan is not None:
+            out += check_parts(project, info, plan)
+            peaks = {k: v for k, v in plan.peaks.items() if v}
+            params = sum(p["parameters"] for p in plan.parts)
+            per = (DISK_PER_PARAMETER["export"] + DISK_PER_PARAMETER["quantize"]
+                   + DISK_PER_PARAMETER["compile"] * len(project.targets))
+            if "bundle" in project.pipeline["stages"]:
+                per += DISK_PER_PARAMETER["bundle"]
+            disk = int(params * per)
+        out += check_texts(project, project.input_path(project.model["source"]))
+    return out, peaks, disk
+
+
+# ---- a device ---------------------------------------------------------------------------------
+def compiled_sdk(project) -> tuple[str | None, str]:
+    """The QNN SDK build of the project's compiled binaries for its current settings, and
+    where it was read ("compiled" or "this machine's backend", the build a compile here
+    records)."""
+    import json
+
+    from studio.core.artifacts import ArtifactStore
+    from studio.services.history import current_keys
+
+    if project is not None and project.path is not None:
+        try:
+            keys = current_keys(project, ["compile"])
+        except StudioError:
+            keys = {}
+        store = ArtifactStore(project.folder / "artifacts")
+        for label, key in keys.items():
+            art = store.get(key) if label.startswith("compile") else None
+            if art is not None:
+                try:
+                    sdk = json.loads((art.path / "result.json").read_text()).get("sdk_version")
+                except (OSError, ValueError):
+                    sdk = None
+                if sdk:
+                    return sdk, f"the project's compiled binaries ({label})"
+    try:
+        from studio.engine import qnn
+
+        return qnn.versions().get("qnn_sdk_build"), "this machine's compiler (nothing " \
+                                                   "compiled yet)"
+    except (StudioError, ImportError, OSError):
+        return None, "nowhere"
+
+
+def agent_checks(name: str, project=None, registry=None, sdk: tuple[str | None, str] | None
+                 = None) -> list[Check]:
+    from studio.engine.device_registry import Registry
+
+    reg = registry or Registry()
+    area = "device"
+    try:
+        client = reg.client(name)
+    except StudioError as exc:
+        return [Check(area, f"agent {name}", FAIL, str(exc),
+                      "studio devices add NAME URL --token-file F")]
+    try:
+        h = client.health()
+    except StudioError as exc:
+        return [Check(area, "reachable", FAIL, str(exc),
+                      f"start the agent (studio agent serve) and check {client.url}")]
+    out = [Check(area, "reachable", PASS, f"{client.url}, {h.get('rtt_ms', 0):.0f} ms")]
+    try:
+        info = client.info()
+    except StudioError as exc:
+        return out + [Check(area, "authenticated", FAIL, str(exc),
+                            "studio devices add NAME URL --token-file F with the agent's token")]
+    out.append(Check(area, "authenticated", PASS, f"{info.get('machine', {}).get('name', '?')}"))
+    backends = info.get("backends", [])
+    htp = [b for b in backends if b.get("chip")]
+    want, where = sdk or compiled_sdk(project)
+    builds = sorted({b.get("qnn_sdk_build") for b in htp if b.get("qnn_sdk_build")})
+    if not htp:
+        out.append(Check(area, "QNN SDK build", FAIL, "the agent runs no HTP (no onnxruntime-qnn "
+                         "on its machine)", "pip install onnxruntime-qnn on the agent's machine"))
+    elif want and want not in builds:
+        out.append(Check(area, "QNN SDK build", FAIL,
+                         f"the agent runs QNN SDK {', '.join(builds)}; {where} were built with "
+                         f"{want}: a context binary loads only on the SDK that compiled it "
+                         "(QNN 5000 / 5004)",
+                         "install the same onnxruntime-qnn on both machines, then compile again"))
+    else:
+        out.append(Check(area, "QNN SDK build", PASS, f"{', '.join(builds)} (as {where})"))
+    if project is not None:
+        chips = {b["chip"] for b in htp}
+        missing = [t for t in project.targets if t not in chips]
+        if missing:
+            out.append(Check(area, "Hexagon architecture", FAIL,
+                             f"the agent's HTP runs {', '.join(sorted(chips)) or 'no chip'}; "
+                             f"the project targets {', '.join(missing)}",
+                             "add the agent's chip to the project's targets, or use another "
+                             "agent"))
+        else:
+            out.append(Check(area, "Hexagon architecture", PASS,
+                             f"the agent runs every target ({', '.join(project.targets)})"))
+    mem = info.get("machine", {}).get("memory_bytes")
+    out.append(Check(area, "memory", PASS if mem else WARN,
+                     f"{_gib(mem)} on the agent's machine" if mem else "not reported"))
+    return out
+
+
+def adb_checks(serial: str, project=None, runner=None, registry=None) -> list[Check]:
+    """A phone over adb. UNVERIFIED ON HARDWARE: what a phone answers is read as the
+    Android tools document it (getprop, /proc/meminfo, the shell's environment)."""
+    from studio.engine.adb import Adb, chip_of
+    from studio.engine.device_registry import Registry
+
+    area = "device"
+    adb = runner or Adb()
+    if not adb.available:
+        return [Check(area, "adb", FAIL, "adb is not installed",
+                      "install Android platform-tools and put adb on PATH")]
+    try:
+        listed = {d.serial: d for d in adb.devices()}
+    except StudioError as exc:
+        return [Check(area, "adb", FAIL, str(exc), "check the USB cable and adb devices")]
+    d = listed.get(serial)
+    if d is None or not d.ready:
+        return [Check(area, "reachable", FAIL,
+                      f"{serial} is {'not listed by adb' if d is None else d.state}",
+                      "connect the phone, allow USB debugging, check adb devices")]
+    out = [Check(area, "reachable", PASS, f"{serial} {d.model}".strip())]
+    props = adb.props(serial)
+    chip = chip_of(props)
+    if project is not None:
+        if chip is None:
+            out.append(Check(area, "Hexagon architecture", WARN,
+                             f"the phone's SoC ({props.get('ro.soc.model', '?')}) is not in the "
+                             "chip catalog", "add it to the catalog, or name it: adb:SERIAL@CHIP"))
+        elif chip.key not in project.targets:
+            out.append(Check(area, "Hexagon architecture", FAIL,
+                             f"the phone is {chip.name} (HTP v{chip.htp_arch}); the project "
+                             f"targets {', '.join(project.targets)}",
+                             f"add {chip.key} to the project's targets and compile for it"))
+        else:
+            out.append(Check(area, "Hexagon architecture", PASS,
+                             f"{chip.name} (HTP v{chip.htp_arch}), a target of the project"))
+    reg = registry or Registry()
+    sdk, where = reg.sdk_root()
+    if sdk is None:
+        out.append(Check(area, "QAIRT SDK", FAIL, "no SDK folder set: the phone runs the SDK's "
+                         "qnn-net-run", "studio devices sdk PATH (or QNN_SDK_ROOT)"))
+    else:
+        out.append(Check(area, "QAIRT SDK", PASS, f"{sdk} ({where})"))
+    env = adb.shell(serial, "echo $ADSP_LIBRARY_PATH").strip()
+    vendor = adb.shell(serial, "ls /vendor/lib64 2>/dev/null | grep -i libQnnHtp; true").split()
+    if vendor:
+        out.append(Check(area, "library paths", WARN,
+                         f"/vendor/lib64 holds {', '.join(vendor[:3])}: an app that does not "
+                         "put its own folder first loads the vendor's QNN, whose version may "
+                         "differ (QNN 1008)", "set LD_LIBRARY_PATH and ADSP_LIBRARY_PATH with "
+                         "the pushed SDK folder first"))
+    else:
+        out.append(Check(area, "library paths", PASS,
+                         f"no QNN libraries under /vendor/lib64; ADSP_LIBRARY_PATH "
+                         f"{env or '(unset: the studio sets it per run)'}"))
+    mem = adb.shell(serial, "cat /proc/meminfo")
+    avail = next((int(ln.split()[1]) * 1024 for ln in mem.splitlines()
+                  if ln.startswith("MemAvailable:")), None)
+    out.append(Check(area, "memory", PASS if avail else WARN,
+                     f"{_gib(avail)} available on the phone" if avail else
+                     "the phone did not report MemAvailable"))
+    return out
+
+
+def device_choices() -> list[tuple[str, str]]:
+    """(label, device id) of the devices the doctor can check: the registry's agents and the
+    phones adb lists (call it off the UI thread: adb may be slow)."""
+    from studio.engine.device_registry import Registry
+    from studio.services.devices import adb_devices
+
+    out = [(f"agent {a.name} ({a.url})", f"agent:{a.name}") for a in Registry().agents()]
+    out += [(f"phone {d['serial']}", d["id"]) for d in adb_devices() if d.get("serial")]
+    return out
+
+
+def device_checks(device_id: str, project=None) -> list[Check]:
+    from studio.core.devices import device
+
+    try:
+        dev = device(device_id, list(project.targets) if project is not None else None)
+    except StudioError as exc:
+        return [Check("device", device_id, FAIL, str(exc),
+                      "name agent:NAME or adb:SERIAL (studio devices list)")]
+    if dev.kind == "agent":
+        return agent_checks(dev.agent, project)
+    if dev.kind == "adb":
+        return adb_checks(dev.serial, project)
+    return [Check("device", dev.name or dev.id, PASS, "runs on this machine (see above)")]
+
+
+# ---- all of it ---------------------------------------------------------------------------------
+def doctor(project_file: Path | None = None, device_id: str | None = None,
+           on_check: Callable[[Check], None] | None = None) -> list[Check]:
+    """Every check, in the order machine, project, device; ``on_check`` sees each as it is
+    made (the CLI prints as it goes, the window fills its table)."""
+    from studio.core import project as projectfile
+
+    out: list[Check] = []
+
+    def add(cs: list[Check] | Check) -> None:
+        for c in cs if isinstance(cs, list) else [cs]:
+            out.append(c)
+            if on_check is not None:
+                on_check(c)
+
+    add(check_python())
+    add(check_packages())
+    add(check_qnn())
+    add(check_genie())
+    add(check_gui_libraries())
+    project = None
+    peaks: dict[str, int] = {}
+    disk = None
+    pchecks: list[Check] = []
+    if project_file is not None:
+        try:
+            project = projectfile.load(Path(project_file))
+        except StudioError as exc:
+            pchecks = [Check("project", "project file", FAIL, str(exc),
+                             "fix the file, or make a new one with studio new")]
+        else:
+            pchecks = [Check("project", "project file", PASS, f"{project.name} "
+                             f"({Path(project_file).name})")]
+            more, peaks, disk = project_checks(project)
+            pchecks += more
+    add(check_memory(peaks))
+    add(check_disk(project.folder if project is not None else Path.cwd(), disk))
+    add(pchecks)
+    if device_id:
+        add(device_checks(device_id, project))
+    return out
+
+
+def verdict(checks: list[Check]) -> str:
+    n = {s: sum(c.status == s for c in checks) for s in (PASS, WARN, FAIL)}
+    return f"{n[FAIL]} failed, {n[WARN]} warning(s), {n[PASS]} passed"
