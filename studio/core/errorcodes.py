@@ -174,8 +174,10 @@ TABLE: tuple[Known, ...] = (
           "rebuild the bundle with studio bundle; do not edit genie_config.json by hand",
           f"{_H_GENIE}; {_HERE}"),
     Known("Genie -8", "GENIE_STATUS_ERROR_JSON_SCHEMA", "Genie",
-          "genie_config.json has a key this Genie does not know (a config of another Genie "
-          "version)", "build the bundle with the Genie version the device runs", _H_GENIE),
+          "genie_config.json does not follow this Genie's schema: a key it does not know or a "
+          "value of the wrong type (a config of another Genie version, or edited by hand)",
+          "build the bundle with the Genie version the device runs; do not edit the config",
+          f"{_H_GENIE}; {_HERE}"),
     Known("Genie -9", "GENIE_STATUS_ERROR_JSON_VALUE", "Genie",
           "a value in genie_config.json is out of range for this Genie",
           "rebuild the bundle with studio bundle", _H_GENIE),
@@ -204,6 +206,11 @@ TABLE: tuple[Known, ...] = (
           "keep the .onnx and its .data / _qnn.bin files together, or export again",
           f"{_ORT}; {_HERE}",
           (r"External data", r"ep_cache_context", r"exceeds file size")),
+    Known("ORT context binary", "unreadable context binary", "ONNX Runtime QNN EP",
+          "the compiled model's context binary cannot be read: truncated or damaged in a copy, "
+          "or written by an SDK this runtime cannot read",
+          "copy the compiled files again (their sizes must match), or compile again",
+          _HERE, (r"Failed to get context binary info", r"Failed to load from EpContext")),
     Known("FastRPC skel", "HTP skel library not found", "FastRPC",
           "the DSP could not load libQnnHtpV##Skel.so: ADSP_LIBRARY_PATH does not name its "
           "folder, or /vendor's older copy is found first",

@@ -281,7 +281,7 @@ def constant_output_error(graph: str, logits, session, feeds: dict) -> StudioErr
         why = (f"the {len(want)} inputs fed match the graph's names and shapes, so the runtime "
                "did not bind them or the binary computes nothing: run studio doctor --device "
                "D, then studio bisect")
-    return StudioError(f"the {graph} graph returned the same logit everywhere ({a.flat[0]:g} "
+    return StudioError(f"the {graph} graph returned the same logit everywhere ({float(a.flat[0]) + 0.0:g} "
                        f"over {a.size} values): its inputs were probably not bound as the "
                        f"graph expects ({why})")
 

@@ -97,6 +97,15 @@ def test_a_broken_bundle_says_what_is_wrong(built, tmp_path):
         GenieDialog(bad)
     assert "Genie could not create the dialog" in err.value.message
     assert "max-CL=65" in err.value.message and "\n" not in err.value.message
+    # a key this Genie does not know: Genie's status, decoded (docs/errors.md)
+    cfg["dialog"]["context"]["size"] = 65
+    cfg["dialog"]["no-such-key"] = 1
+    (bad / "genie_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(StudioError) as err:
+        GenieDialog(bad)
+    msg = err.value.message
+    assert "(status -8)" in msg and "additional property 'no-such-key'" in msg
+    assert "[Genie -8 GENIE_STATUS_ERROR_JSON_SCHEMA:" in msg and "\n" not in msg
 
 
 def test_bad_targets_are_one_line(built):

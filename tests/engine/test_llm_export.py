@@ -316,3 +316,29 @@ def test_a_transposed_weight_is_written_a_slice_at_a_time_with_the_same_bytes(
         buf = io.BytesIO()
         llm_export._write_rows(buf, arr)
         assert buf.getvalue() == np.ascontiguousarray(arr).tobytes()
+
+
+def test_constant_logits_are_named_with_the_inputs_the_graph_expects(qwen_graphs, tmp_path):
+    """The seed's "outputs all zero": a prefill graph whose logits come out as one value (here
+    a real graph with its logits multiplied by zero) stops the generation with one line that
+    names the graph, the value and the inputs fed against the graph's own."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
+
+    out, spec = qwen_graphs
+    m = onnx.load(str(out / "prefill.onnx"))
+    producer = next(n for n in m.graph.node if "logits" in n.output)
+    producer.output[list(producer.output).index("logits")] = "logits_raw"
+    m.graph.initializer.append(helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]))
+    m.graph.node.append(helper.make_node("Mul", ["logits_raw", "zero"], ["logits"]))
+    onnx.save(m, str(tmp_path / "prefill.onnx"))
+    gen = StaticKVGenerator(make_cpu_session(tmp_path / "prefill.onnx"),
+                            make_cpu_session(out / "decode.onnx"), spec)
+    with pytest.raises(StudioError) as err:
+        gen.greedy([5, 6, 7], 4)
+    msg = err.value.message
+    assert msg.startswith("the prefill graph returned the same logit everywhere (")
+    assert "inputs were probably not bound" in msg and "studio doctor" in msg
+    assert "\n" not in msg

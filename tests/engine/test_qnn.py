@@ -238,6 +238,39 @@ def test_compile_errors(models, tmp_path):
         qnn.read_context_info(models["w8a16"])
 
 
+def test_a_damaged_context_binary_and_a_wrong_feed_are_decoded(models, tmp_path):
+    """Two real errors, provoked: a compiled context whose embedded binary lost its second
+    half (a copy cut short), and a session fed the wrong shape; each one line with the
+    decoder's cause and fix (docs/errors.md), not the bare runtime text."""
+    import onnx
+
+    from studio.services.jobrunner import job_failure
+
+    out = qnn.compile_context(models["w8a16"], tmp_path / "e" / "m_ctx.onnx", TARGET,
+                              embed=True)["ctx_path"]
+    m = onnx.load(out)
+    attr = next(a for n in m.graph.node if n.op_type == "EPContext" for a in n.attribute
+                if a.name == "ep_cache_context")
+    attr.s = attr.s[:len(attr.s) // 2]
+    onnx.save(m, tmp_path / "cut_ctx.onnx")
+    with pytest.raises(StudioError) as err:
+        qnn.make_session(tmp_path / "cut_ctx.onnx", TARGET)
+    msg = err.value.message
+    assert "Failed to get context binary info" in msg  # the runtime's own words ...
+    assert "[ORT context binary unreadable context binary:" in msg  # ... decoded
+    assert "fix: copy the compiled files again" in msg and "\n" not in msg
+    # a graph fed another shape than its own: the stage's crash line says so
+    sess = qnn.make_session(models["w8a16"], TARGET)
+    with pytest.raises(Exception) as raw:  # noqa: PT011 - ORT raises its own types
+        sess.run(None, {"x": np.zeros((1, 3), np.float32)})
+    crash = job_failure("validate", {"type": "error", "kind": "bug",
+                                     "message": f"{type(raw.value).__name__}: {raw.value}",
+                                     "traceback": "..."})
+    assert "invalid dimensions for input" in crash.message.lower()
+    assert "[ORT input shape invalid input dimensions:" in crash.message
+    assert "export with the lengths you feed" in crash.message
+
+
 # ---------------------------------------------------------------------------------------
 # profiling
 # ---------------------------------------------------------------------------------------
