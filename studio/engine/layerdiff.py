@@ -421,7 +421,8 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
     want = P + 1 if graph == "decode" else P
     if not windows or any(len(w) != want for w in windows):
         raise StudioError(f"the layer diff of the {graph} graph scores windows of exactly "
-                          f"{want} tokens")
+                          + (f"P={P}" if graph == "prefill" else f"P + 1 = {want}")
+                          + " tokens")
     fsrc, qsrc = export_dir / f"{graph}.onnx", quant_dir / f"{graph}.onnx"
     t_start = time.perf_counter()
     progress.update(0.0, "choosing the tensors to compare")

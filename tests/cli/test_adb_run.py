@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -67,9 +68,9 @@ def test_generation_on_the_phone_equals_the_simulator(phone, small_project):
 def test_run_and_profile_stages_on_the_phone(phone, small_project, tmp_path):
     env, _tmp = phone
     proj = tmp_path / "phone.qstudio"
-    text = small_project.read_text().replace(
-        "[run]\n", f'[run]\ndevices = ["adb:{SERIAL}"]\n', 1).replace(
-        "max_new_tokens = 8", "max_new_tokens = 2")
+    text = re.sub(r"(?m)^max_new_tokens = \d+$", "max_new_tokens = 2",
+                  small_project.read_text().replace(
+                      "[run]\n", f'[run]\ndevices = ["adb:{SERIAL}"]\n', 1))
     # every step on the phone is one qnn-net-run (a process that loads the context binary):
     # two tokens and one profiled step keep the test short
     proj.write_text(text + "\n[profile]\nrepeats = 1\n")

@@ -123,6 +123,8 @@ def _changed(tmp: Path, key: str, kind: str = "causal-lm"):
         "layerdiff.windows": 3,
         "profile.repeats": 3,
         "layerdiff.tensors": "blocks",
+        "layerdiff.graph": "decode",
+        "layerdiff.fp16_step": True,
         "bundle.new_tokens": 32,
         "bundle.prompts": 2,
         "bundle.parts": 2,

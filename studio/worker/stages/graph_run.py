@@ -26,7 +26,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     note = dev.timing_note
     return {
         "summary": f"{t['median_ms']:.2f} ms per inference, {t['per_s']:.1f}/s ({dev.source}, "
-                   f"{what}; first {t['first_ms']:.3g} ms, load {load_s:.2f} s)",
+                   f"{what}); first {t['first_ms']:.3g} ms, load {load_s:.2f} s",
         "device": dev.kind, "device_id": dev.id, "target": dev.chip, "source": dev.source,
         "latency": t, "load_s": load_s,
         "metrics": [

@@ -57,7 +57,7 @@ def run_result(dev: Device, out: dict[str, Any], tok, prompt: str, what: str,
         metrics.append(device_metric(dev, f"{prefix}first_decode_step_ms", steps[0] * 1e3, "ms",
                                      f"the first decode step; the warm ones' median is "
                                      f"{warm * 1e3:.3g} ms; {note}"))
-        first = f"; first step {steps[0] * 1e3:.3g} ms vs warm {warm * 1e3:.3g} ms"
+        first = f"; first step {steps[0] * 1e3:.3g} ms, warm {warm * 1e3:.3g} ms"
     if load_s is not None:
         metrics.append(device_metric(dev, f"{prefix}load_ms", load_s * 1e3, "ms",
                                      f"opening the graphs (context load) before the first "
@@ -65,7 +65,7 @@ def run_result(dev: Device, out: dict[str, Any], tok, prompt: str, what: str,
         first += f"; load {load_s:.2f} s"
     return {
         "summary": f"{len(out['tokens'])} tokens, {1.0 / median:.1f} tok/s ({dev.source}, "
-                   f"{what}{first})",
+                   f"{what}){first}",
         "load_s": load_s, "first_step_s": steps[0] if steps else None, "warm_step_s": warm,
         "device": dev.kind, "device_id": dev.id, "target": dev.chip, "source": dev.source,
         "prompt": prompt, "tokens": out["tokens"], "text": tok.decode(out["tokens"]),
