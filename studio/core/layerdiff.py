@@ -233,25 +233,29 @@ def bisect_verdict(result: dict[str, Any], rows: list[dict[str, Any]]) -> dict[s
     def qdq_at(x: dict[str, Any]) -> float:
         return by_name[x["name"]].get("qdq_vs_fp32", {}).get("rel_error", 0.0)
 
+    named = None  # the probe the verdict names
     if fp16:
+        named = fp16
         layer, verdict = fp16["module"], (
             f"diverges at {fp16['name']} before any quantization: the HTP's FP16 result leaves "
             f"FP32 there ({_g(fp16['rel_error'])}); a float kernel or FP16's range, not the "
             "quantization — keep that op off FP16 or check its inputs' range")
     elif h and (q is None or h["index"] < q["index"]) and qdq_at(h) < BAND / 2:
+        named = h
         layer, verdict = h["module"], (
             f"diverges at {h['name']} on {where} only: host QDQ agrees there (vs FP32 host "
             f"QDQ {_g(qdq_at(h))}, HTP {_g(h['rel_error'])}); the HTP computes this op "
             "differently from the QDQ emulation — check the SDK build and the target (studio "
             "doctor), then give that layer 16-bit activations")
     elif q and h:
-        first = q if q["index"] <= h["index"] else h
+        first = named = q if q["index"] <= h["index"] else h
         layer, verdict = first["module"], (
             f"diverges at {first['name']} on host QDQ and {where} alike (relative error "
             f"{_g(first['input_rel_error'])} -> {_g(first['rel_error'])}): the quantization of "
             "that layer — raise its precision (Precision page, layer grid) or calibrate it "
             "better")
     elif q:
+        named = q
         layer, verdict = q["module"], (
             f"host QDQ leaves the band at {q['name']} and the HTP does not: the host "
             "emulation's rounding, not the device — the HTP's own figures are the ones to "
@@ -262,4 +266,5 @@ def bisect_verdict(result: dict[str, Any], rows: list[dict[str, Any]]) -> dict[s
             f"no layer leaves the band of {BAND:g} on host QDQ or {where}: the quantized model "
             "follows FP32 layer by layer"
             + (f" (the most error is added at {big['name']})" if big else ""))
-    return {"steps": steps, "verdict": verdict, "layer": layer}
+    return {"steps": steps, "verdict": verdict, "layer": layer,
+            "tensor": named["name"] if named else None}

@@ -119,6 +119,23 @@ class AgentClient:
                                            "fp16": bool(fp16)})["job"]
         return self._stream(job, on_progress=on_progress)
 
+    def tensors(self, model: str, backend: str, graph: str, feeds: list[str],
+                outputs: list[str], fp16: bool = False) -> dict[str, Any]:
+        """Run the uploaded ``graph`` on the agent's HTP ``backend`` on each uploaded feed
+        file; ``{(feed index, output name): array}``."""
+        import base64
+        import io
+
+        import numpy as np
+
+        job = self._json("POST", "/jobs", {"kind": "tensors", "model": model,
+                                           "backend": backend, "graph": graph, "feeds": feeds,
+                                           "outputs": outputs, "fp16": bool(fp16)})["job"]
+        got = self._stream(job)
+        with np.load(io.BytesIO(base64.b64decode(got["npz"])), allow_pickle=False) as z:
+            arrays = {(int(k.split("/", 1)[0]), k.split("/", 1)[1]): z[k] for k in z.files}
+        return {"arrays": arrays, "source": got.get("source"), "backend": got.get("backend")}
+
     def _stream(self, job: str, on_token: Callable[[int, int], None] | None = None,
                 on_progress: Callable[[int, int], None] | None = None,
                 should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:

@@ -302,6 +302,38 @@ def graph_with_outputs(src: Path, names: list[str], dst: Path) -> Path:
     return dst
 
 
+def external_files(graph: Path) -> list[str]:
+    """The files beside ``graph`` its initializers' external data live in (names)."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    model = onnx.load(str(graph), load_external_data=False)
+    return sorted({e.value for t in model.graph.initializer if uses_external_data(t)
+                   for e in t.external_data if e.key == "location"})
+
+
+class Replay:
+    """A session whose runs were made elsewhere (a device, through its agent): ``run`` gives
+    the outputs of the next feed, in the order the feeds were run."""
+
+    def __init__(self, arrays: Mapping[tuple[int, str], Any]) -> None:
+        self.arrays = arrays
+        self.i = 0
+
+    def run(self, names: list[str], _feed: Any) -> list[Any]:
+        out = [self.arrays[(self.i, n)] for n in names]
+        self.i += 1
+        return out
+
+
+def windows_of(ids: list[int], P: int, graph: str, want: int) -> list[list[int]]:
+    """Up to ``want`` held-out windows for the ``graph``'s diff: P tokens each for prefill,
+    P + 1 for decode (P - 1 prefilled, a step, the token it predicts)."""
+    W = P + 1 if graph == "decode" else P
+    return [ids[i * P:i * P + W] for i in range(min(want, (len(ids) - W) // P + 1))
+            if len(ids) >= W]
+
+
 # ---------------------------------------------------------------------------- figures
 
 
@@ -399,10 +431,13 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
     (JSON-able; ``seconds`` holds run timings).
 
     ``htp``: ``{"chip": Chip, "fp16": bool, "extra_options": {...}, "base": Path,
-    "fp16_step": bool}`` runs the HTP too (``base``: the compile stage's context model of
-    the graph, for the unchanged-logits check; ``fp16_step``: also the FP32 graph on the HTP
-    in FP16 — the seed's step 1, the backend without quantization); None compares FP32 and
-    host QDQ only.
+    "fp16_step": bool, "runner": callable}`` runs the HTP too (``base``: the compile stage's
+    context model of the graph, for the unchanged-logits check; ``fp16_step``: also the FP32
+    graph on the HTP in FP16 — the seed's step 1, the backend without quantization;
+    ``runner(graph, names, feeds, fp16) -> {(feed index, name): array}``: the HTP runs
+    elsewhere, a device through its agent, each graph once over every feed — the plain
+    graph is then the quantized graph itself, prepared there); None compares FP32 and host
+    QDQ only.
     """
     import numpy as np
 
@@ -418,10 +453,10 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
     export_dir, quant_dir = Path(export_dir), Path(quant_dir)
     spec = load_spec(export_dir)
     P = int(spec["prompt_length"])
-    want = P + 1 if graph == "decode" else P
-    if not windows or any(len(w) != want for w in windows):
+    width = P + 1 if graph == "decode" else P
+    if not windows or any(len(w) != width for w in windows):
         raise StudioError(f"the layer diff of the {graph} graph scores windows of exactly "
-                          + (f"P={P}" if graph == "prefill" else f"P + 1 = {want}")
+                          + (f"P={P}" if graph == "prefill" else f"P + 1 = {width}")
                           + " tokens")
     fsrc, qsrc = export_dir / f"{graph}.onnx", quant_dir / f"{graph}.onnx"
     t_start = time.perf_counter()
@@ -461,7 +496,21 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
                                  "qdq": host_session(qsrc, threads),
                                  "qdq_default": _default_session(qsrc, threads)}
         seconds: dict[str, float] = {}
-        if htp is not None:
+        remote = dict(htp or {})
+        runner = remote.get("runner")
+        if runner is not None:
+            chip, fp16 = remote["chip"], bool(remote.get("fp16"))
+            where = remote.get("where", "the device")
+            progress.update(0.05, f"running the graph with {len(probes)} extra outputs on "
+                                  f"{where}")
+            t0 = time.perf_counter()
+            probed["htp"] = Replay(runner(qx, ["logits", *qtensors], feeds, fp16))
+            plain["htp"] = Replay(runner(qsrc, ["logits"], feeds, fp16))
+            if remote.get("fp16_step") and chip.fp16:
+                progress.update(0.08, f"running the FP32 graph in FP16 on {where}")
+                probed["htp_fp16"] = Replay(runner(fx, ["logits", *ftensors], feeds, True))
+            seconds["htp_remote"] = time.perf_counter() - t0
+        elif htp is not None:
             from studio.engine import qnn
 
             chip, fp16 = htp["chip"], bool(htp.get("fp16"))

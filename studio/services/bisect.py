@@ -41,10 +41,130 @@ def bisect_project(path: Path, target: str | None = None, graph: str = "prefill"
     return q, target
 
 
+def agent_runner(client, backend: str, work: Path):
+    """A layer diff's HTP runs on an agent: each graph (with its external data files) and the
+    feeds uploaded (files the agent holds already are skipped), run there, the named outputs
+    back."""
+    def run(graph: Path, names: list[str], feeds: list[dict[str, Any]], fp16: bool):
+        import numpy as np
+
+        from studio.core.fsutil import link_or_copy
+        from studio.engine.layerdiff import external_files
+
+        folder = work / f"upload-{graph.parent.name}-{graph.stem}"
+        folder.mkdir(parents=True, exist_ok=True)
+        files = [graph.name, *external_files(graph)]
+        for f in files:
+            if not (folder / f).exists():
+                link_or_copy((graph.parent / f).resolve(), folder / f)
+        names_npz = []
+        for i, feed in enumerate(feeds):
+            arrays: dict[str, Any] = {k: np.asarray(v) for k, v in feed.items()}
+            np.savez(folder / f"feeds_{i}.npz", **arrays)  # type: ignore[arg-type]
+            names_npz.append(f"feeds_{i}.npz")
+        model = client.upload_folder(folder, files + names_npz)
+        return client.tensors(model, backend, graph.name, names_npz, names, fp16)["arrays"]
+
+    return run
+
+
+def bisect_on_device(project, target: str, graph: str, device_id: str,
+                     on_event: Callable[[dict[str, Any]], None] | None = None,
+                     log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The bisection with the HTP runs on a device through its agent (``agent:NAME@htp:CHIP``
+    on a Snapdragon machine, ``@htp-sim:CHIP`` on a simulator): the stored export, quantize
+    and compile of the project's current settings (run first when missing), the held-out
+    windows, then the layer diff with the device's outputs. A device's figures are a
+    measurement, not an artifact: nothing is stored."""
+    import asyncio
+    import json
+    import tempfile
+
+    from studio.core.artifacts import ArtifactStore
+    from studio.core.devices import device
+    from studio.core.layerdiff import PAIR_TITLES, summarize
+    from studio.engine.device_registry import Registry
+    from studio.engine.layerdiff import layer_diff, windows_of
+    from studio.engine.llm_runtime import load_graph_spec, load_tokenizer
+    from studio.services.history import current_keys
+    from studio.services.pipeline import plan, preflight
+    from studio.services.session import Studio
+    from studio.worker.context import read_text
+
+    dev = device(device_id, list(project.targets))
+    remote = dev.remote
+    if dev.kind != "agent" or remote is None or not remote.on_npu:
+        raise StudioError(f"studio bisect --device takes an agent's HTP (agent:NAME@htp:CHIP "
+                          f"or agent:NAME@htp-sim:CHIP), not {device_id!r}")
+    from studio.core.catalog import get_chip
+
+    chip = get_chip(remote.chip)
+    preflight(project, plan(project, ["compile"], [target]))
+    studio = Studio(project)
+    if on_event is not None:
+        studio.pipeline.listeners.append(on_event)
+    try:
+        summary = asyncio.run(studio.run_pipeline(["compile"], [target]))
+    finally:
+        studio.close()
+    if summary.state != "succeeded":
+        raise StudioError(summary.error or summary.state)
+    keys = current_keys(project, ["compile"])
+    store = ArtifactStore(project.folder / "artifacts")
+    arts = {label.split("[")[0]: store.get(key) for label, key in keys.items()
+            if label in ("export", "quantize", f"compile[{target}]")}
+    if any(a is None for a in arts.values()):
+        raise StudioError("the export, quantize or compile artifact is missing: run studio "
+                          f"--batch {project.path} --stages compile")
+    export_art, quant_art, comp_art = arts["export"], arts["quantize"], arts["compile"]
+    assert export_art is not None and quant_art is not None and comp_art is not None
+    export_dir, qdir = export_art.path, quant_art.path
+    sdk = json.loads((comp_art.path / "result.json").read_text()).get("sdk_version")
+    client = Registry().client(dev.agent)
+    info = client.info()
+    have = {b.get("id"): b.get("qnn_sdk_build") for b in info.get("backends", [])}
+    if sdk and have.get(dev.backend) and have[dev.backend] != sdk:
+        if log is not None:
+            log(f"note: the agent runs QNN SDK {have[dev.backend]}, the project compiled with "
+                f"{sdk}: the graphs are prepared on the agent itself")
+    spec = load_graph_spec(export_dir)
+    P = int(spec["prompt_length"])
+    ids = load_tokenizer(export_dir)(read_text(project.input_path(
+        project.validation["heldout_text"]), "held-out text")).input_ids
+    windows = windows_of(ids, P, graph, int(project.layerdiff["windows"]))
+    if not windows:
+        raise StudioError("the held-out text is shorter than one window: use a longer text")
+
+    class _Log:
+        def update(self, fraction: float, message: str = "") -> None:
+            if log is not None and message:
+                log(f"  {int(fraction * 100):3d}%  {message}")
+
+        def log(self, message: str) -> None:
+            if log is not None:
+                log(message)
+
+        def check(self) -> None:
+            return None
+
+    with tempfile.TemporaryDirectory(prefix=".bisect.", dir=project.folder) as work:
+        data = layer_diff(export_dir, qdir, windows, mode=project.layerdiff["tensors"],
+                          graph=graph, progress=_Log(), work_parent=Path(work),
+                          htp={"chip": chip, "fp16": False, "fp16_step": chip.fp16,
+                               "runner": agent_runner(client, dev.backend, Path(work)),
+                               "where": dev.name})
+    s = summarize(data)
+    return {**data, **{k: v for k, v in s.items() if k != "line"}, "target": target,
+            "device": dev.name, "device_id": dev.id, "source": dev.source,
+            "pair_titles": {p: PAIR_TITLES[p] for p in data["pairs"]}}
+
+
 def bisect(path: Path, target: str | None = None, graph: str = "prefill",
-           on_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+           on_event: Callable[[dict[str, Any]], None] | None = None,
+           device: str | None = None,
+           log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run (or reuse) the bisection's layer diff and read it: ``{"target", "graph", "steps",
-    "verdict", "layer", "result"}``."""
+    "verdict", "layer", "result"}``. ``device``: the HTP runs on that agent's device."""
     import asyncio
 
     from studio.core.layerdiff import bisect_verdict
@@ -53,6 +173,13 @@ def bisect(path: Path, target: str | None = None, graph: str = "prefill",
     from studio.services.session import Studio
 
     project, target = bisect_project(path, target, graph)
+    if device:
+        from studio.core.layerdiff import bisect_verdict
+
+        result = bisect_on_device(project, target, graph, device, on_event, log)
+        read = bisect_verdict(result, result["rows"])
+        return {"target": target, "graph": graph, "device": result["device"], **read,
+                "result": {k: v for k, v in result.items() if k != "rows"}}
     preflight(project, plan(project, ["layerdiff"], [target]))
     studio = Studio(project)
     if on_event is not None:

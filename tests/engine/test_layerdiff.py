@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 from pathlib import Path
@@ -337,3 +338,44 @@ def test_studio_bisect_runs_the_three_steps_and_leaves_the_file_alone(project_fi
                       else before.replace("[export]", "[export]\nparts = 2", 1))
     r = studio("bisect", parted)
     assert r.returncode == 2 and "export.parts = 1" in r.stderr
+
+
+@pytest.mark.slow
+def test_studio_bisect_on_a_device_through_its_agent(project_file, tmp_path, monkeypatch):
+    """`studio bisect FILE --device agent:NAME@htp-sim:CHIP`: the HTP side of every step runs
+    on the agent (a real agent on loopback; on an x86 host its HTP is the simulator, so the
+    figures are labelled simulated): the graphs and feeds are uploaded, the tensors come
+    back, and the reading is the one the local bisection gives."""
+    import json as _json
+
+    from tests.cli.conftest import default_target, studio
+    from tests.cli.test_agent import Agent
+    from tests.conftest import copy_store
+
+    f = tmp_path / project_file.name
+    f.write_text(project_file.read_text())
+    copy_store(project_file.with_suffix(".studio"), f.with_suffix(".studio"))
+    agent = Agent(tmp_path / "agent")
+    cfg = tmp_path / "cfg"
+    env = dict(os.environ, QSTUDIO_CONFIG_DIR=str(cfg))
+    try:
+        r = studio("devices", "add", "lab", "--url", agent.url, "--token", agent.token, env=env)
+        assert r.returncode == 0, r.stderr
+        dev = f"agent:lab@htp-sim:{default_target()}"
+        r = studio("bisect", f, "--device", dev, "--json", env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        got = _json.loads(r.stdout)
+        assert got["device"].startswith("agent lab") or "lab" in got["device"], got["device"]
+        res = got["result"]
+        assert res["source"] == "simulated" and res["device_id"] == dev
+        assert set(res["pairs"]) == {"qdq_vs_fp32", "htp_vs_fp32", "htp_vs_qdq",
+                                     "htp_fp16_vs_fp32"}
+        assert got["steps"][0]["out_of_band"] is None and got["verdict"]
+        local = _json.loads(studio("bisect", f, "--json").stdout)
+        # the same HTP (this machine's simulator behind the agent): the same reading
+        assert got["verdict"] == local["verdict"].replace(local["result"]["device"],
+                                                          got["result"]["device"])
+        r = studio("bisect", f, "--device", "agent:lab@cpu", env=env)
+        assert r.returncode == 2 and "an agent's HTP" in r.stderr
+    finally:
+        agent.stop()

@@ -188,6 +188,19 @@ def test_activating_a_row_or_point_opens_the_layer(
     assert win.current_page() == "Precision"
     assert prec.grid.selected_layers() == ["model.layers.1.self_attn.scores"]
 
+    # the bisection's verdict over the diff (studio bisect's reading), its layer one click
+    # away; step 1 says it was not run (this diff ran without the HTP in FP16)
+    win.show_page("Validation")
+    from studio.core.layerdiff import bisect_verdict
+
+    want = bisect_verdict(diffed["got"]["result"], rows)
+    assert view.verdict.text().startswith("<b>Verdict:</b> ")
+    assert "Step 1, FP32 vs the HTP unquantized: not run" in view.verdict.text()
+    assert want["layer"] is not None and view.open_verdict.isVisibleTo(view)
+    with qtbot.waitSignal(view.layerActivated, timeout=5_000) as sig:
+        view.open_verdict.click()
+    assert win.current_page() == "Precision" and prec.grid.selected_layers() == sig.args
+
 
 def test_empty_state_then_the_button_runs_the_layer_diff(
     diffed, make_window, copy_project, tmp_path, qtbot

@@ -1,4 +1,4 @@
-"""``studio bisect FILE [--target T] [--graph prefill|decode] [--json]``: where a quantized
+"""``studio bisect FILE [--target T] [--graph prefill|decode] [--device D] [--json]``: where a quantized
 model leaves FP32, in the seed's three steps — (1) FP32 vs the HTP without quantization
 (FP16), (2) the quantized model's error and the layers it comes from, (3) the first layer
 whose activations leave the tolerance band on host QDQ and on the HTP — and a verdict naming
@@ -19,6 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", dest="bisect_target", help="the target chip (default: the first)")
     p.add_argument("--graph", dest="bisect_graph", choices=("prefill", "decode"),
                    default="prefill", help="the graph to bisect (default: prefill)")
+    p.add_argument("--device", dest="bisect_device",
+                   help="run the HTP side on a device through its agent: "
+                        "agent:NAME@htp:CHIP (or @htp-sim:CHIP)")
     p.add_argument("--json", dest="bisect_json", action="store_true",
                    help="print the steps and the verdict as JSON")
 
@@ -28,7 +31,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     from studio.services.bisect import bisect
 
     got = bisect(Path(args.file), args.bisect_target, args.bisect_graph,
-                 on_event=_Printer(quiet=False))
+                 on_event=_Printer(quiet=False), device=args.bisect_device,
+                 log=lambda line: print(line, file=sys.stderr, flush=True))
     if args.bisect_json:
         print(json.dumps(got, indent=1))
         return 0

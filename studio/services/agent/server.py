@@ -19,6 +19,9 @@ compared in constant time):
     manifest's hash).
 ``POST /jobs``  ``{"kind": "generate", "model", "backend", "prompt_ids", "max_new_tokens",
 "sampling", "eos_ids", "sdk_build"}`` -> ``{"job": id}``; at most ``max_jobs`` at once (429).
+``{"kind": "profile", ...}`` profiles decode steps; ``{"kind": "tensors", "graph", "feeds",
+"outputs", "fp16"}`` runs an uploaded graph on its HTP and returns the named outputs (a layer
+diff's tensors on a device).
 ``GET /jobs/<id>/events``
     server-sent events: ``token`` (``{"index", "token"}``), then ``done`` (the result) or
     ``error`` (``{"message"}``).
@@ -354,8 +357,8 @@ class Agent:
 
     async def start_job(self, request: web.Request) -> web.Response:
         spec = await self._json(request, "POST /jobs")
-        if spec.get("kind") not in ("generate", "profile"):
-            raise StudioError("jobs: kind must be generate or profile")
+        if spec.get("kind") not in ("generate", "profile", "tensors"):
+            raise StudioError("jobs: kind must be generate, profile or tensors")
         # the slot is taken here, before any await: concurrent requests cannot both pass
         if self.running >= self.max_jobs:
             return web.json_response({"error": f"the agent runs {self.max_jobs} job(s) at a "
@@ -390,11 +393,13 @@ class Agent:
             return web.json_response({"error": f"the context binaries were built with QNN SDK "
                                                f"{want} but this agent runs {have}: compile "
                                                "with the agent's SDK"}, status=409)
-        if spec["kind"] == "profile" and not on_npu:
-            raise StudioError("profiling runs on an HTP backend of the agent, not its CPU")
+        if spec["kind"] in ("profile", "tensors") and not on_npu:
+            raise StudioError(f"{spec['kind']} jobs run on an HTP backend of the agent, not "
+                              "its CPU")
         job = Job(uuid.uuid4().hex, spec["kind"])
         self.jobs[job.id] = job
-        run = self._run_generate if job.kind == "generate" else self._run_profile
+        run = {"generate": self._run_generate, "profile": self._run_profile,
+               "tensors": self._run_tensors}[job.kind]
         task = asyncio.ensure_future(run(job, folder, known[backend], spec))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -474,6 +479,49 @@ class Agent:
                                               ("progress", {"repeat": i + 1,
                                                             "repeats": repeats}))
             return {"repeats": out, "source": backend["source"], "backend": backend["id"]}
+
+        await self._finish(job, work)
+
+    async def _run_tensors(self, job: Job, folder: Path, backend: dict, spec: dict) -> None:
+        """The uploaded ONNX graph (``graph``, a file of the model folder, quantized, with
+        extra outputs) prepared for the agent's HTP and run on each uploaded feed file
+        (``feeds``: .npz files of the folder); the ``outputs`` it names come back as one
+        .npz, base64 (``{"npz", "source", "backend"}``) — what a layer diff compares on a
+        device."""
+        def member(name: Any) -> Path:
+            names = {p.name for p in folder.iterdir() if p.is_file()}
+            if not isinstance(name, str) or name not in names:
+                raise StudioError(f"tensors job: {name!r} is not a file of the uploaded model")
+            return folder / name
+
+        def work() -> dict[str, Any]:
+            import base64
+            import io
+
+            import numpy as np
+
+            from studio.core.catalog import get_chip
+            from studio.engine import qnn
+
+            graph = member(spec.get("graph"))
+            feeds = [member(f) for f in spec.get("feeds") or []]
+            names = spec.get("outputs") or []
+            if not feeds or not names or not all(isinstance(n, str) for n in names):
+                raise StudioError("tensors job: give feeds (.npz files) and output names")
+            progress = EventProgress(job.cancel)
+            sess = qnn.make_session(graph, get_chip(backend["chip"]), strict=True,
+                                    fp16=bool(spec.get("fp16")))
+            out: dict[str, Any] = {}
+            for i, f in enumerate(feeds):
+                progress.check()
+                with np.load(f, allow_pickle=False) as z:
+                    feed = {k: z[k] for k in z.files}
+                for n, v in zip(names, sess.run(names, feed), strict=True):
+                    out[f"{i}/{n}"] = v
+            buf = io.BytesIO()
+            np.savez(buf, **out)
+            return {"npz": base64.b64encode(buf.getvalue()).decode(),
+                    "source": backend["source"], "backend": backend["id"]}
 
         await self._finish(job, work)
 

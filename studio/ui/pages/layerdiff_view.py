@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QHeaderView,
+    QPushButton,
     QRadioButton,
     QStackedWidget,
     QTableView,
@@ -358,6 +359,19 @@ class LayerDiffView(QWidget):
         self.finding = label("", wrap=True, selectable=True)
         self.finding.setTextFormat(Qt.TextFormat.RichText)
         cl.addWidget(self.finding)
+        # the bisection's verdict (studio bisect reads the same result): the layer it names
+        # opens in the layer grid
+        vrow = QHBoxLayout()
+        self.verdict = label("", wrap=True, selectable=True)
+        self.verdict.setTextFormat(Qt.TextFormat.RichText)
+        vrow.addWidget(self.verdict, 1)
+        self.open_verdict = QPushButton("Open the layer")
+        self.open_verdict.setToolTip("Select the layer the verdict names in the Precision "
+                                     "page's layer grid")
+        self.open_verdict.clicked.connect(self._open_verdict)
+        vrow.addWidget(self.open_verdict)
+        cl.addLayout(vrow)
+        self._verdict_layer: str | None = None
         # the table gets room for several rows
         split = splitter(Qt.Orientation.Vertical, self._build_plot(), self._build_table(),
                          sizes=(10_000, 8_000))
@@ -619,9 +633,30 @@ class LayerDiffView(QWidget):
                 f"{got['result'].get('tensors', 'blocks')}): set it to modules and run again"
             )
         self.finding.setText(finding(got["result"]))
+        self._show_verdict(got)
         self._show_modes(True, "op" in kinds)
         self.stack.setCurrentWidget(self.content)
         self._draw()
+
+    def _show_verdict(self, got: dict[str, Any]) -> None:
+        """The bisection's verdict over this diff; step 1 (the HTP in FP16) when the diff
+        ran it (``studio bisect``, or ``layerdiff.fp16_step``)."""
+        from studio.core.layerdiff import bisect_verdict
+
+        v = bisect_verdict(got["result"], got["rows"])
+        row = next((r for r in got["rows"] if r["name"] == v.get("tensor")), None)
+        self._verdict_layer = layer_of(row) if row is not None else None
+        step1 = v["steps"][0]["finding"]
+        self.verdict.setText(f"<b>Verdict:</b> {html.escape(v['verdict'])}<br><span "
+                             f"style='color:gray'>Step 1, FP32 vs the HTP unquantized: "
+                             f"{html.escape(step1)}</span>")
+        self.open_verdict.setVisible(self._verdict_layer is not None)
+        if self._verdict_layer:
+            self.open_verdict.setText(f"Open {short_name(self._verdict_layer)}")
+
+    def _open_verdict(self) -> None:
+        if self._verdict_layer:
+            self.layerActivated.emit(self._verdict_layer)
 
     def _show_modes(self, show: bool, every_tensor: bool = False) -> None:
         """The Show: buttons, only over a diff (Every tensor only when it compared them)."""

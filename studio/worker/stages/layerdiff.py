@@ -18,7 +18,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     the decode graph: where the errors jump and where host QDQ and the HTP part (and, with
     ``layerdiff.fp16_step``, the FP32 graph on the HTP in FP16: the backend unquantized)."""
     from studio.core.layerdiff import PAIR_TITLES, summarize
-    from studio.engine.layerdiff import layer_diff
+    from studio.engine.layerdiff import layer_diff, windows_of
 
     export_dir, qdir = ctx.input("export"), ctx.input("quantize")
     cdir = ctx.input("compile", ctx.config.chip)
@@ -33,8 +33,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         raise StudioError("the decode graph's layer diff feeds one float KV cache to every "
                           "runtime: set quantization.kv_cache = \"float\" for it")
     W = P + 1 if graph == "decode" else P  # a decode window: P - 1 prefilled, a step, a next
-    windows = [ids[i * P:i * P + W] for i in range(min(want, (len(ids) - W) // P + 1))
-               if len(ids) >= W]
+    windows = windows_of(ids, P, graph, want)
     if not windows:
         raise StudioError(f"the held-out text gives {len(ids)} tokens, fewer than one "
                           f"{graph} window of {W}: use a longer text")
