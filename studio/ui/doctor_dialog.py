@@ -102,8 +102,10 @@ class DoctorDialog(QDialog):
         from studio.services.doctor import Check, verdict
 
         self.checks = checks
-        self.table.setRowCount(len(checks))
-        for r, c in enumerate(checks):
+        # what fails first, then what warns, each in the order it was checked
+        shown = sorted(checks, key=lambda c: {"FAIL": 0, "WARN": 1}.get(c["status"], 2))
+        self.table.setRowCount(len(shown))
+        for r, c in enumerate(shown):
             cells = (c["status"], c["area"], c["name"], c["detail"],
                      c["fix"] if c["status"] != "PASS" else "")
             for col, text in enumerate(cells):
