@@ -393,7 +393,11 @@ def agent_checks(name: str, project=None, registry=None, sdk: tuple[str | None, 
     except StudioError as exc:
         return out + [Check(area, "authenticated", FAIL, str(exc),
                             "studio devices add NAME URL --token-file F with the agent's token")]
-    out.append(Check(area, "authenticated", PASS, f"{info.get('machine', {}).get('name', '?')}"))
+    m = info.get("machine", {})
+    out.append(Check(area, "authenticated", PASS,
+                     f"the token is accepted by {m.get('name', '?')} ({m.get('system', '?')} "
+                     f"{m.get('machine', '?')}, onnxruntime-qnn "
+                     f"{m.get('onnxruntime_qnn') or 'missing'})"))
     backends = info.get("backends", [])
     htp = [b for b in backends if b.get("chip")]
     want, where = sdk or compiled_sdk(project)

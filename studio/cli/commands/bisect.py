@@ -45,8 +45,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             print(f"     ({s['note']})")
     print(f"verdict: {got['verdict']}")
     if got["layer"]:
-        print(f"  open it: Precision page, layer grid -> {got['layer']} (or studio layerdiff "
-              f"{args.file} --all)")
+        print(f"  open it: Validation page, Layer diff -> {got['tensor']}; Precision page, "
+              f"layer grid -> {got['layer']} (or studio layerdiff {args.file} --all)")
     sys.stdout.flush()
     return 0
 
