@@ -519,6 +519,9 @@ class Bundle(Section):
     prefill_length: int = setting(0, "tokens per pass of the AR-N prefill graph", min=0,
                                   cap=MAX_CONTEXT,
                                   hint="(0: the export's prompt length, 1: no prefill graph)")
+    score_tokens: int = setting(64, "held-out tokens scored against FP32 on the bundle's own "
+                                "binaries (the figures of what ships)", min=0, cap=MAX_TOKENS,
+                                hint="(0: none)")
 
 
 class Sensitivity(Section):

@@ -178,7 +178,8 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                         "quantization.overrides", "quantization.block_size",
                         "quantization.weight_rounding", "quantization.rounding_samples",
                         "validation.heldout_text", "bundle.new_tokens", "bundle.prompts",
-                        "bundle.parts", "bundle.max_context_mb", "bundle.prefill_length"),
+                        "bundle.parts", "bundle.max_context_mb", "bundle.prefill_length",
+                        "bundle.score_tokens"),
               role="bundle", takes_parts=True),
     # encoders and ONNX graphs: the graph with static shapes (an encoder exported from its
     # PyTorch weights), its rewrites and quantization, the placement on each chip, the check

@@ -45,6 +45,7 @@ class BundleSettings:
     max_context_mb: int
     prompts: int
     new_tokens: int
+    score_tokens: int = 0  # held-out tokens scored against FP32 on the bundle's binaries
 
 
 def bundle_prompts(text: str, tok, n: int, length: int = 12, long: int = 0) -> list[str]:
@@ -124,6 +125,32 @@ def parting(genie_text: str, ref: list[int], runner_up: list[tuple[int, float]],
     took_second = bool(rest) and (rest.startswith(tok.decode([second]))
                                   or tok.decode([second]).startswith(rest))
     return {"token": t, "gap": round(gap, 5), "near_tie": took_second and gap <= GENIE_TIE_GAP}
+
+
+def score_shipped(runner, export_dir: Path, spec: dict[str, Any], ids: list[int], tokens: int,
+                  cl: int, progress: Progress) -> dict[str, Any]:
+    """The bundle's own binaries scored like validate: ``tokens`` held-out tokens in windows
+    the context holds, the studio's runtime over the bundle's graphs (``runner``) against the
+    FP32 export teacher-forced on the same windows — the figures of the bytes that ship."""
+    from studio.engine.llm_runtime import cpu_generator
+    from studio.engine.sensitivity import compare_logits
+
+    width = min(cl - 1, max(2, tokens))
+    windows = [ids[i:i + width] for i in range(0, min(len(ids), tokens), width)]
+    windows = [w for w in windows if len(w) >= 2]
+    if not windows:
+        raise StudioError("the held-out text is too short to score the bundle: give a longer "
+                          "text or set bundle.score_tokens = 0")
+    progress.update(0.45, f"scoring {sum(map(len, windows))} held-out tokens on the bundle's "
+                          "own binaries against FP32")
+    fp32 = cpu_generator(export_dir, spec)
+    ref = [fp32.teacher_forced_logits(w)[:, :int(spec["vocab_size"])] for w in windows]
+    got = [runner.teacher_forced(w)[:, :int(spec["vocab_size"])] for w in windows]
+    out = compare_logits(ref, got, windows)
+    out["fp32_perplexity"] = compare_logits(ref, ref, windows)["perplexity"]
+    out["tokens"] = sum(map(len, windows))
+    out["windows"] = len(windows)
+    return out
 
 
 def ar_feeds(export_dir: Path, spec: dict[str, Any], N: int, cl: int,
@@ -342,6 +369,10 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
         refs.append((ids, n, runner.greedy(ids, n), runner.prompt_passes))
         ups.append(list(runner.runner_up))
     passes = dict(runner.passes)
+    accuracy = None
+    if settings.score_tokens:  # the figures of what ships: its own binaries against FP32
+        accuracy = score_shipped(runner, export_dir, spec, tok(text).input_ids,
+                                 settings.score_tokens, cl, progress)
     del runner, sessions
     for src, name in compiled:
         shutil.move(src, out / name)
@@ -409,7 +440,8 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
                          "reference": "the studio's runtime over the bundle's graphs",
                          "source": source, "prompts": len(checks),
                          "identical": identical, "tokens": tokens,
-                         "same_as_prefill_path": via_prefill},
+                         "same_as_prefill_path": via_prefill,
+                         "accuracy_on_these_binaries": accuracy},
     }
     progress.update(0.96, "writing the DLC files of the quantized graphs")
     dlc = {}
@@ -430,6 +462,12 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
         ("genie_same_as_prefill_path", via_prefill / len(checks), "fraction",
          "against the studio's runtime with its own prefill graph (other graphs: may part at "
          "a near tie)", False),
+        *([] if accuracy is None else [
+            (f"bundle_{k}", accuracy[k], unit, f"{accuracy['tokens']} held-out tokens on the "
+             "bundle's own binaries (the studio's runtime over them, as Genie runs a prompt) "
+             "against FP32", False)
+            for k, unit in (("logits_cosine", ""), ("kl_divergence", "nats"),
+                            ("top1_agreement", "fraction"), ("perplexity", ""))]),
         ("genie_tokens_per_s", rate, "tok/s", timed, True),
         ("genie_load_s", load_s, "s", timed, True),
     ]
@@ -440,7 +478,9 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
                           f"{len(checks)} prompts (first at character "
                           f"{bad[0]['first_difference_at_char']} of {bad[0]['prompt']!r}, "
                           f"new token {p['token']}" + (f", where the studio's best two tokens "
-                          f"are {p['gap']:.3g} apart" if p["gap"] is not None else "") + ")")
+                          f"are {p['gap']:.3g} apart" if p["gap"] is not None else "")
+                          + "): not a near tie; studio bisect shows where the quantized graphs "
+                          "leave FP32")
     return {
         "summary": (f"Genie bundle for {chip.name}: {len(files) + 2} files"
                     + (f" ({len(ctx_names)} context binaries)" if len(ctx_names) > 1 else "")
@@ -452,7 +492,7 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
                        if ties else "")
                     + f"; with the studio's own prefill graph {via_prefill}/{len(checks)})"),
         "target": chip.key, "source": source, "bundle": "bundle", "files": files,
-        "checks": checks, "context_size": cl, "qnn_sdk": sdk, "prefill_ar": N if N > 1 else None,
+        "checks": checks, "context_size": cl, "accuracy": accuracy, "qnn_sdk": sdk, "prefill_ar": N if N > 1 else None,
         "studio_passes": {f"ar{k}": v for k, v in passes.items()},
         "ctx_bins": ctx_names,
         "dlc": {g: {"file": f"dlc/{d['file']}", "bytes": d["bytes"], "entries": d["entries"]}

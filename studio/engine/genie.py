@@ -396,9 +396,10 @@ class BundleRunner:
         self.keys[:] = 0.0
         self.values[:] = 0.0
 
-    def _pass(self, tokens: list[int], pos: int, ar: int):
+    def _pass(self, tokens: list[int], pos: int, ar: int, rows: bool = False):
         """``tokens`` (at most ``ar``) at positions ``pos``..; returns the last real row's
-        logits and stores the new KV rows in slots ``pos``.."""
+        logits (``rows``: every real row's, [n, V]) and stores the new KV rows in slots
+        ``pos``.."""
         import numpy as np
 
         n, slots = len(tokens), self.cl - ar
@@ -426,7 +427,29 @@ class BundleRunner:
             self.keys[i][..., pos:pos + n] = values[f"past_key_{i}_out"][..., :n]
             self.values[i][:, :, pos:pos + n] = values[f"past_value_{i}_out"][:, :, :n]
         self.passes[ar] += 1
-        return np.asarray(values["logits"]).reshape(ar, -1)[n - 1]
+        logits = np.asarray(values["logits"]).reshape(ar, -1)
+        return logits[:n] if rows else logits[n - 1]
+
+    def teacher_forced(self, ids: list[int]):
+        """Logits [len(ids), V] (float32) of the bundle's graphs over ``ids`` as Genie runs
+        a prompt: AR-N passes where the context allows, AR-1 passes for the rest. Row i
+        predicts token i + 1 — what the shipped binaries compute, scored like validate."""
+        import numpy as np
+
+        if len(ids) > self.cl - 1:
+            raise StudioError(f"{len(ids)} tokens do not fit the bundle's context of "
+                              f"{self.cl - 1}")
+        self.reset()
+        ar, pos, out = max(self.graphs), 0, []
+        while pos < len(ids):
+            if ar > 1 and pos + ar <= self.cl - 1 and pos <= self.cl - ar:
+                chunk = ids[pos:pos + ar]
+                out.append(self._pass(chunk, pos, ar, rows=True))
+                pos += len(chunk)
+            else:
+                out.append(self._pass([ids[pos]], pos, 1, rows=True))
+                pos += 1
+        return np.concatenate(out).astype(np.float32)
 
     def greedy(self, ids: list[int], max_new_tokens: int) -> list[int]:
         """Greedy tokens after ``ids``; stops after an EOS token or at the context's end, like

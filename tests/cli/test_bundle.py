@@ -54,6 +54,13 @@ def test_genie_gives_the_studios_greedy_text_from_the_bundle(built):
         data = (out / name).read_bytes()
         assert len(data) == f["bytes"] and hashlib.sha256(data).hexdigest() == f["sha256"]
     assert manifest["verification"]["identical"] == sum(c["identical"] for c in res["checks"])
+    # the figures of what ships: the bundle's own binaries scored against FP32 like validate
+    acc = res["accuracy"]
+    assert acc["tokens"] == 64 and acc["windows"] == 1  # bundle.score_tokens, one context
+    assert acc["kl_divergence"] < 0.05 and acc["top1_agreement"] > 0.85, acc
+    assert abs(acc["perplexity"] / acc["fp32_perplexity"] - 1) < 0.1, acc
+    assert manifest["verification"]["accuracy_on_these_binaries"] == acc
+    print(f"\nbundle accuracy on its own binaries: {acc}")
     assert manifest["qnn_sdk"] == res["qnn_sdk"] and manifest["chip"]["key"] == default_target()
     cfg = json.loads((out / "genie_config.json").read_text())["dialog"]
     assert cfg["engine"]["model"]["binary"]["ctx-bins"] == ["prefill_ar16_cl65.bin",

@@ -130,6 +130,7 @@ def _changed(tmp: Path, key: str, kind: str = "causal-lm"):
         "bundle.parts": 2,
         "bundle.max_context_mb": 512,
         "bundle.prefill_length": 8,
+        "bundle.score_tokens": 16,
         "export.parts": "auto",
     }
     return table[key] if key in table else _declared_change(key)
