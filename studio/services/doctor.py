@@ -175,7 +175,7 @@ def check_disk(folder: Path, need: int | None, free: int | None = None) -> Check
 
 
 # ---- the project ------------------------------------------------------------------------------
-def _text_tokens(project, key: str, model: Path) -> tuple[Path, int | None]:
+def _text_tokens(project, key: str, model: Path) -> tuple[Path, int]:
     from studio.core.stagegraph import project_value
     from studio.engine.checkpoint_check import prompt_length
     from studio.worker.context import read_text
@@ -249,23 +249,29 @@ def check_texts(project, model: Path) -> list[Check]:
     """Calibration and held-out text present, readable, and long enough for what the
     recipe asks of them."""
     P = int(project.export["prompt_length"])
+    scored = int(project.validation["heldout_tokens"])
     out = []
-    for key, need, what in (
+    # (key, tokens it must have, tokens it should have, what they are for, the setting to lower)
+    for key, must, should, what, lower in (
             ("quantization.calibration_text",
              int(project.quantization["calibration_samples"]) * P,
-             f"{project.quantization['calibration_samples']} calibration windows of {P}"),
-            ("validation.heldout_text", P + 1, f"one window of {P} and a next token")):
+             int(project.quantization["calibration_samples"]) * P,
+             f"{project.quantization['calibration_samples']} calibration windows of {P}",
+             "quantization.calibration_samples"),
+            ("validation.heldout_text", P + 1, max(P + 1, scored),
+             f"validation scores {scored} (one window of {P} and a next token at least)",
+             "validation.heldout_tokens")):
         try:
             path, n = _text_tokens(project, key, model)
         except StudioError as exc:
             out.append(Check("project", key, FAIL, str(exc), f"set {key} to a UTF-8 text file"))
             continue
-        text = f"{path.name}: {n:,} tokens; {what} take {need:,}"
-        if n is None or n < need:
-            out.append(Check("project", key, WARN if n and n >= P else FAIL, text,
-                             "give a longer text, or lower "
-                             + ("quantization.calibration_samples"
-                                if key.startswith("quant") else "export.prompt_length")))
+        text = f"{path.name}: {n:,} tokens; {what} take {should:,}"
+        if n < must:
+            out.append(Check("project", key, FAIL, text, f"give a longer text, or lower {lower}"))
+        elif n < should:
+            out.append(Check("project", key, WARN, text + f": only {n:,} are scored",
+                             f"give a longer text, or lower {lower}"))
         else:
             out.append(Check("project", key, PASS, text))
     return out

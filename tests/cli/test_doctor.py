@@ -162,6 +162,12 @@ def test_missing_and_short_data_and_bad_projects_fail(tmp_path):
     cal, held = checks["quantization.calibration_text"], checks["validation.heldout_text"]
     assert cal.status == "FAIL" and "calibration_samples" in cal.fix and "take 256" in cal.detail
     assert held.status == "FAIL" and "missing.txt" in held.detail
+    # a held-out text with fewer tokens than validation scores: a warning, not a failure
+    mid = tmp_path / "mid.txt"
+    mid.write_text((Path(__file__).read_text())[:600])
+    g = _project(tmp_path, "sample:tiny-coder", name="mid", context=128, heldout=str(mid))
+    held = _by_name(d.doctor(g))["validation.heldout_text"]
+    assert held.status == "WARN" and "only" in held.detail and "heldout_tokens" in held.fix
     # an unsupported family
     bad = tmp_path / "gpt2"
     bad.mkdir()
