@@ -152,6 +152,12 @@ TABLE: tuple[Known, ...] = (
     Known("QNN 6023", "QNN_GRAPH_ERROR_GRAPH_NOT_FINALIZED", "QNN graph",
           "a graph was run before it was finalized", "compile the context again", _H_GRAPH),
     # ---- Genie status codes ----
+    Known("Genie 4", "GENIE_STATUS_WARNING_CONTEXT_EXCEEDED", "Genie",
+          "the prompt and the new tokens filled the bundle's context: Genie stopped there "
+          "(a warning; the studio returns the text so far)",
+          "ask for fewer new tokens, shorten the prompt, or export with a longer "
+          "export.context_length and bundle again", f"{_H_GENIE}; {_HERE}",
+          (r"Context Size was exceeded",)),
     Known("Genie -1", "GENIE_STATUS_ERROR_GENERAL", "Genie",
           "Genie failed without a code of its own; the QNN line before it (err NNNN) is "
           "the cause", "read the QNN code in the same message (decoded here too)", _H_GENIE),

@@ -289,6 +289,9 @@ def _genie_message(text: str) -> str:
 
 #: GenieDialog_signal's action that ends the running query (GENIE_DIALOG_ACTION_ABORT)
 _ABORT = 1
+#: GENIE_STATUS_WARNING_CONTEXT_EXCEEDED: the query filled the context and stopped there (a
+#: warning, not a failure: measured, a long prompt with 90 new tokens in a 128-token context)
+_CONTEXT_EXCEEDED = 4
 
 
 class GenieDialog:
@@ -347,9 +350,13 @@ class GenieDialog:
         wall = time.perf_counter() - t0
         if aborted:
             raise Cancelled("Genie's query was stopped")
-        if st != 0:
+        if st == _CONTEXT_EXCEEDED:  # a warning: the text so far, stopped at the context's end
+            stopped = "context"
+        elif st != 0:
             raise StudioError(f"Genie's query failed (status {st}): {_genie_message(cap.text)}")
-        return {"text": "".join(pieces), "wall_s": wall,
+        else:
+            stopped = "max_new_tokens" if len(pieces) >= max_new_tokens else "eos"
+        return {"text": "".join(pieces), "wall_s": wall, "stopped": stopped,
                 "first_text_s": (stamps[0] - t0) if stamps else None, "pieces": len(pieces)}
 
     def close(self) -> None:

@@ -96,6 +96,7 @@ def genie_generate(project: Project, prompt: str, target: str | None = None,
     chip = result["target"]
     return {
         "prompt": prompt, "text": out["text"], "tokens_out": pieces, "runtime": "genie",
+        "stopped": out["stopped"],
         "time_to_first_token_ms": first * 1e3 if first is not None else None,
         "decode_tokens_per_s": rate, "decode_ms_per_token": 1e3 / rate if rate else None,
         "source": "simulated", "device": f"htp-sim:{chip}",

@@ -133,6 +133,13 @@ def test_generate_with_the_genie_runtime(built):
     assert got["runtime"] == "genie" and got["source"] == "simulated"
     assert got["tokens_out"] == 8 and first["genie_text"].startswith(got["text"])
     assert got["time_to_first_token_ms"] > 0 and "not device latency" in got["timing_note"]
+    # past the context: Genie's warning (status 4) ends the text there, as the studio's own
+    # runtime does — not an error (it was one: "Genie's query failed (status 4)")
+    r = studio("generate", proj, "--prompt", first["prompt"], "--max-new-tokens", "200",
+               "--runtime", "genie", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout)
+    assert got["stopped"] == "context" and 0 < got["tokens_out"] < 200
     r = studio("generate", proj, "--prompt", "x", "--runtime", "genie", "--temperature", "0.7")
     assert r.returncode == 2 and "leave out --temperature" in r.stderr
 
