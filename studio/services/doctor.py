@@ -387,7 +387,7 @@ def agent_checks(name: str, project=None, registry=None, sdk: tuple[str | None, 
         client = reg.client(name)
     except StudioError as exc:
         return [Check(area, f"agent {name}", FAIL, str(exc),
-                      "studio devices add NAME URL --token-file F")]
+                      "studio devices add NAME --url URL --token-file F")]
     try:
         h = client.health()
     except StudioError as exc:
@@ -398,7 +398,7 @@ def agent_checks(name: str, project=None, registry=None, sdk: tuple[str | None, 
         info = client.info()
     except StudioError as exc:
         return out + [Check(area, "authenticated", FAIL, str(exc),
-                            "studio devices add NAME URL --token-file F with the agent's token")]
+                            "studio devices add NAME --url URL --token-file F, with the agent's token")]
     m = info.get("machine", {})
     out.append(Check(area, "authenticated", PASS,
                      f"the token is accepted by {m.get('name', '?')} ({m.get('system', '?')} "
