@@ -41,6 +41,28 @@ def bisect_project(path: Path, target: str | None = None, graph: str = "prefill"
     return q, target
 
 
+def run_stage(project, stage: str, target: str,
+              on_event: Callable[[dict[str, Any]], None] | None) -> None:
+    """Run ``stage`` for ``target`` and what it needs (cached where the store has it), as
+    ``studio --batch FILE --stages STAGE`` would; one line when it does not succeed."""
+    import asyncio
+
+    from studio.services.pipeline import plan, preflight
+    from studio.services.session import Studio
+
+    preflight(project, plan(project, [stage], [target]))
+    studio = Studio(project)
+    if on_event is not None:
+        studio.pipeline.listeners.append(on_event)
+    try:
+        summary = asyncio.run(studio.run_pipeline([stage], [target]))
+    finally:
+        studio.close()
+    if summary.state != "succeeded":
+        failed = [j for j in summary.jobs if j.state == "failed"]
+        raise StudioError(summary.error or (failed[0].message if failed else summary.state))
+
+
 def agent_runner(client, backend: str, work: Path):
     """A layer diff's HTP runs on an agent: each graph (with its external data files) and the
     feeds uploaded (files the agent holds already are skipped), run there, the named outputs
@@ -76,7 +98,6 @@ def bisect_on_device(project, target: str, graph: str, device_id: str,
     and compile of the project's current settings (run first when missing), the held-out
     windows, then the layer diff with the device's outputs. A device's figures are a
     measurement, not an artifact: nothing is stored."""
-    import asyncio
     import json
     import tempfile
 
@@ -87,8 +108,6 @@ def bisect_on_device(project, target: str, graph: str, device_id: str,
     from studio.engine.layerdiff import layer_diff, windows_of
     from studio.engine.llm_runtime import load_graph_spec, load_tokenizer
     from studio.services.history import current_keys
-    from studio.services.pipeline import plan, preflight
-    from studio.services.session import Studio
     from studio.worker.context import read_text
 
     dev = device(device_id, list(project.targets))
@@ -99,16 +118,7 @@ def bisect_on_device(project, target: str, graph: str, device_id: str,
     from studio.core.catalog import get_chip
 
     chip = get_chip(remote.chip)
-    preflight(project, plan(project, ["compile"], [target]))
-    studio = Studio(project)
-    if on_event is not None:
-        studio.pipeline.listeners.append(on_event)
-    try:
-        summary = asyncio.run(studio.run_pipeline(["compile"], [target]))
-    finally:
-        studio.close()
-    if summary.state != "succeeded":
-        raise StudioError(summary.error or summary.state)
+    run_stage(project, "compile", target, on_event)
     keys = current_keys(project, ["compile"])
     store = ArtifactStore(project.folder / "artifacts")
     arts = {label.split("[")[0]: store.get(key) for label, key in keys.items()
@@ -165,12 +175,9 @@ def bisect(path: Path, target: str | None = None, graph: str = "prefill",
            log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run (or reuse) the bisection's layer diff and read it: ``{"target", "graph", "steps",
     "verdict", "layer", "result"}``. ``device``: the HTP runs on that agent's device."""
-    import asyncio
 
     from studio.core.layerdiff import bisect_verdict
     from studio.services.layerdiff import layerdiff_result
-    from studio.services.pipeline import plan, preflight
-    from studio.services.session import Studio
 
     project, target = bisect_project(path, target, graph)
     if device:
@@ -180,17 +187,7 @@ def bisect(path: Path, target: str | None = None, graph: str = "prefill",
         read = bisect_verdict(result, result["rows"])
         return {"target": target, "graph": graph, "device": result["device"], **read,
                 "result": {k: v for k, v in result.items() if k != "rows"}}
-    preflight(project, plan(project, ["layerdiff"], [target]))
-    studio = Studio(project)
-    if on_event is not None:
-        studio.pipeline.listeners.append(on_event)
-    try:
-        summary = asyncio.run(studio.run_pipeline(["layerdiff"], [target]))
-    finally:
-        studio.close()
-    if summary.state != "succeeded":
-        failed = [j for j in summary.jobs if j.state == "failed"]
-        raise StudioError(summary.error or (failed[0].message if failed else summary.state))
+    run_stage(project, "layerdiff", target, on_event)
     got = layerdiff_result(project, target)
     read = bisect_verdict(got["result"], got["rows"])
     return {"target": target, "graph": graph, **read, "result": got["result"]}
