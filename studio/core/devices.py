@@ -132,6 +132,17 @@ class DeviceBackend(Protocol):
         """What a generation runs on it, for summaries (``W8A16 on the HTP simulator …``)."""
         ...
 
+    def doctor_checks(self, project: Any, sdk: tuple[str | None, str]) -> list:
+        """``studio doctor --device``: the device's findings (:class:`studio.core.checks.
+        Check`) against the project and ``sdk`` (its binaries' QNN SDK build, and where it
+        was read)."""
+        ...
+
+    def tensor_runner(self) -> Any:
+        """``run(graph, names, feeds, fp16, work)`` running a layer diff's HTP side on the
+        device (``studio bisect --device``); a one-line StudioError where it runs none."""
+        ...
+
     def check_generation(self, speculative: bool, window: bool, kv: str | None,
                          project_kv: str) -> None:
         """Refuse decoding options the device cannot run (one line saying which)."""

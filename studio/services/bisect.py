@@ -63,33 +63,6 @@ def run_stage(project, stage: str, target: str,
         raise StudioError(summary.error or (failed[0].message if failed else summary.state))
 
 
-def agent_runner(client, backend: str, work: Path):
-    """A layer diff's HTP runs on an agent: each graph (with its external data files) and the
-    feeds uploaded (files the agent holds already are skipped), run there, the named outputs
-    back."""
-    def run(graph: Path, names: list[str], feeds: list[dict[str, Any]], fp16: bool):
-        import numpy as np
-
-        from studio.core.fsutil import link_or_copy
-        from studio.engine.layerdiff import external_files
-
-        folder = work / f"upload-{graph.parent.name}-{graph.stem}"
-        folder.mkdir(parents=True, exist_ok=True)
-        files = [graph.name, *external_files(graph)]
-        for f in files:
-            if not (folder / f).exists():
-                link_or_copy((graph.parent / f).resolve(), folder / f)
-        names_npz = []
-        for i, feed in enumerate(feeds):
-            arrays: dict[str, Any] = {k: np.asarray(v) for k, v in feed.items()}
-            np.savez(folder / f"feeds_{i}.npz", **arrays)  # type: ignore[arg-type]
-            names_npz.append(f"feeds_{i}.npz")
-        model = client.upload_folder(folder, files + names_npz)
-        return client.tensors(model, backend, graph.name, names_npz, names, fp16)["arrays"]
-
-    return run
-
-
 def bisect_on_device(project, target: str, graph: str, device_id: str,
                      on_event: Callable[[dict[str, Any]], None] | None = None,
                      log: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -98,26 +71,23 @@ def bisect_on_device(project, target: str, graph: str, device_id: str,
     and compile of the project's current settings (run first when missing), the held-out
     windows, then the layer diff with the device's outputs. A device's figures are a
     measurement, not an artifact: nothing is stored."""
-    import json
+    import functools
     import tempfile
 
     from studio.core.artifacts import ArtifactStore
     from studio.core.devices import device
     from studio.core.layerdiff import PAIR_TITLES, summarize
-    from studio.engine.device_registry import Registry
     from studio.engine.layerdiff import layer_diff, windows_of
     from studio.engine.llm_runtime import load_graph_spec, load_tokenizer
     from studio.services.history import current_keys
     from studio.worker.context import read_text
 
     dev = device(device_id, list(project.targets))
-    remote = dev.remote
-    if dev.kind != "agent" or remote is None or not remote.on_npu:
-        raise StudioError(f"studio bisect --device takes an agent's HTP (agent:NAME@htp:CHIP "
-                          f"or agent:NAME@htp-sim:CHIP), not {device_id!r}")
     from studio.core.catalog import get_chip
+    from studio.engine.devices import backend
 
-    chip = get_chip(remote.chip)
+    runner = backend(dev).tensor_runner()  # refuses, in one line, a device that has none
+    chip = get_chip(dev.chip)
     run_stage(project, "compile", target, on_event)
     keys = current_keys(project, ["compile"])
     store = ArtifactStore(project.folder / "artifacts")
@@ -126,17 +96,9 @@ def bisect_on_device(project, target: str, graph: str, device_id: str,
     if any(a is None for a in arts.values()):
         raise StudioError("the export, quantize or compile artifact is missing: run studio "
                           f"--batch {project.path} --stages compile")
-    export_art, quant_art, comp_art = arts["export"], arts["quantize"], arts["compile"]
-    assert export_art is not None and quant_art is not None and comp_art is not None
+    export_art, quant_art = arts["export"], arts["quantize"]
+    assert export_art is not None and quant_art is not None
     export_dir, qdir = export_art.path, quant_art.path
-    sdk = json.loads((comp_art.path / "result.json").read_text()).get("sdk_version")
-    client = Registry().client(dev.agent)
-    info = client.info()
-    have = {b.get("id"): b.get("qnn_sdk_build") for b in info.get("backends", [])}
-    if sdk and have.get(dev.backend) and have[dev.backend] != sdk:
-        if log is not None:
-            log(f"note: the agent runs QNN SDK {have[dev.backend]}, the project compiled with "
-                f"{sdk}: the graphs are prepared on the agent itself")
     spec = load_graph_spec(export_dir)
     P = int(spec["prompt_length"])
     ids = load_tokenizer(export_dir)(read_text(project.input_path(
@@ -161,7 +123,7 @@ def bisect_on_device(project, target: str, graph: str, device_id: str,
         data = layer_diff(export_dir, qdir, windows, mode=project.layerdiff["tensors"],
                           graph=graph, progress=_Log(), work_parent=Path(work),
                           htp={"chip": chip, "fp16": False, "fp16_step": chip.fp16,
-                               "runner": agent_runner(client, dev.backend, Path(work)),
+                               "runner": functools.partial(runner, work=Path(work)),
                                "where": dev.name})
     s = summarize(data)
     return {**data, **{k: v for k, v in s.items() if k != "line"}, "target": target,

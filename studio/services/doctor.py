@@ -24,13 +24,12 @@ import platform
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from studio.core.checks import FAIL, PASS, SKIP, WARN, Check
 from studio.core.errors import StudioError
 
-PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 GIB = 1 << 30
 #: one HTP graph's allocation limit: a compile fails past it ("estimated allocation of
 #: 2347229 KB, limit is 2097152 KB", measured here)
@@ -42,22 +41,6 @@ DISK_PER_PARAMETER = {"export": 6.8, "quantize": 2.5, "compile": 4.7, "bundle": 
 #: the packages the stages run on (missing: FAIL) and the pins the README names
 PACKAGES = ("torch", "transformers", "onnx", "onnxruntime", "onnxruntime-qnn")
 PINS = {"torch": "2.13.0"}
-
-
-@dataclass
-class Check:
-    area: str  # machine | project | device
-    name: str
-    status: str  # PASS | WARN | FAIL | SKIP
-    detail: str
-    fix: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def line(self) -> str:
-        return f"{self.status:4}  {self.name}: {self.detail}" + (
-            f" — fix: {self.fix}" if self.fix and self.status != PASS else "")
 
 
 def _gib(n: float) -> str:
@@ -232,7 +215,8 @@ def check_parts(project, info, plan) -> list[Check]:
     n = len(plan.parts)
     text = (f"{n} part{'s' if n != 1 else ''}; the largest, {p['name']} (blocks "
             f"{p['blocks'][0]}–{p['blocks'][1]}), holds {_gib(total)} of {scheme} weights and "
-            f"KV cache at context {C}; one HTP graph allocates at most {_gib(HTP_GRAPH_LIMIT)}")
+            f"KV cache at context {C} (estimated); one HTP graph allocates at most "
+            f"{_gib(HTP_GRAPH_LIMIT)} (measured)")
     if total > HTP_GRAPH_LIMIT:
         out.append(Check("project", "parts vs the HTP graph limit", FAIL, text,
                          "export in more parts (export.parts = \"auto\", a smaller "
@@ -377,128 +361,25 @@ def compiled_sdk(project) -> tuple[str | None, str]:
         return None, "nowhere"
 
 
-def agent_checks(name: str, project=None, registry=None, sdk: tuple[str | None, str] | None
-                 = None) -> list[Check]:
-    from studio.engine.device_registry import Registry
+def agent_checks(name: str, project=None, registry=None,
+                 sdk: tuple[str | None, str] | None = None) -> list[Check]:
+    """An agent's checks (its backend's ``doctor_checks``) against the SDK build of the
+    project's binaries (``sdk``: that build and where it was read; default: read now)."""
+    from studio.core.devices import agent_device
+    from studio.engine.devices import backend
 
-    reg = registry or Registry()
-    area = "device"
-    try:
-        client = reg.client(name)
-    except StudioError as exc:
-        return [Check(area, f"agent {name}", FAIL, str(exc),
-                      "studio devices add NAME --url URL --token-file F")]
-    try:
-        h = client.health()
-    except StudioError as exc:
-        return [Check(area, "reachable", FAIL, str(exc),
-                      f"start the agent (studio agent serve) and check {client.url}")]
-    out = [Check(area, "reachable", PASS, f"{client.url}, {h.get('rtt_ms', 0):.0f} ms")]
-    try:
-        info = client.info()
-    except StudioError as exc:
-        return out + [Check(area, "authenticated", FAIL, str(exc),
-                            "studio devices add NAME --url URL --token-file F, with the agent's token")]
-    m = info.get("machine", {})
-    out.append(Check(area, "authenticated", PASS,
-                     f"the token is accepted by {m.get('name', '?')} ({m.get('system', '?')} "
-                     f"{m.get('machine', '?')}, onnxruntime-qnn "
-                     f"{m.get('onnxruntime_qnn') or 'missing'})"))
-    backends = info.get("backends", [])
-    htp = [b for b in backends if b.get("chip")]
-    want, where = sdk or compiled_sdk(project)
-    builds = sorted({b.get("qnn_sdk_build") for b in htp if b.get("qnn_sdk_build")})
-    if not htp:
-        out.append(Check(area, "QNN SDK build", FAIL, "the agent runs no HTP (no onnxruntime-qnn "
-                         "on its machine)", "pip install onnxruntime-qnn on the agent's machine"))
-    elif want and want not in builds:
-        out.append(Check(area, "QNN SDK build", FAIL,
-                         f"the agent runs QNN SDK {', '.join(builds)}; {where} were built with "
-                         f"{want}: a context binary loads only on the SDK that compiled it "
-                         "(QNN 5000 / 5004)",
-                         "install the same onnxruntime-qnn on both machines, then compile again"))
-    else:
-        out.append(Check(area, "QNN SDK build", PASS, f"{', '.join(builds)} (as {where})"))
-    if project is not None:
-        chips = {b["chip"] for b in htp}
-        missing = [t for t in project.targets if t not in chips]
-        if missing:
-            out.append(Check(area, "Hexagon architecture", FAIL,
-                             f"the agent's HTP runs {', '.join(sorted(chips)) or 'no chip'}; "
-                             f"the project targets {', '.join(missing)}",
-                             "add the agent's chip to the project's targets, or use another "
-                             "agent"))
-        else:
-            out.append(Check(area, "Hexagon architecture", PASS,
-                             f"the agent runs every target ({', '.join(project.targets)})"))
-    mem = info.get("machine", {}).get("memory_bytes")
-    out.append(Check(area, "memory", PASS if mem else WARN,
-                     f"{_gib(mem)} on the agent's machine" if mem else "not reported"))
-    return out
+    return backend(agent_device(f"agent:{name}"), registry).doctor_checks(
+        project, sdk or compiled_sdk(project))
 
 
-def adb_checks(serial: str, project=None, runner=None, registry=None) -> list[Check]:
-    """A phone over adb. UNVERIFIED ON HARDWARE: what a phone answers is read as the
-    Android tools document it (getprop, /proc/meminfo, the shell's environment)."""
-    from studio.engine.adb import Adb, chip_of
-    from studio.engine.device_registry import Registry
+def adb_checks(serial: str, project=None, registry=None) -> list[Check]:
+    """A phone's checks (its backend's ``doctor_checks``); its chip is the project's one
+    target."""
+    from studio.core.devices import adb_device
+    from studio.engine.devices import backend
 
-    area = "device"
-    adb = runner or Adb()
-    if not adb.available:
-        return [Check(area, "adb", FAIL, "adb is not installed",
-                      "install Android platform-tools and put adb on PATH")]
-    try:
-        listed = {d.serial: d for d in adb.devices()}
-    except StudioError as exc:
-        return [Check(area, "adb", FAIL, str(exc), "check the USB cable and adb devices")]
-    d = listed.get(serial)
-    if d is None or not d.ready:
-        return [Check(area, "reachable", FAIL,
-                      f"{serial} is {'not listed by adb' if d is None else d.state}",
-                      "connect the phone, allow USB debugging, check adb devices")]
-    out = [Check(area, "reachable", PASS, f"{serial} {d.model}".strip())]
-    props = adb.props(serial)
-    chip = chip_of(props)
-    if project is not None:
-        if chip is None:
-            out.append(Check(area, "Hexagon architecture", WARN,
-                             f"the phone's SoC ({props.get('ro.soc.model', '?')}) is not in the "
-                             "chip catalog", "add it to the catalog, or name it: adb:SERIAL@CHIP"))
-        elif chip.key not in project.targets:
-            out.append(Check(area, "Hexagon architecture", FAIL,
-                             f"the phone is {chip.name} (HTP v{chip.htp_arch}); the project "
-                             f"targets {', '.join(project.targets)}",
-                             f"add {chip.key} to the project's targets and compile for it"))
-        else:
-            out.append(Check(area, "Hexagon architecture", PASS,
-                             f"{chip.name} (HTP v{chip.htp_arch}), a target of the project"))
-    reg = registry or Registry()
-    sdk, where = reg.sdk_root()
-    if sdk is None:
-        out.append(Check(area, "QAIRT SDK", FAIL, "no SDK folder set: the phone runs the SDK's "
-                         "qnn-net-run", "studio devices sdk PATH (or QNN_SDK_ROOT)"))
-    else:
-        out.append(Check(area, "QAIRT SDK", PASS, f"{sdk} ({where})"))
-    env = adb.shell(serial, "echo $ADSP_LIBRARY_PATH").strip()
-    vendor = adb.shell(serial, "ls /vendor/lib64 2>/dev/null | grep -i libQnnHtp; true").split()
-    if vendor:
-        out.append(Check(area, "library paths", WARN,
-                         f"/vendor/lib64 holds {', '.join(vendor[:3])}: an app that does not "
-                         "put its own folder first loads the vendor's QNN, whose version may "
-                         "differ (QNN 1008)", "set LD_LIBRARY_PATH and ADSP_LIBRARY_PATH with "
-                         "the pushed SDK folder first"))
-    else:
-        out.append(Check(area, "library paths", PASS,
-                         f"no QNN libraries under /vendor/lib64; ADSP_LIBRARY_PATH "
-                         f"{env or '(unset: the studio sets it per run)'}"))
-    mem = adb.shell(serial, "cat /proc/meminfo")
-    avail = next((int(ln.split()[1]) * 1024 for ln in mem.splitlines()
-                  if ln.startswith("MemAvailable:")), None)
-    out.append(Check(area, "memory", PASS if avail else WARN,
-                     f"{_gib(avail)} available on the phone" if avail else
-                     "the phone did not report MemAvailable"))
-    return out
+    dev = adb_device(f"adb:{serial}", list(project.targets) if project is not None else None)
+    return backend(dev, registry).doctor_checks(project, compiled_sdk(project))
 
 
 def device_choices() -> list[tuple[str, str]]:
@@ -520,11 +401,9 @@ def device_checks(device_id: str, project=None) -> list[Check]:
     except StudioError as exc:
         return [Check("device", device_id, FAIL, str(exc),
                       "name agent:NAME or adb:SERIAL (studio devices list)")]
-    if dev.kind == "agent":
-        return agent_checks(dev.agent, project)
-    if dev.kind == "adb":
-        return adb_checks(dev.serial, project)
-    return [Check("device", dev.name or dev.id, PASS, "runs on this machine (see above)")]
+    from studio.engine.devices import backend
+
+    return backend(dev).doctor_checks(project, compiled_sdk(project))
 
 
 # ---- all of it ---------------------------------------------------------------------------------

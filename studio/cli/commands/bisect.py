@@ -37,8 +37,9 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         print(json.dumps(got, indent=1))
         return 0
     r = got["result"]
-    print(f"bisection of the {got['graph']} graph on {got['target']} ({r['source']} on "
-          f"{r['device']}; {r['windows']} held-out window(s), {r['probes']} tensors)")
+    print(f"bisection of the {got['graph']} graph on {got['target']}: FP32 and host QDQ "
+          f"measured on host-cpu, the HTP {r['source']} on {r['device']}; {r['windows']} "
+          f"held-out window(s), {r['probes']} tensors")
     for s in got["steps"]:
         print(f"  {s['step']}. {s['title']}: {s['finding']}")
         if s.get("note"):

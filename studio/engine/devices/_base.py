@@ -39,6 +39,22 @@ class Backend:
     def versions(self) -> dict[str, str]:
         return {}
 
+    def doctor_checks(self, project: Any, sdk: tuple[str | None, str]) -> list:
+        """``studio doctor --device D``: a device of this machine is checked with the
+        machine (its packages, the QNN backend)."""
+        from studio.core.checks import PASS, Check
+
+        return [Check("device", self.device.name or self.device.id, PASS,
+                      "runs on this machine (its checks are the machine's, above)")]
+
+    def tensor_runner(self):
+        """A layer diff's HTP runs on this device (``studio bisect --device``):
+        ``run(graph, names, feeds, fp16, work) -> {(feed index, name): array}``."""
+        raise StudioError(f"studio bisect --device runs on an agent's HTP "
+                          f"(agent:NAME@htp:CHIP or agent:NAME@htp-sim:CHIP), not on "
+                          f"{self.device.name or self.device.id}: without --device it runs "
+                          "on this machine's HTP simulator")
+
     def upload(self, folder: Path, names: list[str]) -> str:
         return str(folder)
 

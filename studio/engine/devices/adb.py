@@ -33,6 +33,71 @@ class Backend(_Base):
         sdk, _where = self.registry.sdk_root()
         return {"qairt_sdk": str(sdk)} if sdk else {}
 
+    def doctor_checks(self, project: Any, sdk: tuple[str | None, str]) -> list:
+        """``studio doctor --device adb:SERIAL``: listed and ready, its SoC against the
+        project's targets, the QAIRT SDK folder, QNN libraries under /vendor/lib64, free
+        memory. UNVERIFIED ON HARDWARE: the phone's answers are read as the Android tools
+        document them (getprop, /proc/meminfo, the shell's environment)."""
+        from studio.core.checks import FAIL, PASS, WARN, Check
+        from studio.core.units import format_bytes
+        from studio.engine.adb import Adb, chip_of
+
+        serial, area = self.device.serial, "device"
+        adb = Adb()
+        if not adb.available:
+            return [Check(area, "adb", FAIL, "adb is not installed",
+                          "install Android platform-tools and put adb on PATH")]
+        try:
+            listed = {d.serial: d for d in adb.devices()}
+        except StudioError as exc:
+            return [Check(area, "adb", FAIL, str(exc), "check the USB cable and adb devices")]
+        d = listed.get(serial)
+        if d is None or not d.ready:
+            return [Check(area, "reachable", FAIL,
+                          f"{serial} is {'not listed by adb' if d is None else d.state}",
+                          "connect the phone, allow USB debugging, check adb devices")]
+        out = [Check(area, "reachable", PASS, f"{serial} {d.model}".strip())]
+        props = adb.props(serial)
+        chip = chip_of(props)
+        if project is not None:
+            if chip is None:
+                out.append(Check(area, "Hexagon architecture", WARN,
+                                 f"the phone's SoC ({props.get('ro.soc.model', '?')}) is not in the "
+                                 "chip catalog", "add it to the catalog, or name it: adb:SERIAL@CHIP"))
+            elif chip.key not in project.targets:
+                out.append(Check(area, "Hexagon architecture", FAIL,
+                                 f"the phone is {chip.name} (HTP v{chip.htp_arch}); the project "
+                                 f"targets {', '.join(project.targets)}",
+                                 f"add {chip.key} to the project's targets and compile for it"))
+            else:
+                out.append(Check(area, "Hexagon architecture", PASS,
+                                 f"{chip.name} (HTP v{chip.htp_arch}), a target of the project"))
+        sdk_root, where = self.registry.sdk_root()
+        if sdk_root is None:
+            out.append(Check(area, "QAIRT SDK", FAIL, "no SDK folder set: the phone runs the SDK's "
+                             "qnn-net-run", "studio devices sdk PATH (or QNN_SDK_ROOT)"))
+        else:
+            out.append(Check(area, "QAIRT SDK", PASS, f"{sdk_root} ({where})"))
+        env = adb.shell(serial, "echo $ADSP_LIBRARY_PATH").strip()
+        vendor = adb.shell(serial, "ls /vendor/lib64 2>/dev/null | grep -i libQnnHtp; true").split()
+        if vendor:
+            out.append(Check(area, "library paths", WARN,
+                             f"/vendor/lib64 holds {', '.join(vendor[:3])}: an app that does not "
+                             "put its own folder first loads the vendor's QNN, whose version may "
+                             "differ (QNN 1008)", "set LD_LIBRARY_PATH and ADSP_LIBRARY_PATH with "
+                             "the pushed SDK folder first"))
+        else:
+            out.append(Check(area, "library paths", PASS,
+                             f"no QNN libraries under /vendor/lib64; ADSP_LIBRARY_PATH "
+                             f"{env or '(unset: the studio sets it per run)'}"))
+        mem = adb.shell(serial, "cat /proc/meminfo")
+        avail = next((int(ln.split()[1]) * 1024 for ln in mem.splitlines()
+                      if ln.startswith("MemAvailable:")), None)
+        out.append(Check(area, "memory", PASS if avail else WARN,
+                         f"{format_bytes(avail)} available on the phone" if avail else
+                         "the phone did not report MemAvailable"))
+        return out
+
     def describe(self, scheme: str) -> str:
         return f"{scheme} on {self.device.name}"
 

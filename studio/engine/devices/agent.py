@@ -57,6 +57,104 @@ class Backend(_Base):
             return "FP32 on the agent's CPU"
         return f"{scheme} on the agent's {self.device.backend}"
 
+    def doctor_checks(self, project: Any, sdk: tuple[str | None, str]) -> list:
+        """``studio doctor --device agent:NAME``: reachable, its token, its QNN SDK build
+        against ``sdk`` (the build of the project's binaries and where it was read), the
+        project's chips among its HTPs, its memory."""
+        from studio.core.checks import FAIL, PASS, WARN, Check
+        from studio.core.units import format_bytes
+
+        name, area = self.device.agent, "device"
+        try:
+            client = self.client
+        except StudioError as exc:
+            return [Check(area, f"agent {name}", FAIL, str(exc),
+                          "studio devices add NAME --url URL --token-file F")]
+        try:
+            h = client.health()
+        except StudioError as exc:
+            return [Check(area, "reachable", FAIL, str(exc),
+                          f"start the agent (studio agent serve) and check {client.url}")]
+        out = [Check(area, "reachable", PASS, f"{client.url}, {h.get('rtt_ms', 0):.0f} ms")]
+        try:
+            info = client.info()
+        except StudioError as exc:
+            return out + [Check(area, "authenticated", FAIL, str(exc),
+                                "studio devices add NAME --url URL --token-file F, with "
+                                "the agent's token")]
+        m = info.get("machine", {})
+        out.append(Check(area, "authenticated", PASS,
+                         f"the token is accepted by {m.get('name', '?')} ({m.get('system', '?')} "
+                         f"{m.get('machine', '?')}, onnxruntime-qnn "
+                         f"{m.get('onnxruntime_qnn') or 'missing'})"))
+        backends = info.get("backends", [])
+        htp = [b for b in backends if b.get("chip")]
+        want, where = sdk
+        builds = sorted({b.get("qnn_sdk_build") for b in htp if b.get("qnn_sdk_build")})
+        if not htp:
+            out.append(Check(area, "QNN SDK build", FAIL, "the agent runs no HTP (no "
+                             "onnxruntime-qnn on its machine)",
+                             "pip install onnxruntime-qnn on the agent's machine"))
+        elif want and want not in builds:
+            out.append(Check(area, "QNN SDK build", FAIL,
+                             f"the agent runs QNN SDK {', '.join(builds)}; {where} were built with "
+                             f"{want}: a context binary loads only on the SDK that compiled it "
+                             "(QNN 5000 / 5004)",
+                             "install the same onnxruntime-qnn on both machines, then compile "
+                             "again"))
+        else:
+            out.append(Check(area, "QNN SDK build", PASS, f"{', '.join(builds)} (as {where})"))
+        if project is not None:
+            chips = {b["chip"] for b in htp}
+            missing = [t for t in project.targets if t not in chips]
+            if missing:
+                out.append(Check(area, "Hexagon architecture", FAIL,
+                                 f"the agent's HTP runs {', '.join(sorted(chips)) or 'no chip'}; "
+                                 f"the project targets {', '.join(missing)}",
+                                 "add the agent's chip to the project's targets, or use another "
+                                 "agent"))
+            else:
+                out.append(Check(area, "Hexagon architecture", PASS,
+                                 f"the agent runs every target ({', '.join(project.targets)})"))
+        mem = info.get("machine", {}).get("memory_bytes")
+        out.append(Check(area, "memory", PASS if mem else WARN,
+                         f"{format_bytes(int(mem))} on the agent's machine" if mem
+                         else "not reported"))
+        return out
+
+    def tensor_runner(self):
+        """A layer diff's HTP runs on the agent's HTP backend: each graph (with its external
+        data files) and the feeds uploaded under ``work`` (files the agent holds already are
+        skipped), run there, the named outputs back."""
+        if not self.device.on_npu:
+            raise StudioError(f"studio bisect --device runs on an agent's HTP "
+                              f"(agent:NAME@htp:CHIP or agent:NAME@htp-sim:CHIP), not on its "
+                              f"{self.device.backend or 'cpu'}")
+        client, backend = self.client, self.device.backend
+
+        def run(graph: Path, names: list[str], feeds: list[dict[str, Any]], fp16: bool,
+                work: Path) -> dict:
+            import numpy as np
+
+            from studio.core.fsutil import link_or_copy
+            from studio.engine.layerdiff import external_files
+
+            folder = Path(work) / f"upload-{graph.parent.name}-{graph.stem}"
+            folder.mkdir(parents=True, exist_ok=True)
+            files = [graph.name, *external_files(graph)]
+            for f in files:
+                if not (folder / f).exists():
+                    link_or_copy((graph.parent / f).resolve(), folder / f)
+            feed_files = []
+            for i, feed in enumerate(feeds):
+                arrays: dict[str, Any] = {k: np.asarray(v) for k, v in feed.items()}
+                np.savez(folder / f"feeds_{i}.npz", **arrays)  # type: ignore[arg-type]
+                feed_files.append(f"feeds_{i}.npz")
+            model = client.upload_folder(folder, files + feed_files)
+            return client.tensors(model, backend, graph.name, feed_files, names, fp16)["arrays"]
+
+        return run
+
     def check_generation(self, speculative: bool, window: bool, kv: str | None,
                          project_kv: str) -> None:
         if speculative or kv or window:
