@@ -79,7 +79,8 @@ def run_batch(args: argparse.Namespace, ctx: Context) -> int:
     if not args.quiet:
         for g in summary.gates:
             mark = "pass" if g["passed"] else "FAIL"
-            print(f"  gate {g['gate']} [{g['target']}]: {g['value']:.4f} "
+            on = f", {g['stage']}" if g.get("stage", "validate") != "validate" else ""
+            print(f"  gate {g['gate']} [{g['target']}{on}]: {g['value']:.4f} "
                   f"(threshold {g['threshold']}) {mark}", file=sys.stderr)
         if summary.report:
             print(f"report: {summary.report}", file=sys.stderr)

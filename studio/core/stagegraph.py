@@ -179,8 +179,11 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                         "quantization.weight_rounding", "quantization.rounding_samples",
                         "validation.heldout_text", "bundle.new_tokens", "bundle.prompts",
                         "bundle.parts", "bundle.max_context_mb", "bundle.prefill_length",
-                        "bundle.score_tokens"),
-              role="bundle", takes_parts=True),
+                        "bundle.score_tokens", "run.prompt", "validation.greedy_tokens"),
+              role="bundle", takes_parts=True,
+              # its result holds validate's figures of the binaries it ships (with
+              # bundle.score_tokens): the gates judge them too
+              gated=True),
     # encoders and ONNX graphs: the graph with static shapes (an encoder exported from its
     # PyTorch weights), its rewrites and quantization, the placement on each chip, the check
     # against FP32 per output, the latency per inference on each device

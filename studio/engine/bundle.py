@@ -46,6 +46,8 @@ class BundleSettings:
     prompts: int
     new_tokens: int
     score_tokens: int = 0  # held-out tokens scored against FP32 on the bundle's binaries
+    greedy_prompt: str = ""  # validate's greedy check on the bundle's binaries: its prompt
+    greedy_tokens: int = 0  # and its new tokens (0: no greedy check)
 
 
 def bundle_prompts(text: str, tok, n: int, length: int = 12, long: int = 0) -> list[str]:
@@ -128,10 +130,13 @@ def parting(genie_text: str, ref: list[int], runner_up: list[tuple[int, float]],
 
 
 def score_shipped(runner, export_dir: Path, spec: dict[str, Any], ids: list[int], tokens: int,
-                  cl: int, progress: Progress) -> dict[str, Any]:
+                  cl: int, progress: Progress, prompt: list[int] | None = None,
+                  greedy_tokens: int = 0) -> dict[str, Any]:
     """The bundle's own binaries scored like validate: ``tokens`` held-out tokens in windows
     the context holds, the studio's runtime over the bundle's graphs (``runner``) against the
-    FP32 export teacher-forced on the same windows — the figures of the bytes that ship."""
+    FP32 export teacher-forced on the same windows — the figures of the bytes that ship; and,
+    with ``greedy_tokens``, validate's greedy check: the binaries' greedy text after
+    ``prompt``, each token against FP32's choice given that text."""
     from studio.engine.llm_runtime import cpu_generator
     from studio.engine.sensitivity import compare_logits
 
@@ -144,12 +149,22 @@ def score_shipped(runner, export_dir: Path, spec: dict[str, Any], ids: list[int]
     progress.update(0.45, f"scoring {sum(map(len, windows))} held-out tokens on the bundle's "
                           "own binaries against FP32")
     fp32 = cpu_generator(export_dir, spec)
-    ref = [fp32.teacher_forced_logits(w)[:, :int(spec["vocab_size"])] for w in windows]
-    got = [runner.teacher_forced(w)[:, :int(spec["vocab_size"])] for w in windows]
-    out = compare_logits(ref, got, windows)
+    vocab = int(spec["vocab_size"])
+    ref = [fp32.teacher_forced_logits(w)[:, :vocab] for w in windows]
+    got = [runner.teacher_forced(w)[:, :vocab] for w in windows]
+    out: dict[str, Any] = compare_logits(ref, got, windows)
     out["fp32_perplexity"] = compare_logits(ref, ref, windows)["perplexity"]
     out["tokens"] = sum(map(len, windows))
     out["windows"] = len(windows)
+    if prompt and greedy_tokens:
+        n = max(1, min(greedy_tokens, cl - 1 - len(prompt)))
+        new = runner.greedy(prompt, n)
+        scored = fp32.teacher_forced_logits(prompt + new)[:, :vocab]
+        choice = [int(scored[len(prompt) - 1 + i].argmax()) for i in range(len(new))]
+        same = [a == b for a, b in zip(choice, new, strict=True)]
+        prefix = next((i for i, s in enumerate(same) if not s), len(same))
+        out["greedy"] = {"tokens": len(new), "agreement": sum(same) / max(1, len(same)),
+                         "prefix_agreement": prefix / max(1, len(same)), "ids": new}
     return out
 
 
@@ -371,8 +386,13 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
     passes = dict(runner.passes)
     accuracy = None
     if settings.score_tokens:  # the figures of what ships: its own binaries against FP32
+        prompt = (tok(settings.greedy_prompt).input_ids[:int(spec["prompt_length"])]
+                  if settings.greedy_prompt else None)
         accuracy = score_shipped(runner, export_dir, spec, tok(text).input_ids,
-                                 settings.score_tokens, cl, progress)
+                                 settings.score_tokens, cl, progress, prompt,
+                                 settings.greedy_tokens)
+        if accuracy.get("greedy"):
+            accuracy["greedy"]["text"] = tok.decode(accuracy["greedy"].pop("ids"))
     del runner, sessions
     for src, name in compiled:
         shutil.move(src, out / name)
@@ -468,6 +488,10 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
              "against FP32", False)
             for k, unit in (("logits_cosine", ""), ("kl_divergence", "nats"),
                             ("top1_agreement", "fraction"), ("perplexity", ""))]),
+        *([] if not (accuracy or {}).get("greedy") else [
+            ("bundle_greedy_agreement", accuracy["greedy"]["agreement"], "fraction",
+             f"{accuracy['greedy']['tokens']} tokens the bundle's binaries generated after "
+             "run.prompt, each against FP32's choice given that text", False)]),
         ("genie_tokens_per_s", rate, "tok/s", timed, True),
         ("genie_load_s", load_s, "s", timed, True),
     ]
@@ -490,9 +514,22 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
                     + (f"; parted at a near tie on {len(ties)}: best two logits "
                        + ", ".join(f"{c['parted']['gap']:.3g}" for c in ties) + " apart"
                        if ties else "")
-                    + f"; with the studio's own prefill graph {via_prefill}/{len(checks)})"),
+                    + f"; with the studio's own prefill graph {via_prefill}/{len(checks)})"
+                    + ("" if accuracy is None else
+                       f"; the shipped binaries against FP32 on {accuracy['tokens']} held-out "
+                       f"tokens: cosine {accuracy['logits_cosine']:.4f}, top-1 "
+                       f"{accuracy['top1_agreement']:.1%}, ppl {accuracy['fp32_perplexity']:.2f}"
+                       f" → {accuracy['perplexity']:.2f}")),
         "target": chip.key, "source": source, "bundle": "bundle", "files": files,
-        "checks": checks, "context_size": cl, "accuracy": accuracy, "qnn_sdk": sdk, "prefill_ar": N if N > 1 else None,
+        "checks": checks, "context_size": cl, "accuracy": accuracy, "qnn_sdk": sdk,
+        "prefill_ar": N if N > 1 else None,
+        # the figures the project's gates judge, of the binaries that ship (as validate's are
+        # of the compile stage's)
+        **({} if accuracy is None else {
+            "logits_cosine_mean": accuracy["logits_cosine"],
+            "top1_agreement": accuracy["top1_agreement"],
+            "perplexity_fp32": accuracy["fp32_perplexity"],
+            "perplexity_quantized": accuracy["perplexity"]}),
         "studio_passes": {f"ar{k}": v for k, v in passes.items()},
         "ctx_bins": ctx_names,
         "dlc": {g: {"file": f"dlc/{d['file']}", "bytes": d["bytes"], "entries": d["entries"]}

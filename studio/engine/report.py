@@ -22,6 +22,7 @@ from studio.core.fsutil import atomic_write_json, atomic_write_text
 from studio.core.gates import evaluate_gates
 from studio.core.project import Project
 from studio.core.resources import resources_dir
+from studio.core.stagegraph import STAGES
 from studio.engine.report_charts import (
     SERIES,
     SOURCE_COLORS,
@@ -173,9 +174,11 @@ def build_report(project: Project, results: dict[str, dict[str, Any]],
     history this report is of."""
     gates = []
     for label, r in results.items():
-        if label.startswith(("validate[", "graph-validate[")):
+        decl = STAGES.get(label.split("[", 1)[0])
+        if decl is not None and decl.gated:  # validate's, and the bundle's shipped binaries
             for g in evaluate_gates(project.gates, r):
                 g["target"] = r.get("target", "")
+                g["stage"] = decl.name
                 # the figure a gate checks comes from the device that ran the validation
                 g["source"] = r.get("source", "simulated")
                 gates.append(g)

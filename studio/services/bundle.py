@@ -13,7 +13,9 @@ from studio.core.errors import Cancelled, StudioError
 from studio.core.fsutil import atomic_copytree, check_output
 from studio.core.progress import Progress
 from studio.core.project import Project
+from studio.core.stagegraph import STAGES
 from studio.services.generate import stored_artifact
+from studio.services.jobrunner import job_gates
 
 #: a file every bundle holds: a folder with it is an earlier bundle, which ``--out`` replaces
 BUNDLE_MARKER = "genie_config.json"
@@ -63,7 +65,10 @@ def build_bundle(project: Project, target: str | None = None, out: Path | None =
     dest = Path(out) if out else project.folder / "bundles" / result["target"]
     check_output(dest, folder=True, marker=BUNDLE_MARKER)
     atomic_copytree(folder, dest)
-    return {**result, "folder": str(dest)}
+    # the project's gates on the binaries that ship (the bundle scored them like validate)
+    gates = job_gates(STAGES["bundle"], project.gates, result["target"], result)
+    return {**result, "folder": str(dest), "gates": gates,
+            "gates_passed": all(g["passed"] for g in gates)}
 
 
 def genie_generate(project: Project, prompt: str, target: str | None = None,

@@ -83,6 +83,7 @@ def job_gates(decl: StageDecl, gates: Mapping[str, float], target: str,
     rows = evaluate_gates(dict(gates), result)
     for r in rows:
         r["target"] = target
+        r["stage"] = decl.name  # which binaries: validate's (compiled) or the bundle's
     return rows
 
 

@@ -61,6 +61,16 @@ def test_genie_gives_the_studios_greedy_text_from_the_bundle(built):
     assert abs(acc["perplexity"] / acc["fp32_perplexity"] - 1) < 0.1, acc
     assert manifest["verification"]["accuracy_on_these_binaries"] == acc
     print(f"\nbundle accuracy on its own binaries: {acc}")
+    # validate's greedy check on the same binaries, and the gates judged on them
+    g = acc["greedy"]
+    assert g["tokens"] == 8 and 0 <= g["prefix_agreement"] <= g["agreement"] <= 1 and g["text"]
+    assert (res["logits_cosine_mean"], res["top1_agreement"]) == (acc["logits_cosine"],
+                                                                  acc["top1_agreement"])
+    assert res["perplexity_quantized"] == acc["perplexity"]
+    assert {r["gate"] for r in res["gates"]} == {"min_logits_cosine", "max_perplexity_increase",
+                                                 "min_top1_agreement"}
+    assert all(r["stage"] == "bundle" and r["target"] == default_target() for r in res["gates"])
+    assert res["gates_passed"] and "the shipped binaries against FP32" in res["summary"]
     assert manifest["qnn_sdk"] == res["qnn_sdk"] and manifest["chip"]["key"] == default_target()
     cfg = json.loads((out / "genie_config.json").read_text())["dialog"]
     assert cfg["engine"]["model"]["binary"]["ctx-bins"] == ["prefill_ar16_cl65.bin",
@@ -79,6 +89,20 @@ def test_genie_gives_the_studios_greedy_text_from_the_bundle(built):
     assert metrics["genie_tokens_per_s"]["source"] == "simulated"
     assert metrics["genie_identical_prompts"]["value"] == (
         manifest["verification"]["identical"] / 2)
+
+
+def test_the_gates_judge_the_shipped_binaries(built, tmp_path):
+    """A gate the bundle's own binaries miss fails `studio bundle` (exit 1) with the figure;
+    the gates are not in the bundle's key, so the stored bundle is judged, not rebuilt."""
+    proj, _out, res = built
+    strict = proj.with_name("strict.qstudio")
+    strict.write_text(proj.read_text().replace("[gates]", "[gates]\nmin_top1_agreement = 0.9999"))
+    shutil.copytree(proj.with_suffix(".studio"), strict.with_suffix(".studio"))
+    r = studio("bundle", strict, "--out", tmp_path / "out")
+    assert r.returncode == (0 if res["top1_agreement"] >= 0.9999 else 1), r.stderr[-2000:]
+    line = next(x for x in r.stdout.splitlines() if "gate min_top1_agreement" in x)
+    assert "on the shipped binaries" in line and ("FAIL" in line) == (r.returncode == 1)
+    assert "Genie bundle for" in r.stdout  # from the store: the summary of the stored result
 
 
 def test_a_broken_bundle_says_what_is_wrong(built, tmp_path):

@@ -77,7 +77,8 @@ def test_the_markdown_has_the_gates_table_and_the_comparison(two_runs, tmp_path)
     md = (tmp_path / "r.md").read_text()
     assert studio("report", f, "--format", "json", "--out", tmp_path / "r.json").returncode == 0
     data = json.loads((tmp_path / "r.json").read_text())
-    assert "| gate | target | value | source | threshold | result |" in md
+    assert "| gate | target | binaries | value | source | threshold | result |" in md
+    assert "| compiled (validate) |" in md
     for g in data["gates"]:
         row = next(line for line in md.splitlines() if line.startswith(f"| {g['gate']} |"))
         assert g["target"] in row and ("pass" if g["passed"] else "FAIL") in row

@@ -33,16 +33,20 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     out = build_bundle(projectfile.load(Path(args.file)), args.target,
                        out_path(args.out) if args.out else None, args.parts,
                        args.prefill_length)
+    code = 0 if out["gates_passed"] else 1  # an accuracy gate failed on the shipped binaries
     if args.bundle_json:
         print(json.dumps(out, indent=1))
-        return 0
+        return code
     print(f"{out['summary']}\nwrote {out['folder']}")
     for name, f in out["files"].items():
         print(f"  {name:<28} {f['bytes']:>12,} bytes  sha256 {f['sha256'][:16]}…")
     for c in out["checks"]:
         print(f"  {'same' if c['identical'] else 'DIFFERENT'}: {c['prompt']!r} + "
               f"{c['studio_tokens']} tokens (Genie {c['genie_wall_s']:.1f} s, simulated)")
-    return 0
+    for g in out["gates"]:
+        print(f"  gate {g['gate']} on the shipped binaries: {g['value']:.4f} (threshold "
+              f"{g['threshold']}) {'pass' if g['passed'] else 'FAIL'}")
+    return code
 
 
 COMMAND = Command("bundle", "a Genie bundle for a target chip, checked by running Genie on the "

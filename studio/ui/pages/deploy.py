@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.errors import StudioError
+from studio.core.gates import evaluate_gates
 from studio.core.jobs import Job
 from studio.core.units import format_bytes
 from studio.ui.pages.base import TargetStagePage
@@ -91,6 +92,15 @@ class DeployPage(TargetStagePage):
         cl.addLayout(box, 1)
 
     # ---- drawing ----------------------------------------------------------------------------
+    def _gates_line(self, res: dict[str, Any]) -> str:
+        """The project's gates on the bundle's own binaries (scored like validate)."""
+        rows = evaluate_gates(self.ctl.project.gates, res) if self.ctl.project else []
+        if not rows:
+            return ""
+        bad = [r["gate"] for r in rows if not r["passed"]]
+        return (f" Accuracy gates on the shipped binaries: {len(rows) - len(bad)} of "
+                f"{len(rows)} pass" + (f"; FAILED: {', '.join(bad)}." if bad else "."))
+
     def show_job(self, job: Job) -> None:
         self.job = job
         res: dict[str, Any] = job.result or {}
@@ -114,7 +124,7 @@ class DeployPage(TargetStagePage):
                  "Prompts and new tokens go through the AR-1 decode graph, one token per pass. ")
                 + "On the device: genie-t2t-run -c genie_config.json -p \"…\" with the QAIRT "
                 "SDK's libraries. Genie's times here are the simulator's: they follow this "
-                "host's CPU, not device latency.")
+                "host's CPU, not device latency." + self._gates_line(res))
         elif fmt == "DLC files":
             fill_table(self.files, [[d["file"], format_bytes(d["bytes"]),
                                 f"{len(d['entries'])} entries: " + ", ".join(d["entries"][:4])]

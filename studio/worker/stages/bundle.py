@@ -30,7 +30,9 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         prefill_length=int(ctx.get("bundle.prefill_length")), parts=int(ctx.get("bundle.parts")),
         max_context_mb=int(ctx.get("bundle.max_context_mb")),
         prompts=int(ctx.get("bundle.prompts")), new_tokens=int(ctx.get("bundle.new_tokens")),
-        score_tokens=int(ctx.get("bundle.score_tokens")))
+        score_tokens=int(ctx.get("bundle.score_tokens")),
+        greedy_prompt=ctx.get("run.prompt"),
+        greedy_tokens=int(ctx.get("validation.greedy_tokens")))
     dev = ctx.device
     result = build_bundle(export_dir, qdir, ctx.chip, spec, ctx.out, settings,
                           lambda: ctx.backend.open_generator(export_dir, cdir, spec, False),
