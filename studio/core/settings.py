@@ -580,6 +580,10 @@ class Layerdiff(Section):
                          "cache)", choices=("prefill", "decode"))
     fp16_step: bool = setting(False, "also run the FP32 graph on the HTP in FP16, without "
                               "quantization (a bisection's first step; chips with FP16)")
+    part: int = setting(0, "for a model exported in parts: the part compared (1..parts), "
+                        "fed what the FP32 parts before it hand on, its hand-off run on to the "
+                        "logits by the FP32 parts after it", min=0, cap=1024,
+                        hint="(0: a model exported whole)")
 
 
 class Profile(Section):

@@ -423,7 +423,7 @@ def _load(path: Path, what: str):
 def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
                mode: str = "modules", htp: Mapping[str, Any] | None = None,
                work_parent: Path | None = None, progress: Progress = NullProgress(),
-               threads: int = 1, graph: str = "prefill") -> dict[str, Any]:
+               threads: int = 1, graph: str = "prefill", part: int = 0) -> dict[str, Any]:
     """Run the diff on ``windows`` of the prefill graph (each exactly P tokens) or of the
     decode graph (each P + 1 tokens: FP32 prefills the first P - 1, every runtime's decode
     graph then takes token P - 1 over that one cache and predicts token P, so the decode
@@ -438,11 +438,18 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
     elsewhere, a device through its agent, each graph once over every feed — the plain
     graph is then the quantized graph itself, prepared there); None compares FP32 and host
     QDQ only.
+
+    ``part`` (1-based; a model exported in parts must name one): that part's graphs are
+    compared, fed what the FP32 parts before it hand on, and every runtime's hand-off goes
+    on through the FP32 parts after it to the logits — so the final figures are that part's
+    own error at the output (``base`` is then that part's context model).
     """
     import numpy as np
 
     from studio.core.layerdiff import PAIRS, TENSOR_MODES
+    from studio.engine.chain import ChainSession, chain_session
     from studio.engine.llm_export import load_spec
+    from studio.engine.llm_parts import iter_parts
     from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
     from studio.engine.sensitivity import compare_logits, host_session
 
@@ -458,16 +465,25 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
         raise StudioError(f"the layer diff of the {graph} graph scores windows of exactly "
                           + (f"P={P}" if graph == "prefill" else f"P + 1 = {width}")
                           + " tokens")
-    fsrc, qsrc = export_dir / f"{graph}.onnx", quant_dir / f"{graph}.onnx"
+    parts = list(iter_parts(spec))
+    if len(parts) > 1 and not 1 <= part <= len(parts):
+        raise StudioError(f"this model is exported in {len(parts)} parts: name the part to "
+                          f"compare (layerdiff.part, studio bisect --part 1..{len(parts)})")
+    if len(parts) == 1 and part > 1:
+        raise StudioError(f"layerdiff.part = {part}, but this model is exported whole: use 0")
+    me = parts[part - 1] if len(parts) > 1 else None
+    sub = me.name if me is not None else ""
+    out_name = me.hidden_out if me is not None and me.hidden_out else "logits"
+    fsrc, qsrc = export_dir / sub / f"{graph}.onnx", quant_dir / sub / f"{graph}.onnx"
     t_start = time.perf_counter()
     progress.update(0.0, "choosing the tensors to compare")
     probes = find_probes(_load(fsrc, "the export"), mode)
-    qmap = qdq_tensor_map(_load(qsrc, "quantize"), [p.tensor for p in probes])
+    qmap = qdq_tensor_map(_load(qsrc, "quantize"), [p.tensor for p in probes] + [out_name])
     missing = [p.name for p in probes if p.tensor not in qmap]
     probes = [p for p in probes if p.tensor in qmap]
-    if "logits" not in qmap or not probes:
-        raise StudioError(f"{qsrc} does not compute the FP32 graph's tensors (no logits): it "
-                          "is not the quantized export of this model; re-run quantize")
+    if out_name not in qmap or not probes:
+        raise StudioError(f"{qsrc} does not compute the FP32 graph's tensors (no {out_name}): "
+                          "it is not the quantized export of this model; re-run quantize")
     ftensors = [p.tensor for p in probes]
     qtensors = [qmap[p.tensor]["tensor"] for p in probes]
 
@@ -477,8 +493,9 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
         (work / "q").mkdir()
         qx = graph_with_outputs(qsrc, qtensors, work / "q" / "prefill.onnx")
         progress.update(0.03, "opening the sessions")
-        gen = StaticKVGenerator(make_cpu_session(export_dir / "prefill.onnx", threads=threads),
-                                make_cpu_session(export_dir / "decode.onnx", threads=1), spec)
+        gen = StaticKVGenerator(
+            chain_session(spec, export_dir, "prefill", lambda f: make_cpu_session(f, threads)),
+            chain_session(spec, export_dir, "decode", lambda f: make_cpu_session(f, 1)), spec)
         if graph == "prefill":
             feeds = [gen.prefill_feed(w) for w in windows]  # as validate and sensitivity pad
         else:  # one FP32 cache per window, then the step every runtime takes from it
@@ -488,6 +505,29 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
                 feeds.append(gen.decode_feed(w[P - 1], P - 1, copy=True))
         scored = windows if graph == "prefill" else [w[P - 1:] for w in windows]
         del gen
+        whole_feeds, after = feeds, None
+        if me is not None:  # the part's inputs: what the FP32 parts before it hand on
+            def chain(ps):
+                return ChainSession([make_cpu_session(export_dir / q.name / f"{graph}.onnx",
+                                                      threads) for q in ps])
+
+            before = parts[:me.index]
+            if before:
+                first = chain(before)
+                whole_feeds = [{**f, me.hidden_in: first.run([me.hidden_in], f)[0]}
+                               for f in feeds]
+                del first
+            names = [i.name for i in make_cpu_session(fsrc, 1).get_inputs()]
+            feeds = [{n: f[n] for n in names} for f in whole_feeds]
+            if parts[me.index + 1:]:
+                after = chain(parts[me.index + 1:])  # the hand-off on to the logits, in FP32
+
+        def to_logits(out, wi: int):
+            """The logits a runtime's output of the part gives: itself for the last part (or
+            a model in one), else the FP32 parts after it run on that hand-off."""
+            if after is None:
+                return out
+            return after.run(["logits"], {**whole_feeds[wi], out_name: out})[0]
         # runtimes with the extra outputs, and without them (the same logits, measured)
         probed: dict[str, Any] = {"fp32": host_session(fx, threads),
                                   "qdq": host_session(qx, threads),
@@ -504,11 +544,11 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
             progress.update(0.05, f"running the graph with {len(probes)} extra outputs on "
                                   f"{where}")
             t0 = time.perf_counter()
-            probed["htp"] = Replay(runner(qx, ["logits", *qtensors], feeds, fp16))
-            plain["htp"] = Replay(runner(qsrc, ["logits"], feeds, fp16))
+            probed["htp"] = Replay(runner(qx, [out_name, *qtensors], feeds, fp16))
+            plain["htp"] = Replay(runner(qsrc, [out_name], feeds, fp16))
             if remote.get("fp16_step") and chip.fp16:
                 progress.update(0.08, f"running the FP32 graph in FP16 on {where}")
-                probed["htp_fp16"] = Replay(runner(fx, ["logits", *ftensors], feeds, True))
+                probed["htp_fp16"] = Replay(runner(fx, [out_name, *ftensors], feeds, True))
             seconds["htp_remote"] = time.perf_counter() - t0
         elif htp is not None:
             from studio.engine import qnn
@@ -549,9 +589,9 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
                     want = ((ftensors if k in ("fp32", "htp_fp16") else qtensors)
                             if suffix else [])
                     t0 = time.perf_counter()
-                    vals = sess.run(["logits", *want], feed)
+                    vals = sess.run([out_name, *want], feed)
                     seconds[k + suffix] = seconds.get(k + suffix, 0.0) + time.perf_counter() - t0
-                    store[k].append(np.asarray(vals[0][0], dtype=np.float32))
+                    store[k].append(np.asarray(to_logits(vals[0], wi)[0], dtype=np.float32))
                     if suffix:
                         got[k] = vals[1:]
                     done += 1
@@ -583,6 +623,9 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
         seconds["total"] = time.perf_counter() - t_start
         return {
             "graph": graph, "tensors": mode, "windows": len(windows), "window_tokens": P,
+            "part": None if me is None else {"index": me.index + 1, "of": len(parts),
+                                             "name": me.name, "blocks": [me.start, me.stop],
+                                             "output": out_name},
             "num_layers": int(spec["num_layers"]), "probes": len(probes),
             "missing_in_qdq": missing, "pairs": [n for n, _, _ in pairs],
             "rows": rows, "logits": final,

@@ -16,8 +16,10 @@ from typing import Any
 from studio.core.errors import StudioError
 
 
-def bisect_project(path: Path, target: str | None = None, graph: str = "prefill"):
-    """The project at ``path`` with the bisection's settings (not saved)."""
+def bisect_project(path: Path, target: str | None = None, graph: str = "prefill",
+                   part: int = 0):
+    """The project at ``path`` with the bisection's settings (not saved); ``part``: the part
+    of a model exported in parts whose layers are compared (0: a model exported whole)."""
     from studio.core import project as projectfile
     from studio.core.catalog import get_chip
 
@@ -29,12 +31,8 @@ def bisect_project(path: Path, target: str | None = None, graph: str = "prefill"
     if target not in p.targets:
         raise StudioError(f"target {target!r} is not one of the project's targets "
                           f"({', '.join(p.targets)})")
-    if p.export["parts"] not in (1, "1"):
-        raise StudioError("studio bisect runs on a model exported whole so far "
-                          "(export.parts = 1): a model in parts is bisected part by part in "
-                          "a later version")
     d = p.to_dict()
-    d["layerdiff"] = {**d.get("layerdiff", {}), "graph": graph,
+    d["layerdiff"] = {**d.get("layerdiff", {}), "graph": graph, "part": int(part),
                       "fp16_step": bool(get_chip(target).fp16)}
     q = projectfile.from_dict(d)
     q.path = p.path
@@ -61,6 +59,24 @@ def run_stage(project, stage: str, target: str,
     if summary.state != "succeeded":
         failed = [j for j in summary.jobs if j.state == "failed"]
         raise StudioError(summary.error or (failed[0].message if failed else summary.state))
+
+
+def exported_parts(project, target: str,
+                   on_event: Callable[[dict[str, Any]], None] | None = None) -> int:
+    """How many parts the project's export has (exported first when the store lacks it)."""
+    from studio.core.artifacts import ArtifactStore
+    from studio.engine.llm_runtime import load_graph_spec
+    from studio.services.history import current_keys
+
+    if project.export["parts"] in (1, "1"):
+        return 1
+    run_stage(project, "export", target, on_event)
+    art = ArtifactStore(project.folder / "artifacts").get(
+        current_keys(project, ["export"])["export"])
+    if art is None:
+        raise StudioError(f"the export is missing: run studio --batch {project.path} "
+                          "--stages export")
+    return max(1, len(load_graph_spec(art.path).get("parts") or []))
 
 
 def bisect_on_device(project, target: str, graph: str, device_id: str,
@@ -122,6 +138,7 @@ def bisect_on_device(project, target: str, graph: str, device_id: str,
     with tempfile.TemporaryDirectory(prefix=".bisect.", dir=project.folder) as work:
         data = layer_diff(export_dir, qdir, windows, mode=project.layerdiff["tensors"],
                           graph=graph, progress=_Log(), work_parent=Path(work),
+                          part=int(project.layerdiff["part"]),
                           htp={"chip": chip, "fp16": False, "fp16_step": chip.fp16,
                                "runner": functools.partial(runner, work=Path(work)),
                                "where": dev.name})
@@ -131,20 +148,15 @@ def bisect_on_device(project, target: str, graph: str, device_id: str,
             "pair_titles": {p: PAIR_TITLES[p] for p in data["pairs"]}}
 
 
-def bisect(path: Path, target: str | None = None, graph: str = "prefill",
-           on_event: Callable[[dict[str, Any]], None] | None = None,
-           device: str | None = None,
-           log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run (or reuse) the bisection's layer diff and read it: ``{"target", "graph", "steps",
-    "verdict", "layer", "result"}``. ``device``: the HTP runs on that agent's device."""
-
+def _bisect_part(path: Path, target: str | None, graph: str, part: int,
+                 on_event: Callable[[dict[str, Any]], None] | None, device: str | None,
+                 log: Callable[[str], None] | None) -> dict[str, Any]:
+    """One bisection: the whole model (``part`` 0) or one part of a model in parts."""
     from studio.core.layerdiff import bisect_verdict
     from studio.services.layerdiff import layerdiff_result
 
-    project, target = bisect_project(path, target, graph)
+    project, target = bisect_project(path, target, graph, part)
     if device:
-        from studio.core.layerdiff import bisect_verdict
-
         result = bisect_on_device(project, target, graph, device, on_event, log)
         read = bisect_verdict(result, result["rows"])
         return {"target": target, "graph": graph, "device": result["device"], **read,
@@ -153,3 +165,58 @@ def bisect(path: Path, target: str | None = None, graph: str = "prefill",
     got = layerdiff_result(project, target)
     read = bisect_verdict(got["result"], got["rows"])
     return {"target": target, "graph": graph, **read, "result": got["result"]}
+
+
+def _output_kl(got: dict[str, Any]) -> float:
+    """A bisection's final-logits KL to FP32: the HTP's, else host QDQ's."""
+    lg = got["result"].get("logits", {})
+    return float((lg.get("htp") or lg.get("qdq") or {}).get("kl_divergence", 0.0))
+
+
+def bisect(path: Path, target: str | None = None, graph: str = "prefill",
+           on_event: Callable[[dict[str, Any]], None] | None = None,
+           device: str | None = None,
+           log: Callable[[str], None] | None = None, part: int | None = None) -> dict[str, Any]:
+    """Run (or reuse) the bisection's layer diff and read it: ``{"target", "graph", "steps",
+    "verdict", "layer", "result"}``. ``device``: the HTP runs on that agent's device.
+
+    A model exported in parts is bisected part by part (``part``: only that one, 1-based):
+    each part fed what the FP32 parts before it hand on, its output run on to the logits by
+    the FP32 parts after it, so each part's own error is measured at the output; ``parts``
+    then lists each part's reading, and the verdict is the reading of the part whose own
+    error reaches the logits most."""
+    from studio.core.layerdiff import KL_OK
+
+    project, target = bisect_project(path, target, graph)
+    n = exported_parts(project, target, on_event)
+    if n == 1:
+        if part not in (None, 0, 1):
+            raise StudioError(f"--part {part}: this model is exported whole (one part)")
+        return {**_bisect_part(path, target, graph, 0, on_event, device, log), "parts": None}
+    if part is not None and not 1 <= part <= n:
+        raise StudioError(f"--part {part}: this model is exported in {n} parts (1..{n})")
+    reads = []
+    for k in [part] if part else range(1, n + 1):
+        if log is not None:
+            log(f"part {k}/{n}:")
+        got = _bisect_part(path, target, graph, k, on_event, device, log)
+        info = got["result"]["part"]
+        got["verdict"] = (f"part {k}/{n} (blocks {info['blocks'][0]}–{info['blocks'][1] - 1}): "
+                          + got["verdict"])
+        reads.append(got)
+    pick = max(reads, key=_output_kl)
+    rows = [{"part": r["result"]["part"]["index"], "blocks": r["result"]["part"]["blocks"],
+             "output_kl": _output_kl(r), "verdict": r["verdict"], "layer": r["layer"],
+             "tensor": r["tensor"]} for r in reads]
+    verdict = pick["verdict"]
+    if len(reads) > 1 and all(r["output_kl"] < KL_OK for r in rows):
+        verdict = ("no part's own error reaches the output (final-logits KL with the other "
+                   "parts in FP32: " + ", ".join(f"part {r['part']} {r['output_kl']:.3g}"
+                                                 for r in rows)
+                   + " nats) — nothing to fix; the largest: " + pick["verdict"])
+    elif len(reads) > 1:
+        verdict = (f"the most error at the output comes from part "
+                   f"{pick['result']['part']['index']} of {n} (final-logits KL "
+                   f"{_output_kl(pick):.3g} nats with the other parts in FP32) — "
+                   + pick["verdict"])
+    return {**pick, "verdict": verdict, "parts": rows}

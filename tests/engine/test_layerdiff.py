@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -312,7 +311,7 @@ def test_bisect_names_the_layer_given_a_bad_encoding(artifacts, project_file, tm
 def test_studio_bisect_runs_the_three_steps_and_leaves_the_file_alone(project_file, tmp_path):
     """`studio bisect FILE` on the sample (W8A16): the layer diff with the HTP in FP16
     beside it, the three steps and a verdict; the project file is not changed, a model in
-    parts is refused in one line."""
+    parts' --part is refused for a model exported whole."""
     import json as _json
 
     from tests.cli.conftest import studio
@@ -332,12 +331,8 @@ def test_studio_bisect_runs_the_three_steps_and_leaves_the_file_alone(project_fi
     assert "layerdiff[" in r.stderr and "ok " in r.stderr  # progress on stderr
     r = studio("bisect", f)
     assert r.returncode == 0 and "verdict: " in r.stdout and "(cached)" in r.stderr
-    parted = tmp_path / "parted.qstudio"
-    parted.write_text(re.sub(r"(?m)^parts = .*$", "parts = 2", before)
-                      if re.search(r"(?m)^parts = ", before)
-                      else before.replace("[export]", "[export]\nparts = 2", 1))
-    r = studio("bisect", parted)
-    assert r.returncode == 2 and "export.parts = 1" in r.stderr
+    r = studio("bisect", f, "--part", "2")  # a model in parts: tests/cli/test_parts_cli.py
+    assert r.returncode == 2 and "exported whole" in r.stderr
 
 
 @pytest.mark.slow

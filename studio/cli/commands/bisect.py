@@ -1,4 +1,4 @@
-"""``studio bisect FILE [--target T] [--graph prefill|decode] [--device D] [--json]``: where a quantized
+"""``studio bisect FILE [--target T] [--graph prefill|decode] [--part N] [--device D] [--json]``: where a quantized
 model leaves FP32, in the seed's three steps — (1) FP32 vs the HTP without quantization
 (FP16), (2) the quantized model's error and the layers it comes from, (3) the first layer
 whose activations leave the tolerance band on host QDQ and on the HTP — and a verdict naming
@@ -19,6 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", dest="bisect_target", help="the target chip (default: the first)")
     p.add_argument("--graph", dest="bisect_graph", choices=("prefill", "decode"),
                    default="prefill", help="the graph to bisect (default: prefill)")
+    p.add_argument("--part", dest="bisect_part", type=int,
+                   help="a model exported in parts: bisect only this part (1..parts; default: "
+                        "each part in turn, the others in FP32)")
     p.add_argument("--device", dest="bisect_device",
                    help="run the HTP side on a device through its agent: "
                         "agent:NAME@htp:CHIP (or @htp-sim:CHIP)")
@@ -32,14 +35,23 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
 
     got = bisect(Path(args.file), args.bisect_target, args.bisect_graph,
                  on_event=_Printer(quiet=False), device=args.bisect_device,
-                 log=lambda line: print(line, file=sys.stderr, flush=True))
+                 log=lambda line: print(line, file=sys.stderr, flush=True),
+                 part=args.bisect_part)
     if args.bisect_json:
         print(json.dumps(got, indent=1))
         return 0
     r = got["result"]
-    print(f"bisection of the {got['graph']} graph on {got['target']}: FP32 and host QDQ "
+    part = r.get("part")
+    print(f"bisection of the {got['graph']} graph"
+          + (f" of part {part['index']}/{part['of']} (blocks {part['blocks'][0]}–"
+             f"{part['blocks'][1] - 1}, the other parts in FP32)" if part else "")
+          + f" on {got['target']}: FP32 and host QDQ "
           f"measured on host-cpu, the HTP {r['source']} on {r['device']}; {r['windows']} "
           f"held-out window(s), {r['probes']} tensors")
+    for row in got.get("parts") or []:
+        if len(got["parts"]) > 1:
+            print(f"  part {row['part']}: final-logits KL {row['output_kl']:.3g} nats; "
+                  + row["verdict"].split(": ", 1)[1])
     for s in got["steps"]:
         print(f"  {s['step']}. {s['title']}: {s['finding']}")
         if s.get("note"):

@@ -8,6 +8,7 @@ from studio.core.devices import HOST_CPU
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress
+from studio.engine.chain import part_dirs
 from studio.engine.llm_runtime import load_graph_spec, load_tokenizer
 from studio.worker.context import StageContext, device_metric, metric, read_text
 from studio.worker.stages._llm import htp_options
@@ -40,11 +41,16 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     if len(windows) < want:
         progress.log(f"warning: the held-out text gives {len(windows)} window(s) of {P} "
                      f"tokens, not {want}")
+    part = int(ctx.get("layerdiff.part"))
+    dirs = part_dirs(spec, cdir)
+    if len(dirs) > 1 and not 1 <= part <= len(dirs):
+        raise StudioError(f"this model is exported in {len(dirs)} parts: set layerdiff.part "
+                          f"to the part to compare (1..{len(dirs)}; studio bisect --part)")
+    base = dirs[part - 1 if len(dirs) > 1 else 0] / f"{graph}_ctx.onnx"
     data = layer_diff(export_dir, qdir, windows, mode=ctx.get("layerdiff.tensors"),
                       htp={"chip": chip, "fp16": ctx.fp16, "extra_options": htp_options(ctx),
-                           "base": cdir / f"{graph}_ctx.onnx",
-                           "fp16_step": ctx.get("layerdiff.fp16_step")},
-                      work_parent=ctx.out, progress=progress, graph=graph)
+                           "base": base, "fp16_step": ctx.get("layerdiff.fp16_step")},
+                      work_parent=ctx.out, progress=progress, graph=graph, part=part)
     seconds = data.pop("seconds")  # a run fact: kept out of the artifact
     ctx.fact("layerdiff_seconds", seconds["total"], "s",
              f"{data['probes']} tensors x {len(windows)} windows; HTP "
@@ -59,8 +65,10 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         progress.log("warning: the extra outputs changed the final logits of "
                      + ", ".join(changed) + ": their figures are not the plain graph's")
     lg = data["logits"]
-    where = (f"{graph} graph, {len(windows)} held-out window(s) of {W} tokens, "
-             f"{data['probes']} tensors")
+    where = (f"{graph} graph"
+             + (f" of part {part}/{len(dirs)} (blocks {data['part']['blocks'][0]}–"
+                f"{data['part']['blocks'][1] - 1}; the other parts FP32)" if data["part"] else "")
+             + f", {len(windows)} held-out window(s) of {W} tokens, {data['probes']} tensors")
 
     def host(name: str, value: float, unit: str, detail: str) -> dict[str, Any]:
         return metric(name, value, unit, HOST_CPU.source, HOST_CPU.kind, chip.key, detail)
@@ -91,7 +99,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     ]
     return {
         "summary": s["line"], "target": chip.key, "device": dev.name, "device_id": dev.id,
-        "source": dev.source, "graph": graph, "tensors": data["tensors"],
+        "source": dev.source, "graph": graph, "tensors": data["tensors"], "part": data["part"],
         "windows": len(windows), "window_tokens": P, "probes": data["probes"],
         "pairs": data["pairs"], "pair_titles": {p: PAIR_TITLES[p] for p in data["pairs"]},
         "curves": s["curves"], "first_jump": s["first_jump"], "parting": s.get("parting"),
