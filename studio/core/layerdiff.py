@@ -281,3 +281,42 @@ def bisect_verdict(result: dict[str, Any], rows: list[dict[str, Any]]) -> dict[s
             "the layers after it absorb it — nothing to fix")
     return {"steps": steps, "verdict": verdict, "layer": layer,
             "tensor": named["name"] if named else None}
+
+
+def device_vs_simulator(read: dict[str, Any], device_rows: list[dict[str, Any]],
+                        sim_rows: list[dict[str, Any]], device: str, simulator: str
+                        ) -> dict[str, Any]:
+    """A device's bisection read beside the HTP simulator's on the same graphs and windows:
+    the first tensor past the band on each, and the verdict said again when the device
+    parts from the simulator — "on the device only: the simulator agrees" points at the
+    device's SDK build or firmware, not at the quantization. Returns ``read`` with a
+    ``simulator`` entry (and, where they part, the new verdict)."""
+    pair = "htp_vs_fp32"
+    dev = out_of_band(device_rows, pair)
+    sim = out_of_band(sim_rows, pair)
+    sim_rel = {r["name"]: r[pair]["rel_error"] for r in sim_rows if pair in r}
+    dev_rel = {r["name"]: r[pair]["rel_error"] for r in device_rows if pair in r}
+    entry = {"first_out_of_band": sim, "device_first_out_of_band": dev, "name": simulator}
+    out = {**read, "simulator": entry}
+    if dev is not None and (sim is None or dev["index"] < sim["index"]) \
+            and sim_rel.get(dev["name"], 0.0) < BAND / 2:
+        entry["agrees"] = False
+        out.update(layer=dev["module"], tensor=dev["name"], verdict=(
+            f"diverges at {dev['name']} on {device} only: the simulator ({simulator}) "
+            f"agrees with FP32 there ({_g(sim_rel.get(dev['name']))} against the device's "
+            f"{_g(dev['rel_error'])}) — the device computes this op differently from the "
+            "HTP's own kernels on the simulator: check the SDK build and firmware on the "
+            "device (studio doctor --device), then give that layer 16-bit activations"))
+    elif sim is not None and (dev is None or sim["index"] < dev["index"]) \
+            and dev_rel.get(sim["name"], 0.0) < BAND / 2:
+        entry["agrees"] = False
+        out["verdict"] = (read["verdict"] + f"; the simulator ({simulator}) leaves the band "
+                          f"at {sim['name']} ({_g(sim['rel_error'])}) where {device} does not "
+                          f"({_g(dev_rel.get(sim['name']))}): the device's figures are the "
+                          "ones to trust")
+    else:
+        entry["agrees"] = True
+        out["verdict"] = (read["verdict"] + f"; the simulator ({simulator}) reads the same ("
+                          + (f"first past the band at {sim['name']}, {_g(sim['rel_error'])}"
+                             if sim else "nothing past the band") + ")")
+    return out

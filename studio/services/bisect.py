@@ -152,17 +152,18 @@ def _bisect_part(path: Path, target: str | None, graph: str, part: int,
                  on_event: Callable[[dict[str, Any]], None] | None, device: str | None,
                  log: Callable[[str], None] | None) -> dict[str, Any]:
     """One bisection: the whole model (``part`` 0) or one part of a model in parts."""
-    from studio.core.layerdiff import bisect_verdict
+    from studio.core.layerdiff import bisect_verdict, device_vs_simulator
     from studio.services.layerdiff import layerdiff_result
 
     project, target = bisect_project(path, target, graph, part)
-    if device:
+    run_stage(project, "layerdiff", target, on_event)  # this machine's HTP simulator
+    got = layerdiff_result(project, target)
+    if device:  # the device's reading, beside the simulator's on the same graphs and windows
         result = bisect_on_device(project, target, graph, device, on_event, log)
-        read = bisect_verdict(result, result["rows"])
+        read = device_vs_simulator(bisect_verdict(result, result["rows"]), result["rows"],
+                                   got["rows"], result["device"], got["result"]["device"])
         return {"target": target, "graph": graph, "device": result["device"], **read,
                 "result": {k: v for k, v in result.items() if k != "rows"}}
-    run_stage(project, "layerdiff", target, on_event)
-    got = layerdiff_result(project, target)
     read = bisect_verdict(got["result"], got["rows"])
     return {"target": target, "graph": graph, **read, "result": got["result"]}
 

@@ -236,6 +236,32 @@ def test_the_stage_without_a_quantize_result_is_one_line(project_file, artifacts
     assert "\n" not in err.value.message
 
 
+def test_a_device_that_parts_from_the_simulator_is_named(got):
+    """The device's reading beside the simulator's: the sample's real rows as the simulator
+    gave them, and as a device would give them if one op went wrong there (its HTP-vs-FP32
+    error set to 0.5 from that op on): "on the device only: the simulator agrees", pointing
+    at the device's SDK build; the simulator's own rows as the device's read the same."""
+    import copy
+
+    from studio.core.layerdiff import bisect_verdict, device_vs_simulator
+
+    rows = got["rows"]
+    sim_read = bisect_verdict(got["result"], rows)
+    same = device_vs_simulator(sim_read, rows, rows, "phone", "HTP simulator")
+    assert same["simulator"]["agrees"] and same["verdict"].startswith(sim_read["verdict"])
+    bad = copy.deepcopy(rows)
+    i = next(k for k, r in enumerate(bad) if r["name"] == "model.layers.0.self_attn.q_proj")
+    for r in bad[i:]:
+        r["htp_vs_fp32"]["rel_error"] = max(r["htp_vs_fp32"]["rel_error"], 0.5)
+    read = device_vs_simulator(bisect_verdict({**got["result"], "device": "phone"}, bad), bad,
+                               rows, "phone", "HTP simulator")
+    assert not read["simulator"]["agrees"]
+    assert read["tensor"] == "model.layers.0.self_attn.q_proj"
+    assert read["verdict"].startswith("diverges at model.layers.0.self_attn.q_proj on phone "
+                                      "only: the simulator (HTP simulator) agrees")
+    assert "SDK build" in read["verdict"]
+
+
 def test_the_report_draws_the_curves(got):
     from studio.engine.report import render_layerdiff
 
@@ -369,9 +395,12 @@ def test_studio_bisect_on_a_device_through_its_agent(project_file, tmp_path, mon
                                      "htp_fp16_vs_fp32"}
         assert got["steps"][0]["out_of_band"] is None and got["verdict"]
         local = _json.loads(studio("bisect", f, "--json").stdout)
-        # the same HTP (this machine's simulator behind the agent): the same reading
-        assert got["verdict"] == local["verdict"].replace(local["result"]["device"],
-                                                          got["result"]["device"])
+        # the same HTP (this machine's simulator behind the agent): the same reading, and
+        # the device's read beside the simulator's says they agree
+        assert got["verdict"].startswith(local["verdict"].replace(local["result"]["device"],
+                                                                  got["result"]["device"]))
+        assert got["simulator"]["agrees"] and "reads the same" in got["verdict"]
+        assert got["simulator"]["name"] == local["result"]["device"]
         r = studio("bisect", f, "--device", "agent:lab@cpu", env=env)
         assert r.returncode == 2 and "an agent's HTP" in r.stderr
     finally:
