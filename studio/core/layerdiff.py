@@ -296,7 +296,8 @@ def device_vs_simulator(read: dict[str, Any], device_rows: list[dict[str, Any]],
     sim = out_of_band(sim_rows, pair)
     sim_rel = {r["name"]: r[pair]["rel_error"] for r in sim_rows if pair in r}
     dev_rel = {r["name"]: r[pair]["rel_error"] for r in device_rows if pair in r}
-    entry = {"first_out_of_band": sim, "device_first_out_of_band": dev, "name": simulator}
+    entry: dict[str, Any] = {"first_out_of_band": sim, "device_first_out_of_band": dev,
+                             "name": simulator}
     out = {**read, "simulator": entry}
     if dev is not None and (sim is None or dev["index"] < sim["index"]) \
             and sim_rel.get(dev["name"], 0.0) < BAND / 2:

@@ -511,9 +511,9 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
                 return ChainSession([make_cpu_session(export_dir / q.name / f"{graph}.onnx",
                                                       threads) for q in ps])
 
-            before = parts[:me.index]
-            if before:
-                first = chain(before)
+            earlier = parts[:me.index]
+            if earlier:
+                first = chain(earlier)
                 whole_feeds = [{**f, me.hidden_in: first.run([me.hidden_in], f)[0]}
                                for f in feeds]
                 del first
