@@ -18,7 +18,13 @@ LOWER_IS_BETTER = {
     "sensitivity_perplexity_fp32", "perplexity_base",
     "prefill_ms", "decode_ms_per_token", "decode_step_total", "export_seconds",
     "quantize_seconds", "compile_seconds",
+    # the HTP compiler's own figures of a decode step (deterministic for a binary)
+    "compiler_dram_bytes_per_step", "compiler_vtcm_bytes_per_step", "compiler_dma_ops_per_step",
+    "compiler_binary_bytes",
 }
+# Metrics that describe rather than judge: a change is neither better nor worse (more HTP
+# ops after optimization can be the better graph).
+NEUTRAL = {"compiler_htp_ops"}
 
 
 def flatten(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -78,7 +84,7 @@ def compare_runs(store: JobStore, run_a: int, run_b: int) -> dict[str, Any]:
             delta = b.value - a.value
             rel = delta / abs(a.value) if a.value else None
         better = None
-        if delta:
+        if delta and key[0] not in NEUTRAL:
             better = (delta < 0) == (key[0] in LOWER_IS_BETTER)
         rows.append({
             "name": key[0], "device": key[1], "target": key[2], "unit": ref.unit,

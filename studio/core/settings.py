@@ -586,6 +586,47 @@ class Layerdiff(Section):
                         hint="(0: a model exported whole)")
 
 
+class Htp(Section):
+    """The HTP toolchain's options the QNN EP in this wheel exposes: compile-side (baked into
+    the context binaries, so in the compile stage's key) and run-side (the sessions that run
+    them). The seed's other knobs — multi-core scheduling, L2 (system-level) cache
+    reservation — have no EP option here: :data:`NOT_EXPOSED` says what they would need."""
+
+    name: ClassVar[str] = "htp"
+    optimization_level: int = setting(
+        0, "the compiler's graph finalization optimization (the EP's "
+           "htp_graph_finalization_optimization_mode): 1 prepares fastest, 3 optimizes most",
+        min=0, max=3, hint="(0: the backend's default)")
+    vtcm_mb: int = setting(0, "VTCM the compiled graphs may use, in MB", min=0, max=64,
+                           hint="(0: the chip's whole VTCM, from the catalog)")
+    fp16_relaxation: bool = setting(
+        False, "float ops left in a quantized graph run in FP16 instead of FP32 (the EP's "
+               "enable_htp_fp16_precision; always on for the FP16 scheme)")
+
+
+#: the performance seed's HTP knobs the QNN EP in this wheel does not expose, and what
+#: setting them would need
+NOT_EXPOSED = {
+    "multi-core scheduling": "the QNN SDK's multi-core HTP graph options on a chip with "
+                             "several HTP cores (automotive SA8295P / SA8775P); the ONNX "
+                             "Runtime QNN EP offers no option for it",
+    "L2 (system-level) cache reservation": "the QNN HTP backend's system-level cache "
+                                           "allocator on a device; no EP option, and the "
+                                           "simulator models no cache",
+    "weight layout / DMA merging": "chosen by the HTP compiler itself (the optimization level "
+                                   "above moves it); no separate EP option",
+    "graph I/O quantization offload": "the EP's offload_graph_io_quantization is accepted "
+                                      "but leaves the compiled context unchanged here "
+                                      "(measured: identical binaries, on or off)",
+    "spill-fill buffer sharing": "the EP's enable_htp_spill_fill_buffer is accepted; it shares "
+                                 "one buffer between contexts loaded together, which the "
+                                 "simulator does not show (identical binaries)",
+    "performance mode (run time)": "the EP's htp_performance_mode is a device's clock and "
+                                   "power vote; the simulator's timings do not change with it, "
+                                   "and agents and phones do not take it from a project yet",
+}
+
+
 class Profile(Section):
     name: ClassVar[str] = "profile"
     repeats: int = setting(5, "times one decode step is profiled (the median and spread are "
@@ -661,6 +702,7 @@ class Settings:
     sensitivity = SectionField(Sensitivity)
     autoprecision = SectionField(Autoprecision)
     layerdiff = SectionField(Layerdiff)
+    htp = SectionField(Htp)
     profile = SectionField(Profile)
     graph = SectionField(Graph)
 

@@ -102,6 +102,9 @@ MODEL_KIND_HELP = {
 
 
 _GATES = tuple(f"gates.{k}" for k in DEFAULT_GATES)
+#: the [htp] settings a compile bakes into its context binaries: every stage that compiles
+#: a graph for the HTP declares them (compile, and the stages that compile their own graphs)
+HTP_COMPILE_SETTINGS = ("htp.optimization_level", "htp.vtcm_mb", "htp.fp16_relaxation")
 
 DECLARATIONS: tuple[StageDecl, ...] = (
     StageDecl("export", "Export", (),
@@ -118,7 +121,7 @@ DECLARATIONS: tuple[StageDecl, ...] = (
               takes_parts=True, resumes=True, preflight=("overrides",)),
     StageDecl("compile", "Compile", (Need("quantize"),), fan_out="target",
               settings=("quantization.scheme", "quantization.weight_granularity",
-                        "quantization.block_size"), role="compile",
+                        "quantization.block_size", *HTP_COMPILE_SETTINGS), role="compile",
               takes_parts=True, resumes=True),
     StageDecl("validate", "Validate", (Need("export"), Need("quantize"),
                                        Need("compile", per_chip=True)), fan_out="target",
@@ -133,7 +136,10 @@ DECLARATIONS: tuple[StageDecl, ...] = (
               takes_parts=True, preflight=("prompt-fits",), new_tokens="run.max_new_tokens"),
     StageDecl("profile", "Profile", (Need("quantize"), Need("compile", per_chip=True)),
               fan_out="device", device_kinds=("htp-sim", "agent", "adb"), measures=True,
-              npu_only=True, settings=("quantization.scheme", "profile.repeats"), role="profile",
+              npu_only=True, settings=("quantization.scheme", "profile.repeats",
+                                       "quantization.weight_granularity",
+                                       "quantization.block_size", *HTP_COMPILE_SETTINGS),
+              role="profile",
               takes_parts=True),
     StageDecl("sensitivity", "Sensitivity", (Need("export"),), optional=True,
               settings=("quantization.scheme", "quantization.weight_granularity",
@@ -153,7 +159,8 @@ DECLARATIONS: tuple[StageDecl, ...] = (
               settings=("quantization.scheme", "quantization.weight_granularity",
                         "quantization.block_size", "validation.heldout_text",
                         "quantization.kv_cache", "layerdiff.windows", "layerdiff.tensors",
-                        "layerdiff.graph", "layerdiff.fp16_step", "layerdiff.part"),
+                        "layerdiff.graph", "layerdiff.fp16_step", "layerdiff.part",
+                        *HTP_COMPILE_SETTINGS),
               role="layerdiff", takes_parts=True),
     StageDecl("draft", "Draft model", (), optional=True,
               settings=("model.draft", "export.prompt_length", "export.context_length"),
@@ -178,7 +185,8 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                         "quantization.weight_rounding", "quantization.rounding_samples",
                         "validation.heldout_text", "bundle.new_tokens", "bundle.prompts",
                         "bundle.parts", "bundle.max_context_mb", "bundle.prefill_length",
-                        "bundle.score_tokens", "run.prompt", "validation.greedy_tokens"),
+                        "bundle.score_tokens", "run.prompt", "validation.greedy_tokens",
+                        *HTP_COMPILE_SETTINGS),
               role="bundle", takes_parts=True,
               # its result holds validate's figures of the binaries it ships (with
               # bundle.score_tokens): the gates judge them too
@@ -197,7 +205,8 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                         "quantization.placement", "graph.calibration", "graph.validation"),
               role="quantize", preflight=("graph-calibration",)),
     StageDecl("graph-compile", "Compile", (Need("graph-quantize"),), fan_out="target",
-              kinds=GRAPH_KINDS, settings=("quantization.scheme", "quantization.placement"),
+              kinds=GRAPH_KINDS, settings=("quantization.scheme", "quantization.placement",
+                                           *HTP_COMPILE_SETTINGS),
               role="compile"),
     StageDecl("graph-validate", "Validate", (Need("import"), Need("graph-quantize"),
                                              Need("graph-compile", per_chip=True)),

@@ -48,6 +48,7 @@ class BundleSettings:
     score_tokens: int = 0  # held-out tokens scored against FP32 on the bundle's binaries
     greedy_prompt: str = ""  # validate's greedy check on the bundle's binaries: its prompt
     greedy_tokens: int = 0  # and its new tokens (0: no greedy check)
+    htp_options: dict[str, str] | None = None  # the compile's extra QNN EP options
 
 
 def bundle_prompts(text: str, tok, n: int, length: int = 12, long: int = 0) -> list[str]:
@@ -81,7 +82,8 @@ def bundle_prompts(text: str, tok, n: int, length: int = 12, long: int = 0) -> l
     return out
 
 
-def compile_in_order(graph: Path, folder: Path, chip, after: str, tries: int = 16):
+def compile_in_order(graph: Path, folder: Path, chip, after: str, tries: int = 16,
+                     extra_options: dict[str, str] | None = None):
     """Compile ``graph`` so that its QNN graph name sorts after ``after``: Genie takes the
     graphs of a split bundle in the order of their names, and the QNN EP names a graph from
     a hash of the model file's name — so a part is compiled under another file name until it
@@ -97,7 +99,7 @@ def compile_in_order(graph: Path, folder: Path, chip, after: str, tries: int = 1
         src.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(graph, src)
         comp = qnn.compile_context(src, folder / "ctx" / f"{src.stem}_ctx.onnx", chip,
-                                   embed=False)
+                                   embed=False, extra_options=extra_options)
         name = onnx.load(comp["ctx_path"], load_external_data=False).graph.node[0].name
         first_ok = bool(after) or not name.startswith(prefix) or name[len(prefix):][:1] == "1"
         if name > after and first_ok:
@@ -268,7 +270,8 @@ def readme(spec: dict[str, Any], chip, sdk: str, N: int, cl: int, parts: int,
 
 
 def compile_graphs(variants: dict[int, Path | list[Path]], parts: int, spec: dict[str, Any],
-                   chip, cl: int, work: Path, progress: Progress):
+                   chip, cl: int, work: Path, progress: Progress,
+                   extra_options: dict[str, str] | None = None):
     """Each AR-n graph (split into ``parts`` of consecutive blocks, unless given as its parts'
     graphs already) compiled in the order Genie takes them. Returns (the sessions of each
     AR-n's parts, (context binary, its name in the bundle) pairs, the names, the manifest's
@@ -294,12 +297,14 @@ def compile_graphs(variants: dict[int, Path | list[Path]], parts: int, spec: dic
                             f"compiling the AR-{ar} graph"
                             + (f", part {i + 1}/{parts}" if parts > 1 else "")
                             + f" for {chip.name}")
-            comp, previous = compile_in_order(part, work / "ctx" / f"{ar}_{i}", chip, previous)
+            comp, previous = compile_in_order(part, work / "ctx" / f"{ar}_{i}", chip, previous,
+                                              extra_options=extra_options)
             sdk = comp["sdk_version"]
             name = (f"{kind}_ar{ar}_cl{cl}.bin" if parts == 1 else
                     f"{kind}_ar{ar}_cl{cl}_part{i + 1}_of_{parts}.bin")
             sessions.setdefault(ar, []).append(
-                qnn.make_session(Path(comp["ctx_path"]), chip, strict=True))
+                qnn.make_session(Path(comp["ctx_path"]), chip, strict=True,
+                                 extra_options=extra_options))
             compiled.append((Path(comp["bin_files"][0]), name))
             ctx_names.append(name)
             graph_rows.append({"file": name, "kind": kind, "ar": ar, "context_size": cl,
@@ -362,8 +367,8 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
         weights = graph_bytes(qdir / "decode.onnx")
         parts = settings.parts or max(1, -(-weights // (settings.max_context_mb << 20)))
     out.mkdir(parents=True, exist_ok=True)
-    sessions, compiled, ctx_names, graph_rows, sdk = compile_graphs(variants, parts, spec, chip,
-                                                                    cl, work, progress)
+    sessions, compiled, ctx_names, graph_rows, sdk = compile_graphs(
+        variants, parts, spec, chip, cl, work, progress, settings.htp_options)
 
     tok = load_tokenizer(export_dir)
     text = settings.heldout_text

@@ -24,6 +24,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -137,6 +138,29 @@ def _profile(table: EventTable, unit: str, level: str, ops_from_table: bool = Tr
 def _block(op_type: str, node: str, blocks: dict) -> str:
     return op_block(op_type, node, blocks) if blocks else op_block(op_type, node, {})
 
+
+def compiler_totals(schematic: str | os.PathLike, options: dict[str, str] | None = None,
+                    binary: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The HTP compiler's totals of one run of a graph, from its optrace schematic: DRAM and
+    VTCM bytes read + written, the ops it moved by DMA, its HTP ops after optimization — and
+    the size of the compiled context ``binary`` (a ``_ctx.onnx`` and its ``.bin`` files).
+    Deterministic for a binary (measured: a recompile gives the same figures), unlike the
+    simulator's cycles. ``options``: the extra QNN EP options it was compiled with."""
+    sch = read_schematic(schematic)
+    bw = list(sch["bandwidth"].values())
+    out: dict[str, Any] = {
+        "dram_bytes": sum(b[0] + b[1] for b in bw), "dram_read": sum(b[0] for b in bw),
+        "dram_write": sum(b[1] for b in bw), "vtcm_bytes": sum(b[2] + b[3] for b in bw),
+        "dma_ops": sum(1 for b in bw if b[4]), "htp_ops": len(bw),
+        "options": dict(options or {}), "binary_bytes": None}
+    if binary is not None:
+        from studio.engine.qnn import read_context_info
+
+        ctx = Path(binary)
+        bins = read_context_info(ctx)["bin_files"]
+        out["binary_bytes"] = ctx.stat().st_size + sum(
+            (ctx.parent / b).stat().st_size for b in bins if (ctx.parent / b).is_file())
+    return out
 
 # ---- QNN CSV ---------------------------------------------------------------------------------
 def _qnn_csv(p: Path, blocks: dict, onnx_path) -> Profile:

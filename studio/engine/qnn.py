@@ -691,8 +691,10 @@ def profile_decode_step(
     fp16: bool = False,
     runs: int = 1,
     level: str = "detailed",
+    extra_options: Mapping[str, Any] | None = None,
 ) -> dict:
     """Profile one step of a (compiled) decode graph with synthetic inputs.
+    ``extra_options``: more QNN EP options (the recipe's HTP options, as the compile had).
 
     Inputs are zeros of the graph's static shapes, except ``position_ids`` (set to the
     spec's ``prompt_length``, a realistic first decode position). See :func:`profile_run`.
@@ -706,6 +708,7 @@ def profile_decode_step(
         level=level,
         fp16=fp16,
         runs=runs,
+        extra_options=extra_options,
     )
 
 
@@ -721,6 +724,7 @@ def profile_run(
     strict: bool = True,
     threads: int = HOST_THREADS,
     op_trace: bool = True,
+    extra_options: Mapping[str, Any] | None = None,
 ) -> dict:
     """Run ``onnx_path`` ``runs`` times on the HTP with QNN profiling and keep the CSV.
 
@@ -756,6 +760,7 @@ def profile_run(
             profiling_path=csv_tmp,
             threads=threads,
             op_trace_dir=tmp if op_trace else None,
+            extra_options=extra_options,
         )
         wall = []
         outputs = None

@@ -50,6 +50,7 @@ def point_rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
             "size_source": (size_figure(p) or {}).get("source", ""),
             "size_title": (size_figure(p) or {}).get("title", ""),
             "context_bytes": fig(p, "context_bytes"),
+            "dram_bytes": fig(p, "compiler_dram_bytes"), "vtcm_bytes": fig(p, "compiler_vtcm_bytes"),
             "tokens_per_s": tps, "tokens_chip": chip,
             "front": i in front, "best": i == rec["best"],
         })
@@ -90,7 +91,8 @@ def render_html(project: Project, rec: dict[str, Any]) -> str:
             f"<tr><td>{html.escape(r['label'])}</td><td>{html.escape(r['settings'])}</td>"
             f"<td>{html.escape(r['state'])}</td><td>{acc}</td><td>{ppl}</td>"
             f"<td>{fmt_bytes(r['weight_bytes'])} <small>({r['weight_source']})</small></td>"
-            f"<td>{fmt_bytes(r['context_bytes'])}</td><td>{tps}</td>"
+            f"<td>{fmt_bytes(r['context_bytes'])}</td><td>{fmt_bytes(r['dram_bytes'])}</td>"
+            f"<td>{fmt_bytes(r['vtcm_bytes'])}</td><td>{tps}</td>"
             f"<td>{mark.strip(' ·')}</td><td>{html.escape(r['reason'])}</td>"
             f"<td>{r['run_id'] or ''}</td></tr>")
     best_line = (f"Best by rule <b>{html.escape(rec['best_rule'])}</b>: {best['label']} "
@@ -115,6 +117,7 @@ model, not a device.</p>
 <h2>Points</h2>
 <table><tr><th>point</th><th>settings</th><th>state</th><th>{html.escape(rec['accuracy_title'])}
 </th><th>perplexity change</th><th>weights</th><th>context binaries (measured)</th>
+<th>DRAM per decode step (compiler)</th><th>VTCM per decode step (compiler)</th>
 <th>decode tok/s</th><th></th><th>reason</th><th>run</th></tr>
 {''.join(cells)}</table></body></html>
 """

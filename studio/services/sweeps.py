@@ -253,6 +253,14 @@ def point_figures(variant: Project, results: dict[str, dict[str, Any]],
         except StudioError:
             pass
         out["tokens_per_s"] = _estimated_speed(variant)
+    # the HTP compiler's own figures of a decode step (a sweep whose stages include profile):
+    # deterministic, so an optimization level or a VTCM budget compares exactly
+    for key, name in (("compiler_dram_bytes", "compiler_dram_bytes_per_step"),
+                      ("compiler_vtcm_bytes", "compiler_vtcm_bytes_per_step")):
+        m = _metric(metrics, name, chip)
+        if m is not None:
+            out[key] = {"value": float(m["value"]), "source": m["source"], "target": chip,
+                        "detail": m.get("detail", "")}
     ctx = compile_keys.get(chip)
     art = store.get(ctx) if ctx else None
     if art is not None:

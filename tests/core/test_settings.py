@@ -138,7 +138,7 @@ def test_the_import_of_stagegraph_runs_the_check(monkeypatch):
     import studio.core.stagegraph as sg
 
     text = Path(sg.__file__).read_text()
-    good = 'settings=("quantization.scheme", "profile.repeats")'
+    good = 'settings=("quantization.scheme", "profile.repeats",'
     assert text.count(good) == 1
     module = types.ModuleType("stagegraph_with_a_typo")
     monkeypatch.setitem(sys.modules, module.__name__, module)

@@ -146,6 +146,8 @@ def _declared_change(key: str):
     choices = spec.allowed()
     if choices:
         return next(c for c in choices if c != default)
+    if hint is bool:
+        return not default
     if hint is float:
         return default * 0.9 if default else 0.5
     if hint is int:

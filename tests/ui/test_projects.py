@@ -162,6 +162,30 @@ def test_open_save_dirty_marker_and_close_prompt(window, project_path, monkeypat
     assert not (project_path.with_suffix(".studio") / "autosave.qstudio").exists()
 
 
+def test_the_htp_compiler_options_are_recipe_edits(window, project_path, qtbot):
+    """The Recipe tab's HTP compiler box sets [htp] (undoable like any recipe edit) and names
+    the seed's knobs the QNN EP does not expose, with what each needs in its tooltip."""
+    from studio.core.settings import NOT_EXPOSED
+
+    assert window.open_project(project_path)
+    page = window.show_page("Precision")
+    p = window.ctl.project
+    assert page.opt_level.currentData() == 0 and page.vtcm.value() == 0
+    page.opt_level.setCurrentIndex(page.opt_level.findData(3))
+    page.opt_level.activated.emit(page.opt_level.currentIndex())
+    assert p.htp["optimization_level"] == 3
+    page.vtcm.setValue(4)
+    page.vtcm.editingFinished.emit()
+    page.fp16_relax.setChecked(True)
+    assert (p.htp["vtcm_mb"], p.htp["fp16_relaxation"]) == (4, True)
+    window.undo_act.trigger()
+    window.undo_act.trigger()
+    assert (p.htp["vtcm_mb"], p.htp["fp16_relaxation"]) == (0, False)
+    assert page.vtcm.value() == 0 and not page.fp16_relax.isChecked()
+    note = next(w for w in page.findChildren(type(page.error)) if "Not exposed" in w.text())
+    assert all(k in note.text() and NOT_EXPOSED[k] in note.toolTip() for k in NOT_EXPOSED)
+
+
 def test_undo_redo_a_recipe_edit(window, project_path, qtbot):
     assert window.open_project(project_path)
     page = window.show_page("Precision")

@@ -81,22 +81,28 @@ def _table(rec: dict[str, Any]) -> None:
     from studio.services.sweep_report import fmt_bytes, point_rows
 
     print(f"sweep {rec['name']}: {rec['state']}")
+    rows = point_rows(rec)
+    compiler = any(r["dram_bytes"] is not None for r in rows)  # profile in the sweep's stages
     print(f"{'pt':<4} {'state':<10} {'accuracy':>10} {'ppl Δ':>8} {'size':>11} "
-          f"{'weights':>11} {'tok/s est':>9}  settings")
-    for r in point_rows(rec):
+          f"{'weights':>11} {'tok/s est':>9}"
+          + (f" {'DRAM/step':>11} {'VTCM/step':>11}" if compiler else "") + "  settings")
+    for r in rows:
         acc = f"{r['accuracy']:.6f}" if r["accuracy"] is not None else "—"
         ppl = (f"{r['perplexity_increase']:+.2%}" if r["perplexity_increase"] is not None
                else "—")
         tps = f"{r['tokens_per_s']:.1f}" if r["tokens_per_s"] is not None else "—"
         mark = "*" if r["best"] else ("+" if r["front"] else " ")
         print(f"{r['label']:<3}{mark} {r['state']:<10} {acc:>10} {ppl:>8} "
-              f"{fmt_bytes(r['size_bytes']):>11} {fmt_bytes(r['weight_bytes']):>11} {tps:>9}  "
-              f"{r['settings']}")
+              f"{fmt_bytes(r['size_bytes']):>11} {fmt_bytes(r['weight_bytes']):>11} {tps:>9}"
+              + (f" {fmt_bytes(r['dram_bytes']):>11} {fmt_bytes(r['vtcm_bytes']):>11}"
+                 if compiler else "") + f"  {r['settings']}")
         if r["reason"]:
             print(f"{'':16}{r['reason']}")
     print(f"accuracy: {rec['accuracy_title']} (simulated, HTP); size: compiled context "
           "binaries (measured file sizes); weights: estimated from the recipe; tok/s: "
-          "performance model (estimated)")
+          "performance model (estimated)"
+          + ("; DRAM/VTCM per step: the HTP compiler's figures (optrace, deterministic)"
+             if compiler else ""))
     print("+ on the Pareto front (accuracy vs size); * best by rule "
           f"{rec['best_rule']}")
 

@@ -48,6 +48,7 @@ class RecipeFormMixin:
         ll = QVBoxLayout(left)
         ll.setContentsMargins(6, 6, 6, 6)
         ll.addWidget(self._build_recipe_form())
+        ll.addWidget(self._build_htp())
         ll.addWidget(self._build_gates())
         ll.addWidget(self._build_stage_checks())
         self.error = label("", "error", wrap=True)
@@ -133,6 +134,41 @@ class RecipeFormMixin:
         )
         form.addRow("Context length (C)", self.context_len)
         return recipe
+
+    def _build_htp(self) -> QGroupBox:
+        """The HTP compiler's options this wheel's QNN EP exposes ([htp]), and the seed's
+        knobs it does not, each with what it would need."""
+        from studio.core.settings import NOT_EXPOSED, spec_of
+
+        box = QGroupBox("HTP compiler")
+        form = QFormLayout(box)
+        self.opt_level = QComboBox()
+        for level, text in ((0, "backend default (2)"), (1, "1 · fastest preparation"),
+                            (2, "2 · optimized"), (3, "3 · most optimized")):
+            self.opt_level.addItem(text, level)
+        self.opt_level.setToolTip(spec_of("htp.optimization_level").doc)
+        self.opt_level.activated.connect(
+            lambda _i: self._set("htp", "optimization_level", self.opt_level.currentData()))
+        form.addRow("Optimization level", self.opt_level)
+        self.vtcm = QSpinBox()
+        self.vtcm.setRange(0, 64)
+        self.vtcm.setSpecialValueText("the chip's whole VTCM")
+        self.vtcm.setSuffix(" MB")
+        self.vtcm.setKeyboardTracking(False)
+        self.vtcm.setToolTip(spec_of("htp.vtcm_mb").doc)
+        self.vtcm.editingFinished.connect(lambda: self._set("htp", "vtcm_mb", self.vtcm.value()))
+        form.addRow("VTCM budget", self.vtcm)
+        self.fp16_relax = QCheckBox("float ops in FP16")
+        self.fp16_relax.setToolTip(spec_of("htp.fp16_relaxation").doc)
+        self.fp16_relax.toggled.connect(lambda on: self._set("htp", "fp16_relaxation", on))
+        form.addRow("FP16 relaxation", self.fp16_relax)
+        note = label("Judged by the compiler's own figures (Profiler and studio compare: DRAM "
+                     "and VTCM bytes per decode step, deterministic). Not exposed by the QNN "
+                     "EP here: " + ", ".join(NOT_EXPOSED) + " (hover for what each needs).",
+                     "muted", wrap=True)
+        note.setToolTip("\n".join(f"{k}: {v}" for k, v in NOT_EXPOSED.items()))
+        form.addRow(note)
+        return box
 
     def _build_gates(self) -> QGroupBox:
         """The accuracy gates a run is judged by."""
@@ -239,6 +275,14 @@ class RecipeFormMixin:
             self._quiet(self.prompt_len, lambda: self.prompt_len.setValue(e["prompt_length"]))
         if touched("export", "context_length"):
             self._quiet(self.context_len, lambda: self.context_len.setValue(e["context_length"]))
+        h = p.htp
+        if touched("htp", "optimization_level"):
+            self._quiet(self.opt_level, lambda: self.opt_level.setCurrentIndex(
+                self.opt_level.findData(h["optimization_level"])))
+        if touched("htp", "vtcm_mb"):
+            self._quiet(self.vtcm, lambda: self.vtcm.setValue(h["vtcm_mb"]))
+        if touched("htp", "fp16_relaxation"):
+            self._quiet(self.fp16_relax, lambda: self.fp16_relax.setChecked(h["fp16_relaxation"]))
         for key, spin in self.gate_spins.items():
             if touched("gates", key):
                 self._quiet(spin, lambda s=spin, k=key: s.setValue(float(p.gates[k])))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from studio.core.errors import StudioError
 from studio.worker.context import StageContext
 
 GRAPHS = ("prefill", "decode")
@@ -26,16 +27,41 @@ def recipe(ctx: StageContext) -> dict[str, Any]:
 
 
 def htp_options(ctx: StageContext) -> dict[str, str]:
-    """Extra QNN EP options the recipe needs: block-wise (LPBQ) weights need the HTP's
+    """Extra QNN EP options a compile of the recipe's graphs takes: the recipe's ``[htp]``
+    options (:func:`htp_settings_options`), and block-wise (LPBQ) weights need the HTP's
     block-quant optimization (~5x slower without), which computes blocks under 32 wrong
     (one MatMul on the simulator: output cosine 0.56 at 16 per block, 0.05 at 8; 0.9999
     without it): those run without it."""
     from studio.core.recipe import LPBQ_OPTIMIZED_FROM
 
+    opts = htp_settings_options(ctx)
     if ctx.get("quantization.weight_granularity") != "per_block" or \
             int(ctx.get("quantization.block_size")) < LPBQ_OPTIMIZED_FROM:
-        return {}
-    return {"enable_block_quant_weight_optimization": "1"}
+        return opts
+    return {**opts, "enable_block_quant_weight_optimization": "1"}
+
+
+def htp_settings_options(ctx: StageContext) -> dict[str, str]:
+    """The QNN EP options of the project's ``[htp]`` compile settings for the stage's chip
+    (nothing for a setting left at its default: the EP's own choice stays)."""
+    from studio.core.stagegraph import HTP_COMPILE_SETTINGS
+
+    s = {k.split(".", 1)[1]: ctx.get(k) for k in HTP_COMPILE_SETTINGS}
+    opts: dict[str, str] = {}
+    if s["optimization_level"]:
+        opts["htp_graph_finalization_optimization_mode"] = str(s["optimization_level"])
+    if s["vtcm_mb"]:
+        chip = ctx.chip
+        if s["vtcm_mb"] > chip.vtcm_mb:
+            raise StudioError(f"htp.vtcm_mb = {s['vtcm_mb']} is more than the {chip.vtcm_mb} MB "
+                              f"of VTCM {chip.name} has: use 1..{chip.vtcm_mb} (0: all of it)")
+        opts["vtcm_mb"] = str(s["vtcm_mb"])
+    if s["fp16_relaxation"]:
+        if not ctx.chip.fp16:
+            raise StudioError(f"htp.fp16_relaxation: the HTP of {ctx.chip.name} runs no FP16; "
+                              "set it to false for this target")
+        opts["enable_htp_fp16_precision"] = "1"
+    return opts
 
 
 def partial(progress: Any, data: dict[str, Any]) -> None:

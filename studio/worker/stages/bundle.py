@@ -10,7 +10,7 @@ from studio.core.errors import StudioError
 from studio.core.progress import Progress
 from studio.engine.llm_runtime import load_graph_spec
 from studio.worker.context import StageContext, device_metric, read_text
-from studio.worker.stages._llm import recipe
+from studio.worker.stages._llm import htp_options, recipe
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
@@ -32,7 +32,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         prompts=int(ctx.get("bundle.prompts")), new_tokens=int(ctx.get("bundle.new_tokens")),
         score_tokens=int(ctx.get("bundle.score_tokens")),
         greedy_prompt=ctx.get("run.prompt"),
-        greedy_tokens=int(ctx.get("validation.greedy_tokens")))
+        greedy_tokens=int(ctx.get("validation.greedy_tokens")),
+        htp_options=htp_options(ctx))
     dev = ctx.device
     result = build_bundle(export_dir, qdir, ctx.chip, spec, ctx.out, settings,
                           lambda: ctx.backend.open_generator(export_dir, cdir, spec, False),

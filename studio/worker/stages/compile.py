@@ -121,9 +121,11 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         "summary": f"context binaries for {chip.name} (QNN SDK {sdk}); all nodes on the NPU"
                    + (f"; part{'s' if len(reused) > 1 else ''} "
                       f"{', '.join(str(k + 1) for k in reused)} of {len(parts)} as compiled "
-                      "before from the same graphs" if reused else ""),
+                      "before from the same graphs" if reused else "")
+                   + (f"; HTP options {', '.join(f'{k}={v}' for k, v in extra.items())}"
+                      if extra else ""),
         "placement": {g: {k: v for k, v in r.items() if k != "cpu_nodes"} for g, r in placement.items()},
-        "sdk_version": sdk, "tool": {"qnn_sdk": sdk}, "metrics": [],
+        "sdk_version": sdk, "tool": {"qnn_sdk": sdk}, "htp_options": extra, "metrics": [],
     }
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress
 from studio.worker.context import StageContext
+from studio.worker.stages._llm import htp_settings_options
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
@@ -22,7 +23,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     progress.check()
     progress.update(0.4, f"compiling the context binary for {chip.name}")
     info = qnn.compile_context(qdir / "quantized.onnx", ctx.out / "graph_ctx.onnx", chip,
-                               embed=True, strict=placement != "partition")
+                               embed=True, strict=placement != "partition",
+                               extra_options=htp_settings_options(ctx))
     where = ("all nodes on the NPU" if report["all_on_npu"] else
              f"{len(report['cpu_nodes'])} node(s) on the CPU, {report['transitions']} NPU↔CPU transitions")
     ctx.fact("compile_seconds", info.get("seconds", 0.0), "s")

@@ -15,7 +15,7 @@ from studio.engine.chain import part_dirs
 from studio.engine.llm_runtime import load_graph_spec
 from studio.engine.weightstore import graph_bytes
 from studio.worker.context import StageContext, metric
-from studio.worker.stages._llm import partial
+from studio.worker.stages._llm import htp_options, partial
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
@@ -59,7 +59,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     prof = qnn_profile.merge_repeats(runs, loads)
     prof.device = dev.id
     table = qnn_profile.event_table(prof, blocks, costs=costs)
-    table, bytes_source = _compiler_traffic(ctx, table, spec, progress)
+    table, bytes_source, compiler = _compiler_traffic(ctx, table, spec, progress)
     prof.stats["bytes_source"] = bytes_source
     table.save(ctx.out / "events.npz")
     progress.update(0.93, "timing the step on the host CPU (ONNX Runtime profiler)")
@@ -82,9 +82,34 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         "counts_by_block": table.group_count("block"), "unit": prof.unit,
         "bytes_source": bytes_source, "host_timeline": host,
         "source": prof.source, "ops": len(prof.ops), "stats": stats,
+        "compiler": compiler,
         "metrics": [metric("decode_step_total", stats["median"], prof.unit, prof.source,
-                            dev.kind, chip.key, note)],
+                            dev.kind, chip.key, note), *_compiler_metrics(compiler, chip.key)],
     }
+
+
+#: the compiler's figures of one decode step, as metrics: (key, name, unit, what)
+COMPILER_FIGURES = (
+    ("dram_bytes", "compiler_dram_bytes_per_step", "B", "DRAM read + written"),
+    ("vtcm_bytes", "compiler_vtcm_bytes_per_step", "B", "VTCM read + written"),
+    ("dma_ops", "compiler_dma_ops_per_step", "", "ops the compiler made DMA transfers"),
+    ("htp_ops", "compiler_htp_ops", "", "HTP ops after the compiler's optimization"),
+    ("binary_bytes", "compiler_binary_bytes", "B", "the compiled decode graph's size"),
+)
+
+
+def _compiler_metrics(compiler: dict[str, Any] | None, chip: str) -> list[dict[str, Any]]:
+    """The HTP compiler's own figures of the decode graph (optrace), deterministic for a
+    binary — unlike the simulator's cycles they do not follow the host's load, so two
+    compiles (an optimization level, a VTCM budget) compare exactly."""
+    if not compiler:
+        return []
+    opts = ", ".join(f"{k}={v}" for k, v in compiler["options"].items()) or "default options"
+    where = (f"from the HTP compiler's optrace schematic of the decode graph ({opts}); "
+             "deterministic for a binary, not a device timing")
+    return [metric(name, compiler[key], unit, "measured", "htp-compiler", chip,
+                   f"{what} in one decode step, {where}")
+            for key, name, unit, what in COMPILER_FIGURES if compiler[key] is not None]
 
 
 # Quantized graphs at least this large are not recompiled for an optrace profile (minutes
@@ -95,24 +120,27 @@ OPTRACE_LIMIT = 256 << 20
 def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
     """Replace the analytic bytes moved by the compiler's own per-op DRAM / VTCM traffic
     and DMA flags: one optrace profile of the quantized graph (the context binary keeps no
-    schematic). Returns (table, "compiler (optrace)" | "analytic")."""
+    schematic). Returns (table, "compiler (optrace)" | "analytic", the compiler's totals of
+    the step — DRAM and VTCM bytes, DMA ops, HTP ops, the binary's size, the options — or
+    None)."""
     from studio.engine import qnn, qnn_profile
-    from studio.engine.profile_import import copy_traffic, merge_bandwidth
+    from studio.engine.profile_import import compiler_totals, copy_traffic, merge_bandwidth
 
     qdir = ctx.input("quantize")
     graph = qdir / "decode.onnx"
     if len(spec.get("parts") or []) > 1:
         progress.log("bytes moved stay analytic: the model is in parts (the optrace profile "
                      "reads one graph)")
-        return table, "analytic"
+        return table, "analytic", None
     size = graph_bytes(graph)
     if size >= OPTRACE_LIMIT:
         progress.log(f"bytes moved stay analytic: {graph.name} is {size >> 20} MiB, too large "
                      "to recompile for an optrace profile here")
-        return table, "analytic"
+        return table, "analytic", None
     try:
+        extra = htp_options(ctx)
         info = qnn.profile_decode_step(graph, ctx.chip, spec, ctx.out / "optrace" / "ops.csv",
-                                       fp16=ctx.fp16, level="optrace")
+                                       fp16=ctx.fp16, level="optrace", extra_options=extra)
         if not info["schematic"]:
             raise StudioError("the optrace profile wrote no schematic")
         oprof = qnn_profile.parse_profile_run(info, onnx_path=graph, chip=ctx.chip)
@@ -120,13 +148,15 @@ def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
                                   info["schematic"][0])
     except StudioError as exc:
         progress.log(f"bytes moved stay analytic: {exc.message}")
-        return table, "analytic"
+        return table, "analytic", None
     merged, matched = copy_traffic(table, traffic)
+    compiler = compiler_totals(info["schematic"][0], extra,
+                               ctx.input("compile", ctx.config.chip) / "decode_ctx.onnx")
     if matched < len(table) // 2:
         progress.log(f"bytes moved stay analytic: only {matched} of {len(table)} ops matched "
                      "the optrace profile")
-        return table, "analytic"
-    return merged, "compiler (optrace)"
+        return table, "analytic", compiler
+    return merged, "compiler (optrace)", compiler
 
 
 def _host_timeline(ctx: StageContext, graphs: list[Path], spec) -> dict[str, Any]:
