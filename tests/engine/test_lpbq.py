@@ -84,8 +84,11 @@ def test_blocks_under_32_run_right_without_the_block_optimization(tmp_path):
 
     class Settings:  # what htp_options reads of a stage's context
         def __init__(self, block: int):
+            from studio.core.settings import SECTION_KEYS, Htp
+
             self.values = {"quantization.weight_granularity": "per_block",
-                           "quantization.block_size": block}
+                           "quantization.block_size": block,
+                           **{f"htp.{k}": Htp.default(k) for k in SECTION_KEYS["htp"]}}
 
         def get(self, key):
             return self.values[key]
