@@ -287,6 +287,8 @@ def human_count(n: int) -> str:
 
 
 def fmt_value(value: float, unit: str = "") -> str:
+    if unit == "B":  # a byte count (the compiler's figures, sizes)
+        return format_bytes(int(value))
     if unit == "fraction":
         return f"{value:.1%}"
     if unit in ("ms", "s"):
