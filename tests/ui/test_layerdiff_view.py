@@ -251,3 +251,22 @@ def test_error_state_shows_the_line(diffed, make_window, copy_project, tmp_path,
     view = page.layer_diff
     _wait_state(qtbot, view, "error")
     assert "is unreadable: run studio --batch" in view.error.text.text()
+
+
+def test_a_model_in_parts_picks_the_part_to_diff(diffed, make_window, copy_project, tmp_path,
+                                                qtbot):
+    """A project exported in parts shows a part picker (layerdiff.part, an undoable edit);
+    one exported whole does not. Picking a part leaves the diff of that part's settings to
+    run (the empty state), nothing of another part shown as if it were current."""
+    win, page, view = _open(make_window, copy_project, diffed["path"], tmp_path / "p")
+    _wait_state(qtbot, view, "content")
+    assert not view.part.isVisibleTo(page)
+    win.ctl.set("export", "parts", 2)
+    view.reload()
+    qtbot.waitUntil(lambda: view.part.isVisibleTo(page), timeout=10_000)
+    _wait_state(qtbot, view, "empty")
+    view.part.setValue(2)
+    assert win.ctl.project.layerdiff["part"] == 2
+    assert "part 2" in win.undo_act.text()
+    win.undo_act.trigger()
+    assert win.ctl.project.layerdiff["part"] == 0

@@ -47,6 +47,9 @@ def test_profile_runs_live_then_breakdown_compare_and_memory(
     assert sum(shares) == pytest.approx(100, abs=0.5)
     assert "median of 2 runs" in page.reliability_text.text()
     assert page.badge.source == "simulated"
+    # the bytes column is the compiler's own traffic (optrace) and the note says so
+    assert page.data.stats["bytes_source"] == "compiler (optrace)"
+    assert "bytes moved: the HTP compiler's own DRAM traffic" in page.op_note.text()
 
     # the timeline: the measured host-CPU step, and the estimated schedule on the HTP cores
     page.tabs.setCurrentIndex(page.tabs.indexOf(page.timeline))

@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QPushButton,
     QRadioButton,
+    QSpinBox,
     QStackedWidget,
     QTableView,
     QVBoxLayout,
@@ -388,6 +389,18 @@ class LayerDiffView(QWidget):
         self.target.setToolTip("The target chip whose HTP simulator the diff ran on")
         self.target.currentIndexChanged.connect(lambda *_: self.reload())
         head.addWidget(self.target)
+        # a model exported in parts is diffed one part at a time (layerdiff.part): the other
+        # parts run in FP32 around it
+        self.part_label = label("Part:")
+        head.addWidget(self.part_label)
+        self.part = QSpinBox()
+        self.part.setRange(1, 1024)
+        self.part.setKeyboardTracking(False)
+        self.part.setToolTip("The part of a model exported in parts whose layers are compared "
+                             "(layerdiff.part): fed what the FP32 parts before it hand on, its "
+                             "output run on to the logits by the FP32 parts after it")
+        self.part.valueChanged.connect(self._part_changed)
+        head.addWidget(self.part)
         self.status = label("", "muted")
         head.addWidget(self.status, 1)
         self.show_label = label("Show:")
@@ -531,6 +544,7 @@ class LayerDiffView(QWidget):
             return None
         project = studio.project.copy()
         self._fill_targets(project.targets)
+        self._fill_parts(project)
         target = self.target.currentData() or project.targets[0]
         self.status.setText("Reading the layer diff…")
         if self.state == "none":
@@ -565,6 +579,27 @@ class LayerDiffView(QWidget):
         several = len(targets) > 1
         self.target.setVisible(several)
         self.target_label.setVisible(several)
+
+    def _fill_parts(self, project) -> None:
+        """The part picker, shown for a project exported in parts (the setting's value)."""
+        in_parts = project.export["parts"] not in (1, "1")
+        for w in (self.part, self.part_label):
+            w.setVisible(in_parts)
+        if in_parts:
+            self.part.blockSignals(True)
+            self.part.setValue(max(1, int(project.layerdiff["part"])))
+            self.part.blockSignals(False)
+
+    def _part_changed(self, value: int) -> None:
+        """Pick another part: the project's layerdiff.part (an undoable edit); its diff, when
+        stored, shows at once."""
+        if self.ctl.project is None:
+            return
+        try:
+            self.ctl.set("layerdiff", "part", int(value), f"layer diff of part {value}")
+        except StudioError as exc:
+            self.ctl.message.emit("error", exc.message)
+        self.schedule_reload(0)
 
     def _show_empty(self, project, target: str) -> None:
         self.state = "empty"
@@ -606,6 +641,8 @@ class LayerDiffView(QWidget):
         project = self.ctl.project
         if project is None:
             return None
+        if project.export["parts"] not in (1, "1") and not project.layerdiff["part"]:
+            self._part_changed(self.part.value())  # a model in parts: the part shown
         targets = [self.target.currentData()] if len(project.targets) > 1 else None
         try:
             return self.ctl.run([STAGE], targets)

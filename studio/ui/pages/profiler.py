@@ -333,10 +333,13 @@ class ProfilerPage(TargetStagePage):
         self.table.headerDataChanged.emit(Qt.Orientation.Horizontal, 0, len(self.table.columns))
         self._bars(self.plot, [(r.name, r.value, r.low, r.high) for r in rows], unit,
                    self.data.source)
+        compiler = self.data.stats.get("bytes_source") == "compiler (optrace)"
         self.op_note.setText(
             "bars: median over the profiled runs; whiskers: min – max"
-            + ("; MACs and bytes moved: analytic, from the graph (they do not depend on the "
-               "host's load)" if extra else ""))
+            + (("; MACs: analytic, from the graph; bytes moved: the HTP compiler's own DRAM "
+                "traffic (optrace)" if compiler else
+                "; MACs and bytes moved: analytic, from the graph")
+               + " (they do not depend on the host's load)" if extra else ""))
 
     def _draw_layer_block(self) -> None:
         assert self.data is not None
