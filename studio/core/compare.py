@@ -20,11 +20,11 @@ LOWER_IS_BETTER = {
     "quantize_seconds", "compile_seconds",
     # the HTP compiler's own figures of a decode step (deterministic for a binary)
     "compiler_dram_bytes_per_step", "compiler_vtcm_bytes_per_step", "compiler_dma_ops_per_step",
-    "compiler_binary_bytes",
+    "compiler_binary_bytes", "compiler_spill_fill_ops",
 }
 # Metrics that describe rather than judge: a change is neither better nor worse (more HTP
 # ops after optimization can be the better graph).
-NEUTRAL = {"compiler_htp_ops"}
+NEUTRAL = {"compiler_htp_ops", "compiler_vtcm_peak_bytes"}
 
 
 def flatten(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -139,6 +139,27 @@ def _block(op_type: str, node: str, blocks: dict) -> str:
     return op_block(op_type, node, blocks) if blocks else op_block(op_type, node, {})
 
 
+_TCM_BLOCK = re.compile(r"^\s*\d+\s*:\s*\((0x[0-9a-fA-F]+)\s*,\s*(0x[0-9a-fA-F]+)\)")
+
+
+def _vtcm_peak(schematic: Path) -> int | None:
+    """The end of the highest VTCM block of the schematic's ``tcm_block_info`` (offset +
+    size, bytes): the VTCM the compiled graph uses. None when the schematic has no table."""
+    peak, inside = None, False
+    for line in schematic.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith("tcm_block_info"):
+            inside = True
+            continue
+        if inside:
+            m = _TCM_BLOCK.match(line)
+            if m:
+                end = int(m.group(1), 16) + int(m.group(2), 16)
+                peak = end if peak is None else max(peak, end)
+            elif line.strip().startswith("}"):
+                break
+    return peak
+
+
 def compiler_totals(schematic: str | os.PathLike, options: dict[str, str] | None = None,
                     binary: str | os.PathLike | None = None) -> dict[str, Any]:
     """The HTP compiler's totals of one run of a graph, from its optrace schematic: DRAM and
@@ -152,6 +173,11 @@ def compiler_totals(schematic: str | os.PathLike, options: dict[str, str] | None
         "dram_bytes": sum(b[0] + b[1] for b in bw), "dram_read": sum(b[0] for b in bw),
         "dram_write": sum(b[1] for b in bw), "vtcm_bytes": sum(b[2] + b[3] for b in bw),
         "dma_ops": sum(1 for b in bw if b[4]), "htp_ops": len(bw),
+        # the VTCM the compiler placed blocks in (the end of the highest block), and the ops
+        # it added to spill tensors out of VTCM and fill them back
+        "vtcm_peak_bytes": _vtcm_peak(Path(schematic)),
+        "spill_fill_ops": sum(1 for op in sch["operations"].values()
+                              if "Spill" in op or "Fill" in op),
         "options": dict(options or {}), "binary_bytes": None}
     if binary is not None:
         from studio.engine.qnn import read_context_info

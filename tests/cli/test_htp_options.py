@@ -59,7 +59,10 @@ def test_the_compiler_figures_are_recorded_and_deterministic(levels):
     default, o1, o2 = (_figures(levels[k][1]) for k in ("default", "O1", "O2"))
     assert set(default) == {"compiler_dram_bytes_per_step", "compiler_vtcm_bytes_per_step",
                             "compiler_dma_ops_per_step", "compiler_htp_ops",
-                            "compiler_binary_bytes"}
+                            "compiler_binary_bytes", "compiler_vtcm_peak_bytes",
+                            "compiler_spill_fill_ops"}
+    # the VTCM the graph uses stays within the chip's (8 MB on the default chip)
+    assert 0 < default["compiler_vtcm_peak_bytes"] <= 8 << 20
     m = next(m for m in levels["default"][1]["metrics"] if m["name"] == "compiler_htp_ops")
     assert (m["source"], m["device"]) == ("measured", "htp-compiler")
     assert "deterministic" in m["detail"] and "default options" in m["detail"]

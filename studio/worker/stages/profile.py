@@ -93,6 +93,9 @@ COMPILER_FIGURES = (
     ("dram_bytes", "compiler_dram_bytes_per_step", "B", "DRAM read + written"),
     ("vtcm_bytes", "compiler_vtcm_bytes_per_step", "B", "VTCM read + written"),
     ("dma_ops", "compiler_dma_ops_per_step", "", "ops the compiler made DMA transfers"),
+    ("vtcm_peak_bytes", "compiler_vtcm_peak_bytes", "B", "VTCM the compiler placed tensors in"),
+    ("spill_fill_ops", "compiler_spill_fill_ops", "", "ops spilling tensors out of VTCM or "
+                                                      "filling them back"),
     ("htp_ops", "compiler_htp_ops", "", "HTP ops after the compiler's optimization"),
     ("binary_bytes", "compiler_binary_bytes", "B", "the compiled decode graph's size"),
 )
