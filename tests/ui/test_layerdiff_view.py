@@ -243,7 +243,9 @@ def test_error_state_shows_the_line(diffed, make_window, copy_project, tmp_path,
     p = pf.load(dest)
     key = current_keys(p, ["layerdiff"])[f"layerdiff[{p.targets[0]}]"]
     art = ArtifactStore(p.folder / "artifacts").get(key)
-    (art.path / "layerdiff.json").chmod(0o644)
+    # a new file, not a write through the copy's hard link (that would damage the shared
+    # project the later tests read)
+    (art.path / "layerdiff.json").unlink()
     (art.path / "layerdiff.json").write_text("{not json")
     win = make_window()
     assert win.open_project(dest)
