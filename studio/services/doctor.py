@@ -295,12 +295,36 @@ def check_graph_inputs(project) -> list[Check]:
     return out
 
 
+def check_htp_options(project) -> Check:
+    """The recipe's [htp] options against each target chip: a VTCM budget over the chip's,
+    FP16 relaxation on a chip without FP16 (the compile would refuse them)."""
+    from studio.core.catalog import get_chip
+
+    h = project.htp
+    bad = []
+    for key in project.targets:
+        chip = get_chip(key)
+        if h["vtcm_mb"] > chip.vtcm_mb:
+            bad.append(f"htp.vtcm_mb = {h['vtcm_mb']} is more than the {chip.vtcm_mb} MB of "
+                       f"VTCM {chip.name} has")
+        if h["fp16_relaxation"] and not chip.fp16:
+            bad.append(f"htp.fp16_relaxation: the HTP of {chip.name} runs no FP16")
+    if bad:
+        return Check("project", "HTP options", FAIL, "; ".join(bad),
+                     "lower htp.vtcm_mb (0: each chip's whole VTCM) or turn the option off "
+                     "for these targets")
+    opts = [f"{k} = {v}" for k, v in h.items() if v != type(h).default(k)]
+    return Check("project", "HTP options", PASS,
+                 ", ".join(opts) if opts else "the compiler's defaults")
+
+
 def project_checks(project) -> tuple[list[Check], dict[str, int], int | None]:
     """The project's checks, the predicted stage peaks of its plan and the disk its
     artifacts take (estimated)."""
     out: list[Check] = []
     fam, info = check_family(project)
     out.append(fam)
+    out.append(check_htp_options(project))
     peaks: dict[str, int] = {}
     disk = None
     if project.model["kind"] == "onnx-graph":

@@ -182,6 +182,20 @@ def test_missing_and_short_data_and_bad_projects_fail(tmp_path):
     assert r.returncode == 1 and "FAIL  project file" in r.stdout
 
 
+def test_htp_options_the_targets_cannot_take_fail(tmp_path):
+    """[htp] against each target chip: a VTCM budget over the chip's fails with the fix;
+    the defaults pass; a changed option is named."""
+    f = _project(tmp_path, "sample:tiny-coder", context=128)
+    assert _by_name(d.doctor(f))["HTP options"].status == "PASS"
+    f.write_text(f.read_text() + "\n[htp]\nvtcm_mb = 64\n")
+    c = _by_name(d.doctor(f))["HTP options"]
+    assert c.status == "FAIL" and "htp.vtcm_mb = 64 is more than the" in c.detail
+    assert "lower htp.vtcm_mb" in c.fix
+    f.write_text(f.read_text().replace("vtcm_mb = 64", "optimization_level = 3"))
+    c = _by_name(d.doctor(f))["HTP options"]
+    assert c.status == "PASS" and c.detail == "optimization_level = 3"
+
+
 def test_a_dynamic_onnx_input_fails_with_the_shape_to_give(tmp_path):
     import onnx
     from onnx import TensorProto, helper
