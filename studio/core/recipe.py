@@ -419,6 +419,20 @@ def scheme_refusal(scheme: str, chips=()) -> str | None:
             "the usual start), or drop that target")
 
 
+def htp_refusals(htp, chip) -> list[str]:
+    """Why ``chip`` cannot take the recipe's ``[htp]`` options (``htp``: the section): a VTCM
+    budget over the chip's, FP16 relaxation on an HTP without FP16. The compile refuses
+    them; ``studio doctor`` names them before anything runs."""
+    out = []
+    if htp["vtcm_mb"] > chip.vtcm_mb:
+        out.append(f"htp.vtcm_mb = {htp['vtcm_mb']} is more than the {chip.vtcm_mb} MB of "
+                   f"VTCM {chip.name} has: use 1..{chip.vtcm_mb} (0: all of it)")
+    if htp["fp16_relaxation"] and not chip.fp16:
+        out.append(f"htp.fp16_relaxation: the HTP of {chip.name} runs no FP16; set it to "
+                   "false for this target")
+    return out
+
+
 def override_part(pattern: str, precision: str) -> str:
     """What an override rule sets (see the module docstring): ``weights`` for a weight-only
     pattern or INT4, ``layer`` for FP16 / FP32, else ``activations``."""

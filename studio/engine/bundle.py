@@ -140,7 +140,7 @@ def score_shipped(runner, export_dir: Path, spec: dict[str, Any], ids: list[int]
     with ``greedy_tokens``, validate's greedy check: the binaries' greedy text after
     ``prompt``, each token against FP32's choice given that text."""
     from studio.engine.llm_runtime import cpu_generator
-    from studio.engine.sensitivity import compare_logits
+    from studio.engine.sensitivity import compare_logits, greedy_against_fp32
 
     width = min(cl - 1, max(2, tokens))
     windows = [ids[i:i + width] for i in range(0, min(len(ids), tokens), width)]
@@ -161,12 +161,10 @@ def score_shipped(runner, export_dir: Path, spec: dict[str, Any], ids: list[int]
     if prompt and greedy_tokens:
         n = max(1, min(greedy_tokens, cl - 1 - len(prompt)))
         new = runner.greedy(prompt, n)
-        scored = fp32.teacher_forced_logits(prompt + new)[:, :vocab]
-        choice = [int(scored[len(prompt) - 1 + i].argmax()) for i in range(len(new))]
-        same = [a == b for a, b in zip(choice, new, strict=True)]
-        prefix = next((i for i, s in enumerate(same) if not s), len(same))
-        out["greedy"] = {"tokens": len(new), "agreement": sum(same) / max(1, len(same)),
-                         "prefix_agreement": prefix / max(1, len(same)), "ids": new}
+        j = greedy_against_fp32(fp32.teacher_forced_logits(prompt + new)[:, :vocab], prompt,
+                                new)
+        out["greedy"] = {"tokens": len(new), "agreement": j["agreement"],
+                         "prefix_agreement": j["prefix"], "ids": new}
     return out
 
 

@@ -447,16 +447,19 @@ class BundleRunner:
             raise StudioError(f"{len(ids)} tokens do not fit the bundle's context of "
                               f"{self.cl - 1}")
         self.reset()
+        return np.concatenate(self._prompt(ids, rows=True)).astype(np.float32)
+
+    def _prompt(self, ids: list[int], rows: bool) -> list[Any]:
+        """``ids`` from position 0 through the graphs as Genie runs a prompt: AR-N passes
+        where the context allows (the last chunk padded), AR-1 passes for the rest. Returns
+        each pass's logits (``rows``: every real row's, else the last row's)."""
         ar, pos, out = max(self.graphs), 0, []
         while pos < len(ids):
-            if ar > 1 and pos + ar <= self.cl - 1 and pos <= self.cl - ar:
-                chunk = ids[pos:pos + ar]
-                out.append(self._pass(chunk, pos, ar, rows=True))
-                pos += len(chunk)
-            else:
-                out.append(self._pass([ids[pos]], pos, 1, rows=True))
-                pos += 1
-        return np.concatenate(out).astype(np.float32)
+            n = ar if ar > 1 and pos + ar <= self.cl - 1 and pos <= self.cl - ar else 1
+            chunk = ids[pos:pos + n]
+            out.append(self._pass(chunk, pos, n, rows=rows))
+            pos += len(chunk)
+        return out
 
     def greedy(self, ids: list[int], max_new_tokens: int) -> list[int]:
         """Greedy tokens after ``ids``; stops after an EOS token or at the context's end, like
@@ -464,18 +467,9 @@ class BundleRunner:
         import numpy as np
 
         self.reset()
-        ar = max(self.graphs)
-        pos, logits = 0, None
-        self.prompt_passes = 0
-        while pos < len(ids):
-            self.prompt_passes += 1
-            if ar > 1 and pos + ar <= self.cl - 1 and pos <= self.cl - ar:
-                chunk = ids[pos:pos + ar]
-                logits = self._pass(chunk, pos, ar)
-                pos += len(chunk)
-            else:
-                logits = self._pass([ids[pos]], pos, 1)
-                pos += 1
+        passes = self._prompt(ids, rows=False)
+        self.prompt_passes = len(passes)
+        pos, logits = len(ids), (passes[-1] if passes else None)
         out: list[int] = []
         self.runner_up: list[tuple[int, float]] = []  # per new token: 2nd best, its gap
         while logits is not None and len(out) < max_new_tokens:

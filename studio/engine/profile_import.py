@@ -139,35 +139,14 @@ def _block(op_type: str, node: str, blocks: dict) -> str:
     return op_block(op_type, node, blocks) if blocks else op_block(op_type, node, {})
 
 
-_TCM_BLOCK = re.compile(r"^\s*\d+\s*:\s*\((0x[0-9a-fA-F]+)\s*,\s*(0x[0-9a-fA-F]+)\)")
-
-
-def _vtcm_peak(schematic: Path) -> int | None:
-    """The end of the highest VTCM block of the schematic's ``tcm_block_info`` (offset +
-    size, bytes): the VTCM the compiled graph uses. None when the schematic has no table."""
-    peak, inside = None, False
-    for line in schematic.read_text(encoding="utf-8", errors="replace").splitlines():
-        if line.startswith("tcm_block_info"):
-            inside = True
-            continue
-        if inside:
-            m = _TCM_BLOCK.match(line)
-            if m:
-                end = int(m.group(1), 16) + int(m.group(2), 16)
-                peak = end if peak is None else max(peak, end)
-            elif line.strip().startswith("}"):
-                break
-    return peak
-
-
-def compiler_totals(schematic: str | os.PathLike, options: dict[str, str] | None = None,
+def compiler_totals(sch: dict, options: dict[str, str] | None = None,
                     binary: str | os.PathLike | None = None) -> dict[str, Any]:
-    """The HTP compiler's totals of one run of a graph, from its optrace schematic: DRAM and
-    VTCM bytes read + written, the ops it moved by DMA, its HTP ops after optimization — and
-    the size of the compiled context ``binary`` (a ``_ctx.onnx`` and its ``.bin`` files).
-    Deterministic for a binary (measured: a recompile gives the same figures), unlike the
-    simulator's cycles. ``options``: the extra QNN EP options it was compiled with."""
-    sch = read_schematic(schematic)
+    """The HTP compiler's totals of one run of a graph, from its optrace schematic ``sch``
+    (:func:`read_schematic`): DRAM and VTCM bytes read + written, the ops it moved by DMA,
+    its HTP ops after optimization, the VTCM it uses, its spill / fill ops — and the size of
+    the compiled context ``binary`` (a ``_ctx.onnx`` and its ``.bin`` files). Deterministic
+    for a binary (measured: a recompile gives the same figures), unlike the simulator's
+    cycles. ``options``: the extra QNN EP options it was compiled with."""
     bw = list(sch["bandwidth"].values())
     out: dict[str, Any] = {
         "dram_bytes": sum(b[0] + b[1] for b in bw), "dram_read": sum(b[0] for b in bw),
@@ -175,7 +154,7 @@ def compiler_totals(schematic: str | os.PathLike, options: dict[str, str] | None
         "dma_ops": sum(1 for b in bw if b[4]), "htp_ops": len(bw),
         # the VTCM the compiler placed blocks in (the end of the highest block), and the ops
         # it added to spill tensors out of VTCM and fill them back
-        "vtcm_peak_bytes": _vtcm_peak(Path(schematic)),
+        "vtcm_peak_bytes": sch["vtcm_peak"],
         "spill_fill_ops": sum(1 for op in sch["operations"].values()
                               if "Spill" in op or "Fill" in op),
         "options": dict(options or {}), "binary_bytes": None}
@@ -217,9 +196,14 @@ def _kernel_name(mangled: str) -> str:
     return m.group(1) if m else mangled[:40]
 
 
+_TCM_BLOCK = re.compile(r"^\s*\d+\s*:\s*\((0x[0-9a-fA-F]+)\s*,\s*(0x[0-9a-fA-F]+)\)")
+
+
 def read_schematic(path: str | os.PathLike) -> dict:
     """``{"bandwidth": {opid: (dram_read, dram_write, vtcm_read, vtcm_write, dma)},
-    "kernels": {opid: kernel}, "operations": {opid: operation}}`` of an optrace schematic.
+    "kernels": {opid: kernel}, "operations": {opid: operation}, "vtcm_peak": bytes | None}``
+    of an optrace schematic (``vtcm_peak``: the end of the highest block of its
+    ``tcm_block_info``, offset + size — the VTCM the compiled graph uses).
     Parsed line by line with regular expressions (the file is Python text: never executed).
     The low 32 bits of an opid are the QNN ``OpId`` the profiling CSV names."""
     p = Path(path)
@@ -238,7 +222,19 @@ def read_schematic(path: str | os.PathLike) -> dict:
     section = ""
     operations: dict[int, str] = {}
     current = None
+    vtcm_peak: int | None = None
     for line in text.splitlines():
+        if line.startswith("tcm_block_info"):
+            section = "tcm"
+            continue
+        if section == "tcm":
+            tm = _TCM_BLOCK.match(line)
+            if tm:
+                end = int(tm.group(1), 16) + int(tm.group(2), 16)
+                vtcm_peak = end if vtcm_peak is None else max(vtcm_peak, end)
+            elif line.strip().startswith("}"):
+                section = ""
+            continue
         if ":::BEGIN:concrete_ops_info:::" in line:
             section = "kernels"
             continue
@@ -275,7 +271,8 @@ def read_schematic(path: str | os.PathLike) -> dict:
     if not bw and not kernels:
         raise StudioError(f"{p.name} holds no bandwidth_information or chosen kernels; the "
                           "schematic is truncated — profile again with profiling_level optrace")
-    return {"bandwidth": bw, "kernels": kernels, "operations": operations}
+    return {"bandwidth": bw, "kernels": kernels, "operations": operations,
+            "vtcm_peak": vtcm_peak}
 
 
 def _schematic(p: Path, blocks: dict, onnx_path) -> Profile:
@@ -294,12 +291,11 @@ def _schematic(p: Path, blocks: dict, onnx_path) -> Profile:
     return _profile(EventTable.from_rows(rows), "bytes", "optrace", metric="dram_read")
 
 
-def merge_bandwidth(table: EventTable, ops: list[ProfileOp], schematic: str | os.PathLike
-                    ) -> EventTable:
+def merge_bandwidth(table: EventTable, ops: list[ProfileOp], sch: dict) -> EventTable:
     """Fill ``dram_read / dram_write / vtcm_read / vtcm_write / dma`` of a CSV-derived table
-    (one row per ``ops`` entry, same order) from the compiler's bandwidth information: every
-    schematic entry whose low 32 bits are the op's ``OpId`` is added to it."""
-    sch = read_schematic(schematic)
+    (one row per ``ops`` entry, same order) from the compiler's bandwidth information in the
+    schematic ``sch`` (:func:`read_schematic`): every entry whose low 32 bits are the op's
+    ``OpId`` is added to it."""
     per: dict[int, list[int]] = {}
     for opid, vals in sch["bandwidth"].items():
         acc = per.setdefault(opid & 0xFFFFFFFF, [0, 0, 0, 0, 0])

@@ -221,6 +221,18 @@ def compare_logits(ref: list, got: list, windows: list[list[int]]) -> dict[str, 
     }
 
 
+def greedy_against_fp32(fp32_logits, prompt: list[int], got: list[int]) -> dict[str, Any]:
+    """A runtime's greedy tokens ``got`` after ``prompt`` judged by FP32: ``fp32_logits`` are
+    FP32's teacher-forced logits over ``prompt + got``; each new token against FP32's choice
+    given the runtime's own text (``agreement``), and the share before the first difference
+    (``prefix``: one near-tie flip early on shifts everything after it)."""
+    choice = [int(fp32_logits[len(prompt) - 1 + i].argmax()) for i in range(len(got))]
+    same = [a == b for a, b in zip(choice, got, strict=True)]
+    first = next((i for i, x in enumerate(same) if not x), len(same))
+    return {"agreement": sum(same) / max(1, len(same)), "prefix": first / max(1, len(same)),
+            "first_difference": first, "fp32_choice": choice}
+
+
 def perplexity(logits: list, windows: list[list[int]]) -> float:
     return compare_logits(logits, logits, windows)["perplexity"]
 

@@ -174,6 +174,14 @@ def _output_kl(got: dict[str, Any]) -> float:
     return float((lg.get("htp") or lg.get("qdq") or {}).get("kl_divergence", 0.0))
 
 
+def _output_kl_source(got: dict[str, Any]) -> str:
+    """Where :func:`_output_kl` comes from, with its source label."""
+    r = got["result"]
+    if "htp" in r.get("logits", {}):
+        return f"the HTP, {r.get('source', 'simulated')} on {r.get('device', 'the device')}"
+    return "host QDQ, measured on host-cpu"
+
+
 def bisect(path: Path, target: str | None = None, graph: str = "prefill",
            on_event: Callable[[dict[str, Any]], None] | None = None,
            device: str | None = None,
@@ -207,7 +215,8 @@ def bisect(path: Path, target: str | None = None, graph: str = "prefill",
         reads.append(got)
     pick = max(reads, key=_output_kl)
     rows = [{"part": r["result"]["part"]["index"], "blocks": r["result"]["part"]["blocks"],
-             "output_kl": _output_kl(r), "verdict": r["verdict"], "layer": r["layer"],
+             "output_kl": _output_kl(r), "output_kl_of": _output_kl_source(r),
+             "verdict": r["verdict"], "layer": r["layer"],
              "tensor": r["tensor"]} for r in reads]
     verdict = pick["verdict"]
     if len(reads) > 1 and all(r["output_kl"] < KL_OK for r in rows):

@@ -299,16 +299,10 @@ def check_htp_options(project) -> Check:
     """The recipe's [htp] options against each target chip: a VTCM budget over the chip's,
     FP16 relaxation on a chip without FP16 (the compile would refuse them)."""
     from studio.core.catalog import get_chip
+    from studio.core.recipe import htp_refusals
 
     h = project.htp
-    bad = []
-    for key in project.targets:
-        chip = get_chip(key)
-        if h["vtcm_mb"] > chip.vtcm_mb:
-            bad.append(f"htp.vtcm_mb = {h['vtcm_mb']} is more than the {chip.vtcm_mb} MB of "
-                       f"VTCM {chip.name} has")
-        if h["fp16_relaxation"] and not chip.fp16:
-            bad.append(f"htp.fp16_relaxation: the HTP of {chip.name} runs no FP16")
+    bad = [why for key in project.targets for why in htp_refusals(h, get_chip(key))]
     if bad:
         return Check("project", "HTP options", FAIL, "; ".join(bad),
                      "lower htp.vtcm_mb (0: each chip's whole VTCM) or turn the option off "

@@ -102,6 +102,7 @@ def test_the_gates_judge_the_shipped_binaries(built, tmp_path):
     assert r.returncode == (0 if res["top1_agreement"] >= 0.9999 else 1), r.stderr[-2000:]
     line = next(x for x in r.stdout.splitlines() if "gate min_top1_agreement" in x)
     assert "on the shipped binaries" in line and ("FAIL" in line) == (r.returncode == 1)
+    assert "(simulated; threshold 0.9999)" in line  # the figure says where it comes from
     assert "Genie bundle for" in r.stdout  # from the store: the summary of the stored result
 
 

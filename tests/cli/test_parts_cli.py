@@ -517,6 +517,7 @@ def test_studio_bisect_walks_the_parts(parts_project):
     assert got["verdict"].startswith(("the most error at the output comes from part ",
                                       "no part's own error reaches the output"))
     assert all(row["output_kl"] >= 0 and row["verdict"].startswith(f"part {row['part']}/2")
+               and row["output_kl_of"].startswith("the HTP, simulated on HTP simulator")
                for row in got["parts"])
     r = studio("bisect", f, "--part", "2")
     assert r.returncode == 0, r.stderr[-2000:]

@@ -84,7 +84,10 @@ def test_blocks_under_32_run_right_without_the_block_optimization(tmp_path):
 
     class Settings:  # what htp_options reads of a stage's context
         def __init__(self, block: int):
+            from studio.core.catalog import default_chip_key, get_chip
             from studio.core.settings import SECTION_KEYS, Htp
+
+            self.chip = get_chip(default_chip_key())
 
             self.values = {"quantization.weight_granularity": "per_block",
                            "quantization.block_size": block,

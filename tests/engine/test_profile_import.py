@@ -54,7 +54,8 @@ def test_real_qnn_csv_and_schematic(optrace):
     assert sprof.table.has("dram_read") and sprof.table.has("kernel") and sprof.table.has("dma")
 
     parsed = parse_profile_csv(run["csv"], onnx_path=optrace["q"])
-    merged = merge_bandwidth(event_table(parsed), parsed.ops, sch)
+    merged = merge_bandwidth(event_table(parsed), parsed.ops, data)
+    assert data["vtcm_peak"] is not None and data["vtcm_peak"] > 0  # its tcm_block_info
     rows = {r["op"]: r for r in merged.rows()}
     matmul = next(r for name, r in rows.items() if name.endswith("MatMul"))
     assert matmul["vtcm_read"] > 0 and matmul["kernel"]  # the compiler's own figures

@@ -50,7 +50,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
           f"held-out window(s), {r['probes']} tensors")
     for row in got.get("parts") or []:
         if len(got["parts"]) > 1:
-            print(f"  part {row['part']}: final-logits KL {row['output_kl']:.3g} nats; "
+            print(f"  part {row['part']}: final-logits KL {row['output_kl']:.3g} nats "
+                  f"({row['output_kl_of']}); "
                   + row["verdict"].split(": ", 1)[1])
     for s in got["steps"]:
         print(f"  {s['step']}. {s['title']}: {s['finding']}")

@@ -44,8 +44,9 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         print(f"  {'same' if c['identical'] else 'DIFFERENT'}: {c['prompt']!r} + "
               f"{c['studio_tokens']} tokens (Genie {c['genie_wall_s']:.1f} s, simulated)")
     for g in out["gates"]:
-        print(f"  gate {g['gate']} on the shipped binaries: {g['value']:.4f} (threshold "
-              f"{g['threshold']}) {'pass' if g['passed'] else 'FAIL'}")
+        print(f"  gate {g['gate']} on the shipped binaries: {g['value']:.4f} "
+              f"({out['source']}; threshold {g['threshold']}) "
+              f"{'pass' if g['passed'] else 'FAIL'}")
     return code
 
 

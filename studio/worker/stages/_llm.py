@@ -44,22 +44,19 @@ def htp_options(ctx: StageContext) -> dict[str, str]:
 def htp_settings_options(ctx: StageContext) -> dict[str, str]:
     """The QNN EP options of the project's ``[htp]`` compile settings for the stage's chip
     (nothing for a setting left at its default: the EP's own choice stays)."""
+    from studio.core.recipe import htp_refusals
     from studio.core.stagegraph import HTP_COMPILE_SETTINGS
 
     s = {k.split(".", 1)[1]: ctx.get(k) for k in HTP_COMPILE_SETTINGS}
+    refused = htp_refusals(s, ctx.chip)
+    if refused:
+        raise StudioError(refused[0])
     opts: dict[str, str] = {}
     if s["optimization_level"]:
         opts["htp_graph_finalization_optimization_mode"] = str(s["optimization_level"])
     if s["vtcm_mb"]:
-        chip = ctx.chip
-        if s["vtcm_mb"] > chip.vtcm_mb:
-            raise StudioError(f"htp.vtcm_mb = {s['vtcm_mb']} is more than the {chip.vtcm_mb} MB "
-                              f"of VTCM {chip.name} has: use 1..{chip.vtcm_mb} (0: all of it)")
         opts["vtcm_mb"] = str(s["vtcm_mb"])
     if s["fp16_relaxation"]:
-        if not ctx.chip.fp16:
-            raise StudioError(f"htp.fp16_relaxation: the HTP of {ctx.chip.name} runs no FP16; "
-                              "set it to false for this target")
         opts["enable_htp_fp16_precision"] = "1"
     return opts
 

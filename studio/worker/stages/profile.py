@@ -127,7 +127,12 @@ def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
     the step — DRAM and VTCM bytes, DMA ops, HTP ops, the binary's size, the options — or
     None)."""
     from studio.engine import qnn, qnn_profile
-    from studio.engine.profile_import import compiler_totals, copy_traffic, merge_bandwidth
+    from studio.engine.profile_import import (
+        compiler_totals,
+        copy_traffic,
+        merge_bandwidth,
+        read_schematic,
+    )
 
     qdir = ctx.input("quantize")
     graph = qdir / "decode.onnx"
@@ -147,13 +152,13 @@ def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
         if not info["schematic"]:
             raise StudioError("the optrace profile wrote no schematic")
         oprof = qnn_profile.parse_profile_run(info, onnx_path=graph, chip=ctx.chip)
-        traffic = merge_bandwidth(qnn_profile.event_table(oprof), oprof.ops,
-                                  info["schematic"][0])
+        sch = read_schematic(info["schematic"][0])  # read once: the ops' traffic, the totals
+        traffic = merge_bandwidth(qnn_profile.event_table(oprof), oprof.ops, sch)
     except StudioError as exc:
         progress.log(f"bytes moved stay analytic: {exc.message}")
         return table, "analytic", None
     merged, matched = copy_traffic(table, traffic)
-    compiler = compiler_totals(info["schematic"][0], extra,
+    compiler = compiler_totals(sch, extra,
                                ctx.input("compile", ctx.config.chip) / "decode_ctx.onnx")
     if matched < len(table) // 2:
         progress.log(f"bytes moved stay analytic: only {matched} of {len(table)} ops matched "

@@ -232,11 +232,12 @@ def _validate_in_parts(ctx: StageContext, progress: Progress, spec: dict, tok,
     seq = (prompt + got)[:window]
     scored = scorers["fp32"].teacher_forced_logits(
         seq, progress=SubProgress(progress, (done + 1) / steps, 1.0))
-    fp32_choice = [int(scored[len(prompt) - 1 + i].argmax()) for i in range(len(got))]
-    same = [a == b for a, b in zip(fp32_choice, got, strict=True)]
-    prefix = next((i for i, s in enumerate(same) if not s), len(same))
-    g = {"agreement": sum(same) / max(1, len(same)), "prefix": prefix / max(1, len(same)),
-         "prompts": 1, "fp32": tok.decode(got[:prefix] + fp32_choice[prefix:prefix + 1]),
+    from studio.engine.sensitivity import greedy_against_fp32
+
+    j = greedy_against_fp32(scored, prompt, got)
+    first = j["first_difference"]
+    g = {"agreement": j["agreement"], "prefix": j["prefix"], "prompts": 1,
+         "fp32": tok.decode(got[:first] + j["fp32_choice"][first:first + 1]),
          "htp": tok.decode(got), "tokens": len(got)}
     return _finish_in_parts(dev, ids, n_dev, n_parts, ppl, res, g, "")
 
