@@ -104,7 +104,8 @@ MODEL_KIND_HELP = {
 _GATES = tuple(f"gates.{k}" for k in DEFAULT_GATES)
 #: the [htp] settings a compile bakes into its context binaries: every stage that compiles
 #: a graph for the HTP declares them (compile, and the stages that compile their own graphs)
-HTP_COMPILE_SETTINGS = ("htp.optimization_level", "htp.vtcm_mb", "htp.fp16_relaxation")
+HTP_COMPILE_SETTINGS = ("htp.optimization_level", "htp.vtcm_mb", "htp.fp16_relaxation",
+                        "htp.graph_io")
 
 DECLARATIONS: tuple[StageDecl, ...] = (
     StageDecl("export", "Export", (),

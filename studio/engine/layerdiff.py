@@ -561,8 +561,12 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
             probed["htp"] = qnn.make_session(qx, chip, strict=True, fp16=fp16,
                                              extra_options=extra)
             seconds["htp_prepare"] = time.perf_counter() - t0
-            plain["htp"] = qnn.make_session(Path(htp["base"]), chip, strict=True, fp16=fp16,
-                                            extra_options=extra)
+            from studio.engine.graphio import encoded
+
+            base_ctx = Path(htp["base"])  # the compile's binary (with its graph I/O)
+            plain["htp"] = encoded(qnn.make_session(base_ctx, chip, strict=True, fp16=fp16,
+                                                    extra_options=extra), base_ctx.parent,
+                                   base_ctx.stem.removesuffix("_ctx"), all_float=True)
             if htp.get("fp16_step"):
                 if not chip.fp16:
                     raise StudioError(f"the HTP of {chip.name} runs no FP16: the FP32 graph "

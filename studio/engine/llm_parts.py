@@ -310,9 +310,13 @@ class PartRunner:
         self.out_name = "logits" if part.heads else str(part.hidden_out)
         self.cache = [[np.zeros((1, KV, self.C, D), np.float32) for _ in range(2)]
                       for _ in self.kv]
-        self.folder, self.make = Path(folder), make
-        self.prefill_session = make(self.folder / "prefill.onnx")
-        self.decode_session = make(self.folder / "decode.onnx") if decode else None
+        from studio.engine.graphio import as_floats
+
+        # the cache and the residual stream are float32 here: a graph with quantized I/O
+        # gives them back as values
+        self.folder, self.make = Path(folder), (lambda path: as_floats(make(path)))
+        self.prefill_session = self.make(self.folder / "prefill.onnx")
+        self.decode_session = self.make(self.folder / "decode.onnx") if decode else None
 
     def _first(self, rows):
         import numpy as np
@@ -394,7 +398,7 @@ def _run_part_graphs(folder: Path, part: Part, spec: dict, x, n: int, make, on_l
         for p in range(k):
             on_logits(p, first[p])
     runner.prefill_session = None
-    runner.decode_session = make(Path(folder) / "decode.onnx")
+    runner.decode_session = runner.make(Path(folder) / "decode.onnx")
     for p in range(k, n):
         if progress is not None and p % 16 == 0:
             progress.check()

@@ -5,7 +5,8 @@ Works with any session object that has ONNX Runtime's ``run(output_names, feeds)
 KV cache [1,KV,C,D] per layer and tensor; prefill fills slots ``0..n-1`` and every decode
 step writes its new row into slot ``pos``. Feeds are cast to each graph input's own dtype,
 so float16 or uint8 (INT8-KV) edges work too; the cache takes the dtype of the decode
-graph's ``past_*`` inputs.
+graph's ``past_*`` inputs. A graph compiled with quantized I/O (:mod:`studio.engine.graphio`)
+takes its masks as floats its session quantizes, and its cache rows as the integers it gives.
 
 Sliding-window attention (Mistral, Phi-3, Gemma 2's alternating layers, Qwen with
 ``use_sliding_window``), for a window W shorter than the cache: a sliding layer's mask is
@@ -198,8 +199,12 @@ def htp_session_maker(chip, fp16: bool) -> Callable[[Path], Any]:
     from studio.engine import qnn
 
     def make(path: Path):
+        from studio.engine.graphio import encoded
+
         ctx = Path(path).with_name(Path(path).stem + "_ctx.onnx")
-        return qnn.make_session(ctx, chip, strict=True, fp16=fp16)
+        # compiled with quantized I/O: the host quantizes masks, dequantizes the logits
+        return encoded(qnn.make_session(ctx, chip, strict=True, fp16=fp16), ctx.parent,
+                       Path(path).stem)
 
     return make
 
@@ -396,6 +401,10 @@ class StaticKVGenerator:
 
     def _cast(self, types: dict, name: str, value):
         dt = types[name]
+        if value.dtype.kind == "f" and dt.kind in "ui":
+            # a mask fed to a graph with quantized I/O: its session quantizes it with the
+            # input's encoding (each part's own); a bare cast would not
+            return value
         return value if value.dtype == dt else value.astype(dt)
 
     def prefill_feed(self, ids: list[int]) -> dict:

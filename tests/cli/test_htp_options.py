@@ -119,3 +119,63 @@ def test_the_docs_list_every_setting_and_every_knob_not_exposed():
     doc = (Path(__file__).parents[2] / "docs" / "htp-options.md").read_text()
     assert all(f"`htp.{k}`" in doc for k in SECTION_KEYS["htp"])
     assert all(f"| {k} |" in doc for k in NOT_EXPOSED)
+
+
+def _share(project: Path, block: str) -> tuple[float, float]:
+    """(share of ``block`` in the decode step, the step's median cycles) of the newest
+    profile: shares compare across runs, cycles only on a quiet host."""
+    r = studio("profile", "show", project, "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    return got["by_block"][block]["share"], got["stats"]["median"]
+
+
+@pytest.fixture(scope="module")
+def quantized_io(batch_run, small_project, tmp_path_factory) -> tuple[Path, dict]:
+    """The small project compiled with quantized graph I/O from the session's quantized
+    graphs, validated and profiled on the simulator."""
+    f = tmp_path_factory.mktemp("graph-io") / "io.qstudio"
+    share_store(small_project, f, stages={"export", "quantize"})
+    f.write_text(small_project.read_text() + '\n[htp]\ngraph_io = "quantized"\n')
+    r = studio("--batch", f, "--stages", "validate,profile", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return f, json.loads(r.stdout)
+
+
+def test_quantized_graph_io_keeps_the_model_and_cuts_the_edge_conversions(
+        quantized_io, small_project):
+    """The KV cache, the mask and the logits as the NPU's integers: validation's gates pass on
+    the simulator (the host keeps the cache as 16-bit integers and reads the logits), the
+    compiled folder carries the encodings the host and an agent read, and the decode step's
+    Q/DQ share falls (shares within each profile: the simulator's cycles follow host load)."""
+    f, summary = quantized_io
+    jobs = {j["stage"]: j for j in summary["jobs"]}
+    assert "graph I/O quantized" in jobs["compile"]["summary"]
+    assert all(g["passed"] for g in summary["gates"]), summary["gates"]
+    from studio.core.artifacts import ArtifactStore
+    from studio.engine.devices._base import compiled_files
+    from studio.services.history import current_keys
+
+    p = pf.load(f)
+    keys = current_keys(p, ["compile"])
+    art = ArtifactStore(p.folder / "artifacts").get(
+        keys[next(k for k in keys if k.startswith("compile"))])
+    enc = json.loads((art.path / "io_encodings.json").read_text())["graphs"]
+    assert enc["decode"]["past_key_0"] == enc["prefill"]["present_key_0"]
+    assert enc["decode"]["logits"]["dtype"] == "uint16"
+    assert "io_encodings.json" in compiled_files(art.path)
+    assert not (art.path / "io-staging").exists()  # the staged graphs are not kept
+    io_share, io_cycles = _share(f, "data movement / Q-DQ")
+    float_share, float_cycles = _share(small_project, "data movement / Q-DQ")
+    assert io_share < float_share / 2, (io_share, float_share)
+    print(f"\nQ/DQ share of the decode step: float I/O {float_share:.1%} "
+          f"({float_cycles:,.0f} cycles), quantized I/O {io_share:.1%} ({io_cycles:,.0f})")
+
+
+def test_a_graph_io_value_the_setting_does_not_take_is_refused(tmp_path):
+    f = tmp_path / "p.qstudio"
+    f.write_text('schema_version = 1\n[model]\nsource = "sample:tiny-coder"\n[htp]\n'
+                 'graph_io = "int8"\n')
+    with pytest.raises(StudioError) as err:
+        pf.load(f)
+    assert "htp.graph_io" in err.value.message and "quantized" in err.value.message

@@ -174,3 +174,17 @@ def tiny_coder_draft_graphs(tmp_path_factory) -> tuple[Path, dict]:
         pytest.skip("the draft model resources/models/tiny-coder-draft is not built")
     out = tmp_path_factory.mktemp("tiny-coder-draft-fp32")
     return out, export_llm(draft, out, 32, 128, verify_len=0)
+
+
+@pytest.fixture(scope="session")
+def w8a16(tmp_path_factory, qwen_graphs, tiny_qwen_dir, corpus):
+    """The tiny Qwen export quantized W8A16 per tensor (4 calibration samples): (folder,
+    info, the progress it reported)."""
+    from studio.core.progress import RecordingProgress
+    from studio.engine.quantize import quantize_llm
+
+    out = tmp_path_factory.mktemp("w8a16")
+    recipe = {"scheme": "W8A16", "weight_granularity": "per_tensor", "samples": 4}
+    prog = RecordingProgress()
+    info = quantize_llm(qwen_graphs[0], out, recipe, corpus, tiny_qwen_dir, prog)
+    return out, info, prog

@@ -56,17 +56,6 @@ def _qparams(model) -> dict[str, tuple[str, int | None, tuple]]:
     return out
 
 
-@pytest.fixture(scope="session")
-def w8a16(tmp_path_factory, qwen_graphs, tiny_qwen_dir, corpus):
-    from studio.engine.quantize import quantize_llm
-
-    out = tmp_path_factory.mktemp("w8a16")
-    recipe = {"scheme": "W8A16", "weight_granularity": "per_tensor", "samples": SAMPLES}
-    prog = RecordingProgress()
-    info = quantize_llm(qwen_graphs[0], out, recipe, corpus, tiny_qwen_dir, prog)
-    return out, info, prog
-
-
 def test_calibration_windows(tiny_qwen_dir, corpus):
     from studio.engine.calibration import calibration_windows, load_tokenizer
 

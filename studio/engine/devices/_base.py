@@ -96,6 +96,7 @@ class Backend:
 
 def compiled_files(folder: Path) -> list[str]:
     """The files of a compiled context folder a remote device needs: the context models,
-    their binaries and ``graph.json``."""
+    their binaries, ``graph.json`` and the encodings of quantized graph I/O."""
     return [p.name for p in sorted(Path(folder).iterdir()) if p.is_file()
-            and (p.name.endswith((".onnx", ".bin")) or p.name == "graph.json")]
+            and (p.name.endswith((".onnx", ".bin"))
+                 or p.name in ("graph.json", "io_encodings.json"))]

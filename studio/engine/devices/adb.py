@@ -123,9 +123,14 @@ class Backend(_Base):
             raise StudioError(f"{self.device.name} runs one context binary per graph so far, "
                               "and this model is in parts: run it on htp-sim or an agent, or "
                               "export it with export.parts = 1")
+        from studio.engine.graphio import encoded
+
         phone = self.phone(log)
-        return StaticKVGenerator(phone.session(Path(compiled) / "prefill_ctx.onnx"),
-                                 phone.session(Path(compiled) / "decode_ctx.onnx"), spec)
+        # quantized graph I/O (unverified on a phone): the host side quantizes and reads
+        # the edges as on the simulator
+        return StaticKVGenerator(
+            *(encoded(phone.session(Path(compiled) / f"{g}_ctx.onnx"), Path(compiled), g)
+              for g in ("prefill", "decode")), spec)
 
     def run_figures(self, out: dict[str, Any], gen: Any) -> tuple[dict[str, Any], str, str]:
         timed = device_times(out, gen.prefill_session, gen.decode_session)

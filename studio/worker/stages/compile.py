@@ -39,6 +39,11 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         compiled.update(kept["compiled"])
     if done:
         progress.log(f"{len(done)} of {len(parts)} parts: compiled by an interrupted run, kept")
+    io = ctx.get("htp.graph_io")
+    # quantized graph I/O: each part's graphs with their edge Q/DQ pairs cut, compiled from
+    # a staging folder of the stage's own (its encodings are kept beside the binaries)
+    sources = quantized_io(folders, ctx.out / "io-staging", progress) if io == "quantized" \
+        else list(folders)
     todo = [k for k in range(len(folders)) if k not in done]
     reused: list[int] = []
     n_steps, i = len(todo) * len(GRAPHS), 0
@@ -48,14 +53,14 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         return "" if folders[k] == qdir else f"{folders[k].name}/"
 
     for k in todo:
-        src, dst = folders[k], ctx.out / where(k)
+        src, dst = sources[k], ctx.out / where(k)
         part_key = None
         if where(k) and ctx.parts.root is not None:  # a part compiled before from these graphs?
             progress.update(i / n_steps, f"looking for {src.name.replace('_', ' ')} compiled "
                                          "before")
             part_key = ctx.parts.key("compile-part", salt=ctx.part_salt, chip=chip.key,
                                      fp16=fp16, extra=extra, embed_limit=EMBED_LIMIT,
-                                     graphs=files_digest(src))
+                                     graphs=files_digest(src), io=io)
             row = ctx.parts.get(part_key, dst)
             if row is not None:
                 placement.update(row["placement"])
@@ -82,7 +87,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
             if part_key is not None:
                 ctx.parts.put(part_key, ctx.out / at, row)
 
-    jobs = [(k, key, folders[k], ctx.out / where(k)) for k, key in fresh]
+    jobs = [(k, key, sources[k], ctx.out / where(k)) for k, key in fresh]
     on_ray = ray_parts() if len(jobs) > 1 else None
     workers = part_processes([src for _, _, src, _ in jobs]) if on_ray is None else 0
     if on_ray is not None:
@@ -102,13 +107,14 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         for k, key, src, dst in jobs:
             step = Steps(progress, i, n_steps)
             finished(k, key, compile_part(src, dst, chip, fp16, extra, step,
-                                          "" if src == qdir else src.name))
+                                          where(k).rstrip("/")))
             i += len(GRAPHS)
     if reused:
         progress.log(f"{len(reused)} of {len(parts)} parts (" + ", ".join(
             str(k + 1) for k in reused) + "): the same graphs were compiled for this target "
             "before, taken from then")
     partresume.unmark(ctx.out)
+    shutil.rmtree(ctx.out / "io-staging", ignore_errors=True)
     order = [where(k) + g for k in range(len(folders)) for g in GRAPHS]
     placement = {k: placement[k] for k in order}
     compiled = {k: compiled[k] for k in order}
@@ -123,10 +129,31 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                       f"{', '.join(str(k + 1) for k in reused)} of {len(parts)} as compiled "
                       "before from the same graphs" if reused else "")
                    + (f"; HTP options {', '.join(f'{k}={v}' for k, v in extra.items())}"
-                      if extra else ""),
+                      if extra else "")
+                   + ("; graph I/O quantized (the KV cache, hand-offs and logits as integers)"
+                      if io == "quantized" else ""),
         "placement": {g: {k: v for k, v in r.items() if k != "cpu_nodes"} for g, r in placement.items()},
-        "sdk_version": sdk, "tool": {"qnn_sdk": sdk}, "htp_options": extra, "metrics": [],
+        "sdk_version": sdk, "tool": {"qnn_sdk": sdk}, "htp_options": extra, "graph_io": io,
+        "metrics": [],
     }
+
+
+def quantized_io(folders: list[Path], staging: Path, progress: Progress) -> list[Path]:
+    """Each part's graphs (or the one graph set) with quantized I/O under ``staging``, the
+    residual stream each part takes encoded as the part before hands it; the folders to
+    compile from."""
+    from studio.engine.graphio import quantize_io
+
+    shutil.rmtree(staging, ignore_errors=True)
+    out, handoff = [], None
+    for k, src in enumerate(folders):
+        progress.check()
+        progress.update(0.0, f"quantized graph I/O: cutting the edge Q/DQ pairs of "
+                             f"{'part ' + str(k + 1) if len(folders) > 1 else 'the graphs'}")
+        dst = staging / (src.name if len(folders) > 1 else "")
+        handoff = quantize_io(src, dst, GRAPHS, handoff)["handoff_out"]
+        out.append(dst)
+    return out
 
 
 class Steps:
@@ -174,6 +201,10 @@ def compile_part(src: Path, dst: Path, chip: Chip, fp16: bool, extra: dict[str, 
                                                  extra_options=extra)
         if steps is not None:
             steps.n += 1
+    from studio.engine.graphio import IO_ENCODINGS_FILE
+
+    if (src / IO_ENCODINGS_FILE).is_file():  # quantized I/O: the host reads its encodings
+        shutil.copy2(src / IO_ENCODINGS_FILE, dst / IO_ENCODINGS_FILE)
     return out
 
 

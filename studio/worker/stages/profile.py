@@ -3,6 +3,7 @@ of each repeat; the compiler's traffic and a host CPU timeline beside it."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,12 @@ def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
         return table, "analytic", None
     try:
         extra = htp_options(ctx)
+        if ctx.get("htp.graph_io") == "quantized":  # the graph as the compile stage built it
+            from studio.engine.graphio import quantize_io
+            from studio.worker.stages._llm import GRAPHS
+
+            quantize_io(qdir, ctx.out / "optrace-io", GRAPHS)
+            graph = ctx.out / "optrace-io" / "decode.onnx"
         info = qnn.profile_decode_step(graph, ctx.chip, spec, ctx.out / "optrace" / "ops.csv",
                                        fp16=ctx.fp16, level="optrace", extra_options=extra)
         if not info["schematic"]:
@@ -157,6 +164,8 @@ def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
     except StudioError as exc:
         progress.log(f"bytes moved stay analytic: {exc.message}")
         return table, "analytic", None
+    finally:
+        shutil.rmtree(ctx.out / "optrace-io", ignore_errors=True)
     merged, matched = copy_traffic(table, traffic)
     compiler = compiler_totals(sch, extra,
                                ctx.input("compile", ctx.config.chip) / "decode_ctx.onnx")
