@@ -623,7 +623,9 @@ NOT_EXPOSED = {
                                    "above moves it); no separate EP option",
     "graph I/O quantization offload": "the EP's offload_graph_io_quantization is accepted "
                                       "but leaves the compiled context unchanged here "
-                                      "(measured: identical binaries, on or off)",
+                                      "(measured: identical binaries, on or off); "
+                                      "htp.graph_io = quantized cuts the edge conversions "
+                                      "instead",
     "spill-fill buffer sharing": "the EP's enable_htp_spill_fill_buffer is accepted; it shares "
                                  "one buffer between contexts loaded together, which the "
                                  "simulator does not show (identical binaries)",

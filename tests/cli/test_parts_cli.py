@@ -525,3 +525,31 @@ def test_studio_bisect_walks_the_parts(parts_project):
     assert "(cached)" in r.stderr
     r = studio("bisect", f, "--part", "3")
     assert r.returncode == 2 and "exported in 2 parts (1..2)" in r.stderr
+
+
+def test_parts_with_quantized_graph_io_hand_on_integers(parts_project, tmp_path):
+    """Two parts compiled with quantized graph I/O: the residual stream leaves part 1 and
+    enters part 2 as the same 16-bit integers (one encoding, each graph kind's own), and the
+    model still validates on the simulator part by part and generates through the chain."""
+    from tests.cli.conftest import share_store
+
+    f, _ = parts_project
+    proj = tmp_path / "io.qstudio"
+    share_store(f, proj, stages={"export", "quantize"})
+    proj.write_text(f.read_text() + '\n[htp]\ngraph_io = "quantized"\n')
+    r = studio("--batch", proj, "--stages", "validate,run", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout)
+    assert all(g["passed"] for g in summary["gates"]), summary["gates"]
+    got = _validation(proj)
+    assert got["scored_by_part"] == 2 and got["htp"]["logits_cosine_mean"] > 0.99
+    encs = sorted(proj.with_suffix(".studio").glob("artifacts/objects/*/*/part*_of_2/"
+                                                   "io_encodings.json"))
+    assert [e.parent.name for e in encs] == ["part1_of_2", "part2_of_2"]
+    one, two = (json.loads(e.read_text())["graphs"] for e in encs)
+    for g in ("prefill", "decode"):
+        handed = [k for k in one[g] if k.startswith("hidden_states_after_")]
+        assert handed and all(one[g][k] == two[g][k] for k in handed)
+        assert "logits" in two[g] and "logits" not in one[g]
+    ran = _runs(proj)  # the simulator generated through the two parts' integer hand-off
+    assert len(ran[f"htp-sim:{default_target()}"]) > 0

@@ -182,6 +182,12 @@ def test_the_htp_compiler_options_are_recipe_edits(window, project_path, qtbot):
     window.undo_act.trigger()
     assert (p.htp["vtcm_mb"], p.htp["fp16_relaxation"]) == (0, False)
     assert page.vtcm.value() == 0 and not page.fp16_relax.isChecked()
+    assert page.graph_io.currentData() == "float"
+    page.graph_io.setCurrentIndex(page.graph_io.findData("quantized"))
+    page.graph_io.activated.emit(page.graph_io.currentIndex())
+    assert p.htp["graph_io"] == "quantized"
+    window.undo_act.trigger()
+    assert p.htp["graph_io"] == "float" and page.graph_io.currentData() == "float"
     note = next(w for w in page.findChildren(type(page.error)) if "Not exposed" in w.text())
     assert all(k in note.text() and NOT_EXPOSED[k] in note.toolTip() for k in NOT_EXPOSED)
 

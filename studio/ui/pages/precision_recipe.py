@@ -162,6 +162,14 @@ class RecipeFormMixin:
         self.fp16_relax.setToolTip(spec_of("htp.fp16_relaxation").doc)
         self.fp16_relax.toggled.connect(lambda on: self._set("htp", "fp16_relaxation", on))
         form.addRow("FP16 relaxation", self.fp16_relax)
+        self.graph_io = QComboBox()
+        for value, text in (("float", "float (the NPU converts at every edge)"),
+                            ("quantized", "quantized (the NPU's 16-bit integers)")):
+            self.graph_io.addItem(text, value)
+        self.graph_io.setToolTip(spec_of("htp.graph_io").doc)
+        self.graph_io.activated.connect(
+            lambda _i: self._set("htp", "graph_io", self.graph_io.currentData()))
+        form.addRow("Graph I/O", self.graph_io)
         note = label("Judged by the compiler's own figures (Profiler and studio compare: DRAM "
                      "and VTCM bytes per decode step, deterministic). Not exposed by the QNN "
                      "EP here: " + ", ".join(NOT_EXPOSED) + " (hover for what each needs).",
@@ -283,6 +291,9 @@ class RecipeFormMixin:
             self._quiet(self.vtcm, lambda: self.vtcm.setValue(h["vtcm_mb"]))
         if touched("htp", "fp16_relaxation"):
             self._quiet(self.fp16_relax, lambda: self.fp16_relax.setChecked(h["fp16_relaxation"]))
+        if touched("htp", "graph_io"):
+            self._quiet(self.graph_io, lambda: self.graph_io.setCurrentIndex(
+                self.graph_io.findData(h["graph_io"])))
         for key, spin in self.gate_spins.items():
             if touched("gates", key):
                 self._quiet(spin, lambda s=spin, k=key: s.setValue(float(p.gates[k])))
