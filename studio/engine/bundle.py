@@ -49,6 +49,7 @@ class BundleSettings:
     greedy_prompt: str = ""  # validate's greedy check on the bundle's binaries: its prompt
     greedy_tokens: int = 0  # and its new tokens (0: no greedy check)
     htp_options: dict[str, str] | None = None  # the compile's extra QNN EP options
+    graph_io: str = "float"  # htp.graph_io: "quantized" makes the KV cache uint16 I/O
 
 
 def bundle_prompts(text: str, tok, n: int, length: int = 12, long: int = 0) -> list[str]:
@@ -196,19 +197,34 @@ def genie_prefill_graph(export_dir: Path, qdir: Path, spec: dict[str, Any], N: i
     quantize_like(work / f"prefill_ar{N}.onnx", work / f"prefill_ar{N}_q.onnx",
                   qdir / "decode.onnx", settings.recipe, feeds)
     out = work / f"prefill_ar{N}_genie.onnx"
-    genie.genie_graph(work / f"prefill_ar{N}_q.onnx", out, spec)
+    genie.genie_graph(work / f"prefill_ar{N}_q.onnx", out, spec,
+                      kv_encodings=kv_encodings(qdir, settings))
     return out
 
 
-def genie_parts(graphs: list[Path], spec: dict[str, Any], work: Path, stem: str) -> list[Path]:
+def kv_encodings(graphs_dir: Path, settings: BundleSettings) -> dict[str, Any] | None:
+    """The one encoding per cache tensor every Genie graph of a part takes, from its decode
+    graph (the AR-N graph is quantized with the decode graph's scales), for a bundle with
+    quantized graph I/O; None for float KV I/O."""
+    if settings.graph_io != "quantized":
+        return None
+    from studio.engine.graphio import cache_encodings
+
+    return cache_encodings(graphs_dir / "decode.onnx")
+
+
+def genie_parts(graphs: list[Path], spec: dict[str, Any], work: Path, stem: str,
+                kv: list[dict[str, Any] | None] | None = None) -> list[Path]:
     """Each part's quantized graph (decode or AR-N, in order) in Genie's conventions, the
-    residual stream passing from part to part as the handing part's uint16 integers."""
+    residual stream passing from part to part as the handing part's uint16 integers (``kv``:
+    each part's cache encodings, for quantized KV I/O)."""
     from studio.engine import genie
 
     out, handoff = [], {}
     for i, src in enumerate(graphs):
         dst = work / f"{stem}_part{i + 1}_of_{len(graphs)}.onnx"
-        handoff = genie.genie_graph(src, dst, spec, handoff)["handoff_out"]
+        handoff = genie.genie_graph(src, dst, spec, handoff,
+                                    kv_encodings=kv[i] if kv else None)["handoff_out"]
         out.append(dst)
     return out
 
@@ -246,11 +262,12 @@ def genie_prefill_parts(export_dir: Path, qdir: Path, spec: dict[str, Any], N: i
         dst = src.with_name("ar_q.onnx")
         quantize_like(src, dst, qdir / part.name / "decode.onnx", settings.recipe, mine)
         out.append(dst)
-    return genie_parts(out, spec, work, f"prefill_ar{N}_genie")
+    return genie_parts(out, spec, work, f"prefill_ar{N}_genie",
+                       [kv_encodings(qdir / p.name, settings) for p in parts])
 
 
 def readme(spec: dict[str, Any], chip, sdk: str, N: int, cl: int, parts: int,
-           ctx_names: list[str]) -> str:
+           ctx_names: list[str], kv_dtype: str = "float32") -> str:
     """The bundle's README: how to run it on the device, and what its graphs are."""
     return (
         f"# Genie bundle: {spec.get('model_type')} for {chip.name}\n\n"
@@ -263,7 +280,11 @@ def readme(spec: dict[str, Any], chip, sdk: str, N: int, cl: int, parts: int,
         + f"{'hold' if N > 1 else 'holds'} a context of {cl} positions"
         + (f", each in {parts} context binaries of consecutive blocks" if parts > 1 else "")
         + f": {', '.join(f'`{n}`' for n in ctx_names)}. "
-        "`manifest.json` lists every file with its SHA-256 and the check against the studio's "
+        + ("The KV cache goes in and out (`past_*_in` / `past_*_out`) as uint16 integers, one "
+           "encoding per tensor for every graph (`manifest.json` → `kv_cache`): the new rows "
+           "are copied into the cache as they come, nothing converts the cache at the edge. "
+           if kv_dtype == "uint16" else "")
+        + "`manifest.json` lists every file with its SHA-256 and the check against the studio's "
         "runtime on the HTP simulator.\n")
 
 
@@ -347,7 +368,8 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
         progress.update(0.02, f"rewriting the {len(exported)} parts' decode graphs to "
                               "Genie's conventions")
         variants = {1: genie_parts([qdir / p / "decode.onnx" for p in exported], spec, work,
-                                   "decode_genie")}
+                                   "decode_genie",
+                                   [kv_encodings(qdir / p, settings) for p in exported])}
         if N > 1:
             variants = {N: genie_prefill_parts(export_dir, qdir, spec, N, cl, work, settings,
                                                SubProgress(progress, 0.03, 0.12)),
@@ -356,7 +378,8 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
         parts = len(exported)
     else:
         progress.update(0.02, "rewriting the decode graph to Genie's conventions")
-        genie.genie_graph(qdir / "decode.onnx", work / "decode_genie.onnx", spec)
+        genie.genie_graph(qdir / "decode.onnx", work / "decode_genie.onnx", spec,
+                          kv_encodings=kv_encodings(qdir, settings))
         variants = {1: work / "decode_genie.onnx"}
         if N > 1:
             variants = {N: genie_prefill_graph(export_dir, qdir, spec, N, cl, work, settings,
@@ -376,6 +399,7 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
     want = settings.new_tokens
     # the studio's runtime over the bundle's own graphs, before they move into the bundle
     runner = genie.BundleRunner(sessions, spec, cl)
+    kv_dtype = str(runner.keys.dtype)  # as the compiled graphs take the cache
     refs, ups = [], []
     for i, prompt in enumerate(prompts):
         progress.check()
@@ -448,6 +472,10 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
              for f in sorted(out.iterdir()) if f.is_file()}
     from importlib.metadata import version
 
+    kv_cache: dict[str, Any] = {"dtype": kv_dtype}
+    if settings.graph_io == "quantized":  # what an app other than Genie needs to feed them
+        kv_cache["encodings"] = ([kv_encodings(qdir / p, settings) for p in exported]
+                                 if len(exported) > 1 else [kv_encodings(qdir, settings)])
     manifest = {
         "format": "genie-bundle", "version": 1, "model": spec.get("model_type"),
         "chip": {"key": chip.key, "name": chip.name, "htp_arch": chip.htp_arch,
@@ -457,6 +485,7 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
         "recipe": {k: settings.recipe[k] for k in ("scheme", "weight_granularity")},
         "context_size": cl, "prefill_ar": N if N > 1 else None,
         "graphs": graph_rows,
+        "kv_cache": kv_cache,
         "weights_bytes": weights,
         "files": files,
         "verification": {"runtime": "Genie (libGenie.so) on the QNN HTP simulator",
@@ -476,7 +505,8 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
     manifest["dlc"] = {**{g: {k: d[k] for k in ("file", "bytes")} for g, d in dlc.items()},
                        "note": "for Qualcomm's on-device tools; not runnable on this host"}
     atomic_write_json(out / "manifest.json", manifest)
-    (out / "README.md").write_text(readme(spec, chip, sdk, N, cl, parts, ctx_names))
+    (out / "README.md").write_text(readme(spec, chip, sdk, N, cl, parts, ctx_names,
+                                          kv_cache["dtype"]))
     timed = "Genie's wall time"
     figures = [  # (name, value, unit, detail, whether it is a timing of the device)
         ("genie_identical_prompts", identical / len(checks), "fraction",

@@ -31,7 +31,8 @@ HANDOFF = hidden_name(0).removesuffix("0")
 
 
 def genie_graph(src: Path, dst: Path, spec: dict[str, Any],
-                handoff_in: dict[str, tuple[Any, Any]] | None = None) -> dict[str, Any]:
+                handoff_in: dict[str, tuple[Any, Any]] | None = None,
+                kv_encodings: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Rewrite a quantized (QDQ) graph over the static KV cache — the AR-1 decode graph or an
     AR-N graph (N new tokens over CL - N slots) — into Genie's I/O conventions at ``dst``. The
     arithmetic inside is untouched: ids become int32 (Gather takes them), the mask input is
@@ -46,13 +47,27 @@ def genie_graph(src: Path, dst: Path, spec: dict[str, Any],
     DequantizeLinear on the handing side dropped), so Genie copies raw values from part to
     part. ``handoff_in`` gives such an input the (scale, zero point) of the part that hands
     it (both sides then read the same integers alike); the result's ``handoff_out`` gives
-    this part's, for the next."""
+    this part's, for the next.
+
+    ``kv_encodings`` (:func:`studio.engine.graphio.cache_encodings`: one encoding per cache
+    tensor, the same for every graph of the bundle) makes the KV cache quantized I/O: the
+    ``past_*_in`` inputs and ``past_*_out`` rows are uint16 with that encoding, so Genie
+    copies the new rows into its cache as they come and the NPU converts no cache at the
+    edge (``htp.graph_io = "quantized"``)."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     model = onnx.load(str(src))
     g = model.graph
+    qkv = kv_encodings is not None
+    if qkv:
+        from studio.engine.graphio import set_cache_encodings
+
+        if not set_cache_encodings(model, kv_encodings or {}):
+            raise StudioError(f"{src.name}: no KV cache edge is a Q/DQ pair: its cache cannot "
+                              "be quantized I/O")
+    kv_type = TensorProto.UINT16 if qkv else TensorProto.FLOAT
     kvh, hd = int(spec["num_kv_heads"]), int(spec["head_dim"])
     dims = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in g.input}
     keys = [n for n in dims if n.startswith("past_key_")]
@@ -115,7 +130,11 @@ def genie_graph(src: Path, dst: Path, spec: dict[str, Any],
             q = quantize_of(name)
             dq = next(n for n in nodes if n.op_type == "DequantizeLinear"
                       and n.input[0] == q.output[0])
-            q.input[0] = new
+            if qkv:  # the integers go straight into the DequantizeLinear
+                nodes.remove(q)
+                dq.input[0] = new
+            else:
+                q.input[0] = new
             t, tq, tdq = f"{new}_T", f"{new}_TQ", f"{new}_TDQ"
             rename_uses(dq.output[0], tdq, skip=dq)
             at = nodes.index(dq) + 1
@@ -127,11 +146,16 @@ def genie_graph(src: Path, dst: Path, spec: dict[str, Any],
                 helper.make_node("DequantizeLinear", [tq, q.input[1], q.input[2]], [tdq],
                                  name=f"{new}_transpose_DQ"),
             ]
-            inputs.append(helper.make_tensor_value_info(new, TensorProto.FLOAT, [1, kvh, hd, C]))
+            inputs.append(helper.make_tensor_value_info(new, kv_type, [1, kvh, hd, C]))
         elif name.startswith("past_value_"):
             new = f"{name}_in"
-            rename_uses(name, new)
-            inputs.append(helper.make_tensor_value_info(new, TensorProto.FLOAT, [1, kvh, C, hd]))
+            if qkv:
+                q = quantize_of(name)
+                nodes.remove(q)
+                rename_uses(q.output[0], new)
+            else:
+                rename_uses(name, new)
+            inputs.append(helper.make_tensor_value_info(new, kv_type, [1, kvh, C, hd]))
         else:
             raise StudioError(f"{src.name}: input {name} has no Genie counterpart (a sliding "
                               "window mask or an extra input): this model cannot be bundled yet")
@@ -156,16 +180,29 @@ def genie_graph(src: Path, dst: Path, spec: dict[str, Any],
             nodes += [
                 rows,
                 helper.make_node("QuantizeLinear", [f"{new}_R", dq.input[1], dq.input[2]],
-                                 [f"{new}_RQ"], name=f"{new}_rows_Q"),
-                helper.make_node("DequantizeLinear", [f"{new}_RQ", dq.input[1], dq.input[2]],
-                                 [new], name=f"{new}_rows_DQ"),
+                                 [new if qkv else f"{new}_RQ"], name=f"{new}_rows_Q"),
             ]
-            outputs.append(helper.make_tensor_value_info(new, TensorProto.FLOAT, [1, kvh, hd, S]))
+            if not qkv:
+                nodes.append(helper.make_node("DequantizeLinear",
+                                              [f"{new}_RQ", dq.input[1], dq.input[2]], [new],
+                                              name=f"{new}_rows_DQ"))
+            outputs.append(helper.make_tensor_value_info(new, kv_type, [1, kvh, hd, S]))
         elif name.startswith("present_value_"):
             new = name.replace("present_", "past_") + "_out"
-            producers[name].output[0] = new
-            rename_uses(name, new)
-            outputs.append(helper.make_tensor_value_info(new, TensorProto.FLOAT, [1, kvh, S, hd]))
+            dq = producers[name]
+            q = producers.get(dq.input[0]) if qkv else None
+            if qkv and q is not None and q.op_type == "QuantizeLinear":
+                # the row leaves as the integers its QuantizeLinear gives; the layer's own
+                # use of it reads them through the DequantizeLinear
+                q.output[0] = new
+                dq.input[0] = new
+            elif qkv:
+                raise StudioError(f"{src.name}: {name} does not leave through a Q/DQ pair: "
+                                  "its cache cannot be quantized I/O")
+            else:
+                dq.output[0] = new
+                rename_uses(name, new)
+            outputs.append(helper.make_tensor_value_info(new, kv_type, [1, kvh, S, hd]))
         elif name.startswith(HANDOFF):
             dq = producers.get(name)
             if dq is None or dq.op_type != "DequantizeLinear":
@@ -394,14 +431,18 @@ class BundleRunner:
         self.layers, self.eos = int(spec["num_layers"]), spec.get("eos_token_id")
         self.pad = int(spec.get("pad_token_id") or 0)
         kvh, hd = int(spec["num_kv_heads"]), int(spec["head_dim"])
-        self.keys = np.zeros((self.layers, 1, kvh, hd, self.cl - 1), np.float32)
-        self.values = np.zeros((self.layers, 1, kvh, self.cl - 1, hd), np.float32)
+        # the cache as the graphs take it: float, or uint16 with quantized KV I/O (the rows
+        # come out with the encoding the inputs take: copied as they are)
+        types = {i.name: i.type for s in graphs[1] for i in s.get_inputs()}
+        dtype = np.uint16 if types.get("past_key_0_in") == "tensor(uint16)" else np.float32
+        self.keys = np.zeros((self.layers, 1, kvh, hd, self.cl - 1), dtype)
+        self.values = np.zeros((self.layers, 1, kvh, self.cl - 1, hd), dtype)
         self.passes = {ar: 0 for ar in graphs}
         self.prompt_passes = 0
 
     def reset(self) -> None:
-        self.keys[:] = 0.0
-        self.values[:] = 0.0
+        self.keys[:] = 0
+        self.values[:] = 0
 
     def _pass(self, tokens: list[int], pos: int, ar: int, rows: bool = False):
         """``tokens`` (at most ``ar``) at positions ``pos``..; returns the last real row's

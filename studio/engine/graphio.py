@@ -222,6 +222,28 @@ def unify_cache(graphs: dict[str, _Graph]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def cache_encodings(path: Path) -> dict[str, dict[str, Any]]:
+    """The one encoding per cache tensor (``key_0``, ``value_0``, ...) of the QDQ graph at
+    ``path``: the union of its ``past_*`` input and ``present_*`` rows' ranges."""
+    import onnx
+
+    gr = _Graph(onnx.load(str(path), load_external_data=False))
+    return unify_cache({"graph": gr})
+
+
+def set_cache_encodings(model, encodings: dict[str, dict[str, Any]]) -> int:
+    """Point the cache edges of ``model`` (a QDQ ModelProto, edited in place) at
+    ``encodings`` (:func:`cache_encodings`); the number of edges set."""
+    gr = _Graph(model)
+    done = 0
+    for name in [*gr.in_q, *gr.out_pair]:
+        key = _cache_key(name)
+        if key is not None and key in encodings:
+            gr.set_encoding(name, encodings[key])
+            done += 1
+    return done
+
+
 def quantize_io(src_dir: Path, dst_dir: Path, graphs: tuple[str, ...],
                 handoff_in: dict[str, dict[str, dict]] | None = None) -> dict[str, Any]:
     """Write ``graphs`` of ``src_dir`` (one part's, or a model's) with quantized I/O into

@@ -33,7 +33,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         score_tokens=int(ctx.get("bundle.score_tokens")),
         greedy_prompt=ctx.get("run.prompt"),
         greedy_tokens=int(ctx.get("validation.greedy_tokens")),
-        htp_options=htp_options(ctx))
+        htp_options=htp_options(ctx), graph_io=ctx.get("htp.graph_io"))
     dev = ctx.device
     result = build_bundle(export_dir, qdir, ctx.chip, spec, ctx.out, settings,
                           lambda: ctx.backend.open_generator(export_dir, cdir, spec, False),
