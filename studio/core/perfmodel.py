@@ -472,13 +472,24 @@ def estimate_ops(graph: OpGraph, chip: ChipPerf, eff: Efficiency,
     return GraphEstimate(graph, roof, sched, floor, eff.overhead_ms / 1000)
 
 
+#: the edge conversions of a graph with float I/O, in :func:`transformer_ops`
+FLOAT_IO_OP = "/graph_io/float_edges"
+FLOAT_BYTES = 4
+
+
 def transformer_ops(arch: Arch, scheme: Scheme, tokens: int, context: int,
-                    prefill: bool = False) -> OpGraph:
+                    prefill: bool = False, float_io: bool = False) -> OpGraph:
     """The ops of one forward pass over ``tokens`` new tokens with ``context`` KV positions.
 
     Decode: ``tokens`` = 1, attention over the static cache of ``context`` positions.
     Prefill: ``prefill=True``, causal attention over the prompt itself (``context`` caps it).
     Per layer: qkv -> attention -> o_proj -> gate/up -> down, then the lm_head.
+
+    The published graphs the model is fitted to take and give quantized tensors. With
+    ``float_io`` (a QDQ graph as the quantizer writes it, ``htp.graph_io = "float"``) the
+    pass also converts at its edges: the float32 KV cache read and written back quantized
+    before the first layer, the new rows and the logits dequantized to float32 after the
+    last — memory-bound element-wise work (:data:`FLOAT_IO_OP`).
     """
     h, n = arch.hidden, tokens
     wb, ab, kb = scheme.weight_bytes, scheme.act_bytes, scheme.kv_bytes
@@ -502,6 +513,10 @@ def transformer_ops(arch: Arch, scheme: Scheme, tokens: int, context: int,
         add(name, "MatMul", li, n * k * m_out, k * m_out * wb + n * (k + m_out) * ab)
 
     qkv = arch.q_dim + 2 * arch.kv_dim
+    if float_io:
+        cache = 0.0 if prefill else sum(2 * arch.kv_dim * arch.kv_context(i, context)
+                                        for i in range(arch.layers))
+        add(FLOAT_IO_OP, "QuantizeLinear", -1, 0.0, cache * (FLOAT_BYTES + kb))
     for i in range(arch.layers):
         p = f"/model/layers.{i}"
         linear(f"{p}/self_attn/qkv_proj", i, h, qkv)
@@ -520,6 +535,10 @@ def transformer_ops(arch: Arch, scheme: Scheme, tokens: int, context: int,
         linear(f"{p}/mlp/gate_up_proj", i, h, 2 * arch.intermediate)
         linear(f"{p}/mlp/down_proj", i, arch.intermediate, h)
     linear("/lm_head", -1, h, arch.vocab)
+    if float_io:  # the new rows and the logits back to float32
+        rows = 2 * arch.kv_dim * n * arch.layers
+        add(FLOAT_IO_OP + " (out)", "DequantizeLinear", -1, 0.0,
+            rows * (kb + FLOAT_BYTES) + n * arch.vocab * (ab + FLOAT_BYTES))
     return OpGraph(names, types, np.array(layer), np.array(macs), np.array(dram),
                    np.array(edges, np.int64).reshape(-1, 2))
 
@@ -831,15 +850,17 @@ def with_kv_bits(scheme: Scheme, bits: int) -> Scheme:
 
 
 def pass_seconds(arch: Arch, chip: Chip | ChipPerf | str, scheme: Scheme, context: int,
-                 tokens: int = 1, eff: Efficiency | None = None) -> float:
+                 tokens: int = 1, eff: Efficiency | None = None,
+                 float_io: bool = False) -> float:
     """Estimated seconds of one target pass over ``tokens`` new tokens with ``context`` KV
-    positions (1: a decode step; k + 1: a speculative verify pass)."""
+    positions (1: a decode step; k + 1: a speculative verify pass); ``float_io``: a graph
+    that converts its edges (:func:`transformer_ops`)."""
     if isinstance(chip, str):
         chip = get_chip(chip)
     perf = chip if isinstance(chip, ChipPerf) else ChipPerf.of(chip)
     if eff is None:
         eff = load_fit()[0]
-    g = transformer_ops(arch, scheme, int(tokens), int(context))
+    g = transformer_ops(arch, scheme, int(tokens), int(context), float_io=float_io)
     return estimate_ops(g, perf, eff, eff.compute_for(scheme, prefill=False)).total_s
 
 
@@ -868,15 +889,18 @@ def waterfall_estimate(arch: Arch, chip: Chip | ChipPerf | str, context: int, wi
                        dropped_blocks: int = 0, pruned_tokens_per_pass: float | None = None,
                        eff: Efficiency | None = None) -> list[dict[str, Any]]:
     """Estimated decode tok/s on ``chip`` for the waterfall's steps, each on top of the last:
-    FP16 (the HTP's float) -> W8A16 -> ``scheme`` (4-bit) -> INT8 KV -> a W-slot cache ->
-    speculative (``tokens_per_pass`` at k) -> ``dropped_blocks`` fewer blocks."""
+    FP16 (the HTP's float) -> W8A16 with float graph I/O (the quantizer's graphs) -> quantized
+    graph I/O -> ``scheme`` (4-bit) -> INT8 KV -> a W-slot cache -> speculative
+    (``tokens_per_pass`` at k) -> ``dropped_blocks`` fewer blocks."""
     from dataclasses import replace
 
     low = get_scheme(scheme)
     kv8 = with_kv_bits(low, 8)
     steps: list[tuple[str, float]] = [
         ("fp32", 1.0 / pass_seconds(arch, chip, get_scheme("FP16"), context, 1, eff)),
-        ("w8a16", 1.0 / pass_seconds(arch, chip, get_scheme("W8A16"), context, 1, eff)),
+        ("w8a16", 1.0 / pass_seconds(arch, chip, get_scheme("W8A16"), context, 1, eff,
+                                     float_io=True)),
+        ("quantized_io", 1.0 / pass_seconds(arch, chip, get_scheme("W8A16"), context, 1, eff)),
         ("w4a16", 1.0 / pass_seconds(arch, chip, low, context, 1, eff)),
         ("int8_kv", 1.0 / pass_seconds(arch, chip, kv8, context, 1, eff)),
         ("window", 1.0 / pass_seconds(arch, chip, kv8, window, 1, eff)),

@@ -180,11 +180,12 @@ def cpu_generator(graph_dir: Path, spec: dict[str, Any], threads: int = HOST_THR
     ``graph_dir`` on the host CPU (ONNX Runtime); a model in parts runs its parts' graphs
     chained (:mod:`studio.engine.chain`)."""
     from studio.engine.chain import chain_session, part_dirs
+    from studio.engine.graphio import encoded
 
     graph_dir = Path(graph_dir)
 
-    def make(path: Path):
-        return make_cpu_session(path, threads)
+    def make(path: Path):  # graphs with quantized I/O: through their encodings
+        return encoded(make_cpu_session(path, threads), Path(path).parent, Path(path).stem)
 
     has_verify = all((d / "verify.onnx").is_file() for d in part_dirs(spec, graph_dir))
     return StaticKVGenerator(chain_session(spec, graph_dir, "prefill", make),

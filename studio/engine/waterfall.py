@@ -1,5 +1,5 @@
-"""The optimization waterfall: FP32 -> W8A16 -> W4A16 -> INT8 KV -> window -> speculative ->
-pruned, each step on top of the last, each with its decode speed and its accuracy measured on
+"""The optimization waterfall: FP32 -> W8A16 -> quantized graph I/O -> W4A16 -> INT8 KV ->
+window -> speculative -> pruned, each step on top of the last, each with its decode speed and its accuracy measured on
 the host CPU (ONNX Runtime running the step's own graphs), plus the inputs the performance
 model needs to estimate the same steps for a catalog chip.
 
@@ -17,10 +17,12 @@ from typing import Any
 
 from studio.core.errors import StudioError
 
-STEPS: tuple[str, ...] = ("fp32", "w8a16", "w4a16", "int8_kv", "window", "speculative", "pruned")
+STEPS: tuple[str, ...] = ("fp32", "w8a16", "quantized_io", "w4a16", "int8_kv", "window",
+                          "speculative", "pruned")
 
 LABELS: dict[str, str] = {
-    "fp32": "FP32", "w8a16": "W8A16", "w4a16": "W4A16", "int8_kv": "+ INT8 KV",
+    "fp32": "FP32", "w8a16": "W8A16", "quantized_io": "+ quantized I/O", "w4a16": "W4A16",
+    "int8_kv": "+ INT8 KV",
     "window": "+ window", "speculative": "+ speculative", "pruned": "+ pruned",
 }
 

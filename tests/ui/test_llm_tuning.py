@@ -68,14 +68,19 @@ def test_playground_ablation_and_waterfall(make_window, copy_project, exported_t
     win.ctl.set("waterfall", "new_tokens", 16)  # each step's generation: short in a test
     summary = wait_task(qtbot, win.ctl.run(["waterfall"]), timeout=900_000)
     assert summary.state == "succeeded", summary.to_dict()
-    qtbot.waitUntil(lambda: page.waterfall.table.rowCount() == 7, timeout=30_000)
+    qtbot.waitUntil(lambda: page.waterfall.table.rowCount() == 8, timeout=30_000)
     data = page.waterfall.data
-    assert [r["step"] for r in data["steps"]] == ["fp32", "w8a16", "w4a16", "int8_kv", "window",
-                                                 "speculative", "pruned"]
+    assert [r["step"] for r in data["steps"]] == ["fp32", "w8a16", "quantized_io", "w4a16",
+                                                 "int8_kv", "window", "speculative", "pruned"]
     assert all(r["source"] == "measured" and r["tokens_per_s"] > 0 for r in data["steps"])
     assert all(r["estimated_tokens_per_s"] > 0 for r in data["steps"])
-    spec_row = data["steps"][5]
-    assert spec_row["ppl"] == data["steps"][4]["ppl"]  # lossless
+    spec_row = data["steps"][6]
+    assert spec_row["ppl"] == data["steps"][5]["ppl"]  # lossless
+    # quantized graph I/O: the NPU converts no edge, so the chip's estimate rises; the
+    # model keeps its accuracy on the host (one encoding per cache tensor)
+    w8, qio = data["steps"][1], data["steps"][2]
+    assert qio["estimated_tokens_per_s"] > w8["estimated_tokens_per_s"]
+    assert abs(qio["ppl"] / w8["ppl"] - 1) < 0.02, (qio["ppl"], w8["ppl"])
     assert data["steps"][-1]["ppl"] > data["steps"][0]["ppl"]
     page.waterfall.chip.setCurrentText("snapdragon-8-elite")
     assert page.waterfall.data["chip"] == "snapdragon-8-elite"

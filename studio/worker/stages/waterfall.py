@@ -21,9 +21,11 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     its held-out perplexity; and what the performance model needs to estimate the steps for
     a chip (the measured tokens per speculative pass)."""
     from studio.engine import waterfall as wf
+    from studio.engine.graphio import quantize_io
     from studio.engine.kvquant import calibrate_kv_scales, write_int8_kv_graphs
     from studio.engine.llm_export import export_llm
     from studio.engine.quantize import quantize_llm
+    from studio.worker.stages._llm import GRAPHS
 
     export_dir, abl_dir = ctx.input("export"), ctx.input("ablation")
     spec = load_graph_spec(export_dir)
@@ -87,6 +89,14 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     g8 = cpu_generator(d8, spec)
     add("w8a16", g8, None, wf.decode_rate(g8, prompt, new_tokens),
         "QDQ graphs run in float on the host CPU: slower here, faster on the NPU")
+    progress.update(0.2, "quantized graph I/O (the W8A16 graphs' edge Q/DQ pairs cut)")
+    dio = ctx.out / "w8a16_io"
+    quantize_io(d8, dio, GRAPHS)
+    shutil.copy2(d8 / "graph.json", dio / "graph.json")
+    gio = cpu_generator(dio, spec)
+    add("quantized_io", gio, None, wf.decode_rate(gio, prompt, new_tokens),
+        "the KV cache, mask and logits as 16-bit integers (htp.graph_io = quantized): the NPU "
+        "converts nothing at the edge; here the host does. The steps below keep it on the chip")
     d4 = quantized(export_dir, "w4a16", "W4A16", low_gran, 0.22, 0.42)
     g4 = cpu_generator(d4, spec)
     add("w4a16", g4, None, wf.decode_rate(g4, prompt, new_tokens), f"{low_gran} 4-bit weights")
@@ -115,7 +125,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     progress.update(0.92, "the pruned model: speed and perplexity")
     psp = wf.speculative_rate(gp, prompt, new_tokens, k)
     add("pruned", gp, W, psp, f"without block(s) {ablation['dropped']}, with everything above")
-    for d in (d8, d4, dk, dp_fp, dp4, dpk):  # keep the figures, not the graphs (large)
+    for d in (d8, dio, d4, dk, dp_fp, dp4, dpk):  # keep the figures, not the graphs (large)
         shutil.rmtree(d, ignore_errors=True)
     cfg = json.loads((ctx.path("model.source") / "config.json").read_text())
     result = {
@@ -135,3 +145,4 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         "waterfall": result,
         "metrics": [host_metric("waterfall_final_tokens_per_s", last["tokens_per_s"], "tok/s")],
     }
+
