@@ -605,8 +605,10 @@ class Estimate:
 
 
 def estimate(arch: Arch, chip: Chip | ChipPerf | str, scheme: Scheme | str, context: int,
-             prompt_tokens: int | None = None, eff: Efficiency | None = None) -> Estimate:
-    """Decode and prefill estimate for ``arch`` on ``chip`` (uses the shipped fit by default)."""
+             prompt_tokens: int | None = None, eff: Efficiency | None = None,
+             float_io: bool = False) -> Estimate:
+    """Decode and prefill estimate for ``arch`` on ``chip`` (uses the shipped fit by default);
+    ``float_io``: graphs that convert their edges (:func:`transformer_ops`)."""
     if isinstance(chip, str):
         chip = get_chip(chip)
     perf = chip if isinstance(chip, ChipPerf) else ChipPerf.of(chip)
@@ -619,9 +621,10 @@ def estimate(arch: Arch, chip: Chip | ChipPerf | str, scheme: Scheme | str, cont
                           f"not {prompt!r}")
     if eff is None:
         eff = load_fit()[0]
-    dec = estimate_ops(transformer_ops(arch, sch, 1, context), perf, eff,
+    dec = estimate_ops(transformer_ops(arch, sch, 1, context, float_io=float_io), perf, eff,
                        eff.compute_for(sch, prefill=False))
-    pre = estimate_ops(transformer_ops(arch, sch, prompt, context, prefill=True), perf, eff,
+    pre = estimate_ops(transformer_ops(arch, sch, prompt, context, prefill=True,
+                                       float_io=float_io), perf, eff,
                        eff.compute_for(sch, prefill=True))
     return Estimate(arch, perf, sch, context, prompt, eff, dec, pre)
 

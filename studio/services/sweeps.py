@@ -292,14 +292,17 @@ def _estimated_speed(variant: Project) -> dict[str, dict[str, Any]]:
         return out
     for chip in variant.targets:
         try:
+            float_io = variant.htp["graph_io"] == "float" and \
+                variant.quantization["scheme"] != "FP16"
             est = perfmodel.estimate(arch, chip, variant.quantization["scheme"],
-                                     variant.export["context_length"])
+                                     variant.export["context_length"], float_io=float_io)
         except (StudioError, ValueError, KeyError):
             continue
         out[chip] = {"value": est.decode_tokens_per_s, "source": "estimated",
                      "model_version": perfmodel.MODEL_VERSION,
                      "detail": f"decode tok/s, {variant.quantization['scheme']}, context "
-                               f"{variant.export['context_length']} (performance model; "
+                               f"{variant.export['context_length']}, graph I/O "
+                               f"{variant.htp['graph_io']} (performance model; "
                                "per-layer overrides are not modelled)"}
     return out
 
