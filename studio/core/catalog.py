@@ -37,6 +37,10 @@ class Chip:
     ddr_type: str = "unknown"
     ddr_gbps: float | None = None
     ddr_source: str = ""
+    # the NPU's own path to memory where it is narrower than the DDR bus (a laptop's wide bus
+    # shared with a CPU and GPU); None: the NPU reaches the whole bus
+    npu_gbps: float | None = None
+    npu_source: str = ""
     htp_cores: int | None = None
     htp_tops: float | None = None
     htp_source: str = ""
@@ -80,10 +84,10 @@ class Chip:
 
 _REQUIRED = {"name": str, "htp_arch": int, "soc_model": int, "vtcm_mb": int}
 _OPTIONAL = {"notes": str, "soc": str, "fp16": bool, "numerics": str, "source": str,
-             "ddr_type": str, "ddr_source": str, "htp_source": str}
+             "ddr_type": str, "ddr_source": str, "htp_source": str, "npu_source": str}
 #: performance figures: a positive number, or the string "unknown"; a number needs its source
 _PERF = {"ddr_gbps": (float, "ddr_source"), "htp_tops": (float, "htp_source"),
-         "htp_cores": (int, "htp_source")}
+         "htp_cores": (int, "htp_source"), "npu_gbps": (float, "npu_source")}
 UNKNOWN = "unknown"
 
 

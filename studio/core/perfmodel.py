@@ -280,7 +280,9 @@ class ChipPerf:
                 "resources/catalog/chips.toml"
             )
         assert chip.ddr_gbps and chip.htp_tops and chip.htp_cores
-        return cls(chip.key, chip.name, chip.ddr_gbps, chip.htp_tops, chip.htp_cores)
+        # the bytes the NPU can move: its own path where that is narrower than the bus
+        gbps = min(chip.ddr_gbps, chip.npu_gbps or chip.ddr_gbps)
+        return cls(chip.key, chip.name, gbps, chip.htp_tops, chip.htp_cores)
 
 
 @dataclass(frozen=True)
@@ -665,6 +667,97 @@ def load_anchors(path: str | Path | None = None) -> list[Anchor]:
         if not out[-1].source:
             raise StudioError(f"anchor table {p}: row {i + 1} has no source")
     return out
+
+
+HELDOUT_PATH = resources_dir() / "perf" / "heldout.toml"
+
+
+@dataclass(frozen=True)
+class Published:
+    """One published decode speed held out from the fit (``resources/perf/heldout.toml``)."""
+
+    model: str
+    config: str  # "" where the architecture's sizes are not public
+    scheme: str
+    chip: str  # a catalog key, or the device as published
+    context: int
+    decode_tokens_per_s: float
+    runtime: str
+    dates: str
+    doubt: str
+    source: str
+
+
+def load_heldout(path: str | Path | None = None) -> list[Published]:
+    p = Path(path) if path is not None else HELDOUT_PATH
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StudioError(f"held-out table {p} not found") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise StudioError(f"held-out table {p} is not valid TOML ({e}); fix the file") from None
+    rows = data.get("published")
+    if not isinstance(rows, list) or not rows:
+        raise StudioError(f"held-out table {p} has no [[published]] rows; fix the file")
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            out.append(Published(**row))
+        except TypeError as e:
+            raise StudioError(f"held-out table {p}: row {i + 1} is malformed ({e})") from None
+        if not out[-1].source:
+            raise StudioError(f"held-out table {p}: row {i + 1} has no source")
+    return out
+
+
+def heldout_report(rows: Sequence[Published] | None = None,
+                   eff: Efficiency | None = None) -> dict[str, Any]:
+    """The model against the published speeds it was not fitted to: each row's estimate and
+    error (estimated / published - 1), the rows it cannot estimate (a chip the catalog lacks,
+    sizes not public) with the reason, and the median absolute errors overall, per chip, per
+    runtime and per model size — without the doubtful rows, and with them."""
+    rows = list(rows) if rows is not None else load_heldout()
+    if eff is None:
+        eff = load_fit()[0]
+    catalog = load_catalog()
+    done: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    for r in rows:
+        try:
+            if not r.config:
+                raise StudioError("the architecture's sizes are not public")
+            if r.chip not in catalog:
+                raise StudioError("the chip catalog has no such chip")
+            arch = load_arch(r.config)
+            est = estimate(arch, catalog[r.chip], r.scheme, int(r.context), eff=eff)
+        except StudioError as e:
+            skipped.append({**asdict(r), "reason": e.message})
+            continue
+        done.append({**asdict(r), "params_b": round(arch.params / 1e9, 2),
+                     "estimated_decode_tokens_per_s": round(est.decode_tokens_per_s, 3),
+                     "error": round(est.decode_tokens_per_s / r.decode_tokens_per_s - 1, 4)})
+
+    def summary(sel: list[dict[str, Any]]) -> dict[str, Any]:
+        errs = [d["error"] for d in sel]
+        return {"rows": len(errs),
+                "mdape": round(100 * float(np.median(np.abs(errs))), 2) if errs else None,
+                "median_error": round(100 * float(np.median(errs)), 2) if errs else None}
+
+    clean = [d for d in done if not d["doubt"]]
+
+    def by(key) -> dict[str, Any]:
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for d in clean:
+            groups.setdefault(key(d), []).append(d)
+        return {k: summary(v) for k, v in sorted(groups.items())}
+
+    def size(d: dict[str, Any]) -> str:
+        b = d["params_b"]
+        return "< 2 B" if b < 2 else "2-5 B" if b < 5 else ">= 5 B"
+
+    return {"source": SOURCE, "model_version": MODEL_VERSION, "rows": done, "skipped": skipped,
+            "clean": summary(clean), "all": summary(done), "by_chip": by(lambda d: d["chip"]),
+            "by_runtime": by(lambda d: d["runtime"]), "by_size": by(size)}
 
 
 BW_GRID = np.round(np.arange(0.30, 1.0000001, 0.01), 2)

@@ -60,6 +60,11 @@ def calibration() -> dict[str, Any]:
     return cal
 
 
+def heldout() -> dict[str, Any]:
+    """The model against the published speeds held out from its fit (every row, its source)."""
+    return perfmodel.heldout_report()
+
+
 def write_fit(path: str | Path | None = None) -> dict[str, Any]:
     """Refit the model on the anchors and write the fit file (atomically)."""
     cal = perfmodel.calibrate()

@@ -72,3 +72,17 @@ def test_calibration_reproduces_the_shipped_figures():
     t = studio("estimate", "--calibration")
     assert t.returncode == 0 and "leave-one-out MdAPE" in t.stdout
     assert f"{shipped['decode_mdape']:.2f} %" in t.stdout
+
+
+def test_estimate_heldout_prints_every_row_with_its_error_and_the_medians():
+    r = studio("estimate", "--heldout")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "not fitted to" in out and "Qwen3-8B" in out and "snapdragon-x-elite" in out
+    assert "skipped" in out and "the chip catalog has no such chip" in out
+    assert "MdAPE" in out and "doubtful" in out
+    d = json.loads(studio("estimate", "--heldout", "--json").stdout)
+    assert d["source"] == "estimated" and d["clean"]["rows"] >= 90
+    assert all(row["source"] for row in d["rows"])
+    bad = studio("estimate", "--heldout", "--chip", "snapdragon-8-elite")
+    assert bad.returncode == 2 and "--heldout takes no" in bad.stderr

@@ -218,3 +218,68 @@ def test_anchor_table_has_a_source_and_a_config_for_every_row():
     for row in data["anchor"]:
         assert row["source"] and (pm.CONFIGS_DIR / f"{row['config']}.json").is_file()
         get_chip(row["chip"])
+
+
+def test_the_heldout_set_is_sourced_and_apart_from_the_fit():
+    """Every held-out row names its source; none repeats a configuration the model is fitted
+    to (model sizes, scheme, chip and context), so the held-out figure judges the model."""
+    rows = pm.load_heldout()
+    assert len(rows) >= 200
+    assert all(r.source and r.runtime and r.decode_tokens_per_s > 0 for r in rows)
+    fitted = {(a.config, a.scheme, a.chip, a.context) for a in pm.load_anchors()}
+    assert not [r for r in rows if (r.config, r.scheme, r.chip, r.context) in fitted]
+    for r in rows:
+        assert not r.config or (pm.CONFIGS_DIR / f"{r.config}.json").is_file(), r.config
+
+
+def test_the_heldout_report_estimates_what_it_can_and_says_why_not_the_rest():
+    rep = pm.heldout_report()
+    assert rep["clean"]["rows"] >= 90 and rep["all"]["rows"] >= rep["clean"]["rows"]
+    assert {"snapdragon-8-elite", "snapdragon-x-elite"} <= set(rep["by_chip"])
+    assert all(s["rows"] for s in rep["by_size"].values())
+    reasons = {s["reason"] for s in rep["skipped"]}
+    assert "the chip catalog has no such chip" in reasons
+    assert "the architecture's sizes are not public" in reasons
+    row = rep["rows"][0]
+    assert row["error"] == pytest.approx(
+        row["estimated_decode_tokens_per_s"] / row["decode_tokens_per_s"] - 1, abs=1e-3)
+    print(f"\nheld-out MdAPE {rep['clean']['mdape']} % on {rep['clean']['rows']} rows; "
+          + ", ".join(f"{k} {v['mdape']} %" for k, v in rep["by_chip"].items()))
+
+
+def test_the_npu_path_of_a_laptop_caps_its_bandwidth():
+    """The X Elite's 128-bit bus gives 135 GB/s, its NPU about 67 (the catalog's sourced
+    figure): the estimator takes the NPU's."""
+    c = get_chip("snapdragon-x-elite")
+    assert c.ddr_gbps == 135.0 and c.npu_gbps == 67.0 and "[NPU6]" in c.npu_source
+    assert pm.ChipPerf.of(c).ddr_gbps == 67.0
+    assert pm.ChipPerf.of(get_chip("snapdragon-8-elite")).ddr_gbps == 84.8  # no NPU figure
+
+
+def test_a_catalog_npu_figure_needs_its_source(tmp_path):
+    from studio.core.catalog import load_catalog
+
+    text = pm.resources_dir().joinpath("catalog", "chips.toml").read_text().replace(
+        'npu_source = "[NPU6]', 'npu_note = "[NPU6]')
+    f = tmp_path / "chips.toml"
+    f.write_text(text)
+    with pytest.raises(StudioError, match="npu_gbps has no npu_source"):
+        load_catalog(f)
+
+
+def test_float_graph_io_pays_its_edge_conversions():
+    """A float-I/O pass reads the float32 cache and writes it back quantized, and
+    dequantizes the new rows and the logits: exactly those bytes more, so more at a longer
+    context; a quantized-I/O pass (the published graphs) pays none."""
+    a, s = arch(), pm.get_scheme("W8A16")
+    for ctx in (64, 512):
+        plain = pm.transformer_ops(a, s, 1, ctx)
+        f = pm.transformer_ops(a, s, 1, ctx, float_io=True)
+        cache = a.layers * 2 * a.kv_dim * ctx
+        rows = a.layers * 2 * a.kv_dim
+        extra = (cache * (4 + s.kv_bytes) + rows * (s.kv_bytes + 4)
+                 + a.vocab * (s.act_bytes + 4))
+        assert f.dram_bytes.sum() - plain.dram_bytes.sum() == pytest.approx(extra)
+        assert pm.FLOAT_IO_OP in f.names and pm.FLOAT_IO_OP not in plain.names
+    slow = pm.pass_seconds(a, chip(), s, 512, eff=EFF, float_io=True)
+    assert slow > pm.pass_seconds(a, chip(), s, 512, eff=EFF)

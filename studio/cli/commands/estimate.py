@@ -1,7 +1,8 @@
 """``studio estimate --config CONFIG --chip CHIP [--scheme S] [--context N] [--json]``,
-``studio estimate --calibration [--json] [--write-fit]``: estimated prefill / decode tok/s of an
-architecture on a chip (performance model, no weights needed), and the model against its
-published anchors.
+``studio estimate --calibration [--json] [--write-fit]``, ``studio estimate --heldout [--json]``:
+estimated prefill / decode tok/s of an architecture on a chip (performance model, no weights
+needed), the model against its published anchors, and against the published speeds held out
+from its fit.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prompt length for prefill (default: min(context, 1024))")
     p.add_argument("--calibration", action="store_true",
                    help="published vs estimated tok/s on the anchors, MdAPE and leave-one-out")
+    p.add_argument("--heldout", action="store_true",
+                   help="estimated vs published tok/s on the rows held out from the fit "
+                        "(resources/perf/heldout.toml): every row with its source, MdAPE by "
+                        "chip, runtime and model size")
     p.add_argument("--write-fit", action="store_true",
                    help="with --calibration: refit and write resources/perf/model.toml")
     p.add_argument("--json", dest="est_json", action="store_true", help="print JSON")
@@ -33,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, ctx: Context) -> int:
     from studio.services import estimate
 
+    if args.heldout:
+        if args.config or args.chip or args.calibration or args.write_fit:
+            raise StudioError("--heldout takes no --config, --chip, --calibration or --write-fit")
+        return _print_heldout(estimate.heldout(), args.est_json)
     if args.calibration:
         if args.config or args.chip:
             raise StudioError("--calibration takes no --config or --chip")
@@ -80,6 +89,39 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
           f"{est['kv_cache_bytes'] / gb:.3f} GB ({est['kv_bytes_per_token']} B/token)")
     print(f"  DRAM read {est['decode_dram_bytes_per_token'] / gb:8.3f} GB per decoded token "
           f"(chip {est['chip_figures']['ddr_gbps']} GB/s)")
+    return 0
+
+
+def _print_heldout(rep: dict, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(rep, indent=2))
+        return 0
+    print(f"performance model {rep['model_version']} (estimated) against published decode "
+          "tok/s it was not fitted to (resources/perf/heldout.toml)")
+    print(f"{'model':<26} {'scheme':<6} {'chip':<25} {'ctx':>5} {'runtime':<13} "
+          f"{'published':>9} {'estimated':>9} {'error':>7}")
+    for r in sorted(rep["rows"], key=lambda r: (r["chip"], r["params_b"], r["model"])):
+        print(f"{r['model'][:26]:<26} {r['scheme']:<6} {r['chip'][:25]:<25} {r['context']:>5} "
+              f"{r['runtime'][:13]:<13} {r['decode_tokens_per_s']:>9.2f} "
+              f"{r['estimated_decode_tokens_per_s']:>9.2f} {100 * r['error']:>+6.1f}%"
+              + ("  doubtful: " + r["doubt"] if r["doubt"] else ""))
+    reasons: dict[str, int] = {}
+    for r in rep["skipped"]:
+        what = f"{r['chip'] if 'chip' in r['reason'] else r['model']}: {r['reason']}"
+        reasons[what] = reasons.get(what, 0) + 1
+    for what, n in sorted(reasons.items()):
+        print(f"skipped {n} row(s) of {what}")
+
+    def line(name: str, s: dict) -> str:
+        return (f"  {name:<26} {s['rows']:>4} rows  MdAPE {s['mdape']:6.1f} %  median error "
+                f"{s['median_error']:+6.1f} %")
+
+    print(f"MdAPE {rep['clean']['mdape']:.1f} % on {rep['clean']['rows']} rows "
+          f"({rep['all']['mdape']:.1f} % with the {rep['all']['rows'] - rep['clean']['rows']} "
+          "doubtful ones); without the doubtful rows, by")
+    for group in ("by_chip", "by_runtime", "by_size"):
+        for name, s in rep[group].items():
+            print(line(name, s))
     return 0
 
 
