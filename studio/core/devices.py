@@ -104,6 +104,9 @@ class DeviceBackend(Protocol):
     ``compiled`` (a target's compiled context, ``None`` for a device that runs the export)."""
 
     device: Device
+    #: the QNN HTP backend's run-time options for the sessions it opens (``{}``: the
+    #: backend's defaults), e.g. ``{"htp_performance_mode": "burst"}``
+    run_options: dict[str, str]
 
     @property
     def source(self) -> str:

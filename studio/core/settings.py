@@ -586,6 +586,13 @@ class Layerdiff(Section):
                         hint="(0: a model exported whole)")
 
 
+#: the run-time performance modes the QNN HTP backend takes (the EP's htp_performance_mode,
+#: qnn-net-run's --perf_profile); "" leaves the backend's default
+PERFORMANCE_MODES = ("", "burst", "sustained_high_performance", "high_performance", "balanced",
+                     "low_balanced", "power_saver", "low_power_saver", "high_power_saver",
+                     "extreme_power_saver")
+
+
 class Htp(Section):
     """The HTP toolchain's options the QNN EP in this wheel exposes: compile-side (baked into
     the context binaries, so in the compile stage's key) and run-side (the sessions that run
@@ -608,6 +615,11 @@ class Htp(Section):
                  "at every pass) or quantized (it takes and gives the integers it computes "
                  "with; the host keeps the cache as they are and reads the logits)",
         choices=("float", "quantized"))
+    performance_mode: str = setting(
+        "", "run time: the HTP's clock and power vote while the run and profile stages run "
+            "the binaries (the EP's htp_performance_mode; qnn-net-run's --perf_profile on a "
+            "phone; an agent applies it on its device). The simulator's timings do not follow "
+            "it", choices=PERFORMANCE_MODES, hint="(empty: the backend's default)")
 
 
 #: the performance seed's HTP knobs the QNN EP in this wheel does not expose, and what
@@ -629,9 +641,6 @@ NOT_EXPOSED = {
     "spill-fill buffer sharing": "the EP's enable_htp_spill_fill_buffer is accepted; it shares "
                                  "one buffer between contexts loaded together, which the "
                                  "simulator does not show (identical binaries)",
-    "performance mode (run time)": "the EP's htp_performance_mode is a device's clock and "
-                                   "power vote; the simulator's timings do not change with it, "
-                                   "and agents and phones do not take it from a project yet",
 }
 
 

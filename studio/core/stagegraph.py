@@ -106,6 +106,9 @@ _GATES = tuple(f"gates.{k}" for k in DEFAULT_GATES)
 #: a graph for the HTP declares them (compile, and the stages that compile their own graphs)
 HTP_COMPILE_SETTINGS = ("htp.optimization_level", "htp.vtcm_mb", "htp.fp16_relaxation",
                         "htp.graph_io")
+#: the [htp] settings the sessions that run compiled binaries take (the run and profile
+#: stages: their timings depend on them, the binaries do not)
+HTP_RUN_SETTINGS = ("htp.performance_mode",)
 
 DECLARATIONS: tuple[StageDecl, ...] = (
     StageDecl("export", "Export", (),
@@ -133,13 +136,15 @@ DECLARATIONS: tuple[StageDecl, ...] = (
               takes_parts=True, preflight=("prompt-fits",), new_tokens="validation.greedy_tokens"),
     StageDecl("run", "Run", (Need("export"), Need("compile", per_chip=True)), fan_out="device",
               device_kinds=("host-cpu", "htp-sim", "agent", "adb"), measures=True,
-              settings=("quantization.scheme", "run.prompt", "run.max_new_tokens"), role="run",
+              settings=("quantization.scheme", "run.prompt", "run.max_new_tokens",
+                        *HTP_RUN_SETTINGS), role="run",
               takes_parts=True, preflight=("prompt-fits",), new_tokens="run.max_new_tokens"),
     StageDecl("profile", "Profile", (Need("quantize"), Need("compile", per_chip=True)),
               fan_out="device", device_kinds=("htp-sim", "agent", "adb"), measures=True,
               npu_only=True, settings=("quantization.scheme", "profile.repeats",
                                        "quantization.weight_granularity",
-                                       "quantization.block_size", *HTP_COMPILE_SETTINGS),
+                                       "quantization.block_size", *HTP_COMPILE_SETTINGS,
+                                       *HTP_RUN_SETTINGS),
               role="profile",
               takes_parts=True),
     StageDecl("sensitivity", "Sensitivity", (Need("export"),), optional=True,

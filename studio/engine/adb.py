@@ -140,13 +140,17 @@ def check_serial(serial: str) -> str:
 
 
 def net_run_command(remote: str, context_name: str, input_list: str, output_dir: str = "output",
-                    profiling: str = "basic") -> str:
+                    profiling: str = "basic", perf_profile: str = "") -> str:
     """The shell line that runs ``qnn-net-run`` on the HTP in ``remote`` (the SDK files and
-    the context binary pushed there)."""
+    the context binary pushed there); ``perf_profile``: the HTP's performance mode (the
+    project's ``htp.performance_mode``; qnn-net-run's ``--perf_profile``)."""
+    if perf_profile and not re.match(r"^[a-z_]+$", perf_profile):
+        raise StudioError(f"bad performance mode {perf_profile!r}")
     return (f"cd {remote} && chmod 755 qnn-net-run && rm -rf {output_dir} && "
             f"LD_LIBRARY_PATH={remote} ADSP_LIBRARY_PATH={remote} ./qnn-net-run "
             f"--backend libQnnHtp.so --retrieve_context {context_name} --input_list {input_list} "
-            f"--output_dir {output_dir}" + (f" --profiling_level {profiling}" if profiling else ""))
+            f"--output_dir {output_dir}" + (f" --profiling_level {profiling}" if profiling else "")
+            + (f" --perf_profile {perf_profile}" if perf_profile else ""))
 
 
 def read_outputs(output_dir: Path, outputs: dict[str, tuple[str, list[int]]],
@@ -325,7 +329,8 @@ class AdbPhone:
             self.adb.push(self.serial, path, f"{self.remote}/{name}")
         self._ready = True
 
-    def session(self, ctx_onnx: Path, profiling: str = "basic") -> AdbSession:
+    def session(self, ctx_onnx: Path, profiling: str = "basic",
+                perf_profile: str = "") -> AdbSession:
         self.prepare()
         blob = context_binary(Path(ctx_onnx))
         name = f"ctx-{hashlib.sha256(blob).hexdigest()[:16]}.bin"
@@ -342,8 +347,9 @@ class AdbPhone:
         if odd:
             raise StudioError(f"{Path(ctx_onnx).name} has quantized inputs / outputs "
                               f"({', '.join(odd[:3])}): the adb path runs graphs with float "
-                              "I/O so far; use a float KV cache for phone runs")
-        return AdbSession(self, name, inputs, outputs, profiling)
+                              "I/O so far; for phone runs set htp.graph_io = \"float\" and "
+                              "quantization.kv_cache = \"float\"")
+        return AdbSession(self, name, inputs, outputs, profiling, perf_profile)
 
 
 class AdbSession:
@@ -354,11 +360,12 @@ class AdbSession:
     and the whole adb round trip (``last_round_trip_s``)."""
 
     def __init__(self, phone: AdbPhone, context_name: str, inputs: list[IOSpec],
-                 outputs: list[IOSpec], profiling: str) -> None:
+                 outputs: list[IOSpec], profiling: str, perf_profile: str = "") -> None:
         self.phone = phone
         self.context_name = context_name
         self._inputs, self._outputs = inputs, outputs
         self.profiling = profiling
+        self.perf_profile = perf_profile
         self.last_execute_us: float | None = None
         self.execute_log: list[float | None] = []  # each run's device execute time (µs)
         self.last_round_trip_s = 0.0
@@ -390,7 +397,8 @@ class AdbSession:
             (folder / "input_list.txt").write_text(" ".join(line) + "\n")
             adb.push(serial, folder / "input_list.txt", f"{phone.remote}/in/input_list.txt")
             adb.shell(serial, net_run_command(phone.remote, self.context_name,
-                                              "in/input_list.txt", profiling=self.profiling))
+                                              "in/input_list.txt", profiling=self.profiling,
+                                              perf_profile=self.perf_profile))
             adb.pull(serial, f"{phone.remote}/output", folder)
             shapes = {o.name: ("float32", o.shape) for o in self._outputs}
             got = read_outputs(folder / "output", shapes)

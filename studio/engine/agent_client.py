@@ -110,13 +110,14 @@ class AgentClient:
             pass
 
     def profile(self, model: str, backend: str, repeats: int, sdk_build: str | None = None,
-                fp16: bool = False, on_progress: Callable[[int, int], None] | None = None
-                ) -> dict[str, Any]:
+                fp16: bool = False, on_progress: Callable[[int, int], None] | None = None,
+                run_options: dict[str, str] | None = None) -> dict[str, Any]:
         """Profile ``repeats`` decode steps of an uploaded compiled context on the agent's HTP
         backend; returns each repeat's profiling CSV and op trace (text) with its host load."""
         job = self._json("POST", "/jobs", {"kind": "profile", "model": model, "backend": backend,
                                            "repeats": int(repeats), "sdk_build": sdk_build,
-                                           "fp16": bool(fp16)})["job"]
+                                           "fp16": bool(fp16),
+                                           "run_options": dict(run_options or {})})["job"]
         return self._stream(job, on_progress=on_progress)
 
     def tensors(self, model: str, backend: str, graph: str, feeds: list[str],
@@ -176,11 +177,14 @@ class AgentClient:
     def generate(self, model: str, backend: str, prompt_ids: list[int], max_new_tokens: int,
                  sampling: dict[str, Any] | None = None, eos_ids: list[int] | None = None,
                  sdk_build: str | None = None, on_token: Callable[[int, int], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
-        """Run a generation job and stream its tokens; ``should_stop()`` cancels it."""
+                 should_stop: Callable[[], bool] | None = None,
+                 run_options: dict[str, str] | None = None) -> dict[str, Any]:
+        """Run a generation job and stream its tokens; ``should_stop()`` cancels it.
+        ``run_options``: the HTP's run-time options the agent opens its sessions with."""
         job = self._json("POST", "/jobs", {
             "kind": "generate", "model": model, "backend": backend,
             "prompt_ids": [int(t) for t in prompt_ids], "max_new_tokens": int(max_new_tokens),
             "sampling": sampling or {}, "eos_ids": eos_ids or [], "sdk_build": sdk_build,
+            "run_options": dict(run_options or {}),
         })["job"]
         return self._stream(job, on_token=on_token, should_stop=should_stop)

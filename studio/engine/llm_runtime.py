@@ -194,9 +194,10 @@ def cpu_generator(graph_dir: Path, spec: dict[str, Any], threads: int = HOST_THR
                              else None)
 
 
-def htp_session_maker(chip, fp16: bool) -> Callable[[Path], Any]:
+def htp_session_maker(chip, fp16: bool,
+                      run_options: dict[str, str] | None = None) -> Callable[[Path], Any]:
     """``make(path)``: the HTP session of the compiled context of the graph ``path`` names
-    (``<graph>_ctx.onnx`` beside it)."""
+    (``<graph>_ctx.onnx`` beside it), with the backend's run-time options."""
     from studio.engine import qnn
 
     def make(path: Path):
@@ -204,19 +205,21 @@ def htp_session_maker(chip, fp16: bool) -> Callable[[Path], Any]:
 
         ctx = Path(path).with_name(Path(path).stem + "_ctx.onnx")
         # compiled with quantized I/O: the host quantizes masks, dequantizes the logits
-        return encoded(qnn.make_session(ctx, chip, strict=True, fp16=fp16), ctx.parent,
+        return encoded(qnn.make_session(ctx, chip, strict=True, fp16=fp16,
+                                        extra_options=run_options), ctx.parent,
                        Path(path).stem)
 
     return make
 
 
-def htp_generator(compile_dir: Path, chip, spec: dict[str, Any], fp16: bool) -> StaticKVGenerator:
+def htp_generator(compile_dir: Path, chip, spec: dict[str, Any], fp16: bool,
+                  run_options: dict[str, str] | None = None) -> StaticKVGenerator:
     """A generator over the compiled prefill / decode contexts of ``compile_dir`` on this
     machine's QNN HTP backend (the simulator on x86) for ``chip``; a model in parts runs
     its parts' context binaries chained."""
     from studio.engine.chain import chain_session
 
-    make = htp_session_maker(chip, fp16)
+    make = htp_session_maker(chip, fp16, run_options)
     compile_dir = Path(compile_dir)
     return StaticKVGenerator(chain_session(spec, compile_dir, "prefill", make),
                              chain_session(spec, compile_dir, "decode", make), spec)

@@ -61,9 +61,11 @@ class StageContext:
     @property
     def backend(self) -> DeviceBackend:
         """What runs work on :attr:`device` (``studio/engine/devices``)."""
-        from studio.engine.devices import backend
+        from studio.engine.devices import backend, run_options
 
-        return backend(self.device)
+        mode = (self.get("htp.performance_mode")
+                if "htp.performance_mode" in self.config.settings else "")
+        return backend(self.device, run_options=run_options(mode))
 
     def device_metric(self, name: str, value: float, unit: str, detail: str = ""
                       ) -> dict[str, Any]:

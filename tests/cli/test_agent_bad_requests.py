@@ -137,3 +137,20 @@ def test_wrong_tokens_are_answered_429_after_a_while(agent):
     statuses = [agent.request("GET", "/info", token=f"guess-{i}")[0] for i in range(25)]
     assert statuses[:20] == [401] * 20 and set(statuses[20:]) == {429}
     assert agent.request("GET", "/health", token=None)[0] == 200
+
+
+def test_run_options_other_than_the_performance_mode_are_refused(agent):
+    """A job's run_options reach the agent's sessions: only htp_performance_mode, one of the
+    QNN HTP backend's modes; anything else is a one-line 400."""
+    assert agent.request("PUT", f"/artifacts/{H}", b"hello agent",
+                         ctype="application/octet-stream")[0] == 201
+    status, body = _post(agent, "/models", json.dumps({"files": {"graph.json": H}}).encode())
+    assert status == 200
+    for options, needle in (({"vtcm_mb": "2"}, "htp_performance_mode only"),
+                            ({"htp_performance_mode": "turbo"}, "is not one of"),
+                            (["burst"], "must be an object")):
+        status, answer = _post(agent, "/jobs", json.dumps({
+            "kind": "generate", "model": body["model"], "backend": "cpu",
+            "run_options": options}).encode())
+        assert status == 400 and needle in answer["error"], (options, status, answer)
+        assert "\n" not in answer["error"]

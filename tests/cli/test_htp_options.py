@@ -179,3 +179,26 @@ def test_a_graph_io_value_the_setting_does_not_take_is_refused(tmp_path):
     with pytest.raises(StudioError) as err:
         pf.load(f)
     assert "htp.graph_io" in err.value.message and "quantized" in err.value.message
+
+
+def test_the_performance_mode_is_a_run_setting_the_sessions_take(batch_run, small_project,
+                                                               tmp_path):
+    """htp.performance_mode: refused in one line when unknown; not in the compile's key (the
+    binaries are reused), in the run stage's (it runs again, and says the mode it ran with)."""
+    f = tmp_path / "p.qstudio"
+    f.write_text(small_project.read_text() + '\n[htp]\nperformance_mode = "turbo"\n')
+    with pytest.raises(StudioError) as err:
+        pf.load(f)
+    assert "htp.performance_mode" in err.value.message and "burst" in err.value.message
+    share_store(small_project, f, stages={"export", "quantize", "compile"})
+    f.write_text(small_project.read_text() + '\n[htp]\nperformance_mode = "burst"\n')
+    r = studio("--batch", f, "--stages", "run", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    jobs = json.loads(r.stdout)["jobs"]
+    compile_job = next(j for j in jobs if j["stage"] == "compile")
+    assert compile_job.get("cached"), compile_job  # the same binaries
+    runs = [j for j in jobs if j["stage"] == "run"]
+    sim = next(j for j in runs if "HTP simulator" in j["summary"])
+    cpu = next(j for j in runs if "host CPU" in j["summary"])
+    assert "performance mode burst" in sim["summary"]
+    assert "performance mode" not in cpu["summary"]  # the CPU has no HTP to vote for

@@ -81,6 +81,13 @@ def test_sdk_files_and_the_command_lines_of_a_run(tmp_path):
     assert cmds[-1] == ["adb", "-s", "R5CW1234ABC", "pull", f"{remote}/output"]
     with pytest.raises(StudioError, match="bad adb serial"):
         adb.run_commands("x; rm -rf /", "j", "c.bin", "i.txt", {})
+    # the project's htp.performance_mode becomes qnn-net-run's --perf_profile (unverified on
+    # a phone here: the command line is what the QAIRT documentation gives)
+    line = adb.net_run_command(remote, "c.bin", "i.txt", perf_profile="burst")
+    assert line.endswith("--profiling_level basic --perf_profile burst")
+    assert "--perf_profile" not in adb.net_run_command(remote, "c.bin", "i.txt")
+    with pytest.raises(StudioError, match="bad performance mode"):
+        adb.net_run_command(remote, "c.bin", "i.txt", perf_profile="burst; rm -rf /")
 
 
 def test_raw_outputs_are_read_with_the_graph_types(tmp_path):

@@ -188,6 +188,11 @@ def test_the_htp_compiler_options_are_recipe_edits(window, project_path, qtbot):
     assert p.htp["graph_io"] == "quantized"
     window.undo_act.trigger()
     assert p.htp["graph_io"] == "float" and page.graph_io.currentData() == "float"
+    page.perf_mode.setCurrentIndex(page.perf_mode.findData("burst"))
+    page.perf_mode.activated.emit(page.perf_mode.currentIndex())
+    assert p.htp["performance_mode"] == "burst"
+    window.undo_act.trigger()
+    assert p.htp["performance_mode"] == "" and page.perf_mode.currentData() == ""
     note = next(w for w in page.findChildren(type(page.error)) if "Not exposed" in w.text())
     assert all(k in note.text() and NOT_EXPOSED[k] in note.toolTip() for k in NOT_EXPOSED)
 

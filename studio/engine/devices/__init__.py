@@ -15,12 +15,21 @@ from typing import Any
 from studio.core.devices import Device, DeviceBackend, backend_module
 
 
-def backend(device: Device, registry: Any = None) -> DeviceBackend:
+def backend(device: Device, registry: Any = None,
+            run_options: dict[str, str] | None = None) -> DeviceBackend:
     """The backend that runs work on ``device``. ``registry``: the user's device registry
     and settings (:class:`studio.engine.device_registry.Registry`; None: the user's own),
-    where agents and the QAIRT SDK of adb runs are found."""
+    where agents and the QAIRT SDK of adb runs are found. ``run_options``: the QNN HTP
+    backend's run-time options (:func:`run_options`)."""
     module = importlib.import_module(backend_module(device.kind))
-    return module.Backend(device, registry)
+    return module.Backend(device, registry, run_options)
 
 
-__all__ = ["backend"]
+def run_options(performance_mode: str) -> dict[str, str]:
+    """The run-time options of the project's ``[htp]`` settings: ``htp_performance_mode``
+    when one is chosen (the keys and values the QNN EP takes)."""
+    return {"htp_performance_mode": performance_mode} if performance_mode else {}
+
+
+
+__all__ = ["backend", "run_options"]

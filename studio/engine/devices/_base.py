@@ -12,9 +12,14 @@ from studio.core.errors import StudioError
 
 
 class Backend:
-    def __init__(self, device: Device, registry: Any = None) -> None:
+    def __init__(self, device: Device, registry: Any = None,
+                 run_options: dict[str, str] | None = None) -> None:
         self.device = device
         self._registry = registry
+        # the QNN HTP backend's run-time options for the sessions this backend opens (the
+        # project's [htp] performance_mode as htp_performance_mode); each kind applies them
+        # its own way
+        self.run_options = dict(run_options or {})
 
     @property
     def registry(self):

@@ -123,14 +123,12 @@ class Backend(_Base):
             raise StudioError(f"{self.device.name} runs one context binary per graph so far, "
                               "and this model is in parts: run it on htp-sim or an agent, or "
                               "export it with export.parts = 1")
-        from studio.engine.graphio import encoded
-
         phone = self.phone(log)
-        # quantized graph I/O (unverified on a phone): the host side quantizes and reads
-        # the edges as on the simulator
-        return StaticKVGenerator(
-            *(encoded(phone.session(Path(compiled) / f"{g}_ctx.onnx"), Path(compiled), g)
-              for g in ("prefill", "decode")), spec)
+        mode = self.run_options.get("htp_performance_mode", "")
+        return StaticKVGenerator(phone.session(Path(compiled) / "prefill_ctx.onnx",
+                                               perf_profile=mode),
+                                 phone.session(Path(compiled) / "decode_ctx.onnx",
+                                               perf_profile=mode), spec)
 
     def run_figures(self, out: dict[str, Any], gen: Any) -> tuple[dict[str, Any], str, str]:
         timed = device_times(out, gen.prefill_session, gen.decode_session)
@@ -155,7 +153,8 @@ class Backend(_Base):
         from studio.engine import qnn
 
         phone = self.phone(progress.log)
-        sess = phone.session(Path(compiled) / "decode_ctx.onnx", profiling="detailed")
+        sess = phone.session(Path(compiled) / "decode_ctx.onnx", profiling="detailed",
+                             perf_profile=self.run_options.get("htp_performance_mode", ""))
         sess.profile_dir = Path(folder)
         feeds = qnn.synthetic_feeds(sess, {"position_ids": int(spec["prompt_length"])})
         for i in range(repeats):

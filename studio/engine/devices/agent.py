@@ -193,7 +193,8 @@ class Backend(_Base):
         def on_progress(i: int, n: int) -> None:
             progress.update(0.05 + 0.8 * i / n, f"profiled decode step {i}/{n} on agent {name}")
 
-        got = self.client.profile(model, backend, repeats, sdk, fp16, on_progress=on_progress)
+        got = self.client.profile(model, backend, repeats, sdk, fp16, on_progress=on_progress,
+                                  run_options=self.run_options)
         if got.get("source") != source:
             raise StudioError(f"agent {name} labels its {backend} figures {got.get('source')!r}, "
                               f"not {source!r}: name the backend as the agent lists it")
@@ -280,7 +281,8 @@ class RemoteGenerator:
         try:
             out = be.client.generate(self.model, backend, [int(t) for t in prompt_ids],
                                      max_new_tokens, sampling, _eos_list(eos_id), self.sdk,
-                                     on_token=on_token, should_stop=should_stop)
+                                     on_token=on_token, should_stop=should_stop,
+                                     run_options=be.run_options)
         except StudioError as exc:
             if not (stopped[0] and "cancelled" in exc.message):
                 raise

@@ -63,7 +63,7 @@ class Backend(_Base):
                     "measured on the 3 B shape): generating needs every part loaded; "
                     "generate on the host CPU or a device (an agent), validation scores the "
                     "model part by part")
-        return htp_generator(compiled, self.chip, spec, fp16)
+        return htp_generator(compiled, self.chip, spec, fp16, self.run_options)
 
     def part_scorer(self, compiled: Path, spec: dict[str, Any], fp16: bool) -> Any:
         """The parts' context binaries one part at a time: a model whose binaries do not fit
@@ -73,7 +73,8 @@ class Backend(_Base):
         from studio.engine.llm_runtime import htp_session_maker
 
         self.check()
-        return StreamedScorer(compiled, spec, htp_session_maker(self.chip, fp16))
+        return StreamedScorer(compiled, spec, htp_session_maker(self.chip, fp16,
+                                                                self.run_options))
 
     def open_session(self, graph: Path, compiled: Path | None, strict: bool) -> Any:
         from studio.engine import qnn
@@ -91,7 +92,7 @@ class Backend(_Base):
 
         return self._repeat(repeats, progress, 0.8, "decode step", lambda csv: (
             qnn.profile_decode_step(Path(compiled) / "decode_ctx.onnx", self.chip, spec, csv,
-                                    fp16=fp16, runs=1)), folder)
+                                    fp16=fp16, runs=1, extra_options=self.run_options)), folder)
 
     def profile_inferences(self, compiled: Path, feed: dict[str, Any], folder: Path,
                            repeats: int, strict: bool, progress: Any

@@ -187,12 +187,34 @@ def backends() -> list[dict[str, Any]]:
     return out
 
 
-def _backend(backend: dict[str, Any]):
-    """The backend that runs a job on one of this agent's devices (``backend["id"]``)."""
+def _backend(backend: dict[str, Any], spec: dict[str, Any] | None = None):
+    """The backend that runs a job on one of this agent's devices (``backend["id"]``), with
+    the job's run-time options (checked when the job was taken)."""
     from studio.core.devices import local_device
     from studio.engine.devices import backend as device_backend
 
-    return device_backend(local_device(backend["id"]))
+    return device_backend(local_device(backend["id"]),
+                          run_options=(spec or {}).get("run_options") or {})
+
+
+def check_run_options(options: Any) -> dict[str, str]:
+    """A job's ``run_options``: only the QNN HTP backend's ``htp_performance_mode``, one of
+    the modes it takes; anything else is refused in one line."""
+    from studio.core.settings import PERFORMANCE_MODES
+
+    if options in (None, {}):
+        return {}
+    if not isinstance(options, dict):
+        raise StudioError("run_options must be an object of QNN HTP run-time options")
+    unknown = sorted(set(options) - {"htp_performance_mode"})
+    if unknown:
+        raise StudioError(f"run_options {', '.join(unknown)} are not taken: this agent takes "
+                          "htp_performance_mode only")
+    mode = options.get("htp_performance_mode")
+    if mode not in PERFORMANCE_MODES or not mode:
+        raise StudioError(f"htp_performance_mode {mode!r} is not one of "
+                          f"{', '.join(m for m in PERFORMANCE_MODES if m)}")
+    return {"htp_performance_mode": str(mode)}
 
 
 class Agent:
@@ -393,6 +415,7 @@ class Agent:
             return web.json_response({"error": f"the context binaries were built with QNN SDK "
                                                f"{want} but this agent runs {have}: compile "
                                                "with the agent's SDK"}, status=409)
+        spec["run_options"] = check_run_options(spec.get("run_options"))
         if spec["kind"] in ("profile", "tensors") and not on_npu:
             raise StudioError(f"{spec['kind']} jobs run on an HTP backend of the agent, not "
                               "its CPU")
@@ -417,7 +440,8 @@ class Agent:
 
             gspec = load_graph_spec(folder)
             # the uploaded folder is the export (the CPU) or a compiled context (the HTP)
-            gen = _backend(backend).open_generator(folder, folder, gspec, bool(spec.get("fp16")))
+            gen = _backend(backend, spec).open_generator(folder, folder, gspec,
+                                                         bool(spec.get("fp16")))
             s = spec.get("sampling") or {}
             sampler = Sampler(SamplingConfig(float(s.get("temperature", 0.0)),
                                              int(s.get("top_k", 0)), float(s.get("top_p", 1.0)),
@@ -464,7 +488,7 @@ class Agent:
             repeats = max(1, min(int(spec.get("repeats") or 5), 50))
             out: list[dict[str, Any]] = []
             with tempfile.TemporaryDirectory(dir=self.store / "tmp") as d:
-                steps = _backend(backend).profile_decode_steps(
+                steps = _backend(backend, spec).profile_decode_steps(
                     folder, gspec, Path(d), repeats, bool(spec.get("fp16")),
                     EventProgress(job.cancel))
                 for i, (info, load) in enumerate(steps):

@@ -170,6 +170,15 @@ class RecipeFormMixin:
         self.graph_io.activated.connect(
             lambda _i: self._set("htp", "graph_io", self.graph_io.currentData()))
         form.addRow("Graph I/O", self.graph_io)
+        from studio.core.settings import PERFORMANCE_MODES
+
+        self.perf_mode = QComboBox()
+        for mode in PERFORMANCE_MODES:
+            self.perf_mode.addItem(mode.replace("_", " ") if mode else "backend default", mode)
+        self.perf_mode.setToolTip(spec_of("htp.performance_mode").doc)
+        self.perf_mode.activated.connect(
+            lambda _i: self._set("htp", "performance_mode", self.perf_mode.currentData()))
+        form.addRow("Performance mode (run)", self.perf_mode)
         note = label("Judged by the compiler's own figures (Profiler and studio compare: DRAM "
                      "and VTCM bytes per decode step, deterministic). Not exposed by the QNN "
                      "EP here: " + ", ".join(NOT_EXPOSED) + " (hover for what each needs).",
@@ -291,6 +300,9 @@ class RecipeFormMixin:
             self._quiet(self.vtcm, lambda: self.vtcm.setValue(h["vtcm_mb"]))
         if touched("htp", "fp16_relaxation"):
             self._quiet(self.fp16_relax, lambda: self.fp16_relax.setChecked(h["fp16_relaxation"]))
+        if touched("htp", "performance_mode"):
+            self._quiet(self.perf_mode, lambda: self.perf_mode.setCurrentIndex(
+                self.perf_mode.findData(h["performance_mode"])))
         if touched("htp", "graph_io"):
             self._quiet(self.graph_io, lambda: self.graph_io.setCurrentIndex(
                 self.graph_io.findData(h["graph_io"])))

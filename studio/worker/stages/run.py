@@ -30,8 +30,12 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 
     out = gen.greedy(tok(prompt).input_ids, n, eos_id=spec.get("eos_token_id"), on_step=on_step)
     timed, prefix, note = be.run_figures(out, gen)
-    return run_result(dev, timed, tok, prompt, be.describe(ctx.get("quantization.scheme")),
-                      prefix, note, load_s=load_s)
+    what = be.describe(ctx.get("quantization.scheme"))
+    mode = be.run_options.get("htp_performance_mode") if dev.on_npu else None
+    if mode:  # the HTP's clock vote the sessions ran with (a device's; no simulator's)
+        what += f", performance mode {mode}"
+        note = f"{note}; HTP performance mode {mode}" if note else f"HTP performance mode {mode}"
+    return run_result(dev, timed, tok, prompt, what, prefix, note, load_s=load_s)
 
 
 def run_result(dev: Device, out: dict[str, Any], tok, prompt: str, what: str,
