@@ -140,7 +140,7 @@ class RecipeFormMixin:
         knobs it does not, each with what it would need."""
         from studio.core.settings import NOT_EXPOSED, spec_of
 
-        box = QGroupBox("HTP compiler")
+        box = QGroupBox("HTP: compiler and run time")
         form = QFormLayout(box)
         self.opt_level = QComboBox()
         for level, text in ((0, "backend default (2)"), (1, "1 · fastest preparation"),
