@@ -67,8 +67,13 @@ def test_the_compiler_figures_are_recorded_and_deterministic(levels):
     assert (m["source"], m["device"]) == ("measured", "htp-compiler")
     assert "deterministic" in m["detail"] and "default options" in m["detail"]
     assert default["compiler_dram_bytes_per_step"] > 1e6 and default["compiler_dma_ops_per_step"]
-    # compiled twice with the same options (once by the session, once as level 2): identical
-    assert o2 == default
+    # compiled twice with the same options (once by the session, once as level 2): the same
+    # figures; the binary's size only within the few bytes of its graph's name, which the
+    # QNN EP makes from a hash of the model file's path (a decimal of 19 or 20 digits)
+    size = "compiler_binary_bytes"
+    assert {k: v for k, v in o2.items() if k != size} == \
+        {k: v for k, v in default.items() if k != size}
+    assert abs(o2[size] - default[size]) <= 8
     assert o1["compiler_htp_ops"] < default["compiler_htp_ops"]
     assert o1 != default
     print(f"\ncompiler figures: default {default}\n  level 1 {o1}")

@@ -118,10 +118,10 @@ def test_keys_step_through_scenes_with_badges_and_live_generation(finished, copy
     qtbot.keyClick(win, Qt.Key.Key_Right)
     wf = win.current_view()
     assert isinstance(wf, WaterfallView) and not gen.running()
-    assert wf.shown == 1 and len(wf.rows) == 7
+    assert wf.shown == 1 and len(wf.rows) == 8  # FP32 .. + quantized I/O .. + pruned
     assert "estimated · Snapdragon 8 Gen 3" in wf.badge_texts()
     assert "measured · host CPU" in wf.badge_texts()
-    for n in range(2, 8):
+    for n in range(2, 9):
         qtbot.keyClick(win, Qt.Key.Key_Space)
         assert win.current_view() is wf and wf.shown == n
         assert sum(w.isVisibleTo(wf) for w in wf.rows[n - 1]) == len(wf.rows[n - 1])
@@ -130,9 +130,9 @@ def test_keys_step_through_scenes_with_badges_and_live_generation(finished, copy
     qtbot.keyClick(win, Qt.Key.Key_Right)
     assert win.current_view().kind == "accuracy"
     qtbot.keyClick(win, Qt.Key.Key_Left)  # back into the waterfall: every step shown
-    assert win.current_view() is wf and wf.shown == 7
+    assert win.current_view() is wf and wf.shown == 8
     qtbot.keyClick(win, Qt.Key.Key_Left)
-    assert wf.shown == 6
+    assert wf.shown == 7
     qtbot.keyClick(win, Qt.Key.Key_PageDown)
     qtbot.keyClick(win, Qt.Key.Key_PageDown)
 

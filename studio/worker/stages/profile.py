@@ -98,7 +98,8 @@ COMPILER_FIGURES = (
     ("spill_fill_ops", "compiler_spill_fill_ops", "", "ops spilling tensors out of VTCM or "
                                                       "filling them back"),
     ("htp_ops", "compiler_htp_ops", "", "HTP ops after the compiler's optimization"),
-    ("binary_bytes", "compiler_binary_bytes", "B", "the compiled decode graph's size"),
+    ("binary_bytes", "compiler_binary_bytes", "B", "the compiled decode graph's size (to a few "
+     "bytes: the graph's name comes from a hash of the model file's path)"),
 )
 
 
