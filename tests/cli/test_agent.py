@@ -203,7 +203,8 @@ def test_run_and_profile_stages_on_agent_devices(batch_run, small_project, agent
     proj = tmp_path / "remote.qstudio"
     text = small_project.read_text().replace(
         "[run]\n", f'[run]\ndevices = ["cpu", "agent:lab", "agent:lab@htp-sim:{chip}"]\n', 1)
-    proj.write_text(text)
+    # the HTP's run-time performance mode goes to the agent with each job
+    proj.write_text(text + '\n[htp]\nperformance_mode = "burst"\n')
     copy_store(small_project.with_suffix(".studio"), proj.with_suffix(".studio"))
     r = studio("--batch", proj, "--stages", "run,profile", "--json", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -215,7 +216,8 @@ def test_run_and_profile_stages_on_agent_devices(batch_run, small_project, agent
     sim = jobs[("run", f"agent:lab@htp-sim:{chip}")]
     assert cpu["state"] == sim["state"] == "succeeded"
     assert "(measured, FP32 on the agent's CPU)" in cpu["summary"]
-    assert "(simulated," in sim["summary"]
+    assert "(simulated," in sim["summary"] and "performance mode burst" in sim["summary"]
+    assert "performance mode" not in cpu["summary"]
     assert jobs[("export", "")]["cached"]  # the agent runs what the store already holds
     bad = tmp_path / "bad.qstudio"
     bad.write_text(small_project.read_text().replace(

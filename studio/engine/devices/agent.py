@@ -16,8 +16,9 @@ from studio.engine.devices._base import compiled_files
 
 
 class Backend(_Base):
-    def __init__(self, device, registry: Any = None) -> None:
-        super().__init__(device, registry)
+    def __init__(self, device, registry: Any = None,
+                 run_options: dict[str, str] | None = None) -> None:
+        super().__init__(device, registry, run_options)
         self._client = None
         self._info: dict[str, Any] | None = None
 
