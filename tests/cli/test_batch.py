@@ -195,7 +195,7 @@ def test_a_killed_quantize_leaves_its_temp_files_in_the_project_and_the_next_ope
     before = small_project.read_text()
     # a recipe of its own, so that quantize really runs (export comes from the cache)
     # (more calibration samples than the shared run: a longer calibration to catch it in)
-    small_project.write_text(before.replace("calibration_samples = 2", "calibration_samples = 12"))
+    small_project.write_text(before.replace("calibration_samples = 2", "calibration_samples = 6"))
     tmp = small_project.with_suffix(".studio") / "artifacts" / "tmp"
     try:
         proc = subprocess.Popen([sys.executable, "-m", "studio.cli", "--batch",

@@ -138,11 +138,12 @@ def _share(project: Path, block: str) -> tuple[float, float]:
 @pytest.fixture(scope="module")
 def quantized_io(batch_run, small_project, tmp_path_factory) -> tuple[Path, dict]:
     """The small project compiled with quantized graph I/O from the session's quantized
-    graphs, validated and profiled on the simulator."""
+    graphs, validated, run and profiled on the simulator (in the HTP's burst mode)."""
     f = tmp_path_factory.mktemp("graph-io") / "io.qstudio"
     share_store(small_project, f, stages={"export", "quantize"})
-    f.write_text(small_project.read_text() + '\n[htp]\ngraph_io = "quantized"\n')
-    r = studio("--batch", f, "--stages", "validate,profile", "--json")
+    f.write_text(small_project.read_text() + '\n[htp]\ngraph_io = "quantized"\n'
+                 'performance_mode = "burst"\n')
+    r = studio("--batch", f, "--stages", "validate,run,profile", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
     return f, json.loads(r.stdout)
 
@@ -186,24 +187,23 @@ def test_a_graph_io_value_the_setting_does_not_take_is_refused(tmp_path):
     assert "htp.graph_io" in err.value.message and "quantized" in err.value.message
 
 
-def test_the_performance_mode_is_a_run_setting_the_sessions_take(batch_run, small_project,
-                                                               tmp_path):
-    """htp.performance_mode: refused in one line when unknown; not in the compile's key (the
-    binaries are reused), in the run stage's (it runs again, and says the mode it ran with)."""
+def test_the_performance_mode_is_a_run_setting_the_sessions_take(quantized_io, tmp_path):
+    """htp.performance_mode: refused in one line when unknown; declared by the run and
+    profile stages, not by the compile (the binaries do not change with it); the run stage
+    says the mode its HTP sessions ran with (the CPU has no HTP to vote for)."""
+    from studio.core.stagegraph import DECLARATIONS
+
     f = tmp_path / "p.qstudio"
-    f.write_text(small_project.read_text() + '\n[htp]\nperformance_mode = "turbo"\n')
+    f.write_text('schema_version = 1\n[model]\nsource = "sample:tiny-coder"\n[htp]\n'
+                 'performance_mode = "turbo"\n')
     with pytest.raises(StudioError) as err:
         pf.load(f)
     assert "htp.performance_mode" in err.value.message and "burst" in err.value.message
-    share_store(small_project, f, stages={"export", "quantize", "compile"})
-    f.write_text(small_project.read_text() + '\n[htp]\nperformance_mode = "burst"\n')
-    r = studio("--batch", f, "--stages", "run", "--json")
-    assert r.returncode == 0, r.stderr[-3000:]
-    jobs = json.loads(r.stdout)["jobs"]
-    compile_job = next(j for j in jobs if j["stage"] == "compile")
-    assert compile_job.get("cached"), compile_job  # the same binaries
-    runs = [j for j in jobs if j["stage"] == "run"]
+    declared = {d.name: d.settings for d in DECLARATIONS}
+    assert "htp.performance_mode" in declared["run"] and "htp.performance_mode" in \
+        declared["profile"] and "htp.performance_mode" not in declared["compile"]
+    runs = [j for j in quantized_io[1]["jobs"] if j["stage"] == "run"]
     sim = next(j for j in runs if "HTP simulator" in j["summary"])
     cpu = next(j for j in runs if "host CPU" in j["summary"])
     assert "performance mode burst" in sim["summary"]
-    assert "performance mode" not in cpu["summary"]  # the CPU has no HTP to vote for
+    assert "performance mode" not in cpu["summary"]

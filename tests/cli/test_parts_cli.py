@@ -537,7 +537,7 @@ def test_parts_with_quantized_graph_io_hand_on_integers(parts_project, tmp_path)
     proj = tmp_path / "io.qstudio"
     share_store(f, proj, stages={"export", "quantize"})
     proj.write_text(f.read_text() + '\n[htp]\ngraph_io = "quantized"\n')
-    r = studio("--batch", proj, "--stages", "validate,run", "--json")
+    r = studio("--batch", proj, "--stages", "validate", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout)
     assert all(g["passed"] for g in summary["gates"]), summary["gates"]
@@ -551,5 +551,5 @@ def test_parts_with_quantized_graph_io_hand_on_integers(parts_project, tmp_path)
         handed = [k for k in one[g] if k.startswith("hidden_states_after_")]
         assert handed and all(one[g][k] == two[g][k] for k in handed)
         assert "logits" in two[g] and "logits" not in one[g]
-    ran = _runs(proj)  # the simulator generated through the two parts' integer hand-off
-    assert len(ran[f"htp-sim:{default_target()}"]) > 0
+    # the simulator generated through the two parts' integer hand-off (validate's greedy)
+    assert got["greedy_htp"] and 0 < got["greedy_agreement"] <= 1
