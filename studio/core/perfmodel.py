@@ -648,24 +648,30 @@ class Anchor:
 
 
 def load_anchors(path: str | Path | None = None) -> list[Anchor]:
-    p = Path(path) if path is not None else ANCHORS_PATH
+    return _load_rows(Path(path) if path is not None else ANCHORS_PATH, "anchor", "anchor",
+                      Anchor)
+
+
+def _load_rows(p: Path, table: str, what: str, row_type: Any) -> list[Any]:
+    """The ``[[table]]`` rows of the TOML file ``p`` as ``row_type`` records, each with its
+    source; a missing, malformed or unsourced file is one line naming it."""
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise StudioError(f"anchor table {p} not found") from None
+        raise StudioError(f"{what} table {p} not found") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise StudioError(f"anchor table {p} is not valid TOML ({e}); fix the file") from None
-    rows = data.get("anchor")
+        raise StudioError(f"{what} table {p} is not valid TOML ({e}); fix the file") from None
+    rows = data.get(table)
     if not isinstance(rows, list) or not rows:
-        raise StudioError(f"anchor table {p} has no [[anchor]] rows; fix the file")
+        raise StudioError(f"{what} table {p} has no [[{table}]] rows; fix the file")
     out = []
     for i, row in enumerate(rows):
         try:
-            out.append(Anchor(**row))
+            out.append(row_type(**row))
         except TypeError as e:
-            raise StudioError(f"anchor table {p}: row {i + 1} is malformed ({e})") from None
+            raise StudioError(f"{what} table {p}: row {i + 1} is malformed ({e})") from None
         if not out[-1].source:
-            raise StudioError(f"anchor table {p}: row {i + 1} has no source")
+            raise StudioError(f"{what} table {p}: row {i + 1} has no source")
     return out
 
 
@@ -689,25 +695,8 @@ class Published:
 
 
 def load_heldout(path: str | Path | None = None) -> list[Published]:
-    p = Path(path) if path is not None else HELDOUT_PATH
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise StudioError(f"held-out table {p} not found") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise StudioError(f"held-out table {p} is not valid TOML ({e}); fix the file") from None
-    rows = data.get("published")
-    if not isinstance(rows, list) or not rows:
-        raise StudioError(f"held-out table {p} has no [[published]] rows; fix the file")
-    out = []
-    for i, row in enumerate(rows):
-        try:
-            out.append(Published(**row))
-        except TypeError as e:
-            raise StudioError(f"held-out table {p}: row {i + 1} is malformed ({e})") from None
-        if not out[-1].source:
-            raise StudioError(f"held-out table {p}: row {i + 1} has no source")
-    return out
+    return _load_rows(Path(path) if path is not None else HELDOUT_PATH, "published",
+                      "held-out", Published)
 
 
 def heldout_report(rows: Sequence[Published] | None = None,
