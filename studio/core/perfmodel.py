@@ -94,6 +94,84 @@ def get_scheme(name: str) -> Scheme:
 
 # --------------------------------------------------------------------------- architecture
 
+#: the vision-language families whose vision tower the model knows
+VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+
+
+@dataclass(frozen=True)
+class VisionArch:
+    """The sizes of a vision-language model's vision tower (Qwen2-VL / Qwen2.5-VL): a ViT over
+    ``patch`` x ``patch`` patches (two frames of one image, ``temporal_patch``), ``depth``
+    blocks — Qwen2.5-VL's attend within windows of ``window`` patches a side except the
+    ``full_blocks`` — and a merger that turns each ``merge`` x ``merge`` patches into one
+    token of the language model's width."""
+
+    depth: int
+    hidden: int
+    intermediate: int
+    heads: int
+    patch: int
+    merge: int
+    out_hidden: int
+    temporal_patch: int = 2
+    in_chans: int = 3
+    gated_mlp: bool = True
+    window: int | None = None  # patches a side of a window-attention block; None: all full
+    full_blocks: tuple[int, ...] = ()
+
+    @classmethod
+    def from_config(cls, vc: Mapping[str, Any], model_type: str, where: str) -> VisionArch:
+        def need(key: str, *alts: str) -> int:
+            for k in (key, *alts):
+                v = vc.get(k)
+                if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                    return v
+            raise StudioError(f"{where}: vision_config has no positive '{key}'")
+
+        qwen25 = model_type == "qwen2_5_vl"
+        # Qwen2-VL names the ViT's width embed_dim and the language model's hidden_size;
+        # Qwen2.5-VL names them hidden_size and out_hidden_size
+        depth = need("depth")
+        hidden = need("hidden_size") if qwen25 else need("embed_dim")
+        out = need("out_hidden_size") if qwen25 else need("hidden_size")
+        patch, merge = need("patch_size", "spatial_patch_size"), need("spatial_merge_size")
+        # Qwen2-VL's vision MLP is fc1 / fc2 at mlp_ratio x the width; Qwen2.5-VL's is gated
+        inter = (need("intermediate_size") if qwen25 or vc.get("intermediate_size")
+                 else int(hidden * float(vc.get("mlp_ratio", 4))))
+        window_px = vc.get("window_size") if qwen25 else None
+        full = tuple(int(i) for i in vc.get("fullatt_block_indexes") or ())
+        return cls(depth=depth, hidden=hidden, intermediate=inter,
+                   heads=need("num_heads"), patch=patch, merge=merge, out_hidden=out,
+                   temporal_patch=int(vc.get("temporal_patch_size") or 2),
+                   in_chans=int(vc.get("in_chans") or vc.get("in_channels") or 3),
+                   gated_mlp=qwen25,
+                   window=int(window_px) // patch if isinstance(window_px, int) else None,
+                   full_blocks=full)
+
+    def grid(self, image: int) -> int:
+        """Patches a side for a square ``image`` (pixels, a multiple of patch x merge)."""
+        unit = self.patch * self.merge
+        if image < unit or image % unit:
+            raise StudioError(f"the image must be a multiple of {unit} pixels a side (the "
+                              f"patch {self.patch} x the merge {self.merge}), not {image}")
+        return image // self.patch
+
+    def patches(self, image: int) -> int:
+        return self.grid(image) ** 2
+
+    def tokens(self, image: int) -> int:
+        """The language model's tokens for one image: the patches merged ``merge`` x ``merge``."""
+        return self.patches(image) // (self.merge ** 2)
+
+    @property
+    def params(self) -> int:
+        h, m = self.hidden, self.merge ** 2
+        mlp = (3 if self.gated_mlp else 2) * h * self.intermediate
+        embed = self.in_chans * self.temporal_patch * self.patch ** 2 * h
+        merger = (h * m) * (h * m) + (h * m) * self.out_hidden
+        return embed + self.depth * (4 * h * h + mlp) + merger
+
+
 @dataclass(frozen=True)
 class Arch:
     """The sizes of a decoder-only transformer: all the model needs, no weights."""
@@ -113,6 +191,7 @@ class Arch:
     sliding_layers: int = 0
     max_position: int | None = None
     rope_theta: float | None = None
+    vision: VisionArch | None = None  # a vision-language model's vision tower
 
     @property
     def q_dim(self) -> int:
@@ -217,6 +296,9 @@ class Arch:
         rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else {}
         theta = cfg.get("rope_theta", rope.get("rope_theta") if rope else None)
         bias = bool(cfg.get("attention_bias", family.attention_bias))
+        vc, top_type = config.get("vision_config"), str(config.get("model_type", ""))
+        vision = (VisionArch.from_config(vc, top_type, where)
+                  if isinstance(vc, Mapping) and top_type in VISION_FAMILIES else None)
         return cls(
             name=name or str(cfg.get("_name_or_path", "") or model_type),
             model_type=model_type, layers=layers, hidden=hidden, heads=heads,
@@ -225,6 +307,7 @@ class Arch:
             sliding_layers=min(sliding_layers, layers),
             max_position=cfg.get("max_position_embeddings"),
             rope_theta=float(theta) if isinstance(theta, int | float) else None,
+            vision=vision,
         )
 
 
@@ -545,6 +628,54 @@ def transformer_ops(arch: Arch, scheme: Scheme, tokens: int, context: int,
                    np.array(edges, np.int64).reshape(-1, 2))
 
 
+def vision_ops(v: VisionArch, scheme: Scheme, image: int) -> OpGraph:
+    """The ops of one pass of the vision tower over a square ``image`` (pixels a side): the
+    patch embedding, ``depth`` blocks (window attention over ``window`` x ``window`` patches,
+    full attention in ``full_blocks`` or everywhere without windows), the merger."""
+    n, h = v.patches(image), v.hidden
+    wb, ab = scheme.weight_bytes, scheme.act_bytes
+    names: list[str] = []
+    types: list[str] = []
+    layer: list[int] = []
+    macs: list[float] = []
+    dram: list[float] = []
+    edges: list[tuple[int, int]] = []
+
+    def add(name: str, op: str, li: int, m: float, b: float) -> None:
+        if names:
+            edges.append((len(names) - 1, len(names)))
+        names.append(name)
+        types.append(op)
+        layer.append(li)
+        macs.append(m)
+        dram.append(b)
+
+    def linear(name: str, li: int, rows: int, k: int, m_out: int) -> None:
+        add(name, "MatMul", li, rows * k * m_out, k * m_out * wb + rows * (k + m_out) * ab)
+
+    linear("/visual/patch_embed", -1, n, v.in_chans * v.temporal_patch * v.patch ** 2, h)
+    for i in range(v.depth):
+        p = f"/visual/blocks.{i}"
+        linear(f"{p}/attn/qkv", i, n, h, 3 * h)
+        span = n if v.window is None or i in v.full_blocks else min(n, v.window ** 2)
+        add(f"{p}/attn/attention", "Attention", i, 2 * h * n * span, 4 * n * h * ab)
+        linear(f"{p}/attn/proj", i, n, h, h)
+        if v.gated_mlp:
+            linear(f"{p}/mlp/gate_up_proj", i, n, h, 2 * v.intermediate)
+        else:
+            linear(f"{p}/mlp/fc1", i, n, h, v.intermediate)
+        linear(f"{p}/mlp/{'down_proj' if v.gated_mlp else 'fc2'}", i, n, v.intermediate, h)
+    m, t = v.merge ** 2, v.tokens(image)
+    linear("/visual/merger/mlp.0", -1, t, h * m, h * m)
+    linear("/visual/merger/mlp.2", -1, t, h * m, v.out_hidden)
+    return OpGraph(names, types, np.array(layer), np.array(macs), np.array(dram),
+                   np.array(edges, np.int64).reshape(-1, 2))
+
+
+#: the scheme a vision tower is estimated at (deployed VL encoders keep 8-bit weights)
+VISION_SCHEME = "W8A16"
+
+
 # --------------------------------------------------------------------------- estimate
 
 
@@ -560,6 +691,20 @@ class Estimate:
     eff: Efficiency
     decode: GraphEstimate
     prefill: GraphEstimate
+    #: a vision-language model with an image: the vision tower's pass and the image's pixels
+    #: a side (the prefill then takes the image's tokens beside the prompt's)
+    encoder: GraphEstimate | None = None
+    image: int | None = None
+
+    @property
+    def image_tokens(self) -> int:
+        v = self.arch.vision
+        return v.tokens(self.image) if v is not None and self.image else 0
+
+    @property
+    def ttft_s(self) -> float:
+        """Time to the first token: the vision tower (with an image), then the prefill."""
+        return (self.encoder.total_s if self.encoder is not None else 0.0) + self.prefill.total_s
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -567,7 +712,7 @@ class Estimate:
 
     @property
     def prefill_tokens_per_s(self) -> float:
-        return self.prompt_tokens / self.prefill.total_s
+        return (self.prompt_tokens + self.image_tokens) / self.prefill.total_s
 
     def layer_traffic(self) -> dict[int, float]:
         """DRAM bytes per decoded token by layer (-1: outside the layers, the lm_head)."""
@@ -591,7 +736,7 @@ class Estimate:
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 3),
             "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 3),
             "decode_ms_per_token": round(d.total_s * 1000, 4),
-            "time_to_first_token_ms": round(self.prefill.total_s * 1000, 3),
+            "time_to_first_token_ms": round(self.ttft_s * 1000, 3),
             "bound": d.bound,
             "prefill_bound": self.prefill.bound,
             "params": self.arch.params,
@@ -603,14 +748,28 @@ class Estimate:
             "chip_figures": {"ddr_gbps": self.chip.ddr_gbps, "htp_tops": self.chip.htp_tops,
                              "htp_cores": self.chip.htp_cores},
             "efficiency": asdict(self.eff),
+            **({"vision": self.vision_dict()} if self.encoder is not None else {}),
         }
+
+    def vision_dict(self) -> dict[str, Any]:
+        """The vision tower's part of the estimate: its pass, and the TTFT split."""
+        v, e = self.arch.vision, self.encoder
+        assert v is not None and e is not None and self.image
+        return {"image_px": self.image, "patches": v.patches(self.image),
+                "image_tokens": self.image_tokens, "scheme": VISION_SCHEME,
+                "params": v.params, "encoder_ms": round(e.total_s * 1000, 3),
+                "encoder_bound": e.bound,
+                "prefill_ms": round(self.prefill.total_s * 1000, 3),
+                "encoder_macs": int(round(float(e.graph.macs.sum())))}
 
 
 def estimate(arch: Arch, chip: Chip | ChipPerf | str, scheme: Scheme | str, context: int,
              prompt_tokens: int | None = None, eff: Efficiency | None = None,
-             float_io: bool = False) -> Estimate:
+             float_io: bool = False, image: int | None = None) -> Estimate:
     """Decode and prefill estimate for ``arch`` on ``chip`` (uses the shipped fit by default);
-    ``float_io``: graphs that convert their edges (:func:`transformer_ops`)."""
+    ``float_io``: graphs that convert their edges (:func:`transformer_ops`); ``image``: a
+    vision-language model's square image (pixels a side) — its vision tower runs first (at
+    :data:`VISION_SCHEME`) and the prefill takes its tokens beside the prompt's."""
     if isinstance(chip, str):
         chip = get_chip(chip)
     perf = chip if isinstance(chip, ChipPerf) else ChipPerf.of(chip)
@@ -623,12 +782,25 @@ def estimate(arch: Arch, chip: Chip | ChipPerf | str, scheme: Scheme | str, cont
                           f"not {prompt!r}")
     if eff is None:
         eff = load_fit()[0]
+    encoder, extra = None, 0
+    if image is not None:
+        if arch.vision is None:
+            raise StudioError(f"{arch.name} has no vision tower: an image needs a "
+                              f"vision-language config ({', '.join(VISION_FAMILIES)})")
+        vs = get_scheme(VISION_SCHEME)
+        encoder = estimate_ops(vision_ops(arch.vision, vs, int(image)), perf, eff,
+                               eff.compute_for(vs, prefill=True))
+        extra = arch.vision.tokens(int(image))
+        if prompt + extra > context:
+            raise StudioError(f"the image's {extra} tokens and {prompt} prompt tokens do not fit "
+                              f"the context of {context}: a smaller image or a longer context")
     dec = estimate_ops(transformer_ops(arch, sch, 1, context, float_io=float_io), perf, eff,
                        eff.compute_for(sch, prefill=False))
-    pre = estimate_ops(transformer_ops(arch, sch, prompt, context, prefill=True,
+    pre = estimate_ops(transformer_ops(arch, sch, prompt + extra, context, prefill=True,
                                        float_io=float_io), perf, eff,
                        eff.compute_for(sch, prefill=True))
-    return Estimate(arch, perf, sch, context, prompt, eff, dec, pre)
+    return Estimate(arch, perf, sch, context, prompt, eff, dec, pre, encoder,
+                    int(image) if image is not None else None)
 
 
 # --------------------------------------------------------------------------- calibration

@@ -15,10 +15,14 @@ from studio.core.fsutil import atomic_write_text
 
 
 def estimate_config(config: str | Path, chip: str, scheme: str = "W4A16", context: int = 4096,
-                    prompt_tokens: int | None = None) -> dict[str, Any]:
-    """Estimated prefill and decode tok/s of a public architecture (a HF config, no weights)."""
+                    prompt_tokens: int | None = None, image: int | None = None
+                    ) -> dict[str, Any]:
+    """Estimated prefill and decode tok/s of a public architecture (a HF config, no weights);
+    ``image``: a vision-language model's square image, pixels a side (its vision tower runs
+    before the prefill, which takes the image's tokens)."""
     arch = perfmodel.load_arch(config)
-    est = perfmodel.estimate(arch, get_chip(chip), scheme, context, prompt_tokens)
+    est = perfmodel.estimate(arch, get_chip(chip), scheme, context, prompt_tokens,
+                             image=image)
     out = est.to_dict()
     out["layer_traffic_bytes"] = {("lm_head" if k < 0 else str(k)): int(round(v))
                                   for k, v in sorted(est.layer_traffic().items())}

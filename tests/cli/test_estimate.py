@@ -86,3 +86,17 @@ def test_estimate_heldout_prints_every_row_with_its_error_and_the_medians():
     assert all(row["source"] for row in d["rows"])
     bad = studio("estimate", "--heldout", "--chip", "snapdragon-8-elite")
     assert bad.returncode == 2 and "--heldout takes no" in bad.stderr
+
+
+def test_estimate_a_vision_language_model_with_an_image():
+    r = studio("estimate", "--config", "qwen2.5-vl-3b", "--chip", "snapdragon-8-elite",
+               "--image", "448", "--prompt-tokens", "64")
+    assert r.returncode == 0, r.stderr
+    assert "1024 patches -> 256 tokens" in r.stdout and "64 prompt + 256 image tokens" in r.stdout
+    assert "TTFT" in r.stdout and "vision" in r.stdout and "estimated" in r.stdout
+    d = json.loads(studio("estimate", "--config", "qwen2.5-vl-3b", "--chip", "sa8295p",
+                          "--image", "448", "--json").stdout)
+    assert d["vision"]["encoder_ms"] > 0 and d["source"] == "estimated"
+    bad = studio("estimate", "--config", "llama-3.2-1b", "--chip", "snapdragon-8-elite",
+                 "--image", "448")
+    assert bad.returncode == 2 and "no vision tower" in bad.stderr

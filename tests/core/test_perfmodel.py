@@ -283,3 +283,49 @@ def test_float_graph_io_pays_its_edge_conversions():
         assert pm.FLOAT_IO_OP in f.names and pm.FLOAT_IO_OP not in plain.names
     slow = pm.pass_seconds(a, chip(), s, 512, eff=EFF, float_io=True)
     assert slow > pm.pass_seconds(a, chip(), s, 512, eff=EFF)
+
+
+def test_a_vision_language_config_gives_its_vision_tower():
+    """Qwen2.5-VL-3B's published sizes: a 1280-wide ViT of 32 blocks (window attention over
+    8 x 8 patches but in blocks 7, 15, 23, 31), 2 x 2 patches merged into one 2048-wide token:
+    a 448-pixel image is 1024 patches, 256 tokens."""
+    a = pm.load_arch("qwen2.5-vl-3b")
+    v = a.vision
+    assert v is not None and (v.depth, v.hidden, v.out_hidden, v.window) == (32, 1280, 2048, 8)
+    assert v.full_blocks == (7, 15, 23, 31) and v.gated_mlp
+    assert (v.patches(448), v.tokens(448)) == (1024, 256)
+    # by hand: patch embedding, 32 blocks (attention 4 h^2, gated MLP 3 h i), the merger
+    h, i = 1280, 3420
+    assert v.params == 3 * 2 * 14 * 14 * h + 32 * (4 * h * h + 3 * h * i) + \
+        (4 * h) ** 2 + 4 * h * 2048
+    g = pm.vision_ops(v, pm.get_scheme("W8A16"), 448)
+    att = [m for n, m in zip(g.names, g.macs, strict=True) if n.endswith("/attention")]
+    assert att[0] == 2 * h * 1024 * 64 and att[7] == 2 * h * 1024 * 1024  # window, full
+    with pytest.raises(StudioError, match="multiple of 28"):
+        v.patches(450)
+    # Qwen2-VL names the ViT's width embed_dim and the language model's hidden_size
+    q2 = pm.Arch.from_config({
+        "model_type": "qwen2_vl", "hidden_size": 1536, "num_hidden_layers": 28,
+        "num_attention_heads": 12, "num_key_value_heads": 2, "intermediate_size": 8960,
+        "vocab_size": 151936, "tie_word_embeddings": True,
+        "vision_config": {"depth": 32, "embed_dim": 1280, "hidden_size": 1536, "mlp_ratio": 4,
+                          "num_heads": 16, "patch_size": 14, "spatial_merge_size": 2}})
+    assert q2.vision is not None
+    assert (q2.vision.hidden, q2.vision.out_hidden, q2.vision.intermediate) == (1280, 1536, 5120)
+    assert not q2.vision.gated_mlp and q2.vision.window is None
+
+
+def test_an_image_adds_the_vision_tower_to_the_time_to_first_token():
+    a = pm.load_arch("qwen2.5-vl-3b")
+    text = pm.estimate(a, chip(), "W4A16", 1024, 64, EFF)
+    vl = pm.estimate(a, chip(), "W4A16", 1024, 64, EFF, image=448)
+    assert vl.decode_tokens_per_s == text.decode_tokens_per_s  # decode reads no image
+    d = vl.to_dict()
+    assert d["vision"]["image_tokens"] == 256 and d["vision"]["patches"] == 1024
+    assert d["time_to_first_token_ms"] == pytest.approx(
+        d["vision"]["encoder_ms"] + d["vision"]["prefill_ms"], abs=0.01)
+    assert d["vision"]["prefill_ms"] > text.prefill.total_s * 1000  # 64 + 256 tokens
+    with pytest.raises(StudioError, match="no vision tower"):
+        pm.estimate(arch(), chip(), "W4A16", 512, 64, EFF, image=448)
+    with pytest.raises(StudioError, match="do not fit the context"):
+        pm.estimate(a, chip(), "W4A16", 300, 64, EFF, image=448)

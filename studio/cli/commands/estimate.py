@@ -24,6 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=whole(1, 1 << 20), default=4096, help="KV-cache context (default 4096)")
     p.add_argument("--prompt-tokens", type=whole(1, 1 << 20), default=None,
                    help="prompt length for prefill (default: min(context, 1024))")
+    p.add_argument("--image", type=whole(28, 1 << 14), default=None,
+                   help="a vision-language model (Qwen2-VL, Qwen2.5-VL): a square image of "
+                        "this many pixels a side (e.g. 448); time to first token includes its "
+                        "vision tower")
     p.add_argument("--calibration", action="store_true",
                    help="published vs estimated tok/s on the anchors, MdAPE and leave-one-out")
     p.add_argument("--heldout", action="store_true",
@@ -73,7 +77,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if not args.config or not args.chip:
         raise StudioError("estimate needs --config CONFIG and --chip CHIP (or --calibration)")
     est = estimate.estimate_config(args.config, args.chip, args.est_scheme, args.context,
-                                   args.prompt_tokens)
+                                   args.prompt_tokens, args.image)
     if args.est_json:
         print(json.dumps(est, indent=2))
         return 0
@@ -82,9 +86,21 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
           f"estimated ({est['model_version']}), not measured")
     print(f"  decode    {est['decode_tokens_per_s']:8.2f} tok/s  "
           f"({est['decode_ms_per_token']:.2f} ms/token, {est['bound']}-bound)")
-    print(f"  prefill   {est['prefill_tokens_per_s']:8.2f} tok/s  "
-          f"({est['prompt_tokens']} prompt tokens, TTFT {est['time_to_first_token_ms']:.1f} ms, "
-          f"{est['prefill_bound']}-bound)")
+    vis = est.get("vision")
+    if vis:
+        print(f"  vision    {vis['encoder_ms']:8.1f} ms     ({vis['image_px']}x{vis['image_px']} "
+              f"image: {vis['patches']} patches -> {vis['image_tokens']} tokens, "
+              f"{vis['params'] / 1e6:.0f} M parameters at {vis['scheme']}, "
+              f"{vis['encoder_bound']}-bound)")
+        print(f"  prefill   {est['prefill_tokens_per_s']:8.2f} tok/s  ({est['prompt_tokens']} "
+              f"prompt + {vis['image_tokens']} image tokens, {vis['prefill_ms']:.1f} ms, "
+              f"{est['prefill_bound']}-bound)")
+        print(f"  TTFT      {est['time_to_first_token_ms']:8.1f} ms     (vision "
+              f"{vis['encoder_ms']:.1f} + prefill {vis['prefill_ms']:.1f})")
+    else:
+        print(f"  prefill   {est['prefill_tokens_per_s']:8.2f} tok/s  "
+              f"({est['prompt_tokens']} prompt tokens, TTFT "
+              f"{est['time_to_first_token_ms']:.1f} ms, {est['prefill_bound']}-bound)")
     print(f"  weights   {est['weight_bytes'] / gb:8.3f} GB   KV cache "
           f"{est['kv_cache_bytes'] / gb:.3f} GB ({est['kv_bytes_per_token']} B/token)")
     print(f"  DRAM read {est['decode_dram_bytes_per_token'] / gb:8.3f} GB per decoded token "
