@@ -557,6 +557,37 @@ def estimate_ops(graph: OpGraph, chip: ChipPerf, eff: Efficiency,
     return GraphEstimate(graph, roof, sched, floor, eff.overhead_ms / 1000)
 
 
+class _Chain:
+    """An :class:`OpGraph` built op by op, each op depending on the one before."""
+
+    def __init__(self, scheme: Scheme) -> None:
+        self.wb, self.ab = scheme.weight_bytes, scheme.act_bytes
+        self.names: list[str] = []
+        self.types: list[str] = []
+        self.layer: list[int] = []
+        self.macs: list[float] = []
+        self.dram: list[float] = []
+
+    def add(self, name: str, op: str, li: int, m: float, b: float) -> None:
+        self.names.append(name)
+        self.types.append(op)
+        self.layer.append(li)
+        self.macs.append(m)
+        self.dram.append(b)
+
+    def linear(self, name: str, li: int, rows: int, k: int, m_out: int) -> None:
+        """A weight MatMul of ``rows`` x ``k`` by ``k`` x ``m_out``: its weights read once,
+        its activations in and out."""
+        self.add(name, "MatMul", li, rows * k * m_out,
+                 k * m_out * self.wb + rows * (k + m_out) * self.ab)
+
+    def graph(self) -> OpGraph:
+        n = len(self.names)
+        edges = np.array([(i, i + 1) for i in range(n - 1)], np.int64).reshape(-1, 2)
+        return OpGraph(self.names, self.types, np.array(self.layer), np.array(self.macs),
+                       np.array(self.dram), edges)
+
+
 #: the edge conversions of a graph with float I/O, in :func:`transformer_ops`
 FLOAT_IO_OP = "/graph_io/float_edges"
 FLOAT_BYTES = 4
@@ -577,25 +608,12 @@ def transformer_ops(arch: Arch, scheme: Scheme, tokens: int, context: int,
     last — memory-bound element-wise work (:data:`FLOAT_IO_OP`).
     """
     h, n = arch.hidden, tokens
-    wb, ab, kb = scheme.weight_bytes, scheme.act_bytes, scheme.kv_bytes
-    names: list[str] = []
-    types: list[str] = []
-    layer: list[int] = []
-    macs: list[float] = []
-    dram: list[float] = []
-    edges: list[tuple[int, int]] = []
-
-    def add(name: str, op: str, li: int, m: float, b: float) -> None:
-        if names:
-            edges.append((len(names) - 1, len(names)))
-        names.append(name)
-        types.append(op)
-        layer.append(li)
-        macs.append(m)
-        dram.append(b)
+    kb, ab = scheme.kv_bytes, scheme.act_bytes
+    chain = _Chain(scheme)
+    add = chain.add
 
     def linear(name: str, li: int, k: int, m_out: int) -> None:
-        add(name, "MatMul", li, n * k * m_out, k * m_out * wb + n * (k + m_out) * ab)
+        chain.linear(name, li, n, k, m_out)
 
     qkv = arch.q_dim + 2 * arch.kv_dim
     if float_io:
@@ -624,8 +642,7 @@ def transformer_ops(arch: Arch, scheme: Scheme, tokens: int, context: int,
         rows = 2 * arch.kv_dim * n * arch.layers
         add(FLOAT_IO_OP + " (out)", "DequantizeLinear", -1, 0.0,
             rows * (kb + FLOAT_BYTES) + n * arch.vocab * (ab + FLOAT_BYTES))
-    return OpGraph(names, types, np.array(layer), np.array(macs), np.array(dram),
-                   np.array(edges, np.int64).reshape(-1, 2))
+    return chain.graph()
 
 
 def vision_ops(v: VisionArch, scheme: Scheme, image: int) -> OpGraph:
@@ -633,25 +650,9 @@ def vision_ops(v: VisionArch, scheme: Scheme, image: int) -> OpGraph:
     patch embedding, ``depth`` blocks (window attention over ``window`` x ``window`` patches,
     full attention in ``full_blocks`` or everywhere without windows), the merger."""
     n, h = v.patches(image), v.hidden
-    wb, ab = scheme.weight_bytes, scheme.act_bytes
-    names: list[str] = []
-    types: list[str] = []
-    layer: list[int] = []
-    macs: list[float] = []
-    dram: list[float] = []
-    edges: list[tuple[int, int]] = []
-
-    def add(name: str, op: str, li: int, m: float, b: float) -> None:
-        if names:
-            edges.append((len(names) - 1, len(names)))
-        names.append(name)
-        types.append(op)
-        layer.append(li)
-        macs.append(m)
-        dram.append(b)
-
-    def linear(name: str, li: int, rows: int, k: int, m_out: int) -> None:
-        add(name, "MatMul", li, rows * k * m_out, k * m_out * wb + rows * (k + m_out) * ab)
+    ab = scheme.act_bytes
+    chain = _Chain(scheme)
+    add, linear = chain.add, chain.linear
 
     linear("/visual/patch_embed", -1, n, v.in_chans * v.temporal_patch * v.patch ** 2, h)
     for i in range(v.depth):
@@ -668,8 +669,7 @@ def vision_ops(v: VisionArch, scheme: Scheme, image: int) -> OpGraph:
     m, t = v.merge ** 2, v.tokens(image)
     linear("/visual/merger/mlp.0", -1, t, h * m, h * m)
     linear("/visual/merger/mlp.2", -1, t, h * m, v.out_hidden)
-    return OpGraph(names, types, np.array(layer), np.array(macs), np.array(dram),
-                   np.array(edges, np.int64).reshape(-1, 2))
+    return chain.graph()
 
 
 #: the scheme a vision tower is estimated at (deployed VL encoders keep 8-bit weights)

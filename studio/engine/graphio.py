@@ -281,8 +281,11 @@ def quantize_io(src_dir: Path, dst_dir: Path, graphs: tuple[str, ...],
         encodings[g] = gr.cut()
         onnx.checker.check_model(gr.model)
         atomic_write_bytes(dst_dir / f"{g}.onnx", gr.model.SerializeToString())
-    for f in src_dir.iterdir():  # the external weights the graphs name, by location
-        if f.is_file() and f.suffix not in (".onnx", ".json") and not (dst_dir / f.name).exists():
+    # the rest of the folder (graph.json, the external weights the graphs name by location),
+    # linked: a graph folder of its own; other graphs are left out (their I/O is float)
+    for f in src_dir.iterdir():
+        if f.is_file() and f.suffix != ".onnx" and f.name != IO_ENCODINGS_FILE \
+                and not (dst_dir / f.name).exists():
             try:
                 os.link(f, dst_dir / f.name)
             except OSError:

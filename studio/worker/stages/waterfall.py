@@ -92,7 +92,6 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     progress.update(0.2, "quantized graph I/O (the W8A16 graphs' edge Q/DQ pairs cut)")
     dio = ctx.out / "w8a16_io"
     quantize_io(d8, dio, GRAPHS)
-    shutil.copy2(d8 / "graph.json", dio / "graph.json")
     gio = cpu_generator(dio, spec)
     add("quantized_io", gio, None, wf.decode_rate(gio, prompt, new_tokens),
         "the KV cache, mask and logits as 16-bit integers (htp.graph_io = quantized): the NPU "
