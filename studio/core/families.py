@@ -66,7 +66,10 @@ class Family:
     (recorded only). ``embed_scale``: the embeddings are multiplied by sqrt(hidden_size)
     (transformers 5 does it inside the embedding module; the wrapper does it when the module
     does not). ``wrapper``: the name of the export's static-KV wrapper for these modules
-    (:data:`studio.engine.llm_export.WRAPPERS`).
+    (:data:`studio.engine.llm_export.WRAPPERS`). ``vision``: a vision-language model (a vision
+    tower beside the language model, whose sizes a transformers 5 ``config.json`` keeps under
+    ``text_config``; see :func:`text_config`); its export adds the vision encoder's graph
+    (:mod:`studio.engine.vision`).
     """
 
     model_type: str
@@ -83,6 +86,7 @@ class Family:
     attn_softcap: str | None = None
     embed_scale: bool = False
     wrapper: str = "decoder"
+    vision: bool = False
 
     def __post_init__(self) -> None:
         if self.sliding not in SLIDING_PATTERNS:
@@ -112,6 +116,28 @@ FAMILIES: dict[str, Family] = {
             sliding="from_max_window_layers",
             reads_layer_types=True,
             window_switch="use_sliding_window",
+        ),
+        # the vision-language models: Qwen2's decoder with the multimodal rotary embedding
+        # (3 rows of positions: temporal, height, width) and a ViT beside it
+        Family(
+            "qwen2_vl",
+            "Qwen2-VL",
+            ("Qwen2VLForConditionalGeneration",),
+            attention_bias=True,
+            sliding="from_max_window_layers",
+            reads_layer_types=True,
+            window_switch="use_sliding_window",
+            vision=True,
+        ),
+        Family(
+            "qwen2_5_vl",
+            "Qwen2.5-VL",
+            ("Qwen2_5_VLForConditionalGeneration",),
+            attention_bias=True,
+            sliding="from_max_window_layers",
+            reads_layer_types=True,
+            window_switch="use_sliding_window",
+            vision=True,
         ),
         Family("llama", "Llama 2 / 3.x", ("LlamaForCausalLM",), sliding="none"),
         Family("mistral", "Mistral", ("MistralForCausalLM",)),
@@ -153,6 +179,16 @@ FAMILIES: dict[str, Family] = {
 #: how the performance model treats a decoder outside :data:`FAMILIES`: untied, no
 #: attention biases, every layer slides when the config sets a window
 UNLISTED = Family("", "an unlisted decoder-only transformer", ())
+
+
+def text_config(config: Mapping[str, Any], family: Family) -> dict[str, Any]:
+    """The language model's keys of a ``config.json`` dict: a vision-language config written
+    by transformers 5 keeps them under ``text_config`` (published Qwen2-VL configs keep them
+    at the top); the top level's ``model_type`` stays."""
+    nested = config.get("text_config") if family.vision else None
+    if not isinstance(nested, Mapping):
+        return dict(config)
+    return {**config, **nested, "model_type": config.get("model_type")}
 
 
 def family_of(model_type: object) -> Family | None:

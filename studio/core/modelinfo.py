@@ -31,7 +31,7 @@ BYTES_PER_PARAM: dict[str, float] = {
 }
 
 #: Layer kinds an importer may report.
-LAYER_KINDS = ("embedding", "attention", "mlp", "norm", "lm_head", "other")
+LAYER_KINDS = ("embedding", "attention", "mlp", "norm", "lm_head", "vision", "other")
 
 FORMATS = ("hf", "onnx")
 

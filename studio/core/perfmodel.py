@@ -95,7 +95,7 @@ def get_scheme(name: str) -> Scheme:
 # --------------------------------------------------------------------------- architecture
 
 #: the vision-language families whose vision tower the model knows
-VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+VISION_FAMILIES = tuple(f.model_type for f in FAMILIES.values() if f.vision)
 
 
 @dataclass(frozen=True)

@@ -379,6 +379,9 @@ class Export(Section):
     max_part_mb: int = setting(DEFAULT_MAX_PART_BYTES // 1_000_000, "the budget of one "
                                "part's compiled weights, in MB (one HTP graph must stay under "
                                "about 2 GB)", min=1, max=2048)
+    image_size: int = setting(448, "a vision-language model's image side in pixels (square; "
+                              "a multiple of patch x merge, 28 for Qwen2-VL): the vision "
+                              "encoder's fixed input. Text models ignore it", min=28, max=1792)
 
     def rules(self) -> None:
         if isinstance(self.parts, str) and self.parts != "auto":

@@ -113,7 +113,7 @@ HTP_RUN_SETTINGS = ("htp.performance_mode",)
 DECLARATIONS: tuple[StageDecl, ...] = (
     StageDecl("export", "Export", (),
               settings=("model.source", "export.prompt_length", "export.context_length",
-                        "export.parts", "export.max_part_mb"),
+                        "export.parts", "export.max_part_mb", "export.image_size"),
               role="export",
               takes_parts=True, resumes=True),
     StageDecl("quantize", "Quantize", (Need("export"),),

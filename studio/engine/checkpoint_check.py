@@ -6,7 +6,9 @@
   is built on PyTorch's ``meta`` device, so no weight is loaded);
 - the tokenizer is there (``tokenizer.json``), loads, and its vocabulary fits the model's
   embedding;
-- a draft model's vocabulary equals its target's.
+- a draft model's vocabulary equals its target's;
+- a vision-language checkpoint has its image processor (``preprocessor_config.json``) and a
+  tokenizer with the vision tokens its config names.
 
 Each failure is a :class:`StudioError` naming the file and what to do.
 """
@@ -19,7 +21,7 @@ from typing import Any
 from studio.core.errors import StudioError
 
 # Bump when the checks change: cached verdicts of older checks are not reused.
-CHECKS_VERSION = 2
+CHECKS_VERSION = 3
 
 
 def _safetensors_end(path: Path) -> tuple[int, int]:
@@ -52,15 +54,21 @@ def expected_tensors(folder: Path) -> tuple[dict[str, tuple[int, ...]], set[str]
     """Every tensor the config implies and its shape, and the names that may be absent
     because they are tied to another tensor."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from studio.core.families import family_of
 
     try:
         config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise StudioError(f"config.json in {folder} cannot be read by transformers: {exc}") from None
+    family = family_of(getattr(config, "model_type", None))
+    vision = bool(family and family.vision)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(
+            config)
+    shapes = {_saved_name(k) if vision else k: tuple(v.shape)
+              for k, v in model.state_dict().items()}
     tied: set[str] = set()
     if getattr(config, "tie_word_embeddings", False) or getattr(
             config.get_text_config() if hasattr(config, "get_text_config") else config,
@@ -69,10 +77,25 @@ def expected_tensors(folder: Path) -> tuple[dict[str, tuple[int, ...]], set[str]
     return shapes, tied
 
 
+def _saved_name(name: str) -> str:
+    """A vision-language model's tensor under the name its checkpoints store it by:
+    transformers 5 nests the language model (``model.language_model.layers.0...``) and the
+    tower (``model.visual...``) and saves them as ``model.layers.0...`` and ``visual...``."""
+    if name.startswith("model.language_model."):
+        return "model." + name[len("model.language_model."):]
+    if name.startswith("model.visual."):
+        return name[len("model."):]
+    return name
+
+
+def _stored_names(held: dict[str, Any]) -> dict[str, Any]:
+    return {_saved_name(k): v for k, v in held.items()}
+
+
 def check_weights_match_config(folder: Path) -> None:
     from studio.engine import hf_import
 
-    held = hf_import._tensor_shapes(folder)
+    held = _stored_names(hf_import._tensor_shapes(folder))
     present = {k: v[0] for k, v in held.items()}
     expected, tied = expected_tensors(folder)
     missing = sorted(k for k in expected if k not in present and k not in tied)
@@ -136,8 +159,36 @@ def check_checkpoint(folder: Path) -> dict[str, Any]:
     check_weights_complete(folder)
     tok = check_tokenizer(folder, info.vocab_size)
     check_weights_match_config(folder)
+    from studio.core.families import family_of
+
+    family = family_of(info.family)
+    if family is not None and family.vision:
+        check_vision_parts(folder, tok)
     return {"architecture": info.architecture, "tensors": len(info.layers),
             "tokenizer_tokens": tok.get_vocab_size(with_added_tokens=True)}
+
+
+def check_vision_parts(folder: Path, tok) -> None:
+    """A vision-language checkpoint's image processor and the tokenizer's vision tokens."""
+    import json
+
+    from studio.engine import vision
+
+    config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    pre = vision.read_preprocessor(folder)
+    vision.make_vision_spec(config, pre, _any_image_size(config, folder),
+                            str(config.get("model_type")), str(folder))
+    vision.check_special_tokens(tok, config, str(folder))
+
+
+def _any_image_size(config: dict[str, Any], folder: Path) -> int:
+    """The smallest image the tower takes (patch x merge pixels): the checks need a size."""
+    vc = config.get("vision_config") or {}
+    try:
+        return int(vc.get("patch_size") or 14) * int(vc.get("spatial_merge_size") or 2)
+    except (TypeError, ValueError):
+        raise StudioError(f"config.json in {folder}: the vision_config's patch_size and "
+                          "spatial_merge_size must be numbers") from None
 
 
 def check_draft(target: Path, draft: Path) -> None:

@@ -301,6 +301,8 @@ def _torch_shapes(files: list[Path]) -> Tensors:
 
 def _kind(module: str, family: Family) -> str:
     leaf = module.rsplit(".", 1)[-1]
+    if family.vision and module.startswith(("visual.", "model.visual.")):
+        return "vision"  # the vision tower of a vision-language model
     if "embed_tokens" in module:
         return "embedding"
     if leaf == "lm_head":
@@ -342,6 +344,7 @@ def _order(layer: LayerInfo, family: Family) -> tuple:
 def _describe(
     folder: Path, config: dict[str, Any], architecture: str, family: Family, tensors: Tensors
 ) -> ModelInfo:
+    config = families.text_config(config, family)  # a VL model's language model's sizes
     sizes = {key: _config_int(config, key, folder) for key in family.config_keys}
     hidden, heads = sizes["hidden_size"], sizes["num_attention_heads"]
     num_layers, vocab = sizes["num_hidden_layers"], sizes["vocab_size"]

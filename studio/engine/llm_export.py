@@ -68,6 +68,8 @@ from studio.engine.weightstore import WeightStore, shared_store
 OPSET = 17
 DEFAULT_MASK_VALUE = -100.0
 SPEC_FORMAT = "qstudio.llm-static-kv/1"
+#: the prefill graph's input of a vision-language model's image rows
+IMAGE_EMBEDS = "image_embeds"
 #: new tokens per pass of the verify graph: the last token plus up to 4 drafted ones
 DEFAULT_VERIFY_LENGTH = 5
 REFERENCE_TEXT = (
@@ -80,18 +82,24 @@ _PROTOBUF_LIMIT = 1_900_000_000
 
 
 def io_names(num_layers: int, graph: str, sliding: bool = False,
-             part: Part | None = None) -> tuple[list[str], list[str]]:
+             part: Part | None = None, vision: bool = False) -> tuple[list[str], list[str]]:
     """Input and output names of the ``prefill``, ``decode`` or ``verify`` graph
     (``sliding``: the graphs take a ``sliding_attention_mask`` too). ``verify`` is the
     decode graph for N new tokens at once (an AR-N graph over the static cache).
 
     ``part``: the graph of one part (:mod:`studio.core.parts`): a part after the first takes
     the previous part's residual stream instead of the ids, a part before the last hands
-    its own on instead of the logits, and each carries the KV cache of its own blocks."""
+    its own on instead of the logits, and each carries the KV cache of its own blocks.
+
+    ``vision``: a vision-language model's prefill graph takes ``image_embeds`` [1, P, hidden]
+    too (the encoder's rows at the image tokens' places) and ``position_ids`` [3, 1, P] (the
+    multimodal positions); its other graphs are a text model's."""
     part = part or whole(num_layers)
     ins = ["input_ids" if part.embeds else str(part.hidden_in), "position_ids", "attention_mask"]
     if sliding:
         ins.append(SLIDING_MASK)
+    if vision and graph == "prefill":
+        ins.append(IMAGE_EMBEDS)
     if graph in ("decode", "verify"):
         for i in part.layers:
             ins += [f"past_key_{i}", f"past_value_{i}"]
@@ -224,17 +232,21 @@ def _check_checkpoint(checkpoint_dir: Path) -> dict:
         raise StudioError(
             f"{checkpoint_dir} has no weights (*.safetensors or *.bin); download the full checkpoint"
         )
-    return config
+    # a vision-language config's language-model keys at the top (its vision_config stays)
+    return families.text_config(config, FAMILIES[model_type])
 
 
 def load_causal_lm(checkpoint_dir: Path):
-    """Load a checkpoint as float32 with the eager attention (what the graphs reproduce)."""
+    """Load a checkpoint as float32 with the eager attention (what the graphs reproduce). A
+    vision-language checkpoint is loaded whole (its vision tower too): :func:`text_view`
+    gives its language model in a text model's shape."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    _check_checkpoint(checkpoint_dir)
+    cfg = _check_checkpoint(checkpoint_dir)
+    vision = FAMILIES[cfg["model_type"]].vision
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_pretrained(
             str(checkpoint_dir), dtype=torch.float32, attn_implementation="eager"
         )
     except (OSError, ValueError, KeyError) as exc:
@@ -242,6 +254,26 @@ def load_causal_lm(checkpoint_dir: Path):
         raise StudioError(f"cannot load {checkpoint_dir} with transformers: {first}") from None
     model.eval()
     return model
+
+
+class TextView:
+    """A vision-language model seen as its language model, in the shape the static-KV
+    wrapper reads from a text model: ``.model`` (``embed_tokens``, ``layers``, ``norm``,
+    ``rotary_emb``), ``.config`` (the text config), ``.lm_head`` — the checkpoint's own
+    modules; ``.full`` the whole model (transformers' reference runs it)."""
+
+    def __init__(self, full):
+        self.full = full
+        self.model = full.model.language_model
+        self.config = full.config.get_text_config()
+        self.lm_head = full.lm_head
+
+
+def text_view(model):
+    """The language model of ``model``: itself for a text model, a :class:`TextView` of a
+    vision-language one."""
+    inner = getattr(model, "model", None)
+    return TextView(model) if hasattr(inner, "language_model") else model
 
 
 def _token_ids(value) -> list[int]:
@@ -425,6 +457,11 @@ def _decoder_wrapper(
     final_cap = getattr(config, family.final_softcap, None) if family.final_softcap else None
     uses_window = [sliding_input and t == SLIDING for t in layer_types]
     layers = list(part.layers)
+    # the multimodal rotary embedding (Qwen2-VL): head-dim columns taken from the temporal,
+    # height or width position, section by section
+    mrope = getattr(rotary or base.rotary_emb, "mrope_section", None) if family.vision else None
+    image_token = getattr(getattr(causal_lm, "full", None), "config", None)
+    image_token = getattr(image_token, "image_token_id", None)
 
     class _Holder(torch.nn.Module):
         """Holds the part's modules under the checkpoint's own names (``model.layers.5``):
@@ -450,6 +487,16 @@ def _decoder_wrapper(
             # persistent: exported as initializers named rope_cos / rope_sin
             self.register_buffer("rope_cos", cos[0].to(torch.float32).clone())
             self.register_buffer("rope_sin", sin[0].to(torch.float32).clone())
+            if mrope:
+                half = int(self.rope_cos.shape[-1]) // 2
+                axis = [k % 3 for k, n in enumerate(mrope) for _ in range(int(n))]
+                if len(axis) != half:
+                    raise StudioError(f"the mrope_section {list(mrope)} covers {len(axis)} "
+                                      f"of the {half} rotary frequencies; fix config.json")
+                sel = torch.zeros(3, 1, 1, 2 * half)
+                for j, a in enumerate(axis):
+                    sel[a, 0, 0, j] = sel[a, 0, 0, j + half] = 1.0
+                self.register_buffer("mrope_select", sel, persistent=False)
             self.emit_hidden = False  # the last part returns its norm's output (export check)
             # the modules whose weight the trailing inputs stand for while tracing (see
             # _traced_weights)
@@ -465,14 +512,22 @@ def _decoder_wrapper(
         def _forward(self, first, position_ids, attention_mask, *rest):
             window_mask = rest[0] if sliding_input else None
             past_flat = rest[1:] if sliding_input else rest
+            image = None
+            if position_ids.dim() == 3:  # a VL prefill: its image rows come next
+                image, past_flat = past_flat[0], past_flat[1:]
             if part.embeds:
                 h = self.model.embed_tokens(first)
                 if embed_scale is not None:
                     h = h * torch.tensor(embed_scale, dtype=h.dtype)
+                if image is not None:  # the image tokens take the encoder's rows
+                    h = torch.where((first == int(image_token)).unsqueeze(-1), image, h)
             else:
                 h = first
             cos = torch.nn.functional.embedding(position_ids, self.rope_cos)
             sin = torch.nn.functional.embedding(position_ids, self.rope_sin)
+            if position_ids.dim() == 3:  # [3, 1, S, D]: each column from its own row
+                cos = (cos * self.mrope_select).sum(0)
+                sin = (sin * self.mrope_select).sum(0)
             past = None
             if past_flat:
                 past = {i: (past_flat[2 * j], past_flat[2 * j + 1])
@@ -482,7 +537,7 @@ def _decoder_wrapper(
                 out = self.model.layers[i](
                     h,
                     attention_mask=window_mask if uses_window[i] else attention_mask,
-                    position_ids=position_ids,
+                    position_ids=position_ids if position_ids.dim() == 2 else position_ids[0],
                     position_embeddings=(cos, sin),
                     use_cache=True,
                     **{cache_kw: cache},
@@ -583,10 +638,15 @@ def _example_inputs(spec: dict, graph: str, sliding: bool, part: Part | None = N
     else:
         first = torch.zeros(1, S, int(spec["hidden_size"]), dtype=torch.float32)
     pos = torch.arange(S, dtype=torch.long)[None]
+    vl = bool(spec.get("vision")) and graph == "prefill"
+    if vl:
+        pos = pos[None].expand(3, 1, S).contiguous()
     mask = torch.zeros(1, 1, S, K, dtype=torch.float32)
     args = [first, pos, mask]
     if sliding:
         args.append(torch.zeros(1, 1, S, K, dtype=torch.float32))
+    if vl:
+        args.append(torch.zeros(1, S, int(spec["hidden_size"]), dtype=torch.float32))
     if graph in ("decode", "verify"):
         args += [torch.zeros(1, KV, K - S, D, dtype=torch.float32)
                  for _ in range(2 * len(part.layers))]
@@ -721,7 +781,7 @@ def _trace_graph(wrapper, spec: dict, graph: str, raw: Path, part: Part | None =
     import torch
 
     sliding = mask_windows(spec)[1] is not None
-    ins, outs = io_names(spec["num_layers"], graph, sliding, part)
+    ins, outs = io_names(spec["num_layers"], graph, sliding, part, bool(spec.get("vision")))
     args = _example_inputs(spec, graph, sliding, part)
     inputs = _traced_weights(wrapper, part or whole(spec["num_layers"]))
     wrapper.weight_inputs = [m for m, _, _ in inputs]
@@ -1021,12 +1081,13 @@ def _model_spec(model, cfg: dict, family: Family, P: int, C: int, mask_value: fl
     num_heads = int(config.num_attention_heads)
     num_kv = int(getattr(config, "num_key_value_heads", None) or num_heads)
     head_dim = int(getattr(attn, "head_dim", None) or config.hidden_size // num_heads)
-    eos_ids, pad_id = _special_ids(model)
+    full = getattr(model, "full", model)  # a VL model's whole (its config, its class)
+    eos_ids, pad_id = _special_ids(full)
     return {
         "format": SPEC_FORMAT,
-        "model_type": config.model_type,
+        "model_type": full.config.model_type,
         "family": family.label,
-        "architecture": type(model).__name__,
+        "architecture": type(full).__name__,
         "num_layers": len(base.layers),
         "num_heads": num_heads,
         "num_kv_heads": num_kv,
@@ -1062,11 +1123,14 @@ def export_llm(
     progress: Progress = NullProgress(),
     mask_value: float = DEFAULT_MASK_VALUE,
     verify_len: int = DEFAULT_VERIFY_LENGTH,
+    image_size: int = 448,
 ) -> dict:
     """Export ``prefill.onnx`` / ``decode.onnx`` (FP32, opset 17), graph.json, reference.npz,
     and ``verify.onnx`` when ``verify_len`` > 1: the decode graph for ``verify_len`` new
     tokens at once over the same cache (speculative decoding's verify pass; chunked prefill
-    of long prompts).
+    of long prompts). A vision-language checkpoint adds ``vision.onnx``, its vision encoder
+    for square images of ``image_size`` pixels (:mod:`studio.engine.vision`), and graph.json's
+    ``vision`` entry; its prefill graph takes the image's rows and multimodal positions.
 
     The graphs are then checked over the whole context (:func:`check_export`): the figures
     go into the spec's ``export_check``, and a position where the graphs and transformers
@@ -1080,13 +1144,26 @@ def export_llm(
 
     import numpy as np
 
-    model = load_causal_lm(checkpoint_dir)
+    full = load_causal_lm(checkpoint_dir)
+    model = text_view(full)  # a VL model's language model
     family = FAMILIES[cfg["model_type"]]
     check_model(model, cfg, family, C)
     layer_types = layer_types_of(model.config, family)
     rope_rows = rope_positions(model.config, C)
     spec = _model_spec(model, cfg, family, P, C, mask_value, N)
     sliding_input = mask_windows(spec)[1] is not None
+    vs = None
+    if family.vision:
+        from studio.engine import vision
+
+        vs = vision.make_vision_spec(cfg, vision.read_preprocessor(checkpoint_dir), image_size,
+                                     cfg["model_type"], str(checkpoint_dir))
+        if vs.tokens + 2 > P:
+            raise StudioError(
+                f"one {image_size} x {image_size} image is {vs.tokens} tokens (+2 around it), "
+                f"more than the prefill graph's P={P}: raise export.prompt_length to at least "
+                f"{vs.tokens + 2} or lower export.image_size")
+        spec["vision"] = vs.to_json()
 
     out_dir.mkdir(parents=True, exist_ok=True)
     wrapper = _build_wrapper(model, C, family, layer_types, sliding_input, rope_rows)
@@ -1101,6 +1178,11 @@ def export_llm(
                           SubProgress(progress, a, b), store=store)
             progress.log(f"wrote {out_dir / f'{graph}.onnx'}")
     spec["graphs"] = {g: _graph_io(out_dir / f"{g}.onnx") for g, _, _ in steps}
+    if vs is not None:
+        from studio.engine.vision import VISION_FILE, export_vision
+
+        progress.update(0.45, f"exporting {VISION_FILE} ({vs.image_size} x {vs.image_size})")
+        spec["vision"]["graph"] = export_vision(full, vs, out_dir / VISION_FILE, OPSET)
 
     # The whole context, teacher-forced through both graphs, against transformers.
     progress.check()
@@ -1113,7 +1195,8 @@ def export_llm(
     ids = _reference_ids(checkpoint_dir, C, spec["vocab_size"])
     n_ref = min(P + 8, C)
     check, ref_logits = check_export(
-        model, gen, ids, keep=n_ref, progress=SubProgress(progress, 0.5, 0.97)
+        full, gen, ids, keep=n_ref,
+        progress=SubProgress(progress, 0.5, 0.97 if vs is None else 0.75)
     )
     spec["export_check"] = check
     progress.log(
@@ -1131,6 +1214,19 @@ def export_llm(
             "by the static-KV exporter"
         )
 
+    if vs is not None:  # an image prompt through the encoder and both graphs
+        from studio.engine.vision import check_image_export
+
+        progress.update(0.75, "checking an image prompt against transformers")
+        spec["vision"]["export_check"] = check_image_export(
+            full, out_dir, gen, vs, ids, SubProgress(progress, 0.75, 0.97))
+        progress.log(_image_check_line(spec["vision"]["export_check"]))
+        bad = spec["vision"]["export_check"]["first_bad_position"]
+        if bad is not None or not spec["vision"]["export_check"]["encoder_ok"]:
+            raise StudioError(
+                "the exported vision-language graphs disagree with transformers on an image "
+                f"prompt ({_image_check_line(spec['vision']['export_check'])}); this "
+                "checkpoint is not supported by the exporter")
     buf = io.BytesIO()
     np.savez(
         buf, input_ids=np.asarray(ids[:n_ref], dtype=np.int64), logits=ref_logits.astype(np.float32)
@@ -1140,6 +1236,13 @@ def export_llm(
     atomic_write_json(out_dir / "graph.json", spec)
     progress.update(1.0, "export done")
     return spec
+
+
+def _image_check_line(c: dict) -> str:
+    return (f"image prompt vs transformers over {c['positions']} positions: encoder cosine "
+            f"{c['encoder_cosine']:.6f} (max |diff| {c['encoder_max_abs_diff']:.3g}), max "
+            f"|logit diff| {c['max_abs_logit_diff']:.3g} (tolerance {c['tolerance']:.3g}), "
+            f"top-1 agreement {c['top1_agreement']:.4f}")
 
 
 def export_ar_graph(checkpoint_dir: Path, spec: dict, new_tokens: int, cache_slots: int,
@@ -1153,7 +1256,7 @@ def export_ar_graph(checkpoint_dir: Path, spec: dict, new_tokens: int, cache_slo
         raise StudioError(f"an AR-{N} graph over {slots} cache slots does not fit the context "
                           f"of {C}: choose 1 < N <= {C}")
     cfg = _check_checkpoint(Path(checkpoint_dir))
-    model = load_causal_lm(Path(checkpoint_dir))
+    model = text_view(load_causal_lm(Path(checkpoint_dir)))
     family = FAMILIES[cfg["model_type"]]
     wrapper = _build_wrapper(model, C, family, layer_types_of(model.config, family),
                              mask_windows(spec)[1] is not None,

@@ -135,6 +135,8 @@ def checkpoint_layout(checkpoint_dir: Path) -> Layout:
         n = 1
         for d in shape:
             n *= d
+        if name.startswith(("visual.", "model.visual.")):
+            continue  # a vision-language model's tower: not a part of the language model
         b = _block_index(name)
         if b is not None and b < L:
             blocks[b] += n

@@ -359,6 +359,19 @@ class StaticKVGenerator:
                     f"tokens but the {graph} graph takes no {SLIDING_MASK}; re-export the model"
                 )
         self.cache_dtype = [(self._dec_types[k], self._dec_types[v]) for k, v in self._kv_names]
+        # a vision-language model: the prefill graph takes the image's rows and the
+        # multimodal positions; later tokens' positions carry the prompt's rope offset
+        from studio.engine.llm_export import IMAGE_EMBEDS
+        from studio.engine.vision import vision_spec
+
+        self.vision = vision_spec(spec)
+        if (self.vision is not None) != (IMAGE_EMBEDS in self._pre_types):
+            raise StudioError(
+                "graph.json and the prefill graph disagree on whether the model takes an "
+                "image: re-export the model")
+        self._image: Any = None  # the next prefill's image rows [tokens, hidden]
+        self._next_offset = 0
+        self.rope_offset = 0
         self.cache: list[list[Any]] = []
         self.reset()
 
@@ -370,6 +383,49 @@ class StaticKVGenerator:
         shape = (1, self.num_kv_heads, self.context_len, self.head_dim)
         self.cache = [[np.zeros(shape, kd), np.zeros(shape, vd)] for kd, vd in self.cache_dtype]
         self.slot_pos = np.full(self.context_len, -1, dtype=np.int64)  # position in each slot
+        self.rope_offset = 0
+
+    def set_image(self, embeds) -> None:
+        """The image rows (the vision encoder's output, [tokens, hidden]) the next prefill
+        puts at its prompt's image tokens (a vision-language model only); used once."""
+        import numpy as np
+
+        vs = self.vision
+        if vs is None:
+            raise StudioError("this model takes no image: it is not a vision-language model")
+        arr = np.asarray(embeds, dtype=np.float32)
+        if arr.shape != (vs.tokens, vs.embed_dim):
+            raise StudioError(f"the image rows are {list(arr.shape)}, the model takes "
+                              f"[{vs.tokens}, {vs.embed_dim}]: run its vision encoder")
+        self._image = arr
+
+    def _image_feeds(self, ids: list[int], types: dict) -> dict:
+        """A VL prefill's ``position_ids`` [3, 1, P] and ``image_embeds`` [1, P, hidden]."""
+        import numpy as np
+
+        from studio.engine.llm_export import IMAGE_EMBEDS
+        from studio.engine.vision import mrope_positions
+
+        vs, P, n = self.vision, self.prompt_len, len(ids)
+        assert vs is not None
+        pos3, delta = mrope_positions(ids, vs)
+        at = np.asarray(ids) == vs.image_token_id
+        if at.any() and self._image is None:
+            raise StudioError(f"the prompt holds {int(at.sum())} image tokens but no image was "
+                              "given: give --image or leave the image tokens out")
+        if not at.any() and self._image is not None:
+            raise StudioError("an image was given but the prompt holds no image tokens: build "
+                              "the prompt with the image's placeholder (image_prompt)")
+        positions = np.zeros((3, 1, P), dtype=np.int64)
+        positions[:, 0, :n] = pos3
+        if n < P:  # the padding rows: masked, placed past the prompt
+            positions[:, 0, n:] = int(pos3.max()) + 1 + np.arange(P - n)
+        rows = np.zeros((1, P, vs.embed_dim), dtype=np.float32)
+        if at.any():
+            rows[0, :n][at] = self._image
+        self._next_offset = delta
+        return {"position_ids": self._cast(types, "position_ids", positions),
+                IMAGE_EMBEDS: self._cast(types, IMAGE_EMBEDS, rows)}
 
     def set_window(self, window: int | None) -> None:
         """Attend to the last ``window`` tokens only (<= C) and keep the cache as a ring
@@ -436,6 +492,8 @@ class StaticKVGenerator:
         if self._sliding_window is not None:
             window = prefill_mask(n, P, self.mask_value, self._ring(self._sliding_window))
             feeds[SLIDING_MASK] = self._cast(t, SLIDING_MASK, window[None, None])
+        if self.vision is not None:
+            feeds.update(self._image_feeds(ids, t))
         return feeds
 
     def decode_feed(self, token: int, pos: int, copy: bool = False) -> dict:
@@ -460,7 +518,8 @@ class StaticKVGenerator:
         t = self._dec_types
         feeds = {
             "input_ids": self._cast(t, "input_ids", np.array([[token]], dtype=np.int64)),
-            "position_ids": self._cast(t, "position_ids", np.array([[pos]], dtype=np.int64)),
+            "position_ids": self._cast(t, "position_ids",
+                                       np.array([[pos + self.rope_offset]], dtype=np.int64)),
             "attention_mask": self._cast(t, "attention_mask", mask),
         }
         if self._sliding_window is not None:
@@ -484,6 +543,7 @@ class StaticKVGenerator:
         ids = np.full((1, N), self.pad_id, dtype=np.int64)
         ids[0, :n] = tokens
         positions = np.minimum(np.arange(pos, pos + N, dtype=np.int64), C - 1)[None]
+        positions = positions + self.rope_offset
 
         def mask(window: int | None):
             m = np.full((N, C + N), self.mask_value, dtype=np.float32)
@@ -564,6 +624,8 @@ class StaticKVGenerator:
         if bad is not None:
             raise bad
         self.reset()
+        if self.vision is not None:  # the image was for this prefill; its offset stays
+            self._image, self.rope_offset = None, self._next_offset
         for i in range(self.num_layers):
             for j in range(2):
                 row = outs[1 + 2 * i + j]

@@ -41,7 +41,7 @@ def test_sections_are_read_by_attribute_and_by_key():
     assert "scheme" in p.quantization and "nope" not in p.quantization
     assert len(p.quantization) == len(SECTION_KEYS["quantization"])
     assert {**p.export} == {"prompt_length": 32, "context_length": 128, "parts": 1,
-                          "max_part_mb": 1500}
+                          "max_part_mb": 1500, "image_size": 448}
 
 
 def test_sections_copy_pickle_and_serialise_as_they_are():

@@ -51,6 +51,11 @@ def _checkpoint(model_type: str, folder: Path) -> Path:
 
     from studio.core.samples import sample_path
 
+    if FAMILIES[model_type].vision:  # a vision tower beside the language model
+        from tests.engine.conftest import corpus_text
+        from tests.engine.vl_checkpoints import make_vl_checkpoint
+
+        return make_vl_checkpoint(folder, model_type, corpus_text())
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **TINY))
     model.save_pretrained(str(folder))

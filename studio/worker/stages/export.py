@@ -26,13 +26,20 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     budget = int(ctx.get("export.max_part_mb")) * 1_000_000
     layout = checkpoint_layout(ckpt)
     plan = export_plan(ckpt, ctx.get("export.parts"), ctx.get("export.max_part_mb"), layout)
+    if len(plan) > 1 and info.layers and any(lay.kind == "vision" for lay in info.layers):
+        from studio.core.errors import StudioError
+
+        raise StudioError(f"{info.architecture} is a vision-language model, which exports in "
+                          "one part: set export.parts = 1 (its parts' graphs do not take "
+                          "the image yet)")
     check_fits("export", [p.parameters for p in plan], head_parameters=layout.head_in_graph(),
                last_block_parameters=layout.blocks[-1] if layout.blocks else 0)
     t0 = time.perf_counter()
     if len(plan) == 1:
         partresume.clear(ctx.out)  # a kept work folder: nothing of a killed run is reused
         progress.update(0.02, f"exporting {info.architecture} ({info.num_layers} layers)")
-        spec = export_llm(ckpt, ctx.out, P, C, progress=SubProgress(progress, 0.02, 0.95))
+        spec = export_llm(ckpt, ctx.out, P, C, progress=SubProgress(progress, 0.02, 0.95),
+                          image_size=ctx.get("export.image_size"))
     else:
         progress.update(0.02, f"exporting {info.architecture} ({info.num_layers} layers) in "
                               f"{len(plan)} parts, one in memory at a time")
@@ -42,7 +49,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     tok_dir = ctx.out / "tokenizer"
     tok_dir.mkdir()
     for f in ckpt.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges",
+                              "preprocessor_config")):
             shutil.copy2(f, tok_dir / f.name)
     atomic_write_json(ctx.out / "modelinfo.json", info.to_dict())
     # each graph with the weights it refers to (a part's graphs share one weights.data)
@@ -60,10 +68,27 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
             host_metric("export_top1_agreement", chk["top1_agreement"], "fraction", detail),
             host_metric("export_positions_checked", chk["positions"], "positions"),
         ]
+    vchk = (spec.get("vision") or {}).get("export_check") or {}
+    if vchk:
+        # a vision-language model: an image prompt through vision.onnx and the graphs
+        vdetail = (f"ONNX Runtime CPU FP32 vs transformers: a generated "
+                   f"{spec['vision']['image_size']} px image through the vision encoder, "
+                   f"then the image prompt teacher-forced over {vchk['positions']} positions")
+        metrics += [
+            host_metric("export_encoder_cosine", vchk["encoder_cosine"], "", vdetail),
+            host_metric("export_image_max_abs_logit_diff", vchk["max_abs_logit_diff"], "",
+                        vdetail),
+            host_metric("export_image_top1_agreement", vchk["top1_agreement"], "fraction",
+                        vdetail),
+        ]
     return {
         "summary": f"prefill [1,{P}] + decode with KV cache {C} ({info.parameters:,} parameters"
                    + (f", {len(plan)} parts)" if len(plan) > 1 else ")")
                    + (f"; matches transformers over {chk['positions']} positions "
-                      f"(max |Δlogit| {chk['max_abs_logit_diff']:.2g})" if chk else ""),
+                      f"(max |Δlogit| {chk['max_abs_logit_diff']:.2g})" if chk else "")
+                   + (f"; vision encoder {spec['vision']['image_size']} px -> "
+                      f"{spec['vision']['image_tokens']} image tokens, an image prompt "
+                      f"matches too (encoder cosine {vchk['encoder_cosine']:.6f})"
+                      if vchk else ""),
         "spec": spec, "sizes": sizes, "metrics": metrics,
     }

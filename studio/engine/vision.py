@@ -1,0 +1,482 @@
+"""The vision side of a vision-language model (Qwen2-VL / Qwen2.5-VL): the image's way in.
+
+A vision-language checkpoint is exported as the language model's static-KV graphs (see
+:mod:`studio.engine.llm_export`) plus ``vision.onnx``, the vision encoder for one fixed image
+size (``export.image_size``: a square image, a multiple of patch x merge pixels a side).
+Everything here is what the host does around those graphs, as transformers does it:
+
+- :func:`load_image` / :func:`pixel_values`: the image resized to the fixed size, scaled,
+  normalized with the checkpoint's ``preprocessor_config.json`` mean and std and cut into
+  the encoder's patches (``[grid_h * grid_w, 3 * 2 * patch * patch]``, two frames of one
+  image, in the order of transformers' ``Qwen2VLImageProcessor``);
+- :func:`image_prompt` / :func:`mrope_positions`: the prompt's ids with the image's
+  placeholder tokens and the language model's multimodal (3-row) positions and the offset
+  that later tokens' positions carry (``rope delta``);
+- :func:`export_vision`: the encoder traced from the checkpoint's own modules for that grid
+  (the Conv3d patch embedding as the MatMul it is; window indices and rotary tables fixed by
+  the grid become constants);
+- :func:`calibration_images`: images generated here (no downloads) for calibration and the
+  held-out check when the project names no folder of its own.
+
+Heavy libraries (torch, PIL) are imported inside functions.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from studio.core.errors import StudioError
+
+VISION_FILE = "vision.onnx"
+PREPROCESSOR_FILE = "preprocessor_config.json"
+#: transformers' defaults for Qwen2-VL's image processor (OpenAI CLIP's mean and std)
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+#: the special tokens a Qwen2-VL tokenizer must hold, as config.json names their ids
+SPECIAL_TOKENS = ("vision_start_token_id", "vision_end_token_id", "image_token_id")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """graph.json's ``vision`` entry: what the host needs to feed the encoder and splice its
+    output into the prompt."""
+
+    image_size: int
+    patch: int
+    merge: int
+    temporal_patch: int
+    channels: int
+    grid: int  # patches a side
+    tokens: int  # the language model's tokens for one image (grid / merge, squared)
+    embed_dim: int  # the width of one image token (the language model's hidden size)
+    image_token_id: int
+    vision_start_token_id: int
+    vision_end_token_id: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    mrope_section: tuple[int, ...]
+
+    @property
+    def patch_dim(self) -> int:
+        return self.channels * self.temporal_patch * self.patch * self.patch
+
+    @property
+    def patches(self) -> int:
+        return self.grid * self.grid
+
+    @property
+    def llm_grid(self) -> int:
+        return self.grid // self.merge
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": VISION_FILE, "image_size": self.image_size, "patch_size": self.patch,
+                "merge_size": self.merge, "temporal_patch_size": self.temporal_patch,
+                "channels": self.channels, "grid": [1, self.grid, self.grid],
+                "image_tokens": self.tokens, "embed_dim": self.embed_dim,
+                "patch_dim": self.patch_dim,
+                "image_token_id": self.image_token_id,
+                "vision_start_token_id": self.vision_start_token_id,
+                "vision_end_token_id": self.vision_end_token_id,
+                "image_mean": list(self.mean), "image_std": list(self.std),
+                "mrope_section": list(self.mrope_section)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> VisionSpec:
+        try:
+            return cls(image_size=int(d["image_size"]), patch=int(d["patch_size"]),
+                       merge=int(d["merge_size"]), temporal_patch=int(d["temporal_patch_size"]),
+                       channels=int(d["channels"]), grid=int(d["grid"][1]),
+                       tokens=int(d["image_tokens"]), embed_dim=int(d["embed_dim"]),
+                       image_token_id=int(d["image_token_id"]),
+                       vision_start_token_id=int(d["vision_start_token_id"]),
+                       vision_end_token_id=int(d["vision_end_token_id"]),
+                       mean=tuple(float(x) for x in d["image_mean"]),  # type: ignore[arg-type]
+                       std=tuple(float(x) for x in d["image_std"]),  # type: ignore[arg-type]
+                       mrope_section=tuple(int(x) for x in d["mrope_section"]))
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise StudioError(f"graph.json's vision entry is incomplete ({exc}); re-run the "
+                              "export") from None
+
+
+def vision_spec(spec: dict[str, Any]) -> VisionSpec | None:
+    """The vision entry of a graph.json (None for a text-only model)."""
+    d = spec.get("vision")
+    return VisionSpec.from_json(d) if d else None
+
+
+# ---------------------------------------------------------------------------- checkpoint
+
+
+def read_preprocessor(checkpoint_dir: Path) -> dict[str, Any]:
+    """The checkpoint's ``preprocessor_config.json`` (its image processor's settings)."""
+    path = Path(checkpoint_dir) / PREPROCESSOR_FILE
+    if not path.is_file():
+        raise StudioError(f"{checkpoint_dir} has no {PREPROCESSOR_FILE}: save the model's image "
+                          "processor beside config.json (processor.save_pretrained)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise StudioError(f"cannot read {path}: {exc}; save the image processor again") from None
+    if not isinstance(data, dict):
+        raise StudioError(f"{path} is not a JSON object; save the image processor again")
+    for key, want in (("image_mean", 3), ("image_std", 3)):
+        v = data.get(key)
+        if v is not None and not (isinstance(v, list) and len(v) == want
+                                  and all(isinstance(x, (int, float)) for x in v)):
+            raise StudioError(f"{path}: {key} must be {want} numbers, not {v!r}")
+    if any(float(x) <= 0 for x in data.get("image_std") or CLIP_STD):
+        raise StudioError(f"{path}: image_std must be positive")
+    return data
+
+
+def make_vision_spec(config: dict[str, Any], preprocessor: dict[str, Any], image_size: int,
+                     model_type: str, where: str) -> VisionSpec:
+    """The vision entry for a checkpoint's ``config.json`` and image processor at one image
+    size (square, ``image_size`` pixels a side)."""
+    from studio.core.perfmodel import VisionArch
+
+    vc = config.get("vision_config")
+    if not isinstance(vc, dict):
+        raise StudioError(f"{where}: config.json has no vision_config")
+    arch = VisionArch.from_config(vc, model_type, where)
+    for key, mine in (("patch_size", arch.patch), ("merge_size", arch.merge),
+                      ("temporal_patch_size", arch.temporal_patch)):
+        theirs = preprocessor.get(key)
+        if theirs is not None and int(theirs) != mine:
+            raise StudioError(f"{where}: {PREPROCESSOR_FILE} says {key} {theirs} but the vision "
+                              f"config {mine}: the image processor belongs to another model")
+    grid = arch.grid(int(image_size))
+    ids = {}
+    for key in SPECIAL_TOKENS:
+        v = config.get(key)
+        if not isinstance(v, int):
+            raise StudioError(f"{where}: config.json lacks an integer {key}")
+        ids[key] = v
+    nested = config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else config
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or config.get(
+        "rope_parameters") or config.get("rope_scaling") or {}
+    section = rope.get("mrope_section") if isinstance(rope, dict) else None
+    if not section:
+        raise StudioError(f"{where}: config.json gives no mrope_section (the multimodal "
+                          "rotary embedding's split)")
+    return VisionSpec(
+        image_size=int(image_size), patch=arch.patch, merge=arch.merge,
+        temporal_patch=arch.temporal_patch, channels=arch.in_chans, grid=grid,
+        tokens=(grid // arch.merge) ** 2, embed_dim=arch.out_hidden,
+        mean=tuple(float(x) for x in preprocessor.get("image_mean") or CLIP_MEAN),  # type: ignore[arg-type]
+        std=tuple(float(x) for x in preprocessor.get("image_std") or CLIP_STD),  # type: ignore[arg-type]
+        mrope_section=tuple(int(x) for x in section), **ids)
+
+
+def check_special_tokens(tokenizer, config: dict[str, Any], where: str) -> None:
+    """The tokenizer must hold the vision tokens config.json names, at those ids."""
+    names = {"vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>",
+             "image_token_id": "<|image_pad|>"}
+    for key, text in names.items():
+        want = config.get(key)
+        got = tokenizer.token_to_id(text)
+        if got is None:
+            raise StudioError(f"{where}: the tokenizer has no {text} token (config.json's "
+                              f"{key} = {want}): save the model's own tokenizer")
+        if want is not None and int(got) != int(want):
+            raise StudioError(f"{where}: the tokenizer's {text} is id {got} but config.json's "
+                              f"{key} is {want}: the tokenizer belongs to another model")
+
+
+# ---------------------------------------------------------------------------- images
+
+
+def load_image(path: Path, size: int) -> np.ndarray:
+    """The image at ``path`` as RGB float32 [3, size, size] in 0..1, resized (bicubic) to the
+    encoder's fixed size."""
+    from PIL import Image, UnidentifiedImageError
+
+    path = Path(path)
+    if not path.is_file():
+        raise StudioError(f"no image at {path}: give a PNG or JPEG file")
+    try:
+        with Image.open(path) as opened:
+            rgb = opened.convert("RGB")
+            if rgb.size != (size, size):
+                rgb = rgb.resize((size, size), Image.Resampling.BICUBIC)
+            arr = np.asarray(rgb, dtype=np.float32)
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise StudioError(f"{path} is not an image this studio can read ({exc}); give a PNG or "
+                          "JPEG file") from None
+    return arr.transpose(2, 0, 1) / 255.0
+
+
+def pixel_values(image: np.ndarray, vs: VisionSpec) -> np.ndarray:
+    """The encoder's input for one image ([3, S, S] in 0..1): normalized, the frame repeated
+    to the temporal patch, cut into patches in transformers' order:
+    ``[grid * grid, 3 * T * patch * patch]`` float32."""
+    img = np.asarray(image, dtype=np.float32)
+    S = vs.image_size
+    if img.shape != (vs.channels, S, S):
+        raise StudioError(f"the image is {list(img.shape)}, the encoder takes "
+                          f"[{vs.channels}, {S}, {S}]: resize it first (load_image)")
+    mean = np.asarray(vs.mean, dtype=np.float32)[:, None, None]
+    std = np.asarray(vs.std, dtype=np.float32)[:, None, None]
+    x = (img - mean) / std
+    T, C, p, m, g = vs.temporal_patch, vs.channels, vs.patch, vs.merge, vs.grid
+    x = np.broadcast_to(x[None], (T, C, S, S))
+    x = x.reshape(1, T, C, g // m, m, p, g // m, m, p)
+    x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return np.ascontiguousarray(x.reshape(g * g, C * T * p * p), dtype=np.float32)
+
+
+def calibration_images(count: int, size: int, seed: int = 0) -> list[np.ndarray]:
+    """``count`` images ([3, size, size], 0..1) generated here: smooth colour fields with
+    shapes, stripes and noise at several scales — varied enough to exercise the encoder's
+    ranges, the same on every machine."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / max(size - 1, 1)
+    out = []
+    for i in range(int(count)):
+        c0, c1 = rng.random(3), rng.random(3)
+        angle = rng.random() * np.pi
+        t = np.cos(angle) * xx + np.sin(angle) * yy
+        img = c0[:, None, None] * (1 - t) + c1[:, None, None] * t
+        kind = i % 4
+        if kind == 0:  # a disc
+            cx, cy, r = rng.random(), rng.random(), 0.15 + 0.3 * rng.random()
+            inside = (xx - cx) ** 2 + (yy - cy) ** 2 < r * r
+            img = np.where(inside[None], rng.random(3)[:, None, None], img)
+        elif kind == 1:  # stripes
+            f = 2 + 10 * rng.random()
+            img = img * (0.6 + 0.4 * np.sign(np.sin(2 * np.pi * f * t)))[None]
+        elif kind == 2:  # a rectangle
+            x0, y0 = rng.random(2) * 0.6
+            box = (xx > x0) & (xx < x0 + 0.35) & (yy > y0) & (yy < y0 + 0.35)
+            img = np.where(box[None], rng.random(3)[:, None, None], img)
+        img = img + rng.normal(0, 0.03 + 0.05 * rng.random(), img.shape)
+        out.append(np.clip(img, 0.0, 1.0).astype(np.float32))
+    return out
+
+
+def image_files(folder: Path) -> list[Path]:
+    """The images in ``folder`` (by suffix, sorted)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise StudioError(f"{folder} is not a folder of images")
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise StudioError(f"{folder} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+    return files
+
+
+# ---------------------------------------------------------------------------- prompts
+
+
+def image_prompt(vs: VisionSpec, before: list[int], after: list[int]) -> list[int]:
+    """``before`` + <|vision_start|> + one <|image_pad|> per image token + <|vision_end|> +
+    ``after``: the ids transformers' processor makes for one image."""
+    return [*before, vs.vision_start_token_id, *([vs.image_token_id] * vs.tokens),
+            vs.vision_end_token_id, *after]
+
+
+def mrope_positions(ids: list[int], vs: VisionSpec) -> tuple[np.ndarray, int]:
+    """The language model's multimodal positions of ``ids`` ([3, n]: temporal, height,
+    width) and the offset later tokens carry, as transformers' ``get_rope_index`` computes
+    them for still images: text tokens count up on all three rows; an image's tokens sit on
+    its grid (row, column) from the position it starts at, and the text after it resumes
+    past the grid's longer side."""
+    n = len(ids)
+    pos = np.zeros((3, n), dtype=np.int64)
+    g = vs.llm_grid
+    cur, i = 0, 0
+    while i < n:
+        if ids[i] == vs.image_token_id:
+            j = i
+            while j < n and ids[j] == vs.image_token_id:
+                j += 1
+            if j - i != vs.tokens:
+                raise StudioError(f"the prompt holds {j - i} image tokens in a row where one "
+                                  f"image has {vs.tokens}: build it with image_prompt")
+            rows = np.repeat(np.arange(g), g)
+            cols = np.tile(np.arange(g), g)
+            pos[0, i:j] = cur
+            pos[1, i:j] = cur + rows
+            pos[2, i:j] = cur + cols
+            cur += g
+            i = j
+        else:
+            pos[:, i] = cur
+            cur += 1
+            i += 1
+    delta = int(pos.max()) + 1 - n if n else 0
+    return pos, delta
+
+
+# ---------------------------------------------------------------------------- export
+
+
+def _linear_patch_embed(patch_embed):
+    """The patch embedding's Conv3d (kernel = stride = one patch) as the Linear it is over
+    flattened patches: the HTP runs it as one MatMul."""
+    import torch
+
+    w = patch_embed.proj.weight.detach()
+    lin = torch.nn.Linear(w[0].numel(), w.shape[0], bias=patch_embed.proj.bias is not None)
+    lin.weight = torch.nn.Parameter(w.reshape(w.shape[0], -1).clone())
+    if patch_embed.proj.bias is not None:
+        lin.bias = torch.nn.Parameter(patch_embed.proj.bias.detach().clone())
+
+    class LinearPatchEmbed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = lin
+
+        def forward(self, x):
+            return self.proj(x)
+
+    return LinearPatchEmbed()
+
+
+def vision_wrapper(model, vs: VisionSpec):
+    """``pixel_values [patches, patch_dim] -> image_embeds [tokens, hidden]`` over the
+    checkpoint's own vision tower for the fixed grid (a module; the tower's patch embedding
+    is swapped for its Linear form — the caller puts the original back —, the rest is the
+    checkpoint's code)."""
+    import torch
+
+    visual = model.model.visual
+    grid = torch.tensor([[1, vs.grid, vs.grid]], dtype=torch.long)
+
+    class VisionEncoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.visual = visual
+
+        def forward(self, pixel_values):
+            out = self.visual(pixel_values, grid_thw=grid)
+            emb = getattr(out, "pooler_output", out)
+            return emb
+
+    visual.patch_embed = _linear_patch_embed(visual.patch_embed)
+    wrapper = VisionEncoder()
+    wrapper.eval()
+    return wrapper
+
+
+def reference_image_embeds(model, pixels: np.ndarray, vs: VisionSpec) -> np.ndarray:
+    """transformers' own image features for ``pixels`` (the checkpoint's code, its Conv3d)."""
+    import torch
+
+    grid = torch.tensor([[1, vs.grid, vs.grid]], dtype=torch.long)
+    with torch.no_grad():
+        out = model.model.get_image_features(torch.from_numpy(pixels), grid, return_dict=True)
+    emb = out.pooler_output
+    if isinstance(emb, (list, tuple)):
+        emb = torch.cat(list(emb), 0)
+    return emb.float().numpy()
+
+
+def export_vision(model, vs: VisionSpec, path: Path, opset: int) -> dict[str, Any]:
+    """Trace the vision encoder into ``path`` (FP32). Returns its graph I/O description."""
+    import torch
+
+    from studio.core.fsutil import atomic_write_bytes
+
+    visual = model.model.visual
+    kept = visual.patch_embed
+    example = torch.zeros(vs.patches, vs.patch_dim, dtype=torch.float32)
+    tmp = Path(path).with_suffix(".tmp.onnx")
+    try:
+        wrapper = vision_wrapper(model, vs)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+            torch.onnx.export(wrapper, (example,), str(tmp), input_names=["pixel_values"],
+                              output_names=["image_embeds"], opset_version=opset, dynamo=False,
+                              do_constant_folding=True)
+    finally:
+        visual.patch_embed = kept  # the checkpoint's own module back
+    import onnx
+
+    m = onnx.load(str(tmp))
+    tmp.unlink()
+    atomic_write_bytes(Path(path), m.SerializeToString())
+    return {"file": Path(path).name,
+            "inputs": [{"name": "pixel_values", "dtype": "float32",
+                        "shape": [vs.patches, vs.patch_dim]}],
+            "outputs": [{"name": "image_embeds", "dtype": "float32",
+                         "shape": [vs.tokens, vs.embed_dim]}]}
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(a @ b) / max(float(np.linalg.norm(a) * np.linalg.norm(b)), 1e-30)
+
+
+#: the encoder's check: max |ONNX - transformers| within this x max(1, max |feature|)
+ENCODER_CHECK_RTOL = 1e-3
+
+
+def encoder_session(graphs_dir: Path, threads: int | None = None):
+    """The FP32 vision encoder of an export on the host CPU (ONNX Runtime)."""
+    from studio.engine.llm_runtime import make_cpu_session
+    from studio.engine.threads import HOST_THREADS
+
+    path = Path(graphs_dir) / VISION_FILE
+    if not path.is_file():
+        raise StudioError(f"{graphs_dir} has no {VISION_FILE}: re-run the export")
+    return make_cpu_session(path, threads or HOST_THREADS)
+
+
+def encode(session, pixels: np.ndarray) -> np.ndarray:
+    """The encoder's image rows [tokens, hidden] (float32) for one image's patches."""
+    out = session.run(["image_embeds"], {"pixel_values": pixels.astype(np.float32)})[0]
+    return np.asarray(out, dtype=np.float32)
+
+
+def check_image_export(full, graphs_dir: Path, gen, vs: VisionSpec, text_ids: list[int],
+                       progress=None) -> dict[str, Any]:
+    """The export check of a vision-language model on an image prompt: a generated image
+    through ``vision.onnx`` against transformers' image features (cosine, max |diff|), then
+    the prompt (two text tokens, the image, text to the end of the context) teacher-forced
+    through the graphs of ``gen`` against transformers run on the same ids and pixels (every
+    position's logits, the text export check's rule)."""
+    import torch
+
+    from studio.engine.llm_export import PositionCheck
+
+    image = calibration_images(1, vs.image_size, seed=7)[0]
+    pixels = pixel_values(image, vs)
+    ref_rows = reference_image_embeds(full, pixels, vs)
+    rows = encode(encoder_session(graphs_dir), pixels)
+    diff = float(np.max(np.abs(rows - ref_rows)))
+    tol = ENCODER_CHECK_RTOL * max(1.0, float(np.max(np.abs(ref_rows))))
+    C = gen.context_len
+    ids = image_prompt(vs, list(text_ids[:2]), list(text_ids[2:]))[:C]
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        ref = full(input_ids=x, pixel_values=torch.from_numpy(pixels),
+                   image_grid_thw=torch.tensor([[1, vs.grid, vs.grid]]),
+                   mm_token_type_ids=(x == vs.image_token_id).int(),
+                   use_cache=False).logits[0].float().numpy()
+    V = gen.vocab_size
+    check = PositionCheck()
+    P = min(gen.prompt_len, len(ids))
+    gen.set_image(rows)
+    pre = gen.prefill(ids[:P])
+    for p in range(len(ids)):
+        if progress is not None:
+            progress.check()
+            if p % 16 == 0:
+                progress.update(p / len(ids), f"image prompt position {p}/{len(ids)}")
+        got = pre[p][:V] if p < P else gen.step(ids[p], p)[:V]
+        check.add(p, got, ref[p, :V])
+    out = check.figures(P)
+    out.update(encoder_cosine=cosine(rows, ref_rows), encoder_max_abs_diff=diff,
+               encoder_tolerance=tol, encoder_ok=diff <= tol, image_tokens=vs.tokens,
+               rope_offset=int(gen.rope_offset))
+    return out

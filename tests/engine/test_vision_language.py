@@ -1,0 +1,164 @@
+"""Vision-language models (Qwen2-VL, Qwen2.5-VL) on small random checkpoints built here: the
+vision encoder's graph and the language model's graphs against transformers, an image
+prompt's greedy tokens against transformers' generate(), the host's image preprocessing and
+multimodal positions against transformers' own, and the checkpoint checks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from studio.core.errors import StudioError
+from tests.engine.vl_checkpoints import IMAGE, make_vl_checkpoint
+
+P, C = 32, 128
+NEW = 80  # greedy tokens compared with transformers
+KINDS = ("qwen2_vl", "qwen2_5_vl")
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def vl(request, tmp_path_factory, corpus):
+    """(kind, checkpoint, export folder, graph.json) of one family."""
+    from studio.engine.llm_export import export_llm
+
+    root = tmp_path_factory.mktemp(request.param)
+    ck = make_vl_checkpoint(root / "ck", request.param, corpus)
+    spec = export_llm(ck, root / "export", P, C, image_size=IMAGE)
+    return request.param, ck, root / "export", spec
+
+
+def test_the_export_matches_transformers_on_text_and_on_an_image_prompt(vl):
+    kind, _ck, out, spec = vl
+    assert spec["model_type"] == kind
+    assert (out / "vision.onnx").is_file()
+    text = spec["export_check"]
+    assert text["positions"] == C and text["first_bad_position"] is None
+    img = spec["vision"]["export_check"]
+    assert img["positions"] == C and img["first_bad_position"] is None
+    assert img["encoder_ok"] and img["encoder_cosine"] > 0.99999
+    assert img["top1_agreement"] == 1.0
+    # 16 image tokens on a 4 x 4 grid take 4 positions: later tokens are 12 behind their slot
+    assert spec["vision"]["image_tokens"] == 16 and img["rope_offset"] == -12
+    ins = [i["name"] for i in spec["graphs"]["prefill"]["inputs"]]
+    assert "image_embeds" in ins
+    pos = next(i for i in spec["graphs"]["prefill"]["inputs"] if i["name"] == "position_ids")
+    assert pos["shape"] == [3, 1, P]
+    assert "image_embeds" not in [i["name"] for i in spec["graphs"]["decode"]["inputs"]]
+
+
+def test_greedy_tokens_after_an_image_equal_transformers_generate(vl):
+    import torch
+    from tokenizers import Tokenizer
+
+    from studio.engine import vision
+    from studio.engine.llm_export import load_causal_lm
+    from studio.engine.llm_runtime import cpu_generator
+
+    _kind, ck, out, spec = vl
+    vs = vision.vision_spec(spec)
+    tok = Tokenizer.from_file(str(ck / "tokenizer.json"))
+    pixels = vision.pixel_values(vision.calibration_images(3, IMAGE, seed=3)[2], vs)
+    rows = vision.encode(vision.encoder_session(out), pixels)
+    ids = vision.image_prompt(vs, tok.encode("Describe:").ids, tok.encode(" the picture\n").ids)
+    gen = cpu_generator(out, spec)
+    gen.set_image(rows)
+    got = gen.generate(ids, NEW, eos_id=None)["tokens"]
+    full = load_causal_lm(ck)
+    x = torch.tensor([ids])
+    want = full.generate(input_ids=x, attention_mask=torch.ones_like(x),
+                         pixel_values=torch.from_numpy(pixels),
+                         image_grid_thw=torch.tensor([[1, vs.grid, vs.grid]]),
+                         mm_token_type_ids=(x == vs.image_token_id).int(),
+                         max_new_tokens=NEW, do_sample=False)[0, len(ids):].tolist()
+    assert len(got) == NEW and got == want
+    # the same prompt without its image would say something else: the image is used
+    gen.set_image(np.zeros_like(rows))
+    assert gen.generate(ids, 8, eos_id=None)["tokens"] != got[:8]
+
+
+def test_host_preprocessing_and_positions_equal_transformers(vl, tmp_path):
+    import torch
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
+    from studio.engine import vision
+    from studio.engine.llm_export import load_causal_lm
+
+    _kind, ck, _out, spec = vl
+    vs = vision.vision_spec(spec)
+    img = (vision.calibration_images(1, IMAGE, seed=5)[0] * 255).round().astype(np.uint8)
+    path = tmp_path / "im.png"
+    Image.fromarray(img.transpose(1, 2, 0)).save(path)
+    ours = vision.pixel_values(vision.load_image(path, IMAGE), vs)
+    proc = AutoImageProcessor.from_pretrained(str(ck))
+    theirs = proc(images=Image.open(path), return_tensors="np")
+    assert theirs["image_grid_thw"].tolist() == [[1, vs.grid, vs.grid]]
+    np.testing.assert_allclose(ours, theirs["pixel_values"], atol=2e-5)
+    # a larger picture is resized to the encoder's size
+    Image.fromarray(np.tile(img.transpose(1, 2, 0), (2, 3, 1))).save(tmp_path / "big.png")
+    assert vision.load_image(tmp_path / "big.png", IMAGE).shape == (3, IMAGE, IMAGE)
+
+    full = load_causal_lm(ck)
+    ids = vision.image_prompt(vs, [10, 11, 12], [13, 14])
+    x = torch.tensor([ids])
+    want, delta = full.model.get_rope_index(
+        x, mm_token_type_ids=(x == vs.image_token_id).int(),
+        image_grid_thw=torch.tensor([[1, vs.grid, vs.grid]]))
+    pos, d = vision.mrope_positions(ids, vs)
+    assert pos.tolist() == want[:, 0].tolist() and d == int(delta[0, 0])
+
+
+def test_bad_images_and_prompts_get_one_line(vl, tmp_path):
+    from studio.engine import vision
+    from studio.engine.llm_runtime import cpu_generator
+
+    _kind, _ck, out, spec = vl
+    vs = vision.vision_spec(spec)
+    (tmp_path / "x.png").write_text("not an image")
+    with pytest.raises(StudioError, match="not an image this studio can read"):
+        vision.load_image(tmp_path / "x.png", IMAGE)
+    with pytest.raises(StudioError, match="no image at"):
+        vision.load_image(tmp_path / "missing.png", IMAGE)
+    gen = cpu_generator(out, spec)
+    ids = vision.image_prompt(vs, [10], [11])
+    with pytest.raises(StudioError, match="no image was given"):
+        gen.prefill(ids)
+    with pytest.raises(StudioError, match=r"image rows are \[3, 64\]"):
+        gen.set_image(np.zeros((3, 64), np.float32))
+    with pytest.raises(StudioError, match="image tokens in a row"):
+        vision.mrope_positions([10, vs.image_token_id, 11], vs)
+
+
+def test_checkpoint_checks_name_the_vision_parts(tmp_path, corpus):
+    from studio.engine import checkpoint_check, hf_import
+    from studio.engine.llm_export import export_llm
+
+    ck = make_vl_checkpoint(tmp_path / "ck", "qwen2_5_vl", corpus)
+    info = hf_import.open_checkpoint(ck)
+    assert info.family == "qwen2_5_vl" and info.num_layers == 2 and info.hidden_size == 64
+    assert any(lay.kind == "vision" for lay in info.layers)
+    assert checkpoint_check.check_checkpoint(ck)["architecture"] == (
+        "Qwen2_5_VLForConditionalGeneration")
+
+    no_proc = tmp_path / "no-proc"
+    shutil.copytree(ck, no_proc)
+    (no_proc / "preprocessor_config.json").unlink()
+    with pytest.raises(StudioError, match="no preprocessor_config.json"):
+        checkpoint_check.check_checkpoint(no_proc)
+
+    bad_tok = tmp_path / "bad-tok"
+    shutil.copytree(ck, bad_tok)
+    cfg = json.loads((bad_tok / "config.json").read_text())
+    cfg["image_token_id"] = 7
+    (bad_tok / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(StudioError, match=r"<\|image_pad\|> is id 4 but config.json's "
+                                          "image_token_id is 7"):
+        checkpoint_check.check_checkpoint(bad_tok)
+
+    with pytest.raises(StudioError, match="multiple of 28 pixels"):
+        export_llm(ck, tmp_path / "e1", P, C, image_size=100)
+    with pytest.raises(StudioError, match="raise export.prompt_length to at least 66"):
+        export_llm(ck, tmp_path / "e2", P, C, image_size=224)
