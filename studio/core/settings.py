@@ -417,6 +417,9 @@ class Quantization(Section):
                                     "calibrated on")
     calibration_samples: int = setting(DEFAULT_CALIBRATION_SAMPLES, "calibration windows (or "
                                        "samples)", min=1, cap=MAX_TOKENS)
+    calibration_images: str = setting("", "a vision-language model: a folder of images the "
+                                      "vision encoder and the image prompts are calibrated on "
+                                      "(\"\": images generated here); text models ignore it")
     calibration_method: str = setting(DEFAULT_CALIBRATION_METHOD, "how a range is taken from "
                                       "the calibration statistics",
                                       choices=CALIBRATION_METHODS)
@@ -439,6 +442,9 @@ class Validation(Section):
                                 "measured on")
     heldout_tokens: int = setting(256, "held-out tokens scored", min=16, cap=MAX_TOKENS)
     greedy_tokens: int = setting(16, "tokens generated greedily to compare with FP32", min=1)
+    heldout_images: str = setting("", "a vision-language model: a folder of held-out images "
+                                  "the encoder and the answers after them are checked on (\"\": "
+                                  "images generated here, not the calibration ones)")
     device_tokens: int = setting(0, "held-out tokens the device scores (the first ones); 0: "
                                  "all of them for a model in one part, the first 64 for a "
                                  "model in parts, whose host figures are scored part by part",
@@ -462,6 +468,8 @@ class Gates(Section):
 class Run(Section):
     name: ClassVar[str] = "run"
     prompt: str = setting("def __init__(self", "the text generation starts from")
+    image: str = setting("", "a vision-language model: the image the prompt is about (\"\": "
+                         "the prompt alone)")
     max_new_tokens: int = setting(16, "tokens generated per run", min=1)
     devices: list[str] = setting(list(PROJECT_KINDS), "the devices run and profile fan out "
                                  "over: cpu, htp-sim, agent:NAME[@BACKEND], adb:SERIAL[@CHIP]")

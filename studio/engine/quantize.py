@@ -1093,10 +1093,15 @@ def quantize_llm(
     tokenizer_dir: Path,
     progress: Progress = NullProgress(),
     with_verify: bool = False,
+    images: list[Any] | None = None,
 ) -> dict:
     """Quantize the FP32 graphs of ``graphs_dir`` into ``out_dir``; returns quant.json's
     content. ``with_verify``: the verify graph (speculative decoding) too, calibrated on the
-    true next tokens of the calibration windows."""
+    true next tokens of the calibration windows. A vision-language model's prefill and
+    decode graphs are calibrated on image prompts too (``images``, [3, S, S] arrays; None:
+    ``samples`` images generated here), and its vision encoder on those images
+    (:func:`studio.engine.vision.quantize_vision`)."""
+    from studio.engine import vision
     from studio.engine.calibration import build_calibration_feeds, calibration_windows
     from studio.engine.llm_export import load_spec
 
@@ -1125,6 +1130,14 @@ def quantize_llm(
            if recipe["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING else {}),
     }
     run_facts: dict[str, float] = {}
+    vs = vision.vision_spec(spec)
+    if vs is not None:
+        images = list(images) if images is not None else vision.calibration_images(
+            int(recipe["samples"]), vs.image_size, seed=0)
+        if not images:
+            raise StudioError("a vision-language model is calibrated on images: give at least "
+                              "one (quantization.calibration_images)")
+        held_images = vision.calibration_images(2, vs.image_size, seed=1000)
 
     # Everything is written into a staging folder and moved into place at the end, so a
     # cancelled or failed run leaves no half-quantized graphs.
@@ -1151,6 +1164,9 @@ def quantize_llm(
                 overrides_ignored=bool(recipe["overrides"]),
                 graphs={g: {"file": f"{g}.onnx"} for g in GRAPHS},
             )
+            if vs is not None:
+                info["graphs"]["vision"] = vision.quantize_vision(
+                    graphs_dir, stage, recipe, images, held_images)
         else:
             check_overrides(graphs_dir, recipe)  # before the slow part
             progress.update(0.0, "tokenizing the calibration text")
@@ -1172,9 +1188,16 @@ def quantize_llm(
                 decode_per_window=recipe["decode_per_window"],
                 verify_feeds=ver_feeds,
             )
+            if vs is not None:  # image prompts: the image rows' ranges and the image's positions
+                progress.update(0.18, f"calibration: {len(images)} image prompts through the "
+                                      "FP32 encoder and graphs")
+                img_pre, img_dec = vision.image_prompt_feeds(graphs_dir, spec, windows, images)
+                pre_feeds += img_pre
+                dec_feeds += img_dec
             progress.log(
                 f"calibration: {len(windows)} windows of {len(windows[0])} tokens -> "
                 f"{len(pre_feeds)} prefill and {len(dec_feeds)} decode feeds"
+                + (f" ({len(images)} of them image prompts)" if vs is not None else "")
             )
             if not dec_feeds:
                 raise StudioError(
@@ -1214,6 +1237,7 @@ def quantize_llm(
                     "decode_positions": sorted(
                         int(f["position_ids"].reshape(-1)[0]) for f in dec_feeds
                     ),
+                    **({"image_prompts": len(images)} if vs is not None else {}),
                 },
                 graphs={},
             )
@@ -1239,6 +1263,13 @@ def quantize_llm(
                     )
                     progress.log(f"quantized {graph}.onnx: MatMuls "
                                  f"{info['graphs'][graph]['matmul_precisions']}")
+            if vs is not None:
+                progress.update(0.9, f"quantizing the vision encoder on {len(images)} images")
+                info["graphs"]["vision"] = vision.quantize_vision(
+                    graphs_dir, stage, recipe, images, held_images)
+                progress.log("quantized vision.onnx: image rows vs FP32 cosine "
+                             f"{info['graphs']['vision']['check']['encoder_cosine_min']:.4f} "
+                             "(lowest of 2 held-out images)")
             progress.update(0.92, "checking the quantized graphs against FP32 (CPU)")
             info["check"] = _self_check(graphs_dir, stage, pre_feeds[0], dec_feeds[-1])
             progress.log(

@@ -438,6 +438,17 @@ def encode(session, pixels: np.ndarray) -> np.ndarray:
     return np.asarray(out, dtype=np.float32)
 
 
+def timed_encode(session, image: np.ndarray, vs: VisionSpec) -> tuple[np.ndarray, float]:
+    """The encoder's rows for one image ([3, S, S]) and the seconds the encoder took (the
+    host's patching before it not counted)."""
+    import time
+
+    px = pixel_values(image, vs)
+    t0 = time.perf_counter()
+    rows = encode(session, px)
+    return rows, time.perf_counter() - t0
+
+
 def check_image_export(full, graphs_dir: Path, gen, vs: VisionSpec, text_ids: list[int],
                        progress=None) -> dict[str, Any]:
     """The export check of a vision-language model on an image prompt: a generated image
@@ -480,3 +491,102 @@ def check_image_export(full, graphs_dir: Path, gen, vs: VisionSpec, text_ids: li
                encoder_tolerance=tol, encoder_ok=diff <= tol, image_tokens=vs.tokens,
                rope_offset=int(gen.rope_offset))
     return out
+
+
+# ---------------------------------------------------------------------------- quantize
+
+
+def images_for(folder: Path | None, count: int, size: int, seed: int) -> list[np.ndarray]:
+    """``count`` images at the encoder's size: the first of ``folder``'s (sorted, repeated
+    when it has fewer) or, with no folder, generated here from ``seed``."""
+    if folder is None:
+        return calibration_images(count, size, seed)
+    files = image_files(folder)
+    return [load_image(files[i % len(files)], size) for i in range(int(count))]
+
+
+def image_prompt_feeds(graphs_dir: Path, spec: dict[str, Any], windows: list[list[int]],
+                       images: list[np.ndarray], decode_per_image: int = 2
+                       ) -> tuple[list[dict], list[dict]]:
+    """Calibration feeds of a vision-language model's image prompts: each image (through the
+    FP32 encoder) placed after two tokens of a text window, text of the window after it up
+    to P; the prefill graph's feed, then ``decode_per_image`` decode steps that continue the
+    window's text (their positions carry the image's rope offset). (prefill, decode)."""
+    from studio.engine.llm_runtime import cpu_generator
+
+    vs = vision_spec(spec)
+    if vs is None:
+        return [], []
+    P = int(spec["prompt_length"])
+    gen = cpu_generator(graphs_dir, spec)
+    enc = encoder_session(graphs_dir)
+    pre, dec = [], []
+    for i, img in enumerate(images):
+        text = windows[i % len(windows)]
+        rows = encode(enc, pixel_values(img, vs))
+        room = max(0, P - vs.tokens - 4)
+        ids = image_prompt(vs, text[:2], text[2:2 + room])
+        gen.set_image(rows)
+        pre.append({k: np.array(v, copy=True) for k, v in gen.prefill_feed(ids).items()})
+        gen.prefill(ids)  # the image is still set: the same prompt fills the cache
+        nxt = text[2 + room:2 + room + decode_per_image]
+        for j, tok in enumerate(nxt):
+            pos = len(ids) + j
+            if pos >= gen.context_len:
+                break
+            dec.append(gen.decode_feed(int(tok), pos, copy=True))
+            gen.step(int(tok), pos)
+    return pre, dec
+
+
+def quantize_vision(graphs_dir: Path, stage: Path, recipe: dict[str, Any],
+                    images: list[np.ndarray], held: list[np.ndarray], progress=None
+                    ) -> dict[str, Any]:
+    """``stage/vision.onnx``: the encoder after the rewrites the HTP needs (the exact GELU of
+    the merger as one Gelu op: the HTP refuses Erf), quantized by the recipe's scheme and
+    granularity on ``images`` (its own graph: the language model's per-layer overrides do not
+    name its layers), or float for a float scheme; checked against the FP32 encoder on the
+    ``held`` images (cosine of the image rows, on the CPU)."""
+    import shutil
+
+    from studio.core.recipe import is_float_scheme
+    from studio.engine import rewrites
+    from studio.engine.llm_runtime import make_cpu_session
+    from studio.engine.quantize import quantize_graph
+
+    from studio.engine.llm_export import load_spec
+
+    src = Path(graphs_dir) / VISION_FILE
+    vs = vision_spec(load_spec(graphs_dir))
+    assert vs is not None
+    work = Path(stage) / ".vision-float.onnx"
+    names = [r.name for r in rewrites.PREPARE] + ["erf-gelu"]
+    applied = rewrites.apply_rewrites(src, work, names)
+    feeds = [{"pixel_values": pixel_values(img, vs)} for img in images]
+    info: dict[str, Any] = {"file": VISION_FILE, "rewrites": applied, "images": len(images)}
+    if is_float_scheme(recipe["scheme"]):
+        shutil.move(str(work), str(Path(stage) / VISION_FILE))
+        info["precision"] = "float (FP16 on the HTP)"
+    else:
+        rec = {k: recipe[k] for k in ("scheme", "weight_granularity", "calibration_method")
+               if k in recipe}
+        rec.update(samples=len(feeds), overrides={}, weight_rounding="nearest")
+        if recipe.get("weight_granularity") == "per_block":
+            rec["weight_granularity"] = "per_channel"  # the encoder's blocks do not divide
+            info["weight_granularity_note"] = "per_block weights: the encoder per channel"
+        if progress is not None:
+            progress.update(0.0, f"quantizing {VISION_FILE} on {len(feeds)} images")
+        q = quantize_graph(work, Path(stage) / VISION_FILE, rec, feeds)
+        info.update({k: q[k] for k in ("matmul_precisions", "qdq_nodes", "calibration_feeds")
+                     if k in q})
+        work.unlink(missing_ok=True)
+    ref = make_cpu_session(src)
+    got = make_cpu_session(Path(stage) / VISION_FILE)
+    cos = []
+    for img in held:
+        px = pixel_values(img, vs)
+        cos.append(cosine(encode(got, px), encode(ref, px)))
+    info["check"] = {"encoder_cosine_min": min(cos) if cos else None,
+                     "encoder_cosine_mean": float(np.mean(cos)) if cos else None,
+                     "images": len(cos)}
+    return info

@@ -154,6 +154,38 @@ def load_generator(project: Project, dev: Device, kv: str | None = None, registr
     return be.open_generator(export_dir, compiled, spec, fp16), spec, tok
 
 
+def load_encoder(project: Project, dev: Device, spec: dict[str, Any], registry=None):
+    """The vision encoder of a vision-language project on ``dev``, from its backend (the
+    export's graph on the host CPU, the target's compiled context on the HTP)."""
+    from studio.engine.devices import backend
+
+    export_dir = _artifact(project, "export", "export")
+    compiled = _artifact(project, f"compile[{dev.chip}]", "compile") if dev.chip else None
+    fp16 = is_float_scheme(project.quantization.scheme)
+    return backend(dev, registry).open_encoder(export_dir, compiled, spec, fp16)
+
+
+def image_prompt_ids(spec: dict[str, Any], prompt_ids: list[int], image: Path | None,
+                     encoder, gen) -> tuple[list[int], dict[str, Any] | None]:
+    """An image prompt: the image through ``encoder`` (its rows set on ``gen`` for the next
+    prefill), its placeholder tokens before the prompt's; with no image the prompt's ids.
+    Returns (ids, the image's figures or None)."""
+    from studio.engine import vision
+
+    vs = vision.vision_spec(spec)
+    if image is None:
+        return prompt_ids, None
+    if vs is None:
+        raise StudioError("this model takes no image: it is a text model (give --image to a "
+                          "Qwen2-VL or Qwen2.5-VL project)")
+    picture = vision.load_image(Path(image), vs.image_size)
+    rows, enc_s = vision.timed_encode(encoder, picture, vs)
+    gen.set_image(rows)
+    return vision.image_prompt(vs, [], prompt_ids), {
+        "path": str(image), "image_size": vs.image_size, "image_tokens": vs.tokens,
+        "encoder_ms": enc_s * 1e3}
+
+
 def load_draft(project: Project, draft_ref: str | None = None):
     """The draft model's CPU generator: the ``draft`` stage's export of ``draft_ref`` (default
     the project's ``model.draft``), run first when the store does not hold it yet."""
@@ -178,7 +210,7 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
              k: int = 4, adaptive: bool = True, kv: str | None = None,
              window: int | None = None, progress: Progress | None = None,
              on_pass: Callable[[int, int], None] | None = None,
-             registry=None) -> dict[str, Any]:
+             registry=None, image: Path | None = None) -> dict[str, Any]:
     """Generate after ``prompt`` on a device (``cpu``, ``htp-sim[:CHIP]``, ``agent:NAME[@…]``,
     ``adb:SERIAL[@CHIP]``), run by its backend; the figures carry the device's source label.
 
@@ -189,7 +221,9 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
     W tokens through a ring buffer, which lets generation run past the context.
     ``progress``: cancellation between tokens (its check raises Cancelled). ``on_pass(drafted,
     accepted)``: each speculative target pass, as it happens. ``registry``: where agents and
-    the QAIRT SDK are found (None: the user's settings)."""
+    the QAIRT SDK are found (None: the user's settings). ``image``: a vision-language model's
+    picture, run through its vision encoder on the device and placed before the prompt; the
+    time to first token then includes the encoder's, shown apart (``image.encoder_ms``)."""
     if not prompt.strip():
         raise StudioError("the prompt is empty: give some text")
     if speculative not in (None, "draft", "lookup"):
@@ -214,9 +248,14 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
                 "this export has no verify graph: re-run the export stage")
         proposer = (PromptLookupProposer() if speculative == "lookup"
                     else DraftModelProposer(load_draft(project, draft_ref), sampling))
+    encoder = None
+    if image is not None and spec.get("vision"):
+        if speculative:
+            raise StudioError("an image prompt runs plain decoding: leave out --speculative")
+        encoder = load_encoder(project, dev, spec, registry)
     load_s = time.perf_counter() - t_load
     n = max_new_tokens if max_new_tokens is not None else int(project.run["max_new_tokens"])
-    ids = tok(prompt).input_ids
+    ids, image_figures = image_prompt_ids(spec, tok(prompt).input_ids, image, encoder, gen)
     C = int(spec["context_length"])
     if len(ids) >= C:
         raise StudioError(f"the prompt is {len(ids)} tokens but the KV cache holds {C}: shorten "
@@ -257,10 +296,14 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
     decoded = len(out["tokens"]) - 1
     if "wall_s" in out:  # speculative: tokens come in groups; the rate over the whole decode
         med = out["wall_s"] / decoded if decoded > 0 else None
+    ttft = out["ttft_s"] * 1e3 if out["ttft_s"] is not None else None
+    if image_figures is not None:  # the encoder ran before the prefill: its time is the TTFT's
+        image_figures["prefill_ms"] = ttft
+        ttft = image_figures["encoder_ms"] + ttft if ttft is not None else None
     result = {
         "prompt": prompt, "prompt_tokens": len(ids), "prompt_chunks": out["prompt_chunks"],
         "tokens": out["tokens"], "text": text, "stopped": out["stopped"],
-        "time_to_first_token_ms": out["ttft_s"] * 1e3 if out["ttft_s"] is not None else None,
+        "time_to_first_token_ms": ttft, "image": image_figures,
         "decode_ms_per_token": med * 1e3 if med else None,
         "decode_tokens_per_s": 1.0 / med if med else None,
         "source": dev.source, "device": dev.id, "device_name": dev.name,

@@ -95,6 +95,20 @@ def _check_text(path: Path, what: str) -> None:
     read_text(path, what)
 
 
+def _check_images(path: Path, key: str) -> None:
+    """A folder of images (or, for run.image, one image) that the stage can read."""
+    from studio.engine import vision
+
+    if path.is_dir():
+        for f in vision.image_files(path):
+            vision.load_image(f, 28)
+    elif path.is_file() and key == "run.image":
+        vision.load_image(path, 28)
+    else:
+        raise StudioError(f"{key}: {path} is not " + ("an image" if key == "run.image"
+                                                      else "a folder of images"))
+
+
 def _check_lengths(project: Project, model: Path, new_tokens: list[str]) -> None:
     """The prompt, tokenized as the runtime will, against the exported lengths."""
     from studio.engine.checkpoint_check import prompt_length
@@ -163,6 +177,9 @@ def preflight(project: Project, jobs: list[PlannedJob]) -> None:
             elif kind == "samples":
                 if ref:
                     _check_samples(project.input_path(ref), key)
+            elif kind == "images":
+                if ref:
+                    _check_images(project.input_path(ref), key)
             elif kind == "checkpoint":
                 checked_model = _check_checkpoint(project, ref)
                 if key == "model.source":

@@ -19,6 +19,8 @@ from studio.core.errors import StudioError
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file")
     p.add_argument("--prompt", required=True)
+    p.add_argument("--image", help="a vision-language model: the picture the prompt is about "
+                                   "(PNG or JPEG; resized to export.image_size)")
     p.add_argument("--device", help="cpu (FP32 export, default), htp-sim or htp-sim:<chip> "
                                     "(the compiled model on the HTP simulator)")
     p.add_argument("--max-new-tokens", type=setting_arg("run.max_new_tokens"),
@@ -101,6 +103,9 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
 
     stream = None if args.generate_json else show
     if args.runtime == "genie":
+        if args.image:
+            raise StudioError("Genie runs the bundle's text dialog: an image prompt runs with "
+                              "--runtime studio")
         return _generate_genie(args, p, stream)
     spec_mode = None
     if args.speculative or args.prompt_lookup or args.draft:
@@ -112,11 +117,17 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         draft = str(Path(draft).expanduser().resolve())
     out = generate(p, args.prompt, args.device, args.max_new_tokens, cfg, args.stop,
                    on_text=stream, speculative=spec_mode, draft_ref=draft, k=args.k,
-                   adaptive=not args.fixed_k, kv=args.kv, window=args.window)
+                   adaptive=not args.fixed_k, kv=args.kv, window=args.window,
+                   image=Path(args.image).expanduser() if args.image else None)
     if args.generate_json:
         print(json.dumps(out, indent=1))
         return 0
     _print_speed(f"{len(out['tokens'])} tokens ({out['stopped']})", out)
+    img = out.get("image")
+    if img:
+        print(f"time to first token = vision encoder {img['encoder_ms']:.1f} ms "
+              f"({img['image_size']} px -> {img['image_tokens']} image tokens) + prefill "
+              f"{img['prefill_ms']:.1f} ms", file=sys.stderr)
     kvc = out.get("kv_cache")
     if kvc:
         print(f"KV cache: {kvc['dtype']}, {kvc['bytes_measured'] / 1024:.0f} KiB held "

@@ -74,6 +74,14 @@ class Backend:
                        fp16: bool, log: Callable[[str], None] | None = None) -> Any:
         raise StudioError(f"the {self.device.name} runs no language model")
 
+    def open_encoder(self, export: Path, compiled: Path | None, spec: dict[str, Any],
+                     fp16: bool) -> Any:
+        """A vision-language model's vision encoder as a session (``pixel_values`` ->
+        ``image_embeds``) on this device."""
+        raise StudioError(f"{self.device.name or self.device.id} runs the language model's "
+                          "graphs only: an image prompt's vision encoder runs on the host CPU "
+                          "or the HTP simulator (--device cpu or htp-sim)")
+
     def part_scorer(self, compiled: Path, spec: dict[str, Any], fp16: bool) -> Any:
         return None
 

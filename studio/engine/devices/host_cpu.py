@@ -27,6 +27,12 @@ class Backend(_Base):
 
         return cpu_generator(export, spec)
 
+    def open_encoder(self, export: Path, compiled: Path | None, spec: dict[str, Any],
+                     fp16: bool) -> Any:
+        from studio.engine.vision import encoder_session
+
+        return encoder_session(export)
+
     def open_session(self, graph: Path, compiled: Path | None, strict: bool) -> Any:
         from studio.engine.graphpipe import cpu_session
 

@@ -65,6 +65,18 @@ class Backend(_Base):
                     "model part by part")
         return htp_generator(compiled, self.chip, spec, fp16, self.run_options)
 
+    def open_encoder(self, export: Path, compiled: Path | None, spec: dict[str, Any],
+                     fp16: bool) -> Any:
+        from studio.engine import qnn
+
+        self.check()
+        ctx = Path(compiled or "") / "vision_ctx.onnx"
+        if compiled is None or not ctx.is_file():
+            raise StudioError(f"the {self.device.name} runs the vision encoder's compiled "
+                              "context: run the compile stage (it compiles vision.onnx too)")
+        return qnn.make_session(ctx, self.chip, strict=True, fp16=fp16,
+                                extra_options=self.run_options)
+
     def part_scorer(self, compiled: Path, spec: dict[str, Any], fp16: bool) -> Any:
         """The parts' context binaries one part at a time: a model whose binaries do not fit
         the HTP's memory together (the 3 B shape's 18 on the simulator end in "Memory

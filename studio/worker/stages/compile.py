@@ -116,6 +116,13 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     partresume.unmark(ctx.out)
     shutil.rmtree(ctx.out / "io-staging", ignore_errors=True)
     order = [where(k) + g for k in range(len(folders)) for g in GRAPHS]
+    if spec.get("vision"):  # a vision-language model's encoder: float I/O, its own binary
+        got = compile_part(qdir, ctx.out, chip, fp16, extra, Steps(progress, n_steps - 1,
+                                                                   n_steps), "",
+                           graphs=("vision",))
+        placement.update(got["placement"])
+        compiled.update(got["compiled"])
+        order.append("vision")
     placement = {k: placement[k] for k in order}
     compiled = {k: compiled[k] for k in order}
     shutil.copy2(qdir / "graph.json", ctx.out / "graph.json")
@@ -131,7 +138,9 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                    + (f"; HTP options {', '.join(f'{k}={v}' for k, v in extra.items())}"
                       if extra else "")
                    + ("; graph I/O quantized (the KV cache, hand-offs and logits as integers)"
-                      if io == "quantized" else ""),
+                      if io == "quantized" else "")
+                   + ("; the vision encoder's binary beside them" if spec.get("vision")
+                      else ""),
         "placement": {g: {k: v for k, v in r.items() if k != "cpu_nodes"} for g, r in placement.items()},
         "sdk_version": sdk, "tool": {"qnn_sdk": sdk}, "htp_options": extra, "graph_io": io,
         "metrics": [],
@@ -170,14 +179,15 @@ class Steps:
 
 
 def compile_part(src: Path, dst: Path, chip: Chip, fp16: bool, extra: dict[str, str],
-                 steps: Any = None, part_name: str = "") -> dict[str, dict]:
+                 steps: Any = None, part_name: str = "",
+                 graphs: tuple[str, ...] = GRAPHS) -> dict[str, dict]:
     """Check the placement of a part's graphs (or the one graph set) in ``src`` and compile
     their context binaries into ``dst``: {"placement": {graph: report}, "compiled": {graph:
     info}}. A node the NPU refuses fails it in one line."""
     from studio.engine import qnn
 
     out: dict[str, dict] = {"placement": {}, "compiled": {}}
-    for g in GRAPHS:
+    for g in graphs:
         label = f"{g} ({part_name.replace('_', ' ')})" if part_name else g
         dst.mkdir(parents=True, exist_ok=True)
         if steps is not None:

@@ -58,7 +58,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         from studio.engine import partresume
 
         partresume.clear(ctx.out)  # a kept work folder: nothing of a killed run is reused
-        info = quantize_llm(export_dir, ctx.out, rec, text, export_dir / "tokenizer", progress)
+        info = quantize_llm(export_dir, ctx.out, rec, text, export_dir / "tokenizer", progress,
+                            images=_calibration_images(ctx, spec, int(samples)))
     if kv == "int8":
         progress.update(0.97, "INT8 KV cache: per-head scales from the FP32 cache, uint8 I/O")
         info["kv_cache"] = _int8_kv(export_dir, ctx.out, text)
@@ -79,6 +80,17 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                    + _reused(info, len(parts)),
         "quant": info, "layers": info.get("layers", []), "metrics": [],
     }
+
+
+def _calibration_images(ctx: StageContext, spec: dict[str, Any], count: int) -> list | None:
+    """A vision-language model's calibration images: the project's folder's, or None (the
+    quantizer generates them)."""
+    from studio.engine.vision import images_for, vision_spec
+
+    vs = vision_spec(spec)
+    if vs is None or not ctx.get("quantization.calibration_images"):
+        return None
+    return images_for(ctx.path("quantization.calibration_images"), count, vs.image_size, 0)
 
 
 def _reused(info: dict[str, Any], count: int) -> str:

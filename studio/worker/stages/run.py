@@ -28,14 +28,37 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         progress.check()
         progress.update((i + 1) / n, f"token {i + 1}/{n} on {dev.name}")
 
-    out = gen.greedy(tok(prompt).input_ids, n, eos_id=spec.get("eos_token_id"), on_step=on_step)
+    ids, image = tok(prompt).input_ids, None
+    if ctx.get("run.image") and spec.get("vision"):  # the picture through the encoder first
+        from studio.services.generate import image_prompt_ids
+
+        progress.update(0.0, f"running the vision encoder on {dev.name}")
+        encoder = be.open_encoder(export_dir, compiled, spec, ctx.fp16)
+        ids, image = image_prompt_ids(spec, ids, ctx.path("run.image"), encoder, gen)
+    out = gen.greedy(ids, n, eos_id=spec.get("eos_token_id"), on_step=on_step)
     timed, prefix, note = be.run_figures(out, gen)
     what = be.describe(ctx.get("quantization.scheme"))
     mode = be.run_options.get("htp_performance_mode") if dev.on_npu else None
     if mode:  # the HTP's clock vote the sessions ran with (a device's; no simulator's)
         what += f", performance mode {mode}"
         note = f"{note}; HTP performance mode {mode}" if note else f"HTP performance mode {mode}"
-    return run_result(dev, timed, tok, prompt, what, prefix, note, load_s=load_s)
+    result = run_result(dev, timed, tok, prompt, what, prefix, note, load_s=load_s)
+    if image is not None:
+        # time to first token = the encoder, then the prefill of the image prompt
+        image["prefill_ms"] = timed["prefill_s"] * 1e3
+        enc_note = (f"the vision encoder on one {image['image_size']} px image "
+                    f"({image['image_tokens']} image tokens); {note or dev.timing_note}")
+        result["metrics"] += [
+            device_metric(dev, f"{prefix}encoder_ms", image["encoder_ms"], "ms", enc_note),
+            device_metric(dev, f"{prefix}time_to_first_token_ms",
+                          image["encoder_ms"] + image["prefill_ms"], "ms",
+                          "the vision encoder, then the prefill of the image prompt; "
+                          + (note or dev.timing_note)),
+        ]
+        result["image"] = image
+        result["summary"] += (f"; image: encoder {image['encoder_ms']:.1f} ms + prefill "
+                              f"{image['prefill_ms']:.1f} ms to the first token")
+    return result
 
 
 def run_result(dev: Device, out: dict[str, Any], tok, prompt: str, what: str,

@@ -156,7 +156,82 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     ]
     res["summary"] = (f"cosine {h['logits_cosine_mean']:.4f}, top-1 {h['top1_agreement']:.1%}, "
                       f"ppl {ppl['fp32']:.2f} → {ppl['htp']:.2f} on {dev.name} ({dev.source})")
+    if spec.get("vision"):
+        img = _validate_images(ctx, spec, export_dir, cdir, runners, ids, progress)
+        res["image"] = img
+        # the min_output_cosine gate judges the vision encoder's rows on the held-out images
+        res["output_cosine_min"] = img["encoder_cosine_min"]
+        detail = (f"{img['images']} held-out images ({img['source']}), each before "
+                  f"{img['answer_tokens'] // max(img['images'], 1)} tokens of held-out text")
+        res["metrics"] += [
+            device_metric(dev, "encoder_cosine_min", img["encoder_cosine_min"], "",
+                          "the vision encoder's image rows against FP32; " + detail),
+            device_metric(dev, "image_answer_top1_agreement", img["top1_agreement"],
+                          "fraction", "the text after an image, teacher-forced; " + detail),
+            device_metric(dev, "image_answer_logits_cosine", img["logits_cosine_mean"], "",
+                          "the text after an image, teacher-forced; " + detail),
+            device_metric(dev, "image_answer_perplexity", img["perplexity"], "", detail),
+            host_metric("image_answer_perplexity_fp32", img["perplexity_fp32"], "", detail),
+        ]
+        res["summary"] += (f"; with an image: encoder cosine {img['encoder_cosine_min']:.4f}, "
+                           f"answer top-1 {img['top1_agreement']:.1%}")
     return res
+
+
+def _validate_images(ctx: StageContext, spec: dict, export_dir, cdir, runners: dict,
+                     ids: list[int], progress: Progress) -> dict[str, Any]:
+    """A vision-language model on held-out images: each through the FP32 encoder and the
+    device's, their rows compared; then the image before a window of the held-out text,
+    teacher-forced through FP32 and the device (each with its own encoder's rows), compared
+    on the text after the image (the answer's tokens)."""
+    import numpy as np
+
+    from studio.engine import vision
+
+    vs = vision.vision_spec(spec)
+    assert vs is not None
+    folder = ctx.get("validation.heldout_images")
+    images = vision.images_for(ctx.path("validation.heldout_images") if folder else None,
+                               2, vs.image_size, seed=1000)
+    fp32_enc = vision.encoder_session(export_dir)
+    dev_enc = ctx.backend.open_encoder(export_dir, cdir, spec, ctx.fp16)
+    C = int(spec["context_length"])
+    room = C - vs.tokens - 2
+    cos, ref_l, dev_l, answers = [], [], [], []
+    for i, img in enumerate(images):
+        progress.check()
+        progress.update(0.95, f"held-out image {i + 1}/{len(images)}: encoder and answer")
+        px = vision.pixel_values(img, vs)
+        rows_ref, rows_dev = vision.encode(fp32_enc, px), vision.encode(dev_enc, px)
+        cos.append(vision.cosine(rows_dev, rows_ref))
+        text = ids[i * room // 2:][:room]
+        prompt = vision.image_prompt(vs, [], text)
+        first = vs.tokens + 1  # the row of <|vision_end|>: it predicts the first text token
+        got = []
+        for name, rows in (("fp32", rows_ref), ("htp", rows_dev)):
+            runners[name].set_image(rows)
+            got.append(runners[name].teacher_forced_logits(prompt)[first:-1])
+        ref_l.append(got[0])
+        dev_l.append(got[1])
+        answers.append(np.asarray(prompt[first + 1:], dtype=np.int64))
+    cmp = _compare(ref_l, dev_l)
+
+    def ppl(logits: list) -> float:  # row k predicts answer token k
+        total = 0.0
+        for lg, a in zip(logits, answers, strict=True):
+            x = lg.astype(np.float64)
+            x = x - x.max(-1, keepdims=True)
+            logp = x - np.log(np.exp(x).sum(-1, keepdims=True))
+            total -= float(logp[np.arange(len(a)), a].sum())
+        return float(np.exp(total / sum(len(a) for a in answers)))
+
+    return {"images": len(images),
+            "source": "the project's folder" if folder else "generated here",
+            "encoder_cosine_min": float(min(cos)), "encoder_cosine_mean": float(np.mean(cos)),
+            "answer_tokens": int(sum(len(a) for a in answers)),
+            "logits_cosine_mean": cmp["logits_cosine_mean"],
+            "top1_agreement": cmp["top1_agreement"],
+            "perplexity": ppl(dev_l), "perplexity_fp32": ppl(ref_l)}
 
 
 def _validate_in_parts(ctx: StageContext, progress: Progress, spec: dict, tok,
