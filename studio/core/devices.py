@@ -157,6 +157,12 @@ class DeviceBackend(Protocol):
         :class:`studio.engine.llm_runtime.StaticKVGenerator`) over the device's graphs."""
         ...
 
+    def open_encoder(self, export: Path, compiled: Path | None, spec: dict[str, Any],
+                     fp16: bool) -> Any:
+        """A vision-language model's vision encoder on the device (a session: ``run(names,
+        {"pixel_values": ...})``); a one-line StudioError where the device runs none."""
+        ...
+
     def part_scorer(self, compiled: Path, spec: dict[str, Any], fp16: bool) -> Any:
         """For a model in parts: teacher-forced logits with one part's compiled graphs loaded
         at a time (``teacher_forced_logits`` of

@@ -1131,8 +1131,10 @@ def quantize_llm(
     }
     run_facts: dict[str, float] = {}
     vs = vision.vision_spec(spec)
+    images = list(images or [])
+    held_images: list[Any] = []
     if vs is not None:
-        images = list(images) if images is not None else vision.calibration_images(
+        images = images or vision.calibration_images(
             int(recipe["samples"]), vs.image_size, seed=0)
         if not images:
             raise StudioError("a vision-language model is calibrated on images: give at least "

@@ -262,6 +262,18 @@ def calibration_images(count: int, size: int, seed: int = 0) -> list[np.ndarray]
     return out
 
 
+def png_bytes(image: np.ndarray) -> bytes:
+    """An image ([3, S, S] in 0..1) as a PNG file's bytes."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    arr = (np.clip(image, 0, 1) * 255).round().astype(np.uint8).transpose(1, 2, 0)
+    Image.fromarray(arr).save(buf, format="PNG")
+    return buf.getvalue()
+
+
 def image_files(folder: Path) -> list[Path]:
     """The images in ``folder`` (by suffix, sorted)."""
     folder = Path(folder)
@@ -449,6 +461,26 @@ def timed_encode(session, image: np.ndarray, vs: VisionSpec) -> tuple[np.ndarray
     return rows, time.perf_counter() - t0
 
 
+def image_prompt_ids(spec: dict[str, Any], prompt_ids: list[int], image: Path | None,
+                     encoder, gen) -> tuple[list[int], dict[str, Any] | None]:
+    """An image prompt: the picture at ``image`` through ``encoder`` (its rows set on ``gen``
+    for the next prefill), its placeholder tokens before the prompt's; with no image the
+    prompt's ids. Returns (ids, the image's figures — its size, tokens, ``encoder_ms`` — or
+    None)."""
+    vs = vision_spec(spec)
+    if image is None:
+        return prompt_ids, None
+    if vs is None:
+        raise StudioError("this model takes no image: it is a text model (give an image to a "
+                          "Qwen2-VL or Qwen2.5-VL project)")
+    picture = load_image(Path(image), vs.image_size)
+    rows, enc_s = timed_encode(encoder, picture, vs)
+    gen.set_image(rows)
+    return image_prompt(vs, [], prompt_ids), {
+        "path": str(image), "image_size": vs.image_size, "image_tokens": vs.tokens,
+        "encoder_ms": enc_s * 1e3}
+
+
 def check_image_export(full, graphs_dir: Path, gen, vs: VisionSpec, text_ids: list[int],
                        progress=None) -> dict[str, Any]:
     """The export check of a vision-language model on an image prompt: a generated image
@@ -551,10 +583,9 @@ def quantize_vision(graphs_dir: Path, stage: Path, recipe: dict[str, Any],
 
     from studio.core.recipe import is_float_scheme
     from studio.engine import rewrites
+    from studio.engine.llm_export import load_spec
     from studio.engine.llm_runtime import make_cpu_session
     from studio.engine.quantize import quantize_graph
-
-    from studio.engine.llm_export import load_spec
 
     src = Path(graphs_dir) / VISION_FILE
     vs = vision_spec(load_spec(graphs_dir))
@@ -568,8 +599,8 @@ def quantize_vision(graphs_dir: Path, stage: Path, recipe: dict[str, Any],
         shutil.move(str(work), str(Path(stage) / VISION_FILE))
         info["precision"] = "float (FP16 on the HTP)"
     else:
-        rec = {k: recipe[k] for k in ("scheme", "weight_granularity", "calibration_method")
-               if k in recipe}
+        rec: dict[str, Any] = {k: recipe[k] for k in ("scheme", "weight_granularity",
+                                                       "calibration_method") if k in recipe}
         rec.update(samples=len(feeds), overrides={}, weight_rounding="nearest")
         if recipe.get("weight_granularity") == "per_block":
             rec["weight_granularity"] = "per_channel"  # the encoder's blocks do not divide

@@ -165,27 +165,6 @@ def load_encoder(project: Project, dev: Device, spec: dict[str, Any], registry=N
     return backend(dev, registry).open_encoder(export_dir, compiled, spec, fp16)
 
 
-def image_prompt_ids(spec: dict[str, Any], prompt_ids: list[int], image: Path | None,
-                     encoder, gen) -> tuple[list[int], dict[str, Any] | None]:
-    """An image prompt: the image through ``encoder`` (its rows set on ``gen`` for the next
-    prefill), its placeholder tokens before the prompt's; with no image the prompt's ids.
-    Returns (ids, the image's figures or None)."""
-    from studio.engine import vision
-
-    vs = vision.vision_spec(spec)
-    if image is None:
-        return prompt_ids, None
-    if vs is None:
-        raise StudioError("this model takes no image: it is a text model (give --image to a "
-                          "Qwen2-VL or Qwen2.5-VL project)")
-    picture = vision.load_image(Path(image), vs.image_size)
-    rows, enc_s = vision.timed_encode(encoder, picture, vs)
-    gen.set_image(rows)
-    return vision.image_prompt(vs, [], prompt_ids), {
-        "path": str(image), "image_size": vs.image_size, "image_tokens": vs.tokens,
-        "encoder_ms": enc_s * 1e3}
-
-
 def load_draft(project: Project, draft_ref: str | None = None):
     """The draft model's CPU generator: the ``draft`` stage's export of ``draft_ref`` (default
     the project's ``model.draft``), run first when the store does not hold it yet."""
@@ -255,6 +234,8 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
         encoder = load_encoder(project, dev, spec, registry)
     load_s = time.perf_counter() - t_load
     n = max_new_tokens if max_new_tokens is not None else int(project.run["max_new_tokens"])
+    from studio.engine.vision import image_prompt_ids
+
     ids, image_figures = image_prompt_ids(spec, tok(prompt).input_ids, image, encoder, gen)
     C = int(spec["context_length"])
     if len(ids) >= C:

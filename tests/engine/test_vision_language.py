@@ -130,6 +130,9 @@ def test_bad_images_and_prompts_get_one_line(vl, tmp_path):
         gen.set_image(np.zeros((3, 64), np.float32))
     with pytest.raises(StudioError, match="image tokens in a row"):
         vision.mrope_positions([10, vs.image_token_id, 11], vs)
+    text_spec = {k: v for k, v in spec.items() if k != "vision"}
+    with pytest.raises(StudioError, match="this model takes no image: it is a text model"):
+        vision.image_prompt_ids(text_spec, [10], tmp_path / "x.png", None, gen)
 
 
 def test_checkpoint_checks_name_the_vision_parts(tmp_path, corpus):

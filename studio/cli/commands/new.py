@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="NAME=D,D,...", help="ONNX graphs: a fixed shape for a dynamic input")
     p.add_argument("--placement", dest="new_placement", choices=("strict", "partition", "rewrite"),
                    help="encoders and ONNX graphs: the way past ops the HTP refuses")
+    p.add_argument("--image-size", dest="new_image_size", type=setting_arg("export.image_size"),
+                   help="vision-language checkpoints: the image side the vision encoder takes "
+                        "(default 448; a multiple of patch x merge)")
     p.add_argument("--seq-len", dest="new_seq_len", type=setting_arg("graph.seq_len"),
                    help="encoders: the exported sequence length (default 128)")
 
@@ -67,6 +70,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             graph[key] = str(path)
     if args.new_seq_len is not None:
         graph["seq_len"] = args.new_seq_len
+    if args.new_image_size is not None:
+        if not args.checkpoint:
+            raise StudioError("--image-size is for vision-language checkpoints (--checkpoint)")
+        sections["export"] = {"image_size": args.new_image_size}
     if graph:
         if projectfile.infer_kind(source) == "causal-lm":
             raise StudioError("--calibration, --validation, --shape and --seq-len are for "

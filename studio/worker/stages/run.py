@@ -30,7 +30,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 
     ids, image = tok(prompt).input_ids, None
     if ctx.get("run.image") and spec.get("vision"):  # the picture through the encoder first
-        from studio.services.generate import image_prompt_ids
+        from studio.engine.vision import image_prompt_ids
 
         progress.update(0.0, f"running the vision encoder on {dev.name}")
         encoder = be.open_encoder(export_dir, compiled, spec, ctx.fp16)
