@@ -468,11 +468,11 @@ class Gates(Section):
 class Run(Section):
     name: ClassVar[str] = "run"
     prompt: str = setting("def __init__(self", "the text generation starts from")
-    image: str = setting("", "a vision-language model: the image the prompt is about (\"\": "
-                         "the prompt alone)")
     max_new_tokens: int = setting(16, "tokens generated per run", min=1)
     devices: list[str] = setting(list(PROJECT_KINDS), "the devices run and profile fan out "
                                  "over: cpu, htp-sim, agent:NAME[@BACKEND], adb:SERIAL[@CHIP]")
+    image: str = setting("", "a vision-language model: the image the prompt is about (\"\": "
+                         "the prompt alone)")
 
     def rules(self) -> None:
         if not self.prompt.strip():

@@ -495,6 +495,15 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
                          "same_as_prefill_path": via_prefill,
                          "accuracy_on_these_binaries": accuracy},
     }
+    if spec.get("vision"):  # a vision-language model: its encoder's binary beside
+        from studio.engine.vision import bundle_encoder
+
+        progress.update(0.95, "compiling the vision encoder's context binary into the bundle")
+        manifest["vision"] = bundle_encoder(export_dir, qdir, out, chip, False,
+                                            settings.htp_options)
+        for name in (manifest["vision"]["file"], "vision.json"):
+            f = out / name
+            files[name] = {"bytes": f.stat().st_size, "sha256": sha(f)}
     progress.update(0.96, "writing the DLC files of the quantized graphs")
     dlc = {}
     for folder in exported if len(exported) > 1 else [""]:
@@ -505,8 +514,12 @@ def build_bundle(export_dir: Path, qdir: Path, chip, spec: dict[str, Any], out_r
     manifest["dlc"] = {**{g: {k: d[k] for k in ("file", "bytes")} for g, d in dlc.items()},
                        "note": "for Qualcomm's on-device tools; not runnable on this host"}
     atomic_write_json(out / "manifest.json", manifest)
-    (out / "README.md").write_text(readme(spec, chip, sdk, N, cl, parts, ctx_names,
-                                          kv_cache["dtype"]))
+    text = readme(spec, chip, sdk, N, cl, parts, ctx_names, kv_cache["dtype"])
+    if manifest.get("vision"):
+        from studio.engine.vision import bundle_readme
+
+        text += bundle_readme(manifest["vision"])
+    (out / "README.md").write_text(text)
     timed = "Genie's wall time"
     figures = [  # (name, value, unit, detail, whether it is a timing of the device)
         ("genie_identical_prompts", identical / len(checks), "fraction",

@@ -621,3 +621,75 @@ def quantize_vision(graphs_dir: Path, stage: Path, recipe: dict[str, Any],
                      "encoder_cosine_mean": float(np.mean(cos)) if cos else None,
                      "images": len(cos)}
     return info
+
+
+# ---------------------------------------------------------------------------- bundle
+
+
+def bundle_encoder(export_dir: Path, qdir: Path, out: Path, chip, fp16: bool,
+                   extra: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Genie bundle's vision encoder: ``vision_ctx.onnx`` (the quantized encoder's context
+    binary for ``chip``) and ``vision.json`` (what an app feeds it and how it splices its
+    rows into the prompt) in ``out``, checked on the HTP simulator against the FP32 encoder
+    on a held-out image. Genie's dialog takes text (its positions are one row): the app runs
+    the encoder and the language model's graphs itself for an image prompt."""
+    from studio.core.fsutil import atomic_write_json
+    from studio.engine import qnn
+    from studio.engine.llm_export import load_spec
+
+    spec = load_spec(qdir)
+    vs = vision_spec(spec)
+    assert vs is not None
+    ctx = Path(out) / "vision_ctx.onnx"
+    info = qnn.compile_context(Path(qdir) / VISION_FILE, ctx, chip, fp16=fp16, embed=True,
+                               extra_options=extra)
+    px = pixel_values(calibration_images(1, vs.image_size, seed=1001)[0], vs)
+    got = encode(qnn.make_session(ctx, chip, strict=True, fp16=fp16), px)
+    ref = encode(encoder_session(export_dir), px)
+    facts = {
+        "file": ctx.name,
+        "input": {"name": "pixel_values", "shape": [vs.patches, vs.patch_dim],
+                  "dtype": "float32",
+                  "how": (f"the RGB image resized to {vs.image_size} x {vs.image_size} "
+                          "(bicubic), scaled to 0..1, normalized per channel with image_mean "
+                          f"and image_std, the frame repeated {vs.temporal_patch} times, cut "
+                          f"into {vs.patch} x {vs.patch} patches in the order of transformers' "
+                          "Qwen2VLImageProcessor (merge groups of "
+                          f"{vs.merge} x {vs.merge} patches row by row)")},
+        "output": {"name": "image_embeds", "shape": [vs.tokens, vs.embed_dim],
+                   "dtype": "float32",
+                   "how": ("one row per image token: the language model's embedding of the "
+                           "prompt's <|image_pad|> tokens is replaced by these rows, in order")},
+        "prompt": {"image_tokens": vs.tokens, "image_token_id": vs.image_token_id,
+                   "vision_start_token_id": vs.vision_start_token_id,
+                   "vision_end_token_id": vs.vision_end_token_id,
+                   "positions": ("three rows (temporal, height, width): text counts up on all "
+                                 "three; the image's tokens sit on their grid of "
+                                 f"{vs.llm_grid} x {vs.llm_grid} from the position the image "
+                                 "starts at; text after the image resumes at that position + "
+                                 f"{vs.llm_grid}; every later token's position is its cache "
+                                 f"slot + the offset (here {vs.llm_grid - vs.tokens} per image)"),
+                   "mrope_section": list(vs.mrope_section)},
+        "image_mean": list(vs.mean), "image_std": list(vs.std),
+        "check": {"runtime": "the QNN HTP simulator", "against": "the FP32 encoder (CPU)",
+                  "cosine": cosine(got, ref), "image": "generated, held out"},
+        "qnn_sdk": info.get("sdk_version", ""),
+    }
+    atomic_write_json(Path(out) / "vision.json", facts)
+    return facts
+
+
+def bundle_readme(facts: dict[str, Any]) -> str:
+    """The bundle README's section on the vision encoder."""
+    p = facts["prompt"]
+    return (
+        "\n## The image: the vision encoder beside the text bundle\n\n"
+        f"`{facts['file']}` is the vision encoder's context binary ({facts['input']['shape']} "
+        f"-> {facts['output']['shape']}); `vision.json` says how to feed it. Genie's dialog "
+        "here takes text (one row of positions): text prompts run as above; for an image "
+        "prompt the app runs the encoder, builds the ids `<|vision_start|>` + "
+        f"{p['image_tokens']} x `<|image_pad|>` + `<|vision_end|>` + the text, puts the "
+        "encoder's rows at the image tokens and feeds the multimodal positions (three rows) "
+        "to the prefill graph, then decodes with every position shifted by the image's "
+        "offset (`vision.json` → `prompt.positions`). On the simulator the binary's rows "
+        f"against FP32: cosine {facts['check']['cosine']:.4f}.\n")

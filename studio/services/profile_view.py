@@ -115,13 +115,29 @@ def from_result(job: Job) -> ProfileData:
     return from_profile(prof, table, job, f"job #{job.id} · {job.target}")
 
 
-def load_folder(folder: Path, job: Job | None = None) -> ProfileData:
+#: the graphs a profile stage's folder holds a profile of: the decode step, and a
+#: vision-language model's vision encoder (one image)
+PROFILED_GRAPHS = {"decode": "", "vision": "encoder_"}
+
+
+def load_folder(folder: Path, job: Job | None = None, graph: str = "decode") -> ProfileData:
+    if graph not in PROFILED_GRAPHS:
+        raise StudioError(f"a profile holds the graphs {', '.join(PROFILED_GRAPHS)}, not "
+                          f"{graph!r}")
+    stem = PROFILED_GRAPHS[graph]
+    path = folder / f"{stem}profile.json"
+    if graph != "decode" and not path.is_file():
+        raise StudioError(f"this profile has no {graph} graph: only a vision-language model's "
+                          "profile holds its vision encoder's")
     try:
-        prof = Profile.from_dict(json.loads((folder / "profile.json").read_text()))
+        prof = Profile.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError) as e:
-        raise StudioError(f"{folder / 'profile.json'} is damaged ({e}); profile again") from None
-    table = EventTable.load(folder / "events.npz") if (folder / "events.npz").exists() else None
+        raise StudioError(f"{path} is damaged ({e}); profile again") from None
+    events = folder / f"{stem}events.npz"
+    table = EventTable.load(events) if events.exists() else None
     title = f"job #{job.id} · {job.target}" if job is not None else folder.name
+    if graph != "decode":
+        title += f" · {graph} encoder"
     return from_profile(prof, table, job, title)
 
 

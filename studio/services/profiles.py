@@ -48,15 +48,20 @@ def run_profile_job(project, run: int | None = None, target: str | None = None) 
     return max(jobs, key=lambda j: j.id)
 
 
-def load_run_profile(project, run: int | None = None, target: str | None = None
-                     ) -> pv.ProfileData:
+def load_run_profile(project, run: int | None = None, target: str | None = None,
+                     graph: str = "decode") -> pv.ProfileData:
+    """A run's profile of ``graph``: the decode step, or a vision-language model's vision
+    encoder (``vision``)."""
     from studio.core.artifacts import ArtifactStore
 
     job = run_profile_job(project, run, target)
     art = ArtifactStore(project.folder / "artifacts").get(job.artifact_key or "")
     if art is None:
+        if graph != "decode":
+            raise StudioError(f"the profile's files are gone from the store: profile again "
+                              f"to see its {graph} graph")
         return pv.from_result(job)
-    return pv.load_folder(art.path, job)
+    return pv.load_folder(art.path, job, graph)
 
 
 def export(data: pv.ProfileData, fmt: str, out: str | Path) -> Path:

@@ -101,52 +101,6 @@ def source_ref(kind: str, source: str) -> str:
     open_onnx(path)
     return str(path)
 
-#: a new vision-language project's prompt room past its image: text tokens in the prefill
-VL_TEXT_TOKENS = 32
-#: ... and the cache past the prefill: the answer's tokens
-VL_ANSWER_TOKENS = 256
-
-
-def vision_defaults(source: str, path: Path, sections: dict[str, Any]) -> dict[str, Any]:
-    """A new project of a vision-language checkpoint: ``export.image_size`` (given, or 448),
-    a prefill that holds the image's tokens and some text, a cache with room for an answer
-    after it, an image for the run stage (generated beside the project file) and a prompt
-    about it. Other sources: ``sections`` unchanged."""
-    import json
-
-    from studio.core.families import family_of
-
-    folder = Path(source)
-    if source.startswith("sample:") or not (folder / "config.json").is_file():
-        return sections
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return sections  # the checkpoint checks have said what is wrong
-    family = family_of(config.get("model_type"))
-    if family is None or not family.vision:
-        return sections
-    from studio.engine import vision
-
-    export = dict(sections.get("export", {}))
-    size = int(export.get("image_size", 448))
-    vs = vision.make_vision_spec(config, vision.read_preprocessor(folder), size,
-                                 str(config.get("model_type")), str(folder))
-    P = max(int(export.get("prompt_length", 0)), vs.tokens + 2 + VL_TEXT_TOKENS)
-    C = max(int(export.get("context_length", 0)), P + VL_ANSWER_TOKENS)
-    export.update(image_size=size, prompt_length=P, context_length=C)
-    run = dict(sections.get("run", {}))
-    if not run.get("image"):
-        from studio.core.fsutil import atomic_write_bytes
-
-        picture = Path(path).with_name(Path(path).stem + "-image.png")
-        if not picture.exists():
-            atomic_write_bytes(picture, vision.png_bytes(
-                vision.calibration_images(1, size, seed=42)[0]))
-        run.update(image=picture.name, prompt=run.get("prompt") or "Describe this image.")
-    return {**sections, "export": export, "run": run}
-
-
 def _kind_stages(kind: str, asked: list[str]) -> list[str]:
     """The stages asked for that a ``kind`` project has; a choice made for another kind
     (nothing of this kind's own but the report) gives the kind's defaults."""

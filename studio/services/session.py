@@ -63,7 +63,7 @@ class Studio:
             if rules:  # the sample's own rules, written into the file where one sees them
                 sections = {**sections, "quantization": {
                     **sections.get("quantization", {}), "overrides": rules}}
-        from studio.services.projects import vision_defaults
+        from studio.services.vision import vision_defaults
 
         sections = vision_defaults(source, path, sections)  # a VL model: image and lengths
         p = projectfile.new_project(name or path.stem, source, targets, **sections)

@@ -26,6 +26,12 @@ def vl_project(tmp_path_factory) -> tuple[Path, str]:
     f = root / "vl.qstudio"
     r = studio("new", f, "--checkpoint", ck, "--image-size", IMAGE)
     assert r.returncode == 0, r.stderr
+    p = pf.load(f)  # the test's budget: fewer calibration windows and held-out tokens
+    p.quantization["calibration_samples"] = 3
+    p.validation["heldout_tokens"] = 96
+    p.validation["greedy_tokens"] = 4
+    p.run["max_new_tokens"] = 4
+    pf.save(p, f)
     r = studio("--batch", f, "--stages", "export,quantize,compile,validate,run")
     assert r.returncode in (0, 1), r.stderr[-3000:]  # 1: a gate of the random model failed
     return f, r.stderr

@@ -23,6 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ps.add_argument("--target", dest="profile_target", help="the chip / device id")
     ps.add_argument("--by", default="block", choices=["block", "op_type", "layer",
                                                       "layer-block"])
+    ps.add_argument("--graph", dest="profile_graph", default="decode",
+                    choices=["decode", "vision"], help="the decode step (default) or a "
+                    "vision-language model's vision encoder")
     ps.add_argument("--json", dest="profile_json", action="store_true")
     pe = prs.add_parser("export", help="write a run's profile as chrome-trace JSON or CSV")
     pe.add_argument("file")
@@ -51,7 +54,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         from studio.core import project as projectfile
 
         p = projectfile.load(Path(args.file))
-        data = profiles.load_run_profile(p, args.run, args.profile_target)
+        data = profiles.load_run_profile(p, args.run, args.profile_target,
+                                         getattr(args, "profile_graph", "decode"))
     if args.profile_command == "export":
         out = profiles.export(data, args.profile_format, args.out)
         print(f"wrote {out} ({args.profile_format}, {len(data.table)} events, "

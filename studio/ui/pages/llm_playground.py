@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtGui import QPixmap
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
+    QFileDialog,
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
+    QLabel,
     QPlainTextEdit,
     QPushButton,
     QSpinBox,
@@ -34,6 +38,56 @@ def _runs_genie(device_id: object) -> bool:
         return device(str(device_id or "")).runs_genie
     except StudioError:
         return False
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+class ImageDrop(QLabel):
+    """A vision-language model's picture: dropped here (or chosen), shown as a thumbnail."""
+
+    changed = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.path: Path | None = None
+        self.setAcceptDrops(True)
+        self.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.setFixedSize(120, 120)
+        self.setStyleSheet("QLabel { border: 1px dashed #9e9e9e; border-radius: 4px; }")
+        self.set_path(None)
+
+    def set_path(self, path: Path | None) -> None:
+        self.path = path
+        pix = QPixmap(str(path)) if path is not None else QPixmap()
+        if path is not None and not pix.isNull():
+            self.setPixmap(pix.scaled(116, 116, Qt.AspectRatioMode.KeepAspectRatio,
+                                      Qt.TransformationMode.SmoothTransformation))
+            self.setToolTip(str(path))
+        else:
+            self.setPixmap(QPixmap())
+            self.setText("Drop an image\nhere" if path is None else path.name)
+            self.setToolTip("the picture the prompt is about (PNG or JPEG)")
+        self.changed.emit()
+
+    @staticmethod
+    def _local_image(event) -> Path | None:
+        urls = event.mimeData().urls() if event.mimeData().hasUrls() else []
+        for url in urls:
+            p = Path(url.toLocalFile())
+            if url.isLocalFile() and p.suffix.lower() in IMAGE_SUFFIXES:
+                return p
+        return None
+
+    def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        if self._local_image(event) is not None:
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        path = self._local_image(event)
+        if path is not None:
+            self.set_path(path)
+            event.acceptProposedAction()
+
 
 class _Bridge(QObject):
     """Signals from the generation thread (queued to the UI thread)."""
@@ -77,9 +131,27 @@ class PlaygroundPanel(QWidget):
         left = QVBoxLayout()
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("A prompt, e.g. def fibonacci(n):")
-        self.prompt.setMaximumHeight(110)
+        self.prompt.setMaximumHeight(150)
         left.addWidget(label("Prompt", "muted"))
-        left.addWidget(self.prompt)
+        row = QHBoxLayout()
+        row.addWidget(self.prompt, 1)
+        # a vision-language model's picture (shown for those models only)
+        self.image_box = QWidget()
+        col = QVBoxLayout(self.image_box)
+        col.setContentsMargins(0, 0, 0, 0)
+        self.image = ImageDrop()
+        col.addWidget(self.image)
+        picks = QHBoxLayout()
+        self.image_pick = QPushButton("Choose…")
+        self.image_pick.clicked.connect(self._choose_image)
+        self.image_clear = QPushButton("Clear")
+        self.image_clear.clicked.connect(lambda: self.image.set_path(None))
+        picks.addWidget(self.image_pick)
+        picks.addWidget(self.image_clear)
+        col.addLayout(picks)
+        self.image_box.setVisible(False)
+        row.addWidget(self.image_box)
+        left.addLayout(row)
         buttons = QHBoxLayout()
         self.go = QPushButton("Generate")
         self.go.setDefault(True)
@@ -171,9 +243,26 @@ class PlaygroundPanel(QWidget):
             if i >= 0:
                 self.device.setCurrentIndex(i)
 
+    def _choose_image(self) -> None:
+        name, _ = QFileDialog.getOpenFileName(
+            self, "An image for the prompt", str(self.ctl.project.folder)
+            if self.ctl.project is not None else "",
+            "Images (" + " ".join(f"*{s}" for s in IMAGE_SUFFIXES) + ")")
+        if name:
+            self.image.set_path(Path(name))
+
     # ---- project ----------------------------------------------------------------------------
     def on_open(self) -> None:
+        from studio.services.vision import vision_project
+
         p = self.ctl.project
+        vl = vision_project(p)
+        self.image_box.setVisible(vl)
+        if vl and self.image.path is None and p.run.get("image"):
+            try:
+                self.image.set_path(p.input_path(p.run["image"]))
+            except StudioError:
+                pass  # the project's picture is gone: the box says to drop one
         current = self.device.currentData()
         self.device.clear()
         self.device.addItem("host CPU (FP32, measured)", "cpu")
@@ -217,6 +306,7 @@ class PlaygroundPanel(QWidget):
 
         prompt = self.prompt.toPlainText()
         s = self.settings()
+        image = self.image.path if self.image_box.isVisible() else None
         project = self.ctl.project.copy()
         sampling = SamplingConfig(s["temperature"], 0, 1.0, s["seed"])
         self._cancel = cancel = EventProgress()
@@ -238,6 +328,9 @@ class PlaygroundPanel(QWidget):
                     from studio.services.bundle import genie_generate
 
                     dev = s["device_name"]
+                    if image is not None:
+                        raise StudioError("Genie runs the bundle's text dialog: run an image "
+                                          "prompt with the studio runtime")
                     if not _runs_genie(dev):
                         raise StudioError("Genie runs the bundle on the HTP simulator here: "
                                           "choose an HTP simulator device")
@@ -248,7 +341,7 @@ class PlaygroundPanel(QWidget):
                 out = generate(project, prompt, s["device_name"], s["max_new_tokens"], sampling,
                                on_text=bridge.text.emit, speculative=s["speculative"],
                                k=s["k"], kv=s["kv"], window=s["window"], progress=cancel,
-                               on_pass=bridge.passed.emit)
+                               on_pass=bridge.passed.emit, image=image)
                 bridge.finished.emit(out)
             except Cancelled:
                 bridge.failed.emit("stopped")
@@ -319,6 +412,10 @@ class PlaygroundPanel(QWidget):
                  f"decode {tps:.1f} tok/s" if tps else "no decode steps",
                  f"{out['source']} on {out['device_name']}",
                  f"prompt {out['prompt_tokens']} tokens in {out['prompt_chunks']} pass(es)"]
+        img = out.get("image")
+        if img:  # the first token came after the encoder and the prefill
+            parts[1] += (f" (vision encoder {img['encoder_ms']:.1f} ms + prefill "
+                         f"{img['prefill_ms']:.1f} ms, {img['image_tokens']} image tokens)")
         if kvc:
             parts.append(f"KV {kvc['dtype']} {kvc['bytes_measured'] / 1024:.0f} KiB"
                          + (f", window {kvc['window']}" if kvc["window"] else ""))

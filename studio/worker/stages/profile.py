@@ -76,17 +76,62 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
             f"median of {stats['runs']} runs, ±{stats.get('spread', 0):.0%} (median deviation)"
             if prof.source == "simulated" else "")
     warn = "" if stats.get("reliable") else " · UNRELIABLE: " + "; ".join(stats["warnings"])
+    encoder = _profile_encoder(ctx, spec, cdir, qdir, repeats, progress) \
+        if spec.get("vision") else None
+    enc_metrics = [] if not encoder else [metric(
+        "encoder_inference_total", encoder["stats"]["median"], encoder["unit"],
+        encoder["source"], dev.kind, chip.key,
+        f"the vision encoder on one {spec['vision']['image_size']} px image; " + note)]
     return {
         "summary": (f"{len(prof.ops)} HTP ops in one decode step, median of {stats['runs']} "
-                    f"runs ({prof.source}, {chip.name}){warn}"),
+                    f"runs ({prof.source}, {chip.name}){warn}"
+                    + (f"; vision encoder: {encoder['ops']} HTP ops, "
+                       f"{encoder['stats']['median']:.3g} {encoder['unit']} per image"
+                       if encoder else "")),
+        "encoder": encoder,
         "by_op_type": dict(top), "by_layer": by_layer, "by_block": by_block,
         "counts_by_block": table.group_count("block"), "unit": prof.unit,
         "bytes_source": bytes_source, "host_timeline": host,
         "source": prof.source, "ops": len(prof.ops), "stats": stats,
         "compiler": compiler,
         "metrics": [metric("decode_step_total", stats["median"], prof.unit, prof.source,
-                            dev.kind, chip.key, note), *_compiler_metrics(compiler, chip.key)],
+                            dev.kind, chip.key, note), *_compiler_metrics(compiler, chip.key),
+                    *enc_metrics],
     }
+
+
+def _profile_encoder(ctx: StageContext, spec: dict[str, Any], cdir: Path, qdir: Path,
+                     repeats: int, progress: Progress) -> dict[str, Any] | None:
+    """A vision-language model's vision encoder profiled on the job's device, one generated
+    image per inference, ``repeats`` times: its op table (median per op) beside the decode
+    step's. None, with a log line, where the device profiles no single graph."""
+    from studio.engine import qnn_profile, vision
+    from studio.engine.opblocks import node_blocks
+
+    vs = vision.vision_spec(spec)
+    assert vs is not None
+    feed = {"pixel_values": vision.pixel_values(
+        vision.calibration_images(1, vs.image_size, seed=7)[0], vs)}
+    try:
+        runs, loads = [], []
+        for info, load in ctx.backend.profile_inferences(
+                cdir / "vision_ctx.onnx", feed, ctx.out / "encoder-repeats", repeats, True,
+                SubProgress(progress, 0.95, 0.99)):
+            runs.append(qnn_profile.parse_profile_run(info, onnx_path=qdir / "vision.onnx",
+                                                      chip=ctx.chip))
+            loads.append(load)
+    except StudioError as exc:
+        progress.log(f"the vision encoder is not profiled on {ctx.device.name}: {exc.message}")
+        return None
+    prof = qnn_profile.merge_repeats(runs, loads)
+    prof.device = ctx.device.id
+    qnn_profile.event_table(prof, node_blocks(qdir / "vision.onnx")).save(
+        ctx.out / "encoder_events.npz")
+    atomic_write_json(ctx.out / "encoder_profile.json", prof.to_dict())
+    top = sorted(prof.totals_by_op_type().items(), key=lambda kv: -kv[1])[:10]
+    return {"ops": len(prof.ops), "unit": prof.unit, "source": prof.source,
+            "stats": prof.stats, "by_op_type": dict(top),
+            "image_size": vs.image_size, "image_tokens": vs.tokens}
 
 
 #: the compiler's figures of one decode step, as metrics: (key, name, unit, what)

@@ -204,7 +204,9 @@ def _validate_images(ctx: StageContext, spec: dict, export_dir, cdir, runners: d
         px = vision.pixel_values(img, vs)
         rows_ref, rows_dev = vision.encode(fp32_enc, px), vision.encode(dev_enc, px)
         cos.append(vision.cosine(rows_dev, rows_ref))
-        text = ids[i * room // 2:][:room]
+        # each image before its own stretch of the held-out text (overlapping when short)
+        start = min(i * len(ids) // (2 * len(images)), max(0, len(ids) - 16))
+        text = ids[start:start + room]
         prompt = vision.image_prompt(vs, [], text)
         first = vs.tokens + 1  # the row of <|vision_end|>: it predicts the first text token
         got = []
