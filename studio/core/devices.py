@@ -160,7 +160,9 @@ class DeviceBackend(Protocol):
     def open_encoder(self, export: Path, compiled: Path | None, spec: dict[str, Any],
                      fp16: bool) -> Any:
         """A vision-language model's vision encoder on the device (a session: ``run(names,
-        {"pixel_values": ...})``); a one-line StudioError where the device runs none."""
+        {"pixel_values": ...})``); None where the device runs it within its generation job
+        (an agent: the generator's ``set_pixels`` sends the image with the prompt); a
+        one-line StudioError where the device runs none."""
         ...
 
     def part_scorer(self, compiled: Path, spec: dict[str, Any], fp16: bool) -> Any:

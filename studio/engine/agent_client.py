@@ -178,13 +178,17 @@ class AgentClient:
                  sampling: dict[str, Any] | None = None, eos_ids: list[int] | None = None,
                  sdk_build: str | None = None, on_token: Callable[[int, int], None] | None = None,
                  should_stop: Callable[[], bool] | None = None,
-                 run_options: dict[str, str] | None = None) -> dict[str, Any]:
+                 run_options: dict[str, str] | None = None,
+                 image: str | None = None) -> dict[str, Any]:
         """Run a generation job and stream its tokens; ``should_stop()`` cancels it.
-        ``run_options``: the HTP's run-time options the agent opens its sessions with."""
+        ``run_options``: the HTP's run-time options the agent opens its sessions with.
+        ``image``: an uploaded .npz of a vision-language model's ``pixel_values`` (its
+        SHA-256): the agent runs its encoder and splices the rows into the prompt."""
         job = self._json("POST", "/jobs", {
             "kind": "generate", "model": model, "backend": backend,
             "prompt_ids": [int(t) for t in prompt_ids], "max_new_tokens": int(max_new_tokens),
             "sampling": sampling or {}, "eos_ids": eos_ids or [], "sdk_build": sdk_build,
             "run_options": dict(run_options or {}),
+            **({"image": image} if image is not None else {}),
         })["job"]
         return self._stream(job, on_token=on_token, should_stop=should_stop)

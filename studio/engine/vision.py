@@ -453,11 +453,15 @@ def encode(session, pixels: np.ndarray) -> np.ndarray:
 def timed_encode(session, image: np.ndarray, vs: VisionSpec) -> tuple[np.ndarray, float]:
     """The encoder's rows for one image ([3, S, S]) and the seconds the encoder took (the
     host's patching before it not counted)."""
+    return timed_encode_pixels(session, pixel_values(image, vs))
+
+
+def timed_encode_pixels(session, pixels: np.ndarray) -> tuple[np.ndarray, float]:
+    """The encoder's rows for one image's patches and the seconds it took."""
     import time
 
-    px = pixel_values(image, vs)
     t0 = time.perf_counter()
-    rows = encode(session, px)
+    rows = encode(session, pixels)
     return rows, time.perf_counter() - t0
 
 
@@ -466,7 +470,8 @@ def image_prompt_ids(spec: dict[str, Any], prompt_ids: list[int], image: Path | 
     """An image prompt: the picture at ``image`` through ``encoder`` (its rows set on ``gen``
     for the next prefill), its placeholder tokens before the prompt's; with no image the
     prompt's ids. Returns (ids, the image's figures — its size, tokens, ``encoder_ms`` — or
-    None)."""
+    None). ``encoder`` None: the device runs its encoder with the generation (an agent: the
+    pixels go with the prompt, ``gen.set_pixels``; ``encoder_ms`` comes with its result)."""
     vs = vision_spec(spec)
     if image is None:
         return prompt_ids, None
@@ -474,11 +479,15 @@ def image_prompt_ids(spec: dict[str, Any], prompt_ids: list[int], image: Path | 
         raise StudioError("this model takes no image: it is a text model (give an image to a "
                           "Qwen2-VL or Qwen2.5-VL project)")
     picture = load_image(Path(image), vs.image_size)
-    rows, enc_s = timed_encode(encoder, picture, vs)
-    gen.set_image(rows)
-    return image_prompt(vs, [], prompt_ids), {
-        "path": str(image), "image_size": vs.image_size, "image_tokens": vs.tokens,
-        "encoder_ms": enc_s * 1e3}
+    figures: dict[str, Any] = {"path": str(image), "image_size": vs.image_size,
+                               "image_tokens": vs.tokens, "encoder_ms": None}
+    if encoder is None:  # the device runs its encoder within the generation (an agent)
+        gen.set_pixels(pixel_values(picture, vs))
+    else:
+        rows, enc_s = timed_encode(encoder, picture, vs)
+        gen.set_image(rows)
+        figures["encoder_ms"] = enc_s * 1e3
+    return image_prompt(vs, [], prompt_ids), figures
 
 
 def check_image_export(full, graphs_dir: Path, gen, vs: VisionSpec, text_ids: list[int],

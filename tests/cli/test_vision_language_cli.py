@@ -74,6 +74,38 @@ def test_generate_with_an_image_on_the_simulator_splits_the_first_token(vl_proje
     assert "time to first token = vision encoder" in r.stderr
 
 
+def test_an_agent_runs_the_image_prompt_as_the_local_devices_do(vl_project, tmp_path):
+    """The agent receives the image's patches with the prompt, runs its own encoder (its
+    CPU's FP32 export, its HTP simulator's compiled context) and gives the local devices'
+    tokens; the encoder's time comes back with them."""
+    import os
+
+    from tests.cli.test_agent import Agent
+
+    f, _ = vl_project
+    image = f.parent / pf.load(f).run["image"]
+    agent = Agent(tmp_path / "agent")
+    try:
+        env = dict(os.environ, QSTUDIO_CONFIG_DIR=str(tmp_path / "cfg"))
+        r = studio("devices", "add", "lab", "--url", agent.url, "--token-file",
+                   agent.token_file, env=env)
+        assert r.returncode == 0, r.stderr
+        args = ["generate", f, "--prompt", "What is it?", "--image", image,
+                "--max-new-tokens", "6", "--json"]
+        chip = pf.load(f).targets[0]
+        for local_dev, remote_dev in (("cpu", "agent:lab"),
+                                      ("htp-sim", f"agent:lab@htp-sim:{chip}")):
+            local = json.loads(studio(*args, "--device", local_dev).stdout)
+            r = studio(*args, "--device", remote_dev, env=env)
+            assert r.returncode == 0, r.stderr[-2000:]
+            remote = json.loads(r.stdout)
+            assert remote["tokens"] == local["tokens"], remote_dev
+            assert remote["image"]["encoder_ms"] > 0
+            assert remote["source"] == local["source"]
+    finally:
+        agent.stop()
+
+
 def test_bad_images_get_one_line(vl_project, tmp_path):
     f, _ = vl_project
     bad = tmp_path / "bad.png"

@@ -169,7 +169,10 @@ class Backend(_Base):
         if log is not None:
             log(f"uploading to agent {self.device.agent} (files it holds already are skipped)")
         if not self.device.chip:
-            return self.upload(export, ["prefill.onnx", "decode.onnx", "graph.json"]), None
+            names = ["prefill.onnx", "decode.onnx", "graph.json"]
+            if (Path(export) / "vision.onnx").is_file():  # a vision-language model's encoder
+                names.append("vision.onnx")
+            return self.upload(export, names), None
         if compiled is None:
             raise StudioError(f"the {self.device.name} runs a compiled context: run the "
                               "compile stage")
@@ -180,6 +183,12 @@ class Backend(_Base):
                        fp16: bool, log: Callable[[str], None] | None = None) -> Any:
         model, sdk = self._model(export, compiled, log)
         return RemoteGenerator(self, model, sdk, spec)
+
+    def open_encoder(self, export: Path, compiled: Path | None, spec: dict[str, Any],
+                     fp16: bool) -> Any:
+        """None: the agent runs the vision encoder within the generation job (the pixels go
+        with the prompt; the encoder's time comes back with the tokens)."""
+        return None
 
     def profile_decode_steps(self, compiled: Path, spec: dict[str, Any], folder: Path,
                              repeats: int, fp16: bool, progress: Any
@@ -238,10 +247,26 @@ class RemoteGenerator:
         self.sdk = sdk
         self.spec = spec
         self.context_len = int(spec["context_length"])
+        self._image: str | None = None  # the next generation's uploaded pixels
 
     def set_window(self, window: int | None) -> None:
         if window is not None:
             raise StudioError("a remote agent runs plain decoding so far: leave out --window")
+
+    def set_pixels(self, pixels) -> None:
+        """A vision-language model's image for the next generation: its patches, uploaded
+        to the agent (as an .npz blob) and run through the agent's encoder there."""
+        import io
+        import tempfile
+
+        import numpy as np
+
+        buf = io.BytesIO()
+        np.savez(buf, pixel_values=np.asarray(pixels, dtype=np.float32))
+        with tempfile.TemporaryDirectory() as d:
+            f = Path(d) / "pixels.npz"
+            f.write_bytes(buf.getvalue())
+            self._image = self.backend.client.upload(f)
 
     def greedy(self, prompt_ids: list[int], max_new_tokens: int,
                eos_id: int | Iterable[int] | None = None,
@@ -280,10 +305,11 @@ class RemoteGenerator:
             return stopped[0]
 
         try:
+            image, self._image = self._image, None
             out = be.client.generate(self.model, backend, [int(t) for t in prompt_ids],
                                      max_new_tokens, sampling, _eos_list(eos_id), self.sdk,
                                      on_token=on_token, should_stop=should_stop,
-                                     run_options=be.run_options)
+                                     run_options=be.run_options, image=image)
         except StudioError as exc:
             if not (stopped[0] and "cancelled" in exc.message):
                 raise

@@ -440,8 +440,11 @@ class Agent:
 
             gspec = load_graph_spec(folder)
             # the uploaded folder is the export (the CPU) or a compiled context (the HTP)
-            gen = _backend(backend, spec).open_generator(folder, folder, gspec,
-                                                         bool(spec.get("fp16")))
+            be = _backend(backend, spec)
+            gen = be.open_generator(folder, folder, gspec, bool(spec.get("fp16")))
+            encoder_s = None
+            if spec.get("image") is not None:  # a VL model: the pixels through its encoder
+                encoder_s = _encode_image(be, folder, gspec, spec, gen, self._blob)
             s = spec.get("sampling") or {}
             sampler = Sampler(SamplingConfig(float(s.get("temperature", 0.0)),
                                              int(s.get("top_k", 0)), float(s.get("top_p", 1.0)),
@@ -453,6 +456,8 @@ class Agent:
                                progress=EventProgress(job.cancel))
             out["source"] = backend["source"]
             out["backend"] = backend["id"]
+            if encoder_s is not None:
+                out["encoder_s"] = encoder_s
             return out
 
         await self._finish(job, work)
@@ -574,6 +579,36 @@ class Agent:
     async def _shutdown(self, _app: web.Application) -> None:
         for job in self.jobs.values():
             job.cancel.set()
+
+
+def _encode_image(be, folder: Path, gspec: dict[str, Any], spec: dict[str, Any], gen,
+                  blob) -> float:
+    """A generate job's image: the uploaded .npz of ``pixel_values`` (a blob named by its
+    SHA-256) through the backend's vision encoder, its rows set on ``gen`` for the prefill;
+    returns the encoder's seconds on this agent."""
+    import numpy as np
+
+    from studio.engine import vision
+
+    vs = vision.vision_spec(gspec)
+    if vs is None:
+        raise StudioError("generate job: an image was sent but the model takes none")
+    path = blob(spec["image"])
+    if not path.is_file():
+        raise StudioError("generate job: upload the image's pixels first (PUT /artifacts)")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            pixels = np.asarray(z["pixel_values"], dtype=np.float32)
+    except (OSError, ValueError, KeyError) as exc:
+        raise StudioError(f"generate job: the image is not an .npz of pixel_values ({exc})"
+                          ) from None
+    if pixels.shape != (vs.patches, vs.patch_dim):
+        raise StudioError(f"generate job: pixel_values is {list(pixels.shape)}, the encoder "
+                          f"takes [{vs.patches}, {vs.patch_dim}]")
+    encoder = be.open_encoder(folder, folder, gspec, bool(spec.get("fp16")))
+    rows, seconds = vision.timed_encode_pixels(encoder, pixels)
+    gen.set_image(rows)
+    return seconds
 
 
 def new_token() -> str:

@@ -45,6 +45,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     result = run_result(dev, timed, tok, prompt, what, prefix, note, load_s=load_s)
     if image is not None:
         # time to first token = the encoder, then the prefill of the image prompt
+        if image["encoder_ms"] is None:  # the device's encoder ran in its job (an agent)
+            image["encoder_ms"] = float(out.get("encoder_s") or 0.0) * 1e3
         image["prefill_ms"] = timed["prefill_s"] * 1e3
         enc_note = (f"the vision encoder on one {image['image_size']} px image "
                     f"({image['image_tokens']} image tokens); {note or dev.timing_note}")
