@@ -1182,7 +1182,8 @@ def export_llm(
         from studio.engine.vision import VISION_FILE, export_vision
 
         progress.update(0.45, f"exporting {VISION_FILE} ({vs.image_size} x {vs.image_size})")
-        spec["vision"]["graph"] = export_vision(full, vs, out_dir / VISION_FILE, OPSET)
+        spec["vision"]["graph"] = export_vision(full.model.visual, vs, out_dir / VISION_FILE,
+                                                OPSET)
 
     # The whole context, teacher-forced through both graphs, against transformers.
     progress.check()

@@ -97,6 +97,7 @@ def _erf_gelu(model) -> list[str]:
     """Exact GELU exported as ``x * 0.5 * (1 + erf(x / sqrt 2))`` (BERT's, at opset < 20) in
     any of its usual orders → one ``com.microsoft`` ``Gelu`` (the same function; the HTP
     runs it)."""
+    import onnx
     from onnx import helper
 
     g = model.graph
@@ -130,6 +131,12 @@ def _erf_gelu(model) -> list[str]:
         name = erf.name.rsplit("/", 1)[0] + "/Gelu" if "/" in erf.name else f"{erf.name}_gelu"
         g.node.insert(list(g.node).index(chain[-1]) + 1,
                       helper.make_node("Gelu", [x], [out], name=name, domain=MS_DOMAIN))
+        # ONNX's shape inference does not know com.microsoft's Gelu: its output's type is
+        # given here, so that calibration sees a float tensor to range (a Gemm's bias after
+        # it is quantized with that range's scale)
+        if not any(v.name == out for v in g.value_info):
+            g.value_info.append(helper.make_tensor_value_info(out, onnx.TensorProto.FLOAT,
+                                                              None))
         done.append(erf.name)
     if done:
         keep = [n for n in g.node if id(n) not in drop]
@@ -317,6 +324,11 @@ PREPARE: tuple[Rewrite, ...] = (
 )
 
 
+#: a rewritten graph with more weight bytes than this is saved with its weights in
+#: ``<dst>.data`` beside it (one ONNX file holds at most 2 GB)
+EXTERNAL_ABOVE = 1_500_000_000
+
+
 def apply_rewrites(src: Path, dst: Path, names: list[str] | None = None) -> list[dict[str, Any]]:
     """Apply the catalogue's rewrites (or those named, from the catalogue or
     :data:`PREPARE`) to the float graph ``src``, writing ``dst``; returns what each did:
@@ -351,8 +363,19 @@ def apply_rewrites(src: Path, dst: Path, names: list[str] | None = None) -> list
     if len(keep) != len(model.graph.initializer):  # the replaced ops' constants
         del model.graph.initializer[:]
         model.graph.initializer.extend(keep)
-    onnx.checker.check_model(model)
     Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    weight_bytes = sum(len(t.raw_data) for t in model.graph.initializer)
+    if weight_bytes > EXTERNAL_ABOVE:  # past one file's 2 GB: the weights beside the graph
+        import os
+
+        tmp = Path(dst).with_name(Path(dst).stem + ".tmp.onnx")
+        onnx.save_model(model, str(tmp), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=Path(dst).name + ".data",
+                        size_threshold=1024)
+        onnx.checker.check_model(str(tmp))  # by path: past the protobuf limit
+        os.replace(tmp, dst)
+        return applied
+    onnx.checker.check_model(model)
     atomic_write_bytes(Path(dst), model.SerializeToString())
     return applied
 

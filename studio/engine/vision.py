@@ -353,14 +353,13 @@ def _linear_patch_embed(patch_embed):
     return LinearPatchEmbed()
 
 
-def vision_wrapper(model, vs: VisionSpec):
+def vision_wrapper(visual, vs: VisionSpec):
     """``pixel_values [patches, patch_dim] -> image_embeds [tokens, hidden]`` over the
-    checkpoint's own vision tower for the fixed grid (a module; the tower's patch embedding
-    is swapped for its Linear form — the caller puts the original back —, the rest is the
-    checkpoint's code)."""
+    checkpoint's own vision tower ``visual`` (``model.model.visual``) for the fixed grid (a
+    module; the tower's patch embedding is swapped for its Linear form — the caller puts the
+    original back —, the rest is the checkpoint's code)."""
     import torch
 
-    visual = model.model.visual
     grid = torch.tensor([[1, vs.grid, vs.grid]], dtype=torch.long)
 
     class VisionEncoder(torch.nn.Module):
@@ -392,32 +391,57 @@ def reference_image_embeds(model, pixels: np.ndarray, vs: VisionSpec) -> np.ndar
     return emb.float().numpy()
 
 
-def export_vision(model, vs: VisionSpec, path: Path, opset: int) -> dict[str, Any]:
-    """Trace the vision encoder into ``path`` (FP32). Returns its graph I/O description."""
+#: a vision tower with more FP32 weight bytes than this keeps them in ``vision.onnx.data``
+#: beside the graph (one ONNX file holds at most 2 GB: Qwen2.5-VL-3B's tower is 2.7 GB)
+EXTERNAL_ABOVE = 1 << 30
+
+
+def export_vision(visual, vs: VisionSpec, path: Path, opset: int) -> dict[str, Any]:
+    """Trace the vision tower ``visual`` (``model.model.visual``) into ``path`` (FP32); its
+    weights inside the file, or past :data:`EXTERNAL_ABOVE` bytes in ``<path>.data``, written
+    a tensor at a time. Returns its graph I/O description."""
     import torch
 
     from studio.core.fsutil import atomic_write_bytes
+    from studio.engine.llm_export import _initializers_kept, _write_initializers
 
-    visual = model.model.visual
     kept = visual.patch_embed
     example = torch.zeros(vs.patches, vs.patch_dim, dtype=torch.float32)
-    tmp = Path(path).with_suffix(".tmp.onnx")
+    nbytes = sum(p.numel() * p.element_size() for p in visual.parameters())
+    external = nbytes > EXTERNAL_ABOVE
+    path = Path(path)
+    tmp = path.with_name(path.stem + ".tmp.onnx")
     try:
-        wrapper = vision_wrapper(model, vs)
-        with torch.no_grad(), warnings.catch_warnings():
+        wrapper = vision_wrapper(visual, vs)
+        with torch.no_grad(), warnings.catch_warnings(), _initializers_kept() as weights:
             warnings.filterwarnings("ignore", category=DeprecationWarning)
             warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
             torch.onnx.export(wrapper, (example,), str(tmp), input_names=["pixel_values"],
                               output_names=["image_embeds"], opset_version=opset, dynamo=False,
-                              do_constant_folding=True)
+                              do_constant_folding=True, export_params=not external)
+            weights = dict(weights)
     finally:
         visual.patch_embed = kept  # the checkpoint's own module back
     import onnx
 
-    m = onnx.load(str(tmp))
-    tmp.unlink()
-    atomic_write_bytes(Path(path), m.SerializeToString())
-    return {"file": Path(path).name,
+    if external:  # the weights a tensor at a time into <tmp>.data, then both moved
+        _write_initializers(tmp, weights)
+        m = onnx.load(str(tmp), load_external_data=False)
+        data = path.with_name(path.name + ".data")
+        for t in m.graph.initializer:
+            for e in t.external_data:
+                if e.key == "location":
+                    e.value = data.name
+        import os
+
+        os.replace(tmp.with_name(tmp.name + ".data"), data)
+        atomic_write_bytes(path, m.SerializeToString())
+        tmp.unlink()
+    else:
+        m = onnx.load(str(tmp))
+        tmp.unlink()
+        atomic_write_bytes(path, m.SerializeToString())
+    return {"file": path.name, "external_data": external, "weight_bytes": nbytes,
             "inputs": [{"name": "pixel_values", "dtype": "float32",
                         "shape": [vs.patches, vs.patch_dim]}],
             "outputs": [{"name": "image_embeds", "dtype": "float32",
@@ -581,8 +605,8 @@ def image_prompt_feeds(graphs_dir: Path, spec: dict[str, Any], windows: list[lis
 
 
 def quantize_vision(graphs_dir: Path, stage: Path, recipe: dict[str, Any],
-                    images: list[np.ndarray], held: list[np.ndarray], progress=None
-                    ) -> dict[str, Any]:
+                    images: list[np.ndarray], held: list[np.ndarray], progress=None,
+                    vs: VisionSpec | None = None) -> dict[str, Any]:
     """``stage/vision.onnx``: the encoder after the rewrites the HTP needs (the exact GELU of
     the merger as one Gelu op: the HTP refuses Erf), quantized by the recipe's scheme and
     granularity on ``images`` (its own graph: the language model's per-layer overrides do not
@@ -597,7 +621,7 @@ def quantize_vision(graphs_dir: Path, stage: Path, recipe: dict[str, Any],
     from studio.engine.quantize import quantize_graph
 
     src = Path(graphs_dir) / VISION_FILE
-    vs = vision_spec(load_spec(graphs_dir))
+    vs = vs or vision_spec(load_spec(graphs_dir))
     assert vs is not None
     work = Path(stage) / ".vision-float.onnx"
     names = [r.name for r in rewrites.PREPARE] + ["erf-gelu"]
@@ -620,6 +644,7 @@ def quantize_vision(graphs_dir: Path, stage: Path, recipe: dict[str, Any],
         info.update({k: q[k] for k in ("matmul_precisions", "qdq_nodes", "calibration_feeds")
                      if k in q})
         work.unlink(missing_ok=True)
+        work.with_name(work.name + ".data").unlink(missing_ok=True)
     ref = make_cpu_session(src)
     got = make_cpu_session(Path(stage) / VISION_FILE)
     cos = []

@@ -165,3 +165,22 @@ def test_checkpoint_checks_name_the_vision_parts(tmp_path, corpus):
         export_llm(ck, tmp_path / "e1", P, C, image_size=100)
     with pytest.raises(StudioError, match="raise export.prompt_length to at least 66"):
         export_llm(ck, tmp_path / "e2", P, C, image_size=224)
+
+
+def test_a_large_tower_keeps_its_weights_beside_the_graph(vl, tmp_path, monkeypatch):
+    """Past EXTERNAL_ABOVE bytes (Qwen2.5-VL-3B's tower is 2.7 GB, over one ONNX file's 2 GB)
+    the encoder's weights go to vision.onnx.data; the graph computes the same rows."""
+    from studio.engine import vision
+    from studio.engine.llm_export import OPSET, load_causal_lm
+
+    _kind, ck, out, spec = vl
+    vs = vision.vision_spec(spec)
+    monkeypatch.setattr(vision, "EXTERNAL_ABOVE", 1000)
+    got = vision.export_vision(load_causal_lm(ck).model.visual, vs, tmp_path / "vision.onnx",
+                               OPSET)
+    assert got["external_data"] and (tmp_path / "vision.onnx.data").is_file()
+    assert (tmp_path / "vision.onnx").stat().st_size < 100_000
+    px = vision.pixel_values(vision.calibration_images(1, IMAGE, seed=4)[0], vs)
+    a = vision.encode(vision.encoder_session(out), px)
+    b = vision.encode(vision.encoder_session(tmp_path), px)
+    np.testing.assert_allclose(a, b, atol=1e-5)
