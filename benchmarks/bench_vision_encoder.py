@@ -52,7 +52,6 @@ def main() -> int:
     ap.add_argument("--workdir", help="keep the files here (default: a temp folder)")
     args = ap.parse_args()
 
-    import numpy as np
     import torch
     from transformers import Qwen2_5_VLConfig
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
