@@ -40,8 +40,13 @@ def vision_defaults(source: str, path: Path, sections: dict[str, Any]) -> dict[s
     size = int(export.get("image_size", 448))
     vs = vision.make_vision_spec(config, vision.read_preprocessor(folder), size,
                                  str(config.get("model_type")), str(folder))
-    P = max(int(export.get("prompt_length", 0)), vs.tokens + 2 + VL_TEXT_TOKENS)
-    C = max(int(export.get("context_length", 0)), P + VL_ANSWER_TOKENS)
+    # the given lengths where they hold the image; else room for it, some text and an answer
+    P = int(export.get("prompt_length", 0))
+    if P < vs.tokens + 2:
+        P = vs.tokens + 2 + VL_TEXT_TOKENS
+    C = int(export.get("context_length", 0))
+    if C <= P:
+        C = P + VL_ANSWER_TOKENS
     export.update(image_size=size, prompt_length=P, context_length=C)
     run = dict(sections.get("run", {}))
     if not run.get("image"):

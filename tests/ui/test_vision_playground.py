@@ -30,8 +30,7 @@ def _drop(widget, path: Path) -> None:
                                 Qt.KeyboardModifier.NoModifier))
 
 
-def test_the_playground_takes_an_image(make_window, copy_project, exported_template, tmp_path,
-                                       qtbot):
+def test_the_playground_takes_an_image(make_window, tmp_path, qtbot):
     from studio.engine import vision
     from studio.services.session import Studio
     from tests.ui.conftest import wait_task
@@ -66,6 +65,7 @@ def test_the_playground_takes_an_image(make_window, copy_project, exported_templ
     assert pg.image.path is None and "Drop an image" in pg.image.text()
 
     # a text project: no picture box
-    assert win.open_project(copy_project(exported_template, tmp_path / "text"))
+    Studio.create(tmp_path / "text.qstudio", "sample:tiny-coder").close()
+    assert win.open_project(tmp_path / "text.qstudio")
     page = win.show_page("LLM")
     assert not page.playground.image_box.isVisible()
