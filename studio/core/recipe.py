@@ -320,21 +320,30 @@ def check_recipe(quantization: Mapping[str, Any]) -> None:
             "quantization.weight_granularity per_block (LPBQ) is for 4-bit weights: use it "
             f"with scheme {four}, or choose per_channel"
         )
-    for pattern, prec in q["overrides"].items():
-        if not str(pattern).strip():
-            raise StudioError(
-                "quantization.overrides has an empty pattern: name layers (globs allowed)"
-            )
-        if prec not in PRECISIONS:
-            raise StudioError(
-                f"quantization.overrides[{pattern!r}] = {prec!r} is not one of {', '.join(PRECISIONS)}"
-            )
-        if is_weight_only(pattern) and is_float_precision(prec):
-            *ints, last = (x for x in PRECISIONS if not is_float_precision(x))
-            raise StudioError(
-                f"quantization.overrides[{pattern!r}] = {prec!r}: a weight-only pattern takes "
-                f"{', '.join(ints)} or {last}"
-            )
+    vision = q.get("vision_scheme") or ""
+    if vision and is_float_scheme(vision) != is_float_scheme(scheme):
+        raise StudioError(
+            f"quantization.vision_scheme {vision} with scheme {scheme}: the vision encoder runs "
+            "float (FP16) exactly when the language model does; leave vision_scheme empty or "
+            "choose " + ", ".join(x for x in SCHEMES
+                                  if is_float_scheme(x) == is_float_scheme(scheme)))
+    for key in ("overrides", "vision_overrides"):
+        for pattern, prec in (q.get(key) or {}).items():
+            if not str(pattern).strip():
+                raise StudioError(
+                    f"quantization.{key} has an empty pattern: name layers (globs allowed)"
+                )
+            if prec not in PRECISIONS:
+                raise StudioError(
+                    f"quantization.{key}[{pattern!r}] = {prec!r} is not one of "
+                    f"{', '.join(PRECISIONS)}"
+                )
+            if is_weight_only(pattern) and is_float_precision(prec):
+                *ints, last = (x for x in PRECISIONS if not is_float_precision(x))
+                raise StudioError(
+                    f"quantization.{key}[{pattern!r}] = {prec!r}: a weight-only pattern "
+                    f"takes {', '.join(ints)} or {last}"
+                )
 
 
 def covers_node(pattern: str, node_name: str) -> bool:

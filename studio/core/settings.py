@@ -417,6 +417,12 @@ class Quantization(Section):
                                     "calibrated on")
     calibration_samples: int = setting(DEFAULT_CALIBRATION_SAMPLES, "calibration windows (or "
                                        "samples)", min=1, cap=MAX_TOKENS)
+    vision_scheme: str = setting("", "a vision-language model's vision encoder: its own "
+                                 "scheme (\"\": the recipe's scheme)", choices=("", *SCHEMES))
+    vision_overrides: dict[str, str] = setting({}, "a vision-language model's vision encoder: "
+                                               "per-layer precisions on its layers "
+                                               "(visual.blocks.N.attn.qkv, visual.merger.mlp.0, "
+                                               "...), the last matching pattern wins")
     calibration_images: str = setting("", "a vision-language model: a folder of images the "
                                       "vision encoder and the image prompts are calibrated on "
                                       "(\"\": images generated here); text models ignore it")

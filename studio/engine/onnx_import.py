@@ -23,7 +23,8 @@ def open_onnx(path: Path, check: bool = True) -> Any:
     try:
         model = onnx.load(str(path), load_external_data=False)
         if check:
-            onnx.checker.check_model(model)
+            # by path: a model's external data is found beside it, not beside the caller
+            onnx.checker.check_model(str(path))
     except Exception as exc:  # protobuf DecodeError, ValidationError, ...
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StudioError(f"{path.name} is not a valid ONNX model ({first[:160]}): re-export it") from None

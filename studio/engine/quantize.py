@@ -125,6 +125,8 @@ def normalize_recipe(recipe: dict) -> dict:
         "block_size",
         "weight_rounding",
         "rounding_samples",
+        "vision_scheme",
+        "vision_overrides",
     }
     if unknown:
         raise StudioError(
@@ -151,25 +153,12 @@ def normalize_recipe(recipe: dict) -> dict:
         raise StudioError(
             f"decode_per_window must be a whole number from 1 to 64 (got {per_window!r})"
         )
-    overrides = recipe.get("overrides") or {}
-    if not isinstance(overrides, dict):
-        raise StudioError("quantization overrides must be a table of pattern = precision")
-    norm: dict[str, str] = {}
-    given: dict[str, str] = {}
-    for pattern, value in overrides.items():
-        if not isinstance(pattern, str) or not pattern.strip():
-            raise StudioError(
-                "an override pattern is empty; name nodes, layers or weights (globs allowed)"
-            )
-        key = str(value).upper().replace("-", "").replace("_", "")
-        if key not in PRECISIONS:
-            raise StudioError(
-                f"override {pattern!r} = {value!r}: unknown precision; use INT8, INT16, INT4 or FP16"
-            )
-        norm[pattern] = PRECISIONS[key]
-        given[pattern] = (recipe.get("given") or {}).get(pattern) or (
-            key if is_float_precision(key) else PRECISIONS[key]
-        )
+    norm, given = _normal_overrides(recipe.get("overrides"), recipe.get("given") or {})
+    vision_norm, _ = _normal_overrides(recipe.get("vision_overrides"), {})
+    vision_scheme = str(recipe.get("vision_scheme") or "").upper()
+    if vision_scheme and vision_scheme not in SCHEMES:
+        raise StudioError(f"unknown vision scheme {recipe.get('vision_scheme')!r}; use one of "
+                          f"{', '.join(SCHEMES)} (or leave it empty: the recipe's scheme)")
     method = str(recipe.get("calibration_method", DEFAULT_CALIBRATION_METHOD))
     if method not in CALIBRATION_METHODS:
         raise StudioError(
@@ -202,7 +191,34 @@ def normalize_recipe(recipe: dict) -> dict:
         "samples": samples,
         "overrides": norm,
         "decode_per_window": per_window,
+        "vision_scheme": vision_scheme,
+        "vision_overrides": vision_norm,
     }
+
+
+def _normal_overrides(overrides: Any, given_in: dict) -> tuple[dict[str, str], dict[str, str]]:
+    """A recipe's override rules (pattern -> precision) in the quantizer's precision names,
+    and each as the user gave it."""
+    overrides = overrides or {}
+    if not isinstance(overrides, dict):
+        raise StudioError("quantization overrides must be a table of pattern = precision")
+    norm: dict[str, str] = {}
+    given: dict[str, str] = {}
+    for pattern, value in overrides.items():
+        if not isinstance(pattern, str) or not pattern.strip():
+            raise StudioError(
+                "an override pattern is empty; name nodes, layers or weights (globs allowed)"
+            )
+        key = str(value).upper().replace("-", "").replace("_", "")
+        if key not in PRECISIONS:
+            raise StudioError(
+                f"override {pattern!r} = {value!r}: unknown precision; use INT8, INT16, INT4 or FP16"
+            )
+        norm[pattern] = PRECISIONS[key]
+        given[pattern] = given_in.get(pattern) or (
+            key if is_float_precision(key) else PRECISIONS[key]
+        )
+    return norm, given
 
 
 # ---------------------------------------------------------------------------- graph helpers

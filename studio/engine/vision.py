@@ -391,9 +391,55 @@ def reference_image_embeds(model, pixels: np.ndarray, vs: VisionSpec) -> np.ndar
     return emb.float().numpy()
 
 
+def gemms_as_matmuls(model) -> int:
+    """The tower's Linear layers (traced as ``Gemm(x, W, b, transB=1)`` on its 2-D rows) as
+    ``MatMul(x, W^T) + b``, the form of the language model's graphs: the weight stored
+    ``[in, out]`` under its checkpoint name, so per-layer precisions, block-wise weights and
+    the quantizer's MatMul rules apply to the encoder as to the language model. Returns how
+    many were rewritten."""
+    from onnx import helper, numpy_helper
+
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    out_nodes, n = [], 0
+    for node in g.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        w = inits.get(node.input[1]) if node.op_type == "Gemm" and len(node.input) > 1 else None
+        if (w is None or attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0
+                or attrs.get("beta", 1.0) != 1.0 or len(w.dims) != 2):
+            out_nodes.append(node)
+            continue
+        arr = numpy_helper.to_array(w)
+        if attrs.get("transB", 0):
+            arr = np.ascontiguousarray(arr.T)
+        w.CopyFrom(numpy_helper.from_array(arr, w.name))
+        base = node.name[:-len("Gemm")] if node.name.endswith("Gemm") else node.name + "/"
+        has_bias = len(node.input) > 2 and node.input[2]
+        mm_out = f"{base}MatMul_output_0" if has_bias else node.output[0]
+        out_nodes.append(helper.make_node("MatMul", [node.input[0], w.name], [mm_out],
+                                          name=f"{base}MatMul"))
+        if has_bias:
+            out_nodes.append(helper.make_node("Add", [mm_out, node.input[2]], [node.output[0]],
+                                              name=f"{base}Add"))
+        n += 1
+    del g.node[:]
+    g.node.extend(out_nodes)
+    return n
+
+
 #: a vision tower with more FP32 weight bytes than this keeps them in ``vision.onnx.data``
 #: beside the graph (one ONNX file holds at most 2 GB: Qwen2.5-VL-3B's tower is 2.7 GB)
 EXTERNAL_ABOVE = 1 << 30
+
+
+def _save_external(model, path: Path) -> None:
+    """``model`` at ``path`` with every weight in ``<path>.data`` (written anew)."""
+    import onnx
+
+    data = Path(path).with_name(Path(path).name + ".data")
+    data.unlink(missing_ok=True)
+    onnx.save_model(model, str(path), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location=data.name, size_threshold=0)
 
 
 def export_vision(visual, vs: VisionSpec, path: Path, opset: int) -> dict[str, Any]:
@@ -426,6 +472,9 @@ def export_vision(visual, vs: VisionSpec, path: Path, opset: int) -> dict[str, A
 
     if external:  # the weights a tensor at a time into <tmp>.data, then both moved
         _write_initializers(tmp, weights)
+        m = onnx.load(str(tmp))  # with its weights: the Linear layers into their MatMul form
+        gemms_as_matmuls(m)
+        _save_external(m, tmp)
         m = onnx.load(str(tmp), load_external_data=False)
         data = path.with_name(path.name + ".data")
         for t in m.graph.initializer:
@@ -440,6 +489,7 @@ def export_vision(visual, vs: VisionSpec, path: Path, opset: int) -> dict[str, A
     else:
         m = onnx.load(str(tmp))
         tmp.unlink()
+        gemms_as_matmuls(m)
         atomic_write_bytes(path, m.SerializeToString())
     return {"file": path.name, "external_data": external, "weight_bytes": nbytes,
             "inputs": [{"name": "pixel_values", "dtype": "float32",
@@ -610,8 +660,9 @@ def quantize_vision(graphs_dir: Path, stage: Path, recipe: dict[str, Any],
     """``stage/vision.onnx``: the encoder after the rewrites the HTP needs (the exact GELU of
     the merger as one Gelu op: the HTP refuses Erf), quantized by the recipe's scheme and
     granularity on ``images`` (its own graph: the language model's per-layer overrides do not
-    name its layers), or float for a float scheme; checked against the FP32 encoder on the
-    ``held`` images (cosine of the image rows, on the CPU)."""
+    name its layers: ``quantization.vision_scheme`` and ``vision_overrides`` are its own
+    recipe), or float for a float scheme; checked against the FP32 encoder on the ``held``
+    images (cosine of the image rows, on the CPU)."""
     import shutil
 
     from studio.core.recipe import is_float_scheme
@@ -627,17 +678,26 @@ def quantize_vision(graphs_dir: Path, stage: Path, recipe: dict[str, Any],
     names = [r.name for r in rewrites.PREPARE] + ["erf-gelu"]
     applied = rewrites.apply_rewrites(src, work, names)
     feeds = [{"pixel_values": pixel_values(img, vs)} for img in images]
-    info: dict[str, Any] = {"file": VISION_FILE, "rewrites": applied, "images": len(images)}
-    if is_float_scheme(recipe["scheme"]):
+    scheme = recipe.get("vision_scheme") or recipe["scheme"]
+    info: dict[str, Any] = {"file": VISION_FILE, "rewrites": applied, "images": len(images),
+                            "scheme": scheme}
+    if is_float_scheme(scheme):
         shutil.move(str(work), str(Path(stage) / VISION_FILE))
         info["precision"] = "float (FP16 on the HTP)"
     else:
-        rec: dict[str, Any] = {k: recipe[k] for k in ("scheme", "weight_granularity",
-                                                       "calibration_method") if k in recipe}
-        rec.update(samples=len(feeds), overrides={}, weight_rounding="nearest")
-        if recipe.get("weight_granularity") == "per_block":
-            rec["weight_granularity"] = "per_channel"  # the encoder's blocks do not divide
-            info["weight_granularity_note"] = "per_block weights: the encoder per channel"
+        from studio.core.recipe import weight_bits
+
+        rec: dict[str, Any] = {k: recipe[k] for k in ("weight_granularity",
+                                                       "calibration_method", "block_size")
+                               if k in recipe}
+        overrides = dict(recipe.get("vision_overrides") or {})
+        rec.update(scheme=scheme, samples=len(feeds), overrides=overrides,
+                   weight_rounding="nearest")
+        if rec.get("weight_granularity") == "per_block" and weight_bits(scheme) != 4:
+            rec["weight_granularity"] = "per_channel"  # blocks are for 4-bit weights
+            info["weight_granularity_note"] = (f"per_block weights are 4-bit: the {scheme} "
+                                               "encoder per channel")
+        info["overrides"] = overrides
         if progress is not None:
             progress.update(0.0, f"quantizing {VISION_FILE} on {len(feeds)} images")
         q = quantize_graph(work, Path(stage) / VISION_FILE, rec, feeds)

@@ -102,6 +102,7 @@ def _changed(tmp: Path, key: str, kind: str = "causal-lm"):
         "waterfall.k": 3,
         "waterfall.new_tokens": 40,
         "quantization.overrides": {"lm_head": "INT16"},
+        "quantization.vision_overrides": {"visual.merger.*": "INT16"},
         "validation.heldout_tokens": 128,
         "validation.greedy_tokens": 8,
         "gates.min_logits_cosine": 0.95,

@@ -184,3 +184,36 @@ def test_a_large_tower_keeps_its_weights_beside_the_graph(vl, tmp_path, monkeypa
     a = vision.encode(vision.encoder_session(out), px)
     b = vision.encode(vision.encoder_session(tmp_path), px)
     np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_the_encoder_has_a_recipe_of_its_own(vl, tmp_path):
+    """The tower's Linear layers are MatMuls over [in, out] weights under their checkpoint
+    names (as the language model's), so the encoder's own scheme and per-layer precisions
+    apply: a W8A8 project's encoder at W8A16 with the merger's first projection at 4 bits,
+    checked against FP32."""
+    import onnx
+
+    from studio.engine import vision
+    from studio.engine.quantize import normalize_recipe
+
+    _kind, _ck, out, _spec = vl
+    m = onnx.load(str(out / "vision.onnx"), load_external_data=False)
+    ops = [n.op_type for n in m.graph.node]
+    assert "Gemm" not in ops and ops.count("MatMul") >= 10
+    recipe = normalize_recipe({"scheme": "W8A8", "vision_scheme": "W8A16",
+                               "vision_overrides": {"visual.merger.mlp.0.weight": "INT4"}})
+    images = vision.calibration_images(3, IMAGE)
+    info = vision.quantize_vision(out, tmp_path, recipe, images, images[:1])
+    assert info["scheme"] == "W8A16"
+    assert info["matmul_precisions"].get("16x4w") == 1, info["matmul_precisions"]
+    assert info["check"]["encoder_cosine_min"] > 0.9
+
+
+def test_a_vision_scheme_of_the_other_kind_is_refused_in_one_line(tmp_path):
+    from studio.core import project as pf
+
+    f = tmp_path / "p.qstudio"
+    f.write_text('schema_version = 1\nname = "p"\n[model]\nsource = "sample:tiny-coder"\n'
+                 '[quantization]\nscheme = "W8A16"\nvision_scheme = "FP16"\n')
+    with pytest.raises(StudioError, match="the vision encoder runs float .FP16. exactly when"):
+        pf.load(f)
