@@ -109,6 +109,10 @@ def main() -> int:
     got = vision.encode(fp32, px)
     step("ONNX Runtime FP32, one image", t0, f"cosine vs torch {vision.cosine(got, ref):.6f}")
     cpu_fp32_s = rows[-1][1]
+    del fp32  # the FP32 session's weights: not held while the quantizer works
+    import gc
+
+    gc.collect()
 
     stage = work / "q"
     stage.mkdir(exist_ok=True)
