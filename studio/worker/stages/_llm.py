@@ -23,9 +23,7 @@ def recipe(ctx: StageContext) -> dict[str, Any]:
             "calibration_method": ctx.get("quantization.calibration_method"),
             "block_size": ctx.get("quantization.block_size"),
             "weight_rounding": ctx.get("quantization.weight_rounding"),
-            "rounding_samples": ctx.get("quantization.rounding_samples"),
-            "vision_scheme": ctx.get("quantization.vision_scheme"),
-            "vision_overrides": ctx.get("quantization.vision_overrides")}
+            "rounding_samples": ctx.get("quantization.rounding_samples")}
 
 
 def htp_options(ctx: StageContext) -> dict[str, str]:

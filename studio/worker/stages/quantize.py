@@ -33,6 +33,9 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     from studio.engine.quantize import quantize_llm
 
     rec = recipe(ctx)
+    # a vision-language model's encoder: its own scheme and per-layer precisions
+    rec.update(vision_scheme=ctx.get("quantization.vision_scheme"),
+               vision_overrides=ctx.get("quantization.vision_overrides"))
     scheme, gran, samples = rec["scheme"], rec["weight_granularity"], rec["samples"]
     overrides, method = rec["overrides"], rec["calibration_method"]
     text = read_text(ctx.path("quantization.calibration_text"), "calibration text")
