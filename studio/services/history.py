@@ -319,12 +319,14 @@ def artifact_dir(studio, job: Job | None) -> Path | None:
 
 
 def export_graphs(studio) -> dict[str, Path]:
-    """The ONNX graphs of the newest export (``{"prefill": path, "decode": path}``)."""
+    """The ONNX graphs of the newest export (``{"prefill": path, "decode": path}``, and a
+    vision-language model's ``"vision"``: its encoder)."""
     folder = artifact_dir(studio, latest_job(studio.jobs, "export"))
     if folder is None:
         return {}
     return {
-        g: folder / f"{g}.onnx" for g in ("prefill", "decode") if (folder / f"{g}.onnx").exists()
+        g: folder / f"{g}.onnx" for g in ("prefill", "decode", "vision")
+        if (folder / f"{g}.onnx").exists()
     }
 
 

@@ -69,6 +69,9 @@ def build_tree(info=None, graph=None) -> TreeNode:
     embed = TreeNode("Embedding", "group")
     blocks: dict[int, TreeNode] = {}
     tail = TreeNode("Final norm and head", "group")
+    # a vision-language model's tower: its own group, after the language model
+    tower = TreeNode("Vision encoder", "group",
+                     tip="the vision tower (exported as vision.onnx for the project's image size)")
     modules: dict[str, TreeNode] = {}
     for b in range(info.num_layers):
         blocks[b] = TreeNode(f"Block {b}", "transformer block")
@@ -80,7 +83,7 @@ def build_tree(info=None, graph=None) -> TreeNode:
             prefix = f"layers.{lay.block}."
             short = lay.name.split(prefix, 1)[-1]
         else:
-            parent = embed if lay.kind == "embedding" else tail
+            parent = {"embedding": embed, "vision": tower}.get(lay.kind, tail)
             short = lay.name
         shapes = ", ".join(f"{k} {_fmt_shape(v)}" for k, v in lay.shapes.items())
         tip = lay.name + (f"\ntied to {lay.tied_to} (stored once)" if lay.tied_to else "")
@@ -112,7 +115,7 @@ def build_tree(info=None, graph=None) -> TreeNode:
             else:
                 mod = modules.get(node.module.replace("/", "."))
                 (mod or loose).add(item)
-    for group in (embed, *[blocks[k] for k in sorted(blocks)], tail):
+    for group in (embed, *[blocks[k] for k in sorted(blocks)], tail, tower):
         if group.children:
             root.add(group)
     if loose.children:
