@@ -96,6 +96,11 @@ class Family:
             raise ValueError(f"{self.model_type}: config_keys lacks {sorted(missing)}")
 
 
+#: Qwen's window rule (Qwen2, Qwen3, Qwen2-VL, Qwen2.5-VL): a per-layer list when the config
+#: has one, else the layers from max_window_layers on, and only with use_sliding_window
+QWEN_WINDOW: dict[str, Any] = dict(sliding="from_max_window_layers", reads_layer_types=True,
+                                   window_switch="use_sliding_window")
+
 FAMILIES: dict[str, Family] = {
     f.model_type: f
     for f in (
@@ -104,18 +109,14 @@ FAMILIES: dict[str, Family] = {
             "Qwen2 / Qwen2.5",
             ("Qwen2ForCausalLM",),
             attention_bias=True,
-            sliding="from_max_window_layers",
-            reads_layer_types=True,
-            window_switch="use_sliding_window",
+            **QWEN_WINDOW,
         ),
         Family(
             "qwen3",
             "Qwen3",
             ("Qwen3ForCausalLM",),
             block=(*LLAMA_BLOCK[:4], ("q_norm", "norm"), ("k_norm", "norm"), *LLAMA_BLOCK[4:]),
-            sliding="from_max_window_layers",
-            reads_layer_types=True,
-            window_switch="use_sliding_window",
+            **QWEN_WINDOW,
         ),
         # the vision-language models: Qwen2's decoder with the multimodal rotary embedding
         # (3 rows of positions: temporal, height, width) and a ViT beside it
@@ -124,9 +125,7 @@ FAMILIES: dict[str, Family] = {
             "Qwen2-VL",
             ("Qwen2VLForConditionalGeneration",),
             attention_bias=True,
-            sliding="from_max_window_layers",
-            reads_layer_types=True,
-            window_switch="use_sliding_window",
+            **QWEN_WINDOW,
             vision=True,
         ),
         Family(
@@ -134,9 +133,7 @@ FAMILIES: dict[str, Family] = {
             "Qwen2.5-VL",
             ("Qwen2_5_VLForConditionalGeneration",),
             attention_bias=True,
-            sliding="from_max_window_layers",
-            reads_layer_types=True,
-            window_switch="use_sliding_window",
+            **QWEN_WINDOW,
             vision=True,
         ),
         Family("llama", "Llama 2 / 3.x", ("LlamaForCausalLM",), sliding="none"),

@@ -21,6 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+#: the files the studio reads as images (a vision-language model's pictures, through Pillow)
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
 
 def _umask() -> int:
     mask = os.umask(0)

@@ -163,11 +163,11 @@ def _weight_free(model):
     return light
 
 
-def save_onnx_atomic(model, path: Path) -> list[Path]:
+def save_onnx_atomic(model, path: Path, external: bool | None = None) -> list[Path]:
     """Save an ONNX model next to ``path`` via a temp name, then move it into place.
 
-    Models over the 2 GB protobuf limit get one external data file ``<name>.data``.
-    Returns the files written.
+    Models over the 2 GB protobuf limit get one external data file ``<name>.data``
+    (``external``: True / False decides instead). Returns the files written.
     """
     import onnx
 
@@ -177,7 +177,7 @@ def save_onnx_atomic(model, path: Path) -> list[Path]:
         tmp = tmp_dir / path.name
         # decided without serializing: ByteSize() itself fails past 2 GB
         big = not _no_external(model) or _weight_bytes(model) > _PROTOBUF_LIMIT
-        if big:
+        if external if external is not None else big:
             onnx.save_model(
                 model,
                 str(tmp),

@@ -324,11 +324,6 @@ PREPARE: tuple[Rewrite, ...] = (
 )
 
 
-#: a rewritten graph with more weight bytes than this is saved with its weights in
-#: ``<dst>.data`` beside it (one ONNX file holds at most 2 GB)
-EXTERNAL_ABOVE = 1_500_000_000
-
-
 def apply_rewrites(src: Path, dst: Path, names: list[str] | None = None) -> list[dict[str, Any]]:
     """Apply the catalogue's rewrites (or those named, from the catalogue or
     :data:`PREPARE`) to the float graph ``src``, writing ``dst``; returns what each did:
@@ -364,16 +359,11 @@ def apply_rewrites(src: Path, dst: Path, names: list[str] | None = None) -> list
         del model.graph.initializer[:]
         model.graph.initializer.extend(keep)
     Path(dst).parent.mkdir(parents=True, exist_ok=True)
-    weight_bytes = sum(len(t.raw_data) for t in model.graph.initializer)
-    if weight_bytes > EXTERNAL_ABOVE:  # past one file's 2 GB: the weights beside the graph
-        import os
+    from studio.engine.llm_export import _PROTOBUF_LIMIT, _weight_bytes, save_onnx_atomic
 
-        tmp = Path(dst).with_name(Path(dst).stem + ".tmp.onnx")
-        onnx.save_model(model, str(tmp), save_as_external_data=True,
-                        all_tensors_to_one_file=True, location=Path(dst).name + ".data",
-                        size_threshold=1024)
-        onnx.checker.check_model(str(tmp))  # by path: past the protobuf limit
-        os.replace(tmp, dst)
+    if _weight_bytes(model) > _PROTOBUF_LIMIT:  # past one file's 2 GB: weights beside it
+        save_onnx_atomic(model, Path(dst))
+        onnx.checker.check_model(str(dst))  # by path: past the protobuf limit
         return applied
     onnx.checker.check_model(model)
     atomic_write_bytes(Path(dst), model.SerializeToString())

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import StudioError
+from studio.core.fsutil import IMAGE_SUFFIXES
 
 VISION_FILE = "vision.onnx"
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -40,7 +41,6 @@ CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 #: the special tokens a Qwen2-VL tokenizer must hold, as config.json names their ids
 SPECIAL_TOKENS = ("vision_start_token_id", "vision_end_token_id", "image_token_id")
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
 @dataclass(frozen=True)
@@ -432,23 +432,12 @@ def gemms_as_matmuls(model) -> int:
 EXTERNAL_ABOVE = 1 << 30
 
 
-def _save_external(model, path: Path) -> None:
-    """``model`` at ``path`` with every weight in ``<path>.data`` (written anew)."""
-    import onnx
-
-    data = Path(path).with_name(Path(path).name + ".data")
-    data.unlink(missing_ok=True)
-    onnx.save_model(model, str(path), save_as_external_data=True,
-                    all_tensors_to_one_file=True, location=data.name, size_threshold=0)
-
-
 def export_vision(visual, vs: VisionSpec, path: Path, opset: int) -> dict[str, Any]:
     """Trace the vision tower ``visual`` (``model.model.visual``) into ``path`` (FP32); its
     weights inside the file, or past :data:`EXTERNAL_ABOVE` bytes in ``<path>.data``, written
     a tensor at a time. Returns its graph I/O description."""
     import torch
 
-    from studio.core.fsutil import atomic_write_bytes
     from studio.engine.llm_export import _initializers_kept, _write_initializers
 
     kept = visual.patch_embed
@@ -470,27 +459,15 @@ def export_vision(visual, vs: VisionSpec, path: Path, opset: int) -> dict[str, A
         visual.patch_embed = kept  # the checkpoint's own module back
     import onnx
 
-    if external:  # the weights a tensor at a time into <tmp>.data, then both moved
-        _write_initializers(tmp, weights)
-        m = onnx.load(str(tmp))  # with its weights: the Linear layers into their MatMul form
-        gemms_as_matmuls(m)
-        _save_external(m, tmp)
-        m = onnx.load(str(tmp), load_external_data=False)
-        data = path.with_name(path.name + ".data")
-        for t in m.graph.initializer:
-            for e in t.external_data:
-                if e.key == "location":
-                    e.value = data.name
-        import os
+    from studio.engine.llm_export import save_onnx_atomic
 
-        os.replace(tmp.with_name(tmp.name + ".data"), data)
-        atomic_write_bytes(path, m.SerializeToString())
-        tmp.unlink()
-    else:
-        m = onnx.load(str(tmp))
-        tmp.unlink()
-        gemms_as_matmuls(m)
-        atomic_write_bytes(path, m.SerializeToString())
+    if external:  # traced without its weights: they go to <tmp>.data a tensor at a time
+        _write_initializers(tmp, weights)
+    m = onnx.load(str(tmp))  # with the weights: the Linear layers into their MatMul form
+    gemms_as_matmuls(m)
+    save_onnx_atomic(m, path, external=external)
+    tmp.unlink()
+    tmp.with_name(tmp.name + ".data").unlink(missing_ok=True)
     return {"file": path.name, "external_data": external, "weight_bytes": nbytes,
             "inputs": [{"name": "pixel_values", "dtype": "float32",
                         "shape": [vs.patches, vs.patch_dim]}],
@@ -562,6 +539,18 @@ def image_prompt_ids(spec: dict[str, Any], prompt_ids: list[int], image: Path | 
         gen.set_image(rows)
         figures["encoder_ms"] = enc_s * 1e3
     return image_prompt(vs, [], prompt_ids), figures
+
+
+def image_timing(figures: dict[str, Any], out: dict[str, Any], prefill_s: float
+                 ) -> dict[str, Any]:
+    """An image prompt's figures completed from its generation ``out``: the encoder's time
+    where the device ran it within the generation (an agent's ``encoder_s``), the prefill's
+    (``prefill_s``, as the device reports it), and the time to first token as their sum."""
+    if figures["encoder_ms"] is None:
+        figures["encoder_ms"] = float(out.get("encoder_s") or 0.0) * 1e3
+    figures["prefill_ms"] = float(prefill_s) * 1e3
+    figures["time_to_first_token_ms"] = figures["encoder_ms"] + figures["prefill_ms"]
+    return figures
 
 
 def check_image_export(full, graphs_dir: Path, gen, vs: VisionSpec, text_ids: list[int],

@@ -278,12 +278,11 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
     if "wall_s" in out:  # speculative: tokens come in groups; the rate over the whole decode
         med = out["wall_s"] / decoded if decoded > 0 else None
     ttft = out["ttft_s"] * 1e3 if out["ttft_s"] is not None else None
-    if image_figures is not None and image_figures["encoder_ms"] is None:
-        # the device ran its encoder within the generation (an agent): its time came back
-        image_figures["encoder_ms"] = float(out.get("encoder_s") or 0.0) * 1e3
-    if image_figures is not None:  # the encoder ran before the prefill: its time is the TTFT's
-        image_figures["prefill_ms"] = ttft
-        ttft = image_figures["encoder_ms"] + ttft if ttft is not None else None
+    if image_figures is not None and ttft is not None:
+        # the encoder ran before the prefill: its time is the first token's too
+        from studio.engine.vision import image_timing
+
+        ttft = image_timing(image_figures, out, out["ttft_s"])["time_to_first_token_ms"]
     result = {
         "prompt": prompt, "prompt_tokens": len(ids), "prompt_chunks": out["prompt_chunks"],
         "tokens": out["tokens"], "text": text, "stopped": out["stopped"],

@@ -20,19 +20,9 @@ def vision_defaults(source: str, path: Path, sections: dict[str, Any]) -> dict[s
     a prefill that holds the image's tokens and some text, a cache with room for an answer
     after it, an image for the run stage (generated beside the project file) and a prompt
     about it. Other sources: ``sections`` unchanged."""
-    import json
-
-    from studio.core.families import family_of
-
     folder = Path(source)
-    if source.startswith("sample:") or not (folder / "config.json").is_file():
-        return sections
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return sections  # the checkpoint checks have said what is wrong
-    family = family_of(config.get("model_type"))
-    if family is None or not family.vision:
+    config = None if source.startswith("sample:") else _vision_config(folder)
+    if config is None:
         return sections
     from studio.engine import vision
 
@@ -62,16 +52,25 @@ def vision_defaults(source: str, path: Path, sections: dict[str, Any]) -> dict[s
 
 def vision_project(project) -> bool:
     """Whether a project's model is a vision-language checkpoint (it takes an image)."""
-    import json
-
-    from studio.core.families import family_of
-
     if project.model.get("kind") != "causal-lm":
         return False
     try:
         folder = project.input_path(project.model["source"])
-        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    except (StudioError, OSError, ValueError):
+    except StudioError:
         return False
-    family = family_of(config.get("model_type"))
-    return bool(family and family.vision)
+    return _vision_config(Path(folder)) is not None
+
+
+def _vision_config(folder: Path) -> dict[str, Any] | None:
+    """The ``config.json`` of a vision-language checkpoint folder; None for any other folder
+    (or one the checkpoint checks will explain)."""
+    import json
+
+    from studio.core.families import family_of
+
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    family = family_of(config.get("model_type")) if isinstance(config, dict) else None
+    return config if family is not None and family.vision else None

@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 
 from studio.core.devices import device
 from studio.core.errors import Cancelled, StudioError
+from studio.core.fsutil import IMAGE_SUFFIXES
 from studio.core.progress import EventProgress
 from studio.ui.widgets import SourceBadge, label
 
@@ -39,7 +40,6 @@ def _runs_genie(device_id: object) -> bool:
     except StudioError:
         return False
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
 class ImageDrop(QLabel):

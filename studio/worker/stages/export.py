@@ -26,7 +26,10 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     budget = int(ctx.get("export.max_part_mb")) * 1_000_000
     layout = checkpoint_layout(ckpt)
     plan = export_plan(ckpt, ctx.get("export.parts"), ctx.get("export.max_part_mb"), layout)
-    if len(plan) > 1 and info.layers and any(lay.kind == "vision" for lay in info.layers):
+    from studio.core.families import family_of
+
+    family = family_of(info.family)
+    if len(plan) > 1 and family is not None and family.vision:
         from studio.core.errors import StudioError
 
         raise StudioError(f"{info.architecture} is a vision-language model, which exports in "

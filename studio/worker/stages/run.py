@@ -45,15 +45,15 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     result = run_result(dev, timed, tok, prompt, what, prefix, note, load_s=load_s)
     if image is not None:
         # time to first token = the encoder, then the prefill of the image prompt
-        if image["encoder_ms"] is None:  # the device's encoder ran in its job (an agent)
-            image["encoder_ms"] = float(out.get("encoder_s") or 0.0) * 1e3
-        image["prefill_ms"] = timed["prefill_s"] * 1e3
+        from studio.engine.vision import image_timing
+
+        image_timing(image, out, timed["prefill_s"])
         enc_note = (f"the vision encoder on one {image['image_size']} px image "
                     f"({image['image_tokens']} image tokens); {note or dev.timing_note}")
         result["metrics"] += [
             device_metric(dev, f"{prefix}encoder_ms", image["encoder_ms"], "ms", enc_note),
             device_metric(dev, f"{prefix}time_to_first_token_ms",
-                          image["encoder_ms"] + image["prefill_ms"], "ms",
+                          image["time_to_first_token_ms"], "ms",
                           "the vision encoder, then the prefill of the image prompt; "
                           + (note or dev.timing_note)),
         ]

@@ -212,25 +212,21 @@ def _validate_images(ctx: StageContext, spec: dict, export_dir, cdir, runners: d
         got = []
         for name, rows in (("fp32", rows_ref), ("htp", rows_dev)):
             runners[name].set_image(rows)
-            got.append(runners[name].teacher_forced_logits(prompt)[first:-1])
+            got.append(runners[name].teacher_forced_logits(prompt)[first:])
         ref_l.append(got[0])
         dev_l.append(got[1])
-        answers.append(np.asarray(prompt[first + 1:], dtype=np.int64))
-    cmp = _compare(ref_l, dev_l)
+        answers.append(np.asarray(prompt[first:], dtype=np.int64))  # <|vision_end|>, text
+    # the rows that predict the answer's tokens (the last row predicts past the text)
+    cmp = _compare([r[:-1] for r in ref_l], [d[:-1] for d in dev_l])
 
-    def ppl(logits: list) -> float:  # row k predicts answer token k
-        total = 0.0
-        for lg, a in zip(logits, answers, strict=True):
-            x = lg.astype(np.float64)
-            x = x - x.max(-1, keepdims=True)
-            logp = x - np.log(np.exp(x).sum(-1, keepdims=True))
-            total -= float(logp[np.arange(len(a)), a].sum())
-        return float(np.exp(total / sum(len(a) for a in answers)))
+    def ppl(logits: list) -> float:
+        scored = [nll(lg, a) for lg, a in zip(logits, answers, strict=True)]
+        return float(np.exp(sum(t for t, _ in scored) / sum(n for _, n in scored)))
 
     return {"images": len(images),
             "source": "the project's folder" if folder else "generated here",
             "encoder_cosine_min": float(min(cos)), "encoder_cosine_mean": float(np.mean(cos)),
-            "answer_tokens": int(sum(len(a) for a in answers)),
+            "answer_tokens": int(sum(len(a) - 1 for a in answers)),
             "logits_cosine_mean": cmp["logits_cosine_mean"],
             "top1_agreement": cmp["top1_agreement"],
             "perplexity": ppl(dev_l), "perplexity_fp32": ppl(ref_l)}
