@@ -5,17 +5,13 @@ every page). It turns the core's callbacks into Qt signals, runs the pipeline, k
 project file safe (dirty state, autosave to a recovery file, changes made on disk by someone
 else) and runs slow reads (the model description, ONNX graphs) in a thread.
 
-Running the pipeline: each job runs in a worker subprocess. qasync's event loop does run
-asyncio subprocesses on Linux (checked: ``create_subprocess_exec`` with piped output works on
-``qasync.QEventLoop``), but ``Pipeline.run`` also does blocking work between its awaits —
-it hashes the checkpoint folder for the artifact key, verifies cached artifacts and hashes
-new ones file by file. On the UI loop that froze the window 80–160 ms per run with the
-13 MiB sample model, and would freeze it for seconds with a real checkpoint. So by default
-the service coroutine runs on its own asyncio loop in a runner thread (``asyncio.run`` in a
-Python thread, as ``studio --batch`` runs it); its listener events come to the widgets
-through a queued Qt signal, and the UI awaits the result on the qasync loop.
-``pipeline_on_ui_loop=True`` awaits it on the qasync loop directly, for when the service
-moves that work off its loop (``asyncio.to_thread``).
+Running the pipeline: every run goes through the work queue (:mod:`studio.ui.queue_runner`),
+which runs each item on its own asyncio loop in a runner thread (``asyncio.run`` in a Python
+thread, as ``studio --batch`` runs it) on a session of its own: ``Pipeline.run`` does blocking
+work between its awaits (hashing the checkpoint folder for the artifact key, verifying and
+hashing artifacts) that froze the window 80–160 ms per run on the UI loop with the 13 MiB
+sample and would freeze it for seconds with a real checkpoint. The open project's events come
+to the widgets through a queued Qt signal.
 
 Widgets never change the project themselves: every edit is ``controller.set(...)``, a
 ``SetValue`` on the session's command stack.
@@ -25,9 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import threading
 import time
-import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -72,24 +66,17 @@ class ProjectController(QObject):
     autosave_found = Signal(object, float)  # list[SetValue], when (epoch seconds)
     model_ready = Signal(object)  # ModelInfo | OnnxGraph | StudioError
 
-    def __init__(
-        self,
-        settings: AppSettings,
-        parent: QObject | None = None,
-        pipeline_on_ui_loop: bool = False,
-    ):
+    def __init__(self, settings: AppSettings, parent: QObject | None = None):
         super().__init__(parent)
+        from studio.ui.queue_runner import QueueRunner
+
         self.settings = settings
         self.studio = None
-        #: await the pipeline coroutine on the UI's qasync loop instead of a runner thread
-        #: (qasync runs asyncio subprocesses fine; see the module docstring for why not)
-        self.pipeline_on_ui_loop = pipeline_on_ui_loop
-        self._pipeline = None
-        #: the name of the sweep the Sweeps page is running (None: none); the pipeline
-        #: does not start while a sweep runs
-        self.sweeping: str | None = None
-        self._runner_loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task | None = None
+        #: every run of every project goes through the work queue (its file in the config
+        #: folder: what waits survives a restart of the window)
+        self.queue = QueueRunner(self, settings.config_dir / "queue.sqlite")
+        #: the future of the newest run() of the window (its RunSummary once it ends)
+        self.last_run: asyncio.Future | None = None
         self._active: dict[int, Job] = {}  # queued / running jobs of the current run
         self._notified_failures: set[int] = set()
         self._disk_sig: projects.FileSignature | None = None
@@ -114,7 +101,8 @@ class ProjectController(QObject):
 
     @property
     def running(self) -> bool:
-        return self._task is not None and not self._task.done()
+        """Whether a pipeline run of the open project is going (the work queue runs it)."""
+        return self._own_run() is not None
 
     @property
     def dirty(self) -> bool:
@@ -157,6 +145,10 @@ class ProjectController(QObject):
             self._autosave.start(secs * 1000)
         self._disk_timer.start()
         self.opened.emit()
+        own = self._own_run()
+        if own is not None:  # a queued run of this project is going: its jobs so far
+            self._active = {i: j for i, j in own.jobs.items() if j.state not in FINAL}
+            self.running_changed.emit(True)
         self.dirty_changed.emit(False)
         self.undo_changed.emit()
         if studio.interrupted_jobs:
@@ -179,9 +171,9 @@ class ProjectController(QObject):
         if self.studio is None:
             return
         self.closing.emit()
+        # a run of the project goes on in the work queue on a session of its own
         if self.running:
-            self.cancel_run()
-            self.wait_for_run(30.0)  # the run records its cancelled jobs before the store closes
+            self.running_changed.emit(False)
         self._autosave.stop()
         self._disk_timer.stop()
         studio = self.studio
@@ -219,10 +211,8 @@ class ProjectController(QObject):
         when the QApplication goes away aborts the process ("QThread: Destroyed while thread
         is still running")."""
         self._shut = True
+        self.queue.shutdown()  # running items stop and wait for the next window
         self.close()
-        for t in getattr(self, "_threads", []):
-            t.join(30)
-        self._threads = []
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     # ---- saving -------------------------------------------------------------------------------
@@ -356,111 +346,62 @@ class ProjectController(QObject):
 
     def run(
         self, stages: list[str] | None = None, targets: list[str] | None = None,
-        retry: tuple[str, str] | None = None, remeasure: bool = False,
-    ) -> asyncio.Task:
-        """Queue the plan for ``stages`` (all the project's stages when None) and run it.
+        retry: tuple[str, str] | None = None, remeasure: bool = False, priority: int = 0,
+    ) -> asyncio.Future:
+        """Queue a run of ``stages`` (all the project's stages when None) of the open project;
+        it starts now when the work queue allows, else waits its turn (why: on the Queue page).
 
-        The run works on a snapshot of the project taken now (like ``studio --batch``, which
-        reads the file once); edits made while it runs apply to the next run. ``remeasure``:
-        the measuring stages (run, profile) time again rather than reuse a measurement.
+        The run works on a snapshot of the project taken when it starts (like ``studio
+        --batch``, which reads the file once); edits made while it runs apply to the next run.
+        ``remeasure``: the measuring stages (run, profile) time again rather than reuse a
+        measurement. Returns a future of its RunSummary (None when it failed to start or was
+        cancelled before it started; the failure is a message).
         """
-        from studio.services.pipeline import Pipeline
-
         studio = self._need()
-        if self.running:
-            raise StudioError("a pipeline run is going: wait for it or cancel it first")
-        if self.sweeping:
-            raise StudioError(f"the sweep {self.sweeping!r} is running: wait for it or cancel "
-                              "it on the Sweeps page first")
         self.plan(stages, targets, retry)  # unknown stage / target: a clear error now
-        pipeline = Pipeline(studio.project.copy(), studio.jobs, studio.store)
-        pipeline.listeners.append(self._bridge.event.emit)
-        self._pipeline = pipeline
-        if self.pipeline_on_ui_loop:
-            coro = pipeline.run(stages, targets, retry, remeasure)
-        else:
-            coro = self._in_runner_thread(pipeline, stages, targets, retry, remeasure)
-        self._task = asyncio.ensure_future(self._run(coro))
-        self.running_changed.emit(True)
-        return self._task
+        spec: dict[str, Any] = {"stages": stages, "targets": targets,
+                                "retry": list(retry) if retry else None,
+                                "remeasure": remeasure}
+        item, fut = self.queue.add(studio.project, "pipeline", spec, priority)
+        if item.state == "waiting":
+            self.message.emit("info", f"Queued as #{item.id} ({item.what}): "
+                                      f"{self.queue.why.get(item.id, 'waits its turn')}")
+        assert fut is not None
+        self.last_run = fut
+        return fut
 
-    async def _in_runner_thread(self, pipeline, stages, targets, retry=None, remeasure=False):
-        """Run the service coroutine on its own asyncio loop in a thread and await its result
-        here. Its events reach the widgets through a queued signal (``_Bridge``)."""
-        ui_loop = asyncio.get_running_loop()
-        done: asyncio.Future = ui_loop.create_future()
+    @property
+    def sweeping(self) -> str | None:
+        """The name of the open project's sweep that runs now (None: none)."""
+        r = self.queue.running_for(self.project.path if self.studio else None, "sweep")
+        return r.item.spec.get("sweep") if r is not None else None
 
-        def settle(result, error) -> None:
-            if done.done():
-                return
-            if error is not None:
-                done.set_exception(error)
-            else:
-                done.set_result(result)
+    def _run_ended(self, summary) -> None:
+        """The queue's run of the open project ended (summary None: it failed to start)."""
+        self._active.clear()
+        self.running_changed.emit(False)
+        if summary is not None:
+            self.run_finished.emit(summary)
 
-        def work() -> None:
-            try:
-                with asyncio.Runner() as runner:
-                    self._runner_loop = runner.get_loop()
-                    result = runner.run(pipeline.run(stages, targets, retry, remeasure))
-            except BaseException as exc:  # noqa: BLE001 - handed to the UI loop
-                ui_loop.call_soon_threadsafe(settle, None, exc)
-            else:
-                ui_loop.call_soon_threadsafe(settle, result, None)
-            finally:
-                self._runner_loop = None
-
-        thread = threading.Thread(target=work, name="qstudio-pipeline", daemon=True)
-        self._threads = [t for t in getattr(self, "_threads", []) if t.is_alive()] + [thread]
-        thread.start()
-        try:
-            return await done
-        except asyncio.CancelledError:
-            self.cancel_run()  # the UI gave up waiting: stop the workers too
-            raise
-
-    async def _run(self, coro):
-        try:
-            summary = await coro
-        except StudioError as exc:
-            self.message.emit("error", exc.message)
-            return None
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a bug: show it, keep the app alive
-            self.message.emit("error", f"the pipeline stopped with an unexpected error: {exc!r}")
-            traceback.print_exception(exc)
-            return None
-        finally:
-            self._active.clear()
-            self._task = None
-            self.running_changed.emit(False)
-        self.run_finished.emit(summary)
-        return summary
-
-    def retry(self, job: Job) -> asyncio.Task:
+    def retry(self, job: Job) -> asyncio.Future:
         """Run a finished job again, and every job downstream of it (its upstream stages
         come from the cache)."""
         return self.run(retry=(job.stage, job.target))
 
+    def _own_run(self):
+        return self.queue.running_for(self.project.path if self.studio else None)
+
     def cancel(self, job_id: int) -> None:
-        """Cancel one job of the current run (a running worker is terminated)."""
-        pipeline = self._pipeline
-        if pipeline is None or not self.running:
-            return
-        loop = self._runner_loop
-        if loop is not None and not self.pipeline_on_ui_loop:
-            try:
-                loop.call_soon_threadsafe(pipeline.cancel, job_id)
-                return
-            except RuntimeError:  # the runner's loop just closed
-                pass
-        pipeline.cancel(job_id)
+        """Cancel one job of the open project's run (a running worker is terminated)."""
+        r = self._own_run()
+        if r is not None:
+            r.cancel(job_id)
 
     def cancel_run(self) -> None:
-        """Cancel every queued and running job of the current run."""
-        for jid in list(self._active):
-            self.cancel(jid)
+        """Cancel every queued and running job of the open project's run."""
+        r = self._own_run()
+        if r is not None:
+            r.cancel()
 
     def _dispatch(self, event: dict[str, Any]) -> None:
         kind = event.get("kind")

@@ -165,6 +165,7 @@ class MainWindow(QMainWindow):
         c.undo_changed.connect(self._update_undo)
         c.running_changed.connect(self._running_changed)
         c.job_event.connect(self._job_event)
+        c.queue.changed.connect(self._update_jobs_status)
         c.job_failed.connect(self._job_failed)
         c.message.connect(self._message)
         c.disk_changed.connect(self._disk_changed)
@@ -401,6 +402,8 @@ class MainWindow(QMainWindow):
             self.new_project()
         elif target == "action:open":
             self.open_dialog()
+        elif target.startswith("action:open-path:"):
+            self.open_project(Path(target.removeprefix("action:open-path:")))
         elif has_page(target):
             self.show_page(target)
 
@@ -459,8 +462,7 @@ class MainWindow(QMainWindow):
         """Close the open project after asking about unsaved edits; False when the user cancels."""
         if self.ctl.studio is None:
             return True
-        if (self.ctl.running or self.ctl.sweeping) and not self.confirm_cancel_run():
-            return False
+        # the project's runs and sweeps go on in the work queue (Queue page)
         unsaved = "keep"
         if self.ctl.dirty:
             choice = self.confirm_unsaved()
@@ -495,12 +497,15 @@ class MainWindow(QMainWindow):
         }.get(QMessageBox.StandardButton(answer), "cancel")
 
     def confirm_cancel_run(self) -> bool:
+        running = self.ctl.queue.items(finished=False)
+        running = [i for i in running if i.state == "running"]
         answer = QMessageBox.question(
             self,
-            "A run is going",
-            f"The sweep {self.ctl.sweeping!r} is running. Cancel it and close? (Finished "
-            "points stay recorded.)" if self.ctl.sweeping else
-            "The pipeline is running. Cancel its jobs and close?",
+            "Work is running",
+            f"{len(running)} queued item(s) are running ("
+            + ", ".join(i.label for i in running[:3]) + (" …" if len(running) > 3 else "")
+            + "). Quit stops them; they wait in the queue for the next start (finished "
+            "stages and sweep points are kept). Quit?",
             QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
         )
         return answer == QMessageBox.StandardButton.Yes
@@ -619,9 +624,10 @@ class MainWindow(QMainWindow):
         running = self.ctl.running
         for a in (self.save_act, self.save_copy_act, self.reload_act, self.close_act):
             a.setEnabled(has)
-        self.run_act.setEnabled(has and not running)
+        # a run while another runs is queued behind it (Queue page)
+        self.run_act.setEnabled(has)
         for a in self.stage_acts.values():
-            a.setEnabled(has and not running)
+            a.setEnabled(has)
         self.cancel_act.setEnabled(running)
 
     def _running_changed(self, running: bool) -> None:
@@ -636,7 +642,7 @@ class MainWindow(QMainWindow):
         running = [j for j in jobs if j.state == "running"]
         queued = [j for j in jobs if j.state == "queued"]
         if not self.ctl.running or not jobs:
-            self.jobs_label.setText("No jobs running")
+            self.jobs_label.setText(self._queue_status())
             self.jobs_bar.hide()
             return
         if running:
@@ -650,6 +656,21 @@ class MainWindow(QMainWindow):
             self.jobs_label.setText(f"{len(queued)} jobs queued")
             self.jobs_bar.setValue(0)
         self.jobs_bar.show()
+
+    def _queue_status(self) -> str:
+        """The status bar's line when the open project runs nothing: the queue's state."""
+        items = self.ctl.queue.items(finished=False)
+        running = [i for i in items if i.state == "running"]
+        waiting = len(items) - len(running)
+        if not items:
+            return "No jobs running"
+        text = ("Queue: " + ", ".join(f"#{i.id} {i.name} {i.progress}".rstrip()
+                                      for i in running[:2]) if running else "Queue:")
+        if waiting:
+            text += f"{',' if running else ''} {waiting} waiting"
+        if self.ctl.queue.paused:
+            text += " (paused)"
+        return text
 
     def _job_failed(self, job) -> None:
         msg = job.error or job.message or "failed"
@@ -805,6 +826,9 @@ class MainWindow(QMainWindow):
 
     # ---- closing --------------------------------------------------------------------------------------
     def closeEvent(self, event: QCloseEvent) -> None:
+        if self.ctl.queue.running and not self.confirm_cancel_run():
+            event.ignore()
+            return
         if not self.maybe_close():
             event.ignore()
             return

@@ -16,7 +16,7 @@ from studio.ui.pages.jobs import _clean
 
 def _wait_run(qtbot, ctl, timeout=300_000):
     """Run Qt's own event loop until the current run ends; returns its summary."""
-    task = ctl._task
+    task = ctl.last_run
     assert task is not None
     if not task.done():
         with qtbot.waitSignal(
@@ -51,8 +51,9 @@ def test_run_export_and_quantize_from_the_jobs_page(window, project_path, qtbot)
     )
 
     page.stage_actions["quantize"].trigger()  # Run stage ▸ quantize (export comes with it)
-    assert window.ctl.running and not page.run_button.isEnabled()
-    assert page.cancel_run_button.isEnabled()
+    assert window.ctl.running and page.cancel_run_button.isEnabled()
+    # another run while one runs is queued behind it, not refused
+    assert page.run_button.isEnabled() and "Queue" in page.run_button.text()
     summary = _wait_run(qtbot, window.ctl)
     assert summary.state == "succeeded", summary.to_dict()
 
@@ -142,10 +143,18 @@ def test_cancel_a_running_job_and_retry(window, project_path, qtbot):
     page.retry_button.click()
     assert window.ctl.running
     qtbot.waitUntil(lambda: page.model.rowCount() == 2 + len(retried), timeout=10_000)
-    # closing the project mid-run cancels the run and waits for it to record that
+    # closing the project mid-run leaves the run to the work queue; cancelling it there
+    # records its cancelled jobs
     store_path = project_path.with_suffix(".studio") / "runs.sqlite"
+    item = window.ctl.queue.running_for(project_path).item
     assert window.close_project()
     assert window.ctl.studio is None and not window.ctl.running
+    assert window.ctl.queue.running_for(project_path) is not None
+    queue_page = window.show_page("Queue")
+    assert queue_page.select_item(item.id) and queue_page.cancel_button.isEnabled()
+    queue_page.cancel_button.click()
+    qtbot.waitUntil(lambda: window.ctl.queue.queue.get(item.id).state == "cancelled",
+                    timeout=60_000)
     from studio.core.jobs import JobStore
 
     store = JobStore(store_path)
@@ -226,28 +235,6 @@ def test_failed_job_notifies_and_leads_to_its_log(window, project_path, qtbot):
     assert job is not None and job.stage == "export" and job.state == "failed"
     assert "4096" in page.log.toPlainText()
     assert page.retry_button.isEnabled()
-
-
-@pytest.mark.slow
-def test_the_pipeline_can_also_run_on_the_ui_loop(
-    exported_template, copy_project, tmp_path, make_window, settings, qtbot
-):
-    """qasync runs the worker subprocesses itself when asked to (pipeline_on_ui_loop)."""
-    from studio.ui.controller import ProjectController
-
-    win = make_window(controller=ProjectController(settings, pipeline_on_ui_loop=True))
-    path = copy_project(exported_template, tmp_path / "copy")
-    assert win.open_project(path)
-    win.ctl.set("export", "prompt_length", 8)  # not cached: export runs for real
-    page = win.show_page("Jobs")
-    assert page.run_stages(["export"]) is not None
-    qtbot.waitUntil(
-        lambda: any(j.state == "running" and j.pid for j in win.ctl.active_jobs), timeout=60_000
-    )
-    win.cancel_act.trigger()
-    summary = _wait_run(qtbot, win.ctl, timeout=60_000)
-    assert summary.state == "cancelled"
-    assert page.model.index(0, 4).data() == "cancelled"
 
 
 # ---- the log pane ------------------------------------------------------------------------------

@@ -330,7 +330,7 @@ def test_an_edit_marks_cards_stale_and_a_new_run_clears_it(
     made = ("quantize", "compile")  # (the export, taken from the cache, is every run's)
     before = {(j.stage, j.run_id) for j in over._card_jobs if j.stage in made}
     over.rerun_button.click()
-    task = ctl._task
+    task = ctl.last_run
     assert task is not None
     qtbot.waitUntil(task.done, timeout=300_000)
     summary = task.result()

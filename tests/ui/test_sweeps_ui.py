@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QPointF, Qt, QTimer
 
-from studio.core.errors import StudioError
 from studio.ui.pages.sweeps import COL
 from tests.ui.conftest import wait_task
 
@@ -78,8 +77,12 @@ def test_run_cancel_and_run_a_sweep_then_apply_a_point(window, tmp_path, qtbot):
     qtbot.mouseClick(page.run_button, Qt.MouseButton.LeftButton)
     assert page.running and ctl.sweeping == "schemes"
     assert not page.run_button.isEnabled() and not page.combo.isEnabled()
-    with pytest.raises(StudioError, match="sweep 'schemes' is running"):
-        ctl.run()  # the pipeline waits for the sweep
+    queued = ctl.run()  # the pipeline waits for the sweep: queued behind it
+    item = ctl.queue.waiting_for(ctl.project.path)[0]
+    assert ctl.queue.why[item.id].startswith("after #") and "same project" in \
+        ctl.queue.why[item.id]
+    ctl.queue.cancel(item.id)
+    assert queued.done() and queued.result() is None
     qtbot.waitUntil(lambda: any(j["state"] == "running" for j in page._jobs.values()),
                     timeout=120_000)
     assert page.cancel_button.isEnabled()
@@ -187,11 +190,16 @@ def test_run_cancel_and_run_a_sweep_then_apply_a_point(window, tmp_path, qtbot):
     assert not ctl.studio.commands.can_undo
     assert "the project's settings now" not in page.selection.text()
 
-    # a pipeline run keeps the sweep from starting (its export comes from the store)
+    # a sweep asked for while a pipeline run goes is queued behind it (its export comes
+    # from the store), then runs
     task = ctl.run(["export"])
-    assert not page.run_button.isEnabled()
-    assert "pipeline is running" in page.run_button.toolTip()
-    assert page.run_sweep() is False
-    assert any("The pipeline is running" in t for t in window.notifications.texts())
+    assert page.run_button.text() == "Queue sweep"
+    assert "queued and starts when it ends" in page.run_button.toolTip()
+    assert page.run_sweep() is True
+    assert any("queued as #" in t for t in window.notifications.texts())
+    assert not page.run_button.isEnabled() and "Queued as #" in page.run_button.toolTip()
     wait_task(qtbot, task)
+    qtbot.waitUntil(lambda: page.running, timeout=30_000)
+    page.cancel_sweep()
+    qtbot.waitUntil(lambda: not page.running, timeout=120_000)
     assert page.run_button.isEnabled()

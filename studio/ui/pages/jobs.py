@@ -416,15 +416,16 @@ class JobsPage(Page):
         running = self.ctl.running
         job = self.selected_job() if has_project else None
         active = bool(job and job.state in ("queued", "running") and running)
-        self.run_button.setEnabled(has_project and not running)
-        self.run_button.setText("Running…" if running else "▶  Run pipeline")
-        self.stage_button.setEnabled(has_project and not running)
-        if running:
-            self.stage_button.setToolTip("A run is going: wait for it or cancel it first")
-        else:
-            self.stage_button.setToolTip(
-                "Run one stage (and the stages it needs, cached when unchanged)"
-            )
+        # a run while one runs is queued behind it (the Queue page says why it waits)
+        self.run_button.setEnabled(has_project)
+        self.run_button.setText("＋  Queue a run" if running else "▶  Run pipeline")
+        self.run_button.setToolTip(
+            "A run is going: another run waits in the queue until it ends" if running else
+            "Run every stage of the project (unchanged stages come from the cache)")
+        self.stage_button.setEnabled(has_project)
+        self.stage_button.setToolTip(
+            "Queue one stage (and the stages it needs) behind the run that is going"
+            if running else "Run one stage (and the stages it needs, cached when unchanged)")
         self.cancel_button.setEnabled(active)
         self.cancel_button.setToolTip(
             f"Cancel {job.label} (a running worker is terminated)"
@@ -432,14 +433,10 @@ class JobsPage(Page):
             else "Select a queued or running job to cancel it"
         )
         self.cancel_run_button.setEnabled(running)
-        can_retry = bool(
-            job and job.state in ("failed", "cancelled", "interrupted") and not running
-        )
+        can_retry = bool(job and job.state in ("failed", "cancelled", "interrupted"))
         self.retry_button.setEnabled(can_retry)
         if can_retry:
             self.retry_button.setToolTip(f"Run {job.stage} again (its inputs come from the cache)")
-        elif running:
-            self.retry_button.setToolTip("A run is going: wait for it or cancel it first")
         else:
             self.retry_button.setToolTip(
                 "Select a failed, cancelled or interrupted job to retry it"

@@ -55,6 +55,10 @@ PAGES: tuple[PageSpec, ...] = (
              "Every stage of every run, live. Jobs run in worker processes: the window stays "
              "responsive.",
              "studio.ui.pages.jobs:JobsPage"),
+    PageSpec("queue", "Queue", "Every project's runs and sweeps, lined up",
+             "Runs and sweeps of every project wait here for their turn: what runs, what waits "
+             "and why, what ended. Reorder, prioritise, cancel, pause.",
+             "studio.ui.pages.queue:QueuePage"),
     PageSpec("devices", "Devices",
              "Host CPU, HTP simulator, target chips, remote agents, phones over adb",
              "Where jobs run: this machine's CPU, the QNN HTP simulator for each target chip, "

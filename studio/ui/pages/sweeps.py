@@ -194,6 +194,8 @@ class SweepsPage(Page):
         self.content.hide()
         ctl.running_changed.connect(self._pipeline_running)
         ctl.closing.connect(self._closing)
+        ctl.queue.sweep_started.connect(self._sweep_started)
+        ctl.queue.changed.connect(self._queue_changed)
         self._update_buttons()
 
     # ---- building the page ------------------------------------------------------------------
@@ -369,6 +371,17 @@ class SweepsPage(Page):
             self.fill_combo()  # a sweep added or removed (the dialog, Undo, a reload)
         self._show_selection()  # "the project's settings now" follows the edits
 
+    def _queued(self):
+        """The picked sweep's item waiting in the work queue, or None."""
+        name = self.current_name()
+        return next((i for i in self.ctl.queue.waiting_for(
+            self.ctl.project.path if self.ctl.studio else None)
+            if i.kind == "sweep" and i.spec.get("sweep") == name), None)
+
+    def _queue_changed(self) -> None:
+        if self.ctl.studio is not None and not self.running:
+            self._update_buttons()
+
     def _pipeline_running(self, running: bool) -> None:
         if running or self.running:
             self._update_buttons()
@@ -376,11 +389,12 @@ class SweepsPage(Page):
             self.refresh()  # the status line loses its "the pipeline is running"
 
     def _closing(self) -> None:
-        """The session closes: a running sweep is cancelled and waited for (it records its
-        cancelled points in the history, which closes next)."""
+        """The session closes: a running sweep goes on in the work queue (on a session of
+        its own); the page lets go of it."""
         if self.sweep is not None:
-            self.sweep.cancel()
-            self.sweep.wait(60.0)
+            self.sweep.event.disconnect(self._on_event)
+            self.sweep = None
+            self._redraw.stop()
 
     # ---- the sweeps -------------------------------------------------------------------------
     def fill_combo(self) -> None:
@@ -533,37 +547,48 @@ class SweepsPage(Page):
 
     # ---- running ----------------------------------------------------------------------------
     def run_sweep(self) -> bool:
-        """Start the picked sweep on the local process pool; False (and why) when it cannot."""
-        from studio.services.sweeps import SweepRunner, find_spec
+        """Queue the picked sweep (it runs on the local process pool when the work queue
+        starts it: now, or after what runs); False (and why) when it cannot."""
+        from studio.services.sweeps import find_spec
 
         studio = self.ctl.studio
         name = self.current_name()
         if studio is None or name is None or self.running:
             return False
-        if self.ctl.running:
-            self.ctl.message.emit("error", "The pipeline is running: start the sweep when it "
-                                           "ends (or cancel the run).")
-            return False
         try:
-            spec = find_spec(studio.project, name)
-            runner = SweepRunner(studio.project.copy(), studio.jobs, studio.store, spec,
-                                 "local", self.workers.value())
+            find_spec(studio.project, name)
+            item, _ = self.ctl.queue.add(studio.project, "sweep",
+                                         {"sweep": name, "workers": self.workers.value()})
         except StudioError as exc:
             self.ctl.message.emit("error", exc.message)
             return False
-        self._spec = spec
-        self._sweep_name = name
+        if item.state == "waiting":
+            why = self.ctl.queue.why.get(item.id, "it waits its turn")
+            self.status.setText(f"Queued as #{item.id}: {why}")
+            self.ctl.message.emit("info", f"Sweep {name!r} queued as #{item.id}: {why}")
+        self._update_buttons()
+        return True
+
+    def _sweep_started(self, item, thread) -> None:
+        """The work queue started a sweep: show it live when it is the open project's."""
+        from studio.services.sweeps import find_spec
+
+        studio = self.ctl.studio
+        if studio is None or studio.project.path.resolve() != item.path:
+            return
+        self._spec = find_spec(studio.project, item.spec["sweep"])
+        self._sweep_name = item.spec["sweep"]
+        i = self.combo.findData(self._sweep_name)
+        if i >= 0:
+            self.combo.setCurrentIndex(i)
         self._live = {}
         self._jobs = {}
         self._jobs_total = 0
         self._started = time.monotonic()
-        self.sweep = SweepThread(runner, self)
-        self.sweep.event.connect(self._on_event)
-        self.ctl.sweeping = name
+        self.sweep = thread
+        thread.event.connect(self._on_event)
         self.status.setText("Planning the points (hashing the inputs)…")
         self._update_buttons()
-        self.sweep.start()
-        return True
 
     def cancel_sweep(self) -> None:
         if self.sweep is not None:
@@ -631,7 +656,6 @@ class SweepsPage(Page):
     def _finished(self, ev: dict[str, Any]) -> None:
         self._redraw.stop()
         self.sweep = None
-        self.ctl.sweeping = None
         err = ev.get("error")
         if isinstance(err, StudioError):
             self.ctl.message.emit("error", f"The sweep {self._sweep_name!r} stopped: "
@@ -1004,14 +1028,19 @@ class SweepsPage(Page):
         running = self.running
         pipeline = self.ctl.running
         declared = has and self._declared(self.current_name())
-        self.run_button.setEnabled(has and declared and not running and not pipeline
+        waiting = self._queued()
+        self.run_button.setEnabled(has and declared and not running and waiting is None
                                    and self._spec is not None)
+        self.run_button.setText("Queue sweep" if pipeline else "Run sweep")
         self.run_button.setToolTip(
-            "The pipeline is running: start the sweep when it ends" if pipeline else
-            "Run every point through the pipeline (points that share a stage share its job; "
-            "finished jobs come from the store)")
-        if pipeline and not running:
-            self.status.setText("The pipeline is running: a sweep can start when it ends.")
+            f"Queued as #{waiting.id}: cancel it on the Queue page to change it"
+            if waiting is not None else
+            "The pipeline is running: the sweep is queued and starts when it ends" if pipeline
+            else "Run every point through the pipeline (points that share a stage share its "
+                 "job; finished jobs come from the store)")
+        if waiting is not None and not running:
+            self.status.setText(f"Queued as #{waiting.id}: "
+                                f"{self.ctl.queue.why.get(waiting.id, 'it waits its turn')}")
         if not running:
             self.cancel_button.setEnabled(False)
         else:

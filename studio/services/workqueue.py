@@ -1,0 +1,372 @@
+"""The work queue: pipeline runs and sweeps of any project, lined up and run as the machine
+allows.
+
+Every "Run" in the window adds an item here instead of refusing while something else runs.
+An item names a project file and what to do with it (stages, a retry, a sweep); the queue
+holds them in one SQLite file in the app's config folder, so a window that restarts finds
+what was waiting (and what was running when it ended, put back to wait: its finished stages
+come from the artifact store). :func:`schedule` is pure: given the items, whether the queue
+is paused, how many may run at once and the free memory, it says which waiting items start
+now and, for each of the others, why it waits — in words a user can act on.
+
+The rules, in order:
+
+1. a paused queue starts nothing;
+2. items of one project run one after another, in the queue's order (two runs of a project
+   would write the same artifacts; the pipeline's run lock would refuse the second);
+3. a project another process is running (``studio --batch``, a sweep from the CLI) waits
+   for it;
+4. at most ``slots`` items run at once (a sweep takes as many slots as its workers);
+5. an item whose predicted memory peak does not fit in the free memory waits while another
+   item runs (alone, it starts: the stage's own memory check then refuses it in one line).
+
+Higher priority goes first; within a priority, the user's order. A running item is never
+stopped for another.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+
+WAITING, RUNNING = "waiting", "running"
+SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
+FINAL = (SUCCEEDED, FAILED, CANCELLED)
+KINDS = ("pipeline", "sweep")
+PRIORITIES = {0: "normal", 1: "high"}
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS items (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    project TEXT NOT NULL,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    priority INTEGER NOT NULL DEFAULT 0,
+    pos REAL NOT NULL,
+    state TEXT NOT NULL,
+    added REAL NOT NULL,
+    started REAL,
+    finished REAL,
+    run_id INTEGER,
+    message TEXT NOT NULL DEFAULT '',
+    peak INTEGER
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+@dataclass
+class QueueItem:
+    id: int
+    project: str  # the project file, resolved
+    name: str  # the project's name, for the list
+    kind: str  # "pipeline" | "sweep"
+    spec: dict[str, Any]
+    priority: int = 0
+    pos: float = 0.0
+    state: str = WAITING
+    added: float = 0.0
+    started: float | None = None
+    finished: float | None = None
+    run_id: int | None = None
+    message: str = ""
+    #: the predicted peak resident memory of its largest stage, bytes (estimated; None:
+    #: no prediction for this kind of project)
+    peak: int | None = None
+    #: live, not stored: what a running item does now ("quantize 45 %")
+    progress: str = field(default="", compare=False)
+
+    @property
+    def path(self) -> Path:
+        return Path(self.project)
+
+    @property
+    def what(self) -> str:
+        """What the item does, in a few words."""
+        s = self.spec
+        if self.kind == "sweep":
+            return f"sweep {s.get('sweep')!r} ({s.get('workers', 1)} worker(s))"
+        if s.get("retry"):
+            stage, target = s["retry"]
+            return f"retry {stage}{f' @ {target}' if target else ''} and what follows"
+        stages = s.get("stages")
+        what = "the whole pipeline" if not stages else "stages " + " → ".join(stages)
+        if s.get("targets"):
+            what += " on " + ", ".join(s["targets"])
+        if s.get("remeasure"):
+            what += " (measured again)"
+        return what
+
+    @property
+    def label(self) -> str:
+        return f"#{self.id} {self.name}: {self.what}"
+
+    @property
+    def cores(self) -> int:
+        """The slots the item takes while it runs."""
+        return max(1, int(self.spec.get("workers", 1))) if self.kind == "sweep" else 1
+
+
+def _item(row: sqlite3.Row) -> QueueItem:
+    return QueueItem(
+        id=row["id"], project=row["project"], name=row["name"], kind=row["kind"],
+        spec=json.loads(row["spec"]), priority=row["priority"], pos=row["pos"],
+        state=row["state"], added=row["added"], started=row["started"],
+        finished=row["finished"], run_id=row["run_id"], message=row["message"],
+        peak=row["peak"],
+    )
+
+
+def order_key(item: QueueItem) -> tuple:
+    """The order waiting items start in: higher priority first, then the user's order."""
+    return (-item.priority, item.pos, item.id)
+
+
+class WorkQueue:
+    """The queue's items in a SQLite file (one connection, used from the UI thread and the
+    runner threads under a lock)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None,
+                                       check_same_thread=False)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise StudioError(f"the work queue {self.path} cannot be read ({exc}): move it "
+                              "away; a new, empty queue is made in its place") from None
+        self._lock = threading.RLock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    # ---- reading ------------------------------------------------------------------------
+    def items(self, finished: bool = True) -> list[QueueItem]:
+        """Running items, then waiting ones in the order they start, then (``finished``)
+        the ended ones, newest first."""
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM items").fetchall()
+        items = [_item(r) for r in rows]
+        running = sorted((i for i in items if i.state == RUNNING), key=lambda i: i.started or 0)
+        waiting = sorted((i for i in items if i.state == WAITING), key=order_key)
+        out = running + waiting
+        if finished:
+            out += sorted((i for i in items if i.state in FINAL),
+                          key=lambda i: -(i.finished or i.added))
+        return out
+
+    def get(self, item_id: int) -> QueueItem:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM items WHERE id=?", (item_id,)).fetchone()
+        if row is None:
+            raise StudioError(f"the queue has no item #{item_id}")
+        return _item(row)
+
+    @property
+    def paused(self) -> bool:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key='paused'").fetchone()
+        return bool(row and row["value"] == "1")
+
+    def set_paused(self, paused: bool) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('paused', ?)",
+                       ("1" if paused else "0",))
+
+    @property
+    def slots(self) -> int:
+        """How many items may run at once (a sweep takes its workers' count)."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key='slots'").fetchone()
+        return int(row["value"]) if row else default_slots()
+
+    def set_slots(self, n: int) -> None:
+        if not 1 <= int(n) <= 64:
+            raise StudioError(f"items at once must be 1 to 64, not {n}")
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('slots', ?)",
+                       (str(int(n)),))
+
+    # ---- changing ------------------------------------------------------------------------
+    def add(self, project: Path, name: str, kind: str, spec: dict[str, Any],
+            priority: int = 0, peak: int | None = None) -> QueueItem:
+        if kind not in KINDS:
+            raise StudioError(f"unknown kind of queue item {kind!r} (one of {', '.join(KINDS)})")
+        if priority not in PRIORITIES:
+            raise StudioError(f"priority must be one of {sorted(PRIORITIES)}, not {priority}")
+        with self._tx() as db:
+            row = db.execute("SELECT MAX(pos) AS m FROM items").fetchone()
+            pos = (row["m"] or 0.0) + 1.0
+            cur = db.execute(
+                "INSERT INTO items(project, name, kind, spec, priority, pos, state, added, peak)"
+                " VALUES (?,?,?,?,?,?,?,?,?)",
+                (str(Path(project).resolve()), name, kind, json.dumps(spec), priority, pos,
+                 WAITING, time.time(), peak))
+            item_id = int(cur.lastrowid or 0)
+        return self.get(item_id)
+
+    def move(self, item_id: int, delta: int) -> None:
+        """Move a waiting item ``delta`` places earlier (negative) or later among the waiting
+        items of its priority."""
+        item = self.get(item_id)
+        if item.state != WAITING:
+            raise StudioError(f"#{item_id} is {item.state}: only waiting items move")
+        peers = [i for i in self.items(finished=False)
+                 if i.state == WAITING and i.priority == item.priority]
+        at = next(k for k, i in enumerate(peers) if i.id == item_id)
+        to = max(0, min(len(peers) - 1, at + delta))
+        if to == at:
+            return
+        peers.insert(to, peers.pop(at))
+        with self._tx() as db:
+            for k, i in enumerate(peers):
+                db.execute("UPDATE items SET pos=? WHERE id=?", (float(k + 1), i.id))
+
+    def set_priority(self, item_id: int, priority: int) -> None:
+        if priority not in PRIORITIES:
+            raise StudioError(f"priority must be one of {sorted(PRIORITIES)}, not {priority}")
+        with self._tx() as db:
+            db.execute("UPDATE items SET priority=? WHERE id=? AND state=?",
+                       (priority, item_id, WAITING))
+
+    def mark_running(self, item_id: int) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE items SET state=?, started=?, message='' WHERE id=?",
+                       (RUNNING, time.time(), item_id))
+
+    def finish(self, item_id: int, state: str, message: str = "",
+               run_id: int | None = None) -> None:
+        if state not in FINAL:
+            raise ValueError(state)
+        with self._tx() as db:
+            db.execute("UPDATE items SET state=?, finished=?, message=?, "
+                       "run_id=COALESCE(?, run_id) WHERE id=?",
+                       (state, time.time(), message, run_id, item_id))
+
+    def cancel_waiting(self, item_id: int) -> bool:
+        """Cancel an item that has not started; False when it had (or had ended)."""
+        with self._tx() as db:
+            cur = db.execute("UPDATE items SET state=?, finished=?, message=? "
+                             "WHERE id=? AND state=?",
+                             (CANCELLED, time.time(), "cancelled before it started",
+                              item_id, WAITING))
+        return cur.rowcount == 1
+
+    def requeue_running(self, why: str) -> int:
+        """Items left running (by a window that ended, or one that is quitting) wait again,
+        first in the queue: their finished stages come from the store."""
+        with self._tx() as db:
+            cur = db.execute("UPDATE items SET state=?, started=NULL, pos=pos-1000000, "
+                             "message=? WHERE state=?", (WAITING, why, RUNNING))
+        return cur.rowcount
+
+    def clear_finished(self) -> int:
+        with self._tx() as db:
+            cur = db.execute(f"DELETE FROM items WHERE state IN ({','.join('?' * len(FINAL))})",
+                             FINAL)
+        return cur.rowcount
+
+
+def default_slots() -> int:
+    """One item per four cores, at least one: the HTP simulator and the quantizer each keep
+    a core busy, and the profile's simulated timings follow the host's load."""
+    import os
+
+    return max(1, (os.cpu_count() or 1) // 4)
+
+
+@dataclass
+class Schedule:
+    start: list[QueueItem]
+    #: why each waiting item that does not start waits
+    why: dict[int, str]
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def schedule(items: list[QueueItem], *, paused: bool, slots: int, free_bytes: int,
+             busy: Callable[[Path], str | None] = lambda _p: None,
+             headroom: int = 512 << 20) -> Schedule:
+    """Which waiting items start now, and why each other waiting item waits.
+
+    ``busy(project_path)``: a sentence when another process runs that project now, else None.
+    """
+    running = [i for i in items if i.state == RUNNING]
+    waiting = sorted((i for i in items if i.state == WAITING), key=order_key)
+    used = sum(i.cores for i in running)
+    free = free_bytes
+    ahead: dict[str, QueueItem] = {i.project: i for i in running}
+    start: list[QueueItem] = []
+    why: dict[int, str] = {}
+    for item in waiting:
+        before = ahead.get(item.project)
+        ahead.setdefault(item.project, item)
+        if paused:
+            why[item.id] = "the queue is paused: Resume starts it"
+            continue
+        if before is not None:
+            how = "runs" if before.state == RUNNING or before in start else "waits"
+            why[item.id] = (f"after #{before.id} of the same project ({how} now): one run at a "
+                            "time writes a project's artifacts")
+            continue
+        other = busy(item.path)
+        if other:
+            why[item.id] = other
+            continue
+        anyone = bool(running or start)
+        if anyone and used + item.cores > slots:
+            now = ", ".join(f"#{i.id}" for i in running + start)
+            why[item.id] = (f"waits for a free slot: {used} of {slots} in use ({now}); "
+                            "raise 'at once' to run more together")
+            continue
+        if anyone and item.peak is not None and item.peak > free - headroom:
+            why[item.id] = (f"waits for memory: its largest stage is predicted to peak at "
+                            f"{_gib(item.peak)} (estimated), {_gib(max(0, free))} free "
+                            "beside what runs")
+            continue
+        start.append(item)
+        used += item.cores
+        if item.peak is not None:
+            free -= item.peak
+    return Schedule(start, why)
+
+
+def project_busy(path: Path) -> str | None:
+    """A sentence when another process runs the project (its pipeline lock is held)."""
+    from studio.core.fsutil import RunLock
+
+    try:
+        held = RunLock(Path(path).with_suffix(".studio")).held()
+    except OSError:
+        return None
+    if held:
+        return ("another process runs this project now (studio --batch or a second window): "
+                "it starts when that run ends")
+    return None

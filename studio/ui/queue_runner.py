@@ -1,0 +1,421 @@
+"""Runs the work queue (:mod:`studio.services.workqueue`) behind the window.
+
+Each item runs on its own asyncio loop in a runner thread, on a session of its own
+(``Studio``): the open project's items on a snapshot of the window's project taken when the
+item starts (unsaved edits included, as the Run button always did), other projects' items on
+their file as saved. So an item of a project goes on running when the window opens another
+project, and a project's items line up behind each other whichever project is open. Events
+come back through a queued signal: the open project's go on to the pages (the controller's
+``job_event`` and the rest), every item's progress to the queue's list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from studio.core.errors import StudioError
+from studio.core.jobs import FINAL
+from studio.services import workqueue
+from studio.services.workqueue import QueueItem, WorkQueue
+
+INTERRUPTED = ("the window ended while it ran; it runs again when the queue resumes (finished "
+               "stages come from the artifact store)")
+
+
+@dataclass
+class _Running:
+    item: QueueItem
+    snapshot: Any = None  # the open project's Project copy, or None: read the file
+    thread: threading.Thread | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    work: Any = None  # the Pipeline or the sweep's runner, once made
+    cancel_asked: bool = False
+    jobs: dict[Any, Any] = field(default_factory=dict)  # job id (a sweep's: key) -> Job
+    run_id: int | None = None
+    sweep_thread: Any = None
+
+    def cancel(self, job_id: int | None = None) -> None:
+        """Cancel the item's run (or one job of it) on the runner's loop."""
+        if job_id is None:
+            self.cancel_asked = True
+        if self.sweep_thread is not None:
+            self.sweep_thread.cancel()
+            return
+        work, loop = self.work, self.loop
+        if work is None or loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(work.cancel, job_id)
+        except RuntimeError:  # the loop just closed: the run is over
+            pass
+
+
+class QueueRunner(QObject):
+    #: the list changed (an item added, started, moved, ended, or its progress)
+    changed = Signal()
+    #: an item ended: (QueueItem, RunSummary | sweep summary dict | None)
+    finished = Signal(object, object)
+    #: a sweep item of a project started: (QueueItem, SweepThread)
+    sweep_started = Signal(object, object)
+    _event = Signal(int, object)  # item id, a pipeline event (from a runner thread)
+    _done = Signal(int, object, object)  # item id, result, exception
+
+    def __init__(self, ctl, path: Path):
+        super().__init__(ctl)
+        self.ctl = ctl
+        self.queue = WorkQueue(path)
+        #: items that waited or ran when the last window ended (the queue starts paused)
+        self.left_over = 0
+        n = self.queue.requeue_running(INTERRUPTED)
+        waiting = [i for i in self.queue.items(finished=False)]
+        if waiting:
+            self.left_over = len(waiting)
+            self.queue.set_paused(True)
+        del n
+        self.running: dict[int, _Running] = {}
+        self.why: dict[int, str] = {}
+        self._waiters: dict[int, asyncio.Future] = {}
+        self._threads: list[threading.Thread] = []
+        self._shut = False
+        self._event.connect(self._on_event)
+        self._done.connect(self._on_done)
+        self._timer = QTimer(self)
+        self._timer.setInterval(2000)  # free memory and other processes' runs change
+        self._timer.timeout.connect(self.kick)
+        self._timer.start()
+
+    # ---- reading -----------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """After :meth:`shutdown` (the window is quitting): nothing is read or started."""
+        return self._shut
+
+    @property
+    def paused(self) -> bool:
+        return not self._shut and self.queue.paused
+
+    def items(self, finished: bool = True) -> list[QueueItem]:
+        if self._shut:
+            return []
+        out = self.queue.items(finished)
+        for i in out:
+            r = self.running.get(i.id)
+            if r is not None:
+                i.progress = _progress(r)
+        return out
+
+    def running_for(self, project: Path | None, kind: str = "pipeline") -> _Running | None:
+        if project is None:
+            return None
+        key = str(Path(project).resolve())
+        return next((r for r in self.running.values()
+                     if r.item.project == key and r.item.kind == kind), None)
+
+    def waiting_for(self, project: Path | None) -> list[QueueItem]:
+        if project is None or self._shut:
+            return []
+        key = str(Path(project).resolve())
+        return [i for i in self.queue.items(finished=False)
+                if i.project == key and i.state == workqueue.WAITING]
+
+    # ---- adding ------------------------------------------------------------------------
+    def add(self, project, kind: str, spec: dict[str, Any], priority: int = 0
+            ) -> tuple[QueueItem, asyncio.Future | None]:
+        """Queue ``spec`` for ``project`` (a Project with its path); starts it now when the
+        queue allows. Returns the item and a future of its result (None without a loop)."""
+        if self._shut:
+            raise StudioError("the window is closing: nothing more is queued")
+        item = self.queue.add(project.path, project.name, kind, spec, priority,
+                              peak=predicted_peak(project, kind, spec))
+        try:
+            fut: asyncio.Future | None = asyncio.get_event_loop().create_future()
+        except RuntimeError:
+            fut = None
+        if fut is not None:
+            self._waiters[item.id] = fut
+        self.kick()
+        return self.queue.get(item.id), fut
+
+    # ---- the user's changes ------------------------------------------------------------
+    def cancel(self, item_id: int) -> None:
+        """Cancel an item: a waiting one does not start, a running one is stopped."""
+        r = self.running.get(item_id)
+        if r is not None:
+            r.cancel()
+        elif self.queue.cancel_waiting(item_id):
+            self._settle(item_id, None)
+        self.kick()
+
+    def move(self, item_id: int, delta: int) -> None:
+        self.queue.move(item_id, delta)
+        self.kick()
+
+    def set_priority(self, item_id: int, priority: int) -> None:
+        self.queue.set_priority(item_id, priority)
+        self.kick()
+
+    def set_paused(self, paused: bool) -> None:
+        self.queue.set_paused(paused)
+        if not paused:
+            self.left_over = 0
+        self.kick()
+
+    def set_slots(self, n: int) -> None:
+        self.queue.set_slots(n)
+        self.kick()
+
+    def clear_finished(self) -> None:
+        self.queue.clear_finished()
+        self.changed.emit()
+
+    # ---- scheduling --------------------------------------------------------------------
+    def kick(self) -> None:
+        """Start what may start now; note why the others wait."""
+        if self._shut:
+            return
+        from studio.core.hostmem import available_memory
+
+        items = self.queue.items(finished=False)
+        plan = workqueue.schedule(items, paused=self.queue.paused, slots=self.queue.slots,
+                                  free_bytes=available_memory(), busy=workqueue.project_busy)
+        self.why = plan.why
+        for item in plan.start:
+            self._start(item)
+        self.changed.emit()
+
+    def _start(self, item: QueueItem) -> None:
+        ctl = self.ctl
+        open_path = ctl.project.path.resolve() if ctl.studio is not None else None
+        snapshot = ctl.project.copy() if open_path == item.path else None
+        self.queue.mark_running(item.id)
+        item = self.queue.get(item.id)
+        r = _Running(item, snapshot)
+        self.running[item.id] = r
+        if item.kind == "sweep":
+            self._start_sweep(r)
+            return
+        thread = threading.Thread(target=self._work, args=(r,), name=f"qstudio-queue-{item.id}",
+                                  daemon=True)
+        r.thread = thread
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        if snapshot is not None:
+            ctl.running_changed.emit(True)
+        thread.start()
+
+    def _work(self, r: _Running) -> None:
+        """In the item's thread: a session of its own, the pipeline on its own loop."""
+        from studio.services.session import Studio
+
+        spec = r.item.spec
+        try:
+            with asyncio.Runner() as runner:
+                r.loop = runner.get_loop()
+                studio = Studio(r.snapshot) if r.snapshot is not None \
+                    else Studio.open(r.item.path)
+                try:
+                    pipeline = studio.pipeline
+                    pipeline.listeners.append(lambda ev: self._event.emit(r.item.id, ev))
+                    r.work = pipeline
+                    retry = tuple(spec["retry"]) if spec.get("retry") else None
+
+                    async def body():
+                        if r.cancel_asked:
+                            raise StudioError("cancelled before it started")
+                        task = asyncio.ensure_future(pipeline.run(
+                            spec.get("stages"), spec.get("targets"), retry,
+                            bool(spec.get("remeasure"))))
+                        await asyncio.sleep(0)  # the run has set itself up: a cancel holds
+                        if r.cancel_asked:
+                            pipeline.cancel(None)
+                        return await task
+
+                    result = runner.run(body())
+                finally:
+                    studio.close()
+        except BaseException as exc:  # noqa: BLE001 - handed to the UI thread
+            r.loop = None
+            self._done.emit(r.item.id, None, exc)
+        else:
+            r.loop = None
+            self._done.emit(r.item.id, result, None)
+
+    def _start_sweep(self, r: _Running) -> None:
+        from studio.services.session import Studio
+        from studio.services.sweeps import SweepRunner, find_spec
+        from studio.ui.pages.sweeps import SweepThread
+
+        try:
+            studio = Studio(r.snapshot) if r.snapshot is not None else Studio.open(r.item.path)
+        except StudioError as exc:
+            self._done.emit(r.item.id, None, exc)
+            return
+        try:
+            spec = find_spec(studio.project, r.item.spec["sweep"])
+            runner = SweepRunner(studio.project, studio.jobs, studio.store, spec, "local",
+                                 int(r.item.spec.get("workers", 1)))
+        except StudioError as exc:
+            studio.close()
+            self._done.emit(r.item.id, None, exc)
+            return
+        thread = SweepThread(runner, self)
+        r.work = runner
+        r.sweep_thread = thread
+        r.thread = thread.thread
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread.thread]
+
+        def on_event(ev: dict[str, Any]) -> None:
+            if ev.get("kind") == "job":
+                j = ev["job"]
+                r.jobs[j["key"]] = j
+                self.changed.emit()
+            elif ev.get("kind") == "done":
+                studio.close()
+                err = ev.get("error")
+                self._on_done(r.item.id, ev.get("summary"), err)
+
+        thread.event.connect(on_event)
+        self.sweep_started.emit(r.item, thread)
+        thread.start()
+        if r.cancel_asked:
+            thread.cancel()
+
+    # ---- events ------------------------------------------------------------------------
+    def _on_event(self, item_id: int, event: dict[str, Any]) -> None:
+        r = self.running.get(item_id)
+        if r is None:
+            return
+        kind = event.get("kind")
+        if kind == "job":
+            r.jobs[event["job"].id] = event["job"]
+        elif kind == "run":
+            r.run_id = int(event["run_id"])
+        if self._is_open(r.item):
+            self.ctl._dispatch(event)
+        if kind in ("job", "run"):
+            self.changed.emit()
+
+    def _is_open(self, item: QueueItem) -> bool:
+        ctl = self.ctl
+        return ctl.studio is not None and ctl.project.path.resolve() == item.path
+
+    def _on_done(self, item_id: int, result: Any, error: BaseException | None) -> None:
+        r = self.running.pop(item_id, None)
+        if r is None:
+            return
+        item = r.item
+        mine = self._is_open(item)
+        if error is not None:
+            if isinstance(error, StudioError):
+                msg = error.message
+                state = workqueue.CANCELLED if r.cancel_asked else workqueue.FAILED
+            else:
+                msg = f"stopped with an unexpected error: {error!r}"
+                state = workqueue.FAILED
+                traceback.print_exception(error)
+            if not self._shut:
+                self.queue.finish(item_id, state, msg, r.run_id)
+                if state == workqueue.FAILED:
+                    self.ctl.message.emit("error", f"#{item_id} {item.name}: {msg}"
+                                          if not mine else msg)
+            result = None
+        else:
+            if item.kind == "pipeline":
+                state, run_id = result.state, result.run_id
+                msg = result.error or ""
+            else:
+                state = (result or {}).get("state", workqueue.FAILED)
+                state = state if state in workqueue.FINAL else workqueue.SUCCEEDED
+                run_id, msg = None, ""
+            if self._shut and state == workqueue.CANCELLED:
+                pass  # the window is quitting: the item waits for the next start
+            else:
+                self.queue.finish(item_id, state, msg, run_id)
+        if mine and item.kind == "pipeline":
+            self.ctl._run_ended(result)
+        self._settle(item_id, result)
+        self.finished.emit(item, result)
+        self.kick()
+
+    def _settle(self, item_id: int, result: Any) -> None:
+        fut = self._waiters.pop(item_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(result)
+
+    # ---- the window ends ---------------------------------------------------------------
+    def wait_idle(self, timeout_s: float, only: set[int] | None = None) -> bool:
+        """Keep the UI's events going until the running items (or those of ``only``) end."""
+        from PySide6.QtCore import QCoreApplication, QEventLoop
+
+        deadline = time.monotonic() + timeout_s
+
+        def busy() -> bool:
+            return any(only is None or i in only for i in self.running)
+
+        while busy() and time.monotonic() < deadline:
+            QCoreApplication.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
+            time.sleep(0.005)
+        return not busy()
+
+    def shutdown(self) -> None:
+        """Stop every running item (they wait again, first, for the next window), then let
+        the threads end."""
+        if self._shut:
+            return
+        ids = set(self.running)
+        for r in list(self.running.values()):
+            r.cancel()
+        self.wait_idle(60.0, ids)
+        self._shut = True
+        self._timer.stop()
+        if ids:
+            self.queue.requeue_running(INTERRUPTED)
+        for t in self._threads:
+            t.join(30)
+        self.queue.close()
+
+
+def _progress(r: _Running) -> str:
+    """What a running item does now: its running job and how far it is."""
+    if r.item.kind == "sweep":
+        jobs = list(r.jobs.values())
+        done = sum(1 for j in jobs if j["state"] in ("succeeded", "failed", "cancelled"))
+        now = [f"{j['label']} {j['progress']:.0%}" for j in jobs if j["state"] == "running"]
+        return f"{done} of {len(jobs)} jobs done" + (" · " + ", ".join(now) if now else "")
+    jobs = list(r.jobs.values())
+    if not jobs:
+        return "planning the run (hashing the inputs)…"
+    done = sum(1 for j in jobs if j.state in FINAL)
+    running = [j for j in jobs if j.state == "running"]
+    text = f"job {min(done + 1, len(jobs))} of {len(jobs)}"
+    if running:
+        j = running[0]
+        text += f" · {j.label} {j.progress:.0%}" + (f" · {j.message}" if j.message else "")
+    return text
+
+
+def predicted_peak(project, kind: str, spec: dict[str, Any]) -> int | None:
+    """The item's largest predicted stage peak (estimated), from the project's part plan;
+    None where the studio has no memory line for the project or its stages."""
+    if kind != "pipeline":
+        return None
+    try:
+        from studio.services.projects import part_plan
+
+        plan = part_plan(project)
+    except Exception:  # noqa: BLE001 - no prediction; the stage checks its own memory
+        return None
+    if plan is None:
+        return None
+    stages = spec.get("stages") or list(plan.peaks)
+    if spec.get("retry"):
+        stages = list(plan.peaks)
+    peaks = [v for k, v in plan.peaks.items() if k in stages and v]
+    return max(peaks) if peaks else None

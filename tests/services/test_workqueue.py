@@ -1,0 +1,122 @@
+"""The work queue's file and its rules (a real SQLite file; no window)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from studio.core.errors import StudioError
+from studio.core.fsutil import RunLock
+from studio.services import workqueue
+from studio.services.workqueue import WorkQueue, project_busy, schedule
+
+GIB = 2**30
+
+
+def _add(q: WorkQueue, name: str, tmp: Path, **kw):
+    return q.add(tmp / f"{name}.qstudio", name, kw.pop("kind", "pipeline"),
+                 kw.pop("spec", {"stages": ["export"]}), **kw)
+
+
+def test_items_survive_a_new_connection_and_come_back_in_order(tmp_path):
+    q = WorkQueue(tmp_path / "queue.sqlite")
+    a = _add(q, "a", tmp_path)
+    b = _add(q, "b", tmp_path, spec={"stages": None, "targets": ["snapdragon-8-gen-3"]})
+    c = _add(q, "c", tmp_path, kind="sweep", spec={"sweep": "schemes", "workers": 2})
+    q.move(c.id, -2)  # c first
+    q.set_priority(a.id, 1)  # a before every normal item
+    q.mark_running(b.id)
+    q.close()
+
+    q = WorkQueue(tmp_path / "queue.sqlite")  # the window restarted
+    assert [i.id for i in q.items()] == [b.id, a.id, c.id]
+    assert q.get(c.id).what == "sweep 'schemes' (2 worker(s))" and q.get(c.id).cores == 2
+    assert q.get(b.id).what == "the whole pipeline on snapdragon-8-gen-3"
+    assert q.get(a.id).label == f"#{a.id} a: stages export"
+    # what ran when the last window ended waits again, first of its priority
+    assert q.requeue_running("interrupted") == 1
+    assert [(i.id, i.state) for i in q.items()] == [(a.id, "waiting"), (b.id, "waiting"),
+                                                    (c.id, "waiting")]
+    assert q.get(b.id).message == "interrupted"
+    assert q.cancel_waiting(c.id) and not q.cancel_waiting(c.id)
+    q.finish(b.id, "succeeded", run_id=7)
+    assert q.get(b.id).run_id == 7
+    assert [i.state for i in q.items()] == ["waiting", "succeeded", "cancelled"]
+    assert q.clear_finished() == 2 and [i.id for i in q.items()] == [a.id]
+    with pytest.raises(StudioError, match="only waiting items move"):
+        q.finish(a.id, "failed", "boom")
+        q.move(a.id, 1)
+    with pytest.raises(StudioError, match="no item #999"):
+        q.get(999)
+    with pytest.raises(StudioError, match="priority"):
+        _add(q, "d", tmp_path, priority=5)
+    with pytest.raises(StudioError, match="1 to 64"):
+        q.set_slots(0)
+    q.set_paused(True)
+    q.set_slots(3)
+    q.close()
+    q = WorkQueue(tmp_path / "queue.sqlite")
+    assert q.paused and q.slots == 3
+    q.close()
+
+
+def test_a_damaged_queue_file_is_one_line(tmp_path):
+    bad = tmp_path / "queue.sqlite"
+    bad.write_bytes(b"this is no database" * 100)
+    with pytest.raises(StudioError, match="cannot be read .*move it away"):
+        WorkQueue(bad)
+    assert bad.read_bytes().startswith(b"this is no database")  # nothing overwritten
+
+
+def test_schedule_says_why_each_item_waits(tmp_path):
+    q = WorkQueue(tmp_path / "queue.sqlite")
+    a1 = _add(q, "a", tmp_path)
+    a2 = _add(q, "a", tmp_path, spec={"stages": ["bundle"]})
+    b = _add(q, "b", tmp_path, peak=3 * GIB)
+    c = _add(q, "c", tmp_path, peak=20 * GIB)
+    items = q.items()
+
+    # one slot: a1 starts, the rest wait, each for its own reason
+    s = schedule(items, paused=False, slots=1, free_bytes=16 * GIB)
+    assert [i.id for i in s.start] == [a1.id]
+    assert s.why[a2.id].startswith(f"after #{a1.id} of the same project (runs now)")
+    assert s.why[b.id].startswith("waits for a free slot: 1 of 1 in use")
+    # two slots: b starts beside a1; c's predicted peak does not fit beside them
+    s = schedule(items, paused=False, slots=2, free_bytes=16 * GIB)
+    assert [i.id for i in s.start] == [a1.id, b.id]
+    assert s.why[c.id].startswith("waits for a free slot")
+    s = schedule(items, paused=False, slots=4, free_bytes=16 * GIB)
+    assert [i.id for i in s.start] == [a1.id, b.id]
+    assert s.why[c.id] == ("waits for memory: its largest stage is predicted to peak at 20.0 GiB "
+                           "(estimated), 13.0 GiB free beside what runs")
+    # alone it starts: the stage's own memory check then says what to do
+    s = schedule([q.get(c.id)], paused=False, slots=1, free_bytes=16 * GIB)
+    assert [i.id for i in s.start] == [c.id]
+    # a high-priority item goes first; a paused queue starts nothing
+    q.set_priority(c.id, 1)
+    s = schedule(q.items(), paused=False, slots=1, free_bytes=64 * GIB)
+    assert [i.id for i in s.start] == [c.id]
+    s = schedule(q.items(), paused=True, slots=8, free_bytes=64 * GIB)
+    assert not s.start and set(s.why.values()) == {"the queue is paused: Resume starts it"}
+    # a project another process runs waits for it
+    s = schedule(q.items(), paused=False, slots=8, free_bytes=64 * GIB,
+                 busy=lambda p: "another process" if p.name == "a.qstudio" else None)
+    assert s.why[a1.id] == "another process"
+    assert s.why[a2.id].startswith(f"after #{a1.id} of the same project (waits now)")
+    q.close()
+
+
+def test_project_busy_reads_the_pipelines_lock(tmp_path):
+    path = tmp_path / "p.qstudio"
+    folder = path.with_suffix(".studio")
+    folder.mkdir()
+    assert project_busy(path) is None
+    lock = RunLock(folder)
+    lock.acquire()
+    try:
+        assert "another process runs this project" in project_busy(path)
+    finally:
+        lock.release()
+    assert project_busy(path) is None
+    assert workqueue.default_slots() >= 1
