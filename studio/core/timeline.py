@@ -109,13 +109,43 @@ class TimelineData:
         return {"events": count, "total": total, "by_name": order(by_name),
                 "by_category": order(by_cat)}
 
-    def raster(self, track: int, t0: float, t1: float, pixels: int
-               ) -> tuple[np.ndarray, np.ndarray]:
+    def name_codes(self, text: str) -> np.ndarray:
+        """The codes of the event names that hold ``text`` (case-insensitive)."""
+        needle = text.strip().lower()
+        if not needle:
+            return np.zeros(0, np.int32)
+        return np.array([i for i, n in enumerate(self.names) if needle in n.lower()], np.int32)
+
+    def find(self, text: str) -> dict:
+        """The events whose name holds ``text``: ``{"codes", "track", "index", "start",
+        "end", "total"}``, the matches ordered by start time (arrays)."""
+        codes = self.name_codes(text)
+        tr, ix, st, en = [], [], [], []
+        if len(codes):
+            for ti, t in enumerate(self.tracks):
+                idx = np.nonzero(np.isin(t.name_code, codes))[0]
+                tr.append(np.full(len(idx), ti, np.int32))
+                ix.append(idx)
+                st.append(t.start[idx])
+                en.append(t.end[idx])
+        if not st:
+            empty = np.zeros(0)
+            return {"codes": codes, "track": empty.astype(np.int32),
+                    "index": empty.astype(np.int64), "start": empty, "end": empty, "total": 0.0}
+        start, end = np.concatenate(st), np.concatenate(en)
+        order = np.argsort(start, kind="stable")
+        return {"codes": codes, "track": np.concatenate(tr)[order],
+                "index": np.concatenate(ix)[order], "start": start[order], "end": end[order],
+                "total": float((end - start).sum())}
+
+    def raster(self, track: int, t0: float, t1: float, pixels: int,
+               only: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Track ``track`` drawn into ``pixels`` columns over the window [t0, t1]:
         ``(category, busy)`` per column — the category with the most time in the column
         (-1: nothing) and the fraction of the column's time covered by events. Events wider
         than the window, sub-pixel events and everything between are handled the same way
-        (vectorised), so drawing costs the same for 1 000 or 200 000 events."""
+        (vectorised), so drawing costs the same for 1 000 or 200 000 events. ``only``: name
+        codes to draw (a search's matches), the other events left out."""
         t = self.tracks[track]
         ncat = max(len(self.categories), 1)
         cat = np.full(pixels, -1, np.int64)
@@ -125,6 +155,8 @@ class TimelineData:
         hi = int(np.searchsorted(t.start, t1, side="right"))
         s, e, c = t.start[:hi], t.end[:hi], t.category[:hi]
         m = e > t0
+        if only is not None:
+            m &= np.isin(t.name_code[:hi], only)
         s, e, c = np.maximum(s[m], t0), np.minimum(e[m], t1), c[m].astype(np.int64)
         px = (t1 - t0) / pixels
         a = (s - t0) / px  # fractional column coordinates

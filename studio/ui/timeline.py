@@ -1,6 +1,7 @@
 """A profile timeline: one row per track (host thread, HTP core ...), events as rectangles
 coloured by category, wheel zoom and drag pan along time, hover details, a selectable time
-window with its totals, and a minimap of the whole profile.
+window with its totals, a minimap of the whole profile, and a search by op name (the
+matches drawn in full colour over the others dimmed, stepped through one by one).
 
 Drawing stays fast for 200 000 events: one graphics item paints only the level-of-detail
 rectangles of the visible window (:meth:`studio.core.timeline.TimelineData.lod`), recomputed
@@ -14,7 +15,15 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QGraphicsRectItem,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from studio.core.timeline import TimelineData
 from studio.ui.widgets import label, theme_plot
@@ -54,6 +63,22 @@ class TimelineView(QWidget):
         self.select_button.setToolTip("Show a time window on the timeline: drag its edges to "
                                       "see the totals inside it")
         self.select_button.toggled.connect(self._toggle_selection)
+        self.find_box = QLineEdit()
+        self.find_box.setPlaceholderText("Find op by name…")
+        self.find_box.setClearButtonEnabled(True)
+        self.find_box.setToolTip("Ops whose name holds this text: drawn in full colour, the "
+                                 "others dimmed; Enter goes to the next one")
+        self.find_box.textChanged.connect(self.find)
+        self.find_box.returnPressed.connect(lambda: self.step(1))
+        self.prev_button = QPushButton("◀")
+        self.prev_button.setToolTip("The previous match")
+        self.prev_button.clicked.connect(lambda: self.step(-1))
+        self.next_button = QPushButton("▶")
+        self.next_button.setToolTip("The next match")
+        self.next_button.clicked.connect(lambda: self.step(1))
+        self.find_label = label("", "muted")
+        for w in (self.find_box, self.prev_button, self.next_button, self.find_label):
+            top.addWidget(w)
         top.addWidget(self.select_button)
         lay.addLayout(top)
         self.empty = label("No events with start times to draw.", "muted", wrap=True)
@@ -66,6 +91,13 @@ class TimelineView(QWidget):
         self.plot.showGrid(x=True, y=False, alpha=0.25)
         self.image = pg.ImageItem()
         self.plot.addItem(self.image)
+        self.mark = QGraphicsRectItem()  # the current match
+        self.mark.setPen(pg.mkPen("#d64545", width=2, cosmetic=True))
+        self.mark.setZValue(20)
+        self.mark.hide()
+        self.plot.addItem(self.mark)
+        self.matches: dict | None = None
+        self.match_at = -1
         self.region = pg.LinearRegionItem(brush=(47, 111, 214, 40))
         self.region.setZValue(10)
         self.region.sigRegionChanged.connect(self._region_changed)
@@ -101,9 +133,12 @@ class TimelineView(QWidget):
         self.data = data if data is not None and len(data) else None
         has = self.data is not None
         self.empty.setVisible(not has)
-        for w in (self.plot, self.minimap, self.select_button):
+        for w in (self.plot, self.minimap, self.select_button, self.find_box, self.prev_button,
+                  self.next_button, self.find_label):
             w.setVisible(has)
         self.select_button.setChecked(False)
+        self.matches, self.match_at = None, -1
+        self.mark.hide()
         self.totals.setText("")
         self.hover.setText("")
         if not has:
@@ -137,6 +172,8 @@ class TimelineView(QWidget):
         self.plot.getViewBox().setLimits(xMin=t0 - span * 0.05, xMax=t1 + span * 0.05,
                                          minXRange=span * 1e-7)
         self.plot.setXRange(t0, t1, padding=0.01)
+        if self.find_box.text().strip():
+            self.find(self.find_box.text())  # the search carries over to the new data
         self._redraw()
         if self.data.untimed:
             self.hover.setText(f"{self.data.untimed} events without start times are not drawn")
@@ -182,6 +219,7 @@ class TimelineView(QWidget):
         pixels = max(int(vb.width()), 200)
         rows = ROWS_PER_TRACK
         img = np.zeros((pixels, len(d.tracks) * rows, 4), np.uint8)
+        only = self.matches["codes"] if self.matches is not None else None
         for ti, track in enumerate(d.tracks):
             cat, busy = d.raster(ti, x0, x1, pixels)
             on = cat >= 0
@@ -190,7 +228,14 @@ class TimelineView(QWidget):
             alpha = 90 + 165 * busy[on]
             if track.source == "estimated":
                 alpha = alpha * 0.5
+            if only is not None:  # a search: everything dimmed, its matches drawn over
+                alpha = alpha * 0.15
             rgba[on, 3] = alpha.astype(np.uint8)
+            if only is not None and len(only):
+                mcat, mbusy = d.raster(ti, x0, x1, pixels, only=only)
+                hit = mcat >= 0
+                rgba[hit, :3] = self._colors[mcat[hit] % len(self._colors)]
+                rgba[hit, 3] = (120 + 135 * mbusy[hit]).astype(np.uint8)
             img[:, ti * rows + 1: (ti + 1) * rows - 1, :] = rgba[:, None, :]
         self.image.setImage(img, autoLevels=False, levels=(0, 255))
         self.image.setRect(QRectF(x0, -0.5, x1 - x0, len(d.tracks)))
@@ -202,6 +247,52 @@ class TimelineView(QWidget):
         x0, x1 = self.mini_region.getRegion()
         if x1 > x0:
             self.plot.setXRange(x0, x1, padding=0)
+
+    # ---- search -------------------------------------------------------------------------
+    def find(self, text: str) -> int:
+        """Show the events whose name holds ``text``; returns how many there are."""
+        self.mark.hide()
+        self.match_at = -1
+        if self.data is None or not text.strip():
+            self.matches = None
+            self.find_label.setText("")
+            if self.data is not None:
+                self._redraw()
+            return 0
+        m = self.data.find(text)
+        self.matches = m
+        n = len(m["start"])
+        names = len(m["codes"])
+        self.find_label.setText(
+            f"no op named like {text.strip()!r}" if not n else
+            f"{n:,} match{'es' if n != 1 else ''} ({names} name{'s' if names != 1 else ''}), "
+            f"{_fmt(m['total'], self.data.unit)} in all")
+        for b in (self.prev_button, self.next_button):
+            b.setEnabled(n > 0)
+        self._redraw()
+        return n
+
+    def step(self, delta: int) -> str:
+        """Go to the next (``delta`` 1) or previous (-1) match: the view zooms to it, it is
+        framed and described in the hover line. Returns its description."""
+        m = self.matches
+        if self.data is None or m is None or not len(m["start"]):
+            return ""
+        n = len(m["start"])
+        self.match_at = (self.match_at + delta) % n if self.match_at >= 0 else \
+            (0 if delta > 0 else n - 1)
+        k = self.match_at
+        s, e, ti = float(m["start"][k]), float(m["end"][k]), int(m["track"][k])
+        x0, x1 = self.plot.getViewBox().viewRange()[0]
+        width = max(x1 - x0, 1e-12)
+        if e - s > width * 0.5 or not (x0 <= s and e <= x1) or e - s < width * 1e-3:
+            pad = max((e - s) * 20, 1e-9)
+            self.plot.setXRange(s - pad, e + pad, padding=0)
+        self.mark.setRect(QRectF(s, ti - 0.45, max(e - s, 0.0), 0.9))
+        self.mark.show()
+        self.find_label.setText(f"{k + 1:,} of {n:,} · "
+                                + self.find_label.text().split(" · ")[-1])
+        return self.describe_at((s + e) / 2, ti)
 
     # ---- hover and selection ------------------------------------------------------------
     def _mouse_moved(self, pos) -> None:
