@@ -38,7 +38,7 @@ from studio.ui.pages.registry import PAGES, has_page, page_spec
 from studio.ui.settings import AppSettings
 from studio.ui.stages import project_stages, stage_title
 from studio.ui.theme import apply_theme
-from studio.ui.widgets import NotificationArea, label
+from studio.ui.widgets import EmptyState, NotificationArea, label
 
 if TYPE_CHECKING:
     from studio.ui.pages.base import Page
@@ -153,6 +153,9 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(central)
         self.welcome = Welcome(self)
         self.stack.addWidget(self.welcome)
+        #: shown while a page is built the first time
+        self.loading_page = EmptyState("Loading…", "")
+        self.stack.addWidget(self.loading_page)
 
         self._build_actions()
         self._build_menus()
@@ -395,6 +398,14 @@ class MainWindow(QMainWindow):
             self.welcome.refresh()
             self.stack.setCurrentWidget(self.welcome)
             return
+        if key not in self.pages:
+            # building a page reads the project (seconds on a big model, or while a run
+            # keeps the cores busy): say so at once instead of leaving the old page up
+            spec = PAGES[row]
+            self.loading_page.title.setText(f"Loading {spec.title}…")
+            self.loading_page.text.setText(spec.description)
+            self.stack.setCurrentWidget(self.loading_page)
+            self.stack.repaint()
         self.stack.setCurrentWidget(self.page(key))
 
     def _navigate(self, target: str) -> None:

@@ -385,3 +385,34 @@ def test_each_page_opens_alone(module, project_path, tmp_path):
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert out.stat().st_size > 5000
+
+
+def test_a_page_built_the_first_time_says_it_is_loading(window, monkeypatch):
+    """The old page does not stay up while a page is built (seconds on a big model or while
+    a run keeps the cores busy): the window shows 'Loading <page>…' first."""
+    from studio.ui.pages.registry import page_spec
+
+    spec = page_spec("reports")
+    seen = []
+    real = spec.load()
+
+    def build(ctl):
+        seen.append((window.stack.currentWidget() is window.loading_page,
+                     window.loading_page.title.text()))
+        return real(ctl)
+
+    monkeypatch.setattr(type(spec), "load", lambda self: build if self.key == "reports"
+                        else importlib_load(self))
+    window.show_page("reports")
+    assert seen == [(True, "Loading Reports…")]
+    assert window.stack.currentWidget() is window.page("reports")
+    window.show_page("jobs")
+    window.show_page("reports")  # built once: no second loading state
+    assert len(seen) == 1
+
+
+def importlib_load(spec):
+    import importlib
+
+    module, _, cls = spec.target.partition(":")
+    return getattr(importlib.import_module(module), cls)

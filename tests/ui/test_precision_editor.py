@@ -259,7 +259,7 @@ def test_heat_map_after_the_real_sensitivity_stage(
     ctl.set("quantization", "scheme", "W8A8")  # the shared project's settings
     ctl.set("sensitivity", "heldout_tokens", 96)
     page.heat.run_button.click()
-    assert ctl.running and not page.apply_button.isEnabled()
+    assert ctl.running and "queued behind it" in page.apply_button.toolTip()
     assert page.status.text().startswith("Sensitivity queued")
     qtbot.waitUntil(lambda: not ctl.running, timeout=400_000)
     qtbot.waitUntil(lambda: page.sensitivity is not None, timeout=60_000)
@@ -315,7 +315,7 @@ def test_apply_queues_quantize_compile_validate(
     assert page.edit_selection("activations", "INT8")
     before_runs = {r.id for r in history.runs(ctl.project, ctl.studio.jobs)}
     page.apply_button.click()
-    assert ctl.running and not page.apply_button.isEnabled()
+    assert ctl.running and "queued behind it" in page.apply_button.toolTip()
     assert "quantize → compile → validate queued" in page.status.text()
     qtbot.waitUntil(lambda: len(ctl.active_jobs) >= 3, timeout=30_000)
     labels = {j.label for j in ctl.active_jobs}

@@ -628,9 +628,8 @@ class LayerDiffView(QWidget):
         self.stack.setCurrentWidget(self.error)
 
     def _running_changed(self, running: bool) -> None:
-        self.run_button.setEnabled(not running)
         self.run_button.setToolTip(
-            "A run is going: wait for it (Jobs page), then run the layer diff"
+            "A run is going: the layer diff is queued behind it (Queue page)"
             if running
             else "Queues the layerdiff stage (and what it needs: export, quantize, compile)"
         )

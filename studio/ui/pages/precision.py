@@ -542,7 +542,7 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
             self.grid.set_heat(None)
             why = "" if self.sensitivity_loaded else "Looking for a result…"
             self.heat.show_empty(self.ctl.project.path if self.ctl.project else "FILE.qstudio",
-                                 can_run=not self.ctl.running, why=why)
+                                 can_run=True, why=why)
             return
         metric = self.heat_metric.currentData()
         _, title, unit, _ = sens.HEAT_METRICS[metric]
@@ -583,14 +583,14 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
 
     # ---- apply and compare -------------------------------------------------------------------------
     def _running_changed(self, running: bool) -> None:
-        self.apply_button.setEnabled(not running and self.ctl.studio is not None)
+        has = self.ctl.studio is not None
+        self.apply_button.setEnabled(has)
         self.apply_button.setToolTip(
-            "A run is going: wait for it or cancel it (Jobs page)" if running else
-            "Queue quantize, compile and validate for the recipe as it is now (the export is "
+            ("A run is going: this one is queued behind it (Queue page). " if running else "")
+            + "Queue quantize, compile and validate for the recipe as it is now (the export is "
             "reused from the cache), then compare its validation figures with the last run "
             "before the edit (Before / after tab)")
-        self.heat.run_button.setEnabled(not running)
-        self.apply_now.setEnabled(not running and self.ctl.studio is not None)
+        self.apply_now.setEnabled(has)
 
     def apply_recipe(self):
         """Queue quantize → compile → validate for the recipe as it is now; when the run ends,
