@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,8 @@ class OnnxNode:
     module: str  # "model.layers.0.self_attn.q_proj" for "/model/layers.0/self_attn/q_proj/MatMul"
     outputs: list[tuple[str, list[int | str]]]
     params: int
+    #: the tensors it reads that are no weight (graph inputs, other nodes' outputs)
+    inputs: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -86,6 +88,7 @@ def read_onnx_graph(path: Path) -> OnnxGraph:
                 module=module_of_node(name),
                 outputs=[(o, shapes.get(o, [])) for o in n.output],
                 params=sum(sizes.get(x, 0) for x in n.input),
+                inputs=[x for x in n.input if x and x not in sizes],
             )
         )
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)

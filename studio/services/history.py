@@ -330,6 +330,48 @@ def export_graphs(studio) -> dict[str, Path]:
     }
 
 
+@dataclass
+class GraphFile:
+    """An ONNX graph of the project's newest artifacts, for the Model page."""
+
+    path: Path
+    stage: str  # "export" | "quantize"
+    graph: str  # "prefill", "decode", "vision"
+    #: the newest compile's placement of this graph ({"chip", "cpu_nodes", ...}) when the
+    #: graph is a quantized one that was compiled
+    placement: dict[str, Any] | None = None
+
+
+def graph_files(studio) -> dict[str, GraphFile]:
+    """The project's ONNX graphs by a label: the newest export's FP32 graphs and the newest
+    quantization's, each quantized graph with the newest compile's placement of it (where each
+    node runs on the NPU of that compile's chip)."""
+    import json
+
+    out = {g: GraphFile(p, "export", g) for g, p in export_graphs(studio).items()}
+    qfolder = artifact_dir(studio, latest_job(studio.jobs, "quantize"))
+    if qfolder is None:
+        return out
+    compiled = latest_job(studio.jobs, "compile")
+    cfolder = artifact_dir(studio, compiled)
+    placement: dict[str, Any] = {}
+    if cfolder is not None and (cfolder / "placement.json").exists():
+        try:
+            placement = json.loads((cfolder / "placement.json").read_text())
+        except (OSError, ValueError):
+            placement = {}
+    for g in ("prefill", "decode", "vision"):
+        path = qfolder / f"{g}.onnx"
+        if not path.exists():
+            continue
+        place = placement.get(g) if isinstance(placement.get(g), dict) else None
+        chip = (place or {}).get("chip") or (compiled.target if compiled else "")
+        label = f"{g} · quantized, compiled for {chip}" if place is not None \
+            else f"{g} · quantized"
+        out[label] = GraphFile(path, "quantize", g, place)
+    return out
+
+
 def profile_totals(studio, job: Job) -> tuple[dict[str, float], str, str]:
     """(op-type totals, unit, source) of a profile job: the full profile when stored."""
     folder = artifact_dir(studio, job)

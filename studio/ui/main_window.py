@@ -343,6 +343,7 @@ class MainWindow(QMainWindow):
             page.navigate.connect(self._navigate)
             page.layerActivated.connect(self.show_layer)
             page.runActivated.connect(self.show_run)
+            page.graphActivated.connect(self.show_in_graph)
             page.start()
             self.pages[spec.key] = page
             self.stack.addWidget(page)
@@ -365,6 +366,14 @@ class MainWindow(QMainWindow):
         self.show_page("precision")
         page = self.page("precision")
         page.reveal_layer(name)
+        return page
+
+    def show_in_graph(self, name: str) -> QWidget:
+        """Open the Model page's graph view on a layer's nodes."""
+        page = self.show_page("model")
+        if not page.reveal_layer(name):
+            self.notify(f"{name} is not in a drawn graph yet: run the export stage, then pick "
+                        "a graph on the Model page", "info", timeout_ms=8000)
         return page
 
     def show_run(self, run_id: int) -> QWidget:

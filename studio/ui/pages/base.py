@@ -39,6 +39,8 @@ class Page(QWidget):
     layerActivated = Signal(str)
     #: ask the window to show a run of the history
     runActivated = Signal(int)
+    #: ask the window to show a layer's nodes in the graph view (Model page)
+    graphActivated = Signal(str)
 
     def __init__(self, ctl: ProjectController, parent: QWidget | None = None):
         super().__init__(parent)

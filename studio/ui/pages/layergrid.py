@@ -194,6 +194,8 @@ class LayerGrid(QWidget):
     #: the user picked a precision for the selection: (part, precision); part "scheme": back
     #: to the scheme's precisions
     edit_requested = Signal(str, str)
+    #: the user asked to see a layer in the graph view (its module path)
+    graph_requested = Signal(str)
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -346,5 +348,10 @@ class LayerGrid(QWidget):
         back.setToolTip("Remove the rules that set only these layers (and undo wider ones "
                         "for them)")
         back.triggered.connect(lambda: self.edit_requested.emit("scheme", ""))
+        layers = self.selected_layers()
+        if len(layers) == 1:
+            show = menu.addAction("Show in the graph")
+            show.setToolTip("Its nodes in the Model page's drawing of the exported graph")
+            show.triggered.connect(lambda: self.graph_requested.emit(layers[0]))
         return menu
 

@@ -1,4 +1,6 @@
-"""Model: blocks → modules → ONNX nodes (once exported), with shapes and parameter counts."""
+"""Model: blocks → modules → ONNX nodes (once exported), with shapes and parameter counts;
+and the graph itself (the export's FP32 graphs, the quantized ones with where each node runs
+after a compile) drawn in the window, linked to the Precision page's layer grid."""
 
 from __future__ import annotations
 
@@ -12,13 +14,16 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLineEdit,
     QPushButton,
+    QTabWidget,
     QTreeView,
     QVBoxLayout,
+    QWidget,
 )
 
 from studio.core.errors import StudioError
 from studio.core.modelinfo import ModelInfo
 from studio.services import history, projects
+from studio.ui.graph_view import GraphView
 from studio.ui.models.model_tree import ModelTreeModel, NodeRole, build_tree
 from studio.ui.pages.base import Page
 from studio.ui.stages import role_of
@@ -46,7 +51,8 @@ class ModelPage(Page):
         self.graph_label = label("ONNX graph:", "muted")
         bar.addWidget(self.graph_label)
         self.graph_combo = QComboBox()
-        self.graph_combo.setToolTip("Which exported graph's nodes to show under each module")
+        self.graph_combo.setToolTip("Which graph to show: its nodes under each module (Layers) "
+                                    "and drawn (Graph)")
         self.graph_combo.currentTextChanged.connect(self._graph_chosen)
         bar.addWidget(self.graph_combo)
         self.netron_button = QPushButton("Open in Netron")
@@ -95,12 +101,25 @@ class ModelPage(Page):
         hh.resizeSection(2, 260)
         hh.setStretchLastSection(True)
         self.tree.selectionModel().currentChanged.connect(self._current_changed)
-        lay.addWidget(self.tree, 1)
+        self.tabs = QTabWidget()
+        layers_tab = QWidget()
+        tl = QVBoxLayout(layers_tab)
+        tl.setContentsMargins(0, 4, 0, 0)
+        tl.addWidget(self.tree, 1)
         self.details = label("", "muted", wrap=True, selectable=True)
-        lay.addWidget(self.details)
+        tl.addWidget(self.details)
+        self.tabs.addTab(layers_tab, "Layers")
+        self.graph_view = GraphView()
+        self.graph_view.layerActivated.connect(self.layerActivated.emit)
+        self.tabs.addTab(self.graph_view, "Graph")
+        self.tabs.currentChanged.connect(lambda *_: self._draw_graph())
+        lay.addWidget(self.tabs, 1)
+        self._drawn: tuple | None = None  # what the graph view shows
+        self._pending_layer: str | None = None  # a layer to select once the graph is drawn
 
         self._graphs: dict[str, object] = {}
         self._graph_paths: dict[str, object] | None = None  # None: not looked yet
+        self._graph_files: dict[str, history.GraphFile] = {}
         self._loading: asyncio.Future | None = None
         self._plan_loading: asyncio.Future | None = None
         self._netron = projects.netron_available()
@@ -126,11 +145,13 @@ class ModelPage(Page):
         self._graphs.clear()
 
     def on_job_event(self, job) -> None:
-        if job.state == "succeeded" and role_of(job.stage) == "export":
+        if job.state == "succeeded" and role_of(job.stage) in ("export", "quantize", "compile"):
+            self._graph_paths = None if role_of(job.stage) == "compile" else self._graph_paths
             self.later(self._refresh_graphs, 200)
 
     def _refresh_graphs(self) -> None:
-        paths = history.export_graphs(self.ctl.studio)
+        self._graph_files = history.graph_files(self.ctl.studio)
+        paths = {k: f.path for k, f in self._graph_files.items()}
         if paths == self._graph_paths:
             return
         self._graph_paths = paths
@@ -249,6 +270,47 @@ class ModelPage(Page):
         self.model.set_root(root)
         self._expand_blocks(first_only=True)
         self._filter(self.search.text())
+        self._draw_graph()
+
+    def _draw_graph(self) -> None:
+        """Draw the chosen graph when the Graph tab is shown (and it changed)."""
+        if self.tabs.currentWidget() is not self.graph_view or self.ctl.studio is None:
+            return
+        info = self.ctl.model
+        if isinstance(info, projects.OnnxGraph):
+            key: tuple = ("onnx", str(info.path))
+            graph, placement, layers = info, None, set()
+        else:
+            name = self.graph_combo.currentText()
+            graph = self._graphs.get(name)
+            gf = self._graph_files.get(name)
+            placement = gf.placement if gf is not None else None
+            layers = {lay.name for lay in info.layers} if isinstance(info, ModelInfo) else set()
+            key = (name, id(graph), str(placement))
+        if key == self._drawn:
+            return
+        self._drawn = key
+        empty = ("Run the export stage first: the graph view draws the exported ONNX graphs."
+                 if not self._graph_paths else "Reading the graph…")
+        self.graph_view.set_graph(graph, placement, layers, empty_text=empty)
+        self._select_pending()
+
+    def reveal_layer(self, name: str) -> bool:
+        """Show the layer's nodes selected in the drawn graph (now, or once the graph is
+        read); False when there is no graph to draw."""
+        if not self._graph_paths and not isinstance(self.ctl.model, projects.OnnxGraph):
+            return False
+        self._pending_layer = name
+        self.tabs.setCurrentWidget(self.graph_view)  # -> _draw_graph
+        self._select_pending()
+        return True
+
+    def _select_pending(self) -> None:
+        name = self._pending_layer
+        if name and self.graph_view.graph is not None:
+            self._pending_layer = None
+            if not self.graph_view.select_module(name):
+                self.ctl.message.emit("info", f"{name} has no node in this graph")
 
     def _expand_blocks(self, first_only: bool = False) -> None:
         for r in range(self.proxy.rowCount()):

@@ -179,6 +179,7 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
                                      if self.ctl.project else None)
         self.grid.selection_changed.connect(self._selection_changed)
         self.grid.edit_requested.connect(lambda part, prec: self.edit_selection(part, prec))
+        self.grid.graph_requested.connect(self.graphActivated.emit)
         self.grid.legend_row.addWidget(self.heat_check)
         self.grid.legend_row.addWidget(self.heat_metric)
         left.addWidget(self.grid)
