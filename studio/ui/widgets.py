@@ -420,8 +420,9 @@ def fill_table(table: QTableWidget, rows: list[list[str]], tips: list[str] | Non
 
 
 def clipped_texts(root: QWidget) -> list[str]:
-    """The labels and buttons under ``root`` (shown ones) whose text does not fit their width:
-    a label that does not wrap, narrower than its text; a button narrower than its text,
+    """The labels and buttons under ``root`` (shown ones) whose text does not fit: a label
+    that does not wrap, narrower than its text; one that wraps, shorter than its lines; a
+    button narrower than its text,
     its icon and padding; a check box or radio button narrower than its size hint. Each as
     ``"ClassName 'text' width < needed"``, for the screenshot tests."""
     from PySide6.QtWidgets import QAbstractButton, QCheckBox, QRadioButton
@@ -432,7 +433,13 @@ def clipped_texts(root: QWidget) -> list[str]:
             continue
         if isinstance(w, QLabel):
             pix = w.pixmap()
-            if w.wordWrap() or not w.text().strip() or (pix is not None and not pix.isNull()):
+            if not w.text().strip() or (pix is not None and not pix.isNull()):
+                continue
+            if w.wordWrap():  # wraps: its last lines cut off below (a card too short)
+                tall = w.heightForWidth(w.width())
+                if tall > w.height() + 2:
+                    out.append(f"{type(w).__name__} {w.text()[:60]!r} height {w.height()} < "
+                               f"{tall}")
                 continue
             need = w.sizeHint().width()
         elif isinstance(w, (QCheckBox, QRadioButton)):

@@ -416,3 +416,30 @@ def importlib_load(spec):
 
     module, _, cls = spec.target.partition(":")
     return getattr(importlib.import_module(module), cls)
+
+
+def test_the_clip_check_sees_a_wrapped_label_cut_below(qtbot):
+    """A wrapped label given less height than its lines (a card too short: the demo's lost
+    closing bracket) is reported, as a non-wrapping label narrower than its text is."""
+    from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+
+    from studio.ui.widgets import clipped_texts
+
+    root = QWidget()
+    qtbot.addWidget(root)
+    lay = QVBoxLayout(root)
+    wrapped = QLabel("quantize → compile → validate (the export from the cache) " * 3)
+    wrapped.setWordWrap(True)
+    wrapped.setFixedHeight(18)
+    single = QLabel("a label that does not wrap and is far too narrow for its text")
+    single.setFixedWidth(60)
+    lay.addWidget(wrapped)
+    lay.addWidget(single)
+    root.resize(300, 200)
+    root.show()
+    cut = clipped_texts(root)
+    assert len(cut) == 2
+    assert cut[0].startswith("QLabel 'quantize") and "height 18 <" in cut[0]
+    assert cut[1].startswith("QLabel 'a label that") and "60 <" in cut[1]
+    wrapped.setFixedHeight(wrapped.heightForWidth(wrapped.width()))
+    assert len(clipped_texts(root)) == 1
