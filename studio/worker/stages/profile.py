@@ -225,7 +225,8 @@ def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
 def _host_timeline(ctx: StageContext, graphs: list[Path], spec) -> dict[str, Any]:
     """The quantized decode step on the host CPU under ONNX Runtime's profiler: a measured
     timeline (per node, per thread) saved as host_events.npz. A model in parts: each part's
-    decode graph in turn, its step the sum of theirs."""
+    decode graph in turn, its step the sum of theirs, its threads on tracks named for the part
+    (each part's times count from its own session's start: on one track they overlapped)."""
     from statistics import median
 
     from studio.core.events import EventTable
@@ -244,6 +245,8 @@ def _host_timeline(ctx: StageContext, graphs: list[Path], spec) -> dict[str, Any
         assert prof.table is not None  # an ONNX Runtime profile always has its events
         for r in prof.table.rows():
             r["block"] = blocks.get(r["onnx_node"], r["block"])
+            if name:  # each part's session on tracks of its own (its times from its start)
+                r["track"] = f"{name} · {r.get('track') or 'host'}"
             rows.append(r)
         step_ms += 1e3 * median(info["wall_s"])
         runs = info["runs"]
