@@ -46,6 +46,19 @@ def make_table(n: int, tracks: int = 16, seed: int = 0) -> EventTable:
         num={"start": np.concatenate(starts), "dur": np.concatenate(durs)}, time_unit="us")
 
 
+def _pan(view, lo: float, span: float, steps: int = 60) -> list[float]:
+    """Seconds per redraw while a window of 1/10 of the profile pans across it."""
+    out = []
+    w = span / 10
+    for i in range(steps):
+        a = lo + (span - w) * i / (steps - 1)
+        t0 = time.perf_counter()
+        view.plot.setXRange(a, a + w, padding=0)
+        view.grab()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
 def measure(n: int, repeats: int) -> dict:
     from PySide6.QtWidgets import QApplication
 
@@ -67,14 +80,7 @@ def measure(n: int, repeats: int) -> dict:
         loads.append(time.perf_counter() - t0)
     lo, hi = view.data.extent()
     span = hi - lo
-    redraw = []
-    for i in range(60):  # pan at 1/10 of the profile
-        w = span / 10
-        a = lo + (span - w) * i / 59
-        t0 = time.perf_counter()
-        view.plot.setXRange(a, a + w, padding=0)
-        view.grab()
-        redraw.append(time.perf_counter() - t0)
+    redraw = _pan(view, lo, span)  # pan at 1/10 of the profile
     for i in range(60):  # zoom from the whole profile to 1/1000 of it
         w = span * (1e-3 ** (i / 59))
         mid = lo + span / 2
@@ -87,14 +93,7 @@ def measure(n: int, repeats: int) -> dict:
     found = view.find("layers.7/")
     view.grab()
     find_s = time.perf_counter() - t0
-    searched = []
-    for i in range(60):
-        w = span / 10
-        a = lo + (span - w) * i / 59
-        t0 = time.perf_counter()
-        view.plot.setXRange(a, a + w, padding=0)
-        view.grab()
-        searched.append(time.perf_counter() - t0)
+    searched = _pan(view, lo, span)
     view.close()
     return {"events": len(table), "load_s": statistics.median(loads),
             "redraw_ms": 1e3 * statistics.median(redraw),

@@ -108,6 +108,20 @@ def _pid_alive(pid: int | None) -> bool:
     return True
 
 
+@contextmanager
+def transaction(db: sqlite3.Connection, lock: threading.RLock) -> Iterator[sqlite3.Connection]:
+    """One write transaction on a connection shared by threads (under ``lock``): committed
+    when the block ends, rolled back when it raises."""
+    with lock:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+
 class JobStore:
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -142,16 +156,8 @@ class JobStore:
         with self._tx() as db:
             db.execute("UPDATE jobs SET depends_on=? WHERE id=?", (json.dumps(deps), job_id))
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+    def _tx(self):
+        return transaction(self._db, self._lock)
 
     def _query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         with self._lock:

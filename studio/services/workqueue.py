@@ -30,13 +30,13 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.core.jobs import transaction
 
 WAITING, RUNNING = "waiting", "running"
 SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
@@ -147,23 +147,16 @@ class WorkQueue:
             self._db.executescript(_SCHEMA)
         except sqlite3.DatabaseError as exc:
             raise StudioError(f"the work queue {self.path} cannot be read ({exc}): move it "
-                              "away; a new, empty queue is made in its place") from None
+                              "away (the window does: a new, empty queue takes its place)"
+                              ) from None
         self._lock = threading.RLock()
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+    def _tx(self):
+        return transaction(self._db, self._lock)
 
     # ---- reading ------------------------------------------------------------------------
     def items(self, finished: bool = True) -> list[QueueItem]:

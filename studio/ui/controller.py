@@ -41,12 +41,6 @@ class SaveConflict(StudioError):
     """The project file changed on disk since it was opened or saved."""
 
 
-class _Bridge(QObject):
-    """Carries pipeline events to the main thread (direct there, queued from elsewhere)."""
-
-    event = Signal(object)
-
-
 class ProjectController(QObject):
     opened = Signal()  # a session is open (self.studio)
     closing = Signal()  # the session is about to close
@@ -86,8 +80,6 @@ class ProjectController(QObject):
         self._model_task: asyncio.Future | None = None
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="qstudio-io")
         self._shut = False  # after shutdown(): work asked of the pool is dropped
-        self._bridge = _Bridge(self)
-        self._bridge.event.connect(self._dispatch)
         self._autosave = QTimer(self)
         self._autosave.timeout.connect(self.autosave_now)
         self._disk_timer = QTimer(self)
@@ -376,7 +368,7 @@ class ProjectController(QObject):
         r = self.queue.running_for(self.project.path if self.studio else None, "sweep")
         return r.item.spec.get("sweep") if r is not None else None
 
-    def _run_ended(self, summary) -> None:
+    def run_ended(self, summary) -> None:
         """The queue's run of the open project ended (summary None: it failed to start)."""
         self._active.clear()
         self.running_changed.emit(False)
@@ -403,7 +395,8 @@ class ProjectController(QObject):
         if r is not None:
             r.cancel()
 
-    def _dispatch(self, event: dict[str, Any]) -> None:
+    def dispatch_event(self, event: dict[str, Any]) -> None:
+        """A pipeline event of the open project's run (from the work queue) to the pages."""
         kind = event.get("kind")
         if kind == "job":
             job: Job = event["job"]

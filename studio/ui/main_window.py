@@ -173,6 +173,8 @@ class MainWindow(QMainWindow):
         c.message.connect(self._message)
         c.disk_changed.connect(self._disk_changed)
         c.autosave_found.connect(self._autosave_found)
+        if c.queue.notice:  # the queue file was damaged: set aside, a new one started
+            self.notify(c.queue.notice, "error")
         c.run_finished.connect(self._run_finished)
 
         geo, state, page = settings.window_state()

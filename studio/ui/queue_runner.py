@@ -71,7 +71,18 @@ class QueueRunner(QObject):
     def __init__(self, ctl, path: Path):
         super().__init__(ctl)
         self.ctl = ctl
-        self.queue = WorkQueue(path)
+        #: a line for the window when the queue file had to be set aside (else "")
+        self.notice = ""
+        try:
+            self.queue = WorkQueue(path)
+        except StudioError as exc:  # a damaged file: kept aside, a new queue in its place
+            kept = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+            path.rename(kept)
+            for extra in ("-wal", "-shm"):
+                path.with_name(path.name + extra).unlink(missing_ok=True)
+            self.queue = WorkQueue(path)
+            self.notice = (f"{exc.message.split(':')[0]}: it was kept as {kept.name} and a new, "
+                           "empty queue started")
         #: items that waited or ran when the last window ended (the queue starts paused)
         self.left_over = 0
         n = self.queue.requeue_running(INTERRUPTED)
@@ -298,7 +309,7 @@ class QueueRunner(QObject):
         elif kind == "run":
             r.run_id = int(event["run_id"])
         if self._is_open(r.item):
-            self.ctl._dispatch(event)
+            self.ctl.dispatch_event(event)
         if kind in ("job", "run"):
             self.changed.emit()
 
@@ -339,7 +350,7 @@ class QueueRunner(QObject):
             else:
                 self.queue.finish(item_id, state, msg, run_id)
         if mine and item.kind == "pipeline":
-            self.ctl._run_ended(result)
+            self.ctl.run_ended(result)
         self._settle(item_id, result)
         self.finished.emit(item, result)
         self.kick()

@@ -10,7 +10,7 @@ from studio.ui.pages.jobs import NO_JOB_TEXT
 
 
 def _send(ctl, **event):
-    ctl._dispatch(event)  # what the pipeline's events go through on the UI thread
+    ctl.dispatch_event(event)  # what the pipeline's events go through on the UI thread
 
 
 def _log(store, ctl, jid, line, deliver=True):

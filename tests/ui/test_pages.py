@@ -291,10 +291,10 @@ def test_stage_pages_run_their_stage_and_refresh_on_its_jobs(
     run = window.ctl.studio.jobs.create_run({})
     live = window.ctl.studio.jobs.job(window.ctl.studio.jobs.add_job(run, "profile", "x"))
     button = prof.empty.findChildren(QPushButton)[0]
-    window.ctl._dispatch({"kind": "job", "job": dataclasses.replace(live, state="running")})
+    window.ctl.dispatch_event({"kind": "job", "job": dataclasses.replace(live, state="running")})
     assert prof.empty.title.text() == "No profile yet: the profile stage is running now"
     assert not button.isEnabled() and "Jobs page" in button.toolTip()
-    window.ctl._dispatch({"kind": "job", "job": dataclasses.replace(live, state="cancelled")})
+    window.ctl.dispatch_event({"kind": "job", "job": dataclasses.replace(live, state="cancelled")})
     assert prof.empty.title.text() == "No profile yet" and button.isEnabled()
     jid = _add_job(
         window.ctl.studio.jobs,

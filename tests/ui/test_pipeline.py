@@ -109,7 +109,7 @@ def test_run_export_and_quantize_from_the_jobs_page(window, project_path, qtbot)
     over = window.show_page("Overview")
     qtbot.waitUntil(lambda: over.results_layout.count() > 0)
     model_page = window.show_page("Model")
-    qtbot.waitUntil(lambda: "nodes of the exported" in model_page.status.text(), timeout=30_000)
+    qtbot.waitUntil(lambda: "nodes of the prefill graph" in model_page.status.text(), timeout=30_000)
 
 
 @pytest.mark.slow

@@ -70,3 +70,13 @@ def test_three_projects_queue_wait_reorder_cancel_and_survive_a_restart(
             store.close()
     page2.refresh()
     assert [r[1] for r in _rows(page2)][:3] == ["succeeded", "succeeded", "cancelled"]
+
+
+def test_a_damaged_queue_file_is_kept_aside_and_the_window_opens(settings, make_window):
+    bad = settings.config_dir / "queue.sqlite"
+    bad.write_bytes(b"not a database at all" * 64)
+    win = make_window(controller=ProjectController(settings))
+    kept = list(settings.config_dir.glob("queue.sqlite.damaged-*"))
+    assert len(kept) == 1 and kept[0].read_bytes().startswith(b"not a database")
+    assert any("cannot be read" in t and kept[0].name in t for t in win.notifications.texts())
+    assert win.ctl.queue.items() == [] and not win.ctl.queue.paused

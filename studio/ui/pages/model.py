@@ -256,7 +256,7 @@ class ModelPage(Page):
             if graph is not None:
                 self.status.setText(
                     f"{info.num_layers} blocks, {n_mod} weight modules, and the {len(graph.nodes):,} "
-                    f"nodes of the exported {name} graph (shapes from ONNX shape inference)."
+                    f"nodes of the {name} graph (shapes from ONNX shape inference)."
                 )
             elif self._graph_paths:
                 self.status.setText(

@@ -45,7 +45,7 @@ PAGES: tuple[PageSpec, ...] = (
              "studio.ui.pages.overview:OverviewPage"),
     PageSpec("model", "Model", "Blocks → modules → ONNX nodes",
              "Every layer, grouped by transformer block, with the ONNX nodes of the latest "
-             "export.",
+             "export and quantization; the graph drawn (Graph tab).",
              "studio.ui.pages.model:ModelPage"),
     PageSpec("precision", "Precision", "Quantization recipe and per-layer overrides",
              "The quantization recipe and each layer's precision: select cells in the grid "
