@@ -126,6 +126,18 @@ def stale(job: Job, keys: dict[str, str]) -> bool:
     return want is not None and job.artifact_key is not None and job.artifact_key != want
 
 
+def stale_reason(project: Project, jobs: JobStore, job: Job, keys: dict[str, str]) -> str:
+    """Why a job's figures no longer match the project ("" when they do): its run's recorded
+    settings differ from the project's now, or — the same settings — an input file or the
+    studio's stage code changed (a new version of the studio keys its stages anew)."""
+    if not stale(job, keys):
+        return ""
+    info = run_info(project, jobs, job.run_id)
+    if info is not None and info.settings is not None and info.settings == project.to_dict():
+        return f"inputs or the studio's code changed since run {job.run_id}"
+    return f"settings changed since run {job.run_id}"
+
+
 def validation_table(jobs: JobStore, run_id: int
                      ) -> dict[str, dict[str, dict[str, float | None]]]:
     """Per target: FP32, host QDQ and HTP figures of one run's validation, side by side:

@@ -532,22 +532,27 @@ class OverviewPage(Page):
     def _mark_stale(self) -> None:
         keys = self._keys
         stale_labels: list[str] = []
+        reasons: set[str] = set()
+        studio = self.ctl.studio
         for job, card in zip(self._card_jobs, self.cards.cards, strict=True):
-            is_stale = keys is not None and history.stale(job, keys)
+            why = (history.stale_reason(studio.project, studio.jobs, job, keys)
+                   if keys is not None and studio is not None else "")
             # a non-breaking hyphen: "re-" and "run" never end up on two lines of a card
-            card.set_stale(
-                f"settings changed since run {job.run_id}: re\u2011run" if is_stale else ""
-            )
-            if is_stale and job.stage not in stale_labels:
-                stale_labels.append(job.stage)
+            card.set_stale(f"{why}: re\u2011run" if why else "")
+            if why:
+                reasons.add(why.split(" since ")[0])
+                if job.stage not in stale_labels:
+                    stale_labels.append(job.stage)
         run = self._run
         if stale_labels and run is not None:
             ids = sorted({j.run_id for j, c in zip(self._card_jobs, self.cards.cards,
                                                    strict=True) if c.stale}, reverse=True)
             since = f"run {ids[0]}: its" if len(ids) == 1 else (
                 "runs " + ", ".join(map(str, ids)) + ": their")
+            what = " / ".join(sorted(reasons)).replace("settings changed", "Settings changed")
+            what = what[0].upper() + what[1:]
             self.stale_text.setText(
-                f"Settings changed since {since} {', '.join(stale_labels)} figures "
+                f"{what} since {since} {', '.join(stale_labels)} figures "
                 "no longer match the project. Run again to update them (stages whose inputs "
                 "did not change come from the cache)."
             )
