@@ -96,6 +96,7 @@ class QueueRunner(QObject):
         self._waiters: dict[int, asyncio.Future] = {}
         self._threads: list[threading.Thread] = []
         self._shut = False
+        self._quitting = False
         self._event.connect(self._on_event)
         self._done.connect(self._on_done)
         self._timer = QTimer(self)
@@ -190,7 +191,7 @@ class QueueRunner(QObject):
     # ---- scheduling --------------------------------------------------------------------
     def kick(self) -> None:
         """Start what may start now; note why the others wait."""
-        if self._shut:
+        if self._shut or self._quitting:
             return
         from studio.core.hostmem import available_memory
 
@@ -331,7 +332,7 @@ class QueueRunner(QObject):
                 msg = f"stopped with an unexpected error: {error!r}"
                 state = workqueue.FAILED
                 traceback.print_exception(error)
-            if not self._shut:
+            if not (self._quitting and state == workqueue.CANCELLED):
                 self.queue.finish(item_id, state, msg, r.run_id)
                 if state == workqueue.FAILED:
                     self.ctl.message.emit("error", f"#{item_id} {item.name}: {msg}"
@@ -345,7 +346,7 @@ class QueueRunner(QObject):
                 state = (result or {}).get("state", workqueue.FAILED)
                 state = state if state in workqueue.FINAL else workqueue.SUCCEEDED
                 run_id, msg = None, ""
-            if self._shut and state == workqueue.CANCELLED:
+            if self._quitting and state == workqueue.CANCELLED:
                 pass  # the window is quitting: the item waits for the next start
             else:
                 self.queue.finish(item_id, state, msg, run_id)
@@ -380,14 +381,14 @@ class QueueRunner(QObject):
         the threads end."""
         if self._shut:
             return
+        self._quitting = True  # what ends cancelled now waits again (requeue_running)
         ids = set(self.running)
         for r in list(self.running.values()):
             r.cancel()
         self.wait_idle(60.0, ids)
         self._shut = True
         self._timer.stop()
-        if ids:
-            self.queue.requeue_running(INTERRUPTED)
+        self.queue.requeue_running(INTERRUPTED)
         for t in self._threads:
             t.join(30)
         self.queue.close()

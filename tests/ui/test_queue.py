@@ -80,3 +80,30 @@ def test_a_damaged_queue_file_is_kept_aside_and_the_window_opens(settings, make_
     assert len(kept) == 1 and kept[0].read_bytes().startswith(b"not a database")
     assert any("cannot be read" in t and kept[0].name in t for t in win.notifications.texts())
     assert win.ctl.queue.items() == [] and not win.ctl.queue.paused
+
+
+@pytest.mark.slow
+def test_quitting_while_an_item_runs_keeps_it_for_the_next_window(
+    exported_template, copy_project, tmp_path, make_window, settings, qtbot
+):
+    path = copy_project(exported_template, tmp_path / "q")
+    win = make_window()
+    assert win.open_project(path)
+    win.ctl.set("export", "prompt_length", 8)  # not cached: the export runs for real
+    fut = win.ctl.run(["export"])
+    (item,) = win.ctl.queue.items()
+    assert item.state == "running"
+    qtbot.waitUntil(lambda: any(j.state == "running" for j in win.ctl.active_jobs),
+                    timeout=60_000)
+    win.close()  # asks (answered yes), stops the run
+    assert fut.done() and fut.result() is not None and fut.result().state == "cancelled"
+    win2 = make_window(controller=ProjectController(settings))
+    (again,) = win2.ctl.queue.items()
+    assert again.id == item.id and again.state == "waiting"
+    assert again.message.startswith("the window ended while it ran")
+    assert win2.ctl.queue.paused and win2.ctl.queue.left_over == 1
+    store = JobStore(path.with_suffix(".studio") / "runs.sqlite")
+    try:
+        assert store.runs()[0]["state"] == "cancelled"  # recorded, nothing left running
+    finally:
+        store.close()
