@@ -351,6 +351,24 @@ def schedule(items: list[QueueItem], *, paused: bool, slots: int, free_bytes: in
     return Schedule(start, why)
 
 
+def predicted_peak(project, kind: str, spec: dict[str, Any]) -> int | None:
+    """The item's largest predicted stage peak (estimated), from the project's part plan;
+    None where the studio has no memory line for the project or its stages."""
+    if kind != "pipeline":
+        return None
+    try:
+        from studio.services.projects import part_plan
+
+        plan = part_plan(project)
+    except Exception:  # noqa: BLE001 - no prediction; the stage checks its own memory
+        return None
+    if plan is None:
+        return None
+    stages = spec.get("stages") if not spec.get("retry") else None
+    peaks = [v for k, v in plan.peaks.items() if v and (stages is None or k in stages)]
+    return max(peaks) if peaks else None
+
+
 def project_busy(path: Path) -> str | None:
     """A sentence when another process runs the project (its pipeline lock is held)."""
     from studio.core.fsutil import RunLock

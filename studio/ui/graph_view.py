@@ -60,6 +60,14 @@ def op_kind(op_type: str) -> str:
     return "other"
 
 
+class _ZoomView(QGraphicsView):
+    """Wheel zooms (under the mouse) instead of scrolling."""
+
+    def wheelEvent(self, event) -> None:
+        factor = 1.25 if event.angleDelta().y() > 0 else 0.8
+        self.scale(factor, factor)
+
+
 class _Box(QGraphicsRectItem):
     def __init__(self, index: int, rect: QRectF):
         super().__init__(rect)
@@ -109,11 +117,10 @@ class GraphView(QWidget):
         self.legend.setTextFormat(Qt.TextFormat.RichText)
         lay.addWidget(self.legend)
         self.scene = QGraphicsScene(self)
-        self.view = QGraphicsView(self.scene)
+        self.view = _ZoomView(self.scene)
         self.view.setRenderHint(QPainter.RenderHint.Antialiasing, False)
         self.view.setDragMode(QGraphicsView.DragMode.ScrollHandDrag)
         self.view.setTransformationAnchor(QGraphicsView.ViewportAnchor.AnchorUnderMouse)
-        self.view.wheelEvent = self._wheel  # type: ignore[method-assign]
         self.scene.selectionChanged.connect(self._selection_changed)
         lay.addWidget(self.view, 1)
         self.details = label("", "muted", wrap=True, selectable=True)
@@ -210,10 +217,6 @@ class GraphView(QWidget):
         return f"{n.name} · {n.op_type}{where}{layer}{params} · out {outs}"
 
     # ---- navigation ---------------------------------------------------------------------
-    def _wheel(self, event) -> None:
-        factor = 1.25 if event.angleDelta().y() > 0 else 0.8
-        self.view.scale(factor, factor)
-
     def fit(self) -> None:
         if self.boxes:
             self.view.fitInView(self.scene.itemsBoundingRect(), Qt.AspectRatioMode.KeepAspectRatio)

@@ -85,12 +85,11 @@ class QueueRunner(QObject):
                            "empty queue started")
         #: items that waited or ran when the last window ended (the queue starts paused)
         self.left_over = 0
-        n = self.queue.requeue_running(INTERRUPTED)
-        waiting = [i for i in self.queue.items(finished=False)]
+        self.queue.requeue_running(INTERRUPTED)
+        waiting = self.queue.items(finished=False)
         if waiting:
             self.left_over = len(waiting)
             self.queue.set_paused(True)
-        del n
         self.running: dict[int, _Running] = {}
         self.why: dict[int, str] = {}
         self._waiters: dict[int, asyncio.Future] = {}
@@ -146,7 +145,7 @@ class QueueRunner(QObject):
         if self._shut:
             raise StudioError("the window is closing: nothing more is queued")
         item = self.queue.add(project.path, project.name, kind, spec, priority,
-                              peak=predicted_peak(project, kind, spec))
+                              peak=workqueue.predicted_peak(project, kind, spec))
         try:
             fut: asyncio.Future | None = asyncio.get_event_loop().create_future()
         except RuntimeError:
@@ -411,23 +410,3 @@ def _progress(r: _Running) -> str:
         j = running[0]
         text += f" · {j.label} {j.progress:.0%}" + (f" · {j.message}" if j.message else "")
     return text
-
-
-def predicted_peak(project, kind: str, spec: dict[str, Any]) -> int | None:
-    """The item's largest predicted stage peak (estimated), from the project's part plan;
-    None where the studio has no memory line for the project or its stages."""
-    if kind != "pipeline":
-        return None
-    try:
-        from studio.services.projects import part_plan
-
-        plan = part_plan(project)
-    except Exception:  # noqa: BLE001 - no prediction; the stage checks its own memory
-        return None
-    if plan is None:
-        return None
-    stages = spec.get("stages") or list(plan.peaks)
-    if spec.get("retry"):
-        stages = list(plan.peaks)
-    peaks = [v for k, v in plan.peaks.items() if k in stages and v]
-    return max(peaks) if peaks else None

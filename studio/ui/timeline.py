@@ -98,6 +98,7 @@ class TimelineView(QWidget):
         self.plot.addItem(self.mark)
         self.matches: dict | None = None
         self.match_at = -1
+        self._found = ""  # what the search found, in words
         self.region = pg.LinearRegionItem(brush=(47, 111, 214, 40))
         self.region.setZValue(10)
         self.region.sigRegionChanged.connect(self._region_changed)
@@ -263,10 +264,11 @@ class TimelineView(QWidget):
         self.matches = m
         n = len(m["start"])
         names = len(m["codes"])
-        self.find_label.setText(
+        self._found = (
             f"no op named like {text.strip()!r}" if not n else
             f"{n:,} match{'es' if n != 1 else ''} ({names} name{'s' if names != 1 else ''}), "
             f"{_fmt(m['total'], self.data.unit)} in all")
+        self.find_label.setText(self._found)
         for b in (self.prev_button, self.next_button):
             b.setEnabled(n > 0)
         self._redraw()
@@ -290,8 +292,7 @@ class TimelineView(QWidget):
             self.plot.setXRange(s - pad, e + pad, padding=0)
         self.mark.setRect(QRectF(s, ti - 0.45, max(e - s, 0.0), 0.9))
         self.mark.show()
-        self.find_label.setText(f"{k + 1:,} of {n:,} · "
-                                + self.find_label.text().split(" · ")[-1])
+        self.find_label.setText(f"{k + 1:,} of {n:,} · {self._found}")
         return self.describe_at((s + e) / 2, ti)
 
     # ---- hover and selection ------------------------------------------------------------

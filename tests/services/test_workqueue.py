@@ -120,3 +120,18 @@ def test_project_busy_reads_the_pipelines_lock(tmp_path):
         lock.release()
     assert project_busy(path) is None
     assert workqueue.default_slots() >= 1
+
+
+def test_an_items_predicted_peak_is_its_stages_largest(tmp_path):
+    from studio.core import project as pf
+    from studio.services.projects import part_plan
+
+    path = tmp_path / "p.qstudio"
+    pf.save(pf.new_project("p", "sample:tiny-coder"), path)
+    project = pf.load(path)
+    peaks = part_plan(project).peaks
+    assert workqueue.predicted_peak(project, "pipeline", {"stages": None}) == max(peaks.values())
+    assert workqueue.predicted_peak(project, "pipeline", {"stages": ["export"]}) == \
+        peaks["export"] < max(peaks.values())
+    assert workqueue.predicted_peak(project, "pipeline", {"stages": ["report"]}) is None
+    assert workqueue.predicted_peak(project, "sweep", {"sweep": "s"}) is None

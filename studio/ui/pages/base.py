@@ -32,6 +32,8 @@ class Page(QWidget):
 
     #: the page's key in the registry
     key = ""
+    #: False: the page shows its body with no project open too (the devices, the queue)
+    needs_project = True
     #: ask the window to show another page (its key), or "action:new" / "action:open"
     navigate = Signal(str)
     #: ask the window to show a layer (module path or key-activation pseudo-layer) where
@@ -85,7 +87,7 @@ class Page(QWidget):
         self.on_open()
 
     def _on_closed(self) -> None:
-        self.stack.setCurrentWidget(self.no_project)
+        self.stack.setCurrentWidget(self.no_project if self.needs_project else self.body)
         self.on_close()
 
     def _on_changed(self, change) -> None:

@@ -88,6 +88,7 @@ def chip_rows(targets: list[str]) -> list[Row]:
 
 class DevicesPage(Page):
     key = "devices"
+    needs_project = False  # this machine's devices, with or without a project
 
     def __init__(self, ctl, parent=None):
         super().__init__(ctl, parent)
@@ -406,8 +407,7 @@ class DevicesPage(Page):
         cursor.insertText(text)
         self.run_result.setTextCursor(cursor)
 
-    def _on_closed(self) -> None:  # devices stay visible without a project
-        self.stack.setCurrentWidget(self.body)
+    def on_close(self) -> None:
         self.refresh()
 
     def on_open(self) -> None:

@@ -84,7 +84,7 @@ class HeatPanel(QWidget):
         theme_plot(self.plot, self.palette())
 
     # ---- states -------------------------------------------------------------------------------
-    def show_empty(self, project_path, can_run: bool, why: str = "") -> None:
+    def show_empty(self, project_path, why: str = "") -> None:
         self.empty.set_text(
             "No sensitivity result for this project",
             (why + "<br><br>" if why else "")
@@ -94,7 +94,6 @@ class HeatPanel(QWidget):
             "To get it: " + sens.how_to_run(project_path).replace("(", "<br>(", 1)
             + ". It takes about a minute on the sample model.",
         )
-        self.run_button.setEnabled(can_run)
         self.stack.setCurrentWidget(self.empty)
         self.shown = []
 

@@ -146,14 +146,14 @@ class ModelPage(Page):
 
     def on_job_event(self, job) -> None:
         if job.state == "succeeded" and role_of(job.stage) in ("export", "quantize", "compile"):
-            self._graph_paths = None if role_of(job.stage) == "compile" else self._graph_paths
             self.later(self._refresh_graphs, 200)
 
     def _refresh_graphs(self) -> None:
-        self._graph_files = history.graph_files(self.ctl.studio)
-        paths = {k: f.path for k, f in self._graph_files.items()}
-        if paths == self._graph_paths:
-            return
+        files = history.graph_files(self.ctl.studio)
+        if files == self._graph_files and self._graph_paths is not None:
+            return  # the same graphs, placed the same
+        self._graph_files = files
+        paths = {k: f.path for k, f in files.items()}
         self._graph_paths = paths
         self._graphs.clear()
         current = self.graph_combo.currentText()

@@ -543,7 +543,7 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
             self.grid.set_heat(None)
             why = "" if self.sensitivity_loaded else "Looking for a result…"
             self.heat.show_empty(self.ctl.project.path if self.ctl.project else "FILE.qstudio",
-                                 can_run=True, why=why)
+                                 why=why)
             return
         metric = self.heat_metric.currentData()
         _, title, unit, _ = sens.HEAT_METRICS[metric]

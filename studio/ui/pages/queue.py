@@ -36,6 +36,7 @@ STATE_COLOURS = {"running": "#1f77b4", "succeeded": "#2ca02c", "failed": "#d6272
 
 class QueuePage(Page):
     key = "queue"
+    needs_project = False  # the queue is the window's, not a project's
 
     def __init__(self, ctl, parent=None):
         super().__init__(ctl, parent)
@@ -109,20 +110,13 @@ class QueuePage(Page):
         self.queue.changed.connect(self._queue_changed)
         self.refresh()
 
-    # the queue is the window's, not a project's: shown with no project open too
-    def _on_opened(self) -> None:
-        self.stack.setCurrentWidget(self.body)
+    def on_open(self) -> None:
         self.refresh()
 
-    def _on_closed(self) -> None:
-        self.stack.setCurrentWidget(self.body)
+    def on_close(self) -> None:
         self.refresh()
 
     def on_show(self) -> None:
-        self.refresh()
-
-    def start(self) -> None:
-        self.stack.setCurrentWidget(self.body)
         self.refresh()
 
     # ---- the list ----------------------------------------------------------------------------
