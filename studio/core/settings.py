@@ -627,7 +627,7 @@ class Htp(Section):
         False, "float ops left in a quantized graph run in FP16 instead of FP32 (the EP's "
                "enable_htp_fp16_precision; always on for the FP16 scheme)")
     graph_io: str = setting(
-        "float", "the compiled graphs' inputs and outputs: float (the NPU quantizes the KV "
+        "quantized", "the compiled graphs' inputs and outputs: float (the NPU quantizes the KV "
                  "cache, the mask and the hand-offs and dequantizes the new rows and logits "
                  "at every pass) or quantized (it takes and gives the integers it computes "
                  "with; the host keeps the cache as they are and reads the logits)",

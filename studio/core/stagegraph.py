@@ -125,9 +125,15 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                         "quantization.calibration_images", "quantization.vision_scheme",
                         "quantization.vision_overrides"), role="quantize",
               takes_parts=True, resumes=True, preflight=("overrides",)),
-    StageDecl("compile", "Compile", (Need("quantize"),), fan_out="target",
-              settings=("quantization.scheme", "quantization.weight_granularity",
-                        "quantization.block_size", *HTP_COMPILE_SETTINGS), role="compile",
+    # the deployable binaries (studio.engine.deploy): Genie's AR-N prefill graph is exported
+    # from the checkpoint and quantized here, with the recipe's calibration
+    StageDecl("compile", "Compile", (Need("export"), Need("quantize")), fan_out="target",
+              settings=("model.source", "quantization.scheme",
+                        "quantization.weight_granularity", "quantization.calibration_text",
+                        "quantization.calibration_samples", "quantization.calibration_method",
+                        "quantization.overrides", "quantization.block_size",
+                        "quantization.weight_rounding", "quantization.rounding_samples",
+                        "bundle.prefill_length", *HTP_COMPILE_SETTINGS), role="compile",
               takes_parts=True, resumes=True),
     StageDecl("validate", "Validate", (Need("export"), Need("quantize"),
                                        Need("compile", per_chip=True)), fan_out="target",

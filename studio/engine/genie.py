@@ -412,6 +412,41 @@ class GenieDialog:
 
 
 # ---- the studio's runtime over the bundle's graphs -------------------------------------------
+def pass_feeds(tokens: list[int], pos: int, ar: int, cl: int, pad: int) -> dict[str, Any]:
+    """The ids, positions and uint16 mask of one pass of an AR-``ar`` Genie graph over a
+    context of ``cl``: ``tokens`` (at most ``ar``, the rest padding that sees only itself) at
+    positions ``pos``.., each seeing the cache slots before ``pos`` and the new rows up to
+    its own — as Genie feeds them."""
+    import numpy as np
+
+    n, slots = len(tokens), cl - ar
+    visible = 65535  # the uint16 mask: raw 65535 is "attend", raw 0 the mask value
+    ids = np.full((1, ar), pad, np.int32)
+    ids[0, :n] = tokens
+    positions = np.minimum(np.arange(pos, pos + ar), cl - 1).astype(np.int32)[None]
+    mask = np.zeros((1, 1, ar, cl), np.uint16)
+    for r in range(ar):
+        if r < n:
+            mask[0, 0, r, :pos] = visible
+            mask[0, 0, r, slots:slots + r + 1] = visible
+        else:
+            mask[0, 0, r, slots + r] = visible
+    return {"input_ids": ids, "position_ids": positions, "attention_mask": mask}
+
+
+def prompt_schedule(n_ids: int, ar: int, cl: int) -> list[tuple[int, int, int]]:
+    """How Genie runs a prompt of ``n_ids`` tokens from position 0 with an AR-``ar`` prefill
+    graph: (first token, tokens, graph AR) per pass — AR-N passes where the context allows
+    (the last chunk padded), AR-1 passes for the rest."""
+    pos, out = 0, []
+    while pos < n_ids:
+        n = ar if ar > 1 and pos + ar <= cl - 1 and pos <= cl - ar else 1
+        take = min(n, n_ids - pos)
+        out.append((pos, take, n))
+        pos += take
+    return out
+
+
 class BundleRunner:
     """The studio's own runtime over a bundle's Genie-form graphs (the compiled contexts Genie
     loads), with its own KV cache: a prompt goes through the AR-N graph in chunks of N
@@ -451,19 +486,7 @@ class BundleRunner:
         import numpy as np
 
         n, slots = len(tokens), self.cl - ar
-        visible = 65535  # the uint16 mask: raw 65535 is "attend", raw 0 the mask value
-        ids = np.full((1, ar), self.pad, np.int32)
-        ids[0, :n] = tokens
-        positions = np.minimum(np.arange(pos, pos + ar), self.cl - 1).astype(np.int32)[None]
-        mask = np.zeros((1, 1, ar, self.cl), np.uint16)
-        for r in range(ar):
-            if r < n:
-                mask[0, 0, r, :pos] = visible
-                mask[0, 0, r, slots:slots + r + 1] = visible
-            else:
-                mask[0, 0, r, slots + r] = visible
-        values: dict[str, Any] = {"input_ids": ids, "position_ids": positions,
-                                  "attention_mask": mask}
+        values = pass_feeds(tokens, pos, ar, self.cl, self.pad)
         for i in range(self.layers):
             values[f"past_key_{i}_in"] = self.keys[i][..., :slots]
             values[f"past_value_{i}_in"] = self.values[i][:, :, :slots]
@@ -494,13 +517,8 @@ class BundleRunner:
         """``ids`` from position 0 through the graphs as Genie runs a prompt: AR-N passes
         where the context allows (the last chunk padded), AR-1 passes for the rest. Returns
         each pass's logits (``rows``: every real row's, else the last row's)."""
-        ar, pos, out = max(self.graphs), 0, []
-        while pos < len(ids):
-            n = ar if ar > 1 and pos + ar <= self.cl - 1 and pos <= self.cl - ar else 1
-            chunk = ids[pos:pos + n]
-            out.append(self._pass(chunk, pos, n, rows=rows))
-            pos += len(chunk)
-        return out
+        return [self._pass(ids[pos:pos + take], pos, n, rows=rows)
+                for pos, take, n in prompt_schedule(len(ids), max(self.graphs), self.cl)]
 
     def greedy(self, ids: list[int], max_new_tokens: int) -> list[int]:
         """Greedy tokens after ``ids``; stops after an EOS token or at the context's end, like

@@ -35,8 +35,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         greedy_tokens=int(ctx.get("validation.greedy_tokens")),
         htp_options=htp_options(ctx), graph_io=ctx.get("htp.graph_io"))
     dev = ctx.device
-    result = build_bundle(export_dir, qdir, ctx.chip, spec, ctx.out, settings,
-                          lambda: ctx.backend.open_generator(export_dir, cdir, spec, False),
+    result = build_bundle(export_dir, qdir, cdir, ctx.chip, spec, ctx.out, settings,
                           dev.source, progress)
     result["metrics"] = [
         device_metric(dev, name, value, unit,

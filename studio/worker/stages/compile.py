@@ -17,7 +17,7 @@ from studio.worker.stages._llm import EMBED_LIMIT, GRAPHS, htp_options
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    from studio.engine import partresume
+    from studio.engine import deploy, partresume
     from studio.engine.chain import part_dirs
     from studio.engine.llm_parts import iter_parts
     from studio.engine.llm_runtime import load_graph_spec
@@ -28,6 +28,10 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     extra = htp_options(ctx)
     placement, compiled = {}, {}
     spec = load_graph_spec(qdir)
+    why_not = deploy.supported(spec, fp16)
+    if why_not is None:  # the binaries that ship: Genie's graphs, compiled once
+        return deployable(ctx, qdir, spec, extra, progress)
+    progress.log(f"the studio's own prefill and decode graphs are compiled ({why_not})")
     folders = part_dirs(spec, qdir)
     parts = list(iter_parts(spec))
     # a kept work folder: the parts a killed run compiled are kept (a model in parts)
@@ -143,6 +147,48 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                       else ""),
         "placement": {g: {k: v for k, v in r.items() if k != "cpu_nodes"} for g, r in placement.items()},
         "sdk_version": sdk, "tool": {"qnn_sdk": sdk}, "htp_options": extra, "graph_io": io,
+        "metrics": [],
+    }
+
+
+def deployable(ctx: StageContext, qdir: Path, spec: dict[str, Any], extra: dict[str, str],
+               progress: Progress) -> dict[str, Any]:
+    """The deployable set (:mod:`studio.engine.deploy`): Genie's AR-N prefill and AR-1
+    decode graphs of every part, quantized once and compiled once; what validate, generate,
+    profile and the bundle run."""
+    from studio.engine import deploy
+    from studio.worker.context import read_text
+    from studio.worker.stages._llm import recipe
+
+    settings = deploy.DeploySettings(
+        checkpoint=ctx.path("model.source"), recipe=recipe(ctx),
+        calibration_text=read_text(ctx.path("quantization.calibration_text"),
+                                   "calibration text"),
+        prefill_length=int(ctx.get("bundle.prefill_length")), htp_options=extra,
+        graph_io=ctx.get("htp.graph_io"))
+    chip = ctx.chip
+    rec = deploy.build(ctx.input("export"), qdir, spec, chip, ctx.out, settings, progress)
+    placement = rec.pop("placement")
+    shutil.copy2(qdir / "graph.json", ctx.out / "graph.json")
+    atomic_write_json(ctx.out / "placement.json", placement)
+    sdk = rec["sdk_version"]
+    ctx.fact("compile_seconds", sum(r.get("seconds") or 0.0 for r in rec["graphs"]), "s")
+    n = len(rec["graphs"])
+    return {
+        "summary": f"{n} deployable context binaries for {chip.name} (QNN SDK {sdk}): "
+                   + (f"the AR-{rec['prefill_ar']} prefill and " if rec["prefill_ar"] else "")
+                   + "the AR-1 decode graph in Genie's form"
+                   + (f", {rec['parts']} parts each" if rec["parts"] > 1 else "")
+                   + f", {rec['binary_bytes'] / 2**20:.1f} MiB; all nodes on the NPU"
+                   + (f"; HTP options {', '.join(f'{k}={v}' for k, v in extra.items())}"
+                      if extra else "")
+                   + ("; graph I/O quantized (the KV cache and hand-offs as integers)"
+                      if rec["graph_io"] == "quantized" else ""),
+        "placement": {g: {k: v for k, v in r.items() if k != "cpu_nodes"}
+                      for g, r in placement.items()},
+        "sdk_version": sdk, "tool": {"qnn_sdk": sdk}, "htp_options": extra,
+        "graph_io": rec["graph_io"], "deploy": {k: rec[k] for k in (
+            "context_size", "prefill_ar", "parts", "binary_bytes", "weights_bytes")},
         "metrics": [],
     }
 

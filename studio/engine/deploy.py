@@ -1,0 +1,541 @@
+"""The deployable binaries: one set of context binaries from the compile stage to the device.
+
+The compile stage makes the graphs a phone runs — Genie's AR-N prefill graph and AR-1 decode
+graph in Genie's I/O conventions (:mod:`studio.engine.genie`), per part for a model exported
+in parts — quantizes the AR-N graph once (with the decode graph's activation scales),
+compiles every graph once in the order Genie takes them, and records them in
+``deploy.json`` beside the binaries. Validate, ``studio generate`` on the HTP, profile and
+the bundle then run those same binaries: the bundle copies them and compiles nothing, so
+Genie on the bundle and the studio's runtime on the simulator run the same bytes, and a
+difference in their greedy text is a defect (not two quantized models).
+
+:class:`DeployedGenerator` is the studio's generator API (:class:`StaticKVGenerator`) over
+those binaries, fed the way Genie feeds them (:class:`studio.engine.genie.BundleRunner`):
+a prompt in AR-N chunks, then AR-1 steps; the AR-N graph doubles as the verify graph of
+speculative decoding.
+
+Models Genie cannot take yet (sliding-window layers, a vision-language model, the FP16
+scheme) keep the studio's own prefill / decode graphs (:func:`supported`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_write_json
+from studio.core.progress import Progress, SubProgress
+from studio.engine.weightstore import graph_bytes
+
+#: the record of the deployable set in a compile stage's output
+DEPLOY_FILE = "deploy.json"
+#: the folder under a compile stage's output that holds the deployable binaries
+DEPLOY_DIR = "genie"
+
+
+@dataclass(frozen=True)
+class DeploySettings:
+    """What the deployable graphs are built from: the checkpoint (the AR-N prefill graph is
+    exported from it), the recipe and calibration text the quantized graphs were made with,
+    the prefill graph's length (0: the export's prompt length; 1: no prefill graph), the
+    compile's extra QNN EP options and ``htp.graph_io``."""
+
+    checkpoint: Path
+    recipe: dict[str, Any]
+    calibration_text: str
+    prefill_length: int = 0
+    htp_options: dict[str, str] | None = None
+    graph_io: str = "quantized"
+
+
+def supported(spec: dict[str, Any], fp16: bool) -> str | None:
+    """None when the model's deployable graphs are Genie's; else why the compile stage keeps
+    the studio's own graphs for it."""
+    if fp16:
+        return "the FP16 scheme: Genie's graphs are quantized"
+    if spec.get("sliding_window") and spec["sliding_window"] < spec["context_length"]:
+        return "sliding-window layers: Genie's graphs of them are not supported yet"
+    if spec.get("vision"):
+        return "a vision-language model: its Genie-form prefill takes no image yet"
+    return None
+
+
+def read(compile_dir: Path | None) -> dict[str, Any] | None:
+    """The deployable set a compile stage wrote (``deploy.json``), or None (a compile of the
+    studio's own graphs, or none)."""
+    if compile_dir is None:
+        return None
+    f = Path(compile_dir) / DEPLOY_FILE
+    if not f.is_file():
+        return None
+    try:
+        return json.loads(f.read_text())
+    except (OSError, ValueError) as exc:
+        raise StudioError(f"{f} is unreadable ({exc}): run the compile stage again") from None
+
+
+def prefill_ar(spec: dict[str, Any], prefill_length: int) -> int:
+    """The AR-N of the prefill graph: ``bundle.prefill_length`` or the export's prompt length
+    (1: no prefill graph, prompts go through the decode graph)."""
+    cl = int(spec["context_length"]) + 1
+    N = int(prefill_length) or int(spec["prompt_length"])
+    if N >= cl - 1:
+        raise StudioError(f"bundle.prefill_length {N} leaves no room in the context of {cl}: "
+                          f"choose 1 (no prefill graph) to {cl - 2}")
+    return N
+
+
+# ---- the Genie-form graphs ------------------------------------------------------------------
+def ar_feeds(export_dir: Path, spec: dict[str, Any], N: int, cl: int,
+             settings: DeploySettings) -> list[dict]:
+    """Calibration feeds for an AR-N graph over CL - N slots (the whole model's, a model in
+    parts chained), from the recipe's calibration windows."""
+    from studio.engine.calibration import ar_calibration_feeds, calibration_windows
+
+    windows = calibration_windows(settings.calibration_text, export_dir / "tokenizer",
+                                  length=int(spec["context_length"]),
+                                  count=int(settings.recipe["samples"]), min_length=N + 2)
+    return ar_calibration_feeds(export_dir, spec, windows, N, cl - N)
+
+
+def kv_encodings(graphs_dir: Path, graph_io: str) -> dict[str, Any] | None:
+    """The one encoding per cache tensor every Genie graph of a part takes, from its decode
+    graph (the AR-N graph is quantized with the decode graph's scales), for quantized graph
+    I/O; None for float KV I/O."""
+    if graph_io != "quantized":
+        return None
+    from studio.engine.graphio import cache_encodings
+
+    return cache_encodings(graphs_dir / "decode.onnx")
+
+
+def genie_prefill_graph(export_dir: Path, qdir: Path, spec: dict[str, Any], N: int, cl: int,
+                        work: Path, settings: DeploySettings, progress: Progress) -> Path:
+    """The AR-N prefill graph: exported from the checkpoint with N new tokens over CL - N
+    cache slots, quantized with the recipe and the decode graph's activation scales, in
+    Genie's conventions."""
+    from studio.engine import genie
+    from studio.engine.llm_export import export_ar_graph
+    from studio.engine.quantize import quantize_like
+
+    progress.update(0.0, f"exporting the AR-{N} prefill graph ({cl - N} cache slots)")
+    export_ar_graph(settings.checkpoint, spec, N, cl - N, work / f"prefill_ar{N}.onnx")
+    progress.update(0.5, f"quantizing the AR-{N} prefill graph with the decode graph's scales")
+    feeds = ar_feeds(export_dir, spec, N, cl, settings)
+    quantize_like(work / f"prefill_ar{N}.onnx", work / f"prefill_ar{N}_q.onnx",
+                  qdir / "decode.onnx", settings.recipe, feeds)
+    out = work / f"prefill_ar{N}_genie.onnx"
+    genie.genie_graph(work / f"prefill_ar{N}_q.onnx", out, spec,
+                      kv_encodings=kv_encodings(qdir, settings.graph_io))
+    return out
+
+
+def genie_parts(graphs: list[Path], spec: dict[str, Any], work: Path, stem: str,
+                kv: list[dict[str, Any] | None] | None = None) -> list[Path]:
+    """Each part's quantized graph (decode or AR-N, in order) in Genie's conventions, the
+    residual stream passing from part to part as the handing part's uint16 integers (``kv``:
+    each part's cache encodings, for quantized KV I/O)."""
+    from studio.engine import genie
+
+    out, handoff = [], {}
+    for i, src in enumerate(graphs):
+        dst = work / f"{stem}_part{i + 1}_of_{len(graphs)}.onnx"
+        handoff = genie.genie_graph(src, dst, spec, handoff,
+                                    kv_encodings=kv[i] if kv else None)["handoff_out"]
+        out.append(dst)
+    return out
+
+
+def genie_prefill_parts(export_dir: Path, qdir: Path, spec: dict[str, Any], N: int, cl: int,
+                        work: Path, settings: DeploySettings, progress: Progress) -> list[Path]:
+    """The AR-N prefill graph of a model exported in parts, one graph per part: each part's
+    exported from the checkpoint a part at a time
+    (:func:`studio.engine.llm_parts.export_part_ar_graphs`), calibrated on what the previous
+    parts' float AR-N graphs hand it, and quantized with the recipe and its own decode
+    graph's activation scales."""
+    import numpy as np
+
+    from studio.engine.llm_parts import export_part_ar_graphs, iter_parts
+    from studio.engine.llm_runtime import make_cpu_session
+    from studio.engine.quantize import quantize_like
+
+    parts = list(iter_parts(spec))
+    floats = export_part_ar_graphs(settings.checkpoint, spec, N, cl - N, work / "ar",
+                                   SubProgress(progress, 0.0, 0.5))
+    progress.update(0.5, f"calibration feeds for the AR-{N} graphs")
+    feeds = ar_feeds(export_dir, spec, N, cl, settings)
+    out = []
+    for part, src in zip(parts, floats, strict=True):
+        progress.check()
+        progress.update(0.55 + 0.45 * part.index / len(parts),
+                        f"part {part.index + 1}/{len(parts)}: quantizing its AR-{N} graph with "
+                        "its decode graph's scales")
+        sess = make_cpu_session(src)
+        names = [i.name for i in sess.get_inputs()]
+        mine = [{k: f[k] for k in names} for f in feeds]
+        if part.hidden_out:
+            for f, m in zip(feeds, mine, strict=True):  # what the next part takes
+                f[part.hidden_out] = np.asarray(sess.run([part.hidden_out], m)[0])
+        del sess
+        dst = src.with_name("ar_q.onnx")
+        quantize_like(src, dst, qdir / part.name / "decode.onnx", settings.recipe, mine)
+        out.append(dst)
+    return genie_parts(out, spec, work, f"prefill_ar{N}_genie",
+                       [kv_encodings(qdir / p.name, settings.graph_io) for p in parts])
+
+
+def compile_in_order(graph: Path, folder: Path, chip, after: str, tries: int = 16,
+                     extra_options: dict[str, str] | None = None):
+    """Compile ``graph`` so that its QNN graph name sorts after ``after``: Genie takes the
+    graphs of a split bundle in the order of their names, and the QNN EP names a graph from
+    a hash of the model file's name — so a part is compiled under another file name until it
+    sorts after the part before it (the first part until its hash starts with 1, which leaves
+    the others room). Returns (the compile result, the graph name)."""
+    import onnx
+
+    from studio.engine import qnn
+
+    prefix = "QNNExecutionProvider_QNNExecutionProvider_"
+    for salt in range(tries):
+        src = folder / f"{graph.stem}_{salt}.onnx"
+        src.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(graph, src)
+        comp = qnn.compile_context(src, folder / "ctx" / f"{src.stem}_ctx.onnx", chip,
+                                   embed=False, extra_options=extra_options)
+        name = onnx.load(comp["ctx_path"], load_external_data=False).graph.node[0].name
+        src.unlink()
+        first_ok = bool(after) or not name.startswith(prefix) or name[len(prefix):][:1] == "1"
+        if name > after and first_ok:
+            return comp, name
+        shutil.rmtree(folder / "ctx", ignore_errors=True)
+    raise StudioError(f"could not give the Genie graph {graph.name} a name that sorts after "
+                      f"the previous part's in {tries} tries: build with fewer parts")
+
+
+def bin_name(kind: str, ar: int, cl: int, part: int, parts: int) -> str:
+    """A context binary's file name in a bundle (and Genie's ``ctx-bins``)."""
+    return (f"{kind}_ar{ar}_cl{cl}.bin" if parts == 1 else
+            f"{kind}_ar{ar}_cl{cl}_part{part}_of_{parts}.bin")
+
+
+def build(export_dir: Path, qdir: Path, spec: dict[str, Any], chip, out: Path,
+          settings: DeploySettings, progress: Progress, check_placement: bool = True
+          ) -> dict[str, Any]:
+    """Build, check the placement of, and compile the deployable graphs into ``out/genie``,
+    and write ``out/deploy.json``. Returns that record with ``placement`` ({graph key:
+    placement report}) beside it."""
+    from studio.engine import genie, qnn
+
+    C = int(spec["context_length"])
+    cl = C + 1
+    N = prefill_ar(spec, settings.prefill_length)
+    work = out / "deploy-work"
+    shutil.rmtree(work, ignore_errors=True)
+    exported = [p["name"] for p in spec.get("parts") or []]
+    variants: dict[int, list[Path]]
+    if len(exported) > 1:  # exported in parts: a context binary per part and graph
+        progress.update(0.02, f"rewriting the {len(exported)} parts' decode graphs to "
+                              "Genie's conventions")
+        kvs = [kv_encodings(qdir / p, settings.graph_io) for p in exported]
+        variants = {1: genie_parts([qdir / p / "decode.onnx" for p in exported], spec, work,
+                                   "decode_genie", kvs)}
+        if N > 1:
+            variants = {N: genie_prefill_parts(export_dir, qdir, spec, N, cl, work, settings,
+                                               SubProgress(progress, 0.03, 0.3)),
+                        **variants}
+        weights = sum(graph_bytes(qdir / p / "decode.onnx") for p in exported)
+    else:
+        progress.update(0.02, "rewriting the decode graph to Genie's conventions")
+        kvs = [kv_encodings(qdir, settings.graph_io)]
+        genie.genie_graph(qdir / "decode.onnx", work / "decode_genie.onnx", spec,
+                          kv_encodings=kvs[0])
+        variants = {1: [work / "decode_genie.onnx"]}
+        if N > 1:
+            variants = {N: [genie_prefill_graph(export_dir, qdir, spec, N, cl, work, settings,
+                                                SubProgress(progress, 0.03, 0.3))],
+                        **variants}
+        weights = graph_bytes(qdir / "decode.onnx")
+    parts = len(variants[1])
+    rows: list[dict[str, Any]] = []
+    placement: dict[str, dict] = {}
+    total = len(variants) * parts
+    sdk = ""
+    dest = out / DEPLOY_DIR
+    shutil.rmtree(dest, ignore_errors=True)
+    for ar, graphs in variants.items():
+        kind = "decode" if ar == 1 else "prefill"
+        previous = ""
+        for i, graph in enumerate(graphs):
+            progress.check()
+            at = 0.3 + 0.65 * len(rows) / total
+            label = f"the AR-{ar} {kind} graph" + (f", part {i + 1}/{parts}" if parts > 1
+                                                   else "")
+            key = (f"{exported[i]}/" if parts > 1 else "") + kind
+            if check_placement:
+                progress.update(at, f"checking placement of {label} on {chip.name}")
+                rep = qnn.placement_report(graph, chip, extra_options=settings.htp_options)
+                placement[key] = rep
+                if not rep["all_on_npu"]:
+                    names = ", ".join(f"{n['name']} ({n['op_type']})"
+                                      for n in rep["cpu_nodes"][:5])
+                    raise StudioError(f"{len(rep['cpu_nodes'])} node(s) of {label} cannot run "
+                                      f"on the NPU of {chip.name}: {names}; change their "
+                                      "precision or the recipe")
+            progress.update(at + 0.3 / total, f"compiling {label} for {chip.name}")
+            comp, previous = compile_in_order(graph, dest / f"ar{ar}_{i + 1}", chip, previous,
+                                              extra_options=settings.htp_options)
+            sdk = comp["sdk_version"]
+            bin_file = Path(comp["bin_files"][0])
+            rows.append({"file": bin_name(kind, ar, cl, i + 1, parts), "kind": kind, "ar": ar,
+                         "context_size": cl, "part": i + 1, "parts": parts, "key": key,
+                         "ctx": str(Path(comp["ctx_path"]).relative_to(out)),
+                         "bin": str(bin_file.relative_to(out)),
+                         "bytes": bin_file.stat().st_size, "seconds": comp.get("seconds"),
+                         **genie.graph_io(graph), "qnn_graph": previous})
+    shutil.rmtree(work, ignore_errors=True)
+    kv_dtype = "uint16" if settings.graph_io == "quantized" else "float32"
+    record = {
+        "format": "genie-form", "version": 1, "chip": chip.key,
+        "context_size": cl, "prefill_ar": N if N > 1 else None, "parts": parts,
+        "part_names": exported if parts > 1 else [],
+        "graph_io": settings.graph_io,
+        "kv_cache": {"dtype": kv_dtype,
+                     **({"encodings": kvs} if settings.graph_io == "quantized" else {})},
+        "weights_bytes": weights, "sdk_version": sdk, "graphs": rows,
+        "binary_bytes": sum(r["bytes"] for r in rows),
+    }
+    atomic_write_json(out / DEPLOY_FILE, record)
+    return {**record, "placement": placement}
+
+
+# ---- running them ---------------------------------------------------------------------------
+def graph_paths(compile_dir: Path, record: dict[str, Any]) -> dict[int, list[Path]]:
+    """{AR: the compiled context models of that graph's parts, in order}."""
+    out: dict[int, list[Path]] = {}
+    for row in sorted(record["graphs"], key=lambda r: (r["ar"], r["part"])):
+        out.setdefault(int(row["ar"]), []).append(Path(compile_dir) / row["ctx"])
+    return out
+
+
+def open_runner(compile_dir: Path, chip, spec: dict[str, Any],
+                run_options: dict[str, str] | None = None, record: dict | None = None):
+    """The studio's runtime over the deployable binaries of ``compile_dir`` on the QNN HTP
+    (every part loaded): a :class:`studio.engine.genie.BundleRunner`."""
+    from studio.engine import genie, qnn
+
+    record = record or read(compile_dir)
+    if record is None:
+        raise StudioError(f"{compile_dir} holds no deployable binaries: run the compile stage")
+    sessions = {ar: [qnn.make_session(p, chip, strict=True, extra_options=run_options)
+                     for p in paths]
+                for ar, paths in graph_paths(compile_dir, record).items()}
+    return genie.BundleRunner(sessions, spec, int(record["context_size"]))
+
+
+class DeployedGenerator:
+    """The studio's generator API over a :class:`BundleRunner` — what ``studio generate``,
+    validate and the run stage call on the HTP — so they run the binaries that ship, fed as
+    Genie feeds them. Greedy text equals Genie's on the same binaries by construction."""
+
+    def __init__(self, runner, spec: dict[str, Any]) -> None:
+        self.runner = runner
+        self.num_layers = int(spec["num_layers"])
+        self.vocab_size = int(spec["vocab_size"])
+        self.prompt_len = int(spec["prompt_length"])
+        cl = runner.cl
+        self.context_len = cl - 1
+        self.rope_positions = self.context_len
+        self.ring_window = None
+        self.window = None
+        self.vision = None
+        self.rope_offset = 0
+        ars = sorted(runner.graphs)
+        self.verify_len = ars[-1] if ars[-1] > 1 else 0
+        self.verify_session = True if self.verify_len else None
+        self.prefill_ar = self.verify_len or 1
+
+    # the StaticKVGenerator surface ------------------------------------------------------------
+    @property
+    def cache(self) -> list[list[Any]]:
+        """The host-side cache as the binaries take it, per layer [keys, values] (keys
+        transposed, as Genie keeps them)."""
+        return [[self.runner.keys[i], self.runner.values[i]] for i in range(self.num_layers)]
+
+    def reset(self) -> None:
+        self.runner.reset()
+
+    def set_window(self, window: int | None) -> None:
+        if window is not None:
+            raise StudioError("the deployable binaries keep a static cache (as Genie runs "
+                              "them): a sliding window runs on the host CPU (--device cpu)")
+
+    def set_image(self, embeds) -> None:
+        raise StudioError("this model takes no image: it is not a vision-language model")
+
+    def prefill_prompt(self, ids: list[int], progress: Progress | None = None):
+        """The prompt as Genie runs it: AR-N passes where the context allows, AR-1 passes for
+        the rest. Returns (logits of the last prompt token [V], passes)."""
+        import numpy as np
+
+        if progress is not None:
+            progress.check()
+        self.runner.reset()
+        passes = self.runner._prompt([int(t) for t in ids], rows=False)
+        return np.asarray(passes[-1], dtype=np.float32), len(passes)
+
+    def prefill(self, ids: list[int]):
+        """Logits [n, V] of ``ids`` from position 0 (the cache holds them after)."""
+        return self.runner.teacher_forced([int(t) for t in ids])
+
+    def step(self, token: int, pos: int):
+        import numpy as np
+
+        if not 0 <= pos < self.context_len:
+            raise StudioError(f"position {pos} is outside the KV cache of {self.context_len} "
+                              "slots")
+        return np.asarray(self.runner._pass([int(token)], pos, 1), dtype=np.float32)
+
+    def verify(self, tokens: list[int], pos: int):
+        """The AR-N graph as the verify graph: ``tokens`` (at most N) at ``pos``..; their
+        logits [n, V]. Rejected rows stay in the cache, hidden by every later mask."""
+        import numpy as np
+
+        n = len(tokens)
+        if not self.verify_len:
+            raise StudioError("the deployable binaries have no AR-N graph (bundle."
+                              "prefill_length = 1): speculative decoding needs one")
+        if not 0 < n <= self.verify_len:
+            raise StudioError(f"the AR-{self.verify_len} graph takes 1..{self.verify_len} "
+                              f"tokens, not {n}")
+        if pos + self.verify_len > self.runner.cl - 1 or pos > self.runner.cl - \
+                self.verify_len:
+            # too near the end for an AR-N pass: one token at a time, as Genie does
+            rows = [self.runner._pass([int(t)], pos + k, 1) for k, t in enumerate(tokens)]
+            return np.asarray(np.stack(rows), dtype=np.float32)
+        return np.asarray(self.runner._pass([int(t) for t in tokens], pos, self.verify_len,
+                                            rows=True), dtype=np.float32)
+
+    def teacher_forced_logits(self, ids: list[int], progress: Progress | None = None):
+        import numpy as np
+
+        if progress is not None:
+            progress.check()
+        out = self.runner.teacher_forced([int(t) for t in ids])[:, :self.vocab_size]
+        if progress is not None:
+            progress.update(1.0, f"{len(ids)} tokens scored")
+        return np.asarray(out, dtype=np.float32)
+
+    def greedy(self, prompt_ids, max_new_tokens, eos_id=None, on_step=None, progress=None):
+        return self.generate(prompt_ids, max_new_tokens, eos_id=eos_id, on_step=on_step,
+                             progress=progress)
+
+    def generate(self, prompt_ids, max_new_tokens, sampler=None, eos_id=None, stop=None,
+                 on_step=None, progress=None):
+        from studio.engine.llm_runtime import StaticKVGenerator
+
+        return StaticKVGenerator.generate(self, prompt_ids, max_new_tokens, sampler=sampler,
+                                          eos_id=eos_id, stop=stop, on_step=on_step,
+                                          progress=progress)
+
+
+def generator(compile_dir: Path, chip, spec: dict[str, Any],
+              run_options: dict[str, str] | None = None) -> DeployedGenerator:
+    """A :class:`DeployedGenerator` over the deployable binaries of ``compile_dir``."""
+    return DeployedGenerator(open_runner(compile_dir, chip, spec, run_options), spec)
+
+
+def decode_context(compiled: Path) -> Path:
+    """The compiled decode (AR-1) context model of ``compiled`` — a compile stage's output or
+    one part's folder in it: the deployable set's where there is one, else the studio's own
+    ``decode_ctx.onnx``."""
+    compiled = Path(compiled)
+    for root, part in ((compiled, None), (compiled.parent, compiled.name)):
+        record = read(root)
+        if record is None:
+            continue
+        names = record.get("part_names") or []
+        index = names.index(part) + 1 if part in names else 1
+        row = next(r for r in record["graphs"] if r["ar"] == 1 and r["part"] == index)
+        return root / row["ctx"]
+    return compiled / "decode_ctx.onnx"
+
+
+class PartScorer:
+    """The deployable binaries scored one part at a time: each part's compiled graphs loaded
+    alone, run over every pass of a window as Genie would run it, fed the hand-off the part
+    before recorded; the last part gives the logits. A model whose binaries the HTP cannot
+    hold at once (the simulator: about 6.7 GB) is still scored on the binaries that ship.
+    ``handoffs`` keeps, per part, the last window's hand-off rows (for the part checks)."""
+
+    def __init__(self, compile_dir: Path, chip, spec: dict[str, Any],
+                 run_options: dict[str, str] | None = None) -> None:
+        self.dir, self.chip, self.spec = Path(compile_dir), chip, spec
+        self.record = read(compile_dir)
+        if self.record is None:
+            raise StudioError(f"{compile_dir} holds no deployable binaries: run the compile "
+                              "stage")
+        self.options = run_options
+        self.cl = int(self.record["context_size"])
+        self.pad = int(spec.get("pad_token_id") or 0)
+        self.vocab = int(spec["vocab_size"])
+        self.handoffs: list[Any] = []
+
+    def run(self, ids: list[int], progress: Progress | None = None) -> list[Any]:
+        """Each pass's real rows of logits, part by part (see the class)."""
+        import numpy as np
+
+        from studio.engine import genie, qnn
+
+        paths = graph_paths(self.dir, self.record)
+        schedule = genie.prompt_schedule(len(ids), max(paths), self.cl)
+        carried: list[dict[str, Any]] = [{} for _ in schedule]  # hand-offs, per pass
+        parts = len(paths[1])
+        logits: list[Any] = []
+        self.handoffs = []
+        kvh, hd = int(self.spec["num_kv_heads"]), int(self.spec["head_dim"])
+        for k in range(parts):
+            if progress is not None:
+                progress.check()
+                progress.update(k / parts, f"part {k + 1}/{parts}: its binaries alone")
+            sessions = {ar: qnn.make_session(paths[ar][k], self.chip, strict=True,
+                                             extra_options=self.options)
+                        for ar in {n for _, _, n in schedule}}
+            names = {i.name: i.type for s in sessions.values() for i in s.get_inputs()}
+            layers = sorted(int(n.split("_")[2]) for n in names
+                            if n.startswith("past_key_") and n.endswith("_in"))
+            dtype = np.uint16 if names.get(f"past_key_{layers[0]}_in") == "tensor(uint16)" \
+                else np.float32
+            keys = {i: np.zeros((1, kvh, hd, self.cl - 1), dtype) for i in layers}
+            values = {i: np.zeros((1, kvh, self.cl - 1, hd), dtype) for i in layers}
+            for j, (pos, take, ar) in enumerate(schedule):
+                sess, slots = sessions[ar], self.cl - ar
+                feed = genie.pass_feeds(ids[pos:pos + take], pos, ar, self.cl, self.pad)
+                feed.update(carried[j])
+                for i in layers:
+                    feed[f"past_key_{i}_in"] = keys[i][..., :slots]
+                    feed[f"past_value_{i}_in"] = values[i][:, :, :slots]
+                outs = [o.name for o in sess.get_outputs()]
+                got = dict(zip(outs, sess.run(outs, {i.name: feed[i.name]
+                                                     for i in sess.get_inputs()}), strict=True))
+                for i in layers:
+                    keys[i][..., pos:pos + take] = got[f"past_key_{i}_out"][..., :take]
+                    values[i][:, :, pos:pos + take] = got[f"past_value_{i}_out"][:, :, :take]
+                carried[j] = {n: v for n, v in got.items() if n.startswith(genie.HANDOFF)}
+                if k == parts - 1:
+                    logits.append(np.asarray(got["logits"]).reshape(ar, -1)[:take])
+            if k < parts - 1:
+                self.handoffs.append([next(iter(c.values())) for c in carried])
+            del sessions
+        return logits
+
+    def teacher_forced_logits(self, ids: list[int], progress: Progress | None = None):
+        """Logits [len(ids), V] (float32) of the shipped binaries, part by part."""
+        import numpy as np
+
+        if len(ids) > self.cl - 1:
+            raise StudioError(f"{len(ids)} tokens do not fit the context of {self.cl - 1}")
+        rows = self.run([int(t) for t in ids], progress)
+        return np.concatenate(rows).astype(np.float32)[:, :self.vocab]
