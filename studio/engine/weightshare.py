@@ -201,10 +201,12 @@ def _encoding_diffs(where: str, a: dict | None, b: dict | None) -> list[str]:
         return [f"{where}: encoding {a['kind']} vs {b['kind']}"]
     for k in sorted(set(a) | set(b)):
         va, vb = a.get(k), b.get(k)
-        if k in ("scale",):
-            if va is None or vb is None or not _close(va, vb):
+        if k == "scale":
+            if va is None or vb is None:
+                out.append(f"{where}: scale {va} vs {vb}")
+            elif not _close(va, vb):
                 out.append(f"{where}: scale {va:.9g} vs {vb:.9g}")
-        elif k in ("scales",):
+        elif k == "scales":
             if len(va or []) != len(vb or []):
                 out.append(f"{where}: {len(va or [])} scales vs {len(vb or [])}")
             else:
