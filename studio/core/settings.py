@@ -529,13 +529,20 @@ class Bundle(Section):
                               "the context is shorter)", min=1, cap=MAX_CONTEXT)
     prompts: int = setting(3, "the Genie check: held-out prompts whose greedy text Genie must "
                            "match", min=1, max=8)
-    parts: int = setting(0, "context binaries of consecutive blocks the decode graph goes into",
-                         min=0, cap=1024, hint="(0: as many as keep each within max_context_mb)")
+    parts: int = setting(0, "the parts of the bundle: the compile stage's (export.parts); "
+                         "another count is refused", min=0, cap=1024,
+                         hint="(0: the compile stage's parts)")
     max_context_mb: int = setting(1536, "the largest context binary, in MB", min=16,
                                   cap=1 << 20)
     prefill_length: int = setting(0, "tokens per pass of the AR-N prefill graph", min=0,
                                   cap=MAX_CONTEXT,
                                   hint="(0: the export's prompt length, 1: no prefill graph)")
+    weight_sharing: str = setting(
+        "auto", "one context binary per part whose prefill and decode graphs share their "
+                "weights (compiled beside the separate binaries the simulator runs, checked "
+                "against them by structure; the simulator cannot load it: a device executes "
+                "it)", choices=("auto", "on", "off"),
+        hint="(auto: on where there is a prefill graph to share with)")
     score_tokens: int = setting(64, "held-out tokens scored against FP32 on the bundle's own "
                                 "binaries (the figures of what ships)", min=0, cap=MAX_TOKENS,
                                 hint="(0: none)")

@@ -231,18 +231,30 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
             settings.prefill_length == 1 and N == 1):
         raise StudioError(f"bundle.prefill_length {settings.prefill_length} differs from the "
                           f"compiled AR-{N} prefill graph: run the compile stage again")
+    from studio.engine.weightshare import EXECUTED
+
     out = out_root / "bundle"
-    out.mkdir(parents=True, exist_ok=True)
+    shared = record.get("shared") or []
+    # the separate binaries the simulator executes: the bundle's own where no weight-shared
+    # ones ship, else a check folder of the stage's (Genie on the simulator loads them)
+    run_dir = out_root / "check" if shared else out
+    for d in {out, run_dir}:
+        d.mkdir(parents=True, exist_ok=True)
     rows = sorted(record["graphs"], key=lambda r: (-r["ar"], r["part"]))
-    progress.update(0.02, f"copying the compile stage's {len(rows)} context binaries (the "
-                          "validated ones)")
+    progress.update(0.02, f"copying the compile stage's {len(rows) + len(shared)} context "
+                          "binaries (the validated ones)")
     for r in rows:
         progress.check()
+        shutil.copy2(Path(cdir) / r["bin"], run_dir / r["file"])
+    for r in shared:
         shutil.copy2(Path(cdir) / r["bin"], out / r["file"])
-    ctx_names = [r["file"] for r in rows]
+    run_names = [r["file"] for r in rows]
+    ctx_names = [r["file"] for r in shared] or run_names
     graph_rows = [{k: r[k] for k in ("file", "kind", "ar", "context_size", "part", "parts",
                                      "inputs", "outputs", "qnn_graph")}
-                  | {"executed": "executed on the HTP simulator"} for r in rows]
+                  | {"executed": EXECUTED, "shipped": not shared} for r in rows]
+    shared_rows = [{k: r[k] for k in ("file", "part", "bytes", "separate_bytes", "graphs",
+                                      "executed", "structure")} for r in shared]
     weights = int(record["weights_bytes"])
     sdk = record.get("sdk_version", "")
 
@@ -257,9 +269,9 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
     accuracy = None
     passes: dict[int, int] = {}
     load_s, rate = None, None
-    shutil.copy(export_dir / "tokenizer" / "tokenizer.json", out / "tokenizer.json")
-    cfg = genie.genie_config(spec, ctx_names)
-    atomic_write_json(out / "genie_config.json", cfg)
+    for d, names in {out: ctx_names, run_dir: run_names}.items():
+        shutil.copy(export_dir / "tokenizer" / "tokenizer.json", d / "tokenizer.json")
+        atomic_write_json(d / "genie_config.json", genie.genie_config(spec, names))
     genie_note = ""
     if whole:
         # the studio's runtime over the very binaries the bundle holds
@@ -286,7 +298,7 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
         del runner
         progress.update(0.5, "loading the bundle in Genie (HTP simulator)")
         try:
-            dialog = genie.GenieDialog(out)
+            dialog = genie.GenieDialog(run_dir)
         except StudioError as exc:  # Genie holds less than ONNX Runtime's sessions
             genie_note = f"Genie on the simulator could not load the whole bundle ({exc})"
             progress.log(genie_note + ": checked part by part instead")
@@ -355,6 +367,9 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
         "binaries": "the compile stage's, copied: the binaries validate, studio generate and "
                     "profile ran",
         "graphs": graph_rows,
+        "weight_shared": shared_rows or None,
+        "executed_binaries": {r["file"]: sha(run_dir / r["file"]) for r in rows}
+        if shared else None,
         "kv_cache": kv_cache,
         "weights_bytes": weights,
         "files": files,
@@ -368,6 +383,8 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
                          "by_part": by_part or None,
                          "accuracy_on_these_binaries": accuracy},
     }
+    if shared:
+        shutil.rmtree(run_dir, ignore_errors=True)
     progress.update(0.96, "writing the manifest")
     atomic_write_json(out / "manifest.json", manifest)
     (out / "README.md").write_text(readme(spec, chip, sdk, N, cl, parts, ctx_names,
@@ -418,6 +435,11 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
         "summary": (f"Genie bundle for {chip.name}: {len(files) + 2} files"
                     + (f" ({len(ctx_names)} context binaries)" if len(ctx_names) > 1 else "")
                     + ", the compile stage's binaries; " + check_line
+                    + (f"; {len(shared)} weight-shared binary(ies) shipped "
+                       f"({sum(r['bytes'] for r in shared) / 2**20:.1f} MiB against "
+                       f"{sum(r['separate_bytes'] for r in shared) / 2**20:.1f} MiB separate), "
+                       "equal by structure to the executed ones: a device executes them"
+                       if shared else "")
                     + ("" if accuracy is None else
                        f"; the shipped binaries against FP32 on {accuracy['tokens']} held-out "
                        f"tokens: cosine {accuracy['logits_cosine']:.4f}, top-1 "
@@ -434,6 +456,6 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
             "perplexity_fp32": accuracy["fp32_perplexity"],
             "perplexity_quantized": accuracy["perplexity"]}),
         "studio_passes": {f"ar{k}": v for k, v in passes.items()},
-        "ctx_bins": ctx_names,
+        "ctx_bins": ctx_names, "weight_shared": shared_rows or None,
         "figures": figures,
     }

@@ -49,6 +49,7 @@ class DeploySettings:
     prefill_length: int = 0
     htp_options: dict[str, str] | None = None
     graph_io: str = "quantized"
+    weight_sharing: str = "auto"  # bundle.weight_sharing: auto, on, off
 
 
 def supported(spec: dict[str, Any], fp16: bool) -> str | None:
@@ -193,7 +194,8 @@ def compile_in_order(graph: Path, folder: Path, chip, after: str, tries: int = 1
     graphs of a split bundle in the order of their names, and the QNN EP names a graph from
     a hash of the model file's name — so a part is compiled under another file name until it
     sorts after the part before it (the first part until its hash starts with 1, which leaves
-    the others room). Returns (the compile result, the graph name)."""
+    the others room). Returns (the compile result, the graph name, the source file compiled,
+    whose name a weight-shared compile of it must keep)."""
     import onnx
 
     from studio.engine import qnn
@@ -206,10 +208,10 @@ def compile_in_order(graph: Path, folder: Path, chip, after: str, tries: int = 1
         comp = qnn.compile_context(src, folder / "ctx" / f"{src.stem}_ctx.onnx", chip,
                                    embed=False, extra_options=extra_options)
         name = onnx.load(comp["ctx_path"], load_external_data=False).graph.node[0].name
-        src.unlink()
         first_ok = bool(after) or not name.startswith(prefix) or name[len(prefix):][:1] == "1"
         if name > after and first_ok:
-            return comp, name
+            return comp, name, src  # the source keeps the name the graph is named from
+        src.unlink()
         shutil.rmtree(folder / "ctx", ignore_errors=True)
     raise StudioError(f"could not give the Genie graph {graph.name} a name that sorts after "
                       f"the previous part's in {tries} tries: build with fewer parts")
@@ -263,6 +265,7 @@ def build(export_dir: Path, qdir: Path, spec: dict[str, Any], chip, out: Path,
     placement: dict[str, dict] = {}
     total = len(variants) * parts
     sdk = ""
+    sources: dict[tuple[int, int], Path] = {}
     dest = out / DEPLOY_DIR
     shutil.rmtree(dest, ignore_errors=True)
     for ar, graphs in variants.items():
@@ -285,8 +288,10 @@ def build(export_dir: Path, qdir: Path, spec: dict[str, Any], chip, out: Path,
                                       f"on the NPU of {chip.name}: {names}; change their "
                                       "precision or the recipe")
             progress.update(at + 0.3 / total, f"compiling {label} for {chip.name}")
-            comp, previous = compile_in_order(graph, dest / f"ar{ar}_{i + 1}", chip, previous,
-                                              extra_options=settings.htp_options)
+            comp, previous, source = compile_in_order(graph, dest / f"ar{ar}_{i + 1}", chip,
+                                                      previous,
+                                                      extra_options=settings.htp_options)
+            sources[ar, i] = source
             sdk = comp["sdk_version"]
             bin_file = Path(comp["bin_files"][0])
             rows.append({"file": bin_name(kind, ar, cl, i + 1, parts), "kind": kind, "ar": ar,
@@ -295,6 +300,11 @@ def build(export_dir: Path, qdir: Path, spec: dict[str, Any], chip, out: Path,
                          "bin": str(bin_file.relative_to(out)),
                          "bytes": bin_file.stat().st_size, "seconds": comp.get("seconds"),
                          **genie.graph_io(graph), "qnn_graph": previous})
+    shared = None
+    if N > 1 and settings.weight_sharing != "off":
+        shared = share_weights(sources, rows, N, cl, parts, chip, out, settings, progress)
+    for src in sources.values():
+        src.unlink(missing_ok=True)
     shutil.rmtree(work, ignore_errors=True)
     kv_dtype = "uint16" if settings.graph_io == "quantized" else "float32"
     record = {
@@ -306,9 +316,46 @@ def build(export_dir: Path, qdir: Path, spec: dict[str, Any], chip, out: Path,
                      **({"encodings": kvs} if settings.graph_io == "quantized" else {})},
         "weights_bytes": weights, "sdk_version": sdk, "graphs": rows,
         "binary_bytes": sum(r["bytes"] for r in rows),
+        "shared": shared,
     }
     atomic_write_json(out / DEPLOY_FILE, record)
     return {**record, "placement": placement}
+
+
+def share_weights(sources: dict[tuple[int, int], Path], rows: list[dict[str, Any]], N: int,
+                  cl: int, parts: int, chip, out: Path, settings: DeploySettings,
+                  progress: Progress) -> list[dict[str, Any]]:
+    """Per part, one context binary holding its AR-N prefill and AR-1 decode graphs with
+    their weights once (``ep.share_ep_contexts``), compiled from the very files the separate
+    binaries were (so the graphs keep their names), and read back with the QNN system
+    library against the separate, simulator-executed binaries graph by graph. The x86
+    simulator cannot load it: a device executes it. Raises when the structures differ."""
+    from studio.engine import weightshare
+
+    shared = []
+    for i in range(parts):
+        progress.check()
+        progress.update(0.96, "the weight-shared binary of "
+                              + (f"part {i + 1}/{parts}" if parts > 1 else "the model"))
+        folder = out / DEPLOY_DIR / f"shared_{i + 1}"
+        comp = weightshare.compile_shared([sources[N, i], sources[1, i]], folder, chip,
+                                          settings.htp_options)
+        separate = [out / r["ctx"] for ar in (N, 1) for r in rows
+                    if r["ar"] == ar and r["part"] == i + 1]
+        report = weightshare.compare_structure(comp["bin"], separate)
+        if not report["equal"]:
+            raise StudioError(f"the weight-shared binary of part {i + 1} differs from the "
+                              f"binaries the simulator ran: {weightshare.summary(report)}")
+        name = (f"weight_shared_ar{N}_ar1_cl{cl}.bin" if parts == 1 else
+                f"weight_shared_ar{N}_ar1_cl{cl}_part{i + 1}_of_{parts}.bin")
+        shared.append({"file": name, "part": i + 1, "bin": str(Path(comp["bin"]).relative_to(out)),
+                       "bytes": int(comp["bytes"]), "graphs": comp["graphs"],
+                       "separate_bytes": sum(r["bytes"] for r in rows if r["part"] == i + 1),
+                       "executed": weightshare.STRUCTURE_ONLY,
+                       "structure": {"equal": True, "matched_by": report["matched_by"],
+                                     "checks": report["checks"],
+                                     "summary": weightshare.summary(report)}})
+    return shared
 
 
 # ---- running them ---------------------------------------------------------------------------

@@ -165,7 +165,7 @@ def deployable(ctx: StageContext, qdir: Path, spec: dict[str, Any], extra: dict[
         calibration_text=read_text(ctx.path("quantization.calibration_text"),
                                    "calibration text"),
         prefill_length=int(ctx.get("bundle.prefill_length")), htp_options=extra,
-        graph_io=ctx.get("htp.graph_io"))
+        graph_io=ctx.get("htp.graph_io"), weight_sharing=ctx.get("bundle.weight_sharing"))
     chip = ctx.chip
     rec = deploy.build(ctx.input("export"), qdir, spec, chip, ctx.out, settings, progress)
     placement = rec.pop("placement")
@@ -183,12 +183,16 @@ def deployable(ctx: StageContext, qdir: Path, spec: dict[str, Any], extra: dict[
                    + (f"; HTP options {', '.join(f'{k}={v}' for k, v in extra.items())}"
                       if extra else "")
                    + ("; graph I/O quantized (the KV cache and hand-offs as integers)"
-                      if rec["graph_io"] == "quantized" else ""),
+                      if rec["graph_io"] == "quantized" else "")
+                   + (f"; weight-shared for the device: {len(rec['shared'])} binary(ies), "
+                      f"{sum(r['bytes'] for r in rec['shared']) / 2**20:.1f} MiB, equal by "
+                      "structure to the ones the simulator ran" if rec.get("shared") else ""),
         "placement": {g: {k: v for k, v in r.items() if k != "cpu_nodes"}
                       for g, r in placement.items()},
         "sdk_version": sdk, "tool": {"qnn_sdk": sdk}, "htp_options": extra,
         "graph_io": rec["graph_io"], "deploy": {k: rec[k] for k in (
             "context_size", "prefill_ar", "parts", "binary_bytes", "weights_bytes")},
+        "weight_sharing": rec.get("shared"),
         "metrics": [],
     }
 
