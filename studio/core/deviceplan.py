@@ -399,6 +399,34 @@ def check_bundle_fits(plan: DevicePlan) -> None:
                       + f"; {fix}")
 
 
+# ---- the bundle's inputs -----------------------------------------------------------------------
+#: the bundle compiles its AR-N and AR-1 graphs as separate context binaries, each holding
+#: its own weights (studio.engine.bundle.compile_graphs): the x86 simulator cannot load a
+#: weight-shared binary (the HTP facts note, "fourth look")
+BUNDLE_WEIGHT_SHARING = False
+
+
+def bundle_inputs(layout: Layout, *, scheme: str, exported_parts: int, bundle_parts: int,
+                  max_context_mb: int, prompt_length: int, context_length: int,
+                  prefill_length: int, graph_io: str, kv_cache: str) -> Inputs:
+    """The inputs of the plan of the bundle a project ships, from its settings: the
+    export's parts when it has several, else ``bundle.parts``, else as many as keep each
+    binary within ``bundle.max_context_mb`` (as studio.engine.bundle.build_bundle chooses);
+    the AR-N prefill graph at ``bundle.prefill_length`` (0: the prompt length)."""
+    if exported_parts > 1:
+        parts = exported_parts
+    elif bundle_parts:
+        parts = min(int(bundle_parts), layout.num_layers)
+    else:
+        params = sum(layout.blocks) + layout.embedding + layout.head_in_graph()
+        weights = compiled_bytes(params, scheme_bits(scheme)[0])
+        parts = min(layout.num_layers, max(1, -(-weights // (int(max_context_mb) << 20))))
+    return Inputs(scheme=scheme, parts=parts, context_length=int(context_length),
+                  prefill_length=int(prefill_length) or int(prompt_length),
+                  kv=kv_dtype(graph_io, kv_cache), weight_sharing=BUNDLE_WEIGHT_SHARING,
+                  graph_io=graph_io)
+
+
 # ---- the export's part count -------------------------------------------------------------------
 def device_part_count(layout: Layout, dims: Dims, chips: Iterable[Chip], prompt_length: int,
                       context_length: int) -> int | None:

@@ -196,7 +196,8 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                         "validation.heldout_text", "bundle.new_tokens", "bundle.prompts",
                         "bundle.parts", "bundle.max_context_mb", "bundle.prefill_length",
                         "bundle.score_tokens", "run.prompt", "validation.greedy_tokens",
-                        *HTP_COMPILE_SETTINGS),
+                        # the device memory plan's KV width (the refusal before any work)
+                        "quantization.kv_cache", *HTP_COMPILE_SETTINGS),
               role="bundle", takes_parts=True,
               # its result holds validate's figures of the binaries it ships (with
               # bundle.score_tokens): the gates judge them too

@@ -15,42 +15,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from studio.core.catalog import get_chip
-from studio.core.deviceplan import DevicePlan, Dims, Inputs, device_plan, kv_dtype
+from studio.core.deviceplan import DevicePlan, Dims, Inputs, bundle_inputs, device_plan
 from studio.core.errors import StudioError
-from studio.core.parts import Layout, compiled_bytes
+from studio.core.parts import Layout
 
 if TYPE_CHECKING:
     from studio.core.project import Project
 
-#: the bundle compiles its AR-N and AR-1 graphs as separate context binaries, each holding
-#: its own weights (studio.engine.bundle.compile_graphs): the x86 simulator cannot load a
-#: weight-shared binary (the HTP facts note, "fourth look")
-BUNDLE_WEIGHT_SHARING = False
-
-
-def bundle_part_count(project: Project, exported: int, layout: Layout) -> int:
-    """The bundle's context binaries per graph: the export's parts when it has several, else
-    ``bundle.parts``, else as many as keep each within ``bundle.max_context_mb``."""
-    from studio.core.recipe import weight_bits
-
-    if exported > 1:
-        return exported
-    if int(project.bundle["parts"]):
-        return min(int(project.bundle["parts"]), layout.num_layers)
-    params = sum(layout.blocks) + layout.embedding + layout.head_in_graph()
-    weights = compiled_bytes(params, weight_bits(project.quantization["scheme"]))
-    return min(layout.num_layers, max(1, -(-weights // (int(project.bundle["max_context_mb"])
-                                                        << 20))))
-
-
-def plan_inputs(project: Project, parts: int) -> Inputs:
-    """The project's settings as a plan's inputs, for ``parts`` parts."""
-    P = int(project.export["prompt_length"])
-    n = int(project.bundle["prefill_length"]) or P
-    return Inputs(scheme=project.quantization["scheme"], parts=parts,
-                  context_length=int(project.export["context_length"]), prefill_length=n,
-                  kv=kv_dtype(project.htp["graph_io"], project.quantization["kv_cache"]),
-                  weight_sharing=BUNDLE_WEIGHT_SHARING, graph_io=project.htp["graph_io"])
+def plan_inputs(project: Project, exported_parts: int, layout: Layout) -> Inputs:
+    """The project's settings as the inputs of its bundle's plan."""
+    return bundle_inputs(
+        layout, scheme=project.quantization["scheme"], exported_parts=exported_parts,
+        bundle_parts=int(project.bundle["parts"]),
+        max_context_mb=int(project.bundle["max_context_mb"]),
+        prompt_length=int(project.export["prompt_length"]),
+        context_length=int(project.export["context_length"]),
+        prefill_length=int(project.bundle["prefill_length"]), graph_io=project.htp["graph_io"],
+        kv_cache=project.quantization["kv_cache"])
 
 
 def _model(project: Project) -> tuple[Any, Layout, int]:
@@ -79,7 +60,7 @@ def project_plans(project: Project) -> list[DevicePlan] | None:
 
     if is_float_scheme(project.quantization["scheme"]):
         return None  # a bundle is made from a quantized graph; FP16 has no bundle to plan
-    inputs = plan_inputs(project, bundle_part_count(project, exported, layout))
+    inputs = plan_inputs(project, exported, layout)
     dims = Dims.of(info)
     return [device_plan(layout, dims, get_chip(t), inputs) for t in project.targets]
 
