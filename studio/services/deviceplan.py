@@ -86,11 +86,12 @@ def plans_dict(project: Project) -> dict[str, Any]:
     return {"plans": [p.to_dict() for p in plans]}
 
 
-def plan_lines(project: Project) -> list[str]:
-    """The plans as text: a summary per target, then its rows."""
+def plan_lines(project: Project, data: dict[str, Any] | None = None) -> list[str]:
+    """The plans as text (``data``: :func:`plans_dict` already computed): a summary per
+    target, then its rows."""
     from studio.core.units import format_bytes
 
-    data = plans_dict(project)
+    data = data if data is not None else plans_dict(project)
     if data["plans"] is None:
         return [f"device plan: {data['why']}"]
     out = []
