@@ -55,3 +55,20 @@ def test_the_export_key_hashes_the_targets_limits_only_for_auto_parts(tmp_path):
     assert identity(["snapdragon-888"]) == {"npu_context_bytes": []}
     p.export.parts = 1
     assert identity(["snapdragon-8-gen-3"]) is None
+
+
+def test_the_report_shows_the_plan_with_its_sources(tmp_path):
+    import json
+
+    import jsonschema
+
+    from studio.engine.report import SCHEMA_PATH, build_report, render_html
+    from studio.services.deviceplan import plans_dict
+    from tests.conftest import small_sample_project
+
+    p = pf.load(small_sample_project(tmp_path, "r"))
+    data = build_report(p, {}, device_plan=plans_dict(p))
+    jsonschema.validate(json.loads(json.dumps(data)), json.loads(SCHEMA_PATH.read_text()))
+    html = render_html(data)
+    assert "Device memory plan" in html and "whole/decode weights" in html
+    assert "[VA] about 3.8 GiB" in html and "; fits</p>" in html
