@@ -3,7 +3,9 @@
 Pure Python: reads ``resources/catalog/chips.toml`` with :mod:`tomllib`. A :class:`Chip`
 carries what the QNN HTP backend needs (``htp_arch``, ``soc_model``, ``vtcm_mb``) and what
 the user must know about the target (FP16 support, whether the simulator's numerics can
-be trusted for it, notes, and where the numbers come from).
+be trusted for it, notes, and where the numbers come from), with the performance model's
+figures and the NPU's memory limits the device memory plan judges a bundle by
+(:mod:`studio.core.deviceplan`), each with its source or unknown.
 """
 
 from __future__ import annotations
@@ -44,6 +46,22 @@ class Chip:
     htp_cores: int | None = None
     htp_tops: float | None = None
     htp_source: str = ""
+    # the device memory plan's limits (studio/core/deviceplan.py), in MiB: what the NPU maps
+    # in one address space, and the largest one context binary; None: unknown
+    npu_va_mib: int | None = None
+    npu_va_source: str = ""
+    npu_context_mib: int | None = None
+    npu_context_source: str = ""
+
+    @property
+    def npu_va_bytes(self) -> int | None:
+        """What the NPU maps in one address space (None: unknown)."""
+        return None if self.npu_va_mib is None else self.npu_va_mib << 20
+
+    @property
+    def npu_context_bytes(self) -> int | None:
+        """The largest context binary the NPU maps (None: unknown)."""
+        return None if self.npu_context_mib is None else self.npu_context_mib << 20
 
     def perf_unknown(self) -> list[str]:
         """The performance-model figures the catalog does not know for this chip."""
@@ -84,10 +102,12 @@ class Chip:
 
 _REQUIRED = {"name": str, "htp_arch": int, "soc_model": int, "vtcm_mb": int}
 _OPTIONAL = {"notes": str, "soc": str, "fp16": bool, "numerics": str, "source": str,
-             "ddr_type": str, "ddr_source": str, "htp_source": str, "npu_source": str}
+             "ddr_type": str, "ddr_source": str, "htp_source": str, "npu_source": str,
+             "npu_va_source": str, "npu_context_source": str}
 #: performance figures: a positive number, or the string "unknown"; a number needs its source
 _PERF = {"ddr_gbps": (float, "ddr_source"), "htp_tops": (float, "htp_source"),
-         "htp_cores": (int, "htp_source"), "npu_gbps": (float, "npu_source")}
+         "htp_cores": (int, "htp_source"), "npu_gbps": (float, "npu_source"),
+         "npu_va_mib": (int, "npu_va_source"), "npu_context_mib": (int, "npu_context_source")}
 UNKNOWN = "unknown"
 
 

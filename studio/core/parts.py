@@ -9,8 +9,9 @@ the KV cache of their own blocks; one part is the whole graph of today.
 The plan is computed from the checkpoint's layout (the parameter count of each block, the
 embedding and the head, read from the weight files' headers) before any work:
 :func:`plan_parts` with ``"auto"`` is the smallest number of parts whose every compiled
-binary fits ``max_part_bytes`` at the scheme's weight width, blocks spread so the parts are
-as even as they can be. Pure Python: no torch, no ONNX.
+binary fits ``max_part_bytes`` at the scheme's weight width — and no fewer than the target
+NPUs need (:mod:`studio.core.deviceplan`) — blocks spread so the parts are as even as they
+can be. Pure Python: no torch, no ONNX.
 """
 
 from __future__ import annotations
@@ -166,12 +167,14 @@ def compiled_bytes(parameters: int, weight_bits: int) -> int:
 
 
 def plan_parts(layout: Layout, parts: int | str = "auto", weight_bits: int = 8,
-               max_part_bytes: int = DEFAULT_MAX_PART_BYTES) -> list[Part]:
-    """The parts of ``layout``: ``parts`` of them, or with ``"auto"`` the fewest whose every
-    compiled binary (``weight_bits`` per weight) fits ``max_part_bytes``."""
+               max_part_bytes: int = DEFAULT_MAX_PART_BYTES, at_least: int = 1) -> list[Part]:
+    """The parts of ``layout``: ``parts`` of them, or with ``"auto"`` the fewest, and at least
+    ``at_least`` (the target NPUs' own count, :func:`studio.core.deviceplan.device_part_count`),
+    whose every compiled binary (``weight_bits`` per weight) fits ``max_part_bytes``: the
+    tighter of the host compiler's limit and the device's."""
     if parts != "auto":
         return split(layout, int(parts))
-    for count in range(1, layout.num_layers + 1):
+    for count in range(max(1, min(int(at_least), layout.num_layers)), layout.num_layers + 1):
         plan = split(layout, count)
         if all(compiled_bytes(p.parameters, weight_bits) <= max_part_bytes for p in plan):
             return plan

@@ -113,7 +113,9 @@ HTP_RUN_SETTINGS = ("htp.performance_mode",)
 DECLARATIONS: tuple[StageDecl, ...] = (
     StageDecl("export", "Export", (),
               settings=("model.source", "export.prompt_length", "export.context_length",
-                        "export.parts", "export.max_part_mb", "export.image_size"),
+                        "export.parts", "export.max_part_mb", "export.image_size",
+                        # export.parts = "auto" asks the targets' NPUs (KEY_IDENTITIES)
+                        "targets"),
               role="export",
               takes_parts=True, resumes=True),
     StageDecl("quantize", "Quantize", (Need("export"),),
@@ -201,7 +203,8 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                         "validation.heldout_text", "bundle.new_tokens", "bundle.prompts",
                         "bundle.parts", "bundle.max_context_mb", "bundle.prefill_length",
                         "bundle.score_tokens", "run.prompt", "validation.greedy_tokens",
-                        *HTP_COMPILE_SETTINGS),
+                        # the device memory plan's KV width (the refusal before any work)
+                        "quantization.kv_cache", *HTP_COMPILE_SETTINGS),
               role="bundle", takes_parts=True,
               # its result holds validate's figures of the binaries it ships (with
               # bundle.score_tokens): the gates judge them too
@@ -543,6 +546,22 @@ class StageConfig:
                    MappingProxyType(dict(d["paths"])), MappingProxyType(dict(d["hashed"])))
 
 
+def _targets_identity(project: Project, targets: list[str]) -> Any:
+    """What a stage that reads ``targets`` takes of them (the export, for
+    ``export.parts = "auto"``): the chips' NPU context-binary limits, so that a new target
+    with the same limits keeps the export's key; nothing when the part count is given."""
+    from studio.core.catalog import get_chip
+    from studio.core.deviceplan import device_limits_identity
+
+    if project.export.parts != "auto":
+        return None
+    return {"npu_context_bytes": device_limits_identity(get_chip(t) for t in targets)}
+
+
+#: settings hashed by what the stages that declare them read of them, not by their value
+KEY_IDENTITIES: dict[str, Callable[[Project, Any], Any]] = {"targets": _targets_identity}
+
+
 def stage_config(project: Project, job: PlannedJob) -> StageConfig:
     decl = STAGES[job.stage]
     settings = {k: project_value(project, k) for k in decl.settings}
@@ -552,6 +571,8 @@ def stage_config(project: Project, job: PlannedJob) -> StageConfig:
         if k in REFS and v:  # an empty reference (an optional file) names nothing
             paths[k] = str(project.input_path(v))
             hashed[k] = ref_identity(project, v)
+        elif k in KEY_IDENTITIES:
+            hashed[k] = KEY_IDENTITIES[k](project, v)
         else:
             hashed[k] = v
     hashed["@item"] = _item_identity(decl, job.target)

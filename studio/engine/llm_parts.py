@@ -114,14 +114,27 @@ def exported_part_sizes(export_dir: Path, spec: dict) -> list[int]:
 
 
 def export_plan(checkpoint_dir: Path, parts: int | str, max_part_mb: int,
-                layout: Layout | None = None) -> list[Part]:
+                layout: Layout | None = None, device_count: int | None = None) -> list[Part]:
     """The parts the export stage splits ``checkpoint_dir`` into for the settings
     ``export.parts`` and ``export.max_part_mb`` (from the weight files' headers, or the
-    ``layout`` already read from them)."""
+    ``layout`` already read from them); with ``"auto"``, no fewer than ``device_count``
+    (the target NPUs' own count: :func:`auto_device_count`)."""
     from studio.core.parts import AUTO_WEIGHT_BITS
 
     return plan_parts(layout or checkpoint_layout(checkpoint_dir), parts, AUTO_WEIGHT_BITS,
-                      int(max_part_mb) * 1_000_000)
+                      int(max_part_mb) * 1_000_000, at_least=device_count or 1)
+
+
+def auto_device_count(info, layout: Layout, targets, prompt_length: int,
+                      context_length: int) -> int | None:
+    """The fewest parts whose context binaries fit every target chip's NPU
+    (:func:`studio.core.deviceplan.device_part_count`) for a checkpoint described by ``info``
+    (a ModelInfo); None when no target knows its limit."""
+    from studio.core.catalog import get_chip
+    from studio.core.deviceplan import Dims, device_part_count
+
+    return device_part_count(layout, Dims.of(info), [get_chip(t) for t in targets],
+                             int(prompt_length), int(context_length))
 
 
 def checkpoint_layout(checkpoint_dir: Path) -> Layout:

@@ -164,14 +164,16 @@ def build_report(project: Project, results: dict[str, dict[str, Any]],
                  comparison: dict[str, Any] | None = None,
                  artifacts: dict[str, Path] | None = None,
                  sweeps: list[dict[str, Any]] | None = None,
-                 run: dict[str, Any] | None = None) -> dict[str, Any]:
+                 run: dict[str, Any] | None = None,
+                 device_plan: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report's data (what ``report.json`` holds, see ``SCHEMA_PATH``).
 
     ``results``: stage label -> the job's result, in pipeline order; ``comparison``: this run
     against the previous one with results (``core.compare``); ``artifacts``: stage label ->
     its artifact folder (for files a result only summarises); ``sweeps``: the project's
     recorded sweeps with their Pareto fronts (None: not looked at); ``run``: the run in the
-    history this report is of."""
+    history this report is of; ``device_plan``: what the NPU maps per target
+    (``studio.services.deviceplan.plans_dict``; None: not looked at)."""
     gates = []
     for label, r in results.items():
         decl = STAGES.get(label.split("[", 1)[0])
@@ -190,6 +192,7 @@ def build_report(project: Project, results: dict[str, dict[str, Any]],
         "sensitivity": _sensitivity(st, artifacts or {}),
         "autoprecision": _autoprecision(st),
         "sweeps": sweeps,
+        "device_plan": device_plan,
     }
     return {
         "$schema": SCHEMA_ID, "schema_version": SCHEMA_VERSION,
@@ -294,6 +297,12 @@ def _fmt(v: Any, digits: int = 4) -> str:
     return "—" if v is None else str(v)
 
 
+def _size(n: int | None) -> str:
+    from studio.core.units import format_bytes
+
+    return "unknown" if n is None else format_bytes(int(n))
+
+
 def _when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "—"
 
@@ -315,7 +324,7 @@ def _env(markdown: bool = False):
         loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=not markdown,
         trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True)
-    env.filters.update(fmt=_fmt, when=_when, md=_md, dev=_dev)
+    env.filters.update(fmt=_fmt, when=_when, md=_md, dev=_dev, size=_size)
     env.tests["startingwith"] = lambda s, prefix: str(s).startswith(prefix)
     env.globals.update(SOURCE_COLORS=SOURCE_COLORS, HEADLINE=HEADLINE)
     return env
@@ -400,9 +409,10 @@ def write_report(project: Project, results: dict[str, dict[str, Any]],
                  out_dir: Path, comparison: dict[str, Any] | None = None,
                  artifacts: dict[str, Path] | None = None,
                  sweeps: list[dict[str, Any]] | None = None,
-                 run: dict[str, Any] | None = None) -> tuple[Path, Path]:
+                 run: dict[str, Any] | None = None,
+                 device_plan: dict[str, Any] | None = None) -> tuple[Path, Path]:
     """report.html and report.json into ``out_dir`` (the report stage's artifact)."""
-    data = build_report(project, results, comparison, artifacts, sweeps, run)
+    data = build_report(project, results, comparison, artifacts, sweeps, run, device_plan)
     html_path, json_path = out_dir / "report.html", out_dir / "report.json"
     atomic_write_json(json_path, data)
     atomic_write_text(html_path, render_html(data))

@@ -229,6 +229,40 @@ def check_parts(project, info, plan) -> list[Check]:
     return out
 
 
+def check_device_plan(project) -> list[Check]:
+    """Per target: what the NPU maps for the bundle (:mod:`studio.services.deviceplan`)
+    against the chip's limits — FAIL naming the part count or scheme that would fit, WARN
+    where the catalog does not know the limits."""
+    from studio.services.deviceplan import project_plans
+
+    try:
+        plans = project_plans(project)
+    except StudioError as exc:
+        return [Check("project", "device memory plan", FAIL, str(exc),
+                      "change export.parts / export.max_part_mb")]
+    out = []
+    for plan in plans or []:
+        name = f"device memory plan ({plan.chip})"
+        if plan.fits is None:
+            out.append(Check("project", name, WARN, plan.summary(),
+                             f"validate on a {plan.chip_name} device: the catalog does not "
+                             "know its NPU's memory limits"))
+        elif plan.fits:
+            out.append(Check("project", name, PASS, plan.summary()))
+        elif plan.suggestion and plan.suggestion[0].isdigit():
+            out.append(Check("project", name, FAIL, plan.summary(),
+                             f"set export.parts = {plan.suggestion.split()[0]} (or \"auto\")"))
+        elif plan.suggestion:
+            out.append(Check("project", name, FAIL, plan.summary(),
+                             f"set quantization.scheme = \"{plan.suggestion.split()[0]}\" and "
+                             f"export.parts = {plan.suggestion.split()[-2]}"))
+        else:
+            out.append(Check("project", name, FAIL, plan.summary(),
+                             "lower export.context_length, set quantization.kv_cache = "
+                             "\"int8\" or take a smaller model"))
+    return out
+
+
 def check_texts(project, model: Path) -> list[Check]:
     """Calibration and held-out text present, readable, and long enough for what the
     recipe asks of them."""
@@ -334,6 +368,7 @@ def project_checks(project) -> tuple[list[Check], dict[str, int], int | None]:
             plan = None
         if plan is not None:
             out += check_parts(project, info, plan)
+            out += check_device_plan(project)
             peaks = {k: v for k, v in plan.peaks.items() if v}
             params = sum(p["parameters"] for p in plan.parts)
             per = (DISK_PER_PARAMETER["export"] + DISK_PER_PARAMETER["quantize"]

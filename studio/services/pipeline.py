@@ -245,6 +245,15 @@ class Pipeline:
         except (StudioError, OSError, ValueError, KeyError):
             return None
 
+    def _report_device_plan(self) -> dict[str, Any] | None:
+        """The device memory plan per target, for the report (None: it could not be made)."""
+        from studio.services.deviceplan import plans_dict
+
+        try:
+            return plans_dict(self.project)
+        except (StudioError, OSError, ValueError, KeyError):
+            return None
+
     def _publish_report(self, art: Artifact) -> Path:
         reports = self.project.folder / "reports"
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -264,6 +273,7 @@ class Pipeline:
         history: dict[str, Any] = {"db": str(self.jobs.path), "run_id": self._run_id}
         if pj.decl.reads_history:  # the report shows the project's sweeps too
             history["sweeps"] = await asyncio.to_thread(self._report_sweeps)
+            history["device_plan"] = await asyncio.to_thread(self._report_device_plan)
         job = StageJob(jid, config, input_keys, versions, history)
         return await self._runner.run(
             job, _HistorySink(self, jid), remeasure=self._remeasure,

@@ -299,11 +299,16 @@ def part_plan(project: Project) -> PartPlan | None:
     from studio.core.hostmem import STAGE_MEMORY, available_memory, predicted_peak
     from studio.core.parts import compiled_bytes
     from studio.core.recipe import DEFAULT_WEIGHT_ROUNDING
-    from studio.engine.llm_parts import checkpoint_layout, export_plan
+    from studio.engine import hf_import
+    from studio.engine.llm_parts import auto_device_count, checkpoint_layout, export_plan
 
     source = project.input_path(project.model["source"])
     layout = checkpoint_layout(source)
-    plan = export_plan(source, project.export["parts"], project.export["max_part_mb"], layout)
+    device = (auto_device_count(hf_import.open_checkpoint(source), layout, project.targets,
+                                project.export["prompt_length"], project.export["context_length"])
+              if project.export["parts"] == "auto" else None)
+    plan = export_plan(source, project.export["parts"], project.export["max_part_mb"], layout,
+                       device)
     sizes = [p.parameters for p in plan]
     head = layout.head_in_graph()
     rounding = project.quantization["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING

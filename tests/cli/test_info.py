@@ -149,3 +149,16 @@ def test_json_without_a_model_says_why_there_is_no_layer_table(project_file):
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["layers"] is None and "not found" in data["layers_error"]
+
+
+def test_info_shows_the_device_memory_plan(project_file):
+    r = studio("info", project_file, "--json")
+    assert r.returncode == 0, r.stderr
+    (plan,) = json.loads(r.stdout)["device_plan"]["plans"]
+    assert plan["chip"] == default_target() and plan["parts"] == 1 and plan["fits"] is True
+    kinds = {row["kind"] for row in plan["rows"]}
+    assert kinds == {"weights", "activations", "kv", "io"}
+    assert {row["source"] for row in plan["rows"]} == {"estimated"}
+    assert plan["kv_dtype"] == "float32" and plan["npu_va_source"].startswith("[VA]")
+    text = studio("info", project_file).stdout
+    assert "device plan (what the NPU maps, per target):" in text and "; fits" in text

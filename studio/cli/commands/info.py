@@ -73,7 +73,11 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     layers = unmatched = why = None
     if args.info_json or p.quantization["overrides"]:
         layers, unmatched, why = _layers(p)
+    from studio.services import deviceplan
+
+    device = deviceplan.plans_dict(p)
     if args.info_json:
+        data["device_plan"] = device
         data["layers"] = layers
         data["unmatched_overrides"] = unmatched
         if why:
@@ -103,6 +107,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         print(f"            override {pattern!r} covers no layer of the model")
     print(f"  targets   {', '.join(p.targets)}")
     print(f"  stages    {', '.join(p.pipeline['stages'])}")
+    if p.model["kind"] == "causal-lm":
+        print("  device plan (what the NPU maps, per target):")
+        for line in deviceplan.plan_lines(p, device):
+            print(f"    {line}")
     for r in runs:
         print(f"  run {r.id}: {r.state}  (started {when(r.created)})")
     if metrics:

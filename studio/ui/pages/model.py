@@ -14,6 +14,8 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLineEdit,
     QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
     QTabWidget,
     QTreeView,
     QVBoxLayout,
@@ -22,7 +24,7 @@ from PySide6.QtWidgets import (
 
 from studio.core.errors import StudioError
 from studio.core.modelinfo import ModelInfo
-from studio.services import history, projects
+from studio.services import deviceplan, history, projects
 from studio.ui.graph_view import GraphView
 from studio.ui.models.model_tree import ModelTreeModel, NodeRole, build_tree
 from studio.ui.pages.base import Page
@@ -82,6 +84,20 @@ class ModelPage(Page):
                              "is predicted to take on this machine")
         self.plan.hide()
         lay.addWidget(self.plan)
+        # the device memory plan: what each target's NPU maps, every figure with its source
+        self.device_plan = label("", "muted", wrap=True, selectable=True)
+        self.device_plan.setToolTip("What the NPU maps for the bundle, per target, against the "
+                                    "chip catalog's limits (studio info shows the same)")
+        self.device_plan.hide()
+        lay.addWidget(self.device_plan)
+        self.device_table = QTableWidget(0, 4)
+        self.device_table.setHorizontalHeaderLabels(["target", "what", "size", "source"])
+        self.device_table.verticalHeader().hide()
+        self.device_table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.device_table.horizontalHeader().setStretchLastSection(True)
+        self.device_table.setMaximumHeight(160)
+        self.device_table.hide()
+        lay.addWidget(self.device_table)
 
         self.model = ModelTreeModel(self)
         self.proxy = QSortFilterProxyModel(self)
@@ -141,6 +157,8 @@ class ModelPage(Page):
 
     def on_close(self) -> None:
         self.plan.hide()
+        self.device_plan.hide()
+        self.device_table.hide()
         self.model.set_root(build_tree())
         self._graphs.clear()
 
@@ -210,11 +228,36 @@ class ModelPage(Page):
                 text = f"Plan: {exc.message}"
             else:
                 text = plan.text() if plan is not None else ""
+            device = await self.ctl.in_thread(deviceplan.plans_dict, project)
             if self.ctl.studio is studio:
                 self.plan.setText(text)
                 self.plan.setVisible(bool(text))
+                self._show_device_plan(device)
 
         self._plan_loading = asyncio.ensure_future(load())
+
+    def _show_device_plan(self, data: dict) -> None:
+        """The device memory plan: a line per target and a small table of its rows."""
+        from studio.core.units import format_bytes
+
+        plans = data.get("plans")
+        if not plans:
+            self.device_plan.setText(f"Device plan: {data['why']}" if data.get("why") else "")
+            self.device_plan.setVisible(bool(data.get("why")))
+            self.device_table.hide()
+            return
+        self.device_plan.setText("\n".join(p["summary"] for p in plans))
+        self.device_plan.show()
+        rows = [(p["chip"], r) for p in plans for r in p["rows"]]
+        self.device_table.setRowCount(len(rows))
+        for i, (chip, r) in enumerate(rows):
+            size = "unknown" if r["bytes"] is None else format_bytes(r["bytes"])
+            for j, text in enumerate((chip, r["what"], size, r["source"])):
+                item = QTableWidgetItem(text)
+                item.setToolTip(r["detail"])
+                self.device_table.setItem(i, j, item)
+        self.device_table.resizeColumnsToContents()
+        self.device_table.show()
 
     def _graph_chosen(self, name: str) -> None:
         if not name or self.ctl.studio is None:

@@ -66,3 +66,27 @@ def partial(progress: Any, data: dict[str, Any]) -> None:
     send = getattr(progress, "partial", None)
     if send is not None:
         send(data)
+
+
+def check_fits_target(ctx: StageContext, spec: dict[str, Any]) -> None:
+    """Refuse, in one line naming what would fit, a bundle the target's NPU cannot map
+    (:mod:`studio.core.deviceplan`; a float recipe is refused below anyway)."""
+    from studio.core.deviceplan import Dims, bundle_inputs, check_bundle_fits, device_plan
+    from studio.core.recipe import is_float_scheme
+    from studio.engine import hf_import
+    from studio.engine.llm_parts import checkpoint_layout
+
+    scheme = ctx.get("quantization.scheme")
+    if is_float_scheme(scheme):
+        return
+    ckpt = ctx.path("model.source")
+    layout = checkpoint_layout(ckpt)
+    inputs = bundle_inputs(
+        layout, scheme=scheme, exported_parts=len(spec.get("parts") or []) or 1,
+        bundle_parts=int(ctx.get("bundle.parts")),
+        max_context_mb=int(ctx.get("bundle.max_context_mb")),
+        prompt_length=int(spec["prompt_length"]), context_length=int(spec["context_length"]),
+        prefill_length=int(ctx.get("bundle.prefill_length")), graph_io=ctx.get("htp.graph_io"),
+        kv_cache=ctx.get("quantization.kv_cache"))
+    check_bundle_fits(device_plan(layout, Dims.of(hf_import.open_checkpoint(ckpt)), ctx.chip,
+                                  inputs))

@@ -10,7 +10,7 @@ from studio.core.errors import StudioError
 from studio.core.progress import Progress
 from studio.engine.llm_runtime import load_graph_spec
 from studio.worker.context import StageContext, device_metric, read_text
-from studio.worker.stages._llm import htp_options, recipe
+from studio.worker.stages._llm import check_fits_target, htp_options, recipe
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
@@ -19,6 +19,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     export_dir, qdir = ctx.input("export"), ctx.input("quantize")
     cdir = ctx.input("compile", ctx.config.chip)
     spec = load_graph_spec(export_dir)
+    check_fits_target(ctx, spec)  # before any work: a bundle its NPU cannot map is refused
     if ctx.fp16:
         raise StudioError("a Genie bundle is made from a quantized graph: use a W8A16, W8A8 or "
                           "W4A16 scheme, not FP16")

@@ -18,14 +18,24 @@ from studio.worker.stages._llm import GRAPHS
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     from studio.engine import hf_import, partresume
     from studio.engine.llm_export import export_llm
-    from studio.engine.llm_parts import checkpoint_layout, export_parts, export_plan
+    from studio.engine.llm_parts import (
+        auto_device_count,
+        checkpoint_layout,
+        export_parts,
+        export_plan,
+    )
 
     ckpt = ctx.path("model.source")
     info = hf_import.open_checkpoint(ckpt)
     P, C = ctx.get("export.prompt_length"), ctx.get("export.context_length")
     budget = int(ctx.get("export.max_part_mb")) * 1_000_000
     layout = checkpoint_layout(ckpt)
-    plan = export_plan(ckpt, ctx.get("export.parts"), ctx.get("export.max_part_mb"), layout)
+    # "auto": the tighter of the host compiler's limit and the target NPUs' (the key hashes
+    # the targets' context-binary limits, not their names: stagegraph.KEY_IDENTITIES)
+    device_count = (auto_device_count(info, layout, ctx.get("targets"), P, C)
+                    if ctx.get("export.parts") == "auto" else None)
+    plan = export_plan(ckpt, ctx.get("export.parts"), ctx.get("export.max_part_mb"), layout,
+                       device_count)
     from studio.core.families import family_of
 
     family = family_of(info.family)

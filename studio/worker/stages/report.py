@@ -30,6 +30,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     # Pareto fronts) come from the service that started the run
     html, data = write_report(project, results, ctx.out, ctx.history.get("comparison"),
                               artifacts=dict(ctx.inputs), sweeps=ctx.history.get("sweeps"),
-                              run=ctx.history.get("run"))
+                              run=ctx.history.get("run"),
+                              device_plan=ctx.history.get("device_plan"))
     return {"summary": f"report with {len(results)} stage results", "files": [html.name, data.name],
             "metrics": []}

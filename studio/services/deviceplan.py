@@ -1,0 +1,113 @@
+"""The device memory plan of a project, per target (:mod:`studio.core.deviceplan`): computed
+here once for ``studio info``, ``studio doctor``, the report, the Model page and the bundle
+stage's refusal.
+
+The plan is of the bundle the project would ship: its part count (the export's parts, or
+for a model exported whole ``bundle.parts``, else as many as ``bundle.max_context_mb``
+asks for — as :func:`studio.engine.bundle.build_bundle` chooses), the scheme, the context
+length, the AR-N prefill graph (``bundle.prefill_length``, else the prompt length) and the
+KV cache as the compiled graphs take it (``htp.graph_io``, ``quantization.kv_cache``).
+Read from the checkpoint's weight headers and config: nothing is loaded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from studio.core.catalog import get_chip
+from studio.core.deviceplan import DevicePlan, Dims, Inputs, bundle_inputs, device_plan
+from studio.core.errors import StudioError
+from studio.core.parts import Layout
+
+if TYPE_CHECKING:
+    from studio.core.project import Project
+
+def plan_inputs(project: Project, exported_parts: int, layout: Layout) -> Inputs:
+    """The project's settings as the inputs of its bundle's plan."""
+    return bundle_inputs(
+        layout, scheme=project.quantization["scheme"], exported_parts=exported_parts,
+        bundle_parts=int(project.bundle["parts"]),
+        max_context_mb=int(project.bundle["max_context_mb"]),
+        prompt_length=int(project.export["prompt_length"]),
+        context_length=int(project.export["context_length"]),
+        prefill_length=int(project.bundle["prefill_length"]), graph_io=project.htp["graph_io"],
+        kv_cache=project.quantization["kv_cache"])
+
+
+def _model(project: Project) -> tuple[Any, Layout, int]:
+    """(ModelInfo, layout, the export's part count) of a causal-LM project."""
+    from studio.engine import hf_import
+    from studio.engine.llm_parts import auto_device_count, checkpoint_layout, export_plan
+
+    source = project.input_path(project.model["source"])
+    info = hf_import.open_checkpoint(source)
+    layout = checkpoint_layout(source)
+    parts = project.export["parts"]
+    device = (auto_device_count(info, layout, project.targets, project.export["prompt_length"],
+                                project.export["context_length"]) if parts == "auto" else None)
+    return info, layout, len(export_plan(source, parts, project.export["max_part_mb"], layout,
+                                         device))
+
+
+def project_plans(project: Project) -> list[DevicePlan] | None:
+    """The plan of each of the project's targets; None for a project that is not a causal
+    LM (its graph is one binary: nothing to split). Raises the export's own refusal when the
+    settings cannot split the model."""
+    if project.model["kind"] != "causal-lm":
+        return None
+    info, layout, exported = _model(project)
+    from studio.core.recipe import is_float_scheme
+
+    if is_float_scheme(project.quantization["scheme"]):
+        return None  # a bundle is made from a quantized graph; FP16 has no bundle to plan
+    inputs = plan_inputs(project, exported, layout)
+    dims = Dims.of(info)
+    return [device_plan(layout, dims, get_chip(t), inputs) for t in project.targets]
+
+
+def target_plan(project: Project, chip: str) -> DevicePlan | None:
+    """The plan of one target (None: not a causal LM, or an FP16 recipe)."""
+    for plan in project_plans(project) or []:
+        if plan.chip == get_chip(chip).key:
+            return plan
+    return None
+
+
+def plans_dict(project: Project) -> dict[str, Any]:
+    """The plans as JSON-ready data: ``{"plans": [...]}``, or ``{"plans": None, "why": ...}``
+    when there is none (the why in one line)."""
+    try:
+        plans = project_plans(project)
+    except StudioError as exc:
+        return {"plans": None, "why": exc.message}
+    if plans is None:
+        return {"plans": None, "why": "the device plan is for causal LMs with a quantized "
+                                      "scheme (a bundle's parts)"}
+    return {"plans": [p.to_dict() for p in plans]}
+
+
+def plan_lines(project: Project, data: dict[str, Any] | None = None) -> list[str]:
+    """The plans as text (``data``: :func:`plans_dict` already computed): a summary per
+    target, then its rows."""
+    from studio.core.units import format_bytes
+
+    data = data if data is not None else plans_dict(project)
+    if data["plans"] is None:
+        return [f"device plan: {data['why']}"]
+    out = []
+    for p in data["plans"]:
+        out.append(p["summary"])
+        for r in p["rows"]:
+            size = "unknown" if r["bytes"] is None else format_bytes(r["bytes"])
+            out.append(f"    {r['what']:<34} {size:>11}  {r['source']:<9}  {r['detail']}")
+        out.append(f"    limits: address space {_limit(p['npu_va_bytes'])} "
+                   f"({p['npu_va_source'] or 'no source'}); context binary "
+                   f"{_limit(p['npu_context_bytes'])} ({p['npu_context_source'] or 'no source'})")
+    return out
+
+
+def _limit(n: int | None) -> str:
+    from studio.core.units import format_bytes
+
+    return "unknown" if n is None else format_bytes(n)
+

@@ -1,0 +1,74 @@
+"""The device memory plan of a project (studio.services.deviceplan) and the doctor's check of
+it: the Llama-3.1-8B shape (real safetensors headers over a sparse file, as the plan reads
+headers only) whole at W8A16 fails with the part count that fits; with export.parts = "auto"
+the export takes the device's count and the plan fits; the export's key follows the targets'
+NPU limits, not their names."""
+
+from __future__ import annotations
+
+from studio.core import project as pf
+from studio.core.stagegraph import PlannedJob, stage_config
+from studio.services import doctor as d
+from studio.services.deviceplan import plans_dict, project_plans
+from studio.services.projects import part_plan
+from tests.cli.test_doctor import _project, sparse_checkpoint
+
+
+def test_the_8b_shape_whole_fails_the_doctor_with_the_part_count(tmp_path):
+    ckpt = sparse_checkpoint(tmp_path / "llama-8b-shape")
+    p = pf.load(_project(tmp_path, ckpt, parts=1, context=4096))
+    (plan,) = project_plans(p)
+    # exported whole, the bundle splits by bundle.max_context_mb (1536 MiB): 5 parts
+    assert plan.inputs.parts == 5 and plan.fits is False and plan.suggestion == "9 parts"
+    (check,) = d.check_device_plan(p)
+    assert check.status == "FAIL" and check.name == "device memory plan (snapdragon-8-gen-3)"
+    assert "export.parts = 9" in check.fix and "does not fit" in check.detail
+
+    auto = pf.load(_project(tmp_path, ckpt, name="auto", parts="auto", context=4096))
+    assert len(part_plan(auto).parts) == 9  # the device's count, tighter than the host's 6
+    (plan,) = project_plans(auto)
+    assert plan.inputs.parts == 9 and plan.fits is True
+    assert d.check_device_plan(auto)[0].status == "PASS"
+    data = plans_dict(auto)["plans"][0]
+    assert data["fits"] is True and data["npu_va_bytes"] == 3891 << 20
+    assert {r["source"] for r in data["rows"]} == {"estimated"}
+
+
+def test_a_target_without_known_limits_warns(tmp_path):
+    p = pf.load(_project(tmp_path, "sample:tiny-coder", context=128))
+    p.targets = ["snapdragon-888"]
+    (check,) = d.check_device_plan(p)
+    assert check.status == "WARN" and "does not know" in check.fix
+
+
+def test_the_export_key_hashes_the_targets_limits_only_for_auto_parts(tmp_path):
+    p = pf.load(_project(tmp_path, "sample:tiny-coder", parts="auto", context=128))
+    job = PlannedJob("export")
+
+    def identity(targets):
+        p.targets = targets
+        return stage_config(p, job).hashed["targets"]
+
+    gen3 = identity(["snapdragon-8-gen-3"])
+    assert gen3 == {"npu_context_bytes": [1 << 30]}
+    assert identity(["snapdragon-8-gen-3", "snapdragon-8-elite"]) == gen3  # same limits
+    assert identity(["snapdragon-888"]) == {"npu_context_bytes": []}
+    p.export.parts = 1
+    assert identity(["snapdragon-8-gen-3"]) is None
+
+
+def test_the_report_shows_the_plan_with_its_sources(tmp_path):
+    import json
+
+    import jsonschema
+
+    from studio.engine.report import SCHEMA_PATH, build_report, render_html
+    from studio.services.deviceplan import plans_dict
+    from tests.conftest import small_sample_project
+
+    p = pf.load(small_sample_project(tmp_path, "r"))
+    data = build_report(p, {}, device_plan=plans_dict(p))
+    jsonschema.validate(json.loads(json.dumps(data)), json.loads(SCHEMA_PATH.read_text()))
+    html = render_html(data)
+    assert "Device memory plan" in html and "whole/decode weights" in html
+    assert "[VA] about 3.8 GiB" in html and "; fits</p>" in html
