@@ -20,9 +20,12 @@ not fitting; by default the larger sizes are then skipped (``--go-on`` runs them
         [--stage-timeout 900] [--min-free-gb 1.5] [--separate-binary] [--go-on]
         [--keep] [--workdir DIR [--resume]] [--json results.json]
 
-Without ``--keep`` each stage's input is removed once the next stage has read it (the
-checkpoint after export, the export after quantize): the 8 B shape's 16 GB checkpoint and
-32 GB FP32 export are then never on disk beside its compiled parts. ``--workdir DIR
+The checkpoint and the export stay until the last stage: the compile stage exports the
+AR-N prefill graph of the deployable binaries from the checkpoint and calibrates it on the
+export's FP32 graphs, validate and the bundle score against the export (the 8 B shape: 16 GB
++ 32 GB on disk beside its compiled parts). Without ``--keep`` the size's folder goes once
+it is done. With ``--until bundle`` the bundle's bytes, each part's check and the device
+memory plan are printed, and the plan kept in ``device-plan.txt``. ``--workdir DIR
 --resume`` goes on from an interrupted run either way (finished stages are kept, a stage
 in flight keeps its finished parts).
 
@@ -495,6 +498,34 @@ def _predicted_peak(stage: str, export_dir: Path, parameters: int) -> int | None
     return predicted_peak(stage, sizes, head)
 
 
+def report_bundle(out: Path, plan_text: list[str]) -> None:
+    """The bundle's bytes (what ships, weight-shared or not), each part's check, and the
+    project's device memory plan for its target against the NPU's limits."""
+    manifest = json.loads((out / "bundle" / "manifest.json").read_text())
+    files = manifest["files"]
+    shared = manifest.get("weight_shared") or []
+    print(f"\n   bundle: {len(files)} files, {sum(f['bytes'] for f in files.values()) / 1e9:.2f} "
+          "GB; context binaries "
+          + ", ".join(f"{n} {f['bytes'] / 1e9:.2f} GB" for n, f in files.items()
+                      if n.endswith(".bin")))
+    for r in shared:
+        print(f"   {r['file']}: {r['bytes'] / 1e9:.2f} GB weight-shared against "
+              f"{r['separate_bytes'] / 1e9:.2f} GB separate; {r['structure']['summary']}")
+    v = manifest["verification"]
+    if v.get("by_part"):
+        for k, c in enumerate(v["by_part"]):
+            print(f"   prompt {k + 1}: " + "; ".join(
+                f"part {p['part']} loaded alone" + (
+                    f", hand-off finite {p['handoff_finite']} range {p['handoff_range']}"
+                    if "handoff_finite" in p else
+                    f", last part's tokens = FP32's {p['top1_same_as_fp32']}/{p['tokens']}")
+                for p in c["parts"]))
+    else:
+        print(f"   Genie: {v['identical']}/{v['prompts']} prompts identical to the studio's")
+    for line in plan_text:
+        print(f"   {line}")
+
+
 def _gib(kib: int) -> str:
     return f"{kib / 2**20:6.2f}"
 
@@ -547,7 +578,7 @@ def main() -> int:
     ap.add_argument("--until", default="compile",
                     choices=("export", "quantize", "compile", "validate", "bundle"),
                     help="the last stage to run (validate and bundle: after compile; the "
-                         "bundle reads the checkpoint again, so it needs --keep)")
+                         "checkpoint is kept until the compile stage has read it)")
     ap.add_argument("--heldout", type=int, default=128,
                     help="validation.heldout_tokens: held-out tokens scored on the host")
     ap.add_argument("--bundle-tokens", type=int, default=16,
@@ -626,10 +657,6 @@ def main() -> int:
             if a.resume and (ckpt / "config.json").is_file():
                 steps.append(Step(size.name, n, "build checkpoint", "reused",
                                   detail=f"kept from an earlier run in {ckpt}"))
-            elif a.resume and (d / "export" / "result.json").is_file():
-                steps.append(Step(size.name, n, "build checkpoint", "reused",
-                                  detail="not needed: the export is done (without --keep, the "
-                                         "checkpoint went once it was)"))
             else:
                 shutil.rmtree(ckpt, ignore_errors=True)
                 ckpt.mkdir()
@@ -653,6 +680,14 @@ def main() -> int:
                 rounding_samples=a.rounding_samples, heldout=a.heldout,
                 device_tokens=a.device_tokens, bundle_tokens=a.bundle_tokens))
             jobs = plan(pf.load(project_file), [a.until])
+            plan_text: list[str] = []
+            if a.until == "bundle" and ckpt.is_dir():  # the plan reads the checkpoint's layout
+                from studio.services.deviceplan import plan_lines
+
+                plan_text = plan_lines(pf.load(project_file))
+                (d / "device-plan.txt").write_text("\n".join(plan_text) + "\n")
+            elif (d / "device-plan.txt").is_file():
+                plan_text = (d / "device-plan.txt").read_text().splitlines()
             done: dict[str, str] = {}
             failed = False
             # without --keep, a stage's input goes once the next stage is done: a resumed run
@@ -694,10 +729,12 @@ def main() -> int:
                 done[job.label] = str(out)
                 if a.keep:
                     continue
-                if job.stage == "export":  # disk: keep only what the next stage reads
-                    shutil.rmtree(ckpt, ignore_errors=True)
-                elif job.stage == "quantize":
-                    shutil.rmtree(d / "export", ignore_errors=True)
+                # the checkpoint and the export stay: the compile stage exports the AR-N
+                # prefill graph from the checkpoint (the export's FP32 graphs calibrate it),
+                # validate and the bundle score against the export, the bundle's device plan
+                # reads the checkpoint's layout
+            if a.until == "bundle" and not failed:
+                report_bundle(d / "bundle", plan_text)
             if a.separate_binary and not failed:
                 out = d / "compile-separate"
                 step = measure(Step(size.name, n, "compile (embed=False)"),

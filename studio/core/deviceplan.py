@@ -406,9 +406,16 @@ def check_bundle_fits(plan: DevicePlan) -> None:
 BUNDLE_WEIGHT_SHARING = False
 
 
+def sharing(mode: str, prefill_ar: int) -> bool:
+    """Whether the bundle ships weight-shared binaries (``bundle.weight_sharing``; auto: where
+    a prefill graph shares the decode graph's weights, as the compile stage decides)."""
+    return mode == "on" or (mode == "auto" and int(prefill_ar) > 1)
+
+
 def bundle_inputs(layout: Layout, *, scheme: str, exported_parts: int, bundle_parts: int,
                   max_context_mb: int, prompt_length: int, context_length: int,
-                  prefill_length: int, graph_io: str, kv_cache: str) -> Inputs:
+                  prefill_length: int, graph_io: str, kv_cache: str,
+                  weight_sharing: str = "auto") -> Inputs:
     """The inputs of the plan of the bundle a project ships, from its settings: the
     export's parts when it has several, else ``bundle.parts``, else as many as keep each
     binary within ``bundle.max_context_mb`` (as studio.engine.bundle.build_bundle chooses);
@@ -423,7 +430,9 @@ def bundle_inputs(layout: Layout, *, scheme: str, exported_parts: int, bundle_pa
         parts = min(layout.num_layers, max(1, -(-weights // (int(max_context_mb) << 20))))
     return Inputs(scheme=scheme, parts=parts, context_length=int(context_length),
                   prefill_length=int(prefill_length) or int(prompt_length),
-                  kv=kv_dtype(graph_io, kv_cache), weight_sharing=BUNDLE_WEIGHT_SHARING,
+                  kv=kv_dtype(graph_io, kv_cache),
+                  weight_sharing=sharing(weight_sharing, int(prefill_length) or
+                                         int(prompt_length)),
                   graph_io=graph_io)
 
 

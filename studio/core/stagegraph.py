@@ -204,7 +204,8 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                         "bundle.parts", "bundle.max_context_mb", "bundle.prefill_length",
                         "bundle.score_tokens", "run.prompt", "validation.greedy_tokens",
                         # the device memory plan's KV width (the refusal before any work)
-                        "quantization.kv_cache", *HTP_COMPILE_SETTINGS),
+                        "quantization.kv_cache", "bundle.weight_sharing",
+                        *HTP_COMPILE_SETTINGS),
               role="bundle", takes_parts=True,
               # its result holds validate's figures of the binaries it ships (with
               # bundle.score_tokens): the gates judge them too

@@ -163,6 +163,18 @@ def readme(spec: dict[str, Any], chip, sdk: str, N: int, cl: int, parts: int,
         "runtime on the HTP simulator.\n")
 
 
+#: beside a bundle of weight-shared binaries, the separate binaries the simulator executes
+SIMULATOR_DIR = "simulator"
+
+
+def simulator_folder(bundle: Path) -> Path:
+    """The folder Genie on the simulator loads for ``bundle``: the bundle itself, or where it
+    ships weight-shared binaries (which the x86 simulator cannot load) the separately compiled
+    ones it was checked against, kept beside it."""
+    sim = Path(bundle).parent / SIMULATOR_DIR
+    return sim if sim.is_dir() else Path(bundle)
+
+
 def _fits_simulator(record: dict[str, Any]) -> bool:
     from studio.engine.devices.htp_sim import SIM_HOLDS_BYTES
 
@@ -236,8 +248,9 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
     out = out_root / "bundle"
     shared = record.get("shared") or []
     # the separate binaries the simulator executes: the bundle's own where no weight-shared
-    # ones ship, else a check folder of the stage's (Genie on the simulator loads them)
-    run_dir = out_root / "check" if shared else out
+    # ones ship, else a folder of the stage's beside it (Genie on the simulator loads them:
+    # the check here, `studio generate --runtime genie` and the playground later)
+    run_dir = out_root / SIMULATOR_DIR if shared else out
     for d in {out, run_dir}:
         d.mkdir(parents=True, exist_ok=True)
     rows = sorted(record["graphs"], key=lambda r: (-r["ar"], r["part"]))
@@ -383,9 +396,20 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
                          "by_part": by_part or None,
                          "accuracy_on_these_binaries": accuracy},
     }
-    if shared:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    progress.update(0.96, "writing the manifest")
+    progress.update(0.96, "writing the DLC files of the quantized graphs")
+    from studio.engine import qnn
+
+    exported = record.get("part_names") or []
+    dlc = {}
+    for folder in exported if len(exported) > 1 else [""]:
+        for kind in ("prefill", "decode"):
+            key = f"{folder}/{kind}" if folder else kind
+            dlc[key] = qnn.export_dlc(qdir / folder / f"{kind}.onnx", chip,
+                                      out_root / "dlc" / f"{key}.dlc")
+    manifest["dlc"] = {**{g: {k: d[k] for k in ("file", "bytes")} for g, d in dlc.items()},
+                       "note": "the studio's quantized graphs for Qualcomm's on-device tools "
+                               "(not the bundle's binaries); not runnable on this host"}
+    progress.update(0.98, "writing the manifest")
     atomic_write_json(out / "manifest.json", manifest)
     (out / "README.md").write_text(readme(spec, chip, sdk, N, cl, parts, ctx_names,
                                           kv_cache["dtype"]))
@@ -457,5 +481,7 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
             "perplexity_quantized": accuracy["perplexity"]}),
         "studio_passes": {f"ar{k}": v for k, v in passes.items()},
         "ctx_bins": ctx_names, "weight_shared": shared_rows or None,
+        "dlc": {g: {"file": f"dlc/{d['file']}", "bytes": d["bytes"], "entries": d["entries"]}
+                for g, d in dlc.items()},
         "figures": figures,
     }

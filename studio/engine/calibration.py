@@ -171,13 +171,27 @@ def ar_calibration_feeds(
     graphs_dir = Path(graphs_dir)
     N, slots = int(new_tokens), int(cache_slots)
     P, mask_value = int(spec["prompt_length"]), float(spec["mask_value"])
-    gen = cpu_generator(graphs_dir, spec)  # a model in parts: its parts' graphs chained
+    heads = {j: min(P, slots, len(w) - N, max(1, P // 2 + j))  # cached tokens before the pass
+             for j, w in enumerate(windows)}
+    heads = {j: k for j, k in heads.items() if k >= 1}
+    cached: dict[int, list] = {}
+    if len(spec.get("parts") or []) > 1:  # one part's FP32 graphs in memory at a time
+        from studio.engine.llm_parts import part_prefill_caches
+        from studio.engine.llm_runtime import make_cpu_session
+
+        got = part_prefill_caches(graphs_dir, spec, [windows[j][:k] for j, k in heads.items()],
+                                  make_cpu_session)
+        cached.update(zip(heads, got, strict=True))
+    else:
+        gen = cpu_generator(graphs_dir, spec)
     feeds = []
     for j, w in enumerate(windows):
-        k = min(P, slots, len(w) - N, max(1, P // 2 + j))  # cached tokens before the pass
-        if k < 1:
+        if j not in heads:
             continue
-        gen.prefill(w[:k])
+        k = heads[j]
+        if len(spec.get("parts") or []) <= 1:
+            gen.prefill(w[:k])
+            cached[j] = [(kc, vc) for kc, vc in gen.cache]
         m = np.full((N, slots + N), mask_value, dtype=np.float32)
         m[:, :k] = 0.0
         for r in range(N):
@@ -185,7 +199,7 @@ def ar_calibration_feeds(
         feed = {"input_ids": np.asarray([w[k:k + N]], dtype=np.int64),
                 "position_ids": np.arange(k, k + N, dtype=np.int64)[None],
                 "attention_mask": m[None, None]}
-        for i, (kc, vc) in enumerate(gen.cache):
+        for i, (kc, vc) in enumerate(cached[j]):
             feed[f"past_key_{i}"] = np.ascontiguousarray(kc[:, :, :slots, :], dtype=np.float32)
             feed[f"past_value_{i}"] = np.ascontiguousarray(vc[:, :, :slots, :], dtype=np.float32)
         feeds.append(feed)

@@ -427,6 +427,36 @@ def _run_part_graphs(folder: Path, part: Part, spec: dict, x, n: int, make, on_l
     return hidden
 
 
+def part_prefill_caches(graphs_dir: Path, spec: dict, heads: list[list[int]], make
+                        ) -> list[list[tuple[Any, Any]]]:
+    """Every layer's KV cache after prefilling each of ``heads`` (at most P tokens each),
+    computed part by part with one part's prefill graph in memory at a time (a model whose
+    FP32 graphs do not fit the host's memory together: the 8 B shape's are 32 GB). Returns,
+    per head, [(keys, values) per layer] of shape [1, kv_heads, C, head_dim]."""
+    import numpy as np
+
+    P = int(spec["prompt_length"])
+    xs: list[Any] = [np.asarray(h, dtype=np.int64) for h in heads]
+    caches: list[list[tuple[Any, Any]]] = [[] for _ in heads]
+    for part, folder in zip(iter_parts(spec), part_dirs(spec, Path(graphs_dir)), strict=True):
+        runner = PartRunner(folder, part, spec, make, decode=False)
+        for j, x in enumerate(xs):
+            k = len(heads[j])
+            if not 0 < k <= P:
+                raise StudioError(f"a prefill of {k} tokens does not fit the prefill graph's "
+                                  f"{P}")
+            rows = np.asarray(x[:k])
+            if k < P:
+                rows = np.concatenate([rows, np.zeros((P - k, *rows.shape[1:]), rows.dtype)])
+            first = runner.prefill(rows, k)
+            caches[j].extend((kc.copy(), vc.copy()) for kc, vc in runner.cache)
+            if not part.heads:
+                xs[j] = np.asarray(first[:k], dtype=np.float32)
+        runner.close()
+        gc.collect()
+    return caches
+
+
 class StreamedScorer:
     """Teacher-forced logits of a model in parts with one part's graphs in memory at a time:
     each part runs every position of the window (prefill, then decode steps over its own KV

@@ -93,7 +93,9 @@ def genie_generate(project: Project, prompt: str, target: str | None = None,
             except Cancelled:
                 return True
             return False
-    with GenieDialog(folder) as dialog:
+    from studio.engine.bundle import simulator_folder
+
+    with GenieDialog(simulator_folder(folder)) as dialog:
         out = dialog.query(prompt, n, on_text=on_text, stop=stop)
         load_s = dialog.load_s
     pieces, wall, first = out["pieces"], out["wall_s"], out["first_text_s"]

@@ -28,6 +28,7 @@ def plan_inputs(project: Project, exported_parts: int, layout: Layout) -> Inputs
         layout, scheme=project.quantization["scheme"], exported_parts=exported_parts,
         bundle_parts=int(project.bundle["parts"]),
         max_context_mb=int(project.bundle["max_context_mb"]),
+        weight_sharing=str(project.bundle.get("weight_sharing", "auto")),
         prompt_length=int(project.export["prompt_length"]),
         context_length=int(project.export["context_length"]),
         prefill_length=int(project.bundle["prefill_length"]), graph_io=project.htp["graph_io"],

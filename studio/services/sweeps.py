@@ -264,7 +264,11 @@ def point_figures(variant: Project, results: dict[str, dict[str, Any]],
     ctx = compile_keys.get(chip)
     art = store.get(ctx) if ctx else None
     if art is not None:
-        size = sum(f.stat().st_size for f in art.path.glob("*_ctx.onnx"))
+        from studio.engine.deploy import read as read_deploy
+
+        deployed = read_deploy(art.path)
+        size = (int(deployed["binary_bytes"]) if deployed else
+                sum(f.stat().st_size for f in art.path.glob("*_ctx.onnx")))
         if size:
             out["context_bytes"] = {"value": size, "source": "measured", "target": chip,
                                     "detail": "compiled context binaries, file sizes"}

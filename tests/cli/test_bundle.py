@@ -46,10 +46,21 @@ def test_genie_gives_the_studios_greedy_text_from_the_bundle(built):
     assert short["prompt_tokens"] <= 16 and short["prompt_passes"] == 1
     assert long["prompt_tokens"] > 16 and long["prompt_passes"] == 2
     assert res["studio_passes"] == {"ar16": 3, "ar1": 2 * 16 - 2}
+    # what ships: one weight-shared binary (the prefill and decode graphs over one copy of the
+    # weights), checked by structure against the separate binaries the simulator executed
     names = {p.name for p in out.iterdir()}
-    assert names == {"prefill_ar16_cl65.bin", "decode_ar1_cl65.bin", "genie_config.json",
+    assert names == {"weight_shared_ar16_ar1_cl65.bin", "genie_config.json",
                      "tokenizer.json", "manifest.json", "README.md"}
     manifest = json.loads((out / "manifest.json").read_text())
+    (shared,) = manifest["weight_shared"]
+    assert shared["executed"] == "checked by structure only: a device executes it"
+    assert shared["structure"]["equal"] and len(shared["graphs"]) == 2
+    assert shared["bytes"] < 0.7 * shared["separate_bytes"], shared  # the weights once
+    assert set(manifest["executed_binaries"]) == {"prefill_ar16_cl65.bin", "decode_ar1_cl65.bin"}
+    assert all(g["executed"] == "executed on the HTP simulator" and not g["shipped"]
+               for g in manifest["graphs"])
+    print(f"\nweight-shared {shared['bytes']} B against {shared['separate_bytes']} B separate: "
+          f"{shared['structure']['summary']}")
     for name, f in manifest["files"].items():
         data = (out / name).read_bytes()
         assert len(data) == f["bytes"] and hashlib.sha256(data).hexdigest() == f["sha256"]
@@ -73,8 +84,7 @@ def test_genie_gives_the_studios_greedy_text_from_the_bundle(built):
     assert res["gates_passed"] and "the shipped binaries against FP32" in res["summary"]
     assert manifest["qnn_sdk"] == res["qnn_sdk"] and manifest["chip"]["key"] == default_target()
     cfg = json.loads((out / "genie_config.json").read_text())["dialog"]
-    assert cfg["engine"]["model"]["binary"]["ctx-bins"] == ["prefill_ar16_cl65.bin",
-                                                           "decode_ar1_cl65.bin"]
+    assert cfg["engine"]["model"]["binary"]["ctx-bins"] == ["weight_shared_ar16_ar1_cl65.bin"]
     prefill, decode = manifest["graphs"]
     assert (prefill["kind"], prefill["ar"], decode["kind"], decode["ar"]) == (
         "prefill", 16, "decode", 1)
@@ -89,6 +99,22 @@ def test_genie_gives_the_studios_greedy_text_from_the_bundle(built):
     assert metrics["genie_tokens_per_s"]["source"] == "simulated"
     assert metrics["genie_identical_prompts"]["value"] == (
         manifest["verification"]["identical"] / 2)
+
+
+def test_the_studio_generates_genies_text_from_the_same_binaries(built):
+    """One set of binaries: `studio generate` on the simulator runs the compile stage's
+    binaries the bundle ships, fed as Genie feeds them, so its greedy text is Genie's — not
+    a second quantized model's."""
+    _proj, _out, res = built
+    proj = built[0]
+    for c in res["checks"]:
+        r = studio("generate", proj, "--prompt", c["prompt"], "--device",
+                   f"htp-sim:{default_target()}", "--max-new-tokens", str(c["new_tokens"]),
+                   "--json")
+        assert r.returncode == 0, r.stderr[-2000:]
+        got = json.loads(r.stdout)
+        assert got["text"] == c["studio_text"], (got["text"], c)
+        assert c["identical"] or c["parted"]["near_tie"], c
 
 
 def test_the_gates_judge_the_shipped_binaries(built, tmp_path):
@@ -109,7 +135,9 @@ def test_the_gates_judge_the_shipped_binaries(built, tmp_path):
 def test_a_broken_bundle_says_what_is_wrong(built, tmp_path):
     from studio.engine.genie import GenieDialog
 
-    _proj, out, _res = built
+    proj, _out, _res = built
+    # the separate binaries the simulator loads (the weight-shared one that ships cannot be)
+    out = next(proj.with_suffix(".studio").glob("artifacts/objects/*/*/simulator"))
     bad = tmp_path / "no-bin"
     shutil.copytree(out, bad)
     (bad / "decode_ar1_cl65.bin").unlink()
@@ -169,27 +197,13 @@ def test_generate_with_the_genie_runtime(built):
     assert r.returncode == 2 and "leave out --temperature" in r.stderr
 
 
-def test_a_bundle_split_in_two_gives_the_same_text(built):
-    """--parts 2: two context binaries of consecutive blocks, the residual stream handed over
-    as the quantized tensor; Genie chains them and gives the unsplit bundle's text."""
-    proj, out, res = built
+def test_a_bundle_ships_the_compile_stages_parts_only(built):
+    """The bundle copies the binaries validate ran: another part count is refused before any
+    work, in one line saying where parts are chosen."""
+    proj, out, _res = built
     r = studio("bundle", proj, "--parts", "2", "--out", out.parent / "split", "--json")
-    assert r.returncode == 0, r.stderr[-3000:]
-    split = json.loads(r.stdout)
-    assert split["ctx_bins"] == [f"{g}_cl65_part{i}_of_2.bin" for g in ("prefill_ar16",
-                                                                      "decode_ar1")
-                                 for i in (1, 2)]
-    # the studio's runtime over the split graphs gives the unsplit graphs' text, and Genie
-    # chains the parts to the same text (or parts from it at a near tie)
-    assert [c["studio_text"] for c in split["checks"]] == [c["studio_text"] for c in res["checks"]]
-    assert all(c["identical"] or c["parted"]["near_tie"] for c in split["checks"])
-    manifest = json.loads((out.parent / "split" / "manifest.json").read_text())
-    graphs = manifest["graphs"]
-    for first, second in (graphs[:2], graphs[2:]):  # the prefill graph's parts, the decode's
-        assert first["ar"] == second["ar"] and (first["part"], second["part"]) == (1, 2)
-        assert first["outputs"][0] == second["inputs"][0] == "hidden_states_after_1"
-        assert "input_ids" in first["inputs"] and "logits" in second["outputs"]
-        assert first["qnn_graph"] < second["qnn_graph"]  # Genie takes parts in name order
+    assert r.returncode == 2 and "set export.parts = 2" in r.stderr, r.stderr[-2000:]
+    assert len(r.stderr.strip().splitlines()) == 1 and not (out.parent / "split").exists()
 
 
 def test_the_deploy_page_and_the_playground_run_the_bundle(built, make_window, qtbot):  # noqa: F811
@@ -202,8 +216,8 @@ def test_the_deploy_page_and_the_playground_run_the_bundle(built, make_window, q
     qtbot.waitUntil(lambda: page.checks.rowCount() == 2, timeout=30_000)
     files = [page.files.item(r, 0).text() for r in range(page.files.rowCount())]
     # the latest bundle job (the split one, when that test ran first)
-    assert {f.split(".")[0].split("_part")[0] for f in files if f.endswith(".bin")} == {
-        "prefill_ar16_cl65", "decode_ar1_cl65"}
+    assert {f.split(".")[0] for f in files if f.endswith(".bin")} == {
+        "weight_shared_ar16_ar1_cl65"}
     assert all(page.checks.item(r, 2).text().split(" ")[0] in ("identical", "near")
                for r in range(2))
     assert page.checks.item(1, 1).text().endswith("(2 passes)")

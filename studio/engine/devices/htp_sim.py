@@ -24,6 +24,11 @@ SIM_HOLDS_BYTES = 6_690_000_000
 
 def binary_bytes(compiled: Path) -> int:
     """The bytes of the compiled contexts under ``compiled`` (every part's), as loaded."""
+    from studio.engine.deploy import read
+
+    deployed = read(compiled)
+    if deployed is not None:  # the separate binaries the simulator runs
+        return int(deployed["binary_bytes"])
     return sum(f.stat().st_size for f in Path(compiled).rglob("*")
                if f.is_file() and (f.name.endswith("_ctx.onnx") or f.suffix == ".bin"))
 

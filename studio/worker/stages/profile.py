@@ -213,8 +213,10 @@ def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
     finally:
         shutil.rmtree(ctx.out / "optrace-io", ignore_errors=True)
     merged, matched = copy_traffic(table, traffic)
+    from studio.engine.deploy import decode_context
+
     compiler = compiler_totals(sch, extra,
-                               ctx.input("compile", ctx.config.chip) / "decode_ctx.onnx")
+                               decode_context(ctx.input("compile", ctx.config.chip)))
     if matched < len(table) // 2:
         progress.log(f"bytes moved stay analytic: only {matched} of {len(table)} ops matched "
                      "the optrace profile")
