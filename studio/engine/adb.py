@@ -140,17 +140,21 @@ def check_serial(serial: str) -> str:
 
 
 def net_run_command(remote: str, context_name: str, input_list: str, output_dir: str = "output",
-                    profiling: str = "basic", perf_profile: str = "") -> str:
+                    profiling: str = "basic", perf_profile: str = "",
+                    native: bool = False) -> str:
     """The shell line that runs ``qnn-net-run`` on the HTP in ``remote`` (the SDK files and
     the context binary pushed there); ``perf_profile``: the HTP's performance mode (the
-    project's ``htp.performance_mode``; qnn-net-run's ``--perf_profile``)."""
+    project's ``htp.performance_mode``; qnn-net-run's ``--perf_profile``); ``native``: the
+    input and output ``.raw`` files hold each tensor in its own data type (uint16 masks and
+    caches, int32 ids: ``--use_native_input_files --use_native_output_files``)."""
     if perf_profile and not re.match(r"^[a-z_]+$", perf_profile):
         raise StudioError(f"bad performance mode {perf_profile!r}")
     return (f"cd {remote} && chmod 755 qnn-net-run && rm -rf {output_dir} && "
             f"LD_LIBRARY_PATH={remote} ADSP_LIBRARY_PATH={remote} ./qnn-net-run "
             f"--backend libQnnHtp.so --retrieve_context {context_name} --input_list {input_list} "
             f"--output_dir {output_dir}" + (f" --profiling_level {profiling}" if profiling else "")
-            + (f" --perf_profile {perf_profile}" if perf_profile else ""))
+            + (f" --perf_profile {perf_profile}" if perf_profile else "")
+            + (" --use_native_input_files --use_native_output_files" if native else ""))
 
 
 def read_outputs(output_dir: Path, outputs: dict[str, tuple[str, list[int]]],
@@ -342,20 +346,24 @@ class AdbPhone:
                 local.write_bytes(blob)
                 self.adb.push(self.serial, local, f"{self.remote}/{name}")
         inputs, outputs = graph_io(Path(ctx_onnx))
-        odd = [f"{v.name} ({v.type})" for v in inputs + outputs
-               if v.type not in ("tensor(float)", "tensor(int64)", "tensor(int32)")]
+        odd = [f"{v.name} ({v.type})" for v in inputs + outputs if v.type not in NATIVE]
         if odd:
-            raise StudioError(f"{Path(ctx_onnx).name} has quantized inputs / outputs "
-                              f"({', '.join(odd[:3])}): the adb path runs graphs with float "
-                              "I/O so far; for phone runs set htp.graph_io = \"float\" and "
-                              "quantization.kv_cache = \"float\"")
+            raise StudioError(f"{Path(ctx_onnx).name} has inputs / outputs of a type the adb "
+                              f"path does not send ({', '.join(odd[:3])})")
         return AdbSession(self, name, inputs, outputs, profiling, perf_profile)
+
+
+#: the tensor types a phone's qnn-net-run is sent in their own data type (native files)
+NATIVE = {"tensor(float)": "float32", "tensor(int64)": "int64", "tensor(int32)": "int32",
+          "tensor(uint16)": "uint16", "tensor(uint8)": "uint8"}
 
 
 class AdbSession:
     """One compiled context on a phone, run input by input through ``qnn-net-run``: inputs
     go up as float32 ``.raw`` files (the tool's default; it converts them to the graph's
-    types), outputs come back as float32. Each :meth:`run` records the device's execute time
+    types), outputs come back as float32 — or, for a graph with integer I/O (the deployable
+    binaries: a uint16 mask, int32 ids, a quantized cache), every tensor in its own data type
+    (native files; unverified on a phone here). Each :meth:`run` records the device's execute time
     from qnn-net-run's profiling log (``last_execute_us``; None when the SDK has no viewer)
     and the whole adb round trip (``last_round_trip_s``)."""
 
@@ -389,18 +397,22 @@ class AdbSession:
         with tempfile.TemporaryDirectory(prefix="qstudio-adb-") as tmp:
             folder = Path(tmp)
             line = []
+            native = any(v.type not in ("tensor(float)", "tensor(int64)")
+                         for v in self._inputs + self._outputs)
             for i, spec in enumerate(self._inputs):
                 f = folder / f"in{i}.raw"
-                np.ascontiguousarray(feeds[spec.name], dtype=np.float32).tofile(f)
+                np.ascontiguousarray(feeds[spec.name], dtype=np.dtype(
+                    NATIVE[spec.type] if native else "float32")).tofile(f)
                 adb.push(serial, f, f"{phone.remote}/in/{f.name}")
                 line.append(f"{spec.name}:=in/{f.name}")
             (folder / "input_list.txt").write_text(" ".join(line) + "\n")
             adb.push(serial, folder / "input_list.txt", f"{phone.remote}/in/input_list.txt")
             adb.shell(serial, net_run_command(phone.remote, self.context_name,
                                               "in/input_list.txt", profiling=self.profiling,
-                                              perf_profile=self.perf_profile))
+                                              perf_profile=self.perf_profile, native=native))
             adb.pull(serial, f"{phone.remote}/output", folder)
-            shapes = {o.name: ("float32", o.shape) for o in self._outputs}
+            shapes = {o.name: (NATIVE[o.type] if native else "float32", o.shape)
+                      for o in self._outputs}
             got = read_outputs(folder / "output", shapes)
             self.last_round_trip_s = time.perf_counter() - t0
             self.last_execute_us = None

@@ -258,7 +258,7 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
                           "binaries (the validated ones)")
     for r in rows:
         progress.check()
-        shutil.copy2(Path(cdir) / r["bin"], run_dir / r["file"])
+        deploy.write_binary(Path(cdir) / r["ctx"], run_dir / r["file"])
     for r in shared:
         shutil.copy2(Path(cdir) / r["bin"], out / r["file"])
     run_names = [r["file"] for r in rows]

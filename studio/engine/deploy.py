@@ -52,9 +52,11 @@ class DeploySettings:
     weight_sharing: str = "auto"  # bundle.weight_sharing: auto, on, off
 
 
-def supported(spec: dict[str, Any], fp16: bool) -> str | None:
+def supported(spec: dict[str, Any], fp16: bool, qdir: Path | None = None) -> str | None:
     """None when the model's deployable graphs are Genie's; else why the compile stage keeps
-    the studio's own graphs for it."""
+    the studio's own graphs for it (``qdir``: the quantized graphs, to see their cache)."""
+    if qdir is not None and _int8_cache(Path(qdir), spec):
+        return "an INT8 KV cache (quantization.kv_cache): Genie's graphs keep a 16-bit cache"
     if fp16:
         return "the FP16 scheme: Genie's graphs are quantized"
     if spec.get("sliding_window") and spec["sliding_window"] < spec["context_length"]:
@@ -62,6 +64,18 @@ def supported(spec: dict[str, Any], fp16: bool) -> str | None:
     if spec.get("vision"):
         return "a vision-language model: its Genie-form prefill takes no image yet"
     return None
+
+
+def _int8_cache(qdir: Path, spec: dict[str, Any]) -> bool:
+    import onnx
+
+    names = [p["name"] for p in spec.get("parts") or []]
+    graph = qdir / (names[0] if len(names) > 1 else "") / "decode.onnx"
+    if not graph.is_file():
+        return False
+    g = onnx.load(str(graph), load_external_data=False).graph
+    return any(i.name.startswith("past_key_") and i.type.tensor_type.elem_type in (
+        onnx.TensorProto.UINT8, onnx.TensorProto.INT8) for i in g.input)
 
 
 def read(compile_dir: Path | None) -> dict[str, Any] | None:
@@ -188,33 +202,47 @@ def genie_prefill_parts(export_dir: Path, qdir: Path, spec: dict[str, Any], N: i
                        [kv_encodings(qdir / p.name, settings.graph_io) for p in parts])
 
 
-def compile_in_order(graph: Path, folder: Path, chip, after: str, tries: int = 16,
-                     extra_options: dict[str, str] | None = None):
+def compile_in_order(graph: Path, folder: Path, chip, after: str, tries: int = 24,
+                     extra_options: dict[str, str] | None = None, compile_fn=None):
     """Compile ``graph`` so that its QNN graph name sorts after ``after``: Genie takes the
     graphs of a split bundle in the order of their names, and the QNN EP names a graph from
-    a hash of the model file's name — so a part is compiled under another file name until it
-    sorts after the part before it (the first part until its hash starts with 1, which leaves
-    the others room). Returns (the compile result, the graph name, the source file compiled,
-    whose name a weight-shared compile of it must keep)."""
+    a hash of the model file's path — so a part is compiled from another file name until it
+    sorts after the part before it (the first part until its hash starts with 1, which
+    leaves the others room). Returns (the compile result, the graph name, the source file
+    compiled, whose path a weight-shared compile of it must keep).
+
+    ``compile_fn(src, ctx_path)`` replaces the plain compile (returns the compile result
+    with ``ctx_path``)."""
     import onnx
 
     from studio.engine import qnn
 
-    prefix = "QNNExecutionProvider_QNNExecutionProvider_"
     for salt in range(tries):
         src = folder / f"{graph.stem}_{salt}.onnx"
         src.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(graph, src)
-        comp = qnn.compile_context(src, folder / "ctx" / f"{src.stem}_ctx.onnx", chip,
-                                   embed=False, extra_options=extra_options)
+        dest = folder / "ctx" / f"{src.stem}_ctx.onnx"
+        comp = (compile_fn(src, dest) if compile_fn is not None else
+                qnn.compile_context(src, dest, chip, embed=False, extra_options=extra_options))
         name = onnx.load(comp["ctx_path"], load_external_data=False).graph.node[0].name
-        first_ok = bool(after) or not name.startswith(prefix) or name[len(prefix):][:1] == "1"
-        if name > after and first_ok:
-            return comp, name, src  # the source keeps the name the graph is named from
+        if in_order(name, after):
+            return comp, name, src
         src.unlink()
         shutil.rmtree(folder / "ctx", ignore_errors=True)
     raise StudioError(f"could not give the Genie graph {graph.name} a name that sorts after "
                       f"the previous part's in {tries} tries: build with fewer parts")
+
+
+#: the prefix of the QNN EP's graph names (the rest: a hash of the model file's path)
+QNN_PREFIX = "QNNExecutionProvider_QNNExecutionProvider_"
+
+
+def in_order(name: str, after: str) -> bool:
+    """Whether a part's graph named ``name`` may follow the part before it (``after``; ""
+    for the first part, whose hash must start with 1 to leave the others room)."""
+    first_ok = bool(after) or not name.startswith(QNN_PREFIX) or \
+        name[len(QNN_PREFIX):][:1] == "1"
+    return name > after and first_ok
 
 
 def bin_name(kind: str, ar: int, cl: int, part: int, parts: int) -> str:
@@ -223,123 +251,178 @@ def bin_name(kind: str, ar: int, cl: int, part: int, parts: int) -> str:
             f"{kind}_ar{ar}_cl{cl}_part{part}_of_{parts}.bin")
 
 
-def build(export_dir: Path, qdir: Path, spec: dict[str, Any], chip, out: Path,
-          settings: DeploySettings, progress: Progress, check_placement: bool = True
-          ) -> dict[str, Any]:
-    """Build, check the placement of, and compile the deployable graphs into ``out/genie``,
-    and write ``out/deploy.json``. Returns that record with ``placement`` ({graph key:
-    placement report}) beside it."""
-    from studio.engine import genie, qnn
-
+def stage(export_dir: Path, qdir: Path, spec: dict[str, Any], settings: DeploySettings,
+          staging: Path, progress: Progress) -> list[Path]:
+    """The deployable graphs, ready to compile: per part a folder under ``staging`` (the
+    folder itself for a model in one part) with ``prefill.onnx`` (Genie's AR-N graph; none
+    with ``bundle.prefill_length = 1``) and ``decode.onnx`` (the AR-1 graph) in Genie's
+    conventions. The compile stage compiles them as it compiles any part's graphs (its part
+    cache, its resume and its processes), then :func:`finish` records them."""
     C = int(spec["context_length"])
     cl = C + 1
     N = prefill_ar(spec, settings.prefill_length)
-    work = out / "deploy-work"
-    shutil.rmtree(work, ignore_errors=True)
+    work = staging / "work"
+    shutil.rmtree(staging, ignore_errors=True)
     exported = [p["name"] for p in spec.get("parts") or []]
-    variants: dict[int, list[Path]]
     if len(exported) > 1:  # exported in parts: a context binary per part and graph
         progress.update(0.02, f"rewriting the {len(exported)} parts' decode graphs to "
                               "Genie's conventions")
         kvs = [kv_encodings(qdir / p, settings.graph_io) for p in exported]
-        variants = {1: genie_parts([qdir / p / "decode.onnx" for p in exported], spec, work,
-                                   "decode_genie", kvs)}
-        if N > 1:
-            variants = {N: genie_prefill_parts(export_dir, qdir, spec, N, cl, work, settings,
-                                               SubProgress(progress, 0.03, 0.3)),
-                        **variants}
-        weights = sum(graph_bytes(qdir / p / "decode.onnx") for p in exported)
+        decode = genie_parts([qdir / p / "decode.onnx" for p in exported], spec, work,
+                             "decode_genie", kvs)
+        prefill = (genie_prefill_parts(export_dir, qdir, spec, N, cl, work, settings,
+                                       SubProgress(progress, 0.03, 0.3)) if N > 1 else [])
     else:
         progress.update(0.02, "rewriting the decode graph to Genie's conventions")
+        from studio.engine import genie
+
         kvs = [kv_encodings(qdir, settings.graph_io)]
         genie.genie_graph(qdir / "decode.onnx", work / "decode_genie.onnx", spec,
                           kv_encodings=kvs[0])
-        variants = {1: [work / "decode_genie.onnx"]}
-        if N > 1:
-            variants = {N: [genie_prefill_graph(export_dir, qdir, spec, N, cl, work, settings,
-                                                SubProgress(progress, 0.03, 0.3))],
-                        **variants}
-        weights = graph_bytes(qdir / "decode.onnx")
-    parts = len(variants[1])
+        decode = [work / "decode_genie.onnx"]
+        prefill = ([genie_prefill_graph(export_dir, qdir, spec, N, cl, work, settings,
+                                        SubProgress(progress, 0.03, 0.3))] if N > 1 else [])
+    folders = []
+    for i, dec in enumerate(decode):
+        folder = staging / (exported[i] if len(exported) > 1 else "")
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.move(dec, folder / "decode.onnx")
+        if prefill:
+            shutil.move(prefill[i], folder / "prefill.onnx")
+        folders.append(folder)
+    atomic_write_json(staging / "staged.json", {
+        "prefill_ar": N if N > 1 else None, "context_size": cl, "kv_encodings": kvs,
+        "weights_bytes": sum(graph_bytes(qdir / p / "decode.onnx") for p in exported)
+        if len(exported) > 1 else graph_bytes(qdir / "decode.onnx")})
+    shutil.rmtree(work, ignore_errors=True)
+    return folders
+
+
+def _binary_bytes(ctx: Path) -> int:
+    """The bytes of the context binary a compiled ``_ctx.onnx`` holds or names."""
+    from studio.engine import qnn
+
+    info = qnn.read_context_info(ctx)
+    if info["embed"]:
+        from studio.engine.adb import context_binary
+
+        return len(context_binary(ctx))
+    return sum((ctx.parent / b).stat().st_size for b in info["bin_files"])
+
+
+def write_binary(ctx: Path, dest: Path) -> None:
+    """The context binary a compiled ``_ctx.onnx`` holds (embedded) or names, as ``dest``."""
+    from studio.engine import qnn
+
+    info = qnn.read_context_info(ctx)
+    if info["embed"]:
+        from studio.engine.adb import context_binary
+
+        dest.write_bytes(context_binary(ctx))
+    else:
+        shutil.copy2(ctx.parent / info["bin_files"][0], dest)
+
+
+def finish(out: Path, staging: Path, sources: list[Path], wheres: list[str],
+           spec: dict[str, Any], chip, settings: DeploySettings,
+           progress: Progress) -> dict[str, Any]:
+    """Record the deployable binaries the compile stage compiled from :func:`stage`'s
+    folders into ``out/<where>{prefill,decode}_ctx.onnx``: each part's graphs in the order
+    Genie takes them (a part whose graph name does not sort after the part before it is
+    compiled again under another file name), the weight-shared binaries where wanted, and
+    ``deploy.json``."""
+    import onnx
+
+    from studio.engine import genie
+
+    staged = json.loads((staging / "staged.json").read_text())
+    cl, N = int(staged["context_size"]), staged["prefill_ar"] or 1
+    parts = len(sources)
     rows: list[dict[str, Any]] = []
-    placement: dict[str, dict] = {}
-    total = len(variants) * parts
-    sdk = ""
-    sources: dict[tuple[int, int], Path] = {}
-    dest = out / DEPLOY_DIR
-    shutil.rmtree(dest, ignore_errors=True)
-    for ar, graphs in variants.items():
-        kind = "decode" if ar == 1 else "prefill"
+    compiled_from: dict[tuple[int, int], Path] = {}
+    exported = [p["name"] for p in spec.get("parts") or []]
+    for ar, kind in ((N, "prefill"), (1, "decode")) if N > 1 else ((1, "decode"),):
         previous = ""
-        for i, graph in enumerate(graphs):
+        for i, (src, where) in enumerate(zip(sources, wheres, strict=True)):
             progress.check()
-            at = 0.3 + 0.65 * len(rows) / total
-            label = f"the AR-{ar} {kind} graph" + (f", part {i + 1}/{parts}" if parts > 1
-                                                   else "")
-            key = (f"{exported[i]}/" if parts > 1 else "") + kind
-            if check_placement:
-                progress.update(at, f"checking placement of {label} on {chip.name}")
-                rep = qnn.placement_report(graph, chip, extra_options=settings.htp_options)
-                placement[key] = rep
-                if not rep["all_on_npu"]:
-                    names = ", ".join(f"{n['name']} ({n['op_type']})"
-                                      for n in rep["cpu_nodes"][:5])
-                    raise StudioError(f"{len(rep['cpu_nodes'])} node(s) of {label} cannot run "
-                                      f"on the NPU of {chip.name}: {names}; change their "
-                                      "precision or the recipe")
-            progress.update(at + 0.3 / total, f"compiling {label} for {chip.name}")
-            comp, previous, source = compile_in_order(graph, dest / f"ar{ar}_{i + 1}", chip,
+            ctx = out / f"{where}{kind}_ctx.onnx"
+            name = onnx.load(str(ctx), load_external_data=False).graph.node[0].name
+            compiled_from[ar, i] = src / f"{kind}.onnx"
+            if parts > 1 and not in_order(name, previous):
+                progress.update(0.9, f"part {i + 1}/{parts}: compiling its {kind} graph "
+                                     "again under a name Genie takes in order")
+                folder = out / DEPLOY_DIR / f"{kind}_{i + 1}"
+                shutil.rmtree(folder, ignore_errors=True)
+                comp, name, salted = compile_in_order(src / f"{kind}.onnx", folder, chip,
                                                       previous,
                                                       extra_options=settings.htp_options)
-            sources[ar, i] = source
-            sdk = comp["sdk_version"]
-            bin_file = Path(comp["bin_files"][0])
+                ctx, compiled_from[ar, i] = Path(comp["ctx_path"]), salted
+            previous = name
             rows.append({"file": bin_name(kind, ar, cl, i + 1, parts), "kind": kind, "ar": ar,
-                         "context_size": cl, "part": i + 1, "parts": parts, "key": key,
-                         "ctx": str(Path(comp["ctx_path"]).relative_to(out)),
-                         "bin": str(bin_file.relative_to(out)),
-                         "bytes": bin_file.stat().st_size, "seconds": comp.get("seconds"),
-                         **genie.graph_io(graph), "qnn_graph": previous})
+                         "context_size": cl, "part": i + 1, "parts": parts,
+                         "key": f"{where}{kind}", "ctx": str(ctx.relative_to(out)),
+                         "bytes": _binary_bytes(ctx), **genie.graph_io(src / f"{kind}.onnx"),
+                         "qnn_graph": name})
     shared = None
     if N > 1 and settings.weight_sharing != "off":
-        shared = share_weights(sources, rows, N, cl, parts, chip, out, settings, progress)
-    for src in sources.values():
-        src.unlink(missing_ok=True)
-    shutil.rmtree(work, ignore_errors=True)
-    kv_dtype = "uint16" if settings.graph_io == "quantized" else "float32"
+        shared = share_weights(compiled_from, rows, N, cl, parts, chip, out, settings,
+                               progress)
     record = {
         "format": "genie-form", "version": 1, "chip": chip.key,
         "context_size": cl, "prefill_ar": N if N > 1 else None, "parts": parts,
         "part_names": exported if parts > 1 else [],
         "graph_io": settings.graph_io,
-        "kv_cache": {"dtype": kv_dtype,
-                     **({"encodings": kvs} if settings.graph_io == "quantized" else {})},
-        "weights_bytes": weights, "sdk_version": sdk, "graphs": rows,
-        "binary_bytes": sum(r["bytes"] for r in rows),
-        "shared": shared,
+        "kv_cache": {"dtype": "uint16" if settings.graph_io == "quantized" else "float32",
+                     **({"encodings": staged["kv_encodings"]}
+                        if settings.graph_io == "quantized" else {})},
+        "weights_bytes": int(staged["weights_bytes"]), "graphs": rows,
+        "binary_bytes": sum(r["bytes"] for r in rows), "shared": shared,
     }
     atomic_write_json(out / DEPLOY_FILE, record)
-    return {**record, "placement": placement}
+    return record
 
 
 def share_weights(sources: dict[tuple[int, int], Path], rows: list[dict[str, Any]], N: int,
                   cl: int, parts: int, chip, out: Path, settings: DeploySettings,
                   progress: Progress) -> list[dict[str, Any]]:
     """Per part, one context binary holding its AR-N prefill and AR-1 decode graphs with
-    their weights once (``ep.share_ep_contexts``), compiled from the very files the separate
-    binaries were (so the graphs keep their names), and read back with the QNN system
-    library against the separate, simulator-executed binaries graph by graph. The x86
+    their weights once (``ep.share_ep_contexts``), compiled from the very graph files the
+    separate binaries were, under names Genie takes in order, and read back with the QNN
+    system library against the separate, simulator-executed binaries graph by graph. The x86
     simulator cannot load it: a device executes it. Raises when the structures differ."""
     from studio.engine import weightshare
 
     shared = []
+    after = {N: "", 1: ""}
     for i in range(parts):
         progress.check()
         progress.update(0.96, "the weight-shared binary of "
                               + (f"part {i + 1}/{parts}" if parts > 1 else "the model"))
         folder = out / DEPLOY_DIR / f"shared_{i + 1}"
-        comp = weightshare.compile_shared([sources[N, i], sources[1, i]], folder, chip,
-                                          settings.htp_options)
+        shutil.rmtree(folder, ignore_errors=True)
+        comp = None
+        for salt in range(24 if parts > 1 else 1):
+            pair = []
+            for ar in (N, 1):  # copies under one salted name each: the graphs' names follow
+                src = sources[ar, i]
+                dst = folder / "src" / (src.name if parts == 1 else
+                                        f"{src.stem}_s{salt}.onnx")
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(src, dst)
+                pair.append(dst)
+            comp = weightshare.compile_shared(pair, folder / f"try{salt}", chip,
+                                              settings.htp_options)
+            names = dict(zip((N, 1), comp["graphs"], strict=True))
+            if parts == 1 or all(in_order(names[ar], after[ar]) for ar in (N, 1)):
+                after = names
+                break
+            shutil.rmtree(folder / f"try{salt}", ignore_errors=True)
+            comp = None
+        if comp is None:
+            raise StudioError(f"could not give part {i + 1}'s weight-shared graphs names that "
+                              "sort after the previous part's: set bundle.weight_sharing = "
+                              "\"off\" or build with fewer parts")
+        shutil.rmtree(folder / "src", ignore_errors=True)
         separate = [out / r["ctx"] for ar in (N, 1) for r in rows
                     if r["ar"] == ar and r["part"] == i + 1]
         report = weightshare.compare_structure(comp["bin"], separate)
@@ -348,7 +431,8 @@ def share_weights(sources: dict[tuple[int, int], Path], rows: list[dict[str, Any
                               f"binaries the simulator ran: {weightshare.summary(report)}")
         name = (f"weight_shared_ar{N}_ar1_cl{cl}.bin" if parts == 1 else
                 f"weight_shared_ar{N}_ar1_cl{cl}_part{i + 1}_of_{parts}.bin")
-        shared.append({"file": name, "part": i + 1, "bin": str(Path(comp["bin"]).relative_to(out)),
+        shared.append({"file": name, "part": i + 1,
+                       "bin": str(Path(comp["bin"]).relative_to(out)),
                        "bytes": int(comp["bytes"]), "graphs": comp["graphs"],
                        "separate_bytes": sum(r["bytes"] for r in rows if r["part"] == i + 1),
                        "executed": weightshare.STRUCTURE_ONLY,

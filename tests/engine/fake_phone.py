@@ -84,6 +84,8 @@ from studio.engine.adb import graph_io
 ap = argparse.ArgumentParser()
 for a in ("--backend", "--retrieve_context", "--input_list", "--output_dir", "--profiling_level"):
     ap.add_argument(a)
+for a in ("--use_native_input_files", "--use_native_output_files"):
+    ap.add_argument(a, action="store_true")
 a = ap.parse_args()
 want = hashlib.sha256(Path(a.retrieve_context).read_bytes()).hexdigest()
 index = json.loads(Path(os.environ["FAKE_QNN_INDEX"]).read_text())
@@ -91,10 +93,12 @@ if want not in index:
     sys.exit("qnn-net-run: could not load the context binary")
 model = Path(index[want])
 inputs, outputs = graph_io(model)
-types = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)": np.int32}
+types = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)": np.int32,
+         "tensor(uint16)": np.uint16, "tensor(uint8)": np.uint8}
 line = Path(a.input_list).read_text().split()
 paths = dict(p.split(":=", 1) for p in line)
-feeds = {i.name: np.fromfile(paths[i.name], np.float32).reshape(i.shape).astype(types[i.type])
+feeds = {i.name: np.fromfile(paths[i.name], types[i.type] if a.use_native_input_files
+                             else np.float32).reshape(i.shape).astype(types[i.type])
          for i in inputs}
 chip = os.environ["FAKE_PHONE_CHIP"]
 out = Path(a.output_dir)
@@ -107,7 +111,8 @@ if a.profiling_level:
 else:
     got = qnn.make_session(model, chip, strict=True).run(None, feeds)
 for o, v in zip(outputs, got):
-    np.asarray(v, np.float32).tofile(out / "Result_0" / (o.name + ".raw"))
+    np.asarray(v, types[o.type] if a.use_native_output_files else np.float32).tofile(
+        out / "Result_0" / (o.name + ".raw"))
 '''
 
 VIEWER = r'''#!__PY__

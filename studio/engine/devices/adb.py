@@ -125,6 +125,19 @@ class Backend(_Base):
                               "export it with export.parts = 1")
         phone = self.phone(log)
         mode = self.run_options.get("htp_performance_mode", "")
+        from studio.engine import deploy
+
+        record = deploy.read(compiled)
+        if record is not None:  # the deployable binaries, fed as Genie feeds them
+            from studio.engine.genie import BundleRunner
+
+            sessions = {ar: [phone.session(p, perf_profile=mode) for p in paths]
+                        for ar, paths in deploy.graph_paths(compiled, record).items()}
+            gen = deploy.DeployedGenerator(BundleRunner(sessions, spec,
+                                                        int(record["context_size"])), spec)
+            gen.prefill_session = sessions[max(sessions)][0]
+            gen.decode_session = sessions[1][0]
+            return gen
         return StaticKVGenerator(phone.session(Path(compiled) / "prefill_ctx.onnx",
                                                perf_profile=mode),
                                  phone.session(Path(compiled) / "decode_ctx.onnx",
@@ -153,7 +166,9 @@ class Backend(_Base):
         from studio.engine import qnn
 
         phone = self.phone(progress.log)
-        sess = phone.session(Path(compiled) / "decode_ctx.onnx", profiling="detailed",
+        from studio.engine.deploy import decode_context
+
+        sess = phone.session(decode_context(compiled), profiling="detailed",
                              perf_profile=self.run_options.get("htp_performance_mode", ""))
         sess.profile_dir = Path(folder)
         feeds = qnn.synthetic_feeds(sess, {"position_ids": int(spec["prompt_length"])})

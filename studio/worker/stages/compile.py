@@ -10,7 +10,7 @@ from studio.core.catalog import Chip
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.partcache import files_digest
-from studio.core.progress import Progress
+from studio.core.progress import Progress, SubProgress
 from studio.engine.weightstore import graph_bytes
 from studio.worker.context import StageContext
 from studio.worker.stages._llm import EMBED_LIMIT, GRAPHS, htp_options
@@ -28,10 +28,10 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     extra = htp_options(ctx)
     placement, compiled = {}, {}
     spec = load_graph_spec(qdir)
-    why_not = deploy.supported(spec, fp16)
-    if why_not is None:  # the binaries that ship: Genie's graphs, compiled once
-        return deployable(ctx, qdir, spec, extra, progress)
-    progress.log(f"the studio's own prefill and decode graphs are compiled ({why_not})")
+    why_not = deploy.supported(spec, fp16, qdir)
+    settings = deploy_settings(ctx, extra) if why_not is None else None
+    if why_not is not None:
+        progress.log(f"the studio's own prefill and decode graphs are compiled ({why_not})")
     folders = part_dirs(spec, qdir)
     parts = list(iter_parts(spec))
     # a kept work folder: the parts a killed run compiled are kept (a model in parts)
@@ -44,10 +44,18 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     if done:
         progress.log(f"{len(done)} of {len(parts)} parts: compiled by an interrupted run, kept")
     io = ctx.get("htp.graph_io")
-    # quantized graph I/O: each part's graphs with their edge Q/DQ pairs cut, compiled from
-    # a staging folder of the stage's own (its encodings are kept beside the binaries)
-    sources = quantized_io(folders, ctx.out / "io-staging", progress) if io == "quantized" \
-        else list(folders)
+    # the binaries that ship (studio.engine.deploy): Genie's AR-N prefill and AR-1 decode
+    # graphs of each part, staged, then compiled below like any part's graphs; else (a model
+    # Genie cannot take) the studio's own graphs, with quantized graph I/O each part's graphs
+    # with their edge Q/DQ pairs cut in a staging folder (their encodings kept beside)
+    staging = ctx.out / "genie-staging"
+    if settings is not None:
+        sources = deploy.stage(ctx.input("export"), qdir, spec, settings, staging,
+                               SubProgress(progress, 0.0, 0.3))
+    elif io == "quantized":
+        sources = quantized_io(folders, ctx.out / "io-staging", progress)
+    else:
+        sources = list(folders)
     todo = [k for k in range(len(folders)) if k not in done]
     reused: list[int] = []
     n_steps, i = len(todo) * len(GRAPHS), 0
@@ -119,7 +127,13 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
             "before, taken from then")
     partresume.unmark(ctx.out)
     shutil.rmtree(ctx.out / "io-staging", ignore_errors=True)
-    order = [where(k) + g for k in range(len(folders)) for g in GRAPHS]
+    rec = None
+    if settings is not None:
+        rec = deploy.finish(ctx.out, staging, sources, [where(k) for k in range(len(folders))],
+                            spec, chip, settings, progress)
+        shutil.rmtree(staging, ignore_errors=True)
+    order = [where(k) + g for k in range(len(folders)) for g in GRAPHS
+             if where(k) + g in placement]
     if spec.get("vision"):  # a vision-language model's encoder: float I/O, its own binary
         got = compile_part(qdir, ctx.out, chip, fp16, extra, Steps(progress, n_steps - 1,
                                                                    n_steps), "",
@@ -134,6 +148,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     sdk = next(iter(compiled.values())).get("sdk_version", "")
     ctx.fact("compile_seconds", sum(c.get("seconds", 0.0) for c in compiled.values()
                                     if not c.get("reused")), "s")
+    if rec is not None:
+        return deployed_result(rec, placement, sdk, extra, chip, reused, len(parts))
     return {
         "summary": f"context binaries for {chip.name} (QNN SDK {sdk}); all nodes on the NPU"
                    + (f"; part{'s' if len(reused) > 1 else ''} "
@@ -151,48 +167,49 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     }
 
 
-def deployable(ctx: StageContext, qdir: Path, spec: dict[str, Any], extra: dict[str, str],
-               progress: Progress) -> dict[str, Any]:
-    """The deployable set (:mod:`studio.engine.deploy`): Genie's AR-N prefill and AR-1
-    decode graphs of every part, quantized once and compiled once; what validate, generate,
-    profile and the bundle run."""
+def deploy_settings(ctx: StageContext, extra: dict[str, str]):
+    """What the deployable graphs are built from (:class:`studio.engine.deploy.DeploySettings`)."""
     from studio.engine import deploy
     from studio.worker.context import read_text
     from studio.worker.stages._llm import recipe
 
-    settings = deploy.DeploySettings(
+    return deploy.DeploySettings(
         checkpoint=ctx.path("model.source"), recipe=recipe(ctx),
         calibration_text=read_text(ctx.path("quantization.calibration_text"),
                                    "calibration text"),
         prefill_length=int(ctx.get("bundle.prefill_length")), htp_options=extra,
         graph_io=ctx.get("htp.graph_io"), weight_sharing=ctx.get("bundle.weight_sharing"))
-    chip = ctx.chip
-    rec = deploy.build(ctx.input("export"), qdir, spec, chip, ctx.out, settings, progress)
-    placement = rec.pop("placement")
-    shutil.copy2(qdir / "graph.json", ctx.out / "graph.json")
-    atomic_write_json(ctx.out / "placement.json", placement)
-    sdk = rec["sdk_version"]
-    ctx.fact("compile_seconds", sum(r.get("seconds") or 0.0 for r in rec["graphs"]), "s")
+
+
+def deployed_result(rec: dict[str, Any], placement: dict[str, dict], sdk: str,
+                    extra: dict[str, str], chip: Chip, reused: list[int], parts: int
+                    ) -> dict[str, Any]:
+    """The compile stage's result for the deployable binaries."""
     n = len(rec["graphs"])
+    shared = rec.get("shared") or []
     return {
         "summary": f"{n} deployable context binaries for {chip.name} (QNN SDK {sdk}): "
                    + (f"the AR-{rec['prefill_ar']} prefill and " if rec["prefill_ar"] else "")
                    + "the AR-1 decode graph in Genie's form"
                    + (f", {rec['parts']} parts each" if rec["parts"] > 1 else "")
                    + f", {rec['binary_bytes'] / 2**20:.1f} MiB; all nodes on the NPU"
+                   + (f"; part{'s' if len(reused) > 1 else ''} "
+                      f"{', '.join(str(k + 1) for k in reused)} of {parts} as compiled "
+                      "before from the same graphs" if reused else "")
                    + (f"; HTP options {', '.join(f'{k}={v}' for k, v in extra.items())}"
                       if extra else "")
                    + ("; graph I/O quantized (the KV cache and hand-offs as integers)"
                       if rec["graph_io"] == "quantized" else "")
-                   + (f"; weight-shared for the device: {len(rec['shared'])} binary(ies), "
-                      f"{sum(r['bytes'] for r in rec['shared']) / 2**20:.1f} MiB, equal by "
-                      "structure to the ones the simulator ran" if rec.get("shared") else ""),
+                   + (f"; weight-shared for the device: {len(shared)} binar"
+                      + ("y" if len(shared) == 1 else "ies")
+                      + f", {sum(r['bytes'] for r in shared) / 2**20:.1f} MiB, equal by "
+                      "structure to the ones the simulator ran" if shared else ""),
         "placement": {g: {k: v for k, v in r.items() if k != "cpu_nodes"}
                       for g, r in placement.items()},
         "sdk_version": sdk, "tool": {"qnn_sdk": sdk}, "htp_options": extra,
         "graph_io": rec["graph_io"], "deploy": {k: rec[k] for k in (
             "context_size", "prefill_ar", "parts", "binary_bytes", "weights_bytes")},
-        "weight_sharing": rec.get("shared"),
+        "weight_sharing": shared or None,
         "metrics": [],
     }
 
@@ -237,6 +254,8 @@ def compile_part(src: Path, dst: Path, chip: Chip, fp16: bool, extra: dict[str, 
     from studio.engine import qnn
 
     out: dict[str, dict] = {"placement": {}, "compiled": {}}
+    # the deployable graphs of a model without a prefill graph (bundle.prefill_length = 1)
+    graphs = tuple(g for g in graphs if (src / f"{g}.onnx").is_file())
     for g in graphs:
         label = f"{g} ({part_name.replace('_', ' ')})" if part_name else g
         dst.mkdir(parents=True, exist_ok=True)

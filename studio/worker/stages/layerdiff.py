@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from studio.core.devices import HOST_CPU
@@ -47,6 +48,15 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         raise StudioError(f"this model is exported in {len(dirs)} parts: set layerdiff.part "
                           f"to the part to compare (1..{len(dirs)}; studio bisect --part)")
     base = dirs[part - 1 if len(dirs) > 1 else 0] / f"{graph}_ctx.onnx"
+    if not base.is_file():  # the compile holds the deployable (Genie-form) binaries: the
+        # studio's graph the diff probes, compiled here without its extra outputs
+        from studio.engine import qnn
+
+        src = part_dirs(spec, qdir)[part - 1 if len(dirs) > 1 else 0] / f"{graph}.onnx"
+        progress.update(0.0, f"compiling the {graph} graph without extra outputs")
+        base = Path(qnn.compile_context(src, ctx.out / "base" / f"{graph}_ctx.onnx", chip,
+                                        fp16=ctx.fp16, extra_options=htp_options(ctx))[
+            "ctx_path"])
     data = layer_diff(export_dir, qdir, windows, mode=ctx.get("layerdiff.tensors"),
                       htp={"chip": chip, "fp16": ctx.fp16, "extra_options": htp_options(ctx),
                            "base": base, "fp16_step": ctx.get("layerdiff.fp16_step")},
