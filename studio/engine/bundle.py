@@ -176,9 +176,9 @@ def simulator_folder(bundle: Path) -> Path:
 
 
 def _fits_simulator(record: dict[str, Any]) -> bool:
-    from studio.engine.devices.htp_sim import SIM_HOLDS_BYTES
+    from studio.engine.devices.htp_sim import sim_holds_bytes
 
-    return int(record["binary_bytes"]) <= SIM_HOLDS_BYTES
+    return int(record["binary_bytes"]) <= sim_holds_bytes()
 
 
 def part_checks(scorer, fp32, prompts: list[list[int]], vocab: int,

@@ -138,49 +138,56 @@ def _share(project: Path, block: str) -> tuple[float, float]:
 
 
 @pytest.fixture(scope="module")
-def quantized_io(batch_run, small_project, tmp_path_factory) -> tuple[Path, dict]:
-    """The small project compiled with quantized graph I/O from the session's quantized
-    graphs, validated, run and profiled on the simulator (in the HTP's burst mode)."""
+def float_io(batch_run, small_project, tmp_path_factory) -> tuple[Path, dict]:
+    """The small project compiled with float graph I/O (the opt-out: quantized I/O is the
+    default) from the session's quantized graphs, validated, run and profiled on the
+    simulator (in the HTP's burst mode)."""
     f = tmp_path_factory.mktemp("graph-io") / "io.qstudio"
     share_store(small_project, f, stages={"export", "quantize"})
-    f.write_text(small_project.read_text() + '\n[htp]\ngraph_io = "quantized"\n'
+    f.write_text(small_project.read_text() + '\n[htp]\ngraph_io = "float"\n'
                  'performance_mode = "burst"\n')
     r = studio("--batch", f, "--stages", "validate,run,profile", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
     return f, json.loads(r.stdout)
 
 
-def test_quantized_graph_io_keeps_the_model_and_cuts_the_edge_conversions(
-        quantized_io, small_project):
-    """The KV cache, the mask and the logits as the NPU's integers: validation's gates pass on
-    the simulator (the host keeps the cache as 16-bit integers and reads the logits), the
-    compiled folder carries the encodings the host and an agent read, and the decode step's
-    Q/DQ share falls (shares within each profile: the simulator's cycles follow host load)."""
-    f, summary = quantized_io
-    jobs = {j["stage"]: j for j in summary["jobs"]}
-    assert "graph I/O quantized" in jobs["compile"]["summary"]
-    assert all(g["passed"] for g in summary["gates"]), summary["gates"]
+def test_quantized_graph_io_is_the_default_and_cuts_the_edge_conversions(
+        float_io, small_project, batch_run):
+    """The KV cache and the hand-offs as the NPU's integers by default: validation's gates
+    pass on the simulator (the host keeps the cache as 16-bit integers), the deployable
+    binaries record the cache's encodings an app feeds them with, and the decode step's Q/DQ
+    share is far below float I/O's (shares within each profile: the simulator's cycles follow
+    host load)."""
     from studio.core.artifacts import ArtifactStore
-    from studio.engine.devices._base import compiled_files
+    from studio.core.settings import Htp
+    from studio.engine.deploy import read
     from studio.services.history import current_keys
 
-    p = pf.load(f)
+    assert Htp.default("graph_io") == "quantized"
+    jobs = {j["stage"]: j for j in batch_run[1]["jobs"]}
+    assert "graph I/O quantized" in jobs["compile"]["summary"]
+    assert all(g["passed"] for g in batch_run[1]["gates"]), batch_run[1]["gates"]
+    p = pf.load(small_project)
     keys = current_keys(p, ["compile"])
     art = ArtifactStore(p.folder / "artifacts").get(
         keys[next(k for k in keys if k.startswith("compile"))])
-    enc = json.loads((art.path / "io_encodings.json").read_text())["graphs"]
-    assert enc["decode"]["past_key_0"] == enc["prefill"]["present_key_0"]
-    assert enc["decode"]["logits"]["dtype"] == "uint16"
-    assert "io_encodings.json" in compiled_files(art.path)
-    assert not (art.path / "io-staging").exists()  # the staged graphs are not kept
-    io_share, io_cycles = _share(f, "data movement / Q-DQ")
-    float_share, float_cycles = _share(small_project, "data movement / Q-DQ")
+    rec = read(art.path)
+    assert rec["graph_io"] == "quantized" and rec["kv_cache"]["dtype"] == "uint16"
+    (enc,) = rec["kv_cache"]["encodings"]
+    assert all(e["dtype"] == "uint16" and e["scale"] > 0 for e in enc.values())
+    assert not (art.path / "genie-staging").exists()  # the staged graphs are not kept
+    f, summary = float_io
+    assert "graph I/O quantized" not in {j["stage"]: j for j in summary["jobs"]}["compile"][
+        "summary"]
+    assert all(g["passed"] for g in summary["gates"]), summary["gates"]
+    io_share, io_cycles = _share(small_project, "data movement / Q-DQ")
+    float_share, float_cycles = _share(f, "data movement / Q-DQ")
     assert io_share < float_share / 2, (io_share, float_share)
     print(f"\nQ/DQ share of the decode step: float I/O {float_share:.1%} "
           f"({float_cycles:,.0f} cycles), quantized I/O {io_share:.1%} ({io_cycles:,.0f})")
 
 
-def test_the_performance_mode_is_a_run_setting_the_sessions_take(quantized_io):
+def test_the_performance_mode_is_a_run_setting_the_sessions_take(float_io):
     """htp.performance_mode (an unknown one: test_bad_htp_settings_give_one_line): declared
     by the run and profile stages, not by the compile (the binaries do not change with it);
     the run stage says the mode its HTP sessions ran with (the CPU has no HTP to vote for)."""
@@ -189,7 +196,7 @@ def test_the_performance_mode_is_a_run_setting_the_sessions_take(quantized_io):
     declared = {d.name: d.settings for d in DECLARATIONS}
     assert "htp.performance_mode" in declared["run"] and "htp.performance_mode" in \
         declared["profile"] and "htp.performance_mode" not in declared["compile"]
-    runs = [j for j in quantized_io[1]["jobs"] if j["stage"] == "run"]
+    runs = [j for j in float_io[1]["jobs"] if j["stage"] == "run"]
     sim = next(j for j in runs if "HTP simulator" in j["summary"])
     cpu = next(j for j in runs if "host CPU" in j["summary"])
     assert "performance mode burst" in sim["summary"]

@@ -193,9 +193,6 @@ def deployed_result(rec: dict[str, Any], placement: dict[str, dict], sdk: str,
                    + "the AR-1 decode graph in Genie's form"
                    + (f", {rec['parts']} parts each" if rec["parts"] > 1 else "")
                    + f", {rec['binary_bytes'] / 2**20:.1f} MiB; all nodes on the NPU"
-                   + (f"; part{'s' if len(reused) > 1 else ''} "
-                      f"{', '.join(str(k + 1) for k in reused)} of {parts} as compiled "
-                      "before from the same graphs" if reused else "")
                    + (f"; HTP options {', '.join(f'{k}={v}' for k, v in extra.items())}"
                       if extra else "")
                    + ("; graph I/O quantized (the KV cache and hand-offs as integers)"
@@ -203,7 +200,10 @@ def deployed_result(rec: dict[str, Any], placement: dict[str, dict], sdk: str,
                    + (f"; weight-shared for the device: {len(shared)} binar"
                       + ("y" if len(shared) == 1 else "ies")
                       + f", {sum(r['bytes'] for r in shared) / 2**20:.1f} MiB, equal by "
-                      "structure to the ones the simulator ran" if shared else ""),
+                      "structure to the ones the simulator ran" if shared else "")
+                   + (f"; part{'s' if len(reused) > 1 else ''} "
+                      f"{', '.join(str(k + 1) for k in reused)} of {parts} as compiled "
+                      "before from the same graphs" if reused else ""),
         "placement": {g: {k: v for k, v in r.items() if k != "cpu_nodes"}
                       for g, r in placement.items()},
         "sdk_version": sdk, "tool": {"qnn_sdk": sdk}, "htp_options": extra,

@@ -47,9 +47,11 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     if len(dirs) > 1 and not 1 <= part <= len(dirs):
         raise StudioError(f"this model is exported in {len(dirs)} parts: set layerdiff.part "
                           f"to the part to compare (1..{len(dirs)}; studio bisect --part)")
+    from studio.engine import deploy
+
     base = dirs[part - 1 if len(dirs) > 1 else 0] / f"{graph}_ctx.onnx"
-    if not base.is_file():  # the compile holds the deployable (Genie-form) binaries: the
-        # studio's graph the diff probes, compiled here without its extra outputs
+    if deploy.read(cdir) is not None:  # the compile holds the deployable (Genie-form)
+        # binaries: the studio's graph the diff probes, compiled here without extra outputs
         from studio.engine import qnn
 
         src = part_dirs(spec, qdir)[part - 1 if len(dirs) > 1 else 0] / f"{graph}.onnx"
