@@ -238,7 +238,9 @@ class DevicePlan:
         i = self.inputs
         head = (f"{self.chip_name}: {i.scheme} in {i.parts} part{'s' if i.parts != 1 else ''}"
                 f"{', weights shared' if i.weight_sharing else ''}, context {i.context_length}"
-                f" ({i.kv} KV): {format_bytes(self.total)} in all (estimated)")
+                f" ({i.kv} KV): {format_bytes(self.total)} in all ("
+                + ("the binaries measured, the rest estimated"
+                   if any(r.source == "measured" for r in self.rows) else "estimated") + ")")
         part, binary = self.largest_part[1], self.largest_binary[1]
         head += (f"; the largest part maps {format_bytes(part)}"
                  + (f" of {format_bytes(self.va_bytes)}" if self.va_bytes else

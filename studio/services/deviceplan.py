@@ -63,7 +63,42 @@ def project_plans(project: Project) -> list[DevicePlan] | None:
         return None  # a bundle is made from a quantized graph; FP16 has no bundle to plan
     inputs = plan_inputs(project, exported, layout)
     dims = Dims.of(info)
-    return [device_plan(layout, dims, get_chip(t), inputs) for t in project.targets]
+    return [device_plan(layout, dims, get_chip(t), inputs,
+                        measured_binaries(project, t, inputs.weight_sharing, inputs.parts))
+            for t in project.targets]
+
+
+def measured_binaries(project: Project, target: str, shared: bool,
+                      parts: int) -> dict[str, int] | None:
+    """The context binaries' file sizes of the project's newest compile for ``target`` (its
+    ``deploy.json``), under the plan's binary names — where that compile holds the binaries
+    the plan is of (the same part count and weight sharing); None otherwise."""
+    from studio.core.artifacts import ArtifactStore
+    from studio.core.jobs import JobStore
+    from studio.engine.deploy import read
+    from studio.services.history import latest_job
+
+    db = project.folder / "runs.sqlite"
+    if not db.is_file():
+        return None
+    jobs = JobStore(db)
+    try:
+        job = latest_job(jobs, "compile", get_chip(target).key)
+    finally:
+        jobs.close()
+    if job is None or not job.artifact_key:
+        return None
+    art = ArtifactStore(project.folder / "artifacts").get(job.artifact_key)
+    try:
+        rec = read(art.path) if art is not None else None
+    except StudioError:
+        return None
+    if rec is None or int(rec["parts"]) != parts or bool(rec.get("shared")) != shared:
+        return None
+    names = rec.get("part_names") or ["whole"]
+    if shared:
+        return {names[r["part"] - 1]: int(r["bytes"]) for r in rec["shared"]}
+    return {f"{names[r['part'] - 1]}/{r['kind']}": int(r["bytes"]) for r in rec["graphs"]}
 
 
 def target_plan(project: Project, chip: str) -> DevicePlan | None:

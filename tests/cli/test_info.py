@@ -159,6 +159,6 @@ def test_info_shows_the_device_memory_plan(project_file):
     kinds = {row["kind"] for row in plan["rows"]}
     assert kinds == {"weights", "activations", "kv", "io"}
     assert {row["source"] for row in plan["rows"]} == {"estimated"}
-    assert plan["kv_dtype"] == "float32" and plan["npu_va_source"].startswith("[VA]")
+    assert plan["kv_dtype"] == "uint16" and plan["npu_va_source"].startswith("[VA]")
     text = studio("info", project_file).stdout
     assert "device plan (what the NPU maps, per target):" in text and "; fits" in text

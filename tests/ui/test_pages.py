@@ -82,7 +82,7 @@ def test_empty_states_of_a_fresh_project(window, project_path, qtbot):
     qtbot.waitUntil(lambda: model.device_table.isVisibleTo(model), timeout=20_000)
     assert "; fits" in model.device_plan.text()
     table = model.device_table
-    assert table.horizontalHeaderItem(3).text() == "source" and table.rowCount() == 6
+    assert table.horizontalHeaderItem(3).text() == "source" and table.rowCount() == 5
     assert {table.item(i, 3).text() for i in range(table.rowCount())} == {"estimated"}
     prec = window.show_page("Precision")
     qtbot.waitUntil(lambda: prec.layers.rowCount() > 0, timeout=20_000)

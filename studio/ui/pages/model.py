@@ -90,8 +90,9 @@ class ModelPage(Page):
                                     "chip catalog's limits (studio info shows the same)")
         self.device_plan.hide()
         lay.addWidget(self.device_plan)
-        self.device_table = QTableWidget(0, 4)
-        self.device_table.setHorizontalHeaderLabels(["target", "what", "size", "source"])
+        self.device_table = QTableWidget(0, 5)
+        self.device_table.setHorizontalHeaderLabels(["target", "what", "size", "source",
+                                                      "how"])
         self.device_table.verticalHeader().hide()
         self.device_table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.device_table.horizontalHeader().setStretchLastSection(True)
@@ -252,7 +253,7 @@ class ModelPage(Page):
         self.device_table.setRowCount(len(rows))
         for i, (chip, r) in enumerate(rows):
             size = "unknown" if r["bytes"] is None else format_bytes(r["bytes"])
-            for j, text in enumerate((chip, r["what"], size, r["source"])):
+            for j, text in enumerate((chip, r["what"], size, r["source"], r["detail"])):
                 item = QTableWidgetItem(text)
                 item.setToolTip(r["detail"])
                 self.device_table.setItem(i, j, item)
