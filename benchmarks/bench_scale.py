@@ -516,7 +516,8 @@ def report_bundle(out: Path, plan_text: list[str]) -> None:
         for k, c in enumerate(v["by_part"]):
             print(f"   prompt {k + 1}: " + "; ".join(
                 f"part {p['part']} loaded alone" + (
-                    f", hand-off finite {p['handoff_finite']} range {p['handoff_range']}"
+                    f", hand-off against FP32 cosine {p.get('handoff_cosine_to_fp32', 0):.4f}"
+                    f" (raw {p['handoff_range'][0]}..{p['handoff_range'][1]})"
                     if "handoff_finite" in p else
                     f", last part's tokens = FP32's {p['top1_same_as_fp32']}/{p['tokens']}")
                 for p in c["parts"]))

@@ -181,26 +181,67 @@ def _fits_simulator(record: dict[str, Any]) -> bool:
     return int(record["binary_bytes"]) <= sim_holds_bytes()
 
 
-def part_checks(scorer, fp32, prompts: list[list[int]], vocab: int,
-                progress: Progress) -> list[dict[str, Any]]:
-    """Each prompt through the shipped binaries part by part (each part loaded alone, fed the
-    hand-off the part before recorded): per part its hand-off rows (finite, their range), and
-    for the last part its tokens against FP32's on the same prompt."""
+def fp32_by_part(export_dir: Path, spec: dict[str, Any], ids: list[int]
+                 ) -> tuple[list[Any], Any]:
+    """The FP32 export over ``ids`` one part at a time (one part's graphs in memory): each
+    part's hand-off [n, hidden] but the last's, and the logits [n, V]."""
+    import gc
+
     import numpy as np
 
+    from studio.engine.chain import part_dirs
+    from studio.engine.llm_parts import _run_part_graphs, iter_parts
+    from studio.engine.llm_runtime import make_cpu_session
+
+    n, vocab = len(ids), int(spec["vocab_size"])
+    logits = np.empty((n, vocab), np.float32)
+
+    def on_logits(p: int, row) -> None:
+        logits[p] = np.asarray(row, np.float32)[:vocab]
+
+    x: Any = np.asarray(ids, dtype=np.int64)
+    hidden = []
+    for part, folder in zip(iter_parts(spec), part_dirs(spec, export_dir), strict=True):
+        x = _run_part_graphs(folder, part, spec, x, n, make_cpu_session,
+                             on_logits if part.heads else None)
+        if not part.heads:
+            hidden.append(np.asarray(x, np.float32))
+        gc.collect()
+    return hidden, logits
+
+
+def part_checks(scorer, export_dir: Path, spec: dict[str, Any], prompts: list[list[int]],
+                progress: Progress) -> list[dict[str, Any]]:
+    """Each prompt through the shipped binaries part by part (each part loaded alone, fed the
+    hand-off the part before recorded): per part its hand-off against the FP32 export's
+    hidden states there (read with the encoding in its binary), and for the last part its
+    tokens against FP32's on the same prompt. The FP32 export runs a part at a time too."""
+    import numpy as np
+
+    vocab = int(spec["vocab_size"])
     out = []
     for i, ids in enumerate(prompts):
         progress.check()
         got = scorer.teacher_forced_logits(ids, progress=SubProgress(
-            progress, i / len(prompts), (i + 1) / len(prompts)))
-        ref = fp32.teacher_forced_logits(ids)[:, :vocab]
-        parts = [{"part": k + 1, "loaded_alone": True,
-                  "handoff_finite": bool(all(np.isfinite(np.asarray(h, np.float64)).all()
-                                             for h in hs)),
-                  "handoff_range": [int(min(np.min(h) for h in hs)),
-                                    int(max(np.max(h) for h in hs))]}
-                 for k, hs in enumerate(scorer.handoffs)]
-        same = int((got.argmax(-1) == ref.argmax(-1)).sum())
+            progress, i / len(prompts), (i + 0.7) / len(prompts)))
+        progress.update((i + 0.7) / len(prompts), f"prompt {i + 1}/{len(prompts)}: the FP32 "
+                                                   "export part by part")
+        ref_hidden, ref = fp32_by_part(export_dir, spec, ids)
+        parts = []
+        for k, (raw, enc, want) in enumerate(zip(scorer.handoffs, scorer.handoff_encodings,
+                                                 ref_hidden, strict=True)):
+            row: dict[str, Any] = {"part": k + 1, "loaded_alone": True,
+                                   "handoff_finite": True}
+            if enc is not None:
+                scale, offset = enc
+                value = (raw.astype(np.float64) + offset) * scale
+                a, b = value.ravel(), want.astype(np.float64).ravel()
+                row["handoff_cosine_to_fp32"] = float(
+                    a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-30))
+                row["handoff_finite"] = bool(np.isfinite(value).all())
+            row["handoff_range"] = [int(raw.min()), int(raw.max())]
+            parts.append(row)
+        same = int((got[:, :vocab].argmax(-1) == ref.argmax(-1)).sum())
         parts.append({"part": len(parts) + 1, "loaded_alone": True, "tokens": len(ids),
                       "top1_same_as_fp32": same})
         out.append({"prompt_tokens": len(ids), "parts": parts,
@@ -224,7 +265,7 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
     the caller to label from its device (``timed``: a timing, which takes the device's
     note). Raises when Genie's text differs other than at a near tie."""
     from studio.engine import deploy, genie
-    from studio.engine.llm_runtime import cpu_generator, load_tokenizer
+    from studio.engine.llm_runtime import load_tokenizer
 
     why_not = deploy.supported(spec, False)
     if why_not:
@@ -346,8 +387,7 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
         progress.update(0.5, f"checking the {parts} parts one at a time (the simulator does "
                              "not hold the whole bundle)")
         by_part = part_checks(deploy.PartScorer(cdir, chip, spec, settings.htp_options),
-                              cpu_generator(export_dir, spec),
-                              [tok(p).input_ids for p in prompts], int(spec["vocab_size"]),
+                              export_dir, spec, [tok(p).input_ids for p in prompts],
                               SubProgress(progress, 0.5, 0.95))
         for r in graph_rows:
             r["executed"] = "executed on the HTP simulator, part by part"

@@ -594,6 +594,19 @@ def decode_context(compiled: Path) -> Path:
     return compiled / "decode_ctx.onnx"
 
 
+def _handoff_encoding(ctx: Path) -> tuple[float, int] | None:
+    """(scale, offset) of the hand-off a part's compiled graph gives, read from its context
+    binary with the QNN system library (None where it has none)."""
+    from studio.engine import genie, qnn_system
+
+    for g in qnn_system.context_info(ctx)["graphs"]:
+        for t in g["outputs"]:
+            enc = t.get("encoding") or {}
+            if t["name"].startswith(genie.HANDOFF) and enc.get("kind") == "scale_offset":
+                return float(enc["scale"]), int(enc["offset"])
+    return None
+
+
 class PartScorer:
     """The deployable binaries scored one part at a time: each part's compiled graphs loaded
     alone, run over every pass of a window as Genie would run it, fed the hand-off the part
@@ -612,7 +625,10 @@ class PartScorer:
         self.cl = int(self.record["context_size"])
         self.pad = int(spec.get("pad_token_id") or 0)
         self.vocab = int(spec["vocab_size"])
+        # per part but the last, the last window's hand-off rows [n, hidden] as the binaries
+        # hand them on (uint16) and their encoding (scale, offset: QNN's, offset = -zp)
         self.handoffs: list[Any] = []
+        self.handoff_encodings: list[tuple[float, int] | None] = []
 
     def run(self, ids: list[int], progress: Progress | None = None) -> list[Any]:
         """Each pass's real rows of logits, part by part (see the class)."""
@@ -658,7 +674,10 @@ class PartScorer:
                 if k == parts - 1:
                     logits.append(np.asarray(got["logits"]).reshape(ar, -1)[:take])
             if k < parts - 1:
-                self.handoffs.append([next(iter(c.values())) for c in carried])
+                rows = [np.asarray(next(iter(c.values()))).reshape(n, -1)[:take]
+                        for c, (_, take, n) in zip(carried, schedule, strict=True)]
+                self.handoffs.append(np.concatenate(rows))
+                self.handoff_encodings.append(_handoff_encoding(paths[1][k]))
             del sessions
         return logits
 

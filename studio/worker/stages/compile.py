@@ -52,6 +52,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     if settings is not None:
         sources = deploy.stage(ctx.input("export"), qdir, spec, settings, staging,
                                SubProgress(progress, 0.0, 0.3))
+        progress = SubProgress(progress, 0.3, 1.0)  # the compiles: the rest of the bar
     elif io == "quantized":
         sources = quantized_io(folders, ctx.out / "io-staging", progress)
     else:
