@@ -641,7 +641,7 @@ class PartScorer:
         carried: list[dict[str, Any]] = [{} for _ in schedule]  # hand-offs, per pass
         parts = len(paths[1])
         logits: list[Any] = []
-        self.handoffs = []
+        self.handoffs, self.handoff_encodings = [], []
         kvh, hd = int(self.spec["num_kv_heads"]), int(self.spec["head_dim"])
         for k in range(parts):
             if progress is not None:

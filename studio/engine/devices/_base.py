@@ -109,7 +109,8 @@ class Backend:
 
 def compiled_files(folder: Path) -> list[str]:
     """The files of a compiled context folder a remote device needs: the context models,
-    their binaries, ``graph.json`` and the encodings of quantized graph I/O."""
+    their binaries, ``graph.json``, the encodings of quantized graph I/O and the record of
+    the deployable binaries (``deploy.json``: the device feeds them as Genie does)."""
     return [p.name for p in sorted(Path(folder).iterdir()) if p.is_file()
             and (p.name.endswith((".onnx", ".bin"))
-                 or p.name in ("graph.json", "io_encodings.json"))]
+                 or p.name in ("graph.json", "io_encodings.json", "deploy.json"))]
