@@ -463,7 +463,17 @@ def open_runner(compile_dir: Path, chip, spec: dict[str, Any],
     sessions = {ar: [qnn.make_session(p, chip, strict=True, extra_options=run_options)
                      for p in paths]
                 for ar, paths in graph_paths(compile_dir, record).items()}
-    return genie.BundleRunner(sessions, spec, int(record["context_size"]))
+    return genie.BundleRunner(sessions, spec, int(record["context_size"]),
+                              cache_encodings(record))
+
+
+def cache_encodings(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every cache tensor's encoding (``key_<layer>`` / ``value_<layer>``, all parts') of
+    deployable binaries with quantized graph I/O; {} for float I/O."""
+    out: dict[str, dict[str, Any]] = {}
+    for part in record.get("kv_cache", {}).get("encodings") or []:
+        out.update(part or {})
+    return out
 
 
 class DeployedGenerator:
@@ -655,8 +665,13 @@ class PartScorer:
                             if n.startswith("past_key_") and n.endswith("_in"))
             dtype = np.uint16 if names.get(f"past_key_{layers[0]}_in") == "tensor(uint16)" \
                 else np.float32
-            keys = {i: np.zeros((1, kvh, hd, self.cl - 1), dtype) for i in layers}
-            values = {i: np.zeros((1, kvh, self.cl - 1, hd), dtype) for i in layers}
+            zero = cache_encodings(self.record) if dtype == np.uint16 else {}
+            keys = {i: np.full((1, kvh, hd, self.cl - 1),
+                               zero.get(f"key_{i}", {}).get("zero_point", 0), dtype)
+                    for i in layers}
+            values = {i: np.full((1, kvh, self.cl - 1, hd),
+                                 zero.get(f"value_{i}", {}).get("zero_point", 0), dtype)
+                      for i in layers}
             for j, (pos, take, ar) in enumerate(schedule):
                 sess, slots = sessions[ar], self.cl - ar
                 feed = genie.pass_feeds(ids[pos:pos + take], pos, ar, self.cl, self.pad)

@@ -457,7 +457,8 @@ class BundleRunner:
     ``graphs`` maps AR (tokens per pass) to the sessions of that graph's parts, in order;
     parts hand each other their outputs by name."""
 
-    def __init__(self, graphs: dict[int, list[Any]], spec: dict[str, Any], context_size: int):
+    def __init__(self, graphs: dict[int, list[Any]], spec: dict[str, Any], context_size: int,
+                 kv_encodings: dict[str, dict[str, Any]] | None = None):
         import numpy as np
 
         if 1 not in graphs:
@@ -472,12 +473,20 @@ class BundleRunner:
         dtype = np.uint16 if types.get("past_key_0_in") == "tensor(uint16)" else np.float32
         self.keys = np.zeros((self.layers, 1, kvh, hd, self.cl - 1), dtype)
         self.values = np.zeros((self.layers, 1, kvh, self.cl - 1, hd), dtype)
+        # an empty slot holds 0.0, as Genie keeps it: with a quantized cache, each tensor's
+        # zero point (raw 0 is far from 0.0). Masked slots still move the HTP's fixed-point
+        # softmax a little: a cache of raw zeros parted from Genie's text at a near tie
+        # (logits 0.006 apart), one of zero points gives its text on every prompt
+        self.zero = {k: int(e["zero_point"]) for k, e in (kv_encodings or {}).items()
+                     if dtype == np.uint16}
         self.passes = {ar: 0 for ar in graphs}
         self.prompt_passes = 0
+        self.reset()
 
     def reset(self) -> None:
-        self.keys[:] = 0
-        self.values[:] = 0
+        for i in range(self.layers):
+            self.keys[i] = self.zero.get(f"key_{i}", 0)
+            self.values[i] = self.zero.get(f"value_{i}", 0)
 
     def _pass(self, tokens: list[int], pos: int, ar: int, rows: bool = False):
         """``tokens`` (at most ``ar``) at positions ``pos``..; returns the last real row's

@@ -134,7 +134,8 @@ class Backend(_Base):
             sessions = {ar: [phone.session(p, perf_profile=mode) for p in paths]
                         for ar, paths in deploy.graph_paths(compiled, record).items()}
             gen = deploy.DeployedGenerator(BundleRunner(sessions, spec,
-                                                        int(record["context_size"])), spec)
+                                                        int(record["context_size"]),
+                                                        deploy.cache_encodings(record)), spec)
             gen.prefill_session = sessions[max(sessions)][0]
             gen.decode_session = sessions[1][0]
             return gen
