@@ -342,10 +342,10 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
             ups.append(list(runner.runner_up))
         passes = dict(runner.passes)
         if settings.score_tokens:  # the figures of what ships: its own binaries against FP32
-            prompt = (tok(settings.greedy_prompt).input_ids[:int(spec["prompt_length"])]
-                      if settings.greedy_prompt else None)
+            greedy_ids = (tok(settings.greedy_prompt).input_ids[:int(spec["prompt_length"])]
+                          if settings.greedy_prompt else None)
             accuracy = score_shipped(runner, export_dir, spec, tok(text).input_ids,
-                                     settings.score_tokens, cl, progress, prompt,
+                                     settings.score_tokens, cl, progress, greedy_ids,
                                      settings.greedy_tokens)
             if accuracy.get("greedy"):
                 accuracy["greedy"]["text"] = tok.decode(accuracy["greedy"].pop("ids"))
@@ -454,6 +454,7 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
     (out / "README.md").write_text(readme(spec, chip, sdk, N, cl, parts, ctx_names,
                                           kv_cache["dtype"]))
     timed = "Genie's wall time"
+    greedy = (accuracy or {}).get("greedy")
     figures = [  # (name, value, unit, detail, whether it is a timing of the device)
         *([] if not checks else [
             ("genie_identical_prompts", identical / len(checks), "fraction",
@@ -470,9 +471,9 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
              "against FP32", False)
             for k, unit in (("logits_cosine", ""), ("kl_divergence", "nats"),
                             ("top1_agreement", "fraction"), ("perplexity", ""))]),
-        *([] if not (accuracy or {}).get("greedy") else [
-            ("bundle_greedy_agreement", accuracy["greedy"]["agreement"], "fraction",
-             f"{accuracy['greedy']['tokens']} tokens the bundle's binaries generated after "
+        *([] if not greedy else [
+            ("bundle_greedy_agreement", greedy["agreement"], "fraction",
+             f"{greedy['tokens']} tokens the bundle's binaries generated after "
              "run.prompt, each against FP32's choice given that text", False)]),
         *([] if rate is None else [("genie_tokens_per_s", rate, "tok/s", timed, True),
                                    ("genie_load_s", load_s, "s", timed, True)]),

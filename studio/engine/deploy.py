@@ -57,6 +57,8 @@ def supported(spec: dict[str, Any], fp16: bool, qdir: Path | None = None) -> str
     the studio's own graphs for it (``qdir``: the quantized graphs, to see their cache)."""
     if qdir is not None and _int8_cache(Path(qdir), spec):
         return "an INT8 KV cache (quantization.kv_cache): Genie's graphs keep a 16-bit cache"
+    if qdir is not None and _mask_bits(Path(qdir), spec) == 8:
+        return "8-bit activations: Genie feeds a 16-bit attention mask (use W8A16 or W4A16)"
     if fp16:
         return "the FP16 scheme: Genie's graphs are quantized"
     if spec.get("sliding_window") and spec["sliding_window"] < spec["context_length"]:
@@ -66,16 +68,39 @@ def supported(spec: dict[str, Any], fp16: bool, qdir: Path | None = None) -> str
     return None
 
 
-def _int8_cache(qdir: Path, spec: dict[str, Any]) -> bool:
+def _decode_graph(qdir: Path, spec: dict[str, Any]):
+    """The first part's quantized decode graph (its structure only), or None."""
     import onnx
 
     names = [p["name"] for p in spec.get("parts") or []]
     graph = qdir / (names[0] if len(names) > 1 else "") / "decode.onnx"
-    if not graph.is_file():
-        return False
-    g = onnx.load(str(graph), load_external_data=False).graph
-    return any(i.name.startswith("past_key_") and i.type.tensor_type.elem_type in (
-        onnx.TensorProto.UINT8, onnx.TensorProto.INT8) for i in g.input)
+    return onnx.load(str(graph), load_external_data=False).graph if graph.is_file() else None
+
+
+def _int8_cache(qdir: Path, spec: dict[str, Any]) -> bool:
+    import onnx
+
+    g = _decode_graph(qdir, spec)
+    return g is not None and any(
+        i.name.startswith("past_key_") and i.type.tensor_type.elem_type in (
+            onnx.TensorProto.UINT8, onnx.TensorProto.INT8) for i in g.input)
+
+
+def _mask_bits(qdir: Path, spec: dict[str, Any]) -> int | None:
+    """The bits the quantized decode graph's attention mask is quantized to (None: not
+    quantized, or no graph)."""
+    import onnx
+
+    g = _decode_graph(qdir, spec)
+    if g is None:
+        return None
+    q = next((n for n in g.node if n.op_type == "QuantizeLinear"
+              and n.input[0] == "attention_mask"), None)
+    if q is None or len(q.input) < 3:
+        return None
+    zp = next((i for i in g.initializer if i.name == q.input[2]), None)
+    return 8 if zp is not None and zp.data_type in (onnx.TensorProto.UINT8,
+                                                    onnx.TensorProto.INT8) else 16
 
 
 def read(compile_dir: Path | None) -> dict[str, Any] | None:
@@ -155,7 +180,8 @@ def genie_parts(graphs: list[Path], spec: dict[str, Any], work: Path, stem: str,
     each part's cache encodings, for quantized KV I/O)."""
     from studio.engine import genie
 
-    out, handoff = [], {}
+    out: list[Path] = []
+    handoff: dict[str, Any] = {}
     for i, src in enumerate(graphs):
         dst = work / f"{stem}_part{i + 1}_of_{len(graphs)}.onnx"
         handoff = genie.genie_graph(src, dst, spec, handoff,
@@ -627,10 +653,11 @@ class PartScorer:
     def __init__(self, compile_dir: Path, chip, spec: dict[str, Any],
                  run_options: dict[str, str] | None = None) -> None:
         self.dir, self.chip, self.spec = Path(compile_dir), chip, spec
-        self.record = read(compile_dir)
-        if self.record is None:
+        record = read(compile_dir)
+        if record is None:
             raise StudioError(f"{compile_dir} holds no deployable binaries: run the compile "
                               "stage")
+        self.record: dict[str, Any] = record
         self.options = run_options
         self.cl = int(self.record["context_size"])
         self.pad = int(spec.get("pad_token_id") or 0)

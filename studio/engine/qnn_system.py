@@ -17,6 +17,7 @@ import ctypes
 import functools
 import math
 import mmap
+import os
 import sys
 import threading
 from pathlib import Path
@@ -143,10 +144,10 @@ class _GraphInfo(ctypes.Structure):
     _fields_ = [("version", _u32), ("u", _GraphInfoUnion)]
 
 
-_BINARY_INFO_HEAD = [("backendId", _u32), ("buildId", ctypes.c_char_p),
+_BINARY_INFO_HEAD: list[tuple[str, Any]] = [("backendId", _u32), ("buildId", ctypes.c_char_p),
                      ("coreApiVersion", _Version), ("backendApiVersion", _Version),
                      ("socVersion", ctypes.c_char_p)]
-_BINARY_INFO_GRAPHS = [("contextBlobSize", ctypes.c_uint64),
+_BINARY_INFO_GRAPHS: list[tuple[str, Any]] = [("contextBlobSize", ctypes.c_uint64),
                        ("numContextTensors", _u32), ("contextTensors", ctypes.POINTER(_Tensor)),
                        ("numGraphs", _u32), ("graphs", ctypes.POINTER(_GraphInfo))]
 
@@ -462,7 +463,7 @@ def _embedded_or_named(ctx_onnx: Path) -> tuple[bytes, str]:
     raise StudioError(f"{ctx_onnx} has no EPContext node: it is not a compiled context model")
 
 
-def context_info(binary: str | Path) -> dict[str, Any]:
+def context_info(binary: str | os.PathLike) -> dict[str, Any]:
     """What a QNN context binary holds, read without loading it on a backend.
 
     ``binary`` is a context binary file (``…_qnn.bin``, embed mode 0) or a compiled

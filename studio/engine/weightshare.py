@@ -207,7 +207,8 @@ def _encoding_diffs(where: str, a: dict | None, b: dict | None) -> list[str]:
             elif not _close(va, vb):
                 out.append(f"{where}: scale {va:.9g} vs {vb:.9g}")
         elif k == "scales":
-            if len(va or []) != len(vb or []):
+            va, vb = va or [], vb or []
+            if len(va) != len(vb):
                 out.append(f"{where}: {len(va or [])} scales vs {len(vb or [])}")
             else:
                 bad = [i for i, (x, y) in enumerate(zip(va, vb, strict=True)) if not _close(x, y)]

@@ -182,12 +182,12 @@ def test_the_htp_compiler_options_are_recipe_edits(window, project_path, qtbot):
     window.undo_act.trigger()
     assert (p.htp["vtcm_mb"], p.htp["fp16_relaxation"]) == (0, False)
     assert page.vtcm.value() == 0 and not page.fp16_relax.isChecked()
-    assert page.graph_io.currentData() == "float"
-    page.graph_io.setCurrentIndex(page.graph_io.findData("quantized"))
+    assert page.graph_io.currentData() == "quantized"  # the default
+    page.graph_io.setCurrentIndex(page.graph_io.findData("float"))
     page.graph_io.activated.emit(page.graph_io.currentIndex())
-    assert p.htp["graph_io"] == "quantized"
+    assert p.htp["graph_io"] == "float"
     window.undo_act.trigger()
-    assert p.htp["graph_io"] == "float" and page.graph_io.currentData() == "float"
+    assert p.htp["graph_io"] == "quantized" and page.graph_io.currentData() == "quantized"
     page.perf_mode.setCurrentIndex(page.perf_mode.findData("burst"))
     page.perf_mode.activated.emit(page.perf_mode.currentIndex())
     assert p.htp["performance_mode"] == "burst"
