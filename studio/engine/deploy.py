@@ -199,19 +199,20 @@ def genie_prefill_parts(export_dir: Path, qdir: Path, spec: dict[str, Any], N: i
     graph's activation scales."""
     import numpy as np
 
-    from studio.engine.llm_parts import export_part_ar_graphs, iter_parts
+    from studio.engine.llm_parts import iter_part_ar_graphs, iter_parts
     from studio.engine.llm_runtime import make_cpu_session
     from studio.engine.quantize import quantize_like
 
     parts = list(iter_parts(spec))
-    floats = export_part_ar_graphs(settings.checkpoint, spec, N, cl - N, work / "ar",
-                                   SubProgress(progress, 0.0, 0.5))
-    progress.update(0.5, f"calibration feeds for the AR-{N} graphs")
+    progress.update(0.0, f"calibration feeds for the AR-{N} graphs")
     feeds = ar_feeds(export_dir, spec, N, cl, settings)
+    # a part's FP32 AR-N graph at a time: exported, run on its feeds, quantized, let go
+    floats = iter_part_ar_graphs(settings.checkpoint, spec, N, cl - N, work / "ar",
+                                 SubProgress(progress, 0.2, 1.0))
     out = []
     for part, src in zip(parts, floats, strict=True):
         progress.check()
-        progress.update(0.55 + 0.45 * part.index / len(parts),
+        progress.update(0.2 + 0.8 * (part.index + 0.5) / len(parts),
                         f"part {part.index + 1}/{len(parts)}: quantizing its AR-{N} graph with "
                         "its decode graph's scales")
         sess = make_cpu_session(src)
@@ -223,6 +224,8 @@ def genie_prefill_parts(export_dir: Path, qdir: Path, spec: dict[str, Any], N: i
         del sess
         dst = src.with_name("ar_q.onnx")
         quantize_like(src, dst, qdir / part.name / "decode.onnx", settings.recipe, mine)
+        for f in src.parent.glob(f"{src.name}*"):  # the FP32 graph and its weights
+            f.unlink()
         out.append(dst)
     return genie_parts(out, spec, work, f"prefill_ar{N}_genie",
                        [kv_encodings(qdir / p.name, settings.graph_io) for p in parts])

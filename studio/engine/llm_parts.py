@@ -656,6 +656,13 @@ def export_parts(
 
 def export_part_ar_graphs(checkpoint_dir: Path, spec: dict, new_tokens: int, cache_slots: int,
                           out_dir: Path, progress: Progress = NullProgress()) -> list[Path]:
+    """Every part's AR-N graph (:func:`iter_part_ar_graphs`), all exported."""
+    return list(iter_part_ar_graphs(checkpoint_dir, spec, new_tokens, cache_slots, out_dir,
+                                    progress))
+
+
+def iter_part_ar_graphs(checkpoint_dir: Path, spec: dict, new_tokens: int, cache_slots: int,
+                        out_dir: Path, progress: Progress = NullProgress()) -> Iterator[Path]:
     """The AR-N graph of each part of the model ``spec`` describes (exported in parts):
     ``new_tokens`` per pass over ``cache_slots`` cache slots, the verify graph's form
     (:func:`studio.engine.llm_export.export_ar_graph` for a whole model), read a part at a
@@ -674,7 +681,6 @@ def export_part_ar_graphs(checkpoint_dir: Path, spec: dict, new_tokens: int, cac
     sliding_input = mask_windows(spec)[1] is not None
     ar_spec = dict(spec, verify_length=N, verify_cache_slots=slots)
     parts = list(iter_parts(spec))
-    out = []
     for part in parts:
         progress.check()
         progress.update(part.index / len(parts), f"part {part.index + 1}/{len(parts)}: "
@@ -689,8 +695,9 @@ def export_part_ar_graphs(checkpoint_dir: Path, spec: dict, new_tokens: int, cac
             del wrapper
         finally:
             ck.release(part)
-        out.append(folder / "ar.onnx")
-    return out
+        # yielded as it is written: the caller can quantize it and let the FP32 graph go
+        # before the next part's is exported (the 8 B shape's AR-16 graphs: 3.8 GB a part)
+        yield folder / "ar.onnx"
 
 
 def _reference_logits(head, hidden, vocab: int, cap: float | None, folder: Path):
