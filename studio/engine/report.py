@@ -147,6 +147,23 @@ def _autoprecision(st: dict[str, Any]) -> dict[str, Any] | None:
                                                                     "device": "host-cpu"}
 
 
+def _binaries(st: dict[str, Any]) -> list[dict[str, Any]]:
+    """The deployable binaries of each target's compile, each with how it was checked
+    ("executed on the HTP simulator" or "checked by structure only: a device executes it"),
+    and whether its bundle ships it."""
+    out = []
+    for label, r in st.items():
+        if label.split("[", 1)[0] != "compile" or not r.get("binaries"):
+            continue
+        target = label.split("[", 1)[1].rstrip("]") if "[" in label else ""
+        bundle = st.get(f"bundle[{target}]") or {}
+        ships = set(bundle.get("ctx_bins") or [])
+        out.append({"target": target, "rows": [
+            dict(b, shipped=(b["file"] in ships) if bundle else None)
+            for b in r["binaries"]]})
+    return out
+
+
 def _waterfall(st: dict[str, Any], targets: list[str]) -> dict[str, Any] | None:
     d = (st.get("waterfall") or {}).get("waterfall")
     if not d:
@@ -193,6 +210,7 @@ def build_report(project: Project, results: dict[str, dict[str, Any]],
         "autoprecision": _autoprecision(st),
         "sweeps": sweeps,
         "device_plan": device_plan,
+        "binaries": _binaries(st),
     }
     return {
         "$schema": SCHEMA_ID, "schema_version": SCHEMA_VERSION,

@@ -68,6 +68,12 @@ def test_the_json_report_validates_and_names_its_schema(two_runs, tmp_path):
     latest = json.loads((f.with_suffix(".studio") / "reports/latest.json").read_text())
     jsonschema.validate(latest, SCHEMA)
     assert latest["run"]["id"] == ids[0] and latest["figures"]["sweeps"] == []
+    # the deployable binaries, each marked with how it was checked
+    (binaries,) = data["figures"]["binaries"]
+    checked = {b["file"]: b["checked"] for b in binaries["rows"]}
+    assert checked["decode_ar1_cl65.bin"] == "executed on the HTP simulator"
+    assert checked["weight_shared_ar16_ar1_cl65.bin"] == (
+        "checked by structure only: a device executes it")
 
 
 def test_the_markdown_has_the_gates_table_and_the_comparison(two_runs, tmp_path):

@@ -186,6 +186,8 @@ def deployed_result(rec: dict[str, Any], placement: dict[str, dict], sdk: str,
                     extra: dict[str, str], chip: Chip, reused: list[int], parts: int
                     ) -> dict[str, Any]:
     """The compile stage's result for the deployable binaries."""
+    from studio.engine.weightshare import EXECUTED
+
     n = len(rec["graphs"])
     shared = rec.get("shared") or []
     return {
@@ -211,6 +213,12 @@ def deployed_result(rec: dict[str, Any], placement: dict[str, dict], sdk: str,
         "graph_io": rec["graph_io"], "deploy": {k: rec[k] for k in (
             "context_size", "prefill_ar", "parts", "binary_bytes", "weights_bytes")},
         "weight_sharing": shared or None,
+        # every binary with how it was checked: what the report and the Deploy page show
+        "binaries": [{"file": r["file"], "bytes": r["bytes"], "part": r["part"],
+                      "kind": r["kind"], "checked": EXECUTED} for r in rec["graphs"]]
+        + [{"file": r["file"], "bytes": r["bytes"], "part": r["part"],
+            "kind": "prefill + decode, weights shared", "checked": r["executed"]}
+           for r in shared],
         "metrics": [],
     }
 
