@@ -224,8 +224,8 @@ def genie_prefill_parts(export_dir: Path, qdir: Path, spec: dict[str, Any], N: i
         del sess
         dst = src.with_name("ar_q.onnx")
         quantize_like(src, dst, qdir / part.name / "decode.onnx", settings.recipe, mine)
-        for f in src.parent.glob(f"{src.name}*"):  # the FP32 graph and its weights
-            f.unlink()
+        for fp32 in src.parent.glob(f"{src.name}*"):  # the FP32 graph and its weights
+            fp32.unlink()
         out.append(dst)
     return genie_parts(out, spec, work, f"prefill_ar{N}_genie",
                        [kv_encodings(qdir / p.name, settings.graph_io) for p in parts])

@@ -105,9 +105,8 @@ def test_the_studio_generates_genies_text_from_the_same_binaries(built):
     """One set of binaries: `studio generate` on the simulator runs the compile stage's
     binaries the bundle ships, fed as Genie feeds them, so its greedy text is Genie's — not
     a second quantized model's."""
-    _proj, _out, res = built
-    proj = built[0]
-    for c in res["checks"]:
+    proj, _out, res = built
+    for c in res["checks"][1:]:  # the prompt longer than the AR-16 graph: two AR-16 passes
         r = studio("generate", proj, "--prompt", c["prompt"], "--device",
                    f"htp-sim:{default_target()}", "--max-new-tokens", str(c["new_tokens"]),
                    "--json")

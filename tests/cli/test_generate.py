@@ -85,7 +85,7 @@ def test_speculative_generation_matches_greedy_and_reports_acceptance(batch_run,
     assert r.returncode == 2 and "no draft model" in r.stderr
     # on the simulator the deployable binaries' AR-N prefill graph verifies the proposals:
     # the same greedy text as the simulator's one token at a time
-    sim = ["--device", "htp-sim", "--max-new-tokens", "12"]
+    sim = ["--device", "htp-sim", "--max-new-tokens", "8"]
     plain_sim = _gen(small_project, *args, *sim)
     look_sim = _gen(small_project, *args, *sim, "--prompt-lookup")
     assert look_sim["tokens"] == plain_sim["tokens"] and look_sim["source"] == "simulated"
