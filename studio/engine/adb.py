@@ -98,23 +98,10 @@ def sdk_files(sdk_root: Path, htp_arch: int) -> dict[str, Path]:
 def context_binary(ctx_onnx: Path) -> bytes:
     """The QNN context binary a compiled ``…_ctx.onnx`` holds (embedded in its EPContext node,
     or in the ``.bin`` file beside it that the node names)."""
-    import onnx
+    from studio.engine.qnn_system import embedded_or_named
 
-    model = onnx.load(str(ctx_onnx), load_external_data=False)
-    for node in model.graph.node:
-        if node.op_type != "EPContext":
-            continue
-        attrs = {a.name: a for a in node.attribute}
-        embed = attrs["embed_mode"].i if "embed_mode" in attrs else 1
-        data = attrs["ep_cache_context"].s if "ep_cache_context" in attrs else b""
-        if embed:
-            return bytes(data)
-        path = Path(ctx_onnx).parent / data.decode()
-        if not path.is_file():
-            raise StudioError(f"the context binary {path} that {ctx_onnx.name} names is missing: "
-                              "compile again")
-        return path.read_bytes()
-    raise StudioError(f"{ctx_onnx} has no EPContext node: it is not a compiled context model")
+    data, where = embedded_or_named(Path(ctx_onnx))
+    return data if data else Path(where).read_bytes()
 
 
 def run_commands(serial: str, workdir: str, context_name: str, input_list: str,

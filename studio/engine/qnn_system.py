@@ -440,7 +440,9 @@ def parse_binary(data: bytes, label: str = "the context binary") -> dict[str, An
     return _read(ctypes.addressof(buf), len(data), label)
 
 
-def _embedded_or_named(ctx_onnx: Path) -> tuple[bytes, str]:
+def embedded_or_named(ctx_onnx: Path) -> tuple[bytes, str]:
+    """A compiled ``…_ctx.onnx``'s context binary: (its bytes, where they are) when embedded
+    in its EPContext node, else (b"", the path of the ``.bin`` file it names)."""
     import onnx
 
     try:
@@ -483,7 +485,7 @@ def context_info(binary: str | os.PathLike) -> dict[str, Any]:
     if not p.is_file():
         raise StudioError(f"context binary {p} not found")
     if p.suffix == ".onnx":
-        data, label = _embedded_or_named(p)
+        data, label = embedded_or_named(p)
         if not data:
             p = Path(label)
         else:
