@@ -500,7 +500,8 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
         "summary": (f"Genie bundle for {chip.name}: {len(files) + 2} files"
                     + (f" ({len(ctx_names)} context binaries)" if len(ctx_names) > 1 else "")
                     + ", the compile stage's binaries; " + check_line
-                    + (f"; {len(shared)} weight-shared binary(ies) shipped "
+                    + (f"; {len(shared)} weight-shared binar"
+                       + ("y" if len(shared) == 1 else "ies") + " shipped "
                        f"({sum(r['bytes'] for r in shared) / 2**20:.1f} MiB against "
                        f"{sum(r['separate_bytes'] for r in shared) / 2**20:.1f} MiB separate), "
                        "equal by structure to the executed ones: a device executes them"

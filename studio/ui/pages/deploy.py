@@ -78,9 +78,9 @@ class DeployPage(TargetStagePage):
         self.files = read_only_table(["File", "Size", "SHA-256 / contents"])
         box.addWidget(self.files, 1)
         box.addWidget(label("Checked by Genie on the HTP simulator", "section"))
-        self.checks = read_only_table(["Prompt", "Prompt tokens", "Genie vs studio (same graphs)",
-                              "vs studio's own path", "New tokens", "Genie time",
-                              "Genie's text"])
+        self.checks = read_only_table(["Prompt", "Prompt tokens",
+                                       "Genie vs studio (the same binaries)", "New tokens",
+                                       "Genie time", "Genie's text"])
         # the prompt column stays narrow (the full prompt is in the tooltip), Genie's text
         # takes the rest
         self.checks.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Interactive)
@@ -112,7 +112,18 @@ class DeployPage(TargetStagePage):
         fmt = self.format.currentText()
         if fmt == "Genie bundle":
             files = res.get("files", {})
-            fill_table(self.files, [[n, format_bytes(f["bytes"]), f["sha256"]]
+            shared = {r["file"] for r in res.get("weight_shared") or []}
+            by_part = bool(res.get("by_part"))
+
+            def how(name: str) -> str:  # how a binary of the bundle was checked
+                if not name.endswith(".bin"):
+                    return ""
+                if name in shared:
+                    return " · checked by structure only: a device executes it"
+                return (" · executed on the HTP simulator" + (", part by part" if by_part
+                                                               else ""))
+
+            fill_table(self.files, [[n, format_bytes(f["bytes"]), f["sha256"] + how(n)]
                                for n, f in files.items()]
                   + [["manifest.json", "", "every file's size and hash, versions, the check"],
                      ["README.md", "", "the on-device command line"]])
@@ -146,11 +157,23 @@ class DeployPage(TargetStagePage):
                           f"{c['parted']['gap']:.3g} apart)"
                           if (c.get("parted") or {}).get("near_tie") else
                           f"differs at character {c['first_difference_at_char']}"),
-                         "same" if c.get("same_as_prefill_path") else "parts (other graphs)",
                          str(c["studio_tokens"]), f"{c['genie_wall_s']:.1f} s (simulated)",
                          c["genie_text"].replace("\n", "⏎")])
-        fill_table(self.checks, rows, [f"{c['prompt']}\n\nthe studio's runtime: {c['studio_text']}"
-                                  for c in res.get("checks", [])])
+        tips = [f"{c['prompt']}\n\nthe studio's runtime: {c['studio_text']}"
+                for c in res.get("checks", [])]
+        for i, c in enumerate(res.get("by_part") or []):  # the simulator could not hold it
+            parts = c["parts"]
+            cos = [p["handoff_cosine_to_fp32"] for p in parts
+                   if p.get("handoff_cosine_to_fp32") is not None]
+            last = parts[-1]
+            rows.append([f"held-out prompt {i + 1}", str(c["prompt_tokens"]),
+                         f"part by part: {len(parts)} parts each loaded alone; hand-offs vs "
+                         + (f"FP32 cosine ≥ {min(cos):.4f}; " if cos else "")
+                         + f"last part's tokens = FP32's {last['top1_same_as_fp32']}/"
+                         f"{last['tokens']}", "", "", ""])
+            tips.append("Genie could not load the whole bundle on the simulator: each part's "
+                        "binaries ran alone, fed the hand-off the part before recorded")
+        fill_table(self.checks, rows, tips)
         for b in (self.open_btn, self.export_btn):
             b.setEnabled(self.folder is not None)
 
