@@ -402,35 +402,21 @@ def check_bundle_fits(plan: DevicePlan) -> None:
 
 
 # ---- the bundle's inputs -----------------------------------------------------------------------
-#: the bundle compiles its AR-N and AR-1 graphs as separate context binaries, each holding
-#: its own weights (studio.engine.bundle.compile_graphs): the x86 simulator cannot load a
-#: weight-shared binary (the HTP facts note, "fourth look")
-BUNDLE_WEIGHT_SHARING = False
-
-
 def sharing(mode: str, prefill_ar: int) -> bool:
     """Whether the bundle ships weight-shared binaries (``bundle.weight_sharing``; auto: where
     a prefill graph shares the decode graph's weights, as the compile stage decides)."""
     return mode == "on" or (mode == "auto" and int(prefill_ar) > 1)
 
 
-def bundle_inputs(layout: Layout, *, scheme: str, exported_parts: int, bundle_parts: int,
-                  max_context_mb: int, prompt_length: int, context_length: int,
-                  prefill_length: int, graph_io: str, kv_cache: str,
+def bundle_inputs(layout: Layout, *, scheme: str, exported_parts: int, prompt_length: int,
+                  context_length: int, prefill_length: int, graph_io: str, kv_cache: str,
                   weight_sharing: str = "auto") -> Inputs:
     """The inputs of the plan of the bundle a project ships, from its settings: the
-    export's parts when it has several, else ``bundle.parts``, else as many as keep each
-    binary within ``bundle.max_context_mb`` (as studio.engine.bundle.build_bundle chooses);
-    the AR-N prefill graph at ``bundle.prefill_length`` (0: the prompt length)."""
-    if exported_parts > 1:
-        parts = exported_parts
-    elif bundle_parts:
-        parts = min(int(bundle_parts), layout.num_layers)
-    else:
-        params = sum(layout.blocks) + layout.embedding + layout.head_in_graph()
-        weights = compiled_bytes(params, scheme_bits(scheme)[0])
-        parts = min(layout.num_layers, max(1, -(-weights // (int(max_context_mb) << 20))))
-    return Inputs(scheme=scheme, parts=parts, context_length=int(context_length),
+    export's parts (the compile stage's binaries are the bundle's: it splits nothing), the
+    AR-N prefill graph at ``bundle.prefill_length`` (0: the prompt length), the KV cache's
+    width and whether the binaries are weight-shared."""
+    return Inputs(scheme=scheme, parts=max(1, int(exported_parts)),
+                  context_length=int(context_length),
                   prefill_length=int(prefill_length) or int(prompt_length),
                   kv=kv_dtype(graph_io, kv_cache),
                   weight_sharing=sharing(weight_sharing, int(prefill_length) or

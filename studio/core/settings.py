@@ -532,7 +532,9 @@ class Bundle(Section):
     parts: int = setting(0, "the parts of the bundle: the compile stage's (export.parts); "
                          "another count is refused", min=0, cap=1024,
                          hint="(0: the compile stage's parts)")
-    max_context_mb: int = setting(1536, "the largest context binary, in MB", min=16,
+    max_context_mb: int = setting(1536, "no longer read: the bundle ships the compile stage's "
+                                  "binaries, split as export.parts says (kept so older project "
+                                  "files load)", min=16,
                                   cap=1 << 20)
     prefill_length: int = setting(0, "tokens per pass of the AR-N prefill graph", min=0,
                                   cap=MAX_CONTEXT,

@@ -201,7 +201,7 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                         "quantization.overrides", "quantization.block_size",
                         "quantization.weight_rounding", "quantization.rounding_samples",
                         "validation.heldout_text", "bundle.new_tokens", "bundle.prompts",
-                        "bundle.parts", "bundle.max_context_mb", "bundle.prefill_length",
+                        "bundle.parts", "bundle.prefill_length",
                         "bundle.score_tokens", "run.prompt", "validation.greedy_tokens",
                         # the device memory plan's KV width (the refusal before any work)
                         "quantization.kv_cache", "bundle.weight_sharing",
@@ -299,6 +299,8 @@ UNREAD_KEYS: dict[str, str] = {
     "sweeps": "recipe sweeps: variants of the project, each planned like a run of its own",
     "quantization.activation_granularity": "per_tensor, the only value the HTP runs (per_token "
                                            "is refused when the project is read)",
+    "bundle.max_context_mb": "retired: the bundle ships the compile stage's binaries, split as "
+                             "export.parts says (kept so older project files load)",
 }
 
 

@@ -39,8 +39,7 @@ class BundleSettings:
     calibration_text: str
     heldout_text: str
     prefill_length: int  # 0: the export's prompt length; 1: no prefill graph
-    parts: int  # 0: as many as max_context_mb asks for
-    max_context_mb: int
+    parts: int  # 0: the compile stage's parts; another count is refused
     prompts: int
     new_tokens: int
     score_tokens: int = 0  # held-out tokens scored against FP32 on the bundle's binaries

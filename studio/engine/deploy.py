@@ -525,7 +525,6 @@ class DeployedGenerator:
         ars = sorted(runner.graphs)
         self.verify_len = ars[-1] if ars[-1] > 1 else 0
         self.verify_session = True if self.verify_len else None
-        self.prefill_ar = self.verify_len or 1
 
     # the StaticKVGenerator surface ------------------------------------------------------------
     @property

@@ -2,9 +2,8 @@
 here once for ``studio info``, ``studio doctor``, the report, the Model page and the bundle
 stage's refusal.
 
-The plan is of the bundle the project would ship: its part count (the export's parts, or
-for a model exported whole ``bundle.parts``, else as many as ``bundle.max_context_mb``
-asks for — as :func:`studio.engine.bundle.build_bundle` chooses), the scheme, the context
+The plan is of the bundle the project would ship, the compile stage's binaries: its part
+count (the export's parts: the bundle splits nothing), weight sharing, the scheme, the context
 length, the AR-N prefill graph (``bundle.prefill_length``, else the prompt length) and the
 KV cache as the compiled graphs take it (``htp.graph_io``, ``quantization.kv_cache``).
 Read from the checkpoint's weight headers and config: nothing is loaded.
@@ -26,8 +25,6 @@ def plan_inputs(project: Project, exported_parts: int, layout: Layout) -> Inputs
     """The project's settings as the inputs of its bundle's plan."""
     return bundle_inputs(
         layout, scheme=project.quantization["scheme"], exported_parts=exported_parts,
-        bundle_parts=int(project.bundle["parts"]),
-        max_context_mb=int(project.bundle["max_context_mb"]),
         weight_sharing=str(project.bundle.get("weight_sharing", "auto")),
         prompt_length=int(project.export["prompt_length"]),
         context_length=int(project.export["context_length"]),

@@ -18,8 +18,8 @@ def test_the_8b_shape_whole_fails_the_doctor_with_the_part_count(tmp_path):
     ckpt = sparse_checkpoint(tmp_path / "llama-8b-shape")
     p = pf.load(_project(tmp_path, ckpt, parts=1, context=4096))
     (plan,) = project_plans(p)
-    # exported whole, the bundle splits by bundle.max_context_mb (1536 MiB): 5 parts
-    assert plan.inputs.parts == 5 and plan.fits is False and plan.suggestion == "9 parts"
+    # exported whole, the bundle ships the whole model's binaries: one part
+    assert plan.inputs.parts == 1 and plan.fits is False and plan.suggestion == "9 parts"
     (check,) = d.check_device_plan(p)
     assert check.status == "FAIL" and check.name == "device memory plan (snapdragon-8-gen-3)"
     assert "export.parts = 9" in check.fix and "does not fit" in check.detail

@@ -17,8 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="the chip (default: the first target)")
     p.add_argument("--out", help="where the bundle folder goes (default: the project folder's "
                                  "bundles/CHIP)")
-    p.add_argument("--parts", type=setting_arg("bundle.parts"), help="context binaries of consecutive blocks (default: "
-                                             "bundle.parts; 0 there: by bundle.max_context_mb)")
+    p.add_argument("--parts", type=setting_arg("bundle.parts"), help="the parts the bundle must hold: the "
+                                             "compile stage's (export.parts); another count "
+                                             "is refused (default: bundle.parts, 0: any)")
     p.add_argument("--prefill-length", type=setting_arg("bundle.prefill_length"), help="tokens per pass of the AR-N prefill "
                                                       "graph (default: bundle.prefill_length; "
                                                       "1: no prefill graph)")

@@ -83,8 +83,6 @@ def check_fits_target(ctx: StageContext, spec: dict[str, Any]) -> None:
     layout = checkpoint_layout(ckpt)
     inputs = bundle_inputs(
         layout, scheme=scheme, exported_parts=len(spec.get("parts") or []) or 1,
-        bundle_parts=int(ctx.get("bundle.parts")),
-        max_context_mb=int(ctx.get("bundle.max_context_mb")),
         weight_sharing=ctx.get("bundle.weight_sharing"),
         prompt_length=int(spec["prompt_length"]), context_length=int(spec["context_length"]),
         prefill_length=int(ctx.get("bundle.prefill_length")), graph_io=ctx.get("htp.graph_io"),

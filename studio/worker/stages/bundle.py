@@ -29,7 +29,6 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                                    "calibration text"),
         heldout_text=read_text(ctx.path("validation.heldout_text"), "held-out text"),
         prefill_length=int(ctx.get("bundle.prefill_length")), parts=int(ctx.get("bundle.parts")),
-        max_context_mb=int(ctx.get("bundle.max_context_mb")),
         prompts=int(ctx.get("bundle.prompts")), new_tokens=int(ctx.get("bundle.new_tokens")),
         score_tokens=int(ctx.get("bundle.score_tokens")),
         greedy_prompt=ctx.get("run.prompt"),
