@@ -28,6 +28,8 @@ from typing import Any
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress, SubProgress
+from studio.engine import genie, graphio, qnn, qnn_system, weightshare
+from studio.engine.adb import context_binary
 from studio.engine.weightstore import graph_bytes
 
 #: the record of the deployable set in a compile stage's output
@@ -147,9 +149,8 @@ def kv_encodings(graphs_dir: Path, graph_io: str) -> dict[str, Any] | None:
     I/O; None for float KV I/O."""
     if graph_io != "quantized":
         return None
-    from studio.engine.graphio import cache_encodings
 
-    return cache_encodings(graphs_dir / "decode.onnx")
+    return graphio.cache_encodings(graphs_dir / "decode.onnx")
 
 
 def genie_prefill_graph(export_dir: Path, qdir: Path, spec: dict[str, Any], N: int, cl: int,
@@ -157,7 +158,6 @@ def genie_prefill_graph(export_dir: Path, qdir: Path, spec: dict[str, Any], N: i
     """The AR-N prefill graph: exported from the checkpoint with N new tokens over CL - N
     cache slots, quantized with the recipe and the decode graph's activation scales, in
     Genie's conventions."""
-    from studio.engine import genie
     from studio.engine.llm_export import export_ar_graph
     from studio.engine.quantize import quantize_like
 
@@ -178,7 +178,6 @@ def genie_parts(graphs: list[Path], spec: dict[str, Any], work: Path, stem: str,
     """Each part's quantized graph (decode or AR-N, in order) in Genie's conventions, the
     residual stream passing from part to part as the handing part's uint16 integers (``kv``:
     each part's cache encodings, for quantized KV I/O)."""
-    from studio.engine import genie
 
     out: list[Path] = []
     handoff: dict[str, Any] = {}
@@ -244,7 +243,6 @@ def compile_in_order(graph: Path, folder: Path, chip, after: str, tries: int = 2
     with ``ctx_path``)."""
     import onnx
 
-    from studio.engine import qnn
 
     for salt in range(tries):
         src = folder / f"{graph.stem}_{salt}.onnx"
@@ -303,7 +301,6 @@ def stage(export_dir: Path, qdir: Path, spec: dict[str, Any], settings: DeploySe
                                        SubProgress(progress, 0.03, 0.3)) if N > 1 else [])
     else:
         progress.update(0.02, "rewriting the decode graph to Genie's conventions")
-        from studio.engine import genie
 
         kvs = [kv_encodings(qdir, settings.graph_io)]
         genie.genie_graph(qdir / "decode.onnx", work / "decode_genie.onnx", spec,
@@ -329,11 +326,9 @@ def stage(export_dir: Path, qdir: Path, spec: dict[str, Any], settings: DeploySe
 
 def _binary_bytes(ctx: Path) -> int:
     """The bytes of the context binary a compiled ``_ctx.onnx`` holds or names."""
-    from studio.engine import qnn
 
     info = qnn.read_context_info(ctx)
     if info["embed"]:
-        from studio.engine.adb import context_binary
 
         return len(context_binary(ctx))
     return sum((ctx.parent / b).stat().st_size for b in info["bin_files"])
@@ -341,11 +336,9 @@ def _binary_bytes(ctx: Path) -> int:
 
 def write_binary(ctx: Path, dest: Path) -> None:
     """The context binary a compiled ``_ctx.onnx`` holds (embedded) or names, as ``dest``."""
-    from studio.engine import qnn
 
     info = qnn.read_context_info(ctx)
     if info["embed"]:
-        from studio.engine.adb import context_binary
 
         dest.write_bytes(context_binary(ctx))
     else:
@@ -362,7 +355,6 @@ def finish(out: Path, staging: Path, sources: list[Path], wheres: list[str],
     ``deploy.json``."""
     import onnx
 
-    from studio.engine import genie
 
     staged = json.loads((staging / "staged.json").read_text())
     cl, N = int(staged["context_size"]), staged["prefill_ar"] or 1
@@ -419,7 +411,6 @@ def share_weights(sources: dict[tuple[int, int], Path], rows: list[dict[str, Any
     separate binaries were, under names Genie takes in order, and read back with the QNN
     system library against the separate, simulator-executed binaries graph by graph. The x86
     simulator cannot load it: a device executes it. Raises when the structures differ."""
-    from studio.engine import weightshare
 
     shared = []
     after = {N: "", 1: ""}
@@ -484,7 +475,6 @@ def open_runner(compile_dir: Path, chip, spec: dict[str, Any],
                 run_options: dict[str, str] | None = None, record: dict | None = None):
     """The studio's runtime over the deployable binaries of ``compile_dir`` on the QNN HTP
     (every part loaded): a :class:`studio.engine.genie.BundleRunner`."""
-    from studio.engine import genie, qnn
 
     record = record or read(compile_dir)
     if record is None:
@@ -635,7 +625,6 @@ def decode_context(compiled: Path) -> Path:
 def _handoff_encoding(ctx: Path) -> tuple[float, int] | None:
     """(scale, offset) of the hand-off a part's compiled graph gives, read from its context
     binary with the QNN system library (None where it has none)."""
-    from studio.engine import genie, qnn_system
 
     for g in qnn_system.context_info(ctx)["graphs"]:
         for t in g["outputs"]:
@@ -673,7 +662,6 @@ class PartScorer:
         """Each pass's real rows of logits, part by part (see the class)."""
         import numpy as np
 
-        from studio.engine import genie, qnn
 
         paths = graph_paths(self.dir, self.record)
         schedule = genie.prompt_schedule(len(ids), max(paths), self.cl)
