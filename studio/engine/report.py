@@ -17,6 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from studio.core import figures
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json, atomic_write_text
 from studio.core.gates import evaluate_gates
@@ -44,20 +45,11 @@ SCHEMA_PATH = resources_dir() / "schemas" / f"report-{SCHEMA_VERSION}.schema.jso
 TEMPLATES = resources_dir() / "templates"
 FORMATS = ("html", "md", "pdf", "json")
 
-#: the figures a reader looks at first (name -> title), in this order
-HEADLINE = {
-    "logits_cosine_mean": "logits cosine vs FP32 (mean)",
-    "top1_agreement": "top-1 agreement with FP32",
-    "perplexity_fp32": "perplexity, FP32",
-    "perplexity_quantized": "perplexity, quantized",
-    "output_cosine_min": "worst output cosine vs FP32",
-    "ranking_top1": "retrieval top-1 agreement",
-    "decode_tokens_per_s": "decode tokens per second",
-    "prefill_ms": "prefill",
-    "latency_ms": "latency per inference",
-    "decode_step_total": "one decode step (profile)",
-    "inference_total": "one inference (profile)",
-}
+#: the figures a reader looks at first, in this order (their titles and how they are
+#: written come from the catalogue of figures, as on every page)
+HEADLINE = ("logits_cosine_mean", "top1_agreement", "perplexity_fp32", "perplexity_quantized",
+            "output_cosine_min", "ranking_top1", "decode_tokens_per_s", "prefill_ms",
+            "latency_ms", "decode_step_total", "inference_total")
 #: timings: from the simulator they follow the host CPU and are not device latency
 TIMINGS = {"decode_tokens_per_s", "prefill_ms", "decode_ms_per_token", "latency_ms",
            "inferences_per_s", "decode_step_total", "inference_total"}
@@ -72,12 +64,13 @@ HEADLINE_STAGES = ("validate[", "graph-validate[", "run[", "graph-run[", "profil
 
 def _headline(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
-    for name, title in HEADLINE.items():
+    for name in HEADLINE:
         for m in metrics:
             if m["name"] == name and str(m.get("stage", "")).startswith(HEADLINE_STAGES):
                 row = {k: m.get(k, "") for k in ("name", "value", "unit", "source", "device",
                                                  "target", "stage")}
-                row["title"] = title
+                row["title"] = figures.title(name)
+                row["text"] = figures.fmt(name, m["value"], m["unit"])
                 if name in TIMINGS and m["source"] == "simulated":
                     row["note"] = "HTP simulator on the host CPU: not device latency"
                 out.append(row)

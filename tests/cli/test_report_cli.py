@@ -92,7 +92,7 @@ def test_the_markdown_has_the_gates_table_and_the_comparison(two_runs, tmp_path)
     assert "## Headline figures" in md and "| simulated |" in md and "| measured |" in md
     assert f"## Compared with run {ids[1]}" in md
     # a simulator timing is never called latency of the device
-    sim = [line for line in md.splitlines() if "decode tokens per second" in line
+    sim = [line for line in md.splitlines() if "| decode speed |" in line
            and "| simulated |" in line]
     assert sim and all("not device latency" in line for line in sim)
 

@@ -47,6 +47,7 @@ def _layers(p) -> tuple[list[dict[str, Any]] | None, list[str] | None, str | Non
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    from studio.core import figures
     from studio.core import project as projectfile
     from studio.services import history
 
@@ -63,7 +64,9 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             with_results = history.runs_with_results(store)
             if with_results:
                 latest = with_results[0]
-                metrics = [dict(m.to_dict(), run=latest, stage=job.stage)
+                metrics = [dict(m.to_dict(), run=latest, stage=job.stage,
+                                title=figures.title(m.name),
+                                text=figures.fmt(m.name, m.value, m.unit))
                            for job, m in history.run_metrics(store, latest)]
         finally:
             store.close()
@@ -115,10 +118,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         print(f"  run {r.id}: {r.state}  (started {when(r.created)})")
     if metrics:
         print(f"  latest figures (run {latest}):")
+        width = max(len(m["title"]) for m in metrics)
         for m in metrics:
-            where = m["device"] + (f" / {m['target']}" if m["target"] else "")
-            print(f"    {m['name']:<26} {m['value']:>12.4g} {m['unit']:<9} {m['source']:<10} "
-                  f"{where}")
+            print(f"    {m['title']:<{width}}  {m['text']:>17}  {m['source']:<10} "
+                  f"{figures.where(m['device'], m['target'])}")
     return 0
 
 

@@ -5,34 +5,17 @@ from __future__ import annotations
 
 import time
 
+from studio.core import figures
 from studio.ui.widgets import fmt_value
 
-#: what a recorded metric (``Metric.name``) is called on a card
-METRIC_TITLES = {
-    "export_seconds": "export time",
-    "quantize_seconds": "quantize time",
-    # the context binaries' compiles alone; the Jobs page's duration is the whole job
-    # (placement checks, loading the graphs)
-    "compile_seconds": "context compile time",
-    "logits_cosine_mean": "logits cosine vs FP32",
-    "logits_max_abs_error": "max logit error",
-    "top1_agreement": "top-1 agreement",
-    "perplexity_quantized": "perplexity (quantized)",
-    "perplexity_fp32": "perplexity (FP32)",
-    "perplexity_host_qdq": "perplexity (host QDQ)",
-    "greedy_agreement": "greedy token agreement",
-    "greedy_prefix_agreement": "greedy prefix agreement",
-    "logits_cosine_host_qdq": "logits cosine, host QDQ",
-    "top1_agreement_host_qdq": "top-1 agreement, host QDQ",
-    "prefill_ms": "prefill",
-    "decode_ms_per_token": "decode per token",
-    "decode_tokens_per_s": "decode speed",
-    "profiled_ops": "profiled ops",
-}
-
-
 def metric_title(name: str) -> str:
-    return METRIC_TITLES.get(name, name.replace("_", " "))
+    """What a recorded figure is called on every page: its catalogue title."""
+    return figures.title(name)
+
+
+def metric_tip(name: str) -> str:
+    """What it counts and how it differs from its nearest neighbour (the catalogue's)."""
+    return figures.tip(name)
 
 
 #: what ``services.history.validation_table``'s figures are called on screen
@@ -74,16 +57,15 @@ def _minus(text: str) -> str:
 
 
 def fmt_figure(name: str, value: float | None, unit: str = "") -> str:
-    """A figure at the precision its changes need."""
+    """A figure of the validation table (``perplexity``, ``logits_cosine_mean``…) as the
+    catalogue writes it."""
     if value is None:
         return "—"
-    if "cosine" in name:
-        return f"{value:.6f}"
-    if name in FRACTIONS or unit == "fraction":
-        return f"{value:.1%}"
     if "perplexity" in name:
-        return f"{value:.3f}" if abs(value) < 100 else f"{value:.2f}"
-    return fmt_value(value, unit)
+        return figures.fmt_unit(value, "ppl")
+    if name in FRACTIONS:
+        return figures.fmt_unit(value, "fraction")
+    return figures.fmt(name, value, unit)
 
 
 def fmt_delta(name: str, delta: float | None, relative: float | None = None) -> str:
@@ -141,16 +123,11 @@ def setting_value(value) -> str:
 
 
 def fmt_metric(name: str, value: float, unit: str = "") -> str:
-    """A recorded metric as a card or list shows it: like ``fmt_value``, but a cosine keeps
-    the digits where quantization shows (0.999977, not 1)."""
-    if "cosine" in name:
-        return f"{value:.6f}".rstrip("0").rstrip(".") or "0"
-    return fmt_value(value, unit)
+    """A recorded metric as every card, list and table writes it: the catalogue's unit and
+    digits (a cosine keeps the digits where quantization shows: 0.999977, not 1)."""
+    return figures.fmt(name, value, unit)
 
 
 def fmt_card(name: str, value: float, unit: str = "") -> str:
-    """A figure on an Overview card: perplexity and cosine at the precision a recipe change
-    moves them, anything else as ``fmt_value``."""
-    if "perplexity" in name or "cosine" in name:
-        return fmt_figure(name, value, unit)
-    return fmt_value(value, unit)
+    """A figure on an Overview card: as :func:`fmt_metric` (one way of writing a figure)."""
+    return figures.fmt(name, value, unit)
