@@ -84,8 +84,6 @@ def fmt_unit(value: float | int | None, unit: str, digits: int = 4, cosine: bool
         text = f"{value:,.0f}"
     else:
         text = f"{value:.{digits}g}"
-        if "e" in text:
-            text = f"{value:.{digits - 1}e}"
     text = _no_minus_zero(text)
     if unit in ("", "ppl"):
         return text
@@ -169,6 +167,10 @@ CATALOGUE: dict[str, Figure] = {f.key: f for f in (
        "perplexity, host QDQ (the quantized graphs in ONNX Runtime on the host)", "lower"),
     _f("perplexity_fp32", "perplexity, FP32", "ppl", "perplexity of the FP32 export on the "
        "project's held-out text", _VALIDATE, _HOST, "perplexity, quantized", "lower"),
+    _f("perplexity_fp32_heldout", "perplexity, FP32, all held-out tokens", "ppl",
+       "perplexity of the FP32 export on every held-out token (a model validated in parts "
+       "scores only the first tokens on the device)", _VALIDATE, _HOST,
+       "perplexity, FP32 (on the tokens the device scored)", "lower"),
     _f("perplexity_host_qdq", "perplexity, host QDQ", "ppl", "perplexity of the quantized "
        "graphs run by ONNX Runtime on the host (fake-quantized)", _VALIDATE, _HOST,
        "perplexity, quantized (the deployed binaries on the device or simulator)", "lower"),
@@ -233,12 +235,16 @@ CATALOGUE: dict[str, Figure] = {f.key: f for f in (
     _f("inference_total", "one inference (profile)", "cycles", "HTP cycles of one inference, "
        "the median of the profile's runs", "studio.worker.stages.graph_profile:run",
        ("simulated", "measured"), "latency per inference (wall time)", "lower"),
+    _f("encoder_inference_total", "one image through the encoder (profile)", "cycles",
+       "HTP cycles of the vision encoder on one image, the median of the profile's runs",
+       "studio.worker.stages.profile:run", ("simulated", "measured"),
+       "image encoder time (the run stage's wall time)", "lower"),
     # ---- generation (run)
     _f("prefill_ms", "prefill", "ms", "wall time of the prompt's prefill", _RUN, _DEV,
        "time to first token (prefill and the first step)", "lower"),
     _f("decode_ms_per_token", "decode per token", "ms", "median wall time of one decode "
-       "step (the first, warm-up step excluded)", _RUN, _DEV,
-       "first decode step (includes warm-up)", "lower"),
+       "step (every step, the first included)", _RUN, _DEV,
+       "first decode step (the warm-up step alone)", "lower"),
     _f("decode_tokens_per_s", "decode speed", "tok/s", "tokens per second at the median decode "
        "step (1 / decode per token)", _RUN, _DEV,
        "the Playground's and the demo's speed of one generation (wall clock of that "
@@ -265,11 +271,22 @@ CATALOGUE: dict[str, Figure] = {f.key: f for f in (
        "lower"),
     _f("round_trip_load_ms", "load time, adb round trip", "ms", "loading including adb's "
        "push", _RUN, ("measured",), "", "lower"),
+    _f("round_trip_time_to_first_token_ms", "time to first token, adb round trip", "ms",
+       "time to the first token including adb's push and pull", _RUN, ("measured",),
+       "time to first token (on the device alone)", "lower"),
+    _f("round_trip_encoder_ms", "image encoder time, adb round trip", "ms", "the image "
+       "encoder's wall time including adb's push and pull", _RUN, ("measured",),
+       "image encoder time (on the device alone)", "lower"),
     # ---- the profile: the simulator's cycles and the compiler's own figures
     _f("decode_step_total", "one decode step (profile)", "cycles", "HTP cycles of one decode "
        "step, the median of the profile's runs (the simulator's cycles follow host load)",
        "studio.worker.stages.profile:run", ("simulated", "measured"),
        "decode per token (the run stage's wall time)", "lower"),
+    _f("profiled_ops", "ops in the simulator's profile of a decode step", "ops", "the ops "
+       "the HTP simulator's profile reports for one decode step (its events: the "
+       "compiler's ops merged and some skipped)", "studio.engine.qnn_profile:merge_repeats",
+       ("simulated", "measured"), "HTP ops in the compiled decode graph (the compiler's own "
+       "count, larger)", ""),
     _f("compiler_dram_bytes_per_step", "DRAM traffic per decode step (compiler)", "B",
        "bytes the compiled decode graph reads and writes in DRAM in one step (the HTP "
        "compiler's optrace)", _PROFILE, _HOST,
@@ -286,8 +303,8 @@ CATALOGUE: dict[str, Figure] = {f.key: f for f in (
        "out of VTCM or filling them back", _PROFILE, _HOST, "", "lower"),
     _f("compiler_htp_ops", "HTP ops in the compiled decode graph", "ops", "HTP ops after the "
        "compiler's optimization, counted in the decode graph the profile compiled",
-       _PROFILE, _HOST, "HTP ops profiled in one decode step (the simulator's profile "
-       "events, which merge and skip some ops)", ""),
+       _PROFILE, _HOST, "ops in the simulator's profile of a decode step (its events, which "
+       "merge and skip some ops)", ""),
     _f("compiler_binary_bytes", "profiled decode binary size", "B", "the size of the decode "
        "graph the profile compiled for its optrace (one graph, no prefill)", _PROFILE, _HOST,
        "deployable binaries, total (every part's prefill and decode graphs, weight-shared or "

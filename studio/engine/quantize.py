@@ -542,7 +542,8 @@ def _reader(feeds: list[dict], progress: Progress):
             progress.check()
             if self.i >= len(feeds):
                 return None
-            progress.update(self.i / len(feeds), f"calibrating: sample {self.i + 1}/{len(feeds)}")
+            progress.update(self.i / len(feeds), f"calibrating: graph input {self.i + 1}/{len(feeds)} (made from the "
+                            "calibration windows)")
             self.i += 1
             return feeds[self.i - 1]
 

@@ -460,7 +460,7 @@ def bundle_scene(demo: Demo) -> Scene:
         on_npu = all(g.get("all_on_npu") for g in placement.values()) if placement else None
         scene.rows.append({
             "chip": chip.key, "name": chip.name, "label": chip.label,
-            "htp": f"HTP v{chip.htp_arch}", "vtcm": f"{chip.vtcm_mb} MB VTCM",
+            "htp": f"HTP v{chip.htp_arch}", "vtcm": f"{format_bytes(chip.vtcm_mb * 2**20)} VTCM",
             "ddr": (f"{chip.ddr_type} {chip.ddr_gbps:g} GB/s" if chip.ddr_gbps else ""),
             "compiled": cj is not None, "sdk": res.get("sdk_version", ""),
             "on_npu": on_npu,

@@ -25,6 +25,7 @@ from studio.core.stagegraph import (
     default_stages,
     kind_stages,
 )
+from studio.core.units import format_bytes
 
 # The ONNX graph description the model views show; re-exported for the UI, which talks
 # only to services.
@@ -284,7 +285,7 @@ class PartPlan:
         lines = f"Plan: {where}" + ("" if n == 1 else " of blocks " + ", ".join(
             f"{p['blocks'][0]}–{p['blocks'][1]}" for p in self.parts))
         lines += (f"; the largest holds {largest['parameters'] / 1e6:,.1f} M parameters "
-                  f"({largest['bytes_8bit'] / 1e6:,.0f} MB at 8 bits)")
+                  f"({format_bytes(largest['bytes_8bit'])} at 8 bits)")
         peaks = ", ".join(f"{stage} {b / 2**30:.1f} GiB" for stage, b in self.peaks.items())
         return (f"{lines}. Predicted peak memory (estimated): {peaks}; "
                 f"{self.available / 2**30:.1f} GiB free now.")

@@ -38,6 +38,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core import figures
 from studio.core.errors import Cancelled, StudioError
 from studio.core.progress import EventProgress
 from studio.services import demo as demosvc
@@ -689,7 +690,7 @@ class ShareView(SceneView):
         self.subtitle.setText(scene.note)
         head = QHBoxLayout()
         ops = scene.extra.get("ops")
-        head.addWidget(_label(f"{ops:,} HTP ops in one decode step — share of the step by op "
+        head.addWidget(_label(f"{ops:,} {figures.title('profiled_ops')} — share of the step by op "
                               "type" if ops else "share of one decode step by op type", "h2"))
         head.addStretch(1)
         head.addWidget(badge(src, where))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from studio.core import figures
-from studio.ui.widgets import fmt_value
+
 
 def metric_title(name: str) -> str:
     """What a recorded figure is called on every page: its catalogue title."""
@@ -38,6 +38,19 @@ FIGURE_TIPS = {
     "top1_agreement": "Tokens whose most likely next token is FP32's (higher is better).",
     "greedy_agreement": "Greedy-decoded tokens identical to FP32's, position by position.",
     "greedy_prefix_agreement": "Greedy tokens identical to FP32's before the first divergence.",
+}
+#: the catalogue's figure behind each cell of the validation table (figure, column)
+VALIDATION_KEYS = {
+    ("perplexity", "fp32"): "perplexity_fp32",
+    ("perplexity", "host_qdq"): "perplexity_host_qdq",
+    ("perplexity", "htp"): "perplexity_quantized",
+    ("logits_cosine_mean", "host_qdq"): "logits_cosine_host_qdq",
+    ("logits_cosine_mean", "htp"): "logits_cosine_mean",
+    ("top1_agreement", "host_qdq"): "top1_agreement_host_qdq",
+    ("top1_agreement", "htp"): "top1_agreement",
+    ("logits_max_abs_error", "htp"): "logits_max_abs_error",
+    ("greedy_agreement", "htp"): "greedy_agreement",
+    ("greedy_prefix_agreement", "htp"): "greedy_prefix_agreement",
 }
 #: the columns of the validation table
 COLUMN_TITLES = {"fp32": "FP32", "host_qdq": "host QDQ", "htp": "HTP"}

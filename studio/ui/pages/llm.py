@@ -16,11 +16,11 @@ from PySide6.QtWidgets import (
 
 from studio.ui.pages.base import StagePage
 from studio.ui.pages.cards import FigureCard
-from studio.ui.pages.figures import metric_title
+from studio.ui.pages.figures import fmt_metric, metric_tip, metric_title
 from studio.ui.pages.llm_playground import PlaygroundPanel
 from studio.ui.pages.llm_tuning import PruningPanel, WaterfallPanel
 from studio.ui.stages import role_of
-from studio.ui.widgets import clear_layout, fmt_value, label, theme_plot
+from studio.ui.widgets import clear_layout, label, theme_plot
 
 COLORS = ["#2f6fd6", "#8a5a00", "#1b8a3f", "#6b3fa0", "#c62828"]
 
@@ -145,13 +145,11 @@ class LLMPage(StagePage):
             )
             for c, m in enumerate(self.ctl.studio.jobs.metrics(job_id=job.id)):
                 where = m.device + (f" · {m.target}" if m.target else "")
-                self.cards.addWidget(
-                    FigureCard(
-                        metric_title(m.name), fmt_value(m.value, m.unit), m.source, where, m.detail
-                    ),
-                    r,
-                    c + 1,
-                )
+                card = FigureCard(metric_title(m.name), fmt_metric(m.name, m.value, m.unit),
+                                  m.source, where, m.detail)
+                card.figure = (m.name, m.device, m.target)  # the catalogue's key, and where
+                card.setToolTip(metric_tip(m.name) + (f"\n{m.detail}" if m.detail else ""))
+                self.cards.addWidget(card, r, c + 1)
             box = QGroupBox(f"{job.target} ({res.get('source', '')})")
             bl = QVBoxLayout(box)
             text = QPlainTextEdit(res.get("text", ""))

@@ -18,13 +18,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core import figures
 from studio.core.errors import StudioError
 from studio.core.modelinfo import ModelInfo
 from studio.services import history, projects
 from studio.ui.loading import LatestLoad
 from studio.ui.pages.base import Page
 from studio.ui.pages.cards import CardGrid, FigureCard
-from studio.ui.pages.figures import fmt_card, metric_title, when
+from studio.ui.pages.figures import fmt_card, metric_tip, metric_title, when
 from studio.ui.stages import places_nodes, project_stages
 from studio.ui.theme import STATE_COLORS
 from studio.ui.widgets import (
@@ -313,10 +314,7 @@ class OverviewPage(Page):
         b = self.bytes_grid
         head = QHBoxLayout()
         title = label("<b>Checkpoint weights</b> by precision")
-        title.setToolTip(
-            "Every parameter once × bytes per parameter: a formula over the checkpoint. The "
-            "exported graphs store more (a tied embedding kept as the embedding and the head, "
-            "quantization scales): their bytes are 'Graph weights' on the Profiler's Memory tab.")
+        title.setToolTip(figures.tip("checkpoint_weight_bytes"))
         head.addWidget(title)
         head.addWidget(SourceBadge("formula", "parameters × bytes per parameter"))
         head.addStretch(1)
@@ -326,29 +324,34 @@ class OverviewPage(Page):
             v = label(human_bytes(n), selectable=True)
             v.setToolTip(f"{n:,} bytes")
             b.addWidget(v, 2, c)
-        ctx = int(self.ctl.project.export["context_length"])
-        fp16 = info.kv_cache_bytes(ctx, 2)
-        int8 = info.kv_cache_bytes(ctx, 1)
-        mha = 2 * info.num_layers * info.num_heads * info.head_dim * ctx * 2
+        p = self.ctl.project
+        ctx = int(p.export["context_length"])
+        io, kvq = p.htp["graph_io"], p.quantization["kv_cache"]
+        dtype, nbytes = figures.kv_cache_dtype(io, kvq)
+        dims = (info.num_layers, info.num_kv_heads, info.head_dim, ctx)
+        deployed = figures.kv_cache_device_bytes(*dims, io, kvq)
+        mha = 2 * info.num_layers * info.num_heads * info.head_dim * ctx * nbytes
         kv = QHBoxLayout()
-        kv_title = label(f"<b>KV cache on the device</b> at the project's context length {ctx}")
-        kv_title.setToolTip(
-            "One sequence's cache at FP16 or INT8, as the device keeps it. The exported graphs "
-            "take and return their cache in float32: that is 'KV cache, graph I/O' on the "
-            "Profiler's Memory tab.")
+        kv_title = label(f"<b>{figures.title('kv_cache_device_bytes')}</b> at the project's "
+                         f"context length {ctx}")
+        kv_title.setToolTip(figures.tip("kv_cache_device_bytes"))
         kv.addWidget(kv_title)
         kv.addWidget(SourceBadge("formula", "2 × layers × KV heads × head dim × context × bytes"))
         kv.addStretch(1)
         b.addLayout(kv, 3, 0, 1, 5)
-        b.addWidget(label("FP16", "muted"), 4, 0)
-        b.addWidget(label("INT8", "muted"), 4, 1)
-        b.addWidget(label("without GQA (FP16)", "muted"), 4, 2, 1, 2)
-        b.addWidget(label(human_bytes(fp16), selectable=True), 5, 0)
-        b.addWidget(label(human_bytes(int8), selectable=True), 5, 1)
+        how = ("INT8 KV cache" if kvq == "int8" else
+               "quantized graph I/O" if io == "quantized" else "float graph I/O")
+        b.addWidget(label(f"{dtype} ({how})", "muted"), 4, 0, 1, 2)
+        b.addWidget(label(f"without GQA ({dtype})", "muted"), 4, 2, 1, 2)
+        value = label(figures.fmt("kv_cache_device_bytes", deployed), selectable=True)
+        value.setObjectName("kv_cache_device_bytes")
+        b.addWidget(value, 5, 0, 1, 2)
         b.addWidget(label(human_bytes(mha), selectable=True), 5, 2, 1, 2)
         formula = label(
             f"2 (K,V) × {info.num_layers} layers × {info.num_kv_heads} KV heads × "
-            f"{info.head_dim} head dim × {ctx} tokens × 2 bytes = {fp16:,} bytes",
+            f"{info.head_dim} head dim × {ctx} tokens × {nbytes} byte"
+            f"{'s' if nbytes > 1 else ''} ({dtype}) = {deployed:,} bytes; the host runtime "
+            "holds its own (the Playground says which)",
             "muted",
             wrap=True,
             selectable=True,
@@ -482,8 +485,8 @@ class OverviewPage(Page):
             "the run it comes from.<br>" + latest)
         self.run_label.show()
         cards, jobs = [], []
-        for job, figures in rows:
-            for m in figures:
+        for job, recorded in rows:
+            for m in recorded:
                 where = f"run {job.run_id} · {job.stage}"
                 if job.target:
                     where += f" · {job.target}"
@@ -495,7 +498,9 @@ class OverviewPage(Page):
                     metric_title(m.name), fmt_card(m.name, m.value, m.unit), m.source, where,
                     m.detail,
                 )
-                tip = f"{m.name} from job #{job.id} ({job.label}) of run {job.run_id}"
+                card.figure = (m.name, m.device, m.target)  # the catalogue's key, and where
+                tip = (f"{metric_tip(m.name)}\nFrom job #{job.id} ({job.label}) of run "
+                       f"{job.run_id}")
                 if job.cached:
                     tip += " (cached: its inputs and settings were those of an earlier run)"
                 card.setToolTip(tip + (f"\n{m.detail}" if m.detail else ""))

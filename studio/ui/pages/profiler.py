@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core import figures
 from studio.core.errors import StudioError
 from studio.core.events import BLOCKS
 from studio.core.profile import SOURCE_NOTES
@@ -274,7 +275,7 @@ class ProfilerPage(TargetStagePage):
         job = data.job
         where = f" · run {job.run_id}" if job is not None else ""
         self.job_label.setText(f"{data.title.split(' · ')[0]}{where} · "
-                               f"{len(data.profile.ops)} ops, one decode step")
+                               f"{len(data.profile.ops)} {figures.title('profiled_ops')}")
         self._show_stats(data.stats, len(data.profile.ops), src, data.unit)
         self._draw_ops()
         self._compare()

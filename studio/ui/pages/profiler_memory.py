@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core import figures
 from studio.core.errors import StudioError
 from studio.core.units import format_bytes
 from studio.ui.loading import LatestLoad
@@ -49,18 +50,11 @@ class MemoryTab(QWidget):
             "naive": FigureCard("Naive: a buffer per tensor", "–", "estimated"),
             "arena": FigureCard("Reuse by lifetime", "–", "estimated"),
             "bound": FigureCard("Peak live (bound)", "–", "estimated"),
-            "weights": FigureCard("Graph weights (stored)", "–", "estimated"),
-            "kv": FigureCard("KV cache, graph I/O", "–", "estimated"),
+            "weights": FigureCard(figures.title("graph_weight_bytes"), "–", "estimated"),
+            "kv": FigureCard(figures.title("kv_cache_graph_io_bytes"), "–", "estimated"),
         }
-        self.cards["weights"].setToolTip(
-            "The bytes of this graph's initializers as stored: its weights at their precision "
-            "with their scales, and the tensors kept in float (a tied embedding is stored as "
-            "the embedding and the head). Not 'Checkpoint weights' on the Overview: that "
-            "counts each parameter once.")
-        self.cards["kv"].setToolTip(
-            "The graph's cache inputs (past_*) and outputs (present_*) at their dtypes: "
-            "float32 in the exported graphs. Not 'KV cache on the device' on the Overview "
-            "(FP16 or INT8, one sequence at the context length).")
+        self.cards["weights"].setToolTip(figures.tip("graph_weight_bytes"))
+        self.cards["kv"].setToolTip(figures.tip("kv_cache_graph_io_bytes"))
         for i, card in enumerate(self.cards.values()):
             cards.addWidget(card, 0, i)
         lay.addLayout(cards)
@@ -145,8 +139,8 @@ class MemoryTab(QWidget):
             "naive": format_bytes(p["naive_bytes"]),
             "arena": f"{format_bytes(p['arena_bytes'])} (−{p['reuse_saving']:.0%})",
             "bound": format_bytes(p["lower_bound_bytes"]),
-            "weights": format_bytes(mem["weight_bytes"]),
-            "kv": (f"{format_bytes(mem['kv_cache_bytes'])} in, "
+            "weights": figures.fmt("graph_weight_bytes", mem["weight_bytes"]),
+            "kv": (f"{figures.fmt('kv_cache_graph_io_bytes', mem['kv_cache_bytes'])} in, "
                    f"{format_bytes(mem.get('kv_output_bytes', 0))} out"),
         }
         for key, text in values.items():

@@ -29,6 +29,9 @@ from studio.ui.loading import LatestLoad
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.widgets import label, theme_plot
 
+#: the bars' unit: MiB, as every byte figure of the studio is written
+MIB = 2**20
+
 LAYER_COLORS = ("#2f6fd6", "#1f8a4c", "#8a5a00", "#6a4fb3", "#d64545", "#0f8a8a")
 
 
@@ -180,16 +183,16 @@ class RooflineTab(QWidget):
         comp = self.compiler_bytes if self.graph.currentData() == "decode" else {}
         width = 0.38 if comp else 0.7
         self.bytes_plot.addItem(pg.BarGraphItem(
-            x=xs - (width / 2 if comp else 0), height=[r["dram_bytes"] / 1e6 for r in rows],
+            x=xs - (width / 2 if comp else 0), height=[r["dram_bytes"] / MIB for r in rows],
             width=width, brush="#6a4fb3", pen=None, name="analytic (estimated)"))
         if comp:
             self.bytes_plot.addItem(pg.BarGraphItem(
                 x=xs + width / 2, width=width, brush="#0f8a8a", pen=None,
-                height=[comp.get(r["layer"], 0.0) / 1e6 for r in rows],
+                height=[comp.get(r["layer"], 0.0) / MIB for r in rows],
                 name="compiler, optrace (simulated compile)"))
         self.bytes_plot.getAxis("bottom").setTicks([list(enumerate(names))])
-        self.bytes_plot.setLabel("left", "DRAM MB per decode step")
-        top = max([r["dram_bytes"] for r in rows] + list(comp.values()) + [1.0]) / 1e6
+        self.bytes_plot.setLabel("left", "DRAM MiB per decode step (per layer)")
+        top = max([r["dram_bytes"] for r in rows] + list(comp.values()) + [1.0]) / MIB
         self.bytes_plot.setYRange(0, top * 1.35, padding=0)  # room for the legend
         self.table.set_rows([
             Row(["outside layers" if r["layer"] is None else f"layer {r['layer']}",

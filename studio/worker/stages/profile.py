@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from studio.core import figures
 from studio.core.devices import HOST_CPU
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
@@ -83,7 +84,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         encoder["source"], dev.kind, chip.key,
         f"the vision encoder on one {spec['vision']['image_size']} px image; " + note)]
     return {
-        "summary": (f"{len(prof.ops)} HTP ops in one decode step, median of {stats['runs']} "
+        "summary": (f"{len(prof.ops)} {figures.title('profiled_ops')}, median of {stats['runs']} "
                     f"runs ({prof.source}, {chip.name}){warn}"
                     + (f"; vision encoder: {encoder['ops']} HTP ops, "
                        f"{encoder['stats']['median']:.3g} {encoder['unit']} per image"

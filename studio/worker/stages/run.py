@@ -7,6 +7,7 @@ import statistics
 import time
 from typing import Any
 
+from studio.core import figures
 from studio.core.devices import Device
 from studio.core.progress import Progress
 from studio.engine.llm_runtime import load_graph_spec, load_tokenizer
@@ -81,20 +82,23 @@ def run_result(dev: Device, out: dict[str, Any], tok, prompt: str, what: str,
         device_metric(dev, f"{prefix}decode_tokens_per_s", 1.0 / median if steps else 0.0,
                       "tok/s", note),
     ]
-    first = ""
+    shown = [m for m in metrics if m["name"] in (f"{prefix}decode_tokens_per_s",
+                                                  f"{prefix}decode_ms_per_token")]
     if len(steps) > 1:
         metrics.append(device_metric(dev, f"{prefix}first_decode_step_ms", steps[0] * 1e3, "ms",
-                                     f"the first decode step; the warm ones' median is "
-                                     f"{warm * 1e3:.3g} ms; {note}"))
-        first = f"; first step {steps[0] * 1e3:.3g} ms, warm {warm * 1e3:.3g} ms"
+                                     f"the first decode step; the median of the steps after "
+                                     f"it is {warm * 1e3:.4g} ms; {note}"))
+        shown.append(metrics[-1])
     if load_s is not None:
         metrics.append(device_metric(dev, f"{prefix}load_ms", load_s * 1e3, "ms",
                                      f"opening the graphs (context load) before the first "
                                      f"token; {note}"))
-        first += f"; load {load_s:.2f} s"
+        shown.append(metrics[-1])
+    # the summary writes its figures as every page does (the catalogue's titles and format)
+    said = ", ".join(f"{figures.title(m['name'])} {figures.fmt(m['name'], m['value'])}"
+                     for m in shown)
     return {
-        "summary": f"{len(out['tokens'])} tokens, {1.0 / median:.1f} tok/s ({dev.source}, "
-                   f"{what}){first}",
+        "summary": f"{len(out['tokens'])} tokens ({dev.source}, {what}): {said}",
         "load_s": load_s, "first_step_s": steps[0] if steps else None, "warm_step_s": warm,
         "device": dev.kind, "device_id": dev.id, "target": dev.chip, "source": dev.source,
         "prompt": prompt, "tokens": out["tokens"], "text": tok.decode(out["tokens"]),
