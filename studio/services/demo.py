@@ -19,7 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from studio.core import demo as demofile
-from studio.core import devices
+from studio.core import devices, figures
 from studio.core.artifacts import ArtifactStore
 from studio.core.catalog import get_chip
 from studio.core.errors import StudioError
@@ -289,12 +289,13 @@ def generate_scene(demo: Demo) -> Scene:
         rec = recorded_label(job, where)
         tps, pre = ms.get("decode_tokens_per_s"), ms.get("prefill_ms")
         if tps is not None:
-            scene.figures.append(Figure("decode speed", f"{tps.value:,.1f} tok/s", tps.source,
+            scene.figures.append(Figure(figures.title(tps.name),
+                                        figures.fmt(tps.name, tps.value), tps.source,
                                         where, rec, tps.value))
         if pre is not None:
-            scene.figures.append(Figure("prefill (time to first token)",
-                                        f"{pre.value:,.1f} ms", pre.source, where, rec,
-                                        pre.value))
+            scene.figures.append(Figure(figures.title(pre.name),
+                                        figures.fmt(pre.name, pre.value), pre.source, where,
+                                        rec, pre.value))
     return scene
 
 
@@ -358,15 +359,12 @@ def accuracy_scene(demo: Demo) -> Scene:
         w = where or device_name(m.device, m.target)
         return Figure(name, fmt(m.value), m.source, w, recorded_label(job, w), m.value)
 
-    pct = lambda v: f"{v:.1%}"  # noqa: E731
-    pairs = [("FP32 perplexity", "perplexity_fp32", lambda v: f"{v:.2f}", "host CPU"),
-             ("deployed perplexity", "perplexity_quantized", lambda v: f"{v:.2f}",
-              deployed_where),
-             ("logits cosine", "logits_cosine_mean", lambda v: f"{v:.4f}", deployed_where),
-             ("top-1 agreement", "top1_agreement", pct, deployed_where),
-             ("greedy text agreement", "greedy_agreement", pct, deployed_where)]
-    for name, metric, fmt, where in pairs:
-        f = fig(name, metric, fmt, where)
+    # the catalogue's titles and way of writing each figure, as on every page
+    pairs = [("perplexity_fp32", "host CPU"), ("perplexity_quantized", deployed_where),
+             ("logits_cosine_mean", deployed_where), ("top1_agreement", deployed_where),
+             ("greedy_agreement", deployed_where)]
+    for metric, where in pairs:
+        f = fig(figures.title(metric), metric, lambda v, k=metric: figures.fmt(k, v), where)
         if f is not None:
             scene.figures.append(f)
     fp, q = ms.get("perplexity_fp32"), ms.get("perplexity_quantized")
@@ -403,7 +401,8 @@ def profile_scene(demo: Demo, top: int = 7) -> Scene:
     scene = Scene("profile", demofile.SCENES["profile"], rows=out, recorded=rec,
                   extra={"blocks": blocks, "unit": data.unit, "source": data.source,
                          "ops": len(data.profile.ops)})
-    scene.figures.append(Figure("ops in one decode step", f"{len(data.profile.ops):,}",
+    scene.figures.append(Figure(figures.title("profiled_ops"),
+                                figures.fmt("profiled_ops", len(data.profile.ops)),
                                 data.source, where, rec, float(len(data.profile.ops))))
     scene.note = ("shares of the simulator's cycle counts: where the step's work goes, not the "
                   "phone's time" if data.source == "simulated" else
@@ -482,9 +481,8 @@ def bundle_scene(demo: Demo) -> Scene:
                                  "total_bytes": sum(f["bytes"] for f in files),
                                  "summary": str(r.get("summary", "")),
                                  "stored": bdir is not None}
-        names = {"genie_tokens_per_s": ("Genie's decode speed", lambda v: f"{v:.1f} tok/s"),
-                 "genie_identical_prompts": ("Genie's text = the studio's",
-                                             lambda v: f"{v:.0%} of the prompts")}
+        names = {k: (figures.title(k), lambda v, k=k: figures.fmt(k, v))
+                 for k in ("genie_tokens_per_s", "genie_identical_prompts")}
         for m in (demo.jobs.metrics(job_id=job.id) if demo.jobs else []):
             if m.name in names:
                 label, fmt = names[m.name]

@@ -7,6 +7,7 @@ import html
 from pathlib import Path
 from typing import Any
 
+from studio.core import figures
 from studio.core.fsutil import atomic_write_json, atomic_write_text
 from studio.core.project import Project
 from studio.core.sweep import format_value
@@ -14,9 +15,8 @@ from studio.services.sweeps import size_figure
 
 
 def fmt_bytes(v: float | None) -> str:
-    if v is None:
-        return "—"
-    return f"{v / 2**20:.2f} MiB"
+    """Bytes as every page writes them (binary units, one decimal)."""
+    return figures.fmt_unit(v, "B")
 
 
 def fig(p: dict[str, Any], name: str) -> float | None:

@@ -636,7 +636,7 @@ class AccuracyView(SceneView):
         for i, fig in enumerate(figs):
             value = fig.text
             tone = None
-            if fig.name == "deployed perplexity" and change is not None:
+            if fig.name == figures.title("perplexity_quantized") and change is not None:
                 value = f"{fig.text}  ({change:+.1%})"
                 tone = "good" if change <= 0.02 else ("bad" if change > 0.05 else None)
             # the badges on stage: the recording line is once per scene, below

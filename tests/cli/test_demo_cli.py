@@ -55,10 +55,10 @@ def test_scenes_of_a_finished_run_carry_sources_and_recordings(batch_run, small_
 
         acc = scenes["accuracy"]
         by = {f.name: f for f in acc.figures}
-        assert by["FP32 perplexity"].source == "measured"
-        assert by["FP32 perplexity"].where == "host CPU"
-        assert by["deployed perplexity"].source == "simulated"
-        assert "HTP simulator" in by["deployed perplexity"].where
+        assert by["perplexity, FP32"].source == "measured"
+        assert by["perplexity, FP32"].where == "host CPU"
+        assert by["perplexity, quantized"].source == "simulated"
+        assert "HTP simulator" in by["perplexity, quantized"].where
         assert RECORDED.match(acc.recorded) and acc.rows  # the project's gates, evaluated
         assert all(isinstance(g["passed"], bool) for g in acc.rows)
 

@@ -222,8 +222,9 @@ def test_pages_show_results_from_the_run_history(window, project_path, qtbot, mo
     rows = [
         [val.metrics.index(r, c).data() for c in range(5)] for r in range(val.metrics.rowCount())
     ]
-    assert ["logits cosine vs FP32", "0.998", "simulated", "htp-sim", chip] in rows
-    assert ["perplexity (FP32)", "10", "measured", "host-cpu", "—"] in rows
+    # the catalogue's titles and way of writing the figures
+    assert ["logits cosine vs FP32 (mean)", "0.998000", "simulated", "htp-sim", chip] in rows
+    assert ["perplexity, FP32", "10.000", "measured", "host-cpu", "—"] in rows
     gates = {
         val.gates.index(r, 0).data(): val.gates.index(r, 3).data()
         for r in range(val.gates.rowCount())

@@ -140,7 +140,8 @@ def test_run_cancel_and_run_a_sweep_then_apply_a_point(window, tmp_path, qtbot):
         assert cell(row, "perplexity change").endswith("%")
         assert int(cell(row, "run")) == page.rows[row]["run_id"]
     heads = [page.table.horizontalHeaderItem(c).text() for c in range(page.table.columnCount())]
-    assert "logits cosine vs FP32\n(simulated)" in heads and "weights\n(estimated)" in heads
+    assert "logits cosine vs FP32 (mean)\n(simulated)" in heads
+    assert "MatMul weight bytes\n(estimated)" in heads
     assert "decode tok/s (estimated)\nsnapdragon-8-gen-3" in heads
     assert "best" in cell(0, "front / best") and "front" in cell(0, "front / best")
     assert cell(1, "front / best") == "front"  # smaller (A8 activations), less accurate
@@ -155,7 +156,7 @@ def test_run_cancel_and_run_a_sweep_then_apply_a_point(window, tmp_path, qtbot):
     assert by_label["p1"].brush().color().alpha() == 255
     assert by_label["p2"].brush().color().alpha() == 0
     assert "simulated" in page.plot.getAxis("left").labelText
-    assert page.plot.getAxis("bottom").labelText == "context binaries, MiB (measured) →"
+    assert page.plot.getAxis("bottom").labelText == "deployable binaries, total, MiB (measured) →"
 
     # the best point is selected; a click on p2 in the plot selects it in the table too
     assert page.selected_point()["label"] == "p1"

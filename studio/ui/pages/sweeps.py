@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core import figures
 from studio.core.errors import StudioError
 from studio.core.sweep import BEST_RULES, Point, best_point, pareto_front
 from studio.services.sweep_report import fmt_bytes, point_rows
@@ -704,7 +705,7 @@ class SweepsPage(Page):
         """What the size axis is (the compiled context binaries, measured, where compiled)."""
         r = next((r for r in self.rows if r.get("size_bytes") is not None), None)
         if r is None:
-            return "context binaries, MiB (measured)"
+            return f"{figures.title('deployable_binary_bytes')}, MiB (measured)"
         return f"{r['size_title']}, MiB ({r['size_source']})"
 
     def _fill_table(self) -> None:
@@ -721,10 +722,10 @@ class SweepsPage(Page):
                                   "the quantized model's perplexity on the HTP simulator "
                                   "against FP32's, on the held-out text"),
             "size": ("size\n(measured)",
-                     "the compiled context binaries on the first target: file sizes, what the "
-                     "device loads; the Pareto front and the rule 'smallest' use it"),
-            "weights": (f"weights\n({wsrc})",
-                        "estimated: parameters × bytes per parameter of the recipe"
+                     figures.tip("deployable_binary_bytes") + "\nOn the first target; the "
+                     "Pareto front and the rule 'smallest' use it."),
+            "weights": (f"{figures.title('matmul_weight_bytes')}\n({wsrc})",
+                        figures.tip("matmul_weight_bytes")
                         if wsrc == "estimated" else
                         f"{wsrc}: the compiled context binaries' file sizes"),
             "decode tok/s": (f"decode tok/s (estimated)\n{chip}",
