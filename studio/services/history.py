@@ -31,11 +31,28 @@ class RunInfo:
     stages: list[str] | None  # what it asked for (None: the project's stages)
     # a sweep's point: {"name", "point", "label", "settings"} (None: the project's own run)
     sweep: dict[str, Any] | None = None
+    # the project file it ran: {"path", "sha256", "matches"} (None: not recorded)
+    file: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "state": self.state, "created": self.created,
                 "finished": self.finished, "stages": self.stages,
-                "settings_recorded": self.settings is not None}
+                "settings_recorded": self.settings is not None,
+                "file_sha256": (self.file or {}).get("sha256"),
+                "ran_the_file": (self.file or {}).get("matches")}
+
+
+def _run_info(r: dict[str, Any], going: bool) -> RunInfo:
+    """A run of the history (``JobStore.run``) as a RunInfo; ``going``: whether a process
+    holds the project's run lock (else a run recorded as running was interrupted)."""
+    config = r.get("config")
+    cfg: dict[str, Any] = config if isinstance(config, dict) else {}
+    state = r["state"]
+    if state == "running" and not going:
+        state = "interrupted"
+    file = cfg.get("file")
+    return RunInfo(r["id"], state, r["created"], r["finished"], cfg.get("settings"),
+                   cfg.get("stages"), cfg.get("sweep"), file if isinstance(file, dict) else None)
 
 
 def plays_role(job: Job, role: str) -> bool:
@@ -49,17 +66,7 @@ def runs(project: Project, jobs: JobStore, limit: int = 50) -> list[RunInfo]:
     """Runs newest first. A run recorded as running while no process holds the project's
     run lock was killed: it is shown as interrupted (the next open records it so)."""
     going = RunLock(project.folder).held()
-    out = []
-    for r in jobs.runs(limit):
-        full = jobs.run(r["id"]) or r
-        raw = full.get("config")
-        cfg: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        state = r["state"]
-        if state == "running" and not going:
-            state = "interrupted"
-        out.append(RunInfo(r["id"], state, r["created"], r["finished"], cfg.get("settings"),
-                           cfg.get("stages"), cfg.get("sweep")))
-    return out
+    return [_run_info(jobs.run(r["id"]) or r, going) for r in jobs.runs(limit)]
 
 
 def run_jobs(jobs: JobStore, run_id: int) -> list[Job]:
@@ -179,13 +186,7 @@ def run_info(project: Project, jobs: JobStore, run_id: int) -> RunInfo | None:
     r = jobs.run(run_id)
     if r is None:
         return None
-    config = r.get("config")
-    cfg: dict[str, Any] = config if isinstance(config, dict) else {}
-    state = r["state"]
-    if state == "running" and not RunLock(project.folder).held():
-        state = "interrupted"
-    return RunInfo(r["id"], state, r["created"], r["finished"], cfg.get("settings"),
-                   cfg.get("stages"), cfg.get("sweep"))
+    return _run_info(r, r["state"] != "running" or RunLock(project.folder).held())
 
 
 def validation_runs(project: Project, jobs: JobStore, limit: int = 100) -> list[RunInfo]:

@@ -227,6 +227,31 @@ class ProjectController(QObject):
         self.dirty_changed.emit(False)
         return out
 
+    def save_for_run(self) -> bool:
+        """Put the window's edits in the project file before anything of the open project
+        runs: every run reads the file (as ``studio --batch`` and ``studio info`` do), so
+        the window, the CLI and the run see one recipe. Saved atomically; the undo stack is
+        kept (an undo is an edit like any other: the next run saves it again). True when it
+        wrote the file. Raises a StudioError saying why the run cannot start: the file was
+        changed outside the studio since it was opened (the run would not run what the
+        window shows), or it cannot be written."""
+        studio = self._need()
+        path = studio.project.path
+        if projects.changed_on_disk(self._disk_sig, path):
+            raise SaveConflict(
+                f"not started: {path.name} was changed outside QStudio since it was opened, and "
+                "a run reads the file: reload it, or save your version over it, then run")
+        if not studio.commands.dirty:
+            return False
+        try:
+            self.save()
+        except OSError as exc:
+            raise StudioError(f"not started: the edits could not be saved to {path.name} "
+                              f"({exc.strerror or exc}), and a run reads the file") from None
+        self.message.emit("info", f"Saved your edits to {path.name} before the run: the run "
+                                  "reads the file (Undo still works)")
+        return True
+
     def keep_disk_copy(self) -> Path | None:
         """Copy the file on disk into ``<project>.studio/conflicts/`` before overwriting it."""
         studio = self._need()
@@ -343,9 +368,10 @@ class ProjectController(QObject):
         """Queue a run of ``stages`` (all the project's stages when None) of the open project;
         it starts now when the work queue allows, else waits its turn (why: on the Queue page).
 
-        The run works on a snapshot of the project taken when it starts (like ``studio
-        --batch``, which reads the file once); edits made while it runs apply to the next run.
-        ``remeasure``: the measuring stages (run, profile) time again rather than reuse a
+        The run reads the project file when it starts, like ``studio --batch``: the window's
+        edits are saved to it first (now, and again when a waiting run starts), or the run is
+        refused with the reason (a StudioError now; a failed queue item and a message later);
+        edits made while it runs apply to the next run. ``remeasure``: the measuring stages (run, profile) time again rather than reuse a
         measurement. Returns a future of its RunSummary (None when it failed to start or was
         cancelled before it started; the failure is a message).
         """

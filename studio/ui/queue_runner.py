@@ -1,10 +1,13 @@
 """Runs the work queue (:mod:`studio.services.workqueue`) behind the window.
 
 Each item runs on its own asyncio loop in a runner thread, on a session of its own
-(``Studio``): the open project's items on a snapshot of the window's project taken when the
-item starts (unsaved edits included, as the Run button always did), other projects' items on
-their file as saved. So an item of a project goes on running when the window opens another
-project, and a project's items line up behind each other whichever project is open. Events
+(``Studio``) opened from the project file as it is when the item starts: what runs is what
+the file says, as ``studio --batch`` and ``studio info`` read it. The window's edits of the
+open project are saved first — when the item is queued and again when it starts (edits made
+while it waited) — or the item does not start, and says why (the file changed outside the
+studio, or cannot be written). So an item of a project goes on running when the window opens
+another project, and a project's items line up behind each other whichever project is open.
+Events
 come back through a queued signal: the open project's go on to the pages (the controller's
 ``job_event`` and the rest), every item's progress to the queue's list.
 """
@@ -33,7 +36,7 @@ INTERRUPTED = ("the window ended while it ran; it runs again when the queue resu
 @dataclass
 class _Running:
     item: QueueItem
-    snapshot: Any = None  # the open project's Project copy, or None: read the file
+    mine: bool = False  # an item of the project open in the window when it started
     thread: threading.Thread | None = None
     loop: asyncio.AbstractEventLoop | None = None
     work: Any = None  # the Pipeline or the sweep's runner, once made
@@ -144,6 +147,8 @@ class QueueRunner(QObject):
         queue allows. Returns the item and a future of its result (None without a loop)."""
         if self._shut:
             raise StudioError("the window is closing: nothing more is queued")
+        if self._is_open_path(project.path):
+            self.ctl.save_for_run()  # the run reads the file: the window's edits go there first
         item = self.queue.add(project.path, project.name, kind, spec, priority,
                               peak=workqueue.predicted_peak(project, kind, spec))
         try:
@@ -204,11 +209,18 @@ class QueueRunner(QObject):
 
     def _start(self, item: QueueItem) -> None:
         ctl = self.ctl
-        open_path = ctl.project.path.resolve() if ctl.studio is not None else None
-        snapshot = ctl.project.copy() if open_path == item.path else None
+        mine = self._is_open(item)
+        if mine:
+            try:  # edits made while the item waited: in the file before it reads it
+                ctl.save_for_run()
+            except StudioError as exc:
+                self.queue.finish(item.id, workqueue.FAILED, exc.message)
+                ctl.message.emit("error", f"#{item.id} {item.what}: {exc.message}")
+                self._settle(item.id, None)
+                return
         self.queue.mark_running(item.id)
         item = self.queue.get(item.id)
-        r = _Running(item, snapshot)
+        r = _Running(item, mine)
         self.running[item.id] = r
         if item.kind == "sweep":
             self._start_sweep(r)
@@ -217,7 +229,7 @@ class QueueRunner(QObject):
                                   daemon=True)
         r.thread = thread
         self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-        if snapshot is not None:
+        if mine:
             ctl.running_changed.emit(True)
         thread.start()
 
@@ -229,8 +241,7 @@ class QueueRunner(QObject):
         try:
             with asyncio.Runner() as runner:
                 r.loop = runner.get_loop()
-                studio = Studio(r.snapshot) if r.snapshot is not None \
-                    else Studio.open(r.item.path)
+                studio = Studio.open(r.item.path)  # the file: what the CLI runs too
                 try:
                     pipeline = studio.pipeline
                     pipeline.listeners.append(lambda ev: self._event.emit(r.item.id, ev))
@@ -264,7 +275,7 @@ class QueueRunner(QObject):
         from studio.ui.pages.sweeps import SweepThread
 
         try:
-            studio = Studio(r.snapshot) if r.snapshot is not None else Studio.open(r.item.path)
+            studio = Studio.open(r.item.path)
         except StudioError as exc:
             self._done.emit(r.item.id, None, exc)
             return
@@ -314,8 +325,12 @@ class QueueRunner(QObject):
             self.changed.emit()
 
     def _is_open(self, item: QueueItem) -> bool:
+        return self._is_open_path(item.path)
+
+    def _is_open_path(self, path: Path | None) -> bool:
         ctl = self.ctl
-        return ctl.studio is not None and ctl.project.path.resolve() == item.path
+        return (ctl.studio is not None and path is not None
+                and ctl.project.path.resolve() == Path(path).resolve())
 
     def _on_done(self, item_id: int, result: Any, error: BaseException | None) -> None:
         r = self.running.pop(item_id, None)
