@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core import compare as _compare
+from studio.core.artifacts import ArtifactStore, artifact_key
 from studio.core.errors import StudioError
 from studio.core.fsutil import RunLock
 from studio.core.jobs import Job, JobStore
@@ -143,6 +144,46 @@ def stale_reason(project: Project, jobs: JobStore, job: Job, keys: dict[str, str
     if info is not None and info.settings is not None and info.settings == project.to_dict():
         return f"inputs or the studio's code changed since run {job.run_id}"
     return f"settings changed since run {job.run_id}"
+
+
+def measured_base_key(store: ArtifactStore | None, key: str | None) -> str | None:
+    """The plan key a measurement was taken under: a measuring stage (run, profile) measured
+    again stores its artifact under a key of its own, whose metadata still holds the stage,
+    settings, inputs and versions the plan key hashes (None: not stored)."""
+    if store is None or not key:
+        return None
+    art = store.get(key)
+    if art is None:
+        return None
+    m = art.meta
+    try:
+        return artifact_key(m["stage"], dict(m["config"]), dict(sorted(m["inputs"].items())),
+                            dict(m["versions"]))
+    except (KeyError, TypeError, AttributeError):
+        return None
+
+
+def stale_reasons(project: Project, jobs: JobStore, shown: list[Job],
+                  keys: dict[str, str] | None = None, store: ArtifactStore | None = None
+                  ) -> dict[int, str]:
+    """Why each shown job's figures no longer match the project file as it is now (job id ->
+    :func:`stale_reason`; a job that matches is left out): the one rule every page, report
+    and CLI output marks stale figures by. ``keys``: :func:`current_keys` of the stages shown
+    (computed here when None: it hashes the input files, call it off the UI thread);
+    ``store``: the artifact store, so a measurement taken again (a key of its own) counts as
+    current when it was taken under the current plan key."""
+    if keys is None:
+        keys = current_keys(project, sorted({j.stage for j in shown if j.stage in STAGES}))
+    out: dict[int, str] = {}
+    for job in shown:
+        why = stale_reason(project, jobs, job, keys)
+        decl = STAGES.get(job.stage)
+        if why and decl is not None and decl.measures \
+                and measured_base_key(store, job.artifact_key) == keys.get(job.label):
+            why = ""
+        if why:
+            out[job.id] = why
+    return out
 
 
 def validation_table(jobs: JobStore, run_id: int

@@ -46,6 +46,19 @@ def _layers(p) -> tuple[list[dict[str, Any]] | None, list[str] | None, str | Non
     return precision.layer_precisions(p, info), precision.unmatched(p, info), None
 
 
+def _stale(p, store, shown) -> tuple[dict[int, str], str]:
+    """Which shown jobs' figures no longer match the file (job id -> why), and a line when
+    that cannot be told."""
+    from studio.core.artifacts import ArtifactStore
+    from studio.services import history
+
+    try:
+        return history.stale_reasons(p, store, shown, store=ArtifactStore(
+            p.folder / "artifacts")), ""
+    except StudioError as exc:
+        return {}, f"cannot tell whether they match the file now: {exc.message}"
+
+
 def run(args: argparse.Namespace, ctx: Context) -> int:
     from studio.core import project as projectfile
     from studio.services import history
@@ -56,6 +69,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     runs: list[history.RunInfo] = []
     latest: int | None = None
     metrics: list[dict[str, Any]] = []
+    stale_note = ""
     store = open_history(p)
     if store is not None:
         try:
@@ -63,13 +77,18 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             with_results = history.runs_with_results(store)
             if with_results:
                 latest = with_results[0]
-                metrics = [dict(m.to_dict(), run=latest, stage=job.stage)
-                           for job, m in history.run_metrics(store, latest)]
+                rows = history.run_metrics(store, latest)
+                stale, stale_note = _stale(p, store, [job for job, _ in rows])
+                metrics = [dict(m.to_dict(), run=latest, stage=job.stage,
+                                stale=stale.get(job.id, ""))
+                           for job, m in rows]
         finally:
             store.close()
     data["recent_runs"] = [r.to_dict() for r in runs]
     data["latest_run"] = latest
     data["latest_metrics"] = metrics
+    if stale_note:
+        data["latest_metrics_note"] = stale_note
     layers = unmatched = why = None
     if args.info_json or p.quantization["overrides"]:
         layers, unmatched, why = _layers(p)
@@ -118,7 +137,12 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         for m in metrics:
             where = m["device"] + (f" / {m['target']}" if m["target"] else "")
             print(f"    {m['name']:<26} {m['value']:>12.4g} {m['unit']:<9} {m['source']:<10} "
-                  f"{where}")
+                  f"{where}" + (f"  (stale: {m['stale']})" if m["stale"] else ""))
+        if any(m["stale"] for m in metrics):
+            print("    stale: made with other settings or inputs than the file holds now; "
+                  "run the pipeline again to update them")
+        if stale_note:
+            print(f"    {stale_note}")
     return 0
 
 
