@@ -314,14 +314,20 @@ def current_results(jobs: JobStore, keys: dict[str, str] | None = None
     project as it is now), else the newest (stale: :func:`stale` says so) — none when the
     current result exists but recorded no figures (taken from the cache). A one-stage run (a
     bundle, a precision re-run) then leaves the other stages' figures in place. Of the
-    project's own runs (a sweep's points are variants); in pipeline order, then by target."""
+    project's own runs (a sweep's points are variants); in pipeline order, then by target.
+
+    A job served from the cache carries its artifact's figures but not the run facts of the
+    computation (the export's time, ...): those stay those of the job that computed the
+    artifact, as a row of their own (that job, from its run), each figure's detail saying
+    "from run N (cached: run M reused it)" — a run that reuses the cached export keeps the
+    export-time figure."""
     points = jobs.sweep_run_ids()
     newest: dict[str, tuple[Job, list[Metric]]] = {}
     current: dict[str, tuple[Job, list[Metric]]] = {}
     matched: set[str] = set()  # labels with a job of the current key (with figures or not)
-    for job in jobs.jobs(limit=5000):  # newest first
-        if job.run_id in points or job.state != "succeeded":
-            continue
+    done = [j for j in jobs.jobs(limit=5000)  # newest first
+            if j.run_id not in points and j.state == "succeeded"]
+    for job in done:
         if job.label in current or (keys is None and job.label in newest):
             continue
         is_current = (keys is not None and job.artifact_key is not None
@@ -338,9 +344,39 @@ def current_results(jobs: JobStore, keys: dict[str, str] | None = None
     # run again would take it from the cache and still give none
     chosen = {label: current.get(label, row) for label, row in newest.items()
               if label in current or label not in matched}
+    rows = list(chosen.values())
+    for job, figures in list(rows):
+        kept = _computed_figures(jobs, done, job, figures)
+        if kept is not None:
+            rows.append(kept)
     order = {name: i for i, name in enumerate(STAGES)}
-    return sorted(chosen.values(), key=lambda row: (order.get(row[0].stage, len(order)),
-                                                     row[0].target or "", row[0].label))
+    return sorted(rows, key=lambda row: (order.get(row[0].stage, len(order)),
+                                         row[0].target or "", row[0].label, row[0].run_id))
+
+
+def _computed_figures(jobs: JobStore, done: list[Job], job: Job, figures: list[Metric]
+                      ) -> tuple[Job, list[Metric]] | None:
+    """For a job served from the cache: the figures of the job that computed its artifact
+    (the newest one not cached, same label and key) that the cached job does not carry —
+    the run facts of the computation — each saying where it comes from; None when there
+    are none."""
+    import dataclasses
+
+    if not job.cached or not job.artifact_key:
+        return None
+    have = {m.name for m in figures}
+    for older in done:
+        if (older.label != job.label or older.cached or older.id == job.id
+                or older.artifact_key != job.artifact_key):
+            continue
+        extra = [m for m in jobs.metrics(job_id=older.id) if m.name not in have]
+        if not extra:
+            return None
+        note = (f"from run {older.run_id} (cached: run {job.run_id} reused its "
+                f"{job.stage} from the artifact store)")
+        return older, [dataclasses.replace(m, detail=f"{note}; {m.detail}" if m.detail
+                                           else note) for m in extra]
+    return None
 
 
 # ---- the newest results of each stage (across runs) -------------------------------------

@@ -1,9 +1,11 @@
 """Labels follow their result: a figure made with an older recipe than the project's is
 marked stale where it shows (LLM ▸ Runs, ``studio info``), by the one rule the Overview uses
-(the artifact key the project gives the job now)."""
+(the artifact key the project gives the job now); a run that takes the export from the cache
+keeps the export's time from the run that computed it, and says so."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -91,3 +93,50 @@ def test_studio_info_marks_figures_of_an_older_recipe(project_path):
     assert m["stale"] == f"settings changed since run {run_id}"
     text = studio_cli("info", project_path, timeout=300).stdout
     assert f"(stale: settings changed since run {run_id})" in text, text
+
+
+def _in_thread(fn):
+    """``fn()`` in a thread of its own (the window's loop runs in this one)."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn).result(600)
+
+
+def test_a_cached_export_keeps_its_time_from_the_run_that_computed_it(
+    sample_export, copy_project, tmp_path, make_window, qtbot
+):
+    from studio.services.session import Studio
+
+    path = copy_project(sample_export, tmp_path / "p")
+    studio = Studio.open(path)
+    try:
+        (computed,) = [j for j in studio.jobs.jobs() if j.stage == "export"]
+        assert not computed.cached
+        assert "export_seconds" in {m.name for m in studio.jobs.metrics(job_id=computed.id)}
+        summary = _in_thread(lambda: asyncio.run(studio.run_pipeline(["export"])))  # cached
+        assert summary.state == "succeeded" and summary.jobs[0].cached
+        cached = summary.jobs[0]
+        own = {m.name for m in studio.jobs.metrics(job_id=cached.id)}
+        assert own and "export_seconds" not in own  # a served job has no run facts
+
+        rows = history.current_results(studio.jobs, history.current_keys(studio.project))
+        by_job = {job.id: figures for job, figures in rows}
+        assert {m.name for m in by_job[cached.id]} == own
+        (kept,) = by_job[computed.id]
+        assert kept.name == "export_seconds"
+        assert kept.detail.startswith(f"from run {computed.run_id} (cached: run "
+                                      f"{cached.run_id} reused its export")
+        assert history.current_results(studio.jobs)  # without keys: the same rows
+        assert {j.id for j, _ in history.current_results(studio.jobs)} == set(by_job)
+    finally:
+        studio.close()
+
+    win = make_window()
+    assert win.open_project(path)
+    over = win.show_page("Overview")
+    qtbot.waitUntil(lambda: over._keys is not None, timeout=20_000)
+    cards = {c.title.text(): c for c in over.cards.cards}
+    card = cards["export time"]
+    assert card.where.text().startswith(f"run {computed.run_id} · export")
+    assert "cached" in card.badge.toolTip() and not card.stale
