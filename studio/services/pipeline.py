@@ -20,7 +20,7 @@ from typing import Any
 from studio.core.artifacts import Artifact, ArtifactStore
 from studio.core.errors import StudioError
 from studio.core.fsutil import RunLock, atomic_write_bytes
-from studio.core.jobs import Job, JobStore
+from studio.core.jobs import Job, JobStore, run_outcome
 from studio.core.metrics import Metric
 from studio.core.project import Project, file_record
 from studio.core.stagegraph import PlannedJob, plan, stage_config
@@ -228,13 +228,7 @@ class Pipeline:
             self.jobs.finish_run(run_id, "cancelled")
             raise
         await self._close_worker()
-        states = [self.jobs.job(i).state for i in ids]
-        if all(s == "succeeded" for s in states):
-            state = "succeeded"
-        elif any(s == "failed" for s in states):
-            state = "failed"
-        else:
-            state = "cancelled"
+        state = run_outcome([self.jobs.job(i).state for i in ids])
         self.jobs.finish_run(run_id, state)
         self._emit({"kind": "run", "run_id": run_id, "state": state})
         return RunSummary(run_id, state, [self.jobs.job(i) for i in ids], gates, report,
