@@ -104,6 +104,14 @@ class ProjectController(QObject):
     def active_jobs(self) -> list[Job]:
         return sorted(self._active.values(), key=lambda j: j.id)
 
+    @property
+    def run_jobs(self) -> tuple[int, int]:
+        """(jobs ended, jobs in all) of the open project's running run ((0, 0): none)."""
+        r = self._own_run()
+        if r is None:
+            return 0, 0
+        return sum(1 for j in r.jobs.values() if j.state in FINAL), len(r.jobs)
+
     # ---- opening and closing -----------------------------------------------------------
     def open(self, path: Path) -> None:
         """Open a project file; a StudioError (broken file, ...) leaves everything as it was."""
@@ -367,6 +375,8 @@ class ProjectController(QObject):
     ) -> asyncio.Future:
         """Queue a run of ``stages`` (all the project's stages when None) of the open project;
         it starts now when the work queue allows, else waits its turn (why: on the Queue page).
+        The same work already waiting, or running with the recipe the file holds, is joined
+        (its future), not queued twice.
 
         The run reads the project file when it starts, like ``studio --batch``: the window's
         edits are saved to it first (now, and again when a waiting run starts), or the run is
@@ -380,8 +390,11 @@ class ProjectController(QObject):
         spec: dict[str, Any] = {"stages": stages, "targets": targets,
                                 "retry": list(retry) if retry else None,
                                 "remeasure": remeasure}
-        item, fut = self.queue.add(studio.project, "pipeline", spec, priority)
-        if item.state == "waiting":
+        item, fut, joined = self.queue.add(studio.project, "pipeline", spec, priority)
+        if joined:
+            self.message.emit("info", f"#{item.id} ({item.what}) already {item.state} with the "
+                                      "same recipe: this run joins it rather than run twice")
+        elif item.state == "waiting":
             self.message.emit("info", f"Queued as #{item.id} ({item.what}): "
                                       f"{self.queue.why.get(item.id, 'waits its turn')}")
         assert fut is not None

@@ -36,6 +36,7 @@ INTERRUPTED = ("the window ended while it ran; it runs again when the queue resu
 @dataclass
 class _Running:
     item: QueueItem
+    project: Any = None  # the Project read from the file when it started: what it runs
     mine: bool = False  # an item of the project open in the window when it started
     thread: threading.Thread | None = None
     loop: asyncio.AbstractEventLoop | None = None
@@ -95,7 +96,7 @@ class QueueRunner(QObject):
             self.queue.set_paused(True)
         self.running: dict[int, _Running] = {}
         self.why: dict[int, str] = {}
-        self._waiters: dict[int, asyncio.Future] = {}
+        self._waiters: dict[int, list[asyncio.Future]] = {}
         self._threads: list[threading.Thread] = []
         self._shut = False
         self._quitting = False
@@ -133,6 +134,11 @@ class QueueRunner(QObject):
         return next((r for r in self.running.values()
                      if r.item.project == key and r.item.kind == kind), None)
 
+    def counts(self) -> workqueue.Counts:
+        """How many items run and wait now: the count the Queue page and the status bar
+        both show."""
+        return workqueue.Counts.of(self.items(finished=False), self.paused)
+
     def waiting_for(self, project: Path | None) -> list[QueueItem]:
         if project is None or self._shut:
             return []
@@ -142,23 +148,42 @@ class QueueRunner(QObject):
 
     # ---- adding ------------------------------------------------------------------------
     def add(self, project, kind: str, spec: dict[str, Any], priority: int = 0
-            ) -> tuple[QueueItem, asyncio.Future | None]:
+            ) -> tuple[QueueItem, asyncio.Future | None, bool]:
         """Queue ``spec`` for ``project`` (a Project with its path); starts it now when the
-        queue allows. Returns the item and a future of its result (None without a loop)."""
+        queue allows. Work a waiting or running item of the project already does (the same
+        stages, targets, retry, sweep — and, for a running one, the recipe the file holds
+        now) is not queued twice: the call joins that item. Returns the item, a future of its
+        result (None without a loop) and whether it joined an item already there."""
         if self._shut:
             raise StudioError("the window is closing: nothing more is queued")
         if self._is_open_path(project.path):
             self.ctl.save_for_run()  # the run reads the file: the window's edits go there first
-        item = self.queue.add(project.path, project.name, kind, spec, priority,
-                              peak=workqueue.predicted_peak(project, kind, spec))
+        item = self.same_work(project, kind, spec)
+        joined = item is not None
+        if item is None:
+            item = self.queue.add(project.path, project.name, kind, spec, priority,
+                                  peak=workqueue.predicted_peak(project, kind, spec))
         try:
             fut: asyncio.Future | None = asyncio.get_event_loop().create_future()
         except RuntimeError:
             fut = None
         if fut is not None:
-            self._waiters[item.id] = fut
-        self.kick()
-        return self.queue.get(item.id), fut
+            self._waiters.setdefault(item.id, []).append(fut)
+        if not joined:
+            self.kick()
+        return self.queue.get(item.id), fut, joined
+
+    def same_work(self, project, kind: str, spec: dict[str, Any]) -> QueueItem | None:
+        """The waiting item, or the running one that runs the recipe ``project`` holds now,
+        doing the work ``spec`` asks for (None: none)."""
+        if self._shut:
+            return None
+        same = workqueue.same_work(self.queue.items(finished=False), project.path, kind, spec)
+        if same is None or same.state == workqueue.WAITING:
+            return same
+        r = self.running.get(same.id)
+        ran = r.project.to_dict() if r is not None and r.project is not None else None
+        return same if ran == project.to_dict() else None
 
     # ---- the user's changes ------------------------------------------------------------
     def cancel(self, item_id: int) -> None:
@@ -218,9 +243,18 @@ class QueueRunner(QObject):
                 ctl.message.emit("error", f"#{item.id} {item.what}: {exc.message}")
                 self._settle(item.id, None)
                 return
+        from studio.core import project as projectfile
+
+        try:  # read once, here: the recipe it runs is the file's now (same_work compares it)
+            project = projectfile.load(item.path)
+        except StudioError as exc:
+            self.queue.finish(item.id, workqueue.FAILED, f"not started: {exc.message}")
+            ctl.message.emit("error", f"#{item.id} {item.name}: not started: {exc.message}")
+            self._settle(item.id, None)
+            return
         self.queue.mark_running(item.id)
         item = self.queue.get(item.id)
-        r = _Running(item, mine)
+        r = _Running(item, project, mine)
         self.running[item.id] = r
         if item.kind == "sweep":
             self._start_sweep(r)
@@ -241,7 +275,7 @@ class QueueRunner(QObject):
         try:
             with asyncio.Runner() as runner:
                 r.loop = runner.get_loop()
-                studio = Studio.open(r.item.path)  # the file: what the CLI runs too
+                studio = Studio(r.project)  # the file as it started: what the CLI runs
                 try:
                     pipeline = studio.pipeline
                     pipeline.listeners.append(lambda ev: self._event.emit(r.item.id, ev))
@@ -275,7 +309,7 @@ class QueueRunner(QObject):
         from studio.ui.pages.sweeps import SweepThread
 
         try:
-            studio = Studio.open(r.item.path)
+            studio = Studio(r.project)
         except StudioError as exc:
             self._done.emit(r.item.id, None, exc)
             return
@@ -371,9 +405,9 @@ class QueueRunner(QObject):
         self.kick()
 
     def _settle(self, item_id: int, result: Any) -> None:
-        fut = self._waiters.pop(item_id, None)
-        if fut is not None and not fut.done():
-            fut.set_result(result)
+        for fut in self._waiters.pop(item_id, []):
+            if not fut.done():
+                fut.set_result(result)
 
     # ---- the window ends ---------------------------------------------------------------
     def wait_idle(self, timeout_s: float, only: set[int] | None = None) -> bool:
