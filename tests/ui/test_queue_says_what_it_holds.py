@@ -1,10 +1,13 @@
 """A queue that says what it holds: the same work queued twice joins the item already there
-(waiting, or running with the recipe the file holds), and the status bar and the Queue page
-show one count of items. (Runs of the
+(waiting, or running with the recipe the file holds), the status bar and the Queue page show
+one count of items, and the wizard proposes a name and folder that are free. (Runs of the
 report stage alone: the real queue and pipeline, in a second.)"""
 
 from __future__ import annotations
 
+import pytest
+
+from studio.core.errors import StudioError
 from studio.core.jobs import JobStore
 from tests.ui.conftest import wait_task
 
@@ -73,3 +76,36 @@ def test_a_running_item_is_joined_only_while_it_runs_the_files_recipe(window, pr
     assert later.run_id != done.run_id and later.state == "succeeded"
     window._update_jobs_status()
     assert window.jobs_label.text() == "No jobs running"
+
+
+def test_the_wizard_proposes_a_free_name_and_folder(window, tmp_path, make_spec):
+    from studio.services import projects
+
+    folder = tmp_path / "projects"
+    folder.mkdir()
+    (folder / "tiny-coder.qstudio").write_text("")  # a project of that name
+    (folder / "tiny-coder-2.studio").mkdir()  # the folder an earlier project left
+    assert projects.free_project_name(folder, "tiny-coder") == "tiny-coder 3"
+    assert "already exists" in projects.path_taken(folder / "tiny-coder.qstudio")
+    assert "project folder tiny-coder-2.studio" in projects.path_taken(
+        folder / "tiny-coder-2.qstudio")
+
+    wiz = window.new_project()
+    src = wiz.source_page
+    src.sample_radio.setChecked(True)
+    src.sample.setCurrentIndex(src.sample.findData("tiny-coder"))
+    loc = wiz.location_page
+    loc.folder.setText(str(folder))
+    loc.initializePage()
+    assert loc.name.text() == "tiny-coder 3" and loc.isComplete()
+    assert loc.path() == folder / "tiny-coder-3.qstudio"
+    loc.folder.setText(str(tmp_path / "empty"))  # another folder: the plain name is free there
+    assert loc.name.text() == "tiny-coder" and loc.isComplete()
+    loc.name.setText("tiny-coder 2")  # typed by the user: kept, and said to be taken
+    loc.folder.setText(str(folder))
+    assert loc.name.text() == "tiny-coder 2" and not loc.isComplete()
+    assert "project folder tiny-coder-2.studio already exists" in loc.result.text()
+    wiz.reject()
+    # and the service refuses it too, whoever asks
+    with pytest.raises(StudioError, match="project folder tiny-coder-2.studio"):
+        projects.create_project(make_spec(folder, "tiny-coder-2"))
