@@ -140,3 +140,28 @@ def test_a_cached_export_keeps_its_time_from_the_run_that_computed_it(
     card = cards["export time"]
     assert card.where.text().startswith(f"run {computed.run_id} · export")
     assert "cached" in card.badge.toolTip() and not card.stale
+
+
+def test_validation_marks_a_picked_run_made_with_an_older_recipe(window, project_path, qtbot):
+    assert window.open_project(project_path)
+    ctl = window.ctl
+    studio = ctl.studio
+    label = f"validate[{CHIP}]"
+    keys = history.current_keys(studio.project, ["validate"])
+    run = studio.jobs.create_run({"stages": ["validate"], "settings": studio.project.to_dict()})
+    jid = studio.jobs.add_job(run, "validate", CHIP)
+    now = time.time()
+    studio.jobs.update_job(jid, state="succeeded", started=now - 1, finished=now, progress=1.0,
+                           artifact_key=keys[label], message="cosine 0.998",
+                           result={"summary": "cosine 0.998", "logits_cosine_mean": 0.998,
+                                   "perplexity_fp32": 10.0, "perplexity_quantized": 10.2})
+    studio.jobs.add_metrics(jid, [Metric("logits_cosine_mean", 0.998, "", "simulated",
+                                         "htp-sim", CHIP)])
+    page = window.show_page("Validation")
+    qtbot.waitUntil(lambda: page._stale_load.task is not None and page._stale_load.task.done(),
+                    timeout=20_000)
+    assert page.content.isVisibleTo(page) and not page.stale_note.isVisibleTo(page)
+    ctl.set("validation", "greedy_tokens", 3)  # a setting the validate stage reads
+    qtbot.waitUntil(lambda: jid in page.stale, timeout=20_000)
+    assert page.stale_note.isVisibleTo(page)
+    assert f"{label} of run {run} (settings changed since run {run})" in page.stale_note.text()
