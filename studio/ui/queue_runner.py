@@ -239,18 +239,14 @@ class QueueRunner(QObject):
             try:  # edits made while the item waited: in the file before it reads it
                 ctl.save_for_run()
             except StudioError as exc:
-                self.queue.finish(item.id, workqueue.FAILED, exc.message)
-                ctl.message.emit("error", f"#{item.id} {item.what}: {exc.message}")
-                self._settle(item.id, None)
+                self._refuse(item, exc.message)
                 return
         from studio.core import project as projectfile
 
         try:  # read once, here: the recipe it runs is the file's now (same_work compares it)
             project = projectfile.load(item.path)
         except StudioError as exc:
-            self.queue.finish(item.id, workqueue.FAILED, f"not started: {exc.message}")
-            ctl.message.emit("error", f"#{item.id} {item.name}: not started: {exc.message}")
-            self._settle(item.id, None)
+            self._refuse(item, f"not started: {exc.message}")
             return
         self.queue.mark_running(item.id)
         item = self.queue.get(item.id)
@@ -266,6 +262,13 @@ class QueueRunner(QObject):
         if mine:
             ctl.running_changed.emit(True)
         thread.start()
+
+    def _refuse(self, item: QueueItem, why: str) -> None:
+        """An item that cannot start: it ends failed, saying why."""
+        self.queue.finish(item.id, workqueue.FAILED, why)
+        self.ctl.message.emit("error", f"#{item.id} {item.name} ({item.what}): {why}")
+        self._settle(item.id, None)
+        self.finished.emit(self.queue.get(item.id), None)
 
     def _work(self, r: _Running) -> None:
         """In the item's thread: a session of its own, the pipeline on its own loop."""
