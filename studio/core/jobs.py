@@ -96,6 +96,16 @@ class Job:
         return (self.finished or time.time()) - self.started
 
 
+def run_outcome(states: list[str]) -> str:
+    """A finished run's state from its jobs' states: succeeded when every job did, failed
+    when one failed, else cancelled (the one rule the pipeline and its report use)."""
+    if all(s == "succeeded" for s in states):
+        return "succeeded"
+    if any(s == "failed" for s in states):
+        return "failed"
+    return "cancelled"
+
+
 def _pid_alive(pid: int | None) -> bool:
     if not pid:
         return False

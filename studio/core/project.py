@@ -236,6 +236,25 @@ def load(path: Path) -> Project:
     return p
 
 
+def file_record(project: Project) -> dict[str, Any] | None:
+    """What a run records of the project file it ran: its path, the SHA-256 of its bytes and
+    whether the settings the run ran with are the file's (``matches``: False for a sweep's
+    point, a variant of the file, or settings never saved). None when the project has no file
+    or it cannot be read."""
+    import hashlib
+
+    if project.path is None:
+        return None
+    path = Path(project.path)
+    try:
+        raw = path.read_bytes()
+        on_disk = from_dict(migrate(loads(raw, path.name)), where=path.name).to_dict()
+    except (OSError, StudioError):
+        return None
+    return {"path": str(path), "sha256": hashlib.sha256(raw).hexdigest(),
+            "matches": on_disk == project.to_dict()}
+
+
 def loads(raw: bytes, name: str) -> dict[str, Any]:
     """A project file's bytes as TOML: UTF-8 (a byte-order mark is allowed), well-formed,
     nested at most :data:`studio.core.fsutil.MAX_NESTING` deep; else one line."""

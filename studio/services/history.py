@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core import compare as _compare
+from studio.core.artifacts import ArtifactStore, artifact_key
 from studio.core.errors import StudioError
 from studio.core.fsutil import RunLock
 from studio.core.jobs import Job, JobStore
@@ -31,11 +32,28 @@ class RunInfo:
     stages: list[str] | None  # what it asked for (None: the project's stages)
     # a sweep's point: {"name", "point", "label", "settings"} (None: the project's own run)
     sweep: dict[str, Any] | None = None
+    # the project file it ran: {"path", "sha256", "matches"} (None: not recorded)
+    file: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "state": self.state, "created": self.created,
                 "finished": self.finished, "stages": self.stages,
-                "settings_recorded": self.settings is not None}
+                "settings_recorded": self.settings is not None,
+                "file_sha256": (self.file or {}).get("sha256"),
+                "ran_the_file": (self.file or {}).get("matches")}
+
+
+def _run_info(r: dict[str, Any], going: bool) -> RunInfo:
+    """A run of the history (``JobStore.run``) as a RunInfo; ``going``: whether a process
+    holds the project's run lock (else a run recorded as running was interrupted)."""
+    config = r.get("config")
+    cfg: dict[str, Any] = config if isinstance(config, dict) else {}
+    state = r["state"]
+    if state == "running" and not going:
+        state = "interrupted"
+    file = cfg.get("file")
+    return RunInfo(r["id"], state, r["created"], r["finished"], cfg.get("settings"),
+                   cfg.get("stages"), cfg.get("sweep"), file if isinstance(file, dict) else None)
 
 
 def plays_role(job: Job, role: str) -> bool:
@@ -49,17 +67,7 @@ def runs(project: Project, jobs: JobStore, limit: int = 50) -> list[RunInfo]:
     """Runs newest first. A run recorded as running while no process holds the project's
     run lock was killed: it is shown as interrupted (the next open records it so)."""
     going = RunLock(project.folder).held()
-    out = []
-    for r in jobs.runs(limit):
-        full = jobs.run(r["id"]) or r
-        raw = full.get("config")
-        cfg: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        state = r["state"]
-        if state == "running" and not going:
-            state = "interrupted"
-        out.append(RunInfo(r["id"], state, r["created"], r["finished"], cfg.get("settings"),
-                           cfg.get("stages"), cfg.get("sweep")))
-    return out
+    return [_run_info(jobs.run(r["id"]) or r, going) for r in jobs.runs(limit)]
 
 
 def run_jobs(jobs: JobStore, run_id: int) -> list[Job]:
@@ -138,6 +146,46 @@ def stale_reason(project: Project, jobs: JobStore, job: Job, keys: dict[str, str
     return f"settings changed since run {job.run_id}"
 
 
+def measured_base_key(store: ArtifactStore | None, key: str | None) -> str | None:
+    """The plan key a measurement was taken under: a measuring stage (run, profile) measured
+    again stores its artifact under a key of its own, whose metadata still holds the stage,
+    settings, inputs and versions the plan key hashes (None: not stored)."""
+    if store is None or not key:
+        return None
+    art = store.get(key)
+    if art is None:
+        return None
+    m = art.meta
+    try:
+        return artifact_key(m["stage"], dict(m["config"]), dict(sorted(m["inputs"].items())),
+                            dict(m["versions"]))
+    except (KeyError, TypeError, AttributeError):
+        return None
+
+
+def stale_reasons(project: Project, jobs: JobStore, shown: list[Job],
+                  keys: dict[str, str] | None = None, store: ArtifactStore | None = None
+                  ) -> dict[int, str]:
+    """Why each shown job's figures no longer match the project file as it is now (job id ->
+    :func:`stale_reason`; a job that matches is left out): the one rule every page, report
+    and CLI output marks stale figures by. ``keys``: :func:`current_keys` of the stages shown
+    (computed here when None: it hashes the input files, call it off the UI thread);
+    ``store``: the artifact store, so a measurement taken again (a key of its own) counts as
+    current when it was taken under the current plan key."""
+    if keys is None:
+        keys = current_keys(project, sorted({j.stage for j in shown if j.stage in STAGES}))
+    out: dict[int, str] = {}
+    for job in shown:
+        why = stale_reason(project, jobs, job, keys)
+        decl = STAGES.get(job.stage)
+        if why and decl is not None and decl.measures \
+                and measured_base_key(store, job.artifact_key) == keys.get(job.label):
+            why = ""
+        if why:
+            out[job.id] = why
+    return out
+
+
 def validation_table(jobs: JobStore, run_id: int
                      ) -> dict[str, dict[str, dict[str, float | None]]]:
     """Per target: FP32, host QDQ and HTP figures of one run's validation, side by side:
@@ -179,13 +227,7 @@ def run_info(project: Project, jobs: JobStore, run_id: int) -> RunInfo | None:
     r = jobs.run(run_id)
     if r is None:
         return None
-    config = r.get("config")
-    cfg: dict[str, Any] = config if isinstance(config, dict) else {}
-    state = r["state"]
-    if state == "running" and not RunLock(project.folder).held():
-        state = "interrupted"
-    return RunInfo(r["id"], state, r["created"], r["finished"], cfg.get("settings"),
-                   cfg.get("stages"), cfg.get("sweep"))
+    return _run_info(r, r["state"] != "running" or RunLock(project.folder).held())
 
 
 def validation_runs(project: Project, jobs: JobStore, limit: int = 100) -> list[RunInfo]:
@@ -272,14 +314,20 @@ def current_results(jobs: JobStore, keys: dict[str, str] | None = None
     project as it is now), else the newest (stale: :func:`stale` says so) — none when the
     current result exists but recorded no figures (taken from the cache). A one-stage run (a
     bundle, a precision re-run) then leaves the other stages' figures in place. Of the
-    project's own runs (a sweep's points are variants); in pipeline order, then by target."""
+    project's own runs (a sweep's points are variants); in pipeline order, then by target.
+
+    A job served from the cache carries its artifact's figures but not the run facts of the
+    computation (the export's time, ...): those stay those of the job that computed the
+    artifact, as a row of their own (that job, from its run), each figure's detail saying
+    "from run N (cached: run M reused it)" — a run that reuses the cached export keeps the
+    export-time figure."""
     points = jobs.sweep_run_ids()
     newest: dict[str, tuple[Job, list[Metric]]] = {}
     current: dict[str, tuple[Job, list[Metric]]] = {}
     matched: set[str] = set()  # labels with a job of the current key (with figures or not)
-    for job in jobs.jobs(limit=5000):  # newest first
-        if job.run_id in points or job.state != "succeeded":
-            continue
+    done = [j for j in jobs.jobs(limit=5000)  # newest first
+            if j.run_id not in points and j.state == "succeeded"]
+    for job in done:
         if job.label in current or (keys is None and job.label in newest):
             continue
         is_current = (keys is not None and job.artifact_key is not None
@@ -296,9 +344,39 @@ def current_results(jobs: JobStore, keys: dict[str, str] | None = None
     # run again would take it from the cache and still give none
     chosen = {label: current.get(label, row) for label, row in newest.items()
               if label in current or label not in matched}
+    rows = list(chosen.values())
+    for job, figures in list(rows):
+        kept = _computed_figures(jobs, done, job, figures)
+        if kept is not None:
+            rows.append(kept)
     order = {name: i for i, name in enumerate(STAGES)}
-    return sorted(chosen.values(), key=lambda row: (order.get(row[0].stage, len(order)),
-                                                     row[0].target or "", row[0].label))
+    return sorted(rows, key=lambda row: (order.get(row[0].stage, len(order)),
+                                         row[0].target or "", row[0].label, row[0].run_id))
+
+
+def _computed_figures(jobs: JobStore, done: list[Job], job: Job, figures: list[Metric]
+                      ) -> tuple[Job, list[Metric]] | None:
+    """For a job served from the cache: the figures of the job that computed its artifact
+    (the newest one not cached, same label and key) that the cached job does not carry —
+    the run facts of the computation — each saying where it comes from; None when there
+    are none."""
+    import dataclasses
+
+    if not job.cached or not job.artifact_key:
+        return None
+    have = {m.name for m in figures}
+    for older in done:
+        if (older.label != job.label or older.cached or older.id == job.id
+                or older.artifact_key != job.artifact_key):
+            continue
+        extra = [m for m in jobs.metrics(job_id=older.id) if m.name not in have]
+        if not extra:
+            return None
+        note = (f"from run {older.run_id} (cached: run {job.run_id} reused its "
+                f"{job.stage} from the artifact store)")
+        return older, [dataclasses.replace(m, detail=f"{note}; {m.detail}" if m.detail
+                                           else note) for m in extra]
+    return None
 
 
 # ---- the newest results of each stage (across runs) -------------------------------------

@@ -20,9 +20,9 @@ from typing import Any
 from studio.core.artifacts import Artifact, ArtifactStore
 from studio.core.errors import StudioError
 from studio.core.fsutil import RunLock, atomic_write_bytes
-from studio.core.jobs import Job, JobStore
+from studio.core.jobs import Job, JobStore, run_outcome
 from studio.core.metrics import Metric
-from studio.core.project import Project
+from studio.core.project import Project, file_record
 from studio.core.stagegraph import PlannedJob, plan, stage_config
 from studio.services import joblog
 from studio.services.jobrunner import (
@@ -172,10 +172,12 @@ class Pipeline:
     async def _run_locked(self, planned: list[PlannedJob], stages: list[str] | None,
                           targets: list[str] | None, t0: float,
                           retry: tuple[str, str] | None = None) -> RunSummary:
-        # The run records the settings it ran with: comparisons and staleness read them.
+        # The run records the settings it ran with (comparisons and staleness read them) and
+        # the project file they came from, with whether they are the file's.
         run_id = self.jobs.create_run({"stages": stages, "targets": targets,
                                        "retry": list(retry) if retry else None,
-                                       "settings": self.project.to_dict()})
+                                       "settings": self.project.to_dict(),
+                                       "file": file_record(self.project)})
         self._run_id = run_id
         ids = [self.jobs.add_job(run_id, j.stage, j.target) for j in planned]
         for jid, pj in zip(ids, planned, strict=True):
@@ -226,13 +228,7 @@ class Pipeline:
             self.jobs.finish_run(run_id, "cancelled")
             raise
         await self._close_worker()
-        states = [self.jobs.job(i).state for i in ids]
-        if all(s == "succeeded" for s in states):
-            state = "succeeded"
-        elif any(s == "failed" for s in states):
-            state = "failed"
-        else:
-            state = "cancelled"
+        state = run_outcome([self.jobs.job(i).state for i in ids])
         self.jobs.finish_run(run_id, state)
         self._emit({"kind": "run", "run_id": run_id, "state": state})
         return RunSummary(run_id, state, [self.jobs.job(i) for i in ids], gates, report,

@@ -72,6 +72,41 @@ class NewProjectSpec:
             return projectfile.infer_kind(f"sample:{self.source.strip()}")
         return "causal-lm"
 
+def file_stem(name: str) -> str:
+    """The file name a project's name gives (``My model 2`` -> ``My-model-2``)."""
+    import re
+
+    s = re.sub(r"[^A-Za-z0-9._-]+", "-", name.strip()).strip("-.")
+    return s or "project"
+
+
+def path_taken(path: Path) -> str:
+    """Why a new project cannot be written at ``path`` ("" when it can): the file exists, or
+    its project folder does (an earlier project's history and artifacts would become the new
+    one's)."""
+    path = Path(path).expanduser()
+    if path.suffix != ".qstudio":
+        path = path.with_suffix(".qstudio")
+    if path.exists():
+        return f"{path.name} already exists"
+    if path.with_suffix(".studio").exists():
+        return (f"its project folder {path.with_suffix('.studio').name} already exists (an "
+                "earlier project's run history and artifacts)")
+    return ""
+
+
+def free_project_name(folder: Path, name: str) -> str:
+    """``name``, or ``name 2``, ``name 3``… : the first whose file and project folder in
+    ``folder`` are both free (what the wizard proposes)."""
+    folder = Path(folder).expanduser()
+    base = name.strip() or "project"
+    candidate, n = base, 1
+    while path_taken(folder / f"{file_stem(candidate)}.qstudio"):
+        n += 1
+        candidate = f"{base} {n}"
+    return candidate
+
+
 def source_ref(kind: str, source: str) -> str:
     """Check a model source and return how the project file names it (one-line errors)."""
     source = source.strip()
@@ -117,6 +152,9 @@ def create_project(spec: NewProjectSpec):
         path = path.with_suffix(".qstudio")
     if path.exists():
         raise StudioError(f"{path} already exists: choose another name or open it")
+    taken = path_taken(path)
+    if taken:
+        raise StudioError(f"{taken}: choose another name, or move that folder away")
     if spec.source_kind not in SOURCE_KINDS:
         raise StudioError(f"unknown model source kind {spec.source_kind!r}")
     kind = spec.model_kind

@@ -285,6 +285,54 @@ class WorkQueue:
         return cur.rowcount
 
 
+def work_of(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """What an item does, in a form two items that do the same work share: a pipeline's
+    stages and targets as sets, no retry / no remeasure however written; a sweep by its name
+    (its worker count changes how, not what)."""
+    if kind == "sweep":
+        return {"kind": kind, "sweep": spec.get("sweep")}
+    return {"kind": kind, "stages": sorted(spec.get("stages") or []) or None,
+            "targets": sorted(spec.get("targets") or []) or None,
+            "retry": list(spec["retry"]) if spec.get("retry") else None,
+            "remeasure": bool(spec.get("remeasure"))}
+
+
+def same_work(items: list[QueueItem], project: Path, kind: str, spec: dict[str, Any]
+              ) -> QueueItem | None:
+    """The waiting or running item of ``project`` that does the work ``kind``/``spec`` asks
+    for (None: none): queueing it again would run it twice. A running item's recipe is the
+    one it read when it started: the caller checks that it is still the file's."""
+    key = str(Path(project).resolve())
+    want = work_of(kind, spec)
+    for item in items:
+        if (item.state in (WAITING, RUNNING) and item.project == key
+                and work_of(item.kind, item.spec) == want):
+            return item
+    return None
+
+
+@dataclass(frozen=True)
+class Counts:
+    """How many items run and wait: the one count the Queue page and the status bar show."""
+
+    running: int
+    waiting: int
+    paused: bool = False
+
+    @classmethod
+    def of(cls, items: list[QueueItem], paused: bool = False) -> Counts:
+        return cls(sum(1 for i in items if i.state == RUNNING),
+                   sum(1 for i in items if i.state == WAITING), paused)
+
+    @property
+    def total(self) -> int:
+        return self.running + self.waiting
+
+    def text(self) -> str:
+        return (f"{self.running} running, {self.waiting} waiting"
+                + (" (paused)" if self.paused else ""))
+
+
 def default_slots() -> int:
     """One item per four cores, at least one: the HTP simulator and the quantizer each keep
     a core busy, and the profile's simulated timings follow the host's load."""

@@ -104,6 +104,14 @@ class ProjectController(QObject):
     def active_jobs(self) -> list[Job]:
         return sorted(self._active.values(), key=lambda j: j.id)
 
+    @property
+    def run_jobs(self) -> tuple[int, int]:
+        """(jobs ended, jobs in all) of the open project's running run ((0, 0): none)."""
+        r = self._own_run()
+        if r is None:
+            return 0, 0
+        return sum(1 for j in r.jobs.values() if j.state in FINAL), len(r.jobs)
+
     # ---- opening and closing -----------------------------------------------------------
     def open(self, path: Path) -> None:
         """Open a project file; a StudioError (broken file, ...) leaves everything as it was."""
@@ -227,6 +235,31 @@ class ProjectController(QObject):
         self.dirty_changed.emit(False)
         return out
 
+    def save_for_run(self) -> bool:
+        """Put the window's edits in the project file before anything of the open project
+        runs: every run reads the file (as ``studio --batch`` and ``studio info`` do), so
+        the window, the CLI and the run see one recipe. Saved atomically; the undo stack is
+        kept (an undo is an edit like any other: the next run saves it again). True when it
+        wrote the file. Raises a StudioError saying why the run cannot start: the file was
+        changed outside the studio since it was opened (the run would not run what the
+        window shows), or it cannot be written."""
+        studio = self._need()
+        path = studio.project.path
+        if projects.changed_on_disk(self._disk_sig, path):
+            raise SaveConflict(
+                f"not started: {path.name} was changed outside QStudio since it was opened, and "
+                "a run reads the file: reload it, or save your version over it, then run")
+        if not studio.commands.dirty:
+            return False
+        try:
+            self.save()
+        except OSError as exc:
+            raise StudioError(f"not started: the edits could not be saved to {path.name} "
+                              f"({exc.strerror or exc}), and a run reads the file") from None
+        self.message.emit("info", f"Saved your edits to {path.name} before the run: the run "
+                                  "reads the file (Undo still works)")
+        return True
+
     def keep_disk_copy(self) -> Path | None:
         """Copy the file on disk into ``<project>.studio/conflicts/`` before overwriting it."""
         studio = self._need()
@@ -342,10 +375,13 @@ class ProjectController(QObject):
     ) -> asyncio.Future:
         """Queue a run of ``stages`` (all the project's stages when None) of the open project;
         it starts now when the work queue allows, else waits its turn (why: on the Queue page).
+        The same work already waiting, or running with the recipe the file holds, is joined
+        (its future), not queued twice.
 
-        The run works on a snapshot of the project taken when it starts (like ``studio
-        --batch``, which reads the file once); edits made while it runs apply to the next run.
-        ``remeasure``: the measuring stages (run, profile) time again rather than reuse a
+        The run reads the project file when it starts, like ``studio --batch``: the window's
+        edits are saved to it first (now, and again when a waiting run starts), or the run is
+        refused with the reason (a StudioError now; a failed queue item and a message later);
+        edits made while it runs apply to the next run. ``remeasure``: the measuring stages (run, profile) time again rather than reuse a
         measurement. Returns a future of its RunSummary (None when it failed to start or was
         cancelled before it started; the failure is a message).
         """
@@ -354,8 +390,11 @@ class ProjectController(QObject):
         spec: dict[str, Any] = {"stages": stages, "targets": targets,
                                 "retry": list(retry) if retry else None,
                                 "remeasure": remeasure}
-        item, fut = self.queue.add(studio.project, "pipeline", spec, priority)
-        if item.state == "waiting":
+        item, fut, joined = self.queue.add(studio.project, "pipeline", spec, priority)
+        if joined:
+            self.message.emit("info", f"#{item.id} ({item.what}) already {item.state} with the "
+                                      "same recipe: this run joins it rather than run twice")
+        elif item.state == "waiting":
             self.message.emit("info", f"Queued as #{item.id} ({item.what}): "
                                       f"{self.queue.why.get(item.id, 'waits its turn')}")
         assert fut is not None

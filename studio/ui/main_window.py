@@ -660,39 +660,35 @@ class MainWindow(QMainWindow):
         self._update_jobs_status()
 
     def _update_jobs_status(self) -> None:
+        """The open project's running job, then the queue's one count of items (the Queue
+        page's: items running and waiting, never the jobs inside a run)."""
         jobs = self.ctl.active_jobs
         running = [j for j in jobs if j.state == "running"]
-        queued = [j for j in jobs if j.state == "queued"]
         if not self.ctl.running or not jobs:
             self.jobs_label.setText(self._queue_status())
             self.jobs_bar.hide()
             return
+        done, total = self.ctl.run_jobs
+        count = f" · Queue: {self.ctl.queue.counts().text()}"
         if running:
             j = running[0]
-            self.jobs_label.setText(
-                f"Running {j.label} {j.progress:.0%}"
-                + (f" · {len(queued)} queued" if queued else "")
-            )
+            self.jobs_label.setText(f"Running {j.label} {j.progress:.0%} (job "
+                                    f"{min(done + 1, total)} of {total}){count}")
             self.jobs_bar.setValue(int(j.progress * 100))
         else:
-            self.jobs_label.setText(f"{len(queued)} jobs queued")
+            self.jobs_label.setText(f"Starting job {min(done + 1, total)} of {total}{count}")
             self.jobs_bar.setValue(0)
         self.jobs_bar.show()
 
     def _queue_status(self) -> str:
-        """The status bar's line when the open project runs nothing: the queue's state."""
-        items = self.ctl.queue.items(finished=False)
-        running = [i for i in items if i.state == "running"]
-        waiting = len(items) - len(running)
-        if not items:
+        """The status bar's line when the open project runs nothing: the queue's running
+        items and its count."""
+        counts = self.ctl.queue.counts()
+        if not counts.total:
             return "No jobs running"
-        text = ("Queue: " + ", ".join(f"#{i.id} {i.name} {i.progress}".rstrip()
-                                      for i in running[:2]) if running else "Queue:")
-        if waiting:
-            text += f"{',' if running else ''} {waiting} waiting"
-        if self.ctl.queue.paused:
-            text += " (paused)"
-        return text
+        running = [i for i in self.ctl.queue.items(finished=False) if i.state == "running"]
+        now = ", ".join(f"#{i.id} {i.name} {i.progress}".rstrip() for i in running[:2])
+        return f"Queue: {counts.text()}" + (f" · {now}" if now else "")
 
     def _job_failed(self, job) -> None:
         msg = job.error or job.message or "failed"

@@ -1,10 +1,13 @@
 """Runs the work queue (:mod:`studio.services.workqueue`) behind the window.
 
 Each item runs on its own asyncio loop in a runner thread, on a session of its own
-(``Studio``): the open project's items on a snapshot of the window's project taken when the
-item starts (unsaved edits included, as the Run button always did), other projects' items on
-their file as saved. So an item of a project goes on running when the window opens another
-project, and a project's items line up behind each other whichever project is open. Events
+(``Studio``) opened from the project file as it is when the item starts: what runs is what
+the file says, as ``studio --batch`` and ``studio info`` read it. The window's edits of the
+open project are saved first — when the item is queued and again when it starts (edits made
+while it waited) — or the item does not start, and says why (the file changed outside the
+studio, or cannot be written). So an item of a project goes on running when the window opens
+another project, and a project's items line up behind each other whichever project is open.
+Events
 come back through a queued signal: the open project's go on to the pages (the controller's
 ``job_event`` and the rest), every item's progress to the queue's list.
 """
@@ -33,7 +36,8 @@ INTERRUPTED = ("the window ended while it ran; it runs again when the queue resu
 @dataclass
 class _Running:
     item: QueueItem
-    snapshot: Any = None  # the open project's Project copy, or None: read the file
+    project: Any = None  # the Project read from the file when it started: what it runs
+    mine: bool = False  # an item of the project open in the window when it started
     thread: threading.Thread | None = None
     loop: asyncio.AbstractEventLoop | None = None
     work: Any = None  # the Pipeline or the sweep's runner, once made
@@ -92,7 +96,7 @@ class QueueRunner(QObject):
             self.queue.set_paused(True)
         self.running: dict[int, _Running] = {}
         self.why: dict[int, str] = {}
-        self._waiters: dict[int, asyncio.Future] = {}
+        self._waiters: dict[int, list[asyncio.Future]] = {}
         self._threads: list[threading.Thread] = []
         self._shut = False
         self._quitting = False
@@ -130,6 +134,11 @@ class QueueRunner(QObject):
         return next((r for r in self.running.values()
                      if r.item.project == key and r.item.kind == kind), None)
 
+    def counts(self) -> workqueue.Counts:
+        """How many items run and wait now: the count the Queue page and the status bar
+        both show."""
+        return workqueue.Counts.of(self.items(finished=False), self.paused)
+
     def waiting_for(self, project: Path | None) -> list[QueueItem]:
         if project is None or self._shut:
             return []
@@ -139,21 +148,42 @@ class QueueRunner(QObject):
 
     # ---- adding ------------------------------------------------------------------------
     def add(self, project, kind: str, spec: dict[str, Any], priority: int = 0
-            ) -> tuple[QueueItem, asyncio.Future | None]:
+            ) -> tuple[QueueItem, asyncio.Future | None, bool]:
         """Queue ``spec`` for ``project`` (a Project with its path); starts it now when the
-        queue allows. Returns the item and a future of its result (None without a loop)."""
+        queue allows. Work a waiting or running item of the project already does (the same
+        stages, targets, retry, sweep — and, for a running one, the recipe the file holds
+        now) is not queued twice: the call joins that item. Returns the item, a future of its
+        result (None without a loop) and whether it joined an item already there."""
         if self._shut:
             raise StudioError("the window is closing: nothing more is queued")
-        item = self.queue.add(project.path, project.name, kind, spec, priority,
-                              peak=workqueue.predicted_peak(project, kind, spec))
+        if self._is_open_path(project.path):
+            self.ctl.save_for_run()  # the run reads the file: the window's edits go there first
+        item = self.same_work(project, kind, spec)
+        joined = item is not None
+        if item is None:
+            item = self.queue.add(project.path, project.name, kind, spec, priority,
+                                  peak=workqueue.predicted_peak(project, kind, spec))
         try:
             fut: asyncio.Future | None = asyncio.get_event_loop().create_future()
         except RuntimeError:
             fut = None
         if fut is not None:
-            self._waiters[item.id] = fut
-        self.kick()
-        return self.queue.get(item.id), fut
+            self._waiters.setdefault(item.id, []).append(fut)
+        if not joined:
+            self.kick()
+        return self.queue.get(item.id), fut, joined
+
+    def same_work(self, project, kind: str, spec: dict[str, Any]) -> QueueItem | None:
+        """The waiting item, or the running one that runs the recipe ``project`` holds now,
+        doing the work ``spec`` asks for (None: none)."""
+        if self._shut:
+            return None
+        same = workqueue.same_work(self.queue.items(finished=False), project.path, kind, spec)
+        if same is None or same.state == workqueue.WAITING:
+            return same
+        r = self.running.get(same.id)
+        ran = r.project.to_dict() if r is not None and r.project is not None else None
+        return same if ran == project.to_dict() else None
 
     # ---- the user's changes ------------------------------------------------------------
     def cancel(self, item_id: int) -> None:
@@ -204,11 +234,23 @@ class QueueRunner(QObject):
 
     def _start(self, item: QueueItem) -> None:
         ctl = self.ctl
-        open_path = ctl.project.path.resolve() if ctl.studio is not None else None
-        snapshot = ctl.project.copy() if open_path == item.path else None
+        mine = self._is_open(item)
+        if mine:
+            try:  # edits made while the item waited: in the file before it reads it
+                ctl.save_for_run()
+            except StudioError as exc:
+                self._refuse(item, exc.message)
+                return
+        from studio.core import project as projectfile
+
+        try:  # read once, here: the recipe it runs is the file's now (same_work compares it)
+            project = projectfile.load(item.path)
+        except StudioError as exc:
+            self._refuse(item, f"not started: {exc.message}")
+            return
         self.queue.mark_running(item.id)
         item = self.queue.get(item.id)
-        r = _Running(item, snapshot)
+        r = _Running(item, project, mine)
         self.running[item.id] = r
         if item.kind == "sweep":
             self._start_sweep(r)
@@ -217,9 +259,16 @@ class QueueRunner(QObject):
                                   daemon=True)
         r.thread = thread
         self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-        if snapshot is not None:
+        if mine:
             ctl.running_changed.emit(True)
         thread.start()
+
+    def _refuse(self, item: QueueItem, why: str) -> None:
+        """An item that cannot start: it ends failed, saying why."""
+        self.queue.finish(item.id, workqueue.FAILED, why)
+        self.ctl.message.emit("error", f"#{item.id} {item.name} ({item.what}): {why}")
+        self._settle(item.id, None)
+        self.finished.emit(self.queue.get(item.id), None)
 
     def _work(self, r: _Running) -> None:
         """In the item's thread: a session of its own, the pipeline on its own loop."""
@@ -229,8 +278,7 @@ class QueueRunner(QObject):
         try:
             with asyncio.Runner() as runner:
                 r.loop = runner.get_loop()
-                studio = Studio(r.snapshot) if r.snapshot is not None \
-                    else Studio.open(r.item.path)
+                studio = Studio(r.project)  # the file as it started: what the CLI runs
                 try:
                     pipeline = studio.pipeline
                     pipeline.listeners.append(lambda ev: self._event.emit(r.item.id, ev))
@@ -264,7 +312,7 @@ class QueueRunner(QObject):
         from studio.ui.pages.sweeps import SweepThread
 
         try:
-            studio = Studio(r.snapshot) if r.snapshot is not None else Studio.open(r.item.path)
+            studio = Studio(r.project)
         except StudioError as exc:
             self._done.emit(r.item.id, None, exc)
             return
@@ -314,8 +362,12 @@ class QueueRunner(QObject):
             self.changed.emit()
 
     def _is_open(self, item: QueueItem) -> bool:
+        return self._is_open_path(item.path)
+
+    def _is_open_path(self, path: Path | None) -> bool:
         ctl = self.ctl
-        return ctl.studio is not None and ctl.project.path.resolve() == item.path
+        return (ctl.studio is not None and path is not None
+                and ctl.project.path.resolve() == Path(path).resolve())
 
     def _on_done(self, item_id: int, result: Any, error: BaseException | None) -> None:
         r = self.running.pop(item_id, None)
@@ -356,9 +408,9 @@ class QueueRunner(QObject):
         self.kick()
 
     def _settle(self, item_id: int, result: Any) -> None:
-        fut = self._waiters.pop(item_id, None)
-        if fut is not None and not fut.done():
-            fut.set_result(result)
+        for fut in self._waiters.pop(item_id, []):
+            if not fut.done():
+                fut.set_result(result)
 
     # ---- the window ends ---------------------------------------------------------------
     def wait_idle(self, timeout_s: float, only: set[int] | None = None) -> bool:

@@ -41,13 +41,8 @@ from studio.core.recipe import (
     SCHEMES,
 )
 from studio.core.stagegraph import MODEL_KIND_HELP, STAGE_NAMES, default_stages, kind_stages
-from studio.services.projects import NewProjectSpec
+from studio.services.projects import NewProjectSpec, file_stem, free_project_name, path_taken
 from studio.ui.widgets import ChipList, label
-
-
-def _slug(text: str) -> str:
-    s = re.sub(r"[^A-Za-z0-9._-]+", "-", text.strip()).strip("-.")
-    return s or "project"
 
 
 class SourcePage(QWizardPage):
@@ -494,6 +489,8 @@ class LocationPage(QWizardPage):
             "artifacts, run history and reports."
         )
         form = QFormLayout(self)
+        self._proposed = ""  # the name the page proposed (replaced when the source changes)
+        self._base = "project"  # what it is proposed from: the model's name
         self.name = QLineEdit()
         self.name.setPlaceholderText("e.g. tiny-coder on 8 Gen 3")
         form.addRow("Project name", self.name)
@@ -509,30 +506,40 @@ class LocationPage(QWizardPage):
         self.error = label("", "error", wrap=True)
         form.addRow("", self.error)
         self.name.textChanged.connect(self._update)
-        self.folder.textChanged.connect(self._update)
+        self.folder.textChanged.connect(self._folder_changed)
 
     def initializePage(self) -> None:
-        if not self.name.text():
-            src = self._wizard.source_page.source()
-            self.name.setText(Path(src).stem if src else "project")
+        """Propose a name free in the folder (its file and its project folder): the model's,
+        numbered when taken; a name the user typed is kept."""
+        src = self._wizard.source_page.source()
+        self._base = Path(src).stem if src else "project"
+        self._propose()
         self._update()
 
+    def _propose(self) -> None:
+        if not self.name.text() or self.name.text() == self._proposed:
+            self._proposed = free_project_name(self._folder(), self._base)
+            self.name.setText(self._proposed)
+
+    def _folder_changed(self) -> None:
+        self._propose()  # another folder: the proposed name free there
+        self._update()
+
+    def _folder(self) -> Path:
+        return Path(self.folder.text().strip() or ".").expanduser()
+
     def path(self) -> Path:
-        return (
-            Path(self.folder.text().strip() or ".").expanduser()
-            / f"{_slug(self.name.text())}.qstudio"
-        )
+        return self._folder() / f"{file_stem(self.name.text())}.qstudio"
 
     def _update(self) -> None:
         p = self.path()
-        exists = p.exists()
-        self.result.setText(
-            f"Creates {p}" + ("  — already exists, choose another name" if exists else "")
-        )
+        taken = path_taken(p)
+        self.result.setText(f"Creates {p}" + (f"  — {taken}: choose another name" if taken
+                                              else ""))
         self.completeChanged.emit()
 
     def isComplete(self) -> bool:
-        return bool(self.name.text().strip()) and not self.path().exists()
+        return bool(self.name.text().strip()) and not path_taken(self.path())
 
     def _browse(self) -> None:
         d = QFileDialog.getExistingDirectory(self, "Project folder", self.folder.text())

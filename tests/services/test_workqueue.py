@@ -135,3 +135,47 @@ def test_an_items_predicted_peak_is_its_stages_largest(tmp_path):
         peaks["export"] < max(peaks.values())
     assert workqueue.predicted_peak(project, "pipeline", {"stages": ["report"]}) is None
     assert workqueue.predicted_peak(project, "sweep", {"sweep": "s"}) is None
+
+
+def test_the_same_work_is_found_however_its_spec_is_written(tmp_path):
+    q = WorkQueue(tmp_path / "queue.sqlite")
+    try:
+        p = tmp_path / "a.qstudio"
+        a = q.add(p, "a", "pipeline", {"stages": ["export", "quantize"], "targets": None,
+                                       "retry": None, "remeasure": False})
+        s = q.add(p, "a", "sweep", {"sweep": "schemes", "workers": 2})
+        items = q.items(finished=False)
+        # the same stages in another order, the defaults left out: the same work
+        assert workqueue.same_work(items, p, "pipeline", {"stages": ["quantize", "export"]}) == a
+        # a sweep is its name: another worker count runs the same points
+        assert workqueue.same_work(items, p, "sweep", {"sweep": "schemes", "workers": 1}) == s
+        # other stages, a remeasure, a retry, another project: other work
+        for spec in ({"stages": ["export"]}, {"stages": ["export", "quantize"],
+                                              "remeasure": True},
+                     {"retry": ["export", ""]}, {"stages": None}):
+            assert workqueue.same_work(items, p, "pipeline", spec) is None, spec
+        assert workqueue.same_work(items, tmp_path / "b.qstudio", "pipeline",
+                                   {"stages": ["export", "quantize"]}) is None
+        q.mark_running(a.id)  # a running item is still the same work (its recipe: the caller)
+        assert workqueue.same_work(q.items(finished=False), p, "pipeline",
+                                   {"stages": ["export", "quantize"]}).id == a.id
+        q.finish(a.id, "succeeded")  # an ended one is not
+        assert workqueue.same_work(q.items(finished=False), p, "pipeline",
+                                   {"stages": ["export", "quantize"]}) is None
+    finally:
+        q.close()
+
+
+def test_one_count_of_items(tmp_path):
+    q = WorkQueue(tmp_path / "queue.sqlite")
+    try:
+        a, b = _add(q, "a", tmp_path), _add(q, "b", tmp_path)
+        _add(q, "c", tmp_path, kind="sweep", spec={"sweep": "s", "workers": 4})
+        q.mark_running(a.id)
+        q.finish(b.id, "failed", "boom")
+        counts = workqueue.Counts.of(q.items(), q.paused)
+        assert (counts.running, counts.waiting, counts.total) == (1, 1, 2)
+        assert counts.text() == "1 running, 1 waiting"  # a sweep is one item, not its workers
+        assert workqueue.Counts.of(q.items(), True).text() == "1 running, 1 waiting (paused)"
+    finally:
+        q.close()

@@ -46,6 +46,19 @@ def _layers(p) -> tuple[list[dict[str, Any]] | None, list[str] | None, str | Non
     return precision.layer_precisions(p, info), precision.unmatched(p, info), None
 
 
+def _stale(p, store, shown) -> tuple[dict[int, str], str]:
+    """Which shown jobs' figures no longer match the file (job id -> why), and a line when
+    that cannot be told."""
+    from studio.core.artifacts import ArtifactStore
+    from studio.services import history
+
+    try:
+        return history.stale_reasons(p, store, shown, store=ArtifactStore(
+            p.folder / "artifacts")), ""
+    except StudioError as exc:
+        return {}, f"cannot tell whether they match the file now: {exc.message}"
+
+
 def run(args: argparse.Namespace, ctx: Context) -> int:
     from studio.core import figures
     from studio.core import project as projectfile
@@ -57,6 +70,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     runs: list[history.RunInfo] = []
     latest: int | None = None
     metrics: list[dict[str, Any]] = []
+    stale_note = ""
     store = open_history(p)
     if store is not None:
         try:
@@ -64,15 +78,20 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             with_results = history.runs_with_results(store)
             if with_results:
                 latest = with_results[0]
+                rows = history.run_metrics(store, latest)
+                stale, stale_note = _stale(p, store, [job for job, _ in rows])
                 metrics = [dict(m.to_dict(), run=latest, stage=job.stage,
                                 title=figures.title(m.name),
-                                text=figures.fmt(m.name, m.value, m.unit))
-                           for job, m in history.run_metrics(store, latest)]
+                                text=figures.fmt(m.name, m.value, m.unit),
+                                stale=stale.get(job.id, ""))
+                           for job, m in rows]
         finally:
             store.close()
     data["recent_runs"] = [r.to_dict() for r in runs]
     data["latest_run"] = latest
     data["latest_metrics"] = metrics
+    if stale_note:
+        data["latest_metrics_note"] = stale_note
     layers = unmatched = why = None
     if args.info_json or p.quantization["overrides"]:
         layers, unmatched, why = _layers(p)
@@ -121,7 +140,13 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         width = max(len(m["title"]) for m in metrics)
         for m in metrics:
             print(f"    {m['title']:<{width}}  {m['text']:>17}  {m['source']:<10} "
-                  f"{figures.where(m['device'], m['target'])}")
+                  f"{figures.where(m['device'], m['target'])}"
+                  + (f"  (stale: {m['stale']})" if m["stale"] else ""))
+        if any(m["stale"] for m in metrics):
+            print("    stale: made with other settings or inputs than the file holds now; "
+                  "run the pipeline again to update them")
+        if stale_note:
+            print(f"    {stale_note}")
     return 0
 
 

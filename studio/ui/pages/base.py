@@ -2,7 +2,9 @@
 the page alone with sample data (``python -m studio.ui.pages.<name>``).
 
 ``StagePage`` is a page that shows the latest jobs of one stage (an empty state until there
-are some); ``TargetStagePage`` adds a target picker that shows one of those jobs at a time."""
+are some), marked stale where the project has changed since they ran (the same rule as the
+Overview: :func:`studio.services.history.stale_reasons`); ``TargetStagePage`` adds a target
+picker that shows one of those jobs at a time."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from studio.core.errors import StudioError
 from studio.core.jobs import Job
 from studio.services import history
 from studio.ui.controller import ProjectController
+from studio.ui.loading import LatestLoad
+from studio.ui.pages.cards import STALE_COLOR
 from studio.ui.pages.registry import page_spec
 from studio.ui.stages import article, project_kind, project_stage, role_of
 from studio.ui.widgets import EmptyState, SourceBadge, label
@@ -199,6 +203,19 @@ class StagePage(Page):
         self.content_layout = QVBoxLayout(self.content)
         self.content_layout.setContentsMargins(0, 0, 0, 0)
         self.body_layout.addWidget(self.content, 1)
+        # which shown jobs no longer match the project (its settings, inputs or the code)
+        self.stale_note = label("", wrap=True)
+        self.stale_note.setStyleSheet(f"color: {STALE_COLOR};")
+        self.stale_note.hide()
+        self.content_layout.addWidget(self.stale_note)
+        #: job id -> why its figures no longer match the project (only the stale ones)
+        self.stale: dict[int, str] = {}
+        self._stale_load = LatestLoad(ctl)
+        self._stale_timer = QTimer(self)  # a burst of edits: one check
+        self._stale_timer.setSingleShot(True)
+        self._stale_timer.setInterval(300)
+        self._stale_timer.timeout.connect(self.check_stale)
+        ctl.changed.connect(lambda _change: self._stale_timer.start())
         self._jobs: list[Job] = []
         self._empty_title = empty_title
         self._run_buttons: list[QPushButton] = []
@@ -261,10 +278,53 @@ class StagePage(Page):
         self._jobs = sorted(jobs, key=self.sort_key)
         if self.set_has_content(bool(self._jobs)):
             self.show_jobs(self._jobs)
+        self.check_stale()
 
     def show_jobs(self, jobs: list[Job]) -> None:
         """Draw ``jobs`` (never empty)."""
         raise NotImplementedError
+
+    # ---- stale figures ------------------------------------------------------------------
+    def check_stale(self):
+        """Compute the keys the project gives the shown jobs' stage now, in a thread (it
+        hashes the input files), then mark the jobs whose figures no longer match it.
+        Returns the task (None when nothing is shown)."""
+        studio = self.ctl.studio
+        shown = list(self._jobs)
+        if studio is None or not shown:
+            self._stale_load.drop()
+            self._apply_stale({}, "")
+            return None
+        project = studio.project.copy()
+        stages = sorted({j.stage for j in shown})
+
+        def done(keys: dict[str, str]) -> None:
+            s = self.ctl.studio
+            self._apply_stale(history.stale_reasons(project, s.jobs, shown, keys, s.store), "")
+
+        def failed(exc: Exception) -> None:
+            why = exc.message if isinstance(exc, StudioError) else str(exc)
+            self._apply_stale({}, f"Cannot tell whether these figures match the project now: "
+                                  f"{why}")
+
+        return self._stale_load.start(history.current_keys, project, stages, done=done,
+                                      failed=failed)
+
+    def _apply_stale(self, reasons: dict[int, str], note: str) -> None:
+        self.stale = dict(reasons)
+        stale = [j for j in self._jobs if j.id in reasons]
+        if stale:
+            note = ("⚠ Stale — made with an older recipe or other inputs than the project "
+                    "holds now: " + "; ".join(f"{j.label} of run {j.run_id} ({reasons[j.id]})"
+                                              for j in stale)
+                    + ". Run the stage again to update them.")
+        self.stale_note.setText(note)
+        self.stale_note.setVisible(bool(note))
+        self.mark_stale(self.stale)
+
+    def mark_stale(self, reasons: dict[int, str]) -> None:
+        """Mark the drawn figures of the jobs in ``reasons`` stale (job id -> why); the page's
+        note already lists them. A no-op unless the page draws cards of its own."""
 
 
 class TargetStagePage(StagePage):

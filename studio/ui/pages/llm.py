@@ -44,6 +44,9 @@ class LLMPage(StagePage):
         import pyqtgraph as pg
 
         self.pg = pg
+        #: the drawn figures and texts of each shown job (marked when it is stale)
+        self._job_cards: dict[int, list[FigureCard]] = {}
+        self._job_boxes: dict[int, QGroupBox] = {}
         self.add_run_action(
             "Run generation",
             "Runs the run stage and what it needs (export, quantize, compile)",
@@ -138,10 +141,12 @@ class LLMPage(StagePage):
         clear_layout(self.text_layout)
         self.plot.clear()
         legend = []
+        self._job_cards, self._job_boxes = {}, {}
         for r, job in enumerate(jobs):
             res = job.result or {}
             self.cards.addWidget(
-                label(f"<b>{job.target}</b><br><span style='color:gray'>job #{job.id}</span>"), r, 0
+                label(f"<b>{job.target}</b><br><span style='color:gray'>run {job.run_id} · "
+                      f"job #{job.id}</span>"), r, 0
             )
             for c, m in enumerate(self.ctl.studio.jobs.metrics(job_id=job.id)):
                 where = m.device + (f" · {m.target}" if m.target else "")
@@ -149,8 +154,10 @@ class LLMPage(StagePage):
                                   m.source, where, m.detail)
                 card.figure = (m.name, m.device, m.target)  # the catalogue's key, and where
                 card.setToolTip(metric_tip(m.name) + (f"\n{m.detail}" if m.detail else ""))
+                self._job_cards.setdefault(job.id, []).append(card)
                 self.cards.addWidget(card, r, c + 1)
             box = QGroupBox(f"{job.target} ({res.get('source', '')})")
+            self._job_boxes[job.id] = box
             bl = QVBoxLayout(box)
             text = QPlainTextEdit(res.get("text", ""))
             text.setReadOnly(True)
@@ -165,6 +172,17 @@ class LLMPage(StagePage):
                     f"<span style='color:{color}'>━━</span> {job.target} ({res.get('source', '')})"
                 )
         self.legend.setText("&nbsp;&nbsp;&nbsp;".join(legend))
+        self.mark_stale(self.stale)
+
+    def mark_stale(self, reasons: dict[int, str]) -> None:
+        """Each job's cards and generated text say when the project changed since it ran."""
+        for jid, cards in self._job_cards.items():
+            why = reasons.get(jid, "")
+            for card in cards:
+                card.set_stale(f"{why}: re\u2011run" if why else "")
+        for jid, box in self._job_boxes.items():
+            title = box.title().removeprefix("⚠ stale · ")
+            box.setTitle(f"⚠ stale · {title}" if jid in reasons else title)
 
 
 def main() -> int:

@@ -33,6 +33,18 @@ from studio.core.progress import EventProgress
 from studio.ui.widgets import SourceBadge, label
 
 
+def live_source(device_id: str, runtime: str = "studio", chips: list[str] | None = None
+                ) -> tuple[str, str]:
+    """(source label, device name) of what a generation on ``device_id`` produces, as the
+    device labels its result (Genie runs the bundle on the HTP simulator here); the label is
+    "" for a device that cannot be named (the generation then says why)."""
+    try:
+        dev = device(device_id, chips)
+    except StudioError:
+        return "", device_id
+    return ("simulated" if runtime == "genie" else dev.source), dev.name
+
+
 def _runs_genie(device_id: object) -> bool:
     """Whether Genie runs a bundle on the device a list entry names (the HTP simulator)."""
     try:
@@ -310,9 +322,12 @@ class PlaygroundPanel(QWidget):
         project = self.ctl.project.copy()
         sampling = SamplingConfig(s["temperature"], 0, 1.0, s["seed"])
         self._cancel = cancel = EventProgress()
-        # the live figures' source, as the device will label its result
-        self._live_source = ("simulated" if "htp-sim" in s["device_name"]
-                             or s["runtime"] == "genie" else "measured")
+        # the live figures' source, as the device will label its result: the badge follows
+        # the output now streaming, not the one of the device chosen before
+        self._live_source, where = live_source(s["device_name"], s["runtime"],
+                                               list(project.targets))
+        self.badge.set_source(self._live_source, f"live: generating on {where}")
+        self.badge.setVisible(bool(self._live_source))
         self._t0, self._first, self._chunks, self._passes = time.perf_counter(), None, 0, []
         self.output.setPlainText(prompt)
         self.stats.setText("loading the model…")
@@ -393,7 +408,8 @@ class PlaygroundPanel(QWidget):
     def _on_finished(self, out: dict) -> None:
         self._done()
         self.last = out
-        self.badge.set_source(out["source"], out.get("timing_note") or "")
+        self.badge.set_source(out["source"], f"{out['device_name']}\n"
+                                             f"{out.get('timing_note') or ''}".strip())
         self.badge.setVisible(True)
         if out.get("runtime") == "genie":
             tps, ttft = out.get("decode_tokens_per_s"), out.get("time_to_first_token_ms")
@@ -433,6 +449,8 @@ class PlaygroundPanel(QWidget):
 
     def _on_failed(self, message: str) -> None:
         self._done()
+        # text that streamed before the stop keeps its label; with none there is no result
+        self.badge.setVisible(self._chunks > 0)
         self.stats.setText(f"<span style='color:#c62828'>{message}</span>")
         import re
 

@@ -152,9 +152,9 @@ class QueuePage(Page):
         if chosen is not None:
             self.select_item(chosen.id)
         running = [i for i in items if i.state == workqueue.RUNNING]
-        waiting = [i for i in items if i.state == workqueue.WAITING]
         paused = self.queue.paused
-        text = f"{len(running)} running, {len(waiting)} waiting"
+        # the count the status bar shows too (QueueRunner.counts)
+        text = workqueue.Counts.of(items, False).text()
         if paused:
             text += (" · the queue is paused: nothing new starts"
                      + (f" ({self.queue.left_over} item(s) left from the last session)"

@@ -558,12 +558,17 @@ class SweepsPage(Page):
             return False
         try:
             find_spec(studio.project, name)
-            item, _ = self.ctl.queue.add(studio.project, "sweep",
-                                         {"sweep": name, "workers": self.workers.value()})
+            item, _, joined = self.ctl.queue.add(
+                studio.project, "sweep", {"sweep": name, "workers": self.workers.value()})
         except StudioError as exc:
             self.ctl.message.emit("error", exc.message)
             return False
-        if item.state == "waiting":
+        if joined:
+            self.status.setText(f"Sweep {name!r} is already #{item.id} ({item.state}): not "
+                                "queued twice")
+            self.ctl.message.emit("info", f"Sweep {name!r} is already queued as #{item.id} "
+                                          f"({item.state}): not queued twice")
+        elif item.state == "waiting":
             why = self.ctl.queue.why.get(item.id, "it waits its turn")
             self.status.setText(f"Queued as #{item.id}: {why}")
             self.ctl.message.emit("info", f"Sweep {name!r} queued as #{item.id}: {why}")

@@ -405,6 +405,8 @@ class ValidationPage(StagePage):
         self.target.blockSignals(False)
         self._show_changes()
         self.show_current()
+        self._jobs = sorted(self._vjobs.values(), key=lambda j: j.target)
+        self.check_stale()  # the picked run's figures against the project as it is now
 
     # ---- what changed -----------------------------------------------------------------------
     def _show_changes(self) -> None:

@@ -49,9 +49,9 @@ def _history(spec: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"settings": (run or {}).get("config", {}).get("settings"),
                                "sweeps": h.get("sweeps")}
         if run is not None:
-            out["run"] = {"id": run["id"], "state": run["state"], "created": run["created"],
-                          "finished": run.get("finished"), "settings_recorded": bool(
-                              (run.get("config") or {}).get("settings"))}
+            out["run"] = {"id": run["id"], "state": _state_when_written(store, run, spec),
+                          "created": run["created"], "finished": run.get("finished"),
+                          "settings_recorded": bool((run.get("config") or {}).get("settings"))}
         try:
             from studio.core.compare import compare_with_previous
 
@@ -61,6 +61,22 @@ def _history(spec: dict[str, Any]) -> dict[str, Any]:
         return out
     finally:
         store.close()
+
+
+def _state_when_written(store, run: dict[str, Any], spec: dict[str, Any]) -> str:
+    """The state of the run a stage reads: a run is recorded as running until its last job
+    ends, and the stage reading it (the report, which waits for every other job) is that
+    job. When every other job of the run has ended, the run ends as they did (the reading
+    job succeeds with what it writes): the report of a finished run never calls it
+    running."""
+    from studio.core.jobs import FINAL, run_outcome
+
+    if run["state"] != "running":
+        return str(run["state"])
+    others = [j.state for j in store.jobs(run_id=run["id"]) if j.id != spec.get("job_id")]
+    if not all(s in FINAL for s in others):
+        return "running"
+    return run_outcome(others)
 
 
 def refuse_parts(decl: StageDecl, inputs: dict[str, Path]) -> None:
