@@ -539,9 +539,13 @@ class OverviewPage(Page):
         stale_labels: list[str] = []
         reasons: set[str] = set()
         studio = self.ctl.studio
+        # the one rule of every page (a measurement taken again under the current plan key
+        # is current)
+        stale = (history.stale_reasons(studio.project, studio.jobs, self._card_jobs, keys,
+                                       studio.store)
+                 if keys is not None and studio is not None else {})
         for job, card in zip(self._card_jobs, self.cards.cards, strict=True):
-            why = (history.stale_reason(studio.project, studio.jobs, job, keys)
-                   if keys is not None and studio is not None else "")
+            why = stale.get(job.id, "")
             # a non-breaking hyphen: "re-" and "run" never end up on two lines of a card
             card.set_stale(f"{why}: re\u2011run" if why else "")
             if why:
