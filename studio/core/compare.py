@@ -9,22 +9,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from studio.core import figures
 from studio.core.jobs import JobStore
 from studio.core.metrics import Metric
 
-# Metrics where a smaller value is better (for marking a delta as an improvement).
-LOWER_IS_BETTER = {
-    "logits_max_abs_error", "perplexity_quantized", "perplexity_fp32", "perplexity_host_qdq",
-    "sensitivity_perplexity_fp32", "perplexity_base",
-    "prefill_ms", "decode_ms_per_token", "decode_step_total", "export_seconds",
-    "quantize_seconds", "compile_seconds",
-    # the HTP compiler's own figures of a decode step (deterministic for a binary)
-    "compiler_dram_bytes_per_step", "compiler_vtcm_bytes_per_step", "compiler_dma_ops_per_step",
-    "compiler_binary_bytes", "compiler_spill_fill_ops",
-}
-# Metrics that describe rather than judge: a change is neither better nor worse (more HTP
-# ops after optimization can be the better graph).
-NEUTRAL = {"compiler_htp_ops", "compiler_vtcm_peak_bytes"}
+
+def better_of(name: str, delta: float | None) -> bool | None:
+    """Whether a change of ``name`` by ``delta`` is an improvement: the catalogue of figures
+    says which way each figure is better (``None``: neither — more HTP ops after optimization
+    can be the better graph); a figure not in it counts higher as better."""
+    if not delta:
+        return None
+    fig = figures.get(name)
+    way = fig.better if fig is not None else "higher"
+    if not way:
+        return None
+    return (delta < 0) == (way == "lower")
 
 
 def flatten(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -83,9 +83,7 @@ def compare_runs(store: JobStore, run_a: int, run_b: int) -> dict[str, Any]:
         if a is not None and b is not None:
             delta = b.value - a.value
             rel = delta / abs(a.value) if a.value else None
-        better = None
-        if delta and key[0] not in NEUTRAL:
-            better = (delta < 0) == (key[0] in LOWER_IS_BETTER)
+        better = better_of(key[0], delta)
         rows.append({
             "name": key[0], "device": key[1], "target": key[2], "unit": ref.unit,
             "source": ref.source, "a": None if a is None else a.value,

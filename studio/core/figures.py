@@ -295,7 +295,7 @@ CATALOGUE: dict[str, Figure] = {f.key: f for f in (
        "bytes the compiled decode graph reads and writes in VTCM in one step", _PROFILE,
        _HOST, "VTCM used at the peak (compiler) (space, not traffic)", ""),
     _f("compiler_dma_ops_per_step", "DMA transfers per decode step (compiler)", "ops",
-       "ops the compiler made DMA transfers in one decode step", _PROFILE, _HOST, "", ""),
+       "ops the compiler made DMA transfers in one decode step", _PROFILE, _HOST, "", "lower"),
     _f("compiler_vtcm_peak_bytes", "VTCM used at the peak (compiler)", "B", "VTCM the "
        "compiler placed tensors in at once (of the chip's VTCM, the catalog's figure)",
        _PROFILE, _HOST, "VTCM traffic per decode step (compiler) (bytes moved)", ""),

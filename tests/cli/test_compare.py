@@ -5,6 +5,7 @@ report carries the same comparison."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -73,10 +74,14 @@ def test_compare_text_names_the_change_and_the_metrics(two_runs):
     lines = r.stdout.splitlines()
     assert lines[0] == "run 2 vs run 1"
     assert "  quantization.scheme: 'W8A16' → 'W8A8'" in lines
-    top1 = next(ln for ln in lines if ln.strip().startswith("top1_agreement "))
-    assert "simulated" in top1 and "htp-sim / " in top1 and "→" in top1
-    ppl = next(ln for ln in lines if ln.strip().startswith("perplexity_fp32 "))
-    assert "measured" in ppl and "host-cpu" in ppl
+    # the catalogue's title, where and way of writing the figure, as the pages write it
+    top1 = next(ln for ln in lines if ln.strip().startswith("top-1 agreement with FP32 "))
+    assert "simulated" in top1 and "HTP simulator · " in top1 and "→" in top1
+    assert re.search(r"\d+\.\d% → \d+\.\d%", top1)
+    # an unchanged figure's change is 0, never -0
+    assert not any(re.search(r"(?<![\w.])[-−]0(\.0+)?(\s|%|$)", ln) for ln in lines)
+    ppl = next(ln for ln in lines if ln.strip().startswith("perplexity, FP32 "))
+    assert "measured" in ppl and "host CPU" in ppl
     # a figure only one run has (a stage the other run took from the cache) says so
     for ln in lines:
         if "→ —" in ln:

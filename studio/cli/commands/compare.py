@@ -10,6 +10,7 @@ from pathlib import Path
 
 from studio.cli.command import Command, Context
 from studio.cli.common import MAX_RUN_ID, open_history, when, whole
+from studio.core import figures
 from studio.core.errors import StudioError
 
 
@@ -21,12 +22,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the run to compare (default: the newest with results)")
     p.add_argument("--json", dest="compare_json", action="store_true",
                    help="print the comparison as JSON")
-
-
-def _num(v: float | None, signed: bool = False) -> str:
-    if v is None:
-        return "—"
-    return f"{v:+.4g}" if signed else f"{v:.4g}"
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -70,20 +65,22 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     print(f"metrics (run {a} → run {b}):")
     table = []
     for m in rows:
-        where = m["device"] + (f" / {m['target']}" if m["target"] else "")
-        rel = "" if m["relative"] is None else f"({m['relative']:+.2%})"
+        rel = "" if not m["relative"] else f"({m['relative']:+.2%})".replace("-", "−")
         mark = {True: "better", False: "worse"}.get(m["better"], "")
         if m["delta"] == 0:
             mark = "same"
         elif m["a"] is None or m["b"] is None:
             mark = f"only in run {a if m['b'] is None else b}"
-        unit = f" {m['unit']}" if m["unit"] else ""
+        name = m["name"]
 
-        def value(v: float | None, unit: str = unit) -> str:
-            return "—" if v is None else _num(v) + unit
+        def value(v: float | None, name: str = name, unit: str = m["unit"]) -> str:
+            return figures.fmt(name, v, unit)
 
-        table.append((m["name"], m["source"], where, f"{value(m['a'])} → {value(m['b'])}",
-                      _num(m["delta"], signed=True), rel, mark))
+        delta = m["delta"]
+        change = "—" if delta is None else (
+            ("+" if delta > 0 else "−" if delta < 0 else "") + value(abs(delta)))
+        table.append((figures.title(name), m["source"], figures.where(m["device"], m["target"]),
+                      f"{value(m['a'])} → {value(m['b'])}", change, rel, mark))
     widths = [max(len(r[i]) for r in table) for i in range(6)]
     for r in table:
         cells = [r[i].ljust(widths[i]) for i in range(6)] + [r[6]]
