@@ -412,18 +412,16 @@ CATALOGUE: dict[str, Figure] = {f.key: f for f in (
        "(the projections; no embeddings, norms or biases), each at its layer's precision",
        "studio.services.precision:scheme_diff", _EST, "checkpoint weights at a precision (the "
        "whole model at one precision)", "lower"),
-    _f("graph_weight_bytes", "graph weights (quantized graph)", "B", "the quantized decode "
-       "graph's initializers at their stored dtypes (integer weights, float embeddings and "
-       "norms, a tied embedding stored twice, scales and zero points)",
-       "studio.engine.memplan:graph_memory", _EST, "MatMul weight bytes (the projections "
-       "alone, no scales)", "lower"),
-    _f("graph_weight_bytes_fp32", "graph weights as FP32", "B", "the same initializers as "
-       "FP32 (scales and zero points left out)", "studio.engine.memplan:graph_memory", _EST,
-       "checkpoint weights at a precision (a tied embedding counted once)", "lower"),
-    _f("kv_cache_graph_io_bytes", "KV cache, QDQ graph I/O", "B", "the past_* inputs of the "
-       "quantized decode graph as the host runs it (float32 tensors)",
-       "studio.engine.memplan:graph_memory", _EST, "KV cache on the device (the deployed "
-       "binaries' cache precision)", "lower"),
+    _f("graph_weight_bytes", "graph weights as stored", "B", "one graph's initializers at "
+       "their stored dtypes (a quantized graph's integer weights with their scales and zero "
+       "points, the FP32 export's floats; a tied embedding stored as the embedding and the "
+       "head), for the graph the Memory tab shows", "studio.engine.memplan:graph_memory",
+       _EST, "checkpoint weights at a precision (every parameter once) and MatMul weight bytes "
+       "(the projections alone, no scales)", "lower"),
+    _f("kv_cache_graph_io_bytes", "KV cache, graph I/O", "B", "one graph's past_* inputs as "
+       "the host runs it (float32 tensors in the exported and QDQ graphs; a prefill graph "
+       "takes none)", "studio.engine.memplan:graph_memory", _EST, "KV cache on the device "
+       "(the deployed binaries' cache precision)", "lower"),
     _f("deployable_binary_bytes", "deployable binaries, total", "B", "the context binaries "
        "the compile stage made for the device, every part's prefill and decode graphs (file "
        "sizes)", "studio.engine.deploy:read", ("measured",),

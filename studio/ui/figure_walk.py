@@ -136,6 +136,11 @@ async def walk(win, pause: Callable[[float], Awaitable[None]]) -> Walk:
                 tab.setCurrentIndex(i)
                 await pause(0.15)
             place = spec.title + (f" ▸ {tab.tabText(i)}" if tab is not None else "")
+            for _ in range(60):  # a page that loads its figures in a thread: up to 12 s
+                if not any(c.isVisible() and c.value.text() in ("–", "—", "")
+                           for c in page.findChildren(FigureCard)):
+                    break
+                await pause(0.2)
             read_page(page, place, out, target)
     return out
 
@@ -204,11 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     from studio.ui.settings import AppSettings
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    app.setApplicationName("qstudio-figure-walk")
     w, h = (int(x) for x in args.size.split("x"))
 
     async def pause(s: float = 0.4) -> None:
-        await asyncio.sleep(s)
-        app.processEvents()
+        await asyncio.sleep(s)  # the Qt event loop runs meanwhile (qasync)
 
     async def go() -> int:
         with tempfile.TemporaryDirectory(prefix="qstudio-walk-") as tmp:

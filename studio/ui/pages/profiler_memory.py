@@ -143,9 +143,15 @@ class MemoryTab(QWidget):
             "kv": (f"{figures.fmt('kv_cache_graph_io_bytes', mem['kv_cache_bytes'])} in, "
                    f"{format_bytes(mem.get('kv_output_bytes', 0))} out"),
         }
+        graph = f"{stage} · {g}"
         for key, text in values.items():
             self.cards[key].value.setText(text)
             self.cards[key].badge.set_source(src)
+        for key, name in (("weights", "graph_weight_bytes"), ("kv", "kv_cache_graph_io_bytes")):
+            # one figure per graph: the card says which graph it counts
+            self.cards[key].figure = (name, graph, "")
+            self.cards[key].where.setText(graph)
+            self.cards[key].where.show()
         pg = self.pg
         self.plot.clear()
         live = p["live_bytes"]
