@@ -91,7 +91,7 @@ def test_profile_runs_live_then_breakdown_compare_and_memory(
     for r in range(page.diff.rowCount()):
         a, b = (float(page.diff.index(r, c).data().split()[0].replace(",", ""))
                 for c in (1, 2))
-        change = float(page.diff.index(r, 3).data().replace(",", ""))
+        change = float(page.diff.index(r, 3).data().replace(",", "").replace("−", "-"))
         assert change == pytest.approx(a - b, abs=1.0)
     assert page.delta_plot.getPlotItem().listDataItems() or page.delta_plot.items()
     assert not page.delta_plot.property("message")

@@ -11,6 +11,7 @@ from pathlib import Path
 from studio.cli.command import Command, Context
 from studio.cli.common import MAX_RUN_ID, open_history, when, whole
 from studio.core.errors import StudioError
+from studio.core.units import signed as with_sign
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _num(v: float | None, signed: bool = False) -> str:
     if v is None:
         return "—"
-    return f"{v:+.4g}" if signed else f"{v:.4g}"
+    return with_sign(v, ".4g") if signed else f"{v:.4g}"
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     table = []
     for m in rows:
         where = m["device"] + (f" / {m['target']}" if m["target"] else "")
-        rel = "" if m["relative"] is None else f"({m['relative']:+.2%})"
+        rel = "" if m["relative"] is None else f"({with_sign(m['relative'], '.2%')})"
         mark = {True: "better", False: "worse"}.get(m["better"], "")
         if m["delta"] == 0:
             mark = "same"

@@ -34,7 +34,7 @@ from PySide6.QtWidgets import (
 from studio.core.errors import StudioError
 from studio.core.events import BLOCKS
 from studio.core.profile import SOURCE_NOTES
-from studio.core.units import format_bytes
+from studio.core.units import format_bytes, signed
 from studio.services import profile_view as pv
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.pages.base import TargetStagePage
@@ -531,11 +531,12 @@ class ProfilerPage(TargetStagePage):
                              "Δ A − B" if a_newer else "Δ B − A", "B / A", "Share A", "Share B"]
 
         def colour(change: float) -> dict[int, str]:
-            return {3: "#d64545" if change > 0 else "#1f8a4c"} if change else {}
+            # as written: a change that rounds to 0 is not coloured
+            return {3: "#d64545" if change > 0 else "#1f8a4c"} if round(change) else {}
 
         self.diff.set_rows([
             Row([r.name, _num(r.a, unit, False), _num(r.b, unit, False),
-                 f"{sign * r.delta:+,.0f}",
+                 signed(sign * r.delta, ",.0f", "−"),
                  f"{r.ratio:.2f}×" if r.ratio is not None else "new",
                  f"{r.share_a:.1%}", f"{r.share_b:.1%}"],
                 colors=colour(sign * r.delta), align_right=(1, 2, 3, 4, 5, 6))

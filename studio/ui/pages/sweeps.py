@@ -35,6 +35,7 @@ from PySide6.QtWidgets import (
 
 from studio.core.errors import StudioError
 from studio.core.sweep import BEST_RULES, Point, best_point, pareto_front
+from studio.core.units import signed
 from studio.services.sweep_report import fmt_bytes, point_rows
 from studio.ui.pages.base import Page
 from studio.ui.widgets import (
@@ -753,7 +754,8 @@ class SweepsPage(Page):
             if now:
                 state += " · " + ", ".join(f"{j['stage']} {j['progress']:.0%}" for j in now)
             acc = f"{r['accuracy']:.6f}" if r["accuracy"] is not None else "—"
-            ppl = (f"{r['perplexity_increase']:+.2%}" if r["perplexity_increase"] is not None
+            ppl = (signed(r["perplexity_increase"], ".2%", "−")
+                   if r["perplexity_increase"] is not None
                    else "—")
             tps = f"{r['tokens_per_s']:.1f}" if r["tokens_per_s"] is not None else "—"
             marks = []
