@@ -53,6 +53,14 @@ def plot_message(plot, text: str) -> None:
         item.hideAxis(a)
     plot.setProperty("message_hid", ",".join(sorted(hidden)))
     msg = pg.TextItem(text, anchor=(0.5, 0.5), color=plot.palette().text().color())
+    msg.is_plot_message = True
+    # a long reason wraps (centred) to the chart's width instead of running off its sides
+    doc = msg.textItem.document()
+    option = doc.defaultTextOption()
+    option.setAlignment(Qt.AlignmentFlag.AlignHCenter)
+    doc.setDefaultTextOption(option)
+    if msg.textItem.boundingRect().width() > plot.width() * 0.85:
+        msg.setTextWidth(max(160, int(plot.width() * 0.85)))
     plot.addItem(msg)
     msg.setPos(0.5, 0.5)
     plot.setXRange(0, 1, padding=0)
@@ -61,10 +69,17 @@ def plot_message(plot, text: str) -> None:
 
 
 def plot_axes(plot) -> None:
-    """Undo :func:`plot_message` before drawing data: the axes it hid are shown again."""
+    """Undo :func:`plot_message` before drawing data: the axes it hid are shown again, and
+    the ranges it fixed follow the data again (a chart that showed no message keeps its
+    zoom)."""
     hid = plot.property("message_hid") or ""
     for a in filter(None, hid.split(",")):
         plot.getPlotItem().showAxis(a)
+    if plot.property("message"):
+        for item in plot.getPlotItem().items[:]:
+            if getattr(item, "is_plot_message", False):
+                plot.removeItem(item)
+        plot.getPlotItem().enableAutoRange()
     plot.setProperty("message_hid", "")
     plot.setProperty("message", "")
 

@@ -20,7 +20,7 @@ from studio.ui.pages.figures import metric_title
 from studio.ui.pages.llm_playground import PlaygroundPanel
 from studio.ui.pages.llm_tuning import PruningPanel, WaterfallPanel
 from studio.ui.stages import role_of
-from studio.ui.widgets import clear_layout, fmt_value, label, theme_plot
+from studio.ui.widgets import clear_layout, fmt_value, label, plot_axes, plot_message, theme_plot
 
 COLORS = ["#2f6fd6", "#8a5a00", "#1b8a3f", "#6b3fa0", "#c62828"]
 
@@ -167,6 +167,10 @@ class LLMPage(StagePage):
                     f"<span style='color:{color}'>━━</span> {job.target} ({res.get('source', '')})"
                 )
         self.legend.setText("&nbsp;&nbsp;&nbsp;".join(legend))
+        if legend:
+            plot_axes(self.plot)
+        else:
+            plot_message(self.plot, "No step times recorded: the run jobs kept none")
 
 
 def main() -> int:

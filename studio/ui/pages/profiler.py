@@ -369,7 +369,9 @@ class ProfilerPage(TargetStagePage):
             items = items[:TOP_N] + [(f"{len(rest)} more", sum(r[1] for r in rest),
                                       float("nan"), float("nan"))]
         if not items:
+            plot_message(plot, "No op took any time in this profile")
             return
+        plot_axes(plot)
         ys = list(range(len(items)))
         plot.addItem(pg.BarGraphItem(x0=[0] * len(items), y=ys, height=0.7,
                                      width=[v for _, v, _, _ in items],

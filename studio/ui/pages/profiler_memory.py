@@ -22,7 +22,7 @@ from studio.ui.loading import LatestLoad
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.pages.cards import FigureCard
 from studio.ui.stages import role_of
-from studio.ui.widgets import label, theme_plot
+from studio.ui.widgets import label, plot_axes, plot_message, theme_plot
 
 
 class MemoryTab(QWidget):
@@ -86,6 +86,7 @@ class MemoryTab(QWidget):
         self.note = label("", "muted", wrap=True)
         lay.addWidget(self.note)
         self.apply_theme()
+        plot_message(self.plot, "No memory plan yet: it is made when this tab is shown")
 
     def apply_theme(self) -> None:
         theme_plot(self.plot, self.palette())
@@ -97,6 +98,7 @@ class MemoryTab(QWidget):
             return
         project = studio.project.copy()
         self.status.setText("Planning the graphs' memory…")
+        plot_message(self.plot, "Planning the graphs' memory…")
 
         graphs = dict(self.graphs)
 
@@ -113,6 +115,8 @@ class MemoryTab(QWidget):
             self.result = None
             self.status.setText(exc.message if isinstance(exc, StudioError)
                                 else f"memory planning failed: {exc!r}")
+            plot_message(self.plot, "No memory plan: " + (
+                exc.message if isinstance(exc, StudioError) else "the planning failed"))
             self.loaded.emit()
 
         self._load.start(work, done=done, failed=failed)
@@ -136,6 +140,8 @@ class MemoryTab(QWidget):
 
     def _draw(self, *_args) -> None:
         if not self.result or self.graph.currentData() is None:
+            if self.result is not None:  # planned, but no graph of the current settings
+                plot_message(self.plot, "No exported graph to plan yet: run the export stage")
             return
         stage, g = self.graph.currentData()
         mem = self.result["stages"][stage][g]
@@ -154,6 +160,7 @@ class MemoryTab(QWidget):
             self.cards[key].badge.set_source(src)
         pg = self.pg
         self.plot.clear()
+        plot_axes(self.plot)
         live = p["live_bytes"]
         xs = list(range(len(live)))
         fg = self.palette().text().color()

@@ -42,6 +42,8 @@ from studio.ui.widgets import (
     EmptyState,
     SourceBadge,
     label,
+    plot_axes,
+    plot_message,
     read_only_table,
     splitter,
     theme_plot,
@@ -273,7 +275,6 @@ class SweepsPage(Page):
             self.plot.getAxis(axis).enableAutoSIPrefix(False)
         self.scatter = pg.ScatterPlotItem(hoverable=True, tip=self._tip)
         self.scatter.sigClicked.connect(self._plot_clicked)
-        self.plot_note = pg.TextItem("", anchor=(0.5, 0.5))
         pl.addWidget(self.plot, 1)
         return pbox
 
@@ -821,15 +822,12 @@ class SweepsPage(Page):
         self.plot.setLabel("left", f"{rec['accuracy_title']} ({self._acc_source()}) →")
         self.plot.setLabel("bottom", self._size_title() + " →")
         idx = self._plotted()
-        if not idx:
-            plot.addItem(self.plot_note)
-            self.plot_note.setText("No point has both an accuracy and a size yet"
-                                   + (": they appear as points finish" if self.running else ""))
-            self.plot_note.setColor(self.palette().text().color())
-            plot.setXRange(0, 1, padding=0)
-            plot.setYRange(0, 1, padding=0)
-            self.plot_note.setPos(0.5, 0.5)
+        if not idx:  # says why, no bare 0-1 axes
+            plot_message(plot, "No point has both an accuracy and a size yet"
+                         + (": they appear as points finish" if self.running
+                            else ": run the sweep"))
             return
+        plot_axes(plot)
         xs = {i: self.rows[i]["size_bytes"] / 2**20 for i in idx}
         ys = {i: self.rows[i]["accuracy"] for i in idx}
         front = sorted((i for i in idx if self.rows[i]["front"]), key=lambda i: xs[i])
