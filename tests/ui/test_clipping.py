@@ -1,6 +1,6 @@
 """No text cut off: every page (and each of its tabs) of the window with a project open, at
 1280 × 800 and 1920 × 1080, and every page of the new-project wizard at its own size,
-checked label by label and button by button (``widgets.clipped_texts``: a text wider than
+checked label by label and button by button (``clipcheck.clipped_texts``: a text wider than
 its widget); and the wizard fits a 1280 × 800 screen on every page."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from PySide6.QtWidgets import QTabWidget
 
-from studio.ui.widgets import clipped_texts
+from studio.ui.clipcheck import clipped_texts
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtWidgets import QPushButton, QToolButton, QWidget
 
-from studio.ui.widgets import clipped_texts
+from studio.ui.clipcheck import clipped_texts
 
 LONG = ("✖ compile[snapdragon-8-gen-3] failed: the context binary is larger than the 1.0 GiB "
         "the chip maps in one session; split the model into parts (export.parts) or lower "

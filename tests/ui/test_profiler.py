@@ -100,7 +100,8 @@ def test_profile_runs_live_then_breakdown_compare_and_memory(
     page.tabs.setCurrentIndex(page.tabs.indexOf(page.memory))
     qtbot.waitUntil(lambda: page.memory.result is not None, timeout=60_000)
     assert page.memory.graph.count() == 4  # prefill / decode, FP32 and quantized
-    assert "−" in page.memory.cards["arena"].value.text()
+    assert page.memory.cards["arena"].where.text().endswith("less than naive")
+    assert page.memory.cards["arena"].value.text().endswith("iB")
     assert page.memory.peak.rowCount() > 0
     page.tabs.setCurrentIndex(page.tabs.indexOf(page.roofline))
     qtbot.waitUntil(lambda: page.roofline.result is not None, timeout=30_000)

@@ -28,6 +28,8 @@ METRIC_TITLES = {
     "prefill_ms": "prefill",
     "decode_ms_per_token": "decode per token",
     "decode_tokens_per_s": "decode speed",
+    "first_decode_step_ms": "first decode step",
+    "load_ms": "load time",
     "profiled_ops": "profiled ops",
 }
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from PySide6.QtCore import QEvent
 from PySide6.QtWidgets import (
-    QGridLayout,
     QGroupBox,
     QPlainTextEdit,
     QSplitter,
@@ -15,7 +14,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.ui.pages.base import StagePage
-from studio.ui.pages.cards import FigureCard
+from studio.ui.pages.cards import CardGrid, FigureCard
 from studio.ui.pages.figures import metric_title
 from studio.ui.pages.llm_playground import PlaygroundPanel
 from studio.ui.pages.llm_tuning import PruningPanel, WaterfallPanel
@@ -51,7 +50,8 @@ class LLMPage(StagePage):
         cl = self.content_layout
         self.prompt_label = label("", "muted", wrap=True, selectable=True)
         cl.addWidget(self.prompt_label)
-        self.cards = QGridLayout()
+        # per device: its name, then its figures as cards in as many columns as fit
+        self.cards = QVBoxLayout()
         cl.addLayout(self.cards)
         split = QSplitter()
         self.texts = QWidget()
@@ -140,18 +140,15 @@ class LLMPage(StagePage):
         legend = []
         for r, job in enumerate(jobs):
             res = job.result or {}
-            self.cards.addWidget(
-                label(f"<b>{job.target}</b><br><span style='color:gray'>job #{job.id}</span>"), r, 0
-            )
-            for c, m in enumerate(self.ctl.studio.jobs.metrics(job_id=job.id)):
-                where = m.device + (f" · {m.target}" if m.target else "")
-                self.cards.addWidget(
-                    FigureCard(
-                        metric_title(m.name), fmt_value(m.value, m.unit), m.source, where, m.detail
-                    ),
-                    r,
-                    c + 1,
-                )
+            self.cards.addWidget(label(
+                f"<b>{job.target}</b> <span style='color:gray'>· job #{job.id}</span>"))
+            grid = CardGrid()
+            grid.set_cards([
+                FigureCard(metric_title(m.name), fmt_value(m.value, m.unit), m.source,
+                           m.device + (f" · {m.target}" if m.target else ""), m.detail)
+                for m in self.ctl.studio.jobs.metrics(job_id=job.id)
+            ])
+            self.cards.addWidget(grid)
             box = QGroupBox(f"{job.target} ({res.get('source', '')})")
             bl = QVBoxLayout(box)
             text = QPlainTextEdit(res.get("text", ""))

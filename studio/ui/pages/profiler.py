@@ -170,7 +170,10 @@ class ProfilerPage(TargetStagePage):
         self.group.addItem("Layer × block (shares)", "layer_block")
         self.group.currentIndexChanged.connect(self._draw_ops)
         row.addWidget(self.group)
-        self.op_note = label("", "muted")
+        # wrapped, with room for two lines from the start: another grouping's note does not
+        # move the chart under it
+        self.op_note = label("", "muted", wrap=True)
+        self.op_note.setMinimumHeight(2 * self.op_note.fontMetrics().lineSpacing())
         row.addWidget(self.op_note, 1)
         lay.addLayout(row)
         split = QSplitter()

@@ -7,7 +7,6 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
-    QGridLayout,
     QHBoxLayout,
     QHeaderView,
     QSplitter,
@@ -20,9 +19,9 @@ from studio.core.errors import StudioError
 from studio.core.units import format_bytes
 from studio.ui.loading import LatestLoad
 from studio.ui.models.rows import Row, RowsModel
-from studio.ui.pages.cards import FigureCard
+from studio.ui.pages.cards import CardGrid, FigureCard
 from studio.ui.stages import role_of
-from studio.ui.widgets import label, plot_axes, plot_message, theme_plot
+from studio.ui.widgets import SourceBadge, label, plot_axes, plot_message, theme_plot
 
 
 class MemoryTab(QWidget):
@@ -39,18 +38,28 @@ class MemoryTab(QWidget):
         row.addWidget(label("Graph:"))
         self.graph = QComboBox()
         self.graph.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        # as wide from the start as once the graphs are listed: the row does not jump
+        self.graph.setMinimumWidth(self.graph.fontMetrics().horizontalAdvance(
+            "decode · quantized (QDQ) (quantize)") + 40)
         self.graph.currentIndexChanged.connect(self._draw)
         row.addWidget(self.graph)
         self.status = label("", "muted", wrap=True)
         row.addWidget(self.status, 1)
+        # one source for the tab's figures (they are planned together): one badge, not five
+        self.badge = SourceBadge("estimated", "planned from the graph's static shapes")
+        row.addWidget(self.badge)
         lay.addLayout(row)
-        cards = QGridLayout()
+        # each card keeps room for a value up to "888.8 MiB" and a line under it from the
+        # start: the cards do not reflow (nor push the chart) when the plan arrives
+        size = "888.8 MiB"
         self.cards = {
-            "naive": FigureCard("Naive: a buffer per tensor", "–", "estimated"),
-            "arena": FigureCard("Reuse by lifetime", "–", "estimated"),
-            "bound": FigureCard("Peak live (bound)", "–", "estimated"),
-            "weights": FigureCard("Graph weights (stored)", "–", "estimated"),
-            "kv": FigureCard("KV cache, graph I/O", "–", "estimated"),
+            "naive": FigureCard("Naive: a buffer per tensor", "–", "estimated", "–",
+                                reserve=size),
+            "arena": FigureCard("Reuse by lifetime", "–", "estimated", "–", reserve=size),
+            "bound": FigureCard("Peak live (bound)", "–", "estimated", "–", reserve=size),
+            "weights": FigureCard("Graph weights (stored)", "–", "estimated", "–",
+                                  reserve=size),
+            "kv": FigureCard("KV cache, graph I/O", "–", "estimated", "–", reserve=size),
         }
         self.cards["weights"].setToolTip(
             "The bytes of this graph's initializers as stored: its weights at their precision "
@@ -61,9 +70,11 @@ class MemoryTab(QWidget):
             "The graph's cache inputs (past_*) and outputs (present_*) at their dtypes: "
             "float32 in the exported graphs. Not 'KV cache on the device' on the Overview "
             "(FP16 or INT8, one sequence at the context length).")
-        for i, card in enumerate(self.cards.values()):
-            cards.addWidget(card, 0, i)
-        lay.addLayout(cards)
+        for card in self.cards.values():
+            card.badge.hide()
+        self.card_grid = CardGrid()
+        self.card_grid.set_cards(list(self.cards.values()))
+        lay.addWidget(self.card_grid)
         split = QSplitter()
         self.plot = pg.PlotWidget()
         self.plot.setMenuEnabled(False)
@@ -84,6 +95,7 @@ class MemoryTab(QWidget):
         split.setSizes([640, 460])
         lay.addWidget(split, 1)
         self.note = label("", "muted", wrap=True)
+        self.note.setMinimumHeight(self.note.fontMetrics().lineSpacing())  # a line kept for it
         lay.addWidget(self.note)
         self.apply_theme()
         plot_message(self.plot, "No memory plan yet: it is made when this tab is shown")
@@ -147,17 +159,24 @@ class MemoryTab(QWidget):
         mem = self.result["stages"][stage][g]
         p = mem["plan"]
         src = mem.get("source", "estimated")
-        values = {
-            "naive": format_bytes(p["naive_bytes"]),
-            "arena": f"{format_bytes(p['arena_bytes'])} (−{p['reuse_saving']:.0%})",
-            "bound": format_bytes(p["lower_bound_bytes"]),
-            "weights": format_bytes(mem["weight_bytes"]),
-            "kv": (f"{format_bytes(mem['kv_cache_bytes'])} in, "
-                   f"{format_bytes(mem.get('kv_output_bytes', 0))} out"),
+        kv_in, kv_out = mem["kv_cache_bytes"], mem.get("kv_output_bytes", 0)
+        saving = p["reuse_saving"]
+        values = {  # (the figure, the line under it)
+            "naive": (format_bytes(p["naive_bytes"]), "no buffer reused"),
+            "arena": (format_bytes(p["arena_bytes"]),
+                      f"{saving:.0%} less than naive" if round(saving * 100)
+                      else "no less than naive"),
+            "bound": (format_bytes(p["lower_bound_bytes"]),
+                      f"at step {p['peak_step']} of {p['steps']}"),
+            "weights": (format_bytes(mem["weight_bytes"]), "initializers, as stored"),
+            "kv": (format_bytes(kv_in + kv_out),
+                   f"{format_bytes(kv_in)} in, {format_bytes(kv_out)} out"),
         }
-        for key, text in values.items():
+        for key, (text, where) in values.items():
             self.cards[key].value.setText(text)
+            self.cards[key].where.setText(where)
             self.cards[key].badge.set_source(src)
+        self.badge.set_source(src, "planned from the graph's static shapes, not measured")
         pg = self.pg
         self.plot.clear()
         plot_axes(self.plot)
