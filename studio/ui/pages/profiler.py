@@ -488,7 +488,8 @@ class ProfilerPage(TargetStagePage):
         live = f"<b>live</b>, run {data.get('repeat')}/{data.get('repeats')} of job #{job_id} · "
         self.job_label.setText(f"job #{job_id} · profiling {job.target} (live)")
         self._show_stats(data.get("stats") or {}, 0, "simulated", unit, live)
-        self.tabs.setCurrentIndex(0)
+        if not self.isVisible():  # never switch the tab one is reading
+            self.tabs.setCurrentIndex(0)
 
     # ---- compare --------------------------------------------------------------------------
     def _fill_against(self) -> None:
