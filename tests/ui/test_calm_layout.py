@@ -102,6 +102,9 @@ def test_an_unchanged_profile_compares_as_zero_never_minus_zero(
     assert deltas == ["0"] * rows, deltas
     assert all(page.diff.index(r, 3).data(Qt.ItemDataRole.ForegroundRole) is None
                for r in range(rows))
+    # the bars and the column name the same change (the shown profile, A, is the newer)
+    assert page.diff.columns[3] == "Δ A − B"
+    assert page.delta_plot.getAxis("bottom").labelText == "Δ share, percentage points (A − B)"
 
 
 def test_a_live_profile_does_not_switch_the_tab_one_reads(

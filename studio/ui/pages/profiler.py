@@ -533,8 +533,9 @@ class ProfilerPage(TargetStagePage):
         a_newer = (self.data.job is not None and other.job is not None
                    and self.data.job.id > other.job.id)
         sign = -1 if a_newer else 1  # CompareRow.delta is B - A
+        change = "A − B" if a_newer else "B − A"  # one name for the column and the bars
         self.diff.columns = ["Group", f"A ({unit})", f"B ({other.unit})",
-                             "Δ A − B" if a_newer else "Δ B − A", "B / A", "Share A", "Share B"]
+                             f"Δ {change}", "B / A", "Share A", "Share B"]
 
         def colour(change: float) -> dict[int, str]:
             # as written: a change that rounds to 0 is not coloured
@@ -566,7 +567,7 @@ class ProfilerPage(TargetStagePage):
                                                 height=0.7, width=[abs(d) for d in deltas],
                                                 brushes=brushes, pen=None))
         self.delta_plot.getAxis("left").setTicks([[(i, r.name) for i, r in enumerate(shown)]])
-        self.delta_plot.setLabel("bottom", "Δ share, percentage points (B − A)")
+        self.delta_plot.setLabel("bottom", f"Δ share, percentage points ({change})")
         if shown:
             self.delta_plot.setYRange(-0.6, len(shown) - 0.4, padding=0)
             span = max(abs(d) for d in deltas) or 1.0
