@@ -54,7 +54,8 @@ class Notification(QFrame):
         #: the status line no longer shows it (its time ran out, or the user hid it there)
         self.expired = False
         self.actions: list[tuple[str, Callable[[], None]]] = []
-        self.setProperty("role", "banner-error" if self.level == "error" else "banner")
+        # an error in red; an info plain (the amber of a warning banner said "warning")
+        self.setProperty("role", "banner-error" if self.level == "error" else "banner-ok")
         lay = QVBoxLayout(self)
         lay.setContentsMargins(10, 6, 4, 6)
         lay.setSpacing(4)
@@ -147,8 +148,11 @@ class NotificationList(QFrame):
         window = anchor.window()
         lay = self.layout()
         m = lay.contentsMargins()
-        want = (m.top() + m.bottom() + self.head.sizeHint().height() + lay.spacing()
-                + self.scroll.widget().sizeHint().height() + 2)
+        inner = self.scroll.widget()
+        wide = self.width() - m.left() - m.right()
+        rows = (inner.heightForWidth(wide) if inner.hasHeightForWidth()
+                else inner.sizeHint().height())  # wrapped texts: as tall as at this width
+        want = m.top() + m.bottom() + self.head.sizeHint().height() + lay.spacing() + rows + 2
         height = max(100, min(want, int(window.height() * 0.6)))
         self.setFixedHeight(height)
         corner = anchor.mapToGlobal(QPoint(anchor.width(), 0))
