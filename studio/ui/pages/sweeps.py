@@ -819,7 +819,8 @@ class SweepsPage(Page):
         plot.clear()
         self.scatter.clear()
         self._labels: list[Any] = []
-        self.plot.setLabel("left", f"{rec['accuracy_title']} ({self._acc_source()}) →")
+        # two lines: on one, the title ran past the short axis of a 1280 × 800 window
+        self.plot.setLabel("left", f"{rec['accuracy_title']}<br>({self._acc_source()}) →")
         self.plot.setLabel("bottom", self._size_title() + " →")
         idx = self._plotted()
         if not idx:  # says why, no bare 0-1 axes
