@@ -418,9 +418,9 @@ CATALOGUE: dict[str, Figure] = {f.key: f for f in (
        "head), for the graph the Memory tab shows", "studio.engine.memplan:graph_memory",
        _EST, "checkpoint weights at a precision (every parameter once) and MatMul weight bytes "
        "(the projections alone, no scales)", "lower"),
-    _f("kv_cache_graph_io_bytes", "KV cache, graph I/O", "B", "one graph's past_* inputs as "
-       "the host runs it (float32 tensors in the exported and QDQ graphs; a prefill graph "
-       "takes none)", "studio.engine.memplan:graph_memory", _EST, "KV cache on the device "
+    _f("kv_cache_graph_io_bytes", "KV cache, graph I/O", "B", "one graph's cache tensors at "
+       "its inputs and outputs (past_* in, present_* out) as the host runs it: float32 in "
+       "the exported and QDQ graphs (a prefill graph takes none in)", "studio.engine.memplan:graph_memory", _EST, "KV cache on the device "
        "(the deployed binaries' cache precision)", "lower"),
     _f("deployable_binary_bytes", "deployable binaries, total", "B", "the context binaries "
        "the compile stage made for the device, every part's prefill and decode graphs (file "

@@ -27,7 +27,7 @@ from studio.core.jobs import Job, JobStore
 from studio.core.progress import Progress
 from studio.core.project import Project
 from studio.core.stagegraph import STAGES, stage_for_role
-from studio.core.units import format_bytes
+from studio.core.units import format_bytes, signed
 from studio.services import history
 from studio.services import profile_view as pv
 from studio.services.generate import generate
@@ -325,7 +325,7 @@ def waterfall_scene(demo: Demo) -> Scene:
                                float(r["tokens_per_s"])),
             "estimated": Figure(data["chip_name"], f"{est:,.1f} tok/s", "estimated",
                                 data["chip_name"], "", float(est)) if est else None,
-            "perplexity": Figure("perplexity", f"{r['ppl']:.2f} ({r['ppl_change']:+.1%})",
+            "perplexity": Figure("perplexity", f"{r['ppl']:.2f} ({signed(r['ppl_change'], '.1%', '−')})",
                                  str(r.get("source", "measured")), "host CPU", rec,
                                  float(r["ppl"])),
         })

@@ -11,6 +11,7 @@ from studio.core import figures
 from studio.core.fsutil import atomic_write_json, atomic_write_text
 from studio.core.project import Project
 from studio.core.sweep import format_value
+from studio.core.units import signed
 from studio.services.sweeps import size_figure
 
 
@@ -84,7 +85,7 @@ def render_html(project: Project, rec: dict[str, Any]) -> str:
                "</small>" if r["tokens_per_s"] is not None else "—")
         acc = (f"{r['accuracy']:.6f} <small>({r['accuracy_source']})</small>"
                if r["accuracy"] is not None else "—")
-        ppl = (f"{r['perplexity_increase']:+.2%}" if r["perplexity_increase"] is not None
+        ppl = (signed(r["perplexity_increase"], ".2%", "−") if r["perplexity_increase"] is not None
                else "—")
         mark = ("★ best" if r["best"] else "") + (" · front" if r["front"] else "")
         cells.append(

@@ -11,6 +11,7 @@ from typing import Any
 from studio.core.artifacts import ArtifactStore
 from studio.core.errors import StudioError
 from studio.core.project import Project
+from studio.core.units import signed
 from studio.engine.waterfall import LABELS, with_estimate
 from studio.services.generate import _run_stages
 from studio.services.history import current_keys
@@ -51,5 +52,5 @@ def table_lines(data: dict[str, Any]) -> list[str]:
         est = r.get("estimated_tokens_per_s")
         lines.append(f"{LABELS.get(r['step'], r['step']):<16} {r['tokens_per_s']:>14.1f} "
                      f"{(f'{est:.1f}' if est else '-'):>26} {r['ppl']:>11.2f} "
-                     f"{r['ppl_change']:>+8.1%}")
+                     f"{signed(r['ppl_change'], '.1%'):>8}")
     return lines

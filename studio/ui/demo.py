@@ -41,6 +41,7 @@ from PySide6.QtWidgets import (
 from studio.core import figures
 from studio.core.errors import Cancelled, StudioError
 from studio.core.progress import EventProgress
+from studio.core.units import signed
 from studio.services import demo as demosvc
 from studio.ui.theme import SOURCE_COLORS
 from studio.ui.widgets import clear_layout
@@ -637,7 +638,7 @@ class AccuracyView(SceneView):
             value = fig.text
             tone = None
             if fig.name == figures.title("perplexity_quantized") and change is not None:
-                value = f"{fig.text}  ({change:+.1%})"
+                value = f"{fig.text}  ({signed(change, '.1%', '−')})"
                 tone = "good" if change <= 0.02 else ("bad" if change > 0.05 else None)
             # the badges on stage: the recording line is once per scene, below
             cards.addWidget(card(fig.name, value, fig, "hero", tone, with_recording=False),
@@ -648,9 +649,10 @@ class AccuracyView(SceneView):
             self.lay.addWidget(_label("The project's accuracy gates", "h2"))
             for g in scene.rows:
                 mark = "✔ pass" if g["passed"] else "✘ fail"
-                val = (f"{g['value']:+.2%}" if "increase" in g["gate"] else f"{g['value']:.4g}")
+                val = (signed(g["value"], ".2%", "−") if "increase" in g["gate"]
+                       else f"{g['value']:.4g}")
                 op = "≤" if g["gate"].startswith("max") else "≥"
-                thr = (f"{g['threshold']:+.0%}" if "increase" in g["gate"]
+                thr = (signed(g["threshold"], ".0%", "−") if "increase" in g["gate"]
                        else f"{g['threshold']:g}")
                 self.lay.addWidget(_label(f"{mark}   {g['label']}: {val} {op} {thr}", "body",
                                           "good" if g["passed"] else "bad"))

@@ -34,11 +34,12 @@ from PySide6.QtWidgets import (
 from studio.core import project as projectfile
 from studio.core.errors import StudioError
 from studio.ui.controller import ProjectController, SaveConflict
+from studio.ui.notifications import NotificationArea
 from studio.ui.pages.registry import PAGES, has_page, page_spec
 from studio.ui.settings import AppSettings
 from studio.ui.stages import project_stages, stage_title
 from studio.ui.theme import apply_theme
-from studio.ui.widgets import EmptyState, NotificationArea, label
+from studio.ui.widgets import EmptyState, label
 
 if TYPE_CHECKING:
     from studio.ui.pages.base import Page
@@ -127,7 +128,8 @@ class MainWindow(QMainWindow):
         self.resize(1280, 820)
         self.setMinimumSize(900, 600)
 
-        # -- layout: navigation | notifications over pages --
+        # -- layout: navigation | pages (notifications are in the status bar: they never move
+        # the page) --
         central = QWidget()
         cl = QHBoxLayout(central)
         cl.setContentsMargins(0, 0, 0, 0)
@@ -145,8 +147,6 @@ class MainWindow(QMainWindow):
         rl = QVBoxLayout(right)
         rl.setContentsMargins(0, 0, 0, 0)
         rl.setSpacing(0)
-        self.notifications = NotificationArea()
-        rl.addWidget(self.notifications)
         self.stack = QStackedWidget()
         rl.addWidget(self.stack, 1)
         cl.addWidget(right, 1)
@@ -323,7 +323,12 @@ class MainWindow(QMainWindow):
         self.stage_menu.setEnabled(bool(self.stage_acts))
 
     def _build_status(self) -> None:
+        """The status bar: the newest notification at the left (``notifications``), the
+        jobs and devices, and the notifications button at the right end. Its height is
+        fixed: what it shows never moves the page above it."""
         sb = self.statusBar()
+        self.notifications = NotificationArea()
+        sb.addWidget(self.notifications, 1)
         self.jobs_label = label("No jobs running")
         self.jobs_bar = QProgressBar()
         self.jobs_bar.setMaximumWidth(120)
@@ -335,6 +340,11 @@ class MainWindow(QMainWindow):
         sb.addPermanentWidget(self.jobs_bar)
         sb.addPermanentWidget(label(" | ", "muted"))
         sb.addPermanentWidget(self.device_label)
+        sb.addPermanentWidget(self.notifications.button)
+        self.notifications.show()
+        tall = max(w.sizeHint().height() for w in (
+            self.notifications, self.notifications.button, self.jobs_label))
+        sb.setFixedHeight(max(sb.sizeHint().height(), tall + 6))
 
     # ---- pages ----------------------------------------------------------------------------------
     def page(self, name: str) -> Page:
@@ -719,9 +729,12 @@ class MainWindow(QMainWindow):
             self.notify(text, "error")
         else:
             self.notify(text, "info", timeout_ms=15000)
-            self.statusBar().showMessage(text, 8000)
 
     def notify(self, text: str, level: str = "info", timeout_ms: int = 0):
+        """A notification in the status bar (and its list): ``level`` "info" or "error";
+        ``timeout_ms``: how long it stays on the status line (0: until dismissed or a newer
+        one comes). A temporary status message gives way to it."""
+        self.statusBar().clearMessage()
         return self.notifications.notify(text, level, timeout_ms)
 
     def _disk_changed(self) -> None:
@@ -755,14 +768,15 @@ class MainWindow(QMainWindow):
 
         st = devices.device_state()
         sim = st["htp_sim"]
-        sim_text = (
-            f"HTP simulator ready (onnxruntime-qnn {sim['version']})"
-            if sim["available"]
-            else "HTP simulator not installed"
-        )
-        self.device_label.setText(f"Host CPU ready ({st['host']['cpus']} cores) · {sim_text}")
+        # short: the status bar's left part is the notifications' line
+        sim_text = (f"HTP simulator {sim['version']}" if sim["available"]
+                    else "no HTP simulator")
+        self.device_label.setText(f"Host CPU ready · {sim_text}")
         self.device_label.setToolTip(
-            "Remote agents and phones over adb are added, checked and used on the Devices page"
+            f"Host CPU: {st['host']['cpus']} cores. "
+            + (f"The HTP simulator of onnxruntime-qnn {sim['version']} is installed. "
+               if sim["available"] else "The HTP simulator (onnxruntime-qnn) is not installed. ")
+            + "Remote agents and phones over adb are added, checked and used on the Devices page"
         )
 
     # ---- preferences ------------------------------------------------------------------------------

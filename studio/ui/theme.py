@@ -132,6 +132,8 @@ def _style_sheet(dark: bool) -> str:
     border = "#3a3f46" if dark else "#d5d9df"
     banner = "#3a2f1a" if dark else "#fff4dc"
     banner_err = "#3d2224" if dark else "#fde8e8"
+    note_err = "#ff8a80" if dark else "#b3261e"
+    window = "#2a2e33" if dark else "#f3f4f6"
     return f"""
 QListWidget#nav {{ background: {nav_bg}; border: none; padding-top: 6px; font-size: 10.5pt;
                   outline: 0; }}
@@ -151,6 +153,10 @@ QFrame[role="banner-ok"] {{ background: {card}; border: 1px solid {border}; bord
 QFrame[role="banner-error"] {{ background: {banner_err}; border: 1px solid #d64545;
                                border-radius: 4px; }}
 QGroupBox {{ font-weight: 600; }}
+QFrame[role="note-error"] {{ background: {banner_err}; border-radius: 3px; }}
+QFrame[role="note-error"] QLabel {{ color: {note_err}; }}
+QToolButton#notifications-button[role="has-errors"] {{ color: {note_err}; font-weight: 600; }}
+QFrame#notification-list {{ background: {window}; border: 1px solid {border}; }}
 """
 
 

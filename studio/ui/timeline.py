@@ -54,10 +54,12 @@ class TimelineView(QWidget):
         self.redraws = 0
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
+        # the tools on one row (the search box as wide as its text), the legend under them,
+        # wrapped: a long legend never squeezes the search box
         top = QHBoxLayout()
         self.legend = QLabel("")
         self.legend.setTextFormat(Qt.TextFormat.RichText)
-        top.addWidget(self.legend, 1)
+        self.legend.setWordWrap(True)
         self.select_button = QPushButton("Select a window")
         self.select_button.setCheckable(True)
         self.select_button.setToolTip("Show a time window on the timeline: drag its edges to "
@@ -65,6 +67,9 @@ class TimelineView(QWidget):
         self.select_button.toggled.connect(self._toggle_selection)
         self.find_box = QLineEdit()
         self.find_box.setPlaceholderText("Find op by name…")
+        # a fixed width: the count beside it changes as one types, the box does not move
+        self.find_box.setFixedWidth(max(220, self.find_box.fontMetrics().horizontalAdvance(
+            "Find op by name…") + 40))
         self.find_box.setClearButtonEnabled(True)
         self.find_box.setToolTip("Ops whose name holds this text: drawn in full colour, the "
                                  "others dimmed; Enter goes to the next one")
@@ -77,10 +82,15 @@ class TimelineView(QWidget):
         self.next_button.setToolTip("The next match")
         self.next_button.clicked.connect(lambda: self.step(1))
         self.find_label = label("", "muted")
-        for w in (self.find_box, self.prev_button, self.next_button, self.find_label):
+        for b in (self.prev_button, self.next_button):  # as wide as their arrows
+            b.setFixedWidth(b.fontMetrics().horizontalAdvance("◀") + 24)
+        top.addWidget(self.find_box)
+        for w in (self.prev_button, self.next_button, self.find_label):
             top.addWidget(w)
+        top.addStretch(1)
         top.addWidget(self.select_button)
         lay.addLayout(top)
+        lay.addWidget(self.legend)
         self.empty = label("No events with start times to draw.", "muted", wrap=True)
         lay.addWidget(self.empty)
         self.plot = pg.PlotWidget()
@@ -135,7 +145,7 @@ class TimelineView(QWidget):
         has = self.data is not None
         self.empty.setVisible(not has)
         for w in (self.plot, self.minimap, self.select_button, self.find_box, self.prev_button,
-                  self.next_button, self.find_label):
+                  self.next_button, self.find_label, self.legend):
             w.setVisible(has)
         self.select_button.setChecked(False)
         self.matches, self.match_at = None, -1

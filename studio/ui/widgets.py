@@ -1,14 +1,13 @@
-"""Small shared widgets: source badges, empty states, notifications, tables, and
-``clear_layout``. The figure card and its grid are in :mod:`studio.ui.pages.cards`."""
+"""Small shared widgets: source badges, empty states, elided labels, tables, and
+``clear_layout`` (notifications are in :mod:`studio.ui.notifications`). The figure card and its grid are in :mod:`studio.ui.pages.cards`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import QRect, QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QRect, QSize, Qt, Signal
 from PySide6.QtWidgets import (
     QApplication,
-    QFrame,
     QHBoxLayout,
     QHeaderView,
     QLabel,
@@ -22,7 +21,6 @@ from PySide6.QtWidgets import (
     QStyleOptionProgressBar,
     QTableWidget,
     QTableWidgetItem,
-    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -55,6 +53,14 @@ def plot_message(plot, text: str) -> None:
         item.hideAxis(a)
     plot.setProperty("message_hid", ",".join(sorted(hidden)))
     msg = pg.TextItem(text, anchor=(0.5, 0.5), color=plot.palette().text().color())
+    msg.is_plot_message = True
+    # a long reason wraps (centred) to the chart's width instead of running off its sides
+    doc = msg.textItem.document()
+    option = doc.defaultTextOption()
+    option.setAlignment(Qt.AlignmentFlag.AlignHCenter)
+    doc.setDefaultTextOption(option)
+    if msg.textItem.boundingRect().width() > plot.width() * 0.85:
+        msg.setTextWidth(max(160, int(plot.width() * 0.85)))
     plot.addItem(msg)
     msg.setPos(0.5, 0.5)
     plot.setXRange(0, 1, padding=0)
@@ -63,10 +69,17 @@ def plot_message(plot, text: str) -> None:
 
 
 def plot_axes(plot) -> None:
-    """Undo :func:`plot_message` before drawing data: the axes it hid are shown again."""
+    """Undo :func:`plot_message` before drawing data: the axes it hid are shown again, and
+    the ranges it fixed follow the data again (a chart that showed no message keeps its
+    zoom)."""
     hid = plot.property("message_hid") or ""
     for a in filter(None, hid.split(",")):
         plot.getPlotItem().showAxis(a)
+    if plot.property("message"):
+        for item in plot.getPlotItem().items[:]:
+            if getattr(item, "is_plot_message", False):
+                plot.removeItem(item)
+        plot.getPlotItem().enableAutoRange()
     plot.setProperty("message_hid", "")
     plot.setProperty("message", "")
 
@@ -124,6 +137,48 @@ def clear_layout(layout, hide: bool = False) -> None:
             w.deleteLater()
         elif item.layout() is not None:
             clear_layout(item.layout(), hide)
+
+
+class ElidedLabel(QLabel):
+    """One line of text elided (``…``) to the width the layout gives it, never asking for
+    more: its whole text is in its tool tip. A click emits ``clicked``."""
+
+    clicked = Signal()
+
+    def __init__(self, text: str = "", parent: QWidget | None = None):
+        super().__init__(parent)
+        self._full = ""
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.set_full_text(text)
+
+    def full_text(self) -> str:
+        return self._full
+
+    def set_full_text(self, text: str, tip: str | None = None) -> None:
+        self._full = " ".join(text.split())  # one line
+        self.setToolTip(text if tip is None else tip)
+        self._elide()
+
+    def _elide(self) -> None:
+        width = max(0, self.contentsRect().width())
+        self.setText(self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight,
+                                                   width))
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._elide()
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(0, super().minimumSizeHint().height())
+
+    def sizeHint(self) -> QSize:
+        return QSize(self.fontMetrics().horizontalAdvance(self._full) + 2,
+                     super().sizeHint().height())
+
+    def mouseReleaseEvent(self, event) -> None:
+        super().mouseReleaseEvent(event)
+        if event.button() == Qt.MouseButton.LeftButton:
+            self.clicked.emit()
 
 
 class EmptyState(QWidget):
@@ -192,83 +247,6 @@ class ProgressDelegate(QStyledItemDelegate):
 
     def sizeHint(self, option, index):
         return QSize(110, 24)
-
-
-class Notification(QFrame):
-    """One non-modal message with optional actions and a close button."""
-
-    closed = Signal()
-
-    def __init__(self, text: str, level: str = "info", parent: QWidget | None = None):
-        super().__init__(parent)
-        self.setProperty("role", "banner-error" if level == "error" else "banner")
-        lay = QHBoxLayout(self)
-        lay.setContentsMargins(10, 4, 4, 4)
-        self.text = label(text, wrap=True)
-        self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        lay.addWidget(self.text, 1)
-        self._actions = lay
-        close = QToolButton()
-        close.setText("✕")
-        close.setAutoRaise(True)
-        close.setToolTip("Dismiss")
-        close.clicked.connect(self.dismiss)
-        lay.addWidget(close)
-
-    def add_action(self, text: str, slot: Callable[[], object], close: bool = True) -> QPushButton:
-        b = QPushButton(text)
-
-        def run() -> None:
-            slot()
-            if close:
-                self.dismiss()
-
-        b.clicked.connect(run)
-        self._actions.insertWidget(self._actions.count() - 1, b)
-        return b
-
-    def dismiss(self) -> None:
-        self.hide()
-        self.closed.emit()
-        self.deleteLater()
-
-
-class NotificationArea(QWidget):
-    """A column of notifications above the pages (newest on top, at most ``limit``)."""
-
-    def __init__(self, limit: int = 4, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.limit = limit
-        self.lay = QVBoxLayout(self)
-        self.lay.setContentsMargins(8, 4, 8, 0)
-        self.lay.setSpacing(4)
-        self.items: list[Notification] = []
-        self.hide()
-
-    def notify(self, text: str, level: str = "info", timeout_ms: int = 0) -> Notification:
-        n = Notification(text, level)
-        n.closed.connect(lambda: self._forget(n))
-        self.items.insert(0, n)
-        self.lay.insertWidget(0, n)
-        while len(self.items) > self.limit:
-            self.items[-1].dismiss()
-        self.show()
-        if timeout_ms:
-            QTimer.singleShot(timeout_ms, lambda: n in self.items and n.dismiss())
-        return n
-
-    def _forget(self, n: Notification) -> None:
-        if n in self.items:
-            self.items.remove(n)
-        if not self.items:
-            self.hide()
-
-    def clear(self) -> None:
-        for n in list(self.items):
-            n.dismiss()
-
-    def texts(self) -> list[str]:
-        return [n.text.text() for n in self.items]
 
 
 def human_bytes(n: float) -> str:
@@ -417,43 +395,3 @@ def fill_table(table: QTableWidget, rows: list[list[str]], tips: list[str] | Non
             table.setItem(i, j, item)
     if fit_rows:
         table.resizeRowsToContents()
-
-
-def clipped_texts(root: QWidget) -> list[str]:
-    """The labels and buttons under ``root`` (shown ones) whose text does not fit: a label
-    that does not wrap, narrower than its text; one that wraps, shorter than its lines; a
-    button narrower than its text,
-    its icon and padding; a check box or radio button narrower than its size hint. Each as
-    ``"ClassName 'text' width < needed"``, for the screenshot tests."""
-    from PySide6.QtWidgets import QAbstractButton, QCheckBox, QRadioButton
-
-    out = []
-    for w in root.findChildren(QWidget):
-        if not w.isVisibleTo(root) or w.width() <= 0:
-            continue
-        if isinstance(w, QLabel):
-            pix = w.pixmap()
-            if not w.text().strip() or (pix is not None and not pix.isNull()):
-                continue
-            if w.wordWrap():  # wraps: its last lines cut off below (a card too short)
-                tall = w.heightForWidth(w.width())
-                if tall > w.height() + 2:
-                    out.append(f"{type(w).__name__} {w.text()[:60]!r} height {w.height()} < "
-                               f"{tall}")
-                continue
-            need = w.sizeHint().width()
-        elif isinstance(w, (QCheckBox, QRadioButton)):
-            if not w.text().strip():
-                continue
-            need = w.sizeHint().width()
-        elif isinstance(w, QAbstractButton):
-            if not w.text().strip():
-                continue
-            need = w.fontMetrics().horizontalAdvance(w.text().replace("&", "")) + 8
-            if not w.icon().isNull():
-                need += w.iconSize().width() + 4
-        else:
-            continue
-        if w.width() + 1 < need:
-            out.append(f"{type(w).__name__} {w.text()[:60]!r} {w.width()} < {need}")
-    return out

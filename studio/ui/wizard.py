@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
@@ -61,8 +62,8 @@ class SourcePage(QWizardPage):
         for i, r in enumerate((self.sample_radio, self.ckpt_radio, self.onnx_radio)):
             self.group.addButton(r, i)
         self.sample = QComboBox()
-        # the items' long descriptions stay in the list, not in the page's width (it asked
-        # for 811 px of a 720 px wizard)
+        # the box names the sample; its description is the line under it (in the box it
+        # was cut at the wizard's width) and the item's tool tip
         self.sample.setSizeAdjustPolicy(
             QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.sample.setMinimumContentsLength(24)
@@ -70,32 +71,37 @@ class SourcePage(QWizardPage):
 
         for s in samples.SAMPLES.values():
             if not s.draft_for:
-                self.sample.addItem(f"{s.name} — {s.description}", s.name)
+                self.sample.addItem(s.name, s.name)
+                self.sample.setItemData(self.sample.count() - 1, s.description,
+                                        Qt.ItemDataRole.ToolTipRole)
+        self.sample_note = label("", "muted", wrap=True)
+        self.sample.currentIndexChanged.connect(self._show_sample)
         self.ckpt = QLineEdit()
-        self.ckpt.setPlaceholderText(
-            "folder with config.json and *.safetensors (Qwen2/Qwen2.5, Llama, Mistral)"
-        )
+        self.ckpt.setPlaceholderText("folder with config.json and *.safetensors")
+        self.ckpt.setToolTip("A Hugging Face checkpoint folder: config.json and *.safetensors "
+                             "(Qwen2/Qwen2.5, Llama, Mistral)")
         ckpt_browse = QPushButton("Browse…")
         ckpt_browse.clicked.connect(self._browse_ckpt)
         self.onnx = QLineEdit()
-        self.onnx.setPlaceholderText(
-            "model.onnx (any network: calibrated on .npz samples, placed on the NPU)"
-        )
+        self.onnx.setPlaceholderText("model.onnx")
+        self.onnx.setToolTip("Any network as ONNX: calibrated on .npz samples, placed on the "
+                             "NPU")
         onnx_browse = QPushButton("Browse…")
         onnx_browse.clicked.connect(self._browse_onnx)
         lay.addWidget(self.sample_radio, 0, 0)
         lay.addWidget(self.sample, 0, 1, 1, 2)
-        lay.addWidget(self.ckpt_radio, 1, 0)
-        lay.addWidget(self.ckpt, 1, 1)
-        lay.addWidget(ckpt_browse, 1, 2)
-        lay.addWidget(self.onnx_radio, 2, 0)
-        lay.addWidget(self.onnx, 2, 1)
-        lay.addWidget(onnx_browse, 2, 2)
+        lay.addWidget(self.sample_note, 1, 1, 1, 2)
+        lay.addWidget(self.ckpt_radio, 2, 0)
+        lay.addWidget(self.ckpt, 2, 1)
+        lay.addWidget(ckpt_browse, 2, 2)
+        lay.addWidget(self.onnx_radio, 3, 0)
+        lay.addWidget(self.onnx, 3, 1)
+        lay.addWidget(onnx_browse, 3, 2)
         self.kind_label = label("", "muted", wrap=True)
-        lay.addWidget(self.kind_label, 3, 0, 1, 3)
+        lay.addWidget(self.kind_label, 4, 0, 1, 3)
         self.error = label("", "error", wrap=True)
-        lay.addWidget(self.error, 4, 0, 1, 3)
-        lay.setRowStretch(5, 1)
+        lay.addWidget(self.error, 5, 0, 1, 3)
+        lay.setRowStretch(6, 1)
         lay.setColumnStretch(1, 1)
         self.sample_radio.setChecked(True)
         self.ckpt.textChanged.connect(lambda: self.ckpt_radio.setChecked(True))
@@ -106,6 +112,11 @@ class SourcePage(QWizardPage):
         self.sample.currentIndexChanged.connect(lambda *_: self.completeChanged.emit())
         self.completeChanged.connect(self._show_kind)
         self._show_kind()
+        self._show_sample()
+
+    def _show_sample(self, *_args) -> None:
+        self.sample_note.setText(str(self.sample.currentData(Qt.ItemDataRole.ToolTipRole)
+                                     or ""))
 
     def model_kind(self) -> str:
         """The project kind this source makes (model.kind)."""

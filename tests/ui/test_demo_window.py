@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 
-from studio.ui.widgets import clipped_texts
+from studio.ui.clipcheck import clipped_texts
 from tests.conftest import copy_store
 
 pytestmark = pytest.mark.slow

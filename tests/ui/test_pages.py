@@ -430,7 +430,7 @@ def test_the_clip_check_sees_a_wrapped_label_cut_below(qtbot):
     closing bracket) is reported, as a non-wrapping label narrower than its text is."""
     from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-    from studio.ui.widgets import clipped_texts
+    from studio.ui.clipcheck import clipped_texts
 
     root = QWidget()
     qtbot.addWidget(root)

@@ -72,3 +72,53 @@ def test_the_shared_size_helper_is_binary():
 
     assert human_bytes(1536) == "1.5 KiB"
     assert human_bytes(13_700_000) == "13.1 MiB"
+
+
+# ---- changes: a sign where there is one, never "-0" ---------------------------------------------
+@pytest.mark.parametrize(
+    ("value", "spec", "text"),
+    [
+        (0.0, ",.0f", "0"),
+        (-0.0, ",.0f", "0"),  # an unchanged figure read from the newer side: sign * 0.0
+        (-0.3, ",.0f", "0"),  # rounds to zero: no sign either
+        (0.4, ",.0f", "0"),
+        (-1234.6, ",.0f", "−1,235"),
+        (1234.4, ",.0f", "+1,234"),
+        (-0.00001, ".2%", "0.00%"),
+        (-0.014, ".1%", "−1.4%"),
+        (0.0, ".2e", "0"),
+        (-1e-9, ".2e", "−1.00e-09"),
+        (-0.04, ".1f", "0.0"),
+        (0.224, "+.3f", "+0.224"),  # a "+" in the spec is the helper's to add
+    ],
+)
+def test_signed_changes_never_read_minus_zero(value, spec, text):
+    from studio.core.units import signed
+
+    assert signed(value, spec, "−") == text
+
+
+def test_no_change_is_formatted_with_a_bare_sign_spec():
+    """Every signed change goes through ``core.units.signed``: a format spec with ``+``
+    (``{d:+.1%}``) writes ``-0.0%`` for a change that rounds to zero."""
+    import re
+    from pathlib import Path
+
+    import studio
+
+    spec = re.compile(r"\{[^{}\n]*:[<>^=]?\d*\+[,_]?\d*(?:\.\d+)?[a-zA-Z%]?\}")
+    found = []
+    for path in Path(studio.__file__).parent.rglob("*.py"):
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if spec.search(line):
+                found.append(f"{path.name}:{i}: {line.strip()}")
+    assert found == []
+
+
+def test_fmt_delta_writes_no_minus_zero():
+    from studio.ui.pages.figures import fmt_delta
+
+    assert fmt_delta("perplexity", 0.0) == "unchanged"
+    assert fmt_delta("top1_agreement", -0.0001) == "0.0 pp"
+    assert fmt_delta("perplexity", 0.5, -0.000001) == "+0.500 (0.00%)"
+    assert fmt_delta("logits_cosine_mean", -0.0000001) == "0.000000"

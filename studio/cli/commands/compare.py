@@ -12,6 +12,7 @@ from studio.cli.command import Command, Context
 from studio.cli.common import MAX_RUN_ID, open_history, when, whole
 from studio.core import figures
 from studio.core.errors import StudioError
+from studio.core.units import signed as with_sign
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     print(f"metrics (run {a} → run {b}):")
     table = []
     for m in rows:
-        rel = "" if not m["relative"] else f"({m['relative']:+.2%})".replace("-", "−")
+        rel = "" if not m["relative"] else f"({with_sign(m['relative'], '.2%')})"
         mark = {True: "better", False: "worse"}.get(m["better"], "")
         if m["delta"] == 0:
             mark = "same"

@@ -13,6 +13,7 @@ import json
 from studio.cli.command import Command, Context
 from studio.cli.common import whole
 from studio.core.errors import StudioError
+from studio.core.units import signed
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -119,7 +120,7 @@ def _print_heldout(rep: dict, as_json: bool) -> int:
     for r in sorted(rep["rows"], key=lambda r: (r["chip"], r["params_b"], r["model"])):
         print(f"{r['model'][:26]:<26} {r['scheme']:<6} {r['chip'][:25]:<25} {r['context']:>5} "
               f"{r['runtime'][:13]:<13} {r['decode_tokens_per_s']:>9.2f} "
-              f"{r['estimated_decode_tokens_per_s']:>9.2f} {100 * r['error']:>+6.1f}%"
+              f"{r['estimated_decode_tokens_per_s']:>9.2f} {signed(100 * r['error'], '.1f'):>6}%"
               + ("  doubtful: " + r["doubt"] if r["doubt"] else ""))
     reasons: dict[str, int] = {}
     for r in rep["skipped"]:
@@ -130,7 +131,7 @@ def _print_heldout(rep: dict, as_json: bool) -> int:
 
     def line(name: str, s: dict) -> str:
         return (f"  {name:<26} {s['rows']:>4} rows  MdAPE {s['mdape']:6.1f} %  median error "
-                f"{s['median_error']:+6.1f} %")
+                f"{signed(s['median_error'], '.1f'):>6} %")
 
     print(f"MdAPE {rep['clean']['mdape']:.1f} % on {rep['clean']['rows']} rows "
           f"({rep['all']['mdape']:.1f} % with the {rep['all']['rows'] - rep['clean']['rows']} "

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from studio.cli.command import Command, Context
 from studio.cli.common import out_path, setting_arg
+from studio.core.units import signed
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,9 +35,9 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
           "(measured, host CPU, FP32)")
     print(f"{'dropped block':>14} {'perplexity':>11} {'change':>8}")
     for r in t["blocks"]:
-        print(f"{r['block']:>14} {r['ppl']:>11.2f} {r['delta']:>+8.1%}")
+        print(f"{r['block']:>14} {r['ppl']:>11.2f} {signed(r['delta'], '.1%'):>8}")
     print(f"pruned (without {t['dropped']}): ppl {t['pruned_ppl']:.2f} "
-          f"({t['pruned_delta']:+.1%})")
+          f"({signed(t['pruned_delta'], '.1%')})")
     if out.get("checkpoint"):
         print(f"wrote {out['checkpoint']} and {out['project']} (model.source = the pruned "
               f"checkpoint): studio --batch {out['project']}")

@@ -14,6 +14,7 @@ from typing import Any
 from studio.cli.command import Command, Context
 from studio.cli.common import number, whole
 from studio.core.errors import StudioError
+from studio.core.units import signed
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -88,7 +89,7 @@ def _table(rec: dict[str, Any]) -> None:
           + (f" {'DRAM/step':>11} {'VTCM/step':>11}" if compiler else "") + "  settings")
     for r in rows:
         acc = f"{r['accuracy']:.6f}" if r["accuracy"] is not None else "—"
-        ppl = (f"{r['perplexity_increase']:+.2%}" if r["perplexity_increase"] is not None
+        ppl = (signed(r["perplexity_increase"], ".2%") if r["perplexity_increase"] is not None
                else "—")
         tps = f"{r['tokens_per_s']:.1f}" if r["tokens_per_s"] is not None else "—"
         mark = "*" if r["best"] else ("+" if r["front"] else " ")

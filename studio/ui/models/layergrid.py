@@ -13,6 +13,7 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt
 from PySide6.QtGui import QColor
 
 from studio.core.recipe import FLOAT_PRECISIONS
+from studio.core.units import signed
 from studio.services.precision import GridLayout, grid_layout
 from studio.ui.models.rows import Index, PayloadRole
 
@@ -73,7 +74,7 @@ def cell_tip(row: dict[str, Any], heat: float | None = None, heat_text: str = ""
     if row.get("tied_to"):
         lines.append(f"shares its weight with {row['tied_to']}")
     if heat_text:
-        lines.append(heat_text if heat is None else f"{heat_text}: {heat:+.3g}")
+        lines.append(heat_text if heat is None else f"{heat_text}: {signed(heat, '.3g', '−')}")
     return "<br>".join(lines)
 
 

@@ -3,8 +3,16 @@ page of cards never scrolls sideways)."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSize, Qt
-from PySide6.QtWidgets import QFrame, QGridLayout, QHBoxLayout, QLayout, QVBoxLayout, QWidget
+from PySide6.QtCore import QEvent, QSize, Qt
+from PySide6.QtWidgets import (
+    QFrame,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QLayout,
+    QVBoxLayout,
+    QWidget,
+)
 
 from studio.ui.widgets import SourceBadge, label
 
@@ -13,11 +21,34 @@ STALE_COLOR = "#9a6700"
 MIN_CARD_WIDTH = 190
 
 
+class ValueLabel(QLabel):
+    """A card's value: never narrower than its text, nor than ``reserve`` (the widest value
+    the card will show, for a card filled in later: it gets its width from the start, so the
+    page does not reflow when the value arrives)."""
+
+    def __init__(self, text: str, reserve: str = ""):
+        super().__init__(text)
+        self.reserve = reserve
+        self.setProperty("role", "metric-value")
+
+    def _reserved(self) -> int:
+        return self.fontMetrics().horizontalAdvance(self.reserve) + 2 if self.reserve else 0
+
+    def sizeHint(self) -> QSize:
+        s = super().sizeHint()
+        return QSize(max(s.width(), self._reserved()), s.height())
+
+    def minimumSizeHint(self) -> QSize:
+        s = super().minimumSizeHint()
+        return QSize(max(s.width(), self._reserved()), s.height())
+
+
 class FigureCard(QFrame):
     """One figure: what it is (never cut), its value and source, where it comes from (the
     run and job, or the device; left out when empty), and (``set_stale``) a note when the
     project has changed since. ``value`` and ``badge`` can be set again (a card that is
-    filled in when its figure is known)."""
+    filled in when its figure is known: ``reserve`` is the widest value it will show). The
+    card is never narrower than its title, its value and its badge side by side."""
 
     def __init__(
         self,
@@ -27,17 +58,17 @@ class FigureCard(QFrame):
         where: str = "",
         note: str = "",
         parent: QWidget | None = None,
+        reserve: str = "",
     ):
         super().__init__(parent)
         self.setProperty("role", "card")
-        self.setMinimumWidth(MIN_CARD_WIDTH)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(10, 8, 10, 8)
         lay.setSpacing(2)
         self.title = label(title, "muted")  # one line: the card is never narrower than it
         lay.addWidget(self.title)
         row = QHBoxLayout()
-        self.value = label(value, "metric-value")
+        self.value = ValueLabel(value, reserve)
         row.addWidget(self.value)
         row.addStretch(1)
         self.badge = SourceBadge(source, note)
@@ -54,6 +85,13 @@ class FigureCard(QFrame):
         lay.addStretch(1)
         if note:
             self.setToolTip(note)
+
+    def minimumSizeHint(self) -> QSize:
+        need = super().minimumSizeHint()  # the layout's: the title, the value and its badge
+        return QSize(max(MIN_CARD_WIDTH, need.width()), need.height())
+
+    def clip_text(self) -> str:
+        return f"{self.title.text()}: {self.value.text()}"
 
     @property
     def stale(self) -> bool:
@@ -113,6 +151,12 @@ class CardGrid(QWidget):
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
         self._relayout(event.size().width())
+
+    def event(self, event) -> bool:
+        # a card's value grew (a figure filled in): as many columns as still fit
+        if event.type() == QEvent.Type.LayoutRequest and self.cards:
+            self._relayout(self.width())
+        return super().event(event)
 
     def minimumSizeHint(self) -> QSize:
         return QSize(self.card_width() if self.cards else 0, self.grid.minimumSize().height())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from studio.core import figures
+from studio.core.units import signed
 
 
 def metric_title(name: str) -> str:
@@ -88,12 +89,12 @@ def fmt_delta(name: str, delta: float | None, relative: float | None = None) -> 
     if delta == 0:
         return "unchanged"
     if "cosine" in name:
-        return _minus(f"{delta:+.6f}")
+        return signed(delta, ".6f", "−")
     if name in FRACTIONS:
-        return _minus(f"{delta * 100:+.1f} pp")
-    text = f"{delta:+.3f}" if abs(delta) >= 1e-3 else f"{delta:+.2e}"
+        return signed(delta * 100, ".1f", "−") + " pp"
+    text = signed(delta, ".3f" if abs(delta) >= 1e-3 else ".2e", "−")
     if relative is not None:
-        text += f" ({relative:+.2%})"
+        text += f" ({signed(relative, '.2%', '−')})"
     return _minus(text)
 
 

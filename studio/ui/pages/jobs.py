@@ -158,9 +158,12 @@ class JobsPage(Page):
         self.latest_only.toggled.connect(self._filters_changed)
         bar.addWidget(self.latest_only)
         self.search = QLineEdit()
-        self.search.setPlaceholderText("Filter (stage, target, message)")
+        self.search.setPlaceholderText("Filter jobs…")
+        self.search.setToolTip("Show the jobs whose stage, target or message holds this text")
         self.search.setClearButtonEnabled(True)
         self.search.textChanged.connect(self._filters_changed)
+        self.search.setMinimumWidth(self.search.fontMetrics().horizontalAdvance("Filter jobs…")
+                                    + 40)  # the placeholder and the clear button
         self.search.setMaximumWidth(220)
         bar.addWidget(self.search)
         return bar

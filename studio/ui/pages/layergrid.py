@@ -103,14 +103,21 @@ class CellDelegate(QStyledItemDelegate):
 
 class PrecisionLegend(QWidget):
     """Swatches of the precision colours, the override mark and what W / A mean; in heat mode
-    a colour scale from no gain to the largest, with the figure's name and source."""
+    a colour scale from no gain to the largest, with the figure's name and source. Its
+    entries flow onto a second line where the row is too narrow for one (never cut)."""
+
+    LINE = 26  # px per line
+    GAP = 12  # px between entries
+    SCALE = 140  # px of the heat scale
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.setMinimumHeight(26)
         self.heat_text = ""
         self.heat_max = 0.0
         self.heat_on = False
+        policy = self.sizePolicy()
+        policy.setHeightForWidth(True)
+        self.setSizePolicy(policy)
         tips = [f"{p}: {PRECISION_HELP[p]}" for p in PRECISIONS]
         self.setToolTip("\n".join(tips) + "\nA corner mark: set by an override rule")
 
@@ -119,71 +126,94 @@ class PrecisionLegend(QWidget):
         self.updateGeometry()
         self.update()
 
+    def clip_text(self) -> str:
+        return "  ".join(text for _kind, _fill, text in self.entries())
+
+    def entries(self) -> list[tuple[str, object, str]]:
+        """What the legend shows, in order: ``(kind, fill, text)``; kind "swatch" (a square
+        of ``fill``), "mark" (the override mark), "scale" (0, the heat scale, the top
+        value) or "text"."""
+        if self.heat_on:
+            return [("text", None, "sensitivity:"),
+                    ("scale", None, f"{self.heat_max:.3g} {self.heat_text}".strip()),
+                    ("swatch", HEAT_NONE, "not analysed")]
+        return ([("swatch", QColor(PRECISION_COLORS[p]), p) for p in PRECISIONS]
+                + [("mark", OVERRIDE_MARK, "set by a rule"),
+                   ("text", None, "W weights, A activations")])
+
+    def _entry_width(self, kind: str, text: str) -> int:
+        fm = self.fontMetrics()
+        lead = {"swatch": 18, "mark": 14, "text": 0,
+                "scale": fm.horizontalAdvance("0") + 4 + self.SCALE + 4}[kind]
+        return lead + fm.horizontalAdvance(text)
+
+    def _lines(self, width: int) -> list[list[tuple[str, object, str]]]:
+        lines: list[list[tuple[str, object, str]]] = [[]]
+        x = 2
+        for e in self.entries():
+            w = self._entry_width(e[0], e[2])
+            if lines[-1] and x + w > width:
+                lines.append([])
+                x = 2
+            lines[-1].append(e)
+            x += w + self.GAP
+        return lines
+
     def paintEvent(self, _event) -> None:
         p = QPainter(self)
         p.setRenderHint(QPainter.RenderHint.Antialiasing, True)
         fm = p.fontMetrics()
-        h = self.height()
-        y = (h - 14) // 2
-        x = 2
         text_pen = self.palette().windowText().color()
-        if self.heat_on:
-            p.setPen(text_pen)
-            lead = "sensitivity:"
-            p.drawText(x, 0, fm.horizontalAdvance(lead), h, Qt.AlignmentFlag.AlignVCenter, lead)
-            x += fm.horizontalAdvance(lead) + 6
-            lo = "0"
-            p.drawText(x, 0, fm.horizontalAdvance(lo), h, Qt.AlignmentFlag.AlignVCenter, lo)
-            x += fm.horizontalAdvance(lo) + 4
-            grad = QLinearGradient(x, 0, x + 140, 0)
-            grad.setColorAt(0.0, HEAT_LOW)
-            grad.setColorAt(1.0, HEAT_HIGH)
-            p.setPen(Qt.PenStyle.NoPen)
-            p.setBrush(QBrush(grad))
-            p.drawRect(x, y, 140, 14)
-            x += 144
-            p.setPen(text_pen)
-            hi = f"{self.heat_max:.3g} {self.heat_text}".strip()
-            p.drawText(x, 0, fm.horizontalAdvance(hi), h, Qt.AlignmentFlag.AlignVCenter, hi)
-            x += fm.horizontalAdvance(hi) + 14
-            p.setPen(Qt.PenStyle.NoPen)
-            p.setBrush(HEAT_NONE)
-            p.drawRect(x, y, 14, 14)
-            x += 18
-            p.setPen(text_pen)
-            na = "not analysed"
-            p.drawText(x, 0, fm.horizontalAdvance(na), h, Qt.AlignmentFlag.AlignVCenter, na)
-            return
-        for prec in PRECISIONS:
-            p.setPen(Qt.PenStyle.NoPen)
-            p.setBrush(QColor(PRECISION_COLORS[prec]))
-            p.drawRect(x, y, 14, 14)
-            x += 18
-            p.setPen(text_pen)
-            p.drawText(x, 0, fm.horizontalAdvance(prec), h, Qt.AlignmentFlag.AlignVCenter, prec)
-            x += fm.horizontalAdvance(prec) + 12
-        p.setPen(Qt.PenStyle.NoPen)
-        p.setBrush(OVERRIDE_MARK)
-        p.drawPolygon(QPolygonF([QPointF(x, y), QPointF(x + 10, y), QPointF(x + 10, y + 10)]))
-        x += 14
-        p.setPen(text_pen)
-        rest = "set by a rule   ·   W weights, A activations"
-        p.drawText(x, 0, fm.horizontalAdvance(rest), h, Qt.AlignmentFlag.AlignVCenter, rest)
+        for n, line in enumerate(self._lines(self.width())):
+            top = n * self.LINE
+            y = top + (self.LINE - 14) // 2
+            x = 2
+            for kind, fill, text in line:
+                p.setPen(Qt.PenStyle.NoPen)
+                if kind == "swatch":
+                    p.setBrush(fill)
+                    p.drawRect(x, y, 14, 14)
+                    x += 18
+                elif kind == "mark":
+                    p.setBrush(fill)
+                    p.drawPolygon(QPolygonF([QPointF(x, y), QPointF(x + 10, y),
+                                             QPointF(x + 10, y + 10)]))
+                    x += 14
+                elif kind == "scale":
+                    p.setPen(text_pen)
+                    p.drawText(x, top, fm.horizontalAdvance("0"), self.LINE,
+                               Qt.AlignmentFlag.AlignVCenter, "0")
+                    x += fm.horizontalAdvance("0") + 4
+                    grad = QLinearGradient(x, 0, x + self.SCALE, 0)
+                    grad.setColorAt(0.0, HEAT_LOW)
+                    grad.setColorAt(1.0, HEAT_HIGH)
+                    p.setPen(Qt.PenStyle.NoPen)
+                    p.setBrush(QBrush(grad))
+                    p.drawRect(x, y, self.SCALE, 14)
+                    x += self.SCALE + 4
+                p.setPen(text_pen)
+                tw = fm.horizontalAdvance(text)
+                p.drawText(x, top, tw, self.LINE, Qt.AlignmentFlag.AlignVCenter, text)
+                x += tw + self.GAP
 
-    def _width(self) -> int:
-        fm = self.fontMetrics()
-        if self.heat_on:
-            parts = ["sensitivity:", "0", f"{self.heat_max:.3g} {self.heat_text}".strip(),
-                     "not analysed"]
-            return sum(fm.horizontalAdvance(t) for t in parts) + 140 + 60
-        parts = list(PRECISIONS) + ["set by a rule   ·   W weights, A activations"]
-        return sum(fm.horizontalAdvance(t) for t in parts) + len(PRECISIONS) * 30 + 24
+    def hasHeightForWidth(self) -> bool:
+        return True
+
+    def heightForWidth(self, width: int) -> int:
+        return self.LINE * len(self._lines(width))
 
     def sizeHint(self) -> QSize:
-        return QSize(self._width(), 26)
+        one = sum(self._entry_width(k, t) + self.GAP for k, _f, t in self.entries())
+        return QSize(one + 2, self.LINE)
 
     def minimumSizeHint(self) -> QSize:
-        return QSize(self._width(), 26)
+        widest = max(self._entry_width(k, t) for k, _f, t in self.entries())
+        return QSize(widest + 4, self.LINE)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if self.heightForWidth(event.size().width()) != event.size().height():
+            self.updateGeometry()
 
 
 class LayerGrid(QWidget):
@@ -228,7 +258,7 @@ class LayerGrid(QWidget):
         self.model.modelReset.connect(self._reset)
         lay.addWidget(self.view, 1)
         self.legend = PrecisionLegend()
-        #: the legend's row: the page adds its heat-map controls at the right
+        #: the legend's row (the legend flows onto a second line where it must)
         self.legend_row = QHBoxLayout()
         self.legend_row.setContentsMargins(0, 2, 0, 0)
         self.legend_row.addWidget(self.legend, 1)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from PySide6.QtCore import QEvent
 from PySide6.QtWidgets import (
-    QGridLayout,
     QGroupBox,
     QPlainTextEdit,
     QSplitter,
@@ -15,12 +14,12 @@ from PySide6.QtWidgets import (
 )
 
 from studio.ui.pages.base import StagePage
-from studio.ui.pages.cards import FigureCard
+from studio.ui.pages.cards import CardGrid, FigureCard
 from studio.ui.pages.figures import fmt_metric, metric_tip, metric_title
 from studio.ui.pages.llm_playground import PlaygroundPanel
 from studio.ui.pages.llm_tuning import PruningPanel, WaterfallPanel
 from studio.ui.stages import role_of
-from studio.ui.widgets import clear_layout, label, theme_plot
+from studio.ui.widgets import clear_layout, label, plot_axes, plot_message, theme_plot
 
 COLORS = ["#2f6fd6", "#8a5a00", "#1b8a3f", "#6b3fa0", "#c62828"]
 
@@ -54,7 +53,8 @@ class LLMPage(StagePage):
         cl = self.content_layout
         self.prompt_label = label("", "muted", wrap=True, selectable=True)
         cl.addWidget(self.prompt_label)
-        self.cards = QGridLayout()
+        # per device: its name, then its figures as cards in as many columns as fit
+        self.cards = QVBoxLayout()
         cl.addLayout(self.cards)
         split = QSplitter()
         self.texts = QWidget()
@@ -144,18 +144,21 @@ class LLMPage(StagePage):
         self._job_cards, self._job_boxes = {}, {}
         for r, job in enumerate(jobs):
             res = job.result or {}
-            self.cards.addWidget(
-                label(f"<b>{job.target}</b><br><span style='color:gray'>run {job.run_id} · "
-                      f"job #{job.id}</span>"), r, 0
-            )
-            for c, m in enumerate(self.ctl.studio.jobs.metrics(job_id=job.id)):
+            self.cards.addWidget(label(
+                f"<b>{job.target}</b> <span style='color:gray'>· run {job.run_id} · "
+                f"job #{job.id}</span>"))
+            cards = []
+            for m in self.ctl.studio.jobs.metrics(job_id=job.id):
                 where = m.device + (f" · {m.target}" if m.target else "")
                 card = FigureCard(metric_title(m.name), fmt_metric(m.name, m.value, m.unit),
                                   m.source, where, m.detail)
                 card.figure = (m.name, m.device, m.target)  # the catalogue's key, and where
                 card.setToolTip(metric_tip(m.name) + (f"\n{m.detail}" if m.detail else ""))
                 self._job_cards.setdefault(job.id, []).append(card)
-                self.cards.addWidget(card, r, c + 1)
+                cards.append(card)
+            grid = CardGrid()
+            grid.set_cards(cards)
+            self.cards.addWidget(grid)
             box = QGroupBox(f"{job.target} ({res.get('source', '')})")
             self._job_boxes[job.id] = box
             bl = QVBoxLayout(box)
@@ -172,6 +175,10 @@ class LLMPage(StagePage):
                     f"<span style='color:{color}'>━━</span> {job.target} ({res.get('source', '')})"
                 )
         self.legend.setText("&nbsp;&nbsp;&nbsp;".join(legend))
+        if legend:
+            plot_axes(self.plot)
+        else:
+            plot_message(self.plot, "No step times recorded: the run jobs kept none")
         self.mark_stale(self.stale)
 
     def mark_stale(self, reasons: dict[int, str]) -> None:

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.errors import StudioError
+from studio.core.units import signed
 from studio.ui.loading import LatestLoad
 from studio.ui.theme import SOURCE_COLORS
 from studio.ui.widgets import SourceBadge, label, plot_axes, plot_message, theme_plot
@@ -168,7 +169,7 @@ class WaterfallPanel(QWidget):
         for i, r in enumerate(steps):
             e = r.get("estimated_tokens_per_s")
             cells = [r["label"], f"{r['tokens_per_s']:.1f}", f"{e:.1f}" if e else "–",
-                     f"{r['ppl']:.2f}", f"{r['ppl_change']:+.1%}", r.get("note", "")]
+                     f"{r['ppl']:.2f}", signed(r["ppl_change"], ".1%", "−"), r.get("note", "")]
             for j, c in enumerate(cells):
                 self.table.setItem(i, j, _item(c, 0 < j < 5))
         self.info.setText(
@@ -255,10 +256,10 @@ class PruningPanel(QWidget):
         self.info.setText(
             f"Perplexity over {t['tokens']} held-out tokens: {t['baseline_ppl']:.2f} with all "
             f"{t['num_blocks']} blocks. The pruned checkpoint leaves out {t['dropped']}: "
-            f"perplexity {t['pruned_ppl']:.2f} ({t['pruned_delta']:+.1%}).")
+            f"perplexity {t['pruned_ppl']:.2f} ({signed(t['pruned_delta'], '.1%', '−')}).")
         self.table.setRowCount(len(t["blocks"]))
         for i, r in enumerate(t["blocks"]):
-            cells = [str(i + 1), f"block {r['block']}", f"{r['ppl']:.2f}", f"{r['delta']:+.1%}",
+            cells = [str(i + 1), f"block {r['block']}", f"{r['ppl']:.2f}", signed(r["delta"], ".1%", "−"),
                      "dropped" if r["block"] in t["dropped"] else "kept"]
             for j, c in enumerate(cells):
                 it = _item(c, j in (2, 3))

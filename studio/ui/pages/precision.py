@@ -156,6 +156,7 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
         self.diff_badge = SourceBadge("formula", "weight bytes = parameters × bytes per "
                                       "parameter of each layer's weight precision")
         top.addWidget(self.diff_badge, 0, Qt.AlignmentFlag.AlignTop)
+        top.addSpacing(12)
         tl.addLayout(top)
         self.heat_check = QCheckBox("Heat map")
         self.heat_check.setToolTip("Colour the layers by their sensitivity: how much raising "
@@ -180,8 +181,10 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
         self.grid.selection_changed.connect(self._selection_changed)
         self.grid.edit_requested.connect(lambda part, prec: self.edit_selection(part, prec))
         self.grid.graph_requested.connect(self.graphActivated.emit)
-        self.grid.legend_row.addWidget(self.heat_check)
-        self.grid.legend_row.addWidget(self.heat_metric)
+        # the heat map's switch on the top row: beside the legend it pushed the legend onto
+        # two lines in a 1280-px window
+        top.addWidget(self.heat_check, 0, Qt.AlignmentFlag.AlignTop)
+        top.addWidget(self.heat_metric, 0, Qt.AlignmentFlag.AlignTop)
         left.addWidget(self.grid)
         self.heat = HeatPanel()
         self.heat.layer_clicked.connect(lambda name: self.grid.select_layers([name]))

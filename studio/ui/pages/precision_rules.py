@@ -20,14 +20,16 @@ from PySide6.QtWidgets import (
 from studio.core.recipe import PRECISIONS, covers
 from studio.services.precision import override_refusals
 from studio.ui.models.rows import PayloadRole, Row, RowsModel
+from studio.ui.widgets import label
 
 
 class RulesMixin:
     """The override-rule table and its edits (for ``PrecisionPage``)."""
 
     def _build_rules(self) -> QGroupBox:
-        over = QGroupBox("Override rules (the last matching rule wins)")
+        over = QGroupBox("Override rules")  # the box's title never wraps: the rule below does
         ol = QVBoxLayout(over)
+        ol.addWidget(label("The last rule that matches a layer wins.", "muted", wrap=True))
         self.overrides = RowsModel(["Pattern", "Precision", "Layers"], self)
         self.over_view = QTableView()
         self.over_view.setModel(self.overrides)

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.modelinfo import ModelInfo, bytes_per_param
+from studio.core.units import signed
 from studio.services import history
 from studio.services import sensitivity as sens
 from studio.ui.models.rows import PayloadRole, Row, RowsModel
@@ -45,7 +46,8 @@ def _esc(text: str) -> str:
 
 
 def _signed_bytes(n: float) -> str:
-    return ("+" if n > 0 else "−" if n < 0 else "±") + human_bytes(abs(n))
+    text = human_bytes(abs(n))
+    return text if text == "0 B" else ("+" if n > 0 else "−") + text
 
 
 # ---- the selection -----------------------------------------------------------------------------
@@ -58,15 +60,17 @@ def _sens_lines(entry: dict[str, Any], data: dict[str, Any]) -> list[str]:
         delta = d.get("delta", {})
         out.append(
             f"{verb} alone to <b>{_esc(d.get('precision', '?'))}</b>: KL to FP32 "
-            f"{delta.get('kl_divergence', 0):+.3g} nats, perplexity "
-            f"{delta.get('perplexity', 0):+.3g}, logits cosine {delta.get('logits_cosine', 0):+.2e}"
+            f"{signed(delta.get('kl_divergence', 0), '.3g', '−')} nats, perplexity "
+            f"{signed(delta.get('perplexity', 0), '.3g', '−')}, logits cosine "
+            f"{signed(delta.get('logits_cosine', 0), '.2e', '−')}"
         )
     htp = sens.htp_figures(data, entry["name"])
     if htp is not None:
         d = htp.get("delta", {})
         out.append(f"on the HTP simulator ({_esc(htp['chip'])}), raised to "
                    f"<b>{_esc(htp.get('precision', '?'))}</b>: KL to FP32 "
-                   f"{d.get('kl_divergence', 0):+.3g} nats {badge_html(htp['source'])}")
+                   f"{signed(d.get('kl_divergence', 0), '.3g', '−')} nats "
+                   f"{badge_html(htp['source'])}")
     held = data.get("heldout", {})
     out.append(f"{badge_html(data.get('source', 'measured'))} on {_esc(data.get('device', ''))}: "
                f"changes against {_esc(data.get('scheme', '?'))} with no overrides, "

@@ -35,7 +35,7 @@ from studio.core import figures
 from studio.core.errors import StudioError
 from studio.core.events import BLOCKS
 from studio.core.profile import SOURCE_NOTES
-from studio.core.units import format_bytes
+from studio.core.units import format_bytes, signed
 from studio.services import profile_view as pv
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.pages.base import TargetStagePage
@@ -171,7 +171,10 @@ class ProfilerPage(TargetStagePage):
         self.group.addItem("Layer × block (shares)", "layer_block")
         self.group.currentIndexChanged.connect(self._draw_ops)
         row.addWidget(self.group)
-        self.op_note = label("", "muted")
+        # wrapped, with room for two lines from the start: another grouping's note does not
+        # move the chart under it
+        self.op_note = label("", "muted", wrap=True)
+        self.op_note.setMinimumHeight(2 * self.op_note.fontMetrics().lineSpacing())
         row.addWidget(self.op_note, 1)
         lay.addLayout(row)
         split = QSplitter()
@@ -370,7 +373,9 @@ class ProfilerPage(TargetStagePage):
             items = items[:TOP_N] + [(f"{len(rest)} more", sum(r[1] for r in rest),
                                       float("nan"), float("nan"))]
         if not items:
+            plot_message(plot, "No op took any time in this profile")
             return
+        plot_axes(plot)
         ys = list(range(len(items)))
         plot.addItem(pg.BarGraphItem(x0=[0] * len(items), y=ys, height=0.7,
                                      width=[v for _, v, _, _ in items],
@@ -484,7 +489,8 @@ class ProfilerPage(TargetStagePage):
         live = f"<b>live</b>, run {data.get('repeat')}/{data.get('repeats')} of job #{job_id} · "
         self.job_label.setText(f"job #{job_id} · profiling {job.target} (live)")
         self._show_stats(data.get("stats") or {}, 0, "simulated", unit, live)
-        self.tabs.setCurrentIndex(0)
+        if not self.isVisible():  # never switch the tab one is reading
+            self.tabs.setCurrentIndex(0)
 
     # ---- compare --------------------------------------------------------------------------
     def _fill_against(self) -> None:
@@ -528,15 +534,17 @@ class ProfilerPage(TargetStagePage):
         a_newer = (self.data.job is not None and other.job is not None
                    and self.data.job.id > other.job.id)
         sign = -1 if a_newer else 1  # CompareRow.delta is B - A
+        change = "A − B" if a_newer else "B − A"  # one name for the column and the bars
         self.diff.columns = ["Group", f"A ({unit})", f"B ({other.unit})",
-                             "Δ A − B" if a_newer else "Δ B − A", "B / A", "Share A", "Share B"]
+                             f"Δ {change}", "B / A", "Share A", "Share B"]
 
         def colour(change: float) -> dict[int, str]:
-            return {3: "#d64545" if change > 0 else "#1f8a4c"} if change else {}
+            # as written: a change that rounds to 0 is not coloured
+            return {3: "#d64545" if change > 0 else "#1f8a4c"} if round(change) else {}
 
         self.diff.set_rows([
             Row([r.name, _num(r.a, unit, False), _num(r.b, unit, False),
-                 f"{sign * r.delta:+,.0f}",
+                 signed(sign * r.delta, ",.0f", "−"),
                  f"{r.ratio:.2f}×" if r.ratio is not None else "new",
                  f"{r.share_a:.1%}", f"{r.share_b:.1%}"],
                 colors=colour(sign * r.delta), align_right=(1, 2, 3, 4, 5, 6))
@@ -560,7 +568,7 @@ class ProfilerPage(TargetStagePage):
                                                 height=0.7, width=[abs(d) for d in deltas],
                                                 brushes=brushes, pen=None))
         self.delta_plot.getAxis("left").setTicks([[(i, r.name) for i, r in enumerate(shown)]])
-        self.delta_plot.setLabel("bottom", "Δ share, percentage points (B − A)")
+        self.delta_plot.setLabel("bottom", f"Δ share, percentage points ({change})")
         if shown:
             self.delta_plot.setYRange(-0.6, len(shown) - 0.4, padding=0)
             span = max(abs(d) for d in deltas) or 1.0

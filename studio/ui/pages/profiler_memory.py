@@ -7,7 +7,6 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
-    QGridLayout,
     QHBoxLayout,
     QHeaderView,
     QSplitter,
@@ -21,9 +20,9 @@ from studio.core.errors import StudioError
 from studio.core.units import format_bytes
 from studio.ui.loading import LatestLoad
 from studio.ui.models.rows import Row, RowsModel
-from studio.ui.pages.cards import FigureCard
+from studio.ui.pages.cards import CardGrid, FigureCard
 from studio.ui.stages import role_of
-from studio.ui.widgets import label, theme_plot
+from studio.ui.widgets import SourceBadge, label, plot_axes, plot_message, theme_plot
 
 
 class MemoryTab(QWidget):
@@ -40,24 +39,37 @@ class MemoryTab(QWidget):
         row.addWidget(label("Graph:"))
         self.graph = QComboBox()
         self.graph.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        # as wide from the start as once the graphs are listed: the row does not jump
+        self.graph.setMinimumWidth(self.graph.fontMetrics().horizontalAdvance(
+            "decode · quantized (QDQ) (quantize)") + 40)
         self.graph.currentIndexChanged.connect(self._draw)
         row.addWidget(self.graph)
         self.status = label("", "muted", wrap=True)
         row.addWidget(self.status, 1)
+        # one source for the tab's figures (they are planned together): one badge, not five
+        self.badge = SourceBadge("estimated", "planned from the graph's static shapes")
+        row.addWidget(self.badge)
         lay.addLayout(row)
-        cards = QGridLayout()
+        # each card keeps room for a value up to "888.8 MiB" and a line under it from the
+        # start: the cards do not reflow (nor push the chart) when the plan arrives
+        size = "888.8 MiB"
         self.cards = {
-            "naive": FigureCard("Naive: a buffer per tensor", "–", "estimated"),
-            "arena": FigureCard("Reuse by lifetime", "–", "estimated"),
-            "bound": FigureCard("Peak live (bound)", "–", "estimated"),
-            "weights": FigureCard(figures.title("graph_weight_bytes"), "–", "estimated"),
-            "kv": FigureCard(figures.title("kv_cache_graph_io_bytes"), "–", "estimated"),
+            "naive": FigureCard("Naive: a buffer per tensor", "–", "estimated", "–",
+                                reserve=size),
+            "arena": FigureCard("Reuse by lifetime", "–", "estimated", "–", reserve=size),
+            "bound": FigureCard("Peak live (bound)", "–", "estimated", "–", reserve=size),
+            "weights": FigureCard(figures.title("graph_weight_bytes"), "–", "estimated", "–",
+                                  reserve=size),
+            "kv": FigureCard(figures.title("kv_cache_graph_io_bytes"), "–", "estimated", "–",
+                             reserve=size),
         }
         self.cards["weights"].setToolTip(figures.tip("graph_weight_bytes"))
         self.cards["kv"].setToolTip(figures.tip("kv_cache_graph_io_bytes"))
-        for i, card in enumerate(self.cards.values()):
-            cards.addWidget(card, 0, i)
-        lay.addLayout(cards)
+        for card in self.cards.values():
+            card.badge.hide()
+        self.card_grid = CardGrid()
+        self.card_grid.set_cards(list(self.cards.values()))
+        lay.addWidget(self.card_grid)
         split = QSplitter()
         self.plot = pg.PlotWidget()
         self.plot.setMenuEnabled(False)
@@ -78,8 +90,10 @@ class MemoryTab(QWidget):
         split.setSizes([640, 460])
         lay.addWidget(split, 1)
         self.note = label("", "muted", wrap=True)
+        self.note.setMinimumHeight(self.note.fontMetrics().lineSpacing())  # a line kept for it
         lay.addWidget(self.note)
         self.apply_theme()
+        plot_message(self.plot, "No memory plan yet: it is made when this tab is shown")
 
     def apply_theme(self) -> None:
         theme_plot(self.plot, self.palette())
@@ -91,6 +105,7 @@ class MemoryTab(QWidget):
             return
         project = studio.project.copy()
         self.status.setText("Planning the graphs' memory…")
+        plot_message(self.plot, "Planning the graphs' memory…")
 
         graphs = dict(self.graphs)
 
@@ -107,6 +122,8 @@ class MemoryTab(QWidget):
             self.result = None
             self.status.setText(exc.message if isinstance(exc, StudioError)
                                 else f"memory planning failed: {exc!r}")
+            plot_message(self.plot, "No memory plan: " + (
+                exc.message if isinstance(exc, StudioError) else "the planning failed"))
             self.loaded.emit()
 
         self._load.start(work, done=done, failed=failed)
@@ -130,30 +147,39 @@ class MemoryTab(QWidget):
 
     def _draw(self, *_args) -> None:
         if not self.result or self.graph.currentData() is None:
+            if self.result is not None:  # planned, but no graph of the current settings
+                plot_message(self.plot, "No exported graph to plan yet: run the export stage")
             return
         stage, g = self.graph.currentData()
         mem = self.result["stages"][stage][g]
         p = mem["plan"]
         src = mem.get("source", "estimated")
-        values = {
-            "naive": format_bytes(p["naive_bytes"]),
-            "arena": f"{format_bytes(p['arena_bytes'])} (−{p['reuse_saving']:.0%})",
-            "bound": format_bytes(p["lower_bound_bytes"]),
-            "weights": figures.fmt("graph_weight_bytes", mem["weight_bytes"]),
-            "kv": (f"{figures.fmt('kv_cache_graph_io_bytes', mem['kv_cache_bytes'])} in, "
-                   f"{format_bytes(mem.get('kv_output_bytes', 0))} out"),
-        }
+        kv_in, kv_out = mem["kv_cache_bytes"], mem.get("kv_output_bytes", 0)
+        saving = p["reuse_saving"]
         graph = f"{stage} · {g}"
-        for key, text in values.items():
+        values = {  # (the figure, the line under it)
+            "naive": (format_bytes(p["naive_bytes"]), "no buffer reused"),
+            "arena": (format_bytes(p["arena_bytes"]),
+                      f"{saving:.0%} less than naive" if round(saving * 100)
+                      else "no less than naive"),
+            "bound": (format_bytes(p["lower_bound_bytes"]),
+                      f"at step {p['peak_step']} of {p['steps']}"),
+            "weights": (figures.fmt("graph_weight_bytes", mem["weight_bytes"]),
+                        f"initializers, as stored · {graph}"),
+            "kv": (figures.fmt("kv_cache_graph_io_bytes", kv_in + kv_out),
+                   f"{format_bytes(kv_in)} in, {format_bytes(kv_out)} out · {graph}"),
+        }
+        for key, (text, where) in values.items():
             self.cards[key].value.setText(text)
+            self.cards[key].where.setText(where)
             self.cards[key].badge.set_source(src)
+        self.badge.set_source(src, "planned from the graph's static shapes, not measured")
         for key, name in (("weights", "graph_weight_bytes"), ("kv", "kv_cache_graph_io_bytes")):
-            # one figure per graph: the card says which graph it counts
+            # one figure per graph: the card names the graph it counts
             self.cards[key].figure = (name, graph, "")
-            self.cards[key].where.setText(graph)
-            self.cards[key].where.show()
         pg = self.pg
         self.plot.clear()
+        plot_axes(self.plot)
         live = p["live_bytes"]
         xs = list(range(len(live)))
         fg = self.palette().text().color()

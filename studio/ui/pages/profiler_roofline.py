@@ -27,7 +27,7 @@ from studio.core.errors import StudioError
 from studio.core.units import format_bytes
 from studio.ui.loading import LatestLoad
 from studio.ui.models.rows import Row, RowsModel
-from studio.ui.widgets import label, theme_plot
+from studio.ui.widgets import label, plot_axes, plot_message, theme_plot
 
 #: the bars' unit: MiB, as every byte figure of the studio is written
 MIB = 2**20
@@ -99,6 +99,8 @@ class RooflineTab(QWidget):
         self.note = label("", "muted", wrap=True)
         lay.addWidget(self.note)
         self.apply_theme()
+        for plot in (self.roof, self.bytes_plot):
+            plot_message(plot, "No estimate yet: it is made when this tab is shown")
 
     def apply_theme(self) -> None:
         theme_plot(self.roof, self.palette())
@@ -120,6 +122,8 @@ class RooflineTab(QWidget):
         chip, graph = self.chip.currentData(), self.graph.currentData()
         given = dict(self.graphs.get("quantize") or {})
         self.status.setText("Estimating…")
+        for plot in (self.roof, self.bytes_plot):
+            plot_message(plot, "Estimating…")
 
         def work() -> dict:
             from studio.services.estimate import graph_roofline
@@ -139,8 +143,10 @@ class RooflineTab(QWidget):
             self.result = None
             self.status.setText(exc.message if isinstance(exc, StudioError)
                                 else f"the estimate failed: {exc!r}")
-            self.roof.clear()
-            self.bytes_plot.clear()
+            why = ("No estimate: " + exc.message if isinstance(exc, StudioError)
+                   else "The estimate failed (see the line above)")
+            for plot in (self.roof, self.bytes_plot):
+                plot_message(plot, why)
             self.table.set_rows([])
             self.loaded.emit()
 
@@ -156,6 +162,7 @@ class RooflineTab(QWidget):
         peak, bw, ridge = res["peak_ops_per_s"], res["bytes_per_s"], res["ridge_ops_per_byte"]
         # the roof: bandwidth slope up to the ridge, then the compute ceiling (log-log axes)
         self.roof.clear()
+        plot_axes(self.roof)
         xs = [1e-2, ridge, max(ridge * 100, 1e4)]
         ys = [bw * xs[0], peak, peak]
         self.roof.plot(xs, ys, pen=pg.mkPen(fg, width=2), name="roof (achievable)")
@@ -175,6 +182,7 @@ class RooflineTab(QWidget):
         self.roof.setLabel("left", "attained ops/s (log), estimated")
         # bytes per token per layer: analytic (the estimate's) and the compiler's own
         self.bytes_plot.clear()
+        plot_axes(self.bytes_plot)
         if self.bytes_plot.getPlotItem().legend is None:
             self.bytes_plot.addLegend(offset=(-10, 10))
         rows = res["layers"]

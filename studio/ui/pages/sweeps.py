@@ -36,12 +36,15 @@ from PySide6.QtWidgets import (
 from studio.core import figures
 from studio.core.errors import StudioError
 from studio.core.sweep import BEST_RULES, Point, best_point, pareto_front
+from studio.core.units import signed
 from studio.services.sweep_report import fmt_bytes, point_rows
 from studio.ui.pages.base import Page
 from studio.ui.widgets import (
     EmptyState,
     SourceBadge,
     label,
+    plot_axes,
+    plot_message,
     read_only_table,
     splitter,
     theme_plot,
@@ -273,7 +276,6 @@ class SweepsPage(Page):
             self.plot.getAxis(axis).enableAutoSIPrefix(False)
         self.scatter = pg.ScatterPlotItem(hoverable=True, tip=self._tip)
         self.scatter.sigClicked.connect(self._plot_clicked)
-        self.plot_note = pg.TextItem("", anchor=(0.5, 0.5))
         pl.addWidget(self.plot, 1)
         return pbox
 
@@ -759,7 +761,8 @@ class SweepsPage(Page):
             if now:
                 state += " · " + ", ".join(f"{j['stage']} {j['progress']:.0%}" for j in now)
             acc = f"{r['accuracy']:.6f}" if r["accuracy"] is not None else "—"
-            ppl = (f"{r['perplexity_increase']:+.2%}" if r["perplexity_increase"] is not None
+            ppl = (signed(r["perplexity_increase"], ".2%", "−")
+                   if r["perplexity_increase"] is not None
                    else "—")
             tps = f"{r['tokens_per_s']:.1f}" if r["tokens_per_s"] is not None else "—"
             marks = []
@@ -822,18 +825,16 @@ class SweepsPage(Page):
         plot.clear()
         self.scatter.clear()
         self._labels: list[Any] = []
-        self.plot.setLabel("left", f"{rec['accuracy_title']} ({self._acc_source()}) →")
+        # two lines: on one, the title ran past the short axis of a 1280 × 800 window
+        self.plot.setLabel("left", f"{rec['accuracy_title']}<br>({self._acc_source()}) →")
         self.plot.setLabel("bottom", self._size_title() + " →")
         idx = self._plotted()
-        if not idx:
-            plot.addItem(self.plot_note)
-            self.plot_note.setText("No point has both an accuracy and a size yet"
-                                   + (": they appear as points finish" if self.running else ""))
-            self.plot_note.setColor(self.palette().text().color())
-            plot.setXRange(0, 1, padding=0)
-            plot.setYRange(0, 1, padding=0)
-            self.plot_note.setPos(0.5, 0.5)
+        if not idx:  # says why, no bare 0-1 axes
+            plot_message(plot, "No point has both an accuracy and a size yet"
+                         + (": they appear as points finish" if self.running
+                            else ": run the sweep"))
             return
+        plot_axes(plot)
         xs = {i: self.rows[i]["size_bytes"] / 2**20 for i in idx}
         ys = {i: self.rows[i]["accuracy"] for i in idx}
         front = sorted((i for i in idx if self.rows[i]["front"]), key=lambda i: xs[i])

@@ -9,6 +9,7 @@ from typing import Any
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress, SubProgress
+from studio.core.units import signed
 from studio.worker.context import StageContext, host_metric, read_text
 
 
@@ -51,8 +52,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     return {
         "summary": (f"{table['num_blocks']} blocks ablated over {table['tokens']} held-out "
                     f"tokens (ppl {table['baseline_ppl']:.2f}); least important block "
-                    f"{best['block']} (+{best['delta']:.1%}); pruned checkpoint without "
-                    f"{drop}: ppl {pruned_ppl:.2f} ({table['pruned_delta']:+.1%})"),
+                    f"{best['block']} ({signed(best['delta'], '.1%')}); pruned checkpoint without "
+                    f"{drop}: ppl {pruned_ppl:.2f} ({signed(table['pruned_delta'], '.1%')})"),
         "ablation": table,
         "metrics": [host_metric("pruned_perplexity", pruned_ppl, "ppl")],
     }
