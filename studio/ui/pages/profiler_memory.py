@@ -165,9 +165,9 @@ class MemoryTab(QWidget):
             "bound": (format_bytes(p["lower_bound_bytes"]),
                       f"at step {p['peak_step']} of {p['steps']}"),
             "weights": (figures.fmt("graph_weight_bytes", mem["weight_bytes"]),
-                        f"initializers, as stored · {graph}"),
+                        "initializers, as stored"),
             "kv": (figures.fmt("kv_cache_graph_io_bytes", kv_in + kv_out),
-                   f"{format_bytes(kv_in)} in, {format_bytes(kv_out)} out · {graph}"),
+                   f"{format_bytes(kv_in)} in, {format_bytes(kv_out)} out"),
         }
         for key, (text, where) in values.items():
             self.cards[key].value.setText(text)
@@ -175,7 +175,7 @@ class MemoryTab(QWidget):
             self.cards[key].badge.set_source(src)
         self.badge.set_source(src, "planned from the graph's static shapes, not measured")
         for key, name in (("weights", "graph_weight_bytes"), ("kv", "kv_cache_graph_io_bytes")):
-            # one figure per graph: the card names the graph it counts
+            # one figure per graph (the graph picker above names the graph it counts)
             self.cards[key].figure = (name, graph, "")
         pg = self.pg
         self.plot.clear()
