@@ -293,7 +293,7 @@ CATALOGUE: dict[str, Figure] = {f.key: f for f in (
        "the roofline's per-layer bytes (one layer, not the step)", "lower"),
     _f("compiler_vtcm_bytes_per_step", "VTCM traffic per decode step (compiler)", "B",
        "bytes the compiled decode graph reads and writes in VTCM in one step", _PROFILE,
-       _HOST, "VTCM used at the peak (compiler) (space, not traffic)", ""),
+       _HOST, "VTCM used at the peak (compiler) (space, not traffic)", "lower"),
     _f("compiler_dma_ops_per_step", "DMA transfers per decode step (compiler)", "ops",
        "ops the compiler made DMA transfers in one decode step", _PROFILE, _HOST, "", "lower"),
     _f("compiler_vtcm_peak_bytes", "VTCM used at the peak (compiler)", "B", "VTCM the "

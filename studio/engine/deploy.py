@@ -28,7 +28,7 @@ from typing import Any
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress, SubProgress
-from studio.engine import genie, graphio, qnn, qnn_system, weightshare
+from studio.engine import genie, graphio, qnn, qnn_names, qnn_system, weightshare
 from studio.engine.adb import context_binary
 from studio.engine.weightstore import graph_bytes
 
@@ -231,21 +231,31 @@ def genie_prefill_parts(export_dir: Path, qdir: Path, spec: dict[str, Any], N: i
 
 
 def compile_in_order(graph: Path, folder: Path, chip, after: str, tries: int = 24,
-                     extra_options: dict[str, str] | None = None, compile_fn=None):
+                     extra_options: dict[str, str] | None = None, compile_fn=None,
+                     candidates: int = 4096):
     """Compile ``graph`` so that its QNN graph name sorts after ``after``: Genie takes the
     graphs of a split bundle in the order of their names, and the QNN EP names a graph from
-    a hash of the model file's path — so a part is compiled from another file name until it
-    sorts after the part before it (the first part until its hash starts with 1, which
-    leaves the others room). Returns (the compile result, the graph name, the source file
-    compiled, whose path a weight-shared compile of it must keep).
+    a hash of the model file's path (:mod:`studio.engine.qnn_names` predicts it). Of
+    ``candidates`` file names, the one whose name sorts right after ``after`` (the first part:
+    whose hash starts with 1) is compiled: each part then leaves the most room to the parts
+    after it, so any number of parts finds names in one compile each. Should a compiled name
+    differ from the prediction, other file names are compiled in turn (``tries`` in all).
+    Returns (the compile result, the graph name, the source file compiled, whose path a
+    weight-shared compile of it must keep).
 
     ``compile_fn(src, ctx_path)`` replaces the plain compile (returns the compile result
     with ``ctx_path``)."""
     import onnx
 
+    def src_of(salt: int) -> Path:
+        return folder / f"{graph.stem}_{salt}.onnx"
 
-    for salt in range(tries):
-        src = folder / f"{graph.stem}_{salt}.onnx"
+    fits = [(name, salt) for salt in range(candidates)
+            if in_order(name := qnn_names.graph_name(src_of(salt)), after)]
+    order = [salt for _, salt in sorted(fits)[:1]]
+    order += [salt for salt in range(tries) if salt not in order][:max(0, tries - len(order))]
+    for salt in order:
+        src = src_of(salt)
         src.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(graph, src)
         dest = folder / "ctx" / f"{src.stem}_ctx.onnx"
@@ -257,11 +267,10 @@ def compile_in_order(graph: Path, folder: Path, chip, after: str, tries: int = 2
         src.unlink()
         shutil.rmtree(folder / "ctx", ignore_errors=True)
     raise StudioError(f"could not give the Genie graph {graph.name} a name that sorts after "
-                      f"the previous part's in {tries} tries: build with fewer parts")
+                      f"the previous part's in {len(order)} tries: build with fewer parts")
 
 
-#: the prefix of the QNN EP's graph names (the rest: a hash of the model file's path)
-QNN_PREFIX = "QNNExecutionProvider_QNNExecutionProvider_"
+QNN_PREFIX = qnn_names.QNN_PREFIX
 
 
 def in_order(name: str, after: str) -> bool:

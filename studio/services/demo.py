@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -364,7 +365,7 @@ def accuracy_scene(demo: Demo) -> Scene:
              ("logits_cosine_mean", deployed_where), ("top1_agreement", deployed_where),
              ("greedy_agreement", deployed_where)]
     for metric, where in pairs:
-        f = fig(figures.title(metric), metric, lambda v, k=metric: figures.fmt(k, v), where)
+        f = fig(figures.title(metric), metric, partial(figures.fmt, metric), where)
         if f is not None:
             scene.figures.append(f)
     fp, q = ms.get("perplexity_fp32"), ms.get("perplexity_quantized")
@@ -481,7 +482,7 @@ def bundle_scene(demo: Demo) -> Scene:
                                  "total_bytes": sum(f["bytes"] for f in files),
                                  "summary": str(r.get("summary", "")),
                                  "stored": bdir is not None}
-        names = {k: (figures.title(k), lambda v, k=k: figures.fmt(k, v))
+        names = {k: (figures.title(k), partial(figures.fmt, k))
                  for k in ("genie_tokens_per_s", "genie_identical_prompts")}
         for m in (demo.jobs.metrics(job_id=job.id) if demo.jobs else []):
             if m.name in names:

@@ -306,8 +306,12 @@ def newest_run_with_results(project: Project, jobs: JobStore) -> RunInfo | None:
     return run_info(project, jobs, ids[0]) if ids else None
 
 
-def current_results(jobs: JobStore, keys: dict[str, str] | None = None
-                    ) -> list[tuple[Job, list[Metric]]]:
+#: the stages that measure (run again, a measurement keeps a key of its own)
+_MEASURING = frozenset({"run", "profile", "graph-run", "graph-profile"})
+
+
+def current_results(jobs: JobStore, keys: dict[str, str] | None = None,
+                    store: ArtifactStore | None = None) -> list[tuple[Job, list[Metric]]]:
     """The project's current state as figures: for each job label (stage and target) that
     recorded any, the newest job's figures — with ``keys`` (:func:`current_keys`), the newest
     job whose artifact key is the current one when there is such a job (its figures match the
@@ -320,7 +324,11 @@ def current_results(jobs: JobStore, keys: dict[str, str] | None = None
     computation (the export's time, ...): those stay those of the job that computed the
     artifact, as a row of their own (that job, from its run), each figure's detail saying
     "from run N (cached: run M reused it)" — a run that reuses the cached export keeps the
-    export-time figure."""
+    export-time figure.
+
+    With ``store``, a measurement taken again under the current plan key (its own key) is
+    current too (:func:`measured_base_key`): the newest measurement is shown, as the stage
+    pages show it."""
     points = jobs.sweep_run_ids()
     newest: dict[str, tuple[Job, list[Metric]]] = {}
     current: dict[str, tuple[Job, list[Metric]]] = {}
@@ -330,8 +338,10 @@ def current_results(jobs: JobStore, keys: dict[str, str] | None = None
     for job in done:
         if job.label in current or (keys is None and job.label in newest):
             continue
-        is_current = (keys is not None and job.artifact_key is not None
-                      and keys.get(job.label) == job.artifact_key)
+        want = None if keys is None else keys.get(job.label)
+        is_current = want is not None and job.artifact_key is not None and (
+            want == job.artifact_key or (job.stage in _MEASURING
+                                         and measured_base_key(store, job.artifact_key) == want))
         matched.update([job.label] if is_current else [])
         figures = jobs.metrics(job_id=job.id)
         if not figures:

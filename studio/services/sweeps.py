@@ -24,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from studio.core import figures, perfmodel
+from studio.core import figures as catalogue
+from studio.core import perfmodel
 from studio.core.artifacts import ArtifactStore
 from studio.core.errors import StudioError
 from studio.core.fsutil import RunLock, sha256_json
@@ -63,7 +64,7 @@ EXECUTORS = ("local", "ray")
 SWEEP_ROLES = ("export", "quantize", "compile", "validate")
 SWEEP_STAGES = {k: tuple(stage_for_role(r, k) for r in SWEEP_ROLES) for k in MODEL_KINDS}
 # the accuracy a point is compared by (higher is better), per model kind
-ACCURACY = {kind: (name, figures.title(name)) for kind, name in (
+ACCURACY = {kind: (name, catalogue.title(name)) for kind, name in (
     ("causal-lm", "logits_cosine_mean"), ("encoder", "output_cosine_min"),
     ("onnx-graph", "output_cosine_min"))}
 FINISHED = ("succeeded", "failed", "invalid")
@@ -275,9 +276,9 @@ def point_figures(variant: Project, results: dict[str, dict[str, Any]],
     # what a point is compared by for size: the compiled context binaries the target loads
     # (weights, activation encodings, the graph), else the recipe's weight bytes
     if "context_bytes" in out:
-        out["size"] = {**out["context_bytes"], "title": figures.title("deployable_binary_bytes")}
+        out["size"] = {**out["context_bytes"], "title": catalogue.title("deployable_binary_bytes")}
     elif "weight_bytes" in out:
-        out["size"] = {**out["weight_bytes"], "title": figures.title("matmul_weight_bytes")}
+        out["size"] = {**out["weight_bytes"], "title": catalogue.title("matmul_weight_bytes")}
     return out
 
 
@@ -316,9 +317,9 @@ def size_figure(figures: dict[str, Any]) -> dict[str, Any] | None:
     if figures.get("size"):
         return figures["size"]
     if figures.get("context_bytes"):
-        return {**figures["context_bytes"], "title": figures.title("deployable_binary_bytes")}
+        return {**figures["context_bytes"], "title": catalogue.title("deployable_binary_bytes")}
     if figures.get("weight_bytes"):
-        return {**figures["weight_bytes"], "title": figures.title("matmul_weight_bytes")}
+        return {**figures["weight_bytes"], "title": catalogue.title("matmul_weight_bytes")}
     return None
 
 

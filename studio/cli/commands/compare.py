@@ -10,9 +10,7 @@ from pathlib import Path
 
 from studio.cli.command import Command, Context
 from studio.cli.common import MAX_RUN_ID, open_history, when, whole
-from studio.core import figures
 from studio.core.errors import StudioError
-from studio.core.units import signed as with_sign
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,7 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    from studio.core import figures
     from studio.core import project as projectfile
+    from studio.core.units import signed as with_sign
     from studio.services import history
 
     p = projectfile.load(Path(args.file))

@@ -66,7 +66,7 @@ class LLMPage(StagePage):
         self.plot = pg.PlotWidget()
         self.plot.setMenuEnabled(False)
         self.plot.showGrid(x=False, y=True, alpha=0.3)
-        self.plot.setLabel("left", "ms per token (log scale)")
+        self.plot.setLabel("left", "ms / token (log)")
         self.plot.setLogMode(x=False, y=True)
         self.plot.setLabel("bottom", "token")
         self.legend = label("", "muted", wrap=True)

@@ -446,7 +446,7 @@ class OverviewPage(Page):
         naming its run (:func:`studio.services.history.current_results`): a one-stage run
         leaves the other stages' figures in place."""
         studio = self.ctl.studio
-        rows = history.current_results(studio.jobs, self._keys)
+        rows = history.current_results(studio.jobs, self._keys, studio.store)
         newest = studio.jobs.runs(1)
         run = runs_of = None
         if rows:

@@ -1,0 +1,39 @@
+"""The QNN EP's graph names predicted from the model file's path: equal to the names the
+real EP gives (the sample compiled under several file names), so the compile stage picks a
+part's file name by prediction and compiles it once."""
+
+from __future__ import annotations
+
+import shutil
+
+import onnx
+import pytest
+
+from studio.engine import qnn_names
+
+
+def test_names_the_ep_gave_the_8b_parts():
+    """Names read from the context models the EP compiled for the 8 B benchmark's parts."""
+    assert qnn_names.murmur3_x86_128(b"") == (0, 0, 0, 0)
+    for path, name in (
+            ("/tmp/bench/w8b/llama3.1-8b/compile/genie/prefill_1/prefill_2.onnx",
+             "16675745807897599714"),
+            ("/tmp/bench/w8b/llama3.1-8b/compile/genie/prefill_2/prefill_1.onnx",
+             "18384932991400754531")):
+        assert qnn_names.graph_name(path) == f"{qnn_names.QNN_PREFIX}{name}_1_0"
+
+
+@pytest.mark.slow
+def test_the_predicted_name_is_the_compiled_one(tmp_path):
+    from studio.core.catalog import default_chip_key
+    from studio.engine import qnn
+    from tests.engine.tiny_onnx import float_model, quantize_w8a16
+
+    model = quantize_w8a16(float_model(tmp_path / "f32.onnx"), tmp_path / "w8a16.onnx")
+    for stem in ("part_a", "prefill_7"):
+        src = tmp_path / f"{stem}.onnx"
+        shutil.copy(model, src)
+        comp = qnn.compile_context(src, tmp_path / stem / "m_ctx.onnx", default_chip_key(),
+                                   embed=False)
+        name = onnx.load(comp["ctx_path"], load_external_data=False).graph.node[0].name
+        assert name == qnn_names.graph_name(src)
