@@ -430,12 +430,25 @@ def share_weights(sources: dict[tuple[int, int], Path], rows: list[dict[str, Any
         folder = out / DEPLOY_DIR / f"shared_{i + 1}"
         shutil.rmtree(folder, ignore_errors=True)
         comp = None
-        for salt in range(24 if parts > 1 else 1):
+
+        def dst_of(ar: int, salt: int, i: int = i, folder: Path = folder) -> Path:
+            src = sources[ar, i]
+            return folder / "src" / (src.name if parts == 1 else f"{src.stem}_s{salt}.onnx")
+
+        salts = list(range(24 if parts > 1 else 1))
+        if parts > 1:  # first the salt whose predicted names sort right after the last part's
+            fits = []
+            for salt in range(4096):
+                names = {ar: qnn_names.graph_name(dst_of(ar, salt)) for ar in (N, 1)}
+                if all(in_order(names[ar], after[ar]) for ar in (N, 1)):
+                    fits.append((sum(qnn_names.hash_of(n) for n in names.values()), salt))
+            best = [salt for _, salt in sorted(fits)[:1]]
+            salts = best + [s for s in salts if s not in best][:23]
+        for salt in salts:
             pair = []
             for ar in (N, 1):  # copies under one salted name each: the graphs' names follow
                 src = sources[ar, i]
-                dst = folder / "src" / (src.name if parts == 1 else
-                                        f"{src.stem}_s{salt}.onnx")
+                dst = dst_of(ar, salt)
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(src, dst)
                 pair.append(dst)

@@ -77,3 +77,8 @@ def graph_name(model_path: str | Path) -> str:
     compile passes it to ONNX Runtime)."""
     h = murmur3_x86_128(str(model_path).encode("utf-8"))
     return f"{QNN_PREFIX}{h[0] | (h[1] << 32)}_1_0"
+
+
+def hash_of(name: str) -> int:
+    """The hash in a QNN EP graph name (``…_<hash>_1_0``)."""
+    return int(name[len(QNN_PREFIX):].split("_")[0])

@@ -19,12 +19,26 @@ from studio.ui.pages.cards import FigureCard
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(scope="module")
+def one_run(sample_export, tmp_path_factory):
+    """The small sample project after one full batch run of its own (the session's export
+    from the cache): no other test's runs in its history."""
+    from tests.cli.conftest import SMALL, default_target, share_store, studio
+
+    f = tmp_path_factory.mktemp("one-run") / "small.qstudio"
+    f.write_text(SMALL.format(target=default_target()))
+    share_store(sample_export, f, stages={"export"})
+    r = studio("--batch", f, "--json")
+    assert r.returncode in (0, 1), r.stderr[-3000:]
+    return f
+
+
 def test_every_figure_shows_one_value_on_every_page_and_output(
-        make_window, small_project, batch_run, copy_project, tmp_path, qtbot):
+        make_window, one_run, copy_project, tmp_path, qtbot):
     from tests.cli.conftest import studio
     from tests.ui.conftest import wait_task
 
-    path = copy_project(small_project, tmp_path / "p")
+    path = copy_project(one_run, tmp_path / "p")
     win = make_window()
     win.resize(1600, 1000)
     assert win.open_project(path)
