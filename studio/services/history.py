@@ -310,6 +310,14 @@ def newest_run_with_results(project: Project, jobs: JobStore) -> RunInfo | None:
 _MEASURING = frozenset({"run", "profile", "graph-run", "graph-profile"})
 
 
+def _is_current(job: Job, want: str | None, store: ArtifactStore | None) -> bool:
+    """Whether ``job``'s result is the one the project gives its label now (``want``): its
+    artifact key, or a measurement taken again under that plan key."""
+    return want is not None and job.artifact_key is not None and (
+        want == job.artifact_key or (job.stage in _MEASURING
+                                     and measured_base_key(store, job.artifact_key) == want))
+
+
 def current_results(jobs: JobStore, keys: dict[str, str] | None = None,
                     store: ArtifactStore | None = None) -> list[tuple[Job, list[Metric]]]:
     """The project's current state as figures: for each job label (stage and target) that
@@ -338,10 +346,7 @@ def current_results(jobs: JobStore, keys: dict[str, str] | None = None,
     for job in done:
         if job.label in current or (keys is None and job.label in newest):
             continue
-        want = None if keys is None else keys.get(job.label)
-        is_current = want is not None and job.artifact_key is not None and (
-            want == job.artifact_key or (job.stage in _MEASURING
-                                         and measured_base_key(store, job.artifact_key) == want))
+        is_current = keys is not None and _is_current(job, keys.get(job.label), store)
         matched.update([job.label] if is_current else [])
         figures = jobs.metrics(job_id=job.id)
         if not figures:
@@ -401,6 +406,25 @@ def latest_jobs(jobs: JobStore, stage: str, state: str = "succeeded") -> list[Jo
         if job.stage == stage and job.state == state and job.target not in seen:
             seen[job.target] = job
     return list(seen.values())
+
+
+def current_jobs(jobs: JobStore, stage: str, keys: dict[str, str],
+                 store: ArtifactStore | None = None) -> list[Job]:
+    """The job of ``stage`` per target that a page shows: the newest whose result is the one
+    the project gives its label now (the Overview's choice, :func:`current_results`), else
+    the newest (stale: its page marks it). One fact, one job, on every page."""
+    points = jobs.sweep_run_ids()
+    done = [j for j in jobs.jobs(limit=2000)
+            if j.run_id not in points and j.stage == stage and j.state == "succeeded"]
+    out = []
+    for job in latest_jobs(jobs, stage):
+        want = keys.get(job.label)
+        pick = job
+        if not _is_current(job, want, store):
+            pick = next((j for j in done if j.target == job.target
+                         and _is_current(j, want, store)), job)
+        out.append(pick)
+    return out
 
 
 def latest_job(jobs: JobStore, stage: str, target: str | None = None) -> Job | None:

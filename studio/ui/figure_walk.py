@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -38,10 +39,13 @@ class Walk:
     values: dict[Key, set[str]] = field(default_factory=lambda: defaultdict(set))
     places: dict[Key, list[str]] = field(default_factory=lambda: defaultdict(list))
     keys: dict[Key, str] = field(default_factory=dict)  # the catalogue key of each figure
+    jobs: dict[Key, set[int]] = field(default_factory=lambda: defaultdict(set))  # shown from
     shown: int = 0  # figures read, counting repeats
 
-    def add(self, key: Key, text: str, place: str, name: str) -> None:
+    def add(self, key: Key, text: str, place: str, name: str, job: int | None = None) -> None:
         self.values[key].add(text)
+        if job is not None:
+            self.jobs[key].add(job)
         self.places[key].append(place)
         self.keys.setdefault(key, name)
         self.shown += 1
@@ -111,7 +115,8 @@ def read_page(page, place: str, walk: Walk, target: str) -> None:
         if fig is None or not card.isVisible():
             continue
         name, device, tgt = fig
-        walk.add((card.title.text(), device, tgt), card.value.text(), place, name)
+        walk.add((card.title.text(), device, tgt), card.value.text(), place, name,
+                 getattr(card, "job_id", None))
     for view in _views(page):
         for name, title, device, tgt, value in (recorded_rows(view)
                                                 + validation_rows(view, target)):
@@ -147,7 +152,8 @@ async def walk(win, pause: Callable[[float], Awaitable[None]]) -> Walk:
 
 def jobs_said(win, walk_: Walk) -> list[tuple[Key, str, str]]:
     """The figures the Jobs page's summaries name: (figure, the text written, the row's
-    summary) for each catalogue title a job's Result names on the figure's device."""
+    summary) for each catalogue title the Result of a job the pages show it from names (the
+    Jobs page lists every run's jobs: another run's summary is another run's figure)."""
     page = win.show_page("Jobs")
     out = []
     for view in _views(page):
@@ -159,9 +165,12 @@ def jobs_said(win, walk_: Walk) -> list[tuple[Key, str, str]]:
             cell = {h: str(model.index(r, c).data() or "") for c, h in enumerate(heads)}
             kind, _, chip = cell["Target"].partition(":")
             device = {"cpu": "host-cpu"}.get(kind, kind)
+            job = int(re.sub(r"\D", "", cell.get("Job", "")) or -1)
             for key in walk_.values:
                 title, dev, tgt = key
                 if dev != device or tgt != chip or f"{title} " not in cell["Result"]:
+                    continue
+                if walk_.jobs.get(key) and job not in walk_.jobs[key]:
                     continue
                 written = cell["Result"].split(f"{title} ", 1)[1]
                 out.append((key, written.split(",")[0].split(";")[0].strip(), cell["Result"]))

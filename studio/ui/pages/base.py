@@ -300,7 +300,15 @@ class StagePage(Page):
 
         def done(keys: dict[str, str]) -> None:
             s = self.ctl.studio
-            self._apply_stale(history.stale_reasons(project, s.jobs, shown, keys, s.store), "")
+            # the job the project's current recipe gave, where there is one (the Overview's
+            # choice): one value per figure on every page
+            chosen = sorted(history.current_jobs(s.jobs, self.stage, keys, s.store),
+                            key=self.sort_key) if self.stage else shown
+            now = shown
+            if [j.id for j in chosen] != [j.id for j in shown] and chosen:
+                self._jobs = now = chosen
+                self.show_jobs(self._jobs)
+            self._apply_stale(history.stale_reasons(project, s.jobs, now, keys, s.store), "")
 
         def failed(exc: Exception) -> None:
             why = exc.message if isinstance(exc, StudioError) else str(exc)

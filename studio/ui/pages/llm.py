@@ -153,6 +153,7 @@ class LLMPage(StagePage):
                 card = FigureCard(metric_title(m.name), fmt_metric(m.name, m.value, m.unit),
                                   m.source, where, m.detail)
                 card.figure = (m.name, m.device, m.target)  # the catalogue's key, and where
+                card.job_id = job.id
                 card.setToolTip(metric_tip(m.name) + (f"\n{m.detail}" if m.detail else ""))
                 self._job_cards.setdefault(job.id, []).append(card)
                 cards.append(card)

@@ -499,6 +499,7 @@ class OverviewPage(Page):
                     m.detail,
                 )
                 card.figure = (m.name, m.device, m.target)  # the catalogue's key, and where
+                card.job_id = job.id
                 tip = (f"{metric_tip(m.name)}\nFrom job #{job.id} ({job.label}) of run "
                        f"{job.run_id}")
                 if job.cached:
