@@ -180,21 +180,22 @@ class MemoryTab(QWidget):
         pg = self.pg
         self.plot.clear()
         plot_axes(self.plot)
-        live = p["live_bytes"]
+        mib = float(2**20)  # binary units, as every byte figure of the studio is written
+        live = [v / mib for v in p["live_bytes"]]
         xs = list(range(len(live)))
         fg = self.palette().text().color()
         self.plot.plot(xs, live, pen=pg.mkPen("#2f6fd6", width=1.5), name="live bytes")
-        self.plot.addItem(pg.InfiniteLine(pos=p["arena_bytes"], angle=0,
+        self.plot.addItem(pg.InfiniteLine(pos=p["arena_bytes"] / mib, angle=0,
                                           pen=pg.mkPen("#1f8a4c", width=1.5, style=Qt.PenStyle.DashLine),
                                           label="arena with reuse", labelOpts={"color": fg}))
-        self.plot.addItem(pg.InfiniteLine(pos=p["naive_bytes"], angle=0,
+        self.plot.addItem(pg.InfiniteLine(pos=p["naive_bytes"] / mib, angle=0,
                                           pen=pg.mkPen("#d64545", width=1.5, style=Qt.PenStyle.DashLine),
                                           label="naive", labelOpts={"color": fg}))
         if p["peak_step"] >= 0:
             self.plot.addItem(pg.InfiniteLine(pos=p["peak_step"], angle=90,
                                               pen=pg.mkPen(fg, width=1, style=Qt.PenStyle.DotLine)))
         self.plot.setLabel("bottom", "op (graph order)")
-        self.plot.setLabel("left", "activation bytes", units="B")
+        self.plot.setLabel("left", "activation MiB")
         self.peak.set_rows([
             Row([t["name"], format_bytes(t["nbytes"]), t.get("op_type", "") or "input"],
                 tip=f"{t['name']}: made by {t.get('producer', '') or 'the graph input'}",
