@@ -397,11 +397,11 @@ CATALOGUE: dict[str, Figure] = {f.key: f for f in (
     _f("kv_cache_device_bytes", "KV cache on the device", "B", "K and V of every block at "
        "the project's context length, in the deployed graphs' cache precision (uint16 with "
        "quantized graph I/O, uint8 with an INT8 cache, float32 with float I/O)",
-       "studio.core.figures:kv_cache_device_bytes", _EST,
+       "studio.core.modelinfo:ModelInfo.kv_cache_bytes", _EST,
        "KV cache of the host runtime (float32 arrays in ONNX Runtime)", "lower"),
     _f("kv_cache_host_bytes", "KV cache of the host runtime", "B", "the KV cache the host's "
        "ONNX Runtime generator holds (float32, or uint8 with an INT8 cache)",
-       "studio.core.figures:kv_cache_host_bytes", ("measured", "estimated"),
+       "studio.services.generate:generate", ("measured",),
        "KV cache on the device (the deployed precision)", "lower"),
     _f("checkpoint_weight_bytes", "checkpoint weights at a precision", "B", "every "
        "parameter once (a tied embedding once) × the bytes of one precision: FP32, FP16, "
@@ -471,18 +471,6 @@ def kv_cache_dtype(graph_io: str, kv_cache: str) -> tuple[str, int]:
     if graph_io == "quantized":
         return "uint16", 2
     return "float32", 4
-
-
-def kv_cache_device_bytes(layers: int, kv_heads: int, head_dim: int, context: int,
-                          graph_io: str, kv_cache: str) -> int:
-    """K and V of every block at the context length, in the deployed cache precision."""
-    return 2 * layers * kv_heads * head_dim * context * kv_cache_dtype(graph_io, kv_cache)[1]
-
-
-def kv_cache_host_bytes(layers: int, kv_heads: int, head_dim: int, context: int,
-                        kv_cache: str) -> int:
-    """The host ONNX Runtime generator's cache: float32 arrays, uint8 with an INT8 cache."""
-    return 2 * layers * kv_heads * head_dim * context * (1 if kv_cache == "int8" else 4)
 
 
 def where(device: str, target: str = "") -> str:

@@ -40,10 +40,14 @@ class Walk:
     places: dict[Key, list[str]] = field(default_factory=lambda: defaultdict(list))
     keys: dict[Key, str] = field(default_factory=dict)  # the catalogue key of each figure
     jobs: dict[Key, set[int]] = field(default_factory=lambda: defaultdict(set))  # shown from
+    sources: dict[Key, set[str]] = field(default_factory=lambda: defaultdict(set))
     shown: int = 0  # figures read, counting repeats
 
-    def add(self, key: Key, text: str, place: str, name: str, job: int | None = None) -> None:
+    def add(self, key: Key, text: str, place: str, name: str, job: int | None = None,
+            source: str = "") -> None:
         self.values[key].add(text)
+        if source:
+            self.sources[key].add(source)
         if job is not None:
             self.jobs[key].add(job)
         self.places[key].append(place)
@@ -66,15 +70,16 @@ def _heads(model) -> list[str]:
             for c in range(model.columnCount())]
 
 
-def recorded_rows(view) -> list[tuple[str, str, str, str, str]]:
-    """A table of recorded figures (title, value, device, target columns): (key, title,
-    device, target, value) per row whose title is the catalogue's."""
+def recorded_rows(view) -> list[tuple[str, str, str, str, str, str]]:
+    """A table of recorded figures (title, value, device, target, source columns): (key,
+    title, device, target, value, source) per row whose title is the catalogue's."""
     model = view.model()
     heads = [h.lower() for h in _heads(model)]
     if "value" not in heads or "device" not in heads:
         return []
     v, d = heads.index("value"), heads.index("device")
     t = heads.index("target") if "target" in heads else None
+    src = heads.index("source") if "source" in heads else None
     rows = []
     for r in range(model.rowCount()):
         cell = [str(model.index(r, c).data() or "") for c in range(model.columnCount())]
@@ -82,11 +87,12 @@ def recorded_rows(view) -> list[tuple[str, str, str, str, str]]:
         if fig is None:
             continue
         target = cell[t] if t is not None and cell[t] != "—" else ""
-        rows.append((fig.key, cell[0], cell[d], target, cell[v]))
+        rows.append((fig.key, cell[0], cell[d], target, cell[v],
+                     cell[src] if src is not None else ""))
     return rows
 
 
-def validation_rows(view, target: str) -> list[tuple[str, str, str, str, str]]:
+def validation_rows(view, target: str) -> list[tuple[str, str, str, str, str, str]]:
     """The Validation page's table (a figure per row, FP32 / host QDQ / HTP per column):
     each cell as the catalogue's figure behind it."""
     model = view.model()
@@ -105,7 +111,7 @@ def validation_rows(view, target: str) -> list[tuple[str, str, str, str, str]]:
                 continue
             text = str(model.index(r, c).data() or "").split("\n")[0]
             device, tgt = ("htp-sim", target) if col == "htp" else ("host-cpu", "")
-            rows.append((key, figures.title(key), device, tgt, text))
+            rows.append((key, figures.title(key), device, tgt, text, ""))
     return rows
 
 
@@ -116,11 +122,11 @@ def read_page(page, place: str, walk: Walk, target: str) -> None:
             continue
         name, device, tgt = fig
         walk.add((card.title.text(), device, tgt), card.value.text(), place, name,
-                 getattr(card, "job_id", None))
+                 getattr(card, "job_id", None), getattr(card.badge, "source", ""))
     for view in _views(page):
-        for name, title, device, tgt, value in (recorded_rows(view)
-                                                + validation_rows(view, target)):
-            walk.add((title, device, tgt), value, place, name)
+        for name, title, device, tgt, value, source in (recorded_rows(view)
+                                                        + validation_rows(view, target)):
+            walk.add((title, device, tgt), value, place, name, source=source)
 
 
 async def walk(win, pause: Callable[[float], Awaitable[None]]) -> Walk:
@@ -178,9 +184,11 @@ def jobs_said(win, walk_: Walk) -> list[tuple[Key, str, str]]:
 
 
 def table(walk_: Walk, info_metrics: list[dict], markdown: bool = False) -> str:
-    """The figures as a table: title, unit, key, where, the value(s) shown, the pages, and
-    what ``studio info --json`` writes for it."""
+    """The figures as a table: title, unit, key, where, the value(s) shown, their source (the
+    cards' badges; else what ``studio info`` records), the pages, and what ``studio info
+    --json`` writes for it."""
     info = {(m["title"], m["device"], m["target"]): m["text"] for m in info_metrics}
+    info_src = {(m["title"], m["device"], m["target"]): m["source"] for m in info_metrics}
     rows = []
     for key in sorted(walk_.values, key=lambda k: (k[0], k[1], k[2])):
         title, device, target = key
@@ -188,8 +196,9 @@ def table(walk_: Walk, info_metrics: list[dict], markdown: bool = False) -> str:
         fig = figures.get(name)
         rows.append([title, fig.unit if fig else "", name,
                      figures.where(device, target), " | ".join(sorted(walk_.values[key])),
+                     " | ".join(sorted(walk_.sources.get(key) or {info_src.get(key, "—")})),
                      ", ".join(sorted(set(walk_.places[key]))), info.get(key, "—")])
-    head = ["figure", "unit", "key", "where", "value", "pages", "studio info"]
+    head = ["figure", "unit", "key", "where", "value", "source", "pages", "studio info"]
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]

@@ -104,3 +104,7 @@ def test_every_figure_shows_one_value_on_every_page_and_output(
     # the table of them, as `python -m studio.ui.figure_walk FILE` prints it
     text = figure_walk.table(walk, data["latest_metrics"])
     assert "decode speed" in text and "LLM ▸ Runs, Overview" in text
+    # each figure with its source (the cards' badges)
+    row = next(ln for ln in text.splitlines() if ln.startswith("decode speed ")
+               and "HTP simulator" in ln)
+    assert " simulated " in row

@@ -328,8 +328,7 @@ class OverviewPage(Page):
         ctx = int(p.export["context_length"])
         io, kvq = p.htp["graph_io"], p.quantization["kv_cache"]
         dtype, nbytes = figures.kv_cache_dtype(io, kvq)
-        dims = (info.num_layers, info.num_kv_heads, info.head_dim, ctx)
-        deployed = figures.kv_cache_device_bytes(*dims, io, kvq)
+        deployed = info.kv_cache_bytes(ctx, nbytes)
         mha = 2 * info.num_layers * info.num_heads * info.head_dim * ctx * nbytes
         kv = QHBoxLayout()
         kv_title = label(f"<b>{figures.title('kv_cache_device_bytes')}</b> at the project's "
