@@ -44,7 +44,9 @@ weights in the process.
 The figures
 -----------
 * weights: each binary's parameters at the scheme's weight width (per-layer overrides and
-  quantization scales not counted) — ``estimated``; a compiled binary's file size where one
+  quantization scales not counted), the first part's embedding table at its own width (a
+  Gather's data: the activations' width, or 8 bits with ``quantization.embedding = "INT8"``;
+  :func:`studio.core.recipe.table_bits`) — ``estimated``; a compiled binary's file size where one
   is given — ``measured``.
 * KV cache: K and V of every block at the context length, at the element width the graphs
   take it (float32 with float graph I/O, uint16 with quantized graph I/O, uint8 with the
@@ -68,7 +70,8 @@ from typing import Any
 
 from studio.core.catalog import Chip
 from studio.core.errors import StudioError
-from studio.core.parts import AUTO_WEIGHT_BITS, Layout, Part, compiled_bytes, split
+from studio.core.parts import AUTO_WEIGHT_BITS, Layout, Part, compiled_bytes, part_bytes, split
+from studio.core.recipe import activation_bits, table_bits, weight_bits
 from studio.core.units import format_bytes
 
 #: a row's source: the metrics' vocabulary (studio.core.metrics.SOURCES) where a figure has
@@ -91,8 +94,6 @@ def kv_dtype(graph_io: str, kv_cache: str) -> str:
 
 def scheme_bits(scheme: str) -> tuple[int, int]:
     """(weight bits, activation bits) of a scheme (:mod:`studio.core.recipe` owns them)."""
-    from studio.core.recipe import activation_bits, weight_bits
-
     return weight_bits(scheme), activation_bits(scheme)
 
 
@@ -161,6 +162,7 @@ class Inputs:
     kv: str = "float32"  # KV_DTYPES
     weight_sharing: bool = False
     graph_io: str = "float"  # "quantized": uint16 logits
+    embedding: str = "auto"  # quantization.embedding: the token table's precision
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,7 @@ class DevicePlan:
     context_bytes: int | None
     context_source: str
     suggestion: str = ""  # what would fit, when this does not ("" when it fits or none does)
+    suggestion_settings: str = ""  # the settings that say it ('export.parts = 4, ...')
     blocks: tuple[tuple[int, int], ...] = field(default=())  # (first, last) block per part
 
     @property
@@ -319,9 +322,13 @@ def _build(layout: Layout, dims: Dims, chip: Chip, i: Inputs,
                                 f"{blocks}: the compiled binary's file size", "weights",
                                 p.name, name))
             else:
-                rows.append(Row(f"{name} weights", compiled_bytes(p.parameters, w_bits),
-                                "estimated", f"{blocks}: {p.parameters / 1e6:,.1f} M parameters "
-                                f"at {w_bits} bits", "weights", p.name, name))
+                t_bits = table_bits(i.scheme, i.embedding)
+                table = (f", the {layout.embedding / 1e6:,.1f} M-entry embedding table at "
+                         f"{t_bits} bits" if p.embeds and t_bits != w_bits else "")
+                rest = p.parameters - (layout.embedding if table else 0)
+                rows.append(Row(f"{name} weights", part_bytes(layout, p, w_bits, t_bits),
+                                "estimated", f"{blocks}: {rest / 1e6:,.1f} M parameters "
+                                f"at {w_bits} bits{table}", "weights", p.name, name))
             for kind, ar in held:
                 rows.append(Row(f"{name} activations ({kind})",
                                 activation_bytes(dims, ar, C, act), "estimated",
@@ -355,21 +362,36 @@ def smallest_fitting(layout: Layout, dims: Dims, chip: Chip, i: Inputs) -> int |
     return None
 
 
-def what_fits(layout: Layout, dims: Dims, chip: Chip, i: Inputs) -> str:
-    """What would fit: "4 parts" at the plan's scheme, else "W4A16 in 4 parts" (the first
-    narrower scheme that fits, and its part count); "" when nothing does."""
-    n = smallest_fitting(layout, dims, chip, i)
-    if n is not None:
-        return f"{n} part{'s' if n != 1 else ''}"
+def fitting_change(layout: Layout, dims: Dims, chip: Chip, i: Inputs) -> tuple[str, str]:
+    """What would fit, in words and as the settings to change: the part count at the plan's
+    scheme ("4 parts"), else with the embedding table at 8 bits where the activations' width
+    stores it wider, else the first narrower scheme (with the 8-bit table if it needs it),
+    each with its part count; ("", "") when nothing does."""
     w_bits, a_bits = scheme_bits(i.scheme)
-    for scheme in SUGGESTED_SCHEMES:
-        sw, sa = scheme_bits(scheme)
-        if scheme == i.scheme or sw > w_bits or (sw == w_bits and sa >= a_bits):
-            continue
-        n = smallest_fitting(layout, dims, chip, replace(i, scheme=scheme))
-        if n is not None:
-            return f"{scheme} in {n} part{'s' if n != 1 else ''}"
-    return ""
+    narrower = [s for s in SUGGESTED_SCHEMES if s != i.scheme and (
+        scheme_bits(s)[0] < w_bits or (scheme_bits(s)[0] == w_bits and scheme_bits(s)[1] < a_bits))]
+    for scheme in [i.scheme, *narrower]:
+        tables = [i.embedding] + (["INT8"] if i.embedding == "auto" and table_bits(scheme) > 8
+                             else [])
+        for table in tables:
+            n = smallest_fitting(layout, dims, chip, replace(i, scheme=scheme, embedding=table))
+            if n is None:
+                continue
+            words = [] if scheme == i.scheme else [scheme]
+            sets = [] if scheme == i.scheme else [f'quantization.scheme = "{scheme}"']
+            if table != i.embedding:
+                words.append("the embedding table at 8 bits")
+                sets.append('quantization.embedding = "INT8"')
+            count = f"{n} part{'s' if n != 1 else ''}"
+            sets.append(f"export.parts = {n}")
+            return (f"{' with '.join(words)} in {count}" if words else count), ", ".join(sets)
+    return "", ""
+
+
+def what_fits(layout: Layout, dims: Dims, chip: Chip, i: Inputs) -> str:
+    """What would fit, in words: "4 parts", "the embedding table at 8 bits in 6 parts",
+    "W4A16 in 4 parts" (:func:`fitting_change`); "" when nothing does."""
+    return fitting_change(layout, dims, chip, i)[0]
 
 
 def device_plan(layout: Layout, dims: Dims, chip: Chip, inputs: Inputs,
@@ -380,7 +402,8 @@ def device_plan(layout: Layout, dims: Dims, chip: Chip, inputs: Inputs,
         raise StudioError(f"KV cache type {inputs.kv!r} is not one of {', '.join(KV_DTYPES)}")
     plan = _build(layout, dims, chip, inputs, measured)
     if plan.fits is False:
-        plan = replace(plan, suggestion=what_fits(layout, dims, chip, inputs))
+        words, sets = fitting_change(layout, dims, chip, inputs)
+        plan = replace(plan, suggestion=words, suggestion_settings=sets)
     return plan
 
 
@@ -389,13 +412,10 @@ def check_bundle_fits(plan: DevicePlan) -> None:
     if plan.fits is not False:
         return
     i = plan.inputs
-    fix = (f"{plan.suggestion} would fit" if plan.suggestion else
+    fix = (f"{plan.suggestion} would fit (set {plan.suggestion_settings})"
+           if plan.suggestion else
            "no part count or scheme fits: lower export.context_length, set "
            "quantization.kv_cache = \"int8\" or take a smaller model")
-    if plan.suggestion and plan.suggestion[0].isdigit():
-        fix += f" (set export.parts = {plan.suggestion.split()[0]})"
-    elif plan.suggestion:
-        fix += f" (set quantization.scheme = \"{plan.suggestion.split()[0]}\")"
     raise StudioError(f"this bundle does not fit {plan.chip_name}'s NPU ({i.scheme} in "
                       f"{i.parts} part{'s' if i.parts != 1 else ''}): " + "; ".join(plan.over())
                       + f"; {fix}")
@@ -410,7 +430,7 @@ def sharing(mode: str, prefill_ar: int) -> bool:
 
 def bundle_inputs(layout: Layout, *, scheme: str, exported_parts: int, prompt_length: int,
                   context_length: int, prefill_length: int, graph_io: str, kv_cache: str,
-                  weight_sharing: str = "auto") -> Inputs:
+                  weight_sharing: str = "auto", embedding: str = "auto") -> Inputs:
     """The inputs of the plan of the bundle a project ships, from its settings: the
     export's parts (the compile stage's binaries are the bundle's: it splits nothing), the
     AR-N prefill graph at ``bundle.prefill_length`` (0: the prompt length), the KV cache's
@@ -421,7 +441,7 @@ def bundle_inputs(layout: Layout, *, scheme: str, exported_parts: int, prompt_le
                   kv=kv_dtype(graph_io, kv_cache),
                   weight_sharing=sharing(weight_sharing, int(prefill_length) or
                                          int(prompt_length)),
-                  graph_io=graph_io)
+                  graph_io=graph_io, embedding=embedding)
 
 
 # ---- the export's part count -------------------------------------------------------------------

@@ -166,6 +166,14 @@ def compiled_bytes(parameters: int, weight_bits: int) -> int:
     return -(-int(parameters) * int(weight_bits) // 8)
 
 
+def part_bytes(layout: Layout, part: Part, weight_bits: int, table_bits: int) -> int:
+    """The weight bytes of a compiled ``part``: its weights at ``weight_bits`` each, the
+    embedding table (the first part's Gather data) at ``table_bits`` per entry."""
+    table = layout.embedding if part.embeds else 0
+    return compiled_bytes(part.parameters - table, weight_bits) + compiled_bytes(table,
+                                                                                table_bits)
+
+
 def plan_parts(layout: Layout, parts: int | str = "auto", weight_bits: int = 8,
                max_part_bytes: int = DEFAULT_MAX_PART_BYTES, at_least: int = 1) -> list[Part]:
     """The parts of ``layout``: ``parts`` of them, or with ``"auto"`` the fewest, and at least

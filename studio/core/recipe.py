@@ -135,6 +135,19 @@ def activation_bits(scheme: str) -> int:
     return PRECISION_BITS[activation_precision(scheme)]
 
 
+def table_bits(scheme: str, embedding: str = "auto") -> int:
+    """Bits per entry of the token embedding table (a Gather's data, not a MatMul weight):
+    ``auto`` stores it as the quantizer does, at the activations' width (measured: the 8 B
+    shape's table is UINT16 under W4A16, beside INT4 MatMul weights); ``INT8`` (the setting
+    ``quantization.embedding``) at 8 bits. A float scheme keeps it at its float width."""
+    if embedding == "INT8" and not is_float_scheme(scheme):
+        return 8
+    return PRECISION_BITS[activation_precision(scheme)]
+
+
+#: ``quantization.embedding``: the token embedding table's precision
+EMBEDDING_PRECISIONS: tuple[str, ...] = ("auto", "INT8")
+
 #: the schemes that quantize (every scheme but the float one)
 QUANTIZED_SCHEMES: tuple[str, ...] = tuple(s for s in SCHEMES if not is_float_scheme(s))
 

@@ -43,6 +43,7 @@ from studio.core.recipe import (
     DEFAULT_ROUNDING_SAMPLES,
     DEFAULT_SCHEME,
     DEFAULT_WEIGHT_ROUNDING,
+    EMBEDDING_PRECISIONS,
     GATE_HELP,
     GRANULARITIES,
     KV_CACHE_KINDS,
@@ -435,6 +436,11 @@ class Quantization(Section):
                             "scales", choices=KV_CACHE_KINDS)
     overrides: dict[str, str] = setting({}, "per-layer precisions: pattern -> precision, the "
                                         "last matching pattern wins")
+    embedding: str = setting("auto", "the token embedding table's precision: auto (the "
+                             "activations' width, as the quantizer stores a Gather table: "
+                             "16-bit under W4A16 / W8A16) or INT8 (half the bytes: what lets "
+                             "an 8 B model's first part fit one context binary)",
+                             choices=EMBEDDING_PRECISIONS)
     placement: str = setting("strict", "graphs: nodes the HTP refuses fail the run, go to the "
                              "CPU, or are rewritten", choices=PLACEMENTS)
 

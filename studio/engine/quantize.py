@@ -69,6 +69,7 @@ from studio.core.recipe import (
     DEFAULT_ROUNDING_SAMPLES,
     DEFAULT_SCHEME,
     DEFAULT_WEIGHT_ROUNDING,
+    EMBEDDING_PRECISIONS,
     GRANULARITIES,
     SCHEME_PRECISIONS,
     SCHEMES,
@@ -127,6 +128,7 @@ def normalize_recipe(recipe: dict) -> dict:
         "rounding_samples",
         "vision_scheme",
         "vision_overrides",
+        "embedding",
     }
     if unknown:
         raise StudioError(
@@ -180,7 +182,12 @@ def normalize_recipe(recipe: dict) -> dict:
             not 1 <= r_samples <= MAX_SAMPLES:
         raise StudioError(f"rounding samples must be a whole number from 1 to {MAX_SAMPLES} "
                           f"(got {r_samples!r})")
+    embedding = str(recipe.get("embedding", "auto"))
+    if embedding not in EMBEDDING_PRECISIONS:
+        raise StudioError(f"unknown embedding precision {embedding!r}; use one of "
+                          f"{', '.join(EMBEDDING_PRECISIONS)}")
     return {
+        "embedding": embedding,
         "weight_rounding": rounding,
         "rounding_samples": r_samples,
         "calibration_method": method,
@@ -354,6 +361,9 @@ def resolve_overrides(model, recipe: dict) -> dict:
     for name, prec in weight_prec.items():
         if name not in weights and prec in ("INT8", "INT16"):
             init_overrides[name] = [{"quant_type": qtype[prec]}]
+    table = embedding_table(model) if recipe.get("embedding", "auto") == "INT8" else None
+    if table is not None:  # quantization.embedding = "INT8": the token table at 8 bits
+        init_overrides[table] = [{"quant_type": QuantType.QUInt8}]
     for name in [n for n in weight_prec if weight_prec[n] == "FLOAT"]:
         for node in model.graph.node:
             if name in node.input:
@@ -366,6 +376,15 @@ def resolve_overrides(model, recipe: dict) -> dict:
         "layers": _applied_layers(model, recipe, weights, weight_prec, weight_rule, act_prec,
                                   act_rule, exclude),
     }
+
+
+def embedding_table(model) -> str | None:
+    """The token embedding table of a graph: the initializer a Gather reads at the token ids
+    (a graph input); None in a graph without one (a later part)."""
+    inits = {t.name for t in model.graph.initializer}
+    ids = {i.name for i in model.graph.input if "input_ids" in i.name}
+    return next((n.input[0] for n in model.graph.node if n.op_type == "Gather"
+                 and n.input[0] in inits and n.input[1] in ids), None)
 
 
 def _score_chains(model) -> dict[str, list]:

@@ -29,7 +29,8 @@ def plan_inputs(project: Project, exported_parts: int, layout: Layout) -> Inputs
         prompt_length=int(project.export["prompt_length"]),
         context_length=int(project.export["context_length"]),
         prefill_length=int(project.bundle["prefill_length"]), graph_io=project.htp["graph_io"],
-        kv_cache=project.quantization["kv_cache"])
+        kv_cache=project.quantization["kv_cache"],
+        embedding=project.quantization.get("embedding", "auto"))
 
 
 def _model(project: Project) -> tuple[Any, Layout, int]:

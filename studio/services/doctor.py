@@ -249,13 +249,9 @@ def check_device_plan(project) -> list[Check]:
                              "know its NPU's memory limits"))
         elif plan.fits:
             out.append(Check("project", name, PASS, plan.summary()))
-        elif plan.suggestion and plan.suggestion[0].isdigit():
-            out.append(Check("project", name, FAIL, plan.summary(),
-                             f"set export.parts = {plan.suggestion.split()[0]} (or \"auto\")"))
         elif plan.suggestion:
             out.append(Check("project", name, FAIL, plan.summary(),
-                             f"set quantization.scheme = \"{plan.suggestion.split()[0]}\" and "
-                             f"export.parts = {plan.suggestion.split()[-2]}"))
+                             f"set {plan.suggestion_settings}"))
         else:
             out.append(Check("project", name, FAIL, plan.summary(),
                              "lower export.context_length, set quantization.kv_cache = "

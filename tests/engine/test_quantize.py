@@ -553,3 +553,34 @@ def test_weights_quantized_a_slice_at_a_time_give_onnx_runtimes_graph(
     assert streamed.read_bytes() == plain.read_bytes()
     assert (src.parent / "weights.data").read_bytes() == before  # the input is untouched
     assert sorted(p.name for p in streamed.parent.iterdir()) == ["q.onnx"]
+
+
+def test_the_embedding_table_at_8_bits(tmp_path, qwen_graphs, qwen_generator, tiny_qwen_dir,
+                                       corpus):
+    """``quantization.embedding = "INT8"``: the token table (a Gather's data, stored at the
+    activations' 16 bits by default) at 8 bits, the rest of the recipe as it was; the graph
+    stays whole on the HTP and close to FP32."""
+    import onnx
+
+    from studio.engine import qnn
+    from studio.engine.quantize import embedding_table, quantize_llm
+
+    graphs, _ = qwen_graphs
+    table = embedding_table(onnx.load(str(graphs / "decode.onnx"), load_external_data=False))
+    assert table == "model.embed_tokens.weight"
+    dtypes = {}
+    for embedding in ("auto", "INT8"):
+        out = tmp_path / embedding
+        quantize_llm(graphs, out, {"scheme": "W4A16", "samples": 2, "embedding": embedding},
+                     corpus, tiny_qwen_dir)
+        model = onnx.load(str(out / "decode.onnx"))
+        inits = {t.name: t for t in model.graph.initializer}
+        dtypes[embedding] = onnx.helper.tensor_dtype_to_np_dtype(
+            inits[table + "_quantized"].data_type).name
+        gen = _generator(out, json.loads((out / "graph.json").read_text()))
+        ids = _text_ids(tiny_qwen_dir, corpus[5000:], 40)
+        assert _cos(qwen_generator.teacher_forced_logits(ids),
+                    gen.teacher_forced_logits(ids)) > 0.8
+    assert dtypes == {"auto": "uint16", "INT8": "uint8"}
+    rep = qnn.placement_report(tmp_path / "INT8" / "decode.onnx", "snapdragon-8-gen-3")
+    assert rep["all_on_npu"], rep["cpu_nodes"][:5]

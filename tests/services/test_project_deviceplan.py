@@ -19,13 +19,20 @@ def test_the_8b_shape_whole_fails_the_doctor_with_the_part_count(tmp_path):
     p = pf.load(_project(tmp_path, ckpt, parts=1, context=4096))
     (plan,) = project_plans(p)
     # exported whole, the bundle ships the whole model's binaries: one part
-    assert plan.inputs.parts == 1 and plan.fits is False and plan.suggestion == "9 parts"
+    # the 1.05 GB embedding table at 16 bits (W8A16's activations) fits no part count
+    assert plan.inputs.parts == 1 and plan.fits is False
+    assert plan.suggestion == "the embedding table at 8 bits in 9 parts"
     (check,) = d.check_device_plan(p)
     assert check.status == "FAIL" and check.name == "device memory plan (snapdragon-8-gen-3)"
-    assert "export.parts = 9" in check.fix and "does not fit" in check.detail
+    assert 'quantization.embedding = "INT8", export.parts = 9' in check.fix
+    assert "does not fit" in check.detail
 
     auto = pf.load(_project(tmp_path, ckpt, name="auto", parts="auto", context=4096))
-    assert len(part_plan(auto).parts) == 9  # the device's count, tighter than the host's 6
+    # the device's count (the export sizes the table at 8 bits), tighter than the host's 6
+    assert len(part_plan(auto).parts) == 9
+    (plan,) = project_plans(auto)
+    assert plan.inputs.parts == 9 and plan.fits is False
+    auto.quantization["embedding"] = "INT8"
     (plan,) = project_plans(auto)
     assert plan.inputs.parts == 9 and plan.fits is True
     assert d.check_device_plan(auto)[0].status == "PASS"

@@ -23,7 +23,8 @@ def recipe(ctx: StageContext) -> dict[str, Any]:
             "calibration_method": ctx.get("quantization.calibration_method"),
             "block_size": ctx.get("quantization.block_size"),
             "weight_rounding": ctx.get("quantization.weight_rounding"),
-            "rounding_samples": ctx.get("quantization.rounding_samples")}
+            "rounding_samples": ctx.get("quantization.rounding_samples"),
+            "embedding": ctx.get("quantization.embedding")}
 
 
 def htp_options(ctx: StageContext) -> dict[str, str]:
@@ -86,6 +87,6 @@ def check_fits_target(ctx: StageContext, spec: dict[str, Any]) -> None:
         weight_sharing=ctx.get("bundle.weight_sharing"),
         prompt_length=int(spec["prompt_length"]), context_length=int(spec["context_length"]),
         prefill_length=int(ctx.get("bundle.prefill_length")), graph_io=ctx.get("htp.graph_io"),
-        kv_cache=ctx.get("quantization.kv_cache"))
+        kv_cache=ctx.get("quantization.kv_cache"), embedding=ctx.get("quantization.embedding"))
     check_bundle_fits(device_plan(layout, Dims.of(hf_import.open_checkpoint(ckpt)), ctx.chip,
                                   inputs))
