@@ -145,6 +145,7 @@ scheme = "{scheme}"
 weight_granularity = "per_channel"
 weight_rounding = "{rounding}"
 rounding_samples = {rounding_samples}
+embedding = "{embedding}"
 calibration_text = "sample:calibration"
 calibration_samples = 2
 
@@ -590,6 +591,9 @@ def main() -> int:
     ap.add_argument("--rounding", default="nearest",
                     help="quantization.weight_rounding (nearest, seqmse, adaround, gptq, "
                          "seqmse_gptq)")
+    ap.add_argument("--embedding", default="auto", choices=("auto", "INT8"),
+                    help="quantization.embedding: the token table at the activations' width "
+                         "(auto) or at 8 bits")
     ap.add_argument("--rounding-samples", type=int, default=2,
                     help="quantization.rounding_samples (windows the rounding fits layers on)")
     ap.add_argument("--stage-timeout", type=float, default=900.0, help="seconds per stage")
@@ -678,7 +682,7 @@ def main() -> int:
                 name=size.name, target=a.target, source=str(ckpt), prompt=a.prompt,
                 context=a.context, parts=a.parts if a.parts.isdigit() else f'"{a.parts}"',
                 max_part_mb=a.max_part_mb, scheme=a.scheme, rounding=a.rounding,
-                rounding_samples=a.rounding_samples, heldout=a.heldout,
+                rounding_samples=a.rounding_samples, embedding=a.embedding, heldout=a.heldout,
                 device_tokens=a.device_tokens, bundle_tokens=a.bundle_tokens))
             jobs = plan(pf.load(project_file), [a.until])
             plan_text: list[str] = []
