@@ -57,6 +57,9 @@ register_kind(DeviceKind("htp", "measured", "htp_sim", "htp:", on_npu=True, per_
                          timing_note="timed on this machine's NPU", title="HTP"))
 register_kind(agent.KIND)
 register_kind(adb.KIND)
+register_kind(DeviceKind("local-ort", "measured", "local_ort", aliases=("local-ort",),
+                         form="local-ort", title="ONNX Runtime CPU (QDQ graphs)",
+                         stages=("run",), runs="quantize", shorthand="local-ort"))
 
 HOST_CPU = device("cpu")
 
