@@ -11,7 +11,7 @@ branch on the kind's name.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -291,8 +291,3 @@ def device(device_id: str, chips: list[str] | None = None) -> Device:
     forms = [k.form for k in DEVICE_KINDS.values() if k.form]
     raise StudioError(f"unknown device {device_id!r}: use {', '.join(forms[:-1])} or "
                       f"{forms[-1]}")
-
-
-def row_text(row: Mapping[str, Any]) -> str:
-    """A listed device row as one line (``id status``; a note row, its status)."""
-    return row["status"] if row.get("note") else f"{row['id']} {row['status']}"
