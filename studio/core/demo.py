@@ -175,10 +175,8 @@ def check_device(device_id: str, where: str = "the demo file") -> None:
     project's first target; whether a chip is a target is checked against the project)."""
     from studio.core import devices
 
-    if device_id == "htp-sim":
-        return
     try:
-        devices.check_id(device_id)  # an adb phone's chip may be the project's only target
+        devices.check_name(device_id)  # an adb phone's chip may be the project's only target
     except StudioError as exc:
         raise StudioError(f"{where}: device: {exc.message}") from None
 
@@ -188,11 +186,7 @@ def resolve_device(device_id: str, targets: list[str]) -> str:
     target's simulator); StudioError when it names a chip that is not a target."""
     from studio.core import devices
 
-    if device_id == "htp-sim":
-        if not targets:
-            raise StudioError("the demo's device is htp-sim but the project has no target chip")
-        device_id = f"htp-sim:{targets[0]}"
-    dev = devices.device(device_id, targets)
+    dev = devices.resolve(device_id, targets)
     if dev.chip and dev.chip not in targets:
         raise StudioError(f"the demo's device {device_id} runs {dev.chip}, which is not a "
                           f"target of the project ({', '.join(targets) or 'none'}): add it to "

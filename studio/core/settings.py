@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from studio.core.devices import PROJECT_KINDS, check_kinds
+from studio.core.devices import check_kinds, default_devices, device_names
 from studio.core.errors import StudioError
 from studio.core.layerdiff import MAX_WINDOWS, TENSOR_MODES
 from studio.core.parts import DEFAULT_MAX_PART_BYTES, MAX_PARTS
@@ -481,8 +481,8 @@ class Run(Section):
     name: ClassVar[str] = "run"
     prompt: str = setting("def __init__(self", "the text generation starts from")
     max_new_tokens: int = setting(16, "tokens generated per run", min=1)
-    devices: list[str] = setting(list(PROJECT_KINDS), "the devices run and profile fan out "
-                                 "over: cpu, htp-sim, agent:NAME[@BACKEND], adb:SERIAL[@CHIP]")
+    devices: list[str] = setting(default_devices(), "the devices run and profile fan out "
+                                 "over: " + ", ".join(device_names()))
     image: str = setting("", "a vision-language model: the image the prompt is about (\"\": "
                          "the prompt alone)")
 
@@ -491,7 +491,7 @@ class Run(Section):
             raise StudioError("run.prompt is empty: give the text generation starts from")
         if not self.devices:
             raise StudioError("run.devices is empty: name a device to run on, e.g. "
-                              + ", ".join(f'"{k}"' for k in PROJECT_KINDS))
+                              + ", ".join(f'"{k}"' for k in default_devices()))
         check_kinds(self.devices)
 
 

@@ -25,7 +25,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from studio.core.artifacts import artifact_key
-from studio.core.devices import Device, device, project_devices
+from studio.core.devices import DEVICE_KINDS, Device, device, project_devices
 from studio.core.errors import StudioError
 from studio.core.fsutil import sha256_file
 from studio.core.recipe import DEFAULT_GATES
@@ -50,7 +50,6 @@ class StageDecl:
     needs: tuple[Need, ...] = ()
     fan_out: str = ""  # "" | "target" (each target chip) | "device" (each device)
     settings: tuple[str, ...] = ()  # dotted project keys the stage reads
-    device_kinds: tuple[str, ...] = ()  # for fan_out "device": the kinds it runs on
     needs_all: bool = False  # depends on every other job of the plan (the report)
     cache: bool = True  # False: always run (its content comes from the run history)
     optional: bool = False  # not in a new project's pipeline: asked for by name (--stages)
@@ -80,6 +79,12 @@ class StageDecl:
     preflight: tuple[str, ...] = ()
     # with "prompt-fits": the setting whose new tokens must fit after the prompt
     new_tokens: str = ""
+
+    @property
+    def device_kinds(self) -> tuple[str, ...]:
+        """For fan_out "device": the kinds whose devices run it (each kind declares its
+        stages, :attr:`studio.core.devices.DeviceKind.stages`)."""
+        return tuple(k for k, d in DEVICE_KINDS.items() if self.name in d.stages)
 
     @property
     def module(self) -> str:
@@ -148,12 +153,12 @@ DECLARATIONS: tuple[StageDecl, ...] = (
               role="validate", gated=True,
               takes_parts=True, preflight=("prompt-fits",), new_tokens="validation.greedy_tokens"),
     StageDecl("run", "Run", (Need("export"), Need("compile", per_chip=True)), fan_out="device",
-              device_kinds=("host-cpu", "htp-sim", "agent", "adb"), measures=True,
+              measures=True,
               settings=("quantization.scheme", "run.prompt", "run.max_new_tokens",
                         "run.image", *HTP_RUN_SETTINGS), role="run",
               takes_parts=True, preflight=("prompt-fits",), new_tokens="run.max_new_tokens"),
     StageDecl("profile", "Profile", (Need("quantize"), Need("compile", per_chip=True)),
-              fan_out="device", device_kinds=("htp-sim", "agent", "adb"), measures=True,
+              fan_out="device", measures=True,
               npu_only=True, settings=("quantization.scheme", "profile.repeats",
                                        "quantization.weight_granularity",
                                        "quantization.block_size", *HTP_COMPILE_SETTINGS,
@@ -237,13 +242,13 @@ DECLARATIONS: tuple[StageDecl, ...] = (
               role="validate", gated=True),
     StageDecl("graph-run", "Run", (Need("import"), Need("graph-quantize"),
                                    Need("graph-compile", per_chip=True)),
-              fan_out="device", device_kinds=("host-cpu", "htp-sim"), measures=True,
+              fan_out="device", measures=True,
               kinds=GRAPH_KINDS,
               settings=("quantization.scheme", "quantization.placement", "graph.repeats"),
               role="run"),
     StageDecl("graph-profile", "Profile", (Need("import"), Need("graph-quantize"),
                                            Need("graph-compile", per_chip=True)),
-              fan_out="device", device_kinds=("htp-sim",), measures=True, npu_only=True,
+              fan_out="device", measures=True, npu_only=True,
               kinds=GRAPH_KINDS,
               settings=("quantization.scheme", "quantization.placement", "profile.repeats"),
               role="profile"),
@@ -335,6 +340,20 @@ def check_settings_declared(declarations: tuple[StageDecl, ...], *tables: Mappin
 check_settings_declared(DECLARATIONS, REFS, PLAN_KEYS)
 
 
+def check_device_stages(declarations: tuple[StageDecl, ...]) -> None:
+    """Every stage a device kind says it runs is one that fans out over devices: a misspelt
+    stage fails at import. Raises ValueError naming the kind and the stage."""
+    device_stages = {d.name for d in declarations if d.fan_out == "device"}
+    for k, decl in DEVICE_KINDS.items():
+        for s in decl.stages:
+            if s not in device_stages:
+                raise ValueError(f"the device kind {k} runs the stage {s!r}, which is not a "
+                                 f"stage over devices ({', '.join(sorted(device_stages))})")
+
+
+check_device_stages(DECLARATIONS)
+
+
 def declared_by(key: str) -> list[str]:
     """The stages that read the project key ``key``."""
     return [d.name for d in DECLARATIONS if key in d.settings]
@@ -385,6 +404,20 @@ class PlannedJob:
         return ""
 
 
+def job_needs(decl: StageDecl, item: str, kind: str) -> tuple[Need, ...]:
+    """What a job needs upstream: its stage's declared needs and, for a stage that fans out
+    over devices, what its device runs beside the export (:attr:`Device.runs`: the quantized
+    graphs for a kind that says so; a chip's compiled context is declared by the stage)."""
+    needs = decl.needs
+    if decl.fan_out != "device" or not item:
+        return needs
+    runs = device(item).runs
+    stage = stage_for_role(runs, kind) if runs != "export" else ""
+    if stage and all(n.stage != stage for n in needs):
+        needs += (Need(stage, per_chip=STAGES[stage].fan_out == "target"),)
+    return needs
+
+
 def _universe(project: Project, chips: list[str]) -> list[PlannedJob]:
     """Every job the project could run, in declaration order, with dependencies."""
     devices = project_devices(project.run.devices, chips)
@@ -403,7 +436,7 @@ def _universe(project: Project, chips: list[str]) -> list[PlannedJob]:
             items = [""]
         for item in items:
             job = PlannedJob(d.name, item)
-            for need in d.needs:
+            for need in job_needs(d, item, kind):
                 if need.per_chip:
                     dep = index.get((need.stage, job.chip)) if job.chip else None
                 else:

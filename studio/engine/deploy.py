@@ -29,7 +29,7 @@ from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress, SubProgress
 from studio.engine import genie, graphio, qnn, qnn_names, qnn_system, weightshare
-from studio.engine.adb import context_binary
+from studio.engine.qnn_system import context_binary
 from studio.engine.weightstore import graph_bytes
 
 #: the record of the deployable set in a compile stage's output

@@ -153,7 +153,7 @@ class Registry:
         self._token_file(name).unlink(missing_ok=True)
 
     def client(self, name: str):
-        from studio.engine.agent_client import AgentClient
+        from studio.engine.devices.agent_client import AgentClient
 
         a = self.get(name)
         return AgentClient(a.url, self.token(name), cafile=a.cafile or None)
@@ -163,6 +163,7 @@ def parse_device_id(device_id: str) -> tuple[str, str]:
     """``agent:NAME[@BACKEND]`` -> (NAME, BACKEND), BACKEND ``cpu`` by default (the id read by
     :func:`studio.core.devices.device`, the one parser of device ids)."""
     from studio.core.devices import agent_device
+    from studio.core.devices.agent import backend_of, name_of
 
     dev = agent_device(device_id)
-    return dev.agent, dev.backend
+    return name_of(dev), backend_of(dev)

@@ -465,6 +465,13 @@ def embedded_or_named(ctx_onnx: Path) -> tuple[bytes, str]:
     raise StudioError(f"{ctx_onnx} has no EPContext node: it is not a compiled context model")
 
 
+def context_binary(ctx_onnx: Path) -> bytes:
+    """The QNN context binary a compiled ``…_ctx.onnx`` holds (embedded in its EPContext node,
+    or in the ``.bin`` file beside it that the node names)."""
+    data, where = embedded_or_named(Path(ctx_onnx))
+    return data if data else Path(where).read_bytes()
+
+
 def context_info(binary: str | os.PathLike) -> dict[str, Any]:
     """What a QNN context binary holds, read without loading it on a backend.
 

@@ -44,10 +44,10 @@ def when(t: float | None) -> str:
 
 def device_name(device_id: str, target: str = "") -> str:
     """A device id as people say it ("host CPU", "HTP simulator (Snapdragon 8 Gen 3)")."""
-    if device_id in ("htp-sim", "") and target:
-        device_id = f"htp-sim:{target}"
     try:
-        return devices.device(device_id).name or device_id
+        if not device_id:  # a per-target job's: the target's simulator ran it
+            return devices.htp_simulator(target).name
+        return devices.resolve(device_id, [target] if target else []).name or device_id
     except StudioError:
         return device_id
 

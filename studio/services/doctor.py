@@ -432,14 +432,12 @@ def adb_checks(serial: str, project=None, registry=None) -> list[Check]:
 
 
 def device_choices() -> list[tuple[str, str]]:
-    """(label, device id) of the devices the doctor can check: the registry's agents and the
-    phones adb lists (call it off the UI thread: adb may be slow)."""
-    from studio.engine.device_registry import Registry
-    from studio.services.devices import adb_devices
+    """(label, device id) of the devices the doctor can check: those of the kinds whose
+    devices are other machines (the registry's agents, the phones adb lists; call it off the
+    UI thread: adb may be slow)."""
+    from studio.services.devices import device_rows
 
-    out = [(f"agent {a.name} ({a.url})", f"agent:{a.name}") for a in Registry().agents()]
-    out += [(f"phone {d['serial']}", d["id"]) for d in adb_devices() if d.get("serial")]
-    return out
+    return [(r["label"], r["id"]) for r in device_rows(elsewhere=True) if not r.get("note")]
 
 
 def device_checks(device_id: str, project=None) -> list[Check]:

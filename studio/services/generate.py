@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.artifacts import ArtifactStore
-from studio.core.devices import Device, device
+from studio.core.devices import Device, resolve
 from studio.core.errors import StudioError
 from studio.core.progress import Progress
 from studio.core.project import Project
@@ -38,13 +38,9 @@ def _artifact(project: Project, label: str, stage_hint: str) -> Path:
 
 
 def resolve_device(project: Project, name: str | None) -> Device:
-    """``cpu`` / ``host-cpu``, ``htp-sim`` (the first target), ``htp-sim:CHIP`` or
-    ``adb:SERIAL[@CHIP]`` (the chip: the project's only target when not named)."""
-    if not name or name in ("cpu", "host-cpu"):
-        return device("cpu")
-    if name == "htp-sim":
-        return device(f"htp-sim:{project.targets[0]}")
-    return device(name, list(project.targets))
+    """The device ``name`` names for the project (:func:`studio.core.devices.resolve`: a
+    kind's shorthand such as ``cpu`` or ``htp-sim``, the first target's, or an id)."""
+    return resolve(name, project.targets)
 
 
 def _run_stages(project: Project, stages: list[str], what: str) -> None:
@@ -112,15 +108,29 @@ def int8_kv_export(project: Project, export_dir: Path) -> Path:
     return out
 
 
+def device_stage(project: Project, dev: Device) -> tuple[str, str]:
+    """(stage, job label) of what ``dev`` runs beside the export (:attr:`Device.runs`):
+    ``("compile", "compile[CHIP]")`` for an HTP, ``("quantize", "quantize")`` for a kind that
+    runs the quantized graphs."""
+    from studio.core.stagegraph import STAGES, stage_for_role
+
+    stage = stage_for_role(dev.runs, project.model.kind)
+    if not stage:
+        raise StudioError(f"{dev.name or dev.id} runs the {dev.runs} stage's graphs, which a "
+                          f"{project.model.kind} project has none of")
+    return stage, f"{stage}[{dev.chip}]" if STAGES[stage].fan_out == "target" else stage
+
+
 def load_generator(project: Project, dev: Device, kv: str | None = None, registry=None,
                    speculative: bool = False, window: bool = False):
     """(generator, spec, tokenizer) for ``dev``, from its backend; ``kv`` "float" / "int8"
     (None: the project's ``quantization.kv_cache``). A device that runs the export (the host
     CPU) gets an INT8 KV cache from the export's calibrated copy; on a device that runs a
-    target's compiled context (the HTP) an INT8 KV cache is part of the quantized graphs: a
-    project whose recipe says float gets its quantize and compile stages run for a copy that
-    says int8 (cached like any run). ``speculative`` / ``window``: the decoding asked for,
-    which the backend refuses when it cannot run it."""
+    stage's artifact (:attr:`Device.runs`: a target's compiled context, the quantized graphs)
+    an INT8 KV cache is part of the quantized graphs: a project whose recipe says float gets
+    that stage (and what it needs) run for a copy that says int8 (cached like any run).
+    ``speculative`` / ``window``: the decoding asked for, which the backend refuses when it
+    cannot run it."""
     from studio.engine.devices import backend
     from studio.engine.llm_runtime import load_graph_spec, load_tokenizer
 
@@ -135,21 +145,22 @@ def load_generator(project: Project, dev: Device, kv: str | None = None, registr
     spec = load_graph_spec(export_dir)
     tok = load_tokenizer(export_dir)
     compiled = None
-    if not dev.chip:  # the device runs the export
+    if dev.runs == "export":
         export_dir = int8_kv_export(project, export_dir) if kv == "int8" else export_dir
     else:
-        if dev.chip not in project.targets:
+        if dev.chip and dev.chip not in project.targets:
             raise StudioError(f"{dev.chip} is not a target of this project: add it to targets "
                               "and run the compile stage")
+        stage, label = device_stage(project, dev)
         if kv != project_kv:
             project = project.copy()
             project.quantization["kv_cache"] = kv
             from studio.services.history import current_keys
 
-            key = current_keys(project, ["compile"]).get(f"compile[{dev.chip}]")
+            key = current_keys(project, [stage]).get(label)
             if key is None or ArtifactStore(project.folder / "artifacts").get(key) is None:
-                _run_stages(project, ["compile"], f"the {kv} KV cache graphs")
-        compiled = _artifact(project, f"compile[{dev.chip}]", "compile")
+                _run_stages(project, [stage], f"the {kv} KV cache graphs")
+        compiled = _artifact(project, label, stage)
     fp16 = is_float_scheme(project.quantization.scheme)
     return be.open_generator(export_dir, compiled, spec, fp16), spec, tok
 
@@ -160,7 +171,10 @@ def load_encoder(project: Project, dev: Device, spec: dict[str, Any], registry=N
     from studio.engine.devices import backend
 
     export_dir = _artifact(project, "export", "export")
-    compiled = _artifact(project, f"compile[{dev.chip}]", "compile") if dev.chip else None
+    compiled = None
+    if dev.runs != "export":
+        stage, label = device_stage(project, dev)
+        compiled = _artifact(project, label, stage)
     fp16 = is_float_scheme(project.quantization.scheme)
     return backend(dev, registry).open_encoder(export_dir, compiled, spec, fp16)
 
@@ -223,7 +237,7 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
         if not gen.verify_len:
             raise StudioError(
                 "speculative decoding needs a verify graph, which only the host CPU's export "
-                "has so far: use --device cpu" if dev.chip else
+                "has so far: use --device cpu" if dev.runs != "export" else
                 "this export has no verify graph: re-run the export stage")
         proposer = (PromptLookupProposer() if speculative == "lookup"
                     else DraftModelProposer(load_draft(project, draft_ref), sampling))

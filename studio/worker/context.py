@@ -14,7 +14,7 @@ from studio.core.errors import StudioError
 from studio.core.metrics import Metric
 from studio.core.partcache import PartCache
 from studio.core.recipe import is_float_scheme
-from studio.core.stagegraph import StageConfig
+from studio.core.stagegraph import STAGES, StageConfig
 
 
 @dataclass
@@ -47,6 +47,23 @@ class StageContext:
         if label not in self.inputs:
             raise StudioError(f"stage input {label} is missing: run the pipeline from the start")
         return self.inputs[label]
+
+    def device_input(self) -> Path | None:
+        """What the job's device runs beside the export (:attr:`Device.runs`): its chip's
+        compiled context, or the quantized graphs for a kind that runs them; None for a
+        device that runs the export alone. Found among the job's inputs by the role of the
+        stage that made it (the plan gave the job that input)."""
+        dev = self.device
+        if dev.runs == "export":
+            return None
+        for label, folder in self.inputs.items():
+            stage, _, item = label.partition("[")
+            decl = STAGES.get(stage)
+            if decl is not None and decl.role == dev.runs and item.rstrip("]") == (
+                    dev.chip if decl.fan_out == "target" else ""):
+                return folder
+        raise StudioError(f"stage input {dev.runs}{f'[{dev.chip}]' if dev.chip else ''} is "
+                          "missing: run the pipeline from the start")
 
     @property
     def chip(self) -> Chip:

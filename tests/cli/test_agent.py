@@ -231,7 +231,7 @@ def test_tls_serves_https_with_the_given_certificate(tmp_path):
     gets through, one that does not is refused by TLS, not by the agent."""
     import shutil as _shutil
 
-    from studio.engine.agent_client import AgentClient
+    from studio.engine.devices.agent_client import AgentClient
 
     if _shutil.which("openssl") is None:
         pytest.skip("openssl is needed to make a test certificate")

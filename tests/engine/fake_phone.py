@@ -80,7 +80,7 @@ import argparse, json, shutil
 from pathlib import Path
 import numpy as np
 from studio.engine import qnn
-from studio.engine.adb import graph_io
+from studio.engine.devices.adb_phone import graph_io
 ap = argparse.ArgumentParser()
 for a in ("--backend", "--retrieve_context", "--input_list", "--output_dir", "--profiling_level"):
     ap.add_argument(a)
@@ -149,7 +149,7 @@ def install(folder: Path, contexts: list[Path], chip: str, htp_arch: int,
     (folder / "phone").mkdir(exist_ok=True)
     # the compiled models the fake qnn-net-run can stand in for, by their context binary's
     # hash (hashed once here, not at every call: a step of a generation is one call)
-    from studio.engine.adb import context_binary
+    from studio.engine.devices.adb_phone import context_binary
 
     index = {hashlib.sha256(context_binary(f)).hexdigest(): str(f)
              for c in contexts for f in sorted(Path(c).glob("*_ctx.onnx"))}

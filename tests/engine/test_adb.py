@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from studio.core.errors import StudioError
-from studio.engine import adb
+from studio.engine.devices import adb_phone as adb
 
 # `adb devices -l` as adb prints it (format from the Android platform-tools documentation)
 DEVICES = """\

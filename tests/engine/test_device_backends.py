@@ -17,6 +17,8 @@ from studio.engine.devices import backend
 def test_every_kind_has_a_backend_that_labels_from_its_device():
     ids = ["cpu", "htp-sim:snapdragon-8-gen-3", "agent:lab", "agent:lab@htp-sim:snapdragon-8-gen-3",
            "adb:R5CW1234ABC@snapdragon-8-gen-3", "htp:snapdragon-8-gen-3"]
+    # and each kind whose shorthand is an id of its own (a kind without rules of its own)
+    ids += [k.shorthand for k in devices.DEVICE_KINDS.values() if k.shorthand and not k.per_chip]
     kinds = set()
     for i in ids:
         dev = devices.device(i)

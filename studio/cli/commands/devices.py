@@ -33,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    from studio.services.devices import agent_health, device_rows
     from studio.services.registry import Registry
 
     reg = Registry()
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             except OSError as exc:
                 raise StudioError(f"cannot read {args.token_file}: {exc.strerror}") from None
         a = reg.add(args.name, args.url, token or "", args.cafile)
-        health = _check_agent(reg, a.name)
+        health = agent_health(reg, a.name)
         print(f"added {a.id} ({a.url}): {health}")
         return 0
     if args.devices_command == "remove":
@@ -58,42 +59,13 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         print(f"QAIRT SDK: {root} (from {where})" if root else
               "QAIRT SDK: not set (studio devices sdk PATH, or QNN_SDK_ROOT)")
         return 0
-    from studio.services.devices import device_state
-
-    rows = [{"id": "cpu", "kind": "host-cpu", "source": "measured", "status": "ok"}]
-    if device_state()["htp_sim"]["available"]:
-        rows.append({"id": "htp-sim:CHIP", "kind": "htp-sim", "source": "simulated",
-                     "status": "ok (one per catalog chip: studio targets)"})
-    for a in reg.agents():
-        rows.append({"id": a.id, "kind": "agent", "url": a.url,
-                     "status": _check_agent(reg, a.name)})
-    from studio.services.devices import adb_devices
-
-    rows += adb_devices()
-    root, _where = reg.sdk_root()
-    for r in rows:
-        if r["kind"] == "adb" and r["id"] != "adb" and not root:
-            r["status"] += "; no QAIRT SDK set: studio devices sdk PATH"
+    rows = device_rows(reg, health=True)
     if args.devices_json:
         print(json.dumps(rows, indent=1))
         return 0
     for r in rows:
         print(f"{r['id']:<28} {r['kind']:<9} {r.get('url', ''):<28} {r['status']}")
     return 0
-
-
-def _check_agent(reg, name: str) -> str:
-    try:
-        c = reg.client(name)
-        h = c.health()
-        info = c.info()
-    except StudioError as exc:
-        return f"unreachable: {exc.message}"
-    backends = ", ".join(f"{b['id']} ({b['source']})" for b in info.get("backends", [])[:3])
-    more = len(info.get("backends", [])) - 3
-    return (f"ok, {h['rtt_ms']:.1f} ms; {info['machine'].get('name')} "
-            f"({info['machine'].get('machine')}); backends {backends}"
-            + (f" and {more} more" if more > 0 else ""))
 
 
 COMMAND = Command("devices", "the device registry: list, add or remove agents", add_arguments, run)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from studio.cli.command import Command, Context
 from studio.cli.common import native_output_to_stderr, number, setting_arg, whole
+from studio.core.devices import device_names
 from studio.core.errors import StudioError
 
 
@@ -21,8 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", required=True)
     p.add_argument("--image", help="a vision-language model: the picture the prompt is about "
                                    "(PNG or JPEG; resized to export.image_size)")
-    p.add_argument("--device", help="cpu (FP32 export, default), htp-sim or htp-sim:<chip> "
-                                    "(the compiled model on the HTP simulator)")
+    p.add_argument("--device", help="where it runs: " + ", ".join(device_names()) + " (cpu, "
+                                    "the FP32 export on the host CPU, by default; htp-sim: the "
+                                    "first target's simulator)")
     p.add_argument("--max-new-tokens", type=setting_arg("run.max_new_tokens"),
                    dest="max_new_tokens")
     p.add_argument("--temperature", type=number(0, 100), default=0.0, help="0 (default) is greedy")
@@ -60,10 +62,10 @@ def _generate_genie(args, p, stream) -> int:
     if rest:
         raise StudioError(f"Genie runs the bundle's greedy dialog: leave out {', '.join(rest)}")
     target = None
-    if args.device and args.device not in ("htp-sim", "cpu"):
-        from studio.core.devices import device
+    if args.device:
+        from studio.core.devices import resolve
 
-        dev = device(args.device)
+        dev = resolve(args.device, p.targets)
         if not dev.runs_genie:
             raise StudioError("Genie runs here on the HTP simulator: use --device htp-sim[:CHIP]")
         target = dev.chip

@@ -1,5 +1,6 @@
-"""What every backend shares: the device's labels, and one-line refusals of what a kind does
-not run (each backend overrides what its device does)."""
+"""What every backend shares: the device's labels, one-line refusals of what a kind does
+not run (each backend overrides what its device does), and the listing of a kind's devices
+(``studio devices list``, the Devices page: each backend lists its own)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,32 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from studio.core.devices import Device
+from studio.core.devices import Device, DeviceKind
 from studio.core.errors import StudioError
 
 
 class Backend:
+    #: listing this kind's devices runs a program (adb): a window lists them off its thread
+    probes = False
+    #: what a list of this kind's devices is called ("Phones over adb")
+    group = ""
+
+    @classmethod
+    def listed(cls, decl: DeviceKind, registry: Any, health: bool = False
+               ) -> list[dict[str, Any]]:
+        """The devices of the kind ``decl`` this machine has or knows (``studio devices
+        list``, the Devices page): rows with ``id``, ``kind``, ``source``, ``status`` and
+        ``label`` (what people call it); a row with ``note`` says why none is listed.
+        ``registry``: the user's device registry and settings. ``health``: ask each device
+        how it is (an agent over the network); without it, only what is cheap to know."""
+        return []
+
+    @classmethod
+    def choices(cls, row: dict[str, Any], targets: list[str]) -> list[tuple[str, str]]:
+        """(label, device id) of what a project with ``targets`` can run on through a listed
+        ``row``."""
+        return [] if row.get("note") else [(row.get("label") or row["id"], row["id"])]
+
     def __init__(self, device: Device, registry: Any = None,
                  run_options: dict[str, str] | None = None) -> None:
         self.device = device

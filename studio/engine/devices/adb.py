@@ -1,7 +1,7 @@
 """A phone over adb (``adb:SERIAL@CHIP``) with the user's QAIRT SDK: the target's compiled
 context runs through ``qnn-net-run``, one call per pass (the context is loaded each time);
 its figures are the phone's own execute times from qnn-net-run's profiling (``measured``).
-UNVERIFIED ON HARDWARE: see :mod:`studio.engine.adb`."""
+UNVERIFIED ON HARDWARE: see :mod:`studio.engine.devices.adb_phone`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from studio.core.devices import DeviceKind
+from studio.core.devices.adb import serial_of
 from studio.core.errors import StudioError
 from studio.engine.devices._base import Backend as _Base
 
@@ -17,14 +19,54 @@ ROUND_TRIPS = ("adb round trips (push, context load, run, pull), not the graph's
 
 
 class Backend(_Base):
+    probes = True  # adb answers in its own time
+    group = "Phones over adb"
+
+    @classmethod
+    def listed(cls, decl: DeviceKind, registry: Any, health: bool = False
+               ) -> list[dict[str, Any]]:
+        """Phones adb sees (``adb devices -l``), each marked unverified on hardware, and
+        saying so when no QAIRT SDK is set; one row saying adb is missing when it is."""
+        from studio.engine.devices.adb_phone import UNVERIFIED, Adb
+
+        runner = Adb()
+        if not runner.available:
+            return [{"id": "adb", "kind": decl.kind, "source": "", "note": True,
+                     "status": "adb not installed (Android platform-tools): phones are not "
+                               "listed"}]
+        try:
+            devs = runner.devices()
+        except StudioError as exc:
+            return [{"id": "adb", "kind": decl.kind, "source": "", "note": True,
+                     "status": exc.message}]
+        if registry is None:
+            from studio.engine.device_registry import Registry
+
+            registry = Registry()
+        root, _where = registry.sdk_root()
+        sdk = "" if root else "; no QAIRT SDK set: studio devices sdk PATH"
+        return [{"id": f"adb:{d.serial}", "kind": decl.kind, "source": decl.source,
+                 "serial": d.serial, "ready": d.ready, "model": d.model,
+                 "label": f"phone {d.serial}",
+                 "status": f"{d.state} {d.model}".strip() + f" ({UNVERIFIED}){sdk}"}
+                for d in devs]
+
+    @classmethod
+    def choices(cls, row: dict[str, Any], targets: list[str]) -> list[tuple[str, str]]:
+        """A ready phone runs a target's compiled context (unverified here)."""
+        if row.get("note") or not row.get("ready"):
+            return []
+        return [(f"phone {row['serial']} · {t} (unverified)", f"adb:{row['serial']}@{t}")
+                for t in targets]
+
     def phone(self, log: Callable[[str], None] | None = None):
         """The phone, with the QAIRT SDK from the settings (a one-line error when none is
         set)."""
         from studio.core.catalog import get_chip
-        from studio.engine.adb import AdbPhone
+        from studio.engine.devices.adb_phone import AdbPhone
 
         sdk, _where = self.registry.sdk_root()
-        return AdbPhone(self.device.serial, sdk, get_chip(self.device.chip), log=log)
+        return AdbPhone(serial_of(self.device), sdk, get_chip(self.device.chip), log=log)
 
     def check(self) -> None:
         self.phone()
@@ -40,9 +82,9 @@ class Backend(_Base):
         document them (getprop, /proc/meminfo, the shell's environment)."""
         from studio.core.checks import FAIL, PASS, WARN, Check
         from studio.core.units import format_bytes
-        from studio.engine.adb import Adb, chip_of
+        from studio.engine.devices.adb_phone import Adb, chip_of
 
-        serial, area = self.device.serial, "device"
+        serial, area = serial_of(self.device), "device"
         adb = Adb()
         if not adb.available:
             return [Check(area, "adb", FAIL, "adb is not installed",
@@ -177,7 +219,7 @@ class Backend(_Base):
             progress.check()
             progress.update(0.05 + 0.8 * i / repeats,
                             f"profiling decode step {i + 1}/{repeats} on phone "
-                            f"{self.device.serial}")
+                            f"{serial_of(self.device)}")
             sess.run(None, feeds)
             if sess.last_profile_csv is None:
                 raise StudioError("qnn-net-run wrote no profiling log on the phone, or the SDK "

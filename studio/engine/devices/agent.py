@@ -10,12 +10,35 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from studio.core.devices import DeviceKind
+from studio.core.devices.agent import backend_of, name_of
 from studio.core.errors import StudioError
 from studio.engine.devices._base import Backend as _Base
 from studio.engine.devices._base import compiled_files
 
 
 class Backend(_Base):
+    @classmethod
+    def listed(cls, decl: DeviceKind, registry: Any, health: bool = False
+               ) -> list[dict[str, Any]]:
+        """The agents of the user's device registry; with ``health``, each asked how it is
+        (:func:`health`)."""
+        if registry is None:
+            from studio.engine.device_registry import Registry
+
+            registry = Registry()
+        return [{"id": a.id, "kind": decl.kind, "url": a.url, "name": a.name,
+                 "label": f"agent {a.name} ({a.url})",
+                 "status": health_line(registry, a.name) if health else "not checked yet"}
+                for a in registry.agents()]
+
+    @classmethod
+    def choices(cls, row: dict[str, Any], targets: list[str]) -> list[tuple[str, str]]:
+        """An agent's host CPU, and its HTP simulator of each target."""
+        name = row["name"]
+        return [(f"{name} · host CPU", f"agent:{name}")] + [
+            (f"{name} · HTP simulator {t}", f"agent:{name}@htp-sim:{t}") for t in targets]
+
     def __init__(self, device, registry: Any = None,
                  run_options: dict[str, str] | None = None) -> None:
         super().__init__(device, registry, run_options)
@@ -25,7 +48,7 @@ class Backend(_Base):
     @property
     def client(self):
         if self._client is None:
-            self._client = self.registry.client(self.device.agent)
+            self._client = self.registry.client(name_of(self.device))
         return self._client
 
     def info(self) -> dict[str, Any]:
@@ -36,9 +59,9 @@ class Backend(_Base):
 
     def _backend_info(self) -> dict[str, Any]:
         backends = {b["id"]: b for b in self.info().get("backends", [])}
-        backend = self.device.backend
+        name, backend = name_of(self.device), backend_of(self.device)
         if backend not in backends:
-            raise StudioError(f"agent {self.device.agent!r} has no backend {backend!r}; it has "
+            raise StudioError(f"agent {name!r} has no backend {backend!r}; it has "
                               f"{', '.join(backends) or 'none'}")
         return backends[backend]
 
@@ -56,7 +79,7 @@ class Backend(_Base):
     def describe(self, scheme: str) -> str:
         if not self.device.chip:
             return "FP32 on the agent's CPU"
-        return f"{scheme} on the agent's {self.device.backend}"
+        return f"{scheme} on the agent's {backend_of(self.device)}"
 
     def doctor_checks(self, project: Any, sdk: tuple[str | None, str]) -> list:
         """``studio doctor --device agent:NAME``: reachable, its token, its QNN SDK build
@@ -65,7 +88,7 @@ class Backend(_Base):
         from studio.core.checks import FAIL, PASS, WARN, Check
         from studio.core.units import format_bytes
 
-        name, area = self.device.agent, "device"
+        name, area = name_of(self.device), "device"
         try:
             client = self.client
         except StudioError as exc:
@@ -130,8 +153,8 @@ class Backend(_Base):
         if not self.device.on_npu:
             raise StudioError(f"studio bisect --device runs on an agent's HTP "
                               f"(agent:NAME@htp:CHIP or agent:NAME@htp-sim:CHIP), not on its "
-                              f"{self.device.backend or 'cpu'}")
-        client, backend = self.client, self.device.backend
+                              f"{backend_of(self.device) or 'cpu'}")
+        client, backend = self.client, backend_of(self.device)
 
         def run(graph: Path, names: list[str], feeds: list[dict[str, Any]], fp16: bool,
                 work: Path) -> dict:
@@ -167,7 +190,8 @@ class Backend(_Base):
         """Upload what the backend runs (the export for its CPU, the target's compiled
         context for its HTP): (the agent's model id, the SDK build it was compiled with)."""
         if log is not None:
-            log(f"uploading to agent {self.device.agent} (files it holds already are skipped)")
+            log(f"uploading to agent {name_of(self.device)} (files it holds already are "
+                "skipped)")
         if not self.device.chip:
             names = ["prefill.onnx", "decode.onnx", "graph.json"]
             if (Path(export) / "vision.onnx").is_file():  # a vision-language model's encoder
@@ -195,7 +219,7 @@ class Backend(_Base):
                              ) -> Iterator[tuple[dict[str, Any], float]]:
         """The repeats run on the agent's HTP backend; each repeat's CSV and op trace come
         back and are written under ``folder``, with the load of the agent's host."""
-        name, backend, source = self.device.agent, self.device.backend, self.source
+        name, backend, source = name_of(self.device), backend_of(self.device), self.source
         progress.update(0.02, f"uploading to agent {name} (files it holds already are skipped)")
         model = self.upload(compiled, compiled_files(compiled))
         sdk = json.loads((Path(compiled) / "result.json").read_text()).get("sdk_version")
@@ -223,6 +247,22 @@ class Backend(_Base):
             yield ({"csv": str(csv_path), "op_trace": str(trace) if trace else None,
                     "level": r.get("level"), "source": r.get("source", source)},
                    float(r.get("other_load") or 0.0))
+
+
+def health_line(registry: Any, name: str) -> str:
+    """One line on a registered agent: reachable with its round trip, machine and first
+    backends, or why not."""
+    try:
+        c = registry.client(name)
+        h = c.health()
+        info = c.info()
+    except StudioError as exc:
+        return f"unreachable: {exc.message}"
+    backends = ", ".join(f"{b['id']} ({b['source']})" for b in info.get("backends", [])[:3])
+    more = len(info.get("backends", [])) - 3
+    return (f"ok, {h['rtt_ms']:.1f} ms; {info['machine'].get('name')} "
+            f"({info['machine'].get('machine')}); backends {backends}"
+            + (f" and {more} more" if more > 0 else ""))
 
 
 def _eos_list(eos_id: int | Iterable[int] | None) -> list[int]:
@@ -281,7 +321,7 @@ class RemoteGenerator:
                  on_step: Callable[[int, int], None] | None = None,
                  progress: Any = None) -> dict[str, Any]:
         be = self.backend
-        name, backend, source = be.device.agent, be.device.backend, be.source
+        name, backend, source = name_of(be.device), backend_of(be.device), be.source
         sampling = sampler.cfg.to_dict() if sampler is not None else {}
         got: list[int] = []
         stopped = [False]

@@ -6,10 +6,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from studio.core.devices import DeviceKind
 from studio.engine.devices._base import Backend as _Base
 
 
 class Backend(_Base):
+    @classmethod
+    def listed(cls, decl: DeviceKind, registry: Any, health: bool = False
+               ) -> list[dict[str, Any]]:
+        return [{"id": decl.shorthand, "kind": decl.kind, "source": decl.source,
+                 "label": decl.title, "status": "ok"}]
+
     def versions(self) -> dict[str, str]:
         from importlib.metadata import PackageNotFoundError, version
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.catalog import get_chip
+from studio.core.devices import DeviceKind
 from studio.core.errors import StudioError
 from studio.engine.devices._base import Backend as _Base
 
@@ -43,6 +44,27 @@ def binary_bytes(compiled: Path) -> int:
 
 
 class Backend(_Base):
+    @classmethod
+    def listed(cls, decl: DeviceKind, registry: Any, health: bool = False
+               ) -> list[dict[str, Any]]:
+        """The simulator, one per catalog chip, where onnxruntime-qnn is installed (this
+        machine's own NPU, ``htp``, is what an agent on a Snapdragon lists)."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        if decl.source != "simulated":
+            return []
+        try:
+            version("onnxruntime-qnn")
+        except PackageNotFoundError:
+            return []
+        return [{"id": f"{decl.prefix}CHIP", "kind": decl.kind, "source": decl.source,
+                 "label": decl.title, "status": "ok (one per catalog chip: studio targets)"}]
+
+    @classmethod
+    def choices(cls, row: dict[str, Any], targets: list[str]) -> list[tuple[str, str]]:
+        return [(f"{row['label']} · {t}", f"{row['id'].partition(':')[0]}:{t}")
+                for t in targets]
+
     @property
     def chip(self):
         return get_chip(self.device.chip)

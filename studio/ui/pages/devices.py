@@ -94,7 +94,7 @@ class DevicesPage(Page):
         super().__init__(ctl, parent)
         # Devices do not depend on a project: show them with or without one.
         self.stack.setCurrentWidget(self.body)
-        self._phones_load = LatestLoad(ctl)
+        self._probe_load = LatestLoad(ctl)
         lay = QVBoxLayout(self.body)
         lay.setContentsMargins(0, 6, 0, 0)
         top = QHBoxLayout()
@@ -139,7 +139,7 @@ class DevicesPage(Page):
         lay.addWidget(self._agents_box(), 1)
         self.health: dict[str, str] = {}
         self.details: dict[str, str] = {}
-        self.phones: list[dict[str, Any]] = []
+        self.probed: list[dict[str, Any]] = []  # devices of kinds found by a program (adb)
         self.last_result: dict[str, Any] | None = None
         self._cancel: Any = None
         self.timer = QTimer(self)
@@ -232,10 +232,13 @@ class DevicesPage(Page):
 
     def refresh_agents(self) -> None:
         try:
-            agents = self.registry().agents()
+            reg = self.registry()
+            agents = reg.agents()
+            # what the project runs on, of the kinds whose devices are other machines
+            listed = devices.device_rows(reg, probe=False, elsewhere=True) + self.probed
         except StudioError as exc:
             self.run_result.setPlainText(exc.message)
-            agents = []
+            agents, listed = [], []
         self.agents.setRowCount(len(agents))
         current = self.run_device.currentData()
         self.run_device.clear()
@@ -253,16 +256,9 @@ class DevicesPage(Page):
                 if details:
                     item.setToolTip(details)
                 self.agents.setItem(i, j, item)
-            self.run_device.addItem(f"{a.name} · host CPU", f"agent:{a.name}")
-            if self.ctl.project:
-                for t in self.ctl.project.targets:
-                    self.run_device.addItem(f"{a.name} · HTP simulator {t}",
-                                            f"agent:{a.name}@htp-sim:{t}")
-        for ph in self.phones:  # a phone runs a target's compiled context (unverified here)
-            if ph.get("ready") and self.ctl.project:
-                for t in self.ctl.project.targets:
-                    self.run_device.addItem(f"phone {ph['serial']} · {t} (unverified)",
-                                            f"adb:{ph['serial']}@{t}")
+        targets = list(self.ctl.project.targets) if self.ctl.project else []
+        for text, dev in devices.run_choices(listed, targets):
+            self.run_device.addItem(text, dev)
         i = self.run_device.findData(current)
         self.run_device.setCurrentIndex(max(0, i))
         self.run_btn.setEnabled(self.run_device.count() > 0 and not self.stop_btn.isEnabled())
@@ -449,21 +445,36 @@ class DevicesPage(Page):
             self.sim_label.setText(exc.message)
         self.refresh_agents()
         self.show_sdk()
-        self.adb_label.setText("Phones over adb: looking…")
+        kinds = devices.probed_kinds()
+        self.adb_label.setText(probed_text(kinds, "looking…"))
 
-        def phones(found: list[dict[str, Any]]) -> None:
-            self.phones = [d for d in found if d["id"] != "adb"]
-            self.adb_label.setText("Phones over adb: " + "; ".join(
-                f"{d['id']} {d['status']}" if d["id"] != "adb" else d["status"] for d in found))
+        def found(rows: list[dict[str, Any]]) -> None:
+            self.probed = [r for r in rows if not r.get("note")]
+            self.adb_label.setText(probed_text(kinds, rows=rows))
             self.refresh_agents()
 
         def failed(exc: Exception) -> None:
-            why = exc.message if isinstance(exc, StudioError) else repr(exc)
-            self.adb_label.setText(f"Phones over adb: {why}")
+            self.adb_label.setText(probed_text(
+                kinds, exc.message if isinstance(exc, StudioError) else repr(exc)))
 
-        # adb may take seconds to answer: off the UI thread
-        if self._phones_load.start(devices.adb_devices, done=phones, failed=failed) is None:
-            self.adb_label.setText("Phones over adb: not looked for")  # no event loop
+        # a program (adb) may take seconds to answer: off the UI thread
+        reg = self.registry()
+        if self._probe_load.start(lambda: devices.device_rows(reg, probe=True, elsewhere=True),
+                                   done=found, failed=failed) is None:
+            self.adb_label.setText(probed_text(kinds, "not looked for"))  # no event loop
+
+
+def probed_text(kinds: list[str], said: str = "", rows: list[dict[str, Any]] | None = None
+                ) -> str:
+    """One line per kind found by a program ("Phones over adb: …"): ``said`` for each, or
+    its listed ``rows`` (a note row says why it lists none)."""
+    lines = []
+    for k in kinds:
+        mine = [r for r in rows or [] if r["kind"] == k]
+        text = said or "; ".join(r["status"] if r.get("note") else f"{r['id']} {r['status']}"
+                                 for r in mine) or "none"
+        lines.append(f"{devices.group(k)}: {text}")
+    return "\n".join(lines)
 
 
 def agent_details(info: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     tok = load_tokenizer(export_dir)
     dev, be = ctx.device, ctx.backend
     prompt, n = ctx.get("run.prompt"), ctx.get("run.max_new_tokens")
-    compiled = ctx.input("compile", dev.chip) if dev.chip else None
+    compiled = ctx.device_input()  # a chip's compiled context, the quantized graphs, or none
     t0 = time.perf_counter()
     gen = be.open_generator(export_dir, compiled, spec, ctx.fp16, log=progress.log)
     load_s = time.perf_counter() - t0  # the seed's "first inference very slow": shown apart

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.engine.qnn_system import context_binary
 
 UNVERIFIED = "adb path unverified on hardware here: no phone was attached when it was built"
 REMOTE_ROOT = "/data/local/tmp/qstudio"
@@ -93,15 +94,6 @@ def sdk_files(sdk_root: Path, htp_arch: int) -> dict[str, Path]:
             raise StudioError(f"the QAIRT SDK at {root} has no {name} ({path}): set the SDK "
                               "folder in the settings to a QAIRT SDK with Android libraries")
     return want
-
-
-def context_binary(ctx_onnx: Path) -> bytes:
-    """The QNN context binary a compiled ``…_ctx.onnx`` holds (embedded in its EPContext node,
-    or in the ``.bin`` file beside it that the node names)."""
-    from studio.engine.qnn_system import embedded_or_named
-
-    data, where = embedded_or_named(Path(ctx_onnx))
-    return data if data else Path(where).read_bytes()
 
 
 def run_commands(serial: str, workdir: str, context_name: str, input_list: str,
