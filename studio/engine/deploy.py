@@ -36,6 +36,8 @@ from studio.engine.weightstore import graph_bytes
 DEPLOY_FILE = "deploy.json"
 #: the folder under a compile stage's output that holds the deployable binaries
 DEPLOY_DIR = "genie"
+#: in a staging folder, written last: what it was made from and what finish needs
+STAGED_FILE = "staged.json"
 
 
 @dataclass(frozen=True)
@@ -298,8 +300,13 @@ def stage(export_dir: Path, qdir: Path, spec: dict[str, Any], settings: DeploySe
     cl = C + 1
     N = prefill_ar(spec, settings.prefill_length)
     work = staging / "work"
-    shutil.rmtree(staging, ignore_errors=True)
     exported = [p["name"] for p in spec.get("parts") or []]
+    made_from = staging_inputs(qdir, spec, settings, N)
+    kept = kept_staging(staging, made_from, exported)
+    if kept is not None:  # an interrupted compile staged these very graphs: keep them
+        progress.update(0.3, "the deployable graphs staged by an interrupted run: kept")
+        return kept
+    shutil.rmtree(staging, ignore_errors=True)
     if len(exported) > 1:  # exported in parts: a context binary per part and graph
         progress.update(0.02, f"rewriting the {len(exported)} parts' decode graphs to "
                               "Genie's conventions")
@@ -325,11 +332,41 @@ def stage(export_dir: Path, qdir: Path, spec: dict[str, Any], settings: DeploySe
         if prefill:
             shutil.move(prefill[i], folder / "prefill.onnx")
         folders.append(folder)
-    atomic_write_json(staging / "staged.json", {
+    atomic_write_json(staging / STAGED_FILE, {
+        "made_from": made_from,
         "prefill_ar": N if N > 1 else None, "context_size": cl, "kv_encodings": kvs,
         "weights_bytes": sum(graph_bytes(qdir / p / "decode.onnx") for p in exported)
         if len(exported) > 1 else graph_bytes(qdir / "decode.onnx")})
     shutil.rmtree(work, ignore_errors=True)
+    return folders
+
+
+def staging_inputs(qdir: Path, spec: dict[str, Any], settings: DeploySettings,
+                   N: int) -> dict[str, Any]:
+    """What a staging folder is made from: the quantized graphs (their digest), the recipe,
+    the checkpoint, the prefill length and the graph I/O. A staging folder made from the same
+    is kept by a resumed compile (its AR-N graphs are minutes a part to export and quantize
+    again at real size)."""
+    from studio.core.partcache import files_digest
+
+    return {"quantized": files_digest(qdir), "recipe": settings.recipe,
+            "checkpoint": str(settings.checkpoint), "prefill_ar": N,
+            "graph_io": settings.graph_io, "context_length": int(spec["context_length"])}
+
+
+def kept_staging(staging: Path, made_from: dict[str, Any],
+                 exported: list[str]) -> list[Path] | None:
+    """The part folders of a finished staging made from ``made_from`` (its record is written
+    last), else None."""
+    try:
+        staged = json.loads((staging / STAGED_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if staged.get("made_from") != json.loads(json.dumps(made_from)):
+        return None
+    folders = [staging / p for p in exported] if len(exported) > 1 else [staging]
+    if not all((f / "decode.onnx").is_file() for f in folders):
+        return None
     return folders
 
 
@@ -365,7 +402,7 @@ def finish(out: Path, staging: Path, sources: list[Path], wheres: list[str],
     import onnx
 
 
-    staged = json.loads((staging / "staged.json").read_text())
+    staged = json.loads((staging / STAGED_FILE).read_text())
     cl, N = int(staged["context_size"]), staged["prefill_ar"] or 1
     parts = len(sources)
     rows: list[dict[str, Any]] = []

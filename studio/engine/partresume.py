@@ -27,16 +27,20 @@ MARK = PART_DONE
 HANDOFF = ".part-handoff.npz"
 
 
-def keep_finished(out_dir: Path, plan: list[Part]) -> dict[int, dict[str, Any]]:
+def keep_finished(out_dir: Path, plan: list[Part],
+                  keep: tuple[str, ...] = ()) -> dict[int, dict[str, Any]]:
     """Prepare ``out_dir`` (a kept work folder) for the ``plan``: the folders of finished
-    parts of this plan stay, everything else an interrupted run left is removed. Returns the
-    rows of the finished parts by index."""
+    parts of this plan stay, and the entries named in ``keep`` (the stage checks those
+    itself); everything else an interrupted run left is removed. Returns the rows of the
+    finished parts by index."""
     out_dir = Path(out_dir)
     names = {p.name: p for p in plan}
     done: dict[int, dict[str, Any]] = {}
     if not out_dir.is_dir():
         return done
     for entry in sorted(out_dir.iterdir()):
+        if entry.name in keep:
+            continue
         part = names.get(entry.name)
         row = _row(entry / MARK) if part is not None and entry.is_dir() else None
         if part is not None and row is not None and (row.get("start"), row.get("stop")) == (
@@ -47,10 +51,12 @@ def keep_finished(out_dir: Path, plan: list[Part]) -> dict[int, dict[str, Any]]:
     return done
 
 
-def clear(out_dir: Path) -> None:
-    """Empty ``out_dir`` (a kept work folder a whole-graph run takes as a fresh one)."""
+def clear(out_dir: Path, keep: tuple[str, ...] = ()) -> None:
+    """Empty ``out_dir`` (a kept work folder a whole-graph run takes as a fresh one), but
+    for the entries named in ``keep``."""
     for entry in Path(out_dir).iterdir():
-        _remove(entry)
+        if entry.name not in keep:
+            _remove(entry)
 
 
 def _remove(entry: Path) -> None:

@@ -133,6 +133,52 @@ def test_a_killed_compile_of_parts_keeps_the_parts_it_finished(tmp_path, parts_p
     assert not list(out.rglob(PART_DONE))
 
 
+def test_a_compile_killed_after_its_parts_keeps_them_and_the_staged_graphs(tmp_path,
+                                                                          parts_project):
+    """Killed while it makes the weight-shared binaries (after every part compiled), the
+    compile stage run again in the same work folder keeps both parts' binaries and the
+    deployable graphs it staged (exported and quantized again, these take minutes a part at
+    real size), and finishes."""
+    from studio.core import project as pf
+    from studio.core.artifacts import PART_DONE, ArtifactStore
+    from studio.core.progress import RecordingProgress
+    from studio.core.stagegraph import plan
+    from studio.services.history import current_keys
+    from studio.worker.stages import run_in_process
+
+    f, _ = parts_project
+    project = pf.load(f)
+    jobs = plan(project, ["compile"])
+    job = jobs[-1]
+    store = ArtifactStore(project.folder / "artifacts")
+    keys = current_keys(project, ["export", "quantize"])
+    inputs = {jobs[d].label: store.get(keys[jobs[d].stage]).path for d in job.deps}
+    out = tmp_path / "kept"
+    out.mkdir()
+
+    class Killed(Exception):
+        pass
+
+    class KillAt(RecordingProgress):
+        def update(self, fraction: float, message: str = "") -> None:
+            if message.startswith("the weight-shared binary of part 1/2"):
+                raise Killed(message)
+            super().update(fraction, message)
+
+    with pytest.raises(Killed):
+        run_in_process(project, job, inputs, out, KillAt())
+    staged = {p.relative_to(out): p.stat().st_mtime_ns
+              for p in (out / "genie-staging").rglob("*.onnx")}
+    assert len(staged) == 4  # each part's prefill and decode graph
+    rec = RecordingProgress()
+    result = run_in_process(project, job, inputs, out, rec)
+    assert any("2 of 2 parts: compiled by an interrupted run, kept" in m for m in rec.lines)
+    assert any("staged by an interrupted run: kept" in m for _, m in rec.updates)
+    assert not any(m.startswith("part 1/2: quantizing") for _, m in rec.updates)
+    assert result["weight_sharing"] and not (out / "genie-staging").exists()
+    assert not list(out.rglob(PART_DONE))
+
+
 def test_parts_compiled_in_processes_of_their_own_run_as_the_stored_compile(
         tmp_path, monkeypatch, parts_project):
     """The compile stage with its two parts compiled at once, each in a process of its own

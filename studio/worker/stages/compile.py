@@ -15,6 +15,9 @@ from studio.engine.weightstore import graph_bytes
 from studio.worker.context import StageContext
 from studio.worker.stages._llm import EMBED_LIMIT, GRAPHS, htp_options
 
+#: the compile stage's staging folder of the deployable graphs (kept across a kill)
+STAGING = "genie-staging"
+
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     from studio.engine import deploy, partresume
@@ -35,9 +38,11 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     folders = part_dirs(spec, qdir)
     parts = list(iter_parts(spec))
     # a kept work folder: the parts a killed run compiled are kept (a model in parts)
-    done = partresume.keep_finished(ctx.out, parts) if len(parts) > 1 else {}
+    # (and the deployable graphs it staged: deploy.stage keeps them if made from the same)
+    staged = (STAGING,)
+    done = partresume.keep_finished(ctx.out, parts, keep=staged) if len(parts) > 1 else {}
     if len(parts) == 1:
-        partresume.clear(ctx.out)
+        partresume.clear(ctx.out, keep=staged)
     for kept in done.values():
         placement.update(kept["placement"])
         compiled.update(kept["compiled"])
@@ -48,7 +53,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     # graphs of each part, staged, then compiled below like any part's graphs; else (a model
     # Genie cannot take) the studio's own graphs, with quantized graph I/O each part's graphs
     # with their edge Q/DQ pairs cut in a staging folder (their encodings kept beside)
-    staging = ctx.out / "genie-staging"
+    staging = ctx.out / STAGING
     if settings is not None:
         sources = deploy.stage(ctx.input("export"), qdir, spec, settings, staging,
                                SubProgress(progress, 0.0, 0.3))
@@ -126,13 +131,13 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         progress.log(f"{len(reused)} of {len(parts)} parts (" + ", ".join(
             str(k + 1) for k in reused) + "): the same graphs were compiled for this target "
             "before, taken from then")
-    partresume.unmark(ctx.out)
     shutil.rmtree(ctx.out / "io-staging", ignore_errors=True)
     rec = None
-    if settings is not None:
+    if settings is not None:  # the marks stay until then: a kill in it keeps the parts
         rec = deploy.finish(ctx.out, staging, sources, [where(k) for k in range(len(folders))],
                             spec, chip, settings, progress)
         shutil.rmtree(staging, ignore_errors=True)
+    partresume.unmark(ctx.out)
     order = [where(k) + g for k in range(len(folders)) for g in GRAPHS
              if where(k) + g in placement]
     if spec.get("vision"):  # a vision-language model's encoder: float I/O, its own binary
