@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
-from studio.core.fsutil import atomic_write_json
+from studio.core.fsutil import atomic_write_json, link_or_copy
 from studio.core.progress import Progress, SubProgress
 
 
@@ -294,13 +294,13 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
     for d in {out, run_dir}:
         d.mkdir(parents=True, exist_ok=True)
     rows = sorted(record["graphs"], key=lambda r: (-r["ar"], r["part"]))
-    progress.update(0.02, f"copying the compile stage's {len(rows) + len(shared)} context "
-                          "binaries (the validated ones)")
+    progress.update(0.02, f"taking the compile stage's {len(rows) + len(shared)} context "
+                          "binaries (the validated ones; hard links where the store allows)")
     for r in rows:
         progress.check()
         deploy.write_binary(Path(cdir) / r["ctx"], run_dir / r["file"])
     for r in shared:
-        shutil.copy2(Path(cdir) / r["bin"], out / r["file"])
+        link_or_copy(Path(cdir) / r["bin"], out / r["file"])
     run_names = [r["file"] for r in rows]
     ctx_names = [r["file"] for r in shared] or run_names
     graph_rows = [{k: r[k] for k in ("file", "kind", "ar", "context_size", "part", "parts",

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
-from studio.core.fsutil import atomic_write_json
+from studio.core.fsutil import atomic_write_json, link_or_copy
 from studio.core.progress import Progress, SubProgress
 from studio.engine import genie, graphio, qnn, qnn_names, qnn_system, weightshare
 from studio.engine.qnn_system import context_binary
@@ -387,8 +387,8 @@ def write_binary(ctx: Path, dest: Path) -> None:
     if info["embed"]:
 
         dest.write_bytes(context_binary(ctx))
-    else:
-        shutil.copy2(ctx.parent / info["bin_files"][0], dest)
+    else:  # a hard link where it can be: at 8 B the binaries are gigabytes
+        link_or_copy(ctx.parent / info["bin_files"][0], dest)
 
 
 def finish(out: Path, staging: Path, sources: list[Path], wheres: list[str],
