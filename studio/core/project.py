@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from studio.core.settings import SECTIONS, Settings, check_value, spec_of
 from studio.core.settings import check as check_settings
 from studio.core.stagegraph import STAGE_NAMES as STAGES  # noqa: F401  (the pages read it here)
 from studio.core.stagegraph import default_stages
+from studio.core.sweep import parse_spec
 
 SCHEMA_VERSION = 1
 
@@ -138,8 +139,6 @@ def _validate(p: Project) -> None:
 
 
 def _sweeps(raw: Any, p: Project) -> list[dict[str, Any]]:
-    from studio.core.sweep import parse_spec
-
     if not isinstance(raw, list):
         raise StudioError("sweeps must be a list of tables: write [[sweeps]]")
     names: set[str] = set()
@@ -301,3 +300,27 @@ def new_project(name: str, source: str, targets: list[str] | None = None, **sect
     for k, v in sections.items():
         data[k] = v
     return from_dict(data)
+
+
+# ---- a sweep point ----------------------------------------------------------------
+def apply_point(project: Project, settings: Mapping[str, Any]) -> Project:
+    """The project with a point's settings, validated (a StudioError names what is wrong)."""
+    data = project.to_dict()
+    for key, value in settings.items():
+        value = copy.deepcopy(value)
+        if key == "targets":
+            data["targets"] = [value] if isinstance(value, str) else value
+            continue
+        section, _, leaf = key.partition(".")
+        if section == "quantization" and leaf.startswith("overrides."):
+            rules = dict(data["quantization"].get("overrides") or {})
+            pattern = leaf[len("overrides."):]
+            rules.pop(pattern, None)
+            if value not in ("", None):
+                rules[pattern] = value  # written last: wins over the project's rules
+            data["quantization"]["overrides"] = rules
+            continue
+        data.setdefault(section, {})[leaf] = value
+    variant = from_dict(data)
+    variant.path = project.path
+    return variant

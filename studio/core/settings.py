@@ -4,8 +4,8 @@ Each ``[section]`` of a ``.qstudio`` file is a class below with one declaration 
 its type (the annotation), its default, a one-line doc and its allowed range or choices
 (:func:`setting`). Everything else comes from these declarations: the keys the file may hold,
 the defaults a file leaves out, the checks at load (one line naming the key and the limit),
-the keys a stage may declare (:mod:`studio.core.stagegraph` checks them at import) and the
-keys a sweep may vary.
+the keys a stage may declare (:mod:`studio.core.stagegraph`'s declarations, checked here at
+import) and the keys a sweep may vary.
 
 Settings are read by attribute (``project.quantization.scheme``, typed for mypy). A section
 is also a dict of its keys (``project.quantization["scheme"]``, ``dict(project.gates)``,
@@ -54,6 +54,16 @@ from studio.core.recipe import (
     WEIGHT_ROUNDINGS,
     check_recipe,
     is_float_scheme,
+)
+from studio.core.stagegraph import (
+    DECLARATIONS,
+    DEFAULT_STAGES,
+    MODEL_KINDS,
+    PLAN_KEYS,
+    REFS,
+    STAGE_NAMES,
+    StageDecl,
+    kind_stages,
 )
 
 #: the longest context (and so prompt, generation, window) an export takes
@@ -333,12 +343,6 @@ class Section(dict[str, Any]):
 
 
 # ---- the sections, in the order of the file ---------------------------------------------------
-def _model_kinds() -> tuple[str, ...]:
-    from studio.core.stagegraph import MODEL_KINDS
-
-    return MODEL_KINDS
-
-
 def _chips() -> tuple[str, ...]:
     from studio.core.catalog import load_catalog
 
@@ -352,7 +356,7 @@ class Model(Section):
     draft: str = setting("", "a draft checkpoint for speculative decoding (\"\": none)")
     kind: str = setting("causal-lm", "causal-lm (a checkpoint), encoder (a sentence "
                         "encoder's PyTorch weights) or onnx-graph (any ONNX file); each kind "
-                        "runs its own declared stages", choices=_model_kinds)
+                        "runs its own declared stages", choices=MODEL_KINDS)
 
     def rules(self) -> None:
         if not self.source:
@@ -496,8 +500,6 @@ class Run(Section):
 
 
 def _default_stages() -> list[str]:
-    from studio.core.stagegraph import DEFAULT_STAGES
-
     return list(DEFAULT_STAGES)
 
 
@@ -508,8 +510,6 @@ class Pipeline(Section):
 
     def rules(self) -> None:
         if not self.stages:
-            from studio.core.stagegraph import STAGE_NAMES
-
             raise StudioError("pipeline.stages is empty: name the stages to run, e.g. "
                               + ", ".join(f'"{s}"' for s in STAGE_NAMES))
 
@@ -798,8 +798,6 @@ def spec_of(key: str) -> Spec:
 
 def check_across(s: Settings) -> None:
     """The rules between sections (each section has checked its own keys)."""
-    from studio.core.stagegraph import STAGE_NAMES, kind_stages
-
     C = s.export.context_length
     for key, value in (("run.max_new_tokens", s.run.max_new_tokens),
                        ("validation.greedy_tokens", s.validation.greedy_tokens)):
@@ -828,3 +826,32 @@ def check(s: Settings) -> None:
     for section in s.sections():
         section.check()
     check_across(s)
+
+
+def check_settings_declared(declarations: tuple[StageDecl, ...], *tables: Mapping[str, str]
+                            ) -> None:
+    """Every setting a stage declares (and every key of ``tables``) is one that
+    :mod:`studio.core.settings` declares: a misspelt key fails at import, not when the stage
+    runs. Raises ValueError naming the stage and the key."""
+    known = setting_keys()
+
+    def why(key: str) -> str:
+        section, _, leaf = key.partition(".")
+        if section in SECTION_KEYS:
+            return f"[{section}] has {', '.join(SECTION_KEYS[section])}"
+        return f"sections: {', '.join(SECTION_KEYS)}"
+
+    for d in declarations:
+        for key in d.settings:
+            if key not in known:
+                raise ValueError(f"the {d.name} stage declares the setting {key!r}, which "
+                                 f"studio/core/settings.py does not declare ({why(key)})")
+    for table in tables:
+        for key in table:
+            if key not in known:
+                raise ValueError(f"{key!r} is not a setting studio/core/settings.py declares "
+                                 f"({why(key)})")
+
+
+# the stages declare their settings by name: a misspelt one fails here, at import
+check_settings_declared(DECLARATIONS, REFS, PLAN_KEYS)

@@ -29,7 +29,6 @@ from studio.core.devices import DEVICE_KINDS, Device, device, project_devices
 from studio.core.errors import StudioError
 from studio.core.fsutil import sha256_file
 from studio.core.recipe import DEFAULT_GATES
-from studio.core.settings import SECTION_KEYS, setting_keys
 
 if TYPE_CHECKING:
     from studio.core.project import Project
@@ -310,34 +309,6 @@ UNREAD_KEYS: dict[str, str] = {
     "bundle.max_context_mb": "retired: the bundle ships the compile stage's binaries, split as "
                              "export.parts says (kept so older project files load)",
 }
-
-
-def check_settings_declared(declarations: tuple[StageDecl, ...], *tables: Mapping[str, str]
-                            ) -> None:
-    """Every setting a stage declares (and every key of ``tables``) is one that
-    :mod:`studio.core.settings` declares: a misspelt key fails at import, not when the stage
-    runs. Raises ValueError naming the stage and the key."""
-    known = setting_keys()
-
-    def why(key: str) -> str:
-        section, _, leaf = key.partition(".")
-        if section in SECTION_KEYS:
-            return f"[{section}] has {', '.join(SECTION_KEYS[section])}"
-        return f"sections: {', '.join(SECTION_KEYS)}"
-
-    for d in declarations:
-        for key in d.settings:
-            if key not in known:
-                raise ValueError(f"the {d.name} stage declares the setting {key!r}, which "
-                                 f"studio/core/settings.py does not declare ({why(key)})")
-    for table in tables:
-        for key in table:
-            if key not in known:
-                raise ValueError(f"{key!r} is not a setting studio/core/settings.py declares "
-                                 f"({why(key)})")
-
-
-check_settings_declared(DECLARATIONS, REFS, PLAN_KEYS)
 
 
 def check_device_stages(declarations: tuple[StageDecl, ...]) -> None:

@@ -23,7 +23,6 @@ Pure: no I/O here. The service layer runs the points through the stage graph.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -32,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from studio.core.errors import StudioError
 from studio.core.fsutil import sha256_json
+from studio.core.settings import SECTION_KEYS
+from studio.core.stagegraph import check_stage_names
 
 if TYPE_CHECKING:
     from studio.core.project import Project
@@ -113,8 +114,6 @@ def format_value(v: Any) -> str:
 # ---- settings of a point ----------------------------------------------------------------------
 def check_axis_key(key: str, project: Project) -> None:
     """A one-line error unless ``key`` names a setting a sweep may vary."""
-    from studio.core.settings import SECTION_KEYS
-
     if key == "targets":
         return
     section, _, leaf = key.partition(".")
@@ -129,31 +128,6 @@ def check_axis_key(key: str, project: Project) -> None:
             f"{', '.join(sweepable)}), targets, or quantization.overrides.PATTERN")
     if key == "model.kind":
         raise StudioError("sweep axis 'model.kind' cannot vary: a kind has its own stages")
-
-
-def apply_point(project: Project, settings: Mapping[str, Any]) -> Project:
-    """The project with a point's settings, validated (a StudioError names what is wrong)."""
-    from studio.core.project import from_dict
-
-    data = project.to_dict()
-    for key, value in settings.items():
-        value = copy.deepcopy(value)
-        if key == "targets":
-            data["targets"] = [value] if isinstance(value, str) else value
-            continue
-        section, _, leaf = key.partition(".")
-        if section == "quantization" and leaf.startswith("overrides."):
-            rules = dict(data["quantization"].get("overrides") or {})
-            pattern = leaf[len("overrides."):]
-            rules.pop(pattern, None)
-            if value not in ("", None):
-                rules[pattern] = value  # written last: wins over the project's rules
-            data["quantization"]["overrides"] = rules
-            continue
-        data.setdefault(section, {})[leaf] = value
-    variant = from_dict(data)
-    variant.path = project.path
-    return variant
 
 
 # ---- parsing ------------------------------------------------------------------------------
@@ -173,8 +147,6 @@ def _axis_values(key: str, raw: Any) -> tuple[Any, ...]:
 
 def parse_spec(raw: Any, project: Project, where: str = "sweeps") -> SweepSpec:
     """A validated :class:`SweepSpec` from a ``[[sweeps]]`` table (or the CLI's axes)."""
-    from studio.core.stagegraph import check_stage_names
-
     if not isinstance(raw, dict):
         raise StudioError(f"{where} must be a table with a name and axes (or points)")
     bad = set(raw) - _SPEC_KEYS

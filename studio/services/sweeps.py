@@ -1,6 +1,6 @@
 """Recipe sweeps: every point of a sweep run through the declared stage graph at once.
 
-Each point is the project with its settings applied (:func:`studio.core.sweep.apply_point`).
+Each point is the project with its settings applied (:func:`studio.core.project.apply_point`).
 The sweep plans every point's jobs and their artifact keys, then runs each *distinct* key
 once: points that share a prefix (one export for every quantization point) share its job,
 and a key already in the store is not run at all. The jobs go to an executor — the local
@@ -31,7 +31,7 @@ from studio.core.errors import StudioError
 from studio.core.fsutil import RunLock, sha256_json
 from studio.core.jobs import JobStore
 from studio.core.metrics import Metric
-from studio.core.project import Project
+from studio.core.project import Project, apply_point
 from studio.core.stagegraph import (
     MODEL_KINDS,
     STAGES,
@@ -45,7 +45,6 @@ from studio.core.sweep import (
     Point,
     PointResult,
     SweepSpec,
-    apply_point,
     best_point,
     pareto_front,
     parse_axis_arg,

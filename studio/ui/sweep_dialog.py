@@ -138,7 +138,8 @@ class NewSweepDialog(QDialog):
 
     def check(self) -> str:
         """"" when the table is a valid new sweep, else why not (one line)."""
-        from studio.core.sweep import apply_point, parse_spec
+        from studio.core.project import apply_point
+        from studio.core.sweep import parse_spec
 
         try:
             table = self.table()

@@ -23,8 +23,15 @@ from studio.core.recipe import (
     is_float_scheme,
     weight_bits,
 )
-from studio.core.settings import SECTION_KEYS, SECTIONS, Gates, Quantization, spec_of
-from studio.core.stagegraph import DECLARATIONS, StageDecl, check_settings_declared
+from studio.core.settings import (
+    SECTION_KEYS,
+    SECTIONS,
+    Gates,
+    Quantization,
+    check_settings_declared,
+    spec_of,
+)
+from studio.core.stagegraph import DECLARATIONS, StageDecl
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples/tiny-coder/tiny-coder.qstudio"
 
@@ -122,7 +129,7 @@ def test_every_setting_has_a_doc_and_every_default_is_valid():
 
 
 def test_a_stage_that_declares_a_setting_no_section_has_fails_at_import():
-    check_settings_declared(DECLARATIONS)  # what stagegraph runs when it is imported
+    check_settings_declared(DECLARATIONS)  # what settings runs when it is imported
     typo = StageDecl("quantize", "Quantize", settings=("quantization.schem",))
     with pytest.raises(ValueError, match="the quantize stage declares the setting "
                                          "'quantization.schem'.*scheme, weight_granularity"):
@@ -131,22 +138,27 @@ def test_a_stage_that_declares_a_setting_no_section_has_fails_at_import():
         check_settings_declared((), {"nosuch.key": "checkpoint"})
 
 
-def test_the_import_of_stagegraph_runs_the_check(monkeypatch):
-    """The module itself, with one declared key misspelt, does not import."""
+def test_the_import_of_settings_runs_the_check(monkeypatch):
+    """With one key of the stage declarations misspelt, the settings module does not
+    import."""
     import sys
     import types
 
+    import studio.core.settings as st
     import studio.core.stagegraph as sg
 
     text = Path(sg.__file__).read_text()
     good = 'settings=("quantization.scheme", "profile.repeats",'
     assert text.count(good) == 1
-    module = types.ModuleType("stagegraph_with_a_typo")
+    typo = types.ModuleType("studio.core.stagegraph")
+    monkeypatch.setitem(sys.modules, "studio.core.stagegraph", typo)
+    exec(compile(text.replace(good, good.replace("repeats", "repeat")), sg.__file__, "exec"),
+         typo.__dict__)
+    module = types.ModuleType("settings_over_a_typo")
     monkeypatch.setitem(sys.modules, module.__name__, module)
     with pytest.raises(ValueError, match="the profile stage declares the setting "
                                          "'profile.repeat'"):
-        exec(compile(text.replace(good, good.replace("repeats", "repeat")), sg.__file__,
-                     "exec"), module.__dict__)
+        exec(compile(Path(st.__file__).read_text(), st.__file__, "exec"), module.__dict__)
 
 
 def test_the_limits_live_in_the_declaration():

@@ -7,10 +7,10 @@ import pytest
 from studio.core import project as projectfile
 from studio.core.commands import CommandStack, SetValue, SetValues
 from studio.core.errors import StudioError
+from studio.core.project import apply_point
 from studio.core.sweep import (
     Point,
     PointResult,
-    apply_point,
     best_point,
     pareto_front,
     parse_axis_arg,

@@ -967,7 +967,7 @@ class SweepsPage(Page):
 
     def _is_current(self, p: dict[str, Any]) -> bool:
         """Whether the project's settings now are the point's."""
-        from studio.core.sweep import apply_point
+        from studio.core.project import apply_point
 
         project = self.ctl.project
         if project is None:
