@@ -28,6 +28,7 @@ from studio.core.errors import StudioError
 from studio.core.jobs import FINAL
 from studio.services import workqueue
 from studio.services.workqueue import QueueItem, WorkQueue
+from studio.ui.sweep_thread import SweepThread
 
 INTERRUPTED = ("the window ended while it ran; it runs again when the queue resumes (finished "
                "stages come from the artifact store)")
@@ -309,7 +310,6 @@ class QueueRunner(QObject):
     def _start_sweep(self, r: _Running) -> None:
         from studio.services.session import Studio
         from studio.services.sweeps import SweepRunner, find_spec
-        from studio.ui.pages.sweeps import SweepThread
 
         try:
             studio = Studio(r.project)
