@@ -16,12 +16,21 @@ checks them in one pass of its verify graph, the longest agreeing prefix is kept
 Proposers: :class:`DraftModelProposer` (a small model on the host CPU with its own static
 cache) and :class:`PromptLookupProposer` (an n-gram match in the tokens so far: no model;
 good at code, which repeats names).
+
+- **Overlap** (``overlap=True``, a draft model): while the target verifies a window, the
+  draft drafts the next one in a thread of its own, from the optimistic continuation (every
+  drafted token kept and the target's own next token the draft's guess). When the target
+  keeps all of it the next window is ready; otherwise the drafted-ahead tokens are dropped
+  and both caches roll back to the accepted prefix (the masks hide the rows past it). The
+  tokens are the target's either way: greedy output stays plain greedy's.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +81,13 @@ class PromptLookupProposer:
 
 
 class DraftModelProposer:
-    """A small causal LM on its own static cache (a :class:`StaticKVGenerator`)."""
+    """A small causal LM on its own static cache (a :class:`StaticKVGenerator`).
+
+    State: ``pos`` tokens of the agreed sequence are in the draft's cache, ``pending`` are
+    agreed but not fed yet, and ``_drafted`` is the draft's own continuation after them (its
+    rows in the cache but for the last token's). What the target keeps of that continuation
+    stays drafted (:meth:`accepted`): the next window then starts from it (:meth:`extend`
+    drafts further), which is what lets a thread draft ahead while the target verifies."""
 
     name = "draft-model"
 
@@ -85,6 +100,8 @@ class DraftModelProposer:
                                               else self.cfg.seed + 7919))
         self.pos = 0  # tokens of the sequence held in the draft's cache
         self.pending: list[int] = []  # tokens of the sequence not yet in the cache
+        self._drafted: list[int] = []  # the draft's continuation after the agreed tokens
+        self._qs: list[np.ndarray] = []  # its distribution at each of them
         self.seconds = 0.0
 
     def start(self, context: list[int]) -> None:
@@ -96,43 +113,72 @@ class DraftModelProposer:
             self.gen.reset()
         self.pos = len(head)
         self.pending = [last]
+        self._drafted, self._qs = [], []
         self.seconds += time.perf_counter() - t0
+
+    def _pick(self, logits: np.ndarray) -> tuple[int, np.ndarray]:
+        q = probabilities(logits, self.cfg)
+        return (int(np.argmax(q)) if self.cfg.greedy else self.sampler.draw(q)), q
 
     def propose(self, k: int) -> Proposal:
+        """Up to ``k`` drafted tokens after the agreed sequence: the continuation kept from
+        before (drafted ahead), extended by the draft where it is shorter."""
+        t0 = time.perf_counter()
+        if self.pending:  # catch the cache up with the tokens the target added
+            logits = None
+            for t in self.pending:
+                logits = self.gen.step(t, self.pos)
+                self.pos += 1
+            self.pending = []
+            assert logits is not None
+            if k > 0 and self.pos < self.gen.context_len:
+                tok, q = self._pick(logits)
+                self._drafted, self._qs = [tok], [q]
+            else:
+                self._drafted, self._qs = [], []
+        del self._drafted[max(0, k):], self._qs[max(0, k):]
+        self.seconds += time.perf_counter() - t0
+        if len(self._drafted) < k:
+            self.extend(k - len(self._drafted))
+        return Proposal(list(self._drafted), list(self._qs))
+
+    def extend(self, more: int, stop: threading.Event | None = None) -> int:
+        """Draft ``more`` tokens past the continuation (fewer at the end of the cache, or
+        when ``stop`` is set between steps); returns how many it drafted."""
         t0 = time.perf_counter()
         C = self.gen.context_len
-        toks: list[int] = []
-        qs: list[np.ndarray] = []
-        feed = list(self.pending)
-        pos = self.pos
-        logits = None
-        for t in feed:  # catch the cache up with the tokens the target added
-            logits = self.gen.step(t, pos)
+        done = 0
+        if not self._drafted:
+            self.seconds += time.perf_counter() - t0
+            return 0
+        pos = self.pos + len(self._drafted) - 1  # where the last drafted token goes
+        while done < more and pos + 1 < C and not (stop is not None and stop.is_set()):
+            tok, q = self._pick(self.gen.step(self._drafted[-1], pos))
             pos += 1
-        self.pos, self.pending = pos, []
-        while len(toks) < k and pos < C:
-            assert logits is not None
-            q = probabilities(logits, self.cfg)
-            tok = int(np.argmax(q)) if self.cfg.greedy else self.sampler.draw(q)
-            toks.append(tok)
-            qs.append(q)
-            if len(toks) == k or pos + 1 >= C:
-                break
-            logits = self.gen.step(tok, pos)
-            pos += 1
-        self._drafted = toks
+            self._drafted.append(tok)
+            self._qs.append(q)
+            done += 1
         self.seconds += time.perf_counter() - t0
-        return Proposal(toks, qs)
+        return done
 
-    def accepted(self, kept: list[int]) -> None:
-        # the cache holds rows for the drafted tokens before the last one; keep those the
-        # target kept (a common prefix of kept and drafted), re-feed the rest
+    def accepted(self, kept: list[int]) -> int:
+        """``kept``: the drafted tokens the target kept plus its own next token. The cache
+        holds rows for the drafted tokens before the last one: those the target kept (a
+        common prefix) stay, the rest are re-fed; a continuation the target followed all
+        the way (its own token the draft's guess) stays drafted: returns how many of its
+        tokens the next window starts from."""
         drafted = self._drafted
-        same = 0
-        while same < len(kept) and same < len(drafted) - 1 and kept[same] == drafted[same]:
-            same += 1
+        agree = 0
+        while agree < len(kept) and agree < len(drafted) and kept[agree] == drafted[agree]:
+            agree += 1
+        same = min(agree, len(drafted) - 1) if drafted else 0
         self.pos += same
         self.pending = kept[same:]
+        if agree == len(kept) and not self.pending:  # the rest of the continuation holds
+            self._drafted, self._qs = drafted[agree:], self._qs[agree:]
+        else:
+            self._drafted, self._qs = [], []
+        return len(self._drafted)
 
 
 @dataclass
@@ -148,6 +194,12 @@ class SpecStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     host_s: float = 0.0
+    overlap: bool = False
+    both_busy_s: float = 0.0  # the draft drafting ahead while the target verifies
+    target_wait_s: float = 0.0  # the target idle: waiting for a window to verify
+    draft_wait_s: float = 0.0  # the draft idle while the target verifies
+    ahead_drafted: int = 0  # tokens drafted ahead during verify passes
+    ahead_used: int = 0  # of them, tokens the next window took
 
     def to_dict(self) -> dict[str, Any]:
         passes = max(1, self.target_passes)
@@ -161,6 +213,13 @@ class SpecStats:
             "tokens_per_target_pass": self.emitted / passes,
             "time_split_s": {"draft": self.draft_s, "verify": self.verify_s,
                              "host": self.host_s},
+            "overlap": self.overlap,
+            # per the whole decode: what each side did and waited for (sequential: the
+            # target waits for every draft, the draft for every verify pass)
+            "busy_s": {"draft": self.draft_s, "target": self.verify_s,
+                       "both": self.both_busy_s},
+            "waiting_s": {"target": self.target_wait_s, "draft": self.draft_wait_s},
+            "ahead": {"drafted": self.ahead_drafted, "used": self.ahead_used},
         }
 
 
@@ -177,6 +236,7 @@ def speculative_generate(
     on_step: Callable[[int, int], None] | None = None,
     on_pass: Callable[[int, int], None] | None = None,
     progress: Progress | None = None,
+    overlap: bool = False,
 ) -> dict[str, Any]:
     """Generate like :meth:`StaticKVGenerator.generate`, checking drafted tokens in batches.
 
@@ -185,7 +245,13 @@ def speculative_generate(
     the fields of ``generate`` (``step_s`` empty: tokens come in groups) plus
     ``speculative`` (:class:`SpecStats` as a dict) and ``wall_s`` (the whole decode after
     the first token, less the time spent in the caller's callbacks).
+
+    ``overlap``: the proposer (a draft model: it needs ``extend``) drafts the next window in
+    a thread of its own while the target verifies (see the module's notes).
     """
+    if overlap and not hasattr(proposer, "extend"):
+        raise StudioError("overlapped drafting needs a draft model (prompt lookup drafts "
+                          "without one, at no cost): drop --overlap or give --draft")
     if not target.verify_len:
         raise StudioError("speculative decoding needs the model's verify graph: re-run the "
                           "export stage")
@@ -204,7 +270,8 @@ def speculative_generate(
     greedy = sampler.cfg.greedy
     eos = set() if eos_id is None else ({int(eos_id)} if isinstance(eos_id, int)
                                         else {int(e) for e in eos_id})
-    stats = SpecStats(getattr(proposer, "name", type(proposer).__name__), k_max, adaptive)
+    stats = SpecStats(getattr(proposer, "name", type(proposer).__name__), k_max, adaptive,
+                      overlap=overlap)
     tokens: list[int] = []
     out: dict[str, Any] = {"tokens": tokens, "ttft_s": 0.0, "prefill_s": 0.0,
                            "prompt_chunks": 0, "step_s": [], "stopped": "max_new_tokens"}
@@ -254,62 +321,108 @@ def speculative_generate(
             return "context_full"
         return None
 
-    while (why := finished()) is None:
-        if progress is not None:
-            progress.check()
-            progress.update(len(tokens) / max_new_tokens, f"token {len(tokens)}/{max_new_tokens}")
-        room = min(k_now, max_new_tokens - len(tokens) - 1, C - pos - 1)
-        t = time.perf_counter()
-        prop = proposer.propose(max(0, room))
-        stats.draft_s += time.perf_counter() - t
-        drafts = prop.tokens[:max(0, room)]
-        t = time.perf_counter()
-        rows = target.verify([tok, *drafts], pos)
-        stats.verify_s += time.perf_counter() - t
-        stats.target_passes += 1
-        stats.drafted += len(drafts)
-        kept: list[int] = []
-        new_tok = None
-        for j, d in enumerate(drafts):
-            p = probabilities(rows[j], sampler.cfg)
-            q = prop.q[j] if prop.q is not None else _one_hot(d, len(p))
-            if sampler.accept(p, q, d):
-                kept.append(d)
-                continue
-            new_tok = (int(np.argmax(p)) if greedy
-                       else sampler.draw(Sampler.residual(p, q)))
-            break
-        if new_tok is None:  # every draft kept: the target's own next token comes free
-            new_tok = sampler.pick(rows[len(drafts)])
-        stats.accepted += len(kept)
-        stats.accepted_lengths.append(len(kept))
-        emitted = [*kept, new_tok]
-        # an EOS or a stop inside the kept tokens ends the text there
-        for e in emitted:
-            tokens.append(e)
-            stats.emitted += 1
-            if on_step is not None:
-                on_step(len(tokens) - 1, e)
-            if e in eos or (stop is not None and stop(tokens)) or len(tokens) >= max_new_tokens:
-                break
-        pos += 1 + len(kept)
-        tok = new_tok
-        if on_pass is not None:
-            on_pass(len(drafts), len(kept))
-        t = time.perf_counter()
-        proposer.accepted(emitted)
-        stats.draft_s += time.perf_counter() - t
-        if adaptive and drafts:
-            k_now = min(k_max, k_now + 1) if len(kept) == len(drafts) else max(1, len(kept) + 1)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="qstudio-draft") if overlap else None
+    halt = threading.Event()
+
+    def ahead(more: int) -> tuple[float, float, int]:  # in the draft's thread
+        a0 = time.perf_counter()
+        n_ahead = proposer.extend(more, halt)
+        return a0, time.perf_counter(), n_ahead
+
+    why = finished()
+    try:
+        while why is None:
+            if progress is not None:
+                progress.check()
+                progress.update(len(tokens) / max_new_tokens,
+                                f"token {len(tokens)}/{max_new_tokens}")
+            room = max(0, min(k_now, max_new_tokens - len(tokens) - 1, C - pos - 1))
+            t = time.perf_counter()
+            prop = proposer.propose(room)
+            spent = time.perf_counter() - t
+            stats.draft_s += spent
+            stats.target_wait_s += spent  # the target has nothing to verify meanwhile
+            drafts = prop.tokens[:room]
+            job = None
+            if pool is not None and drafts:
+                # the optimistic continuation: the target's own next token (the draft's
+                # guess), then the next window at the size it has if every draft is kept
+                halt.clear()
+                job = pool.submit(ahead, 1 + min(k_max, k_now + 1))
+            v0 = time.perf_counter()
+            rows = target.verify([tok, *drafts], pos)
+            v1 = time.perf_counter()
+            stats.verify_s += v1 - v0
+            kept, new_tok = _judge(rows, drafts, prop, sampler, greedy)
+            if job is None:
+                stats.draft_wait_s += v1 - v0
+            else:
+                if len(kept) < len(drafts):
+                    halt.set()  # a rejection: what the draft drafts ahead is dropped
+                a0, a1, n_ahead = job.result()
+                w = time.perf_counter()
+                both = max(0.0, min(a1, v1) - max(a0, v0))
+                stats.draft_s += a1 - a0
+                stats.both_busy_s += both
+                stats.draft_wait_s += (v1 - v0) - both
+                stats.target_wait_s += max(0.0, w - v1)
+                stats.ahead_drafted += n_ahead
+            stats.target_passes += 1
+            stats.drafted += len(drafts)
+            stats.accepted += len(kept)
+            stats.accepted_lengths.append(len(kept))
+            emitted = [*kept, new_tok]
+            # an EOS or a stop inside the kept tokens ends the text there
+            for e in emitted:
+                tokens.append(e)
+                stats.emitted += 1
+                if on_step is not None:
+                    on_step(len(tokens) - 1, e)
+                if e in eos or (stop is not None and stop(tokens)) or \
+                        len(tokens) >= max_new_tokens:
+                    break
+            pos += 1 + len(kept)
+            tok = new_tok
+            if on_pass is not None:
+                on_pass(len(drafts), len(kept))
+            t = time.perf_counter()
+            carried = proposer.accepted(emitted) or 0
+            spent = time.perf_counter() - t
+            stats.draft_s += spent
+            stats.target_wait_s += spent
+            if job is not None:
+                stats.ahead_used += carried
+            if adaptive and drafts:
+                k_now = (min(k_max, k_now + 1) if len(kept) == len(drafts)
+                         else max(1, len(kept) + 1))
+            why = finished()
+    finally:
+        if pool is not None:
+            halt.set()
+            pool.shutdown(wait=True)
     stopped = why
     wall = time.perf_counter() - t_dec - caller[0]
-    stats.host_s = max(0.0, wall - stats.draft_s - stats.verify_s)
+    stats.host_s = max(0.0, wall - stats.draft_s - stats.verify_s + stats.both_busy_s)
     out["stopped"] = stopped
     out["wall_s"] = wall
     out["speculative"] = stats.to_dict()
     if progress is not None:
         progress.update(1.0, f"{len(tokens)} tokens")
     return out
+
+
+def _judge(rows: np.ndarray, drafts: list[int], prop: Proposal, sampler: Sampler,
+           greedy: bool) -> tuple[list[int], int]:
+    """The drafted tokens the target keeps (a prefix) and its own next token."""
+    kept: list[int] = []
+    for j, d in enumerate(drafts):
+        p = probabilities(rows[j], sampler.cfg)
+        q = prop.q[j] if prop.q is not None else _one_hot(d, len(p))
+        if sampler.accept(p, q, d):
+            kept.append(d)
+            continue
+        return kept, (int(np.argmax(p)) if greedy else sampler.draw(Sampler.residual(p, q)))
+    return kept, sampler.pick(rows[len(drafts)])
 
 
 def _one_hot(token: int, size: int) -> np.ndarray:

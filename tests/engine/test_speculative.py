@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from studio.core.errors import StudioError
 from studio.core.sampling import Sampler, SamplingConfig, probabilities
 from studio.engine.speculative import (
     DraftModelProposer,
@@ -122,3 +123,89 @@ def test_rejection_sampling_keeps_the_target_distribution(target, draft, prompts
     assert exp.sum() == pytest.approx(runs)
     _, pvalue = stats.chisquare(obs, exp)
     assert pvalue > 0.01, (pvalue, list(zip(cells, obs, exp.round(1), strict=True)))
+
+
+# ---- overlapped drafting: the draft drafts the next window while the target verifies ----------
+@pytest.fixture(scope="module")
+def long_pair(tmp_path_factory, sample_model_dir):
+    """The sample and its shipped draft exported with a 256-token cache (200 new tokens after
+    a 24-token prompt)."""
+    from studio.engine.llm_export import export_llm
+
+    t = tmp_path_factory.mktemp("spec-target-256")
+    d = tmp_path_factory.mktemp("spec-draft-256")
+    target = _gen((t, export_llm(sample_model_dir, t, 32, 256)))
+    draft = _gen((d, export_llm(sample_model_dir.parent / "tiny-coder-draft", d, 32, 256,
+                                verify_len=0)), verify=False)
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def five_prompts(sample_model_dir, sample_data_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(sample_model_dir))
+    ids = tok((sample_data_dir / "heldout.py.txt").read_text()).input_ids
+    return [ids[s:s + 24] for s in (200, 1500, 2700, 4000, 5200)]
+
+
+def test_overlapped_greedy_is_plain_greedy_over_long_generations(long_pair, five_prompts):
+    target, draft = long_pair
+    ahead = both = 0.0
+    for prompt in five_prompts:
+        plain = target.generate(prompt, 200)["tokens"]
+        out = speculative_generate(target, DraftModelProposer(draft), prompt, 200, k=4,
+                                   overlap=True)
+        assert out["tokens"] == plain and len(plain) == 200
+        s = out["speculative"]
+        assert s["overlap"] and s["target_passes"] < 120
+        ahead += s["ahead"]["used"]
+        both += s["busy_s"]["both"]
+        split = s["busy_s"]["draft"] + s["busy_s"]["target"] - s["busy_s"]["both"]
+        assert split <= out["wall_s"] + 1e-6 and s["waiting_s"]["draft"] >= 0
+    assert ahead > 0 and both > 0  # windows were drafted during verify passes and taken
+
+
+class WrongAt:
+    """The draft with its choice made wrong where its cache position is in ``bad``: the
+    target rejects there (the rest of the draft is the draft's)."""
+
+    def __init__(self, gen, bad):
+        self.gen, self.bad = gen, set(bad)
+        self.context_len = gen.context_len
+
+    def reset(self):
+        self.gen.reset()
+
+    def prefill_prompt(self, ids, progress=None):
+        return self.gen.prefill_prompt(ids, progress)
+
+    def step(self, token, pos):
+        logits = np.array(self.gen.step(token, pos), dtype=np.float32, copy=True)
+        if pos in self.bad:
+            top = int(np.argmax(logits))
+            logits[(top + 1) % logits.shape[-1]] = logits[top] + 1.0
+        return logits
+
+
+@pytest.mark.parametrize("where", ["early", "late", "every", *(f"window-{r}" for r in range(5))])
+def test_forced_rejections_roll_both_caches_back(long_pair, five_prompts, where):
+    """Rejections forced at the first drafted positions, the last ones, every one, and at
+    each position of a window (k = 4 fixed: a window is the target's token and 4 drafts):
+    overlapped and sequential drafting give plain greedy's tokens."""
+    target, draft = long_pair
+    bad = {"early": range(24, 28), "late": range(190, 224), "every": range(256)}.get(
+        where) or [p for p in range(256) if p % 5 == int(where[-1])]
+    for prompt in five_prompts[:2]:
+        plain = target.generate(prompt, 200)["tokens"]
+        for overlap in (True, False):
+            out = speculative_generate(target, DraftModelProposer(WrongAt(draft, bad)),
+                                       prompt, 200, k=4, adaptive=False, overlap=overlap)
+            assert out["tokens"] == plain, (where, overlap)
+            if where == "every":  # (a wrong token is now and then the target's own)
+                assert out["speculative"]["acceptance_rate"] < 0.15
+
+
+def test_overlap_needs_a_draft_model(target, prompts):
+    with pytest.raises(StudioError, match="overlapped drafting needs a draft model"):
+        speculative_generate(target, PromptLookupProposer(), prompts[0], 8, overlap=True)
