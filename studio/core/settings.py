@@ -489,6 +489,10 @@ class Run(Section):
                                  "over: " + ", ".join(device_names()))
     image: str = setting("", "a vision-language model: the image the prompt is about (\"\": "
                          "the prompt alone)")
+    speculative_overlap: bool = setting(False, "speculative decoding with a draft model: the "
+                                        "draft drafts the next window on the CPU while the "
+                                        "target verifies (studio generate --overlap, the "
+                                        "Playground)")
 
     def rules(self) -> None:
         if not self.prompt.strip():

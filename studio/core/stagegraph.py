@@ -306,6 +306,8 @@ UNREAD_KEYS: dict[str, str] = {
     "sweeps": "recipe sweeps: variants of the project, each planned like a run of its own",
     "quantization.activation_granularity": "per_tensor, the only value the HTP runs (per_token "
                                            "is refused when the project is read)",
+    "run.speculative_overlap": "how studio generate and the Playground decode speculatively "
+                               "(no stage decodes speculatively)",
     "bundle.max_context_mb": "retired: the bundle ships the compile stage's binaries, split as "
                              "export.parts says (kept so older project files load)",
 }

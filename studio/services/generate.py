@@ -203,7 +203,8 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
              k: int = 4, adaptive: bool = True, kv: str | None = None,
              window: int | None = None, progress: Progress | None = None,
              on_pass: Callable[[int, int], None] | None = None,
-             registry=None, image: Path | None = None) -> dict[str, Any]:
+             registry=None, image: Path | None = None,
+             overlap: bool | None = None) -> dict[str, Any]:
     """Generate after ``prompt`` on a device (``cpu``, ``htp-sim[:CHIP]``, ``agent:NAME[@…]``,
     ``adb:SERIAL[@CHIP]``), run by its backend; the figures carry the device's source label.
 
@@ -216,11 +217,16 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
     accepted)``: each speculative target pass, as it happens. ``registry``: where agents and
     the QAIRT SDK are found (None: the user's settings). ``image``: a vision-language model's
     picture, run through its vision encoder on the device and placed before the prompt; the
-    time to first token then includes the encoder's, shown apart (``image.encoder_ms``)."""
+    time to first token then includes the encoder's, shown apart (``image.encoder_ms``).
+    ``overlap``: the draft model drafts the next window in its own thread while the target
+    verifies (None: the project's ``run.speculative_overlap``)."""
     if not prompt.strip():
         raise StudioError("the prompt is empty: give some text")
     if speculative not in (None, "draft", "lookup"):
         raise StudioError(f"speculative must be draft or lookup, not {speculative!r}")
+    if overlap and speculative != "draft":
+        raise StudioError("overlapped drafting needs a draft model (prompt lookup drafts "
+                          "without one, at no cost): drop --overlap or give --draft")
     dev = resolve_device(project, device_name)
     sampling = sampling or SamplingConfig()
     t_load = time.perf_counter()
@@ -275,7 +281,10 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
         out = speculative_generate(gen, proposer, ids, n, sampler=Sampler(sampling), k=k,
                                    adaptive=adaptive, eos_id=spec.get("eos_token_id"),
                                    stop=stop_fn if stops else None, on_step=step_cb,
-                                   on_pass=on_pass, progress=progress)
+                                   on_pass=on_pass, progress=progress,
+                                   overlap=(bool(project.run["speculative_overlap"])
+                                            if overlap is None else overlap)
+                                   and speculative == "draft")
     else:
         out = gen.generate(ids, n, sampler=Sampler(sampling), eos_id=spec.get("eos_token_id"),
                            stop=stop_fn if stops else None, on_step=step_cb, progress=progress)

@@ -90,6 +90,13 @@ def test_speculative_generation_matches_greedy_and_reports_acceptance(batch_run,
     look_sim = _gen(small_project, *args, *sim, "--prompt-lookup")
     assert look_sim["tokens"] == plain_sim["tokens"] and look_sim["source"] == "simulated"
     assert look_sim["speculative"]["target_passes"] <= len(plain_sim["tokens"])
+    # overlapped drafting: the draft drafts the next window while the simulator verifies
+    over = _gen(small_project, *args, *sim, "--speculative", "--draft",
+                "sample:tiny-coder-draft", "--overlap")
+    assert over["tokens"] == plain_sim["tokens"] and over["speculative"]["overlap"]
+    assert set(over["speculative"]["waiting_s"]) == {"target", "draft"}
+    r = studio("generate", small_project, *args, "--prompt-lookup", "--overlap")
+    assert r.returncode == 2 and "needs a draft model" in r.stderr
 
 
 def test_int8_kv_and_window_on_cpu_and_the_simulator(batch_run, small_project):

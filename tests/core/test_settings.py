@@ -44,7 +44,7 @@ def test_sections_are_read_by_attribute_and_by_key():
     assert p.quantization.get("overrides", {}) == {} and p.quantization.get("nope", 3) == 3
     assert dict(p.gates) == DEFAULT_GATES and p.gates == DEFAULT_GATES  # equal to a plain dict
     assert list(p.run) == list(p.run.keys()) == ["prompt", "max_new_tokens", "devices",
-                                                      "image"]
+                                                      "image", "speculative_overlap"]
     assert dict(p.run.items())["devices"] == p.run.devices == list(p.run.values())[2]
     assert "scheme" in p.quantization and "nope" not in p.quantization
     assert len(p.quantization) == len(SECTION_KEYS["quantization"])

@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-lookup", action="store_true", dest="prompt_lookup",
                    help="draft by n-gram lookup in the text so far (no draft model)")
     p.add_argument("--k", type=whole(1, 64), default=4, help="drafted tokens per target pass (max)")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="with a draft model: draft the next window on the CPU while the target "
+                        "verifies (default: the project's run.speculative_overlap)")
     p.add_argument("--fixed-k", action="store_true", dest="fixed_k",
                    help="keep k fixed instead of adapting it to the acceptance")
     p.add_argument("--kv", choices=("float", "int8"),
@@ -120,6 +123,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     out = generate(p, args.prompt, args.device, args.max_new_tokens, cfg, args.stop,
                    on_text=stream, speculative=spec_mode, draft_ref=draft, k=args.k,
                    adaptive=not args.fixed_k, kv=args.kv, window=args.window,
+                   overlap=args.overlap,
                    image=Path(args.image).expanduser() if args.image else None)
     if args.generate_json:
         print(json.dumps(out, indent=1))
@@ -144,6 +148,13 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
               f"target pass ({sp['target_passes']} passes); time: draft "
               f"{split['draft'] * 1e3:.0f} ms, verify {split['verify'] * 1e3:.0f} ms, host "
               f"{split['host'] * 1e3:.0f} ms", file=sys.stderr)
+        if sp.get("overlap"):
+            busy, wait = sp["busy_s"], sp["waiting_s"]
+            print(f"overlapped: draft busy {busy['draft'] * 1e3:.0f} ms, target busy "
+                  f"{busy['target'] * 1e3:.0f} ms, both {busy['both'] * 1e3:.0f} ms; the "
+                  f"target waited {wait['target'] * 1e3:.0f} ms, the draft "
+                  f"{wait['draft'] * 1e3:.0f} ms; {sp['ahead']['used']} of "
+                  f"{sp['ahead']['drafted']} tokens drafted ahead were taken", file=sys.stderr)
         est = sp.get("estimated")
         if est:
             print(f"estimated on {est['chip']} ({est['scheme']}): {est['speedup']:.2f}x "
