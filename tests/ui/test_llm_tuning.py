@@ -38,6 +38,17 @@ def test_playground_ablation_and_waterfall(make_window, copy_project, exported_t
     qtbot.waitUntil(lambda: not pg.is_running(), timeout=120_000)
     assert pg.last["tokens"] == out["tokens"]  # greedy: the same text, fewer target passes
     assert "acceptance" in pg.accept.text() and "tokens per target pass" in pg.accept.text()
+    assert not pg.settings()["overlap"]  # overlap is for a draft model only
+
+    # the shipped draft, drafting ahead while the target verifies: the same text
+    win.ctl.project.model["draft"] = "sample:tiny-coder-draft"
+    pg.spec.setCurrentText("draft model")
+    pg.overlap.setChecked(True)
+    assert pg.settings()["overlap"]
+    pg.go.click()
+    qtbot.waitUntil(lambda: not pg.is_running(), timeout=120_000)
+    assert pg.last["tokens"] == out["tokens"] and pg.last["speculative"]["overlap"]
+    assert "overlapped:" in pg.accept.text()
 
     pg.spec.setCurrentText("off")
     pg.go.click()

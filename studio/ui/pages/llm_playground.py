@@ -12,6 +12,7 @@ from typing import Any
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QPixmap
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDoubleSpinBox,
     QFileDialog,
@@ -133,8 +134,8 @@ class PlaygroundPanel(QWidget):
         outer = QHBoxLayout(self)
         outer.addLayout(self._build_prompt(), 3)
         outer.addWidget(self._build_settings(), 1)
-        self._studio_only = (self.kv, self.window, self.spec, self.k, self.temperature,
-                             self.seed)
+        self._studio_only = (self.kv, self.window, self.spec, self.k, self.overlap,
+                             self.temperature, self.seed)
 
 
     # ---- building the panel -----------------------------------------------------------------
@@ -228,6 +229,11 @@ class PlaygroundPanel(QWidget):
         self.k.setRange(1, 8)
         self.k.setValue(4)
         form.addRow("Drafted k", self.k)
+        self.overlap = QCheckBox("draft ahead while the target verifies")
+        self.overlap.setToolTip("a draft model drafts the next window on the CPU in a thread "
+                                "of its own while the target checks this one (the project's "
+                                "run.speculative_overlap); the tokens are the same")
+        form.addRow("Overlap", self.overlap)
         self.temperature = QDoubleSpinBox()
         self.temperature.setRange(0.0, 2.0)
         self.temperature.setSingleStep(0.1)
@@ -295,6 +301,7 @@ class PlaygroundPanel(QWidget):
         self.device.setCurrentIndex(max(0, i))
         C = int(p.export["context_length"])
         self.window.setRange(0, C)
+        self.overlap.setChecked(bool(p.run["speculative_overlap"]))
         if not self.prompt.toPlainText():
             self.prompt.setPlainText(p.run["prompt"])
 
@@ -308,6 +315,7 @@ class PlaygroundPanel(QWidget):
                 "kv": None if kv == "project's" else kv,
                 "window": self.window.value() or None, "speculative": spec,
                 "k": self.k.value(), "max_new_tokens": self.max_new.value(),
+                "overlap": self.overlap.isChecked() and spec == "draft",
                 "temperature": self.temperature.value(), "seed": self.seed.value()}
 
     def start(self) -> None:
@@ -356,7 +364,8 @@ class PlaygroundPanel(QWidget):
                 out = generate(project, prompt, s["device_name"], s["max_new_tokens"], sampling,
                                on_text=bridge.text.emit, speculative=s["speculative"],
                                k=s["k"], kv=s["kv"], window=s["window"], progress=cancel,
-                               on_pass=bridge.passed.emit, image=image)
+                               on_pass=bridge.passed.emit, image=image,
+                               overlap=s["overlap"])
                 bridge.finished.emit(out)
             except Cancelled:
                 bridge.failed.emit("stopped")
@@ -441,6 +450,10 @@ class PlaygroundPanel(QWidget):
             text = (f"{sp['proposer']}: acceptance {sp['acceptance_rate']:.0%}, "
                     f"{sp['tokens_per_target_pass']:.2f} tokens per target pass "
                     f"({sp['target_passes']} passes)")
+            if sp.get("overlap"):
+                wait = sp["waiting_s"]
+                text += (f" · overlapped: {sp['busy_s']['both'] * 1e3:.0f} ms both busy, the "
+                         f"target waited {wait['target'] * 1e3:.0f} ms")
             est = sp.get("estimated")
             if est:
                 text += (f" · estimated on {est['chip']}: {est['speedup']:.2f}× "
