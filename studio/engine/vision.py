@@ -516,19 +516,38 @@ def timed_encode_pixels(session, pixels: np.ndarray) -> tuple[np.ndarray, float]
     return rows, time.perf_counter() - t0
 
 
+def place_image(vs: VisionSpec, ids: list[int]) -> list[int]:
+    """The image's tokens in a prompt: where its ids hold the one image placeholder (a chat
+    template put ``<|vision_start|><|image_pad|><|vision_end|>`` there), expanded to the
+    image's tokens as transformers' processor expands it; a prompt without one gets the
+    image before it."""
+    at = [i for i, t in enumerate(ids) if t == vs.image_token_id]
+    if not at:
+        return image_prompt(vs, [], ids)
+    i = at[0]
+    if len(at) > 1 or not (0 < i < len(ids) - 1 and ids[i - 1] == vs.vision_start_token_id
+                           and ids[i + 1] == vs.vision_end_token_id):
+        raise StudioError(f"the prompt holds {len(at)} image placeholder(s) where one image "
+                          "goes between <|vision_start|> and <|vision_end|>: give one image "
+                          "per prompt")
+    return [*ids[:i], *([vs.image_token_id] * vs.tokens), *ids[i + 1:]]
+
+
 def image_prompt_ids(spec: dict[str, Any], prompt_ids: list[int], image: Path | None,
                      encoder, gen) -> tuple[list[int], dict[str, Any] | None]:
     """An image prompt: the picture at ``image`` through ``encoder`` (its rows set on ``gen``
-    for the next prefill), its placeholder tokens before the prompt's; with no image the
-    prompt's ids. Returns (ids, the image's figures — its size, tokens, ``encoder_ms`` — or
-    None). ``encoder`` None: the device runs its encoder with the generation (an agent: the
-    pixels go with the prompt, ``gen.set_pixels``; ``encoder_ms`` comes with its result)."""
+    for the next prefill), its tokens where the prompt's ids hold its placeholder (a chat
+    template's) or else before them (:func:`place_image`); with no image the prompt's ids.
+    Returns (ids, the image's figures — its size, tokens, ``encoder_ms`` — or None).
+    ``encoder`` None: the device runs its encoder with the generation (an agent: the pixels
+    go with the prompt, ``gen.set_pixels``; ``encoder_ms`` comes with its result)."""
     vs = vision_spec(spec)
     if image is None:
         return prompt_ids, None
     if vs is None:
         raise StudioError("this model takes no image: it is a text model (give an image to a "
                           "Qwen2-VL or Qwen2.5-VL project)")
+    ids = place_image(vs, prompt_ids)  # a misplaced placeholder: before any work
     picture = load_image(Path(image), vs.image_size)
     figures: dict[str, Any] = {"path": str(image), "image_size": vs.image_size,
                                "image_tokens": vs.tokens, "encoder_ms": None}
@@ -538,7 +557,7 @@ def image_prompt_ids(spec: dict[str, Any], prompt_ids: list[int], image: Path | 
         rows, enc_s = timed_encode(encoder, picture, vs)
         gen.set_image(rows)
         figures["encoder_ms"] = enc_s * 1e3
-    return image_prompt(vs, [], prompt_ids), figures
+    return ids, figures
 
 
 def image_timing(figures: dict[str, Any], out: dict[str, Any], prefill_s: float
