@@ -90,17 +90,20 @@ def _largest_fitting(rng, limit: int) -> int:
 
 
 def _default_size(rng, limit: int, limit_from: str) -> int:
-    """448 px brought within the processor's range, then down to what the positions hold."""
+    """448 px brought within the processor's range, then down until the positions hold the
+    image with room for some text and as much for an answer (the smallest image where none
+    does but it fits at all)."""
     from studio.engine.vision import DEFAULT_IMAGE_SIZE
 
-    side = min(max(DEFAULT_IMAGE_SIZE, rng.low), rng.high)
-    fits = _largest_fitting(rng, limit)
-    if not fits:
+    if not _largest_fitting(rng, limit):
         raise StudioError(
             f"the checkpoint's smallest image ({rng.low} px, {_tokens(rng, rng.low)} tokens, "
             f"2 around them, a text token and an answer's) does not fit {limit_from} {limit}: "
             "no vision-language project of this checkpoint fits its positions")
-    return min(side, fits)
+    side = min(max(DEFAULT_IMAGE_SIZE, rng.low), rng.high)
+    while side > rng.low and _tokens(rng, side) + 2 + 2 * VL_TEXT_TOKENS > limit:
+        side -= rng.unit
+    return side
 
 
 def _lengths(tokens: int, export: dict[str, Any], limit: int, limit_from: str

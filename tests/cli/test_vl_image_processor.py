@@ -101,14 +101,19 @@ def test_the_context_stays_within_max_position_embeddings(only_112, tmp_path):
     assert p.export["image_size"] == 448 and p.export["context_length"] == 512
     assert p.export["prompt_length"] == 256 + 2 + 32
     assert "56–980 px a side (transformers' defaults: min_pixels 3,136" in r.stdout
-    # 200 positions: the largest image that fits with a text token and an answer's
+    # 200 positions: the largest image that leaves room for 32 tokens of text and as many
+    # for an answer (308 px, 121 tokens); given, an image that fits at all is taken
     short = _variant(wide, tmp_path / "short", positions=200)
     f = tmp_path / "short.qstudio"
     r = studio("new", f, "--checkpoint", short)
     assert r.returncode == 0, r.stderr
     p = pf.load(f)
-    assert p.export["image_size"] == 392 and p.export["context_length"] == 200
-    assert 196 + 2 < p.export["prompt_length"] < 200
+    assert p.export["image_size"] == 308 and p.export["context_length"] == 200
+    assert p.export["prompt_length"] == 121 + 2 + 32
+    r = studio("new", tmp_path / "given.qstudio", "--checkpoint", short, "--image-size", 392)
+    assert r.returncode == 0, r.stderr
+    p = pf.load(tmp_path / "given.qstudio")
+    assert (p.export["prompt_length"], p.export["context_length"]) == (199, 200)
     line = _one_line_refusal(studio("new", tmp_path / "c.qstudio", "--checkpoint", short,
                                     "--image-size", 448))
     assert line == ("error: one 448 px image is 256 tokens, and with 2 around it, a text token "
