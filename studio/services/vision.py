@@ -34,21 +34,25 @@ def vision_defaults(source: str, path: Path, sections: dict[str, Any],
     pre = vision.read_preprocessor(folder)
     rng = vision.processor_range(config, pre, str(folder))
     limit, limit_from = _position_limit(config)
+    try:
+        frame, around = prompt_frame(folder)
+    except StudioError:  # a template that cannot be used: the template line says why
+        frame, around = 2, "2 around them"
     given = export.get("image_size")
     if given is not None:
         vision.check_image_size(rng, int(given), size_name)
         size = int(given)
     else:
-        size = _default_size(rng, limit, limit_from)
+        size = _default_size(rng, limit, limit_from, frame, around)
     vs = vision.make_vision_spec(config, pre, size, str(config.get("model_type")), str(folder))
-    if vs.tokens + 4 > limit:
-        fits = _largest_fitting(rng, limit)
+    if vs.tokens + frame + 2 > limit:
+        fits = _largest_fitting(rng, limit, frame)
         raise StudioError(
-            f"one {size} px image is {vs.tokens} tokens, and with 2 around it, a text token "
-            f"and an answer's, more than {limit_from} {limit}: "
+            f"one {size} px image is {vs.tokens} tokens: with {around}, a text token and "
+            f"an answer's, more than {limit_from} {limit}: "
             + (f"give {size_name} {fits} or less" if fits else
                "the checkpoint's image processor gives no image that small"))
-    P, C = _lengths(vs.tokens, export, limit, limit_from)
+    P, C = _lengths(vs.tokens + frame, export, limit, limit_from)
     export.update(image_size=size, prompt_length=P, context_length=C)
     run = dict(sections.get("run", {}))
     if not run.get("image"):
@@ -76,41 +80,57 @@ def _position_limit(config: dict[str, Any]) -> tuple[int, str]:
     return MAX_CONTEXT, "the studio's longest context (export.context_length)"
 
 
+def prompt_frame(folder: Path, setting: str = "checkpoint") -> tuple[int, str]:
+    """The tokens an image prompt holds besides the image's own and the prompt's text, and
+    what they are: <|vision_start|> and <|vision_end|> (2), or everything the checkpoint's
+    chat template writes around an image and a text (``model.chat_template``); the image
+    goes before the text, so the prefill's first pass holds what comes before it."""
+    from studio.engine.chat_template import prompt_format
+    from studio.engine.checkpoint_check import load_tokenizer
+
+    fmt = prompt_format(folder, setting)
+    if not fmt.applied:
+        return 2, "2 around them"
+    n = len(fmt.ids(load_tokenizer(folder), "", image=True, vision=True)) - 1
+    return n, f"{n} the chat template writes around them"
+
+
 def _tokens(rng, side: int) -> int:
     return (side // rng.unit) ** 2
 
 
-def _largest_fitting(rng, limit: int) -> int:
-    """The largest side the processor gives whose tokens, 2 around them, a text token and an
-    answer's fit ``limit`` positions (0: none)."""
+def _largest_fitting(rng, limit: int, frame: int = 2) -> int:
+    """The largest side the processor gives whose tokens, ``frame`` around them, a text
+    token and an answer's fit ``limit`` positions (0: none)."""
     side = rng.high
-    while side >= rng.low and _tokens(rng, side) + 4 > limit:
+    while side >= rng.low and _tokens(rng, side) + frame + 2 > limit:
         side -= rng.unit
     return side if side >= rng.low else 0
 
 
-def _default_size(rng, limit: int, limit_from: str) -> int:
+def _default_size(rng, limit: int, limit_from: str, frame: int = 2,
+                  around: str = "2 around them") -> int:
     """448 px brought within the processor's range, then down until the positions hold the
     image with room for some text and as much for an answer (the smallest image where none
     does but it fits at all)."""
     from studio.engine.vision import DEFAULT_IMAGE_SIZE
 
-    if not _largest_fitting(rng, limit):
+    if not _largest_fitting(rng, limit, frame):
         raise StudioError(
             f"the checkpoint's smallest image ({rng.low} px, {_tokens(rng, rng.low)} tokens, "
-            f"2 around them, a text token and an answer's) does not fit {limit_from} {limit}: "
+            f"{around}, a text token and an answer's) does not fit {limit_from} {limit}: "
             "no vision-language project of this checkpoint fits its positions")
     side = min(max(DEFAULT_IMAGE_SIZE, rng.low), rng.high)
-    while side > rng.low and _tokens(rng, side) + 2 + 2 * VL_TEXT_TOKENS > limit:
+    while side > rng.low and _tokens(rng, side) + frame + 2 * VL_TEXT_TOKENS > limit:
         side -= rng.unit
     return side
 
 
-def _lengths(tokens: int, export: dict[str, Any], limit: int, limit_from: str
+def _lengths(need: int, export: dict[str, Any], limit: int, limit_from: str
              ) -> tuple[int, int]:
-    """(P, C): the given lengths where they hold the image and fit ``limit``; else room for
-    the image, some text and an answer, shortened to ``limit`` positions."""
-    need = tokens + 2
+    """(P, C): the given lengths where they hold the image and what goes around it
+    (``need`` tokens) and fit ``limit``; else room for the image, some text and an answer,
+    shortened to ``limit`` positions."""
     P, C = int(export.get("prompt_length", 0)), int(export.get("context_length", 0))
     chose_p = P < need
     if chose_p:
@@ -154,12 +174,16 @@ def image_lines(project) -> list[str]:
     P, C = int(project.export["prompt_length"]), int(project.export["context_length"])
     tokens = _tokens(rng, size)
     limit, limit_from = _position_limit(config)
+    try:
+        frame, around = prompt_frame(folder, project.model.chat_template)
+    except StudioError:  # the template line says why
+        frame, around = 2, "2 around them"
     inside = "" if rng.holds(size) else " (outside that range: the export refuses it)"
     return [f"image     {size} px a side (export.image_size) -> {tokens} image tokens; the "
             f"checkpoint's image processor gives {rng.text()}{inside}",
-            f"lengths   prompt {P} (export.prompt_length: the image's {tokens} tokens, 2 around "
-            f"them, {max(P - tokens - 2, 0)} of text), context {C} (export.context_length, "
-            f"{C - P} past the prompt) of {limit} ({limit_from})"]
+            f"lengths   prompt {P} (export.prompt_length: the image's {tokens} tokens, "
+            f"{around}, {max(P - tokens - frame, 0)} of text), context {C} "
+            f"(export.context_length, {C - P} past the prompt) of {limit} ({limit_from})"]
 
 
 def vision_project(project) -> bool:

@@ -116,7 +116,7 @@ def test_the_context_stays_within_max_position_embeddings(only_112, tmp_path):
     assert (p.export["prompt_length"], p.export["context_length"]) == (199, 200)
     line = _one_line_refusal(studio("new", tmp_path / "c.qstudio", "--checkpoint", short,
                                     "--image-size", 448))
-    assert line == ("error: one 448 px image is 256 tokens, and with 2 around it, a text token "
+    assert line == ("error: one 448 px image is 256 tokens: with 2 around them, a text token "
                     "and an answer's, more than config.json's max_position_embeddings 200: give "
                     "--image-size 392 or less"), line
     tiny = _variant(only_112, tmp_path / "tiny", positions=16)
@@ -133,3 +133,24 @@ def test_a_processor_range_that_holds_no_image_is_refused(only_112, tmp_path):
                                                       "max_pixels": 100_000})
     line = _one_line_refusal(studio("new", tmp_path / "f.qstudio", "--checkpoint", upside))
     assert "min_pixels 200,000 is more than max_pixels 100,000" in line
+
+
+def test_the_first_pass_holds_what_a_chat_template_puts_before_the_image(only_112, tmp_path):
+    """With Qwen2-VL's template the image comes after the system turn and the user's header:
+    the prefill's first pass (the only one that takes an image) holds them too."""
+    from studio.engine.chat_template import prompt_format
+    from studio.engine.checkpoint_check import load_tokenizer
+    from tests.engine.chat_checkpoints import QWEN2_VL
+
+    ck = _variant(only_112, tmp_path / "chat")
+    cfg = json.loads((ck / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = QWEN2_VL
+    (ck / "tokenizer_config.json").write_text(json.dumps(cfg))
+    frame = len(prompt_format(ck).ids(load_tokenizer(ck), "", image=True, vision=True)) - 1
+    f = tmp_path / "chat.qstudio"
+    r = studio("new", f, "--checkpoint", ck)
+    assert r.returncode == 0, r.stderr
+    p = pf.load(f)
+    assert frame > 20 and p.export["prompt_length"] == 16 + frame + 32
+    assert p.export["context_length"] == p.export["prompt_length"] + 256
+    assert f"16 tokens, {frame} the chat template writes around them, 32 of text" in r.stdout
