@@ -93,8 +93,6 @@ def genie_generate(project: Project, prompt: str, target: str | None = None,
     fmt = PromptFormat(template, f"chat template skipped (--raw): {AS_WRITTEN}" if raw else
                        f"the bundle ships no chat template: {AS_WRITTEN}")
     fed = fmt.text(prompt)
-    if on_format is not None:
-        on_format(fmt, fed)
     n = max_new_tokens if max_new_tokens is not None else int(project.run["max_new_tokens"])
     stop = None
     if progress is not None:
@@ -107,6 +105,8 @@ def genie_generate(project: Project, prompt: str, target: str | None = None,
     from studio.engine.bundle import simulator_folder
 
     with GenieDialog(simulator_folder(folder)) as dialog:
+        if on_format is not None:
+            on_format(fmt, fed)
         out = dialog.query(fed, n, on_text=on_text, stop=stop)
         load_s = dialog.load_s
     pieces, wall, first = out["pieces"], out["wall_s"], out["first_text_s"]

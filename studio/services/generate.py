@@ -271,12 +271,14 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
     ids, image_figures = image_prompt_ids(
         spec, fmt.ids(tok, prompt, image=with_image, vision=vl), image, encoder, gen)
     fed = fmt.text(prompt, image=with_image)
-    if on_format is not None:
-        on_format(fmt, fed)
     C = int(spec["context_length"])
     if len(ids) >= C:
-        raise StudioError(f"the prompt is {len(ids)} tokens but the KV cache holds {C}: shorten "
-                          "it or re-export with a longer export.context_length")
+        raise StudioError(f"the prompt is {len(ids)} tokens"
+                          + (" (through the chat template)" if fmt.applied else "")
+                          + f" but the KV cache holds {C}: shorten it or re-export with a "
+                          "longer export.context_length")
+    if on_format is not None:  # taken: one line before the text
+        on_format(fmt, fed)
     stops = [s for s in (stop or []) if s]
     got: list[int] = []
     shown = [""]

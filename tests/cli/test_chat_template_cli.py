@@ -95,6 +95,10 @@ def test_generate_applies_the_template_as_transformers_does(chat):
     assert r.stdout.startswith(PROMPT) and "<|im_start|>" not in r.stdout
     assert r.stderr.splitlines()[0] == ("chat template skipped (--raw): the prompt goes in as "
                                         "written")
+    # a prompt the template makes too long for the cache: one line, exit 2
+    r = studio("generate", f, "--prompt", "x" * 60)  # 60 tokens as written, 134 in it
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "tokens (through the chat template) but the KV cache holds 128" in r.stderr
     # the project's setting turns it off (the export is the same: no stage runs again)
     p = pf.load(f)
     p.model["chat_template"] = "none"

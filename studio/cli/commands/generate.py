@@ -103,14 +103,16 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     native_output_to_stderr()
     started = [False]
     fed = [args.prompt]  # the prompt as the model reads it (through the chat template)
+    said = [""]  # how it went in: one line on stderr once text comes (a refusal stays one line)
 
-    def on_format(fmt, text: str) -> None:  # one line on stderr before the text
-        print(fmt.line(), file=sys.stderr, flush=True)
-        fed[0] = text
+    def on_format(fmt, text: str) -> None:
+        said[0], fed[0] = fmt.line(), text
 
     def show(text: str) -> None:  # the prompt, then the new text as it streams
         if not started[0]:
             started[0] = True
+            if said[0]:
+                print(said[0], file=sys.stderr, flush=True)
             print(fed[0], end="", flush=True)
         print(text, end="", flush=True)
 
@@ -136,6 +138,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if args.generate_json:
         print(json.dumps(out, indent=1))
         return 0
+    if not started[0]:  # no text came: the prompt format is still said
+        print(out["prompt_format"]["note"], file=sys.stderr)
     _print_speed(f"{len(out['tokens'])} tokens ({out['stopped']})", out)
     img = out.get("image")
     if img:
