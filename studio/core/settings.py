@@ -66,6 +66,8 @@ from studio.core.stagegraph import (
     kind_stages,
 )
 
+#: model.chat_template: the checkpoint's template, or the prompt as written
+CHAT_TEMPLATES = ("checkpoint", "none")
 #: the longest context (and so prompt, generation, window) an export takes
 MAX_CONTEXT = 4096
 #: a sanity cap for counts of held-out / calibration tokens and samples
@@ -357,6 +359,12 @@ class Model(Section):
     kind: str = setting("causal-lm", "causal-lm (a checkpoint), encoder (a sentence "
                         "encoder's PyTorch weights) or onnx-graph (any ONNX file); each kind "
                         "runs its own declared stages", choices=MODEL_KINDS)
+    chat_template: str = setting("checkpoint", "how a prompt reaches a causal LM: through "
+                                 "the checkpoint's chat template (checkpoint: its "
+                                 "chat_template.jinja or tokenizer_config.json's "
+                                 "chat_template, one user message with the assistant's turn "
+                                 "opened; as written where it has none) or as written (none)",
+                                 choices=CHAT_TEMPLATES)
 
     def rules(self) -> None:
         if not self.source:

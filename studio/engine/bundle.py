@@ -17,6 +17,7 @@ figures from its device."""
 from __future__ import annotations
 
 import hashlib
+import json
 import platform
 import shutil
 from dataclasses import dataclass
@@ -47,6 +48,62 @@ class BundleSettings:
     greedy_tokens: int = 0  # and its new tokens (0: no greedy check)
     htp_options: dict[str, str] | None = None  # the compile's extra QNN EP options
     graph_io: str = "float"  # htp.graph_io: "quantized" makes the KV cache uint16 I/O
+    chat_template: str = "checkpoint"  # model.chat_template: how run.prompt goes in
+
+
+#: what this onnxruntime-qnn's Genie takes of a prompt format, read from the JSON schemas in
+#: its libGenie.so: a dialog config (urn:genie:schema:dialog, no additional properties) has
+#: no prompt template; only an embedding config has "prompt": {"prompt-template": [...]}
+GENIE_TEMPLATE_NOTE = ("Genie's dialog config takes no prompt template (this libGenie.so's "
+                       "dialog schema has no such key; only an embedding config's "
+                       "prompt.prompt-template): the app wraps the prompt before "
+                       "GenieDialog_query")
+
+
+def ship_template(fmt, out: Path) -> dict[str, Any] | None:
+    """The chat template in a bundle (``fmt``: the project's
+    :class:`~studio.engine.chat_template.PromptFormat`): ``chat_template.jinja`` beside
+    ``tokenizer.json`` and the manifest entry an app needs to render it — the special tokens
+    it reads, how transformers renders it, and the two fixed texts it puts around one user
+    prompt (``prompt-template``, in the shape of Genie's embedding key) where it does just
+    that. None when the project's prompts go in as written."""
+    from studio.core.fsutil import atomic_write_text
+    from studio.engine.chat_template import TEMPLATE_FILE
+
+    t = fmt.template
+    if t is None:
+        return None
+    atomic_write_text(out / TEMPLATE_FILE, t.text)
+    wrap = t.affixes()
+    return {"file": TEMPLATE_FILE, "sha256": t.sha256, "from": t.source,
+            "special_tokens": dict(t.special),
+            "render": "jinja2 as transformers' apply_chat_template renders it: messages = "
+                      "[{\"role\": \"user\", \"content\": PROMPT}], add_generation_prompt = "
+                      "true, special_tokens as variables; tokenized without adding special "
+                      "tokens (the template writes them)",
+            "prompt-template": list(wrap) if wrap is not None else None,
+            "genie": GENIE_TEMPLATE_NOTE}
+
+
+def bundle_template(folder: Path):
+    """The chat template a bundle ships (a :class:`~studio.engine.chat_template.ChatTemplate`
+    read from its manifest entry and file), None when it ships none."""
+    from studio.engine.chat_template import ChatTemplate
+
+    try:
+        entry = json.loads((Path(folder) / "manifest.json").read_text()).get("chat_template")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise StudioError(f"{folder}/manifest.json cannot be read ({exc}): build the bundle "
+                          "again") from None
+    if not entry:
+        return None
+    try:
+        text = (Path(folder) / entry["file"]).read_text(encoding="utf-8")
+        special = tuple(sorted(dict(entry.get("special_tokens") or {}).items()))
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise StudioError(f"the bundle's chat template cannot be read ({exc}): build the "
+                          "bundle again") from None
+    return ChatTemplate(text, f"the bundle's {entry['file']}", special)
 
 
 def bundle_prompts(text: str, tok, n: int, length: int = 12, long: int = 0) -> list[str]:
@@ -141,8 +198,36 @@ def score_shipped(runner, export_dir: Path, spec: dict[str, Any], ids: list[int]
 
 
 def readme(spec: dict[str, Any], chip, sdk: str, N: int, cl: int, parts: int,
-           ctx_names: list[str], kv_dtype: str = "float32") -> str:
-    """The bundle's README: how to run it on the device, and what its graphs are."""
+           ctx_names: list[str], kv_dtype: str = "float32",
+           template: dict[str, Any] | None = None, prompt_format: str = "") -> str:
+    """The bundle's README: how to run it on the device, what its graphs are, and how a
+    prompt goes in (its chat template)."""
+    return _readme_run(spec, chip, sdk, N, cl, parts, ctx_names, kv_dtype) + _readme_prompt(
+        template, prompt_format)
+
+
+def _readme_prompt(template: dict[str, Any] | None, prompt_format: str) -> str:
+    if template is None:
+        return f"\nPrompts: {prompt_format}.\n" if prompt_format else ""
+    wrap = template["prompt-template"]
+    example = None
+    if wrap:  # bash's $'...' keeps the template's newlines
+        text = f"{wrap[0]}def fibonacci(n):{wrap[1]}"
+        example = "$'" + text.replace("\\", "\\\\").replace("'", "\\'").replace(
+            "\n", "\\n") + "'"
+    return ("\nPrompts go in through the checkpoint's chat template, `" + template["file"]
+            + f"` ({template['from']}; `manifest.json` → `chat_template`): one user message, "
+            "the assistant's turn opened, rendered as transformers' `apply_chat_template` "
+            "does. " + GENIE_TEMPLATE_NOTE + "."
+            + (" The command above gives a prompt as written; for one prompt the template is "
+               "two fixed texts around it (`manifest.json` → `chat_template` → "
+               "`prompt-template`), so through the template it is:\n\n```\ngenie-t2t-run -c "
+               f"genie_config.json -p {example}\n```\n" if example else
+               " It does more to a prompt than wrap it: render it with a template engine.\n"))
+
+
+def _readme_run(spec: dict[str, Any], chip, sdk: str, N: int, cl: int, parts: int,
+                ctx_names: list[str], kv_dtype: str) -> str:
     return (
         f"# Genie bundle: {spec.get('model_type')} for {chip.name}\n\n"
         f"Built by QStudio with QNN SDK {sdk}. On the device, with the QAIRT "
@@ -311,11 +396,18 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
     weights = int(record["weights_bytes"])
     sdk = record.get("sdk_version", "")
 
+    from studio.engine.chat_template import prompt_format
+
     tok = load_tokenizer(export_dir)
+    fmt = prompt_format(export_dir / "tokenizer", settings.chat_template)
     text = settings.heldout_text
     n_prompts = settings.prompts
     prompts = bundle_prompts(text, tok, n_prompts,
                              long=N + N // 2 + 1 if N > 1 and n_prompts > 1 else 0)
+    if fmt.applied and settings.greedy_prompt:
+        # run.prompt through the chat template, as an app hands it to Genie: Genie's
+        # tokenizer must read the template's special tokens as the studio's does
+        prompts.append(fmt.text(settings.greedy_prompt))
     want = settings.new_tokens
     whole = _fits_simulator(record)
     checks: list[dict[str, Any]] = []
@@ -341,8 +433,11 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
             ups.append(list(runner.runner_up))
         passes = dict(runner.passes)
         if settings.score_tokens:  # the figures of what ships: its own binaries against FP32
-            greedy_ids = (tok(settings.greedy_prompt).input_ids[:int(spec["prompt_length"])]
-                          if settings.greedy_prompt else None)
+            greedy_ids = None
+            if settings.greedy_prompt:  # as validate's greedy check takes it
+                greedy_ids = fmt.ids(tok, settings.greedy_prompt)
+                if not fmt.applied:
+                    greedy_ids = greedy_ids[:int(spec["prompt_length"])]
             accuracy = score_shipped(runner, export_dir, spec, tok(text).input_ids,
                                      settings.score_tokens, cl, progress, greedy_ids,
                                      settings.greedy_tokens)
@@ -396,6 +491,8 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
     if checks:
         rate = tokens / sum(c["genie_wall_s"] for c in checks)
 
+    template = ship_template(fmt, out)  # before the file list: the manifest lists it too
+
     def sha(f: Path) -> str:
         h = hashlib.sha256()
         with f.open("rb") as fh:
@@ -423,6 +520,8 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
         "executed_binaries": {r["file"]: sha(run_dir / r["file"]) for r in rows}
         if shared else None,
         "kv_cache": kv_cache,
+        "chat_template": template,
+        "prompt_format": fmt.line(),
         "weights_bytes": weights,
         "files": files,
         "verification": {"runtime": ("Genie (libGenie.so) on the QNN HTP simulator"
@@ -451,7 +550,7 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
     progress.update(0.98, "writing the manifest")
     atomic_write_json(out / "manifest.json", manifest)
     (out / "README.md").write_text(readme(spec, chip, sdk, N, cl, parts, ctx_names,
-                                          kv_cache["dtype"]))
+                                          kv_cache["dtype"], template, fmt.line()))
     timed = "Genie's wall time"
     greedy = (accuracy or {}).get("greedy")
     figures = [  # (name, value, unit, detail, whether it is a timing of the device)

@@ -203,6 +203,9 @@ def check_draft(target: Path, draft: Path) -> None:
         )
 
 
-def prompt_length(folder: Path, prompt: str) -> int:
-    """How many tokens the runtime will feed for ``prompt`` (special tokens included)."""
-    return len(load_tokenizer(folder).encode(prompt).ids)
+def prompt_length(folder: Path, prompt: str, chat_template: str = "none") -> int:
+    """How many tokens the runtime will feed for ``prompt`` (special tokens included),
+    through the checkpoint's chat template as ``model.chat_template`` says."""
+    from studio.engine.chat_template import prompt_format
+
+    return len(prompt_format(folder, chat_template).ids(load_tokenizer(folder), prompt))

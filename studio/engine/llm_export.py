@@ -1139,6 +1139,12 @@ def export_llm(
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     P, C, N = check_lengths(prompt_len, context_len, mask_value, verify_len)
     cfg = _check_checkpoint(checkpoint_dir)
+    if FAMILIES[cfg["model_type"]].vision:  # a size its image processor gives: before loading
+        from studio.engine import vision
+
+        vision.check_image_size(vision.processor_range(
+            cfg, vision.read_preprocessor(checkpoint_dir), str(checkpoint_dir)),
+            image_size, "export.image_size")
     progress.update(0.0, "loading checkpoint")
     progress.check()
 

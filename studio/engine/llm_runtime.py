@@ -596,6 +596,14 @@ class StaticKVGenerator:
         decode steps. Returns (logits of the last prompt token [V], number of passes)."""
         n = len(ids)
         k = min(n, self.prompt_len)
+        vs = self.vision
+        if vs is not None and vs.image_token_id in ids[k:]:  # only the prefill takes an image
+            end = len(ids) - ids[::-1].index(vs.image_token_id)
+            raise StudioError(
+                f"the image's tokens end at token {end} of the prompt, but the prefill graph "
+                f"takes {k} at once and only it takes an image: put less before the image (a "
+                f"chat template's text goes first), or re-export with export.prompt_length "
+                f"{end} or more")
         logits = self.prefill(ids[:k])[-1]
         passes = 1
         pos = k

@@ -136,6 +136,109 @@ def read_preprocessor(checkpoint_dir: Path) -> dict[str, Any]:
     return data
 
 
+#: a new project's image side where the checkpoint's image processor gives it
+DEFAULT_IMAGE_SIZE = 448
+#: transformers' Qwen2VLImageProcessor defaults where preprocessor_config.json names none
+#: (size.shortest_edge / size.longest_edge, in pixels)
+PROCESSOR_MIN_PIXELS = 56 * 56
+PROCESSOR_MAX_PIXELS = 28 * 28 * 1280
+
+
+@dataclass(frozen=True)
+class PixelRange:
+    """The square images a checkpoint's image processor gives: transformers' ``smart_resize``
+    keeps a side a multiple of ``unit`` (patch x merge) and the pixels within
+    [``min_pixels``, ``max_pixels``]; a square picture of any size becomes one of the sides
+    from :attr:`low` to :attr:`high`."""
+
+    min_pixels: int
+    max_pixels: int
+    unit: int
+    source: str  # where the two numbers come from
+
+    @property
+    def low(self) -> int:
+        """The smallest side: the first multiple of ``unit`` whose square holds min_pixels."""
+        import math
+
+        side = math.isqrt(self.min_pixels - 1) + 1  # the ceiling of the square root
+        return max(1, -(-side // self.unit)) * self.unit
+
+    @property
+    def high(self) -> int:
+        """The largest side: the last multiple of ``unit`` whose square is within max_pixels
+        (0: none)."""
+        import math
+
+        return math.isqrt(self.max_pixels) // self.unit * self.unit
+
+    def holds(self, side: int) -> bool:
+        return side % self.unit == 0 and self.low <= side <= self.high
+
+    def text(self) -> str:
+        return (f"{self.low}–{self.high} px a side ({self.source}: min_pixels "
+                f"{self.min_pixels:,}, max_pixels {self.max_pixels:,}; multiples of "
+                f"{self.unit} px)")
+
+
+def pixel_range(preprocessor: dict[str, Any], unit: int, where: str) -> PixelRange:
+    """The image sides the checkpoint's image processor gives, read as transformers reads
+    them: ``min_pixels`` / ``max_pixels`` where the file names them (they override ``size``),
+    else ``size.shortest_edge`` / ``size.longest_edge``, else transformers' defaults."""
+    size = preprocessor.get("size")
+    size = size if isinstance(size, dict) else {}
+    got, names = [], []
+    for key, nested, default in (("min_pixels", "shortest_edge", PROCESSOR_MIN_PIXELS),
+                                 ("max_pixels", "longest_edge", PROCESSOR_MAX_PIXELS)):
+        if preprocessor.get(key) is not None:
+            value, name = preprocessor[key], key
+        elif size.get(nested) is not None:
+            value, name = size[nested], f"size.{nested}"
+        else:
+            value, name = default, f"{key}: transformers' default"
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise StudioError(f"{where}/{PREPROCESSOR_FILE}: {name} must be a positive number "
+                              f"of pixels, not {value!r}: save the image processor again")
+        got.append(int(value))
+        names.append(name)
+    if got[0] > got[1]:
+        raise StudioError(f"{where}/{PREPROCESSOR_FILE}: {names[0]} {got[0]:,} is more than "
+                          f"{names[1]} {got[1]:,}: save the image processor again")
+    shown = ("transformers' defaults" if all("default" in n for n in names) else
+             f"{PREPROCESSOR_FILE} " + " / ".join(n.split(":")[0] for n in names))
+    rng = PixelRange(got[0], got[1], int(unit), shown)
+    if rng.high < rng.low:
+        raise StudioError(f"{where}/{PREPROCESSOR_FILE}: min_pixels {got[0]:,} and max_pixels "
+                          f"{got[1]:,} hold no square image of a multiple of {unit} px (the "
+                          "patch x the merge): fix the image processor's pixel range")
+    return rng
+
+
+def processor_range(config: dict[str, Any], preprocessor: dict[str, Any],
+                    where: str) -> PixelRange:
+    """:func:`pixel_range` for a checkpoint's ``config.json`` (its patch x merge)."""
+    from studio.core.perfmodel import VisionArch
+
+    vc = config.get("vision_config")
+    if not isinstance(vc, dict):
+        raise StudioError(f"{where}: config.json has no vision_config")
+    arch = VisionArch.from_config(vc, str(config.get("model_type")), where)
+    return pixel_range(preprocessor, arch.patch * arch.merge, where)
+
+
+def check_image_size(rng: PixelRange, side: int, name: str) -> None:
+    """A one-line refusal of an image side the checkpoint's image processor does not give
+    (``name``: what set it, ``--image-size`` or ``export.image_size``)."""
+    if int(side) % rng.unit:
+        raise StudioError(f"{name} {side} is not a multiple of {rng.unit} pixels a side (the "
+                          f"patch x the merge): the checkpoint's image processor gives "
+                          f"{rng.text()}")
+    if not rng.holds(int(side)):
+        raise StudioError(f"{name} {side} is outside the checkpoint's image processor, which "
+                          f"gives {rng.text()}: give {name} from {rng.low} to {rng.high}, a "
+                          f"multiple of {rng.unit}")
+
+
 def make_vision_spec(config: dict[str, Any], preprocessor: dict[str, Any], image_size: int,
                      model_type: str, where: str) -> VisionSpec:
     """The vision entry for a checkpoint's ``config.json`` and image processor at one image
@@ -516,19 +619,38 @@ def timed_encode_pixels(session, pixels: np.ndarray) -> tuple[np.ndarray, float]
     return rows, time.perf_counter() - t0
 
 
+def place_image(vs: VisionSpec, ids: list[int]) -> list[int]:
+    """The image's tokens in a prompt: where its ids hold the one image placeholder (a chat
+    template put ``<|vision_start|><|image_pad|><|vision_end|>`` there), expanded to the
+    image's tokens as transformers' processor expands it; a prompt without one gets the
+    image before it."""
+    at = [i for i, t in enumerate(ids) if t == vs.image_token_id]
+    if not at:
+        return image_prompt(vs, [], ids)
+    i = at[0]
+    if len(at) > 1 or not (0 < i < len(ids) - 1 and ids[i - 1] == vs.vision_start_token_id
+                           and ids[i + 1] == vs.vision_end_token_id):
+        raise StudioError(f"the prompt holds {len(at)} image placeholder(s) where one image "
+                          "goes between <|vision_start|> and <|vision_end|>: give one image "
+                          "per prompt")
+    return [*ids[:i], *([vs.image_token_id] * vs.tokens), *ids[i + 1:]]
+
+
 def image_prompt_ids(spec: dict[str, Any], prompt_ids: list[int], image: Path | None,
                      encoder, gen) -> tuple[list[int], dict[str, Any] | None]:
     """An image prompt: the picture at ``image`` through ``encoder`` (its rows set on ``gen``
-    for the next prefill), its placeholder tokens before the prompt's; with no image the
-    prompt's ids. Returns (ids, the image's figures — its size, tokens, ``encoder_ms`` — or
-    None). ``encoder`` None: the device runs its encoder with the generation (an agent: the
-    pixels go with the prompt, ``gen.set_pixels``; ``encoder_ms`` comes with its result)."""
+    for the next prefill), its tokens where the prompt's ids hold its placeholder (a chat
+    template's) or else before them (:func:`place_image`); with no image the prompt's ids.
+    Returns (ids, the image's figures — its size, tokens, ``encoder_ms`` — or None).
+    ``encoder`` None: the device runs its encoder with the generation (an agent: the pixels
+    go with the prompt, ``gen.set_pixels``; ``encoder_ms`` comes with its result)."""
     vs = vision_spec(spec)
     if image is None:
         return prompt_ids, None
     if vs is None:
         raise StudioError("this model takes no image: it is a text model (give an image to a "
                           "Qwen2-VL or Qwen2.5-VL project)")
+    ids = place_image(vs, prompt_ids)  # a misplaced placeholder: before any work
     picture = load_image(Path(image), vs.image_size)
     figures: dict[str, Any] = {"path": str(image), "image_size": vs.image_size,
                                "image_tokens": vs.tokens, "encoder_ms": None}
@@ -538,7 +660,7 @@ def image_prompt_ids(spec: dict[str, Any], prompt_ids: list[int], image: Path | 
         rows, enc_s = timed_encode(encoder, picture, vs)
         gen.set_image(rows)
         figures["encoder_ms"] = enc_s * 1e3
-    return image_prompt(vs, [], prompt_ids), figures
+    return ids, figures
 
 
 def image_timing(figures: dict[str, Any], out: dict[str, Any], prefill_s: float

@@ -74,16 +74,25 @@ def build_bundle(project: Project, target: str | None = None, out: Path | None =
 def genie_generate(project: Project, prompt: str, target: str | None = None,
                    max_new_tokens: int | None = None,
                    on_text: Callable[[str], None] | None = None, build: bool = True,
-                   progress: Progress | None = None) -> dict[str, Any]:
+                   progress: Progress | None = None, raw: bool = False,
+                   on_format: Callable[[Any, str], None] | None = None) -> dict[str, Any]:
     """Greedy generation by Genie from the project's bundle on the HTP simulator: the text,
     and Genie's wall-clock figures labelled ``simulated``. Without ``build``, a bundle the
     store does not hold is an error (the playground does not start a build); ``progress``:
-    cancellation between pieces of text (Genie is told to abort)."""
+    cancellation between pieces of text (Genie is told to abort). The prompt goes to Genie
+    through the chat template the bundle ships, rendered as an app renders it (``raw``: as
+    written); ``on_format(format, text)`` is told before the first piece."""
+    from studio.engine.bundle import bundle_template
+    from studio.engine.chat_template import AS_WRITTEN, PromptFormat
     from studio.engine.genie import GenieDialog
 
     if not prompt.strip():
         raise StudioError("the prompt is empty: give some text")
     folder, result = stored_bundle(project, target, build=build)
+    template = None if raw else bundle_template(folder)
+    fmt = PromptFormat(template, f"chat template skipped (--raw): {AS_WRITTEN}" if raw else
+                       f"the bundle ships no chat template: {AS_WRITTEN}")
+    fed = fmt.text(prompt)
     n = max_new_tokens if max_new_tokens is not None else int(project.run["max_new_tokens"])
     stop = None
     if progress is not None:
@@ -96,13 +105,16 @@ def genie_generate(project: Project, prompt: str, target: str | None = None,
     from studio.engine.bundle import simulator_folder
 
     with GenieDialog(simulator_folder(folder)) as dialog:
-        out = dialog.query(prompt, n, on_text=on_text, stop=stop)
+        if on_format is not None:
+            on_format(fmt, fed)
+        out = dialog.query(fed, n, on_text=on_text, stop=stop)
         load_s = dialog.load_s
     pieces, wall, first = out["pieces"], out["wall_s"], out["first_text_s"]
     rate = (pieces - 1) / (wall - first) if first is not None and pieces > 1 else None
     chip = result["target"]
     return {
-        "prompt": prompt, "text": out["text"], "tokens_out": pieces, "runtime": "genie",
+        "prompt": prompt, "prompt_text": fed, "prompt_format": fmt.to_json(),
+        "text": out["text"], "tokens_out": pieces, "runtime": "genie",
         "stopped": out["stopped"],
         "time_to_first_token_ms": first * 1e3 if first is not None else None,
         "decode_tokens_per_s": rate, "decode_ms_per_token": 1e3 / rate if rate else None,

@@ -195,6 +195,16 @@ def load_draft(project: Project, draft_ref: str | None = None):
     return cpu_generator(folder, load_graph_spec(folder))
 
 
+def prompt_format(project: Project, raw: bool = False):
+    """How the project's prompts become ids (:class:`studio.engine.chat_template.PromptFormat`):
+    the chat template the export carries (``model.chat_template``), or as written (``raw``:
+    ``studio generate --raw``, the playground's chat template box cleared)."""
+    from studio.engine.chat_template import prompt_format as fmt
+
+    return fmt(_artifact(project, "export", "export") / "tokenizer",
+               project.model.chat_template, raw)
+
+
 def generate(project: Project, prompt: str, device_name: str | None = None,
              max_new_tokens: int | None = None, sampling: SamplingConfig | None = None,
              stop: list[str] | None = None,
@@ -203,7 +213,8 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
              k: int = 4, adaptive: bool = True, kv: str | None = None,
              window: int | None = None, progress: Progress | None = None,
              on_pass: Callable[[int, int], None] | None = None,
-             registry=None, image: Path | None = None,
+             registry=None, image: Path | None = None, raw: bool = False,
+             on_format: Callable[[Any, str], None] | None = None,
              overlap: bool | None = None) -> dict[str, Any]:
     """Generate after ``prompt`` on a device (``cpu``, ``htp-sim[:CHIP]``, ``agent:NAME[@…]``,
     ``adb:SERIAL[@CHIP]``), run by its backend; the figures carry the device's source label.
@@ -218,8 +229,11 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
     the QAIRT SDK are found (None: the user's settings). ``image``: a vision-language model's
     picture, run through its vision encoder on the device and placed before the prompt; the
     time to first token then includes the encoder's, shown apart (``image.encoder_ms``).
-    ``overlap``: the draft model drafts the next window in its own thread while the target
-    verifies (None: the project's ``run.speculative_overlap``)."""
+    The prompt goes in through the checkpoint's chat template (``model.chat_template``; an
+    image where the template puts it), or as written with ``raw``: ``prompt_format`` and
+    ``prompt_text`` in the result say which, and ``on_format(format, text)`` is told before
+    the first token. ``overlap``: the draft model drafts the next window in its own thread
+    while the target verifies (None: the project's ``run.speculative_overlap``)."""
     if not prompt.strip():
         raise StudioError("the prompt is empty: give some text")
     if speculative not in (None, "draft", "lookup"):
@@ -256,11 +270,20 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
     n = max_new_tokens if max_new_tokens is not None else int(project.run["max_new_tokens"])
     from studio.engine.vision import image_prompt_ids
 
-    ids, image_figures = image_prompt_ids(spec, tok(prompt).input_ids, image, encoder, gen)
+    fmt = prompt_format(project, raw)
+    vl = bool(spec.get("vision"))
+    with_image = image is not None and vl
+    ids, image_figures = image_prompt_ids(
+        spec, fmt.ids(tok, prompt, image=with_image, vision=vl), image, encoder, gen)
+    fed = fmt.text(prompt, image=with_image)
     C = int(spec["context_length"])
     if len(ids) >= C:
-        raise StudioError(f"the prompt is {len(ids)} tokens but the KV cache holds {C}: shorten "
-                          "it or re-export with a longer export.context_length")
+        raise StudioError(f"the prompt is {len(ids)} tokens"
+                          + (" (through the chat template)" if fmt.applied else "")
+                          + f" but the KV cache holds {C}: shorten it or re-export with a "
+                          "longer export.context_length")
+    if on_format is not None:  # taken: one line before the text
+        on_format(fmt, fed)
     stops = [s for s in (stop or []) if s]
     got: list[int] = []
     shown = [""]
@@ -307,7 +330,9 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
 
         ttft = image_timing(image_figures, out, out["ttft_s"])["time_to_first_token_ms"]
     result = {
-        "prompt": prompt, "prompt_tokens": len(ids), "prompt_chunks": out["prompt_chunks"],
+        "prompt": prompt, "prompt_text": fed,
+        "prompt_format": fmt.to_json(),
+        "prompt_tokens": len(ids), "prompt_chunks": out["prompt_chunks"],
         "tokens": out["tokens"], "text": text, "stopped": out["stopped"],
         "time_to_first_token_ms": ttft, "image": image_figures,
         "decode_ms_per_token": med * 1e3 if med else None,

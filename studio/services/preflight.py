@@ -114,10 +114,11 @@ def _check_lengths(project: Project, model: Path, new_tokens: list[str]) -> None
     from studio.engine.checkpoint_check import prompt_length
 
     P, C = project.export["prompt_length"], project.export["context_length"]
-    n = prompt_length(model, project.run["prompt"])
+    n = prompt_length(model, project.run["prompt"], project.model.chat_template)
     if n >= C:  # longer than P is fine: the rest is prefilled in chunks
         raise StudioError(
-            f"run.prompt is {n} tokens but the KV cache holds {C} (export.context_length; "
+            f"run.prompt is {n} tokens{_templated(project, model)} but the KV cache holds {C} "
+            "(export.context_length; "
             f"the prefill graph takes {P} at once, the rest in chunks): shorten the prompt or "
             "raise export.context_length"
         )
@@ -125,10 +126,19 @@ def _check_lengths(project: Project, model: Path, new_tokens: list[str]) -> None
         want = project_value(project, key)
         if n + want > C:
             raise StudioError(
-                f"{key} = {want} does not fit: the {n}-token prompt leaves {C - n} positions "
+                f"{key} = {want} does not fit: the {n}-token prompt"
+                f"{_templated(project, model)} leaves {C - n} positions "
                 f"of the {C}-token context (export.context_length); lower {key.split('.')[1]} "
                 "or raise export.context_length"
             )
+
+
+def _templated(project: Project, model: Path) -> str:
+    """" (through the chat template)" where run.prompt goes in through one."""
+    from studio.engine.chat_template import prompt_format
+
+    fmt = prompt_format(model, project.model.chat_template)
+    return " (through the chat template)" if fmt.applied else ""
 
 
 def _check_overrides(project: Project, model: Path) -> None:

@@ -48,7 +48,8 @@ class Studio:
 
     @classmethod
     def create(cls, path: Path, source: str, targets: list[str] | None = None,
-               name: str | None = None, **sections: Any) -> Studio:
+               name: str | None = None, image_size_name: str = "export.image_size",
+               **sections: Any) -> Studio:
         path = Path(path)
         if path.suffix != ".qstudio":
             path = path.with_suffix(".qstudio")
@@ -65,7 +66,8 @@ class Studio:
                     **sections.get("quantization", {}), "overrides": rules}}
         from studio.services.vision import vision_defaults
 
-        sections = vision_defaults(source, path, sections)  # a VL model: image and lengths
+        # a VL model: its image (``image_size_name`` set it) and lengths
+        sections = vision_defaults(source, path, sections, image_size_name)
         p = projectfile.new_project(name or path.stem, source, targets, **sections)
         projectfile.save(p, path)
         return cls(p)

@@ -130,6 +130,12 @@ def test_bad_images_and_prompts_get_one_line(vl, tmp_path):
         gen.set_image(np.zeros((3, 64), np.float32))
     with pytest.raises(StudioError, match="image tokens in a row"):
         vision.mrope_positions([10, vs.image_token_id, 11], vs)
+    # only the prefill graph takes an image: one past its first pass (a chat template's text
+    # before it) is refused in one line, not split
+    late = [10] * 20 + vision.image_prompt(vs, [], [11])
+    with pytest.raises(StudioError, match=f"the image's tokens end at token {20 + 1 + vs.tokens} "
+                                          f"of the prompt, but the prefill graph takes {P}"):
+        gen.prefill_prompt(late)
     text_spec = {k: v for k, v in spec.items() if k != "vision"}
     with pytest.raises(StudioError, match="this model takes no image: it is a text model"):
         vision.image_prompt_ids(text_spec, [10], tmp_path / "x.png", None, gen)

@@ -46,8 +46,11 @@ def save_tokenizer(folder: Path, text: str, vocab_size: int = 2048) -> None:
                             clean_up_tokenization_spaces=False).save_pretrained(str(folder))
 
 
-def make_vl_checkpoint(folder: Path, model_type: str, text: str, seed: int = 0) -> Path:
-    """A random ``qwen2_vl`` / ``qwen2_5_vl`` checkpoint in ``folder``."""
+def make_vl_checkpoint(folder: Path, model_type: str, text: str, seed: int = 0,
+                       min_pixels: int = IMAGE * IMAGE, max_pixels: int = 4 * IMAGE * IMAGE,
+                       max_positions: int = 512) -> Path:
+    """A random ``qwen2_vl`` / ``qwen2_5_vl`` checkpoint in ``folder``: its image processor
+    gives ``min_pixels`` to ``max_pixels`` images, its language model ``max_positions``."""
     import torch
     from transformers import (
         Qwen2_5_VLConfig,
@@ -62,13 +65,14 @@ def make_vl_checkpoint(folder: Path, model_type: str, text: str, seed: int = 0) 
         "qwen2_5_vl": (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration),
         "qwen2_vl": (Qwen2VLConfig, Qwen2VLForConditionalGeneration),
     }[model_type]
-    config = config_cls(text_config=dict(TEXT), vision_config=dict(VISION[model_type]),
+    config = config_cls(text_config={**TEXT, "max_position_embeddings": max_positions},
+                        vision_config=dict(VISION[model_type]),
                         image_token_id=IMAGE_PAD, video_token_id=VIDEO_PAD,
                         vision_start_token_id=VISION_START, vision_end_token_id=VISION_END,
                         eos_token_id=0, pad_token_id=1, bos_token_id=None,
                         tie_word_embeddings=False)
     model_cls(config).save_pretrained(str(folder))
     save_tokenizer(folder, text)
-    Qwen2VLImageProcessor(min_pixels=IMAGE * IMAGE, max_pixels=4 * IMAGE * IMAGE).save_pretrained(
+    Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels).save_pretrained(
         str(folder))
     return folder

@@ -1,7 +1,9 @@
 """``studio generate FILE --prompt TEXT [--device D] [--max-new-tokens N] [--temperature T
 --top-k K --top-p P --seed S] [--stop S ...] [--speculative [--draft REF | --prompt-lookup] [--k K]
-[--fixed-k]] [--kv float|int8] [--window W] [--runtime studio|genie] [--json]``: generate text
-with the deployed model on a device, streaming it on stdout.
+[--fixed-k]] [--kv float|int8] [--window W] [--runtime studio|genie] [--raw] [--json]``:
+generate text with the deployed model on a device, streaming it on stdout. The prompt goes in
+through the checkpoint's chat template (``model.chat_template``) unless ``--raw``; stdout
+shows it as the model reads it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from studio.core.errors import StudioError
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file")
     p.add_argument("--prompt", required=True)
+    p.add_argument("--raw", action="store_true",
+                   help="the prompt as written, without the checkpoint's chat template "
+                        "(model.chat_template)")
     p.add_argument("--image", help="a vision-language model: the picture the prompt is about "
                                    "(PNG or JPEG; resized to export.image_size)")
     p.add_argument("--device", help="where it runs: " + ", ".join(device_names()) + " (cpu, "
@@ -56,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="generate_json", action="store_true")
 
 
-def _generate_genie(args, p, stream) -> int:
+def _generate_genie(args, p, stream, on_format) -> int:
     from studio.services.bundle import genie_generate
 
     rest = [f for f, v in (("--speculative", args.speculative or args.prompt_lookup or args.draft),
@@ -72,7 +77,8 @@ def _generate_genie(args, p, stream) -> int:
         if not dev.runs_genie:
             raise StudioError("Genie runs here on the HTP simulator: use --device htp-sim[:CHIP]")
         target = dev.chip
-    out = genie_generate(p, args.prompt, target, args.max_new_tokens, on_text=stream)
+    out = genie_generate(p, args.prompt, target, args.max_new_tokens, on_text=stream,
+                         raw=args.raw, on_format=on_format)
     if args.generate_json:
         print(json.dumps(out, indent=1))
         return 0
@@ -99,11 +105,18 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     cfg = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     native_output_to_stderr()
     started = [False]
+    fed = [args.prompt]  # the prompt as the model reads it (through the chat template)
+    said = [""]  # how it went in: one line on stderr once text comes (a refusal stays one line)
+
+    def on_format(fmt, text: str) -> None:
+        said[0], fed[0] = fmt.line(), text
 
     def show(text: str) -> None:  # the prompt, then the new text as it streams
         if not started[0]:
             started[0] = True
-            print(args.prompt, end="", flush=True)
+            if said[0]:
+                print(said[0], file=sys.stderr, flush=True)
+            print(fed[0], end="", flush=True)
         print(text, end="", flush=True)
 
     stream = None if args.generate_json else show
@@ -111,7 +124,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         if args.image:
             raise StudioError("Genie runs the bundle's text dialog: an image prompt runs with "
                               "--runtime studio")
-        return _generate_genie(args, p, stream)
+        return _generate_genie(args, p, stream, None if args.generate_json else on_format)
     spec_mode = None
     if args.speculative or args.prompt_lookup or args.draft:
         spec_mode = "lookup" if args.prompt_lookup else "draft"
@@ -124,10 +137,13 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                    on_text=stream, speculative=spec_mode, draft_ref=draft, k=args.k,
                    adaptive=not args.fixed_k, kv=args.kv, window=args.window,
                    overlap=args.overlap,
-                   image=Path(args.image).expanduser() if args.image else None)
+                   image=Path(args.image).expanduser() if args.image else None, raw=args.raw,
+                   on_format=None if args.generate_json else on_format)
     if args.generate_json:
         print(json.dumps(out, indent=1))
         return 0
+    if not started[0]:  # no text came: the prompt format is still said
+        print(out["prompt_format"]["note"], file=sys.stderr)
     _print_speed(f"{len(out['tokens'])} tokens ({out['stopped']})", out)
     img = out.get("image")
     if img:

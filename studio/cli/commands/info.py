@@ -98,7 +98,11 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     from studio.services import deviceplan
 
     device = deviceplan.plans_dict(p)
+    from studio.services.prompts import project_lines, template_line
+
     if args.info_json:
+        data["prompt_format"] = template_line(p) or None
+        data["model_notes"] = project_lines(p)
         data["device_plan"] = device
         data["layers"] = layers
         data["unmatched_overrides"] = unmatched
@@ -113,6 +117,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if p.model["kind"] == "causal-lm":
         print(f"  export    prompt {p.export['prompt_length']}, context "
               f"{p.export['context_length']}")
+        for line in project_lines(p):  # the chat template; a VL model's image and lengths
+            print(f"  {line}")
         print(f"  recipe    {q['scheme']} {q['weight_granularity']}{_rounding(q)}, "
               f"{q['calibration_samples']} calibration windows, {len(q['overrides'])} "
               "override(s)")

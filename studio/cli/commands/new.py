@@ -33,7 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="encoders and ONNX graphs: the way past ops the HTP refuses")
     p.add_argument("--image-size", dest="new_image_size", type=setting_arg("export.image_size"),
                    help="vision-language checkpoints: the image side the vision encoder takes "
-                        "(default 448; a multiple of patch x merge)")
+                        "(default 448 where the checkpoint's image processor gives it; within "
+                        "its min_pixels / max_pixels, a multiple of patch x merge)")
     p.add_argument("--seq-len", dest="new_seq_len", type=setting_arg("graph.seq_len"),
                    help="encoders: the exported sequence length (default 128)")
 
@@ -86,8 +87,13 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         # the shapes and the sample files against the graph: now, not minutes into a run
         check_graph_samples(Path(source), graph.get("shapes", {}), Path(graph["calibration"]),
                             Path(graph["validation"]) if graph.get("validation") else None)
-    studio = Studio.create(Path(args.file), source, args.new_targets, **sections)
+    studio = Studio.create(Path(args.file), source, args.new_targets,
+                           image_size_name="--image-size", **sections)
     print(f"created {studio.project.path}")
+    from studio.services.prompts import project_lines
+
+    for line in project_lines(studio.project):  # the chat template; a VL model's image
+        print(f"  {line}")
     studio.close()
     return 0
 

@@ -106,6 +106,7 @@ class _Bridge(QObject):
     """Signals from the generation thread (queued to the UI thread)."""
 
     text = Signal(str)
+    fed = Signal(str)  # the prompt as the model reads it (through the chat template)
     passed = Signal(int, int)
     finished = Signal(object)
     failed = Signal(str)
@@ -120,6 +121,7 @@ class PlaygroundPanel(QWidget):
         self.ctl = page.ctl
         self.bridge = _Bridge()
         self.bridge.text.connect(self._on_text)
+        self.bridge.fed.connect(self.output_prompt)
         self.bridge.passed.connect(self._on_pass)
         self.bridge.finished.connect(self._on_finished)
         self.bridge.failed.connect(self._on_failed)
@@ -208,6 +210,11 @@ class PlaygroundPanel(QWidget):
                                 "project's Genie bundle on the HTP simulator (greedy)")
         self.runtime.currentIndexChanged.connect(self._runtime_changed)
         form.addRow("Runtime", self.runtime)
+        self.chat = QCheckBox("the checkpoint's")
+        self.chat.setChecked(True)
+        self.chat.setToolTip("the prompt as one user message in the checkpoint's chat "
+                             "template, the assistant's turn opened; cleared: as written")
+        form.addRow("Chat template", self.chat)
         self.device = QComboBox()
         self.device.setToolTip("host CPU: the FP32 export (measured); HTP simulator: the "
                                "compiled graphs (simulated, not device timings)")
@@ -299,6 +306,17 @@ class PlaygroundPanel(QWidget):
                                     f"agent:{a.name}@htp-sim:{t}")
         i = self.device.findData(current)
         self.device.setCurrentIndex(max(0, i))
+        from studio.services.prompts import checkpoint_format
+
+        try:  # the checkpoint's template: its source in the tooltip; none: the box is off
+            fmt = checkpoint_format(p)
+            line = fmt.line() if fmt is not None else ""
+            usable = fmt is not None and fmt.applied
+        except StudioError as exc:
+            line, usable = f"chat template: {exc.message}", False
+        self.chat.setEnabled(usable)
+        self.chat.setChecked(usable)
+        self.chat.setToolTip(line or "this model takes no chat template")
         C = int(p.export["context_length"])
         self.window.setRange(0, C)
         self.overlap.setChecked(bool(p.run["speculative_overlap"]))
@@ -314,6 +332,7 @@ class PlaygroundPanel(QWidget):
                 "device_name": self.device.currentData() or "cpu",
                 "kv": None if kv == "project's" else kv,
                 "window": self.window.value() or None, "speculative": spec,
+                "raw": not (self.chat.isEnabled() and self.chat.isChecked()),
                 "k": self.k.value(), "max_new_tokens": self.max_new.value(),
                 "overlap": self.overlap.isChecked() and spec == "draft",
                 "temperature": self.temperature.value(), "seed": self.seed.value()}
@@ -345,6 +364,9 @@ class PlaygroundPanel(QWidget):
         self.stop.setEnabled(True)
         bridge = self.bridge
 
+        def on_format(_fmt, text: str) -> None:  # the output starts with what the model reads
+            bridge.fed.emit(text)
+
         def work() -> None:
             try:
                 if s["runtime"] == "genie":
@@ -359,13 +381,14 @@ class PlaygroundPanel(QWidget):
                                           "choose an HTP simulator device")
                     bridge.finished.emit(genie_generate(
                         project, prompt, dev.partition(":")[2], s["max_new_tokens"],
-                        on_text=bridge.text.emit, build=False, progress=cancel))
+                        on_text=bridge.text.emit, build=False, progress=cancel,
+                        raw=s["raw"], on_format=on_format))
                     return
                 out = generate(project, prompt, s["device_name"], s["max_new_tokens"], sampling,
                                on_text=bridge.text.emit, speculative=s["speculative"],
                                k=s["k"], kv=s["kv"], window=s["window"], progress=cancel,
-                               on_pass=bridge.passed.emit, image=image,
-                               overlap=s["overlap"])
+                               on_pass=bridge.passed.emit, image=image, raw=s["raw"],
+                               on_format=on_format, overlap=s["overlap"])
                 bridge.finished.emit(out)
             except Cancelled:
                 bridge.failed.emit("stopped")
@@ -381,6 +404,10 @@ class PlaygroundPanel(QWidget):
         if self._cancel is not None:
             self._cancel.event.set()
             self.stats.setText("stopping after the current token…")
+
+    def output_prompt(self, text: str) -> None:
+        """The output starts with the prompt as the model reads it."""
+        self.output.setPlainText(text)
 
     def is_running(self) -> bool:
         return self._thread is not None
@@ -436,7 +463,9 @@ class PlaygroundPanel(QWidget):
                  f"time to first token {out['time_to_first_token_ms']:.1f} ms",
                  f"decode {tps:.1f} tok/s" if tps else "no decode steps",
                  f"{out['source']} on {out['device_name']}",
-                 f"prompt {out['prompt_tokens']} tokens in {out['prompt_chunks']} pass(es)"]
+                 f"prompt {out['prompt_tokens']} tokens in {out['prompt_chunks']} pass(es)"
+                 + (" (chat template)" if (out.get("prompt_format") or {}).get("applied")
+                    else "")]
         img = out.get("image")
         if img:  # the first token came after the encoder and the prefill
             parts[1] += (f" (vision encoder {img['encoder_ms']:.1f} ms + prefill "

@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 
 from studio.core.errors import StudioError
 from studio.core.modelinfo import ModelInfo
-from studio.services import deviceplan, history, projects
+from studio.services import deviceplan, history, projects, prompts
 from studio.ui.graph_view import GraphView
 from studio.ui.models.model_tree import ModelTreeModel, NodeRole, build_tree
 from studio.ui.pages.base import Page
@@ -84,6 +84,13 @@ class ModelPage(Page):
                              "is predicted to take on this machine")
         self.plan.hide()
         lay.addWidget(self.plan)
+        # how prompts reach the model (its chat template) and a VL model's image and lengths
+        self.prompts = label("", "muted", wrap=True, selectable=True)
+        self.prompts.setToolTip("The checkpoint's chat template (model.chat_template) and, "
+                                "for a vision-language model, its image size and lengths "
+                                "with the source of each number (studio info shows the same)")
+        self.prompts.hide()
+        lay.addWidget(self.prompts)
         # the device memory plan: what each target's NPU maps, every figure with its source
         self.device_plan = label("", "muted", wrap=True, selectable=True)
         self.device_plan.setToolTip("What the NPU maps for the bundle, per target, against the "
@@ -158,6 +165,7 @@ class ModelPage(Page):
 
     def on_close(self) -> None:
         self.plan.hide()
+        self.prompts.hide()
         self.device_plan.hide()
         self.device_table.hide()
         self.model.set_root(build_tree())
@@ -230,9 +238,14 @@ class ModelPage(Page):
             else:
                 text = plan.text() if plan is not None else ""
             device = await self.ctl.in_thread(deviceplan.plans_dict, project)
+            notes = await self.ctl.in_thread(prompts.project_lines, project)
             if self.ctl.studio is studio:
                 self.plan.setText(text)
                 self.plan.setVisible(bool(text))
+                self.prompts.setText("\n".join(  # "prompts   chat template…" -> "Prompts: …"
+                    f"{n.split(None, 1)[0].capitalize()}: {n.split(None, 1)[1]}"
+                    for n in notes))
+                self.prompts.setVisible(bool(notes))
                 self._show_device_plan(device)
 
         self._plan_loading = asyncio.ensure_future(load())

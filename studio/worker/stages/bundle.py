@@ -33,7 +33,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         score_tokens=int(ctx.get("bundle.score_tokens")),
         greedy_prompt=ctx.get("run.prompt"),
         greedy_tokens=int(ctx.get("validation.greedy_tokens")),
-        htp_options=htp_options(ctx), graph_io=ctx.get("htp.graph_io"))
+        htp_options=htp_options(ctx), graph_io=ctx.get("htp.graph_io"),
+        chat_template=ctx.get("model.chat_template"))
     dev = ctx.device
     result = build_bundle(export_dir, qdir, cdir, ctx.chip, spec, ctx.out, settings,
                           dev.source, progress)

@@ -59,11 +59,15 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         spec = export_parts(ckpt, ctx.out, P, C, parts=len(plan), max_part_bytes=budget,
                             progress=SubProgress(progress, 0.02, 0.95), resume=True)
     ctx.fact("export_seconds", time.perf_counter() - t0, "s")
+    from studio.engine import chat_template
+
     tok_dir = ctx.out / "tokenizer"
     tok_dir.mkdir()
+    # the tokenizer with its chat template (the runtimes read it from here) and a VL model's
+    # image processor
     for f in ckpt.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges",
-                              "preprocessor_config")):
+                              "preprocessor_config")) or f.name in chat_template.FILES:
             shutil.copy2(f, tok_dir / f.name)
     atomic_write_json(ctx.out / "modelinfo.json", info.to_dict())
     # each graph with the weights it refers to (a part's graphs share one weights.data)

@@ -29,8 +29,14 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         progress.check()
         progress.update((i + 1) / n, f"token {i + 1}/{n} on {dev.name}")
 
-    ids, image = tok(prompt).input_ids, None
-    if ctx.get("run.image") and spec.get("vision"):  # the picture through the encoder first
+    from studio.engine.chat_template import prompt_format
+
+    # through the checkpoint's chat template (model.chat_template): the image where it puts it
+    fmt = prompt_format(export_dir / "tokenizer", ctx.get("model.chat_template"))
+    vl = bool(spec.get("vision"))
+    with_image = bool(ctx.get("run.image")) and vl
+    ids, image = fmt.ids(tok, prompt, image=with_image, vision=vl), None
+    if with_image:  # the picture through the encoder first
         from studio.engine.vision import image_prompt_ids
 
         progress.update(0.0, f"running the vision encoder on {dev.name}")
@@ -44,6 +50,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         what += f", performance mode {mode}"
         note = f"{note}; HTP performance mode {mode}" if note else f"HTP performance mode {mode}"
     result = run_result(dev, timed, tok, prompt, what, prefix, note, load_s=load_s)
+    result["prompt_format"] = fmt.to_json()
+    result["prompt_tokens"] = len(ids)
     if image is not None:
         # time to first token = the encoder, then the prefill of the image prompt
         from studio.engine.vision import image_timing

@@ -30,12 +30,24 @@ def nll(logits, ids):
     return float(-logp[np.arange(len(ids) - 1), ids[1:]].sum()), len(ids) - 1
 
 
-def _greedy_agreement(ref, other, tok, prompt: str, heldout: list[int], prompt_len: int,
+def greedy_prompt(ctx: StageContext, tok, spec: dict[str, Any]):
+    """The greedy check's first prompt: ``run.prompt`` as the runtimes take it, through the
+    checkpoint's chat template (``model.chat_template``; whole, the preflight has checked
+    that it fits) or as written (its first P tokens, one prefill pass). Returns (ids, the
+    prompt format)."""
+    from studio.engine.chat_template import prompt_format
+
+    fmt = prompt_format(ctx.input("export") / "tokenizer", ctx.get("model.chat_template"))
+    ids = fmt.ids(tok, ctx.get("run.prompt"), vision=bool(spec.get("vision")))
+    return (ids if fmt.applied else ids[:int(spec["prompt_length"])]), fmt
+
+
+def _greedy_agreement(ref, other, tok, first: list[int], heldout: list[int], prompt_len: int,
                       n: int, progress: Progress, extra_prompts: int = 3) -> dict[str, Any]:
-    """Greedy generation from the project's prompt and a few held-out prompts on both
-    runtimes: the fraction of identical tokens position by position, and before the first
-    divergence (one near-tie flip early on shifts everything after it)."""
-    prompts = [tok(prompt).input_ids[:prompt_len]]
+    """Greedy generation from the project's prompt (``first``: its ids) and a few held-out
+    prompts on both runtimes: the fraction of identical tokens position by position, and
+    before the first divergence (one near-tie flip early on shifts everything after it)."""
+    prompts = [first]
     plen = min(16, prompt_len)
     step = max(1, (len(heldout) - plen) // max(1, extra_prompts))
     prompts += [heldout[i:i + plen] for i in range(0, len(heldout) - plen, step)][:extra_prompts]
@@ -56,6 +68,12 @@ def _greedy_agreement(ref, other, tok, prompt: str, heldout: list[int], prompt_l
         prefix += run
         total += max(len(a), 1)
     return {"agreement": same / total, "prefix": prefix / total, "prompts": len(prompts), **texts}
+
+
+def _format_said(fmt) -> str:
+    """How the greedy check's first prompt went in, for its figures' detail."""
+    return ("the first is run.prompt through the chat template (" + fmt.template.source + ")"
+            if fmt.applied else "run.prompt as written")
 
 
 #: what the device scores of a model in parts when validation.device_tokens is 0
@@ -130,7 +148,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     for name in ("host_qdq", "htp"):
         res[name] = {**_compare(logits["fp32"], logits[name]), "perplexity": ppl[name]}
     progress.update(total / (total + 1), "greedy agreement")
-    g = _greedy_agreement(runners["fp32"], runners["htp"], tok, ctx.get("run.prompt"), ids,
+    first, fmt = greedy_prompt(ctx, tok, spec)
+    g = _greedy_agreement(runners["fp32"], runners["htp"], tok, first, ids,
                           spec["prompt_length"], greedy_tokens, progress)
     h = res["htp"]
     res.update(
@@ -138,17 +157,19 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         perplexity_fp32=ppl["fp32"], perplexity_quantized=ppl["htp"],
         perplexity_host_qdq=ppl["host_qdq"], greedy_agreement=g["agreement"],
         greedy_prefix_agreement=g["prefix"], greedy_prompts=g["prompts"],
-        greedy_fp32=g["fp32"], greedy_htp=g["htp"],
+        greedy_fp32=g["fp32"], greedy_htp=g["htp"], greedy_prompt_format=fmt.to_json(),
     )
+    said = _format_said(fmt)
     res["metrics"] = [
         device_metric(dev, "logits_cosine_mean", h["logits_cosine_mean"], ""),
         device_metric(dev, "logits_max_abs_error", h["logits_max_abs_error"], ""),
         device_metric(dev, "top1_agreement", h["top1_agreement"], "fraction"),
         device_metric(dev, "perplexity_quantized", ppl["htp"], ""),
         device_metric(dev, "greedy_agreement", g["agreement"], "fraction",
-                       f"{g['prompts']} prompts x {greedy_tokens} tokens, position by position"),
+                       f"{g['prompts']} prompts x {greedy_tokens} tokens, position by position"
+                       f"; {said}"),
         device_metric(dev, "greedy_prefix_agreement", g["prefix"], "fraction",
-                       "tokens identical before the first divergence"),
+                       f"tokens identical before the first divergence; {said}"),
         host_metric("perplexity_fp32", ppl["fp32"]),
         host_metric("perplexity_host_qdq", ppl["host_qdq"]),
         host_metric("logits_cosine_host_qdq", res["host_qdq"]["logits_cosine_mean"]),
@@ -289,7 +310,7 @@ def _validate_in_parts(ctx: StageContext, progress: Progress, spec: dict, tok,
                        "perplexity": ppl["host_qdq"]}
     res["htp"] = {**_compare(fp32_slice, dev_logits), "perplexity": ppl["htp"]}
     progress.update(done / steps, "greedy agreement: the device's text scored by FP32")
-    prompt = tok(ctx.get("run.prompt")).input_ids[: int(spec["prompt_length"])]
+    prompt, fmt = greedy_prompt(ctx, tok, spec)
     n = int(ctx.get("validation.greedy_tokens"))
     greedy_note = ""
     if htp is None:  # generation needs every part's binaries loaded at once
@@ -311,7 +332,8 @@ def _validate_in_parts(ctx: StageContext, progress: Progress, spec: dict, tok,
     first = j["first_difference"]
     g = {"agreement": j["agreement"], "prefix": j["prefix"], "prompts": 1,
          "fp32": tok.decode(got[:first] + j["fp32_choice"][first:first + 1]),
-         "htp": tok.decode(got), "tokens": len(got)}
+         "htp": tok.decode(got), "tokens": len(got), "said": _format_said(fmt),
+         "format": fmt.to_json()}
     return _finish_in_parts(dev, ids, n_dev, n_parts, ppl, res, g, "")
 
 
@@ -328,7 +350,8 @@ def _finish_in_parts(dev, ids: list[int], n_dev: int, n_parts: int, ppl: dict[st
     )
     if g is not None:
         res.update(greedy_agreement=g["agreement"], greedy_prefix_agreement=g["prefix"],
-                   greedy_prompts=g["prompts"], greedy_fp32=g["fp32"], greedy_htp=g["htp"])
+                   greedy_prompts=g["prompts"], greedy_fp32=g["fp32"], greedy_htp=g["htp"],
+                   greedy_prompt_format=g["format"])
     else:
         res["greedy_note"] = greedy_note
     on_dev = f"on the first {n_dev} of {len(ids)} held-out tokens"
@@ -336,9 +359,10 @@ def _finish_in_parts(dev, ids: list[int], n_dev: int, n_parts: int, ppl: dict[st
     greedy = [] if g is None else [
         device_metric(dev, "greedy_agreement", g["agreement"], "fraction",
                        f"{g['tokens']} tokens the device generated, each against FP32's choice "
-                       "given the device's text"),
+                       f"given the device's text; {g['said']}"),
         device_metric(dev, "greedy_prefix_agreement", g["prefix"], "fraction",
-                       "tokens identical to FP32's greedy text before the first divergence")]
+                       "tokens identical to FP32's greedy text before the first divergence; "
+                       + g["said"])]
     res["metrics"] = [
         device_metric(dev, "logits_cosine_mean", h["logits_cosine_mean"], "", on_dev),
         device_metric(dev, "logits_max_abs_error", h["logits_max_abs_error"], "", on_dev),
