@@ -49,8 +49,8 @@ def stored_bundle(project: Project, target: str | None = None, parts: int | None
     folder = stored_artifact(p, f"bundle[{chip}]", "the Genie bundle", run=build)
     if folder is None:
         raise StudioError(f"there is no Genie bundle for {chip} with the project's current "
-                          "settings: build it on the Deploy page (or studio bundle FILE; "
-                          "--stages bundle in a batch run)")
+                          f"settings: build it first with studio bundle {project.path} "
+                          f"--target {chip} (or on the Deploy page)")
     return folder / "bundle", json.loads((folder / "result.json").read_text())
 
 

@@ -170,6 +170,9 @@ def _build(world: Path) -> dict[str, list[str]]:
         "generate --temperature nan": ["generate", P, "--prompt", "x", "--temperature", "nan"],
         "generate --top-p 0": ["generate", P, "--prompt", "x", "--top-p", "0"],
         "generate --window 0": ["generate", P, "--prompt", "x", "--window", "0"],
+        # a bundle takes minutes to build: generate names the command that builds it
+        "generate --runtime genie without a bundle": ["generate", P, "--prompt", "x",
+                                                      "--runtime", "genie"],
         "waterfall --chip bogus": ["waterfall", P, "--chip", "bogus"],
         "prune --drop 0": ["prune", P, "--drop", "0"],
         "prune --drop -2": ["prune", P, "--drop", "-2"],
@@ -221,7 +224,7 @@ def _build(world: Path) -> dict[str, list[str]]:
     return cases
 
 
-#: case -> the words its one line must hold
+#: case -> the words its one line must hold ({P}: the good project's path)
 NEEDLES = {
     "project is a link to /dev/zero": "is a character device, not a regular file",
     "project is a FIFO": "is a named pipe (FIFO), not a regular file",
@@ -259,6 +262,8 @@ NEEDLES = {
     "generate --temperature nan": "argument --temperature: nan is not a finite number",
     "generate --top-p 0": "argument --top-p: 0 must be more than 0",
     "generate --window 0": "argument --window: 0 is not at least 1",
+    "generate --runtime genie without a bundle": f"build it first with studio bundle {{P}} "
+                                                 f"--target {default_target()}",
     "waterfall --chip bogus": "bogus",
     "prune --drop 0": "pruning.drop_blocks must be at least 1, not 0",
     "prune --drop -2": "pruning.drop_blocks must be at least 1, not -2",
@@ -323,7 +328,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(corpus, case):
     assert got["rc"] == 2, (got["rc"], got["stderr"][-2000:])
     assert 1 <= len(lines) <= 2 and lines[-1].startswith("error: "), got["stderr"][-2000:]
     assert "Traceback" not in got["stderr"]
-    assert NEEDLES[case] in lines[-1], lines[-1]
+    assert NEEDLES[case].replace("{P}", str(world / "p.qstudio")) in lines[-1], lines[-1]
     assert got["changed"] == [], got["changed"]
     assert got["seconds"] < 20, got["seconds"]
 

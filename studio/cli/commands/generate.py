@@ -72,7 +72,10 @@ def _generate_genie(args, p, stream) -> int:
         if not dev.runs_genie:
             raise StudioError("Genie runs here on the HTP simulator: use --device htp-sim[:CHIP]")
         target = dev.chip
-    out = genie_generate(p, args.prompt, target, args.max_new_tokens, on_text=stream)
+    # a bundle takes minutes to build: generate runs the one the store holds, or says which
+    # command builds it (before any work, nothing written)
+    out = genie_generate(p, args.prompt, target, args.max_new_tokens, on_text=stream,
+                         build=False)
     if args.generate_json:
         print(json.dumps(out, indent=1))
         return 0
