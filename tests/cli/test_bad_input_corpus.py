@@ -161,6 +161,8 @@ def _build(world: Path) -> dict[str, list[str]]:
                                "--apply", "p999"],
         "sweep --stages ''": ["sweep", P, "--axis", "quantization.scheme=W8A16,W8A8",
                               "--stages", ""],
+        "sweep --axis a value the setting refuses": [
+            "sweep", P, "--axis", "quantization.scheme=BOGUS,W8A8"],
         # ---- options checked before any work
         "batch --stages ''": ["--batch", P, "--stages", ""],
         "generate --max-new-tokens 0": ["generate", P, "--prompt", "x", "--max-new-tokens",
@@ -256,6 +258,8 @@ NEEDLES = {
     "sweep --executor bogus": "argument --executor: invalid choice: 'bogus'",
     "sweep --apply p999": "--apply 'p999': give best or a point label p1 .. p2",
     "sweep --stages ''": "--stages names no stage",
+    "sweep --axis a value the setting refuses": "sweep axis quantization.scheme = 'BOGUS' is "
+                                                "not one of W8A16, W8A8",
     "batch --stages ''": "no stages given",
     "generate --max-new-tokens 0": "run.max_new_tokens must be at least 1, not 0",
     "generate --speculative --k 0": "argument --k: 0 is not from 1 to 64",
