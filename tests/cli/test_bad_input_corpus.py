@@ -117,6 +117,16 @@ def _build(world: Path) -> dict[str, list[str]]:
             "max_new_tokens = 8": "max_new_tokens = 8\ndevices = [{a = 1}]"}))],
         "run.devices empty": ["info", project("d3.qstudio", _project(**{
             "max_new_tokens = 8": "max_new_tokens = 8\ndevices = []"}))],
+        "run.devices names a device twice": ["info", project("d4.qstudio", _project(**{
+            "max_new_tokens = 8": 'max_new_tokens = 8\ndevices = ["cpu", "htp-sim", "cpu"]'}))],
+        "run.devices names an agent twice": ["info", project("d5.qstudio", _project(**{
+            "max_new_tokens = 8": 'max_new_tokens = 8\ndevices = ["agent:lab", "agent:lab@cpu"]'
+        }))],
+        "run.devices names an agent not registered": ["--batch", project("d6.qstudio", _project(**{
+            "max_new_tokens = 8": 'max_new_tokens = 8\ndevices = ["cpu", "agent:nosuch"]'}))],
+        "targets lists a chip twice": ["info", project("t2.qstudio", _project(**{
+            f'targets = ["{default_target()}"]':
+                f'targets = ["{default_target()}", "{default_target()}"]'}))],
         "heldout_tokens 2**63-1": ["info", project("h.qstudio", _project(**{
             "heldout_tokens = 96": f"heldout_tokens = {BIG}"}))],
         "sensitivity.heldout_tokens 2**63-1": ["info", project("sh.qstudio", _project()
@@ -165,6 +175,8 @@ def _build(world: Path) -> dict[str, list[str]]:
             "sweep", P, "--axis", "quantization.scheme=BOGUS,W8A8"],
         # ---- options checked before any work
         "batch --stages ''": ["--batch", P, "--stages", ""],
+        "batch --target twice": ["--batch", P, "--target", default_target(), "--target",
+                                 default_target()],
         "generate --max-new-tokens 0": ["generate", P, "--prompt", "x", "--max-new-tokens",
                                         "0"],
         "generate --speculative --k 0": ["generate", P, "--prompt", "x", "--speculative",
@@ -238,6 +250,12 @@ NEEDLES = {
     "run.devices a list of lists": "run.devices[0] must be a str, not list",
     "run.devices a list of tables": "run.devices[0] must be a str, not dict",
     "run.devices empty": "run.devices is empty",
+    "run.devices names a device twice": "run.devices names 'cpu' twice: name each device once",
+    "run.devices names an agent twice": "run.devices names 'agent:lab@cpu' twice",
+    "run.devices names an agent not registered": "run.devices: agent:nosuch@cpu: no device "
+                                                 "named 'nosuch': add it with studio devices "
+                                                 "add nosuch --url URL --token-file F",
+    "targets lists a chip twice": f"targets lists {default_target()} twice: name each chip once",
     "heldout_tokens 2**63-1": "validation.heldout_tokens = 9223372036854775807 is more than",
     "sensitivity.heldout_tokens 2**63-1": "sensitivity.heldout_tokens = 9223372036854775807",
     "pruning.drop_blocks 2**63-1": "pruning.drop_blocks = 9223372036854775807",
@@ -261,6 +279,7 @@ NEEDLES = {
     "sweep --axis a value the setting refuses": "sweep axis quantization.scheme = 'BOGUS' is "
                                                 "not one of W8A16, W8A8",
     "batch --stages ''": "no stages given",
+    "batch --target twice": f"target {default_target()} is given twice: name each target once",
     "generate --max-new-tokens 0": "run.max_new_tokens must be at least 1, not 0",
     "generate --speculative --k 0": "argument --k: 0 is not from 1 to 64",
     "generate --temperature nan": "argument --temperature: nan is not a finite number",
