@@ -184,6 +184,7 @@ def _build(world: Path) -> dict[str, list[str]]:
         "generate --temperature nan": ["generate", P, "--prompt", "x", "--temperature", "nan"],
         "generate --top-p 0": ["generate", P, "--prompt", "x", "--top-p", "0"],
         "generate --window 0": ["generate", P, "--prompt", "x", "--window", "0"],
+        "generate --device ''": ["generate", P, "--prompt", "x", "--device", ""],
         # a bundle takes minutes to build: generate names the command that builds it
         "generate --runtime genie without a bundle": ["generate", P, "--prompt", "x",
                                                       "--runtime", "genie"],
@@ -285,6 +286,7 @@ NEEDLES = {
     "generate --temperature nan": "argument --temperature: nan is not a finite number",
     "generate --top-p 0": "argument --top-p: 0 must be more than 0",
     "generate --window 0": "argument --window: 0 is not at least 1",
+    "generate --device ''": "argument --device: '' names no device: leave --device out",
     "generate --runtime genie without a bundle": f"build it first with studio bundle {{P}} "
                                                  f"--target {default_target()}",
     "waterfall --chip bogus": "bogus",

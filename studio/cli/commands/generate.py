@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from studio.cli.command import Command, Context
-from studio.cli.common import native_output_to_stderr, number, setting_arg, whole
+from studio.cli.common import device_arg, native_output_to_stderr, number, setting_arg, whole
 from studio.core.devices import device_names
 from studio.core.errors import StudioError
 
@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", required=True)
     p.add_argument("--image", help="a vision-language model: the picture the prompt is about "
                                    "(PNG or JPEG; resized to export.image_size)")
-    p.add_argument("--device", help="where it runs: " + ", ".join(device_names()) + " (cpu, "
+    p.add_argument("--device", type=device_arg, help="where it runs: " + ", ".join(device_names()) + " (cpu, "
                                     "the FP32 export on the host CPU, by default; htp-sim: the "
                                     "first target's simulator)")
     p.add_argument("--max-new-tokens", type=setting_arg("run.max_new_tokens"),
