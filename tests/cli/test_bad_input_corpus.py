@@ -86,6 +86,11 @@ def _build(world: Path) -> dict[str, list[str]]:
     (w / "truncated.onnx").write_bytes(b"\x08\x07not a protobuf" * 4)
     (w / "calib.npz").write_bytes(b"PK")
     (w / "a-file").write_text("not a folder\n")
+    for name, sizes in (("wide", {"hidden_size": 10**9, "num_hidden_layers": 2}),
+                        ("deep", {"hidden_size": 64, "num_hidden_layers": 100_000})):
+        (w / f"{name}.json").write_text(json.dumps({
+            "model_type": "llama", "num_attention_heads": 8, "intermediate_size": 128,
+            "vocab_size": 1000, **sizes}))
     sock = w / "agent.sock"
     s = socket.socket(socket.AF_UNIX)
     s.bind(str(sock))
@@ -207,6 +212,10 @@ def _build(world: Path) -> dict[str, list[str]]:
                                       str(w / "calib.npz")],
         "estimate --context 0": ["estimate", "--config", "tiny-coder", "--chip",
                                  default_target(), "--context", "0"],
+        "estimate a config 10**9 wide": ["estimate", "--config", str(w / "wide.json"),
+                                         "--chip", default_target()],
+        "estimate a config 100000 layers deep": ["estimate", "--config", str(w / "deep.json"),
+                                                 "--chip", default_target()],
         # ---- --out never replaces what is not the studio's
         "report --out a link": ["report", P, "--format", "md", "--out", str(w / "link.txt")],
         "report --out a FIFO": ["report", P, "--format", "md", "--out", str(w / "fifo")],
@@ -304,6 +313,10 @@ NEEDLES = {
     "new with a 300-character name": "too long",
     "graph of a truncated ONNX": "not a valid ONNX model",
     "estimate --context 0": "argument --context: 0 is not from 1",
+    "estimate a config 10**9 wide": "config wide: 'hidden_size' = 1000000000 must be between 1 "
+                                    "and 16777216: the config is damaged",
+    "estimate a config 100000 layers deep": "config deep: 'num_hidden_layers' = 100000 must be "
+                                            "between 1 and 1024",
     "report --out a link": "is a symbolic link, not a regular file",
     "report --out a FIFO": "is a named pipe (FIFO), not a regular file",
     "report --out /dev/null": "is a character device, not a regular file",
