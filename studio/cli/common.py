@@ -119,10 +119,15 @@ def device_arg(text: str) -> str:
 device_arg.__name__ = "device"
 
 
-def out_path(value: str) -> Path:
-    """An ``--out`` path made absolute without following a link at its end: a link given as
-    ``--out`` is refused (:func:`studio.core.fsutil.check_output`), not written through."""
-    return Path(os.path.abspath(Path(value).expanduser()))
+def out_path(value: str, *, folder: bool = False) -> Path:
+    """A path the user gives a command to write (``--out``, an export file, a new project,
+    a store), made absolute without following a link at its end and checked before any work
+    by the one rule for every writer (:func:`studio.core.fsutil.check_destination`): its
+    folder must exist (it is never made), and a link, a device, a FIFO or a folder where a
+    file goes is refused, not written through."""
+    from studio.core.fsutil import check_destination
+
+    return check_destination(Path(os.path.abspath(Path(value).expanduser())), folder=folder)
 
 
 def when(t: float | None) -> str:
