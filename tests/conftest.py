@@ -3,8 +3,10 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# offline, and no telemetry store of ONNX Runtime's in the home, as every entry point does
+from studio.core import thirdparty  # noqa: E402
+
+thirdparty.settle()
 # the device registry of the tests, never the user's (tests that add agents set their own)
 if "QSTUDIO_CONFIG_DIR" not in os.environ:
     import atexit

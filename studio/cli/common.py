@@ -99,10 +99,35 @@ def setting_arg(key: str):
     return parse
 
 
-def out_path(value: str) -> Path:
-    """An ``--out`` path made absolute without following a link at its end: a link given as
-    ``--out`` is refused (:func:`studio.core.fsutil.check_output`), not written through."""
-    return Path(os.path.abspath(Path(value).expanduser()))
+def device_arg(text: str) -> str:
+    """An argparse ``type`` for ``--device``: a device as a user names it (a kind's shorthand
+    or an id), checked for its form at parsing (:func:`studio.core.devices.check_name`). An
+    empty or blank name names no device and is refused (it used to mean the host CPU)."""
+    from studio.core.devices import check_name, device_names
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} names no device: leave --device out for the default, or give one of "
+            + ", ".join(device_names()))
+    try:
+        check_name(text)
+    except StudioError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    return text
+
+
+device_arg.__name__ = "device"
+
+
+def out_path(value: str, *, folder: bool = False) -> Path:
+    """A path the user gives a command to write (``--out``, an export file, a new project,
+    a store), made absolute without following a link at its end and checked before any work
+    by the one rule for every writer (:func:`studio.core.fsutil.check_destination`): its
+    folder must exist (it is never made), and a link, a device, a FIFO or a folder where a
+    file goes is refused, not written through."""
+    from studio.core.fsutil import check_destination
+
+    return check_destination(Path(os.path.abspath(Path(value).expanduser())), folder=folder)
 
 
 def when(t: float | None) -> str:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import errno
-import os
 import signal
 import sys
 from collections.abc import Sequence
 
 from studio.cli.command import Command, Context, Parser, PdfPrinter
 from studio.cli.commands import COMMANDS
+from studio.core import thirdparty
 from studio.core.errors import StudioError
 
 
@@ -58,8 +58,7 @@ def main(argv: list[str] | None = None, *, pdf_printer: PdfPrinter | None = None
     """Run the command line on ``argv`` and return its exit code. ``pdf_printer`` prints
     reports as PDF (``studio/__main__.py`` passes Qt's); ``commands`` is the registry."""
     argv = sys.argv[1:] if argv is None else argv
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    thirdparty.settle()  # before any library is imported: offline, no telemetry store
     ctx = Context(pdf_printer=pdf_printer)
     _interruptible()
     try:

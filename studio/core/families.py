@@ -47,6 +47,22 @@ LLAMA_BLOCK: tuple[tuple[str, str], ...] = (
 #: integer config keys every family's checkpoint must give (the model's sizes)
 REQUIRED_CONFIG_KEYS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
 
+# What a config.json may give, checked before anything is sized from it (checkpoint import,
+# studio estimate --config): a size past these is a damaged config or not a model's.
+#: the largest size (a width, a head count, the vocabulary...)
+MAX_CONFIG_INT = 1 << 24
+#: the most transformer blocks (published decoders have at most about 130)
+MAX_LAYERS = 1024
+#: the keys that count blocks (:data:`MAX_LAYERS` holds for them)
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "depth")
+#: the most parameters a config may describe (published models have at most a few trillion)
+MAX_PARAMS = 10**13
+
+
+def config_limit(key: str) -> int:
+    """The largest value config key ``key`` may hold."""
+    return MAX_LAYERS if key in LAYER_KEYS else MAX_CONFIG_INT
+
 
 @dataclass(frozen=True)
 class Family:

@@ -75,8 +75,40 @@ def check_output(path: Path | str, *, folder: bool = False, marker: str | None =
         return path
     if stat.S_ISDIR(mode):
         raise StudioError(f"{path} is a folder: give a file name (nothing was written)")
+    if stat.S_ISREG(mode):
+        raise StudioError(f"{path} is a file, not a folder: give a folder (nothing was "
+                          "written)")
     raise StudioError(f"{path} is {kind_of(mode)}, not a regular {want}: QStudio writes only "
                       f"a new path or a {want} it may replace (nothing was written)")
+
+
+def check_destination(path: Path | str, *, folder: bool = False,
+                      marker: str | None = None) -> Path:
+    """The one rule for a path a user gives the studio to write (an ``--out`` file or folder,
+    an export, a new project file), for every writer: the folder it goes in must exist and be
+    writable (the studio never makes a user's folders: a mistyped one is not created, the
+    writer refuses it in one line naming it), and the path itself is one :func:`check_output`
+    takes. A :class:`StudioError` (exit 2) before any work; returns ``path``."""
+    from studio.core.errors import StudioError
+
+    path = check_output(Path(path), folder=folder, marker=marker)
+    parent = Path(os.path.abspath(path)).parent
+    try:
+        st = os.stat(parent)
+    except FileNotFoundError:
+        raise StudioError(f"cannot write {path}: the folder {parent} does not exist: create it "
+                          "first, or give a path in a folder that exists (nothing was "
+                          "written)") from None
+    except NotADirectoryError:
+        raise StudioError(f"cannot write {path}: a folder on its path is a file") from None
+    except OSError as exc:
+        raise StudioError(f"cannot write {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise StudioError(f"cannot write {path}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise StudioError(f"cannot write {path}: the folder {parent} is not writable: choose "
+                          "a folder you can write to (nothing was written)")
+    return path
 
 
 def read_input(path: Path | str, limit: int, what: str = "file") -> bytes:

@@ -38,7 +38,15 @@ import numpy as np
 
 from studio.core.catalog import Chip, get_chip, load_catalog
 from studio.core.errors import StudioError
-from studio.core.families import FAMILIES, SLIDING, UNLISTED, family_of, layer_types
+from studio.core.families import (
+    FAMILIES,
+    MAX_PARAMS,
+    SLIDING,
+    UNLISTED,
+    config_limit,
+    family_of,
+    layer_types,
+)
 from studio.core.resources import resources_dir
 
 MODEL_VERSION = "roofline-1.0"
@@ -125,6 +133,10 @@ class VisionArch:
             for k in (key, *alts):
                 v = vc.get(k)
                 if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                    if v > config_limit(k):
+                        raise StudioError(f"{where}: vision_config '{k}' = {v} must be between "
+                                          f"1 and {config_limit(k)}: the config is damaged or "
+                                          "not a model's")
                     return v
             raise StudioError(f"{where}: vision_config has no positive '{key}'")
 
@@ -265,6 +277,10 @@ class Arch:
                 if v is not None:
                     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                         raise StudioError(f"{where}: '{k}' must be a positive integer, not {v!r}")
+                    if v > config_limit(k):
+                        raise StudioError(f"{where}: '{k}' = {v} must be between 1 and "
+                                          f"{config_limit(k)}: the config is damaged or not a "
+                                          "model's")
                     return v
             raise StudioError(f"{where} has no '{keys[0]}'; give a Hugging Face config.json of "
                               f"a decoder-only transformer ({', '.join(FAMILIES)})")
@@ -299,7 +315,7 @@ class Arch:
         vc, top_type = config.get("vision_config"), str(config.get("model_type", ""))
         vision = (VisionArch.from_config(vc, top_type, where)
                   if isinstance(vc, Mapping) and top_type in VISION_FAMILIES else None)
-        return cls(
+        arch = cls(
             name=name or str(cfg.get("_name_or_path", "") or model_type),
             model_type=model_type, layers=layers, hidden=hidden, heads=heads,
             kv_heads=kv_heads, head_dim=head_dim, intermediate=intermediate, vocab=vocab,
@@ -309,6 +325,12 @@ class Arch:
             rope_theta=float(theta) if isinstance(theta, int | float) else None,
             vision=vision,
         )
+        total = arch.params + (vision.params if vision else 0)
+        if total > MAX_PARAMS:  # sizes each within bounds, together past any model
+            raise StudioError(f"{where} describes {total:.3g} parameters; at most "
+                              f"{MAX_PARAMS:.0e} are estimated: the config is damaged or not "
+                              "a model's")
+        return arch
 
 
 def load_config(path: str | Path) -> tuple[dict[str, Any], str]:

@@ -134,8 +134,12 @@ def _validate(p: Project) -> None:
 
     if not p.targets:
         raise StudioError("targets is empty: name at least one chip (see studio targets)")
+    seen: set[str] = set()
     for t in p.targets:
-        get_chip(t)  # raises a StudioError naming the known targets
+        key = get_chip(t).key  # raises a StudioError naming the known targets
+        if key in seen:  # it would be compiled, validated and run twice
+            raise StudioError(f"targets lists {t} twice: name each chip once")
+        seen.add(key)
 
 
 def _sweeps(raw: Any, p: Project) -> list[dict[str, Any]]:

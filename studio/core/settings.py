@@ -27,7 +27,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from studio.core.devices import check_kinds, default_devices, device_names
+from studio.core.devices import (
+    check_kinds,
+    default_devices,
+    device,
+    device_names,
+    shorthand_kind,
+)
 from studio.core.errors import StudioError
 from studio.core.layerdiff import MAX_WINDOWS, TENSOR_MODES
 from studio.core.parts import DEFAULT_MAX_PART_BYTES, MAX_PARTS
@@ -509,6 +515,15 @@ class Run(Section):
             raise StudioError("run.devices is empty: name a device to run on, e.g. "
                               + ", ".join(f'"{k}"' for k in default_devices()))
         check_kinds(self.devices)
+        seen: set[str] = set()
+        for name in self.devices:  # one device named twice would run every job twice
+            try:  # an id as the plan reads it (agent:lab is agent:lab@cpu)
+                key = name if shorthand_kind(name) else device(name).id
+            except StudioError:  # an adb phone the project's only target completes
+                key = name
+            if key in seen:
+                raise StudioError(f"run.devices names {name!r} twice: name each device once")
+            seen.add(key)
 
 
 def _default_stages() -> list[str]:

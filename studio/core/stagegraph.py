@@ -433,11 +433,13 @@ def plan(project: Project, stages: list[str] | None = None, targets: list[str] |
     wanted = list(project.pipeline.stages if stages is None else stages)
     check_stage_names(wanted, project.model.kind)
     chips = list(targets or project.targets)
-    for t in chips:
+    for i, t in enumerate(chips):
         if t not in project.targets:
             raise StudioError(
                 f"target {t!r} is not one of the project's targets ({', '.join(project.targets)})"
             )
+        if t in chips[:i]:  # its jobs would be planned (and computed) twice
+            raise StudioError(f"target {t} is given twice: name each target once")
     universe = _universe(project, chips)
     if retry is not None and STAGES[retry[0]].fan_out == "device" and retry[1]:
         retry = (retry[0], device(retry[1]).id)  # "htp-sim/CHIP" of older histories

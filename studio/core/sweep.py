@@ -14,9 +14,11 @@ A sweep is declared in the project file::
 An axis names any setting of the project (``section.key``), ``targets`` (a chip or a list of
 chips), or one override rule (``quantization.overrides.PATTERN`` = precisions, ``""`` for no
 rule). A grid takes every combination of the axes; ``points = [{...}, ...]`` lists the
-points instead. A point is the project with its settings applied and validated: a point
-whose combination the project refuses (W4A16 per_tensor, say) is *invalid*, with the
-project's one-line reason, and the sweep goes on without it.
+points instead. Every value is checked against its setting's declaration before any point is
+made (a value no point could take is refused in one line). A point is the project with its
+settings applied and validated: a point whose combination the project refuses (W4A16
+per_tensor, say) is *invalid*, with the project's one-line reason, and the sweep goes on
+without it.
 
 Pure: no I/O here. The service layer runs the points through the stage graph.
 """
@@ -29,9 +31,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from studio.core.catalog import get_chip
 from studio.core.errors import StudioError
 from studio.core.fsutil import sha256_json
-from studio.core.settings import SECTION_KEYS
+from studio.core.recipe import PRECISIONS
+from studio.core.settings import SECTION_KEYS, SECTIONS, check_type, check_value
 from studio.core.stagegraph import check_stage_names
 
 if TYPE_CHECKING:
@@ -130,6 +134,39 @@ def check_axis_key(key: str, project: Project) -> None:
         raise StudioError("sweep axis 'model.kind' cannot vary: a kind has its own stages")
 
 
+def check_axis_value(key: str, value: Any, where: str = "sweep axis") -> None:
+    """A one-line error unless ``value`` is one the setting ``key`` takes on its own: its
+    declared type and range (:mod:`studio.core.settings`), known chips for ``targets``, a
+    precision (or ``""``: no rule) for an override rule. Checked for every value before any
+    point runs; only a combination of values the project refuses makes a point *invalid*."""
+    if key == "targets":
+        chips = [value] if isinstance(value, str) else value
+        if not isinstance(chips, list) or not chips or not all(
+                isinstance(c, str) for c in chips):
+            raise StudioError(f"{where} targets = {format_value(value)}: give a chip or a list "
+                              "of chips (see studio targets)")
+        for c in chips:
+            try:
+                get_chip(c)
+            except StudioError as exc:  # names the known targets
+                raise StudioError(f"{where} targets: {exc.message}") from None
+        return
+    section, _, leaf = key.partition(".")
+    if section == "quantization" and leaf.startswith("overrides."):
+        if value not in ("", None) and value not in PRECISIONS:
+            raise StudioError(f"{where} {key} = {format_value(value)} is not one of "
+                              f"{', '.join(PRECISIONS)} (or \"\": no rule)")
+        return
+    spec, hint = SECTIONS[section].specs()[leaf]
+    check_type(f"{where} {key}", value, hint)
+    check_value(f"{where} {key}", value, spec)
+    if key in ("quantization.overrides", "quantization.vision_overrides"):
+        for pattern, prec in value.items():
+            if prec not in PRECISIONS:
+                raise StudioError(f"{where} {key}[{pattern!r}] = {prec!r} is not one of "
+                                  f"{', '.join(PRECISIONS)}")
+
+
 # ---- parsing ------------------------------------------------------------------------------
 def _axis_values(key: str, raw: Any) -> tuple[Any, ...]:
     if not isinstance(raw, list) or not raw:
@@ -168,14 +205,17 @@ def parse_spec(raw: Any, project: Project, where: str = "sweeps") -> SweepSpec:
     for key, vals in axes_raw.items():
         check_axis_key(key, project)
         axes.append((key, _axis_values(key, vals)))
+        for v in axes[-1][1]:  # each value on its own, before any point is made
+            check_axis_value(key, v)
     if len(points_raw) > MAX_POINTS:
         raise StudioError(f"{where} lists {len(points_raw)} points; at most {MAX_POINTS}")
     points: list[dict[str, Any]] = []
     for i, p in enumerate(points_raw):
         if not isinstance(p, dict) or not p:
             raise StudioError(f"{where}: point {i + 1} must be a table of settings")
-        for key in p:
+        for key, v in p.items():
             check_axis_key(key, project)
+            check_axis_value(key, v, f"{where}: point {i + 1}:")
         points.append(dict(p))
     stages = raw.get("stages", [])
     if not isinstance(stages, list) or not all(isinstance(s, str) for s in stages):

@@ -111,7 +111,8 @@ class Registry:
         for a in self.agents():
             if a.name == name:
                 return a
-        raise StudioError(f"no device named {name!r}: add it with studio devices add")
+        raise StudioError(f"no device named {name!r}: add it with studio devices add {name} "
+                          "--url URL --token-file F")
 
     def _token_file(self, name: str) -> Path:
         return self.folder / "tokens" / name

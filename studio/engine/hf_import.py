@@ -126,28 +126,26 @@ def _architecture(config: dict[str, Any], folder: Path) -> tuple[str, Family]:
     return architecture, family
 
 
-#: the largest size a config.json may give (hidden size, layers, heads, vocabulary...)
-MAX_CONFIG_INT = 1 << 24
-
-
 def _need_int(config: dict[str, Any], key: str, folder: Path, required: bool = True
               ) -> int | None:
-    """``config[key]``, a whole number from 1 to :data:`MAX_CONFIG_INT`, or one line (None
-    when it is left out and not ``required``)."""
+    """``config[key]``, a whole number from 1 to its limit
+    (:func:`studio.core.families.config_limit`), or one line (None when it is left out and
+    not ``required``)."""
     value = config.get(key)
     if value is None and not required:
         return None
     if not isinstance(value, int) or isinstance(value, bool):
         raise StudioError(f"config.json in {folder} lacks an integer {key!r}")
-    if not 1 <= value <= MAX_CONFIG_INT:
+    high = families.config_limit(key)
+    if not 1 <= value <= high:
         raise StudioError(f"config.json in {folder}: {key} = {value} must be between 1 and "
-                          f"{MAX_CONFIG_INT}: the config is damaged or not a model's")
+                          f"{high}: the config is damaged or not a model's")
     return value
 
 
 def _config_int(config: dict[str, Any], key: str, folder: Path) -> int:
-    """``config[key]``, which must be there: a whole number from 1 to
-    :data:`MAX_CONFIG_INT`, or one line."""
+    """``config[key]``, which must be there: a whole number from 1 to its limit, or one
+    line."""
     value = _need_int(config, key, folder)
     if value is None:  # never: required
         raise StudioError(f"config.json in {folder} lacks an integer {key!r}")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import Cancelled, StudioError
-from studio.core.fsutil import atomic_copytree, check_output
+from studio.core.fsutil import atomic_copytree, check_destination, check_output
 from studio.core.progress import Progress
 from studio.core.project import Project
 from studio.core.stagegraph import STAGES
@@ -49,8 +49,8 @@ def stored_bundle(project: Project, target: str | None = None, parts: int | None
     folder = stored_artifact(p, f"bundle[{chip}]", "the Genie bundle", run=build)
     if folder is None:
         raise StudioError(f"there is no Genie bundle for {chip} with the project's current "
-                          "settings: build it on the Deploy page (or studio bundle FILE; "
-                          "--stages bundle in a batch run)")
+                          f"settings: build it first with studio bundle {project.path} "
+                          f"--target {chip} (or on the Deploy page)")
     return folder / "bundle", json.loads((folder / "result.json").read_text())
 
 
@@ -60,7 +60,7 @@ def build_bundle(project: Project, target: str | None = None, out: Path | None =
     copied to ``out`` (default: the project folder's ``bundles/<chip>``), whole or not at all.
     Returns the stage's result with ``folder``."""
     if out is not None:  # before any work: a folder of other files is not replaced
-        check_output(Path(out), folder=True, marker=BUNDLE_MARKER)
+        check_destination(Path(out), folder=True, marker=BUNDLE_MARKER)
     folder, result = stored_bundle(project, target, parts, prefill_length)
     dest = Path(out) if out else project.folder / "bundles" / result["target"]
     check_output(dest, folder=True, marker=BUNDLE_MARKER)

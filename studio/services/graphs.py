@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
-from studio.core.fsutil import atomic_write_json, check_output
+from studio.core.fsutil import atomic_write_json, check_destination
 from studio.core.progress import NullProgress, Progress
 from studio.core.recipe import PLACEMENTS as PLACEMENTS
 from studio.engine.graphdata import compare_outputs
@@ -33,7 +33,7 @@ def deploy_graph(onnx_path: Path, out_dir: Path, calibration: Path, target: str,
     if placement not in PLACEMENTS:
         raise StudioError(f"placement must be one of {', '.join(PLACEMENTS)}, not {placement!r}")
     chip = get_chip(target)
-    out = check_output(Path(out_dir), folder=True)
+    out = check_destination(Path(out_dir), folder=True)
     from studio.engine.onnx_import import open_onnx
 
     open_onnx(Path(onnx_path))  # a corrupt model: one line, before the folder is made

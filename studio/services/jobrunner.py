@@ -259,9 +259,13 @@ class JobRunner:
             elif kind == "partial":
                 sink.partial(msg.get("data"))
 
-        # interrupted (Ctrl-C), the work folder stays in the store's tmp folder, which the
-        # next open cleans
-        outcome = await self.execute(spec, on_message)
+        try:
+            outcome = await self.execute(spec, on_message)
+        except BaseException:
+            # interrupted (Ctrl-C, a cancelled run): the work folder goes with the worker that
+            # wrote it (a kept folder of finished parts stays for the next run of its key)
+            self.store.drop_workdir(workdir)
+            raise
         if cancelled():
             self.store.drop_workdir(workdir)
             sink.update(state="cancelled", finished=time.time(), message="cancelled")

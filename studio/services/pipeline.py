@@ -138,9 +138,11 @@ class Pipeline:
         self.jobs.append_log(jid, line)
         self._emit({"kind": "log", "job_id": jid, "line": line})
 
-    def _kill_worker(self) -> None:
-        if self._worker is not None:
-            self._worker.kill()
+    async def _stop_worker(self) -> None:
+        """The warm worker killed and reaped (:meth:`WorkerProcess.stop`)."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            await worker.stop()
 
     async def _close_worker(self) -> None:
         worker, self._worker = self._worker, None
@@ -217,15 +219,17 @@ class Pipeline:
                 if pj.decl.role == "report":
                     report = self._publish_report(art)
         except BaseException:
-            # Ctrl-C, or the caller cancelled the coroutine: stop the worker and record the
-            # unfinished jobs as cancelled (not left "running" for the next open to find).
-            self._kill_worker()
+            # Ctrl-C, or the caller cancelled the coroutine: record the unfinished jobs as
+            # cancelled (not left "running" for the next open to find), and stop the worker
+            # and wait for it to be gone before the event loop closes (a worker left to the
+            # garbage collector prints "Event loop is closed" after the run)
             now = time.time()
             for jid in ids:
                 if self.jobs.job(jid).state in ("queued", "running"):
                     self.jobs.update_job(jid, state="cancelled", finished=now,
                                          message="cancelled: the run was interrupted")
             self.jobs.finish_run(run_id, "cancelled")
+            await self._stop_worker()
             raise
         await self._close_worker()
         state = run_outcome([self.jobs.job(i).state for i in ids])

@@ -91,10 +91,12 @@ def export_overrides(studio, out) -> dict[str, int]:
     encodings-override JSON (``qnn-onnx-converter --quantization_overrides``)."""
     from pathlib import Path
 
+    from studio.core.fsutil import check_destination
     from studio.engine.encodings import write_encodings
 
+    out = check_destination(Path(out))  # the one rule for a user's path: before any work
     art = _current_artifact(studio, "quantize")
-    return write_encodings(art.path / "decode.onnx", Path(out))
+    return write_encodings(art.path / "decode.onnx", out)
 
 
 def import_overrides(studio, path) -> tuple[dict[str, str], list[str]]:

@@ -170,6 +170,7 @@ def preflight(project: Project, jobs: list[PlannedJob]) -> None:
     unknown = checks - set(CHECKS)
     if unknown:  # a declaration names a check this module does not have
         raise StudioError(f"unknown preflight check(s) {', '.join(sorted(unknown))}")
+    _check_devices_known(jobs)  # first: it reads a small file, the checks below read models
     if "draft" in checks and not project.model.get("draft"):
         raise StudioError("the project has no draft model: set model.draft (for example "
                           "\"sample:tiny-coder-draft\") to export one")
@@ -219,6 +220,20 @@ def preflight(project: Project, jobs: list[PlannedJob]) -> None:
             _check_overrides(project, model)
     _check_targets_run_the_recipe(project, jobs)
     check_writable_dir(project.folder)
+
+
+def _check_devices_known(jobs: list[PlannedJob]) -> None:
+    """The devices the planned jobs run on, as far as this machine knows them without
+    reaching them: an agent that ``run.devices`` names must be registered (studio devices
+    add), refused here rather than when its run stage starts, after the rest of the run."""
+    from studio.core.devices import device
+    from studio.engine.devices import backend
+
+    for dev_id in dict.fromkeys(j.target for j in jobs if STAGES[j.stage].fan_out == "device"):
+        try:
+            backend(device(dev_id)).check_known()
+        except StudioError as exc:
+            raise StudioError(f"run.devices: {dev_id}: {exc.message}") from None
 
 
 def _check_targets_run_the_recipe(project: Project, jobs: list[PlannedJob]) -> None:

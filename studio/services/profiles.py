@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from studio.core.errors import StudioError
-from studio.core.fsutil import atomic_write_text, check_output
+from studio.core.fsutil import atomic_write_text, check_destination
 from studio.core.jobs import Job, JobStore
 from studio.core.profile import Profile
 from studio.core.profile_export import to_chrome_trace, to_csv
@@ -72,7 +72,7 @@ def export(data: pv.ProfileData, fmt: str, out: str | Path) -> Path:
     prof.table = data.table
     text = (json.dumps(to_chrome_trace(prof), separators=(",", ":")) if fmt == "chrome"
             else to_csv(prof))
-    out = check_output(Path(out))
+    out = check_destination(Path(out))
     atomic_write_text(out, text)
     return out
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from studio.core import project as projectfile
 from studio.core.errors import StudioError
-from studio.core.fsutil import atomic_copytree, check_output
+from studio.core.fsutil import atomic_copytree, check_destination
 from studio.core.project import Project
 from studio.services.generate import stored_artifact
 
@@ -56,8 +56,8 @@ def check_prune_out(out: Path) -> None:
     if out.is_dir() and not out.is_symlink() and any(out.iterdir()):
         raise StudioError(f"{out} exists and is not empty: choose a new folder for the "
                           "pruned checkpoint")
-    check_output(out, folder=True, marker="")
-    check_output(out.with_suffix(".qstudio"))
+    check_destination(out, folder=True, marker="")
+    check_destination(out.with_suffix(".qstudio"))
 
 
 def prune(project: Project, drop: int | None = None, out: Path | None = None) -> dict[str, Any]:

@@ -264,3 +264,7 @@ class RayExecutor:
         self.cancel()
         if self.started_here:
             self.ray.shutdown()
+
+    async def stop(self) -> None:
+        """As :meth:`kill` (the tasks run in Ray's processes: nothing of them to reap here)."""
+        self.kill()

@@ -12,7 +12,7 @@ from studio.core import project as projectfile
 from studio.core.artifacts import ArtifactStore
 from studio.core.commands import CommandStack, SetValue
 from studio.core.errors import StudioError
-from studio.core.fsutil import check_writable_dir
+from studio.core.fsutil import check_destination, check_writable_dir
 from studio.core.jobs import JobStore
 from studio.core.project import Project
 from studio.services.pipeline import Pipeline, RunSummary
@@ -46,15 +46,23 @@ class Studio:
     def open(cls, path: Path) -> Studio:
         return cls(projectfile.load(Path(path)))
 
+    @staticmethod
+    def new_file(path: Path) -> Path:
+        """Where a new project goes: ``path`` with the ``.qstudio`` suffix, refused in one
+        line when something is there already, or by the one rule for every writer of a
+        user's path (:func:`studio.core.fsutil.check_destination`: its folder must exist)."""
+        path = Path(path)
+        if path.suffix != ".qstudio":
+            path = path.with_suffix(".qstudio")
+        if path.exists() or path.is_symlink():
+            raise StudioError(f"{path} already exists: choose another name or open it")
+        return check_destination(path)
+
     @classmethod
     def create(cls, path: Path, source: str, targets: list[str] | None = None,
                name: str | None = None, image_size_name: str = "export.image_size",
                **sections: Any) -> Studio:
-        path = Path(path)
-        if path.suffix != ".qstudio":
-            path = path.with_suffix(".qstudio")
-        if path.exists():
-            raise StudioError(f"{path} already exists: choose another name or open it")
+        path = cls.new_file(path)
         if "overrides" not in sections.get("quantization", {}):
             from studio.core.catalog import default_chip_key, get_chip
             from studio.core.samples import sample_overrides

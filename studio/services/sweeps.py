@@ -440,7 +440,7 @@ class SweepRunner:
                 self._executor = await asyncio.to_thread(self._make_executor)
                 await self._execute(versions)
         except BaseException:
-            self._stop_executor()
+            await self._stop_executor()
             for pr in self.points:
                 if pr.state in ("pending", "running"):
                     pr.state, pr.reason = "cancelled", "the sweep was interrupted"
@@ -492,9 +492,9 @@ class SweepRunner:
         self.note = why if self.workers_asked is not None and n != self.workers_asked else ""
         return LocalPool(n, self.store.tmp)
 
-    def _stop_executor(self) -> None:
+    async def _stop_executor(self) -> None:
         if self._executor is not None:
-            self._executor.kill()
+            await self._executor.stop()
 
     async def _execute(self, versions: dict[str, str]) -> None:
         pending = dict(self.unique)

@@ -9,6 +9,7 @@ the next job starts a new one. A :class:`LocalPool` keeps up to ``size`` of them
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -115,6 +116,28 @@ class WorkerProcess:
                 pass
         self._drop_scratch()
 
+    async def stop(self) -> None:
+        """Kill the worker (its process group) and wait until it is gone: its exit reaped,
+        its pipes and their reader closed, its scratch folder removed. What is left to the
+        garbage collector after the event loop closes (an interrupted ``asyncio.run``) ends
+        in "RuntimeError: Event loop is closed" on stderr; a run stopped by Ctrl-C awaits this
+        instead."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            if proc.returncode is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 10)
+        reader, self._stderr = self._stderr, None
+        if reader is not None:  # it ends at the pipe's end; its outcome is not wanted
+            await asyncio.wait({reader}, timeout=5)
+            if not reader.done():
+                reader.cancel()
+        self._drop_scratch()
+
     def _drop_scratch(self) -> None:
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
@@ -161,7 +184,7 @@ class WorkerProcess:
         except (BrokenPipeError, ConnectionResetError):
             pass
         except asyncio.CancelledError:
-            self.kill()
+            await self.stop()
             raise
         rc = await proc.wait()
         self.proc = None
@@ -216,3 +239,8 @@ class LocalPool:
     def kill(self) -> None:
         for worker in self._all:
             worker.kill()
+
+    async def stop(self) -> None:
+        """Every worker killed and reaped (:meth:`WorkerProcess.stop`)."""
+        for worker in self._all:
+            await worker.stop()

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from studio.core import thirdparty
+
 _T0 = time.perf_counter()
 
 
@@ -53,8 +55,7 @@ def _missing_window_libraries() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    thirdparty.settle()  # before any library is imported: offline, no telemetry store
     if (sys.platform.startswith("linux") and not os.environ.get("QT_QPA_PLATFORM")
             and not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY")):
         # Qt would abort with a list of plugins; say what to do instead

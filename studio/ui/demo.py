@@ -38,7 +38,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.core import figures
+from studio.core import figures, thirdparty
 from studio.core.errors import Cancelled, StudioError
 from studio.core.progress import EventProgress
 from studio.core.units import signed
@@ -1030,8 +1030,7 @@ def main(argv: list[str] | None = None) -> int:
     """``studio demo FILE [--scene N] [--windowed]``: bad input says so in one line and exits
     2 before any window opens."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    thirdparty.settle()  # before any library is imported: offline, no telemetry store
     try:
         args = parse_args(argv)
     except SystemExit as exc:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+
+from studio.core import thirdparty
 
 
 def sample_project(folder: Path, name: str = "sample"):
@@ -93,7 +94,7 @@ def run_page(page_cls, argv: list[str] | None = None) -> int:
         ctl.shutdown()
         return 0
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    thirdparty.settle()  # before any library is imported: offline, no telemetry store
     try:
         with asyncio.Runner(loop_factory=qasync.QEventLoop) as runner:
             return runner.run(main())

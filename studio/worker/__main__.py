@@ -37,6 +37,9 @@ def run_one(line: str, progress) -> None:
 
 
 def main() -> int:
+    from studio.core import thirdparty
+
+    thirdparty.settle()  # as its parent did (a worker Ray starts has an environment of its own)
     die_with_parent()
     # Keep the protocol on a private copy of stdout; native libraries that print to fd 1
     # (the QNN backend does) end up on stderr instead of corrupting the protocol.

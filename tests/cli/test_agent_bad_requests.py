@@ -137,6 +137,22 @@ def test_wrong_tokens_are_answered_429_after_a_while(agent):
     statuses = [agent.request("GET", "/info", token=f"guess-{i}")[0] for i in range(25)]
     assert statuses[:20] == [401] * 20 and set(statuses[20:]) == {429}
     assert agent.request("GET", "/health", token=None)[0] == 200
+    # someone guessing from an address locks it out, the right token too: a right guess
+    # must not be told apart from a wrong one
+    assert agent.request("GET", "/info")[0] == 429
+
+
+def test_a_clients_wrong_token_does_not_lock_out_the_right_one(agent):
+    """Clients behind one address (a shared NAT, or every client on loopback): one with a
+    stale token is answered 429 after a while, and only for that token; the right token from
+    the same address still gets in, and so does another client's first wrong try (401)."""
+    statuses = [agent.request("GET", "/info", token="stale-token")[0] for _ in range(25)]
+    assert statuses[:20] == [401] * 20 and set(statuses[20:]) == {429}
+    status, answer = agent.request("GET", "/info", token="stale-token")
+    assert status == 429 and "this token was refused too many times" in answer["error"]
+    assert agent.request("GET", "/info")[0] == 200
+    assert agent.request("GET", "/info", token="another-typo")[0] == 401
+    assert agent.request("GET", "/info")[0] == 200
 
 
 def test_run_options_other_than_the_performance_mode_are_refused(agent):

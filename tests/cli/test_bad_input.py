@@ -301,3 +301,28 @@ def test_stages_option_without_a_name(tmp_path):
     before = snapshot(tmp_path)
     assert_clean_failure(studio("--batch", f, "--stages", ",,"), "no stages given", tmp_path,
                          before)
+
+
+def test_the_libraries_it_loads_write_nothing_in_the_home(tmp_path):
+    """ONNX Runtime opens a telemetry store in the user's home as it is imported
+    (``~/.cache/Microsoft/DeveloperTools/.onnxruntime/onnxruntime.db``): every entry point
+    turns it off first (studio.core.thirdparty), so a command that loads it leaves the home as
+    it was, whatever its outcome. ``studio doctor`` loads it to check the QNN backend."""
+    import os
+    import subprocess
+    import sys
+
+    from studio.core import thirdparty
+    from tests.cli.conftest import ROOT
+
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("XDG_") and k not in thirdparty.DEFAULTS}
+    env.update(HOME=str(home), QSTUDIO_CONFIG_DIR=str(tmp_path / "config"))
+    code = ("import sys; from studio.cli.main import main; rc = main(sys.argv[1:]); "
+            "assert 'onnxruntime' in sys.modules; sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code, "doctor"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    assert sorted(p.relative_to(home) for p in home.rglob("*")) == []

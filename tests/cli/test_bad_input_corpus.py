@@ -86,6 +86,11 @@ def _build(world: Path) -> dict[str, list[str]]:
     (w / "truncated.onnx").write_bytes(b"\x08\x07not a protobuf" * 4)
     (w / "calib.npz").write_bytes(b"PK")
     (w / "a-file").write_text("not a folder\n")
+    for name, sizes in (("wide", {"hidden_size": 10**9, "num_hidden_layers": 2}),
+                        ("deep", {"hidden_size": 64, "num_hidden_layers": 100_000})):
+        (w / f"{name}.json").write_text(json.dumps({
+            "model_type": "llama", "num_attention_heads": 8, "intermediate_size": 128,
+            "vocab_size": 1000, **sizes}))
     sock = w / "agent.sock"
     s = socket.socket(socket.AF_UNIX)
     s.bind(str(sock))
@@ -117,6 +122,16 @@ def _build(world: Path) -> dict[str, list[str]]:
             "max_new_tokens = 8": "max_new_tokens = 8\ndevices = [{a = 1}]"}))],
         "run.devices empty": ["info", project("d3.qstudio", _project(**{
             "max_new_tokens = 8": "max_new_tokens = 8\ndevices = []"}))],
+        "run.devices names a device twice": ["info", project("d4.qstudio", _project(**{
+            "max_new_tokens = 8": 'max_new_tokens = 8\ndevices = ["cpu", "htp-sim", "cpu"]'}))],
+        "run.devices names an agent twice": ["info", project("d5.qstudio", _project(**{
+            "max_new_tokens = 8": 'max_new_tokens = 8\ndevices = ["agent:lab", "agent:lab@cpu"]'
+        }))],
+        "run.devices names an agent not registered": ["--batch", project("d6.qstudio", _project(**{
+            "max_new_tokens = 8": 'max_new_tokens = 8\ndevices = ["cpu", "agent:nosuch"]'}))],
+        "targets lists a chip twice": ["info", project("t2.qstudio", _project(**{
+            f'targets = ["{default_target()}"]':
+                f'targets = ["{default_target()}", "{default_target()}"]'}))],
         "heldout_tokens 2**63-1": ["info", project("h.qstudio", _project(**{
             "heldout_tokens = 96": f"heldout_tokens = {BIG}"}))],
         "sensitivity.heldout_tokens 2**63-1": ["info", project("sh.qstudio", _project()
@@ -161,8 +176,12 @@ def _build(world: Path) -> dict[str, list[str]]:
                                "--apply", "p999"],
         "sweep --stages ''": ["sweep", P, "--axis", "quantization.scheme=W8A16,W8A8",
                               "--stages", ""],
+        "sweep --axis a value the setting refuses": [
+            "sweep", P, "--axis", "quantization.scheme=BOGUS,W8A8"],
         # ---- options checked before any work
         "batch --stages ''": ["--batch", P, "--stages", ""],
+        "batch --target twice": ["--batch", P, "--target", default_target(), "--target",
+                                 default_target()],
         "generate --max-new-tokens 0": ["generate", P, "--prompt", "x", "--max-new-tokens",
                                         "0"],
         "generate --speculative --k 0": ["generate", P, "--prompt", "x", "--speculative",
@@ -170,6 +189,10 @@ def _build(world: Path) -> dict[str, list[str]]:
         "generate --temperature nan": ["generate", P, "--prompt", "x", "--temperature", "nan"],
         "generate --top-p 0": ["generate", P, "--prompt", "x", "--top-p", "0"],
         "generate --window 0": ["generate", P, "--prompt", "x", "--window", "0"],
+        "generate --device ''": ["generate", P, "--prompt", "x", "--device", ""],
+        # a bundle takes minutes to build: generate names the command that builds it
+        "generate --runtime genie without a bundle": ["generate", P, "--prompt", "x",
+                                                      "--runtime", "genie"],
         "waterfall --chip bogus": ["waterfall", P, "--chip", "bogus"],
         "prune --drop 0": ["prune", P, "--drop", "0"],
         "prune --drop -2": ["prune", P, "--drop", "-2"],
@@ -189,6 +212,10 @@ def _build(world: Path) -> dict[str, list[str]]:
                                       str(w / "calib.npz")],
         "estimate --context 0": ["estimate", "--config", "tiny-coder", "--chip",
                                  default_target(), "--context", "0"],
+        "estimate a config 10**9 wide": ["estimate", "--config", str(w / "wide.json"),
+                                         "--chip", default_target()],
+        "estimate a config 100000 layers deep": ["estimate", "--config", str(w / "deep.json"),
+                                                 "--chip", default_target()],
         # ---- --out never replaces what is not the studio's
         "report --out a link": ["report", P, "--format", "md", "--out", str(w / "link.txt")],
         "report --out a FIFO": ["report", P, "--format", "md", "--out", str(w / "fifo")],
@@ -201,6 +228,22 @@ def _build(world: Path) -> dict[str, list[str]]:
         "overrides export to a link": ["overrides", "export", P, str(w / "link.txt")],
         "profile export to a FIFO": ["profile", "export", P, str(w / "fifo"), "--format",
                                      "csv"],
+        # ---- one rule for every writer: the folder a path goes in must exist (none is made)
+        "report --out in a missing folder": ["report", P, "--format", "md", "--out",
+                                             str(w / "missing" / "r.md")],
+        "overrides export in a missing folder": ["overrides", "export", P,
+                                                 str(w / "missing" / "o.json")],
+        "profile export in a missing folder": ["profile", "export", P,
+                                               str(w / "missing" / "t.csv"), "--format", "csv"],
+        "new in a missing folder": ["new", str(w / "missing" / "n.qstudio"), "--sample",
+                                    "tiny-coder"],
+        "bundle --out in a missing folder": ["bundle", P, "--out", str(w / "missing" / "b")],
+        "prune --out in a missing folder": ["prune", P, "--out", str(w / "missing" / "pr")],
+        "graph --out in a missing folder": ["graph", str(w / "truncated.onnx"), "--calibration",
+                                            str(w / "calib.npz"), "--out",
+                                            str(w / "missing" / "g")],
+        "agent serve --store in a missing folder": ["agent", "serve", "--port", "0", "--store",
+                                                    str(w / "missing" / "store")],
         # ---- checkpoints whose header or config does not hold together
         "checkpoint header I64 over F32 data": ["new", str(w / "c1.qstudio"), "--checkpoint",
                                                 str(_checkpoint(w / "ck-i64", 1, "I64"))],
@@ -221,7 +264,7 @@ def _build(world: Path) -> dict[str, list[str]]:
     return cases
 
 
-#: case -> the words its one line must hold
+#: case -> the words its one line must hold ({P}: the good project's path)
 NEEDLES = {
     "project is a link to /dev/zero": "is a character device, not a regular file",
     "project is a FIFO": "is a named pipe (FIFO), not a regular file",
@@ -233,6 +276,12 @@ NEEDLES = {
     "run.devices a list of lists": "run.devices[0] must be a str, not list",
     "run.devices a list of tables": "run.devices[0] must be a str, not dict",
     "run.devices empty": "run.devices is empty",
+    "run.devices names a device twice": "run.devices names 'cpu' twice: name each device once",
+    "run.devices names an agent twice": "run.devices names 'agent:lab@cpu' twice",
+    "run.devices names an agent not registered": "run.devices: agent:nosuch@cpu: no device "
+                                                 "named 'nosuch': add it with studio devices "
+                                                 "add nosuch --url URL --token-file F",
+    "targets lists a chip twice": f"targets lists {default_target()} twice: name each chip once",
     "heldout_tokens 2**63-1": "validation.heldout_tokens = 9223372036854775807 is more than",
     "sensitivity.heldout_tokens 2**63-1": "sensitivity.heldout_tokens = 9223372036854775807",
     "pruning.drop_blocks 2**63-1": "pruning.drop_blocks = 9223372036854775807",
@@ -253,12 +302,18 @@ NEEDLES = {
     "sweep --executor bogus": "argument --executor: invalid choice: 'bogus'",
     "sweep --apply p999": "--apply 'p999': give best or a point label p1 .. p2",
     "sweep --stages ''": "--stages names no stage",
+    "sweep --axis a value the setting refuses": "sweep axis quantization.scheme = 'BOGUS' is "
+                                                "not one of W8A16, W8A8",
     "batch --stages ''": "no stages given",
+    "batch --target twice": f"target {default_target()} is given twice: name each target once",
     "generate --max-new-tokens 0": "run.max_new_tokens must be at least 1, not 0",
     "generate --speculative --k 0": "argument --k: 0 is not from 1 to 64",
     "generate --temperature nan": "argument --temperature: nan is not a finite number",
     "generate --top-p 0": "argument --top-p: 0 must be more than 0",
     "generate --window 0": "argument --window: 0 is not at least 1",
+    "generate --device ''": "argument --device: '' names no device: leave --device out",
+    "generate --runtime genie without a bundle": f"build it first with studio bundle {{P}} "
+                                                 f"--target {default_target()}",
     "waterfall --chip bogus": "bogus",
     "prune --drop 0": "pruning.drop_blocks must be at least 1, not 0",
     "prune --drop -2": "pruning.drop_blocks must be at least 1, not -2",
@@ -274,6 +329,10 @@ NEEDLES = {
     "new with a 300-character name": "too long",
     "graph of a truncated ONNX": "not a valid ONNX model",
     "estimate --context 0": "argument --context: 0 is not from 1",
+    "estimate a config 10**9 wide": "config wide: 'hidden_size' = 1000000000 must be between 1 "
+                                    "and 16777216: the config is damaged",
+    "estimate a config 100000 layers deep": "config deep: 'num_hidden_layers' = 100000 must be "
+                                            "between 1 and 1024",
     "report --out a link": "is a symbolic link, not a regular file",
     "report --out a FIFO": "is a named pipe (FIFO), not a regular file",
     "report --out /dev/null": "is a character device, not a regular file",
@@ -283,6 +342,11 @@ NEEDLES = {
     "overrides export to /dev/null": "is a character device, not a regular file",
     "overrides export to a link": "is a symbolic link, not a regular file",
     "profile export to a FIFO": "is a named pipe (FIFO), not a regular file",
+    **{case: "/missing does not exist: create it first" for case in (
+        "report --out in a missing folder", "overrides export in a missing folder",
+        "profile export in a missing folder", "new in a missing folder",
+        "bundle --out in a missing folder", "prune --out in a missing folder",
+        "graph --out in a missing folder", "agent serve --store in a missing folder")},
     "checkpoint header I64 over F32 data": "I64 x [4, 2] is 64 bytes but its offsets span 32",
     "checkpoint with 0 attention heads": "num_attention_heads = 0 must be between 1 and",
     "agent serve --port -1": "argument --port: -1 is not from 0 to 65535",
@@ -323,7 +387,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(corpus, case):
     assert got["rc"] == 2, (got["rc"], got["stderr"][-2000:])
     assert 1 <= len(lines) <= 2 and lines[-1].startswith("error: "), got["stderr"][-2000:]
     assert "Traceback" not in got["stderr"]
-    assert NEEDLES[case] in lines[-1], lines[-1]
+    assert NEEDLES[case].replace("{P}", str(world / "p.qstudio")) in lines[-1], lines[-1]
     assert got["changed"] == [], got["changed"]
     assert got["seconds"] < 20, got["seconds"]
 

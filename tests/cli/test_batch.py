@@ -164,6 +164,18 @@ def _ctrl_c(small_project):
     assert running, "the run stage never started"
     run_id, worker_pid = running
     assert proc.returncode == 130, err
+    # ends cleanly: one line, no traceback (nor asyncio's "Event loop is closed" from a
+    # worker's pipes left to the garbage collector), no lock held, no temporary folder left
+    assert err.strip() == "interrupted", err
+    from studio.core.artifacts import RESUME_PREFIX, ArtifactStore, holds_finished_parts
+    from studio.core.fsutil import RunLock
+
+    folder = small_project.with_suffix(".studio")
+    assert not RunLock(folder).held()
+    tmp = ArtifactStore(folder / "artifacts").tmp
+    left = [p.name for p in tmp.iterdir()
+            if not (p.name.startswith(RESUME_PREFIX) and holds_finished_parts(p))]
+    assert left == [], left
     con = sqlite3.connect(db)
     states = {s for (s,) in con.execute("SELECT state FROM jobs WHERE run_id=?", (run_id,))}
     assert "running" not in states and "queued" not in states and "cancelled" in states

@@ -57,10 +57,11 @@ def test_building_the_parser_imports_no_command_work():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     studio_mods, heavy = r.stdout.splitlines()[-2:]
-    # the errors, the way a value is written and the device kinds' declarations (the
-    # --device help names them; pure, nothing imported beside the standard library)
+    # the errors, the way a value is written, the device kinds' declarations (the --device
+    # help names them) and the third-party libraries' environment (set before any is
+    # imported); pure, nothing imported beside the standard library
     assert studio_mods.split() == ["studio.core", "studio.core.devices",
                                    "studio.core.devices.adb", "studio.core.devices.agent",
                                    "studio.core.devices.base", "studio.core.errors",
-                                   "studio.core.units"]
+                                   "studio.core.thirdparty", "studio.core.units"]
     assert heavy == ""

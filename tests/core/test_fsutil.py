@@ -49,6 +49,7 @@ from studio.core.errors import StudioError  # noqa: E402
 from studio.core.fsutil import (  # noqa: E402
     atomic_write_bytes,
     atomic_write_text,
+    check_destination,
     check_output,
     read_input,
 )
@@ -112,13 +113,31 @@ def test_a_socket_is_refused(tmp_path):
 def test_a_file_where_a_folder_is_expected_and_the_other_way_round(tmp_path):
     f = tmp_path / "a-file"
     f.write_text("keep")
-    with pytest.raises(StudioError, match="not a regular folder"), atomic_folder(f):
+    with pytest.raises(StudioError, match="is a file, not a folder: give a folder"), \
+            atomic_folder(f):
         pass
     assert f.read_text() == "keep"
     with pytest.raises(StudioError, match="is a folder: give a file name"):
         atomic_write_text(tmp_path, "x")
     with pytest.raises(StudioError, match="a folder on its path is a file"):
         check_output(f / "inside.txt")
+
+
+def test_a_users_path_needs_its_folder_and_none_is_made(tmp_path):
+    """The one rule for every writer of a path a user gives (check_destination): the folder
+    it goes in must exist, for a file and for a folder alike; nothing is created."""
+    for folder in (False, True):
+        with pytest.raises(StudioError, match=r"the folder .*missing does not exist: create it "
+                                              "first"):
+            check_destination(tmp_path / "missing" / "out", folder=folder)
+    assert list(tmp_path.iterdir()) == []
+    assert check_destination(tmp_path / "out.md") == tmp_path / "out.md"
+    f = tmp_path / "a-file"
+    f.write_text("keep")
+    with pytest.raises(StudioError, match="a folder on its path is a file"):
+        check_destination(f / "out.md")
+    with pytest.raises(StudioError, match="is a file, not a folder"):
+        check_destination(f, folder=True)
 
 
 def test_a_linked_folder_is_not_replaced(tmp_path):

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from studio.cli.command import Command, Context, Parser
-from studio.cli.common import number, whole
+from studio.cli.common import number, out_path, whole
 from studio.core.errors import StudioError
 
 
@@ -57,8 +57,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             ctx.load_cert_chain(args.tls_cert, args.tls_key)
         except (OSError, ssl.SSLError) as exc:
             raise StudioError(f"cannot load the TLS certificate / key: {exc}") from None
-    if args.store:
-        store = Path(args.store).expanduser()
+    if args.store:  # the user's folder: the one rule for every writer's path
+        store = out_path(args.store, folder=True)
     else:
         import platformdirs
 

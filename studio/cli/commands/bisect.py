@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from studio.cli.command import Command, Context
+from studio.cli.common import device_arg
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--part", dest="bisect_part", type=int,
                    help="a model exported in parts: bisect only this part (1..parts; default: "
                         "each part in turn, the others in FP32)")
-    p.add_argument("--device", dest="bisect_device",
+    p.add_argument("--device", dest="bisect_device", type=device_arg,
                    help="run the HTP side on a device through its agent: "
                         "agent:NAME@htp:CHIP (or @htp-sim:CHIP)")
     p.add_argument("--json", dest="bisect_json", action="store_true",

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
 
     native_output_to_stderr()
     out = build_bundle(projectfile.load(Path(args.file)), args.target,
-                       out_path(args.out) if args.out else None, args.parts,
+                       out_path(args.out, folder=True) if args.out else None, args.parts,
                        args.prefill_length)
     code = 0 if out["gates_passed"] else 1  # an accuracy gate failed on the shipped binaries
     if args.bundle_json:

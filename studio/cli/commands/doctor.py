@@ -9,12 +9,13 @@ import json
 from pathlib import Path
 
 from studio.cli.command import Command, Context
+from studio.cli.common import device_arg
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", nargs="?", help="a project file (its plan, data and binaries are "
                                            "checked too)")
-    p.add_argument("--device", dest="doctor_device",
+    p.add_argument("--device", dest="doctor_device", type=device_arg,
                    help="a device to check: agent:NAME or adb:SERIAL")
     p.add_argument("--json", dest="doctor_json", action="store_true",
                    help="print the checks as JSON")

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from studio.cli.command import Command, Context
-from studio.cli.common import native_output_to_stderr, number, setting_arg, whole
+from studio.cli.common import device_arg, native_output_to_stderr, number, setting_arg, whole
 from studio.core.devices import device_names
 from studio.core.errors import StudioError
 
@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(model.chat_template)")
     p.add_argument("--image", help="a vision-language model: the picture the prompt is about "
                                    "(PNG or JPEG; resized to export.image_size)")
-    p.add_argument("--device", help="where it runs: " + ", ".join(device_names()) + " (cpu, "
+    p.add_argument("--device", type=device_arg, help="where it runs: " + ", ".join(device_names()) + " (cpu, "
                                     "the FP32 export on the host CPU, by default; htp-sim: the "
                                     "first target's simulator)")
     p.add_argument("--max-new-tokens", type=setting_arg("run.max_new_tokens"),
@@ -77,8 +77,10 @@ def _generate_genie(args, p, stream, on_format) -> int:
         if not dev.runs_genie:
             raise StudioError("Genie runs here on the HTP simulator: use --device htp-sim[:CHIP]")
         target = dev.chip
+    # a bundle takes minutes to build: generate runs the one the store holds, or says which
+    # command builds it (before any work, nothing written)
     out = genie_generate(p, args.prompt, target, args.max_new_tokens, on_text=stream,
-                         raw=args.raw, on_format=on_format)
+                         raw=args.raw, on_format=on_format, build=False)
     if args.generate_json:
         print(json.dumps(out, indent=1))
         return 0

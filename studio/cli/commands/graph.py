@@ -38,7 +38,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
 
     shapes = parse_shapes(args.shape)
     model = Path(args.model).expanduser().resolve()
-    out = out_path(args.out) if args.out else model.with_suffix(
+    out = out_path(args.out, folder=True) if args.out else model.with_suffix(
         ".studio-graph")
     native_output_to_stderr()
     res = deploy_graph(model, out, Path(args.calibration).expanduser(), args.target, shapes,

@@ -44,6 +44,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     from studio.services.projects import source_ref
     from studio.services.session import Studio
 
+    Studio.new_file(Path(args.file))  # a file there, or no folder for it: before any work
     # an unknown sample or a folder that is not a checkpoint: a clear error, nothing written
     if args.sample:
         source = source_ref("sample", args.sample)

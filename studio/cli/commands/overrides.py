@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from studio.cli.command import Command, Context, Parser
+from studio.cli.common import out_path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,14 +28,11 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     from studio.services import precision
     from studio.services.session import Studio
 
-    if args.overrides_command == "export":
-        from studio.core.fsutil import check_output
-
-        check_output(Path(args.out))  # before the project is opened
+    out = out_path(args.out) if args.overrides_command == "export" else None  # before any work
     studio = Studio.open(Path(args.file))
     try:
         if args.overrides_command == "export":
-            n = precision.export_overrides(studio, Path(args.out))
+            n = precision.export_overrides(studio, out)
             print(f"wrote {args.out}: {n['activations']} activation and {n['params']} weight "
                   "encodings (qnn-onnx-converter --quantization_overrides)")
             return 0

@@ -45,9 +45,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     from studio.services import profiles
 
     if args.profile_command == "export":
-        from studio.core.fsutil import check_output
-
-        check_output(out_path(args.out))  # before any work
+        out_path(args.out)  # before any work
     if args.profile_command == "import":
         data = profiles.import_profile_file(args.profile_file, onnx_path=args.onnx)
     else:

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     from studio.services.pruning import prune
 
     p = projectfile.load(Path(args.file))
-    out = prune(p, args.drop, out_path(args.out) if args.out else None)
+    out = prune(p, args.drop, out_path(args.out, folder=True) if args.out else None)
     if args.prune_json:
         print(json.dumps(out, indent=1))
         return 0

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from studio.cli.command import Command, Context
-from studio.cli.common import MAX_RUN_ID, whole
+from studio.cli.common import MAX_RUN_ID, out_path, whole
 from studio.core.errors import StudioError
 
 
@@ -43,15 +43,14 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if not db.exists():
         raise StudioError(f"{p.path.name} has no runs yet: run the pipeline first "
                           f"(studio --batch {args.file})")
-    if args.report_out:
-        reports.check_writable(Path(args.report_out))
+    out = out_path(args.report_out) if args.report_out else None
     jobs = JobStore(db)
     try:
         run_id = args.report_run if args.report_run is not None else reports.default_run(jobs)
         data = reports.report_data(p, jobs, ArtifactStore(p.folder / "artifacts"), run_id)
     finally:
         jobs.close()
-    out = Path(args.report_out) if args.report_out else reports.default_out(p, run_id, fmt)
+    out = out or reports.default_out(p, run_id, fmt)
     reports.write(data, fmt, out, ctx.pdf_printer)
     print(out)
     if not getattr(args, "quiet", False):

@@ -97,6 +97,12 @@ class DeviceBackend(Protocol):
         """The device is reachable and set up; a one-line StudioError says what to do."""
         ...
 
+    def check_known(self) -> None:
+        """The device is one this machine knows, checked without reaching it (before any
+        stage runs: an agent must be in the device registry, with its token); a one-line
+        StudioError says what to do."""
+        ...
+
     def versions(self) -> dict[str, str]:
         """The SDK / runtime it runs with (names -> versions; {} when unknown)."""
         ...

@@ -63,6 +63,9 @@ class Backend:
     def check(self) -> None:
         return None
 
+    def check_known(self) -> None:
+        return None
+
     def versions(self) -> dict[str, str]:
         return {}
 

@@ -68,6 +68,10 @@ class Backend(_Base):
     def check(self) -> None:
         self._backend_info()
 
+    def check_known(self) -> None:
+        """Registered on this machine, with its token (no request to the agent)."""
+        _ = self.client
+
     def versions(self) -> dict[str, str]:
         b = self._backend_info()
         return {k: str(v) for k, v in b.items() if k.endswith(("_build", "_version")) and v}

@@ -35,7 +35,10 @@ Bad requests cost little and never a 500: a JSON body is at most :data:`MAX_JSON
 (413; the upload limit is for ``PUT /artifacts`` only), UTF-8, nested at most
 :data:`studio.core.fsutil.MAX_NESTING` deep, of the shape its route takes (else 400); the job
 limit is taken before the request awaits anything, so concurrent ``POST /jobs`` never start
-more than ``max_jobs``; a client that keeps sending wrong tokens is answered 429 for a while;
+more than ``max_jobs``; a client that keeps sending a wrong token is answered 429 for a while
+(the throttle keys on the address and the token tried, so the right token from the same
+address, a shared NAT's other clients, still gets in; only someone trying many different
+tokens from one address locks that address out);
 what an upload or a model left half-made (``tmp/``) is removed when the agent starts.
 """
 
@@ -69,9 +72,15 @@ DEFAULT_MAX_UPLOAD = 2 << 30  # 2 GiB per file
 MAX_JSON_BODY = 4 << 20
 #: the most files one model may hold
 MAX_MODEL_FILES = 10_000
-#: wrong tokens from one address within AUTH_WINDOW_S seconds before it is answered 429
+#: tries of one wrong token from one address within AUTH_WINDOW_S seconds before that token
+#: from that address is answered 429 (a client with a stale token; the others get in)
 MAX_AUTH_FAILURES = 20
+#: different wrong tokens from one address within AUTH_WINDOW_S seconds before the address is
+#: answered 429 whatever it sends (someone guessing: a right guess must not be told apart)
+MAX_WRONG_TOKENS = 20
 AUTH_WINDOW_S = 60.0
+#: addresses remembered before those without a recent failure are forgotten
+MAX_AUTH_PEERS = 4096
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -228,7 +237,8 @@ class Agent:
         # what an upload or a model killed half-way left behind
         shutil.rmtree(self.store / "tmp", ignore_errors=True)
         (self.store / "tmp").mkdir(parents=True, exist_ok=True)
-        self._auth_failures: dict[str, list[float]] = {}
+        # address -> (time, digest of the token tried) of each recent wrong token
+        self._auth_failures: dict[str, list[tuple[float, bytes]]] = {}
         self.token = token.encode()
         self.max_upload = int(max_upload)
         self.slots = asyncio.Semaphore(max_jobs)
@@ -252,20 +262,47 @@ class Agent:
         app.on_shutdown.append(self._shutdown)
         return app
 
+    def _throttled(self, peer: str, tried: bytes, now: float) -> str:
+        """Why a request from ``peer`` with a token of digest ``tried`` is answered 429 now
+        ("" when it is not): that token refused :data:`MAX_AUTH_FAILURES` times from there, or
+        :data:`MAX_WRONG_TOKENS` different wrong tokens from there (a guesser)."""
+        recent = [(t, d) for t, d in self._auth_failures.get(peer, ())
+                  if now - t < AUTH_WINDOW_S]
+        if recent:
+            self._auth_failures[peer] = recent
+        else:
+            self._auth_failures.pop(peer, None)
+        if len({d for _, d in recent}) >= MAX_WRONG_TOKENS:
+            return ("too many different wrong tokens from this address: try again in a "
+                    "minute")
+        if sum(d == tried for _, d in recent) >= MAX_AUTH_FAILURES:
+            return ("this token was refused too many times from this address: check it "
+                    "(studio devices add NAME --url URL --token-file F) and try again in a "
+                    "minute")
+        return ""
+
+    def _failed(self, peer: str, tried: bytes, now: float) -> None:
+        if len(self._auth_failures) >= MAX_AUTH_PEERS and peer not in self._auth_failures:
+            for old in [p for p, f in self._auth_failures.items()
+                        if now - f[-1][0] >= AUTH_WINDOW_S]:
+                del self._auth_failures[old]
+        self._auth_failures.setdefault(peer, []).append((now, tried))
+
     @web.middleware
     async def _auth(self, request: web.Request, handler):
         if request.path != "/health":
             peer = request.remote or "?"
             now = time.monotonic()
-            failures = [t for t in self._auth_failures.get(peer, ()) if now - t < AUTH_WINDOW_S]
-            if len(failures) >= MAX_AUTH_FAILURES:
-                self._auth_failures[peer] = failures
-                return web.json_response({"error": "too many wrong tokens from this address: "
-                                                   "try again in a minute"}, status=429)
             got = request.headers.get("Authorization", "")
             given = got[7:].encode() if got.startswith("Bearer ") else b""
+            # the throttle keys on the address and the token tried (its digest: no token is
+            # kept): one client's wrong token does not lock out the right one
+            tried = hashlib.sha256(given).digest()
+            why = self._throttled(peer, tried, now)
+            if why:
+                return web.json_response({"error": why}, status=429)
             if not hmac.compare_digest(given, self.token):
-                self._auth_failures[peer] = [*failures, now]
+                self._failed(peer, tried, now)
                 return web.json_response({"error": "a valid bearer token is required"},
                                          status=401)
         try:
