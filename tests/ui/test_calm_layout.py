@@ -63,9 +63,10 @@ def test_a_finished_run_leaves_the_overview_in_place(
     summary = wait_task(qtbot, win.run_stages(["report"]), timeout=120_000)
     assert summary.state == "succeeded"
     win.show_page("Overview")  # the run showed the Jobs page; back to where the user was
-    qtbot.wait(500)
-    assert len(page.cards.cards) == count
-    assert _where(win, [*above, box]) == before
+    # once the page has loaded the new run (in a thread: slower on a loaded host), nothing
+    # above the results has moved
+    qtbot.waitUntil(lambda: len(page.cards.cards) == count
+                    and _where(win, [*above, box]) == before, timeout=15_000)
     assert page.cards.cards[0].mapTo(win, QPoint(0, 0)) == first_card
 
 
