@@ -27,6 +27,7 @@ from typing import Any
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json, link_or_copy
 from studio.core.progress import Progress, SubProgress
+from studio.engine import qnn
 
 
 @dataclass(frozen=True)
@@ -418,9 +419,16 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
         shutil.copy(export_dir / "tokenizer" / "tokenizer.json", d / "tokenizer.json")
         atomic_write_json(d / "genie_config.json", genie.genie_config(spec, names))
     genie_note = ""
+    runner = None
     if whole:
         # the studio's runtime over the very binaries the bundle holds
-        runner = deploy.open_runner(cdir, chip, spec, settings.htp_options, record)
+        try:
+            runner = deploy.open_runner(cdir, chip, spec, settings.htp_options, record)
+        except qnn.SimulatorFull as exc:  # the byte budget is a measure, not a law
+            genie_note = (f"the simulator could not load every binary at once ({exc.message})")
+            progress.log(genie_note + ": checked part by part instead")
+            whole = False
+    if runner is not None:
         refs, ups = [], []
         for i, prompt in enumerate(prompts):
             progress.check()
@@ -535,7 +543,6 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
                          "accuracy_on_these_binaries": accuracy},
     }
     progress.update(0.96, "writing the DLC files of the quantized graphs")
-    from studio.engine import qnn
 
     exported = record.get("part_names") or []
     dlc = {}

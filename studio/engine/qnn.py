@@ -329,7 +329,7 @@ def _diagnose(
     if "contextCreateFromBinary" in msg and "MEM_ALLOC" in (msg + log):
         # a compiled context that does not fit beside what is loaded already (the parts of
         # a large model chained at once): measured with the 3 B shape's 18 binaries
-        return StudioError(
+        return SimulatorFull(
             f"the QNN HTP has no memory left to load {path.parent.name}/{path.name} for "
             f"{chip.name} ({msg}); load fewer context binaries at once (a model in parts is "
             "scored one part at a time) or split it into smaller parts"
@@ -340,6 +340,11 @@ def _diagnose(
             "pass fp16=True, or quantize it"
         )
     return StudioError(f"QNN HTP session for {path.name} on {chip.key} failed: {msg}")
+
+
+class SimulatorFull(StudioError):
+    """The HTP has no memory left for one more context binary beside those loaded: a model
+    in parts is then checked one part at a time."""
 
 
 def _check_model_file(onnx_path: str | os.PathLike) -> Path:
