@@ -236,7 +236,7 @@ class PlaygroundPanel(QWidget):
         self.k.setRange(1, 8)
         self.k.setValue(4)
         form.addRow("Drafted k", self.k)
-        self.overlap = QCheckBox("draft ahead while the target verifies")
+        self.overlap = QCheckBox("draft ahead")
         self.overlap.setToolTip("a draft model drafts the next window on the CPU in a thread "
                                 "of its own while the target checks this one (the project's "
                                 "run.speculative_overlap); the tokens are the same")
