@@ -84,19 +84,18 @@ def test_two_parts_run_and_validate_as_one(parts_project, small_project):
     assert "exported in 2 parts: set layerdiff.part to the part to compare (1..2" in r.stderr
 
 
-def test_a_killed_compile_of_parts_keeps_the_parts_it_finished(tmp_path, parts_project):
-    """The compile stage over a model in two parts, killed while part 2 is checked, then
-    run again in the same work folder: part 1's context binaries are kept (not compiled
-    again) and the result is a whole compile."""
+class Killed(Exception):
+    """What a test's progress raises to stop a stage where a kill would."""
+
+
+def _compile_job(parts_project, tmp_path: Path):
+    """The parts project's compile job, its stored inputs and an empty work folder."""
     from studio.core import project as pf
-    from studio.core.artifacts import PART_DONE, ArtifactStore
-    from studio.core.progress import RecordingProgress
+    from studio.core.artifacts import ArtifactStore
     from studio.core.stagegraph import plan
     from studio.services.history import current_keys
-    from studio.worker.stages import run_in_process
 
-    f, _ = parts_project
-    project = pf.load(f)
+    project = pf.load(parts_project[0])
     jobs = plan(project, ["compile"])
     job = jobs[-1]
     store = ArtifactStore(project.folder / "artifacts")
@@ -104,9 +103,18 @@ def test_a_killed_compile_of_parts_keeps_the_parts_it_finished(tmp_path, parts_p
     inputs = {jobs[d].label: store.get(keys[jobs[d].stage]).path for d in job.deps}
     out = tmp_path / "kept"
     out.mkdir()
+    return project, job, inputs, out
 
-    class Killed(Exception):
-        pass
+
+def test_a_killed_compile_of_parts_keeps_the_parts_it_finished(tmp_path, parts_project):
+    """The compile stage over a model in two parts, killed while part 2 is checked, then
+    run again in the same work folder: part 1's context binaries are kept (not compiled
+    again) and the result is a whole compile."""
+    from studio.core.artifacts import PART_DONE
+    from studio.core.progress import RecordingProgress
+    from studio.worker.stages import run_in_process
+
+    project, job, inputs, out = _compile_job(parts_project, tmp_path)
 
     class KillAt(RecordingProgress):
         def update(self, fraction: float, message: str = "") -> None:
@@ -139,25 +147,11 @@ def test_a_compile_killed_after_its_parts_keeps_them_and_the_staged_graphs(tmp_p
     compile stage run again in the same work folder keeps both parts' binaries and the
     deployable graphs it staged (exported and quantized again, these take minutes a part at
     real size), and finishes."""
-    from studio.core import project as pf
-    from studio.core.artifacts import PART_DONE, ArtifactStore
+    from studio.core.artifacts import PART_DONE
     from studio.core.progress import RecordingProgress
-    from studio.core.stagegraph import plan
-    from studio.services.history import current_keys
     from studio.worker.stages import run_in_process
 
-    f, _ = parts_project
-    project = pf.load(f)
-    jobs = plan(project, ["compile"])
-    job = jobs[-1]
-    store = ArtifactStore(project.folder / "artifacts")
-    keys = current_keys(project, ["export", "quantize"])
-    inputs = {jobs[d].label: store.get(keys[jobs[d].stage]).path for d in job.deps}
-    out = tmp_path / "kept"
-    out.mkdir()
-
-    class Killed(Exception):
-        pass
+    project, job, inputs, out = _compile_job(parts_project, tmp_path)
 
     class KillAt(RecordingProgress):
         def update(self, fraction: float, message: str = "") -> None:
