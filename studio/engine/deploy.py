@@ -324,21 +324,53 @@ def stage(export_dir: Path, qdir: Path, spec: dict[str, Any], settings: DeploySe
         decode = [work / "decode_genie.onnx"]
         prefill = ([genie_prefill_graph(export_dir, qdir, spec, N, cl, work, settings,
                                         SubProgress(progress, 0.03, 0.3))] if N > 1 else [])
-    folders = []
+    graphs = ("prefill", "decode") if prefill else ("decode",)
+    folders = (ordered_folders(staging, exported, graphs) if len(exported) > 1
+               else [staging])
     for i, dec in enumerate(decode):
-        folder = staging / (exported[i] if len(exported) > 1 else "")
+        folder = folders[i]
         folder.mkdir(parents=True, exist_ok=True)
         shutil.move(dec, folder / "decode.onnx")
         if prefill:
             shutil.move(prefill[i], folder / "prefill.onnx")
-        folders.append(folder)
     atomic_write_json(staging / STAGED_FILE, {
-        "made_from": made_from,
+        "made_from": made_from, "folders": [f.name for f in folders] if len(exported) > 1
+        else None,
         "prefill_ar": N if N > 1 else None, "context_size": cl, "kv_encodings": kvs,
         "weights_bytes": sum(graph_bytes(qdir / p / "decode.onnx") for p in exported)
         if len(exported) > 1 else graph_bytes(qdir / "decode.onnx")})
     shutil.rmtree(work, ignore_errors=True)
     return folders
+
+
+def ordered_folders(staging: Path, parts: list[str], graphs: tuple[str, ...],
+                    candidates: int = 4096) -> list[Path]:
+    """Per part its staging folder, named so that the QNN names the compile will give its
+    graphs (``<folder>/<graph>.onnx``, predicted by :mod:`studio.engine.qnn_names`) sort after
+    the previous part's, graph by graph: Genie takes a split bundle's graphs in the order of
+    their names, and a part compiled under a name out of order is compiled again in
+    :func:`finish` (at 8 B some ten minutes a part). Of ``candidates`` folder names per part
+    the one whose names use the least of the room left is taken; where none fits, the part's
+    plain name (then :func:`finish` compiles it again)."""
+
+    def room(name: str) -> float:  # where a name falls in the order of names, 0..1
+        return float("0." + str(qnn_names.hash_of(name)))
+
+    after = dict.fromkeys(graphs, "")
+    out = []
+    for part in parts:
+        best: tuple[float, Path] | None = None
+        for salt in range(candidates):
+            folder = staging / f"{part}_n{salt}"
+            names = {g: qnn_names.graph_name(folder / f"{g}.onnx") for g in graphs}
+            if all(in_order(names[g], after[g]) for g in graphs):
+                used = sum(room(n) for n in names.values())
+                if best is None or used < best[0]:
+                    best = (used, folder)
+        folder = best[1] if best is not None else staging / part
+        after = {g: qnn_names.graph_name(folder / f"{g}.onnx") for g in graphs}
+        out.append(folder)
+    return out
 
 
 def staging_inputs(qdir: Path, spec: dict[str, Any], settings: DeploySettings,
@@ -364,7 +396,8 @@ def kept_staging(staging: Path, made_from: dict[str, Any],
         return None
     if staged.get("made_from") != json.loads(json.dumps(made_from)):
         return None
-    folders = [staging / p for p in exported] if len(exported) > 1 else [staging]
+    folders = ([staging / f for f in staged.get("folders") or exported]
+               if len(exported) > 1 else [staging])
     if not all((f / "decode.onnx").is_file() for f in folders):
         return None
     return folders

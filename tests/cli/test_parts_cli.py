@@ -169,6 +169,8 @@ def test_a_compile_killed_after_its_parts_keeps_them_and_the_staged_graphs(tmp_p
     assert any("2 of 2 parts: compiled by an interrupted run, kept" in m for m in rec.lines)
     assert any("staged by an interrupted run: kept" in m for _, m in rec.updates)
     assert not any(m.startswith("part 1/2: quantizing") for _, m in rec.updates)
+    # staged under names Genie takes in order: no part's graph is compiled twice
+    assert not any("again under a name Genie takes in order" in m for _, m in rec.updates)
     assert result["weight_sharing"] and not (out / "genie-staging").exists()
     assert not list(out.rglob(PART_DONE))
 
