@@ -268,22 +268,13 @@ def test_a_parting_at_a_near_tie_is_told_from_a_real_difference():
     assert not parting(genie, ref, ups, tok)["near_tie"]
 
 
-def test_a_bundle_with_quantized_graph_io_takes_its_kv_cache_as_integers(
-        batch_run, small_project, tmp_path):
-    """``htp.graph_io = "quantized"``: the bundle's AR-16 and AR-1 graphs take and give the KV
-    cache as uint16 with one encoding per tensor (written in the manifest for an app), Genie
-    runs them and gives the studio's greedy text, and the shipped binaries still pass the
-    gates against FP32."""
-    proj = tmp_path / "q.qstudio"
-    proj.write_text(small_project.read_text() + '\n[htp]\ngraph_io = "quantized"\n'
-                    "[bundle]\nprompts = 1\nnew_tokens = 12\nscore_tokens = 32\n")
-    share_store(small_project, proj, stages={"export", "quantize"})
-    out = tmp_path / "out"
-    r = studio("bundle", proj, "--out", out, "--json")
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(r.stdout)
-    (c,) = res["checks"]
-    assert c["identical"], c
+def test_the_bundle_takes_its_kv_cache_as_integers_by_default(built):
+    """Quantized graph I/O is the default (``htp.graph_io = "quantized"``): the bundle's AR-16
+    and AR-1 graphs take and give the KV cache as uint16 with one encoding per tensor, written
+    in the manifest for an app and said in the README; Genie ran them and gave the studio's
+    greedy text, and the shipped binaries passed the gates against FP32 (checked above on the
+    same bundle)."""
+    _proj, out, res = built
     assert res["gates_passed"], res["gates"]
     manifest = json.loads((out / "manifest.json").read_text())
     kv = manifest["kv_cache"]
@@ -292,4 +283,3 @@ def test_a_bundle_with_quantized_graph_io_takes_its_kv_cache_as_integers(
     assert set(enc) == {f"{t}_{i}" for i in range(4) for t in ("key", "value")}
     assert all(e["dtype"] == "uint16" and e["scale"] > 0 for e in enc.values())
     assert "as uint16 integers" in (out / "README.md").read_text()
-    print(f"\nquantized-KV bundle on its own binaries: {res['accuracy']}")
