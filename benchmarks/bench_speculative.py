@@ -87,13 +87,14 @@ def estimate(project, outs: dict[str, list[dict[str, Any]]], k: int, cpu_scale: 
     verify pass, plus the drafting that did not fit beside it, plus the windows drafted after
     a rejection), at the measured acceptance; the verify pass from the performance model,
     the draft's per-token time from this host's, times ``cpu_scale``."""
+    from studio.core import archs
     from studio.core import perfmodel as pm
     from studio.core.samples import sample_path
 
-    arch = pm.Arch.from_config(json.loads((sample_path("tiny-coder") / "config.json")
+    arch = archs.Arch.from_config(json.loads((sample_path("tiny-coder") / "config.json")
                                           .read_text()))
     chip = project.targets[0]
-    scheme = pm.get_scheme(project.quantization["scheme"])
+    scheme = archs.get_scheme(project.quantization["scheme"])
     plain = pm.pass_seconds(arch, chip, scheme, context, 1)
     verify = pm.pass_seconds(arch, chip, scheme, context, k + 1)
     seq = [o["speculative"] for o in outs["sequential"]]

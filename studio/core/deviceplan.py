@@ -111,7 +111,7 @@ class Dims:
     @classmethod
     def of(cls, model: Any) -> Dims:
         """From a :class:`studio.core.modelinfo.ModelInfo` or a
-        :class:`studio.core.perfmodel.Arch` (the same facts under two spellings)."""
+        :class:`studio.core.archs.Arch` (the same facts under two spellings)."""
         if hasattr(model, "hidden_size"):
             return cls(model.hidden_size, model.num_heads, model.num_kv_heads, model.head_dim,
                        model.intermediate_size, model.vocab_size)
@@ -120,7 +120,7 @@ class Dims:
 
 
 def layout_of_arch(arch: Any) -> Layout:
-    """The layout of a :class:`studio.core.perfmodel.Arch` (a config without weights): its
+    """The layout of a :class:`studio.core.archs.Arch` (a config without weights): its
     linear weights and two norms per block, the embedding, the final norm, the head."""
     block = arch.layer_params + 2 * arch.hidden
     return Layout(blocks=(block,) * arch.layers, embedding=arch.embed_params, norm=arch.hidden,

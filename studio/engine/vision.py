@@ -217,7 +217,7 @@ def pixel_range(preprocessor: dict[str, Any], unit: int, where: str) -> PixelRan
 def processor_range(config: dict[str, Any], preprocessor: dict[str, Any],
                     where: str) -> PixelRange:
     """:func:`pixel_range` for a checkpoint's ``config.json`` (its patch x merge)."""
-    from studio.core.perfmodel import VisionArch
+    from studio.core.archs import VisionArch
 
     vc = config.get("vision_config")
     if not isinstance(vc, dict):
@@ -243,7 +243,7 @@ def make_vision_spec(config: dict[str, Any], preprocessor: dict[str, Any], image
                      model_type: str, where: str) -> VisionSpec:
     """The vision entry for a checkpoint's ``config.json`` and image processor at one image
     size (square, ``image_size`` pixels a side)."""
-    from studio.core.perfmodel import VisionArch
+    from studio.core.archs import VisionArch
 
     vc = config.get("vision_config")
     if not isinstance(vc, dict):

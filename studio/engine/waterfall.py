@@ -102,11 +102,12 @@ def same_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def with_estimate(data: dict[str, Any], chip: str) -> dict[str, Any]:
     """``data`` (the stage's waterfall.json) with each step's estimate for ``chip``."""
+    from studio.core import archs
     from studio.core import perfmodel as pm
     from studio.core.catalog import get_chip
 
     c = get_chip(chip)
-    arch = pm.Arch.from_config(data["config"])
+    arch = archs.Arch.from_config(data["config"])
     est = pm.waterfall_estimate(arch, c.key, int(data["context"]), int(data["window"]),
                                 data.get("scheme", "W4A16"), data.get("tokens_per_pass"),
                                 int(data["k"]), len(data.get("dropped_blocks") or []),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from studio.core import perfmodel
+from studio.core import archs, perffit, perfmodel
 from studio.core.catalog import get_chip
 from studio.core.fsutil import atomic_write_text
 
@@ -20,7 +20,7 @@ def estimate_config(config: str | Path, chip: str, scheme: str = "W4A16", contex
     """Estimated prefill and decode tok/s of a public architecture (a HF config, no weights);
     ``image``: a vision-language model's square image, pixels a side (its vision tower runs
     before the prefill, which takes the image's tokens)."""
-    arch = perfmodel.load_arch(config)
+    arch = archs.load_arch(config)
     est = perfmodel.estimate(arch, get_chip(chip), scheme, context, prompt_tokens,
                              image=image)
     out = est.to_dict()
@@ -56,7 +56,7 @@ def roofline_points(ge: perfmodel.GraphEstimate, chip: perfmodel.ChipPerf) -> di
 
 def calibration() -> dict[str, Any]:
     """Each anchor's published vs estimated tok/s, the MdAPE and the leave-one-out MdAPE."""
-    cal = perfmodel.calibrate()
+    cal = perffit.calibrate()
     _, shipped = perfmodel.load_fit()
     cal["shipped_params"] = {k: shipped[k] for k in
                              ("bw_fraction", "overhead_ms", "compute_fraction",
@@ -66,14 +66,14 @@ def calibration() -> dict[str, Any]:
 
 def heldout() -> dict[str, Any]:
     """The model against the published speeds held out from its fit (every row, its source)."""
-    return perfmodel.heldout_report()
+    return perffit.heldout_report()
 
 
 def write_fit(path: str | Path | None = None) -> dict[str, Any]:
     """Refit the model on the anchors and write the fit file (atomically)."""
-    cal = perfmodel.calibrate()
+    cal = perffit.calibrate()
     atomic_write_text(Path(path) if path is not None else perfmodel.FIT_PATH,
-                      perfmodel.fit_toml(cal))
+                      perffit.fit_toml(cal))
     return cal
 
 

@@ -375,19 +375,20 @@ def _speculative_estimate(project: Project, spec: dict[str, Any], stats: dict[st
     where a decode step's time is the performance model's (``estimated``)."""
     import json
 
+    from studio.core import archs
     from studio.core import perfmodel as pm
 
     try:
         cfg = json.loads((project.input_path(project.model["source"]) / "config.json")
                          .read_text())
-        arch = pm.Arch.from_config(cfg)
+        arch = archs.Arch.from_config(cfg)
         draft = None
         if mode == "draft":
             ref = draft_ref or project.model.get("draft")
-            draft = pm.Arch.from_config(json.loads(
+            draft = archs.Arch.from_config(json.loads(
                 (project.input_path(ref) / "config.json").read_text())) if ref else None
         scheme = project.quantization["scheme"]
-        sch = pm.get_scheme(scheme)
+        sch = archs.get_scheme(scheme)
         if project.quantization.get("kv_cache") == "int8":
             sch = pm.with_kv_bits(sch, 8)
         chip = project.targets[0]

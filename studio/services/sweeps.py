@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from studio.core import archs, perfmodel
 from studio.core import figures as catalogue
-from studio.core import perfmodel
 from studio.core.artifacts import ArtifactStore
 from studio.core.errors import StudioError
 from studio.core.fsutil import RunLock, sha256_json
@@ -291,7 +291,7 @@ def _recipe_weight_bytes(variant: Project) -> float:
 def _estimated_speed(variant: Project) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     try:
-        arch = perfmodel.load_arch(variant.input_path(variant.model["source"]))
+        arch = archs.load_arch(variant.input_path(variant.model["source"]))
     except (StudioError, OSError, ValueError, KeyError):
         return out
     for chip in variant.targets:

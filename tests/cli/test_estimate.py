@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from studio.core import perfmodel
+from studio.core import archs, perfmodel
 from tests.cli.conftest import ROOT, studio
 
 
@@ -19,7 +19,7 @@ def test_estimate_json_from_a_public_config():
     assert d["chip"] == "snapdragon-8-elite" and d["scheme"] == "W4A16" and d["context"] == 4096
     assert 20 < d["decode_tokens_per_s"] < 200 and d["prefill_tokens_per_s"] > 100
     assert d["bound"] == "memory" and d["prefill_bound"] == "compute"
-    assert d["weight_bytes"] == perfmodel.load_arch("llama-3.2-1b").params // 2
+    assert d["weight_bytes"] == archs.load_arch("llama-3.2-1b").params // 2
     assert d["kv_bytes_per_token"] == 2 * 16 * 8 * 64 * 2
     assert d["kv_cache_bytes"] == d["kv_bytes_per_token"] * 4096
     assert set(d["layer_traffic_bytes"]) == {*map(str, range(16)), "lm_head"}

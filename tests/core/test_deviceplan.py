@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from studio.core.archs import load_arch
 from studio.core.catalog import get_chip, load_catalog
 from studio.core.deviceplan import (
     Dims,
@@ -24,7 +25,6 @@ from studio.core.deviceplan import (
 )
 from studio.core.errors import StudioError
 from studio.core.parts import plan_parts
-from studio.core.perfmodel import load_arch
 
 GEN3 = get_chip("snapdragon-8-gen-3")
 ELITE = get_chip("snapdragon-8-elite")

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from studio.core import archs, perffit
 from studio.core import perfmodel as pm
 from studio.core.catalog import get_chip
 from studio.core.errors import StudioError
@@ -22,8 +23,8 @@ def chip(bw=80.0, tops=40.0, cores=1) -> pm.ChipPerf:
     return pm.ChipPerf("test", "Test", bw, tops, cores)
 
 
-def arch(layers=4, hidden=256, heads=4, kv=2, inter=512, vocab=1000, tied=True) -> pm.Arch:
-    return pm.Arch.from_config({
+def arch(layers=4, hidden=256, heads=4, kv=2, inter=512, vocab=1000, tied=True) -> archs.Arch:
+    return archs.Arch.from_config({
         "model_type": "llama", "hidden_size": hidden, "num_hidden_layers": layers,
         "num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": inter,
         "vocab_size": vocab, "tie_word_embeddings": tied})
@@ -48,9 +49,9 @@ def test_decode_rises_with_bandwidth(a, bw, factor, cores):
 @settings(max_examples=40, deadline=None, database=None)
 @given(sizes, st.integers(1, 512), st.integers(1, 4))
 def test_decode_falls_with_weight_bytes(a, extra, layers):
-    bigger = pm.Arch(**{**a.__dict__, "intermediate": a.intermediate + extra})
-    deeper = pm.Arch(**{**a.__dict__, "layers": a.layers + layers})
-    assert bigger.weight_bytes(pm.SCHEMES["W4A16"]) > a.weight_bytes(pm.SCHEMES["W4A16"])
+    bigger = archs.Arch(**{**a.__dict__, "intermediate": a.intermediate + extra})
+    deeper = archs.Arch(**{**a.__dict__, "layers": a.layers + layers})
+    assert bigger.weight_bytes(archs.SCHEMES["W4A16"]) > a.weight_bytes(archs.SCHEMES["W4A16"])
     assert tps(bigger) < tps(a) and tps(deeper) < tps(a)
     # fewer bits per weight: more tokens per second
     assert tps(a, scheme="W4A16") > tps(a, scheme="W8A16")
@@ -136,33 +137,33 @@ def test_scheduler_uses_the_cores_and_rejects_cycles():
     ("qwen2-0.5b", 494_032_768),
 ])
 def test_bundled_configs_give_the_published_parameter_counts(name, params):
-    a = pm.load_arch(name)
+    a = archs.load_arch(name)
     # the model leaves out norm weights (< 0.01 %)
     assert a.params == pytest.approx(params, rel=2e-4)
 
 
 def test_config_keys_of_the_families():
-    qwen3 = pm.Arch.from_config({"model_type": "qwen3", "hidden_size": 1024,
+    qwen3 = archs.Arch.from_config({"model_type": "qwen3", "hidden_size": 1024,
                                  "num_hidden_layers": 28, "num_attention_heads": 16,
                                  "num_key_value_heads": 8, "head_dim": 128,
                                  "intermediate_size": 3072, "vocab_size": 151936,
                                  "tie_word_embeddings": True,
                                  "rope_parameters": {"rope_theta": 1e6, "rope_type": "default"}})
     assert qwen3.head_dim == 128 and qwen3.q_dim == 2048 and qwen3.rope_theta == 1e6
-    gemma2 = pm.Arch.from_config({"model_type": "gemma2", "hidden_size": 2304,
+    gemma2 = archs.Arch.from_config({"model_type": "gemma2", "hidden_size": 2304,
                                   "num_hidden_layers": 26, "num_attention_heads": 8,
                                   "num_key_value_heads": 4, "head_dim": 256,
                                   "intermediate_size": 9216, "vocab_size": 256000,
                                   "sliding_window": 4096})
     assert gemma2.tied_embeddings and gemma2.sliding_layers == 13
-    assert gemma2.kv_cache_bytes(pm.SCHEMES["FP16"], 8192) < \
+    assert gemma2.kv_cache_bytes(archs.SCHEMES["FP16"], 8192) < \
         2 * 26 * 4 * 256 * 8192 * 2
-    mistral = pm.Arch.from_config({"model_type": "mistral", "hidden_size": 4096,
+    mistral = archs.Arch.from_config({"model_type": "mistral", "hidden_size": 4096,
                                    "num_hidden_layers": 32, "num_attention_heads": 32,
                                    "num_key_value_heads": 8, "intermediate_size": 14336,
                                    "vocab_size": 32000, "sliding_window": 4096})
     assert not mistral.tied_embeddings and mistral.kv_context(0, 8192) == 4096
-    phi3 = pm.Arch.from_config({"text_config": {"model_type": "phi3", "hidden_size": 3072,
+    phi3 = archs.Arch.from_config({"text_config": {"model_type": "phi3", "hidden_size": 3072,
                                                 "num_hidden_layers": 32,
                                                 "num_attention_heads": 32,
                                                 "intermediate_size": 8192,
@@ -178,7 +179,7 @@ def test_config_keys_of_the_families():
 ])
 def test_bad_configs_are_one_line_errors(cfg, match):
     with pytest.raises(StudioError, match=match) as e:
-        pm.Arch.from_config(cfg)
+        archs.Arch.from_config(cfg)
     assert "\n" not in str(e.value)
 
 
@@ -192,7 +193,7 @@ def test_unknown_figures_scheme_and_context_are_refused():
 
 
 def test_the_shipped_fit_is_what_the_calibration_computes():
-    cal = pm.calibrate()
+    cal = perffit.calibrate()
     eff, shipped = pm.load_fit()
     assert shipped["model_version"] == pm.MODEL_VERSION
     assert cal["params"] == {"bw_fraction": eff.bw_fraction, "overhead_ms": eff.overhead_ms,
@@ -200,10 +201,10 @@ def test_the_shipped_fit_is_what_the_calibration_computes():
                              "float_decode_fraction": eff.float_decode_fraction}
     for k in ("decode_mdape", "decode_loo_mdape", "prefill_mdape", "anchors_used"):
         assert cal[k] == shipped[k], k
-    assert pm.fit_toml(cal) == pm.FIT_PATH.read_text()
+    assert perffit.fit_toml(cal) == pm.FIT_PATH.read_text()
     # the vectorised calibration path equals the estimator for every anchor
     for r in cal["rows"]:
-        est = pm.estimate(pm.load_arch(r["config"]), r["chip"], r["scheme"], r["context"],
+        est = pm.estimate(archs.load_arch(r["config"]), r["chip"], r["scheme"], r["context"],
                           eff=eff)
         assert est.decode_tokens_per_s == pytest.approx(r["estimated_decode_tokens_per_s"],
                                                         abs=1e-3)
@@ -216,24 +217,24 @@ def test_the_shipped_fit_is_what_the_calibration_computes():
 def test_anchor_table_has_a_source_and_a_config_for_every_row():
     data = tomllib.loads(pm.ANCHORS_PATH.read_text())
     for row in data["anchor"]:
-        assert row["source"] and (pm.CONFIGS_DIR / f"{row['config']}.json").is_file()
+        assert row["source"] and (archs.CONFIGS_DIR / f"{row['config']}.json").is_file()
         get_chip(row["chip"])
 
 
 def test_the_heldout_set_is_sourced_and_apart_from_the_fit():
     """Every held-out row names its source; none repeats a configuration the model is fitted
     to (model sizes, scheme, chip and context), so the held-out figure judges the model."""
-    rows = pm.load_heldout()
+    rows = perffit.load_heldout()
     assert len(rows) >= 200
     assert all(r.source and r.runtime and r.decode_tokens_per_s > 0 for r in rows)
-    fitted = {(a.config, a.scheme, a.chip, a.context) for a in pm.load_anchors()}
+    fitted = {(a.config, a.scheme, a.chip, a.context) for a in perffit.load_anchors()}
     assert not [r for r in rows if (r.config, r.scheme, r.chip, r.context) in fitted]
     for r in rows:
-        assert not r.config or (pm.CONFIGS_DIR / f"{r.config}.json").is_file(), r.config
+        assert not r.config or (archs.CONFIGS_DIR / f"{r.config}.json").is_file(), r.config
 
 
 def test_the_heldout_report_estimates_what_it_can_and_says_why_not_the_rest():
-    rep = pm.heldout_report()
+    rep = perffit.heldout_report()
     assert rep["clean"]["rows"] >= 90 and rep["all"]["rows"] >= rep["clean"]["rows"]
     assert {"snapdragon-8-elite", "snapdragon-x-elite"} <= set(rep["by_chip"])
     assert all(s["rows"] for s in rep["by_size"].values())
@@ -271,7 +272,7 @@ def test_float_graph_io_pays_its_edge_conversions():
     """A float-I/O pass reads the float32 cache and writes it back quantized, and
     dequantizes the new rows and the logits: exactly those bytes more, so more at a longer
     context; a quantized-I/O pass (the published graphs) pays none."""
-    a, s = arch(), pm.get_scheme("W8A16")
+    a, s = arch(), archs.get_scheme("W8A16")
     for ctx in (64, 512):
         plain = pm.transformer_ops(a, s, 1, ctx)
         f = pm.transformer_ops(a, s, 1, ctx, float_io=True)
@@ -289,7 +290,7 @@ def test_a_vision_language_config_gives_its_vision_tower():
     """Qwen2.5-VL-3B's published sizes: a 1280-wide ViT of 32 blocks (window attention over
     8 x 8 patches but in blocks 7, 15, 23, 31), 2 x 2 patches merged into one 2048-wide token:
     a 448-pixel image is 1024 patches, 256 tokens."""
-    a = pm.load_arch("qwen2.5-vl-3b")
+    a = archs.load_arch("qwen2.5-vl-3b")
     v = a.vision
     assert v is not None and (v.depth, v.hidden, v.out_hidden, v.window) == (32, 1280, 2048, 8)
     assert v.full_blocks == (7, 15, 23, 31) and v.gated_mlp
@@ -298,13 +299,13 @@ def test_a_vision_language_config_gives_its_vision_tower():
     h, i = 1280, 3420
     assert v.params == 3 * 2 * 14 * 14 * h + 32 * (4 * h * h + 3 * h * i) + \
         (4 * h) ** 2 + 4 * h * 2048
-    g = pm.vision_ops(v, pm.get_scheme("W8A16"), 448)
+    g = pm.vision_ops(v, archs.get_scheme("W8A16"), 448)
     att = [m for n, m in zip(g.names, g.macs, strict=True) if n.endswith("/attention")]
     assert att[0] == 2 * h * 1024 * 64 and att[7] == 2 * h * 1024 * 1024  # window, full
     with pytest.raises(StudioError, match="multiple of 28"):
         v.patches(450)
     # Qwen2-VL names the ViT's width embed_dim and the language model's hidden_size
-    q2 = pm.Arch.from_config({
+    q2 = archs.Arch.from_config({
         "model_type": "qwen2_vl", "hidden_size": 1536, "num_hidden_layers": 28,
         "num_attention_heads": 12, "num_key_value_heads": 2, "intermediate_size": 8960,
         "vocab_size": 151936, "tie_word_embeddings": True,
@@ -316,7 +317,7 @@ def test_a_vision_language_config_gives_its_vision_tower():
 
 
 def test_an_image_adds_the_vision_tower_to_the_time_to_first_token():
-    a = pm.load_arch("qwen2.5-vl-3b")
+    a = archs.load_arch("qwen2.5-vl-3b")
     text = pm.estimate(a, chip(), "W4A16", 1024, 64, EFF)
     vl = pm.estimate(a, chip(), "W4A16", 1024, 64, EFF, image=448)
     assert vl.decode_tokens_per_s == text.decode_tokens_per_s  # decode reads no image

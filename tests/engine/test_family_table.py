@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from studio.core import families, perfmodel
+from studio.core import archs, families
 from studio.core.errors import StudioError
 from studio.core.families import FAMILIES, SLIDING
 from studio.engine import checkpoint_check, hf_import, llm_export
@@ -35,7 +35,7 @@ TINY = dict(
 def test_the_three_readers_hold_the_same_table():
     assert hf_import.families is families
     assert llm_export.FAMILIES is families.FAMILIES
-    assert perfmodel.FAMILIES is families.FAMILIES
+    assert archs.FAMILIES is families.FAMILIES
     # every family's export wrapper exists, and every architecture names one family
     assert {f.wrapper for f in FAMILIES.values()} <= set(llm_export.WRAPPERS)
     names = families.architectures()
@@ -80,7 +80,7 @@ def test_every_family_of_the_table_passes_all_three(checkpoints, model_type):
     assert info.family == model_type
     config = llm_export._check_checkpoint(folder)  # the export's own check
     assert config["model_type"] == model_type
-    arch = perfmodel.Arch.from_config(config)
+    arch = archs.Arch.from_config(config)
     assert arch.tied_embeddings == info.tied_embeddings
     types = families.layer_types(config, FAMILIES[model_type], info.num_layers)
     assert arch.sliding_layers == types.count(SLIDING)
@@ -99,5 +99,5 @@ def test_a_family_taken_out_of_the_table_is_gone_from_all_three(checkpoints, mon
     # layer sliding
     config.pop("tie_word_embeddings", None)
     config.pop("layer_types", None)
-    arch = perfmodel.Arch.from_config(config)
+    arch = archs.Arch.from_config(config)
     assert not arch.tied_embeddings and arch.sliding_layers == arch.layers
