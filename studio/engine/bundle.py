@@ -349,7 +349,7 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
     Returns the stage's result with ``figures``: (name, value, unit, detail, timed) rows for
     the caller to label from its device (``timed``: a timing, which takes the device's
     note). Raises when Genie's text differs other than at a near tie."""
-    from studio.engine import deploy, genie
+    from studio.engine import deploy, deployed, genie
     from studio.engine.llm_runtime import load_tokenizer
 
     why_not = deploy.supported(spec, False)
@@ -423,7 +423,7 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
     if whole:
         # the studio's runtime over the very binaries the bundle holds
         try:
-            runner = deploy.open_runner(cdir, chip, spec, settings.htp_options, record)
+            runner = deployed.open_runner(cdir, chip, spec, settings.htp_options, record)
         except qnn.SimulatorFull as exc:  # the byte budget is a measure, not a law
             genie_note = (f"the simulator could not load every binary at once ({exc.message})")
             progress.log(genie_note + ": checked part by part instead")
@@ -488,7 +488,7 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
     if not whole:
         progress.update(0.5, f"checking the {parts} parts one at a time (the simulator does "
                              "not hold the whole bundle)")
-        by_part = part_checks(deploy.PartScorer(cdir, chip, spec, settings.htp_options),
+        by_part = part_checks(deployed.PartScorer(cdir, chip, spec, settings.htp_options),
                               export_dir, spec, [tok(p).input_ids for p in prompts],
                               SubProgress(progress, 0.5, 0.95))
         for r in graph_rows:

@@ -431,7 +431,7 @@ def test_a_bundle_the_simulator_cannot_hold_is_checked_part_by_part(parts_projec
     from studio.core import project as pf
     from studio.core.artifacts import ArtifactStore
     from studio.core.catalog import get_chip
-    from studio.engine import deploy
+    from studio.engine import deployed
     from studio.engine.llm_runtime import load_graph_spec
     from studio.services.history import current_keys
     from tests.cli.conftest import share_store
@@ -467,8 +467,8 @@ def test_a_bundle_the_simulator_cannot_hold_is_checked_part_by_part(parts_projec
     spec = load_graph_spec(compiled)
     chip = get_chip(default_target())
     ids = list(range(40, 61))  # two AR-16 passes (the second padded), as Genie runs them
-    whole = deploy.open_runner(compiled, chip, spec).teacher_forced(ids)
-    streamed = deploy.PartScorer(compiled, chip, spec)
+    whole = deployed.open_runner(compiled, chip, spec).teacher_forced(ids)
+    streamed = deployed.PartScorer(compiled, chip, spec)
     got = streamed.teacher_forced_logits(ids)
     assert got.shape == (len(ids), spec["vocab_size"])
     assert np.array_equal(got, whole[:, :spec["vocab_size"]])

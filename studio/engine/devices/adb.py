@@ -167,17 +167,17 @@ class Backend(_Base):
                               "export it with export.parts = 1")
         phone = self.phone(log)
         mode = self.run_options.get("htp_performance_mode", "")
-        from studio.engine import deploy
+        from studio.engine import deploy, deployed
 
         record = deploy.read(compiled)
         if record is not None:  # the deployable binaries, fed as Genie feeds them
             from studio.engine.genie import BundleRunner
 
             sessions = {ar: [phone.session(p, perf_profile=mode) for p in paths]
-                        for ar, paths in deploy.graph_paths(compiled, record).items()}
-            gen = deploy.DeployedGenerator(BundleRunner(sessions, spec,
+                        for ar, paths in deployed.graph_paths(compiled, record).items()}
+            gen = deployed.DeployedGenerator(BundleRunner(sessions, spec,
                                                         int(record["context_size"]),
-                                                        deploy.cache_encodings(record)), spec)
+                                                        deployed.cache_encodings(record)), spec)
             gen.prefill_session = sessions[max(sessions)][0]
             gen.decode_session = sessions[1][0]
             return gen
@@ -209,7 +209,7 @@ class Backend(_Base):
         from studio.engine import qnn
 
         phone = self.phone(progress.log)
-        from studio.engine.deploy import decode_context
+        from studio.engine.deployed import decode_context
 
         sess = phone.session(decode_context(compiled), profiling="detailed",
                              perf_profile=self.run_options.get("htp_performance_mode", ""))

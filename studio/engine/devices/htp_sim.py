@@ -99,10 +99,10 @@ class Backend(_Base):
                     "measured on the 3 B shape): generating needs every part loaded; "
                     "generate on the host CPU or a device (an agent), validation scores the "
                     "model part by part")
-        from studio.engine import deploy
+        from studio.engine import deploy, deployed
 
         if deploy.read(compiled) is not None:  # the binaries that ship, fed as Genie feeds them
-            return deploy.generator(compiled, self.chip, spec, self.run_options)
+            return deployed.generator(compiled, self.chip, spec, self.run_options)
         return htp_generator(compiled, self.chip, spec, fp16, self.run_options)
 
     def open_encoder(self, export: Path, compiled: Path | None, spec: dict[str, Any],
@@ -121,13 +121,13 @@ class Backend(_Base):
         """The parts' context binaries one part at a time: a model whose binaries do not fit
         the HTP's memory together (the 3 B shape's 18 on the simulator end in "Memory
         allocation related error" while they load) is still scored."""
-        from studio.engine import deploy
+        from studio.engine import deploy, deployed
         from studio.engine.llm_parts import StreamedScorer
         from studio.engine.llm_runtime import htp_session_maker
 
         self.check()
         if deploy.read(compiled) is not None:
-            return deploy.PartScorer(compiled, self.chip, spec, self.run_options)
+            return deployed.PartScorer(compiled, self.chip, spec, self.run_options)
         return StreamedScorer(compiled, spec, htp_session_maker(self.chip, fp16,
                                                                 self.run_options))
 
@@ -143,10 +143,10 @@ class Backend(_Base):
     def profile_decode_steps(self, compiled: Path, spec: dict[str, Any], folder: Path,
                              repeats: int, fp16: bool, progress: Any
                              ) -> Iterator[tuple[dict[str, Any], float]]:
-        from studio.engine import deploy, qnn
+        from studio.engine import deployed, qnn
 
         return self._repeat(repeats, progress, 0.8, "decode step", lambda csv: (
-            qnn.profile_decode_step(deploy.decode_context(compiled), self.chip, spec, csv,
+            qnn.profile_decode_step(deployed.decode_context(compiled), self.chip, spec, csv,
                                     fp16=fp16, runs=1, extra_options=self.run_options)), folder)
 
     def profile_inferences(self, compiled: Path, feed: dict[str, Any], folder: Path,

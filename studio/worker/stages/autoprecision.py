@@ -18,7 +18,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     """The fewest layers or key activations raised (greedy by the sensitivity ranking, each
     step measured) that meet the project's target; the override rules to copy into
     ``quantization.overrides``."""
-    from studio.engine.sensitivity import VariantBench, auto_precision, raise_ranking
+    from studio.engine.precision_search import auto_precision
+    from studio.engine.sensitivity import VariantBench, raise_ranking
 
     export_dir, sdir = ctx.input("export"), ctx.input("sensitivity")
     try:

@@ -214,7 +214,7 @@ def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
     finally:
         shutil.rmtree(ctx.out / "optrace-io", ignore_errors=True)
     merged, matched = copy_traffic(table, traffic)
-    from studio.engine.deploy import decode_context
+    from studio.engine.deployed import decode_context
 
     compiler = compiler_totals(sch, extra,
                                decode_context(ctx.input("compile", ctx.config.chip)))

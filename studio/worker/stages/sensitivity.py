@@ -18,7 +18,8 @@ from studio.worker.context import StageContext, device_metric, host_metric, read
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     """Each weighted layer, each key activation, then each block, raised (and lowered) alone
     over the base scheme, scored on the host QDQ prefill graph against FP32."""
-    from studio.engine.sensitivity import VariantBench, analyze, confirm_on_htp, resolve_choices
+    from studio.engine.precision_search import analyze, confirm_on_htp
+    from studio.engine.sensitivity import VariantBench, resolve_choices
 
     scheme = ctx.get("quantization.scheme")
     high, low = resolve_choices(scheme, ctx.get("sensitivity.high"), ctx.get("sensitivity.low"))
