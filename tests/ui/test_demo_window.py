@@ -79,7 +79,7 @@ def _demo_window(path: Path, qtbot, size=(1280, 720)):
 
 def test_keys_step_through_scenes_with_badges_and_live_generation(finished, copy_project,
                                                                   tmp_path, qtbot):
-    from studio.ui.demo import GenerateView, WaterfallView
+    from studio.ui.demo_scenes import GenerateView, WaterfallView
 
     src, run_id = finished
     path = copy_project(src, tmp_path / "p")
