@@ -46,7 +46,7 @@ def _wait_state(qtbot, view, state: str, timeout: int = 30_000) -> None:
 def test_layer_of_names_the_recipe_layers(diffed):
     """A tensor maps to the layer the recipe names: a module, or a key activation's
     pseudo-layer (a block's output is its last residual add)."""
-    from studio.ui.pages.layerdiff_view import layer_of
+    from studio.ui.pages.layerdiff_rows import layer_of
 
     rows = {r["name"]: r for r in diffed["got"]["rows"]}
     assert layer_of(rows["model.layers.0"]) == "model.layers.0.residual"
@@ -64,7 +64,7 @@ def test_layer_of_names_the_recipe_layers(diffed):
 def test_the_view_draws_the_real_diff(diffed, make_window, copy_project, tmp_path, qtbot):
     from PySide6.QtCore import Qt
 
-    from studio.ui.pages.layerdiff_view import pct
+    from studio.ui.pages.layerdiff_rows import pct
 
     got = diffed["got"]
     r, rows = got["result"], got["rows"]
@@ -154,7 +154,7 @@ def test_activating_a_row_or_point_opens_the_layer(
 ):
     from PySide6.QtCore import QPointF
 
-    from studio.ui.pages.layerdiff_view import layer_of
+    from studio.ui.pages.layerdiff_rows import layer_of
 
     win, page, view = _open(make_window, copy_project, diffed["path"], tmp_path / "p")
     _wait_state(qtbot, view, "content")
