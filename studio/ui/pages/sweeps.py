@@ -31,51 +31,36 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from studio.core import figures
 from studio.core.errors import StudioError
 from studio.core.sweep import BEST_RULES, Point, best_point, pareto_front
-from studio.core.units import signed
-from studio.services.sweep_report import fmt_bytes, point_rows
+from studio.services.sweep_report import point_rows
 from studio.ui.pages.base import Page
+from studio.ui.pages.sweep_plot import SweepPlot
+from studio.ui.pages.sweep_rows import (
+    COL,
+    COLUMNS,
+    EXAMPLE,
+    SOURCES_TEXT,
+    best_html,
+    cell_texts,
+    cell_tips,
+    column_heads,
+    point_run,
+    size_title,
+    sources_of,
+)
 from studio.ui.sweep_thread import SweepThread
 from studio.ui.widgets import (
     EmptyState,
     SourceBadge,
     label,
-    plot_axes,
-    plot_message,
     read_only_table,
     splitter,
     theme_plot,
 )
 
-FRONT_COLOR = "#d9480f"  # the Pareto front (as in the sweep's HTML report)
-OTHER_COLOR = "#868e96"
-BEST_COLOR = "#2b8a3e"
 STATE_COLORS = {"succeeded": "#1b7f3b", "failed": "#c62828", "invalid": "#c62828",
                 "cancelled": "#5b6570", "running": "#2f5da8"}
-SOURCES_TEXT = (
-    "Where the figures come from: accuracy is measured on the HTP simulator — real HTP "
-    "numerics, not a device; size is the compiled context binaries' file sizes (measured) "
-    "and is what the front and the rule 'smallest' compare; weights are computed from the "
-    "recipe (parameters × bytes per parameter); decode tok/s come from the performance model "
-    "for the chip, not a device.")
-EXAMPLE = """[[sweeps]]
-name = "schemes"
-best = "smallest"        # smallest | most-accurate | fastest
-[sweeps.axes]
-"quantization.scheme" = ["W8A16", "W8A8"]"""
-COLUMNS = ["point", "settings", "state", "accuracy", "perplexity change", "size", "weights",
-           "decode tok/s", "front / best", "run", "reason"]
-COL = {name: i for i, name in enumerate(COLUMNS)}
-
-
-def _point_of(p: dict[str, Any]):
-    """A PointRun rebuilt from a point's dict (what ``point_result`` reads)."""
-    from studio.services.sweeps import PointRun
-
-    return PointRun(Point(p["index"], p["settings"]), state=p["state"], reason=p["reason"],
-                    run_id=p.get("run_id"), figures=p)
 
 
 class SweepsPage(Page):
@@ -83,9 +68,6 @@ class SweepsPage(Page):
 
     def __init__(self, ctl, parent=None):
         super().__init__(ctl, parent)
-        import pyqtgraph as pg
-
-        self.pg = pg
         self.rec: dict[str, Any] | None = None  # what the table and the plot show
         self.rows: list[dict[str, Any]] = []
         self.sweep: SweepThread | None = None
@@ -117,7 +99,9 @@ class SweepsPage(Page):
         lay.addWidget(self.content, 1)
         cl.addLayout(self._build_bar())
         self._build_lines(cl)
-        split = splitter(Qt.Orientation.Vertical, self._build_plot(), self._build_table(),
+        self.chart = SweepPlot()
+        self.chart.clicked.connect(self._plot_clicked)
+        split = splitter(Qt.Orientation.Vertical, self.chart, self._build_table(),
                          sizes=(9_000, 9_000))
         cl.addWidget(split, 1)
         cl.addLayout(self._build_sources())
@@ -175,38 +159,6 @@ class SweepsPage(Page):
         cl.addWidget(self.best_line)
 
 
-    def _build_plot(self) -> QWidget:
-        """Accuracy against size, the Pareto front and the best point."""
-        pg = self.pg
-        pbox = QWidget()
-        pl = QVBoxLayout(pbox)
-        pl.setContentsMargins(0, 4, 0, 0)
-        pl.setSpacing(2)
-        self.legend = label("", wrap=True)
-        self.legend.setTextFormat(Qt.TextFormat.RichText)
-        self.legend.setText(
-            f'<span style="color:{FRONT_COLOR}">●</span> every gate passed &nbsp; '
-            f'<span style="color:{FRONT_COLOR}">○</span> a gate failed &nbsp; '
-            f'<span style="color:{FRONT_COLOR}">orange, joined</span>: the Pareto front '
-            f'&nbsp; <span style="color:{OTHER_COLOR}">grey</span>: off the front &nbsp; '
-            f'<span style="color:{BEST_COLOR}">◎</span> the best point &nbsp; · &nbsp;click a '
-            "point to select it")
-        self.legend.setToolTip("The Pareto front: the points no other point beats on both "
-                               "accuracy and size. The best point follows the sweep's rule, "
-                               "among the points that pass every gate.")
-        pl.addWidget(self.legend)
-        self.plot = pg.PlotWidget()
-        self.plot.setMenuEnabled(False)
-        self.plot.showGrid(x=True, y=True, alpha=0.25)
-        self.plot.getPlotItem().hideButtons()
-        self.plot.setMinimumHeight(200)
-        for axis in ("left", "bottom"):
-            self.plot.getAxis(axis).enableAutoSIPrefix(False)
-        self.scatter = pg.ScatterPlotItem(hoverable=True, tip=self._tip)
-        self.scatter.sigClicked.connect(self._plot_clicked)
-        pl.addWidget(self.plot, 1)
-        return pbox
-
     def _build_table(self) -> QWidget:
         """Every point, and what to do with the selected one."""
         tbox = QWidget()
@@ -257,7 +209,7 @@ class SweepsPage(Page):
     # ---- theme ------------------------------------------------------------------------------
     def changeEvent(self, event) -> None:
         super().changeEvent(event)
-        if event.type() == QEvent.Type.PaletteChange and hasattr(self, "plot"):
+        if event.type() == QEvent.Type.PaletteChange and hasattr(self, "chart"):
             self.apply_theme()
 
     def apply_theme(self) -> None:
@@ -554,7 +506,7 @@ class SweepsPage(Page):
         from studio.services.sweeps import ACCURACY, point_result
 
         pts = [self._live[i] for i in sorted(self._live)]
-        results = [point_result(_point_of(p)) for p in pts]
+        results = [point_result(point_run(p)) for p in pts]
         rule = self._spec.best if self._spec is not None else "smallest"
         return {"name": self._sweep_name, "state": "running", "executor": "local",
                 "updated": time.time(), "points": pts, "pareto_front": pareto_front(results),
@@ -624,48 +576,20 @@ class SweepsPage(Page):
         self._show_best()
         self._select(self._selected)
 
-    def _sources_of(self, key: str, default: str) -> str:
-        found = sorted({r[key] for r in self.rows if r.get(key)})
-        return " / ".join(found) or default
-
     def _acc_source(self) -> str:
-        return self._sources_of("accuracy_source", "simulated")
+        return sources_of(self.rows, "accuracy_source", "simulated")
 
     def _weight_source(self) -> str:
         default = "estimated" if self.ctl.project is None or \
             self.ctl.project.model["kind"] == "causal-lm" else "measured"
-        return self._sources_of("weight_source", default)
-
-    def _size_title(self) -> str:
-        """What the size axis is (the compiled context binaries, measured, where compiled)."""
-        r = next((r for r in self.rows if r.get("size_bytes") is not None), None)
-        if r is None:
-            return f"{figures.title('deployable_binary_bytes')}, MiB (measured)"
-        return f"{r['size_title']}, MiB ({r['size_source']})"
+        return sources_of(self.rows, "weight_source", default)
 
     def _fill_table(self) -> None:
         rec = self.rec
         assert rec is not None
         chips = sorted({r["tokens_chip"] for r in self.rows if r["tokens_chip"]})
         chip = ", ".join(chips) or (self.ctl.project.targets[0] if self.ctl.project else "")
-        wsrc = self._weight_source()
-        heads = {
-            "accuracy": (f"{rec['accuracy_title']}\n({self._acc_source()})",
-                         f"{self._acc_source()}: measured on the HTP simulator — real HTP "
-                         "numerics, not a device"),
-            "perplexity change": ("perplexity change\n(simulated)",
-                                  "the quantized model's perplexity on the HTP simulator "
-                                  "against FP32's, on the held-out text"),
-            "size": ("size\n(measured)",
-                     figures.tip("deployable_binary_bytes") + "\nOn the first target; the "
-                     "Pareto front and the rule 'smallest' use it."),
-            "weights": (f"{figures.title('matmul_weight_bytes')}\n({wsrc})",
-                        figures.tip("matmul_weight_bytes")
-                        if wsrc == "estimated" else
-                        f"{wsrc}: the compiled context binaries' file sizes"),
-            "decode tok/s": (f"decode tok/s (estimated)\n{chip}",
-                             f"estimated by the performance model for {chip}, not a device"),
-        }
+        heads = column_heads(rec, self._acc_source(), self._weight_source(), chip)
         for c, name in enumerate(COLUMNS):
             text, tip = heads.get(name, (name, ""))
             item = QTableWidgetItem(text)
@@ -681,27 +605,8 @@ class SweepsPage(Page):
         bold.setBold(True)
         self.table.setRowCount(len(self.rows))
         for i, r in enumerate(self.rows):
-            p = r["point"]
-            state = r["state"]
-            if p.get("kept"):
-                state += " (recorded earlier)"
-            now = running_jobs.get(p.get("id", ""), [])
-            if now:
-                state += " · " + ", ".join(f"{j['stage']} {j['progress']:.0%}" for j in now)
-            acc = f"{r['accuracy']:.6f}" if r["accuracy"] is not None else "—"
-            ppl = (signed(r["perplexity_increase"], ".2%", "−")
-                   if r["perplexity_increase"] is not None
-                   else "—")
-            tps = f"{r['tokens_per_s']:.1f}" if r["tokens_per_s"] is not None else "—"
-            marks = []
-            if r["best"]:
-                marks.append("★ best")
-            if r["front"]:
-                marks.append("front")
-            cells = [r["label"], r["settings"], state, acc, ppl, fmt_bytes(r["size_bytes"]),
-                     fmt_bytes(r["weight_bytes"]), tps, " · ".join(marks),
-                     str(r["run_id"] or ""), r["reason"]]
-            tips = self._tips(r)
+            cells = cell_texts(r, running_jobs.get(r["point"].get("id", ""), []))
+            tips = cell_tips(r)
             for j, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setToolTip(tips.get(COLUMNS[j], text))
@@ -720,133 +625,28 @@ class SweepsPage(Page):
             self.table.setColumnWidth(COL["settings"], 320)
         self.table.resizeRowsToContents()
 
-    def _tips(self, r: dict[str, Any]) -> dict[str, str]:
-        p = r["point"]
-        gates = p.get("gates") or []
-        gate_text = "\n".join(
-            f"{'✓' if g['passed'] else '✗'} {g['gate']} [{g.get('target', '')}]: "
-            f"{g['value']:.4f} against {g['threshold']}" for g in gates)
-        acc = p.get("accuracy") or {}
-        w = p.get("weight_bytes") or {}
-        speed = next(iter((p.get("tokens_per_s") or {}).values()), {})
-        tips = {"state": gate_text or r["state"],
-                "reason": r["reason"] or gate_text or "",
-                "accuracy": (f"{acc.get('source', '')} on {acc.get('target', '')}"
-                             if acc else "not measured"),
-                "weights": w.get("detail", "") if w else "",
-                "decode tok/s": speed.get("detail", "") if speed else "",
-                "run": "Open run shows it on the Validation page" if r["run_id"] else ""}
-        if r.get("context_bytes"):
-            tips["size"] = (f"compiled context binaries: {fmt_bytes(r['context_bytes'])} "
-                            "(measured, file sizes)")
-        return tips
-
-    def _plotted(self) -> list[int]:
-        return [i for i, r in enumerate(self.rows)
-                if r["accuracy"] is not None and r["size_bytes"] is not None]
-
     def _draw_plot(self) -> None:
-        pg = self.pg
         rec = self.rec
         assert rec is not None
-        plot = self.plot
-        plot.clear()
-        self.scatter.clear()
-        self._labels: list[Any] = []
-        # two lines: on one, the title ran past the short axis of a 1280 × 800 window
-        self.plot.setLabel("left", f"{rec['accuracy_title']}<br>({self._acc_source()}) →")
-        self.plot.setLabel("bottom", self._size_title() + " →")
-        idx = self._plotted()
-        if not idx:  # says why, no bare 0-1 axes
-            plot_message(plot, "No point has both an accuracy and a size yet"
-                         + (": they appear as points finish" if self.running
-                            else ": run the sweep"))
-            return
-        plot_axes(plot)
-        xs = {i: self.rows[i]["size_bytes"] / 2**20 for i in idx}
-        ys = {i: self.rows[i]["accuracy"] for i in idx}
-        front = sorted((i for i in idx if self.rows[i]["front"]), key=lambda i: xs[i])
-        if len(front) > 1:
-            plot.addItem(pg.PlotDataItem(
-                [xs[i] for i in front], [ys[i] for i in front],
-                pen=pg.mkPen(FRONT_COLOR, width=1.5, style=Qt.PenStyle.DashLine)))
-        spots = []
-        for i in idx:
-            r = self.rows[i]
-            color = FRONT_COLOR if r["front"] else OTHER_COLOR
-            passed = r["state"] == "succeeded" and bool(r["point"].get("gates_passed"))
-            spots.append({"pos": (xs[i], ys[i]), "data": i, "size": 12, "symbol": "o",
-                          "pen": pg.mkPen(color, width=2),
-                          "brush": pg.mkBrush(color) if passed else pg.mkBrush(0, 0, 0, 0)})
-        self.scatter.setData(spots)
-        plot.addItem(self.scatter)
-        best = [i for i in idx if self.rows[i]["best"]]
-        if best:
-            plot.addItem(pg.ScatterPlotItem(
-                [xs[best[0]]], [ys[best[0]]], size=26, symbol="o",
-                pen=pg.mkPen(BEST_COLOR, width=2.5), brush=pg.mkBrush(0, 0, 0, 0)))
-        self.selection_ring = pg.ScatterPlotItem(
-            size=34, symbol="s", pen=pg.mkPen(self.palette().highlight().color(), width=2,
-                                              style=Qt.PenStyle.DotLine),
-            brush=pg.mkBrush(0, 0, 0, 0))
-        plot.addItem(self.selection_ring)
-        fg = self.palette().text().color()
-        for i in idx:
-            t = pg.TextItem(self.rows[i]["label"], color=fg, anchor=(-0.9, 1.0))
-            t.setPos(xs[i], ys[i])
-            plot.addItem(t)
-            self._labels.append(t)
-        x0, x1 = min(xs.values()), max(xs.values())
-        y0, y1 = min(ys.values()), max(ys.values())
-        if x1 - x0 < 1e-9:
-            x0, x1 = x0 * 0.9, x1 * 1.1 + 1e-6
-        if y1 - y0 < 1e-12:
-            y0, y1 = y0 - 1e-4, y1 + 1e-4
-        xm, ym = (x1 - x0) * 0.12, (y1 - y0) * 0.18
-        plot.setXRange(x0 - xm, x1 + xm, padding=0)
-        plot.setYRange(y0 - ym, y1 + ym, padding=0)
+        self.chart.draw(self.rows, f"{rec['accuracy_title']}<br>({self._acc_source()}) →",
+                        size_title(self.rows) + " →", self.running)
 
-    def _tip(self, x: float, y: float, data: Any) -> str:
-        if not isinstance(data, int) or data >= len(self.rows):
-            return ""
-        r = self.rows[data]
-        return (f"{r['label']}: {r['settings']}\n{r['state']}"
-                + (f" — {r['reason']}" if r["reason"] else "")
-                + f"\naccuracy {r['accuracy']:.6f} ({r['accuracy_source']})"
-                + f"\n{r['size_title'] or 'size'} {fmt_bytes(r['size_bytes'])} "
-                  f"({r['size_source']})"
-                + f"\nweights {fmt_bytes(r['weight_bytes'])} ({r['weight_source']})")
+    # the chart's parts, as the page's (what tests and the theme reach)
+    @property
+    def plot(self):
+        return self.chart.plot
+
+    @property
+    def scatter(self):
+        return self.chart.scatter
+
+    @property
+    def selection_ring(self):
+        return self.chart.selection_ring
 
     def _show_best(self) -> None:
-        rec = self.rec
-        assert rec is not None
-        rule = rec["best_rule"]
-        best = next((r for r in self.rows if r["best"]), None)
-        why = html.escape(BEST_RULES.get(rule, ""))
-        if best is not None:
-            figs = []
-            if best["accuracy"] is not None:
-                figs.append(f"{html.escape(rec['accuracy_title'])} {best['accuracy']:.6f}")
-            if best["size_bytes"] is not None:
-                figs.append(f"{best['size_title']} {fmt_bytes(best['size_bytes'])}")
-            if best["tokens_per_s"] is not None:
-                figs.append(f"{best['tokens_per_s']:.1f} tok/s (estimated)")
-            self.best_line.setText(
-                f"<b>Best by the rule {html.escape(rule)}</b> ({why}): "
-                f"<b>{html.escape(best['label'])}</b> — {html.escape(best['settings'])}"
-                + (f" · {' · '.join(figs)}" if figs else ""))
-        elif rec["state"] == "not run":
-            self.best_line.setText(f"Not run yet: run the sweep to compare its points. The "
-                                   f"best point will follow the rule <b>{html.escape(rule)}"
-                                   f"</b> ({why}), among the points that pass every gate.")
-        elif self.running:
-            self.best_line.setText(f"Best by the rule <b>{html.escape(rule)}</b> ({why}): "
-                                   "none yet — it is chosen among finished points that pass "
-                                   "every gate.")
-        else:
-            self.best_line.setText(f"<b>No point passes every gate</b> (rule "
-                                   f"{html.escape(rule)}): see each point's reason below; "
-                                   "loosen a gate or sweep other settings.")
+        assert self.rec is not None
+        self.best_line.setText(best_html(self.rec, self.rows, self.running))
 
     # ---- selection --------------------------------------------------------------------------
     def selected_point(self) -> dict[str, Any] | None:
@@ -868,13 +668,7 @@ class SweepsPage(Page):
                 self.table.selectRow(row)
         finally:
             self._selecting = False
-        ring = getattr(self, "selection_ring", None)
-        if ring is not None and ring.scene() is not None:
-            if row is not None and row in self._plotted():
-                r = self.rows[row]
-                ring.setData([r["size_bytes"] / 2**20], [r["accuracy"]])
-            else:
-                ring.setData([], [])
+        self.chart.ring(row)
         self._show_selection()
 
     def _row_selected(self) -> None:
@@ -887,11 +681,9 @@ class SweepsPage(Page):
             self._selected = None
             self._show_selection()
 
-    def _plot_clicked(self, _item, points, _ev=None) -> None:
-        if len(points):
-            i = points[0].data()
-            if isinstance(i, int) and i < len(self.rows):
-                self.select_point(self.rows[i]["label"])
+    def _plot_clicked(self, i: int) -> None:
+        if i < len(self.rows):
+            self.select_point(self.rows[i]["label"])
 
     def _is_current(self, p: dict[str, Any]) -> bool:
         """Whether the project's settings now are the point's."""
