@@ -23,7 +23,7 @@ from typing import Any
 
 from studio.core.errors import Cancelled, StudioError
 from studio.core.parts import hidden_name
-from studio.engine.qnn import _capture_native_stderr
+from studio.engine.qnn import capture_native_stderr
 
 # ---- the graph ------------------------------------------------------------------------------
 #: the residual stream one part of a model hands the next (``hidden_states_after_{block}``)
@@ -341,7 +341,7 @@ class GenieDialog:
         self._cfg, self._dlg = ctypes.c_void_p(), ctypes.c_void_p()
         t0 = time.perf_counter()
         st2 = -1
-        with _capture_native_stderr() as cap:  # Genie prints its reasons on fd 2
+        with capture_native_stderr() as cap:  # Genie prints its reasons on fd 2
             st = self.lib.GenieDialogConfig_createFromJson(json.dumps(cfg).encode(),
                                                           ctypes.byref(self._cfg))
             if st == 0:
@@ -382,7 +382,7 @@ class GenieDialog:
 
         keep = callback_t(cb)
         t0 = time.perf_counter()
-        with _capture_native_stderr() as cap:
+        with capture_native_stderr() as cap:
             st = self.lib.GenieDialog_query(self._dlg, prompt.encode(), 0, keep, None)
         wall = time.perf_counter() - t0
         if aborted:

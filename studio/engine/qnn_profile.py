@@ -311,7 +311,7 @@ def _make_op(
 def parse_profile_run(
     run: dict, onnx_path: str | os.PathLike | None = None, chip: object | None = None
 ) -> Profile:
-    """Parse what :func:`studio.engine.qnn.profile_run` returned (its CSV and op trace),
+    """Parse what :func:`studio.engine.profiling.profile_run` returned (its CSV and op trace),
     labelled with its source ("simulated" on x86) and, when given, the target chip."""
     target = {}
     if chip is not None:

@@ -104,7 +104,7 @@ chip = os.environ["FAKE_PHONE_CHIP"]
 out = Path(a.output_dir)
 (out / "Result_0").mkdir(parents=True, exist_ok=True)
 if a.profiling_level:
-    info = qnn.profile_run(model, chip, feeds, out / "profile.csv", level=a.profiling_level,
+    info = profiling.profile_run(model, chip, feeds, out / "profile.csv", level=a.profiling_level,
                            op_trace=False)
     shutil.move(info["csv"], out / "qnn-profiling-data_0.log")
     got = info["outputs"]

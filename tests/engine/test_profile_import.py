@@ -12,7 +12,7 @@ import pytest
 
 from studio.core.errors import StudioError
 from studio.core.profile_export import to_chrome_trace
-from studio.engine import qnn
+from studio.engine import profiling
 from studio.engine.profile_import import (
     detect_format,
     import_profile,
@@ -32,9 +32,9 @@ def optrace(tmp_path_factory):
     d = tmp_path_factory.mktemp("optrace")
     q = quantize_w8a16(float_model(d / "f32.onnx"), d / "q.onnx")
     x = (0.5 * np.random.default_rng(3).standard_normal((1, WIDTH))).astype(np.float32)
-    run = qnn.profile_run(q, "snapdragon-8-gen-3", {"x": x}, d / "out" / "p.csv",
+    run = profiling.profile_run(q, "snapdragon-8-gen-3", {"x": x}, d / "out" / "p.csv",
                           level="optrace", runs=2)
-    host = qnn.profile_host_cpu(q, d / "ort.json", runs=2)
+    host = profiling.profile_host_cpu(q, d / "ort.json", runs=2)
     return {"run": run, "q": q, "host": host}
 
 

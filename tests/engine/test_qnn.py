@@ -16,7 +16,7 @@ import pytest
 
 from studio.core.catalog import Chip, get_chip, load_catalog
 from studio.core.errors import StudioError
-from studio.engine import qnn
+from studio.engine import profiling, qnn
 from tests.engine.tiny_onnx import WIDTH, float_model, quantize_w8a16
 
 pytest.importorskip("onnxruntime_qnn")
@@ -275,7 +275,7 @@ def test_a_damaged_context_binary_and_a_wrong_feed_are_decoded(models, tmp_path)
 # profiling
 # ---------------------------------------------------------------------------------------
 def test_profile_run_writes_csv_and_op_trace(models, tmp_path):
-    res = qnn.profile_run(
+    res = profiling.profile_run(
         models["w8a16"], TARGET, {"x": _x()}, tmp_path / "prof" / "run.csv", runs=2
     )
     assert res["source"] == "simulated" and res["level"] == "detailed" and res["runs"] == 2
@@ -291,12 +291,12 @@ def test_profile_run_writes_csv_and_op_trace(models, tmp_path):
 
 def test_synthetic_feeds_follow_the_session_inputs(models, tmp_path):
     sess = qnn.make_session(models["w8a16"], TARGET)
-    feeds = qnn.synthetic_feeds(sess, {"x": 0.25})
+    feeds = profiling.synthetic_feeds(sess, {"x": 0.25})
     assert (
         list(feeds) == ["x"] and feeds["x"].shape == (1, WIDTH) and feeds["x"].dtype == np.float32
     )
     assert np.all(feeds["x"] == 0.25)
-    res = qnn.profile_run(models["w8a16"], TARGET, None, tmp_path / "synthetic.csv")
+    res = profiling.profile_run(models["w8a16"], TARGET, None, tmp_path / "synthetic.csv")
     assert Path(res["csv"]).is_file() and res["outputs"][0].shape == (1, WIDTH)
 
 
@@ -304,15 +304,15 @@ def test_profile_run_optrace_moves_the_schematic(models, tmp_path, monkeypatch):
     work = tmp_path / "cwd"
     work.mkdir()
     monkeypatch.chdir(work)  # the EP writes the schematic into the current directory
-    res = qnn.profile_run(
+    res = profiling.profile_run(
         models["w8a16"], TARGET, {"x": _x()}, tmp_path / "o" / "opt.csv", level="optrace"
     )
     assert len(res["schematic"]) == 1 and Path(res["schematic"][0]).parent == tmp_path / "o"
     assert list(work.iterdir()) == []
     with pytest.raises(StudioError, match="unknown profiling level"):
-        qnn.profile_run(models["w8a16"], TARGET, {"x": _x()}, tmp_path / "o" / "b.csv", level="x")
+        profiling.profile_run(models["w8a16"], TARGET, {"x": _x()}, tmp_path / "o" / "b.csv", level="x")
     with pytest.raises(StudioError, match="check the inputs"):
-        qnn.profile_run(models["w8a16"], TARGET, {"wrong": _x()}, tmp_path / "o" / "c.csv")
+        profiling.profile_run(models["w8a16"], TARGET, {"wrong": _x()}, tmp_path / "o" / "c.csv")
 
 
 def test_a_context_that_does_not_fit_beside_the_loaded_ones_says_so():

@@ -9,7 +9,7 @@ import pytest
 
 from studio.core.errors import StudioError
 from studio.core.profile import Profile, ProfileOp, layer_label, layer_of
-from studio.engine import qnn
+from studio.engine import profiling, qnn
 from studio.engine.qnn_profile import parse_profile_csv
 from tests.engine.tiny_onnx import WIDTH, float_model, quantize_w8a16
 
@@ -31,14 +31,14 @@ def real(tmp_path_factory):
     d = tmp_path_factory.mktemp("qnn-prof")
     f32, q = _tiny_w8a16(d)
     x = (0.5 * np.random.default_rng(3).standard_normal((1, WIDTH))).astype(np.float32)
-    detailed = qnn.profile_run(q, TARGET, {"x": x}, d / "detailed.csv", runs=2)
-    basic = qnn.profile_run(q, TARGET, {"x": x}, d / "basic.csv", level="basic", runs=3)
+    detailed = profiling.profile_run(q, TARGET, {"x": x}, d / "detailed.csv", runs=2)
+    basic = profiling.profile_run(q, TARGET, {"x": x}, d / "basic.csv", level="basic", runs=3)
     ctx = qnn.compile_context(q, d / "ctx" / "tiny_ctx.onnx", TARGET)
     # The pipeline's call: synthetic inputs for a compiled decode graph.
-    compiled = qnn.profile_decode_step(
+    compiled = profiling.profile_decode_step(
         ctx["ctx_path"], TARGET, {"prompt_length": 4}, d / "compiled.csv"
     )
-    fp16 = qnn.profile_run(f32, TARGET, {"x": x}, d / "fp16.csv", fp16=True)
+    fp16 = profiling.profile_run(f32, TARGET, {"x": x}, d / "fp16.csv", fp16=True)
     return {
         "dir": d,
         "f32": f32,

@@ -206,7 +206,7 @@ class Backend(_Base):
                              ) -> Iterator[tuple[dict[str, Any], float]]:
         """qnn-net-run at the detailed level, its profiling log turned into the QNN CSV by the
         SDK's viewer (the phone's load is not measured: 0)."""
-        from studio.engine import qnn
+        from studio.engine import profiling
 
         phone = self.phone(progress.log)
         from studio.engine.deployed import decode_context
@@ -214,7 +214,7 @@ class Backend(_Base):
         sess = phone.session(decode_context(compiled), profiling="detailed",
                              perf_profile=self.run_options.get("htp_performance_mode", ""))
         sess.profile_dir = Path(folder)
-        feeds = qnn.synthetic_feeds(sess, {"position_ids": int(spec["prompt_length"])})
+        feeds = profiling.synthetic_feeds(sess, {"position_ids": int(spec["prompt_length"])})
         for i in range(repeats):
             progress.check()
             progress.update(0.05 + 0.8 * i / repeats,

@@ -143,19 +143,19 @@ class Backend(_Base):
     def profile_decode_steps(self, compiled: Path, spec: dict[str, Any], folder: Path,
                              repeats: int, fp16: bool, progress: Any
                              ) -> Iterator[tuple[dict[str, Any], float]]:
-        from studio.engine import deployed, qnn
+        from studio.engine import deployed, profiling
 
         return self._repeat(repeats, progress, 0.8, "decode step", lambda csv: (
-            qnn.profile_decode_step(deployed.decode_context(compiled), self.chip, spec, csv,
+            profiling.profile_decode_step(deployed.decode_context(compiled), self.chip, spec, csv,
                                     fp16=fp16, runs=1, extra_options=self.run_options)), folder)
 
     def profile_inferences(self, compiled: Path, feed: dict[str, Any], folder: Path,
                            repeats: int, strict: bool, progress: Any
                            ) -> Iterator[tuple[dict[str, Any], float]]:
-        from studio.engine import qnn
+        from studio.engine import profiling
 
         return self._repeat(repeats, progress, 0.9, "inference", lambda csv: (
-            qnn.profile_run(compiled, self.chip, feed, csv, strict=strict, op_trace=True)),
+            profiling.profile_run(compiled, self.chip, feed, csv, strict=strict, op_trace=True)),
             folder)
 
     def _repeat(self, repeats: int, progress: Any, span: float, what: str,

@@ -174,7 +174,7 @@ def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
     schematic). Returns (table, "compiler (optrace)" | "analytic", the compiler's totals of
     the step — DRAM and VTCM bytes, DMA ops, HTP ops, the binary's size, the options — or
     None)."""
-    from studio.engine import qnn, qnn_profile
+    from studio.engine import profiling, qnn_profile
     from studio.engine.profile_import import (
         compiler_totals,
         copy_traffic,
@@ -201,7 +201,7 @@ def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
 
             quantize_io(qdir, ctx.out / "optrace-io", GRAPHS)
             graph = ctx.out / "optrace-io" / "decode.onnx"
-        info = qnn.profile_decode_step(graph, ctx.chip, spec, ctx.out / "optrace" / "ops.csv",
+        info = profiling.profile_decode_step(graph, ctx.chip, spec, ctx.out / "optrace" / "ops.csv",
                                        fp16=ctx.fp16, level="optrace", extra_options=extra)
         if not info["schematic"]:
             raise StudioError("the optrace profile wrote no schematic")
@@ -233,7 +233,7 @@ def _host_timeline(ctx: StageContext, graphs: list[Path], spec) -> dict[str, Any
     from statistics import median
 
     from studio.core.events import EventTable
-    from studio.engine import qnn
+    from studio.engine import profiling
     from studio.engine.opblocks import node_blocks
     from studio.engine.profile_import import import_profile
 
@@ -241,7 +241,7 @@ def _host_timeline(ctx: StageContext, graphs: list[Path], spec) -> dict[str, Any
     step_ms, runs = 0.0, 0
     for graph in graphs:
         name = graph.parent.name if len(graphs) > 1 else ""
-        info = qnn.profile_host_cpu(graph, ctx.out / "host" / name / "ort_profile.json",
+        info = profiling.profile_host_cpu(graph, ctx.out / "host" / name / "ort_profile.json",
                                     position=int((spec or {}).get("prompt_length", 0)), runs=3)
         prof = import_profile(info["json"], source=HOST_CPU.source, fmt="ort-json")
         blocks = node_blocks(graph)
