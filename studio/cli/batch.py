@@ -16,7 +16,7 @@ from typing import Any
 from studio.cli.command import Context
 
 
-class _Printer:
+class EventPrinter:
     """Terminal progress: one line per job state change, a live line on a terminal."""
 
     def __init__(self, quiet: bool):
@@ -68,7 +68,7 @@ def run_batch(args: argparse.Namespace, ctx: Context) -> int:
             print(f"note: {studio.interrupted_jobs} job(s) of an earlier run were interrupted; "
                   "resuming from the cached stages", file=sys.stderr)
         print(f"QStudio batch: {studio.project.name} ({studio.project.path})", file=sys.stderr)
-    studio.pipeline.listeners.append(_Printer(args.quiet))
+    studio.pipeline.listeners.append(EventPrinter(args.quiet))
     try:
         summary = asyncio.run(studio.run_pipeline(stages, args.target,
                                                   remeasure=args.remeasure))

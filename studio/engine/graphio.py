@@ -181,9 +181,9 @@ class _Graph:
             out.type.tensor_type.elem_type = helper.np_dtype_to_tensor_dtype(
                 np.dtype(enc["dtype"]))
         kept = [n for n in g.node if not any(n is d for d in drop)]
-        from studio.engine.kvquant import _topological
+        from studio.engine.kvquant import topological_order
 
-        ordered = _topological(kept, {i.name for i in g.input} | set(self.inits))
+        ordered = topological_order(kept, {i.name for i in g.input} | set(self.inits))
         del g.node[:]
         g.node.extend(ordered)
         del g.value_info[:]

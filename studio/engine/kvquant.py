@@ -71,7 +71,7 @@ def _redirect(nodes, old: str, new: str) -> None:
                 n.input[j] = new
 
 
-def _topological(nodes: list, available: set[str]) -> list:
+def topological_order(nodes: list, available: set[str]) -> list:
     """``nodes`` in an order where every input is produced before it is read."""
     have = set(available) | {""}
     out: list = []
@@ -237,7 +237,7 @@ def int8_kv_model(model, scales: dict[str, list[float]]):
     if seeds:
         _carry_8bit(consumers, seeds)
     kept = [n for n in g.node if not any(n is d for d in drop)]
-    ordered = _topological([*new_nodes, *kept], {i.name for i in g.input} | set(inits))
+    ordered = topological_order([*new_nodes, *kept], {i.name for i in g.input} | set(inits))
     del g.node[:]
     g.node.extend(ordered)
     del g.value_info[:]

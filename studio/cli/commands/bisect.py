@@ -31,11 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.cli.batch import _Printer
+    from studio.cli.batch import EventPrinter
     from studio.services.bisect import bisect
 
     got = bisect(Path(args.file), args.bisect_target, args.bisect_graph,
-                 on_event=_Printer(quiet=False), device=args.bisect_device,
+                 on_event=EventPrinter(quiet=False), device=args.bisect_device,
                  log=lambda line: print(line, file=sys.stderr, flush=True),
                  part=args.bisect_part)
     if args.bisect_json:
