@@ -85,7 +85,7 @@ class DeployedGenerator:
             raise StudioError("the deployable binaries keep a static cache (as Genie runs "
                               "them): a sliding window runs on the host CPU (--device cpu)")
 
-    def set_image(self, embeds) -> None:
+    def set_image(self, embeds, grid=None) -> None:
         raise StudioError("this model takes no image: it is not a vision-language model")
 
     def prefill_prompt(self, ids: list[int], progress: Progress | None = None):

@@ -1187,9 +1187,10 @@ def export_llm(
     if vs is not None:
         from studio.engine.vision import VISION_FILE, export_vision
 
-        progress.update(0.45, f"exporting {VISION_FILE} ({vs.image_size} x {vs.image_size})")
+        progress.update(0.45, f"exporting {VISION_FILE} (up to {vs.image_size} x "
+                                f"{vs.image_size} px, {vs.tokens} image tokens)")
         spec["vision"]["graph"] = export_vision(full.model.visual, vs, out_dir / VISION_FILE,
-                                                OPSET)
+                                                OPSET, mask_value)
 
     # The whole context, teacher-forced through both graphs, against transformers.
     progress.check()
@@ -1246,7 +1247,8 @@ def export_llm(
 
 
 def _image_check_line(c: dict) -> str:
-    return (f"image prompt vs transformers over {c['positions']} positions: encoder cosine "
+    return (f"image prompt vs transformers over {c['positions']} positions: encoder on "
+            f"{' and '.join(c.get('images') or [])} cosine "
             f"{c['encoder_cosine']:.6f} (max |diff| {c['encoder_max_abs_diff']:.3g}), max "
             f"|logit diff| {c['max_abs_logit_diff']:.3g} (tolerance {c['tolerance']:.3g}), "
             f"top-1 agreement {c['top1_agreement']:.4f}")

@@ -370,6 +370,7 @@ class StaticKVGenerator:
                 "graph.json and the prefill graph disagree on whether the model takes an "
                 "image: re-export the model")
         self._image: Any = None  # the next prefill's image rows [tokens, hidden]
+        self._image_grid: tuple[int, int] | None = None  # ... and their grid
         self._next_offset = 0
         self.rope_offset = 0
         self.cache: list[list[Any]] = []
@@ -385,19 +386,23 @@ class StaticKVGenerator:
         self.slot_pos = np.full(self.context_len, -1, dtype=np.int64)  # position in each slot
         self.rope_offset = 0
 
-    def set_image(self, embeds) -> None:
+    def set_image(self, embeds, grid: tuple[int, int] | None = None) -> None:
         """The image rows (the vision encoder's output, [tokens, hidden]) the next prefill
-        puts at its prompt's image tokens (a vision-language model only); used once."""
+        puts at its prompt's image tokens, and their grid (rows, columns of image tokens;
+        None: the encoder's full square) for the multimodal positions (a vision-language
+        model only); used once."""
         import numpy as np
 
         vs = self.vision
         if vs is None:
             raise StudioError("this model takes no image: it is not a vision-language model")
+        gh, gw = (vs.llm_grid, vs.llm_grid) if grid is None else (int(grid[0]), int(grid[1]))
         arr = np.asarray(embeds, dtype=np.float32)
-        if arr.shape != (vs.tokens, vs.embed_dim):
+        if arr.shape != (gh * gw, vs.embed_dim) or gh * gw > vs.tokens:
             raise StudioError(f"the image rows are {list(arr.shape)}, the model takes "
-                              f"[{vs.tokens}, {vs.embed_dim}]: run its vision encoder")
-        self._image = arr
+                              f"[{gh * gw}, {vs.embed_dim}] for a {gh} x {gw} image (at most "
+                              f"{vs.tokens} rows): run its vision encoder")
+        self._image, self._image_grid = arr, (gh, gw)
 
     def _image_feeds(self, ids: list[int], types: dict) -> dict:
         """A VL prefill's ``position_ids`` [3, 1, P] and ``image_embeds`` [1, P, hidden]."""
@@ -408,7 +413,6 @@ class StaticKVGenerator:
 
         vs, P, n = self.vision, self.prompt_len, len(ids)
         assert vs is not None
-        pos3, delta = mrope_positions(ids, vs)
         at = np.asarray(ids) == vs.image_token_id
         if at.any() and self._image is None:
             raise StudioError(f"the prompt holds {int(at.sum())} image tokens but no image was "
@@ -416,6 +420,7 @@ class StaticKVGenerator:
         if not at.any() and self._image is not None:
             raise StudioError("an image was given but the prompt holds no image tokens: build "
                               "the prompt with the image's placeholder (image_prompt)")
+        pos3, delta = mrope_positions(ids, vs, self._image_grid if at.any() else None)
         positions = np.zeros((3, 1, P), dtype=np.int64)
         positions[:, 0, :n] = pos3
         if n < P:  # the padding rows: masked, placed past the prompt
@@ -633,7 +638,8 @@ class StaticKVGenerator:
             raise bad
         self.reset()
         if self.vision is not None:  # the image was for this prefill; its offset stays
-            self._image, self.rope_offset = None, self._next_offset
+            self._image, self._image_grid = None, None
+            self.rope_offset = self._next_offset
         for i in range(self.num_layers):
             for j in range(2):
                 row = outs[1 + 2 * i + j]

@@ -1,20 +1,27 @@
 """The vision side of a vision-language model (Qwen2-VL / Qwen2.5-VL): the image's way in.
 
 A vision-language checkpoint is exported as the language model's static-KV graphs (see
-:mod:`studio.engine.llm_export`) plus ``vision.onnx``, the vision encoder for one fixed image
-size (``export.image_size``: a square image, a multiple of patch x merge pixels a side).
-Everything here is what the host does around those graphs, as transformers does it:
+:mod:`studio.engine.llm_export`) plus ``vision.onnx``, the vision encoder for up to
+``export.image_size`` squared pixels (a multiple of patch x merge pixels a side: its
+capacity in patches is fixed, as the HTP needs). Everything here is what the host does
+around those graphs, as transformers does it:
 
-- :func:`load_image` / :func:`pixel_values`: the image resized to the fixed size, scaled,
-  normalized with the checkpoint's ``preprocessor_config.json`` mean and std and cut into
-  the encoder's patches (``[grid_h * grid_w, 3 * 2 * patch * patch]``, two frames of one
-  image, in the order of transformers' ``Qwen2VLImageProcessor``);
+- :func:`load_image` / :func:`image_patches`: the picture resized as transformers'
+  ``Qwen2VLImageProcessor`` resizes it (``smart_resize``: its aspect kept, each side a
+  multiple of patch x merge, its pixels within the processor's min_pixels and the encoder's
+  capacity), scaled, normalized with the checkpoint's ``preprocessor_config.json`` mean and
+  std and cut into the encoder's patches (``[grid_h * grid_w, 3 * 2 * patch * patch]``, two
+  frames of one image, in the processor's order) — any grid, square or not;
+- :func:`encoder_feeds` / :func:`encode`: the patches in the order the tower runs them
+  (Qwen2.5-VL's window order), padded to the encoder's capacity, with each patch's grid
+  position (the 2-D rotary embedding) and the groups its attention stays within (the image,
+  Qwen2.5-VL's windows); the rows that come back in the processor's order;
 - :func:`image_prompt` / :func:`mrope_positions`: the prompt's ids with the image's
   placeholder tokens and the language model's multimodal (3-row) positions and the offset
   that later tokens' positions carry (``rope delta``);
-- :func:`export_vision`: the encoder traced from the checkpoint's own modules for that grid
-  (the Conv3d patch embedding as the MatMul it is; window indices and rotary tables fixed by
-  the grid become constants);
+- :func:`export_vision`: the encoder traced from the checkpoint's own modules (the Conv3d
+  patch embedding as the MatMul it is; attention masked by the groups, the rotary tables
+  gathered by the positions);
 - :func:`calibration_images`: images generated here (no downloads) for calibration and the
   held-out check when the project names no folder of its own.
 
@@ -62,6 +69,13 @@ class VisionSpec:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     mrope_section: tuple[int, ...]
+    #: the pixels a picture is resized within (transformers' smart_resize): the image
+    #: processor's min_pixels, and image_size squared (the encoder's capacity)
+    min_pixels: int = 0
+    max_pixels: int = 0
+    #: Qwen2.5-VL's attention windows, in image tokens a side (0: Qwen2-VL, no windows)
+    window: int = 0
+    rescale: float = 1 / 255
 
     @property
     def patch_dim(self) -> int:
@@ -69,7 +83,19 @@ class VisionSpec:
 
     @property
     def patches(self) -> int:
+        """The encoder's capacity in patches (a square image of ``image_size``)."""
         return self.grid * self.grid
+
+    @property
+    def unit(self) -> int:
+        """Pixels a side of one image token (patch x merge): image sides are multiples."""
+        return self.patch * self.merge
+
+    @property
+    def rotary_rows(self) -> int:
+        """The longest grid side (patches) an image within the capacity can have: its rotary
+        tables' rows."""
+        return self.tokens * self.merge
 
     @property
     def llm_grid(self) -> int:
@@ -85,7 +111,9 @@ class VisionSpec:
                 "vision_start_token_id": self.vision_start_token_id,
                 "vision_end_token_id": self.vision_end_token_id,
                 "image_mean": list(self.mean), "image_std": list(self.std),
-                "mrope_section": list(self.mrope_section)}
+                "mrope_section": list(self.mrope_section),
+                "min_pixels": self.min_pixels, "max_pixels": self.max_pixels,
+                "window": self.window, "rescale_factor": self.rescale}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> VisionSpec:
@@ -99,7 +127,9 @@ class VisionSpec:
                        vision_end_token_id=int(d["vision_end_token_id"]),
                        mean=tuple(float(x) for x in d["image_mean"]),  # type: ignore[arg-type]
                        std=tuple(float(x) for x in d["image_std"]),  # type: ignore[arg-type]
-                       mrope_section=tuple(int(x) for x in d["mrope_section"]))
+                       mrope_section=tuple(int(x) for x in d["mrope_section"]),
+                       min_pixels=int(d["min_pixels"]), max_pixels=int(d["max_pixels"]),
+                       window=int(d["window"]), rescale=float(d["rescale_factor"]))
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise StudioError(f"graph.json's vision entry is incomplete ({exc}); re-run the "
                               "export") from None
@@ -256,6 +286,14 @@ def make_vision_spec(config: dict[str, Any], preprocessor: dict[str, Any], image
             raise StudioError(f"{where}: {PREPROCESSOR_FILE} says {key} {theirs} but the vision "
                               f"config {mine}: the image processor belongs to another model")
     grid = arch.grid(int(image_size))
+    rng = pixel_range(preprocessor, arch.patch * arch.merge, where)
+    rescale = preprocessor.get("rescale_factor", 1 / 255)
+    if isinstance(rescale, bool) or not isinstance(rescale, (int, float)) or rescale <= 0:
+        raise StudioError(f"{where}/{PREPROCESSOR_FILE}: rescale_factor must be a positive "
+                          f"number, not {rescale!r}")
+    # Qwen2.5-VL's windows: window_size pixels a side, in image tokens (transformers'
+    # vit_merger_window_size); Qwen2-VL attends to the whole image in every block
+    window = (arch.window // arch.merge if arch.window and model_type == "qwen2_5_vl" else 0)
     ids = {}
     for key in SPECIAL_TOKENS:
         v = config.get(key)
@@ -276,7 +314,9 @@ def make_vision_spec(config: dict[str, Any], preprocessor: dict[str, Any], image
         tokens=(grid // arch.merge) ** 2, embed_dim=arch.out_hidden,
         mean=tuple(float(x) for x in preprocessor.get("image_mean") or CLIP_MEAN),  # type: ignore[arg-type]
         std=tuple(float(x) for x in preprocessor.get("image_std") or CLIP_STD),  # type: ignore[arg-type]
-        mrope_section=tuple(int(x) for x in section), **ids)
+        mrope_section=tuple(int(x) for x in section),
+        min_pixels=min(rng.min_pixels, int(image_size) ** 2), max_pixels=int(image_size) ** 2,
+        window=int(window), rescale=float(rescale), **ids)
 
 
 def check_special_tokens(tokenizer, config: dict[str, Any], where: str) -> None:
@@ -297,9 +337,10 @@ def check_special_tokens(tokenizer, config: dict[str, Any], where: str) -> None:
 # ---------------------------------------------------------------------------- images
 
 
-def load_image(path: Path, size: int) -> np.ndarray:
-    """The image at ``path`` as RGB float32 [3, size, size] in 0..1, resized (bicubic) to the
-    encoder's fixed size."""
+def read_picture(path: Path):
+    """The picture at ``path`` as an RGB PIL image, as transformers' image processors read one
+    (``convert_to_rgb``: transparency composited onto white); a file that is not one is a
+    one-line error."""
     from PIL import Image, UnidentifiedImageError
 
     path = Path(path)
@@ -307,33 +348,167 @@ def load_image(path: Path, size: int) -> np.ndarray:
         raise StudioError(f"no image at {path}: give a PNG or JPEG file")
     try:
         with Image.open(path) as opened:
-            rgb = opened.convert("RGB")
-            if rgb.size != (size, size):
-                rgb = rgb.resize((size, size), Image.Resampling.BICUBIC)
-            arr = np.asarray(rgb, dtype=np.float32)
+            opened.load()
+            if "A" in opened.getbands() or opened.info.get("transparency") is not None:
+                rgba = opened.convert("RGBA")
+                white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+                return Image.alpha_composite(white, rgba).convert("RGB")
+            return opened.convert("RGB")
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise StudioError(f"{path} is not an image this studio can read ({exc}); give a PNG or "
                           "JPEG file") from None
-    return arr.transpose(2, 0, 1) / 255.0
 
 
-def pixel_values(image: np.ndarray, vs: VisionSpec) -> np.ndarray:
-    """The encoder's input for one image ([3, S, S] in 0..1): normalized, the frame repeated
-    to the temporal patch, cut into patches in transformers' order:
-    ``[grid * grid, 3 * T * patch * patch]`` float32."""
+def smart_resize(height: int, width: int, factor: int, min_pixels: int,
+                 max_pixels: int) -> tuple[int, int]:
+    """(height, width) a picture is resized to, as transformers' Qwen2-VL ``smart_resize``
+    computes it: each side a multiple of ``factor``, the pixels within [min_pixels,
+    max_pixels], the aspect kept as closely as that allows."""
+    import math
+
+    if max(height, width) / min(height, width) > 200:
+        raise StudioError(f"the picture is {width} x {height} px: its aspect ratio is over 200 "
+                          "(transformers' image processor refuses it too): crop it")
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def resized(picture, vs: VisionSpec) -> np.ndarray:
+    """An RGB PIL picture as the encoder takes it: resized (bicubic, on its 8-bit pixels) to
+    the size :func:`smart_resize` gives within ``vs``'s pixels, scaled by the processor's
+    rescale factor — float32 [3, H, W], as transformers' processor computes it."""
+    from PIL import Image
+
+    h, w = smart_resize(picture.height, picture.width, vs.unit, vs.min_pixels, vs.max_pixels)
+    if (picture.width, picture.height) != (w, h):
+        picture = picture.resize((w, h), Image.Resampling.BICUBIC)
+    arr = np.asarray(picture, dtype=np.uint8).transpose(2, 0, 1)
+    return (arr.astype(np.float64) * vs.rescale).astype(np.float32)
+
+
+def load_image(path: Path, vs: VisionSpec) -> np.ndarray:
+    """The picture at ``path`` as the encoder takes it (:func:`resized`): float32 [3, H, W],
+    H and W what transformers' image processor gives it within the encoder's capacity."""
+    return resized(read_picture(path), vs)
+
+
+@dataclass(frozen=True)
+class ImagePatches:
+    """One image as the encoder takes it: its patches in transformers' processor order
+    (``pixel_values``) on a grid of ``grid_h`` x ``grid_w`` patches (``image_grid_thw`` [1,
+    grid_h, grid_w])."""
+
+    pixels: np.ndarray  # [grid_h * grid_w, patch_dim] float32
+    grid_h: int
+    grid_w: int
+    merge: int
+
+    @property
+    def tokens(self) -> int:
+        """The language model's tokens for the image (the patches merged merge x merge)."""
+        return self.grid_h * self.grid_w // (self.merge * self.merge)
+
+    @property
+    def llm_grid(self) -> tuple[int, int]:
+        """The image tokens' grid (rows, columns)."""
+        return self.grid_h // self.merge, self.grid_w // self.merge
+
+
+def image_patches(image: np.ndarray, vs: VisionSpec) -> ImagePatches:
+    """The encoder's input for one image ([3, H, W], scaled; each side a multiple of patch x
+    merge, within the capacity): normalized, the frame repeated to the temporal patch, cut
+    into patches in transformers' ``Qwen2VLImageProcessor`` order."""
     img = np.asarray(image, dtype=np.float32)
-    S = vs.image_size
-    if img.shape != (vs.channels, S, S):
+    if img.ndim != 3 or img.shape[0] != vs.channels:
         raise StudioError(f"the image is {list(img.shape)}, the encoder takes "
-                          f"[{vs.channels}, {S}, {S}]: resize it first (load_image)")
+                          f"[{vs.channels}, H, W]: load it with load_image")
+    _, H, W = img.shape
+    if H % vs.unit or W % vs.unit or not H or not W:
+        raise StudioError(f"the image is {W} x {H} px, the encoder takes sides that are "
+                          f"multiples of {vs.unit} px: load it with load_image")
+    T, C, p, m = vs.temporal_patch, vs.channels, vs.patch, vs.merge
+    gh, gw = H // p, W // p
+    if gh * gw > vs.patches:
+        raise StudioError(f"the image is {W} x {H} px = {gh * gw // (m * m)} image tokens, "
+                          f"more than the encoder's {vs.tokens} ({vs.image_size} x "
+                          f"{vs.image_size} px): crop it to a less extreme aspect ratio, or "
+                          "re-export with a larger export.image_size")
     mean = np.asarray(vs.mean, dtype=np.float32)[:, None, None]
     std = np.asarray(vs.std, dtype=np.float32)[:, None, None]
     x = (img - mean) / std
-    T, C, p, m, g = vs.temporal_patch, vs.channels, vs.patch, vs.merge, vs.grid
-    x = np.broadcast_to(x[None], (T, C, S, S))
-    x = x.reshape(1, T, C, g // m, m, p, g // m, m, p)
-    x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    return np.ascontiguousarray(x.reshape(g * g, C * T * p * p), dtype=np.float32)
+    x = x.reshape(C, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
+    x = np.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], T, p, p))
+    pixels = np.ascontiguousarray(x.reshape(gh * gw, C * T * p * p), dtype=np.float32)
+    return ImagePatches(pixels, gh, gw, m)
+
+
+def pixel_values(image: np.ndarray, vs: VisionSpec) -> np.ndarray:
+    """transformers' ``pixel_values`` of one image (:func:`image_patches`' patches)."""
+    return image_patches(image, vs).pixels
+
+
+def vision_positions(grid_h: int, grid_w: int, merge: int) -> np.ndarray:
+    """Each patch's (row, column) on its grid, in the processor's order ([patches, 2] int64:
+    transformers' ``get_vision_position_ids``, the 2-D rotary embedding's positions)."""
+    h = np.repeat(np.arange(grid_h), grid_w).reshape(grid_h, grid_w)
+    w = np.tile(np.arange(grid_w), grid_h).reshape(grid_h, grid_w)
+    shape = (grid_h // merge, merge, grid_w // merge, merge)
+    return np.stack([h.reshape(shape).transpose(0, 2, 1, 3).ravel(),
+                     w.reshape(shape).transpose(0, 2, 1, 3).ravel()], axis=-1).astype(np.int64)
+
+
+def window_order(rows: int, cols: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Qwen2.5-VL's window order of an image's tokens (``rows`` x ``cols``): the tokens
+    window by window (``window`` tokens a side, row-major; the last row and column of windows
+    cut short), row-major within each — transformers' ``get_vision_window_index`` —, and the
+    window of each token in that order. ``window`` 0: one window, the processor's order."""
+    n = rows * cols
+    if not window:
+        return np.arange(n), np.zeros(n, dtype=np.int64)
+    nh, nw = -(-rows // window), -(-cols // window)
+    padded = np.full((nh * window, nw * window), -1, dtype=np.int64)
+    padded[:rows, :cols] = np.arange(n).reshape(rows, cols)
+    padded = padded.reshape(nh, window, nw, window).transpose(0, 2, 1, 3).reshape(nh * nw, -1)
+    order = padded[padded >= 0]
+    ids = np.repeat(np.arange(nh * nw), (padded >= 0).sum(axis=1))
+    return order, ids
+
+
+#: the encoder graph's inputs
+ENCODER_INPUTS = ("pixel_values", "patch_positions", "attention_groups")
+
+
+def encoder_feeds(patches: ImagePatches, vs: VisionSpec) -> tuple[dict[str, np.ndarray],
+                                                                   np.ndarray]:
+    """The encoder's feeds for one image and the order its rows come back in: the patches in
+    the order the tower runs them (merge groups in Qwen2.5-VL's window order; the
+    processor's for Qwen2-VL) padded with zeros to the capacity (``pixel_values`` [patches,
+    patch_dim]), each one's grid position (``patch_positions`` [patches, 2]) and its
+    attention groups (``attention_groups`` [2, patches]: row 0 the image (0) or the padding
+    (1), what the full-attention blocks attend within; row 1 its window, -1 for the padding).
+    Returns (feeds, order): output row i is the image's token ``order[i]``."""
+    m2 = patches.merge * patches.merge
+    T, n, N = patches.tokens, patches.pixels.shape[0], vs.patches
+    rows, cols = patches.llm_grid
+    order, windows = window_order(rows, cols, vs.window)
+    px = np.zeros((N, vs.patch_dim), dtype=np.float32)
+    px[:n] = patches.pixels.reshape(T, m2, -1)[order].reshape(n, -1)
+    pos = np.zeros((N, 2), dtype=np.int64)
+    pos[:n] = vision_positions(patches.grid_h, patches.grid_w, patches.merge).reshape(
+        T, m2, 2)[order].reshape(n, 2)
+    groups = np.empty((2, N), dtype=np.int64)
+    groups[0, :n], groups[0, n:] = 0, 1
+    groups[1, :n], groups[1, n:] = np.repeat(windows, m2), -1
+    return {"pixel_values": px, "patch_positions": pos, "attention_groups": groups}, order
 
 
 def calibration_images(count: int, size: int, seed: int = 0) -> list[np.ndarray]:
@@ -391,37 +566,41 @@ def image_files(folder: Path) -> list[Path]:
 # ---------------------------------------------------------------------------- prompts
 
 
-def image_prompt(vs: VisionSpec, before: list[int], after: list[int]) -> list[int]:
-    """``before`` + <|vision_start|> + one <|image_pad|> per image token + <|vision_end|> +
-    ``after``: the ids transformers' processor makes for one image."""
-    return [*before, vs.vision_start_token_id, *([vs.image_token_id] * vs.tokens),
+def image_prompt(vs: VisionSpec, before: list[int], after: list[int],
+                 tokens: int | None = None) -> list[int]:
+    """``before`` + <|vision_start|> + one <|image_pad|> per image token (``tokens``; None:
+    the encoder's capacity, a square image of ``image_size``) + <|vision_end|> + ``after``:
+    the ids transformers' processor makes for one image."""
+    n = vs.tokens if tokens is None else int(tokens)
+    return [*before, vs.vision_start_token_id, *([vs.image_token_id] * n),
             vs.vision_end_token_id, *after]
 
 
-def mrope_positions(ids: list[int], vs: VisionSpec) -> tuple[np.ndarray, int]:
+def mrope_positions(ids: list[int], vs: VisionSpec, grid: tuple[int, int] | None = None
+                    ) -> tuple[np.ndarray, int]:
     """The language model's multimodal positions of ``ids`` ([3, n]: temporal, height,
     width) and the offset later tokens carry, as transformers' ``get_rope_index`` computes
-    them for still images: text tokens count up on all three rows; an image's tokens sit on
-    its grid (row, column) from the position it starts at, and the text after it resumes
+    them for a still image on ``grid`` (its tokens' rows and columns; None: the square
+    image of ``image_size``): text tokens count up on all three rows; an image's tokens sit
+    on its grid (row, column) from the position it starts at, and the text after it resumes
     past the grid's longer side."""
     n = len(ids)
     pos = np.zeros((3, n), dtype=np.int64)
-    g = vs.llm_grid
+    gh, gw = grid if grid is not None else (vs.llm_grid, vs.llm_grid)
     cur, i = 0, 0
     while i < n:
         if ids[i] == vs.image_token_id:
             j = i
             while j < n and ids[j] == vs.image_token_id:
                 j += 1
-            if j - i != vs.tokens:
-                raise StudioError(f"the prompt holds {j - i} image tokens in a row where one "
-                                  f"image has {vs.tokens}: build it with image_prompt")
-            rows = np.repeat(np.arange(g), g)
-            cols = np.tile(np.arange(g), g)
+            if j - i != gh * gw:
+                raise StudioError(f"the prompt holds {j - i} image tokens in a row where the "
+                                  f"image has {gh * gw} ({gh} x {gw}): build it with "
+                                  "image_prompt")
             pos[0, i:j] = cur
-            pos[1, i:j] = cur + rows
-            pos[2, i:j] = cur + cols
-            cur += g
+            pos[1, i:j] = cur + np.repeat(np.arange(gh), gw)
+            pos[2, i:j] = cur + np.tile(np.arange(gw), gh)
+            cur += max(gh, gw)
             i = j
         else:
             pos[:, i] = cur
@@ -456,24 +635,76 @@ def _linear_patch_embed(patch_embed):
     return LinearPatchEmbed()
 
 
-def vision_wrapper(visual, vs: VisionSpec):
-    """``pixel_values [patches, patch_dim] -> image_embeds [tokens, hidden]`` over the
-    checkpoint's own vision tower ``visual`` (``model.model.visual``) for the fixed grid (a
-    module; the tower's patch embedding is swapped for its Linear form — the caller puts the
-    original back —, the rest is the checkpoint's code)."""
+def rotary_tables(visual, rows: int):
+    """The tower's 2-D rotary embedding for grid positions 0..rows-1, one axis: (cos, sin)
+    [rows, head_dim / 4], computed as the checkpoint's rotary module computes them
+    (``position * inv_freq`` in float32, times its attention scaling)."""
     import torch
 
-    grid = torch.tensor([[1, vs.grid, vs.grid]], dtype=torch.long)
+    rot = visual.rotary_pos_emb
+    freqs = torch.arange(rows)[:, None].float() * rot.inv_freq.float()[None]
+    scale = float(getattr(rot, "attention_scaling", 1.0))
+    return freqs.cos() * scale, freqs.sin() * scale
+
+
+def _masked_block(blk, x, cos, sin, mask, rotate):
+    """One block of the tower, the checkpoint's own modules (its norms, qkv and output
+    projections, MLP) around transformers' eager attention with an additive ``mask`` where
+    transformers splits the sequence by its ``cu_seqlens`` (same softmax over the same keys,
+    masked ones at ``mask``'s value)."""
+    import torch
+
+    attn = blk.attn
+    n = x.shape[0]
+    q, k, v = attn.qkv(blk.norm1(x)).reshape(n, 3, attn.num_heads, -1).permute(1, 0, 2, 3
+                                                                            ).unbind(0)
+    q, k = rotate(q, k, cos, sin)
+    q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    w = torch.matmul(q, k.transpose(2, 3)) * attn.scaling + mask
+    w = torch.nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+    o = torch.matmul(w, v).transpose(1, 2).reshape(n, -1)
+    x = x + attn.proj(o)
+    return x + blk.mlp(blk.norm2(x))
+
+
+def vision_wrapper(visual, vs: VisionSpec, mask_value: float):
+    """``(pixel_values [patches, patch_dim], patch_positions [patches, 2], attention_groups
+    [2, patches]) -> image_embeds [patches / merge², hidden]`` over the checkpoint's own
+    vision tower ``visual`` (``model.model.visual``) at the encoder's capacity, for any grid
+    within it (:func:`encoder_feeds`: the host orders and pads the patches): the patch
+    embedding (swapped for its Linear form — the caller puts the original back), the rotary
+    embedding gathered by the positions, the blocks with attention masked to the groups
+    (Qwen2.5-VL's window blocks within a window, its full-attention blocks and every
+    Qwen2-VL block within the image), the merger."""
+    import sys
+
+    import torch
+
+    rotate = sys.modules[type(visual.blocks[0].attn).__module__].apply_rotary_pos_emb_vision
+    full = getattr(visual, "fullatt_block_indexes", None)
+    full = set(range(len(visual.blocks))) if full is None else {int(i) for i in full}
+    cos_t, sin_t = rotary_tables(visual, vs.rotary_rows)
+
+    def mask(groups):
+        same = groups[:, None] == groups[None, :]
+        return torch.where(same, torch.tensor(0.0), torch.tensor(float(mask_value)))[None, None]
 
     class VisionEncoder(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.visual = visual
 
-        def forward(self, pixel_values):
-            out = self.visual(pixel_values, grid_thw=grid)
-            emb = getattr(out, "pooler_output", out)
-            return emb
+        def forward(self, pixel_values, patch_positions, attention_groups):
+            x = self.visual.patch_embed(pixel_values)
+            h, w = patch_positions[:, 0], patch_positions[:, 1]
+            cos = torch.cat([cos_t[h], cos_t[w]], dim=-1)
+            sin = torch.cat([sin_t[h], sin_t[w]], dim=-1)
+            cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+            image_mask, window_mask = mask(attention_groups[0]), mask(attention_groups[1])
+            for i, blk in enumerate(self.visual.blocks):
+                x = _masked_block(blk, x, cos, sin, image_mask if i in full else window_mask,
+                                  rotate)
+            return self.visual.merger(x)
 
     visual.patch_embed = _linear_patch_embed(visual.patch_embed)
     wrapper = VisionEncoder()
@@ -481,13 +712,15 @@ def vision_wrapper(visual, vs: VisionSpec):
     return wrapper
 
 
-def reference_image_embeds(model, pixels: np.ndarray, vs: VisionSpec) -> np.ndarray:
-    """transformers' own image features for ``pixels`` (the checkpoint's code, its Conv3d)."""
+def reference_image_embeds(model, patches: ImagePatches) -> np.ndarray:
+    """transformers' own image features for ``patches`` (the checkpoint's code, its Conv3d),
+    in the processor's order."""
     import torch
 
-    grid = torch.tensor([[1, vs.grid, vs.grid]], dtype=torch.long)
+    grid = torch.tensor([[1, patches.grid_h, patches.grid_w]], dtype=torch.long)
     with torch.no_grad():
-        out = model.model.get_image_features(torch.from_numpy(pixels), grid, return_dict=True)
+        out = model.model.get_image_features(torch.from_numpy(patches.pixels), grid,
+                                             return_dict=True)
     emb = out.pooler_output
     if isinstance(emb, (list, tuple)):
         emb = torch.cat(list(emb), 0)
@@ -535,26 +768,35 @@ def gemms_as_matmuls(model) -> int:
 EXTERNAL_ABOVE = 1 << 30
 
 
-def export_vision(visual, vs: VisionSpec, path: Path, opset: int) -> dict[str, Any]:
-    """Trace the vision tower ``visual`` (``model.model.visual``) into ``path`` (FP32); its
-    weights inside the file, or past :data:`EXTERNAL_ABOVE` bytes in ``<path>.data``, written
-    a tensor at a time. Returns its graph I/O description."""
+def export_vision(visual, vs: VisionSpec, path: Path, opset: int,
+                  mask_value: float | None = None) -> dict[str, Any]:
+    """Trace the vision tower ``visual`` (``model.model.visual``) into ``path`` (FP32) at the
+    encoder's capacity (:func:`vision_wrapper`; masked attention scores at ``mask_value``,
+    the language model's); its weights inside the file, or past :data:`EXTERNAL_ABOVE` bytes
+    in ``<path>.data``, written a tensor at a time. Returns its graph I/O description."""
     import torch
 
-    from studio.engine.llm_export import _initializers_kept, _write_initializers
+    from studio.engine.llm_export import (
+        DEFAULT_MASK_VALUE,
+        _initializers_kept,
+        _write_initializers,
+    )
 
     kept = visual.patch_embed
-    example = torch.zeros(vs.patches, vs.patch_dim, dtype=torch.float32)
+    feeds, _ = encoder_feeds(ImagePatches(np.zeros((vs.patches, vs.patch_dim), np.float32),
+                                          vs.grid, vs.grid, vs.merge), vs)
+    example = tuple(torch.from_numpy(feeds[k]) for k in ENCODER_INPUTS)
     nbytes = sum(p.numel() * p.element_size() for p in visual.parameters())
     external = nbytes > EXTERNAL_ABOVE
     path = Path(path)
     tmp = path.with_name(path.stem + ".tmp.onnx")
     try:
-        wrapper = vision_wrapper(visual, vs)
+        wrapper = vision_wrapper(visual, vs, DEFAULT_MASK_VALUE if mask_value is None
+                                 else mask_value)
         with torch.no_grad(), warnings.catch_warnings(), _initializers_kept() as weights:
             warnings.filterwarnings("ignore", category=DeprecationWarning)
             warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-            torch.onnx.export(wrapper, (example,), str(tmp), input_names=["pixel_values"],
+            torch.onnx.export(wrapper, example, str(tmp), input_names=list(ENCODER_INPUTS),
                               output_names=["image_embeds"], opset_version=opset, dynamo=False,
                               do_constant_folding=True, export_params=not external)
             weights = dict(weights)
@@ -573,7 +815,10 @@ def export_vision(visual, vs: VisionSpec, path: Path, opset: int) -> dict[str, A
     tmp.with_name(tmp.name + ".data").unlink(missing_ok=True)
     return {"file": path.name, "external_data": external, "weight_bytes": nbytes,
             "inputs": [{"name": "pixel_values", "dtype": "float32",
-                        "shape": [vs.patches, vs.patch_dim]}],
+                        "shape": [vs.patches, vs.patch_dim]},
+                       {"name": "patch_positions", "dtype": "int64", "shape": [vs.patches, 2]},
+                       {"name": "attention_groups", "dtype": "int64",
+                        "shape": [2, vs.patches]}],
             "outputs": [{"name": "image_embeds", "dtype": "float32",
                          "shape": [vs.tokens, vs.embed_dim]}]}
 
@@ -598,51 +843,58 @@ def encoder_session(graphs_dir: Path, threads: int | None = None):
     return make_cpu_session(path, threads or HOST_THREADS)
 
 
-def encode(session, pixels: np.ndarray) -> np.ndarray:
-    """The encoder's image rows [tokens, hidden] (float32) for one image's patches."""
-    out = session.run(["image_embeds"], {"pixel_values": pixels.astype(np.float32)})[0]
-    return np.asarray(out, dtype=np.float32)
+def encode(session, patches: ImagePatches, vs: VisionSpec) -> np.ndarray:
+    """The encoder's image rows [tokens, hidden] (float32) for one image's patches, in the
+    processor's order (the order of its image tokens in the prompt)."""
+    feeds, order = encoder_feeds(patches, vs)
+    out = np.asarray(session.run(["image_embeds"], feeds)[0], dtype=np.float32)
+    rows = np.empty((patches.tokens, out.shape[1]), dtype=np.float32)
+    rows[order] = out[:patches.tokens]
+    return rows
 
 
 def timed_encode(session, image: np.ndarray, vs: VisionSpec) -> tuple[np.ndarray, float]:
-    """The encoder's rows for one image ([3, S, S]) and the seconds the encoder took (the
+    """The encoder's rows for one image ([3, H, W]) and the seconds the encoder took (the
     host's patching before it not counted)."""
-    return timed_encode_pixels(session, pixel_values(image, vs))
+    return timed_encode_pixels(session, image_patches(image, vs), vs)
 
 
-def timed_encode_pixels(session, pixels: np.ndarray) -> tuple[np.ndarray, float]:
+def timed_encode_pixels(session, patches: ImagePatches, vs: VisionSpec
+                        ) -> tuple[np.ndarray, float]:
     """The encoder's rows for one image's patches and the seconds it took."""
     import time
 
     t0 = time.perf_counter()
-    rows = encode(session, pixels)
+    rows = encode(session, patches, vs)
     return rows, time.perf_counter() - t0
 
 
-def place_image(vs: VisionSpec, ids: list[int]) -> list[int]:
-    """The image's tokens in a prompt: where its ids hold the one image placeholder (a chat
-    template put ``<|vision_start|><|image_pad|><|vision_end|>`` there), expanded to the
-    image's tokens as transformers' processor expands it; a prompt without one gets the
-    image before it."""
+def place_image(vs: VisionSpec, ids: list[int], tokens: int | None = None) -> list[int]:
+    """The image's tokens (``tokens``; None: the capacity's) in a prompt: where its ids hold
+    the one image placeholder (a chat template put
+    ``<|vision_start|><|image_pad|><|vision_end|>`` there), expanded to the image's tokens as
+    transformers' processor expands it; a prompt without one gets the image before it."""
+    n = vs.tokens if tokens is None else int(tokens)
     at = [i for i, t in enumerate(ids) if t == vs.image_token_id]
     if not at:
-        return image_prompt(vs, [], ids)
+        return image_prompt(vs, [], ids, n)
     i = at[0]
     if len(at) > 1 or not (0 < i < len(ids) - 1 and ids[i - 1] == vs.vision_start_token_id
                            and ids[i + 1] == vs.vision_end_token_id):
         raise StudioError(f"the prompt holds {len(at)} image placeholder(s) where one image "
                           "goes between <|vision_start|> and <|vision_end|>: give one image "
                           "per prompt")
-    return [*ids[:i], *([vs.image_token_id] * vs.tokens), *ids[i + 1:]]
+    return [*ids[:i], *([vs.image_token_id] * n), *ids[i + 1:]]
 
 
 def image_prompt_ids(spec: dict[str, Any], prompt_ids: list[int], image: Path | None,
                      encoder, gen) -> tuple[list[int], dict[str, Any] | None]:
-    """An image prompt: the picture at ``image`` through ``encoder`` (its rows set on ``gen``
+    """An image prompt: the picture at ``image`` resized as transformers' processor resizes
+    it (within the encoder's capacity) through ``encoder`` (its rows and grid set on ``gen``
     for the next prefill), its tokens where the prompt's ids hold its placeholder (a chat
     template's) or else before them (:func:`place_image`); with no image the prompt's ids.
     Returns (ids, the image's figures — its size, tokens, ``encoder_ms`` — or None).
-    ``encoder`` None: the device runs its encoder with the generation (an agent: the pixels
+    ``encoder`` None: the device runs its encoder with the generation (an agent: the patches
     go with the prompt, ``gen.set_pixels``; ``encoder_ms`` comes with its result)."""
     vs = vision_spec(spec)
     if image is None:
@@ -650,15 +902,18 @@ def image_prompt_ids(spec: dict[str, Any], prompt_ids: list[int], image: Path | 
     if vs is None:
         raise StudioError("this model takes no image: it is a text model (give an image to a "
                           "Qwen2-VL or Qwen2.5-VL project)")
-    ids = place_image(vs, prompt_ids)  # a misplaced placeholder: before any work
-    picture = load_image(Path(image), vs.image_size)
+    place_image(vs, prompt_ids)  # a misplaced placeholder: before any work
+    patches = image_patches(load_image(Path(image), vs), vs)
+    ids = place_image(vs, prompt_ids, patches.tokens)
     figures: dict[str, Any] = {"path": str(image), "image_size": vs.image_size,
-                               "image_tokens": vs.tokens, "encoder_ms": None}
+                               "resized": [patches.grid_w * vs.patch, patches.grid_h * vs.patch],
+                               "image_grid": list(patches.llm_grid),
+                               "image_tokens": patches.tokens, "encoder_ms": None}
     if encoder is None:  # the device runs its encoder within the generation (an agent)
-        gen.set_pixels(pixel_values(picture, vs))
+        gen.set_pixels(patches)
     else:
-        rows, enc_s = timed_encode(encoder, picture, vs)
-        gen.set_image(rows)
+        rows, enc_s = timed_encode_pixels(encoder, patches, vs)
+        gen.set_image(rows, patches.llm_grid)
         figures["encoder_ms"] = enc_s * 1e3
     return ids, figures
 
@@ -675,35 +930,50 @@ def image_timing(figures: dict[str, Any], out: dict[str, Any], prefill_s: float
     return figures
 
 
+def check_shapes(vs: VisionSpec) -> list[np.ndarray]:
+    """The export check's generated images: the encoder's full square, and one a token
+    narrower (rows and columns differ: a picture that is not square; Qwen2.5-VL's last
+    windows cut short) where the capacity leaves room."""
+    image = calibration_images(1, vs.image_size, seed=7)[0]
+    if vs.image_size <= vs.unit:
+        return [image]
+    return [image, image[:, :, :vs.image_size - vs.unit]]
+
+
 def check_image_export(full, graphs_dir: Path, gen, vs: VisionSpec, text_ids: list[int],
                        progress=None) -> dict[str, Any]:
-    """The export check of a vision-language model on an image prompt: a generated image
-    through ``vision.onnx`` against transformers' image features (cosine, max |diff|), then
-    the prompt (two text tokens, the image, text to the end of the context) teacher-forced
+    """The export check of a vision-language model on an image prompt: generated images (a
+    square at the encoder's capacity and one not square, :func:`check_shapes`) through
+    ``vision.onnx`` against transformers' image features (cosine, max |diff|), then the
+    prompt (two text tokens, the last image, text to the end of the context) teacher-forced
     through the graphs of ``gen`` against transformers run on the same ids and pixels (every
     position's logits, the text export check's rule)."""
     import torch
 
     from studio.engine.llm_export import PositionCheck
 
-    image = calibration_images(1, vs.image_size, seed=7)[0]
-    pixels = pixel_values(image, vs)
-    ref_rows = reference_image_embeds(full, pixels, vs)
-    rows = encode(encoder_session(graphs_dir), pixels)
-    diff = float(np.max(np.abs(rows - ref_rows)))
-    tol = ENCODER_CHECK_RTOL * max(1.0, float(np.max(np.abs(ref_rows))))
+    session = encoder_session(graphs_dir)
+    diff, top, cos = 0.0, 0.0, []
+    for image in check_shapes(vs):
+        patches = image_patches(image, vs)
+        ref_rows = reference_image_embeds(full, patches)
+        rows = encode(session, patches, vs)
+        diff = max(diff, float(np.max(np.abs(rows - ref_rows))))
+        top = max(top, float(np.max(np.abs(ref_rows))))
+        cos.append(cosine(rows, ref_rows))
+    tol = ENCODER_CHECK_RTOL * max(1.0, top)
     C = gen.context_len
-    ids = image_prompt(vs, list(text_ids[:2]), list(text_ids[2:]))[:C]
+    ids = image_prompt(vs, list(text_ids[:2]), list(text_ids[2:]), patches.tokens)[:C]
     x = torch.tensor([ids])
     with torch.no_grad():
-        ref = full(input_ids=x, pixel_values=torch.from_numpy(pixels),
-                   image_grid_thw=torch.tensor([[1, vs.grid, vs.grid]]),
+        ref = full(input_ids=x, pixel_values=torch.from_numpy(patches.pixels),
+                   image_grid_thw=torch.tensor([[1, patches.grid_h, patches.grid_w]]),
                    mm_token_type_ids=(x == vs.image_token_id).int(),
                    use_cache=False).logits[0].float().numpy()
     V = gen.vocab_size
     check = PositionCheck()
     P = min(gen.prompt_len, len(ids))
-    gen.set_image(rows)
+    gen.set_image(rows, patches.llm_grid)
     pre = gen.prefill(ids[:P])
     for p in range(len(ids)):
         if progress is not None:
@@ -713,22 +983,24 @@ def check_image_export(full, graphs_dir: Path, gen, vs: VisionSpec, text_ids: li
         got = pre[p][:V] if p < P else gen.step(ids[p], p)[:V]
         check.add(p, got, ref[p, :V])
     out = check.figures(P)
-    out.update(encoder_cosine=cosine(rows, ref_rows), encoder_max_abs_diff=diff,
+    out.update(encoder_cosine=min(cos), encoder_max_abs_diff=diff,
                encoder_tolerance=tol, encoder_ok=diff <= tol, image_tokens=vs.tokens,
-               rope_offset=int(gen.rope_offset))
+               images=[f"{g.shape[2]} x {g.shape[1]} px" for g in check_shapes(vs)],
+               prompt_image_tokens=patches.tokens, rope_offset=int(gen.rope_offset))
     return out
 
 
 # ---------------------------------------------------------------------------- quantize
 
 
-def images_for(folder: Path | None, count: int, size: int, seed: int) -> list[np.ndarray]:
-    """``count`` images at the encoder's size: the first of ``folder``'s (sorted, repeated
-    when it has fewer) or, with no folder, generated here from ``seed``."""
+def images_for(folder: Path | None, count: int, vs: VisionSpec, seed: int) -> list[np.ndarray]:
+    """``count`` images for the encoder: the first of ``folder``'s (sorted, repeated when it
+    has fewer; each resized as transformers' processor resizes it, :func:`load_image`) or,
+    with no folder, generated here from ``seed`` at the encoder's full size."""
     if folder is None:
-        return calibration_images(count, size, seed)
+        return calibration_images(count, vs.image_size, seed)
     files = image_files(folder)
-    return [load_image(files[i % len(files)], size) for i in range(int(count))]
+    return [load_image(files[i % len(files)], vs) for i in range(int(count))]
 
 
 def image_prompt_feeds(graphs_dir: Path, spec: dict[str, Any], windows: list[list[int]],
@@ -749,10 +1021,11 @@ def image_prompt_feeds(graphs_dir: Path, spec: dict[str, Any], windows: list[lis
     pre, dec = [], []
     for i, img in enumerate(images):
         text = windows[i % len(windows)]
-        rows = encode(enc, pixel_values(img, vs))
-        room = max(0, P - vs.tokens - 4)
-        ids = image_prompt(vs, text[:2], text[2:2 + room])
-        gen.set_image(rows)
+        patches = image_patches(img, vs)
+        rows = encode(enc, patches, vs)
+        room = max(0, P - patches.tokens - 4)
+        ids = image_prompt(vs, text[:2], text[2:2 + room], patches.tokens)
+        gen.set_image(rows, patches.llm_grid)
         pre.append({k: np.array(v, copy=True) for k, v in gen.prefill_feed(ids).items()})
         gen.prefill(ids)  # the image is still set: the same prompt fills the cache
         nxt = text[2 + room:2 + room + decode_per_image]
@@ -788,7 +1061,7 @@ def quantize_vision(graphs_dir: Path, stage: Path, recipe: dict[str, Any],
     work = Path(stage) / ".vision-float.onnx"
     names = [r.name for r in rewrites.PREPARE] + ["erf-gelu"]
     applied = rewrites.apply_rewrites(src, work, names)
-    feeds = [{"pixel_values": pixel_values(img, vs)} for img in images]
+    feeds = [encoder_feeds(image_patches(img, vs), vs)[0] for img in images]
     scheme = recipe.get("vision_scheme") or recipe["scheme"]
     info: dict[str, Any] = {"file": VISION_FILE, "rewrites": applied, "images": len(images),
                             "scheme": scheme}
@@ -820,81 +1093,9 @@ def quantize_vision(graphs_dir: Path, stage: Path, recipe: dict[str, Any],
     got = make_cpu_session(Path(stage) / VISION_FILE)
     cos = []
     for img in held:
-        px = pixel_values(img, vs)
-        cos.append(cosine(encode(got, px), encode(ref, px)))
+        px = image_patches(img, vs)
+        cos.append(cosine(encode(got, px, vs), encode(ref, px, vs)))
     info["check"] = {"encoder_cosine_min": min(cos) if cos else None,
                      "encoder_cosine_mean": float(np.mean(cos)) if cos else None,
                      "images": len(cos)}
     return info
-
-
-# ---------------------------------------------------------------------------- bundle
-
-
-def bundle_encoder(export_dir: Path, qdir: Path, out: Path, chip, fp16: bool,
-                   extra: dict[str, str] | None = None) -> dict[str, Any]:
-    """A Genie bundle's vision encoder: ``vision_ctx.onnx`` (the quantized encoder's context
-    binary for ``chip``) and ``vision.json`` (what an app feeds it and how it splices its
-    rows into the prompt) in ``out``, checked on the HTP simulator against the FP32 encoder
-    on a held-out image. Genie's dialog takes text (its positions are one row): the app runs
-    the encoder and the language model's graphs itself for an image prompt."""
-    from studio.core.fsutil import atomic_write_json
-    from studio.engine import qnn
-    from studio.engine.llm_export import load_spec
-
-    spec = load_spec(qdir)
-    vs = vision_spec(spec)
-    assert vs is not None
-    ctx = Path(out) / "vision_ctx.onnx"
-    info = qnn.compile_context(Path(qdir) / VISION_FILE, ctx, chip, fp16=fp16, embed=True,
-                               extra_options=extra)
-    px = pixel_values(calibration_images(1, vs.image_size, seed=1001)[0], vs)
-    got = encode(qnn.make_session(ctx, chip, strict=True, fp16=fp16), px)
-    ref = encode(encoder_session(export_dir), px)
-    facts = {
-        "file": ctx.name,
-        "input": {"name": "pixel_values", "shape": [vs.patches, vs.patch_dim],
-                  "dtype": "float32",
-                  "how": (f"the RGB image resized to {vs.image_size} x {vs.image_size} "
-                          "(bicubic), scaled to 0..1, normalized per channel with image_mean "
-                          f"and image_std, the frame repeated {vs.temporal_patch} times, cut "
-                          f"into {vs.patch} x {vs.patch} patches in the order of transformers' "
-                          "Qwen2VLImageProcessor (merge groups of "
-                          f"{vs.merge} x {vs.merge} patches row by row)")},
-        "output": {"name": "image_embeds", "shape": [vs.tokens, vs.embed_dim],
-                   "dtype": "float32",
-                   "how": ("one row per image token: the language model's embedding of the "
-                           "prompt's <|image_pad|> tokens is replaced by these rows, in order")},
-        "prompt": {"image_tokens": vs.tokens, "image_token_id": vs.image_token_id,
-                   "vision_start_token_id": vs.vision_start_token_id,
-                   "vision_end_token_id": vs.vision_end_token_id,
-                   "positions": ("three rows (temporal, height, width): text counts up on all "
-                                 "three; the image's tokens sit on their grid of "
-                                 f"{vs.llm_grid} x {vs.llm_grid} from the position the image "
-                                 "starts at; text after the image resumes at that position + "
-                                 f"{vs.llm_grid}; every later token's position is its cache "
-                                 f"slot + the offset (here {vs.llm_grid - vs.tokens} per image)"),
-                   "mrope_section": list(vs.mrope_section)},
-        "image_mean": list(vs.mean), "image_std": list(vs.std),
-        "check": {"runtime": "the QNN HTP simulator", "against": "the FP32 encoder (CPU)",
-                  "cosine": cosine(got, ref), "image": "generated, held out"},
-        "qnn_sdk": info.get("sdk_version", ""),
-    }
-    atomic_write_json(Path(out) / "vision.json", facts)
-    return facts
-
-
-def bundle_readme(facts: dict[str, Any]) -> str:
-    """The bundle README's section on the vision encoder."""
-    p = facts["prompt"]
-    return (
-        "\n## The image: the vision encoder beside the text bundle\n\n"
-        f"`{facts['file']}` is the vision encoder's context binary ({facts['input']['shape']} "
-        f"-> {facts['output']['shape']}); `vision.json` says how to feed it. Genie's dialog "
-        "here takes text (one row of positions): text prompts run as above; for an image "
-        "prompt the app runs the encoder, builds the ids `<|vision_start|>` + "
-        f"{p['image_tokens']} x `<|image_pad|>` + `<|vision_end|>` + the text, puts the "
-        "encoder's rows at the image tokens and feeds the multimodal positions (three rows) "
-        "to the prefill graph, then decodes with every position shifted by the image's "
-        "offset (`vision.json` → `prompt.positions`). On the simulator the binary's rows "
-        f"against FP32: cosine {facts['check']['cosine']:.4f}.\n")

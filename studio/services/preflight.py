@@ -101,9 +101,9 @@ def _check_images(path: Path, key: str) -> None:
 
     if path.is_dir():
         for f in vision.image_files(path):
-            vision.load_image(f, 28)
+            vision.read_picture(f)
     elif path.is_file() and key == "run.image":
-        vision.load_image(path, 28)
+        vision.read_picture(path)
     else:
         raise StudioError(f"{key}: {path} is not " + ("an image" if key == "run.image"
                                                       else "a folder of images"))

@@ -40,8 +40,12 @@ def test_the_export_matches_transformers_on_text_and_on_an_image_prompt(vl):
     assert img["positions"] == C and img["first_bad_position"] is None
     assert img["encoder_ok"] and img["encoder_cosine"] > 0.99999
     assert img["top1_agreement"] == 1.0
-    # 16 image tokens on a 4 x 4 grid take 4 positions: later tokens are 12 behind their slot
-    assert spec["vision"]["image_tokens"] == 16 and img["rope_offset"] == -12
+    # the encoder holds 16 image tokens (112 x 112 px); it is checked on that square and on
+    # a picture that is not square (84 x 112 px: 4 rows of 3 tokens), whose prompt is
+    # checked too: 12 image tokens take 4 positions, later tokens are 8 behind their slot
+    assert spec["vision"]["image_tokens"] == 16
+    assert img["images"] == ["112 x 112 px", "84 x 112 px"]
+    assert img["prompt_image_tokens"] == 12 and img["rope_offset"] == -8
     ins = [i["name"] for i in spec["graphs"]["prefill"]["inputs"]]
     assert "image_embeds" in ins
     pos = next(i for i in spec["graphs"]["prefill"]["inputs"] if i["name"] == "position_ids")
@@ -60,8 +64,8 @@ def test_greedy_tokens_after_an_image_equal_transformers_generate(vl):
     _kind, ck, out, spec = vl
     vs = vision.vision_spec(spec)
     tok = Tokenizer.from_file(str(ck / "tokenizer.json"))
-    pixels = vision.pixel_values(vision.calibration_images(3, IMAGE, seed=3)[2], vs)
-    rows = vision.encode(vision.encoder_session(out), pixels)
+    patches = vision.image_patches(vision.calibration_images(3, IMAGE, seed=3)[2], vs)
+    rows = vision.encode(vision.encoder_session(out), patches, vs)
     ids = vision.image_prompt(vs, tok.encode("Describe:").ids, tok.encode(" the picture\n").ids)
     gen = cpu_generator(out, spec)
     gen.set_image(rows)
@@ -69,7 +73,7 @@ def test_greedy_tokens_after_an_image_equal_transformers_generate(vl):
     full = load_causal_lm(ck)
     x = torch.tensor([ids])
     want = full.generate(input_ids=x, attention_mask=torch.ones_like(x),
-                         pixel_values=torch.from_numpy(pixels),
+                         pixel_values=torch.from_numpy(patches.pixels),
                          image_grid_thw=torch.tensor([[1, vs.grid, vs.grid]]),
                          mm_token_type_ids=(x == vs.image_token_id).int(),
                          max_new_tokens=NEW, do_sample=False)[0, len(ids):].tolist()
@@ -92,14 +96,28 @@ def test_host_preprocessing_and_positions_equal_transformers(vl, tmp_path):
     img = (vision.calibration_images(1, IMAGE, seed=5)[0] * 255).round().astype(np.uint8)
     path = tmp_path / "im.png"
     Image.fromarray(img.transpose(1, 2, 0)).save(path)
-    ours = vision.pixel_values(vision.load_image(path, IMAGE), vs)
+    ours = vision.pixel_values(vision.load_image(path, vs), vs)
     proc = AutoImageProcessor.from_pretrained(str(ck))
     theirs = proc(images=Image.open(path), return_tensors="np")
     assert theirs["image_grid_thw"].tolist() == [[1, vs.grid, vs.grid]]
-    np.testing.assert_allclose(ours, theirs["pixel_values"], atol=2e-5)
-    # a larger picture is resized to the encoder's size
+    np.testing.assert_array_equal(ours, theirs["pixel_values"])
+    # a larger picture is resized within the encoder's pixels, its aspect kept, as the
+    # processor resizes it (the checkpoint's processor gives up to 224 x 224 px; this
+    # export's encoder 112 x 112)
     Image.fromarray(np.tile(img.transpose(1, 2, 0), (2, 3, 1))).save(tmp_path / "big.png")
-    assert vision.load_image(tmp_path / "big.png", IMAGE).shape == (3, IMAGE, IMAGE)
+    big = vision.image_patches(vision.load_image(tmp_path / "big.png", vs), vs)
+    assert (big.grid_h, big.grid_w) == (6, 8)
+    theirs = proc(images=Image.open(tmp_path / "big.png"), return_tensors="np",
+                  size={"shortest_edge": IMAGE * IMAGE, "longest_edge": IMAGE * IMAGE})
+    assert theirs["image_grid_thw"].tolist() == [[1, 6, 8]]
+    np.testing.assert_array_equal(big.pixels, theirs["pixel_values"])
+    # transparency is composited onto white, as the processor's convert_to_rgb does
+    alpha = (np.arange(IMAGE * IMAGE) % 256).reshape(IMAGE, IMAGE, 1).astype(np.uint8)
+    Image.fromarray(np.concatenate([img.transpose(1, 2, 0), alpha], -1), "RGBA").save(
+        tmp_path / "alpha.png")
+    theirs = proc(images=Image.open(tmp_path / "alpha.png"), return_tensors="np")
+    np.testing.assert_array_equal(vision.pixel_values(vision.load_image(
+        tmp_path / "alpha.png", vs), vs), theirs["pixel_values"])
 
     full = load_causal_lm(ck)
     ids = vision.image_prompt(vs, [10, 11, 12], [13, 14])
@@ -109,6 +127,15 @@ def test_host_preprocessing_and_positions_equal_transformers(vl, tmp_path):
         image_grid_thw=torch.tensor([[1, vs.grid, vs.grid]]))
     pos, d = vision.mrope_positions(ids, vs)
     assert pos.tolist() == want[:, 0].tolist() and d == int(delta[0, 0])
+    # an image that is not square: 3 rows of 2 tokens, then 2 rows of 4 (rows < columns)
+    for gh, gw in ((3, 2), (2, 4)):
+        ids = vision.image_prompt(vs, [10, 11], [13, 14, 15], gh * gw)
+        x = torch.tensor([ids])
+        want, delta = full.model.get_rope_index(
+            x, mm_token_type_ids=(x == vs.image_token_id).int(),
+            image_grid_thw=torch.tensor([[1, 2 * gh, 2 * gw]]))
+        pos, d = vision.mrope_positions(ids, vs, (gh, gw))
+        assert pos.tolist() == want[:, 0].tolist() and d == int(delta[0, 0])
 
 
 def test_bad_images_and_prompts_get_one_line(vl, tmp_path):
@@ -119,15 +146,20 @@ def test_bad_images_and_prompts_get_one_line(vl, tmp_path):
     vs = vision.vision_spec(spec)
     (tmp_path / "x.png").write_text("not an image")
     with pytest.raises(StudioError, match="not an image this studio can read"):
-        vision.load_image(tmp_path / "x.png", IMAGE)
+        vision.load_image(tmp_path / "x.png", vs)
     with pytest.raises(StudioError, match="no image at"):
-        vision.load_image(tmp_path / "missing.png", IMAGE)
+        vision.load_image(tmp_path / "missing.png", vs)
     gen = cpu_generator(out, spec)
     ids = vision.image_prompt(vs, [10], [11])
     with pytest.raises(StudioError, match="no image was given"):
         gen.prefill(ids)
     with pytest.raises(StudioError, match=r"image rows are \[3, 64\]"):
         gen.set_image(np.zeros((3, 64), np.float32))
+    with pytest.raises(StudioError, match=r"image rows are \[20, 64\], the model takes "
+                                          r"\[20, 64\] for a 4 x 5 image \(at most 16 rows\)"):
+        gen.set_image(np.zeros((20, 64), np.float32), (4, 5))
+    with pytest.raises(StudioError, match="more than the encoder's 16"):
+        vision.image_patches(np.zeros((3, 56, 280), np.float32), vs)
     with pytest.raises(StudioError, match="image tokens in a row"):
         vision.mrope_positions([10, vs.image_token_id, 11], vs)
     # only the prefill graph takes an image: one past its first pass (a chat template's text
@@ -186,9 +218,9 @@ def test_a_large_tower_keeps_its_weights_beside_the_graph(vl, tmp_path, monkeypa
                                OPSET)
     assert got["external_data"] and (tmp_path / "vision.onnx.data").is_file()
     assert (tmp_path / "vision.onnx").stat().st_size < 100_000
-    px = vision.pixel_values(vision.calibration_images(1, IMAGE, seed=4)[0], vs)
-    a = vision.encode(vision.encoder_session(out), px)
-    b = vision.encode(vision.encoder_session(tmp_path), px)
+    px = vision.image_patches(vision.calibration_images(1, IMAGE, seed=4)[0], vs)
+    a = vision.encode(vision.encoder_session(out), px, vs)
+    b = vision.encode(vision.encoder_session(tmp_path), px, vs)
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 

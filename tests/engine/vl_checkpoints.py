@@ -48,9 +48,11 @@ def save_tokenizer(folder: Path, text: str, vocab_size: int = 2048) -> None:
 
 def make_vl_checkpoint(folder: Path, model_type: str, text: str, seed: int = 0,
                        min_pixels: int = IMAGE * IMAGE, max_pixels: int = 4 * IMAGE * IMAGE,
-                       max_positions: int = 512) -> Path:
+                       max_positions: int = 512, vision: dict | None = None) -> Path:
     """A random ``qwen2_vl`` / ``qwen2_5_vl`` checkpoint in ``folder``: its image processor
-    gives ``min_pixels`` to ``max_pixels`` images, its language model ``max_positions``."""
+    gives ``min_pixels`` to ``max_pixels`` images, its language model ``max_positions``;
+    ``vision``: keys of the vision config set over :data:`VISION`'s (e.g. Qwen2.5-VL's
+    ``fullatt_block_indexes``)."""
     import torch
     from transformers import (
         Qwen2_5_VLConfig,
@@ -66,7 +68,7 @@ def make_vl_checkpoint(folder: Path, model_type: str, text: str, seed: int = 0,
         "qwen2_vl": (Qwen2VLConfig, Qwen2VLForConditionalGeneration),
     }[model_type]
     config = config_cls(text_config={**TEXT, "max_position_embeddings": max_positions},
-                        vision_config=dict(VISION[model_type]),
+                        vision_config={**VISION[model_type], **(vision or {})},
                         image_token_id=IMAGE_PAD, video_token_id=VIDEO_PAD,
                         vision_start_token_id=VISION_START, vision_end_token_id=VISION_END,
                         eos_token_id=0, pad_token_id=1, bos_token_id=None,

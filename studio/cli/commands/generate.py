@@ -26,7 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the prompt as written, without the checkpoint's chat template "
                         "(model.chat_template)")
     p.add_argument("--image", help="a vision-language model: the picture the prompt is about "
-                                   "(PNG or JPEG; resized to export.image_size)")
+                                   "(PNG or JPEG; resized as the checkpoint's image "
+                                   "processor resizes it, within export.image_size squared "
+                                   "pixels)")
     p.add_argument("--device", type=device_arg, help="where it runs: " + ", ".join(device_names()) + " (cpu, "
                                     "the FP32 export on the host CPU, by default; htp-sim: the "
                                     "first target's simulator)")
@@ -150,7 +152,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     img = out.get("image")
     if img:
         print(f"time to first token = vision encoder {img['encoder_ms']:.1f} ms "
-              f"({img['image_size']} px -> {img['image_tokens']} image tokens) + prefill "
+              f"({img['resized'][0]} x {img['resized'][1]} px -> {img['image_tokens']} "
+              f"image tokens) + prefill "
               f"{img['prefill_ms']:.1f} ms", file=sys.stderr)
     kvc = out.get("kv_cache")
     if kvc:

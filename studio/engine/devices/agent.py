@@ -297,16 +297,18 @@ class RemoteGenerator:
         if window is not None:
             raise StudioError("a remote agent runs plain decoding so far: leave out --window")
 
-    def set_pixels(self, pixels) -> None:
-        """A vision-language model's image for the next generation: its patches, uploaded
-        to the agent (as an .npz blob) and run through the agent's encoder there."""
+    def set_pixels(self, patches) -> None:
+        """A vision-language model's image for the next generation: its patches (an
+        :class:`studio.engine.vision.ImagePatches`) and their grid, uploaded to the agent (as
+        an .npz blob) and run through the agent's encoder there."""
         import io
         import tempfile
 
         import numpy as np
 
         buf = io.BytesIO()
-        np.savez(buf, pixel_values=np.asarray(pixels, dtype=np.float32))
+        np.savez(buf, pixel_values=np.asarray(patches.pixels, dtype=np.float32),
+                 grid=np.asarray([patches.grid_h, patches.grid_w], dtype=np.int64))
         with tempfile.TemporaryDirectory() as d:
             f = Path(d) / "pixels.npz"
             f.write_bytes(buf.getvalue())

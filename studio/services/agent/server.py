@@ -620,9 +620,10 @@ class Agent:
 
 def _encode_image(be, folder: Path, gspec: dict[str, Any], spec: dict[str, Any], gen,
                   blob) -> float:
-    """A generate job's image: the uploaded .npz of ``pixel_values`` (a blob named by its
-    SHA-256) through the backend's vision encoder, its rows set on ``gen`` for the prefill;
-    returns the encoder's seconds on this agent."""
+    """A generate job's image: the uploaded .npz of ``pixel_values`` and their ``grid``
+    (patches: rows, columns; a blob named by its SHA-256) through the backend's vision
+    encoder, its rows set on ``gen`` for the prefill; returns the encoder's seconds on this
+    agent."""
     import numpy as np
 
     from studio.engine import vision
@@ -636,15 +637,21 @@ def _encode_image(be, folder: Path, gspec: dict[str, Any], spec: dict[str, Any],
     try:
         with np.load(path, allow_pickle=False) as z:
             pixels = np.asarray(z["pixel_values"], dtype=np.float32)
-    except (OSError, ValueError, KeyError) as exc:
-        raise StudioError(f"generate job: the image is not an .npz of pixel_values ({exc})"
-                          ) from None
-    if pixels.shape != (vs.patches, vs.patch_dim):
-        raise StudioError(f"generate job: pixel_values is {list(pixels.shape)}, the encoder "
-                          f"takes [{vs.patches}, {vs.patch_dim}]")
+            gh, gw = (int(x) for x in np.asarray(z["grid"]).reshape(2))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise StudioError(f"generate job: the image is not an .npz of pixel_values and grid "
+                          f"({exc})") from None
+    m = vs.merge
+    if (gh <= 0 or gw <= 0 or gh % m or gw % m or gh * gw > vs.patches
+            or pixels.shape != (gh * gw, vs.patch_dim)):
+        raise StudioError(f"generate job: pixel_values is {list(pixels.shape)} on a grid of "
+                          f"{gh} x {gw} patches; the encoder takes [grid_h x grid_w, "
+                          f"{vs.patch_dim}], grid sides multiples of {m}, at most "
+                          f"{vs.patches} patches")
     encoder = be.open_encoder(folder, folder, gspec, bool(spec.get("fp16")))
-    rows, seconds = vision.timed_encode_pixels(encoder, pixels)
-    gen.set_image(rows)
+    patches = vision.ImagePatches(pixels, gh, gw, m)
+    rows, seconds = vision.timed_encode_pixels(encoder, patches, vs)
+    gen.set_image(rows, patches.llm_grid)
     return seconds
 
 

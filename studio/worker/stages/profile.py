@@ -111,8 +111,8 @@ def _profile_encoder(ctx: StageContext, spec: dict[str, Any], cdir: Path, qdir: 
 
     vs = vision.vision_spec(spec)
     assert vs is not None
-    feed = {"pixel_values": vision.pixel_values(
-        vision.calibration_images(1, vs.image_size, seed=7)[0], vs)}
+    feed, _ = vision.encoder_feeds(vision.image_patches(
+        vision.calibration_images(1, vs.image_size, seed=7)[0], vs), vs)
     try:
         runs, loads = [], []
         for info, load in ctx.backend.profile_inferences(

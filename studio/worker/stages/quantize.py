@@ -93,7 +93,7 @@ def _calibration_images(ctx: StageContext, spec: dict[str, Any], count: int) -> 
     vs = vision_spec(spec)
     if vs is None or not ctx.get("quantization.calibration_images"):
         return None
-    return images_for(ctx.path("quantization.calibration_images"), count, vs.image_size, 0)
+    return images_for(ctx.path("quantization.calibration_images"), count, vs, 0)
 
 
 def _reused(info: dict[str, Any], count: int) -> str:

@@ -57,7 +57,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         from studio.engine.vision import image_timing
 
         image_timing(image, out, timed["prefill_s"])
-        enc_note = (f"the vision encoder on one {image['image_size']} px image "
+        enc_note = (f"the vision encoder on one {image['resized'][0]} x "
+                    f"{image['resized'][1]} px image "
                     f"({image['image_tokens']} image tokens); {note or dev.timing_note}")
         result["metrics"] += [
             device_metric(dev, f"{prefix}encoder_ms", image["encoder_ms"], "ms", enc_note),

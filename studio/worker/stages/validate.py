@@ -213,26 +213,26 @@ def _validate_images(ctx: StageContext, spec: dict, export_dir, cdir, runners: d
     assert vs is not None
     folder = ctx.get("validation.heldout_images")
     images = vision.images_for(ctx.path("validation.heldout_images") if folder else None,
-                               2, vs.image_size, seed=1000)
+                               2, vs, seed=1000)
     fp32_enc = vision.encoder_session(export_dir)
     dev_enc = ctx.backend.open_encoder(export_dir, cdir, spec, ctx.fp16)
     C = int(spec["context_length"])
-    room = C - vs.tokens - 2
     cos, ref_l, dev_l, answers = [], [], [], []
     for i, img in enumerate(images):
         progress.check()
         progress.update(0.95, f"held-out image {i + 1}/{len(images)}: encoder and answer")
-        px = vision.pixel_values(img, vs)
-        rows_ref, rows_dev = vision.encode(fp32_enc, px), vision.encode(dev_enc, px)
+        px = vision.image_patches(img, vs)
+        rows_ref, rows_dev = vision.encode(fp32_enc, px, vs), vision.encode(dev_enc, px, vs)
         cos.append(vision.cosine(rows_dev, rows_ref))
         # each image before its own stretch of the held-out text (overlapping when short)
+        room = C - px.tokens - 2
         start = min(i * len(ids) // (2 * len(images)), max(0, len(ids) - 16))
         text = ids[start:start + room]
-        prompt = vision.image_prompt(vs, [], text)
-        first = vs.tokens + 1  # the row of <|vision_end|>: it predicts the first text token
+        prompt = vision.image_prompt(vs, [], text, px.tokens)
+        first = px.tokens + 1  # the row of <|vision_end|>: it predicts the first text token
         got = []
         for name, rows in (("fp32", rows_ref), ("htp", rows_dev)):
-            runners[name].set_image(rows)
+            runners[name].set_image(rows, px.llm_grid)
             got.append(runners[name].teacher_forced_logits(prompt)[first:])
         ref_l.append(got[0])
         dev_l.append(got[1])
