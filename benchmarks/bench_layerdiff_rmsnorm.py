@@ -68,8 +68,8 @@ def main() -> int:
     from studio.core.artifacts import ArtifactStore
     from studio.core.catalog import get_chip
     from studio.engine import qnn
-    from studio.engine.llm_export import load_spec
     from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
+    from studio.engine.onnxio import load_spec
     from studio.engine.sensitivity import compare_logits, host_session
     from studio.services.history import current_keys
 

@@ -59,7 +59,7 @@ def main() -> int:
     )
 
     from studio.core.catalog import get_chip
-    from studio.engine import qnn, vision
+    from studio.engine import qnn, vision, vision_input
     from studio.engine.llm_export import OPSET
     from studio.engine.llm_runtime import make_cpu_session
 
@@ -85,12 +85,12 @@ def main() -> int:
         config.vision_config, attn_implementation="eager").eval()
     n = sum(p.numel() for p in tower.parameters())
     step("build the tower (random)", t0, f"{n / 1e9:.3f} B parameters")
-    vs = vision.make_vision_spec(
+    vs = vision_input.make_vision_spec(
         {**cfg, "vision_config": vc, "image_token_id": 151655, "vision_start_token_id": 151652,
          "vision_end_token_id": 151653}, {}, args.image, "qwen2_5_vl", "the 3B config")
     print(f"image {args.image} px: {vs.patches} patches -> {vs.tokens} image tokens")
-    img = vision.calibration_images(1, args.image, seed=7)[0]
-    px = vision.pixel_values(img, vs)
+    img = vision_input.calibration_images(1, args.image, seed=7)[0]
+    px = vision_input.pixel_values(img, vs)
     t0 = time.perf_counter()
     with torch.no_grad():
         ref = tower(torch.from_numpy(px), grid_thw=torch.tensor([[1, vs.grid, vs.grid]]))
@@ -120,8 +120,8 @@ def main() -> int:
     q = vision.quantize_vision(work, stage, {"scheme": args.scheme,
                                              "weight_granularity": "per_channel",
                                              "calibration_method": "MinMax"},
-                               vision.calibration_images(args.images, args.image, seed=0),
-                               vision.calibration_images(2, args.image, seed=1000), vs=vs)
+                               vision_input.calibration_images(args.images, args.image, seed=0),
+                               vision_input.calibration_images(2, args.image, seed=1000), vs=vs)
     step(f"quantize ({args.scheme}, {args.images} images)", t0,
          f"cosine vs FP32 {q['check']['encoder_cosine_min']:.4f} (lowest of 2 held out)")
     qdq = make_cpu_session(stage / "vision.onnx")

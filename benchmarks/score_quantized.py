@@ -31,8 +31,8 @@ class HeldOut:
 
     def __init__(self, export: Path, tokens: int, threads: int = 2):
         from studio.core.samples import read_data
-        from studio.engine.llm_export import load_spec
         from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
+        from studio.engine.onnxio import load_spec
         from studio.engine.sensitivity import heldout_windows
         from studio.samples import load_tokenizer
 

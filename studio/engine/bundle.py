@@ -275,8 +275,8 @@ def fp32_by_part(export_dir: Path, spec: dict[str, Any], ids: list[int]
     import numpy as np
 
     from studio.engine.chain import part_dirs
-    from studio.engine.llm_parts import _run_part_graphs, iter_parts
     from studio.engine.llm_runtime import make_cpu_session
+    from studio.engine.part_runner import iter_parts, run_part_graphs
 
     n, vocab = len(ids), int(spec["vocab_size"])
     logits = np.empty((n, vocab), np.float32)
@@ -287,7 +287,7 @@ def fp32_by_part(export_dir: Path, spec: dict[str, Any], ids: list[int]
     x: Any = np.asarray(ids, dtype=np.int64)
     hidden = []
     for part, folder in zip(iter_parts(spec), part_dirs(spec, export_dir), strict=True):
-        x = _run_part_graphs(folder, part, spec, x, n, make_cpu_session,
+        x = run_part_graphs(folder, part, spec, x, n, make_cpu_session,
                              on_logits if part.heads else None)
         if not part.heads:
             hidden.append(np.asarray(x, np.float32))

@@ -176,8 +176,8 @@ def ar_calibration_feeds(
     heads = {j: k for j, k in heads.items() if k >= 1}
     cached: dict[int, list] = {}
     if len(spec.get("parts") or []) > 1:  # one part's FP32 graphs in memory at a time
-        from studio.engine.llm_parts import part_prefill_caches
         from studio.engine.llm_runtime import make_cpu_session
+        from studio.engine.part_runner import part_prefill_caches
 
         got = part_prefill_caches(graphs_dir, spec, [windows[j][:k] for j, k in heads.items()],
                                   make_cpu_session)

@@ -172,13 +172,13 @@ def check_vision_parts(folder: Path, tok) -> None:
     """A vision-language checkpoint's image processor and the tokenizer's vision tokens."""
     import json
 
-    from studio.engine import vision
+    from studio.engine import vision_input
 
     config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    pre = vision.read_preprocessor(folder)
-    vision.make_vision_spec(config, pre, _any_image_size(config, folder),
+    pre = vision_input.read_preprocessor(folder)
+    vision_input.make_vision_spec(config, pre, _any_image_size(config, folder),
                             str(config.get("model_type")), str(folder))
-    vision.check_special_tokens(tok, config, str(folder))
+    vision_input.check_special_tokens(tok, config, str(folder))
 
 
 def _any_image_size(config: dict[str, Any], folder: Path) -> int:

@@ -158,7 +158,7 @@ def genie_prefill_graph(export_dir: Path, qdir: Path, spec: dict[str, Any], N: i
     cache slots, quantized with the recipe and the decode graph's activation scales, in
     Genie's conventions."""
     from studio.engine.llm_export import export_ar_graph
-    from studio.engine.quantize import quantize_like
+    from studio.engine.qdq import quantize_like
 
     progress.update(0.0, f"exporting the AR-{N} prefill graph ({cl - N} cache slots)")
     export_ar_graph(settings.checkpoint, spec, N, cl - N, work / f"prefill_ar{N}.onnx")
@@ -197,9 +197,10 @@ def genie_prefill_parts(export_dir: Path, qdir: Path, spec: dict[str, Any], N: i
     graph's activation scales."""
     import numpy as np
 
-    from studio.engine.llm_parts import iter_part_ar_graphs, iter_parts
+    from studio.engine.llm_parts import iter_part_ar_graphs
     from studio.engine.llm_runtime import make_cpu_session
-    from studio.engine.quantize import quantize_like
+    from studio.engine.part_runner import iter_parts
+    from studio.engine.qdq import quantize_like
 
     parts = list(iter_parts(spec))
     progress.update(0.0, f"calibration feeds for the AR-{N} graphs")

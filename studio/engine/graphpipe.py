@@ -111,7 +111,7 @@ def rewrite_and_quantize(static: Path, out: Path, placement: str, feeds: list[di
     placement ``rewrite`` the catalogue's: each checked against the original on ``held``)
     and ``out/quantized.onnx`` calibrated on ``feeds``."""
     from studio.engine import rewrites
-    from studio.engine.quantize import quantize_graph
+    from studio.engine.qdq import quantize_graph
 
     progress = progress or NullProgress()
     if placement not in PLACEMENTS:

@@ -448,9 +448,9 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
 
     from studio.core.layerdiff import PAIRS, TENSOR_MODES
     from studio.engine.chain import ChainSession, chain_session
-    from studio.engine.llm_export import load_spec
-    from studio.engine.llm_parts import iter_parts
     from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
+    from studio.engine.onnxio import load_spec
+    from studio.engine.part_runner import iter_parts
     from studio.engine.sensitivity import compare_logits, host_session
 
     if mode not in TENSOR_MODES:

@@ -62,20 +62,24 @@ from studio.core.families import FAMILIES, FULL, SLIDING, Family
 from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 from studio.core.parts import Part, whole
 from studio.core.progress import NullProgress, Progress, SubProgress
-from studio.engine.llm_runtime import SLIDING_MASK, mask_windows
+from studio.engine.export_check import check_export
+from studio.engine.llm_runtime import DEFAULT_MASK_VALUE, SLIDING_MASK, mask_windows
+from studio.engine.onnxio import (
+    IMAGE_EMBEDS,
+    SPEC_FORMAT,
+    save_onnx_atomic,
+    weight_bytes,
+    weight_free,
+)
+from studio.engine.torch_onnx import HEAD_INPUT, initializers_kept, write_initializers
 from studio.engine.weightstore import WeightStore, shared_store
 
 OPSET = 17
-DEFAULT_MASK_VALUE = -100.0
-SPEC_FORMAT = "qstudio.llm-static-kv/1"
-#: the prefill graph's input of a vision-language model's image rows
-IMAGE_EMBEDS = "image_embeds"
 #: new tokens per pass of the verify graph: the last token plus up to 4 drafted ones
 DEFAULT_VERIFY_LENGTH = 5
 REFERENCE_TEXT = (
     "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
 )
-_PROTOBUF_LIMIT = 1_900_000_000
 
 
 # ---------------------------------------------------------------------------- spec helpers
@@ -107,100 +111,6 @@ def io_names(num_layers: int, graph: str, sliding: bool = False,
     for i in part.layers:
         outs += [f"present_key_{i}", f"present_value_{i}"]
     return ins, outs
-
-
-def load_spec(graphs_dir: Path) -> dict:
-    """Read ``graph.json`` of an exported (or quantized) graphs folder."""
-    path = Path(graphs_dir) / "graph.json"
-    if not path.is_file():
-        raise StudioError(f"{graphs_dir} has no graph.json: export the model first (export_llm)")
-    try:
-        spec = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise StudioError(f"cannot read {path}: {exc}; re-run the export") from None
-    if spec.get("format") != SPEC_FORMAT:
-        raise StudioError(f"{path} is not a QStudio LLM graph spec; re-run the export")
-    from studio.core.graphspec import migrate
-
-    return migrate(spec)
-
-
-def _weight_bytes(model) -> int:
-    """The bytes of a model's initializers, from their dims and types (no serializing)."""
-    import numpy as np
-    import onnx
-
-    total = 0
-    for t in model.graph.initializer:
-        n = int(np.prod(t.dims)) if len(t.dims) else 1
-        total += n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-    return total
-
-
-def _weight_free(model):
-    """A copy of ``model`` whose large initializers carry only name, dims and type: enough
-    for shape inference, and serializable past protobuf's 2 GB limit."""
-    import onnx
-
-    light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    g = light.graph
-    g.name = model.graph.name
-    g.node.extend(model.graph.node)
-    g.input.extend(model.graph.input)
-    g.output.extend(model.graph.output)
-    g.value_info.extend(model.graph.value_info)
-    for t in model.graph.initializer:
-        n = 1
-        for d in t.dims:
-            n *= d
-        if n > 4096:
-            # declared as a typed input instead of carrying its data
-            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-        else:
-            g.initializer.append(t)
-    return light
-
-
-def save_onnx_atomic(model, path: Path, external: bool | None = None) -> list[Path]:
-    """Save an ONNX model next to ``path`` via a temp name, then move it into place.
-
-    Models over the 2 GB protobuf limit get one external data file ``<name>.data``
-    (``external``: True / False decides instead). Returns the files written.
-    """
-    import onnx
-
-    path = Path(path)
-    tmp_dir = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.stem}."))
-    try:
-        tmp = tmp_dir / path.name
-        # decided without serializing: ByteSize() itself fails past 2 GB
-        big = not _no_external(model) or _weight_bytes(model) > _PROTOBUF_LIMIT
-        if external if external is not None else big:
-            onnx.save_model(
-                model,
-                str(tmp),
-                save_as_external_data=True,
-                all_tensors_to_one_file=True,
-                location=path.name + ".data",
-                size_threshold=1024,
-            )
-        else:
-            onnx.save_model(model, str(tmp))
-        written = []
-        for f in sorted(tmp_dir.iterdir()):
-            os.replace(f, path.parent / f.name)
-            written.append(path.parent / f.name)
-        return written
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-
-
-def _no_external(model) -> bool:
-    from onnx.external_data_helper import uses_external_data
-
-    return not any(uses_external_data(t) for t in model.graph.initializer)
 
 
 # ---------------------------------------------------------------------------- checkpoint
@@ -572,9 +482,6 @@ def _weights_from(modules: list[Any], tensors) -> Iterator[None]:
             m._parameters["weight"] = w
 
 
-#: the graph input a traced output head's weight comes in by; its Transpose is folded into
-#: the initializer ``lm_head.weight`` (stored [in, out], as the exporter folds it)
-HEAD_INPUT = "lm_head.weight.untransposed"
 
 
 def _traced_weights(wrapper, part: Part) -> list[tuple[Any, str, Any]]:
@@ -721,7 +628,7 @@ def _tidy_graph(model, module_names: set[str]) -> None:
         graph.node.extend(keep)
 
     # 3. no-op Casts (float32 -> float32 around RMSNorm and softmax) go
-    typed = onnx.shape_inference.infer_shapes(_weight_free(model))
+    typed = onnx.shape_inference.infer_shapes(weight_free(model))
     elem = {
         v.name: v.type.tensor_type.elem_type for v in (*typed.graph.value_info, *typed.graph.input)
     }
@@ -787,7 +694,7 @@ def _trace_graph(wrapper, spec: dict, graph: str, raw: Path, part: Part | None =
     wrapper.weight_inputs = [m for m, _, _ in inputs]
     args = (*args, *(t for _, _, t in inputs))
     in_names = [*ins, *(name for _, name, _ in inputs)]
-    with torch.no_grad(), warnings.catch_warnings(), _initializers_kept() as weights, \
+    with torch.no_grad(), warnings.catch_warnings(), initializers_kept() as weights, \
             _no_weight_inputs(wrapper):
         # dynamo=False is deliberate (it matches generate() exactly): hide the notice.
         warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -805,7 +712,7 @@ def _trace_graph(wrapper, spec: dict, graph: str, raw: Path, part: Part | None =
         )
     weights = dict(weights)
     weights.update({name: t for _, name, t in inputs})
-    _write_initializers(raw, weights)
+    write_initializers(raw, weights)
     _forget_traced_constants()
     return ins, outs
 
@@ -831,119 +738,6 @@ def _no_weight_inputs(wrapper) -> Iterator[None]:
         yield
     finally:
         wrapper.weight_inputs = []
-
-
-@contextlib.contextmanager
-def _initializers_kept() -> Iterator[dict[str, Any]]:
-    """The initializers torch's TorchScript exporter gives the graph (the parameters and the
-    constants it folded), by name, kept while ``torch.onnx.export(..., export_params=False)``
-    runs. Serializing them inside the exporter held about three more copies of a part's
-    weights (measured: 0.63 GiB of weights traced at a 2.74 GiB peak, 1.05 GiB without them);
-    :func:`_write_initializers` writes them to the file one tensor at a time instead. (The
-    exporter's initializer table is not public: this keeps the table its de-duplication
-    step returns, the one it would serialize.)"""
-    import torch
-
-    kept: dict[str, Any] = {}
-    real = torch._C._jit_pass_onnx_deduplicate_initializers
-
-    def keep(graph, params, training):
-        out = real(graph, params, training)
-        kept.clear()
-        kept.update(out)
-        return out
-
-    torch._C._jit_pass_onnx_deduplicate_initializers = keep
-    try:
-        yield kept
-    finally:
-        torch._C._jit_pass_onnx_deduplicate_initializers = real
-
-
-def _write_initializers(raw: Path, weights: dict[str, Any]) -> None:
-    """Turn the graph inputs of ``raw`` that are ``weights`` (traced without parameters) into
-    initializers kept as external data in ``raw``'s ``.data`` file, written a tensor at a
-    time straight from torch's memory."""
-    import onnx
-    from onnx.helper import np_dtype_to_tensor_dtype
-
-    if not weights:
-        raise StudioError("torch's exporter gave no initializer table; the static-KV exporter "
-                          "needs torch 2.13")
-    model = onnx.load(str(raw), load_external_data=False)
-    weights = _fold_head_transpose(model, weights)
-    inputs = [i for i in model.graph.input if i.name not in weights]
-    del model.graph.input[:]
-    model.graph.input.extend(inputs)
-    data = raw.with_name(raw.name + ".data")
-    offset = 0
-    with open(data, "wb") as f:
-        for name, value in weights.items():
-            arr = value.detach().cpu().numpy()
-            t = onnx.TensorProto()
-            t.name = name
-            t.data_type = np_dtype_to_tensor_dtype(arr.dtype)
-            t.dims.extend(arr.shape)
-            t.data_location = onnx.TensorProto.EXTERNAL
-            for k, v in (("location", data.name), ("offset", str(offset)),
-                         ("length", str(arr.nbytes))):
-                entry = t.external_data.add()
-                entry.key, entry.value = k, v
-            _write_rows(f, arr)
-            offset += arr.nbytes
-            model.graph.initializer.append(t)
-    onnx.save(model, str(raw))
-
-
-def _fold_head_transpose(model, weights: dict[str, Any]) -> dict[str, Any]:
-    """The output head traced as the input :data:`HEAD_INPUT` reaches its MatMul through a
-    Transpose: fold it into the initializer ``lm_head.weight`` (the transposed view, written
-    a slice at a time), as the exporter folds a parameter's."""
-    if HEAD_INPUT not in weights:
-        return weights
-    weights = dict(weights)
-    w = weights.pop(HEAD_INPUT)
-    graph = model.graph
-    folded = []
-    for node in graph.node:
-        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
-        if node.op_type == "Transpose" and node.input[0] == HEAD_INPUT and perm in (None, [1, 0]):
-            folded.append(node)
-    rename = {n.output[0]: "lm_head.weight" for n in folded}
-    for node in graph.node:
-        for k, name in enumerate(node.input):
-            if name in rename:
-                node.input[k] = rename[name]
-    keep = [n for n in graph.node if n not in folded]
-    del graph.node[:]
-    graph.node.extend(keep)
-    if folded:
-        weights["lm_head.weight"] = w.t()
-    if any(HEAD_INPUT in n.input for n in graph.node):  # used otherwise too: as it is
-        weights[HEAD_INPUT] = w
-    else:
-        inputs = [i for i in graph.input if i.name != HEAD_INPUT]
-        del graph.input[:]
-        graph.input.extend(inputs)
-    return weights
-
-
-#: bytes of a transposed weight made contiguous at a time when it is written
-WRITE_CHUNK = 64 << 20
-
-
-def _write_rows(f, arr) -> None:
-    """Write ``arr`` in C order. A MatMul weight comes out of the exporter as a transposed
-    view of the Linear's weight: it is made contiguous a slice of rows at a time (an 8 B
-    model's 128 k x 4096 head made whole would be 2 GiB more at once)."""
-    import numpy as np
-
-    if arr.flags.c_contiguous or arr.ndim == 0:
-        f.write(arr.data if arr.nbytes else b"")
-        return
-    step = max(1, WRITE_CHUNK // max(1, arr[:1].nbytes))
-    for a in range(0, arr.shape[0], step):
-        f.write(np.ascontiguousarray(arr[a:a + step]).data)
 
 
 def _finish_graph(raw: Path, path: Path, module_names: set[str], ins: list[str],
@@ -972,7 +766,7 @@ def _finish_graph(raw: Path, path: Path, module_names: set[str], ins: list[str],
                 f"the exported {graph} graph has unexpected edges ({got_in[:4]}...); "
                 "this checkpoint's modules are not supported by the static-KV exporter"
             )
-        if _weight_bytes(model) > weightstore.SHARE_ABOVE:
+        if weight_bytes(model) > weightstore.SHARE_ABOVE:
             written = weightstore.save_streamed(model, raw.parent, tmp_dir / path.name, store)
         else:
             onnx.load_external_data_for_model(model, str(raw.parent))
@@ -1140,10 +934,10 @@ def export_llm(
     P, C, N = check_lengths(prompt_len, context_len, mask_value, verify_len)
     cfg = _check_checkpoint(checkpoint_dir)
     if FAMILIES[cfg["model_type"]].vision:  # a size its image processor gives: before loading
-        from studio.engine import vision
+        from studio.engine import vision_input
 
-        vision.check_image_size(vision.processor_range(
-            cfg, vision.read_preprocessor(checkpoint_dir), str(checkpoint_dir)),
+        vision_input.check_image_size(vision_input.processor_range(
+            cfg, vision_input.read_preprocessor(checkpoint_dir), str(checkpoint_dir)),
             image_size, "export.image_size")
     progress.update(0.0, "loading checkpoint")
     progress.check()
@@ -1160,9 +954,9 @@ def export_llm(
     sliding_input = mask_windows(spec)[1] is not None
     vs = None
     if family.vision:
-        from studio.engine import vision
+        from studio.engine import vision_input
 
-        vs = vision.make_vision_spec(cfg, vision.read_preprocessor(checkpoint_dir), image_size,
+        vs = vision_input.make_vision_spec(cfg, vision_input.read_preprocessor(checkpoint_dir), image_size,
                                      cfg["model_type"], str(checkpoint_dir))
         if vs.tokens + 2 > P:
             raise StudioError(
@@ -1185,7 +979,8 @@ def export_llm(
             progress.log(f"wrote {out_dir / f'{graph}.onnx'}")
     spec["graphs"] = {g: _graph_io(out_dir / f"{g}.onnx") for g, _, _ in steps}
     if vs is not None:
-        from studio.engine.vision import VISION_FILE, export_vision
+        from studio.engine.vision import export_vision
+        from studio.engine.vision_input import VISION_FILE
 
         progress.update(0.45, f"exporting {VISION_FILE} (up to {vs.image_size} x "
                                 f"{vs.image_size} px, {vs.tokens} image tokens)")
@@ -1281,116 +1076,3 @@ def _opt_float(config, key: str | None) -> float | None:
     return float(value) if value is not None else None
 
 
-#: Relative tolerance of the export check: |ONNX - transformers| per position may reach
-#: EXPORT_CHECK_RTOL x max(1, max |logit| at that position). FP32 ONNX Runtime and eager torch
-#: differ by reordered sums only. Measured over the whole context (P=16, C=128): 5e-6 to
-#: 1.6e-5 on the tiny random families at logit scales of 7-8 (about 2e-6 relative), 1.7e-5
-#: on the trained sample (tiny-coder, 4 layers, scale 16.6, also at C=512). A window one
-#: token off or ignored moves the logits by 1.8-8.4 (tests/engine/test_families.py). 1e-3
-#: sits >400x above that noise and >200x below those errors, with room for the larger
-#: reordering noise of deeper, wider checkpoints.
-EXPORT_CHECK_RTOL = 1e-3
-#: logits of at most this many floats are computed by one transformers forward
-_CHECK_CHUNK_FLOATS = 1 << 26
-
-
-class PositionCheck:
-    """The export check's rule for one position: its max |diff| within rtol x max(1, max
-    |logit|), and its top-1 token the reference's or a near-tie (the two tokens' reference
-    logits at most that tolerance apart); the figures over all positions added."""
-
-    def __init__(self, rtol: float = EXPORT_CHECK_RTOL):
-        self.rtol = rtol
-        self.n = self.agree = self.ties = 0
-        self.max_diff = self.max_logit = self.max_tol = 0.0
-        self.first_bad: int | None = None
-
-    def add(self, p: int, got, want) -> None:
-        import numpy as np
-
-        scale = float(np.max(np.abs(want)))
-        tol = self.rtol * max(1.0, scale)
-        diff = float(np.max(np.abs(got - want)))
-        top_want, top_got = int(want.argmax()), int(got.argmax())
-        bad = diff > tol
-        if top_want == top_got:
-            self.agree += 1
-        elif want[top_want] - want[top_got] <= tol:
-            self.ties += 1
-        else:
-            bad = True
-        if bad and self.first_bad is None:
-            self.first_bad = p
-        self.n += 1
-        self.max_diff, self.max_logit = max(self.max_diff, diff), max(self.max_logit, scale)
-        self.max_tol = max(self.max_tol, tol)
-
-    def figures(self, prefill_positions: int) -> dict:
-        return {
-            "positions": self.n,
-            "prefill_positions": prefill_positions,
-            "max_abs_logit_diff": self.max_diff,
-            "max_abs_logit": self.max_logit,
-            "rtol": self.rtol,
-            "tolerance": self.max_tol,
-            "top1_agreement": self.agree / max(self.n, 1),
-            "top1_near_ties": self.ties,
-            "first_bad_position": self.first_bad,
-        }
-
-
-def check_export(
-    model,
-    gen,
-    ids: list[int],
-    keep: int = 0,
-    progress: Progress | None = None,
-    rtol: float = EXPORT_CHECK_RTOL,
-) -> tuple[dict, Any]:
-    """Teacher-force ``ids`` (at most C: the first P through prefill, then one decode step per
-    position) through the graphs of ``gen`` and compare each position's logits with the
-    transformers ``model`` run on the same ids.
-
-    A position is bad when its max |diff| exceeds ``rtol`` x max(1, max |logit|) there, or
-    when its top-1 token differs from transformers' by more than a near-tie (the two tokens'
-    reference logits further apart than that tolerance). Returns the figures
-    (``positions``, ``max_abs_logit_diff``, ``max_abs_logit``, ``tolerance`` (the largest
-    per-position one), ``rtol``, ``top1_agreement`` (strict), ``top1_near_ties``,
-    ``first_bad_position`` or None) and the reference logits of the first ``keep`` positions.
-    """
-    import numpy as np
-    import torch
-
-    ids = [int(t) for t in ids]
-    n, V = len(ids), gen.vocab_size
-    chunk = max(1, min(n, _CHECK_CHUNK_FLOATS // max(V, 1)))
-    x = torch.tensor([ids])
-    P = min(gen.prompt_len, n)
-    compare = PositionCheck(rtol)
-    kept = []
-    onnx_rows = None
-    for a in range(0, n, chunk):
-        b = min(n, a + chunk)
-        with torch.no_grad():
-            to_keep = 0 if (a == 0 and b == n) else torch.arange(a, b)
-            ref = model(input_ids=x, use_cache=False, logits_to_keep=to_keep).logits[0]
-        ref = ref.float().numpy()[:, :V]
-        for p in range(a, b):
-            if progress is not None:
-                progress.check()
-                if p % 16 == 0:
-                    progress.update(p / n, f"position {p}/{n}")
-            if p < P:
-                if onnx_rows is None:
-                    onnx_rows = gen.prefill(ids[:P])[:, :V]
-                got = onnx_rows[p]
-            else:
-                got = gen.step(ids[p], p)[:V]
-            want = ref[p - a]
-            compare.add(p, got, want)
-            if p < keep:
-                kept.append(want)
-    if progress is not None:
-        progress.update(1.0, f"{n} positions checked")
-    check = compare.figures(P)
-    return check, np.asarray(kept, dtype=np.float32).reshape(len(kept), V)

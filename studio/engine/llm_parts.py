@@ -7,7 +7,7 @@ to float32, exported, checked and given back before the next part is read. bf16 
 weights are widened only for the part in flight, so the peak memory follows the largest
 part, not the model.
 
-The export check stays the whole-context check of :func:`studio.engine.llm_export.check_export`
+The export check stays the whole-context check of :func:`studio.engine.export_check.check_export`
 (the same tolerance, every position of the context teacher-forced, prefill then one decode
 step per position), but runs part by part: the reference is transformers' own modules of
 each part over the whole sequence (with the graphs' additive masks), the graphs are each
@@ -36,12 +36,9 @@ from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 from studio.core.parts import Layout, Part, plan_parts
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.engine import partresume
-from studio.engine.chain import ChainSession, chain_session, part_dirs  # noqa: F401 (re-exported)
+from studio.engine.export_check import EXPORT_CHECK_RTOL, PositionCheck
 from studio.engine.llm_export import (
-    DEFAULT_MASK_VALUE,
     DEFAULT_VERIFY_LENGTH,
-    EXPORT_CHECK_RTOL,
-    PositionCheck,
     _build_wrapper,
     _check_checkpoint,
     _finish_graph,
@@ -54,7 +51,8 @@ from studio.engine.llm_export import (
     layer_types_of,
     rope_positions,
 )
-from studio.engine.llm_runtime import SLIDING_MASK, decode_mask, mask_windows, prefill_mask
+from studio.engine.llm_runtime import DEFAULT_MASK_VALUE, mask_windows
+from studio.engine.part_runner import iter_parts, run_part_graphs
 from studio.engine.weightstore import graph_bytes, shared_store
 
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2,
@@ -305,200 +303,6 @@ def _reference_part(wrapper, spec: dict, x, chunk: int = REFERENCE_CHUNK):
     return np.concatenate(rows)
 
 
-class PartRunner:
-    """One part's prefill and decode graphs over a host KV cache of its own blocks, fed its
-    first input (token ids for the first part, the previous part's residual stream for the
-    others) a pass at a time: what teacher forcing, calibration and the export check run on
-    one part while the others are not in memory."""
-
-    def __init__(self, folder: Path, part: Part, spec: dict, make, decode: bool = True):
-        import numpy as np
-
-        self.part, self.spec = part, spec
-        self.P, self.C = int(spec["prompt_length"]), int(spec["context_length"])
-        KV, D = int(spec["num_kv_heads"]), int(spec["head_dim"])
-        self.full, self.sliding = mask_windows(spec)
-        self.mask_value = float(spec["mask_value"])
-        self.first = "input_ids" if part.embeds else str(part.hidden_in)
-        self.kv = [(f"past_key_{i}", f"past_value_{i}") for i in part.layers]
-        self.present = [m for i in part.layers for m in (f"present_key_{i}", f"present_value_{i}")]
-        self.out_name = "logits" if part.heads else str(part.hidden_out)
-        self.cache = [[np.zeros((1, KV, self.C, D), np.float32) for _ in range(2)]
-                      for _ in self.kv]
-        from studio.engine.graphio import as_floats
-
-        # the cache and the residual stream are float32 here: a graph with quantized I/O
-        # gives them back as values
-        self.folder, self.make = Path(folder), (lambda path: as_floats(make(path)))
-        self.prefill_session = self.make(self.folder / "prefill.onnx")
-        self.decode_session = self.make(self.folder / "decode.onnx") if decode else None
-
-    def _first(self, rows):
-        import numpy as np
-
-        if self.part.embeds:
-            return np.asarray(rows, dtype=np.int64).reshape(1, -1)
-        return np.asarray(rows, dtype=np.float32)[None]
-
-    def prefill_feed(self, rows, n: int) -> dict:
-        """Feeds for the prefill graph: ``rows`` (P ids or [P, H] states; the first ``n``
-        real, the rest padding, which sees only itself)."""
-        import numpy as np
-
-        P = self.P
-        feeds = {self.first: self._first(rows), "position_ids": np.arange(P, dtype=np.int64)[None],
-                 "attention_mask": prefill_mask(n, P, self.mask_value, self.full)[None, None]}
-        if self.sliding is not None:
-            feeds[SLIDING_MASK] = prefill_mask(n, P, self.mask_value, self.sliding)[None, None]
-        return feeds
-
-    def prefill(self, rows, n: int):
-        """Run prefill; fills cache slots 0..n-1; returns the graph's first output [P, ...]
-        (every row, padding included: the next part takes them all)."""
-        outs = self.prefill_session.run([self.out_name, *self.present], self.prefill_feed(rows, n))
-        for c in self.cache:
-            for buf in c:
-                buf[:] = 0
-        for j in range(len(self.kv)):
-            for t in range(2):
-                self.cache[j][t][:, :, :n] = outs[1 + 2 * j + t][:, :, :n]
-        return outs[0][0]
-
-    def decode_feed(self, row, pos: int, copy: bool = False) -> dict:
-        import numpy as np
-
-        C = self.C
-        feeds = {self.first: self._first([row] if self.part.embeds else row[None]),
-                 "position_ids": np.array([[pos]], dtype=np.int64),
-                 "attention_mask": decode_mask(pos, C, self.mask_value, self.full)[None, None, None]}
-        if self.sliding is not None:
-            feeds[SLIDING_MASK] = decode_mask(pos, C, self.mask_value, self.sliding)[None, None, None]
-        for (kn, vn), (k, v) in zip(self.kv, self.cache, strict=True):
-            feeds[kn], feeds[vn] = (k.copy(), v.copy()) if copy else (k, v)
-        return feeds
-
-    def step(self, row, pos: int):
-        """One decode step at ``pos``; its KV row goes into slot ``pos``; returns the output
-        row ([H] states or [V] logits)."""
-        if self.decode_session is None:
-            raise StudioError("this part runner has no decode graph")
-        outs = self.decode_session.run([self.out_name, *self.present], self.decode_feed(row, pos))
-        for j in range(len(self.kv)):
-            for t in range(2):
-                self.cache[j][t][:, :, pos:pos + 1] = outs[1 + 2 * j + t]
-        return outs[0][0, -1]
-
-    def close(self) -> None:
-        self.prefill_session = self.decode_session = None
-
-
-def _run_part_graphs(folder: Path, part: Part, spec: dict, x, n: int, make, on_logits=None,
-                     progress: Progress | None = None):
-    """Teacher-force ``n`` positions through one part's prefill then decode graphs (the
-    prefill session dropped before the decode one is made): the part's outputs [n, H], or
-    for the last part ``on_logits(position, logits)`` for every position."""
-    import numpy as np
-
-    P = int(spec["prompt_length"])
-    k = min(P, n)
-    runner = PartRunner(folder, part, spec, make, decode=False)
-    rows = np.asarray(x[:k])
-    if k < P:  # pad the prompt to P (the prefill graph's static length)
-        rows = np.concatenate([rows, np.zeros((P - k, *rows.shape[1:]), rows.dtype)])
-    first = runner.prefill(rows, k)
-    hidden = None if part.heads else np.zeros((n, int(spec["hidden_size"])), np.float32)
-    if hidden is not None:
-        hidden[:k] = first[:k]
-    else:
-        for p in range(k):
-            on_logits(p, first[p])
-    runner.prefill_session = None
-    runner.decode_session = runner.make(Path(folder) / "decode.onnx")
-    for p in range(k, n):
-        if progress is not None and p % 16 == 0:
-            progress.check()
-            progress.update(p / n, f"part {part.index + 1}/{part.count}: position {p}/{n}")
-        out = runner.step(x[p], p)
-        if hidden is not None:
-            hidden[p] = out
-        else:
-            on_logits(p, out)
-    runner.close()
-    return hidden
-
-
-def part_prefill_caches(graphs_dir: Path, spec: dict, heads: list[list[int]], make
-                        ) -> list[list[tuple[Any, Any]]]:
-    """Every layer's KV cache after prefilling each of ``heads`` (at most P tokens each),
-    computed part by part with one part's prefill graph in memory at a time (a model whose
-    FP32 graphs do not fit the host's memory together: the 8 B shape's are 32 GB). Returns,
-    per head, [(keys, values) per layer] of shape [1, kv_heads, C, head_dim]."""
-    import numpy as np
-
-    P = int(spec["prompt_length"])
-    xs: list[Any] = [np.asarray(h, dtype=np.int64) for h in heads]
-    caches: list[list[tuple[Any, Any]]] = [[] for _ in heads]
-    for part, folder in zip(iter_parts(spec), part_dirs(spec, Path(graphs_dir)), strict=True):
-        runner = PartRunner(folder, part, spec, make, decode=False)
-        for j, x in enumerate(xs):
-            k = len(heads[j])
-            if not 0 < k <= P:
-                raise StudioError(f"a prefill of {k} tokens does not fit the prefill graph's "
-                                  f"{P}")
-            rows = np.asarray(x[:k])
-            if k < P:
-                rows = np.concatenate([rows, np.zeros((P - k, *rows.shape[1:]), rows.dtype)])
-            first = runner.prefill(rows, k)
-            caches[j].extend((kc.copy(), vc.copy()) for kc, vc in runner.cache)
-            if not part.heads:
-                xs[j] = np.asarray(first[:k], dtype=np.float32)
-        runner.close()
-        gc.collect()
-    return caches
-
-
-class StreamedScorer:
-    """Teacher-forced logits of a model in parts with one part's graphs in memory at a time:
-    each part runs every position of the window (prefill, then decode steps over its own KV
-    cache) and hands its residual stream to the next, whose graphs are loaded after the
-    previous part's are dropped. The figures equal the chained graphs' (the same graphs, the
-    same order of operations per part); the peak memory is one part's, whatever the depth.
-    Progress names the part and the position."""
-
-    def __init__(self, graphs_dir: Path, spec: dict, make):
-        self.graphs_dir, self.spec, self.make = Path(graphs_dir), spec, make
-        self.vocab_size = int(spec["vocab_size"])
-
-    def teacher_forced_logits(self, ids: list[int], progress: Progress | None = None):
-        """Logits [len(ids), V] (float32); row i predicts token i + 1 (as
-        :meth:`studio.engine.llm_runtime.StaticKVGenerator.teacher_forced_logits`)."""
-        import numpy as np
-
-        n = len(ids)
-        if n == 0:
-            raise StudioError("no tokens to score; give at least one token")
-        if n > int(self.spec["context_length"]):
-            raise StudioError(f"{n} tokens do not fit the KV cache of C="
-                              f"{self.spec['context_length']}; score windows of at most C tokens")
-        out = np.empty((n, self.vocab_size), dtype=np.float32)
-
-        def on_logits(p: int, logits) -> None:
-            out[p] = np.asarray(logits, dtype=np.float32)[: self.vocab_size]
-
-        x: Any = np.asarray(ids, dtype=np.int64)
-        parts = list(iter_parts(self.spec))
-        for part, folder in zip(parts, part_dirs(self.spec, self.graphs_dir), strict=True):
-            sub = (SubProgress(progress, part.index / len(parts), (part.index + 1) / len(parts))
-                   if progress is not None else None)
-            if sub is not None:
-                sub.check()
-                sub.update(0.0, f"part {part.index + 1}/{len(parts)}: loading its graphs")
-            x = _run_part_graphs(folder, part, self.spec, x, n, self.make,
-                                 on_logits if part.heads else None, sub)
-            gc.collect()
-        return out
-
-
 def export_parts(
     checkpoint_dir: Path,
     out_dir: Path,
@@ -610,7 +414,7 @@ def export_parts(
         rows.append({**part.as_dict(),
                      "graphs": {g: _graph_io(folder / f"{g}.onnx") for g in graphs}})
         if want_all is None:
-            got = _run_part_graphs(folder, part, spec, got, n, make_cpu_session,
+            got = run_part_graphs(folder, part, spec, got, n, make_cpu_session,
                                    progress=SubProgress(sub, 0.5, 1.0))
             ref = ref_out
             if resume:  # finished: a re-run after a kill starts from the next part
@@ -624,7 +428,7 @@ def export_parts(
                 kept.append(want)
 
         try:
-            _run_part_graphs(folder, part, spec, got, n, make_cpu_session, on_logits,
+            run_part_graphs(folder, part, spec, got, n, make_cpu_session, on_logits,
                              SubProgress(sub, 0.5, 1.0))
         finally:
             _drop_memmap(want_all)
@@ -730,12 +534,3 @@ def _drop_memmap(array) -> None:
     name = array.filename
     del array
     Path(name).unlink(missing_ok=True)
-
-
-def iter_parts(spec: dict) -> Iterator[Part]:
-    """The parts of an exported spec (one whole part when it has none)."""
-    L = int(spec["num_layers"])
-    rows = spec.get("parts") or [{"index": 0, "start": 0, "stop": L}]
-    for r in rows:
-        yield Part(int(r["index"]), len(rows), int(r["start"]), int(r["stop"]), L,
-                   int(r.get("parameters") or 0))

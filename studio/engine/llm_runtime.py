@@ -34,6 +34,8 @@ _ORT_TYPES = ORT_TO_NUMPY
 
 #: the graph input that carries the windowed mask of the sliding-attention layers
 SLIDING_MASK = "sliding_attention_mask"
+#: the additive attention mask's value at a masked place (a graph's spec may name its own)
+DEFAULT_MASK_VALUE = -100.0
 
 
 def prefill_mask(n: int, prompt_len: int, mask_value: float, window: int | None = None):
@@ -170,7 +172,7 @@ def load_tokenizer(export_dir: Path):
 def load_graph_spec(graphs_dir: Path) -> dict[str, Any]:
     """The ``graph.json`` of a folder of static-KV graphs (an export, a quantized or compiled
     model)."""
-    from studio.engine.llm_export import load_spec
+    from studio.engine.onnxio import load_spec
 
     return load_spec(Path(graphs_dir))
 
@@ -308,7 +310,7 @@ class StaticKVGenerator:
             self.context_len = int(spec["context_length"])
         except (KeyError, TypeError, ValueError) as exc:
             raise StudioError(f"graph spec is incomplete ({exc}); re-export the model") from None
-        self.mask_value = float(spec.get("mask_value", -100.0))
+        self.mask_value = float(spec.get("mask_value", DEFAULT_MASK_VALUE))
         # the RoPE table's rows: the positions the graphs can place a token at
         self.rope_positions = int(spec.get("rope_positions") or self.context_len)
         self.ring_window: int | None = None  # see set_window
@@ -361,8 +363,8 @@ class StaticKVGenerator:
         self.cache_dtype = [(self._dec_types[k], self._dec_types[v]) for k, v in self._kv_names]
         # a vision-language model: the prefill graph takes the image's rows and the
         # multimodal positions; later tokens' positions carry the prompt's rope offset
-        from studio.engine.llm_export import IMAGE_EMBEDS
-        from studio.engine.vision import vision_spec
+        from studio.engine.onnxio import IMAGE_EMBEDS
+        from studio.engine.vision_input import vision_spec
 
         self.vision = vision_spec(spec)
         if (self.vision is not None) != (IMAGE_EMBEDS in self._pre_types):
@@ -408,8 +410,8 @@ class StaticKVGenerator:
         """A VL prefill's ``position_ids`` [3, 1, P] and ``image_embeds`` [1, P, hidden]."""
         import numpy as np
 
-        from studio.engine.llm_export import IMAGE_EMBEDS
-        from studio.engine.vision import mrope_positions
+        from studio.engine.onnxio import IMAGE_EMBEDS
+        from studio.engine.vision_input import mrope_positions
 
         vs, P, n = self.vision, self.prompt_len, len(ids)
         assert vs is not None

@@ -26,7 +26,8 @@ from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.core.recipe import DEFAULT_WEIGHT_ROUNDING, activation_bits, is_float_scheme
 from studio.engine import partresume
 from studio.engine.calibration import window_plan
-from studio.engine.llm_parts import PartRunner, iter_parts, part_dirs
+from studio.engine.chain import part_dirs
+from studio.engine.part_runner import PartRunner, iter_parts
 from studio.engine.rounding import Source, prefill_rows, round_for_recipe
 from studio.engine.weightstore import shared_store
 
@@ -125,7 +126,7 @@ def _resolved(src: Path, recipe: dict) -> dict[str, dict]:
     """What the recipe's rules give each graph of a part (read without its weights)."""
     import onnx
 
-    from studio.engine.quantize import resolve_overrides
+    from studio.engine.quant_recipe import resolve_overrides
 
     return {g: resolve_overrides(onnx.load(str(src / f"{g}.onnx"), load_external_data=False),
                                  recipe) for g in ("prefill", "decode")}
@@ -165,15 +166,10 @@ def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_te
     code and tool versions apart): a part whose graphs, calibration inputs and resolved
     precisions are those of a part quantized before is taken from there."""
     from studio.engine.calibration import calibration_windows
-    from studio.engine.llm_export import load_spec
     from studio.engine.llm_runtime import make_cpu_session
-    from studio.engine.quantize import (
-        GRAPHS,
-        _quantize_graph,
-        check_overrides_in,
-        normalize_recipe,
-        weight_type_name,
-    )
+    from studio.engine.onnxio import load_spec
+    from studio.engine.qdq import run_quantizer, weight_type_name
+    from studio.engine.quant_recipe import GRAPHS, check_overrides_in, normalize_recipe
 
     graphs_dir, out_dir = Path(graphs_dir), Path(out_dir)
     recipe = normalize_recipe(recipe)
@@ -290,7 +286,7 @@ def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_te
                     progress.check()
                     sub.update(a0 + span * g_i, f"part {part.index + 1}/{len(parts)}: "
                                                 f"quantizing {graph}.onnx ({recipe['scheme']})")
-                    row["graphs"][graph] = _quantize_graph(
+                    row["graphs"][graph] = run_quantizer(
                         src / f"{graph}.onnx", dst / f"{graph}.onnx", recipe, feeds,
                         SubProgress(sub, a0 + span * g_i, a0 + span * (g_i + 1)),
                         rounded=rounded, store=store)

@@ -359,9 +359,9 @@ def apply_rewrites(src: Path, dst: Path, names: list[str] | None = None) -> list
         del model.graph.initializer[:]
         model.graph.initializer.extend(keep)
     Path(dst).parent.mkdir(parents=True, exist_ok=True)
-    from studio.engine.llm_export import _PROTOBUF_LIMIT, _weight_bytes, save_onnx_atomic
+    from studio.engine.onnxio import PROTOBUF_LIMIT, save_onnx_atomic, weight_bytes
 
-    if _weight_bytes(model) > _PROTOBUF_LIMIT:  # past one file's 2 GB: weights beside it
+    if weight_bytes(model) > PROTOBUF_LIMIT:  # past one file's 2 GB: weights beside it
         save_onnx_atomic(model, Path(dst))
         onnx.checker.check_model(str(dst))  # by path: past the protobuf limit
         return applied

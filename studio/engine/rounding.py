@@ -364,7 +364,7 @@ def _session(path: Path, outputs: list[str], replaced: dict[str, Any], work: Pat
     import onnx
     import onnxruntime as ort
 
-    from studio.engine.quantize import private_input
+    from studio.engine.onnxio import private_input
     from studio.engine.threads import HOST_THREADS
 
     model = onnx.load(str(path), load_external_data=False)
@@ -472,7 +472,7 @@ def round_for_recipe(sources: list[Source], recipe: dict, work: Path,
     from onnx import numpy_helper
     from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
-    from studio.engine.quantize import resolve_overrides
+    from studio.engine.quant_recipe import resolve_overrides
 
     t0 = time.perf_counter()
     method = recipe["weight_rounding"]

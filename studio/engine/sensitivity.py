@@ -286,8 +286,8 @@ class VariantBench:
                  work_parent: Path, *, calibration_text: str = "",
                  tokenizer_dir: Path | None = None, ranges: Path | None = None,
                  progress: Progress = NullProgress(), threads: int = 1):
-        from studio.engine.llm_export import load_spec
-        from studio.engine.quantize import normalize_recipe
+        from studio.engine.onnxio import load_spec
+        from studio.engine.quant_recipe import normalize_recipe
 
         self.graphs_dir = Path(graphs_dir)
         self.spec = load_spec(self.graphs_dir)
@@ -339,12 +339,9 @@ class VariantBench:
 
         from studio.engine.calibration import build_calibration_feeds, calibration_windows
         from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
-        from studio.engine.quantize import (
-            _mapped_ranges,
-            _preprocess_fuses,
-            private_input,
-            resolve_overrides,
-        )
+        from studio.engine.onnxio import private_input
+        from studio.engine.qdq import mapped_ranges, preprocess_fuses
+        from studio.engine.quant_recipe import resolve_overrides
 
         p = self.progress
         P, C = int(self.spec["prompt_length"]), int(self.spec["context_length"])
@@ -353,7 +350,7 @@ class VariantBench:
             raise StudioError(f"{self.graphs_dir} has no prefill.onnx; re-run the export")
         p.update(0.0, "preparing the float prefill graph")
         pre = self.work / "preprocessed.onnx"
-        model_path = (pre if _preprocess_fuses(src) and qnn_preprocess_model(str(src), str(pre))
+        model_path = (pre if preprocess_fuses(src) and qnn_preprocess_model(str(src), str(pre))
                       else private_input(src, self.work))
         model = onnx.load(str(model_path))
         opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
@@ -401,7 +398,7 @@ class VariantBench:
         p.check()
         p.update(0.15, f"calibrating and quantizing the base ({self.recipe['scheme']})")
         if not self.ranges.is_file():  # the quantize stage's calibration, to the same bits
-            cache = _mapped_ranges(self.float_path, self._config(self.recipe)[1], self.feeds,
+            cache = mapped_ranges(self.float_path, self._config(self.recipe)[1], self.feeds,
                                    _CheckOnly(p))
             if cache is not None:
                 os.replace(cache, self.ranges)
@@ -425,18 +422,18 @@ class VariantBench:
     def _weights_by_layer(self) -> dict[str, tuple[str, int, int]]:
         """layer -> (weight initializer, element count, output features)."""
         from studio.core.recipe import module_of_node
-        from studio.engine.quantize import _matmul_weights
+        from studio.engine.quant_recipe import matmul_weights
 
         inits = {t.name: t for t in self.model.graph.initializer}
         out = {}
-        for w, node in _matmul_weights(self.model).items():
+        for w, node in matmul_weights(self.model).items():
             dims = list(inits[w].dims)
             out[module_of_node(node)] = (w, int(dims[0]) * int(dims[1]), int(dims[1]))
         return out
 
     # -- quantizing -------------------------------------------------------------------------
     def _recipe(self, overrides: dict[str, str]) -> dict:
-        from studio.engine.quantize import normalize_recipe
+        from studio.engine.quant_recipe import normalize_recipe
 
         return normalize_recipe({**self.recipe, "overrides": dict(overrides), "given": {}})
 
@@ -446,14 +443,15 @@ class VariantBench:
         from onnxruntime.quantization import QuantType
         from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
-        from studio.engine.quantize import _reader, resolve_overrides
+        from studio.engine.qdq import calibration_reader
+        from studio.engine.quant_recipe import resolve_overrides
 
         key = canonical([recipe["weight_granularity"], recipe["overrides"]])
         if key not in self._configs:
             resolved = resolve_overrides(self.model, recipe)
             act = QuantType.QUInt16 if recipe["scheme"] == "W8A16" else QuantType.QUInt8
             self._configs[key] = resolved, get_qnn_qdq_config(
-                self.model, _reader(self.feeds, _CheckOnly(self.progress)),
+                self.model, calibration_reader(self.feeds, _CheckOnly(self.progress)),
                 activation_type=act, weight_type=QuantType.QUInt8, per_channel=False,
                 init_overrides=resolved["init_overrides"] or None,
                 nodes_to_exclude=resolved["nodes_to_exclude"] or None,
@@ -473,11 +471,11 @@ class VariantBench:
 
     def _real(self, recipe: dict, out: Path) -> Path:
         """The real quantizer on the prepared float graph, reading the cached ranges."""
-        from studio.engine.quantize import _LogToProgress, static_quantize
+        from studio.engine.qdq import LogToProgress, static_quantize
 
         self.progress.check()
         _, config = self._config(recipe)
-        handler = _LogToProgress(NullProgress())
+        handler = LogToProgress(NullProgress())
         root = logging.getLogger()
         root.addHandler(handler)
         level = root.level
@@ -651,7 +649,7 @@ class VariantBench:
     def _split_group(self, group) -> dict[int, Any] | None:
         """Quantize a group's variants together and split the result by variant; None when
         the quantizer's plan or result for the group is not the sum of its variants'."""
-        from studio.engine.quantize import normalize_recipe
+        from studio.engine.quant_recipe import normalize_recipe
 
         overrides: dict[str, str] = {}
         for _, recipe, _, _ in group:

@@ -97,13 +97,13 @@ def _check_text(path: Path, what: str) -> None:
 
 def _check_images(path: Path, key: str) -> None:
     """A folder of images (or, for run.image, one image) that the stage can read."""
-    from studio.engine import vision
+    from studio.engine import vision_input
 
     if path.is_dir():
-        for f in vision.image_files(path):
-            vision.read_picture(f)
+        for f in vision_input.image_files(path):
+            vision_input.read_picture(f)
     elif path.is_file() and key == "run.image":
-        vision.read_picture(path)
+        vision_input.read_picture(path)
     else:
         raise StudioError(f"{key}: {path} is not " + ("an image" if key == "run.image"
                                                       else "a folder of images"))

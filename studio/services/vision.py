@@ -28,11 +28,11 @@ def vision_defaults(source: str, path: Path, sections: dict[str, Any],
     config = None if source.startswith("sample:") else _vision_config(folder)
     if config is None:
         return sections
-    from studio.engine import vision
+    from studio.engine import vision_input
 
     export = dict(sections.get("export", {}))
-    pre = vision.read_preprocessor(folder)
-    rng = vision.processor_range(config, pre, str(folder))
+    pre = vision_input.read_preprocessor(folder)
+    rng = vision_input.processor_range(config, pre, str(folder))
     limit, limit_from = _position_limit(config)
     try:
         frame, around = prompt_frame(folder)
@@ -40,11 +40,11 @@ def vision_defaults(source: str, path: Path, sections: dict[str, Any],
         frame, around = 2, "2 around them"
     given = export.get("image_size")
     if given is not None:
-        vision.check_image_size(rng, int(given), size_name)
+        vision_input.check_image_size(rng, int(given), size_name)
         size = int(given)
     else:
         size = _default_size(rng, limit, limit_from, frame, around)
-    vs = vision.make_vision_spec(config, pre, size, str(config.get("model_type")), str(folder))
+    vs = vision_input.make_vision_spec(config, pre, size, str(config.get("model_type")), str(folder))
     if vs.tokens + frame + 2 > limit:
         fits = _largest_fitting(rng, limit, frame)
         raise StudioError(
@@ -60,8 +60,8 @@ def vision_defaults(source: str, path: Path, sections: dict[str, Any],
 
         picture = Path(path).with_name(Path(path).stem + "-image.png")
         if not picture.exists():
-            atomic_write_bytes(picture, vision.png_bytes(
-                vision.calibration_images(1, size, seed=42)[0]))
+            atomic_write_bytes(picture, vision_input.png_bytes(
+                vision_input.calibration_images(1, size, seed=42)[0]))
         run.update(image=picture.name, prompt=run.get("prompt") or "Describe this image.")
     return {**sections, "export": export, "run": run}
 
@@ -113,7 +113,7 @@ def _default_size(rng, limit: int, limit_from: str, frame: int = 2,
     """448 px brought within the processor's range, then down until the positions hold the
     image with room for some text and as much for an answer (the smallest image where none
     does but it fits at all)."""
-    from studio.engine.vision import DEFAULT_IMAGE_SIZE
+    from studio.engine.vision_input import DEFAULT_IMAGE_SIZE
 
     if not _largest_fitting(rng, limit, frame):
         raise StudioError(
@@ -163,11 +163,11 @@ def image_lines(project) -> list[str]:
     config = _vision_config(folder)
     if config is None:
         return []
-    from studio.engine import vision
+    from studio.engine import vision_input
 
     try:
-        pre = vision.read_preprocessor(folder)
-        rng = vision.processor_range(config, pre, str(folder))
+        pre = vision_input.read_preprocessor(folder)
+        rng = vision_input.processor_range(config, pre, str(folder))
     except StudioError as exc:
         return [f"image     {exc.message}"]
     size = int(project.export["image_size"])

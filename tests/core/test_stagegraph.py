@@ -79,11 +79,11 @@ def _changed(tmp: Path, key: str, kind: str = "causal-lm"):
         f.write_text(data_path("calibration").read_text() + "\n# more\n")
         return str(f)
     if key in ("quantization.calibration_images", "validation.heldout_images", "run.image"):
-        from studio.engine import vision
+        from studio.engine import vision_input
 
         folder = tmp / key
         folder.mkdir(exist_ok=True)
-        (folder / "a.png").write_bytes(vision.png_bytes(vision.calibration_images(1, 28)[0]))
+        (folder / "a.png").write_bytes(vision_input.png_bytes(vision_input.calibration_images(1, 28)[0]))
         return str(folder / "a.png" if key == "run.image" else folder)
     table = {
         "sweeps": [{"name": "other", "axes": {"quantization.scheme": ["W8A8"]}}],

@@ -111,7 +111,7 @@ def test_an_image_goes_where_the_vision_language_template_puts_it(tmp_path, corp
     from PIL import Image
     from transformers import AutoImageProcessor, AutoTokenizer
 
-    from studio.engine import vision
+    from studio.engine import vision, vision_input
     from tests.engine.vl_checkpoints import IMAGE, make_vl_checkpoint
 
     ck = make_vl_checkpoint(tmp_path / "ck", "qwen2_vl", corpus)
@@ -119,7 +119,7 @@ def test_an_image_goes_where_the_vision_language_template_puts_it(tmp_path, corp
     cfg["chat_template"] = QWEN2_VL
     (ck / "tokenizer_config.json").write_text(json.dumps(cfg))
     hf = AutoTokenizer.from_pretrained(str(ck))
-    picture = (vision.calibration_images(1, IMAGE, seed=5)[0] * 255).round().astype(np.uint8)
+    picture = (vision_input.calibration_images(1, IMAGE, seed=5)[0] * 255).round().astype(np.uint8)
     grid = AutoImageProcessor.from_pretrained(str(ck))(
         images=Image.fromarray(picture.transpose(1, 2, 0)), return_tensors="np")
     image_tokens = int(np.prod(grid["image_grid_thw"][0])) // 4  # merge 2 x 2
@@ -131,8 +131,8 @@ def test_an_image_goes_where_the_vision_language_template_puts_it(tmp_path, corp
 
     fmt = ct.prompt_format(ck)
     assert fmt.text("Describe:", image=True) == text
-    vs = vision.make_vision_spec(json.loads((ck / "config.json").read_text()),
-                                 vision.read_preprocessor(ck), IMAGE, "qwen2_vl", str(ck))
+    vs = vision_input.make_vision_spec(json.loads((ck / "config.json").read_text()),
+                                 vision_input.read_preprocessor(ck), IMAGE, "qwen2_vl", str(ck))
     got = vision.place_image(vs, fmt.ids(hf, "Describe:", image=True, vision=True))
     assert vs.tokens == image_tokens and got == want
     assert got.index(vs.image_token_id) > 10  # inside the user's turn, not first

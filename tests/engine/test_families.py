@@ -310,7 +310,8 @@ def test_host_mask_errors_are_caught(exports, monkeypatch, broken, first_bad):
     """Good graphs fed a wrong window (Gemma 2: only its sliding layer changes; top-1 may
     survive, the logits do not): the check names the first position the error matters."""
     from studio.engine import llm_runtime
-    from studio.engine.llm_export import _reference_ids, check_export, load_causal_lm
+    from studio.engine.export_check import check_export
+    from studio.engine.llm_export import _reference_ids, load_causal_lm
 
     ckpt, graphs, spec = exports("gemma2")
     model = load_causal_lm(ckpt)

@@ -23,7 +23,7 @@ def cnn(tmp_path_factory):
 def test_a_cnn_from_npz_calibration_to_the_htp(cnn):
     import onnxruntime as ort
 
-    from studio.engine.quantize import quantize_graph
+    from studio.engine.qdq import quantize_graph
 
     folder, src = cnn
     with pytest.raises(StudioError, match=r"'image' .*dynamic shape \[batch, 3, 16, 16\]"):

@@ -183,8 +183,8 @@ def test_fp32_against_itself_is_exact(artifacts, tmp_path):
     import onnx
 
     from studio.engine.layerdiff import _Acc, find_probes, graph_with_outputs
-    from studio.engine.llm_export import load_spec
     from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
+    from studio.engine.onnxio import load_spec
     from studio.engine.sensitivity import host_session
 
     e = artifacts["export"]

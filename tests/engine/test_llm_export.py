@@ -308,13 +308,13 @@ def test_a_transposed_weight_is_written_a_slice_at_a_time_with_the_same_bytes(
 
     import numpy as np
 
-    from studio.engine import llm_export
+    from studio.engine import torch_onnx
 
-    monkeypatch.setattr(llm_export, "WRITE_CHUNK", 3 * 7 * 4)  # three rows of 7 floats
+    monkeypatch.setattr(torch_onnx, "WRITE_CHUNK", 3 * 7 * 4)  # three rows of 7 floats
     w = np.arange(7 * 10, dtype=np.float32).reshape(7, 10)
     for arr in (w.T, w, w.T[2:9]):
         buf = io.BytesIO()
-        llm_export._write_rows(buf, arr)
+        torch_onnx._write_rows(buf, arr)
         assert buf.getvalue() == np.ascontiguousarray(arr).tobytes()
 
 

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from studio.core.catalog import default_chip_key
 from studio.core.progress import RecordingProgress
 from studio.engine import qnn
-from studio.engine.quantize import quantize_graph
+from studio.engine.qdq import quantize_graph
 
 pytestmark = pytest.mark.slow  # each test quantizes and opens the HTP simulator (~10 s)
 

@@ -96,7 +96,7 @@ def test_a_job_reads_an_artifacts_external_data_from_its_own_folder(tmp_path):
     there, not in the artifact): linked, not symlinked — ONNX Runtime refuses a symlink's
     target as external data outside the model's folder, which failed every weight rounding
     of a graph past 256 MB. The rounding's session with an extra output, on such a graph."""
-    from studio.engine.quantize import private_input
+    from studio.engine.onnxio import private_input
     from studio.engine.rounding import _session
 
     path, w = _linked_model(tmp_path / "artifact")

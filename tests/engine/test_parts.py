@@ -104,8 +104,8 @@ def _stats(folder: Path) -> dict[str, tuple[int, int]]:
 
 
 def _greedy(folder: Path, n: int = 20) -> list[int]:
-    from studio.engine.llm_export import load_spec
     from studio.engine.llm_runtime import cpu_generator
+    from studio.engine.onnxio import load_spec
 
     return cpu_generator(folder, load_spec(folder)).greedy([5, 9, 33, 12, 7], n)["tokens"]
 

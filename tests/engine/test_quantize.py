@@ -194,7 +194,7 @@ def test_w8a8_per_channel_with_a_16_bit_layer(
 
 
 def test_override_patterns_resolve_to_tensors(qwen_graphs):
-    from studio.engine.quantize import check_overrides
+    from studio.engine.quant_recipe import check_overrides
 
     recipe = {
         "scheme": "W8A8",
@@ -461,7 +461,7 @@ def test_the_mapped_calibration_gives_onnx_runtimes_own_ranges(
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     from studio.engine.calibration import build_calibration_feeds, calibration_windows
-    from studio.engine.quantize import _mapped_ranges, _reader, _takes_calibration_cache
+    from studio.engine.qdq import _takes_calibration_cache, calibration_reader, mapped_ranges
 
     if not _takes_calibration_cache():
         pytest.skip("this ONNX Runtime's quantizer reads no calibration cache")
@@ -470,13 +470,13 @@ def test_the_mapped_calibration_gives_onnx_runtimes_own_ranges(
     pre, _ = build_calibration_feeds(graphs, spec, wins, RecordingProgress(), decode_per_window=1)
     src = tmp_path / "prefill.onnx"
     src.write_bytes((graphs / "prefill.onnx").read_bytes())
-    config = get_qnn_qdq_config(onnx.load(str(src)), _reader(pre, RecordingProgress()),
+    config = get_qnn_qdq_config(onnx.load(str(src)), calibration_reader(pre, RecordingProgress()),
                                 calibrate_method=CalibrationMethod.MinMax,
                                 activation_type=QuantType.QUInt16, weight_type=QuantType.QUInt8)
-    mine = load_tensors_data(_mapped_ranges(src, config, pre, RecordingProgress())).data
+    mine = load_tensors_data(mapped_ranges(src, config, pre, RecordingProgress())).data
     theirs_cal = create_calibrator(src, config.op_types_to_quantize,
                                    augmented_model_path=str(tmp_path / "aug.onnx"))
-    theirs_cal.collect_data(_reader(pre, RecordingProgress()))
+    theirs_cal.collect_data(calibration_reader(pre, RecordingProgress()))
     theirs = theirs_cal.compute_data().data
     assert len(mine) > 100 and set(mine) == set(theirs)
     for name, t in theirs.items():
@@ -489,9 +489,9 @@ def test_the_qnn_preprocessing_runs_only_when_a_fusion_applies(tmp_path, qwen_gr
     import onnx
     from onnx import TensorProto, helper
 
-    from studio.engine.quantize import _preprocess_fuses
+    from studio.engine.qdq import preprocess_fuses
 
-    assert not _preprocess_fuses(qwen_graphs[0] / "decode.onnx")
+    assert not preprocess_fuses(qwen_graphs[0] / "decode.onnx")
     c = {k: helper.make_tensor(k, TensorProto.FLOAT, [], [v])
          for k, v in (("sqrt2", 1.4142135), ("one", 1.0), ("half", 0.5))}
     nodes = [helper.make_node("Div", ["x", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
@@ -502,7 +502,7 @@ def test_the_qnn_preprocessing_runs_only_when_a_fusion_applies(tmp_path, qwen_gr
                           list(c.values()))
     path = tmp_path / "gelu.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    assert _preprocess_fuses(path)
+    assert preprocess_fuses(path)
 
 
 @pytest.mark.parametrize("recipe", [
@@ -523,7 +523,7 @@ def test_weights_quantized_a_slice_at_a_time_give_onnx_runtimes_graph(
 
     from studio.engine import qdq_weights
     from studio.engine.calibration import build_calibration_feeds, calibration_windows
-    from studio.engine.quantize import quantize_graph
+    from studio.engine.qdq import quantize_graph
 
     graphs, spec = qwen_graphs
     wins = calibration_windows(corpus, tiny_qwen_dir, spec["context_length"], 2)
@@ -563,7 +563,8 @@ def test_the_embedding_table_at_8_bits(tmp_path, qwen_graphs, qwen_generator, ti
     import onnx
 
     from studio.engine import qnn
-    from studio.engine.quantize import embedding_table, quantize_llm
+    from studio.engine.quant_recipe import embedding_table
+    from studio.engine.quantize import quantize_llm
 
     graphs, _ = qwen_graphs
     table = embedding_table(onnx.load(str(graphs / "decode.onnx"), load_external_data=False))

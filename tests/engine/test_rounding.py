@@ -50,7 +50,7 @@ def graph(tmp_path_factory) -> Path:
 def _targets(graph: Path, recipe: dict):
     import onnx
 
-    from studio.engine.quantize import normalize_recipe, resolve_overrides
+    from studio.engine.quant_recipe import normalize_recipe, resolve_overrides
     from studio.engine.rounding import rounding_targets
 
     model = onnx.load(str(graph))
@@ -99,7 +99,7 @@ def test_a_method_beats_nearest_rounding_on_the_layer_output(graph, method):
 
 
 def test_nearest_is_what_the_quantizer_does_by_itself(graph, tmp_path):
-    from studio.engine.quantize import quantize_graph
+    from studio.engine.qdq import quantize_graph
     from studio.engine.rounding import nearest, rounded_from_qdq
 
     quantize_graph(graph, tmp_path / "q.onnx", {**W4, "samples": 2}, _feeds(2, 1))
@@ -114,12 +114,12 @@ def test_nearest_is_what_the_quantizer_does_by_itself(graph, tmp_path):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_the_quantizer_stores_exactly_the_chosen_integers(graph, tmp_path, method):
-    from studio.engine.quantize import quantize_graph
+    from studio.engine.qdq import quantize_graph
     from studio.engine.rounding import Source, nearest, round_for_recipe, rounded_from_qdq
 
     recipe = {**W4, "samples": 3, "weight_rounding": method}
     feeds = _feeds(3, 1)
-    from studio.engine.quantize import normalize_recipe
+    from studio.engine.quant_recipe import normalize_recipe
 
     chosen, summary, _ = round_for_recipe([Source(graph, feeds, [None] * 3)],
                                           normalize_recipe(recipe), tmp_path / "w")
@@ -141,7 +141,7 @@ def test_the_quantizer_stores_exactly_the_chosen_integers(graph, tmp_path, metho
 def test_the_second_layer_sees_the_first_layers_rounded_weights(graph, tmp_path):
     import onnx
 
-    from studio.engine.quantize import normalize_recipe
+    from studio.engine.quant_recipe import normalize_recipe
     from studio.engine.rounding import Source, round_model, waves
 
     targets, weights = _targets(graph, W4), _weights(graph)
@@ -164,7 +164,7 @@ def test_the_second_layer_sees_the_first_layers_rounded_weights(graph, tmp_path)
 
 def test_a_layer_kept_in_float_or_at_8_bits_by_an_override_is_rounded_as_it_ends_up(
         graph, tmp_path):
-    from studio.engine.quantize import quantize_graph
+    from studio.engine.qdq import quantize_graph
     from studio.engine.rounding import rounded_from_qdq
 
     recipe = {**W4, "samples": 2, "weight_rounding": "seqmse", "overrides": {"fc2": "FP16"}}
@@ -181,7 +181,7 @@ def test_a_layer_kept_in_float_or_at_8_bits_by_an_override_is_rounded_as_it_ends
 
 
 def test_rounding_can_be_cancelled(graph, tmp_path):
-    from studio.engine.quantize import quantize_graph
+    from studio.engine.qdq import quantize_graph
 
     with pytest.raises(Cancelled):
         quantize_graph(graph, tmp_path / "q.onnx",
@@ -198,7 +198,7 @@ def test_rounding_can_be_cancelled(graph, tmp_path):
      "works on per-channel weights"),
 ])
 def test_bad_rounding_recipes(recipe, match):
-    from studio.engine.quantize import normalize_recipe
+    from studio.engine.quant_recipe import normalize_recipe
 
     with pytest.raises(StudioError, match=match):
         normalize_recipe(recipe)
@@ -257,7 +257,7 @@ def test_parts_round_each_parts_weights_on_its_own_inputs(tmp_path, tiny_qwen_di
     import onnx
     from onnx import numpy_helper
 
-    from studio.engine.quantize import normalize_recipe, resolve_overrides
+    from studio.engine.quant_recipe import normalize_recipe, resolve_overrides
     from studio.engine.rounding import rounding_targets
 
     changed = 0
@@ -336,7 +336,7 @@ def test_a_graph_quantized_like_another_takes_its_rounded_weights(graph, tmp_pat
     """The bundle's AR-N graph: quantized with the decode graph's activation scales and, with
     a weight rounding, the integer weights the decode graph stores (not a rounding of its
     own on other feeds)."""
-    from studio.engine.quantize import quantize_graph, quantize_like
+    from studio.engine.qdq import quantize_graph, quantize_like
     from studio.engine.rounding import rounded_from_qdq
 
     recipe = {**W4, "samples": 2, "weight_rounding": "gptq"}

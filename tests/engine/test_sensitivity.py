@@ -275,7 +275,8 @@ def _autoprecision(project, export, sensitivity, out: Path, **settings):
 def test_autoprecision_meets_a_cosine_target_from_w8a8(project, export, sensitivity, bench,
                                                        sample_data_dir, tmp_path):
     from studio.core.recipe import effective_precisions
-    from studio.engine.quantize import check_overrides, quantize_llm
+    from studio.engine.quant_recipe import check_overrides
+    from studio.engine.quantize import quantize_llm
 
     _, _, data = sensitivity
     by = {e["name"]: e for e in data["layers"] + data["points"]}

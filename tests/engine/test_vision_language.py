@@ -57,16 +57,16 @@ def test_greedy_tokens_after_an_image_equal_transformers_generate(vl):
     import torch
     from tokenizers import Tokenizer
 
-    from studio.engine import vision
+    from studio.engine import vision, vision_input
     from studio.engine.llm_export import load_causal_lm
     from studio.engine.llm_runtime import cpu_generator
 
     _kind, ck, out, spec = vl
-    vs = vision.vision_spec(spec)
+    vs = vision_input.vision_spec(spec)
     tok = Tokenizer.from_file(str(ck / "tokenizer.json"))
-    patches = vision.image_patches(vision.calibration_images(3, IMAGE, seed=3)[2], vs)
+    patches = vision_input.image_patches(vision_input.calibration_images(3, IMAGE, seed=3)[2], vs)
     rows = vision.encode(vision.encoder_session(out), patches, vs)
-    ids = vision.image_prompt(vs, tok.encode("Describe:").ids, tok.encode(" the picture\n").ids)
+    ids = vision_input.image_prompt(vs, tok.encode("Describe:").ids, tok.encode(" the picture\n").ids)
     gen = cpu_generator(out, spec)
     gen.set_image(rows)
     got = gen.generate(ids, NEW, eos_id=None)["tokens"]
@@ -88,15 +88,15 @@ def test_host_preprocessing_and_positions_equal_transformers(vl, tmp_path):
     from PIL import Image
     from transformers import AutoImageProcessor
 
-    from studio.engine import vision
+    from studio.engine import vision_input
     from studio.engine.llm_export import load_causal_lm
 
     _kind, ck, _out, spec = vl
-    vs = vision.vision_spec(spec)
-    img = (vision.calibration_images(1, IMAGE, seed=5)[0] * 255).round().astype(np.uint8)
+    vs = vision_input.vision_spec(spec)
+    img = (vision_input.calibration_images(1, IMAGE, seed=5)[0] * 255).round().astype(np.uint8)
     path = tmp_path / "im.png"
     Image.fromarray(img.transpose(1, 2, 0)).save(path)
-    ours = vision.pixel_values(vision.load_image(path, vs), vs)
+    ours = vision_input.pixel_values(vision_input.load_image(path, vs), vs)
     proc = AutoImageProcessor.from_pretrained(str(ck))
     theirs = proc(images=Image.open(path), return_tensors="np")
     assert theirs["image_grid_thw"].tolist() == [[1, vs.grid, vs.grid]]
@@ -105,7 +105,7 @@ def test_host_preprocessing_and_positions_equal_transformers(vl, tmp_path):
     # processor resizes it (the checkpoint's processor gives up to 224 x 224 px; this
     # export's encoder 112 x 112)
     Image.fromarray(np.tile(img.transpose(1, 2, 0), (2, 3, 1))).save(tmp_path / "big.png")
-    big = vision.image_patches(vision.load_image(tmp_path / "big.png", vs), vs)
+    big = vision_input.image_patches(vision_input.load_image(tmp_path / "big.png", vs), vs)
     assert (big.grid_h, big.grid_w) == (6, 8)
     theirs = proc(images=Image.open(tmp_path / "big.png"), return_tensors="np",
                   size={"shortest_edge": IMAGE * IMAGE, "longest_edge": IMAGE * IMAGE})
@@ -116,41 +116,41 @@ def test_host_preprocessing_and_positions_equal_transformers(vl, tmp_path):
     Image.fromarray(np.concatenate([img.transpose(1, 2, 0), alpha], -1), "RGBA").save(
         tmp_path / "alpha.png")
     theirs = proc(images=Image.open(tmp_path / "alpha.png"), return_tensors="np")
-    np.testing.assert_array_equal(vision.pixel_values(vision.load_image(
+    np.testing.assert_array_equal(vision_input.pixel_values(vision_input.load_image(
         tmp_path / "alpha.png", vs), vs), theirs["pixel_values"])
 
     full = load_causal_lm(ck)
-    ids = vision.image_prompt(vs, [10, 11, 12], [13, 14])
+    ids = vision_input.image_prompt(vs, [10, 11, 12], [13, 14])
     x = torch.tensor([ids])
     want, delta = full.model.get_rope_index(
         x, mm_token_type_ids=(x == vs.image_token_id).int(),
         image_grid_thw=torch.tensor([[1, vs.grid, vs.grid]]))
-    pos, d = vision.mrope_positions(ids, vs)
+    pos, d = vision_input.mrope_positions(ids, vs)
     assert pos.tolist() == want[:, 0].tolist() and d == int(delta[0, 0])
     # an image that is not square: 3 rows of 2 tokens, then 2 rows of 4 (rows < columns)
     for gh, gw in ((3, 2), (2, 4)):
-        ids = vision.image_prompt(vs, [10, 11], [13, 14, 15], gh * gw)
+        ids = vision_input.image_prompt(vs, [10, 11], [13, 14, 15], gh * gw)
         x = torch.tensor([ids])
         want, delta = full.model.get_rope_index(
             x, mm_token_type_ids=(x == vs.image_token_id).int(),
             image_grid_thw=torch.tensor([[1, 2 * gh, 2 * gw]]))
-        pos, d = vision.mrope_positions(ids, vs, (gh, gw))
+        pos, d = vision_input.mrope_positions(ids, vs, (gh, gw))
         assert pos.tolist() == want[:, 0].tolist() and d == int(delta[0, 0])
 
 
 def test_bad_images_and_prompts_get_one_line(vl, tmp_path):
-    from studio.engine import vision
+    from studio.engine import vision, vision_input
     from studio.engine.llm_runtime import cpu_generator
 
     _kind, _ck, out, spec = vl
-    vs = vision.vision_spec(spec)
+    vs = vision_input.vision_spec(spec)
     (tmp_path / "x.png").write_text("not an image")
     with pytest.raises(StudioError, match="not an image this studio can read"):
-        vision.load_image(tmp_path / "x.png", vs)
+        vision_input.load_image(tmp_path / "x.png", vs)
     with pytest.raises(StudioError, match="no image at"):
-        vision.load_image(tmp_path / "missing.png", vs)
+        vision_input.load_image(tmp_path / "missing.png", vs)
     gen = cpu_generator(out, spec)
-    ids = vision.image_prompt(vs, [10], [11])
+    ids = vision_input.image_prompt(vs, [10], [11])
     with pytest.raises(StudioError, match="no image was given"):
         gen.prefill(ids)
     with pytest.raises(StudioError, match=r"image rows are \[3, 64\]"):
@@ -159,12 +159,12 @@ def test_bad_images_and_prompts_get_one_line(vl, tmp_path):
                                           r"\[20, 64\] for a 4 x 5 image \(at most 16 rows\)"):
         gen.set_image(np.zeros((20, 64), np.float32), (4, 5))
     with pytest.raises(StudioError, match="more than the encoder's 16"):
-        vision.image_patches(np.zeros((3, 56, 280), np.float32), vs)
+        vision_input.image_patches(np.zeros((3, 56, 280), np.float32), vs)
     with pytest.raises(StudioError, match="image tokens in a row"):
-        vision.mrope_positions([10, vs.image_token_id, 11], vs)
+        vision_input.mrope_positions([10, vs.image_token_id, 11], vs)
     # only the prefill graph takes an image: one past its first pass (a chat template's text
     # before it) is refused in one line, not split
-    late = [10] * 20 + vision.image_prompt(vs, [], [11])
+    late = [10] * 20 + vision_input.image_prompt(vs, [], [11])
     with pytest.raises(StudioError, match=f"the image's tokens end at token {20 + 1 + vs.tokens} "
                                           f"of the prompt, but the prefill graph takes {P}"):
         gen.prefill_prompt(late)
@@ -208,17 +208,17 @@ def test_checkpoint_checks_name_the_vision_parts(tmp_path, corpus):
 def test_a_large_tower_keeps_its_weights_beside_the_graph(vl, tmp_path, monkeypatch):
     """Past EXTERNAL_ABOVE bytes (Qwen2.5-VL-3B's tower is 2.7 GB, over one ONNX file's 2 GB)
     the encoder's weights go to vision.onnx.data; the graph computes the same rows."""
-    from studio.engine import vision
+    from studio.engine import vision, vision_input
     from studio.engine.llm_export import OPSET, load_causal_lm
 
     _kind, ck, out, spec = vl
-    vs = vision.vision_spec(spec)
+    vs = vision_input.vision_spec(spec)
     monkeypatch.setattr(vision, "EXTERNAL_ABOVE", 1000)
     got = vision.export_vision(load_causal_lm(ck).model.visual, vs, tmp_path / "vision.onnx",
                                OPSET)
     assert got["external_data"] and (tmp_path / "vision.onnx.data").is_file()
     assert (tmp_path / "vision.onnx").stat().st_size < 100_000
-    px = vision.image_patches(vision.calibration_images(1, IMAGE, seed=4)[0], vs)
+    px = vision_input.image_patches(vision_input.calibration_images(1, IMAGE, seed=4)[0], vs)
     a = vision.encode(vision.encoder_session(out), px, vs)
     b = vision.encode(vision.encoder_session(tmp_path), px, vs)
     np.testing.assert_allclose(a, b, atol=1e-5)
@@ -231,8 +231,8 @@ def test_the_encoder_has_a_recipe_of_its_own(vl, tmp_path):
     checked against FP32."""
     import onnx
 
-    from studio.engine import vision
-    from studio.engine.quantize import normalize_recipe
+    from studio.engine import vision, vision_input
+    from studio.engine.quant_recipe import normalize_recipe
 
     _kind, _ck, out, _spec = vl
     m = onnx.load(str(out / "vision.onnx"), load_external_data=False)
@@ -240,7 +240,7 @@ def test_the_encoder_has_a_recipe_of_its_own(vl, tmp_path):
     assert "Gemm" not in ops and ops.count("MatMul") >= 10
     recipe = normalize_recipe({"scheme": "W8A8", "vision_scheme": "W8A16",
                                "vision_overrides": {"visual.merger.mlp.0.weight": "INT4"}})
-    images = vision.calibration_images(3, IMAGE)
+    images = vision_input.calibration_images(3, IMAGE)
     info = vision.quantize_vision(out, tmp_path, recipe, images, images[:1])
     assert info["scheme"] == "W8A16"
     assert info["matmul_precisions"].get("16x4w") == 1, info["matmul_precisions"]

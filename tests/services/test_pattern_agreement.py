@@ -84,7 +84,7 @@ def graphs(tmp_path_factory) -> Path:
 
 
 def quantizer_layers(graphs: Path, p: projectfile.Project) -> list[dict]:
-    from studio.engine.quantize import check_overrides
+    from studio.engine.quant_recipe import check_overrides
 
     return check_overrides(graphs, _recipe(p))["decode"]["layers"]
 

@@ -31,7 +31,7 @@ def _drop(widget, path: Path) -> None:
 
 
 def test_the_playground_takes_an_image(make_window, tmp_path, qtbot):
-    from studio.engine import vision
+    from studio.engine import vision_input
     from studio.services.session import Studio
     from tests.ui.conftest import wait_task
 
@@ -50,7 +50,7 @@ def test_the_playground_takes_an_image(make_window, tmp_path, qtbot):
     assert pg.image_box.isVisible()
     assert pg.image.path == tmp_path / "vl-image.png"  # the picture studio new wrote
     other = tmp_path / "other.png"
-    other.write_bytes(vision.png_bytes(vision.calibration_images(1, 200, seed=9)[0]))
+    other.write_bytes(vision_input.png_bytes(vision_input.calibration_images(1, 200, seed=9)[0]))
     _drop(pg.image, other)
     assert pg.image.path == other and not pg.image.pixmap().isNull()
 

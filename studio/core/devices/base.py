@@ -149,7 +149,7 @@ class DeviceBackend(Protocol):
     def part_scorer(self, compiled: Path, spec: dict[str, Any], fp16: bool) -> Any:
         """For a model in parts: teacher-forced logits with one part's compiled graphs loaded
         at a time (``teacher_forced_logits`` of
-        :class:`studio.engine.llm_parts.StreamedScorer`), or None where the device runs the
+        :class:`studio.engine.part_runner.StreamedScorer`), or None where the device runs the
         parts only chained."""
         ...
 

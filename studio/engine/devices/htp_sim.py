@@ -122,8 +122,8 @@ class Backend(_Base):
         the HTP's memory together (the 3 B shape's 18 on the simulator end in "Memory
         allocation related error" while they load) is still scored."""
         from studio.engine import deploy, deployed
-        from studio.engine.llm_parts import StreamedScorer
         from studio.engine.llm_runtime import htp_session_maker
+        from studio.engine.part_runner import StreamedScorer
 
         self.check()
         if deploy.read(compiled) is not None:

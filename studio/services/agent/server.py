@@ -626,9 +626,9 @@ def _encode_image(be, folder: Path, gspec: dict[str, Any], spec: dict[str, Any],
     agent."""
     import numpy as np
 
-    from studio.engine import vision
+    from studio.engine import vision, vision_input
 
-    vs = vision.vision_spec(gspec)
+    vs = vision_input.vision_spec(gspec)
     if vs is None:
         raise StudioError("generate job: an image was sent but the model takes none")
     path = blob(spec["image"])
@@ -649,7 +649,7 @@ def _encode_image(be, folder: Path, gspec: dict[str, Any], spec: dict[str, Any],
                           f"{vs.patch_dim}], grid sides multiples of {m}, at most "
                           f"{vs.patches} patches")
     encoder = be.open_encoder(folder, folder, gspec, bool(spec.get("fp16")))
-    patches = vision.ImagePatches(pixels, gh, gw, m)
+    patches = vision_input.ImagePatches(pixels, gh, gw, m)
     rows, seconds = vision.timed_encode_pixels(encoder, patches, vs)
     gen.set_image(rows, patches.llm_grid)
     return seconds

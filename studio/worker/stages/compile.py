@@ -22,8 +22,8 @@ STAGING = "genie-staging"
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     from studio.engine import deploy, partresume
     from studio.engine.chain import part_dirs
-    from studio.engine.llm_parts import iter_parts
     from studio.engine.llm_runtime import load_graph_spec
+    from studio.engine.part_runner import iter_parts
 
     qdir = ctx.input("quantize")
     fp16 = ctx.fp16

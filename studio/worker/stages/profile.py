@@ -106,13 +106,13 @@ def _profile_encoder(ctx: StageContext, spec: dict[str, Any], cdir: Path, qdir: 
     """A vision-language model's vision encoder profiled on the job's device, one generated
     image per inference, ``repeats`` times: its op table (median per op) beside the decode
     step's. None, with a log line, where the device profiles no single graph."""
-    from studio.engine import qnn_profile, vision
+    from studio.engine import qnn_profile, vision_input
     from studio.engine.opblocks import node_blocks
 
-    vs = vision.vision_spec(spec)
+    vs = vision_input.vision_spec(spec)
     assert vs is not None
-    feed, _ = vision.encoder_feeds(vision.image_patches(
-        vision.calibration_images(1, vs.image_size, seed=7)[0], vs), vs)
+    feed, _ = vision_input.encoder_feeds(vision_input.image_patches(
+        vision_input.calibration_images(1, vs.image_size, seed=7)[0], vs), vs)
     try:
         runs, loads = [], []
         for info, load in ctx.backend.profile_inferences(

@@ -88,7 +88,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 def _calibration_images(ctx: StageContext, spec: dict[str, Any], count: int) -> list | None:
     """A vision-language model's calibration images: the project's folder's, or None (the
     quantizer generates them)."""
-    from studio.engine.vision import images_for, vision_spec
+    from studio.engine.vision import images_for
+    from studio.engine.vision_input import vision_spec
 
     vs = vision_spec(spec)
     if vs is None or not ctx.get("quantization.calibration_images"):

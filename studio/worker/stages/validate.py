@@ -207,9 +207,9 @@ def _validate_images(ctx: StageContext, spec: dict, export_dir, cdir, runners: d
     on the text after the image (the answer's tokens)."""
     import numpy as np
 
-    from studio.engine import vision
+    from studio.engine import vision, vision_input
 
-    vs = vision.vision_spec(spec)
+    vs = vision_input.vision_spec(spec)
     assert vs is not None
     folder = ctx.get("validation.heldout_images")
     images = vision.images_for(ctx.path("validation.heldout_images") if folder else None,
@@ -221,14 +221,14 @@ def _validate_images(ctx: StageContext, spec: dict, export_dir, cdir, runners: d
     for i, img in enumerate(images):
         progress.check()
         progress.update(0.95, f"held-out image {i + 1}/{len(images)}: encoder and answer")
-        px = vision.image_patches(img, vs)
+        px = vision_input.image_patches(img, vs)
         rows_ref, rows_dev = vision.encode(fp32_enc, px, vs), vision.encode(dev_enc, px, vs)
         cos.append(vision.cosine(rows_dev, rows_ref))
         # each image before its own stretch of the held-out text (overlapping when short)
         room = C - px.tokens - 2
         start = min(i * len(ids) // (2 * len(images)), max(0, len(ids) - 16))
         text = ids[start:start + room]
-        prompt = vision.image_prompt(vs, [], text, px.tokens)
+        prompt = vision_input.image_prompt(vs, [], text, px.tokens)
         first = px.tokens + 1  # the row of <|vision_end|>: it predicts the first text token
         got = []
         for name, rows in (("fp32", rows_ref), ("htp", rows_dev)):
@@ -257,14 +257,14 @@ def _validate_in_parts(ctx: StageContext, progress: Progress, spec: dict, tok,
                        ids: list[int]) -> dict[str, Any]:
     """Validation of a model in parts that scales with its size: FP32 and the host QDQ graphs
     score every held-out token part by part (one part's graphs in memory at a time:
-    :class:`studio.engine.llm_parts.StreamedScorer`), the device scores the first
+    :class:`studio.engine.part_runner.StreamedScorer`), the device scores the first
     ``validation.device_tokens`` of them (the chained compiled parts), and the device is
     judged against FP32 on those same tokens. The greedy check generates on the device and
     scores that text with FP32 part by part: the tokens before the first divergence are
     exactly those of FP32's own greedy text; after it, each token is FP32's choice given the
     device's text. Every figure says which tokens it is on."""
-    from studio.engine.llm_parts import StreamedScorer
     from studio.engine.llm_runtime import make_cpu_session
+    from studio.engine.part_runner import StreamedScorer
 
     export_dir, qdir = ctx.input("export"), ctx.input("quantize")
     cdir = ctx.input("compile", ctx.config.chip)

@@ -1,0 +1,522 @@
+"""The quantization recipe and what it names in a graph (:mod:`studio.engine.quantize` runs it).
+
+Uses ``onnxruntime.quantization.execution_providers.qnn``: ``qnn_preprocess_model``, then
+``get_qnn_qdq_config`` with a calibration reader fed by :mod:`studio.engine.calibration`,
+then ``quantize``. The prefill and decode graphs are calibrated separately (their own
+feeds), with the same weights and so the same weight scales.
+
+Recipe::
+
+    {"scheme": "W8A16" | "W8A8" | "W4A16" | "FP16",
+     "weight_granularity": "per_tensor" | "per_channel" | "per_block",
+     "calibration_method": "MinMax" | "Entropy" | "Percentile",
+     "block_size": 32,                  # per_block (LPBQ) only
+     "samples": 4,                      # calibration windows
+     "weight_rounding": "nearest" | "seqmse" | "adaround" | "gptq" | "seqmse_gptq",
+     "rounding_samples": 32,            # windows the rounding fits layers on (not nearest)
+     "overrides": {pattern: precision}}
+
+``weight_rounding`` other than nearest (per-channel weights only): the integer weights of every
+MatMul the recipe quantizes per channel (4-bit, or 8-bit where an override says so; float and
+16-bit layers are left alone) are chosen by :mod:`studio.engine.rounding` once per model, from
+both graphs' calibration inputs, and stored alike in the prefill, decode and verify graphs.
+
+Schemes: W8A16 = QUInt8 weights, QUInt16 activations; W8A8 = QUInt8 / QUInt8; W4A16 = QInt4
+weights (per channel, or block-wise LPBQ: ``axis 0`` overrides with the quantizer's
+``BlockSize`` and an opset-21 blocked DequantizeLinear; compile then needs
+``enable_block_quant_weight_optimization``), QUInt16 activations; FP16 copies the float
+graphs (the HTP runs them with ``enable_htp_fp16_precision=1``). Defaults and the scheme
+vocabulary are :mod:`studio.core.recipe`'s.
+
+``per_channel`` goes through explicit ``init_overrides`` on every MatMul weight
+(``QInt8``, axis 1, symmetric): the QNN config's ``per_channel=True`` leaves MatMul weights
+per tensor.
+
+Overrides: a pattern (``fnmatch``, case-sensitive) is matched against ONNX node names, HF
+module paths of nodes (``model.layers.3.mlp.down_proj``; a pattern also covers everything
+below the module it names, so ``model.layers.3`` is the whole layer, and may leave out
+leading parts: ``layers.3``, ``mlp``) and initializer names.
+
+- A pattern that names nodes sets the precision of what they compute: ``INT8`` / ``INT16``
+  the activations they output, ``INT4`` their MatMul weights (per channel, symmetric),
+  ``FP16`` (or ``FP32``) leaves them unquantized (float on the HTP, which then needs
+  ``enable_htp_fp16_precision=1``).
+- A pattern that names only weights (``*.down_proj.weight``) sets the weights' precision:
+  ``INT8``, ``INT16``, ``INT4``.
+
+The HTP MatMul takes (u8,u8), (u8,u16) and (u16,u8): 16-bit weights under 16-bit
+activations are rejected before any calibration is run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from studio.core.errors import StudioError
+from studio.core.recipe import (
+    CALIBRATION_METHODS,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_CALIBRATION_METHOD,
+    DEFAULT_GRANULARITY,
+    DEFAULT_ROUNDING_SAMPLES,
+    DEFAULT_SCHEME,
+    DEFAULT_WEIGHT_ROUNDING,
+    EMBEDDING_PRECISIONS,
+    GRANULARITIES,
+    SCHEME_PRECISIONS,
+    SCHEMES,
+    WEIGHT_ROUNDINGS,
+    activation_bits,
+    activation_point,
+    covers,
+    covers_node,
+    is_float_precision,
+    is_float_scheme,
+    is_weight_only,
+    module_of_node,
+    weight_bits,
+    weight_precision,
+)
+
+# Aliases the engine accepts for the recipe module's precisions (FP16/FP32 = left float).
+PRECISIONS = {
+    "INT8": "INT8",
+    "A8": "INT8",
+    "8": "INT8",
+    "INT16": "INT16",
+    "A16": "INT16",
+    "16": "INT16",
+    "INT4": "INT4",
+    "W4": "INT4",
+    "4": "INT4",
+    "FP16": "FLOAT",
+    "FP32": "FLOAT",
+    "FLOAT": "FLOAT",
+}
+DEFAULT_SAMPLES = 4
+MAX_SAMPLES = 4096
+GRAPHS = ("prefill", "decode")
+DTYPE_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "uint4": 4, "int4": 4}
+
+
+# ---------------------------------------------------------------------------- the recipe
+
+
+def normalize_recipe(recipe: dict) -> dict:
+    """Check a recipe and fill in defaults; StudioError on anything unusable."""
+    if not isinstance(recipe, dict):
+        raise StudioError("the quantization recipe must be a table with at least a scheme")
+    unknown = set(recipe) - {
+        "scheme",
+        "weight_granularity",
+        "samples",
+        "overrides",
+        "decode_per_window",
+        "given",
+        "calibration_method",
+        "block_size",
+        "weight_rounding",
+        "rounding_samples",
+        "vision_scheme",
+        "vision_overrides",
+        "embedding",
+    }
+    if unknown:
+        raise StudioError(
+            f"unknown quantization setting(s) {', '.join(sorted(unknown))}; "
+            "use scheme, weight_granularity, samples, overrides"
+        )
+    scheme = str(recipe.get("scheme", DEFAULT_SCHEME)).upper()
+    if scheme not in SCHEMES:
+        raise StudioError(
+            f"unknown quantization scheme {recipe.get('scheme')!r}; use one of {', '.join(SCHEMES)}"
+        )
+    gran = str(recipe.get("weight_granularity", DEFAULT_GRANULARITY)).lower().replace("-", "_")
+    if gran not in GRANULARITIES:
+        raise StudioError(
+            f"unknown weight granularity {recipe.get('weight_granularity')!r}; use per_tensor or per_channel"
+        )
+    samples = recipe.get("samples", DEFAULT_SAMPLES)
+    if isinstance(samples, bool) or not isinstance(samples, int) or not 1 <= samples <= MAX_SAMPLES:
+        raise StudioError(
+            f"calibration samples must be a whole number from 1 to {MAX_SAMPLES} (got {samples!r})"
+        )
+    per_window = recipe.get("decode_per_window", 4)
+    if isinstance(per_window, bool) or not isinstance(per_window, int) or not 1 <= per_window <= 64:
+        raise StudioError(
+            f"decode_per_window must be a whole number from 1 to 64 (got {per_window!r})"
+        )
+    norm, given = _normal_overrides(recipe.get("overrides"), recipe.get("given") or {})
+    vision_norm, _ = _normal_overrides(recipe.get("vision_overrides"), {})
+    vision_scheme = str(recipe.get("vision_scheme") or "").upper()
+    if vision_scheme and vision_scheme not in SCHEMES:
+        raise StudioError(f"unknown vision scheme {recipe.get('vision_scheme')!r}; use one of "
+                          f"{', '.join(SCHEMES)} (or leave it empty: the recipe's scheme)")
+    method = str(recipe.get("calibration_method", DEFAULT_CALIBRATION_METHOD))
+    if method not in CALIBRATION_METHODS:
+        raise StudioError(
+            f"unknown calibration method {method!r}; use one of {', '.join(CALIBRATION_METHODS)}"
+        )
+    block = recipe.get("block_size", DEFAULT_BLOCK_SIZE)
+    if gran == "per_block" and weight_bits(scheme) != 4:
+        raise StudioError("per_block (LPBQ) weights are 4-bit: use it with scheme W4A16")
+    rounding = str(recipe.get("weight_rounding", DEFAULT_WEIGHT_ROUNDING)).lower()
+    if rounding not in WEIGHT_ROUNDINGS:
+        raise StudioError(f"unknown weight rounding {recipe.get('weight_rounding')!r}; use one "
+                          f"of {', '.join(WEIGHT_ROUNDINGS)}")
+    if rounding != DEFAULT_WEIGHT_ROUNDING and not is_float_scheme(scheme) \
+            and gran != "per_channel":
+        raise StudioError(f"weight rounding {rounding} works on per-channel weights: set the "
+                          f"weight granularity per_channel (it is {gran}), or rounding nearest")
+    r_samples = recipe.get("rounding_samples", DEFAULT_ROUNDING_SAMPLES)
+    if isinstance(r_samples, bool) or not isinstance(r_samples, int) or \
+            not 1 <= r_samples <= MAX_SAMPLES:
+        raise StudioError(f"rounding samples must be a whole number from 1 to {MAX_SAMPLES} "
+                          f"(got {r_samples!r})")
+    embedding = str(recipe.get("embedding", "auto"))
+    if embedding not in EMBEDDING_PRECISIONS:
+        raise StudioError(f"unknown embedding precision {embedding!r}; use one of "
+                          f"{', '.join(EMBEDDING_PRECISIONS)}")
+    return {
+        "embedding": embedding,
+        "weight_rounding": rounding,
+        "rounding_samples": r_samples,
+        "calibration_method": method,
+        "block_size": int(block),
+        "given": given,
+        "scheme": scheme,
+        "weight_granularity": gran,
+        "samples": samples,
+        "overrides": norm,
+        "decode_per_window": per_window,
+        "vision_scheme": vision_scheme,
+        "vision_overrides": vision_norm,
+    }
+
+
+def _normal_overrides(overrides: Any, given_in: dict) -> tuple[dict[str, str], dict[str, str]]:
+    """A recipe's override rules (pattern -> precision) in the quantizer's precision names,
+    and each as the user gave it."""
+    overrides = overrides or {}
+    if not isinstance(overrides, dict):
+        raise StudioError("quantization overrides must be a table of pattern = precision")
+    norm: dict[str, str] = {}
+    given: dict[str, str] = {}
+    for pattern, value in overrides.items():
+        if not isinstance(pattern, str) or not pattern.strip():
+            raise StudioError(
+                "an override pattern is empty; name nodes, layers or weights (globs allowed)"
+            )
+        key = str(value).upper().replace("-", "").replace("_", "")
+        if key not in PRECISIONS:
+            raise StudioError(
+                f"override {pattern!r} = {value!r}: unknown precision; use INT8, INT16, INT4 or FP16"
+            )
+        norm[pattern] = PRECISIONS[key]
+        given[pattern] = given_in.get(pattern) or (
+            key if is_float_precision(key) else PRECISIONS[key]
+        )
+    return norm, given
+
+
+# ---------------------------------------------------------------------------- graph helpers
+
+
+def float_tensors(model) -> set[str]:
+    import onnx
+
+    typed = onnx.shape_inference.infer_shapes(model)
+    out = set()
+    for v in (*typed.graph.value_info, *typed.graph.output, *typed.graph.input):
+        if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+            out.add(v.name)
+    return out
+
+
+def matmul_weights(model) -> dict[str, str]:
+    """MatMul weight initializer -> the MatMul node's name (weights as input 1)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    out = {}
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and len(node.input) > 1 and node.input[1] in inits:
+            if len(inits[node.input[1]].dims) == 2:
+                out[node.input[1]] = node.name
+    return out
+
+
+def resolve_overrides(model, recipe: dict) -> dict:
+    """Map the recipe to the ORT quantizer's tensor overrides for one graph.
+
+    Returns ``{"init_overrides", "nodes_to_exclude", "patterns", "per_channel_weights"}``
+    where ``patterns`` says what each pattern covered in this graph.
+    """
+    from onnxruntime.quantization import QuantType
+
+    scheme = recipe["scheme"]
+    act16 = activation_bits(scheme) == 16
+    act_default = "INT16" if act16 else "INT8"
+    inits = {t.name for t in model.graph.initializer}
+    weights = matmul_weights(model)
+    floats = float_tensors(model)
+
+    weight_prec: dict[str, str] = {}
+    act_prec: dict[str, str] = {}
+    weight_rule: dict[str, str] = {}  # tensor / node -> the pattern that set it
+    act_rule: dict[str, str] = {}
+    exclude: dict[str, str] = {}  # node -> pattern
+    report: dict[str, dict] = {}
+    chains = _score_chains(model)
+    for pattern, prec in recipe["overrides"].items():
+        nodes = [] if is_weight_only(pattern) else [
+            n for n in model.graph.node
+            if n.op_type != "Constant" and covers_node(pattern, n.name)
+        ]
+        named = {n.name for n in nodes}
+        nodes += [c for n in list(nodes) for c in chains.get(n.name, []) if c.name not in named]
+        named_inits = sorted(i for i in inits if covers(pattern, i))
+        entry: dict[str, Any] = {"precision": prec, "nodes": len(nodes), "tensors": []}
+        if nodes:
+            for n in nodes:
+                if prec == "FLOAT":
+                    # float supersedes what earlier patterns set on this node
+                    exclude[n.name] = pattern
+                    for t in n.output:
+                        act_prec.pop(t, None)
+                        act_rule.pop(t, None)
+                    if n.op_type == "MatMul" and n.input[1] in weights:
+                        weight_prec.pop(n.input[1], None)
+                        weight_rule.pop(n.input[1], None)
+                    entry["tensors"].extend(o for o in n.output if o in floats)
+                    continue
+                exclude.pop(n.name, None)  # a later quantized pattern re-quantizes the node
+                if prec == "INT4":
+                    if n.op_type == "MatMul" and n.input[1] in weights:
+                        weight_prec[n.input[1]] = "INT4"
+                        weight_rule[n.input[1]] = pattern
+                        entry["tensors"].append(n.input[1])
+                else:
+                    for o in n.output:
+                        if o in floats and o not in inits:
+                            act_prec[o] = prec
+                            act_rule[o] = pattern
+                            entry["tensors"].append(o)
+        elif named_inits:
+            for w in named_inits:
+                weight_prec[w] = prec
+                weight_rule[w] = pattern
+                entry["tensors"].append(w)
+                if prec != "FLOAT" and weights.get(w) in exclude:
+                    exclude.pop(weights[w])  # its MatMul is quantized again
+        report[pattern] = entry
+
+    # HTP MatMul: no 16-bit weight under a 16-bit activation.
+    for w, prec in weight_prec.items():
+        if prec != "INT16" or w not in weights:
+            continue
+        node = next(n for n in model.graph.node if n.name == weights[w])
+        a = node.input[0]
+        a_prec = act_prec.get(a, act_default)
+        if a_prec == "INT16":
+            raise StudioError(
+                f"override makes weight {w} 16-bit under 16-bit activations, which the HTP MatMul "
+                "does not run; keep MatMul weights INT8 (or make the activations INT8)"
+            )
+
+    qtype = {
+        "INT8": QuantType.QUInt8,
+        "INT16": QuantType.QUInt16,
+    }
+    init_overrides: dict[str, list[dict]] = {}
+    default_act = QuantType.QUInt16 if act16 else QuantType.QUInt8
+    for name, prec in act_prec.items():
+        if qtype[prec] != default_act:
+            init_overrides[name] = [{"quant_type": qtype[prec]}]
+    per_channel = 0
+    w_default = weight_precision(scheme)
+    blocked = recipe["weight_granularity"] == "per_block"
+    for w in weights:
+        prec = weight_prec.get(w) or w_default
+        if prec == "FLOAT" or weights[w] in exclude:
+            continue
+        if prec == "INT4":
+            # per channel (axis 1 of the [in, out] MatMul weight), or block-wise along the
+            # input axis (LPBQ; the block size is the quantizer's BlockSize option)
+            init_overrides[w] = [{"quant_type": QuantType.QInt4, "axis": 0 if blocked else 1,
+                                  "symmetric": True}]
+            per_channel += 1
+        elif prec == "INT16":
+            init_overrides[w] = [{"quant_type": QuantType.QUInt16}]
+        elif recipe["weight_granularity"] in ("per_channel", "per_block"):
+            init_overrides[w] = [{"quant_type": QuantType.QInt8, "axis": 1, "symmetric": True}]
+            per_channel += 1
+    for name, prec in weight_prec.items():
+        if name not in weights and prec in ("INT8", "INT16"):
+            init_overrides[name] = [{"quant_type": qtype[prec]}]
+    table = embedding_table(model) if recipe.get("embedding", "auto") == "INT8" else None
+    if table is not None:  # quantization.embedding = "INT8": the token table at 8 bits
+        init_overrides[table] = [{"quant_type": QuantType.QUInt8}]
+    for name in [n for n in weight_prec if weight_prec[n] == "FLOAT"]:
+        for node in model.graph.node:
+            if name in node.input:
+                exclude.setdefault(node.name, weight_rule[name])
+    return {
+        "init_overrides": init_overrides,
+        "nodes_to_exclude": sorted(exclude),
+        "patterns": report,
+        "per_channel_weights": per_channel,
+        "layers": _applied_layers(model, recipe, weights, weight_prec, weight_rule, act_prec,
+                                  act_rule, exclude),
+    }
+
+
+def embedding_table(model) -> str | None:
+    """The token embedding table of a graph: the initializer a Gather reads at the token ids
+    (a graph input); None in a graph without one (a later part)."""
+    inits = {t.name for t in model.graph.initializer}
+    ids = {i.name for i in model.graph.input if "input_ids" in i.name}
+    return next((n.input[0] for n in model.graph.node if n.op_type == "Gather"
+                 and n.input[0] in inits and n.input[1] in ids), None)
+
+
+def _score_chains(model) -> dict[str, list]:
+    """The attention-score point is the whole path from Q·Kᵀ to the softmax: for each scores
+    MatMul (:func:`activation_point`), the nodes between it and its Softmax (scaling, the
+    mask, soft-capping), so that a precision set on the scores reaches the tensor the
+    softmax reads."""
+    consumers: dict[str, list] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    chains: dict[str, list] = {}
+    for n in model.graph.node:
+        point = activation_point(n.name)
+        if point is None or not point.endswith(".scores"):
+            continue
+        module = module_of_node(n.name)
+        chain, frontier, seen = [], [n], {n.name}
+        for _ in range(8):
+            nxt = []
+            for f in frontier:
+                for c in (c for o in f.output for c in consumers.get(o, [])):
+                    if c.name in seen or module_of_node(c.name) != module:
+                        continue
+                    seen.add(c.name)
+                    if c.op_type == "Softmax":
+                        continue
+                    nxt.append(c)
+            chain += nxt
+            frontier = nxt
+        chains[n.name] = [c for c in chain if c.op_type != "Constant"]
+    return chains
+
+
+def _applied_layers(model, recipe, weights, weight_prec, weight_rule, act_prec, act_rule,
+                    exclude) -> list[dict[str, str]]:
+    """What each weighted layer (a MatMul with a weight) got, and which rule set it: the
+    quantizer's own record, which the recipe module's ``effective_precisions`` must match."""
+    scheme, gran = recipe["scheme"], recipe["weight_granularity"]
+    given = recipe.get("given") or {}
+    w_default, a_default = SCHEME_PRECISIONS[scheme]
+    base = f"scheme {scheme} ({gran})"
+    nodes = {n.name: n for n in model.graph.node}
+    out = []
+    for w, node_name in weights.items():
+        node = nodes[node_name]
+        layer = module_of_node(node_name)
+        if node_name in exclude:
+            pattern = exclude[node_name]
+            prec = given.get(pattern, "FP16")
+            rule = f"override {pattern!r}"
+            out.append({"layer": layer, "weight": prec, "activation": prec,
+                        "weight_rule": rule, "activation_rule": rule})
+            continue
+        o = node.output[0]
+        out.append({
+            "layer": layer,
+            "weight": weight_prec.get(w, w_default),
+            "activation": act_prec.get(o, a_default),
+            "weight_rule": f"override {weight_rule[w]!r}" if w in weight_rule else base,
+            "activation_rule": f"override {act_rule[o]!r}" if o in act_rule else base,
+        })
+    # the key activations (attention scores, softmax, residual stream): what their node's
+    # output got; for a point computed by several nodes (the two residual adds), the last
+    points: dict[str, Any] = {}
+    for n in model.graph.node:
+        point = activation_point(n.name)
+        if point is not None and n.output:
+            points[point] = n
+    for point, node in points.items():
+        if node.name in exclude:
+            pattern = exclude[node.name]
+            prec, rule = given.get(pattern, "FP16"), f"override {exclude[node.name]!r}"
+        else:
+            o = node.output[0]
+            prec = act_prec.get(o, a_default)
+            rule = f"override {act_rule[o]!r}" if o in act_rule else base
+        out.append({"layer": point, "weight": "", "activation": prec,
+                    "weight_rule": "", "activation_rule": rule})
+    return sorted(out, key=lambda r: r["layer"])
+
+
+def matmul_precisions(model) -> dict[str, int]:
+    """Count MatMuls by (input 0 bits, input 1 bits) of a QDQ model, e.g. ``"16x8": 14``.
+
+    ``w`` marks a constant (weight) input 1. ``f`` means a float input.
+    """
+    import onnx
+
+    inits = {t.name: t for t in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+
+    def info(name: str) -> tuple[str, bool]:
+        node = producer.get(name)
+        if node is None or node.op_type != "DequantizeLinear":
+            return "f", False
+        src = node.input[0]
+        const = src in inits or (src in producer and producer[src].op_type == "Constant")
+        zp = node.input[2] if len(node.input) > 2 else ""
+        if zp in inits:
+            dt = onnx.helper.tensor_dtype_to_np_dtype(inits[zp].data_type).name
+        elif src in inits:
+            dt = onnx.helper.tensor_dtype_to_np_dtype(inits[src].data_type).name
+        else:
+            dt = "uint8"
+        return str(DTYPE_BITS.get(dt, "?")), const
+
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type != "MatMul":
+            continue
+        a, _ = info(node.input[0])
+        b, const = info(node.input[1])
+        key = f"{a}x{b}{'w' if const else ''}"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def check_overrides(graphs_dir: Path, recipe: dict) -> dict[str, dict]:
+    """Resolve the recipe's overrides on the FP32 graphs; StudioError for a pattern that
+    matches nothing or an override the HTP cannot run. Returns the resolution per graph."""
+    return check_overrides_in([Path(graphs_dir)], recipe)[0]
+
+
+def check_overrides_in(folders: list[Path], recipe: dict) -> list[dict[str, dict]]:
+    """:func:`check_overrides` over the graphs of several folders (the parts of a model): a
+    pattern must match in one of them. Returns the resolution per folder and graph."""
+    import onnx
+
+    recipe = normalize_recipe(recipe)
+    res = [{
+        g: resolve_overrides(
+            onnx.load(str(Path(folder) / f"{g}.onnx"), load_external_data=False), recipe
+        )
+        for g in GRAPHS
+    } for folder in folders]
+    for pattern in recipe["overrides"]:
+        if all(not r[g]["patterns"][pattern]["tensors"] for r in res for g in GRAPHS):
+            raise StudioError(
+                f"override pattern {pattern!r} matches no node, layer or weight; "
+                "use names like model.layers.0, *.mlp.* or model.layers.0.mlp.down_proj.weight"
+            )
+    return res
