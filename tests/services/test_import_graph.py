@@ -1,6 +1,8 @@
 """The services modules import each other in one direction: the graph of their imports (at
 the top and inside functions alike) has no cycle, so every one of them could sit at the top,
-and each module imports alone, first, in a fresh interpreter state."""
+and each module imports alone, first, in a fresh interpreter state. The same holds for the
+whole package: no module of the studio reaches itself through the imports it runs (only
+imports for type checkers, under ``if TYPE_CHECKING:``, are left out)."""
 
 from __future__ import annotations
 
@@ -79,6 +81,45 @@ def test_the_services_import_graph_has_no_cycle():
     assert "studio.services.history" in graph["studio.services.reports"]  # the graph is read
     cycle = find_cycle(graph)
     assert cycle is None, "services import cycle: " + " -> ".join(cycle or [])
+
+
+def studio_graph() -> dict[str, set[str]]:
+    """Every studio module's imports of studio modules, at the top and inside functions, but
+    not those under ``if TYPE_CHECKING:`` (never run)."""
+    modules = {_module(p): p for p in sorted((ROOT / "studio").rglob("*.py"))}
+
+    def resolve(name: str) -> str:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                       and "TYPE_CHECKING" in ast.unparse(block.test) for n in ast.walk(block)}
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            found |= {m for m in map(resolve, names) if m.startswith("studio.") and m != name}
+        graph[name] = found
+    return graph
+
+
+def test_no_studio_module_imports_itself_round_a_circle():
+    """core, engine, services, worker, ui and cli alike (the engine's export, runtime,
+    vision, quantize and parts modules included)."""
+    graph = studio_graph()
+    assert "studio.engine.qdq" in graph["studio.engine.vision"]  # the graph is read
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
 def test_the_cycle_finder_finds_a_cycle():
