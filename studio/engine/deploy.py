@@ -26,6 +26,7 @@ from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json, link_or_copy
 from studio.core.progress import Progress, SubProgress
 from studio.engine import genie, graphio, qnn, qnn_names, weightshare
+from studio.engine.qnn_names import in_order, pick
 from studio.engine.qnn_system import context_binary
 from studio.engine.weightstore import graph_bytes
 
@@ -270,17 +271,6 @@ def compile_in_order(graph: Path, folder: Path, chip, after: str, tries: int = 2
                       f"the previous part's in {len(order)} tries: build with fewer parts")
 
 
-QNN_PREFIX = qnn_names.QNN_PREFIX
-
-
-def in_order(name: str, after: str) -> bool:
-    """Whether a part's graph named ``name`` may follow the part before it (``after``; ""
-    for the first part, whose hash must start with 1 to leave the others room)."""
-    first_ok = bool(after) or not name.startswith(QNN_PREFIX) or \
-        name[len(QNN_PREFIX):][:1] == "1"
-    return name > after and first_ok
-
-
 def bin_name(kind: str, ar: int, cl: int, part: int, parts: int) -> str:
     """A context binary's file name in a bundle (and Genie's ``ctx-bins``)."""
     return (f"{kind}_ar{ar}_cl{cl}.bin" if parts == 1 else
@@ -350,22 +340,14 @@ def ordered_folders(staging: Path, parts: list[str], graphs: tuple[str, ...],
     :func:`finish` (at 8 B some ten minutes a part). Of ``candidates`` folder names per part
     the one whose names use the least of the room left is taken; where none fits, the part's
     plain name (then :func:`finish` compiles it again)."""
-
-    def room(name: str) -> float:  # where a name falls in the order of names, 0..1
-        return float("0." + str(qnn_names.hash_of(name)))
-
     after = dict.fromkeys(graphs, "")
     out = []
     for part in parts:
-        best: tuple[float, Path] | None = None
-        for salt in range(candidates):
-            folder = staging / f"{part}_n{salt}"
-            names = {g: qnn_names.graph_name(folder / f"{g}.onnx") for g in graphs}
-            if all(in_order(names[g], after[g]) for g in graphs):
-                used = sum(room(n) for n in names.values())
-                if best is None or used < best[0]:
-                    best = (used, folder)
-        folder = best[1] if best is not None else staging / part
+        def paths(i: int, part: str = part) -> dict[str, Path]:
+            return {g: staging / f"{part}_n{i}" / f"{g}.onnx" for g in graphs}
+
+        i = pick(paths, after, candidates)
+        folder = staging / f"{part}_n{i}" if i is not None else staging / part
         after = {g: qnn_names.graph_name(folder / f"{g}.onnx") for g in graphs}
         out.append(folder)
     return out
@@ -503,22 +485,20 @@ def share_weights(sources: dict[tuple[int, int], Path], rows: list[dict[str, Any
             src = sources[ar, i]
             return folder / "src" / (src.name if parts == 1 else f"{src.stem}_s{salt}.onnx")
 
-        salts = list(range(24 if parts > 1 else 1))
-        if parts > 1:  # first the salt whose predicted names sort right after the last part's
-            fits = []
-            for salt in range(4096):
-                names = {ar: qnn_names.graph_name(dst_of(ar, salt)) for ar in (N, 1)}
-                if all(in_order(names[ar], after[ar]) for ar in (N, 1)):
-                    fits.append((sum(qnn_names.hash_of(n) for n in names.values()), salt))
-            best = [salt for _, salt in sorted(fits)[:1]]
-            salts = best + [s for s in salts if s not in best][:23]
+        salts = [0]
+        if parts > 1:  # the salt whose predicted names sort right after the last part's
+            def paths(salt: int) -> dict[int, Path]:
+                return {ar: dst_of(ar, salt) for ar in (N, 1)}
+
+            best = pick(paths, after)
+            salts = [best] if best is not None else []
         for salt in salts:
             pair = []
             for ar in (N, 1):  # copies under one salted name each: the graphs' names follow
                 src = sources[ar, i]
                 dst = dst_of(ar, salt)
                 dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy(src, dst)
+                link_or_copy(src, dst)
                 pair.append(dst)
             comp = weightshare.compile_shared(pair, folder / f"try{salt}", chip,
                                               settings.htp_options)

@@ -14,6 +14,7 @@ Pure Python.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 #: the prefix of the QNN EP's graph names
@@ -82,3 +83,34 @@ def graph_name(model_path: str | Path) -> str:
 def hash_of(name: str) -> int:
     """The hash in a QNN EP graph name (``…_<hash>_1_0``)."""
     return int(name[len(QNN_PREFIX):].split("_")[0])
+
+
+def in_order(name: str, after: str) -> bool:
+    """Whether a part's graph named ``name`` may follow the part before it (``after``; ""
+    for the first part, whose hash must start with 1 to leave the others room)."""
+    first_ok = bool(after) or not name.startswith(QNN_PREFIX) or \
+        name[len(QNN_PREFIX):][:1] == "1"
+    return name > after and first_ok
+
+
+def place(name: str) -> float:
+    """Where a graph name falls in the order Genie takes names (string order), from 0 to 1:
+    its hash's digits read as a decimal fraction. (A hash's magnitude is not its place:
+    ``91189191780931875`` is a small number and sorts after ``18…`` of any length.)"""
+    return float("0." + name[len(QNN_PREFIX):].split("_")[0])
+
+
+def pick(paths_of: Callable[[int], Mapping[str, Path]], after: Mapping[str, str],
+         candidates: int = 4096) -> int | None:
+    """Of the candidates ``0 … candidates - 1``, the one whose graphs (``paths_of(i)``: graph
+    -> the file it is compiled from) get predicted names that all sort after ``after``'s and
+    use the least of the room left (the smallest sum of :func:`place`), so that the parts
+    after it find names too; None when none fits."""
+    best: tuple[float, int] | None = None
+    for i in range(candidates):
+        names = {g: graph_name(p) for g, p in paths_of(i).items()}
+        if all(in_order(names[g], after[g]) for g in names):
+            used = sum(place(n) for n in names.values())
+            if best is None or used < best[0]:
+                best = (used, i)
+    return best[1] if best is not None else None

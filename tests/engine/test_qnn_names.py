@@ -45,7 +45,8 @@ def test_the_staged_part_folders_give_names_in_the_order_genie_takes():
     recompile is some ten minutes a part): checked for 2 to 24 parts."""
     from pathlib import Path
 
-    from studio.engine.deploy import in_order, ordered_folders
+    from studio.engine.deploy import ordered_folders
+    from studio.engine.qnn_names import in_order
 
     staging = Path("/srv/project/artifacts/compile/genie-staging")
     for n in (2, 9, 24):
@@ -55,3 +56,34 @@ def test_the_staged_part_folders_give_names_in_the_order_genie_takes():
         for graph in ("prefill", "decode"):
             names = [qnn_names.graph_name(f / f"{graph}.onnx") for f in folders]
             assert all(in_order(names[i], names[i - 1] if i else "") for i in range(n))
+
+
+def test_a_name_s_place_follows_the_order_genie_takes_not_the_hash_s_size():
+    """The 8 B run's weight-shared binaries were chosen by the smallest hash: part 3 took
+    ``91189191780931875`` (a small number that sorts near the end) and part 4
+    ``992746286751077157``, which left part 5 no name among 4096 that sorts after both. The
+    place of a name is where it sorts: chosen by it, the weight-shared names of 9 (and 24)
+    parts fit, each part's two graphs after the previous part's."""
+    from pathlib import Path
+
+    from studio.engine.qnn_names import QNN_PREFIX, in_order, pick, place
+
+    def name(h: str) -> str:
+        return f"{QNN_PREFIX}{h}_1_0"
+
+    assert place(name("91189191780931875")) > place(name("1232919843801097146"))
+    assert (place(name("91189191780931875")) > place(name("879890296059832734"))) == (
+        name("91189191780931875") > name("879890296059832734"))
+    folder = Path("/srv/project/artifacts/compile/genie")
+    for parts in (9, 24):
+        after = {16: "", 1: ""}
+        for i in range(parts):
+            def paths(salt: int, i: int = i) -> dict[int, Path]:
+                return {16: folder / f"shared_{i + 1}" / "src" / f"prefill_s{salt}.onnx",
+                        1: folder / f"shared_{i + 1}" / "src" / f"decode_s{salt}.onnx"}
+
+            salt = pick(paths, after, candidates=1024)
+            assert salt is not None, (parts, i)
+            names = {ar: qnn_names.graph_name(p) for ar, p in paths(salt).items()}
+            assert all(in_order(names[ar], after[ar]) for ar in names)
+            after = names
