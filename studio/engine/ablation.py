@@ -45,7 +45,7 @@ def ablate_blocks(checkpoint_dir: Path, ids: list[int], window: int = 128,
     with ``blocks`` ranked from the least important (smallest perplexity increase)."""
     import torch
 
-    from studio.engine.llm_export import load_causal_lm
+    from studio.engine.checkpoint_load import load_causal_lm
 
     progress = progress or NullProgress()
     if len(ids) < 2:
@@ -100,7 +100,7 @@ def write_pruned_checkpoint(checkpoint_dir: Path, drop: list[int], out_dir: Path
     tokenizer files copied), written in a temp folder and moved into place."""
     import torch
 
-    from studio.engine.llm_export import load_causal_lm
+    from studio.engine.checkpoint_load import load_causal_lm
 
     model = load_causal_lm(checkpoint_dir)
     n = len(model.model.layers)

@@ -47,484 +47,48 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from studio.core import families
 from studio.core.errors import StudioError
-from studio.core.families import FAMILIES, FULL, SLIDING, Family
+from studio.core.families import FAMILIES, SLIDING, Family
 from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 from studio.core.parts import Part, whole
 from studio.core.progress import NullProgress, Progress, SubProgress
+from studio.engine.checkpoint_load import (
+    check_checkpoint,
+    load_causal_lm,
+    reference_ids,
+    special_ids,
+    text_view,
+)
 from studio.engine.export_check import check_export
-from studio.engine.llm_runtime import DEFAULT_MASK_VALUE, SLIDING_MASK, mask_windows
+from studio.engine.llm_runtime import DEFAULT_MASK_VALUE, mask_windows
+from studio.engine.llm_wrapper import (
+    build_wrapper,
+    check_rope,
+    io_names,
+    layer_types_of,
+    rope_positions,
+    traced_weights,
+)
 from studio.engine.onnxio import (
-    IMAGE_EMBEDS,
     SPEC_FORMAT,
     save_onnx_atomic,
     weight_bytes,
     weight_free,
 )
-from studio.engine.torch_onnx import HEAD_INPUT, initializers_kept, write_initializers
+from studio.engine.torch_onnx import initializers_kept, write_initializers
 from studio.engine.weightstore import WeightStore, shared_store
 
 OPSET = 17
 #: new tokens per pass of the verify graph: the last token plus up to 4 drafted ones
 DEFAULT_VERIFY_LENGTH = 5
-REFERENCE_TEXT = (
-    "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
-)
-
-
-# ---------------------------------------------------------------------------- spec helpers
-
-
-def io_names(num_layers: int, graph: str, sliding: bool = False,
-             part: Part | None = None, vision: bool = False) -> tuple[list[str], list[str]]:
-    """Input and output names of the ``prefill``, ``decode`` or ``verify`` graph
-    (``sliding``: the graphs take a ``sliding_attention_mask`` too). ``verify`` is the
-    decode graph for N new tokens at once (an AR-N graph over the static cache).
-
-    ``part``: the graph of one part (:mod:`studio.core.parts`): a part after the first takes
-    the previous part's residual stream instead of the ids, a part before the last hands
-    its own on instead of the logits, and each carries the KV cache of its own blocks.
-
-    ``vision``: a vision-language model's prefill graph takes ``image_embeds`` [1, P, hidden]
-    too (the encoder's rows at the image tokens' places) and ``position_ids`` [3, 1, P] (the
-    multimodal positions); its other graphs are a text model's."""
-    part = part or whole(num_layers)
-    ins = ["input_ids" if part.embeds else str(part.hidden_in), "position_ids", "attention_mask"]
-    if sliding:
-        ins.append(SLIDING_MASK)
-    if vision and graph == "prefill":
-        ins.append(IMAGE_EMBEDS)
-    if graph in ("decode", "verify"):
-        for i in part.layers:
-            ins += [f"past_key_{i}", f"past_value_{i}"]
-    outs = ["logits" if part.heads else str(part.hidden_out)]
-    for i in part.layers:
-        outs += [f"present_key_{i}", f"present_value_{i}"]
-    return ins, outs
-
-
-# ---------------------------------------------------------------------------- checkpoint
-
-
-def _check_checkpoint(checkpoint_dir: Path) -> dict:
-    checkpoint_dir = Path(checkpoint_dir)
-    if not checkpoint_dir.exists():
-        raise StudioError(
-            f"checkpoint folder {checkpoint_dir} does not exist; pick a Hugging Face model folder"
-        )
-    if not checkpoint_dir.is_dir() or not (checkpoint_dir / "config.json").is_file():
-        raise StudioError(
-            f"{checkpoint_dir} is not a Hugging Face checkpoint (no config.json); "
-            "pick the folder written by save_pretrained"
-        )
-    try:
-        config = json.loads((checkpoint_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise StudioError(f"cannot read {checkpoint_dir / 'config.json'}: {exc}") from None
-    model_type = config.get("model_type")
-    if model_type not in FAMILIES:
-        labels = ", ".join(f"{f.label} ({f.model_type})" for f in FAMILIES.values())
-        raise StudioError(
-            f"model type {model_type!r} is not supported by the static-KV exporter; "
-            f"use a checkpoint of one of: {labels}"
-        )
-    if not any(checkpoint_dir.glob("*.safetensors")) and not any(checkpoint_dir.glob("*.bin")):
-        raise StudioError(
-            f"{checkpoint_dir} has no weights (*.safetensors or *.bin); download the full checkpoint"
-        )
-    # a vision-language config's language-model keys at the top (its vision_config stays)
-    return families.text_config(config, FAMILIES[model_type])
-
-
-def load_causal_lm(checkpoint_dir: Path):
-    """Load a checkpoint as float32 with the eager attention (what the graphs reproduce). A
-    vision-language checkpoint is loaded whole (its vision tower too): :func:`text_view`
-    gives its language model in a text model's shape."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-    cfg = _check_checkpoint(checkpoint_dir)
-    vision = FAMILIES[cfg["model_type"]].vision
-    try:
-        model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_pretrained(
-            str(checkpoint_dir), dtype=torch.float32, attn_implementation="eager"
-        )
-    except (OSError, ValueError, KeyError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StudioError(f"cannot load {checkpoint_dir} with transformers: {first}") from None
-    model.eval()
-    return model
-
-
-class TextView:
-    """A vision-language model seen as its language model, in the shape the static-KV
-    wrapper reads from a text model: ``.model`` (``embed_tokens``, ``layers``, ``norm``,
-    ``rotary_emb``), ``.config`` (the text config), ``.lm_head`` — the checkpoint's own
-    modules; ``.full`` the whole model (transformers' reference runs it)."""
-
-    def __init__(self, full):
-        self.full = full
-        self.model = full.model.language_model
-        self.config = full.config.get_text_config()
-        self.lm_head = full.lm_head
-
-
-def text_view(model):
-    """The language model of ``model``: itself for a text model, a :class:`TextView` of a
-    vision-language one."""
-    inner = getattr(model, "model", None)
-    return TextView(model) if hasattr(inner, "language_model") else model
-
-
-def _token_ids(value) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, int):
-        return [value]
-    return [int(v) for v in value]
-
-
-def _special_ids(model) -> tuple[list[int], int | None]:
-    gen = getattr(model, "generation_config", None)
-    eos = _token_ids(getattr(gen, "eos_token_id", None)) or _token_ids(model.config.eos_token_id)
-    pad = getattr(gen, "pad_token_id", None)
-    if pad is None:
-        pad = model.config.pad_token_id
-    if isinstance(pad, list):
-        pad = pad[0] if pad else None
-    return eos, pad
-
-
-def _tokenizer_dir(checkpoint_dir: Path) -> Path | None:
-    if (Path(checkpoint_dir) / "tokenizer.json").is_file():
-        return Path(checkpoint_dir)
-    return None
-
-
-def _reference_ids(checkpoint_dir: Path, length: int, vocab: int) -> list[int]:
-    ids: list[int] = []
-    tok_dir = _tokenizer_dir(checkpoint_dir)
-    if tok_dir is not None:
-        try:
-            from tokenizers import Tokenizer
-
-            tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
-            text = REFERENCE_TEXT * (8 + length // 16)
-            ids = [i for i in tok.encode(text, add_special_tokens=False).ids if i < vocab]
-        except Exception:  # noqa: BLE001 - a tokenizer we cannot read: fall back to fixed ids
-            ids = []
-    if len(ids) < length:
-        ids = ids + [(7 * k + 3) % vocab for k in range(length - len(ids))]
-    return ids[:length]
-
-
-# ---------------------------------------------------------------------------- the wrapper
-
-
-def layer_types_of(config, family: Family) -> list[str]:
-    """One attention type per layer (``full_attention`` / ``sliding_attention``) of a loaded
-    transformers config, by the family table's rule (:func:`studio.core.families.layer_types`;
-    the config class has already derived ``layer_types`` from ``use_sliding_window`` /
-    ``max_window_layers`` where the family has them). A sliding layer without a window is a
-    full one; a ``layer_types`` list that does not fit the layers is refused."""
-    n = int(config.num_hidden_layers)
-    given = getattr(config, "layer_types", None)
-    if family.reads_layer_types and getattr(config, "sliding_window", None) is not None and (
-        given is not None and len(given) != n
-    ):
-        raise StudioError(
-            f"config.json lists {len(given)} layer_types for {n} layers; "
-            "fix the checkpoint's config"
-        )
-    types = families.layer_types(config.to_dict(), family, n)
-    unknown = sorted(set(types) - {FULL, SLIDING})
-    if unknown:
-        raise StudioError(
-            f"layer types {unknown} are not supported by the static-KV exporter "
-            f"(only {FULL} and {SLIDING})"
-        )
-    return types
-
-
-def _rope_type(config) -> str:
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
-    if isinstance(params, dict):
-        return str(params.get("rope_type") or params.get("type") or "default")
-    return "default"
-
-
-def _check_rope(config, context_len: int) -> str:
-    """Refuse RoPE variants a fixed cos/sin table of C rows cannot reproduce.
-
-    The table is the checkpoint's rotary module run once over positions 0..C-1. RoPE types
-    that change their frequencies with the sequence length seen so far do so only past a
-    limit: ``dynamic`` past ``max_position_embeddings`` (C never exceeds it), ``longrope``
-    past ``original_max_position_embeddings`` (then transformers uses its short factors for
-    the first tokens of a generation and its long ones later, which one table cannot).
-    """
-    rope = _rope_type(config)
-    if rope == "longrope":
-        params = getattr(config, "rope_parameters", None) or {}
-        original = params.get("original_max_position_embeddings") or getattr(
-            config, "original_max_position_embeddings", None
-        )
-        if original is not None and context_len > int(original):
-            raise StudioError(
-                f"longrope switches from its short to its long factors past "
-                f"original_max_position_embeddings={original} tokens, which a fixed table "
-                f"cannot follow; choose a context length C <= {original}"
-            )
-    return rope
-
-
-#: How far past the C cache slots the RoPE table reaches: generation with a sliding window
-#: (a ring buffer over the C slots) can place tokens at positions up to this many contexts.
-ROPE_CONTEXTS = 4
-
-
-def rope_positions(config, context_len: int) -> int:
-    """Rows of the RoPE table: ``ROPE_CONTEXTS`` x C, never past ``max_position_embeddings``
-    (nor a longrope's ``original_max_position_embeddings``, where its factors switch)."""
-    rows = ROPE_CONTEXTS * int(context_len)
-    limits = [getattr(config, "max_position_embeddings", None)]
-    if _rope_type(config) == "longrope":
-        params = getattr(config, "rope_parameters", None) or {}
-        limits.append(params.get("original_max_position_embeddings")
-                      or getattr(config, "original_max_position_embeddings", None))
-    for lim in limits:
-        if lim:
-            rows = min(rows, int(lim))
-    return max(rows, int(context_len))
-
-
-def _decoder_wrapper(
-    causal_lm, context_len: int, family: Family, layer_types: list[str], sliding_input: bool,
-    rope_rows: int | None = None, part: Part | None = None, rotary=None,
-):
-    """A static-shape module over the HF modules of a Llama-style decoder (``model``'s
-    ``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``, then ``lm_head``); its forward
-    matches io_names().
-
-    ``layer_types`` says which mask each layer reads: with ``sliding_input`` the layers of
-    type ``sliding_attention`` read the extra ``sliding_attention_mask`` input.
-
-    ``part``: only blocks ``part.start .. part.stop - 1`` (see :mod:`studio.core.parts`), the
-    embedding when the part is the first and the norm and head when it is the last; the
-    other modules of ``causal_lm`` are never touched (a streamed export leaves them on the
-    meta device). ``rotary``: the rotary embedding module to build the RoPE table from
-    (default ``causal_lm.model.rotary_emb``).
-    """
-    import inspect
-    import math
-
-    import torch
-
-    class _StepCache:
-        """The part of the HF Cache protocol the attention uses: update()."""
-
-        def __init__(self, past):
-            self.past = past  # {layer index: (key, value)} or None
-            self.new: dict[int, tuple] = {}
-
-        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-            self.new[layer_idx] = (key_states, value_states)
-            if self.past is None:
-                return key_states, value_states
-            pk, pv = self.past[layer_idx]
-            return torch.cat([pk, key_states], dim=2), torch.cat([pv, value_states], dim=2)
-
-        def get_seq_length(self, layer_idx: int = 0) -> int:
-            if self.past is None:
-                return 0
-            key = self.past.get(layer_idx) or next(iter(self.past.values()))
-            return int(key[0].shape[2])
-
-    base = causal_lm.model
-    config = causal_lm.config
-    part = part or whole(len(base.layers))
-    params = inspect.signature(base.layers[part.start].forward).parameters
-    cache_kw = next(
-        (k for k in ("cache", "past_key_values", "past_key_value") if k in params), None
-    )
-    if cache_kw is None:
-        raise StudioError(
-            "this transformers version's decoder layer takes no cache argument; use transformers 5.x"
-        )
-    # Family differences outside the decoder layers (see Family).
-    embed_scale = None
-    if part.embeds and family.embed_scale and not hasattr(base.embed_tokens, "embed_scale"):
-        embed_scale = math.sqrt(int(config.hidden_size))
-    final_cap = getattr(config, family.final_softcap, None) if family.final_softcap else None
-    uses_window = [sliding_input and t == SLIDING for t in layer_types]
-    layers = list(part.layers)
-    # the multimodal rotary embedding (Qwen2-VL): head-dim columns taken from the temporal,
-    # height or width position, section by section
-    mrope = getattr(rotary or base.rotary_emb, "mrope_section", None) if family.vision else None
-    image_token = getattr(getattr(causal_lm, "full", None), "config", None)
-    image_token = getattr(image_token, "image_token_id", None)
-
-    class _Holder(torch.nn.Module):
-        """Holds the part's modules under the checkpoint's own names (``model.layers.5``):
-        earlier blocks are parameterless placeholders, so indices stay absolute."""
-
-    class StaticKVWrapper(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = _Holder()
-            self.model.layers = torch.nn.ModuleList(
-                [base.layers[i] if i >= part.start else torch.nn.Identity()
-                 for i in range(part.stop)])
-            if part.embeds:
-                self.model.embed_tokens = base.embed_tokens
-            if part.heads:
-                self.model.norm = base.norm
-                self.lm_head = causal_lm.lm_head
-            with torch.no_grad():
-                rows = int(rope_rows or context_len)
-                pos = torch.arange(rows, dtype=torch.long)[None]
-                probe = torch.zeros(1, rows, 1, dtype=torch.float32)
-                cos, sin = (rotary or base.rotary_emb)(probe, pos)
-            # persistent: exported as initializers named rope_cos / rope_sin
-            self.register_buffer("rope_cos", cos[0].to(torch.float32).clone())
-            self.register_buffer("rope_sin", sin[0].to(torch.float32).clone())
-            if mrope:
-                half = int(self.rope_cos.shape[-1]) // 2
-                axis = [k % 3 for k, n in enumerate(mrope) for _ in range(int(n))]
-                if len(axis) != half:
-                    raise StudioError(f"the mrope_section {list(mrope)} covers {len(axis)} "
-                                      f"of the {half} rotary frequencies; fix config.json")
-                sel = torch.zeros(3, 1, 1, 2 * half)
-                for j, a in enumerate(axis):
-                    sel[a, 0, 0, j] = sel[a, 0, 0, j + half] = 1.0
-                self.register_buffer("mrope_select", sel, persistent=False)
-            self.emit_hidden = False  # the last part returns its norm's output (export check)
-            # the modules whose weight the trailing inputs stand for while tracing (see
-            # _traced_weights)
-            self.weight_inputs: list[Any] = []
-
-        def forward(self, first, position_ids, attention_mask, *rest):
-            if self.weight_inputs:
-                n = len(self.weight_inputs)
-                with _weights_from(self.weight_inputs, rest[-n:]):
-                    return self._forward(first, position_ids, attention_mask, *rest[:-n])
-            return self._forward(first, position_ids, attention_mask, *rest)
-
-        def _forward(self, first, position_ids, attention_mask, *rest):
-            window_mask = rest[0] if sliding_input else None
-            past_flat = rest[1:] if sliding_input else rest
-            image = None
-            if position_ids.dim() == 3:  # a VL prefill: its image rows come next
-                image, past_flat = past_flat[0], past_flat[1:]
-            if part.embeds:
-                h = self.model.embed_tokens(first)
-                if embed_scale is not None:
-                    h = h * torch.tensor(embed_scale, dtype=h.dtype)
-                if image is not None:  # the image tokens take the encoder's rows
-                    h = torch.where((first == int(image_token)).unsqueeze(-1), image, h)
-            else:
-                h = first
-            cos = torch.nn.functional.embedding(position_ids, self.rope_cos)
-            sin = torch.nn.functional.embedding(position_ids, self.rope_sin)
-            if position_ids.dim() == 3:  # [3, 1, S, D]: each column from its own row
-                cos = (cos * self.mrope_select).sum(0)
-                sin = (sin * self.mrope_select).sum(0)
-            past = None
-            if past_flat:
-                past = {i: (past_flat[2 * j], past_flat[2 * j + 1])
-                        for j, i in enumerate(layers)}
-            cache = _StepCache(past)
-            for i in layers:
-                out = self.model.layers[i](
-                    h,
-                    attention_mask=window_mask if uses_window[i] else attention_mask,
-                    position_ids=position_ids if position_ids.dim() == 2 else position_ids[0],
-                    position_embeddings=(cos, sin),
-                    use_cache=True,
-                    **{cache_kw: cache},
-                )
-                h = out[0] if isinstance(out, tuple) else out
-            if part.heads:
-                h = self.model.norm(h)
-            if part.heads and not self.emit_hidden:
-                h = self.lm_head(h)
-                if final_cap is not None:
-                    h = torch.tanh(h / final_cap) * final_cap
-            outs = [h]
-            for i in layers:
-                outs += list(cache.new[i])
-            return tuple(outs)
-
-    wrapper = StaticKVWrapper()
-    wrapper.eval()
-    return wrapper
-
-
-@contextlib.contextmanager
-def _weights_from(modules: list[Any], tensors) -> Iterator[None]:
-    """Each module's ``weight`` is the matching tensor (a traced graph input) for the block."""
-    kept = [m._parameters["weight"] for m in modules]
-    try:
-        for m, t in zip(modules, tensors, strict=True):
-            m._parameters["weight"] = t
-        yield
-    finally:
-        for m, w in zip(modules, kept, strict=True):
-            m._parameters["weight"] = w
-
-
-
-
-def _traced_weights(wrapper, part: Part) -> list[tuple[Any, str, Any]]:
-    """The embedding table and the output head: the largest weights, traced as graph inputs
-    (then made initializers) rather than as parameters. The exporter's shape inference and
-    constant folding copy a parameter-fed node's weight two and one more times (measured on
-    an 8 B model's 128 k x 4096 head, 2 GiB: 6 GiB more while a graph is traced); a graph
-    input is not copied. (module, input name, tensor) each."""
-    import torch
-
-    out = []
-    base = getattr(wrapper, "model", None)
-    emb = getattr(base, "embed_tokens", None) if part.embeds else None
-    if isinstance(emb, torch.nn.Embedding) and emb.weight.device.type != "meta":
-        out.append((emb, "model.embed_tokens.weight", emb.weight))
-    head = getattr(wrapper, "lm_head", None) if part.heads else None
-    if (isinstance(head, torch.nn.Linear) and head.bias is None
-            and head.weight.device.type != "meta"):
-        # a view: a tied head's tensor is the embedding's, which the tracer would take for
-        # the embedding's input
-        out.append((head, HEAD_INPUT, head.weight.view(head.weight.shape)))
-    return out
-
-
-#: The static-KV wrappers by the name a family declares (``Family.wrapper``): the torch code
-#: that turns a checkpoint's modules into the prefill / decode / verify graphs. Every family
-#: of the table uses ``decoder``; an architecture whose modules differ gets a wrapper here.
-WRAPPERS: dict[str, Callable[..., Any]] = {"decoder": _decoder_wrapper}
-
-
-def _build_wrapper(
-    causal_lm, context_len: int, family: Family, layer_types: list[str], sliding_input: bool,
-    rope_rows: int | None = None, part: Part | None = None, rotary=None,
-):
-    """The family's wrapper (:data:`WRAPPERS`) over a loaded checkpoint."""
-    build = WRAPPERS.get(family.wrapper)
-    if build is None:
-        raise StudioError(
-            f"the {family.label} family names the export wrapper {family.wrapper!r}, which "
-            f"the static-KV exporter does not have (it has {', '.join(WRAPPERS)})"
-        )
-    return build(causal_lm, context_len, family, layer_types, sliding_input, rope_rows, part,
-                 rotary)
 
 
 def _example_inputs(spec: dict, graph: str, sliding: bool, part: Part | None = None):
@@ -681,16 +245,16 @@ def _tidy_graph(model, module_names: set[str]) -> None:
                 node.input[k] = renames[name]
 
 
-def _trace_graph(wrapper, spec: dict, graph: str, raw: Path, part: Part | None = None
+def trace_graph(wrapper, spec: dict, graph: str, raw: Path, part: Part | None = None
                  ) -> tuple[list[str], list[str]]:
     """Trace ``graph`` of ``wrapper`` into the ONNX file ``raw`` as torch writes it; returns
-    the input and output names it must have (:func:`_finish_graph` checks them)."""
+    the input and output names it must have (:func:`finish_graph` checks them)."""
     import torch
 
     sliding = mask_windows(spec)[1] is not None
     ins, outs = io_names(spec["num_layers"], graph, sliding, part, bool(spec.get("vision")))
     args = _example_inputs(spec, graph, sliding, part)
-    inputs = _traced_weights(wrapper, part or whole(spec["num_layers"]))
+    inputs = traced_weights(wrapper, part or whole(spec["num_layers"]))
     wrapper.weight_inputs = [m for m, _, _ in inputs]
     args = (*args, *(t for _, _, t in inputs))
     in_names = [*ins, *(name for _, name, _ in inputs)]
@@ -740,7 +304,7 @@ def _no_weight_inputs(wrapper) -> Iterator[None]:
         wrapper.weight_inputs = []
 
 
-def _finish_graph(raw: Path, path: Path, module_names: set[str], ins: list[str],
+def finish_graph(raw: Path, path: Path, module_names: set[str], ins: list[str],
                   outs: list[str], graph: str, store: WeightStore | None = None) -> None:
     """The traced ``raw`` graph tidied (:func:`_tidy_graph`), checked and moved to ``path``
     (one copy of its weights in memory at a time: the model is dropped before the checker
@@ -785,20 +349,20 @@ def _finish_graph(raw: Path, path: Path, module_names: set[str], ins: list[str],
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
-def _export_graph(wrapper, spec: dict, graph: str, path: Path, progress: Progress,
+def export_graph(wrapper, spec: dict, graph: str, path: Path, progress: Progress,
                   part: Part | None = None, store: WeightStore | None = None) -> None:
     tmp_dir = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{graph}-export."))
     try:
         raw = tmp_dir / f"{graph}.onnx"
-        ins, outs = _trace_graph(wrapper, spec, graph, raw, part)
+        ins, outs = trace_graph(wrapper, spec, graph, raw, part)
         progress.check()
-        _finish_graph(raw, path, {name for name, _ in wrapper.named_modules() if name}, ins,
+        finish_graph(raw, path, {name for name, _ in wrapper.named_modules() if name}, ins,
                       outs, graph, store)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
-def _graph_io(path: Path) -> dict:
+def graph_io(path: Path) -> dict:
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
@@ -857,10 +421,10 @@ def check_model(model, cfg: dict, family: Family, C: int) -> None:
         raise StudioError(
             f"context length C={C} exceeds the model's max_position_embeddings={max_pos}; lower C"
         )
-    _check_rope(model.config, C)
+    check_rope(model.config, C)
 
 
-def _model_spec(model, cfg: dict, family: Family, P: int, C: int, mask_value: float,
+def model_spec(model, cfg: dict, family: Family, P: int, C: int, mask_value: float,
                 N: int) -> dict[str, Any]:
     """graph.json's description of the model and its graphs (before the graphs' edges and
     the export check are added). ``model``: the loaded checkpoint, or its modules on the meta
@@ -869,14 +433,14 @@ def _model_spec(model, cfg: dict, family: Family, P: int, C: int, mask_value: fl
     base = model.model
     layer_types = layer_types_of(config, family)
     window = getattr(config, "sliding_window", None) if SLIDING in layer_types else None
-    rope_type = _check_rope(config, C)
+    rope_type = check_rope(config, C)
     rope_rows = rope_positions(config, C)
     attn = base.layers[0].self_attn
     num_heads = int(config.num_attention_heads)
     num_kv = int(getattr(config, "num_key_value_heads", None) or num_heads)
     head_dim = int(getattr(attn, "head_dim", None) or config.hidden_size // num_heads)
     full = getattr(model, "full", model)  # a VL model's whole (its config, its class)
-    eos_ids, pad_id = _special_ids(full)
+    eos_ids, pad_id = special_ids(full)
     return {
         "format": SPEC_FORMAT,
         "model_type": full.config.model_type,
@@ -932,7 +496,7 @@ def export_llm(
     """
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     P, C, N = check_lengths(prompt_len, context_len, mask_value, verify_len)
-    cfg = _check_checkpoint(checkpoint_dir)
+    cfg = check_checkpoint(checkpoint_dir)
     if FAMILIES[cfg["model_type"]].vision:  # a size its image processor gives: before loading
         from studio.engine import vision_input
 
@@ -950,7 +514,7 @@ def export_llm(
     check_model(model, cfg, family, C)
     layer_types = layer_types_of(model.config, family)
     rope_rows = rope_positions(model.config, C)
-    spec = _model_spec(model, cfg, family, P, C, mask_value, N)
+    spec = model_spec(model, cfg, family, P, C, mask_value, N)
     sliding_input = mask_windows(spec)[1] is not None
     vs = None
     if family.vision:
@@ -966,7 +530,7 @@ def export_llm(
         spec["vision"] = vs.to_json()
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    wrapper = _build_wrapper(model, C, family, layer_types, sliding_input, rope_rows)
+    wrapper = build_wrapper(model, C, family, layer_types, sliding_input, rope_rows)
     steps = [("prefill", 0.05, 0.25), ("decode", 0.25, 0.4)]
     if N > 1:
         steps.append(("verify", 0.4, 0.5))
@@ -974,10 +538,10 @@ def export_llm(
         for graph, a, b in steps:
             progress.check()
             progress.update(a, f"exporting {graph}.onnx")
-            _export_graph(wrapper, spec, graph, out_dir / f"{graph}.onnx",
+            export_graph(wrapper, spec, graph, out_dir / f"{graph}.onnx",
                           SubProgress(progress, a, b), store=store)
             progress.log(f"wrote {out_dir / f'{graph}.onnx'}")
-    spec["graphs"] = {g: _graph_io(out_dir / f"{g}.onnx") for g, _, _ in steps}
+    spec["graphs"] = {g: graph_io(out_dir / f"{g}.onnx") for g, _, _ in steps}
     if vs is not None:
         from studio.engine.vision import export_vision
         from studio.engine.vision_input import VISION_FILE
@@ -995,7 +559,7 @@ def export_llm(
     gen = StaticKVGenerator(
         make_cpu_session(out_dir / "prefill.onnx"), make_cpu_session(out_dir / "decode.onnx"), spec
     )
-    ids = _reference_ids(checkpoint_dir, C, spec["vocab_size"])
+    ids = reference_ids(checkpoint_dir, C, spec["vocab_size"])
     n_ref = min(P + 8, C)
     check, ref_logits = check_export(
         full, gen, ids, keep=n_ref,
@@ -1059,16 +623,16 @@ def export_ar_graph(checkpoint_dir: Path, spec: dict, new_tokens: int, cache_slo
     if not 1 < N <= C or not 0 < slots <= C:
         raise StudioError(f"an AR-{N} graph over {slots} cache slots does not fit the context "
                           f"of {C}: choose 1 < N <= {C}")
-    cfg = _check_checkpoint(Path(checkpoint_dir))
+    cfg = check_checkpoint(Path(checkpoint_dir))
     model = text_view(load_causal_lm(Path(checkpoint_dir)))
     family = FAMILIES[cfg["model_type"]]
-    wrapper = _build_wrapper(model, C, family, layer_types_of(model.config, family),
+    wrapper = build_wrapper(model, C, family, layer_types_of(model.config, family),
                              mask_windows(spec)[1] is not None,
                              rope_positions(model.config, C))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    _export_graph(wrapper, dict(spec, verify_length=N, verify_cache_slots=slots), "verify",
+    export_graph(wrapper, dict(spec, verify_length=N, verify_cache_slots=slots), "verify",
                   Path(path), progress)
-    return _graph_io(Path(path))
+    return graph_io(Path(path))
 
 
 def _opt_float(config, key: str | None) -> float | None:

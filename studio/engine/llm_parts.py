@@ -36,22 +36,19 @@ from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 from studio.core.parts import Layout, Part, plan_parts
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.engine import partresume
+from studio.engine.checkpoint_load import check_checkpoint, reference_ids
 from studio.engine.export_check import EXPORT_CHECK_RTOL, PositionCheck
 from studio.engine.llm_export import (
     DEFAULT_VERIFY_LENGTH,
-    _build_wrapper,
-    _check_checkpoint,
-    _finish_graph,
-    _graph_io,
-    _model_spec,
-    _reference_ids,
-    _trace_graph,
     check_lengths,
     check_model,
-    layer_types_of,
-    rope_positions,
+    finish_graph,
+    graph_io,
+    model_spec,
+    trace_graph,
 )
 from studio.engine.llm_runtime import DEFAULT_MASK_VALUE, mask_windows
+from studio.engine.llm_wrapper import build_wrapper, layer_types_of, rope_positions
 from studio.engine.part_runner import iter_parts, run_part_graphs
 from studio.engine.weightstore import graph_bytes, shared_store
 
@@ -138,7 +135,7 @@ def auto_device_count(info, layout: Layout, targets, prompt_length: int,
 def checkpoint_layout(checkpoint_dir: Path) -> Layout:
     """Parameters per block, embedding, final norm and head of a checkpoint, from the
     headers of its weight files (exact; nothing is loaded)."""
-    cfg = _check_checkpoint(Path(checkpoint_dir))
+    cfg = check_checkpoint(Path(checkpoint_dir))
     L = int(cfg.get("num_hidden_layers") or 0)
     blocks = [0] * L
     embedding = norm = head = 0
@@ -173,7 +170,7 @@ class StreamedCheckpoint:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         self.dir = Path(checkpoint_dir)
-        self.cfg = _check_checkpoint(self.dir)
+        self.cfg = check_checkpoint(self.dir)
         try:
             self.config = AutoConfig.from_pretrained(str(self.dir))
             with torch.device("meta"):
@@ -338,13 +335,13 @@ def export_parts(
     ck = StreamedCheckpoint(checkpoint_dir)
     family = FAMILIES[ck.cfg["model_type"]]
     check_model(ck.model, ck.cfg, family, C)
-    spec = _model_spec(ck.model, ck.cfg, family, P, C, mask_value, N)
+    spec = model_spec(ck.model, ck.cfg, family, P, C, mask_value, N)
     layer_types = layer_types_of(ck.config, family)
     rope_rows = rope_positions(ck.config, C)
     sliding_input = mask_windows(spec)[1] is not None
     graphs = ["prefill", "decode"] + (["verify"] if N > 1 else [])
 
-    ids = _reference_ids(checkpoint_dir, C, spec["vocab_size"])
+    ids = reference_ids(checkpoint_dir, C, spec["vocab_size"])
     n = min(len(ids), int(check_positions or C))
     ids = ids[:n]
     n_ref = min(P + 8, n)
@@ -371,7 +368,7 @@ def export_parts(
         sub.update(0.0, f"part {part.index + 1}/{len(plan)}: reading blocks "
                         f"{part.start}-{part.stop - 1}")
         ck.load(part)
-        wrapper = _build_wrapper(ck.model, C, family, layer_types, sliding_input, rope_rows,
+        wrapper = build_wrapper(ck.model, C, family, layer_types, sliding_input, rope_rows,
                                  part, rotary=ck.rotary)
         folder = out_dir / part.name if len(plan) > 1 else out_dir
         if len(plan) > 1 and folder.exists():  # what an interrupted run left of this part
@@ -386,7 +383,7 @@ def export_parts(
                 progress.check()
                 sub.update(0.05 + 0.3 * g_i / len(graphs), f"part {part.index + 1}/"
                                                            f"{len(plan)}: tracing {graph}.onnx")
-                traced[graph] = _trace_graph(wrapper, spec, graph, raw_dir / f"{graph}.onnx",
+                traced[graph] = trace_graph(wrapper, spec, graph, raw_dir / f"{graph}.onnx",
                                              part)
             module_names = {name for name, _ in wrapper.named_modules() if name}
             sub.update(0.35, f"part {part.index + 1}/{len(plan)}: transformers' reference")
@@ -405,14 +402,14 @@ def export_parts(
                     progress.check()
                     sub.update(0.4 + 0.1 * g_i / len(graphs), f"part {part.index + 1}/"
                                                               f"{len(plan)}: writing {graph}.onnx")
-                    _finish_graph(raw_dir / f"{graph}.onnx", folder / f"{graph}.onnx",
+                    finish_graph(raw_dir / f"{graph}.onnx", folder / f"{graph}.onnx",
                                   module_names, *traced[graph], graph, store)
                     (raw_dir / f"{graph}.onnx").unlink()
                     (raw_dir / f"{graph}.onnx.data").unlink(missing_ok=True)
         finally:
             shutil.rmtree(raw_dir, ignore_errors=True)
         rows.append({**part.as_dict(),
-                     "graphs": {g: _graph_io(folder / f"{g}.onnx") for g in graphs}})
+                     "graphs": {g: graph_io(folder / f"{g}.onnx") for g in graphs}})
         if want_all is None:
             got = run_part_graphs(folder, part, spec, got, n, make_cpu_session,
                                    progress=SubProgress(sub, 0.5, 1.0))
@@ -472,7 +469,7 @@ def iter_part_ar_graphs(checkpoint_dir: Path, spec: dict, new_tokens: int, cache
     (:func:`studio.engine.llm_export.export_ar_graph` for a whole model), read a part at a
     time from the checkpoint as :func:`export_parts` reads it; ``out_dir/<part>/ar.onnx``.
     Each takes and hands on what the part's decode graph does, under the same tensor names."""
-    from studio.engine.llm_export import _export_graph
+    from studio.engine.llm_export import export_graph
 
     N, slots, C = int(new_tokens), int(cache_slots), int(spec["context_length"])
     if not 1 < N <= C or not 0 < slots <= C:
@@ -491,11 +488,11 @@ def iter_part_ar_graphs(checkpoint_dir: Path, spec: dict, new_tokens: int, cache
                                                  f"exporting its AR-{N} graph")
         ck.load(part)
         try:
-            wrapper = _build_wrapper(ck.model, C, family, layer_types, sliding_input, rope_rows,
+            wrapper = build_wrapper(ck.model, C, family, layer_types, sliding_input, rope_rows,
                                      part, rotary=ck.rotary)
             folder = Path(out_dir) / part.name
             folder.mkdir(parents=True, exist_ok=True)
-            _export_graph(wrapper, ar_spec, "verify", folder / "ar.onnx", progress, part)
+            export_graph(wrapper, ar_spec, "verify", folder / "ar.onnx", progress, part)
             del wrapper
         finally:
             ck.release(part)

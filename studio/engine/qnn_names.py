@@ -14,8 +14,11 @@ Pure Python.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
+from typing import TypeVar
+
+K = TypeVar("K", bound=Hashable)
 
 #: the prefix of the QNN EP's graph names
 QNN_PREFIX = "QNNExecutionProvider_QNNExecutionProvider_"
@@ -100,7 +103,7 @@ def place(name: str) -> float:
     return float("0." + name[len(QNN_PREFIX):].split("_")[0])
 
 
-def pick(paths_of: Callable[[int], Mapping[str, Path]], after: Mapping[str, str],
+def pick(paths_of: Callable[[int], Mapping[K, Path]], after: Mapping[K, str],
          candidates: int = 4096) -> int | None:
     """Of the candidates ``0 … candidates - 1``, the one whose graphs (``paths_of(i)``: graph
     -> the file it is compiled from) get predicted names that all sort after ``after``'s and

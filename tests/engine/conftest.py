@@ -130,7 +130,7 @@ def qwen_generator(qwen_graphs):
 
 @pytest.fixture(scope="session")
 def hf_qwen(tiny_qwen_dir):
-    from studio.engine.llm_export import load_causal_lm
+    from studio.engine.checkpoint_load import load_causal_lm
 
     return load_causal_lm(tiny_qwen_dir)
 

@@ -200,7 +200,7 @@ def _prompt() -> list[int]:
 def _hf_greedy(ckpt: Path, prompt: list[int], n: int) -> list[int]:
     import torch
 
-    from studio.engine.llm_export import load_causal_lm
+    from studio.engine.checkpoint_load import load_causal_lm
 
     model = load_causal_lm(ckpt)
     with torch.no_grad():
@@ -310,12 +310,12 @@ def test_host_mask_errors_are_caught(exports, monkeypatch, broken, first_bad):
     """Good graphs fed a wrong window (Gemma 2: only its sliding layer changes; top-1 may
     survive, the logits do not): the check names the first position the error matters."""
     from studio.engine import llm_runtime
+    from studio.engine.checkpoint_load import load_causal_lm, reference_ids
     from studio.engine.export_check import check_export
-    from studio.engine.llm_export import _reference_ids, load_causal_lm
 
     ckpt, graphs, spec = exports("gemma2")
     model = load_causal_lm(ckpt)
-    ids = _reference_ids(ckpt, C, spec["vocab_size"])
+    ids = reference_ids(ckpt, C, spec["vocab_size"])
     change = {"no window": None, "window + 1": WINDOW + 1, "window - 1": WINDOW - 1}[broken]
     for builder in ("prefill_mask", "decode_mask"):
         orig = getattr(llm_runtime, builder)

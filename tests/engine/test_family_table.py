@@ -14,7 +14,7 @@ import pytest
 from studio.core import archs, families
 from studio.core.errors import StudioError
 from studio.core.families import FAMILIES, SLIDING
-from studio.engine import checkpoint_check, hf_import, llm_export
+from studio.engine import checkpoint_check, checkpoint_load, hf_import, llm_export, llm_wrapper
 
 TINY = dict(
     vocab_size=2048,  # the sample tokenizer's
@@ -37,7 +37,7 @@ def test_the_three_readers_hold_the_same_table():
     assert llm_export.FAMILIES is families.FAMILIES
     assert archs.FAMILIES is families.FAMILIES
     # every family's export wrapper exists, and every architecture names one family
-    assert {f.wrapper for f in FAMILIES.values()} <= set(llm_export.WRAPPERS)
+    assert {f.wrapper for f in FAMILIES.values()} <= set(llm_wrapper.WRAPPERS)
     names = families.architectures()
     assert len(names) == len(set(names)) >= len(FAMILIES)
     for f in FAMILIES.values():
@@ -78,7 +78,7 @@ def test_every_family_of_the_table_passes_all_three(checkpoints, model_type):
     assert checked["architecture"] in FAMILIES[model_type].architectures
     info = hf_import.open_checkpoint(folder)
     assert info.family == model_type
-    config = llm_export._check_checkpoint(folder)  # the export's own check
+    config = checkpoint_load.check_checkpoint(folder)  # the export's own check
     assert config["model_type"] == model_type
     arch = archs.Arch.from_config(config)
     assert arch.tied_embeddings == info.tied_embeddings
@@ -94,7 +94,7 @@ def test_a_family_taken_out_of_the_table_is_gone_from_all_three(checkpoints, mon
     with pytest.raises(StudioError, match="unsupported architecture Gemma2ForCausalLM"):
         checkpoint_check.check_checkpoint(folder)
     with pytest.raises(StudioError, match="'gemma2' is not supported by the static-KV"):
-        llm_export._check_checkpoint(folder)
+        checkpoint_load.check_checkpoint(folder)
     # the performance model estimates it as a decoder it does not know: untied, every
     # layer sliding
     config.pop("tie_word_embeddings", None)

@@ -265,7 +265,8 @@ def test_export_cancel_leaves_no_spec(tmp_path, tiny_qwen_dir):
 
 
 def test_llama_export_matches_generate(tmp_path_factory, tiny_llama_dir, corpus):
-    from studio.engine.llm_export import export_llm, load_causal_lm
+    from studio.engine.checkpoint_load import load_causal_lm
+    from studio.engine.llm_export import export_llm
     from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
 
     out = tmp_path_factory.mktemp("llama-fp32")
@@ -283,7 +284,7 @@ def test_llama_export_matches_generate(tmp_path_factory, tiny_llama_dir, corpus)
 def test_sample_model_matches_generate(tiny_coder_graphs, sample_model_dir):
     """The trained sample model: greedy tokens from the FP32 graphs equal generate()."""
     from studio.engine.calibration import load_tokenizer
-    from studio.engine.llm_export import load_causal_lm
+    from studio.engine.checkpoint_load import load_causal_lm
     from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
 
     out, spec = tiny_coder_graphs

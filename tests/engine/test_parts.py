@@ -256,15 +256,16 @@ def test_the_reference_in_chunks_is_the_reference_at_once(deep_checkpoint):
 
     from studio.core.families import FAMILIES
     from studio.core.parts import split
-    from studio.engine.llm_export import _build_wrapper, _model_spec, layer_types_of
+    from studio.engine.llm_export import model_spec
     from studio.engine.llm_parts import StreamedCheckpoint, _reference_part, checkpoint_layout
+    from studio.engine.llm_wrapper import build_wrapper, layer_types_of
 
     ck = StreamedCheckpoint(deep_checkpoint)
     family = FAMILIES[ck.cfg["model_type"]]
-    spec = _model_spec(ck.model, ck.cfg, family, 16, 64, -100.0, 1)
+    spec = model_spec(ck.model, ck.cfg, family, 16, 64, -100.0, 1)
     part = split(checkpoint_layout(deep_checkpoint), 2)[0]
     ck.load(part)
-    wrapper = _build_wrapper(ck.model, 64, family, layer_types_of(ck.config, family), False,
+    wrapper = build_wrapper(ck.model, 64, family, layer_types_of(ck.config, family), False,
                              None, part, rotary=ck.rotary)
     ids = np.arange(3, 67, dtype=np.int64)
     whole = _reference_part(wrapper, spec, ids, chunk=64)

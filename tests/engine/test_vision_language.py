@@ -58,7 +58,7 @@ def test_greedy_tokens_after_an_image_equal_transformers_generate(vl):
     from tokenizers import Tokenizer
 
     from studio.engine import vision, vision_input
-    from studio.engine.llm_export import load_causal_lm
+    from studio.engine.checkpoint_load import load_causal_lm
     from studio.engine.llm_runtime import cpu_generator
 
     _kind, ck, out, spec = vl
@@ -89,7 +89,7 @@ def test_host_preprocessing_and_positions_equal_transformers(vl, tmp_path):
     from transformers import AutoImageProcessor
 
     from studio.engine import vision_input
-    from studio.engine.llm_export import load_causal_lm
+    from studio.engine.checkpoint_load import load_causal_lm
 
     _kind, ck, _out, spec = vl
     vs = vision_input.vision_spec(spec)
@@ -209,7 +209,8 @@ def test_a_large_tower_keeps_its_weights_beside_the_graph(vl, tmp_path, monkeypa
     """Past EXTERNAL_ABOVE bytes (Qwen2.5-VL-3B's tower is 2.7 GB, over one ONNX file's 2 GB)
     the encoder's weights go to vision.onnx.data; the graph computes the same rows."""
     from studio.engine import vision, vision_input
-    from studio.engine.llm_export import OPSET, load_causal_lm
+    from studio.engine.checkpoint_load import load_causal_lm
+    from studio.engine.llm_export import OPSET
 
     _kind, ck, out, spec = vl
     vs = vision_input.vision_spec(spec)

@@ -40,7 +40,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     write_pruned_checkpoint(ckpt, drop, ctx.out / "pruned")
     progress.update(0.95, "perplexity of the pruned checkpoint")
     from studio.engine.ablation import heldout_nll
-    from studio.engine.llm_export import load_causal_lm
+    from studio.engine.checkpoint_load import load_causal_lm
 
     nll, count = heldout_nll(load_causal_lm(ctx.out / "pruned"), ids, table["window"])
 
