@@ -72,6 +72,8 @@ from studio.core.stagegraph import (
     kind_stages,
 )
 
+#: bundle.dlc = auto writes the DLC files up to this many bytes of quantized graph weights
+DLC_AUTO_BYTES = 2 << 30
 #: model.chat_template: the checkpoint's template, or the prompt as written
 CHAT_TEMPLATES = ("checkpoint", "none")
 #: the longest context (and so prompt, generation, window) an export takes
@@ -578,6 +580,12 @@ class Bundle(Section):
                 "against them by structure; the simulator cannot load it: a device executes "
                 "it)", choices=("auto", "on", "off"),
         hint="(auto: on where there is a prefill graph to share with)")
+    dlc: str = setting(
+        "auto", "the DLC files of the quantized graphs beside the binaries, for Qualcomm's own "
+                "on-device tools (Genie does not read them; each holds a graph's weights "
+                "again)", choices=("auto", "on", "off"),
+        hint=f"(auto: where the quantized graphs hold at most {DLC_AUTO_BYTES >> 30} GiB of "
+             "weights; at 8 B they would double the bundle)")
     score_tokens: int = setting(64, "held-out tokens scored against FP32 on the bundle's own "
                                 "binaries (the figures of what ships)", min=0, cap=MAX_TOKENS,
                                 hint="(0: none)")

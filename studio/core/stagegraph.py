@@ -210,8 +210,8 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                         "quantization.weight_rounding", "quantization.rounding_samples",
                         "validation.heldout_text", "bundle.new_tokens", "bundle.prompts",
                         "bundle.parts", "bundle.prefill_length",
-                        "bundle.score_tokens", "run.prompt", "validation.greedy_tokens",
-                        "model.chat_template",
+                        "bundle.score_tokens", "bundle.dlc", "run.prompt",
+                        "validation.greedy_tokens", "model.chat_template",
                         # the device memory plan's KV width (the refusal before any work)
                         "quantization.kv_cache", "bundle.weight_sharing",
                         *HTP_COMPILE_SETTINGS),

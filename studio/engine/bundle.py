@@ -27,6 +27,7 @@ from typing import Any
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json, link_or_copy
 from studio.core.progress import Progress, SubProgress
+from studio.core.settings import DLC_AUTO_BYTES
 from studio.engine import qnn
 
 
@@ -50,6 +51,14 @@ class BundleSettings:
     htp_options: dict[str, str] | None = None  # the compile's extra QNN EP options
     graph_io: str = "float"  # htp.graph_io: "quantized" makes the KV cache uint16 I/O
     chat_template: str = "checkpoint"  # model.chat_template: how run.prompt goes in
+    dlc: str = "auto"  # bundle.dlc: the quantized graphs' DLC files (auto: up to 2 GiB)
+
+
+def dlc_wanted(setting: str, weight_bytes: int, limit: int = DLC_AUTO_BYTES) -> bool:
+    """Whether a bundle writes the DLC files of its quantized graphs (``bundle.dlc``): on,
+    off, or auto — where the graphs hold at most ``limit`` bytes of weights (each DLC file
+    holds its graph's weights again: at 8 B, W4A16, some 8 GB beside 4 GB of binaries)."""
+    return setting == "on" or (setting == "auto" and weight_bytes <= limit)
 
 
 #: what this onnxruntime-qnn's Genie takes of a prompt format, read from the JSON schemas in
@@ -546,14 +555,23 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
 
     exported = record.get("part_names") or []
     dlc = {}
-    for folder in exported if len(exported) > 1 else [""]:
-        for kind in ("prefill", "decode"):
-            key = f"{folder}/{kind}" if folder else kind
-            dlc[key] = qnn.export_dlc(qdir / folder / f"{kind}.onnx", chip,
-                                      out_root / "dlc" / f"{key}.dlc")
-    manifest["dlc"] = {**{g: {k: d[k] for k in ("file", "bytes")} for g, d in dlc.items()},
-                       "note": "the studio's quantized graphs for Qualcomm's on-device tools "
-                               "(not the bundle's binaries); not runnable on this host"}
+    weights = int(record.get("weights_bytes") or 0)
+    if dlc_wanted(settings.dlc, weights):
+        for folder in exported if len(exported) > 1 else [""]:
+            for kind in ("prefill", "decode"):
+                key = f"{folder}/{kind}" if folder else kind
+                dlc[key] = qnn.export_dlc(qdir / folder / f"{kind}.onnx", chip,
+                                          out_root / "dlc" / f"{key}.dlc")
+        manifest["dlc"] = {**{g: {k: d[k] for k in ("file", "bytes")} for g, d in dlc.items()},
+                           "note": "the studio's quantized graphs for Qualcomm's on-device "
+                                   "tools (not the bundle's binaries); not runnable on this host"}
+    else:
+        manifest["dlc"] = {"note": (
+            f"not written (bundle.dlc = {settings.dlc}"
+            + (f": the quantized graphs hold {weights / 2**30:.2f} GiB of weights, over "
+               f"{DLC_AUTO_BYTES >> 30} GiB" if settings.dlc == "auto" else "")
+            + "): Genie does not read them; set bundle.dlc = \"on\" for Qualcomm's own "
+              "on-device tools")}
     progress.update(0.98, "writing the manifest")
     atomic_write_json(out / "manifest.json", manifest)
     (out / "README.md").write_text(readme(spec, chip, sdk, N, cl, parts, ctx_names,
@@ -630,5 +648,6 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
         "ctx_bins": ctx_names, "weight_shared": shared_rows or None,
         "dlc": {g: {"file": f"dlc/{d['file']}", "bytes": d["bytes"], "entries": d["entries"]}
                 for g, d in dlc.items()},
+        **({} if dlc else {"dlc_note": manifest["dlc"]["note"]}),
         "figures": figures,
     }

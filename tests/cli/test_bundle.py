@@ -283,3 +283,14 @@ def test_the_bundle_takes_its_kv_cache_as_integers_by_default(built):
     assert set(enc) == {f"{t}_{i}" for i in range(4) for t in ("key", "value")}
     assert all(e["dtype"] == "uint16" and e["scale"] > 0 for e in enc.values())
     assert "as uint16 integers" in (out / "README.md").read_text()
+
+
+def test_dlc_files_are_written_where_the_setting_and_the_size_say():
+    """``bundle.dlc``: on writes them, off does not, auto writes them up to 2 GiB of
+    quantized graph weights (the sample's kilobytes: yes; the 8 B shape's 4 GB: no)."""
+    from studio.core.settings import DLC_AUTO_BYTES, Bundle
+    from studio.engine.bundle import dlc_wanted
+
+    assert Bundle.default("dlc") == "auto" and DLC_AUTO_BYTES == 2 << 30
+    assert dlc_wanted("auto", 10 << 20) and not dlc_wanted("auto", 4 << 30)
+    assert dlc_wanted("on", 4 << 30) and not dlc_wanted("off", 10 << 20)

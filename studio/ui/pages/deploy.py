@@ -140,8 +140,10 @@ class DeployPage(TargetStagePage):
             fill_table(self.files, [[d["file"], format_bytes(d["bytes"]),
                                 f"{len(d['entries'])} entries: " + ", ".join(d["entries"][:4])]
                                for d in res.get("dlc", {}).values()])
-            self.note.setText("DLC files are for Qualcomm's on-device tools (qnn-net-run, "
-                              "Genie with a DLC config): this host cannot run them back.")
+            self.note.setText(
+                "DLC files are for Qualcomm's on-device tools (qnn-net-run, Genie with a DLC "
+                "config): this host cannot run them back." if res.get("dlc") else
+                "No DLC files: " + res.get("dlc_note", "the bundle wrote none") + ".")
         else:
             fill_table(self.files, self._context_rows(job))
             self.note.setText("The compiled QNN context binaries the studio's own runtime, the "
@@ -208,8 +210,8 @@ class DeployPage(TargetStagePage):
         fmt = self.format.currentText()
         if fmt == "Genie bundle":
             return self.folder / "bundle"
-        if fmt == "DLC files":
-            return self.folder / "dlc"
+        if fmt == "DLC files":  # none where bundle.dlc left them out
+            return self.folder / "dlc" if (self.folder / "dlc").is_dir() else None
         return self._compile_folder(self.job)
 
     # ---- actions ----------------------------------------------------------------------------

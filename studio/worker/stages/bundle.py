@@ -30,7 +30,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         heldout_text=read_text(ctx.path("validation.heldout_text"), "held-out text"),
         prefill_length=int(ctx.get("bundle.prefill_length")), parts=int(ctx.get("bundle.parts")),
         prompts=int(ctx.get("bundle.prompts")), new_tokens=int(ctx.get("bundle.new_tokens")),
-        score_tokens=int(ctx.get("bundle.score_tokens")),
+        score_tokens=int(ctx.get("bundle.score_tokens")), dlc=ctx.get("bundle.dlc"),
         greedy_prompt=ctx.get("run.prompt"),
         greedy_tokens=int(ctx.get("validation.greedy_tokens")),
         htp_options=htp_options(ctx), graph_io=ctx.get("htp.graph_io"),
