@@ -74,7 +74,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         src, dst = sources[k], ctx.out / where(k)
         part_key = None
         if where(k) and ctx.parts.root is not None:  # a part compiled before from these graphs?
-            progress.update(i / n_steps, f"looking for {src.name.replace('_', ' ')} compiled "
+            progress.update(i / n_steps, f"looking for {dst.name.replace('_', ' ')} compiled "
                                          "before")
             part_key = ctx.parts.key("compile-part", salt=ctx.part_salt, chip=chip.key,
                                      fp16=fp16, extra=extra, embed_limit=EMBED_LIMIT,
@@ -364,8 +364,10 @@ def compile_in_processes(jobs: list[tuple[int, Any, Path, Path]], chip: Chip, fp
 
     pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
                                initializer=_child_init)
-    running = {pool.submit(_compile_job, str(src), str(dst), chip, fp16, extra, src.name):
-               (k, key, src.name) for k, key, src, dst in jobs}
+    # a part is named by its folder in the stage's output (its staged graphs' folder carries
+    # the suffix that orders its graph names)
+    running = {pool.submit(_compile_job, str(src), str(dst), chip, fp16, extra, dst.name):
+               (k, key, dst.name) for k, key, src, dst in jobs}
     done_parts, said = 0, ""
     try:
         pending = set(running)
@@ -440,13 +442,13 @@ def compile_on_ray(jobs: list[tuple[int, Any, Path, Path]], chip: Chip, fp16: bo
     for k, key, src, dst in jobs:
         need = part_memory(src)
         if offer and need > offer:
-            raise StudioError(f"{src.name.replace('_', ' ')} needs about {need / 2**30:.1f} GiB "
+            raise StudioError(f"{dst.name.replace('_', ' ')} needs about {need / 2**30:.1f} GiB "
                               f"to compile and the largest Ray node offers "
                               f"{offer / 2**30:.1f} GiB: export in more parts "
                               "(export.max_part_mb) or add a node with more memory")
         ref = task.options(memory=need, **options).remote(str(src), str(dst), chip, fp16,
-                                                          extra, src.name)
-        running[ref] = (k, key, src.name)
+                                                          extra, dst.name)
+        running[ref] = (k, key, dst.name)
     done_parts, said = 0, ""
     try:
         pending = list(running)
