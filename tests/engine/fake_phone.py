@@ -79,7 +79,7 @@ if os.environ.get("LD_LIBRARY_PATH"):  # the phone's libraries are placeholders 
 import argparse, json, shutil
 from pathlib import Path
 import numpy as np
-from studio.engine import qnn
+from studio.engine import profiling, qnn
 from studio.engine.devices.adb_phone import graph_io
 ap = argparse.ArgumentParser()
 for a in ("--backend", "--retrieve_context", "--input_list", "--output_dir", "--profiling_level"):
