@@ -281,7 +281,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("resources"))
     p.add_argument("--steps", type=int, default=700)
-    p.add_argument("--draft-steps", type=int, default=400)
+    p.add_argument("--draft-steps", type=int, default=800)
     p.add_argument("--reuse-target", action="store_true",
                    help="load the tiny-coder already in --out (checkpoint and tokenizer) "
                         "instead of training it again; only the draft is written")
