@@ -331,6 +331,13 @@ CATALOGUE: dict[str, Figure] = {f.key: f for f in (
     _f("bundle_greedy_agreement", "bundle: greedy token agreement", "fraction", "tokens the "
        "shipped binaries generated, each against FP32's choice given that text", _BUNDLE,
        _DEV, "greedy token agreement (validate's)", "higher"),
+    _f("bundle_draft_identical_prompts", "bundle: draft's greedy = plain greedy", "fraction",
+       "prompts whose greedy speculative tokens — the bundle's draft on the CPU, its binaries "
+       "verifying — equal plain greedy decoding's over the same binaries", _BUNDLE, _DEV, "",
+       "higher"),
+    _f("bundle_draft_tokens_per_pass", "bundle: tokens per target pass with the draft",
+       "tokens", "tokens the bundle's binaries emit per verify pass with the bundle's draft "
+       "proposing (greedy)", _BUNDLE, _DEV, "", "higher"),
     _f("genie_tokens_per_s", "Genie's decode speed", "tok/s", "Genie's own tokens per second "
        "on the bundle (its wall clock)", _BUNDLE, _DEV, "decode speed (the run stage's)",
        "higher"),

@@ -86,8 +86,10 @@ class Project(Settings):
         d: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "name": self.name}
         for section in self.sections():
             d[section.name] = section.to_dict()
-        if not d["model"].get("draft"):
-            d["model"].pop("draft", None)  # no draft model: leave the key out of the file
+        if not d["model"].get("draft"):  # no draft model: leave its keys out of the file
+            d["model"].pop("draft", None)
+            if d["model"].get("draft_embedding") == "auto":
+                d["model"].pop("draft_embedding", None)
         d["targets"] = list(self.targets)
         if self.sweeps:
             d["sweeps"] = copy.deepcopy(self.sweeps)

@@ -34,6 +34,7 @@ from studio.core.devices import (
     device_names,
     shorthand_kind,
 )
+from studio.core.drafttable import DRAFT_TABLE_MODES
 from studio.core.errors import StudioError
 from studio.core.layerdiff import MAX_WINDOWS, TENSOR_MODES
 from studio.core.parts import DEFAULT_MAX_PART_BYTES, MAX_PARTS
@@ -364,6 +365,10 @@ class Model(Section):
     source: str = setting("", "the checkpoint folder, the .onnx file or sample:NAME",
                           required=True)
     draft: str = setting("", "a draft checkpoint for speculative decoding (\"\": none)")
+    draft_embedding: str = setting(
+        "auto", "the draft's token table: the target's where vocabulary, width and values "
+                "match (auto), the target's whenever vocabulary and width match (target: the "
+                "draft was distilled on it), or its own (own)", choices=DRAFT_TABLE_MODES)
     kind: str = setting("causal-lm", "causal-lm (a checkpoint), encoder (a sentence "
                         "encoder's PyTorch weights) or onnx-graph (any ONNX file); each kind "
                         "runs its own declared stages", choices=MODEL_KINDS)
@@ -589,6 +594,10 @@ class Bundle(Section):
     score_tokens: int = setting(64, "held-out tokens scored against FP32 on the bundle's own "
                                 "binaries (the figures of what ships)", min=0, cap=MAX_TOKENS,
                                 hint="(0: none)")
+    draft: str = setting("auto", "the draft model (model.draft) in the bundle, for the app's CPU "
+                         "(its ONNX graphs, the token table it reads, how to run it beside the "
+                         "target), checked against plain greedy decoding over the bundle's "
+                         "binaries: auto (with a draft model) or off", choices=("auto", "off"))
 
 
 class Sensitivity(Section):

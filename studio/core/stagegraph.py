@@ -211,7 +211,8 @@ DECLARATIONS: tuple[StageDecl, ...] = (
                         "validation.heldout_text", "bundle.new_tokens", "bundle.prompts",
                         "bundle.parts", "bundle.prefill_length",
                         "bundle.score_tokens", "bundle.dlc", "run.prompt",
-                        "validation.greedy_tokens", "model.chat_template",
+                        "validation.greedy_tokens", "model.chat_template", "model.draft",
+                        "model.draft_embedding", "bundle.draft",
                         # the device memory plan's KV width (the refusal before any work)
                         "quantization.kv_cache", "bundle.weight_sharing",
                         *HTP_COMPILE_SETTINGS),

@@ -29,6 +29,7 @@ from studio.core.fsutil import atomic_write_json, link_or_copy
 from studio.core.progress import Progress, SubProgress
 from studio.core.settings import DLC_AUTO_BYTES
 from studio.engine import qnn
+from studio.engine.bundle_draft import readme_section as draft_readme
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class BundleSettings:
     graph_io: str = "float"  # htp.graph_io: "quantized" makes the KV cache uint16 I/O
     chat_template: str = "checkpoint"  # model.chat_template: how run.prompt goes in
     dlc: str = "auto"  # bundle.dlc: the quantized graphs' DLC files (auto: up to 2 GiB)
+    draft: Path | None = None  # model.draft's checkpoint, shipped for the app's CPU
+    draft_ref: str = ""  # model.draft as the project names it
+    draft_embedding: str = "auto"  # model.draft_embedding: its token table
 
 
 def dlc_wanted(setting: str, weight_bytes: int, limit: int = DLC_AUTO_BYTES) -> bool:
@@ -422,6 +426,7 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
     whole = _fits_simulator(record)
     checks: list[dict[str, Any]] = []
     accuracy = None
+    draft: dict[str, Any] | None = None
     passes: dict[int, int] = {}
     load_s, rate = None, None
     for d, names in {out: ctx_names, run_dir: run_names}.items():
@@ -460,6 +465,14 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
                                      settings.greedy_tokens)
             if accuracy.get("greedy"):
                 accuracy["greedy"]["text"] = tok.decode(accuracy["greedy"].pop("ids"))
+        if settings.draft is not None:  # the draft for the app's CPU, checked on these binaries
+            from studio.engine.bundle_draft import add_draft
+
+            draft = add_draft(out, out_root, settings.checkpoint, settings.draft,
+                              settings.draft_ref, settings.draft_embedding, spec, export_dir,
+                              deployed.DeployedGenerator(runner, spec),
+                              [(ids, n, ref) for ids, n, ref, _ in refs], ups,
+                              SubProgress(progress, 0.4, 0.5))
         del runner
         progress.update(0.5, "loading the bundle in Genie (HTP simulator)")
         try:
@@ -517,8 +530,8 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
                 h.update(block)
         return h.hexdigest()
 
-    files = {f.name: {"bytes": f.stat().st_size, "sha256": sha(f)}
-             for f in sorted(out.iterdir()) if f.is_file()}
+    files = {f.relative_to(out).as_posix(): {"bytes": f.stat().st_size, "sha256": sha(f)}
+             for f in sorted(out.rglob("*")) if f.is_file()}
     from importlib.metadata import version
 
     kv_cache: dict[str, Any] = dict(record["kv_cache"])
@@ -538,6 +551,7 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
         if shared else None,
         "kv_cache": kv_cache,
         "chat_template": template,
+        "draft": draft,
         "prompt_format": fmt.line(),
         "weights_bytes": weights,
         "files": files,
@@ -575,7 +589,8 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
     progress.update(0.98, "writing the manifest")
     atomic_write_json(out / "manifest.json", manifest)
     (out / "README.md").write_text(readme(spec, chip, sdk, N, cl, parts, ctx_names,
-                                          kv_cache["dtype"], template, fmt.line()))
+                                          kv_cache["dtype"], template, fmt.line())
+                                   + ("" if draft is None else draft_readme(draft)))
     timed = "Genie's wall time"
     greedy = (accuracy or {}).get("greedy")
     figures = [  # (name, value, unit, detail, whether it is a timing of the device)
@@ -598,6 +613,14 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
             ("bundle_greedy_agreement", greedy["agreement"], "fraction",
              f"{greedy['tokens']} tokens the bundle's binaries generated after "
              "run.prompt, each against FP32's choice given that text", False)]),
+        *([] if draft is None else [
+            ("bundle_draft_identical_prompts",
+             draft["check"]["identical"] / max(1, draft["check"]["prompts"]), "fraction",
+             f"{draft['check']['prompts']} prompts, the bundle's draft on the CPU and its "
+             "binaries verifying, against plain greedy over the same binaries", False)]),
+        *([] if draft is None or draft["check"]["tokens_per_target_pass"] is None else [
+            ("bundle_draft_tokens_per_pass", draft["check"]["tokens_per_target_pass"],
+             "tokens", f"tokens per target pass, k = {draft['check']['k']}", False)]),
         *([] if rate is None else [("genie_tokens_per_s", rate, "tok/s", timed, True),
                                    ("genie_load_s", load_s, "s", timed, True)]),
     ]
@@ -633,7 +656,13 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
                        f"; the shipped binaries against FP32 on {accuracy['tokens']} held-out "
                        f"tokens: cosine {accuracy['logits_cosine']:.4f}, top-1 "
                        f"{accuracy['top1_agreement']:.1%}, ppl {accuracy['fp32_perplexity']:.2f}"
-                       f" → {accuracy['perplexity']:.2f}")),
+                       f" → {accuracy['perplexity']:.2f}")
+                    + ("" if draft is None else
+                       f"; the draft {draft['model']} for the app's CPU: greedy speculative "
+                       f"decoding with it gave plain greedy's tokens on "
+                       f"{draft['check']['identical']}/{draft['check']['prompts']} prompts"
+                       + (f", {draft['check']['tokens_per_target_pass']:.2f} tokens per "
+                          "target pass" if draft["check"]["tokens_per_target_pass"] else ""))),
         "target": chip.key, "source": source, "bundle": "bundle", "files": files,
         "checks": checks, "by_part": by_part, "context_size": cl, "accuracy": accuracy,
         "qnn_sdk": sdk, "prefill_ar": N if N > 1 else None,
@@ -646,6 +675,8 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
             "perplexity_quantized": accuracy["perplexity"]}),
         "studio_passes": {f"ar{k}": v for k, v in passes.items()},
         "ctx_bins": ctx_names, "weight_shared": shared_rows or None,
+        "draft": None if draft is None else {k: draft[k] for k in ("model", "files",
+                                                                    "token_table", "check")},
         "dlc": {g: {"file": f"dlc/{d['file']}", "bytes": d["bytes"], "entries": d["entries"]}
                 for g, d in dlc.items()},
         **({} if dlc else {"dlc_note": manifest["dlc"]["note"]}),

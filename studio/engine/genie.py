@@ -274,15 +274,17 @@ def genie_config(spec: dict[str, Any], ctx_bins: list[str], chip=None,
     }}
 
 
-def local_config(bundle: Path) -> dict[str, Any]:
-    """The bundle's own ``genie_config.json`` with its file paths made absolute (Genie
-    resolves relative paths from the current folder)."""
-    path = Path(bundle) / "genie_config.json"
+def local_config(bundle: Path, name: str = "genie_config.json") -> dict[str, Any]:
+    """The bundle's own ``genie_config.json`` (or the config ``name``: a dialog with two
+    engines, ``spd``, too) with its file paths made absolute (Genie resolves relative paths
+    from the current folder)."""
+    path = Path(bundle) / name
     try:
         cfg = json.loads(path.read_text())
         dialog = cfg["dialog"]
         tok = dialog["tokenizer"]
-        binary = dialog["engine"]["model"]["binary"]
+        engines = dialog["engine"] if isinstance(dialog["engine"], list) else [dialog["engine"]]
+        binaries = [e["model"]["binary"] for e in engines]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise StudioError(f"{path} is not a Genie dialog config ({exc}): build the bundle "
                           "again") from None
@@ -294,14 +296,15 @@ def local_config(bundle: Path) -> dict[str, Any]:
     from studio.engine.checkpoint_check import check_tokenizer
 
     check_tokenizer(Path(tok["path"]).parent, int(dialog["context"]["n-vocab"]))
-    bins = []
-    for b in binary["ctx-bins"]:
-        p = (Path(bundle) / b).resolve()
-        if not p.is_file():
-            raise StudioError(f"the bundle has no context binary {b} (genie_config.json lists "
-                              "it): build the bundle again")
-        bins.append(str(p))
-    binary["ctx-bins"] = bins
+    for binary in binaries:
+        bins = []
+        for b in binary["ctx-bins"]:
+            p = (Path(bundle) / b).resolve()
+            if not p.is_file():
+                raise StudioError(f"the bundle has no context binary {b} ({name} lists it): "
+                                  "build the bundle again")
+            bins.append(str(p))
+        binary["ctx-bins"] = bins
     return cfg
 
 
@@ -332,26 +335,35 @@ _CONTEXT_EXCEEDED = 4
 
 
 class GenieDialog:
-    """A Genie dialog created from a bundle's config, on this host's HTP simulator."""
+    """A Genie dialog created from a bundle's config (``config``: the file's name), on this
+    host's HTP simulator. ``profile``: Genie's own profiler is bound to it, and each query's
+    result carries its event (:meth:`query`'s ``profile``)."""
 
-    def __init__(self, bundle: Path) -> None:
+    def __init__(self, bundle: Path, config: str = "genie_config.json",
+                 profile: bool = False) -> None:
         self.bundle = Path(bundle)
-        cfg = local_config(self.bundle)
+        cfg = local_config(self.bundle, config)
         self.lib = ctypes.CDLL(str(library_path()))
         self._cfg, self._dlg = ctypes.c_void_p(), ctypes.c_void_p()
+        self._prof = ctypes.c_void_p()
         t0 = time.perf_counter()
         st2 = -1
         with capture_native_stderr() as cap:  # Genie prints its reasons on fd 2
             st = self.lib.GenieDialogConfig_createFromJson(json.dumps(cfg).encode(),
                                                           ctypes.byref(self._cfg))
+            if st == 0 and profile and (
+                    self.lib.GenieProfile_create(None, ctypes.byref(self._prof)) != 0
+                    or self.lib.GenieDialogConfig_bindProfiler(self._cfg, self._prof) != 0):
+                self._free_profile()
             if st == 0:
                 st2 = self.lib.GenieDialog_create(self._cfg, ctypes.byref(self._dlg))
         if st != 0:
-            raise StudioError(f"Genie refused the bundle's genie_config.json (status {st}): "
+            raise StudioError(f"Genie refused the bundle's {config} (status {st}): "
                               f"{_genie_message(cap.text)}")
         if st2 != 0:
             self.lib.GenieDialogConfig_free(self._cfg)
             self._cfg = ctypes.c_void_p()
+            self._free_profile()
             raise StudioError(f"Genie could not create the dialog (status {st2}): "
                               f"{_genie_message(cap.text)}")
         self.load_s = time.perf_counter() - t0
@@ -394,7 +406,39 @@ class GenieDialog:
         else:
             stopped = "max_new_tokens" if len(pieces) >= max_new_tokens else "eos"
         return {"text": "".join(pieces), "wall_s": wall, "stopped": stopped,
-                "first_text_s": (stamps[0] - t0) if stamps else None, "pieces": len(pieces)}
+                "first_text_s": (stamps[0] - t0) if stamps else None, "pieces": len(pieces),
+                "profile": self._last_query() if self._prof else None}
+
+    def _last_query(self) -> dict[str, Any] | None:
+        """Genie's profile event of the last query (its figures: ``num-generated-tokens``,
+        ``token-acceptance-rate`` of a speculative dialog, ...), as ``{name: value}``."""
+        held: list[Any] = []
+        alloc_t = ctypes.CFUNCTYPE(None, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p))
+
+        def alloc(size, out) -> None:
+            buf = ctypes.create_string_buffer(int(size))
+            held.append(buf)
+            out[0] = ctypes.cast(buf, ctypes.c_char_p)
+
+        keep = alloc_t(alloc)
+        data = ctypes.c_char_p()
+        if self.lib.GenieProfile_getJsonData(self._prof, keep, ctypes.byref(data)) != 0 or not held:
+            return None
+        try:
+            doc = json.loads(held[-1].value.decode("utf-8", "replace"))
+            events = [e for c in doc.get("components", []) for e in c.get("events", [])
+                      if e.get("type") == "GenieDialog_query"]
+        except (ValueError, AttributeError):
+            return None
+        if not events:
+            return None
+        return {k: (v["value"] if isinstance(v, dict) and "value" in v else v)
+                for k, v in events[-1].items()}
+
+    def _free_profile(self) -> None:
+        if self._prof:
+            self.lib.GenieProfile_free(self._prof)
+            self._prof = ctypes.c_void_p()
 
     def close(self) -> None:
         if self._dlg:
@@ -403,6 +447,7 @@ class GenieDialog:
         if self._cfg:
             self.lib.GenieDialogConfig_free(self._cfg)
             self._cfg = ctypes.c_void_p()
+        self._free_profile()
 
     def __enter__(self) -> GenieDialog:
         return self

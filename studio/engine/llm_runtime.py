@@ -177,10 +177,12 @@ def load_graph_spec(graphs_dir: Path) -> dict[str, Any]:
     return load_spec(Path(graphs_dir))
 
 
-def cpu_generator(graph_dir: Path, spec: dict[str, Any], threads: int = HOST_THREADS) -> StaticKVGenerator:
+def cpu_generator(graph_dir: Path, spec: dict[str, Any], threads: int = HOST_THREADS,
+                  fixed_feeds: dict[str, Any] | None = None) -> StaticKVGenerator:
     """A generator over the prefill / decode (and verify, when there is one) graphs of
     ``graph_dir`` on the host CPU (ONNX Runtime); a model in parts runs its parts' graphs
-    chained (:mod:`studio.engine.chain`)."""
+    chained (:mod:`studio.engine.chain`). ``fixed_feeds``: inputs fed as they are to every
+    pass (a draft's token table read from its target's: :mod:`studio.engine.shared_table`)."""
     from studio.engine.chain import chain_session, part_dirs
     from studio.engine.graphio import encoded
 
@@ -193,7 +195,7 @@ def cpu_generator(graph_dir: Path, spec: dict[str, Any], threads: int = HOST_THR
     return StaticKVGenerator(chain_session(spec, graph_dir, "prefill", make),
                              chain_session(spec, graph_dir, "decode", make), spec,
                              chain_session(spec, graph_dir, "verify", make) if has_verify
-                             else None)
+                             else None, fixed_feeds)
 
 
 def htp_session_maker(chip, fp16: bool,
@@ -300,7 +302,8 @@ def constant_output_error(graph: str, logits, session, feeds: dict) -> StudioErr
 class StaticKVGenerator:
     """Runs prefill once, then one decode step per token, with a host-side KV cache."""
 
-    def __init__(self, prefill_session, decode_session, spec: dict, verify_session=None):
+    def __init__(self, prefill_session, decode_session, spec: dict, verify_session=None,
+                 fixed_feeds: dict[str, Any] | None = None):
         try:
             self.num_layers = int(spec["num_layers"])
             self.num_kv_heads = int(spec["num_kv_heads"])
@@ -317,6 +320,7 @@ class StaticKVGenerator:
         self.pad_id = int(spec.get("pad_token_id") or 0)
         self.window = sliding_window_of(spec)
         self._full_window, self._sliding_window = mask_windows(spec)
+        self.fixed_feeds = dict(fixed_feeds or {})  # fed as they are (no copy) to every pass
         self.prefill_session = prefill_session
         self.decode_session = decode_session
         self.verify_session = verify_session
@@ -466,6 +470,10 @@ class StaticKVGenerator:
         mask[-1] = 0.0
         return mask
 
+    def _fixed(self, feeds: dict, types: dict) -> dict:
+        feeds.update((k, v) for k, v in self.fixed_feeds.items() if k in types)
+        return feeds
+
     def _cast(self, types: dict, name: str, value):
         dt = types[name]
         if value.dtype.kind == "f" and dt.kind in "ui":
@@ -501,7 +509,7 @@ class StaticKVGenerator:
             feeds[SLIDING_MASK] = self._cast(t, SLIDING_MASK, window[None, None])
         if self.vision is not None:
             feeds.update(self._image_feeds(ids, t))
-        return feeds
+        return self._fixed(feeds, t)
 
     def decode_feed(self, token: int, pos: int, copy: bool = False) -> dict:
         """Feeds for one decode step of ``token`` at position ``pos`` over the current cache."""
@@ -535,7 +543,7 @@ class StaticKVGenerator:
         for (kn, vn), (k, v) in zip(self._kv_names, self.cache, strict=True):
             feeds[kn] = k.copy() if copy else k
             feeds[vn] = v.copy() if copy else v
-        return feeds
+        return self._fixed(feeds, t)
 
     def verify_feed(self, tokens: list[int], pos: int) -> dict:
         """Feeds for the verify graph: ``tokens`` (at most N) at positions ``pos``.., over
@@ -575,7 +583,7 @@ class StaticKVGenerator:
         for (kn, vn), (k, v) in zip(self._kv_names, self.cache, strict=True):
             feeds[kn] = k
             feeds[vn] = v
-        return feeds
+        return self._fixed(feeds, t)
 
     def verify(self, tokens: list[int], pos: int):
         """One pass of the verify graph over ``tokens`` at positions ``pos``..; writes their KV

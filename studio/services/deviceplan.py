@@ -6,7 +6,9 @@ The plan is of the bundle the project would ship, the compile stage's binaries: 
 count (the export's parts: the bundle splits nothing), weight sharing, the scheme, the context
 length, the AR-N prefill graph (``bundle.prefill_length``, else the prompt length) and the
 KV cache as the compiled graphs take it (``htp.graph_io``, ``quantization.kv_cache``).
-Read from the checkpoint's weight headers and config: nothing is loaded.
+Read from the checkpoint's weight headers and config: nothing is loaded. With a draft model,
+the host side beside it: whether the draft reads the target's token table, and the bytes
+that saves (:mod:`studio.core.drafttable`; the two tables compared byte for byte).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from studio.core.catalog import get_chip
 from studio.core.deviceplan import DevicePlan, Dims, Inputs, bundle_inputs, device_plan
+from studio.core.drafttable import TableShare
 from studio.core.errors import StudioError
 from studio.core.parts import Layout
 
@@ -107,17 +110,41 @@ def target_plan(project: Project, chip: str) -> DevicePlan | None:
     return None
 
 
+def draft_table_share(project: Project, draft_ref: str | None = None) -> TableShare | None:
+    """Whether the project's draft model (``draft_ref``, default ``model.draft``) reads its
+    target's token table on the host CPU, why, and the bytes saved
+    (:mod:`studio.core.drafttable`); None without a draft."""
+    ref = draft_ref or project.model.get("draft")
+    if not ref or project.model["kind"] != "causal-lm":
+        return None
+    from studio.engine.shared_table import checkpoint_share
+
+    return checkpoint_share(project.input_path(project.model["source"]),
+                            project.input_path(ref), project.model.get("draft_embedding", "auto"))
+
+
+def _draft_table(project: Project) -> dict[str, Any] | None:
+    try:
+        share = draft_table_share(project)
+    except StudioError as exc:
+        return {"shareable": False, "why": exc.message, "saved_bytes": 0,
+                "source": "estimated", "line": f"draft's token table: {exc.message}"}
+    return share.to_dict() if share is not None else None
+
+
 def plans_dict(project: Project) -> dict[str, Any]:
     """The plans as JSON-ready data: ``{"plans": [...]}``, or ``{"plans": None, "why": ...}``
-    when there is none (the why in one line)."""
+    when there is none (the why in one line); with a draft model, ``draft_table``: whether
+    it reads the target's token table on the host CPU and the bytes that saves."""
+    draft = {"draft_table": _draft_table(project)} if project.model.get("draft") else {}
     try:
         plans = project_plans(project)
     except StudioError as exc:
-        return {"plans": None, "why": exc.message}
+        return {"plans": None, "why": exc.message, **draft}
     if plans is None:
         return {"plans": None, "why": "the device plan is for causal LMs with a quantized "
-                                      "scheme (a bundle's parts)"}
-    return {"plans": [p.to_dict() for p in plans]}
+                                      "scheme (a bundle's parts)", **draft}
+    return {"plans": [p.to_dict() for p in plans], **draft}
 
 
 def plan_lines(project: Project, data: dict[str, Any] | None = None) -> list[str]:
@@ -126,8 +153,9 @@ def plan_lines(project: Project, data: dict[str, Any] | None = None) -> list[str
     from studio.core.units import format_bytes
 
     data = data if data is not None else plans_dict(project)
+    draft = [data["draft_table"]["line"]] if data.get("draft_table") else []
     if data["plans"] is None:
-        return [f"device plan: {data['why']}"]
+        return [f"device plan: {data['why']}", *draft]
     out = []
     for p in data["plans"]:
         out.append(p["summary"])
@@ -137,7 +165,7 @@ def plan_lines(project: Project, data: dict[str, Any] | None = None) -> list[str
         out.append(f"    limits: address space {_limit(p['npu_va_bytes'])} "
                    f"({p['npu_va_source'] or 'no source'}); context binary "
                    f"{_limit(p['npu_context_bytes'])} ({p['npu_context_source'] or 'no source'})")
-    return out
+    return out + draft
 
 
 def _limit(n: int | None) -> str:

@@ -342,6 +342,26 @@ def check_htp_options(project) -> Check:
                  ", ".join(opts) if opts else "the compiler's defaults")
 
 
+def check_draft_table(project) -> list[Check]:
+    """With a draft model: whether it reads the target's token table on the host CPU and the
+    bytes that saves (:func:`studio.services.deviceplan.draft_table_share`) — WARN where
+    the two could share one table but the draft's values differ."""
+    from studio.services.deviceplan import draft_table_share
+
+    try:
+        share = draft_table_share(project)
+    except StudioError as exc:
+        return [Check("project", "draft's token table", WARN, str(exc), "")]
+    if share is None:
+        return []
+    if share.values == "differ":
+        return [Check("project", "draft's token table", WARN, share.line(),
+                      "distil the draft with the target's table frozen (python -m "
+                      "studio.samples.train --reuse-target does for the sample), or set "
+                      "model.draft_embedding = \"target\" if it was distilled on it")]
+    return [Check("project", "draft's token table", PASS, share.line())]
+
+
 def project_checks(project) -> tuple[list[Check], dict[str, int], int | None]:
     """The project's checks, the predicted stage peaks of its plan and the disk its
     artifacts take (estimated)."""
@@ -365,6 +385,7 @@ def project_checks(project) -> tuple[list[Check], dict[str, int], int | None]:
         if plan is not None:
             out += check_parts(project, info, plan)
             out += check_device_plan(project)
+            out += check_draft_table(project)
             peaks = {k: v for k, v in plan.peaks.items() if v}
             params = sum(p["parameters"] for p in plan.parts)
             per = (DISK_PER_PARAMETER["export"] + DISK_PER_PARAMETER["quantize"]

@@ -15,11 +15,22 @@ from studio.core.fsutil import atomic_write_text
 
 
 def estimate_config(config: str | Path, chip: str, scheme: str = "W4A16", context: int = 4096,
-                    prompt_tokens: int | None = None, image: int | None = None
+                    prompt_tokens: int | None = None, image: int | None = None,
+                    draft_config: str | Path | None = None, draft_embedding: str = "auto"
                     ) -> dict[str, Any]:
     """Estimated prefill and decode tok/s of a public architecture (a HF config, no weights);
     ``image``: a vision-language model's square image, pixels a side (its vision tower runs
-    before the prefill, which takes the image's tokens)."""
+    before the prefill, which takes the image's tokens). ``draft_config``: a draft model's
+    config — whether it can read this model's token table and the bytes that saves
+    (``draft_table``: :func:`studio.core.drafttable.config_share`, from the configs' numbers;
+    ``draft_embedding`` as ``model.draft_embedding``)."""
+    draft_table = None
+    if draft_config is not None:  # before any work: a bad config is one line
+        from studio.core.drafttable import config_share
+
+        draft_table = config_share(archs.load_config(config)[0],
+                                   archs.load_config(draft_config)[0],
+                                   draft_embedding).to_dict()
     arch = archs.load_arch(config)
     est = perfmodel.estimate(arch, get_chip(chip), scheme, context, prompt_tokens,
                              image=image)
@@ -27,6 +38,8 @@ def estimate_config(config: str | Path, chip: str, scheme: str = "W4A16", contex
     out["layer_traffic_bytes"] = {("lm_head" if k < 0 else str(k)): int(round(v))
                                   for k, v in sorted(est.layer_traffic().items())}
     out["roofline"] = roofline_points(est.decode, est.chip)
+    if draft_table is not None:
+        out["draft_table"] = draft_table
     return out
 
 

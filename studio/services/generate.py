@@ -179,10 +179,16 @@ def load_encoder(project: Project, dev: Device, spec: dict[str, Any], registry=N
     return backend(dev, registry).open_encoder(export_dir, compiled, spec, fp16)
 
 
-def load_draft(project: Project, draft_ref: str | None = None):
+def load_draft(project: Project, draft_ref: str | None = None) -> tuple[Any, dict[str, Any]]:
     """The draft model's CPU generator: the ``draft`` stage's export of ``draft_ref`` (default
-    the project's ``model.draft``), run first when the store does not hold it yet."""
+    the project's ``model.draft``), run first when the store does not hold it yet, and its
+    token table: where the draft may read the target's (``model.draft_embedding``,
+    :func:`studio.services.deviceplan.draft_table_share`), its graphs are rewritten to take
+    the table as an input (once, beside the artifacts) and fed the target export's own
+    array, so the generator holds no table of its own. Returns (generator, the verdict as a
+    dict with ``graph_bytes_dropped``, measured on the graphs, where it is shared)."""
     from studio.engine.llm_runtime import cpu_generator, load_graph_spec
+    from studio.services.deviceplan import draft_table_share
 
     if draft_ref:
         project = project.copy()
@@ -192,7 +198,20 @@ def load_draft(project: Project, draft_ref: str | None = None):
                           "\"sample:tiny-coder-draft\"), give --draft REF or use --prompt-lookup")
     folder = stored_artifact(project, "draft", "the draft model")
     assert folder is not None
-    return cpu_generator(folder, load_graph_spec(folder))
+    share = draft_table_share(project)
+    assert share is not None
+    table = share.to_dict()
+    if not share.shareable:
+        return cpu_generator(folder, load_graph_spec(folder)), table
+    from studio.engine.shared_table import TABLE, shared_draft_graphs, target_table
+
+    shared = project.folder / "draft-table" / folder.name
+    done = shared_draft_graphs(folder, shared)
+    table["graph_bytes_dropped"] = done["graph_bytes_dropped"]
+    table["head"] = done["head"]
+    gen = cpu_generator(shared, load_graph_spec(shared),
+                        fixed_feeds={TABLE: target_table(_artifact(project, "export", "export"))})
+    return gen, table
 
 
 def prompt_format(project: Project, raw: bool = False):
@@ -250,7 +269,8 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
         if speculative and window < gen.context_len:
             raise StudioError("speculative decoding verifies over the whole cache: use a "
                               f"window of {gen.context_len} (the context) or none")
-    proposer = None
+    proposer: Any = None
+    draft_table = None  # the draft's token table: the target's or its own, and why
     if speculative:
         from studio.engine.speculative import DraftModelProposer, PromptLookupProposer
 
@@ -259,8 +279,11 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
                 "speculative decoding needs a verify graph, which only the host CPU's export "
                 "has so far: use --device cpu" if dev.runs != "export" else
                 "this export has no verify graph: re-run the export stage")
-        proposer = (PromptLookupProposer() if speculative == "lookup"
-                    else DraftModelProposer(load_draft(project, draft_ref), sampling))
+        if speculative == "lookup":
+            proposer = PromptLookupProposer()
+        else:
+            draft_gen, draft_table = load_draft(project, draft_ref)
+            proposer = DraftModelProposer(draft_gen, sampling)
     encoder = None
     if image is not None and spec.get("vision"):
         if speculative:
@@ -355,6 +378,7 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
         result["speculative"] = out["speculative"]
         result["speculative"]["estimated"] = _speculative_estimate(
             project, spec, out["speculative"], speculative, draft_ref)
+        result["speculative"]["draft_table"] = draft_table
     return result
 
 

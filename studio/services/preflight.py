@@ -192,6 +192,8 @@ def preflight(project: Project, jobs: list[PlannedJob]) -> None:
                 if ref:
                     _check_images(project.input_path(ref), key)
             elif kind == "checkpoint":
+                if not ref:  # an optional checkpoint (model.draft) not set
+                    continue
                 checked_model = _check_checkpoint(project, ref)
                 if key == "model.source":
                     model = checked_model

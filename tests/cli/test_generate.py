@@ -80,6 +80,17 @@ def test_speculative_generation_matches_greedy_and_reports_acceptance(batch_run,
     assert look["speculative"]["proposer"] == "prompt-lookup"
     assert draft["speculative"]["proposer"] == "draft-model" and draft["speculative"]["k"] == 3
     assert draft["speculative"]["tokens_per_target_pass"] > 1.5  # the draft mostly agrees
+    # the shipped draft reads the target's token table (equal values): its graphs hold none
+    table = draft["speculative"]["draft_table"]
+    assert table["shareable"] and table["values"] == "equal"
+    assert table["saved_bytes"] == 2048 * 256 * 4 and table["source"] == "estimated"
+    assert table["graph_bytes_dropped"] == 2 * 2 * 2048 * 256 * 4  # table + tied head, 2 graphs
+    assert look["speculative"]["draft_table"] is None
+    r = studio("generate", small_project, "--prompt", "def f(", "--max-new-tokens", "4",
+               "--speculative", "--draft", "sample:tiny-coder-draft")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "draft's token table: the target's (vocabulary 2,048 and width 256 match, values " \
+           "equal): 2.0 MiB saved on the host CPU" in r.stderr
 
     r = studio("generate", small_project, *args, "--speculative")
     assert r.returncode == 2 and "no draft model" in r.stderr

@@ -79,3 +79,42 @@ def test_the_report_shows_the_plan_with_its_sources(tmp_path):
     html = render_html(data)
     assert "Device memory plan" in html and "whole weights" in html  # shared: one binary
     assert "[VA] about 3.8 GiB" in html and "; fits</p>" in html
+
+
+def test_the_plan_says_whether_the_draft_reads_the_targets_table(tmp_path):
+    """The host side beside the NPU plan: the shipped draft reads the target's token table
+    (equal, byte for byte): its 2 MiB table is not held; with model.draft_embedding = "own",
+    or a draft of another width, 0 bytes and why — in the plan's data, its lines and the
+    doctor's check."""
+    import json
+
+    from studio.services.deviceplan import draft_table_share, plan_lines
+
+    p = pf.load(_project(tmp_path, "sample:tiny-coder", context=128))
+    assert "draft_table" not in plans_dict(p) and not d.check_draft_table(p)
+    p.model["draft"] = "sample:tiny-coder-draft"
+    data = plans_dict(p)
+    table = data["draft_table"]
+    assert table["shareable"] and table["values"] == "equal"
+    assert (table["saved_bytes"], table["source"]) == (2048 * 256 * 4, "estimated")
+    lines = plan_lines(p, data)
+    assert lines[-1] == table["line"] and "2.0 MiB saved on the host CPU" in lines[-1]
+    (check,) = d.check_draft_table(p)
+    assert check.status == "PASS" and check.name == "draft's token table"
+    p.model["draft_embedding"] = "own"
+    assert draft_table_share(p).saved_bytes == 0
+    assert 'model.draft_embedding = "own"' in plans_dict(p)["draft_table"]["why"]
+    # a draft of another width: not shareable, why, 0 bytes (a config is all it takes)
+    other = tmp_path / "narrow-draft"
+    other.mkdir()
+    from studio.core.samples import sample_path
+
+    for f in sample_path("tiny-coder-draft").iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["hidden_size"] = 128
+    (other / "config.json").write_text(json.dumps(cfg))
+    p.model["draft_embedding"] = "auto"
+    share = draft_table_share(p, str(other))
+    assert not share.shareable and share.saved_bytes == 0
+    assert share.why.startswith("widths differ: the target's rows are 256 wide, the draft's 128")

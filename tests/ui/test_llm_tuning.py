@@ -49,6 +49,9 @@ def test_playground_ablation_and_waterfall(make_window, copy_project, exported_t
     qtbot.waitUntil(lambda: not pg.is_running(), timeout=120_000)
     assert pg.last["tokens"] == out["tokens"] and pg.last["speculative"]["overlap"]
     assert "overlapped:" in pg.accept.text()
+    # the page says which token table the draft read, and why
+    assert "draft's token table: the target's (vocabulary 2,048 and width 256 match, values " \
+           "equal)" in pg.accept.text()
 
     pg.spec.setCurrentText("off")
     pg.go.click()

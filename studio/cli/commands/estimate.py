@@ -29,6 +29,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a vision-language model (Qwen2-VL, Qwen2.5-VL): a square image of "
                         "this many pixels a side (e.g. 448); time to first token includes its "
                         "vision tower")
+    p.add_argument("--draft-config", default=None,
+                   help="a draft model's config (as --config): whether it can read this "
+                        "model's token table, and the bytes that saves")
+    p.add_argument("--draft-embedding", choices=("auto", "target", "own"), default="auto",
+                   help="with --draft-config, as model.draft_embedding: target declares the "
+                        "draft distilled on this model's table")
     p.add_argument("--calibration", action="store_true",
                    help="published vs estimated tok/s on the anchors, MdAPE and leave-one-out")
     p.add_argument("--heldout", action="store_true",
@@ -43,6 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, ctx: Context) -> int:
     from studio.services import estimate
 
+    if args.draft_config and (args.heldout or args.calibration):
+        raise StudioError("--draft-config goes with --config and --chip")
     if args.heldout:
         if args.config or args.chip or args.calibration or args.write_fit:
             raise StudioError("--heldout takes no --config, --chip, --calibration or --write-fit")
@@ -78,7 +86,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if not args.config or not args.chip:
         raise StudioError("estimate needs --config CONFIG and --chip CHIP (or --calibration)")
     est = estimate.estimate_config(args.config, args.chip, args.est_scheme, args.context,
-                                   args.prompt_tokens, args.image)
+                                   args.prompt_tokens, args.image, args.draft_config,
+                                   args.draft_embedding)
     if args.est_json:
         print(json.dumps(est, indent=2))
         return 0
@@ -106,6 +115,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
           f"{est['kv_cache_bytes'] / gb:.3f} GB ({est['kv_bytes_per_token']} B/token)")
     print(f"  DRAM read {est['decode_dram_bytes_per_token'] / gb:8.3f} GB per decoded token "
           f"(chip {est['chip_figures']['ddr_gbps']} GB/s)")
+    if est.get("draft_table"):
+        print(f"  {est['draft_table']['line']}")
     return 0
 
 

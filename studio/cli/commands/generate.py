@@ -176,6 +176,12 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                   f"target waited {wait['target'] * 1e3:.0f} ms, the draft "
                   f"{wait['draft'] * 1e3:.0f} ms; {sp['ahead']['used']} of "
                   f"{sp['ahead']['drafted']} tokens drafted ahead were taken", file=sys.stderr)
+        table = sp.get("draft_table")
+        if table:
+            print(table["line"] + (f"; the draft's graphs hold "
+                                   f"{table['graph_bytes_dropped'] / 1024:.0f} KiB less "
+                                   "(measured)" if "graph_bytes_dropped" in table else ""),
+                  file=sys.stderr)
         est = sp.get("estimated")
         if est:
             print(f"estimated on {est['chip']} ({est['scheme']}): {est['speedup']:.2f}x "

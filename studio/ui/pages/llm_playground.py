@@ -487,6 +487,8 @@ class PlaygroundPanel(QWidget):
             if est:
                 text += (f" · estimated on {est['chip']}: {est['speedup']:.2f}× "
                          "(performance model)")
+            if sp.get("draft_table"):  # the target's token table or its own, and why
+                text += f" · {sp['draft_table']['line']}"
             self.accept.setText(text)
 
     def _on_failed(self, message: str) -> None:

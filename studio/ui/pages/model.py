@@ -255,12 +255,14 @@ class ModelPage(Page):
         from studio.core.units import format_bytes
 
         plans = data.get("plans")
+        draft = [data["draft_table"]["line"]] if data.get("draft_table") else []
         if not plans:
-            self.device_plan.setText(f"Device plan: {data['why']}" if data.get("why") else "")
-            self.device_plan.setVisible(bool(data.get("why")))
+            lines = ([f"Device plan: {data['why']}"] if data.get("why") else []) + draft
+            self.device_plan.setText("\n".join(lines))
+            self.device_plan.setVisible(bool(lines))
             self.device_table.hide()
             return
-        self.device_plan.setText("\n".join(p["summary"] for p in plans))
+        self.device_plan.setText("\n".join([p["summary"] for p in plans] + draft))
         self.device_plan.show()
         rows = [(p["chip"], r) for p in plans for r in p["rows"]]
         self.device_table.setRowCount(len(rows))

@@ -34,7 +34,10 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         greedy_prompt=ctx.get("run.prompt"),
         greedy_tokens=int(ctx.get("validation.greedy_tokens")),
         htp_options=htp_options(ctx), graph_io=ctx.get("htp.graph_io"),
-        chat_template=ctx.get("model.chat_template"))
+        chat_template=ctx.get("model.chat_template"),
+        draft=(ctx.path("model.draft") if ctx.get("model.draft")
+               and ctx.get("bundle.draft") != "off" else None),
+        draft_ref=ctx.get("model.draft"), draft_embedding=ctx.get("model.draft_embedding"))
     dev = ctx.device
     result = build_bundle(export_dir, qdir, cdir, ctx.chip, spec, ctx.out, settings,
                           dev.source, progress)
