@@ -45,7 +45,8 @@ class DeployPage(TargetStagePage):
             "genie_config.json, tokenizer.json, "
             "a manifest and a README — then loads it in Qualcomm's Genie runtime (from the "
             "installed onnxruntime-qnn, on the HTP simulator) and checks that its greedy text "
-            "equals the studio's on held-out prompts. DLC files of the graphs come with it.",
+            "equals the studio's on held-out prompts. DLC files of the graphs come with it "
+            "where they hold up to 2 GiB of weights (bundle.dlc).",
             parent,
         )
         self.add_run_action(
