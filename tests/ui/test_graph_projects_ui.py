@@ -79,7 +79,7 @@ def test_the_wizard_makes_an_encoder_project(window, tmp_path):
     _finish(wiz, tmp_path / "made", "minilm")
     p = projectfile.load(window.ctl.project.path)
     assert p.model == {"source": "sample:minilm", "draft": "", "kind": "encoder",
-                       "chat_template": "checkpoint"}
+                       "chat_template": "checkpoint", "draft_embedding": "auto"}
     assert p.graph["seq_len"] == 48 and p.quantization["calibration_samples"] == 40
     assert p.quantization["calibration_text"] == "sample:sentences"
     gates = wiz.recipe_page.gates
