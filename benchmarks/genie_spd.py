@@ -183,8 +183,15 @@ def main() -> int:
           f"{sum(a_ == b for a_, b in zip(plain, studio, strict=True))}/{len(prompts)} prompts")
     runs = [(f"draft-len {k}", draft, int(k)) for k in a.draft_len.split(",")]
     runs.append(("draft-len 3, the target as its own draft", target, 3))
+    from studio.core.errors import StudioError
+
     for name, d, k in runs:
-        got = run_dialog(spd_config(target, d, k), prompts, n)
+        try:
+            got = run_dialog(spd_config(target, d, k), prompts, n)
+        except StudioError as exc:  # Genie's own failure, said as it said it
+            report["runs"][name] = {"error": exc.message}
+            print(f"spd, {name}: {exc.message}")
+            continue
         rows = []
         for p, g, ref in zip(prompts, got, plain, strict=True):
             prof = g["profile"] or {}

@@ -9,9 +9,8 @@ host's HTP simulator; ``benchmarks/genie_spd.py`` reproduces it):
 * Genie's own speculative dialog (``"type": "spd"``, ``"spd": {"version": 1, "draft-len":
   N}``, two engines in the roles ``target`` and ``draft``) with *both* engines ``QnnHtp`` —
   the draft quantized and compiled like the target — loads and runs: its log says
-  ``spec-dec: draft_len 3 n_generated 5 n_accepted 2 ...``, its profile gives a
-  ``token-acceptance-rate``. But its greedy text is not plain greedy decoding's
-  (:data:`GENIE_SPD_FINDING`): the bundle does not ship it.
+  ``spec-dec: draft_len 3 n_generated 5 n_accepted 2 ...``. But its greedy text is not plain
+  greedy decoding's (:data:`GENIE_SPD_FINDING`): the bundle does not ship it.
 
 So the bundle carries the draft for the app's CPU: ``draft/prefill.onnx`` and
 ``draft/decode.onnx`` (FP32, ONNX Runtime), ``draft/graph.json`` (their I/O conventions) and,
@@ -54,12 +53,14 @@ GENIE_CPU_ENGINE_ERROR = (
 #: Genie's spd dialog with two QnnHtp engines, as measured here (benchmarks/genie_spd.py)
 GENIE_SPD_FINDING = (
     "Genie's spd dialog (two QnnHtp engines, the draft compiled like the target) loads and "
-    "decodes speculatively on the HTP simulator, GenieDialog_query returning 0, but its greedy "
-    "text is not plain greedy decoding's: the sample at W8A16, 3 held-out prompts x 32 new "
-    "tokens, draft-len 1, 3 or 4, parted from the basic dialog's text (itself the studio's, "
-    "token for token) on every prompt, taking tokens the target ranks 0.26 to 4.26 logits "
-    "below its best (no near tie); with the target's own binaries as the draft it gave the "
-    "plain text on 2 of 3. Not shipped")
+    "decodes speculatively on the HTP simulator, but its greedy text is not plain greedy "
+    "decoding's: the sample at W8A16 (prompt 16, context 64), 3 held-out prompts x 32 new "
+    "tokens, draft-len 1 and 3 parted from the basic dialog's text (itself the studio's, "
+    "token for token) on every prompt, taking 9 to 10 tokens a run that are not the "
+    "target's argmax given the text before them, up to 3.86 logits below it (no near tie); "
+    "draft-len 4 failed (GenieDialog_query status -1, \"batch dispatch failed\"); with the "
+    "target's own binaries as the draft every token was the target's argmax (one prompt "
+    "stopped short of its 32 tokens). Not shipped")
 
 
 def export_draft(checkpoint: Path, spec: dict[str, Any], work: Path, progress=None) -> Path:

@@ -47,6 +47,11 @@ def test_estimate_table_a_checkpoint_folder_and_a_part_number(tmp_path):
     (["--chip", "sm8650"], "needs --config"),
     (["--config", "{bad}", "--chip", "sm8650"], "not valid JSON"),
     (["--config", "{empty}", "--chip", "sm8650"], "no 'hidden_size'"),
+    (["--config", "qwen2.5-3b", "--chip", "sm8650", "--draft-config", "no-such-draft"],
+     "config no-such-draft not found"),
+    (["--config", "qwen2.5-3b", "--chip", "sm8650", "--draft-config", "{empty}"],
+     "the config has no vocab_size"),
+    (["--calibration", "--draft-config", "qwen2-0.5b"], "--draft-config goes with --config"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
     (tmp_path / "bad.json").write_text("{not json")
@@ -100,3 +105,22 @@ def test_estimate_a_vision_language_model_with_an_image():
     bad = studio("estimate", "--config", "llama-3.2-1b", "--chip", "snapdragon-8-elite",
                  "--image", "448")
     assert bad.returncode == 2 and "no vision tower" in bad.stderr
+
+
+def test_a_drafts_token_table_from_the_two_configs():
+    """Qwen2.5-3B with Qwen2-0.5B as its draft: one vocabulary, two widths: the draft keeps
+    its own table, 0 bytes saved, and the line says why."""
+    args = ["estimate", "--config", "qwen2.5-3b", "--chip", "snapdragon-8-gen-3",
+            "--draft-config", "qwen2-0.5b"]
+    r = studio(*args, "--json")
+    assert r.returncode == 0, r.stderr
+    t = json.loads(r.stdout)["draft_table"]
+    assert not t["shareable"] and t["saved_bytes"] == 0 and t["source"] == "estimated"
+    assert t["target"] == {"vocab": 151936, "width": 2048}
+    assert t["draft"]["vocab"] == 151936 and t["draft"]["width"] == 896
+    r = studio(*args)
+    assert r.returncode == 0, r.stderr
+    assert "draft's token table: its own, not the target's (widths differ: the target's rows " \
+           "are 2048 wide, the draft's 896 (vocabulary 151,936 both)" in r.stdout
+    assert "0 B saved (estimated)" in r.stdout
+
