@@ -124,6 +124,11 @@ class DemoWindow(QWidget):
         return all(v.scene is not None for v in self.views)
 
     # ---- moving between scenes -------------------------------------------------------------
+    @property
+    def base(self) -> float:
+        """The type size the scenes scale with (0 before the first resize)."""
+        return self._base
+
     def current_view(self) -> SceneView | None:
         return self.views[self.index] if 0 <= self.index < len(self.views) else None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor
@@ -40,8 +40,16 @@ from studio.ui.demo_widgets import (
 )
 from studio.ui.widgets import clear_layout
 
-if TYPE_CHECKING:
-    from studio.ui.demo import DemoWindow
+
+class DemoWindow(Protocol):
+    """What a scene asks of the demo window (:class:`studio.ui.demo.DemoWindow`)."""
+
+    demo: demosvc.Demo
+
+    @property
+    def base(self) -> float: ...
+
+    def current_view(self) -> Any: ...
 
 
 class SceneView(QWidget):
@@ -82,7 +90,7 @@ class SceneView(QWidget):
         self.empty.hide()
         self.body.show()
         self.fill(scene)
-        self.rescale(self.window_._base or 16.0)
+        self.rescale(self.window_.base or 16.0)
         if scene.recorded:
             self.footer_rec.setText(f"● {scene.recorded}")
             self.footer_rec.show()
@@ -498,7 +506,7 @@ class ShareView(SceneView):
     def _header(self, scene: demosvc.Scene, row: int) -> int:
         if scene.figures:
             box = QHBoxLayout()
-            box.setSpacing(int((self.window_._base or 16) * 0.8))
+            box.setSpacing(int((self.window_.base or 16) * 0.8))
             for fig in scene.figures:
                 box.addWidget(card(fig.name, fig.text, fig, "big", with_recording=False))
             box.addStretch(1)
@@ -592,7 +600,7 @@ class BundleView(SceneView):
             else:
                 v.addWidget(text_label("not compiled yet", "body", "muted"))
             v.addStretch(1)
-            f.setMinimumWidth(int((self.window_._base or 16) * 24))
+            f.setMinimumWidth(int((self.window_.base or 16) * 24))
             chips.addWidget(f, 1)
         if len(scene.rows) < 3:
             chips.addStretch(3 - len(scene.rows))

@@ -4,7 +4,7 @@ the recent projects."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
@@ -18,8 +18,21 @@ from PySide6.QtWidgets import (
 
 from studio.ui.widgets import label
 
-if TYPE_CHECKING:
-    from studio.ui.main_window import MainWindow
+
+class MainWindow(Protocol):
+    """What the welcome screen asks of the window (:class:`studio.ui.main_window.MainWindow`):
+    the app's settings (its recent projects), a notification, opening a project, a new one
+    and the open dialog."""
+
+    settings: Any
+
+    def notify(self, text: str, level: str = "info", timeout_ms: int = 0) -> Any: ...
+
+    def open_project(self, path: Path) -> bool: ...
+
+    def new_project(self) -> Any: ...
+
+    def open_dialog(self) -> None: ...
 
 
 class Welcome(QWidget):
