@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from studio.core.keys import StageSettings, setting
+from studio.core.keys import setting
 from studio.core.recipe import PLACEMENTS
 from studio.core.stagedecl import GRAPH_KINDS, Need, StageDecl
 from studio.core.stages.graph_import import Kind

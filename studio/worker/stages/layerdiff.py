@@ -9,6 +9,7 @@ from studio.core.devices import HOST_CPU
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress
+from studio.core.stages.layerdiff import LayerdiffSettings
 from studio.engine.chain import part_dirs
 from studio.engine.llm_runtime import load_graph_spec, load_tokenizer
 from studio.worker.context import StageContext, device_metric, metric, read_text
@@ -27,11 +28,12 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     spec = load_graph_spec(export_dir)
     P = int(spec["prompt_length"])
     chip, dev = ctx.chip, ctx.device
-    text = read_text(ctx.path("validation.heldout_text"), "held-out text")
+    s = LayerdiffSettings.of(ctx.config)
+    text = read_text(s.path(s.heldout_text), "held-out text")
     ids = load_tokenizer(export_dir)(text).input_ids
-    want = ctx.get("layerdiff.windows")
-    graph = ctx.get("layerdiff.graph")
-    if graph == "decode" and ctx.get("quantization.kv_cache") != "float":
+    want = s.windows
+    graph = s.graph
+    if graph == "decode" and s.kv_cache != "float":
         raise StudioError("the decode graph's layer diff feeds one float KV cache to every "
                           "runtime: set quantization.kv_cache = \"float\" for it")
     W = P + 1 if graph == "decode" else P  # a decode window: P - 1 prefilled, a step, a next
@@ -42,7 +44,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     if len(windows) < want:
         progress.log(f"warning: the held-out text gives {len(windows)} window(s) of {P} "
                      f"tokens, not {want}")
-    part = int(ctx.get("layerdiff.part"))
+    part = int(s.part)
     dirs = part_dirs(spec, cdir)
     if len(dirs) > 1 and not 1 <= part <= len(dirs):
         raise StudioError(f"this model is exported in {len(dirs)} parts: set layerdiff.part "
@@ -57,11 +59,11 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         src = part_dirs(spec, qdir)[part - 1 if len(dirs) > 1 else 0] / f"{graph}.onnx"
         progress.update(0.0, f"compiling the {graph} graph without extra outputs")
         base = Path(qnn.compile_context(src, ctx.out / "base" / f"{graph}_ctx.onnx", chip,
-                                        fp16=ctx.fp16, extra_options=htp_options(ctx))[
+                                        fp16=s.fp16, extra_options=htp_options(s, chip))[
             "ctx_path"])
-    data = layer_diff(export_dir, qdir, windows, mode=ctx.get("layerdiff.tensors"),
-                      htp={"chip": chip, "fp16": ctx.fp16, "extra_options": htp_options(ctx),
-                           "base": base, "fp16_step": ctx.get("layerdiff.fp16_step")},
+    data = layer_diff(export_dir, qdir, windows, mode=s.tensors,
+                      htp={"chip": chip, "fp16": s.fp16, "extra_options": htp_options(s, chip),
+                           "base": base, "fp16_step": s.fp16_step},
                       work_parent=ctx.out, progress=progress, graph=graph, part=part)
     seconds = data.pop("seconds")  # a run fact: kept out of the artifact
     ctx.fact("layerdiff_seconds", seconds["total"], "s",
