@@ -222,9 +222,11 @@ class InputFile(str):
 class ConfigLike(Protocol):
     """What a stage's settings are built from (:class:`studio.core.stagegraph.StageConfig`)."""
 
-    stage: str
-    settings: Mapping[str, Any]
-    paths: Mapping[str, str]
+    @property
+    def settings(self) -> Mapping[str, Any]: ...
+
+    @property
+    def paths(self) -> Mapping[str, str]: ...
 
 
 class StageSettings:
