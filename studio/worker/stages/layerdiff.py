@@ -70,10 +70,10 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
              f"{data['probes']} tensors x {len(windows)} windows; HTP "
              f"{seconds.get('htp_probed', 0.0):.1f} s with extra outputs, "
              f"{seconds.get('htp', 0.0):.1f} s without")
-    s = summarize(data)
-    data["summary"] = {k: v for k, v in s.items() if k != "line"}
+    summary = summarize(data)
+    data["summary"] = {k: v for k, v in summary.items() if k != "line"}
     atomic_write_json(ctx.out / "layerdiff.json", data)
-    progress.log(f"layer diff: {s['line']}")
+    progress.log(f"layer diff: {summary['line']}")
     changed = [k for k, v in data["extra_outputs"].items() if not v["logits_identical"]]
     if changed:
         progress.log("warning: the extra outputs changed the final logits of "
@@ -88,7 +88,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         return metric(name, value, unit, HOST_CPU.source, HOST_CPU.kind, chip.key, detail)
 
     def boundary_max(pair: str) -> float:
-        return max(s["curves"][pair]["rel_error"])
+        return max(summary["curves"][pair]["rel_error"])
 
     metrics = [
         host("layerdiff_kl_host_qdq", lg["qdq"]["kl_divergence"], "nats",
@@ -112,12 +112,14 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                        "max |logits with extra outputs - compiled context's logits|"),
     ]
     return {
-        "summary": s["line"], "target": chip.key, "device": dev.name, "device_id": dev.id,
+        "summary": summary["line"], "target": chip.key, "device": dev.name,
+        "device_id": dev.id,
         "source": dev.source, "graph": graph, "tensors": data["tensors"], "part": data["part"],
         "windows": len(windows), "window_tokens": P, "probes": data["probes"],
         "pairs": data["pairs"], "pair_titles": {p: PAIR_TITLES[p] for p in data["pairs"]},
-        "curves": s["curves"], "first_jump": s["first_jump"], "parting": s.get("parting"),
-        "worst": s["worst"], "apart": s.get("apart", []), "logits": lg,
+        "curves": summary["curves"], "first_jump": summary["first_jump"],
+        "parting": summary.get("parting"),
+        "worst": summary["worst"], "apart": summary.get("apart", []), "logits": lg,
         "extra_outputs": data["extra_outputs"], "files": ["layerdiff.json"],
         "metrics": metrics,
     }
