@@ -4,11 +4,12 @@ A stage over a model exported in parts holds one part in memory at a time, so it
 resident set is a base (the libraries, the tokenizer, the tied head's copy in the export
 check, the calibration windows) plus a multiple of the *largest part's* FP32 weight bytes,
 whatever the model's depth. :data:`STAGE_MEMORY` holds that line for the stages that hold a
-part's weights, fitted to ``benchmarks/bench_scale.py`` runs on this kind of machine (random
-Qwen2 shapes in bf16, prompt 16 / context 128, W8A16, 2 calibration samples; the figures and
-the fit are in the benchmark's README). :func:`check_fits` refuses a stage whose predicted
-peak exceeds the memory free now, in one line that names the part count that would fit:
-the kernel's OOM killer never ends a run.
+part's weights (:attr:`studio.core.stagedecl.StageDecl.memory`, declared beside the stage in
+``studio/core/stages``), fitted to ``benchmarks/bench_scale.py`` runs on this kind of
+machine (random Qwen2 shapes in bf16, prompt 16 / context 128, W8A16, 2 calibration samples;
+the figures and the fit are in the benchmark's README). :func:`check_fits` refuses a stage
+whose predicted peak exceeds the memory free now, in one line that names the part count that
+would fit: the kernel's OOM killer never ends a run.
 
 Pure Python: reads ``/proc/meminfo``, imports no heavy library.
 """
@@ -17,63 +18,21 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from studio.core.errors import StudioError
+from studio.core.stagedecl import GIB, StageMemory
+from studio.core.stagegraph import DECLARATIONS, STAGES
 
-GIB = 1 << 30
-
-
-@dataclass(frozen=True)
-class StageMemory:
-    """Peak RSS of a stage over one part ~ ``base + per_weight_byte`` x the part's FP32
-    weight bytes, ``+ per_head_byte`` x the output head's FP32 bytes for the part that holds
-    the head (the export check keeps copies of it beside that part)."""
-
-    base: int
-    per_weight_byte: float
-    per_head_byte: float = 0.0
-
-    def peak(self, fp32_bytes: int, head_bytes: int = 0) -> int:
-        return int(self.base + self.per_weight_byte * max(0, int(fp32_bytes))
-                   + self.per_head_byte * max(0, int(head_bytes)))
-
-    def largest_part_within(self, available: int) -> int:
-        """The largest part (FP32 weight bytes) whose peak fits ``available``."""
-        return max(0, int((available - self.base) / self.per_weight_byte))
+__all__ = ["GIB", "HEADROOM", "STAGE_MEMORY", "StageMemory", "available_memory", "check_fits",
+           "predicted_peak"]
 
 
-#: Fitted to the measured peaks (benchmarks/README.md) so that no measured peak is above its
-#: prediction, and none is more than 25 % below it. Export, since it holds one copy of a
-#: part's weights (torch's exporter made to let go of the last part's, the embedding and the
-#: head traced as graph inputs): the Qwen2-0.5B shape in 3 parts (largest 211 M parameters,
-#: 0.79 GiB: 2.36 GiB measured), the Qwen2-1.5B shape in 5 (374 M, 1.39 GiB: 2.93 GiB), and
-#: the largest parts of the Qwen2.5-3B shape (388 M, 1.45 GiB: 2.97 GiB) and of the
-#: Llama-3.1-8B shape (743 M, 2.77 GiB: 5.38 GiB), those two measured in two blocks
-#: (``bench_scale.py --sizes qwen2.5-3b-2l,llama3.1-8b-2l --parts 2``): 1.2 GiB + 1.55 x the
-#: part, errors +2 %, +15 %, +16 %, +2 %; the head needs no term of its own any more (it had
-#: 3.25 x while the check and the tracer held copies of it: 6.45 and 10.59 GiB for the same
-#: 3 B and 8 B parts). Quantize, since the calibration holds no copy of the weights (ONNX
-#: Runtime's calibrater over the graph's structure, run without prepacking) and the large
-#: weights are quantized a slice at a time beside the quantizer (studio.engine.qdq_weights):
-#: the same four, 2.42, 3.75, 3.33 and 5.99 GiB (before the slices: 2.66, 4.33, 5.25 and
-#: 8.98; before the calibration's change: 3.32, not run, 6.05 and 10.71). What remains is
-#: the calibration's two float sessions, which now read the part's weights through one
-#: shared mapping of its file (``llm_runtime.make_cpu_session``; each used to map it
-#: itself, the same pages counted once per mapping): the same four, 1.63, 2.43, 2.06 and
-#: 3.36 GiB, 1.47 GiB + 0.70 x the part, errors +24 %, +1 %, +21 %, +1 % (before the shared
-#: mapping: 1.0 GiB + 2.0 x). The head needs no term of its own any more.
-STAGE_MEMORY: dict[str, StageMemory] = {
-    "export": StageMemory(base=int(1.2 * GIB), per_weight_byte=1.55, per_head_byte=0.0),
-    "quantize": StageMemory(base=int(1.47 * GIB), per_weight_byte=0.70, per_head_byte=0.0),
-}
+#: stage -> its memory line, for the stages that hold a part's weights (each declares its
+#: line: :attr:`StageDecl.memory`, the fit beside it)
+STAGE_MEMORY: dict[str, StageMemory] = {d.name: d.memory for d in DECLARATIONS
+                                        if d.memory is not None}
 
-#: The quantize stage when the recipe rounds its weights (``weight_rounding`` other than
-#: nearest): the rounding holds every rounded layer's inputs and candidates beside the part.
-#: One measured run so far: the Qwen2-0.5B shape in one part (2.35 GiB with its tied head's
-#: copy), SeqMSE on 8 windows, 12.42 GiB against 7.40 for nearest rounding: 4.5 x the part.
-ROUNDING_MEMORY = StageMemory(base=int(1.05 * GIB), per_weight_byte=4.5, per_head_byte=1.85)
 
 #: What the check leaves to everything else on the host (the GUI, the pipeline's process).
 HEADROOM = 512 << 20
@@ -91,7 +50,8 @@ def available_memory() -> int:
 
 
 def _line(stage: str, rounding: bool) -> StageMemory | None:
-    return ROUNDING_MEMORY if stage == "quantize" and rounding else STAGE_MEMORY.get(stage)
+    decl = STAGES.get(stage)
+    return decl.memory_line(rounding) if decl is not None else None
 
 
 def predicted_peak(stage: str, part_parameters: list[int], head_parameters: int = 0,

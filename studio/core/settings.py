@@ -1,11 +1,14 @@
-"""The project file's settings: one typed declaration per section.
+"""The project file's settings: its sections, assembled from the stages' declarations.
 
-Each ``[section]`` of a ``.qstudio`` file is a class below with one declaration per key:
-its type (the annotation), its default, a one-line doc and its allowed range or choices
-(:func:`setting`). Everything else comes from these declarations: the keys the file may hold,
-the defaults a file leaves out, the checks at load (one line naming the key and the limit),
-the keys a stage may declare (:mod:`studio.core.stagegraph`'s declarations, checked here at
-import) and the keys a sweep may vary.
+Each ``[section]`` of a ``.qstudio`` file is a class below. Its keys are declared where the
+stage that reads them declares its settings (``studio/core/stages/<stage>.py``, with
+:func:`studio.core.keys.setting`: the key, its type (the annotation), its default, a
+one-line doc and its allowed range or choices); a section takes them by reference, in the
+order the file writes them, and declares here only the keys no stage reads (the plan's and
+the retired ones). A key a stage declares that the section does not name follows the named
+ones. Everything else comes from these declarations: the keys the file may hold, the
+defaults a file leaves out, the checks at load (one line naming the key and the limit), and
+the keys a sweep may vary.
 
 Settings are read by attribute (``project.quantization.scheme``, typed for mypy). A section
 is also a dict of its keys (``project.quantization["scheme"]``, ``dict(project.gates)``,
@@ -20,11 +23,8 @@ the rules between sections are :func:`check_across`. Pure: no I/O, no heavy impo
 from __future__ import annotations
 
 import copy
-import math
-import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
 from studio.core.devices import (
@@ -34,183 +34,52 @@ from studio.core.devices import (
     device_names,
     shorthand_kind,
 )
-from studio.core.drafttable import DRAFT_TABLE_MODES
 from studio.core.errors import StudioError
-from studio.core.layerdiff import MAX_WINDOWS, TENSOR_MODES
-from studio.core.parts import DEFAULT_MAX_PART_BYTES, MAX_PARTS
+from studio.core.keys import (  # noqa: F401  (read from here by the pages and commands)
+    MAX_CONTEXT,
+    MAX_DIM,
+    MAX_TOKENS,
+    Key,
+    Spec,
+    _short,
+    check_type,
+    check_value,
+    declare_keys,
+    setting,
+)
 from studio.core.recipe import (
     ACTIVATION_GRANULARITIES,
-    BLOCK_SIZES,
-    CALIBRATION_METHODS,
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_CALIBRATION_METHOD,
-    DEFAULT_CALIBRATION_SAMPLES,
     DEFAULT_GATES,
-    DEFAULT_GRANULARITY,
-    DEFAULT_ROUNDING_SAMPLES,
-    DEFAULT_SCHEME,
-    DEFAULT_WEIGHT_ROUNDING,
-    EMBEDDING_PRECISIONS,
-    GATE_HELP,
-    GRANULARITIES,
-    KV_CACHE_KINDS,
-    PLACEMENTS,
-    PRECISIONS,
     QUANTIZED_SCHEMES,
-    SCHEMES,
-    WEIGHT_ROUNDINGS,
     check_recipe,
     is_float_scheme,
 )
 from studio.core.stagegraph import (
     DECLARATIONS,
     DEFAULT_STAGES,
-    MODEL_KINDS,
     PLAN_KEYS,
     REFS,
+    STAGE_KEYS,
     STAGE_NAMES,
     StageDecl,
     kind_stages,
 )
-
-#: bundle.dlc = auto writes the DLC files up to this many bytes of quantized graph weights
-DLC_AUTO_BYTES = 2 << 30
-#: model.chat_template: the checkpoint's template, or the prompt as written
-CHAT_TEMPLATES = ("checkpoint", "none")
-#: the longest context (and so prompt, generation, window) an export takes
-MAX_CONTEXT = 4096
-#: a sanity cap for counts of held-out / calibration tokens and samples
-MAX_TOKENS = 1_000_000
-#: the largest dimension of a static input shape (graph.shapes)
-MAX_DIM = 1 << 20
-
-
-# ---- declaring a setting ----------------------------------------------------------------------
-@dataclass(frozen=True)
-class Spec:
-    """What a setting allows besides its type. ``min`` / ``above`` / ``max`` are its range
-    (``above``: strictly more than); ``cap`` is a limit of the machine, named only when a value
-    passes it; ``choices`` a closed set (or a function giving it, for sets that live
-    elsewhere); ``hint`` what the value means, appended to the error."""
-
-    doc: str
-    choices: tuple[Any, ...] | Callable[[], tuple[Any, ...]] | None = None
-    min: float | None = None
-    above: float | None = None
-    max: float | None = None
-    cap: float | None = None
-    required: bool = False
-    hint: str = ""
-
-    def allowed(self) -> tuple[Any, ...] | None:
-        return self.choices() if callable(self.choices) else self.choices
-
-
-class Key:
-    """A declared setting on its section's class: reads and writes the section's item."""
-
-    def __init__(self, default: Any, spec: Spec,
-                 factory: Callable[[], Any] | None = None) -> None:
-        self._default, self._factory, self.spec = default, factory, spec
-        self.name = ""
-        self.type: Any = None  # the annotation, resolved by the section
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def default(self) -> Any:
-        """The value where the file leaves the key out (a fresh copy)."""
-        return self._factory() if self._factory else copy.deepcopy(self._default)
-
-    def __get__(self, obj: Any, owner: Any = None) -> Any:
-        if obj is None:
-            return self
-        return dict.__getitem__(obj, self.name)
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        dict.__setitem__(obj, self.name, value)
-
-
-def setting(default: Any, doc: str, *, factory: Callable[[], Any] | None = None,
-            **limits: Any) -> Any:
-    """A section's setting: its default (or a ``factory`` making it), a one-line doc and its
-    limits (see :class:`Spec`). Its type is the annotation it is assigned to."""
-    return Key(default, Spec(doc, **limits), factory)
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _type_name(hint: Any) -> str:
-    origin = typing.get_origin(hint) or hint
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(hint))
-    if hint is float:
-        return "int or float"
-    return getattr(origin, "__name__", str(origin))
-
-
-def check_type(where: str, value: Any, hint: Any) -> None:
-    """A one-line error unless ``value`` is of the declared type (elements included)."""
-    origin = typing.get_origin(hint) or hint
-    if origin in (typing.Union, types.UnionType):  # e.g. int | str: one of the arms
-        for arm in typing.get_args(hint):
-            try:
-                check_type(where, value, arm)
-                return
-            except StudioError:
-                continue
-        raise StudioError(f"{where} must be a {_type_name(hint)}, not {type(value).__name__} "
-                          f"{_short(value)}")
-    want: tuple[type, ...] = (int, float) if hint is float else (origin,)
-    if isinstance(value, bool) and bool not in want:
-        raise StudioError(f"{where} must be a {_type_name(hint)}, not {value!r}")
-    if not isinstance(value, want):
-        raise StudioError(f"{where} must be a {_type_name(hint)}, not {type(value).__name__} "
-                          f"{_short(value)}")
-    args, held = typing.get_args(hint), typing.cast(Any, value)
-    if origin is list and args:
-        for i, item in enumerate(held):
-            check_type(f"{where}[{i}]", item, args[0])
-    elif origin is dict and args:
-        for key, item in held.items():
-            check_type(f"{where}[{key!r}]", item, args[1])
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-
-def _range_text(spec: Spec) -> str:
-    if spec.above is not None:
-        low = f"above {_num(spec.above)}"
-        return low + (f" and at most {_num(spec.max)}" if spec.max is not None else "")
-    if spec.min is not None and spec.max is not None:
-        return f"between {_num(spec.min)} and {_num(spec.max)}"
-    if spec.max is not None:
-        return f"at most {_num(spec.max)}"
-    return "0 or more" if spec.min == 0 else f"at least {_num(spec.min or 0)}"
-
-
-def check_value(where: str, value: Any, spec: Spec) -> None:
-    """A one-line error unless ``value`` (of the declared type) is within ``spec``."""
-    hint = f" {spec.hint}" if spec.hint else ""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise StudioError(f"{where} must be a finite number, not {value}")
-    allowed = spec.allowed()
-    if allowed is not None and value not in allowed:
-        shown = ", ".join(str(c) for c in allowed if c != "")
-        raise StudioError(f"{where} = {_short(value)} is not one of {shown}{hint}")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        low_ok = ((spec.min is None or value >= spec.min)
-                  and (spec.above is None or value > spec.above))
-        if not low_ok or (spec.max is not None and value > spec.max):
-            raise StudioError(f"{where} must be {_range_text(spec)}, not {value}{hint}")
-        if spec.cap is not None and value > spec.cap:
-            raise StudioError(f"{where} = {value} is more than this studio takes (at most "
-                              f"{_num(spec.cap)}){hint}")
+from studio.core.stages import ablation, graph_import, graph_quantize, graph_run
+from studio.core.stages import autoprecision as autoprecision_stage
+from studio.core.stages import bundle as bundle_stage
+from studio.core.stages import compile as compile_stage
+from studio.core.stages import draft as draft_stage
+from studio.core.stages import export as export_stage
+from studio.core.stages import layerdiff as layerdiff_stage
+from studio.core.stages import profile as profile_stage
+from studio.core.stages import quantize as quantize_stage
+from studio.core.stages import report as report_stage
+from studio.core.stages import run as run_stage
+from studio.core.stages import sensitivity as sensitivity_stage
+from studio.core.stages import validate as validate_stage
+from studio.core.stages import waterfall as waterfall_stage
+from studio.core.stages.bundle import DLC_AUTO_BYTES  # noqa: F401  (read from here)
+from studio.core.stages.run import CHAT_TEMPLATES, PERFORMANCE_MODES  # noqa: F401
 
 
 # ---- a section --------------------------------------------------------------------------------
@@ -224,12 +93,26 @@ class Section(dict[str, Any]):
     name: ClassVar[str] = ""
     _keys: ClassVar[dict[str, Key]] = {}
 
+    def read_key(self, key: Key) -> Any:
+        return dict.__getitem__(self, key.name)
+
+    def write_key(self, key: Key, value: Any) -> None:
+        dict.__setitem__(self, key.name, value)
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        """The section's keys: those it names (by reference to a stage's declaration, or
+        declared here), then the stages' keys of the section it does not name."""
         super().__init_subclass__(**kwargs)
-        hints = typing.get_type_hints(cls)
-        cls._keys = {n: v for n, v in vars(cls).items() if isinstance(v, Key)}
-        for key in cls._keys.values():
-            key.type = hints[key.name]
+        named = declare_keys(cls)
+        for attr, key in named.items():
+            if attr != key.name or key.section != cls.name:
+                raise ValueError(f"[{cls.name}] names {key.key} as {attr}: a section holds its "
+                                 "own keys, each by its own name")
+        rest = {k.name: k for k in STAGE_KEYS.values()
+                if k.section == cls.name and k.name not in named}
+        for attr, key in rest.items():
+            setattr(cls, attr, key)
+        cls._keys = {**named, **rest}
 
     def __init__(self, values: Mapping[str, Any] | None = None, /, **more: Any) -> None:
         super().__init__()
@@ -354,6 +237,11 @@ class Section(dict[str, Any]):
 
 
 # ---- the sections, in the order of the file ---------------------------------------------------
+# Each key is declared (type, default, range, doc) by the stage that owns it, in its module
+# under studio/core/stages; a section takes those keys by reference, in the order the file
+# writes them, and declares here only the keys no stage reads (the plan's, the retired
+# ones). A key a stage declares that its section does not name here follows the named ones
+# (Section.__init_subclass__): adding a setting to a stage touches no line of this file.
 def _chips() -> tuple[str, ...]:
     from studio.core.catalog import load_catalog
 
@@ -362,22 +250,11 @@ def _chips() -> tuple[str, ...]:
 
 class Model(Section):
     name: ClassVar[str] = "model"
-    source: str = setting("", "the checkpoint folder, the .onnx file or sample:NAME",
-                          required=True)
-    draft: str = setting("", "a draft checkpoint for speculative decoding (\"\": none)")
-    draft_embedding: str = setting(
-        "auto", "the draft's token table: the target's where vocabulary, width and values "
-                "match (auto), the target's whenever vocabulary and width match (target: the "
-                "draft was distilled on it), or its own (own)", choices=DRAFT_TABLE_MODES)
-    kind: str = setting("causal-lm", "causal-lm (a checkpoint), encoder (a sentence "
-                        "encoder's PyTorch weights) or onnx-graph (any ONNX file); each kind "
-                        "runs its own declared stages", choices=MODEL_KINDS)
-    chat_template: str = setting("checkpoint", "how a prompt reaches a causal LM: through "
-                                 "the checkpoint's chat template (checkpoint: its "
-                                 "chat_template.jinja or tokenizer_config.json's "
-                                 "chat_template, one user message with the assistant's turn "
-                                 "opened; as written where it has none) or as written (none)",
-                                 choices=CHAT_TEMPLATES)
+    source = export_stage.Source.source
+    draft = draft_stage.Draft.draft
+    draft_embedding = bundle_stage.BundleSettings.draft_embedding
+    kind = graph_import.Kind.kind
+    chat_template = run_stage.Prompt.chat_template
 
     def rules(self) -> None:
         if not self.source:
@@ -394,20 +271,11 @@ class Model(Section):
 
 class Export(Section):
     name: ClassVar[str] = "export"
-    prompt_length: int = setting(32, "P: the tokens the prefill graph takes per pass",
-                                 min=1, max=MAX_CONTEXT)
-    context_length: int = setting(128, "C: the tokens the KV cache holds",
-                                  min=2, max=MAX_CONTEXT)
-    parts: int | str = setting(1, "runs of consecutive blocks exported, quantized and "
-                               "compiled one at a time: N, or auto (the fewest whose "
-                               "8-bit weights each fit export.max_part_mb)", min=1,
-                               max=MAX_PARTS)
-    max_part_mb: int = setting(DEFAULT_MAX_PART_BYTES // 1_000_000, "the budget of one "
-                               "part's compiled weights, in MB (one HTP graph must stay under "
-                               "about 2 GB)", min=1, max=2048)
-    image_size: int = setting(448, "a vision-language model's image side in pixels (square; "
-                              "a multiple of patch x merge, 28 for Qwen2-VL): the vision "
-                              "encoder's fixed input. Text models ignore it", min=28, max=1792)
+    prompt_length = export_stage.Shapes.prompt_length
+    context_length = export_stage.Shapes.context_length
+    parts = export_stage.ExportSettings.parts
+    max_part_mb = export_stage.ExportSettings.max_part_mb
+    image_size = export_stage.ExportSettings.image_size
 
     def rules(self) -> None:
         if isinstance(self.parts, str) and self.parts != "auto":
@@ -422,52 +290,25 @@ class Export(Section):
 
 class Quantization(Section):
     name: ClassVar[str] = "quantization"
-    scheme: str = setting(DEFAULT_SCHEME, "the weight and activation precisions of every layer",
-                          choices=SCHEMES)
-    weight_granularity: str = setting(DEFAULT_GRANULARITY, "one weight scale per tensor, per "
-                                      "output channel, or per block (LPBQ)",
-                                      choices=GRANULARITIES)
-    activation_granularity: str = setting("per_tensor", "one activation scale per tensor "
-                                          "(static, what the HTP runs) or per token (dynamic: "
-                                          "refused, the HTP cannot run it)",
-                                          choices=ACTIVATION_GRANULARITIES)
-    weight_rounding: str = setting(DEFAULT_WEIGHT_ROUNDING, "how per-channel integer weights "
-                                   "are chosen: nearest (MinMax), or from calibration inputs: "
-                                   "seqmse (clipping search), adaround (learned rounding), gptq "
-                                   "(error feedback), seqmse_gptq (both); float schemes ignore "
-                                   "it", choices=WEIGHT_ROUNDINGS)
-    rounding_samples: int = setting(DEFAULT_ROUNDING_SAMPLES, "calibration windows the weight "
-                                    "rounding fits each layer on (seqmse, adaround)", min=1,
-                                    cap=MAX_TOKENS)
-    calibration_text: str = setting("sample:calibration", "the text the activation ranges are "
-                                    "calibrated on")
-    calibration_samples: int = setting(DEFAULT_CALIBRATION_SAMPLES, "calibration windows (or "
-                                       "samples)", min=1, cap=MAX_TOKENS)
-    vision_scheme: str = setting("", "a vision-language model's vision encoder: its own "
-                                 "scheme (\"\": the recipe's scheme)", choices=("", *SCHEMES))
-    vision_overrides: dict[str, str] = setting({}, "a vision-language model's vision encoder: "
-                                               "per-layer precisions on its layers "
-                                               "(visual.blocks.N.attn.qkv, visual.merger.mlp.0, "
-                                               "...), the last matching pattern wins")
-    calibration_images: str = setting("", "a vision-language model: a folder of images the "
-                                      "vision encoder and the image prompts are calibrated on "
-                                      "(\"\": images generated here); text models ignore it")
-    calibration_method: str = setting(DEFAULT_CALIBRATION_METHOD, "how a range is taken from "
-                                      "the calibration statistics",
-                                      choices=CALIBRATION_METHODS)
-    block_size: int = setting(DEFAULT_BLOCK_SIZE, "input channels per block (per_block "
-                              "weights)", choices=BLOCK_SIZES)
-    kv_cache: str = setting("float", "the KV cache as graph I/O: float, or int8 with per-head "
-                            "scales", choices=KV_CACHE_KINDS)
-    overrides: dict[str, str] = setting({}, "per-layer precisions: pattern -> precision, the "
-                                        "last matching pattern wins")
-    embedding: str = setting("auto", "the token embedding table's precision: auto (the "
-                             "activations' width, as the quantizer stores a Gather table: "
-                             "16-bit under W4A16 / W8A16) or INT8 (half the bytes: what lets "
-                             "an 8 B model's first part fit one context binary)",
-                             choices=EMBEDDING_PRECISIONS)
-    placement: str = setting("strict", "graphs: nodes the HTP refuses fail the run, go to the "
-                             "CPU, or are rewritten", choices=PLACEMENTS)
+    scheme = quantize_stage.Scheme.scheme
+    weight_granularity = quantize_stage.Weights.weight_granularity
+    activation_granularity: str = setting("quantization.activation_granularity", "per_tensor",
+                                          "one activation scale per tensor (static, what the "
+                                          "HTP runs) or per token (dynamic: refused, the HTP "
+                                          "cannot run it)", choices=ACTIVATION_GRANULARITIES)
+    weight_rounding = quantize_stage.Recipe.weight_rounding
+    rounding_samples = quantize_stage.Recipe.rounding_samples
+    calibration_text = quantize_stage.Calibration.calibration_text
+    calibration_samples = quantize_stage.Calibration.calibration_samples
+    vision_scheme = quantize_stage.QuantizeSettings.vision_scheme
+    vision_overrides = quantize_stage.QuantizeSettings.vision_overrides
+    calibration_images = quantize_stage.QuantizeSettings.calibration_images
+    calibration_method = quantize_stage.Recipe.calibration_method
+    block_size = quantize_stage.Weights.block_size
+    kv_cache = quantize_stage.KvCache.kv_cache
+    overrides = quantize_stage.Recipe.overrides
+    embedding = quantize_stage.Recipe.embedding
+    placement = graph_quantize.Placement.placement
 
     def rules(self) -> None:
         check_recipe(self)
@@ -475,45 +316,33 @@ class Quantization(Section):
 
 class Validation(Section):
     name: ClassVar[str] = "validation"
-    heldout_text: str = setting("sample:heldout", "the text perplexity and agreement are "
-                                "measured on")
-    heldout_tokens: int = setting(256, "held-out tokens scored", min=16, cap=MAX_TOKENS)
-    greedy_tokens: int = setting(16, "tokens generated greedily to compare with FP32", min=1)
-    heldout_images: str = setting("", "a vision-language model: a folder of held-out images "
-                                  "the encoder and the answers after them are checked on (\"\": "
-                                  "images generated here, not the calibration ones)")
-    device_tokens: int = setting(0, "held-out tokens the device scores (the first ones); 0: "
-                                 "all of them for a model in one part, the first 64 for a "
-                                 "model in parts, whose host figures are scored part by part",
-                                 min=0, cap=MAX_TOKENS)
+    heldout_text = validate_stage.Heldout.heldout_text
+    heldout_tokens = validate_stage.HeldoutTokens.heldout_tokens
+    greedy_tokens = validate_stage.Greedy.greedy_tokens
+    heldout_images = validate_stage.ValidateSettings.heldout_images
+    device_tokens = validate_stage.ValidateSettings.device_tokens
 
 
 class Gates(Section):
     name: ClassVar[str] = "gates"
-    min_logits_cosine: float = setting(DEFAULT_GATES["min_logits_cosine"],
-                                       GATE_HELP["min_logits_cosine"], min=0, max=1)
-    max_perplexity_increase: float = setting(DEFAULT_GATES["max_perplexity_increase"],
-                                             GATE_HELP["max_perplexity_increase"], min=0)
-    min_top1_agreement: float = setting(DEFAULT_GATES["min_top1_agreement"],
-                                        GATE_HELP["min_top1_agreement"], min=0, max=1)
-    min_output_cosine: float = setting(DEFAULT_GATES["min_output_cosine"],
-                                       GATE_HELP["min_output_cosine"], min=0, max=1)
-    min_ranking_top1: float = setting(DEFAULT_GATES["min_ranking_top1"],
-                                      GATE_HELP["min_ranking_top1"], min=0, max=1)
+    min_logits_cosine = report_stage.Gates.min_logits_cosine
+    max_perplexity_increase = report_stage.Gates.max_perplexity_increase
+    min_top1_agreement = report_stage.Gates.min_top1_agreement
+    min_output_cosine = report_stage.Gates.min_output_cosine
+    min_ranking_top1 = report_stage.Gates.min_ranking_top1
 
 
 class Run(Section):
     name: ClassVar[str] = "run"
-    prompt: str = setting("def __init__(self", "the text generation starts from")
-    max_new_tokens: int = setting(16, "tokens generated per run", min=1)
-    devices: list[str] = setting(default_devices(), "the devices run and profile fan out "
-                                 "over: " + ", ".join(device_names()))
-    image: str = setting("", "a vision-language model: the image the prompt is about (\"\": "
-                         "the prompt alone)")
-    speculative_overlap: bool = setting(False, "speculative decoding with a draft model: the "
-                                        "draft drafts the next window on the CPU while the "
-                                        "target verifies (studio generate --overlap, the "
-                                        "Playground)")
+    prompt = run_stage.Prompt.prompt
+    max_new_tokens = run_stage.RunSettings.max_new_tokens
+    devices: list[str] = setting("run.devices", default_devices(), "the devices run and "
+                                 "profile fan out over: " + ", ".join(device_names()))
+    image = run_stage.RunSettings.image
+    speculative_overlap: bool = setting("run.speculative_overlap", False, "speculative "
+                                        "decoding with a draft model: the draft drafts the "
+                                        "next window on the CPU while the target verifies "
+                                        "(studio generate --overlap, the Playground)")
 
     def rules(self) -> None:
         if not self.prompt.strip():
@@ -539,8 +368,9 @@ def _default_stages() -> list[str]:
 
 class Pipeline(Section):
     name: ClassVar[str] = "pipeline"
-    stages: list[str] = setting(None, "the stages a run asks for (default: the model kind's "
-                                "stages but the optional ones)", factory=_default_stages)
+    stages: list[str] = setting("pipeline.stages", None, "the stages a run asks for (default: "
+                                "the model kind's stages but the optional ones)",
+                                factory=_default_stages)
 
     def rules(self) -> None:
         if not self.stages:
@@ -550,69 +380,39 @@ class Pipeline(Section):
 
 class Pruning(Section):
     name: ClassVar[str] = "pruning"
-    drop_blocks: int = setting(1, "pruning by ablation: the blocks whose removal costs the "
-                               "least perplexity are dropped", min=1, cap=1024,
-                               hint="(the blocks the pruned checkpoint leaves out)")
+    drop_blocks = ablation.AblationSettings.drop_blocks
 
 
 class Waterfall(Section):
     name: ClassVar[str] = "waterfall"
-    window: int = setting(0, "the attention window of the windowed step", min=0,
-                          cap=MAX_CONTEXT, hint="(0: half the context)")
-    k: int = setting(4, "the speculative step's draft tokens per pass", min=1, max=16)
-    new_tokens: int = setting(48, "tokens generated per timing", min=2, cap=MAX_CONTEXT)
+    window = waterfall_stage.WaterfallSettings.window
+    k = waterfall_stage.WaterfallSettings.k
+    new_tokens = waterfall_stage.WaterfallSettings.new_tokens
 
 
 class Bundle(Section):
     name: ClassVar[str] = "bundle"
-    new_tokens: int = setting(96, "the Genie check: tokens generated per prompt (fewer when "
-                              "the context is shorter)", min=1, cap=MAX_CONTEXT)
-    prompts: int = setting(3, "the Genie check: held-out prompts whose greedy text Genie must "
-                           "match", min=1, max=8)
-    parts: int = setting(0, "the parts of the bundle: the compile stage's (export.parts); "
-                         "another count is refused", min=0, cap=1024,
-                         hint="(0: the compile stage's parts)")
-    max_context_mb: int = setting(1536, "no longer read: the bundle ships the compile stage's "
-                                  "binaries, split as export.parts says (kept so older project "
-                                  "files load)", min=16,
+    new_tokens = bundle_stage.BundleSettings.new_tokens
+    prompts = bundle_stage.BundleSettings.prompts
+    parts = bundle_stage.BundleSettings.parts
+    max_context_mb: int = setting("bundle.max_context_mb", 1536, "no longer read: the bundle "
+                                  "ships the compile stage's binaries, split as export.parts "
+                                  "says (kept so older project files load)", min=16,
                                   cap=1 << 20)
-    prefill_length: int = setting(0, "tokens per pass of the AR-N prefill graph", min=0,
-                                  cap=MAX_CONTEXT,
-                                  hint="(0: the export's prompt length, 1: no prefill graph)")
-    weight_sharing: str = setting(
-        "auto", "one context binary per part whose prefill and decode graphs share their "
-                "weights (compiled beside the separate binaries the simulator runs, checked "
-                "against them by structure; the simulator cannot load it: a device executes "
-                "it)", choices=("auto", "on", "off"),
-        hint="(auto: on where there is a prefill graph to share with)")
-    dlc: str = setting(
-        "auto", "the DLC files of the quantized graphs beside the binaries, for Qualcomm's own "
-                "on-device tools (Genie does not read them; each holds a graph's weights "
-                "again)", choices=("auto", "on", "off"),
-        hint=f"(auto: where the quantized graphs hold at most {DLC_AUTO_BYTES >> 30} GiB of "
-             "weights; at 8 B they would double the bundle)")
-    score_tokens: int = setting(64, "held-out tokens scored against FP32 on the bundle's own "
-                                "binaries (the figures of what ships)", min=0, cap=MAX_TOKENS,
-                                hint="(0: none)")
-    draft: str = setting("auto", "the draft model (model.draft) in the bundle, for the app's CPU "
-                         "(its ONNX graphs, the token table it reads, how to run it beside the "
-                         "target), checked against plain greedy decoding over the bundle's "
-                         "binaries: auto (with a draft model) or off", choices=("auto", "off"))
+    prefill_length = compile_stage.Prefill.prefill_length
+    weight_sharing = compile_stage.Prefill.weight_sharing
+    dlc = bundle_stage.BundleSettings.dlc
+    score_tokens = bundle_stage.BundleSettings.score_tokens
+    draft = bundle_stage.BundleSettings.draft_in_bundle
 
 
 class Sensitivity(Section):
     name: ClassVar[str] = "sensitivity"
-    heldout_tokens: int = setting(128, "held-out tokens scored per variant", min=16,
-                                  cap=MAX_TOKENS)
-    high: str = setting("auto", "the precision a layer is raised to (auto: INT16 over W8A8, "
-                        "FP16 over W8A16)", choices=("auto", *PRECISIONS))
-    low: str = setting("INT4", "the precision a layer is lowered to", choices=("", *PRECISIONS),
-                       hint="(or \"\" to skip lowering)")
-    confirm_on_htp: str = setting("", "a chip whose HTP simulator scores the top entries of "
-                                  "the raise ranking again (\"\": host figures only)")
-    confirm_top: int = setting(3, "the entries of the raise ranking confirmed on the HTP",
-                               min=1, max=64,
-                               hint="(entries of the ranking scored again on the HTP simulator)")
+    heldout_tokens = sensitivity_stage.SensitivitySettings.heldout_tokens
+    high = sensitivity_stage.SensitivitySettings.high
+    low = sensitivity_stage.SensitivitySettings.low
+    confirm_on_htp = sensitivity_stage.SensitivitySettings.confirm_on_htp
+    confirm_top = sensitivity_stage.SensitivitySettings.confirm_top
 
     def rules(self) -> None:
         _check_chip_or_none("sensitivity.confirm_on_htp", self.confirm_on_htp,
@@ -629,18 +429,11 @@ def _check_chip_or_none(key: str, value: str, empty: str) -> None:
 
 class Autoprecision(Section):
     name: ClassVar[str] = "autoprecision"
-    metric: str = setting("perplexity", "the target: perplexity within max_perplexity_change "
-                          "of FP32, the mean logits cosine at least min_logits_cosine, or the "
-                          "top-1 agreement at least min_top1_agreement",
-                          choices=("perplexity", "cosine", "top1"))
-    max_perplexity_change: float = setting(0.02, "the perplexity change allowed, either way",
-                                           min=0, hint="(0.02 = 2 %)")
-    min_logits_cosine: float = setting(0.999, "the mean logits cosine vs FP32 required",
-                                       above=0, max=1)
-    min_top1_agreement: float = setting(0.95, "the teacher-forced top-1 agreement with FP32 "
-                                        "required", above=0, max=1)
-    on_htp: str = setting("", "a chip whose HTP simulator measures each step (\"\": the host "
-                          "QDQ model, faster, but its rounding is not the HTP's)")
+    metric = autoprecision_stage.AutoprecisionSettings.metric
+    max_perplexity_change = autoprecision_stage.AutoprecisionSettings.max_perplexity_change
+    min_logits_cosine = autoprecision_stage.AutoprecisionSettings.min_logits_cosine
+    min_top1_agreement = autoprecision_stage.AutoprecisionSettings.min_top1_agreement
+    on_htp = autoprecision_stage.AutoprecisionSettings.on_htp
 
     def rules(self) -> None:
         _check_chip_or_none("autoprecision.on_htp", self.on_htp, "the host QDQ model")
@@ -648,25 +441,11 @@ class Autoprecision(Section):
 
 class Layerdiff(Section):
     name: ClassVar[str] = "layerdiff"
-    windows: int = setting(2, "held-out windows of P tokens compared", min=1, max=MAX_WINDOWS)
-    tensors: str = setting("modules", "which tensors: blocks (the residual stream between "
-                           "blocks), modules (and every module's output), all",
-                           choices=TENSOR_MODES)
-    graph: str = setting("prefill", "which graph: prefill, or decode (one step over an FP32 "
-                         "cache)", choices=("prefill", "decode"))
-    fp16_step: bool = setting(False, "also run the FP32 graph on the HTP in FP16, without "
-                              "quantization (a bisection's first step; chips with FP16)")
-    part: int = setting(0, "for a model exported in parts: the part compared (1..parts), "
-                        "fed what the FP32 parts before it hand on, its hand-off run on to the "
-                        "logits by the FP32 parts after it", min=0, cap=1024,
-                        hint="(0: a model exported whole)")
-
-
-#: the run-time performance modes the QNN HTP backend takes (the EP's htp_performance_mode,
-#: qnn-net-run's --perf_profile); "" leaves the backend's default
-PERFORMANCE_MODES = ("", "burst", "sustained_high_performance", "high_performance", "balanced",
-                     "low_balanced", "power_saver", "low_power_saver", "high_power_saver",
-                     "extreme_power_saver")
+    windows = layerdiff_stage.LayerdiffSettings.windows
+    tensors = layerdiff_stage.LayerdiffSettings.tensors
+    graph = layerdiff_stage.LayerdiffSettings.graph
+    fp16_step = layerdiff_stage.LayerdiffSettings.fp16_step
+    part = layerdiff_stage.LayerdiffSettings.part
 
 
 class Htp(Section):
@@ -676,26 +455,11 @@ class Htp(Section):
     reservation — have no EP option here: :data:`NOT_EXPOSED` says what they would need."""
 
     name: ClassVar[str] = "htp"
-    optimization_level: int = setting(
-        0, "the compiler's graph finalization optimization (the EP's "
-           "htp_graph_finalization_optimization_mode): 1 prepares fastest, 3 optimizes most",
-        min=0, max=3, hint="(0: the backend's default)")
-    vtcm_mb: int = setting(0, "VTCM the compiled graphs may use, in MB", min=0, max=64,
-                           hint="(0: the chip's whole VTCM, from the catalog)")
-    fp16_relaxation: bool = setting(
-        False, "float ops left in a quantized graph run in FP16 instead of FP32 (the EP's "
-               "enable_htp_fp16_precision; always on for the FP16 scheme)")
-    graph_io: str = setting(
-        "quantized", "the compiled graphs' inputs and outputs: float (the NPU quantizes the KV "
-                 "cache, the mask and the hand-offs and dequantizes the new rows and logits "
-                 "at every pass) or quantized (it takes and gives the integers it computes "
-                 "with; the host keeps the cache as they are and reads the logits)",
-        choices=("float", "quantized"))
-    performance_mode: str = setting(
-        "", "run time: the HTP's clock and power vote while the run and profile stages run "
-            "the binaries (the EP's htp_performance_mode; qnn-net-run's --perf_profile on a "
-            "phone; an agent applies it on its device). The simulator's timings do not follow "
-            "it", choices=PERFORMANCE_MODES, hint="(empty: the backend's default)")
+    optimization_level = compile_stage.HtpCompile.optimization_level
+    vtcm_mb = compile_stage.HtpCompile.vtcm_mb
+    fp16_relaxation = compile_stage.HtpCompile.fp16_relaxation
+    graph_io = compile_stage.HtpCompile.graph_io
+    performance_mode = run_stage.HtpRun.performance_mode
 
 
 #: the performance seed's HTP knobs the QNN EP in this wheel does not expose, and what
@@ -722,21 +486,16 @@ NOT_EXPOSED = {
 
 class Profile(Section):
     name: ClassVar[str] = "profile"
-    repeats: int = setting(5, "times one decode step is profiled (the median and spread are "
-                           "kept)", min=1, max=50,
-                           hint="(each repeat profiles one decode step on the simulator; 5 "
-                                "gives a median and a spread)")
+    repeats = profile_stage.Repeats.repeats
 
 
 class Graph(Section):
     name: ClassVar[str] = "graph"
-    shapes: dict[str, list[int]] = setting({}, "static input shapes: name -> dims, for inputs "
-                                           "with symbolic dims")
-    seq_len: int = setting(128, "the encoder's sequence length", min=2, max=512)
-    calibration: str = setting("", "calibration samples (.npz / .npy; \"\" for an encoder: "
-                               "its text through the tokenizer)")
-    validation: str = setting("", "validation samples (\"\": the last calibration samples)")
-    repeats: int = setting(5, "timed inferences the run stage takes", min=1, max=1000)
+    shapes = graph_import.ImportSettings.shapes
+    seq_len = graph_import.ImportSettings.seq_len
+    calibration = graph_quantize.GraphQuantizeSettings.calibration
+    validation = graph_quantize.GraphQuantizeSettings.validation
+    repeats = graph_run.GraphRunSettings.repeats
 
     def rules(self) -> None:
         for name, dims in self.shapes.items():
@@ -897,5 +656,6 @@ def check_settings_declared(declarations: tuple[StageDecl, ...], *tables: Mappin
                                  f"({why(key)})")
 
 
-# the stages declare their settings by name: a misspelt one fails here, at import
+# every key a stage declares lands in a section of the file (a misspelt section fails here,
+# at import), and the tables name declared keys
 check_settings_declared(DECLARATIONS, REFS, PLAN_KEYS)

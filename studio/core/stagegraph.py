@@ -1,14 +1,17 @@
 """The stage graph: every pipeline stage declared once.
 
-A declaration says what a stage needs upstream, what it fans out over (nothing, each target
-chip, each device) and which project settings it reads. Everything else comes from it:
+A declaration (:class:`StageDecl`, in the stage's own module ``studio/core/stages/<stage>.py``
+beside its settings class) says what a stage needs upstream, what it fans out over
+(nothing, each target chip, each device) and which project settings it reads (its
+settings class's keys). Everything else comes from it:
 ``plan`` (which jobs, in what order, with which dependencies), the artifact key, preflight's
 checks of input files, the frozen :class:`StageConfig` the worker hands the stage (holding
 *exactly* what the key hashes), the GUI's stage list and ``--stages``.
 
 A stage cannot read a setting its key does not cover: :meth:`StageConfig.get` refuses an
-undeclared key. Adding a stage is one declaration here plus one module in
-``studio/worker/stages/`` (``run(ctx, progress)``, named by :attr:`StageDecl.module`).
+undeclared key. Adding a stage is one declaration module in ``studio/core/stages/`` (listed
+in :data:`DECLARATIONS`) plus one module in ``studio/worker/stages/`` (``run(ctx,
+progress)``, named by :attr:`StageDecl.module`).
 
 Keys are reproducible (Bazel / Nix style): a key hashes the stage, its declared settings
 (file references by content, never by path), the identity of its fan-out item, the *keys*
@@ -28,235 +31,49 @@ from studio.core.artifacts import artifact_key
 from studio.core.devices import DEVICE_KINDS, Device, device, project_devices
 from studio.core.errors import StudioError
 from studio.core.fsutil import sha256_file
-from studio.core.recipe import DEFAULT_GATES
+from studio.core.keys import Key
+from studio.core.stagedecl import (  # noqa: F401  (the declarations' names, read from here)
+    GRAPH_KINDS,
+    MODEL_KIND_HELP,
+    MODEL_KINDS,
+    Need,
+    StageDecl,
+)
+from studio.core.stages import (
+    ablation,
+    autoprecision,
+    bundle,
+    compile,
+    draft,
+    export,
+    graph_compile,
+    graph_import,
+    graph_profile,
+    graph_quantize,
+    graph_run,
+    graph_validate,
+    layerdiff,
+    profile,
+    quantize,
+    report,
+    run,
+    sensitivity,
+    validate,
+    waterfall,
+)
 
 if TYPE_CHECKING:
     from studio.core.project import Project
 
 
-@dataclass(frozen=True)
-class Need:
-    """An upstream stage: its single job, or (``per_chip``) its job for the same chip."""
-
-    stage: str
-    per_chip: bool = False
-
-
-@dataclass(frozen=True)
-class StageDecl:
-    name: str
-    title: str
-    needs: tuple[Need, ...] = ()
-    fan_out: str = ""  # "" | "target" (each target chip) | "device" (each device)
-    settings: tuple[str, ...] = ()  # dotted project keys the stage reads
-    needs_all: bool = False  # depends on every other job of the plan (the report)
-    cache: bool = True  # False: always run (its content comes from the run history)
-    optional: bool = False  # not in a new project's pipeline: asked for by name (--stages)
-    # a measurement (timings on a device): cached like the others, but a run asked to
-    # remeasure times it again, and later runs reuse the newest measurement
-    measures: bool = False
-    # for fan_out "device": only devices that run on an NPU (an agent's HTP, not its CPU)
-    npu_only: bool = False
-    # the model kinds (model.kind) whose pipeline the stage belongs to
-    kinds: tuple[str, ...] = ("causal-lm",)
-    # what the stage is across model kinds ("quantize" for quantize and graph-quantize, ...):
-    # pages, reports and schedulers ask for a role, never for a stage name
-    role: str = ""
-    # its result holds the accuracy figures the project's gates judge
-    gated: bool = False
-    # it reads the run history (this run's settings, the comparison with the previous run)
-    reads_history: bool = False
-    # it takes a model exported in parts (studio.core.parts): the others refuse one
-    takes_parts: bool = False
-    # it works part by part and keeps the parts it finished across a kill: its work folder
-    # is kept per key (studio.core.artifacts), and a re-run does only the rest
-    resumes: bool = False
-    # what the preflight checks before anything runs when the stage is planned
-    # (studio.services.preflight.CHECKS): "draft" (a draft model is set), "overrides" (the
-    # override rules name layers of the model), "graph-calibration" (an ONNX graph's
-    # calibration samples are given), "prompt-fits" (the prompt fits the context)
-    preflight: tuple[str, ...] = ()
-    # with "prompt-fits": the setting whose new tokens must fit after the prompt
-    new_tokens: str = ""
-
-    @property
-    def device_kinds(self) -> tuple[str, ...]:
-        """For fan_out "device": the kinds whose devices run it (each kind declares its
-        stages, :attr:`studio.core.devices.DeviceKind.stages`)."""
-        return tuple(k for k, d in DEVICE_KINDS.items() if self.name in d.stages)
-
-    @property
-    def module(self) -> str:
-        """The module of the stage's function (``studio.worker.stages.<module>``)."""
-        return self.name.replace("-", "_")
-
-
-# What a project deploys: a causal LM from a checkpoint, a sentence encoder from its PyTorch
-# weights, or any ONNX graph. Each kind has its own declared stages (the report is shared).
-MODEL_KINDS: tuple[str, ...] = ("causal-lm", "encoder", "onnx-graph")
-GRAPH_KINDS: tuple[str, ...] = ("encoder", "onnx-graph")
-MODEL_KIND_HELP = {
-    "causal-lm": "a language model from a Hugging Face checkpoint: export, quantize, compile, "
-                 "validate (perplexity, logits), generate",
-    "encoder": "a sentence encoder from its PyTorch weights: embeddings checked against FP32 "
-               "and on a small retrieval set",
-    "onnx-graph": "any ONNX network with static (or fixed) input shapes and .npz calibration "
-                  "samples",
-}
-
-
-_GATES = tuple(f"gates.{k}" for k in DEFAULT_GATES)
-#: the [htp] settings a compile bakes into its context binaries: every stage that compiles
-#: a graph for the HTP declares them (compile, and the stages that compile their own graphs)
-HTP_COMPILE_SETTINGS = ("htp.optimization_level", "htp.vtcm_mb", "htp.fp16_relaxation",
-                        "htp.graph_io")
-#: the [htp] settings the sessions that run compiled binaries take (the run and profile
-#: stages: their timings depend on them, the binaries do not)
-HTP_RUN_SETTINGS = ("htp.performance_mode",)
-
+#: every stage, in pipeline order: each declared in its module, beside its settings class
 DECLARATIONS: tuple[StageDecl, ...] = (
-    StageDecl("export", "Export", (),
-              settings=("model.source", "export.prompt_length", "export.context_length",
-                        "export.parts", "export.max_part_mb", "export.image_size",
-                        # export.parts = "auto" asks the targets' NPUs (KEY_IDENTITIES)
-                        "targets"),
-              role="export",
-              takes_parts=True, resumes=True),
-    StageDecl("quantize", "Quantize", (Need("export"),),
-              settings=("quantization.scheme", "quantization.weight_granularity",
-                        "quantization.calibration_text", "quantization.calibration_samples",
-                        "quantization.calibration_method", "quantization.block_size",
-                        "quantization.weight_rounding", "quantization.rounding_samples",
-                        "quantization.kv_cache", "quantization.overrides",
-                        "quantization.embedding",
-                        "quantization.calibration_images", "quantization.vision_scheme",
-                        "quantization.vision_overrides"), role="quantize",
-              takes_parts=True, resumes=True, preflight=("overrides",)),
-    # the deployable binaries (studio.engine.deploy): Genie's AR-N prefill graph is exported
-    # from the checkpoint and quantized here, with the recipe's calibration
-    StageDecl("compile", "Compile", (Need("export"), Need("quantize")), fan_out="target",
-              settings=("model.source", "quantization.scheme",
-                        "quantization.weight_granularity", "quantization.calibration_text",
-                        "quantization.calibration_samples", "quantization.calibration_method",
-                        "quantization.overrides", "quantization.embedding",
-                        "quantization.block_size",
-                        "quantization.weight_rounding", "quantization.rounding_samples",
-                        "bundle.prefill_length", "bundle.weight_sharing",
-                        *HTP_COMPILE_SETTINGS), role="compile",
-              takes_parts=True, resumes=True),
-    StageDecl("validate", "Validate", (Need("export"), Need("quantize"),
-                                       Need("compile", per_chip=True)), fan_out="target",
-              settings=("quantization.scheme", "validation.heldout_text",
-                        "validation.heldout_tokens", "validation.greedy_tokens",
-                        "validation.device_tokens", "run.prompt", "validation.heldout_images",
-                        "model.chat_template"),
-              role="validate", gated=True,
-              takes_parts=True, preflight=("prompt-fits",), new_tokens="validation.greedy_tokens"),
-    StageDecl("run", "Run", (Need("export"), Need("compile", per_chip=True)), fan_out="device",
-              measures=True,
-              settings=("quantization.scheme", "run.prompt", "run.max_new_tokens",
-                        "run.image", "model.chat_template", *HTP_RUN_SETTINGS), role="run",
-              takes_parts=True, preflight=("prompt-fits",), new_tokens="run.max_new_tokens"),
-    StageDecl("profile", "Profile", (Need("quantize"), Need("compile", per_chip=True)),
-              fan_out="device", measures=True,
-              npu_only=True, settings=("quantization.scheme", "profile.repeats",
-                                       "quantization.weight_granularity",
-                                       "quantization.block_size", *HTP_COMPILE_SETTINGS,
-                                       *HTP_RUN_SETTINGS),
-              role="profile",
-              takes_parts=True),
-    StageDecl("sensitivity", "Sensitivity", (Need("export"),), optional=True,
-              settings=("quantization.scheme", "quantization.weight_granularity",
-                        "quantization.calibration_text", "quantization.calibration_samples",
-                        "validation.heldout_text", "sensitivity.heldout_tokens",
-                        "sensitivity.high", "sensitivity.low", "sensitivity.confirm_on_htp",
-                        "sensitivity.confirm_top"), role="sensitivity"),
-    StageDecl("autoprecision", "Auto precision", (Need("export"), Need("sensitivity")),
-              optional=True,
-              settings=("autoprecision.metric", "autoprecision.max_perplexity_change",
-                        "autoprecision.min_logits_cosine", "autoprecision.min_top1_agreement",
-                        "autoprecision.on_htp"),
-              role="autoprecision"),
-    StageDecl("layerdiff", "Layer diff", (Need("export"), Need("quantize"),
-                                          Need("compile", per_chip=True)),
-              fan_out="target", optional=True,
-              settings=("quantization.scheme", "quantization.weight_granularity",
-                        "quantization.block_size", "validation.heldout_text",
-                        "quantization.kv_cache", "layerdiff.windows", "layerdiff.tensors",
-                        "layerdiff.graph", "layerdiff.fp16_step", "layerdiff.part",
-                        *HTP_COMPILE_SETTINGS),
-              role="layerdiff", takes_parts=True),
-    StageDecl("draft", "Draft model", (), optional=True,
-              settings=("model.draft", "export.prompt_length", "export.context_length"),
-              role="draft", preflight=("draft",)),
-    StageDecl("ablation", "Pruning ablation", (), optional=True,
-              settings=("model.source", "validation.heldout_text", "validation.heldout_tokens",
-                        "export.context_length", "pruning.drop_blocks"), role="ablation"),
-    StageDecl("waterfall", "Optimization waterfall", (Need("export"), Need("ablation")),
-              optional=True,
-              settings=("quantization.scheme", "quantization.weight_granularity",
-                        "quantization.calibration_text", "quantization.calibration_samples",
-                        "validation.heldout_text", "validation.heldout_tokens", "model.source",
-                        "waterfall.window", "waterfall.k", "waterfall.new_tokens"),
-              role="waterfall"),
-    StageDecl("bundle", "Genie bundle", (Need("export"), Need("quantize"),
-                                         Need("compile", per_chip=True)),
-              fan_out="target", optional=True,
-              settings=("model.source", "quantization.scheme",
-                        "quantization.weight_granularity", "quantization.calibration_text",
-                        "quantization.calibration_samples", "quantization.calibration_method",
-                        "quantization.overrides", "quantization.embedding",
-                        "quantization.block_size",
-                        "quantization.weight_rounding", "quantization.rounding_samples",
-                        "validation.heldout_text", "bundle.new_tokens", "bundle.prompts",
-                        "bundle.parts", "bundle.prefill_length",
-                        "bundle.score_tokens", "bundle.dlc", "run.prompt",
-                        "validation.greedy_tokens", "model.chat_template", "model.draft",
-                        "model.draft_embedding", "bundle.draft",
-                        # the device memory plan's KV width (the refusal before any work)
-                        "quantization.kv_cache", "bundle.weight_sharing",
-                        *HTP_COMPILE_SETTINGS),
-              role="bundle", takes_parts=True,
-              # its result holds validate's figures of the binaries it ships (with
-              # bundle.score_tokens): the gates judge them too
-              gated=True),
-    # encoders and ONNX graphs: the graph with static shapes (an encoder exported from its
-    # PyTorch weights), its rewrites and quantization, the placement on each chip, the check
-    # against FP32 per output, the latency per inference on each device
-    StageDecl("import", "Import", (), kinds=GRAPH_KINDS,
-              settings=("model.kind", "model.source", "graph.shapes", "graph.seq_len"),
-              role="export"),
-    StageDecl("graph-quantize", "Quantize", (Need("import"),), kinds=GRAPH_KINDS,
-              settings=("model.kind", "quantization.scheme", "quantization.weight_granularity",
-                        "quantization.calibration_text", "quantization.calibration_samples",
-                        "quantization.calibration_method", "quantization.overrides",
-                        "quantization.weight_rounding",
-                        "quantization.placement", "graph.calibration", "graph.validation"),
-              role="quantize", preflight=("graph-calibration",)),
-    StageDecl("graph-compile", "Compile", (Need("graph-quantize"),), fan_out="target",
-              kinds=GRAPH_KINDS, settings=("quantization.scheme", "quantization.placement",
-                                           *HTP_COMPILE_SETTINGS),
-              role="compile"),
-    StageDecl("graph-validate", "Validate", (Need("import"), Need("graph-quantize"),
-                                             Need("graph-compile", per_chip=True)),
-              fan_out="target", kinds=GRAPH_KINDS,
-              settings=("model.kind", "quantization.scheme", "quantization.placement"),
-              role="validate", gated=True),
-    StageDecl("graph-run", "Run", (Need("import"), Need("graph-quantize"),
-                                   Need("graph-compile", per_chip=True)),
-              fan_out="device", measures=True,
-              kinds=GRAPH_KINDS,
-              settings=("quantization.scheme", "quantization.placement", "graph.repeats"),
-              role="run"),
-    StageDecl("graph-profile", "Profile", (Need("import"), Need("graph-quantize"),
-                                           Need("graph-compile", per_chip=True)),
-              fan_out="device", measures=True, npu_only=True,
-              kinds=GRAPH_KINDS,
-              settings=("quantization.scheme", "quantization.placement", "profile.repeats"),
-              role="profile"),
-    StageDecl("report", "Report", (), needs_all=True, cache=False, settings=("name", *_GATES),
-              takes_parts=True,
-              kinds=MODEL_KINDS, role="report", reads_history=True),
+    export.DECL, quantize.DECL, compile.DECL, validate.DECL, run.DECL, profile.DECL,
+    sensitivity.DECL, autoprecision.DECL, layerdiff.DECL, draft.DECL, ablation.DECL,
+    waterfall.DECL, bundle.DECL,
+    graph_import.DECL, graph_quantize.DECL, graph_compile.DECL, graph_validate.DECL,
+    graph_run.DECL, graph_profile.DECL,
+    report.DECL,
 )
 STAGES: dict[str, StageDecl] = {d.name: d for d in DECLARATIONS}
 STAGE_NAMES: tuple[str, ...] = tuple(STAGES)
@@ -285,18 +102,18 @@ def stages_with_role(role: str) -> tuple[str, ...]:
     """Every stage that plays ``role``, whatever the model kind."""
     return tuple(d.name for d in DECLARATIONS if d.role == role)
 
-# Settings that name an input file: hashed by content, checked by preflight by kind.
-REFS: dict[str, str] = {
-    "model.source": "checkpoint",
-    "model.draft": "checkpoint",
-    "quantization.calibration_text": "text",
-    "validation.heldout_text": "text",
-    "quantization.calibration_images": "images",
-    "validation.heldout_images": "images",
-    "run.image": "images",
-    "graph.calibration": "samples",
-    "graph.validation": "samples",
-}
+
+
+def stage_keys(declarations: tuple[StageDecl, ...]) -> dict[str, Key]:
+    """Every key the stages read (dotted key -> its declaration), in declaration order."""
+    return {k.key: k for d in declarations for k in d.settings_class.keys()}
+
+
+#: every key a stage reads, by its dotted name
+STAGE_KEYS: dict[str, Key] = stage_keys(DECLARATIONS)
+# Settings that name an input file: hashed by content, checked by preflight by kind (each
+# declares it: ``setting(..., ref=KIND)``)
+REFS: dict[str, str] = {name: k.ref for name, k in STAGE_KEYS.items() if k.ref}
 # Keys that shape the plan (which jobs exist) rather than what a job computes.
 PLAN_KEYS: dict[str, str] = {
     "targets": "the chips compile, validate and the simulator devices fan out over",
@@ -537,7 +354,7 @@ class StageConfig:
         if key not in self.settings:
             raise StudioError(
                 f"the {self.stage} stage read {key!r}, which it does not declare: declare it in "
-                "studio/core/stagegraph.py so that its artifact key covers it"
+                "its settings class (studio/core/stages) so that its artifact key covers it"
             )
         return self.settings[key]
 

@@ -23,7 +23,7 @@ from studio.core.fsutil import atomic_write_json, atomic_write_text
 from studio.core.gates import evaluate_gates
 from studio.core.project import Project
 from studio.core.resources import resources_dir
-from studio.core.stagegraph import STAGES
+from studio.core.stagegraph import DECLARATIONS, STAGES
 from studio.engine.report_charts import (
     SERIES,
     SOURCE_COLORS,
@@ -56,10 +56,10 @@ TIMINGS = {"decode_tokens_per_s", "prefill_ms", "decode_ms_per_token", "latency_
 
 
 # ---- the data ---------------------------------------------------------------------------------
-#: the stages whose figures the headline takes (the validate, run and profile stages' own
-#: figures, not the same quantities measured along the way by another stage)
-HEADLINE_STAGES = ("validate[", "graph-validate[", "run[", "graph-run[", "profile[",
-                   "graph-profile[")
+#: the job labels' prefixes whose figures the headline takes: the stages that declare
+#: ``headline`` (the validate, run and profile stages' own figures, not the same quantities
+#: measured along the way by another stage), each over its targets or devices
+HEADLINE_STAGES = tuple(f"{d.name}[" for d in DECLARATIONS if d.headline)
 
 
 def _headline(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:

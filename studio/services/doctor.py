@@ -29,15 +29,12 @@ from typing import Any
 
 from studio.core.checks import FAIL, PASS, SKIP, WARN, Check
 from studio.core.errors import StudioError
+from studio.core.stagegraph import DECLARATIONS
 
 GIB = 1 << 30
 #: one HTP graph's allocation limit: a compile fails past it ("estimated allocation of
 #: 2347229 KB, limit is 2097152 KB", measured here)
 HTP_GRAPH_LIMIT = 2097152 * 1024
-#: disk a causal-LM project's artifacts take per parameter, by stage (measured on the
-#: Qwen2.5-3B shape's two largest parts, W8A16: export 3.0 GB, quantize 1.1 GB, compile
-#: 2.1 GB per target for 444 M parameters; the bundle is the compile's size again)
-DISK_PER_PARAMETER = {"export": 6.8, "quantize": 2.5, "compile": 4.7, "bundle": 4.7}
 #: the packages the stages run on (missing: FAIL) and the pins the README names
 PACKAGES = ("torch", "transformers", "onnx", "onnxruntime", "onnxruntime-qnn")
 PINS = {"torch": "2.13.0"}
@@ -362,6 +359,21 @@ def check_draft_table(project) -> list[Check]:
     return [Check("project", "draft's token table", PASS, share.line())]
 
 
+def disk_per_parameter(project) -> float:
+    """The disk a causal-LM project's artifacts take per parameter: what each stage declares
+    (:attr:`StageDecl.disk_per_parameter`, per target for a stage over targets), for the
+    stages a run makes (an optional stage where the pipeline asks for it)."""
+    per = 0.0
+    for d in DECLARATIONS:
+        if not d.disk_per_parameter or project.model["kind"] not in d.kinds:
+            continue
+        if d.optional and d.name not in project.pipeline["stages"]:
+            continue
+        per_target = d.fan_out == "target" and not d.disk_once
+        per += d.disk_per_parameter * (len(project.targets) if per_target else 1)
+    return per
+
+
 def project_checks(project) -> tuple[list[Check], dict[str, int], int | None]:
     """The project's checks, the predicted stage peaks of its plan and the disk its
     artifacts take (estimated)."""
@@ -388,11 +400,7 @@ def project_checks(project) -> tuple[list[Check], dict[str, int], int | None]:
             out += check_draft_table(project)
             peaks = {k: v for k, v in plan.peaks.items() if v}
             params = sum(p["parameters"] for p in plan.parts)
-            per = (DISK_PER_PARAMETER["export"] + DISK_PER_PARAMETER["quantize"]
-                   + DISK_PER_PARAMETER["compile"] * len(project.targets))
-            if "bundle" in project.pipeline["stages"]:
-                per += DISK_PER_PARAMETER["bundle"]
-            disk = int(params * per)
+            disk = int(params * disk_per_parameter(project))
         out += check_texts(project, project.input_path(project.model["source"]))
     return out, peaks, disk
 

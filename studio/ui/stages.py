@@ -45,6 +45,12 @@ def stage_title(stage: str) -> str:
     return decl.title if decl is not None else stage
 
 
+def stage_help(stage: str) -> str:
+    """The line a stage's menu entry shows: its declared help, else its title."""
+    decl = STAGES.get(stage)
+    return (decl.help or decl.title) if decl is not None else stage
+
+
 def places_nodes(project: Project | None) -> bool:
     """Whether the project's compile stage places each node on the NPU or the CPU (it reads
     ``quantization.placement``): encoders and ONNX graphs. Their accuracy figures are shown

@@ -11,10 +11,11 @@ from typing import Any
 from studio.core.catalog import Chip, get_chip
 from studio.core.devices import Device, DeviceBackend, htp_simulator
 from studio.core.errors import StudioError
+from studio.core.keys import StageSettings
 from studio.core.metrics import Metric
 from studio.core.partcache import PartCache
-from studio.core.recipe import is_float_scheme
 from studio.core.stagegraph import STAGES, StageConfig
+from studio.core.stages.run import HtpRun
 
 
 @dataclass
@@ -32,11 +33,11 @@ class StageContext:
     parts: PartCache = field(default_factory=lambda: PartCache(None))
     part_salt: str = ""
 
-    def get(self, key: str) -> Any:
-        return self.config.get(key)
-
-    def path(self, key: str) -> Path:
-        return self.config.path(key)
+    @property
+    def settings(self) -> StageSettings:
+        """The stage's settings, as its declared class (a stage module reads its own class:
+        ``QuantizeSettings.of(ctx.config)``, typed)."""
+        return STAGES[self.config.stage].settings_class.of(self.config)
 
     @property
     def target(self) -> str:
@@ -80,18 +81,14 @@ class StageContext:
         """What runs work on :attr:`device` (``studio/engine/devices``)."""
         from studio.engine.devices import backend, run_options
 
-        mode = (self.get("htp.performance_mode")
-                if "htp.performance_mode" in self.config.settings else "")
+        s = self.settings
+        mode = s.performance_mode if isinstance(s, HtpRun) else ""
         return backend(self.device, run_options=run_options(mode))
 
     def device_metric(self, name: str, value: float, unit: str, detail: str = ""
                       ) -> dict[str, Any]:
         """A figure this job's device produced, labelled from it."""
         return device_metric(self.device, name, value, unit, detail)
-
-    @property
-    def fp16(self) -> bool:
-        return is_float_scheme(self.get("quantization.scheme"))
 
     def fact(self, name: str, value: float, unit: str, detail: str = "") -> None:
         """A run fact (e.g. how long the stage took): kept in the run history only."""

@@ -14,6 +14,7 @@ import tomli_w
 from studio.core import project as pf
 from studio.core.commands import CommandStack, SetValue
 from studio.core.errors import StudioError
+from studio.core.keys import StageSettings, setting
 from studio.core.recipe import (
     DEFAULT_GATES,
     QUANTIZED_SCHEMES,
@@ -130,7 +131,11 @@ def test_every_setting_has_a_doc_and_every_default_is_valid():
 
 def test_a_stage_that_declares_a_setting_no_section_has_fails_at_import():
     check_settings_declared(DECLARATIONS)  # what settings runs when it is imported
-    typo = StageDecl("quantize", "Quantize", settings=("quantization.schem",))
+
+    class Typo(StageSettings):  # declared after the sections were assembled
+        schem: str = setting("quantization.schem", "", "a misspelt key")
+
+    typo = StageDecl("quantize", "Quantize", settings_class=Typo)
     with pytest.raises(ValueError, match="the quantize stage declares the setting "
                                          "'quantization.schem'.*scheme, weight_granularity"):
         check_settings_declared((typo,))
@@ -139,25 +144,25 @@ def test_a_stage_that_declares_a_setting_no_section_has_fails_at_import():
 
 
 def test_the_import_of_settings_runs_the_check(monkeypatch):
-    """With one key of the stage declarations misspelt, the settings module does not
-    import."""
+    """With a stage key in a section the file does not have (a misspelt section), the
+    settings module does not import."""
     import sys
     import types
 
     import studio.core.settings as st
     import studio.core.stagegraph as sg
 
-    text = Path(sg.__file__).read_text()
-    good = 'settings=("quantization.scheme", "profile.repeats",'
-    assert text.count(good) == 1
-    typo = types.ModuleType("studio.core.stagegraph")
-    monkeypatch.setitem(sys.modules, "studio.core.stagegraph", typo)
-    exec(compile(text.replace(good, good.replace("repeats", "repeat")), sg.__file__, "exec"),
-         typo.__dict__)
+    class Typo(StageSettings):
+        repeats: int = setting("profil.repeats", 5, "a misspelt section")
+
+    typo = StageDecl("profile", "Profile", settings_class=Typo)
+    declarations = tuple(typo if d.name == "profile" else d for d in sg.DECLARATIONS)
+    monkeypatch.setattr(sg, "DECLARATIONS", declarations)
+    monkeypatch.setattr(sg, "STAGE_KEYS", sg.stage_keys(declarations))
     module = types.ModuleType("settings_over_a_typo")
     monkeypatch.setitem(sys.modules, module.__name__, module)
     with pytest.raises(ValueError, match="the profile stage declares the setting "
-                                         "'profile.repeat'"):
+                                         "'profil.repeats'"):
         exec(compile(Path(st.__file__).read_text(), st.__file__, "exec"), module.__dict__)
 
 

@@ -58,7 +58,8 @@ def test_a_new_device_kind_is_one_module_and_one_registration(tmp_path, tiny_qwe
         dev = devices.device("cpu1:lab")
         assert dev.kind == "host-cpu-1" and dev.source == "measured"
         settings = {"quantization.scheme": "W8A16", "run.prompt": "hello there",
-                    "run.max_new_tokens": 4, "run.image": "", "model.chat_template": "checkpoint"}
+                    "run.max_new_tokens": 4, "run.image": "", "model.chat_template": "checkpoint",
+                    "htp.performance_mode": ""}
         config = StageConfig("run", dev.id, MappingProxyType(settings), MappingProxyType({}),
                              MappingProxyType({}))
         ctx = StageContext(config, {"export": folder}, tmp_path / "out")

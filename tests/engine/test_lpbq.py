@@ -80,24 +80,21 @@ def test_a_weight_is_blocked_only_where_its_inputs_are_whole_blocks(tmp_path, k,
 def test_blocks_under_32_run_right_without_the_block_optimization(tmp_path):
     """Blocks of 16 on the simulator: right without the HTP's block-quant optimization (the
     options the compile stage gives them), where with it they come out wrong."""
+    from studio.core.catalog import default_chip_key, get_chip
+    from studio.core.settings import SECTION_KEYS, Htp
+    from studio.core.stages.compile import CompiledWeights
     from studio.worker.stages._llm import htp_options
 
-    class Settings:  # what htp_options reads of a stage's context
-        def __init__(self, block: int):
-            from studio.core.catalog import default_chip_key, get_chip
-            from studio.core.settings import SECTION_KEYS, Htp
+    chip = get_chip(default_chip_key())
 
-            self.chip = get_chip(default_chip_key())
+    def Settings(block: int) -> CompiledWeights:  # what htp_options reads of a stage's settings
+        return CompiledWeights({"quantization.scheme": "W4A16",
+                                "quantization.weight_granularity": "per_block",
+                                "quantization.block_size": block,
+                                **{f"htp.{k}": Htp.default(k) for k in SECTION_KEYS["htp"]}})
 
-            self.values = {"quantization.weight_granularity": "per_block",
-                           "quantization.block_size": block,
-                           **{f"htp.{k}": Htp.default(k) for k in SECTION_KEYS["htp"]}}
-
-        def get(self, key):
-            return self.values[key]
-
-    assert htp_options(Settings(32)) == {"enable_block_quant_weight_optimization": "1"}
-    assert htp_options(Settings(16)) == {}
+    assert htp_options(Settings(32), chip) == {"enable_block_quant_weight_optimization": "1"}
+    assert htp_options(Settings(16), chip) == {}
     feeds = _matmul(tmp_path / "mm.onnx", 256)
     quantize_graph(tmp_path / "mm.onnx", tmp_path / "q.onnx",
                    {"scheme": "W4A16", "weight_granularity": "per_block", "block_size": 16,
@@ -107,5 +104,5 @@ def test_blocks_under_32_run_right_without_the_block_optimization(tmp_path):
     host = ort.InferenceSession(str(tmp_path / "q.onnx"),
                                 providers=["CPUExecutionProvider"]).run(None, x)[0]
     htp = qnn.make_session(tmp_path / "q.onnx", default_chip_key(), strict=True,
-                           extra_options=htp_options(Settings(16)), threads=1).run(None, x)[0]
+                           extra_options=htp_options(Settings(16), chip), threads=1).run(None, x)[0]
     assert _cos(htp, host) > 0.999

@@ -1,5 +1,5 @@
 """One module per stage: the worker finds a stage's function from its declaration, and a new
-stage is one declaration plus one module (shown with a stage made here, planned and run like
+stage is one declaration (with its settings class) plus one module (shown with a stage made here, planned and run like
 the others)."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ import sys
 import types
 
 from studio.core import stagegraph
+from studio.core.keys import StageSettings
 from studio.core.stagegraph import DECLARATIONS, StageDecl
+from studio.core.stages.validate import Heldout
 from studio.worker import stages
 
 
@@ -26,14 +28,18 @@ def test_a_new_stage_is_one_declaration_and_one_module(tmp_path, monkeypatch):
     from studio.core.progress import RecordingProgress
     from studio.worker.context import StageContext, host_metric, read_text
 
+    class WordCountSettings(StageSettings):  # a key another stage declares, taken as it is
+        heldout_text = Heldout.heldout_text
+
     def run(ctx: StageContext, progress) -> dict:
-        words = len(read_text(ctx.path("validation.heldout_text"), "held-out text").split())
+        s = WordCountSettings.of(ctx.config)
+        words = len(read_text(s.path(s.heldout_text), "held-out text").split())
         return {"summary": f"{words} words", "metrics": [host_metric("heldout_words", words)]}
 
     module = types.ModuleType("studio.worker.stages.word_count")
     module.run = run  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    decl = StageDecl("word-count", "Word count", settings=("validation.heldout_text",),
+    decl = StageDecl("word-count", "Word count", settings_class=WordCountSettings,
                      optional=True)
     monkeypatch.setattr(stagegraph, "DECLARATIONS", (*DECLARATIONS, decl))
     monkeypatch.setitem(stagegraph.STAGES, decl.name, decl)

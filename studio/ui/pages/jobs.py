@@ -39,22 +39,8 @@ from studio.ui.models.jobs import (
     JobsModel,
 )
 from studio.ui.pages.base import Page
-from studio.ui.stages import project_stage, project_stages, stage_title
+from studio.ui.stages import project_stage, project_stages, stage_help
 from studio.ui.widgets import EmptyState, ProgressDelegate, label
-
-STAGE_HELP = {
-    "export": "PyTorch → ONNX prefill and decode graphs (FP32, fixed shapes)",
-    "quantize": "calibrate and quantize the graphs with the project's recipe",
-    "compile": "QNN context binaries per target chip",
-    "validate": "FP32 vs quantized vs HTP simulator accuracy per target",
-    "run": "generate tokens on the host CPU and the HTP simulator",
-    "profile": "op-level profile of one decode step on the HTP simulator",
-    "report": "an HTML + JSON report of the run",
-    "sensitivity": "per-layer accuracy when one layer is raised or lowered (host QDQ)",
-    "autoprecision": "the fewest raised layers that meet the accuracy target",
-    "layerdiff": "FP32 vs host QDQ vs HTP simulator, tensor by tensor (where they part)",
-}
-
 
 ALL_STAGES = "All stages"
 EMPTY_TEXT = (
@@ -255,7 +241,7 @@ class JobsPage(Page):
         self.stage_menu.clear()
         self.stage_actions = {}
         for s in project_stages(project):
-            act = self.stage_menu.addAction(f"{s} — {STAGE_HELP.get(s) or stage_title(s)}")
+            act = self.stage_menu.addAction(f"{s} — {stage_help(s)}")
             act.triggered.connect(lambda _=False, s=s: self.run_stages([s]))
             self.stage_actions[s] = act
         current = self.stage_filter.currentText()

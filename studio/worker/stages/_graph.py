@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from studio.core.stages.graph_quantize import Placement
 from studio.worker.context import StageContext
 
 
@@ -28,4 +29,4 @@ def device_session(ctx: StageContext):
     dev = ctx.device
     compiled = (ctx.input("graph-compile", dev.chip) / "graph_ctx.onnx") if dev.chip else None
     return ctx.backend.open_session(ctx.input("import") / "static.onnx", compiled,
-                                    strict=ctx.get("quantization.placement") != "partition")
+                                    strict=Placement.of(ctx.config).placement != "partition")

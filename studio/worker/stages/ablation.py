@@ -9,6 +9,7 @@ from typing import Any
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress, SubProgress
+from studio.core.stages.ablation import AblationSettings
 from studio.core.units import signed
 from studio.worker.context import StageContext, host_metric, read_text
 
@@ -21,16 +22,17 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 
     from studio.engine.ablation import ablate_blocks, write_pruned_checkpoint
 
-    ckpt = ctx.path("model.source")
-    n_drop = int(ctx.get("pruning.drop_blocks"))
-    text = read_text(ctx.path("validation.heldout_text"), "held-out text")
+    s = AblationSettings.of(ctx.config)
+    ckpt = s.path(s.source)
+    n_drop = int(s.drop_blocks)
+    text = read_text(s.path(s.heldout_text), "held-out text")
     try:
         tok = PreTrainedTokenizerFast.from_pretrained(str(ckpt))
     except Exception as exc:  # noqa: BLE001 - a checkpoint without a fast tokenizer
         raise StudioError(f"the checkpoint {ckpt} has no tokenizer.json to read the held-out "
                           f"text with ({type(exc).__name__})") from None
-    ids = tok(text).input_ids[: ctx.get("validation.heldout_tokens")]
-    table = ablate_blocks(ckpt, ids, window=int(ctx.get("export.context_length")),
+    ids = tok(text).input_ids[: s.heldout_tokens]
+    table = ablate_blocks(ckpt, ids, window=int(s.context_length),
                           progress=SubProgress(progress, 0.0, 0.9))
     if not 1 <= n_drop < table["num_blocks"]:
         raise StudioError(f"pruning.drop_blocks is {n_drop}: drop 1..{table['num_blocks'] - 1} "

@@ -10,6 +10,7 @@ from studio.core.catalog import get_chip
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress, SubProgress
+from studio.core.stages.autoprecision import AutoprecisionSettings
 from studio.worker.context import StageContext, host_metric
 from studio.worker.context import metric as labelled
 
@@ -28,20 +29,20 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         raise StudioError("the sensitivity result is missing or unreadable: re-run sensitivity") from None
     recipe = {"scheme": sens["scheme"], "weight_granularity": sens["weight_granularity"],
               "samples": sens["calibration_samples"]}
-    metric = ctx.get("autoprecision.metric")
+    s = AutoprecisionSettings.of(ctx.config)
+    metric = s.metric
     t0 = time.perf_counter()
     with VariantBench(export_dir, recipe, sens["heldout"]["ids"], ctx.out,
                       ranges=sdir / "calibration_ranges.json",
                       progress=SubProgress(progress, 0.0, 0.1)) as bench:
         ranking, gains = raise_ranking(sens)
-        on_htp = ctx.get("autoprecision.on_htp")
+        on_htp = s.on_htp
         # measured on the HTP, every layer is tried in the host's order: a layer the host's
         # rounding shows no gain for may still gain on the HTP's
         res = auto_precision(bench, ranking, sens["high"], metric,
-                             ctx.get("autoprecision.max_perplexity_change"),
-                             ctx.get("autoprecision.min_logits_cosine"),
+                             s.max_perplexity_change, s.min_logits_cosine,
                              None if on_htp else gains, SubProgress(progress, 0.1, 1.0),
-                             ctx.get("autoprecision.min_top1_agreement"),
+                             s.min_top1_agreement,
                              get_chip(on_htp) if on_htp else None)
     ctx.fact("autoprecision_seconds", time.perf_counter() - t0, "s",
              f"{res['variants']['measured']} variants measured")
@@ -50,11 +51,11 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         for k in ("perplexity", "logits_cosine", "kl_divergence"))
     atomic_write_json(ctx.out / "autoprecision.json", res)
     b, a = res["before"], res["after"]
-    target = (f"perplexity within {ctx.get('autoprecision.max_perplexity_change'):.1%} of FP32"
+    target = (f"perplexity within {s.max_perplexity_change:.1%} of FP32"
               if metric == "perplexity"
-              else f"top-1 agreement >= {ctx.get('autoprecision.min_top1_agreement'):.0%}"
+              else f"top-1 agreement >= {s.min_top1_agreement:.0%}"
               if metric == "top1"
-              else f"logits cosine >= {ctx.get('autoprecision.min_logits_cosine')}")
+              else f"logits cosine >= {s.min_logits_cosine}")
     what = (f"{res['raised']} layer(s) raised to {res['high']}" if res["met"]
             else f"target not met with the {len(res['tried'])} layers that gained from "
                  f"{res['high']} raised")

@@ -8,36 +8,38 @@ from typing import Any
 
 from studio.core.errors import StudioError
 from studio.core.progress import Progress
+from studio.core.stages.bundle import BundleSettings
 from studio.engine.llm_runtime import load_graph_spec
 from studio.worker.context import StageContext, device_metric, read_text
-from studio.worker.stages._llm import check_fits_target, htp_options, recipe
+from studio.worker.stages._llm import check_fits_target, htp_options
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    from studio.engine.bundle import BundleSettings, build_bundle
+    from studio.engine.bundle import BundleSettings as BuildSettings
+    from studio.engine.bundle import build_bundle
+
+    s = BundleSettings.of(ctx.config)
 
     export_dir, qdir = ctx.input("export"), ctx.input("quantize")
     cdir = ctx.input("compile", ctx.config.chip)
     spec = load_graph_spec(export_dir)
-    check_fits_target(ctx, spec)  # before any work: a bundle its NPU cannot map is refused
-    if ctx.fp16:
+    check_fits_target(s, ctx.chip, spec)  # before any work: a bundle its NPU cannot map is refused
+    if s.fp16:
         raise StudioError("a Genie bundle is made from a quantized graph: use a W8A16, W8A8 or "
                           "W4A16 scheme, not FP16")
-    settings = BundleSettings(
-        checkpoint=ctx.path("model.source"), recipe=recipe(ctx),
-        calibration_text=read_text(ctx.path("quantization.calibration_text"),
-                                   "calibration text"),
-        heldout_text=read_text(ctx.path("validation.heldout_text"), "held-out text"),
-        prefill_length=int(ctx.get("bundle.prefill_length")), parts=int(ctx.get("bundle.parts")),
-        prompts=int(ctx.get("bundle.prompts")), new_tokens=int(ctx.get("bundle.new_tokens")),
-        score_tokens=int(ctx.get("bundle.score_tokens")), dlc=ctx.get("bundle.dlc"),
-        greedy_prompt=ctx.get("run.prompt"),
-        greedy_tokens=int(ctx.get("validation.greedy_tokens")),
-        htp_options=htp_options(ctx), graph_io=ctx.get("htp.graph_io"),
-        chat_template=ctx.get("model.chat_template"),
-        draft=(ctx.path("model.draft") if ctx.get("model.draft")
-               and ctx.get("bundle.draft") != "off" else None),
-        draft_ref=ctx.get("model.draft"), draft_embedding=ctx.get("model.draft_embedding"))
+    settings = BuildSettings(
+        checkpoint=s.path(s.source), recipe=s.recipe(),
+        calibration_text=read_text(s.path(s.calibration_text), "calibration text"),
+        heldout_text=read_text(s.path(s.heldout_text), "held-out text"),
+        prefill_length=int(s.prefill_length), parts=int(s.parts),
+        prompts=int(s.prompts), new_tokens=int(s.new_tokens),
+        score_tokens=int(s.score_tokens), dlc=s.dlc,
+        greedy_prompt=s.prompt,
+        greedy_tokens=int(s.greedy_tokens),
+        htp_options=htp_options(s, ctx.chip), graph_io=s.graph_io,
+        chat_template=s.chat_template,
+        draft=(s.path(s.draft) if s.draft and s.draft_in_bundle != "off" else None),
+        draft_ref=str(s.draft), draft_embedding=s.draft_embedding)
     dev = ctx.device
     result = build_bundle(export_dir, qdir, cdir, ctx.chip, spec, ctx.out, settings,
                           dev.source, progress)

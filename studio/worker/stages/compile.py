@@ -11,6 +11,7 @@ from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.partcache import files_digest
 from studio.core.progress import Progress, SubProgress
+from studio.core.stages.compile import CompileSettings
 from studio.engine.weightstore import graph_bytes
 from studio.worker.context import StageContext
 from studio.worker.stages._llm import EMBED_LIMIT, GRAPHS, htp_options
@@ -25,14 +26,15 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     from studio.engine.llm_runtime import load_graph_spec
     from studio.engine.part_runner import iter_parts
 
+    s = CompileSettings.of(ctx.config)
     qdir = ctx.input("quantize")
-    fp16 = ctx.fp16
+    fp16 = s.fp16
     chip = ctx.chip
-    extra = htp_options(ctx)
+    extra = htp_options(s, chip)
     placement, compiled = {}, {}
     spec = load_graph_spec(qdir)
     why_not = deploy.supported(spec, fp16, qdir)
-    settings = deploy_settings(ctx, extra) if why_not is None else None
+    settings = deploy_settings(s, extra) if why_not is None else None
     if why_not is not None:
         progress.log(f"the studio's own prefill and decode graphs are compiled ({why_not})")
     folders = part_dirs(spec, qdir)
@@ -48,7 +50,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         compiled.update(kept["compiled"])
     if done:
         progress.log(f"{len(done)} of {len(parts)} parts: compiled by an interrupted run, kept")
-    io = ctx.get("htp.graph_io")
+    io = s.graph_io
     # the binaries that ship (studio.engine.deploy): Genie's AR-N prefill and AR-1 decode
     # graphs of each part, staged, then compiled below like any part's graphs; else (a model
     # Genie cannot take) the studio's own graphs, with quantized graph I/O each part's graphs
@@ -173,18 +175,16 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     }
 
 
-def deploy_settings(ctx: StageContext, extra: dict[str, str]):
+def deploy_settings(s: CompileSettings, extra: dict[str, str]):
     """What the deployable graphs are built from (:class:`studio.engine.deploy.DeploySettings`)."""
     from studio.engine import deploy
     from studio.worker.context import read_text
-    from studio.worker.stages._llm import recipe
 
     return deploy.DeploySettings(
-        checkpoint=ctx.path("model.source"), recipe=recipe(ctx),
-        calibration_text=read_text(ctx.path("quantization.calibration_text"),
-                                   "calibration text"),
-        prefill_length=int(ctx.get("bundle.prefill_length")), htp_options=extra,
-        graph_io=ctx.get("htp.graph_io"), weight_sharing=ctx.get("bundle.weight_sharing"))
+        checkpoint=s.path(s.source), recipe=s.recipe(),
+        calibration_text=read_text(s.path(s.calibration_text), "calibration text"),
+        prefill_length=int(s.prefill_length), htp_options=extra,
+        graph_io=s.graph_io, weight_sharing=s.weight_sharing)
 
 
 def deployed_result(rec: dict[str, Any], placement: dict[str, dict], sdk: str,

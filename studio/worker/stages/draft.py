@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from studio.core.progress import Progress, SubProgress
+from studio.core.stages.draft import DraftSettings
 from studio.worker.context import StageContext
 
 
@@ -14,9 +15,10 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     from studio.engine import hf_import
     from studio.engine.llm_export import export_llm
 
-    ckpt = ctx.path("model.draft")
+    s = DraftSettings.of(ctx.config)
+    ckpt = s.path(s.draft)
     info = hf_import.open_checkpoint(ckpt)
-    P, C = ctx.get("export.prompt_length"), ctx.get("export.context_length")
+    P, C = s.prompt_length, s.context_length
     export_llm(ckpt, ctx.out, P, C, progress=SubProgress(progress, 0.0, 0.98), verify_len=0)
     return {"summary": f"draft {info.architecture} ({info.num_layers} layers, "
                        f"{info.parameters:,} parameters) for the host CPU",

@@ -10,6 +10,7 @@ from typing import Any
 from studio.core.fsutil import atomic_write_json
 from studio.core.hostmem import check_fits
 from studio.core.progress import Progress, SubProgress
+from studio.core.stages.export import ExportSettings
 from studio.engine.weightstore import graph_bytes
 from studio.worker.context import StageContext, host_metric
 from studio.worker.stages._llm import GRAPHS
@@ -25,17 +26,17 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         export_plan,
     )
 
-    ckpt = ctx.path("model.source")
+    s = ExportSettings.of(ctx.config)
+    ckpt = s.path(s.source)
     info = hf_import.open_checkpoint(ckpt)
-    P, C = ctx.get("export.prompt_length"), ctx.get("export.context_length")
-    budget = int(ctx.get("export.max_part_mb")) * 1_000_000
+    P, C = s.prompt_length, s.context_length
+    budget = int(s.max_part_mb) * 1_000_000
     layout = checkpoint_layout(ckpt)
     # "auto": the tighter of the host compiler's limit and the target NPUs' (the key hashes
     # the targets' context-binary limits, not their names: stagegraph.KEY_IDENTITIES)
-    device_count = (auto_device_count(info, layout, ctx.get("targets"), P, C)
-                    if ctx.get("export.parts") == "auto" else None)
-    plan = export_plan(ckpt, ctx.get("export.parts"), ctx.get("export.max_part_mb"), layout,
-                       device_count)
+    device_count = (auto_device_count(info, layout, s.targets, P, C)
+                    if s.parts == "auto" else None)
+    plan = export_plan(ckpt, s.parts, s.max_part_mb, layout, device_count)
     from studio.core.families import family_of
 
     family = family_of(info.family)
@@ -52,7 +53,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         partresume.clear(ctx.out)  # a kept work folder: nothing of a killed run is reused
         progress.update(0.02, f"exporting {info.architecture} ({info.num_layers} layers)")
         spec = export_llm(ckpt, ctx.out, P, C, progress=SubProgress(progress, 0.02, 0.95),
-                          image_size=ctx.get("export.image_size"))
+                          image_size=s.image_size)
     else:
         progress.update(0.02, f"exporting {info.architecture} ({info.num_layers} layers) in "
                               f"{len(plan)} parts, one in memory at a time")

@@ -6,6 +6,7 @@ from typing import Any
 
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress
+from studio.core.stages.graph_compile import GraphCompileSettings
 from studio.worker.context import StageContext
 from studio.worker.stages._llm import htp_settings_options
 
@@ -15,7 +16,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 
     qdir = ctx.input("graph-quantize")
     chip = ctx.chip
-    placement = ctx.get("quantization.placement")
+    s = GraphCompileSettings.of(ctx.config)
+    placement = s.placement
     progress.update(0.05, f"placing the graph on {chip.name}")
     report = graphpipe.place(qdir / "quantized.onnx", chip, placement)
     graphpipe.check_placement(report, chip)
@@ -24,7 +26,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     progress.update(0.4, f"compiling the context binary for {chip.name}")
     info = qnn.compile_context(qdir / "quantized.onnx", ctx.out / "graph_ctx.onnx", chip,
                                embed=True, strict=placement != "partition",
-                               extra_options=htp_settings_options(ctx))
+                               extra_options=htp_settings_options(s, chip))
     where = ("all nodes on the NPU" if report["all_on_npu"] else
              f"{len(report['cpu_nodes'])} node(s) on the CPU, {report['transitions']} NPU↔CPU transitions")
     ctx.fact("compile_seconds", info.get("seconds", 0.0), "s")

@@ -6,6 +6,7 @@ from typing import Any
 
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress
+from studio.core.stages.graph_profile import GraphProfileSettings
 from studio.worker.context import StageContext, metric
 from studio.worker.stages._graph import held_samples, input_specs
 
@@ -21,8 +22,9 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     cdir = ctx.input("graph-compile", ctx.config.chip)
     chip, dev = ctx.chip, ctx.device
     feed = held_samples(qdir, input_specs(imp))[0]
-    repeats = int(ctx.get("profile.repeats") or 5)
-    strict = ctx.get("quantization.placement") != "partition"
+    s = GraphProfileSettings.of(ctx.config)
+    repeats = int(s.repeats or 5)
+    strict = s.placement != "partition"
     runs, loads = [], []
     for info, load in ctx.backend.profile_inferences(cdir / "graph_ctx.onnx", feed,
                                                      ctx.out / "repeats", repeats, strict,

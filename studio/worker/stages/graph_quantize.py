@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from studio.core.progress import Progress, SubProgress
+from studio.core.stages.graph_quantize import GraphQuantizeSettings
 from studio.worker.context import StageContext, host_metric, read_text
 from studio.worker.stages._graph import input_specs
 
@@ -16,28 +17,27 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 
     imp = ctx.input("import")
     inputs = input_specs(imp)
-    kind = ctx.get("model.kind")
-    scheme, gran = ctx.get("quantization.scheme"), ctx.get("quantization.weight_granularity")
-    placement = ctx.get("quantization.placement")
-    calibration, validation = ctx.get("graph.calibration"), ctx.get("graph.validation")
+    s = GraphQuantizeSettings.of(ctx.config)
+    kind = s.kind
+    scheme, gran = s.scheme, s.weight_granularity
+    placement = s.placement
+    calibration, validation = s.calibration, s.validation
     progress.update(0.02, "reading the calibration samples")
     if kind == "encoder" and not calibration:
-        text = read_text(ctx.path("quantization.calibration_text"), "calibration text")
+        text = read_text(s.path(s.calibration_text), "calibration text")
         feeds, held, held_from = graphpipe.sample_feeds(
-            inputs, None, None, ctx.get("quantization.calibration_samples"), imp / "tokenizer",
+            inputs, None, None, s.calibration_samples, imp / "tokenizer",
             text)
     else:
         feeds, held, held_from = graphpipe.sample_feeds(
-            inputs, ctx.path("graph.calibration") if calibration else None,
-            ctx.path("graph.validation") if validation else None,
-            ctx.get("quantization.calibration_samples"))
+            inputs, s.path(calibration) if calibration else None,
+            s.path(validation) if validation else None, s.calibration_samples)
     arrays: dict[str, Any] = {i.name: np.stack([f[i.name] for f in held]) for i in inputs}
     np.savez(str(ctx.out / "validation.npz"), **arrays)
-    method = ctx.get("quantization.calibration_method")
+    method = s.calibration_method
     q = graphpipe.rewrite_and_quantize(imp / "static.onnx", ctx.out, placement, feeds, held,
                                        scheme, gran, SubProgress(progress, 0.05, 0.98),
-                                       method, ctx.get("quantization.overrides"),
-                                       ctx.get("quantization.weight_rounding"))
+                                       method, s.overrides, s.weight_rounding)
     check = q["rewrite_check"]
     metrics = []
     if check:

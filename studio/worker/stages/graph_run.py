@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from studio.core.progress import Progress
+from studio.core.stages.graph_run import GraphRunSettings
 from studio.worker.context import StageContext, device_metric
 from studio.worker.stages._graph import device_session, held_samples, input_specs
 
@@ -16,11 +17,12 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     imp, qdir = ctx.input("import"), ctx.input("graph-quantize")
     dev = ctx.device
     feed = held_samples(qdir, input_specs(imp))[0]
-    repeats = ctx.get("graph.repeats")
+    s = GraphRunSettings.of(ctx.config)
+    repeats = s.repeats
     t0 = time.perf_counter()
     session = device_session(ctx)
     load_s = time.perf_counter() - t0
-    what = ctx.backend.describe(ctx.get("quantization.scheme"))
+    what = ctx.backend.describe(s.scheme)
     progress.update(0.1, f"timing {repeats} inferences: {what}")
     t = graphpipe.latency(session, feed, repeats)
     note = dev.timing_note

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from studio.core.progress import Progress
+from studio.core.stages.graph_validate import GraphValidateSettings
 from studio.worker.context import StageContext, device_metric, host_metric
 from studio.worker.stages._graph import device_session, held_samples, input_specs
 
@@ -44,7 +45,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                      "the quantized graph on the host CPU (ONNX Runtime QDQ)"),
     ]
     summary = f"worst output cosine {check['worst_cosine']:.4f} on {dev.name} ({dev.source})"
-    if ctx.get("model.kind") == "encoder":
+    if GraphValidateSettings.of(ctx.config).kind == "encoder":
         progress.update(0.5, "the retrieval set: FP32 vs deployed rankings")
         seq_len = int(inputs[0].shape[1])
         rank = graphpipe.encoder_ranking(imp / "tokenizer", seq_len, ref, htp)

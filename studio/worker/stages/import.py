@@ -7,6 +7,7 @@ from typing import Any
 
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress
+from studio.core.stages.graph_import import ImportSettings
 from studio.worker.context import StageContext, host_metric
 
 
@@ -15,10 +16,10 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 
     from studio.engine import graphpipe
 
-    kind = ctx.get("model.kind")
-    source = ctx.path("model.source")
-    info = graphpipe.static_graph(kind, source, ctx.out, ctx.get("graph.shapes"),
-                                  ctx.get("graph.seq_len"), progress)
+    s = ImportSettings.of(ctx.config)
+    source = s.path(s.source)
+    kind = s.kind
+    info = graphpipe.static_graph(kind, source, ctx.out, s.shapes, s.seq_len, progress)
     atomic_write_json(ctx.out / "inputs.json", info["inputs"])
     model = onnx.load(str(ctx.out / "static.onnx"), load_external_data=False)
     ops: dict[str, int] = {}

@@ -9,6 +9,7 @@ from studio.core.devices import HOST_CPU
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress
+from studio.core.stages.layerdiff import LayerdiffSettings
 from studio.engine.chain import part_dirs
 from studio.engine.llm_runtime import load_graph_spec, load_tokenizer
 from studio.worker.context import StageContext, device_metric, metric, read_text
@@ -27,11 +28,12 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     spec = load_graph_spec(export_dir)
     P = int(spec["prompt_length"])
     chip, dev = ctx.chip, ctx.device
-    text = read_text(ctx.path("validation.heldout_text"), "held-out text")
+    s = LayerdiffSettings.of(ctx.config)
+    text = read_text(s.path(s.heldout_text), "held-out text")
     ids = load_tokenizer(export_dir)(text).input_ids
-    want = ctx.get("layerdiff.windows")
-    graph = ctx.get("layerdiff.graph")
-    if graph == "decode" and ctx.get("quantization.kv_cache") != "float":
+    want = s.windows
+    graph = s.graph
+    if graph == "decode" and s.kv_cache != "float":
         raise StudioError("the decode graph's layer diff feeds one float KV cache to every "
                           "runtime: set quantization.kv_cache = \"float\" for it")
     W = P + 1 if graph == "decode" else P  # a decode window: P - 1 prefilled, a step, a next
@@ -42,7 +44,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     if len(windows) < want:
         progress.log(f"warning: the held-out text gives {len(windows)} window(s) of {P} "
                      f"tokens, not {want}")
-    part = int(ctx.get("layerdiff.part"))
+    part = int(s.part)
     dirs = part_dirs(spec, cdir)
     if len(dirs) > 1 and not 1 <= part <= len(dirs):
         raise StudioError(f"this model is exported in {len(dirs)} parts: set layerdiff.part "
@@ -57,21 +59,21 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         src = part_dirs(spec, qdir)[part - 1 if len(dirs) > 1 else 0] / f"{graph}.onnx"
         progress.update(0.0, f"compiling the {graph} graph without extra outputs")
         base = Path(qnn.compile_context(src, ctx.out / "base" / f"{graph}_ctx.onnx", chip,
-                                        fp16=ctx.fp16, extra_options=htp_options(ctx))[
+                                        fp16=s.fp16, extra_options=htp_options(s, chip))[
             "ctx_path"])
-    data = layer_diff(export_dir, qdir, windows, mode=ctx.get("layerdiff.tensors"),
-                      htp={"chip": chip, "fp16": ctx.fp16, "extra_options": htp_options(ctx),
-                           "base": base, "fp16_step": ctx.get("layerdiff.fp16_step")},
+    data = layer_diff(export_dir, qdir, windows, mode=s.tensors,
+                      htp={"chip": chip, "fp16": s.fp16, "extra_options": htp_options(s, chip),
+                           "base": base, "fp16_step": s.fp16_step},
                       work_parent=ctx.out, progress=progress, graph=graph, part=part)
     seconds = data.pop("seconds")  # a run fact: kept out of the artifact
     ctx.fact("layerdiff_seconds", seconds["total"], "s",
              f"{data['probes']} tensors x {len(windows)} windows; HTP "
              f"{seconds.get('htp_probed', 0.0):.1f} s with extra outputs, "
              f"{seconds.get('htp', 0.0):.1f} s without")
-    s = summarize(data)
-    data["summary"] = {k: v for k, v in s.items() if k != "line"}
+    summary = summarize(data)
+    data["summary"] = {k: v for k, v in summary.items() if k != "line"}
     atomic_write_json(ctx.out / "layerdiff.json", data)
-    progress.log(f"layer diff: {s['line']}")
+    progress.log(f"layer diff: {summary['line']}")
     changed = [k for k, v in data["extra_outputs"].items() if not v["logits_identical"]]
     if changed:
         progress.log("warning: the extra outputs changed the final logits of "
@@ -86,7 +88,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         return metric(name, value, unit, HOST_CPU.source, HOST_CPU.kind, chip.key, detail)
 
     def boundary_max(pair: str) -> float:
-        return max(s["curves"][pair]["rel_error"])
+        return max(summary["curves"][pair]["rel_error"])
 
     metrics = [
         host("layerdiff_kl_host_qdq", lg["qdq"]["kl_divergence"], "nats",
@@ -110,12 +112,14 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                        "max |logits with extra outputs - compiled context's logits|"),
     ]
     return {
-        "summary": s["line"], "target": chip.key, "device": dev.name, "device_id": dev.id,
+        "summary": summary["line"], "target": chip.key, "device": dev.name,
+        "device_id": dev.id,
         "source": dev.source, "graph": graph, "tensors": data["tensors"], "part": data["part"],
         "windows": len(windows), "window_tokens": P, "probes": data["probes"],
         "pairs": data["pairs"], "pair_titles": {p: PAIR_TITLES[p] for p in data["pairs"]},
-        "curves": s["curves"], "first_jump": s["first_jump"], "parting": s.get("parting"),
-        "worst": s["worst"], "apart": s.get("apart", []), "logits": lg,
+        "curves": summary["curves"], "first_jump": summary["first_jump"],
+        "parting": summary.get("parting"),
+        "worst": summary["worst"], "apart": summary.get("apart", []), "logits": lg,
         "extra_outputs": data["extra_outputs"], "files": ["layerdiff.json"],
         "metrics": metrics,
     }

@@ -13,6 +13,7 @@ from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.profile import layer_label
 from studio.core.progress import Progress, SubProgress
+from studio.core.stages.profile import ProfileSettings
 from studio.engine.chain import part_dirs
 from studio.engine.llm_runtime import load_graph_spec
 from studio.engine.weightstore import graph_bytes
@@ -30,7 +31,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     chip = ctx.chip
     dev = ctx.device
     spec = load_graph_spec(cdir)
-    repeats = int(ctx.get("profile.repeats") or 5)
+    s = ProfileSettings.of(ctx.config)
+    repeats = int(s.repeats or 5)
     qdirs, cdirs = part_dirs(spec, qdir), part_dirs(spec, cdir)
     blocks: dict[str, str] = {}
     costs: dict[str, Any] = {}
@@ -39,7 +41,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         costs.update(qnn_profile.node_costs(q / "decode.onnx"))
     # a model in parts: every part's decode step, in turn, each repeat one pass over all parts
     per_part = [list(ctx.backend.profile_decode_steps(
-        c, spec, ctx.out / "repeats" / (c.name if len(cdirs) > 1 else ""), repeats, ctx.fp16,
+        c, spec, ctx.out / "repeats" / (c.name if len(cdirs) > 1 else ""), repeats, s.fp16,
         SubProgress(progress, k / len(cdirs), (k + 1) / len(cdirs))))
         for k, c in enumerate(cdirs)]
     runs, loads = [], []
@@ -194,15 +196,16 @@ def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
                      "to recompile for an optrace profile here")
         return table, "analytic", None
     try:
-        extra = htp_options(ctx)
-        if ctx.get("htp.graph_io") == "quantized":  # the graph as the compile stage built it
+        s = ProfileSettings.of(ctx.config)
+        extra = htp_options(s, ctx.chip)
+        if s.graph_io == "quantized":  # the graph as the compile stage built it
             from studio.engine.graphio import quantize_io
             from studio.worker.stages._llm import GRAPHS
 
             quantize_io(qdir, ctx.out / "optrace-io", GRAPHS)
             graph = ctx.out / "optrace-io" / "decode.onnx"
         info = profiling.profile_decode_step(graph, ctx.chip, spec, ctx.out / "optrace" / "ops.csv",
-                                       fp16=ctx.fp16, level="optrace", extra_options=extra)
+                                       fp16=s.fp16, level="optrace", extra_options=extra)
         if not info["schematic"]:
             raise StudioError("the optrace profile wrote no schematic")
         oprof = qnn_profile.parse_profile_run(info, onnx_path=graph, chip=ctx.chip)

@@ -11,9 +11,9 @@ from studio.core.errors import StudioError
 from studio.core.hostmem import check_fits
 from studio.core.progress import Progress
 from studio.core.recipe import DEFAULT_WEIGHT_ROUNDING, WEIGHT_ROUNDINGS
+from studio.core.stages.quantize import QuantizeSettings
 from studio.engine.llm_runtime import cpu_generator, load_graph_spec, load_tokenizer
 from studio.worker.context import StageContext, read_text
-from studio.worker.stages._llm import recipe
 
 
 def _int8_kv(export_dir: Path, out_dir: Path, calibration_text: str) -> dict[str, Any]:
@@ -32,23 +32,23 @@ def _int8_kv(export_dir: Path, out_dir: Path, calibration_text: str) -> dict[str
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     from studio.engine.quantize import quantize_llm
 
-    rec = recipe(ctx)
+    s = QuantizeSettings.of(ctx.config)
+    rec = s.recipe()
     # a vision-language model's encoder: its own scheme and per-layer precisions
-    rec.update(vision_scheme=ctx.get("quantization.vision_scheme"),
-               vision_overrides=ctx.get("quantization.vision_overrides"))
+    rec.update(vision_scheme=s.vision_scheme, vision_overrides=s.vision_overrides)
     scheme, gran, samples = rec["scheme"], rec["weight_granularity"], rec["samples"]
     overrides, method = rec["overrides"], rec["calibration_method"]
-    text = read_text(ctx.path("quantization.calibration_text"), "calibration text")
+    text = read_text(s.path(s.calibration_text), "calibration text")
     export_dir = ctx.input("export")
     t0 = time.perf_counter()
-    kv = ctx.get("quantization.kv_cache") or "float"
+    kv = s.kv_cache or "float"
     from studio.engine.llm_parts import exported_part_sizes
 
     spec = load_graph_spec(export_dir)
     parts = spec.get("parts") or []
     check_fits("quantize", exported_part_sizes(export_dir, spec),
                head_parameters=int(spec["vocab_size"]) * int(spec["hidden_size"]),
-               rounding=ctx.get("quantization.weight_rounding") != DEFAULT_WEIGHT_ROUNDING)
+               rounding=s.weight_rounding != DEFAULT_WEIGHT_ROUNDING)
     if len(parts) > 1:
         from studio.engine.quantize_parts import quantize_parts
 
@@ -62,7 +62,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
 
         partresume.clear(ctx.out)  # a kept work folder: nothing of a killed run is reused
         info = quantize_llm(export_dir, ctx.out, rec, text, export_dir / "tokenizer", progress,
-                            images=_calibration_images(ctx, spec, int(samples)))
+                            images=_calibration_images(s, spec, int(samples)))
     if kv == "int8":
         progress.update(0.97, "INT8 KV cache: per-head scales from the FP32 cache, uint8 I/O")
         info["kv_cache"] = _int8_kv(export_dir, ctx.out, text)
@@ -85,16 +85,17 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     }
 
 
-def _calibration_images(ctx: StageContext, spec: dict[str, Any], count: int) -> list | None:
+def _calibration_images(s: QuantizeSettings, spec: dict[str, Any], count: int
+                        ) -> list | None:
     """A vision-language model's calibration images: the project's folder's, or None (the
     quantizer generates them)."""
     from studio.engine.vision import images_for
     from studio.engine.vision_input import vision_spec
 
     vs = vision_spec(spec)
-    if vs is None or not ctx.get("quantization.calibration_images"):
+    if vs is None or not s.calibration_images:
         return None
-    return images_for(ctx.path("quantization.calibration_images"), count, vs, 0)
+    return images_for(s.path(s.calibration_images), count, vs, 0)
 
 
 def _reused(info: dict[str, Any], count: int) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 
 from studio.core.errors import StudioError
 from studio.core.progress import Progress
+from studio.core.stages.report import ReportSettings
 from studio.worker.context import StageContext
 
 
@@ -23,9 +24,9 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     if not settings:
         raise StudioError("the report needs the run history's record of this run")
     project = from_dict(settings)
-    project.name = ctx.get("name")
-    project.gates = {k.split(".", 1)[1]: ctx.get(k) for k in ctx.config.settings
-                     if k.startswith("gates.")}
+    s = ReportSettings.of(ctx.config)
+    project.name = s.name
+    project.gates = s.gates()
     # the full sensitivity ranking lives in its artifact; the project's sweeps (with their
     # Pareto fronts) come from the service that started the run
     html, data = write_report(project, results, ctx.out, ctx.history.get("comparison"),

@@ -10,6 +10,7 @@ from typing import Any
 from studio.core import figures
 from studio.core.devices import Device
 from studio.core.progress import Progress
+from studio.core.stages.run import RunSettings
 from studio.engine.llm_runtime import load_graph_spec, load_tokenizer
 from studio.worker.context import StageContext, device_metric
 
@@ -19,10 +20,11 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     spec = load_graph_spec(export_dir)
     tok = load_tokenizer(export_dir)
     dev, be = ctx.device, ctx.backend
-    prompt, n = ctx.get("run.prompt"), ctx.get("run.max_new_tokens")
+    s = RunSettings.of(ctx.config)
+    prompt, n = s.prompt, s.max_new_tokens
     compiled = ctx.device_input()  # a chip's compiled context, the quantized graphs, or none
     t0 = time.perf_counter()
-    gen = be.open_generator(export_dir, compiled, spec, ctx.fp16, log=progress.log)
+    gen = be.open_generator(export_dir, compiled, spec, s.fp16, log=progress.log)
     load_s = time.perf_counter() - t0  # the seed's "first inference very slow": shown apart
 
     def on_step(i: int, token: int) -> None:
@@ -32,19 +34,19 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     from studio.engine.chat_template import prompt_format
 
     # through the checkpoint's chat template (model.chat_template): the image where it puts it
-    fmt = prompt_format(export_dir / "tokenizer", ctx.get("model.chat_template"))
+    fmt = prompt_format(export_dir / "tokenizer", s.chat_template)
     vl = bool(spec.get("vision"))
-    with_image = bool(ctx.get("run.image")) and vl
+    with_image = bool(s.image) and vl
     ids, image = fmt.ids(tok, prompt, image=with_image, vision=vl), None
     if with_image:  # the picture through the encoder first
         from studio.engine.vision import image_prompt_ids
 
         progress.update(0.0, f"running the vision encoder on {dev.name}")
-        encoder = be.open_encoder(export_dir, compiled, spec, ctx.fp16)
-        ids, image = image_prompt_ids(spec, ids, ctx.path("run.image"), encoder, gen)
+        encoder = be.open_encoder(export_dir, compiled, spec, s.fp16)
+        ids, image = image_prompt_ids(spec, ids, s.path(s.image), encoder, gen)
     out = gen.greedy(ids, n, eos_id=spec.get("eos_token_id"), on_step=on_step)
     timed, prefix, note = be.run_figures(out, gen)
-    what = be.describe(ctx.get("quantization.scheme"))
+    what = be.describe(s.scheme)
     mode = be.run_options.get("htp_performance_mode") if dev.on_npu else None
     if mode:  # the HTP's clock vote the sessions ran with (a device's; no simulator's)
         what += f", performance mode {mode}"

@@ -11,6 +11,7 @@ from studio.core.devices import htp_simulator
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress, SubProgress
+from studio.core.stages.sensitivity import SensitivitySettings
 from studio.engine.llm_runtime import load_tokenizer
 from studio.worker.context import StageContext, device_metric, host_metric, read_text
 
@@ -21,25 +22,26 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     from studio.engine.precision_search import analyze, confirm_on_htp
     from studio.engine.sensitivity import VariantBench, resolve_choices
 
-    scheme = ctx.get("quantization.scheme")
-    high, low = resolve_choices(scheme, ctx.get("sensitivity.high"), ctx.get("sensitivity.low"))
+    s = SensitivitySettings.of(ctx.config)
+    scheme = s.scheme
+    high, low = resolve_choices(scheme, s.high, s.low)
     export_dir = ctx.input("export")
-    calib = read_text(ctx.path("quantization.calibration_text"), "calibration text")
-    held = read_text(ctx.path("validation.heldout_text"), "held-out text")
-    ids = load_tokenizer(export_dir)(held).input_ids[: ctx.get("sensitivity.heldout_tokens")]
+    calib = read_text(s.path(s.calibration_text), "calibration text")
+    held = read_text(s.path(s.heldout_text), "held-out text")
+    ids = load_tokenizer(export_dir)(held).input_ids[: s.heldout_tokens]
     if len(ids) < 16:
         raise StudioError("the held-out text gives fewer than 16 tokens: use a longer text")
-    recipe = {"scheme": scheme, "weight_granularity": ctx.get("quantization.weight_granularity"),
-              "samples": ctx.get("quantization.calibration_samples")}
+    recipe = {"scheme": scheme, "weight_granularity": s.weight_granularity,
+              "samples": s.calibration_samples}
     t0 = time.perf_counter()
     with VariantBench(export_dir, recipe, ids, ctx.out, calibration_text=calib,
                       tokenizer_dir=export_dir / "tokenizer",
                       progress=SubProgress(progress, 0.0, 0.1)) as bench:
-        confirm = ctx.get("sensitivity.confirm_on_htp")
+        confirm = s.confirm_on_htp
         data = analyze(bench, high, low, SubProgress(progress, 0.1, 0.85 if confirm else 1.0))
         if confirm:
             data["htp"] = confirm_on_htp(bench, data, get_chip(confirm),
-                                         ctx.get("sensitivity.confirm_top"),
+                                         s.confirm_top,
                                          SubProgress(progress, 0.85, 1.0))
         shutil.copy2(bench.ranges, ctx.out / "calibration_ranges.json")
     seconds = time.perf_counter() - t0

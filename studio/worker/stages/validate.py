@@ -8,6 +8,7 @@ from typing import Any
 
 from studio.core.errors import StudioError
 from studio.core.progress import Progress, SubProgress
+from studio.core.stages.validate import ValidateSettings
 from studio.engine.llm_runtime import cpu_generator, load_graph_spec, load_tokenizer
 from studio.worker.context import StageContext, device_metric, host_metric, read_text
 
@@ -37,8 +38,9 @@ def greedy_prompt(ctx: StageContext, tok, spec: dict[str, Any]):
     prompt format)."""
     from studio.engine.chat_template import prompt_format
 
-    fmt = prompt_format(ctx.input("export") / "tokenizer", ctx.get("model.chat_template"))
-    ids = fmt.ids(tok, ctx.get("run.prompt"), vision=bool(spec.get("vision")))
+    s = ValidateSettings.of(ctx.config)
+    fmt = prompt_format(ctx.input("export") / "tokenizer", s.chat_template)
+    ids = fmt.ids(tok, s.prompt, vision=bool(spec.get("vision")))
     return (ids if fmt.applied else ids[:int(spec["prompt_length"])]), fmt
 
 
@@ -116,17 +118,18 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     spec = load_graph_spec(export_dir)
     chip = ctx.chip
     dev = ctx.device
-    greedy_tokens = ctx.get("validation.greedy_tokens")
-    text = read_text(ctx.path("validation.heldout_text"), "held-out text")
+    s = ValidateSettings.of(ctx.config)
+    greedy_tokens = s.greedy_tokens
+    text = read_text(s.path(s.heldout_text), "held-out text")
     tok = load_tokenizer(export_dir)
-    ids = tok(text).input_ids[: ctx.get("validation.heldout_tokens")]
+    ids = tok(text).input_ids[: s.heldout_tokens]
     if len(ids) < 16:
         raise StudioError("the held-out text gives fewer than 16 tokens: use a longer text")
     if len(spec.get("parts") or []) > 1:
         return _validate_in_parts(ctx, progress, spec, tok, ids)
     window = spec["context_length"]
     windows = _windows(ids, window)
-    fp16 = ctx.fp16
+    fp16 = s.fp16
     runners = {
         "fp32": cpu_generator(export_dir, spec),
         "host_qdq": cpu_generator(qdir, spec),
@@ -211,11 +214,11 @@ def _validate_images(ctx: StageContext, spec: dict, export_dir, cdir, runners: d
 
     vs = vision_input.vision_spec(spec)
     assert vs is not None
-    folder = ctx.get("validation.heldout_images")
-    images = vision.images_for(ctx.path("validation.heldout_images") if folder else None,
+    s = ValidateSettings.of(ctx.config)
+    images = vision.images_for(s.path(s.heldout_images) if s.heldout_images else None,
                                2, vs, seed=1000)
     fp32_enc = vision.encoder_session(export_dir)
-    dev_enc = ctx.backend.open_encoder(export_dir, cdir, spec, ctx.fp16)
+    dev_enc = ctx.backend.open_encoder(export_dir, cdir, spec, s.fp16)
     C = int(spec["context_length"])
     cos, ref_l, dev_l, answers = [], [], [], []
     for i, img in enumerate(images):
@@ -245,7 +248,7 @@ def _validate_images(ctx: StageContext, spec: dict, export_dir, cdir, runners: d
         return float(np.exp(sum(t for t, _ in scored) / sum(n for _, n in scored)))
 
     return {"images": len(images),
-            "source": "the project's folder" if folder else "generated here",
+            "source": "the project's folder" if s.heldout_images else "generated here",
             "encoder_cosine_min": float(min(cos)), "encoder_cosine_mean": float(np.mean(cos)),
             "answer_tokens": int(sum(len(a) - 1 for a in answers)),
             "logits_cosine_mean": cmp["logits_cosine_mean"],
@@ -270,7 +273,8 @@ def _validate_in_parts(ctx: StageContext, progress: Progress, spec: dict, tok,
     cdir = ctx.input("compile", ctx.config.chip)
     dev = ctx.device
     window = int(spec["context_length"])
-    n_dev = min(len(ids), int(ctx.get("validation.device_tokens") or DEVICE_SLICE_IN_PARTS))
+    s = ValidateSettings.of(ctx.config)
+    n_dev = min(len(ids), int(s.device_tokens or DEVICE_SLICE_IN_PARTS))
     n_dev = max(n_dev, 2)
     windows, dev_windows = _windows(ids, window), _windows(ids[:n_dev], window)
     n_parts = len(spec["parts"])
@@ -287,10 +291,10 @@ def _validate_in_parts(ctx: StageContext, progress: Progress, spec: dict, tok,
             done += 1
     progress.update(done / steps, f"the device: the first {n_dev} held-out tokens")
     # part by part where the device can (one part's binaries loaded at a time), else chained
-    scorer = ctx.backend.part_scorer(cdir, spec, ctx.fp16)
+    scorer = ctx.backend.part_scorer(cdir, spec, s.fp16)
     htp: Any = None
     if scorer is None:
-        htp = scorer = ctx.backend.open_generator(export_dir, cdir, spec, ctx.fp16)
+        htp = scorer = ctx.backend.open_generator(export_dir, cdir, spec, s.fp16)
     dev_logits = []
     for w in dev_windows:
         sub = SubProgress(progress, done / steps, (done + 1) / steps)
@@ -311,11 +315,11 @@ def _validate_in_parts(ctx: StageContext, progress: Progress, spec: dict, tok,
     res["htp"] = {**_compare(fp32_slice, dev_logits), "perplexity": ppl["htp"]}
     progress.update(done / steps, "greedy agreement: the device's text scored by FP32")
     prompt, fmt = greedy_prompt(ctx, tok, spec)
-    n = int(ctx.get("validation.greedy_tokens"))
+    n = int(s.greedy_tokens)
     greedy_note = ""
     if htp is None:  # generation needs every part's binaries loaded at once
         try:
-            htp = ctx.backend.open_generator(export_dir, cdir, spec, ctx.fp16)
+            htp = ctx.backend.open_generator(export_dir, cdir, spec, s.fp16)
         except StudioError as exc:
             greedy_note = (f"no greedy check: the {dev.name} cannot hold the {n_parts} parts' "
                            f"binaries at once to generate ({str(exc)[:200]})")

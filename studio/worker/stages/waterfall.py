@@ -11,6 +11,7 @@ from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress, SubProgress
 from studio.core.recipe import weight_bits
+from studio.core.stages.waterfall import WaterfallSettings
 from studio.engine.llm_runtime import cpu_generator, load_graph_spec, load_tokenizer
 from studio.worker.context import StageContext, host_metric, read_text
 
@@ -31,18 +32,18 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     spec = load_graph_spec(export_dir)
     tok = load_tokenizer(export_dir)
     P, C = int(spec["prompt_length"]), int(spec["context_length"])
-    W = int(ctx.get("waterfall.window") or C // 2)
+    s = WaterfallSettings.of(ctx.config)
+    W = int(s.window or C // 2)
     if not 1 <= W <= C:
         raise StudioError(f"waterfall.window is {W}: give 1..{C} (the context), or 0 for C/2")
-    k = int(ctx.get("waterfall.k"))
-    calib = read_text(ctx.path("quantization.calibration_text"), "calibration text")
-    held = tok(read_text(ctx.path("validation.heldout_text"), "held-out text")).input_ids
-    score_ids = held[: ctx.get("validation.heldout_tokens")]
+    k = int(s.k)
+    calib = read_text(s.path(s.calibration_text), "calibration text")
+    held = tok(read_text(s.path(s.heldout_text), "held-out text")).input_ids
+    score_ids = held[: s.heldout_tokens]
     prompt = held[-(C // 2):] if len(held) > C // 2 else held[: max(1, len(held) // 2)]
-    new_tokens = max(2, min(int(ctx.get("waterfall.new_tokens")), C - len(prompt) - 1))
-    low_gran = (ctx.get("quantization.weight_granularity")
-                if weight_bits(ctx.get("quantization.scheme")) == 4 else "per_channel")
-    samples = ctx.get("quantization.calibration_samples")
+    new_tokens = max(2, min(int(s.new_tokens), C - len(prompt) - 1))
+    low_gran = s.weight_granularity if weight_bits(s.scheme) == 4 else "per_channel"
+    samples = s.calibration_samples
     rows: list[dict[str, Any]] = []
     timer: dict[str, list[int] | None] = {"fp32_tokens": None}
 
@@ -126,7 +127,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     add("pruned", gp, W, psp, f"without block(s) {ablation['dropped']}, with everything above")
     for d in (d8, dio, d4, dk, dp_fp, dp4, dpk):  # keep the figures, not the graphs (large)
         shutil.rmtree(d, ignore_errors=True)
-    cfg = json.loads((ctx.path("model.source") / "config.json").read_text())
+    cfg = json.loads((s.path(s.source) / "config.json").read_text())
     result = {
         "steps": rows, "context": C, "window": W, "k": k, "prompt_tokens": len(prompt),
         "new_tokens": new_tokens, "scheme": "W4A16", "weight_granularity": low_gran,
