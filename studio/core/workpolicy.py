@@ -127,3 +127,15 @@ def select(items: Iterable[Work], *, slots: int, free_bytes: int, paused: bool =
         if w.memory is not None:
             free -= w.memory
     return Selection([w.id for w in started], why)
+
+
+def refusal(w: Work, name: str, *, slots: int, memory_budget: int | None = None,
+            where: str = "this machine") -> str | None:
+    """Why ``w`` can never start under the budgets — more cores than ``slots``, more memory
+    than ``memory_budget`` (the most one place offers) — in one line; None: it can."""
+    if w.cores > slots:
+        return (f"{name} takes {w.cores} cores and {where} gives {slots} at once: give it "
+                "fewer or raise the count")
+    if memory_budget is not None and w.memory is not None and w.memory > memory_budget:
+        return (f"{name} needs about {gib(w.memory)} and {where} offers {gib(memory_budget)}")
+    return None
