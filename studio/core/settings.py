@@ -75,6 +75,8 @@ from studio.core.stagegraph import (
 
 #: bundle.dlc = auto writes the DLC files up to this many bytes of quantized graph weights
 DLC_AUTO_BYTES = 2 << 30
+#: pipeline.executor: where work runs (studio.services.executors)
+EXECUTORS = ("local", "ray")
 #: model.chat_template: the checkpoint's template, or the prompt as written
 CHAT_TEMPLATES = ("checkpoint", "none")
 #: the longest context (and so prompt, generation, window) an export takes
@@ -541,6 +543,14 @@ class Pipeline(Section):
     name: ClassVar[str] = "pipeline"
     stages: list[str] = setting(None, "the stages a run asks for (default: the model kind's "
                                 "stages but the optional ones)", factory=_default_stages)
+    executor: str = setting("local", "where stage jobs and a stage's parts run: local (this "
+                            "machine's worker processes) or ray (a Ray cluster, pip install "
+                            "'qstudio[ray]'); studio sweep --executor overrides it",
+                            choices=EXECUTORS)
+    part_processes: int = setting(0, "a stage's parts (the compile of a model exported in "
+                                  "parts) run at once on this machine, each in a process of "
+                                  "its own (0: as many as the cores and the free memory allow)",
+                                  min=0, max=256)
 
     def rules(self) -> None:
         if not self.stages:

@@ -96,16 +96,17 @@ class Scheduler:
         return item
 
     # ---- control -------------------------------------------------------------------------
-    def cancel(self, item_id: int | None = None) -> None:
+    def cancel(self, item_id: int | None = None, running: bool = True) -> None:
         """Cancel one item (or, with no id, every one): a waiting item ends now, a running
-        one is stopped and ends as it stops."""
+        one is stopped and ends as it stops (``running=False``: running items are left to
+        the caller, who stops them its own way)."""
         for item in list(self.items.values()):
             if item_id is not None and item.id != item_id:
                 continue
             if item.state == WAITING:
                 item.cancel_asked = True
                 self._end(item, CANCELLED, "cancelled")
-            elif item.state == RUNNING and not item.cancel_asked:
+            elif item.state == RUNNING and running and not item.cancel_asked:
                 item.cancel_asked = True
                 if item.stop is not None:
                     item.stop()
