@@ -107,29 +107,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                 ctx.parts.put(part_key, ctx.out / at, row)
 
     jobs = [(k, key, sources[k], ctx.out / where(k)) for k, key in fresh]
-    on_ray = ctx.parts_config.on_ray and len(jobs) > 1
-    workers = 0 if on_ray else part_processes([src for _, _, src, _ in jobs],
-                                              ctx.parts_config.processes)
-    if on_ray or workers > 1:
-        if on_ray:
-            progress.log(f"{len(jobs)} parts compiled as Ray tasks ("
-                         + ("on this stage's node: its inputs are a copy here"
-                            if ctx.parts_config.ray_where == "node"
-                            else "on any node that sees the project's store") + ")")
-        else:
-            progress.log(f"{len(jobs)} parts compiled {workers} at a time, each in a process "
-                         "of its own")
-        keys = {k: key for k, key, _, _ in jobs}
-        for k, got in ctx.run_parts(compile_parts(jobs, chip, fp16, extra), progress,
-                                    Say("compiling", f"for {chip.name}", i, n_steps,
-                                        len(GRAPHS)), workers):
-            finished(k, keys[k], got)
-    else:
-        for k, key, src, dst in jobs:
-            step = Steps(progress, i, n_steps)
-            finished(k, key, compile_part(src, dst, chip, fp16, extra, step,
-                                          where(k).rstrip("/")))
-            i += len(GRAPHS)
+    compile_fresh(ctx, jobs, chip, fp16, extra, progress, i, n_steps, finished)
     if reused:
         progress.log(f"{len(reused)} of {len(parts)} parts (" + ", ".join(
             str(k + 1) for k in reused) + "): the same graphs were compiled for this target "
@@ -174,6 +152,38 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         "sdk_version": sdk, "tool": {"qnn_sdk": sdk}, "htp_options": extra, "graph_io": io,
         "metrics": [],
     }
+
+
+def compile_fresh(ctx: StageContext, jobs: list[tuple[int, Any, Path, Path]], chip: Chip,
+                  fp16: bool, extra: dict[str, str], progress: Progress, start: int,
+                  total: int, finished) -> None:
+    """Compile the parts of ``jobs`` ((index, part key, source, destination)), calling
+    ``finished(index, key, result)`` for each: as the stage's sub-work where its executor says
+    (``ctx.run_parts``: Ray tasks, or processes of their own when the parts are large), else
+    one after the other here."""
+    on_ray = ctx.parts_config.on_ray and len(jobs) > 1
+    workers = 0 if on_ray else part_processes([src for _, _, src, _ in jobs],
+                                              ctx.parts_config.processes)
+    if not on_ray and workers < 2:
+        for k, key, src, dst in jobs:
+            finished(k, key, compile_part(src, dst, chip, fp16, extra,
+                                          Steps(progress, start, total),
+                                          "" if dst == ctx.out else dst.name))
+            start += len(GRAPHS)
+        return
+    if on_ray:
+        progress.log(f"{len(jobs)} parts compiled as Ray tasks ("
+                     + ("on this stage's node: its inputs are a copy here"
+                        if ctx.parts_config.ray_where == "node"
+                        else "on any node that sees the project's store") + ")")
+    else:
+        progress.log(f"{len(jobs)} parts compiled {workers} at a time, each in a process of "
+                     "its own")
+    keys = {k: key for k, key, _, _ in jobs}
+    for k, got in ctx.run_parts(compile_parts(jobs, chip, fp16, extra), progress,
+                                Say("compiling", f"for {chip.name}", start, total,
+                                    len(GRAPHS)), workers):
+        finished(k, keys[k], got)
 
 
 def deploy_settings(ctx: StageContext, extra: dict[str, str]):
