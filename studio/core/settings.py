@@ -81,6 +81,9 @@ from studio.core.stages import waterfall as waterfall_stage
 from studio.core.stages.bundle import DLC_AUTO_BYTES  # noqa: F401  (read from here)
 from studio.core.stages.run import CHAT_TEMPLATES, PERFORMANCE_MODES  # noqa: F401
 
+#: pipeline.executor: where work runs (studio.services.executors)
+EXECUTORS = ("local", "ray")
+
 
 # ---- a section --------------------------------------------------------------------------------
 class Section(dict[str, Any]):
@@ -371,6 +374,14 @@ class Pipeline(Section):
     stages: list[str] = setting("pipeline.stages", None, "the stages a run asks for (default: "
                                 "the model kind's stages but the optional ones)",
                                 factory=_default_stages)
+    executor: str = setting("pipeline.executor", "local", "where stage jobs and a stage's parts "
+                            "run: local (this machine's worker processes) or ray (a Ray "
+                            "cluster, pip install 'qstudio[ray]'); studio sweep --executor "
+                            "overrides it", choices=EXECUTORS)
+    part_processes: int = setting("pipeline.part_processes", 0, "a stage's parts (the compile of "
+                                  "a model exported in parts) run at once on this machine, each "
+                                  "in a process of its own (0: as many as the cores and the free "
+                                  "memory allow)", min=0, max=256)
 
     def rules(self) -> None:
         if not self.stages:

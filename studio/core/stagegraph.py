@@ -128,6 +128,10 @@ UNREAD_KEYS: dict[str, str] = {
                                            "is refused when the project is read)",
     "run.speculative_overlap": "how studio generate and the Playground decode speculatively "
                                "(no stage decodes speculatively)",
+    "pipeline.executor": "where the jobs run (this machine or a Ray cluster), not what they "
+                         "compute",
+    "pipeline.part_processes": "how many of a stage's parts run at once, not what they "
+                               "compute",
     "bundle.max_context_mb": "retired: the bundle ships the compile stage's binaries, split as "
                              "export.parts says (kept so older project files load)",
 }

@@ -386,7 +386,7 @@ def project_checks(project) -> tuple[list[Check], dict[str, int], int | None]:
     if project.model["kind"] == "onnx-graph":
         out += check_graph_inputs(project)
     if info is not None:
-        from studio.services.projects import part_plan
+        from studio.services.partplan import part_plan
 
         try:
             plan = part_plan(project)

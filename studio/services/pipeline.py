@@ -25,6 +25,7 @@ from studio.core.metrics import Metric
 from studio.core.project import Project, file_record
 from studio.core.stagegraph import PlannedJob, plan, stage_config
 from studio.services import joblog
+from studio.services.executors import parts_spec
 from studio.services.jobrunner import (
     JobRunner,
     StageJob,
@@ -35,6 +36,7 @@ from studio.services.jobrunner import (
 )
 from studio.services.preflight import preflight
 from studio.services.reports import sweep_fronts
+from studio.services.scheduler import Scheduler, WorkItem
 from studio.services.versions import tool_versions
 from studio.services.workers import WorkerProcess
 
@@ -96,6 +98,9 @@ class Pipeline:
         self._remeasure = False
         self._run_id: int | None = None
         self._runner = JobRunner(store, self._execute)
+        self._scheduler: Scheduler | None = None
+        self._items: dict[int, WorkItem] = {}  # job id -> its work item
+        self._by_item: dict[int, int] = {}  # work item id -> job id
 
     def _emit(self, event: dict[str, Any]) -> None:
         for cb in list(self.listeners):
@@ -114,10 +119,11 @@ class Pipeline:
         else:
             self._cancelled.add(job_id)
             ids = [job_id] if job_id in self._procs else []
+        if self._scheduler is not None:  # a waiting job ends now
+            self._scheduler.cancel(None if job_id is None else self._items[job_id].id,
+                                   running=False)
         for jid in ids:
-            worker = self._procs.get(jid)
-            if worker is not None:
-                worker.terminate()
+            self._terminate(jid)
 
     # -- the worker process --
     def _get_worker(self) -> WorkerProcess:
@@ -187,37 +193,9 @@ class Pipeline:
                 self.jobs.set_depends_on(jid, [ids[d] for d in pj.deps])
             self._emit({"kind": "job", "job": self.jobs.job(jid)})
         self._emit({"kind": "run", "run_id": run_id, "state": "running"})
-        artifacts: dict[int, Artifact] = {}
-        gates: list[dict[str, Any]] = []
-        report: Path | None = None
-        error: str | None = None
-        exit_code = 0
+        out = _Outcome()
         try:
-            for jid, pj in zip(ids, planned, strict=True):
-                failed_dep = next((ids[d] for d in pj.deps if ids[d] not in artifacts), None)
-                if self._cancel_all or jid in self._cancelled:
-                    self._update(jid, state="cancelled", finished=time.time(), message="cancelled")
-                    continue
-                if failed_dep is not None:
-                    self._update(jid, state="cancelled", finished=time.time(),
-                                 message=not_run(self.jobs.job(failed_dep).label))
-                    continue
-                try:
-                    art = await self._run_job(jid, pj, {ids[d]: artifacts[ids[d]] for d in pj.deps})
-                except StudioError as exc:
-                    error = error or exc.message
-                    exit_code = max(exit_code, exc.exit_code)
-                    self._update(jid, state="failed", finished=time.time(), error=exc.message,
-                                 message=exc.message)
-                    continue
-                if art is None:
-                    continue
-                artifacts[jid] = art
-                if pj.decl.gated:
-                    result = json.loads((art.path / "result.json").read_text())
-                    gates.extend(job_gates(pj.decl, self.project.gates, pj.target, result))
-                if pj.decl.role == "report":
-                    report = self._publish_report(art)
+            await self._schedule(ids, planned, out)
         except BaseException:
             # Ctrl-C, or the caller cancelled the coroutine: record the unfinished jobs as
             # cancelled (not left "running" for the next open to find), and stop the worker
@@ -235,8 +213,75 @@ class Pipeline:
         state = run_outcome([self.jobs.job(i).state for i in ids])
         self.jobs.finish_run(run_id, state)
         self._emit({"kind": "run", "run_id": run_id, "state": state})
-        return RunSummary(run_id, state, [self.jobs.job(i) for i in ids], gates, report,
-                          time.time() - t0, error, exit_code, self.jobs.metrics(run_id=run_id))
+        return RunSummary(run_id, state, [self.jobs.job(i) for i in ids], out.gates,
+                          out.report, time.time() - t0, out.error, out.exit_code,
+                          self.jobs.metrics(run_id=run_id))
+
+    async def _schedule(self, ids: list[int], planned: list[PlannedJob], out: _Outcome
+                        ) -> None:
+        """The plan's jobs as work items of the scheduler: one at a time, in the plan's
+        order, each after the jobs that make its inputs; a job whose input did not finish
+        is not run, saying which."""
+        sched = Scheduler(slots=1, ok=lambda art: art is not None,
+                          on_end=lambda item: self._item_ended(item, out))
+        self._items = {}
+        for jid, pj in zip(ids, planned, strict=True):
+            item = sched.add(self.jobs.job(jid).label, self._job_work(jid, pj, ids, out),
+                             deps=[self._items[ids[d]].id for d in pj.deps],
+                             stop=lambda jid=jid: self._terminate(jid))
+            self._items[jid] = item
+        self._by_item = {item.id: jid for jid, item in self._items.items()}
+        self._scheduler = sched
+        for jid in ids:  # cancelled while the run set itself up
+            if self._cancel_all or jid in self._cancelled:
+                sched.cancel(self._items[jid].id, running=False)
+        try:
+            await sched.run()
+        finally:
+            self._scheduler = None
+        if out.crash is not None:  # a bug in a job: the run stops as it did
+            raise out.crash
+
+    def _job_work(self, jid: int, pj: PlannedJob, ids: list[int], out: _Outcome):
+        async def run() -> Artifact | None:
+            try:
+                art = await self._run_job(jid, pj, {ids[d]: out.artifacts[ids[d]]
+                                                    for d in pj.deps})
+            except StudioError as exc:
+                out.error = out.error or exc.message
+                out.exit_code = max(out.exit_code, exc.exit_code)
+                self._update(jid, state="failed", finished=time.time(), error=exc.message,
+                             message=exc.message)
+                return None
+            if art is None:
+                return None
+            out.artifacts[jid] = art
+            if pj.decl.gated:
+                result = json.loads((art.path / "result.json").read_text())
+                out.gates.extend(job_gates(pj.decl, self.project.gates, pj.target, result))
+            if pj.decl.role == "report":
+                out.report = self._publish_report(art)
+            return art
+        return run
+
+    def _item_ended(self, item: WorkItem, out: _Outcome) -> None:
+        """A job's item ended: one that never ran is recorded cancelled, saying why; a bug
+        in a job stops the others (:meth:`_run_locked` records them interrupted)."""
+        if item.error is not None and out.crash is None:
+            out.crash = item.error
+            if self._scheduler is not None:
+                self._scheduler.cancel(running=False)
+            return
+        jid = self._by_item[item.id]
+        if out.crash is not None or self.jobs.job(jid).state != "queued":
+            return
+        message = not_run(item.blocked_by.name) if item.blocked_by is not None else "cancelled"
+        self._update(jid, state="cancelled", finished=time.time(), message=message)
+
+    def _terminate(self, jid: int) -> None:
+        worker = self._procs.get(jid)
+        if worker is not None:
+            worker.terminate()
 
     def _report_sweeps(self) -> list[dict[str, Any]] | None:
         """The project's recorded sweeps for the report (None: they could not be read)."""
@@ -290,11 +335,23 @@ class Pipeline:
         self._procs[jid] = worker
         assert worker.proc is not None
         self.jobs.update_job(jid, pid=worker.proc.pid)
-        try:
-            return await worker.run(spec, on_message)
+        try:  # its parts, if it has some, run as the project's executor says
+            return await worker.run({**spec, "parts": parts_spec(self.project)}, on_message)
         finally:
             self._procs.pop(jid, None)
             self._current_job = None
+
+
+@dataclass
+class _Outcome:
+    """What a run's jobs leave as they end."""
+
+    artifacts: dict[int, Artifact] = field(default_factory=dict)
+    gates: list[dict[str, Any]] = field(default_factory=list)
+    report: Path | None = None
+    error: str | None = None
+    exit_code: int = 0
+    crash: BaseException | None = None
 
 
 class _HistorySink:

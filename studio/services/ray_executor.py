@@ -12,8 +12,8 @@ memory :func:`studio.services.workers.job_memory` gives). Artifacts move by cont
   store. ``transfer="copy"`` forces this even where the store is visible.
 
 A stage's own parts (the compile of a model exported in parts) go to Ray as tasks of their
-own (:func:`studio.worker.stages.compile.compile_on_ray`): on any node with the shared
-store, on the stage's node with a copy.
+own (``ctx.run_parts``, :mod:`studio.worker.parts`: the job spec's ``parts`` says so): on
+any node with the shared store, on the stage's node with a copy.
 
 A node lost while a task runs (its worker process or machine dies) is retried by Ray up
 to ``max_retries`` times; a stage's own error is not retried (it would fail again).
@@ -38,6 +38,7 @@ from typing import Any
 
 from studio.core.errors import StudioError
 from studio.services.workers import OnMessage, job_memory
+from studio.worker.parts import PartsConfig
 
 TRANSFERS = ("auto", "copy")
 _STORE_ID = ".store-id"
@@ -90,7 +91,6 @@ def run_task(spec: dict[str, Any], store_root: str, store_id: str, transfer: str
              input_refs: dict[str, Any]) -> dict[str, Any]:
     """The body of one Ray task (runs on a cluster node): the stage, in this process."""
     from studio.core.errors import StudioError as _UserError
-    from studio.worker.stages.compile import RAY_PARTS_ENV
 
     root = Path(store_root)
     try:
@@ -124,7 +124,7 @@ def run_task(spec: dict[str, Any], store_root: str, store_id: str, transfer: str
         tempfile.tempdir = None
         # a stage's parts (the compile's) go to Ray as tasks of their own: anywhere when this
         # task works in the shared store, else on this node, which alone holds its inputs
-        os.environ[RAY_PARTS_ENV] = "any" if shared else "node"
+        spec["parts"] = PartsConfig("ray", ray_where="any" if shared else "node").to_spec()
         from studio.worker.stages import run_stage
 
         progress = _Collect()
@@ -142,7 +142,6 @@ def run_task(spec: dict[str, Any], store_root: str, store_id: str, transfer: str
     finally:
         import shutil
 
-        os.environ.pop(RAY_PARTS_ENV, None)
         if old_tmp is None:
             os.environ.pop("TMPDIR", None)
         else:

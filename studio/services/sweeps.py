@@ -51,14 +51,15 @@ from studio.core.sweep import (
     parse_spec,
 )
 from studio.services.edits import project_edits
+from studio.services.executors import executor_name, make_executor
 from studio.services.jobrunner import JobRunner, StageJob, job_gates, not_run
+from studio.services.partplan import part_plan
 from studio.services.precision import scheme_diff
 from studio.services.preflight import preflight
-from studio.services.ray_executor import RayExecutor
+from studio.services.scheduler import CANCELLED, Scheduler, WorkItem
 from studio.services.versions import tool_versions
-from studio.services.workers import LocalPool, OnMessage, local_workers
+from studio.services.workers import OnMessage
 
-EXECUTORS = ("local", "ray")
 # what a sweep runs when it names no stages: up to the check against FP32 on each target
 SWEEP_ROLES = ("export", "quantize", "compile", "validate")
 SWEEP_STAGES = {k: tuple(stage_for_role(r, k) for r in SWEEP_ROLES) for k in MODEL_KINDS}
@@ -343,18 +344,20 @@ class SweepRunner:
     events as states change (the GUI's Sweeps page draws them live)."""
 
     def __init__(self, project: Project, jobs: JobStore, store: ArtifactStore, spec: SweepSpec,
-                 executor: str = "local", workers: int | None = None,
+                 executor: str | None = None, workers: int | None = None,
                  ray_address: str | None = None, transfer: str = "auto"):
-        if executor not in EXECUTORS:
-            raise StudioError(f"--executor {executor!r} is not one of {', '.join(EXECUTORS)}")
         self.project, self.jobs, self.store, self.spec = project, jobs, store, spec
-        self.executor_name, self.workers_asked = executor, workers
+        # where the jobs run: the command's choice, else the project's pipeline.executor
+        self.executor_name = executor_name(project, executor)
+        self.workers_asked = workers
         self.ray_address, self.transfer = ray_address, transfer
         self.listeners: list[Listener] = []
         self.points: list[PointRun] = []
         self.unique: dict[str, SweepJob] = {}
         self._cancelled = False
         self._executor: Any = None
+        self._scheduler: Scheduler | None = None
+        self._by_item: dict[int, SweepJob] = {}
         self._runner = JobRunner(store, self._execute_spec)
         self._next_id = 0
         self.note = ""
@@ -366,6 +369,8 @@ class SweepRunner:
     def cancel(self) -> None:
         """Stop the sweep: running jobs are stopped, finished points stay recorded."""
         self._cancelled = True
+        if self._scheduler is not None:  # the waiting jobs end; the executor stops the others
+            self._scheduler.cancel(running=False)
         if self._executor is not None:
             self._executor.cancel()
 
@@ -485,56 +490,61 @@ class SweepRunner:
         return sum(f.stat().st_size for f in files if f.is_file())
 
     def _make_executor(self) -> Any:
-        if self.executor_name == "ray":
-            return RayExecutor(self.store, self.ray_address, self.workers_asked,
-                               self.transfer, self._model_bytes())
-        n, why = local_workers(self.workers_asked, self._model_bytes())
-        self.note = why if self.workers_asked is not None and n != self.workers_asked else ""
-        return LocalPool(n, self.store.tmp)
+        executor, self.note = make_executor(self.project, self.store, self.executor_name,
+                                            self.workers_asked, self.ray_address,
+                                            self.transfer, self._model_bytes())
+        return executor
 
     async def _stop_executor(self) -> None:
         if self._executor is not None:
             await self._executor.stop()
 
     async def _execute(self, versions: dict[str, str]) -> None:
-        pending = dict(self.unique)
-        running: dict[asyncio.Task, SweepJob] = {}
-        slots = self._executor.size
-        while pending or running:
-            changed = True
-            while changed:  # a failed or cancelled input ends the jobs after it
-                changed = False
-                for key, j in list(pending.items()):
-                    bad = next((self.unique[d] for d in j.deps
-                                if self.unique.get(d) and self.unique[d].state in
-                                ("failed", "cancelled")), None)
-                    if bad is not None or self._cancelled:
-                        j.state = "cancelled"
-                        j.message = not_run(bad.label) if bad else "cancelled"
-                        j.finished = time.time()
-                        del pending[key]
-                        changed = True
-                        self._job_done(j)
-            ready = [j for j in pending.values()
-                     if all(d not in self.unique or self.unique[d].state == "succeeded"
-                            for d in j.deps)]
-            for j in ready[:max(0, slots - len(running))]:
-                del pending[j.key]
-                running[asyncio.ensure_future(self._run_job(j, versions))] = j
-            if not running:
-                if pending:  # nothing can start: should not happen with a valid plan
-                    for j in pending.values():
-                        j.state, j.message = "cancelled", "not run: its inputs never finished"
-                        self._job_done(j)
-                break
-            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                j = running.pop(task)
-                exc = task.exception()
-                if exc is not None:
-                    j.state, j.message = "failed", f"{type(exc).__name__}: {exc}"
-                    j.finished = time.time()
-                self._job_done(j)
+        """Every distinct job as a work item of the scheduler, waiting for the jobs that make
+        its inputs, as many at once as the executor has slots; a failed or cancelled input
+        ends the jobs after it."""
+        sched = Scheduler(slots=self._executor.size, on_end=self._item_ended)
+        items: dict[str, WorkItem] = {}
+        peaks = self._stage_peaks()
+        for key, j in self.unique.items():
+            items[key] = sched.add(j.label, self._job_work(j, versions), deps=[
+                items[d].id for d in j.deps if d in items], memory=peaks.get(j.stage) or None)
+            self._by_item[items[key].id] = j
+        self._scheduler = sched
+        if self._cancelled:
+            sched.cancel()
+        await sched.run()
+
+    def _stage_peaks(self) -> dict[str, int]:
+        """Each stage's predicted memory peak (estimated) from the project's part plan: two
+        jobs run at once only where both fit in the free memory; {} without a prediction."""
+        if self.executor_name == "ray":  # Ray places its tasks by the nodes' memory
+            return {}
+        try:
+            plan = part_plan(self.project)
+        except StudioError:  # the export stage refuses such settings in its own words
+            return {}
+        return dict(plan.peaks) if plan is not None else {}
+
+    def _job_work(self, j: SweepJob, versions: dict[str, str]):
+        async def run() -> None:
+            await self._run_job(j, versions)
+            if j.state != "succeeded":  # recorded by its sink: its dependants do not run
+                raise StudioError(j.message or j.state)
+        return run
+
+    def _item_ended(self, item: WorkItem) -> None:
+        """A job's item ended: a job its runner did not record is recorded, saying why."""
+        j = self._by_item[item.id]
+        if j.state not in ("succeeded", "failed", "cancelled"):
+            if item.blocked_by is not None:
+                j.state, j.message = "cancelled", not_run(item.blocked_by.name)
+            elif item.state == CANCELLED:
+                j.state, j.message = "cancelled", "cancelled"
+            else:  # it raised outside the job runner
+                j.state, j.message = "failed", item.why
+            j.finished = time.time()
+        self._job_done(j)
 
     def _job_done(self, j: SweepJob) -> None:
         self._emit({"kind": "job", "job": j})
@@ -711,7 +721,7 @@ def sweep_names(project: Project, jobs: JobStore) -> list[str]:
 
 # ---- search beyond grids ------------------------------------------------------------------------
 async def search(project: Project, jobs: JobStore, store: ArtifactStore, spec: SweepSpec,
-                 trials: int, minutes: float | None = None, executor: str = "local",
+                 trials: int, minutes: float | None = None, executor: str | None = None,
                  workers: int | None = None, ray_address: str | None = None,
                  transfer: str = "auto", listeners: list[Listener] | None = None,
                  seed: int = 0) -> SweepSummary:

@@ -206,8 +206,9 @@ class LocalPool:
 
     name = "local"
 
-    def __init__(self, size: int, scratch_root: Path):
+    def __init__(self, size: int, scratch_root: Path, parts: dict[str, Any] | None = None):
         self.size = size
+        self.parts = parts  # how a job's own parts run (studio.worker.parts), into its spec
         self._free: asyncio.Queue[WorkerProcess] = asyncio.Queue()
         for _ in range(size):
             self._free.put_nowait(WorkerProcess(scratch_root))
@@ -221,6 +222,8 @@ class LocalPool:
                   ) -> dict[str, Any]:
         worker = await self._free.get()
         self._busy[spec["job_id"]] = worker
+        if self.parts is not None:
+            spec = {**spec, "parts": self.parts}
         try:
             return await worker.run(spec, on_message)
         finally:

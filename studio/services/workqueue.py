@@ -7,9 +7,8 @@ holds them in one SQLite file in the app's config folder, so a window that resta
 what was waiting (and what was running when it ended, put back to wait: its finished stages
 come from the artifact store). :func:`schedule` is pure: given the items, whether the queue
 is paused, how many may run at once and the free memory, it says which waiting items start
-now and, for each of the others, why it waits — in words a user can act on.
-
-The rules, in order:
+now and, for each of the others, why it waits — in words a user can act on. The rules are
+the scheduler's policy (:mod:`studio.core.workpolicy`), each item a project's work:
 
 1. a paused queue starts nothing;
 2. items of one project run one after another, in the queue's order (two runs of a project
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from studio.core import workpolicy
 from studio.core.errors import StudioError
 from studio.core.jobs import transaction
 
@@ -129,7 +129,7 @@ def _item(row: sqlite3.Row) -> QueueItem:
 
 def order_key(item: QueueItem) -> tuple:
     """The order waiting items start in: higher priority first, then the user's order."""
-    return (-item.priority, item.pos, item.id)
+    return workpolicy.order_key(as_work(item))
 
 
 class WorkQueue:
@@ -348,55 +348,34 @@ class Schedule:
     why: dict[int, str]
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
+#: how the queue's reasons name things (the scheduler's policy words them)
+QUEUE_WORDS = workpolicy.Words(
+    paused="the queue is paused: Resume starts it",
+    slots_hint="raise 'at once' to run more together",
+    memory_what="its largest stage is predicted to peak at")
+
+
+def as_work(item: QueueItem) -> workpolicy.Work:
+    """A queue item as the scheduler's policy reads it: one project at a time, a sweep
+    taking its workers' slots, its predicted peak."""
+    return workpolicy.Work(item.id, item.state, item.project, item.priority, item.pos,
+                           item.cores, item.peak)
 
 
 def schedule(items: list[QueueItem], *, paused: bool, slots: int, free_bytes: int,
              busy: Callable[[Path], str | None] = lambda _p: None,
              headroom: int = 512 << 20) -> Schedule:
-    """Which waiting items start now, and why each other waiting item waits.
+    """Which waiting items start now, and why each other waiting item waits
+    (:func:`studio.core.workpolicy.select`, the rules the scheduler runs everything by).
 
     ``busy(project_path)``: a sentence when another process runs that project now, else None.
     """
-    running = [i for i in items if i.state == RUNNING]
-    waiting = sorted((i for i in items if i.state == WAITING), key=order_key)
-    used = sum(i.cores for i in running)
-    free = free_bytes
-    ahead: dict[str, QueueItem] = {i.project: i for i in running}
-    start: list[QueueItem] = []
-    why: dict[int, str] = {}
-    for item in waiting:
-        before = ahead.get(item.project)
-        ahead.setdefault(item.project, item)
-        if paused:
-            why[item.id] = "the queue is paused: Resume starts it"
-            continue
-        if before is not None:
-            how = "runs" if before.state == RUNNING or before in start else "waits"
-            why[item.id] = (f"after #{before.id} of the same project ({how} now): one run at a "
-                            "time writes a project's artifacts")
-            continue
-        other = busy(item.path)
-        if other:
-            why[item.id] = other
-            continue
-        anyone = bool(running or start)
-        if anyone and used + item.cores > slots:
-            now = ", ".join(f"#{i.id}" for i in running + start)
-            why[item.id] = (f"waits for a free slot: {used} of {slots} in use ({now}); "
-                            "raise 'at once' to run more together")
-            continue
-        if anyone and item.peak is not None and item.peak > free - headroom:
-            why[item.id] = (f"waits for memory: its largest stage is predicted to peak at "
-                            f"{_gib(item.peak)} (estimated), {_gib(max(0, free))} free "
-                            "beside what runs")
-            continue
-        start.append(item)
-        used += item.cores
-        if item.peak is not None:
-            free -= item.peak
-    return Schedule(start, why)
+    live = [i for i in items if i.state in (WAITING, RUNNING)]
+    chosen = workpolicy.select([as_work(i) for i in live], slots=slots, free_bytes=free_bytes,
+                               paused=paused, busy=lambda g: busy(Path(g)),
+                               headroom=headroom, words=QUEUE_WORDS)
+    by_id = {i.id: i for i in live}
+    return Schedule([by_id[i] for i in chosen.start], chosen.why)
 
 
 def predicted_peak(project, kind: str, spec: dict[str, Any]) -> int | None:
@@ -405,7 +384,7 @@ def predicted_peak(project, kind: str, spec: dict[str, Any]) -> int | None:
     if kind != "pipeline":
         return None
     try:
-        from studio.services.projects import part_plan
+        from studio.services.partplan import part_plan
 
         plan = part_plan(project)
     except Exception:  # noqa: BLE001 - no prediction; the stage checks its own memory

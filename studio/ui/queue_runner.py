@@ -318,7 +318,7 @@ class QueueRunner(QObject):
             return
         try:
             spec = find_spec(studio.project, r.item.spec["sweep"])
-            runner = SweepRunner(studio.project, studio.jobs, studio.store, spec, "local",
+            runner = SweepRunner(studio.project, studio.jobs, studio.store, spec, None,
                                  int(r.item.spec.get("workers", 1)))
         except StudioError as exc:
             studio.close()

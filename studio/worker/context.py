@@ -14,8 +14,10 @@ from studio.core.errors import StudioError
 from studio.core.keys import StageSettings
 from studio.core.metrics import Metric
 from studio.core.partcache import PartCache
+from studio.core.progress import Progress
 from studio.core.stagegraph import STAGES, StageConfig
 from studio.core.stages.run import HtpRun
+from studio.worker.parts import Part, PartsConfig, Say, run_parts
 
 
 @dataclass
@@ -32,6 +34,13 @@ class StageContext:
     # part keys add to tell the stage's code and tool versions apart
     parts: PartCache = field(default_factory=lambda: PartCache(None))
     part_salt: str = ""
+    #: how the stage's parts run: set by the executor that runs the stage
+    parts_config: PartsConfig = field(default_factory=PartsConfig)
+
+    def run_parts(self, parts: list[Part], progress: Progress, say: Say, at_once: int = 1):
+        """Run the stage's sub-work (its parts) where its executor says
+        (:mod:`studio.worker.parts`); yields (index, result) as each part finishes."""
+        return run_parts(parts, self.parts_config, progress, say, at_once)
 
     @property
     def settings(self) -> StageSettings:

@@ -196,7 +196,7 @@ def test_parts_compiled_in_processes_of_their_own_run_as_the_stored_compile(
     inputs = {jobs[d].label: store.get(keys[jobs[d].stage]).path for d in job.deps}
     out = tmp_path / "compiled"
     out.mkdir()
-    monkeypatch.setenv("QSTUDIO_PART_PROCESSES", "2")
+    project.pipeline["part_processes"] = 2
     rec = RecordingProgress()
     result = run_in_process(project, job, inputs, out, rec)
     assert "2 parts compiled 2 at a time, each in a process of its own" in rec.lines
@@ -251,7 +251,7 @@ def test_cancelling_a_compile_in_processes_ends_them(tmp_path, monkeypatch, part
                 raise Cancelled()
 
     before = set(children())
-    monkeypatch.setenv("QSTUDIO_PART_PROCESSES", "2")
+    project.pipeline["part_processes"] = 2
     (tmp_path / "out").mkdir()
     with pytest.raises(Cancelled):
         run_in_process(project, jobs[-1], inputs, tmp_path / "out", CancelWhileCompiling())

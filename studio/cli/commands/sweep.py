@@ -28,7 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the recipe as it is, rung k raises its k most sensitive layers (over "
                         "W4A16: their weights to INT8), each rung measured by the real stages; "
                         "with --best smallest, the smallest rung that passes every gate")
-    p.add_argument("--executor", default="local", choices=("local", "ray"), help="local (process pool, default) or ray")
+    p.add_argument("--executor", default=None, choices=("local", "ray"),
+                   help="local (this machine's worker processes) or ray; default: the "
+                        "project's pipeline.executor")
     p.add_argument("--workers", type=whole(1, 1024), help="jobs at once (default: what the cores and "
                                               "memory allow; on Ray, the cluster's CPUs)")
     p.add_argument("--ray-address", help="a running Ray cluster (HOST:PORT); default: start "

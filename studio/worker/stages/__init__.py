@@ -24,6 +24,7 @@ from studio.core.partcache import PartCache
 from studio.core.progress import Progress
 from studio.core.stagegraph import STAGES, StageConfig, StageDecl
 from studio.worker.context import StageContext
+from studio.worker.parts import PartsConfig
 
 StageFunction = Callable[[StageContext, Progress], dict[str, Any]]
 
@@ -106,7 +107,8 @@ def run_in_process(project, job, inputs: dict[str, Path], out: Path,
     the same frozen config the pipeline would hand it."""
     from studio.core.stagegraph import stage_config
 
-    ctx = StageContext(stage_config(project, job), dict(inputs), Path(out))
+    ctx = StageContext(stage_config(project, job), dict(inputs), Path(out),
+                       parts_config=PartsConfig.local(project))
     refuse_parts(job.decl, ctx.inputs)
     result = stage_function(job.decl)(ctx, progress)
     atomic_write_json(ctx.out / "result.json", result)
@@ -125,6 +127,7 @@ def run_stage(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
     if spec.get("part_cache"):
         ctx.parts = PartCache(Path(spec["part_cache"]["root"]))
         ctx.part_salt = str(spec["part_cache"]["salt"])
+    ctx.parts_config = PartsConfig.from_spec(spec.get("parts"))
     refuse_parts(decl, ctx.inputs)
     result = stage_function(decl)(ctx, progress)
     atomic_write_json(ctx.out / "result.json", result)

@@ -14,6 +14,7 @@ from studio.core.progress import Progress, SubProgress
 from studio.core.stages.compile import CompileSettings
 from studio.engine.weightstore import graph_bytes
 from studio.worker.context import StageContext
+from studio.worker.parts import Part, Say
 from studio.worker.stages._llm import EMBED_LIMIT, GRAPHS, htp_options
 
 #: the compile stage's staging folder of the deployable graphs (kept across a kill)
@@ -108,27 +109,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                 ctx.parts.put(part_key, ctx.out / at, row)
 
     jobs = [(k, key, sources[k], ctx.out / where(k)) for k, key in fresh]
-    on_ray = ray_parts() if len(jobs) > 1 else None
-    workers = part_processes([src for _, _, src, _ in jobs]) if on_ray is None else 0
-    if on_ray is not None:
-        progress.log(f"{len(jobs)} parts compiled as Ray tasks ("
-                     + ("on this stage's node: its inputs are a copy here" if on_ray == "node"
-                        else "on any node that sees the project's store") + ")")
-        for k, key, got in compile_on_ray(jobs, chip, fp16, extra, on_ray == "node", progress,
-                                          i, n_steps):
-            finished(k, key, got)
-    elif workers > 1:
-        progress.log(f"{len(jobs)} parts compiled {workers} at a time, each in a process of "
-                     "its own")
-        for k, key, got in compile_in_processes(jobs, chip, fp16, extra, workers, progress,
-                                                i, n_steps):
-            finished(k, key, got)
-    else:
-        for k, key, src, dst in jobs:
-            step = Steps(progress, i, n_steps)
-            finished(k, key, compile_part(src, dst, chip, fp16, extra, step,
-                                          where(k).rstrip("/")))
-            i += len(GRAPHS)
+    compile_fresh(ctx, jobs, chip, fp16, extra, progress, i, n_steps, finished)
     if reused:
         progress.log(f"{len(reused)} of {len(parts)} parts (" + ", ".join(
             str(k + 1) for k in reused) + "): the same graphs were compiled for this target "
@@ -173,6 +154,38 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         "sdk_version": sdk, "tool": {"qnn_sdk": sdk}, "htp_options": extra, "graph_io": io,
         "metrics": [],
     }
+
+
+def compile_fresh(ctx: StageContext, jobs: list[tuple[int, Any, Path, Path]], chip: Chip,
+                  fp16: bool, extra: dict[str, str], progress: Progress, start: int,
+                  total: int, finished) -> None:
+    """Compile the parts of ``jobs`` ((index, part key, source, destination)), calling
+    ``finished(index, key, result)`` for each: as the stage's sub-work where its executor says
+    (``ctx.run_parts``: Ray tasks, or processes of their own when the parts are large), else
+    one after the other here."""
+    on_ray = ctx.parts_config.on_ray and len(jobs) > 1
+    workers = 0 if on_ray else part_processes([src for _, _, src, _ in jobs],
+                                              ctx.parts_config.processes)
+    if not on_ray and workers < 2:
+        for k, key, src, dst in jobs:
+            finished(k, key, compile_part(src, dst, chip, fp16, extra,
+                                          Steps(progress, start, total),
+                                          "" if dst == ctx.out else dst.name))
+            start += len(GRAPHS)
+        return
+    if on_ray:
+        progress.log(f"{len(jobs)} parts compiled as Ray tasks ("
+                     + ("on this stage's node: its inputs are a copy here"
+                        if ctx.parts_config.ray_where == "node"
+                        else "on any node that sees the project's store") + ")")
+    else:
+        progress.log(f"{len(jobs)} parts compiled {workers} at a time, each in a process of "
+                     "its own")
+    keys = {k: key for k, key, _, _ in jobs}
+    for k, got in ctx.run_parts(compile_parts(jobs, chip, fp16, extra), progress,
+                                Say("compiling", f"for {chip.name}", start, total,
+                                    len(GRAPHS)), workers):
+        finished(k, keys[k], got)
 
 
 def deploy_settings(s: CompileSettings, extra: dict[str, str]):
@@ -314,20 +327,19 @@ PROCESS_BASE = 512 << 20
 PROCESS_PER_BYTE = 4.2
 
 
-def part_processes(sources: list[Path]) -> int:
+def part_processes(sources: list[Path], asked: int = 0) -> int:
     """How many parts to compile at once: 1 for fewer than two parts or small ones; else as
     many as the cores, the parts and the free memory allow (each process's peak predicted
-    from its largest graph). ``QSTUDIO_PART_PROCESSES`` sets the count (tests, a host the
-    prediction does not fit)."""
+    from its largest graph). ``asked`` (``pipeline.part_processes``, when not 0) sets the
+    count (tests, a host the prediction does not fit)."""
     import os
 
     from studio.core.hostmem import HEADROOM, available_memory
 
     if len(sources) < 2:
         return 1
-    forced = os.environ.get("QSTUDIO_PART_PROCESSES", "").strip()
-    if forced:
-        return max(1, min(len(sources), int(forced)))
+    if asked:
+        return max(1, min(len(sources), asked))
     largest = max(graph_bytes(src / f"{g}.onnx") for src in sources for g in GRAPHS)
     if largest < PARALLEL_ABOVE:
         return 1
@@ -337,141 +349,22 @@ def part_processes(sources: list[Path]) -> int:
     return max(1, min(len(sources), cores or 1, fit))
 
 
-def _child_init() -> None:
-    """A compile process ends with the stage's process (a killed job leaves none behind)
-    and leaves Ctrl-C to it."""
-    import signal
-
-    from studio.worker.lifetime import die_with_parent
-
-    die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def _compile_job(src: str, dst: str, chip: Chip, fp16: bool, extra: dict[str, str],
                  part_name: str) -> dict[str, dict]:
     return compile_part(Path(src), Path(dst), chip, fp16, extra, None, part_name)
 
 
-def compile_in_processes(jobs: list[tuple[int, Any, Path, Path]], chip: Chip, fp16: bool,
-                         extra: dict[str, str], workers: int, progress: Progress, start: int,
-                         total: int):
-    """Compile the parts of ``jobs`` ((index, key, source folder, destination)) in
-    ``workers`` processes; yields (index, key, result) as each part finishes. Cancelling
-    the stage ends the processes (their partial binaries are the stage's work folder's)."""
-    import multiprocessing as mp
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
-                               initializer=_child_init)
-    # a part is named by its folder in the stage's output (its staged graphs' folder carries
-    # the suffix that orders its graph names)
-    running = {pool.submit(_compile_job, str(src), str(dst), chip, fp16, extra, dst.name):
-               (k, key, dst.name) for k, key, src, dst in jobs}
-    done_parts, said = 0, ""
-    try:
-        pending = set(running)
-        while pending:
-            names = sorted(running[f][2].replace("_", " ") for f in pending)[:workers]
-            message = f"compiling {', '.join(names)} for {chip.name} ({workers} at a time)"
-            if message != said:  # once per change, not every poll
-                progress.update((start + len(GRAPHS) * done_parts) / total, message)
-                said = message
-            finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-            for fut in sorted(finished, key=lambda f: running[f][0]):
-                k, key, _ = running[fut]
-                got = fut.result()
-                done_parts += 1
-                yield k, key, got
-            progress.check()
-    except BaseException:
-        for proc in list(getattr(pool, "_processes", {}).values()):
-            proc.kill()
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
-
-
-#: set by a Ray task running a stage (:func:`studio.services.ray_executor.run_task`): "any"
-#: when the task reads and writes the project's store itself (a shared file system: a part
-#: may compile on any node), "node" when its inputs are a copy on its own node
-RAY_PARTS_ENV = "QSTUDIO_RAY_PARTS"
-
-
-def ray_parts() -> str | None:
-    """"any" / "node" when this stage runs inside a Ray task (its parts then go to Ray as
-    tasks of their own), else None."""
-    import os
-    import sys
-
-    where = os.environ.get(RAY_PARTS_ENV, "")
-    if where not in ("any", "node") or "ray" not in sys.modules:
-        return None
-    import ray
-
-    return where if ray.is_initialized() else None
+def compile_parts(jobs: list[tuple[int, Any, Path, Path]], chip: Chip, fp16: bool,
+                  extra: dict[str, str]) -> list[Part]:
+    """The parts of ``jobs`` ((index, key, source folder, destination)) as the stage's
+    sub-work: each named by its folder in the stage's output (its staged graphs' folder
+    carries the suffix that orders its graph names), with its predicted peak."""
+    return [Part(k, dst.name.replace("_", " "), _compile_job,
+                 (str(src), str(dst), chip, fp16, extra, dst.name), part_memory(src))
+            for k, _, src, dst in jobs]
 
 
 def part_memory(src: Path) -> int:
     """A part's compile's predicted peak, bytes (its largest graph's line above)."""
     largest = max(graph_bytes(src / f"{g}.onnx") for g in GRAPHS)
     return int(PROCESS_BASE + PROCESS_PER_BYTE * largest)
-
-
-def compile_on_ray(jobs: list[tuple[int, Any, Path, Path]], chip: Chip, fp16: bool,
-                   extra: dict[str, str], node_only: bool, progress: Progress, start: int,
-                   total: int):
-    """Compile the parts of ``jobs`` as Ray tasks, each asking for one CPU and its predicted
-    memory, so Ray places them where both are free (``node_only``: on this task's node, which
-    alone sees the parts' folders); yields (index, key, result) as each finishes. A part no
-    node can give its memory to is refused in one line; cancelling cancels the tasks."""
-    import ray
-
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    here = ray.get_runtime_context().get_node_id()
-    if node_only:
-        nodes = [n for n in nodes if n.get("NodeID") == here] or nodes
-    offer = max((n.get("Resources", {}).get("memory", 0) for n in nodes), default=0)
-    options: dict[str, Any] = {"num_cpus": 1, "max_retries": 2}
-    if node_only:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(here, soft=False)
-    task = ray.remote(_compile_job)
-    running = {}
-    for k, key, src, dst in jobs:
-        need = part_memory(src)
-        if offer and need > offer:
-            raise StudioError(f"{dst.name.replace('_', ' ')} needs about {need / 2**30:.1f} GiB "
-                              f"to compile and the largest Ray node offers "
-                              f"{offer / 2**30:.1f} GiB: export in more parts "
-                              "(export.max_part_mb) or add a node with more memory")
-        ref = task.options(memory=need, **options).remote(str(src), str(dst), chip, fp16,
-                                                          extra, dst.name)
-        running[ref] = (k, key, dst.name)
-    done_parts, said = 0, ""
-    try:
-        pending = list(running)
-        while pending:
-            names = sorted(running[r][2].replace("_", " ") for r in pending)
-            message = f"compiling {', '.join(names)} for {chip.name} (Ray tasks)"
-            if message != said:
-                progress.update((start + len(GRAPHS) * done_parts) / total, message)
-                said = message
-            finished, pending = ray.wait(pending, num_returns=1, timeout=0.5)
-            for ref in sorted(finished, key=lambda r: running[r][0]):
-                k, key, _ = running[ref]
-                try:
-                    got = ray.get(ref)
-                except ray.exceptions.RayTaskError as exc:  # the part's own error, in a line
-                    cause = getattr(exc, "cause", None)
-                    if isinstance(cause, StudioError):
-                        raise StudioError(cause.message) from None
-                    raise
-                done_parts += 1
-                yield k, key, got
-            progress.check()
-    except BaseException:
-        for ref in running:
-            ray.cancel(ref, force=True)
-        raise
