@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from studio.core.artifacts import artifact_key
 from studio.core.devices import DEVICE_KINDS, Device, device, project_devices
@@ -62,8 +62,24 @@ from studio.core.stages import (
     waterfall,
 )
 
-if TYPE_CHECKING:
-    from studio.core.project import Project
+
+class Project(Protocol):
+    """What the plan reads of a project (:class:`studio.core.project.Project` is one): its
+    targets, its sections (typed by :mod:`studio.core.settings`, which builds on this module)
+    and its input files. A protocol, so that the plan does not import the project that
+    imports it."""
+
+    @property
+    def targets(self) -> list[str]: ...
+    @property
+    def model(self) -> Any: ...
+    @property
+    def export(self) -> Any: ...
+    @property
+    def pipeline(self) -> Any: ...
+    @property
+    def run(self) -> Any: ...
+    def input_path(self, ref: str) -> Path: ...
 
 
 #: every stage, in pipeline order: each declared in its module, beside its settings class

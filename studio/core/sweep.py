@@ -29,17 +29,14 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from studio.core.catalog import get_chip
 from studio.core.errors import StudioError
 from studio.core.fsutil import sha256_json
 from studio.core.recipe import PRECISIONS
 from studio.core.settings import SECTION_KEYS, SECTIONS, check_type, check_value
-from studio.core.stagegraph import check_stage_names
-
-if TYPE_CHECKING:
-    from studio.core.project import Project
+from studio.core.stagegraph import Project, check_stage_names
 
 #: How the best point is chosen, among the points that ran and passed every gate.
 BEST_RULES: dict[str, str] = {
