@@ -22,7 +22,7 @@ from studio.services.ray_executor import RayExecutor
 from studio.services.workers import LocalPool, local_workers
 from studio.worker.parts import PartsConfig
 
-__all__ = ["EXECUTORS", "executor_name", "make_executor", "parts_spec"]
+__all__ = ["EXECUTORS", "executor_name", "make_executor", "model_bytes", "parts_spec"]
 
 
 def executor_name(project: Project, asked: str | None = None) -> str:
@@ -31,6 +31,18 @@ def executor_name(project: Project, asked: str | None = None) -> str:
     if name not in EXECUTORS:
         raise StudioError(f"--executor {name!r} is not one of {', '.join(EXECUTORS)}")
     return name
+
+
+def model_bytes(project: Project) -> int:
+    """The bytes of the project's model weights (0: not found): what a job's memory request
+    grows with (:func:`studio.services.workers.job_memory`)."""
+    try:
+        src = project.input_path(project.model["source"])
+    except StudioError:
+        return 0
+    files = [src] if src.is_file() else list(src.rglob("*.safetensors")) + list(
+        src.rglob("*.bin"))
+    return sum(f.stat().st_size for f in files if f.is_file())
 
 
 def parts_spec(project: Project) -> dict[str, Any]:

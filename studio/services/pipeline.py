@@ -2,9 +2,12 @@
 
 ``plan`` is pure: it turns a project (and an optional choice of stages / targets) into the
 list of jobs that ``studio --batch`` and the GUI's "Run pipeline" both queue. ``Pipeline``
-schedules a plan: its jobs one after another in one warm worker, each run by the job runner
-(:mod:`studio.services.jobrunner`: key, store, lock, worker, commit, failure), everything
-recorded in the run history and streamed to listeners.
+schedules a plan: its jobs one after another on the executor the project's
+``pipeline.executor`` names — one warm worker process on this machine (``local``), or Ray
+tasks (``ray``, :mod:`studio.services.executors`; with no cluster reachable, a local one is
+started for the run) — each run by the job runner (:mod:`studio.services.jobrunner`: key,
+store, lock, worker, commit, failure), everything recorded in the run history and streamed
+to listeners.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from studio.core.metrics import Metric
 from studio.core.project import Project, file_record
 from studio.core.stagegraph import PlannedJob, plan, stage_config
 from studio.services import joblog
-from studio.services.executors import parts_spec
+from studio.services.executors import executor_name, make_executor, model_bytes, parts_spec
 from studio.services.jobrunner import (
     JobRunner,
     StageJob,
@@ -91,6 +94,7 @@ class Pipeline:
         self.listeners: list[Listener] = []
         self._procs: dict[int, WorkerProcess] = {}
         self._worker: WorkerProcess | None = None
+        self._remote: Any = None  # the Ray executor (pipeline.executor = "ray"), once made
         self._current_job: int | None = None
         self._log_count = 0
         self._cancelled: set[int] = set()
@@ -145,15 +149,22 @@ class Pipeline:
         self._emit({"kind": "log", "job_id": jid, "line": line})
 
     async def _stop_worker(self) -> None:
-        """The warm worker killed and reaped (:meth:`WorkerProcess.stop`)."""
+        """The warm worker killed and reaped (:meth:`WorkerProcess.stop`), the Ray tasks
+        cancelled."""
         worker, self._worker = self._worker, None
         if worker is not None:
             await worker.stop()
+        remote, self._remote = self._remote, None
+        if remote is not None:
+            await remote.stop()
 
     async def _close_worker(self) -> None:
         worker, self._worker = self._worker, None
         if worker is not None:
             await worker.close()
+        remote, self._remote = self._remote, None
+        if remote is not None:
+            await remote.close()
 
     # -- running --
     async def run(self, stages: list[str] | None = None,
@@ -282,6 +293,8 @@ class Pipeline:
         worker = self._procs.get(jid)
         if worker is not None:
             worker.terminate()
+        elif self._remote is not None:  # its Ray task, if it runs one
+            self._remote.cancel(jid)
 
     def _report_sweeps(self) -> list[dict[str, Any]] | None:
         """The project's recorded sweeps for the report (None: they could not be read)."""
@@ -326,7 +339,10 @@ class Pipeline:
 
     async def _execute(self, spec: dict[str, Any], on_message: Callable[[dict[str, Any]], None]
                        ) -> dict[str, Any]:
-        """A job spec in the warm worker; its stderr is the job's log meanwhile."""
+        """A job spec in the warm worker; its stderr is the job's log meanwhile (on Ray: a
+        Ray task, its log lines sent back as it ends)."""
+        if executor_name(self.project) == "ray":
+            return await self._execute_remote(spec, on_message)
         jid = spec["job_id"]
         worker = self._get_worker()
         await worker.start()
@@ -340,6 +356,19 @@ class Pipeline:
         finally:
             self._procs.pop(jid, None)
             self._current_job = None
+
+    async def _execute_remote(self, spec: dict[str, Any],
+                              on_message: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        """A job spec as a task of the Ray executor, made (a local cluster started when none
+        is reachable) for the run's first job; its parts go to Ray as tasks of their own."""
+        if self._remote is None:
+            self._remote, _ = await asyncio.to_thread(
+                make_executor, self.project, self.store, "ray", None,
+                model_bytes=model_bytes(self.project))
+        out = await self._remote.run(spec, on_message)
+        if out.get("node"):
+            on_message({"type": "log", "line": f"ran as a Ray task on {out['node']}"})
+        return out
 
 
 @dataclass

@@ -51,7 +51,7 @@ from studio.core.sweep import (
     parse_spec,
 )
 from studio.services.edits import project_edits
-from studio.services.executors import executor_name, make_executor
+from studio.services.executors import executor_name, make_executor, model_bytes
 from studio.services.jobrunner import JobRunner, StageJob, job_gates, not_run
 from studio.services.partplan import part_plan
 from studio.services.precision import scheme_diff
@@ -480,19 +480,10 @@ class SweepRunner:
             return f"{self.executor_name} (nothing to run: every point was finished or cached)"
         return self._executor.describe() + (f"; {self.note}" if self.note else "")
 
-    def _model_bytes(self) -> int:
-        try:
-            src = self.project.input_path(self.project.model["source"])
-        except StudioError:
-            return 0
-        files = [src] if src.is_file() else list(src.rglob("*.safetensors")) + list(
-            src.rglob("*.bin"))
-        return sum(f.stat().st_size for f in files if f.is_file())
-
     def _make_executor(self) -> Any:
         executor, self.note = make_executor(self.project, self.store, self.executor_name,
                                             self.workers_asked, self.ray_address,
-                                            self.transfer, self._model_bytes())
+                                            self.transfer, model_bytes(self.project))
         return executor
 
     async def _stop_executor(self) -> None:

@@ -110,7 +110,8 @@ class ProjectController(QObject):
         r = self._own_run()
         if r is None:
             return 0, 0
-        return sum(1 for j in r.jobs.values() if j.state in FINAL), len(r.jobs)
+        jobs = list(r.work.jobs.values())
+        return sum(1 for j in jobs if j.state in FINAL), len(jobs)
 
     # ---- opening and closing -----------------------------------------------------------
     def open(self, path: Path) -> None:

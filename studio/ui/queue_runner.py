@@ -1,15 +1,18 @@
 """Runs the work queue (:mod:`studio.services.workqueue`) behind the window.
 
-Each item runs on its own asyncio loop in a runner thread, on a session of its own
-(``Studio``) opened from the project file as it is when the item starts: what runs is what
-the file says, as ``studio --batch`` and ``studio info`` read it. The window's edits of the
+Each item runs on its own asyncio loop in a runner thread (:class:`ItemThread`), on a session
+of its own (``Studio``) opened from the project file as it is when the item starts: what runs
+is what the file says, as ``studio --batch`` and ``studio info`` read it. What running an item
+means — a pipeline run, a sweep — is the item's work (:mod:`studio.services.queuework`); this
+module is the Qt glue: threads, signals, the window's own project. The window's edits of the
 open project are saved first — when the item is queued and again when it starts (edits made
 while it waited) — or the item does not start, and says why (the file changed outside the
 studio, or cannot be written). So an item of a project goes on running when the window opens
 another project, and a project's items line up behind each other whichever project is open.
 Events
-come back through a queued signal: the open project's go on to the pages (the controller's
-``job_event`` and the rest), every item's progress to the queue's list.
+come back through a queued signal: the open project's runs go on to the pages (the
+controller's ``job_event`` and the rest), its sweeps to the Sweeps page (``started``), every
+item's progress to the queue's list.
 """
 
 from __future__ import annotations
@@ -18,17 +21,19 @@ import asyncio
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from studio.core import project as projectfile
 from studio.core.errors import StudioError
-from studio.core.jobs import FINAL
+from studio.core.hostmem import available_memory
 from studio.services import workqueue
+from studio.services.queuework import ItemWork, work_for
 from studio.services.workqueue import QueueItem, WorkQueue
-from studio.ui.sweep_thread import SweepThread
+from studio.ui.item_thread import ItemThread
 
 INTERRUPTED = ("the window ended while it ran; it runs again when the queue resumes (finished "
                "stages come from the artifact store)")
@@ -37,30 +42,17 @@ INTERRUPTED = ("the window ended while it ran; it runs again when the queue resu
 @dataclass
 class _Running:
     item: QueueItem
-    project: Any = None  # the Project read from the file when it started: what it runs
+    work: ItemWork  # what it runs, on the project read from the file when it started
+    thread: ItemThread
     mine: bool = False  # an item of the project open in the window when it started
-    thread: threading.Thread | None = None
-    loop: asyncio.AbstractEventLoop | None = None
-    work: Any = None  # the Pipeline or the sweep's runner, once made
-    cancel_asked: bool = False
-    jobs: dict[Any, Any] = field(default_factory=dict)  # job id (a sweep's: key) -> Job
-    run_id: int | None = None
-    sweep_thread: Any = None
+
+    @property
+    def cancel_asked(self) -> bool:
+        return self.work.cancel_asked
 
     def cancel(self, job_id: int | None = None) -> None:
         """Cancel the item's run (or one job of it) on the runner's loop."""
-        if job_id is None:
-            self.cancel_asked = True
-        if self.sweep_thread is not None:
-            self.sweep_thread.cancel()
-            return
-        work, loop = self.work, self.loop
-        if work is None or loop is None:
-            return
-        try:
-            loop.call_soon_threadsafe(work.cancel, job_id)
-        except RuntimeError:  # the loop just closed: the run is over
-            pass
+        self.thread.cancel(job_id)
 
 
 class QueueRunner(QObject):
@@ -68,10 +60,8 @@ class QueueRunner(QObject):
     changed = Signal()
     #: an item ended: (QueueItem, RunSummary | sweep summary dict | None)
     finished = Signal(object, object)
-    #: a sweep item of a project started: (QueueItem, SweepThread)
-    sweep_started = Signal(object, object)
-    _event = Signal(int, object)  # item id, a pipeline event (from a runner thread)
-    _done = Signal(int, object, object)  # item id, result, exception
+    #: an item started: (QueueItem, ItemThread) — the Sweeps page follows its sweeps
+    started = Signal(object, object)
 
     def __init__(self, ctl, path: Path):
         super().__init__(ctl)
@@ -101,8 +91,6 @@ class QueueRunner(QObject):
         self._threads: list[threading.Thread] = []
         self._shut = False
         self._quitting = False
-        self._event.connect(self._on_event)
-        self._done.connect(self._on_done)
         self._timer = QTimer(self)
         self._timer.setInterval(2000)  # free memory and other processes' runs change
         self._timer.timeout.connect(self.kick)
@@ -125,7 +113,7 @@ class QueueRunner(QObject):
         for i in out:
             r = self.running.get(i.id)
             if r is not None:
-                i.progress = _progress(r)
+                i.progress = r.work.progress()
         return out
 
     def running_for(self, project: Path | None, kind: str = "pipeline") -> _Running | None:
@@ -183,7 +171,7 @@ class QueueRunner(QObject):
         if same is None or same.state == workqueue.WAITING:
             return same
         r = self.running.get(same.id)
-        ran = r.project.to_dict() if r is not None and r.project is not None else None
+        ran = r.work.project.to_dict() if r is not None else None
         return same if ran == project.to_dict() else None
 
     # ---- the user's changes ------------------------------------------------------------
@@ -223,8 +211,6 @@ class QueueRunner(QObject):
         """Start what may start now; note why the others wait."""
         if self._shut or self._quitting:
             return
-        from studio.core.hostmem import available_memory
-
         items = self.queue.items(finished=False)
         plan = workqueue.schedule(items, paused=self.queue.paused, slots=self.queue.slots,
                                   free_bytes=available_memory(), busy=workqueue.project_busy)
@@ -242,8 +228,6 @@ class QueueRunner(QObject):
             except StudioError as exc:
                 self._refuse(item, exc.message)
                 return
-        from studio.core import project as projectfile
-
         try:  # read once, here: the recipe it runs is the file's now (same_work compares it)
             project = projectfile.load(item.path)
         except StudioError as exc:
@@ -251,17 +235,15 @@ class QueueRunner(QObject):
             return
         self.queue.mark_running(item.id)
         item = self.queue.get(item.id)
-        r = _Running(item, project, mine)
+        work = work_for(item, project)
+        thread = ItemThread(work, self)
+        r = _Running(item, work, thread, mine)
         self.running[item.id] = r
-        if item.kind == "sweep":
-            self._start_sweep(r)
-            return
-        thread = threading.Thread(target=self._work, args=(r,), name=f"qstudio-queue-{item.id}",
-                                  daemon=True)
-        r.thread = thread
-        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-        if mine:
+        thread.event.connect(lambda ev, item_id=item.id: self._on_event(item_id, ev))
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread.thread]
+        if mine and work.run_events:
             ctl.running_changed.emit(True)
+        self.started.emit(item, thread)
         thread.start()
 
     def _refuse(self, item: QueueItem, why: str) -> None:
@@ -271,92 +253,17 @@ class QueueRunner(QObject):
         self._settle(item.id, None)
         self.finished.emit(self.queue.get(item.id), None)
 
-    def _work(self, r: _Running) -> None:
-        """In the item's thread: a session of its own, the pipeline on its own loop."""
-        from studio.services.session import Studio
-
-        spec = r.item.spec
-        try:
-            with asyncio.Runner() as runner:
-                r.loop = runner.get_loop()
-                studio = Studio(r.project)  # the file as it started: what the CLI runs
-                try:
-                    pipeline = studio.pipeline
-                    pipeline.listeners.append(lambda ev: self._event.emit(r.item.id, ev))
-                    r.work = pipeline
-                    retry = tuple(spec["retry"]) if spec.get("retry") else None
-
-                    async def body():
-                        if r.cancel_asked:
-                            raise StudioError("cancelled before it started")
-                        task = asyncio.ensure_future(pipeline.run(
-                            spec.get("stages"), spec.get("targets"), retry,
-                            bool(spec.get("remeasure"))))
-                        await asyncio.sleep(0)  # the run has set itself up: a cancel holds
-                        if r.cancel_asked:
-                            pipeline.cancel(None)
-                        return await task
-
-                    result = runner.run(body())
-                finally:
-                    studio.close()
-        except BaseException as exc:  # noqa: BLE001 - handed to the UI thread
-            r.loop = None
-            self._done.emit(r.item.id, None, exc)
-        else:
-            r.loop = None
-            self._done.emit(r.item.id, result, None)
-
-    def _start_sweep(self, r: _Running) -> None:
-        from studio.services.session import Studio
-        from studio.services.sweeps import SweepRunner, find_spec
-
-        try:
-            studio = Studio(r.project)
-        except StudioError as exc:
-            self._done.emit(r.item.id, None, exc)
-            return
-        try:
-            spec = find_spec(studio.project, r.item.spec["sweep"])
-            runner = SweepRunner(studio.project, studio.jobs, studio.store, spec, None,
-                                 int(r.item.spec.get("workers", 1)))
-        except StudioError as exc:
-            studio.close()
-            self._done.emit(r.item.id, None, exc)
-            return
-        thread = SweepThread(runner, self)
-        r.work = runner
-        r.sweep_thread = thread
-        r.thread = thread.thread
-        self._threads = [t for t in self._threads if t.is_alive()] + [thread.thread]
-
-        def on_event(ev: dict[str, Any]) -> None:
-            if ev.get("kind") == "job":
-                j = ev["job"]
-                r.jobs[j["key"]] = j
-                self.changed.emit()
-            elif ev.get("kind") == "done":
-                studio.close()
-                err = ev.get("error")
-                self._on_done(r.item.id, ev.get("summary"), err)
-
-        thread.event.connect(on_event)
-        self.sweep_started.emit(r.item, thread)
-        thread.start()
-        if r.cancel_asked:
-            thread.cancel()
-
     # ---- events ------------------------------------------------------------------------
     def _on_event(self, item_id: int, event: dict[str, Any]) -> None:
         r = self.running.get(item_id)
         if r is None:
             return
         kind = event.get("kind")
-        if kind == "job":
-            r.jobs[event["job"].id] = event["job"]
-        elif kind == "run":
-            r.run_id = int(event["run_id"])
-        if self._is_open(r.item):
+        if kind == "done":
+            self._on_done(item_id, event.get("summary"), event.get("error"))
+            return
+        r.work.seen(event)
+        if r.work.run_events and self._is_open(r.item):
             self.ctl.dispatch_event(event)
         if kind in ("job", "run"):
             self.changed.emit()
@@ -384,24 +291,18 @@ class QueueRunner(QObject):
                 state = workqueue.FAILED
                 traceback.print_exception(error)
             if not (self._quitting and state == workqueue.CANCELLED):
-                self.queue.finish(item_id, state, msg, r.run_id)
+                self.queue.finish(item_id, state, msg, r.work.run_id)
                 if state == workqueue.FAILED:
                     self.ctl.message.emit("error", f"#{item_id} {item.name}: {msg}"
                                           if not mine else msg)
             result = None
         else:
-            if item.kind == "pipeline":
-                state, run_id = result.state, result.run_id
-                msg = result.error or ""
-            else:
-                state = (result or {}).get("state", workqueue.FAILED)
-                state = state if state in workqueue.FINAL else workqueue.SUCCEEDED
-                run_id, msg = None, ""
+            state, run_id, msg = r.work.outcome(result)
             if self._quitting and state == workqueue.CANCELLED:
                 pass  # the window is quitting: the item waits for the next start
             else:
                 self.queue.finish(item_id, state, msg, run_id)
-        if mine and item.kind == "pipeline":
+        if mine and r.work.run_events:
             self.ctl.run_ended(result)
         self._settle(item_id, result)
         self.finished.emit(item, result)
@@ -444,21 +345,3 @@ class QueueRunner(QObject):
             t.join(30)
         self.queue.close()
 
-
-def _progress(r: _Running) -> str:
-    """What a running item does now: its running job and how far it is."""
-    if r.item.kind == "sweep":
-        jobs = list(r.jobs.values())
-        done = sum(1 for j in jobs if j["state"] in ("succeeded", "failed", "cancelled"))
-        now = [f"{j['label']} {j['progress']:.0%}" for j in jobs if j["state"] == "running"]
-        return f"{done} of {len(jobs)} jobs done" + (" · " + ", ".join(now) if now else "")
-    jobs = list(r.jobs.values())
-    if not jobs:
-        return "planning the run (hashing the inputs)…"
-    done = sum(1 for j in jobs if j.state in FINAL)
-    running = [j for j in jobs if j.state == "running"]
-    text = f"job {min(done + 1, len(jobs))} of {len(jobs)}"
-    if running:
-        j = running[0]
-        text += f" · {j.label} {j.progress:.0%}" + (f" · {j.message}" if j.message else "")
-    return text

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 from studio.core.errors import StudioError
 from studio.core.sweep import BEST_RULES, Point, best_point, pareto_front
 from studio.services.sweep_report import point_rows
+from studio.ui.item_thread import ItemThread
 from studio.ui.pages.base import Page
 from studio.ui.pages.sweep_plot import SweepPlot
 from studio.ui.pages.sweep_rows import (
@@ -49,7 +50,6 @@ from studio.ui.pages.sweep_rows import (
     size_title,
     sources_of,
 )
-from studio.ui.sweep_thread import SweepThread
 from studio.ui.widgets import (
     EmptyState,
     SourceBadge,
@@ -70,7 +70,7 @@ class SweepsPage(Page):
         super().__init__(ctl, parent)
         self.rec: dict[str, Any] | None = None  # what the table and the plot show
         self.rows: list[dict[str, Any]] = []
-        self.sweep: SweepThread | None = None
+        self.sweep: ItemThread | None = None
         self._sweep_name = ""
         self._live: dict[int, dict[str, Any]] = {}  # point index -> its latest dict
         self._jobs: dict[str, dict[str, Any]] = {}  # artifact key -> the job's latest dict
@@ -110,7 +110,7 @@ class SweepsPage(Page):
         self.content.hide()
         ctl.running_changed.connect(self._pipeline_running)
         ctl.closing.connect(self._closing)
-        ctl.queue.sweep_started.connect(self._sweep_started)
+        ctl.queue.started.connect(self._sweep_started)
         ctl.queue.changed.connect(self._queue_changed)
         self._update_buttons()
 
@@ -458,13 +458,18 @@ class SweepsPage(Page):
         return True
 
     def _sweep_started(self, item, thread) -> None:
-        """The work queue started a sweep: show it live when it is the open project's."""
+        """The work queue started an item: show it live when it is a sweep of the open
+        project."""
         from studio.services.sweeps import find_spec
 
         studio = self.ctl.studio
-        if studio is None or studio.project.path.resolve() != item.path:
+        if (item.kind != "sweep" or studio is None
+                or studio.project.path.resolve() != item.path):
             return
-        self._spec = find_spec(studio.project, item.spec["sweep"])
+        try:
+            self._spec = find_spec(studio.project, item.spec["sweep"])
+        except StudioError:  # not in the file: the item ends saying so, in the queue
+            return
         self._sweep_name = item.spec["sweep"]
         i = self.combo.findData(self._sweep_name)
         if i >= 0:
