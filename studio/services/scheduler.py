@@ -1,6 +1,9 @@
-"""The scheduler: one queue of work items — a pipeline's stage jobs, a sweep's jobs, the
-window's queue items — run as the machine allows, over an executor that says where work
-runs (:mod:`studio.services.executors`: this machine's worker processes, or a Ray cluster).
+"""The scheduler: one queue of work items — a pipeline's stage jobs, a sweep's jobs — run as
+the machine allows, over an executor that says where work runs
+(:mod:`studio.services.executors`: this machine's worker processes, or a Ray cluster). The
+window's queue (:mod:`studio.services.workqueue`, persisted, paused, shared between
+processes) and a stage's parts (:mod:`studio.worker.parts`) choose what starts by the same
+policy (:mod:`studio.core.workpolicy`).
 
 A :class:`WorkItem` is a coroutine to run with what it waits for (other items), a priority,
 the cores and memory it takes and the group it runs one-at-a-time in. Which waiting item
