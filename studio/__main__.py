@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import sys
 
+from studio.cli.main import main as cli_main
+from studio.ui.app import main as gui_main
+from studio.ui.printing import print_pdf
+from studio.worker.__main__ import main as worker_main
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -17,26 +22,20 @@ def main(argv: list[str] | None = None) -> int:
         # a frozen desktop build starts its stage workers as itself with this flag
         # (studio.services.workers.worker_command); a source or wheel install runs
         # ``python -m studio.worker`` instead
-        from studio.worker.__main__ import main as worker_main
 
         return worker_main()
     if not argv or (len(argv) == 1 and argv[0].endswith(".qstudio")):
-        from studio.ui.app import main as gui_main
-
         return gui_main(argv)
     if argv[0] == "demo":
         from studio.ui.demo import main as demo_main
 
         return demo_main(argv[1:])
-    from studio.cli.main import main as cli_main
 
     # the command line prints PDFs with Qt, which it may not import: it is handed a printer
     return cli_main(argv, pdf_printer=_print_pdf)
 
 
 def _print_pdf(html: str, charts: dict[str, str]) -> bytes:
-    from studio.ui.printing import print_pdf
-
     return print_pdf(html, charts)
 
 

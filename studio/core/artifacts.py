@@ -183,8 +183,6 @@ class KeyLock:
         return self._fd is not None
 
     def release(self) -> None:
-        import os
-
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)  # the file stays: unlinking it would let two writers lock two files

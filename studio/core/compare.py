@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from studio.core import figures
+from studio.core.errors import StudioError
 from studio.core.jobs import JobStore
 from studio.core.metrics import Metric
 
@@ -69,8 +70,6 @@ def compare_runs(store: JobStore, run_a: int, run_b: int) -> dict[str, Any]:
     change. A metric in only one run has ``None`` on the other side."""
     ra, rb = store.run(run_a), store.run(run_b)
     if ra is None or rb is None:
-        from studio.core.errors import StudioError
-
         missing = run_a if ra is None else run_b
         raise StudioError(f"run {missing} is not in this project's history: see studio info")
     ma, mb = _metrics(store, run_a), _metrics(store, run_b)

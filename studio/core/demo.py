@@ -18,10 +18,12 @@ heavy imports, no file system beyond reading the file.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from studio.core import devices
+from studio.core.catalog import get_chip
 from studio.core.errors import StudioError
 
 #: the scenes a demo can show, with the title each one carries on stage
@@ -100,8 +102,6 @@ def load(path: Path) -> DemoSpec:
 
 
 def _with_path(spec: DemoSpec, path: Path) -> DemoSpec:
-    from dataclasses import replace
-
     return replace(spec, path=path)
 
 
@@ -137,8 +137,6 @@ def from_dict(raw: dict[str, Any], where: str = "the demo file") -> DemoSpec:
     if not isinstance(target, str):
         raise StudioError(f"{where}: target must be a chip of the catalog (text)")
     if target:
-        from studio.core.catalog import get_chip
-
         try:
             target = get_chip(target).key
         except StudioError as exc:
@@ -173,8 +171,6 @@ def parse_run(value: Any, where: str = "the demo file") -> int | None:
 def check_device(device_id: str, where: str = "the demo file") -> None:
     """The live generation's device, checked for its form (``htp-sim`` alone means the
     project's first target; whether a chip is a target is checked against the project)."""
-    from studio.core import devices
-
     try:
         devices.check_name(device_id)  # an adb phone's chip may be the project's only target
     except StudioError as exc:
@@ -184,8 +180,6 @@ def check_device(device_id: str, where: str = "the demo file") -> None:
 def resolve_device(device_id: str, targets: list[str]) -> str:
     """The live device's id for a project with ``targets`` (``htp-sim`` -> the first
     target's simulator); StudioError when it names a chip that is not a target."""
-    from studio.core import devices
-
     dev = devices.resolve(device_id, targets)
     if dev.chip and dev.chip not in targets:
         raise StudioError(f"the demo's device {device_id} runs {dev.chip}, which is not a "

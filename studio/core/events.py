@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_write_bytes
 
 TEXT_COLUMNS = ("op", "op_type", "onnx_node", "block", "track", "kernel")
 INT_COLUMNS = ("layer",)
@@ -186,8 +187,6 @@ class EventTable:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write ``path`` (.npz) atomically."""
-        from studio.core.fsutil import atomic_write_bytes
-
         atomic_write_bytes(Path(path), self.to_npz_bytes())
 
     @classmethod

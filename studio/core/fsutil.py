@@ -12,14 +12,18 @@ final rename never crosses a file system. Reading has its bounded counterpart,
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from studio.core.errors import StudioError
 
 #: the files the studio reads as images (a vision-language model's pictures, through Pillow)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -48,8 +52,6 @@ def check_output(path: Path | str, *, folder: bool = False, marker: str | None =
     is refused, and so is a parent that is a file. ``marker``, for a folder that a writer
     replaces whole: an existing, non-empty folder is taken only when it holds that file (the
     writer's own earlier output); ``""``: only an empty one. Returns ``path``."""
-    from studio.core.errors import StudioError
-
     path = Path(path)
     want = "folder" if folder else "file"
     try:
@@ -89,8 +91,6 @@ def check_destination(path: Path | str, *, folder: bool = False,
     writable (the studio never makes a user's folders: a mistyped one is not created, the
     writer refuses it in one line naming it), and the path itself is one :func:`check_output`
     takes. A :class:`StudioError` (exit 2) before any work; returns ``path``."""
-    from studio.core.errors import StudioError
-
     path = check_output(Path(path), folder=folder, marker=marker)
     parent = Path(os.path.abspath(path)).parent
     try:
@@ -116,8 +116,6 @@ def read_input(path: Path | str, limit: int, what: str = "file") -> bytes:
     bytes; anything else is refused in one line before a byte is read (a FIFO, a device such
     as ``/dev/zero``, a folder, an oversized file). Opened without blocking, so a FIFO never
     hangs the caller; the kind and size are those of the file opened (``fstat``)."""
-    from studio.core.errors import StudioError
-
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -160,8 +158,6 @@ MAX_NESTING = 32
 def check_nesting(obj: Any, what: str, limit: int = MAX_NESTING) -> None:
     """A one-line error when ``obj`` (parsed TOML or JSON) nests lists and tables more than
     ``limit`` deep; iterative, so the check itself never recurses."""
-    from studio.core.errors import StudioError
-
     stack = [(obj, 1)]
     while stack:
         item, depth = stack.pop()
@@ -179,8 +175,6 @@ def check_nesting(obj: Any, what: str, limit: int = MAX_NESTING) -> None:
 def parse_json(data: bytes, what: str, limit: int = MAX_NESTING) -> Any:
     """JSON from bytes: UTF-8 text, well-formed, nested at most ``limit`` deep, or a one-line
     error (never a RecursionError or a decoding traceback)."""
-    from studio.core.errors import StudioError
-
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
@@ -239,8 +233,6 @@ def sha256_json(obj: Any) -> str:
 
 def check_writable_dir(path: Path) -> None:
     """Raise StudioError unless ``path`` (or its nearest existing parent) is writable."""
-    from studio.core.errors import StudioError
-
     p = Path(path)
     while not p.exists():
         p = p.parent
@@ -252,8 +244,6 @@ def try_flock(path: Path) -> int | None:
     """An exclusive flock on ``path`` (created if missing) without waiting: its open file
     descriptor (closing it releases the lock, and so does the process's death), or None
     when another process holds it."""
-    import fcntl
-
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -276,8 +266,6 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        from studio.core.errors import StudioError
-
         fd = try_flock(self.path)
         if fd is None:
             try:
@@ -294,8 +282,6 @@ class RunLock:
 
     def held(self) -> bool:
         """Whether some process holds the lock now (a pipeline run is going)."""
-        import fcntl
-
         if self._fd is not None:
             return True
         if not self.path.exists():
@@ -311,8 +297,6 @@ class RunLock:
 
     def release(self) -> None:
         if self._fd is not None:
-            import fcntl
-
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
@@ -324,8 +308,6 @@ def atomic_folder(dest: Path) -> Iterator[Path]:
     it is given (beside ``dest``); when it returns, that folder takes ``dest``'s place — an
     older ``dest`` is replaced only then, and put back if the swap fails. If the body
     raises, ``dest`` is left as it was."""
-    import shutil
-
     dest = check_output(Path(dest), folder=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
@@ -349,8 +331,6 @@ def atomic_folder(dest: Path) -> Iterator[Path]:
 def atomic_copytree(src: Path, dest: Path) -> Path:
     """Copy folder ``src`` to ``dest`` so that ``dest`` appears whole or not at all (see
     :func:`atomic_folder`)."""
-    import shutil
-
     with atomic_folder(Path(dest)) as tmp:
         shutil.copytree(Path(src), tmp, dirs_exist_ok=True)
     return Path(dest)
@@ -360,8 +340,6 @@ def link_or_copy(src: Path, dst: Path) -> None:
     """``dst`` as a hard link to ``src`` (no second copy on disk), or a copy where a link
     cannot be made (another file system). Only for files nobody rewrites in place: the
     studio's writers always replace a file."""
-    import shutil
-
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.link(src, dst)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 import tomllib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -520,8 +520,6 @@ def estimate(arch: Arch, chip: Chip | ChipPerf | str, scheme: Scheme | str, cont
 
 def with_kv_bits(scheme: Scheme, bits: int) -> Scheme:
     """``scheme`` with a KV cache of ``bits`` per element (INT8 KV: 8)."""
-    from dataclasses import replace
-
     return replace(scheme, name=f"{scheme.name}+KV{bits}", kv_bits=int(bits))
 
 
@@ -568,8 +566,6 @@ def waterfall_estimate(arch: Arch, chip: Chip | ChipPerf | str, context: int, wi
     FP16 (the HTP's float) -> W8A16 with float graph I/O (the quantizer's graphs) -> quantized
     graph I/O -> ``scheme`` (4-bit) -> INT8 KV -> a W-slot cache -> speculative
     (``tokens_per_pass`` at k) -> ``dropped_blocks`` fewer blocks."""
-    from dataclasses import replace
-
     low = get_scheme(scheme)
     kv8 = with_kv_bits(low, 8)
     steps: list[tuple[str, float]] = [

@@ -7,6 +7,7 @@ or :class:`RecordingProgress`, the worker subprocess passes one that writes JSON
 
 from __future__ import annotations
 
+import threading
 from typing import Protocol
 
 from studio.core.errors import Cancelled
@@ -77,8 +78,6 @@ class EventProgress:
     a front end, a cancel request to the agent): cancellation from another thread."""
 
     def __init__(self, event=None) -> None:
-        import threading
-
         self.event = event if event is not None else threading.Event()
 
     def update(self, fraction: float, message: str = "") -> None:

@@ -8,14 +8,18 @@ model or text shipped with the studio.
 from __future__ import annotations
 
 import copy
+import hashlib
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from studio.core import samples
+from studio.core.catalog import default_chip_key, get_chip
 from studio.core.errors import StudioError
-from studio.core.fsutil import atomic_write_text, check_nesting, read_input
+from studio.core.fsutil import atomic_write_text, check_nesting, check_writable_dir, read_input
+from studio.core.samples import SAMPLES
 from studio.core.settings import SECTIONS, Settings, check_value, spec_of
 from studio.core.settings import check as check_settings
 from studio.core.stagegraph import STAGE_NAMES as STAGES  # noqa: F401  (the pages read it here)
@@ -68,7 +72,6 @@ class Project(Settings):
         """An existing file or folder for a model/text reference, or a StudioError."""
         r = self.resolve(ref)
         if isinstance(r, str):  # sample:NAME
-            from studio.core import samples
 
             name = r.split(":", 1)[1]
             if name in samples.DATA_FILES:
@@ -114,8 +117,6 @@ def from_dict(data: dict[str, Any], where: str = "project") -> Project:
     if "targets" in data:
         targets = data["targets"]
     else:
-        from studio.core.catalog import default_chip_key
-
         targets = [default_chip_key()]
     if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
         raise StudioError("targets must be a list of chip names (see studio targets)")
@@ -132,7 +133,6 @@ def _validate(p: Project) -> None:
     if not p.name.strip():
         raise StudioError("name must not be empty")
     check_settings(p)
-    from studio.core.catalog import get_chip
 
     if not p.targets:
         raise StudioError("targets is empty: name at least one chip (see studio targets)")
@@ -168,8 +168,6 @@ def infer_kind(source: str) -> str:
     if source.lower().endswith(".onnx"):
         return "onnx-graph"
     if source.startswith("sample:"):
-        from studio.core.samples import SAMPLES
-
         s = SAMPLES.get(source.split(":", 1)[1])
         if s is not None and s.kind == "sentence-encoder":
             return "encoder"
@@ -246,8 +244,6 @@ def file_record(project: Project) -> dict[str, Any] | None:
     whether the settings the run ran with are the file's (``matches``: False for a sweep's
     point, a variant of the file, or settings never saved). None when the project has no file
     or it cannot be read."""
-    import hashlib
-
     if project.path is None:
         return None
     path = Path(project.path)
@@ -287,7 +283,6 @@ def save(project: Project, path: Path | None = None) -> Path:
     target = Path(path) if path else project.path
     if target is None:
         raise StudioError("the project has no file yet: choose where to save it")
-    from studio.core.fsutil import check_writable_dir
 
     check_writable_dir(target.parent)
     atomic_write_text(target, dumps(project))

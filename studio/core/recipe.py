@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from studio.core.errors import StudioError
+
 SCHEMES: tuple[str, ...] = ("W8A16", "W8A8", "W4A16", "FP16")
 # per_block: block-wise (LPBQ) INT4 weights, blocks of ``block_size`` along the input axis
 GRANULARITIES: tuple[str, ...] = ("per_tensor", "per_channel", "per_block")
@@ -306,8 +308,6 @@ def check_recipe(quantization: Mapping[str, Any]) -> None:
     """One-line errors for the combinations a ``[quantization]`` table cannot hold and for
     its override rules (its vocabulary, each setting's choices, is declared in
     :mod:`studio.core.settings`, which calls this)."""
-    from studio.core.errors import StudioError
-
     q = quantization
     scheme, granularity = q["scheme"], q["weight_granularity"]
     if q.get("activation_granularity", "per_tensor") == "per_token":

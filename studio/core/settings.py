@@ -27,6 +27,7 @@ import typing
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
+from studio.core.catalog import load_catalog
 from studio.core.devices import (
     check_kinds,
     default_devices,
@@ -246,8 +247,6 @@ class Section(dict[str, Any]):
 # ones). A key a stage declares that its section does not name here follows the named ones
 # (Section.__init_subclass__): adding a setting to a stage touches no line of this file.
 def _chips() -> tuple[str, ...]:
-    from studio.core.catalog import load_catalog
-
     return ("", *load_catalog())
 
 

@@ -28,6 +28,8 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from studio.core.artifacts import artifact_key
+from studio.core.catalog import get_chip
+from studio.core.deviceplan import device_limits_identity
 from studio.core.devices import DEVICE_KINDS, Device, device, project_devices
 from studio.core.errors import StudioError
 from studio.core.fsutil import sha256_file
@@ -341,8 +343,6 @@ def _file_digest(path: Path) -> str:
 
 
 def _item_identity(decl: StageDecl, item: str) -> dict[str, Any]:
-    from studio.core.catalog import get_chip
-
     def chip_id(key: str) -> dict[str, Any]:
         c = get_chip(key)
         return {"key": c.key, "htp_arch": c.htp_arch, "soc_model": c.soc_model,
@@ -404,9 +404,6 @@ def _targets_identity(project: Project, targets: list[str]) -> Any:
     """What a stage that reads ``targets`` takes of them (the export, for
     ``export.parts = "auto"``): the chips' NPU context-binary limits, so that a new target
     with the same limits keeps the export's key; nothing when the part count is given."""
-    from studio.core.catalog import get_chip
-    from studio.core.deviceplan import device_limits_identity
-
     if project.export.parts != "auto":
         return None
     return {"npu_context_bytes": device_limits_identity(get_chip(t) for t in targets)}

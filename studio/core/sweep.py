@@ -26,6 +26,7 @@ Pure: no I/O here. The service layer runs the points through the stage graph.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -236,8 +237,6 @@ MAX_POINTS = 256
 
 def parse_axis_arg(arg: str) -> tuple[str, list[Any]]:
     """``--axis KEY=V1,V2`` (a JSON list after ``=`` for tables: ``KEY=[{}, {...}]``)."""
-    import json
-
     key, eq, values = arg.partition("=")
     if not eq or not key.strip() or not values.strip():
         raise StudioError(f"--axis {arg!r}: write KEY=VALUE1,VALUE2 (e.g. "

@@ -13,16 +13,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_folder
 from studio.core.progress import NullProgress, Progress
+from studio.engine.checkpoint_load import load_causal_lm
 
 
 def heldout_nll(model, ids: list[int], window: int) -> tuple[float, int]:
     """Summed negative log-likelihood of ``ids`` in windows of ``window`` tokens, and the
     number of predicted tokens."""
-    import torch
-
     total, count = 0.0, 0
     for start in range(0, max(1, len(ids) - 1), window):
         chunk = ids[start:start + window + 1]
@@ -43,10 +44,6 @@ def ablate_blocks(checkpoint_dir: Path, ids: list[int], window: int = 128,
 
     Returns ``{"baseline_ppl", "tokens", "window", "blocks": [{"block", "ppl", "delta"}]}``
     with ``blocks`` ranked from the least important (smallest perplexity increase)."""
-    import torch
-
-    from studio.engine.checkpoint_load import load_causal_lm
-
     progress = progress or NullProgress()
     if len(ids) < 2:
         raise StudioError("ablation needs at least 2 tokens of held-out text")
@@ -98,10 +95,6 @@ def _restore(config, saved: dict[str, Any]) -> None:
 def write_pruned_checkpoint(checkpoint_dir: Path, drop: list[int], out_dir: Path) -> Path:
     """A Hugging Face checkpoint of ``checkpoint_dir`` without the blocks ``drop`` (its
     tokenizer files copied), written in a temp folder and moved into place."""
-    import torch
-
-    from studio.engine.checkpoint_load import load_causal_lm
-
     model = load_causal_lm(checkpoint_dir)
     n = len(model.model.layers)
     drop = sorted(set(int(d) for d in drop))

@@ -16,20 +16,32 @@ figures from its device."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import platform
 import shutil
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.errors import StudioError
-from studio.core.fsutil import atomic_write_json, link_or_copy
+from studio.core.fsutil import atomic_write_json, atomic_write_text, link_or_copy
 from studio.core.progress import Progress, SubProgress
 from studio.core.settings import DLC_AUTO_BYTES
-from studio.engine import qnn
+from studio.engine import deploy, deployed, genie, qnn
+from studio.engine.bundle_draft import add_draft
 from studio.engine.bundle_draft import readme_section as draft_readme
+from studio.engine.chain import part_dirs
+from studio.engine.chat_template import TEMPLATE_FILE, ChatTemplate, prompt_format
+from studio.engine.devices.htp_sim import sim_holds_bytes
+from studio.engine.llm_runtime import cpu_generator, load_tokenizer, make_cpu_session
+from studio.engine.part_runner import iter_parts, run_part_graphs
+from studio.engine.sensitivity import compare_logits, greedy_against_fp32
+from studio.engine.weightshare import EXECUTED
 
 
 @dataclass(frozen=True)
@@ -81,9 +93,6 @@ def ship_template(fmt, out: Path) -> dict[str, Any] | None:
     it reads, how transformers renders it, and the two fixed texts it puts around one user
     prompt (``prompt-template``, in the shape of Genie's embedding key) where it does just
     that. None when the project's prompts go in as written."""
-    from studio.core.fsutil import atomic_write_text
-    from studio.engine.chat_template import TEMPLATE_FILE
-
     t = fmt.template
     if t is None:
         return None
@@ -102,8 +111,6 @@ def ship_template(fmt, out: Path) -> dict[str, Any] | None:
 def bundle_template(folder: Path):
     """The chat template a bundle ships (a :class:`~studio.engine.chat_template.ChatTemplate`
     read from its manifest entry and file), None when it ships none."""
-    from studio.engine.chat_template import ChatTemplate
-
     try:
         entry = json.loads((Path(folder) / "manifest.json").read_text()).get("chat_template")
     except (OSError, ValueError, AttributeError) as exc:
@@ -182,9 +189,6 @@ def score_shipped(runner, export_dir: Path, spec: dict[str, Any], ids: list[int]
     FP32 export teacher-forced on the same windows — the figures of the bytes that ship; and,
     with ``greedy_tokens``, validate's greedy check: the binaries' greedy text after
     ``prompt``, each token against FP32's choice given that text."""
-    from studio.engine.llm_runtime import cpu_generator
-    from studio.engine.sensitivity import compare_logits, greedy_against_fp32
-
     width = min(cl - 1, max(2, tokens))
     windows = [ids[i:i + width] for i in range(0, min(len(ids), tokens), width)]
     windows = [w for w in windows if len(w) >= 2]
@@ -274,8 +278,6 @@ def simulator_folder(bundle: Path) -> Path:
 
 
 def _fits_simulator(record: dict[str, Any]) -> bool:
-    from studio.engine.devices.htp_sim import sim_holds_bytes
-
     return int(record["binary_bytes"]) <= sim_holds_bytes()
 
 
@@ -283,14 +285,6 @@ def fp32_by_part(export_dir: Path, spec: dict[str, Any], ids: list[int]
                  ) -> tuple[list[Any], Any]:
     """The FP32 export over ``ids`` one part at a time (one part's graphs in memory): each
     part's hand-off [n, hidden] but the last's, and the logits [n, V]."""
-    import gc
-
-    import numpy as np
-
-    from studio.engine.chain import part_dirs
-    from studio.engine.llm_runtime import make_cpu_session
-    from studio.engine.part_runner import iter_parts, run_part_graphs
-
     n, vocab = len(ids), int(spec["vocab_size"])
     logits = np.empty((n, vocab), np.float32)
 
@@ -314,8 +308,6 @@ def part_checks(scorer, export_dir: Path, spec: dict[str, Any], prompts: list[li
     hand-off the part before recorded): per part its hand-off against the FP32 export's
     hidden states there (read with the encoding in its binary), and for the last part its
     tokens against FP32's on the same prompt. The FP32 export runs a part at a time too."""
-    import numpy as np
-
     vocab = int(spec["vocab_size"])
     out = []
     for i, ids in enumerate(prompts):
@@ -362,9 +354,6 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
     Returns the stage's result with ``figures``: (name, value, unit, detail, timed) rows for
     the caller to label from its device (``timed``: a timing, which takes the device's
     note). Raises when Genie's text differs other than at a near tie."""
-    from studio.engine import deploy, deployed, genie
-    from studio.engine.llm_runtime import load_tokenizer
-
     why_not = deploy.supported(spec, False)
     if why_not:
         raise StudioError(f"no Genie bundle for this model: {why_not}")
@@ -382,7 +371,6 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
             settings.prefill_length == 1 and N == 1):
         raise StudioError(f"bundle.prefill_length {settings.prefill_length} differs from the "
                           f"compiled AR-{N} prefill graph: run the compile stage again")
-    from studio.engine.weightshare import EXECUTED
 
     out = out_root / "bundle"
     shared = record.get("shared") or []
@@ -409,8 +397,6 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
                                       "executed", "structure")} for r in shared]
     weights = int(record["weights_bytes"])
     sdk = record.get("sdk_version", "")
-
-    from studio.engine.chat_template import prompt_format
 
     tok = load_tokenizer(export_dir)
     fmt = prompt_format(export_dir / "tokenizer", settings.chat_template)
@@ -466,7 +452,6 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
             if accuracy.get("greedy"):
                 accuracy["greedy"]["text"] = tok.decode(accuracy["greedy"].pop("ids"))
         if settings.draft is not None:  # the draft for the app's CPU, checked on these binaries
-            from studio.engine.bundle_draft import add_draft
 
             draft = add_draft(out, out_root, settings.checkpoint, settings.draft,
                               settings.draft_ref, settings.draft_embedding, spec, export_dir,
@@ -532,7 +517,6 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
 
     files = {f.relative_to(out).as_posix(): {"bytes": f.stat().st_size, "sha256": sha(f)}
              for f in sorted(out.rglob("*")) if f.is_file()}
-    from importlib.metadata import version
 
     kv_cache: dict[str, Any] = dict(record["kv_cache"])
     manifest = {

@@ -32,12 +32,22 @@ near tie).
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from studio.core.drafttable import TableShare
 from studio.core.errors import StudioError
 from studio.core.fsutil import link_or_copy
+from studio.core.progress import SubProgress
+from studio.engine.genie import graph_io
+from studio.engine.llm_export import export_llm
+from studio.engine.llm_runtime import cpu_generator
+from studio.engine.onnxio import load_spec
+from studio.engine.shared_table import TABLE, checkpoint_share, shared_draft_graphs, target_table
+from studio.engine.speculative import DraftModelProposer, speculative_generate
 
 #: the bundle's folder of the draft's files
 DRAFT_DIR = "draft"
@@ -67,8 +77,6 @@ def export_draft(checkpoint: Path, spec: dict[str, Any], work: Path, progress=No
     """The draft checkpoint exported for the host CPU at the target's prompt and context
     lengths (as the ``draft`` stage exports it): its prefill and decode graphs in
     ``work``."""
-    from studio.engine.llm_export import export_llm
-
     work.mkdir(parents=True, exist_ok=True)
     export_llm(Path(checkpoint), work, int(spec["prompt_length"]), int(spec["context_length"]),
                progress=progress, verify_len=0)
@@ -80,16 +88,11 @@ def ship_draft(out: Path, draft_export: Path, share: TableShare, target_export: 
     """The draft's files in ``out/draft``: its graphs (reading the target's token table as an
     input, with the table written once, where ``share`` says so), its ``graph.json``.
     Returns the manifest's file list and the graphs' I/O."""
-    from studio.engine.genie import graph_io
-    from studio.engine.onnxio import load_spec
-
     folder = out / DRAFT_DIR
     folder.mkdir(parents=True, exist_ok=True)
     src = Path(draft_export)
     dropped = None
     if share.shareable:
-        from studio.engine.shared_table import shared_draft_graphs, target_table
-
         done = shared_draft_graphs(src, work / "draft-shared")
         src, dropped = work / "draft-shared", done["graph_bytes_dropped"]
         table = target_table(target_export)
@@ -117,12 +120,6 @@ def draft_generator(folder: Path):
     """The bundle's draft as an app runs it: ONNX Runtime on the CPU over ``draft/`` — its
     prefill and decode graphs — fed the token table file where they take it (one mapping of
     the file for both graphs)."""
-    import numpy as np
-
-    from studio.engine.llm_runtime import cpu_generator
-    from studio.engine.onnxio import load_spec
-    from studio.engine.shared_table import TABLE
-
     folder = Path(folder)
     spec = load_spec(folder)
     feeds = {}
@@ -139,8 +136,6 @@ def check_draft(target, folder: Path, prompts: list[tuple[list[int], int, list[i
     ``target`` (the bundle's binaries: a :class:`studio.engine.deployed.DeployedGenerator`)
     verifying, against plain greedy decoding over the same binaries (``prompts``: ids, new
     tokens, the plain tokens; ``runner_up``: each plain token's second best and its gap)."""
-    from studio.engine.speculative import DraftModelProposer, speculative_generate
-
     draft = draft_generator(folder)
     rows = []
     for i, (ids, n, plain) in enumerate(prompts):
@@ -177,8 +172,6 @@ def draft_manifest(ref: str, shipped: dict[str, Any], share: TableShare,
                    check: dict[str, Any], spec: dict[str, Any], verify_ar: int) -> dict[str, Any]:
     """The manifest's ``draft`` entry: what the draft is, how the app runs it beside the
     target, what Genie here can and cannot do with it, and the check."""
-    from studio.engine.shared_table import TABLE
-
     table = share.to_dict()
     if share.shareable:
         table.update(file=f"{DRAFT_DIR}/{TABLE_FILE}", input=TABLE, dtype="float32",
@@ -237,11 +230,6 @@ def add_draft(out: Path, out_root: Path, target_checkpoint: Path, draft: Path, r
     """The draft in the bundle ``out``: exported for the CPU, its files shipped (the target's
     token table where it may read it: ``mode``, ``model.draft_embedding``), checked against
     plain greedy decoding over the target's binaries (``target``), and its manifest entry."""
-    import tempfile
-
-    from studio.core.progress import SubProgress
-    from studio.engine.shared_table import checkpoint_share
-
     share = checkpoint_share(target_checkpoint, draft, mode)
     work = Path(tempfile.mkdtemp(dir=out_root, prefix=".draft-"))
     try:

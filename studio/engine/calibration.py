@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from studio.core.errors import StudioError
 from studio.core.progress import NullProgress, Progress
+from studio.engine.llm_runtime import StaticKVGenerator, cpu_generator, make_cpu_session
+from studio.engine.part_runner import part_prefill_caches
 
 
 def load_tokenizer(tokenizer_dir: Path):
@@ -105,8 +109,6 @@ def build_calibration_feeds(
     ``verify.onnx`` beside the graphs, each decode feed has a verify feed twin: the window's
     next N true tokens at the same position over the same cache.
     """
-    from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
-
     graphs_dir = Path(graphs_dir)
     if not windows:
         raise StudioError("no calibration windows; give a calibration text and at least one sample")
@@ -164,10 +166,6 @@ def ar_calibration_feeds(
     """Feeds for an AR-N graph (``new_tokens`` per pass over ``cache_slots`` cache slots; FP32,
     CPU): the FP32 graphs of ``graphs_dir`` prefill each window's head, and the feed is the
     window's next N true tokens over that cache (slots past ``cache_slots`` dropped)."""
-    import numpy as np
-
-    from studio.engine.llm_runtime import cpu_generator
-
     graphs_dir = Path(graphs_dir)
     N, slots = int(new_tokens), int(cache_slots)
     P, mask_value = int(spec["prompt_length"]), float(spec["mask_value"])
@@ -177,7 +175,6 @@ def ar_calibration_feeds(
     cached: dict[int, list] = {}
     if len(spec.get("parts") or []) > 1:  # one part's FP32 graphs in memory at a time
         from studio.engine.llm_runtime import make_cpu_session
-        from studio.engine.part_runner import part_prefill_caches
 
         got = part_prefill_caches(graphs_dir, spec, [windows[j][:k] for j, k in heads.items()],
                                   make_cpu_session)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -276,8 +277,6 @@ def _compiled(text: str, source: str):
                           sort_keys=sort_keys)
 
     def strftime_now(fmt):
-        from datetime import datetime
-
         return datetime.now().strftime(fmt)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,

@@ -15,10 +15,15 @@ Each failure is a :class:`StudioError` naming the file and what to do.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.core.families import family_of
+from studio.engine import hf_import, vision_input
+from studio.engine.chat_template import prompt_format
+from studio.engine.hf_import import safetensors_layout
 
 # Bump when the checks change: cached verdicts of older checks are not reused.
 CHECKS_VERSION = 3
@@ -27,15 +32,11 @@ CHECKS_VERSION = 3
 def _safetensors_end(path: Path) -> tuple[int, int]:
     """(bytes the header promises, bytes the file has); the header is checked against itself
     first (:func:`studio.engine.hf_import.safetensors_layout`)."""
-    from studio.engine.hf_import import safetensors_layout
-
     _tensors, length, end = safetensors_layout(path)
     return 8 + length + end, path.stat().st_size
 
 
 def check_weights_complete(folder: Path) -> None:
-    from studio.engine import hf_import
-
     for f in hf_import._safetensors_files(folder):
         need, have = _safetensors_end(f)
         if have < need:
@@ -55,8 +56,6 @@ def expected_tensors(folder: Path) -> tuple[dict[str, tuple[int, ...]], set[str]
     because they are tied to another tensor."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
-    from studio.core.families import family_of
 
     try:
         config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
@@ -93,8 +92,6 @@ def _stored_names(held: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_weights_match_config(folder: Path) -> None:
-    from studio.engine import hf_import
-
     held = _stored_names(hf_import._tensor_shapes(folder))
     present = {k: v[0] for k, v in held.items()}
     expected, tied = expected_tensors(folder)
@@ -152,14 +149,11 @@ def check_tokenizer(folder: Path, vocab_size: int) -> Any:
 def check_checkpoint(folder: Path) -> dict[str, Any]:
     """All checks of one checkpoint folder, the cheap ones first (the weights against the
     config builds the model's skeleton: seconds); returns what was checked."""
-    from studio.engine import hf_import
-
     folder = Path(folder)
     info = hf_import.open_checkpoint(folder)
     check_weights_complete(folder)
     tok = check_tokenizer(folder, info.vocab_size)
     check_weights_match_config(folder)
-    from studio.core.families import family_of
 
     family = family_of(info.family)
     if family is not None and family.vision:
@@ -170,10 +164,6 @@ def check_checkpoint(folder: Path) -> dict[str, Any]:
 
 def check_vision_parts(folder: Path, tok) -> None:
     """A vision-language checkpoint's image processor and the tokenizer's vision tokens."""
-    import json
-
-    from studio.engine import vision_input
-
     config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
     pre = vision_input.read_preprocessor(folder)
     vision_input.make_vision_spec(config, pre, _any_image_size(config, folder),
@@ -206,6 +196,4 @@ def check_draft(target: Path, draft: Path) -> None:
 def prompt_length(folder: Path, prompt: str, chat_template: str = "none") -> int:
     """How many tokens the runtime will feed for ``prompt`` (special tokens included),
     through the checkpoint's chat template as ``model.chat_template`` says."""
-    from studio.engine.chat_template import prompt_format
-
     return len(prompt_format(folder, chat_template).ids(load_tokenizer(folder), prompt))

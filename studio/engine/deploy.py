@@ -22,10 +22,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json, link_or_copy
+from studio.core.partcache import files_digest
 from studio.core.progress import Progress, SubProgress
 from studio.engine import genie, graphio, qnn, qnn_names, weightshare
+from studio.engine.calibration import ar_calibration_feeds, calibration_windows
+from studio.engine.llm_export import export_ar_graph
+from studio.engine.llm_parts import iter_part_ar_graphs
+from studio.engine.llm_runtime import make_cpu_session
+from studio.engine.part_runner import iter_parts
+from studio.engine.qdq import quantize_like
 from studio.engine.qnn_names import in_order, pick
 from studio.engine.qnn_system import context_binary
 from studio.engine.weightstore import graph_bytes
@@ -135,8 +144,6 @@ def ar_feeds(export_dir: Path, spec: dict[str, Any], N: int, cl: int,
              settings: DeploySettings) -> list[dict]:
     """Calibration feeds for an AR-N graph over CL - N slots (the whole model's, a model in
     parts chained), from the recipe's calibration windows."""
-    from studio.engine.calibration import ar_calibration_feeds, calibration_windows
-
     windows = calibration_windows(settings.calibration_text, export_dir / "tokenizer",
                                   length=int(spec["context_length"]),
                                   count=int(settings.recipe["samples"]), min_length=N + 2)
@@ -158,9 +165,6 @@ def genie_prefill_graph(export_dir: Path, qdir: Path, spec: dict[str, Any], N: i
     """The AR-N prefill graph: exported from the checkpoint with N new tokens over CL - N
     cache slots, quantized with the recipe and the decode graph's activation scales, in
     Genie's conventions."""
-    from studio.engine.llm_export import export_ar_graph
-    from studio.engine.qdq import quantize_like
-
     progress.update(0.0, f"exporting the AR-{N} prefill graph ({cl - N} cache slots)")
     export_ar_graph(settings.checkpoint, spec, N, cl - N, work / f"prefill_ar{N}.onnx")
     progress.update(0.5, f"quantizing the AR-{N} prefill graph with the decode graph's scales")
@@ -196,13 +200,6 @@ def genie_prefill_parts(export_dir: Path, qdir: Path, spec: dict[str, Any], N: i
     (:func:`studio.engine.llm_parts.export_part_ar_graphs`), calibrated on what the previous
     parts' float AR-N graphs hand it, and quantized with the recipe and its own decode
     graph's activation scales."""
-    import numpy as np
-
-    from studio.engine.llm_parts import iter_part_ar_graphs
-    from studio.engine.llm_runtime import make_cpu_session
-    from studio.engine.part_runner import iter_parts
-    from studio.engine.qdq import quantize_like
-
     parts = list(iter_parts(spec))
     progress.update(0.0, f"calibration feeds for the AR-{N} graphs")
     feeds = ar_feeds(export_dir, spec, N, cl, settings)
@@ -359,8 +356,6 @@ def staging_inputs(qdir: Path, spec: dict[str, Any], settings: DeploySettings,
     the checkpoint, the prefill length and the graph I/O. A staging folder made from the same
     is kept by a resumed compile (its AR-N graphs are minutes a part to export and quantize
     again at real size)."""
-    from studio.core.partcache import files_digest
-
     return {"quantized": files_digest(qdir), "recipe": settings.recipe,
             "checkpoint": str(settings.checkpoint), "prefill_ar": N,
             "graph_io": settings.graph_io, "context_length": int(spec["context_length"])}

@@ -11,10 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.errors import StudioError
 from studio.core.progress import Progress
 from studio.engine import genie, qnn, qnn_system
 from studio.engine.deploy import read
+from studio.engine.llm_runtime import StaticKVGenerator
 
 
 def graph_paths(compile_dir: Path, record: dict[str, Any]) -> dict[int, list[Path]]:
@@ -91,8 +94,6 @@ class DeployedGenerator:
     def prefill_prompt(self, ids: list[int], progress: Progress | None = None):
         """The prompt as Genie runs it: AR-N passes where the context allows, AR-1 passes for
         the rest. Returns (logits of the last prompt token [V], passes)."""
-        import numpy as np
-
         if progress is not None:
             progress.check()
         self.runner.reset()
@@ -104,8 +105,6 @@ class DeployedGenerator:
         return self.runner.teacher_forced([int(t) for t in ids])
 
     def step(self, token: int, pos: int):
-        import numpy as np
-
         if not 0 <= pos < self.context_len:
             raise StudioError(f"position {pos} is outside the KV cache of {self.context_len} "
                               "slots")
@@ -114,8 +113,6 @@ class DeployedGenerator:
     def verify(self, tokens: list[int], pos: int):
         """The AR-N graph as the verify graph: ``tokens`` (at most N) at ``pos``..; their
         logits [n, V]. Rejected rows stay in the cache, hidden by every later mask."""
-        import numpy as np
-
         n = len(tokens)
         if not self.verify_len:
             raise StudioError("the deployable binaries have no AR-N graph (bundle."
@@ -132,8 +129,6 @@ class DeployedGenerator:
                                             rows=True), dtype=np.float32)
 
     def teacher_forced_logits(self, ids: list[int], progress: Progress | None = None):
-        import numpy as np
-
         if progress is not None:
             progress.check()
         out = self.runner.teacher_forced([int(t) for t in ids])[:, :self.vocab_size]
@@ -147,8 +142,6 @@ class DeployedGenerator:
 
     def generate(self, prompt_ids, max_new_tokens, sampler=None, eos_id=None, stop=None,
                  on_step=None, progress=None):
-        from studio.engine.llm_runtime import StaticKVGenerator
-
         return StaticKVGenerator.generate(self, prompt_ids, max_new_tokens, sampler=sampler,
                                           eos_id=eos_id, stop=stop, on_step=on_step,
                                           progress=progress)
@@ -214,8 +207,6 @@ class PartScorer:
 
     def run(self, ids: list[int], progress: Progress | None = None) -> list[Any]:
         """Each pass's real rows of logits, part by part (see the class)."""
-        import numpy as np
-
 
         paths = graph_paths(self.dir, self.record)
         schedule = genie.prompt_schedule(len(ids), max(paths), self.cl)
@@ -269,8 +260,6 @@ class PartScorer:
 
     def teacher_forced_logits(self, ids: list[int], progress: Progress | None = None):
         """Logits [len(ids), V] (float32) of the shipped binaries, part by part."""
-        import numpy as np
-
         if len(ids) > self.cl - 1:
             raise StudioError(f"{len(ids)} tokens do not fit the context of {self.cl - 1}")
         rows = self.run([int(t) for t in ids], progress)

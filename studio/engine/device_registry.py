@@ -16,8 +16,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from studio.core.devices import agent_device
+from studio.core.devices.agent import backend_of, name_of
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json, atomic_write_text
+from studio.engine.devices.agent_client import AgentClient
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -154,8 +157,6 @@ class Registry:
         self._token_file(name).unlink(missing_ok=True)
 
     def client(self, name: str):
-        from studio.engine.devices.agent_client import AgentClient
-
         a = self.get(name)
         return AgentClient(a.url, self.token(name), cafile=a.cafile or None)
 
@@ -163,8 +164,5 @@ class Registry:
 def parse_device_id(device_id: str) -> tuple[str, str]:
     """``agent:NAME[@BACKEND]`` -> (NAME, BACKEND), BACKEND ``cpu`` by default (the id read by
     :func:`studio.core.devices.device`, the one parser of device ids)."""
-    from studio.core.devices import agent_device
-    from studio.core.devices.agent import backend_of, name_of
-
     dev = agent_device(device_id)
     return name_of(dev), backend_of(dev)

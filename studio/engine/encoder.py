@@ -21,6 +21,7 @@ import numpy as np
 
 from studio.core.errors import StudioError
 from studio.core.progress import NullProgress, Progress
+from studio.core.samples import read_data, sample_path
 from studio.core.units import format_bytes
 
 #: Minimum cosine between ONNX Runtime and torch embeddings for an export to pass.
@@ -179,8 +180,6 @@ class Encoder:
 def load_encoder(path: str | Path | None = None) -> Encoder:
     """Load a sentence encoder folder offline (default: the ``minilm`` sample)."""
     if path is None:
-        from studio.core.samples import sample_path
-
         path = sample_path("minilm")
     path = Path(path)
     if not (path / "config.json").is_file():
@@ -316,8 +315,6 @@ def check_onnx(
 def load_similarity_set() -> dict[str, Any]:
     """The shipped retrieval set: ``documents`` and ``queries`` (``text``, ``relevant``:
     the index of its document)."""
-    from studio.core.samples import read_data
-
     data = json.loads(read_data("similarity"))
     return {"documents": list(data["documents"]), "queries": list(data["queries"])}
 

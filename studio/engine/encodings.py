@@ -24,8 +24,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_write_json, parse_json, read_input
 from studio.core.recipe import SCHEME_PRECISIONS
+from studio.core.resources import resources_dir
 
 VERSION = "0.6.1"
 _BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "uint4": 4, "int4": 4}
@@ -46,7 +50,6 @@ def _entry(scale: float, zp: int, dtype: str) -> dict[str, Any]:
 
 def export_encodings(qdq_model: str | Path) -> dict[str, Any]:
     """The encodings of every quantized tensor of a QDQ ONNX model."""
-    import numpy as np
     import onnx
     from onnx import numpy_helper
 
@@ -94,8 +97,6 @@ SCHEMA_FILE = "qnn-encodings-0.6.1.schema.json"
 def schema() -> dict[str, Any]:
     """The JSON Schema of the QNN / AIMET legacy encodings format (``resources/schemas``),
     written from AIMET's published encoding format specification."""
-    from studio.core.resources import resources_dir
-
     return json.loads((resources_dir() / "schemas" / SCHEMA_FILE).read_text(encoding="utf-8"))
 
 
@@ -114,8 +115,6 @@ def schema_problem(data: Any) -> str | None:
 
 
 def write_encodings(qdq_model: str | Path, out: str | Path) -> dict[str, int]:
-    from studio.core.fsutil import atomic_write_json
-
     enc = export_encodings(qdq_model)
     atomic_write_json(Path(out), enc)
     return {"activations": len(enc["activation_encodings"]),
@@ -129,8 +128,6 @@ MAX_ENCODINGS_BYTES = 512 << 20
 def read_encodings(path: str | Path) -> tuple[dict[str, int], dict[str, int]]:
     """(activation bitwidths, weight bitwidths) from an encodings file (0.6.1 / 1.0.0 dicts,
     or 2.0.0 lists); StudioError for anything else."""
-    from studio.core.fsutil import parse_json, read_input
-
     path = Path(path)
     data = parse_json(read_input(path, MAX_ENCODINGS_BYTES, "the encodings file"),
                       f"the encodings file {path}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from studio.core.progress import Progress
 
 #: Relative tolerance of the export check: |ONNX - transformers| per position may reach
@@ -32,8 +34,6 @@ class PositionCheck:
         self.first_bad: int | None = None
 
     def add(self, p: int, got, want) -> None:
-        import numpy as np
-
         scale = float(np.max(np.abs(want)))
         tol = self.rtol * max(1.0, scale)
         diff = float(np.max(np.abs(got - want)))
@@ -84,7 +84,6 @@ def check_export(
     per-position one), ``rtol``, ``top1_agreement`` (strict), ``top1_near_ties``,
     ``first_bad_position`` or None) and the reference logits of the first ``keep`` positions.
     """
-    import numpy as np
     import torch
 
     ids = [int(t) for t in ids]

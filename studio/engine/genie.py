@@ -21,8 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.errors import Cancelled, StudioError
 from studio.core.parts import hidden_name
+from studio.engine.checkpoint_check import check_tokenizer
+from studio.engine.graphio import set_cache_encodings
 from studio.engine.qnn import capture_native_stderr
 
 # ---- the graph ------------------------------------------------------------------------------
@@ -54,7 +58,6 @@ def genie_graph(src: Path, dst: Path, spec: dict[str, Any],
     ``past_*_in`` inputs and ``past_*_out`` rows are uint16 with that encoding, so Genie
     copies the new rows into its cache as they come and the NPU converts no cache at the
     edge (``htp.graph_io = "quantized"``)."""
-    import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -62,8 +65,6 @@ def genie_graph(src: Path, dst: Path, spec: dict[str, Any],
     g = model.graph
     qkv = kv_encodings is not None
     if qkv:
-        from studio.engine.graphio import set_cache_encodings
-
         if not set_cache_encodings(model, kv_encodings or {}):
             raise StudioError(f"{src.name}: no KV cache edge is a Q/DQ pair: its cache cannot "
                               "be quantized I/O")
@@ -293,7 +294,6 @@ def local_config(bundle: Path, name: str = "genie_config.json") -> dict[str, Any
         raise StudioError(f"the bundle has no {Path(tok['path']).name} (genie_config.json names "
                           "it): copy the model's tokenizer.json into the bundle")
     # Genie loads a broken tokenizer without a word and fails later: check it here
-    from studio.engine.checkpoint_check import check_tokenizer
 
     check_tokenizer(Path(tok["path"]).parent, int(dialog["context"]["n-vocab"]))
     for binary in binaries:
@@ -462,8 +462,6 @@ def pass_feeds(tokens: list[int], pos: int, ar: int, cl: int, pad: int) -> dict[
     context of ``cl``: ``tokens`` (at most ``ar``, the rest padding that sees only itself) at
     positions ``pos``.., each seeing the cache slots before ``pos`` and the new rows up to
     its own — as Genie feeds them."""
-    import numpy as np
-
     n, slots = len(tokens), cl - ar
     visible = 65535  # the uint16 mask: raw 65535 is "attend", raw 0 the mask value
     ids = np.full((1, ar), pad, np.int32)
@@ -504,8 +502,6 @@ class BundleRunner:
 
     def __init__(self, graphs: dict[int, list[Any]], spec: dict[str, Any], context_size: int,
                  kv_encodings: dict[str, dict[str, Any]] | None = None):
-        import numpy as np
-
         if 1 not in graphs:
             raise StudioError("a bundle needs its AR-1 decode graph")
         self.graphs, self.cl = graphs, int(context_size)
@@ -537,8 +533,6 @@ class BundleRunner:
         """``tokens`` (at most ``ar``) at positions ``pos``..; returns the last real row's
         logits (``rows``: every real row's, [n, V]) and stores the new KV rows in slots
         ``pos``.."""
-        import numpy as np
-
         n, slots = len(tokens), self.cl - ar
         values = pass_feeds(tokens, pos, ar, self.cl, self.pad)
         for i in range(self.layers):
@@ -559,8 +553,6 @@ class BundleRunner:
         """Logits [len(ids), V] (float32) of the bundle's graphs over ``ids`` as Genie runs
         a prompt: AR-N passes where the context allows, AR-1 passes for the rest. Row i
         predicts token i + 1 — what the shipped binaries compute, scored like validate."""
-        import numpy as np
-
         if len(ids) > self.cl - 1:
             raise StudioError(f"{len(ids)} tokens do not fit the bundle's context of "
                               f"{self.cl - 1}")
@@ -577,8 +569,6 @@ class BundleRunner:
     def greedy(self, ids: list[int], max_new_tokens: int) -> list[int]:
         """Greedy tokens after ``ids``; stops after an EOS token or at the context's end, like
         Genie. ``runner_up`` then holds each new token's second best and its logit gap."""
-        import numpy as np
-
         self.reset()
         passes = self._prompt(ids, rows=False)
         self.prompt_passes = len(passes)

@@ -8,7 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_write_bytes
+from studio.engine.onnx_import import open_onnx
 
 
 @dataclass(frozen=True)
@@ -51,9 +55,6 @@ def make_static(src: Path, dst: Path, shapes: dict[str, list[int]] | None = None
     input without a shape, a shape of the wrong rank or one contradicting a fixed dimension
     is a one-line error naming the input."""
     import onnx
-
-    from studio.core.fsutil import atomic_write_bytes
-    from studio.engine.onnx_import import open_onnx
 
     open_onnx(Path(src))
     model = onnx.load(str(src))
@@ -98,8 +99,6 @@ def load_samples(path: Path, inputs: list[GraphInput], what: str = "calibration 
     one-input graph): each array holds one sample of the input's shape, or several stacked
     along a new first axis. Missing inputs, wrong dtypes and wrong shapes are one-line
     errors that say what the file should hold."""
-    import numpy as np
-
     path = Path(path)
     if not path.is_file():
         raise StudioError(f"{what} {path} does not exist: give a .npz with one array per "
@@ -159,8 +158,6 @@ def compare_outputs(reference, other, feeds: list[dict[str, Any]]) -> dict[str, 
     """Two sessions of the same graph (say FP32 on the CPU and the quantized graph on the
     HTP) over ``feeds``: per output the worst cosine and the max |error|, and the same over
     all outputs."""
-    import numpy as np
-
     if not feeds:
         raise StudioError("the comparison needs at least one sample input")
     names = [o.name for o in reference.get_outputs()]

@@ -40,7 +40,9 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 from studio.core.parts import hidden_name
+from studio.engine.kvquant import topological_order
 
 IO_ENCODINGS_FILE = "io_encodings.json"
 #: the outputs the host reads as floats (the wrapper dequantizes them); every other
@@ -181,7 +183,6 @@ class _Graph:
             out.type.tensor_type.elem_type = helper.np_dtype_to_tensor_dtype(
                 np.dtype(enc["dtype"]))
         kept = [n for n in g.node if not any(n is d for d in drop)]
-        from studio.engine.kvquant import topological_order
 
         ordered = topological_order(kept, {i.name for i in g.input} | set(self.inits))
         del g.node[:]
@@ -252,8 +253,6 @@ def quantize_io(src_dir: Path, dst_dir: Path, graphs: tuple[str, ...],
     encoding of the part that hands it. Returns ``{"graphs": {graph: {tensor: encoding}},
     "handoff_out": {graph: {tensor: encoding}}}``."""
     import onnx
-
-    from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 
     src_dir, dst_dir = Path(src_dir), Path(dst_dir)
     dst_dir.mkdir(parents=True, exist_ok=True)

@@ -12,10 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.errors import StudioError
 from studio.core.progress import NullProgress, Progress
 from studio.core.recipe import PLACEMENTS
+from studio.engine import encoder as enc
 from studio.engine.graphdata import GraphInput, graph_inputs, load_samples, make_static
+from studio.engine.qdq import quantize_graph
 
 
 def inputs_to_json(inputs: list[GraphInput]) -> list[dict[str, Any]]:
@@ -35,8 +39,6 @@ def static_graph(kind: str, source: Path, out: Path, shapes: dict[str, list[int]
     progress = progress or NullProgress()
     out.mkdir(parents=True, exist_ok=True)
     if kind == "encoder":
-        from studio.engine import encoder as enc
-
         progress.update(0.05, f"loading the encoder {source.name}")
         e = enc.load_encoder(source)
         enc.export_onnx(e, out / "static.onnx", seq_len=seq_len, progress=progress)
@@ -111,7 +113,6 @@ def rewrite_and_quantize(static: Path, out: Path, placement: str, feeds: list[di
     placement ``rewrite`` the catalogue's: each checked against the original on ``held``)
     and ``out/quantized.onnx`` calibrated on ``feeds``."""
     from studio.engine import rewrites
-    from studio.engine.qdq import quantize_graph
 
     progress = progress or NullProgress()
     if placement not in PLACEMENTS:
@@ -197,10 +198,6 @@ def encoder_ranking(tokenizer_dir: Path, seq_len: int, reference, deployed) -> d
     """The encoder's task check: the shipped retrieval set embedded by the FP32 graph and by
     the deployed one, ranked by cosine (top-1 agreement, Kendall's tau, recall@1), and the
     embeddings' cosine to FP32 over every text of the set."""
-    import numpy as np
-
-    from studio.engine import encoder as enc
-
     s = enc.load_similarity_set()
     queries = [q["text"] for q in s["queries"]]
     rel = [q["relevant"] for q in s["queries"]]

@@ -26,6 +26,7 @@ from typing import Any
 from studio.core import families
 from studio.core.errors import StudioError
 from studio.core.families import SLIDING, Family
+from studio.core.fsutil import check_nesting, read_input
 from studio.core.modelinfo import LayerInfo, ModelInfo
 
 _EXPECTED = (
@@ -89,8 +90,6 @@ MAX_CONFIG_BYTES = 64 << 20
 
 
 def _read_config(folder: Path) -> dict[str, Any]:
-    from studio.core.fsutil import check_nesting, read_input
-
     raw = read_input(folder / "config.json", MAX_CONFIG_BYTES, "config.json")
     try:
         config = json.loads(raw.decode("utf-8"))

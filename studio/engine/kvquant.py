@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 
 ZERO_POINT = 128
 KV_SCALES_FILE = "kv_scales.json"
@@ -254,8 +255,6 @@ def write_int8_kv_graphs(src_dir: Path, out_dir: Path, scales: dict[str, list[fl
     if not per_head:
         scales = per_tensor(scales)
     import onnx
-
-    from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []

@@ -69,9 +69,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.errors import StudioError
 from studio.core.fsutil import link_or_copy
+from studio.core.layerdiff import PAIRS, TENSOR_MODES
 from studio.core.progress import NullProgress, Progress
+from studio.core.recipe import module_of_node
+from studio.engine import qnn
+from studio.engine.chain import ChainSession, chain_session
+from studio.engine.graphio import encoded
+from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
+from studio.engine.onnxio import load_spec
+from studio.engine.part_runner import iter_parts
+from studio.engine.sensitivity import compare_logits, host_session
 
 _SHAPE_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity",
                         "Cast", "Shape", "Constant", "ConstantOfShape", "Slice", "Concat",
@@ -109,8 +120,6 @@ def _block(module: str) -> tuple[str, int] | None:
 def find_probes(model, mode: str = "modules") -> list[Probe]:
     """The tensors to compare in an exported FP32 graph (see the module docstring), in graph
     order."""
-    from studio.core.recipe import module_of_node
-
     floats = _float_tensors(model)
     g = model.graph
     inits = {t.name for t in g.initializer} | {n.output[0] for n in g.node
@@ -229,7 +238,6 @@ def qdq_tensor_map(qmodel, tensors: list[str]) -> dict[str, dict[str, Any]]:
     """For each FP32 tensor name: the quantized graph's tensor holding the same value as the
     next op reads it (``{"tensor": name, "scale": float | None}``), or no entry when the
     quantized graph has no such tensor."""
-    import numpy as np
     from onnx import numpy_helper
 
     g = qmodel.graph
@@ -351,8 +359,6 @@ class _Acc:
     max_steps: float | None = None
 
     def add(self, a, b, scale: float | None) -> None:
-        import numpy as np
-
         x = np.asarray(a, dtype=np.float64).ravel()
         y = np.asarray(b, dtype=np.float64).ravel()
         if x.shape != y.shape:
@@ -402,8 +408,6 @@ def _default_session(model: Path, threads: int):
 
 
 def _max_change(a: list, b: list) -> float:
-    import numpy as np
-
     return max(float(np.abs(x.astype(np.float64) - y).max()) for x, y in zip(a, b, strict=True))
 
 
@@ -444,15 +448,6 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
     on through the FP32 parts after it to the logits — so the final figures are that part's
     own error at the output (``base`` is then that part's context model).
     """
-    import numpy as np
-
-    from studio.core.layerdiff import PAIRS, TENSOR_MODES
-    from studio.engine.chain import ChainSession, chain_session
-    from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
-    from studio.engine.onnxio import load_spec
-    from studio.engine.part_runner import iter_parts
-    from studio.engine.sensitivity import compare_logits, host_session
-
     if mode not in TENSOR_MODES:
         raise StudioError(f"layerdiff.tensors = {mode!r}: use one of {', '.join(TENSOR_MODES)}")
     if graph not in GRAPHS:
@@ -551,8 +546,6 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
                 probed["htp_fp16"] = Replay(runner(fx, [out_name, *ftensors], feeds, True))
             seconds["htp_remote"] = time.perf_counter() - t0
         elif htp is not None:
-            from studio.engine import qnn
-
             chip, fp16 = htp["chip"], bool(htp.get("fp16"))
             extra = dict(htp.get("extra_options") or {})
             progress.update(0.05, f"preparing the graph with {len(probes)} extra outputs for "
@@ -561,7 +554,6 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
             probed["htp"] = qnn.make_session(qx, chip, strict=True, fp16=fp16,
                                              extra_options=extra)
             seconds["htp_prepare"] = time.perf_counter() - t0
-            from studio.engine.graphio import encoded
 
             base_ctx = Path(htp["base"])  # the compile's binary (with its graph I/O)
             plain["htp"] = encoded(qnn.make_session(base_ctx, chip, strict=True, fp16=fp16,

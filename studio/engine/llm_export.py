@@ -55,11 +55,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.errors import StudioError
 from studio.core.families import FAMILIES, SLIDING, Family
 from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 from studio.core.parts import Part, whole
 from studio.core.progress import NullProgress, Progress, SubProgress
+from studio.engine import vision_input, weightstore
 from studio.engine.checkpoint_load import (
     check_checkpoint,
     load_causal_lm,
@@ -68,7 +71,12 @@ from studio.engine.checkpoint_load import (
     text_view,
 )
 from studio.engine.export_check import check_export
-from studio.engine.llm_runtime import DEFAULT_MASK_VALUE, mask_windows
+from studio.engine.llm_runtime import (
+    DEFAULT_MASK_VALUE,
+    StaticKVGenerator,
+    make_cpu_session,
+    mask_windows,
+)
 from studio.engine.llm_wrapper import (
     build_wrapper,
     check_rope,
@@ -84,6 +92,8 @@ from studio.engine.onnxio import (
     weight_free,
 )
 from studio.engine.torch_onnx import initializers_kept, write_initializers
+from studio.engine.vision import check_image_export, export_vision
+from studio.engine.vision_input import VISION_FILE
 from studio.engine.weightstore import WeightStore, shared_store
 
 OPSET = 17
@@ -313,8 +323,6 @@ def finish_graph(raw: Path, path: Path, module_names: set[str], ins: list[str],
     or in its own ``<graph>.onnx.data``; a smaller one embeds them."""
     import onnx
 
-    from studio.engine import weightstore
-
     tmp_dir = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{graph}-final."))
     moved: list[Path] = []
     try:
@@ -498,15 +506,12 @@ def export_llm(
     P, C, N = check_lengths(prompt_len, context_len, mask_value, verify_len)
     cfg = check_checkpoint(checkpoint_dir)
     if FAMILIES[cfg["model_type"]].vision:  # a size its image processor gives: before loading
-        from studio.engine import vision_input
 
         vision_input.check_image_size(vision_input.processor_range(
             cfg, vision_input.read_preprocessor(checkpoint_dir), str(checkpoint_dir)),
             image_size, "export.image_size")
     progress.update(0.0, "loading checkpoint")
     progress.check()
-
-    import numpy as np
 
     full = load_causal_lm(checkpoint_dir)
     model = text_view(full)  # a VL model's language model
@@ -518,8 +523,6 @@ def export_llm(
     sliding_input = mask_windows(spec)[1] is not None
     vs = None
     if family.vision:
-        from studio.engine import vision_input
-
         vs = vision_input.make_vision_spec(cfg, vision_input.read_preprocessor(checkpoint_dir), image_size,
                                      cfg["model_type"], str(checkpoint_dir))
         if vs.tokens + 2 > P:
@@ -543,9 +546,6 @@ def export_llm(
             progress.log(f"wrote {out_dir / f'{graph}.onnx'}")
     spec["graphs"] = {g: graph_io(out_dir / f"{g}.onnx") for g, _, _ in steps}
     if vs is not None:
-        from studio.engine.vision import export_vision
-        from studio.engine.vision_input import VISION_FILE
-
         progress.update(0.45, f"exporting {VISION_FILE} (up to {vs.image_size} x "
                                 f"{vs.image_size} px, {vs.tokens} image tokens)")
         spec["vision"]["graph"] = export_vision(full.model.visual, vs, out_dir / VISION_FILE,
@@ -554,7 +554,6 @@ def export_llm(
     # The whole context, teacher-forced through both graphs, against transformers.
     progress.check()
     progress.update(0.5, f"checking the graphs against transformers over {C} positions")
-    from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
 
     gen = StaticKVGenerator(
         make_cpu_session(out_dir / "prefill.onnx"), make_cpu_session(out_dir / "decode.onnx"), spec
@@ -582,7 +581,6 @@ def export_llm(
         )
 
     if vs is not None:  # an image prompt through the encoder and both graphs
-        from studio.engine.vision import check_image_export
 
         progress.update(0.75, "checking an image prompt against transformers")
         spec["vision"]["export_check"] = check_image_export(

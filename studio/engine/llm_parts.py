@@ -30,10 +30,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
+
+from studio.core.catalog import get_chip
+from studio.core.deviceplan import Dims, device_part_count
 from studio.core.errors import StudioError
 from studio.core.families import FAMILIES
 from studio.core.fsutil import atomic_write_bytes, atomic_write_json
-from studio.core.parts import Layout, Part, plan_parts
+from studio.core.parts import AUTO_WEIGHT_BITS, DEFAULT_MAX_PART_BYTES, Layout, Part, plan_parts
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.engine import partresume
 from studio.engine.checkpoint_load import check_checkpoint, reference_ids
@@ -42,12 +46,13 @@ from studio.engine.llm_export import (
     DEFAULT_VERIFY_LENGTH,
     check_lengths,
     check_model,
+    export_graph,
     finish_graph,
     graph_io,
     model_spec,
     trace_graph,
 )
-from studio.engine.llm_runtime import DEFAULT_MASK_VALUE, mask_windows
+from studio.engine.llm_runtime import DEFAULT_MASK_VALUE, make_cpu_session, mask_windows
 from studio.engine.llm_wrapper import build_wrapper, layer_types_of, rope_positions
 from studio.engine.part_runner import iter_parts, run_part_graphs
 from studio.engine.weightstore import graph_bytes, shared_store
@@ -114,8 +119,6 @@ def export_plan(checkpoint_dir: Path, parts: int | str, max_part_mb: int,
     ``export.parts`` and ``export.max_part_mb`` (from the weight files' headers, or the
     ``layout`` already read from them); with ``"auto"``, no fewer than ``device_count``
     (the target NPUs' own count: :func:`auto_device_count`)."""
-    from studio.core.parts import AUTO_WEIGHT_BITS
-
     return plan_parts(layout or checkpoint_layout(checkpoint_dir), parts, AUTO_WEIGHT_BITS,
                       int(max_part_mb) * 1_000_000, at_least=device_count or 1)
 
@@ -125,9 +128,6 @@ def auto_device_count(info, layout: Layout, targets, prompt_length: int,
     """The fewest parts whose context binaries fit every target chip's NPU
     (:func:`studio.core.deviceplan.device_part_count`) for a checkpoint described by ``info``
     (a ModelInfo); None when no target knows its limit."""
-    from studio.core.catalog import get_chip
-    from studio.core.deviceplan import Dims, device_part_count
-
     return device_part_count(layout, Dims.of(info), [get_chip(t) for t in targets],
                              int(prompt_length), int(context_length))
 
@@ -257,8 +257,6 @@ REFERENCE_CHUNK = 512
 def _chunk_mask(a: int, b: int, mv: float, window: int | None):
     """The additive mask of queries ``a..b-1`` over keys ``0..b-1`` (the cached ``0..a-1``
     first, then the chunk's own), causal, and windowed to ``window`` keys when given."""
-    import numpy as np
-
     q = np.arange(a, b)[:, None]
     k = np.arange(b)[None, :]
     visible = k <= q
@@ -272,7 +270,6 @@ def _reference_part(wrapper, spec: dict, x, chunk: int = REFERENCE_CHUNK):
     states [n, H]) with the causal (and sliding) masks, ``chunk`` rows at a time over the
     keys and values of the rows before: the part's output [n, H] (the final norm's output
     for the last part, whose head the check applies row by row)."""
-    import numpy as np
     import torch
 
     n = int(x.shape[0])
@@ -322,11 +319,6 @@ def export_parts(
     ``resume``: ``out_dir`` is a kept work folder (:mod:`studio.engine.partresume`): the
     parts an interrupted run finished there are kept and the export goes on from the first
     part it did not finish."""
-    import numpy as np
-
-    from studio.core.parts import DEFAULT_MAX_PART_BYTES
-    from studio.engine.llm_runtime import make_cpu_session
-
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     P, C, N = check_lengths(prompt_len, context_len, mask_value, verify_len)
     progress.update(0.0, "reading the checkpoint's layout")
@@ -469,8 +461,6 @@ def iter_part_ar_graphs(checkpoint_dir: Path, spec: dict, new_tokens: int, cache
     (:func:`studio.engine.llm_export.export_ar_graph` for a whole model), read a part at a
     time from the checkpoint as :func:`export_parts` reads it; ``out_dir/<part>/ar.onnx``.
     Each takes and hands on what the part's decode graph does, under the same tensor names."""
-    from studio.engine.llm_export import export_graph
-
     N, slots, C = int(new_tokens), int(cache_slots), int(spec["context_length"])
     if not 1 < N <= C or not 0 < slots <= C:
         raise StudioError(f"an AR-{N} graph over {slots} cache slots does not fit the context "
@@ -506,7 +496,6 @@ def _reference_logits(head, hidden, vocab: int, cap: float | None, folder: Path)
     vocabulary), a few positions at a time into a memory-mapped file in ``folder``: the head
     part's check then holds no copy of the head beside its graph's session (for an 8 B
     model's 128 k x 4096 head, 2 GiB less)."""
-    import numpy as np
     import torch
 
     hidden = np.asarray(hidden, dtype=np.float32)

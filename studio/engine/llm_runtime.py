@@ -25,10 +25,18 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.errors import StudioError
 from studio.core.progress import Progress
+from studio.engine import qnn
+from studio.engine.chain import chain_session, part_dirs
+from studio.engine.graphio import encoded
+from studio.engine.onnxio import IMAGE_EMBEDS, load_spec
 from studio.engine.ort_types import ORT_TO_NUMPY
 from studio.engine.threads import HOST_THREADS
+from studio.engine.vision_input import mrope_positions, vision_spec
+from studio.engine.weightstore import WEIGHTS_FILE
 
 _ORT_TYPES = ORT_TO_NUMPY
 
@@ -45,8 +53,6 @@ def prefill_mask(n: int, prompt_len: int, mask_value: float, window: int | None 
     itself (no empty softmax rows). With ``window`` W, a query also loses every key at
     distance >= W.
     """
-    import numpy as np
-
     P = prompt_len
     mask = np.triu(np.full((P, P), mask_value, dtype=np.float32), k=1)
     mask[:, n:] = mask_value
@@ -62,8 +68,6 @@ def decode_mask(pos: int, context_len: int, mask_value: float, window: int | Non
     Cache slots ``0..pos-1`` are visible, then the new token (index C). With ``window`` W,
     only the slots ``pos-W+1..pos-1`` stay visible: W tokens including the new one.
     """
-    import numpy as np
-
     C = context_len
     mask = np.full((C + 1,), mask_value, dtype=np.float32)
     first = 0 if window is None else max(0, pos - int(window) + 1)
@@ -120,7 +124,6 @@ _MAPPINGS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 def shared_weights(path: Path, graph: Any) -> list[tuple[str, Any]]:
     """(name, array) for each external-data initializer of ``graph`` (the structure of the
     graph at ``path``): views of the process's one read-only mapping of each data file."""
-    import numpy as np
     from onnx import TensorProto, helper
 
     out = []
@@ -156,8 +159,6 @@ def quantized(path: Path) -> bool:
 
 def external_weights(path: Path) -> bool:
     """Whether the graph at ``path`` keeps its weights as external data beside it."""
-    from studio.engine.weightstore import WEIGHTS_FILE
-
     path = Path(path)
     return (path.parent / WEIGHTS_FILE).is_file() or path.with_name(path.name + ".data").is_file()
 
@@ -172,8 +173,6 @@ def load_tokenizer(export_dir: Path):
 def load_graph_spec(graphs_dir: Path) -> dict[str, Any]:
     """The ``graph.json`` of a folder of static-KV graphs (an export, a quantized or compiled
     model)."""
-    from studio.engine.onnxio import load_spec
-
     return load_spec(Path(graphs_dir))
 
 
@@ -183,9 +182,6 @@ def cpu_generator(graph_dir: Path, spec: dict[str, Any], threads: int = HOST_THR
     ``graph_dir`` on the host CPU (ONNX Runtime); a model in parts runs its parts' graphs
     chained (:mod:`studio.engine.chain`). ``fixed_feeds``: inputs fed as they are to every
     pass (a draft's token table read from its target's: :mod:`studio.engine.shared_table`)."""
-    from studio.engine.chain import chain_session, part_dirs
-    from studio.engine.graphio import encoded
-
     graph_dir = Path(graph_dir)
 
     def make(path: Path):  # graphs with quantized I/O: through their encodings
@@ -202,11 +198,7 @@ def htp_session_maker(chip, fp16: bool,
                       run_options: dict[str, str] | None = None) -> Callable[[Path], Any]:
     """``make(path)``: the HTP session of the compiled context of the graph ``path`` names
     (``<graph>_ctx.onnx`` beside it), with the backend's run-time options."""
-    from studio.engine import qnn
-
     def make(path: Path):
-        from studio.engine.graphio import encoded
-
         ctx = Path(path).with_name(Path(path).stem + "_ctx.onnx")
         # compiled with quantized I/O: the host quantizes masks, dequantizes the logits
         return encoded(qnn.make_session(ctx, chip, strict=True, fp16=fp16,
@@ -260,8 +252,6 @@ def mask_windows(spec: dict) -> tuple[int | None, int | None]:
 
 
 def _input_dtypes(session) -> dict[str, Any]:
-    import numpy as np
-
     out = {}
     for i in session.get_inputs():
         out[i.name] = np.dtype(_ORT_TYPES.get(getattr(i, "type", "tensor(float)"), "float32"))
@@ -273,8 +263,6 @@ def constant_output_error(graph: str, logits, session, feeds: dict) -> StudioErr
     model never gives that) most often ran on inputs that were not bound as the graph
     expects. The error names the graph's inputs against what was fed; None when the logits
     vary."""
-    import numpy as np
-
     a = np.asarray(logits)
     if a.size < 2 or a.max() != a.min():
         return None
@@ -367,8 +355,6 @@ class StaticKVGenerator:
         self.cache_dtype = [(self._dec_types[k], self._dec_types[v]) for k, v in self._kv_names]
         # a vision-language model: the prefill graph takes the image's rows and the
         # multimodal positions; later tokens' positions carry the prompt's rope offset
-        from studio.engine.onnxio import IMAGE_EMBEDS
-        from studio.engine.vision_input import vision_spec
 
         self.vision = vision_spec(spec)
         if (self.vision is not None) != (IMAGE_EMBEDS in self._pre_types):
@@ -385,8 +371,6 @@ class StaticKVGenerator:
     # ------------------------------------------------------------------ low level
 
     def reset(self) -> None:
-        import numpy as np
-
         shape = (1, self.num_kv_heads, self.context_len, self.head_dim)
         self.cache = [[np.zeros(shape, kd), np.zeros(shape, vd)] for kd, vd in self.cache_dtype]
         self.slot_pos = np.full(self.context_len, -1, dtype=np.int64)  # position in each slot
@@ -397,8 +381,6 @@ class StaticKVGenerator:
         puts at its prompt's image tokens, and their grid (rows, columns of image tokens;
         None: the encoder's full square) for the multimodal positions (a vision-language
         model only); used once."""
-        import numpy as np
-
         vs = self.vision
         if vs is None:
             raise StudioError("this model takes no image: it is not a vision-language model")
@@ -412,11 +394,6 @@ class StaticKVGenerator:
 
     def _image_feeds(self, ids: list[int], types: dict) -> dict:
         """A VL prefill's ``position_ids`` [3, 1, P] and ``image_embeds`` [1, P, hidden]."""
-        import numpy as np
-
-        from studio.engine.onnxio import IMAGE_EMBEDS
-        from studio.engine.vision_input import mrope_positions
-
         vs, P, n = self.vision, self.prompt_len, len(ids)
         assert vs is not None
         at = np.asarray(ids) == vs.image_token_id
@@ -460,8 +437,6 @@ class StaticKVGenerator:
         """Decode mask [C + 1] from the slots' positions: slot s is visible when it holds a
         position q with pos - window < q < pos (window: the smaller of the ring's and the
         layer's own)."""
-        import numpy as np
-
         w = self._ring(window) or self.context_len
         q = self.slot_pos
         visible = (q >= 0) & (q < pos) & (q > pos - int(w))
@@ -484,8 +459,6 @@ class StaticKVGenerator:
 
     def prefill_feed(self, ids: list[int]) -> dict:
         """Feeds for the prefill graph: ``ids`` right-padded to P and masked."""
-        import numpy as np
-
         n, P = len(ids), self.prompt_len
         if n == 0:
             raise StudioError("the prompt is empty; give at least one token")
@@ -513,8 +486,6 @@ class StaticKVGenerator:
 
     def decode_feed(self, token: int, pos: int, copy: bool = False) -> dict:
         """Feeds for one decode step of ``token`` at position ``pos`` over the current cache."""
-        import numpy as np
-
         C = self.context_len
         if self.ring_window is not None:
             if not 0 <= pos < self.rope_positions:
@@ -548,8 +519,6 @@ class StaticKVGenerator:
     def verify_feed(self, tokens: list[int], pos: int) -> dict:
         """Feeds for the verify graph: ``tokens`` (at most N) at positions ``pos``.., over
         the cache slots ``0..pos-1``; padding rows see only themselves."""
-        import numpy as np
-
         N, C, n = self.verify_len, self.context_len, len(tokens)
         if not 0 < n <= N:
             raise StudioError(f"the verify graph takes 1..{N} tokens, not {n}")
@@ -590,8 +559,6 @@ class StaticKVGenerator:
         rows into slots ``pos..pos+n-1`` and returns their logits [n, V] (float32). Rows of
         tokens later rejected stay in the cache but are never visible: every mask hides the
         slots at and after the next write position, so rolling back is not advancing."""
-        import numpy as np
-
         if self.verify_session is None:
             raise StudioError("this model has no verify graph: re-export it (export stage)")
         n = len(tokens)
@@ -638,8 +605,6 @@ class StaticKVGenerator:
 
     def prefill(self, ids: list[int]):
         """Run prefill on ``ids`` (<= P tokens), fill cache slots 0..n-1; logits [n, V] float32."""
-        import numpy as np
-
         feeds = self.prefill_feed(ids)
         n = len(ids)
         outs = self.prefill_session.run(self._outputs, feeds)
@@ -659,8 +624,6 @@ class StaticKVGenerator:
 
     def step(self, token: int, pos: int):
         """One decode step; writes the new KV row into slot ``pos``; logits [V] float32."""
-        import numpy as np
-
         feeds = self.decode_feed(token, pos)
         outs = self.decode_session.run(self._outputs, feeds)
         bad = constant_output_error("decode", outs[0][0, -1], self.decode_session, feeds)
@@ -775,8 +738,6 @@ class StaticKVGenerator:
     def teacher_forced_logits(self, ids: list[int], progress: Progress | None = None):
         """Logits [len(ids), V] (float32): prefill on the first min(P, n) ids, then decode
         steps feeding the true tokens. Row i predicts token i + 1."""
-        import numpy as np
-
         ids = [int(t) for t in ids]
         n = len(ids)
         if n == 0:

@@ -6,6 +6,8 @@ and a part's weights as traced inputs."""
 from __future__ import annotations
 
 import contextlib
+import inspect
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -141,9 +143,6 @@ def _decoder_wrapper(
     meta device). ``rotary``: the rotary embedding module to build the RoPE table from
     (default ``causal_lm.model.rotary_emb``).
     """
-    import inspect
-    import math
-
     import torch
 
     class _StepCache:

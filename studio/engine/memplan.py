@@ -26,6 +26,7 @@ from typing import Any
 
 from studio.core.errors import StudioError
 from studio.core.memplan import DEFAULT_ALIGNMENT, GraphMemory, Tensor, plan_memory
+from studio.engine.onnx_import import open_onnx
 
 # bits per element of the ONNX tensor types (TensorProto.DataType values)
 _BITS = {1: 32, 2: 8, 3: 8, 4: 16, 5: 16, 6: 32, 7: 64, 9: 8, 10: 16, 11: 64, 12: 32, 13: 64,
@@ -175,8 +176,6 @@ def analyse(path: Path, dims: dict[str, int] | None = None,
             alignment: int = DEFAULT_ALIGNMENT, top: int = 8
             ) -> tuple[GraphMemory, list[Tensor]]:
     """:func:`graph_memory` and the tensor list it planned."""
-    from studio.engine.onnx_import import open_onnx
-
     path = Path(path)
     model = open_onnx(path, check=False)
     g = model.graph

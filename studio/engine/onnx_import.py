@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,8 +66,6 @@ def _shape(t: Any) -> list[int | str]:
 
 def read_onnx_graph(path: Path) -> OnnxGraph:
     """Nodes of an ONNX file with output shapes (shape inference) and parameter counts."""
-    import math
-
     import onnx
 
     path = Path(path)

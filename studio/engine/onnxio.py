@@ -13,8 +13,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from studio.core.errors import StudioError
 from studio.core.fsutil import link_or_copy
+from studio.core.graphspec import migrate
 
 #: the format of a graphs folder's ``graph.json``
 SPEC_FORMAT = "qstudio.llm-static-kv/1"
@@ -35,14 +38,12 @@ def load_spec(graphs_dir: Path) -> dict:
         raise StudioError(f"cannot read {path}: {exc}; re-run the export") from None
     if spec.get("format") != SPEC_FORMAT:
         raise StudioError(f"{path} is not a QStudio LLM graph spec; re-run the export")
-    from studio.core.graphspec import migrate
 
     return migrate(spec)
 
 
 def weight_bytes(model) -> int:
     """The bytes of a model's initializers, from their dims and types (no serializing)."""
-    import numpy as np
     import onnx
 
     total = 0

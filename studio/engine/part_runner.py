@@ -12,10 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.errors import StudioError
 from studio.core.parts import Part
 from studio.core.progress import Progress, SubProgress
 from studio.engine.chain import part_dirs
+from studio.engine.graphio import as_floats
 from studio.engine.llm_runtime import SLIDING_MASK, decode_mask, mask_windows, prefill_mask
 
 
@@ -35,8 +38,6 @@ class PartRunner:
     one part while the others are not in memory."""
 
     def __init__(self, folder: Path, part: Part, spec: dict, make, decode: bool = True):
-        import numpy as np
-
         self.part, self.spec = part, spec
         self.P, self.C = int(spec["prompt_length"]), int(spec["context_length"])
         KV, D = int(spec["num_kv_heads"]), int(spec["head_dim"])
@@ -48,7 +49,6 @@ class PartRunner:
         self.out_name = "logits" if part.heads else str(part.hidden_out)
         self.cache = [[np.zeros((1, KV, self.C, D), np.float32) for _ in range(2)]
                       for _ in self.kv]
-        from studio.engine.graphio import as_floats
 
         # the cache and the residual stream are float32 here: a graph with quantized I/O
         # gives them back as values
@@ -57,8 +57,6 @@ class PartRunner:
         self.decode_session = self.make(self.folder / "decode.onnx") if decode else None
 
     def _first(self, rows):
-        import numpy as np
-
         if self.part.embeds:
             return np.asarray(rows, dtype=np.int64).reshape(1, -1)
         return np.asarray(rows, dtype=np.float32)[None]
@@ -66,8 +64,6 @@ class PartRunner:
     def prefill_feed(self, rows, n: int) -> dict:
         """Feeds for the prefill graph: ``rows`` (P ids or [P, H] states; the first ``n``
         real, the rest padding, which sees only itself)."""
-        import numpy as np
-
         P = self.P
         feeds = {self.first: self._first(rows), "position_ids": np.arange(P, dtype=np.int64)[None],
                  "attention_mask": prefill_mask(n, P, self.mask_value, self.full)[None, None]}
@@ -88,8 +84,6 @@ class PartRunner:
         return outs[0][0]
 
     def decode_feed(self, row, pos: int, copy: bool = False) -> dict:
-        import numpy as np
-
         C = self.C
         feeds = {self.first: self._first([row] if self.part.embeds else row[None]),
                  "position_ids": np.array([[pos]], dtype=np.int64),
@@ -120,8 +114,6 @@ def run_part_graphs(folder: Path, part: Part, spec: dict, x, n: int, make, on_lo
     """Teacher-force ``n`` positions through one part's prefill then decode graphs (the
     prefill session dropped before the decode one is made): the part's outputs [n, H], or
     for the last part ``on_logits(position, logits)`` for every position."""
-    import numpy as np
-
     P = int(spec["prompt_length"])
     k = min(P, n)
     runner = PartRunner(folder, part, spec, make, decode=False)
@@ -156,8 +148,6 @@ def part_prefill_caches(graphs_dir: Path, spec: dict, heads: list[list[int]], ma
     computed part by part with one part's prefill graph in memory at a time (a model whose
     FP32 graphs do not fit the host's memory together: the 8 B shape's are 32 GB). Returns,
     per head, [(keys, values) per layer] of shape [1, kv_heads, C, head_dim]."""
-    import numpy as np
-
     P = int(spec["prompt_length"])
     xs: list[Any] = [np.asarray(h, dtype=np.int64) for h in heads]
     caches: list[list[tuple[Any, Any]]] = [[] for _ in heads]
@@ -195,8 +185,6 @@ class StreamedScorer:
     def teacher_forced_logits(self, ids: list[int], progress: Progress | None = None):
         """Logits [len(ids), V] (float32); row i predicts token i + 1 (as
         :meth:`studio.engine.llm_runtime.StaticKVGenerator.teacher_forced_logits`)."""
-        import numpy as np
-
         n = len(ids)
         if n == 0:
             raise StudioError("no tokens to score; give at least one token")

@@ -17,6 +17,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.artifacts import PART_DONE
 from studio.core.fsutil import atomic_write_bytes, atomic_write_json
 from studio.core.parts import Part
@@ -77,8 +79,6 @@ def _row(path: Path) -> dict[str, Any] | None:
 def mark(folder: Path, row: dict[str, Any], handoff: dict[str, Any]) -> None:
     """Mark the part in ``folder`` finished: its ``handoff`` arrays, then its row (last: a
     part is finished once its row is there)."""
-    import numpy as np
-
     buf = io.BytesIO()
     arrays: dict[str, Any] = {k: np.asarray(v) for k, v in handoff.items()}
     np.savez(buf, **arrays)
@@ -88,8 +88,6 @@ def mark(folder: Path, row: dict[str, Any], handoff: dict[str, Any]) -> None:
 
 def handoff(folder: Path) -> dict[str, Any]:
     """The arrays :func:`mark` kept for the part in ``folder``."""
-    import numpy as np
-
     with np.load(Path(folder) / HANDOFF) as data:
         return {k: data[k] for k in data.files}
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from studio.core.devices import htp_simulator
 from studio.core.errors import StudioError
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.engine.sensitivity import (
@@ -112,7 +113,6 @@ def confirm_on_htp(bench: VariantBench, data: dict[str, Any], chip, top: int,
     units = {e["name"]: e for e in data["layers"] + data.get("points", [])}
     names = sorted(units, key=lambda n: units[n]["raise"]["delta"]["kl_divergence"])[:top]
     high = data["high"]
-    from studio.core.devices import htp_simulator
 
     sim = htp_simulator(chip.key)
     progress.update(0.0, f"the base on the {sim.name}")
@@ -155,7 +155,6 @@ def _measured_where(chip) -> dict[str, str]:
     HTP simulator."""
     if chip is None:
         return {"source": SOURCE, "device": DEVICE}
-    from studio.core.devices import htp_simulator
 
     sim = htp_simulator(chip.key)
     return {"source": sim.source, "device": sim.id}

@@ -30,8 +30,11 @@ import numpy as np
 
 from studio.core.errors import StudioError
 from studio.core.events import EventTable
+from studio.core.fsutil import read_input
 from studio.core.profile import SOURCES, Profile, ProfileEvent, ProfileOp, layer_of
-from studio.engine.opblocks import op_block
+from studio.engine.opblocks import node_blocks, op_block
+from studio.engine.qnn import read_context_info
+from studio.engine.qnn_profile import event_table, parse_profile_csv
 
 FORMATS = ("qnn-csv", "qnn-optrace-schematic", "ort-json", "chrome-trace", "aihub-json")
 _ACCEPTED = ("a QNN profiling CSV, an optrace _schematic.bin, ONNX Runtime profiling JSON, "
@@ -77,8 +80,6 @@ def import_profile(path: str | os.PathLike, *, onnx_path: str | os.PathLike | No
         raise StudioError(f"unknown profile source '{source}'; use one of {', '.join(SOURCES)}")
     blocks = {}
     if onnx_path is not None:
-        from studio.engine.opblocks import node_blocks
-
         blocks = node_blocks(onnx_path)
     reader = {"qnn-csv": _qnn_csv, "qnn-optrace-schematic": _schematic, "ort-json": _ort_json,
               "chrome-trace": _chrome, "aihub-json": _aihub}.get(fmt)
@@ -97,8 +98,6 @@ MAX_PROFILE_BYTES = 1 << 30
 
 
 def _load_json(p: Path):
-    from studio.core.fsutil import read_input
-
     raw = read_input(p, MAX_PROFILE_BYTES, "the profile file")
     try:
         return json.loads(raw.decode("utf-8"))
@@ -159,8 +158,6 @@ def compiler_totals(sch: dict, options: dict[str, str] | None = None,
                               if "Spill" in op or "Fill" in op),
         "options": dict(options or {}), "binary_bytes": None}
     if binary is not None:
-        from studio.engine.qnn import read_context_info
-
         ctx = Path(binary)
         bins = read_context_info(ctx)["bin_files"]
         out["binary_bytes"] = ctx.stat().st_size + sum(
@@ -169,8 +166,6 @@ def compiler_totals(sch: dict, options: dict[str, str] | None = None,
 
 # ---- QNN CSV ---------------------------------------------------------------------------------
 def _qnn_csv(p: Path, blocks: dict, onnx_path) -> Profile:
-    from studio.engine.qnn_profile import event_table, parse_profile_csv
-
     prof = parse_profile_csv(p, onnx_path=onnx_path, source="imported")
     prof.table = event_table(prof, blocks)
     return prof

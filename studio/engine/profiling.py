@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.catalog import Chip
 from studio.core.errors import StudioError
 from studio.engine.ort_types import ORT_TO_NUMPY
@@ -35,8 +37,6 @@ def synthetic_feeds(session, fill: Mapping[str, float] | None = None) -> dict[st
     ``fill`` sets a constant for named inputs (e.g. ``{"position_ids": 16}``). For
     profiling: the HTP's dense kernels take the same path whatever the values.
     """
-    import numpy as np
-
     feeds = {}
     for inp in session.get_inputs():
         dtype = _ORT_DTYPES.get(inp.type)

@@ -8,13 +8,17 @@ the LLM's graphs together are :mod:`studio.engine.quantize`."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.errors import StudioError
+from studio.core.fsutil import link_or_copy
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.core.recipe import (
     DEFAULT_WEIGHT_ROUNDING,
@@ -22,12 +26,14 @@ from studio.core.recipe import (
     is_float_scheme,
     weight_precision,
 )
-from studio.engine.onnxio import private_input
+from studio.engine import qdq_weights, weightstore
+from studio.engine.onnxio import private_input, save_onnx_atomic, weight_bytes
 from studio.engine.quant_recipe import (
     matmul_precisions,
     normalize_recipe,
     resolve_overrides,
 )
+from studio.engine.rounding import Source, round_for_recipe, rounded_from_qdq, rounding_targets
 from studio.engine.weightstore import WeightStore
 
 # ---------------------------------------------------------------------------- running it
@@ -97,8 +103,6 @@ def preprocess_fuses(src: Path) -> bool:
 
 def _takes_calibration_cache() -> bool:
     """Whether this ONNX Runtime's ``quantize_static`` reads a calibration cache (1.32 on)."""
-    import inspect
-
     from onnxruntime.quantization import calibrate, quantize_static
 
     return ("calibration_cache_path" in inspect.signature(quantize_static).parameters
@@ -208,8 +212,6 @@ def _quantize_streamed(model_path: Path, out: Path, config, ranges: Path | None,
     it (:mod:`studio.engine.qdq_weights`: the same graph, without the quantizer's whole-weight
     copies). Needs the ranges computed already (the stand-ins cannot be calibrated on); a
     graph the streamed path does not reproduce is quantized the usual way."""
-    from studio.engine import qdq_weights
-
     opts = config.extra_options or {}
     if ranges is None:
         static_quantize(model_path, out, config, ranges)
@@ -237,7 +239,6 @@ _OUTPUT_SUFFIX = "_QuantizeLinear_Input"
 def activation_encodings(qdq_path: Path) -> dict[str, list[dict[str, Any]]]:
     """The activation scales of a QDQ graph as ``TensorQuantOverrides`` (tensor -> [{scale,
     zero_point, quant_type}]): every non-initializer tensor a QuantizeLinear reads."""
-    import numpy as np
     import onnx
     from onnx import numpy_helper
     from onnxruntime.quantization import QuantType
@@ -361,8 +362,6 @@ def run_quantizer(
                 f"{mm[bad[0]]} MatMul(s) of {src.name} ended up with 16-bit weights under 16-bit "
                 "activations, which the HTP does not run; keep those weights INT8"
             )
-        from studio.engine import weightstore
-        from studio.engine.onnxio import save_onnx_atomic, weight_bytes
 
         if store is not None and weight_bytes(qmodel) > weightstore.SHARE_ABOVE:
             weightstore.save_shared(qmodel, dst, store)
@@ -405,7 +404,6 @@ def _channels_where_blocks_do_not_fit(model, model_path: Path, block: int,
     """The block-wise 4-bit weights whose input dimension is not a whole number of blocks,
     given explicit per-channel scales instead (the quantizer's block size applies to every
     weight it computes scales for; one with its scales given keeps them): weight -> why."""
-    import numpy as np
     from onnx import numpy_helper
     from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
 
@@ -442,8 +440,6 @@ def _apply_rounding(model, model_path: Path, work: Path, external: bool,
     import onnx
     from onnx import numpy_helper
 
-    from studio.engine.rounding import rounding_targets
-
     targets = rounding_targets(model, init_overrides)
     apply = {w: r for w, r in rounded.items()
              if w in targets and targets[w].quant_type == r.quant_type}
@@ -477,8 +473,6 @@ def quantize_graph(src: Path, dst: Path, recipe: dict, feeds: list[dict],
                           "fp16 instead")
     rounded = None
     if recipe["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING:
-        from studio.engine.rounding import Source, round_for_recipe
-
         work = Path(tempfile.mkdtemp(dir=Path(dst).parent, prefix=f".{Path(dst).stem}-round."))
         try:
             rounded, summary, _ = round_for_recipe(
@@ -507,7 +501,6 @@ def quantize_like(src: Path, dst: Path, like: Path, recipe: dict, feeds: list[di
     rounded = None
     if recipe["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING:
         # the same integer weights as ``like`` (chosen there from its calibration inputs)
-        from studio.engine.rounding import rounded_from_qdq
 
         rounded = rounded_from_qdq(Path(like))
     info = run_quantizer(Path(src), Path(dst), recipe, feeds, progress,
@@ -532,8 +525,6 @@ def _upgrade_opset(path: Path, work: Path, opset: int) -> Path:
     what this did before)."""
     import onnx
     from onnx.external_data_helper import uses_external_data
-
-    from studio.core.fsutil import link_or_copy
 
     model = onnx.load(str(path), load_external_data=False)
     if next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= opset:
@@ -566,8 +557,6 @@ def weight_type_name(recipe: dict) -> str:
 
 
 def jsonable(value):
-    import numpy as np
-
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set)):

@@ -29,12 +29,14 @@ import sys
 import tempfile
 import threading
 import time
+import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from studio.core.catalog import Chip, get_chip
 from studio.core.errors import StudioError
+from studio.engine.onnx_import import open_onnx
 from studio.engine.threads import HOST_THREADS
 
 EP_NAME = "QNNExecutionProvider"
@@ -426,8 +428,6 @@ def export_dlc(onnx_path: str | os.PathLike, chip: Chip | str, out_file: str | o
     """Write the QNN graph of ``onnx_path`` for ``chip`` as a DLC file (the QNN EP's
     ``dump_qnn_ir_dlc`` at session creation). A DLC is for Qualcomm's on-device tools: this
     host cannot run it back. Returns ``{"file", "bytes", "entries"}`` (the DLC is a ZIP)."""
-    import zipfile
-
     out = Path(out_file).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".dlc-", dir=out.parent))
@@ -527,8 +527,6 @@ def placement_report(
 
 
 def _model_nodes(path: Path) -> list[tuple[str, str]]:
-    from studio.engine.onnx_import import open_onnx
-
     model = open_onnx(path, check=False)
     return [(n.name or f"{n.op_type}_{i}", n.op_type) for i, n in enumerate(model.graph.node)]
 

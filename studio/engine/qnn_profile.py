@@ -18,10 +18,16 @@ import csv
 import json
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
+from statistics import median
 
 from studio.core.errors import StudioError
-from studio.core.profile import SOURCES, Profile, ProfileEvent, ProfileOp, layer_of
+from studio.core.events import EventTable
+from studio.core.profile import SOURCES, Profile, ProfileEvent, ProfileOp, layer_of, repeat_stats
+from studio.engine.onnx_import import open_onnx
+from studio.engine.opblocks import op_block
+from studio.engine.opcost import op_costs
 
 REQUIRED_COLUMNS = ("Message", "Time", "Unit of Measurement", "Event Level", "Event Identifier")
 SOURCE_OPS_COLUMN = "ONNX Source Ops"
@@ -180,8 +186,6 @@ def _unit(text: str, path: Path, line: int) -> str:
 
 def _onnx_nodes(onnx_path: str | os.PathLike) -> dict[str, str]:
     """{node name: op type} of an ONNX model (weights not loaded)."""
-    from studio.engine.onnx_import import open_onnx
-
     model = open_onnx(Path(onnx_path), check=False)
     out = {n.name: n.op_type for n in model.graph.node if n.name}
     for fn in model.functions:
@@ -334,8 +338,6 @@ def join_parts(profiles: list[Profile], names: list[str]) -> Profile:
     """One run of a model in parts as one profile: each part's ops in order, their QNN
     names prefixed with the part's (``part2_of_3/...``: each part is its own QNN graph, with
     its own op ids), events summed by name."""
-    from dataclasses import replace
-
     if not profiles:
         raise StudioError("no parts to join")
     ops = [replace(op, qnn_name=f"{name}/{op.qnn_name}")
@@ -354,11 +356,6 @@ def merge_repeats(profiles: list[Profile], other_load: list[float]) -> Profile:
     profile's ``stats`` hold the per-run totals, their spread and the host load of each run
     (:func:`studio.core.profile.repeat_stats`), with the warnings to show.
     """
-    from dataclasses import replace
-    from statistics import median
-
-    from studio.core.profile import repeat_stats
-
     if not profiles:
         raise StudioError("no profiled runs to merge")
     first = profiles[0]
@@ -391,9 +388,6 @@ def event_table(profile: Profile, blocks: dict[str, str] | None = None, track: s
     nodes each op came from: load-independent figures beside the cycles.
     The simulator's CSV has no start times: ``start`` / ``dur`` stay empty for cycle
     profiles."""
-    from studio.core.events import EventTable
-    from studio.engine.opblocks import op_block
-
     blocks = blocks or {}
     cycles = profile.unit == "cycles"
     rows = []
@@ -419,8 +413,6 @@ def event_table(profile: Profile, blocks: dict[str, str] | None = None, track: s
 
 def node_costs(onnx_path: str | os.PathLike) -> dict[str, tuple[float, float]]:
     """ONNX node name -> (MACs, DRAM bytes) of a graph (analytic, see studio.engine.opcost)."""
-    from studio.engine.opcost import op_costs
-
     g = op_costs(Path(onnx_path))
     return {n: (float(m), float(b)) for n, m, b in zip(g.names, g.macs, g.dram_bytes,
                                                        strict=True)}

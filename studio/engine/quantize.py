@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import NullProgress, Progress, SubProgress
@@ -23,6 +25,10 @@ from studio.core.recipe import (
     activation_bits,
     is_float_scheme,
 )
+from studio.engine import vision, vision_input
+from studio.engine.calibration import build_calibration_feeds, calibration_windows
+from studio.engine.llm_runtime import make_cpu_session
+from studio.engine.onnxio import load_spec
 from studio.engine.qdq import (
     activation_encodings,
     run_quantizer,
@@ -33,12 +39,11 @@ from studio.engine.quant_recipe import (
     check_overrides,
     normalize_recipe,
 )
+from studio.engine.rounding import Source, prefill_rows, round_for_recipe
 from studio.engine.weightstore import WEIGHTS_FILE, shared_store
 
 
 def _logit_cosine(ref, other) -> float:
-    import numpy as np
-
     a = np.asarray(ref, dtype=np.float64).reshape(-1, ref.shape[-1])
     b = np.asarray(other, dtype=np.float64).reshape(-1, other.shape[-1])
     cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1) + 1e-12)
@@ -47,8 +52,6 @@ def _logit_cosine(ref, other) -> float:
 
 def _self_check(graphs_dir: Path, out_dir: Path, pre_feed: dict, dec_feed: dict | None) -> dict:
     """Cosine of the quantized logits vs FP32 on one calibration feed of each graph (CPU)."""
-    from studio.engine.llm_runtime import make_cpu_session
-
     res = {}
     for graph, feed in (("prefill", pre_feed), ("decode", dec_feed)):
         if feed is None:
@@ -80,10 +83,6 @@ def quantize_llm(
     decode graphs are calibrated on image prompts too (``images``, [3, S, S] arrays; None:
     ``samples`` images generated here), and its vision encoder on those images
     (:func:`studio.engine.vision.quantize_vision`)."""
-    from studio.engine import vision, vision_input
-    from studio.engine.calibration import build_calibration_feeds, calibration_windows
-    from studio.engine.onnxio import load_spec
-
     graphs_dir, out_dir = Path(graphs_dir), Path(out_dir)
     recipe = normalize_recipe(recipe)
     spec = load_spec(graphs_dir)
@@ -186,8 +185,6 @@ def quantize_llm(
                 )
             rounded, a0 = None, 0.2
             if recipe["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING:
-                from studio.engine.rounding import Source, prefill_rows, round_for_recipe
-
                 progress.update(0.2, f"rounding the weights ({recipe['weight_rounding']})")
                 # the layers' inputs: prompts of rounding_samples windows (prefill rows) and
                 # the calibration's decode feeds (later positions)

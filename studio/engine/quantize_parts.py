@@ -11,12 +11,16 @@ windows x positions x hidden), the graphs of a part are quantized as one graph i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import onnx
 
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
@@ -25,9 +29,18 @@ from studio.core.parts import Part
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.core.recipe import DEFAULT_WEIGHT_ROUNDING, activation_bits, is_float_scheme
 from studio.engine import partresume
-from studio.engine.calibration import window_plan
+from studio.engine.calibration import calibration_windows, window_plan
 from studio.engine.chain import part_dirs
+from studio.engine.llm_runtime import make_cpu_session
+from studio.engine.onnxio import load_spec
 from studio.engine.part_runner import PartRunner, iter_parts
+from studio.engine.qdq import run_quantizer, weight_type_name
+from studio.engine.quant_recipe import (
+    GRAPHS,
+    check_overrides_in,
+    normalize_recipe,
+    resolve_overrides,
+)
 from studio.engine.rounding import Source, prefill_rows, round_for_recipe
 from studio.engine.weightstore import shared_store
 
@@ -38,8 +51,6 @@ def part_calibration(runner: PartRunner, windows: list[list[int]], inputs: list[
     """The prefill and decode feeds of one part on the calibration ``windows``, and what it
     hands the next part (per window: its prefill output [P, H] and its output row at each
     decoded position). ``inputs``: the previous part's hand-on (None for the first part)."""
-    import numpy as np
-
     P, C = runner.P, runner.C
     pad = int(runner.spec.get("pad_token_id") or 0)
     pre_feeds: list[dict] = []
@@ -71,8 +82,6 @@ def part_calibration(runner: PartRunner, windows: list[list[int]], inputs: list[
 
 
 def _output_cosine(ref, got) -> float:
-    import numpy as np
-
     a, b = np.asarray(ref, np.float64).ravel(), np.asarray(got, np.float64).ravel()
     den = float(np.linalg.norm(a) * np.linalg.norm(b))
     return float(a @ b / den) if den else 1.0
@@ -81,8 +90,6 @@ def _output_cosine(ref, got) -> float:
 def _part_check(src: Path, dst: Path, part: Part, pre_feed: dict, dec_feed: dict) -> dict:
     """Cosine of the quantized part's output against its FP32 graph's, on one calibration
     feed of each graph with the FP32 inputs (CPU)."""
-    from studio.engine.llm_runtime import make_cpu_session
-
     name = "logits" if part.heads else str(part.hidden_out)
     res = {}
     for graph, feed in (("prefill", pre_feed), ("decode", dec_feed)):
@@ -108,10 +115,6 @@ def _add_row(info: dict[str, Any], row: dict[str, Any]) -> None:
 def _feeds_digest(*groups: list[dict]) -> str:
     """The digest of calibration feeds (each a dict of name -> array): their names, types,
     shapes and bytes."""
-    import hashlib
-
-    import numpy as np
-
     h = hashlib.sha256()
     for g_i, feeds in enumerate(groups):
         for f_i, feed in enumerate(feeds):
@@ -124,10 +127,6 @@ def _feeds_digest(*groups: list[dict]) -> str:
 
 def _resolved(src: Path, recipe: dict) -> dict[str, dict]:
     """What the recipe's rules give each graph of a part (read without its weights)."""
-    import onnx
-
-    from studio.engine.quant_recipe import resolve_overrides
-
     return {g: resolve_overrides(onnx.load(str(src / f"{g}.onnx"), load_external_data=False),
                                  recipe) for g in ("prefill", "decode")}
 
@@ -165,12 +164,6 @@ def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_te
     ``cache``: finished parts by part key (:mod:`studio.core.partcache`; ``salt`` tells the
     code and tool versions apart): a part whose graphs, calibration inputs and resolved
     precisions are those of a part quantized before is taken from there."""
-    from studio.engine.calibration import calibration_windows
-    from studio.engine.llm_runtime import make_cpu_session
-    from studio.engine.onnxio import load_spec
-    from studio.engine.qdq import run_quantizer, weight_type_name
-    from studio.engine.quant_recipe import GRAPHS, check_overrides_in, normalize_recipe
-
     graphs_dir, out_dir = Path(graphs_dir), Path(out_dir)
     recipe = normalize_recipe(recipe)
     spec = load_spec(graphs_dir)

@@ -24,6 +24,7 @@ from studio.core.gates import evaluate_gates
 from studio.core.project import Project
 from studio.core.resources import resources_dir
 from studio.core.stagegraph import DECLARATIONS, STAGES
+from studio.core.units import format_bytes
 from studio.engine.report_charts import (
     SERIES,
     SOURCE_COLORS,
@@ -33,6 +34,7 @@ from studio.engine.report_charts import (
     svg_paired_bars,
     svg_pareto,
 )
+from studio.engine.waterfall import with_estimate
 
 __all__ = ["SOURCE_COLORS", "SERIES", "svg_bars", "svg_grouped_bars", "svg_lines",
            "build_report", "render_html", "render_markdown", "render_print", "charts",
@@ -161,7 +163,6 @@ def _waterfall(st: dict[str, Any], targets: list[str]) -> dict[str, Any] | None:
     d = (st.get("waterfall") or {}).get("waterfall")
     if not d:
         return None
-    from studio.engine.waterfall import with_estimate
 
     chip = targets[0] if targets else "snapdragon-8-gen-3"
     try:
@@ -309,8 +310,6 @@ def _fmt(v: Any, digits: int = 4) -> str:
 
 
 def _size(n: int | None) -> str:
-    from studio.core.units import format_bytes
-
     return "unknown" if n is None else format_bytes(int(n))
 
 

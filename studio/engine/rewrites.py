@@ -19,7 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
 from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_write_bytes
+from studio.engine import qnn
+from studio.engine.graphdata import compare_outputs
+from studio.engine.onnx_import import open_onnx
+from studio.engine.onnxio import PROTOBUF_LIMIT, save_onnx_atomic, weight_bytes
 
 MS_DOMAIN = "com.microsoft"
 
@@ -42,8 +52,6 @@ def _consumers(graph) -> dict[str, list]:
 
 def _scalar(graph, name: str) -> float | None:
     """The value of a one-element initializer or Constant ``name``, else None."""
-    from onnx import numpy_helper
-
     for t in graph.initializer:
         if t.name == name:
             a = numpy_helper.to_array(t)
@@ -97,9 +105,6 @@ def _erf_gelu(model) -> list[str]:
     """Exact GELU exported as ``x * 0.5 * (1 + erf(x / sqrt 2))`` (BERT's, at opset < 20) in
     any of its usual orders → one ``com.microsoft`` ``Gelu`` (the same function; the HTP
     runs it)."""
-    import onnx
-    from onnx import helper
-
     g = model.graph
     cons = _consumers(g)
     producer = {o: n for n in g.node for o in n.output}
@@ -149,8 +154,6 @@ def _erf_gelu(model) -> list[str]:
 
 def _celu(model) -> list[str]:
     """``Celu(x, alpha)`` → ``alpha * Elu(x / alpha)`` (the same function; the HTP runs Elu)."""
-    from onnx import helper
-
     def build(n, b, const):
         alpha = next((a.f for a in n.attribute if a.name == "alpha"), 1.0)
         x, y = n.input[0], n.output[0]
@@ -169,9 +172,6 @@ def _celu(model) -> list[str]:
 def _replace_each(model, op_type: str, build) -> list[str]:
     """Replace every ``op_type`` node by the nodes ``build(node, base, const)`` returns
     (``const(suffix, value)`` names a new float32 scalar initializer), in place."""
-    import numpy as np
-    from onnx import numpy_helper
-
     g = model.graph
     done = []
     for i, n in enumerate(list(g.node)):
@@ -195,8 +195,6 @@ def _replace_each(model, op_type: str, build) -> list[str]:
 
 def _softsign(model) -> list[str]:
     """``Softsign(x)`` → ``x / (1 + |x|)``."""
-    from onnx import helper
-
     def build(n, b, const):
         x, y = n.input[0], n.output[0]
         return [helper.make_node("Abs", [x], [f"{b}/abs"], name=f"{b}/Abs"),
@@ -209,8 +207,6 @@ def _softsign(model) -> list[str]:
 
 def _hyperbolic(op_type: str):
     """``Cosh(x)`` → ``(exp(x) + exp(-x)) / 2``; ``Sinh(x)`` → ``(exp(x) - exp(-x)) / 2``."""
-    from onnx import helper
-
     def build(n, b, const):
         x, y = n.input[0], n.output[0]
         return [helper.make_node("Exp", [x], [f"{b}/ep"], name=f"{b}/Exp"),
@@ -230,7 +226,6 @@ def _opset(model) -> int:
 def _reduce_via_sum(op_type: str, first: str):
     """``ReduceSumSquare`` → ``ReduceSum(x·x)``, ``ReduceL1`` → ``ReduceSum(|x|)``: the same
     axes and keepdims (ReduceSum takes its axes as an input from opset 13)."""
-    import numpy as np
     from onnx import helper, numpy_helper
 
     def apply(model) -> list[str]:
@@ -274,9 +269,6 @@ def _huge_mask(model) -> list[str]:
     exported attention mask fills hidden slots with) → :data:`MASK_VALUE`. The same softmax
     in float arithmetic; quantized, a range reaching -3.4e38 leaves the mask and the scores
     added to it no resolution at all (MiniLM W8A16: embedding cosine 0.03 vs FP32)."""
-    import numpy as np
-    from onnx import numpy_helper
-
     done = []
     for t in model.graph.initializer:
         if t.data_type in (1, 10, 11) and 0 < _numel(t) <= 16:
@@ -328,11 +320,6 @@ def apply_rewrites(src: Path, dst: Path, names: list[str] | None = None) -> list
     """Apply the catalogue's rewrites (or those named, from the catalogue or
     :data:`PREPARE`) to the float graph ``src``, writing ``dst``; returns what each did:
     ``[{"rewrite", "refused", "description", "nodes"}]`` (only those that found something)."""
-    import onnx
-
-    from studio.core.fsutil import atomic_write_bytes
-    from studio.engine.onnx_import import open_onnx
-
     known = {r.name: r for r in (*PREPARE, *CATALOGUE)}
     unknown = [n for n in names or [] if n not in known]
     if unknown:
@@ -359,7 +346,6 @@ def apply_rewrites(src: Path, dst: Path, names: list[str] | None = None) -> list
         del model.graph.initializer[:]
         model.graph.initializer.extend(keep)
     Path(dst).parent.mkdir(parents=True, exist_ok=True)
-    from studio.engine.onnxio import PROTOBUF_LIMIT, save_onnx_atomic, weight_bytes
 
     if weight_bytes(model) > PROTOBUF_LIMIT:  # past one file's 2 GB: weights beside it
         save_onnx_atomic(model, Path(dst))
@@ -374,10 +360,6 @@ def check_rewrite(original: Path, rewritten: Path, feeds: list[dict[str, Any]]) 
     """The rewritten graph against the original on ``feeds`` (FP32, ONNX Runtime on the CPU,
     graph optimizations off so neither is refused into the other): per output the worst
     cosine and max |error| over the feeds."""
-    import onnxruntime as ort
-
-    from studio.engine.graphdata import compare_outputs
-
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     a = ort.InferenceSession(str(original), so, providers=["CPUExecutionProvider"])
@@ -396,11 +378,6 @@ def partition(onnx_path: Path, chip, fp16: bool = False) -> dict[str, Any]:
     """Where a graph runs when the CPU may take what the HTP refuses: the placement report
     (each refused node with the EP's reason) plus the NPU↔CPU transitions — tensors made on
     one side and read on the other — and the bytes they carry per inference."""
-    import numpy as np
-    import onnx
-
-    from studio.engine import qnn
-
     report = qnn.placement_report(onnx_path, chip, fp16=fp16)
     model = onnx.load(str(onnx_path), load_external_data=False)
     try:

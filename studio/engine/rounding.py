@@ -47,8 +47,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.errors import StudioError
 from studio.core.progress import NullProgress, Progress
+from studio.engine.onnxio import private_input
+from studio.engine.quant_recipe import resolve_overrides
+from studio.engine.threads import HOST_THREADS
 
 # SeqMSE: candidate clipping ranges a * max|W| per channel, a in [LOW, 1.0]
 SEQMSE_CANDIDATES = 20
@@ -87,14 +92,10 @@ class Rounded:
     stats: dict[str, Any] = field(default_factory=dict)
 
     def dequantized(self):
-        import numpy as np
-
         return (self.ints.astype(np.float32) * self.scales[None, :]).astype(np.float32)
 
     def overrides(self) -> list[dict[str, Any]]:
         """ORT's per-channel TensorQuantOverrides for this weight (explicit scales)."""
-        import numpy as np
-
         out: list[dict[str, Any]] = []
         for c, s in enumerate(self.scales):
             d: dict[str, Any] = {"scale": np.float32(s), "zero_point": 0}
@@ -134,8 +135,6 @@ def rounding_targets(model, init_overrides: dict[str, list[dict]]) -> dict[str, 
 
 
 def _scales(absmax, t: Target):
-    import numpy as np
-
     s = 2.0 * np.asarray(absmax, np.float64) / (t.qmax - t.qmin)
     # as ORT: a channel of zeros (a scale below float32's smallest normal) gets scale 1
     return np.where(s < np.finfo(np.float32).tiny, 1.0, s).astype(np.float32)
@@ -143,24 +142,18 @@ def _scales(absmax, t: Target):
 
 def _quant(w, scales, t: Target):
     """Round to nearest on the grid of ``scales`` (as ORT does: half to even, then clip)."""
-    import numpy as np
-
     q = np.rint(w.astype(np.float32) / scales[None, :])
     return np.clip(q, t.qmin, t.qmax).astype(np.int32)
 
 
 def channel_errors(h, w, ints, scales):
     """Each output channel's error ``d_c^T H d_c`` for ``d = W - q * s`` (float64)."""
-    import numpy as np
-
     d = w.astype(np.float64) - ints.astype(np.float64) * scales.astype(np.float64)[None, :]
     return np.einsum("ic,ic->c", h @ d, d)
 
 
 def nearest(w, t: Target) -> tuple[Any, Any]:
     """MinMax + round to nearest: what the quantizer does by itself."""
-    import numpy as np
-
     s = _scales(np.abs(w).max(axis=0), t)
     return _quant(w, s, t), s
 
@@ -169,8 +162,6 @@ def seqmse(h, w, t: Target, candidates: int = SEQMSE_CANDIDATES, low: float = SE
     """Per channel, the clipping range (of ``candidates`` between ``low`` and 1.0 times the
     channel's max |w|) whose nearest rounding gives the smallest output error on ``H``.
     Returns (ints, scales, the chosen fraction per channel)."""
-    import numpy as np
-
     absmax = np.abs(w).max(axis=0).astype(np.float64)
     alphas = np.linspace(low, 1.0, candidates)
     best_s = _scales(absmax, t)  # 1.0 first: a tie keeps the wider range
@@ -195,7 +186,6 @@ def adaround(h, w, scales, t: Target, iterations: int = ADAROUND_ITERATIONS,
     """AdaRound on the grid of ``scales``: learned up/down rounding of each weight that
     minimises the output error ``trace(D^T H D)`` (normalised by nearest rounding's), with the
     rectified sigmoid and the annealed regulariser. Returns the integers (hard rounding)."""
-    import numpy as np
     import torch
 
     torch.manual_seed(seed)
@@ -241,8 +231,6 @@ def gptq(h, w, scales, t: Target, damp: float = GPTQ_DAMP, check=None):
     """GPTQ on the grid of ``scales``: rows of ``w`` [in, out] quantized in order of
     decreasing ``H_ii``, each row's error ``(w_i - q_i s) / U_ii`` taken off the later rows
     through the upper Cholesky factor ``U`` of ``H^-1``. Returns the integers."""
-    import numpy as np
-
     n = h.shape[0]
     hd = np.array(h, np.float64)
     hd[np.diag_indices(n)] += damp * float(np.mean(np.diag(hd))) + 1e-12
@@ -267,8 +255,6 @@ def gptq(h, w, scales, t: Target, damp: float = GPTQ_DAMP, check=None):
 def round_layer(h, w, t: Target, method: str, check=None) -> Rounded:
     """One layer's weights rounded by ``method``, never worse than nearest rounding on ``H``
     (a method that does not beat it falls back to it)."""
-    import numpy as np
-
     q_n, s_n = nearest(w, t)
     e_n = float(channel_errors(h, w, q_n, s_n).sum())
     stats: dict[str, Any] = {"nearest_error": e_n}
@@ -364,9 +350,6 @@ def _session(path: Path, outputs: list[str], replaced: dict[str, Any], work: Pat
     import onnx
     import onnxruntime as ort
 
-    from studio.engine.onnxio import private_input
-    from studio.engine.threads import HOST_THREADS
-
     model = onnx.load(str(path), load_external_data=False)
     have = {o.name for o in model.graph.output}
     for name in outputs:
@@ -394,8 +377,6 @@ def _session(path: Path, outputs: list[str], replaced: dict[str, Any], work: Pat
 def _gram(sources: list[Source], tensors: list[str], replaced: dict[str, Any], work: Path,
           progress: Progress) -> tuple[dict[str, Any], int]:
     """``X^T X`` (float64) of each tensor over every source's feeds' real rows."""
-    import numpy as np
-
     grams: dict[str, Any] = {}
     rows = 0
     for i, src in enumerate(sources):
@@ -472,8 +453,6 @@ def round_for_recipe(sources: list[Source], recipe: dict, work: Path,
     from onnx import numpy_helper
     from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
-    from studio.engine.quant_recipe import resolve_overrides
-
     t0 = time.perf_counter()
     method = recipe["weight_rounding"]
     # the graph without its weights (a graph past 2 GB cannot go through shape inference,
@@ -500,7 +479,6 @@ def rounded_from_qdq(qdq_path: Path) -> dict[str, Rounded]:
     """The per-channel integer weights (axis 1, zero point 0) a quantized graph stores for
     its MatMuls, as roundings to apply to another graph with the same weights (an AR-N graph
     beside the decode graph), keyed by the FP32 weight's name."""
-    import numpy as np
     import onnx
     from onnx import numpy_helper
     from onnxruntime.quantization import QuantType

@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.errors import StudioError
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.core.recipe import (
@@ -60,8 +62,21 @@ from studio.core.recipe import (
     is_float_precision,
     is_float_scheme,
     is_weight_only,
+    module_of_node,
     weight_precision,
 )
+from studio.engine import qnn
+from studio.engine.calibration import build_calibration_feeds, calibration_windows
+from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
+from studio.engine.onnxio import load_spec, private_input
+from studio.engine.qdq import (
+    LogToProgress,
+    calibration_reader,
+    mapped_ranges,
+    preprocess_fuses,
+    static_quantize,
+)
+from studio.engine.quant_recipe import matmul_weights, normalize_recipe, resolve_overrides
 from studio.engine.splicing import (
     SHARED_SCALE_OPS,
     apply_part,
@@ -203,8 +218,6 @@ def host_session(model, threads: int = 1):
 
 def compare_logits(ref: list, got: list, windows: list[list[int]]) -> dict[str, float]:
     """Teacher-forced figures of ``got`` against the FP32 ``ref`` (lists of [n, V] logits)."""
-    import numpy as np
-
     nll = cnt = 0.0
     cos, top1, kl = [], [], []
     for r, g, w in zip(ref, got, windows, strict=True):
@@ -286,9 +299,6 @@ class VariantBench:
                  work_parent: Path, *, calibration_text: str = "",
                  tokenizer_dir: Path | None = None, ranges: Path | None = None,
                  progress: Progress = NullProgress(), threads: int = 1):
-        from studio.engine.onnxio import load_spec
-        from studio.engine.quant_recipe import normalize_recipe
-
         self.graphs_dir = Path(graphs_dir)
         self.spec = load_spec(self.graphs_dir)
         if self.spec.get("dtype", "float32") != "float32" or "quantization" in self.spec:
@@ -336,12 +346,6 @@ class VariantBench:
         """Float model, calibration ranges, FP32 reference, base model, 4-bit weights."""
         import onnx
         from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
-
-        from studio.engine.calibration import build_calibration_feeds, calibration_windows
-        from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
-        from studio.engine.onnxio import private_input
-        from studio.engine.qdq import mapped_ranges, preprocess_fuses
-        from studio.engine.quant_recipe import resolve_overrides
 
         p = self.progress
         P, C = int(self.spec["prompt_length"]), int(self.spec["context_length"])
@@ -421,9 +425,6 @@ class VariantBench:
 
     def _weights_by_layer(self) -> dict[str, tuple[str, int, int]]:
         """layer -> (weight initializer, element count, output features)."""
-        from studio.core.recipe import module_of_node
-        from studio.engine.quant_recipe import matmul_weights
-
         inits = {t.name: t for t in self.model.graph.initializer}
         out = {}
         for w, node in matmul_weights(self.model).items():
@@ -433,8 +434,6 @@ class VariantBench:
 
     # -- quantizing -------------------------------------------------------------------------
     def _recipe(self, overrides: dict[str, str]) -> dict:
-        from studio.engine.quant_recipe import normalize_recipe
-
         return normalize_recipe({**self.recipe, "overrides": dict(overrides), "given": {}})
 
     def _config(self, recipe: dict):
@@ -442,9 +441,6 @@ class VariantBench:
         quantize stage resolves them, completed by the QNN config (converts, shared scales)."""
         from onnxruntime.quantization import QuantType
         from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
-
-        from studio.engine.qdq import calibration_reader
-        from studio.engine.quant_recipe import resolve_overrides
 
         key = canonical([recipe["weight_granularity"], recipe["overrides"]])
         if key not in self._configs:
@@ -471,8 +467,6 @@ class VariantBench:
 
     def _real(self, recipe: dict, out: Path) -> Path:
         """The real quantizer on the prepared float graph, reading the cached ranges."""
-        from studio.engine.qdq import LogToProgress, static_quantize
-
         self.progress.check()
         _, config = self._config(recipe)
         handler = LogToProgress(NullProgress())
@@ -649,8 +643,6 @@ class VariantBench:
     def _split_group(self, group) -> dict[int, Any] | None:
         """Quantize a group's variants together and split the result by variant; None when
         the quantizer's plan or result for the group is not the sum of its variants'."""
-        from studio.engine.quant_recipe import normalize_recipe
-
         overrides: dict[str, str] = {}
         for _, recipe, _, _ in group:
             overrides.update(recipe["given"])
@@ -689,8 +681,6 @@ class VariantBench:
 
     # -- scoring ----------------------------------------------------------------------------
     def _logits(self, session) -> list:
-        import numpy as np
-
         out = []
         for w, feed in zip(self.windows, self._feeds, strict=True):
             lg = session.run(["logits"], feed)[0]
@@ -726,8 +716,6 @@ class VariantBench:
         """The variant's figures on the QNN HTP *simulator* of ``chip`` (every node on the
         HTP, as the compile stage requires): the same windows, the same FP32 reference."""
         import onnx
-
-        from studio.engine import qnn
 
         self.progress.check()
         path = self.work / "htp-variant.onnx"

@@ -22,12 +22,21 @@ every pass of the draft reads the target's array.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.drafttable import TableShare, table_share
 from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_folder, atomic_write_json, link_or_copy
+from studio.engine import hf_import
+from studio.engine.chain import part_dirs
+from studio.engine.hf_import import _safetensors_files, safetensors_layout
+from studio.engine.llm_runtime import external_weights, shared_weights
+from studio.engine.onnxio import load_spec
 
 #: the token table's name in an export (the Gather's data) and the tied head's copy
 TABLE = "model.embed_tokens.weight"
@@ -43,8 +52,6 @@ _CHUNK = 16 << 20
 def _table_location(folder: Path) -> tuple[Path, str, tuple[int, ...], int, int] | None:
     """(file, dtype, shape, first byte, end byte) of the checkpoint's token table in its
     safetensors files; None where it has none (a PyTorch .bin checkpoint)."""
-    from studio.engine.hf_import import _safetensors_files, safetensors_layout
-
     for f in _safetensors_files(Path(folder)):
         tensors, length, _end = safetensors_layout(f)
         t = tensors.get(TABLE)
@@ -58,8 +65,6 @@ def compare_tables(target: Path, draft: Path) -> tuple[bool | None, float | None
     """Whether the two checkpoints' token tables are equal, value for value (None: not
     compared — a table not in safetensors, or of another dtype or shape), and where they
     differ the largest difference (float dtypes numpy reads; else None)."""
-    import numpy as np
-
     a, b = _table_location(target), _table_location(draft)
     if a is None or b is None or a[1:3] != b[1:3]:
         return None, None
@@ -96,8 +101,6 @@ def checkpoint_share(target: Path, draft: Path, mode: str = "auto") -> TableShar
     """The verdict for the checkpoints ``target`` and ``draft`` (folders), from their configs
     and — where the vocabularies and widths match — their tables compared byte for byte
     (cached per file identity: the plan is asked for often)."""
-    from studio.engine import hf_import
-
     t, d = hf_import.open_checkpoint(target), hf_import.open_checkpoint(draft)
     files = [_table_location(Path(f)) for f in (target, draft)]
     key = (mode, str(Path(target).resolve()), str(Path(draft).resolve()),
@@ -128,10 +131,6 @@ def target_table(export_dir: Path):
     import onnx
     from onnx import numpy_helper
 
-    from studio.engine.chain import part_dirs
-    from studio.engine.llm_runtime import external_weights, shared_weights
-    from studio.engine.onnxio import load_spec
-
     export_dir = Path(export_dir)
     graph = part_dirs(load_spec(export_dir), export_dir)[0] / "prefill.onnx"
     stat = graph.stat()
@@ -156,7 +155,6 @@ def target_table(export_dir: Path):
 def _rewrite(model, tied_head: bool) -> tuple[int, bool]:
     """Make the table an input of ``model`` (and the tied head read it); returns (the
     initializer bytes dropped, whether the head now reads the table)."""
-    import numpy as np
     from onnx import TensorProto, helper
 
     g = model.graph
@@ -197,7 +195,6 @@ def _rewrite(model, tied_head: bool) -> tuple[int, bool]:
 def _head_is_table(graph: Path) -> bool:
     """Whether the export's ``lm_head.weight`` is its table transposed, value for value (a
     tied head, which the export stores again)."""
-    import numpy as np
     import onnx
     from onnx import numpy_helper
 
@@ -215,12 +212,7 @@ def shared_draft_graphs(draft_dir: Path, out: Path) -> dict[str, Any]:
     table (and a tied head) from the input :data:`TABLE` (made once: ``out``'s marker says
     what was done). Returns the marker's content: each graph and the bytes of the
     initializers it no longer holds (``graph_bytes_dropped``: measured on the files)."""
-    import shutil
-
     import onnx
-
-    from studio.core.fsutil import atomic_folder, atomic_write_json, link_or_copy
-    from studio.engine.onnxio import load_spec
 
     draft_dir, out = Path(draft_dir), Path(out)
     marker = out / MARKER

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from studio.core.errors import StudioError
 
 #: the graph input a traced output head's weight comes in by; its Transpose is folded into
@@ -120,8 +122,6 @@ def _write_rows(f, arr) -> None:
     """Write ``arr`` in C order. A MatMul weight comes out of the exporter as a transposed
     view of the Linear's weight: it is made contiguous a slice of rows at a time (an 8 B
     model's 128 k x 4096 head made whole would be 2 GiB more at once)."""
-    import numpy as np
-
     if arr.flags.c_contiguous or arr.ndim == 0:
         f.write(arr.data if arr.nbytes else b"")
         return

@@ -33,6 +33,9 @@ Heavy libraries (torch, PIL) are imported inside functions.
 
 from __future__ import annotations
 
+import shutil
+import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,13 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import StudioError
+from studio.core.recipe import is_float_scheme, weight_bits
+from studio.engine.export_check import PositionCheck
+from studio.engine.llm_runtime import DEFAULT_MASK_VALUE, cpu_generator, make_cpu_session
+from studio.engine.onnxio import load_spec, save_onnx_atomic
+from studio.engine.qdq import quantize_graph
+from studio.engine.threads import HOST_THREADS
+from studio.engine.torch_onnx import initializers_kept, write_initializers
 from studio.engine.vision_input import (
     ENCODER_INPUTS,
     VISION_FILE,
@@ -118,8 +128,6 @@ def vision_wrapper(visual, vs: VisionSpec, mask_value: float):
     embedding gathered by the positions, the blocks with attention masked to the groups
     (Qwen2.5-VL's window blocks within a window, its full-attention blocks and every
     Qwen2-VL block within the image), the merger."""
-    import sys
-
     import torch
 
     rotate = sys.modules[type(visual.blocks[0].attn).__module__].apply_rotary_pos_emb_vision
@@ -218,9 +226,6 @@ def export_vision(visual, vs: VisionSpec, path: Path, opset: int,
     in ``<path>.data``, written a tensor at a time. Returns its graph I/O description."""
     import torch
 
-    from studio.engine.llm_runtime import DEFAULT_MASK_VALUE
-    from studio.engine.torch_onnx import initializers_kept, write_initializers
-
     kept = visual.patch_embed
     feeds, _ = encoder_feeds(ImagePatches(np.zeros((vs.patches, vs.patch_dim), np.float32),
                                           vs.grid, vs.grid, vs.merge), vs)
@@ -242,8 +247,6 @@ def export_vision(visual, vs: VisionSpec, path: Path, opset: int,
     finally:
         visual.patch_embed = kept  # the checkpoint's own module back
     import onnx
-
-    from studio.engine.onnxio import save_onnx_atomic
 
     if external:  # traced without its weights: they go to <tmp>.data a tensor at a time
         write_initializers(tmp, weights)
@@ -273,9 +276,6 @@ ENCODER_CHECK_RTOL = 1e-3
 
 def encoder_session(graphs_dir: Path, threads: int | None = None):
     """The FP32 vision encoder of an export on the host CPU (ONNX Runtime)."""
-    from studio.engine.llm_runtime import make_cpu_session
-    from studio.engine.threads import HOST_THREADS
-
     path = Path(graphs_dir) / VISION_FILE
     if not path.is_file():
         raise StudioError(f"{graphs_dir} has no {VISION_FILE}: re-run the export")
@@ -301,8 +301,6 @@ def timed_encode(session, image: np.ndarray, vs: VisionSpec) -> tuple[np.ndarray
 def timed_encode_pixels(session, patches: ImagePatches, vs: VisionSpec
                         ) -> tuple[np.ndarray, float]:
     """The encoder's rows for one image's patches and the seconds it took."""
-    import time
-
     t0 = time.perf_counter()
     rows = encode(session, patches, vs)
     return rows, time.perf_counter() - t0
@@ -389,8 +387,6 @@ def check_image_export(full, graphs_dir: Path, gen, vs: VisionSpec, text_ids: li
     position's logits, the text export check's rule)."""
     import torch
 
-    from studio.engine.export_check import PositionCheck
-
     session = encoder_session(graphs_dir)
     diff, top, cos = 0.0, 0.0, []
     for image in check_shapes(vs):
@@ -449,8 +445,6 @@ def image_prompt_feeds(graphs_dir: Path, spec: dict[str, Any], windows: list[lis
     FP32 encoder) placed after two tokens of a text window, text of the window after it up
     to P; the prefill graph's feed, then ``decode_per_image`` decode steps that continue the
     window's text (their positions carry the image's rope offset). (prefill, decode)."""
-    from studio.engine.llm_runtime import cpu_generator
-
     vs = vision_spec(spec)
     if vs is None:
         return [], []
@@ -486,13 +480,7 @@ def quantize_vision(graphs_dir: Path, stage: Path, recipe: dict[str, Any],
     name its layers: ``quantization.vision_scheme`` and ``vision_overrides`` are its own
     recipe), or float for a float scheme; checked against the FP32 encoder on the ``held``
     images (cosine of the image rows, on the CPU)."""
-    import shutil
-
-    from studio.core.recipe import is_float_scheme
     from studio.engine import rewrites
-    from studio.engine.llm_runtime import make_cpu_session
-    from studio.engine.onnxio import load_spec
-    from studio.engine.qdq import quantize_graph
 
     src = Path(graphs_dir) / VISION_FILE
     vs = vs or vision_spec(load_spec(graphs_dir))
@@ -508,8 +496,6 @@ def quantize_vision(graphs_dir: Path, stage: Path, recipe: dict[str, Any],
         shutil.move(str(work), str(Path(stage) / VISION_FILE))
         info["precision"] = "float (FP16 on the HTP)"
     else:
-        from studio.core.recipe import weight_bits
-
         rec: dict[str, Any] = {k: recipe[k] for k in ("weight_granularity",
                                                        "calibration_method", "block_size")
                                if k in recipe}

@@ -10,13 +10,16 @@ calibration images generated here. numpy only (PIL inside functions); the encode
 
 from __future__ import annotations
 
+import io
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from studio.core.archs import VisionArch
 from studio.core.errors import StudioError
 from studio.core.fsutil import IMAGE_SUFFIXES
 
@@ -168,8 +171,6 @@ class PixelRange:
     @property
     def low(self) -> int:
         """The smallest side: the first multiple of ``unit`` whose square holds min_pixels."""
-        import math
-
         side = math.isqrt(self.min_pixels - 1) + 1  # the ceiling of the square root
         return max(1, -(-side // self.unit)) * self.unit
 
@@ -177,8 +178,6 @@ class PixelRange:
     def high(self) -> int:
         """The largest side: the last multiple of ``unit`` whose square is within max_pixels
         (0: none)."""
-        import math
-
         return math.isqrt(self.max_pixels) // self.unit * self.unit
 
     def holds(self, side: int) -> bool:
@@ -226,8 +225,6 @@ def pixel_range(preprocessor: dict[str, Any], unit: int, where: str) -> PixelRan
 def processor_range(config: dict[str, Any], preprocessor: dict[str, Any],
                     where: str) -> PixelRange:
     """:func:`pixel_range` for a checkpoint's ``config.json`` (its patch x merge)."""
-    from studio.core.archs import VisionArch
-
     vc = config.get("vision_config")
     if not isinstance(vc, dict):
         raise StudioError(f"{where}: config.json has no vision_config")
@@ -252,8 +249,6 @@ def make_vision_spec(config: dict[str, Any], preprocessor: dict[str, Any], image
                      model_type: str, where: str) -> VisionSpec:
     """The vision entry for a checkpoint's ``config.json`` and image processor at one image
     size (square, ``image_size`` pixels a side)."""
-    from studio.core.archs import VisionArch
-
     vc = config.get("vision_config")
     if not isinstance(vc, dict):
         raise StudioError(f"{where}: config.json has no vision_config")
@@ -343,8 +338,6 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int,
     """(height, width) a picture is resized to, as transformers' Qwen2-VL ``smart_resize``
     computes it: each side a multiple of ``factor``, the pixels within [min_pixels,
     max_pixels], the aspect kept as closely as that allows."""
-    import math
-
     if max(height, width) / min(height, width) > 200:
         raise StudioError(f"the picture is {width} x {height} px: its aspect ratio is over 200 "
                           "(transformers' image processor refuses it too): crop it")
@@ -521,8 +514,6 @@ def calibration_images(count: int, size: int, seed: int = 0) -> list[np.ndarray]
 
 def png_bytes(image: np.ndarray) -> bytes:
     """An image ([3, S, S] in 0..1) as a PNG file's bytes."""
-    import io
-
     from PIL import Image
 
     buf = io.BytesIO()

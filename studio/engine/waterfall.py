@@ -15,7 +15,13 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+from studio.core import archs
+from studio.core import perfmodel as pm
+from studio.core.catalog import get_chip
 from studio.core.errors import StudioError
+from studio.engine.speculative import PromptLookupProposer, speculative_generate
 
 STEPS: tuple[str, ...] = ("fp32", "w8a16", "quantized_io", "w4a16", "int8_kv", "window",
                           "speculative", "pruned")
@@ -30,8 +36,6 @@ LABELS: dict[str, str] = {
 def perplexity(gen, ids: Sequence[int], window: int | None = None) -> float:
     """Perplexity of ``ids`` teacher-forced in windows of C tokens (``window``: attention to
     the last W tokens only, through the ring buffer)."""
-    import numpy as np
-
     gen.set_window(window)
     C = gen.context_len
     nll, count = 0.0, 0
@@ -76,8 +80,6 @@ def speculative_rate(gen, prompt: Sequence[int], new_tokens: int, k: int,
                      repeats: int = 3) -> dict[str, Any]:
     """Greedy speculative decoding with prompt lookup on ``gen`` (which needs a verify graph):
     the median rate over ``repeats`` runs and the measured acceptance."""
-    from studio.engine.speculative import PromptLookupProposer, speculative_generate
-
     if not gen.verify_len:
         raise StudioError("the graphs have no verify graph for speculative decoding")
     rates, stats, tokens = [], {}, []
@@ -102,10 +104,6 @@ def same_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def with_estimate(data: dict[str, Any], chip: str) -> dict[str, Any]:
     """``data`` (the stage's waterfall.json) with each step's estimate for ``chip``."""
-    from studio.core import archs
-    from studio.core import perfmodel as pm
-    from studio.core.catalog import get_chip
-
     c = get_chip(chip)
     arch = archs.Arch.from_config(data["config"])
     est = pm.waterfall_estimate(arch, c.key, int(data["context"]), int(data["window"]),

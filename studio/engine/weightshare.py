@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.engine import qnn
+from studio.engine.qnn_system import context_info
 
 EXECUTED = "executed on the HTP simulator"
 STRUCTURE_ONLY = "checked by structure only: a device executes it"
@@ -85,8 +87,6 @@ def compile_shared(
     "bytes": size of the .bin, "seconds", "sdk_version"}``. The files appear when all is
     written: binary first, then the context models.
     """
-    from studio.engine import qnn
-
     srcs = [Path(g) for g in graphs]
     if len(srcs) < 2:
         raise StudioError("weight sharing needs two graphs or more (e.g. prefill and decode)")
@@ -135,7 +135,6 @@ def compile_shared(
         if not bin_staged.is_file():
             raise StudioError(f"the shared context binary {bins[0]} the context models name "
                               "was not written")
-        from studio.engine.qnn_system import context_info
 
         info = context_info(bin_staged)
         in_bin = [g["name"] for g in info["graphs"]]
@@ -268,8 +267,6 @@ def compare_structure(shared: str | os.PathLike,
     "differences": [binary-level], "graphs": [{"shared", "separate", "inputs", "outputs",
     "differences"}], "shared_file", "separate_files"}``.
     """
-    from studio.engine.qnn_system import context_info
-
     s_info = context_info(shared)
     p_infos = [context_info(p) for p in separate]
     p_graphs = [g for info in p_infos for g in info["graphs"]]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import platform
 import random
 import sysconfig
 import time
@@ -274,8 +275,6 @@ the ids used in training.
 
 
 def main(argv=None) -> int:
-    import platform
-
     import torch
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

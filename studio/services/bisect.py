@@ -9,20 +9,33 @@ diff of those settings, cached like any other stage result. Nothing here imports
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from studio.core import project as projectfile
+from studio.core.artifacts import ArtifactStore
+from studio.core.catalog import get_chip
+from studio.core.devices import device
 from studio.core.errors import StudioError
+from studio.core.layerdiff import KL_OK, PAIR_TITLES, bisect_verdict, device_vs_simulator, summarize
+from studio.engine.devices import backend
+from studio.engine.layerdiff import layer_diff, windows_of
+from studio.engine.llm_runtime import load_graph_spec
+from studio.services.history import current_keys
+from studio.services.layerdiff import layerdiff_result
+from studio.services.pipeline import plan, preflight
+from studio.services.session import Studio
+from studio.worker.context import read_text
 
 
 def bisect_project(path: Path, target: str | None = None, graph: str = "prefill",
                    part: int = 0):
     """The project at ``path`` with the bisection's settings (not saved); ``part``: the part
     of a model exported in parts whose layers are compared (0: a model exported whole)."""
-    from studio.core import project as projectfile
-    from studio.core.catalog import get_chip
-
     p = projectfile.load(Path(path))
     if p.model["kind"] != "causal-lm":
         raise StudioError("studio bisect runs on language-model projects; for an ONNX graph "
@@ -43,11 +56,6 @@ def run_stage(project, stage: str, target: str,
               on_event: Callable[[dict[str, Any]], None] | None) -> None:
     """Run ``stage`` for ``target`` and what it needs (cached where the store has it), as
     ``studio --batch FILE --stages STAGE`` would; one line when it does not succeed."""
-    import asyncio
-
-    from studio.services.pipeline import plan, preflight
-    from studio.services.session import Studio
-
     preflight(project, plan(project, [stage], [target]))
     studio = Studio(project)
     if on_event is not None:
@@ -64,10 +72,6 @@ def run_stage(project, stage: str, target: str,
 def exported_parts(project, target: str,
                    on_event: Callable[[dict[str, Any]], None] | None = None) -> int:
     """How many parts the project's export has (exported first when the store lacks it)."""
-    from studio.core.artifacts import ArtifactStore
-    from studio.engine.llm_runtime import load_graph_spec
-    from studio.services.history import current_keys
-
     if project.export["parts"] in (1, "1"):
         return 1
     run_stage(project, "export", target, on_event)
@@ -87,20 +91,9 @@ def bisect_on_device(project, target: str, graph: str, device_id: str,
     and compile of the project's current settings (run first when missing), the held-out
     windows, then the layer diff with the device's outputs. A device's figures are a
     measurement, not an artifact: nothing is stored."""
-    import functools
-    import tempfile
-
-    from studio.core.artifacts import ArtifactStore
-    from studio.core.devices import device
-    from studio.core.layerdiff import PAIR_TITLES, summarize
-    from studio.engine.layerdiff import layer_diff, windows_of
     from studio.engine.llm_runtime import load_graph_spec, load_tokenizer
-    from studio.services.history import current_keys
-    from studio.worker.context import read_text
 
     dev = device(device_id, list(project.targets))
-    from studio.core.catalog import get_chip
-    from studio.engine.devices import backend
 
     runner = backend(dev).tensor_runner()  # refuses, in one line, a device that has none
     chip = get_chip(dev.chip)
@@ -152,9 +145,6 @@ def _bisect_part(path: Path, target: str | None, graph: str, part: int,
                  on_event: Callable[[dict[str, Any]], None] | None, device: str | None,
                  log: Callable[[str], None] | None) -> dict[str, Any]:
     """One bisection: the whole model (``part`` 0) or one part of a model in parts."""
-    from studio.core.layerdiff import bisect_verdict, device_vs_simulator
-    from studio.services.layerdiff import layerdiff_result
-
     project, target = bisect_project(path, target, graph, part)
     run_stage(project, "layerdiff", target, on_event)  # this machine's HTP simulator
     got = layerdiff_result(project, target)
@@ -194,8 +184,6 @@ def bisect(path: Path, target: str | None = None, graph: str = "prefill",
     the FP32 parts after it, so each part's own error is measured at the output; ``parts``
     then lists each part's reading, and the verdict is the reading of the part whose own
     error reaches the logits most."""
-    from studio.core.layerdiff import KL_OK
-
     project, target = bisect_project(path, target, graph)
     n = exported_parts(project, target, on_event)
     if n == 1:

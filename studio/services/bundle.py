@@ -9,11 +9,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from studio.core.catalog import get_chip
 from studio.core.errors import Cancelled, StudioError
 from studio.core.fsutil import atomic_copytree, check_destination, check_output
 from studio.core.progress import Progress
 from studio.core.project import Project
 from studio.core.stagegraph import STAGES
+from studio.engine.bundle import bundle_template, simulator_folder
+from studio.engine.chat_template import AS_WRITTEN, PromptFormat
+from studio.engine.genie import GenieDialog
 from studio.services.generate import stored_artifact
 from studio.services.jobrunner import job_gates
 
@@ -28,8 +32,6 @@ def stored_bundle(project: Project, target: str | None = None, parts: int | None
     target), running the bundle stage when the store does not hold it yet. ``parts``: the
     number of context binaries, ``prefill_length``: the AR-N prefill graph's N (None: the
     project's ``bundle`` settings)."""
-    from studio.core.catalog import get_chip
-
     if project.path is None:
         raise StudioError("save the project to a file first: its results live in its folder")
     chip = get_chip(target or project.targets[0]).key
@@ -82,10 +84,6 @@ def genie_generate(project: Project, prompt: str, target: str | None = None,
     cancellation between pieces of text (Genie is told to abort). The prompt goes to Genie
     through the chat template the bundle ships, rendered as an app renders it (``raw``: as
     written); ``on_format(format, text)`` is told before the first piece."""
-    from studio.engine.bundle import bundle_template
-    from studio.engine.chat_template import AS_WRITTEN, PromptFormat
-    from studio.engine.genie import GenieDialog
-
     if not prompt.strip():
         raise StudioError("the prompt is empty: give some text")
     folder, result = stored_bundle(project, target, build=build)
@@ -102,7 +100,6 @@ def genie_generate(project: Project, prompt: str, target: str | None = None,
             except Cancelled:
                 return True
             return False
-    from studio.engine.bundle import simulator_folder
 
     with GenieDialog(simulator_folder(folder)) as dialog:
         if on_format is not None:

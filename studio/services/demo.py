@@ -21,14 +21,17 @@ from typing import Any
 
 from studio.core import demo as demofile
 from studio.core import devices, figures
+from studio.core import project as projectfile
 from studio.core.artifacts import ArtifactStore
 from studio.core.catalog import get_chip
 from studio.core.errors import StudioError
+from studio.core.gates import evaluate_gates
 from studio.core.jobs import Job, JobStore
 from studio.core.progress import Progress
 from studio.core.project import Project
 from studio.core.stagegraph import STAGES, stage_for_role
 from studio.core.units import format_bytes, signed
+from studio.engine.waterfall import LABELS, with_estimate
 from studio.services import history
 from studio.services import profile_view as pv
 from studio.services.generate import generate
@@ -163,8 +166,6 @@ def open_demo(path: Path | str, project: Project | None = None) -> Demo:
     """The demo of ``path`` (a project or a demo file), checked: the demo file, the device,
     the target and the run. ``project``: the project as the window holds it (unsaved edits
     included); None reads the file. Fast (no graphs read): call it before a window opens."""
-    from studio.core import project as projectfile
-
     project_path, demo_path = resolve(path)
     spec = demofile.load(demo_path) if demo_path is not None else demofile.default_spec()
     if project is None:
@@ -303,8 +304,6 @@ def generate_scene(demo: Demo) -> Scene:
 def waterfall_scene(demo: Demo) -> Scene:
     """The waterfall's steps: decode speed measured on the host CPU and estimated for the
     target chip by the performance model, and the perplexity each step costs."""
-    from studio.engine.waterfall import LABELS, with_estimate
-
     job = stage_job(demo, "waterfall")
     folder = _folder(demo, job)
     if job is None or folder is None or not (folder / "waterfall.json").is_file():
@@ -342,8 +341,6 @@ def waterfall_scene(demo: Demo) -> Scene:
 def accuracy_scene(demo: Demo) -> Scene:
     """FP32 against the deployed model: perplexity, logits cosine, top-1 and greedy
     agreement, each with its source, and the project's gates."""
-    from studio.core.gates import evaluate_gates
-
     job = stage_job(demo, "validate", demo.target)
     if job is None or not job.result:
         raise StudioError("no validation recorded yet: " + _run_hint(demo, "validate"))

@@ -15,11 +15,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from studio.core.artifacts import ArtifactStore
 from studio.core.catalog import get_chip
 from studio.core.deviceplan import DevicePlan, Dims, Inputs, bundle_inputs, device_plan
 from studio.core.drafttable import TableShare
 from studio.core.errors import StudioError
+from studio.core.jobs import JobStore
 from studio.core.parts import Layout
+from studio.core.recipe import is_float_scheme
+from studio.core.units import format_bytes
+from studio.engine import hf_import
+from studio.engine.deploy import read
+from studio.engine.llm_parts import auto_device_count, checkpoint_layout, export_plan
+from studio.engine.shared_table import checkpoint_share
+from studio.services.history import latest_job
 
 if TYPE_CHECKING:
     from studio.core.project import Project
@@ -38,9 +47,6 @@ def plan_inputs(project: Project, exported_parts: int, layout: Layout) -> Inputs
 
 def _model(project: Project) -> tuple[Any, Layout, int]:
     """(ModelInfo, layout, the export's part count) of a causal-LM project."""
-    from studio.engine import hf_import
-    from studio.engine.llm_parts import auto_device_count, checkpoint_layout, export_plan
-
     source = project.input_path(project.model["source"])
     info = hf_import.open_checkpoint(source)
     layout = checkpoint_layout(source)
@@ -58,7 +64,6 @@ def project_plans(project: Project) -> list[DevicePlan] | None:
     if project.model["kind"] != "causal-lm":
         return None
     info, layout, exported = _model(project)
-    from studio.core.recipe import is_float_scheme
 
     if is_float_scheme(project.quantization["scheme"]):
         return None  # a bundle is made from a quantized graph; FP16 has no bundle to plan
@@ -74,11 +79,6 @@ def measured_binaries(project: Project, target: str, shared: bool,
     """The context binaries' file sizes of the project's newest compile for ``target`` (its
     ``deploy.json``), under the plan's binary names — where that compile holds the binaries
     the plan is of (the same part count and weight sharing); None otherwise."""
-    from studio.core.artifacts import ArtifactStore
-    from studio.core.jobs import JobStore
-    from studio.engine.deploy import read
-    from studio.services.history import latest_job
-
     db = project.folder / "runs.sqlite"
     if not db.is_file():
         return None
@@ -117,7 +117,6 @@ def draft_table_share(project: Project, draft_ref: str | None = None) -> TableSh
     ref = draft_ref or project.model.get("draft")
     if not ref or project.model["kind"] != "causal-lm":
         return None
-    from studio.engine.shared_table import checkpoint_share
 
     return checkpoint_share(project.input_path(project.model["source"]),
                             project.input_path(ref), project.model.get("draft_embedding", "auto"))
@@ -150,8 +149,6 @@ def plans_dict(project: Project) -> dict[str, Any]:
 def plan_lines(project: Project, data: dict[str, Any] | None = None) -> list[str]:
     """The plans as text (``data``: :func:`plans_dict` already computed): a summary per
     target, then its rows."""
-    from studio.core.units import format_bytes
-
     data = data if data is not None else plans_dict(project)
     draft = [data["draft_table"]["line"]] if data.get("draft_table") else []
     if data["plans"] is None:
@@ -169,7 +166,5 @@ def plan_lines(project: Project, data: dict[str, Any] | None = None) -> list[str
 
 
 def _limit(n: int | None) -> str:
-    from studio.core.units import format_bytes
-
     return "unknown" if n is None else format_bytes(n)
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import os
 import platform
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from studio.core.devices import DEVICE_KINDS, kind_decl
+from studio.engine.devices import backend_class
+from studio.engine.devices.agent import health_line
 
 
 def package_version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(name)
     except PackageNotFoundError:
@@ -45,8 +46,6 @@ def device_rows(registry: Any = None, health: bool = False, probe: bool | None =
     kinds whose listing runs a program (adb; True) or only the others (False). ``elsewhere``:
     only the kinds whose devices are other machines (True) or only this machine's
     (False)."""
-    from studio.engine.devices import backend_class
-
     rows: list[dict[str, Any]] = []
     for decl in list(DEVICE_KINDS.values()):
         if elsewhere is not None and decl.elsewhere != elsewhere:
@@ -61,27 +60,19 @@ def device_rows(registry: Any = None, health: bool = False, probe: bool | None =
 def run_choices(rows: list[dict[str, Any]], targets: list[str]) -> list[tuple[str, str]]:
     """(label, device id) of what a project with ``targets`` can run on through the listed
     ``rows`` (each row's kind says what)."""
-    from studio.engine.devices import backend_class
-
     return [c for r in rows for c in backend_class(r["kind"]).choices(r, list(targets))]
 
 
 def group(kind: str) -> str:
     """What a list of ``kind``'s devices is called ("Phones over adb")."""
-    from studio.engine.devices import backend_class
-
     return backend_class(kind).group or kind_decl(kind).title
 
 
 def probed_kinds() -> list[str]:
     """The kinds whose listing runs a program (adb): listed off a window's thread."""
-    from studio.engine.devices import backend_class
-
     return [k for k in DEVICE_KINDS if backend_class(k).probes]
 
 
 def agent_health(registry: Any, name: str) -> str:
     """One line on a registered agent: reachable (round trip, machine, backends) or why not."""
-    from studio.engine.devices.agent import health_line
-
     return health_line(registry, name)

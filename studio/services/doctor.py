@@ -20,6 +20,8 @@ Nothing here imports Qt.
 
 from __future__ import annotations
 
+import ctypes.util
+import json
 import platform
 import shutil
 import sys
@@ -27,9 +29,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from studio.core import project as projectfile
+from studio.core.artifacts import ArtifactStore
+from studio.core.catalog import get_chip
 from studio.core.checks import FAIL, PASS, SKIP, WARN, Check
+from studio.core.devices import adb_device, agent_device, device
 from studio.core.errors import StudioError
-from studio.core.stagegraph import DECLARATIONS
+from studio.core.hostmem import HEADROOM, available_memory
+from studio.core.recipe import htp_refusals, weight_bits
+from studio.core.stagegraph import DECLARATIONS, project_value
+from studio.core.units import format_bytes
+from studio.engine import hf_import, qnn
+from studio.engine.checkpoint_check import prompt_length
+from studio.engine.devices import backend
+from studio.engine.genie import library_path
+from studio.engine.onnx_import import open_onnx
+from studio.services.deviceplan import draft_table_share, project_plans
+from studio.services.devices import device_rows, package_version
+from studio.services.history import current_keys
+from studio.services.partplan import part_plan
+from studio.worker.context import read_text
 
 GIB = 1 << 30
 #: one HTP graph's allocation limit: a compile fails past it ("estimated allocation of
@@ -41,8 +60,6 @@ PINS = {"torch": "2.13.0"}
 
 
 def _gib(n: float) -> str:
-    from studio.core.units import format_bytes
-
     return format_bytes(int(n))
 
 
@@ -57,8 +74,6 @@ def check_python(version: tuple[int, int] | None = None) -> Check:
 
 
 def check_packages(version_of: Callable[[str], str | None] | None = None) -> list[Check]:
-    from studio.services.devices import package_version
-
     get = version_of or package_version
     out = []
     for pkg in PACKAGES:
@@ -78,8 +93,6 @@ def check_qnn() -> Check:
     """The QNN execution provider loads and offers its HTP device; the SDK build it carries
     is what every compile records."""
     try:
-        from studio.engine import qnn
-
         qnn.register()
         v = qnn.versions()
         qnn._ep_devices()
@@ -93,8 +106,6 @@ def check_qnn() -> Check:
 
 def check_genie() -> Check:
     try:
-        from studio.engine.genie import library_path
-
         p = library_path()
     except StudioError as exc:
         return Check("machine", "Genie", WARN, f"{exc}: bundles are built but not run here",
@@ -107,7 +118,6 @@ def check_gui_libraries(find: Callable[[str], str | None] | None = None) -> Chec
     a machine that ran only the first README command may not have it)."""
     if platform.system() != "Linux":
         return Check("machine", "window libraries", SKIP, "not Linux")
-    import ctypes.util
 
     lookup = find or ctypes.util.find_library
     missing = [lib for lib in ("xcb-cursor", "EGL", "xkbcommon") if not lookup(lib)]
@@ -121,8 +131,6 @@ def check_gui_libraries(find: Callable[[str], str | None] | None = None) -> Chec
 
 def check_memory(need: dict[str, int], available: int | None = None) -> Check:
     """Free memory now against the largest predicted stage peak of the project's plan."""
-    from studio.core.hostmem import HEADROOM, available_memory
-
     free = available_memory() if available is None else int(available)
     if not need:
         return Check("machine", "memory", PASS, f"{_gib(free)} free (no plan to compare)")
@@ -156,10 +164,6 @@ def check_disk(folder: Path, need: int | None, free: int | None = None) -> Check
 
 # ---- the project ------------------------------------------------------------------------------
 def _text_tokens(project, key: str, model: Path) -> tuple[Path, int]:
-    from studio.core.stagegraph import project_value
-    from studio.engine.checkpoint_check import prompt_length
-    from studio.worker.context import read_text
-
     path = project.input_path(project_value(project, key))
     text = read_text(path, key.split(".", 1)[1].replace("_", " "))
     return path, prompt_length(model, text)
@@ -169,7 +173,6 @@ def check_family(project) -> tuple[Check, Any]:
     kind = project.model["kind"]
     if kind != "causal-lm":
         return Check("project", "model", PASS, f"{kind} project"), None
-    from studio.engine import hf_import
 
     try:
         info = hf_import.open_checkpoint(project.input_path(project.model["source"]))
@@ -185,8 +188,6 @@ def check_family(project) -> tuple[Check, Any]:
 def check_parts(project, info, plan) -> list[Check]:
     """Each part's compiled weights and its blocks' KV cache against one HTP graph's limit,
     and the context against the model's."""
-    from studio.core.recipe import weight_bits
-
     out = []
     C = int(project.export["context_length"])
     if info.max_positions and C > info.max_positions:
@@ -230,8 +231,6 @@ def check_device_plan(project) -> list[Check]:
     """Per target: what the NPU maps for the bundle (:mod:`studio.services.deviceplan`)
     against the chip's limits — FAIL naming the part count or scheme that would fit, WARN
     where the catalog does not know the limits."""
-    from studio.services.deviceplan import project_plans
-
     try:
         plans = project_plans(project)
     except StudioError as exc:
@@ -290,8 +289,6 @@ def check_texts(project, model: Path) -> list[Check]:
 
 def check_graph_inputs(project) -> list[Check]:
     """An ONNX graph project: fixed shapes for every input, and calibration samples."""
-    from studio.engine.onnx_import import open_onnx
-
     out = []
     src = project.input_path(project.model["source"])
     try:
@@ -325,9 +322,6 @@ def check_graph_inputs(project) -> list[Check]:
 def check_htp_options(project) -> Check:
     """The recipe's [htp] options against each target chip: a VTCM budget over the chip's,
     FP16 relaxation on a chip without FP16 (the compile would refuse them)."""
-    from studio.core.catalog import get_chip
-    from studio.core.recipe import htp_refusals
-
     h = project.htp
     bad = [why for key in project.targets for why in htp_refusals(h, get_chip(key))]
     if bad:
@@ -343,8 +337,6 @@ def check_draft_table(project) -> list[Check]:
     """With a draft model: whether it reads the target's token table on the host CPU and the
     bytes that saves (:func:`studio.services.deviceplan.draft_table_share`) — WARN where
     the two could share one table but the draft's values differ."""
-    from studio.services.deviceplan import draft_table_share
-
     try:
         share = draft_table_share(project)
     except StudioError as exc:
@@ -386,8 +378,6 @@ def project_checks(project) -> tuple[list[Check], dict[str, int], int | None]:
     if project.model["kind"] == "onnx-graph":
         out += check_graph_inputs(project)
     if info is not None:
-        from studio.services.partplan import part_plan
-
         try:
             plan = part_plan(project)
         except StudioError as exc:
@@ -410,11 +400,6 @@ def compiled_sdk(project) -> tuple[str | None, str]:
     """The QNN SDK build of the project's compiled binaries for its current settings, and
     where it was read ("compiled" or "this machine's backend", the build a compile here
     records)."""
-    import json
-
-    from studio.core.artifacts import ArtifactStore
-    from studio.services.history import current_keys
-
     if project is not None and project.path is not None:
         try:
             keys = current_keys(project, ["compile"])
@@ -431,8 +416,6 @@ def compiled_sdk(project) -> tuple[str | None, str]:
                 if sdk:
                     return sdk, f"the project's compiled binaries ({label})"
     try:
-        from studio.engine import qnn
-
         return qnn.versions().get("qnn_sdk_build"), "this machine's compiler (nothing " \
                                                    "compiled yet)"
     except (StudioError, ImportError, OSError):
@@ -443,9 +426,6 @@ def agent_checks(name: str, project=None, registry=None,
                  sdk: tuple[str | None, str] | None = None) -> list[Check]:
     """An agent's checks (its backend's ``doctor_checks``) against the SDK build of the
     project's binaries (``sdk``: that build and where it was read; default: read now)."""
-    from studio.core.devices import agent_device
-    from studio.engine.devices import backend
-
     return backend(agent_device(f"agent:{name}"), registry).doctor_checks(
         project, sdk or compiled_sdk(project))
 
@@ -453,9 +433,6 @@ def agent_checks(name: str, project=None, registry=None,
 def adb_checks(serial: str, project=None, registry=None) -> list[Check]:
     """A phone's checks (its backend's ``doctor_checks``); its chip is the project's one
     target."""
-    from studio.core.devices import adb_device
-    from studio.engine.devices import backend
-
     dev = adb_device(f"adb:{serial}", list(project.targets) if project is not None else None)
     return backend(dev, registry).doctor_checks(project, compiled_sdk(project))
 
@@ -464,20 +441,15 @@ def device_choices() -> list[tuple[str, str]]:
     """(label, device id) of the devices the doctor can check: those of the kinds whose
     devices are other machines (the registry's agents, the phones adb lists; call it off the
     UI thread: adb may be slow)."""
-    from studio.services.devices import device_rows
-
     return [(r["label"], r["id"]) for r in device_rows(elsewhere=True) if not r.get("note")]
 
 
 def device_checks(device_id: str, project=None) -> list[Check]:
-    from studio.core.devices import device
-
     try:
         dev = device(device_id, list(project.targets) if project is not None else None)
     except StudioError as exc:
         return [Check("device", device_id, FAIL, str(exc),
                       "name agent:NAME or adb:SERIAL (studio devices list)")]
-    from studio.engine.devices import backend
 
     return backend(dev).doctor_checks(project, compiled_sdk(project))
 
@@ -487,8 +459,6 @@ def doctor(project_file: Path | None = None, device_id: str | None = None,
            on_check: Callable[[Check], None] | None = None) -> list[Check]:
     """Every check, in the order machine, project, device; ``on_check`` sees each as it is
     made (the CLI prints as it goes, the window fills its table)."""
-    from studio.core import project as projectfile
-
     out: list[Check] = []
 
     def add(cs: list[Check] | Check) -> None:

@@ -11,7 +11,10 @@ from typing import Any
 
 from studio.core import archs, perffit, perfmodel
 from studio.core.catalog import get_chip
+from studio.core.drafttable import config_share
+from studio.core.events import EventTable
 from studio.core.fsutil import atomic_write_text
+from studio.engine.opcost import estimate_graph
 
 
 def estimate_config(config: str | Path, chip: str, scheme: str = "W4A16", context: int = 4096,
@@ -26,7 +29,6 @@ def estimate_config(config: str | Path, chip: str, scheme: str = "W4A16", contex
     ``draft_embedding`` as ``model.draft_embedding``)."""
     draft_table = None
     if draft_config is not None:  # before any work: a bad config is one line
-        from studio.core.drafttable import config_share
 
         draft_table = config_share(archs.load_config(config)[0],
                                    archs.load_config(draft_config)[0],
@@ -92,8 +94,6 @@ def write_fit(path: str | Path | None = None) -> dict[str, Any]:
 
 def estimate_onnx(onnx_path: str | Path, chip: str) -> dict[str, Any]:
     """Per-op estimated times and an HTP-core schedule for an ONNX graph (static shapes)."""
-    from studio.engine.opcost import estimate_graph
-
     ge, perf = estimate_graph(onnx_path, get_chip(chip))
     out = roofline_points(ge, perf)
     out["total_s"] = ge.total_s
@@ -132,7 +132,6 @@ def schedule_events(onnx_path: str | Path, chip: str):
     """The performance model's schedule of a graph across the chip's HTP cores as an event
     table (``start`` / ``dur`` in µs, one track per core, blocks of the seed's table):
     what the timeline draws, labelled ``estimated``, where no per-core data exists."""
-    from studio.core.events import EventTable
     from studio.engine.opblocks import node_blocks
 
     est = estimate_onnx(onnx_path, chip)

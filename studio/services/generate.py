@@ -8,24 +8,44 @@ prefill graph are prefilled in chunks; sampling is seeded; stop strings end the 
 
 from __future__ import annotations
 
+import asyncio
+import json
+import shutil
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from studio.core import archs
+from studio.core import perfmodel as pm
 from studio.core.artifacts import ArtifactStore
 from studio.core.devices import Device, resolve
 from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_folder
 from studio.core.progress import Progress
 from studio.core.project import Project
 from studio.core.recipe import is_float_scheme
 from studio.core.sampling import Sampler, SamplingConfig
+from studio.core.stagegraph import STAGES, stage_for_role
+from studio.engine.chat_template import prompt_format as fmt
+from studio.engine.devices import backend
+from studio.engine.kvquant import (
+    KV_SCALES_FILE,
+    calibrate_kv_scales,
+    kv_bytes,
+    write_int8_kv_graphs,
+)
+from studio.engine.llm_runtime import cpu_generator, load_graph_spec, load_tokenizer
+from studio.engine.shared_table import TABLE, shared_draft_graphs, target_table
+from studio.engine.speculative import DraftModelProposer, PromptLookupProposer, speculative_generate
+from studio.engine.vision import image_prompt_ids, image_timing
+from studio.services.deviceplan import draft_table_share
+from studio.services.history import current_keys
+from studio.services.session import Studio
 
 
 def _artifact(project: Project, label: str, stage_hint: str) -> Path:
-    from studio.services.history import current_keys
-
     if project.path is None:
         raise StudioError("save the project to a file first: its results live in its folder")
     stage = label.split("[")[0]
@@ -46,10 +66,6 @@ def resolve_device(project: Project, name: str | None) -> Device:
 def _run_stages(project: Project, stages: list[str], what: str) -> None:
     """Run ``stages`` of ``project`` (a copy with changed settings) through the pipeline: the
     store serves what it holds."""
-    import asyncio
-
-    from studio.services.session import Studio
-
     s = Studio(project)
     try:
         summary = asyncio.run(s.run_pipeline(stages))
@@ -66,8 +82,6 @@ def stored_artifact(project: Project, label: str, what: str, run: bool = True) -
     """The stored artifact folder of job ``label`` (``stage`` or ``stage[target]``) for the
     project's current settings, running that stage first when the store lacks it (``run``;
     otherwise None)."""
-    from studio.services.history import current_keys
-
     stage = label.split("[")[0]
     store = ArtifactStore(project.folder / "artifacts")
     key = current_keys(project, [stage]).get(label)
@@ -86,12 +100,6 @@ def stored_artifact(project: Project, label: str, what: str, run: bool = True) -
 def int8_kv_export(project: Project, export_dir: Path) -> Path:
     """The FP32 export with an INT8 KV cache (per-head scales from the project's calibration
     text), made once per export beside the artifacts (written in a temp folder, then moved)."""
-    import shutil
-
-    from studio.core.fsutil import atomic_folder
-    from studio.engine.kvquant import KV_SCALES_FILE, calibrate_kv_scales, write_int8_kv_graphs
-    from studio.engine.llm_runtime import cpu_generator, load_graph_spec, load_tokenizer
-
     out = project.folder / "kv8" / export_dir.name
     if (out / KV_SCALES_FILE).is_file():
         return out
@@ -112,8 +120,6 @@ def device_stage(project: Project, dev: Device) -> tuple[str, str]:
     """(stage, job label) of what ``dev`` runs beside the export (:attr:`Device.runs`):
     ``("compile", "compile[CHIP]")`` for an HTP, ``("quantize", "quantize")`` for a kind that
     runs the quantized graphs."""
-    from studio.core.stagegraph import STAGES, stage_for_role
-
     stage = stage_for_role(dev.runs, project.model.kind)
     if not stage:
         raise StudioError(f"{dev.name or dev.id} runs the {dev.runs} stage's graphs, which a "
@@ -131,7 +137,6 @@ def load_generator(project: Project, dev: Device, kv: str | None = None, registr
     that stage (and what it needs) run for a copy that says int8 (cached like any run).
     ``speculative`` / ``window``: the decoding asked for, which the backend refuses when it
     cannot run it."""
-    from studio.engine.devices import backend
     from studio.engine.llm_runtime import load_graph_spec, load_tokenizer
 
     project_kv = project.quantization.get("kv_cache", "float")
@@ -155,7 +160,6 @@ def load_generator(project: Project, dev: Device, kv: str | None = None, registr
         if kv != project_kv:
             project = project.copy()
             project.quantization["kv_cache"] = kv
-            from studio.services.history import current_keys
 
             key = current_keys(project, [stage]).get(label)
             if key is None or ArtifactStore(project.folder / "artifacts").get(key) is None:
@@ -168,8 +172,6 @@ def load_generator(project: Project, dev: Device, kv: str | None = None, registr
 def load_encoder(project: Project, dev: Device, spec: dict[str, Any], registry=None):
     """The vision encoder of a vision-language project on ``dev``, from its backend (the
     export's graph on the host CPU, the target's compiled context on the HTP)."""
-    from studio.engine.devices import backend
-
     export_dir = _artifact(project, "export", "export")
     compiled = None
     if dev.runs != "export":
@@ -188,7 +190,6 @@ def load_draft(project: Project, draft_ref: str | None = None) -> tuple[Any, dic
     array, so the generator holds no table of its own. Returns (generator, the verdict as a
     dict with ``graph_bytes_dropped``, measured on the graphs, where it is shared)."""
     from studio.engine.llm_runtime import cpu_generator, load_graph_spec
-    from studio.services.deviceplan import draft_table_share
 
     if draft_ref:
         project = project.copy()
@@ -203,7 +204,6 @@ def load_draft(project: Project, draft_ref: str | None = None) -> tuple[Any, dic
     table = share.to_dict()
     if not share.shareable:
         return cpu_generator(folder, load_graph_spec(folder)), table
-    from studio.engine.shared_table import TABLE, shared_draft_graphs, target_table
 
     shared = project.folder / "draft-table" / folder.name
     done = shared_draft_graphs(folder, shared)
@@ -218,8 +218,6 @@ def prompt_format(project: Project, raw: bool = False):
     """How the project's prompts become ids (:class:`studio.engine.chat_template.PromptFormat`):
     the chat template the export carries (``model.chat_template``), or as written (``raw``:
     ``studio generate --raw``, the playground's chat template box cleared)."""
-    from studio.engine.chat_template import prompt_format as fmt
-
     return fmt(_artifact(project, "export", "export") / "tokenizer",
                project.model.chat_template, raw)
 
@@ -272,8 +270,6 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
     proposer: Any = None
     draft_table = None  # the draft's token table: the target's or its own, and why
     if speculative:
-        from studio.engine.speculative import DraftModelProposer, PromptLookupProposer
-
         if not gen.verify_len:
             raise StudioError(
                 "speculative decoding needs a verify graph, which only the host CPU's export "
@@ -291,7 +287,6 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
         encoder = load_encoder(project, dev, spec, registry)
     load_s = time.perf_counter() - t_load
     n = max_new_tokens if max_new_tokens is not None else int(project.run["max_new_tokens"])
-    from studio.engine.vision import image_prompt_ids
 
     fmt = prompt_format(project, raw)
     vl = bool(spec.get("vision"))
@@ -322,8 +317,6 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
         return any(s in tok.decode(tokens) for s in stops)
 
     if proposer is not None:
-        from studio.engine.speculative import speculative_generate
-
         out = speculative_generate(gen, proposer, ids, n, sampler=Sampler(sampling), k=k,
                                    adaptive=adaptive, eos_id=spec.get("eos_token_id"),
                                    stop=stop_fn if stops else None, on_step=step_cb,
@@ -334,7 +327,6 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
     else:
         out = gen.generate(ids, n, sampler=Sampler(sampling), eos_id=spec.get("eos_token_id"),
                            stop=stop_fn if stops else None, on_step=step_cb, progress=progress)
-    from studio.engine.devices import backend
 
     out, timing_note = backend(dev, registry).generation_figures(out, gen)
     text = tok.decode(out["tokens"])
@@ -349,7 +341,6 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
     ttft = out["ttft_s"] * 1e3 if out["ttft_s"] is not None else None
     if image_figures is not None and ttft is not None:
         # the encoder ran before the prefill: its time is the first token's too
-        from studio.engine.vision import image_timing
 
         ttft = image_timing(image_figures, out, out["ttft_s"])["time_to_first_token_ms"]
     result = {
@@ -365,8 +356,6 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
     }
     result["kv_cache"] = None  # a remote device keeps its cache there
     if gen.cache is not None:
-        from studio.engine.kvquant import kv_bytes
-
         bits = int(gen.cache[0][0].dtype.itemsize * 8)
         result["kv_cache"] = {
             "dtype": str(gen.cache[0][0].dtype), "bits": bits,
@@ -397,11 +386,6 @@ def _speculative_estimate(project: Project, spec: dict[str, Any], stats: dict[st
                           mode: str | None, draft_ref: str | None) -> dict[str, Any] | None:
     """What the measured tokens per pass would give on the project's first target chip,
     where a decode step's time is the performance model's (``estimated``)."""
-    import json
-
-    from studio.core import archs
-    from studio.core import perfmodel as pm
-
     try:
         cfg = json.loads((project.input_path(project.model["source"]) / "config.json")
                          .read_text())

@@ -5,14 +5,20 @@ inference on each side — with every file it made left in one folder to take aw
 
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from studio.core.catalog import get_chip
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json, check_destination
 from studio.core.progress import NullProgress, Progress
 from studio.core.recipe import PLACEMENTS as PLACEMENTS
-from studio.engine.graphdata import compare_outputs
+from studio.engine import graphpipe, qnn
+from studio.engine.graphdata import compare_outputs, load_samples, make_static
+from studio.engine.onnx_import import open_onnx
 from studio.services.generate import stored_artifact
 
 
@@ -26,15 +32,11 @@ def deploy_graph(onnx_path: Path, out_dir: Path, calibration: Path, target: str,
     rewrite applied, ``quantized.onnx``, ``placement.json``, ``result.json``). Strict
     placement with refused nodes is a :class:`StudioError` naming each with the EP's
     reason. The pipeline's graph stages run the same steps (:mod:`studio.engine.graphpipe`)."""
-    from studio.core.catalog import get_chip
-    from studio.engine import graphpipe, qnn
-
     progress = progress or NullProgress()
     if placement not in PLACEMENTS:
         raise StudioError(f"placement must be one of {', '.join(PLACEMENTS)}, not {placement!r}")
     chip = get_chip(target)
     out = check_destination(Path(out_dir), folder=True)
-    from studio.engine.onnx_import import open_onnx
 
     open_onnx(Path(onnx_path))  # a corrupt model: one line, before the folder is made
     for what, given in (("calibration data", calibration), ("validation data", validation)):
@@ -94,9 +96,6 @@ def placement_view(project, chip: str) -> dict[str, Any] | None:
     reasons for each refused node), with the refusal the compile stage gives. Also the
     rewrites quantization applied and their check. None when the graph is not quantized
     under these settings yet."""
-    import json
-
-    from studio.core.catalog import get_chip
     from studio.engine import graphpipe
 
     if project.model["kind"] == "causal-lm":
@@ -140,8 +139,6 @@ def save_placement_files(view: dict[str, Any], dest: Path) -> list[Path]:
     """Copy what a user takes away — the float graph after the rewrites, the quantized graph
     (the partition is its placement), the placement report, the compiled context — into
     ``dest``; the placement report is written even when the compile refused."""
-    import shutil
-
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     out = []
@@ -162,7 +159,6 @@ def graph_inputs(onnx_path: Path) -> list[dict[str, Any]]:
     """An ONNX file's inputs (name, dtype, shape with symbolic dimensions as names) — what
     the new-project wizard asks fixed shapes for."""
     from studio.engine import graphpipe
-    from studio.engine.onnx_import import open_onnx
 
     open_onnx(Path(onnx_path))  # a corrupt file: one line
     return graphpipe.inputs_to_json(graphpipe.inputs_of(Path(onnx_path)))
@@ -173,10 +169,6 @@ def check_graph_samples(onnx_path: Path, shapes: dict[str, list[int]],
     """The shapes fix every dynamic input and the sample files fit the graph (names, dtypes,
     shapes): a one-line :class:`StudioError` otherwise. Returns the calibration samples.
     Seconds for small graphs: the graph is made static in a temporary folder."""
-    import tempfile
-
-    from studio.engine.graphdata import load_samples, make_static
-
     with tempfile.TemporaryDirectory(prefix="qstudio-check-") as tmp:
         inputs = make_static(Path(onnx_path), Path(tmp) / "static.onnx", shapes)
     n = len(load_samples(Path(calibration), inputs))

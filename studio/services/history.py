@@ -7,6 +7,8 @@ report all call these; nothing here imports Qt.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from studio.core.errors import StudioError
 from studio.core.fsutil import RunLock
 from studio.core.jobs import Job, JobStore
 from studio.core.metrics import Metric
+from studio.core.profile import Profile
 from studio.core.project import Project
 from studio.core.stagegraph import STAGES, plan, plan_keys
 from studio.services.versions import tool_versions
@@ -375,8 +378,6 @@ def _computed_figures(jobs: JobStore, done: list[Job], job: Job, figures: list[M
     (the newest one not cached, same label and key) that the cached job does not carry —
     the run facts of the computation — each saying where it comes from; None when there
     are none."""
-    import dataclasses
-
     if not job.cached or not job.artifact_key:
         return None
     have = {m.name for m in figures}
@@ -470,8 +471,6 @@ def graph_files(studio) -> dict[str, GraphFile]:
     """The project's ONNX graphs by a label: the newest export's FP32 graphs and the newest
     quantization's, each quantized graph with the newest compile's placement of it (where each
     node runs on the NPU of that compile's chip)."""
-    import json
-
     out = {g: GraphFile(p, "export", g) for g, p in export_graphs(studio).items()}
     qfolder = artifact_dir(studio, latest_job(studio.jobs, "quantize"))
     if qfolder is None:
@@ -500,10 +499,6 @@ def profile_totals(studio, job: Job) -> tuple[dict[str, float], str, str]:
     """(op-type totals, unit, source) of a profile job: the full profile when stored."""
     folder = artifact_dir(studio, job)
     if folder is not None and (folder / "profile.json").exists():
-        import json
-
-        from studio.core.profile import Profile
-
         prof = Profile.from_dict(json.loads((folder / "profile.json").read_text()))
         return prof.totals_by_op_type(), prof.unit, prof.source
     res = job.result or {}

@@ -16,6 +16,7 @@ from studio.core.errors import StudioError
 from studio.core.memplan import DEFAULT_ALIGNMENT, GraphMemory
 from studio.core.project import Project
 from studio.core.units import format_bytes
+from studio.engine.memplan import graph_memory as _graph_memory
 from studio.services.history import current_keys
 
 GRAPHS = ("prefill", "decode")
@@ -25,8 +26,6 @@ STAGES = ("export", "quantize")
 def graph_memory(onnx_path: Path | str, dims: dict[str, int] | None = None,
                  alignment: int = DEFAULT_ALIGNMENT) -> GraphMemory:
     """The memory of one ONNX graph (a dataclass; ``.to_dict()`` for JSON)."""
-    from studio.engine.memplan import graph_memory as _graph_memory
-
     return _graph_memory(Path(onnx_path), dims=dims, alignment=alignment)
 
 

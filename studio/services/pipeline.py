@@ -28,6 +28,7 @@ from studio.core.metrics import Metric
 from studio.core.project import Project, file_record
 from studio.core.stagegraph import PlannedJob, plan, stage_config
 from studio.services import joblog
+from studio.services.deviceplan import plans_dict
 from studio.services.executors import executor_name, make_executor, model_bytes, parts_spec
 from studio.services.jobrunner import (
     JobRunner,
@@ -305,8 +306,6 @@ class Pipeline:
 
     def _report_device_plan(self) -> dict[str, Any] | None:
         """The device memory plan per target, for the report (None: it could not be made)."""
-        from studio.services.deviceplan import plans_dict
-
         try:
             return plans_dict(self.project)
         except (StudioError, OSError, ValueError, KeyError):

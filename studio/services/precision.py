@@ -3,18 +3,28 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from studio.core.modelinfo import ModelInfo
+from studio.core.catalog import get_chip
+from studio.core.errors import StudioError
+from studio.core.fsutil import check_destination
+from studio.core.modelinfo import ModelInfo, bytes_per_param
 from studio.core.project import Project
 from studio.core.recipe import (
     ACTIVATION_POINTS,
+    SCHEME_PRECISIONS,
+    activation_bits,
     activation_points,
     block_prefix,
     effective_precisions,
+    is_float_scheme,
+    override_refusal,
     unmatched_patterns,
 )
+from studio.engine.encodings import encodings_to_overrides, write_encodings
 from studio.services.history import current_keys
 
 # Layer kinds whose weights are MatMul weights (quantized as weights); the others (the
@@ -74,8 +84,6 @@ def unmatched(project: Project, info: ModelInfo) -> list[str]:
 
 def _current_artifact(studio, stage: str):
     """The stored artifact of ``stage`` for the project as it is now, or a StudioError."""
-    from studio.core.errors import StudioError
-
     key = current_keys(studio.project, [stage]).get(stage)
     art = studio.store.get(key) if key else None
     if art is None:
@@ -89,11 +97,6 @@ def _current_artifact(studio, stage: str):
 def export_overrides(studio, out) -> dict[str, int]:
     """Write the per-tensor encodings of the current quantized decode graph as a QNN / AIMET
     encodings-override JSON (``qnn-onnx-converter --quantization_overrides``)."""
-    from pathlib import Path
-
-    from studio.core.fsutil import check_destination
-    from studio.engine.encodings import write_encodings
-
     out = check_destination(Path(out))  # the one rule for a user's path: before any work
     art = _current_artifact(studio, "quantize")
     return write_encodings(art.path / "decode.onnx", out)
@@ -103,8 +106,6 @@ def import_overrides(studio, path) -> tuple[dict[str, str], list[str]]:
     """Turn an encodings JSON into recipe overrides (added after the existing ones, as one
     undoable edit) and save the project. Returns (the overrides added, tensors that no rule
     can name)."""
-    from studio.engine.encodings import encodings_to_overrides
-
     art = _current_artifact(studio, "export")
     q = studio.project.quantization
     added, unnamed = encodings_to_overrides(path, art.path / "decode.onnx", q["scheme"])
@@ -119,10 +120,6 @@ def adopt_autoprecision(studio) -> dict[str, str]:
     """Copy the current auto-precision result's rules into ``quantization.overrides`` (after
     the existing ones, as one undoable edit) and save the project; returns the rules. The
     rules are ordinary recipe patterns: edit or remove them like any other."""
-    import json
-
-    from studio.core.errors import StudioError
-
     art = _current_artifact(studio, "autoprecision")
     try:
         res = json.loads((art.path / "result.json").read_text())
@@ -152,8 +149,6 @@ MODEL_ROW = "model"
 
 def target_chips(project: Project) -> list:
     """The catalog entries of the project's targets (what :func:`recipe.refusal` checks)."""
-    from studio.core.catalog import get_chip
-
     return [get_chip(t) for t in project.targets]
 
 
@@ -237,9 +232,6 @@ def scheme_diff(project: Project, info: ModelInfo) -> dict[str, Any]:
     ``{"scheme", "layers": [{layer, weight, activation, base_weight, base_activation,
     weight_rule, activation_rule, weight_bytes_change}], "counts": {"layers", "weights",
     "activations"}, "weight_bytes": {"base", "recipe", "change", "source"}}``"""
-    from studio.core.modelinfo import bytes_per_param
-    from studio.core.recipe import SCHEME_PRECISIONS
-
     q = project.quantization
     w0, a0 = SCHEME_PRECISIONS[q["scheme"]]
     params = {lay.name: lay.params for lay in info.layers}
@@ -277,8 +269,6 @@ def override_refusals(project: Project, info: ModelInfo | None,
     ``overrides`` (default: the project's), one sentence per refused rule
     (:func:`studio.core.recipe.override_refusal`). The Precision page refuses such edits;
     preflight refuses such a recipe before a run (without ``info``: the float checks only)."""
-    from studio.core.recipe import activation_bits, is_float_scheme, override_refusal
-
     rules = project.quantization["overrides"] if overrides is None else overrides
     scheme = project.quantization["scheme"]
     act = None if is_float_scheme(scheme) else activation_bits(scheme)

@@ -16,12 +16,19 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.catalog import get_chip
+from studio.core.devices import device
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json, check_writable_dir, sha256_json
 from studio.core.project import Project
 from studio.core.recipe import is_float_scheme, scheme_refusal
 from studio.core.stagegraph import REFS, STAGES, PlannedJob, project_value, ref_identity
+from studio.engine import checkpoint_check, hf_import, vision_input
+from studio.engine.chat_template import prompt_format
+from studio.engine.checkpoint_check import CHECKS_VERSION, check_draft, prompt_length
+from studio.engine.devices import backend
+from studio.engine.onnx_import import open_onnx
 from studio.services.precision import override_refusals, unmatched
+from studio.worker.context import read_text
 
 __all__ = ["preflight"]
 
@@ -34,8 +41,6 @@ def _cached_check(project: Project, refs: list[str], what: str,
                   check: Callable[[], Any]) -> None:
     """Run a checkpoint check once per content: the verdict is kept in the project folder,
     keyed by the files' content and the checks' version, so a warm re-run pays nothing."""
-    from studio.engine.checkpoint_check import CHECKS_VERSION
-
     key = sha256_json({"what": what, "v": CHECKS_VERSION,
                        "content": [ref_identity(project, r) for r in refs]})
     cache = project.folder / "checks.json"
@@ -56,14 +61,11 @@ def _cached_check(project: Project, refs: list[str], what: str,
 def _check_checkpoint(project: Project, ref: str) -> Path:
     path = project.input_path(ref)
     if path.is_file() and path.suffix == ".onnx":
-        from studio.engine.onnx_import import open_onnx
-
         open_onnx(path)  # a corrupt file gets a clear error
         raise StudioError(
             f"{path.name} is an ONNX model: the LLM pipeline starts from a Hugging Face "
             "checkpoint folder (export makes its prefill and decode graphs)"
         )
-    from studio.engine import checkpoint_check, hf_import
 
     hf_import.open_checkpoint(path)  # cheap: the family, config and headers, every time
     _cached_check(project, [ref], "checkpoint",
@@ -75,8 +77,6 @@ def _check_graph_source(project: Project, ref: str) -> None:
     """An encoder's folder or an ONNX file, checked in seconds before any stage runs."""
     path = project.input_path(ref)
     if project.model["kind"] == "onnx-graph":
-        from studio.engine.onnx_import import open_onnx
-
         open_onnx(path)  # a corrupt file gets a clear error
     elif not (path / "config.json").is_file():
         raise StudioError(f"{path} is not a sentence-encoder folder: expected config.json, "
@@ -90,15 +90,11 @@ def _check_samples(path: Path, key: str) -> None:
 
 def _check_text(path: Path, what: str) -> None:
     """The text the stage will read, read the same way: a regular UTF-8 file, not empty."""
-    from studio.worker.context import read_text
-
     read_text(path, what)
 
 
 def _check_images(path: Path, key: str) -> None:
     """A folder of images (or, for run.image, one image) that the stage can read."""
-    from studio.engine import vision_input
-
     if path.is_dir():
         for f in vision_input.image_files(path):
             vision_input.read_picture(f)
@@ -111,8 +107,6 @@ def _check_images(path: Path, key: str) -> None:
 
 def _check_lengths(project: Project, model: Path, new_tokens: list[str]) -> None:
     """The prompt, tokenized as the runtime will, against the exported lengths."""
-    from studio.engine.checkpoint_check import prompt_length
-
     P, C = project.export["prompt_length"], project.export["context_length"]
     n = prompt_length(model, project.run["prompt"], project.model.chat_template)
     if n >= C:  # longer than P is fine: the rest is prefilled in chunks
@@ -135,8 +129,6 @@ def _check_lengths(project: Project, model: Path, new_tokens: list[str]) -> None
 
 def _templated(project: Project, model: Path) -> str:
     """" (through the chat template)" where run.prompt goes in through one."""
-    from studio.engine.chat_template import prompt_format
-
     fmt = prompt_format(model, project.model.chat_template)
     return " (through the chat template)" if fmt.applied else ""
 
@@ -203,7 +195,6 @@ def preflight(project: Project, jobs: list[PlannedJob]) -> None:
         draft_ref = project.model["draft"]
         target = model or project.input_path(project.model["source"])
         draft = project.input_path(draft_ref)
-        from studio.engine.checkpoint_check import check_draft
 
         _cached_check(project, [project.model["source"], draft_ref], "draft",
                       lambda: check_draft(target, draft))
@@ -228,9 +219,6 @@ def _check_devices_known(jobs: list[PlannedJob]) -> None:
     """The devices the planned jobs run on, as far as this machine knows them without
     reaching them: an agent that ``run.devices`` names must be registered (studio devices
     add), refused here rather than when its run stage starts, after the rest of the run."""
-    from studio.core.devices import device
-    from studio.engine.devices import backend
-
     for dev_id in dict.fromkeys(j.target for j in jobs if STAGES[j.stage].fan_out == "device"):
         try:
             backend(device(dev_id)).check_known()

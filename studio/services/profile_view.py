@@ -12,6 +12,7 @@ import numpy as np
 
 from studio.core.errors import StudioError
 from studio.core.events import BLOCKS, EventTable
+from studio.core.events import EventTable as _T
 from studio.core.jobs import Job
 from studio.core.profile import Profile, ProfileOp, layer_label
 from studio.services import history
@@ -65,8 +66,6 @@ def from_profile(profile: Profile, table: EventTable | None = None, job: Job | N
     if table is None:
         table = profile.table
     if table is None:
-        from studio.core.events import EventTable as _T
-
         metric = "cycles" if profile.unit == "cycles" else "dur"
         table = _T.from_rows(
             [{"op": op.qnn_name, "op_type": op.op_type, "onnx_node": op.onnx_node or "",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from studio.core.artifacts import ArtifactStore
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_text, check_destination
 from studio.core.jobs import Job, JobStore
@@ -52,8 +53,6 @@ def load_run_profile(project, run: int | None = None, target: str | None = None,
                      graph: str = "decode") -> pv.ProfileData:
     """A run's profile of ``graph``: the decode step, or a vision-language model's vision
     encoder (``vision``)."""
-    from studio.core.artifacts import ArtifactStore
-
     job = run_profile_job(project, run, target)
     art = ArtifactStore(project.folder / "artifacts").get(job.artifact_key or "")
     if art is None:

@@ -8,12 +8,17 @@ them.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from studio.core import project as projectfile
+from studio.core import samples
+from studio.core.catalog import default_chip_key
 from studio.core.commands import SetValue
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_text
@@ -25,12 +30,14 @@ from studio.core.stagegraph import (
     default_stages,
     kind_stages,
 )
+from studio.engine import checkpoint_check, hf_import
 
 # The ONNX graph description the model views show; re-exported for the UI, which talks
 # only to services.
 from studio.engine.onnx_import import OnnxGraph as OnnxGraph
 from studio.engine.onnx_import import OnnxNode as OnnxNode
 from studio.engine.onnx_import import module_of_node as module_of_node
+from studio.engine.onnx_import import open_onnx
 from studio.engine.onnx_import import read_onnx_graph as read_onnx_graph
 from studio.services.edits import project_edits as project_edits
 from studio.services.generate import stored_artifact
@@ -74,8 +81,6 @@ class NewProjectSpec:
 
 def file_stem(name: str) -> str:
     """The file name a project's name gives (``My model 2`` -> ``My-model-2``)."""
-    import re
-
     s = re.sub(r"[^A-Za-z0-9._-]+", "-", name.strip()).strip("-.")
     return s or "project"
 
@@ -117,20 +122,15 @@ def source_ref(kind: str, source: str) -> str:
     if not source:
         raise StudioError("choose a model: a sample, a checkpoint folder or an .onnx file")
     if kind == "sample":
-        from studio.core import samples
-
         samples.sample(source)  # an unknown sample: the known ones named
         samples.sample_path(source)  # missing files: a clear error
         return f"sample:{source}"
     path = Path(source).expanduser().resolve()
     if kind == "checkpoint":
-        from studio.engine import checkpoint_check
-
         # family, complete weights matching config.json, a tokenizer that fits: seconds now
         # instead of a crash minutes into the export
         checkpoint_check.check_checkpoint(path)
         return str(path)
-    from studio.engine.onnx_import import open_onnx
 
     if path.suffix.lower() != ".onnx":
         raise StudioError(f"{path.name} is not an .onnx file")
@@ -191,8 +191,6 @@ def create_project(spec: NewProjectSpec):
         raise StudioError("choose at least one pipeline stage")
     targets = list(spec.targets)
     if not targets:
-        from studio.core.catalog import default_chip_key
-
         targets = [default_chip_key()]
     # The settings first (cheap, one-line errors), then the model itself.
     draft_ref = (
@@ -236,8 +234,6 @@ def _autosave_base_path(project: Project) -> Path:
 def write_autosave(project: Project, base: dict[str, Any] | None = None) -> Path:
     """Keep the project as edited, and the version the edits were made on (``base``), so that
     restoring replays only the user's own edits on whatever the file holds later."""
-    import json
-
     path = autosave_path(project)
     path.parent.mkdir(parents=True, exist_ok=True)
     if base is not None:
@@ -258,8 +254,6 @@ def read_autosave(project: Project) -> tuple[Project, list[SetValue], float] | N
     The edits are those the user made on the base version, minus what ``project`` already
     has; a change made to the file by someone else since then is not undone.
     """
-    import json
-
     path = autosave_path(project)
     if not path.exists():
         return None
@@ -302,7 +296,6 @@ def describe_model(project: Project):
             raise StudioError("the encoder's graph shows here once the import stage has "
                               "exported it from its PyTorch weights: run the pipeline")
         return read_onnx_graph(art / "static.onnx")
-    from studio.engine import hf_import
 
     return hf_import.open_checkpoint(path)
 
@@ -317,8 +310,6 @@ def report_files(project: Project) -> list[Path]:
     return files
 
 def netron_available() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("netron") is not None
 
 def open_in_netron(path: Path) -> str:

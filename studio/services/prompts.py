@@ -9,6 +9,8 @@ from pathlib import Path
 
 from studio.core.errors import StudioError
 from studio.core.project import Project
+from studio.engine.chat_template import prompt_format
+from studio.services.vision import image_lines
 
 
 def checkpoint_format(project: Project, raw: bool = False):
@@ -17,7 +19,6 @@ def checkpoint_format(project: Project, raw: bool = False):
     causal LM. A template that cannot be read or compiled is a StudioError."""
     if project.model.get("kind") != "causal-lm":
         return None
-    from studio.engine.chat_template import prompt_format
 
     folder = Path(project.input_path(project.model["source"]))
     return prompt_format(folder, project.model.chat_template, raw)
@@ -37,7 +38,5 @@ def project_lines(project: Project) -> list[str]:
     """What ``studio new`` and ``studio info`` say of a causal LM's prompts: the chat
     template line and, for a vision-language model, its image and lengths with the source of
     each number."""
-    from studio.services.vision import image_lines
-
     line = template_line(project)
     return ([f"prompts   {line}"] if line else []) + image_lines(project)

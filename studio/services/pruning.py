@@ -3,6 +3,7 @@ and its pruned checkpoint, copied out as a new model source with a project file 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,8 @@ from studio.core import project as projectfile
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_copytree, check_destination
 from studio.core.project import Project
+from studio.core.settings import check_value, spec_of
+from studio.engine.hf_import import open_checkpoint
 from studio.services.generate import stored_artifact
 
 
@@ -27,7 +30,6 @@ def ablation_result(project: Project, drop: int | None = None,
     folder = stored_artifact(project, "ablation", "the ablation", run=run)
     if folder is None:
         return None
-    import json
 
     return json.loads((folder / "ablation.json").read_text()), folder / "pruned"
 
@@ -35,14 +37,11 @@ def ablation_result(project: Project, drop: int | None = None,
 def check_drop(project: Project) -> None:
     """``pruning.drop_blocks`` (or ``--drop``) against the model's blocks, before the
     ablation runs: at least one block must stay."""
-    from studio.core.settings import check_value, spec_of
-
     drop = project.pruning["drop_blocks"]
     check_value("pruning.drop_blocks", drop, spec_of("pruning.drop_blocks"))
     if project.model["kind"] != "causal-lm":
         raise StudioError(f"pruning drops the blocks of a causal LM, not of a "
                           f"{project.model['kind']} model")
-    from studio.engine.hf_import import open_checkpoint
 
     source = project.input_path(project.model["source"])
     blocks = open_checkpoint(source).num_layers

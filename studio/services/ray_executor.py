@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import shutil
 import socket
 import tarfile
 import tempfile
@@ -37,8 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.core.errors import StudioError as _UserError
+from studio.core.fsutil import atomic_write_text
 from studio.services.workers import OnMessage, job_memory
 from studio.worker.parts import PartsConfig
+from studio.worker.stages import run_stage
 
 TRANSFERS = ("auto", "copy")
 _STORE_ID = ".store-id"
@@ -90,8 +94,6 @@ def _node_cache() -> Path:
 def run_task(spec: dict[str, Any], store_root: str, store_id: str, transfer: str,
              input_refs: dict[str, Any]) -> dict[str, Any]:
     """The body of one Ray task (runs on a cluster node): the stage, in this process."""
-    from studio.core.errors import StudioError as _UserError
-
     root = Path(store_root)
     try:
         shared = transfer != "copy" and (root / _STORE_ID).read_text().strip() == store_id
@@ -113,7 +115,6 @@ def run_task(spec: dict[str, Any], store_root: str, store_id: str, transfer: str
                     try:
                         tmp.rename(folder)
                     except OSError:  # another task unpacked it first
-                        import shutil
 
                         shutil.rmtree(tmp, ignore_errors=True)
                 inputs[label] = str(folder)
@@ -125,7 +126,6 @@ def run_task(spec: dict[str, Any], store_root: str, store_id: str, transfer: str
         # a stage's parts (the compile's) go to Ray as tasks of their own: anywhere when this
         # task works in the shared store, else on this node, which alone holds its inputs
         spec["parts"] = PartsConfig("ray", ray_where="any" if shared else "node").to_spec()
-        from studio.worker.stages import run_stage
 
         progress = _Collect()
         try:
@@ -140,8 +140,6 @@ def run_task(spec: dict[str, Any], store_root: str, store_id: str, transfer: str
                 "log": progress.lines[-200:], "node": socket.gethostname(),
                 "archive": None if shared else _pack(Path(spec["workdir"]))}
     finally:
-        import shutil
-
         if old_tmp is None:
             os.environ.pop("TMPDIR", None)
         else:
@@ -173,8 +171,6 @@ class RayExecutor:
         self._archives: dict[str, Any] = {}
         id_file = Path(store.root) / _STORE_ID
         if not id_file.exists():
-            from studio.core.fsutil import atomic_write_text
-
             atomic_write_text(id_file, uuid.uuid4().hex)
         self.store_id = id_file.read_text().strip()
         self.started_here = False

@@ -13,6 +13,8 @@ printer, ``(html, charts) -> PDF bytes``, that takes the print HTML and its char
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from studio.core.fsutil import atomic_write_bytes, atomic_write_text, check_outp
 from studio.core.jobs import JobStore
 from studio.core.project import Project
 from studio.core.project import from_dict as project_from_dict
+from studio.core.sweep import format_value
 from studio.engine import report as _report
 from studio.services import history
 from studio.services.sweeps import recorded, size_figure, sweep_names
@@ -74,8 +77,6 @@ def run_artifacts(jobs: JobStore, store: ArtifactStore, run_id: int) -> dict[str
 def sweep_fronts(project: Project, jobs: JobStore) -> list[dict[str, Any]]:
     """The project's recorded sweeps for the report: each point's accuracy and size with
     their sources, the Pareto front and the best point."""
-    from studio.core.sweep import format_value
-
     out = []
     for name in sweep_names(project, jobs):
         rec = recorded(project, jobs, name)
@@ -160,8 +161,6 @@ def check_writable(out: Path) -> None:
     """Refuse an output path that cannot be written, before any work: a folder, a link, a
     device, a FIFO or a socket (:func:`studio.core.fsutil.check_output`), or one whose folder
     is not writable."""
-    import os
-
     out = check_output(Path(out))
     parent = out.parent
     while not parent.exists():
@@ -187,8 +186,6 @@ def write(data: dict[str, Any], fmt: str, out: Path, pdf: PdfPrinter | None = No
 
 def validate_json(data: dict[str, Any]) -> None:
     """Check ``data`` against the report JSON schema (raises ``jsonschema.ValidationError``)."""
-    import json
-
     import jsonschema
 
     jsonschema.validate(data, json.loads(SCHEMA_PATH.read_text()))

@@ -10,12 +10,15 @@ from typing import Any
 
 from studio.core import project as projectfile
 from studio.core.artifacts import ArtifactStore
+from studio.core.catalog import default_chip_key, get_chip
 from studio.core.commands import CommandStack, SetValue
 from studio.core.errors import StudioError
 from studio.core.fsutil import check_destination, check_writable_dir
 from studio.core.jobs import JobStore
 from studio.core.project import Project
+from studio.core.samples import sample_overrides
 from studio.services.pipeline import Pipeline, RunSummary
+from studio.services.vision import vision_defaults
 
 
 class Studio:
@@ -64,15 +67,11 @@ class Studio:
                **sections: Any) -> Studio:
         path = cls.new_file(path)
         if "overrides" not in sections.get("quantization", {}):
-            from studio.core.catalog import default_chip_key, get_chip
-            from studio.core.samples import sample_overrides
-
             rules = sample_overrides(source, [get_chip(t) for t in
                                               (targets or [default_chip_key()])])
             if rules:  # the sample's own rules, written into the file where one sees them
                 sections = {**sections, "quantization": {
                     **sections.get("quantization", {}), "overrides": rules}}
-        from studio.services.vision import vision_defaults
 
         # a VL model: its image (``image_size_name`` set it) and lengths
         sections = vision_defaults(source, path, sections, image_size_name)

@@ -12,6 +12,7 @@ from studio.core.fsutil import atomic_write_json, atomic_write_text
 from studio.core.project import Project
 from studio.core.sweep import format_value
 from studio.core.units import signed
+from studio.engine.report_charts import svg_pareto
 from studio.services.sweeps import size_figure
 
 
@@ -61,8 +62,6 @@ def point_rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
 def scatter_svg(rec: dict[str, Any], width: int = 640, height: int = 360) -> str:
     """Accuracy (y) against deployed size (x), the Pareto front joined, the best ringed (the
     run report's Pareto chart); each axis names the source of its figures."""
-    from studio.engine.report_charts import svg_pareto
-
     rows = [r for r in point_rows(rec) if r["accuracy"] is not None
             and r["size_bytes"] is not None]
     if not rows:

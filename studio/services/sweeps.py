@@ -50,6 +50,8 @@ from studio.core.sweep import (
     parse_axis_arg,
     parse_spec,
 )
+from studio.engine import hf_import
+from studio.engine.deploy import read as read_deploy
 from studio.services.edits import project_edits
 from studio.services.executors import executor_name, make_executor, model_bytes
 from studio.services.jobrunner import JobRunner, StageJob, job_gates, not_run
@@ -265,8 +267,6 @@ def point_figures(variant: Project, results: dict[str, dict[str, Any]],
     ctx = compile_keys.get(chip)
     art = store.get(ctx) if ctx else None
     if art is not None:
-        from studio.engine.deploy import read as read_deploy
-
         deployed = read_deploy(art.path)
         size = (int(deployed["binary_bytes"]) if deployed else
                 sum(f.stat().st_size for f in art.path.glob("*_ctx.onnx")))
@@ -283,8 +283,6 @@ def point_figures(variant: Project, results: dict[str, dict[str, Any]],
 
 
 def _recipe_weight_bytes(variant: Project) -> float:
-    from studio.engine import hf_import
-
     info = hf_import.open_checkpoint(variant.input_path(variant.model["source"]))
     return float(scheme_diff(variant, info)["weight_bytes"]["recipe"])
 

@@ -4,10 +4,18 @@ image (the playground's picture box)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.core.families import family_of, text_config
+from studio.core.fsutil import atomic_write_bytes
+from studio.core.settings import MAX_CONTEXT
+from studio.engine import vision_input
+from studio.engine.chat_template import prompt_format
+from studio.engine.checkpoint_check import load_tokenizer
+from studio.engine.vision_input import DEFAULT_IMAGE_SIZE
 
 #: a new vision-language project's prompt room past its image: text tokens in the prefill
 VL_TEXT_TOKENS = 32
@@ -28,7 +36,6 @@ def vision_defaults(source: str, path: Path, sections: dict[str, Any],
     config = None if source.startswith("sample:") else _vision_config(folder)
     if config is None:
         return sections
-    from studio.engine import vision_input
 
     export = dict(sections.get("export", {}))
     pre = vision_input.read_preprocessor(folder)
@@ -56,8 +63,6 @@ def vision_defaults(source: str, path: Path, sections: dict[str, Any],
     export.update(image_size=size, prompt_length=P, context_length=C)
     run = dict(sections.get("run", {}))
     if not run.get("image"):
-        from studio.core.fsutil import atomic_write_bytes
-
         picture = Path(path).with_name(Path(path).stem + "-image.png")
         if not picture.exists():
             atomic_write_bytes(picture, vision_input.png_bytes(
@@ -69,9 +74,6 @@ def vision_defaults(source: str, path: Path, sections: dict[str, Any],
 def _position_limit(config: dict[str, Any]) -> tuple[int, str]:
     """The longest context the model takes, and where that number comes from: its
     ``max_position_embeddings`` (the language model's), within the studio's own limit."""
-    from studio.core.families import family_of, text_config
-    from studio.core.settings import MAX_CONTEXT
-
     family = family_of(config.get("model_type"))
     text = text_config(config, family) if family is not None else config
     mpe = text.get("max_position_embeddings")
@@ -85,9 +87,6 @@ def prompt_frame(folder: Path, setting: str = "checkpoint") -> tuple[int, str]:
     what they are: <|vision_start|> and <|vision_end|> (2), or everything the checkpoint's
     chat template writes around an image and a text (``model.chat_template``); the image
     goes before the text, so the prefill's first pass holds what comes before it."""
-    from studio.engine.chat_template import prompt_format
-    from studio.engine.checkpoint_check import load_tokenizer
-
     fmt = prompt_format(folder, setting)
     if not fmt.applied:
         return 2, "2 around them"
@@ -113,8 +112,6 @@ def _default_size(rng, limit: int, limit_from: str, frame: int = 2,
     """448 px brought within the processor's range, then down until the positions hold the
     image with room for some text and as much for an answer (the smallest image where none
     does but it fits at all)."""
-    from studio.engine.vision_input import DEFAULT_IMAGE_SIZE
-
     if not _largest_fitting(rng, limit, frame):
         raise StudioError(
             f"the checkpoint's smallest image ({rng.low} px, {_tokens(rng, rng.low)} tokens, "
@@ -163,7 +160,6 @@ def image_lines(project) -> list[str]:
     config = _vision_config(folder)
     if config is None:
         return []
-    from studio.engine import vision_input
 
     try:
         pre = vision_input.read_preprocessor(folder)
@@ -200,8 +196,6 @@ def vision_project(project) -> bool:
 def _vision_config(folder: Path) -> dict[str, Any] | None:
     """The ``config.json`` of a vision-language checkpoint folder; None for any other folder
     (or one the checkpoint checks will explain)."""
-    import json
-
     from studio.core.families import family_of
 
     try:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.artifacts import ArtifactStore
+from studio.core.catalog import get_chip
 from studio.core.errors import StudioError
 from studio.core.project import Project
 from studio.core.units import signed
@@ -33,8 +34,6 @@ def stored(project: Project, run: bool = True) -> dict[str, Any] | None:
 
 
 def waterfall(project: Project, chip: str | None = None, run: bool = True) -> dict[str, Any]:
-    from studio.core.catalog import get_chip
-
     chip = get_chip(chip or project.targets[0]).key  # an unknown chip: one line, before work
     data = stored(project, run)
     if data is None:

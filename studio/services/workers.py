@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from studio.core.errors import StudioError
 from studio.core.hostmem import available_memory
 
 OnMessage = Callable[[dict[str, Any]], None]
@@ -53,8 +54,6 @@ def local_workers(asked: int | None, model_bytes: int = 0) -> tuple[int, str]:
         return cap, (f"{cap} worker(s): {cores} core(s), memory for {by_memory} job(s) "
                      f"of {job_memory(model_bytes) >> 20} MiB")
     if asked < 1:
-        from studio.core.errors import StudioError
-
         raise StudioError(f"--workers {asked}: give at least 1")
     if asked > cap:
         return cap, (f"{cap} worker(s), not {asked}: {cores} core(s), memory for {by_memory} "

@@ -26,6 +26,7 @@ stopped for another.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -36,7 +37,9 @@ from typing import Any
 
 from studio.core import workpolicy
 from studio.core.errors import StudioError
+from studio.core.fsutil import RunLock
 from studio.core.jobs import transaction
+from studio.services.partplan import part_plan
 
 WAITING, RUNNING = "waiting", "running"
 SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
@@ -336,8 +339,6 @@ class Counts:
 def default_slots() -> int:
     """One item per four cores, at least one: the HTP simulator and the quantizer each keep
     a core busy, and the profile's simulated timings follow the host's load."""
-    import os
-
     return max(1, (os.cpu_count() or 1) // 4)
 
 
@@ -384,8 +385,6 @@ def predicted_peak(project, kind: str, spec: dict[str, Any]) -> int | None:
     if kind != "pipeline":
         return None
     try:
-        from studio.services.partplan import part_plan
-
         plan = part_plan(project)
     except Exception:  # noqa: BLE001 - no prediction; the stage checks its own memory
         return None
@@ -398,8 +397,6 @@ def predicted_peak(project, kind: str, spec: dict[str, Any]) -> int | None:
 
 def project_busy(path: Path) -> str | None:
     """A sentence when another process runs the project (its pipeline lock is held)."""
-    from studio.core.fsutil import RunLock
-
     try:
         held = RunLock(Path(path).with_suffix(".studio")).held()
     except OSError:

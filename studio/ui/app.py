@@ -12,12 +12,14 @@ on screen and quits (the start-up benchmark uses it).
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import sys
 import time
 from pathlib import Path
 
 from studio.core import thirdparty
+from studio.core.resources import resources_dir
 
 _T0 = time.perf_counter()
 
@@ -33,8 +35,6 @@ _XCB_LIBRARIES = (("libxcb-cursor.so.0", "libxcb-cursor0"), ("libxcb-icccm.so.4"
 
 def _loadable(soname: str) -> bool:
     """Whether the dynamic loader finds ``soname`` (as Qt will load it)."""
-    import ctypes
-
     try:
         ctypes.CDLL(soname)
     except OSError:
@@ -76,7 +76,6 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
-    from studio.core.resources import resources_dir
     from studio.ui.main_window import MainWindow
     from studio.ui.settings import AppSettings
     from studio.ui.theme import apply_theme

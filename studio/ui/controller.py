@@ -27,13 +27,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtCore import QCoreApplication, QEventLoop, QObject, QTimer, Signal
 
 from studio.core import project as projectfile
-from studio.core.commands import Change, SetValue
+from studio.core.commands import Change, SetValue, SetValues
 from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_write_text
 from studio.core.jobs import FINAL, Job
 from studio.services import projects
+from studio.services.pipeline import plan
+from studio.services.session import Studio
+from studio.ui.queue_runner import QueueRunner
 from studio.ui.settings import AppSettings
 
 
@@ -62,7 +66,6 @@ class ProjectController(QObject):
 
     def __init__(self, settings: AppSettings, parent: QObject | None = None):
         super().__init__(parent)
-        from studio.ui.queue_runner import QueueRunner
 
         self.settings = settings
         self.studio = None
@@ -116,8 +119,6 @@ class ProjectController(QObject):
     # ---- opening and closing -----------------------------------------------------------
     def open(self, path: Path) -> None:
         """Open a project file; a StudioError (broken file, ...) leaves everything as it was."""
-        from studio.services.session import Studio
-
         path = Path(path)
         studio = Studio.open(path)
         self._attach(studio)
@@ -192,8 +193,6 @@ class ProjectController(QObject):
 
     def wait_for_run(self, timeout_s: float) -> bool:
         """Keep the event loop (and so the pipeline) going until the run ends; True if it did."""
-        from PySide6.QtCore import QCoreApplication, QEventLoop
-
         deadline = time.monotonic() + timeout_s
         while self.running and time.monotonic() < deadline:
             QCoreApplication.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
@@ -279,7 +278,6 @@ class ProjectController(QObject):
     def save_copy(self, dest: Path) -> Path:
         """Write the project as it is now to another file (the session stays on its own)."""
         studio = self._need()
-        from studio.core.fsutil import atomic_write_text
 
         dest = Path(dest)
         if dest.suffix != ".qstudio":
@@ -344,8 +342,6 @@ class ProjectController(QObject):
 
     def apply_as_one(self, edits: list[SetValue], label: str) -> Change:
         """Several edits as one undoable step (a StudioError changes nothing)."""
-        from studio.core.commands import SetValues
-
         return self._need().commands.push(SetValues(list(edits), label))
 
     def undo(self) -> Change:
@@ -366,8 +362,6 @@ class ProjectController(QObject):
     # ---- the pipeline -------------------------------------------------------------------------
     def plan(self, stages: list[str] | None = None, targets: list[str] | None = None,
              retry: tuple[str, str] | None = None):
-        from studio.services.pipeline import plan
-
         return plan(self._need().project, stages, targets, retry=retry)
 
     def run(

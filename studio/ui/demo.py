@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core import thirdparty
+from studio.core.demo import SCENES
 from studio.core.errors import StudioError
 from studio.services import demo as demosvc
 from studio.ui.demo_scenes import VIEWS, BuildBridge, GenerateView, SceneView
@@ -46,7 +47,6 @@ class DemoWindow(QWidget):
 
     def __init__(self, demo: demosvc.Demo, start: int = 0, parent: QWidget | None = None):
         super().__init__(parent, Qt.WindowType.Window)
-        from studio.core.demo import SCENES
 
         self.demo = demo
         self.setObjectName("stage")
@@ -106,7 +106,6 @@ class DemoWindow(QWidget):
                 try:
                     scene = demosvc.build_scene(demo, kinds[i])
                 except Exception as exc:  # noqa: BLE001 - shown in the scene, not lost
-                    from studio.core.demo import SCENES
 
                     scene = demosvc.Scene(kinds[i], SCENES[kinds[i]],
                                           empty=f"this scene failed: {type(exc).__name__}: "

@@ -21,9 +21,10 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core import figures
+from studio.core.catalog import get_chip
 from studio.core.errors import Cancelled, StudioError
 from studio.core.progress import EventProgress
-from studio.core.units import signed
+from studio.core.units import format_bytes, signed
 from studio.services import demo as demosvc
 from studio.ui.demo_widgets import (
     ACCENT,
@@ -608,9 +609,6 @@ class BundleView(SceneView):
         self.lay.addSpacing(8)
         b = scene.extra.get("bundle")
         if b:
-            from studio.core.catalog import get_chip
-            from studio.core.units import format_bytes
-
             self.lay.addWidget(text_label(f"Genie bundle for {get_chip(b['target']).name} — "
                                       f"{len(b['files'])} files, "
                                       f"{format_bytes(b['total_bytes'])}", "h2"))

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
+from studio.services.doctor import Check, device_choices, doctor, verdict
 from studio.ui.loading import LatestLoad
 from studio.ui.widgets import label
 
@@ -29,8 +30,6 @@ COLUMNS = ("Status", "Area", "Check", "Finding", "Fix")
 
 
 def run_checks(project_file: Path | None, device_id: str | None) -> list[dict[str, Any]]:
-    from studio.services.doctor import doctor
-
     return [c.to_dict() for c in doctor(project_file, device_id or None)]
 
 
@@ -76,7 +75,6 @@ class DoctorDialog(QDialog):
         self.checks: list[dict[str, Any]] = []
         self._load = LatestLoad(ctl)
         self._devices = LatestLoad(ctl)
-        from studio.services.doctor import device_choices
 
         self._devices.start(device_choices, done=self._fill_devices, failed=lambda e: None)
         self.run()
@@ -99,8 +97,6 @@ class DoctorDialog(QDialog):
         self.verdict.setText(f"The checks could not run: {exc}")
 
     def show_checks(self, checks: list[dict[str, Any]]) -> None:
-        from studio.services.doctor import Check, verdict
-
         self.checks = checks
         # what fails first, then what warns, each in the order it was checked
         shown = sorted(checks, key=lambda c: {"FAIL": 0, "WARN": 1}.get(c["status"], 2))

@@ -16,19 +16,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
+import subprocess
 import sys
+import tempfile
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QAbstractItemView, QTabWidget
+from PySide6.QtWidgets import QAbstractItemView, QApplication, QTabWidget
 
 from studio.core import figures
+from studio.ui.main_window import MainWindow
 from studio.ui.pages.cards import FigureCard
 from studio.ui.pages.figures import FIGURE_TITLES, VALIDATION_KEYS
+from studio.ui.pages.registry import PAGES
+from studio.ui.settings import AppSettings
 
 #: a figure: (catalogue title, device kind, target)
 Key = tuple[str, str, str]
@@ -131,8 +137,6 @@ def read_page(page, place: str, walk: Walk, target: str) -> None:
 
 async def walk(win, pause: Callable[[float], Awaitable[None]]) -> Walk:
     """Show every page of ``win`` (and each tab of it) and read its figures."""
-    from studio.ui.pages.registry import PAGES
-
     out = Walk()
     target = win.ctl.project.targets[0] if win.ctl.project and win.ctl.project.targets else ""
     for row, spec in enumerate(PAGES):
@@ -216,15 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="1600x1000")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
 
-    import json
-    import subprocess
-    import tempfile
-
     import qasync
-    from PySide6.QtWidgets import QApplication
-
-    from studio.ui.main_window import MainWindow
-    from studio.ui.settings import AppSettings
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("qstudio-figure-walk")

@@ -32,7 +32,10 @@ from PySide6.QtWidgets import (
 
 from studio.core import project as projectfile
 from studio.core.errors import StudioError
+from studio.services import devices, projects
 from studio.ui.controller import ProjectController, SaveConflict
+from studio.ui.demo import open_for_window
+from studio.ui.doctor_dialog import DoctorDialog
 from studio.ui.notifications import NotificationArea
 from studio.ui.pages.registry import PAGES, has_page, page_spec
 from studio.ui.settings import AppSettings
@@ -40,6 +43,7 @@ from studio.ui.stages import project_stages, stage_title
 from studio.ui.theme import apply_theme
 from studio.ui.welcome import Welcome
 from studio.ui.widgets import EmptyState, label
+from studio.ui.wizard import NewProjectWizard
 
 if TYPE_CHECKING:
     from studio.ui.pages.base import Page
@@ -370,7 +374,6 @@ class MainWindow(QMainWindow):
     def new_project(self):
         if not self.maybe_close():
             return None
-        from studio.ui.wizard import NewProjectWizard
 
         wiz = NewProjectWizard(self.ctl, self.settings.last_folder, self)
         wiz.open()
@@ -685,14 +688,10 @@ class MainWindow(QMainWindow):
         n.add_action("Discard", self._discard_autosave)
 
     def _discard_autosave(self) -> None:
-        from studio.services import projects
-
         if self.ctl.project is not None:
             projects.discard_autosave(self.ctl.project)
 
     def _update_devices(self) -> None:
-        from studio.services import devices
-
         st = devices.device_state()
         sim = st["htp_sim"]
         # short: the status bar's left part is the notifications' line
@@ -736,8 +735,6 @@ class MainWindow(QMainWindow):
 
     def show_demo(self):
         """View → Demo: the open project's demo (its NAME.demo.toml) full screen."""
-        from studio.ui.demo import open_for_window
-
         self.demo_window = open_for_window(self)
         return self.demo_window
 
@@ -769,8 +766,6 @@ class MainWindow(QMainWindow):
         QMessageBox.information(self, "Keyboard shortcuts", text)
 
     def show_doctor(self) -> None:
-        from studio.ui.doctor_dialog import DoctorDialog
-
         self.doctor_dialog = DoctorDialog(self.ctl, self)
         self.doctor_dialog.show()
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtCore import QCoreApplication, QEventLoop, QObject, QTimer, Signal
 
 from studio.core import project as projectfile
 from studio.core.errors import StudioError
@@ -316,8 +316,6 @@ class QueueRunner(QObject):
     # ---- the window ends ---------------------------------------------------------------
     def wait_idle(self, timeout_s: float, only: set[int] | None = None) -> bool:
         """Keep the UI's events going until the running items (or those of ``only``) end."""
-        from PySide6.QtCore import QCoreApplication, QEventLoop
-
         deadline = time.monotonic() + timeout_s
 
         def busy() -> bool:

@@ -10,7 +10,10 @@ from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QRectF, Qt, QUrl
 from PySide6.QtGui import QImage, QPainter, QTextDocument
+from PySide6.QtSvg import QSvgRenderer
 from PySide6.QtWidgets import QTextBrowser
+
+from studio.core.units import format_bytes
 
 _SVG = re.compile(r"<svg\b.*?</svg>", re.S)
 #: files larger than this are not laid out here (Qt's text layout of some MB in one
@@ -35,8 +38,6 @@ def inline_charts(html: str) -> tuple[str, list[bytes]]:
 
 def render_svg(data: bytes, scale: float = 2.0) -> QImage:
     """An SVG document as an image (drawn at ``scale`` for a sharp picture)."""
-    from PySide6.QtSvg import QSvgRenderer
-
     renderer = QSvgRenderer(QByteArray(data))
     size = renderer.defaultSize()
     image = QImage(max(1, int(size.width() * scale)), max(1, int(size.height() * scale)),
@@ -60,8 +61,6 @@ class ReportView(QTextBrowser):
         self.charts_drawn = 0
 
     def show_file(self, path: Path) -> None:
-        from studio.core.units import format_bytes
-
         self.path = Path(path)
         self.charts_drawn = 0
         size = self.path.stat().st_size

@@ -14,6 +14,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from studio.ui.pages.registry import PAGES
+from studio.ui.standalone import sample_project
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m studio.ui.screenshots")
@@ -28,9 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtWidgets import QApplication
 
     from studio.ui.main_window import MainWindow
-    from studio.ui.pages.registry import PAGES
     from studio.ui.settings import AppSettings
-    from studio.ui.standalone import sample_project
     from studio.ui.theme import apply_theme
 
     out = Path(args.out)

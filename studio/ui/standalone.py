@@ -15,12 +15,11 @@ import tempfile
 from pathlib import Path
 
 from studio.core import thirdparty
+from studio.services.projects import NewProjectSpec, create_project
 
 
 def sample_project(folder: Path, name: str = "sample"):
     """Write a small sample project (the spec the tests use) and return its path."""
-    from studio.services.projects import NewProjectSpec, create_project
-
     spec = NewProjectSpec(
         path=Path(folder) / f"{name}.qstudio",
         source_kind="sample",

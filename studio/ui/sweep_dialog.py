@@ -21,7 +21,9 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.errors import StudioError
-from studio.core.project import Project
+from studio.core.project import Project, apply_point
+from studio.core.settings import SECTIONS
+from studio.core.sweep import BEST_RULES, parse_axis_arg, parse_spec
 from studio.ui.widgets import label
 
 #: the sections whose settings a sweep from the window varies (the recipe and the shapes)
@@ -35,8 +37,6 @@ AXIS_ROWS = 3
 def axis_choices(project: Project) -> dict[str, tuple[Any, ...] | None]:
     """``section.key`` -> its closed set of values (None: any number) for the settings a
     sweep from the window offers: those with a closed set or a number."""
-    from studio.core.settings import SECTIONS
-
     out: dict[str, tuple[Any, ...] | None] = {}
     for section in SWEPT_SECTIONS:
         for key, (spec, hint) in SECTIONS[section].specs().items():
@@ -75,7 +75,6 @@ class NewSweepDialog(QDialog):
         self.name = QLineEdit(f"sweep{n}")
         form.addRow("Name", self.name)
         self.best = QComboBox()
-        from studio.core.sweep import BEST_RULES
 
         for rule in BEST_RULES:
             self.best.addItem(rule, rule)
@@ -126,8 +125,6 @@ class NewSweepDialog(QDialog):
 
     def table(self) -> dict[str, Any]:
         """The ``[[sweeps]]`` table as written (not checked)."""
-        from studio.core.sweep import parse_axis_arg
-
         axes: dict[str, list[Any]] = {}
         for combo, edit in zip(self.keys, self.values, strict=True):
             key, text = combo.currentData(), edit.text().strip()
@@ -138,9 +135,6 @@ class NewSweepDialog(QDialog):
 
     def check(self) -> str:
         """"" when the table is a valid new sweep, else why not (one line)."""
-        from studio.core.project import apply_point
-        from studio.core.sweep import parse_spec
-
         try:
             table = self.table()
             if not table["axes"]:

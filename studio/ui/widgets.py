@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from PySide6.QtCore import QRect, QSize, Qt, Signal
+from PySide6.QtGui import QColor, QPainter
 from PySide6.QtWidgets import (
     QApplication,
     QHBoxLayout,
@@ -25,6 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.catalog import load_catalog
 from studio.core.units import format_bytes
 from studio.ui.theme import SOURCE_COLORS, SOURCE_TIPS
 
@@ -294,8 +296,6 @@ class BadgeDelegate(QStyledItemDelegate):
     """Paints a cell whose text is a source name (measured, simulated...) as a coloured pill."""
 
     def paint(self, painter, option, index):
-        from PySide6.QtGui import QColor, QPainter
-
         text = index.data(Qt.ItemDataRole.DisplayRole) or ""
         if text not in SOURCE_COLORS:
             super().paint(painter, option, index)
@@ -327,7 +327,6 @@ class ChipList(QListWidget):
 
     def __init__(self, checked: list[str], parent: QWidget | None = None):
         super().__init__(parent)
-        from studio.core.catalog import load_catalog
 
         self.setSpacing(1)  # the check boxes of neighbouring chips do not touch
         for key, chip in load_catalog().items():

@@ -31,6 +31,8 @@ from PySide6.QtWidgets import (
     QWizardPage,
 )
 
+from studio.core import samples
+from studio.core.catalog import default_chip_key
 from studio.core.errors import StudioError
 from studio.core.project import ENCODER_CALIBRATION_SAMPLES
 from studio.core.recipe import (
@@ -42,6 +44,7 @@ from studio.core.recipe import (
     SCHEMES,
 )
 from studio.core.stagegraph import MODEL_KIND_HELP, STAGE_NAMES, default_stages, kind_stages
+from studio.services.graphs import check_graph_samples, graph_inputs
 from studio.services.projects import NewProjectSpec, file_stem, free_project_name, path_taken
 from studio.ui.widgets import ChipList, label
 
@@ -67,7 +70,6 @@ class SourcePage(QWizardPage):
         self.sample.setSizeAdjustPolicy(
             QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.sample.setMinimumContentsLength(24)
-        from studio.core import samples
 
         for s in samples.SAMPLES.values():
             if not s.draft_for:
@@ -147,8 +149,6 @@ class SourcePage(QWizardPage):
         k, src = self.kind(), self.source()
         msg = ""
         if k == "sample":
-            from studio.core import samples
-
             try:
                 samples.sample_path(src)
             except StudioError as exc:
@@ -262,7 +262,6 @@ class GraphPage(QWizardPage):
         self.error.setText("")
         if not onnx:
             return
-        from studio.services.graphs import graph_inputs
 
         try:
             inputs = graph_inputs(Path(self._wizard.source_page.source()).expanduser())
@@ -310,7 +309,6 @@ class GraphPage(QWizardPage):
         """The shapes and the sample files against the graph (seconds for small graphs)."""
         if not self._onnx():
             return True
-        from studio.services.graphs import check_graph_samples
 
         if not self.calibration.text().strip():  # inspect now, calibrate later
             self.error.setText("")
@@ -339,7 +337,6 @@ class TargetsPage(QWizardPage):
             "The Snapdragon chips to compile, validate, run and profile for "
             "(QNN HTP simulator per chip generation). You can change them later."
         )
-        from studio.core.catalog import default_chip_key
 
         lay = QVBoxLayout(self)
         self.list = ChipList([default_chip_key()])

@@ -12,17 +12,18 @@ import os
 import sys
 import traceback
 
+from studio.core import thirdparty
+from studio.core.errors import StudioError
 from studio.worker.lifetime import die_with_parent
+from studio.worker.protocol import JsonLinesProgress
+from studio.worker.stages import run_stage
 
 
 def run_one(line: str, progress) -> None:
-    from studio.core.errors import StudioError
-
     job_id = None
     try:
         spec = json.loads(line)
         job_id = spec.get("job_id")
-        from studio.worker.stages import run_stage
 
         out = run_stage(spec, progress)
         progress.emit({"type": "result", "job_id": job_id, "result": out["result"],
@@ -37,8 +38,6 @@ def run_one(line: str, progress) -> None:
 
 
 def main() -> int:
-    from studio.core import thirdparty
-
     thirdparty.settle()  # as its parent did (a worker Ray starts has an environment of its own)
     die_with_parent()
     # Keep the protocol on a private copy of stdout; native libraries that print to fd 1
@@ -47,8 +46,6 @@ def main() -> int:
     os.dup2(2, 1)
     out = io.TextIOWrapper(os.fdopen(proto_fd, "wb"), encoding="utf-8", line_buffering=True)
     sys.stdout = sys.stderr
-
-    from studio.worker.protocol import JsonLinesProgress
 
     progress = JsonLinesProgress(out)
     for line in sys.stdin:

@@ -11,12 +11,14 @@ from typing import Any
 from studio.core.catalog import Chip, get_chip
 from studio.core.devices import Device, DeviceBackend, htp_simulator
 from studio.core.errors import StudioError
+from studio.core.fsutil import read_input
 from studio.core.keys import StageSettings
 from studio.core.metrics import Metric
 from studio.core.partcache import PartCache
 from studio.core.progress import Progress
 from studio.core.stagegraph import STAGES, StageConfig
 from studio.core.stages.run import HtpRun
+from studio.engine.devices import backend, run_options
 from studio.worker.parts import Part, PartsConfig, Say, run_parts
 
 
@@ -88,8 +90,6 @@ class StageContext:
     @property
     def backend(self) -> DeviceBackend:
         """What runs work on :attr:`device` (``studio/engine/devices``)."""
-        from studio.engine.devices import backend, run_options
-
         s = self.settings
         mode = s.performance_mode if isinstance(s, HtpRun) else ""
         return backend(self.device, run_options=run_options(mode))
@@ -112,8 +112,6 @@ MAX_TEXT_BYTES = 64 << 20
 def read_text(path: Path, what: str) -> str:
     """A text input: a regular file (see :func:`studio.core.fsutil.read_input`) of UTF-8
     text with some content, or one line."""
-    from studio.core.fsutil import read_input
-
     raw = read_input(path, MAX_TEXT_BYTES, f"the {what}")
     if b"\0" in raw:
         raise StudioError(f"the {what} {path} is a binary file, not text: give a UTF-8 text "

@@ -4,7 +4,9 @@ started them (a ``kill -9`` of a batch run)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 
 
 def die_with_parent() -> None:
@@ -12,9 +14,6 @@ def die_with_parent() -> None:
     if it died before the request took effect. Elsewhere: nothing."""
     parent = os.getppid()
     try:
-        import ctypes
-        import signal
-
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):

@@ -8,8 +8,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from studio.core.checks import PASS, Check
 from studio.core.devices import Device, DeviceKind
 from studio.core.errors import StudioError
+from studio.engine.device_registry import Registry
 
 
 class Backend:
@@ -47,8 +49,6 @@ class Backend:
     def registry(self):
         """The user's device registry and settings (agents, the QAIRT SDK folder)."""
         if self._registry is None:
-            from studio.engine.device_registry import Registry
-
             self._registry = Registry()
         return self._registry
 
@@ -72,8 +72,6 @@ class Backend:
     def doctor_checks(self, project: Any, sdk: tuple[str | None, str]) -> list:
         """``studio doctor --device D``: a device of this machine is checked with the
         machine (its packages, the QNN backend)."""
-        from studio.core.checks import PASS, Check
-
         return [Check("device", self.device.name or self.device.id, PASS,
                       "runs on this machine (its checks are the machine's, above)")]
 

@@ -9,10 +9,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from studio.core.catalog import get_chip
+from studio.core.checks import FAIL, PASS, WARN, Check
 from studio.core.devices import DeviceKind
 from studio.core.devices.adb import serial_of
 from studio.core.errors import StudioError
+from studio.core.units import format_bytes
+from studio.engine import deploy, deployed, profiling
+from studio.engine.deployed import decode_context
+from studio.engine.device_registry import Registry
 from studio.engine.devices._base import Backend as _Base
+from studio.engine.devices.adb_phone import UNVERIFIED, Adb, AdbPhone
+from studio.engine.genie import BundleRunner
+from studio.engine.llm_runtime import StaticKVGenerator
 
 ROUND_TRIPS = ("adb round trips (push, context load, run, pull), not the graph's latency: the "
                "SDK has no qnn-profile-viewer to read the phone's own times")
@@ -27,8 +36,6 @@ class Backend(_Base):
                ) -> list[dict[str, Any]]:
         """Phones adb sees (``adb devices -l``), each marked unverified on hardware, and
         saying so when no QAIRT SDK is set; one row saying adb is missing when it is."""
-        from studio.engine.devices.adb_phone import UNVERIFIED, Adb
-
         runner = Adb()
         if not runner.available:
             return [{"id": "adb", "kind": decl.kind, "source": "", "note": True,
@@ -40,8 +47,6 @@ class Backend(_Base):
             return [{"id": "adb", "kind": decl.kind, "source": "", "note": True,
                      "status": exc.message}]
         if registry is None:
-            from studio.engine.device_registry import Registry
-
             registry = Registry()
         root, _where = registry.sdk_root()
         sdk = "" if root else "; no QAIRT SDK set: studio devices sdk PATH"
@@ -62,9 +67,6 @@ class Backend(_Base):
     def phone(self, log: Callable[[str], None] | None = None):
         """The phone, with the QAIRT SDK from the settings (a one-line error when none is
         set)."""
-        from studio.core.catalog import get_chip
-        from studio.engine.devices.adb_phone import AdbPhone
-
         sdk, _where = self.registry.sdk_root()
         return AdbPhone(serial_of(self.device), sdk, get_chip(self.device.chip), log=log)
 
@@ -80,8 +82,6 @@ class Backend(_Base):
         project's targets, the QAIRT SDK folder, QNN libraries under /vendor/lib64, free
         memory. UNVERIFIED ON HARDWARE: the phone's answers are read as the Android tools
         document them (getprop, /proc/meminfo, the shell's environment)."""
-        from studio.core.checks import FAIL, PASS, WARN, Check
-        from studio.core.units import format_bytes
         from studio.engine.devices.adb_phone import Adb, chip_of
 
         serial, area = serial_of(self.device), "device"
@@ -156,8 +156,6 @@ class Backend(_Base):
                        fp16: bool, log: Callable[[str], None] | None = None) -> Any:
         """A generator whose prefill and decode graphs run on the phone (its sessions are the
         generator's ``prefill_session`` / ``decode_session``)."""
-        from studio.engine.llm_runtime import StaticKVGenerator
-
         if compiled is None:
             raise StudioError(f"{self.device.name} runs a compiled context: run the compile "
                               "stage")
@@ -167,11 +165,9 @@ class Backend(_Base):
                               "export it with export.parts = 1")
         phone = self.phone(log)
         mode = self.run_options.get("htp_performance_mode", "")
-        from studio.engine import deploy, deployed
 
         record = deploy.read(compiled)
         if record is not None:  # the deployable binaries, fed as Genie feeds them
-            from studio.engine.genie import BundleRunner
 
             sessions = {ar: [phone.session(p, perf_profile=mode) for p in paths]
                         for ar, paths in deployed.graph_paths(compiled, record).items()}
@@ -206,10 +202,7 @@ class Backend(_Base):
                              ) -> Iterator[tuple[dict[str, Any], float]]:
         """qnn-net-run at the detailed level, its profiling log turned into the QNN CSV by the
         SDK's viewer (the phone's load is not measured: 0)."""
-        from studio.engine import profiling
-
         phone = self.phone(progress.log)
-        from studio.engine.deployed import decode_context
 
         sess = phone.session(decode_context(compiled), profiling="detailed",
                              perf_profile=self.run_options.get("htp_performance_mode", ""))

@@ -22,7 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import onnx
+
+from studio.core.catalog import get_chip
 from studio.core.errors import StudioError
+from studio.engine.qnn_profile import parse_profile_csv
 from studio.engine.qnn_system import context_binary
 
 UNVERIFIED = "adb path unverified on hardware here: no phone was attached when it was built"
@@ -64,8 +69,6 @@ def parse_getprop(text: str) -> dict[str, str]:
 
 def chip_of(props: dict[str, str]):
     """The catalog chip of a phone from its SoC properties (``ro.soc.model``, e.g. SM8650)."""
-    from studio.core.catalog import get_chip
-
     soc = props.get("ro.soc.model") or props.get("ro.board.platform") or ""
     if not soc:
         raise StudioError("the phone reports no ro.soc.model: is it a Snapdragon device?")
@@ -141,8 +144,6 @@ def read_outputs(output_dir: Path, outputs: dict[str, tuple[str, list[int]]],
     """The tensors ``qnn-net-run`` wrote for input line ``result``: ``Result_N/<name>.raw``
     read with each output's dtype and shape (names with ``:`` / ``/`` as the tool writes
     them, ``_``)."""
-    import numpy as np
-
     folder = Path(output_dir) / f"Result_{result}"
     if not folder.is_dir():
         raise StudioError(f"qnn-net-run wrote no {folder.name} in {output_dir}: see its log")
@@ -225,8 +226,6 @@ def log_to_csv(sdk_root: Path, log: Path, csv_path: Path, timeout: float = 120.0
 
 def execute_us(csv_path: Path) -> float | None:
     """The graph's execute time (µs) of the last run in a QNN profiling CSV, if it has one."""
-    from studio.engine.qnn_profile import parse_profile_csv
-
     prof = parse_profile_csv(csv_path, source="measured")
     scale = {"us": 1.0, "ms": 1e3, "ns": 1e-3}
     for ev in prof.events:
@@ -250,8 +249,6 @@ _ONNX_TYPES = {1: "tensor(float)", 2: "tensor(uint8)", 3: "tensor(int8)", 4: "te
 
 def graph_io(ctx_onnx: Path) -> tuple[list[IOSpec], list[IOSpec]]:
     """The inputs and outputs of a compiled context model, with static shapes."""
-    import onnx
-
     g = onnx.load(str(ctx_onnx), load_external_data=False).graph
 
     def spec(v) -> IOSpec:
@@ -366,8 +363,6 @@ class AdbSession:
         return list(self._outputs)
 
     def run(self, output_names: list[str] | None, feeds: dict[str, Any]) -> list[Any]:
-        import numpy as np
-
         phone, adb, serial = self.phone, self.phone.adb, self.phone.serial
         missing = [i.name for i in self._inputs if i.name not in feeds]
         if missing:

@@ -5,16 +5,25 @@ of that backend (the agent labels them too, and a label that disagrees is refuse
 
 from __future__ import annotations
 
+import io
 import json
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from studio.core.checks import FAIL, PASS, WARN, Check
 from studio.core.devices import DeviceKind
 from studio.core.devices.agent import backend_of, name_of
 from studio.core.errors import StudioError
+from studio.core.fsutil import link_or_copy
+from studio.core.units import format_bytes
+from studio.engine.device_registry import Registry
 from studio.engine.devices._base import Backend as _Base
 from studio.engine.devices._base import compiled_files
+from studio.engine.layerdiff import external_files
 
 
 class Backend(_Base):
@@ -24,8 +33,6 @@ class Backend(_Base):
         """The agents of the user's device registry; with ``health``, each asked how it is
         (:func:`health`)."""
         if registry is None:
-            from studio.engine.device_registry import Registry
-
             registry = Registry()
         return [{"id": a.id, "kind": decl.kind, "url": a.url, "name": a.name,
                  "label": f"agent {a.name} ({a.url})",
@@ -89,9 +96,6 @@ class Backend(_Base):
         """``studio doctor --device agent:NAME``: reachable, its token, its QNN SDK build
         against ``sdk`` (the build of the project's binaries and where it was read), the
         project's chips among its HTPs, its memory."""
-        from studio.core.checks import FAIL, PASS, WARN, Check
-        from studio.core.units import format_bytes
-
         name, area = name_of(self.device), "device"
         try:
             client = self.client
@@ -162,11 +166,6 @@ class Backend(_Base):
 
         def run(graph: Path, names: list[str], feeds: list[dict[str, Any]], fp16: bool,
                 work: Path) -> dict:
-            import numpy as np
-
-            from studio.core.fsutil import link_or_copy
-            from studio.engine.layerdiff import external_files
-
             folder = Path(work) / f"upload-{graph.parent.name}-{graph.stem}"
             folder.mkdir(parents=True, exist_ok=True)
             files = [graph.name, *external_files(graph)]
@@ -301,11 +300,6 @@ class RemoteGenerator:
         """A vision-language model's image for the next generation: its patches (an
         :class:`studio.engine.vision.ImagePatches`) and their grid, uploaded to the agent (as
         an .npz blob) and run through the agent's encoder there."""
-        import io
-        import tempfile
-
-        import numpy as np
-
         buf = io.BytesIO()
         np.savez(buf, pixel_values=np.asarray(patches.pixels, dtype=np.float32),
                  grid=np.asarray([patches.grid_h, patches.grid_w], dtype=np.int64))

@@ -3,8 +3,10 @@ health, capabilities, upload by content hash, and generation with streamed token
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import http.client
+import io
 import json
 import ssl
 import time
@@ -13,6 +15,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from studio.core.errors import StudioError
 
@@ -124,11 +128,6 @@ class AgentClient:
                 outputs: list[str], fp16: bool = False) -> dict[str, Any]:
         """Run the uploaded ``graph`` on the agent's HTP ``backend`` on each uploaded feed
         file; ``{(feed index, output name): array}``."""
-        import base64
-        import io
-
-        import numpy as np
-
         job = self._json("POST", "/jobs", {"kind": "tensors", "model": model,
                                            "backend": backend, "graph": graph, "feeds": feeds,
                                            "outputs": outputs, "fp16": bool(fp16)})["job"]

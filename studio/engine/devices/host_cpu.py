@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from studio.core.devices import DeviceKind
 from studio.engine.devices._base import Backend as _Base
+from studio.engine.graphpipe import cpu_session
+from studio.engine.llm_runtime import cpu_generator
+from studio.engine.vision import encoder_session
 
 
 class Backend(_Base):
@@ -18,8 +22,6 @@ class Backend(_Base):
                  "label": decl.title, "status": "ok"}]
 
     def versions(self) -> dict[str, str]:
-        from importlib.metadata import PackageNotFoundError, version
-
         try:
             return {"onnxruntime": version("onnxruntime")}
         except PackageNotFoundError:
@@ -30,17 +32,11 @@ class Backend(_Base):
 
     def open_generator(self, export: Path, compiled: Path | None, spec: dict[str, Any],
                        fp16: bool, log: Callable[[str], None] | None = None) -> Any:
-        from studio.engine.llm_runtime import cpu_generator
-
         return cpu_generator(export, spec)
 
     def open_encoder(self, export: Path, compiled: Path | None, spec: dict[str, Any],
                      fp16: bool) -> Any:
-        from studio.engine.vision import encoder_session
-
         return encoder_session(export)
 
     def open_session(self, graph: Path, compiled: Path | None, strict: bool) -> Any:
-        from studio.engine.graphpipe import cpu_session
-
         return cpu_session(graph)

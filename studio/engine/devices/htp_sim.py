@@ -5,15 +5,22 @@ execution provider of ONNX Runtime."""
 
 from __future__ import annotations
 
+import os
 import platform
 from collections.abc import Callable, Iterator
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from studio.core.catalog import get_chip
 from studio.core.devices import DeviceKind
 from studio.core.errors import StudioError
+from studio.engine import deploy, deployed, profiling, qnn
+from studio.engine.deploy import read
 from studio.engine.devices._base import Backend as _Base
+from studio.engine.hostload import HostLoadMeter
+from studio.engine.llm_runtime import htp_generator, htp_session_maker
+from studio.engine.part_runner import StreamedScorer
 
 #: context-binary bytes the x86 HTP simulator holds at once in one process, measured here on
 #: the Qwen2.5-3B shape in 9 parts (W8A16, context 128): the first 8 parts' binaries (6.69 GB)
@@ -26,16 +33,12 @@ SIM_HOLDS_BYTES = 6_690_000_000
 def sim_holds_bytes() -> int:
     """:data:`SIM_HOLDS_BYTES`, or ``QSTUDIO_SIM_HOLDS_BYTES`` where set (a host whose
     simulator holds less or more; tests of the part-by-part checks)."""
-    import os
-
     forced = os.environ.get("QSTUDIO_SIM_HOLDS_BYTES", "").strip()
     return int(forced) if forced.isdigit() else SIM_HOLDS_BYTES
 
 
 def binary_bytes(compiled: Path) -> int:
     """The bytes of the compiled contexts under ``compiled`` (every part's), as loaded."""
-    from studio.engine.deploy import read
-
     deployed = read(compiled)
     if deployed is not None:  # the separate binaries the simulator runs
         return int(deployed["binary_bytes"])
@@ -49,8 +52,6 @@ class Backend(_Base):
                ) -> list[dict[str, Any]]:
         """The simulator, one per catalog chip, where onnxruntime-qnn is installed (this
         machine's own NPU, ``htp``, is what an agent on a Snapdragon lists)."""
-        from importlib.metadata import PackageNotFoundError, version
-
         if decl.source != "simulated":
             return []
         try:
@@ -76,14 +77,10 @@ class Backend(_Base):
                               f"machine is {platform.machine()}: use htp-sim:{self.device.chip}")
 
     def versions(self) -> dict[str, str]:
-        from studio.engine import qnn
-
         return {k: v for k, v in qnn.versions().items() if v}
 
     def open_generator(self, export: Path, compiled: Path | None, spec: dict[str, Any],
                        fp16: bool, log: Callable[[str], None] | None = None) -> Any:
-        from studio.engine.llm_runtime import htp_generator
-
         self.check()
         if compiled is None:
             raise StudioError(f"the {self.device.name} runs a compiled context: run the "
@@ -99,7 +96,6 @@ class Backend(_Base):
                     "measured on the 3 B shape): generating needs every part loaded; "
                     "generate on the host CPU or a device (an agent), validation scores the "
                     "model part by part")
-        from studio.engine import deploy, deployed
 
         if deploy.read(compiled) is not None:  # the binaries that ship, fed as Genie feeds them
             return deployed.generator(compiled, self.chip, spec, self.run_options)
@@ -107,8 +103,6 @@ class Backend(_Base):
 
     def open_encoder(self, export: Path, compiled: Path | None, spec: dict[str, Any],
                      fp16: bool) -> Any:
-        from studio.engine import qnn
-
         self.check()
         ctx = Path(compiled or "") / "vision_ctx.onnx"
         if compiled is None or not ctx.is_file():
@@ -121,10 +115,6 @@ class Backend(_Base):
         """The parts' context binaries one part at a time: a model whose binaries do not fit
         the HTP's memory together (the 3 B shape's 18 on the simulator end in "Memory
         allocation related error" while they load) is still scored."""
-        from studio.engine import deploy, deployed
-        from studio.engine.llm_runtime import htp_session_maker
-        from studio.engine.part_runner import StreamedScorer
-
         self.check()
         if deploy.read(compiled) is not None:
             return deployed.PartScorer(compiled, self.chip, spec, self.run_options)
@@ -132,8 +122,6 @@ class Backend(_Base):
                                                                 self.run_options))
 
     def open_session(self, graph: Path, compiled: Path | None, strict: bool) -> Any:
-        from studio.engine import qnn
-
         self.check()
         if compiled is None:
             raise StudioError(f"the {self.device.name} runs a compiled context: run the "
@@ -152,8 +140,6 @@ class Backend(_Base):
     def profile_inferences(self, compiled: Path, feed: dict[str, Any], folder: Path,
                            repeats: int, strict: bool, progress: Any
                            ) -> Iterator[tuple[dict[str, Any], float]]:
-        from studio.engine import profiling
-
         return self._repeat(repeats, progress, 0.9, "inference", lambda csv: (
             profiling.profile_run(compiled, self.chip, feed, csv, strict=strict, op_trace=True)),
             folder)
@@ -163,8 +149,6 @@ class Backend(_Base):
                 ) -> Iterator[tuple[dict[str, Any], float]]:
         """Profile ``repeats`` times (each into ``qnn_profile_N.csv``), yielding each profile
         with the other processes' CPU load while it ran (the simulator's times follow it)."""
-        from studio.engine.hostload import HostLoadMeter
-
         self.check()
         for i in range(repeats):
             progress.check()

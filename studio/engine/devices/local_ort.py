@@ -7,12 +7,14 @@ sees of the quantized model's numerics (the validate stage's ``host_qdq``), time
 from __future__ import annotations
 
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from studio.core.devices import DeviceKind
 from studio.core.errors import StudioError
 from studio.engine.devices._base import Backend as _Base
+from studio.engine.llm_runtime import cpu_generator
 
 
 class Backend(_Base):
@@ -37,8 +39,6 @@ class Backend(_Base):
                        fp16: bool, log: Callable[[str], None] | None = None) -> Any:
         """The quantized graphs (``compiled``: the quantize stage's folder) on the host's
         ONNX Runtime, as the validate stage scores them."""
-        from studio.engine.llm_runtime import cpu_generator
-
         if compiled is None:
             raise StudioError(f"the {self.device.name} runs the quantized graphs: run the "
                               "quantize stage")
@@ -46,8 +46,6 @@ class Backend(_Base):
 
 
 def _ort_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("onnxruntime")
     except PackageNotFoundError:

@@ -45,14 +45,17 @@ what an upload or a model left half-made (``tmp/``) is removed when the agent st
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
+import io
 import json
 import os
 import platform
 import re
 import secrets
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -61,10 +64,21 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 
+from studio.core.catalog import get_chip, load_catalog
+from studio.core.devices import HOST_CPU, device, local_device
+from studio.core.errorcodes import explain
 from studio.core.errors import Cancelled, StudioError
+from studio.core.fsutil import parse_json
 from studio.core.progress import EventProgress
+from studio.core.sampling import Sampler, SamplingConfig
+from studio.core.settings import PERFORMANCE_MODES
+from studio.engine import qnn, vision, vision_input
+from studio.engine.devices import backend as device_backend
+from studio.engine.llm_runtime import load_graph_spec
+from studio.services.devices import package_version
 
 PROTOCOL = 1
 DEFAULT_MAX_UPLOAD = 2 << 30  # 2 GiB per file
@@ -108,8 +122,6 @@ def check_store(store: Path) -> None:
 
 def check_host(host: str) -> None:
     """``--host``: a name or address that resolves, before anything is written or bound."""
-    import socket
-
     try:
         socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:
@@ -120,8 +132,6 @@ def check_host(host: str) -> None:
 
 def listen(host: str, port: int):
     """A listening socket on ``host:port`` (bound before the agent writes anything)."""
-    import socket
-
     family, kind, proto, _, addr = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     sock = socket.socket(family, kind, proto)
@@ -160,8 +170,6 @@ class Job:
 
 
 def machine_info() -> dict[str, Any]:
-    from studio.services.devices import package_version
-
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not on every OS
@@ -178,13 +186,8 @@ def backends() -> list[dict[str, Any]]:
     """What this agent runs, each a device of this machine with the source label of its
     figures: the host CPU (measured) and the HTP — the simulator on an x86 host (simulated),
     the real NPU on an Arm64 Snapdragon (measured)."""
-    from studio.core.catalog import load_catalog
-    from studio.core.devices import HOST_CPU, device
-
     out: list[dict[str, Any]] = [{"id": "cpu", "kind": HOST_CPU.kind, "source": HOST_CPU.source}]
     try:
-        from studio.engine import qnn
-
         sdk = qnn.versions().get("qnn_sdk_build")
     except (StudioError, ImportError, OSError):
         return out
@@ -199,9 +202,6 @@ def backends() -> list[dict[str, Any]]:
 def _backend(backend: dict[str, Any], spec: dict[str, Any] | None = None):
     """The backend that runs a job on one of this agent's devices (``backend["id"]``), with
     the job's run-time options (checked when the job was taken)."""
-    from studio.core.devices import local_device
-    from studio.engine.devices import backend as device_backend
-
     return device_backend(local_device(backend["id"]),
                           run_options=(spec or {}).get("run_options") or {})
 
@@ -209,8 +209,6 @@ def _backend(backend: dict[str, Any], spec: dict[str, Any] | None = None):
 def check_run_options(options: Any) -> dict[str, str]:
     """A job's ``run_options``: only the QNN HTP backend's ``htp_performance_mode``, one of
     the modes it takes; anything else is refused in one line."""
-    from studio.core.settings import PERFORMANCE_MODES
-
     if options in (None, {}):
         return {}
     if not isinstance(options, dict):
@@ -315,8 +313,6 @@ class Agent:
     async def _json(self, request: web.Request, route: str) -> dict[str, Any]:
         """The request's JSON object: at most MAX_JSON_BODY bytes (413), UTF-8, well-formed,
         not nested deeply, an object (400 for the rest)."""
-        from studio.core.fsutil import parse_json
-
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -443,7 +439,6 @@ class Agent:
         if backend not in known:
             raise StudioError(f"this agent has no backend {backend!r}; it has "
                               f"{', '.join(known)}")
-        from studio.core.devices import local_device
 
         on_npu = local_device(backend).on_npu
         want = spec.get("sdk_build")
@@ -472,9 +467,6 @@ class Agent:
             loop.call_soon_threadsafe(job.queue.put_nowait, (kind, data))
 
         def work() -> dict[str, Any]:
-            from studio.core.sampling import Sampler, SamplingConfig
-            from studio.engine.llm_runtime import load_graph_spec
-
             gspec = load_graph_spec(folder)
             # the uploaded folder is the export (the CPU) or a compiled context (the HTP)
             be = _backend(backend, spec)
@@ -511,7 +503,6 @@ class Agent:
         except StudioError as exc:
             job.queue.put_nowait(("error", {"message": exc.message}))
         except Exception as exc:  # noqa: BLE001 - reported to the client, not lost
-            from studio.core.errorcodes import explain
 
             job.queue.put_nowait(("error", {"message": explain(f"{type(exc).__name__}: {exc}")}))
         finally:
@@ -524,8 +515,6 @@ class Agent:
         loop = asyncio.get_running_loop()
 
         def work() -> dict[str, Any]:
-            from studio.engine.llm_runtime import load_graph_spec
-
             gspec = load_graph_spec(folder)
             repeats = max(1, min(int(spec.get("repeats") or 5), 50))
             out: list[dict[str, Any]] = []
@@ -561,14 +550,6 @@ class Agent:
             return folder / name
 
         def work() -> dict[str, Any]:
-            import base64
-            import io
-
-            import numpy as np
-
-            from studio.core.catalog import get_chip
-            from studio.engine import qnn
-
             graph = member(spec.get("graph"))
             feeds = [member(f) for f in spec.get("feeds") or []]
             names = spec.get("outputs") or []
@@ -624,10 +605,6 @@ def _encode_image(be, folder: Path, gspec: dict[str, Any], spec: dict[str, Any],
     (patches: rows, columns; a blob named by its SHA-256) through the backend's vision
     encoder, its rows set on ``gen`` for the prefill; returns the encoder's seconds on this
     agent."""
-    import numpy as np
-
-    from studio.engine import vision, vision_input
-
     vs = vision_input.vision_spec(gspec)
     if vs is None:
         raise StudioError("generate job: an image was sent but the model takes none")

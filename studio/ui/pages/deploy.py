@@ -20,11 +20,15 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
+from studio.core.artifacts import ArtifactStore
 from studio.core.errors import StudioError
+from studio.core.fsutil import atomic_copytree
 from studio.core.gates import evaluate_gates
 from studio.core.jobs import Job
 from studio.core.units import format_bytes
+from studio.services import history
 from studio.ui.pages.base import TargetStagePage
+from studio.ui.standalone import run_page
 from studio.ui.widgets import fill_table, label, read_only_table
 
 FORMATS = ("Genie bundle", "DLC files", "Context binaries")
@@ -181,8 +185,6 @@ class DeployPage(TargetStagePage):
             b.setEnabled(self.folder is not None)
 
     def _artifact_folder(self, job: Job) -> Path | None:
-        from studio.core.artifacts import ArtifactStore
-
         if not job.artifact_key or self.ctl.project is None:
             return None
         art = ArtifactStore(self.ctl.project.folder / "artifacts").get(job.artifact_key)
@@ -190,8 +192,6 @@ class DeployPage(TargetStagePage):
 
     def _compile_folder(self, job: Job) -> Path | None:
         """The compiled context of the job's target (the latest compile job's artifact)."""
-        from studio.services import history
-
         comp = [j for j in history.latest_jobs(self.ctl.studio.jobs, "compile")
                 if j.target == job.target]
         return self._artifact_folder(comp[0]) if comp else None
@@ -229,8 +229,6 @@ class DeployPage(TargetStagePage):
     def export_to(self, dest: Path):
         """Copy the shown files into ``dest/<format>-<chip>`` (whole or not at all), off the UI
         thread; returns the task."""
-        from studio.core.fsutil import atomic_copytree
-
         src = self.shown_folder()
         if src is None or self.job is None:
             return None
@@ -250,8 +248,6 @@ class DeployPage(TargetStagePage):
 
 
 def main() -> int:
-    from studio.ui.standalone import run_page
-
     return run_page(DeployPage)
 
 

@@ -5,6 +5,7 @@ QAIRT SDK phones run from, and running the project's model on one with live prog
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -29,13 +30,18 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
+from studio.core.catalog import load_catalog
 from studio.core.devices import device
-from studio.core.errors import StudioError
+from studio.core.errors import Cancelled, StudioError
+from studio.core.progress import EventProgress
 from studio.core.units import format_bytes
 from studio.services import devices
+from studio.services.generate import generate
+from studio.services.registry import Registry
 from studio.ui.loading import LatestLoad
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.pages.base import Page
+from studio.ui.standalone import run_page
 from studio.ui.widgets import label
 
 NUMERICS_TEXT = {
@@ -54,8 +60,6 @@ NUMERICS_TEXT = {
 
 
 def chip_rows(targets: list[str]) -> list[Row]:
-    from studio.core.catalog import load_catalog
-
     rows = []
     for key, chip in load_catalog().items():
         text, color, tip = NUMERICS_TEXT.get(chip.numerics, (chip.numerics, "#777", ""))
@@ -226,8 +230,6 @@ class DevicesPage(Page):
         return box
 
     def registry(self):
-        from studio.services.registry import Registry
-
         return Registry()
 
     def refresh_agents(self) -> None:
@@ -330,11 +332,6 @@ class DevicesPage(Page):
                                "QNN_SDK_ROOT) to run on phones")
 
     def run_on_device(self) -> None:
-        import threading
-
-        from studio.core.progress import EventProgress
-        from studio.services.generate import generate
-
         dev = self.run_device.currentData()
         if not dev or self.ctl.project is None:
             self.run_result.setPlainText("Open a project and add an agent first.")
@@ -359,8 +356,6 @@ class DevicesPage(Page):
         self._run_n = n
 
         async def go() -> None:
-            from studio.core.errors import Cancelled
-
             try:
                 out = await self.ctl.in_thread(lambda: generate(
                     project, project.run["prompt"], dev, n, on_text=stream.text.emit,
@@ -561,8 +556,6 @@ class AddAgentDialog(QDialog):
 
 
 def main() -> int:
-    from studio.ui.standalone import run_page
-
     return run_page(DevicesPage)
 
 

@@ -40,6 +40,7 @@ from studio.ui.models.jobs import (
 )
 from studio.ui.pages.base import Page
 from studio.ui.stages import project_stage, project_stages, stage_help
+from studio.ui.standalone import run_page
 from studio.ui.widgets import EmptyState, ProgressDelegate, label
 
 ALL_STAGES = "All stages"
@@ -622,8 +623,6 @@ def empty_log_text(job: Job, hidden: int = 0) -> str:
 
 
 def main() -> int:
-    from studio.ui.standalone import run_page
-
     return run_page(JobsPage)
 
 

@@ -43,9 +43,11 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.errors import StudioError
-from studio.core.layerdiff import PAIR_TITLES
+from studio.core.layerdiff import PAIR_TITLES, bisect_verdict
+from studio.services.layerdiff import NoLayerDiff, layerdiff_result
 from studio.ui.loading import LatestLoad
 from studio.ui.models.rows import PayloadRole, Row, RowsModel
+from studio.ui.pages.base import Page
 from studio.ui.pages.layerdiff_rows import (
     PAIR_SIDES,
     block_text,
@@ -59,6 +61,7 @@ from studio.ui.pages.layerdiff_rows import (
     ticks,
     worst_rows,
 )
+from studio.ui.standalone import run_page
 from studio.ui.widgets import EmptyState, badge_html, label, splitter, theme_plot
 
 STAGE = "layerdiff"
@@ -366,7 +369,6 @@ class LayerDiffView(QWidget):
         self.status.setText("Reading the layer diff…")
         if self.state == "none":
             self.state = "loading"
-        from studio.services.layerdiff import NoLayerDiff, layerdiff_result
 
         def done(got: dict[str, Any]) -> None:
             self.status.setText("")
@@ -494,8 +496,6 @@ class LayerDiffView(QWidget):
     def _show_verdict(self, got: dict[str, Any]) -> None:
         """The bisection's verdict over this diff; step 1 (the HTP in FP16) when the diff
         ran it (``studio bisect``, or ``layerdiff.fp16_step``)."""
-        from studio.core.layerdiff import bisect_verdict
-
         v = bisect_verdict(got["result"], got["rows"])
         row = next((r for r in got["rows"] if r["name"] == v.get("tensor")), None)
         self._verdict_layer = layer_of(row) if row is not None else None
@@ -768,9 +768,6 @@ class LayerDiffView(QWidget):
 
 
 def main() -> int:
-    from studio.ui.pages.base import Page
-    from studio.ui.standalone import run_page
-
     class LayerDiffPage(Page):
         title = "Layer diff"
         subtitle = "FP32 vs host QDQ vs the HTP simulator, tensor by tensor"

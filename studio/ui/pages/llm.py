@@ -19,6 +19,7 @@ from studio.ui.pages.figures import fmt_metric, metric_tip, metric_title
 from studio.ui.pages.llm_playground import PlaygroundPanel
 from studio.ui.pages.llm_tuning import PruningPanel, WaterfallPanel
 from studio.ui.stages import role_of
+from studio.ui.standalone import run_page
 from studio.ui.widgets import clear_layout, label, plot_axes, plot_message, theme_plot
 
 COLORS = ["#2f6fd6", "#8a5a00", "#1b8a3f", "#6b3fa0", "#c62828"]
@@ -194,8 +195,6 @@ class LLMPage(StagePage):
 
 
 def main() -> int:
-    from studio.ui.standalone import run_page
-
     return run_page(LLMPage)
 
 

@@ -4,6 +4,7 @@ device, KV cache, window and speculative decoding chosen per run. Generation run
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -31,6 +32,12 @@ from studio.core.devices import device
 from studio.core.errors import Cancelled, StudioError
 from studio.core.fsutil import IMAGE_SUFFIXES
 from studio.core.progress import EventProgress
+from studio.core.sampling import SamplingConfig
+from studio.services.bundle import genie_generate
+from studio.services.generate import generate
+from studio.services.prompts import checkpoint_format
+from studio.services.registry import Registry
+from studio.services.vision import vision_project
 from studio.ui.widgets import SourceBadge, label
 
 
@@ -278,8 +285,6 @@ class PlaygroundPanel(QWidget):
 
     # ---- project ----------------------------------------------------------------------------
     def on_open(self) -> None:
-        from studio.services.vision import vision_project
-
         p = self.ctl.project
         vl = vision_project(p)
         self.image_box.setVisible(vl)
@@ -294,8 +299,6 @@ class PlaygroundPanel(QWidget):
         for t in p.targets:
             self.device.addItem(f"HTP simulator · {t} (simulated)", f"htp-sim:{t}")
         try:
-            from studio.services.registry import Registry
-
             agents = Registry().agents()
         except StudioError:
             agents = []
@@ -306,7 +309,6 @@ class PlaygroundPanel(QWidget):
                                     f"agent:{a.name}@htp-sim:{t}")
         i = self.device.findData(current)
         self.device.setCurrentIndex(max(0, i))
-        from studio.services.prompts import checkpoint_format
 
         try:  # the checkpoint's template: its source in the tooltip; none: the box is off
             fmt = checkpoint_format(p)
@@ -340,8 +342,6 @@ class PlaygroundPanel(QWidget):
     def start(self) -> None:
         if self._thread is not None or self.ctl.project is None:
             return
-        from studio.core.sampling import SamplingConfig
-        from studio.services.generate import generate
 
         prompt = self.prompt.toPlainText()
         s = self.settings()
@@ -370,8 +370,6 @@ class PlaygroundPanel(QWidget):
         def work() -> None:
             try:
                 if s["runtime"] == "genie":
-                    from studio.services.bundle import genie_generate
-
                     dev = s["device_name"]
                     if image is not None:
                         raise StudioError("Genie runs the bundle's text dialog: run an image "
@@ -496,7 +494,6 @@ class PlaygroundPanel(QWidget):
         # text that streamed before the stop keeps its label; with none there is no result
         self.badge.setVisible(self._chunks > 0)
         self.stats.setText(f"<span style='color:#c62828'>{message}</span>")
-        import re
 
         m = re.search(r"--stages (\w+)", message)
         self._missing_stage = m.group(1) if m else "export"

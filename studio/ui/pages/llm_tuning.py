@@ -4,6 +4,7 @@ ranked table and a pruned checkpoint written out as a new project)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.catalog import load_catalog
 from studio.core.errors import StudioError
 from studio.core.units import signed
+from studio.services import waterfall as wfs
+from studio.services.pruning import ablation_result, prune
 from studio.ui.loading import LatestLoad
 from studio.ui.theme import SOURCE_COLORS
 from studio.ui.widgets import SourceBadge, label, plot_axes, plot_message, theme_plot
@@ -99,7 +103,6 @@ class WaterfallPanel(QWidget):
         self.chip.blockSignals(True)
         current = self.chip.currentText()
         self.chip.clear()
-        from studio.core.catalog import load_catalog
 
         keys = list(load_catalog())
         self.chip.addItems(list(dict.fromkeys([*p.targets, *keys])))
@@ -109,8 +112,6 @@ class WaterfallPanel(QWidget):
         self.refresh()
 
     def refresh(self) -> None:
-        from studio.services import waterfall as wfs
-
         project = self.ctl.project.copy()
 
         def done(raw) -> None:
@@ -125,8 +126,6 @@ class WaterfallPanel(QWidget):
         self.info.setText(exc.message)
 
     def _redraw(self, *_args) -> None:
-        from studio.services import waterfall as wfs
-
         self.plot.clear()
         self.table.setRowCount(0)
         if self._raw is None:
@@ -232,8 +231,6 @@ class PruningPanel(QWidget):
             self.ctl.set("pruning", "drop_blocks", int(value), "blocks to drop")
 
     def refresh(self) -> None:
-        from studio.services.pruning import ablation_result
-
         project = self.ctl.project.copy()
 
         self._load.start(ablation_result, project, None, False,
@@ -270,8 +267,6 @@ class PruningPanel(QWidget):
                 self.table.setItem(i, j, it)
 
     def write_checkpoint(self, folder: str | None = None) -> None:
-        from studio.services.pruning import prune
-
         if folder is None:
             start = str(self.ctl.project.base_dir)
             folder = QFileDialog.getSaveFileName(self, "Pruned checkpoint folder",
@@ -289,7 +284,5 @@ class PruningPanel(QWidget):
                 return
             self.ctl.message.emit("info", f"wrote {got['checkpoint']} and {got['project']}: "
                                           "open that project to run the pruned model")
-
-        import asyncio
 
         asyncio.ensure_future(go())

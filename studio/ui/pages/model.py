@@ -24,11 +24,13 @@ from PySide6.QtWidgets import (
 
 from studio.core.errors import StudioError
 from studio.core.modelinfo import ModelInfo
+from studio.core.units import format_bytes
 from studio.services import deviceplan, history, projects, prompts
 from studio.ui.graph_view import GraphView
 from studio.ui.models.model_tree import ModelTreeModel, NodeRole, build_tree
 from studio.ui.pages.base import Page
 from studio.ui.stages import role_of
+from studio.ui.standalone import run_page
 from studio.ui.widgets import label
 
 NETRON_HINT = (
@@ -252,8 +254,6 @@ class ModelPage(Page):
 
     def _show_device_plan(self, data: dict) -> None:
         """The device memory plan: a line per target and a small table of its rows."""
-        from studio.core.units import format_bytes
-
         plans = data.get("plans")
         draft = [data["draft_table"]["line"]] if data.get("draft_table") else []
         if not plans:
@@ -411,8 +411,6 @@ class ModelPage(Page):
 
 
 def main() -> int:
-    from studio.ui.standalone import run_page
-
     return run_page(ModelPage)
 
 

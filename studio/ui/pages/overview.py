@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core import figures
+from studio.core.catalog import get_chip
 from studio.core.errors import StudioError
 from studio.core.modelinfo import ModelInfo
 from studio.services import history, projects
@@ -27,6 +28,7 @@ from studio.ui.pages.base import Page
 from studio.ui.pages.cards import CardGrid, FigureCard
 from studio.ui.pages.figures import fmt_card, metric_tip, metric_title, when
 from studio.ui.stages import places_nodes, project_stages
+from studio.ui.standalone import run_page
 from studio.ui.theme import STATE_COLORS
 from studio.ui.widgets import (
     ChipList,
@@ -379,8 +381,6 @@ class OverviewPage(Page):
 
     # ---- targets and recipe -----------------------------------------------------------------
     def _show_targets(self) -> None:
-        from studio.core.catalog import get_chip
-
         clear_layout(self.targets_layout)
         for key in self.ctl.project.targets:
             try:
@@ -587,8 +587,6 @@ class OverviewPage(Page):
 
 
 def main() -> int:
-    from studio.ui.standalone import run_page
-
     return run_page(OverviewPage)
 
 

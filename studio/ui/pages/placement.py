@@ -26,6 +26,7 @@ from studio.services import graphs
 from studio.ui.loading import LatestLoad
 from studio.ui.pages.base import Page
 from studio.ui.stages import places_nodes, role_of
+from studio.ui.standalone import run_page
 from studio.ui.widgets import EmptyState, fill_table, label, read_only_table
 
 #: the roles of the stages whose results the placement view shows: the placement itself
@@ -326,8 +327,6 @@ class PlacementPage(Page):
 
 
 def main() -> int:
-    from studio.ui.standalone import run_page
-
     return run_page(PlacementPage)
 
 

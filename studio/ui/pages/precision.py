@@ -62,6 +62,7 @@ from studio.ui.pages.precision_recipe import RecipeFormMixin
 from studio.ui.pages.precision_rules import RulesMixin
 from studio.ui.pages.precision_views import BeforeAfterView, DiffView, diff_summary, selection_html
 from studio.ui.stages import role_of
+from studio.ui.standalone import run_page
 from studio.ui.widgets import SourceBadge, label
 
 LAYER_COLUMNS = ["Layer", "Block", "Kind", "Weights", "Activations", "Rule"]
@@ -643,8 +644,6 @@ class PrecisionPage(RecipeFormMixin, RulesMixin, Page):
 
 
 def main() -> int:
-    from studio.ui.standalone import run_page
-
     return run_page(PrecisionPage)
 
 

@@ -32,7 +32,9 @@ from studio.core.recipe import (
     WEIGHT_ROUNDING_HELP,
     WEIGHT_ROUNDINGS,
     is_float_scheme,
+    scheme_refusal,
 )
+from studio.core.settings import NOT_EXPOSED, PERFORMANCE_MODES, spec_of
 from studio.ui.stages import project_stages, stage_title
 from studio.ui.widgets import label
 
@@ -138,8 +140,6 @@ class RecipeFormMixin:
     def _build_htp(self) -> QGroupBox:
         """The HTP compiler's options this wheel's QNN EP exposes ([htp]), and the seed's
         knobs it does not, each with what it would need."""
-        from studio.core.settings import NOT_EXPOSED, spec_of
-
         box = QGroupBox("HTP: compiler and run time")
         form = QFormLayout(box)
         self.opt_level = QComboBox()
@@ -170,7 +170,6 @@ class RecipeFormMixin:
         self.graph_io.activated.connect(
             lambda _i: self._set("htp", "graph_io", self.graph_io.currentData()))
         form.addRow("Graph I/O", self.graph_io)
-        from studio.core.settings import PERFORMANCE_MODES
 
         self.perf_mode = QComboBox()
         for mode in PERFORMANCE_MODES:
@@ -318,8 +317,6 @@ class RecipeFormMixin:
 
     def _set_scheme(self, scheme: str) -> bool:
         """The scheme, unless the targets cannot run it (FP16 on a chip without float)."""
-        from studio.core.recipe import scheme_refusal
-
         why = scheme_refusal(scheme, self._chips())
         if why:
             self.error.setText(why)

@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.recipe import PRECISIONS, covers
-from studio.services.precision import override_refusals
+from studio.services.precision import override_refusals, quantizable
 from studio.ui.models.rows import PayloadRole, Row, RowsModel
 from studio.ui.widgets import label
 
@@ -192,8 +192,6 @@ class RulesMixin:
                 return
 
     def _layer_names(self) -> list[str]:
-        from studio.services.precision import quantizable
-
         info = self._info()
         return [name for name, *_ in quantizable(info)] if info is not None else []
 

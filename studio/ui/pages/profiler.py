@@ -20,6 +20,7 @@ import asyncio
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QComboBox,
+    QFileDialog,
     QFrame,
     QHBoxLayout,
     QHeaderView,
@@ -37,8 +38,12 @@ from studio.core.events import BLOCKS
 from studio.core.profile import SOURCE_NOTES
 from studio.core.units import format_bytes, signed
 from studio.services import profile_view as pv
+from studio.services import profiles
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.pages.base import TargetStagePage
+from studio.ui.pages.profiler_memory import MemoryTab
+from studio.ui.pages.profiler_roofline import RooflineTab
+from studio.ui.standalone import run_page
 from studio.ui.widgets import fmt_value, label, plot_axes, plot_message, theme_plot
 
 TOP_N = 16
@@ -138,11 +143,9 @@ class ProfilerPage(TargetStagePage):
         self.timeline = TimelineTab(ctl)
         self.tabs.addTab(self.timeline, "Timeline")
         self._build_compare_tab()
-        from studio.ui.pages.profiler_memory import MemoryTab
 
         self.memory = MemoryTab(ctl, pg)
         self.tabs.addTab(self.memory, "Memory")
-        from studio.ui.pages.profiler_roofline import RooflineTab
 
         self.roofline = RooflineTab(ctl, pg)
         self.tabs.addTab(self.roofline, "DDR && roofline")
@@ -396,8 +399,6 @@ class ProfilerPage(TargetStagePage):
 
     # ---- files --------------------------------------------------------------------------
     def import_dialog(self) -> None:
-        from PySide6.QtWidgets import QFileDialog
-
         path, _ = QFileDialog.getOpenFileName(
             self, "Import a profile", "",
             "Profiles (*.csv *.json *.bin);;All files (*)")
@@ -406,8 +407,6 @@ class ProfilerPage(TargetStagePage):
 
     def import_file(self, path: str) -> asyncio.Future:
         """Read ``path`` off the UI thread and show it (an error becomes a message)."""
-        from studio.services import profiles
-
         async def go() -> None:
             try:
                 data = await self.ctl.in_thread(profiles.import_profile_file, path)
@@ -432,8 +431,6 @@ class ProfilerPage(TargetStagePage):
         self._tab_changed(self.tabs.currentIndex())
 
     def export_dialog(self) -> None:
-        from PySide6.QtWidgets import QFileDialog
-
         if self.data is None:
             return
         path, chosen = QFileDialog.getSaveFileName(
@@ -444,8 +441,6 @@ class ProfilerPage(TargetStagePage):
                              else "chrome")
 
     def export_file(self, path: str, fmt: str) -> None:
-        from studio.services import profiles
-
         try:
             out = profiles.export(self.data, fmt, path)
         except StudioError as exc:
@@ -576,8 +571,6 @@ class ProfilerPage(TargetStagePage):
 
 
 def main() -> int:
-    from studio.ui.standalone import run_page
-
     return run_page(ProfilerPage)
 
 

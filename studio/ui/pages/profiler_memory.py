@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
 from studio.core import figures
 from studio.core.errors import StudioError
 from studio.core.units import format_bytes
+from studio.services.memory import graphs_memory, project_memory
 from studio.ui.loading import LatestLoad
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.pages.cards import CardGrid, FigureCard
@@ -110,8 +111,6 @@ class MemoryTab(QWidget):
         graphs = dict(self.graphs)
 
         def work() -> dict:
-            from studio.services.memory import graphs_memory, project_memory
-
             return graphs_memory(graphs) if graphs else project_memory(project)
 
         def done(got: dict) -> None:

@@ -25,6 +25,8 @@ from PySide6.QtWidgets import (
 from studio.core.catalog import load_catalog
 from studio.core.errors import StudioError
 from studio.core.units import format_bytes
+from studio.services.estimate import graph_roofline
+from studio.services.memory import stage_graphs
 from studio.ui.loading import LatestLoad
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.widgets import label, plot_axes, plot_message, theme_plot
@@ -126,9 +128,6 @@ class RooflineTab(QWidget):
             plot_message(plot, "Estimating…")
 
         def work() -> dict:
-            from studio.services.estimate import graph_roofline
-            from studio.services.memory import stage_graphs
-
             graphs = given or stage_graphs(project, "quantize")
             if not graphs or graph not in graphs:
                 raise StudioError("no quantized graph for the current settings: run the "

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QComboBox, QHBoxLayout, QVBoxLayout, QWidget
 
 from studio.core.errors import StudioError
 from studio.core.timeline import TimelineData
+from studio.services.estimate import schedule_events
 from studio.ui.loading import LatestLoad
 from studio.ui.timeline import TimelineView
 from studio.ui.widgets import label
@@ -87,8 +88,6 @@ class TimelineTab(QWidget):
         self.status.setText("Scheduling the graph on the chip's HTP cores…")
 
         def work():
-            from studio.services.estimate import schedule_events
-
             return schedule_events(graph, chip)
 
         def done(got) -> None:

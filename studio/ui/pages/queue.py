@@ -26,6 +26,7 @@ from studio.services import workqueue
 from studio.services.workqueue import QueueItem
 from studio.ui.models.rows import Row, RowsModel
 from studio.ui.pages.base import Page
+from studio.ui.standalone import run_page
 from studio.ui.widgets import EmptyState, fmt_seconds, label
 
 COLUMNS = ["#", "Project", "What", "Priority", "State", "Now / why it waits / how it ended",
@@ -254,8 +255,6 @@ class QueuePage(Page):
 
 
 def main() -> int:
-    from studio.ui.standalone import run_page
-
     return run_page(QueuePage)
 
 

@@ -29,6 +29,7 @@ from studio.ui.models.rows import PayloadRole, Row, RowsModel
 from studio.ui.pages.base import StagePage
 from studio.ui.printing import print_pdf
 from studio.ui.report_view import ReportView
+from studio.ui.standalone import run_page
 from studio.ui.widgets import label
 
 #: what the export offers (format -> its name in the menu)
@@ -248,8 +249,6 @@ class ReportsPage(StagePage):
 
 
 def main() -> int:
-    from studio.ui.standalone import run_page
-
     return run_page(ReportsPage)
 
 

@@ -10,6 +10,7 @@ from studio.core import figures
 from studio.core.sweep import BEST_RULES, Point
 from studio.core.units import signed
 from studio.services.sweep_report import fmt_bytes
+from studio.services.sweeps import PointRun
 
 SOURCES_TEXT = (
     "Where the figures come from: accuracy is measured on the HTP simulator — real HTP "
@@ -142,7 +143,5 @@ def best_html(rec: dict[str, Any], rows: list[dict[str, Any]], running: bool) ->
 
 def point_run(p: dict[str, Any]):
     """A PointRun rebuilt from a point's dict (what ``point_result`` reads)."""
-    from studio.services.sweeps import PointRun
-
     return PointRun(Point(p["index"], p["settings"]), state=p["state"], reason=p["reason"],
                     run_id=p.get("run_id"), figures=p)

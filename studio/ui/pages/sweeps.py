@@ -21,6 +21,7 @@ from PySide6.QtCore import QEvent, Qt, QTimer
 from PySide6.QtGui import QBrush, QColor, QFont
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QApplication,
     QComboBox,
     QHBoxLayout,
     QHeaderView,
@@ -32,8 +33,19 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.errors import StudioError
-from studio.core.sweep import BEST_RULES, Point, best_point, pareto_front
-from studio.services.sweep_report import point_rows
+from studio.core.project import apply_point
+from studio.core.sweep import BEST_RULES, Point, best_point, format_value, pareto_front
+from studio.services.sweep_report import point_rows, write_sweep_report
+from studio.services.sweeps import (
+    ACCURACY,
+    LADDER,
+    apply_point_edits,
+    apply_point_label,
+    find_spec,
+    sweep_names,
+    sweep_stages,
+)
+from studio.services.workers import local_workers
 from studio.ui.item_thread import ItemThread
 from studio.ui.pages.base import Page
 from studio.ui.pages.sweep_plot import SweepPlot
@@ -50,6 +62,8 @@ from studio.ui.pages.sweep_rows import (
     size_title,
     sources_of,
 )
+from studio.ui.standalone import run_page
+from studio.ui.sweep_dialog import NewSweepDialog
 from studio.ui.widgets import (
     EmptyState,
     SourceBadge,
@@ -231,8 +245,6 @@ class SweepsPage(Page):
         return p is not None and any(t["name"] == name for t in p.sweeps)
 
     def on_open(self) -> None:
-        from studio.services.workers import local_workers
-
         n, why = local_workers(None)
         self.workers.setRange(1, max(n, os.cpu_count() or 1))
         self.workers.setValue(n)
@@ -282,8 +294,6 @@ class SweepsPage(Page):
     # ---- the sweeps -------------------------------------------------------------------------
     def fill_combo(self) -> None:
         """The project's sweeps: declared ones first, then recorded ones."""
-        from studio.services.sweeps import LADDER, sweep_names
-
         studio = self.ctl.studio
         if studio is None:
             return
@@ -329,8 +339,6 @@ class SweepsPage(Page):
     def new_sweep(self, table: dict[str, Any] | None = None) -> bool:
         """Add a sweep to the project (one undoable edit) from the New sweep dialog, or the
         ``table`` given (tests); then show it. False when nothing was added."""
-        from studio.ui.sweep_dialog import NewSweepDialog
-
         if self.ctl.studio is None:
             return False
         if table is None:
@@ -349,8 +357,6 @@ class SweepsPage(Page):
         return True
 
     def _copy_example(self) -> None:
-        from PySide6.QtWidgets import QApplication
-
         QApplication.clipboard().setText(EXAMPLE + "\n")
         self.ctl.message.emit("info", "Copied a [[sweeps]] table: paste it at the end of the "
                                       "project file")
@@ -399,8 +405,6 @@ class SweepsPage(Page):
         self.note.setVisible(bool(text))
 
     def _not_run(self, spec) -> dict[str, Any]:
-        from studio.services.sweeps import ACCURACY
-
         kind = self.ctl.project.model["kind"]
         return {"name": spec.name, "state": "not run", "executor": "", "updated": 0,
                 "points": [{"label": p.label, "index": p.index, "settings": dict(p.settings),
@@ -410,9 +414,6 @@ class SweepsPage(Page):
                 "accuracy_title": ACCURACY[kind][1]}
 
     def _describe_spec(self) -> None:
-        from studio.core.sweep import format_value
-        from studio.services.sweeps import sweep_stages
-
         spec = self._spec
         if spec is None:
             self.spec_line.setText("")
@@ -432,8 +433,6 @@ class SweepsPage(Page):
     def run_sweep(self) -> bool:
         """Queue the picked sweep (it runs on the local process pool when the work queue
         starts it: now, or after what runs); False (and why) when it cannot."""
-        from studio.services.sweeps import find_spec
-
         studio = self.ctl.studio
         name = self.current_name()
         if studio is None or name is None or self.running:
@@ -460,8 +459,6 @@ class SweepsPage(Page):
     def _sweep_started(self, item, thread) -> None:
         """The work queue started an item: show it live when it is a sweep of the open
         project."""
-        from studio.services.sweeps import find_spec
-
         studio = self.ctl.studio
         if (item.kind != "sweep" or studio is None
                 or studio.project.path.resolve() != item.path):
@@ -692,8 +689,6 @@ class SweepsPage(Page):
 
     def _is_current(self, p: dict[str, Any]) -> bool:
         """Whether the project's settings now are the point's."""
-        from studio.core.project import apply_point
-
         project = self.ctl.project
         if project is None:
             return False
@@ -722,8 +717,6 @@ class SweepsPage(Page):
 
     def apply_selected(self) -> bool:
         """Give the project the selected point's settings: one undoable step."""
-        from studio.services.sweeps import apply_point_edits, apply_point_label
-
         p = self.selected_point()
         project = self.ctl.project
         if p is None or project is None:
@@ -744,8 +737,6 @@ class SweepsPage(Page):
         return True
 
     def write_report(self) -> None:
-        from studio.services.sweep_report import write_sweep_report
-
         if self.rec is None or self.ctl.project is None:
             return
         try:
@@ -794,8 +785,6 @@ class SweepsPage(Page):
 
 
 def main() -> int:
-    from studio.ui.standalone import run_page
-
     return run_page(SweepsPage)
 
 

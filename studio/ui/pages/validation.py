@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.catalog import get_chip
 from studio.core.errors import StudioError
 from studio.core.gates import evaluate_gates
 from studio.core.jobs import Job
@@ -43,6 +44,7 @@ from studio.ui.pages.figures import (
 )
 from studio.ui.pages.layerdiff_view import LayerDiffView
 from studio.ui.stages import article, places_nodes, project_kind, role_of
+from studio.ui.standalone import run_page
 from studio.ui.widgets import BadgeDelegate, label, splitter
 
 GATE_TITLES = {
@@ -465,7 +467,6 @@ class ValidationPage(StagePage):
         else:
             self.job_label.setToolTip("")
         self.summary.setText(res.get("summary", job.message))
-        from studio.core.catalog import get_chip
 
         try:
             warns = get_chip(job.target).warnings()
@@ -630,8 +631,6 @@ class ValidationPage(StagePage):
 
 
 def main() -> int:
-    from studio.ui.standalone import run_page
-
     return run_page(ValidationPage)
 
 

@@ -15,14 +15,18 @@ stage names.
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from studio.core.compare import compare_with_previous
+from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
+from studio.core.jobs import FINAL, JobStore, run_outcome
 from studio.core.partcache import PartCache
 from studio.core.progress import Progress
-from studio.core.stagegraph import STAGES, StageConfig, StageDecl
+from studio.core.stagegraph import STAGES, StageConfig, StageDecl, stage_config
 from studio.worker.context import StageContext
 from studio.worker.parts import PartsConfig
 
@@ -42,7 +46,6 @@ def _history(spec: dict[str, Any]) -> dict[str, Any]:
     h = spec.get("history") or {}
     if not h.get("db") or not Path(h["db"]).exists() or h.get("run_id") is None:
         return {}
-    from studio.core.jobs import JobStore
 
     store = JobStore(Path(h["db"]))
     try:
@@ -54,8 +57,6 @@ def _history(spec: dict[str, Any]) -> dict[str, Any]:
                           "created": run["created"], "finished": run.get("finished"),
                           "settings_recorded": bool((run.get("config") or {}).get("settings"))}
         try:
-            from studio.core.compare import compare_with_previous
-
             out["comparison"] = compare_with_previous(store, int(h["run_id"]))
         except ImportError:
             pass
@@ -70,8 +71,6 @@ def _state_when_written(store, run: dict[str, Any], spec: dict[str, Any]) -> str
     job. When every other job of the run has ended, the run ends as they did (the reading
     job succeeds with what it writes): the report of a finished run never calls it
     running."""
-    from studio.core.jobs import FINAL, run_outcome
-
     if run["state"] != "running":
         return str(run["state"])
     others = [j.state for j in store.jobs(run_id=run["id"]) if j.id != spec.get("job_id")]
@@ -83,10 +82,6 @@ def _state_when_written(store, run: dict[str, Any], spec: dict[str, Any]) -> str
 def refuse_parts(decl: StageDecl, inputs: dict[str, Path]) -> None:
     """A one-line error when a stage not built for a model in parts gets one (its export's
     graph.json lists more than one part)."""
-    import json
-
-    from studio.core.errors import StudioError
-
     if decl.takes_parts:
         return
     for folder in inputs.values():
@@ -105,8 +100,6 @@ def run_in_process(project, job, inputs: dict[str, Path], out: Path,
                    progress: Progress) -> dict[str, Any]:
     """Run one planned job here, without a worker (benchmarks, experiments): the stage sees
     the same frozen config the pipeline would hand it."""
-    from studio.core.stagegraph import stage_config
-
     ctx = StageContext(stage_config(project, job), dict(inputs), Path(out),
                        parts_config=PartsConfig.local(project))
     refuse_parts(job.decl, ctx.inputs)

@@ -8,18 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.stages.graph_quantize import Placement
+from studio.engine.graphdata import load_samples
+from studio.engine.graphpipe import inputs_from_json
 from studio.worker.context import StageContext
 
 
 def input_specs(import_dir: Path):
-    from studio.engine.graphpipe import inputs_from_json
-
     return inputs_from_json(json.loads((import_dir / "inputs.json").read_text()))
 
 
 def held_samples(qdir: Path, inputs) -> list[dict[str, Any]]:
-    from studio.engine.graphdata import load_samples
-
     return load_samples(qdir / "validation.npz", inputs, "validation samples")
 
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from studio.core.catalog import Chip
+from studio.core.deviceplan import Dims, bundle_inputs, check_bundle_fits, device_plan
 from studio.core.errors import StudioError
 from studio.core.recipe import LPBQ_OPTIMIZED_FROM, htp_refusals
 from studio.core.stages.bundle import BundleSettings
 from studio.core.stages.compile import CompiledWeights, HtpCompile
+from studio.engine import hf_import
+from studio.engine.llm_parts import checkpoint_layout
 
 GRAPHS = ("prefill", "decode")
 # Quantized graphs at least this large get their context binary beside the ONNX model
@@ -56,10 +59,6 @@ def partial(progress: Any, data: dict[str, Any]) -> None:
 def check_fits_target(s: BundleSettings, chip: Chip, spec: dict[str, Any]) -> None:
     """Refuse, in one line naming what would fit, a bundle the target's NPU cannot map
     (:mod:`studio.core.deviceplan`; a float recipe is refused below anyway)."""
-    from studio.core.deviceplan import Dims, bundle_inputs, check_bundle_fits, device_plan
-    from studio.engine import hf_import
-    from studio.engine.llm_parts import checkpoint_layout
-
     if s.fp16:
         return
     ckpt = s.path(s.source)

@@ -6,21 +6,21 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from transformers import PreTrainedTokenizerFast
+
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress, SubProgress
 from studio.core.stages.ablation import AblationSettings
 from studio.core.units import signed
+from studio.engine.ablation import ablate_blocks, heldout_nll, write_pruned_checkpoint
+from studio.engine.checkpoint_load import load_causal_lm
 from studio.worker.context import StageContext, host_metric, read_text
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     """Pruning by ablation: held-out perplexity with each block dropped in turn, ranked, and
     a checkpoint without the ``pruning.drop_blocks`` least important blocks (``pruned/``)."""
-
-    from transformers import PreTrainedTokenizerFast
-
-    from studio.engine.ablation import ablate_blocks, write_pruned_checkpoint
 
     s = AblationSettings.of(ctx.config)
     ckpt = s.path(s.source)
@@ -41,8 +41,6 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     progress.update(0.92, f"writing the checkpoint without block(s) {drop}")
     write_pruned_checkpoint(ckpt, drop, ctx.out / "pruned")
     progress.update(0.95, "perplexity of the pruned checkpoint")
-    from studio.engine.ablation import heldout_nll
-    from studio.engine.checkpoint_load import load_causal_lm
 
     nll, count = heldout_nll(load_causal_lm(ctx.out / "pruned"), ids, table["window"])
 

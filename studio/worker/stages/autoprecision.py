@@ -11,6 +11,8 @@ from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress, SubProgress
 from studio.core.stages.autoprecision import AutoprecisionSettings
+from studio.engine.precision_search import auto_precision
+from studio.engine.sensitivity import VariantBench, raise_ranking
 from studio.worker.context import StageContext, host_metric
 from studio.worker.context import metric as labelled
 
@@ -19,9 +21,6 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     """The fewest layers or key activations raised (greedy by the sensitivity ranking, each
     step measured) that meet the project's target; the override rules to copy into
     ``quantization.overrides``."""
-    from studio.engine.precision_search import auto_precision
-    from studio.engine.sensitivity import VariantBench, raise_ranking
-
     export_dir, sdir = ctx.input("export"), ctx.input("sensitivity")
     try:
         sens = json.loads((sdir / "sensitivity.json").read_text())

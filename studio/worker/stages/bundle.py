@@ -9,15 +9,14 @@ from typing import Any
 from studio.core.errors import StudioError
 from studio.core.progress import Progress
 from studio.core.stages.bundle import BundleSettings
+from studio.engine.bundle import BundleSettings as BuildSettings
+from studio.engine.bundle import build_bundle
 from studio.engine.llm_runtime import load_graph_spec
 from studio.worker.context import StageContext, device_metric, read_text
 from studio.worker.stages._llm import check_fits_target, htp_options
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    from studio.engine.bundle import BundleSettings as BuildSettings
-    from studio.engine.bundle import build_bundle
-
     s = BundleSettings.of(ctx.config)
 
     export_dir, qdir = ctx.input("export"), ctx.input("quantize")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -9,11 +10,18 @@ from typing import Any
 from studio.core.catalog import Chip
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
+from studio.core.hostmem import HEADROOM, available_memory
 from studio.core.partcache import files_digest
 from studio.core.progress import Progress, SubProgress
 from studio.core.stages.compile import CompileSettings
+from studio.engine import deploy, partresume, qnn
+from studio.engine.chain import part_dirs
+from studio.engine.graphio import IO_ENCODINGS_FILE, quantize_io
+from studio.engine.llm_runtime import load_graph_spec
+from studio.engine.part_runner import iter_parts
+from studio.engine.weightshare import EXECUTED
 from studio.engine.weightstore import graph_bytes
-from studio.worker.context import StageContext
+from studio.worker.context import StageContext, read_text
 from studio.worker.parts import Part, Say
 from studio.worker.stages._llm import EMBED_LIMIT, GRAPHS, htp_options
 
@@ -22,11 +30,6 @@ STAGING = "genie-staging"
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    from studio.engine import deploy, partresume
-    from studio.engine.chain import part_dirs
-    from studio.engine.llm_runtime import load_graph_spec
-    from studio.engine.part_runner import iter_parts
-
     s = CompileSettings.of(ctx.config)
     qdir = ctx.input("quantize")
     fp16 = s.fp16
@@ -191,7 +194,6 @@ def compile_fresh(ctx: StageContext, jobs: list[tuple[int, Any, Path, Path]], ch
 def deploy_settings(s: CompileSettings, extra: dict[str, str]):
     """What the deployable graphs are built from (:class:`studio.engine.deploy.DeploySettings`)."""
     from studio.engine import deploy
-    from studio.worker.context import read_text
 
     return deploy.DeploySettings(
         checkpoint=s.path(s.source), recipe=s.recipe(),
@@ -204,8 +206,6 @@ def deployed_result(rec: dict[str, Any], placement: dict[str, dict], sdk: str,
                     extra: dict[str, str], chip: Chip, reused: list[int], parts: int
                     ) -> dict[str, Any]:
     """The compile stage's result for the deployable binaries."""
-    from studio.engine.weightshare import EXECUTED
-
     n = len(rec["graphs"])
     shared = rec.get("shared") or []
     return {
@@ -245,8 +245,6 @@ def quantized_io(folders: list[Path], staging: Path, progress: Progress) -> list
     """Each part's graphs (or the one graph set) with quantized I/O under ``staging``, the
     residual stream each part takes encoded as the part before hands it; the folders to
     compile from."""
-    from studio.engine.graphio import quantize_io
-
     shutil.rmtree(staging, ignore_errors=True)
     out, handoff = [], None
     for k, src in enumerate(folders):
@@ -278,8 +276,6 @@ def compile_part(src: Path, dst: Path, chip: Chip, fp16: bool, extra: dict[str, 
     """Check the placement of a part's graphs (or the one graph set) in ``src`` and compile
     their context binaries into ``dst``: {"placement": {graph: report}, "compiled": {graph:
     info}}. A node the NPU refuses fails it in one line."""
-    from studio.engine import qnn
-
     out: dict[str, dict] = {"placement": {}, "compiled": {}}
     # the deployable graphs of a model without a prefill graph (bundle.prefill_length = 1)
     graphs = tuple(g for g in graphs if (src / f"{g}.onnx").is_file())
@@ -307,7 +303,6 @@ def compile_part(src: Path, dst: Path, chip: Chip, fp16: bool, extra: dict[str, 
                                                  extra_options=extra)
         if steps is not None:
             steps.n += 1
-    from studio.engine.graphio import IO_ENCODINGS_FILE
 
     if (src / IO_ENCODINGS_FILE).is_file():  # quantized I/O: the host reads its encodings
         shutil.copy2(src / IO_ENCODINGS_FILE, dst / IO_ENCODINGS_FILE)
@@ -332,10 +327,6 @@ def part_processes(sources: list[Path], asked: int = 0) -> int:
     many as the cores, the parts and the free memory allow (each process's peak predicted
     from its largest graph). ``asked`` (``pipeline.part_processes``, when not 0) sets the
     count (tests, a host the prediction does not fit)."""
-    import os
-
-    from studio.core.hostmem import HEADROOM, available_memory
-
     if len(sources) < 2:
         return 1
     if asked:

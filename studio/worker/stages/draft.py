@@ -6,15 +6,14 @@ from typing import Any
 
 from studio.core.progress import Progress, SubProgress
 from studio.core.stages.draft import DraftSettings
+from studio.engine import hf_import
+from studio.engine.llm_export import export_llm
 from studio.worker.context import StageContext
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     """The draft model of speculative decoding, exported for the host CPU (FP32 prefill and
     decode graphs with the target's prompt and context lengths; checked like the target)."""
-    from studio.engine import hf_import
-    from studio.engine.llm_export import export_llm
-
     s = DraftSettings.of(ctx.config)
     ckpt = s.path(s.draft)
     info = hf_import.open_checkpoint(ckpt)

@@ -7,25 +7,21 @@ import shutil
 import time
 from typing import Any
 
+from studio.core.errors import StudioError
+from studio.core.families import family_of
 from studio.core.fsutil import atomic_write_json
 from studio.core.hostmem import check_fits
 from studio.core.progress import Progress, SubProgress
 from studio.core.stages.export import ExportSettings
+from studio.engine import chat_template, hf_import, partresume
+from studio.engine.llm_export import export_llm
+from studio.engine.llm_parts import auto_device_count, checkpoint_layout, export_parts, export_plan
 from studio.engine.weightstore import graph_bytes
 from studio.worker.context import StageContext, host_metric
 from studio.worker.stages._llm import GRAPHS
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    from studio.engine import hf_import, partresume
-    from studio.engine.llm_export import export_llm
-    from studio.engine.llm_parts import (
-        auto_device_count,
-        checkpoint_layout,
-        export_parts,
-        export_plan,
-    )
-
     s = ExportSettings.of(ctx.config)
     ckpt = s.path(s.source)
     info = hf_import.open_checkpoint(ckpt)
@@ -37,12 +33,9 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     device_count = (auto_device_count(info, layout, s.targets, P, C)
                     if s.parts == "auto" else None)
     plan = export_plan(ckpt, s.parts, s.max_part_mb, layout, device_count)
-    from studio.core.families import family_of
 
     family = family_of(info.family)
     if len(plan) > 1 and family is not None and family.vision:
-        from studio.core.errors import StudioError
-
         raise StudioError(f"{info.architecture} is a vision-language model, which exports in "
                           "one part: set export.parts = 1 (its parts' graphs do not take "
                           "the image yet)")
@@ -60,7 +53,6 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         spec = export_parts(ckpt, ctx.out, P, C, parts=len(plan), max_part_bytes=budget,
                             progress=SubProgress(progress, 0.02, 0.95), resume=True)
     ctx.fact("export_seconds", time.perf_counter() - t0, "s")
-    from studio.engine import chat_template
 
     tok_dir = ctx.out / "tokenizer"
     tok_dir.mkdir()

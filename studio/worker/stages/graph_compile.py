@@ -7,13 +7,12 @@ from typing import Any
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress
 from studio.core.stages.graph_compile import GraphCompileSettings
+from studio.engine import graphpipe, qnn
 from studio.worker.context import StageContext
 from studio.worker.stages._llm import htp_settings_options
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    from studio.engine import graphpipe, qnn
-
     qdir = ctx.input("graph-quantize")
     chip = ctx.chip
     s = GraphCompileSettings.of(ctx.config)

@@ -7,6 +7,7 @@ from typing import Any
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress
 from studio.core.stages.graph_profile import GraphProfileSettings
+from studio.engine import qnn_profile
 from studio.worker.context import StageContext, metric
 from studio.worker.stages._graph import held_samples, input_specs
 
@@ -16,8 +17,6 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     detailed profiling, on a validation sample: the median per op, by op type and by layer,
     with the spread and the host load of each repeat (on the simulator: relative cost), run by
     the device's backend."""
-    from studio.engine import qnn_profile
-
     imp, qdir = ctx.input("import"), ctx.input("graph-quantize")
     cdir = ctx.input("graph-compile", ctx.config.chip)
     chip, dev = ctx.chip, ctx.device

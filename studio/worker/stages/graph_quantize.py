@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from studio.core.progress import Progress, SubProgress
 from studio.core.stages.graph_quantize import GraphQuantizeSettings
+from studio.engine import graphpipe
 from studio.worker.context import StageContext, host_metric, read_text
 from studio.worker.stages._graph import input_specs
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    import numpy as np
-
-    from studio.engine import graphpipe
-
     imp = ctx.input("import")
     inputs = input_specs(imp)
     s = GraphQuantizeSettings.of(ctx.config)

@@ -7,13 +7,12 @@ from typing import Any
 
 from studio.core.progress import Progress
 from studio.core.stages.graph_run import GraphRunSettings
+from studio.engine import graphpipe
 from studio.worker.context import StageContext, device_metric
 from studio.worker.stages._graph import device_session, held_samples, input_specs
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    from studio.engine import graphpipe
-
     imp, qdir = ctx.input("import"), ctx.input("graph-quantize")
     dev = ctx.device
     feed = held_samples(qdir, input_specs(imp))[0]

@@ -8,14 +8,13 @@ from typing import Any
 
 from studio.core.progress import Progress
 from studio.core.stages.graph_validate import GraphValidateSettings
+from studio.engine import graphpipe
+from studio.engine.graphdata import compare_outputs
 from studio.worker.context import StageContext, device_metric, host_metric
 from studio.worker.stages._graph import device_session, held_samples, input_specs
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    from studio.engine import graphpipe
-    from studio.engine.graphdata import compare_outputs
-
     imp, qdir = ctx.input("import"), ctx.input("graph-quantize")
     dev = ctx.device
     inputs = input_specs(imp)

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import onnx
+
 from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress
 from studio.core.stages.graph_import import ImportSettings
+from studio.engine import graphpipe
 from studio.worker.context import StageContext, host_metric
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    import onnx
-
-    from studio.engine import graphpipe
-
     s = ImportSettings.of(ctx.config)
     source = s.path(s.source)
     kind = s.kind

@@ -8,9 +8,12 @@ from typing import Any
 from studio.core.devices import HOST_CPU
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json
+from studio.core.layerdiff import PAIR_TITLES, summarize
 from studio.core.progress import Progress
 from studio.core.stages.layerdiff import LayerdiffSettings
+from studio.engine import deploy, qnn
 from studio.engine.chain import part_dirs
+from studio.engine.layerdiff import layer_diff, windows_of
 from studio.engine.llm_runtime import load_graph_spec, load_tokenizer
 from studio.worker.context import StageContext, device_metric, metric, read_text
 from studio.worker.stages._llm import htp_options
@@ -20,9 +23,6 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     """FP32 vs host QDQ vs the HTP, tensor by tensor, on held-out windows of the prefill or
     the decode graph: where the errors jump and where host QDQ and the HTP part (and, with
     ``layerdiff.fp16_step``, the FP32 graph on the HTP in FP16: the backend unquantized)."""
-    from studio.core.layerdiff import PAIR_TITLES, summarize
-    from studio.engine.layerdiff import layer_diff, windows_of
-
     export_dir, qdir = ctx.input("export"), ctx.input("quantize")
     cdir = ctx.input("compile", ctx.config.chip)
     spec = load_graph_spec(export_dir)
@@ -49,12 +49,10 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     if len(dirs) > 1 and not 1 <= part <= len(dirs):
         raise StudioError(f"this model is exported in {len(dirs)} parts: set layerdiff.part "
                           f"to the part to compare (1..{len(dirs)}; studio bisect --part)")
-    from studio.engine import deploy
 
     base = dirs[part - 1 if len(dirs) > 1 else 0] / f"{graph}_ctx.onnx"
     if deploy.read(cdir) is not None:  # the compile holds the deployable (Genie-form)
         # binaries: the studio's graph the diff probes, compiled here without extra outputs
-        from studio.engine import qnn
 
         src = part_dirs(spec, qdir)[part - 1 if len(dirs) > 1 else 0] / f"{graph}.onnx"
         progress.update(0.0, f"compiling the {graph} graph without extra outputs")

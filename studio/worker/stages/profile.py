@@ -5,28 +5,38 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from studio.core import figures
 from studio.core.devices import HOST_CPU
 from studio.core.errors import StudioError
+from studio.core.events import EventTable
 from studio.core.fsutil import atomic_write_json
 from studio.core.profile import layer_label
 from studio.core.progress import Progress, SubProgress
 from studio.core.stages.profile import ProfileSettings
+from studio.engine import profiling, qnn_profile
 from studio.engine.chain import part_dirs
+from studio.engine.deployed import decode_context
+from studio.engine.graphio import quantize_io
 from studio.engine.llm_runtime import load_graph_spec
+from studio.engine.opblocks import node_blocks
+from studio.engine.profile_import import (
+    compiler_totals,
+    copy_traffic,
+    import_profile,
+    merge_bandwidth,
+    read_schematic,
+)
 from studio.engine.weightstore import graph_bytes
 from studio.worker.context import StageContext, metric
-from studio.worker.stages._llm import htp_options, partial
+from studio.worker.stages._llm import GRAPHS, htp_options, partial
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     """One decode step profiled ``profile.repeats`` times on the job's device (its backend runs
     them), each run with the host load it ran under; the median per op, the spread, and the seed's op table."""
-    from studio.engine import qnn_profile
-    from studio.engine.opblocks import node_blocks
-
     cdir, qdir = ctx.input("compile", ctx.config.chip), ctx.input("quantize")
     chip = ctx.chip
     dev = ctx.device
@@ -109,7 +119,6 @@ def _profile_encoder(ctx: StageContext, spec: dict[str, Any], cdir: Path, qdir: 
     image per inference, ``repeats`` times: its op table (median per op) beside the decode
     step's. None, with a log line, where the device profiles no single graph."""
     from studio.engine import qnn_profile, vision_input
-    from studio.engine.opblocks import node_blocks
 
     vs = vision_input.vision_spec(spec)
     assert vs is not None
@@ -177,12 +186,6 @@ def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
     the step — DRAM and VTCM bytes, DMA ops, HTP ops, the binary's size, the options — or
     None)."""
     from studio.engine import profiling, qnn_profile
-    from studio.engine.profile_import import (
-        compiler_totals,
-        copy_traffic,
-        merge_bandwidth,
-        read_schematic,
-    )
 
     qdir = ctx.input("quantize")
     graph = qdir / "decode.onnx"
@@ -199,8 +202,6 @@ def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
         s = ProfileSettings.of(ctx.config)
         extra = htp_options(s, ctx.chip)
         if s.graph_io == "quantized":  # the graph as the compile stage built it
-            from studio.engine.graphio import quantize_io
-            from studio.worker.stages._llm import GRAPHS
 
             quantize_io(qdir, ctx.out / "optrace-io", GRAPHS)
             graph = ctx.out / "optrace-io" / "decode.onnx"
@@ -217,7 +218,6 @@ def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
     finally:
         shutil.rmtree(ctx.out / "optrace-io", ignore_errors=True)
     merged, matched = copy_traffic(table, traffic)
-    from studio.engine.deployed import decode_context
 
     compiler = compiler_totals(sch, extra,
                                decode_context(ctx.input("compile", ctx.config.chip)))
@@ -233,13 +233,6 @@ def _host_timeline(ctx: StageContext, graphs: list[Path], spec) -> dict[str, Any
     timeline (per node, per thread) saved as host_events.npz. A model in parts: each part's
     decode graph in turn, its step the sum of theirs, its threads on tracks named for the part
     (each part's times count from its own session's start: on one track they overlapped)."""
-    from statistics import median
-
-    from studio.core.events import EventTable
-    from studio.engine import profiling
-    from studio.engine.opblocks import node_blocks
-    from studio.engine.profile_import import import_profile
-
     rows: list[dict[str, Any]] = []
     step_ms, runs = 0.0, 0
     for graph in graphs:

@@ -12,14 +12,19 @@ from studio.core.hostmem import check_fits
 from studio.core.progress import Progress
 from studio.core.recipe import DEFAULT_WEIGHT_ROUNDING, WEIGHT_ROUNDINGS
 from studio.core.stages.quantize import QuantizeSettings
+from studio.engine import partresume
+from studio.engine.kvquant import calibrate_kv_scales, kv_bytes, write_int8_kv_graphs
+from studio.engine.llm_parts import exported_part_sizes
 from studio.engine.llm_runtime import cpu_generator, load_graph_spec, load_tokenizer
+from studio.engine.quantize import quantize_llm
+from studio.engine.quantize_parts import quantize_parts
+from studio.engine.vision import images_for
+from studio.engine.vision_input import vision_spec
 from studio.worker.context import StageContext, read_text
 
 
 def _int8_kv(export_dir: Path, out_dir: Path, calibration_text: str) -> dict[str, Any]:
     """Make the graphs in ``out_dir`` INT8-KV, with scales calibrated on the FP32 export."""
-    from studio.engine.kvquant import calibrate_kv_scales, kv_bytes, write_int8_kv_graphs
-
     spec = load_graph_spec(export_dir)
     ids = load_tokenizer(export_dir)(calibration_text).input_ids
     scales = calibrate_kv_scales(cpu_generator(export_dir, spec), ids)
@@ -30,8 +35,6 @@ def _int8_kv(export_dir: Path, out_dir: Path, calibration_text: str) -> dict[str
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
-    from studio.engine.quantize import quantize_llm
-
     s = QuantizeSettings.of(ctx.config)
     rec = s.recipe()
     # a vision-language model's encoder: its own scheme and per-layer precisions
@@ -42,7 +45,6 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     export_dir = ctx.input("export")
     t0 = time.perf_counter()
     kv = s.kv_cache or "float"
-    from studio.engine.llm_parts import exported_part_sizes
 
     spec = load_graph_spec(export_dir)
     parts = spec.get("parts") or []
@@ -50,16 +52,12 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                head_parameters=int(spec["vocab_size"]) * int(spec["hidden_size"]),
                rounding=s.weight_rounding != DEFAULT_WEIGHT_ROUNDING)
     if len(parts) > 1:
-        from studio.engine.quantize_parts import quantize_parts
-
         if kv == "int8":
             raise StudioError("an INT8 KV cache is not built for a model exported in parts: "
                               "set quantization.kv_cache = \"float\" or export.parts = 1")
         info = quantize_parts(export_dir, ctx.out, rec, text, export_dir / "tokenizer",
                               progress, resume=True, cache=ctx.parts, salt=ctx.part_salt)
     else:
-        from studio.engine import partresume
-
         partresume.clear(ctx.out)  # a kept work folder: nothing of a killed run is reused
         info = quantize_llm(export_dir, ctx.out, rec, text, export_dir / "tokenizer", progress,
                             images=_calibration_images(s, spec, int(samples)))
@@ -89,9 +87,6 @@ def _calibration_images(s: QuantizeSettings, spec: dict[str, Any], count: int
                         ) -> list | None:
     """A vision-language model's calibration images: the project's folder's, or None (the
     quantizer generates them)."""
-    from studio.engine.vision import images_for
-    from studio.engine.vision_input import vision_spec
-
     vs = vision_spec(spec)
     if vs is None or not s.calibration_images:
         return None

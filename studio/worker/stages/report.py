@@ -7,16 +7,15 @@ from typing import Any
 
 from studio.core.errors import StudioError
 from studio.core.progress import Progress
+from studio.core.project import from_dict
 from studio.core.stages.report import ReportSettings
+from studio.engine.report import write_report
 from studio.worker.context import StageContext
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     """The run's report. It is not cached: it reads the run history (the settings this run
     ran with, and the previous run to compare with)."""
-    from studio.core.project import from_dict
-    from studio.engine.report import write_report
-
     results = {}
     for label, path in ctx.inputs.items():
         results[label] = json.loads((path / "result.json").read_text())

@@ -11,7 +11,9 @@ from studio.core import figures
 from studio.core.devices import Device
 from studio.core.progress import Progress
 from studio.core.stages.run import RunSettings
+from studio.engine.chat_template import prompt_format
 from studio.engine.llm_runtime import load_graph_spec, load_tokenizer
+from studio.engine.vision import image_prompt_ids, image_timing
 from studio.worker.context import StageContext, device_metric
 
 
@@ -31,15 +33,12 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         progress.check()
         progress.update((i + 1) / n, f"token {i + 1}/{n} on {dev.name}")
 
-    from studio.engine.chat_template import prompt_format
-
     # through the checkpoint's chat template (model.chat_template): the image where it puts it
     fmt = prompt_format(export_dir / "tokenizer", s.chat_template)
     vl = bool(spec.get("vision"))
     with_image = bool(s.image) and vl
     ids, image = fmt.ids(tok, prompt, image=with_image, vision=vl), None
     if with_image:  # the picture through the encoder first
-        from studio.engine.vision import image_prompt_ids
 
         progress.update(0.0, f"running the vision encoder on {dev.name}")
         encoder = be.open_encoder(export_dir, compiled, spec, s.fp16)
@@ -56,7 +55,6 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     result["prompt_tokens"] = len(ids)
     if image is not None:
         # time to first token = the encoder, then the prefill of the image prompt
-        from studio.engine.vision import image_timing
 
         image_timing(image, out, timed["prefill_s"])
         enc_note = (f"the vision encoder on one {image['resized'][0]} x "

@@ -13,15 +13,14 @@ from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress, SubProgress
 from studio.core.stages.sensitivity import SensitivitySettings
 from studio.engine.llm_runtime import load_tokenizer
+from studio.engine.precision_search import analyze, confirm_on_htp
+from studio.engine.sensitivity import VariantBench, resolve_choices
 from studio.worker.context import StageContext, device_metric, host_metric, read_text
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     """Each weighted layer, each key activation, then each block, raised (and lowered) alone
     over the base scheme, scored on the host QDQ prefill graph against FP32."""
-    from studio.engine.precision_search import analyze, confirm_on_htp
-    from studio.engine.sensitivity import VariantBench, resolve_choices
-
     s = SensitivitySettings.of(ctx.config)
     scheme = s.scheme
     high, low = resolve_choices(scheme, s.high, s.low)

@@ -6,16 +6,25 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from studio.core.errors import StudioError
 from studio.core.progress import Progress, SubProgress
 from studio.core.stages.validate import ValidateSettings
-from studio.engine.llm_runtime import cpu_generator, load_graph_spec, load_tokenizer
+from studio.engine import vision, vision_input
+from studio.engine.chat_template import prompt_format
+from studio.engine.llm_runtime import (
+    cpu_generator,
+    load_graph_spec,
+    load_tokenizer,
+    make_cpu_session,
+)
+from studio.engine.part_runner import StreamedScorer
+from studio.engine.sensitivity import greedy_against_fp32
 from studio.worker.context import StageContext, device_metric, host_metric, read_text
 
 
 def _logit_stats(ref, other):
-    import numpy as np
-
     a = ref.astype(np.float64)
     b = other.astype(np.float64)
     cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1) + 1e-12)
@@ -23,8 +32,6 @@ def _logit_stats(ref, other):
 
 
 def nll(logits, ids):
-    import numpy as np
-
     x = logits[:-1].astype(np.float64)
     x = x - x.max(-1, keepdims=True)
     logp = x - np.log(np.exp(x).sum(-1, keepdims=True))
@@ -36,8 +43,6 @@ def greedy_prompt(ctx: StageContext, tok, spec: dict[str, Any]):
     checkpoint's chat template (``model.chat_template``; whole, the preflight has checked
     that it fits) or as written (its first P tokens, one prefill pass). Returns (ids, the
     prompt format)."""
-    from studio.engine.chat_template import prompt_format
-
     s = ValidateSettings.of(ctx.config)
     fmt = prompt_format(ctx.input("export") / "tokenizer", s.chat_template)
     ids = fmt.ids(tok, s.prompt, vision=bool(spec.get("vision")))
@@ -97,8 +102,6 @@ def _perplexity(windows: list[list[int]], logits: list) -> float:
 
 
 def _compare(ref: list, other: list) -> dict[str, float]:
-    import numpy as np
-
     cos, maxerr, same = [], 0.0, []
     for r, o in zip(ref, other, strict=True):
         c, m, s = _logit_stats(r, o)
@@ -208,10 +211,6 @@ def _validate_images(ctx: StageContext, spec: dict, export_dir, cdir, runners: d
     device's, their rows compared; then the image before a window of the held-out text,
     teacher-forced through FP32 and the device (each with its own encoder's rows), compared
     on the text after the image (the answer's tokens)."""
-    import numpy as np
-
-    from studio.engine import vision, vision_input
-
     vs = vision_input.vision_spec(spec)
     assert vs is not None
     s = ValidateSettings.of(ctx.config)
@@ -266,9 +265,6 @@ def _validate_in_parts(ctx: StageContext, progress: Progress, spec: dict, tok,
     scores that text with FP32 part by part: the tokens before the first divergence are
     exactly those of FP32's own greedy text; after it, each token is FP32's choice given the
     device's text. Every figure says which tokens it is on."""
-    from studio.engine.llm_runtime import make_cpu_session
-    from studio.engine.part_runner import StreamedScorer
-
     export_dir, qdir = ctx.input("export"), ctx.input("quantize")
     cdir = ctx.input("compile", ctx.config.chip)
     dev = ctx.device
@@ -330,7 +326,6 @@ def _validate_in_parts(ctx: StageContext, progress: Progress, spec: dict, tok,
     seq = (prompt + got)[:window]
     scored = scorers["fp32"].teacher_forced_logits(
         seq, progress=SubProgress(progress, (done + 1) / steps, 1.0))
-    from studio.engine.sensitivity import greedy_against_fp32
 
     j = greedy_against_fp32(scored, prompt, got)
     first = j["first_difference"]

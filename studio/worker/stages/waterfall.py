@@ -12,8 +12,14 @@ from studio.core.fsutil import atomic_write_json
 from studio.core.progress import Progress, SubProgress
 from studio.core.recipe import weight_bits
 from studio.core.stages.waterfall import WaterfallSettings
+from studio.engine import waterfall as wf
+from studio.engine.graphio import quantize_io
+from studio.engine.kvquant import calibrate_kv_scales, write_int8_kv_graphs
+from studio.engine.llm_export import export_llm
 from studio.engine.llm_runtime import cpu_generator, load_graph_spec, load_tokenizer
+from studio.engine.quantize import quantize_llm
 from studio.worker.context import StageContext, host_metric, read_text
+from studio.worker.stages._llm import GRAPHS
 
 
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
@@ -21,13 +27,6 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     (W8A16, W4A16 with a verify graph, INT8 KV, the pruned checkpoint's), its decode rate and
     its held-out perplexity; and what the performance model needs to estimate the steps for
     a chip (the measured tokens per speculative pass)."""
-    from studio.engine import waterfall as wf
-    from studio.engine.graphio import quantize_io
-    from studio.engine.kvquant import calibrate_kv_scales, write_int8_kv_graphs
-    from studio.engine.llm_export import export_llm
-    from studio.engine.quantize import quantize_llm
-    from studio.worker.stages._llm import GRAPHS
-
     export_dir, abl_dir = ctx.input("export"), ctx.input("ablation")
     spec = load_graph_spec(export_dir)
     tok = load_tokenizer(export_dir)
