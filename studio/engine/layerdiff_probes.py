@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.core.recipe import module_of_node
 
 _SHAPE_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity",
                         "Cast", "Shape", "Constant", "ConstantOfShape", "Slice", "Concat",
@@ -77,8 +78,6 @@ class _GraphIndex:
 
     @classmethod
     def of(cls, model) -> _GraphIndex:
-        from studio.core.recipe import module_of_node
-
         floats = _float_tensors(model)
         g = model.graph
         inits = {t.name for t in g.initializer} | {n.output[0] for n in g.node
@@ -151,8 +150,6 @@ def _choose_inner(ix: _GraphIndex, m: str, kids: list[str],
 
 def _choose_all(ix: _GraphIndex, chosen: dict[int, tuple[str, str]]) -> None:
     """Every other computed tensor but shape bookkeeping (``tensors = "all"``)."""
-    from studio.core.recipe import module_of_node
-
     for i, n in enumerate(ix.nodes):
         m = module_of_node(n.name)
         if (i in chosen or i not in ix.computes or n.op_type in _SHAPE_OPS or not m
@@ -164,8 +161,6 @@ def _choose_all(ix: _GraphIndex, chosen: dict[int, tuple[str, str]]) -> None:
 def _probes_of(ix: _GraphIndex, chosen: dict[int, tuple[str, str]]) -> list[Probe]:
     """The chosen nodes' probes in graph order, each with the nearest probes it is computed
     from."""
-    from studio.core.recipe import module_of_node
-
     order = sorted(chosen)
     tensor_of = {ix.nodes[i].output[0]: chosen[i][0] for i in order}
     rank = {name: k for k, name in enumerate(tensor_of.values())}
