@@ -193,83 +193,27 @@ def bisect_verdict(result: dict[str, Any], rows: list[dict[str, Any]]) -> dict[s
     the layer grid; None when nothing leaves the band)."""
     pairs = list(result["pairs"])
     lg = result.get("logits", {})
-    steps: list[dict[str, Any]] = []
-    fp16 = None
-    title1 = "FP32 on ONNX Runtime vs the HTP unquantized (FP16)"
-    if "htp_fp16_vs_fp32" in pairs:
-        fp16 = out_of_band(rows, "htp_fp16_vs_fp32", FP16_BAND)
-        worst16 = max((r["htp_fp16_vs_fp32"]["rel_error"] for r in rows
-                       if "htp_fp16_vs_fp32" in r), default=None)
-        steps.append({"step": 1, "title": title1, "out_of_band": fp16,
-                      "worst_rel_error": worst16, "logits": lg.get("htp_fp16"),
-                      "finding": (f"the unquantized HTP leaves FP16's band ({FP16_BAND:g}) at "
-                                  f"{fp16['name']} ({_g(fp16['rel_error'])})" if fp16 else
-                                  f"the unquantized HTP stays within FP16's band of "
-                                  f"{FP16_BAND:g} (largest relative error {_g(worst16)}): the "
-                                  "backend's float kernels agree with FP32"),
-                      "note": "the seed compares with QNN's CPU backend, which this wheel does "
-                              "not ship: the HTP in FP16 stands in for it"})
-    else:
-        steps.append({"step": 1, "title": title1,
-                      "finding": "not run: the chip's HTP has no FP16, or the diff was run "
-                                 "without layerdiff.fp16_step"})
+    step1, fp16 = _fp16_step(pairs, rows, lg)
     top = worst(rows, "qdq_vs_fp32", 3)
-    steps.append({"step": 2, "title": "the quantized model's error, and the layers it comes "
-                                      "from", "worst": top,
-                  "logits": {k: lg[k] for k in ("qdq", "htp") if k in lg},
-                  "finding": ("most error is added at " + ", ".join(
-                      f"{w['name']} ({_g(w['gain'])}x)" for w in top) if top else
-                      "no layer adds error above the floor")
-                  + (f"; final logits KL vs FP32: host QDQ {_g(lg['qdq']['kl_divergence'])}, "
-                     f"HTP {_g(lg['htp']['kl_divergence'])}" if "qdq" in lg and "htp" in lg
-                     else "")})
+    step2 = {"step": 2, "title": "the quantized model's error, and the layers it comes "
+                                 "from", "worst": top,
+             "logits": {k: lg[k] for k in ("qdq", "htp") if k in lg},
+             "finding": ("most error is added at " + ", ".join(
+                 f"{w['name']} ({_g(w['gain'])}x)" for w in top) if top else
+                 "no layer adds error above the floor")
+             + (f"; final logits KL vs FP32: host QDQ {_g(lg['qdq']['kl_divergence'])}, "
+                f"HTP {_g(lg['htp']['kl_divergence'])}" if "qdq" in lg and "htp" in lg
+                else "")}
     q = out_of_band(rows, "qdq_vs_fp32")
     h = out_of_band(rows, "htp_vs_fp32") if "htp_vs_fp32" in pairs else None
-    steps.append({"step": 3, "title": f"the first layer past the band of {BAND:g} relative "
-                                      "error", "host_qdq": q, "htp": h,
-                  "finding": "; ".join((
-                      f"host QDQ at {q['name']} ({_g(q['rel_error'])})" if q else
-                      "host QDQ: none",
-                      f"HTP at {h['name']} ({_g(h['rel_error'])})" if h else "HTP: none"))})
-    where = result.get("device", "the HTP")
-    by_name = {r["name"]: r for r in rows}
-
-    def qdq_at(x: dict[str, Any]) -> float:
-        return by_name[x["name"]].get("qdq_vs_fp32", {}).get("rel_error", 0.0)
-
-    named = None  # the probe the verdict names
-    if fp16:
-        named = fp16
-        layer, verdict = fp16["module"], (
-            f"diverges at {fp16['name']} before any quantization: the HTP's FP16 result leaves "
-            f"FP32 there ({_g(fp16['rel_error'])}); a float kernel or FP16's range, not the "
-            "quantization — keep that op off FP16 or check its inputs' range")
-    elif h and (q is None or h["index"] < q["index"]) and qdq_at(h) < BAND / 2:
-        named = h
-        layer, verdict = h["module"], (
-            f"diverges at {h['name']} on {where} only: host QDQ agrees there (vs FP32 host "
-            f"QDQ {_g(qdq_at(h))}, HTP {_g(h['rel_error'])}); the HTP computes this op "
-            "differently from the QDQ emulation — check the SDK build and the target (studio "
-            "doctor), then give that layer 16-bit activations")
-    elif q and h:
-        first = named = q if q["index"] <= h["index"] else h
-        layer, verdict = first["module"], (
-            f"diverges at {first['name']} on host QDQ and {where} alike (relative error "
-            f"{_g(first['input_rel_error'])} -> {_g(first['rel_error'])}): the quantization of "
-            "that layer — raise its precision (Precision page, layer grid) or calibrate it "
-            "better")
-    elif q:
-        named = q
-        layer, verdict = q["module"], (
-            f"host QDQ leaves the band at {q['name']} and the HTP does not: the host "
-            "emulation's rounding, not the device — the HTP's own figures are the ones to "
-            "trust")
-    else:
-        big = top[0] if top else None
-        layer, verdict = None, (
-            f"no layer leaves the band of {BAND:g} on host QDQ or {where}: the quantized model "
-            "follows FP32 layer by layer"
-            + (f" (the most error is added at {big['name']})" if big else ""))
+    step3 = {"step": 3, "title": f"the first layer past the band of {BAND:g} relative "
+                                 "error", "host_qdq": q, "htp": h,
+             "finding": "; ".join((
+                 f"host QDQ at {q['name']} ({_g(q['rel_error'])})" if q else
+                 "host QDQ: none",
+                 f"HTP at {h['name']} ({_g(h['rel_error'])})" if h else "HTP: none"))}
+    named, layer, verdict = _first_divergence(rows, fp16, q, h, top,
+                                              result.get("device", "the HTP"))
     reach = [lg[k] for k in ("qdq", "htp") if k in lg]
     if named is not None and fp16 is None and reach and all(
             x["kl_divergence"] < KL_OK and x["top1_agreement"] >= TOP1_OK for x in reach):
@@ -279,8 +223,72 @@ def bisect_verdict(result: dict[str, Any], rows: list[dict[str, Any]]) -> dict[s
                         (("qdq", "host QDQ"), ("htp", "HTP")) if k in lg)
             + f" nats); {named['name']} leaves the band locally ({_g(named['rel_error'])}) and "
             "the layers after it absorb it — nothing to fix")
-    return {"steps": steps, "verdict": verdict, "layer": layer,
+    return {"steps": [step1, step2, step3], "verdict": verdict, "layer": layer,
             "tensor": named["name"] if named else None}
+
+
+def _fp16_step(pairs: list[str], rows: list[dict[str, Any]], lg: dict[str, Any]
+               ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Step 1: FP32 against the HTP unquantized (FP16), and the first probe past FP16's
+    band (None: none, or not run)."""
+    title1 = "FP32 on ONNX Runtime vs the HTP unquantized (FP16)"
+    if "htp_fp16_vs_fp32" not in pairs:
+        return {"step": 1, "title": title1,
+                "finding": "not run: the chip's HTP has no FP16, or the diff was run "
+                           "without layerdiff.fp16_step"}, None
+    fp16 = out_of_band(rows, "htp_fp16_vs_fp32", FP16_BAND)
+    worst16 = max((r["htp_fp16_vs_fp32"]["rel_error"] for r in rows
+                   if "htp_fp16_vs_fp32" in r), default=None)
+    return {"step": 1, "title": title1, "out_of_band": fp16,
+            "worst_rel_error": worst16, "logits": lg.get("htp_fp16"),
+            "finding": (f"the unquantized HTP leaves FP16's band ({FP16_BAND:g}) at "
+                        f"{fp16['name']} ({_g(fp16['rel_error'])})" if fp16 else
+                        f"the unquantized HTP stays within FP16's band of "
+                        f"{FP16_BAND:g} (largest relative error {_g(worst16)}): the "
+                        "backend's float kernels agree with FP32"),
+            "note": "the seed compares with QNN's CPU backend, which this wheel does "
+                    "not ship: the HTP in FP16 stands in for it"}, fp16
+
+
+def _first_divergence(rows: list[dict[str, Any]], fp16: dict[str, Any] | None,
+                      q: dict[str, Any] | None, h: dict[str, Any] | None,
+                      top: list[dict[str, Any]], where: str
+                      ) -> tuple[dict[str, Any] | None, str | None, str]:
+    """The probe the verdict names, its module and the verdict: FP16 first, then the HTP
+    alone, both alike, host QDQ alone, or nothing past the band."""
+    by_name = {r["name"]: r for r in rows}
+
+    def qdq_at(x: dict[str, Any]) -> float:
+        return by_name[x["name"]].get("qdq_vs_fp32", {}).get("rel_error", 0.0)
+
+    if fp16:
+        return fp16, fp16["module"], (
+            f"diverges at {fp16['name']} before any quantization: the HTP's FP16 result leaves "
+            f"FP32 there ({_g(fp16['rel_error'])}); a float kernel or FP16's range, not the "
+            "quantization — keep that op off FP16 or check its inputs' range")
+    if h and (q is None or h["index"] < q["index"]) and qdq_at(h) < BAND / 2:
+        return h, h["module"], (
+            f"diverges at {h['name']} on {where} only: host QDQ agrees there (vs FP32 host "
+            f"QDQ {_g(qdq_at(h))}, HTP {_g(h['rel_error'])}); the HTP computes this op "
+            "differently from the QDQ emulation — check the SDK build and the target (studio "
+            "doctor), then give that layer 16-bit activations")
+    if q and h:
+        first = q if q["index"] <= h["index"] else h
+        return first, first["module"], (
+            f"diverges at {first['name']} on host QDQ and {where} alike (relative error "
+            f"{_g(first['input_rel_error'])} -> {_g(first['rel_error'])}): the quantization of "
+            "that layer — raise its precision (Precision page, layer grid) or calibrate it "
+            "better")
+    if q:
+        return q, q["module"], (
+            f"host QDQ leaves the band at {q['name']} and the HTP does not: the host "
+            "emulation's rounding, not the device — the HTP's own figures are the ones to "
+            "trust")
+    big = top[0] if top else None
+    return None, None, (
+        f"no layer leaves the band of {BAND:g} on host QDQ or {where}: the quantized model "
+        "follows FP32 layer by layer"
+        + (f" (the most error is added at {big['name']})" if big else ""))
 
 
 def device_vs_simulator(read: dict[str, Any], device_rows: list[dict[str, Any]],

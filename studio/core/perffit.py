@@ -225,66 +225,23 @@ def calibrate(anchors: Sequence[Anchor] | None = None,
     leave-one-out figure refits the decode parameters without each anchor and predicts it.
     """
     anchors = list(anchors) if anchors is not None else load_anchors()
-    catalog = load_catalog(catalog_path)
-    prepared: list[_Prepared] = []
-    skipped: list[dict[str, Any]] = []
-    for a in anchors:
-        try:
-            chip = catalog.get(a.chip) or get_chip(a.chip, catalog_path)
-            prepared.append(_Prepared(a, load_arch(a.config), ChipPerf.of(chip),
-                                      get_scheme(a.scheme)))
-        except StudioError as e:
-            skipped.append({**asdict(a), "reason": e.message})
+    prepared, skipped = _prepare(anchors, catalog_path)
     if len(prepared) < 3:
         raise StudioError("fewer than 3 anchors can be estimated; cannot calibrate")
     published = np.array([p.anchor.decode_tokens_per_s for p in prepared])
     pre_rows = [i for i, p in enumerate(prepared) if p.anchor.prefill_tokens_per_s]
-
-    def prompt_of(p: _Prepared) -> int:
-        return p.anchor.prompt_tokens or min(p.anchor.context, 1024)
-
-    def fit_compute(eff: Efficiency) -> float:
-        if not pre_rows:
-            return eff.compute_fraction
-        errs = np.zeros(len(COMPUTE_GRID))
-        for i in pre_rows:
-            p = prepared[i]
-            published_prefill = float(p.anchor.prefill_tokens_per_s or 0.0)
-            g = transformer_ops(p.arch, p.scheme, prompt_of(p), p.anchor.context, prefill=True)
-            for j, cf in enumerate(COMPUTE_GRID):
-                e = Efficiency(eff.bw_fraction, eff.overhead_ms, float(cf),
-                               eff.float_decode_fraction)
-                t = estimate_ops(g, p.perf, e, e.compute_for(p.scheme, prefill=True)).total_s
-                errs[j] += abs(math.log(prompt_of(p) / t / published_prefill))
-        return float(COMPUTE_GRID[int(np.argmin(errs))])
-
     every = range(len(prepared))
     eff = _START
     for _ in range(2):
-        cf = fit_compute(eff)
+        cf = _fit_compute(prepared, pre_rows, eff)
         times = [p.decode_times(cf) for p in prepared]
         bw, oh, ff = _fit_decode(times, published, every, _START.float_decode_fraction)
         eff = Efficiency(bw, oh, cf, ff)
-
     rows = []
     for i, p in enumerate(prepared):
-        pred = _predict(times[i], eff.bw_fraction, eff.overhead_ms, eff.float_decode_fraction)
         loo = _predict(times[i], *_fit_decode(times, published, (k for k in every if k != i),
                                               _START.float_decode_fraction))
-        row: dict[str, Any] = {
-            **asdict(p.anchor),
-            "estimated_decode_tokens_per_s": round(pred, 3),
-            "ape": round(_ape(pred, p.anchor.decode_tokens_per_s), 2),
-            "loo_estimated_decode_tokens_per_s": round(loo, 3),
-            "loo_ape": round(_ape(loo, p.anchor.decode_tokens_per_s), 2),
-        }
-        est = estimate(p.arch, p.perf, p.scheme, p.anchor.context, prompt_of(p), eff)
-        row["bound"] = est.decode.bound
-        if p.anchor.prefill_tokens_per_s:
-            row["estimated_prefill_tokens_per_s"] = round(est.prefill_tokens_per_s, 3)
-            row["prefill_ape"] = round(_ape(est.prefill_tokens_per_s,
-                                            p.anchor.prefill_tokens_per_s), 2)
-        rows.append(row)
+        rows.append(_anchor_row(p, times[i], eff, loo))
     prefill_apes = [r["prefill_ape"] for r in rows if "prefill_ape" in r]
     return {
         "source": SOURCE,
@@ -298,6 +255,65 @@ def calibrate(anchors: Sequence[Anchor] | None = None,
         "rows": rows,
         "skipped": skipped,
     }
+
+
+def _prepare(anchors: list[Anchor], catalog_path: str | Path | None
+             ) -> tuple[list[_Prepared], list[dict[str, Any]]]:
+    """The anchors that can be estimated (their chip, architecture and scheme read), and
+    those that cannot, each with its reason."""
+    catalog = load_catalog(catalog_path)
+    prepared: list[_Prepared] = []
+    skipped: list[dict[str, Any]] = []
+    for a in anchors:
+        try:
+            chip = catalog.get(a.chip) or get_chip(a.chip, catalog_path)
+            prepared.append(_Prepared(a, load_arch(a.config), ChipPerf.of(chip),
+                                      get_scheme(a.scheme)))
+        except StudioError as e:
+            skipped.append({**asdict(a), "reason": e.message})
+    return prepared, skipped
+
+
+def _prompt_of(p: _Prepared) -> int:
+    return p.anchor.prompt_tokens or min(p.anchor.context, 1024)
+
+
+def _fit_compute(prepared: list[_Prepared], pre_rows: list[int], eff: Efficiency) -> float:
+    """``compute_fraction`` on the grid that best fits the prefill anchors (``eff``'s as it
+    is without one)."""
+    if not pre_rows:
+        return eff.compute_fraction
+    errs = np.zeros(len(COMPUTE_GRID))
+    for i in pre_rows:
+        p = prepared[i]
+        published_prefill = float(p.anchor.prefill_tokens_per_s or 0.0)
+        g = transformer_ops(p.arch, p.scheme, _prompt_of(p), p.anchor.context, prefill=True)
+        for j, cf in enumerate(COMPUTE_GRID):
+            e = Efficiency(eff.bw_fraction, eff.overhead_ms, float(cf),
+                           eff.float_decode_fraction)
+            t = estimate_ops(g, p.perf, e, e.compute_for(p.scheme, prefill=True)).total_s
+            errs[j] += abs(math.log(_prompt_of(p) / t / published_prefill))
+    return float(COMPUTE_GRID[int(np.argmin(errs))])
+
+
+def _anchor_row(p: _Prepared, times, eff: Efficiency, loo: float) -> dict[str, Any]:
+    """An anchor's row: its estimate with the fitted parameters and left out of the fit,
+    their errors, what bounds its decode, and its prefill estimate."""
+    pred = _predict(times, eff.bw_fraction, eff.overhead_ms, eff.float_decode_fraction)
+    row: dict[str, Any] = {
+        **asdict(p.anchor),
+        "estimated_decode_tokens_per_s": round(pred, 3),
+        "ape": round(_ape(pred, p.anchor.decode_tokens_per_s), 2),
+        "loo_estimated_decode_tokens_per_s": round(loo, 3),
+        "loo_ape": round(_ape(loo, p.anchor.decode_tokens_per_s), 2),
+    }
+    est = estimate(p.arch, p.perf, p.scheme, p.anchor.context, _prompt_of(p), eff)
+    row["bound"] = est.decode.bound
+    if p.anchor.prefill_tokens_per_s:
+        row["estimated_prefill_tokens_per_s"] = round(est.prefill_tokens_per_s, 3)
+        row["prefill_ape"] = round(_ape(est.prefill_tokens_per_s,
+                                        p.anchor.prefill_tokens_per_s), 2)
+    return row
 
 
 def fit_toml(cal: Mapping[str, Any]) -> str:

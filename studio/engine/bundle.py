@@ -17,12 +17,9 @@ figures from its device."""
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
-import platform
 import shutil
 from dataclasses import dataclass
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +32,15 @@ from studio.core.settings import DLC_AUTO_BYTES
 from studio.engine import deploy, deployed, genie, qnn
 from studio.engine.bundle_draft import add_draft
 from studio.engine.bundle_draft import readme_section as draft_readme
+from studio.engine.bundle_report import (
+    BundleCheck,
+    TakenBinaries,
+    bundle_figures,
+    bundle_manifest,
+    bundle_result,
+    file_sha256,
+    raise_on_defect,
+)
 from studio.engine.chain import part_dirs
 from studio.engine.chat_template import TEMPLATE_FILE, ChatTemplate, prompt_format
 from studio.engine.devices.htp_sim import sim_holds_bytes
@@ -354,6 +360,39 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
     Returns the stage's result with ``figures``: (name, value, unit, detail, timed) rows for
     the caller to label from its device (``timed``: a timing, which takes the device's
     note). Raises when Genie's text differs other than at a near tie."""
+    record = compiled_record(spec, cdir, settings)
+    taken = take_binaries(record, cdir, out_root, progress)
+    tok = load_tokenizer(export_dir)
+    fmt = prompt_format(export_dir / "tokenizer", settings.chat_template)
+    prompts = check_prompts(settings, tok, fmt, record.get("prefill_ar") or 1)
+    write_genie_files(export_dir, spec, taken)
+    check = check_bundle(export_dir, cdir, chip, spec, out_root, settings, record, taken,
+                         tok, fmt, prompts, progress)
+    template = ship_template(fmt, taken.out)  # before the file list: the manifest lists it too
+    files = {f.relative_to(taken.out).as_posix(): {"bytes": f.stat().st_size,
+                                                   "sha256": file_sha256(f)}
+             for f in sorted(taken.out.rglob("*")) if f.is_file()}
+    manifest = bundle_manifest(chip, spec, settings.recipe, source, record, taken, check,
+                               template, fmt.line(), files)
+    progress.update(0.96, "writing the DLC files of the quantized graphs")
+    dlc = write_dlc(record, qdir, chip, out_root, settings, manifest)
+    progress.update(0.98, "writing the manifest")
+    atomic_write_json(taken.out / "manifest.json", manifest)
+    cl, N = int(record["context_size"]), record.get("prefill_ar") or 1
+    (taken.out / "README.md").write_text(
+        readme(spec, chip, record.get("sdk_version", ""), N, cl, int(record["parts"]),
+               taken.ctx_names, manifest["kv_cache"]["dtype"], template, fmt.line())
+        + ("" if check.draft is None else draft_readme(check.draft)))
+    figures = bundle_figures(check, int(record["parts"]))
+    raise_on_defect(check)
+    return bundle_result(chip, source, record, taken, check, files, dlc, manifest, figures)
+
+
+def compiled_record(spec: dict[str, Any], cdir: Path, settings: BundleSettings
+                    ) -> dict[str, Any]:
+    """The compile stage's record of its deployable binaries (:func:`studio.engine.deploy.read`),
+    refused where the model has no Genie bundle or the bundle's settings ask for other
+    binaries than those."""
     why_not = deploy.supported(spec, False)
     if why_not:
         raise StudioError(f"no Genie bundle for this model: {why_not}")
@@ -361,8 +400,7 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
     if record is None:
         raise StudioError("the compile stage's output holds no deployable binaries: run "
                           "studio --batch FILE --stages compile again")
-    cl, N, parts = int(record["context_size"]), record.get("prefill_ar") or 1, \
-        int(record["parts"])
+    N, parts = record.get("prefill_ar") or 1, int(record["parts"])
     if settings.parts not in (0, parts):
         raise StudioError(f"bundle.parts is {settings.parts}, but the compile stage's binaries "
                           f"are in {parts} part(s): the bundle ships those binaries; set "
@@ -371,7 +409,13 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
             settings.prefill_length == 1 and N == 1):
         raise StudioError(f"bundle.prefill_length {settings.prefill_length} differs from the "
                           f"compiled AR-{N} prefill graph: run the compile stage again")
+    return record
 
+
+def take_binaries(record: dict[str, Any], cdir: Path, out_root: Path,
+                  progress: Progress) -> TakenBinaries:
+    """The compile stage's context binaries copied (hard links where the store allows) into
+    the bundle, or where weight-shared ones ship, the executed ones into a folder beside it."""
     out = out_root / "bundle"
     shared = record.get("shared") or []
     # the separate binaries the simulator executes: the bundle's own where no weight-shared
@@ -389,168 +433,157 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
     for r in shared:
         link_or_copy(Path(cdir) / r["bin"], out / r["file"])
     run_names = [r["file"] for r in rows]
-    ctx_names = [r["file"] for r in shared] or run_names
     graph_rows = [{k: r[k] for k in ("file", "kind", "ar", "context_size", "part", "parts",
                                      "inputs", "outputs", "qnn_graph")}
                   | {"executed": EXECUTED, "shipped": not shared} for r in rows]
     shared_rows = [{k: r[k] for k in ("file", "part", "bytes", "separate_bytes", "graphs",
                                       "executed", "structure")} for r in shared]
-    weights = int(record["weights_bytes"])
-    sdk = record.get("sdk_version", "")
+    return TakenBinaries(out, run_dir, rows, shared, run_names,
+                         [r["file"] for r in shared] or run_names, graph_rows, shared_rows)
 
-    tok = load_tokenizer(export_dir)
-    fmt = prompt_format(export_dir / "tokenizer", settings.chat_template)
-    text = settings.heldout_text
+
+def check_prompts(settings: BundleSettings, tok, fmt, N: int) -> list[str]:
+    """The check's held-out prompts (the last longer than the AR-N prefill graph takes at
+    once), and ``run.prompt`` through the chat template where one applies."""
     n_prompts = settings.prompts
-    prompts = bundle_prompts(text, tok, n_prompts,
+    prompts = bundle_prompts(settings.heldout_text, tok, n_prompts,
                              long=N + N // 2 + 1 if N > 1 and n_prompts > 1 else 0)
     if fmt.applied and settings.greedy_prompt:
         # run.prompt through the chat template, as an app hands it to Genie: Genie's
         # tokenizer must read the template's special tokens as the studio's does
         prompts.append(fmt.text(settings.greedy_prompt))
-    want = settings.new_tokens
-    whole = _fits_simulator(record)
-    checks: list[dict[str, Any]] = []
-    accuracy = None
-    draft: dict[str, Any] | None = None
-    passes: dict[int, int] = {}
-    load_s, rate = None, None
-    for d, names in {out: ctx_names, run_dir: run_names}.items():
+    return prompts
+
+
+def write_genie_files(export_dir: Path, spec: dict[str, Any], taken: TakenBinaries) -> None:
+    """``tokenizer.json`` and ``genie_config.json`` beside the shipped binaries and beside
+    the executed ones."""
+    for d, names in {taken.out: taken.ctx_names, taken.run_dir: taken.run_names}.items():
         shutil.copy(export_dir / "tokenizer" / "tokenizer.json", d / "tokenizer.json")
         atomic_write_json(d / "genie_config.json", genie.genie_config(spec, names))
-    genie_note = ""
+
+
+def check_bundle(export_dir: Path, cdir: Path, chip, spec: dict[str, Any], out_root: Path,
+                 settings: BundleSettings, record: dict[str, Any], taken: TakenBinaries,
+                 tok, fmt, prompts: list[str], progress: Progress) -> BundleCheck:
+    """The bundle checked: where the simulator holds it whole, the studio's runtime over its
+    binaries (each prompt's greedy tokens; the figures and the draft of what ships), then
+    Genie's text against those tokens; where it does not (or Genie cannot load it), each
+    part loaded alone."""
+    check = BundleCheck()
+    whole = _fits_simulator(record)
     runner = None
     if whole:
         # the studio's runtime over the very binaries the bundle holds
         try:
             runner = deployed.open_runner(cdir, chip, spec, settings.htp_options, record)
         except qnn.SimulatorFull as exc:  # the byte budget is a measure, not a law
-            genie_note = (f"the simulator could not load every binary at once ({exc.message})")
-            progress.log(genie_note + ": checked part by part instead")
+            check.genie_note = (f"the simulator could not load every binary at once "
+                                f"({exc.message})")
+            progress.log(check.genie_note + ": checked part by part instead")
             whole = False
     if runner is not None:
-        refs, ups = [], []
-        for i, prompt in enumerate(prompts):
-            progress.check()
-            ids = tok(prompt).input_ids
-            n = max(1, min(want, cl - 1 - len(ids)))
-            progress.update(0.1 + 0.3 * i / len(prompts),
-                            f"prompt {i + 1}/{len(prompts)}: {n} tokens from the studio's "
-                            "runtime over the shipped binaries")
-            refs.append((ids, n, runner.greedy(ids, n), runner.prompt_passes))
-            ups.append(list(runner.runner_up))
-        passes = dict(runner.passes)
-        if settings.score_tokens:  # the figures of what ships: its own binaries against FP32
-            greedy_ids = None
-            if settings.greedy_prompt:  # as validate's greedy check takes it
-                greedy_ids = fmt.ids(tok, settings.greedy_prompt)
-                if not fmt.applied:
-                    greedy_ids = greedy_ids[:int(spec["prompt_length"])]
-            accuracy = score_shipped(runner, export_dir, spec, tok(text).input_ids,
-                                     settings.score_tokens, cl, progress, greedy_ids,
-                                     settings.greedy_tokens)
-            if accuracy.get("greedy"):
-                accuracy["greedy"]["text"] = tok.decode(accuracy["greedy"].pop("ids"))
-        if settings.draft is not None:  # the draft for the app's CPU, checked on these binaries
-
-            draft = add_draft(out, out_root, settings.checkpoint, settings.draft,
-                              settings.draft_ref, settings.draft_embedding, spec, export_dir,
-                              deployed.DeployedGenerator(runner, spec),
-                              [(ids, n, ref) for ids, n, ref, _ in refs], ups,
-                              SubProgress(progress, 0.4, 0.5))
+        refs, ups = studio_reference(runner, export_dir, spec, out_root, settings, taken.out,
+                                     tok, fmt, prompts, int(record["context_size"]), check,
+                                     progress)
         del runner
-        progress.update(0.5, "loading the bundle in Genie (HTP simulator)")
-        try:
-            dialog = genie.GenieDialog(run_dir)
-        except StudioError as exc:  # Genie holds less than ONNX Runtime's sessions
-            genie_note = f"Genie on the simulator could not load the whole bundle ({exc})"
-            progress.log(genie_note + ": checked part by part instead")
-            whole = False
-        else:
-            with dialog:
-                for i, (prompt, (ids, n, ref, prompt_passes)) in enumerate(
-                        zip(prompts, refs, strict=True)):
-                    progress.check()
-                    progress.update(0.5 + 0.45 * i / len(prompts),
-                                    f"prompt {i + 1}/{len(prompts)}: {n} tokens from Genie")
-                    g = dialog.query(prompt, n)
-                    ref_text = tok.decode(ref)
-                    same = g["text"] == ref_text
-                    prefix = next((k for k, (a, b) in enumerate(
-                        zip(g["text"], ref_text, strict=False)) if a != b),
-                        min(len(g["text"]), len(ref_text)))
-                    parted = None if same else parting(g["text"], ref, ups[i], tok)
-                    if parted is not None:
-                        progress.log(f"prompt {i + 1}: Genie gave {g['text']!r}, the studio's "
-                                     f"runtime over the same binaries {ref_text!r} ({parted})")
-                    checks.append({"prompt": prompt, "prompt_tokens": len(ids),
-                                   "new_tokens": n, "studio_tokens": len(ref),
-                                   "identical": same, "prompt_passes": prompt_passes,
-                                   "first_difference_at_char": None if same else prefix,
-                                   "parted": parted, "genie_text": g["text"],
-                                   "studio_text": ref_text, "genie_wall_s": g["wall_s"],
-                                   "genie_first_text_s": g["first_text_s"]})
-                load_s = dialog.load_s
-    by_part: list[dict[str, Any]] = []
+        whole = genie_check(taken.run_dir, prompts, refs, ups, tok, check, progress)
     if not whole:
-        progress.update(0.5, f"checking the {parts} parts one at a time (the simulator does "
-                             "not hold the whole bundle)")
-        by_part = part_checks(deployed.PartScorer(cdir, chip, spec, settings.htp_options),
-                              export_dir, spec, [tok(p).input_ids for p in prompts],
-                              SubProgress(progress, 0.5, 0.95))
-        for r in graph_rows:
+        progress.update(0.5, f"checking the {int(record['parts'])} parts one at a time (the "
+                             "simulator does not hold the whole bundle)")
+        check.by_part = part_checks(deployed.PartScorer(cdir, chip, spec, settings.htp_options),
+                                    export_dir, spec, [tok(p).input_ids for p in prompts],
+                                    SubProgress(progress, 0.5, 0.95))
+        for r in taken.graph_rows:
             r["executed"] = "executed on the HTP simulator, part by part"
-    identical = sum(c["identical"] for c in checks)
-    ties = [c for c in checks if c["parted"] and c["parted"]["near_tie"]]
-    tokens = sum(c["studio_tokens"] for c in checks)
-    if checks:
-        rate = tokens / sum(c["genie_wall_s"] for c in checks)
+    return check
 
-    template = ship_template(fmt, out)  # before the file list: the manifest lists it too
 
-    def sha(f: Path) -> str:
-        h = hashlib.sha256()
-        with f.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 24), b""):
-                h.update(block)
-        return h.hexdigest()
+def studio_reference(runner, export_dir: Path, spec: dict[str, Any], out_root: Path,
+                     settings: BundleSettings, out: Path, tok, fmt, prompts: list[str],
+                     cl: int, check: BundleCheck, progress: Progress
+                     ) -> tuple[list[tuple[list[int], int, list[int], int]],
+                                list[list[tuple[int, float]]]]:
+    """The studio's runtime over the shipped binaries (``runner``): each prompt's greedy
+    tokens with the runner-up at each (``refs``, ``ups``), its passes, and into ``check`` the
+    figures of the shipped binaries against FP32 and the draft for the app's CPU."""
+    refs, ups = [], []
+    for i, prompt in enumerate(prompts):
+        progress.check()
+        ids = tok(prompt).input_ids
+        n = max(1, min(settings.new_tokens, cl - 1 - len(ids)))
+        progress.update(0.1 + 0.3 * i / len(prompts),
+                        f"prompt {i + 1}/{len(prompts)}: {n} tokens from the studio's "
+                        "runtime over the shipped binaries")
+        refs.append((ids, n, runner.greedy(ids, n), runner.prompt_passes))
+        ups.append(list(runner.runner_up))
+    check.passes = dict(runner.passes)
+    if settings.score_tokens:  # the figures of what ships: its own binaries against FP32
+        greedy_ids = None
+        if settings.greedy_prompt:  # as validate's greedy check takes it
+            greedy_ids = fmt.ids(tok, settings.greedy_prompt)
+            if not fmt.applied:
+                greedy_ids = greedy_ids[:int(spec["prompt_length"])]
+        check.accuracy = score_shipped(runner, export_dir, spec,
+                                       tok(settings.heldout_text).input_ids,
+                                       settings.score_tokens, cl, progress, greedy_ids,
+                                       settings.greedy_tokens)
+        if check.accuracy.get("greedy"):
+            check.accuracy["greedy"]["text"] = tok.decode(check.accuracy["greedy"].pop("ids"))
+    if settings.draft is not None:  # the draft for the app's CPU, checked on these binaries
 
-    files = {f.relative_to(out).as_posix(): {"bytes": f.stat().st_size, "sha256": sha(f)}
-             for f in sorted(out.rglob("*")) if f.is_file()}
+        check.draft = add_draft(out, out_root, settings.checkpoint, settings.draft,
+                                settings.draft_ref, settings.draft_embedding, spec, export_dir,
+                                deployed.DeployedGenerator(runner, spec),
+                                [(ids, n, ref) for ids, n, ref, _ in refs], ups,
+                                SubProgress(progress, 0.4, 0.5))
+    return refs, ups
 
-    kv_cache: dict[str, Any] = dict(record["kv_cache"])
-    manifest = {
-        "format": "genie-bundle", "version": 2, "model": spec.get("model_type"),
-        "chip": {"key": chip.key, "name": chip.name, "htp_arch": chip.htp_arch,
-                 "soc_model": chip.soc_model},
-        "qnn_sdk": sdk, "onnxruntime_qnn": version("onnxruntime-qnn"),
-        "built_on": platform.platform(),
-        "recipe": {k: settings.recipe[k] for k in ("scheme", "weight_granularity")},
-        "context_size": cl, "prefill_ar": N if N > 1 else None,
-        "binaries": "the compile stage's, copied: the binaries validate, studio generate and "
-                    "profile ran",
-        "graphs": graph_rows,
-        "weight_shared": shared_rows or None,
-        "executed_binaries": {r["file"]: sha(run_dir / r["file"]) for r in rows}
-        if shared else None,
-        "kv_cache": kv_cache,
-        "chat_template": template,
-        "draft": draft,
-        "prompt_format": fmt.line(),
-        "weights_bytes": weights,
-        "files": files,
-        "verification": {"runtime": ("Genie (libGenie.so) on the QNN HTP simulator"
-                                     if checks else "the studio's runtime, part by part, on "
-                                     "the QNN HTP simulator"),
-                         "reference": "the studio's runtime over the same binaries",
-                         "source": source, "prompts": len(checks) or len(by_part),
-                         "identical": identical, "tokens": tokens,
-                         "genie_note": genie_note or None,
-                         "by_part": by_part or None,
-                         "accuracy_on_these_binaries": accuracy},
-    }
-    progress.update(0.96, "writing the DLC files of the quantized graphs")
 
+def genie_check(run_dir: Path, prompts: list[str],
+                refs: list[tuple[list[int], int, list[int], int]],
+                ups: list[list[tuple[int, float]]], tok, check: BundleCheck,
+                progress: Progress) -> bool:
+    """Genie on the simulator over the executed binaries: each prompt's text against the
+    studio's tokens ``refs`` (into ``check``). False where Genie cannot load the bundle."""
+    progress.update(0.5, "loading the bundle in Genie (HTP simulator)")
+    try:
+        dialog = genie.GenieDialog(run_dir)
+    except StudioError as exc:  # Genie holds less than ONNX Runtime's sessions
+        check.genie_note = f"Genie on the simulator could not load the whole bundle ({exc})"
+        progress.log(check.genie_note + ": checked part by part instead")
+        return False
+    with dialog:
+        for i, (prompt, (ids, n, ref, prompt_passes)) in enumerate(
+                zip(prompts, refs, strict=True)):
+            progress.check()
+            progress.update(0.5 + 0.45 * i / len(prompts),
+                            f"prompt {i + 1}/{len(prompts)}: {n} tokens from Genie")
+            g = dialog.query(prompt, n)
+            ref_text = tok.decode(ref)
+            same = g["text"] == ref_text
+            prefix = next((k for k, (a, b) in enumerate(
+                zip(g["text"], ref_text, strict=False)) if a != b),
+                min(len(g["text"]), len(ref_text)))
+            parted = None if same else parting(g["text"], ref, ups[i], tok)
+            if parted is not None:
+                progress.log(f"prompt {i + 1}: Genie gave {g['text']!r}, the studio's "
+                             f"runtime over the same binaries {ref_text!r} ({parted})")
+            check.checks.append({"prompt": prompt, "prompt_tokens": len(ids),
+                                 "new_tokens": n, "studio_tokens": len(ref),
+                                 "identical": same, "prompt_passes": prompt_passes,
+                                 "first_difference_at_char": None if same else prefix,
+                                 "parted": parted, "genie_text": g["text"],
+                                 "studio_text": ref_text, "genie_wall_s": g["wall_s"],
+                                 "genie_first_text_s": g["first_text_s"]})
+        check.load_s = dialog.load_s
+    return True
+
+
+def write_dlc(record: dict[str, Any], qdir: Path, chip, out_root: Path,
+              settings: BundleSettings, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The DLC files of the quantized graphs under ``out_root/dlc`` where ``bundle.dlc`` and
+    their size say (:func:`dlc_wanted`), and the manifest's entry for them either way."""
     exported = record.get("part_names") or []
     dlc = {}
     weights = int(record.get("weights_bytes") or 0)
@@ -570,99 +603,4 @@ def build_bundle(export_dir: Path, qdir: Path, cdir: Path, chip, spec: dict[str,
                f"{DLC_AUTO_BYTES >> 30} GiB" if settings.dlc == "auto" else "")
             + "): Genie does not read them; set bundle.dlc = \"on\" for Qualcomm's own "
               "on-device tools")}
-    progress.update(0.98, "writing the manifest")
-    atomic_write_json(out / "manifest.json", manifest)
-    (out / "README.md").write_text(readme(spec, chip, sdk, N, cl, parts, ctx_names,
-                                          kv_cache["dtype"], template, fmt.line())
-                                   + ("" if draft is None else draft_readme(draft)))
-    timed = "Genie's wall time"
-    greedy = (accuracy or {}).get("greedy")
-    figures = [  # (name, value, unit, detail, whether it is a timing of the device)
-        *([] if not checks else [
-            ("genie_identical_prompts", identical / len(checks), "fraction",
-             f"{identical} of {len(checks)} prompts, {tokens} tokens, against the studio's "
-             "runtime over the same binaries", False)]),
-        *([] if not by_part else [
-            ("bundle_part_top1_agreement",
-             sum(c["top1_agreement"] for c in by_part) / len(by_part), "fraction",
-             f"{len(by_part)} prompts through the {parts} parts one at a time, the last "
-             "part's tokens against FP32's", False)]),
-        *([] if accuracy is None else [
-            (f"bundle_{k}", accuracy[k], unit, f"{accuracy['tokens']} held-out tokens on the "
-             "bundle's own binaries (the studio's runtime over them, as Genie runs a prompt) "
-             "against FP32", False)
-            for k, unit in (("logits_cosine", ""), ("kl_divergence", "nats"),
-                            ("top1_agreement", "fraction"), ("perplexity", ""))]),
-        *([] if not greedy else [
-            ("bundle_greedy_agreement", greedy["agreement"], "fraction",
-             f"{greedy['tokens']} tokens the bundle's binaries generated after "
-             "run.prompt, each against FP32's choice given that text", False)]),
-        *([] if draft is None else [
-            ("bundle_draft_identical_prompts",
-             draft["check"]["identical"] / max(1, draft["check"]["prompts"]), "fraction",
-             f"{draft['check']['prompts']} prompts, the bundle's draft on the CPU and its "
-             "binaries verifying, against plain greedy over the same binaries", False)]),
-        *([] if draft is None or draft["check"]["tokens_per_target_pass"] is None else [
-            ("bundle_draft_tokens_per_pass", draft["check"]["tokens_per_target_pass"],
-             "tokens", f"tokens per target pass, k = {draft['check']['k']}", False)]),
-        *([] if rate is None else [("genie_tokens_per_s", rate, "tok/s", timed, True),
-                                   ("genie_load_s", load_s, "s", timed, True)]),
-    ]
-    bad = [c for c in checks if not c["identical"] and c not in ties]
-    if bad:
-        p = bad[0]["parted"]
-        raise StudioError(f"Genie's greedy text differs from the studio's over the same "
-                          f"binaries on {len(bad)} of {len(checks)} prompts (first at character "
-                          f"{bad[0]['first_difference_at_char']} of {bad[0]['prompt']!r}, "
-                          f"new token {p['token']}" + (f", where the studio's best two tokens "
-                          f"are {p['gap']:.3g} apart" if p["gap"] is not None else "")
-                          + "): not a near tie; a defect of the runtime, not of quantization")
-    check_line = (
-        f"Genie's greedy text equals the studio's over the same binaries on "
-        f"{identical}/{len(checks)} prompts ({tokens} tokens, {source}"
-        + (f"; parted at a near tie on {len(ties)}: best two logits "
-           + ", ".join(f"{c['parted']['gap']:.3g}" for c in ties) + " apart" if ties else "")
-        + ")" if checks else
-        f"every part checked alone on {len(by_part)} prompts (the simulator does not hold "
-        f"the whole bundle{'; ' + genie_note if genie_note else ''}): the last part's tokens "
-        f"equal FP32's on {sum(c['top1_agreement'] for c in by_part) / len(by_part):.1%}")
-    return {
-        "summary": (f"Genie bundle for {chip.name}: {len(files) + 2} files"
-                    + (f" ({len(ctx_names)} context binaries)" if len(ctx_names) > 1 else "")
-                    + ", the compile stage's binaries; " + check_line
-                    + (f"; {len(shared)} weight-shared binar"
-                       + ("y" if len(shared) == 1 else "ies") + " shipped "
-                       f"({sum(r['bytes'] for r in shared) / 2**20:.1f} MiB against "
-                       f"{sum(r['separate_bytes'] for r in shared) / 2**20:.1f} MiB separate), "
-                       "equal by structure to the executed ones: a device executes them"
-                       if shared else "")
-                    + ("" if accuracy is None else
-                       f"; the shipped binaries against FP32 on {accuracy['tokens']} held-out "
-                       f"tokens: cosine {accuracy['logits_cosine']:.4f}, top-1 "
-                       f"{accuracy['top1_agreement']:.1%}, ppl {accuracy['fp32_perplexity']:.2f}"
-                       f" → {accuracy['perplexity']:.2f}")
-                    + ("" if draft is None else
-                       f"; the draft {draft['model']} for the app's CPU: greedy speculative "
-                       f"decoding with it gave plain greedy's tokens on "
-                       f"{draft['check']['identical']}/{draft['check']['prompts']} prompts"
-                       + (f", {draft['check']['tokens_per_target_pass']:.2f} tokens per "
-                          "target pass" if draft["check"]["tokens_per_target_pass"] else ""))),
-        "target": chip.key, "source": source, "bundle": "bundle", "files": files,
-        "checks": checks, "by_part": by_part, "context_size": cl, "accuracy": accuracy,
-        "qnn_sdk": sdk, "prefill_ar": N if N > 1 else None,
-        # the figures the project's gates judge, of the binaries that ship (as validate's are
-        # of the compile stage's)
-        **({} if accuracy is None else {
-            "logits_cosine_mean": accuracy["logits_cosine"],
-            "top1_agreement": accuracy["top1_agreement"],
-            "perplexity_fp32": accuracy["fp32_perplexity"],
-            "perplexity_quantized": accuracy["perplexity"]}),
-        "studio_passes": {f"ar{k}": v for k, v in passes.items()},
-        "ctx_bins": ctx_names, "weight_shared": shared_rows or None,
-        "draft": None if draft is None else {k: draft[k] for k in ("model", "files",
-                                                                    "token_table", "check")},
-        "dlc": {g: {"file": f"dlc/{d['file']}", "bytes": d["bytes"], "entries": d["entries"]}
-                for g, d in dlc.items()},
-        **({} if dlc else {"dlc_note": manifest["dlc"]["note"]}),
-        "figures": figures,
-    }
+    return dlc

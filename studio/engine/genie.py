@@ -59,187 +59,258 @@ def genie_graph(src: Path, dst: Path, spec: dict[str, Any],
     copies the new rows into its cache as they come and the NPU converts no cache at the
     edge (``htp.graph_io = "quantized"``)."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
 
     model = onnx.load(str(src))
-    g = model.graph
     qkv = kv_encodings is not None
     if qkv:
         if not set_cache_encodings(model, kv_encodings or {}):
             raise StudioError(f"{src.name}: no KV cache edge is a Q/DQ pair: its cache cannot "
                               "be quantized I/O")
-    kv_type = TensorProto.UINT16 if qkv else TensorProto.FLOAT
-    kvh, hd = int(spec["num_kv_heads"]), int(spec["head_dim"])
-    dims = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in g.input}
-    keys = [n for n in dims if n.startswith("past_key_")]
-    if "position_ids" not in dims or not keys:
-        raise StudioError(f"{src.name} is not a graph over the KV cache (no position_ids / "
-                          "past_key_*): a Genie graph is made from the decode or an AR-N graph")
-    S, C = int(dims["position_ids"][1]), int(dims[keys[0]][2])  # new tokens, cache slots
-    hidden = int(spec["hidden_size"])
-    handoff_in = dict(handoff_in or {})
-    handoff_out: dict[str, tuple[Any, Any]] = {}
-    inits = {i.name: i for i in g.initializer}
-    nodes = list(g.node)
+    rw = _GenieRewrite(src, model, spec, qkv, dict(handoff_in or {}))
+    g = model.graph
+    for inp in g.input:
+        rw.rewrite_input(inp.name)
+    rw.producers = {o: n for n in rw.nodes for o in n.output}
+    for out in g.output:
+        rw.rewrite_output(out)
+    del g.node[:]
+    g.node.extend(rw.nodes)
+    del g.input[:]
+    g.input.extend(rw.inputs)
+    del g.output[:]
+    g.output.extend(rw.outputs)
+    del g.value_info[:]
+    onnx.checker.check_model(model)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(dst))
+    if rw.handoff_in:
+        raise StudioError(f"{src.name} takes no {', '.join(rw.handoff_in)}: not the next part")
+    return {"inputs": [i.name for i in rw.inputs], "outputs": [o.name for o in rw.outputs],
+            "context_size": rw.C + rw.S, "ar": rw.S, "handoff_out": rw.handoff_out}
 
-    def rename_uses(old: str, new: str, skip=None) -> None:
-        for n in nodes:
+
+class _GenieRewrite:
+    """:func:`genie_graph`'s rewrite of one graph: its nodes as they are being changed, the
+    new inputs and outputs, and the sizes they take (S new tokens, C cache slots)."""
+
+    def __init__(self, src: Path, model, spec: dict[str, Any], qkv: bool,
+                 handoff_in: dict[str, tuple[Any, Any]]) -> None:
+        from onnx import TensorProto
+
+        g = model.graph
+        self.src, self.g, self.qkv, self.handoff_in = src, g, qkv, handoff_in
+        self.kv_type = TensorProto.UINT16 if qkv else TensorProto.FLOAT
+        self.kvh, self.hd = int(spec["num_kv_heads"]), int(spec["head_dim"])
+        dims = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in g.input}
+        keys = [n for n in dims if n.startswith("past_key_")]
+        if "position_ids" not in dims or not keys:
+            raise StudioError(f"{src.name} is not a graph over the KV cache (no position_ids / "
+                              "past_key_*): a Genie graph is made from the decode or an AR-N "
+                              "graph")
+        self.S, self.C = int(dims["position_ids"][1]), int(dims[keys[0]][2])  # new, slots
+        self.hidden = int(spec["hidden_size"])
+        self.handoff_out: dict[str, tuple[Any, Any]] = {}
+        self.inits = {i.name: i for i in g.initializer}
+        self.nodes = list(g.node)
+        self.producers: dict[str, Any] = {}
+        self.inputs: list[Any] = []
+        self.outputs: list[Any] = []
+
+    def rename_uses(self, old: str, new: str, skip=None) -> None:
+        for n in self.nodes:
             if n is skip:
                 continue
             for k, x in enumerate(n.input):
                 if x == old:
                     n.input[k] = new
 
-    def quantize_of(name: str):
-        q = [n for n in nodes if n.op_type == "QuantizeLinear" and n.input[0] == name]
+    def quantize_of(self, name: str):
+        q = [n for n in self.nodes if n.op_type == "QuantizeLinear" and n.input[0] == name]
         if len(q) != 1:
-            raise StudioError(f"{src.name}: input {name} is not quantized once (found {len(q)} "
-                              "QuantizeLinear): a Genie graph is made from the quantized graph")
+            raise StudioError(f"{self.src.name}: input {name} is not quantized once (found "
+                              f"{len(q)} QuantizeLinear): a Genie graph is made from the "
+                              "quantized graph")
         return q[0]
 
-    inputs, outputs = [], []
-    for inp in g.input:
-        name = inp.name
+    def rewrite_input(self, name: str) -> None:
+        from onnx import TensorProto, helper
+
         if name in ("input_ids", "position_ids"):
-            inputs.append(helper.make_tensor_value_info(name, TensorProto.INT32, [1, S]))
+            self.inputs.append(helper.make_tensor_value_info(name, TensorProto.INT32,
+                                                             [1, self.S]))
         elif name == "attention_mask":
-            q = quantize_of(name)
-            zp = numpy_helper.to_array(next(i for i in g.initializer if i.name == q.input[2]))
-            if zp.dtype != np.uint16 or int(zp) != 65535:
-                raise StudioError(f"{src.name}: the attention mask is not quantized as uint16 "
-                                  "with 0 at 65535: Genie's mask cannot feed it")
-            nodes.remove(q)
-            rename_uses(q.output[0], name)
-            inputs.append(helper.make_tensor_value_info(name, TensorProto.UINT16,
-                                                        [1, 1, S, C + S]))
+            self.mask_input(name)
         elif name.startswith(HANDOFF):
-            q = quantize_of(name)
-            if name in handoff_in:  # the handing part's encodings, exactly
-                for k, value in zip(q.input[1:3], handoff_in.pop(name), strict=True):
-                    inits[k].CopyFrom(numpy_helper.from_array(np.asarray(value).reshape(
-                        numpy_helper.to_array(inits[k]).shape).astype(
-                        numpy_helper.to_array(inits[k]).dtype), k))
-            if numpy_helper.to_array(inits[q.input[2]]).dtype != np.uint16:
-                raise StudioError(f"{src.name}: {name} is not quantized as uint16: parts "
-                                  "cannot hand it on raw (quantize with 16-bit activations)")
-            nodes.remove(q)
-            rename_uses(q.output[0], name)
-            inputs.append(helper.make_tensor_value_info(name, TensorProto.UINT16,
-                                                        [1, S, hidden]))
+            self.handoff_input(name)
         elif name.startswith("past_key_"):
-            new = f"{name}_in"
-            q = quantize_of(name)
-            dq = next(n for n in nodes if n.op_type == "DequantizeLinear"
-                      and n.input[0] == q.output[0])
-            if qkv:  # the integers go straight into the DequantizeLinear
-                nodes.remove(q)
-                dq.input[0] = new
-            else:
-                q.input[0] = new
-            t, tq, tdq = f"{new}_T", f"{new}_TQ", f"{new}_TDQ"
-            rename_uses(dq.output[0], tdq, skip=dq)
-            at = nodes.index(dq) + 1
-            nodes[at:at] = [
-                helper.make_node("Transpose", [dq.output[0]], [t], perm=[0, 1, 3, 2],
-                                 name=f"{new}_transpose"),
-                helper.make_node("QuantizeLinear", [t, q.input[1], q.input[2]], [tq],
-                                 name=f"{new}_transpose_Q"),
-                helper.make_node("DequantizeLinear", [tq, q.input[1], q.input[2]], [tdq],
-                                 name=f"{new}_transpose_DQ"),
-            ]
-            inputs.append(helper.make_tensor_value_info(new, kv_type, [1, kvh, hd, C]))
+            self.key_input(name)
         elif name.startswith("past_value_"):
-            new = f"{name}_in"
-            if qkv:
-                q = quantize_of(name)
-                nodes.remove(q)
-                rename_uses(q.output[0], new)
-            else:
-                rename_uses(name, new)
-            inputs.append(helper.make_tensor_value_info(new, kv_type, [1, kvh, C, hd]))
+            self.value_input(name)
         else:
-            raise StudioError(f"{src.name}: input {name} has no Genie counterpart (a sliding "
-                              "window mask or an extra input): this model cannot be bundled yet")
-    producers = {o: n for n in nodes for o in n.output}
-    for out in g.output:
+            raise StudioError(f"{self.src.name}: input {name} has no Genie counterpart (a "
+                              "sliding window mask or an extra input): this model cannot be "
+                              "bundled yet")
+
+    def mask_input(self, name: str) -> None:
+        """The graph's own uint16 quantized mask: its QuantizeLinear dropped."""
+        from onnx import TensorProto, helper, numpy_helper
+
+        q = self.quantize_of(name)
+        zp = numpy_helper.to_array(next(i for i in self.g.initializer if i.name == q.input[2]))
+        if zp.dtype != np.uint16 or int(zp) != 65535:
+            raise StudioError(f"{self.src.name}: the attention mask is not quantized as uint16 "
+                              "with 0 at 65535: Genie's mask cannot feed it")
+        self.nodes.remove(q)
+        self.rename_uses(q.output[0], name)
+        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.UINT16,
+                                                         [1, 1, self.S, self.C + self.S]))
+
+    def handoff_input(self, name: str) -> None:
+        """The residual stream a part takes, as the handing part's uint16 integers."""
+        from onnx import TensorProto, helper, numpy_helper
+
+        inits = self.inits
+        q = self.quantize_of(name)
+        if name in self.handoff_in:  # the handing part's encodings, exactly
+            for k, value in zip(q.input[1:3], self.handoff_in.pop(name), strict=True):
+                inits[k].CopyFrom(numpy_helper.from_array(np.asarray(value).reshape(
+                    numpy_helper.to_array(inits[k]).shape).astype(
+                    numpy_helper.to_array(inits[k]).dtype), k))
+        if numpy_helper.to_array(inits[q.input[2]]).dtype != np.uint16:
+            raise StudioError(f"{self.src.name}: {name} is not quantized as uint16: parts "
+                              "cannot hand it on raw (quantize with 16-bit activations)")
+        self.nodes.remove(q)
+        self.rename_uses(q.output[0], name)
+        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.UINT16,
+                                                         [1, self.S, self.hidden]))
+
+    def key_input(self, name: str) -> None:
+        """A cache of keys, going in transposed through a quantized Transpose."""
+        from onnx import helper
+
+        nodes = self.nodes
+        new = f"{name}_in"
+        q = self.quantize_of(name)
+        dq = next(n for n in nodes if n.op_type == "DequantizeLinear"
+                  and n.input[0] == q.output[0])
+        if self.qkv:  # the integers go straight into the DequantizeLinear
+            nodes.remove(q)
+            dq.input[0] = new
+        else:
+            q.input[0] = new
+        t, tq, tdq = f"{new}_T", f"{new}_TQ", f"{new}_TDQ"
+        self.rename_uses(dq.output[0], tdq, skip=dq)
+        at = nodes.index(dq) + 1
+        nodes[at:at] = [
+            helper.make_node("Transpose", [dq.output[0]], [t], perm=[0, 1, 3, 2],
+                             name=f"{new}_transpose"),
+            helper.make_node("QuantizeLinear", [t, q.input[1], q.input[2]], [tq],
+                             name=f"{new}_transpose_Q"),
+            helper.make_node("DequantizeLinear", [tq, q.input[1], q.input[2]], [tdq],
+                             name=f"{new}_transpose_DQ"),
+        ]
+        self.inputs.append(helper.make_tensor_value_info(new, self.kv_type,
+                                                         [1, self.kvh, self.hd, self.C]))
+
+    def value_input(self, name: str) -> None:
+        from onnx import helper
+
+        new = f"{name}_in"
+        if self.qkv:
+            q = self.quantize_of(name)
+            self.nodes.remove(q)
+            self.rename_uses(q.output[0], new)
+        else:
+            self.rename_uses(name, new)
+        self.inputs.append(helper.make_tensor_value_info(new, self.kv_type,
+                                                         [1, self.kvh, self.C, self.hd]))
+
+    def rewrite_output(self, out) -> None:
         name = out.name
         if name.startswith("present_key_"):
-            new = name.replace("present_", "past_") + "_out"
-            dq = producers[name]
-            pre = f"{new}_pre"
-            dq.output[0] = pre
-            rename_uses(name, pre)
-            if S == 1:  # [1, kv, 1, hd] -> [1, kv, hd, 1] is a reshape
-                shape = numpy_helper.from_array(np.array([1, kvh, hd, 1], np.int64),
-                                                f"{new}_shape")
-                g.initializer.append(shape)
-                rows = helper.make_node("Reshape", [pre, shape.name], [f"{new}_R"],
-                                        name=f"{new}_rows")
-            else:
-                rows = helper.make_node("Transpose", [pre], [f"{new}_R"], perm=[0, 1, 3, 2],
-                                        name=f"{new}_rows")
-            nodes += [
-                rows,
-                helper.make_node("QuantizeLinear", [f"{new}_R", dq.input[1], dq.input[2]],
-                                 [new if qkv else f"{new}_RQ"], name=f"{new}_rows_Q"),
-            ]
-            if not qkv:
-                nodes.append(helper.make_node("DequantizeLinear",
-                                              [f"{new}_RQ", dq.input[1], dq.input[2]], [new],
-                                              name=f"{new}_rows_DQ"))
-            outputs.append(helper.make_tensor_value_info(new, kv_type, [1, kvh, hd, S]))
+            self.key_output(name)
         elif name.startswith("present_value_"):
-            new = name.replace("present_", "past_") + "_out"
-            dq = producers[name]
-            q = producers.get(dq.input[0]) if qkv else None
-            if qkv and q is not None and q.op_type == "QuantizeLinear":
-                # the row leaves as the integers its QuantizeLinear gives; the layer's own
-                # use of it reads them through the DequantizeLinear
-                q.output[0] = new
-                dq.input[0] = new
-            elif qkv:
-                raise StudioError(f"{src.name}: {name} does not leave through a Q/DQ pair: "
-                                  "its cache cannot be quantized I/O")
-            else:
-                dq.output[0] = new
-                rename_uses(name, new)
-            outputs.append(helper.make_tensor_value_info(new, kv_type, [1, kvh, S, hd]))
+            self.value_output(name)
         elif name.startswith(HANDOFF):
-            dq = producers.get(name)
-            if dq is None or dq.op_type != "DequantizeLinear":
-                raise StudioError(f"{src.name}: {name} does not come out of a "
-                                  "DequantizeLinear: a part hands on a quantized graph's "
-                                  "residual stream")
-            raw = dq.input[0]
-            if numpy_helper.to_array(inits[dq.input[2]]).dtype != np.uint16:
-                raise StudioError(f"{src.name}: {name} is not quantized as uint16: parts "
-                                  "cannot hand it on raw (quantize with 16-bit activations)")
-            handoff_out[name] = (numpy_helper.to_array(inits[dq.input[1]]),
-                                 numpy_helper.to_array(inits[dq.input[2]]))
-            nodes.remove(dq)
-            rename_uses(name, raw)  # a use inside the part reads its own quantized copy
-            producers[raw].output[0] = name
-            rename_uses(raw, name)
-            if any(name in n.input for n in nodes if n.op_type != "DequantizeLinear"):
-                raise StudioError(f"{src.name}: {name} is read unquantized inside the part")
-            outputs.append(helper.make_tensor_value_info(name, TensorProto.UINT16,
-                                                         [1, S, hidden]))
+            self.handoff_output(name)
         else:
-            outputs.append(out)
-    del g.node[:]
-    g.node.extend(nodes)
-    del g.input[:]
-    g.input.extend(inputs)
-    del g.output[:]
-    g.output.extend(outputs)
-    del g.value_info[:]
-    onnx.checker.check_model(model)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(dst))
-    if handoff_in:
-        raise StudioError(f"{src.name} takes no {', '.join(handoff_in)}: not the next part")
-    return {"inputs": [i.name for i in inputs], "outputs": [o.name for o in outputs],
-            "context_size": C + S, "ar": S, "handoff_out": handoff_out}
+            self.outputs.append(out)
+
+    def key_output(self, name: str) -> None:
+        """The new key rows, out as ``[1, kv, head_dim, N]``."""
+        from onnx import helper, numpy_helper
+
+        kvh, hd, S, qkv = self.kvh, self.hd, self.S, self.qkv
+        new = name.replace("present_", "past_") + "_out"
+        dq = self.producers[name]
+        pre = f"{new}_pre"
+        dq.output[0] = pre
+        self.rename_uses(name, pre)
+        if S == 1:  # [1, kv, 1, hd] -> [1, kv, hd, 1] is a reshape
+            shape = numpy_helper.from_array(np.array([1, kvh, hd, 1], np.int64),
+                                            f"{new}_shape")
+            self.g.initializer.append(shape)
+            rows = helper.make_node("Reshape", [pre, shape.name], [f"{new}_R"],
+                                    name=f"{new}_rows")
+        else:
+            rows = helper.make_node("Transpose", [pre], [f"{new}_R"], perm=[0, 1, 3, 2],
+                                    name=f"{new}_rows")
+        self.nodes += [
+            rows,
+            helper.make_node("QuantizeLinear", [f"{new}_R", dq.input[1], dq.input[2]],
+                             [new if qkv else f"{new}_RQ"], name=f"{new}_rows_Q"),
+        ]
+        if not qkv:
+            self.nodes.append(helper.make_node("DequantizeLinear",
+                                               [f"{new}_RQ", dq.input[1], dq.input[2]], [new],
+                                               name=f"{new}_rows_DQ"))
+        self.outputs.append(helper.make_tensor_value_info(new, self.kv_type, [1, kvh, hd, S]))
+
+    def value_output(self, name: str) -> None:
+        from onnx import helper
+
+        new = name.replace("present_", "past_") + "_out"
+        dq = self.producers[name]
+        q = self.producers.get(dq.input[0]) if self.qkv else None
+        if self.qkv and q is not None and q.op_type == "QuantizeLinear":
+            # the row leaves as the integers its QuantizeLinear gives; the layer's own
+            # use of it reads them through the DequantizeLinear
+            q.output[0] = new
+            dq.input[0] = new
+        elif self.qkv:
+            raise StudioError(f"{self.src.name}: {name} does not leave through a Q/DQ pair: "
+                              "its cache cannot be quantized I/O")
+        else:
+            dq.output[0] = new
+            self.rename_uses(name, new)
+        self.outputs.append(helper.make_tensor_value_info(new, self.kv_type,
+                                                          [1, self.kvh, self.S, self.hd]))
+
+    def handoff_output(self, name: str) -> None:
+        """The residual stream a part hands on, as its uint16 integers (its DequantizeLinear
+        dropped); its encoding into ``handoff_out`` for the next part."""
+        from onnx import TensorProto, helper, numpy_helper
+
+        inits, nodes = self.inits, self.nodes
+        dq = self.producers.get(name)
+        if dq is None or dq.op_type != "DequantizeLinear":
+            raise StudioError(f"{self.src.name}: {name} does not come out of a "
+                              "DequantizeLinear: a part hands on a quantized graph's "
+                              "residual stream")
+        raw = dq.input[0]
+        if numpy_helper.to_array(inits[dq.input[2]]).dtype != np.uint16:
+            raise StudioError(f"{self.src.name}: {name} is not quantized as uint16: parts "
+                              "cannot hand it on raw (quantize with 16-bit activations)")
+        self.handoff_out[name] = (numpy_helper.to_array(inits[dq.input[1]]),
+                                  numpy_helper.to_array(inits[dq.input[2]]))
+        nodes.remove(dq)
+        self.rename_uses(name, raw)  # a use inside the part reads its own quantized copy
+        self.producers[raw].output[0] = name
+        self.rename_uses(raw, name)
+        if any(name in n.input for n in nodes if n.op_type != "DequantizeLinear"):
+            raise StudioError(f"{self.src.name}: {name} is read unquantized inside the part")
+        self.outputs.append(helper.make_tensor_value_info(name, TensorProto.UINT16,
+                                                          [1, self.S, self.hidden]))
 
 
 def graph_io(path: Path) -> dict[str, list[str]]:

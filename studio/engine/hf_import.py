@@ -345,6 +345,46 @@ def _describe(
     sizes = {key: _config_int(config, key, folder) for key in family.config_keys}
     hidden, heads = sizes["hidden_size"], sizes["num_attention_heads"]
     num_layers, vocab = sizes["num_hidden_layers"], sizes["vocab_size"]
+    kv_heads, head_dim = _attention_heads(config, folder, hidden, heads)
+    layers, tied = _layer_table(folder, config, family, tensors)
+    blocks = {lay.block for lay in layers if lay.block is not None}
+    if len(blocks) != num_layers:
+        raise StudioError(
+            f"{folder}: config.json says {num_layers} layers but the weights hold "
+            f"{len(blocks)} transformer blocks"
+        )
+
+    types = families.layer_types(config, family, num_layers)
+    window = config.get("sliding_window") if SLIDING in types else None
+    dtypes = Counter(dtype for _shape, dtype in tensors.values())
+    dtype = dtypes.most_common(1)[0][0] if dtypes else None
+    dtype = dtype or config.get("dtype") or config.get("torch_dtype")
+
+    return ModelInfo(
+        source=str(folder.resolve()),
+        format="hf",
+        architecture=architecture,
+        family=family.model_type,
+        num_layers=num_layers,
+        hidden_size=hidden,
+        intermediate_size=int(config.get("intermediate_size") or 0),
+        num_heads=heads,
+        num_kv_heads=int(kv_heads),
+        head_dim=int(head_dim),
+        vocab_size=vocab,
+        tied_embeddings=tied,
+        max_positions=int(config.get("max_position_embeddings") or 0),
+        parameters=sum(lay.params for lay in layers),
+        layers=layers,
+        dtype=dtype,
+        sliding_window=int(window) if window else None,
+        rope_theta=rope_theta(config),
+    )
+
+
+def _attention_heads(config: dict[str, Any], folder: Path, hidden: int, heads: int
+                     ) -> tuple[int, int]:
+    """The KV heads and the head dimension, checked against the attention heads."""
     kv_heads = _need_int(config, "num_key_value_heads", folder, required=False) or heads
     head_dim = _need_int(config, "head_dim", folder, required=False)
     if head_dim is None:
@@ -355,7 +395,13 @@ def _describe(
     if heads % kv_heads:
         raise StudioError(f"config.json in {folder}: num_attention_heads {heads} is not a "
                           f"multiple of num_key_value_heads {kv_heads}")
+    return kv_heads, head_dim
 
+
+def _layer_table(folder: Path, config: dict[str, Any], family: Family, tensors: Tensors
+                 ) -> tuple[list[LayerInfo], bool]:
+    """A row per module of the weights (its parameters and shapes) in the model's order,
+    the head as the embedding's where they are tied; and whether they are."""
     # Group tensors by module: "model.layers.0.self_attn.q_proj.weight" -> (module, "weight").
     modules: dict[str, dict[str, tuple[int, ...]]] = {}
     for name, (shape, _dtype) in tensors.items():
@@ -392,40 +438,7 @@ def _describe(
     if tied:
         layers.append(LayerInfo("lm_head", None, "lm_head", 0, dict(modules[embed]), tied_to=embed))
     layers.sort(key=lambda lay: _order(lay, family))
-
-    blocks = {lay.block for lay in layers if lay.block is not None}
-    if len(blocks) != num_layers:
-        raise StudioError(
-            f"{folder}: config.json says {num_layers} layers but the weights hold "
-            f"{len(blocks)} transformer blocks"
-        )
-
-    types = families.layer_types(config, family, num_layers)
-    window = config.get("sliding_window") if SLIDING in types else None
-    dtypes = Counter(dtype for _shape, dtype in tensors.values())
-    dtype = dtypes.most_common(1)[0][0] if dtypes else None
-    dtype = dtype or config.get("dtype") or config.get("torch_dtype")
-
-    return ModelInfo(
-        source=str(folder.resolve()),
-        format="hf",
-        architecture=architecture,
-        family=family.model_type,
-        num_layers=num_layers,
-        hidden_size=hidden,
-        intermediate_size=int(config.get("intermediate_size") or 0),
-        num_heads=heads,
-        num_kv_heads=int(kv_heads),
-        head_dim=int(head_dim),
-        vocab_size=vocab,
-        tied_embeddings=tied,
-        max_positions=int(config.get("max_position_embeddings") or 0),
-        parameters=sum(lay.params for lay in layers),
-        layers=layers,
-        dtype=dtype,
-        sliding_window=int(window) if window else None,
-        rope_theta=rope_theta(config),
-    )
+    return layers, tied
 
 
 def rope_theta(config: dict[str, Any]) -> float | None:

@@ -140,23 +140,56 @@ def int8_kv_model(model, scales: dict[str, list[float]]):
     I/O. ``scales`` names the ``past_*`` inputs; ``present_*`` outputs take the scales of
     the same layer and tensor. A list of one scale is per tensor (no ``axis``)."""
     import onnx
-    from onnx import TensorProto, helper
 
     g = model.graph
-    consumers: dict[str, list] = {}
-    producer: dict[str, Any] = {}
-    for node in g.node:
-        for t in node.input:
-            consumers.setdefault(t, []).append(node)
-        for t in node.output:
-            producer[t] = node
-    inits = {i.name: i for i in g.initializer}
-    drop: list = []
-    new_nodes: list = []
-    seeds: dict[str, tuple[str, str]] = {}  # 8-bit DQ outputs of a QDQ graph -> their scale
+    edit = _KV8Edit(g)
     done = 0
+    for inp in g.input:
+        if inp.name in scales:
+            edit.cache_input(inp, scales[inp.name])
+            done += 1
+    for out in g.output:
+        if not out.name.startswith("present_"):
+            continue
+        key = "past_" + out.name[len("present_"):]
+        if key in scales:
+            edit.cache_output(out, key, scales[key])
+            done += 1
+    if not done:
+        raise StudioError("the graph has no past_* / present_* cache tensors to make INT8")
+    if edit.seeds:
+        _carry_8bit(edit.consumers, edit.seeds)
+    kept = [n for n in g.node if not any(n is d for d in edit.drop)]
+    ordered = topological_order([*edit.new_nodes, *kept],
+                                {i.name for i in g.input} | set(edit.inits))
+    del g.node[:]
+    g.node.extend(ordered)
+    del g.value_info[:]
+    onnx.checker.check_model(model)
+    return model
 
-    def add_scale(stem: str, values: list[float]) -> tuple[str, str]:
+
+class _KV8Edit:
+    """:func:`int8_kv_model`'s edit of one graph: who reads and makes each tensor, the
+    nodes to drop and to add, and the 8-bit DequantizeLinear outputs of a QDQ graph (with
+    their scale) whose readers take 8 bits too."""
+
+    def __init__(self, g) -> None:
+        self.g = g
+        self.consumers: dict[str, list] = {}
+        self.producer: dict[str, Any] = {}
+        for node in g.node:
+            for t in node.input:
+                self.consumers.setdefault(t, []).append(node)
+            for t in node.output:
+                self.producer[t] = node
+        self.inits = {i.name: i for i in g.initializer}
+        self.drop: list = []
+        self.new_nodes: list = []
+        self.seeds: dict[str, tuple[str, str]] = {}  # 8-bit DQ outputs -> their scale
+
+    def add_scale(self, stem: str, values: list[float]) -> tuple[str, str]:
+        g, inits = self.g, self.inits
         s_name, z_name = f"{stem}_kv8_scale", f"{stem}_kv8_zero_point"
         if s_name not in inits:
             one = len(values) == 1  # per tensor: scalar scale and zero point
@@ -167,59 +200,63 @@ def int8_kv_model(model, scales: dict[str, list[float]]):
             inits[z_name] = g.initializer[-1]
         return s_name, z_name
 
-    for inp in g.input:
-        if inp.name not in scales:
-            continue
+    def cache_input(self, inp, values: list[float]) -> None:
+        """A ``past_*`` input made uint8: its QDQ edge's DequantizeLinears read it directly,
+        or (a float graph) a DequantizeLinear is added before its readers."""
+        from onnx import TensorProto, helper
+
         if inp.type.tensor_type.elem_type != TensorProto.FLOAT:
             raise StudioError(f"graph input {inp.name} is not float; is this graph already INT8 KV?")
-        s_name, z_name = add_scale(inp.name, scales[inp.name])
-        axis: dict[str, Any] = {"axis": 1} if len(scales[inp.name]) > 1 else {}
-        users = consumers.get(inp.name, [])
+        s_name, z_name = self.add_scale(inp.name, values)
+        axis: dict[str, Any] = {"axis": 1} if len(values) > 1 else {}
+        users = self.consumers.get(inp.name, [])
         qs = [n for n in users if n.op_type == "QuantizeLinear"]
         if users and len(qs) == len(users):  # QDQ edge: input -> Q -> DQ(s) -> consumers
             for q in qs:
-                for dq in consumers.get(q.output[0], []):
+                for dq in self.consumers.get(q.output[0], []):
                     if dq.op_type != "DequantizeLinear":
                         raise StudioError(f"{inp.name}: a QuantizeLinear at the edge feeds "
                                           f"{dq.op_type}, not a DequantizeLinear")
                     del dq.input[:]
                     dq.input.extend([inp.name, s_name, z_name])
-                    seeds[dq.output[0]] = (s_name, z_name)
+                    self.seeds[dq.output[0]] = (s_name, z_name)
                     if axis:
                         dq.attribute.append(helper.make_attribute("axis", 1))
-                drop.append(q)
+                self.drop.append(q)
         else:
             dq_out = f"{inp.name}_kv8_dq"
             _redirect(users, inp.name, dq_out)
-            new_nodes.append(helper.make_node("DequantizeLinear", [inp.name, s_name, z_name],
-                                              [dq_out], name=f"{inp.name}_kv8_DQ", **axis))
+            self.new_nodes.append(helper.make_node(
+                "DequantizeLinear", [inp.name, s_name, z_name], [dq_out],
+                name=f"{inp.name}_kv8_DQ", **axis))
         inp.type.tensor_type.elem_type = TensorProto.UINT8
-        done += 1
 
-    for out in g.output:
-        if not out.name.startswith("present_"):
-            continue
-        key = "past_" + out.name[len("present_"):]
-        if key not in scales:
-            continue
-        s_name, z_name = add_scale(key, scales[key])
-        axis = {"axis": 1} if len(scales[key]) > 1 else {}
+    def cache_output(self, out, key: str, values: list[float]) -> None:
+        """A ``present_*`` output made uint8 with its ``past_*`` input's scales: quantized
+        from the float its 16-bit QDQ pair wraps (its readers in the graph reading the 8-bit
+        value), or from the output itself in a float graph."""
+        from onnx import TensorProto, helper
+
+        producer, consumers = self.producer, self.consumers
+        s_name, z_name = self.add_scale(key, values)
+        axis = {"axis": 1} if len(values) > 1 else {}
         src = producer.get(out.name)
-        internal = [n for n in consumers.get(out.name, []) if not any(n is d for d in drop)]
+        internal = [n for n in consumers.get(out.name, [])
+                    if not any(n is d for d in self.drop)]
         x = None
         if src is not None and src.op_type == "DequantizeLinear":
             q = producer.get(src.input[0])
             if q is not None and q.op_type == "QuantizeLinear" and \
                     len(consumers.get(src.input[0], [])) == 1:
                 x = q.input[0]  # the float the 16-bit QDQ pair wraps
-                drop.append(src)
+                self.drop.append(src)
                 if len(consumers.get(q.output[0], [])) == 1:
-                    drop.append(q)
+                    self.drop.append(q)
                 if internal:  # layers that read the new row read its 8-bit value too
                     dq_out = f"{out.name}_kv8_dq"
-                    seeds[dq_out] = (s_name, z_name)
+                    self.seeds[dq_out] = (s_name, z_name)
                     _redirect(internal, out.name, dq_out)
-                    new_nodes.append(helper.make_node(
+                    self.new_nodes.append(helper.make_node(
                         "DequantizeLinear", [out.name, s_name, z_name], [dq_out],
                         name=f"{out.name}_kv8_DQ", **axis))
         if x is None:  # float graph (or a DQ shared elsewhere): quantize the output itself
@@ -229,21 +266,9 @@ def int8_kv_model(model, scales: dict[str, list[float]]):
                 if t == out.name:
                     src_node.output[j] = x
             _redirect(internal, out.name, x)
-        new_nodes.append(helper.make_node("QuantizeLinear", [x, s_name, z_name], [out.name],
-                                          name=f"{out.name}_kv8_Q", **axis))
+        self.new_nodes.append(helper.make_node("QuantizeLinear", [x, s_name, z_name],
+                                               [out.name], name=f"{out.name}_kv8_Q", **axis))
         out.type.tensor_type.elem_type = TensorProto.UINT8
-        done += 1
-    if not done:
-        raise StudioError("the graph has no past_* / present_* cache tensors to make INT8")
-    if seeds:
-        _carry_8bit(consumers, seeds)
-    kept = [n for n in g.node if not any(n is d for d in drop)]
-    ordered = topological_order([*new_nodes, *kept], {i.name for i in g.input} | set(inits))
-    del g.node[:]
-    g.node.extend(ordered)
-    del g.value_info[:]
-    onnx.checker.check_model(model)
-    return model
 
 
 def write_int8_kv_graphs(src_dir: Path, out_dir: Path, scales: dict[str, list[float]],

@@ -60,12 +60,11 @@ to them.
 from __future__ import annotations
 
 import math
-import re
 import shutil
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,163 +74,17 @@ from studio.core.errors import StudioError
 from studio.core.fsutil import link_or_copy
 from studio.core.layerdiff import PAIRS, TENSOR_MODES
 from studio.core.progress import NullProgress, Progress
-from studio.core.recipe import module_of_node
 from studio.engine import qnn
 from studio.engine.chain import ChainSession, chain_session
 from studio.engine.graphio import encoded
+from studio.engine.layerdiff_probes import Probe, find_probes
 from studio.engine.llm_runtime import StaticKVGenerator, make_cpu_session
 from studio.engine.onnxio import load_spec
 from studio.engine.part_runner import iter_parts
 from studio.engine.sensitivity import compare_logits, host_session
 
-_SHAPE_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity",
-                        "Cast", "Shape", "Constant", "ConstantOfShape", "Slice", "Concat",
-                        "Gather", "Expand", "Equal", "Where", "Neg"})
-_SKIP_MODULES = frozenset({"rope"})  # the export's rotary tables (position only)
-_BLOCK = re.compile(r"^(.*?layers\.(\d+))(?:\.|$)")
 #: the graphs a layer diff runs on
 GRAPHS = ("prefill", "decode")
-
-
-@dataclass(frozen=True)
-class Probe:
-    name: str  # model.layers.0 (boundary), model.layers.0.self_attn.scores, lm_head
-    tensor: str  # the FP32 graph's tensor
-    kind: str  # "boundary" | "module"
-    block: int  # -1 before the first decoder block, num_layers after the last
-    module: str  # the module path it belongs to
-    op: str  # the op that computes it
-    inputs: tuple[str, ...] = ()  # nearest probes upstream (names)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["inputs"] = list(self.inputs)
-        return d
-
-
-# ---------------------------------------------------------------------------- probes
-
-
-def _block(module: str) -> tuple[str, int] | None:
-    m = _BLOCK.match(module)
-    return (m.group(1), int(m.group(2))) if m else None
-
-
-def find_probes(model, mode: str = "modules") -> list[Probe]:
-    """The tensors to compare in an exported FP32 graph (see the module docstring), in graph
-    order."""
-    floats = _float_tensors(model)
-    g = model.graph
-    inits = {t.name for t in g.initializer} | {n.output[0] for n in g.node
-                                                if n.op_type == "Constant"}
-    nodes = [n for n in g.node if n.op_type != "Constant" and n.output]
-    computes = {i for i, n in enumerate(nodes) if n.output[0] in floats}
-    by_module: dict[str, list[int]] = {}
-    for i, n in enumerate(nodes):
-        by_module.setdefault(module_of_node(n.name), []).append(i)
-    modules = [m for m in by_module if m and m not in _SKIP_MODULES]
-    blocks = {b for m in modules if (b := _block(m))}
-    if not blocks:
-        raise StudioError("the graph names no decoder blocks (model.layers.N); layerdiff reads "
-                          "graphs exported by the studio")
-    n_layers = max(i for _, i in blocks) + 1
-
-    def children(m: str) -> list[str]:
-        return [c for c in modules if c.startswith(m + ".")]
-
-    def where(m: str) -> int:
-        b = _block(m)
-        if b:
-            return b[1]
-        return -1 if "embed" in m else n_layers
-
-    chosen: dict[int, tuple[str, str]] = {}  # node index -> (name, kind)
-    for bname, _ in sorted(blocks, key=lambda b: b[1]):  # the last node of each block
-        last = max(i for m in modules if m == bname or m.startswith(bname + ".")
-                   for i in by_module[m])
-        chosen[last] = (bname, "boundary")
-    for m in modules:
-        idx = by_module[m]
-        kids = children(m)
-        blk = _block(m)
-        if blk and blk[0] == m and not kids:
-            continue
-        if not kids:  # a leaf module: its output
-            last = idx[-1]
-            if last in chosen:
-                continue
-            if last not in computes:
-                continue
-            boundary = ("embed" in m or (m.endswith("norm") and where(m) == n_layers)
-                        or nodes[last].output[0] == "logits")
-            if boundary or mode != "blocks":
-                chosen[last] = (m, "boundary" if boundary else "module")
-            continue
-        if mode == "blocks":
-            continue
-        kid_inputs = {t for k in kids for i in by_module[k] for t in nodes[i].input}
-        mm = 0
-        for i in idx:
-            n = nodes[i]
-            if i in chosen or i not in computes or n.op_type in _SHAPE_OPS:
-                continue
-            if n.op_type == "MatMul" and not any(t in inits for t in n.input):
-                role = ("scores", "context")[mm] if mm < 2 else f"matmul_{mm}"
-                mm += 1
-            elif n.op_type == "Softmax":
-                role = "softmax"
-            elif n.output[0] in kid_inputs:
-                role = {"Mul": "product", "Add": "residual"}.get(n.op_type, n.op_type.lower())
-            else:
-                continue
-            name = f"{m}.{role}"
-            k = 1
-            while any(v[0] == name for v in chosen.values()):
-                name, k = f"{m}.{role}_{k}", k + 1
-            chosen[i] = (name, "module")
-    if mode == "all":  # every computed tensor but shape bookkeeping
-        for i, n in enumerate(nodes):
-            m = module_of_node(n.name)
-            if (i in chosen or i not in computes or n.op_type in _SHAPE_OPS or not m
-                    or m in _SKIP_MODULES):
-                continue
-            chosen[i] = (f"{m}.{n.name.rsplit('/', 1)[-1]}", "op")
-    order = sorted(chosen)
-    tensor_of = {nodes[i].output[0]: chosen[i][0] for i in order}
-    rank = {name: k for k, name in enumerate(tensor_of.values())}
-    # the nearest probes each tensor is computed from (the graph is in topological order)
-    near: dict[str, frozenset[str]] = {}
-    out = []
-    for i, n in enumerate(nodes):
-        found: set[str] = set()
-        for x in n.input:
-            if x in tensor_of:
-                found.add(tensor_of[x])
-            else:
-                found |= near.get(x, frozenset())
-        for o in n.output:
-            near[o] = frozenset(found)
-        if i in chosen:
-            name, kind = chosen[i]
-            mod = module_of_node(n.name)
-            out.append(Probe(name, n.output[0], kind, where(mod), mod, n.op_type,
-                             tuple(sorted(found, key=rank.__getitem__))))
-    return out
-
-
-def _float_tensors(model) -> set[str]:
-    """The float tensors of a graph (by shape inference on its structure; weights are not
-    needed)."""
-    import onnx
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:  # inference is best effort: fall back to the declared ones
-        inferred = model
-    g = inferred.graph
-    want = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
-    return {v.name for v in (*g.value_info, *g.output)
-            if v.type.tensor_type.elem_type in want}
 
 
 def qdq_tensor_map(qmodel, tensors: list[str]) -> dict[str, dict[str, Any]]:
@@ -448,58 +301,152 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
     on through the FP32 parts after it to the logits — so the final figures are that part's
     own error at the output (``base`` is then that part's context model).
     """
+    _check_modes(mode, graph)
+    export_dir, quant_dir = Path(export_dir), Path(quant_dir)
+    spec = load_spec(export_dir)
+    _check_windows(spec, windows, graph)
+    parts = list(iter_parts(spec))
+    me = _the_part(parts, part)
+    sub = me.name if me is not None else ""
+    out_name = me.hidden_out if me is not None and me.hidden_out else "logits"
+    fsrc, qsrc = export_dir / sub / f"{graph}.onnx", quant_dir / sub / f"{graph}.onnx"
+    t_start = time.perf_counter()
+    progress.update(0.0, "choosing the tensors to compare")
+    probes = _Probes.find(fsrc, qsrc, mode, out_name)
+    work = Path(tempfile.mkdtemp(prefix=".layerdiff.", dir=work_parent))
+    try:
+        fx = graph_with_outputs(fsrc, probes.ftensors, work / "fp32.onnx")
+        (work / "q").mkdir()
+        qx = graph_with_outputs(qsrc, probes.qtensors, work / "q" / "prefill.onnx")
+        progress.update(0.03, "opening the sessions")
+        feeds, scored = _window_feeds(spec, export_dir, graph, windows, threads)
+        chain = _PartChain.of(feeds, parts, me, export_dir, graph, fsrc, out_name, threads)
+        # runtimes with the extra outputs, and without them (the same logits, measured)
+        probed, plain = _host_runtimes(fx, qx, fsrc, qsrc, threads)
+        seconds: dict[str, float] = {}
+        remote = dict(htp or {})
+        if remote.get("runner") is not None:
+            _htp_elsewhere(remote, probes, fx, qx, qsrc, chain.feeds, probed, plain, seconds,
+                           progress)
+        elif htp is not None:
+            _htp_here(htp, probes, fx, qx, probed, plain, seconds, progress)
+        pairs = [(n, a, b) for n, a, b in PAIRS if a in probed and b in probed]
+        acc, logits, base = _run_windows(probes, pairs, chain, probed, plain, seconds,
+                                         progress)
+        progress.update(0.96, "figures")
+        rows = _rows(probes.probes, pairs, acc)
+        final = _final_logits(base, logits, scored)
+        seconds["total"] = time.perf_counter() - t_start
+        return {
+            "graph": graph, "tensors": mode, "windows": len(windows),
+            "window_tokens": int(spec["prompt_length"]),
+            "part": None if me is None else {"index": me.index + 1, "of": len(parts),
+                                             "name": me.name, "blocks": [me.start, me.stop],
+                                             "output": out_name},
+            "num_layers": int(spec["num_layers"]), "probes": len(probes.probes),
+            "missing_in_qdq": probes.missing, "pairs": [n for n, _, _ in pairs],
+            "rows": rows, "logits": final,
+            # the extra outputs must not change what the graph computes: measured, every run
+            "extra_outputs": _extra_outputs(probed, logits, base),
+            "seconds": {k: round(v, 3) for k, v in seconds.items()},
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _check_modes(mode: str, graph: str) -> None:
     if mode not in TENSOR_MODES:
         raise StudioError(f"layerdiff.tensors = {mode!r}: use one of {', '.join(TENSOR_MODES)}")
     if graph not in GRAPHS:
         raise StudioError(f"layerdiff.graph = {graph!r}: use one of {', '.join(GRAPHS)}")
-    export_dir, quant_dir = Path(export_dir), Path(quant_dir)
-    spec = load_spec(export_dir)
+
+
+def _check_windows(spec: dict[str, Any], windows: list[list[int]], graph: str) -> None:
     P = int(spec["prompt_length"])
     width = P + 1 if graph == "decode" else P
     if not windows or any(len(w) != width for w in windows):
         raise StudioError(f"the layer diff of the {graph} graph scores windows of exactly "
                           + (f"P={P}" if graph == "prefill" else f"P + 1 = {width}")
                           + " tokens")
-    parts = list(iter_parts(spec))
+
+
+def _the_part(parts: list, part: int):
+    """The part compared (``part``, 1-based), None for a model exported whole."""
     if len(parts) > 1 and not 1 <= part <= len(parts):
         raise StudioError(f"this model is exported in {len(parts)} parts: name the part to "
                           f"compare (layerdiff.part, studio bisect --part 1..{len(parts)})")
     if len(parts) == 1 and part > 1:
         raise StudioError(f"layerdiff.part = {part}, but this model is exported whole: use 0")
-    me = parts[part - 1] if len(parts) > 1 else None
-    sub = me.name if me is not None else ""
-    out_name = me.hidden_out if me is not None and me.hidden_out else "logits"
-    fsrc, qsrc = export_dir / sub / f"{graph}.onnx", quant_dir / sub / f"{graph}.onnx"
-    t_start = time.perf_counter()
-    progress.update(0.0, "choosing the tensors to compare")
-    probes = find_probes(_load(fsrc, "the export"), mode)
-    qmap = qdq_tensor_map(_load(qsrc, "quantize"), [p.tensor for p in probes] + [out_name])
-    missing = [p.name for p in probes if p.tensor not in qmap]
-    probes = [p for p in probes if p.tensor in qmap]
-    if out_name not in qmap or not probes:
-        raise StudioError(f"{qsrc} does not compute the FP32 graph's tensors (no {out_name}): "
-                          "it is not the quantized export of this model; re-run quantize")
-    ftensors = [p.tensor for p in probes]
-    qtensors = [qmap[p.tensor]["tensor"] for p in probes]
+    return parts[part - 1] if len(parts) > 1 else None
 
-    work = Path(tempfile.mkdtemp(prefix=".layerdiff.", dir=work_parent))
-    try:
-        fx = graph_with_outputs(fsrc, ftensors, work / "fp32.onnx")
-        (work / "q").mkdir()
-        qx = graph_with_outputs(qsrc, qtensors, work / "q" / "prefill.onnx")
-        progress.update(0.03, "opening the sessions")
-        gen = StaticKVGenerator(
-            chain_session(spec, export_dir, "prefill", lambda f: make_cpu_session(f, threads)),
-            chain_session(spec, export_dir, "decode", lambda f: make_cpu_session(f, 1)), spec)
-        if graph == "prefill":
-            feeds = [gen.prefill_feed(w) for w in windows]  # as validate and sensitivity pad
-        else:  # one FP32 cache per window, then the step every runtime takes from it
-            feeds = []
-            for w in windows:
-                gen.prefill(w[:P - 1])
-                feeds.append(gen.decode_feed(w[P - 1], P - 1, copy=True))
-        scored = windows if graph == "prefill" else [w[P - 1:] for w in windows]
-        del gen
+
+@dataclass
+class _Probes:
+    """The tensors compared: the probes the quantized graph computes too, each one's tensor
+    in the FP32 graph and in the QDQ graph (``qmap``: with its scale), and those it lacks."""
+
+    probes: list[Probe]
+    qmap: dict[str, dict[str, Any]]
+    missing: list[str]
+    out_name: str  # the graph's output: the logits, or a part's hand-off
+
+    @classmethod
+    def find(cls, fsrc: Path, qsrc: Path, mode: str, out_name: str) -> _Probes:
+        probes = find_probes(_load(fsrc, "the export"), mode)
+        qmap = qdq_tensor_map(_load(qsrc, "quantize"), [p.tensor for p in probes] + [out_name])
+        missing = [p.name for p in probes if p.tensor not in qmap]
+        probes = [p for p in probes if p.tensor in qmap]
+        if out_name not in qmap or not probes:
+            raise StudioError(f"{qsrc} does not compute the FP32 graph's tensors (no "
+                              f"{out_name}): it is not the quantized export of this model; "
+                              "re-run quantize")
+        return cls(probes, qmap, missing, out_name)
+
+    @property
+    def ftensors(self) -> list[str]:
+        return [p.tensor for p in self.probes]
+
+    @property
+    def qtensors(self) -> list[str]:
+        return [self.qmap[p.tensor]["tensor"] for p in self.probes]
+
+
+def _window_feeds(spec: dict[str, Any], export_dir: Path, graph: str,
+                  windows: list[list[int]], threads: int) -> tuple[list[dict], list[list[int]]]:
+    """The whole model's feeds of the graph compared, one per window (the decode graph's
+    over an FP32 cache of the window's first P - 1 tokens), and the tokens each scores."""
+    P = int(spec["prompt_length"])
+    gen = StaticKVGenerator(
+        chain_session(spec, export_dir, "prefill", lambda f: make_cpu_session(f, threads)),
+        chain_session(spec, export_dir, "decode", lambda f: make_cpu_session(f, 1)), spec)
+    if graph == "prefill":
+        feeds = [gen.prefill_feed(w) for w in windows]  # as validate and sensitivity pad
+    else:  # one FP32 cache per window, then the step every runtime takes from it
+        feeds = []
+        for w in windows:
+            gen.prefill(w[:P - 1])
+            feeds.append(gen.decode_feed(w[P - 1], P - 1, copy=True))
+    scored = windows if graph == "prefill" else [w[P - 1:] for w in windows]
+    del gen
+    return feeds, scored
+
+
+@dataclass
+class _PartChain:
+    """The compared graph's feeds (a part's: what the FP32 parts before it hand on), the
+    whole model's, and the FP32 parts after it that carry a runtime's hand-off on to the
+    logits (None for the last part or a model in one)."""
+
+    feeds: list[dict]
+    whole_feeds: list[dict]
+    after: Any
+    out_name: str
+
+    @classmethod
+    def of(cls, feeds: list[dict], parts: list, me, export_dir: Path, graph: str,
+           fsrc: Path, out_name: str, threads: int) -> _PartChain:
+        from studio.engine.llm_runtime import make_cpu_session
+
         whole_feeds, after = feeds, None
         if me is not None:  # the part's inputs: what the FP32 parts before it hand on
             def chain(ps):
@@ -516,120 +463,147 @@ def layer_diff(export_dir: Path, quant_dir: Path, windows: list[list[int]], *,
             feeds = [{n: f[n] for n in names} for f in whole_feeds]
             if parts[me.index + 1:]:
                 after = chain(parts[me.index + 1:])  # the hand-off on to the logits, in FP32
+        return cls(feeds, whole_feeds, after, out_name)
 
-        def to_logits(out, wi: int):
-            """The logits a runtime's output of the part gives: itself for the last part (or
-            a model in one), else the FP32 parts after it run on that hand-off."""
-            if after is None:
-                return out
-            return after.run(["logits"], {**whole_feeds[wi], out_name: out})[0]
-        # runtimes with the extra outputs, and without them (the same logits, measured)
-        probed: dict[str, Any] = {"fp32": host_session(fx, threads),
-                                  "qdq": host_session(qx, threads),
-                                  "qdq_default": _default_session(qx, threads)}
-        plain: dict[str, Any] = {"fp32": host_session(fsrc, threads),
-                                 "qdq": host_session(qsrc, threads),
-                                 "qdq_default": _default_session(qsrc, threads)}
-        seconds: dict[str, float] = {}
-        remote = dict(htp or {})
-        runner = remote.get("runner")
-        if runner is not None:
-            chip, fp16 = remote["chip"], bool(remote.get("fp16"))
-            where = remote.get("where", "the device")
-            progress.update(0.05, f"running the graph with {len(probes)} extra outputs on "
-                                  f"{where}")
-            t0 = time.perf_counter()
-            probed["htp"] = Replay(runner(qx, [out_name, *qtensors], feeds, fp16))
-            plain["htp"] = Replay(runner(qsrc, [out_name], feeds, fp16))
-            if remote.get("fp16_step") and chip.fp16:
-                progress.update(0.08, f"running the FP32 graph in FP16 on {where}")
-                probed["htp_fp16"] = Replay(runner(fx, [out_name, *ftensors], feeds, True))
-            seconds["htp_remote"] = time.perf_counter() - t0
-        elif htp is not None:
-            chip, fp16 = htp["chip"], bool(htp.get("fp16"))
-            extra = dict(htp.get("extra_options") or {})
-            progress.update(0.05, f"preparing the graph with {len(probes)} extra outputs for "
-                                  f"the HTP of {chip.name}")
-            t0 = time.perf_counter()
-            probed["htp"] = qnn.make_session(qx, chip, strict=True, fp16=fp16,
-                                             extra_options=extra)
-            seconds["htp_prepare"] = time.perf_counter() - t0
+    def to_logits(self, out, wi: int):
+        """The logits a runtime's output of the part gives: itself for the last part (or
+        a model in one), else the FP32 parts after it run on that hand-off."""
+        if self.after is None:
+            return out
+        return self.after.run(["logits"], {**self.whole_feeds[wi], self.out_name: out})[0]
 
-            base_ctx = Path(htp["base"])  # the compile's binary (with its graph I/O)
-            plain["htp"] = encoded(qnn.make_session(base_ctx, chip, strict=True, fp16=fp16,
-                                                    extra_options=extra), base_ctx.parent,
-                                   base_ctx.stem.removesuffix("_ctx"), all_float=True)
-            if htp.get("fp16_step"):
-                if not chip.fp16:
-                    raise StudioError(f"the HTP of {chip.name} runs no FP16: the FP32 graph "
-                                      "cannot run there unquantized (step 1 of a bisection)")
-                progress.update(0.07, f"preparing the FP32 graph in FP16 on the HTP of "
-                                      f"{chip.name} (no quantization)")
+
+def _host_runtimes(fx: Path, qx: Path, fsrc: Path, qsrc: Path, threads: int
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """FP32, host QDQ and host QDQ with ONNX Runtime's default optimizations: with the extra
+    outputs (``probed``) and without them (``plain``)."""
+    probed: dict[str, Any] = {"fp32": host_session(fx, threads),
+                              "qdq": host_session(qx, threads),
+                              "qdq_default": _default_session(qx, threads)}
+    plain: dict[str, Any] = {"fp32": host_session(fsrc, threads),
+                             "qdq": host_session(qsrc, threads),
+                             "qdq_default": _default_session(qsrc, threads)}
+    return probed, plain
+
+
+def _htp_elsewhere(remote: dict[str, Any], probes: _Probes, fx: Path, qx: Path, qsrc: Path,
+                   feeds: list[dict], probed: dict[str, Any], plain: dict[str, Any],
+                   seconds: dict[str, float], progress: Progress) -> None:
+    """The HTP's runs through ``remote["runner"]`` (a device through its agent), each graph
+    once over every feed, replayed as sessions into ``probed`` and ``plain``."""
+    runner, out_name = remote["runner"], probes.out_name
+    chip, fp16 = remote["chip"], bool(remote.get("fp16"))
+    where = remote.get("where", "the device")
+    progress.update(0.05, f"running the graph with {len(probes.probes)} extra outputs on "
+                          f"{where}")
+    t0 = time.perf_counter()
+    probed["htp"] = Replay(runner(qx, [out_name, *probes.qtensors], feeds, fp16))
+    plain["htp"] = Replay(runner(qsrc, [out_name], feeds, fp16))
+    if remote.get("fp16_step") and chip.fp16:
+        progress.update(0.08, f"running the FP32 graph in FP16 on {where}")
+        probed["htp_fp16"] = Replay(runner(fx, [out_name, *probes.ftensors], feeds, True))
+    seconds["htp_remote"] = time.perf_counter() - t0
+
+
+def _htp_here(htp: Mapping[str, Any], probes: _Probes, fx: Path, qx: Path,
+              probed: dict[str, Any], plain: dict[str, Any], seconds: dict[str, float],
+              progress: Progress) -> None:
+    """The HTP sessions on this host (the QNN EP, the simulator on x86) into ``probed`` and
+    ``plain``: the QDQ graph with the extra outputs, the compile stage's binary without them,
+    and with ``fp16_step`` the FP32 graph in FP16."""
+    chip, fp16 = htp["chip"], bool(htp.get("fp16"))
+    extra = dict(htp.get("extra_options") or {})
+    progress.update(0.05, f"preparing the graph with {len(probes.probes)} extra outputs for "
+                          f"the HTP of {chip.name}")
+    t0 = time.perf_counter()
+    probed["htp"] = qnn.make_session(qx, chip, strict=True, fp16=fp16, extra_options=extra)
+    seconds["htp_prepare"] = time.perf_counter() - t0
+    base_ctx = Path(htp["base"])  # the compile's binary (with its graph I/O)
+    plain["htp"] = encoded(qnn.make_session(base_ctx, chip, strict=True, fp16=fp16,
+                                            extra_options=extra), base_ctx.parent,
+                           base_ctx.stem.removesuffix("_ctx"), all_float=True)
+    if htp.get("fp16_step"):
+        if not chip.fp16:
+            raise StudioError(f"the HTP of {chip.name} runs no FP16: the FP32 graph "
+                              "cannot run there unquantized (step 1 of a bisection)")
+        progress.update(0.07, f"preparing the FP32 graph in FP16 on the HTP of "
+                              f"{chip.name} (no quantization)")
+        t0 = time.perf_counter()
+        probed["htp_fp16"] = qnn.make_session(fx, chip, strict=True, fp16=True,
+                                              extra_options=extra)
+        seconds["htp_fp16_prepare"] = time.perf_counter() - t0
+
+
+def _run_windows(probes: _Probes, pairs: list[tuple[str, str, str]], chain: _PartChain,
+                 probed: dict[str, Any], plain: dict[str, Any], seconds: dict[str, float],
+                 progress: Progress) -> tuple[dict, dict[str, list], dict[str, list]]:
+    """Every runtime over every window: the figures of each probe and pair accumulated,
+    and each runtime's logits with the extra outputs (``logits``) and without (``base``)."""
+    out_name, ftensors, qtensors = probes.out_name, probes.ftensors, probes.qtensors
+    feeds = chain.feeds
+    acc = {(p.name, n): _Acc() for p in probes.probes for n, _, _ in pairs}
+    logits: dict[str, list] = {k: [] for k in probed}
+    base: dict[str, list] = {k: [] for k in plain}
+    steps = len(feeds) * (len(probed) + len(plain))
+    done = 0
+    for wi, feed in enumerate(feeds):
+        got: dict[str, list] = {}
+        for runs, store, suffix in ((probed, logits, "_probed"), (plain, base, "")):
+            for k, sess in runs.items():
+                progress.check()
+                progress.update(0.1 + 0.85 * done / steps, f"window {wi + 1}/{len(feeds)}: "
+                                f"{k}{' with extra outputs' if suffix else ''}")
+                want = ((ftensors if k in ("fp32", "htp_fp16") else qtensors)
+                        if suffix else [])
                 t0 = time.perf_counter()
-                probed["htp_fp16"] = qnn.make_session(fx, chip, strict=True, fp16=True,
-                                                      extra_options=extra)
-                seconds["htp_fp16_prepare"] = time.perf_counter() - t0
-        pairs = [(n, a, b) for n, a, b in PAIRS if a in probed and b in probed]
-        acc = {(p.name, n): _Acc() for p in probes for n, _, _ in pairs}
-        logits: dict[str, list] = {k: [] for k in probed}
-        base: dict[str, list] = {k: [] for k in plain}
-        steps = len(feeds) * (len(probed) + len(plain))
-        done = 0
-        for wi, feed in enumerate(feeds):
-            got: dict[str, list] = {}
-            for runs, store, suffix in ((probed, logits, "_probed"), (plain, base, "")):
-                for k, sess in runs.items():
-                    progress.check()
-                    progress.update(0.1 + 0.85 * done / steps, f"window {wi + 1}/{len(feeds)}: "
-                                    f"{k}{' with extra outputs' if suffix else ''}")
-                    want = ((ftensors if k in ("fp32", "htp_fp16") else qtensors)
-                            if suffix else [])
-                    t0 = time.perf_counter()
-                    vals = sess.run([out_name, *want], feed)
-                    seconds[k + suffix] = seconds.get(k + suffix, 0.0) + time.perf_counter() - t0
-                    store[k].append(np.asarray(to_logits(vals[0], wi)[0], dtype=np.float32))
-                    if suffix:
-                        got[k] = vals[1:]
-                    done += 1
-            for i, p in enumerate(probes):
-                scale = qmap[p.tensor]["scale"]
-                for n, a, b in pairs:
-                    acc[(p.name, n)].add(got[a][i], got[b][i],
-                                         scale if n == "htp_vs_qdq" else None)
-            del got
-        progress.update(0.96, "figures")
-        rows = []
-        for p in probes:
-            row: dict[str, Any] = p.to_dict()
-            for n, _, _ in pairs:
-                row[n] = acc[(p.name, n)].figures(steps=n == "htp_vs_qdq")
-            rows.append(row)
-        rel = {(r["name"], n): r[n]["rel_error"] for r in rows for n, _, _ in pairs}
-        for r in rows:  # how much each op amplifies the error it receives
-            for n, _, _ in pairs:
-                before = max((rel[(i, n)] for i in r["inputs"]), default=0.0)
-                r[n]["gain"] = r[n]["rel_error"] / before if before > 0 else None
-        ref = base["fp32"]
-        final = {k: compare_logits(ref, v, scored) for k, v in base.items()}
-        if "htp" in base:
-            final["htp"]["top1_agreement_with_qdq"] = compare_logits(
-                base["qdq"], base["htp"], scored)["top1_agreement"]
-        if "htp_fp16" in logits:  # probed only: its plain run would be the same graph
-            final["htp_fp16"] = compare_logits(ref, logits["htp_fp16"], scored)
-        seconds["total"] = time.perf_counter() - t_start
-        return {
-            "graph": graph, "tensors": mode, "windows": len(windows), "window_tokens": P,
-            "part": None if me is None else {"index": me.index + 1, "of": len(parts),
-                                             "name": me.name, "blocks": [me.start, me.stop],
-                                             "output": out_name},
-            "num_layers": int(spec["num_layers"]), "probes": len(probes),
-            "missing_in_qdq": missing, "pairs": [n for n, _, _ in pairs],
-            "rows": rows, "logits": final,
-            # the extra outputs must not change what the graph computes: measured, every run
-            "extra_outputs": {k: {"logits_identical": _max_change(logits[k], base[k]) == 0.0,
-                                  "logits_max_abs_change": _max_change(logits[k], base[k])}
-                              for k in probed if k in base},
-            "seconds": {k: round(v, 3) for k, v in seconds.items()},
-        }
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+                vals = sess.run([out_name, *want], feed)
+                seconds[k + suffix] = seconds.get(k + suffix, 0.0) + time.perf_counter() - t0
+                store[k].append(np.asarray(chain.to_logits(vals[0], wi)[0], dtype=np.float32))
+                if suffix:
+                    got[k] = vals[1:]
+                done += 1
+        for i, p in enumerate(probes.probes):
+            scale = probes.qmap[p.tensor]["scale"]
+            for n, a, b in pairs:
+                acc[(p.name, n)].add(got[a][i], got[b][i],
+                                     scale if n == "htp_vs_qdq" else None)
+        del got
+    return acc, logits, base
+
+
+def _rows(probes: list[Probe], pairs: list[tuple[str, str, str]], acc: dict
+          ) -> list[dict[str, Any]]:
+    """A row per probe: its figures per pair, and each one's gain over its inputs'."""
+    rows = []
+    for p in probes:
+        row: dict[str, Any] = p.to_dict()
+        for n, _, _ in pairs:
+            row[n] = acc[(p.name, n)].figures(steps=n == "htp_vs_qdq")
+        rows.append(row)
+    rel = {(r["name"], n): r[n]["rel_error"] for r in rows for n, _, _ in pairs}
+    for r in rows:  # how much each op amplifies the error it receives
+        for n, _, _ in pairs:
+            before = max((rel[(i, n)] for i in r["inputs"]), default=0.0)
+            r[n]["gain"] = r[n]["rel_error"] / before if before > 0 else None
+    return rows
+
+
+def _final_logits(base: dict[str, list], logits: dict[str, list], scored: list[list[int]]
+                  ) -> dict[str, Any]:
+    """Each runtime's final logits against FP32's (the HTP's against host QDQ's too)."""
+    ref = base["fp32"]
+    final = {k: compare_logits(ref, v, scored) for k, v in base.items()}
+    if "htp" in base:
+        final["htp"]["top1_agreement_with_qdq"] = compare_logits(
+            base["qdq"], base["htp"], scored)["top1_agreement"]
+    if "htp_fp16" in logits:  # probed only: its plain run would be the same graph
+        final["htp_fp16"] = compare_logits(ref, logits["htp_fp16"], scored)
+    return final
+
+
+def _extra_outputs(probed: dict[str, Any], logits: dict[str, list], base: dict[str, list]
+                   ) -> dict[str, dict[str, Any]]:
+    """Whether the extra outputs left each runtime's logits unchanged, and by how much."""
+    return {k: {"logits_identical": _max_change(logits[k], base[k]) == 0.0,
+                "logits_max_abs_change": _max_change(logits[k], base[k])}
+            for k in probed if k in base}

@@ -148,11 +148,17 @@ def _tidy_graph(model, module_names: set[str]) -> None:
     - MatMul weight initializers (``onnx::MatMul_123``) take the parameter name of their
       Linear module (``model.layers.0.mlp.up_proj.weight``, stored transposed [in, out]).
     """
-    import onnx
-
     graph = model.graph
+    outputs = {o.name for o in graph.output}
+    _module_prefixes(graph, module_names)
+    inits = _unshare_initializers(graph, outputs)
+    _drop_noop_casts(model, outputs)
+    _name_matmul_weights(graph, inits, module_names)
 
-    # 1. module-path prefixes
+
+def _module_prefixes(graph, module_names: set[str]) -> None:
+    """1. Node and tensor names under the HF model's module paths (``/model/layers.0/...``);
+    the RoPE table's Gathers named for their table."""
     prefixes: dict[str, str] = {}
     for node in graph.node:
         parts = [p for p in node.name.split("/") if p]
@@ -179,9 +185,13 @@ def _tidy_graph(model, module_names: set[str]) -> None:
         if node.op_type == "Gather" and node.input[0] in ("rope_cos", "rope_sin"):
             node.name = f"/rope/Gather_{node.input[0][5:]}"
 
-    # 2. Identity(initializer) -> a copy of the initializer
+
+def _unshare_initializers(graph, outputs: set[str]) -> dict[str, Any]:
+    """2. Identity(initializer) -> a copy of the initializer under the Identity's output
+    name; the initializers by name."""
+    import onnx
+
     inits = {t.name: t for t in graph.initializer}
-    outputs = {o.name for o in graph.output}
     keep = []
     for node in graph.node:
         if (
@@ -200,8 +210,14 @@ def _tidy_graph(model, module_names: set[str]) -> None:
     if len(keep) != len(graph.node):
         del graph.node[:]
         graph.node.extend(keep)
+    return inits
 
-    # 3. no-op Casts (float32 -> float32 around RMSNorm and softmax) go
+
+def _drop_noop_casts(model, outputs: set[str]) -> None:
+    """3. No-op Casts (float32 -> float32 around RMSNorm and softmax) go."""
+    import onnx
+
+    graph = model.graph
     typed = onnx.shape_inference.infer_shapes(weight_free(model))
     elem = {
         v.name: v.type.tensor_type.elem_type for v in (*typed.graph.value_info, *typed.graph.input)
@@ -228,7 +244,9 @@ def _tidy_graph(model, module_names: set[str]) -> None:
         del graph.node[:]
         graph.node.extend(keep)
 
-    # 4. MatMul weights under their HF names
+
+def _name_matmul_weights(graph, inits: dict[str, Any], module_names: set[str]) -> None:
+    """4. MatMul weights (``onnx::MatMul_123``) under their Linear module's parameter name."""
     taken = set(inits)
     renames: dict[str, str] = {}
     for node in graph.node:
@@ -506,10 +524,7 @@ def export_llm(
     P, C, N = check_lengths(prompt_len, context_len, mask_value, verify_len)
     cfg = check_checkpoint(checkpoint_dir)
     if FAMILIES[cfg["model_type"]].vision:  # a size its image processor gives: before loading
-
-        vision_input.check_image_size(vision_input.processor_range(
-            cfg, vision_input.read_preprocessor(checkpoint_dir), str(checkpoint_dir)),
-            image_size, "export.image_size")
+        _check_image_size(cfg, checkpoint_dir, image_size)
     progress.update(0.0, "loading checkpoint")
     progress.check()
 
@@ -521,35 +536,13 @@ def export_llm(
     rope_rows = rope_positions(model.config, C)
     spec = model_spec(model, cfg, family, P, C, mask_value, N)
     sliding_input = mask_windows(spec)[1] is not None
-    vs = None
-    if family.vision:
-        vs = vision_input.make_vision_spec(cfg, vision_input.read_preprocessor(checkpoint_dir), image_size,
-                                     cfg["model_type"], str(checkpoint_dir))
-        if vs.tokens + 2 > P:
-            raise StudioError(
-                f"one {image_size} x {image_size} image is {vs.tokens} tokens (+2 around it), "
-                f"more than the prefill graph's P={P}: raise export.prompt_length to at least "
-                f"{vs.tokens + 2} or lower export.image_size")
-        spec["vision"] = vs.to_json()
+    vs = _vision_spec(cfg, checkpoint_dir, image_size, P, spec) if family.vision else None
 
     out_dir.mkdir(parents=True, exist_ok=True)
     wrapper = build_wrapper(model, C, family, layer_types, sliding_input, rope_rows)
-    steps = [("prefill", 0.05, 0.25), ("decode", 0.25, 0.4)]
-    if N > 1:
-        steps.append(("verify", 0.4, 0.5))
-    with shared_store(out_dir) as store:  # the graphs' weights once, when past SHARE_ABOVE
-        for graph, a, b in steps:
-            progress.check()
-            progress.update(a, f"exporting {graph}.onnx")
-            export_graph(wrapper, spec, graph, out_dir / f"{graph}.onnx",
-                          SubProgress(progress, a, b), store=store)
-            progress.log(f"wrote {out_dir / f'{graph}.onnx'}")
-    spec["graphs"] = {g: graph_io(out_dir / f"{g}.onnx") for g, _, _ in steps}
+    _export_text_graphs(wrapper, spec, out_dir, N, progress)
     if vs is not None:
-        progress.update(0.45, f"exporting {VISION_FILE} (up to {vs.image_size} x "
-                                f"{vs.image_size} px, {vs.tokens} image tokens)")
-        spec["vision"]["graph"] = export_vision(full.model.visual, vs, out_dir / VISION_FILE,
-                                                OPSET, mask_value)
+        _export_vision_graph(full, vs, spec, out_dir, mask_value, progress)
 
     # The whole context, teacher-forced through both graphs, against transformers.
     progress.check()
@@ -565,6 +558,70 @@ def export_llm(
         progress=SubProgress(progress, 0.5, 0.97 if vs is None else 0.75)
     )
     spec["export_check"] = check
+    _judge_check(check, P, C, progress)
+    if vs is not None:  # an image prompt through the encoder and both graphs
+        _check_image_prompt(full, out_dir, gen, vs, ids, spec, progress)
+    buf = io.BytesIO()
+    np.savez(
+        buf, input_ids=np.asarray(ids[:n_ref], dtype=np.int64), logits=ref_logits.astype(np.float32)
+    )
+    atomic_write_bytes(out_dir / "reference.npz", buf.getvalue())
+    spec["reference"] = {"file": "reference.npz", "tokens": n_ref}
+    atomic_write_json(out_dir / "graph.json", spec)
+    progress.update(1.0, "export done")
+    return spec
+
+
+def _check_image_size(cfg: dict[str, Any], checkpoint_dir: Path, image_size: int) -> None:
+    vision_input.check_image_size(vision_input.processor_range(
+        cfg, vision_input.read_preprocessor(checkpoint_dir), str(checkpoint_dir)),
+        image_size, "export.image_size")
+
+
+def _export_vision_graph(full, vs, spec: dict[str, Any], out_dir: Path, mask_value: float,
+                         progress: Progress) -> None:
+    """A vision-language checkpoint's vision encoder (into the spec's ``vision``)."""
+    progress.update(0.45, f"exporting {VISION_FILE} (up to {vs.image_size} x "
+                            f"{vs.image_size} px, {vs.tokens} image tokens)")
+    spec["vision"]["graph"] = export_vision(full.model.visual, vs, out_dir / VISION_FILE,
+                                            OPSET, mask_value)
+
+
+def _vision_spec(cfg: dict[str, Any], checkpoint_dir: Path, image_size: int, P: int,
+                 spec: dict[str, Any]):
+    """A vision-language checkpoint's image facts (into the spec's ``vision``); refused
+    where one image does not fit the prefill graph."""
+    vs = vision_input.make_vision_spec(cfg, vision_input.read_preprocessor(checkpoint_dir), image_size,
+                                       cfg["model_type"], str(checkpoint_dir))
+    if vs.tokens + 2 > P:
+        raise StudioError(
+            f"one {image_size} x {image_size} image is {vs.tokens} tokens (+2 around it), "
+            f"more than the prefill graph's P={P}: raise export.prompt_length to at least "
+            f"{vs.tokens + 2} or lower export.image_size")
+    spec["vision"] = vs.to_json()
+    return vs
+
+
+def _export_text_graphs(wrapper, spec: dict[str, Any], out_dir: Path, N: int,
+                        progress: Progress) -> None:
+    """The prefill, decode (and with N > 1 verify) graphs, their weights stored once; their
+    I/O into the spec's ``graphs``."""
+    steps = [("prefill", 0.05, 0.25), ("decode", 0.25, 0.4)]
+    if N > 1:
+        steps.append(("verify", 0.4, 0.5))
+    with shared_store(out_dir) as store:  # the graphs' weights once, when past SHARE_ABOVE
+        for graph, a, b in steps:
+            progress.check()
+            progress.update(a, f"exporting {graph}.onnx")
+            export_graph(wrapper, spec, graph, out_dir / f"{graph}.onnx",
+                          SubProgress(progress, a, b), store=store)
+            progress.log(f"wrote {out_dir / f'{graph}.onnx'}")
+    spec["graphs"] = {g: graph_io(out_dir / f"{g}.onnx") for g, _, _ in steps}
+
+
+def _judge_check(check: dict[str, Any], P: int, C: int, progress: Progress) -> None:
+    """The export check's line; raises at the first position where the graphs and
+    transformers disagree."""
     progress.log(
         f"ONNX vs transformers over {check['positions']} positions: max |diff| "
         f"{check['max_abs_logit_diff']:.3g} (tolerance {check['tolerance']:.3g}), "
@@ -580,27 +637,21 @@ def export_llm(
             "by the static-KV exporter"
         )
 
-    if vs is not None:  # an image prompt through the encoder and both graphs
 
-        progress.update(0.75, "checking an image prompt against transformers")
-        spec["vision"]["export_check"] = check_image_export(
-            full, out_dir, gen, vs, ids, SubProgress(progress, 0.75, 0.97))
-        progress.log(_image_check_line(spec["vision"]["export_check"]))
-        bad = spec["vision"]["export_check"]["first_bad_position"]
-        if bad is not None or not spec["vision"]["export_check"]["encoder_ok"]:
-            raise StudioError(
-                "the exported vision-language graphs disagree with transformers on an image "
-                f"prompt ({_image_check_line(spec['vision']['export_check'])}); this "
-                "checkpoint is not supported by the exporter")
-    buf = io.BytesIO()
-    np.savez(
-        buf, input_ids=np.asarray(ids[:n_ref], dtype=np.int64), logits=ref_logits.astype(np.float32)
-    )
-    atomic_write_bytes(out_dir / "reference.npz", buf.getvalue())
-    spec["reference"] = {"file": "reference.npz", "tokens": n_ref}
-    atomic_write_json(out_dir / "graph.json", spec)
-    progress.update(1.0, "export done")
-    return spec
+def _check_image_prompt(full, out_dir: Path, gen, vs, ids: list[int], spec: dict[str, Any],
+                        progress: Progress) -> None:
+    """An image prompt through the encoder and both graphs against transformers (into the
+    spec's ``vision``); raises where they disagree."""
+    progress.update(0.75, "checking an image prompt against transformers")
+    spec["vision"]["export_check"] = check_image_export(
+        full, out_dir, gen, vs, ids, SubProgress(progress, 0.75, 0.97))
+    progress.log(_image_check_line(spec["vision"]["export_check"]))
+    bad = spec["vision"]["export_check"]["first_bad_position"]
+    if bad is not None or not spec["vision"]["export_check"]["encoder_ok"]:
+        raise StudioError(
+            "the exported vision-language graphs disagree with transformers on an image "
+            f"prompt ({_image_check_line(spec['vision']['export_check'])}); this "
+            "checkpoint is not supported by the exporter")
 
 
 def _image_check_line(c: dict) -> str:

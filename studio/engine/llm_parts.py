@@ -27,6 +27,7 @@ import shutil
 import struct
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -328,105 +329,25 @@ def export_parts(
     family = FAMILIES[ck.cfg["model_type"]]
     check_model(ck.model, ck.cfg, family, C)
     spec = model_spec(ck.model, ck.cfg, family, P, C, mask_value, N)
-    layer_types = layer_types_of(ck.config, family)
-    rope_rows = rope_positions(ck.config, C)
-    sliding_input = mask_windows(spec)[1] is not None
-    graphs = ["prefill", "decode"] + (["verify"] if N > 1 else [])
-
+    traits = (layer_types_of(ck.config, family), rope_positions(ck.config, C),
+              mask_windows(spec)[1] is not None)
     ids = reference_ids(checkpoint_dir, C, spec["vocab_size"])
     n = min(len(ids), int(check_positions or C))
     ids = ids[:n]
-    n_ref = min(P + 8, n)
-    compare = PositionCheck(EXPORT_CHECK_RTOL)
-    kept: list[Any] = []
-    ref = np.asarray(ids, dtype=np.int64)
-    got = ref
-    rows: list[dict] = []
+    run = _PartsExport(ck, family, spec, plan, out_dir, C, n, min(P + 8, n),
+                       ["prefill", "decode"] + (["verify"] if N > 1 else []), resume, progress,
+                       *traits, ref=np.asarray(ids, dtype=np.int64))
     out_dir.mkdir(parents=True, exist_ok=True)
-    done = partresume.keep_finished(out_dir, plan) if resume else {}
-    first = 0
-    while first in done and first < len(plan) - 1:
-        first += 1
-    if first:
-        kept_from = partresume.handoff(out_dir / plan[first - 1].name)
-        got, ref = kept_from["got"], kept_from["ref"]
-        rows = [{k: v for k, v in done[i].items()} for i in range(first)]
-        progress.log(f"part{'s 1-' if first > 1 else ' '}{first} of {len(plan)}: kept from an "
-                     "interrupted run of this export")
-    share = 1.0 / len(plan)
+    first = run.keep_finished()
     for part in plan[first:]:
-        sub = SubProgress(progress, part.index * share, (part.index + 1) * share)
-        progress.check()
-        sub.update(0.0, f"part {part.index + 1}/{len(plan)}: reading blocks "
-                        f"{part.start}-{part.stop - 1}")
-        ck.load(part)
-        wrapper = build_wrapper(ck.model, C, family, layer_types, sliding_input, rope_rows,
-                                 part, rotary=ck.rotary)
-        folder = out_dir / part.name if len(plan) > 1 else out_dir
-        if len(plan) > 1 and folder.exists():  # what an interrupted run left of this part
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        # traced while the part's torch weights are in memory, finished after they are given
-        # back: one copy of the part's weights at a time
-        raw_dir = Path(tempfile.mkdtemp(dir=folder, prefix=".traced."))
-        try:
-            traced = {}
-            for g_i, graph in enumerate(graphs):
-                progress.check()
-                sub.update(0.05 + 0.3 * g_i / len(graphs), f"part {part.index + 1}/"
-                                                           f"{len(plan)}: tracing {graph}.onnx")
-                traced[graph] = trace_graph(wrapper, spec, graph, raw_dir / f"{graph}.onnx",
-                                             part)
-            module_names = {name for name, _ in wrapper.named_modules() if name}
-            sub.update(0.35, f"part {part.index + 1}/{len(plan)}: transformers' reference")
-            ref_out = _reference_part(wrapper, spec, ref)
-            want_all = None
-            if part.heads:  # the reference logits, before the head's weights are given back
-                cap_key = family.final_softcap
-                want_all = _reference_logits(ck.model.lm_head.weight.detach(), ref_out,
-                                             spec["vocab_size"],
-                                             getattr(ck.config, cap_key, None) if cap_key
-                                             else None, folder)
-            del wrapper
-            ck.release(part)
-            with shared_store(folder) as store:  # the part's graphs share its weights
-                for g_i, graph in enumerate(graphs):
-                    progress.check()
-                    sub.update(0.4 + 0.1 * g_i / len(graphs), f"part {part.index + 1}/"
-                                                              f"{len(plan)}: writing {graph}.onnx")
-                    finish_graph(raw_dir / f"{graph}.onnx", folder / f"{graph}.onnx",
-                                  module_names, *traced[graph], graph, store)
-                    (raw_dir / f"{graph}.onnx").unlink()
-                    (raw_dir / f"{graph}.onnx.data").unlink(missing_ok=True)
-        finally:
-            shutil.rmtree(raw_dir, ignore_errors=True)
-        rows.append({**part.as_dict(),
-                     "graphs": {g: graph_io(folder / f"{g}.onnx") for g in graphs}})
-        if want_all is None:
-            got = run_part_graphs(folder, part, spec, got, n, make_cpu_session,
-                                   progress=SubProgress(sub, 0.5, 1.0))
-            ref = ref_out
-            if resume:  # finished: a re-run after a kill starts from the next part
-                partresume.mark(folder, rows[-1], {"got": got, "ref": ref})
-            continue
-
-        def on_logits(p: int, logits, want_all=want_all):
-            want = np.array(want_all[p])
-            compare.add(p, np.asarray(logits, dtype=np.float32)[: spec["vocab_size"]], want)
-            if p < n_ref:
-                kept.append(want)
-
-        try:
-            run_part_graphs(folder, part, spec, got, n, make_cpu_session, on_logits,
-                             SubProgress(sub, 0.5, 1.0))
-        finally:
-            _drop_memmap(want_all)
-    check = {**compare.figures(min(P, n)), "parts": len(plan),
+        run.export_part(part)
+    check = {**run.compare.figures(min(P, n)), "parts": len(plan),
              "reference": "transformers modules, one part at a time, with the graphs' masks"}
     partresume.unmark(out_dir)
+    rows = run.rows
     spec["parts"] = rows
     spec["graphs"] = rows[0]["graphs"] if len(plan) == 1 else {
-        g: {"file": f"{g}.onnx", "parts": [r["name"] for r in rows]} for g in graphs}
+        g: {"file": f"{g}.onnx", "parts": [r["name"] for r in rows]} for g in run.graphs}
     spec["export_check"] = check
     progress.log(f"ONNX vs transformers over {check['positions']} positions in {len(plan)} "
                  f"parts: max |diff| {check['max_abs_logit_diff']:.3g} (tolerance "
@@ -438,6 +359,7 @@ def export_parts(
             f"{check['max_abs_logit_diff']:.3g} against a tolerance of {check['tolerance']:.3g}; "
             "this checkpoint is not supported by the static-KV exporter")
     buf = io.BytesIO()
+    kept, n_ref = run.kept, run.n_ref
     np.savez(buf, input_ids=np.asarray(ids[:n_ref], dtype=np.int64),
              logits=np.asarray(kept, dtype=np.float32).reshape(len(kept), spec["vocab_size"]))
     atomic_write_bytes(out_dir / "reference.npz", buf.getvalue())
@@ -445,6 +367,142 @@ def export_parts(
     atomic_write_json(out_dir / "graph.json", spec)
     progress.update(1.0, "export done")
     return spec
+
+
+@dataclass
+class _PartsExport:
+    """One export of a checkpoint in parts, part after part: the checkpoint streamed a
+    part at a time, the rows of the parts written, and the chain's check — the reference
+    ids' hidden states in transformers (``ref``) and through the exported graphs (``got``)
+    as the part before hands them on, the last part's logits compared position by position
+    (the first ``n_ref`` kept for reference.npz)."""
+
+    ck: Any
+    family: Any
+    spec: dict[str, Any]
+    plan: list[Part]
+    out_dir: Path
+    C: int
+    n: int
+    n_ref: int
+    graphs: list[str]
+    resume: bool
+    progress: Progress
+    layer_types: list[str]  # which mask each layer reads
+    rope_rows: int  # the RoPE table's positions
+    sliding_input: bool  # the graphs take a sliding-window mask
+    ref: Any
+    got: Any = None
+    rows: list[dict] = field(default_factory=list)
+    kept: list[Any] = field(default_factory=list)
+    compare: PositionCheck = field(default_factory=lambda: PositionCheck(EXPORT_CHECK_RTOL))
+
+    def __post_init__(self) -> None:
+        self.got = self.ref
+
+    def keep_finished(self) -> int:
+        """With ``resume``, the parts an interrupted run finished kept (their rows and the
+        hidden states the last of them hands on); the index of the first part to export."""
+        plan = self.plan
+        done = partresume.keep_finished(self.out_dir, plan) if self.resume else {}
+        first = 0
+        while first in done and first < len(plan) - 1:
+            first += 1
+        if first:
+            kept_from = partresume.handoff(self.out_dir / plan[first - 1].name)
+            self.got, self.ref = kept_from["got"], kept_from["ref"]
+            self.rows = [{k: v for k, v in done[i].items()} for i in range(first)]
+            self.progress.log(f"part{'s 1-' if first > 1 else ' '}{first} of {len(plan)}: "
+                              "kept from an interrupted run of this export")
+        return first
+
+    def export_part(self, part: Part) -> None:
+        """One part: its blocks read, its graphs traced and written, then checked."""
+        plan, progress = self.plan, self.progress
+        share = 1.0 / len(plan)
+        sub = SubProgress(progress, part.index * share, (part.index + 1) * share)
+        progress.check()
+        sub.update(0.0, f"part {part.index + 1}/{len(plan)}: reading blocks "
+                        f"{part.start}-{part.stop - 1}")
+        self.ck.load(part)
+        wrapper = build_wrapper(self.ck.model, self.C, self.family, self.layer_types,
+                                self.sliding_input, self.rope_rows, part, rotary=self.ck.rotary)
+        folder = self.out_dir / part.name if len(plan) > 1 else self.out_dir
+        if len(plan) > 1 and folder.exists():  # what an interrupted run left of this part
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        ref_out, want_all = self.trace_and_write(part, wrapper, folder, sub)
+        self.rows.append({**part.as_dict(),
+                          "graphs": {g: graph_io(folder / f"{g}.onnx") for g in self.graphs}})
+        self.check_part(part, folder, ref_out, want_all, sub)
+
+    def trace_and_write(self, part: Part, wrapper, folder: Path, sub: Progress
+                        ) -> tuple[Any, Any]:
+        """The part's graphs traced while its torch weights are in memory and written after
+        they are given back (one copy of the part's weights at a time); transformers'
+        reference through the part (its hidden states; the logits for the last part)."""
+        plan, progress, graphs, spec = self.plan, self.progress, self.graphs, self.spec
+        # traced while the part's torch weights are in memory, finished after they are given
+        # back: one copy of the part's weights at a time
+        raw_dir = Path(tempfile.mkdtemp(dir=folder, prefix=".traced."))
+        try:
+            traced = {}
+            for g_i, graph in enumerate(graphs):
+                progress.check()
+                sub.update(0.05 + 0.3 * g_i / len(graphs), f"part {part.index + 1}/"
+                                                           f"{len(plan)}: tracing {graph}.onnx")
+                traced[graph] = trace_graph(wrapper, spec, graph, raw_dir / f"{graph}.onnx",
+                                            part)
+            module_names = {name for name, _ in wrapper.named_modules() if name}
+            sub.update(0.35, f"part {part.index + 1}/{len(plan)}: transformers' reference")
+            ref_out = _reference_part(wrapper, spec, self.ref)
+            want_all = None
+            if part.heads:  # the reference logits, before the head's weights are given back
+                cap_key = self.family.final_softcap
+                want_all = _reference_logits(self.ck.model.lm_head.weight.detach(), ref_out,
+                                             spec["vocab_size"],
+                                             getattr(self.ck.config, cap_key, None) if cap_key
+                                             else None, folder)
+            del wrapper
+            self.ck.release(part)
+            with shared_store(folder) as store:  # the part's graphs share its weights
+                for g_i, graph in enumerate(graphs):
+                    progress.check()
+                    sub.update(0.4 + 0.1 * g_i / len(graphs), f"part {part.index + 1}/"
+                                                              f"{len(plan)}: writing {graph}.onnx")
+                    finish_graph(raw_dir / f"{graph}.onnx", folder / f"{graph}.onnx",
+                                 module_names, *traced[graph], graph, store)
+                    (raw_dir / f"{graph}.onnx").unlink()
+                    (raw_dir / f"{graph}.onnx.data").unlink(missing_ok=True)
+        finally:
+            shutil.rmtree(raw_dir, ignore_errors=True)
+        return ref_out, want_all
+
+    def check_part(self, part: Part, folder: Path, ref_out, want_all, sub: Progress) -> None:
+        """The exported part run on what the part before handed on: a middle part's hidden
+        states handed to the next (marked finished with ``resume``); the last part's logits
+        compared with transformers' (``want_all``)."""
+        spec, n = self.spec, self.n
+        if want_all is None:
+            self.got = run_part_graphs(folder, part, spec, self.got, n, make_cpu_session,
+                                       progress=SubProgress(sub, 0.5, 1.0))
+            self.ref = ref_out
+            if self.resume:  # finished: a re-run after a kill starts from the next part
+                partresume.mark(folder, self.rows[-1], {"got": self.got, "ref": self.ref})
+            return
+
+        def on_logits(p: int, logits, want_all=want_all):
+            want = np.array(want_all[p])
+            self.compare.add(p, np.asarray(logits, dtype=np.float32)[: spec["vocab_size"]],
+                             want)
+            if p < self.n_ref:
+                self.kept.append(want)
+
+        try:
+            run_part_graphs(folder, part, spec, self.got, n, make_cpu_session, on_logits,
+                            SubProgress(sub, 0.5, 1.0))
+        finally:
+            _drop_memmap(want_all)
 
 
 def export_part_ar_graphs(checkpoint_dir: Path, spec: dict, new_tokens: int, cache_slots: int,

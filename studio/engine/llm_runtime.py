@@ -32,6 +32,14 @@ from studio.core.progress import Progress
 from studio.engine import qnn
 from studio.engine.chain import chain_session, part_dirs
 from studio.engine.graphio import encoded
+from studio.engine.kv_masks import (
+    DEFAULT_MASK_VALUE,
+    SLIDING_MASK,
+    decode_mask,
+    mask_windows,
+    prefill_mask,
+    sliding_window_of,
+)
 from studio.engine.onnxio import IMAGE_EMBEDS, load_spec
 from studio.engine.ort_types import ORT_TO_NUMPY
 from studio.engine.threads import HOST_THREADS
@@ -39,41 +47,6 @@ from studio.engine.vision_input import mrope_positions, vision_spec
 from studio.engine.weightstore import WEIGHTS_FILE
 
 _ORT_TYPES = ORT_TO_NUMPY
-
-#: the graph input that carries the windowed mask of the sliding-attention layers
-SLIDING_MASK = "sliding_attention_mask"
-#: the additive attention mask's value at a masked place (a graph's spec may name its own)
-DEFAULT_MASK_VALUE = -100.0
-
-
-def prefill_mask(n: int, prompt_len: int, mask_value: float, window: int | None = None):
-    """Additive prefill mask [P, P] (float32) for a prompt of ``n`` real tokens.
-
-    Causal over the ``n`` tokens; padding columns are masked and each padding row sees only
-    itself (no empty softmax rows). With ``window`` W, a query also loses every key at
-    distance >= W.
-    """
-    P = prompt_len
-    mask = np.triu(np.full((P, P), mask_value, dtype=np.float32), k=1)
-    mask[:, n:] = mask_value
-    if window is not None:
-        mask[np.tril(np.ones((P, P), dtype=bool), k=-int(window))] = mask_value
-    mask[np.arange(n, P), np.arange(n, P)] = 0.0  # padding rows see themselves: no empty rows
-    return mask
-
-
-def decode_mask(pos: int, context_len: int, mask_value: float, window: int | None = None):
-    """Additive decode mask [C + 1] (float32) for the token at position ``pos``.
-
-    Cache slots ``0..pos-1`` are visible, then the new token (index C). With ``window`` W,
-    only the slots ``pos-W+1..pos-1`` stay visible: W tokens including the new one.
-    """
-    C = context_len
-    mask = np.full((C + 1,), mask_value, dtype=np.float32)
-    first = 0 if window is None else max(0, pos - int(window) + 1)
-    mask[first:pos] = 0.0
-    mask[C] = 0.0
-    return mask
 
 
 def make_cpu_session(path: Path, threads: int = HOST_THREADS):
@@ -219,36 +192,6 @@ def htp_generator(compile_dir: Path, chip, spec: dict[str, Any], fp16: bool,
     compile_dir = Path(compile_dir)
     return StaticKVGenerator(chain_session(spec, compile_dir, "prefill", make),
                              chain_session(spec, compile_dir, "decode", make), spec)
-
-
-def sliding_window_of(spec: dict) -> int | None:
-    """The window the graphs' sliding layers need a mask for: the spec's ``sliding_window``
-    when some layer in ``layer_types`` is a sliding one and the window is shorter than the
-    cache (a longer window never masks anything there), else None."""
-    window = spec.get("sliding_window")
-    types = spec.get("layer_types") or []
-    if window is None or "sliding_attention" not in types:
-        return None
-    window = int(window)
-    if window < 1:
-        raise StudioError(f"graph.json declares a sliding window of {window}; re-export the model")
-    return window if window < int(spec["context_length"]) else None
-
-
-def mask_windows(spec: dict) -> tuple[int | None, int | None]:
-    """The windows of the graphs' two masks: ``(attention_mask, sliding_attention_mask)``.
-
-    With a window W shorter than the cache and both kinds of layers (Gemma 2), the full
-    layers read ``attention_mask`` and the sliding ones ``sliding_attention_mask``:
-    ``(None, W)``. When every layer slides (Mistral, Phi-3), ``attention_mask`` itself is
-    windowed and there is no second input: ``(W, None)``. Otherwise ``(None, None)``.
-    """
-    window = sliding_window_of(spec)
-    if window is None:
-        return None, None
-    if all(t == "sliding_attention" for t in spec["layer_types"]):
-        return window, None
-    return None, window
 
 
 def _input_dtypes(session) -> dict[str, Any]:
@@ -673,17 +616,8 @@ class StaticKVGenerator:
         ``ttft_s`` is the time from the call to the first token, ``step_s`` one entry per
         later token.
         """
-        prompt_ids = [int(t) for t in prompt_ids]
+        prompt_ids = self._checked_prompt(prompt_ids, max_new_tokens)
         n = len(prompt_ids)
-        if n == 0:
-            raise StudioError("the prompt is empty; give at least one token")
-        if n >= self.context_len:
-            raise StudioError(
-                f"the prompt has {n} tokens but the KV cache holds {self.context_len}: shorten "
-                "the prompt or re-export with a longer context"
-            )
-        if max_new_tokens < 0:
-            raise StudioError(f"max_new_tokens must be >= 0 (got {max_new_tokens})")
         pick = sampler.pick if sampler is not None else (lambda x: int(x.argmax()))
         eos = (
             set() if eos_id is None else ({int(eos_id)} if isinstance(eos_id, int) else set(eos_id))
@@ -704,18 +638,9 @@ class StaticKVGenerator:
         if on_step is not None:
             on_step(0, tok)
         pos = n
-        stopped = "max_new_tokens"
         while True:
-            if tok in eos:
-                stopped = "eos"
-                break
-            if stop is not None and stop(tokens):
-                stopped = "stop"
-                break
-            if len(tokens) >= max_new_tokens:
-                break
-            if pos >= (self.context_len if self.ring_window is None else self.rope_positions):
-                stopped = "context_full"
+            stopped = self._why_stop(tok, eos, stop, tokens, max_new_tokens, pos)
+            if stopped is not None:
                 break
             if progress is not None:
                 progress.check()
@@ -734,6 +659,34 @@ class StaticKVGenerator:
         if progress is not None:
             progress.update(1.0, f"{len(tokens)} tokens")
         return out
+
+    def _checked_prompt(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        """The prompt as ints; refused empty, past the cache, or with a negative count."""
+        prompt_ids = [int(t) for t in prompt_ids]
+        n = len(prompt_ids)
+        if n == 0:
+            raise StudioError("the prompt is empty; give at least one token")
+        if n >= self.context_len:
+            raise StudioError(
+                f"the prompt has {n} tokens but the KV cache holds {self.context_len}: shorten "
+                "the prompt or re-export with a longer context"
+            )
+        if max_new_tokens < 0:
+            raise StudioError(f"max_new_tokens must be >= 0 (got {max_new_tokens})")
+        return prompt_ids
+
+    def _why_stop(self, tok: int, eos: set, stop: Callable[[list[int]], bool] | None,
+                  tokens: list[int], max_new_tokens: int, pos: int) -> str | None:
+        """Why generation stops before the next token (None: it goes on)."""
+        if tok in eos:
+            return "eos"
+        if stop is not None and stop(tokens):
+            return "stop"
+        if len(tokens) >= max_new_tokens:
+            return "max_new_tokens"
+        if pos >= (self.context_len if self.ring_window is None else self.rope_positions):
+            return "context_full"
+        return None
 
     def teacher_forced_logits(self, ids: list[int], progress: Progress | None = None):
         """Logits [len(ids), V] (float32): prefill on the first min(P, n) ids, then decode

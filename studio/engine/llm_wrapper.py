@@ -9,6 +9,7 @@ import contextlib
 import inspect
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from studio.core import families
@@ -145,49 +146,9 @@ def _decoder_wrapper(
     """
     import torch
 
-    class _StepCache:
-        """The part of the HF Cache protocol the attention uses: update()."""
-
-        def __init__(self, past):
-            self.past = past  # {layer index: (key, value)} or None
-            self.new: dict[int, tuple] = {}
-
-        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-            self.new[layer_idx] = (key_states, value_states)
-            if self.past is None:
-                return key_states, value_states
-            pk, pv = self.past[layer_idx]
-            return torch.cat([pk, key_states], dim=2), torch.cat([pv, value_states], dim=2)
-
-        def get_seq_length(self, layer_idx: int = 0) -> int:
-            if self.past is None:
-                return 0
-            key = self.past.get(layer_idx) or next(iter(self.past.values()))
-            return int(key[0].shape[2])
-
     base = causal_lm.model
-    config = causal_lm.config
     part = part or whole(len(base.layers))
-    params = inspect.signature(base.layers[part.start].forward).parameters
-    cache_kw = next(
-        (k for k in ("cache", "past_key_values", "past_key_value") if k in params), None
-    )
-    if cache_kw is None:
-        raise StudioError(
-            "this transformers version's decoder layer takes no cache argument; use transformers 5.x"
-        )
-    # Family differences outside the decoder layers (see Family).
-    embed_scale = None
-    if part.embeds and family.embed_scale and not hasattr(base.embed_tokens, "embed_scale"):
-        embed_scale = math.sqrt(int(config.hidden_size))
-    final_cap = getattr(config, family.final_softcap, None) if family.final_softcap else None
-    uses_window = [sliding_input and t == SLIDING for t in layer_types]
-    layers = list(part.layers)
-    # the multimodal rotary embedding (Qwen2-VL): head-dim columns taken from the temporal,
-    # height or width position, section by section
-    mrope = getattr(rotary or base.rotary_emb, "mrope_section", None) if family.vision else None
-    image_token = getattr(getattr(causal_lm, "full", None), "config", None)
-    image_token = getattr(image_token, "image_token_id", None)
+    plan = _WrapperPlan.of(causal_lm, family, layer_types, sliding_input, part, rotary)
 
     class _Holder(torch.nn.Module):
         """Holds the part's modules under the checkpoint's own names (``model.layers.5``):
@@ -205,24 +166,13 @@ def _decoder_wrapper(
             if part.heads:
                 self.model.norm = base.norm
                 self.lm_head = causal_lm.lm_head
-            with torch.no_grad():
-                rows = int(rope_rows or context_len)
-                pos = torch.arange(rows, dtype=torch.long)[None]
-                probe = torch.zeros(1, rows, 1, dtype=torch.float32)
-                cos, sin = (rotary or base.rotary_emb)(probe, pos)
+            cos, sin = _rope_tables(rotary or base.rotary_emb, int(rope_rows or context_len))
             # persistent: exported as initializers named rope_cos / rope_sin
-            self.register_buffer("rope_cos", cos[0].to(torch.float32).clone())
-            self.register_buffer("rope_sin", sin[0].to(torch.float32).clone())
-            if mrope:
-                half = int(self.rope_cos.shape[-1]) // 2
-                axis = [k % 3 for k, n in enumerate(mrope) for _ in range(int(n))]
-                if len(axis) != half:
-                    raise StudioError(f"the mrope_section {list(mrope)} covers {len(axis)} "
-                                      f"of the {half} rotary frequencies; fix config.json")
-                sel = torch.zeros(3, 1, 1, 2 * half)
-                for j, a in enumerate(axis):
-                    sel[a, 0, 0, j] = sel[a, 0, 0, j + half] = 1.0
-                self.register_buffer("mrope_select", sel, persistent=False)
+            self.register_buffer("rope_cos", cos)
+            self.register_buffer("rope_sin", sin)
+            if plan.mrope:
+                self.register_buffer("mrope_select", _mrope_select(
+                    plan.mrope, int(self.rope_cos.shape[-1]) // 2), persistent=False)
             self.emit_hidden = False  # the last part returns its norm's output (export check)
             # the modules whose weight the trailing inputs stand for while tracing (see
             # traced_weights)
@@ -236,53 +186,158 @@ def _decoder_wrapper(
             return self._forward(first, position_ids, attention_mask, *rest)
 
         def _forward(self, first, position_ids, attention_mask, *rest):
-            window_mask = rest[0] if sliding_input else None
-            past_flat = rest[1:] if sliding_input else rest
-            image = None
-            if position_ids.dim() == 3:  # a VL prefill: its image rows come next
-                image, past_flat = past_flat[0], past_flat[1:]
-            if part.embeds:
-                h = self.model.embed_tokens(first)
-                if embed_scale is not None:
-                    h = h * torch.tensor(embed_scale, dtype=h.dtype)
-                if image is not None:  # the image tokens take the encoder's rows
-                    h = torch.where((first == int(image_token)).unsqueeze(-1), image, h)
-            else:
-                h = first
-            cos = torch.nn.functional.embedding(position_ids, self.rope_cos)
-            sin = torch.nn.functional.embedding(position_ids, self.rope_sin)
-            if position_ids.dim() == 3:  # [3, 1, S, D]: each column from its own row
-                cos = (cos * self.mrope_select).sum(0)
-                sin = (sin * self.mrope_select).sum(0)
-            past = None
-            if past_flat:
-                past = {i: (past_flat[2 * j], past_flat[2 * j + 1])
-                        for j, i in enumerate(layers)}
-            cache = _StepCache(past)
-            for i in layers:
-                out = self.model.layers[i](
-                    h,
-                    attention_mask=window_mask if uses_window[i] else attention_mask,
-                    position_ids=position_ids if position_ids.dim() == 2 else position_ids[0],
-                    position_embeddings=(cos, sin),
-                    use_cache=True,
-                    **{cache_kw: cache},
-                )
-                h = out[0] if isinstance(out, tuple) else out
-            if part.heads:
-                h = self.model.norm(h)
-            if part.heads and not self.emit_hidden:
-                h = self.lm_head(h)
-                if final_cap is not None:
-                    h = torch.tanh(h / final_cap) * final_cap
-            outs = [h]
-            for i in layers:
-                outs += list(cache.new[i])
-            return tuple(outs)
+            return _static_kv_forward(self, plan, first, position_ids, attention_mask, rest)
 
     wrapper = StaticKVWrapper()
     wrapper.eval()
     return wrapper
+
+
+class _StepCache:
+    """The part of the HF Cache protocol the attention uses: update()."""
+
+    def __init__(self, past):
+        self.past = past  # {layer index: (key, value)} or None
+        self.new: dict[int, tuple] = {}
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        import torch
+
+        self.new[layer_idx] = (key_states, value_states)
+        if self.past is None:
+            return key_states, value_states
+        pk, pv = self.past[layer_idx]
+        return torch.cat([pk, key_states], dim=2), torch.cat([pv, value_states], dim=2)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        if self.past is None:
+            return 0
+        key = self.past.get(layer_idx) or next(iter(self.past.values()))
+        return int(key[0].shape[2])
+
+
+@dataclass(frozen=True)
+class _WrapperPlan:
+    """What the wrapper's forward needs to know of the checkpoint and its family (see
+    :class:`~studio.core.families.Family`): the part's blocks, the layers' cache keyword,
+    which read the sliding mask, the embedding scale and the final soft cap, the multimodal
+    rotary sections and the image token."""
+
+    part: Part
+    layers: list[int]
+    cache_kw: str
+    sliding_input: bool
+    uses_window: list[bool]
+    embed_scale: float | None
+    final_cap: Any
+    mrope: Any
+    image_token: Any
+
+    @classmethod
+    def of(cls, causal_lm, family: Family, layer_types: list[str], sliding_input: bool,
+           part: Part, rotary) -> _WrapperPlan:
+        base = causal_lm.model
+        config = causal_lm.config
+        params = inspect.signature(base.layers[part.start].forward).parameters
+        cache_kw = next(
+            (k for k in ("cache", "past_key_values", "past_key_value") if k in params), None
+        )
+        if cache_kw is None:
+            raise StudioError(
+                "this transformers version's decoder layer takes no cache argument; use transformers 5.x"
+            )
+        # Family differences outside the decoder layers (see Family).
+        embed_scale = None
+        if part.embeds and family.embed_scale and not hasattr(base.embed_tokens, "embed_scale"):
+            embed_scale = math.sqrt(int(config.hidden_size))
+        final_cap = getattr(config, family.final_softcap, None) if family.final_softcap else None
+        uses_window = [sliding_input and t == SLIDING for t in layer_types]
+        # the multimodal rotary embedding (Qwen2-VL): head-dim columns taken from the
+        # temporal, height or width position, section by section
+        mrope = getattr(rotary or base.rotary_emb, "mrope_section", None) \
+            if family.vision else None
+        image_token = getattr(getattr(causal_lm, "full", None), "config", None)
+        image_token = getattr(image_token, "image_token_id", None)
+        return cls(part, list(part.layers), cache_kw, sliding_input, uses_window, embed_scale,
+                   final_cap, mrope, image_token)
+
+
+def _rope_tables(rotary, rows: int):
+    """The RoPE cos / sin tables of positions 0 .. rows - 1 from the rotary module, float32."""
+    import torch
+
+    with torch.no_grad():
+        pos = torch.arange(rows, dtype=torch.long)[None]
+        probe = torch.zeros(1, rows, 1, dtype=torch.float32)
+        cos, sin = rotary(probe, pos)
+    return cos[0].to(torch.float32).clone(), sin[0].to(torch.float32).clone()
+
+
+def _mrope_select(mrope, half: int):
+    """[3, 1, 1, 2 * half]: which of the three position rows each rotary column takes."""
+    import torch
+
+    axis = [k % 3 for k, n in enumerate(mrope) for _ in range(int(n))]
+    if len(axis) != half:
+        raise StudioError(f"the mrope_section {list(mrope)} covers {len(axis)} "
+                          f"of the {half} rotary frequencies; fix config.json")
+    sel = torch.zeros(3, 1, 1, 2 * half)
+    for j, a in enumerate(axis):
+        sel[a, 0, 0, j] = sel[a, 0, 0, j + half] = 1.0
+    return sel
+
+
+def _static_kv_forward(wrapper, plan: _WrapperPlan, first, position_ids, attention_mask,
+                       rest):
+    """The wrapper's forward (see :func:`io_names`): the hidden states in (embedded for the
+    first part), the part's blocks over the KV cache, the norm and head for the last;
+    returns the output and each block's new key and value rows."""
+    import torch
+
+    part, layers = plan.part, plan.layers
+    window_mask = rest[0] if plan.sliding_input else None
+    past_flat = rest[1:] if plan.sliding_input else rest
+    image = None
+    if position_ids.dim() == 3:  # a VL prefill: its image rows come next
+        image, past_flat = past_flat[0], past_flat[1:]
+    if part.embeds:
+        h = wrapper.model.embed_tokens(first)
+        if plan.embed_scale is not None:
+            h = h * torch.tensor(plan.embed_scale, dtype=h.dtype)
+        if image is not None:  # the image tokens take the encoder's rows
+            h = torch.where((first == int(plan.image_token)).unsqueeze(-1), image, h)
+    else:
+        h = first
+    cos = torch.nn.functional.embedding(position_ids, wrapper.rope_cos)
+    sin = torch.nn.functional.embedding(position_ids, wrapper.rope_sin)
+    if position_ids.dim() == 3:  # [3, 1, S, D]: each column from its own row
+        cos = (cos * wrapper.mrope_select).sum(0)
+        sin = (sin * wrapper.mrope_select).sum(0)
+    past = None
+    if past_flat:
+        past = {i: (past_flat[2 * j], past_flat[2 * j + 1])
+                for j, i in enumerate(layers)}
+    cache = _StepCache(past)
+    for i in layers:
+        out = wrapper.model.layers[i](
+            h,
+            attention_mask=window_mask if plan.uses_window[i] else attention_mask,
+            position_ids=position_ids if position_ids.dim() == 2 else position_ids[0],
+            position_embeddings=(cos, sin),
+            use_cache=True,
+            **{plan.cache_kw: cache},
+        )
+        h = out[0] if isinstance(out, tuple) else out
+    if part.heads:
+        h = wrapper.model.norm(h)
+    if part.heads and not wrapper.emit_hidden:
+        h = wrapper.lm_head(h)
+        if plan.final_cap is not None:
+            h = torch.tanh(h / plan.final_cap) * plan.final_cap
+    outs = [h]
+    for i in layers:
+        outs += list(cache.new[i])
+    return tuple(outs)
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -186,7 +187,51 @@ def analyse(path: Path, dims: dict[str, int] | None = None,
         inits[st.values.name] = (int(st.values.data_type), [int(d) for d in st.dims])
 
     inferred, known = _infer(model)
+    weights, folded, steps = _constants(g, inits, known, path)
+    graph_inputs = [vi for vi in g.input if vi.name not in inits]
+    graph_outputs = {vi.name for vi in g.output}
+    activation_names = [vi.name for vi in graph_inputs
+                        if not vi.name.startswith(KV_INPUT_PREFIX)]
+    for node in steps:
+        activation_names += [o for o in node.output
+                             if o and not (o in graph_outputs and o.startswith(KV_OUTPUT_PREFIX))]
+    _check_static(path, inferred, known, activation_names,
+                  set(activation_names) | {vi.name for vi in graph_inputs} | graph_outputs)
+    io = _lifetimes(steps, activation_names, known, graph_outputs)
+    for vi in graph_inputs:
+        if vi.name.startswith(KV_INPUT_PREFIX):
+            io.kv_in += tensor_bytes(*known[vi.name], f"input {vi.name}")
+    for name in graph_outputs:
+        if name.startswith(KV_OUTPUT_PREFIX):
+            io.kv_out += tensor_bytes(*known[name], f"output {name}")
+        elif name in folded or name in weights:
+            io.output_bytes += tensor_bytes(*(known.get(name) or weights[name]),
+                                            f"output {name}")
+    quantized, w_bytes, w_fp32, by_dtype = _weight_bytes(g, weights)
+    # best effort: a folded shape computation may have no inferred shape
+    folded_bytes = sum(tensor_bytes(*known[n], f"tensor {n}") for n in folded if n in known)
 
+    labels = [(n.name or f"{n.op_type}_{i}", n.op_type) for i, n in enumerate(steps)]
+    plan = plan_memory(io.tensors, len(steps), labels, alignment=alignment, top=top)
+    notes = []
+    if quantized:
+        notes.append("QDQ graph planned as stored: each quantized activation is its float "
+                     "tensor, its QuantizeLinear output and its DequantizeLinear output")
+    gm = GraphMemory(
+        graph=path.stem, path=str(path), plan=plan, weight_bytes=w_bytes,
+        weight_bytes_fp32=w_fp32, weight_bytes_by_dtype=dict(sorted(by_dtype.items())),
+        folded_bytes=folded_bytes, kv_cache_bytes=io.kv_in, kv_output_bytes=io.kv_out,
+        input_bytes=io.input_bytes, output_bytes=io.output_bytes, nodes=len(g.node),
+        notes=notes,
+    )
+    return gm, io.tensors
+
+
+def _constants(g, inits: dict[str, tuple[int, list[int]]],
+               known: dict[str, tuple[int, list[int]]], path: Path
+               ) -> tuple[dict[str, tuple[int, list[int]]], set[str], list[Any]]:
+    """The graph's constants — initializers, Constant outputs (``weights``) and what is
+    computed from them alone (``folded``) — and the nodes that run."""
     # constants: initializers, Constant outputs and what is computed from them alone
     weights: dict[str, tuple[int, list[int]]] = dict(inits)
     folded: set[str] = set()
@@ -207,15 +252,13 @@ def analyse(path: Path, dims: dict[str, int] | None = None,
             folded.update(o for o in node.output if o)
             continue
         steps.append(node)
+    return weights, folded, steps
 
-    graph_inputs = [vi for vi in g.input if vi.name not in inits]
-    graph_outputs = {vi.name for vi in g.output}
-    activation_names = [vi.name for vi in graph_inputs
-                        if not vi.name.startswith(KV_INPUT_PREFIX)]
-    for node in steps:
-        activation_names += [o for o in node.output
-                             if o and not (o in graph_outputs and o.startswith(KV_OUTPUT_PREFIX))]
-    needed = set(activation_names) | {vi.name for vi in graph_inputs} | graph_outputs
+
+def _check_static(path: Path, inferred, known: dict[str, tuple[int, list[int]]],
+                  activation_names: list[str], needed: set[str]) -> None:
+    """Every tensor planned has a static shape (the symbolic inference's where ONNX's has
+    none, added to ``known``); else one line naming the first without."""
     missing = [n for n in needed if n not in known]
     if missing:
         known.update({k: v for k, v in _symbolic(inferred).items() if k not in known})
@@ -231,6 +274,23 @@ def analyse(path: Path, dims: dict[str, int] | None = None,
             f"{STATIC_HINT}, or give the dynamic dims their sizes"
         )
 
+
+@dataclass
+class _Lifetimes:
+    """The activation tensors with their lifetimes over the steps that run, and the bytes
+    of the graph's inputs, outputs and KV cache."""
+
+    tensors: list[Tensor]
+    input_bytes: int = 0
+    output_bytes: int = 0
+    kv_in: int = 0
+    kv_out: int = 0
+
+
+def _lifetimes(steps: list[Any], activation_names: list[str],
+               known: dict[str, tuple[int, list[int]]], graph_outputs: set[str]) -> _Lifetimes:
+    """Each activation from the step that makes it to the last that reads it (a graph
+    output to the end; a graph input from the start)."""
     # lifetimes over the steps that run
     n_steps = len(steps)
     produced: dict[str, tuple[int, Any]] = {}
@@ -243,8 +303,7 @@ def analyse(path: Path, dims: dict[str, int] | None = None,
             if o:
                 produced[o] = (i, node)
     end_step = max(n_steps - 1, 0)
-    tensors: list[Tensor] = []
-    input_bytes = output_bytes = kv_in = kv_out = 0
+    out = _Lifetimes([])
     for name in activation_names:
         etype, shape = known[name]
         nbytes = tensor_bytes(etype, shape, f"tensor {name}")
@@ -254,20 +313,18 @@ def analyse(path: Path, dims: dict[str, int] | None = None,
             kind = "output" if name in graph_outputs else "intermediate"
         else:  # a graph input
             start, producer, op, kind = 0, "", "input", "input"
-            input_bytes += nbytes
+            out.input_bytes += nbytes
         end = end_step if name in graph_outputs else max(last.get(name, start), start)
         if kind == "output":
-            output_bytes += nbytes
-        tensors.append(Tensor(name, nbytes, start, end, producer, op, kind))
-    for vi in graph_inputs:
-        if vi.name.startswith(KV_INPUT_PREFIX):
-            kv_in += tensor_bytes(*known[vi.name], f"input {vi.name}")
-    for name in graph_outputs:
-        if name.startswith(KV_OUTPUT_PREFIX):
-            kv_out += tensor_bytes(*known[name], f"output {name}")
-        elif name in folded or name in weights:
-            output_bytes += tensor_bytes(*(known.get(name) or weights[name]), f"output {name}")
+            out.output_bytes += nbytes
+        out.tensors.append(Tensor(name, nbytes, start, end, producer, op, kind))
+    return out
 
+
+def _weight_bytes(g, weights: dict[str, tuple[int, list[int]]]
+                  ) -> tuple[set[str], int, int, dict[str, int]]:
+    """The weights that are quantized, their bytes as stored and as FP32, and the bytes by
+    dtype."""
     # weights at their stored dtype, and as FP32
     qparams: set[str] = set()
     quantized: set[str] = set()
@@ -286,20 +343,4 @@ def analyse(path: Path, dims: dict[str, int] | None = None,
             w_fp32 += 4 * math.prod(shape)
         elif name not in qparams:
             w_fp32 += b
-    # best effort: a folded shape computation may have no inferred shape
-    folded_bytes = sum(tensor_bytes(*known[n], f"tensor {n}") for n in folded if n in known)
-
-    labels = [(n.name or f"{n.op_type}_{i}", n.op_type) for i, n in enumerate(steps)]
-    plan = plan_memory(tensors, n_steps, labels, alignment=alignment, top=top)
-    notes = []
-    if quantized:
-        notes.append("QDQ graph planned as stored: each quantized activation is its float "
-                     "tensor, its QuantizeLinear output and its DequantizeLinear output")
-    gm = GraphMemory(
-        graph=path.stem, path=str(path), plan=plan, weight_bytes=w_bytes,
-        weight_bytes_fp32=w_fp32, weight_bytes_by_dtype=dict(sorted(by_dtype.items())),
-        folded_bytes=folded_bytes, kv_cache_bytes=kv_in, kv_output_bytes=kv_out,
-        input_bytes=input_bytes, output_bytes=output_bytes, nodes=len(g.node),
-        notes=notes,
-    )
-    return gm, tensors
+    return quantized, w_bytes, w_fp32, by_dtype

@@ -58,38 +58,8 @@ def node_blocks(model: onnx.ModelProto | str | os.PathLike) -> dict[str, str]:
     """ONNX node name -> block, for every named node of ``model``."""
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(str(model), load_external_data=False)
-    nodes = list(model.graph.node)
-    producer: dict[str, int] = {}
-    consumers: dict[str, list[int]] = defaultdict(list)
-    for i, n in enumerate(nodes):
-        for o in n.output:
-            producer[o] = i
-        for x in n.input:
-            if x:
-                consumers[x].append(i)
-
-    def parents(i: int) -> list[int]:
-        return [producer[x] for x in nodes[i].input if x in producer]
-
-    def real_parents(i: int) -> list[int]:
-        """Parents, looking through Quantize / Dequantize pairs."""
-        out = []
-        for p in parents(i):
-            out.extend(real_parents(p) if nodes[p].op_type in QDQ_TYPES else [p])
-        return out
-
-    def children(i: int) -> list[int]:
-        return [c for o in nodes[i].output for c in consumers.get(o, ())]
-
-    def closure(start: set[int], step) -> set[int]:
-        seen, todo = set(start), list(start)
-        while todo:
-            for j in step(todo.pop()):
-                if j not in seen:
-                    seen.add(j)
-                    todo.append(j)
-        return seen
-
+    g = _NodeGraph(list(model.graph.node))
+    nodes = g.nodes
     blocks: dict[int, str] = {}
     for i, n in enumerate(nodes):
         b = _name_block(n.name, n.op_type)
@@ -105,44 +75,10 @@ def node_blocks(model: onnx.ModelProto | str | os.PathLike) -> dict[str, str]:
     graph_outputs = {o.name for o in model.graph.output}
     rope_src = {i for i, n in enumerate(nodes) if _ROPE_NAME.search(n.name)} | {
         i for i, n in enumerate(nodes)
-        if any("cos" in x or "sin" in x for x in n.input if x not in producer)
+        if any("cos" in x or "sin" in x for x in n.input if x not in g.producer)
     }
     for members in scopes.values():
-        inside = set(members)
-        softmax = {i for i in inside if nodes[i].op_type == "Softmax"}
-        after_softmax = closure(softmax, children) - softmax
-        matmuls = [i for i in inside if nodes[i].op_type == "MatMul"]
-        qk = [i for i in matmuls if i not in after_softmax]
-        av = [i for i in matmuls if i in after_softmax]
-        for i in softmax:
-            blocks[i] = "attention: softmax"
-        for i in av:
-            blocks[i] = "attention: AV"
-        for i in qk:
-            blocks[i] = "attention: QK"
-        # scale / mask / soft-cap between QK and Softmax
-        between = (closure(set(qk), children) & closure(softmax, parents)) - set(qk) - softmax
-        for i in between & inside:
-            if nodes[i].op_type not in MOVE_TYPES and nodes[i].op_type not in QDQ_TYPES:
-                blocks[i] = "attention: QK"
-        # RoPE: upstream of QK (or of a cache output), downstream of the projections / tables
-        sinks = set(qk) | {i for i in inside if set(nodes[i].output) & graph_outputs}
-        up = closure(sinks, parents)
-        proj = {i for i, b in blocks.items() if b == "QKV projection"}
-        down = closure(proj | rope_src, children)
-        for i in (up & down) & inside:
-            if i in blocks or nodes[i].op_type not in ROPE_TYPES:
-                continue
-            t = nodes[i].op_type
-            if t == "Concat" and not any(nodes[p].op_type == "Neg" for p in real_parents(i)):
-                continue  # a cache concat, not rotate_half
-            if t in {"Unsqueeze", "Gather"} and (closure({i}, parents) & proj
-                                                 or not closure({i}, parents) & rope_src):
-                continue  # a reshape of q / k, not of the cos / sin tables
-            blocks[i] = "RoPE"
-        # what is left in attention writes the static cache (masks, Where): data movement
-        for i in inside - set(blocks):
-            blocks[i] = "data movement / Q-DQ"
+        _attention_scope(g, set(members), blocks, graph_outputs, rope_src)
     # the MLP's activation and gating belong with gate/up
     for i, n in enumerate(nodes):
         if i not in blocks and re.search(r"(?:^|[/._])mlp[/._]", n.name):
@@ -162,6 +98,91 @@ def node_blocks(model: onnx.ModelProto | str | os.PathLike) -> dict[str, str]:
                 b = "other"
         out[n.name] = b
     return out
+
+
+class _NodeGraph:
+    """A graph's nodes by index with who makes and who reads each tensor."""
+
+    def __init__(self, nodes: list) -> None:
+        self.nodes = nodes
+        self.producer: dict[str, int] = {}
+        self.consumers: dict[str, list[int]] = defaultdict(list)
+        for i, n in enumerate(nodes):
+            for o in n.output:
+                self.producer[o] = i
+            for x in n.input:
+                if x:
+                    self.consumers[x].append(i)
+
+    def parents(self, i: int) -> list[int]:
+        return [self.producer[x] for x in self.nodes[i].input if x in self.producer]
+
+    def real_parents(self, i: int) -> list[int]:
+        """Parents, looking through Quantize / Dequantize pairs."""
+        out = []
+        for p in self.parents(i):
+            out.extend(self.real_parents(p) if self.nodes[p].op_type in QDQ_TYPES else [p])
+        return out
+
+    def children(self, i: int) -> list[int]:
+        return [c for o in self.nodes[i].output for c in self.consumers.get(o, ())]
+
+    @staticmethod
+    def closure(start: set[int], step) -> set[int]:
+        seen, todo = set(start), list(start)
+        while todo:
+            for j in step(todo.pop()):
+                if j not in seen:
+                    seen.add(j)
+                    todo.append(j)
+        return seen
+
+
+def _attention_scope(g: _NodeGraph, inside: set[int], blocks: dict[int, str],
+                     graph_outputs: set[str], rope_src: set[int]) -> None:
+    """One attention's nodes into blocks: softmax, QK (with the scale / mask / soft-cap
+    before the softmax), AV, RoPE, and the rest (the static cache's writes) data movement."""
+    nodes, closure = g.nodes, g.closure
+    softmax = {i for i in inside if nodes[i].op_type == "Softmax"}
+    after_softmax = closure(softmax, g.children) - softmax
+    matmuls = [i for i in inside if nodes[i].op_type == "MatMul"]
+    qk = [i for i in matmuls if i not in after_softmax]
+    av = [i for i in matmuls if i in after_softmax]
+    for i in softmax:
+        blocks[i] = "attention: softmax"
+    for i in av:
+        blocks[i] = "attention: AV"
+    for i in qk:
+        blocks[i] = "attention: QK"
+    # scale / mask / soft-cap between QK and Softmax
+    between = (closure(set(qk), g.children) & closure(softmax, g.parents)) - set(qk) - softmax
+    for i in between & inside:
+        if nodes[i].op_type not in MOVE_TYPES and nodes[i].op_type not in QDQ_TYPES:
+            blocks[i] = "attention: QK"
+    _rope_in_scope(g, inside, qk, blocks, graph_outputs, rope_src)
+    # what is left in attention writes the static cache (masks, Where): data movement
+    for i in inside - set(blocks):
+        blocks[i] = "data movement / Q-DQ"
+
+
+def _rope_in_scope(g: _NodeGraph, inside: set[int], qk: list[int], blocks: dict[int, str],
+                   graph_outputs: set[str], rope_src: set[int]) -> None:
+    """RoPE: upstream of QK (or of a cache output), downstream of the projections / tables."""
+    nodes, closure = g.nodes, g.closure
+    sinks = set(qk) | {i for i in inside if set(nodes[i].output) & graph_outputs}
+    up = closure(sinks, g.parents)
+    proj = {i for i, b in blocks.items() if b == "QKV projection"}
+    down = closure(proj | rope_src, g.children)
+    for i in (up & down) & inside:
+        if i in blocks or nodes[i].op_type not in ROPE_TYPES:
+            continue
+        t = nodes[i].op_type
+        if t == "Concat" and not any(nodes[p].op_type == "Neg" for p in g.real_parents(i)):
+            continue  # a cache concat, not rotate_half
+        if t in {"Unsqueeze", "Gather"} and (closure({i}, g.parents) & proj
+                                             or not closure({i}, g.parents) & rope_src):
+            continue  # a reshape of q / k, not of the cos / sin tables
+        blocks[i] = "RoPE"
 
 
 def op_block(qnn_op_type: str | None, onnx_node: str | None, blocks: dict[str, str]) -> str:

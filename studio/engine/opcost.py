@@ -80,18 +80,105 @@ def op_costs(onnx_path: str | Path) -> OpGraph:
     except Exception as e:  # onnx raises DecodeError / ValidationError / InferenceError
         raise StudioError(f"{path.name} is not a readable ONNX model ({e})") from None
     g = model.graph
-    shapes: dict[str, tuple[int, ...] | None] = {}
-    etype: dict[str, int] = {}
-    for vi in list(g.input) + list(g.value_info) + list(g.output):
-        shapes[vi.name] = _shape(vi)
-        etype[vi.name] = vi.type.tensor_type.elem_type
-    inits = {t.name: t for t in g.initializer}
-    for name, t in inits.items():
-        shapes[name] = tuple(int(d) for d in t.dims)
-        etype[name] = t.data_type
+    t = _Tensors.of(g)
+    names, types, layers, macs, dram = [], [], [], [], []
+    producer: dict[str, int] = {}
+    edges: list[tuple[int, int]] = []
+    for idx, node in enumerate(g.node):
+        name = node.name or f"{node.op_type}_{idx}"
+        for inp in node.input:
+            if inp in producer:
+                edges.append((producer[inp], idx))
+        for out in node.output:
+            producer[out] = idx
+        layer = layer_of(node.name)
+        if layer is None:
+            layer = next((x for x in (layer_of(o) for o in node.output) if x is not None), None)
+        m, b = t.node_cost(node)
+        names.append(name)
+        types.append(node.op_type)
+        layers.append(-1 if layer is None else layer)
+        macs.append(m)
+        dram.append(b)
+    return OpGraph(names, types, np.array(layers, np.int64), np.array(macs),
+                   np.array(dram), np.array(sorted(set(edges)), np.int64).reshape(-1, 2))
 
-    # where shape inference stopped (it may, on 16-bit Q/DQ), fill the shapes of Q / DQ,
-    # element-wise ops and MatMul from their inputs, in graph (topological) order
+
+class _Tensors:
+    """A graph's tensors: each one's shape (shape inference's, filled in where it stopped),
+    the element size it is stored at, and the quantized initializer behind each weight's
+    DequantizeLinear."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...] | None], stored: dict[str, float],
+                 weight_src: dict[str, str]) -> None:
+        self.shapes, self.stored, self.weight_src = shapes, stored, weight_src
+
+    @classmethod
+    def of(cls, g) -> _Tensors:
+        shapes: dict[str, tuple[int, ...] | None] = {}
+        etype: dict[str, int] = {}
+        for vi in list(g.input) + list(g.value_info) + list(g.output):
+            shapes[vi.name] = _shape(vi)
+            etype[vi.name] = vi.type.tensor_type.elem_type
+        inits = {t.name: t for t in g.initializer}
+        for name, t in inits.items():
+            shapes[name] = tuple(int(d) for d in t.dims)
+            etype[name] = t.data_type
+        _fill_shapes(g, shapes)
+        # a Q's output type: its zero point's, else its output_dtype attribute, else uint8
+        for node in g.node:
+            if node.op_type == "QuantizeLinear" and node.output and node.output[0] not in etype:
+                zp = inits.get(node.input[2]) if len(node.input) > 2 else None
+                attr = next((x.i for x in node.attribute if x.name == "output_dtype"), 0)
+                etype[node.output[0]] = zp.data_type if zp is not None else (attr or 2)  # 2: UINT8
+        # the stored element size of each tensor: an activation between a Q and a DQ is held
+        # at the quantized type on both sides (the HTP keeps it quantized)
+        stored: dict[str, float] = {n: _bytes_per_elem(t) for n, t in etype.items()}
+        weight_src: dict[str, str] = {}  # DQ output -> quantized initializer
+        for node in g.node:
+            if node.op_type == "DequantizeLinear" and node.input and node.output:
+                src = node.input[0]
+                stored[node.output[0]] = stored.get(src, 4.0)
+                if src in inits:
+                    weight_src[node.output[0]] = src
+            elif node.op_type == "QuantizeLinear" and node.input and node.output:
+                if node.output[0] in etype and node.input[0] not in inits:
+                    stored[node.input[0]] = _bytes_per_elem(etype[node.output[0]])
+        return cls(shapes, stored, weight_src)
+
+    def elems(self, name: str) -> int | None:
+        s = self.shapes.get(name)
+        return int(np.prod(s)) if s is not None else None
+
+    def tensor_bytes(self, name: str) -> float:
+        n = self.elems(name)
+        return 0.0 if n is None else n * self.stored.get(name, 4.0)
+
+    def node_cost(self, node) -> tuple[float, float]:
+        """A node's MACs and the bytes it moves: a lookup its rows, a Q / DQ nothing, any
+        other op its inputs (a weight at its quantized size) and outputs."""
+        tensor_bytes = self.tensor_bytes
+        m, b = 0.0, 0.0
+        if node.op_type in _GATHERS and node.input:
+            # a lookup reads the rows it returns (an embedding row per token), not the table
+            out_b = sum(tensor_bytes(o) for o in node.output if o)
+            b = 2 * out_b + sum(tensor_bytes(i) for i in node.input[1:2] if i)
+        elif node.op_type not in _QDQ:
+            m = _macs(node, self.shapes)
+            for inp in node.input:
+                if not inp:
+                    continue
+                if inp in self.weight_src:
+                    b += tensor_bytes(self.weight_src[inp])
+                else:
+                    b += tensor_bytes(inp)
+            b += sum(tensor_bytes(o) for o in node.output if o)
+        return m, b
+
+
+def _fill_shapes(g, shapes: dict[str, tuple[int, ...] | None]) -> None:
+    """Where shape inference stopped (it may, on 16-bit Q/DQ), the shapes of Q / DQ,
+    element-wise ops and MatMul from their inputs, in graph (topological) order."""
     for node in g.node:
         if not node.output or shapes.get(node.output[0]) is not None:
             continue
@@ -109,69 +196,6 @@ def op_costs(onnx_path: str | Path) -> OpGraph:
                 shapes[node.output[0]] = (*batch, ins[0][-2], ins[1][-1])
         except ValueError:
             continue
-    # a Q's output type: its zero point's, else its output_dtype attribute, else uint8
-    for node in g.node:
-        if node.op_type == "QuantizeLinear" and node.output and node.output[0] not in etype:
-            zp = inits.get(node.input[2]) if len(node.input) > 2 else None
-            attr = next((x.i for x in node.attribute if x.name == "output_dtype"), 0)
-            etype[node.output[0]] = zp.data_type if zp is not None else (attr or 2)  # 2: UINT8
-    # the stored element size of each tensor: an activation between a Q and a DQ is held at
-    # the quantized type on both sides (the HTP keeps it quantized)
-    stored: dict[str, float] = {n: _bytes_per_elem(t) for n, t in etype.items()}
-    weight_src: dict[str, str] = {}  # DQ output -> quantized initializer
-    for node in g.node:
-        if node.op_type == "DequantizeLinear" and node.input and node.output:
-            src = node.input[0]
-            stored[node.output[0]] = stored.get(src, 4.0)
-            if src in inits:
-                weight_src[node.output[0]] = src
-        elif node.op_type == "QuantizeLinear" and node.input and node.output:
-            if node.output[0] in etype and node.input[0] not in inits:
-                stored[node.input[0]] = _bytes_per_elem(etype[node.output[0]])
-
-    def elems(name: str) -> int | None:
-        s = shapes.get(name)
-        return int(np.prod(s)) if s is not None else None
-
-    def tensor_bytes(name: str) -> float:
-        n = elems(name)
-        return 0.0 if n is None else n * stored.get(name, 4.0)
-
-    names, types, layers, macs, dram = [], [], [], [], []
-    producer: dict[str, int] = {}
-    edges: list[tuple[int, int]] = []
-    for idx, node in enumerate(g.node):
-        name = node.name or f"{node.op_type}_{idx}"
-        for inp in node.input:
-            if inp in producer:
-                edges.append((producer[inp], idx))
-        for out in node.output:
-            producer[out] = idx
-        layer = layer_of(node.name)
-        if layer is None:
-            layer = next((x for x in (layer_of(o) for o in node.output) if x is not None), None)
-        m, b = 0.0, 0.0
-        if node.op_type in _GATHERS and node.input:
-            # a lookup reads the rows it returns (an embedding row per token), not the table
-            out_b = sum(tensor_bytes(o) for o in node.output if o)
-            b = 2 * out_b + sum(tensor_bytes(i) for i in node.input[1:2] if i)
-        elif node.op_type not in _QDQ:
-            m = _macs(node, shapes)
-            for inp in node.input:
-                if not inp:
-                    continue
-                if inp in weight_src:
-                    b += tensor_bytes(weight_src[inp])
-                else:
-                    b += tensor_bytes(inp)
-            b += sum(tensor_bytes(o) for o in node.output if o)
-        names.append(name)
-        types.append(node.op_type)
-        layers.append(-1 if layer is None else layer)
-        macs.append(m)
-        dram.append(b)
-    return OpGraph(names, types, np.array(layers, np.int64), np.array(macs),
-                   np.array(dram), np.array(sorted(set(edges)), np.int64).reshape(-1, 2))
 
 
 def _macs(node, shapes) -> float:

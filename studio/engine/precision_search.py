@@ -184,49 +184,24 @@ def auto_precision(bench: VariantBench, ranking: list[str], high: str, metric: s
             f"the sensitivity ranking names {unknown[0]!r}, which is not a layer or key "
             "activation of this export: re-run the sensitivity stage"
         )
-
-    scheme = bench.recipe["scheme"]
-
-    def ok(s: dict) -> bool:
-        return target_met(s, bench.fp32, metric, max_ppl_change, min_cosine, min_top1)
-
-    def rules_of(layers: list[str]) -> dict[str, str]:
-        return {rule_for(r, high, scheme): high for r in layers}
-
-    def measure(rules: dict[str, str]) -> dict[str, Any]:
-        if chip is None:
-            return bench.evaluate(rules)
-        return {**bench.score_on_htp(rules, chip), **bench.footprint(rules)}
-
-    def row(step: int, raised: list[str], s: dict, action: str) -> dict:
-        return {"step": step, "action": action, "raised": list(raised),
-                **{k: s[k] for k in (*METRICS, "weight_bytes", "activation_bytes_per_token")},
-                "meets_target": ok(s)}
-
+    search = _Search(bench, high, metric, max_ppl_change, min_cosine, min_top1, chip)
     if gains is not None:  # a layer whose raise alone measured no gain is not tried
         ranking = [name for name in ranking if gains.get(name, 0.0) > 0.0]
-    steps = [row(0, [], measure({}), "base")]
+    steps = [search.row(0, [], search.measure({}), "base")]
     raised: list[str] = []
     n = len(ranking)
     while not steps[-1]["meets_target"] and len(raised) < n:
         progress.check()
         raised.append(ranking[len(raised)])
         progress.update(len(raised) / (n + 1), f"raising {len(raised)} layer(s): {raised[-1]}")
-        steps.append(row(len(raised), raised, measure(rules_of(raised)),
-                         f"raise {raised[-1]}"))
+        steps.append(search.row(len(raised), raised, search.measure(search.rules_of(raised)),
+                                f"raise {raised[-1]}"))
     met = steps[-1]["meets_target"]
     final = dict(steps[-1])
     pruned: list[dict] = []
     if met and len(raised) > 1:
-        for layer in reversed(raised[:-1]):  # the last one raised was needed to get there
-            progress.check()
-            progress.update(0.9, f"is {layer} needed?")
-            trial = [r for r in raised if r != layer]
-            s = row(len(trial), trial, measure(rules_of(trial)), f"drop {layer}")
-            pruned.append(s)
-            if s["meets_target"]:
-                raised, final = trial, s
-    rules = rules_of([layer for layer in ranking if layer in raised])
+        raised, final, pruned = search.prune(raised, final, progress)
+    rules = search.rules_of([layer for layer in ranking if layer in raised])
     progress.update(1.0, "auto precision done")
     return {
         "graph": "prefill", **_measured_where(chip),
@@ -245,3 +220,47 @@ def auto_precision(bench: VariantBench, ranking: list[str], high: str, metric: s
         "variants": {"measured": len(steps) + len(pruned), "quantizer_runs": bench.quantized,
                      "spliced": bench.spliced, "patched": bench.patched},
     }
+
+
+class _Search:
+    """:func:`auto_precision`'s measure of a set of raised layers: their override rules,
+    their figures (host QDQ, or a chip's HTP simulator), and whether they meet the target."""
+
+    def __init__(self, bench: VariantBench, high: str, metric: str, max_ppl_change: float,
+                 min_cosine: float, min_top1: float, chip) -> None:
+        self.bench, self.high, self.metric, self.chip = bench, high, metric, chip
+        self.max_ppl_change, self.min_cosine, self.min_top1 = (max_ppl_change, min_cosine,
+                                                               min_top1)
+        self.scheme = bench.recipe["scheme"]
+
+    def ok(self, s: dict) -> bool:
+        return target_met(s, self.bench.fp32, self.metric, self.max_ppl_change,
+                          self.min_cosine, self.min_top1)
+
+    def rules_of(self, layers: list[str]) -> dict[str, str]:
+        return {rule_for(r, self.high, self.scheme): self.high for r in layers}
+
+    def measure(self, rules: dict[str, str]) -> dict[str, Any]:
+        if self.chip is None:
+            return self.bench.evaluate(rules)
+        return {**self.bench.score_on_htp(rules, self.chip), **self.bench.footprint(rules)}
+
+    def row(self, step: int, raised: list[str], s: dict, action: str) -> dict:
+        return {"step": step, "action": action, "raised": list(raised),
+                **{k: s[k] for k in (*METRICS, "weight_bytes", "activation_bytes_per_token")},
+                "meets_target": self.ok(s)}
+
+    def prune(self, raised: list[str], final: dict, progress: Progress
+              ) -> tuple[list[str], dict, list[dict]]:
+        """Every raised layer but the last dropped in turn (least sensitive first) where the
+        target holds without it: the layers kept, the final step, the trials."""
+        pruned: list[dict] = []
+        for layer in reversed(raised[:-1]):  # the last one raised was needed to get there
+            progress.check()
+            progress.update(0.9, f"is {layer} needed?")
+            trial = [r for r in raised if r != layer]
+            s = self.row(len(trial), trial, self.measure(self.rules_of(trial)), f"drop {layer}")
+            pruned.append(s)
+            if s["meets_target"]:
+                raised, final = trial, s
+        return raised, final, pruned

@@ -113,69 +113,25 @@ def profile_run(
         raise StudioError("profile at least one run (runs >= 1)")
     out = Path(out_csv).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
-    stem = out.stem
     tmp = Path(tempfile.mkdtemp(prefix=".qnn-profile-", dir=out.parent))
     cwd = Path.cwd()
     before = set(glob.glob(str(cwd / "*_schematic.bin")))
     t_start = time.time()
     try:
         csv_tmp = tmp / out.name
-        sess = make_session(
-            onnx_path,
-            chip,
-            strict=strict,
-            fp16=fp16,
-            profiling_level=level,
-            profiling_path=csv_tmp,
-            threads=threads,
-            op_trace_dir=tmp if op_trace else None,
-            extra_options=extra_options,
-        )
-        wall = []
-        outputs = None
-        try:
-            if feeds is None:
-                inputs = synthetic_feeds(sess)
-            elif callable(feeds):
-                inputs = dict(feeds(sess))
-            else:
-                inputs = dict(feeds)
-            for _ in range(runs):
-                t0 = time.perf_counter()
-                outputs = sess.run(None, inputs)
-                wall.append(time.perf_counter() - t0)
-        except StudioError:
-            raise
-        except Exception as e:
-            raise StudioError(
-                f"profiling run of {Path(onnx_path).name} failed: {first_line(str(e))}; "
-                "check the inputs' names, shapes and dtypes"
-            ) from None
-        finally:
-            del sess
+        wall, outputs = _profiled_runs(
+            onnx_path, chip, feeds, runs, strict=strict, fp16=fp16, profiling_level=level,
+            profiling_path=csv_tmp, threads=threads,
+            op_trace_dir=tmp if op_trace else None, extra_options=extra_options)
         if not csv_tmp.is_file():
             raise StudioError("the QNN EP wrote no profiling CSV; check the profiling level")
-        results: dict[str, Any] = {
-            "csv": str(out),
-            "op_trace": None,
-            "qnn_log": None,
-            "schematic": [],
-        }
-        trace = tmp / OP_TRACE_FILE
-        if trace.is_file():
-            os.replace(trace, out.parent / f"{stem}_op_trace.json")
-            results["op_trace"] = str(out.parent / f"{stem}_op_trace.json")
-        qnn_log = tmp / f"{stem}_qnn.log"  # the binary log qnn-profile-viewer reads
-        if qnn_log.is_file():
-            os.replace(qnn_log, out.parent / qnn_log.name)
-            results["qnn_log"] = str(out.parent / qnn_log.name)
-        os.replace(csv_tmp, out)
+        results = _keep_profile_files(tmp, out, csv_tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     # optrace writes its schematic into the current directory: move it next to the CSV.
     for f in sorted(set(glob.glob(str(cwd / "*_schematic.bin"))) - before):
         if os.path.getmtime(f) >= t_start - 1:
-            dest = out.parent / f"{stem}_{Path(f).name}"
+            dest = out.parent / f"{out.stem}_{Path(f).name}"
             shutil.move(f, dest)
             results["schematic"].append(str(dest))
     results.update(
@@ -187,6 +143,60 @@ def profile_run(
             "source": timing_source(),
         }
     )
+    return results
+
+
+def _profiled_runs(onnx_path: str | os.PathLike, chip: Chip | str,
+                   feeds: Mapping[str, Any] | Callable[[Any], Mapping[str, Any]] | None,
+                   runs: int, **session: Any) -> tuple[list[float], Any]:
+    """A profiling session of the graph run ``runs`` times: each run's wall time and the
+    last run's outputs. The session is released before this returns (the EP writes its
+    profile then)."""
+    sess = make_session(onnx_path, chip, **session)
+    wall = []
+    outputs = None
+    try:
+        if feeds is None:
+            inputs = synthetic_feeds(sess)
+        elif callable(feeds):
+            inputs = dict(feeds(sess))
+        else:
+            inputs = dict(feeds)
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            outputs = sess.run(None, inputs)
+            wall.append(time.perf_counter() - t0)
+    except StudioError:
+        raise
+    except Exception as e:
+        raise StudioError(
+            f"profiling run of {Path(onnx_path).name} failed: {first_line(str(e))}; "
+            "check the inputs' names, shapes and dtypes"
+        ) from None
+    finally:
+        del sess
+    return wall, outputs
+
+
+def _keep_profile_files(tmp: Path, out: Path, csv_tmp: Path) -> dict[str, Any]:
+    """The profile's CSV, the EP's op trace and the binary QNN log moved from ``tmp`` to
+    beside ``out``; their paths."""
+    stem = out.stem
+    results: dict[str, Any] = {
+        "csv": str(out),
+        "op_trace": None,
+        "qnn_log": None,
+        "schematic": [],
+    }
+    trace = tmp / OP_TRACE_FILE
+    if trace.is_file():
+        os.replace(trace, out.parent / f"{stem}_op_trace.json")
+        results["op_trace"] = str(out.parent / f"{stem}_op_trace.json")
+    qnn_log = tmp / f"{stem}_qnn.log"  # the binary log qnn-profile-viewer reads
+    if qnn_log.is_file():
+        os.replace(qnn_log, out.parent / qnn_log.name)
+        results["qnn_log"] = str(out.parent / qnn_log.name)
+    os.replace(csv_tmp, out)
     return results
 
 

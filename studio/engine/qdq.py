@@ -280,28 +280,13 @@ def run_quantizer(
     :data:`studio.engine.weightstore.SHARE_ABOVE` bytes keeps its weights (the prefill and
     decode graphs of a part then hold one copy)."""
     import onnx
-    from onnxruntime.quantization import CalibrationMethod, QuantType
-    from onnxruntime.quantization.execution_providers.qnn import (
-        get_qnn_qdq_config,
-        qnn_preprocess_model,
-    )
 
-    act = QuantType.QUInt16 if activation_bits(recipe["scheme"]) == 16 else QuantType.QUInt8
     work = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.stem}-quant."))
     handler = LogToProgress(progress)
     root = logging.getLogger()
     root.addHandler(handler)
     try:
-        pre = work / "preprocessed.onnx"
-        # A graph past the 2 GB protobuf limit (its weights in external data) must be written
-        # back the same way; the graph is read without its weights (the overrides and the
-        # config only need its structure, and an in-memory model past 2 GB cannot be
-        # serialized for shape inference or ByteSize).
-        external = _uses_external_data(src)
-        ext = ({"save_as_external_data": True, "all_tensors_to_one_file": True,
-                "external_data_location": pre.name + ".data"} if external else {})
-        model_path = (pre if preprocess_fuses(src) and qnn_preprocess_model(
-            str(src), str(pre), **ext) else private_input(src, work))
+        model_path, external = _preprocessed(src, work)
         model = onnx.load(str(model_path), load_external_data=False)
         resolved = resolve_overrides(model, recipe)
         progress.check()
@@ -314,59 +299,15 @@ def run_quantizer(
             if recipe["weight_granularity"] == "per_block" else {})
         for w, why in by_channel.items():
             progress.log(f"{w}: 4-bit per channel, not in blocks: {why}")
-        config = get_qnn_qdq_config(
-            model,
-            calibration_reader(feeds, progress),
-            calibrate_method=CalibrationMethod[recipe["calibration_method"]],
-            activation_type=act,
-            weight_type=QuantType.QUInt8,
-            per_channel=False,
-            init_overrides=resolved["init_overrides"] or None,
-            nodes_to_exclude=resolved["nodes_to_exclude"] or None,
-        )
-        if shared:
-            # activations another graph already quantized keep that graph's scales (the
-            # verify graph reuses the decode graph's, so both compute the same logits)
-            tqo = config.extra_options.setdefault("TensorQuantOverrides", {})
-            for name, enc in shared.items():
-                if name not in tqo:
-                    tqo[name] = enc
-        if recipe["weight_granularity"] == "per_block":
-            # block-wise weights as an opset-21 DequantizeLinear with block_size (LPBQ)
-            config.extra_options["BlockSize"] = recipe["block_size"]
-            config.extra_options["UseQDQContribOps"] = False
+        config = _qnn_config(model, recipe, feeds, resolved, shared, progress)
         if external and config.extra_options.get("UseQDQContribOps"):
             # 16-bit types need opset 21, and ORT's own upgrade serializes the whole model
             # (past 2 GB it cannot): upgrade the weight-free graph here; the quantizer then
             # sees opset 21 and does the rest as for a small graph.
             model_path = _upgrade_opset(model_path, work, 21)
         del model
-        # Not CalibMaxIntermediateOutputs: in ORT 1.32 MinMaxCalibrater drops the collected
-        # batches when it reaches that count without computing their ranges. MinMax keeps
-        # only ReduceMin/ReduceMax outputs per feed, so memory stays small anyway.
-        out = work / dst.name
-        try:
-            _quantize_streamed(model_path, out, config,
-                               mapped_ranges(model_path, config, feeds, progress), progress)
-        except ValueError as exc:
-            raise StudioError(
-                f"quantization of {src.name} failed: {str(exc).splitlines()[0]}"
-            ) from None
-        progress.check()
-        onnx.checker.check_model(str(out))  # by path: works past the 2 GB protobuf limit
-        qmodel = onnx.load(str(out))
-        mm = matmul_precisions(qmodel)
-        bad = [k for k in mm if k.startswith("16x16w")]
-        if bad:
-            raise StudioError(
-                f"{mm[bad[0]]} MatMul(s) of {src.name} ended up with 16-bit weights under 16-bit "
-                "activations, which the HTP does not run; keep those weights INT8"
-            )
-
-        if store is not None and weight_bytes(qmodel) > weightstore.SHARE_ABOVE:
-            weightstore.save_shared(qmodel, dst, store)
-        else:
-            save_onnx_atomic(qmodel, dst)
+        qmodel, mm = _quantized(src, model_path, work / dst.name, config, feeds, progress)
+        _save_quantized(qmodel, dst, store)
         overrides = config.extra_options.get("TensorQuantOverrides", {})
         return {
             "file": dst.name,
@@ -391,6 +332,95 @@ def run_quantizer(
     finally:
         root.removeHandler(handler)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _preprocessed(src: Path, work: Path) -> tuple[Path, bool]:
+    """The graph the quantizer reads: QNN's preprocessing (its fusions) where it fuses
+    something, else ``src`` as a private input in ``work``; and whether its weights are
+    external data."""
+    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
+
+    pre = work / "preprocessed.onnx"
+    # A graph past the 2 GB protobuf limit (its weights in external data) must be written
+    # back the same way; the graph is read without its weights (the overrides and the
+    # config only need its structure, and an in-memory model past 2 GB cannot be
+    # serialized for shape inference or ByteSize).
+    external = _uses_external_data(src)
+    ext = ({"save_as_external_data": True, "all_tensors_to_one_file": True,
+            "external_data_location": pre.name + ".data"} if external else {})
+    model_path = (pre if preprocess_fuses(src) and qnn_preprocess_model(
+        str(src), str(pre), **ext) else private_input(src, work))
+    return model_path, external
+
+
+def _qnn_config(model, recipe: dict, feeds: list[dict], resolved: dict[str, Any],
+                shared: dict[str, list[dict[str, Any]]] | None, progress: Progress):
+    """ONNX Runtime's QNN QDQ configuration of the recipe: the activation type, the
+    resolved overrides and exclusions, another graph's shared encodings, LPBQ blocks."""
+    from onnxruntime.quantization import CalibrationMethod, QuantType
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    act = QuantType.QUInt16 if activation_bits(recipe["scheme"]) == 16 else QuantType.QUInt8
+    config = get_qnn_qdq_config(
+        model,
+        calibration_reader(feeds, progress),
+        calibrate_method=CalibrationMethod[recipe["calibration_method"]],
+        activation_type=act,
+        weight_type=QuantType.QUInt8,
+        per_channel=False,
+        init_overrides=resolved["init_overrides"] or None,
+        nodes_to_exclude=resolved["nodes_to_exclude"] or None,
+    )
+    if shared:
+        # activations another graph already quantized keep that graph's scales (the
+        # verify graph reuses the decode graph's, so both compute the same logits)
+        tqo = config.extra_options.setdefault("TensorQuantOverrides", {})
+        for name, enc in shared.items():
+            if name not in tqo:
+                tqo[name] = enc
+    if recipe["weight_granularity"] == "per_block":
+        # block-wise weights as an opset-21 DequantizeLinear with block_size (LPBQ)
+        config.extra_options["BlockSize"] = recipe["block_size"]
+        config.extra_options["UseQDQContribOps"] = False
+    return config
+
+
+def _quantized(src: Path, model_path: Path, out: Path, config, feeds: list[dict],
+               progress: Progress):
+    """The quantizer run into ``out``, the result checked and loaded; with its MatMuls'
+    precisions (refused where a MatMul got 16-bit weights under 16-bit activations)."""
+    import onnx
+
+    # Not CalibMaxIntermediateOutputs: in ORT 1.32 MinMaxCalibrater drops the collected
+    # batches when it reaches that count without computing their ranges. MinMax keeps
+    # only ReduceMin/ReduceMax outputs per feed, so memory stays small anyway.
+    try:
+        _quantize_streamed(model_path, out, config,
+                           mapped_ranges(model_path, config, feeds, progress), progress)
+    except ValueError as exc:
+        raise StudioError(
+            f"quantization of {src.name} failed: {str(exc).splitlines()[0]}"
+        ) from None
+    progress.check()
+    onnx.checker.check_model(str(out))  # by path: works past the 2 GB protobuf limit
+    qmodel = onnx.load(str(out))
+    mm = matmul_precisions(qmodel)
+    bad = [k for k in mm if k.startswith("16x16w")]
+    if bad:
+        raise StudioError(
+            f"{mm[bad[0]]} MatMul(s) of {src.name} ended up with 16-bit weights under 16-bit "
+            "activations, which the HTP does not run; keep those weights INT8"
+        )
+    return qmodel, mm
+
+
+def _save_quantized(qmodel, dst: Path, store: WeightStore | None) -> None:
+    """The quantized graph at ``dst``, its weights in the folder's shared store where it is
+    past :data:`studio.engine.weightstore.SHARE_ABOVE` bytes."""
+    if store is not None and weight_bytes(qmodel) > weightstore.SHARE_ABOVE:
+        weightstore.save_shared(qmodel, dst, store)
+    else:
+        save_onnx_atomic(qmodel, dst)
 
 
 #: why a weight whose input dimension is not a whole number of blocks is not block-quantized

@@ -151,47 +151,19 @@ def put_weights(out: Path, originals: dict[str, Original]) -> None:
     the quantizer left in float by its real values). Raises :class:`NotStreamable` when the
     graph holds a stand-in this does not recognise."""
     import onnx
-    from onnx import TensorProto, numpy_helper
-    from onnxruntime.quantization.quant_utils import (
-        ONNX_TYPE_TO_NP_TYPE,
-        TENSOR_NAME_QUANT_SUFFIX,
-        quantize_nparray,
-    )
+    from onnxruntime.quantization.quant_utils import TENSOR_NAME_QUANT_SUFFIX
 
     out = Path(out)
     model = onnx.load(str(out))
     inits = {t.name: t for t in model.graph.initializer}
     dq = {n.input[0]: n for n in model.graph.node if n.op_type == "DequantizeLinear"}
     data = out.with_name(WEIGHTS_FILE)
-    done: set[str] = set()
     with open(data, "wb") as f:
-        def external(t, dims, data_type):
-            offset = f.tell()
-            t.ClearField("raw_data")
-            for field in ("float_data", "int32_data", "int64_data"):
-                t.ClearField(field)
-            del t.dims[:]
-            t.dims.extend(dims)
-            t.data_type = data_type
-            t.data_location = TensorProto.EXTERNAL
-            del t.external_data[:]
-            return offset
-
-        def point(t, offset):
-            for k, v in (("location", data.name), ("offset", str(offset)),
-                         ("length", str(f.tell() - offset))):
-                e = t.external_data.add()
-                e.key, e.value = k, v
-            done.add(t.name)
-
+        w = _WeightFile(f, data.name)
         for name, orig in originals.items():
             qname = name + TENSOR_NAME_QUANT_SUFFIX
             if name in inits:  # left in float by the quantizer (an excluded node)
-                t = inits[name]
-                offset = external(t, (orig.rows, orig.cols), TensorProto.FLOAT)
-                for r0, r1 in orig.row_slices():
-                    f.write(orig.read(r0, r1).tobytes())
-                point(t, offset)
+                w.write_float(inits[name], orig)
             if qname not in inits:
                 continue
             t, node = inits[qname], dq.get(qname)
@@ -199,33 +171,83 @@ def put_weights(out: Path, originals: dict[str, Original]) -> None:
                     a.name == "block_size" and a.i for a in node.attribute):
                 raise NotStreamable(f"{qname}: not read by a per-tensor or per-channel "
                                     "DequantizeLinear")
-            qtype = t.data_type
-            scale = numpy_helper.to_array(inits[node.input[1]])
-            zp = np.asarray(numpy_helper.to_array(inits[node.input[2]])).astype(
-                ONNX_TYPE_TO_NP_TYPE[qtype])
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 1) % 2
-            if scale.size == 1:
-                scale, zp = scale.reshape(()), zp.reshape(())
-            elif (orig.axis is None or axis != orig.axis
-                  or scale.size != (orig.rows if axis == 0 else orig.cols)):
-                raise NotStreamable(f"{qname}: its scales do not match the stand-in's axis")
-            four = qtype in (TensorProto.INT4, TensorProto.UINT4)
-            offset = external(t, (orig.rows, orig.cols), qtype)
-            for r0, r1 in orig.row_slices(even=four):
-                if scale.ndim == 0:
-                    s, z = scale, zp
-                elif axis == 1:
-                    s, z = scale.reshape(1, -1), zp.reshape(1, -1)
-                else:
-                    s, z = scale[r0:r1].reshape(-1, 1), zp[r0:r1].reshape(-1, 1)
-                q = quantize_nparray(qtype, orig.read(r0, r1), s, z)
-                f.write((_pack4(q) if four else
-                         np.asarray(q, dtype=onnx.helper.tensor_dtype_to_np_dtype(qtype))
-                         ).tobytes())
-            point(t, offset)
+            w.write_quantized(t, node, orig, inits, qname)
     for name, orig in originals.items():
         for t in model.graph.initializer:
-            if (t.name not in done and t.name.startswith(name)
+            if (t.name not in w.done and t.name.startswith(name)
                     and tuple(t.dims) == orig.stand_in_dims):
                 raise NotStreamable(f"{t.name}: a stand-in the quantizer copied")
     onnx.save(model, str(out))
+
+
+class _WeightFile:
+    """The graph's new weight file, written in order: each initializer pointed at its bytes
+    there (``done``: the initializers written)."""
+
+    def __init__(self, f, name: str) -> None:
+        self.f, self.name = f, name
+        self.done: set[str] = set()
+
+    def external(self, t, dims, data_type) -> int:
+        """``t`` made an external initializer of ``dims`` and ``data_type``; where its bytes
+        start."""
+        from onnx import TensorProto
+
+        offset = self.f.tell()
+        t.ClearField("raw_data")
+        for field in ("float_data", "int32_data", "int64_data"):
+            t.ClearField(field)
+        del t.dims[:]
+        t.dims.extend(dims)
+        t.data_type = data_type
+        t.data_location = TensorProto.EXTERNAL
+        del t.external_data[:]
+        return offset
+
+    def point(self, t, offset: int) -> None:
+        for k, v in (("location", self.name), ("offset", str(offset)),
+                     ("length", str(self.f.tell() - offset))):
+            e = t.external_data.add()
+            e.key, e.value = k, v
+        self.done.add(t.name)
+
+    def write_float(self, t, orig: Original) -> None:
+        """A weight the quantizer left in float, by its real values."""
+        from onnx import TensorProto
+
+        offset = self.external(t, (orig.rows, orig.cols), TensorProto.FLOAT)
+        for r0, r1 in orig.row_slices():
+            self.f.write(orig.read(r0, r1).tobytes())
+        self.point(t, offset)
+
+    def write_quantized(self, t, node, orig: Original, inits: dict, qname: str) -> None:
+        """The real weight quantized with the scales the quantizer chose (its
+        DequantizeLinear ``node``'s), a slice of rows at a time."""
+        import onnx
+        from onnx import TensorProto, numpy_helper
+        from onnxruntime.quantization.quant_utils import ONNX_TYPE_TO_NP_TYPE, quantize_nparray
+
+        qtype = t.data_type
+        scale = numpy_helper.to_array(inits[node.input[1]])
+        zp = np.asarray(numpy_helper.to_array(inits[node.input[2]])).astype(
+            ONNX_TYPE_TO_NP_TYPE[qtype])
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1) % 2
+        if scale.size == 1:
+            scale, zp = scale.reshape(()), zp.reshape(())
+        elif (orig.axis is None or axis != orig.axis
+              or scale.size != (orig.rows if axis == 0 else orig.cols)):
+            raise NotStreamable(f"{qname}: its scales do not match the stand-in's axis")
+        four = qtype in (TensorProto.INT4, TensorProto.UINT4)
+        offset = self.external(t, (orig.rows, orig.cols), qtype)
+        for r0, r1 in orig.row_slices(even=four):
+            if scale.ndim == 0:
+                s, z = scale, zp
+            elif axis == 1:
+                s, z = scale.reshape(1, -1), zp.reshape(1, -1)
+            else:
+                s, z = scale[r0:r1].reshape(-1, 1), zp[r0:r1].reshape(-1, 1)
+            q = quantize_nparray(qtype, orig.read(r0, r1), s, z)
+            self.f.write((_pack4(q) if four else
+                          np.asarray(q, dtype=onnx.helper.tensor_dtype_to_np_dtype(qtype))
+                          ).tobytes())
+        self.point(t, offset)

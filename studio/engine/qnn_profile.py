@@ -62,12 +62,50 @@ def parse_profile_csv(
     nodes = _onnx_nodes(onnx_path) if onnx_path is not None else {}
     trace_map, trace_target = _read_trace(op_trace_json) if op_trace_json is not None else ({}, {})
 
-    op_samples: dict[str, list[float]] = {}
-    op_meta: dict[str, dict] = {}
-    ev_samples: dict[str, list[float]] = {}
-    ev_meta: dict[str, dict] = {}
-    runs = 0
+    got = _CsvSamples(path, has_source_ops)
     for i, row in rows:
+        got.add(i, row)
+    ops = [
+        _make_op(meta, tuple(got.op_samples[ident]), nodes, trace_map)
+        for ident, meta in got.op_meta.items()
+    ]
+    units = {op.unit for op in ops}
+    if len(units) > 1:
+        raise StudioError(
+            f"profile CSV {path} mixes per-op units {sorted(units)}; profile again with one level"
+        )
+    runs = got.runs
+    if ops:
+        # Each op belongs to one QNN graph and has one row per run; a session split into
+        # several QNN graphs writes one EXECUTE row per graph and run.
+        runs = max(len(op.samples) for op in ops)
+    return Profile(
+        source=source,
+        ops=ops,
+        events=got.events(),
+        unit=next(iter(units)) if units else "cycles",
+        runs=runs,
+        level=level or ("detailed" if ops else "basic"),
+        target={**trace_target, **(target or {})},
+        origin=str(path),
+    )
+
+
+class _CsvSamples:
+    """A profiling CSV's rows gathered: each op's (NODE rows) and each event's values over
+    the runs, with what describes them, and the EXECUTE rows counted."""
+
+    def __init__(self, path: Path, has_source_ops: bool) -> None:
+        self.path, self.has_source_ops = path, has_source_ops
+        self.op_samples: dict[str, list[float]] = {}
+        self.op_meta: dict[str, dict] = {}
+        self.ev_samples: dict[str, list[float]] = {}
+        self.ev_meta: dict[str, dict] = {}
+        self.runs = 0
+
+    def add(self, i: int, row: dict) -> None:
+        """Row ``i`` of the file (its line number, for the errors)."""
+        path = self.path
         message = row["Message"].strip().upper()
         ident = row["Event Identifier"].strip()
         unit = _unit(row["Unit of Measurement"], path, i)
@@ -79,63 +117,45 @@ def parse_profile_csv(
                 "the file is damaged or not a QNN profile"
             ) from None
         if message == "NODE":
-            m = _NODE_ID.match(ident)
-            if not m:
-                raise StudioError(
-                    f"profile CSV {path} line {i}: NODE row '{ident}' has no '<op>:OpId_N' "
-                    "identifier; the file is damaged or not a QNN profile"
-                )
-            op_samples.setdefault(ident, []).append(value)
-            if ident not in op_meta:
-                src = (row.get(SOURCE_OPS_COLUMN) or "").strip() if has_source_ops else ""
-                op_meta[ident] = {
-                    "name": (m.group("name") or "").strip() or f"OpId_{m.group('id')}",
-                    "op_id": int(m.group("id")),
-                    "unit": unit,
-                    "source_ops": tuple(s for s in src.split(";") if s) if src else (),
-                }
+            self.add_node(i, row, ident, unit, value)
         else:
             if message == "EXECUTE":
-                runs += 1
-            ev_samples.setdefault(ident, []).append(value)
-            ev_meta.setdefault(
+                self.runs += 1
+            self.ev_samples.setdefault(ident, []).append(value)
+            self.ev_meta.setdefault(
                 ident, {"unit": unit, "kind": message, "level": row["Event Level"].strip()}
             )
 
-    ops = [
-        _make_op(meta, tuple(op_samples[ident]), nodes, trace_map)
-        for ident, meta in op_meta.items()
-    ]
-    units = {op.unit for op in ops}
-    if len(units) > 1:
-        raise StudioError(
-            f"profile CSV {path} mixes per-op units {sorted(units)}; profile again with one level"
-        )
-    events = [
-        ProfileEvent(
-            name=ident,
-            value=sum(ev_samples[ident]) / len(ev_samples[ident]),
-            unit=meta["unit"],
-            kind=meta["kind"],
-            level=meta["level"],
-            samples=tuple(ev_samples[ident]),
-        )
-        for ident, meta in ev_meta.items()
-    ]
-    if ops:
-        # Each op belongs to one QNN graph and has one row per run; a session split into
-        # several QNN graphs writes one EXECUTE row per graph and run.
-        runs = max(len(op.samples) for op in ops)
-    return Profile(
-        source=source,
-        ops=ops,
-        events=events,
-        unit=next(iter(units)) if units else "cycles",
-        runs=runs,
-        level=level or ("detailed" if ops else "basic"),
-        target={**trace_target, **(target or {})},
-        origin=str(path),
-    )
+    def add_node(self, i: int, row: dict, ident: str, unit: str, value: float) -> None:
+        m = _NODE_ID.match(ident)
+        if not m:
+            raise StudioError(
+                f"profile CSV {self.path} line {i}: NODE row '{ident}' has no '<op>:OpId_N' "
+                "identifier; the file is damaged or not a QNN profile"
+            )
+        self.op_samples.setdefault(ident, []).append(value)
+        if ident not in self.op_meta:
+            src = (row.get(SOURCE_OPS_COLUMN) or "").strip() if self.has_source_ops else ""
+            self.op_meta[ident] = {
+                "name": (m.group("name") or "").strip() or f"OpId_{m.group('id')}",
+                "op_id": int(m.group("id")),
+                "unit": unit,
+                "source_ops": tuple(s for s in src.split(";") if s) if src else (),
+            }
+
+    def events(self) -> list[ProfileEvent]:
+        """The events, each the mean of its values over the runs."""
+        return [
+            ProfileEvent(
+                name=ident,
+                value=sum(self.ev_samples[ident]) / len(self.ev_samples[ident]),
+                unit=meta["unit"],
+                kind=meta["kind"],
+                level=meta["level"],
+                samples=tuple(self.ev_samples[ident]),
+            )
+            for ident, meta in self.ev_meta.items()
+        ]
 
 
 # ---------------------------------------------------------------------------------------

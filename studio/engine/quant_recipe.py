@@ -107,26 +107,70 @@ def normalize_recipe(recipe: dict) -> dict:
     """Check a recipe and fill in defaults; StudioError on anything unusable."""
     if not isinstance(recipe, dict):
         raise StudioError("the quantization recipe must be a table with at least a scheme")
-    unknown = set(recipe) - {
-        "scheme",
-        "weight_granularity",
-        "samples",
-        "overrides",
-        "decode_per_window",
-        "given",
-        "calibration_method",
-        "block_size",
-        "weight_rounding",
-        "rounding_samples",
-        "vision_scheme",
-        "vision_overrides",
-        "embedding",
-    }
+    unknown = set(recipe) - RECIPE_KEYS
     if unknown:
         raise StudioError(
             f"unknown quantization setting(s) {', '.join(sorted(unknown))}; "
             "use scheme, weight_granularity, samples, overrides"
         )
+    scheme, gran, samples, per_window = _scheme_and_samples(recipe)
+    norm, given = _normal_overrides(recipe.get("overrides"), recipe.get("given") or {})
+    vision_norm, _ = _normal_overrides(recipe.get("vision_overrides"), {})
+    vision_scheme = str(recipe.get("vision_scheme") or "").upper()
+    if vision_scheme and vision_scheme not in SCHEMES:
+        raise StudioError(f"unknown vision scheme {recipe.get('vision_scheme')!r}; use one of "
+                          f"{', '.join(SCHEMES)} (or leave it empty: the recipe's scheme)")
+    method = str(recipe.get("calibration_method", DEFAULT_CALIBRATION_METHOD))
+    if method not in CALIBRATION_METHODS:
+        raise StudioError(
+            f"unknown calibration method {method!r}; use one of {', '.join(CALIBRATION_METHODS)}"
+        )
+    block = recipe.get("block_size", DEFAULT_BLOCK_SIZE)
+    if gran == "per_block" and weight_bits(scheme) != 4:
+        raise StudioError("per_block (LPBQ) weights are 4-bit: use it with scheme W4A16")
+    rounding, r_samples = _rounding(recipe, scheme, gran)
+    embedding = str(recipe.get("embedding", "auto"))
+    if embedding not in EMBEDDING_PRECISIONS:
+        raise StudioError(f"unknown embedding precision {embedding!r}; use one of "
+                          f"{', '.join(EMBEDDING_PRECISIONS)}")
+    return {
+        "embedding": embedding,
+        "weight_rounding": rounding,
+        "rounding_samples": r_samples,
+        "calibration_method": method,
+        "block_size": int(block),
+        "given": given,
+        "scheme": scheme,
+        "weight_granularity": gran,
+        "samples": samples,
+        "overrides": norm,
+        "decode_per_window": per_window,
+        "vision_scheme": vision_scheme,
+        "vision_overrides": vision_norm,
+    }
+
+
+#: the settings a recipe may hold
+RECIPE_KEYS = frozenset({
+    "scheme",
+    "weight_granularity",
+    "samples",
+    "overrides",
+    "decode_per_window",
+    "given",
+    "calibration_method",
+    "block_size",
+    "weight_rounding",
+    "rounding_samples",
+    "vision_scheme",
+    "vision_overrides",
+    "embedding",
+})
+
+
+def _scheme_and_samples(recipe: dict) -> tuple[str, str, int, int]:
+    """The recipe's scheme, weight granularity, calibration samples and decode feeds per
+    window, checked."""
     scheme = str(recipe.get("scheme", DEFAULT_SCHEME)).upper()
     if scheme not in SCHEMES:
         raise StudioError(
@@ -147,20 +191,11 @@ def normalize_recipe(recipe: dict) -> dict:
         raise StudioError(
             f"decode_per_window must be a whole number from 1 to 64 (got {per_window!r})"
         )
-    norm, given = _normal_overrides(recipe.get("overrides"), recipe.get("given") or {})
-    vision_norm, _ = _normal_overrides(recipe.get("vision_overrides"), {})
-    vision_scheme = str(recipe.get("vision_scheme") or "").upper()
-    if vision_scheme and vision_scheme not in SCHEMES:
-        raise StudioError(f"unknown vision scheme {recipe.get('vision_scheme')!r}; use one of "
-                          f"{', '.join(SCHEMES)} (or leave it empty: the recipe's scheme)")
-    method = str(recipe.get("calibration_method", DEFAULT_CALIBRATION_METHOD))
-    if method not in CALIBRATION_METHODS:
-        raise StudioError(
-            f"unknown calibration method {method!r}; use one of {', '.join(CALIBRATION_METHODS)}"
-        )
-    block = recipe.get("block_size", DEFAULT_BLOCK_SIZE)
-    if gran == "per_block" and weight_bits(scheme) != 4:
-        raise StudioError("per_block (LPBQ) weights are 4-bit: use it with scheme W4A16")
+    return scheme, gran, samples, per_window
+
+
+def _rounding(recipe: dict, scheme: str, gran: str) -> tuple[str, int]:
+    """The recipe's weight rounding and its samples, checked."""
     rounding = str(recipe.get("weight_rounding", DEFAULT_WEIGHT_ROUNDING)).lower()
     if rounding not in WEIGHT_ROUNDINGS:
         raise StudioError(f"unknown weight rounding {recipe.get('weight_rounding')!r}; use one "
@@ -174,25 +209,7 @@ def normalize_recipe(recipe: dict) -> dict:
             not 1 <= r_samples <= MAX_SAMPLES:
         raise StudioError(f"rounding samples must be a whole number from 1 to {MAX_SAMPLES} "
                           f"(got {r_samples!r})")
-    embedding = str(recipe.get("embedding", "auto"))
-    if embedding not in EMBEDDING_PRECISIONS:
-        raise StudioError(f"unknown embedding precision {embedding!r}; use one of "
-                          f"{', '.join(EMBEDDING_PRECISIONS)}")
-    return {
-        "embedding": embedding,
-        "weight_rounding": rounding,
-        "rounding_samples": r_samples,
-        "calibration_method": method,
-        "block_size": int(block),
-        "given": given,
-        "scheme": scheme,
-        "weight_granularity": gran,
-        "samples": samples,
-        "overrides": norm,
-        "decode_per_window": per_window,
-        "vision_scheme": vision_scheme,
-        "vision_overrides": vision_norm,
-    }
+    return rounding, r_samples
 
 
 def _normal_overrides(overrides: Any, given_in: dict) -> tuple[dict[str, str], dict[str, str]]:
@@ -251,77 +268,120 @@ def resolve_overrides(model, recipe: dict) -> dict:
     Returns ``{"init_overrides", "nodes_to_exclude", "patterns", "per_channel_weights"}``
     where ``patterns`` says what each pattern covered in this graph.
     """
-    from onnxruntime.quantization import QuantType
-
-    scheme = recipe["scheme"]
-    act16 = activation_bits(scheme) == 16
-    act_default = "INT16" if act16 else "INT8"
-    inits = {t.name for t in model.graph.initializer}
+    act16 = activation_bits(recipe["scheme"]) == 16
     weights = matmul_weights(model)
-    floats = float_tensors(model)
-
-    weight_prec: dict[str, str] = {}
-    act_prec: dict[str, str] = {}
-    weight_rule: dict[str, str] = {}  # tensor / node -> the pattern that set it
-    act_rule: dict[str, str] = {}
-    exclude: dict[str, str] = {}  # node -> pattern
-    report: dict[str, dict] = {}
-    chains = _score_chains(model)
+    rules = _Rules(model, weights)
     for pattern, prec in recipe["overrides"].items():
+        rules.apply(pattern, prec)
+    _check_htp_matmuls(model, weights, rules, "INT16" if act16 else "INT8")
+    init_overrides, per_channel = _init_overrides(model, recipe, weights, rules, act16)
+    exclude = rules.exclude
+    for name in [n for n in rules.weight_prec if rules.weight_prec[n] == "FLOAT"]:
+        for node in model.graph.node:
+            if name in node.input:
+                exclude.setdefault(node.name, rules.weight_rule[name])
+    return {
+        "init_overrides": init_overrides,
+        "nodes_to_exclude": sorted(exclude),
+        "patterns": rules.report,
+        "per_channel_weights": per_channel,
+        "layers": _applied_layers(model, recipe, weights, rules.weight_prec, rules.weight_rule,
+                                  rules.act_prec, rules.act_rule, exclude),
+    }
+
+
+class _Rules:
+    """The recipe's override patterns applied in order to one graph: each weight's and
+    activation's precision and the pattern that set it, the nodes left float, and what
+    each pattern covered (``report``)."""
+
+    def __init__(self, model, weights: dict[str, str]) -> None:
+        self.model, self.weights = model, weights
+        self.inits = {t.name for t in model.graph.initializer}
+        self.floats = float_tensors(model)
+        self.chains = _score_chains(model)
+        self.weight_prec: dict[str, str] = {}
+        self.act_prec: dict[str, str] = {}
+        self.weight_rule: dict[str, str] = {}  # tensor / node -> the pattern that set it
+        self.act_rule: dict[str, str] = {}
+        self.exclude: dict[str, str] = {}  # node -> pattern
+        self.report: dict[str, dict] = {}
+
+    def apply(self, pattern: str, prec: str) -> None:
+        """One pattern: the nodes it covers (with their score chains), else the weights it
+        names."""
         nodes = [] if is_weight_only(pattern) else [
-            n for n in model.graph.node
+            n for n in self.model.graph.node
             if n.op_type != "Constant" and covers_node(pattern, n.name)
         ]
         named = {n.name for n in nodes}
-        nodes += [c for n in list(nodes) for c in chains.get(n.name, []) if c.name not in named]
-        named_inits = sorted(i for i in inits if covers(pattern, i))
+        nodes += [c for n in list(nodes) for c in self.chains.get(n.name, [])
+                  if c.name not in named]
+        named_inits = sorted(i for i in self.inits if covers(pattern, i))
         entry: dict[str, Any] = {"precision": prec, "nodes": len(nodes), "tensors": []}
         if nodes:
             for n in nodes:
-                if prec == "FLOAT":
-                    # float supersedes what earlier patterns set on this node
-                    exclude[n.name] = pattern
-                    for t in n.output:
-                        act_prec.pop(t, None)
-                        act_rule.pop(t, None)
-                    if n.op_type == "MatMul" and n.input[1] in weights:
-                        weight_prec.pop(n.input[1], None)
-                        weight_rule.pop(n.input[1], None)
-                    entry["tensors"].extend(o for o in n.output if o in floats)
-                    continue
-                exclude.pop(n.name, None)  # a later quantized pattern re-quantizes the node
-                if prec == "INT4":
-                    if n.op_type == "MatMul" and n.input[1] in weights:
-                        weight_prec[n.input[1]] = "INT4"
-                        weight_rule[n.input[1]] = pattern
-                        entry["tensors"].append(n.input[1])
-                else:
-                    for o in n.output:
-                        if o in floats and o not in inits:
-                            act_prec[o] = prec
-                            act_rule[o] = pattern
-                            entry["tensors"].append(o)
+                self.on_node(n, pattern, prec, entry)
         elif named_inits:
             for w in named_inits:
-                weight_prec[w] = prec
-                weight_rule[w] = pattern
+                self.weight_prec[w] = prec
+                self.weight_rule[w] = pattern
                 entry["tensors"].append(w)
-                if prec != "FLOAT" and weights.get(w) in exclude:
-                    exclude.pop(weights[w])  # its MatMul is quantized again
-        report[pattern] = entry
+                if prec != "FLOAT" and self.weights.get(w) in self.exclude:
+                    self.exclude.pop(self.weights[w])  # its MatMul is quantized again
+        self.report[pattern] = entry
 
-    # HTP MatMul: no 16-bit weight under a 16-bit activation.
-    for w, prec in weight_prec.items():
+    def on_node(self, n, pattern: str, prec: str, entry: dict[str, Any]) -> None:
+        """A covered node: left float (superseding earlier patterns), its MatMul weight at
+        INT4, or its float outputs at ``prec``."""
+        weights = self.weights
+        if prec == "FLOAT":
+            # float supersedes what earlier patterns set on this node
+            self.exclude[n.name] = pattern
+            for t in n.output:
+                self.act_prec.pop(t, None)
+                self.act_rule.pop(t, None)
+            if n.op_type == "MatMul" and n.input[1] in weights:
+                self.weight_prec.pop(n.input[1], None)
+                self.weight_rule.pop(n.input[1], None)
+            entry["tensors"].extend(o for o in n.output if o in self.floats)
+            return
+        self.exclude.pop(n.name, None)  # a later quantized pattern re-quantizes the node
+        if prec == "INT4":
+            if n.op_type == "MatMul" and n.input[1] in weights:
+                self.weight_prec[n.input[1]] = "INT4"
+                self.weight_rule[n.input[1]] = pattern
+                entry["tensors"].append(n.input[1])
+        else:
+            for o in n.output:
+                if o in self.floats and o not in self.inits:
+                    self.act_prec[o] = prec
+                    self.act_rule[o] = pattern
+                    entry["tensors"].append(o)
+
+
+def _check_htp_matmuls(model, weights: dict[str, str], rules: _Rules, act_default: str
+                       ) -> None:
+    """HTP MatMul: no 16-bit weight under a 16-bit activation."""
+    for w, prec in rules.weight_prec.items():
         if prec != "INT16" or w not in weights:
             continue
         node = next(n for n in model.graph.node if n.name == weights[w])
         a = node.input[0]
-        a_prec = act_prec.get(a, act_default)
+        a_prec = rules.act_prec.get(a, act_default)
         if a_prec == "INT16":
             raise StudioError(
                 f"override makes weight {w} 16-bit under 16-bit activations, which the HTP MatMul "
                 "does not run; keep MatMul weights INT8 (or make the activations INT8)"
             )
+
+
+def _init_overrides(model, recipe: dict, weights: dict[str, str], rules: _Rules,
+                    act16: bool) -> tuple[dict[str, list[dict]], int]:
+    """The quantizer's tensor overrides: activations off the scheme's type, each MatMul
+    weight's type and axis (per channel or in blocks), other named weights, the token
+    table at 8 bits where the recipe says; and the count of per-channel weights."""
+    from onnxruntime.quantization import QuantType
 
     qtype = {
         "INT8": QuantType.QUInt8,
@@ -329,15 +389,15 @@ def resolve_overrides(model, recipe: dict) -> dict:
     }
     init_overrides: dict[str, list[dict]] = {}
     default_act = QuantType.QUInt16 if act16 else QuantType.QUInt8
-    for name, prec in act_prec.items():
+    for name, prec in rules.act_prec.items():
         if qtype[prec] != default_act:
             init_overrides[name] = [{"quant_type": qtype[prec]}]
     per_channel = 0
-    w_default = weight_precision(scheme)
+    w_default = weight_precision(recipe["scheme"])
     blocked = recipe["weight_granularity"] == "per_block"
     for w in weights:
-        prec = weight_prec.get(w) or w_default
-        if prec == "FLOAT" or weights[w] in exclude:
+        prec = rules.weight_prec.get(w) or w_default
+        if prec == "FLOAT" or weights[w] in rules.exclude:
             continue
         if prec == "INT4":
             # per channel (axis 1 of the [in, out] MatMul weight), or block-wise along the
@@ -350,24 +410,13 @@ def resolve_overrides(model, recipe: dict) -> dict:
         elif recipe["weight_granularity"] in ("per_channel", "per_block"):
             init_overrides[w] = [{"quant_type": QuantType.QInt8, "axis": 1, "symmetric": True}]
             per_channel += 1
-    for name, prec in weight_prec.items():
+    for name, prec in rules.weight_prec.items():
         if name not in weights and prec in ("INT8", "INT16"):
             init_overrides[name] = [{"quant_type": qtype[prec]}]
     table = embedding_table(model) if recipe.get("embedding", "auto") == "INT8" else None
     if table is not None:  # quantization.embedding = "INT8": the token table at 8 bits
         init_overrides[table] = [{"quant_type": QuantType.QUInt8}]
-    for name in [n for n in weight_prec if weight_prec[n] == "FLOAT"]:
-        for node in model.graph.node:
-            if name in node.input:
-                exclude.setdefault(node.name, weight_rule[name])
-    return {
-        "init_overrides": init_overrides,
-        "nodes_to_exclude": sorted(exclude),
-        "patterns": report,
-        "per_channel_weights": per_channel,
-        "layers": _applied_layers(model, recipe, weights, weight_prec, weight_rule, act_prec,
-                                  act_rule, exclude),
-    }
+    return init_overrides, per_channel
 
 
 def embedding_table(model) -> str | None:

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -169,17 +170,63 @@ def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_te
     spec = load_spec(graphs_dir)
     parts = list(iter_parts(spec))
     dirs = part_dirs(spec, graphs_dir)
+    _check_parts(graphs_dir, parts, dirs, recipe)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    P, C = int(spec["prompt_length"]), int(spec["context_length"])
+    windows = calibration_windows(calibration_text, tokenizer_dir, length=C,
+                                  count=recipe["samples"], min_length=min(C, P + 1))
+    info = _parts_info(recipe, windows, parts)
+    r_windows = calibration_windows(calibration_text, tokenizer_dir, length=C,
+                                    count=recipe["rounding_samples"], min_length=min(C, P + 1)
+                                    ) if recipe["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING \
+        else []
+    if r_windows:
+        info["rounding_samples"] = recipe["rounding_samples"]
+    run = _PartsRun(spec, recipe, out_dir, parts, windows, r_windows, info, resume, cache,
+                    salt, progress)
+    first = run.keep_finished()
+    run.stage = Path(tempfile.mkdtemp(dir=out_dir, prefix=".quantize."))
+    try:
+        for part, src in list(zip(parts, dirs, strict=True))[first:]:
+            run.quantize_part(part, src)
+        if run.reused:
+            info["parts_reused"] = [k + 1 for k in run.reused]
+            progress.log(f"{len(run.reused)} of {len(parts)} parts (" + ", ".join(
+                str(k + 1) for k in run.reused) + "): their graphs, calibration inputs and "
+                "precisions are those of a part quantized before, taken from then")
+        info["calibration"]["prefill_feeds"] = run.feeds[0]
+        info["calibration"]["decode_feeds"] = run.feeds[1]
+    finally:
+        shutil.rmtree(run.stage, ignore_errors=True)
+    partresume.unmark(out_dir)
+    qspec = dict(spec)
+    qspec["quantization"] = {k: info[k] for k in ("scheme", "weight_granularity",
+                                                  "activation_type", "weight_type")}
+    atomic_write_json(out_dir / "graph.json", qspec)
+    atomic_write_json(out_dir / "quant.json", info)
+    progress.update(1.0, f"{recipe['scheme']} graphs of {len(parts)} parts written")
+    out = json.loads(json.dumps(info))
+    if run.run_facts:  # not in quant.json: timings are run facts
+        out["run_facts"] = run.run_facts
+    return out
+
+
+def _check_parts(graphs_dir: Path, parts: list[Part], dirs: list[Path],
+                 recipe: dict[str, Any]) -> None:
+    """Refuses a model in one graph and a float scheme; checks the recipe's overrides over
+    all parts at once (before the slow part)."""
     if len(parts) < 2:
         raise StudioError(f"{graphs_dir} holds one graph, not parts: quantize it with quantize_llm")
     if is_float_scheme(recipe["scheme"]):
         raise StudioError(f"{recipe['scheme']} keeps the float graphs: a model exported in parts "
                           "takes an integer scheme (W8A16, W4A16, ...) so far")
     check_overrides_in(dirs, recipe)  # before the slow part: over all parts at once
-    out_dir.mkdir(parents=True, exist_ok=True)
-    P, C = int(spec["prompt_length"]), int(spec["context_length"])
-    windows = calibration_windows(calibration_text, tokenizer_dir, length=C,
-                                  count=recipe["samples"], min_length=min(C, P + 1))
-    info: dict[str, Any] = {
+
+
+def _parts_info(recipe: dict[str, Any], windows: list[list[int]], parts: list[Part]
+                ) -> dict[str, Any]:
+    """quant.json's content before the parts' rows."""
+    return {
         "scheme": recipe["scheme"], "weight_granularity": recipe["weight_granularity"],
         "samples": recipe["samples"], "overrides": dict(recipe["given"]),
         "weight_rounding": recipe["weight_rounding"],
@@ -191,127 +238,170 @@ def quantize_parts(graphs_dir: Path, out_dir: Path, recipe: dict, calibration_te
         "graphs": {g: {"file": f"{g}.onnx", "parts": [p.name for p in parts]} for g in GRAPHS},
         "parts": [], "layers": [],
     }
-    run_facts: dict[str, float] = {}
-    r_windows = calibration_windows(calibration_text, tokenizer_dir, length=C,
-                                    count=recipe["rounding_samples"], min_length=min(C, P + 1)
-                                    ) if recipe["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING \
-        else []
-    if r_windows:
-        info["rounding_samples"] = recipe["rounding_samples"]
-    done = partresume.keep_finished(out_dir, parts) if resume else {}
-    first = 0
-    while first in done:
-        first += 1
+
+
+@dataclass
+class _PartFeeds:
+    """One part's calibration feeds, what it hands the next part, and the rounding's
+    prompts (empty without rounding)."""
+
+    pre: list[dict]
+    dec: list[dict]
+    handed_next: list[Any]
+    r_pre: list[dict]
+
+
+@dataclass
+class _PartsRun:
+    """One quantization of a model in parts, part after part: what the part before handed
+    on (``handed``; ``r_handed`` the rounding's), the last part's feed counts and the parts
+    taken from the cache."""
+
+    spec: dict[str, Any]
+    recipe: dict[str, Any]
+    out_dir: Path
+    parts: list[Part]
+    windows: list[list[int]]
+    r_windows: list[list[int]]
+    info: dict[str, Any]
+    resume: bool
+    cache: PartCache | None
+    salt: str
+    progress: Progress
+    stage: Path = Path()
     handed: list[Any] | None = None
     r_handed: list[Any] | None = None
-    feeds = (0, 0)
-    for i in range(first):  # what an interrupted run finished
-        feeds = tuple(done[i].pop("_feeds"))
-        _add_row(info, done[i])
-    if first:
-        kept = partresume.handoff(out_dir / parts[first - 1].name)
-        handed = partresume.unpack_windows(kept, "c.") if "c.count" in kept else None
-        r_handed = partresume.unpack_windows(kept, "r.") if "r.count" in kept else None
-        progress.log(f"part{'s 1-' if first > 1 else ' '}{first} of {len(parts)}: kept from "
-                     "an interrupted run of this quantization")
-    stage = Path(tempfile.mkdtemp(dir=out_dir, prefix=".quantize."))
-    reused: list[int] = []
-    try:
+    feeds: tuple[int, int] = (0, 0)
+    reused: list[int] = field(default_factory=list)
+    run_facts: dict[str, float] = field(default_factory=dict)
+
+    def keep_finished(self) -> int:
+        """With ``resume``, the parts an interrupted run finished kept (their rows, what the
+        last of them hands on); the index of the first part to quantize."""
+        parts, out_dir = self.parts, self.out_dir
+        done = partresume.keep_finished(out_dir, parts) if self.resume else {}
+        first = 0
+        while first in done:
+            first += 1
+        for i in range(first):  # what an interrupted run finished
+            self.feeds = tuple(done[i].pop("_feeds"))  # type: ignore[assignment]
+            _add_row(self.info, done[i])
+        if first:
+            kept = partresume.handoff(out_dir / parts[first - 1].name)
+            self.handed = partresume.unpack_windows(kept, "c.") if "c.count" in kept else None
+            self.r_handed = partresume.unpack_windows(kept, "r.") if "r.count" in kept \
+                else None
+            self.progress.log(f"part{'s 1-' if first > 1 else ' '}{first} of {len(parts)}: "
+                              "kept from an interrupted run of this quantization")
+        return first
+
+    def quantize_part(self, part: Part, src: Path) -> None:
+        """One part: calibrated on what the part before hands on, taken from the cache or
+        quantized, moved into place."""
+        share = 1.0 / len(self.parts)
+        sub = SubProgress(self.progress, part.index * share, (part.index + 1) * share)
+        dst = self.stage / part.name
+        dst.mkdir()
+        cal = self.calibrate(part, src, sub)
+        if not cal.dec:
+            raise StudioError("the calibration text gave no decode samples; give a longer "
+                              "calibration text")
+        cache_key = None
+        if self.cache is not None and self.cache.root is not None:
+            cache_key = self.from_cache(part, src, dst, cal)
+            if cache_key is None:
+                return
+        row = self.quantize_graphs(part, src, dst, cal, sub)
+        if cache_key is not None:
+            self.cache.put(cache_key, dst, row)  # type: ignore[union-attr]
+        self.feeds = (len(cal.pre), len(cal.dec))
+        _finish_part(self.out_dir, dst, part, row, feeds=self.feeds, resume=self.resume,
+                     handed_next=cal.handed_next,
+                     r_handed=(self.r_handed or []) if self.r_windows else None,
+                     info=self.info)
+        self.handed = cal.handed_next
+
+    def calibrate(self, part: Part, src: Path, sub: Progress) -> _PartFeeds:
+        """The part's calibration feeds on what the part before hands on (the rounding's
+        prompts too, handed on as the calibration's are)."""
+        runner = PartRunner(src, part, self.spec, make_cpu_session)
+        pre, dec, handed_next = part_calibration(
+            runner, self.windows, self.handed, self.recipe["decode_per_window"],
+            SubProgress(sub, 0.0, 0.2), hand_on=not part.heads)
         r_pre: list[dict] = []
-        share = 1.0 / len(parts)
-        for part, src in list(zip(parts, dirs, strict=True))[first:]:
-            sub = SubProgress(progress, part.index * share, (part.index + 1) * share)
-            dst = stage / part.name
-            dst.mkdir()
-            runner = PartRunner(src, part, spec, make_cpu_session)
-            pre, dec, handed_next = part_calibration(
-                runner, windows, handed, recipe["decode_per_window"],
-                SubProgress(sub, 0.0, 0.2), hand_on=not part.heads)
-            if r_windows:  # the rounding's prompts, handed on as the calibration's are
-                r_pre, _, r_handed = part_calibration(runner, r_windows, r_handed, 0,
-                                                      SubProgress(sub, 0.2, 0.2),
-                                                      hand_on=not part.heads)
-            runner.close()
-            del runner
-            if not dec:
-                raise StudioError("the calibration text gave no decode samples; give a longer "
-                                  "calibration text")
-            cache_key = None
-            if cache is not None and cache.root is not None:
-                # what this part's output depends on: its graphs, the inputs it is calibrated
-                # (and rounded) on, and the recipe as it applies to its own layers
-                resolved = _resolved(src, recipe)
-                cache_key = cache.key(
-                    "quantize-part", salt=salt, part=part.as_dict(),
-                    recipe={k: v for k, v in recipe.items() if k not in ("overrides", "given")},
-                    resolved={g: {k: r[k] for k in ("init_overrides", "nodes_to_exclude",
-                                                    "per_channel_weights")}
-                              for g, r in resolved.items()},
-                    graphs=files_digest(src),
-                    feeds=_feeds_digest(pre, dec, r_pre if r_windows else []))
-                kept_row = cache.get(cache_key, dst)
-                if kept_row is not None:
-                    for g, r in resolved.items():  # which rule set what: this recipe's words
-                        kept_row["graphs"][g].update(patterns=r["patterns"], layers=r["layers"])
-                    reused.append(part.index)
-                    _finish_part(out_dir, dst, part, kept_row, feeds=(len(pre), len(dec)),
-                                 resume=resume, handed_next=handed_next,
-                                 r_handed=(r_handed or []) if r_windows else None, info=info)
-                    handed, feeds = handed_next, (len(pre), len(dec))
-                    continue
-            row: dict[str, Any] = {**part.as_dict(), "graphs": {}}
-            rounded, a0 = None, 0.2
-            if recipe["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING:
-                # this part's weights, rounded on this part's calibration inputs (the previous
-                # part's FP32 outputs); sequential within the part
-                sub.update(0.2, f"part {part.index + 1}/{len(parts)}: rounding the weights "
-                                f"({recipe['weight_rounding']})")
-                rounded, row["rounding"], seconds = round_for_recipe(
-                    [Source(src / "prefill.onnx", r_pre, [prefill_rows(f) for f in r_pre]),
-                     Source(src / "decode.onnx", dec, [None] * len(dec))],
-                    recipe, stage / ".rounding", SubProgress(sub, 0.2, 0.5))
-                shutil.rmtree(stage / ".rounding", ignore_errors=True)
-                run_facts["rounding_seconds"] = run_facts.get("rounding_seconds", 0) + seconds
-                a0 = 0.5
-            span = (0.9 - a0) / 2
-            with shared_store(dst) as store:  # the part's two graphs: one copy of its weights
-                for g_i, (graph, feeds) in enumerate((("prefill", pre), ("decode", dec))):
-                    progress.check()
-                    sub.update(a0 + span * g_i, f"part {part.index + 1}/{len(parts)}: "
-                                                f"quantizing {graph}.onnx ({recipe['scheme']})")
-                    row["graphs"][graph] = run_quantizer(
-                        src / f"{graph}.onnx", dst / f"{graph}.onnx", recipe, feeds,
-                        SubProgress(sub, a0 + span * g_i, a0 + span * (g_i + 1)),
-                        rounded=rounded, store=store)
-            sub.update(0.92, f"part {part.index + 1}/{len(parts)}: checking against FP32")
-            row["check"] = _part_check(src, dst, part, pre[0], dec[-1])
-            progress.log(f"part {part.index + 1}/{len(parts)} (blocks {part.start}-"
-                         f"{part.stop - 1}): quantized vs FP32 output cosine "
-                         + ", ".join(f"{k} {v:.4f}" for k, v in row["check"].items()))
-            if cache_key is not None:
-                cache.put(cache_key, dst, row)  # type: ignore[union-attr]
-            feeds = (len(pre), len(dec))
-            _finish_part(out_dir, dst, part, row, feeds=feeds, resume=resume,
-                         handed_next=handed_next, r_handed=(r_handed or []) if r_windows else None,
-                         info=info)
-            handed = handed_next
-        if reused:
-            info["parts_reused"] = [k + 1 for k in reused]
-            progress.log(f"{len(reused)} of {len(parts)} parts (" + ", ".join(
-                str(k + 1) for k in reused) + "): their graphs, calibration inputs and "
-                "precisions are those of a part quantized before, taken from then")
-        info["calibration"]["prefill_feeds"] = feeds[0]
-        info["calibration"]["decode_feeds"] = feeds[1]
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-    partresume.unmark(out_dir)
-    qspec = dict(spec)
-    qspec["quantization"] = {k: info[k] for k in ("scheme", "weight_granularity",
-                                                  "activation_type", "weight_type")}
-    atomic_write_json(out_dir / "graph.json", qspec)
-    atomic_write_json(out_dir / "quant.json", info)
-    progress.update(1.0, f"{recipe['scheme']} graphs of {len(parts)} parts written")
-    out = json.loads(json.dumps(info))
-    if run_facts:  # not in quant.json: timings are run facts
-        out["run_facts"] = run_facts
-    return out
+        if self.r_windows:  # the rounding's prompts, handed on as the calibration's are
+            r_pre, _, self.r_handed = part_calibration(runner, self.r_windows, self.r_handed,
+                                                       0, SubProgress(sub, 0.2, 0.2),
+                                                       hand_on=not part.heads)
+        runner.close()
+        del runner
+        return _PartFeeds(pre, dec, handed_next, r_pre)
+
+    def from_cache(self, part: Part, src: Path, dst: Path, cal: _PartFeeds) -> str | None:
+        """The part taken from the cache where a part with its graphs, calibration inputs
+        and resolved precisions was quantized before (None: taken and moved into place);
+        else the key to keep it under."""
+        recipe, cache = self.recipe, self.cache
+        assert cache is not None
+        # what this part's output depends on: its graphs, the inputs it is calibrated
+        # (and rounded) on, and the recipe as it applies to its own layers
+        resolved = _resolved(src, recipe)
+        cache_key = cache.key(
+            "quantize-part", salt=self.salt, part=part.as_dict(),
+            recipe={k: v for k, v in recipe.items() if k not in ("overrides", "given")},
+            resolved={g: {k: r[k] for k in ("init_overrides", "nodes_to_exclude",
+                                            "per_channel_weights")}
+                      for g, r in resolved.items()},
+            graphs=files_digest(src),
+            feeds=_feeds_digest(cal.pre, cal.dec, cal.r_pre if self.r_windows else []))
+        kept_row = cache.get(cache_key, dst)
+        if kept_row is None:
+            return cache_key
+        for g, r in resolved.items():  # which rule set what: this recipe's words
+            kept_row["graphs"][g].update(patterns=r["patterns"], layers=r["layers"])
+        self.reused.append(part.index)
+        _finish_part(self.out_dir, dst, part, kept_row, feeds=(len(cal.pre), len(cal.dec)),
+                     resume=self.resume, handed_next=cal.handed_next,
+                     r_handed=(self.r_handed or []) if self.r_windows else None,
+                     info=self.info)
+        self.handed, self.feeds = cal.handed_next, (len(cal.pre), len(cal.dec))
+        return None
+
+    def quantize_graphs(self, part: Part, src: Path, dst: Path, cal: _PartFeeds,
+                        sub: Progress) -> dict[str, Any]:
+        """The part's weights rounded where the recipe says, its two graphs quantized into
+        ``dst`` and checked against FP32; the part's row."""
+        recipe, parts, progress = self.recipe, self.parts, self.progress
+        pre, dec = cal.pre, cal.dec
+        row: dict[str, Any] = {**part.as_dict(), "graphs": {}}
+        rounded, a0 = None, 0.2
+        if recipe["weight_rounding"] != DEFAULT_WEIGHT_ROUNDING:
+            # this part's weights, rounded on this part's calibration inputs (the previous
+            # part's FP32 outputs); sequential within the part
+            sub.update(0.2, f"part {part.index + 1}/{len(parts)}: rounding the weights "
+                            f"({recipe['weight_rounding']})")
+            rounded, row["rounding"], seconds = round_for_recipe(
+                [Source(src / "prefill.onnx", cal.r_pre,
+                        [prefill_rows(f) for f in cal.r_pre]),
+                 Source(src / "decode.onnx", dec, [None] * len(dec))],
+                recipe, self.stage / ".rounding", SubProgress(sub, 0.2, 0.5))
+            shutil.rmtree(self.stage / ".rounding", ignore_errors=True)
+            self.run_facts["rounding_seconds"] = (self.run_facts.get("rounding_seconds", 0)
+                                                  + seconds)
+            a0 = 0.5
+        span = (0.9 - a0) / 2
+        with shared_store(dst) as store:  # the part's two graphs: one copy of its weights
+            for g_i, (graph, feeds) in enumerate((("prefill", pre), ("decode", dec))):
+                progress.check()
+                sub.update(a0 + span * g_i, f"part {part.index + 1}/{len(parts)}: "
+                                            f"quantizing {graph}.onnx ({recipe['scheme']})")
+                row["graphs"][graph] = run_quantizer(
+                    src / f"{graph}.onnx", dst / f"{graph}.onnx", recipe, feeds,
+                    SubProgress(sub, a0 + span * g_i, a0 + span * (g_i + 1)),
+                    rounded=rounded, store=store)
+        sub.update(0.92, f"part {part.index + 1}/{len(parts)}: checking against FP32")
+        row["check"] = _part_check(src, dst, part, pre[0], dec[-1])
+        progress.log(f"part {part.index + 1}/{len(parts)} (blocks {part.start}-"
+                     f"{part.stop - 1}): quantized vs FP32 output cosine "
+                     + ", ".join(f"{k} {v:.4f}" for k, v in row["check"].items()))
+        return row

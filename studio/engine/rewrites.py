@@ -226,8 +226,6 @@ def _opset(model) -> int:
 def _reduce_via_sum(op_type: str, first: str):
     """``ReduceSumSquare`` → ``ReduceSum(x·x)``, ``ReduceL1`` → ``ReduceSum(|x|)``: the same
     axes and keepdims (ReduceSum takes its axes as an input from opset 13)."""
-    from onnx import helper, numpy_helper
-
     def apply(model) -> list[str]:
         opset = _opset(model)
 

@@ -344,15 +344,22 @@ class VariantBench:
     # -- preparation ------------------------------------------------------------------------
     def prepare(self) -> None:
         """Float model, calibration ranges, FP32 reference, base model, 4-bit weights."""
-        import onnx
-        from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
-
-        p = self.progress
-        P, C = int(self.spec["prompt_length"]), int(self.spec["context_length"])
         src = self.graphs_dir / "prefill.onnx"
         if not src.is_file():
             raise StudioError(f"{self.graphs_dir} has no prefill.onnx; re-run the export")
-        p.update(0.0, "preparing the float prefill graph")
+        self._prepare_float(src)
+        self._prepare_feeds()
+        self._prepare_reference(src)
+        self._prepare_layers()
+        self._prepare_base()
+        self._index_nodes()
+
+    def _prepare_float(self, src: Path) -> None:
+        """The float prefill graph as the quantizer reads it (QNN's preprocessing, opset 21)."""
+        import onnx
+        from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
+
+        self.progress.update(0.0, "preparing the float prefill graph")
         pre = self.work / "preprocessed.onnx"
         model_path = (pre if preprocess_fuses(src) and qnn_preprocess_model(str(src), str(pre))
                       else private_input(src, self.work))
@@ -364,6 +371,10 @@ class VariantBench:
         onnx.save(model, str(self.float_path))
         self.model = model
 
+    def _prepare_feeds(self) -> None:
+        """The calibration ranges given, or the calibration feeds to find them from."""
+        p = self.progress
+        P, C = int(self.spec["prompt_length"]), int(self.spec["context_length"])
         p.check()
         self.feeds: list[dict] = []  # only read when the ranges are not known yet
         if self.given_ranges is not None:
@@ -382,6 +393,9 @@ class VariantBench:
                 self.graphs_dir, self.spec, wins, SubProgress(p, 0.02, 0.1), decode_per_window=0
             )
 
+    def _prepare_reference(self, src: Path) -> None:
+        """The FP32 logits of the held-out windows, and their perplexity."""
+        p = self.progress
         p.check()
         p.update(0.1, "FP32 logits of the held-out windows")
         fp32 = make_cpu_session(src, threads=self.threads)
@@ -391,6 +405,8 @@ class VariantBench:
         self.reference = self._logits(fp32)
         self.fp32 = {"perplexity": perplexity(self.reference, self.windows)}
 
+    def _prepare_layers(self) -> None:
+        """The weighted layers, the key activations without weights, the blocks."""
         applied = resolve_overrides(self.model, self.recipe)["layers"]
         self.layers = [r["layer"] for r in applied if r["weight"]]  # the weighted layers
         # key activations without weights (attention scores, softmax output, residual)
@@ -399,6 +415,12 @@ class VariantBench:
         self.blocks = sorted({b for b in map(block_of, self.layers) if b},
                              key=lambda b: int(b.rsplit(".", 1)[1]))
 
+    def _prepare_base(self) -> None:
+        """The calibration ranges (the quantize stage's, to the same bits) and the base
+        model quantized with the recipe, its 8-bit weights and plan."""
+        import onnx
+
+        p = self.progress
         p.check()
         p.update(0.15, f"calibrating and quantizing the base ({self.recipe['scheme']})")
         if not self.ranges.is_file():  # the quantize stage's calibration, to the same bits
@@ -412,6 +434,10 @@ class VariantBench:
         self._int4: dict[str, _WeightQ] | None = None
         self._w8: dict[str, _WeightQ] | None = None
         self._base_plan = self._plan(self.recipe)
+
+    def _index_nodes(self) -> None:
+        """Each node's tensors, the nodes that make or read each tensor, and the outputs
+        that share an input's scale."""
         self._node_io: dict[str, tuple[str, ...]] = {}
         self._touching: dict[str, set[str]] = {}  # tensor -> nodes that make or read it
         self._passes_scale: dict[str, list[str]] = {}  # input -> outputs sharing its scale

@@ -249,6 +249,46 @@ def speculative_generate(
     ``overlap``: the proposer (a draft model: it needs ``extend``) drafts the next window in
     a thread of its own while the target verifies (see the module's notes).
     """
+    k_max, prompt_ids = _check_request(target, proposer, k, prompt_ids, overlap)
+    sampler = sampler or Sampler()
+    eos = _eos_set(eos_id)
+    stats = SpecStats(getattr(proposer, "name", type(proposer).__name__), k_max, adaptive,
+                      overlap=overlap)
+    tokens: list[int] = []
+    out: dict[str, Any] = {"tokens": tokens, "ttft_s": 0.0, "prefill_s": 0.0,
+                           "prompt_chunks": 0, "step_s": [], "stopped": "max_new_tokens"}
+    if max_new_tokens <= 0:
+        out["speculative"] = stats.to_dict()
+        return out
+    t0 = time.perf_counter()
+    logits, out["prompt_chunks"] = target.prefill_prompt(prompt_ids, progress)
+    tok = sampler.pick(logits)
+    out["ttft_s"] = out["prefill_s"] = time.perf_counter() - t0
+    tokens.append(tok)
+    if on_step is not None:
+        on_step(0, tok)
+    run = _Decode(target, proposer, sampler, eos, max_new_tokens, stats, tokens,
+                  tok, len(prompt_ids), k_max, adaptive, progress, on_pass)
+    run.time_callbacks(on_step, stop)
+    t_dec = time.perf_counter()
+    t = time.perf_counter()
+    proposer.start(prompt_ids + [tok])
+    stats.draft_s += time.perf_counter() - t
+    stopped = run.decode(overlap)
+    wall = time.perf_counter() - t_dec - run.caller_s
+    stats.host_s = max(0.0, wall - stats.draft_s - stats.verify_s + stats.both_busy_s)
+    out["stopped"] = stopped
+    out["wall_s"] = wall
+    out["speculative"] = stats.to_dict()
+    if progress is not None:
+        progress.update(1.0, f"{len(tokens)} tokens")
+    return out
+
+
+def _check_request(target, proposer, k: int, prompt_ids: list[int], overlap: bool
+                   ) -> tuple[int, list[int]]:
+    """The drafted tokens per pass at most, and the prompt as ints; refuses a request the
+    target or the proposer cannot serve."""
     if overlap and not hasattr(proposer, "extend"):
         raise StudioError("overlapped drafting needs a draft model (prompt lookup drafts "
                           "without one, at no cost): drop --overlap or give --draft")
@@ -266,149 +306,172 @@ def speculative_generate(
     if n >= C:
         raise StudioError(f"the prompt has {n} tokens but the KV cache holds {C}: shorten the "
                           "prompt or re-export with a longer context")
-    sampler = sampler or Sampler()
-    greedy = sampler.cfg.greedy
-    eos = set() if eos_id is None else ({int(eos_id)} if isinstance(eos_id, int)
-                                        else {int(e) for e in eos_id})
-    stats = SpecStats(getattr(proposer, "name", type(proposer).__name__), k_max, adaptive,
-                      overlap=overlap)
-    tokens: list[int] = []
-    out: dict[str, Any] = {"tokens": tokens, "ttft_s": 0.0, "prefill_s": 0.0,
-                           "prompt_chunks": 0, "step_s": [], "stopped": "max_new_tokens"}
-    if max_new_tokens <= 0:
-        out["speculative"] = stats.to_dict()
-        return out
-    t0 = time.perf_counter()
-    logits, out["prompt_chunks"] = target.prefill_prompt(prompt_ids, progress)
-    tok = sampler.pick(logits)
-    out["ttft_s"] = out["prefill_s"] = time.perf_counter() - t0
-    tokens.append(tok)
-    if on_step is not None:
-        on_step(0, tok)
-    caller = [0.0]  # time in the caller's callbacks: not the decoder's
-    if on_step is not None:
-        user_step = on_step
+    return k_max, prompt_ids
 
-        def on_step(i: int, t: int) -> None:
-            c = time.perf_counter()
-            user_step(i, t)
-            caller[0] += time.perf_counter() - c
-    if stop is not None:
-        user_stop = stop
 
-        def stop(toks: list[int]) -> bool:
-            c = time.perf_counter()
-            try:
-                return user_stop(toks)
-            finally:
-                caller[0] += time.perf_counter() - c
-    t_dec = time.perf_counter()
-    t = time.perf_counter()
-    proposer.start(prompt_ids + [tok])
-    stats.draft_s += time.perf_counter() - t
-    pos = n  # the cache slot of ``tok``, which the cache does not hold yet
-    k_now = k_max
-    stopped = "max_new_tokens"
+def _eos_set(eos_id: int | Iterable[int] | None) -> set[int]:
+    return set() if eos_id is None else ({int(eos_id)} if isinstance(eos_id, int)
+                                         else {int(e) for e in eos_id})
 
-    def finished() -> str | None:
-        if tokens[-1] in eos:
+
+class _Decode:
+    """One speculative decode after the first token: the tokens so far, the cache slot of
+    the last one (``pos``: the cache does not hold it yet), the window size now, and the
+    passes of drafting and verifying until it is finished."""
+
+    def __init__(self, target, proposer, sampler: Sampler, eos: set[int],
+                 max_new_tokens: int, stats: SpecStats, tokens: list[int], tok: int,
+                 pos: int, k_max: int, adaptive: bool, progress: Progress | None,
+                 on_pass: Callable[[int, int], None] | None) -> None:
+        self.target, self.proposer, self.sampler = target, proposer, sampler
+        self.greedy = sampler.cfg.greedy
+        self.eos, self.max_new_tokens, self.stats = eos, max_new_tokens, stats
+        self.tokens, self.tok, self.pos = tokens, tok, pos
+        self.C = target.context_len
+        self.k_max = self.k_now = k_max
+        self.adaptive, self.progress, self.on_pass = adaptive, progress, on_pass
+        self.on_step: Callable[[int, int], None] | None = None
+        self.stop: Callable[[list[int]], bool] | None = None
+        self.caller_s = 0.0  # time in the caller's callbacks: not the decoder's
+        self.pool: ThreadPoolExecutor | None = None
+        self.halt = threading.Event()
+
+    def time_callbacks(self, on_step: Callable[[int, int], None] | None,
+                       stop: Callable[[list[int]], bool] | None) -> None:
+        """The caller's callbacks, their time kept apart in ``caller_s``."""
+        if on_step is not None:
+            user_step = on_step
+
+            def timed_step(i: int, t: int) -> None:
+                c = time.perf_counter()
+                user_step(i, t)
+                self.caller_s += time.perf_counter() - c
+            self.on_step = timed_step
+        if stop is not None:
+            user_stop = stop
+
+            def timed_stop(toks: list[int]) -> bool:
+                c = time.perf_counter()
+                try:
+                    return user_stop(toks)
+                finally:
+                    self.caller_s += time.perf_counter() - c
+            self.stop = timed_stop
+
+    def finished(self) -> str | None:
+        tokens = self.tokens
+        if tokens[-1] in self.eos:
             return "eos"
-        if stop is not None and stop(tokens):
+        if self.stop is not None and self.stop(tokens):
             return "stop"
-        if len(tokens) >= max_new_tokens:
+        if len(tokens) >= self.max_new_tokens:
             return "max_new_tokens"
-        if pos >= C:
+        if self.pos >= self.C:
             return "context_full"
         return None
 
-    pool = ThreadPoolExecutor(1, thread_name_prefix="qstudio-draft") if overlap else None
-    halt = threading.Event()
+    def decode(self, overlap: bool) -> str:
+        """Passes until the text is finished (``overlap``: the draft drafting ahead in a
+        thread of its own while the target verifies); why it stopped."""
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="qstudio-draft") \
+            if overlap else None
+        why = self.finished()
+        try:
+            while why is None:
+                self.one_pass()
+                why = self.finished()
+        finally:
+            if self.pool is not None:
+                self.halt.set()
+                self.pool.shutdown(wait=True)
+        return why
 
-    def ahead(more: int) -> tuple[float, float, int]:  # in the draft's thread
+    def ahead(self, more: int) -> tuple[float, float, int]:  # in the draft's thread
         a0 = time.perf_counter()
-        n_ahead = proposer.extend(more, halt)
+        n_ahead = self.proposer.extend(more, self.halt)
         return a0, time.perf_counter(), n_ahead
 
-    why = finished()
-    try:
-        while why is None:
-            if progress is not None:
-                progress.check()
-                progress.update(len(tokens) / max_new_tokens,
-                                f"token {len(tokens)}/{max_new_tokens}")
-            room = max(0, min(k_now, max_new_tokens - len(tokens) - 1, C - pos - 1))
-            t = time.perf_counter()
-            prop = proposer.propose(room)
-            spent = time.perf_counter() - t
-            stats.draft_s += spent
-            stats.target_wait_s += spent  # the target has nothing to verify meanwhile
-            drafts = prop.tokens[:room]
-            job = None
-            if pool is not None and drafts:
-                # the optimistic continuation: the target's own next token (the draft's
-                # guess), then the next window at the size it has if every draft is kept
-                halt.clear()
-                job = pool.submit(ahead, 1 + min(k_max, k_now + 1))
-            v0 = time.perf_counter()
-            rows = target.verify([tok, *drafts], pos)
-            v1 = time.perf_counter()
-            stats.verify_s += v1 - v0
-            kept, new_tok = _judge(rows, drafts, prop, sampler, greedy)
-            if job is None:
-                stats.draft_wait_s += v1 - v0
-            else:
-                if len(kept) < len(drafts):
-                    halt.set()  # a rejection: what the draft drafts ahead is dropped
-                a0, a1, n_ahead = job.result()
-                w = time.perf_counter()
-                both = max(0.0, min(a1, v1) - max(a0, v0))
-                stats.draft_s += a1 - a0
-                stats.both_busy_s += both
-                stats.draft_wait_s += (v1 - v0) - both
-                stats.target_wait_s += max(0.0, w - v1)
-                stats.ahead_drafted += n_ahead
-            stats.target_passes += 1
-            stats.drafted += len(drafts)
-            stats.accepted += len(kept)
-            stats.accepted_lengths.append(len(kept))
-            emitted = [*kept, new_tok]
-            # an EOS or a stop inside the kept tokens ends the text there
-            for e in emitted:
-                tokens.append(e)
-                stats.emitted += 1
-                if on_step is not None:
-                    on_step(len(tokens) - 1, e)
-                if e in eos or (stop is not None and stop(tokens)) or \
-                        len(tokens) >= max_new_tokens:
-                    break
-            pos += 1 + len(kept)
-            tok = new_tok
-            if on_pass is not None:
-                on_pass(len(drafts), len(kept))
-            t = time.perf_counter()
-            carried = proposer.accepted(emitted) or 0
-            spent = time.perf_counter() - t
-            stats.draft_s += spent
-            stats.target_wait_s += spent
-            if job is not None:
-                stats.ahead_used += carried
-            if adaptive and drafts:
-                k_now = (min(k_max, k_now + 1) if len(kept) == len(drafts)
-                         else max(1, len(kept) + 1))
-            why = finished()
-    finally:
-        if pool is not None:
-            halt.set()
-            pool.shutdown(wait=True)
-    stopped = why
-    wall = time.perf_counter() - t_dec - caller[0]
-    stats.host_s = max(0.0, wall - stats.draft_s - stats.verify_s + stats.both_busy_s)
-    out["stopped"] = stopped
-    out["wall_s"] = wall
-    out["speculative"] = stats.to_dict()
-    if progress is not None:
-        progress.update(1.0, f"{len(tokens)} tokens")
-    return out
+    def one_pass(self) -> None:
+        """Draft a window, verify it in one target pass, keep what the target accepts."""
+        stats, tokens = self.stats, self.tokens
+        if self.progress is not None:
+            self.progress.check()
+            self.progress.update(len(tokens) / self.max_new_tokens,
+                                 f"token {len(tokens)}/{self.max_new_tokens}")
+        room = max(0, min(self.k_now, self.max_new_tokens - len(tokens) - 1,
+                          self.C - self.pos - 1))
+        t = time.perf_counter()
+        prop = self.proposer.propose(room)
+        spent = time.perf_counter() - t
+        stats.draft_s += spent
+        stats.target_wait_s += spent  # the target has nothing to verify meanwhile
+        drafts = prop.tokens[:room]
+        job = None
+        if self.pool is not None and drafts:
+            # the optimistic continuation: the target's own next token (the draft's
+            # guess), then the next window at the size it has if every draft is kept
+            self.halt.clear()
+            job = self.pool.submit(self.ahead, 1 + min(self.k_max, self.k_now + 1))
+        kept, new_tok = self.verify(drafts, prop, job)
+        self.emit(drafts, kept, new_tok, job is not None)
+
+    def verify(self, drafts: list[int], prop: Proposal, job) -> tuple[list[int], int]:
+        """The target's pass over the window: the drafts it keeps and its own next token;
+        the time each side spent and waited (the draft's work ahead, where it drafts
+        ahead)."""
+        stats = self.stats
+        v0 = time.perf_counter()
+        rows = self.target.verify([self.tok, *drafts], self.pos)
+        v1 = time.perf_counter()
+        stats.verify_s += v1 - v0
+        kept, new_tok = _judge(rows, drafts, prop, self.sampler, self.greedy)
+        if job is None:
+            stats.draft_wait_s += v1 - v0
+        else:
+            if len(kept) < len(drafts):
+                self.halt.set()  # a rejection: what the draft drafts ahead is dropped
+            a0, a1, n_ahead = job.result()
+            w = time.perf_counter()
+            both = max(0.0, min(a1, v1) - max(a0, v0))
+            stats.draft_s += a1 - a0
+            stats.both_busy_s += both
+            stats.draft_wait_s += (v1 - v0) - both
+            stats.target_wait_s += max(0.0, w - v1)
+            stats.ahead_drafted += n_ahead
+        return kept, new_tok
+
+    def emit(self, drafts: list[int], kept: list[int], new_tok: int, ahead: bool) -> None:
+        """The kept drafts and the target's token into the text (an EOS or a stop inside
+        them ends it there), the proposer told, the window resized."""
+        stats, tokens = self.stats, self.tokens
+        stats.target_passes += 1
+        stats.drafted += len(drafts)
+        stats.accepted += len(kept)
+        stats.accepted_lengths.append(len(kept))
+        emitted = [*kept, new_tok]
+        # an EOS or a stop inside the kept tokens ends the text there
+        for e in emitted:
+            tokens.append(e)
+            stats.emitted += 1
+            if self.on_step is not None:
+                self.on_step(len(tokens) - 1, e)
+            if e in self.eos or (self.stop is not None and self.stop(tokens)) or \
+                    len(tokens) >= self.max_new_tokens:
+                break
+        self.pos += 1 + len(kept)
+        self.tok = new_tok
+        if self.on_pass is not None:
+            self.on_pass(len(drafts), len(kept))
+        t = time.perf_counter()
+        carried = self.proposer.accepted(emitted) or 0
+        spent = time.perf_counter() - t
+        stats.draft_s += spent
+        stats.target_wait_s += spent
+        if ahead:
+            stats.ahead_used += carried
+        if self.adaptive and drafts:
+            self.k_now = (min(self.k_max, self.k_now + 1) if len(kept) == len(drafts)
+                          else max(1, len(kept) + 1))
 
 
 def _judge(rows: np.ndarray, drafts: list[int], prop: Proposal, sampler: Sampler,

@@ -87,16 +87,8 @@ def compile_shared(
     "bytes": size of the .bin, "seconds", "sdk_version"}``. The files appear when all is
     written: binary first, then the context models.
     """
-    srcs = [Path(g) for g in graphs]
-    if len(srcs) < 2:
-        raise StudioError("weight sharing needs two graphs or more (e.g. prefill and decode)")
+    srcs = _graphs_to_share(graphs)
     stems = [p.stem for p in srcs]
-    if len(set(stems)) != len(stems):
-        raise StudioError(f"the graphs to share weights have clashing names {stems}: give "
-                          "each a file name of its own")
-    for p in srcs:
-        if not p.is_file():
-            raise StudioError(f"model file {p} not found; check the path")
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     extra = {"enable_htp_prepare_only": "1", **dict(extra_options or {})}
@@ -104,46 +96,9 @@ def compile_shared(
     try:
         staged = [tmp / f"{s}_ctx.onnx" for s in stems]
         t0 = time.perf_counter()
-        with _SHARE_LOCK:
-            sessions = []
-            try:
-                for i, (src, ctx) in enumerate(zip(srcs, staged, strict=True)):
-                    config = {
-                        "ep.context_enable": "1",
-                        "ep.context_file_path": str(ctx),
-                        "ep.context_embed_mode": "0",
-                        "ep.share_ep_contexts": "1",
-                    }
-                    if i == len(srcs) - 1:
-                        config["ep.stop_share_ep_contexts"] = "1"
-                    sessions.append(qnn.make_session(src, chip, extra_options=extra,
-                                                     session_config=config))
-            finally:
-                del sessions
+        _share_sessions(srcs, staged, chip, extra)
         seconds = time.perf_counter() - t0
-        missing = [c.name for c in staged if not c.is_file()]
-        if missing:
-            raise StudioError(f"the QNN EP wrote no context model {missing[0]}: the shared "
-                              "compile did not finish")
-        named = [_ep_context(c) for c in staged]
-        bins = sorted({ref for _, ref in named})
-        if len(bins) != 1:
-            raise StudioError(f"the QNN EP wrote {len(bins)} binaries ({', '.join(bins)}) for "
-                              f"{len(srcs)} graphs, not one shared binary: this onnxruntime-qnn "
-                              "did not share the context")
-        bin_staged = tmp / bins[0]
-        if not bin_staged.is_file():
-            raise StudioError(f"the shared context binary {bins[0]} the context models name "
-                              "was not written")
-
-        info = context_info(bin_staged)
-        in_bin = [g["name"] for g in info["graphs"]]
-        names = [n for n, _ in named]
-        if sorted(in_bin) != sorted(names):
-            raise StudioError(
-                f"the shared binary holds graphs {in_bin}, the context models name {names}: "
-                "this process kept graphs of an earlier shared compile; compile in a new "
-                "process")
+        names, bins, info = _check_shared_binary(tmp, staged, len(srcs))
         for f in sorted(tmp.iterdir()):  # the binary first, the context models last
             if f.suffix != ".onnx":
                 os.replace(f, out / f.name)
@@ -162,6 +117,73 @@ def compile_shared(
         "seconds": seconds,
         "sdk_version": info.get("sdk_build"),
     }
+
+
+def _graphs_to_share(graphs: Sequence[str | os.PathLike]) -> list[Path]:
+    """The graphs as paths: two or more, with names of their own, every file there."""
+    srcs = [Path(g) for g in graphs]
+    if len(srcs) < 2:
+        raise StudioError("weight sharing needs two graphs or more (e.g. prefill and decode)")
+    stems = [p.stem for p in srcs]
+    if len(set(stems)) != len(stems):
+        raise StudioError(f"the graphs to share weights have clashing names {stems}: give "
+                          "each a file name of its own")
+    for p in srcs:
+        if not p.is_file():
+            raise StudioError(f"model file {p} not found; check the path")
+    return srcs
+
+
+def _share_sessions(srcs: list[Path], staged: list[Path], chip,
+                    extra: dict[str, Any]) -> None:
+    """One session per graph sharing the EP's context (the last one closes the share),
+    writing the context models ``staged`` and the shared binary; released at once. One
+    shared compile at a time in this process."""
+    with _SHARE_LOCK:
+        sessions = []
+        try:
+            for i, (src, ctx) in enumerate(zip(srcs, staged, strict=True)):
+                config = {
+                    "ep.context_enable": "1",
+                    "ep.context_file_path": str(ctx),
+                    "ep.context_embed_mode": "0",
+                    "ep.share_ep_contexts": "1",
+                }
+                if i == len(srcs) - 1:
+                    config["ep.stop_share_ep_contexts"] = "1"
+                sessions.append(qnn.make_session(src, chip, extra_options=extra,
+                                                 session_config=config))
+        finally:
+            del sessions
+
+
+def _check_shared_binary(tmp: Path, staged: list[Path], n_graphs: int
+                         ) -> tuple[list[str], list[str], dict[str, Any]]:
+    """The QNN graph each context model names, the one binary they all name (checked to
+    hold exactly those graphs), and the binary's context info."""
+    missing = [c.name for c in staged if not c.is_file()]
+    if missing:
+        raise StudioError(f"the QNN EP wrote no context model {missing[0]}: the shared "
+                          "compile did not finish")
+    named = [_ep_context(c) for c in staged]
+    bins = sorted({ref for _, ref in named})
+    if len(bins) != 1:
+        raise StudioError(f"the QNN EP wrote {len(bins)} binaries ({', '.join(bins)}) for "
+                          f"{n_graphs} graphs, not one shared binary: this onnxruntime-qnn "
+                          "did not share the context")
+    bin_staged = tmp / bins[0]
+    if not bin_staged.is_file():
+        raise StudioError(f"the shared context binary {bins[0]} the context models name "
+                          "was not written")
+    info = context_info(bin_staged)
+    in_bin = [g["name"] for g in info["graphs"]]
+    names = [n for n, _ in named]
+    if sorted(in_bin) != sorted(names):
+        raise StudioError(
+            f"the shared binary holds graphs {in_bin}, the context models name {names}: "
+            "this process kept graphs of an earlier shared compile; compile in a new "
+            "process")
+    return names, bins, info
 
 
 # ---------------------------------------------------------------------------------------

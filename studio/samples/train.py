@@ -274,9 +274,7 @@ the ids used in training.
 """
 
 
-def main(argv=None) -> int:
-    import torch
-
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("resources"))
     p.add_argument("--steps", type=int, default=700)
@@ -290,20 +288,18 @@ def main(argv=None) -> int:
                         "with the rest")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seed", type=int, default=1234)
-    a = p.parse_args(argv)
+    return p
 
+
+def main(argv=None) -> int:
+    import torch
+
+    a = _parser().parse_args(argv)
     torch.set_num_threads(2)
     random.seed(a.seed)
     t_start = time.time()
     models_dir, data_dir = a.out / "models", a.out / "data"
-    data_dir.mkdir(parents=True, exist_ok=True)
-    train_names = training_modules()
-    train_text = read_modules(train_names)
-    heldout_text = read_modules(HELDOUT_MODULES)
-    calib_text = read_modules(CALIBRATION_MODULES)
-    (data_dir / "heldout.py.txt").write_text(heldout_text, encoding="utf-8")
-    (data_dir / "calibration.py.txt").write_text(calib_text, encoding="utf-8")
-    print(f"corpus: {len(train_names)} modules, {len(train_text):,} chars", flush=True)
+    train_names, train_text, heldout_text = _write_corpus(data_dir)
 
     tok_dir = models_dir / "tiny-coder"
     if a.reuse_target:  # the target's own tokenizer, as shipped
@@ -316,7 +312,60 @@ def main(argv=None) -> int:
     heldout_ids = encode(tok, heldout_text)
     print(f"tokens: train {len(train_ids):,}, held-out {len(heldout_ids):,}", flush=True)
     uni = unigram_perplexity(train_ids, heldout_ids, VOCAB_SIZE)
+    target, t_loss, t_ppl = _target(a, models_dir, train_ids, heldout_ids, uni)
+    draft, d_loss, d_ppl, agree = _distill_draft(a, target, train_ids, heldout_ids)
 
+    hf_tok = hf_tokenizer(tok_dir)
+    samples = completions(target, hf_tok)
+    pyver = platform.python_version()
+    stats = {}
+    same_table = bool(torch.equal(draft.model.embed_tokens.weight, target.model.embed_tokens.weight))
+    print(f"draft's token table equal to the target's: {same_table}", flush=True)
+    prev_stats = (json.loads((models_dir / "training_stats.json").read_text())
+                  if a.reuse_target else {})
+    card = dict(vocab=VOCAB_SIZE, pyver=pyver, n_train=len(train_names),
+                heldout=", ".join(HELDOUT_MODULES), batch=a.batch, seq=SEQ_LEN, uni=uni,
+                how=("`python -m studio.samples.train --out resources --reuse-target` (fixed "
+                     "seeds, default settings: the draft distilled again from the tiny-coder in "
+                     "resources)" if a.reuse_target else "`python -m studio.samples.train --out "
+                     "resources` (fixed seeds, default settings; both models in one run)"))
+    for name, model, loss, ppl, steps, cfg in (
+        ("tiny-coder", target, t_loss, t_ppl, a.steps, TARGET_CONFIG),
+        ("tiny-coder-draft", draft, d_loss, d_ppl, a.draft_steps,
+         dict(TARGET_CONFIG, num_hidden_layers=DRAFT_LAYERS)),
+    ):
+        if name == "tiny-coder" and a.reuse_target:  # read, not written: its files stay
+            stats[name] = prev_stats[name]
+            continue
+        summary, extra = _card_text(name, samples, same_table, agree)
+        stats[name] = _save_model(models_dir / name, name, model, hf_tok, cfg, steps, loss,
+                                  ppl, train_names, dict(card, summary=summary, extra=extra))
+    stats.update(unigram_perplexity=round(uni, 2), draft_agreement=round(agree, 4),
+                 draft_embedding="tiny-coder's, frozen" if same_table else "trained",
+                 completions=samples, python=pyver, torch=torch.__version__,
+                 heldout_tokens=len(heldout_ids), seconds=round(time.time() - t_start))
+    (models_dir / "training_stats.json").write_text(json.dumps(stats, indent=1) + "\n")
+    print(json.dumps(stats, indent=1))
+    return 0
+
+
+def _write_corpus(data_dir: Path) -> tuple[list[str], str, str]:
+    """The training modules and their text, the held-out text; the held-out and calibration
+    texts written under ``data_dir``."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    train_names = training_modules()
+    train_text = read_modules(train_names)
+    heldout_text = read_modules(HELDOUT_MODULES)
+    calib_text = read_modules(CALIBRATION_MODULES)
+    (data_dir / "heldout.py.txt").write_text(heldout_text, encoding="utf-8")
+    (data_dir / "calibration.py.txt").write_text(calib_text, encoding="utf-8")
+    print(f"corpus: {len(train_names)} modules, {len(train_text):,} chars", flush=True)
+    return train_names, train_text, heldout_text
+
+
+def _target(a: argparse.Namespace, models_dir: Path, train_ids, heldout_ids, uni: float):
+    """The tiny-coder trained (or with ``--reuse-target`` read from ``--out``), its final
+    loss and held-out perplexity."""
     if a.reuse_target:
         from transformers import Qwen2ForCausalLM
 
@@ -328,7 +377,12 @@ def main(argv=None) -> int:
         t_loss = train(target, train_ids, a.steps, a.batch, 3e-3, a.seed, label="tiny-coder")
     t_ppl = perplexity(target, heldout_ids)
     print(f"tiny-coder held-out ppl {t_ppl:.2f} (unigram {uni:.1f})", flush=True)
+    return target, t_loss, t_ppl
 
+
+def _distill_draft(a: argparse.Namespace, target, train_ids, heldout_ids):
+    """The draft distilled from the (frozen) target; its loss, held-out perplexity and
+    greedy agreement with the target."""
     for prm in target.parameters():
         prm.requires_grad_(False)
     draft = draft_from_target(target)
@@ -339,64 +393,46 @@ def main(argv=None) -> int:
     d_ppl = perplexity(draft, heldout_ids)
     agree = agreement(draft, target, heldout_ids)
     print(f"draft held-out ppl {d_ppl:.2f}, greedy agreement {agree:.3f}", flush=True)
+    return draft, d_loss, d_ppl, agree
 
-    hf_tok = hf_tokenizer(tok_dir)
-    samples = completions(target, hf_tok)
-    pyver = platform.python_version()
-    stats = {}
-    same_table = bool(torch.equal(draft.model.embed_tokens.weight, target.model.embed_tokens.weight))
-    print(f"draft's token table equal to the target's: {same_table}", flush=True)
-    prev_stats = (json.loads((models_dir / "training_stats.json").read_text())
-                  if a.reuse_target else {})
-    for name, model, loss, ppl, steps, cfg in (
-        ("tiny-coder", target, t_loss, t_ppl, a.steps, TARGET_CONFIG),
-        ("tiny-coder-draft", draft, d_loss, d_ppl, a.draft_steps,
-         dict(TARGET_CONFIG, num_hidden_layers=DRAFT_LAYERS)),
-    ):
-        out = models_dir / name
-        if name == "tiny-coder" and a.reuse_target:  # read, not written: its files stay
-            stats[name] = prev_stats[name]
-            continue
-        model.generation_config.pad_token_id = 1
-        model.generation_config.eos_token_id = 0
-        model.generation_config.do_sample = False
-        model.save_pretrained(out, safe_serialization=True)
-        hf_tok.save_pretrained(out)
-        params = sum(p.numel() for p in model.parameters())
-        if name == "tiny-coder":
-            summary = "A tiny Python code model, the studio's sample language model."
-            extra = "\nGreedy completions (40 new tokens):\n\n" + "\n".join(
-                f"- `{pr!r}` → `{c!r}`" for pr, c in samples.items()) + "\n"
-        else:
-            summary = ("Draft model for speculative decoding with `tiny-coder` (same tokenizer): "
-                       "initialised from tiny-coder's embedding, first block and final norm, "
-                       "then distilled on its logits (0.1 × cross-entropy + 0.9 × KL)"
-                       + (" with the embedding (tied to the LM head) frozen: its token table "
-                          "is tiny-coder's, value for value, so a runtime can hold one table "
-                          "for both." if same_table else "."))
-            extra = (f"| greedy next-token agreement with tiny-coder (held-out) | {agree:.1%} |\n"
-                     f"| token table | {'tiny-coder' + chr(39) + 's (frozen)' if same_table else 'its own (trained)'} |\n")
-        (out / "README.md").write_text(MODEL_CARD.format(
-            name=name, summary=summary, layers=cfg["num_hidden_layers"],
-            hidden=cfg["hidden_size"], heads=cfg["num_attention_heads"],
-            kv=cfg["num_key_value_heads"], params=params, vocab=VOCAB_SIZE, pyver=pyver,
-            n_train=len(train_names), heldout=", ".join(HELDOUT_MODULES), steps=steps,
-            batch=a.batch, seq=SEQ_LEN, loss=loss, ppl=ppl, uni=uni, extra=extra,
-            how=("`python -m studio.samples.train --out resources --reuse-target` (fixed seeds, "
-                 "default settings: the draft distilled again from the tiny-coder in resources)"
-                 if a.reuse_target else "`python -m studio.samples.train --out resources` "
-                 "(fixed seeds, default settings; both models in one run)"),
-        ), encoding="utf-8")
-        (out / "training_modules.json").write_text(json.dumps(train_names, indent=1) + "\n")
-        stats[name] = dict(parameters=params, final_loss=round(loss, 4),
-                           heldout_perplexity=round(ppl, 3), steps=steps)
-    stats.update(unigram_perplexity=round(uni, 2), draft_agreement=round(agree, 4),
-                 draft_embedding="tiny-coder's, frozen" if same_table else "trained",
-                 completions=samples, python=pyver, torch=torch.__version__,
-                 heldout_tokens=len(heldout_ids), seconds=round(time.time() - t_start))
-    (models_dir / "training_stats.json").write_text(json.dumps(stats, indent=1) + "\n")
-    print(json.dumps(stats, indent=1))
-    return 0
+
+def _card_text(name: str, samples: dict[str, str], same_table: bool, agree: float
+               ) -> tuple[str, str]:
+    """A model card's summary and its extra lines."""
+    if name == "tiny-coder":
+        summary = "A tiny Python code model, the studio's sample language model."
+        extra = "\nGreedy completions (40 new tokens):\n\n" + "\n".join(
+            f"- `{pr!r}` → `{c!r}`" for pr, c in samples.items()) + "\n"
+    else:
+        summary = ("Draft model for speculative decoding with `tiny-coder` (same tokenizer): "
+                   "initialised from tiny-coder's embedding, first block and final norm, "
+                   "then distilled on its logits (0.1 × cross-entropy + 0.9 × KL)"
+                   + (" with the embedding (tied to the LM head) frozen: its token table "
+                      "is tiny-coder's, value for value, so a runtime can hold one table "
+                      "for both." if same_table else "."))
+        extra = (f"| greedy next-token agreement with tiny-coder (held-out) | {agree:.1%} |\n"
+                 f"| token table | {'tiny-coder' + chr(39) + 's (frozen)' if same_table else 'its own (trained)'} |\n")
+    return summary, extra
+
+
+def _save_model(out: Path, name: str, model, hf_tok, cfg: dict, steps: int, loss: float,
+                ppl: float, train_names: list[str], card: dict) -> dict:
+    """A checkpoint folder: the model (greedy generation settings), the tokenizer, its
+    model card and training modules; its row of training_stats.json."""
+    model.generation_config.pad_token_id = 1
+    model.generation_config.eos_token_id = 0
+    model.generation_config.do_sample = False
+    model.save_pretrained(out, safe_serialization=True)
+    hf_tok.save_pretrained(out)
+    params = sum(p.numel() for p in model.parameters())
+    (out / "README.md").write_text(MODEL_CARD.format(
+        name=name, layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"],
+        heads=cfg["num_attention_heads"], kv=cfg["num_key_value_heads"], params=params,
+        steps=steps, loss=loss, ppl=ppl, **card,
+    ), encoding="utf-8")
+    (out / "training_modules.json").write_text(json.dumps(train_names, indent=1) + "\n")
+    return dict(parameters=params, final_loss=round(loss, 4),
+                heldout_perplexity=round(ppl, 3), steps=steps)
 
 
 if __name__ == "__main__":

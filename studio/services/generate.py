@@ -251,13 +251,7 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
     ``prompt_text`` in the result say which, and ``on_format(format, text)`` is told before
     the first token. ``overlap``: the draft model drafts the next window in its own thread
     while the target verifies (None: the project's ``run.speculative_overlap``)."""
-    if not prompt.strip():
-        raise StudioError("the prompt is empty: give some text")
-    if speculative not in (None, "draft", "lookup"):
-        raise StudioError(f"speculative must be draft or lookup, not {speculative!r}")
-    if overlap and speculative != "draft":
-        raise StudioError("overlapped drafting needs a draft model (prompt lookup drafts "
-                          "without one, at no cost): drop --overlap or give --draft")
+    _check_request(prompt, speculative, overlap)
     dev = resolve_device(project, device_name)
     sampling = sampling or SamplingConfig()
     t_load = time.perf_counter()
@@ -267,6 +261,73 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
         if speculative and window < gen.context_len:
             raise StudioError("speculative decoding verifies over the whole cache: use a "
                               f"window of {gen.context_len} (the context) or none")
+    proposer, draft_table = _proposer(project, dev, gen, speculative, draft_ref, sampling)
+    encoder = None
+    if image is not None and spec.get("vision"):
+        if speculative:
+            raise StudioError("an image prompt runs plain decoding: leave out --speculative")
+        encoder = load_encoder(project, dev, spec, registry)
+    load_s = time.perf_counter() - t_load
+    n = max_new_tokens if max_new_tokens is not None else int(project.run["max_new_tokens"])
+    fmt, ids, image_figures, fed = _prompt_ids(project, raw, spec, tok, gen, prompt, image,
+                                               encoder)
+    if on_format is not None:  # taken: one line before the text
+        on_format(fmt, fed)
+    stream = _TextStream(tok, [s for s in (stop or []) if s], on_text)
+    if proposer is not None:
+        out = _speculative_decode(gen, proposer, ids, n, sampling, spec, stream, k, adaptive,
+                                  on_pass, progress,
+                                  (bool(project.run["speculative_overlap"])
+                                   if overlap is None else overlap) and speculative == "draft")
+    else:
+        out = gen.generate(ids, n, sampler=Sampler(sampling), eos_id=spec.get("eos_token_id"),
+                           stop=stream.stop_fn if stream.stops else None,
+                           on_step=stream.step_cb, progress=progress)
+
+    out, timing_note = backend(dev, registry).generation_figures(out, gen)
+    result = {
+        "prompt": prompt, "prompt_text": fed,
+        "prompt_format": fmt.to_json(),
+        "prompt_tokens": len(ids), "prompt_chunks": out["prompt_chunks"],
+        "tokens": out["tokens"], "text": stream.final_text(out),
+        "stopped": out["stopped"], **_timing(out, image_figures),
+        "source": dev.source, "device": dev.id, "device_name": dev.name,
+        "timing_note": timing_note, "load_s": load_s, "sampling": sampling.to_dict(),
+    }
+    result["kv_cache"] = _kv_cache_figures(gen, spec)  # None: a remote device keeps it there
+    if "speculative" in out:
+        result["speculative"] = out["speculative"]
+        result["speculative"]["estimated"] = _speculative_estimate(
+            project, spec, out["speculative"], speculative, draft_ref)
+        result["speculative"]["draft_table"] = draft_table
+    return result
+
+
+def _speculative_decode(gen, proposer, ids: list[int], n: int, sampling: SamplingConfig,
+                        spec: dict[str, Any], stream: _TextStream, k: int, adaptive: bool,
+                        on_pass: Callable[[int, int], None] | None,
+                        progress: Progress | None, overlap: bool) -> dict[str, Any]:
+    return speculative_generate(gen, proposer, ids, n, sampler=Sampler(sampling), k=k,
+                                adaptive=adaptive, eos_id=spec.get("eos_token_id"),
+                                stop=stream.stop_fn if stream.stops else None,
+                                on_step=stream.step_cb, on_pass=on_pass, progress=progress,
+                                overlap=overlap)
+
+
+def _check_request(prompt: str, speculative: str | None, overlap: bool | None) -> None:
+    if not prompt.strip():
+        raise StudioError("the prompt is empty: give some text")
+    if speculative not in (None, "draft", "lookup"):
+        raise StudioError(f"speculative must be draft or lookup, not {speculative!r}")
+    if overlap and speculative != "draft":
+        raise StudioError("overlapped drafting needs a draft model (prompt lookup drafts "
+                          "without one, at no cost): drop --overlap or give --draft")
+
+
+def _proposer(project: Project, dev: Device, gen, speculative: str | None,
+              draft_ref: str | None, sampling: SamplingConfig) -> tuple[Any, Any]:
+    """What drafts for speculative decoding (None: plain decoding), and the draft's token
+    table (the target's or its own, and why; None without a draft model)."""
     proposer: Any = None
     draft_table = None  # the draft's token table: the target's or its own, and why
     if speculative:
@@ -280,14 +341,14 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
         else:
             draft_gen, draft_table = load_draft(project, draft_ref)
             proposer = DraftModelProposer(draft_gen, sampling)
-    encoder = None
-    if image is not None and spec.get("vision"):
-        if speculative:
-            raise StudioError("an image prompt runs plain decoding: leave out --speculative")
-        encoder = load_encoder(project, dev, spec, registry)
-    load_s = time.perf_counter() - t_load
-    n = max_new_tokens if max_new_tokens is not None else int(project.run["max_new_tokens"])
+    return proposer, draft_table
 
+
+def _prompt_ids(project: Project, raw: bool, spec: dict[str, Any], tok, gen, prompt: str,
+                image: Path | None, encoder) -> tuple[Any, list[int], Any, str]:
+    """The prompt through the project's prompt format (an image's rows from the encoder
+    where it puts them): the format, the ids, the image's figures and the text fed;
+    refused where the cache cannot hold it."""
     fmt = prompt_format(project, raw)
     vl = bool(spec.get("vision"))
     with_image = image is not None and vl
@@ -300,39 +361,38 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
                           + (" (through the chat template)" if fmt.applied else "")
                           + f" but the KV cache holds {C}: shorten it or re-export with a "
                           "longer export.context_length")
-    if on_format is not None:  # taken: one line before the text
-        on_format(fmt, fed)
-    stops = [s for s in (stop or []) if s]
-    got: list[int] = []
-    shown = [""]
+    return fmt, ids, image_figures, fed
 
-    def step_cb(_i: int, token: int) -> None:  # streams the text as tokens arrive
-        got.append(token)
-        if on_text is not None:
-            text = tok.decode(got)
-            on_text(text[len(shown[0]):])
-            shown[0] = text
 
-    def stop_fn(tokens: list[int]) -> bool:
-        return any(s in tok.decode(tokens) for s in stops)
+class _TextStream:
+    """The new tokens as text: streamed to ``on_text`` as they arrive, checked against the
+    stop strings, cut at the first one at the end."""
 
-    if proposer is not None:
-        out = speculative_generate(gen, proposer, ids, n, sampler=Sampler(sampling), k=k,
-                                   adaptive=adaptive, eos_id=spec.get("eos_token_id"),
-                                   stop=stop_fn if stops else None, on_step=step_cb,
-                                   on_pass=on_pass, progress=progress,
-                                   overlap=(bool(project.run["speculative_overlap"])
-                                            if overlap is None else overlap)
-                                   and speculative == "draft")
-    else:
-        out = gen.generate(ids, n, sampler=Sampler(sampling), eos_id=spec.get("eos_token_id"),
-                           stop=stop_fn if stops else None, on_step=step_cb, progress=progress)
+    def __init__(self, tok, stops: list[str], on_text: Callable[[str], None] | None) -> None:
+        self.tok, self.stops, self.on_text = tok, stops, on_text
+        self.got: list[int] = []
+        self.shown = ""
 
-    out, timing_note = backend(dev, registry).generation_figures(out, gen)
-    text = tok.decode(out["tokens"])
-    if out["stopped"] == "stop":
-        cut = min(text.find(s) for s in stops if s in text)
-        text = text[:cut]
+    def step_cb(self, _i: int, token: int) -> None:  # streams the text as tokens arrive
+        self.got.append(token)
+        if self.on_text is not None:
+            text = self.tok.decode(self.got)
+            self.on_text(text[len(self.shown):])
+            self.shown = text
+
+    def stop_fn(self, tokens: list[int]) -> bool:
+        return any(s in self.tok.decode(tokens) for s in self.stops)
+
+    def final_text(self, out: dict[str, Any]) -> str:
+        text = self.tok.decode(out["tokens"])
+        if out["stopped"] == "stop":
+            cut = min(text.find(s) for s in self.stops if s in text)
+            text = text[:cut]
+        return text
+
+
+def _timing(out: dict[str, Any], image_figures) -> dict[str, Any]:
+    """The time to the first token (an image's encoder included) and the decode rate."""
     steps = out["step_s"]
     med = statistics.median(steps) if steps else None
     decoded = len(out["tokens"]) - 1
@@ -343,32 +403,24 @@ def generate(project: Project, prompt: str, device_name: str | None = None,
         # the encoder ran before the prefill: its time is the first token's too
 
         ttft = image_timing(image_figures, out, out["ttft_s"])["time_to_first_token_ms"]
-    result = {
-        "prompt": prompt, "prompt_text": fed,
-        "prompt_format": fmt.to_json(),
-        "prompt_tokens": len(ids), "prompt_chunks": out["prompt_chunks"],
-        "tokens": out["tokens"], "text": text, "stopped": out["stopped"],
-        "time_to_first_token_ms": ttft, "image": image_figures,
-        "decode_ms_per_token": med * 1e3 if med else None,
-        "decode_tokens_per_s": 1.0 / med if med else None,
-        "source": dev.source, "device": dev.id, "device_name": dev.name,
-        "timing_note": timing_note, "load_s": load_s, "sampling": sampling.to_dict(),
+    return {"time_to_first_token_ms": ttft, "image": image_figures,
+            "decode_ms_per_token": med * 1e3 if med else None,
+            "decode_tokens_per_s": 1.0 / med if med else None}
+
+
+def _kv_cache_figures(gen, spec: dict[str, Any]) -> dict[str, Any] | None:
+    """The KV cache the host holds: its type and bytes, by formula and measured (None: a
+    remote device keeps its cache there)."""
+    if gen.cache is None:
+        return None
+
+    bits = int(gen.cache[0][0].dtype.itemsize * 8)
+    return {
+        "dtype": str(gen.cache[0][0].dtype), "bits": bits,
+        "bytes_by_formula": kv_bytes(spec, bits),
+        "bytes_measured": int(sum(a.nbytes for pair in gen.cache for a in pair)),
+        "window": gen.ring_window,
     }
-    result["kv_cache"] = None  # a remote device keeps its cache there
-    if gen.cache is not None:
-        bits = int(gen.cache[0][0].dtype.itemsize * 8)
-        result["kv_cache"] = {
-            "dtype": str(gen.cache[0][0].dtype), "bits": bits,
-            "bytes_by_formula": kv_bytes(spec, bits),
-            "bytes_measured": int(sum(a.nbytes for pair in gen.cache for a in pair)),
-            "window": gen.ring_window,
-        }
-    if "speculative" in out:
-        result["speculative"] = out["speculative"]
-        result["speculative"]["estimated"] = _speculative_estimate(
-            project, spec, out["speculative"], speculative, draft_ref)
-        result["speculative"]["draft_table"] = draft_table
-    return result
 
 
 def generate_remote(project: Project, prompt: str, device_name: str,

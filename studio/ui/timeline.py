@@ -54,6 +54,18 @@ class TimelineView(QWidget):
         self.redraws = 0
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
+        self._build_tools(lay)
+        self._build_plot(lay)
+        self._build_minimap(lay)
+        self._build_status(lay)
+        self._syncing = False
+        self.plot.getViewBox().sigXRangeChanged.connect(self._range_changed)
+        self.plot.scene().sigMouseMoved.connect(self._mouse_moved)
+        self.apply_theme()
+        self.set_data(None)
+
+    def _build_tools(self, lay: QVBoxLayout) -> None:
+        """The search box with its steps and count, Select a window, and the legend under them."""
         # the tools on one row (the search box as wide as its text), the legend under them,
         # wrapped: a long legend never squeezes the search box
         top = QHBoxLayout()
@@ -91,6 +103,10 @@ class TimelineView(QWidget):
         top.addWidget(self.select_button)
         lay.addLayout(top)
         lay.addWidget(self.legend)
+
+    def _build_plot(self, lay: QVBoxLayout) -> None:
+        """The empty-profile line and the timeline plot: its image, the current match's mark
+        and the selection region (shown when selecting)."""
         self.empty = label("No events with start times to draw.", "muted", wrap=True)
         lay.addWidget(self.empty)
         self.plot = pg.PlotWidget()
@@ -113,6 +129,9 @@ class TimelineView(QWidget):
         self.region.setZValue(10)
         self.region.sigRegionChanged.connect(self._region_changed)
         lay.addWidget(self.plot, 1)
+
+    def _build_minimap(self, lay: QVBoxLayout) -> None:
+        """The minimap of the whole profile with the view's region on it."""
         self.minimap = pg.PlotWidget()
         self.minimap.setMenuEnabled(False)
         self.minimap.setMouseEnabled(x=False, y=False)
@@ -123,17 +142,15 @@ class TimelineView(QWidget):
         self.mini_region.sigRegionChanged.connect(self._mini_moved)
         self.minimap.addItem(self.mini_region)
         lay.addWidget(self.minimap)
+
+    def _build_status(self, lay: QVBoxLayout) -> None:
+        """The hover details and the selection's totals."""
         bottom = QHBoxLayout()
         self.hover = label("", "muted")
         bottom.addWidget(self.hover, 1)
         self.totals = label("", wrap=True)
         bottom.addWidget(self.totals, 1)
         lay.addLayout(bottom)
-        self._syncing = False
-        self.plot.getViewBox().sigXRangeChanged.connect(self._range_changed)
-        self.plot.scene().sigMouseMoved.connect(self._mouse_moved)
-        self.apply_theme()
-        self.set_data(None)
 
     def apply_theme(self) -> None:
         theme_plot(self.plot, self.palette())

@@ -108,27 +108,13 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     p = projectfile.load(Path(args.file))
     cfg = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     native_output_to_stderr()
-    started = [False]
-    fed = [args.prompt]  # the prompt as the model reads it (through the chat template)
-    said = [""]  # how it went in: one line on stderr once text comes (a refusal stays one line)
-
-    def on_format(fmt, text: str) -> None:
-        said[0], fed[0] = fmt.line(), text
-
-    def show(text: str) -> None:  # the prompt, then the new text as it streams
-        if not started[0]:
-            started[0] = True
-            if said[0]:
-                print(said[0], file=sys.stderr, flush=True)
-            print(fed[0], end="", flush=True)
-        print(text, end="", flush=True)
-
-    stream = None if args.generate_json else show
+    shown = _Shown(args.prompt)
+    stream = None if args.generate_json else shown.show
     if args.runtime == "genie":
         if args.image:
             raise StudioError("Genie runs the bundle's text dialog: an image prompt runs with "
                               "--runtime studio")
-        return _generate_genie(args, p, stream, None if args.generate_json else on_format)
+        return _generate_genie(args, p, stream, None if args.generate_json else shown.on_format)
     spec_mode = None
     if args.speculative or args.prompt_lookup or args.draft:
         spec_mode = "lookup" if args.prompt_lookup else "draft"
@@ -142,11 +128,11 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                    adaptive=not args.fixed_k, kv=args.kv, window=args.window,
                    overlap=args.overlap,
                    image=Path(args.image).expanduser() if args.image else None, raw=args.raw,
-                   on_format=None if args.generate_json else on_format)
+                   on_format=None if args.generate_json else shown.on_format)
     if args.generate_json:
         print(json.dumps(out, indent=1))
         return 0
-    if not started[0]:  # no text came: the prompt format is still said
+    if not shown.started:  # no text came: the prompt format is still said
         print(out["prompt_format"]["note"], file=sys.stderr)
     _print_speed(f"{len(out['tokens'])} tokens ({out['stopped']})", out)
     img = out.get("image")
@@ -162,32 +148,59 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
               + (f", window {kvc['window']} tokens (ring buffer)" if kvc["window"] else ""),
               file=sys.stderr)
     if "speculative" in out:
-        sp = out["speculative"]
-        split = sp["time_split_s"]
-        print(f"speculative ({sp['proposer']}, k ≤ {sp['k']}): acceptance "
-              f"{sp['acceptance_rate']:.0%}, {sp['tokens_per_target_pass']:.2f} tokens per "
-              f"target pass ({sp['target_passes']} passes); time: draft "
-              f"{split['draft'] * 1e3:.0f} ms, verify {split['verify'] * 1e3:.0f} ms, host "
-              f"{split['host'] * 1e3:.0f} ms", file=sys.stderr)
-        if sp.get("overlap"):
-            busy, wait = sp["busy_s"], sp["waiting_s"]
-            print(f"overlapped: draft busy {busy['draft'] * 1e3:.0f} ms, target busy "
-                  f"{busy['target'] * 1e3:.0f} ms, both {busy['both'] * 1e3:.0f} ms; the "
-                  f"target waited {wait['target'] * 1e3:.0f} ms, the draft "
-                  f"{wait['draft'] * 1e3:.0f} ms; {sp['ahead']['used']} of "
-                  f"{sp['ahead']['drafted']} tokens drafted ahead were taken", file=sys.stderr)
-        table = sp.get("draft_table")
-        if table:
-            print(table["line"] + (f"; the draft's graphs hold "
-                                   f"{table['graph_bytes_dropped'] / 1024:.0f} KiB less "
-                                   "(measured)" if "graph_bytes_dropped" in table else ""),
-                  file=sys.stderr)
-        est = sp.get("estimated")
-        if est:
-            print(f"estimated on {est['chip']} ({est['scheme']}): {est['speedup']:.2f}x "
-                  f"({est['plain_tokens_per_s']:.0f} -> {est['speculative_tokens_per_s']:.0f} "
-                  "tok/s, performance model)", file=sys.stderr)
+        _print_speculative(out["speculative"])
     return 0
+
+
+class _Shown:
+    """The prompt as the model reads it (through the chat template) and the new text as it
+    streams, on stdout; how the prompt went in, one line on stderr once text comes (a
+    refusal stays one line)."""
+
+    def __init__(self, prompt: str) -> None:
+        self.started = False
+        self.fed = prompt  # the prompt as the model reads it (through the chat template)
+        self.said = ""  # how it went in
+
+    def on_format(self, fmt, text: str) -> None:
+        self.said, self.fed = fmt.line(), text
+
+    def show(self, text: str) -> None:  # the prompt, then the new text as it streams
+        if not self.started:
+            self.started = True
+            if self.said:
+                print(self.said, file=sys.stderr, flush=True)
+            print(self.fed, end="", flush=True)
+        print(text, end="", flush=True)
+
+
+def _print_speculative(sp: dict) -> None:
+    """The speculative decode's figures on stderr: acceptance and time split, the overlap,
+    the draft's token table, the performance model's estimate."""
+    split = sp["time_split_s"]
+    print(f"speculative ({sp['proposer']}, k ≤ {sp['k']}): acceptance "
+          f"{sp['acceptance_rate']:.0%}, {sp['tokens_per_target_pass']:.2f} tokens per "
+          f"target pass ({sp['target_passes']} passes); time: draft "
+          f"{split['draft'] * 1e3:.0f} ms, verify {split['verify'] * 1e3:.0f} ms, host "
+          f"{split['host'] * 1e3:.0f} ms", file=sys.stderr)
+    if sp.get("overlap"):
+        busy, wait = sp["busy_s"], sp["waiting_s"]
+        print(f"overlapped: draft busy {busy['draft'] * 1e3:.0f} ms, target busy "
+              f"{busy['target'] * 1e3:.0f} ms, both {busy['both'] * 1e3:.0f} ms; the "
+              f"target waited {wait['target'] * 1e3:.0f} ms, the draft "
+              f"{wait['draft'] * 1e3:.0f} ms; {sp['ahead']['used']} of "
+              f"{sp['ahead']['drafted']} tokens drafted ahead were taken", file=sys.stderr)
+    table = sp.get("draft_table")
+    if table:
+        print(table["line"] + (f"; the draft's graphs hold "
+                               f"{table['graph_bytes_dropped'] / 1024:.0f} KiB less "
+                               "(measured)" if "graph_bytes_dropped" in table else ""),
+              file=sys.stderr)
+    est = sp.get("estimated")
+    if est:
+        print(f"estimated on {est['chip']} ({est['scheme']}): {est['speedup']:.2f}x "
+              f"({est['plain_tokens_per_s']:.0f} -> {est['speculative_tokens_per_s']:.0f} "
+              "tok/s, performance model)", file=sys.stderr)
 
 
 COMMAND = Command("generate", "generate text with the deployed model on a device",

@@ -60,33 +60,12 @@ def _stale(p, store, shown) -> tuple[dict[int, str], str]:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.core import figures
     from studio.core import project as projectfile
-    from studio.services import history
 
     p = projectfile.load(Path(args.file))
     data = p.to_dict()
     data["file"] = str(p.path)
-    runs: list[history.RunInfo] = []
-    latest: int | None = None
-    metrics: list[dict[str, Any]] = []
-    stale_note = ""
-    store = open_history(p)
-    if store is not None:
-        try:
-            runs = history.runs(p, store, 5)
-            with_results = history.runs_with_results(store)
-            if with_results:
-                latest = with_results[0]
-                rows = history.run_metrics(store, latest)
-                stale, stale_note = _stale(p, store, [job for job, _ in rows])
-                metrics = [dict(m.to_dict(), run=latest, stage=job.stage,
-                                title=figures.title(m.name),
-                                text=figures.fmt(m.name, m.value, m.unit),
-                                stale=stale.get(job.id, ""))
-                           for job, m in rows]
-        finally:
-            store.close()
+    runs, latest, metrics, stale_note = _history(p)
     data["recent_runs"] = [r.to_dict() for r in runs]
     data["latest_run"] = latest
     data["latest_metrics"] = metrics
@@ -110,6 +89,46 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             data["layers_error"] = why
         print(json.dumps(data, indent=1))
         return 0
+    _print_settings(p, unmatched, device)
+    _print_history(runs, latest, metrics, stale_note)
+    return 0
+
+
+def _history(p) -> tuple[list[Any], int | None, list[dict[str, Any]], str]:
+    """The project's recent runs, the newest run with results and its figures (each marked
+    stale where it no longer matches the file), and a line when that cannot be told."""
+    from studio.core import figures
+    from studio.services import history
+
+    runs: list[history.RunInfo] = []
+    latest: int | None = None
+    metrics: list[dict[str, Any]] = []
+    stale_note = ""
+    store = open_history(p)
+    if store is not None:
+        try:
+            runs = history.runs(p, store, 5)
+            with_results = history.runs_with_results(store)
+            if with_results:
+                latest = with_results[0]
+                rows = history.run_metrics(store, latest)
+                stale, stale_note = _stale(p, store, [job for job, _ in rows])
+                metrics = [dict(m.to_dict(), run=latest, stage=job.stage,
+                                title=figures.title(m.name),
+                                text=figures.fmt(m.name, m.value, m.unit),
+                                stale=stale.get(job.id, ""))
+                           for job, m in rows]
+        finally:
+            store.close()
+    return runs, latest, metrics, stale_note
+
+
+def _print_settings(p, unmatched: list[str] | None, device) -> None:
+    """The model, its export or graph, the recipe, the targets, the stages and (for an
+    LLM) the device plan."""
+    from studio.services import deviceplan
+    from studio.services.prompts import project_lines
+
     print(f"{p.name}  ({p.path})")
     print(f"  model     {p.model['source']}  ({p.model['kind']})"
           + (f"  draft {p.model['draft']}" if p.model["draft"] else ""))
@@ -139,6 +158,13 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         print("  device plan (what the NPU maps, per target):")
         for line in deviceplan.plan_lines(p, device):
             print(f"    {line}")
+
+
+def _print_history(runs: list[Any], latest: int | None, metrics: list[dict[str, Any]],
+                   stale_note: str) -> None:
+    """The recent runs and the newest run's figures."""
+    from studio.core import figures
+
     for r in runs:
         print(f"  run {r.id}: {r.state}  (started {when(r.created)})")
     if metrics:
@@ -153,7 +179,6 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                   "run the pipeline again to update them")
         if stale_note:
             print(f"    {stale_note}")
-    return 0
 
 
 COMMAND = Command("info", "describe a project file", add_arguments, run)

@@ -134,12 +134,9 @@ def _apply(path: Path, rec: dict[str, Any], which: str) -> str:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    import asyncio
-
     from studio.core import project as projectfile
-    from studio.services.session import Studio
     from studio.services.sweep_report import write_sweep_report
-    from studio.services.sweeps import SweepRunner, find_spec, recorded
+    from studio.services.sweeps import recorded
 
     path = Path(args.file)
     project = projectfile.load(path)
@@ -149,51 +146,11 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         raise StudioError("--stages names no stage: give e.g. export,quantize,compile,validate")
     if args.ladder and args.axis:
         raise StudioError("--ladder and --axis both say what to sweep: give one")
-    points, studio = None, None
-    try:
-        if args.ladder:  # its rungs come from the project's stored sensitivity result
-            from studio.services.sensitivity import ladder
-
-            studio = Studio(project)
-            points = ladder(project, studio.jobs, studio.store, args.ladder)
-        spec = find_spec(project, args.name, args.axis, args.best, stages, points)
-        if args.apply:  # a point the sweep cannot have: refused before it runs
-            n = args.search or spec.size()
-            label = args.apply
-            if label != "best" and not (label[:1] == "p" and label[1:].isdigit()
-                                        and 1 <= int(label[1:]) <= n):
-                raise StudioError(f"--apply {label!r}: give best or a point label p1 .. p{n}")
-    except BaseException:
-        if studio is not None:
-            studio.close()
-        raise
-    studio = studio or Studio(project)
+    spec, studio = _sweep_spec(args, project, stages)
+    summary = None
     try:
         if not args.show:
-            runner = SweepRunner(project, studio.jobs, studio.store, spec, args.executor,
-                                 args.workers, args.ray_address, args.transfer)
-            runner.listeners.append(_progress(args.quiet))
-            if not args.quiet:
-                what = (f"search of {args.search} trial(s) over {spec.size()} grid points"
-                        if args.search else f"{spec.size()} points")
-                print(f"QStudio sweep {spec.name}: {what} ({project.path})", file=sys.stderr)
-            if args.search:
-                from studio.services.sweeps import search
-
-                summary = asyncio.run(search(
-                    project, studio.jobs, studio.store, spec, args.search, args.minutes,
-                    args.executor, args.workers, args.ray_address, args.transfer,
-                    runner.listeners))
-                spec_name = summary.name
-            else:
-                summary = asyncio.run(runner.run())
-                spec_name = spec.name
-            if not args.quiet:
-                d = summary.to_dict()
-                print(f"{summary.state} in {summary.seconds:.1f}s on {summary.executor}; "
-                      f"{d['jobs']['computed']} job(s) computed "
-                      f"({', '.join(f'{k} {v}' for k, v in d['jobs']['by_stage'].items())}), "
-                      f"{d['jobs']['cached']} from the store", file=sys.stderr)
+            summary, spec_name = _run_sweep(args, project, studio, spec)
         else:
             spec_name = spec.name + ("-search" if args.search else "")
         rec = recorded(project, studio.jobs, spec_name)
@@ -216,8 +173,74 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         print(f"report: {report}")
         if applied:
             print(f"applied {applied} to {path}")
-    # a sweep with a failed point (a gate or a stage) is not a success; one whose points the
-    # project refuses, all of them, ran nothing
+    return _exit_code(args, rec)
+
+
+def _sweep_spec(args: argparse.Namespace, project, stages: list[str] | None):
+    """The sweep to run (a ladder's rungs from the project's stored sensitivity result)
+    and the session it runs in; an ``--apply`` point the sweep cannot have refused before
+    it runs."""
+    from studio.services.session import Studio
+    from studio.services.sweeps import find_spec
+
+    points, studio = None, None
+    try:
+        if args.ladder:  # its rungs come from the project's stored sensitivity result
+            from studio.services.sensitivity import ladder
+
+            studio = Studio(project)
+            points = ladder(project, studio.jobs, studio.store, args.ladder)
+        spec = find_spec(project, args.name, args.axis, args.best, stages, points)
+        if args.apply:  # a point the sweep cannot have: refused before it runs
+            n = args.search or spec.size()
+            label = args.apply
+            if label != "best" and not (label[:1] == "p" and label[1:].isdigit()
+                                        and 1 <= int(label[1:]) <= n):
+                raise StudioError(f"--apply {label!r}: give best or a point label p1 .. p{n}")
+    except BaseException:
+        if studio is not None:
+            studio.close()
+        raise
+    return spec, studio or Studio(project)
+
+
+def _run_sweep(args: argparse.Namespace, project, studio, spec):
+    """The sweep's points (or a search over them) run; its summary and the name it is
+    recorded under."""
+    import asyncio
+
+    from studio.services.sweeps import SweepRunner
+
+    runner = SweepRunner(project, studio.jobs, studio.store, spec, args.executor,
+                         args.workers, args.ray_address, args.transfer)
+    runner.listeners.append(_progress(args.quiet))
+    if not args.quiet:
+        what = (f"search of {args.search} trial(s) over {spec.size()} grid points"
+                if args.search else f"{spec.size()} points")
+        print(f"QStudio sweep {spec.name}: {what} ({project.path})", file=sys.stderr)
+    if args.search:
+        from studio.services.sweeps import search
+
+        summary = asyncio.run(search(
+            project, studio.jobs, studio.store, spec, args.search, args.minutes,
+            args.executor, args.workers, args.ray_address, args.transfer,
+            runner.listeners))
+        spec_name = summary.name
+    else:
+        summary = asyncio.run(runner.run())
+        spec_name = spec.name
+    if not args.quiet:
+        d = summary.to_dict()
+        print(f"{summary.state} in {summary.seconds:.1f}s on {summary.executor}; "
+              f"{d['jobs']['computed']} job(s) computed "
+              f"({', '.join(f'{k} {v}' for k, v in d['jobs']['by_stage'].items())}), "
+              f"{d['jobs']['cached']} from the store", file=sys.stderr)
+    return summary, spec_name
+
+
+def _exit_code(args: argparse.Namespace, rec: dict[str, Any]) -> int:
+    """A sweep with a failed point (a gate or a stage) is not a success; one whose points
+    the project refuses, all of them, ran nothing."""
     if rec["state"] == "cancelled":
         return 2
     failed = [p for p in rec["points"] if p["state"] == "failed"]

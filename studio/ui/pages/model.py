@@ -46,6 +46,24 @@ class ModelPage(Page):
         super().__init__(ctl, parent)
         lay = QVBoxLayout(self.body)
         lay.setContentsMargins(0, 6, 0, 0)
+        self._build_bar(lay)
+        self._build_info(lay)
+        self._build_tabs(lay)
+        self._drawn: tuple | None = None  # what the graph view shows
+        self._pending_layer: str | None = None  # a layer to select once the graph is drawn
+
+        self._graphs: dict[str, object] = {}
+        self._graph_paths: dict[str, object] | None = None  # None: not looked yet
+        self._graph_files: dict[str, history.GraphFile] = {}
+        self._loading: asyncio.Future | None = None
+        self._plan_loading: asyncio.Future | None = None
+        self._netron = projects.netron_available()
+        self.netron_button.setVisible(self._netron)
+        self.netron_hint.setVisible(not self._netron)
+        ctl.model_ready.connect(self._model_ready)
+
+    def _build_bar(self, lay: QVBoxLayout) -> None:
+        """The search box, the graph chooser, Netron and Expand blocks."""
         bar = QHBoxLayout()
         self.search = QLineEdit()
         self.search.setPlaceholderText("Find a layer or node (e.g. q_proj, MatMul)")
@@ -70,6 +88,9 @@ class ModelPage(Page):
         bar.addWidget(self.expand_button)
         lay.addLayout(bar)
 
+    def _build_info(self, lay: QVBoxLayout) -> None:
+        """The status line with Run export, and the hidden lines of the parts plan, the
+        prompts and the device memory plan (with its table)."""
         info = QHBoxLayout()
         self.status = label("", "muted", wrap=True)
         info.addWidget(self.status, 1)
@@ -109,6 +130,8 @@ class ModelPage(Page):
         self.device_table.hide()
         lay.addWidget(self.device_table)
 
+    def _build_tabs(self, lay: QVBoxLayout) -> None:
+        """The Layers tab (the model tree and the details line) and the Graph tab."""
         self.model = ModelTreeModel(self)
         self.proxy = QSortFilterProxyModel(self)
         self.proxy.setSourceModel(self.model)
@@ -140,18 +163,6 @@ class ModelPage(Page):
         self.tabs.addTab(self.graph_view, "Graph")
         self.tabs.currentChanged.connect(lambda *_: self._draw_graph())
         lay.addWidget(self.tabs, 1)
-        self._drawn: tuple | None = None  # what the graph view shows
-        self._pending_layer: str | None = None  # a layer to select once the graph is drawn
-
-        self._graphs: dict[str, object] = {}
-        self._graph_paths: dict[str, object] | None = None  # None: not looked yet
-        self._graph_files: dict[str, history.GraphFile] = {}
-        self._loading: asyncio.Future | None = None
-        self._plan_loading: asyncio.Future | None = None
-        self._netron = projects.netron_available()
-        self.netron_button.setVisible(self._netron)
-        self.netron_hint.setVisible(not self._netron)
-        ctl.model_ready.connect(self._model_ready)
 
     # ---- session ------------------------------------------------------------------------------
     def on_open(self) -> None:

@@ -185,8 +185,6 @@ def _compiler_traffic(ctx: StageContext, table, spec, progress: Progress):
     schematic). Returns (table, "compiler (optrace)" | "analytic", the compiler's totals of
     the step — DRAM and VTCM bytes, DMA ops, HTP ops, the binary's size, the options — or
     None)."""
-    from studio.engine import profiling, qnn_profile
-
     qdir = ctx.input("quantize")
     graph = qdir / "decode.onnx"
     if len(spec.get("parts") or []) > 1:
