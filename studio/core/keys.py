@@ -131,7 +131,7 @@ def declare_keys(cls: type) -> dict[str, Key]:
     return keys
 
 
-def _short(value: Any, limit: int = 80) -> str:
+def short_repr(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -156,13 +156,13 @@ def check_type(where: str, value: Any, hint: Any) -> None:
             except StudioError:
                 continue
         raise StudioError(f"{where} must be a {_type_name(hint)}, not {type(value).__name__} "
-                          f"{_short(value)}")
+                          f"{short_repr(value)}")
     want: tuple[type, ...] = (int, float) if hint is float else (origin,)
     if isinstance(value, bool) and bool not in want:
         raise StudioError(f"{where} must be a {_type_name(hint)}, not {value!r}")
     if not isinstance(value, want):
         raise StudioError(f"{where} must be a {_type_name(hint)}, not {type(value).__name__} "
-                          f"{_short(value)}")
+                          f"{short_repr(value)}")
     args, held = typing.get_args(hint), typing.cast(Any, value)
     if origin is list and args:
         for i, item in enumerate(held):
@@ -195,7 +195,7 @@ def check_value(where: str, value: Any, spec: Spec) -> None:
     allowed = spec.allowed()
     if allowed is not None and value not in allowed:
         shown = ", ".join(str(c) for c in allowed if c != "")
-        raise StudioError(f"{where} = {_short(value)} is not one of {shown}{hint}")
+        raise StudioError(f"{where} = {short_repr(value)} is not one of {shown}{hint}")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         low_ok = ((spec.min is None or value >= spec.min)
                   and (spec.above is None or value > spec.above))

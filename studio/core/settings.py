@@ -42,11 +42,11 @@ from studio.core.keys import (  # noqa: F401  (read from here by the pages and c
     MAX_TOKENS,
     Key,
     Spec,
-    _short,
     check_type,
     check_value,
     declare_keys,
     setting,
+    short_repr,
 )
 from studio.core.recipe import (
     ACTIVATION_GRANULARITIES,
@@ -512,7 +512,7 @@ class Graph(Section):
             if not (dims and len(dims) <= 8 and all(0 < d <= MAX_DIM for d in dims)):
                 raise StudioError(f"graph.shapes.{name} must be a list of at most 8 positive "
                                   f"integers up to {MAX_DIM}, e.g. [1, 3, 32, 32], not "
-                                  f"{_short(dims)}")
+                                  f"{short_repr(dims)}")
 
 
 # ---- all sections -------------------------------------------------------------------------

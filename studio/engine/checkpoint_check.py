@@ -37,7 +37,7 @@ def _safetensors_end(path: Path) -> tuple[int, int]:
 
 
 def check_weights_complete(folder: Path) -> None:
-    for f in hf_import._safetensors_files(folder):
+    for f in hf_import.safetensors_files(folder):
         need, have = _safetensors_end(f)
         if have < need:
             raise StudioError(

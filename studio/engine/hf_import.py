@@ -157,7 +157,7 @@ Tensors = dict[str, tuple[tuple[int, ...], str]]  # name -> (shape, dtype name)
 
 
 def _tensor_shapes(folder: Path) -> Tensors:
-    files = _safetensors_files(folder)
+    files = safetensors_files(folder)
     if files:
         tensors: Tensors = {}
         for f in files:
@@ -189,7 +189,7 @@ def _indexed_files(index: Path) -> list[Path]:
     return files
 
 
-def _safetensors_files(folder: Path) -> list[Path]:
+def safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         return _indexed_files(index)

@@ -34,7 +34,7 @@ from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_folder, atomic_write_json, link_or_copy
 from studio.engine import hf_import
 from studio.engine.chain import part_dirs
-from studio.engine.hf_import import _safetensors_files, safetensors_layout
+from studio.engine.hf_import import safetensors_files, safetensors_layout
 from studio.engine.llm_runtime import external_weights, shared_weights
 from studio.engine.onnxio import load_spec
 
@@ -52,7 +52,7 @@ _CHUNK = 16 << 20
 def _table_location(folder: Path) -> tuple[Path, str, tuple[int, ...], int, int] | None:
     """(file, dtype, shape, first byte, end byte) of the checkpoint's token table in its
     safetensors files; None where it has none (a PyTorch .bin checkpoint)."""
-    for f in _safetensors_files(Path(folder)):
+    for f in safetensors_files(Path(folder)):
         tensors, length, _end = safetensors_layout(f)
         t = tensors.get(TABLE)
         if t is not None:

@@ -63,7 +63,7 @@ def resolve_device(project: Project, name: str | None) -> Device:
     return resolve(name, project.targets)
 
 
-def _run_stages(project: Project, stages: list[str], what: str) -> None:
+def run_stages(project: Project, stages: list[str], what: str) -> None:
     """Run ``stages`` of ``project`` (a copy with changed settings) through the pipeline: the
     store serves what it holds."""
     s = Studio(project)
@@ -89,7 +89,7 @@ def stored_artifact(project: Project, label: str, what: str, run: bool = True) -
     if art is None and not run:
         return None
     if art is None:
-        _run_stages(project, [stage], what)
+        run_stages(project, [stage], what)
         art = store.get(key) if key else None
     if art is None:
         raise StudioError(f"{what} could not be built: see studio --batch {project.path} "
@@ -163,7 +163,7 @@ def load_generator(project: Project, dev: Device, kv: str | None = None, registr
 
             key = current_keys(project, [stage]).get(label)
             if key is None or ArtifactStore(project.folder / "artifacts").get(key) is None:
-                _run_stages(project, [stage], f"the {kv} KV cache graphs")
+                run_stages(project, [stage], f"the {kv} KV cache graphs")
         compiled = _artifact(project, label, stage)
     fp16 = is_float_scheme(project.quantization.scheme)
     return be.open_generator(export_dir, compiled, spec, fp16), spec, tok

@@ -14,7 +14,7 @@ from studio.core.errors import StudioError
 from studio.core.project import Project
 from studio.core.units import signed
 from studio.engine.waterfall import LABELS, with_estimate
-from studio.services.generate import _run_stages
+from studio.services.generate import run_stages
 from studio.services.history import current_keys
 
 
@@ -26,7 +26,7 @@ def stored(project: Project, run: bool = True) -> dict[str, Any] | None:
     store = ArtifactStore(project.folder / "artifacts")
     art = store.get(key) if key else None
     if art is None and run:
-        _run_stages(project, ["waterfall"], "the waterfall")
+        run_stages(project, ["waterfall"], "the waterfall")
         art = store.get(key) if key else None
     if art is None:
         return None
