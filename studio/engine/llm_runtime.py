@@ -616,7 +616,8 @@ class StaticKVGenerator:
         ``ttft_s`` is the time from the call to the first token, ``step_s`` one entry per
         later token.
         """
-        prompt_ids = self._checked_prompt(prompt_ids, max_new_tokens)
+        # called on the class: deployed.DeployedGenerator borrows this method, not the class
+        prompt_ids = StaticKVGenerator._checked_prompt(self, prompt_ids, max_new_tokens)
         n = len(prompt_ids)
         pick = sampler.pick if sampler is not None else (lambda x: int(x.argmax()))
         eos = (
@@ -639,7 +640,8 @@ class StaticKVGenerator:
             on_step(0, tok)
         pos = n
         while True:
-            stopped = self._why_stop(tok, eos, stop, tokens, max_new_tokens, pos)
+            stopped = StaticKVGenerator._why_stop(self, tok, eos, stop, tokens, max_new_tokens,
+                                                  pos)
             if stopped is not None:
                 break
             if progress is not None:
