@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,57 +30,139 @@ from studio.worker.stages._llm import EMBED_LIMIT, GRAPHS, htp_options
 STAGING = "genie-staging"
 
 
+@dataclass
+class CompileRun:
+    """What the compile stage's steps share: the parts' folders, where each one's binaries
+    go in the stage's output, and the placement and binaries gathered so far."""
+
+    ctx: StageContext
+    qdir: Path
+    spec: dict[str, Any]
+    folders: list[Path]
+    parts: list[Any]
+    placement: dict[str, dict] = field(default_factory=dict)
+    compiled: dict[str, dict] = field(default_factory=dict)
+    reused: list[int] = field(default_factory=list)
+
+    def where(self, k: int) -> str:
+        """A part's folder in the stage's output ("" for one graph)."""
+        return "" if self.folders[k] == self.qdir else f"{self.folders[k].name}/"
+
+    def finished(self, k: int, part_key: str | None, got: dict[str, dict]) -> None:
+        """Part ``k``'s graphs compiled: gathered, marked (a kill keeps them) and cached."""
+        at = self.where(k)
+        self.placement.update({at + g: r for g, r in got["placement"].items()})
+        self.compiled.update({at + g: c for g, c in got["compiled"].items()})
+        if at:  # the part's graphs are compiled: a kill keeps them, other settings too
+            mine = [at + x for x in GRAPHS]
+            row = {"start": self.parts[k].start, "stop": self.parts[k].stop,
+                   "placement": {x: self.placement[x] for x in mine},
+                   "compiled": {x: self.compiled[x] for x in mine}}
+            partresume.mark(self.ctx.out / at, row, {})
+            if part_key is not None:
+                self.ctx.parts.put(part_key, self.ctx.out / at, row)
+
+
 def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     s = CompileSettings.of(ctx.config)
     qdir = ctx.input("quantize")
     fp16 = s.fp16
     chip = ctx.chip
     extra = htp_options(s, chip)
-    placement, compiled = {}, {}
     spec = load_graph_spec(qdir)
-    why_not = deploy.supported(spec, fp16, qdir)
-    settings = deploy_settings(s, extra) if why_not is None else None
+    settings = deployable(s, extra, spec, qdir, progress)
+    job = CompileRun(ctx, qdir, spec, part_dirs(spec, qdir), list(iter_parts(spec)))
+    done = keep_interrupted(job, progress)
+    io = s.graph_io
+    staging = ctx.out / STAGING
+    sources, progress = stage_sources(job, settings, io, staging, progress)
+    todo = [k for k in range(len(job.folders)) if k not in done]
+    n_steps = len(todo) * len(GRAPHS)
+    fresh, i = take_compiled_before(job, todo, sources, chip, fp16, extra, io, progress,
+                                    n_steps)
+    jobs = [(k, key, sources[k], ctx.out / job.where(k)) for k, key in fresh]
+    compile_fresh(ctx, jobs, chip, fp16, extra, progress, i, n_steps, job.finished)
+    if job.reused:
+        progress.log(f"{len(job.reused)} of {len(job.parts)} parts (" + ", ".join(
+            str(k + 1) for k in job.reused) + "): the same graphs were compiled for this "
+            "target before, taken from then")
+    shutil.rmtree(ctx.out / "io-staging", ignore_errors=True)
+    rec = None
+    if settings is not None:  # the marks stay until then: a kill in it keeps the parts
+        rec = deploy.finish(ctx.out, staging, sources,
+                            [job.where(k) for k in range(len(job.folders))],
+                            spec, chip, settings, progress)
+        shutil.rmtree(staging, ignore_errors=True)
+    partresume.unmark(ctx.out)
+    placement, compiled = write_placement(job, chip, fp16, extra,
+                                          Steps(progress, n_steps - 1, n_steps))
+    sdk = next(iter(compiled.values())).get("sdk_version", "")
+    ctx.fact("compile_seconds", sum(c.get("seconds", 0.0) for c in compiled.values()
+                                    if not c.get("reused")), "s")
+    if rec is not None:
+        return deployed_result(rec, placement, sdk, extra, chip, job.reused, len(job.parts))
+    return studio_result(placement, sdk, extra, chip, job.reused, len(job.parts), io,
+                         bool(spec.get("vision")))
+
+
+def deployable(s: CompileSettings, extra: dict[str, str], spec: dict[str, Any], qdir: Path,
+               progress: Progress) -> Any:
+    """The deployable graphs' settings, or None (logged why) where Genie cannot take the
+    model and the studio's own prefill and decode graphs are compiled."""
+    why_not = deploy.supported(spec, s.fp16, qdir)
     if why_not is not None:
         progress.log(f"the studio's own prefill and decode graphs are compiled ({why_not})")
-    folders = part_dirs(spec, qdir)
-    parts = list(iter_parts(spec))
-    # a kept work folder: the parts a killed run compiled are kept (a model in parts)
-    # (and the deployable graphs it staged: deploy.stage keeps them if made from the same)
+        return None
+    return deploy_settings(s, extra)
+
+
+def keep_interrupted(job: CompileRun, progress: Progress) -> dict[int, Any]:
+    """The parts a killed run compiled, kept in the work folder (a model in parts; the
+    deployable graphs it staged too: deploy.stage keeps them if made from the same) and
+    gathered into ``job``; a model in one part starts clean."""
+    ctx, parts = job.ctx, job.parts
     staged = (STAGING,)
     done = partresume.keep_finished(ctx.out, parts, keep=staged) if len(parts) > 1 else {}
     if len(parts) == 1:
         partresume.clear(ctx.out, keep=staged)
     for kept in done.values():
-        placement.update(kept["placement"])
-        compiled.update(kept["compiled"])
+        job.placement.update(kept["placement"])
+        job.compiled.update(kept["compiled"])
     if done:
         progress.log(f"{len(done)} of {len(parts)} parts: compiled by an interrupted run, kept")
-    io = s.graph_io
-    # the binaries that ship (studio.engine.deploy): Genie's AR-N prefill and AR-1 decode
-    # graphs of each part, staged, then compiled below like any part's graphs; else (a model
-    # Genie cannot take) the studio's own graphs, with quantized graph I/O each part's graphs
-    # with their edge Q/DQ pairs cut in a staging folder (their encodings kept beside)
-    staging = ctx.out / STAGING
+    return done
+
+
+def stage_sources(job: CompileRun, settings: Any, io: str, staging: Path,
+                  progress: Progress) -> tuple[list[Path], Progress]:
+    """The folders each part's graphs are compiled from, and the progress the compiles
+    report to. The binaries that ship (studio.engine.deploy): Genie's AR-N prefill and AR-1
+    decode graphs of each part, staged, then compiled like any part's graphs; else (a model
+    Genie cannot take) the studio's own graphs, with quantized graph I/O each part's graphs
+    with their edge Q/DQ pairs cut in a staging folder (their encodings kept beside)."""
+    ctx = job.ctx
     if settings is not None:
-        sources = deploy.stage(ctx.input("export"), qdir, spec, settings, staging,
+        sources = deploy.stage(ctx.input("export"), job.qdir, job.spec, settings, staging,
                                SubProgress(progress, 0.0, 0.3))
-        progress = SubProgress(progress, 0.3, 1.0)  # the compiles: the rest of the bar
-    elif io == "quantized":
-        sources = quantized_io(folders, ctx.out / "io-staging", progress)
-    else:
-        sources = list(folders)
-    todo = [k for k in range(len(folders)) if k not in done]
-    reused: list[int] = []
-    n_steps, i = len(todo) * len(GRAPHS), 0
-    fresh: list[tuple[int, str | None]] = []  # parts to compile, with their part-cache key
+        return sources, SubProgress(progress, 0.3, 1.0)  # the compiles: the rest of the bar
+    if io == "quantized":
+        return quantized_io(job.folders, ctx.out / "io-staging", progress), progress
+    return list(job.folders), progress
 
-    def where(k: int) -> str:  # a part's folder in the stage's output ("" for one graph)
-        return "" if folders[k] == qdir else f"{folders[k].name}/"
 
+def take_compiled_before(job: CompileRun, todo: list[int], sources: list[Path], chip: Chip,
+                         fp16: bool, extra: dict[str, str], io: str, progress: Progress,
+                         n_steps: int) -> tuple[list[tuple[int, str | None]], int]:
+    """The parts of ``todo`` to compile, with their part-cache key; a part compiled before
+    from the same graphs is taken from the part cache into ``job`` instead. Also the steps
+    the taken parts account for."""
+    ctx = job.ctx
+    i = 0
+    fresh: list[tuple[int, str | None]] = []
     for k in todo:
-        src, dst = sources[k], ctx.out / where(k)
+        src, dst = sources[k], ctx.out / job.where(k)
         part_key = None
-        if where(k) and ctx.parts.root is not None:  # a part compiled before from these graphs?
+        if job.where(k) and ctx.parts.root is not None:  # compiled before from these graphs?
             progress.update(i / n_steps, f"looking for {dst.name.replace('_', ' ')} compiled "
                                          "before")
             part_key = ctx.parts.key("compile-part", salt=ctx.part_salt, chip=chip.key,
@@ -87,72 +170,51 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                                      graphs=files_digest(src), io=io)
             row = ctx.parts.get(part_key, dst)
             if row is not None:
-                placement.update(row["placement"])
-                compiled.update({g: {**c, "ctx_path": str(dst / Path(c["ctx_path"]).name),
-                                     "bin_files": [str(dst / Path(b).name)
-                                                   for b in c["bin_files"]], "reused": True}
-                                 for g, c in row["compiled"].items()})
+                job.placement.update(row["placement"])
+                job.compiled.update({g: {**c, "ctx_path": str(dst / Path(c["ctx_path"]).name),
+                                         "bin_files": [str(dst / Path(b).name)
+                                                       for b in c["bin_files"]], "reused": True}
+                                     for g, c in row["compiled"].items()})
                 partresume.mark(dst, row, {})
-                reused.append(k)
+                job.reused.append(k)
                 i += len(GRAPHS)
                 continue
         fresh.append((k, part_key))
+    return fresh, i
 
-    def finished(k: int, part_key: str | None, got: dict[str, dict]) -> None:
-        at = where(k)
-        placement.update({at + g: r for g, r in got["placement"].items()})
-        compiled.update({at + g: c for g, c in got["compiled"].items()})
-        if at:  # the part's graphs are compiled: a kill keeps them, other settings too
-            mine = [at + x for x in GRAPHS]
-            row = {"start": parts[k].start, "stop": parts[k].stop,
-                   "placement": {x: placement[x] for x in mine},
-                   "compiled": {x: compiled[x] for x in mine}}
-            partresume.mark(ctx.out / at, row, {})
-            if part_key is not None:
-                ctx.parts.put(part_key, ctx.out / at, row)
 
-    jobs = [(k, key, sources[k], ctx.out / where(k)) for k, key in fresh]
-    compile_fresh(ctx, jobs, chip, fp16, extra, progress, i, n_steps, finished)
-    if reused:
-        progress.log(f"{len(reused)} of {len(parts)} parts (" + ", ".join(
-            str(k + 1) for k in reused) + "): the same graphs were compiled for this target "
-            "before, taken from then")
-    shutil.rmtree(ctx.out / "io-staging", ignore_errors=True)
-    rec = None
-    if settings is not None:  # the marks stay until then: a kill in it keeps the parts
-        rec = deploy.finish(ctx.out, staging, sources, [where(k) for k in range(len(folders))],
-                            spec, chip, settings, progress)
-        shutil.rmtree(staging, ignore_errors=True)
-    partresume.unmark(ctx.out)
-    order = [where(k) + g for k in range(len(folders)) for g in GRAPHS
-             if where(k) + g in placement]
-    if spec.get("vision"):  # a vision-language model's encoder: float I/O, its own binary
-        got = compile_part(qdir, ctx.out, chip, fp16, extra, Steps(progress, n_steps - 1,
-                                                                   n_steps), "",
-                           graphs=("vision",))
+def write_placement(job: CompileRun, chip: Chip, fp16: bool, extra: dict[str, str],
+                    steps: Steps) -> tuple[dict[str, dict], dict[str, dict]]:
+    """The placement and binaries in the parts' order, a vision-language model's encoder
+    compiled last (float I/O, its own binary); graph.json and placement.json written."""
+    ctx, placement, compiled = job.ctx, job.placement, job.compiled
+    order = [job.where(k) + g for k in range(len(job.folders)) for g in GRAPHS
+             if job.where(k) + g in placement]
+    if job.spec.get("vision"):
+        got = compile_part(job.qdir, ctx.out, chip, fp16, extra, steps, "", graphs=("vision",))
         placement.update(got["placement"])
         compiled.update(got["compiled"])
         order.append("vision")
     placement = {k: placement[k] for k in order}
     compiled = {k: compiled[k] for k in order}
-    shutil.copy2(qdir / "graph.json", ctx.out / "graph.json")
+    shutil.copy2(job.qdir / "graph.json", ctx.out / "graph.json")
     atomic_write_json(ctx.out / "placement.json", placement)
-    sdk = next(iter(compiled.values())).get("sdk_version", "")
-    ctx.fact("compile_seconds", sum(c.get("seconds", 0.0) for c in compiled.values()
-                                    if not c.get("reused")), "s")
-    if rec is not None:
-        return deployed_result(rec, placement, sdk, extra, chip, reused, len(parts))
+    return placement, compiled
+
+
+def studio_result(placement: dict[str, dict], sdk: str, extra: dict[str, str], chip: Chip,
+                  reused: list[int], parts: int, io: str, vision: bool) -> dict[str, Any]:
+    """The compile stage's result for the studio's own graphs."""
     return {
         "summary": f"context binaries for {chip.name} (QNN SDK {sdk}); all nodes on the NPU"
                    + (f"; part{'s' if len(reused) > 1 else ''} "
-                      f"{', '.join(str(k + 1) for k in reused)} of {len(parts)} as compiled "
+                      f"{', '.join(str(k + 1) for k in reused)} of {parts} as compiled "
                       "before from the same graphs" if reused else "")
                    + (f"; HTP options {', '.join(f'{k}={v}' for k, v in extra.items())}"
                       if extra else "")
                    + ("; graph I/O quantized (the KV cache, hand-offs and logits as integers)"
                       if io == "quantized" else "")
-                   + ("; the vision encoder's binary beside them" if spec.get("vision")
-                      else ""),
+                   + ("; the vision encoder's binary beside them" if vision else ""),
         "placement": {g: {k: v for k, v in r.items() if k != "cpu_nodes"} for g, r in placement.items()},
         "sdk_version": sdk, "tool": {"qnn_sdk": sdk}, "htp_options": extra, "graph_io": io,
         "metrics": [],
@@ -193,8 +255,6 @@ def compile_fresh(ctx: StageContext, jobs: list[tuple[int, Any, Path, Path]], ch
 
 def deploy_settings(s: CompileSettings, extra: dict[str, str]):
     """What the deployable graphs are built from (:class:`studio.engine.deploy.DeploySettings`)."""
-    from studio.engine import deploy
-
     return deploy.DeploySettings(
         checkpoint=s.path(s.source), recipe=s.recipe(),
         calibration_text=read_text(s.path(s.calibration_text), "calibration text"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
@@ -54,17 +55,39 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                             progress=SubProgress(progress, 0.02, 0.95), resume=True)
     ctx.fact("export_seconds", time.perf_counter() - t0, "s")
 
-    tok_dir = ctx.out / "tokenizer"
+    copy_tokenizer(ckpt, ctx.out / "tokenizer")
+    atomic_write_json(ctx.out / "modelinfo.json", info.to_dict())
+    # each graph with the weights it refers to (a part's graphs share one weights.data)
+    sizes = {g: sum(graph_bytes(f) for f in ctx.out.rglob(f"{g}.onnx")) for g in GRAPHS}
+    chk = spec.get("export_check") or {}
+    vchk = (spec.get("vision") or {}).get("export_check") or {}
+    metrics = check_metrics(spec)
+    return {
+        "summary": f"prefill [1,{P}] + decode with KV cache {C} ({info.parameters:,} parameters"
+                   + (f", {len(plan)} parts)" if len(plan) > 1 else ")")
+                   + (f"; matches transformers over {chk['positions']} positions "
+                      f"(max |Δlogit| {chk['max_abs_logit_diff']:.2g})" if chk else "")
+                   + (f"; vision encoder {spec['vision']['image_size']} px -> "
+                      f"{spec['vision']['image_tokens']} image tokens, an image prompt "
+                      f"matches too (encoder cosine {vchk['encoder_cosine']:.6f})"
+                      if vchk else ""),
+        "spec": spec, "sizes": sizes, "metrics": metrics,
+    }
+
+
+def copy_tokenizer(ckpt: Path, tok_dir: Path) -> None:
+    """The tokenizer with its chat template (the runtimes read it from here) and a VL model's
+    image processor, copied from the checkpoint into ``tok_dir``."""
     tok_dir.mkdir()
-    # the tokenizer with its chat template (the runtimes read it from here) and a VL model's
-    # image processor
     for f in ckpt.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges",
                               "preprocessor_config")) or f.name in chat_template.FILES:
             shutil.copy2(f, tok_dir / f.name)
-    atomic_write_json(ctx.out / "modelinfo.json", info.to_dict())
-    # each graph with the weights it refers to (a part's graphs share one weights.data)
-    sizes = {g: sum(graph_bytes(f) for f in ctx.out.rglob(f"{g}.onnx")) for g in GRAPHS}
+
+
+def check_metrics(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The export check's metrics: the graphs against transformers (and a vision-language
+    model's image prompt)."""
     chk = spec.get("export_check") or {}
     metrics = []
     if chk:
@@ -91,14 +114,4 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
             host_metric("export_image_top1_agreement", vchk["top1_agreement"], "fraction",
                         vdetail),
         ]
-    return {
-        "summary": f"prefill [1,{P}] + decode with KV cache {C} ({info.parameters:,} parameters"
-                   + (f", {len(plan)} parts)" if len(plan) > 1 else ")")
-                   + (f"; matches transformers over {chk['positions']} positions "
-                      f"(max |Δlogit| {chk['max_abs_logit_diff']:.2g})" if chk else "")
-                   + (f"; vision encoder {spec['vision']['image_size']} px -> "
-                      f"{spec['vision']['image_tokens']} image tokens, an image prompt "
-                      f"matches too (encoder cosine {vchk['encoder_cosine']:.6f})"
-                      if vchk else ""),
-        "spec": spec, "sizes": sizes, "metrics": metrics,
-    }
+    return metrics

@@ -22,8 +22,18 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     """Each weighted layer, each key activation, then each block, raised (and lowered) alone
     over the base scheme, scored on the host QDQ prefill graph against FP32."""
     s = SensitivitySettings.of(ctx.config)
+    high, low = resolve_choices(s.scheme, s.high, s.low)
+    data = measure(ctx, s, high, low, progress)
+    atomic_write_json(ctx.out / "sensitivity.json", data)
+    metrics = sensitivity_metrics(data, s.scheme, high, low)
+    return sensitivity_result(data, s.scheme, high, low, metrics)
+
+
+def measure(ctx: StageContext, s: SensitivitySettings, high: str, low: str,
+            progress: Progress) -> dict[str, Any]:
+    """The variants measured on the held-out tokens (the top ones confirmed on the HTP
+    simulator where asked); the calibration ranges kept, the time recorded."""
     scheme = s.scheme
-    high, low = resolve_choices(scheme, s.high, s.low)
     export_dir = ctx.input("export")
     calib = read_text(s.path(s.calibration_text), "calibration text")
     held = read_text(s.path(s.heldout_text), "held-out text")
@@ -47,12 +57,19 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     v = data["variants"]
     ctx.fact("sensitivity_seconds", seconds, "s",
              f"{v['measured']} variants measured, {v['quantizer_runs']} quantizer runs")
-    atomic_write_json(ctx.out / "sensitivity.json", data)
-    by_name = {e["name"]: e for e in data["layers"] + data["blocks"] + data["points"]}
+    return data
 
-    def rows(names: list[str], direction: str) -> list[dict[str, Any]]:
-        return [{"name": n, **by_name[n][direction]["delta"]} for n in names]
 
+def by_name(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every layer, block and key activation of ``data`` by its name."""
+    return {e["name"]: e for e in data["layers"] + data["blocks"] + data["points"]}
+
+
+def sensitivity_metrics(data: dict[str, Any], scheme: str, high: str, low: str
+                        ) -> list[dict[str, Any]]:
+    """The stage's metrics: FP32's and the base scheme's figures, the top raise's (and the
+    top lowering's) change, the HTP simulator's where it confirmed."""
+    named = by_name(data)
     rk = data["ranking"]
     where = (f"prefill graph, {data['heldout']['tokens']} held-out tokens in windows of "
              f"{data['heldout']['window_tokens']}")
@@ -64,9 +81,9 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         host_metric("perplexity_base", base["perplexity"], "", f"{scheme}, {where}"),
         host_metric("logits_cosine_base", base["logits_cosine"], "", f"{scheme}, {where}"),
         host_metric("kl_divergence_base", base["kl_divergence"], "nats", f"{scheme}, {where}"),
-        host_metric("top_raise_kl_change", by_name[top]["raise"]["delta"]["kl_divergence"],
+        host_metric("top_raise_kl_change", named[top]["raise"]["delta"]["kl_divergence"],
                      "nats", f"{top} raised to {high}"),
-        host_metric("top_raise_perplexity_change", by_name[top]["raise"]["delta"]["perplexity"],
+        host_metric("top_raise_perplexity_change", named[top]["raise"]["delta"]["perplexity"],
                      "", f"{top} raised to {high}"),
     ]
     htp = data.get("htp")
@@ -81,13 +98,26 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     if rk["raise_points"]:
         top_point = rk["raise_points"][0]
         metrics.append(host_metric(
-            "top_point_raise_kl_change", by_name[top_point]["raise"]["delta"]["kl_divergence"],
+            "top_point_raise_kl_change", named[top_point]["raise"]["delta"]["kl_divergence"],
             "nats", f"{top_point} raised to {high}"))
     if low:
         worst = rk["lower"][0]
         metrics.append(host_metric(
-            "top_lower_perplexity_change", by_name[worst]["lower"]["delta"]["perplexity"], "",
+            "top_lower_perplexity_change", named[worst]["lower"]["delta"]["perplexity"], "",
             f"{worst} lowered to {low}"))
+    return metrics
+
+
+def sensitivity_result(data: dict[str, Any], scheme: str, high: str, low: str,
+                       metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """The stage's result: the summary line, the top rows of each ranking, the HTP's."""
+    named = by_name(data)
+
+    def rows(names: list[str], direction: str) -> list[dict[str, Any]]:
+        return [{"name": n, **named[n][direction]["delta"]} for n in names]
+
+    rk = data["ranking"]
+    htp = data.get("htp")
     return {
         "summary": (f"{len(data['layers'])} layers, {len(data['points'])} key activations and "
                     f"{len(data['blocks'])} blocks, one at a time over {scheme}: raised to {high}"
@@ -98,7 +128,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
                     + (f"; on the HTP simulator ({htp['chip']}) {htp['host_gain_confirmed']} of "
                        f"the top {htp['tried']} gain too" if htp else "")),
         "scheme": scheme, "high": high, "low": low, "graph": data["graph"],
-        "heldout_tokens": data["heldout"]["tokens"], "fp32": fp32, "base": base,
+        "heldout_tokens": data["heldout"]["tokens"], "fp32": data["fp32"], "base": data["base"],
         "ranking": {k: names[:5] for k, names in rk.items()},
         "top_raise": rows(rk["raise"][:5], "raise"),
         "top_lower": rows(rk["lower"][:5], "lower") if low else [],

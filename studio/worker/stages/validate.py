@@ -138,16 +138,7 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         "host_qdq": cpu_generator(qdir, spec),
         "htp": ctx.backend.open_generator(export_dir, cdir, spec, fp16),
     }
-    logits: dict[str, list] = {k: [] for k in runners}
-    total = len(windows) * len(runners)
-    done = 0
-    for name, gen in runners.items():
-        for w in windows:
-            progress.check()
-            sub = SubProgress(progress, done / (total + 1), (done + 1) / (total + 1))
-            sub.update(0, f"teacher-forced logits: {name}, {len(w)} tokens")
-            logits[name].append(gen.teacher_forced_logits(w, progress=sub))
-            done += 1
+    logits, total = _teacher_forced(runners, windows, progress)
     res: dict[str, Any] = {"tokens": len(ids), "windows": len(windows), "target": chip.key,
                            "device": dev.name, "device_id": dev.id, "source": dev.source}
     ppl = {name: _perplexity(windows, logits[name]) for name in runners}
@@ -165,8 +156,36 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         greedy_prefix_agreement=g["prefix"], greedy_prompts=g["prompts"],
         greedy_fp32=g["fp32"], greedy_htp=g["htp"], greedy_prompt_format=fmt.to_json(),
     )
-    said = _format_said(fmt)
-    res["metrics"] = [
+    res["metrics"] = _metrics(dev, res, ppl, g, greedy_tokens, _format_said(fmt))
+    res["summary"] = (f"cosine {h['logits_cosine_mean']:.4f}, top-1 {h['top1_agreement']:.1%}, "
+                      f"ppl {ppl['fp32']:.2f} → {ppl['htp']:.2f} on {dev.name} ({dev.source})")
+    if spec.get("vision"):
+        _add_images(res, dev, _validate_images(ctx, spec, export_dir, cdir, runners, ids,
+                                               progress))
+    return res
+
+
+def _teacher_forced(runners: dict[str, Any], windows: list[list[int]], progress: Progress
+                    ) -> tuple[dict[str, list], int]:
+    """Each runner's teacher-forced logits of each window, and the count of the passes."""
+    logits: dict[str, list] = {k: [] for k in runners}
+    total = len(windows) * len(runners)
+    done = 0
+    for name, gen in runners.items():
+        for w in windows:
+            progress.check()
+            sub = SubProgress(progress, done / (total + 1), (done + 1) / (total + 1))
+            sub.update(0, f"teacher-forced logits: {name}, {len(w)} tokens")
+            logits[name].append(gen.teacher_forced_logits(w, progress=sub))
+            done += 1
+    return logits, total
+
+
+def _metrics(dev, res: dict[str, Any], ppl: dict[str, float], g: dict[str, Any],
+             greedy_tokens: int, said: str) -> list[dict[str, Any]]:
+    """The stage's metrics: the target's against FP32, and the host's figures."""
+    h = res["htp"]
+    return [
         device_metric(dev, "logits_cosine_mean", h["logits_cosine_mean"], ""),
         device_metric(dev, "logits_max_abs_error", h["logits_max_abs_error"], ""),
         device_metric(dev, "top1_agreement", h["top1_agreement"], "fraction"),
@@ -181,28 +200,27 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
         host_metric("logits_cosine_host_qdq", res["host_qdq"]["logits_cosine_mean"]),
         host_metric("top1_agreement_host_qdq", res["host_qdq"]["top1_agreement"], "fraction"),
     ]
-    res["summary"] = (f"cosine {h['logits_cosine_mean']:.4f}, top-1 {h['top1_agreement']:.1%}, "
-                      f"ppl {ppl['fp32']:.2f} → {ppl['htp']:.2f} on {dev.name} ({dev.source})")
-    if spec.get("vision"):
-        img = _validate_images(ctx, spec, export_dir, cdir, runners, ids, progress)
-        res["image"] = img
-        # the min_output_cosine gate judges the vision encoder's rows on the held-out images
-        res["output_cosine_min"] = img["encoder_cosine_min"]
-        detail = (f"{img['images']} held-out images ({img['source']}), each before "
-                  f"{img['answer_tokens'] // max(img['images'], 1)} tokens of held-out text")
-        res["metrics"] += [
-            device_metric(dev, "encoder_cosine_min", img["encoder_cosine_min"], "",
-                          "the vision encoder's image rows against FP32; " + detail),
-            device_metric(dev, "image_answer_top1_agreement", img["top1_agreement"],
-                          "fraction", "the text after an image, teacher-forced; " + detail),
-            device_metric(dev, "image_answer_logits_cosine", img["logits_cosine_mean"], "",
-                          "the text after an image, teacher-forced; " + detail),
-            device_metric(dev, "image_answer_perplexity", img["perplexity"], "", detail),
-            host_metric("image_answer_perplexity_fp32", img["perplexity_fp32"], "", detail),
-        ]
-        res["summary"] += (f"; with an image: encoder cosine {img['encoder_cosine_min']:.4f}, "
-                           f"answer top-1 {img['top1_agreement']:.1%}")
-    return res
+
+
+def _add_images(res: dict[str, Any], dev, img: dict[str, Any]) -> None:
+    """A vision-language model's figures on held-out images added to ``res``."""
+    res["image"] = img
+    # the min_output_cosine gate judges the vision encoder's rows on the held-out images
+    res["output_cosine_min"] = img["encoder_cosine_min"]
+    detail = (f"{img['images']} held-out images ({img['source']}), each before "
+              f"{img['answer_tokens'] // max(img['images'], 1)} tokens of held-out text")
+    res["metrics"] += [
+        device_metric(dev, "encoder_cosine_min", img["encoder_cosine_min"], "",
+                      "the vision encoder's image rows against FP32; " + detail),
+        device_metric(dev, "image_answer_top1_agreement", img["top1_agreement"],
+                      "fraction", "the text after an image, teacher-forced; " + detail),
+        device_metric(dev, "image_answer_logits_cosine", img["logits_cosine_mean"], "",
+                      "the text after an image, teacher-forced; " + detail),
+        device_metric(dev, "image_answer_perplexity", img["perplexity"], "", detail),
+        host_metric("image_answer_perplexity_fp32", img["perplexity_fp32"], "", detail),
+    ]
+    res["summary"] += (f"; with an image: encoder cosine {img['encoder_cosine_min']:.4f}, "
+                       f"answer top-1 {img['top1_agreement']:.1%}")
 
 
 def _validate_images(ctx: StageContext, spec: dict, export_dir, cdir, runners: dict,
