@@ -51,7 +51,8 @@ def _recorded_names() -> set[str]:
     names: set[str] = set()
     call = re.compile(r"(?:host_metric|device_metric|metric|fact)\(\s*(?:[a-z]+,\s*)?"
                       r"f?\"((?:\{prefix\})?[a-z0-9_]+)\"")
-    for path in list((ROOT / "worker").rglob("*.py")) + [ROOT / "engine" / "bundle.py"]:
+    bundle_files = [ROOT / "engine" / "bundle.py", ROOT / "engine" / "bundle_report.py"]
+    for path in list((ROOT / "worker").rglob("*.py")) + bundle_files:
         text = path.read_text()
         for name in call.findall(text):
             if name.startswith("{prefix}"):
@@ -61,7 +62,7 @@ def _recorded_names() -> set[str]:
                 names.add(name)
     profile = (ROOT / "worker" / "stages" / "profile.py").read_text()
     names |= set(re.findall(r"\(\"[a-z_]+\", \"(compiler_[a-z_]+)\"", profile))
-    bundle = (ROOT / "engine" / "bundle.py").read_text()
+    bundle = "\n".join(f.read_text() for f in bundle_files)  # the figure table's module too
     names |= set(re.findall(r"\(\"((?:genie|bundle)_[a-z0-9_]+)\"", bundle))
     block = bundle[bundle.index("for k, unit in"):]
     block = block[:block.index("]")]
