@@ -70,6 +70,7 @@ def test_the_processors_only_size_is_the_projects(only_112, tmp_path):
     assert info.returncode == 0 and "-> 16 image tokens" in info.stdout
 
 
+@pytest.mark.slow  # runs studio new and an export check in subprocesses (10–25 s)
 def test_an_image_size_the_processor_does_not_give_is_refused(only_112, tmp_path):
     line = _one_line_refusal(studio("new", tmp_path / "a.qstudio", "--checkpoint", only_112,
                                     "--image-size", 448))
@@ -89,6 +90,7 @@ def test_an_image_size_the_processor_does_not_give_is_refused(only_112, tmp_path
         export_llm(only_112, tmp_path / "e", 64, 128, image_size=224)
 
 
+@pytest.mark.slow  # runs studio new and an export check in subprocesses (10–25 s)
 def test_the_context_stays_within_max_position_embeddings(only_112, tmp_path):
     # transformers' default range (56-980 px): 448 px, 256 image tokens; the 546 positions
     # a prompt and an answer would take are more than the model's 512
@@ -124,6 +126,7 @@ def test_the_context_stays_within_max_position_embeddings(only_112, tmp_path):
     assert "does not fit config.json's max_position_embeddings 16" in line
 
 
+@pytest.mark.slow  # runs studio new and an export check in subprocesses (10–25 s)
 def test_a_processor_range_that_holds_no_image_is_refused(only_112, tmp_path):
     odd = _variant(only_112, tmp_path / "odd", {"min_pixels": 100 * 100, "max_pixels": 100 * 100})
     line = _one_line_refusal(studio("new", tmp_path / "e.qstudio", "--checkpoint", odd))
