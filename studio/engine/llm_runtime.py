@@ -616,8 +616,7 @@ class StaticKVGenerator:
         ``ttft_s`` is the time from the call to the first token, ``step_s`` one entry per
         later token.
         """
-        # called on other generators too (DeployedGenerator): the helpers by their class
-        prompt_ids = StaticKVGenerator._checked_prompt(self, prompt_ids, max_new_tokens)
+        prompt_ids = checked_prompt(prompt_ids, max_new_tokens, self.context_len)
         n = len(prompt_ids)
         pick = sampler.pick if sampler is not None else (lambda x: int(x.argmax()))
         eos = (
@@ -639,9 +638,9 @@ class StaticKVGenerator:
         if on_step is not None:
             on_step(0, tok)
         pos = n
+        last = self.context_len if self.ring_window is None else self.rope_positions
         while True:
-            stopped = StaticKVGenerator._why_stop(self, tok, eos, stop, tokens, max_new_tokens,
-                                                  pos)
+            stopped = why_stop(tok, eos, stop, tokens, max_new_tokens, pos, last)
             if stopped is not None:
                 break
             if progress is not None:
@@ -661,34 +660,6 @@ class StaticKVGenerator:
         if progress is not None:
             progress.update(1.0, f"{len(tokens)} tokens")
         return out
-
-    def _checked_prompt(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-        """The prompt as ints; refused empty, past the cache, or with a negative count."""
-        prompt_ids = [int(t) for t in prompt_ids]
-        n = len(prompt_ids)
-        if n == 0:
-            raise StudioError("the prompt is empty; give at least one token")
-        if n >= self.context_len:
-            raise StudioError(
-                f"the prompt has {n} tokens but the KV cache holds {self.context_len}: shorten "
-                "the prompt or re-export with a longer context"
-            )
-        if max_new_tokens < 0:
-            raise StudioError(f"max_new_tokens must be >= 0 (got {max_new_tokens})")
-        return prompt_ids
-
-    def _why_stop(self, tok: int, eos: set, stop: Callable[[list[int]], bool] | None,
-                  tokens: list[int], max_new_tokens: int, pos: int) -> str | None:
-        """Why generation stops before the next token (None: it goes on)."""
-        if tok in eos:
-            return "eos"
-        if stop is not None and stop(tokens):
-            return "stop"
-        if len(tokens) >= max_new_tokens:
-            return "max_new_tokens"
-        if pos >= (self.context_len if self.ring_window is None else self.rope_positions):
-            return "context_full"
-        return None
 
     def teacher_forced_logits(self, ids: list[int], progress: Progress | None = None):
         """Logits [len(ids), V] (float32): prefill on the first min(P, n) ids, then decode
@@ -714,3 +685,35 @@ class StaticKVGenerator:
         if progress is not None:
             progress.update(1.0, f"{n} tokens scored")
         return out
+
+
+# ---- one generation's rules (shared by every generator that runs StaticKVGenerator.generate,
+# the deployed one included) -------------------------------------------------------------------
+def checked_prompt(prompt_ids: list[int], max_new_tokens: int, context_len: int) -> list[int]:
+    """The prompt as ints; refused empty, past the cache, or with a negative count."""
+    prompt_ids = [int(t) for t in prompt_ids]
+    n = len(prompt_ids)
+    if n == 0:
+        raise StudioError("the prompt is empty; give at least one token")
+    if n >= context_len:
+        raise StudioError(
+            f"the prompt has {n} tokens but the KV cache holds {context_len}: shorten "
+            "the prompt or re-export with a longer context"
+        )
+    if max_new_tokens < 0:
+        raise StudioError(f"max_new_tokens must be >= 0 (got {max_new_tokens})")
+    return prompt_ids
+
+
+def why_stop(tok: int, eos: set, stop: Callable[[list[int]], bool] | None, tokens: list[int],
+             max_new_tokens: int, pos: int, last_position: int) -> str | None:
+    """Why generation stops before the next token (None: it goes on)."""
+    if tok in eos:
+        return "eos"
+    if stop is not None and stop(tokens):
+        return "stop"
+    if len(tokens) >= max_new_tokens:
+        return "max_new_tokens"
+    if pos >= last_position:
+        return "context_full"
+    return None
