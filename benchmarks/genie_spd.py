@@ -40,26 +40,13 @@ sys.path.insert(0, str(ROOT))
 #: two logits this close are a near tie: the AR-N and AR-1 graphs may rank them either way
 NEAR_TIE = 1e-2
 
-PROJECT = """schema_version = 1
-name = "{name}"
-targets = ["{chip}"]
-
-[model]
-source = "sample:{model}"
-
-[export]
-prompt_length = 16
-context_length = 64
-
-[quantization]
-scheme = "W8A16"
-weight_granularity = "per_channel"
-calibration_samples = 2
-
-[bundle]
-prompts = 1
-new_tokens = 8
-"""
+#: the benchmark's project: the sample at W8A16, a short prompt and context, one bundle prompt
+SETTINGS = {
+    "export": {"prompt_length": 16, "context_length": 64},
+    "quantization": {"scheme": "W8A16", "weight_granularity": "per_channel",
+                     "calibration_samples": 2},
+    "bundle": {"prompts": 1, "new_tokens": 8},
+}
 
 
 def bundle(work: Path, name: str, model: str) -> tuple[Any, Path]:
@@ -70,7 +57,7 @@ def bundle(work: Path, name: str, model: str) -> tuple[Any, Path]:
 
     f = work / f"{name}.qstudio"
     if not f.is_file():
-        f.write_text(PROJECT.format(name=name, chip=default_chip_key(), model=model))
+        pf.save(pf.new_project(name, f"sample:{model}", [default_chip_key()], **SETTINGS), f)
     r = subprocess.run([sys.executable, "-m", "studio.cli", "bundle", str(f), "--json"],
                        cwd=ROOT, capture_output=True, text=True)
     if r.returncode != 0:
