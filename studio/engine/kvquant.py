@@ -239,7 +239,7 @@ class _KV8Edit:
 
         producer, consumers = self.producer, self.consumers
         s_name, z_name = self.add_scale(key, values)
-        axis = {"axis": 1} if len(values) > 1 else {}
+        axis: dict[str, Any] = {"axis": 1} if len(values) > 1 else {}
         src = producer.get(out.name)
         internal = [n for n in consumers.get(out.name, [])
                     if not any(n is d for d in self.drop)]
