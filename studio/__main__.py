@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or (len(argv) == 1 and argv[0].endswith(".qstudio")):
         return gui_main(argv)
     if argv[0] == "demo":
+        # the demo window's modules (Qt): imported when a demo opens, so a command line
+        # starts without Qt
         from studio.ui.demo import main as demo_main
 
         return demo_main(argv[1:])

@@ -15,6 +15,8 @@ class StudioError(Exception):
     exit_code = 2
 
     def __init__(self, message: str):
+        # the table of backend codes needs dataclasses (and inspect behind it), which
+        # studio --help, importing this module, does not; an error is raised rarely
         from studio.core.errorcodes import explain
 
         # a raw backend code in the message (QNN "err 1002", Genie "status -7", ONNX

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from studio.core import samples
 from studio.core.catalog import default_chip_key, get_chip
 from studio.core.errors import StudioError
@@ -274,8 +276,6 @@ def loads(raw: bytes, name: str) -> dict[str, Any]:
 
 
 def dumps(project: Project) -> str:
-    import tomli_w
-
     return tomli_w.dumps(project.to_dict())
 
 

@@ -13,22 +13,23 @@ from pathlib import Path
 import numpy as np
 
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
 from studio.core.progress import NullProgress, Progress
 from studio.engine.llm_runtime import StaticKVGenerator, cpu_generator, make_cpu_session
 from studio.engine.part_runner import part_prefill_caches
 
+tokenizers = lazy_module("tokenizers")
+
 
 def load_tokenizer(tokenizer_dir: Path):
     """The ``tokenizers`` tokenizer in ``tokenizer_dir/tokenizer.json``."""
-    from tokenizers import Tokenizer
-
     path = Path(tokenizer_dir) / "tokenizer.json"
     if not path.is_file():
         raise StudioError(
             f"{tokenizer_dir} has no tokenizer.json; point to the model's tokenizer folder"
         )
     try:
-        return Tokenizer.from_file(str(path))
+        return tokenizers.Tokenizer.from_file(str(path))
     except Exception as exc:  # noqa: BLE001 - the library raises bare Exceptions
         raise StudioError(f"cannot read {path}: {exc}") from None
 
@@ -174,7 +175,6 @@ def ar_calibration_feeds(
     heads = {j: k for j, k in heads.items() if k >= 1}
     cached: dict[int, list] = {}
     if len(spec.get("parts") or []) > 1:  # one part's FP32 graphs in memory at a time
-        from studio.engine.llm_runtime import make_cpu_session
 
         got = part_prefill_caches(graphs_dir, spec, [windows[j][:k] for j, k in heads.items()],
                                   make_cpu_session)

@@ -31,6 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
+
+jinja2 = lazy_module("jinja2")
+ext = lazy_module("jinja2.ext")
+nodes = lazy_module("jinja2.nodes")
+sandbox = lazy_module("jinja2.sandbox")
+tokenizers = lazy_module("tokenizers")
 
 TEMPLATE_FILE = "chat_template.jinja"
 PROCESSOR_FILE = "chat_template.json"
@@ -193,9 +200,7 @@ def prompt_format(folder: Path, setting: str = "checkpoint", raw: bool = False) 
 def encode(tok, text: str, special: bool) -> list[int]:
     """``text``'s ids from a transformers tokenizer or a ``tokenizers`` one, with or without
     the tokenizer's own special tokens."""
-    from tokenizers import Tokenizer
-
-    if isinstance(tok, Tokenizer):
+    if isinstance(tok, tokenizers.Tokenizer):
         return list(tok.encode(text, add_special_tokens=special).ids)
     return list(tok(text, add_special_tokens=special).input_ids)
 
@@ -251,12 +256,7 @@ def _checked(template: ChatTemplate) -> ChatTemplate:
 
 @lru_cache(maxsize=16)
 def _compiled(text: str, source: str):
-    import jinja2
-    from jinja2 import nodes
-    from jinja2.ext import Extension
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class Generation(Extension):
+    class Generation(ext.Extension):
         """``{% generation %}…{% endgeneration %}`` (assistant-mask markers): the body."""
 
         tags = {"generation"}
@@ -279,7 +279,7 @@ def _compiled(text: str, source: str):
     def strftime_now(fmt):
         return datetime.now().strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+    env = sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
@@ -294,8 +294,6 @@ def _compiled(text: str, source: str):
 
 def _render(text: str, source: str, messages: list[dict[str, Any]],
             special: dict[str, str]) -> str:
-    import jinja2
-
     template = _compiled(text, source)
     try:
         return template.render(messages=messages, tools=None, documents=None,

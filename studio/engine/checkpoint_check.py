@@ -21,9 +21,14 @@ from typing import Any
 
 from studio.core.errors import StudioError
 from studio.core.families import family_of
+from studio.core.lazyimport import lazy_module
 from studio.engine import hf_import, vision_input
 from studio.engine.chat_template import prompt_format
 from studio.engine.hf_import import safetensors_layout
+
+tokenizers = lazy_module("tokenizers")
+torch = lazy_module("torch")
+transformers = lazy_module("transformers")
 
 # Bump when the checks change: cached verdicts of older checks are not reused.
 CHECKS_VERSION = 3
@@ -54,18 +59,16 @@ def check_weights_complete(folder: Path) -> None:
 def expected_tensors(folder: Path) -> tuple[dict[str, tuple[int, ...]], set[str]]:
     """Every tensor the config implies and its shape, and the names that may be absent
     because they are tied to another tensor."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
     try:
-        config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise StudioError(f"config.json in {folder} cannot be read by transformers: {exc}") from None
     family = family_of(getattr(config, "model_type", None))
     vision = bool(family and family.vision)
     with torch.device("meta"):
-        model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(
-            config)
+        auto = (transformers.AutoModelForImageTextToText if vision
+                else transformers.AutoModelForCausalLM)
+        model = auto.from_config(config)
     shapes = {_saved_name(k) if vision else k: tuple(v.shape)
               for k, v in model.state_dict().items()}
     tied: set[str] = set()
@@ -119,8 +122,6 @@ def check_weights_match_config(folder: Path) -> None:
 
 def load_tokenizer(folder: Path):
     """The checkpoint's fast tokenizer (``tokenizer.json``), or a StudioError."""
-    from tokenizers import Tokenizer
-
     path = Path(folder) / "tokenizer.json"
     if not path.is_file():
         raise StudioError(
@@ -128,7 +129,7 @@ def load_tokenizer(folder: Path):
             "config.json (tokenizer.save_pretrained)"
         )
     try:
-        return Tokenizer.from_file(str(path))
+        return tokenizers.Tokenizer.from_file(str(path))
     except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exceptions
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise StudioError(f"{path} cannot be loaded ({first}): replace it with the model's "

@@ -10,6 +10,11 @@ from pathlib import Path
 from studio.core import families
 from studio.core.errors import StudioError
 from studio.core.families import FAMILIES
+from studio.core.lazyimport import lazy_module
+
+torch = lazy_module("torch")
+tokenizers = lazy_module("tokenizers")
+transformers = lazy_module("transformers")
 
 REFERENCE_TEXT = (
     "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
@@ -50,13 +55,12 @@ def load_causal_lm(checkpoint_dir: Path):
     """Load a checkpoint as float32 with the eager attention (what the graphs reproduce). A
     vision-language checkpoint is loaded whole (its vision tower too): :func:`text_view`
     gives its language model in a text model's shape."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
     cfg = check_checkpoint(checkpoint_dir)
     vision = FAMILIES[cfg["model_type"]].vision
     try:
-        model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_pretrained(
+        auto = (transformers.AutoModelForImageTextToText if vision
+                else transformers.AutoModelForCausalLM)
+        model = auto.from_pretrained(
             str(checkpoint_dir), dtype=torch.float32, attn_implementation="eager"
         )
     except (OSError, ValueError, KeyError) as exc:
@@ -116,9 +120,7 @@ def reference_ids(checkpoint_dir: Path, length: int, vocab: int) -> list[int]:
     tok_dir = _tokenizer_dir(checkpoint_dir)
     if tok_dir is not None:
         try:
-            from tokenizers import Tokenizer
-
-            tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+            tok = tokenizers.Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
             text = REFERENCE_TEXT * (8 + length // 16)
             ids = [i for i in tok.encode(text, add_special_tokens=False).ids if i < vocab]
         except Exception:  # noqa: BLE001 - a tokenizer we cannot read: fall back to fixed ids

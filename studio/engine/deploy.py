@@ -26,6 +26,7 @@ import numpy as np
 
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json, link_or_copy
+from studio.core.lazyimport import lazy_module
 from studio.core.partcache import files_digest
 from studio.core.progress import Progress, SubProgress
 from studio.engine import genie, graphio, qnn, qnn_names, weightshare
@@ -38,6 +39,8 @@ from studio.engine.qdq import quantize_like
 from studio.engine.qnn_names import in_order, pick
 from studio.engine.qnn_system import context_binary
 from studio.engine.weightstore import graph_bytes
+
+onnx = lazy_module("onnx")
 
 #: the record of the deployable set in a compile stage's output
 DEPLOY_FILE = "deploy.json"
@@ -81,16 +84,12 @@ def supported(spec: dict[str, Any], fp16: bool, qdir: Path | None = None) -> str
 
 def _decode_graph(qdir: Path, spec: dict[str, Any]):
     """The first part's quantized decode graph (its structure only), or None."""
-    import onnx
-
     names = [p["name"] for p in spec.get("parts") or []]
     graph = qdir / (names[0] if len(names) > 1 else "") / "decode.onnx"
     return onnx.load(str(graph), load_external_data=False).graph if graph.is_file() else None
 
 
 def _int8_cache(qdir: Path, spec: dict[str, Any]) -> bool:
-    import onnx
-
     g = _decode_graph(qdir, spec)
     return g is not None and any(
         i.name.startswith("past_key_") and i.type.tensor_type.elem_type in (
@@ -100,8 +99,6 @@ def _int8_cache(qdir: Path, spec: dict[str, Any]) -> bool:
 def _mask_bits(qdir: Path, spec: dict[str, Any]) -> int | None:
     """The bits the quantized decode graph's attention mask is quantized to (None: not
     quantized, or no graph)."""
-    import onnx
-
     g = _decode_graph(qdir, spec)
     if g is None:
         return None
@@ -243,8 +240,6 @@ def compile_in_order(graph: Path, folder: Path, chip, after: str, tries: int = 2
 
     ``compile_fn(src, ctx_path)`` replaces the plain compile (returns the compile result
     with ``ctx_path``)."""
-    import onnx
-
     def src_of(salt: int) -> Path:
         return folder / f"{graph.stem}_{salt}.onnx"
 
@@ -407,8 +402,6 @@ def finish(out: Path, staging: Path, sources: list[Path], wheres: list[str],
     Genie takes them (a part whose graph name does not sort after the part before it is
     compiled again under another file name), the weight-shared binaries where wanted, and
     ``deploy.json``."""
-    import onnx
-
 
     staged = json.loads((staging / STAGED_FILE).read_text())
     cl, N = int(staged["context_size"]), staged["prefill_ar"] or 1

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import platformdirs
+
 from studio.core.devices import agent_device
 from studio.core.devices.agent import backend_of, name_of
 from studio.core.errors import StudioError
@@ -30,7 +32,6 @@ def config_dir() -> Path:
     env = os.environ.get("QSTUDIO_CONFIG_DIR")
     if env:
         return Path(env)
-    import platformdirs
 
     return platformdirs.user_config_path("qstudio", appauthor=False)
 

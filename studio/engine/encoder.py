@@ -20,9 +20,14 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
 from studio.core.progress import NullProgress, Progress
 from studio.core.samples import read_data, sample_path
 from studio.core.units import format_bytes
+
+ort = lazy_module("onnxruntime")
+torch = lazy_module("torch")
+transformers = lazy_module("transformers")
 
 #: Minimum cosine between ONNX Runtime and torch embeddings for an export to pass.
 ONNX_COSINE_MIN = 0.999
@@ -90,8 +95,6 @@ def _max_len(path: Path, default: int) -> int:
 
 def _pooled_module(model: Any, pooling: PoolingConfig) -> Any:
     """A torch module (input_ids, attention_mask) -> sentence embedding [batch, dim]."""
-    import torch
-
     class Pooled(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -154,8 +157,6 @@ class Encoder:
         max_length: int | None = None,
     ) -> np.ndarray:
         """Sentence embeddings, float32 ``[len(texts), dim]`` (unit length when normalised)."""
-        import torch
-
         if isinstance(texts, str):
             texts = [texts]
         texts = list(texts)
@@ -187,14 +188,13 @@ def load_encoder(path: str | Path | None = None) -> Encoder:
             f"{path} is not a sentence-encoder folder: expected config.json, tokenizer files "
             "and model weights (and modules.json / 1_Pooling from sentence-transformers)"
         )
-    from transformers import AutoModel, AutoTokenizer
 
     pooling = read_pooling_config(path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
         # Eager attention: a plain MatMul/Softmax graph on export, no data-dependent
         # SDPA branches frozen by the tracer.
-        model = AutoModel.from_pretrained(
+        model = transformers.AutoModel.from_pretrained(
             path, local_files_only=True, attn_implementation="eager"
         ).eval()
     except (OSError, ValueError) as exc:
@@ -229,8 +229,6 @@ def export_onnx(
     Inputs ``input_ids`` and ``attention_mask`` (int64), output ``sentence_embedding``
     ``[1, dim]`` (pooled and normalised as the encoder declares).
     """
-    import torch
-
     progress = progress or NullProgress()
     if not 2 <= seq_len <= encoder.pooling.max_seq_length:
         raise StudioError(
@@ -267,8 +265,6 @@ def onnx_embed(
     onnx_path: str | Path, encoder: Encoder, texts: list[str] | tuple[str, ...], session=None
 ) -> np.ndarray:
     """Embeddings from ONNX Runtime (CPU) at the model's fixed sequence length."""
-    import onnxruntime as ort
-
     sess = session or ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     seq_len = int(sess.get_inputs()[0].shape[1])
     rows = []
@@ -301,8 +297,6 @@ def check_onnx(
     threshold: float = ONNX_COSINE_MIN,
 ) -> OnnxCheck:
     """Cosine of ORT vs torch embeddings, per text (same truncation on both sides)."""
-    import onnxruntime as ort
-
     sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     seq_len = int(sess.get_inputs()[0].shape[1])
     ref = encoder.embed(list(texts), max_length=seq_len)

@@ -28,8 +28,13 @@ import numpy as np
 
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json, parse_json, read_input
+from studio.core.lazyimport import lazy_module
 from studio.core.recipe import SCHEME_PRECISIONS
 from studio.core.resources import resources_dir
+
+onnx = lazy_module("onnx")
+numpy_helper = lazy_module("onnx.numpy_helper")
+jsonschema = lazy_module("jsonschema")
 
 VERSION = "0.6.1"
 _BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "uint4": 4, "int4": 4}
@@ -50,9 +55,6 @@ def _entry(scale: float, zp: int, dtype: str) -> dict[str, Any]:
 
 def export_encodings(qdq_model: str | Path) -> dict[str, Any]:
     """The encodings of every quantized tensor of a QDQ ONNX model."""
-    import onnx
-    from onnx import numpy_helper
-
     model = onnx.load(str(qdq_model))
     inits = {t.name: t for t in model.graph.initializer}
     acts: dict[str, list[dict[str, Any]]] = {}
@@ -103,8 +105,6 @@ def schema() -> dict[str, Any]:
 def schema_problem(data: Any) -> str | None:
     """None when ``data`` follows the legacy (0.4 to 0.6) encodings schema, else the first
     problem in one line (where, and what)."""
-    import jsonschema
-
     validator = jsonschema.Draft202012Validator(schema())
     errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
     if not errors:
@@ -170,8 +170,6 @@ def encodings_to_overrides(path: str | Path, fp32_model: str | Path,
                            scheme: str) -> tuple[dict[str, str], list[str]]:
     """Recipe overrides that reproduce an encodings file's bitwidths on the graph
     ``fp32_model`` under ``scheme``, and the tensors no pattern can name."""
-    import onnx
-
     acts, params = read_encodings(path)
     model = onnx.load(str(fp32_model), load_external_data=False)
     producer = {o: n.name for n in model.graph.node for o in n.output}

@@ -7,7 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from studio.core.lazyimport import lazy_module
 from studio.core.progress import Progress
+
+torch = lazy_module("torch")
 
 #: Relative tolerance of the export check: |ONNX - transformers| per position may reach
 #: EXPORT_CHECK_RTOL x max(1, max |logit| at that position). FP32 ONNX Runtime and eager torch
@@ -84,8 +87,6 @@ def check_export(
     per-position one), ``rtol``, ``top1_agreement`` (strict), ``top1_near_ties``,
     ``first_bad_position`` or None) and the reference logits of the first ``keep`` positions.
     """
-    import torch
-
     ids = [int(t) for t in ids]
     n, V = len(ids), gen.vocab_size
     chunk = max(1, min(n, _CHECK_CHUNK_FLOATS // max(V, 1)))

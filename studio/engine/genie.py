@@ -24,10 +24,17 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import Cancelled, StudioError
+from studio.core.lazyimport import lazy_module
 from studio.core.parts import hidden_name
 from studio.engine.checkpoint_check import check_tokenizer
 from studio.engine.graphio import set_cache_encodings
 from studio.engine.qnn import capture_native_stderr
+
+onnx = lazy_module("onnx")
+helper = lazy_module("onnx.helper")
+numpy_helper = lazy_module("onnx.numpy_helper")
+shape_inference = lazy_module("onnx.shape_inference")
+utils = lazy_module("onnx.utils")
 
 # ---- the graph ------------------------------------------------------------------------------
 #: the residual stream one part of a model hands the next (``hidden_states_after_{block}``)
@@ -58,8 +65,6 @@ def genie_graph(src: Path, dst: Path, spec: dict[str, Any],
     ``past_*_in`` inputs and ``past_*_out`` rows are uint16 with that encoding, so Genie
     copies the new rows into its cache as they come and the NPU converts no cache at the
     edge (``htp.graph_io = "quantized"``)."""
-    import onnx
-
     model = onnx.load(str(src))
     qkv = kv_encodings is not None
     if qkv:
@@ -95,11 +100,9 @@ class _GenieRewrite:
 
     def __init__(self, src: Path, model, spec: dict[str, Any], qkv: bool,
                  handoff_in: dict[str, tuple[Any, Any]]) -> None:
-        from onnx import TensorProto
-
         g = model.graph
         self.src, self.g, self.qkv, self.handoff_in = src, g, qkv, handoff_in
-        self.kv_type = TensorProto.UINT16 if qkv else TensorProto.FLOAT
+        self.kv_type = onnx.TensorProto.UINT16 if qkv else onnx.TensorProto.FLOAT
         self.kvh, self.hd = int(spec["num_kv_heads"]), int(spec["head_dim"])
         dims = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in g.input}
         keys = [n for n in dims if n.startswith("past_key_")]
@@ -133,10 +136,8 @@ class _GenieRewrite:
         return q[0]
 
     def rewrite_input(self, name: str) -> None:
-        from onnx import TensorProto, helper
-
         if name in ("input_ids", "position_ids"):
-            self.inputs.append(helper.make_tensor_value_info(name, TensorProto.INT32,
+            self.inputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.INT32,
                                                              [1, self.S]))
         elif name == "attention_mask":
             self.mask_input(name)
@@ -153,8 +154,6 @@ class _GenieRewrite:
 
     def mask_input(self, name: str) -> None:
         """The graph's own uint16 quantized mask: its QuantizeLinear dropped."""
-        from onnx import TensorProto, helper, numpy_helper
-
         q = self.quantize_of(name)
         zp = numpy_helper.to_array(next(i for i in self.g.initializer if i.name == q.input[2]))
         if zp.dtype != np.uint16 or int(zp) != 65535:
@@ -162,13 +161,11 @@ class _GenieRewrite:
                               "with 0 at 65535: Genie's mask cannot feed it")
         self.nodes.remove(q)
         self.rename_uses(q.output[0], name)
-        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.UINT16,
+        self.inputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.UINT16,
                                                          [1, 1, self.S, self.C + self.S]))
 
     def handoff_input(self, name: str) -> None:
         """The residual stream a part takes, as the handing part's uint16 integers."""
-        from onnx import TensorProto, helper, numpy_helper
-
         inits = self.inits
         q = self.quantize_of(name)
         if name in self.handoff_in:  # the handing part's encodings, exactly
@@ -181,13 +178,11 @@ class _GenieRewrite:
                               "cannot hand it on raw (quantize with 16-bit activations)")
         self.nodes.remove(q)
         self.rename_uses(q.output[0], name)
-        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.UINT16,
+        self.inputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.UINT16,
                                                          [1, self.S, self.hidden]))
 
     def key_input(self, name: str) -> None:
         """A cache of keys, going in transposed through a quantized Transpose."""
-        from onnx import helper
-
         nodes = self.nodes
         new = f"{name}_in"
         q = self.quantize_of(name)
@@ -213,8 +208,6 @@ class _GenieRewrite:
                                                          [1, self.kvh, self.hd, self.C]))
 
     def value_input(self, name: str) -> None:
-        from onnx import helper
-
         new = f"{name}_in"
         if self.qkv:
             q = self.quantize_of(name)
@@ -238,8 +231,6 @@ class _GenieRewrite:
 
     def key_output(self, name: str) -> None:
         """The new key rows, out as ``[1, kv, head_dim, N]``."""
-        from onnx import helper, numpy_helper
-
         kvh, hd, S, qkv = self.kvh, self.hd, self.S, self.qkv
         new = name.replace("present_", "past_") + "_out"
         dq = self.producers[name]
@@ -267,8 +258,6 @@ class _GenieRewrite:
         self.outputs.append(helper.make_tensor_value_info(new, self.kv_type, [1, kvh, hd, S]))
 
     def value_output(self, name: str) -> None:
-        from onnx import helper
-
         new = name.replace("present_", "past_") + "_out"
         dq = self.producers[name]
         q = self.producers.get(dq.input[0]) if self.qkv else None
@@ -289,8 +278,6 @@ class _GenieRewrite:
     def handoff_output(self, name: str) -> None:
         """The residual stream a part hands on, as its uint16 integers (its DequantizeLinear
         dropped); its encoding into ``handoff_out`` for the next part."""
-        from onnx import TensorProto, helper, numpy_helper
-
         inits, nodes = self.inits, self.nodes
         dq = self.producers.get(name)
         if dq is None or dq.op_type != "DequantizeLinear":
@@ -309,14 +296,12 @@ class _GenieRewrite:
         self.rename_uses(raw, name)
         if any(name in n.input for n in nodes if n.op_type != "DequantizeLinear"):
             raise StudioError(f"{self.src.name}: {name} is read unquantized inside the part")
-        self.outputs.append(helper.make_tensor_value_info(name, TensorProto.UINT16,
+        self.outputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.UINT16,
                                                           [1, self.S, self.hidden]))
 
 
 def graph_io(path: Path) -> dict[str, list[str]]:
     """A graph's input and output names."""
-    import onnx
-
     g = onnx.load(str(path), load_external_data=False).graph
     return {"inputs": [i.name for i in g.input], "outputs": [o.name for o in g.output]}
 
@@ -381,7 +366,7 @@ def local_config(bundle: Path, name: str = "genie_config.json") -> dict[str, Any
 
 # ---- the runtime ----------------------------------------------------------------------------
 def library_path() -> Path:
-    try:
+    try:  # optional: no onnxruntime-qnn wheel exists for macOS
         import onnxruntime_qnn
     except ImportError:
         raise StudioError("onnxruntime-qnn is not installed: Genie comes with it") from None
@@ -666,10 +651,6 @@ def split_graph(src: Path, folder: Path, spec: dict[str, Any], parts: int) -> li
     its last block as the *quantized* uint16 tensor ``hidden_states_after_{k}`` (the same
     QuantizeLinear / DequantizeLinear parameters on both sides, so Genie copies raw values);
     every part takes the ids, positions and mask it needs and the KV cache of its blocks."""
-    import onnx
-    from onnx import shape_inference
-    from onnx.utils import Extractor
-
     L = int(spec["num_layers"])
     if not 2 <= parts <= L:
         raise StudioError(f"a {L}-block model splits into 2..{L} parts, not {parts}")
@@ -702,7 +683,7 @@ def split_graph(src: Path, folder: Path, spec: dict[str, Any], parts: int) -> li
         if name not in known:
             model.graph.value_info.append(onnx.helper.make_tensor_value_info(
                 name, onnx.TensorProto.UINT16, [1, ar, int(spec["hidden_size"])]))
-    ex = Extractor(model)
+    ex = utils.Extractor(model)
     graph_inputs = [i.name for i in model.graph.input]
     folder.mkdir(parents=True, exist_ok=True)
     out, first = [], 0

@@ -12,7 +12,10 @@ import numpy as np
 
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_bytes
+from studio.core.lazyimport import lazy_module
 from studio.engine.onnx_import import open_onnx
+
+onnx = lazy_module("onnx")
 
 
 @dataclass(frozen=True)
@@ -28,8 +31,6 @@ class GraphInput:
 
 def graph_inputs(model) -> list[GraphInput]:
     """The graph's real inputs (initializers listed as inputs left out)."""
-    import onnx
-
     inits = {t.name for t in model.graph.initializer}
     out = []
     for v in model.graph.input:
@@ -54,8 +55,6 @@ def make_static(src: Path, dst: Path, shapes: dict[str, list[int]] | None = None
     from ``shapes`` (name -> dims) — and the shapes inferred through the graph. A dynamic
     input without a shape, a shape of the wrong rank or one contradicting a fixed dimension
     is a one-line error naming the input."""
-    import onnx
-
     open_onnx(Path(src))
     model = onnx.load(str(src))
     shapes = dict(shapes or {})

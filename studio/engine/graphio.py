@@ -41,8 +41,13 @@ import numpy as np
 
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_bytes, atomic_write_json
+from studio.core.lazyimport import lazy_module
 from studio.core.parts import hidden_name
 from studio.engine.kvquant import topological_order
+
+onnx = lazy_module("onnx")
+helper = lazy_module("onnx.helper")
+numpy_helper = lazy_module("onnx.numpy_helper")
 
 IO_ENCODINGS_FILE = "io_encodings.json"
 #: the outputs the host reads as floats (the wrapper dequantizes them); every other
@@ -67,8 +72,6 @@ class _Graph:
     that can be cut, and their encodings."""
 
     def __init__(self, model) -> None:
-        from onnx import TensorProto
-
         self.model, g = model, model.graph
         self.inits = {i.name: i for i in g.initializer}
         self.consumers: dict[str, list] = {}
@@ -81,14 +84,14 @@ class _Graph:
         self.in_q: dict[str, list] = {}  # float input -> its QuantizeLinear(s)
         self.out_pair: dict[str, tuple[Any, Any]] = {}  # output -> (Q, DQ)
         for inp in g.input:
-            if inp.type.tensor_type.elem_type != TensorProto.FLOAT:
+            if inp.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
                 continue
             users = self.consumers.get(inp.name, [])
             if users and all(u.op_type == "QuantizeLinear" and self._scalar(u) for u in users) \
                     and len({self._key(u) for u in users}) == 1:
                 self.in_q[inp.name] = users
         for out in g.output:
-            if out.type.tensor_type.elem_type != TensorProto.FLOAT:
+            if out.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
                 continue
             dq = self.producer.get(out.name)
             if dq is None or dq.op_type != "DequantizeLinear" or not self._scalar(dq):
@@ -111,8 +114,6 @@ class _Graph:
         return float(s), int(z), z.dtype.str
 
     def _np_value(self, name: str):
-        from onnx import numpy_helper
-
         return numpy_helper.to_array(self.inits[name]).reshape(())
 
     def encoding(self, name: str) -> dict[str, Any]:
@@ -123,8 +124,6 @@ class _Graph:
 
     def set_encoding(self, name: str, enc: dict[str, Any]) -> None:
         """Point the edge pair of ``name`` at constants of its own holding ``enc``."""
-        from onnx import numpy_helper
-
         s_name, z_name = f"{name}_io_scale", f"{name}_io_zero_point"
         for k, v in ((s_name, np.float32(enc["scale"])),
                      (z_name, np.asarray(enc["zero_point"], dtype=enc["dtype"]))):
@@ -148,8 +147,6 @@ class _Graph:
 
     def cut(self) -> dict[str, dict[str, Any]]:
         """Cut every edge pair found; the encodings of the tensors now integer."""
-        from onnx import helper
-
         g = self.model.graph
         encodings: dict[str, dict[str, Any]] = {}
         drop: list = []
@@ -226,8 +223,6 @@ def unify_cache(graphs: dict[str, _Graph]) -> dict[str, dict[str, Any]]:
 def cache_encodings(path: Path) -> dict[str, dict[str, Any]]:
     """The one encoding per cache tensor (``key_0``, ``value_0``, ...) of the QDQ graph at
     ``path``: the union of its ``past_*`` input and ``present_*`` rows' ranges."""
-    import onnx
-
     gr = _Graph(onnx.load(str(path), load_external_data=False))
     return unify_cache({"graph": gr})
 
@@ -252,8 +247,6 @@ def quantize_io(src_dir: Path, dst_dir: Path, graphs: tuple[str, ...],
     ``handoff_in`` ({graph: {tensor: encoding}}) gives the residual stream a part takes the
     encoding of the part that hands it. Returns ``{"graphs": {graph: {tensor: encoding}},
     "handoff_out": {graph: {tensor: encoding}}}``."""
-    import onnx
-
     src_dir, dst_dir = Path(src_dir), Path(dst_dir)
     dst_dir.mkdir(parents=True, exist_ok=True)
     loaded: dict[str, _Graph] = {}

@@ -15,11 +15,17 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
 from studio.core.progress import NullProgress, Progress
 from studio.core.recipe import PLACEMENTS
 from studio.engine import encoder as enc
+from studio.engine import rewrites
 from studio.engine.graphdata import GraphInput, graph_inputs, load_samples, make_static
 from studio.engine.qdq import quantize_graph
+
+onnx = lazy_module("onnx")
+ort = lazy_module("onnxruntime")
+transformers = lazy_module("transformers")
 
 
 def inputs_to_json(inputs: list[GraphInput]) -> list[dict[str, Any]]:
@@ -49,7 +55,6 @@ def static_graph(kind: str, source: Path, out: Path, shapes: dict[str, list[int]
                               f"{check['min_cosine']:.5f} < {check['threshold']}): the export "
                               "is wrong; report it with the model")
         e.tokenizer.save_pretrained(str(out / "tokenizer"))
-        import onnx
 
         inputs = graph_inputs(onnx.load(str(out / "static.onnx"), load_external_data=False))
         return {"inputs": inputs_to_json(inputs), "export_check": check, "seq_len": seq_len}
@@ -60,9 +65,7 @@ def static_graph(kind: str, source: Path, out: Path, shapes: dict[str, list[int]
 
 def text_feeds(tokenizer_dir: Path, texts: list[str], seq_len: int) -> list[dict[str, Any]]:
     """An encoder's feeds: each text through its tokenizer, padded to ``seq_len``."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
     feeds = []
     for t in texts:
         enc = tok([t], padding="max_length", truncation=True, max_length=seq_len,
@@ -112,8 +115,6 @@ def rewrite_and_quantize(static: Path, out: Path, placement: str, feeds: list[di
     """``out/graph.onnx`` (the float graph after the rewrites quantization needs, and with
     placement ``rewrite`` the catalogue's: each checked against the original on ``held``)
     and ``out/quantized.onnx`` calibrated on ``feeds``."""
-    from studio.engine import rewrites
-
     progress = progress or NullProgress()
     if placement not in PLACEMENTS:
         raise StudioError(f"placement must be one of {', '.join(PLACEMENTS)}, not {placement!r}")
@@ -148,8 +149,6 @@ def _reason(node: dict[str, Any]) -> str:
 def place(quantized: Path, chip, placement: str, fp16: bool = False) -> dict[str, Any]:
     """The placement report of ``quantized`` on ``chip`` under the chosen way forward: each
     node the HTP refuses with the EP's reason, the NPU↔CPU transitions and their bytes."""
-    from studio.engine import rewrites
-
     report = rewrites.partition(quantized, chip, fp16=fp16)
     report["placement"] = placement
     return report
@@ -189,8 +188,6 @@ def latency(session, feed: dict[str, Any], repeats: int) -> dict[str, Any]:
 
 
 def cpu_session(path: Path):
-    import onnxruntime as ort
-
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
@@ -218,6 +215,4 @@ def encoder_ranking(tokenizer_dir: Path, seq_len: int, reference, deployed) -> d
 
 
 def inputs_of(path: Path) -> list[GraphInput]:
-    import onnx
-
     return graph_inputs(onnx.load(str(path), load_external_data=False))

@@ -27,7 +27,10 @@ from studio.core import families
 from studio.core.errors import StudioError
 from studio.core.families import SLIDING, Family
 from studio.core.fsutil import check_nesting, read_input
+from studio.core.lazyimport import lazy_module
 from studio.core.modelinfo import LayerInfo, ModelInfo
+
+torch = lazy_module("torch")
 
 _EXPECTED = (
     "a Hugging Face checkpoint folder with config.json and weights "
@@ -171,8 +174,6 @@ def _tensor_shapes(folder: Path) -> Tensors:
 
 def _indexed_files(index: Path) -> list[Path]:
     """The shard files a ``*.index.json`` names; every one must exist."""
-    from studio.core.fsutil import read_input
-
     raw = read_input(index, MAX_CONFIG_BYTES, "the weights index")
     try:
         weight_map = json.loads(raw.decode("utf-8"))["weight_map"]
@@ -280,8 +281,6 @@ def _torch_files(folder: Path) -> list[Path]:
 
 
 def _torch_shapes(files: list[Path]) -> Tensors:
-    import torch
-
     out: Tensors = {}
     for f in files:
         try:

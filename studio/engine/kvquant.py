@@ -29,6 +29,11 @@ import numpy as np
 
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_bytes, atomic_write_json
+from studio.core.lazyimport import lazy_module
+
+onnx = lazy_module("onnx")
+helper = lazy_module("onnx.helper")
+numpy_helper = lazy_module("onnx.numpy_helper")
 
 ZERO_POINT = 128
 KV_SCALES_FILE = "kv_scales.json"
@@ -60,8 +65,6 @@ def kv_bytes(spec: dict, bits: int) -> int:
 
 
 def _const(name: str, values, dtype) -> Any:
-    from onnx import numpy_helper
-
     return numpy_helper.from_array(np.asarray(values, dtype=dtype), name)
 
 
@@ -139,8 +142,6 @@ def int8_kv_model(model, scales: dict[str, list[float]]):
     """Return ``model`` (an ONNX ModelProto, float or QDQ; edited in place) with uint8 cache
     I/O. ``scales`` names the ``past_*`` inputs; ``present_*`` outputs take the scales of
     the same layer and tensor. A list of one scale is per tensor (no ``axis``)."""
-    import onnx
-
     g = model.graph
     edit = _KV8Edit(g)
     done = 0
@@ -203,9 +204,7 @@ class _KV8Edit:
     def cache_input(self, inp, values: list[float]) -> None:
         """A ``past_*`` input made uint8: its QDQ edge's DequantizeLinears read it directly,
         or (a float graph) a DequantizeLinear is added before its readers."""
-        from onnx import TensorProto, helper
-
-        if inp.type.tensor_type.elem_type != TensorProto.FLOAT:
+        if inp.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
             raise StudioError(f"graph input {inp.name} is not float; is this graph already INT8 KV?")
         s_name, z_name = self.add_scale(inp.name, values)
         axis: dict[str, Any] = {"axis": 1} if len(values) > 1 else {}
@@ -229,14 +228,12 @@ class _KV8Edit:
             self.new_nodes.append(helper.make_node(
                 "DequantizeLinear", [inp.name, s_name, z_name], [dq_out],
                 name=f"{inp.name}_kv8_DQ", **axis))
-        inp.type.tensor_type.elem_type = TensorProto.UINT8
+        inp.type.tensor_type.elem_type = onnx.TensorProto.UINT8
 
     def cache_output(self, out, key: str, values: list[float]) -> None:
         """A ``present_*`` output made uint8 with its ``past_*`` input's scales: quantized
         from the float its 16-bit QDQ pair wraps (its readers in the graph reading the 8-bit
         value), or from the output itself in a float graph."""
-        from onnx import TensorProto, helper
-
         producer, consumers = self.producer, self.consumers
         s_name, z_name = self.add_scale(key, values)
         axis: dict[str, Any] = {"axis": 1} if len(values) > 1 else {}
@@ -268,7 +265,7 @@ class _KV8Edit:
             _redirect(internal, out.name, x)
         self.new_nodes.append(helper.make_node("QuantizeLinear", [x, s_name, z_name],
                                                [out.name], name=f"{out.name}_kv8_Q", **axis))
-        out.type.tensor_type.elem_type = TensorProto.UINT8
+        out.type.tensor_type.elem_type = onnx.TensorProto.UINT8
 
 
 def write_int8_kv_graphs(src_dir: Path, out_dir: Path, scales: dict[str, list[float]],
@@ -279,7 +276,6 @@ def write_int8_kv_graphs(src_dir: Path, out_dir: Path, scales: dict[str, list[fl
     Returns the graphs written."""
     if not per_head:
         scales = per_tensor(scales)
-    import onnx
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []

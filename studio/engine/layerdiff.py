@@ -73,6 +73,7 @@ import numpy as np
 from studio.core.errors import StudioError
 from studio.core.fsutil import link_or_copy
 from studio.core.layerdiff import PAIRS, TENSOR_MODES
+from studio.core.lazyimport import lazy_module
 from studio.core.progress import NullProgress, Progress
 from studio.engine import qnn
 from studio.engine.chain import ChainSession, chain_session
@@ -83,6 +84,11 @@ from studio.engine.onnxio import load_spec
 from studio.engine.part_runner import iter_parts
 from studio.engine.sensitivity import compare_logits, host_session
 
+onnx = lazy_module("onnx")
+external_data_helper = lazy_module("onnx.external_data_helper")
+numpy_helper = lazy_module("onnx.numpy_helper")
+ort = lazy_module("onnxruntime")
+
 #: the graphs a layer diff runs on
 GRAPHS = ("prefill", "decode")
 
@@ -91,8 +97,6 @@ def qdq_tensor_map(qmodel, tensors: list[str]) -> dict[str, dict[str, Any]]:
     """For each FP32 tensor name: the quantized graph's tensor holding the same value as the
     next op reads it (``{"tensor": name, "scale": float | None}``), or no entry when the
     quantized graph has no such tensor."""
-    from onnx import numpy_helper
-
     g = qmodel.graph
     consumers: dict[str, list[Any]] = {}
     produced: dict[str, Any] = {}
@@ -139,9 +143,6 @@ def qdq_tensor_map(qmodel, tensors: list[str]) -> dict[str, dict[str, Any]]:
 def graph_with_outputs(src: Path, names: list[str], dst: Path) -> Path:
     """``src`` with ``names`` added as float graph outputs, written to ``dst``. Weights kept in
     external data files stay where they are (linked beside ``dst``)."""
-    import onnx
-    from onnx.external_data_helper import uses_external_data
-
     try:
         model = onnx.load(str(src), load_external_data=False)
     except Exception as exc:  # onnx raises DecodeError and friends
@@ -153,7 +154,8 @@ def graph_with_outputs(src: Path, names: list[str], dst: Path) -> Path:
             model.graph.output.append(
                 onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None))
             have.add(n)
-    locations = {e.value for t in model.graph.initializer if uses_external_data(t)
+    locations = {e.value for t in model.graph.initializer
+                 if external_data_helper.uses_external_data(t)
                  for e in t.external_data if e.key == "location"}
     for loc in sorted(locations):  # hard links: ONNX Runtime refuses a symlink's target
         link = dst.parent / loc      # as external data outside the model's folder
@@ -165,11 +167,9 @@ def graph_with_outputs(src: Path, names: list[str], dst: Path) -> Path:
 
 def external_files(graph: Path) -> list[str]:
     """The files beside ``graph`` its initializers' external data live in (names)."""
-    import onnx
-    from onnx.external_data_helper import uses_external_data
-
     model = onnx.load(str(graph), load_external_data=False)
-    return sorted({e.value for t in model.graph.initializer if uses_external_data(t)
+    return sorted({e.value for t in model.graph.initializer
+                   if external_data_helper.uses_external_data(t)
                    for e in t.external_data if e.key == "location"})
 
 
@@ -250,8 +250,6 @@ class _Acc:
 def _default_session(model: Path, threads: int):
     """A CPU session with ONNX Runtime's default graph optimizations, as validate runs the
     host QDQ graph (:func:`studio.engine.llm_runtime.make_cpu_session`)."""
-    import onnxruntime as ort
-
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
@@ -265,8 +263,6 @@ def _max_change(a: list, b: list) -> float:
 
 
 def _load(path: Path, what: str):
-    import onnx
-
     if not path.is_file():
         raise StudioError(f"{path} is missing: re-run {what}")
     try:
@@ -445,8 +441,6 @@ class _PartChain:
     @classmethod
     def of(cls, feeds: list[dict], parts: list, me, export_dir: Path, graph: str,
            fsrc: Path, out_name: str, threads: int) -> _PartChain:
-        from studio.engine.llm_runtime import make_cpu_session
-
         whole_feeds, after = feeds, None
         if me is not None:  # the part's inputs: what the FP32 parts before it hand on
             def chain(ps):

@@ -10,7 +10,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
 from studio.core.recipe import module_of_node
+
+onnx = lazy_module("onnx")
 
 _SHAPE_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity",
                         "Cast", "Shape", "Constant", "ConstantOfShape", "Slice", "Concat",
@@ -187,8 +190,6 @@ def _probes_of(ix: _GraphIndex, chosen: dict[int, tuple[str, str]]) -> list[Prob
 def _float_tensors(model) -> set[str]:
     """The float tensors of a graph (by shape inference on its structure; weights are not
     needed)."""
-    import onnx
-
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # inference is best effort: fall back to the declared ones

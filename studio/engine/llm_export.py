@@ -60,6 +60,7 @@ import numpy as np
 from studio.core.errors import StudioError
 from studio.core.families import FAMILIES, SLIDING, Family
 from studio.core.fsutil import atomic_write_bytes, atomic_write_json
+from studio.core.lazyimport import lazy_module
 from studio.core.parts import Part, whole
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.engine import vision_input, weightstore
@@ -96,14 +97,15 @@ from studio.engine.vision import check_image_export, export_vision
 from studio.engine.vision_input import VISION_FILE
 from studio.engine.weightstore import WeightStore, shared_store
 
+onnx = lazy_module("onnx")
+torch = lazy_module("torch")
+
 OPSET = 17
 #: new tokens per pass of the verify graph: the last token plus up to 4 drafted ones
 DEFAULT_VERIFY_LENGTH = 5
 
 
 def _example_inputs(spec: dict, graph: str, sliding: bool, part: Part | None = None):
-    import torch
-
     L, KV, D = spec["num_layers"], spec["num_kv_heads"], spec["head_dim"]
     P, C = spec["prompt_length"], spec["context_length"]
     part = part or whole(L)
@@ -189,8 +191,6 @@ def _module_prefixes(graph, module_names: set[str]) -> None:
 def _unshare_initializers(graph, outputs: set[str]) -> dict[str, Any]:
     """2. Identity(initializer) -> a copy of the initializer under the Identity's output
     name; the initializers by name."""
-    import onnx
-
     inits = {t.name: t for t in graph.initializer}
     keep = []
     for node in graph.node:
@@ -215,8 +215,6 @@ def _unshare_initializers(graph, outputs: set[str]) -> dict[str, Any]:
 
 def _drop_noop_casts(model, outputs: set[str]) -> None:
     """3. No-op Casts (float32 -> float32 around RMSNorm and softmax) go."""
-    import onnx
-
     graph = model.graph
     typed = onnx.shape_inference.infer_shapes(weight_free(model))
     elem = {
@@ -277,8 +275,6 @@ def trace_graph(wrapper, spec: dict, graph: str, raw: Path, part: Part | None = 
                  ) -> tuple[list[str], list[str]]:
     """Trace ``graph`` of ``wrapper`` into the ONNX file ``raw`` as torch writes it; returns
     the input and output names it must have (:func:`finish_graph` checks them)."""
-    import torch
-
     sliding = mask_windows(spec)[1] is not None
     ins, outs = io_names(spec["num_layers"], graph, sliding, part, bool(spec.get("vision")))
     args = _example_inputs(spec, graph, sliding, part)
@@ -315,8 +311,6 @@ def _forget_traced_constants() -> None:
     starts, so after a part is traced and given back its weights stayed in memory through
     the export check and the next part's tracing (measured on the 8 B shape's parts: 2.8
     GiB held twice). Exporting a one-weight graph replaces that table."""
-    import torch
-
     with torch.no_grad(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         torch.onnx.export(torch.nn.Linear(1, 1), (torch.zeros(1, 1),), io.BytesIO(),
@@ -339,8 +333,6 @@ def finish_graph(raw: Path, path: Path, module_names: set[str], ins: list[str],
     reads the file). A graph past :data:`studio.engine.weightstore.SHARE_ABOVE` weight bytes
     keeps them as external data: in ``store`` (the folder's file the graphs of a part share)
     or in its own ``<graph>.onnx.data``; a smaller one embeds them."""
-    import onnx
-
     tmp_dir = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{graph}-final."))
     moved: list[Path] = []
     try:
@@ -389,8 +381,6 @@ def export_graph(wrapper, spec: dict, graph: str, path: Path, progress: Progress
 
 
 def graph_io(path: Path) -> dict:
-    import onnx
-
     model = onnx.load(str(path), load_external_data=False)
 
     def rows(values):

@@ -38,6 +38,7 @@ from studio.core.deviceplan import Dims, device_part_count
 from studio.core.errors import StudioError
 from studio.core.families import FAMILIES
 from studio.core.fsutil import atomic_write_bytes, atomic_write_json
+from studio.core.lazyimport import lazy_module
 from studio.core.parts import AUTO_WEIGHT_BITS, DEFAULT_MAX_PART_BYTES, Layout, Part, plan_parts
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.engine import partresume
@@ -57,6 +58,10 @@ from studio.engine.llm_runtime import DEFAULT_MASK_VALUE, make_cpu_session, mask
 from studio.engine.llm_wrapper import build_wrapper, layer_types_of, rope_positions
 from studio.engine.part_runner import iter_parts, run_part_graphs
 from studio.engine.weightstore import graph_bytes, shared_store
+
+safetensors = lazy_module("safetensors")
+torch = lazy_module("torch")
+transformers = lazy_module("transformers")
 
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2,
                 "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -90,8 +95,6 @@ def tensor_shapes(checkpoint_dir: Path) -> dict[str, tuple[str, tuple[int, ...],
         for name, info in _safetensors_header(f).items():
             out[name] = (str(info["dtype"]), tuple(int(d) for d in info["shape"]), f)
     if not files:
-        import torch
-
         for f in sorted(checkpoint_dir.glob("*.bin")):
             state = torch.load(f, map_location="cpu", mmap=True, weights_only=True)
             for name, t in state.items():
@@ -167,24 +170,20 @@ class StreamedCheckpoint:
     """A checkpoint whose modules live on the meta device until a part asks for them."""
 
     def __init__(self, checkpoint_dir: Path):
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-
         self.dir = Path(checkpoint_dir)
         self.cfg = check_checkpoint(self.dir)
         try:
-            self.config = AutoConfig.from_pretrained(str(self.dir))
+            self.config = transformers.AutoConfig.from_pretrained(str(self.dir))
             with torch.device("meta"):
-                self.model = AutoModelForCausalLM.from_config(
+                self.model = transformers.AutoModelForCausalLM.from_config(
                     self.config, attn_implementation="eager", dtype=torch.float32)
         except (OSError, ValueError, KeyError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise StudioError(f"cannot build {self.dir} with transformers: {first}") from None
         self.model.eval()
         try:
-            from transformers import GenerationConfig
-
-            self.model.generation_config = GenerationConfig.from_pretrained(str(self.dir))
+            self.model.generation_config = transformers.GenerationConfig.from_pretrained(
+                str(self.dir))
         except (OSError, ValueError):
             pass
         base = self.model.model
@@ -218,12 +217,8 @@ class StreamedCheckpoint:
         handle = self._open.get(file)
         if handle is None:
             if file.suffix == ".safetensors":
-                from safetensors import safe_open
-
-                handle = safe_open(str(file), framework="pt")
+                handle = safetensors.safe_open(str(file), framework="pt")
             else:
-                import torch
-
                 handle = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
             self._open[file] = handle
         return (handle.get_tensor(name) if file.suffix == ".safetensors"
@@ -231,8 +226,6 @@ class StreamedCheckpoint:
 
     def load(self, part: Part) -> None:
         """Give the part's modules float32 storage filled from the weight files."""
-        import torch
-
         with torch.no_grad():
             for prefix, module in self.modules(part):
                 module.to_empty(device="cpu")
@@ -271,8 +264,6 @@ def _reference_part(wrapper, spec: dict, x, chunk: int = REFERENCE_CHUNK):
     states [n, H]) with the causal (and sliding) masks, ``chunk`` rows at a time over the
     keys and values of the rows before: the part's output [n, H] (the final norm's output
     for the last part, whose head the check applies row by row)."""
-    import torch
-
     n = int(x.shape[0])
     full, sliding = mask_windows(spec)
     mv = float(spec["mask_value"])
@@ -554,8 +545,6 @@ def _reference_logits(head, hidden, vocab: int, cap: float | None, folder: Path)
     vocabulary), a few positions at a time into a memory-mapped file in ``folder``: the head
     part's check then holds no copy of the head beside its graph's session (for an 8 B
     model's 128 k x 4096 head, 2 GiB less)."""
-    import torch
-
     hidden = np.asarray(hidden, dtype=np.float32)
     fd, name = tempfile.mkstemp(dir=folder, prefix=".reference-logits.")
     os.close(fd)

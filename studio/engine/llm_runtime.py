@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
 from studio.core.progress import Progress
 from studio.engine import qnn
 from studio.engine.chain import chain_session, part_dirs
@@ -46,6 +47,11 @@ from studio.engine.threads import HOST_THREADS
 from studio.engine.vision_input import mrope_positions, vision_spec
 from studio.engine.weightstore import WEIGHTS_FILE
 
+onnx = lazy_module("onnx")
+helper = lazy_module("onnx.helper")
+ort = lazy_module("onnxruntime")
+transformers = lazy_module("transformers")
+
 _ORT_TYPES = ORT_TO_NUMPY
 
 
@@ -57,9 +63,6 @@ def make_cpu_session(path: Path, threads: int = HOST_THREADS):
     (:func:`shared_weights`): a part's prefill and decode sessions then hold its weights
     once, where each session mapping the file itself counted them once per session.
     """
-    import onnx
-    import onnxruntime as ort
-
     path = Path(path)
     if not path.is_file():
         raise StudioError(f"model file {path} does not exist; export or quantize the model first")
@@ -97,11 +100,9 @@ _MAPPINGS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 def shared_weights(path: Path, graph: Any) -> list[tuple[str, Any]]:
     """(name, array) for each external-data initializer of ``graph`` (the structure of the
     graph at ``path``): views of the process's one read-only mapping of each data file."""
-    from onnx import TensorProto, helper
-
     out = []
     for init in graph.graph.initializer:
-        if init.data_location != TensorProto.EXTERNAL:
+        if init.data_location != onnx.TensorProto.EXTERNAL:
             continue
         info = {e.key: e.value for e in init.external_data}
         file = (Path(path).parent / info["location"]).resolve()
@@ -124,8 +125,6 @@ def shared_weights(path: Path, graph: Any) -> list[tuple[str, Any]]:
 
 def quantized(path: Path) -> bool:
     """Whether the graph at ``path`` is a QDQ graph (read without its weights)."""
-    import onnx
-
     model = onnx.load(str(path), load_external_data=False)
     return any(n.op_type == "DequantizeLinear" for n in model.graph.node)
 
@@ -138,9 +137,7 @@ def external_weights(path: Path) -> bool:
 
 def load_tokenizer(export_dir: Path):
     """The tokenizer an export carries (``<export>/tokenizer``)."""
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast.from_pretrained(str(Path(export_dir) / "tokenizer"))
+    return transformers.PreTrainedTokenizerFast.from_pretrained(str(Path(export_dir) / "tokenizer"))
 
 
 def load_graph_spec(graphs_dir: Path) -> dict[str, Any]:
@@ -186,8 +183,6 @@ def htp_generator(compile_dir: Path, chip, spec: dict[str, Any], fp16: bool,
     """A generator over the compiled prefill / decode contexts of ``compile_dir`` on this
     machine's QNN HTP backend (the simulator on x86) for ``chip``; a model in parts runs
     its parts' context binaries chained."""
-    from studio.engine.chain import chain_session
-
     make = htp_session_maker(chip, fp16, run_options)
     compile_dir = Path(compile_dir)
     return StaticKVGenerator(chain_session(spec, compile_dir, "prefill", make),

@@ -15,12 +15,15 @@ from typing import Any
 from studio.core import families
 from studio.core.errors import StudioError
 from studio.core.families import FULL, SLIDING, Family
+from studio.core.lazyimport import lazy_module
 from studio.core.parts import Part, whole
 from studio.engine.llm_runtime import SLIDING_MASK
 from studio.engine.onnxio import (
     IMAGE_EMBEDS,
 )
 from studio.engine.torch_onnx import HEAD_INPUT
+
+torch = lazy_module("torch")
 
 
 def io_names(num_layers: int, graph: str, sliding: bool = False,
@@ -144,8 +147,6 @@ def _decoder_wrapper(
     meta device). ``rotary``: the rotary embedding module to build the RoPE table from
     (default ``causal_lm.model.rotary_emb``).
     """
-    import torch
-
     base = causal_lm.model
     part = part or whole(len(base.layers))
     plan = _WrapperPlan.of(causal_lm, family, layer_types, sliding_input, part, rotary)
@@ -201,8 +202,6 @@ class _StepCache:
         self.new: dict[int, tuple] = {}
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        import torch
-
         self.new[layer_idx] = (key_states, value_states)
         if self.past is None:
             return key_states, value_states
@@ -264,8 +263,6 @@ class _WrapperPlan:
 
 def _rope_tables(rotary, rows: int):
     """The RoPE cos / sin tables of positions 0 .. rows - 1 from the rotary module, float32."""
-    import torch
-
     with torch.no_grad():
         pos = torch.arange(rows, dtype=torch.long)[None]
         probe = torch.zeros(1, rows, 1, dtype=torch.float32)
@@ -275,8 +272,6 @@ def _rope_tables(rotary, rows: int):
 
 def _mrope_select(mrope, half: int):
     """[3, 1, 1, 2 * half]: which of the three position rows each rotary column takes."""
-    import torch
-
     axis = [k % 3 for k, n in enumerate(mrope) for _ in range(int(n))]
     if len(axis) != half:
         raise StudioError(f"the mrope_section {list(mrope)} covers {len(axis)} "
@@ -292,8 +287,6 @@ def _static_kv_forward(wrapper, plan: _WrapperPlan, first, position_ids, attenti
     """The wrapper's forward (see :func:`io_names`): the hidden states in (embedded for the
     first part), the part's blocks over the KV cache, the norm and head for the last;
     returns the output and each block's new key and value rows."""
-    import torch
-
     part, layers = plan.part, plan.layers
     window_mask = rest[0] if plan.sliding_input else None
     past_flat = rest[1:] if plan.sliding_input else rest
@@ -361,8 +354,6 @@ def traced_weights(wrapper, part: Part) -> list[tuple[Any, str, Any]]:
     constant folding copy a parameter-fed node's weight two and one more times (measured on
     an 8 B model's 128 k x 4096 head, 2 GiB: 6 GiB more while a graph is traced); a graph
     input is not copied. (module, input name, tensor) each."""
-    import torch
-
     out = []
     base = getattr(wrapper, "model", None)
     emb = getattr(base, "embed_tokens", None) if part.embeds else None

@@ -26,8 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
 from studio.core.memplan import DEFAULT_ALIGNMENT, GraphMemory, Tensor, plan_memory
 from studio.engine.onnx_import import open_onnx
+
+onnx = lazy_module("onnx")
+symbolic_shape_infer = lazy_module("onnxruntime.tools.symbolic_shape_infer")
 
 # bits per element of the ONNX tensor types (TensorProto.DataType values)
 _BITS = {1: 32, 2: 8, 3: 8, 4: 16, 5: 16, 6: 32, 7: 64, 9: 8, 10: 16, 11: 64, 12: 32, 13: 64,
@@ -45,10 +49,8 @@ STATIC_HINT = ("export it with static shapes (fixed batch, prompt and context le
 
 
 def dtype_name(elem_type: int) -> str:
-    from onnx import TensorProto
-
     try:
-        return TensorProto.DataType.Name(elem_type).lower()
+        return onnx.TensorProto.DataType.Name(elem_type).lower()
     except ValueError:
         return f"type{elem_type}"
 
@@ -93,8 +95,6 @@ def _fix_input_dims(model: Any, dims: dict[str, int]) -> None:
 
 def _infer(model: Any) -> tuple[Any, dict[str, tuple[int, list[int]]]]:
     """The model with inferred shapes and the static (type, dims) of every value it knows."""
-    import onnx
-
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # noqa: BLE001 - an op onnx cannot infer: try ORT's inference below
@@ -117,21 +117,17 @@ def _symbolic(model: Any) -> dict[str, tuple[int, list[int]]]:
     """Shapes from ONNX Runtime's symbolic shape inference, which computes shape tensors
     (e.g. the Expand of a GQA key repeat) that onnx's own inference leaves unknown."""
     try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-
-        return _known(SymbolicShapeInference.infer_shapes(model, auto_merge=False))
+        return _known(symbolic_shape_infer.SymbolicShapeInference.infer_shapes(model, auto_merge=False))
     except Exception:  # noqa: BLE001 - partial shapes are reported by the caller
         return {}
 
 
 def _subgraph_inputs(node: Any) -> set[str]:
     """Outer-scope names read by the subgraphs of an If / Loop / Scan node."""
-    from onnx import AttributeProto
-
     used: set[str] = set()
     for a in node.attribute:
-        graphs = ([a.g] if a.type == AttributeProto.GRAPH else
-                  list(a.graphs) if a.type == AttributeProto.GRAPHS else [])
+        graphs = ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                  list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else [])
         for sg in graphs:
             made = {i.name for i in sg.input} | {t.name for t in sg.initializer}
             for n in sg.node:

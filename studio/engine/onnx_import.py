@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
+
+onnx = lazy_module("onnx")
 
 
 def match(path: Path) -> bool:
@@ -16,8 +19,6 @@ def match(path: Path) -> bool:
 
 def open_onnx(path: Path, check: bool = True) -> Any:
     """Load (and check) an ONNX model without its external data; StudioError if corrupt."""
-    import onnx
-
     path = Path(path)
     if not path.is_file():
         raise StudioError(f"{path} does not exist: give the path of an .onnx file")
@@ -66,8 +67,6 @@ def _shape(t: Any) -> list[int | str]:
 
 def read_onnx_graph(path: Path) -> OnnxGraph:
     """Nodes of an ONNX file with output shapes (shape inference) and parameter counts."""
-    import onnx
-
     path = Path(path)
     model = open_onnx(path, check=False)
     try:

@@ -18,6 +18,10 @@ import numpy as np
 from studio.core.errors import StudioError
 from studio.core.fsutil import link_or_copy
 from studio.core.graphspec import migrate
+from studio.core.lazyimport import lazy_module
+
+onnx = lazy_module("onnx")
+external_data_helper = lazy_module("onnx.external_data_helper")
 
 #: the format of a graphs folder's ``graph.json``
 SPEC_FORMAT = "qstudio.llm-static-kv/1"
@@ -44,8 +48,6 @@ def load_spec(graphs_dir: Path) -> dict:
 
 def weight_bytes(model) -> int:
     """The bytes of a model's initializers, from their dims and types (no serializing)."""
-    import onnx
-
     total = 0
     for t in model.graph.initializer:
         n = int(np.prod(t.dims)) if len(t.dims) else 1
@@ -56,8 +58,6 @@ def weight_bytes(model) -> int:
 def weight_free(model):
     """A copy of ``model`` whose large initializers carry only name, dims and type: enough
     for shape inference, and serializable past protobuf's 2 GB limit."""
-    import onnx
-
     light = onnx.ModelProto()
     light.ir_version = model.ir_version
     light.opset_import.extend(model.opset_import)
@@ -85,8 +85,6 @@ def save_onnx_atomic(model, path: Path, external: bool | None = None) -> list[Pa
     Models over the 2 GB protobuf limit get one external data file ``<name>.data``
     (``external``: True / False decides instead). Returns the files written.
     """
-    import onnx
-
     path = Path(path)
     tmp_dir = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.stem}."))
     try:
@@ -114,9 +112,7 @@ def save_onnx_atomic(model, path: Path, external: bool | None = None) -> list[Pa
 
 
 def _no_external(model) -> bool:
-    from onnx.external_data_helper import uses_external_data
-
-    return not any(uses_external_data(t) for t in model.graph.initializer)
+    return not any(external_data_helper.uses_external_data(t) for t in model.graph.initializer)
 
 
 def private_input(src: Path, work: Path) -> Path:

@@ -29,6 +29,10 @@ from pathlib import PurePath
 from types import ModuleType
 from typing import Any
 
+from studio.core.lazyimport import lazy_module
+
+checker = lazy_module("onnx.checker")
+
 TARGET = "onnx.external_data_helper"
 _MARK = "_studio_accepts_linked_data"
 
@@ -41,18 +45,16 @@ def open_external_data(base_dir: str, location: str, tensor_name: str, read_only
     for reading, refusing what onnx refuses but a link count above one; for writing, onnx's
     own (which refuses a linked file: writing into it would change every artifact that
     shares it)."""
-    from onnx.checker import ValidationError
-
     if not read_only and _original is not None:
         return _original(base_dir, location, tensor_name, read_only)
 
     loc = PurePath(location)
     if not location or loc.is_absolute() or ".." in loc.parts:
-        raise ValidationError(f"Data of TensorProto ( tensor name: {tensor_name}) names "
+        raise checker.ValidationError(f"Data of TensorProto ( tensor name: {tensor_name}) names "
                               f"{location!r}, which is not a path inside the model's folder")
     path = os.path.join(base_dir, location)
     if not os.path.isfile(path):
-        raise ValidationError(f"Data of TensorProto ( tensor name: {tensor_name}) should be "
+        raise checker.ValidationError(f"Data of TensorProto ( tensor name: {tensor_name}) should be "
                               f"stored in {path}, but it doesn't exist or is not accessible.")
     return os.open(path, os.O_RDONLY)
 

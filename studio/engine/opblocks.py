@@ -20,7 +20,10 @@ import os
 import re
 from collections import defaultdict
 
-import onnx
+from studio.core.lazyimport import lazy_module
+
+onnx = lazy_module("onnx")
+
 
 QDQ_TYPES = {"QuantizeLinear", "DequantizeLinear", "Cast", "Convert"}
 MOVE_TYPES = {

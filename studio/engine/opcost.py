@@ -22,6 +22,7 @@ import numpy as np
 
 from studio.core.catalog import Chip
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
 from studio.core.perfmodel import (
     ChipPerf,
     Efficiency,
@@ -32,6 +33,8 @@ from studio.core.perfmodel import (
 )
 from studio.core.profile import layer_of
 
+onnx = lazy_module("onnx")
+
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 _ATTENTION = ("Attention", "MultiHeadAttention", "GroupQueryAttention")
 _UNARY = ("Relu", "Sigmoid", "Tanh", "Gelu", "Erf", "Neg", "Sqrt", "Reciprocal", "Exp", "Softmax",
@@ -40,14 +43,13 @@ _BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
 
 
 def _bytes_per_elem(elem_type: int) -> float:
-    from onnx import TensorProto
-
     table: dict[int, int] = {
-        TensorProto.INT4: 4, TensorProto.UINT4: 4, TensorProto.INT8: 8, TensorProto.UINT8: 8,
-        TensorProto.BOOL: 8, TensorProto.INT16: 16, TensorProto.UINT16: 16,
-        TensorProto.FLOAT16: 16, TensorProto.BFLOAT16: 16, TensorProto.FLOAT: 32,
-        TensorProto.INT32: 32, TensorProto.UINT32: 32, TensorProto.INT64: 64,
-        TensorProto.UINT64: 64, TensorProto.DOUBLE: 64,
+        onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4,
+        onnx.TensorProto.INT8: 8, onnx.TensorProto.UINT8: 8,
+        onnx.TensorProto.BOOL: 8, onnx.TensorProto.INT16: 16, onnx.TensorProto.UINT16: 16,
+        onnx.TensorProto.FLOAT16: 16, onnx.TensorProto.BFLOAT16: 16, onnx.TensorProto.FLOAT: 32,
+        onnx.TensorProto.INT32: 32, onnx.TensorProto.UINT32: 32, onnx.TensorProto.INT64: 64,
+        onnx.TensorProto.UINT64: 64, onnx.TensorProto.DOUBLE: 64,
     }
     return table.get(int(elem_type), 32) / 8
 
@@ -69,8 +71,6 @@ _GATHERS = {"Gather", "GatherElements", "GatherND", "Slice"}
 
 def op_costs(onnx_path: str | Path) -> OpGraph:
     """Columnar per-node costs of the graph at ``onnx_path`` (node order = graph order)."""
-    import onnx
-
     path = Path(onnx_path)
     try:
         model = onnx.load(str(path), load_external_data=False)

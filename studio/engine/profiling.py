@@ -18,6 +18,7 @@ import numpy as np
 
 from studio.core.catalog import Chip
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
 from studio.engine.ort_types import ORT_TO_NUMPY
 from studio.engine.qnn import (
     OP_TRACE_FILE,
@@ -27,6 +28,8 @@ from studio.engine.qnn import (
     timing_source,
 )
 from studio.engine.threads import HOST_THREADS
+
+ort = lazy_module("onnxruntime")
 
 _ORT_DTYPES = ORT_TO_NUMPY
 
@@ -211,8 +214,6 @@ def profile_host_cpu(
     its JSON (per-node start / duration, thread, provider): a *measured* host timeline.
     Inputs as :func:`synthetic_feeds` (``position_ids`` = ``position``).
     Returns ``{"json", "runs", "wall_s"}``."""
-    import onnxruntime as ort
-
     out = Path(out_json).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".ort-profile-", dir=out.parent))

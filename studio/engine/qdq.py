@@ -19,6 +19,7 @@ import numpy as np
 
 from studio.core.errors import StudioError
 from studio.core.fsutil import link_or_copy
+from studio.core.lazyimport import lazy_module
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.core.recipe import (
     DEFAULT_WEIGHT_ROUNDING,
@@ -35,6 +36,21 @@ from studio.engine.quant_recipe import (
 )
 from studio.engine.rounding import Source, round_for_recipe, rounded_from_qdq, rounding_targets
 from studio.engine.weightstore import WeightStore
+
+onnx = lazy_module("onnx")
+external_data_helper = lazy_module("onnx.external_data_helper")
+numpy_helper = lazy_module("onnx.numpy_helper")
+ort = lazy_module("onnxruntime")
+ortq = lazy_module("onnxruntime.quantization")
+calibrate = lazy_module("onnxruntime.quantization.calibrate")
+cal = lazy_module("onnxruntime.quantization.calibrate")
+ortq_qnn = lazy_module("onnxruntime.quantization.execution_providers.qnn")
+fusion_lpnorm = lazy_module("onnxruntime.quantization.execution_providers.qnn.fusion_lpnorm")
+fusion_spacetodepth = lazy_module(
+    "onnxruntime.quantization.execution_providers.qnn.fusion_spacetodepth")
+fusions = lazy_module("onnxruntime.quantization.fusions")
+onnx_model = lazy_module("onnxruntime.quantization.onnx_model")
+quant_utils = lazy_module("onnxruntime.quantization.quant_utils")
 
 # ---------------------------------------------------------------------------- running it
 
@@ -57,9 +73,7 @@ class LogToProgress(logging.Handler):
 
 
 def calibration_reader(feeds: list[dict], progress: Progress):
-    from onnxruntime.quantization import CalibrationDataReader
-
-    class _Reader(CalibrationDataReader):
+    class _Reader(ortq.CalibrationDataReader):
         def __init__(self):
             self.i = 0
 
@@ -86,26 +100,15 @@ def preprocess_fuses(src: Path) -> bool:
     model's 2.8 GiB head part) and writes nothing when no fusion applies — as for every
     decoder the studio exports; a fusion the optimization alone would make possible is not
     seen here (none of the studio's graphs has one)."""
-    import onnx
-    from onnxruntime.quantization.execution_providers.qnn.fusion_lpnorm import (
-        FusionLpNormalization,
-    )
-    from onnxruntime.quantization.execution_providers.qnn.fusion_spacetodepth import (
-        FusionSpaceToDepth,
-    )
-    from onnxruntime.quantization.fusions import FusionGelu
-    from onnxruntime.quantization.onnx_model import ONNXModel
-
-    model = ONNXModel(onnx.load(str(src), load_external_data=False))
-    return any([fusion(model).apply() for fusion in (FusionGelu, FusionLpNormalization,
-                                                     FusionSpaceToDepth)])
+    model = onnx_model.ONNXModel(onnx.load(str(src), load_external_data=False))
+    return any([fusion(model).apply() for fusion in (
+        fusions.FusionGelu, fusion_lpnorm.FusionLpNormalization,
+        fusion_spacetodepth.FusionSpaceToDepth)])
 
 
 def _takes_calibration_cache() -> bool:
     """Whether this ONNX Runtime's ``quantize_static`` reads a calibration cache (1.32 on)."""
-    from onnxruntime.quantization import calibrate, quantize_static
-
-    return ("calibration_cache_path" in inspect.signature(quantize_static).parameters
+    return ("calibration_cache_path" in inspect.signature(ortq.quantize_static).parameters
             and hasattr(calibrate, "save_tensors_data"))
 
 
@@ -123,13 +126,8 @@ def mapped_ranges(model_path: Path, config, feeds: list[dict], progress: Progres
     same tensors, the same ReduceMin / ReduceMax, the same reduction) reads the graph's
     structure only, writes the augmented graph beside the weights file it points into, and
     runs it without prepacking: the weights stay the file's pages."""
-    import onnx
-    import onnxruntime as ort
-    from onnxruntime.quantization import CalibrationMethod
-    from onnxruntime.quantization import calibrate as cal
-
     opts = config.extra_options or {}
-    if config.calibrate_method != CalibrationMethod.MinMax or opts.get("CalibStridedMinMax"):
+    if config.calibrate_method != ortq.CalibrationMethod.MinMax or opts.get("CalibStridedMinMax"):
         return None
     if not _takes_calibration_cache():  # an ONNX Runtime before 1.32: it calibrates itself
         return None
@@ -190,9 +188,7 @@ def static_quantize(model_path: Path, out: Path, config, ranges: Path | None = N
     activation ranges from ``ranges`` (its calibration cache: :func:`mapped_ranges`; when
     the file does not exist yet it calibrates and writes it) or, without one, calibrating
     itself."""
-    from onnxruntime.quantization import quantize_static
-
-    quantize_static(
+    ortq.quantize_static(
         str(model_path), str(out), config.calibration_data_reader,
         calibrate_method=config.calibrate_method, quant_format=config.quant_format,
         activation_type=config.activation_type, weight_type=config.weight_type,
@@ -239,10 +235,6 @@ _OUTPUT_SUFFIX = "_QuantizeLinear_Input"
 def activation_encodings(qdq_path: Path) -> dict[str, list[dict[str, Any]]]:
     """The activation scales of a QDQ graph as ``TensorQuantOverrides`` (tensor -> [{scale,
     zero_point, quant_type}]): every non-initializer tensor a QuantizeLinear reads."""
-    import onnx
-    from onnx import numpy_helper
-    from onnxruntime.quantization import QuantType
-
     model = onnx.load(str(qdq_path), load_external_data=False)
     inits = {i.name: i for i in model.graph.initializer}
     out: dict[str, list[dict[str, Any]]] = {}
@@ -255,8 +247,9 @@ def activation_encodings(qdq_path: Path) -> dict[str, list[dict[str, Any]]]:
         zp = numpy_helper.to_array(inits[n.input[2]])
         if scale.size != 1:
             continue
-        qt = {np.dtype("uint16"): QuantType.QUInt16, np.dtype("uint8"): QuantType.QUInt8,
-              np.dtype("int16"): QuantType.QInt16, np.dtype("int8"): QuantType.QInt8}.get(zp.dtype)
+        quant = ortq.QuantType
+        qt = {np.dtype("uint16"): quant.QUInt16, np.dtype("uint8"): quant.QUInt8,
+              np.dtype("int16"): quant.QInt16, np.dtype("int8"): quant.QInt8}.get(zp.dtype)
         if qt is None:
             continue
         enc = [{"scale": scale.reshape(()).astype(np.float32), "zero_point": zp.reshape(()),
@@ -279,8 +272,6 @@ def run_quantizer(
     those. ``store``: the shared weight file of ``dst``'s folder, where a graph past
     :data:`studio.engine.weightstore.SHARE_ABOVE` bytes keeps its weights (the prefill and
     decode graphs of a part then hold one copy)."""
-    import onnx
-
     work = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.stem}-quant."))
     handler = LogToProgress(progress)
     root = logging.getLogger()
@@ -338,8 +329,6 @@ def _preprocessed(src: Path, work: Path) -> tuple[Path, bool]:
     """The graph the quantizer reads: QNN's preprocessing (its fusions) where it fuses
     something, else ``src`` as a private input in ``work``; and whether its weights are
     external data."""
-    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
-
     pre = work / "preprocessed.onnx"
     # A graph past the 2 GB protobuf limit (its weights in external data) must be written
     # back the same way; the graph is read without its weights (the overrides and the
@@ -348,7 +337,7 @@ def _preprocessed(src: Path, work: Path) -> tuple[Path, bool]:
     external = _uses_external_data(src)
     ext = ({"save_as_external_data": True, "all_tensors_to_one_file": True,
             "external_data_location": pre.name + ".data"} if external else {})
-    model_path = (pre if preprocess_fuses(src) and qnn_preprocess_model(
+    model_path = (pre if preprocess_fuses(src) and ortq_qnn.qnn_preprocess_model(
         str(src), str(pre), **ext) else private_input(src, work))
     return model_path, external
 
@@ -357,16 +346,14 @@ def _qnn_config(model, recipe: dict, feeds: list[dict], resolved: dict[str, Any]
                 shared: dict[str, list[dict[str, Any]]] | None, progress: Progress):
     """ONNX Runtime's QNN QDQ configuration of the recipe: the activation type, the
     resolved overrides and exclusions, another graph's shared encodings, LPBQ blocks."""
-    from onnxruntime.quantization import CalibrationMethod, QuantType
-    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
-
-    act = QuantType.QUInt16 if activation_bits(recipe["scheme"]) == 16 else QuantType.QUInt8
-    config = get_qnn_qdq_config(
+    act = (ortq.QuantType.QUInt16 if activation_bits(recipe["scheme"]) == 16
+           else ortq.QuantType.QUInt8)
+    config = ortq_qnn.get_qnn_qdq_config(
         model,
         calibration_reader(feeds, progress),
-        calibrate_method=CalibrationMethod[recipe["calibration_method"]],
+        calibrate_method=ortq.CalibrationMethod[recipe["calibration_method"]],
         activation_type=act,
-        weight_type=QuantType.QUInt8,
+        weight_type=ortq.QuantType.QUInt8,
         per_channel=False,
         init_overrides=resolved["init_overrides"] or None,
         nodes_to_exclude=resolved["nodes_to_exclude"] or None,
@@ -389,8 +376,6 @@ def _quantized(src: Path, model_path: Path, out: Path, config, feeds: list[dict]
                progress: Progress):
     """The quantizer run into ``out``, the result checked and loaded; with its MatMuls'
     precisions (refused where a MatMul got 16-bit weights under 16-bit activations)."""
-    import onnx
-
     # Not CalibMaxIntermediateOutputs: in ORT 1.32 MinMaxCalibrater drops the collected
     # batches when it reaches that count without computing their ranges. MinMax keeps
     # only ReduceMin/ReduceMax outputs per feed, so memory stays small anyway.
@@ -434,9 +419,6 @@ def _channels_where_blocks_do_not_fit(model, model_path: Path, block: int,
     """The block-wise 4-bit weights whose input dimension is not a whole number of blocks,
     given explicit per-channel scales instead (the quantizer's block size applies to every
     weight it computes scales for; one with its scales given keeps them): weight -> why."""
-    from onnx import numpy_helper
-    from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
-
     inits = {t.name: t for t in model.graph.initializer}
     out: dict[str, str] = {}
     for w, rules in init_overrides.items():
@@ -447,11 +429,11 @@ def _channels_where_blocks_do_not_fit(model, model_path: Path, block: int,
             continue
         values = numpy_helper.to_array(t, base_dir=str(Path(model_path).parent))
         qtype = rule["quant_type"]
-        qmin, qmax = get_qmin_qmax_for_qType(qtype.tensor_type, symmetric=True)
+        qmin, qmax = quant_utils.get_qmin_qmax_for_qType(qtype.tensor_type, symmetric=True)
         lo, hi = values.min(axis=0), values.max(axis=0)
         per: list[dict] = []
         for n in range(values.shape[1]):  # as the quantizer's own symmetric per channel
-            _, sc = compute_scale_zp(lo[n:n + 1], hi[n:n + 1], qmin, qmax, symmetric=True)
+            _, sc = quant_utils.compute_scale_zp(lo[n:n + 1], hi[n:n + 1], qmin, qmax, symmetric=True)
             per.append({"scale": np.float32(np.asarray(sc).reshape(())), "zero_point": 0})
         per[0].update(quant_type=qtype, axis=1)
         init_overrides[w] = per
@@ -467,9 +449,6 @@ def _apply_rounding(model, model_path: Path, work: Path, external: bool,
     explicit scales (``round(q * s / s) = q``). Only weights this graph quantizes per channel
     with the same integer type (per-layer overrides win). Returns the graph to quantize and
     the weights applied."""
-    import onnx
-    from onnx import numpy_helper
-
     targets = rounding_targets(model, init_overrides)
     apply = {w: r for w, r in rounded.items()
              if w in targets and targets[w].quant_type == r.quant_type}
@@ -541,11 +520,8 @@ def quantize_like(src: Path, dst: Path, like: Path, recipe: dict, feeds: list[di
 
 
 def _uses_external_data(path: Path) -> bool:
-    import onnx
-    from onnx.external_data_helper import uses_external_data
-
     model = onnx.load(str(path), load_external_data=False)
-    return any(uses_external_data(t) for t in model.graph.initializer)
+    return any(external_data_helper.uses_external_data(t) for t in model.graph.initializer)
 
 
 def _upgrade_opset(path: Path, work: Path, opset: int) -> Path:
@@ -553,16 +529,13 @@ def _upgrade_opset(path: Path, work: Path, opset: int) -> Path:
     weights: the converted graph is written into ``work`` beside links to its data files
     (:mod:`studio.engine.onnxlinks` lets onnx read linked external data; a copy of GBs was
     what this did before)."""
-    import onnx
-    from onnx.external_data_helper import uses_external_data
-
     model = onnx.load(str(path), load_external_data=False)
     if next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= opset:
         return path
     converted = onnx.version_converter.convert_version(model, opset)
     locations = {
         e.value
-        for t in converted.graph.initializer if uses_external_data(t)
+        for t in converted.graph.initializer if external_data_helper.uses_external_data(t)
         for e in t.external_data if e.key == "location"
     }
     for loc in sorted(locations):

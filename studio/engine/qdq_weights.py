@@ -27,6 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
+from studio.core.lazyimport import lazy_module
+
+onnx = lazy_module("onnx")
+numpy_helper = lazy_module("onnx.numpy_helper")
+quant_utils = lazy_module("onnxruntime.quantization.quant_utils")
+
 #: weights at least this large (bytes of FP32) are quantized here, a slice at a time
 STREAM_ABOVE = 16 << 20
 
@@ -67,9 +73,7 @@ class Original:
 
 
 def _external(init) -> dict[str, str] | None:
-    from onnx import TensorProto
-
-    if init.data_location != TensorProto.EXTERNAL:
+    if init.data_location != onnx.TensorProto.EXTERNAL:
         return None
     return {e.key: e.value for e in init.external_data}
 
@@ -77,9 +81,7 @@ def _external(init) -> dict[str, str] | None:
 def streamable(init, axis: int | None, block_size: int = 0) -> bool:
     """Whether a weight goes through this path: FP32 of rank 2, in external data, at least
     :data:`STREAM_ABOVE` bytes, quantized per tensor or per channel along axis 0 or 1."""
-    from onnx import TensorProto
-
-    if (init.data_type != TensorProto.FLOAT or len(init.dims) != 2 or block_size
+    if (init.data_type != onnx.TensorProto.FLOAT or len(init.dims) != 2 or block_size
             or axis not in (None, 0, 1, -1, -2) or _external(init) is None):
         return False
     return 4 * init.dims[0] * init.dims[1] >= STREAM_ABOVE
@@ -93,9 +95,6 @@ def stand_in(model_path: Path, overrides: dict[str, list[dict]], block_size: int
     ``overrides``: the quantizer's ``TensorQuantOverrides``, whose first entry's ``axis`` is a
     weight's per-channel axis (none: per tensor). Returns the graph and the weights replaced
     (empty: nothing to do, quantize the usual way)."""
-    import onnx
-    from onnx import numpy_helper
-
     model_path = Path(model_path)
     inferred = model_path.with_name(model_path.stem + "-shapes.onnx")
     onnx.shape_inference.infer_shapes_path(str(model_path), str(inferred))
@@ -150,9 +149,6 @@ def put_weights(out: Path, originals: dict[str, Original]) -> None:
     quantized with the scales the quantizer chose, a slice of rows at a time (and a weight
     the quantizer left in float by its real values). Raises :class:`NotStreamable` when the
     graph holds a stand-in this does not recognise."""
-    import onnx
-    from onnxruntime.quantization.quant_utils import TENSOR_NAME_QUANT_SUFFIX
-
     out = Path(out)
     model = onnx.load(str(out))
     inits = {t.name: t for t in model.graph.initializer}
@@ -161,7 +157,7 @@ def put_weights(out: Path, originals: dict[str, Original]) -> None:
     with open(data, "wb") as f:
         w = _WeightFile(f, data.name)
         for name, orig in originals.items():
-            qname = name + TENSOR_NAME_QUANT_SUFFIX
+            qname = name + quant_utils.TENSOR_NAME_QUANT_SUFFIX
             if name in inits:  # left in float by the quantizer (an excluded node)
                 w.write_float(inits[name], orig)
             if qname not in inits:
@@ -191,8 +187,6 @@ class _WeightFile:
     def external(self, t, dims, data_type) -> int:
         """``t`` made an external initializer of ``dims`` and ``data_type``; where its bytes
         start."""
-        from onnx import TensorProto
-
         offset = self.f.tell()
         t.ClearField("raw_data")
         for field in ("float_data", "int32_data", "int64_data"):
@@ -200,7 +194,7 @@ class _WeightFile:
         del t.dims[:]
         t.dims.extend(dims)
         t.data_type = data_type
-        t.data_location = TensorProto.EXTERNAL
+        t.data_location = onnx.TensorProto.EXTERNAL
         del t.external_data[:]
         return offset
 
@@ -213,9 +207,7 @@ class _WeightFile:
 
     def write_float(self, t, orig: Original) -> None:
         """A weight the quantizer left in float, by its real values."""
-        from onnx import TensorProto
-
-        offset = self.external(t, (orig.rows, orig.cols), TensorProto.FLOAT)
+        offset = self.external(t, (orig.rows, orig.cols), onnx.TensorProto.FLOAT)
         for r0, r1 in orig.row_slices():
             self.f.write(orig.read(r0, r1).tobytes())
         self.point(t, offset)
@@ -223,21 +215,17 @@ class _WeightFile:
     def write_quantized(self, t, node, orig: Original, inits: dict, qname: str) -> None:
         """The real weight quantized with the scales the quantizer chose (its
         DequantizeLinear ``node``'s), a slice of rows at a time."""
-        import onnx
-        from onnx import TensorProto, numpy_helper
-        from onnxruntime.quantization.quant_utils import ONNX_TYPE_TO_NP_TYPE, quantize_nparray
-
         qtype = t.data_type
         scale = numpy_helper.to_array(inits[node.input[1]])
         zp = np.asarray(numpy_helper.to_array(inits[node.input[2]])).astype(
-            ONNX_TYPE_TO_NP_TYPE[qtype])
+            quant_utils.ONNX_TYPE_TO_NP_TYPE[qtype])
         axis = next((a.i for a in node.attribute if a.name == "axis"), 1) % 2
         if scale.size == 1:
             scale, zp = scale.reshape(()), zp.reshape(())
         elif (orig.axis is None or axis != orig.axis
               or scale.size != (orig.rows if axis == 0 else orig.cols)):
             raise NotStreamable(f"{qname}: its scales do not match the stand-in's axis")
-        four = qtype in (TensorProto.INT4, TensorProto.UINT4)
+        four = qtype in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
         offset = self.external(t, (orig.rows, orig.cols), qtype)
         for r0, r1 in orig.row_slices(even=four):
             if scale.ndim == 0:
@@ -246,7 +234,7 @@ class _WeightFile:
                 s, z = scale.reshape(1, -1), zp.reshape(1, -1)
             else:
                 s, z = scale[r0:r1].reshape(-1, 1), zp[r0:r1].reshape(-1, 1)
-            q = quantize_nparray(qtype, orig.read(r0, r1), s, z)
+            q = quant_utils.quantize_nparray(qtype, orig.read(r0, r1), s, z)
             self.f.write((_pack4(q) if four else
                           np.asarray(q, dtype=onnx.helper.tensor_dtype_to_np_dtype(qtype))
                           ).tobytes())

@@ -36,8 +36,12 @@ from typing import Any
 
 from studio.core.catalog import Chip, get_chip
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
 from studio.engine.onnx_import import open_onnx
 from studio.engine.threads import HOST_THREADS
+
+onnx = lazy_module("onnx")
+helper = lazy_module("onnx.helper")
 
 EP_NAME = "QNNExecutionProvider"
 PROFILING_LEVELS = ("basic", "detailed", "optrace")
@@ -52,7 +56,7 @@ _MAX_NAMED = 12  # nodes named in one error line
 # registration and versions
 # ---------------------------------------------------------------------------------------
 def _import_qnn():
-    try:
+    try:  # optional: no onnxruntime-qnn wheel exists for macOS; the doctor says so
         import onnxruntime as ort
         import onnxruntime_qnn as oq
     except ImportError as e:
@@ -104,7 +108,7 @@ def versions() -> dict[str, str | None]:
 @functools.lru_cache(maxsize=1)
 def _versions() -> dict[str, str | None]:
     ort, oq = _import_qnn()
-    try:
+    try:  # a wheel's build facts; older onnxruntime-qnn wheels have none
         from onnxruntime_qnn import build_and_package_info as info
 
         sdk = getattr(info, "qnn_version", None)
@@ -536,9 +540,6 @@ def _model_nodes(path: Path) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------------------------------
 def read_context_info(ctx_path: str | os.PathLike) -> dict:
     """What a compiled ``_ctx.onnx`` records: SDK version, embed mode, its binary files."""
-    import onnx
-    from onnx import helper
-
     p = Path(ctx_path)
     try:
         model = onnx.load(str(p), load_external_data=False)

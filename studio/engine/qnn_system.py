@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
+
+onnx = lazy_module("onnx")
 
 _LOCK = threading.Lock()
 
@@ -235,7 +238,7 @@ _UNDEFINED = 0x7FFFFFFF
 # ---------------------------------------------------------------------------------------
 def library_path() -> Path:
     """``libQnnSystem.so`` (``QnnSystem.dll`` on Windows) beside the QNN EP in the wheel."""
-    try:
+    try:  # optional: no onnxruntime-qnn wheel exists for macOS
         import onnxruntime_qnn
     except ImportError:
         raise StudioError("onnxruntime-qnn is not installed, so there is no QNN System "
@@ -443,8 +446,6 @@ def parse_binary(data: bytes, label: str = "the context binary") -> dict[str, An
 def embedded_or_named(ctx_onnx: Path) -> tuple[bytes, str]:
     """A compiled ``…_ctx.onnx``'s context binary: (its bytes, where they are) when embedded
     in its EPContext node, else (b"", the path of the ``.bin`` file it names)."""
-    import onnx
-
     try:
         model = onnx.load(str(ctx_onnx), load_external_data=False)
     except Exception as e:  # onnx raises DecodeError and others

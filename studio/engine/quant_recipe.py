@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
 from studio.core.recipe import (
     CALIBRATION_METHODS,
     DEFAULT_BLOCK_SIZE,
@@ -78,6 +79,9 @@ from studio.core.recipe import (
     weight_bits,
     weight_precision,
 )
+
+onnx = lazy_module("onnx")
+ortq = lazy_module("onnxruntime.quantization")
 
 # Aliases the engine accepts for the recipe module's precisions (FP16/FP32 = left float).
 PRECISIONS = {
@@ -241,8 +245,6 @@ def _normal_overrides(overrides: Any, given_in: dict) -> tuple[dict[str, str], d
 
 
 def float_tensors(model) -> set[str]:
-    import onnx
-
     typed = onnx.shape_inference.infer_shapes(model)
     out = set()
     for v in (*typed.graph.value_info, *typed.graph.output, *typed.graph.input):
@@ -381,14 +383,12 @@ def _init_overrides(model, recipe: dict, weights: dict[str, str], rules: _Rules,
     """The quantizer's tensor overrides: activations off the scheme's type, each MatMul
     weight's type and axis (per channel or in blocks), other named weights, the token
     table at 8 bits where the recipe says; and the count of per-channel weights."""
-    from onnxruntime.quantization import QuantType
-
     qtype = {
-        "INT8": QuantType.QUInt8,
-        "INT16": QuantType.QUInt16,
+        "INT8": ortq.QuantType.QUInt8,
+        "INT16": ortq.QuantType.QUInt16,
     }
     init_overrides: dict[str, list[dict]] = {}
-    default_act = QuantType.QUInt16 if act16 else QuantType.QUInt8
+    default_act = ortq.QuantType.QUInt16 if act16 else ortq.QuantType.QUInt8
     for name, prec in rules.act_prec.items():
         if qtype[prec] != default_act:
             init_overrides[name] = [{"quant_type": qtype[prec]}]
@@ -402,20 +402,20 @@ def _init_overrides(model, recipe: dict, weights: dict[str, str], rules: _Rules,
         if prec == "INT4":
             # per channel (axis 1 of the [in, out] MatMul weight), or block-wise along the
             # input axis (LPBQ; the block size is the quantizer's BlockSize option)
-            init_overrides[w] = [{"quant_type": QuantType.QInt4, "axis": 0 if blocked else 1,
+            init_overrides[w] = [{"quant_type": ortq.QuantType.QInt4, "axis": 0 if blocked else 1,
                                   "symmetric": True}]
             per_channel += 1
         elif prec == "INT16":
-            init_overrides[w] = [{"quant_type": QuantType.QUInt16}]
+            init_overrides[w] = [{"quant_type": ortq.QuantType.QUInt16}]
         elif recipe["weight_granularity"] in ("per_channel", "per_block"):
-            init_overrides[w] = [{"quant_type": QuantType.QInt8, "axis": 1, "symmetric": True}]
+            init_overrides[w] = [{"quant_type": ortq.QuantType.QInt8, "axis": 1, "symmetric": True}]
             per_channel += 1
     for name, prec in rules.weight_prec.items():
         if name not in weights and prec in ("INT8", "INT16"):
             init_overrides[name] = [{"quant_type": qtype[prec]}]
     table = embedding_table(model) if recipe.get("embedding", "auto") == "INT8" else None
     if table is not None:  # quantization.embedding = "INT8": the token table at 8 bits
-        init_overrides[table] = [{"quant_type": QuantType.QUInt8}]
+        init_overrides[table] = [{"quant_type": ortq.QuantType.QUInt8}]
     return init_overrides, per_channel
 
 
@@ -513,8 +513,6 @@ def matmul_precisions(model) -> dict[str, int]:
 
     ``w`` marks a constant (weight) input 1. ``f`` means a float input.
     """
-    import onnx
-
     inits = {t.name: t for t in model.graph.initializer}
     producer = {o: n for n in model.graph.node for o in n.output}
 
@@ -553,8 +551,6 @@ def check_overrides(graphs_dir: Path, recipe: dict) -> dict[str, dict]:
 def check_overrides_in(folders: list[Path], recipe: dict) -> list[dict[str, dict]]:
     """:func:`check_overrides` over the graphs of several folders (the parts of a model): a
     pattern must match in one of them. Returns the resolution per folder and graph."""
-    import onnx
-
     recipe = normalize_recipe(recipe)
     res = [{
         g: resolve_overrides(

@@ -21,6 +21,7 @@ from studio.core import figures
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json, atomic_write_text
 from studio.core.gates import evaluate_gates
+from studio.core.lazyimport import lazy_module
 from studio.core.project import Project
 from studio.core.resources import resources_dir
 from studio.core.stagegraph import DECLARATIONS, STAGES
@@ -35,6 +36,9 @@ from studio.engine.report_charts import (
     svg_pareto,
 )
 from studio.engine.waterfall import with_estimate
+
+jinja2 = lazy_module("jinja2")
+markupsafe = lazy_module("markupsafe")
 
 __all__ = ["SOURCE_COLORS", "SERIES", "svg_bars", "svg_grouped_bars", "svg_lines",
            "build_report", "render_html", "render_markdown", "render_print", "charts",
@@ -328,8 +332,6 @@ def _dev(m: dict[str, Any]) -> str:
 
 @cache
 def _env(markdown: bool = False):
-    import jinja2
-
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=not markdown,
         trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined,
@@ -341,15 +343,13 @@ def _env(markdown: bool = False):
 
 
 def _context(data: dict[str, Any], mode: str) -> dict[str, Any]:
-    from markupsafe import Markup
-
     svgs = charts(data)
     sizes = {k: chart_size(v) for k, v in svgs.items()}
     if mode == "print":  # a printed page is narrower than a screen: charts fit its width
         sizes = {k: (min(w, PRINT_WIDTH), round(h * min(1.0, PRINT_WIDTH / w)))
                  for k, (w, h) in sizes.items()}
     return {"d": data, "st": data["stages"], "figs": data.get("figures") or {}, "mode": mode,
-            "charts": {k: Markup(v) for k, v in svgs.items()}, "sizes": sizes,
+            "charts": {k: markupsafe.Markup(v) for k, v in svgs.items()}, "sizes": sizes,
             "layerdiffs": _layerdiffs(data["stages"])}
 
 
@@ -381,10 +381,9 @@ def render_comparison(comp: dict[str, Any] | None) -> str:
     """The "Compared with run N" section alone (settings changed, metric deltas)."""
     data = {"comparison": comp, "stages": {}}
     svgs = charts(data)
-    from markupsafe import Markup
 
     return _section("comparison", d=data, mode="html",
-                    charts={k: Markup(v) for k, v in svgs.items()},
+                    charts={k: markupsafe.Markup(v) for k, v in svgs.items()},
                     sizes={k: chart_size(v) for k, v in svgs.items()})
 
 
@@ -398,10 +397,9 @@ def render_layerdiff(d: dict[str, Any]) -> str:
     """The layer diff: relative error along depth for each pair ("" without curves)."""
     if not (d.get("curves") or {}).get("names"):
         return ""
-    from markupsafe import Markup
 
     return _section("layerdiff", ld=d, i=0, mode="html",
-                    charts={"layerdiff-0": Markup(_layerdiff_svg(d))}, sizes={})
+                    charts={"layerdiff-0": markupsafe.Markup(_layerdiff_svg(d))}, sizes={})
 
 
 def render(data: dict[str, Any], fmt: str) -> str:

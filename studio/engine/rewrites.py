@@ -20,16 +20,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
-import onnxruntime as ort
-from onnx import helper, numpy_helper
 
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_bytes
+from studio.core.lazyimport import lazy_module
 from studio.engine import qnn
 from studio.engine.graphdata import compare_outputs
 from studio.engine.onnx_import import open_onnx
 from studio.engine.onnxio import PROTOBUF_LIMIT, save_onnx_atomic, weight_bytes
+
+helper = lazy_module("onnx.helper")
+numpy_helper = lazy_module("onnx.numpy_helper")
+onnx = lazy_module("onnx")
+ort = lazy_module("onnxruntime")
 
 MS_DOMAIN = "com.microsoft"
 

@@ -50,10 +50,19 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
 from studio.core.progress import NullProgress, Progress
 from studio.engine.onnxio import private_input
 from studio.engine.quant_recipe import resolve_overrides
 from studio.engine.threads import HOST_THREADS
+
+onnx = lazy_module("onnx")
+external_data_helper = lazy_module("onnx.external_data_helper")
+numpy_helper = lazy_module("onnx.numpy_helper")
+ort = lazy_module("onnxruntime")
+ortq = lazy_module("onnxruntime.quantization")
+quant_utils = lazy_module("onnxruntime.quantization.quant_utils")
+torch = lazy_module("torch")
 
 # SeqMSE: candidate clipping ranges a * max|W| per channel, a in [LOW, 1.0]
 SEQMSE_CANDIDATES = 20
@@ -109,9 +118,6 @@ def rounding_targets(model, init_overrides: dict[str, list[dict]]) -> dict[str, 
     """The MatMul weights the quantizer will store symmetric per channel (axis 1), with
     their integer type: the layers a rounding method works on. Weights that per-layer
     overrides keep at 16 bits, per tensor or in float are not among them."""
-    from onnxruntime.quantization import QuantType
-    from onnxruntime.quantization.quant_utils import get_qmin_qmax_for_qType
-
     inits = {t.name: t for t in model.graph.initializer}
     out: dict[str, Target] = {}
     for node in model.graph.node:
@@ -124,9 +130,9 @@ def rounding_targets(model, init_overrides: dict[str, list[dict]]) -> dict[str, 
         first = ov[0]
         qt = first.get("quant_type")
         if first.get("axis") != 1 or not first.get("symmetric") or qt not in (
-                QuantType.QInt4, QuantType.QInt8):
+                ortq.QuantType.QInt4, ortq.QuantType.QInt8):
             continue
-        qmin, qmax = get_qmin_qmax_for_qType(qt.tensor_type, symmetric=True)
+        qmin, qmax = quant_utils.get_qmin_qmax_for_qType(qt.tensor_type, symmetric=True)
         out[w] = Target(w, node.name, node.input[0], qt, int(qmin), int(qmax))
     return out
 
@@ -186,8 +192,6 @@ def adaround(h, w, scales, t: Target, iterations: int = ADAROUND_ITERATIONS,
     """AdaRound on the grid of ``scales``: learned up/down rounding of each weight that
     minimises the output error ``trace(D^T H D)`` (normalised by nearest rounding's), with the
     rectified sigmoid and the annealed regulariser. Returns the integers (hard rounding)."""
-    import torch
-
     torch.manual_seed(seed)
     # ||X D||^2 through a factor of H (rank <= the calibration rows): X_eff^T X_eff = H
     lam, u = np.linalg.eigh(np.asarray(h, np.float64))
@@ -347,9 +351,6 @@ def _session(path: Path, outputs: list[str], replaced: dict[str, Any], work: Pat
     """A CPU session on ``path`` with ``outputs`` added as graph outputs and the weights of
     ``replaced`` in place of the file's (external data stays where it is: the graph is
     written beside links to its files)."""
-    import onnx
-    import onnxruntime as ort
-
     model = onnx.load(str(path), load_external_data=False)
     have = {o.name for o in model.graph.output}
     for name in outputs:
@@ -402,8 +403,6 @@ def round_model(sources: list[Source], targets: dict[str, Target], weights: dict
     inputs their MatMuls see on ``sources`` (graphs sharing these weights, e.g. the prefill
     and decode graphs). Returns the rounding per weight and what was done (for quant.json;
     no timings). ``sequential``: later waves see the rounded weights of earlier ones."""
-    import onnx
-
     t0 = time.perf_counter()
     model = onnx.load(str(sources[0].path), load_external_data=False)
     order = waves(model, targets) if sequential else [sorted(targets)]
@@ -449,10 +448,6 @@ def round_for_recipe(sources: list[Source], recipe: dict, work: Path,
     the graphs of ``sources`` (which share their weights: the first one's are read).
     Returns the rounding per weight, what was done (for quant.json) and the seconds it took
     (a run fact, kept out of the artifact)."""
-    import onnx
-    from onnx import numpy_helper
-    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
-
     t0 = time.perf_counter()
     method = recipe["weight_rounding"]
     # the graph without its weights (a graph past 2 GB cannot go through shape inference,
@@ -463,8 +458,8 @@ def round_for_recipe(sources: list[Source], recipe: dict, work: Path,
     weights = {}
     for t in model.graph.initializer:
         if t.name in targets:
-            if uses_external_data(t):
-                load_external_data_for_tensor(t, str(src.parent))
+            if external_data_helper.uses_external_data(t):
+                external_data_helper.load_external_data_for_tensor(t, str(src.parent))
             weights[t.name] = numpy_helper.to_array(t)
     del model
     if not targets:
@@ -479,11 +474,8 @@ def rounded_from_qdq(qdq_path: Path) -> dict[str, Rounded]:
     """The per-channel integer weights (axis 1, zero point 0) a quantized graph stores for
     its MatMuls, as roundings to apply to another graph with the same weights (an AR-N graph
     beside the decode graph), keyed by the FP32 weight's name."""
-    import onnx
-    from onnx import numpy_helper
-    from onnxruntime.quantization import QuantType
-
-    types = {onnx.TensorProto.INT4: QuantType.QInt4, onnx.TensorProto.INT8: QuantType.QInt8}
+    types = {onnx.TensorProto.INT4: ortq.QuantType.QInt4,
+             onnx.TensorProto.INT8: ortq.QuantType.QInt8}
     model = onnx.load(str(qdq_path))
     inits = {t.name: t for t in model.graph.initializer}
     weight_of = {n.input[1]: n for n in model.graph.node if n.op_type == "MatMul"}

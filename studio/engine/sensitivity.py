@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.core.recipe import (
     PRECISION_BITS,
@@ -84,6 +85,13 @@ from studio.engine.splicing import (
     node_key,
     split_variants,
 )
+
+onnx = lazy_module("onnx")
+ort = lazy_module("onnxruntime")
+onnxruntime = lazy_module("onnxruntime")
+ortq = lazy_module("onnxruntime.quantization")
+ortq_qnn = lazy_module("onnxruntime.quantization.execution_providers.qnn")
+quantize = lazy_module("onnxruntime.quantization.quantize")
 
 SOURCE, DEVICE = "measured", "host-cpu"
 #: the precision a layer is raised to when ``high`` is "auto": one step above the scheme (over
@@ -170,11 +178,7 @@ def raise_ranking(sens: dict[str, Any]) -> tuple[list[str], dict[str, float]]:
 
 def _check_calibration_cache() -> None:
     """Variants read the activation ranges back from ONNX Runtime's calibration cache."""
-    from onnxruntime.quantization.quantize import quantize_static
-
-    if "calibration_cache_path" not in inspect.signature(quantize_static).parameters:
-        import onnxruntime
-
+    if "calibration_cache_path" not in inspect.signature(quantize.quantize_static).parameters:
         raise StudioError(
             f"onnxruntime {onnxruntime.__version__} cannot reuse calibration ranges; the "
             "sensitivity analysis needs onnxruntime 1.32 or later: upgrade it"
@@ -205,8 +209,6 @@ def host_session(model, threads: int = 1):
     activations. ``model`` is a path or a ModelProto. One thread by default: a QDQ graph is
     a thousand small nodes, and on the sample model one thread ran it twice as fast as two,
     with the same logits bit for bit."""
-    import onnxruntime as ort
-
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
@@ -356,13 +358,10 @@ class VariantBench:
 
     def _prepare_float(self, src: Path) -> None:
         """The float prefill graph as the quantizer reads it (QNN's preprocessing, opset 21)."""
-        import onnx
-        from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
-
         self.progress.update(0.0, "preparing the float prefill graph")
         pre = self.work / "preprocessed.onnx"
-        model_path = (pre if preprocess_fuses(src) and qnn_preprocess_model(str(src), str(pre))
-                      else private_input(src, self.work))
+        fused = preprocess_fuses(src) and ortq_qnn.qnn_preprocess_model(str(src), str(pre))
+        model_path = pre if fused else private_input(src, self.work)
         model = onnx.load(str(model_path))
         opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
         if opset < 21:  # what the quantizer does for 16-bit types; 4-bit weights need it too
@@ -418,8 +417,6 @@ class VariantBench:
     def _prepare_base(self) -> None:
         """The calibration ranges (the quantize stage's, to the same bits) and the base
         model quantized with the recipe, its 8-bit weights and plan."""
-        import onnx
-
         p = self.progress
         p.check()
         p.update(0.15, f"calibrating and quantizing the base ({self.recipe['scheme']})")
@@ -465,16 +462,13 @@ class VariantBench:
     def _config(self, recipe: dict):
         """The quantizer's configuration for a recipe: the recipe's tensor overrides as the
         quantize stage resolves them, completed by the QNN config (converts, shared scales)."""
-        from onnxruntime.quantization import QuantType
-        from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
-
         key = canonical([recipe["weight_granularity"], recipe["overrides"]])
         if key not in self._configs:
             resolved = resolve_overrides(self.model, recipe)
-            act = QuantType.QUInt16 if recipe["scheme"] == "W8A16" else QuantType.QUInt8
-            self._configs[key] = resolved, get_qnn_qdq_config(
+            act = ortq.QuantType.QUInt16 if recipe["scheme"] == "W8A16" else ortq.QuantType.QUInt8
+            self._configs[key] = resolved, ortq_qnn.get_qnn_qdq_config(
                 self.model, calibration_reader(self.feeds, _CheckOnly(self.progress)),
-                activation_type=act, weight_type=QuantType.QUInt8, per_channel=False,
+                activation_type=act, weight_type=ortq.QuantType.QUInt8, per_channel=False,
                 init_overrides=resolved["init_overrides"] or None,
                 nodes_to_exclude=resolved["nodes_to_exclude"] or None,
             )
@@ -551,8 +545,6 @@ class VariantBench:
         """Every weight at 8 bits per channel under the base's activations (over a 4-bit
         scheme: what raising a layer's weights gives them)."""
         if self._w8 is None:
-            import onnx
-
             recipe = self._recipe({f"{layer}.weight": "INT8" for layer in self.layers})
             path = self._real(recipe, self.work / "all-int8.onnx")
             self._w8 = self._harvest(onnx.load(str(path)))
@@ -561,8 +553,6 @@ class VariantBench:
 
     def _int4_weights(self) -> dict[str, _WeightQ]:
         if self._int4 is None:
-            import onnx
-
             recipe = self._recipe({layer: "INT4" for layer in self.layers})
             path = self._real(recipe, self.work / "all-int4.onnx")
             self._int4 = self._harvest(onnx.load(str(path)))
@@ -570,8 +560,6 @@ class VariantBench:
         return self._int4
 
     def _base_copy(self):
-        import onnx
-
         model = onnx.ModelProto()
         model.CopyFrom(self._base)
         return model
@@ -579,8 +567,6 @@ class VariantBench:
     def _quantized(self, recipe: dict):
         """The real quantizer for a recipe that changes activations. Weights are quantized per
         tensor there (fast) and get the base's per-channel tensors back."""
-        import onnx
-
         fast = {**recipe, "weight_granularity": "per_tensor"}
         model = onnx.load(str(self._real(fast, self.work / "variant.onnx")))
         if self.recipe["weight_granularity"] == "per_channel":
@@ -693,8 +679,6 @@ class VariantBench:
     def quantizer_model(self, overrides: dict[str, str]):
         """The variant as the quantizer alone gives it, weights included (the slow way that
         :meth:`variant_model` and :meth:`variant_models` must match)."""
-        import onnx
-
         return onnx.load(str(self._real(self._recipe(overrides),
                                         self.work / "by-the-quantizer.onnx")))
 
@@ -741,8 +725,6 @@ class VariantBench:
     def score_on_htp(self, overrides: dict[str, str], chip) -> dict[str, float]:
         """The variant's figures on the QNN HTP *simulator* of ``chip`` (every node on the
         HTP, as the compile stage requires): the same windows, the same FP32 reference."""
-        import onnx
-
         self.progress.check()
         path = self.work / "htp-variant.onnx"
         onnx.save(self.variant_model(overrides), str(path))

@@ -32,11 +32,16 @@ import numpy as np
 from studio.core.drafttable import TableShare, table_share
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_folder, atomic_write_json, link_or_copy
+from studio.core.lazyimport import lazy_module
 from studio.engine import hf_import
 from studio.engine.chain import part_dirs
 from studio.engine.hf_import import safetensors_files, safetensors_layout
 from studio.engine.llm_runtime import external_weights, shared_weights
 from studio.engine.onnxio import load_spec
+
+onnx = lazy_module("onnx")
+helper = lazy_module("onnx.helper")
+numpy_helper = lazy_module("onnx.numpy_helper")
 
 #: the token table's name in an export (the Gather's data) and the tied head's copy
 TABLE = "model.embed_tokens.weight"
@@ -128,9 +133,6 @@ def target_table(export_dir: Path):
     """The target export's token table [V, H] (float32), one array per process and file: a
     view of the process's mapping of the weights file where the export keeps its weights
     outside the graph, else the graph's own bytes decoded once."""
-    import onnx
-    from onnx import numpy_helper
-
     export_dir = Path(export_dir)
     graph = part_dirs(load_spec(export_dir), export_dir)[0] / "prefill.onnx"
     stat = graph.stat()
@@ -155,12 +157,10 @@ def target_table(export_dir: Path):
 def _rewrite(model, tied_head: bool) -> tuple[int, bool]:
     """Make the table an input of ``model`` (and the tied head read it); returns (the
     initializer bytes dropped, whether the head now reads the table)."""
-    from onnx import TensorProto, helper
-
     g = model.graph
     inits = {i.name: i for i in g.initializer}
     table = inits.get(TABLE)
-    if table is None or len(table.dims) != 2 or table.data_type != TensorProto.FLOAT:
+    if table is None or len(table.dims) != 2 or table.data_type != onnx.TensorProto.FLOAT:
         raise StudioError(f"the draft's graph has no float32 {TABLE} [V, H]: export it again")
     V, H = (int(d) for d in table.dims)
 
@@ -188,16 +188,13 @@ def _rewrite(model, tied_head: bool) -> tuple[int, bool]:
             model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     del g.initializer[:]
     g.initializer.extend(keep)
-    g.input.append(helper.make_tensor_value_info(TABLE, TensorProto.FLOAT, [V, H]))
+    g.input.append(helper.make_tensor_value_info(TABLE, onnx.TensorProto.FLOAT, [V, H]))
     return dropped, head_shared
 
 
 def _head_is_table(graph: Path) -> bool:
     """Whether the export's ``lm_head.weight`` is its table transposed, value for value (a
     tied head, which the export stores again)."""
-    import onnx
-    from onnx import numpy_helper
-
     model = onnx.load(str(graph), load_external_data=False)
     inits = {i.name: i for i in model.graph.initializer}
     if TABLE not in inits or HEAD not in inits:
@@ -212,8 +209,6 @@ def shared_draft_graphs(draft_dir: Path, out: Path) -> dict[str, Any]:
     table (and a tied head) from the input :data:`TABLE` (made once: ``out``'s marker says
     what was done). Returns the marker's content: each graph and the bytes of the
     initializers it no longer holds (``graph_bytes_dropped``: measured on the files)."""
-    import onnx
-
     draft_dir, out = Path(draft_dir), Path(out)
     marker = out / MARKER
     if marker.is_file():

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import json
 
+from studio.core.lazyimport import lazy_module
+
+onnx_model = lazy_module("onnxruntime.quantization.onnx_model")
+
 # ops whose outputs the quantizer gives their first input's scale (ONNX Runtime's QDQ
 # registry: the "direct 8-bit" ops, pooling, resize, pad, split, gather)
 SHARED_SCALE_OPS = frozenset({
@@ -119,8 +123,6 @@ def split_variants(base, joint, owners: dict[str, int]) -> dict[int, dict] | Non
 
 def apply_part(model, part: dict) -> None:
     """Put one variant's part of a joint quantizer run on (a copy of) the base model."""
-    from onnxruntime.quantization.onnx_model import ONNXModel
-
     graph = model.graph
     keep = [n for n in graph.node if node_key(n) not in part["drop_nodes"]]
     replaced = []
@@ -138,4 +140,4 @@ def apply_part(model, part: dict) -> None:
     inits += [t for name, t in part["inits"].items() if name not in have]
     del graph.initializer[:]
     graph.initializer.extend(inits)
-    ONNXModel(model).topological_sort()
+    onnx_model.ONNXModel(model).topological_sort()

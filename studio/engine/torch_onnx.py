@@ -13,6 +13,11 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
+
+onnx = lazy_module("onnx")
+helper = lazy_module("onnx.helper")
+torch = lazy_module("torch")
 
 #: the graph input a traced output head's weight comes in by; its Transpose is folded into
 #: the initializer ``lm_head.weight`` (stored [in, out], as the exporter folds it)
@@ -28,8 +33,6 @@ def initializers_kept() -> Iterator[dict[str, Any]]:
     :func:`write_initializers` writes them to the file one tensor at a time instead. (The
     exporter's initializer table is not public: this keeps the table its de-duplication
     step returns, the one it would serialize.)"""
-    import torch
-
     kept: dict[str, Any] = {}
     real = torch._C._jit_pass_onnx_deduplicate_initializers
 
@@ -50,9 +53,6 @@ def write_initializers(raw: Path, weights: dict[str, Any]) -> None:
     """Turn the graph inputs of ``raw`` that are ``weights`` (traced without parameters) into
     initializers kept as external data in ``raw``'s ``.data`` file, written a tensor at a
     time straight from torch's memory."""
-    import onnx
-    from onnx.helper import np_dtype_to_tensor_dtype
-
     if not weights:
         raise StudioError("torch's exporter gave no initializer table; the static-KV exporter "
                           "needs torch 2.13")
@@ -68,7 +68,7 @@ def write_initializers(raw: Path, weights: dict[str, Any]) -> None:
             arr = value.detach().cpu().numpy()
             t = onnx.TensorProto()
             t.name = name
-            t.data_type = np_dtype_to_tensor_dtype(arr.dtype)
+            t.data_type = helper.np_dtype_to_tensor_dtype(arr.dtype)
             t.dims.extend(arr.shape)
             t.data_location = onnx.TensorProto.EXTERNAL
             for k, v in (("location", data.name), ("offset", str(offset)),

@@ -43,7 +43,9 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
 from studio.core.recipe import is_float_scheme, weight_bits
+from studio.engine import rewrites
 from studio.engine.export_check import PositionCheck
 from studio.engine.llm_runtime import DEFAULT_MASK_VALUE, cpu_generator, make_cpu_session
 from studio.engine.onnxio import load_spec, save_onnx_atomic
@@ -64,12 +66,15 @@ from studio.engine.vision_input import (
     vision_spec,
 )
 
+onnx = lazy_module("onnx")
+helper = lazy_module("onnx.helper")
+numpy_helper = lazy_module("onnx.numpy_helper")
+torch = lazy_module("torch")
+
 
 def _linear_patch_embed(patch_embed):
     """The patch embedding's Conv3d (kernel = stride = one patch) as the Linear it is over
     flattened patches: the HTP runs it as one MatMul."""
-    import torch
-
     w = patch_embed.proj.weight.detach()
     lin = torch.nn.Linear(w[0].numel(), w.shape[0], bias=patch_embed.proj.bias is not None)
     lin.weight = torch.nn.Parameter(w.reshape(w.shape[0], -1).clone())
@@ -91,8 +96,6 @@ def rotary_tables(visual, rows: int):
     """The tower's 2-D rotary embedding for grid positions 0..rows-1, one axis: (cos, sin)
     [rows, head_dim / 4], computed as the checkpoint's rotary module computes them
     (``position * inv_freq`` in float32, times its attention scaling)."""
-    import torch
-
     rot = visual.rotary_pos_emb
     freqs = torch.arange(rows)[:, None].float() * rot.inv_freq.float()[None]
     scale = float(getattr(rot, "attention_scaling", 1.0))
@@ -104,8 +107,6 @@ def _masked_block(blk, x, cos, sin, mask, rotate):
     projections, MLP) around transformers' eager attention with an additive ``mask`` where
     transformers splits the sequence by its ``cu_seqlens`` (same softmax over the same keys,
     masked ones at ``mask``'s value)."""
-    import torch
-
     attn = blk.attn
     n = x.shape[0]
     q, k, v = attn.qkv(blk.norm1(x)).reshape(n, 3, attn.num_heads, -1).permute(1, 0, 2, 3
@@ -128,8 +129,6 @@ def vision_wrapper(visual, vs: VisionSpec, mask_value: float):
     embedding gathered by the positions, the blocks with attention masked to the groups
     (Qwen2.5-VL's window blocks within a window, its full-attention blocks and every
     Qwen2-VL block within the image), the merger."""
-    import torch
-
     rotate = sys.modules[type(visual.blocks[0].attn).__module__].apply_rotary_pos_emb_vision
     full = getattr(visual, "fullatt_block_indexes", None)
     full = set(range(len(visual.blocks))) if full is None else {int(i) for i in full}
@@ -165,8 +164,6 @@ def vision_wrapper(visual, vs: VisionSpec, mask_value: float):
 def reference_image_embeds(model, patches: ImagePatches) -> np.ndarray:
     """transformers' own image features for ``patches`` (the checkpoint's code, its Conv3d),
     in the processor's order."""
-    import torch
-
     grid = torch.tensor([[1, patches.grid_h, patches.grid_w]], dtype=torch.long)
     with torch.no_grad():
         out = model.model.get_image_features(torch.from_numpy(patches.pixels), grid,
@@ -183,8 +180,6 @@ def gemms_as_matmuls(model) -> int:
     ``[in, out]`` under its checkpoint name, so per-layer precisions, block-wise weights and
     the quantizer's MatMul rules apply to the encoder as to the language model. Returns how
     many were rewritten."""
-    from onnx import helper, numpy_helper
-
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     out_nodes, n = [], 0
@@ -224,8 +219,6 @@ def export_vision(visual, vs: VisionSpec, path: Path, opset: int,
     encoder's capacity (:func:`vision_wrapper`; masked attention scores at ``mask_value``,
     the language model's); its weights inside the file, or past :data:`EXTERNAL_ABOVE` bytes
     in ``<path>.data``, written a tensor at a time. Returns its graph I/O description."""
-    import torch
-
     kept = visual.patch_embed
     feeds, _ = encoder_feeds(ImagePatches(np.zeros((vs.patches, vs.patch_dim), np.float32),
                                           vs.grid, vs.grid, vs.merge), vs)
@@ -246,7 +239,6 @@ def export_vision(visual, vs: VisionSpec, path: Path, opset: int,
             weights = dict(weights)
     finally:
         visual.patch_embed = kept  # the checkpoint's own module back
-    import onnx
 
     if external:  # traced without its weights: they go to <tmp>.data a tensor at a time
         write_initializers(tmp, weights)
@@ -385,8 +377,6 @@ def check_image_export(full, graphs_dir: Path, gen, vs: VisionSpec, text_ids: li
     prompt (two text tokens, the last image, text to the end of the context) teacher-forced
     through the graphs of ``gen`` against transformers run on the same ids and pixels (every
     position's logits, the text export check's rule)."""
-    import torch
-
     session = encoder_session(graphs_dir)
     diff, top, cos = 0.0, 0.0, []
     for image in check_shapes(vs):
@@ -480,8 +470,6 @@ def quantize_vision(graphs_dir: Path, stage: Path, recipe: dict[str, Any],
     name its layers: ``quantization.vision_scheme`` and ``vision_overrides`` are its own
     recipe), or float for a float scheme; checked against the FP32 encoder on the ``held``
     images (cosine of the image rows, on the CPU)."""
-    from studio.engine import rewrites
-
     src = Path(graphs_dir) / VISION_FILE
     vs = vs or vision_spec(load_spec(graphs_dir))
     assert vs is not None

@@ -22,6 +22,10 @@ import numpy as np
 from studio.core.archs import VisionArch
 from studio.core.errors import StudioError
 from studio.core.fsutil import IMAGE_SUFFIXES
+from studio.core.lazyimport import lazy_module
+
+PIL = lazy_module("PIL")
+Image = lazy_module("PIL.Image")
 
 VISION_FILE = "vision.onnx"
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -315,8 +319,6 @@ def read_picture(path: Path):
     """The picture at ``path`` as an RGB PIL image, as transformers' image processors read one
     (``convert_to_rgb``: transparency composited onto white); a file that is not one is a
     one-line error."""
-    from PIL import Image, UnidentifiedImageError
-
     path = Path(path)
     if not path.is_file():
         raise StudioError(f"no image at {path}: give a PNG or JPEG file")
@@ -328,7 +330,7 @@ def read_picture(path: Path):
                 white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
                 return Image.alpha_composite(white, rgba).convert("RGB")
             return opened.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
+    except (PIL.UnidentifiedImageError, OSError, ValueError) as exc:
         raise StudioError(f"{path} is not an image this studio can read ({exc}); give a PNG or "
                           "JPEG file") from None
 
@@ -358,8 +360,6 @@ def resized(picture, vs: VisionSpec) -> np.ndarray:
     """An RGB PIL picture as the encoder takes it: resized (bicubic, on its 8-bit pixels) to
     the size :func:`smart_resize` gives within ``vs``'s pixels, scaled by the processor's
     rescale factor — float32 [3, H, W], as transformers' processor computes it."""
-    from PIL import Image
-
     h, w = smart_resize(picture.height, picture.width, vs.unit, vs.min_pixels, vs.max_pixels)
     if (picture.width, picture.height) != (w, h):
         picture = picture.resize((w, h), Image.Resampling.BICUBIC)
@@ -514,8 +514,6 @@ def calibration_images(count: int, size: int, seed: int = 0) -> list[np.ndarray]
 
 def png_bytes(image: np.ndarray) -> bytes:
     """An image ([3, S, S] in 0..1) as a PNG file's bytes."""
-    from PIL import Image
-
     buf = io.BytesIO()
     arr = (np.clip(image, 0, 1) * 255).round().astype(np.uint8).transpose(1, 2, 0)
     Image.fromarray(arr).save(buf, format="PNG")

@@ -32,8 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
 from studio.engine import qnn
 from studio.engine.qnn_system import context_info
+
+onnx = lazy_module("onnx")
 
 EXECUTED = "executed on the HTP simulator"
 STRUCTURE_ONLY = "checked by structure only: a device executes it"
@@ -56,8 +59,6 @@ def sharing_wanted(mode: str, for_device: bool) -> bool:
 # ---------------------------------------------------------------------------------------
 def _ep_context(ctx_onnx: Path) -> tuple[str, str]:
     """(graph name, the ``.bin`` file it names) of a compiled ``…_ctx.onnx``."""
-    import onnx
-
     model = onnx.load(str(ctx_onnx), load_external_data=False)
     nodes = [n for n in model.graph.node if n.op_type == "EPContext"]
     if len(nodes) != 1:

@@ -22,6 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
+
+onnx = lazy_module("onnx")
+numpy_helper = lazy_module("onnx.numpy_helper")
 
 #: the shared external-data file of a folder's graphs
 WEIGHTS_FILE = "weights.data"
@@ -70,8 +74,6 @@ class WeightStore:
 
     def refer(self, tensor: Any, chunks: Iterable[bytes | memoryview]) -> None:
         """Store ``chunks`` as ``tensor``'s data and make ``tensor`` point at them."""
-        import onnx
-
         offset, length = self.add(chunks)
         del tensor.external_data[:]
         tensor.ClearField("raw_data")
@@ -109,8 +111,6 @@ def save_streamed(model: Any, src_dir: Path, path: Path, store: WeightStore | No
     ``path``, its weights copied a slice of at most 64 MiB at a time into ``store`` (the
     folder's shared file) or, without one, into ``path.name + '.data'``. Returns the files
     written (the graph, and its own data file if it has one)."""
-    import onnx
-
     own = store is None
     target = WeightStore(path.parent, path.name + ".data") if store is None else store
     sources: dict[str, Any] = {}
@@ -137,9 +137,6 @@ def save_shared(model: Any, path: Path, store: WeightStore) -> Path:
     """Save the in-memory ``model`` as ``path`` (via a temp name in its folder), its
     initializers of 1 KiB or more stored in ``store`` (which must lie in ``path``'s folder).
     Returns ``path``."""
-    import onnx
-    from onnx import numpy_helper
-
     path = Path(path)
     if store.path.parent != path.parent:
         raise ValueError(f"{store.path} is not beside {path}")
@@ -174,8 +171,6 @@ def save_shared(model: Any, path: Path, store: WeightStore) -> Path:
 def graph_bytes(path: Path) -> int:
     """The bytes of a graph: its file plus the external data it refers to (each stored
     range once; a range other graphs share counts for each graph)."""
-    import onnx
-
     path = Path(path)
     model = onnx.load(str(path), load_external_data=False)
     ranges: set[tuple[str, int, int]] = set()

@@ -6,7 +6,10 @@ The registry of samples and data files is :mod:`studio.core.samples`.
 
 from __future__ import annotations
 
+from studio.core.lazyimport import lazy_module
 from studio.core.samples import sample_path
+
+transformers = lazy_module("transformers")
 
 
 def load_tokenizer(name: str):
@@ -15,6 +18,5 @@ def load_tokenizer(name: str):
     (``AutoTokenizer`` may rebuild a model family's own pre-tokenizer around the
     vocabulary; this loader never does.)
     """
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast.from_pretrained(str(sample_path(name)), local_files_only=True)
+    return transformers.PreTrainedTokenizerFast.from_pretrained(str(sample_path(name)),
+                                                                local_files_only=True)

@@ -31,6 +31,19 @@ import sysconfig
 import time
 from pathlib import Path
 
+from studio.core.lazyimport import lazy_module
+
+tokenizers = lazy_module("tokenizers")
+decoders = lazy_module("tokenizers.decoders")
+models = lazy_module("tokenizers.models")
+normalizers = lazy_module("tokenizers.normalizers")
+pre_tokenizers = lazy_module("tokenizers.pre_tokenizers")
+trainers = lazy_module("tokenizers.trainers")
+torch = lazy_module("torch")
+F = lazy_module("torch.nn.functional")
+transformers = lazy_module("transformers")
+tokenization_qwen2 = lazy_module("transformers.models.qwen2.tokenization_qwen2")
+
 # Modules never seen in training: evaluation text and calibration text.
 HELDOUT_MODULES = [
     "textwrap", "shlex", "heapq", "bisect", "csv",
@@ -77,13 +90,11 @@ def read_modules(names: list[str]) -> str:
 def train_tokenizer(text: str, out: Path):
     """Byte-level BPE with Qwen2's normaliser and split regex, so that ``AutoTokenizer``
     (which turns every ``qwen2`` checkpoint into ``Qwen2Tokenizer``) gives the same ids."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
-
-    tok = Tokenizer(models.BPE())
+    tok = tokenizers.Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.Split(tokenizers.Regex(tokenization_qwen2.PRETOKENIZE_REGEX),
+                             behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
@@ -98,9 +109,7 @@ def train_tokenizer(text: str, out: Path):
 
 
 def hf_tokenizer(path: Path):
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast(
+    return transformers.PreTrainedTokenizerFast(
         tokenizer_file=str(path / "tokenizer.json"),
         eos_token="<|endoftext|>", pad_token="<|pad|>", bos_token=None,
         clean_up_tokenization_spaces=False,
@@ -113,27 +122,22 @@ def encode(tok, text: str) -> list[int]:
 
 
 def build_model(cfg: dict, vocab: int, seed: int):
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     torch.manual_seed(seed)
-    config = Qwen2Config(
+    config = transformers.Qwen2Config(
         vocab_size=vocab, tie_word_embeddings=True, rope_theta=10000.0, rms_norm_eps=1e-6,
         bos_token_id=None, eos_token_id=0, pad_token_id=1, attn_implementation="sdpa",
         use_sliding_window=False, **cfg,
     )
-    return Qwen2ForCausalLM(config)
+    return transformers.Qwen2ForCausalLM(config)
 
 
 def draft_from_target(target):
     """A 1-block model initialised from the target's embedding, block 0 and final norm."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     cfg = target.config.to_dict()
     for k in ("architectures", "transformers_version", "_name_or_path", "layer_types"):
         cfg.pop(k, None)
     cfg["num_hidden_layers"] = DRAFT_LAYERS
-    draft = Qwen2ForCausalLM(Qwen2Config(**cfg))
+    draft = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**cfg))
     keep = tuple(f"model.layers.{i}." for i in range(DRAFT_LAYERS))
     state = {k: v for k, v in target.state_dict().items()
              if not k.startswith("model.layers.") or k.startswith(keep)}
@@ -142,8 +146,6 @@ def draft_from_target(target):
 
 
 def batches(ids, steps: int, batch: int, seed: int):
-    import torch
-
     data = torch.tensor(ids, dtype=torch.long)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(steps):
@@ -159,9 +161,6 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
 
 
 def train(model, ids, steps, batch, lr, seed, teacher=None, log_every=50, label="model"):
-    import torch
-    import torch.nn.functional as F
-
     params = [prm for prm in model.parameters() if prm.requires_grad]  # a frozen table stays
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     model.train()
@@ -196,9 +195,6 @@ def train(model, ids, steps, batch, lr, seed, teacher=None, log_every=50, label=
 
 
 def perplexity(model, ids, window: int = SEQ_LEN) -> float:
-    import torch
-    import torch.nn.functional as F
-
     nll, count = 0.0, 0
     with torch.no_grad():
         for s in range(0, len(ids) - 1, window):
@@ -221,8 +217,6 @@ def unigram_perplexity(train_ids, eval_ids, vocab: int) -> float:
 
 
 def agreement(draft, target, ids, window: int = SEQ_LEN) -> float:
-    import torch
-
     same, count = 0, 0
     with torch.no_grad():
         for s in range(0, len(ids) - 1, window):
@@ -235,8 +229,6 @@ def agreement(draft, target, ids, window: int = SEQ_LEN) -> float:
 
 
 def completions(model, tokenizer, max_new_tokens: int = 40) -> dict[str, str]:
-    import torch
-
     out = {}
     for prompt in PROMPTS:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
@@ -292,8 +284,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    import torch
-
     a = _parser().parse_args(argv)
     torch.set_num_threads(2)
     random.seed(a.seed)
@@ -303,9 +293,8 @@ def main(argv=None) -> int:
 
     tok_dir = models_dir / "tiny-coder"
     if a.reuse_target:  # the target's own tokenizer, as shipped
-        from tokenizers import Tokenizer
 
-        tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+        tok = tokenizers.Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     else:
         tok = train_tokenizer(train_text, tok_dir)
     train_ids = encode(tok, train_text)
@@ -367,9 +356,7 @@ def _target(a: argparse.Namespace, models_dir: Path, train_ids, heldout_ids, uni
     """The tiny-coder trained (or with ``--reuse-target`` read from ``--out``), its final
     loss and held-out perplexity."""
     if a.reuse_target:
-        from transformers import Qwen2ForCausalLM
-
-        target = Qwen2ForCausalLM.from_pretrained(models_dir / "tiny-coder").eval()
+        target = transformers.Qwen2ForCausalLM.from_pretrained(models_dir / "tiny-coder").eval()
         prev = json.loads((models_dir / "training_stats.json").read_text())["tiny-coder"]
         t_loss = prev["final_loss"]
     else:

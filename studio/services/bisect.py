@@ -24,7 +24,7 @@ from studio.core.errors import StudioError
 from studio.core.layerdiff import KL_OK, PAIR_TITLES, bisect_verdict, device_vs_simulator, summarize
 from studio.engine.devices import backend
 from studio.engine.layerdiff import layer_diff, windows_of
-from studio.engine.llm_runtime import load_graph_spec
+from studio.engine.llm_runtime import load_graph_spec, load_tokenizer
 from studio.services.history import current_keys
 from studio.services.layerdiff import layerdiff_result
 from studio.services.pipeline import plan, preflight
@@ -91,8 +91,6 @@ def bisect_on_device(project, target: str, graph: str, device_id: str,
     and compile of the project's current settings (run first when missing), the held-out
     windows, then the layer diff with the device's outputs. A device's figures are a
     measurement, not an artifact: nothing is stored."""
-    from studio.engine.llm_runtime import load_graph_spec, load_tokenizer
-
     dev = device(device_id, list(project.targets))
 
     runner = backend(dev).tensor_runner()  # refuses, in one line, a device that has none

@@ -14,6 +14,7 @@ from studio.core.catalog import get_chip
 from studio.core.drafttable import config_share
 from studio.core.events import EventTable
 from studio.core.fsutil import atomic_write_text
+from studio.engine.opblocks import node_blocks
 from studio.engine.opcost import estimate_graph
 
 
@@ -132,8 +133,6 @@ def schedule_events(onnx_path: str | Path, chip: str):
     """The performance model's schedule of a graph across the chip's HTP cores as an event
     table (``start`` / ``dur`` in µs, one track per core, blocks of the seed's table):
     what the timeline draws, labelled ``estimated``, where no per-core data exists."""
-    from studio.engine.opblocks import node_blocks
-
     est = estimate_onnx(onnx_path, chip)
     blocks = node_blocks(onnx_path)
     rows = [{"op": p["name"], "op_type": p["op_type"], "onnx_node": p["name"],

@@ -137,8 +137,6 @@ def load_generator(project: Project, dev: Device, kv: str | None = None, registr
     that stage (and what it needs) run for a copy that says int8 (cached like any run).
     ``speculative`` / ``window``: the decoding asked for, which the backend refuses when it
     cannot run it."""
-    from studio.engine.llm_runtime import load_graph_spec, load_tokenizer
-
     project_kv = project.quantization.get("kv_cache", "float")
     be = backend(dev, registry)
     be.check_generation(speculative, window, kv, project_kv)
@@ -189,8 +187,6 @@ def load_draft(project: Project, draft_ref: str | None = None) -> tuple[Any, dic
     the table as an input (once, beside the artifacts) and fed the target export's own
     array, so the generator holds no table of its own. Returns (generator, the verdict as a
     dict with ``graph_bytes_dropped``, measured on the graphs, where it is shared)."""
-    from studio.engine.llm_runtime import cpu_generator, load_graph_spec
-
     if draft_ref:
         project = project.copy()
         project.model["draft"] = draft_ref

@@ -19,6 +19,7 @@ from studio.core.recipe import PLACEMENTS as PLACEMENTS
 from studio.engine import graphpipe, qnn
 from studio.engine.graphdata import compare_outputs, load_samples, make_static
 from studio.engine.onnx_import import open_onnx
+from studio.engine.rewrites import CATALOGUE
 from studio.services.generate import stored_artifact
 
 
@@ -96,8 +97,6 @@ def placement_view(project, chip: str) -> dict[str, Any] | None:
     reasons for each refused node), with the refusal the compile stage gives. Also the
     rewrites quantization applied and their check. None when the graph is not quantized
     under these settings yet."""
-    from studio.engine import graphpipe
-
     if project.model["kind"] == "causal-lm":
         return None
     quant = stored_artifact(project, "graph-quantize", "the quantized graph", run=False)
@@ -121,7 +120,6 @@ def placement_view(project, chip: str) -> dict[str, Any] | None:
     files = {"graph": quant / "graph.onnx", "quantized": quant / "quantized.onnx"}
     if comp is not None:
         files |= {"placement": comp / "placement.json", "context": comp / "graph_ctx.onnx"}
-    from studio.engine.rewrites import CATALOGUE
 
     measured: dict[str, Any] = {}  # what this placement costs: accuracy and time
     for key, label in (("validate", f"graph-validate[{chip}]"),
@@ -158,8 +156,6 @@ def save_placement_files(view: dict[str, Any], dest: Path) -> list[Path]:
 def graph_inputs(onnx_path: Path) -> list[dict[str, Any]]:
     """An ONNX file's inputs (name, dtype, shape with symbolic dimensions as names) — what
     the new-project wizard asks fixed shapes for."""
-    from studio.engine import graphpipe
-
     open_onnx(Path(onnx_path))  # a corrupt file: one line
     return graphpipe.inputs_to_json(graphpipe.inputs_of(Path(onnx_path)))
 

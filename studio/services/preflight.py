@@ -134,8 +134,6 @@ def _templated(project: Project, model: Path) -> str:
 
 
 def _check_overrides(project: Project, model: Path) -> None:
-    from studio.engine import hf_import
-
     # patterns that name ONNX nodes ("/lm_head/MatMul") are checked by quantize itself
     bad = [p for p in unmatched(project, hf_import.open_checkpoint(model)) if not p.startswith("/")]
     if bad:

@@ -13,6 +13,7 @@ from studio.core.jobs import Job, JobStore
 from studio.core.profile import Profile
 from studio.core.profile_export import to_chrome_trace, to_csv
 from studio.core.stagegraph import stage_for_role
+from studio.engine.profile_import import import_profile
 from studio.services import history
 from studio.services import profile_view as pv
 
@@ -22,8 +23,6 @@ EXPORT_FORMATS = ("chrome", "csv")
 def import_profile_file(path: str | Path, source: str | None = None,
                         onnx_path: str | Path | None = None) -> pv.ProfileData:
     """A profile file (QNN CSV, optrace schematic, ORT JSON, chrome trace, AI Hub JSON)."""
-    from studio.engine.profile_import import import_profile
-
     prof = import_profile(path, source=source, onnx_path=onnx_path)
     return pv.from_profile(prof, prof.table, None, f"{Path(path).name} ({prof.level})")
 

@@ -314,7 +314,7 @@ def netron_available() -> bool:
 
 def open_in_netron(path: Path) -> str:
     """Serve ``path`` with Netron in the browser; returns the address."""
-    import netron
+    import netron  # optional, not a dependency: the page offers it only where installed
 
     address = netron.start(str(path), browse=True)
     if isinstance(address, tuple):

@@ -104,7 +104,7 @@ def run_task(spec: dict[str, Any], store_root: str, store_id: str, transfer: str
     old_tmp = os.environ.get("TMPDIR")
     try:
         if not shared:
-            import ray
+            import ray  # optional (the ray extra): this runs inside a Ray task
 
             inputs = {}
             for label, key in spec["input_keys"].items():
@@ -155,7 +155,7 @@ class RayExecutor:
 
     def __init__(self, store, address: str | None, workers: int | None,
                  transfer: str = "auto", model_bytes: int = 0, max_retries: int = 2):
-        try:
+        try:  # optional: the ray extra (pip install 'qstudio[ray]')
             import ray
         except ImportError:
             raise StudioError("the ray executor needs the ray package: pip install "

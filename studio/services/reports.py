@@ -24,12 +24,15 @@ from studio.core.compare import compare_with_previous
 from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_bytes, atomic_write_text, check_output
 from studio.core.jobs import JobStore
+from studio.core.lazyimport import lazy_module
 from studio.core.project import Project
 from studio.core.project import from_dict as project_from_dict
 from studio.core.sweep import format_value
 from studio.engine import report as _report
 from studio.services import history
 from studio.services.sweeps import recorded, size_figure, sweep_names
+
+jsonschema = lazy_module("jsonschema")
 
 FORMATS: tuple[str, ...] = _report.FORMATS
 SUFFIX = {"html": ".html", "md": ".md", "pdf": ".pdf", "json": ".json"}
@@ -186,6 +189,4 @@ def write(data: dict[str, Any], fmt: str, out: Path, pdf: PdfPrinter | None = No
 
 def validate_json(data: dict[str, Any]) -> None:
     """Check ``data`` against the report JSON schema (raises ``jsonschema.ValidationError``)."""
-    import jsonschema
-
     jsonschema.validate(data, json.loads(SCHEMA_PATH.read_text()))

@@ -719,7 +719,7 @@ async def search(project: Project, jobs: JobStore, store: ArtifactStore, spec: S
     sweep ``<name>-search`` through the same runner (a point the search proposes twice, or
     one an earlier search ran, is served by the history and the store). Stops after
     ``trials`` points or ``minutes``, whichever comes first."""
-    try:
+    try:  # optional: the search extra (pip install 'qstudio[search]')
         import optuna
     except ImportError:
         raise StudioError("--search needs the optuna package: pip install 'qstudio[search]'"

@@ -196,8 +196,6 @@ def vision_project(project) -> bool:
 def _vision_config(folder: Path) -> dict[str, Any] | None:
     """The ``config.json`` of a vision-language checkpoint folder; None for any other folder
     (or one the checkpoint checks will explain)."""
-    from studio.core.families import family_of
-
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -19,7 +19,13 @@ import time
 from pathlib import Path
 
 from studio.core import thirdparty
+from studio.core.lazyimport import lazy_module
 from studio.core.resources import resources_dir
+
+QtCore = lazy_module("PySide6.QtCore")
+QtGui = lazy_module("PySide6.QtGui")
+QtWidgets = lazy_module("PySide6.QtWidgets")
+qasync = lazy_module("qasync")
 
 _T0 = time.perf_counter()
 
@@ -71,20 +77,17 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
 
-    import qasync
-    from PySide6.QtCore import QTimer
-    from PySide6.QtGui import QIcon
-    from PySide6.QtWidgets import QApplication
-
+    # the window's modules import Qt's widgets: only after the checks above, since without
+    # a display or the system libraries the import itself fails before any message
     from studio.ui.main_window import MainWindow
     from studio.ui.settings import AppSettings
     from studio.ui.theme import apply_theme
 
-    QApplication.setApplicationName("QStudio")
-    QApplication.setOrganizationName("QStudio")
-    QApplication.setApplicationDisplayName("QStudio")
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    app.setWindowIcon(QIcon(str(resources_dir() / "icons" / "qstudio.png")))
+    QtWidgets.QApplication.setApplicationName("QStudio")
+    QtWidgets.QApplication.setOrganizationName("QStudio")
+    QtWidgets.QApplication.setApplicationDisplayName("QStudio")
+    app = QtWidgets.QApplication.instance() or QtWidgets.QApplication(sys.argv[:1])
+    app.setWindowIcon(QtGui.QIcon(str(resources_dir() / "icons" / "qstudio.png")))
     settings = AppSettings()
     apply_theme(app, settings.theme)
     exit_after_show = os.environ.get("QSTUDIO_EXIT_AFTER_SHOW") == "1"
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         window.show()
         if argv:
             path = Path(argv[0])
-            QTimer.singleShot(0, lambda: window.open_project(path))
+            QtCore.QTimer.singleShot(0, lambda: window.open_project(path))
 
         async def until_quit() -> int:
             done = asyncio.get_running_loop().create_future()
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                           flush=True)
                     app.quit()
 
-                QTimer.singleShot(0, shown)
+                QtCore.QTimer.singleShot(0, shown)
             return await done
 
         return runner.run(until_quit())

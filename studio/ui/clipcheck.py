@@ -40,7 +40,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.lazyimport import lazy_module
 from studio.ui.widgets import ElidedLabel
+
+pg = lazy_module("pyqtgraph")
 
 
 def _seen(w: QWidget, root: QWidget) -> QRect:
@@ -199,10 +202,6 @@ def _charts(w: QWidget, out: list[str]) -> None:
 
 def clipped_texts(root: QWidget) -> list[str]:
     """Every text cut short under ``root`` (shown widgets only); see the module's text."""
-    try:
-        from pyqtgraph import PlotWidget
-    except ImportError:  # pragma: no cover - pyqtgraph is a dependency of the window
-        PlotWidget = ()  # noqa: N806
     out: list[str] = []
     for w in root.findChildren(QWidget):
         if not w.isVisibleTo(root) or w.width() <= 0:
@@ -220,7 +219,7 @@ def clipped_texts(root: QWidget) -> list[str]:
             _combo(w, width, out)
         elif isinstance(w, QListView):
             _list_items(w, out)
-        elif PlotWidget and isinstance(w, PlotWidget):
+        elif isinstance(w, pg.PlotWidget):
             _charts(w, out)
         elif type(w).__module__.startswith("studio."):
             _own(w, width, out)

@@ -33,12 +33,15 @@ from PySide6.QtWidgets import (
 from studio.core import thirdparty
 from studio.core.demo import SCENES
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
 from studio.services import demo as demosvc
 from studio.ui.demo_scenes import VIEWS, BuildBridge, GenerateView, SceneView
 from studio.ui.demo_widgets import (
     demo_stylesheet,
     text_label,
 )
+
+QtCore = lazy_module("PySide6.QtCore")
 
 
 # ---- the window -------------------------------------------------------------------------------
@@ -281,9 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         win.full_screen()
     if os.environ.get("QSTUDIO_EXIT_AFTER_SHOW") == "1":
-        from PySide6.QtCore import QTimer
-
-        QTimer.singleShot(0, lambda: (print(f"shown {win.windowTitle()}", flush=True),
+        QtCore.QTimer.singleShot(0, lambda: (print(f"shown {win.windowTitle()}", flush=True),
                                       win.close()))
     return int(app.exec())
 

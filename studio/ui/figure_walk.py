@@ -30,11 +30,14 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QAbstractItemView, QApplication, QTabWidget
 
 from studio.core import figures
+from studio.core.lazyimport import lazy_module
 from studio.ui.main_window import MainWindow
 from studio.ui.pages.cards import FigureCard
 from studio.ui.pages.figures import FIGURE_TITLES, VALIDATION_KEYS
 from studio.ui.pages.registry import PAGES
 from studio.ui.settings import AppSettings
+
+qasync = lazy_module("qasync")
 
 #: a figure: (catalogue title, device kind, target)
 Key = tuple[str, str, str]
@@ -219,8 +222,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--size", default="1600x1000")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-
-    import qasync
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("qstudio-figure-walk")

@@ -14,8 +14,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from studio.core.lazyimport import lazy_module
+from studio.ui.main_window import MainWindow
 from studio.ui.pages.registry import PAGES
+from studio.ui.settings import AppSettings
 from studio.ui.standalone import sample_project
+from studio.ui.theme import apply_theme
+
+QtWidgets = lazy_module("PySide6.QtWidgets")
+qasync = lazy_module("qasync")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,16 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="1360x860")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
 
-    import qasync
-    from PySide6.QtWidgets import QApplication
-
-    from studio.ui.main_window import MainWindow
-    from studio.ui.settings import AppSettings
-    from studio.ui.theme import apply_theme
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app = QtWidgets.QApplication.instance() or QtWidgets.QApplication(sys.argv[:1])
     tmp = Path(tempfile.mkdtemp(prefix="qstudio-shots-"))
     settings = AppSettings(tmp / "config")
     settings.theme = "light"

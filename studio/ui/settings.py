@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import platformdirs
 from PySide6.QtCore import QByteArray, QSettings
 
 MAX_RECENT = 10
@@ -19,7 +20,6 @@ def default_config_dir() -> Path:
     env = os.environ.get("QSTUDIO_CONFIG_DIR")
     if env:
         return Path(env)
-    import platformdirs
 
     return platformdirs.user_config_path("qstudio", appauthor=False)
 
@@ -29,7 +29,6 @@ def default_projects_dir() -> Path:
     env = os.environ.get("QSTUDIO_PROJECTS_DIR")
     if env:
         return Path(env)
-    import platformdirs
 
     return platformdirs.user_documents_path() / "QStudio"
 

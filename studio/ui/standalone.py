@@ -15,7 +15,14 @@ import tempfile
 from pathlib import Path
 
 from studio.core import thirdparty
+from studio.core.lazyimport import lazy_module
 from studio.services.projects import NewProjectSpec, create_project
+from studio.ui.controller import ProjectController
+from studio.ui.settings import AppSettings
+from studio.ui.theme import apply_theme
+
+QtWidgets = lazy_module("PySide6.QtWidgets")
+qasync = lazy_module("qasync")
 
 
 def sample_project(folder: Path, name: str = "sample"):
@@ -48,14 +55,7 @@ def run_page(page_cls, argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="1200x780")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
 
-    import qasync
-    from PySide6.QtWidgets import QApplication
-
-    from studio.ui.controller import ProjectController
-    from studio.ui.settings import AppSettings
-    from studio.ui.theme import apply_theme
-
-    app = QApplication.instance() or QApplication(sys.argv[:1])
+    app = QtWidgets.QApplication.instance() or QtWidgets.QApplication(sys.argv[:1])
     apply_theme(app, args.theme)
     tmp = tempfile.mkdtemp(prefix="qstudio-page-")
     settings = AppSettings(Path(tmp) / "config")
@@ -75,9 +75,7 @@ def run_page(page_cls, argv: list[str] | None = None) -> int:
             await task
             await asyncio.sleep(0.5)
         if args.tab:
-            from PySide6.QtWidgets import QTabWidget
-
-            for tabs in page.findChildren(QTabWidget):
+            for tabs in page.findChildren(QtWidgets.QTabWidget):
                 titles = [tabs.tabText(i) for i in range(tabs.count())]
                 if args.tab in titles:
                     tabs.setCurrentIndex(titles.index(args.tab))

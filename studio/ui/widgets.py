@@ -27,8 +27,11 @@ from PySide6.QtWidgets import (
 )
 
 from studio.core.catalog import load_catalog
+from studio.core.lazyimport import lazy_module
 from studio.core.units import format_bytes
 from studio.ui.theme import SOURCE_COLORS, SOURCE_TIPS
+
+pg = lazy_module("pyqtgraph")
 
 
 def theme_plot(plot, palette) -> None:
@@ -45,8 +48,6 @@ def theme_plot(plot, palette) -> None:
 def plot_message(plot, text: str) -> None:
     """An empty chart says why it is empty instead of drawing bare 0-1 axes: clears ``plot``,
     hides its axes and writes ``text`` in the middle (:func:`plot_axes` brings them back)."""
-    import pyqtgraph as pg
-
     plot.clear()
     item = plot.getPlotItem()
     hidden = set(filter(None, (plot.property("message_hid") or "").split(",")))  # shown before

@@ -197,6 +197,7 @@ def _on_ray(parts: list[Part], node_only: bool, progress: Progress, say: Say
     offer = max((n.get("Resources", {}).get("memory", 0) for n in nodes), default=0)
     options: dict[str, Any] = {"num_cpus": 1, "max_retries": 2}
     if node_only:
+        # optional (the ray extra), loaded in a Ray task only
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(here, soft=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from studio.core.catalog import get_chip
 from studio.core.devices.base import Device, DeviceKind
 from studio.core.errors import StudioError
 
@@ -18,8 +19,6 @@ def serial_of(dev: Device) -> str:
 
 class AdbKind(DeviceKind):
     def make(self, device_id: str, chips: list[str] | None = None) -> Device:
-        from studio.core.catalog import get_chip
-
         m = ADB_ID.match(device_id or "")
         if not m:
             raise StudioError(f"device {device_id!r}: a phone is adb:SERIAL or "

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from studio.core.catalog import get_chip
 from studio.core.errors import StudioError
 
 
@@ -231,7 +232,6 @@ class DeviceKind:
             if not chip:
                 raise StudioError(f"device {device_id!r}: name the chip, e.g. "
                                   f"{self.prefix or self.kind + ':'}snapdragon-8-gen-3")
-            from studio.core.catalog import get_chip
 
             c = get_chip(chip)
             return Device(self.kind, f"{self.prefix}{c.key}", c.key, f"{self.title} ({c.name})")

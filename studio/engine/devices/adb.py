@@ -19,7 +19,7 @@ from studio.engine import deploy, deployed, profiling
 from studio.engine.deployed import decode_context
 from studio.engine.device_registry import Registry
 from studio.engine.devices._base import Backend as _Base
-from studio.engine.devices.adb_phone import UNVERIFIED, Adb, AdbPhone
+from studio.engine.devices.adb_phone import UNVERIFIED, Adb, AdbPhone, chip_of
 from studio.engine.genie import BundleRunner
 from studio.engine.llm_runtime import StaticKVGenerator
 
@@ -82,8 +82,6 @@ class Backend(_Base):
         project's targets, the QAIRT SDK folder, QNN libraries under /vendor/lib64, free
         memory. UNVERIFIED ON HARDWARE: the phone's answers are read as the Android tools
         document them (getprop, /proc/meminfo, the shell's environment)."""
-        from studio.engine.devices.adb_phone import Adb, chip_of
-
         serial, area = serial_of(self.device), "device"
         adb = Adb()
         if not adb.available:

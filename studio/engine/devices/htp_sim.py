@@ -131,8 +131,6 @@ class Backend(_Base):
     def profile_decode_steps(self, compiled: Path, spec: dict[str, Any], folder: Path,
                              repeats: int, fp16: bool, progress: Any
                              ) -> Iterator[tuple[dict[str, Any], float]]:
-        from studio.engine import deployed, profiling
-
         return self._repeat(repeats, progress, 0.8, "decode step", lambda csv: (
             profiling.profile_decode_step(deployed.decode_context(compiled), self.chip, spec, csv,
                                     fp16=fp16, runs=1, extra_options=self.run_options)), folder)

@@ -12,11 +12,14 @@ from __future__ import annotations
 from PySide6.QtCore import QEvent, QPointF, Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QStackedWidget, QVBoxLayout, QWidget
 
+from studio.core.lazyimport import lazy_module
 from studio.core.recipe import block_prefix
 from studio.services import sensitivity as sens
 from studio.ui.models.layergrid import HEAT_HIGH, HEAT_LOW
 from studio.ui.theme import mix
 from studio.ui.widgets import EmptyState, SourceBadge, label, theme_plot
+
+pg = lazy_module("pyqtgraph")
 
 TOP_N = 12
 
@@ -37,7 +40,6 @@ class HeatPanel(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        import pyqtgraph as pg  # only when the Precision page is built
 
         self.pg = pg
         lay = QVBoxLayout(self)

@@ -13,6 +13,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from studio.core.lazyimport import lazy_module
 from studio.ui.pages.base import StagePage
 from studio.ui.pages.cards import CardGrid, FigureCard
 from studio.ui.pages.figures import fmt_metric, metric_tip, metric_title
@@ -21,6 +22,8 @@ from studio.ui.pages.llm_tuning import PruningPanel, WaterfallPanel
 from studio.ui.stages import role_of
 from studio.ui.standalone import run_page
 from studio.ui.widgets import clear_layout, label, plot_axes, plot_message, theme_plot
+
+pg = lazy_module("pyqtgraph")
 
 COLORS = ["#2f6fd6", "#8a5a00", "#1b8a3f", "#6b3fa0", "#c62828"]
 
@@ -41,7 +44,6 @@ class LLMPage(StagePage):
             "with its source.",
             parent,
         )
-        import pyqtgraph as pg
 
         self.pg = pg
         #: the drawn figures and texts of each shown job (marked when it is stale)

@@ -25,12 +25,15 @@ from PySide6.QtWidgets import (
 
 from studio.core.catalog import load_catalog
 from studio.core.errors import StudioError
+from studio.core.lazyimport import lazy_module
 from studio.core.units import signed
 from studio.services import waterfall as wfs
 from studio.services.pruning import ablation_result, prune
 from studio.ui.loading import LatestLoad
 from studio.ui.theme import SOURCE_COLORS
 from studio.ui.widgets import SourceBadge, label, plot_axes, plot_message, theme_plot
+
+pg = lazy_module("pyqtgraph")
 
 # the bars in the colours of their source badges
 MEASURED, ESTIMATED = SOURCE_COLORS["measured"], SOURCE_COLORS["estimated"]
@@ -58,7 +61,6 @@ class WaterfallPanel(QWidget):
 
     def __init__(self, page, parent: QWidget | None = None):
         super().__init__(parent)
-        import pyqtgraph as pg
 
         self.pg = pg
         self.page = page

@@ -35,6 +35,7 @@ from PySide6.QtWidgets import (
 from studio.core import figures
 from studio.core.errors import StudioError
 from studio.core.events import BLOCKS
+from studio.core.lazyimport import lazy_module
 from studio.core.profile import SOURCE_NOTES
 from studio.core.units import format_bytes, signed
 from studio.services import profile_view as pv
@@ -45,6 +46,8 @@ from studio.ui.pages.profiler_memory import MemoryTab
 from studio.ui.pages.profiler_roofline import RooflineTab
 from studio.ui.standalone import run_page
 from studio.ui.widgets import fmt_value, label, plot_axes, plot_message, theme_plot
+
+pg = lazy_module("pyqtgraph")
 
 TOP_N = 16
 BAR = {"simulated": "#8a5a00", "estimated": "#6a4fb3", "imported": "#2f6fd6",
@@ -96,7 +99,6 @@ class ProfilerPage(TargetStagePage):
             "and phones over adb (Devices page) are profiled on their own NPU.",
             parent,
         )
-        import pyqtgraph as pg  # only when the page is first shown
 
         self.pg = pg
         self.add_run_action(
@@ -138,6 +140,8 @@ class ProfilerPage(TargetStagePage):
         self.tabs = QTabWidget()
         cl.addWidget(self.tabs, 1)
         self._build_op_tab()
+        # the timeline draws with pyqtgraph (about a second to import): loaded with this
+        # page, not with the window
         from studio.ui.pages.profiler_timeline import TimelineTab
 
         self.timeline = TimelineTab(ctl)

@@ -9,8 +9,11 @@ from typing import Any
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
+from studio.core.lazyimport import lazy_module
 from studio.services.sweep_report import fmt_bytes
 from studio.ui.widgets import label, plot_axes, plot_message
+
+pg = lazy_module("pyqtgraph")
 
 FRONT_COLOR = "#d9480f"  # the Pareto front (as in the sweep's HTML report)
 OTHER_COLOR = "#868e96"
@@ -24,7 +27,6 @@ class SweepPlot(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        import pyqtgraph as pg
 
         self.pg = pg
         self.rows: list[dict[str, Any]] = []

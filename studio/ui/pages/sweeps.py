@@ -42,6 +42,8 @@ from studio.services.sweeps import (
     apply_point_edits,
     apply_point_label,
     find_spec,
+    point_result,
+    recorded,
     sweep_names,
     sweep_stages,
 )
@@ -171,7 +173,6 @@ class SweepsPage(Page):
         self.best_line = label("", wrap=True, selectable=True)
         self.best_line.setTextFormat(Qt.TextFormat.RichText)
         cl.addWidget(self.best_line)
-
 
     def _build_table(self) -> QWidget:
         """Every point, and what to do with the selected one."""
@@ -363,8 +364,6 @@ class SweepsPage(Page):
 
     def refresh(self) -> None:
         """Show the picked sweep as the history records it (or its points, not run yet)."""
-        from studio.services.sweeps import LADDER, find_spec, recorded
-
         studio = self.ctl.studio
         name = self.current_name()
         if studio is None or name is None or self.running:
@@ -505,8 +504,6 @@ class SweepsPage(Page):
             self._finished(ev)
 
     def _live_rec(self) -> dict[str, Any]:
-        from studio.services.sweeps import ACCURACY, point_result
-
         pts = [self._live[i] for i in sorted(self._live)]
         results = [point_result(point_run(p)) for p in pts]
         rule = self._spec.best if self._spec is not None else "smallest"

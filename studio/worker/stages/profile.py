@@ -16,7 +16,7 @@ from studio.core.fsutil import atomic_write_json
 from studio.core.profile import layer_label
 from studio.core.progress import Progress, SubProgress
 from studio.core.stages.profile import ProfileSettings
-from studio.engine import profiling, qnn_profile
+from studio.engine import profiling, qnn_profile, vision_input
 from studio.engine.chain import part_dirs
 from studio.engine.deployed import decode_context
 from studio.engine.graphio import quantize_io
@@ -118,8 +118,6 @@ def _profile_encoder(ctx: StageContext, spec: dict[str, Any], cdir: Path, qdir: 
     """A vision-language model's vision encoder profiled on the job's device, one generated
     image per inference, ``repeats`` times: its op table (median per op) beside the decode
     step's. None, with a log line, where the device profiles no single graph."""
-    from studio.engine import qnn_profile, vision_input
-
     vs = vision_input.vision_spec(spec)
     assert vs is not None
     feed, _ = vision_input.encoder_feeds(vision_input.image_patches(
