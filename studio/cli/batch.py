@@ -8,12 +8,16 @@ Exit codes: 0 success, 1 an accuracy gate failed, 2 bad input or a run that did 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from studio.cli.command import Context
+from studio.core import project as projectfile
+from studio.services.pipeline import plan, preflight
+from studio.services.session import Studio
 
 
 class EventPrinter:
@@ -50,12 +54,6 @@ class EventPrinter:
 
 
 def run_batch(args: argparse.Namespace, ctx: Context) -> int:
-    import asyncio
-
-    from studio.core import project as projectfile
-    from studio.services.pipeline import plan, preflight
-    from studio.services.session import Studio
-
     # --stages "" names no stage (refused by the plan), it does not mean all of them
     stages = ([s.strip() for s in args.stages.split(",") if s.strip()]
               if args.stages is not None else None)

@@ -2,18 +2,20 @@
 
 Each command is one module of :mod:`studio.cli.commands` that ends with its declaration::
 
-    COMMAND = Command("targets", "list the chip catalog", add_arguments, run)
+    COMMAND = registered("targets", add_arguments, run)
 
-and is listed once in :data:`studio.cli.commands.COMMANDS`, the registry the parser is built
-from. A command module imports only what its arguments need at the top; what its work needs
-(the services, numpy, torch behind them) it imports inside ``run``, so that ``studio --help``
-and every other command stay quick to start (the declarations are named tuples, not
-dataclasses, for the same reason: ``dataclasses`` imports ``inspect``).
+and is listed once, with its line of help, in :data:`studio.cli.commands.COMMANDS`, the
+registry the parser is built from. The registry names the module and does not import it:
+``studio --help`` reads only the registry, and a command line imports the one module it runs
+(:meth:`Registered.load`), which imports its work — the services, and the libraries behind
+them — at its top. (The declarations are named tuples, not dataclasses: ``dataclasses``
+imports ``inspect``, which ``studio --help`` does not need.)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -48,3 +50,26 @@ class Command(NamedTuple):
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace, Context], int]
+
+    def load(self) -> Command:
+        """The command itself (a registry entry loads its module)."""
+        return self
+
+
+class Registered(NamedTuple):
+    """A command of the registry: its name (its module is ``studio.cli.commands.<name>``)
+    and its one line in ``studio --help``; the module is imported when the command runs."""
+
+    name: str
+    help: str
+
+    @property
+    def module(self) -> str:
+        return f"studio.cli.commands.{self.name}"
+
+    def load(self) -> Command:
+        """The module's :data:`COMMAND`, the module imported now (once)."""
+        command = importlib.import_module(self.module).COMMAND
+        if not isinstance(command, Command) or command.name != self.name:
+            raise TypeError(f"{self.module}.COMMAND is not the command {self.name!r}")
+        return command

@@ -10,7 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+from studio.core.devices import check_name, device_names
 from studio.core.errors import StudioError
+from studio.core.fsutil import check_destination
+from studio.core.jobs import JobStore
+from studio.core.settings import SECTIONS, check_value, spec_of
 
 
 def native_output_to_stderr() -> None:
@@ -84,8 +88,6 @@ def setting_arg(key: str):
     flag and the project file accept the same values (studio.core.settings)."""
 
     def parse(text: str):
-        from studio.core.settings import SECTIONS, check_value, spec_of
-
         section, _, leaf = key.partition(".")
         kind = SECTIONS[section].specs()[leaf][1]
         value = float(text) if kind is float else int(text)
@@ -103,8 +105,6 @@ def device_arg(text: str) -> str:
     """An argparse ``type`` for ``--device``: a device as a user names it (a kind's shorthand
     or an id), checked for its form at parsing (:func:`studio.core.devices.check_name`). An
     empty or blank name names no device and is refused (it used to mean the host CPU)."""
-    from studio.core.devices import check_name, device_names
-
     if not text.strip():
         raise argparse.ArgumentTypeError(
             f"{text!r} names no device: leave --device out for the default, or give one of "
@@ -125,8 +125,6 @@ def out_path(value: str, *, folder: bool = False) -> Path:
     by the one rule for every writer (:func:`studio.core.fsutil.check_destination`): its
     folder must exist (it is never made), and a link, a device, a FIFO or a folder where a
     file goes is refused, not written through."""
-    from studio.core.fsutil import check_destination
-
     return check_destination(Path(os.path.abspath(Path(value).expanduser())), folder=folder)
 
 
@@ -137,7 +135,5 @@ def when(t: float | None) -> str:
 
 def open_history(p):
     """The project's run history, or None when it has none yet (nothing is created)."""
-    from studio.core.jobs import JobStore
-
     db = p.folder / "runs.sqlite"
     return JobStore(db) if db.exists() else None

@@ -16,16 +16,20 @@ import argparse
 import errno
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 
-from studio.cli.command import Command, Context, Parser, PdfPrinter
+from studio.cli.command import Command, Context, Parser, PdfPrinter, Registered
 from studio.cli.commands import COMMANDS
 from studio.core import thirdparty
 from studio.core.errors import StudioError
 
 
-def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentParser:
-    """The top-level options (batch mode's) and one sub-parser per command, in order."""
+def build_parser(commands: Sequence[Command | Registered] = COMMANDS,
+                 chosen: str | None = None) -> argparse.ArgumentParser:
+    """The top-level options (batch mode's) and one sub-parser per command, in order; only
+    the ``chosen`` command's module is imported, to add its arguments (``None``: none, as
+    ``studio --help`` needs, whose sub-parsers then take any arguments unread)."""
     p = Parser(prog="studio", description="QStudio: deploy language models to Snapdragon NPUs.")
     p.add_argument("--batch", metavar="FILE", help="run the project's pipeline headless")
     p.add_argument("--stages", help="comma-separated stages to run (their inputs run too)")
@@ -37,8 +41,18 @@ def build_parser(commands: Sequence[Command] = COMMANDS) -> argparse.ArgumentPar
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     sub = p.add_subparsers(dest="command", parser_class=Parser)
     for command in commands:
-        command.add_arguments(sub.add_parser(command.name, help=command.help))
+        if command.name == chosen:
+            command.load().add_arguments(sub.add_parser(command.name, help=command.help))
+        else:
+            sub.add_parser(command.name, help=command.help, add_help=False)
     return p
+
+
+def chosen_command(argv: Sequence[str], commands: Sequence[Command | Registered]) -> str | None:
+    """The command ``argv`` names, read as the whole parser reads it (None: batch mode or
+    none), without importing any command's module."""
+    args, _rest = build_parser(commands).parse_known_args(list(argv))
+    return args.command
 
 
 def _interruptible() -> None:
@@ -46,15 +60,13 @@ def _interruptible() -> None:
     without job control starts background jobs (``studio --batch p.qstudio &``) that way, and
     a CI runner or supervisor that stops the job with ``kill -INT`` would otherwise see it run
     to the end."""
-    import threading
-
     if (threading.current_thread() is threading.main_thread()
             and signal.getsignal(signal.SIGINT) is signal.SIG_IGN):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def main(argv: list[str] | None = None, *, pdf_printer: PdfPrinter | None = None,
-         commands: Sequence[Command] = COMMANDS) -> int:
+         commands: Sequence[Command | Registered] = COMMANDS) -> int:
     """Run the command line on ``argv`` and return its exit code. ``pdf_printer`` prints
     reports as PDF (``studio/__main__.py`` passes Qt's); ``commands`` is the registry."""
     argv = sys.argv[1:] if argv is None else argv
@@ -62,11 +74,14 @@ def main(argv: list[str] | None = None, *, pdf_printer: PdfPrinter | None = None
     ctx = Context(pdf_printer=pdf_printer)
     _interruptible()
     try:
-        args = build_parser(commands).parse_args(argv)
+        chosen = chosen_command(argv, commands)
+        args = build_parser(commands, chosen).parse_args(argv)
         if args.command:
             command = next(c for c in commands if c.name == args.command)
-            return command.run(args, ctx)
+            return command.load().run(args, ctx)
         if args.batch:
+            # batch mode's work (the services, the libraries behind them), imported when
+            # --batch runs: studio --help stays light, as for a command (Registered.load)
             from studio.cli.batch import run_batch
 
             return run_batch(args, ctx)

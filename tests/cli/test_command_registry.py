@@ -63,7 +63,7 @@ def test_every_command_module_is_registered_once_under_its_name():
     declared = {m: importlib.import_module(f"studio.cli.commands.{m}").COMMAND for m in modules}
     assert {m: c.name for m, c in declared.items()} == {m: m for m in modules}
     assert sorted(c.name for c in COMMANDS) == modules  # each once, none left out
-    assert all(declared[c.name] is c for c in COMMANDS)
+    assert all(declared[c.name] is c.load() for c in COMMANDS)
 
 
 def test_help_lists_the_commands_in_the_registry_order():

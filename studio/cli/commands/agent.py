@@ -5,13 +5,20 @@ K]``: the device agent that runs jobs on a target machine.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import errno
+import signal
+import ssl
 import sys
 from pathlib import Path
 
-from studio.cli.command import Command, Context, Parser
+import platformdirs
+
+from studio.cli.command import Context, Parser
+from studio.cli.commands import registered
 from studio.cli.common import number, out_path, whole
 from studio.core.errors import StudioError
+from studio.services.agent import server
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,12 +39,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    import asyncio
-    import signal
-    import ssl
-
-    from studio.services.agent import server
-
     if args.token_file:
         try:
             token = Path(args.token_file).read_text().strip()
@@ -60,8 +61,6 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if args.store:  # the user's folder: the one rule for every writer's path
         store = out_path(args.store, folder=True)
     else:
-        import platformdirs
-
         store = platformdirs.user_data_path("qstudio", appauthor=False) / "agent"
     server.check_store(store)
     server.check_host(args.host)
@@ -97,5 +96,4 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-COMMAND = Command("agent", "the device agent that runs jobs on a target machine",
-                  add_arguments, run)
+COMMAND = registered("agent", add_arguments, run)

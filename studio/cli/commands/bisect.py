@@ -11,8 +11,11 @@ import json
 import sys
 from pathlib import Path
 
-from studio.cli.command import Command, Context
+from studio.cli.batch import EventPrinter
+from studio.cli.command import Context
+from studio.cli.commands import registered
 from studio.cli.common import device_arg
+from studio.services.bisect import bisect
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,9 +34,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.cli.batch import EventPrinter
-    from studio.services.bisect import bisect
-
     got = bisect(Path(args.file), args.bisect_target, args.bisect_graph,
                  on_event=EventPrinter(quiet=False), device=args.bisect_device,
                  log=lambda line: print(line, file=sys.stderr, flush=True),
@@ -66,6 +66,4 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-COMMAND = Command("bisect", "where a quantized model leaves FP32: FP32 vs the unquantized "
-                            "HTP, the layers that add error, the first layer out of band, "
-                            "and a verdict", add_arguments, run)
+COMMAND = registered("bisect", add_arguments, run)

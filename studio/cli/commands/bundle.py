@@ -8,8 +8,11 @@ import argparse
 import json
 from pathlib import Path
 
-from studio.cli.command import Command, Context
+from studio.cli.command import Context
+from studio.cli.commands import registered
 from studio.cli.common import native_output_to_stderr, out_path, setting_arg
+from studio.core import project as projectfile
+from studio.services.bundle import build_bundle
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,9 +30,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.core import project as projectfile
-    from studio.services.bundle import build_bundle
-
     native_output_to_stderr()
     out = build_bundle(projectfile.load(Path(args.file)), args.target,
                        out_path(args.out, folder=True) if args.out else None, args.parts,
@@ -51,5 +51,4 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     return code
 
 
-COMMAND = Command("bundle", "a Genie bundle for a target chip, checked by running Genie on the "
-                             "HTP simulator", add_arguments, run)
+COMMAND = registered("bundle", add_arguments, run)

@@ -8,9 +8,14 @@ import argparse
 import json
 from pathlib import Path
 
-from studio.cli.command import Command, Context
+from studio.cli.command import Context
+from studio.cli.commands import registered
 from studio.cli.common import MAX_RUN_ID, open_history, when, whole
+from studio.core import figures
+from studio.core import project as projectfile
 from studio.core.errors import StudioError
+from studio.core.units import signed as with_sign
+from studio.services import history
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,11 +29,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.core import figures
-    from studio.core import project as projectfile
-    from studio.core.units import signed as with_sign
-    from studio.services import history
-
     p = projectfile.load(Path(args.file))
     store = open_history(p)
     if store is None:
@@ -89,5 +89,4 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-COMMAND = Command("compare", "compare two runs: changed settings and metric deltas",
-                  add_arguments, run)
+COMMAND = registered("compare", add_arguments, run)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from studio.cli.command import Command, Context
+from studio.cli.command import Context
+from studio.cli.commands import registered
 from studio.core.errors import StudioError
 
 
@@ -21,5 +22,4 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                       f"run `studio demo {args.file}`")
 
 
-COMMAND = Command("demo", "the full-screen stakeholder demo of a project (a window: studio "
-                           "demo FILE [--scene N|NAME] [--windowed])", add_arguments, run)
+COMMAND = registered("demo", add_arguments, run)

@@ -8,8 +8,11 @@ import argparse
 import json
 from pathlib import Path
 
-from studio.cli.command import Command, Context, Parser
+from studio.cli.command import Context, Parser
+from studio.cli.commands import registered
 from studio.core.errors import StudioError
+from studio.services.devices import agent_health, device_rows
+from studio.services.registry import Registry
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,9 +36,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.services.devices import agent_health, device_rows
-    from studio.services.registry import Registry
-
     reg = Registry()
     if args.devices_command == "add":
         token = args.token
@@ -68,4 +68,4 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-COMMAND = Command("devices", "the device registry: list, add or remove agents", add_arguments, run)
+COMMAND = registered("devices", add_arguments, run)

@@ -8,8 +8,10 @@ import argparse
 import json
 from pathlib import Path
 
-from studio.cli.command import Command, Context
+from studio.cli.command import Context
+from studio.cli.commands import registered
 from studio.cli.common import device_arg
+from studio.services.doctor import FAIL, doctor, verdict
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,8 +24,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.services.doctor import FAIL, doctor, verdict
-
     def show(c) -> None:
         if not args.doctor_json:
             print(c.line(), flush=True)
@@ -37,5 +37,4 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     return 1 if any(c.status == FAIL for c in checks) else 0
 
 
-COMMAND = Command("doctor", "check this machine, a project and a device before the work: "
-                            "each check PASS / WARN / FAIL with its fix", add_arguments, run)
+COMMAND = registered("doctor", add_arguments, run)

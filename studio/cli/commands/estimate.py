@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from studio.cli.command import Command, Context
+from studio.cli.command import Context
+from studio.cli.commands import registered
 from studio.cli.common import whole
 from studio.core.errors import StudioError
 from studio.core.units import signed
+from studio.services import estimate
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,8 +49,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.services import estimate
-
     if args.draft_config and (args.heldout or args.calibration):
         raise StudioError("--draft-config goes with --config and --chip")
     if args.heldout:
@@ -153,5 +153,4 @@ def _print_heldout(rep: dict, as_json: bool) -> int:
     return 0
 
 
-COMMAND = Command("estimate", "estimated prefill / decode tok/s of an architecture on a chip "
-                               "(performance model, no weights needed)", add_arguments, run)
+COMMAND = registered("estimate", add_arguments, run)

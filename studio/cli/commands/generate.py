@@ -13,10 +13,15 @@ import json
 import sys
 from pathlib import Path
 
-from studio.cli.command import Command, Context
+from studio.cli.command import Context
+from studio.cli.commands import registered
 from studio.cli.common import device_arg, native_output_to_stderr, number, setting_arg, whole
-from studio.core.devices import device_names
+from studio.core import project as projectfile
+from studio.core.devices import device_names, resolve
 from studio.core.errors import StudioError
+from studio.core.sampling import SamplingConfig
+from studio.services.bundle import genie_generate
+from studio.services.generate import generate
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,8 +69,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _generate_genie(args, p, stream, on_format) -> int:
-    from studio.services.bundle import genie_generate
-
     rest = [f for f, v in (("--speculative", args.speculative or args.prompt_lookup or args.draft),
                            ("--kv", args.kv), ("--window", args.window),
                            ("--temperature", args.temperature), ("--stop", args.stop)) if v]
@@ -73,8 +76,6 @@ def _generate_genie(args, p, stream, on_format) -> int:
         raise StudioError(f"Genie runs the bundle's greedy dialog: leave out {', '.join(rest)}")
     target = None
     if args.device:
-        from studio.core.devices import resolve
-
         dev = resolve(args.device, p.targets)
         if not dev.runs_genie:
             raise StudioError("Genie runs here on the HTP simulator: use --device htp-sim[:CHIP]")
@@ -101,10 +102,6 @@ def _print_speed(what: str, out: dict) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.core import project as projectfile
-    from studio.core.sampling import SamplingConfig
-    from studio.services.generate import generate
-
     p = projectfile.load(Path(args.file))
     cfg = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     native_output_to_stderr()
@@ -203,5 +200,4 @@ def _print_speculative(sp: dict) -> None:
               "tok/s, performance model)", file=sys.stderr)
 
 
-COMMAND = Command("generate", "generate text with the deployed model on a device",
-                  add_arguments, run)
+COMMAND = registered("generate", add_arguments, run)

@@ -9,8 +9,10 @@ import argparse
 import json
 from pathlib import Path
 
-from studio.cli.command import Command, Context
+from studio.cli.command import Context
+from studio.cli.commands import registered
 from studio.cli.common import native_output_to_stderr, out_path, parse_shapes
+from studio.services.graphs import deploy_graph
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,8 +36,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.services.graphs import deploy_graph
-
     shapes = parse_shapes(args.shape)
     model = Path(args.model).expanduser().resolve()
     out = out_path(args.out, folder=True) if args.out else model.with_suffix(
@@ -69,5 +69,4 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-COMMAND = Command("graph", "any ONNX network onto a target's NPU: placement, quantization, "
-                            "validation per output, latency", add_arguments, run)
+COMMAND = registered("graph", add_arguments, run)

@@ -10,9 +10,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from studio.cli.command import Command, Context
+from studio.cli.command import Context
+from studio.cli.commands import registered
 from studio.cli.common import open_history, when
+from studio.core import figures
+from studio.core import project as projectfile
+from studio.core.artifacts import ArtifactStore
 from studio.core.errors import StudioError
+from studio.core.modelinfo import ModelInfo
+from studio.core.recipe import DEFAULT_WEIGHT_ROUNDING, is_float_scheme
+from studio.services import deviceplan, history, precision
+from studio.services.projects import describe_model
+from studio.services.prompts import project_lines, template_line
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,8 +31,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _rounding(q: dict[str, Any]) -> str:
     """How the recipe rounds its weights, when it is not the quantizer's own nearest."""
-    from studio.core.recipe import DEFAULT_WEIGHT_ROUNDING, is_float_scheme
-
     r = q.get("weight_rounding", DEFAULT_WEIGHT_ROUNDING)
     if r == DEFAULT_WEIGHT_ROUNDING:
         return ""
@@ -32,10 +39,6 @@ def _rounding(q: dict[str, Any]) -> str:
 
 def _layers(p) -> tuple[list[dict[str, Any]] | None, list[str] | None, str | None]:
     """(layer table, unmatched override patterns, why there is no table)."""
-    from studio.core.modelinfo import ModelInfo
-    from studio.services import precision
-    from studio.services.projects import describe_model
-
     try:
         info = describe_model(p)
     except StudioError as exc:
@@ -49,9 +52,6 @@ def _layers(p) -> tuple[list[dict[str, Any]] | None, list[str] | None, str | Non
 def _stale(p, store, shown) -> tuple[dict[int, str], str]:
     """Which shown jobs' figures no longer match the file (job id -> why), and a line when
     that cannot be told."""
-    from studio.core.artifacts import ArtifactStore
-    from studio.services import history
-
     try:
         return history.stale_reasons(p, store, shown, store=ArtifactStore(
             p.folder / "artifacts")), ""
@@ -60,8 +60,6 @@ def _stale(p, store, shown) -> tuple[dict[int, str], str]:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.core import project as projectfile
-
     p = projectfile.load(Path(args.file))
     data = p.to_dict()
     data["file"] = str(p.path)
@@ -74,10 +72,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     layers = unmatched = why = None
     if args.info_json or p.quantization["overrides"]:
         layers, unmatched, why = _layers(p)
-    from studio.services import deviceplan
 
     device = deviceplan.plans_dict(p)
-    from studio.services.prompts import project_lines, template_line
 
     if args.info_json:
         data["prompt_format"] = template_line(p) or None
@@ -97,9 +93,6 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
 def _history(p) -> tuple[list[Any], int | None, list[dict[str, Any]], str]:
     """The project's recent runs, the newest run with results and its figures (each marked
     stale where it no longer matches the file), and a line when that cannot be told."""
-    from studio.core import figures
-    from studio.services import history
-
     runs: list[history.RunInfo] = []
     latest: int | None = None
     metrics: list[dict[str, Any]] = []
@@ -126,9 +119,6 @@ def _history(p) -> tuple[list[Any], int | None, list[dict[str, Any]], str]:
 def _print_settings(p, unmatched: list[str] | None, device) -> None:
     """The model, its export or graph, the recipe, the targets, the stages and (for an
     LLM) the device plan."""
-    from studio.services import deviceplan
-    from studio.services.prompts import project_lines
-
     print(f"{p.name}  ({p.path})")
     print(f"  model     {p.model['source']}  ({p.model['kind']})"
           + (f"  draft {p.model['draft']}" if p.model["draft"] else ""))
@@ -163,8 +153,6 @@ def _print_settings(p, unmatched: list[str] | None, device) -> None:
 def _print_history(runs: list[Any], latest: int | None, metrics: list[dict[str, Any]],
                    stale_note: str) -> None:
     """The recent runs and the newest run's figures."""
-    from studio.core import figures
-
     for r in runs:
         print(f"  run {r.id}: {r.state}  (started {when(r.created)})")
     if metrics:
@@ -181,4 +169,4 @@ def _print_history(runs: list[Any], latest: int | None, metrics: list[dict[str, 
             print(f"    {stale_note}")
 
 
-COMMAND = Command("info", "describe a project file", add_arguments, run)
+COMMAND = registered("info", add_arguments, run)

@@ -8,7 +8,10 @@ import argparse
 import json
 from pathlib import Path
 
-from studio.cli.command import Command, Context
+from studio.cli.command import Context
+from studio.cli.commands import registered
+from studio.core import project as projectfile
+from studio.services.layerdiff import layerdiff_result
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,9 +28,6 @@ def _g(x: float | None) -> str:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.core import project as projectfile
-    from studio.services.layerdiff import layerdiff_result
-
     p = projectfile.load(Path(args.file))
     got = layerdiff_result(p, args.ld_target)
     if args.ld_json:
@@ -70,5 +70,4 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-COMMAND = Command("layerdiff", "FP32 vs host QDQ vs HTP tensor by tensor (run studio --batch "
-                                "FILE --stages layerdiff first)", add_arguments, run)
+COMMAND = registered("layerdiff", add_arguments, run)

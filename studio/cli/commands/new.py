@@ -9,9 +9,15 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from studio.cli.command import Command, Context
+from studio.cli.command import Context
+from studio.cli.commands import registered
 from studio.cli.common import parse_shapes, setting_arg
+from studio.core import project as projectfile
 from studio.core.errors import StudioError
+from studio.services.graphs import check_graph_samples
+from studio.services.projects import source_ref
+from studio.services.prompts import project_lines
+from studio.services.session import Studio
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,10 +46,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.core import project as projectfile
-    from studio.services.projects import source_ref
-    from studio.services.session import Studio
-
     Studio.new_file(Path(args.file))  # a file there, or no folder for it: before any work
     # an unknown sample or a folder that is not a checkpoint: a clear error, nothing written
     if args.sample:
@@ -83,15 +85,12 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                               "(quantization.calibration_text)")
         sections["graph"] = graph
     if args.new_onnx and graph.get("calibration"):
-        from studio.services.graphs import check_graph_samples
-
         # the shapes and the sample files against the graph: now, not minutes into a run
         check_graph_samples(Path(source), graph.get("shapes", {}), Path(graph["calibration"]),
                             Path(graph["validation"]) if graph.get("validation") else None)
     studio = Studio.create(Path(args.file), source, args.new_targets,
                            image_size_name="--image-size", **sections)
     print(f"created {studio.project.path}")
-    from studio.services.prompts import project_lines
 
     for line in project_lines(studio.project):  # the chat template; a VL model's image
         print(f"  {line}")
@@ -99,4 +98,4 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-COMMAND = Command("new", "create a project file", add_arguments, run)
+COMMAND = registered("new", add_arguments, run)

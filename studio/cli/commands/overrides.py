@@ -8,8 +8,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from studio.cli.command import Command, Context, Parser
+from studio.cli.command import Context, Parser
+from studio.cli.commands import registered
 from studio.cli.common import out_path
+from studio.services import precision
+from studio.services.session import Studio
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,9 +28,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.services import precision
-    from studio.services.session import Studio
-
     out = out_path(args.out) if args.overrides_command == "export" else None  # before any work
     studio = Studio.open(Path(args.file))
     try:
@@ -56,5 +56,4 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         studio.close()
 
 
-COMMAND = Command("overrides", "per-tensor precision as QNN / AIMET encodings JSON",
-                  add_arguments, run)
+COMMAND = registered("overrides", add_arguments, run)

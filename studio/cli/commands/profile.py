@@ -10,8 +10,12 @@ import argparse
 import json
 from pathlib import Path
 
-from studio.cli.command import Command, Context, Parser
+from studio.cli.command import Context, Parser
+from studio.cli.commands import registered
 from studio.cli.common import MAX_RUN_ID, out_path, whole
+from studio.core import project as projectfile
+from studio.services import profile_view as pv
+from studio.services import profiles
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,16 +45,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.services import profile_view as pv
-    from studio.services import profiles
-
     if args.profile_command == "export":
         out_path(args.out)  # before any work
     if args.profile_command == "import":
         data = profiles.import_profile_file(args.profile_file, onnx_path=args.onnx)
     else:
-        from studio.core import project as projectfile
-
         p = projectfile.load(Path(args.file))
         data = profiles.load_run_profile(p, args.run, args.profile_target,
                                          getattr(args, "profile_graph", "decode"))
@@ -87,4 +86,4 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-COMMAND = Command("profile", "show, export or import profiles", add_arguments, run)
+COMMAND = registered("profile", add_arguments, run)

@@ -8,9 +8,12 @@ import argparse
 import json
 from pathlib import Path
 
-from studio.cli.command import Command, Context
+from studio.cli.command import Context
+from studio.cli.commands import registered
 from studio.cli.common import out_path, setting_arg
+from studio.core import project as projectfile
 from studio.core.units import signed
+from studio.services.pruning import prune
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,9 +25,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.core import project as projectfile
-    from studio.services.pruning import prune
-
     p = projectfile.load(Path(args.file))
     out = prune(p, args.drop, out_path(args.out, folder=True) if args.out else None)
     if args.prune_json:
@@ -44,5 +44,4 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-COMMAND = Command("prune", "rank blocks by ablation and write a pruned checkpoint",
-                  add_arguments, run)
+COMMAND = registered("prune", add_arguments, run)

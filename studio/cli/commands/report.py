@@ -13,9 +13,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from studio.cli.command import Command, Context
+from studio.cli.command import Context
+from studio.cli.commands import registered
 from studio.cli.common import MAX_RUN_ID, out_path, whole
+from studio.core import project as projectfile
+from studio.core.artifacts import ArtifactStore
 from studio.core.errors import StudioError
+from studio.core.jobs import JobStore
+from studio.services import reports
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,11 +34,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.core import project as projectfile
-    from studio.core.artifacts import ArtifactStore
-    from studio.core.jobs import JobStore
-    from studio.services import reports
-
     fmt = reports.check_format(args.report_format)
     if fmt == "pdf" and ctx.pdf_printer is None:
         raise StudioError("--format pdf needs the studio command (python -m studio), which "
@@ -62,5 +62,4 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-COMMAND = Command("report", "write the report of a run (any run of the history) as HTML, "
-                            "Markdown, PDF or JSON", add_arguments, run)
+COMMAND = registered("report", add_arguments, run)

@@ -6,15 +6,22 @@ its points, front and best."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from studio.cli.command import Command, Context
+from studio.cli.command import Context
+from studio.cli.commands import registered
 from studio.cli.common import number, whole
+from studio.core import project as projectfile
 from studio.core.errors import StudioError
 from studio.core.units import signed
+from studio.services.sensitivity import ladder
+from studio.services.session import Studio
+from studio.services.sweep_report import fmt_bytes, point_rows, write_sweep_report
+from studio.services.sweeps import SweepRunner, apply_point_edits, find_spec, recorded, search
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -81,8 +88,6 @@ def _progress(quiet: bool):
 
 
 def _table(rec: dict[str, Any]) -> None:
-    from studio.services.sweep_report import fmt_bytes, point_rows
-
     print(f"sweep {rec['name']}: {rec['state']}")
     rows = point_rows(rec)
     compiler = any(r["dram_bytes"] is not None for r in rows)  # profile in the sweep's stages
@@ -111,9 +116,6 @@ def _table(rec: dict[str, Any]) -> None:
 
 
 def _apply(path: Path, rec: dict[str, Any], which: str) -> str:
-    from studio.core import project as projectfile
-    from studio.services.sweeps import apply_point_edits
-
     pts = rec["points"]
     if which == "best":
         if rec["best"] is None:
@@ -134,10 +136,6 @@ def _apply(path: Path, rec: dict[str, Any], which: str) -> str:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.core import project as projectfile
-    from studio.services.sweep_report import write_sweep_report
-    from studio.services.sweeps import recorded
-
     path = Path(args.file)
     project = projectfile.load(path)
     stages = ([s.strip() for s in args.sweep_stages.split(",") if s.strip()]
@@ -180,13 +178,9 @@ def _sweep_spec(args: argparse.Namespace, project, stages: list[str] | None):
     """The sweep to run (a ladder's rungs from the project's stored sensitivity result)
     and the session it runs in; an ``--apply`` point the sweep cannot have refused before
     it runs."""
-    from studio.services.session import Studio
-    from studio.services.sweeps import find_spec
-
     points, studio = None, None
     try:
         if args.ladder:  # its rungs come from the project's stored sensitivity result
-            from studio.services.sensitivity import ladder
 
             studio = Studio(project)
             points = ladder(project, studio.jobs, studio.store, args.ladder)
@@ -207,10 +201,6 @@ def _sweep_spec(args: argparse.Namespace, project, stages: list[str] | None):
 def _run_sweep(args: argparse.Namespace, project, studio, spec):
     """The sweep's points (or a search over them) run; its summary and the name it is
     recorded under."""
-    import asyncio
-
-    from studio.services.sweeps import SweepRunner
-
     runner = SweepRunner(project, studio.jobs, studio.store, spec, args.executor,
                          args.workers, args.ray_address, args.transfer)
     runner.listeners.append(_progress(args.quiet))
@@ -219,8 +209,6 @@ def _run_sweep(args: argparse.Namespace, project, studio, spec):
                 if args.search else f"{spec.size()} points")
         print(f"QStudio sweep {spec.name}: {what} ({project.path})", file=sys.stderr)
     if args.search:
-        from studio.services.sweeps import search
-
         summary = asyncio.run(search(
             project, studio.jobs, studio.store, spec, args.search, args.minutes,
             args.executor, args.workers, args.ray_address, args.transfer,
@@ -250,5 +238,4 @@ def _exit_code(args: argparse.Namespace, rec: dict[str, Any]) -> int:
     return 1 if failed or (invalid and len(invalid) == len(rec["points"])) else 0
 
 
-COMMAND = Command("sweep", "run a recipe sweep: every point through the stage graph, the Pareto "
-                           "front and the best point", add_arguments, run)
+COMMAND = registered("sweep", add_arguments, run)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from studio.cli.command import Command, Context
+from studio.cli.command import Context
+from studio.cli.commands import registered
+from studio.core.catalog import load_catalog
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -12,11 +14,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.core.catalog import load_catalog
-
     for key, chip in load_catalog().items():
         print(f"{key:<24} {chip.name:<32} htp_arch v{chip.htp_arch}  soc_model {chip.soc_model}")
     return 0
 
 
-COMMAND = Command("targets", "list the chip catalog", add_arguments, run)
+COMMAND = registered("targets", add_arguments, run)

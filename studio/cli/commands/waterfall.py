@@ -8,8 +8,11 @@ import argparse
 import json
 from pathlib import Path
 
-from studio.cli.command import Command, Context
+from studio.cli.command import Context
+from studio.cli.commands import registered
 from studio.cli.common import native_output_to_stderr
+from studio.core import project as projectfile
+from studio.services import waterfall as wfs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,9 +22,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    from studio.core import project as projectfile
-    from studio.services import waterfall as wfs
-
     native_output_to_stderr()
     data = wfs.waterfall(projectfile.load(Path(args.file)), args.chip)
     if args.waterfall_json:
@@ -36,5 +36,4 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
-COMMAND = Command("waterfall", "the optimization waterfall: each step measured on the host CPU "
-                                "and estimated for a chip", add_arguments, run)
+COMMAND = registered("waterfall", add_arguments, run)
