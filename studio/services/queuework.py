@@ -5,7 +5,7 @@
 that session, how it is cancelled (the whole item or one job of it), what its events look
 like to another thread, what the queue records when it ends and what it does now. The
 window's queue runner starts every item the same way, on a thread and an asyncio loop of its
-own, and leaves the rest to the item:
+own (``studio queue run`` on tasks of one loop), and leaves the rest to the item:
 
 - a ``pipeline`` item runs the project's pipeline (the stages, targets, retry and remeasure
   its spec names), as ``studio --batch`` does; its events are a run's (the window's run pages
@@ -193,6 +193,19 @@ class SweepWork(ItemWork):
 
 #: the work of each kind of queue item (workqueue.KINDS)
 WORKS: dict[str, type[ItemWork]] = {"pipeline": PipelineWork, "sweep": SweepWork}
+
+
+def ended_as(work: ItemWork, result: Any, error: BaseException | None
+             ) -> tuple[str, int | None, str]:
+    """What the queue records of an item whose work returned ``result`` or raised ``error``:
+    its state, the run it made and a message. An error after a cancel is the cancel; one
+    that is no StudioError is a bug, said as such (the caller prints its traceback)."""
+    if error is None:
+        return work.outcome(result)
+    if isinstance(error, StudioError):
+        state = workqueue.CANCELLED if work.cancel_asked else workqueue.FAILED
+        return state, work.run_id, error.message
+    return workqueue.FAILED, work.run_id, f"stopped with an unexpected error: {error!r}"
 
 
 def work_for(item: QueueItem, project: Project) -> ItemWork:

@@ -9,7 +9,7 @@ import pytest
 from studio.core.errors import StudioError
 from studio.core.fsutil import RunLock
 from studio.services import workqueue
-from studio.services.workqueue import WorkQueue, project_busy, schedule
+from studio.services.workqueue import WorkQueue, project_busy, queue_scheduler, sync
 
 GIB = 2**30
 
@@ -69,39 +69,49 @@ def test_a_damaged_queue_file_is_one_line(tmp_path):
     assert bad.read_bytes().startswith(b"this is no database")  # nothing overwritten
 
 
-def test_schedule_says_why_each_item_waits(tmp_path):
+def test_the_queues_scheduler_says_why_each_item_waits(tmp_path):
     q = WorkQueue(tmp_path / "queue.sqlite")
     a1 = _add(q, "a", tmp_path)
     a2 = _add(q, "a", tmp_path, spec={"stages": ["bundle"]})
     b = _add(q, "b", tmp_path, peak=3 * GIB)
     c = _add(q, "c", tmp_path, peak=20 * GIB)
-    items = q.items()
+    busy: dict[str, str] = {}
+    sched = queue_scheduler(q, lambda _i: None, free_bytes=lambda: 16 * GIB,
+                            busy=lambda p: busy.get(p.name))
+
+    def choose(slots: int, paused: bool = False):
+        q.set_slots(slots)
+        q.set_paused(paused)
+        sync(sched, q, lambda _i: None)  # what the file holds now: nothing is started
+        return sched.selection()
 
     # one slot: a1 starts, the rest wait, each for its own reason
-    s = schedule(items, paused=False, slots=1, free_bytes=16 * GIB)
-    assert [i.id for i in s.start] == [a1.id]
+    s = choose(1)
+    assert s.start == [a1.id]
     assert s.why[a2.id].startswith(f"after #{a1.id} of the same project (runs now)")
     assert s.why[b.id].startswith("waits for a free slot: 1 of 1 in use")
     # two slots: b starts beside a1; c's predicted peak does not fit beside them
-    s = schedule(items, paused=False, slots=2, free_bytes=16 * GIB)
-    assert [i.id for i in s.start] == [a1.id, b.id]
+    s = choose(2)
+    assert s.start == [a1.id, b.id]
     assert s.why[c.id].startswith("waits for a free slot")
-    s = schedule(items, paused=False, slots=4, free_bytes=16 * GIB)
-    assert [i.id for i in s.start] == [a1.id, b.id]
+    s = choose(4)
+    assert s.start == [a1.id, b.id]
     assert s.why[c.id] == ("waits for memory: its largest stage is predicted to peak at 20.0 GiB "
                            "(estimated), 13.0 GiB free beside what runs")
     # alone it starts: the stage's own memory check then says what to do
-    s = schedule([q.get(c.id)], paused=False, slots=1, free_bytes=16 * GIB)
-    assert [i.id for i in s.start] == [c.id]
+    for other in (a1, a2, b):
+        sched.forget(other.id)
+    s = sched.selection()  # (no sync: the others are let go of)
+    assert s.start == [c.id]
     # a high-priority item goes first; a paused queue starts nothing
     q.set_priority(c.id, 1)
-    s = schedule(q.items(), paused=False, slots=1, free_bytes=64 * GIB)
-    assert [i.id for i in s.start] == [c.id]
-    s = schedule(q.items(), paused=True, slots=8, free_bytes=64 * GIB)
+    s = choose(1)
+    assert s.start == [c.id]
+    s = choose(8, paused=True)
     assert not s.start and set(s.why.values()) == {"the queue is paused: Resume starts it"}
     # a project another process runs waits for it
-    s = schedule(q.items(), paused=False, slots=8, free_bytes=64 * GIB,
-                 busy=lambda p: "another process" if p.name == "a.qstudio" else None)
+    busy["a.qstudio"] = "another process"
+    s = choose(8)
     assert s.why[a1.id] == "another process"
     assert s.why[a2.id].startswith(f"after #{a1.id} of the same project (waits now)")
     q.close()
