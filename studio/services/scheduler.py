@@ -121,8 +121,8 @@ class Scheduler:
     where: str = "this machine"
     ok: Callable[[Any], bool] = lambda _r: True
     on_end: Callable[[WorkItem], None] = lambda _i: None
-    #: an item starts (before its work does); False: another process took it first, and
-    #: the scheduler lets it go unstarted
+    #: an item starts (before its work does); False: another process took it first: the
+    #: scheduler lets it go unstarted and counts it among the work that runs ``elsewhere``
     on_start: Callable[[WorkItem], bool | None] = lambda _i: None
     #: a waiting item's priority or place changed (:meth:`move`, :meth:`set_priority`)
     on_change: Callable[[WorkItem], None] = lambda _i: None
@@ -325,8 +325,9 @@ class Scheduler:
 
     def _start(self, item: WorkItem) -> bool:
         item.state, item.why = RUNNING, ""
-        if self.on_start(item) is False:  # another process took it first
+        if self.on_start(item) is False:  # another process took it first: it runs there
             del self.items[item.id]
+            self.elsewhere.append(item.as_work())
             return False
         if item.start is not None:
             try:
