@@ -33,10 +33,9 @@ from typing import Any
 
 from PySide6.QtCore import QCoreApplication, QEventLoop, QObject, QTimer, Signal
 
-from studio.core import project as projectfile
 from studio.core.errors import StudioError
 from studio.services import workqueue
-from studio.services.queuework import ItemWork, ended_as, work_for
+from studio.services.queuework import ItemWork, ended_as, load_for, work_for
 from studio.services.scheduler import WorkItem
 from studio.services.workqueue import QueueItem, WorkQueue
 from studio.ui.item_thread import ItemThread
@@ -240,11 +239,8 @@ class QueueRunner(QObject):
         mine = self._is_open(item)
         if mine:  # edits made while the item waited: in the file before it reads it
             ctl.save_for_run()
-        try:  # read once, here: the recipe it runs is the file's now (same_work compares it)
-            project = projectfile.load(item.path)
-        except StudioError as exc:
-            raise StudioError(f"not started: {exc.message}") from None
-        work = work_for(item, project)
+        # read once, here: the recipe it runs is the file's now (same_work compares it)
+        work = work_for(item, load_for(item))
         thread = ItemThread(work, self)
         w.stop = thread.cancel
         self.running[item.id] = _Running(item, work, thread, mine)
