@@ -19,8 +19,8 @@ The rules, in order:
 6. an item whose memory does not fit in the free memory waits while another item runs
    (alone, it starts: the work's own memory check then refuses it in one line).
 
-Higher priority goes first; within a priority, the given order. A running item is never
-stopped for another. Used by :mod:`studio.services.scheduler` (runs, sweep jobs), the work
+Higher priority goes first; within a priority, the given order (:func:`moved` says the
+orders after the user moves an item). A running item is never stopped for another. Used by :mod:`studio.services.scheduler` (runs, sweep jobs), the work
 queue (:mod:`studio.services.workqueue`) and a stage's parts (:mod:`studio.worker.parts`).
 """
 
@@ -72,6 +72,19 @@ def gib(n: int) -> str:
 def order_key(w: Work) -> tuple:
     """The order waiting items start in: higher priority first, then the given order."""
     return (-w.priority, w.order, w.id)
+
+
+def moved(items: Iterable[Work], item_id: int, delta: int) -> dict[int, float]:
+    """The waiting items' new orders after ``item_id`` moves ``delta`` places earlier
+    (negative) or later among ``items`` (the waiting items of its priority): the peers are
+    numbered 1, 2, … in their new order; {id: order} of those whose order changed."""
+    peers = sorted(items, key=order_key)
+    at = next(k for k, w in enumerate(peers) if w.id == item_id)
+    to = max(0, min(len(peers) - 1, at + delta))
+    if to == at:
+        return {}
+    peers.insert(to, peers.pop(at))
+    return {w.id: float(k + 1) for k, w in enumerate(peers) if w.order != k + 1}
 
 
 def select(items: Iterable[Work], *, slots: int, free_bytes: int, paused: bool = False,

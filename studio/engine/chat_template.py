@@ -28,13 +28,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from studio.core.errors import StudioError
 from studio.core.lazyimport import lazy_module
 
 jinja2 = lazy_module("jinja2")
-ext = lazy_module("jinja2.ext")
+if TYPE_CHECKING:  # a checker reads the module itself
+    from jinja2 import ext
+else:
+    ext = lazy_module("jinja2.ext")
 nodes = lazy_module("jinja2.nodes")
 sandbox = lazy_module("jinja2.sandbox")
 tokenizers = lazy_module("tokenizers")

@@ -15,7 +15,7 @@ import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,7 +26,10 @@ from studio.core.samples import read_data, sample_path
 from studio.core.units import format_bytes
 
 ort = lazy_module("onnxruntime")
-torch = lazy_module("torch")
+if TYPE_CHECKING:  # a checker reads the module itself
+    import torch
+else:
+    torch = lazy_module("torch")
 transformers = lazy_module("transformers")
 
 #: Minimum cosine between ONNX Runtime and torch embeddings for an export to pass.

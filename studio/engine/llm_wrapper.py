@@ -10,7 +10,7 @@ import inspect
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from studio.core import families
 from studio.core.errors import StudioError
@@ -23,7 +23,10 @@ from studio.engine.onnxio import (
 )
 from studio.engine.torch_onnx import HEAD_INPUT
 
-torch = lazy_module("torch")
+if TYPE_CHECKING:  # a checker reads the module itself
+    import torch
+else:
+    torch = lazy_module("torch")
 
 
 def io_names(num_layers: int, graph: str, sliding: bool = False,

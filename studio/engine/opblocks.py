@@ -19,10 +19,14 @@ from __future__ import annotations
 import os
 import re
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 from studio.core.lazyimport import lazy_module
 
-onnx = lazy_module("onnx")
+if TYPE_CHECKING:  # a checker reads the module itself
+    import onnx
+else:
+    onnx = lazy_module("onnx")
 
 
 QDQ_TYPES = {"QuantizeLinear", "DequantizeLinear", "Cast", "Convert"}

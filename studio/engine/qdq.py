@@ -13,7 +13,7 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -41,9 +41,14 @@ onnx = lazy_module("onnx")
 external_data_helper = lazy_module("onnx.external_data_helper")
 numpy_helper = lazy_module("onnx.numpy_helper")
 ort = lazy_module("onnxruntime")
-ortq = lazy_module("onnxruntime.quantization")
-calibrate = lazy_module("onnxruntime.quantization.calibrate")
-cal = lazy_module("onnxruntime.quantization.calibrate")
+if TYPE_CHECKING:  # a checker reads the module itself
+    from onnxruntime import quantization as ortq
+else:
+    ortq = lazy_module("onnxruntime.quantization")
+if TYPE_CHECKING:  # a checker reads the module itself
+    from onnxruntime.quantization import calibrate
+else:
+    calibrate = lazy_module("onnxruntime.quantization.calibrate")
 ortq_qnn = lazy_module("onnxruntime.quantization.execution_providers.qnn")
 fusion_lpnorm = lazy_module("onnxruntime.quantization.execution_providers.qnn.fusion_lpnorm")
 fusion_spacetodepth = lazy_module(
@@ -132,7 +137,7 @@ def mapped_ranges(model_path: Path, config, feeds: list[dict], progress: Progres
     if not _takes_calibration_cache():  # an ONNX Runtime before 1.32: it calibrates itself
         return None
 
-    class Mapped(cal.MinMaxCalibrater):
+    class Mapped(calibrate.MinMaxCalibrater):
         def create_inference_session(self):
             so = ort.SessionOptions()
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -156,8 +161,8 @@ def mapped_ranges(model_path: Path, config, feeds: list[dict], progress: Progres
         return model
 
     model_path = Path(model_path)
-    real = cal.load_model_with_shape_infer
-    cal.load_model_with_shape_infer = structure  # what CalibraterBase loads the graph with
+    real = calibrate.load_model_with_shape_infer
+    calibrate.load_model_with_shape_infer = structure  # what CalibraterBase loads the graph with
     try:
         calibrator = Mapped(
             model_path, config.op_types_to_quantize,
@@ -168,7 +173,7 @@ def mapped_ranges(model_path: Path, config, feeds: list[dict], progress: Progres
             max_intermediate_outputs=opts.get("CalibMaxIntermediateOutputs"),
             use_external_data_format=False)
     finally:
-        cal.load_model_with_shape_infer = real
+        calibrate.load_model_with_shape_infer = real
     augmented = Path(calibrator.augmented_model_path)
     try:
         calibrator.augment_graph()
@@ -179,7 +184,7 @@ def mapped_ranges(model_path: Path, config, feeds: list[dict], progress: Progres
         del calibrator
         augmented.unlink(missing_ok=True)
     cache = model_path.with_name(model_path.stem + "-ranges.json")
-    cal.save_tensors_data(ranges, cache)
+    calibrate.save_tensors_data(ranges, cache)
     return cache
 
 

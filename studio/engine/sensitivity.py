@@ -88,7 +88,6 @@ from studio.engine.splicing import (
 
 onnx = lazy_module("onnx")
 ort = lazy_module("onnxruntime")
-onnxruntime = lazy_module("onnxruntime")
 ortq = lazy_module("onnxruntime.quantization")
 ortq_qnn = lazy_module("onnxruntime.quantization.execution_providers.qnn")
 quantize = lazy_module("onnxruntime.quantization.quantize")
@@ -180,7 +179,7 @@ def _check_calibration_cache() -> None:
     """Variants read the activation ranges back from ONNX Runtime's calibration cache."""
     if "calibration_cache_path" not in inspect.signature(quantize.quantize_static).parameters:
         raise StudioError(
-            f"onnxruntime {onnxruntime.__version__} cannot reuse calibration ranges; the "
+            f"onnxruntime {ort.__version__} cannot reuse calibration ranges; the "
             "sensitivity analysis needs onnxruntime 1.32 or later: upgrade it"
         )
 

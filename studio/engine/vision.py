@@ -38,7 +38,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -69,7 +69,10 @@ from studio.engine.vision_input import (
 onnx = lazy_module("onnx")
 helper = lazy_module("onnx.helper")
 numpy_helper = lazy_module("onnx.numpy_helper")
-torch = lazy_module("torch")
+if TYPE_CHECKING:  # a checker reads the module itself
+    import torch
+else:
+    torch = lazy_module("torch")
 
 
 def _linear_patch_embed(patch_embed):

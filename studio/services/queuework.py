@@ -5,7 +5,7 @@
 that session, how it is cancelled (the whole item or one job of it), what its events look
 like to another thread, what the queue records when it ends and what it does now. The
 window's queue runner starts every item the same way, on a thread and an asyncio loop of its
-own, and leaves the rest to the item:
+own (``studio queue run`` on tasks of one loop), and leaves the rest to the item:
 
 - a ``pipeline`` item runs the project's pipeline (the stages, targets, retry and remeasure
   its spec names), as ``studio --batch`` does; its events are a run's (the window's run pages
@@ -21,18 +21,24 @@ the item's loop (the caller hands it there), ``cancel_asked`` may be set from an
 from __future__ import annotations
 
 import asyncio
+import functools
+import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from studio.core import project as projectfile
 from studio.core.errors import StudioError
+from studio.core.hostmem import available_memory
 from studio.core.jobs import FINAL as JOB_FINAL
 from studio.core.project import Project
 from studio.services import workqueue
 from studio.services.pipeline import Pipeline, RunSummary
+from studio.services.scheduler import WorkItem
 from studio.services.session import Studio
 from studio.services.sweeps import SweepRunner, find_spec
-from studio.services.workqueue import QueueItem
+from studio.services.workqueue import QueueItem, WorkQueue
 
 Listener = Callable[[dict[str, Any]], None]
 
@@ -195,9 +201,115 @@ class SweepWork(ItemWork):
 WORKS: dict[str, type[ItemWork]] = {"pipeline": PipelineWork, "sweep": SweepWork}
 
 
+def ended_as(work: ItemWork, result: Any, error: BaseException | None
+             ) -> tuple[str, int | None, str]:
+    """What the queue records of an item whose work returned ``result`` or raised ``error``:
+    its state, the run it made and a message. An error after a cancel is the cancel; one
+    that is no StudioError is a bug, said as such (the caller prints its traceback)."""
+    if error is None:
+        return work.outcome(result)
+    if isinstance(error, StudioError):
+        state = workqueue.CANCELLED if work.cancel_asked else workqueue.FAILED
+        return state, work.run_id, error.message
+    return workqueue.FAILED, work.run_id, f"stopped with an unexpected error: {error!r}"
+
+
 def work_for(item: QueueItem, project: Project) -> ItemWork:
     """The work of ``item``, on ``project`` (read from the item's file as it starts)."""
     try:
         return WORKS[item.kind](item, project)
     except KeyError:
         raise StudioError(f"unknown kind of queue item {item.kind!r}") from None
+
+
+def load_for(item: QueueItem) -> Project:
+    """The project an item runs, read from its file as it starts (a StudioError says why it
+    does not start)."""
+    try:
+        return projectfile.load(item.path)
+    except StudioError as exc:
+        raise StudioError(f"not started: {exc.message}") from None
+
+
+#: what an item ``studio queue run`` ran when it was interrupted says as it waits again
+INTERRUPTED = ("studio queue run was interrupted while it ran; it runs again when the queue "
+               "does (finished stages come from the artifact store)")
+
+
+class HeadlessQueue:
+    """The queue's items run on this process's event loop (``studio queue run``): the
+    window's scheduler over the same file (:func:`workqueue.queue_scheduler`), each item's
+    work a task of the loop. Items added while it runs (by a window, ``studio queue add``)
+    run too; a pause of the window's queue does not hold it (asking it to run is the
+    resume). ``say(line)``: a line as an item starts and ends."""
+
+    def __init__(self, queue: WorkQueue, say: Callable[[str], None] = lambda _line: None, *,
+                 free_bytes: Callable[[], int] = available_memory,
+                 busy: Callable[[Path], str | None] = workqueue.project_busy):
+        self.queue, self.say = queue, say
+        self.sched = workqueue.queue_scheduler(queue, self._ended, free_bytes=free_bytes,
+                                               busy=busy)
+        self.works: dict[int, ItemWork] = {}
+        self.tasks: dict[int, asyncio.Task] = {}
+        self.run_ids: dict[int, int | None] = {}
+        #: the items it ran (or refused as they started), as they ended
+        self.ran: list[WorkItem] = []
+        self.stopping = False
+
+    async def run(self, poll: float = 2.0) -> list[WorkItem]:
+        """Run until nothing waits or runs (looking at the file every ``poll`` seconds while
+        items wait for another process); the items it ran. Interrupted, its running items
+        are stopped and wait again, first."""
+        try:
+            await self.sched.run(poll=poll, refresh=self._sync)
+        except BaseException:
+            self.stopping = True
+            left = [i for i, t in self.tasks.items() if not t.done()]
+            for item_id in left:
+                self.tasks[item_id].cancel()
+            if left:
+                await asyncio.wait([self.tasks[i] for i in left])
+            self.queue.requeue_running(INTERRUPTED, left)
+            raise
+        return self.ran
+
+    def _sync(self) -> None:
+        workqueue.sync(self.sched, self.queue, self._start, paused=False)
+
+    def _start(self, w: WorkItem) -> None:
+        item = self.queue.get(w.id)
+        work = work_for(item, load_for(item))
+        self.works[w.id] = work
+        w.stop = work.cancel
+        task = asyncio.get_running_loop().create_task(work.run())
+        self.tasks[w.id] = task
+        task.add_done_callback(functools.partial(self._done, w.id))
+        self.say(f"{w.name}: started")
+
+    def _done(self, item_id: int, task: asyncio.Task) -> None:
+        work = self.works[item_id]
+        result, error = None, None
+        if task.cancelled():
+            state, run_id, msg = workqueue.CANCELLED, work.run_id, "cancelled"
+        else:
+            error = task.exception()
+            result = task.result() if error is None else None
+            state, run_id, msg = ended_as(work, result, error)
+            if error is not None and not isinstance(error, StudioError):
+                self.say("".join(traceback.format_exception(error)).rstrip())
+        self.run_ids[item_id] = run_id
+        self.sched.ended(item_id, state, msg, result=result, error=error)
+
+    def _ended(self, w: WorkItem) -> None:
+        """An item ended: recorded in the file (not one stopped as the run is interrupted:
+        it waits again), and said."""
+        work = self.works.pop(w.id, None)
+        self.ran.append(w)
+        if work is None and w.state == workqueue.CANCELLED:
+            self.queue.cancel_waiting(w.id)
+        elif self.stopping and w.state == workqueue.CANCELLED:
+            self.say(f"{w.name}: stopped; it waits again")
+            return
+        else:
+            self.queue.finish(w.id, w.state, w.why, self.run_ids.pop(w.id, None))
+        self.say(f"{w.name}: {w.state}" + (f": {w.why}" if w.why not in ("", w.state) else ""))

@@ -1,14 +1,17 @@
 """The work queue: pipeline runs and sweeps of any project, lined up and run as the machine
 allows.
 
-Every "Run" in the window adds an item here instead of refusing while something else runs.
-An item names a project file and what to do with it (stages, a retry, a sweep); the queue
-holds them in one SQLite file in the app's config folder, so a window that restarts finds
-what was waiting (and what was running when it ended, put back to wait: its finished stages
-come from the artifact store). :func:`schedule` is pure: given the items, whether the queue
-is paused, how many may run at once and the free memory, it says which waiting items start
-now and, for each of the others, why it waits — in words a user can act on. The rules are
-the scheduler's policy (:mod:`studio.core.workpolicy`), each item a project's work:
+Every "Run" in the window adds an item here instead of refusing while something else runs
+(and ``studio queue add`` from the command line). An item names a project file and what to
+do with it (stages, a retry, a sweep); the queue holds them in one SQLite file in the app's
+config folder, so a window that restarts finds what was waiting (and what was running when
+it ended, put back to wait: its finished stages come from the artifact store), and another
+window or process sees them. The file is the record; the one scheduler
+(:mod:`studio.services.scheduler`, made by :func:`queue_scheduler`, brought up to the file
+by :func:`sync`) chooses what starts and writes each change back: the window's queue runner
+and ``studio queue run`` run the queue through it. It says which waiting items start now
+and, for each of the others, why it waits — in words a user can act on. The rules are the
+scheduler's policy (:mod:`studio.core.workpolicy`), each item a project's work:
 
 1. a paused queue starts nothing;
 2. items of one project run one after another, in the queue's order (two runs of a project
@@ -38,8 +41,10 @@ from typing import Any
 from studio.core import workpolicy
 from studio.core.errors import StudioError
 from studio.core.fsutil import RunLock
+from studio.core.hostmem import available_memory
 from studio.core.jobs import transaction
 from studio.services.partplan import part_plan
+from studio.services.scheduler import Scheduler, WorkItem
 
 WAITING, RUNNING = "waiting", "running"
 SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
@@ -130,6 +135,11 @@ def _item(row: sqlite3.Row) -> QueueItem:
     )
 
 
+def check_priority(priority: int) -> None:
+    if priority not in PRIORITIES:
+        raise StudioError(f"priority must be one of {sorted(PRIORITIES)}, not {priority}")
+
+
 def order_key(item: QueueItem) -> tuple:
     """The order waiting items start in: higher priority first, then the user's order."""
     return workpolicy.order_key(as_work(item))
@@ -213,8 +223,7 @@ class WorkQueue:
             priority: int = 0, peak: int | None = None) -> QueueItem:
         if kind not in KINDS:
             raise StudioError(f"unknown kind of queue item {kind!r} (one of {', '.join(KINDS)})")
-        if priority not in PRIORITIES:
-            raise StudioError(f"priority must be one of {sorted(PRIORITIES)}, not {priority}")
+        check_priority(priority)
         with self._tx() as db:
             row = db.execute("SELECT MAX(pos) AS m FROM items").fetchone()
             pos = (row["m"] or 0.0) + 1.0
@@ -232,28 +241,32 @@ class WorkQueue:
         item = self.get(item_id)
         if item.state != WAITING:
             raise StudioError(f"#{item_id} is {item.state}: only waiting items move")
-        peers = [i for i in self.items(finished=False)
+        peers = [as_work(i) for i in self.items(finished=False)
                  if i.state == WAITING and i.priority == item.priority]
-        at = next(k for k, i in enumerate(peers) if i.id == item_id)
-        to = max(0, min(len(peers) - 1, at + delta))
-        if to == at:
-            return
-        peers.insert(to, peers.pop(at))
         with self._tx() as db:
-            for k, i in enumerate(peers):
-                db.execute("UPDATE items SET pos=? WHERE id=?", (float(k + 1), i.id))
+            for moved_id, pos in workpolicy.moved(peers, item_id, delta).items():
+                db.execute("UPDATE items SET pos=? WHERE id=?", (pos, moved_id))
 
     def set_priority(self, item_id: int, priority: int) -> None:
-        if priority not in PRIORITIES:
-            raise StudioError(f"priority must be one of {sorted(PRIORITIES)}, not {priority}")
+        check_priority(priority)
         with self._tx() as db:
             db.execute("UPDATE items SET priority=? WHERE id=? AND state=?",
                        (priority, item_id, WAITING))
 
-    def mark_running(self, item_id: int) -> None:
+    def place(self, item_id: int, priority: int, pos: float) -> None:
+        """A waiting item's priority and place (the scheduler moved it)."""
+        check_priority(priority)
         with self._tx() as db:
-            db.execute("UPDATE items SET state=?, started=?, message='' WHERE id=?",
-                       (RUNNING, time.time(), item_id))
+            db.execute("UPDATE items SET priority=?, pos=? WHERE id=? AND state=?",
+                       (priority, pos, item_id, WAITING))
+
+    def mark_running(self, item_id: int) -> bool:
+        """A waiting item starts; False when it was not waiting (another window or process
+        started it first, or it ended)."""
+        with self._tx() as db:
+            cur = db.execute("UPDATE items SET state=?, started=?, message='' "
+                             "WHERE id=? AND state=?", (RUNNING, time.time(), item_id, WAITING))
+        return cur.rowcount == 1
 
     def finish(self, item_id: int, state: str, message: str = "",
                run_id: int | None = None) -> None:
@@ -273,12 +286,15 @@ class WorkQueue:
                               item_id, WAITING))
         return cur.rowcount == 1
 
-    def requeue_running(self, why: str) -> int:
-        """Items left running (by a window that ended, or one that is quitting) wait again,
-        first in the queue: their finished stages come from the store."""
+    def requeue_running(self, why: str, ids: list[int] | None = None) -> int:
+        """Items left running (by a window that ended, or one that is quitting; ``ids``:
+        only these) wait again, first in the queue: their finished stages come from the
+        store."""
+        only = "" if ids is None else f" AND id IN ({','.join('?' * len(ids))})"
         with self._tx() as db:
             cur = db.execute("UPDATE items SET state=?, started=NULL, pos=pos-1000000, "
-                             "message=? WHERE state=?", (WAITING, why, RUNNING))
+                             f"message=? WHERE state=?{only}",
+                             (WAITING, why, RUNNING, *(ids or ())))
         return cur.rowcount
 
     def clear_finished(self) -> int:
@@ -342,13 +358,6 @@ def default_slots() -> int:
     return max(1, (os.cpu_count() or 1) // 4)
 
 
-@dataclass
-class Schedule:
-    start: list[QueueItem]
-    #: why each waiting item that does not start waits
-    why: dict[int, str]
-
-
 #: how the queue's reasons name things (the scheduler's policy words them)
 QUEUE_WORDS = workpolicy.Words(
     paused="the queue is paused: Resume starts it",
@@ -363,20 +372,12 @@ def as_work(item: QueueItem) -> workpolicy.Work:
                            item.cores, item.peak)
 
 
-def schedule(items: list[QueueItem], *, paused: bool, slots: int, free_bytes: int,
-             busy: Callable[[Path], str | None] = lambda _p: None,
-             headroom: int = 512 << 20) -> Schedule:
-    """Which waiting items start now, and why each other waiting item waits
-    (:func:`studio.core.workpolicy.select`, the rules the scheduler runs everything by).
-
-    ``busy(project_path)``: a sentence when another process runs that project now, else None.
-    """
-    live = [i for i in items if i.state in (WAITING, RUNNING)]
-    chosen = workpolicy.select([as_work(i) for i in live], slots=slots, free_bytes=free_bytes,
-                               paused=paused, busy=lambda g: busy(Path(g)),
-                               headroom=headroom, words=QUEUE_WORDS)
-    by_id = {i.id: i for i in live}
-    return Schedule([by_id[i] for i in chosen.start], chosen.why)
+def scheduled(item: QueueItem) -> dict[str, Any]:
+    """What the scheduler holds of a queue item beside its name (a :class:`WorkItem`'s
+    fields): its project the group it runs one at a time in, its priority and place, the
+    slots of a sweep's workers, its predicted peak."""
+    return {"group": item.project, "priority": item.priority, "pos": item.pos,
+            "cores": item.cores, "memory": item.peak}
 
 
 def predicted_peak(project, kind: str, spec: dict[str, Any]) -> int | None:
@@ -405,3 +406,43 @@ def project_busy(path: Path) -> str | None:
         return ("another process runs this project now (studio --batch or a second window): "
                 "it starts when that run ends")
     return None
+
+
+def queue_scheduler(queue: WorkQueue, on_end: Callable[[WorkItem], None], *,
+                    free_bytes: Callable[[], int] = available_memory,
+                    busy: Callable[[Path], str | None] = project_busy) -> Scheduler:
+    """The scheduler of the queue's items (:func:`sync` brings them in), by the rules of the
+    module docstring in the words the Queue page shows: a sweep wider than the slots starts
+    alone. It records in the file as an item starts (one another window or process started
+    first is let go), moves or changes priority, and as the queue is paused or its slots
+    change; ``on_end(item)``: the caller records how an item ended (:meth:`WorkQueue.finish`,
+    with the run it made)."""
+    return Scheduler(slots=queue.slots, paused=queue.paused, free_bytes=free_bytes,
+                     words=QUEUE_WORDS, busy=lambda group: busy(Path(group)),
+                     refuse_wide=False, on_end=on_end,
+                     on_start=lambda i: queue.mark_running(i.id),
+                     on_change=lambda i: queue.place(i.id, i.priority, i.pos),
+                     on_pause=queue.set_paused, on_slots=queue.set_slots)
+
+
+def sync(sched: Scheduler, queue: WorkQueue, start: Callable[[WorkItem], None], *,
+         paused: bool | None = None) -> None:
+    """Bring the scheduler up to the queue's file, which other windows and processes share:
+    its pause (``paused``: the caller's own instead) and slots; its waiting items — added,
+    moved, ended or started elsewhere —, each started by ``start``; and what runs elsewhere,
+    counted against the slots and its project. What runs here is left as it is."""
+    stored = queue.items(finished=False)
+    sched.paused = queue.paused if paused is None else paused
+    sched.slots = queue.slots
+    waiting = {i.id: i for i in stored if i.state == WAITING}
+    for w in list(sched.items.values()):
+        if w.state != RUNNING and (w.id not in waiting or w.state != WAITING):
+            sched.forget(w.id)
+    for item in waiting.values():
+        held = sched.items.get(item.id)
+        if held is None:
+            sched.add(item.label, item_id=item.id, start=start, **scheduled(item))
+        elif held.state == WAITING:
+            held.priority, held.pos = item.priority, item.pos
+    sched.elsewhere = [as_work(i) for i in stored
+                       if i.state == RUNNING and i.id not in sched.items]

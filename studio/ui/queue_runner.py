@@ -1,5 +1,11 @@
 """Runs the work queue (:mod:`studio.services.workqueue`) behind the window.
 
+The queue's file is the record (a window that restarts finds what waited; another window or
+process sees it); one :class:`~studio.services.scheduler.Scheduler` (``sched``) chooses
+what starts — one item at a time per project, by priority and the user's order, within the
+slots and the free memory, waiting for a project another process runs — and records each
+change there: the user's cancel, move, priority, pause and slots go through it.
+
 Each item runs on its own asyncio loop in a runner thread (:class:`ItemThread`), on a session
 of its own (``Studio``) opened from the project file as it is when the item starts: what runs
 is what the file says, as ``studio --batch`` and ``studio info`` read it. What running an item
@@ -9,10 +15,10 @@ open project are saved first — when the item is queued and again when it start
 while it waited) — or the item does not start, and says why (the file changed outside the
 studio, or cannot be written). So an item of a project goes on running when the window opens
 another project, and a project's items line up behind each other whichever project is open.
-Events
-come back through a queued signal: the open project's runs go on to the pages (the
+Events come back through a queued signal: the open project's runs go on to the pages (the
 controller's ``job_event`` and the rest), its sweeps to the Sweeps page (``started``), every
-item's progress to the queue's list.
+item's progress to the queue's list; the item's end goes to the scheduler
+(:meth:`~studio.services.scheduler.Scheduler.ended`), which records it.
 """
 
 from __future__ import annotations
@@ -27,11 +33,10 @@ from typing import Any
 
 from PySide6.QtCore import QCoreApplication, QEventLoop, QObject, QTimer, Signal
 
-from studio.core import project as projectfile
 from studio.core.errors import StudioError
-from studio.core.hostmem import available_memory
 from studio.services import workqueue
-from studio.services.queuework import ItemWork, work_for
+from studio.services.queuework import ItemWork, ended_as, load_for, work_for
+from studio.services.scheduler import WorkItem
 from studio.services.workqueue import QueueItem, WorkQueue
 from studio.ui.item_thread import ItemThread
 
@@ -45,6 +50,7 @@ class _Running:
     work: ItemWork  # what it runs, on the project read from the file when it started
     thread: ItemThread
     mine: bool = False  # an item of the project open in the window when it started
+    run_id: int | None = None  # the run it made, once it ended
 
     @property
     def cancel_asked(self) -> bool:
@@ -85,8 +91,9 @@ class QueueRunner(QObject):
         if waiting:
             self.left_over = len(waiting)
             self.queue.set_paused(True)
+        #: chooses what starts, in the queue's words, and records each change in the file
+        self.sched = workqueue.queue_scheduler(self.queue, self._ended)
         self.running: dict[int, _Running] = {}
-        self.why: dict[int, str] = {}
         self._waiters: dict[int, list[asyncio.Future]] = {}
         self._threads: list[threading.Thread] = []
         self._shut = False
@@ -174,32 +181,32 @@ class QueueRunner(QObject):
         ran = r.work.project.to_dict() if r is not None else None
         return same if ran == project.to_dict() else None
 
-    # ---- the user's changes ------------------------------------------------------------
+    # ---- the user's changes: through the scheduler, which records them ------------------
     def cancel(self, item_id: int) -> None:
         """Cancel an item: a waiting one does not start, a running one is stopped."""
-        r = self.running.get(item_id)
-        if r is not None:
-            r.cancel()
-        elif self.queue.cancel_waiting(item_id):
-            self._settle(item_id, None)
+        self._sync()
+        self.sched.cancel(item_id)
         self.kick()
 
     def move(self, item_id: int, delta: int) -> None:
-        self.queue.move(item_id, delta)
+        self._sync()
+        self.sched.move(item_id, delta)
         self.kick()
 
     def set_priority(self, item_id: int, priority: int) -> None:
-        self.queue.set_priority(item_id, priority)
+        workqueue.check_priority(priority)
+        self._sync()
+        self.sched.set_priority(item_id, priority)
         self.kick()
 
     def set_paused(self, paused: bool) -> None:
-        self.queue.set_paused(paused)
+        self.sched.set_paused(paused)
         if not paused:
             self.left_over = 0
         self.kick()
 
     def set_slots(self, n: int) -> None:
-        self.queue.set_slots(n)
+        self.sched.set_slots(n)
         self.kick()
 
     def clear_finished(self) -> None:
@@ -207,51 +214,42 @@ class QueueRunner(QObject):
         self.changed.emit()
 
     # ---- scheduling --------------------------------------------------------------------
+    @property
+    def why(self) -> dict[int, str]:
+        """Why each waiting item waits, as the scheduler last said."""
+        return {i.id: i.why for i in self.sched.items.values()
+                if i.state == workqueue.WAITING and i.why}
+
+    def _sync(self) -> None:
+        workqueue.sync(self.sched, self.queue, self._start)
+
     def kick(self) -> None:
         """Start what may start now; note why the others wait."""
         if self._shut or self._quitting:
             return
-        items = self.queue.items(finished=False)
-        plan = workqueue.schedule(items, paused=self.queue.paused, slots=self.queue.slots,
-                                  free_bytes=available_memory(), busy=workqueue.project_busy)
-        self.why = plan.why
-        for item in plan.start:
-            self._start(item)
+        self._sync()
+        self.sched.step()
         self.changed.emit()
 
-    def _start(self, item: QueueItem) -> None:
+    def _start(self, w: WorkItem) -> None:
+        """Start the scheduler's item on a thread of its own (the file has it running); a
+        StudioError raised here ends it failed, saying why."""
         ctl = self.ctl
+        item = self.queue.get(w.id)
         mine = self._is_open(item)
-        if mine:
-            try:  # edits made while the item waited: in the file before it reads it
-                ctl.save_for_run()
-            except StudioError as exc:
-                self._refuse(item, exc.message)
-                return
-        try:  # read once, here: the recipe it runs is the file's now (same_work compares it)
-            project = projectfile.load(item.path)
-        except StudioError as exc:
-            self._refuse(item, f"not started: {exc.message}")
-            return
-        self.queue.mark_running(item.id)
-        item = self.queue.get(item.id)
-        work = work_for(item, project)
+        if mine:  # edits made while the item waited: in the file before it reads it
+            ctl.save_for_run()
+        # read once, here: the recipe it runs is the file's now (same_work compares it)
+        work = work_for(item, load_for(item))
         thread = ItemThread(work, self)
-        r = _Running(item, work, thread, mine)
-        self.running[item.id] = r
+        w.stop = thread.cancel
+        self.running[item.id] = _Running(item, work, thread, mine)
         thread.event.connect(lambda ev, item_id=item.id: self._on_event(item_id, ev))
         self._threads = [t for t in self._threads if t.is_alive()] + [thread.thread]
         if mine and work.run_events:
             ctl.running_changed.emit(True)
         self.started.emit(item, thread)
         thread.start()
-
-    def _refuse(self, item: QueueItem, why: str) -> None:
-        """An item that cannot start: it ends failed, saying why."""
-        self.queue.finish(item.id, workqueue.FAILED, why)
-        self.ctl.message.emit("error", f"#{item.id} {item.name} ({item.what}): {why}")
-        self._settle(item.id, None)
-        self.finished.emit(self.queue.get(item.id), None)
 
     # ---- events ------------------------------------------------------------------------
     def _on_event(self, item_id: int, event: dict[str, Any]) -> None:
@@ -277,36 +275,44 @@ class QueueRunner(QObject):
                 and ctl.project.path.resolve() == Path(path).resolve())
 
     def _on_done(self, item_id: int, result: Any, error: BaseException | None) -> None:
-        r = self.running.pop(item_id, None)
+        """An item's thread ended: the scheduler hears how (and :meth:`_ended` records it)."""
+        r = self.running.get(item_id)
         if r is None:
             return
-        item = r.item
-        mine = self._is_open(item)
-        if error is not None:
-            if isinstance(error, StudioError):
-                msg = error.message
-                state = workqueue.CANCELLED if r.cancel_asked else workqueue.FAILED
-            else:
-                msg = f"stopped with an unexpected error: {error!r}"
-                state = workqueue.FAILED
-                traceback.print_exception(error)
-            if not (self._quitting and state == workqueue.CANCELLED):
-                self.queue.finish(item_id, state, msg, r.work.run_id)
-                if state == workqueue.FAILED:
-                    self.ctl.message.emit("error", f"#{item_id} {item.name}: {msg}"
-                                          if not mine else msg)
-            result = None
-        else:
-            state, run_id, msg = r.work.outcome(result)
-            if self._quitting and state == workqueue.CANCELLED:
-                pass  # the window is quitting: the item waits for the next start
-            else:
-                self.queue.finish(item_id, state, msg, run_id)
-        if mine and r.work.run_events:
-            self.ctl.run_ended(result)
-        self._settle(item_id, result)
-        self.finished.emit(item, result)
+        state, r.run_id, msg = ended_as(r.work, result, error)
+        if error is not None and not isinstance(error, StudioError):
+            traceback.print_exception(error)
+        self.sched.ended(item_id, state, msg, result=result if error is None else None,
+                         error=error)
         self.kick()
+
+    def _ended(self, w: WorkItem) -> None:
+        """The scheduler's item ended: recorded in the file (a cancel while the window quits
+        is not: the item waits for the next window), said, its waiters answered."""
+        r = self.running.pop(w.id, None)
+        if r is None:  # it never ran: cancelled while it waited, or refused as it started
+            if w.error is not None and not isinstance(w.error, StudioError):
+                traceback.print_exception(w.error)
+            if w.state == workqueue.CANCELLED:
+                self.queue.cancel_waiting(w.id)
+                self._settle(w.id, None)
+                return
+            self.queue.finish(w.id, w.state, w.why)
+            item = self.queue.get(w.id)
+            self.ctl.message.emit("error", f"#{item.id} {item.name} ({item.what}): {w.why}")
+            self._settle(w.id, None)
+            self.finished.emit(item, None)
+            return
+        item, mine = r.item, self._is_open(r.item)
+        if not (self._quitting and w.state == workqueue.CANCELLED):
+            self.queue.finish(w.id, w.state, w.why, r.run_id)
+            if w.error is not None and w.state == workqueue.FAILED:
+                self.ctl.message.emit("error", w.why if mine else f"#{w.id} {item.name}: "
+                                      f"{w.why}")
+        if mine and r.work.run_events:
+            self.ctl.run_ended(w.result)
+        self._settle(w.id, w.result)
+        self.finished.emit(item, w.result)
 
     def _settle(self, item_id: int, result: Any) -> None:
         for fut in self._waiters.pop(item_id, []):
@@ -333,8 +339,8 @@ class QueueRunner(QObject):
             return
         self._quitting = True  # what ends cancelled now waits again (requeue_running)
         ids = set(self.running)
-        for r in list(self.running.values()):
-            r.cancel()
+        for item_id in ids:
+            self.sched.cancel(item_id)
         self.wait_idle(60.0, ids)
         self._shut = True
         self._timer.stop()

@@ -9,7 +9,7 @@ import pytest
 from studio.core.errors import StudioError
 from studio.core.fsutil import RunLock
 from studio.services import workqueue
-from studio.services.workqueue import WorkQueue, project_busy, schedule
+from studio.services.workqueue import WorkQueue, project_busy, queue_scheduler, sync
 
 GIB = 2**30
 
@@ -69,39 +69,49 @@ def test_a_damaged_queue_file_is_one_line(tmp_path):
     assert bad.read_bytes().startswith(b"this is no database")  # nothing overwritten
 
 
-def test_schedule_says_why_each_item_waits(tmp_path):
+def test_the_queues_scheduler_says_why_each_item_waits(tmp_path):
     q = WorkQueue(tmp_path / "queue.sqlite")
     a1 = _add(q, "a", tmp_path)
     a2 = _add(q, "a", tmp_path, spec={"stages": ["bundle"]})
     b = _add(q, "b", tmp_path, peak=3 * GIB)
     c = _add(q, "c", tmp_path, peak=20 * GIB)
-    items = q.items()
+    busy: dict[str, str] = {}
+    sched = queue_scheduler(q, lambda _i: None, free_bytes=lambda: 16 * GIB,
+                            busy=lambda p: busy.get(p.name))
+
+    def choose(slots: int, paused: bool = False):
+        q.set_slots(slots)
+        q.set_paused(paused)
+        sync(sched, q, lambda _i: None)  # what the file holds now: nothing is started
+        return sched.selection()
 
     # one slot: a1 starts, the rest wait, each for its own reason
-    s = schedule(items, paused=False, slots=1, free_bytes=16 * GIB)
-    assert [i.id for i in s.start] == [a1.id]
+    s = choose(1)
+    assert s.start == [a1.id]
     assert s.why[a2.id].startswith(f"after #{a1.id} of the same project (runs now)")
     assert s.why[b.id].startswith("waits for a free slot: 1 of 1 in use")
     # two slots: b starts beside a1; c's predicted peak does not fit beside them
-    s = schedule(items, paused=False, slots=2, free_bytes=16 * GIB)
-    assert [i.id for i in s.start] == [a1.id, b.id]
+    s = choose(2)
+    assert s.start == [a1.id, b.id]
     assert s.why[c.id].startswith("waits for a free slot")
-    s = schedule(items, paused=False, slots=4, free_bytes=16 * GIB)
-    assert [i.id for i in s.start] == [a1.id, b.id]
+    s = choose(4)
+    assert s.start == [a1.id, b.id]
     assert s.why[c.id] == ("waits for memory: its largest stage is predicted to peak at 20.0 GiB "
                            "(estimated), 13.0 GiB free beside what runs")
     # alone it starts: the stage's own memory check then says what to do
-    s = schedule([q.get(c.id)], paused=False, slots=1, free_bytes=16 * GIB)
-    assert [i.id for i in s.start] == [c.id]
+    for other in (a1, a2, b):
+        sched.forget(other.id)
+    s = sched.selection()  # (no sync: the others are let go of)
+    assert s.start == [c.id]
     # a high-priority item goes first; a paused queue starts nothing
     q.set_priority(c.id, 1)
-    s = schedule(q.items(), paused=False, slots=1, free_bytes=64 * GIB)
-    assert [i.id for i in s.start] == [c.id]
-    s = schedule(q.items(), paused=True, slots=8, free_bytes=64 * GIB)
+    s = choose(1)
+    assert s.start == [c.id]
+    s = choose(8, paused=True)
     assert not s.start and set(s.why.values()) == {"the queue is paused: Resume starts it"}
     # a project another process runs waits for it
-    s = schedule(q.items(), paused=False, slots=8, free_bytes=64 * GIB,
-                 busy=lambda p: "another process" if p.name == "a.qstudio" else None)
+    busy["a.qstudio"] = "another process"
+    s = choose(8)
     assert s.why[a1.id] == "another process"
     assert s.why[a2.id].startswith(f"after #{a1.id} of the same project (waits now)")
     q.close()
@@ -179,3 +189,63 @@ def test_one_count_of_items(tmp_path):
         assert workqueue.Counts.of(q.items(), True).text() == "1 running, 1 waiting (paused)"
     finally:
         q.close()
+
+
+def test_two_windows_schedulers_share_the_file(tmp_path):
+    """Two schedulers over one queue file (two windows, or a window and ``studio queue
+    run``): a start is claimed in the file, what the other runs counts against its project
+    and the slots, and each change one makes the other sees at its next sync."""
+    path = tmp_path / "queue.sqlite"
+    q1, q2 = WorkQueue(path), WorkQueue(path)
+
+    def scheduler(q: WorkQueue):
+        return queue_scheduler(q, lambda w: q.finish(w.id, w.state, w.why),
+                               free_bytes=lambda: 64 * GIB, busy=lambda _p: None)
+
+    s1, s2 = scheduler(q1), scheduler(q2)
+    started: list[tuple[int, int]] = []
+    a = _add(q1, "a", tmp_path)
+    a2 = _add(q1, "a", tmp_path, spec={"stages": ["bundle"]})
+    b = _add(q1, "b", tmp_path)
+    q1.set_slots(2)
+    try:
+        sync(s1, q1, lambda w: started.append((1, w.id)))
+        sync(s2, q2, lambda w: started.append((2, w.id)))
+        assert [w.id for w in s1.step()] == [a.id, b.id]
+        assert q2.get(a.id).state == q2.get(b.id).state == "running"
+        # the second one's view was taken before: it loses both starts to the first, counts
+        # them as running elsewhere and so does not start a's second item beside a
+        assert s2.step() == [] and started == [(1, a.id), (1, b.id)]
+        assert s2.items[a2.id].why.startswith(f"after #{a.id} of the same project (runs now)")
+        assert a.id not in s2.items and {w.id for w in s2.elsewhere} == {a.id, b.id}
+
+        c = _add(q2, "c", tmp_path)  # added by the second window, which pauses the queue
+        s2.set_paused(True)
+        sync(s1, q1, lambda w: started.append((1, w.id)))
+        assert s1.paused and s1.items[c.id].state == "waiting"
+        assert s1.step() == [] and s1.items[c.id].why == "the queue is paused: Resume starts it"
+        s1.move(c.id, -1)  # written to the file: the other sees it
+        s2.set_priority(a2.id, 1)
+        s2.set_slots(3)
+        with pytest.raises(StudioError, match="1 to 64"):
+            s2.set_slots(65)  # the file refuses it: the scheduler keeps its slots
+        assert s2.slots == 3 and q1.slots == 3
+        assert [(i.id, i.priority) for i in q1.items(finished=False)
+                if i.state == "waiting"] == [(a2.id, 1), (c.id, 0)]
+        assert q1.get(c.id).pos < q1.get(a2.id).pos
+        sync(s2, q2, lambda w: started.append((2, w.id)))
+        assert s2.items[c.id].pos == q1.get(c.id).pos
+        # cancelled by one, let go of by the other; an item that ended there frees its slot
+        s2.cancel(c.id)
+        s1.ended(a.id, "succeeded")
+        sync(s1, q1, lambda w: started.append((1, w.id)))
+        sync(s2, q2, lambda w: started.append((2, w.id)))
+        assert c.id not in s1.items and q1.get(c.id).state == "cancelled"
+        assert [w.id for w in s2.elsewhere] == [b.id]
+        # what a process left running waits again, first (only its own, by id)
+        assert q2.requeue_running("interrupted", [a2.id]) == 0
+        assert q2.requeue_running("interrupted", [b.id]) == 1
+        assert q1.get(b.id).state == "waiting" and q1.get(b.id).message == "interrupted"
+    finally:
+        q1.close()
+        q2.close()

@@ -38,6 +38,7 @@ COMMANDS: tuple[Registered, ...] = (
     Registered("profile", "show, export or import profiles"),
     Registered("sweep", "run a recipe sweep: every point through the stage graph, the Pareto "
                         "front and the best point"),
+    Registered("queue", "the window's work queue: list, add, run headless, cancel"),
     Registered("report", "write the report of a run (any run of the history) as HTML, Markdown, "
                          "PDF or JSON"),
     Registered("demo", "the full-screen stakeholder demo of a project (a window: studio demo FILE"
