@@ -297,6 +297,17 @@ class WorkQueue:
                              (WAITING, why, RUNNING, *(ids or ())))
         return cur.rowcount
 
+    def requeue_left_over(self, why: str,
+                          busy: Callable[[Path], str | None] | None = None) -> int:
+        """At a window's start: items a window or ``studio queue run`` left running when it
+        ended wait again (:meth:`requeue_running`); an item whose project another process runs
+        now (``busy``, default :func:`project_busy`: a live window or headless queue runs it)
+        is left running there."""
+        busy = project_busy if busy is None else busy
+        ids = [i.id for i in self.items(finished=False)
+               if i.state == RUNNING and busy(i.path) is None]
+        return self.requeue_running(why, ids) if ids else 0
+
     def clear_finished(self) -> int:
         with self._tx() as db:
             cur = db.execute(f"DELETE FROM items WHERE state IN ({','.join('?' * len(FINAL))})",

@@ -86,7 +86,7 @@ class QueueRunner(QObject):
                            "empty queue started")
         #: items that waited or ran when the last window ended (the queue starts paused)
         self.left_over = 0
-        self.queue.requeue_running(INTERRUPTED)
+        self.queue.requeue_left_over(INTERRUPTED)
         waiting = self.queue.items(finished=False)
         if waiting:
             self.left_over = len(waiting)

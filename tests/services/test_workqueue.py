@@ -249,3 +249,26 @@ def test_two_windows_schedulers_share_the_file(tmp_path):
     finally:
         q1.close()
         q2.close()
+
+
+def test_a_new_window_leaves_running_what_another_process_runs_now(tmp_path):
+    """At a window's start, what a window that ended left running waits again; an item whose
+    project another process runs now (its pipeline lock held) stays running there."""
+
+    q = WorkQueue(tmp_path / "queue.sqlite")
+    a = _add(q, "a", tmp_path)
+    (tmp_path / "b").mkdir()
+    b = _add(q, "b", tmp_path / "b")
+    q.mark_running(a.id)
+    q.mark_running(b.id)
+    lock = RunLock(b.path.with_suffix(".studio"))
+    lock.acquire()  # b's project runs in a live process
+    try:
+        assert workqueue.project_busy(b.path) is not None
+        assert workqueue.project_busy(a.path) is None
+        assert q.requeue_left_over("interrupted") == 1
+        assert (q.get(a.id).state, q.get(b.id).state) == ("waiting", "running")
+    finally:
+        lock.release()
+    assert q.requeue_left_over("interrupted") == 1  # its process ended: b waits again too
+    assert q.get(b.id).state == "waiting"
