@@ -30,7 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from studio.core.fsutil import atomic_write_json, sha256_file, sha256_json, try_flock
+from studio.core.fsutil import (
+    atomic_write_json,
+    link_or_copy,
+    sha256_file,
+    sha256_json,
+    try_flock,
+)
 from studio.core.partcache import PartCache
 
 META = "artifact.json"
@@ -155,6 +161,29 @@ class ArtifactStore:
             shutil.rmtree(dest)
         workdir.rename(dest)
         return Artifact(key, dest, full)
+
+    def adopt(self, art: Artifact) -> Artifact:
+        """Store another store's artifact ``art`` here under its key, as it is (its files and
+        ``artifact.json``): hard-linked where the two stores share a file system, copied where
+        they do not, and moved into place as :meth:`commit` moves a work folder (a reader never
+        sees half of it). An artifact this store already holds under the key is kept."""
+        have = self.get(art.key)
+        if have is not None:
+            return have
+        work = self.new_workdir()
+        for src in sorted(art.path.rglob("*")):
+            if src.is_file():
+                link_or_copy(src, work / src.relative_to(art.path))
+        dest = self._dir(art.key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            work.rename(dest)
+        except OSError:  # another writer put the key in place meanwhile: theirs stays
+            shutil.rmtree(work, ignore_errors=True)
+        got = self.get(art.key)
+        if got is None:
+            raise OSError(f"{dest}: the artifact could not be stored")
+        return got
 
     def key_lock(self, key: str) -> KeyLock:
         """The lock one writer holds while it computes ``key`` (two runs or sweeps never

@@ -47,6 +47,7 @@ Execute = Callable[[dict[str, Any], OnMessage], Awaitable[dict[str, Any]]]
 
 CACHED = "cached: inputs and settings unchanged"
 CACHED_MEANWHILE = "cached: computed meanwhile by another run"
+SHARED = "cached: from the machine's shared store"
 
 
 def not_run(label: str) -> str:
@@ -179,9 +180,12 @@ class JobRunner:
     """Runs one planned job at a time per call (calls may overlap: each holds its key's
     lock); ``execute`` says how a job spec runs."""
 
-    def __init__(self, store: ArtifactStore, execute: Execute):
+    def __init__(self, store: ArtifactStore, execute: Execute,
+                 shared: ArtifactStore | None = None):
         self.store = store
         self.execute = execute
+        #: the machine's shared store (:mod:`studio.services.sharedstore`), or None
+        self.shared = shared
 
     def measurement_key(self, job: StageJob, remeasure: bool, now: float) -> str:
         """The key the job's artifact has: its own, or for a measuring stage the newest
@@ -214,7 +218,34 @@ class JobRunner:
                 if done is not None and await asyncio.to_thread(self.store.verify, done):
                     self._served(done, sink, key, now, time.time(), CACHED_MEANWHILE)
                     return done
-            return await self._compute(job, sink, key, now, cancelled)
+            if self.shared is None or not reuse or job.decl.measures:
+                return await self._compute(job, sink, key, now, cancelled)
+            return await self._through_shared(job, sink, key, now, cancelled)
+        finally:
+            lock.release()
+
+    async def _through_shared(self, job: StageJob, sink: JobSink, key: str, now: float,
+                              cancelled: Callable[[], bool]) -> Artifact | None:
+        """The key from the machine's shared store, or computed here and put there; one
+        process computes a key at a time (the shared store's key lock), the others wait and
+        take it."""
+        assert self.shared is not None
+        lock = self.shared.key_lock(key)
+        while not lock.try_acquire():
+            await asyncio.sleep(0.5)
+        try:
+            found = self.shared.get(key)
+            if found is not None and await asyncio.to_thread(self.shared.verify, found):
+                art = await asyncio.to_thread(self.store.adopt, found)
+                self._served(art, sink, key, now, time.time(), SHARED)
+                return art
+            art = await self._compute(job, sink, key, now, cancelled)
+            if art is not None:
+                try:
+                    await asyncio.to_thread(self.shared.adopt, art)
+                except OSError as exc:  # a full or read-only shared store: the job stands
+                    sink.log(f"not put in the shared store {self.shared.root}: {exc}")
+            return art
         finally:
             lock.release()
 

@@ -41,6 +41,7 @@ from studio.services.jobrunner import (
 from studio.services.preflight import preflight
 from studio.services.reports import sweep_fronts
 from studio.services.scheduler import Scheduler, WorkItem
+from studio.services.sharedstore import shared_store
 from studio.services.versions import tool_versions
 from studio.services.workers import WorkerProcess
 
@@ -102,7 +103,7 @@ class Pipeline:
         self._cancel_all = False
         self._remeasure = False
         self._run_id: int | None = None
-        self._runner = JobRunner(store, self._execute)
+        self._runner = JobRunner(store, self._execute, shared_store())
         self._scheduler: Scheduler | None = None
         self._items: dict[int, WorkItem] = {}  # job id -> its work item
         self._by_item: dict[int, int] = {}  # work item id -> job id

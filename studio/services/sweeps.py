@@ -59,6 +59,7 @@ from studio.services.partplan import part_plan
 from studio.services.precision import scheme_diff
 from studio.services.preflight import preflight
 from studio.services.scheduler import CANCELLED, Scheduler, WorkItem
+from studio.services.sharedstore import shared_store
 from studio.services.versions import tool_versions
 from studio.services.workers import OnMessage
 
@@ -356,7 +357,7 @@ class SweepRunner:
         self._executor: Any = None
         self._scheduler: Scheduler | None = None
         self._by_item: dict[int, SweepJob] = {}
-        self._runner = JobRunner(store, self._execute_spec)
+        self._runner = JobRunner(store, self._execute_spec, shared_store())
         self._next_id = 0
         self.note = ""
 
