@@ -110,29 +110,6 @@ def built_once(tmp_path_factory, name: str, dest: Path, build) -> dict:
 import pytest  # noqa: E402
 
 
-@pytest.fixture(scope="session", autouse=True)
-def machine_shared_store(tmp_path_factory) -> Path:
-    """The suite runs as a machine with a shared artifact store (studio.services.sharedstore):
-    a stage job one test computed is taken, not computed again, by every other test's project
-    that needs the same key (the same checkpoint, shapes, settings and code) — one store per
-    test run, shared by its workers. A test that must see a job computed in its own project
-    asks for ``no_shared_store``."""
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-store"
-    root.mkdir(exist_ok=True)
-    cfg = Path(os.environ["QSTUDIO_CONFIG_DIR"])
-    cfg.mkdir(parents=True, exist_ok=True)
-    (cfg / "settings.toml").write_text(f'[artifacts]\nshared_store = "{root}"\n')
-    return root
-
-
-@pytest.fixture
-def no_shared_store(monkeypatch, tmp_path_factory) -> None:
-    """This test's jobs (in this process and the studio processes it starts) see no shared
-    store: a machine without one."""
-    monkeypatch.setenv("QSTUDIO_CONFIG_DIR", str(tmp_path_factory.mktemp("config-unshared")))
-
-
 # ---- the session's shared artifacts -----------------------------------------------------------
 # Artifact keys hash the stage, its settings, its inputs' keys and the studio's code, never a
 # project's name or folder: projects with the same settings share every key. So each expensive

@@ -236,9 +236,9 @@ class JobRunner:
         try:
             found = self.shared.get(key)
             if found is not None and await asyncio.to_thread(self.shared.verify, found):
-                art = await asyncio.to_thread(self.store.adopt, found)
-                self._served(art, sink, key, now, time.time(), SHARED)
-                return art
+                taken = await asyncio.to_thread(self.store.adopt, found)
+                self._served(taken, sink, key, now, time.time(), SHARED)
+                return taken
             art = await self._compute(job, sink, key, now, cancelled)
             if art is not None:
                 try:
