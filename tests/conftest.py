@@ -109,7 +109,6 @@ def built_once(tmp_path_factory, name: str, dest: Path, build) -> dict:
 
 import pytest  # noqa: E402
 
-
 # ---- the session's shared artifacts -----------------------------------------------------------
 # Artifact keys hash the stage, its settings, its inputs' keys and the studio's code, never a
 # project's name or folder: projects with the same settings share every key. So each expensive

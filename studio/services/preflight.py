@@ -4,7 +4,10 @@ them, checked before anything runs (fail in seconds, not after minutes of stage 
 The declared file references (``core.stagegraph.REFS``) are checked by kind: checkpoints,
 encoder folders and ONNX files, sample inputs, text files; then the prompt against the
 exported lengths, the precision overrides against the model's layers and the recipe against
-the target chips. A checkpoint's full check is remembered per content in the project folder.
+the target chips. A checkpoint's full check is remembered per content in the project folder
+and on the machine (``checked.json`` of the studio's config folder, keyed by the content and
+the studio's code and tool versions): a new project of a checkpoint this machine already
+checked does not load it again.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from studio.core.stagegraph import REFS, STAGES, PlannedJob, project_value, ref_
 from studio.engine import checkpoint_check, hf_import, vision_input
 from studio.engine.chat_template import prompt_format
 from studio.engine.checkpoint_check import CHECKS_VERSION, check_draft, prompt_length
+from studio.engine.device_registry import config_dir
 from studio.engine.devices import backend
 from studio.engine.onnx_import import open_onnx
 from studio.services.precision import override_refusals, unmatched
+from studio.services.versions import tool_versions
 from studio.worker.context import read_text
 
 __all__ = ["preflight"]
@@ -50,12 +55,47 @@ def _cached_check(project: Project, refs: list[str], what: str,
         done = {}
     if key in done:
         return
-    if key not in _VERIFIED:  # checked earlier in this process, before the folder existed
+    machine = MachineVerdicts()
+    on_machine = sha256_json({"check": key, "tools": tool_versions()})
+    # checked earlier in this process (before the folder existed), or by any project here
+    if key not in _VERIFIED and not machine.holds(on_machine):
         check()
-        _VERIFIED.add(key)
+    _VERIFIED.add(key)
+    machine.add(on_machine, what, refs)
     done[key] = {"what": what, "refs": refs, "checked": time.time()}
     if project.folder.is_dir():
         atomic_write_json(cache, done)
+
+
+class MachineVerdicts:
+    """The checks this machine passed, by content and code (``checked.json`` in the studio's
+    config folder): a file that cannot be read or written is as if empty — the check runs."""
+
+    FILE = "checked.json"
+
+    def __init__(self) -> None:
+        self.path = config_dir() / self.FILE
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def holds(self, key: str) -> bool:
+        return key in self._read()
+
+    def add(self, key: str, what: str, refs: list[str]) -> None:
+        data = self._read()
+        if key in data:
+            return
+        data[key] = {"what": what, "refs": refs, "checked": time.time()}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.path, data)
+        except OSError:  # a read-only config folder: the next project checks again
+            pass
 
 
 def _check_checkpoint(project: Project, ref: str) -> Path:
