@@ -151,3 +151,28 @@ def test_an_interrupted_queue_run_leaves_its_item_waiting_first(tmp_path):
         assert run["state"] in ("cancelled", "interrupted")  # recorded, nothing left running
     finally:
         wq.close()
+
+
+def test_the_list_says_what_starts_next_and_what_waits_behind_it(tmp_path):
+    """Listing starts nothing: the first item of a project starts next, the one behind it
+    waits for it (it does not run yet)."""
+    env = dict(os.environ, QSTUDIO_CONFIG_DIR=str(tmp_path / "config"))
+    project = small_sample_project(tmp_path, "p")
+    (tmp_path / "config").mkdir()
+    wq = WorkQueue(tmp_path / "config" / "queue.sqlite")
+    try:
+        a = wq.add(project, "p", "pipeline", {"stages": ["export"]})
+        b = wq.add(project, "p", "pipeline", {"stages": ["quantize"]})
+        wq.set_slots(1)
+    finally:
+        wq.close()
+    listed = studio("queue", "list", env=env, timeout=300)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines() == [
+        "0 running, 2 waiting · 1 at once",
+        f"#{a.id}    waiting    p: stages export",
+        "       starts next",
+        f"#{b.id}    waiting    p: stages quantize",
+        f"       after #{a.id} of the same project (starts next): one run at a time writes a "
+        "project's artifacts",
+    ]

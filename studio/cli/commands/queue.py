@@ -65,6 +65,10 @@ def _list(queue, args: argparse.Namespace) -> int:
     items = queue.items(finished=args.all)
     why = {i.id: (chosen.why.get(i.id) or ("starts next" if i.id in chosen.start else ""))
            if i.state == workqueue.WAITING else i.message for i in items}
+    for item_id in chosen.start:  # nothing starts here: the one chosen starts next, not now
+        said = f"#{item_id} of the same project (runs now)"
+        why = {k: v.replace(said, f"#{item_id} of the same project (starts next)")
+               for k, v in why.items()}
     if args.queue_json:
         print(json.dumps([{"id": i.id, "project": i.project, "name": i.name, "kind": i.kind,
                            "what": i.what, "state": i.state,
