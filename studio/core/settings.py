@@ -52,7 +52,6 @@ from studio.core.recipe import (
     ACTIVATION_GRANULARITIES,
     DEFAULT_GATES,
     QUANTIZED_SCHEMES,
-    SCHEMES,  # noqa: F401  (read from here)
     check_recipe,
     is_float_scheme,
 )

@@ -20,8 +20,9 @@ The rules, in order:
    (alone, it starts: the work's own memory check then refuses it in one line).
 
 Higher priority goes first; within a priority, the given order (:func:`moved` says the
-orders after the user moves an item). A running item is never stopped for another. Used by :mod:`studio.services.scheduler` (runs, sweep jobs), the work
-queue (:mod:`studio.services.workqueue`) and a stage's parts (:mod:`studio.worker.parts`).
+orders after the user moves an item). A running item is never stopped for another. Used by
+:mod:`studio.services.scheduler` (runs, sweep jobs, the work queue of
+:mod:`studio.services.workqueue`) and a stage's parts (:mod:`studio.worker.parts`).
 """
 
 from __future__ import annotations

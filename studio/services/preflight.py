@@ -45,57 +45,54 @@ _VERIFIED: set[str] = set()
 def _cached_check(project: Project, refs: list[str], what: str,
                   check: Callable[[], Any]) -> None:
     """Run a checkpoint check once per content: the verdict is kept in the project folder,
-    keyed by the files' content and the checks' version, so a warm re-run pays nothing."""
+    keyed by the files' content and the checks' version, so a warm re-run pays nothing; and
+    on the machine, keyed by that and the studio's code and tool versions, so a new project
+    of a checkpoint this machine checked pays nothing either."""
     key = sha256_json({"what": what, "v": CHECKS_VERSION,
                        "content": [ref_identity(project, r) for r in refs]})
-    cache = project.folder / "checks.json"
-    try:
-        done = json.loads(cache.read_text()) if cache.exists() else {}
-    except (OSError, ValueError):
-        done = {}
-    if key in done:
+    mine = Verdicts(project.folder / "checks.json")
+    if mine.holds(key):
         return
-    machine = MachineVerdicts()
+    machine = Verdicts(config_dir() / "checked.json")
     on_machine = sha256_json({"check": key, "tools": tool_versions()})
     # checked earlier in this process (before the folder existed), or by any project here
     if key not in _VERIFIED and not machine.holds(on_machine):
         check()
     _VERIFIED.add(key)
-    machine.add(on_machine, what, refs)
-    done[key] = {"what": what, "refs": refs, "checked": time.time()}
+    try:
+        machine.add(on_machine, what, refs, make_folder=True)
+    except OSError:  # a read-only config folder: the next new project checks again
+        pass
     if project.folder.is_dir():
-        atomic_write_json(cache, done)
+        mine.add(key, what, refs)
 
 
-class MachineVerdicts:
-    """The checks this machine passed, by content and code (``checked.json`` in the studio's
-    config folder): a file that cannot be read or written is as if empty — the check runs."""
+class Verdicts:
+    """Checks passed, by key, in a JSON file (a project's ``checks.json``, the machine's
+    ``checked.json`` in the studio's config folder); a file that cannot be read or is damaged
+    holds none: the check runs again."""
 
-    FILE = "checked.json"
+    def __init__(self, path: Path) -> None:
+        self.path = path
 
-    def __init__(self) -> None:
-        self.path = config_dir() / self.FILE
-
-    def _read(self) -> dict[str, Any]:
+    def read(self) -> dict[str, Any]:
         try:
-            data = json.loads(self.path.read_text())
+            data = json.loads(self.path.read_text()) if self.path.exists() else {}
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
 
     def holds(self, key: str) -> bool:
-        return key in self._read()
+        return key in self.read()
 
-    def add(self, key: str, what: str, refs: list[str]) -> None:
-        data = self._read()
+    def add(self, key: str, what: str, refs: list[str], make_folder: bool = False) -> None:
+        data = self.read()
         if key in data:
             return
         data[key] = {"what": what, "refs": refs, "checked": time.time()}
-        try:
+        if make_folder:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(self.path, data)
-        except OSError:  # a read-only config folder: the next project checks again
-            pass
+        atomic_write_json(self.path, data)
 
 
 def _check_checkpoint(project: Project, ref: str) -> Path:

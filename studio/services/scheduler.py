@@ -243,9 +243,9 @@ class Scheduler:
 
     def set_slots(self, n: int) -> None:
         """The cores the items may take at once from now (what runs goes on)."""
-        self.on_slots(n)
         if n < 1:
             raise ValueError(f"slots must be at least 1, not {n}")
+        self.on_slots(n)
         self.slots = n
         self._poke()
 

@@ -102,10 +102,9 @@ class QueueRunner(QObject):
         self._timer.setInterval(2000)  # free memory and other processes' runs change
         self._timer.timeout.connect(self.kick)
         self._timer.start()
-        if self.queue.paused:  # what waits says why from the first paint (nothing starts)
-            self._sync()
-            self.sched.step()
-        QTimer.singleShot(0, self.kick)  # the list and the status bar, once they listen
+        # what waits says why, and the status bar counts it, from the first paint: not at
+        # the timer's first tick
+        QTimer.singleShot(0, self.kick)
 
     # ---- reading -----------------------------------------------------------------------
     @property

@@ -6,7 +6,7 @@ that the Sweeps page then shows and the saved file holds."""
 from __future__ import annotations
 
 from studio.core import project as projectfile
-from studio.core.settings import SCHEMES
+from studio.core.recipe import SCHEMES
 
 
 def test_a_sweep_is_made_in_the_window_and_undone(window, project_path, qtbot):
