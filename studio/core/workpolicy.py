@@ -21,7 +21,7 @@ The rules, in order:
 
 Higher priority goes first; within a priority, the given order (:func:`moved` says the
 orders after the user moves an item). A running item is never stopped for another. Used by
-:mod:`studio.services.scheduler` (runs, sweep jobs, the work queue of
+:mod:`studio.core.scheduler` (runs, sweep jobs, the work queue of
 :mod:`studio.services.workqueue`) and a stage's parts (:mod:`studio.worker.parts`).
 """
 

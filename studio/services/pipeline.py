@@ -40,7 +40,7 @@ from studio.services.jobrunner import (
 )
 from studio.services.preflight import preflight
 from studio.services.reports import sweep_fronts
-from studio.services.scheduler import Scheduler, WorkItem
+from studio.core.scheduler import Scheduler, WorkItem
 from studio.services.sharedstore import shared_store
 from studio.services.versions import tool_versions
 from studio.services.workers import WorkerProcess

@@ -58,7 +58,7 @@ from studio.services.jobrunner import JobRunner, StageJob, job_gates, not_run
 from studio.services.partplan import part_plan
 from studio.services.precision import scheme_diff
 from studio.services.preflight import preflight
-from studio.services.scheduler import CANCELLED, Scheduler, WorkItem
+from studio.core.scheduler import CANCELLED, Scheduler, WorkItem
 from studio.services.sharedstore import shared_store
 from studio.services.versions import tool_versions
 from studio.services.workers import OnMessage

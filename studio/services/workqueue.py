@@ -7,7 +7,7 @@ do with it (stages, a retry, a sweep); the queue holds them in one SQLite file i
 config folder, so a window that restarts finds what was waiting (and what was running when
 it ended, put back to wait: its finished stages come from the artifact store), and another
 window or process sees them. The file is the record; the one scheduler
-(:mod:`studio.services.scheduler`, made by :func:`queue_scheduler`, brought up to the file
+(:mod:`studio.core.scheduler`, made by :func:`queue_scheduler`, brought up to the file
 by :func:`sync`) chooses what starts and writes each change back: the window's queue runner
 and ``studio queue run`` run the queue through it. It says which waiting items start now
 and, for each of the others, why it waits — in words a user can act on. The rules are the
@@ -44,7 +44,7 @@ from studio.core.fsutil import RunLock
 from studio.core.hostmem import available_memory
 from studio.core.jobs import transaction
 from studio.services.partplan import part_plan
-from studio.services.scheduler import Scheduler, WorkItem
+from studio.core.scheduler import Scheduler, WorkItem
 
 WAITING, RUNNING = "waiting", "running"
 SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"

@@ -1,7 +1,7 @@
 """Runs the work queue (:mod:`studio.services.workqueue`) behind the window.
 
 The queue's file is the record (a window that restarts finds what waited; another window or
-process sees it); one :class:`~studio.services.scheduler.Scheduler` (``sched``) chooses
+process sees it); one :class:`~studio.core.scheduler.Scheduler` (``sched``) chooses
 what starts — one item at a time per project, by priority and the user's order, within the
 slots and the free memory, waiting for a project another process runs — and records each
 change there: the user's cancel, move, priority, pause and slots go through it.
@@ -18,7 +18,7 @@ another project, and a project's items line up behind each other whichever proje
 Events come back through a queued signal: the open project's runs go on to the pages (the
 controller's ``job_event`` and the rest), its sweeps to the Sweeps page (``started``), every
 item's progress to the queue's list; the item's end goes to the scheduler
-(:meth:`~studio.services.scheduler.Scheduler.ended`), which records it.
+(:meth:`~studio.core.scheduler.Scheduler.ended`), which records it.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from PySide6.QtCore import QCoreApplication, QEventLoop, QObject, QTimer, Signal
 from studio.core.errors import StudioError
 from studio.services import workqueue
 from studio.services.queuework import ItemWork, ended_as, load_for, work_for
-from studio.services.scheduler import WorkItem
+from studio.core.scheduler import WorkItem
 from studio.services.workqueue import QueueItem, WorkQueue
 from studio.ui.item_thread import ItemThread
 

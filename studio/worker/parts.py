@@ -2,12 +2,15 @@
 scheduler's executor says.
 
 The executor that runs the stage (:mod:`studio.services.executors`) puts how its parts run
-into the job spec (:class:`PartsConfig`, ``spec["parts"]``): on this machine, each part in a
-process of its own, as many at once as the stage asks and the cores and free memory allow
-(chosen by the scheduler's policy, :func:`studio.core.workpolicy.select`, each part with its
-predicted memory); or, for a stage that runs as a Ray task, as Ray tasks of their own (on any
-node that sees the project's store, or on the stage's node, which alone holds its inputs).
-Cancelling the stage kills its part processes (or cancels its Ray tasks).
+into the job spec (:class:`PartsConfig`, ``spec["parts"]``). Either way the parts are work
+items of a :class:`~studio.core.scheduler.Scheduler` (the one the pipelines, sweeps and
+queues run on), each with its predicted memory, which starts them through the executor's
+``start``: on this machine, each part in a process of its own, as many at once as the stage
+asks and the cores and free memory allow; or, for a stage that runs as a Ray task, as Ray
+tasks of their own (on any node that sees the project's store, or on the stage's node,
+which alone holds its inputs), as many at once as the cluster's memory holds. Cancelling
+the stage cancels the scheduler's items: their processes are killed (or their Ray tasks
+cancelled).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from studio.core import workpolicy
 from studio.core.errors import StudioError
 from studio.core.hostmem import available_memory
 from studio.core.progress import Progress
+from studio.core.scheduler import FAILED, SUCCEEDED, Scheduler, WorkItem
 from studio.worker.lifetime import die_with_parent
 
 ON = ("processes", "ray")
@@ -121,27 +125,37 @@ def _part_main(conn: Any, fn: Callable[..., Any], args: tuple) -> None:
 
 def _in_processes(parts: list[Part], at_once: int, progress: Progress, say: Say
                   ) -> Iterator[tuple[int, Any]]:
+    """Each part a process of its own, started by a :class:`Scheduler` with ``at_once``
+    slots and the free memory less what the running parts are predicted to take."""
     mp = multiprocessing.get_context("spawn")
     by_id = {p.index + 1: p for p in parts}
-    waiting = dict(by_id)
     running: dict[int, tuple[Any, Any]] = {}  # id -> (process, its end of the pipe)
+
+    def start(item: WorkItem) -> None:
+        part = by_id[item.id]
+        mine, theirs = mp.Pipe(duplex=False)
+        proc = mp.Process(target=_part_main, args=(theirs, part.fn, part.args), daemon=True)
+        proc.start()
+        theirs.close()
+        running[item.id] = (proc, mine)
+
+    sched = Scheduler(slots=max(1, at_once), where="this machine",
+                      free_bytes=lambda: available_memory()
+                      - sum(by_id[i].memory for i in running))
+    def stop(i: int) -> None:
+        if i in running:
+            running[i][0].kill()
+
+    for i, part in by_id.items():
+        sched.add(part.name, item_id=i, start=start, memory=part.memory,
+                  stop=lambda i=i: stop(i))
     done, said = 0, ""
     try:
-        while waiting or running:
-            free = available_memory() - sum(by_id[i].memory for i in running)
-            chosen = workpolicy.select(
-                [workpolicy.Work(i, workpolicy.RUNNING, memory=by_id[i].memory)
-                 for i in running]
-                + [workpolicy.Work(i, memory=p.memory) for i, p in waiting.items()],
-                slots=at_once, free_bytes=free)
-            for i in chosen.start:
-                part = waiting.pop(i)
-                mine, theirs = mp.Pipe(duplex=False)
-                proc = mp.Process(target=_part_main, args=(theirs, part.fn, part.args),
-                                  daemon=True)
-                proc.start()
-                theirs.close()
-                running[i] = (proc, mine)
+        while True:
+            sched.step()
+            _raise_failed(sched)
+            if not running:  # a part alone always starts: none runs, none waits
+                break
             names = [by_id[i].name for i in sorted(running)]
             if names and f"{names}" != said:  # once per change, not every poll
                 said = f"{names}"
@@ -152,17 +166,26 @@ def _in_processes(parts: list[Part], at_once: int, progress: Progress, say: Say
                 proc, conn = running[i]
                 if conn not in ready and proc.sentinel not in ready:
                     continue
-                got = _outcome(by_id[i], proc, conn)
                 del running[i]
+                got = _outcome(by_id[i], proc, conn)
+                sched.ended(i, SUCCEEDED, result=got)
                 done += 1
                 yield by_id[i].index, got
             progress.check()
     except BaseException:
+        sched.cancel()  # kills the running parts' processes
         for proc, conn in running.values():
-            proc.kill()
             proc.join()
             conn.close()
         raise
+
+
+def _raise_failed(sched: Scheduler) -> None:
+    """A part the scheduler could not start (its process did not start, or no slot can ever
+    hold it) ends the stage, with that reason."""
+    for item in sched.items.values():
+        if item.state == FAILED:
+            raise item.error or StudioError(item.why)
 
 
 def _outcome(part: Part, proc: Any, conn: Any) -> Any:
@@ -201,8 +224,6 @@ def _on_ray(parts: list[Part], node_only: bool, progress: Progress, say: Say
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(here, soft=False)
-    running: dict[Any, Part] = {}
-    remote: dict[Any, Any] = {}
     for part in parts:
         why = workpolicy.refusal(workpolicy.Work(part.index, memory=part.memory), part.name,
                                  slots=1, memory_budget=int(offer) or None,
@@ -210,29 +231,50 @@ def _on_ray(parts: list[Part], node_only: bool, progress: Progress, say: Say
         if why:
             raise StudioError(f"{why}: export in more parts (export.max_part_mb) or add a "
                               "node with more memory")
+    remote: dict[Any, Any] = {}
+    refs: dict[int, Any] = {}  # a started part's id -> its task
+
+    def start(item: WorkItem) -> None:
+        part = by_id[item.id]
         task = remote.setdefault(part.fn, ray.remote(part.fn))
-        running[task.options(memory=part.memory, **options).remote(*part.args)] = part
+        refs[item.id] = task.options(memory=part.memory, **options).remote(*part.args)
+
+    def stop(i: int) -> None:
+        if i in refs:
+            ray.cancel(refs[i], force=True)
+
+    # every part at once: Ray places each task where a CPU and its memory are free
+    by_id = {p.index + 1: p for p in parts}
+    total = sum(int(n.get("Resources", {}).get("memory", 0)) for n in nodes)
+    sched = Scheduler(slots=len(parts), where="the Ray cluster",
+                      free_bytes=lambda: total - sum(by_id[i].memory for i in refs))
+    for i, part in by_id.items():
+        sched.add(part.name, item_id=i, start=start, memory=part.memory,
+                  stop=lambda i=i: stop(i))
     done, said = 0, ""
     try:
-        pending = list(running)
-        while pending:
-            names = sorted(running[r].name for r in pending)
+        sched.step()
+        _raise_failed(sched)
+        while refs:
+            names = sorted(by_id[i].name for i in refs)
             if f"{names}" != said:
                 said = f"{names}"
                 say(progress, names, "Ray tasks", done)
-            finished, pending = ray.wait(pending, num_returns=1, timeout=0.5)
-            for ref in sorted(finished, key=lambda r: running[r].index):
+            finished, _ = ray.wait(list(refs.values()), num_returns=1, timeout=0.5)
+            for i in sorted(i for i, r in refs.items() if r in finished):
                 try:
-                    got = ray.get(ref)
+                    got = ray.get(refs.pop(i))
                 except ray.exceptions.RayTaskError as exc:  # the part's own error, in a line
                     cause = getattr(exc, "cause", None)
                     if isinstance(cause, StudioError):
                         raise StudioError(cause.message) from None
                     raise
+                sched.ended(i, SUCCEEDED, result=got)
                 done += 1
-                yield running[ref].index, got
+                yield by_id[i].index, got
+            sched.step()
+            _raise_failed(sched)
             progress.check()
     except BaseException:
-        for ref in running:
-            ray.cancel(ref, force=True)
+        sched.cancel()  # cancels the tasks still running
         raise

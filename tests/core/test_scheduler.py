@@ -1,4 +1,4 @@
-"""The scheduler (studio.services.scheduler) on real coroutines: dependencies, priorities,
+"""The scheduler (studio.core.scheduler) on real coroutines: dependencies, priorities,
 budgets, cancel and resume; and its pure policy (studio.core.workpolicy)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from studio.core import workpolicy
 from studio.core.errors import StudioError
 from studio.core.workpolicy import Work
-from studio.services.scheduler import (
+from studio.core.scheduler import (
     CANCELLED,
     FAILED,
     RUNNING,

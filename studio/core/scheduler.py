@@ -1,8 +1,11 @@
 """The scheduler: one queue of work items — a pipeline's stage jobs, a sweep's jobs, the
-window's queue of runs and sweeps — run as the machine allows, over an executor that says
-where work runs (:mod:`studio.services.executors`: this machine's worker processes, or a Ray
-cluster). A stage's parts (:mod:`studio.worker.parts`) choose what starts by the same policy
-(:mod:`studio.core.workpolicy`).
+window's queue of runs and sweeps, a stage's parts — run as the machine allows, over an
+executor that says where work runs (:mod:`studio.services.executors`: this machine's worker
+processes, or a Ray cluster). It lives in the core, not in the services that run pipelines
+and queues on it, because a stage's parts are scheduled inside the worker process that runs
+the stage (:mod:`studio.worker.parts`), which sits below the services; it is pure Python
+(the policy of :mod:`studio.core.workpolicy`, asyncio for its batch loop); the free memory
+is all it reads of the machine.
 
 A :class:`WorkItem` is work to run with what it waits for (other items), a priority and a
 place within it, the cores and memory it takes and the group it runs one-at-a-time in.
