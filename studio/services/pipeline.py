@@ -26,6 +26,7 @@ from studio.core.fsutil import RunLock, atomic_write_bytes
 from studio.core.jobs import Job, JobStore, run_outcome
 from studio.core.metrics import Metric
 from studio.core.project import Project, file_record
+from studio.core.scheduler import Scheduler, WorkItem
 from studio.core.stagegraph import PlannedJob, plan, stage_config
 from studio.services import joblog
 from studio.services.deviceplan import plans_dict
@@ -40,7 +41,6 @@ from studio.services.jobrunner import (
 )
 from studio.services.preflight import preflight
 from studio.services.reports import sweep_fronts
-from studio.core.scheduler import Scheduler, WorkItem
 from studio.services.sharedstore import shared_store
 from studio.services.versions import tool_versions
 from studio.services.workers import WorkerProcess

@@ -33,9 +33,9 @@ from studio.core.errors import StudioError
 from studio.core.hostmem import available_memory
 from studio.core.jobs import FINAL as JOB_FINAL
 from studio.core.project import Project
+from studio.core.scheduler import WorkItem
 from studio.services import workqueue
 from studio.services.pipeline import Pipeline, RunSummary
-from studio.core.scheduler import WorkItem
 from studio.services.session import Studio
 from studio.services.sweeps import SweepRunner, find_spec
 from studio.services.workqueue import QueueItem, WorkQueue

@@ -32,6 +32,7 @@ from studio.core.fsutil import RunLock, sha256_json
 from studio.core.jobs import JobStore
 from studio.core.metrics import Metric
 from studio.core.project import Project, apply_point
+from studio.core.scheduler import CANCELLED, Scheduler, WorkItem
 from studio.core.stagegraph import (
     MODEL_KINDS,
     STAGES,
@@ -58,7 +59,6 @@ from studio.services.jobrunner import JobRunner, StageJob, job_gates, not_run
 from studio.services.partplan import part_plan
 from studio.services.precision import scheme_diff
 from studio.services.preflight import preflight
-from studio.core.scheduler import CANCELLED, Scheduler, WorkItem
 from studio.services.sharedstore import shared_store
 from studio.services.versions import tool_versions
 from studio.services.workers import OnMessage

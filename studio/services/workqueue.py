@@ -43,8 +43,8 @@ from studio.core.errors import StudioError
 from studio.core.fsutil import RunLock
 from studio.core.hostmem import available_memory
 from studio.core.jobs import transaction
-from studio.services.partplan import part_plan
 from studio.core.scheduler import Scheduler, WorkItem
+from studio.services.partplan import part_plan
 
 WAITING, RUNNING = "waiting", "running"
 SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"

@@ -34,9 +34,9 @@ from typing import Any
 from PySide6.QtCore import QCoreApplication, QEventLoop, QObject, QTimer, Signal
 
 from studio.core.errors import StudioError
+from studio.core.scheduler import WorkItem
 from studio.services import workqueue
 from studio.services.queuework import ItemWork, ended_as, load_for, work_for
-from studio.core.scheduler import WorkItem
 from studio.services.workqueue import QueueItem, WorkQueue
 from studio.ui.item_thread import ItemThread
 

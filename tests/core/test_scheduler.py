@@ -11,7 +11,6 @@ import pytest
 
 from studio.core import workpolicy
 from studio.core.errors import StudioError
-from studio.core.workpolicy import Work
 from studio.core.scheduler import (
     CANCELLED,
     FAILED,
@@ -20,6 +19,7 @@ from studio.core.scheduler import (
     WAITING,
     Scheduler,
 )
+from studio.core.workpolicy import Work
 
 GIB = 2**30
 
