@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
-from studio.core.lazyimport import lazy_module
+from studio.core.lazyimport import ORT_TOOLS, lazy_module
 from studio.core.memplan import DEFAULT_ALIGNMENT, GraphMemory, Tensor, plan_memory
 from studio.engine.onnx_import import open_onnx
 
 onnx = lazy_module("onnx")
-symbolic_shape_infer = lazy_module("onnxruntime.tools.symbolic_shape_infer")
+# onnxruntime.tools left bare: its __init__ imports torch, which shape inference does not need
+symbolic_shape_infer = lazy_module("onnxruntime.tools.symbolic_shape_infer", bare=ORT_TOOLS)
 
 # bits per element of the ONNX tensor types (TensorProto.DataType values)
 _BITS = {1: 32, 2: 8, 3: 8, 4: 16, 5: 16, 6: 32, 7: 64, 9: 8, 10: 16, 11: 64, 12: 32, 13: 64,

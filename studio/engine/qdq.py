@@ -19,7 +19,7 @@ import numpy as np
 
 from studio.core.errors import StudioError
 from studio.core.fsutil import link_or_copy
-from studio.core.lazyimport import lazy_module
+from studio.core.lazyimport import ORT_TOOLS, lazy_module
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.core.recipe import (
     DEFAULT_WEIGHT_ROUNDING,
@@ -49,10 +49,12 @@ if TYPE_CHECKING:  # a checker reads the module itself
     from onnxruntime.quantization import calibrate
 else:
     calibrate = lazy_module("onnxruntime.quantization.calibrate")
-ortq_qnn = lazy_module("onnxruntime.quantization.execution_providers.qnn")
-fusion_lpnorm = lazy_module("onnxruntime.quantization.execution_providers.qnn.fusion_lpnorm")
+# onnxruntime.tools left bare: its __init__ imports torch, which none of these needs
+ortq_qnn = lazy_module("onnxruntime.quantization.execution_providers.qnn", bare=ORT_TOOLS)
+fusion_lpnorm = lazy_module("onnxruntime.quantization.execution_providers.qnn.fusion_lpnorm",
+                            bare=ORT_TOOLS)
 fusion_spacetodepth = lazy_module(
-    "onnxruntime.quantization.execution_providers.qnn.fusion_spacetodepth")
+    "onnxruntime.quantization.execution_providers.qnn.fusion_spacetodepth", bare=ORT_TOOLS)
 fusions = lazy_module("onnxruntime.quantization.fusions")
 onnx_model = lazy_module("onnxruntime.quantization.onnx_model")
 quant_utils = lazy_module("onnxruntime.quantization.quant_utils")

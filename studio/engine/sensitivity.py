@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from studio.core.errors import StudioError
-from studio.core.lazyimport import lazy_module
+from studio.core.lazyimport import ORT_TOOLS, lazy_module
 from studio.core.progress import NullProgress, Progress, SubProgress
 from studio.core.recipe import (
     PRECISION_BITS,
@@ -89,7 +89,8 @@ from studio.engine.splicing import (
 onnx = lazy_module("onnx")
 ort = lazy_module("onnxruntime")
 ortq = lazy_module("onnxruntime.quantization")
-ortq_qnn = lazy_module("onnxruntime.quantization.execution_providers.qnn")
+# onnxruntime.tools left bare: its __init__ imports torch, which none of these needs
+ortq_qnn = lazy_module("onnxruntime.quantization.execution_providers.qnn", bare=ORT_TOOLS)
 quantize = lazy_module("onnxruntime.quantization.quantize")
 
 SOURCE, DEVICE = "measured", "host-cpu"

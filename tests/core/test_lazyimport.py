@@ -81,3 +81,32 @@ def test_every_declared_lazy_module_exists():
         if importlib.util.find_spec(name) is None:
             missing.append(name)
     assert missing == []
+
+
+def test_a_bare_package_gives_its_submodules_without_running_its_init():
+    """ONNX Runtime's tools package imports torch in its ``__init__``: left bare, the QNN
+    quantization helpers and the shape inference load without torch, and a name only the
+    ``__init__`` gives still comes (the ``__init__`` runs then)."""
+    out = _run(
+        "import sys\n"
+        "import studio.engine.qdq as q, studio.engine.memplan as m, studio.engine.sensitivity\n"
+        "q.ortq_qnn.get_qnn_qdq_config, q.ortq_qnn.qnn_preprocess_model\n"
+        "q.fusion_lpnorm.FusionLpNormalization, q.fusion_spacetodepth.FusionSpaceToDepth\n"
+        "m.symbolic_shape_infer.SymbolicShapeInference\n"
+        "print('torch' in sys.modules)\n"
+        "import onnxruntime.tools as tools\n"
+        "print(tools.infer_input_info.__name__, 'torch' in sys.modules)\n"
+    )
+    assert out.splitlines() == ["False", "infer_input_info True"]
+
+
+def test_a_bare_package_that_is_not_there_fails_with_its_name():
+    out = _run(
+        "from studio.core.lazyimport import lazy_module\n"
+        "m = lazy_module('no_such_package_here.sub', bare='no_such_package_here')\n"
+        "try:\n"
+        "    m.thing\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    print(exc.name)\n"
+    )
+    assert out == "no_such_package_here"
