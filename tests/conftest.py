@@ -3,6 +3,14 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# Bytecode is cached for the suite even where the environment says not to
+# (PYTHONDONTWRITEBYTECODE=1, as on the CI machine): the suite starts some 500 Python
+# processes of the studio (its command line, stage workers), each of which would compile the
+# studio's modules from source again (0.2-0.35 s of CPU each, measured), and each pytest
+# worker would rewrite every test module's asserts again. The caches go to the checkout's
+# __pycache__ folders (ignored by git, never in the wheel, not part of an artifact key).
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+    sys.dont_write_bytecode = False
 # offline, and no telemetry store of ONNX Runtime's in the home, as every entry point does
 from studio.core import thirdparty  # noqa: E402
 
