@@ -27,6 +27,7 @@ calibration_samples = 2
 [validation]
 heldout_tokens = 96
 greedy_tokens = 8
+greedy_prompts = 2
 
 [gates]
 min_logits_cosine = 0.99

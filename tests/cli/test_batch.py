@@ -47,6 +47,9 @@ def test_w8a16_on_the_simulator_meets_the_accuracy_bar(batch_run, small_project)
     comp = next(v for k, v in data["stages"].items() if k.startswith("compile["))
     assert all(p["all_on_npu"] for p in comp["placement"].values())
     assert comp["sdk_version"]
+    # the greedy check on the project's validation.greedy_prompts (2 here, 4 by default)
+    val = next(v for k, v in data["stages"].items() if k.startswith("validate["))
+    assert val["greedy_prompts"] == 2 and val["greedy_fp32"] and val["greedy_htp"]
 
 
 def test_second_run_is_all_cached(batch_run, small_project):

@@ -82,8 +82,8 @@ KEYS: dict[str, set[str]] = {
         "validation.heldout_text"},
     "validate": {
         "model.chat_template", "quantization.scheme", "run.prompt", "validation.device_tokens",
-        "validation.greedy_tokens", "validation.heldout_images", "validation.heldout_text",
-        "validation.heldout_tokens"},
+        "validation.greedy_prompts", "validation.greedy_tokens", "validation.heldout_images",
+        "validation.heldout_text", "validation.heldout_tokens"},
     "waterfall": {
         "model.source", "quantization.calibration_samples", "quantization.calibration_text",
         "quantization.scheme", "quantization.weight_granularity", "validation.heldout_text",

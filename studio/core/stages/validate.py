@@ -27,6 +27,10 @@ class Greedy(StageSettings):
 
 
 class ValidateSettings(Scheme, HeldoutTokens, Greedy, Prompt):
+    greedy_prompts: int = setting("validation.greedy_prompts", 4, "prompts generated greedily "
+                                  "on both runtimes: run.prompt, then prompts cut from the "
+                                  "held-out text (a model in parts: run.prompt alone)", min=1,
+                                  max=16)
     device_tokens: int = setting("validation.device_tokens", 0, "held-out tokens the device "
                                  "scores (the first ones); 0: all of them for a model in one "
                                  "part, the first 64 for a model in parts, whose host figures "

@@ -147,7 +147,8 @@ def run(ctx: StageContext, progress: Progress) -> dict[str, Any]:
     progress.update(total / (total + 1), "greedy agreement")
     first, fmt = greedy_prompt(ctx, tok, spec)
     g = _greedy_agreement(runners["fp32"], runners["htp"], tok, first, ids,
-                          spec["prompt_length"], greedy_tokens, progress)
+                          spec["prompt_length"], greedy_tokens, progress,
+                          extra_prompts=s.greedy_prompts - 1)
     h = res["htp"]
     res.update(
         logits_cosine_mean=h["logits_cosine_mean"], top1_agreement=h["top1_agreement"],
