@@ -50,6 +50,7 @@ activations are rejected before any calibration is run.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -264,15 +265,33 @@ def matmul_weights(model) -> dict[str, str]:
     return out
 
 
-def resolve_overrides(model, recipe: dict) -> dict:
-    """Map the recipe to the ORT quantizer's tensor overrides for one graph.
+@dataclass(frozen=True)
+class GraphFacts:
+    """What resolving a recipe reads of a graph, whatever the recipe: its MatMul weights, its
+    float tensors (a whole shape inference) and its attention-score chains. Computed once
+    for a graph resolved against many recipes (the sensitivity analysis resolves one per
+    variant: about a hundred on the sample); read only."""
+
+    weights: dict[str, str]
+    floats: set[str]
+    chains: dict[str, list]
+
+    @classmethod
+    def of(cls, model) -> GraphFacts:
+        return cls(matmul_weights(model), float_tensors(model), _score_chains(model))
+
+
+def resolve_overrides(model, recipe: dict, facts: GraphFacts | None = None) -> dict:
+    """Map the recipe to the ORT quantizer's tensor overrides for one graph (``facts``: the
+    graph's :class:`GraphFacts`, when the caller resolves several recipes on it).
 
     Returns ``{"init_overrides", "nodes_to_exclude", "patterns", "per_channel_weights"}``
     where ``patterns`` says what each pattern covered in this graph.
     """
     act16 = activation_bits(recipe["scheme"]) == 16
-    weights = matmul_weights(model)
-    rules = _Rules(model, weights)
+    facts = facts or GraphFacts.of(model)
+    weights = facts.weights
+    rules = _Rules(model, facts)
     for pattern, prec in recipe["overrides"].items():
         rules.apply(pattern, prec)
     _check_htp_matmuls(model, weights, rules, "INT16" if act16 else "INT8")
@@ -297,11 +316,11 @@ class _Rules:
     activation's precision and the pattern that set it, the nodes left float, and what
     each pattern covered (``report``)."""
 
-    def __init__(self, model, weights: dict[str, str]) -> None:
-        self.model, self.weights = model, weights
+    def __init__(self, model, facts: GraphFacts) -> None:
+        self.model, self.weights = model, facts.weights
         self.inits = {t.name for t in model.graph.initializer}
-        self.floats = float_tensors(model)
-        self.chains = _score_chains(model)
+        self.floats = facts.floats
+        self.chains = facts.chains
         self.weight_prec: dict[str, str] = {}
         self.act_prec: dict[str, str] = {}
         self.weight_rule: dict[str, str] = {}  # tensor / node -> the pattern that set it

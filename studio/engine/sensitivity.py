@@ -77,7 +77,12 @@ from studio.engine.qdq import (
     preprocess_fuses,
     static_quantize,
 )
-from studio.engine.quant_recipe import matmul_weights, normalize_recipe, resolve_overrides
+from studio.engine.quant_recipe import (
+    GraphFacts,
+    matmul_weights,
+    normalize_recipe,
+    resolve_overrides,
+)
 from studio.engine.splicing import (
     SHARED_SCALE_OPS,
     apply_part,
@@ -369,6 +374,7 @@ class VariantBench:
         self.float_path = self.work / "float.onnx"
         onnx.save(model, str(self.float_path))
         self.model = model
+        self.facts = GraphFacts.of(model)  # read by every variant's recipe, computed once
 
     def _prepare_feeds(self) -> None:
         """The calibration ranges given, or the calibration feeds to find them from."""
@@ -406,7 +412,7 @@ class VariantBench:
 
     def _prepare_layers(self) -> None:
         """The weighted layers, the key activations without weights, the blocks."""
-        applied = resolve_overrides(self.model, self.recipe)["layers"]
+        applied = resolve_overrides(self.model, self.recipe, self.facts)["layers"]
         self.layers = [r["layer"] for r in applied if r["weight"]]  # the weighted layers
         # key activations without weights (attention scores, softmax output, residual)
         self.points = [r["layer"] for r in applied if not r["weight"]]
@@ -464,7 +470,7 @@ class VariantBench:
         quantize stage resolves them, completed by the QNN config (converts, shared scales)."""
         key = canonical([recipe["weight_granularity"], recipe["overrides"]])
         if key not in self._configs:
-            resolved = resolve_overrides(self.model, recipe)
+            resolved = resolve_overrides(self.model, recipe, self.facts)
             act = ortq.QuantType.QUInt16 if recipe["scheme"] == "W8A16" else ortq.QuantType.QUInt8
             self._configs[key] = resolved, ortq_qnn.get_qnn_qdq_config(
                 self.model, calibration_reader(self.feeds, _CheckOnly(self.progress)),
