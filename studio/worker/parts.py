@@ -139,9 +139,10 @@ def _in_processes(parts: list[Part], at_once: int, progress: Progress, say: Say
         theirs.close()
         running[item.id] = (proc, mine)
 
-    sched = Scheduler(slots=max(1, at_once), where="this machine",
+    sched = Scheduler(slots=max(1, at_once),
                       free_bytes=lambda: available_memory()
                       - sum(by_id[i].memory for i in running))
+
     def stop(i: int) -> None:
         if i in running:
             running[i][0].kill()
@@ -243,7 +244,8 @@ def _on_ray(parts: list[Part], node_only: bool, progress: Progress, say: Say
         if i in refs:
             ray.cancel(refs[i], force=True)
 
-    # every part at once: Ray places each task where a CPU and its memory are free
+    # as many at once as the cluster's memory holds: Ray places each task where a CPU and
+    # its memory are free
     by_id = {p.index + 1: p for p in parts}
     total = sum(int(n.get("Resources", {}).get("memory", 0)) for n in nodes)
     sched = Scheduler(slots=len(parts), where="the Ray cluster",

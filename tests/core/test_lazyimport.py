@@ -93,8 +93,9 @@ def test_a_bare_package_gives_its_submodules_without_running_its_init():
     ``__init__`` gives still comes (the ``__init__`` runs then)."""
     out = _run(
         "import sys\n"
-        "import studio.engine.qdq as q, studio.engine.memplan as m, studio.engine.sensitivity\n"
+        "import studio.engine.qdq as q, studio.engine.memplan as m, studio.engine.sensitivity as s\n"
         "q.ortq_qnn.get_qnn_qdq_config, q.ortq_qnn.qnn_preprocess_model\n"
+        "s.ortq_qnn.get_qnn_qdq_config\n"
         "q.fusion_lpnorm.FusionLpNormalization, q.fusion_spacetodepth.FusionSpaceToDepth\n"
         "m.symbolic_shape_infer.SymbolicShapeInference\n"
         "print('torch' in sys.modules)\n"
