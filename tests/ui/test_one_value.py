@@ -20,14 +20,16 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def one_run(sample_export, tmp_path_factory):
-    """The small sample project after one full batch run of its own (the session's export
-    from the cache): no other test's runs in its history."""
+def one_run(batch_run, small_project, tmp_path_factory):
+    """The small sample project after one full batch run of its own: no other test's runs in
+    its history. Its stages' artifacts come from the session's batch run of the same project
+    (same settings, same keys), so every job of the run is served from the store, with the
+    figures that run measured."""
     from tests.cli.conftest import SMALL, default_target, share_store, studio
 
     f = tmp_path_factory.mktemp("one-run") / "small.qstudio"
     f.write_text(SMALL.format(target=default_target()))
-    share_store(sample_export, f, stages={"export"})
+    share_store(small_project, f)
     r = studio("--batch", f, "--json")
     assert r.returncode in (0, 1), r.stderr[-3000:]
     # then a newer run of the run stage with another recipe, the file put back after it: the
