@@ -23,8 +23,8 @@ pytestmark = pytest.mark.slow
 def one_run(batch_run, small_project, tmp_path_factory):
     """The small sample project after one full batch run of its own: no other test's runs in
     its history. Its stages' artifacts come from the session's batch run of the same project
-    (same settings, same keys), so every job of the run is served from the store, with the
-    figures that run measured."""
+    (same settings, same keys), so every stage job of the run but the report is served from
+    the store, with the figures that run measured."""
     from tests.cli.conftest import SMALL, default_target, share_store, studio
 
     f = tmp_path_factory.mktemp("one-run") / "small.qstudio"
