@@ -190,7 +190,26 @@ def _read(path: str | Path | None) -> tuple[dict, str]:
     return data, str(p)
 
 
+#: parsed catalogs by (file, modification time, size): a run asks for its chips thousands of
+#: times (every job's key, every figure's target), and parsing the TOML each time was 2 % of
+#: the test suite's CPU; an edited file (another time or size) is read again
+_PARSED: dict[tuple[str, int, int], tuple[dict[str, Chip], str]] = {}
+
+
 def _load(path: str | Path | None) -> tuple[dict[str, Chip], str]:
+    p = Path(path) if path is not None else DEFAULT_CATALOG_PATH
+    try:
+        st = p.stat()
+    except OSError:
+        return _parse(path)  # _read says what is wrong with it
+    key = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+    if key not in _PARSED:
+        _PARSED[key] = _parse(path)
+    catalog, default = _PARSED[key]
+    return dict(catalog), default  # the chips are frozen; the dict is the caller's own
+
+
+def _parse(path: str | Path | None) -> tuple[dict[str, Chip], str]:
     data, where = _read(path)
     chips = data.get("chips")
     if not isinstance(chips, dict) or not chips:

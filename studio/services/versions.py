@@ -4,6 +4,8 @@ run on and a digest of the stage code (a leaf: it imports nothing of the service
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -23,19 +25,41 @@ def code_digest() -> str:
     files = [root / c for c in CORE_INPUTS]
     for folder in ("engine", "worker"):
         files += (root / folder).rglob("*.py")
-    h = hashlib.sha256()
-    for f in sorted(files):
-        h.update(f.relative_to(root).as_posix().encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:16]
+    files.sort()
+    # read again only when a file was added, removed or written (its time or size changed)
+    seen = tuple((f, st.st_mtime_ns, st.st_size) for f in files for st in (f.stat(),))
+    if _DIGEST.get("seen") != seen:
+        h = hashlib.sha256()
+        for f in files:
+            h.update(f.relative_to(root).as_posix().encode())
+            h.update(f.read_bytes())
+        _DIGEST.update(seen=seen, digest=h.hexdigest()[:16])
+    return _DIGEST["digest"]
 
 
 def tool_versions() -> dict[str, str]:
     """``{"qstudio-code": digest, package: version | "missing"}``."""
-    out = {"qstudio-code": code_digest()}
-    for pkg in PACKAGES:
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = "missing"
-    return out
+    # the installed packages, read again when a folder of the import path changed (an
+    # install or removal adds or deletes a .dist-info folder there)
+    seen = tuple((entry, _mtime(entry)) for entry in sys.path)
+    if _VERSIONS.get("seen") != seen:
+        got = {}
+        for pkg in PACKAGES:
+            try:
+                got[pkg] = version(pkg)
+            except PackageNotFoundError:
+                got[pkg] = "missing"
+        _VERSIONS.update(seen=seen, versions=got)
+    return {"qstudio-code": code_digest(), **_VERSIONS["versions"]}
+
+
+def _mtime(entry: str) -> int:
+    try:
+        return os.stat(entry or ".").st_mtime_ns
+    except OSError:
+        return -1
+
+
+#: what the last call read, and when it is stale (a key is asked for thousands of times a run)
+_DIGEST: dict = {}
+_VERSIONS: dict = {}

@@ -483,6 +483,43 @@ def test_the_mapped_calibration_gives_onnx_runtimes_own_ranges(
         np.testing.assert_allclose(mine[name].range_value, t.range_value, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_the_one_pass_augmentation_writes_onnx_runtimes_graph(tmp_path, qwen_graphs, per_channel):
+    """The calibration graph the studio writes in one pass is ONNX Runtime's own, node for node
+    (the same names, inputs and order) and output for output; only the random names of the
+    added shape and axes constants differ."""
+    import onnx
+    from onnxruntime.quantization.calibrate import MinMaxCalibrater
+
+    from studio.engine.qdq import augment_min_max
+
+    src = tmp_path / "prefill.onnx"
+    src.write_bytes((qwen_graphs[0] / "prefill.onnx").read_bytes())
+    graphs = []
+    for name, augment in (("ort", MinMaxCalibrater.augment_graph), ("one-pass", augment_min_max)):
+        cal = MinMaxCalibrater(src, augmented_model_path=str(tmp_path / f"{name}.onnx"),
+                               per_channel=per_channel)
+        augment(cal)
+        graphs.append(onnx.load(str(tmp_path / f"{name}.onnx")).graph)
+    ort_graph, mine = graphs
+
+    def constants(g):  # the added int64 constants, by name (their names are random uuids)
+        return {i.name: onnx.numpy_helper.to_array(i).tolist() for i in g.initializer
+                if i.name.count("-") == 4}
+
+    def nodes(g):  # each added constant named by its value
+        named = {k: f"const{v}" for k, v in constants(g).items()}
+        return [(n.op_type, n.name, [named.get(x, x) for x in n.input], list(n.output),
+                 [onnx.helper.get_attribute_value(a) for a in n.attribute]) for n in g.node]
+
+    assert len(ort_graph.node) > 2 * len(onnx.load(str(src)).graph.node)
+    assert nodes(mine) == nodes(ort_graph)
+    assert [(o.name, o.type.tensor_type.elem_type) for o in mine.output] == [
+        (o.name, o.type.tensor_type.elem_type) for o in ort_graph.output]
+    assert sorted(map(str, constants(mine).values())) == sorted(
+        map(str, constants(ort_graph).values()))
+
+
 def test_the_qnn_preprocessing_runs_only_when_a_fusion_applies(tmp_path, qwen_graphs):
     """The preprocessing's whole-graph session is skipped for a decoder (no fusion of it
     applies) and kept for a graph with an Erf GELU, which it fuses."""
