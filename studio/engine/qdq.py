@@ -248,7 +248,7 @@ def augment_min_max(calibrater) -> None:
                 out, vi.type.tensor_type.elem_type, [None]))
         before.setdefault(first_reader.get(tensor, len(graph.node)), []).extend(
             pairs["ReduceMax"] + pairs["ReduceMin"])
-    nodes = []
+    nodes: list[Any] = []
     for i, node in enumerate(graph.node):
         nodes.extend(before.get(i, ()))
         nodes.append(node)
