@@ -219,6 +219,13 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n")
 
 
+def stat_key(path: Path) -> tuple[str, int, int, int]:
+    """What a file is on disk now, for a value cached by file (its resolved path, inode, size
+    and modification time): a file written in place or replaced gets another key."""
+    st = os.stat(path)
+    return (str(Path(path).resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

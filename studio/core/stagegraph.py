@@ -32,7 +32,7 @@ from studio.core.catalog import get_chip
 from studio.core.deviceplan import device_limits_identity
 from studio.core.devices import DEVICE_KINDS, Device, device, project_devices
 from studio.core.errors import StudioError
-from studio.core.fsutil import sha256_file
+from studio.core.fsutil import sha256_file, stat_key
 from studio.core.keys import Key
 from studio.core.stagedecl import (  # noqa: F401  (the declarations' names, read from here)
     GRAPH_KINDS,
@@ -334,8 +334,7 @@ _DIGESTS: dict[tuple[str, int, int, int], str] = {}
 
 
 def _file_digest(path: Path) -> str:
-    st = path.stat()
-    sig = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+    sig = stat_key(path)
     digest = _DIGESTS.get(sig)
     if digest is None:
         digest = _DIGESTS[sig] = sha256_file(path)

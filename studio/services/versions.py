@@ -9,6 +9,8 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from studio.core.fsutil import stat_key
+
 #: the packages whose versions go into every key
 PACKAGES: tuple[str, ...] = ("qstudio", "torch", "transformers", "onnx", "onnxruntime",
                              "onnxruntime-qnn")
@@ -27,7 +29,7 @@ def code_digest() -> str:
         files += (root / folder).rglob("*.py")
     files.sort()
     # read again only when a file was added, removed or written (its time or size changed)
-    seen = tuple((f, st.st_mtime_ns, st.st_size) for f in files for st in (f.stat(),))
+    seen = tuple(map(stat_key, files))
     if _DIGEST.get("seen") != seen:
         h = hashlib.sha256()
         for f in files:

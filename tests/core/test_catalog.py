@@ -115,6 +115,23 @@ def test_custom_catalog_and_missing_file(tmp_path):
         load_catalog(tmp_path / "nope.toml")
 
 
+def test_an_edited_catalog_is_read_again_and_a_broken_one_fails_every_time(tmp_path):
+    """The parsed catalog is kept per file version: an edited file is read again by the next
+    call, each caller gets a dict of its own, and a file broken after a good read gives its
+    error each time."""
+    f = tmp_path / "chips.toml"
+    f.write_text(CHIP)
+    first = load_catalog(f)
+    first["other"] = first["test-chip"]
+    assert set(load_catalog(f)) == {"test-chip"}
+    f.write_text(CHIP.replace("test-chip", "edited-chip"))
+    assert set(load_catalog(f)) == {"edited-chip"}
+    f.write_text("not toml [")
+    for _ in range(2):
+        with pytest.raises(StudioError, match="not valid TOML"):
+            load_catalog(f)
+
+
 def test_core_imports_no_heavy_library():
     code = (
         "import sys; import studio.core.catalog, studio.core.profile; "
