@@ -153,8 +153,32 @@ def pytest_collection_finish(session):
     most of what is left is torch and transformers, which the tests import later."""
     import gc
 
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _import_the_heavy_libraries()
     gc.collect()
     gc.freeze()
+
+
+def _import_the_heavy_libraries() -> None:
+    """In a worker of a split run (which imports them anyway: the engine's tests export and
+    quantize, the window's run the pipeline), torch, transformers with each family's modeling
+    module, ONNX and ONNX Runtime's quantizer are imported before the freeze above, so that
+    their some 400,000 objects, which live as long as the worker, are not walked again by
+    every full collection: the window tests' teardown (``tests/ui/conftest.py: _dispose``)
+    collects after each window, which took about 0.26 s with these libraries unfrozen and
+    some 50 s of the suite's CPU in all. A single-process run of a few files does not pay
+    the imports up front."""
+    import importlib
+
+    import onnx  # noqa: F401
+    import onnxruntime.quantization  # noqa: F401
+    import torch  # noqa: F401
+    import transformers.modeling_utils  # noqa: F401
+
+    from studio.core.families import FAMILIES
+
+    for model_type in FAMILIES:
+        importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
 
 
 def run_batch(path: Path, *args: str) -> tuple[dict, float]:
