@@ -15,12 +15,15 @@ Each failure is a :class:`StudioError` naming the file and what to do.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
 from studio.core.errors import StudioError
 from studio.core.families import family_of
+from studio.core.fsutil import sha256_file
 from studio.core.lazyimport import lazy_module
 from studio.engine import hf_import, vision_input
 from studio.engine.chat_template import prompt_format
@@ -118,6 +121,39 @@ def check_weights_match_config(folder: Path) -> None:
                 f"{name} in {folder} has shape {list(present[name])} but config.json implies "
                 f"{list(shape)}: the weights do not belong to this config.json"
             )
+
+
+def check_identity(folder: Path) -> dict[str, Any]:
+    """What the checks read of a checkpoint folder, as a content key for their verdict: of
+    each ``*.safetensors`` file its header and its size (no check reads the weights' data:
+    completeness is the size the header promises, the shapes and dtypes are the header's),
+    of every other file its bytes. Two folders with one identity get one verdict; a byte
+    changed in a header, a config, a tokenizer or a file truncated gives another. Weights
+    in a torch pickle are hashed whole (the check loads their shapes from the pickle)."""
+    folder = Path(folder)
+    files: dict[str, Any] = {}
+    for p in sorted(folder.rglob("*")):
+        if not p.is_file():
+            continue
+        name = str(p.relative_to(folder))
+        if p.suffix == ".safetensors" and p.parent == folder:
+            files[name] = {"size": p.stat().st_size, "header": _header_digest(p)}
+        else:
+            files[name] = sha256_file(p)
+    return {"files": files}
+
+
+def _header_digest(path: Path) -> str:
+    """The SHA-256 of a safetensors file's 8-byte length and the header it gives (as much of
+    it as the file holds: a damaged length is the checks' to report)."""
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        head = fh.read(8)
+        h.update(head)
+        if len(head) == 8:
+            (length,) = struct.unpack("<Q", head)
+            h.update(fh.read(min(length, hf_import.MAX_HEADER_BYTES)))
+    return h.hexdigest()
 
 
 def load_tokenizer(folder: Path):

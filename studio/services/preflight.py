@@ -24,7 +24,7 @@ from studio.core.errors import StudioError
 from studio.core.fsutil import atomic_write_json, check_writable_dir, sha256_json
 from studio.core.project import Project
 from studio.core.recipe import is_float_scheme, scheme_refusal
-from studio.core.stagegraph import REFS, STAGES, PlannedJob, project_value, ref_identity
+from studio.core.stagegraph import REFS, STAGES, PlannedJob, project_value
 from studio.engine import checkpoint_check, hf_import, vision_input
 from studio.engine.chat_template import prompt_format
 from studio.engine.checkpoint_check import CHECKS_VERSION, check_draft, prompt_length
@@ -45,14 +45,38 @@ _VERIFIED: set[str] = set()
 def _cached_check(project: Project, refs: list[str], what: str,
                   check: Callable[[], Any]) -> None:
     """Run a checkpoint check once per content: the verdict is kept in the project folder,
-    keyed by the files' content and the checks' version, so a warm re-run pays nothing; and
-    on the machine, keyed by that and the studio's code and tool versions, so a new project
-    of a checkpoint this machine checked pays nothing either."""
-    key = sha256_json({"what": what, "v": CHECKS_VERSION,
-                       "content": [ref_identity(project, r) for r in refs]})
+    keyed by what the checks read of the files and the checks' version, so a warm re-run
+    pays nothing; and on the machine, keyed by that and the studio's code and tool versions,
+    so a new project of a checkpoint this machine checked (``studio new`` checks it too)
+    pays nothing either."""
+    folders = [project.input_path(r) for r in refs]
+    key = verdict_key(what, folders)
     mine = Verdicts(project.folder / "checks.json")
     if mine.holds(key):
         return
+    _check_on_machine(key, what, refs, check)
+    if project.folder.is_dir():
+        mine.add(key, what, refs)
+
+
+def verdict_key(what: str, folders: list[Path]) -> str:
+    """The key of a check's verdict: what was checked, the checks' version and what they read
+    of the folders (:func:`checkpoint_check.check_identity`: never the weights' data, so
+    keying a large checkpoint reads its headers, not its gigabytes)."""
+    return sha256_json({"what": what, "v": CHECKS_VERSION,
+                        "content": [checkpoint_check.check_identity(f) for f in folders]})
+
+
+def checked_once(what: str, refs: list[str], folders: list[Path],
+                 check: Callable[[], Any]) -> None:
+    """``check()`` unless this process or the machine's ``checked.json`` holds a passed
+    verdict for the folders' content (:func:`verdict_key`); a check that raises leaves no
+    verdict. ``studio new --checkpoint`` and the preflight of a run share the verdicts: a
+    project made from a checkpoint is not checked again by its first run."""
+    _check_on_machine(verdict_key(what, folders), what, refs, check)
+
+
+def _check_on_machine(key: str, what: str, refs: list[str], check: Callable[[], Any]) -> None:
     machine = Verdicts(config_dir() / "checked.json")
     on_machine = sha256_json({"check": key, "tools": tool_versions()})
     # checked earlier in this process (before the folder existed), or by any project here
@@ -63,8 +87,6 @@ def _cached_check(project: Project, refs: list[str], what: str,
         machine.add(on_machine, what, refs, make_folder=True)
     except OSError:  # a read-only config folder: the next new project checks again
         pass
-    if project.folder.is_dir():
-        mine.add(key, what, refs)
 
 
 class Verdicts:

@@ -43,6 +43,7 @@ from studio.services.edits import project_edits as project_edits
 from studio.services.generate import stored_artifact
 from studio.services.graphs import check_graph_samples
 from studio.services.partplan import PartPlan, part_plan  # noqa: F401  (read from here)
+from studio.services.preflight import checked_once
 from studio.services.session import Studio
 
 SOURCE_KINDS = ("sample", "checkpoint", "onnx")
@@ -128,8 +129,11 @@ def source_ref(kind: str, source: str) -> str:
     path = Path(source).expanduser().resolve()
     if kind == "checkpoint":
         # family, complete weights matching config.json, a tokenizer that fits: seconds now
-        # instead of a crash minutes into the export
-        checkpoint_check.check_checkpoint(path)
+        # instead of a crash minutes into the export; once per content on this machine (the
+        # first run's preflight takes this verdict)
+        hf_import.open_checkpoint(path)  # cheap, every time: a clear error for a non-folder
+        checked_once("checkpoint", [str(path)], [path],
+                     lambda: checkpoint_check.check_checkpoint(path))
         return str(path)
 
     if path.suffix.lower() != ".onnx":
