@@ -157,6 +157,25 @@ def test_placement_report_all_on_npu(models):
     assert {n["op_type"] for n in off["cpu_nodes"]} == {"QuantizeLinear", "DequantizeLinear"}
 
 
+def test_one_compile_gives_the_placement_report_and_the_binary(models, tmp_path):
+    """``compile_placed``: the strict compile's op trace gives the placement report the
+    non-strict session gives; a graph with a node the NPU refuses gets that session's report
+    naming it, and no compiled file."""
+    rep, comp = qnn.compile_placed(models["w8a16"], tmp_path / "a" / "m_ctx.onnx", TARGET,
+                                   embed=True)
+    assert rep == qnn.placement_report(models["w8a16"], TARGET)
+    assert comp is not None and Path(comp["ctx_path"]).is_file()
+    x = _x()
+    ran = qnn.make_session(comp["ctx_path"], TARGET).run(None, {"x": x})[0]
+    assert _cos(ran, _cpu(models["w8a16"], x)) > 0.99
+
+    rep, comp = qnn.compile_placed(models["mod"], tmp_path / "b" / "m_ctx.onnx", TARGET,
+                                   fp16=True)
+    assert comp is None and rep == qnn.placement_report(models["mod"], TARGET, fp16=True)
+    assert [n["name"] for n in rep["cpu_nodes"]] == ["/model/layers.1/the_Mod"]
+    assert not (tmp_path / "b" / "m_ctx.onnx").exists()
+
+
 def test_invalid_soc_model_is_a_clear_error(models):
     bogus = Chip(key="bogus", name="Bogus", htp_arch=73, soc_model=999, vtcm_mb=8)
     with pytest.raises(StudioError, match=r"refused target bogus \(htp_arch 73, soc_model 999\)"):

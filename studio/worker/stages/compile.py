@@ -344,23 +344,22 @@ def compile_part(src: Path, dst: Path, chip: Chip, fp16: bool, extra: dict[str, 
         dst.mkdir(parents=True, exist_ok=True)
         if steps is not None:
             steps.check()
-            steps.update(0.0, f"checking placement of {label} on {chip.name}")
-        rep = qnn.placement_report(src / f"{g}.onnx", chip, fp16=fp16, extra_options=extra)
+            steps.update(0.0, f"checking placement of {label} on {chip.name} as its "
+                              "context binary compiles")
+        # a context binary is embedded in its ONNX model unless the model would come near
+        # protobuf's 2 GB limit (real 1-8 B LLMs): then it is written beside it (_qnn.bin)
+        size = graph_bytes(src / f"{g}.onnx")
+        rep, comp = qnn.compile_placed(src / f"{g}.onnx", dst / f"{g}_ctx.onnx", chip,
+                                       fp16=fp16, embed=size < EMBED_LIMIT,
+                                       extra_options=extra)
         out["placement"][g] = rep
-        if not rep["all_on_npu"]:
+        if comp is None or not rep["all_on_npu"]:
             names = ", ".join(f"{n['name']} ({n['op_type']})" for n in rep["cpu_nodes"][:5])
             raise StudioError(
                 f"{len(rep['cpu_nodes'])} node(s) of the {label} graph cannot run on the NPU "
                 f"of {chip.name}: {names}; change their precision or the recipe"
             )
-        if steps is not None:
-            steps.update(0.5, f"compiling {label} context binary for {chip.name}")
-        # a context binary is embedded in its ONNX model unless the model would come near
-        # protobuf's 2 GB limit (real 1-8 B LLMs): then it is written beside it (_qnn.bin)
-        size = graph_bytes(src / f"{g}.onnx")
-        out["compiled"][g] = qnn.compile_context(src / f"{g}.onnx", dst / f"{g}_ctx.onnx",
-                                                 chip, fp16=fp16, embed=size < EMBED_LIMIT,
-                                                 extra_options=extra)
+        out["compiled"][g] = comp
         if steps is not None:
             steps.n += 1
 
