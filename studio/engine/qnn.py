@@ -497,8 +497,13 @@ def placement_report(
             except Exception as e:
                 error = e
         trace = _read_op_trace(trace_dir)
+    return _placement(path, chip, trace, cap.text, error)
 
-    log = cap.text
+
+def _placement(path: Path, chip: Chip, trace: dict | None, log: str,
+               error: Exception | None) -> dict:
+    """The placement report (:func:`placement_report`'s form) from a session's op trace, the
+    EP's log and the session's error (None: it was created)."""
     device = _backend_failure(log)
     if error is not None and trace is None and not device:
         raise _diagnose(error, log, None, path, chip)  # e.g. not an ONNX model
@@ -691,17 +696,4 @@ def compile_placed(
         trace = _read_op_trace(trace_dir)
     if trace is None:  # no trace written: the report from a session of its own
         return placement_report(onnx_path, chip, fp16=fp16, extra_options=extra_options), comp
-    summary = trace.get("summary", {})
-    cpu_nodes = _unsupported_nodes(trace, "")
-    total = summary.get("total_onnx_nodes")
-    if total is None:
-        total = len(_model_nodes(Path(onnx_path)))
-    return {
-        "all_on_npu": not cpu_nodes,
-        "total_nodes": int(total),
-        "qnn_nodes": int(summary.get("supported_nodes", max(0, int(total) - len(cpu_nodes)))),
-        "cpu_nodes": cpu_nodes,
-        "qnn_subgraphs": int(summary.get("qnn_subgraphs", 0)),
-        "chip": chip.key,
-        "error": None,
-    }, comp
+    return _placement(Path(onnx_path), chip, trace, "", None), comp

@@ -131,7 +131,6 @@ def source_ref(kind: str, source: str) -> str:
         # family, complete weights matching config.json, a tokenizer that fits: seconds now
         # instead of a crash minutes into the export; once per content on this machine (the
         # first run's preflight takes this verdict)
-        hf_import.open_checkpoint(path)  # cheap, every time: a clear error for a non-folder
         checked_once("checkpoint", [str(path)], [path],
                      lambda: checkpoint_check.check_checkpoint(path))
         return str(path)
